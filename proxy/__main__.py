@@ -1,0 +1,5 @@
+"""python -m proxy"""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""create_app: routes, collaborators and lifecycles."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .cache import Clock, MemoryTier, RedisTier, TieredCache
+from .chain import EvmHeadTracker, SolanaSlotTracker
+from .config import Network, Settings
+from .credits import Ledger, MemoryLedger, RedisLedger
+from .gateway import Gateway, invalid_key_error
+from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from .metrics import Metrics
+from .redis_link import RedisLink, connect
+from .responses import NO_CHARGE, error_response, json_response
+from .service import NetworkRuntime, Service
+from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
+from .upstream import HttpUpstream, Upstream
+from .ws import close_websockets, websocket_handler
+
+log = logging.getLogger("proxy.app")
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+
+_HTTP_ERRORS = {
+    404: "not found: send JSON-RPC to POST /v3/<API_KEY> or WebSocket /ws/v3/<API_KEY>",
+    405: "method not allowed: send JSON-RPC with POST",
+    413: "request body too large",
+}
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every failure leaves as a JSON-RPC error body, never a traceback."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except JsonRpcError as error:
+        return error_response(error, NO_CHARGE)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = _HTTP_ERRORS.get(exc.status, exc.reason)
+        return error_response(JsonRpcError(INVALID_REQUEST, message, http_status=exc.status),
+                              NO_CHARGE)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("internal error serving %s", request.path)
+        return error_response(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500))
+
+
+async def rpc_handler(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    gateway, metrics = app[GATEWAY], app[METRICS]
+    api_key = request.match_info.get("api_key", "")
+    if not gateway.authorized(api_key):
+        return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+    network = gateway.network_for(request.host, request.match_info.get("network"))
+    metrics.inflight.inc()
+    try:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            limit = app[SETTINGS].max_body_bytes
+            return error_response(
+                JsonRpcError(INVALID_REQUEST, f"request body too large: the limit is {limit} bytes", http_status=413),
+                NO_CHARGE,
+            )
+        return json_response(await gateway.handle(body, api_key, network))
+    finally:
+        metrics.inflight.dec()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready when every network's upstream answers a cheap call."""
+    service = request.app[SERVICE]
+
+    async def probe(runtime: NetworkRuntime) -> str:
+        method = "getSlot" if runtime.config.family == "solana" else "eth_blockNumber"
+        try:
+            answer = await runtime.upstream.request(method, [], timeout=2.0)
+        except JsonRpcError as error:
+            return error.message
+        return "error: " + str(answer.error.get("message")) if answer.error else "ok"
+
+    names = list(service.networks)
+    states = await asyncio.gather(*(probe(service.networks[n]) for n in names))
+    networks = dict(zip(names, states, strict=True))
+    ready = all(state == "ok" for state in states)
+    return web.json_response({"status": "ready" if ready else "unavailable", "networks": networks},
+                             status=200 if ready else 503)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    registry = request.app[METRICS].registry
+    response = web.Response(body=generate_latest(registry))
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]:
+    def build(network: Network, metrics: Metrics) -> Upstream:
+        return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics)
+
+    return build
+
+
+def create_app(
+    settings: Settings,
+    *,
+    upstream_factory: Callable[[Network, Metrics], Upstream] | None = None,
+    redis: aioredis.Redis | None = None,
+    registry: CollectorRegistry | None = None,
+    clock: Clock | None = None,
+    ledger: Ledger | None = None,
+) -> web.Application:
+    """The proxy as an aiohttp application; every collaborator can be injected."""
+    metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    clock = clock or SystemClock()
+    factory = upstream_factory or _http_upstream(settings)
+    pool = {n.name: factory(n, metrics) for n in settings.networks}
+    runtimes: dict[str, NetworkRuntime] = {}
+    for net in settings.networks:
+        tracker: EvmHeadTracker | SolanaSlotTracker
+        if net.family == "evm":
+            tracker = EvmHeadTracker(
+                net.name, pool[net.name], interval=settings.head_poll_interval,
+                finality_depth=net.finality_depth or settings.finality_depth, metrics=metrics,
+            )
+        else:
+            tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
+                                        metrics=metrics)
+        runtimes[net.name] = NetworkRuntime(net, pool[net.name], tracker)
+
+    owned_redis = redis is None and settings.redis_url is not None
+    client = redis if redis is not None else (
+        connect(settings.redis_url, settings.redis_timeout) if settings.redis_url else None
+    )
+    link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
+    cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics)
+    service = Service(settings, runtimes, cache, metrics)
+    if ledger is None:
+        ledger = RedisLedger(link) if link is not None else MemoryLedger()
+    gateway = Gateway(settings, service, ledger, metrics, clock.time)
+
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_middleware])
+    app[SETTINGS] = settings
+    app[METRICS] = metrics
+    app[SERVICE] = service
+    app[GATEWAY] = gateway
+    app[WEBSOCKETS] = set()
+    if link is not None:
+        app[REDIS] = link
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(u.close() for u in pool.values()))
+        if owned_redis and link is not None:
+            await link.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(close_websockets)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    for prefix in ("", "/{network}"):
+        app.router.add_post(prefix + "/v3/{api_key}", rpc_handler)
+        app.router.add_get(prefix + "/ws/v3/{api_key}", websocket_handler)
+    app.router.add_post("/v3", rpc_handler)
+    app.router.add_post("/v3/", rpc_handler)
+    return app

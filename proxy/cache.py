@@ -1,0 +1,162 @@
+"""Cache keys, the in-process tier, the Redis tier, the tiered lookup and coalescing of misses.
+
+Key encoding (documented in README): `v1|` + JSON `[network, method, canonical params]` with
+object keys sorted and block parameters replaced by `{"n": number}` (final),
+`{"n": number, "h": hash}` (unfinalized, pinned to its block hash) or `{"h": hash}`. Keys longer
+than 200 bytes become `v1#` + the SHA-256 of that text. Values are encoded bytes: one kind byte
+(`r` result, `e` error object) followed by the JSON that is spliced into the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+from cachetools import TLRUCache
+
+from .jsonrpc import dumps_canonical
+from .metrics import Metrics
+from .redis_link import RedisLink, RedisUnavailable
+
+T = TypeVar("T")
+MAX_PLAIN_KEY = 200
+REDIS_PREFIX = "rcp:c:"
+
+
+def cache_key(network: str, method: str, key_params: Any) -> str:
+    text = dumps_canonical([network, method, key_params])
+    if len(text) <= MAX_PLAIN_KEY:
+        return "v1|" + text.decode()
+    return "v1#" + hashlib.sha256(text).hexdigest()
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def time(self) -> float: ...
+
+
+class MemoryTier:
+    """An LRU bounded in bytes, with a per-entry expiry (math.inf for immutable entries)."""
+
+    def __init__(self, max_bytes: int, clock: Clock) -> None:
+        self._clock = clock
+        self._data: TLRUCache[str, tuple[bytes, float]] = TLRUCache(
+            maxsize=max_bytes,
+            ttu=lambda _key, value, _now: value[1],
+            timer=clock.monotonic,
+            getsizeof=lambda value: len(value[0]) + 64,
+        )
+
+    @property
+    def bytes_used(self) -> int:
+        return int(self._data.currsize)
+
+    def get(self, key: str) -> tuple[bytes, float] | None:
+        """The value and its remaining seconds (math.inf when immutable)."""
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        return entry[0], entry[1] - self._clock.monotonic()
+
+    def set(self, key: str, value: bytes, ttl: float) -> None:
+        if ttl <= 0:
+            return
+        with contextlib.suppress(ValueError):  # larger than the whole tier: not kept in memory
+            self._data[key] = (value, self._clock.monotonic() + ttl)
+
+
+class RedisTier:
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+
+    async def get(self, key: str) -> tuple[bytes, float] | None:
+        async def command(client: Any) -> Any:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.get(REDIS_PREFIX + key)
+                pipe.pttl(REDIS_PREFIX + key)
+                return await pipe.execute()
+
+        value, pttl = await self._link.run("cache_get", command)
+        if value is None:
+            return None
+        return bytes(value), (math.inf if pttl is None or pttl < 0 else pttl / 1000)
+
+    async def set(self, key: str, value: bytes, ttl: float) -> None:
+        if ttl == math.inf:
+            await self._link.run("cache_set", lambda c: c.set(REDIS_PREFIX + key, value))
+        else:
+            await self._link.run("cache_set", lambda c: c.set(REDIS_PREFIX + key, value, px=max(1, int(ttl * 1000))))
+
+
+class TieredCache:
+    """Memory in front of Redis; a Redis hit fills memory; Redis failures only cost a miss."""
+
+    def __init__(self, memory: MemoryTier, shared: RedisTier | None, metrics: Metrics) -> None:
+        self.memory = memory
+        self.shared = shared
+        self._metrics = metrics
+        self._lookups = {
+            (tier, result): metrics.cache_lookups.labels(tier, result)
+            for tier in ("memory", "redis") for result in ("hit", "miss")
+        }
+
+    async def get(self, key: str) -> bytes | None:
+        entry = self.memory.get(key)
+        if entry is not None:
+            self._lookups["memory", "hit"].inc()
+            return entry[0]
+        self._lookups["memory", "miss"].inc()
+        if self.shared is None:
+            return None
+        try:
+            found = await self.shared.get(key)
+        except RedisUnavailable:
+            found = None
+        if found is None:
+            self._lookups["redis", "miss"].inc()
+            return None
+        self._lookups["redis", "hit"].inc()
+        self.memory.set(key, found[0], found[1])
+        return found[0]
+
+    async def set(self, key: str, value: bytes, ttl: float) -> None:
+        self.memory.set(key, value, ttl)
+        self._metrics.cache_memory_bytes.set(self.memory.bytes_used)
+        if self.shared is not None:
+            with contextlib.suppress(RedisUnavailable):
+                await self.shared.set(key, value, ttl)
+
+
+class Coalescer(Generic[T]):
+    """Identical concurrent misses share one call: the first runs it, the rest await its result.
+
+    The call runs as its own task, so a caller that goes away does not cancel it for the others.
+    """
+
+    def __init__(self) -> None:
+        self._inflight: dict[str, asyncio.Future[T]] = {}
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    async def run(self, key: str, call: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+        """The call's result, and whether this caller joined a call already in flight."""
+        running = self._inflight.get(key)
+        if running is not None:
+            return await asyncio.shield(running), True
+        task: asyncio.Future[T] = asyncio.ensure_future(call())
+        self._inflight[key] = task
+        task.add_done_callback(lambda t: self._finished(key, t))
+        return await asyncio.shield(task), False
+
+    def _finished(self, key: str, task: asyncio.Future[T]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: waiters that left must not leave it "never retrieved"

@@ -1,0 +1,225 @@
+"""Head trackers: latest/safe/finalized per EVM network, slots per Solana commitment.
+
+The EVM tracker also keeps the hash of every block in the unfinalized window (finalized, latest].
+Cache entries for those blocks are keyed by that hash, so a reorg that replaces a block changes
+the key and the old answer is never served again; the tracker detects the reorg as a known height
+whose hash changed, and reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metrics import Metrics
+from .params import COMMITMENTS, BlockRef
+from .upstream import Answer, Upstream
+
+log = logging.getLogger("proxy.chain")
+
+HEADER_CHUNK = 32  # headers fetched per batch while walking back through the window
+
+
+class TrackerError(Exception):
+    """A poll could not produce a consistent head; the previous head stays in force."""
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    number: int
+    hash: str
+    parent_hash: str
+    gas_limit: int
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    latest: int
+    safe: int
+    finalized: int
+    latest_hash: str
+    gas_limit: int
+    timestamp: int
+    hashes: Mapping[int, str] = field(default_factory=dict)  # the unfinalized window, latest included
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A block parameter after resolution: a number (and its hash when the tracker knows it) or a hash."""
+
+    number: int | None
+    hash: str | None
+
+
+def _header(answer: Answer) -> Header | None:
+    block = answer.result
+    if answer.is_error or not isinstance(block, dict):
+        return None
+    try:
+        return Header(
+            number=int(block["number"], 16),
+            hash=str(block["hash"]).lower(),
+            parent_hash=str(block["parentHash"]).lower(),
+            gas_limit=int(block.get("gasLimit", "0x0"), 16),
+            timestamp=int(block.get("timestamp", "0x0"), 16),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _get_block(tag_or_number: str) -> tuple[str, list[Any]]:
+    return ("eth_getBlockByNumber", [tag_or_number, False])
+
+
+class EvmHeadTracker:
+    def __init__(
+        self,
+        network: str,
+        upstream: Upstream,
+        *,
+        interval: float,
+        finality_depth: int,
+        metrics: Metrics,
+        window: int = 256,
+    ) -> None:
+        self.network = network
+        self.head: Head | None = None
+        self.on_reorg: list[Callable[[int], None]] = []
+        self.last_poll = 0.0
+        self._upstream = upstream
+        self._interval = interval
+        self._depth = finality_depth
+        self._metrics = metrics
+        self._window = window
+
+    def resolve(self, ref: BlockRef) -> Resolved | None:
+        """Turn a block parameter into a number (or hash); None when it cannot be pinned (pending, no head)."""
+        if ref.hash is not None:
+            return Resolved(None, ref.hash)
+        head = self.head
+        if head is None or ref.tag == "pending":
+            return None
+        if ref.number is not None:
+            number = ref.number
+        else:
+            number = {"latest": head.latest, "safe": head.safe, "finalized": head.finalized, "earliest": 0}[
+                str(ref.tag)
+            ]
+        return Resolved(number, head.hashes.get(number))
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the loop must outlive any one bad poll
+                log.warning("head tracker %s: poll failed: %s", self.network, exc)
+            await asyncio.sleep(self._interval)
+
+    async def poll(self) -> Head:
+        latest_a, safe_a, final_a = await self._upstream.batch(
+            [_get_block("latest"), _get_block("safe"), _get_block("finalized")]
+        )
+        latest = _header(latest_a)
+        if latest is None:
+            raise TrackerError("upstream returned no latest block")
+        # A node without the finalized/safe tags: a configured depth below latest counts as final.
+        final_h = _header(final_a)
+        finalized = final_h.number if final_h else max(0, latest.number - self._depth)
+        finalized = min(finalized, latest.number)
+        safe_h = _header(safe_a)
+        safe = safe_h.number if safe_h else max(finalized, latest.number - self._depth // 2)
+        safe = max(finalized, min(safe, latest.number))
+
+        old = dict(self.head.hashes) if self.head else {}
+        hashes = await self._sync_window(latest, finalized, old)
+        reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
+        reorged += [h for h in old if h > latest.number]
+        head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes)
+        self.head = head
+        self.last_poll = time.time()
+        self._publish(head)
+        if reorged:
+            depth_from = min(reorged)
+            log.warning("head tracker %s: reorg detected from block %d", self.network, depth_from)
+            self._metrics.reorgs.labels(self.network).inc()
+            for listener in self.on_reorg:
+                listener(depth_from)
+        return head
+
+    async def _sync_window(self, latest: Header, finalized: int, old: dict[int, str]) -> dict[int, str]:
+        """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
+        lower = max(finalized + 1, latest.number - self._window + 1)
+        chain = {latest.number: latest.hash}
+        expected = latest.parent_hash
+        height = latest.number - 1
+        while height >= lower:
+            if old.get(height) == expected:
+                chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
+                break
+            low = max(lower, height - HEADER_CHUNK + 1)
+            answers = await self._upstream.batch([_get_block(hex(h)) for h in range(height, low - 1, -1)])
+            for answer in answers:
+                header = _header(answer)
+                if header is None or header.hash != expected:
+                    # The chain moved while we read it; keep the previous head and try again next poll.
+                    raise TrackerError("chain changed during the window walk")
+                chain[header.number] = header.hash
+                expected = header.parent_hash
+                if old.get(header.number - 1) == expected:
+                    chain.update({h: old[h] for h in range(lower, header.number) if h in old})
+                    return chain
+            height = low - 1
+        return chain
+
+    def _publish(self, head: Head) -> None:
+        for tag, value in (("latest", head.latest), ("safe", head.safe), ("finalized", head.finalized)):
+            self._metrics.head_block.labels(self.network, tag).set(value)
+        self._metrics.head_timestamp.labels(self.network).set(head.timestamp)
+        self._metrics.head_updated.labels(self.network).set(self.last_poll)
+
+
+class SolanaSlotTracker:
+    """The slot at each commitment, polled with getSlot."""
+
+    def __init__(self, network: str, upstream: Upstream, *, interval: float, metrics: Metrics) -> None:
+        self.network = network
+        self.slots: dict[str, int] = {}
+        self.last_poll = 0.0
+        self._upstream = upstream
+        self._interval = interval
+        self._metrics = metrics
+
+    @property
+    def head(self) -> None:
+        return None  # Solana answers carry their own context.slot; nothing resolves through a head.
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("slot tracker %s: poll failed: %s", self.network, exc)
+            await asyncio.sleep(self._interval)
+
+    async def poll(self) -> dict[str, int]:
+        answers = await self._upstream.batch([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])
+        slots = {}
+        for commitment, answer in zip(COMMITMENTS, answers, strict=True):
+            if not answer.is_error and isinstance(answer.result, int):
+                slots[commitment] = answer.result
+                self._metrics.head_block.labels(self.network, commitment).set(answer.result)
+        if not slots:
+            raise TrackerError("upstream returned no slot")
+        self.slots = slots
+        self.last_poll = time.time()
+        self._metrics.head_updated.labels(self.network).set(self.last_poll)
+        return slots

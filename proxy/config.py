@@ -1,0 +1,323 @@
+"""Frozen settings, parsed once from a flat mapping of raw strings (env or CLI)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+Family = Literal["evm", "solana"]
+FAMILIES: tuple[Family, ...] = ("evm", "solana")
+NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message is one line for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    name: str
+    family: Family
+    upstreams: tuple[str, ...]
+    hosts: tuple[str, ...] = ()
+    # Depth below latest that counts as final when the node has no `finalized` tag.
+    finality_depth: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyConfig:
+    daily_credits: int | None = None
+    credits_per_second: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    networks: tuple[Network, ...]
+    default_network: Mapping[str, str]  # family -> network name
+    host: str = "127.0.0.1"
+    port: int = 8545
+    redis_url: str | None = None
+    redis_timeout: float = 0.25
+    api_keys: Mapping[str, KeyConfig] | None = None  # None: open mode, any key accepted
+    daily_credits: int = 3_000_000
+    credits_per_second: int | None = None
+    default_credits: int = 20
+    allowed_namespaces: frozenset[str] = frozenset()
+    max_batch_size: int = 100
+    max_body_bytes: int = 5 * 1024 * 1024
+    ws_max_message_bytes: int = 5 * 1024 * 1024
+    ws_max_inflight: int = 64
+    upstream_timeout: float = 30.0
+    head_poll_interval: float = 2.0
+    finality_depth: int = 64
+    cache_memory_bytes: int = 256 * 1024 * 1024
+    cache_unfinalized_ttl: float = 12.0
+    cache_negative_ttl: float = 2.0
+    solana_balance_max_age: float = 0.4
+    solana_largest_accounts_ttl: float = 3600.0
+    getlogs_max_results: int = 10_000
+    getlogs_timeout: float = 10.0
+    getlogs_max_params: int = 5_000
+    gas_cap_multiplier: int = 10
+    eth_call_require_from: bool = True
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+    shutdown_timeout: float = 30.0
+
+    def network(self, name: str) -> Network | None:
+        return next((n for n in self.networks if n.name == name), None)
+
+    @property
+    def open_mode(self) -> bool:
+        return self.api_keys is None
+
+
+# --- the settings table: env name, CLI flag, help. cli.py builds flags from it; ---
+# --- .env.example and README.md document every entry (a test keeps them in step). ---
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    env: str
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.env.lower().replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("PROXY_HOST", "address to listen on (default 127.0.0.1)"),
+    Option("PROXY_PORT", "port to listen on (default 8545)"),
+    Option("EVM_UPSTREAM", "comma-separated upstream URLs of the default EVM network; first is primary"),
+    Option("SOLANA_UPSTREAM", "comma-separated upstream URLs of the default Solana network"),
+    Option("NETWORKS_FILE", "optional TOML file declaring more networks"),
+    Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
+    Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
+    Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
+    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] daily_credits, credits_per_second"),
+    Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
+    Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
+    Option("DEFAULT_CREDITS", "credit cost of forwarded methods outside the spec table (default 20)"),
+    Option("ALLOW_NAMESPACES", "comma-separated refused namespaces to allow (admin,debug,...)"),
+    Option("MAX_BATCH_SIZE", "maximum calls in one batch (default 100)"),
+    Option("MAX_BODY_BYTES", "maximum HTTP request body in bytes (default 5242880)"),
+    Option("WS_MAX_MESSAGE_BYTES", "maximum WebSocket message in bytes (default 5242880)"),
+    Option("WS_MAX_INFLIGHT", "maximum concurrent requests per WebSocket connection (default 64)"),
+    Option("UPSTREAM_TIMEOUT", "seconds before an upstream request is abandoned (default 30)"),
+    Option("HEAD_POLL_INTERVAL", "seconds between head-tracker polls, fractions allowed (default 2)"),
+    Option("FINALITY_DEPTH", "blocks below latest counted final when a node has no finalized tag (default 64)"),
+    Option("CACHE_MEMORY_BYTES", "size bound of the in-process cache tier in bytes (default 268435456)"),
+    Option("CACHE_UNFINALIZED_TTL", "seconds an answer for an unfinalized block is kept (default 12)"),
+    Option("CACHE_NEGATIVE_TTL", "seconds a null not-found answer is kept (default 2)"),
+    Option("SOLANA_BALANCE_MAX_AGE", "max age in seconds of a cached getTokenAccountBalance (default 0.4)"),
+    Option("SOLANA_LARGEST_ACCOUNTS_TTL", "seconds getLargestAccounts is cached, at most 7200 (default 3600)"),
+    Option("GETLOGS_MAX_RESULTS", "eth_getLogs result limit (default 10000)"),
+    Option("GETLOGS_TIMEOUT", "eth_getLogs query time limit in seconds (default 10)"),
+    Option("GETLOGS_MAX_PARAMS", "eth_getLogs limit on addresses plus topic values (default 5000)"),
+    Option("GAS_CAP_MULTIPLIER", "eth_call/eth_estimateGas gas cap as a multiple of the block gas limit (default 10)"),
+    Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default true)"),
+    Option("LOG_FORMAT", "text or json (JSON lines)"),
+    Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
+    Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
+)
+OPTION_NAMES = frozenset(o.env for o in OPTIONS)
+
+
+# --- parsing --------------------------------------------------------------------------
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be greater than 0, got {raw!r}")
+    return value
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name} must be greater than 0, got {raw!r}")
+    return value
+
+
+def _bool(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _port(name: str, raw: str) -> int:
+    value = _positive_int(name, raw)
+    if value > 65535:
+        raise ConfigError(f"{name} must be a port number (1-65535), got {raw!r}")
+    return value
+
+
+def _csv(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
+    if isinstance(urls, str):
+        urls = _csv(urls)
+    if not isinstance(urls, (list, tuple)) or not all(isinstance(u, str) for u in urls):
+        raise ConfigError(f"{name} must be a list of URLs")
+    for index, url in enumerate(urls):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            # Never echo the URL: it may carry a provider's secret key.
+            raise ConfigError(f"{name}: upstream #{index} is not an http(s) URL")
+    return tuple(urls)
+
+
+def _load_toml(name: str, path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{name}: {path} is not valid TOML: {exc}") from None
+
+
+def _networks_from_file(path: str) -> list[Network]:
+    data = _load_toml("NETWORKS_FILE", path)
+    table = data.get("networks")
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"NETWORKS_FILE: {path} has no [networks.NAME] tables")
+    networks = []
+    for name, entry in table.items():
+        where = f"NETWORKS_FILE: network {name!r}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a table")
+        family = entry.get("family")
+        if family not in FAMILIES:
+            raise ConfigError(f"{where}: family must be 'evm' or 'solana'")
+        hosts = entry.get("hosts", [])
+        if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+            raise ConfigError(f"{where}: hosts must be a list of host names")
+        depth = entry.get("finality_depth")
+        if depth is not None and (not isinstance(depth, int) or depth <= 0):
+            raise ConfigError(f"{where}: finality_depth must be a positive integer")
+        networks.append(
+            Network(
+                name=str(name),
+                family=family,
+                upstreams=_upstream_urls(where + " upstreams", entry.get("upstreams")),
+                hosts=tuple(h.lower() for h in hosts),
+                finality_depth=depth,
+            )
+        )
+    return networks
+
+
+def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
+    keys: dict[str, KeyConfig] = {}
+    for key in _csv(raw.get("API_KEYS", "")):
+        keys[key] = KeyConfig()
+    path = raw.get("API_KEYS_FILE")
+    if path:
+        data = _load_toml("API_KEYS_FILE", path)
+        table = data.get("keys")
+        if not isinstance(table, dict) or not table:
+            raise ConfigError(f"API_KEYS_FILE: {path} has no [keys.NAME] tables")
+        for key, entry in table.items():
+            if not isinstance(entry, dict):
+                raise ConfigError(f"API_KEYS_FILE: key {key!r} must be a table")
+            values: dict[str, int | None] = {}
+            for field_name in ("daily_credits", "credits_per_second"):
+                value = entry.get(field_name)
+                if value is not None and (not isinstance(value, int) or value <= 0):
+                    raise ConfigError(f"API_KEYS_FILE: key {key!r}: {field_name} must be a positive integer")
+                values[field_name] = value
+            keys[str(key)] = KeyConfig(**values)
+    return keys or None
+
+
+_SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "PROXY_HOST": ("host", lambda _n, v: v),
+    "PROXY_PORT": ("port", _port),
+    "REDIS_URL": ("redis_url", lambda _n, v: v),
+    "REDIS_TIMEOUT": ("redis_timeout", _positive_float),
+    "DAILY_CREDITS": ("daily_credits", _positive_int),
+    "CREDITS_PER_SECOND": ("credits_per_second", _positive_int),
+    "DEFAULT_CREDITS": ("default_credits", lambda n, v: 0 if v.strip() == "0" else _positive_int(n, v)),
+    "MAX_BATCH_SIZE": ("max_batch_size", _positive_int),
+    "MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
+    "WS_MAX_MESSAGE_BYTES": ("ws_max_message_bytes", _positive_int),
+    "WS_MAX_INFLIGHT": ("ws_max_inflight", _positive_int),
+    "UPSTREAM_TIMEOUT": ("upstream_timeout", _positive_float),
+    "HEAD_POLL_INTERVAL": ("head_poll_interval", _positive_float),
+    "FINALITY_DEPTH": ("finality_depth", _positive_int),
+    "CACHE_MEMORY_BYTES": ("cache_memory_bytes", _positive_int),
+    "CACHE_UNFINALIZED_TTL": ("cache_unfinalized_ttl", _positive_float),
+    "CACHE_NEGATIVE_TTL": ("cache_negative_ttl", _positive_float),
+    "SOLANA_BALANCE_MAX_AGE": ("solana_balance_max_age", _positive_float),
+    "SOLANA_LARGEST_ACCOUNTS_TTL": ("solana_largest_accounts_ttl", _positive_float),
+    "GETLOGS_MAX_RESULTS": ("getlogs_max_results", _positive_int),
+    "GETLOGS_TIMEOUT": ("getlogs_timeout", _positive_float),
+    "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
+    "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
+    "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
+    "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
+}
+
+
+def build_settings(raw: Mapping[str, str]) -> Settings:
+    """Parse every setting from a flat mapping of raw strings; raise ConfigError on the first problem."""
+    raw = {k: v for k, v in raw.items() if k in OPTION_NAMES and v is not None and v != ""}
+    networks: list[Network] = []
+    defaults_from_env: tuple[tuple[str, Family], ...] = (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana"))
+    for env, family in defaults_from_env:
+        if env in raw:
+            networks.append(Network(name=family, family=family, upstreams=_upstream_urls(env, raw[env])))
+    if "NETWORKS_FILE" in raw:
+        networks.extend(_networks_from_file(raw["NETWORKS_FILE"]))
+    if not networks:
+        raise ConfigError("no upstream configured: set EVM_UPSTREAM, SOLANA_UPSTREAM or NETWORKS_FILE")
+    seen: set[str] = set()
+    for net in networks:
+        if not NETWORK_NAME.match(net.name):
+            raise ConfigError(f"network name {net.name!r} must be lower-case letters, digits and '-'")
+        if net.name in seen:
+            raise ConfigError(f"network {net.name!r} is declared twice")
+        seen.add(net.name)
+    defaults: dict[str, str] = {}
+    for family in FAMILIES:
+        first = next((n for n in networks if n.family == family), None)
+        if first is not None:
+            defaults[family] = first.name
+
+    values: dict[str, Any] = {}
+    for env, (attr, parse) in _SCALARS.items():
+        if env in raw:
+            values[attr] = parse(env, raw[env])
+    if "LOG_FORMAT" in raw:
+        if raw["LOG_FORMAT"] not in ("text", "json"):
+            raise ConfigError(f"LOG_FORMAT must be 'text' or 'json', got {raw['LOG_FORMAT']!r}")
+        values["log_format"] = raw["LOG_FORMAT"]
+    if "LOG_LEVEL" in raw:
+        level = raw["LOG_LEVEL"].upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {raw['LOG_LEVEL']!r}")
+        values["log_level"] = level
+    if "ALLOW_NAMESPACES" in raw:
+        values["allowed_namespaces"] = frozenset(ns.rstrip("_") for ns in _csv(raw["ALLOW_NAMESPACES"]))
+    # spec: getLargestAccounts results may be cached up to two hours.
+    if values.get("solana_largest_accounts_ttl", 0) > 7200:
+        raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")
+    return Settings(networks=tuple(networks), default_network=defaults, api_keys=_keys(raw), **values)

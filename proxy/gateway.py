@@ -1,0 +1,237 @@
+"""One request body for one API key, whatever the transport: routing, credits, batches, headers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import jsonrpc
+from .config import Settings
+from .credits import Ledger, Verdict
+from .jsonrpc import (
+    INVALID_API_KEY,
+    INVALID_REQUEST,
+    LIMIT_EXCEEDED,
+    METHOD_NOT_FOUND,
+    UPSTREAM_UNAVAILABLE,
+    Call,
+    Invalid,
+    JsonRpcError,
+)
+from .methods import family_of, metric_label
+from .metrics import Metrics
+from .service import BYPASS, NetworkRuntime, Outcome, Prepared, Service
+
+log = logging.getLogger("proxy.access")
+
+
+@dataclass(slots=True)
+class Reply:
+    body: bytes | None  # None: nothing to send (notifications only)
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def invalid_key_error() -> JsonRpcError:
+    return JsonRpcError(INVALID_API_KEY, "invalid API key: the key in the path is missing or unknown",
+                        http_status=401)
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        service: Service,
+        ledger: Ledger,
+        metrics: Metrics,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._service = service
+        self._ledger = ledger
+        self._metrics = metrics
+        self._now = wall_clock
+
+    # --- routing and auth ---------------------------------------------------------------
+
+    def authorized(self, api_key: str) -> bool:
+        keys = self._settings.api_keys
+        return keys is None or api_key in keys
+
+    def network_for(self, host: str | None, path_network: str | None) -> NetworkRuntime | None:
+        """spec order: the Host header's first label, then a path prefix; None: route by method family."""
+        networks = self._service.networks
+        if host:
+            hostname = host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host
+            for runtime in networks.values():
+                if hostname in runtime.config.hosts:
+                    return runtime
+            first = hostname.split(".", 1)[0]
+            if "." in hostname and first in networks:
+                return networks[first]
+        if path_network is not None:
+            chosen = networks.get(path_network)
+            if chosen is None:
+                raise JsonRpcError(INVALID_REQUEST, f"unknown network '{path_network}'", http_status=404)
+            return chosen
+        return None
+
+    def _route(self, call: Call, network: NetworkRuntime | None) -> NetworkRuntime:
+        if network is not None:
+            return network
+        family = family_of(call.method)
+        name = self._settings.default_network.get(family)
+        if name is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family} network is configured")
+        return self._service.networks[name]
+
+    # --- one body -----------------------------------------------------------------------
+
+    async def handle(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply:
+        request_id = uuid.uuid4().hex[:16]
+        try:
+            parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
+        except JsonRpcError as error:
+            self._metrics.requests.labels("none", "invalid", "invalid").inc()
+            balance = await self.remaining(api_key)
+            return self._reply(jsonrpc.encode_error(None, error), error.http_status, 0, balance, None)
+
+        slots: list[Prepared | Outcome] = []
+        for entry in parsed.entries:
+            if isinstance(entry, Invalid):
+                slots.append(Outcome.failed(entry.error))
+                continue
+            try:
+                slots.append(self._service.prepare(entry, self._route(entry, network)))
+            except JsonRpcError as error:
+                slots.append(Outcome.failed(error))
+
+        prepared = [s for s in slots if isinstance(s, Prepared)]
+        cost = 0 if self._settings.open_mode else sum(p.credits for p in prepared)
+        remaining: int | None = None
+        if cost:
+            refusal, remaining = await self._charge(api_key, cost)
+            if refusal is not None:
+                # A batch that cannot be paid in full is refused in full, and nothing is forwarded.
+                slots = [Outcome.failed(refusal) if isinstance(s, Prepared) else s for s in slots]
+                prepared, cost = [], 0
+
+        outcomes = iter(await asyncio.gather(*(self._service.execute(p) for p in prepared)))
+        results: list[Outcome] = [next(outcomes) if isinstance(s, Prepared) else s for s in slots]
+
+        refund = sum(
+            s.credits for s, o in zip(slots, results, strict=True)
+            if isinstance(s, Prepared) and o.error is not None and o.error.code == UPSTREAM_UNAVAILABLE
+        )
+        if refund and cost:
+            # The proxy could not reach any node: the caller is not charged for our failure.
+            await self._ledger.refund(api_key, refund, now=self._now())
+            cost -= refund
+            remaining = None if remaining is None else remaining + refund
+        self._account(api_key, parsed.entries, slots, results, cost, request_id)
+        if remaining is None:
+            remaining = await self.remaining(api_key)
+
+        parts = [
+            jsonrpc.encode_error_object(e.id, o.payload) if o.is_error else jsonrpc.encode_result(e.id, o.payload)
+            for e, o in zip(parsed.entries, results, strict=True) if not e.notification
+        ]
+        if not parts:
+            return self._reply(None, 204, cost, remaining, None)
+        if parsed.batch:
+            refused = [o.error for o in results if o.error is not None and o.error.http_status in (402, 429)]
+            status = refused[0].http_status if refused and len(refused) == len(results) else 200
+            extra = refused[0].headers if refused else {}
+            return self._reply(jsonrpc.encode_batch(parts), status, cost, remaining, None, extra)
+        outcome = results[0]
+        status = outcome.error.http_status if outcome.error is not None else 200
+        extra = outcome.error.headers if outcome.error is not None else {}
+        return self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
+
+    async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
+        config = (self._settings.api_keys or {}).get(api_key)
+        daily = config.daily_credits if config and config.daily_credits else self._settings.daily_credits
+        per_second = config.credits_per_second if config and config.credits_per_second else None
+        per_second = per_second or self._settings.credits_per_second
+        now = self._now()
+        debit = await self._ledger.debit(api_key, cost, daily=daily, per_second=per_second, now=now)
+        if debit.verdict is Verdict.EXHAUSTED:
+            self._metrics.credit_rejections.labels("exhausted").inc()
+            return JsonRpcError(
+                LIMIT_EXCEEDED, f"daily credit limit reached: {cost} credits needed, {max(debit.remaining, 0)} left "
+                "today; balances reset at 00:00 UTC", http_status=402,
+            ), debit.remaining
+        if debit.verdict is Verdict.RATE_LIMITED:
+            self._metrics.credit_rejections.labels("rate").inc()
+            return JsonRpcError(
+                LIMIT_EXCEEDED, f"rate limit exceeded: more than {per_second} credits per second",
+                http_status=429, headers={"Retry-After": "1"},
+            ), debit.remaining
+        return None, debit.remaining
+
+    def _account(
+        self, api_key: str, entries: list[Call | Invalid], slots: list[Prepared | Outcome],
+        results: list[Outcome], cost: int, request_id: str,
+    ) -> None:
+        metrics = self._metrics
+        keyed = not self._settings.open_mode and cost > 0
+        for entry, slot, outcome in zip(entries, slots, results, strict=True):
+            if isinstance(slot, Prepared):
+                network, method = slot.network.name, metric_label(slot.call.method)
+                if outcome.error is None:
+                    result = "error" if outcome.is_error else "ok"
+                elif outcome.error.http_status in (402, 429):
+                    result = "refused"
+                elif outcome.error.code == UPSTREAM_UNAVAILABLE:
+                    result = "upstream_error"
+                else:
+                    result = "error"
+                if keyed and result != "refused" and result != "upstream_error":
+                    metrics.credits_charged.labels(method).inc(slot.credits)
+            else:
+                network = "none"
+                method = metric_label(entry.method) if isinstance(entry, Call) else "invalid"
+                result = "invalid"
+            metrics.requests.labels(network, method, result).inc()
+            if log.isEnabledFor(logging.INFO):
+                log.info(
+                    "call", extra={
+                        "request_id": request_id, "network": network, "method": method, "outcome": result,
+                        "cache": outcome.cache if outcome.cache != BYPASS or isinstance(slot, Prepared) else None,
+                        "upstream_ms": None if outcome.upstream_seconds is None
+                        else round(outcome.upstream_seconds * 1000, 2),
+                    },
+                )
+        if keyed:
+            metrics.key_credits_charged.labels(api_key).inc(cost)
+
+    def _reply(
+        self, body: bytes | None, status: int, charged: int, remaining: int | None, cache: str | None,
+        extra: dict[str, str] | None = None,
+    ) -> Reply:
+        headers = {
+            "X-Credits-Charged": str(charged),
+            "X-Credits-Remaining": "unlimited" if self._settings.open_mode else str(max(remaining or 0, 0)),
+        }
+        if remaining is None and not self._settings.open_mode:
+            headers["X-Credits-Remaining"] = "unknown"
+        if cache is not None:
+            headers["X-Cache"] = cache
+        if extra:
+            headers.update(extra)
+        return Reply(body, status, headers)
+
+    async def remaining(self, api_key: str) -> int | None:
+        """Today's remaining balance, for responses that charged nothing."""
+        if self._settings.open_mode:
+            return None
+        config = (self._settings.api_keys or {}).get(api_key)
+        daily = config.daily_credits if config and config.daily_credits else self._settings.daily_credits
+        try:
+            used = await self._ledger.used(api_key, now=self._now())
+        except Exception:
+            return None
+        return daily - used

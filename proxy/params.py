@@ -1,0 +1,368 @@
+"""Parameter validation and canonical forms for the first-class methods. Pure: no I/O.
+
+Each validator takes the raw positional params and returns canonical params: lower-case hex,
+normalised quantities, 32-byte storage words, defaults filled in, and block parameters as
+`BlockRef` values that the service resolves to numbers. Two requests that mean the same thing
+get equal canonical params; the forwarded request is built from them too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params
+
+TAGS = ("latest", "earliest", "pending", "safe", "finalized")
+COMMITMENTS = ("finalized", "confirmed", "processed")
+LARGEST_ACCOUNTS_FILTERS = ("circulating", "nonCirculating")
+_HEX = re.compile(r"^0x[0-9a-fA-F]*$")
+_DECIMAL = re.compile(r"^[0-9]+$")
+_B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B58_INDEX = {c: i for i, c in enumerate(_B58_ALPHABET)}
+UINT256_MAX = 2**256 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """The settings validation depends on."""
+
+    eth_call_require_from: bool = True
+    getlogs_max_params: int = 5_000
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BlockRef:
+    """A block parameter as the caller gave it: exactly one of tag, number, hash is set.
+
+    Compared by identity: two equal-looking refs in one request (fromBlock/toBlock) stay distinct.
+    """
+
+    tag: str | None = None
+    number: int | None = None
+    hash: str | None = None
+    object_form: bool = False  # EIP-1898 object ({"blockHash": ...} / {"blockNumber": ...})
+
+    def encode(self, number: int | None = None) -> Any:
+        """The JSON value sent upstream; `number` replaces a resolved tag."""
+        if self.hash is not None:
+            return {"blockHash": self.hash} if self.object_form else self.hash
+        n = number if number is not None else self.number
+        if n is None:
+            return self.tag
+        return {"blockNumber": hex(n)} if self.object_form else hex(n)
+
+
+# --- scalar validators ------------------------------------------------------------------
+
+
+def hex_bytes(name: str, value: Any, size: int | None = None) -> str:
+    """A 0x-prefixed hex byte string, lower-cased; `size` in bytes when fixed."""
+    if not isinstance(value, str) or not _HEX.match(value):
+        raise invalid_params(name, "expected a 0x-prefixed hex string")
+    digits = len(value) - 2
+    if size is not None and digits != size * 2:
+        raise invalid_params(name, f"expected {size} bytes (0x followed by {size * 2} hex digits)")
+    if digits % 2:
+        raise invalid_params(name, "hex string has an odd number of digits")
+    return value.lower()
+
+
+def address(name: str, value: Any) -> str:
+    return hex_bytes(name, value, 20)
+
+
+def hash32(name: str, value: Any) -> str:
+    return hex_bytes(name, value, 32)
+
+
+def quantity_int(name: str, value: Any) -> int:
+    if not isinstance(value, str) or not _HEX.match(value) or len(value) < 3:
+        raise invalid_params(name, "expected a hex quantity such as 0x1")
+    number = int(value, 16)
+    if number > UINT256_MAX:
+        raise invalid_params(name, "quantity exceeds 256 bits")
+    return number
+
+
+def quantity(name: str, value: Any) -> str:
+    """A hex quantity, normalised: 0x0 == 0x00 == 0x000."""
+    return hex(quantity_int(name, value))
+
+
+def storage_word(name: str, value: Any) -> str:
+    """A storage position as a 32-byte word, so 0x0 and 0x00...00 are one position."""
+    if not isinstance(value, str) or not _HEX.match(value) or len(value) < 3:
+        raise invalid_params(name, "expected a hex storage position such as 0x0")
+    number = int(value, 16)
+    if number > UINT256_MAX:
+        raise invalid_params(name, "storage position exceeds 32 bytes")
+    return "0x" + format(number, "064x")
+
+
+def base58_pubkey(name: str, value: Any) -> str:
+    """A base-58 encoded 32-byte public key, returned unchanged (base-58 is case-sensitive)."""
+    if not isinstance(value, str) or not 32 <= len(value) <= 44:
+        raise invalid_params(name, "expected a base-58 encoded 32-byte public key")
+    number = 0
+    for char in value:
+        digit = _B58_INDEX.get(char)
+        if digit is None:
+            raise invalid_params(name, f"invalid base-58 character {char!r}")
+        number = number * 58 + digit
+    leading_zeros = len(value) - len(value.lstrip("1"))
+    size = leading_zeros + (number.bit_length() + 7) // 8
+    if size != 32:
+        raise invalid_params(name, f"decodes to {size} bytes, expected a 32-byte public key")
+    return value
+
+
+def block_param(
+    name: str, value: Any, *, allow_hash: bool = False, allow_decimal: bool = False, allow_object: bool = True
+) -> BlockRef:
+    """spec: a hex block number, or one of latest/earliest/pending/safe/finalized."""
+    if isinstance(value, str):
+        if value in TAGS:
+            return BlockRef(tag=value)
+        if allow_hash and _HEX.match(value) and len(value) == 66:
+            return BlockRef(hash=value.lower())
+        if allow_decimal and _DECIMAL.match(value):
+            return BlockRef(number=int(value))
+        if _HEX.match(value) and len(value) > 2:
+            number = quantity_int(name, value)
+            if number >= 2**64:
+                raise invalid_params(name, "block number exceeds 64 bits")
+            return BlockRef(number=number)
+    elif allow_decimal and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return BlockRef(number=value)
+    elif allow_object and isinstance(value, dict):
+        # EIP-1898: {"blockHash": h, "requireCanonical"?: bool} or {"blockNumber": n}.
+        keys = set(value) - {"requireCanonical"}
+        if keys == {"blockHash"}:
+            return BlockRef(hash=hash32(f"{name}.blockHash", value["blockHash"]), object_form=True)
+        if keys == {"blockNumber"} and "requireCanonical" not in value:
+            inner = block_param(f"{name}.blockNumber", value["blockNumber"], allow_object=False)
+            return BlockRef(tag=inner.tag, number=inner.number, object_form=True)
+        raise invalid_params(name, "expected an EIP-1898 object with blockHash or blockNumber")
+    expected = "a hex block number"
+    if allow_decimal:
+        expected += ", a decimal block number"
+    if allow_hash:
+        expected += ", a 32-byte block hash"
+    raise invalid_params(name, f"expected {expected} or one of {', '.join(TAGS)}")
+
+
+def _arity(params: list[Any], names: tuple[str, ...], required: int) -> None:
+    if len(params) < required:
+        missing = names[len(params)]
+        raise invalid_params(missing, "missing required parameter")
+    if len(params) > len(names):
+        raise invalid_params("params", f"expected at most {len(names)} parameters, got {len(params)}")
+
+
+def _object(name: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise invalid_params(name, "expected an object")
+    for key in value:
+        if key not in allowed:
+            raise invalid_params(f"{name}.{key}", "unknown field")
+    return value
+
+
+# --- the seven methods ------------------------------------------------------------------
+
+
+def eth_get_storage_at(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("address", "position", "block"), 3)
+    return [
+        address("address", params[0]),
+        storage_word("position", params[1]),
+        block_param("block", params[2]),
+    ]
+
+
+_CALL_QUANTITIES = (
+    "gas", "gasPrice", "maxPriorityFeePerGas", "maxFeePerGas", "value", "nonce", "type", "chainId",
+    "maxFeePerBlobGas",
+)
+_CALL_FIELDS = ("from", "to", "data", "input", "accessList", "blobVersionedHashes", "authorizationList",
+                *_CALL_QUANTITIES)
+
+
+def call_object(name: str, value: Any, rules: Rules) -> dict[str, Any]:
+    obj = _object(name, value, _CALL_FIELDS)
+    out: dict[str, Any] = {}
+    if obj.get("from") is not None:
+        out["from"] = address(f"{name}.from", obj["from"])
+    elif rules.eth_call_require_from:
+        raise invalid_params(f"{name}.from", "missing required field")
+    if obj.get("to") is not None:
+        out["to"] = address(f"{name}.to", obj["to"])
+    for field_name in _CALL_QUANTITIES:
+        if obj.get(field_name) is not None:
+            out[field_name] = quantity(f"{name}.{field_name}", obj[field_name])
+    data = obj.get("data")
+    data_input = obj.get("input")
+    if data is not None:
+        out["data"] = hex_bytes(f"{name}.data", data)
+    if data_input is not None:
+        checked = hex_bytes(f"{name}.input", data_input)
+        if data is not None and checked != out["data"]:
+            raise invalid_params(f"{name}.input", "differs from data; send one of them")
+        out["data"] = checked
+    if obj.get("accessList") is not None:
+        if not isinstance(obj["accessList"], list):
+            raise invalid_params(f"{name}.accessList", "expected an array")
+        out["accessList"] = obj["accessList"]
+    if obj.get("blobVersionedHashes") is not None:
+        hashes = obj["blobVersionedHashes"]
+        if not isinstance(hashes, list):
+            raise invalid_params(f"{name}.blobVersionedHashes", "expected an array of 32-byte hashes")
+        out["blobVersionedHashes"] = [hash32(f"{name}.blobVersionedHashes", h) for h in hashes]
+    if obj.get("authorizationList") is not None:
+        if not isinstance(obj["authorizationList"], list):
+            raise invalid_params(f"{name}.authorizationList", "expected an array")
+        out["authorizationList"] = obj["authorizationList"]
+    return out
+
+
+def eth_call(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("transaction", "block", "stateOverrides"), 2)
+    out = [call_object("transaction", params[0], rules), block_param("block", params[1])]
+    if len(params) == 3 and params[2] is not None:
+        if not isinstance(params[2], dict):
+            raise invalid_params("stateOverrides", "expected an object")
+        out.append(params[2])
+    return out
+
+
+def eth_get_uncle_by_block_hash_and_index(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("blockHash", "index"), 2)
+    return [hash32("blockHash", params[0]), quantity("index", params[1])]
+
+
+def eth_get_block_receipts(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("block",), 1)
+    ref = block_param("block", params[0], allow_hash=True, allow_decimal=True)
+    if ref.tag == "pending":
+        # spec: the tag `pending` returns the same data as `latest`.
+        ref = BlockRef(tag="latest", object_form=ref.object_form)
+    return [ref]
+
+
+def _topic_position(name: str, value: Any) -> list[str] | None:
+    """One topics entry: null (any), a hash, or an OR-list of hashes; canonically None or a sorted list."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [hash32(name, value)]
+    if isinstance(value, list):
+        # A null inside an OR-list matches anything, as does an empty list (go-ethereum's reading).
+        if not value or any(v is None for v in value):
+            return None
+        return sorted({hash32(f"{name}[{i}]", v) for i, v in enumerate(value)})
+    raise invalid_params(name, "expected null, a 32-byte hash or an array of hashes")
+
+
+def log_filter(value: Any, rules: Rules) -> dict[str, Any]:
+    obj = _object("filter", value, ("address", "fromBlock", "toBlock", "topics", "blockHash"))
+    out: dict[str, Any] = {}
+    if "blockHash" in obj and obj["blockHash"] is not None:
+        # spec: when blockHash is present, fromBlock and toBlock are not allowed.
+        if obj.get("fromBlock") is not None or obj.get("toBlock") is not None:
+            raise invalid_params("filter.blockHash", "blockHash excludes fromBlock and toBlock")
+        out["blockHash"] = BlockRef(hash=hash32("filter.blockHash", obj["blockHash"]))
+    else:
+        # spec: fromBlock and toBlock default to latest.
+        for field_name in ("fromBlock", "toBlock"):
+            raw = obj.get(field_name)
+            out[field_name] = BlockRef(tag="latest") if raw is None else block_param(
+                f"filter.{field_name}", raw, allow_object=False
+            )
+    count = 0
+    raw_address = obj.get("address")
+    if raw_address is not None:
+        if isinstance(raw_address, str):
+            addresses = [address("filter.address", raw_address)]
+        elif isinstance(raw_address, list):
+            addresses = sorted({address(f"filter.address[{i}]", a) for i, a in enumerate(raw_address)})
+        else:
+            raise invalid_params("filter.address", "expected an address or an array of addresses")
+        if addresses:
+            out["address"] = addresses
+            count += len(addresses)
+    raw_topics = obj.get("topics")
+    if raw_topics is not None:
+        if not isinstance(raw_topics, list):
+            raise invalid_params("filter.topics", "expected an array")
+        if len(raw_topics) > 4:
+            raise invalid_params("filter.topics", f"at most 4 topic positions, got {len(raw_topics)}")
+        topics = [_topic_position(f"filter.topics[{i}]", t) for i, t in enumerate(raw_topics)]
+        while topics and topics[-1] is None:
+            topics.pop()  # trailing wildcards match anything: [A, null] == [A]
+        if topics:
+            out["topics"] = topics
+            count += sum(len(t) for t in topics if t)
+    # spec: at most 5,000 parameters (addresses plus topic values) in one request.
+    if count > rules.getlogs_max_params:
+        raise JsonRpcError(
+            LIMIT_EXCEEDED,
+            f"query has {count} parameters (addresses plus topic values); the limit is {rules.getlogs_max_params}",
+        )
+    return out
+
+
+def eth_get_logs(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("filter",), 1)
+    return [log_filter(params[0], rules)]
+
+
+def _solana_config(name: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+    if value is None:
+        value = {}
+    obj = _object(name, value, allowed)
+    commitment = obj.get("commitment", "finalized")  # spec: default finalized
+    if commitment not in COMMITMENTS:
+        raise invalid_params(f"{name}.commitment", f"expected one of {', '.join(COMMITMENTS)}")
+    out: dict[str, Any] = {"commitment": commitment}
+    if "filter" in allowed and obj.get("filter") is not None:
+        if obj["filter"] not in LARGEST_ACCOUNTS_FILTERS:
+            raise invalid_params(f"{name}.filter", f"expected one of {', '.join(LARGEST_ACCOUNTS_FILTERS)}")
+        out["filter"] = obj["filter"]
+    return out
+
+
+def get_token_account_balance(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("address", "config"), 1)
+    out: list[Any] = [base58_pubkey("address", params[0])]
+    out.append(_solana_config("config", params[1] if len(params) > 1 else None, ("commitment",)))
+    return out
+
+
+def get_largest_accounts(params: list[Any], rules: Rules) -> list[Any]:
+    # spec: with an empty params array, defaults apply.
+    _arity(params, ("config",), 0)
+    return [_solana_config("config", params[0] if params else None, ("commitment", "filter"))]
+
+
+def block_refs(value: Any) -> list[BlockRef]:
+    """Every BlockRef inside canonical params, in order."""
+    if isinstance(value, BlockRef):
+        return [value]
+    if isinstance(value, list):
+        return [ref for item in value for ref in block_refs(item)]
+    if isinstance(value, dict):
+        return [ref for item in value.values() for ref in block_refs(item)]
+    return []
+
+
+def substitute(value: Any, replace: dict[int, Any]) -> Any:
+    """Copy of canonical params with each BlockRef replaced by replace[id(ref)]."""
+    if isinstance(value, BlockRef):
+        return replace[id(value)]
+    if isinstance(value, list):
+        return [substitute(item, replace) for item in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, replace) for k, v in value.items()}
+    return value

@@ -1,0 +1,25 @@
+"""Turning a gateway Reply or a JsonRpcError into an aiohttp response."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from . import jsonrpc
+from .gateway import Reply
+from .jsonrpc import JsonRpcError
+
+NO_CHARGE = {"X-Credits-Charged": "0"}
+
+
+def json_response(reply: Reply) -> web.Response:
+    if reply.body is None:
+        return web.Response(status=reply.status, headers=reply.headers)
+    return web.Response(body=reply.body, status=reply.status, headers=reply.headers,
+                        content_type="application/json")
+
+
+def error_response(error: JsonRpcError, headers: Mapping[str, str] | None = None) -> web.Response:
+    return json_response(Reply(jsonrpc.encode_error(None, error), error.http_status,
+                               {**error.headers, **(headers or {})}))

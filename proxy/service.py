@@ -1,0 +1,266 @@
+"""The read-through flow for one call: policy -> validate -> resolve block -> cache -> upstream -> store.
+
+This is the only module that awaits the cache and the upstream together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import cache_policy as cp
+from .cache import Coalescer, TieredCache, cache_key
+from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
+from .config import Network, Settings
+from .jsonrpc import LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
+from .methods import (
+    POLICIES,
+    REFUSED_NAMESPACES,
+    SUBSCRIPTION_METHODS,
+    CacheClass,
+    MethodPolicy,
+    metric_label,
+    namespace,
+)
+from .metrics import Metrics
+from .params import BlockRef, Rules, block_refs, quantity_int, substitute
+from .upstream import Answer, Upstream
+
+HIT, MISS, BYPASS = "HIT", "MISS", "BYPASS"
+
+
+@dataclass(slots=True)
+class NetworkRuntime:
+    config: Network
+    upstream: Upstream
+    tracker: EvmHeadTracker | SolanaSlotTracker
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One call's answer: `payload` is the encoded result or the encoded error object."""
+
+    payload: bytes
+    is_error: bool
+    cache: str
+    error: JsonRpcError | None = None  # the proxy's own error (it carries the HTTP status)
+    upstream_seconds: float | None = None
+
+    @classmethod
+    def failed(cls, error: JsonRpcError, cache: str = BYPASS) -> Outcome:
+        return cls(error.encode(), True, cache, error)
+
+    @classmethod
+    def answered(cls, answer: Answer, cache: str) -> Outcome:
+        return cls(answer.payload, answer.is_error, cache, None, answer.seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated call, ready to run and priced."""
+
+    call: Call
+    network: NetworkRuntime
+    policy: MethodPolicy | None
+    params: Any
+    credits: int
+
+
+def encode_value(answer: Answer) -> bytes:
+    return (b"e" if answer.is_error else b"r") + answer.payload
+
+
+def decode_value(value: bytes) -> tuple[bytes, bool]:
+    return value[1:], value[:1] == b"e"
+
+
+class Service:
+    def __init__(
+        self,
+        settings: Settings,
+        networks: Mapping[str, NetworkRuntime],
+        cache: TieredCache,
+        metrics: Metrics,
+    ) -> None:
+        self._settings = settings
+        self.networks = networks
+        self._cache = cache
+        self._metrics = metrics
+        self._coalescer: Coalescer[Answer] = Coalescer()
+        self._rules = Rules(settings.eth_call_require_from, settings.getlogs_max_params)
+        self._ttls = cp.Ttls(
+            unfinalized=settings.cache_unfinalized_ttl,
+            negative=settings.cache_negative_ttl,
+            largest_accounts=settings.solana_largest_accounts_ttl,
+            token_balance=settings.solana_balance_max_age,
+        )
+
+    # --- before anything is charged or forwarded ------------------------------------------
+
+    def prepare(self, call: Call, network: NetworkRuntime) -> Prepared:
+        """Check the method is allowed here and validate its params; raise JsonRpcError if not."""
+        method = call.method
+        ns = namespace(method)
+        if ns in REFUSED_NAMESPACES and ns not in self._settings.allowed_namespaces:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: the {ns}_ namespace is disabled")
+        if method in SUBSCRIPTION_METHODS:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method} (subscriptions are not supported)")
+        policy = POLICIES.get(method)
+        if policy is not None and policy.family != network.config.family:
+            raise JsonRpcError(
+                METHOD_NOT_FOUND, f"method not found: {method} is not available on {network.config.family} "
+                f"network '{network.name}'",
+            )
+        params: Any = call.params
+        if policy is not None and policy.validate is not None:
+            if not isinstance(params, list):
+                raise invalid_params("params", "expected an array of positional parameters")
+            params = policy.validate(params, self._rules)
+        cost = policy.credits if policy is not None and policy.credits is not None else self._settings.default_credits
+        return Prepared(call, network, policy, params, cost)
+
+    # --- the read-through flow ----------------------------------------------------------
+
+    async def execute(self, prepared: Prepared) -> Outcome:
+        started = time.perf_counter()
+        try:
+            outcome = await self._execute(prepared)
+        except JsonRpcError as error:
+            outcome = Outcome.failed(error)
+        self._metrics.request_seconds.labels(
+            prepared.network.name, metric_label(prepared.call.method), outcome.cache
+        ).observe(time.perf_counter() - started)
+        return outcome
+
+    async def _execute(self, prepared: Prepared) -> Outcome:
+        net, policy, method = prepared.network, prepared.policy, prepared.call.method
+        params = prepared.params
+        if policy is not None and policy.gas_cap:
+            params = self._cap_gas(params, net)
+        if policy is None or policy.cache is CacheClass.NONE:
+            answer = await net.upstream.request(method, params)
+            return Outcome.answered(answer, BYPASS)
+
+        refs = block_refs(params)
+        resolved = {id(ref): net.tracker.resolve(ref) for ref in refs} if isinstance(
+            net.tracker, EvmHeadTracker) else {}
+        if policy.limits_logs:
+            self._check_range(params[0], resolved)
+        decision = cp.decide(policy.cache, list(resolved.values()), net.tracker.head, self._ttls)
+        forward = substitute(params, {id(r): _forward_form(r, resolved.get(id(r))) for r in refs})
+        if not decision.cacheable:
+            self._metrics.cache_lookups.labels("none", "bypass").inc()
+            return Outcome.answered(await self._upstream(net, method, forward, policy), BYPASS)
+
+        key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
+        key = cache_key(net.name, method, key_params)
+        value = await self._cache.get(key)
+        if value is not None:
+            self._metrics.credits_saved.labels(net.name, method).inc(prepared.credits)
+            payload, is_error = decode_value(value)
+            return Outcome(payload, is_error, HIT)
+
+        tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
+
+        async def fill() -> Answer:
+            answer = await self._upstream(net, method, forward, policy)
+            kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error)
+            if tags_resolved and kind in ("null", "error"):
+                # The node may not know the resolved block yet (it lags the tracker): ask again
+                # with the caller's tag, and keep nothing, since that answer has no fixed block.
+                original = substitute(params, {id(r): r.encode() for r in refs})
+                return await self._upstream(net, method, original, policy)
+            ttl = cp.store_ttl(decision, policy.cache, kind, self._ttls)
+            if ttl is not None:
+                await self._cache.set(key, encode_value(answer), ttl)
+            return answer
+
+        answer, joined = await self._coalescer.run(key, fill)
+        if joined:
+            self._metrics.coalesced.labels(net.name, metric_label(method)).inc()
+        return Outcome.answered(answer, MISS)
+
+    async def _upstream(self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy) -> Answer:
+        if not policy.limits_logs:
+            return await net.upstream.request(method, params)
+        limit_seconds = self._settings.getlogs_timeout
+        try:
+            async with asyncio.timeout(limit_seconds):
+                # The upstream's own timeout is set past ours, so ours decides.
+                answer = await net.upstream.request(method, params, timeout=limit_seconds + 1)
+        except TimeoutError:
+            # spec: a query that runs longer than 10 seconds fails with -32005.
+            self._metrics.getlogs_rejections.labels("timeout").inc()
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        results = answer.result
+        limit = self._settings.getlogs_max_results
+        if isinstance(results, list) and len(results) > limit:
+            # spec: more than 10,000 results fails with -32005; nothing partial is returned.
+            self._metrics.getlogs_rejections.labels("results").inc()
+            raise JsonRpcError(
+                LIMIT_EXCEEDED, f"query returned more than {limit} results",
+                data=_narrower_range(params[0], results, limit),
+            )
+        return answer
+
+    def _check_range(self, log_filter: dict[str, Any], resolved: dict[int, Resolved | None]) -> None:
+        start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+        if not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+            return
+        a, b = resolved.get(id(start)), resolved.get(id(end))
+        first = a.number if a else start.number
+        last = b.number if b else end.number
+        if first is not None and last is not None and first > last:
+            self._metrics.getlogs_rejections.labels("range").inc()
+            raise invalid_params("filter", f"fromBlock {hex(first)} is greater than toBlock {hex(last)}")
+
+    def _cap_gas(self, params: Any, net: NetworkRuntime) -> Any:
+        """spec: the gas field is capped at 10 times the current block gas limit."""
+        head = net.tracker.head
+        if head is None or not head.gas_limit or not isinstance(params, list) or not params:
+            return params
+        tx = params[0]
+        if not isinstance(tx, dict) or "gas" not in tx:
+            return params
+        try:
+            gas = quantity_int("gas", tx["gas"])
+        except JsonRpcError:
+            return params  # a forwarded method's malformed gas: the node answers for it
+        cap = head.gas_limit * self._settings.gas_cap_multiplier
+        if gas <= cap:
+            return params
+        return [{**tx, "gas": hex(cap)}, *params[1:]]
+
+
+def _forward_form(ref: BlockRef, resolved: Resolved | None) -> Any:
+    """What goes upstream: the resolved number, so the cached answer belongs to its key."""
+    return ref.encode(resolved.number if resolved is not None and ref.tag is not None else None)
+
+
+def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -> Any:
+    if resolved is None:
+        return {"t": ref.tag}
+    if resolved.number is None:
+        return {"h": resolved.hash}
+    if decision.pin_hashes and resolved.hash is not None:
+        return {"n": resolved.number, "h": resolved.hash}
+    return {"n": resolved.number}
+
+
+def _narrower_range(log_filter: Any, logs: list[Any], limit: int) -> dict[str, str] | None:
+    """A range that ends before the block holding the (limit+1)-th log: a hint, as providers give."""
+    try:
+        start = int(log_filter["fromBlock"], 16)
+        cut = int(logs[limit]["blockNumber"], 16)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if cut <= start:
+        return None  # more than the limit in one block: no narrower range exists
+    return {"fromBlock": hex(start), "toBlock": hex(cut - 1)}

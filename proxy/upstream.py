@@ -1,0 +1,195 @@
+"""Upstream pool: one aiohttp session per network, timeouts, failover across URLs.
+
+aiohttp's exceptions are mapped to JsonRpcError here and nowhere else. Upstream URLs may carry
+a provider's secret, so errors, logs and metric labels name an upstream by its index only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from . import jsonrpc
+from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from .methods import metric_label
+from .metrics import Metrics
+
+log = logging.getLogger("proxy.upstream")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A node's JSON-RPC answer: `payload` is the encoded result, or the encoded error object."""
+
+    payload: bytes
+    result: Any = None
+    error: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    @property
+    def is_error(self) -> bool:
+        return self.error is not None
+
+    @property
+    def error_code(self) -> int | None:
+        code = self.error.get("code") if self.error else None
+        return code if isinstance(code, int) else None
+
+    @classmethod
+    def from_response(cls, obj: dict[str, Any], seconds: float = 0.0) -> Answer:
+        if "error" in obj and obj["error"] is not None:
+            error = obj["error"] if isinstance(obj["error"], dict) else {"code": -32603, "message": str(obj["error"])}
+            return cls(jsonrpc.dumps(error), None, error, seconds)
+        result = obj.get("result")
+        return cls(jsonrpc.dumps(result), result, None, seconds)
+
+
+class Upstream(Protocol):
+    """A network's node(s) as one JSON-RPC endpoint."""
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer: ...
+
+    async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]: ...
+
+    async def close(self) -> None: ...
+
+
+class _Failed(Exception):
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+
+class HttpUpstream:
+    """Tries each URL in order (primary first); a URL that fails is skipped for `cooldown` seconds."""
+
+    def __init__(
+        self,
+        network: str,
+        urls: Sequence[str],
+        *,
+        timeout: float,
+        metrics: Metrics,
+        cooldown: float = 5.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.network = network
+        self._urls = tuple(urls)
+        self._timeout = timeout
+        self._metrics = metrics
+        self._cooldown = cooldown
+        self._down_until = [0.0] * len(self._urls)
+        self._session = session
+        self._next_id = 0
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256, limit_per_host=128, keepalive_timeout=30),
+                headers={"Content-Type": "application/json"},
+                # The proxy's own request timeouts apply; no environment proxies for node traffic.
+                trust_env=False,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _order(self) -> list[int]:
+        now = time.monotonic()
+        healthy = [i for i in range(len(self._urls)) if self._down_until[i] <= now]
+        cooling = sorted((i for i in range(len(self._urls)) if self._down_until[i] > now),
+                         key=lambda i: self._down_until[i])
+        return healthy + cooling
+
+    async def _post(self, index: int, body: bytes, timeout: float) -> Any:
+        try:
+            async with self._client().post(
+                self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                if response.status != 200:
+                    raise _Failed("http", f"HTTP {response.status}")
+                raw = await response.read()
+        except TimeoutError:
+            raise _Failed("timeout", "timed out") from None
+        except aiohttp.ClientError as exc:
+            raise _Failed("connect", type(exc).__name__) from None
+        try:
+            return jsonrpc.loads(raw)
+        except jsonrpc.JSONDecodeError:
+            raise _Failed("invalid", "reply is not JSON") from None
+
+    async def _send(self, body: bytes, method_label: str, timeout: float | None) -> tuple[Any, float]:
+        budget = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        failures: list[str] = []
+        last_kind = "connect"
+        for attempt, index in enumerate(self._order()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if attempt:
+                self._metrics.upstream_failovers.labels(self.network).inc()
+            started = time.perf_counter()
+            try:
+                reply = await self._post(index, body, remaining)
+            except _Failed as failure:
+                self._down_until[index] = time.monotonic() + self._cooldown
+                self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+                log.warning("upstream %s#%d failed: %s", self.network, index, failure.detail)
+                failures.append(f"upstream #{index}: {failure.detail}")
+                last_kind = failure.kind
+                continue
+            seconds = time.perf_counter() - started
+            self._down_until[index] = 0.0
+            self._metrics.upstream_seconds.labels(self.network, method_label, str(index)).observe(seconds)
+            return reply, seconds
+        if last_kind == "timeout":
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
+                http_status=504,
+            )
+        raise JsonRpcError(
+            UPSTREAM_UNAVAILABLE,
+            f"upstream unavailable: network '{self.network}' ({'; '.join(failures) or 'no upstream'})",
+            http_status=502,
+        )
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+        self._next_id += 1
+        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
+        reply, seconds = await self._send(body, metric_label(method), timeout)
+        if not isinstance(reply, dict) or ("result" not in reply and "error" not in reply):
+            self._metrics.upstream_errors.labels(self.network, "any", "invalid").inc()
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' sent a malformed reply",
+                http_status=502,
+            )
+        return Answer.from_response(reply, seconds)
+
+    async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        base = self._next_id + 1
+        self._next_id += len(calls)
+        body = jsonrpc.dumps([
+            {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
+        ])
+        reply, seconds = await self._send(body, "batch", None)
+        if not isinstance(reply, list):
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
+                               "sent a malformed batch reply", http_status=502)
+        by_id = {item.get("id"): item for item in reply if isinstance(item, dict)}
+        answers = []
+        for i in range(len(calls)):
+            item = by_id.get(base + i)
+            if item is None:
+                item = {"error": {"code": UPSTREAM_UNAVAILABLE, "message": "missing from upstream batch reply"}}
+            answers.append(Answer.from_response(item, seconds))
+        return answers

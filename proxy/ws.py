@@ -1,0 +1,87 @@
+"""WebSocket transport over the same gateway: one text frame in, one out, many in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from . import jsonrpc
+from .gateway import invalid_key_error
+from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from .responses import error_response
+from .state import GATEWAY, METRICS, SETTINGS, WEBSOCKETS
+from .ws_state import Connection
+
+log = logging.getLogger("proxy.ws")
+
+
+async def websocket_handler(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    gateway, metrics, settings = app[GATEWAY], app[METRICS], app[SETTINGS]
+    api_key = request.match_info.get("api_key", "")
+    if not gateway.authorized(api_key):
+        # The upgrade is refused the same way as HTTP: 401 with a JSON-RPC error body.
+        return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+    network = gateway.network_for(request.host, request.match_info.get("network"))
+    ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes, heartbeat=30.0)
+    if not ws.can_prepare(request).ok:
+        return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
+    await ws.prepare(request)
+
+    connection = Connection(ws)
+    app[WEBSOCKETS].add(connection)
+    metrics.ws_connections.inc()
+    slots = asyncio.Semaphore(settings.ws_max_inflight)
+
+    async def serve(data: str | bytes) -> None:
+        metrics.inflight.inc()
+        try:
+            reply = await gateway.handle(data, api_key, network)
+            if reply.body is not None and not ws.closed:
+                await ws.send_str(reply.body.decode())
+        except ConnectionResetError:
+            pass
+        except Exception:
+            log.exception("internal error serving a WebSocket message")
+            if not ws.closed:
+                error = JsonRpcError(INTERNAL_ERROR, "internal error")
+                await ws.send_str(jsonrpc.encode_error(None, error).decode())
+        finally:
+            metrics.inflight.dec()
+            slots.release()
+
+    try:
+        async for message in ws:
+            if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue  # ERROR (e.g. a message over the size limit) ends the loop as aiohttp closes
+            if connection.draining:
+                error = JsonRpcError(INVALID_REQUEST, "server is shutting down")
+                await ws.send_str(jsonrpc.encode_error(None, error).decode())
+                continue
+            await slots.acquire()
+            task = asyncio.create_task(serve(message.data))
+            connection.tasks.add(task)
+            task.add_done_callback(connection.tasks.discard)
+    finally:
+        if not connection.draining:
+            for task in list(connection.tasks):
+                task.cancel()  # the peer is gone: nobody to answer
+        app[WEBSOCKETS].discard(connection)
+        metrics.ws_connections.dec()
+    return ws
+
+
+async def close_websockets(app: web.Application) -> None:
+    """On shutdown: answer what is in flight, then close each connection with a close frame (1001)."""
+    timeout = app[SETTINGS].shutdown_timeout
+
+    async def drain(connection: Connection) -> None:
+        connection.draining = True
+        if connection.tasks:
+            await asyncio.wait(list(connection.tasks), timeout=timeout)
+        await connection.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
+    connections: set[Connection] = app[WEBSOCKETS]
+    await asyncio.gather(*(drain(c) for c in list(connections)), return_exceptions=True)

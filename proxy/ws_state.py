@@ -1,0 +1,15 @@
+"""An open WebSocket connection and what it has in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass(eq=False)
+class Connection:
+    ws: web.WebSocketResponse
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    draining: bool = False

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what the tests need (system packages, a virtualenv, Anvil and solc from npm) and runs
+# lint, type checks and the whole test suite. Safe to run again: each step skips what is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing ${need_apt[*]} (Debian packages)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+
+if [ ! -x .tools/node_modules/.bin/anvil ] || [ ! -x .tools/node_modules/.bin/solcjs ]; then
+  echo "installing anvil and solc from npm into .tools/"
+  npm install --silent --no-audit --no-fund --prefix .tools @foundry-rs/anvil@1.7.1 solc@0.8.26 >/dev/null
+fi
+export ANVIL_BIN="$PWD/.tools/node_modules/.bin/anvil"
+
+.venv/bin/ruff check proxy tests bench
+.venv/bin/mypy
+.venv/bin/pytest "$@"

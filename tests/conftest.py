@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from tests.fake_solana import FakeSolana
+from tests.support import Anvil, Proxy, RedisServer, settings_for, start_proxy
+
+
+@pytest.fixture
+def anvil() -> Iterator[Anvil]:
+    """A fresh Anvil node per test: tests mine, reorg and deploy freely."""
+    node = Anvil()
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    if redis_server.proc is None:
+        redis_server.start()
+    redis_server.flush()
+    yield redis_server.url
+    if redis_server.proc is None:
+        redis_server.start()  # a test that stopped it leaves it running for the next
+
+
+@pytest.fixture
+async def solana() -> AsyncIterator[FakeSolana]:
+    node = await FakeSolana().start()
+    yield node
+    await node.close()
+
+
+@pytest.fixture
+async def evm_proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
+    """The proxy in front of a fresh Anvil, open mode, memory tier only."""
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
+    yield proxy
+    await proxy.close()

@@ -1,0 +1,34 @@
+"""A misbehaving upstream for failure tests: answers with a fixed status/body, or slowly."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.support import free_port
+
+
+@asynccontextmanager
+async def bad_upstream(
+    *, status: int = 200, body: bytes = b"<html>oops</html>", delay: float = 0.0, path: str = "/"
+) -> AsyncIterator[str]:
+    hits = {"count": 0}
+
+    async def handle(request: web.Request) -> web.Response:
+        hits["count"] += 1
+        if delay:
+            await asyncio.sleep(delay)
+        return web.Response(status=status, body=body, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_post(path, handle)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}{path}"
+    finally:
+        await server.close()

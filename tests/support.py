@@ -1,0 +1,311 @@
+"""Real parts for tests: an Anvil node, a private redis-server, a counting upstream, a proxy on a port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry
+
+from proxy.app import create_app
+from proxy.config import Network, Settings, build_settings
+from proxy.metrics import Metrics
+from proxy.state import SERVICE
+from proxy.upstream import Answer, HttpUpstream
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS = Path(__file__).resolve().parent / "contracts"
+DEV_ACCOUNT = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266"  # anvil's first funded, unlocked account
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll an async predicate with a deadline (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def selector(signature: str) -> str:
+    from eth_utils import keccak
+
+    return "0x" + keccak(text=signature)[:4].hex()
+
+
+def word(value: int | str) -> str:
+    if isinstance(value, str):
+        value = int(value, 16)
+    return format(value, "064x")
+
+
+def mapping_slot(key_address: str, slot: int) -> str:
+    """spec: keccak-256(key left-padded to 32 bytes ++ slot left-padded to 32 bytes)."""
+    from eth_utils import keccak
+
+    return "0x" + keccak(bytes.fromhex(word(key_address) + word(slot))).hex()
+
+
+# --- Anvil ---------------------------------------------------------------------------------
+
+
+def anvil_binary() -> str:
+    candidates = [os.environ.get("ANVIL_BIN"), str(ROOT / ".tools/node_modules/.bin/anvil"), shutil.which("anvil")]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise RuntimeError("anvil not found: run `bash .ci/run` (it installs @foundry-rs/anvil under .tools/)")
+
+
+class Anvil:
+    def __init__(self, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [anvil_binary(), "--port", str(self.port), "--host", "127.0.0.1", "--silent", *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_until(self._up, 15, "anvil to start")
+
+    def _up(self) -> bool:
+        try:
+            self.rpc("eth_chainId")
+            return True
+        except OSError:
+            return False
+
+    def rpc(self, method: str, *params: Any) -> Any:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": list(params)}).encode()
+        request = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            reply = json.loads(response.read())
+        if "error" in reply:
+            raise RuntimeError(f"anvil {method}: {reply['error']}")
+        return reply["result"]
+
+    def mine(self, blocks: int = 1) -> int:
+        self.rpc("anvil_mine", hex(blocks))
+        return self.block_number()
+
+    def block_number(self) -> int:
+        return int(self.rpc("eth_blockNumber"), 16)
+
+    def send(self, to: str | None, data: str, gas: int | None = None) -> dict[str, Any]:
+        tx: dict[str, Any] = {"from": DEV_ACCOUNT, "data": data}
+        if to:
+            tx["to"] = to
+        if gas:
+            tx["gas"] = hex(gas)
+        tx_hash = self.rpc("eth_sendTransaction", tx)
+        receipts: list[dict[str, Any]] = []
+
+        def mined() -> bool:
+            receipt = self.rpc("eth_getTransactionReceipt", tx_hash)
+            receipts.append(receipt)
+            return receipt is not None
+
+        wait_until(mined, 10, "the transaction to be mined")
+        return receipts[-1]
+
+    def deploy_store(self) -> str:
+        receipt = self.send(None, "0x" + (CONTRACTS / "Store.bin").read_text().strip())
+        return str(receipt["contractAddress"])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+# --- Redis ---------------------------------------------------------------------------------
+
+
+class RedisServer:
+    """A private redis-server on a free port; `stop` and `start` simulate an outage."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_until(self._up, 10, "redis-server to start")
+
+    def _up(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def flush(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+            sock.sendall(b"FLUSHALL\r\n")
+            sock.recv(16)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+# --- a counting pass-through upstream -----------------------------------------------------
+
+
+class CountingUpstream:
+    """Wraps a real upstream and counts the calls that reach it, per method."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+        self.params: list[tuple[str, Any]] = []
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+        self.calls[method] += 1
+        self.params.append((method, params))
+        answer: Answer = await self.inner.request(method, params, timeout=timeout)
+        return answer
+
+    async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        result: list[Answer] = await self.inner.batch(calls)
+        return result
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+# --- a proxy on a real port ---------------------------------------------------------------
+
+
+@dataclass
+class Proxy:
+    server: TestServer
+    session: aiohttp.ClientSession
+    app: web.Application
+    registry: CollectorRegistry
+    upstreams: dict[str, CountingUpstream] = field(default_factory=dict)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}"
+
+    def url(self, key: str = "test-key", network: str | None = None) -> str:
+        prefix = f"/{network}" if network else ""
+        return f"{self.base}{prefix}/v3/{key}"
+
+    def ws_url(self, key: str = "test-key") -> str:
+        return f"ws://127.0.0.1:{self.server.port}/ws/v3/{key}"
+
+    async def post(self, body: Any, key: str = "test-key", **kwargs: Any) -> tuple[int, Any, Any]:
+        raw = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        async with self.session.post(self.url(key, kwargs.pop("network", None)), data=raw, **kwargs) as resp:
+            text = await resp.read()
+            return resp.status, (json.loads(text) if text else None), resp.headers
+
+    async def call(self, method: str, params: Any, key: str = "test-key", rid: Any = 1) -> dict[str, Any]:
+        _status, body, _headers = await self.post(
+            {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}, key
+        )
+        return dict(body)
+
+    async def result(self, method: str, params: Any, key: str = "test-key") -> Any:
+        reply = await self.call(method, params, key)
+        assert "error" not in reply, reply
+        return reply["result"]
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    async def head_at(self, number: int, network: str = "evm", timeout: float = 10.0) -> None:
+        """Wait until the head tracker has seen block `number`."""
+        tracker = self.app[SERVICE].networks[network].tracker
+
+        async def seen() -> bool:
+            head = tracker.head
+            return head is not None and head.latest >= number
+
+        await eventually(seen, timeout, f"head tracker at block {number}")
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.server.close()
+
+
+def settings_for(**overrides: str) -> Settings:
+    raw = {"HEAD_POLL_INTERVAL": "0.05", "LOG_LEVEL": "WARNING"}
+    raw.update(overrides)
+    return build_settings(raw)
+
+
+async def start_proxy(
+    settings: Settings,
+    *,
+    redis: Any = None,
+    clock: Any = None,
+) -> Proxy:
+    registry = CollectorRegistry()
+    upstreams: dict[str, CountingUpstream] = {}
+
+    def counting(network: Network, metrics: Metrics) -> CountingUpstream:
+        inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics)
+        upstreams[network.name] = CountingUpstream(inner)
+        return upstreams[network.name]
+
+    app = create_app(settings, upstream_factory=counting, redis=redis, registry=registry, clock=clock)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    session = aiohttp.ClientSession()
+    return Proxy(server, session, app, registry, upstreams)
+
+
+class FakeClock:
+    """An injected clock: tests move time instead of sleeping."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+        self.mono = 1000.0
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def time(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.mono += seconds

@@ -1,0 +1,114 @@
+"""Settings: env and CLI, one-line errors, and the documentation kept in step with the table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from proxy.config import OPTIONS, ConfigError, build_settings
+from tests.support import ROOT
+
+
+def test_every_setting_is_documented_in_env_example_and_readme() -> None:
+    env_example = (ROOT / ".env.example").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for option in OPTIONS:
+        assert re.search(rf"^#? ?{option.env}=", env_example, re.M), f"{option.env} missing from .env.example"
+        assert f"`{option.env}`" in readme, f"{option.env} missing from README.md"
+        assert f"`{option.flag}`" in readme, f"{option.flag} missing from README.md"
+
+
+def test_defaults_apply_when_only_an_upstream_is_set() -> None:
+    settings = build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1"})
+    assert (settings.host, settings.port, settings.open_mode) == ("127.0.0.1", 8545, True)
+    assert settings.default_network == {"evm": "evm"}
+    assert settings.getlogs_max_results == 10_000 and settings.getlogs_timeout == 10.0
+
+
+def test_upstream_lists_keep_their_order() -> None:
+    settings = build_settings({"EVM_UPSTREAM": "http://a:1, http://b:2", "SOLANA_UPSTREAM": "https://s"})
+    assert settings.networks[0].upstreams == ("http://a:1", "http://b:2")
+    assert settings.default_network == {"evm": "evm", "solana": "solana"}
+
+
+@pytest.mark.parametrize(("raw", "fragment"), [
+    ({}, "no upstream configured"),
+    ({"EVM_UPSTREAM": "ftp://x"}, "EVM_UPSTREAM: upstream #0 is not an http(s) URL"),
+    ({"EVM_UPSTREAM": "http://x", "PROXY_PORT": "99999"}, "PROXY_PORT must be a port number"),
+    ({"EVM_UPSTREAM": "http://x", "HEAD_POLL_INTERVAL": "soon"}, "HEAD_POLL_INTERVAL must be a number"),
+    ({"EVM_UPSTREAM": "http://x", "MAX_BATCH_SIZE": "0"}, "MAX_BATCH_SIZE must be greater than 0"),
+    ({"EVM_UPSTREAM": "http://x", "SOLANA_LARGEST_ACCOUNTS_TTL": "9000"}, "at most 7200"),
+    ({"EVM_UPSTREAM": "http://x", "LOG_FORMAT": "xml"}, "LOG_FORMAT"),
+    ({"EVM_UPSTREAM": "http://x", "ETH_CALL_REQUIRE_FROM": "maybe"}, "true or false"),
+    ({"EVM_UPSTREAM": "http://x", "API_KEYS_FILE": "/nonexistent.toml"}, "cannot read"),
+])
+def test_invalid_settings_raise_one_clear_line(raw: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_settings(raw)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_url_of_a_bad_upstream_is_not_echoed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"EVM_UPSTREAM": "ftp://user:secret@host"})
+    assert "secret" not in str(caught.value)
+
+
+def test_networks_file_declares_networks_with_hosts(tmp_path: Path) -> None:
+    path = tmp_path / "networks.toml"
+    path.write_text(
+        '[networks.mainnet]\nfamily = "evm"\nupstreams = ["http://a", "http://b"]\nhosts = ["Eth.Example"]\n'
+        '[networks.sol]\nfamily = "solana"\nupstreams = ["http://s"]\nfinality_depth = 10\n'
+    )
+    settings = build_settings({"NETWORKS_FILE": str(path)})
+    assert [n.name for n in settings.networks] == ["mainnet", "sol"]
+    assert settings.networks[0].hosts == ("eth.example",)
+    assert settings.default_network == {"evm": "mainnet", "solana": "sol"}
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("not toml [", "not valid TOML"),
+    ('[networks.x]\nfamily = "btc"\nupstreams = ["http://a"]\n', "family must be"),
+    ('[networks.x]\nfamily = "evm"\n', "must be a list of URLs"),
+    ('[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://a"]\n', "lower-case"),
+])
+def test_a_bad_networks_file_is_one_clear_line(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "networks.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"NETWORKS_FILE": str(path)})
+    assert fragment in str(caught.value)
+
+
+def test_keys_file_sets_per_key_credits(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text("[keys.alice]\ndaily_credits = 500\n[keys.bob]\ncredits_per_second = 10\n")
+    settings = build_settings({"EVM_UPSTREAM": "http://x", "API_KEYS_FILE": str(path), "API_KEYS": "carol"})
+    assert settings.api_keys is not None
+    assert settings.api_keys["alice"].daily_credits == 500
+    assert settings.api_keys["bob"].credits_per_second == 10
+    assert "carol" in settings.api_keys and not settings.open_mode
+
+
+def test_cli_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+
+    def fake_serve(settings: object) -> int:
+        seen["settings"] = settings
+        return 0
+
+    monkeypatch.setattr("proxy.cli.serve", fake_serve)
+    env = {"EVM_UPSTREAM": "http://env:1", "PROXY_PORT": "1000"}
+    assert main(["--proxy-port", "2000"], env) == 0
+    assert seen["settings"].port == 2000  # type: ignore[attr-defined]
+    assert main(["serve", "--evm-upstream", "http://flag:1"], env) == 0
+    assert seen["settings"].networks[0].upstreams == ("http://flag:1",)  # type: ignore[attr-defined]
+
+
+def test_cli_reports_a_config_error_in_one_line_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([], {}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "no upstream configured" in err

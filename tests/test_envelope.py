@@ -1,0 +1,171 @@
+"""JSON-RPC 2.0 envelope rules through HTTP: codes, statuses, ids, batches, notifications, bounds."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from proxy import jsonrpc
+from tests.support import Anvil, Proxy, settings_for, start_proxy
+
+CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+
+
+class TestParse:
+    def test_notification_has_no_id_member(self) -> None:
+        body = jsonrpc.parse_body(b'{"jsonrpc":"2.0","method":"m"}', max_batch=10)
+        assert body.entries[0].notification
+
+    def test_null_id_is_not_a_notification(self) -> None:
+        body = jsonrpc.parse_body(b'{"jsonrpc":"2.0","method":"m","id":null}', max_batch=10)
+        assert not body.entries[0].notification
+
+    def test_result_bytes_are_spliced_with_the_callers_id(self) -> None:
+        assert jsonrpc.encode_result("x", b'"0x1"') == b'{"jsonrpc":"2.0","id":"x","result":"0x1"}'
+
+
+@pytest.mark.parametrize("rid", [7, "seven", None, 1.5])
+async def test_id_is_echoed_as_given(evm_proxy: Proxy, rid: Any) -> None:
+    status, body, _ = await evm_proxy.post({**CHAIN_ID, "id": rid})
+    assert status == 200 and body["id"] == rid and body["result"] == "0x7a69"
+
+
+async def test_invalid_json_is_a_parse_error(evm_proxy: Proxy) -> None:
+    status, body, _ = await evm_proxy.post(b'{"jsonrpc": "2.0", "method": ')
+    assert status == 400 and body["error"]["code"] == -32700 and body["id"] is None
+
+
+@pytest.mark.parametrize("request_body", [
+    {"jsonrpc": "1.0", "id": 1, "method": "eth_chainId"},
+    {"id": 1, "method": "eth_chainId"},
+    {"jsonrpc": "2.0", "id": 1},
+    {"jsonrpc": "2.0", "id": 1, "method": 5},
+    {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": "x"},
+    {"jsonrpc": "2.0", "id": {"a": 1}, "method": "eth_chainId"},
+    b'"a string"',
+])
+async def test_malformed_request_is_invalid_request(evm_proxy: Proxy, request_body: Any) -> None:
+    status, body, _ = await evm_proxy.post(request_body)
+    assert status == 400 and body["error"]["code"] == -32600
+
+
+async def test_batch_answers_in_order_with_invalid_elements_answered_in_place(evm_proxy: Proxy) -> None:
+    batch = [
+        {**CHAIN_ID, "id": "a"},
+        {"jsonrpc": "2.0", "id": "b", "method": "eth_getStorageAt", "params": ["0x12", "0x0", "latest"]},
+        42,
+        {**CHAIN_ID, "id": "c"},
+    ]
+    status, body, _ = await evm_proxy.post(batch)
+    assert status == 200
+    assert [item["id"] for item in body] == ["a", "b", None, "c"]
+    assert body[0]["result"] == body[3]["result"] == "0x7a69"
+    assert body[1]["error"]["code"] == -32602 and body[2]["error"]["code"] == -32600
+
+
+async def test_empty_batch_gets_a_single_invalid_request(evm_proxy: Proxy) -> None:
+    status, body, _ = await evm_proxy.post([])
+    assert status == 400 and isinstance(body, dict) and body["error"]["code"] == -32600
+
+
+async def test_notifications_get_no_reply(evm_proxy: Proxy) -> None:
+    notification = {"jsonrpc": "2.0", "method": "eth_chainId", "params": []}
+    status, body, _ = await evm_proxy.post(notification)
+    assert status == 204 and body is None
+    status, body, _ = await evm_proxy.post([notification, CHAIN_ID])
+    assert status == 200 and len(body) == 1 and body[0]["id"] == 1
+
+
+async def test_batch_size_has_a_configured_maximum(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BATCH_SIZE="3"))
+    try:
+        status, body, _ = await proxy.post([CHAIN_ID] * 4)
+        assert status == 400 and body["error"]["code"] == -32600 and "limit of 3" in body["error"]["message"]
+        status, body, _ = await proxy.post([CHAIN_ID] * 3)
+        assert status == 200 and len(body) == 3
+    finally:
+        await proxy.close()
+
+
+async def test_unknown_method_is_method_not_found(evm_proxy: Proxy) -> None:
+    reply = await evm_proxy.call("eth_noSuchMethod", [])
+    assert reply["error"]["code"] == -32601
+
+
+@pytest.mark.parametrize("method", ["admin_nodeInfo", "debug_traceCall", "personal_listAccounts",
+                                    "miner_start", "engine_getPayloadV1"])
+async def test_privileged_namespaces_are_refused(evm_proxy: Proxy, method: str) -> None:
+    reply = await evm_proxy.call(method, [])
+    assert reply["error"]["code"] == -32601 and "namespace is disabled" in reply["error"]["message"]
+    assert evm_proxy.upstreams["evm"].calls[method] == 0
+
+
+async def test_a_setting_allows_a_refused_namespace(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="debug,admin_"))
+    try:
+        reply = await proxy.call("debug_traceTransaction", ["0x" + "00" * 32])
+        assert proxy.upstreams["evm"].calls["debug_traceTransaction"] == 1
+        assert "namespace is disabled" not in str(reply)
+    finally:
+        await proxy.close()
+
+
+@pytest.mark.parametrize(("method", "params", "name"), [
+    ("eth_getStorageAt", ["0x1234", "0x0", "latest"], "address"),
+    ("eth_getStorageAt", ["0x" + "11" * 20, "0x0", "soon"], "block"),
+    ("eth_getLogs", [{"blockHash": "0x" + "11" * 32, "fromBlock": "0x1"}], "blockHash"),
+    ("eth_getLogs", [{"topics": [None, None, None, None, None]}], "topics"),
+    ("eth_getLogs", [{"fromBlock": "0x9", "toBlock": "0x2"}], "fromBlock"),
+    ("eth_getUncleByBlockHashAndIndex", ["0x12", "0x0"], "blockHash"),
+    ("eth_call", [{"to": "0x" + "11" * 20}, "latest"], "from"),
+    ("eth_getBlockReceipts", ["yesterday"], "block"),
+    ("eth_getBlockReceipts", [], "block"),
+    ("eth_getStorageAt", {"address": "0x" + "11" * 20}, "params"),
+])
+async def test_invalid_params_name_the_parameter_and_never_reach_upstream(
+    evm_proxy: Proxy, method: str, params: Any, name: str
+) -> None:
+    status, body, _ = await evm_proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    assert status == 200
+    assert body["error"]["code"] == -32602 and name in body["error"]["message"]
+    assert evm_proxy.upstreams["evm"].calls[method] == 0
+
+
+async def test_solana_method_on_an_evm_network_is_not_found(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
+    try:
+        reply = await proxy.call("getLargestAccounts", [])
+        assert reply["error"]["code"] == -32601
+    finally:
+        await proxy.close()
+
+
+@pytest.fixture
+async def small_proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="2048"))
+    yield proxy
+    await proxy.close()
+
+
+async def test_body_over_the_limit_is_413_and_the_server_keeps_serving(small_proxy: Proxy) -> None:
+    big = {**CHAIN_ID, "params": ["x" * 4096]}
+    status, body, _ = await small_proxy.post(big)
+    assert status == 413 and body["error"]["code"] == -32600 and "too large" in body["error"]["message"]
+    status, body, _ = await small_proxy.post(CHAIN_ID)
+    assert status == 200 and body["result"] == "0x7a69"
+
+
+async def test_wrong_http_method_and_unknown_paths_get_json_errors(evm_proxy: Proxy) -> None:
+    async with evm_proxy.session.get(evm_proxy.url()) as resp:
+        assert resp.status == 405 and (await resp.json())["error"]["code"] == -32600
+    async with evm_proxy.session.post(evm_proxy.base + "/nope") as resp:
+        assert resp.status == 404 and "error" in await resp.json()
+
+
+async def test_health_and_readiness(evm_proxy: Proxy) -> None:
+    async with evm_proxy.session.get(evm_proxy.base + "/healthz") as resp:
+        assert resp.status == 200
+    async with evm_proxy.session.get(evm_proxy.base + "/readyz") as resp:
+        assert resp.status == 200 and (await resp.json())["networks"] == {"evm": "ok"}

@@ -1,0 +1,164 @@
+"""Pure validation and canonical forms of the first-class methods' params."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy import params as p
+from proxy.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, JsonRpcError
+
+RULES = p.Rules()
+ADDR = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+HASH = "0x" + "ab" * 32
+PUBKEY = "7fUAJdStEuGbc3sM84cKRL6yYaaSstyLSU4ve5oovLS7"
+
+
+def rejects(fn: Any, params: list[Any], fragment: str, code: int = INVALID_PARAMS, rules: p.Rules = RULES) -> None:
+    with pytest.raises(JsonRpcError) as caught:
+        fn(params, rules)
+    assert caught.value.code == code
+    assert fragment in caught.value.message, caught.value.message
+
+
+class TestCanonicalForms:
+    def test_addresses_are_lower_cased_so_checksum_case_is_the_same_request(self) -> None:
+        assert p.eth_get_storage_at([ADDR, "0x0", "0x1"], RULES)[0] == ADDR.lower()
+
+    def test_storage_positions_are_32_byte_words(self) -> None:
+        short = p.eth_get_storage_at([ADDR, "0x0", "latest"], RULES)[1]
+        padded = p.eth_get_storage_at([ADDR, "0x" + "0" * 64, "latest"], RULES)[1]
+        assert short == padded == "0x" + "0" * 64
+
+    def test_quantities_are_normalised(self) -> None:
+        assert p.eth_get_uncle_by_block_hash_and_index([HASH, "0x00"], RULES)[1] == "0x0"
+        assert p.eth_get_uncle_by_block_hash_and_index([HASH.upper().replace("0X", "0x"), "0x01"], RULES) == [
+            HASH, "0x1"
+        ]
+
+    def test_block_numbers_become_refs_with_the_number(self) -> None:
+        ref = p.eth_call([{"from": ADDR}, "0x0010"], RULES)[1]
+        assert isinstance(ref, p.BlockRef) and ref.number == 16 and ref.encode() == "0x10"
+
+    def test_eip1898_block_hash_object_is_kept_in_object_form(self) -> None:
+        ref = p.eth_get_storage_at([ADDR, "0x0", {"blockHash": HASH}], RULES)[2]
+        assert ref.hash == HASH and ref.encode() == {"blockHash": HASH}
+
+    def test_get_logs_fills_latest_defaults(self) -> None:
+        flt = p.eth_get_logs([{}], RULES)[0]
+        assert flt["fromBlock"].tag == "latest" and flt["toBlock"].tag == "latest"
+
+    def test_get_logs_addresses_and_topic_alternatives_are_sorted_sets(self) -> None:
+        a, b = "0x" + "11" * 20, "0x" + "22" * 20
+        flt = p.eth_get_logs([{"address": [b, a, b], "topics": [[HASH, "0x" + "01" * 32], None, None]}], RULES)[0]
+        assert flt["address"] == [a, b]
+        assert flt["topics"] == [sorted(["0x" + "01" * 32, HASH])]  # trailing wildcards trimmed
+
+    def test_get_logs_null_inside_an_or_list_is_a_wildcard(self) -> None:
+        flt = p.eth_get_logs([{"topics": [[HASH, None], HASH]}], RULES)[0]
+        assert flt["topics"] == [None, [HASH]]
+
+    def test_receipts_pending_means_latest(self) -> None:
+        assert p.eth_get_block_receipts(["pending"], RULES)[0].tag == "latest"
+
+    def test_receipts_accept_decimal_numbers_and_block_hashes(self) -> None:
+        assert p.eth_get_block_receipts([17], RULES)[0].number == 17
+        assert p.eth_get_block_receipts(["17"], RULES)[0].number == 17
+        assert p.eth_get_block_receipts([HASH], RULES)[0].hash == HASH
+
+    def test_solana_commitment_defaults_to_finalized(self) -> None:
+        assert p.get_token_account_balance([PUBKEY], RULES) == [PUBKEY, {"commitment": "finalized"}]
+        assert p.get_largest_accounts([], RULES) == [{"commitment": "finalized"}]
+
+    def test_eth_call_input_is_an_alias_of_data(self) -> None:
+        assert p.eth_call([{"from": ADDR, "input": "0xABCD"}, "latest"], RULES)[0]["data"] == "0xabcd"
+
+
+class TestEvmRules:
+    @pytest.mark.parametrize("bad", ["0x1234", ADDR + "00", "5FbDB2315678afecb367f032d93F642f64180aa3", 5, None,
+                                     "0xZZbDB2315678afecb367f032d93F642f64180aa3"])
+    def test_address_must_be_20_bytes_of_hex(self, bad: Any) -> None:
+        rejects(p.eth_get_storage_at, [bad, "0x0", "latest"], "address")
+
+    @pytest.mark.parametrize("bad", ["0x" + "ab" * 31, "0x" + "ab" * 33, "ab" * 32, 1])
+    def test_hash_must_be_32_bytes(self, bad: Any) -> None:
+        rejects(p.eth_get_uncle_by_block_hash_and_index, [bad, "0x0"], "blockHash")
+
+    @pytest.mark.parametrize("bad", ["0x", "12", 3, "0xg", None])
+    def test_index_must_be_a_hex_quantity(self, bad: Any) -> None:
+        rejects(p.eth_get_uncle_by_block_hash_and_index, [HASH, bad], "index")
+
+    @pytest.mark.parametrize("bad", ["newest", "0x", 12, "12", HASH, {"blockNumber": "x"}, {"foo": 1}])
+    def test_block_param_is_a_hex_number_or_a_tag(self, bad: Any) -> None:
+        rejects(p.eth_get_storage_at, [ADDR, "0x0", bad], "block")
+
+    def test_storage_position_is_a_hex_string(self) -> None:
+        rejects(p.eth_get_storage_at, [ADDR, "zero", "latest"], "position")
+        rejects(p.eth_get_storage_at, [ADDR, "0x1" + "0" * 64, "latest"], "exceeds 32 bytes")
+
+    def test_required_params_are_named_when_missing(self) -> None:
+        rejects(p.eth_get_storage_at, [ADDR, "0x0"], "block: missing required parameter")
+        rejects(p.eth_call, [{"from": ADDR}], "block: missing required parameter")
+
+    def test_extra_params_are_refused(self) -> None:
+        rejects(p.eth_get_storage_at, [ADDR, "0x0", "latest", 1], "at most 3 parameters")
+
+    def test_eth_call_requires_from_as_the_spec_table_says(self) -> None:
+        rejects(p.eth_call, [{"to": ADDR}, "latest"], "transaction.from: missing required field")
+        relaxed = p.Rules(eth_call_require_from=False)
+        assert p.eth_call([{"to": ADDR}, "latest"], relaxed)[0] == {"to": ADDR.lower()}
+
+    def test_eth_call_fields_are_checked(self) -> None:
+        rejects(p.eth_call, [{"from": ADDR, "gas": "lots"}, "latest"], "transaction.gas")
+        rejects(p.eth_call, [{"from": ADDR, "data": "0x123"}, "latest"], "odd number")
+        rejects(p.eth_call, [{"from": ADDR, "colour": "red"}, "latest"], "transaction.colour: unknown field")
+        rejects(p.eth_call, [{"from": ADDR, "data": "0x12", "input": "0x34"}, "latest"], "differs from data")
+        rejects(p.eth_call, ["0x12", "latest"], "transaction: expected an object")
+
+    def test_receipts_refuse_what_is_not_a_block(self) -> None:
+        rejects(p.eth_get_block_receipts, [-1], "block")
+        rejects(p.eth_get_block_receipts, [1.5], "block")
+        rejects(p.eth_get_block_receipts, [True], "block")
+
+    def test_block_hash_excludes_from_and_to_block(self) -> None:
+        rejects(p.eth_get_logs, [{"blockHash": HASH, "fromBlock": "0x1"}], "blockHash excludes")
+        rejects(p.eth_get_logs, [{"blockHash": HASH, "toBlock": "latest"}], "blockHash excludes")
+
+    def test_at_most_four_topic_positions(self) -> None:
+        rejects(p.eth_get_logs, [{"topics": [None] * 5}], "at most 4 topic positions")
+
+    def test_filter_fields_are_checked(self) -> None:
+        rejects(p.eth_get_logs, [{"address": "0x12"}], "filter.address")
+        rejects(p.eth_get_logs, [{"address": [ADDR, 5]}], "filter.address[1]")
+        rejects(p.eth_get_logs, [{"topics": ["0x12"]}], "filter.topics[0]")
+        rejects(p.eth_get_logs, [{"topics": "x"}], "filter.topics")
+        rejects(p.eth_get_logs, [{"fromBlock": "soon"}], "filter.fromBlock")
+        rejects(p.eth_get_logs, [{"limit": 5}], "filter.limit: unknown field")
+        rejects(p.eth_get_logs, [[]], "filter: expected an object")
+
+    def test_more_than_5000_addresses_and_topics_is_refused_before_upstream(self) -> None:
+        addresses = ["0x" + format(i, "040x") for i in range(4999)]
+        p.eth_get_logs([{"address": addresses, "topics": [HASH]}], RULES)  # 5000: allowed
+        rejects(p.eth_get_logs, [{"address": addresses, "topics": [[HASH, "0x" + "01" * 32]]}],
+                "5001 parameters", code=LIMIT_EXCEEDED)
+
+
+class TestSolanaRules:
+    @pytest.mark.parametrize("bad", ["short", "0OIl" * 11, PUBKEY + "1", 123, "1" * 44])
+    def test_address_is_a_base58_32_byte_key(self, bad: Any) -> None:
+        rejects(p.get_token_account_balance, [bad], "address")
+
+    def test_commitment_is_finalized_confirmed_or_processed(self) -> None:
+        rejects(p.get_token_account_balance, [PUBKEY, {"commitment": "max"}], "config.commitment")
+        assert p.get_token_account_balance([PUBKEY, {"commitment": "processed"}], RULES)[1] == {
+            "commitment": "processed"
+        }
+
+    def test_filter_is_circulating_or_non_circulating(self) -> None:
+        rejects(p.get_largest_accounts, [{"filter": "all"}], "config.filter")
+        assert p.get_largest_accounts([{"filter": "nonCirculating"}], RULES)[0]["filter"] == "nonCirculating"
+
+    def test_unknown_config_fields_are_refused(self) -> None:
+        rejects(p.get_largest_accounts, [{"encoding": "base64"}], "config.encoding: unknown field")
+        rejects(p.get_token_account_balance, [PUBKEY, {"filter": "circulating"}], "config.filter: unknown field")

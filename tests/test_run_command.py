@@ -1,0 +1,53 @@
+"""The README's run command, as an operator runs it: a real process in front of a real Anvil."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+from tests.support import Anvil, free_port, wait_until
+
+
+def _post(url: str, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return dict(json.loads(response.read()))
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_python_m_proxy_serves_a_request_from_anvil(anvil: Anvil) -> None:
+    port = free_port()
+    env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "LOG_FORMAT": "json"}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _ready(port), 15, "the proxy to listen")
+        reply = _post(f"http://127.0.0.1:{port}/v3/any-key", {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"})
+        assert reply == {"jsonrpc": "2.0", "id": 1, "result": "0x7a69"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert any("running open" in line["msg"] for line in lines)  # said at startup
+    assert any(line.get("method") == "eth_chainId" and "request_id" in line for line in lines)
+    assert anvil.url not in err
+
+
+def test_console_script_reports_missing_upstream_in_one_line() -> None:
+    script = os.path.join(os.path.dirname(sys.executable), "rpc-proxy")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_UPSTREAM") and k != "NETWORKS_FILE"}
+    result = subprocess.run([script], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no upstream configured" in result.stderr
