@@ -16,7 +16,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from cachetools import TLRUCache
+from cachetools import LRUCache
 
 from .jsonrpc import dumps_canonical
 from .metrics import Metrics
@@ -41,15 +41,16 @@ class Clock(Protocol):
 
 
 class MemoryTier:
-    """An LRU bounded in bytes, with a per-entry expiry (math.inf for immutable entries)."""
+    """An LRU bounded in bytes, with a per-entry expiry (math.inf for immutable entries).
+
+    Expiry is checked on read (an expired entry is dropped then) and the LRU bound evicts the
+    rest; cachetools' LRUCache reads several times faster than its TLRUCache, on the hot path.
+    """
 
     def __init__(self, max_bytes: int, clock: Clock) -> None:
         self._clock = clock
-        self._data: TLRUCache[str, tuple[bytes, float]] = TLRUCache(
-            maxsize=max_bytes,
-            ttu=lambda _key, value, _now: value[1],
-            timer=clock.monotonic,
-            getsizeof=lambda value: len(value[0]) + 64,
+        self._data: LRUCache[str, tuple[bytes, float]] = LRUCache(
+            maxsize=max_bytes, getsizeof=lambda value: len(value[0]) + 64,
         )
 
     @property
@@ -61,7 +62,11 @@ class MemoryTier:
         entry = self._data.get(key)
         if entry is None:
             return None
-        return entry[0], entry[1] - self._clock.monotonic()
+        remaining = entry[1] - self._clock.monotonic()
+        if remaining <= 0:
+            self._data.pop(key, None)
+            return None
+        return entry[0], remaining
 
     def set(self, key: str, value: bytes, ttl: float) -> None:
         if ttl <= 0:

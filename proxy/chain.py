@@ -72,6 +72,12 @@ def _header(answer: Answer) -> Header | None:
         return None
 
 
+def _same_head(a: Head, b: Head) -> bool:
+    return (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit) == (
+        b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit
+    )
+
+
 def _get_block(tag_or_number: str) -> tuple[str, list[Any]]:
     return ("eth_getBlockByNumber", [tag_or_number, False])
 
@@ -142,6 +148,9 @@ class EvmHeadTracker:
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
         head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes)
+        old_head = self.head
+        if old_head is not None and not reorged and _same_head(old_head, head):
+            head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
         self.last_poll = time.time()
         self._publish(head)

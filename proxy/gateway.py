@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
 from collections.abc import Callable
@@ -54,6 +55,8 @@ class Gateway:
         self._ledger = ledger
         self._metrics = metrics
         self._now = wall_clock
+        self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
+        self._ids = itertools.count(1)
 
     # --- routing and auth ---------------------------------------------------------------
 
@@ -91,12 +94,12 @@ class Gateway:
     # --- one body -----------------------------------------------------------------------
 
     async def handle(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply:
-        request_id = uuid.uuid4().hex[:16]
+        request_id = f"{self._id_prefix}{next(self._ids):x}"
         try:
             parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
-            self._metrics.requests.labels("none", "invalid", "invalid").inc()
-            balance = await self.remaining(api_key)
+            self._metrics.child(self._metrics.requests, "none", "invalid", "invalid").inc()
+            balance = None if self._settings.open_mode else await self.remaining(api_key)
             return self._reply(jsonrpc.encode_error(None, error), error.http_status, 0, balance, None)
 
         slots: list[Prepared | Outcome] = []
@@ -119,20 +122,23 @@ class Gateway:
                 slots = [Outcome.failed(refusal) if isinstance(s, Prepared) else s for s in slots]
                 prepared, cost = [], 0
 
-        outcomes = iter(await asyncio.gather(*(self._service.execute(p) for p in prepared)))
+        if len(prepared) == 1:  # the common case: no task per call
+            outcomes = iter([await self._service.execute(prepared[0])])
+        else:
+            outcomes = iter(await asyncio.gather(*(self._service.execute(p) for p in prepared)))
         results: list[Outcome] = [next(outcomes) if isinstance(s, Prepared) else s for s in slots]
 
-        refund = sum(
+        refund = cost and sum(
             s.credits for s, o in zip(slots, results, strict=True)
             if isinstance(s, Prepared) and o.error is not None and o.error.code == UPSTREAM_UNAVAILABLE
         )
-        if refund and cost:
+        if refund:
             # The proxy could not reach any node: the caller is not charged for our failure.
             await self._ledger.refund(api_key, refund, now=self._now())
             cost -= refund
             remaining = None if remaining is None else remaining + refund
         self._account(api_key, parsed.entries, slots, results, cost, request_id)
-        if remaining is None:
+        if remaining is None and not self._settings.open_mode:
             remaining = await self.remaining(api_key)
 
         parts = [
@@ -190,12 +196,12 @@ class Gateway:
                 else:
                     result = "error"
                 if keyed and result != "refused" and result != "upstream_error":
-                    metrics.credits_charged.labels(method).inc(slot.credits)
+                    metrics.child(metrics.credits_charged, method).inc(slot.credits)
             else:
                 network = "none"
                 method = metric_label(entry.method) if isinstance(entry, Call) else "invalid"
                 result = "invalid"
-            metrics.requests.labels(network, method, result).inc()
+            metrics.child(metrics.requests, network, method, result).inc()
             if log.isEnabledFor(logging.INFO):
                 log.info(
                     "call", extra={

@@ -6,29 +6,106 @@ named by index (never by URL), and API keys appear only when they are configured
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )
 
 
+class _Cell:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+
+class _Buckets:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # le semantics: value <= bound
+        self.sum += value
+
+
+class _Local:
+    """A labelled metric kept in plain numbers and exported when scraped.
+
+    The proxy serves from one asyncio thread, so the per-call metrics need no lock; prometheus
+    client's own metrics take one on every update, which the cache-hit path feels.
+    """
+
+    def __init__(self, kind: str, name: str, doc: str, labelnames: Sequence[str], registry: CollectorRegistry,
+                 buckets: Sequence[float] = ()) -> None:
+        self.kind, self.name, self.doc, self.labelnames = kind, name, doc, list(labelnames)
+        self.buckets = tuple(buckets)
+        self.cells: dict[tuple[str, ...], Any] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> Any:
+        cell = self.cells.get(values)
+        if cell is None:
+            cell = self.cells[values] = _Buckets(self.buckets) if self.kind == "histogram" else _Cell()
+        return cell
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(with_samples=False))
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(with_samples=True)
+
+    def _families(self, with_samples: bool) -> Iterator[Metric]:
+        family: Any
+        if self.kind == "counter":
+            family = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
+        elif self.kind == "gauge":
+            family = GaugeMetricFamily(self.name, self.doc, labels=self.labelnames)
+        else:
+            family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+        if with_samples:
+            for values, cell in list(self.cells.items()):
+                if self.kind == "histogram":
+                    running, cumulative = 0, []
+                    for bound, count in zip([*map(str, self.buckets), "+Inf"], cell.counts, strict=True):
+                        running += count
+                        cumulative.append((bound, running))
+                    family.add_metric(list(values), cumulative, cell.sum)
+                else:
+                    family.add_metric(list(values), cell.value)
+        yield family
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
-        self.requests = Counter(
-            "rpc_proxy_requests", "JSON-RPC calls answered, by network, method and outcome "
-            "(ok, error, invalid, refused, upstream_error).",
-            ["network", "method", "outcome"], registry=r,
+        self.requests = _Local(
+            "counter", "rpc_proxy_requests", "JSON-RPC calls answered, by network, method and outcome "
+            "(ok, error, invalid, refused, upstream_error).", ["network", "method", "outcome"], r,
         )
-        self.request_seconds = Histogram(
-            "rpc_proxy_request_duration_seconds", "Time to answer one JSON-RPC call, by cache result.",
-            ["network", "method", "cache"], buckets=LATENCY_BUCKETS, registry=r,
+        self.request_seconds = _Local(
+            "histogram", "rpc_proxy_request_duration_seconds", "Time to answer one JSON-RPC call, by cache result.",
+            ["network", "method", "cache"], r, LATENCY_BUCKETS,
         )
-        self.cache_lookups = Counter(
-            "rpc_proxy_cache_lookups", "Cache lookups by tier (memory, redis, none) and result (hit, miss, bypass).",
-            ["tier", "result"], registry=r,
+        self.cache_lookups = _Local(
+            "counter", "rpc_proxy_cache_lookups",
+            "Cache lookups by tier (memory, redis, none) and result (hit, miss, bypass).", ["tier", "result"], r,
         )
         self.cache_memory_bytes = Gauge(
             "rpc_proxy_cache_memory_bytes", "Bytes held by the in-process cache tier.", registry=r,
@@ -49,15 +126,15 @@ class Metrics:
             "rpc_proxy_coalesced_requests", "Calls answered by joining an identical in-flight upstream call.",
             ["network", "method"], registry=r,
         )
-        self.credits_charged = Counter(
-            "rpc_proxy_credits_charged", "Credits charged to callers, by method.", ["method"], registry=r,
+        self.credits_charged = _Local(
+            "counter", "rpc_proxy_credits_charged", "Credits charged to callers, by method.", ["method"], r,
         )
-        self.key_credits_charged = Counter(
-            "rpc_proxy_key_credits_charged", "Credits charged, by configured API key.", ["key"], registry=r,
+        self.key_credits_charged = _Local(
+            "counter", "rpc_proxy_key_credits_charged", "Credits charged, by configured API key.", ["key"], r,
         )
-        self.credits_saved = Counter(
-            "rpc_proxy_upstream_credits_saved", "Upstream credits not spent because the cache answered.",
-            ["network", "method"], registry=r,
+        self.credits_saved = _Local(
+            "counter", "rpc_proxy_upstream_credits_saved", "Upstream credits not spent because the cache answered.",
+            ["network", "method"], r,
         )
         self.credit_rejections = Counter(
             "rpc_proxy_credit_rejections", "Requests refused for credits (exhausted, rate).", ["reason"], registry=r,
@@ -79,9 +156,19 @@ class Metrics:
             ["network"], registry=r,
         )
         self.reorgs = Counter("rpc_proxy_reorgs", "Reorgs the head tracker detected.", ["network"], registry=r)
-        self.inflight = Gauge("rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.", registry=r)
+        self.inflight = _Local("gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.",
+                               [], r).labels()
         self.ws_connections = Gauge("rpc_proxy_websocket_connections", "Open WebSocket connections.", registry=r)
         self.redis_errors = Counter(
             "rpc_proxy_redis_errors", "Redis commands that failed or timed out.", ["operation"], registry=r,
         )
         self.redis_up = Gauge("rpc_proxy_redis_up", "1 while Redis answers, 0 while it is skipped.", registry=r)
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), looked up once per label set: the hot path calls this per request."""
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found

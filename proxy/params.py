@@ -348,21 +348,23 @@ def get_largest_accounts(params: list[Any], rules: Rules) -> list[Any]:
 
 def block_refs(value: Any) -> list[BlockRef]:
     """Every BlockRef inside canonical params, in order."""
-    if isinstance(value, BlockRef):
+    kind = type(value)
+    if kind is BlockRef:
         return [value]
-    if isinstance(value, list):
+    if kind is list:
         return [ref for item in value for ref in block_refs(item)]
-    if isinstance(value, dict):
+    if kind is dict:
         return [ref for item in value.values() for ref in block_refs(item)]
     return []
 
 
 def substitute(value: Any, replace: dict[int, Any]) -> Any:
     """Copy of canonical params with each BlockRef replaced by replace[id(ref)]."""
-    if isinstance(value, BlockRef):
+    kind = type(value)
+    if kind is BlockRef:
         return replace[id(value)]
-    if isinstance(value, list):
+    if kind is list:
         return [substitute(item, replace) for item in value]
-    if isinstance(value, dict):
+    if kind is dict:
         return {k: substitute(v, replace) for k, v in value.items()}
     return value

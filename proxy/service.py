@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import LRUCache
+
 from . import cache_policy as cp
 from .cache import Coalescer, TieredCache, cache_key
 from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
 from .config import Network, Settings
-from .jsonrpc import LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
+from .jsonrpc import LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, dumps, invalid_params
 from .methods import (
     POLICIES,
     REFUSED_NAMESPACES,
@@ -30,6 +32,8 @@ from .params import BlockRef, Rules, block_refs, quantity_int, substitute
 from .upstream import Answer, Upstream
 
 HIT, MISS, BYPASS = "HIT", "MISS", "BYPASS"
+MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
+MEMO_MAX_PARAMS = 512  # bytes: larger params are validated every time rather than held in memory
 
 
 @dataclass(slots=True)
@@ -43,7 +47,7 @@ class NetworkRuntime:
         return self.config.name
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per call, and frozen init costs 3x
 class Outcome:
     """One call's answer: `payload` is the encoded result or the encoded error object."""
 
@@ -62,7 +66,7 @@ class Outcome:
         return cls(answer.payload, answer.is_error, cache, None, answer.seconds)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per call, and frozen init costs 3x
 class Prepared:
     """A validated call, ready to run and priced."""
 
@@ -71,6 +75,19 @@ class Prepared:
     policy: MethodPolicy | None
     params: Any
     credits: int
+    refs: list[BlockRef]  # the block parameters inside params, found once
+    fingerprint: tuple[str, str, bytes] | None = None  # the raw request, for the plan memo
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The pure part of a cacheable call for one head: its decision, cache key and upstream params."""
+
+    head: Any
+    decision: cp.Decision
+    key: str
+    forward: Any
+    tags_resolved: bool  # a tag was turned into a number: a failing node may just lag the tracker
 
 
 def encode_value(answer: Answer) -> bytes:
@@ -94,6 +111,9 @@ class Service:
         self._cache = cache
         self._metrics = metrics
         self._coalescer: Coalescer[Answer] = Coalescer()
+        # Memos of pure work, keyed by the raw request: validation results, and plans per head.
+        self._validated: LRUCache[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = LRUCache(MEMO_SIZE)
+        self._plans: LRUCache[tuple[str, str, bytes], _Plan] = LRUCache(MEMO_SIZE)
         self._rules = Rules(settings.eth_call_require_from, settings.getlogs_max_params)
         self._ttls = cp.Ttls(
             unfinalized=settings.cache_unfinalized_ttl,
@@ -119,12 +139,24 @@ class Service:
                 f"network '{network.name}'",
             )
         params: Any = call.params
+        refs: list[BlockRef] = []
+        fingerprint = None
         if policy is not None and policy.validate is not None:
             if not isinstance(params, list):
                 raise invalid_params("params", "expected an array of positional parameters")
-            params = policy.validate(params, self._rules)
+            raw = dumps(params)
+            if len(raw) <= MEMO_MAX_PARAMS:
+                fingerprint = (network.name, method, raw)
+            memo = self._validated.get(fingerprint) if fingerprint else None
+            if memo is None:
+                params = policy.validate(params, self._rules)
+                refs = block_refs(params)
+                if fingerprint:
+                    self._validated[fingerprint] = (params, refs)
+            else:
+                params, refs = memo
         cost = policy.credits if policy is not None and policy.credits is not None else self._settings.default_credits
-        return Prepared(call, network, policy, params, cost)
+        return Prepared(call, network, policy, params, cost, refs, fingerprint)
 
     # --- the read-through flow ----------------------------------------------------------
 
@@ -134,9 +166,11 @@ class Service:
             outcome = await self._execute(prepared)
         except JsonRpcError as error:
             outcome = Outcome.failed(error)
-        self._metrics.request_seconds.labels(
-            prepared.network.name, metric_label(prepared.call.method), outcome.cache
-        ).observe(time.perf_counter() - started)
+        metrics = self._metrics
+        label = metric_label(prepared.call.method)
+        metrics.child(metrics.request_seconds, prepared.network.name, label, outcome.cache).observe(
+            time.perf_counter() - started
+        )
         return outcome
 
     async def _execute(self, prepared: Prepared) -> Outcome:
@@ -148,26 +182,31 @@ class Service:
             answer = await net.upstream.request(method, params)
             return Outcome.answered(answer, BYPASS)
 
-        refs = block_refs(params)
-        resolved = {id(ref): net.tracker.resolve(ref) for ref in refs} if isinstance(
-            net.tracker, EvmHeadTracker) else {}
-        if policy.limits_logs:
-            self._check_range(params[0], resolved)
-        decision = cp.decide(policy.cache, list(resolved.values()), net.tracker.head, self._ttls)
-        forward = substitute(params, {id(r): _forward_form(r, resolved.get(id(r))) for r in refs})
-        if not decision.cacheable:
-            self._metrics.cache_lookups.labels("none", "bypass").inc()
-            return Outcome.answered(await self._upstream(net, method, forward, policy), BYPASS)
+        refs = prepared.refs
+        tracker = net.tracker
+        head = tracker.head
+        plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
+        if plan is None or plan.head is not head or policy.gas_cap:
+            resolved = {id(r): tracker.resolve(r) for r in refs} if isinstance(tracker, EvmHeadTracker) else {}
+            if policy.limits_logs:
+                self._check_range(params[0], resolved)
+            decision = cp.decide(policy.cache, list(resolved.values()), head, self._ttls)
+            forward = substitute(params, {id(r): _forward_form(r, resolved.get(id(r))) for r in refs})
+            if not decision.cacheable:
+                self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
+                return Outcome.answered(await self._upstream(net, method, forward, policy), BYPASS)
+            key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
+            tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
+            plan = _Plan(head, decision, cache_key(net.name, method, key_params), forward, tags_resolved)
+            if prepared.fingerprint and not policy.gas_cap:
+                self._plans[prepared.fingerprint] = plan
+        decision, key, forward, tags_resolved = plan.decision, plan.key, plan.forward, plan.tags_resolved
 
-        key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
-        key = cache_key(net.name, method, key_params)
         value = await self._cache.get(key)
         if value is not None:
-            self._metrics.credits_saved.labels(net.name, method).inc(prepared.credits)
+            self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             payload, is_error = decode_value(value)
             return Outcome(payload, is_error, HIT)
-
-        tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
 
         async def fill() -> Answer:
             answer = await self._upstream(net, method, forward, policy)

@@ -277,13 +277,14 @@ async def start_proxy(
     *,
     redis: Any = None,
     clock: Any = None,
+    upstream_class: type[CountingUpstream] = CountingUpstream,
 ) -> Proxy:
     registry = CollectorRegistry()
     upstreams: dict[str, CountingUpstream] = {}
 
     def counting(network: Network, metrics: Metrics) -> CountingUpstream:
         inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics)
-        upstreams[network.name] = CountingUpstream(inner)
+        upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 
     app = create_app(settings, upstream_factory=counting, redis=redis, registry=registry, clock=clock)

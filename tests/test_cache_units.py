@@ -1,0 +1,197 @@
+"""Pure parts of caching: decisions, keys, the memory tier, coalescing, and the head tracker."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from prometheus_client import CollectorRegistry
+
+from proxy import cache_policy as cp
+from proxy.cache import Coalescer, MemoryTier, cache_key
+from proxy.chain import EvmHeadTracker, Head, Resolved
+from proxy.methods import CacheClass
+from proxy.metrics import Metrics
+from proxy.params import BlockRef
+from tests.fake_chain import FakeChain
+from tests.support import FakeClock
+
+TTLS = cp.Ttls(unfinalized=12, negative=2, largest_accounts=3600, token_balance=0.4)
+HEAD = Head(latest=100, safe=68, finalized=36, latest_hash="0xaa", gas_limit=30_000_000, timestamp=0,
+            hashes={n: f"0x{n:064x}" for n in range(37, 101)})
+
+
+class TestDecide:
+    def test_blocks_at_or_below_finalized_are_immutable(self) -> None:
+        decision = cp.decide(CacheClass.BLOCK, [Resolved(36, None)], HEAD, TTLS)
+        assert decision.mode is cp.Mode.IMMUTABLE and decision.ttl == math.inf
+
+    def test_blocks_above_finalized_get_a_short_ttl_pinned_to_their_hash(self) -> None:
+        decision = cp.decide(CacheClass.BLOCK, [Resolved(37, "0x25")], HEAD, TTLS)
+        assert decision.mode is cp.Mode.TTL and decision.ttl == 12 and decision.pin_hashes
+
+    def test_blocks_beyond_the_trackers_latest_are_never_cached(self) -> None:
+        assert not cp.decide(CacheClass.BLOCK, [Resolved(101, None)], HEAD, TTLS).cacheable
+
+    def test_pending_or_no_head_bypasses(self) -> None:
+        assert not cp.decide(CacheClass.BLOCK, [None], HEAD, TTLS).cacheable
+        assert not cp.decide(CacheClass.BLOCK, [Resolved(5, None)], None, TTLS).cacheable
+
+    def test_a_log_range_reaching_above_finalized_gets_a_short_ttl(self) -> None:
+        decision = cp.decide(CacheClass.LOGS, [Resolved(10, None), Resolved(50, "0x32")], HEAD, TTLS)
+        assert decision.mode is cp.Mode.TTL
+        final = cp.decide(CacheClass.LOGS, [Resolved(10, None), Resolved(36, None)], HEAD, TTLS)
+        assert final.mode is cp.Mode.IMMUTABLE
+
+    def test_hash_addressed_requests_are_content_addressed(self) -> None:
+        assert cp.decide(CacheClass.BLOCK, [Resolved(None, "0xab")], HEAD, TTLS).mode is cp.Mode.IMMUTABLE
+        assert cp.decide(CacheClass.CONTENT, [], None, TTLS).mode is cp.Mode.IMMUTABLE
+
+    def test_solana_policies_use_their_ttls(self) -> None:
+        assert cp.decide(CacheClass.LARGEST_ACCOUNTS, [], None, TTLS).ttl == 3600
+        assert cp.decide(CacheClass.TOKEN_BALANCE, [], None, TTLS).ttl == 0.4
+
+
+class TestStoreTtl:
+    immutable = cp.Decision(cp.Mode.IMMUTABLE)
+    short = cp.Decision(cp.Mode.TTL, 12, pin_hashes=True)
+
+    def test_null_answers_get_at_most_the_negative_ttl(self) -> None:
+        assert cp.store_ttl(self.immutable, CacheClass.CONTENT, "null", TTLS) == 2
+        assert cp.store_ttl(cp.Decision(cp.Mode.TTL, 0.4), CacheClass.TOKEN_BALANCE, "null", TTLS) == 0.4
+
+    def test_errors_are_never_stored(self) -> None:
+        assert cp.store_ttl(self.immutable, CacheClass.BLOCK, "error", TTLS) is None
+
+    def test_reverts_are_stored_only_at_final_blocks(self) -> None:
+        assert cp.store_ttl(self.immutable, CacheClass.BLOCK, "revert", TTLS) == math.inf
+        assert cp.store_ttl(self.short, CacheClass.BLOCK, "revert", TTLS) is None
+
+    def test_answers_keep_their_decision(self) -> None:
+        assert cp.store_ttl(self.short, CacheClass.BLOCK, "ok", TTLS) == 12
+        assert cp.store_ttl(cp.BYPASS, CacheClass.BLOCK, "ok", TTLS) is None
+
+    def test_answer_kind(self) -> None:
+        assert cp.answer_kind(None, None, False) == "null"
+        assert cp.answer_kind([], None, False) == "ok"  # an empty log list is an answer, not a not-found
+        assert cp.answer_kind(None, 3, True) == "revert"
+        assert cp.answer_kind(None, -32000, True) == "error"
+
+
+class TestCacheKey:
+    def test_object_key_order_does_not_matter(self) -> None:
+        assert cache_key("evm", "m", [{"a": 1, "b": 2}]) == cache_key("evm", "m", [{"b": 2, "a": 1}])
+
+    def test_network_method_and_params_all_separate_keys(self) -> None:
+        keys = {cache_key("evm", "m", [1]), cache_key("evm2", "m", [1]), cache_key("evm", "n", [1]),
+                cache_key("evm", "m", [2]), cache_key("evm", "m", ["1"])}
+        assert len(keys) == 5
+
+    def test_long_keys_become_a_sha256_digest(self) -> None:
+        key = cache_key("evm", "eth_getLogs", [{"address": ["0x" + "11" * 20] * 20}])
+        assert key.startswith("v1#") and len(key) == 3 + 64
+
+
+class TestMemoryTier:
+    def test_entries_expire_on_the_injected_clock(self) -> None:
+        clock = FakeClock()
+        tier = MemoryTier(10_000, clock)
+        tier.set("k", b"v", 5)
+        tier.set("forever", b"v", math.inf)
+        clock.advance(4.9)
+        assert tier.get("k") is not None
+        clock.advance(0.2)
+        assert tier.get("k") is None and tier.get("forever") is not None
+
+    def test_the_tier_is_bounded_in_bytes_least_recently_used_first(self) -> None:
+        tier = MemoryTier(3 * (100 + 64), FakeClock())
+        for key in "abc":
+            tier.set(key, b"x" * 100, math.inf)
+        tier.get("a")
+        tier.set("d", b"x" * 100, math.inf)
+        assert tier.get("b") is None and tier.get("a") is not None and tier.get("d") is not None
+        assert tier.bytes_used <= 3 * 164
+
+
+class TestCoalescer:
+    async def test_identical_concurrent_calls_run_once(self) -> None:
+        coalescer: Coalescer[int] = Coalescer()
+        runs = 0
+        gate = asyncio.Event()
+
+        async def call() -> int:
+            nonlocal runs
+            runs += 1
+            await gate.wait()
+            return 42
+
+        waiters = [asyncio.create_task(coalescer.run("k", call)) for _ in range(10)]
+        await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.gather(*waiters)
+        assert runs == 1 and [r for r, _ in results] == [42] * 10
+        assert sum(joined for _, joined in results) == 9 and coalescer.inflight == 0
+
+    async def test_a_caller_that_leaves_does_not_cancel_the_call_for_others(self) -> None:
+        coalescer: Coalescer[int] = Coalescer()
+        gate = asyncio.Event()
+
+        async def call() -> int:
+            await gate.wait()
+            return 7
+
+        first = asyncio.create_task(coalescer.run("k", call))
+        second = asyncio.create_task(coalescer.run("k", call))
+        await asyncio.sleep(0)
+        first.cancel()
+        gate.set()
+        assert (await second) == (7, True)
+
+
+class TestHeadTracker:
+    def tracker(self, chain: FakeChain, depth: int = 64) -> tuple[EvmHeadTracker, Metrics]:
+        metrics = Metrics(CollectorRegistry())
+        return EvmHeadTracker("evm", chain, interval=1, finality_depth=depth, metrics=metrics), metrics
+
+    async def test_tracks_latest_safe_finalized_and_gas_limit(self) -> None:
+        tracker, metrics = self.tracker(FakeChain(100))
+        head = await tracker.poll()
+        assert (head.latest, head.safe, head.finalized, head.gas_limit) == (100, 68, 36, 30_000_000)
+        assert set(head.hashes) == set(range(37, 101))
+        assert metrics.registry.get_sample_value("rpc_proxy_head_block", {"network": "evm", "tag": "finalized"}) == 36
+
+    async def test_without_a_finalized_tag_a_depth_below_latest_is_final(self) -> None:
+        tracker, _ = self.tracker(FakeChain(100, finalized_tag=False), depth=10)
+        head = await tracker.poll()
+        assert head.finalized == 90 and head.safe == 95
+
+    async def test_tags_resolve_to_numbers_and_unfinalized_numbers_carry_their_hash(self) -> None:
+        chain = FakeChain(100)
+        tracker, _ = self.tracker(chain)
+        await tracker.poll()
+        assert tracker.resolve(BlockRef(tag="latest")) == Resolved(100, chain.block_hash(100))
+        assert tracker.resolve(BlockRef(tag="finalized")) == Resolved(36, None)
+        assert tracker.resolve(BlockRef(tag="earliest")) == Resolved(0, None)
+        assert tracker.resolve(BlockRef(tag="pending")) is None
+
+    async def test_a_reorg_is_a_known_height_whose_hash_changed(self) -> None:
+        chain = FakeChain(100)
+        tracker, metrics = self.tracker(chain)
+        seen: list[int] = []
+        tracker.on_reorg.append(seen.append)
+        await tracker.poll()
+        old = chain.block_hash(98)
+        chain.reorg(3)
+        head = await tracker.poll()
+        assert seen == [98] and head.hashes[98] == chain.block_hash(98) != old
+        assert metrics.registry.get_sample_value("rpc_proxy_reorgs_total", {"network": "evm"}) == 1
+
+    async def test_advancing_without_a_reorg_reports_none_and_reuses_known_hashes(self) -> None:
+        chain = FakeChain(100)
+        tracker, _ = self.tracker(chain)
+        seen: list[int] = []
+        tracker.on_reorg.append(seen.append)
+        await tracker.poll()
+        chain.mine(70)
+        head = await tracker.poll()
+        assert seen == [] and head.latest == 170 and set(head.hashes) == set(range(107, 171))
