@@ -64,6 +64,10 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             task = asyncio.create_task(serve(message.data))
             connection.tasks.add(task)
             task.add_done_callback(connection.tasks.discard)
+        if connection.draining:
+            # close() from the shutdown hook woke this loop; returning now would drop the
+            # connection before the close frame is written.
+            await connection.closed.wait()
     finally:
         if not connection.draining:
             for task in list(connection.tasks):
@@ -81,7 +85,10 @@ async def close_websockets(app: web.Application) -> None:
         connection.draining = True
         if connection.tasks:
             await asyncio.wait(list(connection.tasks), timeout=timeout)
-        await connection.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        try:
+            await connection.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        finally:
+            connection.closed.set()
 
     connections: set[Connection] = app[WEBSOCKETS]
     await asyncio.gather(*(drain(c) for c in list(connections)), return_exceptions=True)

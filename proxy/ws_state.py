@@ -13,3 +13,4 @@ class Connection:
     ws: web.WebSocketResponse
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # set once the close frame is sent

@@ -1,0 +1,205 @@
+"""Credits: fixed costs from daily balances, shared by replicas through Redis, never overdrawn."""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.credits import MemoryLedger, Verdict
+from tests.support import ROOT, Anvil, FakeClock, Proxy, free_port, settings_for, start_proxy
+
+
+def keys_file(tmp_path: Path, **keys: dict[str, int]) -> str:
+    path = tmp_path / "keys.toml"
+    path.write_text("".join(
+        f"[keys.{name}]\n" + "".join(f"{k} = {v}\n" for k, v in fields.items()) for name, fields in keys.items()
+    ))
+    return str(path)
+
+
+def storage(rid: Any = 1, position: str = "0x0") -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getStorageAt",
+            "params": ["0x" + "11" * 20, position, "latest"]}
+
+
+@pytest.fixture
+async def keyed(anvil: Anvil, tmp_path: Path) -> AsyncIterator[Proxy]:
+    path = keys_file(tmp_path, alice={"daily_credits": 1000}, bob={})
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, DAILY_CREDITS="500"))
+    await proxy.head_at(0)
+    yield proxy
+    await proxy.close()
+
+
+class TestMemoryLedger:
+    async def test_debits_stop_at_the_daily_balance(self) -> None:
+        ledger = MemoryLedger()
+        assert (await ledger.debit("k", 60, daily=100, per_second=None, now=0)).verdict is Verdict.OK
+        refused = await ledger.debit("k", 60, daily=100, per_second=None, now=0)
+        assert refused.verdict is Verdict.EXHAUSTED and refused.remaining == 40
+
+    async def test_a_new_utc_day_starts_a_new_balance(self) -> None:
+        ledger = MemoryLedger()
+        midnight = calendar.timegm((2026, 11, 22, 0, 0, 0))
+        await ledger.debit("k", 100, daily=100, per_second=None, now=midnight - 1)
+        assert (await ledger.debit("k", 1, daily=100, per_second=None, now=midnight - 0.5)).verdict is Verdict.EXHAUSTED
+        assert (await ledger.debit("k", 1, daily=100, per_second=None, now=midnight)).verdict is Verdict.OK
+
+
+async def test_each_call_costs_its_spec_credits_and_headers_say_so(keyed: Proxy) -> None:
+    status, _, headers = await keyed.post(storage(), key="alice")
+    assert status == 200
+    assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("80", "920")
+    _, _, headers = await keyed.post({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"}, key="alice")
+    assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("20", "900")  # DEFAULT_CREDITS
+
+
+async def test_a_cache_hit_costs_the_same_as_a_miss(keyed: Proxy) -> None:
+    for expected_cache in ("MISS", "HIT"):
+        _, _, headers = await keyed.post(storage(), key="alice")
+        assert headers["X-Cache"] == expected_cache and headers["X-Credits-Charged"] == "80"
+    assert keyed.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getStorageAt") == 80
+
+
+async def test_exhausted_balance_is_402_and_nothing_is_forwarded(keyed: Proxy) -> None:
+    for i in range(12):  # 12 x 80 = 960 of alice's 1000
+        assert (await keyed.post(storage(i, hex(i)), key="alice"))[0] == 200
+    calls_before = keyed.upstreams["evm"].calls["eth_getStorageAt"]
+    status, reply, headers = await keyed.post(storage(99, "0x99"), key="alice")
+    assert status == 402 and reply["id"] == 99
+    assert reply["error"]["code"] == -32005 and "daily credit limit reached" in reply["error"]["message"]
+    assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("0", "40")
+    assert keyed.upstreams["evm"].calls["eth_getStorageAt"] == calls_before
+    assert keyed.metric("rpc_proxy_credit_rejections_total", reason="exhausted") == 1
+
+
+async def test_every_call_in_a_batch_is_charged(keyed: Proxy) -> None:
+    batch = [storage(1), {"jsonrpc": "2.0", "id": 2, "method": "eth_getLogs", "params": [{}]}]
+    status, body, headers = await keyed.post(batch, key="alice")
+    assert status == 200 and [b["id"] for b in body] == [1, 2]
+    assert headers["X-Credits-Charged"] == str(80 + 255)
+    assert keyed.metric("rpc_proxy_key_credits_charged_total", key="alice") == 335
+    assert keyed.metric("rpc_proxy_credits_charged_total", method="eth_getLogs") == 255
+
+
+async def test_a_batch_that_cannot_be_paid_in_full_is_refused_in_full(keyed: Proxy) -> None:
+    batch = [{"jsonrpc": "2.0", "id": i, "method": "eth_getBlockReceipts", "params": ["latest"]} for i in range(2)]
+    status, body, headers = await keyed.post(batch, key="alice")  # 2000 > 1000
+    assert status == 402 and all(item["error"]["code"] == -32005 for item in body)
+    assert headers["X-Credits-Charged"] == "0"
+    assert keyed.upstreams["evm"].calls["eth_getBlockReceipts"] == 0
+    status, _, headers = await keyed.post(batch[:1], key="alice")  # one alone fits
+    assert status == 200 and headers["X-Credits-Charged"] == "1000"
+
+
+async def test_invalid_calls_cost_nothing(keyed: Proxy) -> None:
+    _, reply, headers = await keyed.post(storage() | {"params": ["0x12", "0x0", "latest"]}, key="alice")
+    assert reply["error"]["code"] == -32602 and headers["X-Credits-Charged"] == "0"
+
+
+async def test_default_daily_credits_apply_to_keys_without_their_own(keyed: Proxy) -> None:
+    for i in range(6):  # 6 x 80 = 480 of DAILY_CREDITS=500
+        assert (await keyed.post(storage(i, hex(i)), key="bob"))[0] == 200
+    assert (await keyed.post(storage(), key="bob"))[0] == 402
+
+
+async def test_websocket_messages_refused_for_credits_each_get_an_error(keyed: Proxy) -> None:
+    async with keyed.session.ws_connect(keyed.ws_url("alice")) as ws:
+        for i in range(14):
+            await ws.send_str(json.dumps(storage(i, hex(i))))
+        replies = [json.loads((await ws.receive(timeout=5)).data) for _ in range(14)]
+    refused = [r for r in replies if "error" in r]
+    assert len(refused) == 2 and all("daily credit limit" in r["error"]["message"] for r in refused)
+
+
+async def test_open_mode_charges_nothing(evm_proxy: Proxy) -> None:
+    _, _, headers = await evm_proxy.post(storage())
+    assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("0", "unlimited")
+
+
+async def test_credits_per_second_limit_is_429_with_retry_after(anvil: Anvil, tmp_path: Path) -> None:
+    path = keys_file(tmp_path, carol={"credits_per_second": 100})
+    clock = FakeClock()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path), clock=clock)
+    try:
+        assert (await proxy.post(storage(1), key="carol"))[0] == 200
+        status, reply, headers = await proxy.post(storage(2), key="carol")
+        assert status == 429 and headers["Retry-After"] == "1" and "rate limit" in reply["error"]["message"]
+        clock.advance(1)
+        assert (await proxy.post(storage(3), key="carol"))[0] == 200
+    finally:
+        await proxy.close()
+
+
+async def test_balances_reset_at_midnight_utc(anvil: Anvil, tmp_path: Path) -> None:
+    path = keys_file(tmp_path, alice={"daily_credits": 100})
+    clock = FakeClock(calendar.timegm((2026, 11, 21, 23, 59, 59)))
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path), clock=clock)
+    try:
+        assert (await proxy.post(storage(1), key="alice"))[0] == 200
+        assert (await proxy.post(storage(2), key="alice"))[0] == 402
+        clock.advance(1.5)  # 00:00:00.5 UTC
+        status, _, headers = await proxy.post(storage(3), key="alice")
+        assert status == 200 and headers["X-Credits-Remaining"] == "20"
+    finally:
+        await proxy.close()
+
+
+async def test_upstream_failures_are_not_charged(tmp_path: Path) -> None:
+    path = keys_file(tmp_path, alice={"daily_credits": 1000})
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{free_port()}", API_KEYS_FILE=path))
+    try:
+        status, reply, headers = await proxy.post(storage(), key="alice")
+        assert status == 502 and reply["error"]["code"] == -32002
+        assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("0", "1000")
+    finally:
+        await proxy.close()
+
+
+# --- shared by replicas through Redis --------------------------------------------------------
+
+
+async def test_concurrent_debits_on_two_replicas_never_overdraw(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:
+    path = keys_file(tmp_path, alice={"daily_credits": 80 * 40})  # exactly 40 storage reads
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url)
+    first, second = await start_proxy(settings), await start_proxy(settings)
+    try:
+        requests = [(first if i % 2 else second).post(storage(i, hex(i)), key="alice") for i in range(100)]
+        statuses = [status for status, _, _ in await asyncio.gather(*requests)]
+        assert statuses.count(200) == 40 and statuses.count(402) == 60
+        _, _, headers = await first.post(storage(), key="alice")
+        assert headers["X-Credits-Remaining"] == "0"
+    finally:
+        await first.close()
+        await second.close()
+
+
+def test_operator_cli_shows_a_keys_usage_from_redis(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:
+    path = keys_file(tmp_path, alice={"daily_credits": 1000})
+
+    async def spend() -> None:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url))
+        try:
+            await proxy.post(storage(), key="alice")
+            await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [{}]}, key="alice")
+        finally:
+            await proxy.close()
+
+    asyncio.run(spend())
+    env = {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "API_KEYS_FILE": path}
+    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage", "alice"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "key alice: 335 credits used, 665 left of 1000" in result.stdout
+    unknown = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage", "mallory"], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=30)
+    assert unknown.returncode == 2 and "not configured" in unknown.stderr
+
