@@ -46,6 +46,13 @@ class Result:
     rps: float
     p50_ms: float
     p99_ms: float
+    cpu_us: float = 0.0  # the server's CPU time per request: steady where wall-clock throughput is not
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc); time the VM was descheduled is not in it."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _ms(text: str) -> float:
@@ -56,9 +63,10 @@ def _ms(text: str) -> float:
     return float(match.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[match.group(2)]
 
 
-def wrk(name: str, url: str, script: str, seconds: int, connections: int) -> Result:
+def wrk(name: str, url: str, script: str, seconds: int, connections: int, pid: int | None = None) -> Result:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
+    cpu_before = cpu_seconds(pid) if pid else 0.0
     try:
         out = subprocess.run(
             ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", handle.name, url],
@@ -70,9 +78,11 @@ def wrk(name: str, url: str, script: str, seconds: int, connections: int) -> Res
     if non_2xx:
         raise SystemExit(f"{name}: {non_2xx.group(1)} error responses\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    cpu_us = (cpu_seconds(pid) - cpu_before) / total * 1e6 if pid else 0.0
     p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    return Result(name, rps, p50, p99)
+    return Result(name, rps, p50, p99, cpu_us)
 
 
 def fixed_body_script(body: str) -> str:
@@ -114,12 +124,16 @@ def start(cmd: list[str], port: int, env: dict[str, str] | None = None) -> subpr
 
 
 def median(results: list[Result]) -> Result:
-    return sorted(results, key=lambda r: r.rps)[len(results) // 2]
+    """Median throughput and latency, and the median CPU per request, over the rounds."""
+    by_rps = sorted(results, key=lambda r: r.rps)[len(results) // 2]
+    cpu = sorted(r.cpu_us for r in results)[len(results) // 2]
+    return Result(by_rps.name, by_rps.rps, by_rps.p50_ms, by_rps.p99_ms, cpu)
 
 
 def table(rows: list[Result]) -> str:
-    lines = [f"{'':34} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}"]
-    lines += [f"{r.name:34} {r.rps:9.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f}" for r in rows]
+    lines = [f"{'':34} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11}"]
+    lines += [f"{r.name:34} {r.rps:9.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} "
+              f"{(f'{r.cpu_us:11.1f}' if r.cpu_us else '          -')}" for r in rows]
     return "\n".join(lines)
 
 
@@ -142,7 +156,8 @@ def main() -> int:
         proxy_port, bare_port = free_port(), free_port()
         env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(proxy_port),
                "LOG_LEVEL": args.log_level, "LOG_FORMAT": "json"}
-        procs.append(start([sys.executable, "-m", "proxy"], proxy_port, env))
+        proxy_proc = start([sys.executable, "-m", "proxy"], proxy_port, env)
+        procs.append(proxy_proc)
         proxy_url = f"http://127.0.0.1:{proxy_port}/v3/bench"
         request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", block]}
 
@@ -152,7 +167,8 @@ def main() -> int:
 
         wait_until(warm, 20, "the proxy to answer from a tracked head")
         answer = json.dumps(post(proxy_url, request), separators=(",", ":"))
-        procs.append(start([sys.executable, "-c", BARE_SERVER, str(bare_port), answer], bare_port))
+        bare_proc = start([sys.executable, "-c", BARE_SERVER, str(bare_port), answer], bare_port)
+        procs.append(bare_proc)
 
         body = json.dumps(request)
         # Rounds alternate between the two servers and the median is kept: a 2-core machine's
@@ -160,12 +176,14 @@ def main() -> int:
         bares, hits = [], []
         for _ in range(args.rounds):
             bares.append(wrk("bare aiohttp (fixed body)", f"http://127.0.0.1:{bare_port}/v3/bench",
-                             fixed_body_script(body), args.seconds, args.connections))
-            hits.append(wrk("proxy, cache hit", proxy_url, fixed_body_script(body), args.seconds, args.connections))
+                             fixed_body_script(body), args.seconds, args.connections, bare_proc.pid))
+            hits.append(wrk("proxy, cache hit", proxy_url, fixed_body_script(body), args.seconds, args.connections,
+                            proxy_proc.pid))
         bare, hit = median(bares), median(hits)
         miss_script = unique_storage_script(store, block)
         direct = wrk("anvil direct (every call new)", anvil.url, miss_script, args.seconds, args.connections)
-        miss = wrk("proxy, cache miss (every call new)", proxy_url, miss_script, args.seconds, args.connections)
+        miss = wrk("proxy, cache miss (every call new)", proxy_url, miss_script, args.seconds, args.connections,
+                   proxy_proc.pid)
     finally:
         for proc in procs:
             proc.terminate()
@@ -178,6 +196,7 @@ def main() -> int:
           + " | bare rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in bares))
     print(table([bare, hit, direct, miss]))
     print(f"hit throughput / bare baseline:  {hit.rps / bare.rps:.2f}  (target >= 0.70)")
+    print(f"bare CPU / hit CPU per request:  {bare.cpu_us / hit.cpu_us:.2f}  (steadier on a shared host)")
     print(f"hit p50 latency vs bare:         {hit.p50_ms - bare.p50_ms:+.2f} ms")
     print(f"miss throughput / direct:        {miss.rps / direct.rps:.2f}")
     print(f"miss-path overhead (p50):        {miss.p50_ms - direct.p50_ms:+.2f} ms")

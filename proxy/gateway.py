@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from .jsonrpc import (
 )
 from .methods import family_of, metric_label
 from .metrics import Metrics
-from .service import BYPASS, NetworkRuntime, Outcome, Prepared, Service
+from .service import NetworkRuntime, Outcome, Prepared, Service
 
 log = logging.getLogger("proxy.access")
 
@@ -55,6 +56,7 @@ class Gateway:
         self._ledger = ledger
         self._metrics = metrics
         self._now = wall_clock
+        self._open = settings.open_mode
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
 
@@ -94,13 +96,19 @@ class Gateway:
     # --- one body -----------------------------------------------------------------------
 
     async def handle(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply:
-        request_id = f"{self._id_prefix}{next(self._ids):x}"
+        started = time.perf_counter()
+        request_id = next(self._ids)
         try:
             parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
             self._metrics.child(self._metrics.requests, "none", "invalid", "invalid").inc()
-            balance = None if self._settings.open_mode else await self.remaining(api_key)
+            balance = None if self._open else await self.remaining(api_key)
             return self._reply(jsonrpc.encode_error(None, error), error.http_status, 0, balance, None)
+
+        if not parsed.batch:
+            hot = await self._cached_single(parsed.entries[0], api_key, network, request_id, started)
+            if hot is not None:
+                return hot
 
         slots: list[Prepared | Outcome] = []
         for entry in parsed.entries:
@@ -113,7 +121,7 @@ class Gateway:
                 slots.append(Outcome.failed(error))
 
         prepared = [s for s in slots if isinstance(s, Prepared)]
-        cost = 0 if self._settings.open_mode else sum(p.credits for p in prepared)
+        cost = 0 if self._open else sum(p.credits for p in prepared)
         remaining: int | None = None
         if cost:
             refusal, remaining = await self._charge(api_key, cost)
@@ -138,7 +146,7 @@ class Gateway:
             cost -= refund
             remaining = None if remaining is None else remaining + refund
         self._account(api_key, parsed.entries, slots, results, cost, request_id)
-        if remaining is None and not self._settings.open_mode:
+        if remaining is None and not self._open:
             remaining = await self.remaining(api_key)
 
         parts = [
@@ -156,6 +164,38 @@ class Gateway:
         status = outcome.error.http_status if outcome.error is not None else 200
         extra = outcome.error.headers if outcome.error is not None else {}
         return self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
+
+    async def _cached_single(
+        self, entry: Call | Invalid, api_key: str, network: NetworkRuntime | None, request_id: int, started: float,
+    ) -> Reply | None:
+        """The hot path: one call already answered from memory for this head. None: take the general path.
+
+        Only a request that passed validation on this network before has a memoized plan, so
+        nothing is skipped that could change the answer; credits, metrics and logs are the same.
+        """
+        if not isinstance(entry, Call) or entry.notification:
+            return None
+        try:
+            runtime = self._route(entry, network)
+        except JsonRpcError:
+            return None
+        hit = self._service.memory_hit(entry, runtime)
+        if hit is None:
+            return None
+        outcome, credits = hit
+        cost = 0 if self._open else credits
+        remaining = None
+        if cost:
+            refusal, remaining = await self._charge(api_key, cost)
+            if refusal is not None:
+                return None  # nothing was debited: the general path refuses it the same way
+            self._metrics.child(self._metrics.key_credits_charged, api_key).inc(cost)
+        self._account_call(runtime.name, entry.method, outcome, cost, request_id)
+        self._metrics.child(self._metrics.request_seconds, runtime.name, entry.method, outcome.cache).observe(
+            time.perf_counter() - started
+        )
+        encode = jsonrpc.encode_error_object if outcome.is_error else jsonrpc.encode_result
+        return self._reply(encode(entry.id, outcome.payload), 200, cost, remaining, outcome.cache)
 
     async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
         config = (self._settings.api_keys or {}).get(api_key)
@@ -180,39 +220,46 @@ class Gateway:
 
     def _account(
         self, api_key: str, entries: list[Call | Invalid], slots: list[Prepared | Outcome],
-        results: list[Outcome], cost: int, request_id: str,
+        results: list[Outcome], cost: int, request_id: int,
     ) -> None:
-        metrics = self._metrics
-        keyed = not self._settings.open_mode and cost > 0
+        keyed = not self._open and cost > 0
         for entry, slot, outcome in zip(entries, slots, results, strict=True):
             if isinstance(slot, Prepared):
-                network, method = slot.network.name, metric_label(slot.call.method)
-                if outcome.error is None:
-                    result = "error" if outcome.is_error else "ok"
-                elif outcome.error.http_status in (402, 429):
-                    result = "refused"
-                elif outcome.error.code == UPSTREAM_UNAVAILABLE:
-                    result = "upstream_error"
-                else:
-                    result = "error"
-                if keyed and result != "refused" and result != "upstream_error":
-                    metrics.child(metrics.credits_charged, method).inc(slot.credits)
+                self._account_call(slot.network.name, slot.call.method, outcome, slot.credits if keyed else 0,
+                                   request_id)
             else:
-                network = "none"
-                method = metric_label(entry.method) if isinstance(entry, Call) else "invalid"
-                result = "invalid"
-            metrics.child(metrics.requests, network, method, result).inc()
-            if log.isEnabledFor(logging.INFO):
-                log.info(
-                    "call", extra={
-                        "request_id": request_id, "network": network, "method": method, "outcome": result,
-                        "cache": outcome.cache if outcome.cache != BYPASS or isinstance(slot, Prepared) else None,
-                        "upstream_ms": None if outcome.upstream_seconds is None
-                        else round(outcome.upstream_seconds * 1000, 2),
-                    },
-                )
+                method = entry.method if isinstance(entry, Call) else "invalid"
+                self._account_call("none", method, outcome, 0, request_id)
         if keyed:
-            metrics.key_credits_charged.labels(api_key).inc(cost)
+            self._metrics.child(self._metrics.key_credits_charged, api_key).inc(cost)
+
+    def _account_call(self, network: str, method: str, outcome: Outcome, credits: int, request_id: int) -> None:
+        """Count and log one call; `network` "none" marks a call refused before routing."""
+        metrics = self._metrics
+        label = metric_label(method) if method != "invalid" else method
+        if network == "none":
+            result = "invalid"
+        elif outcome.error is None:
+            result = "error" if outcome.is_error else "ok"
+        elif outcome.error.http_status in (402, 429):
+            result = "refused"
+        elif outcome.error.code == UPSTREAM_UNAVAILABLE:
+            result = "upstream_error"
+        else:
+            result = "error"
+        if credits and result != "refused" and result != "upstream_error":
+            metrics.child(metrics.credits_charged, label).inc(credits)
+        metrics.child(metrics.requests, network, label, result).inc()
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "call", extra={
+                    "request_id": f"{self._id_prefix}{request_id:x}", "network": network, "method": label,
+                    "outcome": result,
+                    "cache": outcome.cache if network != "none" else None,
+                    "upstream_ms": None if outcome.upstream_seconds is None
+                    else round(outcome.upstream_seconds * 1000, 2),
+                },
+            )
 
     def _reply(
         self, body: bytes | None, status: int, charged: int, remaining: int | None, cache: str | None,
@@ -220,9 +267,9 @@ class Gateway:
     ) -> Reply:
         headers = {
             "X-Credits-Charged": str(charged),
-            "X-Credits-Remaining": "unlimited" if self._settings.open_mode else str(max(remaining or 0, 0)),
+            "X-Credits-Remaining": "unlimited" if self._open else str(max(remaining or 0, 0)),
         }
-        if remaining is None and not self._settings.open_mode:
+        if remaining is None and not self._open:
             headers["X-Credits-Remaining"] = "unknown"
         if cache is not None:
             headers["X-Cache"] = cache
@@ -232,7 +279,7 @@ class Gateway:
 
     async def remaining(self, api_key: str) -> int | None:
         """Today's remaining balance, for responses that charged nothing."""
-        if self._settings.open_mode:
+        if self._open:
             return None
         config = (self._settings.api_keys or {}).get(api_key)
         daily = config.daily_credits if config and config.daily_credits else self._settings.daily_credits

@@ -160,6 +160,23 @@ class Service:
 
     # --- the read-through flow ----------------------------------------------------------
 
+    def memory_hit(self, call: Call, net: NetworkRuntime) -> tuple[Outcome, int] | None:
+        """The answer to a call seen before, if its plan holds for the current head and memory has it."""
+        policy = POLICIES.get(call.method)
+        if policy is None or policy.credits is None or type(call.params) is not list:
+            return None
+        raw = dumps(call.params)
+        plan = self._plans.get((net.name, call.method, raw)) if len(raw) <= MEMO_MAX_PARAMS else None
+        if plan is None or plan.head is not net.tracker.head:
+            return None
+        value = self._cache.memory_hit(plan.key)
+        if value is None:
+            return None
+        metrics = self._metrics
+        metrics.child(metrics.credits_saved, net.name, call.method).inc(policy.credits)
+        payload, is_error = decode_value(value)
+        return Outcome(payload, is_error, HIT), policy.credits
+
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()
         try:
@@ -186,7 +203,7 @@ class Service:
         tracker = net.tracker
         head = tracker.head
         plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
-        if plan is None or plan.head is not head or policy.gas_cap:
+        if plan is None or plan.head is not head:
             resolved = {id(r): tracker.resolve(r) for r in refs} if isinstance(tracker, EvmHeadTracker) else {}
             if policy.limits_logs:
                 self._check_range(params[0], resolved)
@@ -198,7 +215,8 @@ class Service:
             key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
             tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
             plan = _Plan(head, decision, cache_key(net.name, method, key_params), forward, tags_resolved)
-            if prepared.fingerprint and not policy.gas_cap:
+            if prepared.fingerprint:
+                # The head fixes everything a plan depends on (tags, finality, hashes, gas limit).
                 self._plans[prepared.fingerprint] = plan
         decision, key, forward, tags_resolved = plan.decision, plan.key, plan.forward, plan.tags_resolved
 

@@ -6,6 +6,7 @@ a provider's secret, so errors, logs and metric labels name an upstream by its i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -16,10 +17,16 @@ import aiohttp
 
 from . import jsonrpc
 from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
-from .methods import metric_label
+from .methods import POLICIES, CacheClass, metric_label
 from .metrics import Metrics
 
 log = logging.getLogger("proxy.upstream")
+
+# Reads the cache fills, cheap and side-effect free: the calls worth sharing an HTTP round trip.
+# eth_getLogs goes alone (its own deadline), as does everything forwarded.
+BATCHABLE = frozenset(
+    name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE and not policy.limits_logs
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,7 @@ class HttpUpstream:
         metrics: Metrics,
         cooldown: float = 5.0,
         session: aiohttp.ClientSession | None = None,
+        batch_max: int = 1,
     ) -> None:
         self.network = network
         self._urls = tuple(urls)
@@ -87,6 +95,10 @@ class HttpUpstream:
         self._down_until = [0.0] * len(self._urls)
         self._session = session
         self._next_id = 0
+        self._batch_max = batch_max
+        self._queue: list[tuple[str, Any, asyncio.Future[Answer]]] = []
+        self._flush_scheduled = False
+        self._deliveries: set[asyncio.Task[None]] = set()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -127,7 +139,10 @@ class HttpUpstream:
         except jsonrpc.JSONDecodeError:
             raise _Failed("invalid", "reply is not JSON") from None
 
-    async def _send(self, body: bytes, method_label: str, timeout: float | None) -> tuple[Any, float]:
+    async def _send(
+        self, body: bytes, method_label: str | None, timeout: float | None
+    ) -> tuple[Any, float, int]:
+        """Post to the first upstream that answers; observe its latency under `method_label` if given."""
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         failures: list[str] = []
@@ -150,8 +165,10 @@ class HttpUpstream:
                 continue
             seconds = time.perf_counter() - started
             self._down_until[index] = 0.0
-            self._metrics.upstream_seconds.labels(self.network, method_label, str(index)).observe(seconds)
-            return reply, seconds
+            if method_label is not None:
+                self._metrics.child(self._metrics.upstream_seconds, self.network, method_label, str(index)
+                                    ).observe(seconds)
+            return reply, seconds, index
         if last_kind == "timeout":
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
@@ -164,9 +181,14 @@ class HttpUpstream:
         )
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+        if self._batch_max > 1 and timeout is None and method in BATCHABLE:
+            return await self._enqueue(method, params)
+        return await self._single(method, params, timeout)
+
+    async def _single(self, method: str, params: Any, timeout: float | None) -> Answer:
         self._next_id += 1
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
-        reply, seconds = await self._send(body, metric_label(method), timeout)
+        reply, seconds, _ = await self._send(body, metric_label(method), timeout)
         if not isinstance(reply, dict) or ("result" not in reply and "error" not in reply):
             self._metrics.upstream_errors.labels(self.network, "any", "invalid").inc()
             raise JsonRpcError(
@@ -175,13 +197,61 @@ class HttpUpstream:
             )
         return Answer.from_response(reply, seconds)
 
+    # --- auto-batching -------------------------------------------------------------------
+    # Cacheable reads that arrive in the same event-loop turn travel as one JSON-RPC batch: one
+    # HTTP round trip instead of many. A lone call is sent alone, a turn later.
+
+    async def _enqueue(self, method: str, params: Any) -> Answer:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Answer] = loop.create_future()
+        self._queue.append((method, params, waiter))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await waiter
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        while self._queue:
+            group, self._queue = self._queue[: self._batch_max], self._queue[self._batch_max:]
+            task = asyncio.create_task(self._deliver(group))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+        try:
+            if len(group) == 1:
+                method, params, _ = group[0]
+                answers = [await self._single(method, params, None)]
+            else:
+                answers = await self._batch(
+                    [(m, p) for m, p, _ in group], label="auto_batch", per_call_labels=True, split_if_refused=True
+                )
+        except JsonRpcError as error:
+            for _, _, waiter in group:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
+        for (_, _, waiter), answer in zip(group, answers, strict=True):
+            if not waiter.done():
+                waiter.set_result(answer)
+
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        return await self._batch(calls, label="batch")
+
+    async def _batch(
+        self, calls: Sequence[tuple[str, Any]], *, label: str, per_call_labels: bool = False,
+        split_if_refused: bool = False,
+    ) -> list[Answer]:
         base = self._next_id + 1
         self._next_id += len(calls)
         body = jsonrpc.dumps([
             {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
         ])
-        reply, seconds = await self._send(body, "batch", None)
+        reply, seconds, index = await self._send(body, None if per_call_labels else label, None)
+        if not isinstance(reply, list) and split_if_refused:
+            # A node that does not take batches answers with one error object: ask one by one.
+            return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
         if not isinstance(reply, list):
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
                                "sent a malformed batch reply", http_status=502)
@@ -192,4 +262,8 @@ class HttpUpstream:
             if item is None:
                 item = {"error": {"code": UPSTREAM_UNAVAILABLE, "message": "missing from upstream batch reply"}}
             answers.append(Answer.from_response(item, seconds))
+        if per_call_labels:  # each call's latency is its batch's, under its own method
+            for method, _ in calls:
+                self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
+                                    ).observe(seconds)
         return answers

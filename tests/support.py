@@ -283,7 +283,8 @@ async def start_proxy(
     upstreams: dict[str, CountingUpstream] = {}
 
     def counting(network: Network, metrics: Metrics) -> CountingUpstream:
-        inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics)
+        inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
+                             batch_max=settings.upstream_batch_max)
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 

@@ -1,0 +1,115 @@
+"""Auto-batching: cache-miss reads that arrive together share one upstream HTTP request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.support import Anvil, Proxy, free_port, settings_for, start_proxy, word
+
+STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
+
+
+@dataclass
+class Relay:
+    """An HTTP relay in front of a node that records each request's batch size."""
+
+    url: str = ""
+    sizes: list[int] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def relay(target: str, *, refuse_batches: bool = False) -> AsyncIterator[Relay]:
+    record = Relay()
+    session = aiohttp.ClientSession()
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        payload = json.loads(body)
+        is_batch = isinstance(payload, list)
+        if is_batch and refuse_batches and any(p["method"] == "eth_getStorageAt" for p in payload):
+            record.sizes.append(-len(payload))
+            return web.json_response({"jsonrpc": "2.0", "id": None,
+                                      "error": {"code": -32600, "message": "batch requests are not supported"}})
+        if not any(isinstance(p, dict) and p.get("method") == "eth_getBlockByNumber"
+                   for p in (payload if is_batch else [payload])):
+            record.sizes.append(len(payload) if is_batch else 1)
+        async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
+            return web.Response(body=await resp.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/", handle)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    record.url = f"http://127.0.0.1:{server.port}/"
+    try:
+        yield record
+    finally:
+        await server.close()
+        await session.close()
+
+
+async def concurrent_storage_reads(anvil: Anvil, proxy: Proxy, count: int) -> list[dict[str, object]]:
+    store = anvil.deploy_store()
+    block = anvil.block_number()
+    await proxy.head_at(anvil.mine(STORE_FINAL))
+    requests = [proxy.call("eth_getStorageAt", [store, hex(slot), hex(block)], rid=slot) for slot in range(count)]
+    return await asyncio.gather(*requests)
+
+
+async def test_concurrent_misses_share_upstream_requests(anvil: Anvil) -> None:
+    async with relay(anvil.url) as seen:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
+        try:
+            replies = await concurrent_storage_reads(anvil, proxy, 40)
+        finally:
+            await proxy.close()
+    assert [r["id"] for r in replies] == list(range(40))
+    assert replies[0]["result"] == "0x" + word(7) and all(r["result"] == "0x" + word(0) for r in replies[1:])
+    assert sum(seen.sizes) == 40  # every call reached the node once
+    assert len(seen.sizes) < 40 and max(seen.sizes) > 1  # but in fewer HTTP requests
+
+
+async def test_batching_can_be_turned_off(anvil: Anvil) -> None:
+    async with relay(anvil.url) as seen:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url, UPSTREAM_BATCH_MAX="1"))
+        try:
+            await concurrent_storage_reads(anvil, proxy, 10)
+        finally:
+            await proxy.close()
+    assert seen.sizes == [1] * 10
+
+
+async def test_a_node_that_refuses_batches_gets_each_call_alone(anvil: Anvil) -> None:
+    async with relay(anvil.url, refuse_batches=True) as seen:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
+        try:
+            replies = await concurrent_storage_reads(anvil, proxy, 10)
+        finally:
+            await proxy.close()
+    assert all("result" in r for r in replies)
+    assert any(size < 0 for size in seen.sizes)  # a batch was refused ...
+    assert sum(size for size in seen.sizes if size > 0) == 10  # ... and every call went alone
+
+
+async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: Anvil) -> None:
+    async with relay(anvil.url) as seen:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url, UPSTREAM_TIMEOUT="2"))
+        try:
+            store = anvil.deploy_store()
+            await proxy.head_at(anvil.mine(STORE_FINAL))
+            anvil.stop()  # the node goes away behind the relay
+            replies = await asyncio.gather(
+                *(proxy.call("eth_getStorageAt", [store, hex(i), "0x1"], rid=i) for i in range(5))
+            )
+        finally:
+            await proxy.close()
+    assert [r["id"] for r in replies] == list(range(5))
+    assert all(r["error"]["code"] == -32002 for r in replies)
