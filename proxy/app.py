@@ -28,6 +28,7 @@ from .ws import close_websockets, websocket_handler
 
 log = logging.getLogger("proxy.app")
 
+
 class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()

@@ -110,18 +110,14 @@ class TieredCache:
             for tier in ("memory", "redis") for result in ("hit", "miss")
         }
 
-    def memory_hit(self, key: str) -> bytes | None:
-        """The in-process tier alone, counted only when it hits (the hot path's question)."""
-        entry = self.memory.get(key)
-        if entry is None:
-            return None
+    def count_memory_hit(self) -> None:
         self._lookups["memory", "hit"].inc()
-        return entry[0]
 
     async def get(self, key: str) -> bytes | None:
-        value = self.memory_hit(key)
-        if value is not None:
-            return value
+        entry = self.memory.get(key)
+        if entry is not None:
+            self.count_memory_hit()
+            return entry[0]
         self._lookups["memory", "miss"].inc()
         if self.shared is None:
             return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,18 @@ class Resolved:
 
     number: int | None
     hash: str | None
+
+
+async def poll_forever(poll: Callable[[], Awaitable[object]], interval: float, what: str) -> None:
+    """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll."""
+    while True:
+        try:
+            await poll()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s: poll failed: %s", what, exc)
+        await asyncio.sleep(interval)
 
 
 def _header(answer: Answer) -> Header | None:
@@ -119,14 +131,7 @@ class EvmHeadTracker:
         return Resolved(number, head.hashes.get(number))
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the loop must outlive any one bad poll
-                log.warning("head tracker %s: poll failed: %s", self.network, exc)
-            await asyncio.sleep(self._interval)
+        await poll_forever(self.poll, self._interval, f"head tracker {self.network}")
 
     async def poll(self) -> Head:
         latest_a, safe_a, final_a = await self._upstream.batch(
@@ -210,14 +215,7 @@ class SolanaSlotTracker:
         return None  # Solana answers carry their own context.slot; nothing resolves through a head.
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("slot tracker %s: poll failed: %s", self.network, exc)
-            await asyncio.sleep(self._interval)
+        await poll_forever(self.poll, self._interval, f"slot tracker {self.network}")
 
     async def poll(self) -> dict[str, int]:
         answers = await self._upstream.batch([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])

@@ -190,10 +190,8 @@ class Gateway:
             if refusal is not None:
                 return None  # nothing was debited: the general path refuses it the same way
             self._metrics.child(self._metrics.key_credits_charged, api_key).inc(cost)
+        self._service.record_hit(runtime, entry.method, credits, time.perf_counter() - started)
         self._account_call(runtime.name, entry.method, outcome, cost, request_id)
-        self._metrics.child(self._metrics.request_seconds, runtime.name, entry.method, outcome.cache).observe(
-            time.perf_counter() - started
-        )
         encode = jsonrpc.encode_error_object if outcome.is_error else jsonrpc.encode_result
         return self._reply(encode(entry.id, outcome.payload), 200, cost, remaining, outcome.cache)
 

@@ -77,13 +77,17 @@ def hash32(name: str, value: Any) -> str:
     return hex_bytes(name, value, 32)
 
 
-def quantity_int(name: str, value: Any) -> int:
+def _uint256(name: str, value: Any, expected: str, too_big: str) -> int:
     if not isinstance(value, str) or not _HEX.match(value) or len(value) < 3:
-        raise invalid_params(name, "expected a hex quantity such as 0x1")
+        raise invalid_params(name, expected)
     number = int(value, 16)
     if number > UINT256_MAX:
-        raise invalid_params(name, "quantity exceeds 256 bits")
+        raise invalid_params(name, too_big)
     return number
+
+
+def quantity_int(name: str, value: Any) -> int:
+    return _uint256(name, value, "expected a hex quantity such as 0x1", "quantity exceeds 256 bits")
 
 
 def quantity(name: str, value: Any) -> str:
@@ -93,11 +97,7 @@ def quantity(name: str, value: Any) -> str:
 
 def storage_word(name: str, value: Any) -> str:
     """A storage position as a 32-byte word, so 0x0 and 0x00...00 are one position."""
-    if not isinstance(value, str) or not _HEX.match(value) or len(value) < 3:
-        raise invalid_params(name, "expected a hex storage position such as 0x0")
-    number = int(value, 16)
-    if number > UINT256_MAX:
-        raise invalid_params(name, "storage position exceeds 32 bytes")
+    number = _uint256(name, value, "expected a hex storage position such as 0x0", "storage position exceeds 32 bytes")
     return "0x" + format(number, "064x")
 
 

@@ -161,7 +161,10 @@ class Service:
     # --- the read-through flow ----------------------------------------------------------
 
     def memory_hit(self, call: Call, net: NetworkRuntime) -> tuple[Outcome, int] | None:
-        """The answer to a call seen before, if its plan holds for the current head and memory has it."""
+        """The answer to a call seen before, if its plan holds for the current head and memory has it.
+
+        Nothing is counted here: the caller records the hit with `record_hit` once it is paid for.
+        """
         policy = POLICIES.get(call.method)
         if policy is None or policy.credits is None or type(call.params) is not list:
             return None
@@ -169,13 +172,18 @@ class Service:
         plan = self._plans.get((net.name, call.method, raw)) if len(raw) <= MEMO_MAX_PARAMS else None
         if plan is None or plan.head is not net.tracker.head:
             return None
-        value = self._cache.memory_hit(plan.key)
-        if value is None:
+        entry = self._cache.memory.get(plan.key)
+        if entry is None:
             return None
-        metrics = self._metrics
-        metrics.child(metrics.credits_saved, net.name, call.method).inc(policy.credits)
-        payload, is_error = decode_value(value)
+        payload, is_error = decode_value(entry[0])
         return Outcome(payload, is_error, HIT), policy.credits
+
+    def record_hit(self, net: NetworkRuntime, method: str, credits: int, seconds: float) -> None:
+        """Count a memory hit served by the gateway's hot path, as `execute` counts its own."""
+        metrics = self._metrics
+        self._cache.count_memory_hit()
+        metrics.child(metrics.credits_saved, net.name, method).inc(credits)
+        metrics.child(metrics.request_seconds, net.name, method, HIT).observe(seconds)
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()

@@ -203,3 +203,15 @@ def test_operator_cli_shows_a_keys_usage_from_redis(anvil: Anvil, redis_url: str
                              capture_output=True, text=True, timeout=30)
     assert unknown.returncode == 2 and "not configured" in unknown.stderr
 
+
+
+async def test_a_hit_refused_for_credits_is_neither_served_nor_counted(keyed: Proxy) -> None:
+    for _ in range(12):  # one miss, then eleven hits: 960 of alice's 1000
+        assert (await keyed.post(storage(), key="alice"))[0] == 200
+    hits = keyed.metric("rpc_proxy_cache_lookups_total", tier="memory", result="hit")
+    saved = keyed.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getStorageAt")
+    assert (hits, saved) == (11, 11 * 80)
+    status, reply, headers = await keyed.post(storage(), key="alice")
+    assert status == 402 and "result" not in reply and headers["X-Credits-Charged"] == "0"
+    assert keyed.metric("rpc_proxy_cache_lookups_total", tier="memory", result="hit") == hits
+    assert keyed.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getStorageAt") == saved
