@@ -142,7 +142,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="alternating hit/baseline rounds; medians kept")
-    parser.add_argument("--log-level", default="INFO", help="the proxy's LOG_LEVEL (INFO logs every call)")
+    parser.add_argument("--access-log", action="store_true", help="run the proxy with ACCESS_LOG=true")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found: apt-get install wrk")
@@ -155,7 +155,7 @@ def main() -> int:
         anvil.mine(70)  # the deploy block is now final: its answers are immutable
         proxy_port, bare_port = free_port(), free_port()
         env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(proxy_port),
-               "LOG_LEVEL": args.log_level, "LOG_FORMAT": "json"}
+               "ACCESS_LOG": "true" if args.access_log else "false", "LOG_FORMAT": "json"}
         proxy_proc = start([sys.executable, "-m", "proxy"], proxy_port, env)
         procs.append(proxy_proc)
         proxy_url = f"http://127.0.0.1:{proxy_port}/v3/bench"
@@ -190,7 +190,7 @@ def main() -> int:
             proc.wait(10)
         anvil.stop()
 
-    print(f"wrk -t1 -c{args.connections} -d{args.seconds}s, one process each, proxy LOG_LEVEL={args.log_level}, "
+    print(f"wrk -t1 -c{args.connections} -d{args.seconds}s, one process each, proxy ACCESS_LOG={args.access_log}, "
           f"median of {args.rounds} alternating rounds for hit and bare")
     print("hit rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in hits)
           + " | bare rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in bares))

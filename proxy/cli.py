@@ -64,7 +64,7 @@ def serve(settings: Settings) -> int:
 
     from .app import create_app
 
-    logs.setup(settings.log_format, settings.log_level)
+    logs.setup(settings.log_format, settings.log_level, settings.access_log)
     if settings.open_mode:
         log.warning("running open: no API_KEYS or API_KEYS_FILE set, any API key is accepted and nothing is charged")
     for net in settings.networks:

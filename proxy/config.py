@@ -68,6 +68,7 @@ class Settings:
     eth_call_require_from: bool = True
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
+    access_log: bool = False
     shutdown_timeout: float = 30.0
 
     def network(self, name: str) -> Network | None:
@@ -126,6 +127,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default true)"),
     Option("LOG_FORMAT", "text or json (JSON lines)"),
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
+    Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
 )
 OPTION_NAMES = frozenset(o.env for o in OPTIONS)
@@ -276,6 +278,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
     "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
+    "ACCESS_LOG": ("access_log", _bool),
     "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
 }
 

@@ -40,10 +40,12 @@ class TextFormatter(logging.Formatter):
         return line + "".join(f" {k}={v}" for k, v in extras.items()) if extras else line
 
 
-def setup(fmt: str, level: str) -> None:
+def setup(fmt: str, level: str, access_log: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # One line per call is opt-in: at thousands of calls a second it is the dearest thing we do.
+    logging.getLogger("proxy.access").setLevel(logging.INFO if access_log else logging.WARNING)

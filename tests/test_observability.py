@@ -223,3 +223,19 @@ async def test_sigterm_lets_an_in_flight_request_complete_and_closes_websockets(
 
 def test_the_recommended_redis_eviction_policy_is_documented() -> None:
     assert "maxmemory-policy allkeys-lru" in (ROOT / "README.md").read_text()
+
+
+def test_per_call_lines_are_logged_only_with_access_log() -> None:
+    from proxy import logs
+
+    root, access = logging.getLogger(), logging.getLogger("proxy.access")
+    saved = (root.handlers[:], root.level, access.level)
+    try:
+        logs.setup("json", "INFO", access_log=False)
+        assert not access.isEnabledFor(logging.INFO) and logging.getLogger("proxy.chain").isEnabledFor(logging.INFO)
+        logs.setup("json", "INFO", access_log=True)
+        assert access.isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        access.setLevel(saved[2])

@@ -28,7 +28,8 @@ def _ready(port: int) -> bool:
 
 def test_python_m_proxy_serves_a_request_from_anvil(anvil: Anvil) -> None:
     port = free_port()
-    env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "LOG_FORMAT": "json"}
+    env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "LOG_FORMAT": "json",
+           "ACCESS_LOG": "true"}
     proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
