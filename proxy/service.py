@@ -9,9 +9,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from cachetools import LRUCache
+from typing import Any, TypeVar
 
 from . import cache_policy as cp
 from .cache import Coalescer, TieredCache, cache_key
@@ -90,6 +88,27 @@ class _Plan:
     tags_resolved: bool  # a tag was turned into a number: a failing node may just lag the tracker
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(dict[K, V]):
+    """A bounded memo of pure results: when full it starts over, and hot entries come straight back.
+
+    Reads are plain dict lookups; an LRU's bookkeeping on every read would cost the hot path more
+    than the occasional recomputation after a reset.
+    """
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self._size = size
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if len(self) >= self._size and key not in self:
+            self.clear()
+        super().__setitem__(key, value)
+
+
 def encode_value(answer: Answer) -> bytes:
     return (b"e" if answer.is_error else b"r") + answer.payload
 
@@ -112,8 +131,8 @@ class Service:
         self._metrics = metrics
         self._coalescer: Coalescer[Answer] = Coalescer()
         # Memos of pure work, keyed by the raw request: validation results, and plans per head.
-        self._validated: LRUCache[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = LRUCache(MEMO_SIZE)
-        self._plans: LRUCache[tuple[str, str, bytes], _Plan] = LRUCache(MEMO_SIZE)
+        self._validated: Memo[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = Memo(MEMO_SIZE)
+        self._plans: Memo[tuple[str, str, bytes], _Plan] = Memo(MEMO_SIZE)
         self._rules = Rules(settings.eth_call_require_from, settings.getlogs_max_params)
         self._ttls = cp.Ttls(
             unfinalized=settings.cache_unfinalized_ttl,

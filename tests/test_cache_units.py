@@ -195,3 +195,16 @@ class TestHeadTracker:
         chain.mine(70)
         head = await tracker.poll()
         assert seen == [] and head.latest == 170 and set(head.hashes) == set(range(107, 171))
+
+
+class TestMemo:
+    def test_a_full_memo_starts_over_so_it_never_grows_past_its_size(self) -> None:
+        from proxy.service import Memo
+
+        memo: Memo[int, int] = Memo(3)
+        for key in range(3):
+            memo[key] = key
+        memo[2] = 20  # replacing a key does not start over
+        assert len(memo) == 3 and memo[2] == 20
+        memo[3] = 3
+        assert dict(memo) == {3: 3}
