@@ -6,6 +6,7 @@ This is the only module that awaits the cache and the upstream together.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from . import cache_policy as cp
 from .cache import Coalescer, TieredCache, cache_key
 from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
 from .config import Network, Settings
-from .jsonrpc import LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, dumps, invalid_params
+from .jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, dumps, invalid_params
 from .methods import (
     POLICIES,
     REFUSED_NAMESPACES,
@@ -29,6 +30,7 @@ from .metrics import Metrics
 from .params import BlockRef, Rules, block_refs, quantity_int, substitute
 from .upstream import Answer, Upstream
 
+log = logging.getLogger("proxy.service")
 HIT, MISS, BYPASS = "HIT", "MISS", "BYPASS"
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
 MEMO_MAX_PARAMS = 512  # bytes: larger params are validated every time rather than held in memory
@@ -210,6 +212,10 @@ class Service:
             outcome = await self._execute(prepared)
         except JsonRpcError as error:
             outcome = Outcome.failed(error)
+        except Exception:
+            # A fault of ours fails this call alone; its details go to the log, never to the caller.
+            log.exception("internal error executing %s on %s", prepared.call.method, prepared.network.name)
+            outcome = Outcome.failed(JsonRpcError(INTERNAL_ERROR, "internal error"))
         metrics = self._metrics
         label = metric_label(prepared.call.method)
         metrics.child(metrics.request_seconds, prepared.network.name, label, outcome.cache).observe(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
+from proxy.upstream import Answer
 from tests.fake_upstream import bad_upstream
-from tests.support import Anvil, free_port, settings_for, start_proxy
+from tests.support import Anvil, CountingUpstream, free_port, settings_for, start_proxy
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
@@ -69,5 +72,31 @@ async def test_upstream_urls_never_appear_in_responses_logs_or_metrics(caplog: p
             ready_text = await resp.text()
         for text in (str(reply), ready_text, caplog.text, generate_latest(proxy.registry).decode()):
             assert secret not in text and str(port) not in text
+    finally:
+        await proxy.close()
+
+
+class FaultyUpstream(CountingUpstream):
+    """An upstream whose client code fails unexpectedly for one method (a bug, not a node error)."""
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+        if method == "eth_gasPrice":
+            raise RuntimeError("secret internals: connection pool state 0xdeadbeef")
+        return await super().request(method, params, timeout=timeout)
+
+
+async def test_an_internal_fault_fails_only_its_call_and_never_leaks_internals(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url), upstream_class=FaultyUpstream)
+    try:
+        status, body, _ = await proxy.post([{"jsonrpc": "2.0", "id": 1, "method": "eth_gasPrice", "params": []},
+                                            CHAIN_ID | {"id": 2}])
+        assert status == 200
+        assert body[0]["error"] == {"code": -32603, "message": "internal error"}
+        assert body[1]["result"] == "0x7a69"  # the rest of the batch is answered
+        assert "secret internals" not in json.dumps(body)
+        assert "secret internals" in caplog.text  # for the operator, in the log
+        assert (await proxy.post(CHAIN_ID))[0] == 200  # and the server keeps serving
     finally:
         await proxy.close()
