@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import hashlib
 import math
+import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -25,6 +27,9 @@ from .redis_link import RedisLink, RedisUnavailable
 T = TypeVar("T")
 MAX_PLAIN_KEY = 200
 REDIS_PREFIX = "rcp:c:"
+LOCK_PREFIX = "rcp:l:"
+# Release a replica's fill lock only if it still holds it (it may have expired and passed on).
+RELEASE_SCRIPT = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
 def cache_key(network: str, method: str, key_params: Any) -> str:
@@ -78,6 +83,29 @@ class MemoryTier:
 class RedisTier:
     def __init__(self, link: RedisLink) -> None:
         self._link = link
+        self._release: Any = link.client.register_script(RELEASE_SCRIPT)
+
+    async def lock(self, key: str, token: str, hold: float) -> bool:
+        """Take the replicas' fill lock on a key for `hold` seconds; False if another replica has it."""
+        taken = await self._link.run(
+            "fill_lock", lambda c: c.set(LOCK_PREFIX + key, token, nx=True, px=max(1, int(hold * 1000)))
+        )
+        return bool(taken)
+
+    async def unlock(self, key: str, token: str) -> None:
+        await self._link.run("fill_unlock", lambda _c: self._release(keys=[LOCK_PREFIX + key], args=[token]))
+
+    async def poll(self, key: str) -> tuple[bytes | None, bool]:
+        """The value if stored, and whether a replica still holds the fill lock."""
+
+        async def command(client: Any) -> Any:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.get(REDIS_PREFIX + key)
+                pipe.exists(LOCK_PREFIX + key)
+                return await pipe.execute()
+
+        value, locked = await self._link.run("fill_poll", command)
+        return (bytes(value) if value is not None else None), bool(locked)
 
     async def get(self, key: str) -> tuple[bytes, float] | None:
         async def command(client: Any) -> Any:
@@ -131,6 +159,43 @@ class TieredCache:
         self._lookups["redis", "hit"].inc()
         self.memory.set(key, found[0], found[1])
         return found[0]
+
+    # --- coalescing across replicas (a Redis lock per key while one replica fills it) ------
+
+    async def claim(self, key: str, hold: float) -> str | None:
+        """A token when this replica should fetch the key ("" if no lock is needed); None if another is."""
+        if self.shared is None:
+            return ""
+        token = secrets.token_hex(8)
+        try:
+            return token if await self.shared.lock(key, token, hold) else None
+        except RedisUnavailable:
+            return ""
+
+    async def release(self, key: str, token: str) -> None:
+        if token and self.shared is not None:
+            with contextlib.suppress(RedisUnavailable):
+                await self.shared.unlock(key, token)
+
+    async def await_fill(self, key: str, wait: float) -> bytes | None:
+        """Wait up to `wait` seconds for another replica's fill; None if it gave up or stored nothing."""
+        if self.shared is None:
+            return None
+        deadline = time.monotonic() + wait
+        pause = 0.005
+        while time.monotonic() < deadline:
+            await asyncio.sleep(pause)
+            try:
+                value, locked = await self.shared.poll(key)
+            except RedisUnavailable:
+                return None
+            if value is not None:
+                self._lookups["redis", "hit"].inc()
+                return value
+            if not locked:
+                return None  # the filler finished without storing (an error, say): fetch it ourselves
+            pause = min(pause * 2, 0.05)
+        return None
 
     async def set(self, key: str, value: bytes, ttl: float) -> None:
         self.memory.set(key, value, ttl)

@@ -54,6 +54,7 @@ class Settings:
     ws_max_inflight: int = 64
     upstream_timeout: float = 30.0
     upstream_batch_max: int = 50
+    coalesce_wait: float = 2.0
     head_poll_interval: float = 2.0
     finality_depth: int = 64
     cache_memory_bytes: int = 256 * 1024 * 1024
@@ -112,6 +113,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("WS_MAX_MESSAGE_BYTES", "maximum WebSocket message in bytes (default 5242880)"),
     Option("WS_MAX_INFLIGHT", "maximum concurrent requests per WebSocket connection (default 64)"),
     Option("UPSTREAM_TIMEOUT", "seconds before an upstream request is abandoned (default 30)"),
+    Option("COALESCE_WAIT", "seconds a replica waits for another replica's identical miss via Redis; 0 disables "
+           "(default 2)"),
     Option("UPSTREAM_BATCH_MAX", "most cache-miss reads sent upstream as one JSON-RPC batch; 1 disables (default 50)"),
     Option("HEAD_POLL_INTERVAL", "seconds between head-tracker polls, fractions allowed (default 2)"),
     Option("FINALITY_DEPTH", "blocks below latest counted final when a node has no finalized tag (default 64)"),
@@ -266,6 +269,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WS_MAX_INFLIGHT": ("ws_max_inflight", _positive_int),
     "UPSTREAM_TIMEOUT": ("upstream_timeout", _positive_float),
     "UPSTREAM_BATCH_MAX": ("upstream_batch_max", _positive_int),
+    "COALESCE_WAIT": ("coalesce_wait", lambda n, v: 0.0 if v.strip() in ("0", "0.0") else _positive_float(n, v)),
     "HEAD_POLL_INTERVAL": ("head_poll_interval", _positive_float),
     "FINALITY_DEPTH": ("finality_depth", _positive_int),
     "CACHE_MEMORY_BYTES": ("cache_memory_bytes", _positive_int),

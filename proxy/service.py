@@ -260,6 +260,20 @@ class Service:
             return Outcome(payload, is_error, HIT)
 
         async def fill() -> Answer:
+            wait = self._settings.coalesce_wait
+            token = await self._cache.claim(key, self._settings.upstream_timeout + 1) if wait else ""
+            if token is None:  # another replica is fetching this very key: take its answer
+                value = await self._cache.await_fill(key, wait)
+                if value is not None:
+                    self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
+                    return Answer.stored(*decode_value(value))
+            try:
+                return await fetch()
+            finally:
+                if token:
+                    await self._cache.release(key, token)
+
+        async def fetch() -> Answer:
             answer = await self._upstream(net, method, forward, policy)
             kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error)
             if tags_resolved and kind in ("null", "error"):

@@ -48,6 +48,11 @@ class Answer:
         return code if isinstance(code, int) else None
 
     @classmethod
+    def stored(cls, payload: bytes, is_error: bool) -> Answer:
+        """An answer another replica fetched and stored: only its encoded bytes are at hand."""
+        return cls(payload, None, {"stored": True} if is_error else None)
+
+    @classmethod
     def from_response(cls, obj: dict[str, Any], seconds: float = 0.0) -> Answer:
         if "error" in obj and obj["error"] is not None:
             error = obj["error"] if isinstance(obj["error"], dict) else {"code": -32603, "message": str(obj["error"])}

@@ -317,3 +317,56 @@ async def test_when_the_node_lacks_the_resolved_block_the_tag_is_retried_and_not
         assert proxy.upstreams["evm"].calls["eth_getStorageAt"] == 4  # nothing was cached
     finally:
         await proxy.close()
+
+
+async def test_identical_misses_on_two_replicas_make_one_upstream_call(anvil: Anvil, redis_url: str) -> None:
+    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url)
+    first = await start_proxy(settings, upstream_class=SlowUpstream)
+    second = await start_proxy(settings, upstream_class=SlowUpstream)
+    try:
+        store, block = await finalized_store(anvil, first)
+        await second.head_at(anvil.block_number())
+        replies = await asyncio.gather(*(
+            (first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20)
+        ))
+        assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
+        assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
+        calls = first.upstreams["evm"].calls["eth_getStorageAt"] + second.upstreams["evm"].calls["eth_getStorageAt"]
+        assert calls == 1
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_cross_replica_coalescing_can_be_turned_off(anvil: Anvil, redis_url: str) -> None:
+    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url, COALESCE_WAIT="0")
+    first = await start_proxy(settings, upstream_class=SlowUpstream)
+    second = await start_proxy(settings, upstream_class=SlowUpstream)
+    try:
+        store, block = await finalized_store(anvil, first)
+        await second.head_at(anvil.block_number())
+        request = storage(store, "0x0", hex(block))
+        await asyncio.gather(first.post(request), second.post(request))
+        calls = [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)]
+        assert calls == [1, 1]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_replica_waiting_on_an_uncacheable_answer_fetches_it_itself(anvil: Anvil, redis_url: str) -> None:
+    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url)
+    first = await start_proxy(settings, upstream_class=SlowUpstream)
+    second = await start_proxy(settings, upstream_class=SlowUpstream)
+    try:
+        store = anvil.deploy_store()
+        await first.head_at(anvil.block_number())
+        await second.head_at(anvil.block_number())
+        boom = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+                "params": [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, "latest"]}
+        (_, a, _), (_, b, _) = await asyncio.gather(first.post(boom), second.post(boom))
+        assert a["error"]["code"] == b["error"]["code"] == 3  # a revert above finality is never stored
+        assert first.upstreams["evm"].calls["eth_call"] == second.upstreams["evm"].calls["eth_call"] == 1
+    finally:
+        await first.close()
+        await second.close()
