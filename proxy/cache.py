@@ -95,26 +95,25 @@ class RedisTier:
     async def unlock(self, key: str, token: str) -> None:
         await self._link.run("fill_unlock", lambda _c: self._release(keys=[LOCK_PREFIX + key], args=[token]))
 
-    async def poll(self, key: str) -> tuple[bytes | None, bool]:
-        """The value if stored, and whether a replica still holds the fill lock."""
+    async def _get_and(self, operation: str, key: str, also: Callable[[Any], Any]) -> tuple[Any, Any]:
+        """GET the value and one more command in a single round trip."""
 
         async def command(client: Any) -> Any:
             async with client.pipeline(transaction=False) as pipe:
                 pipe.get(REDIS_PREFIX + key)
-                pipe.exists(LOCK_PREFIX + key)
+                also(pipe)
                 return await pipe.execute()
 
-        value, locked = await self._link.run("fill_poll", command)
+        value, other = await self._link.run(operation, command)
+        return value, other
+
+    async def poll(self, key: str) -> tuple[bytes | None, bool]:
+        """The value if stored, and whether a replica still holds the fill lock."""
+        value, locked = await self._get_and("fill_poll", key, lambda pipe: pipe.exists(LOCK_PREFIX + key))
         return (bytes(value) if value is not None else None), bool(locked)
 
     async def get(self, key: str) -> tuple[bytes, float] | None:
-        async def command(client: Any) -> Any:
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.get(REDIS_PREFIX + key)
-                pipe.pttl(REDIS_PREFIX + key)
-                return await pipe.execute()
-
-        value, pttl = await self._link.run("cache_get", command)
+        value, pttl = await self._get_and("cache_get", key, lambda pipe: pipe.pttl(REDIS_PREFIX + key))
         if value is None:
             return None
         return bytes(value), (math.inf if pttl is None or pttl < 0 else pttl / 1000)

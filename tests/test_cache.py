@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -200,13 +201,25 @@ async def test_fifty_concurrent_identical_misses_make_one_upstream_call(anvil: A
 # --- the Redis tier ------------------------------------------------------------------------
 
 
+@asynccontextmanager
+async def replicas(
+    anvil: Anvil, redis_url: str, upstream_class: type[CountingUpstream] = CountingUpstream, **overrides: str
+) -> AsyncIterator[tuple[Proxy, Proxy]]:
+    """Two proxies on one Redis, as two replicas of one deployment."""
+    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url, **overrides)
+    first = await start_proxy(settings, upstream_class=upstream_class)
+    second = await start_proxy(settings, upstream_class=upstream_class)
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
 @pytest.fixture
 async def two_replicas(anvil: Anvil, redis_url: str) -> AsyncIterator[tuple[Proxy, Proxy]]:
-    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url)
-    first, second = await start_proxy(settings), await start_proxy(settings)
-    yield first, second
-    await first.close()
-    await second.close()
+    async with replicas(anvil, redis_url) as pair:
+        yield pair
 
 
 async def test_two_replicas_on_one_redis_share_entries(anvil: Anvil, two_replicas: tuple[Proxy, Proxy]) -> None:
@@ -320,10 +333,7 @@ async def test_when_the_node_lacks_the_resolved_block_the_tag_is_retried_and_not
 
 
 async def test_identical_misses_on_two_replicas_make_one_upstream_call(anvil: Anvil, redis_url: str) -> None:
-    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url)
-    first = await start_proxy(settings, upstream_class=SlowUpstream)
-    second = await start_proxy(settings, upstream_class=SlowUpstream)
-    try:
+    async with replicas(anvil, redis_url, SlowUpstream) as (first, second):
         store, block = await finalized_store(anvil, first)
         await second.head_at(anvil.block_number())
         replies = await asyncio.gather(*(
@@ -331,34 +341,21 @@ async def test_identical_misses_on_two_replicas_make_one_upstream_call(anvil: An
         ))
         assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
         assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
-        calls = first.upstreams["evm"].calls["eth_getStorageAt"] + second.upstreams["evm"].calls["eth_getStorageAt"]
-        assert calls == 1
-    finally:
-        await first.close()
-        await second.close()
+        calls = [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)]
+        assert sum(calls) == 1
 
 
 async def test_cross_replica_coalescing_can_be_turned_off(anvil: Anvil, redis_url: str) -> None:
-    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url, COALESCE_WAIT="0")
-    first = await start_proxy(settings, upstream_class=SlowUpstream)
-    second = await start_proxy(settings, upstream_class=SlowUpstream)
-    try:
+    async with replicas(anvil, redis_url, SlowUpstream, COALESCE_WAIT="0") as (first, second):
         store, block = await finalized_store(anvil, first)
         await second.head_at(anvil.block_number())
         request = storage(store, "0x0", hex(block))
         await asyncio.gather(first.post(request), second.post(request))
-        calls = [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)]
-        assert calls == [1, 1]
-    finally:
-        await first.close()
-        await second.close()
+        assert [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)] == [1, 1]
 
 
 async def test_a_replica_waiting_on_an_uncacheable_answer_fetches_it_itself(anvil: Anvil, redis_url: str) -> None:
-    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url)
-    first = await start_proxy(settings, upstream_class=SlowUpstream)
-    second = await start_proxy(settings, upstream_class=SlowUpstream)
-    try:
+    async with replicas(anvil, redis_url, SlowUpstream) as (first, second):
         store = anvil.deploy_store()
         await first.head_at(anvil.block_number())
         await second.head_at(anvil.block_number())
@@ -366,7 +363,4 @@ async def test_a_replica_waiting_on_an_uncacheable_answer_fetches_it_itself(anvi
                 "params": [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, "latest"]}
         (_, a, _), (_, b, _) = await asyncio.gather(first.post(boom), second.post(boom))
         assert a["error"]["code"] == b["error"]["code"] == 3  # a revert above finality is never stored
-        assert first.upstreams["evm"].calls["eth_call"] == second.upstreams["evm"].calls["eth_call"] == 1
-    finally:
-        await first.close()
-        await second.close()
+        assert [p.upstreams["evm"].calls["eth_call"] for p in (first, second)] == [1, 1]
