@@ -288,7 +288,7 @@ class Service:
 
         answer, joined = await self._coalescer.run(key, fill)
         if joined:
-            self._metrics.coalesced.labels(net.name, metric_label(method)).inc()
+            self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
         return Outcome.answered(answer, MISS)
 
     async def _upstream(self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy) -> Answer:
