@@ -215,7 +215,7 @@ class Service:
         except Exception:
             # A fault of ours fails this call alone; its details go to the log, never to the caller.
             log.exception("internal error executing %s on %s", prepared.call.method, prepared.network.name)
-            outcome = Outcome.failed(JsonRpcError(INTERNAL_ERROR, "internal error"))
+            outcome = Outcome.failed(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500))
         metrics = self._metrics
         label = metric_label(prepared.call.method)
         metrics.child(metrics.request_seconds, prepared.network.name, label, outcome.cache).observe(

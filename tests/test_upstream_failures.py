@@ -97,6 +97,8 @@ async def test_an_internal_fault_fails_only_its_call_and_never_leaks_internals(
         assert body[1]["result"] == "0x7a69"  # the rest of the batch is answered
         assert "secret internals" not in json.dumps(body)
         assert "secret internals" in caplog.text  # for the operator, in the log
+        status, alone, _ = await proxy.post({"jsonrpc": "2.0", "id": 3, "method": "eth_gasPrice", "params": []})
+        assert status == 500 and alone["error"] == {"code": -32603, "message": "internal error"}
         assert (await proxy.post(CHAIN_ID))[0] == 200  # and the server keeps serving
     finally:
         await proxy.close()
