@@ -57,6 +57,7 @@ class Gateway:
         self._metrics = metrics
         self._now = wall_clock
         self._open = settings.open_mode
+        self._by_host = {h: rt for rt in service.networks.values() for h in rt.config.hosts}
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
 
@@ -71,11 +72,11 @@ class Gateway:
         networks = self._service.networks
         if host:
             hostname = host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host
-            for runtime in networks.values():
-                if hostname in runtime.config.hosts:
-                    return runtime
-            first = hostname.split(".", 1)[0]
-            if "." in hostname and first in networks:
+            declared = self._by_host.get(hostname)
+            if declared is not None:
+                return declared
+            first, dot, _ = hostname.partition(".")
+            if dot and first in networks:
                 return networks[first]
         if path_network is not None:
             chosen = networks.get(path_network)
