@@ -57,15 +57,20 @@ def guarded(handler: Handler) -> Handler:
     async def run(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
-        except JsonRpcError as error:
-            return error_response(error, NO_CHARGE)
-        except (asyncio.CancelledError, ConnectionResetError):
+        except ConnectionResetError:
             raise
-        except Exception:
-            log.exception("internal error serving %s", request.path)
-            return error_response(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
+        except Exception as exc:
+            return failure_response(request, exc)
 
     return run
+
+
+def failure_response(request: web.Request, exc: Exception) -> web.Response:
+    """A JsonRpcError as its own response; anything else as -32603, with the details in the log only."""
+    if isinstance(exc, JsonRpcError):
+        return error_response(exc, NO_CHARGE)
+    log.exception("internal error serving %s", request.path)
+    return error_response(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
 
 
 async def fallback(request: web.Request) -> web.StreamResponse:
@@ -75,17 +80,17 @@ async def fallback(request: web.Request) -> web.StreamResponse:
     return error_response(JsonRpcError(INVALID_REQUEST, _HTTP_ERRORS[status], http_status=status), NO_CHARGE)
 
 
-@guarded
 async def rpc_handler(request: web.Request) -> web.StreamResponse:
+    # guarded() written out: one coroutine fewer on the path every cache hit takes.
     app = request.app
     gateway, metrics = app[GATEWAY], app[METRICS]
-    match = request.match_info
-    api_key = match.get("api_key", "")
-    if not gateway.authorized(api_key):
-        return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
-    network = gateway.network_for(request.host, match.get("network"))
     metrics.inflight.inc()
     try:
+        match = request.match_info
+        api_key = match.get("api_key", "")
+        if not gateway.authorized(api_key):
+            return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+        network = gateway.network_for(request.host, match.get("network"))
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -95,6 +100,10 @@ async def rpc_handler(request: web.Request) -> web.StreamResponse:
                 NO_CHARGE,
             )
         return json_response(await gateway.handle(body, api_key, network))
+    except ConnectionResetError:
+        raise
+    except Exception as exc:
+        return failure_response(request, exc)
     finally:
         metrics.inflight.dec()
 

@@ -137,13 +137,10 @@ class TieredCache:
             for tier in ("memory", "redis") for result in ("hit", "miss")
         }
 
-    def count_memory_hit(self) -> None:
-        self._lookups["memory", "hit"].inc()
-
     async def get(self, key: str) -> bytes | None:
         entry = self.memory.get(key)
         if entry is not None:
-            self.count_memory_hit()
+            self._lookups["memory", "hit"].inc()
             return entry[0]
         self._lookups["memory", "miss"].inc()
         if self.shared is None:

@@ -25,9 +25,12 @@ from .jsonrpc import (
 )
 from .methods import family_of, metric_label
 from .metrics import Metrics
-from .service import NetworkRuntime, Outcome, Prepared, Service
+from .service import BYPASS, HIT, NetworkRuntime, Outcome, Prepared, Service
 
 log = logging.getLogger("proxy.access")
+
+# A memory hit found on the hot path: id, method, network, payload, is_error, credits.
+_Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int]
 
 
 @dataclass(slots=True)
@@ -85,31 +88,30 @@ class Gateway:
             return chosen
         return None
 
+    def _default_for(self, method: str) -> NetworkRuntime | None:
+        name = self._settings.default_network.get(family_of(method))
+        return self._service.networks[name] if name is not None else None
+
     def _route(self, call: Call, network: NetworkRuntime | None) -> NetworkRuntime:
-        if network is not None:
-            return network
-        family = family_of(call.method)
-        name = self._settings.default_network.get(family)
-        if name is None:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family} network is configured")
-        return self._service.networks[name]
+        runtime = network or self._default_for(call.method)
+        if runtime is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family_of(call.method)} network is configured")
+        return runtime
 
     # --- one body -----------------------------------------------------------------------
 
     async def handle(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply:
         started = time.perf_counter()
         request_id = next(self._ids)
+        hot = self._cached_single(body, network)
+        if hot is not None:
+            return await self._serve_hit(*hot, api_key, request_id, started)
         try:
             parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
             self._metrics.child(self._metrics.requests, "none", "invalid", "invalid").inc()
             balance = None if self._open else await self.remaining(api_key)
             return self._reply(jsonrpc.encode_error(None, error), error.http_status, 0, balance, None)
-
-        if not parsed.batch:
-            hot = await self._cached_single(parsed.entries[0], api_key, network, request_id, started)
-            if hot is not None:
-                return hot
 
         slots: list[Prepared | Outcome] = []
         for entry in parsed.entries:
@@ -166,35 +168,50 @@ class Gateway:
         extra = outcome.error.headers if outcome.error is not None else {}
         return self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
 
-    async def _cached_single(
-        self, entry: Call | Invalid, api_key: str, network: NetworkRuntime | None, request_id: int, started: float,
-    ) -> Reply | None:
-        """The hot path: one call already answered from memory for this head. None: take the general path.
+    def _cached_single(self, body: bytes | str, network: NetworkRuntime | None) -> _Hit | None:
+        """The hot path: a plain single call already answered from memory for this head, straight from
+        the raw body. None: take the general path, which judges everything this path passes over.
 
-        Only a request that passed validation on this network before has a memoized plan, so
-        nothing is skipped that could change the answer; credits, metrics and logs are the same.
+        Only params that passed validation on this network before have a memoized plan, so nothing
+        is skipped that could change the answer; credits, metrics and logs are the same.
         """
-        if not isinstance(entry, Call) or entry.notification:
+        plain = jsonrpc.plain_call(body)
+        if plain is None:
             return None
-        try:
-            runtime = self._route(entry, network)
-        except JsonRpcError:
+        rid, method, params = plain
+        runtime = network or self._default_for(method)
+        if runtime is None:
             return None
-        hit = self._service.memory_hit(entry, runtime)
+        hit = self._service.memory_hit(method, params, runtime)
         if hit is None:
             return None
-        outcome, credits = hit
+        return rid, method, runtime, *hit
+
+    async def _serve_hit(
+        self, rid: int | str, method: str, runtime: NetworkRuntime, payload: bytes, is_error: bool, credits: int,
+        api_key: str, request_id: int, started: float,
+    ) -> Reply:
         cost = 0 if self._open else credits
         remaining = None
+        metrics = self._metrics
         if cost:
             refusal, remaining = await self._charge(api_key, cost)
-            if refusal is not None:
-                return None  # nothing was debited: the general path refuses it the same way
-            self._metrics.child(self._metrics.key_credits_charged, api_key).inc(cost)
-        self._service.record_hit(runtime, entry.method, credits, time.perf_counter() - started)
-        self._account_call(runtime.name, entry.method, outcome, cost, request_id)
-        encode = jsonrpc.encode_error_object if outcome.is_error else jsonrpc.encode_result
-        return self._reply(encode(entry.id, outcome.payload), 200, cost, remaining, outcome.cache)
+            if refusal is not None:  # nothing was debited, nothing is served
+                self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
+                return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
+                                   refusal.headers)
+            metrics.child(metrics.key_credits_charged, api_key).inc(cost)
+            metrics.child(metrics.credits_charged, method).inc(cost)
+        # The counts execute() and _account_call() make for a hit, through cells found once.
+        cells = metrics.hit_cells(runtime.name, method, is_error)
+        cells.memory_hit.inc()
+        cells.saved.inc(credits)
+        cells.seconds.observe(time.perf_counter() - started)
+        cells.requests.inc()
+        if log.isEnabledFor(logging.INFO):
+            self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
+        encoded = jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
+        return self._reply(encoded, 200, cost, remaining, HIT)
 
     async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
         config = (self._settings.api_keys or {}).get(api_key)
@@ -250,15 +267,19 @@ class Gateway:
             metrics.child(metrics.credits_charged, label).inc(credits)
         metrics.child(metrics.requests, network, label, result).inc()
         if log.isEnabledFor(logging.INFO):
-            log.info(
-                "call", extra={
-                    "request_id": f"{self._id_prefix}{request_id:x}", "network": network, "method": label,
-                    "outcome": result,
-                    "cache": outcome.cache if network != "none" else None,
-                    "upstream_ms": None if outcome.upstream_seconds is None
-                    else round(outcome.upstream_seconds * 1000, 2),
-                },
-            )
+            cache = outcome.cache if network != "none" else None
+            self._log_call(request_id, network, label, result, cache, outcome.upstream_seconds)
+
+    def _log_call(
+        self, request_id: int, network: str, label: str, result: str, cache: str | None, upstream: float | None
+    ) -> None:
+        log.info(
+            "call", extra={
+                "request_id": f"{self._id_prefix}{request_id:x}", "network": network, "method": label,
+                "outcome": result, "cache": cache,
+                "upstream_ms": None if upstream is None else round(upstream * 1000, 2),
+            },
+        )
 
     def _reply(
         self, body: bytes | None, status: int, charged: int, remaining: int | None, cache: str | None,

@@ -129,6 +129,26 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
     return Body([entry], batch=False)
 
 
+def plain_call(body: bytes | str) -> tuple[int | str, str, list[Any]] | None:
+    """A single request that is plainly valid (a dict, "2.0", an int or string id, a string method,
+    an array of params), or None for anything else, valid or not, which `parse_body` then judges.
+
+    The strict subset the cache-hit path accepts without building a `Body`; it loosens nothing.
+    """
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict or obj.get("jsonrpc") != "2.0":
+        return None
+    rid, method, params = obj.get("id"), obj.get("method"), obj.get("params")
+    if isinstance(rid, bool) or not isinstance(rid, (int, str)):
+        return None
+    if type(method) is not str or type(params) is not list:
+        return None
+    return rid, method, params
+
+
 _HEAD = b'{"jsonrpc":"2.0","id":'
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -91,6 +92,14 @@ class _Local:
         yield family
 
 
+@dataclass(slots=True)
+class HitCells:
+    requests: Any
+    seconds: Any
+    memory_hit: Any
+    saved: Any
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -164,6 +173,19 @@ class Metrics:
         )
         self.redis_up = Gauge("rpc_proxy_redis_up", "1 while Redis answers, 0 while it is skipped.", registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
+
+    def hit_cells(self, network: str, method: str, is_error: bool) -> HitCells:
+        """The cells one memory hit updates, found once per label set for the hot path."""
+        cells = self._hit_cells.get((network, method, is_error))
+        if cells is None:
+            cells = self._hit_cells[network, method, is_error] = HitCells(
+                requests=self.requests.labels(network, method, "error" if is_error else "ok"),
+                seconds=self.request_seconds.labels(network, method, "HIT"),
+                memory_hit=self.cache_lookups.labels("memory", "hit"),
+                saved=self.credits_saved.labels(network, method),
+            )
+        return cells
 
     def child(self, metric: Any, *labels: str) -> Any:
         """metric.labels(*labels), looked up once per label set: the hot path calls this per request."""

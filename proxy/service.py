@@ -181,30 +181,24 @@ class Service:
 
     # --- the read-through flow ----------------------------------------------------------
 
-    def memory_hit(self, call: Call, net: NetworkRuntime) -> tuple[Outcome, int] | None:
-        """The answer to a call seen before, if its plan holds for the current head and memory has it.
+    def memory_hit(self, method: str, params: list[Any], net: NetworkRuntime) -> tuple[bytes, bool, int] | None:
+        """(payload, is_error, credits) for a call seen before, if its plan holds for the current head
+        and memory has the answer. A plan exists only for params that passed validation on this network.
 
-        Nothing is counted here: the caller records the hit with `record_hit` once it is paid for.
+        Nothing is counted here: the caller counts the hit once it is paid for.
         """
-        policy = POLICIES.get(call.method)
-        if policy is None or policy.credits is None or type(call.params) is not list:
+        policy = POLICIES.get(method)
+        if policy is None or policy.credits is None:
             return None
-        raw = dumps(call.params)
-        plan = self._plans.get((net.name, call.method, raw)) if len(raw) <= MEMO_MAX_PARAMS else None
+        raw = dumps(params)
+        plan = self._plans.get((net.name, method, raw)) if len(raw) <= MEMO_MAX_PARAMS else None
         if plan is None or plan.head is not net.tracker.head:
             return None
         entry = self._cache.memory.get(plan.key)
         if entry is None:
             return None
-        payload, is_error = decode_value(entry[0])
-        return Outcome(payload, is_error, HIT), policy.credits
-
-    def record_hit(self, net: NetworkRuntime, method: str, credits: int, seconds: float) -> None:
-        """Count a memory hit served by the gateway's hot path, as `execute` counts its own."""
-        metrics = self._metrics
-        self._cache.count_memory_hit()
-        metrics.child(metrics.credits_saved, net.name, method).inc(credits)
-        metrics.child(metrics.request_seconds, net.name, method, HIT).observe(seconds)
+        value = entry[0]
+        return value[1:], value[:1] == b"e", policy.credits
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()

@@ -213,5 +213,6 @@ async def test_a_hit_refused_for_credits_is_neither_served_nor_counted(keyed: Pr
     assert (hits, saved) == (11, 11 * 80)
     status, reply, headers = await keyed.post(storage(), key="alice")
     assert status == 402 and "result" not in reply and headers["X-Credits-Charged"] == "0"
+    assert headers["X-Cache"] == "BYPASS" and reply["error"]["code"] == -32005
     assert keyed.metric("rpc_proxy_cache_lookups_total", tier="memory", result="hit") == hits
     assert keyed.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getStorageAt") == saved
