@@ -103,9 +103,11 @@ class Gateway:
     async def handle(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply:
         started = time.perf_counter()
         request_id = next(self._ids)
-        hot = self._cached_single(body, network)
-        if hot is not None:
-            return await self._serve_hit(*hot, api_key, request_id, started)
+        hit = self._cached_single(body, network)
+        if hit is not None:
+            if self._open:  # nothing to charge, so nothing to await
+                return self._serve_hit(hit, 0, None, request_id, started)
+            return await self._paid_hit(hit, api_key, request_id, started)
         try:
             parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
@@ -187,23 +189,22 @@ class Gateway:
             return None
         return rid, method, runtime, *hit
 
-    async def _serve_hit(
-        self, rid: int | str, method: str, runtime: NetworkRuntime, payload: bytes, is_error: bool, credits: int,
-        api_key: str, request_id: int, started: float,
-    ) -> Reply:
-        cost = 0 if self._open else credits
-        remaining = None
+    async def _paid_hit(self, hit: _Hit, api_key: str, request_id: int, started: float) -> Reply:
+        rid, method, runtime, _payload, _is_error, credits = hit
+        refusal, remaining = await self._charge(api_key, credits)
+        if refusal is not None:  # nothing was debited, nothing is served
+            self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
+            return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
+                               refusal.headers)
         metrics = self._metrics
-        if cost:
-            refusal, remaining = await self._charge(api_key, cost)
-            if refusal is not None:  # nothing was debited, nothing is served
-                self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
-                return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
-                                   refusal.headers)
-            metrics.child(metrics.key_credits_charged, api_key).inc(cost)
-            metrics.child(metrics.credits_charged, method).inc(cost)
+        metrics.child(metrics.key_credits_charged, api_key).inc(credits)
+        metrics.child(metrics.credits_charged, method).inc(credits)
+        return self._serve_hit(hit, credits, remaining, request_id, started)
+
+    def _serve_hit(self, hit: _Hit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
+        rid, method, runtime, payload, is_error, credits = hit
         # The counts execute() and _account_call() make for a hit, through cells found once.
-        cells = metrics.hit_cells(runtime.name, method, is_error)
+        cells = self._metrics.hit_cells(runtime.name, method, is_error)
         cells.memory_hit.inc()
         cells.saved.inc(credits)
         cells.seconds.observe(time.perf_counter() - started)
