@@ -16,8 +16,10 @@ NO_CHARGE = {"X-Credits-Charged": "0"}
 def json_response(reply: Reply) -> web.Response:
     if reply.body is None:
         return web.Response(status=reply.status, headers=reply.headers)
-    return web.Response(body=reply.body, status=reply.status, headers=reply.headers,
-                        content_type="application/json")
+    # Set in the (fresh) headers dict rather than through content_type=: aiohttp then has nothing
+    # to parse or merge, which the cache-hit path notices.
+    reply.headers["Content-Type"] = "application/json"
+    return web.Response(body=reply.body, status=reply.status, headers=reply.headers)
 
 
 def error_response(error: JsonRpcError, headers: Mapping[str, str] | None = None) -> web.Response:
