@@ -129,12 +129,19 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
     return Body([entry], batch=False)
 
 
+PLAIN_MAX_BYTES = 1024
+
+
 def plain_call(body: bytes | str) -> tuple[int | str, str, list[Any]] | None:
     """A single request that is plainly valid (a dict, "2.0", an int or string id, a string method,
     an array of params), or None for anything else, valid or not, which `parse_body` then judges.
 
     The strict subset the cache-hit path accepts without building a `Body`; it loosens nothing.
+    Batches and long bodies are never plain calls (memoized params are short): they are not parsed
+    here, so they are parsed once, by `parse_body`.
     """
+    if len(body) > PLAIN_MAX_BYTES or body[:1] in (b"[", "["):
+        return None
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:

@@ -169,3 +169,19 @@ async def test_health_and_readiness(evm_proxy: Proxy) -> None:
         assert resp.status == 200
     async with evm_proxy.session.get(evm_proxy.base + "/readyz") as resp:
         assert resp.status == 200 and (await resp.json())["networks"] == {"evm": "ok"}
+
+
+class TestPlainCall:
+    def test_a_plain_single_call_is_recognised(self) -> None:
+        assert jsonrpc.plain_call(b'{"jsonrpc":"2.0","id":7,"method":"m","params":[1]}') == (7, "m", [1])
+
+    def test_anything_else_is_left_to_parse_body(self) -> None:
+        for body in (b'[{"jsonrpc":"2.0","id":1,"method":"m","params":[]}]',  # a batch
+                     b'{"jsonrpc":"2.0","method":"m","params":[]}',  # a notification
+                     b'{"jsonrpc":"2.0","id":true,"method":"m","params":[]}',  # a bool id
+                     b'{"jsonrpc":"2.0","id":1.5,"method":"m","params":[]}',  # valid, but not plain
+                     b'{"jsonrpc":"2.0","id":1,"method":"m","params":{}}',
+                     b'{"jsonrpc":"1.0","id":1,"method":"m","params":[]}',
+                     b'{"jsonrpc":"2.0","id":1,"method":"m","params":["' + b"x" * 2000 + b'"]}',
+                     b"{not json"):
+            assert jsonrpc.plain_call(body) is None, body[:40]
