@@ -9,13 +9,19 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.support import Anvil, free_port, wait_until
+from tests.support import DEV_ACCOUNT, Anvil, free_port, wait_until
 
 
 def _post(url: str, body: dict[str, object]) -> dict[str, object]:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=10) as response:
         return dict(json.loads(response.read()))
+
+
+def _cache_of(url: str, body: dict[str, object]) -> str:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(response.headers["X-Cache"])
 
 
 def _ready(port: int) -> bool:
@@ -29,13 +35,18 @@ def _ready(port: int) -> bool:
 def test_python_m_proxy_serves_a_request_from_anvil(anvil: Anvil) -> None:
     port = free_port()
     env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "LOG_FORMAT": "json",
-           "ACCESS_LOG": "true"}
+           "ACCESS_LOG": "true", "HEAD_POLL_INTERVAL": "0.05"}
     proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: _ready(port), 15, "the proxy to listen")
-        reply = _post(f"http://127.0.0.1:{port}/v3/any-key", {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"})
+        url = f"http://127.0.0.1:{port}/v3/any-key"
+        reply = _post(url, {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"})
         assert reply == {"jsonrpc": "2.0", "id": 1, "result": "0x7a69"}
+        anvil.mine(70)
+        storage = {"jsonrpc": "2.0", "id": 2, "method": "eth_getStorageAt", "params": [DEV_ACCOUNT, "0x0", "0x1"]}
+        # Once the tracker has the new head, block 1 is final: the first ask fills, the next hit.
+        wait_until(lambda: _cache_of(url, storage) == "HIT", 15, "a cache hit")
     finally:
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=15)
@@ -43,6 +54,8 @@ def test_python_m_proxy_serves_a_request_from_anvil(anvil: Anvil) -> None:
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert any("running open" in line["msg"] for line in lines)  # said at startup
     assert any(line.get("method") == "eth_chainId" and "request_id" in line for line in lines)
+    hits = [line for line in lines if line.get("method") == "eth_getStorageAt" and line.get("cache") == "HIT"]
+    assert hits and hits[-1]["outcome"] == "ok" and "request_id" in hits[-1]
     assert anvil.url not in err
 
 
