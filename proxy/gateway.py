@@ -25,7 +25,7 @@ from .jsonrpc import (
 )
 from .methods import family_of, metric_label
 from .metrics import Metrics
-from .service import BYPASS, HIT, NetworkRuntime, Outcome, Prepared, Service
+from .service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
 
 log = logging.getLogger("proxy.access")
 
@@ -61,6 +61,10 @@ class Gateway:
         self._now = wall_clock
         self._open = settings.open_mode
         self._by_host = {h: rt for rt in service.networks.values() for h in rt.config.hosts}
+        # Host header -> network, remembered: a deployment sees a handful of Host values. Bounded,
+        # since the header is the client's to choose.
+        self._host_routes: Memo[str, NetworkRuntime | None] = Memo(1024)
+        self._open_hit_headers = {"X-Credits-Charged": "0", "X-Credits-Remaining": "unlimited", "X-Cache": HIT}
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
 
@@ -74,19 +78,27 @@ class Gateway:
         """spec order: the Host header's first label, then a path prefix; None: route by method family."""
         networks = self._service.networks
         if host:
-            hostname = host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host
-            declared = self._by_host.get(hostname)
-            if declared is not None:
-                return declared
-            first, dot, _ = hostname.partition(".")
-            if dot and first in networks:
-                return networks[first]
+            try:
+                by_host = self._host_routes[host]
+            except KeyError:  # a Host value not seen before
+                by_host = self._host_routes[host] = self._route_host(host)
+            if by_host is not None:
+                return by_host
         if path_network is not None:
             chosen = networks.get(path_network)
             if chosen is None:
                 raise JsonRpcError(INVALID_REQUEST, f"unknown network '{path_network}'", http_status=404)
             return chosen
         return None
+
+    def _route_host(self, host: str) -> NetworkRuntime | None:
+        """The network a Host header names, if any: a declared host name, or a first label."""
+        hostname = host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host
+        declared = self._by_host.get(hostname)
+        if declared is not None:
+            return declared
+        first, dot, _ = hostname.partition(".")
+        return self._service.networks.get(first) if dot else None
 
     def _default_for(self, method: str) -> NetworkRuntime | None:
         name = self._settings.default_network.get(family_of(method))
@@ -212,6 +224,8 @@ class Gateway:
         if log.isEnabledFor(logging.INFO):
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         encoded = jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
+        if self._open:
+            return Reply(encoded, 200, dict(self._open_hit_headers))  # what _reply builds, prebuilt
         return self._reply(encoded, 200, cost, remaining, HIT)
 
     async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
