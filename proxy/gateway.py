@@ -114,7 +114,7 @@ class Gateway:
 
     async def handle(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply:
         started = time.perf_counter()
-        request_id = next(self._ids)
+        request_id = next(self._ids) if log.isEnabledFor(logging.INFO) else 0  # only log lines use it
         hit = self._cached_single(body, network)
         if hit is not None:
             if self._open:  # nothing to charge, so nothing to await

@@ -159,20 +159,17 @@ def plain_call(body: bytes | str) -> tuple[int | str, str, list[Any]] | None:
 _HEAD = b'{"jsonrpc":"2.0","id":'
 
 
-def encode_id(rid: Id) -> bytes:
-    return orjson.dumps(rid)
-
-
 def encode_result(rid: Id, result: bytes) -> bytes:
-    return _HEAD + encode_id(rid) + b',"result":' + result + b"}"
+    # One join: the (possibly large) result is copied once, not once per concatenation.
+    return b"".join((_HEAD, orjson.dumps(rid), b',"result":', result, b"}"))
 
 
 def encode_error(rid: Id, error: JsonRpcError) -> bytes:
-    return _HEAD + encode_id(rid) + b',"error":' + error.encode() + b"}"
+    return encode_error_object(rid, error.encode())
 
 
 def encode_error_object(rid: Id, error_object: bytes) -> bytes:
-    return _HEAD + encode_id(rid) + b',"error":' + error_object + b"}"
+    return b"".join((_HEAD, orjson.dumps(rid), b',"error":', error_object, b"}"))
 
 
 def encode_batch(parts: list[bytes]) -> bytes:
