@@ -224,37 +224,39 @@ class HttpUpstream:
             task.add_done_callback(self._deliveries.discard)
 
     async def _deliver(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+        # Every waiter is answered whatever happens here, so no caller is left waiting forever.
+        failure: Exception = JsonRpcError(
+            UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' (call abandoned)", http_status=502
+        )
         try:
             if len(group) == 1:
                 method, params, _ = group[0]
                 answers = [await self._single(method, params, None)]
             else:
-                answers = await self._batch(
-                    [(m, p) for m, p, _ in group], label="auto_batch", per_call_labels=True, split_if_refused=True
-                )
-        except JsonRpcError as error:
+                answers = await self._batch([(m, p) for m, p, _ in group], auto=True)
+            for (_, _, waiter), answer in zip(group, answers, strict=True):
+                if not waiter.done():
+                    waiter.set_result(answer)
+        except Exception as error:  # the upstream's JsonRpcError, or a fault of ours: each caller hears it
+            failure = error
+        finally:
             for _, _, waiter in group:
                 if not waiter.done():
-                    waiter.set_exception(error)
-            return
-        for (_, _, waiter), answer in zip(group, answers, strict=True):
-            if not waiter.done():
-                waiter.set_result(answer)
+                    waiter.set_exception(failure)
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
-        return await self._batch(calls, label="batch")
+        return await self._batch(calls)
 
-    async def _batch(
-        self, calls: Sequence[tuple[str, Any]], *, label: str, per_call_labels: bool = False,
-        split_if_refused: bool = False,
-    ) -> list[Answer]:
+    async def _batch(self, calls: Sequence[tuple[str, Any]], *, auto: bool = False) -> list[Answer]:
+        """One JSON-RPC batch. `auto`: an auto-batch of callers' reads, observed per call and split
+        into single calls for a node that refuses batches; otherwise the tracker's own batch."""
         base = self._next_id + 1
         self._next_id += len(calls)
         body = jsonrpc.dumps([
             {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
         ])
-        reply, seconds, index = await self._send(body, None if per_call_labels else label, None)
-        if not isinstance(reply, list) and split_if_refused:
+        reply, seconds, index = await self._send(body, None if auto else "batch", None)
+        if not isinstance(reply, list) and auto:
             # A node that does not take batches answers with one error object: ask one by one.
             return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
         if not isinstance(reply, list):
@@ -267,7 +269,7 @@ class HttpUpstream:
             if item is None:
                 item = {"error": {"code": UPSTREAM_UNAVAILABLE, "message": "missing from upstream batch reply"}}
             answers.append(Answer.from_response(item, seconds))
-        if per_call_labels:  # each call's latency is its batch's, under its own method
+        if auto:  # each call's latency is its batch's, under its own method
             for method, _ in calls:
                 self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
                                     ).observe(seconds)

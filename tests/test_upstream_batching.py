@@ -7,11 +7,15 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry
 
+from proxy.metrics import Metrics
+from proxy.upstream import Answer, HttpUpstream
 from tests.support import Anvil, Proxy, free_port, settings_for, start_proxy, word
 
 STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
@@ -113,3 +117,23 @@ async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: An
             await proxy.close()
     assert [r["id"] for r in replies] == list(range(5))
     assert all(r["error"]["code"] == -32002 for r in replies)
+
+
+class FaultyBatches(HttpUpstream):
+    """An upstream whose batch path fails with a plain exception (a bug, not a node error)."""
+
+    async def _batch(self, calls: Any, *, auto: bool = False) -> list[Answer]:
+        raise RuntimeError("broken batch path")
+
+
+async def test_a_fault_in_a_batch_reaches_every_caller_and_none_waits_forever() -> None:
+    upstream = FaultyBatches("evm", ["http://127.0.0.1:9"], timeout=1, metrics=Metrics(CollectorRegistry()),
+                             batch_max=10)
+    try:
+        results = await asyncio.wait_for(asyncio.gather(
+            *(upstream.request("eth_getStorageAt", ["0x" + "11" * 20, hex(i), "0x1"]) for i in range(3)),
+            return_exceptions=True,
+        ), timeout=5)
+    finally:
+        await upstream.close()
+    assert all(isinstance(r, RuntimeError) for r in results)
