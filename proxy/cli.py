@@ -94,8 +94,7 @@ async def _keys_usage(raw: dict[str, str], key: str) -> int:
         raise ConfigError("keys usage reads the shared ledger: set REDIS_URL")
     if settings.api_keys is not None and key not in settings.api_keys:
         raise ConfigError(f"key {key!r} is not configured in API_KEYS or API_KEYS_FILE")
-    config = (settings.api_keys or {}).get(key)
-    daily = config.daily_credits if config and config.daily_credits else settings.daily_credits
+    daily = settings.daily_credits_for(key)
     link = RedisLink(connect(settings.redis_url, max(settings.redis_timeout, 2.0)),
                      timeout=max(settings.redis_timeout, 2.0), metrics=Metrics(CollectorRegistry()))
     now = time.time()

@@ -79,6 +79,16 @@ class Settings:
     def open_mode(self) -> bool:
         return self.api_keys is None
 
+    def daily_credits_for(self, api_key: str) -> int:
+        """The key's own daily_credits, else DAILY_CREDITS."""
+        config = (self.api_keys or {}).get(api_key)
+        return config.daily_credits if config and config.daily_credits else self.daily_credits
+
+    def credits_per_second_for(self, api_key: str) -> int | None:
+        """The key's own credits_per_second, else CREDITS_PER_SECOND (None: no limit)."""
+        config = (self.api_keys or {}).get(api_key)
+        return config.credits_per_second if config and config.credits_per_second else self.credits_per_second
+
 
 # --- the settings table: env name, CLI flag, help. cli.py builds flags from it; ---
 # --- .env.example and README.md document every entry (a test keeps them in step). ---

@@ -64,7 +64,6 @@ class Gateway:
         # Host header -> network, remembered: a deployment sees a handful of Host values. Bounded,
         # since the header is the client's to choose.
         self._host_routes: Memo[str, NetworkRuntime | None] = Memo(1024)
-        self._open_hit_headers = {"X-Credits-Charged": "0", "X-Credits-Remaining": "unlimited", "X-Cache": HIT}
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
 
@@ -224,15 +223,11 @@ class Gateway:
         if log.isEnabledFor(logging.INFO):
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         encoded = jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
-        if self._open:
-            return Reply(encoded, 200, dict(self._open_hit_headers))  # what _reply builds, prebuilt
         return self._reply(encoded, 200, cost, remaining, HIT)
 
     async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
-        config = (self._settings.api_keys or {}).get(api_key)
-        daily = config.daily_credits if config and config.daily_credits else self._settings.daily_credits
-        per_second = config.credits_per_second if config and config.credits_per_second else None
-        per_second = per_second or self._settings.credits_per_second
+        daily = self._settings.daily_credits_for(api_key)
+        per_second = self._settings.credits_per_second_for(api_key)
         now = self._now()
         debit = await self._ledger.debit(api_key, cost, daily=daily, per_second=per_second, now=now)
         if debit.verdict is Verdict.EXHAUSTED:
@@ -316,8 +311,7 @@ class Gateway:
         """Today's remaining balance, for responses that charged nothing."""
         if self._open:
             return None
-        config = (self._settings.api_keys or {}).get(api_key)
-        daily = config.daily_credits if config and config.daily_credits else self._settings.daily_credits
+        daily = self._settings.daily_credits_for(api_key)
         try:
             used = await self._ledger.used(api_key, now=self._now())
         except Exception:

@@ -111,6 +111,12 @@ class Memo(dict[K, V]):
         super().__setitem__(key, value)
 
 
+def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, str, bytes] | None:
+    """The memo key of a request as it arrived; None for params too large to be worth remembering."""
+    raw = dumps(params)
+    return (net.name, method, raw) if len(raw) <= MEMO_MAX_PARAMS else None
+
+
 def encode_value(answer: Answer) -> bytes:
     return (b"e" if answer.is_error else b"r") + answer.payload
 
@@ -165,9 +171,7 @@ class Service:
         if policy is not None and policy.validate is not None:
             if not isinstance(params, list):
                 raise invalid_params("params", "expected an array of positional parameters")
-            raw = dumps(params)
-            if len(raw) <= MEMO_MAX_PARAMS:
-                fingerprint = (network.name, method, raw)
+            fingerprint = _fingerprint(network, method, params)
             memo = self._validated.get(fingerprint) if fingerprint else None
             if memo is None:
                 params = policy.validate(params, self._rules)
@@ -190,15 +194,14 @@ class Service:
         policy = POLICIES.get(method)
         if policy is None or policy.credits is None:
             return None
-        raw = dumps(params)
-        plan = self._plans.get((net.name, method, raw)) if len(raw) <= MEMO_MAX_PARAMS else None
+        fingerprint = _fingerprint(net, method, params)
+        plan = self._plans.get(fingerprint) if fingerprint else None
         if plan is None or plan.head is not net.tracker.head:
             return None
         entry = self._cache.memory.get(plan.key)
         if entry is None:
             return None
-        value = entry[0]
-        return value[1:], value[:1] == b"e", policy.credits
+        return *decode_value(entry[0]), policy.credits
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()
