@@ -80,32 +80,56 @@ async def fallback(request: web.Request) -> web.StreamResponse:
     return error_response(JsonRpcError(INVALID_REQUEST, _HTTP_ERRORS[status], http_status=status), NO_CHARGE)
 
 
-async def rpc_handler(request: web.Request) -> web.StreamResponse:
-    # guarded() written out: one coroutine fewer on the path every cache hit takes.
-    app = request.app
-    gateway, metrics = app[GATEWAY], app[METRICS]
-    metrics.inflight.inc()
-    try:
-        match = request.match_info
-        api_key = match.get("api_key", "")
-        if not gateway.authorized(api_key):
-            return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
-        network = gateway.network_for(request.host, match.get("network"))
+def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handler:
+    """The JSON-RPC POST handler, bound to its collaborators (no app lookups per request)."""
+    inflight = metrics.inflight
+
+    def too_large() -> web.Response:
+        error = JsonRpcError(INVALID_REQUEST, f"request body too large: the limit is {max_body_bytes} bytes",
+                             http_status=413)
+        return error_response(error, NO_CHARGE)
+
+    async def awaited(
+        request: web.Request, body: bytes | None, api_key: str, network: NetworkRuntime | None, memory_checked: bool,
+    ) -> web.StreamResponse:
+        """Everything that awaits: counted in flight while it runs."""
+        inflight.inc()
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            limit = app[SETTINGS].max_body_bytes
-            return error_response(
-                JsonRpcError(INVALID_REQUEST, f"request body too large: the limit is {limit} bytes", http_status=413),
-                NO_CHARGE,
-            )
-        return json_response(await gateway.handle(body, api_key, network))
-    except ConnectionResetError:
-        raise
-    except Exception as exc:
-        return failure_response(request, exc)
-    finally:
-        metrics.inflight.dec()
+            if body is None:
+                try:
+                    body = await request.read()
+                except web.HTTPRequestEntityTooLarge:
+                    return too_large()
+            return json_response(await gateway.handle(body, api_key, network, memory_checked=memory_checked))
+        finally:
+            inflight.dec()
+
+    async def rpc_handler(request: web.Request) -> web.StreamResponse:
+        # guarded() written out: one coroutine fewer on the path every cache hit takes.
+        try:
+            match = request.match_info
+            api_key = match.get("api_key", "")
+            if not gateway.authorized(api_key):
+                return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+            network = gateway.network_for(request.host, match.get("network"))
+            content = request.content
+            if not content.is_eof():  # the body is still arriving
+                return await awaited(request, None, api_key, network, False)
+            body = content.read_nowait()  # the whole body is here (the usual case): no await
+            if len(body) > max_body_bytes:
+                return too_large()
+            # An open-mode cache hit is answered right here. It never yields to the loop, so no
+            # scrape could ever see it in flight, and the in-flight gauge is left alone.
+            reply = gateway.open_hit(body, network)
+            if reply is not None:
+                return json_response(reply)
+            return await awaited(request, body, api_key, network, gateway.open_mode)
+        except ConnectionResetError:
+            raise
+        except Exception as exc:
+            return failure_response(request, exc)
+
+    return rpc_handler
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -209,6 +233,7 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
+    rpc_handler = rpc_route(gateway, metrics, settings.max_body_bytes)
     for prefix in ("", "/{network}"):
         app.router.add_post(prefix + "/v3/{api_key}", rpc_handler)
         app.router.add_get(prefix + "/ws/v3/{api_key}", guarded(websocket_handler))

@@ -24,13 +24,13 @@ from .jsonrpc import (
     JsonRpcError,
 )
 from .methods import family_of, metric_label
-from .metrics import Metrics
+from .metrics import HitCells, Metrics
 from .service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
 
 log = logging.getLogger("proxy.access")
 
-# A memory hit found on the hot path: id, method, network, payload, is_error, credits.
-_Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int]
+# A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
+_Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
 
 
 @dataclass(slots=True)
@@ -59,13 +59,15 @@ class Gateway:
         self._ledger = ledger
         self._metrics = metrics
         self._now = wall_clock
-        self._open = settings.open_mode
+        self._open = self.open_mode = settings.open_mode
         self._by_host = {h: rt for rt in service.networks.values() for h in rt.config.hosts}
-        # Host header -> network, remembered: a deployment sees a handful of Host values. Bounded,
-        # since the header is the client's to choose.
-        self._host_routes: Memo[str, NetworkRuntime | None] = Memo(1024)
+        # Host header -> network, and method -> default network, remembered: a deployment sees a
+        # handful of each. Bounded, since both are the client's to choose.
+        self._host_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._route_host)
+        self._default_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._default_for)
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
+        self._open_hit_headers = self._reply(None, 200, 0, None, HIT).headers
 
     # --- routing and auth ---------------------------------------------------------------
 
@@ -77,10 +79,7 @@ class Gateway:
         """spec order: the Host header's first label, then a path prefix; None: route by method family."""
         networks = self._service.networks
         if host:
-            try:
-                by_host = self._host_routes[host]
-            except KeyError:  # a Host value not seen before
-                by_host = self._host_routes[host] = self._route_host(host)
+            by_host = self._host_routes[host]
             if by_host is not None:
                 return by_host
         if path_network is not None:
@@ -104,17 +103,30 @@ class Gateway:
         return self._service.networks[name] if name is not None else None
 
     def _route(self, call: Call, network: NetworkRuntime | None) -> NetworkRuntime:
-        runtime = network or self._default_for(call.method)
+        runtime = network or self._default_routes[call.method]
         if runtime is None:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family_of(call.method)} network is configured")
         return runtime
 
     # --- one body -----------------------------------------------------------------------
 
-    async def handle(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply:
+    def open_hit(self, body: bytes | str, network: NetworkRuntime | None) -> Reply | None:
+        """In open mode, a memory hit answered without awaiting anything (there is nothing to charge);
+        None for everything else, which `handle(..., memory_checked=True)` then serves."""
+        if not self._open:
+            return None
         started = time.perf_counter()
-        request_id = next(self._ids) if log.isEnabledFor(logging.INFO) else 0  # only log lines use it
         hit = self._cached_single(body, network)
+        if hit is None:
+            return None
+        return self._serve_hit(hit, 0, None, next(self._ids) if log.isEnabledFor(logging.INFO) else 0, started)
+
+    async def handle(
+        self, body: bytes | str, api_key: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
+    ) -> Reply:
+        started = time.perf_counter()
+        request_id = next(self._ids) if log.isEnabledFor(logging.INFO) else 0  # 0: no log lines
+        hit = None if memory_checked else self._cached_single(body, network)
         if hit is not None:
             if self._open:  # nothing to charge, so nothing to await
                 return self._serve_hit(hit, 0, None, request_id, started)
@@ -192,7 +204,7 @@ class Gateway:
         if plain is None:
             return None
         rid, method, params = plain
-        runtime = network or self._default_for(method)
+        runtime = network or self._default_routes[method]
         if runtime is None:
             return None
         hit = self._service.memory_hit(method, params, runtime)
@@ -201,7 +213,7 @@ class Gateway:
         return rid, method, runtime, *hit
 
     async def _paid_hit(self, hit: _Hit, api_key: str, request_id: int, started: float) -> Reply:
-        rid, method, runtime, _payload, _is_error, credits = hit
+        rid, method, runtime, _payload, _is_error, credits, _cells = hit
         refusal, remaining = await self._charge(api_key, credits)
         if refusal is not None:  # nothing was debited, nothing is served
             self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
@@ -213,16 +225,14 @@ class Gateway:
         return self._serve_hit(hit, credits, remaining, request_id, started)
 
     def _serve_hit(self, hit: _Hit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
-        rid, method, runtime, payload, is_error, credits = hit
+        rid, method, runtime, payload, is_error, credits, cells = hit
         # The counts execute() and _account_call() make for a hit, through cells found once.
-        cells = self._metrics.hit_cells(runtime.name, method, is_error)
-        cells.memory_hit.inc()
-        cells.saved.inc(credits)
-        cells.seconds.observe(time.perf_counter() - started)
-        cells.requests.inc()
-        if log.isEnabledFor(logging.INFO):
+        cells.record(credits, time.perf_counter() - started)
+        if request_id:
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         encoded = jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
+        if self._open:  # the same headers every time
+            return Reply(encoded, 200, self._open_hit_headers.copy())
         return self._reply(encoded, 200, cost, remaining, HIT)
 
     async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
@@ -276,7 +286,7 @@ class Gateway:
         if credits and result != "refused" and result != "upstream_error":
             metrics.child(metrics.credits_charged, label).inc(credits)
         metrics.child(metrics.requests, network, label, result).inc()
-        if log.isEnabledFor(logging.INFO):
+        if request_id:
             cache = outcome.cache if network != "none" else None
             self._log_call(request_id, network, label, result, cache, outcome.upstream_seconds)
 

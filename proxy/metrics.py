@@ -94,10 +94,18 @@ class _Local:
 
 @dataclass(slots=True)
 class HitCells:
-    requests: Any
-    seconds: Any
-    memory_hit: Any
-    saved: Any
+    """The cells one memory hit updates, updated in one call: a hit takes microseconds."""
+
+    requests: _Cell
+    seconds: _Buckets
+    memory_hit: _Cell
+    saved: _Cell
+
+    def record(self, credits: int, seconds: float) -> None:
+        self.requests.value += 1
+        self.memory_hit.value += 1
+        self.saved.value += credits
+        self.seconds.observe(seconds)
 
 
 class Metrics:

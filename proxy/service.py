@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import cache_policy as cp
@@ -26,7 +26,7 @@ from .methods import (
     metric_label,
     namespace,
 )
-from .metrics import Metrics
+from .metrics import HitCells, Metrics
 from .params import BlockRef, Rules, block_refs, quantity_int, substitute
 from .upstream import Answer, Upstream
 
@@ -41,10 +41,10 @@ class NetworkRuntime:
     config: Network
     upstream: Upstream
     tracker: EvmHeadTracker | SolanaSlotTracker
+    name: str = field(init=False)  # config.name, as a plain attribute: the hot path reads it per call
 
-    @property
-    def name(self) -> str:
-        return self.config.name
+    def __post_init__(self) -> None:
+        self.name = self.config.name
 
 
 @dataclass(slots=True)  # not frozen: built per call, and frozen init costs 3x
@@ -88,6 +88,8 @@ class _Plan:
     key: str
     forward: Any
     tags_resolved: bool  # a tag was turned into a number: a failing node may just lag the tracker
+    credits: int  # the call's price, so a memory hit needs no policy lookup
+    hit_cells: tuple[HitCells, HitCells]  # the metric cells a memory hit updates: (result, error)
 
 
 K = TypeVar("K")
@@ -98,31 +100,30 @@ class Memo(dict[K, V]):
     """A bounded memo of pure results: when full it starts over, and hot entries come straight back.
 
     Reads are plain dict lookups; an LRU's bookkeeping on every read would cost the hot path more
-    than the occasional recomputation after a reset.
+    than the occasional recomputation after a reset. With `compute`, `memo[key]` fills itself.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, compute: Callable[[K], V] | None = None) -> None:
         super().__init__()
         self._size = size
+        self._compute = compute
 
     def __setitem__(self, key: K, value: V) -> None:
         if len(self) >= self._size and key not in self:
             self.clear()
         super().__setitem__(key, value)
 
+    def __missing__(self, key: K) -> V:
+        if self._compute is None:
+            raise KeyError(key)
+        value = self[key] = self._compute(key)
+        return value
+
 
 def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, str, bytes] | None:
     """The memo key of a request as it arrived; None for params too large to be worth remembering."""
     raw = dumps(params)
     return (net.name, method, raw) if len(raw) <= MEMO_MAX_PARAMS else None
-
-
-def encode_value(answer: Answer) -> bytes:
-    return (b"e" if answer.is_error else b"r") + answer.payload
-
-
-def decode_value(value: bytes) -> tuple[bytes, bool]:
-    return value[1:], value[:1] == b"e"
 
 
 class Service:
@@ -185,23 +186,28 @@ class Service:
 
     # --- the read-through flow ----------------------------------------------------------
 
-    def memory_hit(self, method: str, params: list[Any], net: NetworkRuntime) -> tuple[bytes, bool, int] | None:
-        """(payload, is_error, credits) for a call seen before, if its plan holds for the current head
-        and memory has the answer. A plan exists only for params that passed validation on this network.
+    def memory_hit(
+        self, method: str, params: list[Any], net: NetworkRuntime,
+    ) -> tuple[bytes, bool, int, HitCells] | None:
+        """(payload, is_error, credits, metric cells) for a call seen before, if its plan holds for the
+        current head and memory has the answer. A plan exists only for params that passed validation
+        on this network.
 
         Nothing is counted here: the caller counts the hit once it is paid for.
         """
-        policy = POLICIES.get(method)
-        if policy is None or policy.credits is None:
+        # Only cacheable calls that passed validation have a plan; params too large for the memo
+        # have none, so the key needs no length check here.
+        try:
+            plan = self._plans[net.name, method, dumps(params)]
+        except KeyError:
             return None
-        fingerprint = _fingerprint(net, method, params)
-        plan = self._plans.get(fingerprint) if fingerprint else None
-        if plan is None or plan.head is not net.tracker.head:
+        if plan.head is not net.tracker.head:
             return None
-        entry = self._cache.memory.get(plan.key)
-        if entry is None:
+        stored = self._cache.memory.get(plan.key)
+        if stored is None:
             return None
-        return *decode_value(entry[0]), policy.credits
+        payload, is_error = stored
+        return payload, is_error, plan.credits, plan.hit_cells[is_error]
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()
@@ -244,26 +250,27 @@ class Service:
                 return Outcome.answered(await self._upstream(net, method, forward, policy), BYPASS)
             key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
             tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
-            plan = _Plan(head, decision, cache_key(net.name, method, key_params), forward, tags_resolved)
+            cells = (self._metrics.hit_cells(net.name, method, False), self._metrics.hit_cells(net.name, method, True))
+            plan = _Plan(head, decision, cache_key(net.name, method, key_params), forward, tags_resolved,
+                         prepared.credits, cells)
             if prepared.fingerprint:
                 # The head fixes everything a plan depends on (tags, finality, hashes, gas limit).
                 self._plans[prepared.fingerprint] = plan
         decision, key, forward, tags_resolved = plan.decision, plan.key, plan.forward, plan.tags_resolved
 
-        value = await self._cache.get(key)
-        if value is not None:
+        stored = await self._cache.get(key)
+        if stored is not None:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
-            payload, is_error = decode_value(value)
-            return Outcome(payload, is_error, HIT)
+            return Outcome(*stored, HIT)
 
         async def fill() -> Answer:
             wait = self._settings.coalesce_wait
             token = await self._cache.claim(key, self._settings.upstream_timeout + 1) if wait else ""
             if token is None:  # another replica is fetching this very key: take its answer
-                value = await self._cache.await_fill(key, wait)
-                if value is not None:
+                stored = await self._cache.await_fill(key, wait)
+                if stored is not None:
                     self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-                    return Answer.stored(*decode_value(value))
+                    return Answer.stored(*stored)
             try:
                 return await fetch()
             finally:
@@ -280,7 +287,7 @@ class Service:
                 return await self._upstream(net, method, original, policy)
             ttl = cp.store_ttl(decision, policy.cache, kind, self._ttls)
             if ttl is not None:
-                await self._cache.set(key, encode_value(answer), ttl)
+                await self._cache.set(key, (answer.payload, answer.is_error), ttl)
             return answer
 
         answer, joined = await self._coalescer.run(key, fill)

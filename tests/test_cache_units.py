@@ -96,8 +96,8 @@ class TestMemoryTier:
     def test_entries_expire_on_the_injected_clock(self) -> None:
         clock = FakeClock()
         tier = MemoryTier(10_000, clock)
-        tier.set("k", b"v", 5)
-        tier.set("forever", b"v", math.inf)
+        tier.set("k", (b"v", False), 5)
+        tier.set("forever", (b"v", False), math.inf)
         clock.advance(4.9)
         assert tier.get("k") is not None
         clock.advance(0.2)
@@ -106,9 +106,9 @@ class TestMemoryTier:
     def test_the_tier_is_bounded_in_bytes_least_recently_used_first(self) -> None:
         tier = MemoryTier(3 * (100 + 64), FakeClock())
         for key in "abc":
-            tier.set(key, b"x" * 100, math.inf)
+            tier.set(key, (b"x" * 100, False), math.inf)
         tier.get("a")
-        tier.set("d", b"x" * 100, math.inf)
+        tier.set("d", (b"x" * 100, False), math.inf)
         assert tier.get("b") is None and tier.get("a") is not None and tier.get("d") is not None
         assert tier.bytes_used <= 3 * 164
 

@@ -183,5 +183,7 @@ class TestPlainCall:
                      b'{"jsonrpc":"2.0","id":1,"method":"m","params":{}}',
                      b'{"jsonrpc":"1.0","id":1,"method":"m","params":[]}',
                      b'{"jsonrpc":"2.0","id":1,"method":"m","params":["' + b"x" * 2000 + b'"]}',
+                     b'{"jsonrpc":"2.0","id":"1","method":["m"],"params":[]}',
+                     b'"jsonrpc"', b"3", b"null", b"{}",  # JSON, but not an object with the members
                      b"{not json"):
             assert jsonrpc.plain_call(body) is None, body[:40]
