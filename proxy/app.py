@@ -20,7 +20,7 @@ from .gateway import Gateway, invalid_key_error
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from .metrics import Metrics
 from .redis_link import RedisLink, connect
-from .responses import NO_CHARGE, error_response, json_response
+from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
 from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
 from .upstream import HttpUpstream, Upstream
@@ -83,6 +83,7 @@ async def fallback(request: web.Request) -> web.StreamResponse:
 def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handler:
     """The JSON-RPC POST handler, bound to its collaborators (no app lookups per request)."""
     inflight = metrics.inflight
+    open_hit_headers = {**gateway.open_hit_headers, "Content-Type": JSON_CONTENT_TYPE}
 
     def too_large() -> web.Response:
         error = JsonRpcError(INVALID_REQUEST, f"request body too large: the limit is {max_body_bytes} bytes",
@@ -120,9 +121,9 @@ def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handle
                 return too_large()
             # An open-mode cache hit is answered right here. It never yields to the loop, so no
             # scrape could ever see it in flight, and the in-flight gauge is left alone.
-            reply = gateway.open_hit(body, network)
-            if reply is not None:
-                return json_response(reply)
+            encoded = gateway.open_hit(body, network)
+            if encoded is not None:
+                return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
             return await awaited(request, body, api_key, network, gateway.open_mode)
         except ConnectionResetError:
             raise

@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from . import jsonrpc
@@ -67,7 +67,7 @@ class Gateway:
         self._default_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._default_for)
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
-        self._open_hit_headers = self._reply(None, 200, 0, None, HIT).headers
+        self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
 
     # --- routing and auth ---------------------------------------------------------------
 
@@ -110,16 +110,17 @@ class Gateway:
 
     # --- one body -----------------------------------------------------------------------
 
-    def open_hit(self, body: bytes | str, network: NetworkRuntime | None) -> Reply | None:
-        """In open mode, a memory hit answered without awaiting anything (there is nothing to charge);
-        None for everything else, which `handle(..., memory_checked=True)` then serves."""
+    def open_hit(self, body: bytes | str, network: NetworkRuntime | None) -> bytes | None:
+        """In open mode, the response body for a memory hit, made without awaiting anything (there is
+        nothing to charge); its headers are always `open_hit_headers`. None for everything else, which
+        `handle(..., memory_checked=True)` then serves."""
         if not self._open:
             return None
         started = time.perf_counter()
         hit = self._cached_single(body, network)
         if hit is None:
             return None
-        return self._serve_hit(hit, 0, None, next(self._ids) if log.isEnabledFor(logging.INFO) else 0, started)
+        return self._hit_body(hit, next(self._ids) if log.isEnabledFor(logging.INFO) else 0, started)
 
     async def handle(
         self, body: bytes | str, api_key: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
@@ -225,15 +226,18 @@ class Gateway:
         return self._serve_hit(hit, credits, remaining, request_id, started)
 
     def _serve_hit(self, hit: _Hit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
+        encoded = self._hit_body(hit, request_id, started)
+        if self._open:
+            return Reply(encoded, 200, dict(self.open_hit_headers))
+        return self._reply(encoded, 200, cost, remaining, HIT)
+
+    def _hit_body(self, hit: _Hit, request_id: int, started: float) -> bytes:
         rid, method, runtime, payload, is_error, credits, cells = hit
         # The counts execute() and _account_call() make for a hit, through cells found once.
         cells.record(credits, time.perf_counter() - started)
         if request_id:
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
-        encoded = jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
-        if self._open:  # the same headers every time
-            return Reply(encoded, 200, self._open_hit_headers.copy())
-        return self._reply(encoded, 200, cost, remaining, HIT)
+        return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
 
     async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
         daily = self._settings.daily_credits_for(api_key)

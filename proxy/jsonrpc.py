@@ -138,10 +138,10 @@ def plain_call(body: bytes | str) -> tuple[int | str, str, list[Any]] | None:
     an array of params), or None for anything else, valid or not, which `parse_body` then judges.
 
     The strict subset the cache-hit path accepts without building a `Body`; it loosens nothing.
-    Batches and long bodies are never plain calls (memoized params are short): they are not parsed
-    here, so they are parsed once, by `parse_body`.
+    Long bodies are never plain calls (memoized params are short), so they are parsed once, by
+    `parse_body`; a short batch is parsed here too, which costs less than looking for one first.
     """
-    if len(body) > PLAIN_MAX_BYTES or body[:1] in (b"[", "["):
+    if len(body) > PLAIN_MAX_BYTES:
         return None
     try:
         obj = orjson.loads(body)

@@ -23,7 +23,7 @@ class _Cell:
     __slots__ = ("value",)
 
     def __init__(self) -> None:
-        self.value = 0.0
+        self.value: float = 0  # an int until a fraction is added: int arithmetic is cheaper
 
     def inc(self, amount: float = 1.0) -> None:
         self.value += amount
@@ -41,7 +41,9 @@ class _Buckets:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # le semantics: value <= bound
+        bounds = self.bounds
+        # le semantics: value <= bound. Most observations (memory hits) fall in the first bucket.
+        self.counts[0 if value <= bounds[0] else bisect_left(bounds, value)] += 1
         self.sum += value
 
 

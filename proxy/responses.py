@@ -11,6 +11,7 @@ from .gateway import Reply
 from .jsonrpc import JsonRpcError
 
 NO_CHARGE = {"X-Credits-Charged": "0"}
+JSON_CONTENT_TYPE = "application/json"
 
 
 def json_response(reply: Reply) -> web.Response:
@@ -18,7 +19,7 @@ def json_response(reply: Reply) -> web.Response:
         return web.Response(status=reply.status, headers=reply.headers)
     # Set in the (fresh) headers dict rather than through content_type=: aiohttp then has nothing
     # to parse or merge, which the cache-hit path notices.
-    reply.headers["Content-Type"] = "application/json"
+    reply.headers["Content-Type"] = JSON_CONTENT_TYPE
     return web.Response(body=reply.body, status=reply.status, headers=reply.headers)
 
 
