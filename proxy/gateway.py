@@ -60,6 +60,7 @@ class Gateway:
         self._metrics = metrics
         self._now = wall_clock
         self._open = self.open_mode = settings.open_mode
+        self._access_log = settings.access_log
         self._by_host = {h: rt for rt in service.networks.values() for h in rt.config.hosts}
         # Host header -> network, and method -> default network, remembered: a deployment sees a
         # handful of each. Bounded, since both are the client's to choose.
@@ -98,6 +99,11 @@ class Gateway:
         first, dot, _ = hostname.partition(".")
         return self._service.networks.get(first) if dot else None
 
+    def _request_id(self) -> int:
+        """An id for this request's log lines; 0 when there are none (ACCESS_LOG off, the default),
+        decided without asking the logging module, which a cache hit would feel."""
+        return next(self._ids) if self._access_log and log.isEnabledFor(logging.INFO) else 0
+
     def _default_for(self, method: str) -> NetworkRuntime | None:
         name = self._settings.default_network.get(family_of(method))
         return self._service.networks[name] if name is not None else None
@@ -120,13 +126,13 @@ class Gateway:
         hit = self._cached_single(body, network)
         if hit is None:
             return None
-        return self._hit_body(hit, next(self._ids) if log.isEnabledFor(logging.INFO) else 0, started)
+        return self._hit_body(hit, self._request_id(), started)
 
     async def handle(
         self, body: bytes | str, api_key: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
     ) -> Reply:
         started = time.perf_counter()
-        request_id = next(self._ids) if log.isEnabledFor(logging.INFO) else 0  # 0: no log lines
+        request_id = self._request_id()
         hit = None if memory_checked else self._cached_single(body, network)
         if hit is not None:
             if self._open:  # nothing to charge, so nothing to await
