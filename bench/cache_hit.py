@@ -10,6 +10,7 @@ Each server under test is one process, as the proxy is, and wrk drives each the 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -134,6 +135,51 @@ def start(cmd: list[str], port: int, env: dict[str, str] | None = None) -> subpr
     return proc
 
 
+def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], body: bytes, requests: int) -> float:
+    """User-space instructions one server spends per request, counted by callgrind over `requests`
+    sequential keep-alive requests: the same from run to run, whatever else the host is doing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/callgrind.out"
+        proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+            def send(count: int) -> bool:
+                """Whether every answer was a cache hit (the bare server's always are)."""
+                hits = True
+                for _ in range(count):
+                    conn.request("POST", "/v3/bench", body, {"Content-Type": "application/json"})
+                    response = conn.getresponse()
+                    response.read()
+                    if response.status != 200:
+                        raise SystemExit(f"HTTP {response.status} under callgrind")
+                    hits = hits and response.getheader("X-Cache", "HIT") == "HIT"
+                return hits
+
+            def answering() -> bool:
+                try:
+                    return "result" in post(f"http://127.0.0.1:{port}/v3/bench", json.loads(body))
+                except OSError:
+                    return False
+
+            wait_until(answering, 300, "the server to answer under callgrind")
+            # Warm: the entry (once the tracker has a head), the memos, the interpreter's specialised code.
+            wait_until(lambda: send(100), 300, "answers from the cache under callgrind")
+            subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
+            if not send(requests):
+                raise SystemExit("a counted request was not a cache hit")
+            subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
+            dump = max(Path(tmp).glob("callgrind.out.*"), key=lambda path: path.stat().st_mtime)
+            total = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
+            if total is None:
+                raise SystemExit(f"no totals in {dump}")
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    return int(total.group(1)) / requests
+
+
 def median(results: list[Result]) -> Result:
     """Median throughput and latency, and the median CPU per request, over the rounds."""
     by_rps = sorted(results, key=lambda r: r.rps)[len(results) // 2]
@@ -155,6 +201,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=9,
                         help="pairs of back-to-back baseline and hit rounds; the median pair ratio is the figure")
     parser.add_argument("--access-log", action="store_true", help="run the proxy with ACCESS_LOG=true")
+    parser.add_argument("--instructions", type=int, default=0, metavar="N",
+                        help="also count instructions per hit and per bare answer under callgrind over N requests")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found: apt-get install wrk")
@@ -197,6 +245,17 @@ def main() -> int:
         direct = wrk("anvil direct (every call new)", anvil.url, miss_script, args.seconds, args.connections)
         miss = wrk("proxy, cache miss (every call new)", proxy_url, miss_script, args.seconds, args.connections,
                    proxy_proc.pid)
+        counts: tuple[float, float] | None = None
+        if args.instructions:
+            # The tracker polls on a wall clock, which callgrind slows fifty times: poll once, at start.
+            quiet = {**env, "PROXY_PORT": str(free_port()), "HEAD_POLL_INTERVAL": "3600"}
+            bare_port2 = free_port()
+            counts = (
+                instructions_per_request([sys.executable, "-c", BARE_SERVER, str(bare_port2), answer], bare_port2,
+                                         dict(os.environ), body.encode(), args.instructions),
+                instructions_per_request([sys.executable, "-m", "proxy"], int(quiet["PROXY_PORT"]), quiet,
+                                         body.encode(), args.instructions),
+            )
     finally:
         for proc in procs:
             proc.terminate()
@@ -214,6 +273,9 @@ def main() -> int:
     print(f"hit throughput / bare baseline:  {pair_ratios[len(pair_ratios) // 2]:.2f}  "
           "(median of pair ratios; target >= 0.70)")
     print(f"bare CPU / hit CPU per request:  {cpu_ratios[len(cpu_ratios) // 2]:.2f}  (median of pairs)")
+    if counts is not None:
+        print(f"instructions per request (callgrind, {args.instructions} sequential requests): "
+              f"bare {counts[0]:,.0f}, hit {counts[1]:,.0f}, bare / hit {counts[0] / counts[1]:.2f}")
     print(f"hit p50 latency vs bare:         {hit.p50_ms - bare.p50_ms:+.2f} ms")
     print(f"miss throughput / direct:        {miss.rps / direct.rps:.2f}")
     print(f"miss-path overhead (p50):        {miss.p50_ms - direct.p50_ms:+.2f} ms")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from proxy import jsonrpc
-from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.support import Anvil, Proxy, eventually, settings_for, start_proxy
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
@@ -155,6 +156,37 @@ async def test_body_over_the_limit_is_413_and_the_server_keeps_serving(small_pro
     assert status == 413 and body["error"]["code"] == -32600 and "too large" in body["error"]["message"]
     status, body, _ = await small_proxy.post(CHAIN_ID)
     assert status == 200 and body["result"] == "0x7a69"
+
+
+async def test_a_body_still_arriving_is_counted_in_flight_then_read_whole(small_proxy: Proxy) -> None:
+    rest = asyncio.Event()
+
+    async def parts() -> AsyncIterator[bytes]:  # chunked: the handler starts before the body ends
+        yield b'{"jsonrpc": "2.0", "id": 5, '
+        await rest.wait()
+        yield b'"method": "eth_chainId", "params": []}'
+
+    posting = asyncio.create_task(small_proxy.session.post(small_proxy.url(), data=parts()))
+
+    async def in_flight() -> bool:
+        return small_proxy.metric("rpc_proxy_inflight_requests") == 1
+
+    await eventually(in_flight, 10, "the request to wait for its body")
+    rest.set()
+    async with await posting as resp:
+        assert resp.status == 200 and await resp.json() == {"jsonrpc": "2.0", "id": 5, "result": "0x7a69"}
+    assert small_proxy.metric("rpc_proxy_inflight_requests") == 0
+
+
+async def test_a_chunked_body_over_the_limit_is_413(small_proxy: Proxy) -> None:
+    async def parts() -> AsyncIterator[bytes]:
+        yield b'{"jsonrpc": "2.0", "id": 5, "method": "eth_chainId", "params": ["'
+        for _ in range(4):
+            yield b"x" * 1024
+        yield b'"]}'
+
+    async with small_proxy.session.post(small_proxy.url(), data=parts()) as resp:
+        assert resp.status == 413 and (await resp.json())["error"]["code"] == -32600
 
 
 async def test_wrong_http_method_and_unknown_paths_get_json_errors(evm_proxy: Proxy) -> None:

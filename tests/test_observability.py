@@ -17,9 +17,10 @@ from pathlib import Path
 
 import aiohttp
 import yaml
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.logs import JsonFormatter
+from proxy.metrics import Metrics
 from tests.fake_upstream import bad_upstream
 from tests.support import ROOT, Anvil, Proxy, eventually, free_port
 
@@ -67,6 +68,19 @@ async def test_metric_values_move_on_a_hit_a_miss_and_an_error(anvil: Anvil, evm
     assert m("rpc_proxy_head_block", network="evm", tag="latest") == anvil.block_number()
     assert m("rpc_proxy_head_block", network="evm", tag="finalized") == anvil.block_number() - 64
     assert m("rpc_proxy_inflight_requests") == 0
+
+
+def test_latency_buckets_count_each_observation_at_its_upper_bound() -> None:
+    registry = CollectorRegistry()
+    cell = Metrics(registry).request_seconds.labels("evm", "eth_call", "HIT")
+    for seconds in (0.0001, 0.0005, 0.0007, 0.001, 0.02, 60.0):  # 0.0005 and 0.001 are bounds (le)
+        cell.observe(seconds)
+
+    def bucket(le: str) -> float | None:
+        return registry.get_sample_value("rpc_proxy_request_duration_seconds_bucket",
+                                         {"network": "evm", "method": "eth_call", "cache": "HIT", "le": le})
+
+    assert (bucket("0.0005"), bucket("0.001"), bucket("0.025"), bucket("30.0"), bucket("+Inf")) == (2, 4, 5, 5, 6)
 
 
 async def test_metrics_endpoint_passes_promtool_check_metrics(anvil: Anvil, evm_proxy: Proxy) -> None:
