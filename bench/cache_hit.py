@@ -1,7 +1,7 @@
 """Benchmark: cache-hit throughput and latency against a bare aiohttp baseline, and the miss-path
 overhead against calling the upstream directly. Everything runs on loopback, measured in one run.
 
-    .venv/bin/python -m bench.cache_hit [--seconds 4] [--rounds 9] [--connections 64]
+    .venv/bin/python -m bench.cache_hit [--seconds 3] [--rounds 15] [--connections 64] [--instructions N]
 
 Needs wrk (Debian package `wrk`) and Anvil (`bash scripts/test.sh` installs it under .tools/).
 Each server under test is one process, as the proxy is, and wrk drives each the same way.
@@ -196,9 +196,9 @@ def table(rows: list[Result]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=int, default=4, help="length of one round")
+    parser.add_argument("--seconds", type=int, default=3, help="length of one round")
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=9,
+    parser.add_argument("--rounds", type=int, default=15,
                         help="pairs of back-to-back baseline and hit rounds; the median pair ratio is the figure")
     parser.add_argument("--access-log", action="store_true", help="run the proxy with ACCESS_LOG=true")
     parser.add_argument("--instructions", type=int, default=0, metavar="N",
