@@ -59,7 +59,7 @@ class Gateway:
         self._ledger = ledger
         self._metrics = metrics
         self._now = wall_clock
-        self._open = self.open_mode = settings.open_mode
+        self.open_mode = settings.open_mode
         self._access_log = settings.access_log
         self._by_host = {h: rt for rt in service.networks.values() for h in rt.config.hosts}
         # Host header -> network, and method -> default network, remembered: a deployment sees a
@@ -120,7 +120,7 @@ class Gateway:
         """In open mode, the response body for a memory hit, made without awaiting anything (there is
         nothing to charge); its headers are always `open_hit_headers`. None for everything else, which
         `handle(..., memory_checked=True)` then serves."""
-        if not self._open:
+        if not self.open_mode:
             return None
         started = time.perf_counter()
         hit = self._cached_single(body, network)
@@ -135,14 +135,14 @@ class Gateway:
         request_id = self._request_id()
         hit = None if memory_checked else self._cached_single(body, network)
         if hit is not None:
-            if self._open:  # nothing to charge, so nothing to await
+            if self.open_mode:  # nothing to charge, so nothing to await
                 return self._serve_hit(hit, 0, None, request_id, started)
             return await self._paid_hit(hit, api_key, request_id, started)
         try:
             parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
             self._metrics.child(self._metrics.requests, "none", "invalid", "invalid").inc()
-            balance = None if self._open else await self.remaining(api_key)
+            balance = None if self.open_mode else await self.remaining(api_key)
             return self._reply(jsonrpc.encode_error(None, error), error.http_status, 0, balance, None)
 
         slots: list[Prepared | Outcome] = []
@@ -156,7 +156,7 @@ class Gateway:
                 slots.append(Outcome.failed(error))
 
         prepared = [s for s in slots if isinstance(s, Prepared)]
-        cost = 0 if self._open else sum(p.credits for p in prepared)
+        cost = 0 if self.open_mode else sum(p.credits for p in prepared)
         remaining: int | None = None
         if cost:
             refusal, remaining = await self._charge(api_key, cost)
@@ -181,7 +181,7 @@ class Gateway:
             cost -= refund
             remaining = None if remaining is None else remaining + refund
         self._account(api_key, parsed.entries, slots, results, cost, request_id)
-        if remaining is None and not self._open:
+        if remaining is None and not self.open_mode:
             remaining = await self.remaining(api_key)
 
         parts = [
@@ -232,10 +232,7 @@ class Gateway:
         return self._serve_hit(hit, credits, remaining, request_id, started)
 
     def _serve_hit(self, hit: _Hit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
-        encoded = self._hit_body(hit, request_id, started)
-        if self._open:
-            return Reply(encoded, 200, dict(self.open_hit_headers))
-        return self._reply(encoded, 200, cost, remaining, HIT)
+        return self._reply(self._hit_body(hit, request_id, started), 200, cost, remaining, HIT)
 
     def _hit_body(self, hit: _Hit, request_id: int, started: float) -> bytes:
         rid, method, runtime, payload, is_error, credits, cells = hit
@@ -268,7 +265,7 @@ class Gateway:
         self, api_key: str, entries: list[Call | Invalid], slots: list[Prepared | Outcome],
         results: list[Outcome], cost: int, request_id: int,
     ) -> None:
-        keyed = not self._open and cost > 0
+        keyed = not self.open_mode and cost > 0
         for entry, slot, outcome in zip(entries, slots, results, strict=True):
             if isinstance(slot, Prepared):
                 self._account_call(slot.network.name, slot.call.method, outcome, slot.credits if keyed else 0,
@@ -317,9 +314,9 @@ class Gateway:
     ) -> Reply:
         headers = {
             "X-Credits-Charged": str(charged),
-            "X-Credits-Remaining": "unlimited" if self._open else str(max(remaining or 0, 0)),
+            "X-Credits-Remaining": "unlimited" if self.open_mode else str(max(remaining or 0, 0)),
         }
-        if remaining is None and not self._open:
+        if remaining is None and not self.open_mode:
             headers["X-Credits-Remaining"] = "unknown"
         if cache is not None:
             headers["X-Cache"] = cache
@@ -329,7 +326,7 @@ class Gateway:
 
     async def remaining(self, api_key: str) -> int | None:
         """Today's remaining balance, for responses that charged nothing."""
-        if self._open:
+        if self.open_mode:
             return None
         daily = self._settings.daily_credits_for(api_key)
         try:

@@ -195,8 +195,8 @@ class Service:
 
         Nothing is counted here: the caller counts the hit once it is paid for.
         """
-        # Only cacheable calls that passed validation have a plan; params too large for the memo
-        # have none, so the key needs no length check here.
+        # The key `_fingerprint` makes, without its length check: only cacheable calls that passed
+        # validation have a plan, and params too large for the memo have none.
         try:
             plan = self._plans[net.name, method, dumps(params)]
         except KeyError:
