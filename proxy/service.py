@@ -195,10 +195,11 @@ class Service:
 
         Nothing is counted here: the caller counts the hit once it is paid for.
         """
-        # The key `_fingerprint` makes, without its length check: only cacheable calls that passed
-        # validation have a plan, and params too large for the memo have none.
-        try:
-            plan = self._plans[net.name, method, dumps(params)]
+        fingerprint = _fingerprint(net, method, params)
+        if fingerprint is None:
+            return None
+        try:  # only cacheable calls that passed validation have a plan
+            plan = self._plans[fingerprint]
         except KeyError:
             return None
         if plan.head is not net.tracker.head:
