@@ -120,18 +120,18 @@ def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
     return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
+def listening(port: int) -> bool:
+    try:
+        post(f"http://127.0.0.1:{port}/v3/bench", {"jsonrpc": "2.0", "id": 0, "method": "eth_chainId"})
+        return True
+    except OSError:
+        return False
+
+
 def start(cmd: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=pinned(SERVER_CPUS))
-
-    def listening() -> bool:
-        try:
-            post(f"http://127.0.0.1:{port}/v3/bench", {"jsonrpc": "2.0", "id": 0, "method": "eth_chainId"})
-            return True
-        except OSError:
-            return False
-
-    wait_until(listening, 20, " ".join(cmd[:3]))
+    wait_until(lambda: listening(port), 20, " ".join(cmd[:3]))
     return proc
 
 
@@ -157,13 +157,7 @@ def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], bod
                     hits = hits and response.getheader("X-Cache", "HIT") == "HIT"
                 return hits
 
-            def answering() -> bool:
-                try:
-                    return "result" in post(f"http://127.0.0.1:{port}/v3/bench", json.loads(body))
-                except OSError:
-                    return False
-
-            wait_until(answering, 300, "the server to answer under callgrind")
+            wait_until(lambda: listening(port), 300, "the server to answer under callgrind")
             # Warm: the entry (once the tracker has a head), the memos, the interpreter's specialised code.
             wait_until(lambda: send(100), 300, "answers from the cache under callgrind")
             subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
@@ -180,11 +174,14 @@ def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], bod
     return int(total.group(1)) / requests
 
 
+def middle(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def median(results: list[Result]) -> Result:
     """Median throughput and latency, and the median CPU per request, over the rounds."""
     by_rps = sorted(results, key=lambda r: r.rps)[len(results) // 2]
-    cpu = sorted(r.cpu_us for r in results)[len(results) // 2]
-    return Result(by_rps.name, by_rps.rps, by_rps.p50_ms, by_rps.p99_ms, cpu)
+    return Result(by_rps.name, by_rps.rps, by_rps.p50_ms, by_rps.p99_ms, middle([r.cpu_us for r in results]))
 
 
 def table(rows: list[Result]) -> str:
@@ -248,12 +245,12 @@ def main() -> int:
         counts: tuple[float, float] | None = None
         if args.instructions:
             # The tracker polls on a wall clock, which callgrind slows fifty times: poll once, at start.
-            quiet = {**env, "PROXY_PORT": str(free_port()), "HEAD_POLL_INTERVAL": "3600"}
-            bare_port2 = free_port()
+            counted_bare_port, counted_proxy_port = free_port(), free_port()
+            counted_proxy_env = {**env, "PROXY_PORT": str(counted_proxy_port), "HEAD_POLL_INTERVAL": "3600"}
             counts = (
-                instructions_per_request([sys.executable, "-c", BARE_SERVER, str(bare_port2), answer], bare_port2,
-                                         dict(os.environ), body.encode(), args.instructions),
-                instructions_per_request([sys.executable, "-m", "proxy"], int(quiet["PROXY_PORT"]), quiet,
+                instructions_per_request([sys.executable, "-c", BARE_SERVER, str(counted_bare_port), answer],
+                                         counted_bare_port, dict(os.environ), body.encode(), args.instructions),
+                instructions_per_request([sys.executable, "-m", "proxy"], counted_proxy_port, counted_proxy_env,
                                          body.encode(), args.instructions),
             )
     finally:
@@ -263,16 +260,16 @@ def main() -> int:
         anvil.stop()
 
     pair_ratios = sorted(h.rps / b.rps for h, b in zip(hits, bares, strict=True))
-    cpu_ratios = sorted(b.cpu_us / h.cpu_us for h, b in zip(hits, bares, strict=True))
+    cpu_ratios = [b.cpu_us / h.cpu_us for h, b in zip(hits, bares, strict=True)]
     print(f"wrk -t1 -c{args.connections} -d{args.seconds}s, one process each, proxy ACCESS_LOG={args.access_log}, "
           f"{args.rounds} back-to-back pairs of bare and hit rounds (table: medians)")
     print("hit rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in hits)
           + " | bare rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in bares))
     print("pair ratios (sorted): " + ", ".join(f"{r:.2f}" for r in pair_ratios))
     print(table([bare, hit, direct, miss]))
-    print(f"hit throughput / bare baseline:  {pair_ratios[len(pair_ratios) // 2]:.2f}  "
+    print(f"hit throughput / bare baseline:  {middle(pair_ratios):.2f}  "
           "(median of pair ratios; target >= 0.70)")
-    print(f"bare CPU / hit CPU per request:  {cpu_ratios[len(cpu_ratios) // 2]:.2f}  (median of pairs)")
+    print(f"bare CPU / hit CPU per request:  {middle(cpu_ratios):.2f}  (median of pairs)")
     if counts is not None:
         print(f"instructions per request (callgrind, {args.instructions} sequential requests): "
               f"bare {counts[0]:,.0f}, hit {counts[1]:,.0f}, bare / hit {counts[0] / counts[1]:.2f}")
