@@ -28,7 +28,7 @@ UINT256_MAX = 2**256 - 1
 class Rules:
     """The settings validation depends on."""
 
-    eth_call_require_from: bool = True
+    eth_call_require_from: bool = False
     getlogs_max_params: int = 5_000
 
 
@@ -141,7 +141,7 @@ def block_param(
         keys = set(value) - {"requireCanonical"}
         if keys == {"blockHash"}:
             return BlockRef(hash=hash32(f"{name}.blockHash", value["blockHash"]), object_form=True)
-        if keys == {"blockNumber"} and "requireCanonical" not in value:
+        if keys == {"blockNumber"}:  # requireCanonical means nothing for a number (geth ignores it too)
             inner = block_param(f"{name}.blockNumber", value["blockNumber"], allow_object=False)
             return BlockRef(tag=inner.tag, number=inner.number, object_form=True)
         raise invalid_params(name, "expected an EIP-1898 object with blockHash or blockNumber")
@@ -228,13 +228,20 @@ def call_object(name: str, value: Any, rules: Rules) -> dict[str, Any]:
 
 
 def eth_call(params: list[Any], rules: Rules) -> list[Any]:
-    _arity(params, ("transaction", "block", "stateOverrides"), 2)
-    out = [call_object("transaction", params[0], rules), block_param("block", params[1])]
-    if len(params) == 3 and params[2] is not None:
-        if not isinstance(params[2], dict):
-            raise invalid_params("stateOverrides", "expected an object")
-        out.append(params[2])
-    return out
+    names = ("transaction", "block", "stateOverrides", "blockOverrides")
+    _arity(params, names, 1)
+    # Nodes default an absent (or null) block to latest; so do we, and it resolves like "latest".
+    block = params[1] if len(params) > 1 else None
+    out = [call_object("transaction", params[0], rules),
+           BlockRef(tag="latest") if block is None else block_param("block", block)]
+    overrides = [*params[2:], None, None][:2]
+    for name, value in zip(names[2:], overrides, strict=True):
+        if value is not None and not isinstance(value, dict):
+            raise invalid_params(name, "expected an object")
+    # Overrides are forwarded and part of the key; a trailing null is dropped, an inner one kept.
+    while overrides and overrides[-1] is None:
+        overrides.pop()
+    return out + overrides
 
 
 def eth_get_uncle_by_block_hash_and_index(params: list[Any], rules: Rules) -> list[Any]:

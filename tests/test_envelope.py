@@ -120,7 +120,7 @@ async def test_a_setting_allows_a_refused_namespace(anvil: Anvil) -> None:
     ("eth_getLogs", [{"topics": [None, None, None, None, None]}], "topics"),
     ("eth_getLogs", [{"fromBlock": "0x9", "toBlock": "0x2"}], "fromBlock"),
     ("eth_getUncleByBlockHashAndIndex", ["0x12", "0x0"], "blockHash"),
-    ("eth_call", [{"to": "0x" + "11" * 20}, "latest"], "from"),
+    ("eth_call", [{"to": "0x" + "11" * 20, "from": "0x12"}, "latest"], "from"),
     ("eth_getBlockReceipts", ["yesterday"], "block"),
     ("eth_getBlockReceipts", [], "block"),
     ("eth_getStorageAt", {"address": "0x" + "11" * 20}, "params"),

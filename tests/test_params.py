@@ -99,15 +99,35 @@ class TestEvmRules:
 
     def test_required_params_are_named_when_missing(self) -> None:
         rejects(p.eth_get_storage_at, [ADDR, "0x0"], "block: missing required parameter")
-        rejects(p.eth_call, [{"from": ADDR}], "block: missing required parameter")
+        rejects(p.eth_call, [], "transaction: missing required parameter")
 
     def test_extra_params_are_refused(self) -> None:
         rejects(p.eth_get_storage_at, [ADDR, "0x0", "latest", 1], "at most 3 parameters")
 
-    def test_eth_call_requires_from_as_the_spec_table_says(self) -> None:
-        rejects(p.eth_call, [{"to": ADDR}, "latest"], "transaction.from: missing required field")
-        relaxed = p.Rules(eth_call_require_from=False)
-        assert p.eth_call([{"to": ADDR}, "latest"], relaxed)[0] == {"to": ADDR.lower()}
+    def test_eth_call_from_is_optional_by_default_and_required_in_strict_mode(self) -> None:
+        assert p.eth_call([{"to": ADDR}, "latest"], RULES)[0] == {"to": ADDR.lower()}
+        strict = p.Rules(eth_call_require_from=True)
+        rejects(p.eth_call, [{"to": ADDR}, "latest"], "transaction.from: missing required field", rules=strict)
+
+    def test_an_absent_from_and_the_zero_address_are_different_calls(self) -> None:
+        absent = p.eth_call([{"to": ADDR}, "0x1"], RULES)[0]
+        zero = p.eth_call([{"to": ADDR, "from": "0x" + "00" * 20}, "0x1"], RULES)[0]
+        assert absent != zero and "from" not in absent
+
+    def test_eth_call_block_defaults_to_latest_when_absent_or_null(self) -> None:
+        for params in ([{"to": ADDR}], [{"to": ADDR}, None]):
+            ref = p.eth_call(params, RULES)[1]
+            assert ref.tag == "latest" and ref.encode() == "latest"
+
+    def test_eth_call_takes_state_and_block_overrides(self) -> None:
+        out = p.eth_call([{"to": ADDR}, "latest", None, {"time": "0x1"}], RULES)
+        assert out[2:] == [None, {"time": "0x1"}]
+        assert len(p.eth_call([{"to": ADDR}, "latest", None, None], RULES)) == 2
+        rejects(p.eth_call, [{"to": ADDR}, "latest", None, "soon"], "blockOverrides: expected an object")
+
+    def test_eip1898_block_number_with_require_canonical_is_accepted_as_geth_does(self) -> None:
+        ref = p.eth_call([{"to": ADDR}, {"blockNumber": "0x5", "requireCanonical": True}], RULES)[1]
+        assert ref.number == 5 and ref.encode() == {"blockNumber": "0x5"}
 
     def test_eth_call_fields_are_checked(self) -> None:
         rejects(p.eth_call, [{"from": ADDR, "gas": "lots"}, "latest"], "transaction.gas")
