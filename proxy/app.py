@@ -17,13 +17,16 @@ from .chain import EvmHeadTracker, SolanaSlotTracker
 from .config import Network, Settings
 from .credits import Ledger, MemoryLedger, RedisLedger
 from .gateway import Gateway, invalid_key_error
+from .head_feed import EvmFeed
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from .metrics import Metrics
 from .redis_link import RedisLink, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
-from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
+from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
+from .subscriptions import Streams
 from .upstream import HttpUpstream, Upstream
+from .upstream_ws import UpstreamSocket
 from .ws import close_websockets, websocket_handler
 
 log = logging.getLogger("proxy.app")
@@ -172,6 +175,22 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
     return build
 
 
+def _streams(
+    settings: Settings, runtimes: dict[str, NetworkRuntime],
+) -> tuple[dict[str, EvmFeed], dict[str, UpstreamSocket]]:
+    """One head feed per EVM network, fed by its tracker; one upstream WebSocket per network that has one."""
+    relays = {n.name: UpstreamSocket(n.name, n.ws_upstreams, timeout=settings.upstream_timeout)
+              for n in settings.networks if n.ws_upstreams}
+    feeds: dict[str, EvmFeed] = {}
+    for name, runtime in runtimes.items():
+        tracker = runtime.tracker
+        if isinstance(tracker, EvmHeadTracker):
+            feed = EvmFeed(name, runtime.upstream, tracker, push=relays.get(name))
+            tracker.on_head.append(feed.on_head)
+            feeds[name] = feed
+    return feeds, relays
+
+
 def create_app(
     settings: Settings,
     *,
@@ -210,21 +229,26 @@ def create_app(
         ledger = RedisLedger(link) if link is not None else MemoryLedger()
     gateway = Gateway(settings, service, ledger, metrics, clock.time)
 
+    feeds, relays = _streams(settings, runtimes)
+
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[SERVICE] = service
     app[GATEWAY] = gateway
     app[WEBSOCKETS] = set()
+    app[STREAMS] = Streams(feeds, relays)
     if link is not None:
         app[REDIS] = link
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        tasks += [asyncio.create_task(f.run(), name=f"feed-{n}") for n, f in feeds.items()]
         yield
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(r.close() for r in relays.values()))
         await asyncio.gather(*(u.close() for u in pool.values()))
         if owned_redis and link is not None:
             await link.close()

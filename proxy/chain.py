@@ -108,6 +108,7 @@ class EvmHeadTracker:
         self.network = network
         self.head: Head | None = None
         self.on_reorg: list[Callable[[int], None]] = []
+        self.on_head: list[Callable[[Head], None]] = []  # called after every successful poll
         self.last_poll = 0.0
         self._upstream = upstream
         self._interval = interval
@@ -159,6 +160,8 @@ class EvmHeadTracker:
         self.head = head
         self.last_poll = time.time()
         self._publish(head)
+        for head_listener in self.on_head:
+            head_listener(head)
         if reorged:
             depth_from = min(reorged)
             log.warning("head tracker %s: reorg detected from block %d", self.network, depth_from)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -13,6 +13,13 @@ from urllib.parse import urlsplit
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+# Credits of WebSocket subscriptions, by what is charged: `subscribe` for each eth_subscribe (or
+# Solana *Subscribe) accepted, then each notification by its kind; `other` for kinds not listed.
+# SUBSCRIPTION_CREDITS overrides entries ("logs=100,newHeads=20").
+SUBSCRIPTION_CREDITS: Mapping[str, int] = {
+    "subscribe": 5, "newHeads": 50, "logs": 300, "newPendingTransactions": 200, "other": 50,
+}
 
 
 class ConfigError(Exception):
@@ -27,6 +34,8 @@ class Network:
     hosts: tuple[str, ...] = ()
     # Depth below latest that counts as final when the node has no `finalized` tag.
     finality_depth: int | None = None
+    # WebSocket URLs of the same node(s): push heads and relayed subscriptions (subscriptions.py).
+    ws_upstreams: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +75,14 @@ class Settings:
     getlogs_timeout: float = 10.0
     getlogs_max_params: int = 5_000
     gas_cap_multiplier: int = 10
-    eth_call_require_from: bool = True
+    eth_call_require_from: bool = False
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
     access_log: bool = False
     shutdown_timeout: float = 30.0
+    ws_max_subscriptions: int = 100
+    ws_send_buffer_bytes: int = 4 * 1024 * 1024
+    subscription_credits: Mapping[str, int] = field(default_factory=lambda: dict(SUBSCRIPTION_CREDITS))
 
     def network(self, name: str) -> Network | None:
         return next((n for n in self.networks if n.name == name), None)
@@ -137,11 +149,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("GETLOGS_TIMEOUT", "eth_getLogs query time limit in seconds (default 10)"),
     Option("GETLOGS_MAX_PARAMS", "eth_getLogs limit on addresses plus topic values (default 5000)"),
     Option("GAS_CAP_MULTIPLIER", "eth_call/eth_estimateGas gas cap as a multiple of the block gas limit (default 10)"),
-    Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default true)"),
+    Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default false: "
+           "the node's own default sender applies, as with geth and Anvil)"),
     Option("LOG_FORMAT", "text or json (JSON lines)"),
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
     Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
+    Option("EVM_UPSTREAM_WS", "comma-separated WebSocket URLs of the default EVM network's node: push heads, "
+           "relayed subscriptions"),
+    Option("SOLANA_UPSTREAM_WS", "comma-separated WebSocket URLs of the default Solana network (pubsub relay)"),
+    Option("WS_MAX_SUBSCRIPTIONS", "maximum subscriptions per WebSocket connection (default 100)"),
+    Option("WS_SEND_BUFFER_BYTES", "bytes a WebSocket connection may have waiting to be sent; past it the "
+           "connection is closed as a slow consumer with 1008 (default 4194304)"),
+    Option("SUBSCRIPTION_CREDITS", "per-kind subscription credits, e.g. subscribe=5,newHeads=50,logs=300 "
+           "(defaults: subscribe 5, newHeads 50, logs 300, newPendingTransactions 200, other 50)"),
 )
 OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 
@@ -202,6 +223,35 @@ def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
     return tuple(urls)
 
 
+def _ws_urls(name: str, urls: Any) -> tuple[str, ...]:
+    if isinstance(urls, str):
+        urls = _csv(urls)
+    for index, url in enumerate(urls):
+        parts = urlsplit(url)
+        if parts.scheme not in ("ws", "wss") or not parts.hostname:
+            raise ConfigError(f"{name}: WebSocket upstream #{index} is not a ws(s) URL")
+    return tuple(urls)
+
+
+def _split_ws(urls: Any) -> tuple[Any, tuple[str, ...]]:
+    """NETWORKS_FILE upstreams may mix http(s) and ws(s) URLs: the ws ones are the node's WebSocket."""
+    if not isinstance(urls, list):
+        return urls, ()
+    ws = [u for u in urls if isinstance(u, str) and u.startswith(("ws://", "wss://"))]
+    return [u for u in urls if u not in ws], tuple(ws)
+
+
+def _credit_table(name: str, raw: str) -> dict[str, int]:
+    table = dict(SUBSCRIPTION_CREDITS)
+    for part in _csv(raw):
+        kind, eq, value = part.partition("=")
+        if not eq or not kind.strip():
+            raise ConfigError(f"{name} must be kind=credits pairs, got {part!r}")
+        cost = 0 if value.strip() == "0" else _positive_int(f"{name} {kind.strip()}", value.strip())
+        table[kind.strip()] = cost
+    return table
+
+
 def _load_toml(name: str, path: str) -> dict[str, Any]:
     try:
         return tomllib.loads(Path(path).read_text())
@@ -230,13 +280,15 @@ def _networks_from_file(path: str) -> list[Network]:
         depth = entry.get("finality_depth")
         if depth is not None and (not isinstance(depth, int) or depth <= 0):
             raise ConfigError(f"{where}: finality_depth must be a positive integer")
+        http_urls, ws_urls = _split_ws(entry.get("upstreams"))
         networks.append(
             Network(
                 name=str(name),
                 family=family,
-                upstreams=_upstream_urls(where + " upstreams", entry.get("upstreams")),
+                upstreams=_upstream_urls(where + " upstreams", http_urls),
                 hosts=tuple(h.lower() for h in hosts),
                 finality_depth=depth,
+                ws_upstreams=ws_urls,
             )
         )
     return networks
@@ -294,6 +346,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),
     "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
+    "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),
+    "WS_SEND_BUFFER_BYTES": ("ws_send_buffer_bytes", _positive_int),
+    "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
 }
 
 
@@ -304,7 +359,11 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     defaults_from_env: tuple[tuple[str, Family], ...] = (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana"))
     for env, family in defaults_from_env:
         if env in raw:
-            networks.append(Network(name=family, family=family, upstreams=_upstream_urls(env, raw[env])))
+            ws = _ws_urls(f"{env}_WS", raw[f"{env}_WS"]) if f"{env}_WS" in raw else ()
+            networks.append(Network(name=family, family=family, upstreams=_upstream_urls(env, raw[env]),
+                                    ws_upstreams=ws))
+        elif f"{env}_WS" in raw:
+            raise ConfigError(f"{env}_WS needs {env}: the WebSocket serves the same network")
     if "NETWORKS_FILE" in raw:
         networks.extend(_networks_from_file(raw["NETWORKS_FILE"]))
     if not networks:

@@ -114,6 +114,24 @@ class Gateway:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family_of(call.method)} network is configured")
         return runtime
 
+    def route_method(self, method: str, network: NetworkRuntime | None) -> NetworkRuntime:
+        """The network a method goes to: the one the connection named, else its family's default."""
+        return self._route(Call(method, []), network)
+
+    # --- subscription streams (subscriptions.py) ---------------------------------------
+
+    async def charge_stream(self, api_key: str, label: str, cost: int) -> JsonRpcError | None:
+        """Charge one subscription event (a subscribe, a notification) through the ledger; the
+        refusal if the key cannot pay. Open mode and free kinds charge nothing."""
+        if self.open_mode or cost <= 0:
+            return None
+        refusal, _remaining = await self._charge(api_key, cost)
+        if refusal is None:
+            metrics = self._metrics
+            metrics.child(metrics.key_credits_charged, api_key).inc(cost)
+            metrics.child(metrics.credits_charged, label).inc(cost)
+        return refusal
+
     # --- one body -----------------------------------------------------------------------
 
     def open_hit(self, body: bytes | str, network: NetworkRuntime | None) -> bytes | None:

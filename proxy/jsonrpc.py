@@ -175,6 +175,17 @@ def encode_error_object(rid: Id, error_object: bytes) -> bytes:
     return b"".join((_HEAD, orjson.dumps(rid), b',"error":', error_object, b"}"))
 
 
+def encode_notification(method: str, subscription: str | int, result: bytes, *, error: bool = False) -> bytes:
+    """A subscription notification: {"method": ..., "params": {"subscription": id, "result"|"error": ...}}.
+
+    `result` is already encoded, so one block's header or log is encoded once for every subscriber.
+    """
+    return b"".join((
+        b'{"jsonrpc":"2.0","method":', orjson.dumps(method), b',"params":{"subscription":', orjson.dumps(subscription),
+        b',"error":' if error else b',"result":', result, b"}}",
+    ))
+
+
 def encode_batch(parts: list[bytes]) -> bytes:
     return b"[" + b",".join(parts) + b"]"
 

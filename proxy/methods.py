@@ -62,8 +62,16 @@ POLICIES: dict[str, MethodPolicy] = {
 # Namespaces refused with -32601 unless ALLOW_NAMESPACES lists them.
 REFUSED_NAMESPACES = frozenset({"admin", "debug", "personal", "miner", "engine"})
 
-# Methods that answer over HTTP only as a subscription stream; a polling proxy cannot carry them.
-SUBSCRIPTION_METHODS = frozenset({"eth_subscribe", "eth_unsubscribe"})
+# Solana pubsub: each subscribe method and its unsubscribe, relayed to the network's upstream WebSocket.
+SOLANA_PUBSUB = {
+    "accountSubscribe": "accountUnsubscribe", "logsSubscribe": "logsUnsubscribe",
+    "programSubscribe": "programUnsubscribe", "rootSubscribe": "rootUnsubscribe",
+    "signatureSubscribe": "signatureUnsubscribe", "slotSubscribe": "slotUnsubscribe",
+}
+SOLANA_PUBSUB_METHODS = frozenset(SOLANA_PUBSUB) | frozenset(SOLANA_PUBSUB.values())
+
+# Subscription streams: served by the WebSocket transport (subscriptions.py), refused over HTTP.
+SUBSCRIPTION_METHODS = frozenset({"eth_subscribe", "eth_unsubscribe"}) | SOLANA_PUBSUB_METHODS
 
 # Solana's JSON-RPC methods are camelCase without a namespace; EVM ones are namespace_method.
 SOLANA_METHODS = frozenset({
@@ -98,7 +106,7 @@ def family_of(method: str) -> Family:
     policy = POLICIES.get(method)
     if policy is not None:
         return policy.family
-    return "solana" if method in SOLANA_METHODS else "evm"
+    return "solana" if method in SOLANA_METHODS or method in SOLANA_PUBSUB_METHODS else "evm"
 
 
 def metric_label(method: str) -> str:

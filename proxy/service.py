@@ -159,7 +159,8 @@ class Service:
         if ns in REFUSED_NAMESPACES and ns not in self._settings.allowed_namespaces:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: the {ns}_ namespace is disabled")
         if method in SUBSCRIPTION_METHODS:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method} (subscriptions are not supported)")
+            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method} needs a WebSocket: connect to "
+                               "/ws/v3/<API_KEY> and send it as a single request (not over HTTP or in a batch)")
         policy = POLICIES.get(method)
         if policy is not None and policy.family != network.config.family:
             raise JsonRpcError(

@@ -9,6 +9,7 @@ from .gateway import Gateway
 from .metrics import Metrics
 from .redis_link import RedisLink
 from .service import Service
+from .subscriptions import Streams
 from .ws_state import Connection
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -17,3 +18,4 @@ METRICS = web.AppKey("metrics", Metrics)
 SERVICE = web.AppKey("service", Service)
 REDIS = web.AppKey("redis", RedisLink)
 WEBSOCKETS = web.AppKey("websockets", set[Connection])
+STREAMS = web.AppKey("streams", Streams)

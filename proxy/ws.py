@@ -11,7 +11,8 @@ from . import jsonrpc
 from .gateway import invalid_key_error
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from .responses import error_response
-from .state import GATEWAY, METRICS, SETTINGS, WEBSOCKETS
+from .state import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
+from .subscriptions import Session, subscription_call
 from .ws_state import Connection
 
 log = logging.getLogger("proxy.ws")
@@ -34,10 +35,17 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     app[WEBSOCKETS].add(connection)
     metrics.ws_connections.inc()
     slots = asyncio.Semaphore(settings.ws_max_inflight)
+    streams = app[STREAMS]
+    session = Session(ws, request.transport, api_key, network, gateway, streams.feeds, streams.relays, settings)
+    session.start()
 
     async def serve(data: str | bytes) -> None:
         metrics.inflight.inc()
         try:
+            call = subscription_call(data)
+            if call is not None:  # subscriptions are this connection's, never the gateway's
+                await session.handle(call)
+                return
             reply = await gateway.handle(data, api_key, network)
             if reply.body is not None and not ws.closed:
                 await ws.send_str(reply.body.decode())
@@ -69,6 +77,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             # connection before the close frame is written.
             await connection.closed.wait()
     finally:
+        await session.close()
         if not connection.draining:
             for task in list(connection.tasks):
                 task.cancel()  # the peer is gone: nobody to answer

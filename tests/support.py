@@ -194,6 +194,8 @@ class CountingUpstream:
         self.inner = inner
         self.calls: Counter[str] = Counter()
         self.params: list[tuple[str, Any]] = []
+        self.batched: Counter[str] = Counter()  # calls that went inside batches, per method
+        self.batches: list[list[tuple[str, Any]]] = []
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         self.calls[method] += 1
@@ -202,6 +204,8 @@ class CountingUpstream:
         return answer
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        self.batched.update(method for method, _ in calls)
+        self.batches.append(list(calls))
         result: list[Answer] = await self.inner.batch(calls)
         return result
 

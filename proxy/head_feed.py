@@ -1,0 +1,241 @@
+"""One newHeads/logs stream per EVM network, fanned out to every subscriber.
+
+The feed follows the head tracker (chain.EvmHeadTracker.on_head) and, when the network has an
+upstream WebSocket, the node's own pushed heads as well (polling stays the fallback). For each new
+block it makes one header fetch and one eth_getLogs by block hash, whatever the number of
+subscribers, and filters logs in the proxy. Every block is delivered once, in order; after a reorg
+the logs of the replaced blocks are sent again with "removed": true and the new blocks follow, as
+geth does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from . import jsonrpc
+from .chain import EvmHeadTracker, Head
+from .subscriptions import Relay, Relayed, Subscription, spawn
+from .upstream import Answer, Upstream
+
+log = logging.getLogger("proxy.head_feed")
+
+CATCH_UP = 128  # most blocks delivered after one jump; older ones are skipped (logged)
+KEEP = 512  # delivered block hashes remembered, for reorgs
+_BODY_FIELDS = ("transactions", "uncles")  # a newHeads payload is the header alone, as geth sends
+
+
+class FeedError(Exception):
+    """The chain moved while the feed read it: nothing is delivered, the next head tries again."""
+
+
+class EvmFeed:
+    def __init__(self, network: str, upstream: Upstream, tracker: EvmHeadTracker, *,
+                 push: Relay | None = None) -> None:
+        self.network = network
+        self.heads: set[Subscription] = set()
+        self.logs: set[Subscription] = set()
+        self._upstream = upstream
+        self._tracker = tracker
+        self._push = push
+        self._pushing: Relayed | None = None
+        self._delivered: dict[int, str] = {}  # number -> hash of each block already delivered
+        self._block_logs: dict[str, list[dict[str, Any]]] = {}  # hash -> its logs, re-sent if removed
+        self._head: Head | None = None
+        self._pushed: list[dict[str, Any]] = []
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- subscribers --------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return bool(self.heads or self.logs)
+
+    def add(self, sub: Subscription) -> None:
+        if not self.active:
+            self._start()
+        (self.logs if sub.kind == "logs" else self.heads).add(sub)
+        if self._push is not None and self._pushing is None:
+            spawn(self._tasks, self._subscribe_push())
+
+    def discard(self, sub: Subscription) -> None:
+        self.heads.discard(sub)
+        self.logs.discard(sub)
+        if not self.active and self._pushing is not None:
+            pushing, self._pushing = self._pushing, None
+            spawn(self._tasks, pushing.cancel())
+
+    def _start(self) -> None:
+        """The first subscriber: the stream starts after the tracker's current head."""
+        self._delivered.clear()
+        self._block_logs.clear()
+        head = self._tracker.head
+        if head is not None:
+            self._delivered[head.latest] = head.latest_hash
+
+    # --- inputs -------------------------------------------------------------------------
+
+    def on_head(self, head: Head) -> None:
+        """The tracker's listener: remember the newest head and wake the worker."""
+        self._head = head
+        self._wake.set()
+
+    def _on_pushed(self, _method: str, header: Any) -> None:
+        if isinstance(header, dict):
+            self._pushed.append(header)
+            self._wake.set()
+
+    async def _subscribe_push(self) -> None:
+        assert self._push is not None
+        self._pushing = _Pending()
+        try:
+            relayed = await self._push.subscribe("eth_subscribe", ["newHeads"], on_ok=lambda: None,
+                                                 on_notify=self._on_pushed, on_lost=self._push_lost)
+        except Exception as exc:
+            log.warning("head feed %s: no push heads from the upstream WebSocket (%s); polling", self.network, exc)
+            self._pushing = None
+            return
+        if self._pushing is None or not self.active:  # everyone left meanwhile
+            await relayed.cancel()
+            self._pushing = None
+        else:
+            self._pushing = relayed
+
+    def _push_lost(self) -> None:
+        self._pushing = None  # the tracker's polls carry on; the next subscriber subscribes again
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            pushed, self._pushed = self._pushed, []
+            head, self._head = self._head, None
+            if not self.active:
+                continue
+            try:
+                for header in pushed:
+                    await self._deliver_pushed(header)
+                if head is not None:
+                    await self._advance(head)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("head feed %s: %s", self.network, exc)
+
+    # --- the stream -----------------------------------------------------------------------
+
+    async def _advance(self, head: Head) -> None:
+        delivered = self._delivered
+        if not delivered:
+            delivered[head.latest] = head.latest_hash
+            return
+        top = max(delivered)
+        conflicts = [n for n, h in delivered.items() if head.hashes.get(n, h) != h]
+        if conflicts:
+            fork = min(conflicts) - 1
+        elif head.latest <= top:
+            return  # nothing new (or a view that lags what was delivered)
+        else:
+            fork = top
+        start = max(fork + 1, head.latest - CATCH_UP + 1)
+        if start > fork + 1:
+            log.warning("head feed %s: skipped blocks %d-%d (more than %d at once)", self.network, fork + 1,
+                        start - 1, CATCH_UP)
+        numbers = list(range(start, head.latest + 1))
+        headers = await self._headers(numbers, head)
+        hashes = [str(h["hash"]).lower() for h in headers]
+        parent = delivered.get(start - 1)
+        if parent is not None and str(headers[0]["parentHash"]).lower() != parent:
+            raise FeedError(f"block {start} does not extend the delivered chain")
+        logs = await self._logs(hashes) if self.logs else [[] for _ in numbers]
+        removed = sorted(n for n in delivered if n > fork)
+        for n in removed:
+            gone = self._block_logs.pop(delivered.pop(n), [])
+            self._send_logs([{**entry, "removed": True} for entry in gone])
+        for n, header, block_hash, block_logs in zip(numbers, headers, hashes, logs, strict=True):
+            self._deliver(n, block_hash, header, block_logs)
+        self._prune(head)
+
+    async def _deliver_pushed(self, header: dict[str, Any]) -> None:
+        """A head the node pushed: delivered at once when it extends the delivered chain; anything
+        else (a gap, a fork) waits for the tracker's poll, which reconciles."""
+        try:
+            number, block_hash = int(header["number"], 16), str(header["hash"]).lower()
+            parent = str(header["parentHash"]).lower()
+        except (KeyError, TypeError, ValueError):
+            return
+        if not self._delivered:
+            return
+        top = max(self._delivered)
+        if number != top + 1 or self._delivered[top] != parent:
+            return
+        logs = (await self._logs([block_hash]))[0] if self.logs else []
+        if max(self._delivered) == top:  # nothing delivered meanwhile
+            self._deliver(number, block_hash, header, logs)
+
+    def _deliver(self, number: int, block_hash: str, header: dict[str, Any], logs: list[dict[str, Any]]) -> None:
+        self._delivered[number] = block_hash
+        if self.heads:
+            payload = jsonrpc.dumps({k: v for k, v in header.items() if k not in _BODY_FIELDS})
+            for sub in tuple(self.heads):
+                sub.notify(payload)
+        if self.logs:
+            self._block_logs[block_hash] = logs
+            self._send_logs(logs)
+
+    def _send_logs(self, logs: list[dict[str, Any]]) -> None:
+        subscribers = tuple(self.logs)
+        for entry in logs:
+            payload = jsonrpc.dumps(entry)  # encoded once, whoever receives it
+            for sub in subscribers:
+                if sub.match is None or sub.match.matches(entry):
+                    sub.notify(payload)
+
+    def _prune(self, head: Head) -> None:
+        """Only unfinalized blocks can be replaced: forget the rest, keeping the newest."""
+        floor = max(head.finalized, max(self._delivered) - KEEP)
+        for n in [n for n in self._delivered if n < floor and n != max(self._delivered)]:
+            self._block_logs.pop(self._delivered.pop(n), None)
+
+    # --- upstream reads (one each per block, whoever listens) ----------------------------------
+
+    async def _headers(self, numbers: list[int], head: Head) -> list[dict[str, Any]]:
+        calls: list[tuple[str, Any]] = [
+            ("eth_getBlockByHash", [head.hashes[n], False]) if n in head.hashes
+            else ("eth_getBlockByNumber", [hex(n), False])
+            for n in numbers
+        ]
+        answers = await self._upstream.batch(calls)
+        headers = []
+        for n, answer in zip(numbers, answers, strict=True):
+            header = _result(answer)
+            if not isinstance(header, dict) or header.get("number") != hex(n) or not header.get("hash"):
+                raise FeedError(f"block {n} is not available from the node yet")
+            expected = head.hashes.get(n)
+            if expected is not None and str(header["hash"]).lower() != expected:
+                raise FeedError(f"block {n} changed while it was read")
+            headers.append(header)
+        return headers
+
+    async def _logs(self, hashes: list[str]) -> list[list[dict[str, Any]]]:
+        answers = await self._upstream.batch([("eth_getLogs", [{"blockHash": h}]) for h in hashes])
+        out = []
+        for block_hash, answer in zip(hashes, answers, strict=True):
+            logs = _result(answer)
+            if not isinstance(logs, list):
+                raise FeedError(f"no logs for block {block_hash} from the node")
+            out.append([entry for entry in logs if isinstance(entry, dict)])
+        return out
+
+
+def _result(answer: Answer) -> Any:
+    return None if answer.is_error else answer.result
+
+
+class _Pending:
+    """A push subscription being opened: present, so a second subscriber does not open another."""
+
+    async def cancel(self) -> None:
+        return None

@@ -1,0 +1,408 @@
+"""WebSocket subscriptions: one connection's registry of subscriptions and its outgoing queue.
+
+A `Session` belongs to one WebSocket connection. It answers eth_subscribe/eth_unsubscribe and the
+Solana pubsub methods before the gateway sees them, hands each subscription to its source (the
+network's shared head feed, `head_feed.py`, or the upstream WebSocket relay, `upstream_ws.py`),
+and sends what they deliver through one bounded queue: a consumer that falls behind by more than
+WS_SEND_BUFFER_BYTES is disconnected (1008) rather than allowed to grow the proxy's memory. Every
+notification is charged before it is sent; a key that cannot pay gets an error on each of its
+subscriptions, which are then closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import WSCloseCode, web
+
+from . import jsonrpc
+from .config import Settings
+from .jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
+from .methods import SOLANA_PUBSUB, SOLANA_PUBSUB_METHODS, SUBSCRIPTION_METHODS
+from .params import Rules, log_filter
+
+log = logging.getLogger("proxy.subscriptions")
+
+HEAD_KINDS = frozenset({"newHeads", "logs"})  # served from the network's own head feed
+EVM_NOTIFICATION = "eth_subscription"
+CLOSE_TIMEOUT = 2.0  # seconds a slow consumer's close frame may take before the socket is dropped
+
+
+# --- pure parts ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogFilter:
+    """A logs subscription's filter: an address set and topic positions (None matches anything)."""
+
+    addresses: frozenset[str] | None = None
+    topics: tuple[frozenset[str] | None, ...] = ()
+
+    @classmethod
+    def parse(cls, value: Any, rules: Rules) -> LogFilter:
+        """geth's logs criteria: address and topics; block bounds mean nothing for a stream."""
+        if value is None:
+            return cls()
+        if not isinstance(value, dict):
+            raise invalid_params("filter", "expected an object")
+        checked = log_filter({k: v for k, v in value.items() if k not in ("fromBlock", "toBlock")}, rules)
+        if "blockHash" in checked:
+            raise invalid_params("filter.blockHash", "not allowed in a logs subscription")
+        addresses = checked.get("address")
+        topics = tuple(None if t is None else frozenset(t) for t in checked.get("topics", []))
+        return cls(frozenset(addresses) if addresses else None, topics)
+
+    def matches(self, entry: Mapping[str, Any]) -> bool:
+        if self.addresses is not None and str(entry.get("address", "")).lower() not in self.addresses:
+            return False
+        topics = entry.get("topics") or []
+        for position, wanted in enumerate(self.topics):
+            if wanted is None:
+                continue
+            if position >= len(topics) or str(topics[position]).lower() not in wanted:
+                return False
+        return True
+
+
+def subscription_call(data: str | bytes) -> Call | None:
+    """The frame as a subscription call if it is one (a single request), else None: the gateway
+    serves it. A cheap substring test first, so ordinary calls are not parsed twice."""
+    needle: str | bytes = b"ubscribe" if isinstance(data, bytes) else "ubscribe"
+    if needle not in data:  # type: ignore[operator]
+        return None
+    try:
+        body = jsonrpc.parse_body(data, max_batch=1)
+    except JsonRpcError:
+        return None
+    call = body.entries[0] if not body.batch else None
+    if isinstance(call, Call) and call.method in SUBSCRIPTION_METHODS:
+        return call
+    return None
+
+
+def spawn(tasks: set[asyncio.Task[None]], work: Awaitable[None]) -> None:
+    """Run `work` in the background, holding its task until it ends (the loop keeps weak references)."""
+
+    async def run() -> None:
+        await work
+
+    task = asyncio.create_task(run())
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+def notification_label(kind: str, credits: Mapping[str, int]) -> str:
+    """The credits-table row (and metric label) of a notification kind; unknown kinds are `other`."""
+    return kind if kind in credits else "other"
+
+
+# --- the sources a subscription is attached to ---------------------------------------------
+
+
+class HeadSource(Protocol):
+    """A network's shared newHeads/logs feed (head_feed.EvmFeed)."""
+
+    def add(self, sub: Subscription) -> None: ...
+
+    def discard(self, sub: Subscription) -> None: ...
+
+
+class Relayed(Protocol):
+    """A subscription held open on the network's upstream WebSocket."""
+
+    async def cancel(self) -> None: ...
+
+
+class Relay(Protocol):
+    """The network's upstream WebSocket (upstream_ws.UpstreamSocket)."""
+
+    async def subscribe(
+        self, method: str, params: Any, *, on_ok: Callable[[], None], on_notify: Callable[[str, Any], None],
+        on_lost: Callable[[], None],
+    ) -> Relayed: ...
+
+
+class Charger(Protocol):
+    """The gateway's stream charging (Gateway.charge_stream) and routing (Gateway.route_method)."""
+
+    async def charge_stream(self, api_key: str, label: str, cost: int) -> JsonRpcError | None: ...
+
+    def route_method(self, method: str, network: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Streams:
+    """What subscriptions attach to, per network name: head feeds (EVM) and upstream WebSockets."""
+
+    feeds: Mapping[str, HeadSource]
+    relays: Mapping[str, Relay]
+
+
+@dataclass(eq=False, slots=True)
+class Subscription:
+    id: str | int
+    kind: str  # newHeads, logs, newPendingTransactions, ... or a Solana subscribe method
+    method: str  # the notification method: eth_subscription, accountNotification, ...
+    session: Session
+    label: str  # its credits-table row
+    match: LogFilter | None = None
+    active: bool = False  # set once its subscribe reply is queued: nothing is sent before it
+    once: bool = False  # signatureSubscribe: ends with its first notification
+    detach: Callable[[], Awaitable[None]] | None = None
+
+    def notify(self, result: bytes) -> None:
+        """Queue one notification; `result` is the encoded result, shared by every subscriber."""
+        self.session.push(self, result)
+
+
+@dataclass(slots=True)
+class _Item:
+    payload: bytes
+    sub: Subscription | None = None  # None: a reply, never charged
+    cost: int = 0
+
+
+@dataclass(eq=False)
+class Session:
+    """One WebSocket connection's subscriptions and outgoing queue."""
+
+    ws: web.WebSocketResponse
+    transport: Any  # asyncio transport of the connection: its write buffer counts toward the bound
+    api_key: str
+    network: Any  # the network the connection named (path or Host), else None
+    gateway: Charger
+    feeds: Mapping[str, HeadSource]
+    relays: Mapping[str, Relay]
+    settings: Settings
+    subs: dict[str | int, Subscription] = field(default_factory=dict)
+    _outbox: deque[_Item] = field(default_factory=deque)
+    _pending_bytes: int = 0
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _writer: asyncio.Task[None] | None = None
+    _next_solana_id: int = 0
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    closed: bool = False
+
+    def start(self) -> None:
+        self._writer = asyncio.create_task(self._write(), name="ws-subscription-writer")
+
+    # --- requests ---------------------------------------------------------------------
+
+    async def handle(self, call: Call) -> None:
+        """Answer one subscription call; the reply goes through the queue, ahead of its notifications."""
+        try:
+            if call.method == "eth_unsubscribe" or (call.method in SOLANA_PUBSUB_METHODS
+                                                    and call.method not in SOLANA_PUBSUB):
+                result = await self._unsubscribe(call)
+                self._reply(call, jsonrpc.dumps(result))
+            else:
+                await self._subscribe(call)
+        except JsonRpcError as error:
+            if not call.notification:
+                self._queue(_Item(jsonrpc.encode_error(call.id, error)))
+
+    def _reply(self, call: Call, result: bytes) -> None:
+        if not call.notification:
+            self._queue(_Item(jsonrpc.encode_result(call.id, result)))
+
+    async def _subscribe(self, call: Call) -> None:
+        params = call.params if isinstance(call.params, list) else [call.params]
+        if len(self.subs) >= self.settings.ws_max_subscriptions:
+            raise JsonRpcError(LIMIT_EXCEEDED, f"too many subscriptions: at most {self.settings.ws_max_subscriptions} "
+                               "per connection (WS_MAX_SUBSCRIPTIONS)")
+        runtime = self.gateway.route_method(call.method, self.network)
+        family = runtime.config.family
+        solana = call.method in SOLANA_PUBSUB
+        if (family == "solana") != solana:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {call.method} is not available on {family} "
+                               f"network '{runtime.name}'")
+        credits = self.settings.subscription_credits
+        if solana:
+            kind = call.method
+            sub = Subscription(self._solana_id(), kind, call.method.replace("Subscribe", "Notification"), self,
+                               notification_label(kind, credits), once=kind == "signatureSubscribe")
+        else:
+            if not params or not isinstance(params[0], str):
+                raise invalid_params("subscription", "expected a subscription kind such as newHeads or logs")
+            kind = params[0]
+            sub = Subscription("0x" + secrets.token_hex(16), kind, EVM_NOTIFICATION, self,
+                               notification_label(kind, credits))
+            if kind == "logs":
+                if len(params) > 2:
+                    raise invalid_params("params", f"expected at most 2 parameters, got {len(params)}")
+                sub.match = LogFilter.parse(params[1] if len(params) > 1 else None, Rules())
+            elif kind == "newHeads" and len(params) > 1:
+                raise invalid_params("params", "newHeads takes no filter")
+        relay = self.relays.get(runtime.name)
+        feed = self.feeds.get(runtime.name) if kind in HEAD_KINDS else None
+        if feed is None and relay is None:
+            raise _unrelayable(call.method, kind, family)
+
+        refusal = await self.gateway.charge_stream(self.api_key, call.method, credits.get("subscribe", 0))
+        if refusal is not None:
+            raise refusal
+        self.subs[sub.id] = sub
+        if feed is not None:
+            self._reply(call, jsonrpc.dumps(sub.id))
+            sub.active = True
+            feed.add(sub)
+
+            async def leave_feed() -> None:
+                feed.discard(sub)
+
+            sub.detach = leave_feed
+            return
+        assert relay is not None
+
+        def on_ok() -> None:  # called by the relay's reader before any notification of it
+            self._reply(call, jsonrpc.dumps(sub.id))
+            sub.active = True
+
+        def on_notify(_method: str, result: Any) -> None:
+            sub.notify(jsonrpc.dumps(result))
+            if sub.once:
+                self.subs.pop(sub.id, None)
+                sub.active = False
+
+        def on_lost() -> None:
+            self._end(sub, JsonRpcError(-32002, f"upstream WebSocket of network '{runtime.name}' closed: "
+                                              "subscription ended; subscribe again"))
+
+        try:
+            relayed = await relay.subscribe(call.method, params if solana else call.params,
+                                            on_ok=on_ok, on_notify=on_notify, on_lost=on_lost)
+        except BaseException:
+            self.subs.pop(sub.id, None)
+            raise
+        sub.detach = relayed.cancel
+        if self.closed or sub.id not in self.subs:
+            await relayed.cancel()
+
+    async def _unsubscribe(self, call: Call) -> bool:
+        params = call.params if isinstance(call.params, list) else [call.params]
+        if len(params) != 1:
+            raise invalid_params("subscription", "expected one subscription id")
+        target = params[0]
+        sub = self.subs.get(target) if isinstance(target, (str, int)) else None
+        solana = call.method != "eth_unsubscribe"
+        if sub is None or (sub.method == EVM_NOTIFICATION) == solana:
+            if solana:  # Solana's answer to an unknown id
+                raise JsonRpcError(INVALID_PARAMS, "Invalid subscription id.")
+            return False  # geth's answer to an unknown id
+        await self._drop(sub)
+        return True
+
+    def _solana_id(self) -> int:
+        self._next_solana_id += 1
+        return self._next_solana_id
+
+    # --- delivery ---------------------------------------------------------------------
+
+    def push(self, sub: Subscription, result: bytes) -> None:
+        if not sub.active or self.closed:
+            return
+        cost = self.settings.subscription_credits.get(sub.label, 0)
+        self._queue(_Item(jsonrpc.encode_notification(sub.method, sub.id, result), sub, cost))
+
+    def _queue(self, item: _Item) -> None:
+        if self.closed:
+            return
+        self._outbox.append(item)
+        self._pending_bytes += len(item.payload)
+        self._wake.set()
+        if self._pending_bytes + self._buffered() > self.settings.ws_send_buffer_bytes:
+            self.closed = True
+            spawn(self._tasks, self._evict())
+
+    def _buffered(self) -> int:
+        transport = self.transport
+        return int(transport.get_write_buffer_size()) if transport is not None else 0
+
+    async def _evict(self) -> None:
+        """A consumer that does not read: drop what waits for it and close (1008)."""
+        limit = self.settings.ws_send_buffer_bytes
+        log.warning("closing a WebSocket whose consumer fell behind by more than %d bytes", limit)
+        self._outbox.clear()
+        self._pending_bytes = 0
+        await self.close()
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION,
+                                    message=f"slow consumer: more than {limit} bytes waiting".encode())
+        except (TimeoutError, ConnectionError):
+            if self.transport is not None:
+                self.transport.abort()  # its buffers are full: no close frame can get through
+
+    async def _write(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outbox:
+                item = self._outbox.popleft()
+                self._pending_bytes -= len(item.payload)
+                sub = item.sub
+                if sub is not None and not await self._paid(sub, item.cost):
+                    continue
+                if self.ws.closed:
+                    return
+                await self.ws.send_frame(item.payload, web.WSMsgType.TEXT)
+
+    async def _paid(self, sub: Subscription, cost: int) -> bool:
+        """Charge one notification; a key out of credits ends every subscription of this connection."""
+        while True:
+            if not sub.active and not sub.once:
+                return False  # unsubscribed while its notification waited
+            refusal = await self.gateway.charge_stream(self.api_key, sub.label, cost)
+            if refusal is None:
+                return True
+            if refusal.http_status != 429:
+                break
+            await asyncio.sleep(1.0)  # over the per-second limit: deliver later, within the send bound
+        for other in list(self.subs.values()):
+            self._end(other, refusal)
+        return False
+
+    def _end(self, sub: Subscription, error: JsonRpcError) -> None:
+        """Tell the client a subscription is over, with why, and let go of it."""
+        if self.subs.pop(sub.id, None) is None:
+            return
+        sub.active = False
+        self._outbox = deque(i for i in self._outbox if i.sub is not sub)
+        self._pending_bytes = sum(len(i.payload) for i in self._outbox)
+        self._queue(_Item(jsonrpc.encode_notification(sub.method, sub.id, error.encode(), error=True)))
+        if sub.detach is not None:
+            spawn(self._tasks, sub.detach())
+
+    async def _drop(self, sub: Subscription) -> None:
+        self.subs.pop(sub.id, None)
+        sub.active = False
+        if sub.detach is not None:
+            await sub.detach()
+
+    async def close(self) -> None:
+        """The socket is gone (or going): end its subscriptions and stop writing."""
+        self.closed = True
+        for sub in list(self.subs.values()):
+            with contextlib.suppress(Exception):
+                await self._drop(sub)
+        if self._writer is not None and self._writer is not asyncio.current_task():
+            self._writer.cancel()
+            with contextlib.suppress(BaseException):
+                await self._writer
+
+
+def _unrelayable(method: str, kind: str, family: str) -> JsonRpcError:
+    setting = "SOLANA_UPSTREAM_WS" if family == "solana" else "EVM_UPSTREAM_WS"
+    if family == "evm" and kind not in ("newPendingTransactions", "syncing"):
+        return invalid_params("subscription", f"unsupported subscription kind {kind!r}: the proxy serves newHeads "
+                              "and logs itself; other kinds need an upstream WebSocket")
+    what = method if family == "solana" else f"eth_subscribe {kind}"
+    return JsonRpcError(METHOD_NOT_FOUND, f"method not found: {what} is relayed to the node's WebSocket, and none is "
+                        f"configured for this network (set {setting} or a ws:// upstream in NETWORKS_FILE)")

@@ -1,0 +1,177 @@
+"""A network's upstream WebSocket: subscriptions the proxy relays to the node (newPendingTransactions,
+Solana pubsub) and the node's pushed heads.
+
+One connection per network, opened when first needed and shared by every relayed subscription;
+each notification is routed by the node's subscription id to its subscriber. aiohttp's exceptions
+are mapped to JsonRpcError here; URLs may carry a provider's secret, so errors name an upstream by
+its index only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from . import jsonrpc
+from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from .methods import SOLANA_PUBSUB
+
+log = logging.getLogger("proxy.upstream_ws")
+
+
+@dataclass(slots=True)
+class _Route:
+    on_ok: Callable[[], None]
+    on_notify: Callable[[str, Any], None]
+    on_lost: Callable[[], None]
+    unsubscribe: str
+    upstream_id: Any = None
+    waiter: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class RelayedSubscription:
+    def __init__(self, socket: UpstreamSocket, route: _Route) -> None:
+        self._socket = socket
+        self._route = route
+
+    async def cancel(self) -> None:
+        await self._socket.forget(self._route)
+
+
+class UpstreamSocket:
+    def __init__(self, network: str, urls: Sequence[str], *, timeout: float) -> None:
+        self.network = network
+        self._urls = tuple(urls)
+        self._timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._connecting = asyncio.Lock()
+        self._next_id = 0
+        self._pending: dict[int, _Route] = {}  # request id -> route waiting for its subscription id
+        self._routes: dict[Any, _Route] = {}  # the node's subscription id -> route
+
+    async def subscribe(
+        self, method: str, params: Any, *, on_ok: Callable[[], None], on_notify: Callable[[str, Any], None],
+        on_lost: Callable[[], None],
+    ) -> RelayedSubscription:
+        """Open a subscription on the node; its errors come back as they are, as JsonRpcError."""
+        ws = await self._connected()
+        route = _Route(on_ok, on_notify, on_lost, SOLANA_PUBSUB.get(method, "eth_unsubscribe"))
+        rid = self._send_id()
+        self._pending[rid] = route
+        try:
+            await ws.send_bytes(jsonrpc.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+            async with asyncio.timeout(self._timeout):
+                await route.waiter
+        except TimeoutError:
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' WebSocket did "
+                               "not answer the subscription", http_status=504) from None
+        except (aiohttp.ClientError, ConnectionError):
+            raise self._unavailable("send failed") from None
+        finally:
+            self._pending.pop(rid, None)
+        return RelayedSubscription(self, route)
+
+    async def forget(self, route: _Route) -> None:
+        """Stop routing a subscription and cancel it on the node (its answer is not awaited)."""
+        if self._routes.pop(route.upstream_id, None) is None:
+            return
+        ws = self._ws
+        if ws is not None and not ws.closed:
+            with contextlib.suppress(Exception):
+                await ws.send_bytes(jsonrpc.dumps({"jsonrpc": "2.0", "id": self._send_id(),
+                                                   "method": route.unsubscribe, "params": [route.upstream_id]}))
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        if self._ws is not None:
+            await self._ws.close()
+        if self._session is not None:
+            await self._session.close()
+
+    # --- the connection ---------------------------------------------------------------------
+
+    def _send_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _unavailable(self, detail: str) -> JsonRpcError:
+        return JsonRpcError(UPSTREAM_UNAVAILABLE,
+                            f"upstream unavailable: network '{self.network}' WebSocket ({detail})", http_status=502)
+
+    async def _connected(self) -> aiohttp.ClientWebSocketResponse:
+        async with self._connecting:
+            if self._ws is not None and not self._ws.closed:
+                return self._ws
+            if self._session is None:
+                self._session = aiohttp.ClientSession(trust_env=False)
+            failures = []
+            for index, url in enumerate(self._urls):
+                try:
+                    ws = await self._session.ws_connect(url, heartbeat=30.0, timeout=aiohttp.ClientWSTimeout(
+                        ws_receive=None, ws_close=self._timeout), max_msg_size=0)
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    log.warning("upstream WebSocket %s#%d failed: %s", self.network, index, type(exc).__name__)
+                    failures.append(f"#{index}: {type(exc).__name__}")
+                    continue
+                self._ws = ws
+                self._reader = asyncio.create_task(self._read(ws), name=f"upstream-ws-{self.network}")
+                return ws
+            raise self._unavailable("; ".join(failures) or "no upstream")
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        try:
+            async for message in ws:
+                if message.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                    continue
+                try:
+                    data = jsonrpc.loads(message.data)
+                except jsonrpc.JSONDecodeError:
+                    continue
+                if isinstance(data, dict):
+                    self._dispatch(data)
+        finally:
+            self._lost()
+
+    def _dispatch(self, data: dict[str, Any]) -> None:
+        route = self._pending.pop(data["id"], None) if isinstance(data.get("id"), int) else None
+        if route is not None:
+            if route.waiter.done():
+                return
+            error = data.get("error")
+            if error is not None:
+                error = error if isinstance(error, dict) else {"code": -32603, "message": str(error)}
+                route.waiter.set_exception(JsonRpcError(int(error.get("code", -32603)), str(error.get("message", "")),
+                                                        error.get("data")))
+                return
+            route.upstream_id = data.get("result")
+            self._routes[route.upstream_id] = route
+            route.on_ok()  # before any notification of it is routed: the reply goes out first
+            route.waiter.set_result(route.upstream_id)
+            return
+        params = data.get("params")
+        if isinstance(params, dict) and "subscription" in params:
+            target = self._routes.get(params["subscription"])
+            if target is not None:
+                target.on_notify(str(data.get("method")), params.get("result"))
+
+    def _lost(self) -> None:
+        """The node's socket closed: every relayed subscription ends, and its subscriber is told."""
+        self._ws = None
+        for route in list(self._pending.values()):
+            if not route.waiter.done():
+                route.waiter.set_exception(self._unavailable("connection closed"))
+        self._pending.clear()
+        routes, self._routes = list(self._routes.values()), {}
+        for route in routes:
+            route.on_lost()

@@ -1,0 +1,318 @@
+"""eth_subscribe over /ws/v3/<key>: one head feed per network, fanned out; logs filtered in the proxy;
+reorgs; limits; credits. Real Anvil, the proxy on a real port, a plain WebSocket client."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.config import Settings
+from proxy.params import Rules
+from proxy.state import STREAMS
+from proxy.subscriptions import LogFilter, subscription_call
+from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+
+EMITTED = "0x" + __import__("eth_utils").keccak(text="Emitted(uint256)").hex()
+ADDR = "0x" + "ab" * 20
+
+
+class Client:
+    """A WebSocket client that keeps replies and notifications apart."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.replies: dict[Any, dict[str, Any]] = {}
+        self.notes: list[dict[str, Any]] = []
+        self._next = 0
+
+    async def call(self, method: str, *params: Any) -> dict[str, Any]:
+        self._next += 1
+        rid = self._next
+        await self.ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": list(params)}))
+        while rid not in self.replies:
+            await self._receive()
+        return self.replies.pop(rid)
+
+    async def subscribe(self, *params: Any) -> str:
+        reply = await self.call("eth_subscribe", *params)
+        assert "result" in reply, reply
+        return str(reply["result"])
+
+    async def _receive(self, timeout: float = 10) -> None:
+        message = await self.ws.receive(timeout=timeout)
+        assert message.type is aiohttp.WSMsgType.TEXT, message
+        data = json.loads(message.data)
+        if "id" in data:
+            self.replies[data["id"]] = data
+        else:
+            self.notes.append(data)
+
+    async def notes_until(self, count: int, timeout: float = 15) -> list[dict[str, Any]]:
+        async with asyncio.timeout(timeout):
+            while len(self.notes) < count:
+                await self._receive(timeout)
+        return self.notes
+
+    def results(self, sub: str) -> list[Any]:
+        mine = [n["params"] for n in self.notes if n["params"]["subscription"] == sub]
+        return [p["result"] for p in mine if "result" in p]
+
+
+async def connect(proxy: Proxy, key: str = "test-key", session: aiohttp.ClientSession | None = None) -> Client:
+    return Client(await (session or proxy.session).ws_connect(proxy.ws_url(key)))
+
+
+def numbers(heads: list[dict[str, Any]]) -> list[int]:
+    return [int(h["number"], 16) for h in heads]
+
+
+class TestPureParts:
+    def test_log_filter_matches_address_set_and_topic_positions(self) -> None:
+        flt = LogFilter.parse({"address": [ADDR], "topics": [EMITTED, None, ["0x" + "11" * 32, "0x" + "22" * 32]]},
+                              Rules())
+        entry = {"address": ADDR.upper().replace("0X", "0x"), "topics": [EMITTED, "0x" + "00" * 32, "0x" + "22" * 32]}
+        assert flt.matches(entry)
+        assert not flt.matches({**entry, "address": "0x" + "cd" * 20})
+        assert not flt.matches({**entry, "topics": [EMITTED]})
+        assert LogFilter.parse(None, Rules()).matches({"address": ADDR, "topics": []})
+
+    def test_a_logs_filter_with_a_block_hash_is_refused(self) -> None:
+        with pytest.raises(Exception, match="blockHash"):
+            LogFilter.parse({"blockHash": "0x" + "11" * 32}, Rules())
+
+    def test_only_single_subscription_calls_leave_the_gateway(self) -> None:
+        call = subscription_call('{"jsonrpc":"2.0","id":1,"method":"eth_subscribe","params":["newHeads"]}')
+        assert call is not None and call.params == ["newHeads"]
+        assert subscription_call(b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}') is None
+        assert subscription_call('[{"jsonrpc":"2.0","id":1,"method":"eth_subscribe","params":["newHeads"]}]') is None
+
+
+async def test_new_heads_arrive_once_each_in_order_including_a_jump(anvil: Anvil, evm_proxy: Proxy) -> None:
+    await evm_proxy.head_at(0)
+    client = await connect(evm_proxy)
+    sub = await client.subscribe("newHeads")
+    start = anvil.block_number()
+    anvil.mine(1)
+    anvil.mine(1)
+    anvil.mine(5)
+    await client.notes_until(7)
+    heads = client.results(sub)
+    assert numbers(heads) == list(range(start + 1, start + 8))
+    assert all(a["hash"] == b["parentHash"] for a, b in itertools.pairwise(heads))
+    assert "transactions" not in heads[0] and heads[0]["hash"] == anvil.rpc("eth_getBlockByNumber", hex(start + 1),
+                                                                            False)["hash"]
+
+
+async def test_logs_are_filtered_by_address_and_topics_in_the_proxy(anvil: Anvil, evm_proxy: Proxy) -> None:
+    store = anvil.deploy_store()
+    other = anvil.deploy_store()
+    await evm_proxy.head_at(anvil.block_number())
+    client = await connect(evm_proxy)
+    mine = await client.subscribe("logs", {"address": store, "topics": [EMITTED, "0x" + word(1)]})
+    every = await client.subscribe("logs", {})
+    anvil.send(store, selector("emitMany(uint256)") + word(3))
+    anvil.send(other, selector("emitMany(uint256)") + word(2))
+    await client.notes_until(6)
+    assert [(r["address"], r["topics"][1]) for r in client.results(mine)] == [(store, "0x" + word(1))]
+    assert len(client.results(every)) == 5
+    assert all(r["removed"] is False for r in client.results(every))
+
+
+async def test_a_reorg_delivers_the_replacement_heads_and_removed_logs(anvil: Anvil, evm_proxy: Proxy) -> None:
+    store = anvil.deploy_store()
+    await evm_proxy.head_at(anvil.block_number())
+    client = await connect(evm_proxy)
+    heads = await client.subscribe("newHeads")
+    logs = await client.subscribe("logs", {"address": store})
+    receipt = anvil.send(store, selector("emitMany(uint256)") + word(2))
+    await client.notes_until(3)  # the block and its two logs
+    old_hash = receipt["blockHash"]
+
+    anvil.rpc("anvil_reorg", 1, [])  # the block holding the logs is replaced by an empty one
+    await client.notes_until(6)
+    removed = [r for r in client.results(logs) if r["removed"]]
+    expected = [(old_hash, "0x" + word(0)), (old_hash, "0x" + word(1))]
+    assert [(r["blockHash"], r["topics"][1]) for r in removed] == expected
+    replacement = client.results(heads)[-1]
+    assert int(replacement["number"], 16) == int(receipt["blockNumber"], 16) and replacement["hash"] != old_hash
+    assert replacement["hash"] == anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+
+
+async def test_ids_are_unique_unknown_unsubscribe_is_false_and_unsubscribe_stops_delivery(
+    anvil: Anvil, evm_proxy: Proxy,
+) -> None:
+    client = await connect(evm_proxy)
+    first, second = await client.subscribe("newHeads"), await client.subscribe("newHeads")
+    assert first != second
+    assert (await client.call("eth_unsubscribe", "0x" + "00" * 16))["result"] is False
+    assert (await client.call("eth_unsubscribe", first))["result"] is True
+    assert (await client.call("eth_unsubscribe", first))["result"] is False
+    anvil.mine(1)
+    anvil.mine(1)
+    await client.notes_until(2)
+    assert {n["params"]["subscription"] for n in client.notes} == {second}
+
+
+async def test_closing_the_socket_ends_its_subscriptions(evm_proxy: Proxy) -> None:
+    client = await connect(evm_proxy)
+    await client.subscribe("newHeads")
+    await client.subscribe("logs")
+    feed = evm_proxy.app[STREAMS].feeds["evm"]
+    assert feed.active
+    await client.ws.close()
+
+    async def gone() -> bool:
+        return not feed.active
+
+    await eventually(gone, 5, "the feed to lose its subscribers")
+
+
+async def test_subscriptions_per_connection_are_limited(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, WS_MAX_SUBSCRIPTIONS="2"))
+    try:
+        client = await connect(proxy)
+        await client.subscribe("newHeads")
+        await client.subscribe("logs")
+        refused = await client.call("eth_subscribe", "newHeads")
+        assert refused["error"]["code"] == -32005 and "WS_MAX_SUBSCRIPTIONS" in refused["error"]["message"]
+        other = await connect(proxy)  # the limit is per connection
+        await other.subscribe("newHeads")
+    finally:
+        await proxy.close()
+
+
+async def test_kinds_the_proxy_cannot_serve_get_a_clear_error(evm_proxy: Proxy) -> None:
+    client = await connect(evm_proxy)
+    pending = await client.call("eth_subscribe", "newPendingTransactions")
+    assert pending["error"]["code"] == -32601 and "EVM_UPSTREAM_WS" in pending["error"]["message"]
+    unknown = await client.call("eth_subscribe", "colours")
+    assert unknown["error"]["code"] == -32602 and "colours" in unknown["error"]["message"]
+    bad = await client.call("eth_subscribe", "logs", {"topics": ["nope"]})
+    assert bad["error"]["code"] == -32602 and "filter.topics" in bad["error"]["message"]
+    solana = await client.call("slotSubscribe")
+    assert solana["error"]["code"] == -32601
+
+
+async def test_eth_subscribe_over_http_says_it_needs_a_websocket(evm_proxy: Proxy) -> None:
+    reply = await evm_proxy.call("eth_subscribe", ["newHeads"])
+    assert reply["error"]["code"] == -32601 and "WebSocket" in reply["error"]["message"]
+
+
+async def test_200_subscribers_share_one_head_stream_and_one_log_fetch_per_block(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
+    clients: list[Client] = []
+    unbounded = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))  # the default stops at 100
+    try:
+        store = anvil.deploy_store()
+        await proxy.head_at(anvil.block_number())
+        for _ in range(200):  # 200 subscribers, each to heads and logs
+            client = await connect(proxy, session=unbounded)
+            await client.subscribe("newHeads")
+            await client.subscribe("logs", {"address": store})
+            clients.append(client)
+        counting = proxy.upstreams["evm"]
+        counting.batched.clear()
+        start = anvil.block_number()
+        blocks = 4
+        for _ in range(blocks):
+            anvil.send(store, selector("emitMany(uint256)") + word(1))
+        for client in clients:
+            await client.notes_until(2 * blocks)
+            assert numbers([n["params"]["result"] for n in client.notes if "number" in n["params"]["result"]]) == \
+                list(range(start + 1, start + blocks + 1))
+        # Whatever the number of subscribers: per block one header and one eth_getLogs, no eth_subscribe.
+        assert counting.batched["eth_getLogs"] == blocks
+        assert counting.batched["eth_getBlockByHash"] + counting.batched.get("eth_getBlockByNumber", 0) >= blocks
+        polls = [b for b in counting.batches if [m for m, _ in b][:1] == ["eth_getBlockByNumber"]]
+        assert counting.batched["eth_getBlockByHash"] == blocks
+        assert len(polls) > 0 and counting.calls["eth_getLogs"] == 0
+    finally:
+        for client in clients:
+            await client.ws.close()
+        await unbounded.close()
+        await proxy.close()
+
+
+async def test_a_consumer_that_stops_reading_is_disconnected_not_buffered(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, WS_SEND_BUFFER_BYTES="20000"))
+    try:
+        await proxy.head_at(0)
+        # A raw socket with a tiny receive window that never reads what it is sent.
+        loop = asyncio.get_running_loop()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", proxy.server.port))
+        await loop.sock_sendall(sock, b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                                b"Sec-WebSocket-Version: 13\r\n\r\n")
+        assert b" 101 " in await loop.sock_recv(sock, 1024)
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]}).encode()
+        await loop.sock_sendall(sock, bytes([0x81, 0x80 | len(body)]) + b"\x00\x00\x00\x00" + body)  # masked, key 0
+        connections = proxy.metric("rpc_proxy_websocket_connections")
+        assert connections == 1
+
+        async def dropped() -> bool:
+            if proxy.metric("rpc_proxy_websocket_connections") == 0:
+                return True
+            anvil.mine(20)
+            await asyncio.sleep(0.05)
+            return False
+
+        await eventually(dropped, 60, "the slow consumer to be disconnected")
+        assert "fell behind by more than 20000 bytes" in caplog.text
+        sock.close()
+    finally:
+        await proxy.close()
+
+
+def _keyed(anvil: Anvil, **extra: str) -> Settings:
+    return settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="alice", **extra)
+
+
+async def test_subscribe_and_each_notification_are_charged_per_kind(anvil: Anvil) -> None:
+    proxy = await start_proxy(_keyed(anvil, SUBSCRIPTION_CREDITS="subscribe=7,newHeads=11"))
+    try:
+        await proxy.head_at(0)
+        client = await connect(proxy, "alice")
+        await client.subscribe("newHeads")
+        anvil.mine(1)
+        anvil.mine(1)
+        await client.notes_until(2)
+
+        async def charged() -> bool:
+            return proxy.metric("rpc_proxy_key_credits_charged_total", key="alice") == 7 + 2 * 11
+
+        await eventually(charged, 5, "credits to be charged")
+        assert proxy.metric("rpc_proxy_credits_charged_total", method="newHeads") == 22
+    finally:
+        await proxy.close()
+
+
+async def test_an_exhausted_key_gets_an_error_on_each_subscription_and_they_close(anvil: Anvil) -> None:
+    proxy = await start_proxy(_keyed(anvil, DAILY_CREDITS="120", SUBSCRIPTION_CREDITS="subscribe=10,newHeads=50"))
+    try:
+        await proxy.head_at(0)
+        client = await connect(proxy, "alice")
+        heads = await client.subscribe("newHeads")
+        logs = await client.subscribe("logs")
+        anvil.mine(1)  # 20 + 50 = 70
+        anvil.mine(1)  # 120: the last one paid for
+        anvil.mine(1)  # refused: both subscriptions end with an error
+        await client.notes_until(4)
+        assert numbers(client.results(heads)) == [1, 2]
+        errors = [n["params"] for n in client.notes if "error" in n["params"]]
+        assert sorted(e["subscription"] for e in errors) == sorted([heads, logs])
+        assert all(e["error"]["code"] == -32005 and "daily credit limit" in e["error"]["message"] for e in errors)
+        assert (await client.call("eth_unsubscribe", heads))["result"] is False  # already closed
+        assert not proxy.app[STREAMS].feeds["evm"].active
+    finally:
+        await proxy.close()
