@@ -53,6 +53,11 @@ class EvmFeed:
     def active(self) -> bool:
         return bool(self.heads or self.logs)
 
+    @property
+    def push_live(self) -> bool:
+        """The node's pushed heads are coming in (besides the tracker's polls)."""
+        return self._pushing is not None and not isinstance(self._pushing, _Pending)
+
     def add(self, sub: Subscription) -> None:
         if not self.active:
             self._start()

@@ -67,7 +67,7 @@ class UpstreamSocket:
         rid = self._send_id()
         self._pending[rid] = route
         try:
-            await ws.send_bytes(jsonrpc.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+            await ws.send_str(jsonrpc.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).decode())
             async with asyncio.timeout(self._timeout):
                 await route.waiter
         except TimeoutError:
@@ -86,16 +86,17 @@ class UpstreamSocket:
         ws = self._ws
         if ws is not None and not ws.closed:
             with contextlib.suppress(Exception):
-                await ws.send_bytes(jsonrpc.dumps({"jsonrpc": "2.0", "id": self._send_id(),
-                                                   "method": route.unsubscribe, "params": [route.upstream_id]}))
+                await ws.send_str(jsonrpc.dumps({"jsonrpc": "2.0", "id": self._send_id(),
+                                                 "method": route.unsubscribe, "params": [route.upstream_id]}).decode())
 
     async def close(self) -> None:
+        ws = self._ws
+        if ws is not None:
+            await ws.close()
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(BaseException):
                 await self._reader
-        if self._ws is not None:
-            await self._ws.close()
         if self._session is not None:
             await self._session.close()
 

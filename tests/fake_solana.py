@@ -1,7 +1,9 @@
 """A small fake Solana JSON-RPC node (aiohttp) with the documented shapes and Agave's errors.
 
 Its slot advances by one on every request, as a live cluster's would between calls, so a test can
-tell a cached `context.slot` from a fresh one.
+tell a cached `context.slot` from a fresh one. Its WebSocket (`ws_url`) speaks the pubsub methods
+(slot, account, signature and logs subscriptions); tests make it notify with `advance_slot`,
+`set_account`, `confirm` and `emit_logs`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 from collections import Counter
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
@@ -38,20 +40,31 @@ class FakeSolana:
         self.calls: Counter[str] = Counter()
         self.balances = {TOKEN_ACCOUNT: ("9864", 2)}
         self.server: TestServer | None = None
+        self.ws_calls: Counter[str] = Counter()
+        self.subscriptions: dict[int, tuple[str, list[Any], web.WebSocketResponse]] = {}
+        self.sockets: set[web.WebSocketResponse] = set()
+        self._next_sub = 5000  # far from the proxy's own ids, so a test sees they are rewritten
 
     @property
     def url(self) -> str:
         assert self.server is not None
         return f"http://127.0.0.1:{self.server.port}"
 
+    @property
+    def ws_url(self) -> str:
+        assert self.server is not None
+        return f"ws://127.0.0.1:{self.server.port}/"
+
     async def start(self) -> FakeSolana:
         app = web.Application()
         app.router.add_post("/", self._handle)
+        app.router.add_get("/", self._pubsub)
         self.server = TestServer(app, host="127.0.0.1", port=free_port())
         await self.server.start_server()
         return self
 
     async def close(self) -> None:
+        await self.drop_sockets()
         if self.server is not None:
             await self.server.close()
 
@@ -97,3 +110,74 @@ class FakeSolana:
                 accounts = LARGEST[:5]
             return {"jsonrpc": "2.0", "id": rid, "result": {"context": self._context(), "value": accounts}}
         return _error(rid, -32601, "Method not found")
+
+    # --- pubsub ------------------------------------------------------------------------------
+
+    async def _pubsub(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self.sockets.add(ws)
+        try:
+            async for message in ws:
+                if message.type is WSMsgType.TEXT:
+                    await ws.send_json(self._pubsub_answer(json.loads(message.data), ws))
+        finally:
+            self.sockets.discard(ws)
+            for sub_id in [i for i, (_, _, sock) in self.subscriptions.items() if sock is ws]:
+                del self.subscriptions[sub_id]
+        return ws
+
+    def _pubsub_answer(self, req: dict[str, Any], ws: web.WebSocketResponse) -> dict[str, Any]:
+        rid, method, params = req.get("id"), str(req.get("method")), req.get("params", [])
+        self.ws_calls[method] += 1
+        if method in ("slotSubscribe", "accountSubscribe", "signatureSubscribe", "logsSubscribe"):
+            if method == "accountSubscribe" and (not params or params[0] == "not-a-key"):
+                return _error(rid, -32602, "Invalid param: Invalid")
+            self._next_sub += 1
+            self.subscriptions[self._next_sub] = (method, params, ws)
+            return {"jsonrpc": "2.0", "id": rid, "result": self._next_sub}
+        if method.endswith("Unsubscribe"):
+            sub_id = params[0] if params else None
+            if sub_id not in self.subscriptions:
+                return _error(rid, -32602, "Invalid subscription id.")
+            del self.subscriptions[sub_id]
+            return {"jsonrpc": "2.0", "id": rid, "result": True}
+        return _error(rid, -32601, "Method not found")
+
+    async def _notify(self, method: str, kind: str, result: Any, match: Any = None) -> int:
+        """Send a notification to each subscription of `kind` whose first param is `match` (if given)."""
+        sent = 0
+        for sub_id, (sub_method, sub_params, ws) in list(self.subscriptions.items()):
+            if sub_method != kind or (match is not None and (sub_params[:1] or [None])[0] != match):
+                continue
+            params = {"result": result, "subscription": sub_id}
+            await ws.send_json({"jsonrpc": "2.0", "method": method, "params": params})
+            sent += 1
+            if kind == "signatureSubscribe":  # a signature subscription ends with its notification
+                del self.subscriptions[sub_id]
+        return sent
+
+    async def advance_slot(self) -> int:
+        self.slot += 1
+        return await self._notify("slotNotification", "slotSubscribe",
+                                  {"parent": self.slot - 1, "root": self.slot - 32, "slot": self.slot})
+
+    async def set_account(self, pubkey: str, lamports: int) -> int:
+        value = {"lamports": lamports, "data": ["", "base64"], "owner": "11111111111111111111111111111111",
+                 "executable": False, "rentEpoch": 0, "space": 0}
+        return await self._notify("accountNotification", "accountSubscribe",
+                                  {"context": {"slot": self.slot}, "value": value}, pubkey)
+
+    async def confirm(self, signature: str) -> int:
+        return await self._notify("signatureNotification", "signatureSubscribe",
+                                  {"context": {"slot": self.slot}, "value": {"err": None}}, signature)
+
+    async def emit_logs(self, signature: str, logs: list[str]) -> int:
+        return await self._notify("logsNotification", "logsSubscribe",
+                                  {"context": {"slot": self.slot}, "value": {"signature": signature, "err": None,
+                                                                             "logs": logs}})
+
+    async def drop_sockets(self) -> None:
+        """Close every pubsub connection, as a restarting node would."""
+        for ws in list(self.sockets):
+            await ws.close()

@@ -1,0 +1,105 @@
+"""Solana pubsub over /ws/v3/<key>: relayed to the network's upstream WebSocket (the fake node's),
+with the proxy's own subscription ids, the same per-connection limits, and a clear error without one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.fake_solana import FakeSolana
+from tests.support import Proxy, eventually, settings_for, start_proxy
+from tests.ws_client import connect
+
+KEY = "7fUAJdStEuGbc3sM84cKRL6yYaaSstyLSU4ve5oovLS7"
+SIGNATURE = "5" * 88
+
+
+@pytest.fixture
+async def relay_proxy(solana: FakeSolana) -> AsyncIterator[Proxy]:
+    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url,
+                                           WS_MAX_SUBSCRIPTIONS="3"))
+    yield proxy
+    await proxy.close()
+
+
+async def test_slot_notifications_are_relayed_under_the_proxys_own_id(solana: FakeSolana, relay_proxy: Proxy) -> None:
+    client = await connect(relay_proxy)
+    reply = await client.call("slotSubscribe")
+    ours = reply["result"]
+    assert isinstance(ours, int) and ours not in solana.subscriptions
+    await solana.advance_slot()
+    (note,) = await client.notes_until(1)
+    assert note["method"] == "slotNotification"
+    assert note["params"] == {"subscription": ours, "result": {"parent": solana.slot - 1, "root": solana.slot - 32,
+                                                               "slot": solana.slot}}
+    assert (await client.call("slotUnsubscribe", ours))["result"] is True
+    assert solana.ws_calls["slotUnsubscribe"] == 1
+    unknown = await client.call("slotUnsubscribe", ours)
+    assert unknown["error"] == {"code": -32602, "message": "Invalid subscription id."}
+
+
+async def test_account_logs_and_signature_subscriptions_are_relayed(solana: FakeSolana, relay_proxy: Proxy) -> None:
+    client = await connect(relay_proxy)
+    account = (await client.call("accountSubscribe", KEY, {"commitment": "confirmed", "encoding": "base64"}))["result"]
+    logs = (await client.call("logsSubscribe", "all"))["result"]
+    signature = (await client.call("signatureSubscribe", SIGNATURE, {"commitment": "confirmed"}))["result"]
+    assert len({account, logs, signature}) == 3
+    assert solana.subscriptions[max(solana.subscriptions)][1] == [SIGNATURE, {"commitment": "confirmed"}]
+    await solana.set_account(KEY, 12345)
+    await solana.emit_logs(SIGNATURE, ["Program log: hello"])
+    await solana.confirm(SIGNATURE)
+    notes = await client.notes_until(3)
+    got = {n["params"]["subscription"]: n for n in notes}
+    assert got[account]["method"] == "accountNotification"
+    assert got[account]["params"]["result"]["value"]["lamports"] == 12345
+    assert got[logs]["params"]["result"]["value"]["logs"] == ["Program log: hello"]
+    assert got[signature]["params"]["result"]["value"] == {"err": None}
+    # A signature subscription ends with its notification, on the node and here.
+    assert (await client.call("signatureUnsubscribe", signature))["error"]["code"] == -32602
+
+
+async def test_the_nodes_errors_pass_through_and_limits_apply(solana: FakeSolana, relay_proxy: Proxy) -> None:
+    client = await connect(relay_proxy)
+    refused = await client.call("accountSubscribe", "not-a-key")
+    assert refused["error"] == {"code": -32602, "message": "Invalid param: Invalid"}
+    for _ in range(3):
+        assert "result" in await client.call("slotSubscribe")
+    over = await client.call("slotSubscribe")
+    assert over["error"]["code"] == -32005 and "WS_MAX_SUBSCRIPTIONS" in over["error"]["message"]
+
+
+async def test_closing_the_socket_unsubscribes_on_the_node(solana: FakeSolana, relay_proxy: Proxy) -> None:
+    client = await connect(relay_proxy)
+    await client.call("slotSubscribe")
+    assert len(solana.subscriptions) == 1
+    await client.ws.close()
+
+    async def gone() -> bool:
+        return not solana.subscriptions
+
+    await eventually(gone, 5, "the node-side subscription to end")
+
+
+async def test_subscribers_hear_when_the_nodes_socket_closes(solana: FakeSolana, relay_proxy: Proxy) -> None:
+    client = await connect(relay_proxy)
+    ours = (await client.call("slotSubscribe"))["result"]
+    await solana.drop_sockets()
+    (note,) = await client.notes_until(1)
+    assert note["params"]["subscription"] == ours and note["params"]["error"]["code"] == -32002
+    again = (await client.call("slotSubscribe"))["result"]  # a new connection to the node is opened
+    await solana.advance_slot()
+    notes = await client.notes_until(2)
+    assert notes[-1]["params"]["subscription"] == again
+
+
+async def test_without_an_upstream_websocket_pubsub_gets_a_clear_error(solana: FakeSolana) -> None:
+    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url))
+    try:
+        client = await connect(proxy)
+        reply = await client.call("signatureSubscribe", SIGNATURE)
+        assert reply["error"]["code"] == -32601 and "SOLANA_UPSTREAM_WS" in reply["error"]["message"]
+        http = await proxy.call("slotSubscribe", [])
+        assert http["error"]["code"] == -32601 and "WebSocket" in http["error"]["message"]
+    finally:
+        await proxy.close()
