@@ -173,12 +173,18 @@ def _object(name: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
 # --- the seven methods ------------------------------------------------------------------
 
 
+def _block_or_latest(params: list[Any], index: int) -> BlockRef:
+    """A block parameter that nodes (Anvil, and geth for eth_call) default to latest when absent or null."""
+    value = params[index] if len(params) > index else None
+    return BlockRef(tag="latest") if value is None else block_param("block", value)
+
+
 def eth_get_storage_at(params: list[Any], rules: Rules) -> list[Any]:
-    _arity(params, ("address", "position", "block"), 3)
+    _arity(params, ("address", "position", "block"), 2)
     return [
         address("address", params[0]),
         storage_word("position", params[1]),
-        block_param("block", params[2]),
+        _block_or_latest(params, 2),
     ]
 
 
@@ -186,8 +192,8 @@ _CALL_QUANTITIES = (
     "gas", "gasPrice", "maxPriorityFeePerGas", "maxFeePerGas", "value", "nonce", "type", "chainId",
     "maxFeePerBlobGas",
 )
-_CALL_FIELDS = ("from", "to", "data", "input", "accessList", "blobVersionedHashes", "authorizationList",
-                *_CALL_QUANTITIES)
+_CALL_LISTS = ("accessList", "authorizationList", "blobs", "commitments", "proofs")  # forwarded as they are
+_CALL_FIELDS = ("from", "to", "data", "input", "blobVersionedHashes", *_CALL_LISTS, *_CALL_QUANTITIES)
 
 
 def call_object(name: str, value: Any, rules: Rules) -> dict[str, Any]:
@@ -211,29 +217,24 @@ def call_object(name: str, value: Any, rules: Rules) -> dict[str, Any]:
         if data is not None and checked != out["data"]:
             raise invalid_params(f"{name}.input", "differs from data; send one of them")
         out["data"] = checked
-    if obj.get("accessList") is not None:
-        if not isinstance(obj["accessList"], list):
-            raise invalid_params(f"{name}.accessList", "expected an array")
-        out["accessList"] = obj["accessList"]
     if obj.get("blobVersionedHashes") is not None:
         hashes = obj["blobVersionedHashes"]
         if not isinstance(hashes, list):
             raise invalid_params(f"{name}.blobVersionedHashes", "expected an array of 32-byte hashes")
         out["blobVersionedHashes"] = [hash32(f"{name}.blobVersionedHashes", h) for h in hashes]
-    if obj.get("authorizationList") is not None:
-        if not isinstance(obj["authorizationList"], list):
-            raise invalid_params(f"{name}.authorizationList", "expected an array")
-        out["authorizationList"] = obj["authorizationList"]
+    for field_name in _CALL_LISTS:  # geth's TransactionArgs has each of these
+        if obj.get(field_name) is not None:
+            if not isinstance(obj[field_name], list):
+                raise invalid_params(f"{name}.{field_name}", "expected an array")
+            out[field_name] = obj[field_name]
     return out
 
 
 def eth_call(params: list[Any], rules: Rules) -> list[Any]:
     names = ("transaction", "block", "stateOverrides", "blockOverrides")
     _arity(params, names, 1)
-    # Nodes default an absent (or null) block to latest; so do we, and it resolves like "latest".
-    block = params[1] if len(params) > 1 else None
-    out = [call_object("transaction", params[0], rules),
-           BlockRef(tag="latest") if block is None else block_param("block", block)]
+    # An absent (or null) block resolves like "latest", so it shares latest's cache entries.
+    out = [call_object("transaction", params[0], rules), _block_or_latest(params, 1)]
     overrides = [*params[2:], None, None][:2]
     for name, value in zip(names[2:], overrides, strict=True):
         if value is not None and not isinstance(value, dict):

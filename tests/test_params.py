@@ -98,7 +98,7 @@ class TestEvmRules:
         rejects(p.eth_get_storage_at, [ADDR, "0x1" + "0" * 64, "latest"], "exceeds 32 bytes")
 
     def test_required_params_are_named_when_missing(self) -> None:
-        rejects(p.eth_get_storage_at, [ADDR, "0x0"], "block: missing required parameter")
+        rejects(p.eth_get_storage_at, [ADDR], "position: missing required parameter")
         rejects(p.eth_call, [], "transaction: missing required parameter")
 
     def test_extra_params_are_refused(self) -> None:
@@ -118,6 +118,14 @@ class TestEvmRules:
         for params in ([{"to": ADDR}], [{"to": ADDR}, None]):
             ref = p.eth_call(params, RULES)[1]
             assert ref.tag == "latest" and ref.encode() == "latest"
+
+    def test_storage_block_defaults_to_latest_as_on_anvil(self) -> None:
+        assert p.eth_get_storage_at([ADDR, "0x0"], RULES)[2].tag == "latest"
+
+    def test_eth_call_takes_geths_blob_fields(self) -> None:
+        out = p.eth_call([{"to": ADDR, "blobs": ["0x00"], "commitments": [], "proofs": []}], RULES)[0]
+        assert out["blobs"] == ["0x00"]
+        rejects(p.eth_call, [{"to": ADDR, "blobs": "0x00"}], "transaction.blobs: expected an array")
 
     def test_eth_call_takes_state_and_block_overrides(self) -> None:
         out = p.eth_call([{"to": ADDR}, "latest", None, {"time": "0x1"}], RULES)
