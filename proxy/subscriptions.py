@@ -341,18 +341,24 @@ class Session:
                 self.transport.abort()  # its buffers are full: no close frame can get through
 
     async def _write(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._outbox:
-                item = self._outbox.popleft()
-                self._pending_bytes -= len(item.payload)
-                sub = item.sub
-                if sub is not None and not await self._paid(sub, item.cost):
-                    continue
-                if self.ws.closed:
-                    return
-                await self.ws.send_frame(item.payload, web.WSMsgType.TEXT)
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._outbox:
+                    item = self._outbox.popleft()
+                    self._pending_bytes -= len(item.payload)
+                    sub = item.sub
+                    if sub is not None and not await self._paid(sub, item.cost):
+                        continue
+                    if self.ws.closed:
+                        return
+                    await self.ws.send_frame(item.payload, web.WSMsgType.TEXT)
+        except ConnectionError:
+            return  # the peer is gone; the handler's close() ends the subscriptions
+        except Exception:
+            log.exception("internal error writing subscription messages")
+            await self.ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
 
     async def _paid(self, sub: Subscription, cost: int) -> bool:
         """Charge one notification; a key out of credits ends every subscription of this connection."""

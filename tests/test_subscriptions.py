@@ -271,3 +271,14 @@ async def test_an_exhausted_key_gets_an_error_on_each_subscription_and_they_clos
         assert not proxy.app[STREAMS].feeds["evm"].active
     finally:
         await proxy.close()
+
+
+async def test_a_subscription_the_key_cannot_pay_for_is_refused(anvil: Anvil) -> None:
+    proxy = await start_proxy(_keyed(anvil, DAILY_CREDITS="4"))  # eth_subscribe costs 5 by default
+    try:
+        client = await connect(proxy, "alice")
+        refused = await client.call("eth_subscribe", "newHeads")
+        assert refused["error"]["code"] == -32005 and "daily credit limit" in refused["error"]["message"]
+        assert not proxy.app[STREAMS].feeds["evm"].active
+    finally:
+        await proxy.close()
