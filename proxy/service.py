@@ -235,6 +235,7 @@ class Service:
             params = self._cap_gas(params, net)
         if policy is None or policy.cache is CacheClass.NONE:
             answer = await net.upstream.request(method, params)
+            await self._catch_up(net, method, answer)
             return Outcome.answered(answer, BYPASS)
 
         refs = prepared.refs
@@ -297,6 +298,20 @@ class Service:
             self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
         return Outcome.answered(answer, MISS)
 
+    async def _catch_up(self, net: NetworkRuntime, method: str, answer: Answer) -> None:
+        """Read your writes: a receipt (or block number) from a block the tracker has not seen yet
+        makes it poll before the caller has the answer, so a `latest` read that follows (ethers'
+        `await tx.wait()` then a view call) sees that block, as it would on the node."""
+        number = _named_block(method, answer.result)
+        tracker = net.tracker
+        head = tracker.head
+        if number is None or head is None or not isinstance(tracker, EvmHeadTracker) or number <= head.latest:
+            return
+        try:
+            await tracker.poll()
+        except Exception as exc:  # the answer stands; the tracker's own loop polls again soon
+            log.warning("head tracker %s: catch-up poll failed: %s", net.name, exc)
+
     async def _upstream(self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy) -> Answer:
         if not policy.limits_logs:
             return await net.upstream.request(method, params)
@@ -347,6 +362,16 @@ class Service:
         if gas <= cap:
             return params
         return [{**tx, "gas": hex(cap)}, *params[1:]]
+
+
+def _named_block(method: str, result: Any) -> int | None:
+    """The block a forwarded answer says the node has reached, for the methods that tell it."""
+    value = result.get("blockNumber") if method == "eth_getTransactionReceipt" and isinstance(result, dict) else (
+        result if method == "eth_blockNumber" else None)
+    try:
+        return int(value, 16) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def _forward_form(ref: BlockRef, resolved: Resolved | None) -> Any:

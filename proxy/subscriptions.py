@@ -248,6 +248,8 @@ class Session:
         refusal = await self.gateway.charge_stream(self.api_key, call.method, credits.get("subscribe", 0))
         if refusal is not None:
             raise refusal
+        if self.closed:
+            return  # the socket went while this was charged: nothing to attach
         self.subs[sub.id] = sub
         if feed is not None:
             self._reply(call, jsonrpc.dumps(sub.id))

@@ -11,7 +11,7 @@ import pytest
 from web3 import AsyncHTTPProvider, AsyncWeb3, WebSocketProvider
 from web3.exceptions import ContractLogicError
 
-from tests.support import CONTRACTS, Anvil, Proxy, selector, word
+from tests.support import CONTRACTS, Anvil, Proxy, selector, settings_for, start_proxy, word
 
 ABI = json.loads((CONTRACTS / "Store.abi").read_text())
 
@@ -68,3 +68,19 @@ async def test_web3_subscribes_to_new_heads_and_logs(anvil: Anvil, evm_proxy: Pr
         assert [int(log["topics"][1].hex(), 16) for log in by_sub[logs]] == [0, 1]
         assert await w3.eth.unsubscribe(heads) is True
         assert await w3.eth.unsubscribe(logs) is True
+
+
+async def test_a_view_call_after_a_receipt_sees_the_receipts_block(anvil: Anvil) -> None:
+    """ethers' `await tx.wait()` then a view call: the read must not come from the block before."""
+    store = anvil.deploy_store()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60"))  # one poll only
+    try:
+        await proxy.head_at(anvil.block_number())
+        w3 = AsyncWeb3(AsyncHTTPProvider(proxy.url()))
+        contract = w3.eth.contract(address=AsyncWeb3.to_checksum_address(store), abi=ABI)
+        assert await contract.functions.x().call() == 7
+        receipt = anvil.send(store, selector("setX(uint256)") + word(9))
+        await w3.eth.get_transaction_receipt(receipt["transactionHash"])
+        assert await contract.functions.x().call() == 9
+    finally:
+        await proxy.close()

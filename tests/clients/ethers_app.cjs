@@ -2,6 +2,7 @@
 // Prints one JSON line of what it saw; tests/test_js_clients.py runs it against both and compares.
 // CommonJS, so NODE_PATH finds the packages scripts/test.sh installs under .tools/node_modules.
 const { readFileSync } = require("node:fs");
+const { deadline, until } = require("./wait.cjs");
 const { ContractFactory, Contract, JsonRpcProvider, WebSocketProvider, Wallet } = require("ethers");
 
 const [httpUrl, wsUrl, contracts] = process.argv.slice(2);
@@ -10,78 +11,67 @@ const bytecode = "0x" + readFileSync(`${contracts}/Store.bin`, "utf8").trim();
 const KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"; // anvil's first account
 const EVENTS = 20;
 
-function deadline(ms, what) {
-  return new Promise((_, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), ms).unref());
-}
-async function until(check, ms, what) {
-  const end = Date.now() + ms;
-  while (!check()) {
-    if (Date.now() > end) throw new Error(`timed out: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
 async function main() {
-const http = new JsonRpcProvider(httpUrl, undefined, { polling: true, pollingInterval: 100 });
-const ws = new WebSocketProvider(wsUrl);
-const out = {};
-try {
-  // Deploy and write over WebSocket: waitForDeployment() and wait() ride on newHeads.
-  // Nonces are counted here: ethers reuses an identical request's answer for 250 ms, so two quick
-  // sends could otherwise share one "pending" count (with or without the proxy).
-  const wallet = new Wallet(KEY, ws);
-  let nonce = await http.getTransactionCount(wallet.address, "pending");
-  const deployed = await Promise.race([
-    (await new ContractFactory(abi, bytecode, wallet).deploy({ nonce: nonce++ })).waitForDeployment(),
-    deadline(30000, "deploy")]);
-  const address = await deployed.getAddress();
-  const tx = await deployed.setX(9, { nonce: nonce++ });
-  out.setXStatus = (await Promise.race([tx.wait(), deadline(30000, "tx.wait")])).status;
-
-  // Read-only calls without a signer, over HTTP and WebSocket.
-  out.httpX = (await new Contract(address, abi, http).x()).toString();
-  out.wsX = (await new Contract(address, abi, ws).x()).toString();
+  const http = new JsonRpcProvider(httpUrl, undefined, { polling: true, pollingInterval: 100 });
+  const ws = new WebSocketProvider(wsUrl);
+  const out = {};
   try {
-    await new Contract(address, abi, http).boom();
-    out.revert = "no revert";
-  } catch (error) {
-    out.revert = `${error.code}:${error.reason}`;
-  }
+    // Deploy and write over WebSocket: waitForDeployment() and wait() ride on newHeads.
+    // Nonces are counted here: ethers reuses an identical request's answer for 250 ms, so two quick
+    // sends could otherwise share one "pending" count (with or without the proxy).
+    const wallet = new Wallet(KEY, ws);
+    let nonce = await http.getTransactionCount(wallet.address, "pending");
+    const deployed = await Promise.race([
+      (await new ContractFactory(abi, bytecode, wallet).deploy({ nonce: nonce++ })).waitForDeployment(),
+      deadline(30000, "deploy")]);
+    const address = await deployed.getAddress();
+    const tx = await deployed.setX(9, { nonce: nonce++ });
+    out.setXStatus = (await Promise.race([tx.wait(), deadline(30000, "tx.wait")])).status;
 
-  // Events: every one of 20 transactions' events arrives exactly once; blocks arrive consecutively.
-  const seen = [];
-  const blocks = [];
-  const watched = new Contract(address, abi, ws);
-  await watched.on("Emitted", (i, event) => seen.push(`${event.log.transactionHash}:${event.log.index}`));
-  await ws.on("block", (n) => blocks.push(n));
-  const writer = new Contract(address, abi, new Wallet(KEY, http));
-  const receipts = [];
-  for (let i = 0; i < EVENTS; i++) {
-    const sent = await writer.emitMany(1, { nonce: nonce++ });
-    receipts.push(await sent.wait());
-  }
-  await until(() => seen.length >= EVENTS, 30000, "20 events");
-  const last = receipts[receipts.length - 1].blockNumber;
-  await until(() => blocks.length > 0 && blocks[blocks.length - 1] >= last, 30000, "the last block");
-  await http.send("evm_mine", []);
-  await until(() => blocks[blocks.length - 1] >= last + 1, 30000, "one more block");
-  out.events = seen.length;
-  out.uniqueEvents = new Set(seen).size;
-  out.eventsMatchReceipts = receipts.every((r) => seen.some((s) => s.startsWith(r.hash)));
-  out.blocksConsecutive = blocks.every((n, i) => i === 0 || n === blocks[i - 1] + 1);
-  out.blocksSeen = blocks.length >= EVENTS;
+    // Read-only calls without a signer, over HTTP and WebSocket.
+    out.httpX = (await new Contract(address, abi, http).x()).toString();
+    out.wsX = (await new Contract(address, abi, ws).x()).toString();
+    try {
+      await new Contract(address, abi, http).boom();
+      out.revert = "no revert";
+    } catch (error) {
+      out.revert = `${error.code}:${error.reason}`;
+    }
 
-  // queryFilter over HTTP: the same 20 events, from the logs.
-  const logs = await new Contract(address, abi, http).queryFilter("Emitted", 0, "latest");
-  out.queryFilter = logs.length;
-  await watched.removeAllListeners();
-  await ws.removeAllListeners();
-  await ws.getBlockNumber(); // a round trip after the eth_unsubscribe calls, so none is cut off by destroy()
-} finally {
-  http.destroy();
-  await ws.destroy();
-}
-console.log(JSON.stringify(out));
+    // Events: every one of 20 transactions' events arrives exactly once; blocks arrive consecutively.
+    const seen = [];
+    const blocks = [];
+    const watched = new Contract(address, abi, ws);
+    await watched.on("Emitted", (i, event) => seen.push(`${event.log.transactionHash}:${event.log.index}`));
+    await ws.on("block", (n) => blocks.push(n));
+    const writer = new Contract(address, abi, new Wallet(KEY, http));
+    const receipts = [];
+    for (let i = 0; i < EVENTS; i++) {
+      const sent = await writer.emitMany(1, { nonce: nonce++ });
+      receipts.push(await sent.wait());
+    }
+    await until(() => seen.length >= EVENTS, 30000, "20 events");
+    const last = receipts[receipts.length - 1].blockNumber;
+    await until(() => blocks.length > 0 && blocks[blocks.length - 1] >= last, 30000, "the last block");
+    await http.send("evm_mine", []);
+    await until(() => blocks[blocks.length - 1] >= last + 1, 30000, "one more block");
+    out.events = seen.length;
+    out.uniqueEvents = new Set(seen).size;
+    out.eventsMatchReceipts = receipts.every((r) => seen.some((s) => s.startsWith(r.hash)));
+    out.blocksConsecutive = blocks.every((n, i) => i === 0 || n === blocks[i - 1] + 1);
+    out.blocksSeen = blocks.length >= EVENTS;
+
+    // queryFilter over HTTP: the same 20 events, from the logs.
+    const logs = await new Contract(address, abi, http).queryFilter("Emitted", 0, "latest");
+    out.queryFilter = logs.length;
+    await watched.removeAllListeners();
+    await ws.removeAllListeners();
+    await ws.getBlockNumber(); // a round trip after the eth_unsubscribe calls, so none is cut off by destroy()
+  } finally {
+    http.destroy();
+    await ws.destroy();
+  }
+  console.log(JSON.stringify(out));
 }
 
 main().catch((error) => {

@@ -2,6 +2,7 @@
 // CommonJS, so NODE_PATH finds the packages scripts/test.sh installs under .tools/node_modules.
 // Prints one JSON line of what it saw; tests/test_js_clients.py runs it against both and compares.
 const { readFileSync } = require("node:fs");
+const { until } = require("./wait.cjs");
 const { createPublicClient, createWalletClient, http, webSocket, parseAbi } = require("viem");
 const { privateKeyToAccount } = require("viem/accounts");
 const { foundry } = require("viem/chains");
@@ -11,14 +12,6 @@ const abi = JSON.parse(readFileSync(`${contracts}/Store.abi`, "utf8"));
 const bytecode = "0x" + readFileSync(`${contracts}/Store.bin`, "utf8").trim();
 const account = privateKeyToAccount("0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80");
 const EVENTS = 5;
-
-async function until(check, ms, what) {
-  const end = Date.now() + ms;
-  while (!check()) {
-    if (Date.now() > end) throw new Error(`timed out: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 async function main() {
   const overHttp = createPublicClient({ chain: foundry, transport: http(httpUrl), pollingInterval: 100 });
