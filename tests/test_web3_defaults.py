@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,8 +17,15 @@ from tests.support import CONTRACTS, Anvil, Proxy, selector, settings_for, start
 ABI = json.loads((CONTRACTS / "Store.abi").read_text())
 
 
-async def test_view_calls_need_no_default_account_over_http(anvil: Anvil, evm_proxy: Proxy) -> None:
-    w3 = AsyncWeb3(AsyncHTTPProvider(evm_proxy.url()))
+@pytest.fixture
+async def http_w3(evm_proxy: Proxy) -> AsyncIterator[AsyncWeb3[Any]]:
+    provider = AsyncHTTPProvider(evm_proxy.url())
+    yield AsyncWeb3(provider)
+    await provider.disconnect()  # web3 keeps its HTTP sessions cached until told
+
+
+async def test_view_calls_need_no_default_account_over_http(anvil: Anvil, http_w3: AsyncWeb3[Any]) -> None:
+    w3 = http_w3
     store = w3.eth.contract(address=AsyncWeb3.to_checksum_address(anvil.deploy_store()), abi=ABI)
     assert w3.eth.default_account is None or not w3.eth.default_account
     assert await store.functions.x().call() == 7
@@ -76,11 +84,13 @@ async def test_a_view_call_after_a_receipt_sees_the_receipts_block(anvil: Anvil)
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60"))  # one poll only
     try:
         await proxy.head_at(anvil.block_number())
-        w3 = AsyncWeb3(AsyncHTTPProvider(proxy.url()))
+        provider = AsyncHTTPProvider(proxy.url())
+        w3 = AsyncWeb3(provider)
         contract = w3.eth.contract(address=AsyncWeb3.to_checksum_address(store), abi=ABI)
         assert await contract.functions.x().call() == 7
         receipt = anvil.send(store, selector("setX(uint256)") + word(9))
         await w3.eth.get_transaction_receipt(receipt["transactionHash"])
         assert await contract.functions.x().call() == 9
+        await provider.disconnect()
     finally:
         await proxy.close()

@@ -2,7 +2,7 @@
 // Prints one JSON line of what it saw; tests/test_js_clients.py runs it against both and compares.
 // CommonJS, so NODE_PATH finds the packages scripts/test.sh installs under .tools/node_modules.
 const { readFileSync } = require("node:fs");
-const { deadline, until } = require("./wait.cjs");
+const { deadline, until, repeatUntil } = require("./wait.cjs");
 const { ContractFactory, Contract, JsonRpcProvider, WebSocketProvider, Wallet } = require("ethers");
 
 const [httpUrl, wsUrl, contracts] = process.argv.slice(2);
@@ -44,6 +44,8 @@ async function main() {
     const watched = new Contract(address, abi, ws);
     await watched.on("Emitted", (i, event) => seen.push(`${event.log.transactionHash}:${event.log.index}`));
     await ws.on("block", (n) => blocks.push(n));
+    // ethers subscribes in the background, the logs first: a first block seen means both are live.
+    await repeatUntil(() => http.send("evm_mine", []), () => blocks.length > 0, 30000, "the block listener");
     const writer = new Contract(address, abi, new Wallet(KEY, http));
     const receipts = [];
     for (let i = 0; i < EVENTS; i++) {

@@ -2,7 +2,7 @@
 // CommonJS, so NODE_PATH finds the packages scripts/test.sh installs under .tools/node_modules.
 // Prints one JSON line of what it saw; tests/test_js_clients.py runs it against both and compares.
 const { readFileSync } = require("node:fs");
-const { until } = require("./wait.cjs");
+const { until, repeatUntil } = require("./wait.cjs");
 const { createPublicClient, createWalletClient, http, webSocket, parseAbi } = require("viem");
 const { privateKeyToAccount } = require("viem/accounts");
 const { foundry } = require("viem/chains");
@@ -33,25 +33,29 @@ async function main() {
   const stopEvents = overWs.watchContractEvent({
     address, abi, eventName: "Emitted", onLogs: (logs) => events.push(...logs.map((l) => `${l.transactionHash}:${l.logIndex}`)),
   });
-  // Both watchers subscribe (eth_subscribe) at once; a first block seen means both are live.
-  await overHttp.request({ method: "evm_mine", params: [] });
-  await until(() => blocks.length > 0, 30000, "the first block");
-  let last = 0n;
-  for (let i = 0; i < EVENTS; i++) {
+  let emitted = 0;
+  const emit = async () => {
+    emitted += 1;
     const hash = await wallet.writeContract({ address, abi, functionName: "emitMany", args: [1n] });
-    last = (await overWs.waitForTransactionReceipt({ hash, timeout: 30000 })).blockNumber;
-  }
-  await until(() => events.length >= EVENTS, 30000, "events");
+    return (await overWs.waitForTransactionReceipt({ hash, timeout: 30000 })).blockNumber;
+  };
+  // viem does not say when its subscriptions are live: emit until the first event shows they are.
+  await repeatUntil(emit, () => events.length > 0 && blocks.length > 0, 30000, "the watchers to start");
+  const before = events.length;
+  let last = 0n;
+  for (let i = 0; i < EVENTS; i++) last = await emit();
+  await until(() => events.length >= before + EVENTS, 30000, "events");
   await until(() => blocks.length > 0 && blocks[blocks.length - 1] >= Number(last), 30000, "blocks");
   stopBlocks();
   stopEvents();
-  out.events = events.length;
-  out.uniqueEvents = new Set(events).size;
+  out.events = events.length - before;
+  out.uniqueEvents = new Set(events).size - before;
   out.blocksConsecutive = blocks.every((n, i) => i === 0 || n === blocks[i - 1] + 1);
 
   const event = parseAbi(["event Emitted(uint256 indexed i)"])[0];
-  out.getLogs = (await overHttp.getLogs({ address, event, fromBlock: 0n, toBlock: "latest" })).length;
-  out.wsGetLogs = (await overWs.getLogs({ address, event, fromBlock: 0n, toBlock: "latest" })).length;
+  const warmUps = emitted - EVENTS; // every emitted event is in the logs, whether watched or not
+  out.getLogs = (await overHttp.getLogs({ address, event, fromBlock: 0n, toBlock: "latest" })).length - warmUps;
+  out.wsGetLogs = (await overWs.getLogs({ address, event, fromBlock: 0n, toBlock: "latest" })).length - warmUps;
   await (await overWs.transport.getRpcClient()).close();
   console.log(JSON.stringify(out));
 }
