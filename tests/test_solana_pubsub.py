@@ -103,3 +103,21 @@ async def test_without_an_upstream_websocket_pubsub_gets_a_clear_error(solana: F
         assert http["error"]["code"] == -32601 and "WebSocket" in http["error"]["message"]
     finally:
         await proxy.close()
+
+
+async def test_solana_subscriptions_are_charged_by_their_subscribe_method(solana: FakeSolana) -> None:
+    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url,
+                                           API_KEYS="alice", SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3"))
+    try:
+        client = await connect(proxy, "alice")
+        await client.call("slotSubscribe")
+        await solana.advance_slot()
+        await solana.advance_slot()
+        await client.notes_until(2)
+
+        async def charged() -> bool:
+            return proxy.metric("rpc_proxy_key_credits_charged_total", key="alice") == 2 + 2 * 3
+
+        await eventually(charged, 5, "the subscription and its two notifications to be charged")
+    finally:
+        await proxy.close()
