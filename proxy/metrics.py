@@ -182,6 +182,10 @@ class Metrics:
             "rpc_proxy_redis_errors", "Redis commands that failed or timed out.", ["operation"], registry=r,
         )
         self.redis_up = Gauge("rpc_proxy_redis_up", "1 while Redis answers, 0 while it is skipped.", registry=r)
+        self.subscriptions = _Local("gauge", "rpc_proxy_subscriptions",
+                                    "Open WebSocket subscriptions, by kind (its credits-table row).", ["kind"], r)
+        self.slow_consumers = Counter("rpc_proxy_slow_consumer_disconnects",
+                                      "WebSocket connections closed because their consumer fell behind.", registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
 

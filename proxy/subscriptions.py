@@ -26,6 +26,7 @@ from . import jsonrpc
 from .config import Settings
 from .jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
 from .methods import SOLANA_PUBSUB, SOLANA_PUBSUB_METHODS, SUBSCRIPTION_METHODS
+from .metrics import Metrics
 from .params import Rules, log_filter
 
 log = logging.getLogger("proxy.subscriptions")
@@ -181,6 +182,7 @@ class Session:
     feeds: Mapping[str, HeadSource]
     relays: Mapping[str, Relay]
     settings: Settings
+    metrics: Metrics
     subs: dict[str | int, Subscription] = field(default_factory=dict)
     _outbox: deque[_Item] = field(default_factory=deque)
     _pending_bytes: int = 0
@@ -250,7 +252,7 @@ class Session:
             raise refusal
         if self.closed:
             return  # the socket went while this was charged: nothing to attach
-        self.subs[sub.id] = sub
+        self._register(sub)
         if feed is not None:
             self._reply(call, jsonrpc.dumps(sub.id))
             sub.active = True
@@ -270,8 +272,7 @@ class Session:
         def on_notify(_method: str, result: Any) -> None:
             sub.notify(jsonrpc.dumps(result))
             if sub.once:
-                self.subs.pop(sub.id, None)
-                sub.active = False
+                self._forget(sub)
 
         def on_lost() -> None:
             self._end(sub, JsonRpcError(-32002, f"upstream WebSocket of network '{runtime.name}' closed: "
@@ -281,7 +282,7 @@ class Session:
             relayed = await relay.subscribe(call.method, params if solana else call.params,
                                             on_ok=on_ok, on_notify=on_notify, on_lost=on_lost)
         except BaseException:
-            self.subs.pop(sub.id, None)
+            self._forget(sub)
             raise
         sub.detach = relayed.cancel
         if self.closed or sub.id not in self.subs:
@@ -331,6 +332,7 @@ class Session:
         """A consumer that does not read: drop what waits for it and close (1008)."""
         limit = self.settings.ws_send_buffer_bytes
         log.warning("closing a WebSocket whose consumer fell behind by more than %d bytes", limit)
+        self.metrics.slow_consumers.inc()
         self._outbox.clear()
         self._pending_bytes = 0
         await self.close()
@@ -379,18 +381,28 @@ class Session:
 
     def _end(self, sub: Subscription, error: JsonRpcError) -> None:
         """Tell the client a subscription is over, with why, and let go of it."""
-        if self.subs.pop(sub.id, None) is None:
+        if not self._forget(sub):
             return
-        sub.active = False
         self._outbox = deque(i for i in self._outbox if i.sub is not sub)
         self._pending_bytes = sum(len(i.payload) for i in self._outbox)
         self._queue(_Item(jsonrpc.encode_notification(sub.method, sub.id, error.encode(), error=True)))
         if sub.detach is not None:
             spawn(self._tasks, sub.detach())
 
-    async def _drop(self, sub: Subscription) -> None:
-        self.subs.pop(sub.id, None)
+    def _register(self, sub: Subscription) -> None:
+        self.subs[sub.id] = sub
+        self.metrics.child(self.metrics.subscriptions, sub.label).inc()
+
+    def _forget(self, sub: Subscription) -> bool:
+        """Stop counting and delivering a subscription; False if it was already gone."""
+        if self.subs.pop(sub.id, None) is None:
+            return False
         sub.active = False
+        self.metrics.child(self.metrics.subscriptions, sub.label).dec()
+        return True
+
+    async def _drop(self, sub: Subscription) -> None:
+        self._forget(sub)
         if sub.detach is not None:
             await sub.detach()
 

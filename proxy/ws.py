@@ -36,7 +36,8 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     metrics.ws_connections.inc()
     slots = asyncio.Semaphore(settings.ws_max_inflight)
     streams = app[STREAMS]
-    session = Session(ws, request.transport, api_key, network, gateway, streams.feeds, streams.relays, settings)
+    session = Session(ws, request.transport, api_key, network, gateway, streams.feeds, streams.relays, settings,
+                      metrics)
     session.start()
 
     async def serve(data: str | bytes) -> None:

@@ -119,11 +119,11 @@ async def test_closing_the_socket_ends_its_subscriptions(evm_proxy: Proxy) -> No
     await client.subscribe("newHeads")
     await client.subscribe("logs")
     feed = evm_proxy.app[STREAMS].feeds["evm"]
-    assert feed.active
+    assert feed.active and evm_proxy.metric("rpc_proxy_subscriptions", kind="logs") == 1
     await client.ws.close()
 
     async def gone() -> bool:
-        return not feed.active
+        return not feed.active and evm_proxy.metric("rpc_proxy_subscriptions", kind="newHeads") == 0
 
     await eventually(gone, 5, "the feed to lose its subscribers")
 
@@ -224,6 +224,7 @@ async def test_a_consumer_that_stops_reading_is_disconnected_not_buffered(
 
         await eventually(dropped, 60, "the slow consumer to be disconnected")
         assert "fell behind by more than 20000 bytes" in caplog.text
+        assert proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 1
         sock.close()
     finally:
         await proxy.close()
