@@ -91,7 +91,7 @@ def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handle
         return error_response(error, NO_CHARGE)
 
     async def awaited(
-        request: web.Request, body: bytes | None, api_key: str, network: NetworkRuntime | None, memory_checked: bool,
+        request: web.Request, body: bytes | None, account: str, network: NetworkRuntime | None, memory_checked: bool,
     ) -> web.StreamResponse:
         """Everything that awaits: counted in flight while it runs."""
         inflight.inc()
@@ -101,7 +101,7 @@ def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handle
                     body = await request.read()
                 except web.HTTPRequestEntityTooLarge:
                     return too_large()
-            return json_response(await gateway.handle(body, api_key, network, memory_checked=memory_checked))
+            return json_response(await gateway.handle(body, account, network, memory_checked=memory_checked))
         finally:
             inflight.dec()
 
@@ -109,13 +109,13 @@ def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handle
         # guarded() written out: one coroutine fewer on the path every cache hit takes.
         try:
             match = request.match_info
-            api_key = match.get("api_key", "")
-            if not gateway.authorized(api_key):
+            account = gateway.account(match.get("api_key", ""))
+            if account is None:
                 return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
             network = gateway.network_for(request.host, match.get("network"))
             content = request.content
             if not content.is_eof():  # the body is still arriving
-                return await awaited(request, None, api_key, network, False)
+                return await awaited(request, None, account, network, False)
             body = content.read_nowait()  # the whole body is here (the usual case): no await
             if len(body) > max_body_bytes:
                 return too_large()
@@ -124,7 +124,7 @@ def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handle
             encoded = gateway.open_hit(body, network)
             if encoded is not None:
                 return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
-            return await awaited(request, body, api_key, network, gateway.open_mode)
+            return await awaited(request, body, account, network, gateway.open_mode)
         except ConnectionResetError:
             raise
         except Exception as exc:

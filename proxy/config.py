@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from .identity import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
+
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -33,6 +35,7 @@ class Network:
 class KeyConfig:
     daily_credits: int | None = None
     credits_per_second: int | None = None
+    sha256: str = ""  # hex digest of the key's secret; the secret itself is not kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,7 @@ class Settings:
     port: int = 8545
     redis_url: str | None = None
     redis_timeout: float = 0.25
-    api_keys: Mapping[str, KeyConfig] | None = None  # None: open mode, any key accepted
+    api_keys: Mapping[str, KeyConfig] | None = None  # account name -> key; None: open mode, any key accepted
     daily_credits: int = 3_000_000
     credits_per_second: int | None = None
     default_credits: int = 20
@@ -79,14 +82,14 @@ class Settings:
     def open_mode(self) -> bool:
         return self.api_keys is None
 
-    def daily_credits_for(self, api_key: str) -> int:
-        """The key's own daily_credits, else DAILY_CREDITS."""
-        config = (self.api_keys or {}).get(api_key)
+    def daily_credits_for(self, account: str) -> int:
+        """The account's own daily_credits, else DAILY_CREDITS."""
+        config = (self.api_keys or {}).get(account)
         return config.daily_credits if config and config.daily_credits else self.daily_credits
 
-    def credits_per_second_for(self, api_key: str) -> int | None:
-        """The key's own credits_per_second, else CREDITS_PER_SECOND (None: no limit)."""
-        config = (self.api_keys or {}).get(api_key)
+    def credits_per_second_for(self, account: str) -> int | None:
+        """The account's own credits_per_second, else CREDITS_PER_SECOND (None: no limit)."""
+        config = (self.api_keys or {}).get(account)
         return config.credits_per_second if config and config.credits_per_second else self.credits_per_second
 
 
@@ -242,26 +245,62 @@ def _networks_from_file(path: str) -> list[Network]:
     return networks
 
 
+_KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second")
+
+
+def _key_entry(path: str, table_name: str, entry: Any) -> tuple[str, KeyConfig]:
+    """One [keys.X] table: X names the account when `key` or `key_sha256` holds the secret;
+    otherwise X is the secret itself (the older form) and the account gets a derived name."""
+    declared = isinstance(entry, dict) and ("key" in entry or "key_sha256" in entry)
+    name = table_name if declared else derived_name(table_name)
+    where = f"API_KEYS_FILE: key {name!r}"  # never the secret of an older-form table
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} must be a table")
+    for field_name in entry:
+        if field_name not in _KEY_FIELDS:
+            raise ConfigError(f"{where}: unknown field {field_name!r} (expected one of {', '.join(_KEY_FIELDS)})")
+    if declared and not ACCOUNT_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: a key name is 1-64 letters, digits, '_', '.' or '-'")
+    if "key" in entry and "key_sha256" in entry:
+        raise ConfigError(f"{where}: set key or key_sha256, not both")
+    if "key_sha256" in entry:
+        sha = entry["key_sha256"]
+        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha.lower()):
+            raise ConfigError(f"{where}: key_sha256 must be 64 hex digits (sha256sum of the key)")
+        sha = sha.lower()
+    else:
+        secret = entry.get("key", table_name)
+        if not isinstance(secret, str) or not secret:
+            raise ConfigError(f"{where}: key must be a non-empty string")
+        sha = digest(secret)
+    values: dict[str, int | None] = {}
+    for field_name in ("daily_credits", "credits_per_second"):
+        value = entry.get(field_name)
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{where}: {field_name} must be a positive integer")
+        values[field_name] = value
+    return name, KeyConfig(**values, sha256=sha)
+
+
 def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
+    """Accounts by name; a name is never the secret (plain API_KEYS entries get a derived name)."""
     keys: dict[str, KeyConfig] = {}
-    for key in _csv(raw.get("API_KEYS", "")):
-        keys[key] = KeyConfig()
+    for secret in _csv(raw.get("API_KEYS", "")):
+        keys[derived_name(secret)] = KeyConfig(sha256=digest(secret))
     path = raw.get("API_KEYS_FILE")
     if path:
         data = _load_toml("API_KEYS_FILE", path)
         table = data.get("keys")
         if not isinstance(table, dict) or not table:
             raise ConfigError(f"API_KEYS_FILE: {path} has no [keys.NAME] tables")
-        for key, entry in table.items():
-            if not isinstance(entry, dict):
-                raise ConfigError(f"API_KEYS_FILE: key {key!r} must be a table")
-            values: dict[str, int | None] = {}
-            for field_name in ("daily_credits", "credits_per_second"):
-                value = entry.get(field_name)
-                if value is not None and (not isinstance(value, int) or value <= 0):
-                    raise ConfigError(f"API_KEYS_FILE: key {key!r}: {field_name} must be a positive integer")
-                values[field_name] = value
-            keys[str(key)] = KeyConfig(**values)
+        for table_name, entry in table.items():
+            name, config = _key_entry(path, str(table_name), entry)
+            if name in keys:
+                raise ConfigError(f"API_KEYS_FILE: key {name!r} is declared twice")
+            keys[name] = config
+    digests = [k.sha256 for k in keys.values()]
+    if len(set(digests)) != len(digests):
+        raise ConfigError("API_KEYS/API_KEYS_FILE: two keys share the same secret")
     return keys or None
 
 
