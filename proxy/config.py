@@ -11,6 +11,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from .identity import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
+from .jsonrpc import METHOD_NAME
 
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
@@ -74,6 +75,7 @@ class Settings:
     log_level: str = "INFO"
     access_log: bool = False
     shutdown_timeout: float = 30.0
+    allowed_methods: frozenset[str] = frozenset()
 
     def network(self, name: str) -> Network | None:
         return next((n for n in self.networks if n.name == name), None)
@@ -120,7 +122,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
     Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
     Option("DEFAULT_CREDITS", "credit cost of forwarded methods outside the spec table (default 20)"),
-    Option("ALLOW_NAMESPACES", "comma-separated refused namespaces to allow (admin,debug,...)"),
+    Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
     Option("MAX_BATCH_SIZE", "maximum calls in one batch (default 100)"),
     Option("MAX_BODY_BYTES", "maximum HTTP request body in bytes (default 5242880)"),
     Option("WS_MAX_MESSAGE_BYTES", "maximum WebSocket message in bytes (default 5242880)"),
@@ -145,6 +147,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
     Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
+    Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
 )
 OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 
@@ -376,6 +379,12 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         values["log_level"] = level
     if "ALLOW_NAMESPACES" in raw:
         values["allowed_namespaces"] = frozenset(ns.rstrip("_") for ns in _csv(raw["ALLOW_NAMESPACES"]))
+    if "ALLOW_METHODS" in raw:
+        methods = _csv(raw["ALLOW_METHODS"])
+        for method in methods:
+            if not METHOD_NAME.fullmatch(method):
+                raise ConfigError(f"ALLOW_METHODS: {method[:40]!r} is not a method name (ASCII letters, digits, '_')")
+        values["allowed_methods"] = frozenset(methods)
     # spec: getLargestAccounts results may be cached up to two hours.
     if values.get("solana_largest_accounts_ttl", 0) > 7200:
         raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")

@@ -24,7 +24,7 @@ from .jsonrpc import (
     Invalid,
     JsonRpcError,
 )
-from .methods import family_of, metric_label
+from .methods import family_of, metric_label, refusal
 from .metrics import HitCells, Metrics
 from .service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
 
@@ -115,6 +115,11 @@ class Gateway:
         return self._service.networks[name] if name is not None else None
 
     def _route(self, call: Call, network: NetworkRuntime | None) -> NetworkRuntime:
+        # The envelope checked the name's form; the allow-list comes before the route memo, so the
+        # memo only ever holds names this deployment serves.
+        refused = refusal(call.method, self._settings.allowed_methods, self._settings.allowed_namespaces)
+        if refused is not None:
+            raise JsonRpcError(METHOD_NOT_FOUND, refused)
         runtime = network or self._default_routes[call.method]
         if runtime is None:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family_of(call.method)} network is configured")
@@ -217,7 +222,8 @@ class Gateway:
         if plain is None:
             return None
         rid, method, params = plain
-        runtime = network or self._default_routes[method]
+        # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
+        runtime = network or self._default_routes.get(method)
         if runtime is None:
             return None
         hit = self._service.memory_hit(method, params, runtime)

@@ -6,6 +6,7 @@ cached answer is spliced into the response with the caller's id, never decoded a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,14 @@ LIMIT_EXCEEDED = -32005
 EXECUTION_REVERTED = 3
 
 Id = str | int | float | None
+
+# A method name is an ASCII identifier of bounded length, checked in the envelope, before anything
+# (a route memo, a policy lookup) is keyed by it: a client cannot make the proxy keep megabytes of
+# name, and look-alikes (" admin_x", Cyrillic letters) are refused rather than matched loosely.
+METHOD_NAME_MAX = 128
+METHOD_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_]{{0,{METHOD_NAME_MAX - 1}}}")
+METHOD_NAME_PROBLEM = (f"invalid request: method must be ASCII letters, digits and '_', starting with a letter, "
+                       f"at most {METHOD_NAME_MAX} characters")
 
 
 class JsonRpcError(Exception):
@@ -102,6 +111,8 @@ def _entry(obj: Any) -> Entry:
     method = obj.get("method")
     if not isinstance(method, str) or not method:
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: method must be a non-empty string"), rid)
+    if not METHOD_NAME.fullmatch(method):
+        return Invalid(JsonRpcError(INVALID_REQUEST, METHOD_NAME_PROBLEM), rid)
     params = obj.get("params", [])
     if not isinstance(params, (list, dict)):
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: params must be an array or object"), rid)

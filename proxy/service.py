@@ -19,12 +19,10 @@ from .config import Network, Settings
 from .jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, dumps, invalid_params
 from .methods import (
     POLICIES,
-    REFUSED_NAMESPACES,
     SUBSCRIPTION_METHODS,
     CacheClass,
     MethodPolicy,
     metric_label,
-    namespace,
 )
 from .metrics import HitCells, Metrics
 from .params import BlockRef, Rules, block_refs, quantity_int, substitute
@@ -153,11 +151,9 @@ class Service:
     # --- before anything is charged or forwarded ------------------------------------------
 
     def prepare(self, call: Call, network: NetworkRuntime) -> Prepared:
-        """Check the method is allowed here and validate its params; raise JsonRpcError if not."""
+        """Check the method is available on this network and validate its params; raise JsonRpcError if not.
+        The allow-list was applied before routing (Gateway._route)."""
         method = call.method
-        ns = namespace(method)
-        if ns in REFUSED_NAMESPACES and ns not in self._settings.allowed_namespaces:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: the {ns}_ namespace is disabled")
         if method in SUBSCRIPTION_METHODS:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method} (subscriptions are not supported)")
         policy = POLICIES.get(method)
