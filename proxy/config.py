@@ -353,7 +353,7 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         raise ConfigError("no upstream configured: set EVM_UPSTREAM, SOLANA_UPSTREAM or NETWORKS_FILE")
     seen: set[str] = set()
     for net in networks:
-        if not NETWORK_NAME.match(net.name):
+        if not NETWORK_NAME.fullmatch(net.name):
             raise ConfigError(f"network name {net.name!r} must be lower-case letters, digits and '-'")
         if net.name in seen:
             raise ConfigError(f"network {net.name!r} is declared twice")

@@ -97,6 +97,22 @@ class Body:
     batch: bool
 
 
+MAX_PARAMS_DEPTH = 64
+
+
+def _too_deep(value: list[Any] | dict[str, Any], limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (the params themselves are level 1)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, (list, dict)):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 def _entry(obj: Any) -> Entry:
     if not isinstance(obj, dict):
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: expected a JSON object"))
@@ -116,6 +132,9 @@ def _entry(obj: Any) -> Entry:
     params = obj.get("params", [])
     if not isinstance(params, (list, dict)):
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: params must be an array or object"), rid)
+    if _too_deep(params, MAX_PARAMS_DEPTH):
+        # orjson encodes at most 255 levels: deeper params could be neither keyed nor forwarded.
+        return Invalid(invalid_params("params", f"nested deeper than {MAX_PARAMS_DEPTH} levels"), rid)
     return Call(method=method, params=params, id=rid, notification=not has_id)
 
 
@@ -136,7 +155,7 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
             )
         return Body([_entry(item) for item in data], batch=True)
     entry = _entry(data)
-    if isinstance(entry, Invalid):
+    if isinstance(entry, Invalid) and entry.error.code != INVALID_PARAMS:  # a params error keeps its id
         raise JsonRpcError(entry.error.code, entry.error.message, http_status=400)
     return Body([entry], batch=False)
 

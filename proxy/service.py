@@ -120,7 +120,10 @@ class Memo(dict[K, V]):
 
 def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, str, bytes] | None:
     """The memo key of a request as it arrived; None for params too large to be worth remembering."""
-    raw = dumps(params)
+    try:
+        raw = dumps(params)
+    except TypeError:  # nested past orjson's limit: the hot path leaves it to the envelope's check
+        return None
     return (net.name, method, raw) if len(raw) <= MEMO_MAX_PARAMS else None
 
 

@@ -1,0 +1,64 @@
+"""Validation that cannot be slipped past: bounded numbers, whole-string matches, per-element errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support import Proxy
+
+ADDRESS = "0x" + "11" * 20
+
+
+def call(method: str, params: Any, rid: int = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+
+
+@pytest.mark.parametrize("block", ["999999999999999999999999999999", 2**64, "18446744073709551616", "9" * 4301])
+async def test_a_decimal_block_number_is_bounded_to_64_bits(evm_proxy: Proxy, block: Any) -> None:
+    status, reply, _ = await evm_proxy.post(call("eth_getBlockReceipts", [block]))
+    assert status == 200 and reply["error"]["code"] == -32602, reply
+    assert evm_proxy.upstreams["evm"].calls["eth_getBlockReceipts"] == 0
+
+
+@pytest.mark.parametrize(("method", "params"), [
+    ("eth_getStorageAt", [ADDRESS + "\n", "0x0", "latest"]),
+    ("eth_getStorageAt", [ADDRESS, "0x0\n", "latest"]),
+    ("eth_getStorageAt", [ADDRESS, "0x0", "0x1\n"]),
+    ("eth_call", [{"from": ADDRESS, "to": ADDRESS, "data": "0x12\n"}, "latest"]),
+    ("eth_getUncleByBlockHashAndIndex", ["0x" + "ab" * 32 + "\n", "0x0"]),
+    ("eth_getBlockReceipts", ["12\n"]),
+    ("eth_getLogs", [{"topics": ["0x" + "ab" * 32 + "\n"]}]),
+])
+async def test_hex_and_decimal_values_must_match_whole_with_no_trailing_newline(
+    evm_proxy: Proxy, method: str, params: Any
+) -> None:
+    reply = await evm_proxy.call(method, params)
+    assert reply["error"]["code"] == -32602, reply
+    assert evm_proxy.upstreams["evm"].calls[method] == 0
+
+
+async def test_a_huge_decimal_or_deep_params_fail_their_own_batch_element_only(evm_proxy: Proxy) -> None:
+    deep: Any = "0x0"
+    for _ in range(300):
+        deep = [deep]
+    batch = [
+        call("eth_chainId", [], 1),
+        call("eth_getBlockReceipts", ["9" * 4301], 2),
+        call("eth_getStorageAt", [ADDRESS, "0x0", deep], 3),
+        call("eth_blockNumber", [deep], 4),
+        call("eth_chainId", [], 5),
+    ]
+    status, replies, _ = await evm_proxy.post(batch)
+    assert status == 200, replies
+    by_id = {r["id"]: r for r in replies}
+    assert by_id[1]["result"] == by_id[5]["result"] == "0x7a69"
+    assert [by_id[i]["error"]["code"] for i in (2, 3, 4)] == [-32602] * 3
+    assert "nested deeper" in by_id[3]["error"]["message"]
+
+
+async def test_deep_params_on_the_cache_hit_path_are_an_invalid_params_error(evm_proxy: Proxy) -> None:
+    body = '{"jsonrpc":"2.0","id":1,"method":"eth_getStorageAt","params":' + "[" * 400 + "]" * 400 + "}"
+    status, reply, _ = await evm_proxy.post(body)
+    assert status == 200 and reply["error"]["code"] == -32602 and reply["id"] == 1
