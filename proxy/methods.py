@@ -55,7 +55,7 @@ POLICIES: dict[str, MethodPolicy] = {
         ),
         MethodPolicy("getLargestAccounts", "solana", p.get_largest_accounts, CacheClass.LARGEST_ACCOUNTS, 160),
         # Forwarded, uncached, but under a spec rule.
-        MethodPolicy("eth_estimateGas", "evm", None, CacheClass.NONE, None, gas_cap=True),
+        MethodPolicy("eth_estimateGas", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
     )
 }
 

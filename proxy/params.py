@@ -242,6 +242,22 @@ def eth_call(params: list[Any], rules: Rules) -> list[Any]:
     return out
 
 
+def eth_estimate_gas(params: list[Any], rules: Rules) -> list[Any]:
+    """spec: eth_estimateGas takes eth_call's call object, under the same rules (and gas cap); its
+    block parameter is optional. Decimal or JSON-number gas, `0X`, `gasLimit`: all -32602."""
+    _arity(params, ("transaction", "block", "stateOverrides"), 1)
+    out: list[Any] = [call_object("transaction", params[0], rules)]
+    block = params[1] if len(params) > 1 else None
+    overrides = params[2] if len(params) > 2 else None
+    if block is not None or overrides is not None:
+        out.append(BlockRef(tag="latest") if block is None else block_param("block", block))
+    if overrides is not None:
+        if not isinstance(overrides, dict):
+            raise invalid_params("stateOverrides", "expected an object")
+        out.append(overrides)
+    return out
+
+
 def eth_get_uncle_by_block_hash_and_index(params: list[Any], rules: Rules) -> list[Any]:
     _arity(params, ("blockHash", "index"), 2)
     return [hash32("blockHash", params[0]), quantity("index", params[1])]

@@ -31,7 +31,8 @@ from .upstream import Answer, Upstream
 log = logging.getLogger("proxy.service")
 HIT, MISS, BYPASS = "HIT", "MISS", "BYPASS"
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
-MEMO_MAX_PARAMS = 512  # bytes: larger params are validated every time rather than held in memory
+MEMO_MAX_PARAMS = 512
+FALLBACK_BLOCK_GAS_LIMIT = 30_000_000  # bytes: larger params are validated every time rather than held in memory
 
 
 @dataclass(slots=True)
@@ -232,6 +233,8 @@ class Service:
         if policy is not None and policy.gas_cap:
             params = self._cap_gas(params, net)
         if policy is None or policy.cache is CacheClass.NONE:
+            if prepared.refs:  # validated, uncached (eth_estimateGas): block parameters as the caller gave them
+                params = substitute(params, {id(r): r.encode() for r in prepared.refs})
             answer = await net.upstream.request(method, params)
             return Outcome.answered(answer, BYPASS)
 
@@ -332,8 +335,11 @@ class Service:
     def _cap_gas(self, params: Any, net: NetworkRuntime) -> Any:
         """spec: the gas field is capped at 10 times the current block gas limit."""
         head = net.tracker.head
-        if head is None or not head.gas_limit or not isinstance(params, list) or not params:
+        if not isinstance(params, list) or not params:
             return params
+        # Before the first head poll the block gas limit is unknown: a common one stands in, so
+        # the cap holds from the first call.
+        gas_limit = head.gas_limit if head is not None and head.gas_limit else FALLBACK_BLOCK_GAS_LIMIT
         tx = params[0]
         if not isinstance(tx, dict) or "gas" not in tx:
             return params
@@ -341,7 +347,7 @@ class Service:
             gas = quantity_int("gas", tx["gas"])
         except JsonRpcError:
             return params  # a forwarded method's malformed gas: the node answers for it
-        cap = head.gas_limit * self._settings.gas_cap_multiplier
+        cap = gas_limit * self._settings.gas_cap_multiplier
         if gas <= cap:
             return params
         return [{**tx, "gas": hex(cap)}, *params[1:]]

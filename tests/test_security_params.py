@@ -62,3 +62,25 @@ async def test_deep_params_on_the_cache_hit_path_are_an_invalid_params_error(evm
     body = '{"jsonrpc":"2.0","id":1,"method":"eth_getStorageAt","params":' + "[" * 400 + "]" * 400 + "}"
     status, reply, _ = await evm_proxy.post(body)
     assert status == 200 and reply["error"]["code"] == -32602 and reply["id"] == 1
+
+
+@pytest.mark.parametrize("tx", [
+    {"gas": "1000000000000"},  # decimal string
+    {"gas": 1000000000000000},  # JSON number
+    {"gas": "0XFFFFFFFFFFFF"},  # upper-case prefix
+    {"gasLimit": "0xffffffffffff"},  # not a call-object field
+    {"gas": "0xffffffffffff\n"},
+])
+async def test_eth_estimate_gas_validates_its_call_object_like_eth_call(evm_proxy: Proxy, tx: dict[str, Any]) -> None:
+    reply = await evm_proxy.call("eth_estimateGas", [{"from": ADDRESS, "to": ADDRESS, **tx}])
+    assert reply["error"]["code"] == -32602, reply
+    assert evm_proxy.upstreams["evm"].calls["eth_estimateGas"] == 0
+
+
+async def test_eth_estimate_gas_is_capped_with_or_without_a_block_parameter(evm_proxy: Proxy) -> None:
+    tx = {"from": ADDRESS, "to": ADDRESS, "gas": "0x" + "f" * 20}
+    for params in ([tx], [tx, "latest"], [tx, {"blockNumber": "0x0"}]):
+        assert (await evm_proxy.call("eth_estimateGas", params))["result"] == "0x5208"
+    sent = [p for m, p in evm_proxy.upstreams["evm"].params if m == "eth_estimateGas"]
+    assert [p[0]["gas"] for p in sent] == [hex(10 * 30_000_000)] * 3
+    assert [p[1:] for p in sent] == [[], ["latest"], [{"blockNumber": "0x0"}]]
