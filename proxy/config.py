@@ -208,6 +208,25 @@ def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
     return tuple(urls)
 
 
+def _redis_url(name: str, raw: str) -> str:
+    """A URL redis-py can connect to; the error never echoes it (it may hold a password)."""
+    expected = f"{name} is not a valid redis://, rediss:// or unix:// URL"
+    try:
+        parts = urlsplit(raw)
+        port = parts.port  # raises on a bad port
+    except ValueError:
+        raise ConfigError(expected) from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(expected)
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"{name} names no host")
+    if port == 0:
+        raise ConfigError(f"{name} has port 0")
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(f"{name} names no socket path")
+    return raw
+
+
 def _load_toml(name: str, path: str) -> dict[str, Any]:
     try:
         return tomllib.loads(Path(path).read_text())
@@ -310,7 +329,7 @@ def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
 _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PROXY_HOST": ("host", lambda _n, v: v),
     "PROXY_PORT": ("port", _port),
-    "REDIS_URL": ("redis_url", lambda _n, v: v),
+    "REDIS_URL": ("redis_url", _redis_url),
     "REDIS_TIMEOUT": ("redis_timeout", _positive_float),
     "DAILY_CREDITS": ("daily_credits", _positive_int),
     "CREDITS_PER_SECOND": ("credits_per_second", _positive_int),

@@ -90,3 +90,16 @@ def test_key_file_errors_never_echo_a_secret(tmp_path: Path, text: str, fragment
 
 def _no_secret_in(records: list[logging.LogRecord]) -> bool:
     return all(SECRET not in r.getMessage() and SECRET not in str(r.exc_info) for r in records)
+
+
+@pytest.mark.parametrize("url", ["redis://:hunter2@[bad", "redis://:hunter2@host:99999", "redis://:hunter2@host:abc",
+                                 "http://:hunter2@host", "redis://:hunter2@", "hunter2"])
+def test_a_bad_redis_url_is_a_one_line_configuration_error_naming_no_password(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.cli import main
+
+    assert main([], {"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": url}) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rpc-proxy: configuration error: REDIS_URL") and err.count("\n") == 1
+    assert "hunter2" not in err and "Traceback" not in err
