@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
-from prometheus_client import generate_latest
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry, generate_latest
 
+from proxy.app import create_app
 from proxy.identity import derived_name
-from tests.support import ROOT, Anvil, settings_for, start_proxy
+from tests.support import ROOT, Anvil, free_port, settings_for, start_proxy
 
 SECRET = "sk-live-SECRET123"
 STORAGE = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20, "0x0", "latest"]}
@@ -88,8 +91,35 @@ def test_key_file_errors_never_echo_a_secret(tmp_path: Path, text: str, fragment
     assert fragment in str(caught.value) and "SECRET123" not in str(caught.value) and "sk-dup" not in str(caught.value)
 
 
-def _no_secret_in(records: list[logging.LogRecord]) -> bool:
-    return all(SECRET not in r.getMessage() and SECRET not in str(r.exc_info) for r in records)
+class BrokenLedger:
+    """A ledger whose debit fails with an unexpected error: an internal fault of the proxy."""
+
+    async def debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Any:
+        raise RuntimeError("the ledger broke")
+
+    async def refund(self, api_key: str, amount: int, *, now: float) -> None:
+        return None
+
+    async def used(self, api_key: str, *, now: float) -> int:
+        return 0
+
+
+async def test_an_internal_error_logs_the_request_path_with_the_key_redacted(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS=SECRET)
+    app = create_app(settings, ledger=BrokenLedger(), registry=CollectorRegistry())
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    try:
+        url = f"http://127.0.0.1:{server.port}/evm/v3/{SECRET}"
+        async with aiohttp.ClientSession() as session, session.post(url, json=STORAGE) as resp:
+            assert resp.status == 500 and (await resp.json())["error"]["code"] == -32603
+    finally:
+        await server.close()
+    logged = [r for r in caplog.records if "internal error" in r.getMessage()]
+    assert logged and logged[0].getMessage() == "internal error serving /evm/v3/<key>"
+    assert all(SECRET not in r.getMessage() and SECRET not in str(r.exc_info) for r in caplog.records)
 
 
 @pytest.mark.parametrize("url", ["redis://:hunter2@[bad", "redis://:hunter2@host:99999", "redis://:hunter2@host:abc",
