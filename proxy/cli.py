@@ -60,8 +60,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def serve(settings: Settings) -> int:
-    from aiohttp import web
-
+    from . import listeners
     from .app import create_app
 
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
@@ -72,10 +71,11 @@ def serve(settings: Settings) -> int:
     log.info("cache tiers: memory%s", " + redis" if settings.redis_url else " only (no REDIS_URL)")
     app = create_app(settings)
     try:
-        web.run_app(
-            app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_timeout,
-            access_log=None, print=lambda _msg: log.info("listening on http://%s:%d", settings.host, settings.port),
-        )
+        asyncio.run(listeners.serve(
+            app, settings.host, settings.port, max_connections=settings.max_connections,
+            shutdown_timeout=settings.shutdown_timeout,
+            on_listening=lambda: log.info("listening on http://%s:%d", settings.host, settings.port),
+        ))
     except OSError as exc:
         print(f"rpc-proxy: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1

@@ -76,6 +76,12 @@ class Settings:
     access_log: bool = False
     shutdown_timeout: float = 30.0
     allowed_methods: frozenset[str] = frozenset()
+    body_timeout: float = 30.0
+    max_connections: int = 4096
+    max_inflight_body_bytes: int = 128 * 1024 * 1024
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: /metrics on the public listener
+    upstream_batch_max_bytes: int = 1024 * 1024
 
     def network(self, name: str) -> Network | None:
         return next((n for n in self.networks if n.name == name), None)
@@ -148,6 +154,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
     Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
+    Option("BODY_TIMEOUT", "seconds a client has to send a request body once its headers arrived (default 30)"),
+    Option("MAX_CONNECTIONS", "open client connections; more are answered 503 and closed at once (default 4096)"),
+    Option("MAX_INFLIGHT_BODY_BYTES", "request-body bytes being received at once, all clients together; "
+           "beyond it 503 (default 134217728)"),
+    Option("METRICS_HOST", "address of the internal /metrics listener (default 127.0.0.1)"),
+    Option("METRICS_PORT", "port of an internal listener serving /metrics; when set, the public port does not "
+           "(default: unset, /metrics on the public port)"),
+    Option("UPSTREAM_BATCH_MAX_BYTES", "most bytes of params in one upstream auto-batch; a larger call goes alone "
+           "(default 1048576)"),
 )
 OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 
@@ -355,6 +370,12 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),
     "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
+    "BODY_TIMEOUT": ("body_timeout", _positive_float),
+    "MAX_CONNECTIONS": ("max_connections", _positive_int),
+    "MAX_INFLIGHT_BODY_BYTES": ("max_inflight_body_bytes", _positive_int),
+    "METRICS_HOST": ("metrics_host", lambda _n, v: v),
+    "METRICS_PORT": ("metrics_port", _port),
+    "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
 }
 
 

@@ -17,10 +17,12 @@ import aiohttp
 
 from . import jsonrpc
 from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from .logs import Throttled
 from .methods import POLICIES, CacheClass, metric_label
 from .metrics import Metrics
 
 log = logging.getLogger("proxy.upstream")
+throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so
 
 # Reads the cache fills, cheap and side-effect free: the calls worth sharing an HTTP round trip.
 # eth_getLogs goes alone (its own deadline), as does everything forwarded.
@@ -164,7 +166,8 @@ class HttpUpstream:
             except _Failed as failure:
                 self._down_until[index] = time.monotonic() + self._cooldown
                 self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
-                log.warning("upstream %s#%d failed: %s", self.network, index, failure.detail)
+                throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index,
+                                  failure.detail)
                 failures.append(f"upstream #{index}: {failure.detail}")
                 last_kind = failure.kind
                 continue
