@@ -6,6 +6,7 @@ cached answer is spliced into the response with the caller's id, never decoded a
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,8 +139,47 @@ def _entry(obj: Any) -> Entry:
     return Call(method=method, params=params, id=rid, notification=not has_id)
 
 
+# Bodies at least this long that open with `[` are counted element by element before the full parse.
+BATCH_SCAN_FROM = 64 * 1024
+_STDLIB = json.JSONDecoder()
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at
+
+
+def _longer_than(body: bytes | str, limit: int) -> bool:
+    """Whether a body is a JSON array of more than `limit` elements, found by decoding at most
+    limit + 1 of them (the stdlib decoder resumes at any offset; orjson decodes whole documents).
+    False when it cannot tell (not an array, malformed): the full parse then judges the body."""
+    try:
+        text = body.decode() if isinstance(body, bytes) else body
+        at = _skip_space(text, 0)
+        if text[at] != "[":
+            return False
+        at += 1
+        for count in range(1, limit + 2):
+            _, at = _STDLIB.raw_decode(text, _skip_space(text, at))
+            if count > limit:
+                return True
+            at = _skip_space(text, at)
+            if text[at] != ",":
+                return False
+            at += 1
+    except (UnicodeDecodeError, ValueError, RecursionError, IndexError):
+        pass
+    return False
+
+
 def parse_body(body: bytes | str, *, max_batch: int) -> Body:
     """Parse a request body; raise JsonRpcError for a body that cannot be answered element-wise."""
+    if len(body) >= BATCH_SCAN_FROM and _longer_than(body, max_batch):
+        # A 5 MB `[{},{},...]` is 1.7 million objects: refused before they are built.
+        raise JsonRpcError(
+            INVALID_REQUEST, f"invalid request: batch exceeds the limit of {max_batch}", http_status=400,
+        )
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:

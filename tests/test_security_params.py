@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import tracemalloc
 from typing import Any
 
 import pytest
 
+from proxy.jsonrpc import BATCH_SCAN_FROM, JsonRpcError, parse_body
 from tests.support import Proxy
 
 ADDRESS = "0x" + "11" * 20
@@ -84,3 +87,26 @@ async def test_eth_estimate_gas_is_capped_with_or_without_a_block_parameter(evm_
     sent = [p for m, p in evm_proxy.upstreams["evm"].params if m == "eth_estimateGas"]
     assert [p[0]["gas"] for p in sent] == [hex(10 * 30_000_000)] * 3
     assert [p[1:] for p in sent] == [[], ["latest"], [{"blockNumber": "0x0"}]]
+
+
+class TestBatchBodies:
+    def test_a_huge_batch_is_refused_before_its_elements_are_built(self) -> None:
+        body = b"[" + b",".join([b"{}"] * 1_700_000) + b"]"  # 5 MB, 1.7 million objects
+        tracemalloc.start()
+        try:
+            with pytest.raises(JsonRpcError) as caught:
+                parse_body(body, max_batch=100)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert caught.value.code == -32600 and "limit of 100" in caught.value.message
+        assert peak < 4 * len(body)  # the body's text once, not 1.7 million dicts (over 100 MB)
+
+    def test_a_large_batch_within_the_limit_parses_as_before(self) -> None:
+        element = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [{"data": "0x" + "00" * 2000}]}
+        body = json.dumps([element] * 100).encode()
+        assert len(body) > BATCH_SCAN_FROM and len(parse_body(body, max_batch=100).entries) == 100
+        for bad in (b"[" + b" " * BATCH_SCAN_FROM + b"1,]", b"[" + b"[" * 2000 + b"]" * 2000 + b"]" + b" " * 70_000):
+            with pytest.raises(JsonRpcError) as caught:
+                parse_body(bad, max_batch=100)
+            assert caught.value.code == -32700
