@@ -4,54 +4,15 @@ calls alone, and a batch the node refuses as a whole resent call by call."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from typing import Any
 
-import aiohttp
-from aiohttp import web
-from aiohttp.test_utils import TestServer
-
-from tests.support import DEV_ACCOUNT, Anvil, free_port, selector, settings_for, start_proxy, word
-
-STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
+from tests.support import DEV_ACCOUNT, Anvil, selector, settings_for, start_proxy, word
+from tests.test_upstream_batching import STORE_FINAL, relay
 
 
-@dataclass
-class SizeLimitedNode:
-    """A relay in front of Anvil that answers 413 to any body over `limit` bytes, as providers do."""
-
-    url: str = ""
-    bodies: list[int] = field(default_factory=list)
-
-
-@asynccontextmanager
-async def size_limited(target: str, limit: int) -> AsyncIterator[SizeLimitedNode]:
-    node = SizeLimitedNode()
-    session = aiohttp.ClientSession()
-
-    async def handle(request: web.Request) -> web.Response:
-        body = await request.read()
-        if b"eth_getBlockByNumber" not in body:  # the head tracker's polls are not the point here
-            node.bodies.append(len(body))
-        if len(body) > limit:
-            return web.Response(status=413, text="request entity too large")
-        async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
-            return web.Response(body=await resp.read(), content_type="application/json")
-
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/", handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
-    node.url = f"http://127.0.0.1:{server.port}/"
-    try:
-        yield node
-    finally:
-        await server.close()
-        await session.close()
-
-
-async def misses_with_one_large_call(anvil: Anvil, node_url: str, data_bytes: int, **settings: str) -> list[dict]:
+async def misses_with_one_large_call(
+    anvil: Anvil, node_url: str, data_bytes: int, **settings: str
+) -> list[dict[str, Any]]:
     store = anvil.deploy_store()
     block = hex(anvil.block_number())
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=node_url, **settings))
@@ -66,7 +27,7 @@ async def misses_with_one_large_call(anvil: Anvil, node_url: str, data_bytes: in
 
 
 async def test_a_batch_the_node_refuses_whole_is_resent_singly_so_only_the_culprit_fails(anvil: Anvil) -> None:
-    async with size_limited(anvil.url, limit=6000) as node:
+    async with relay(anvil.url, max_body=6000) as node:
         replies = await misses_with_one_large_call(anvil, node.url, 8000)
     by_id = {r["id"]: r for r in replies}
     assert by_id[0]["result"] == "0x" + word(7)
@@ -75,7 +36,7 @@ async def test_a_batch_the_node_refuses_whole_is_resent_singly_so_only_the_culpr
 
 
 async def test_batches_are_bounded_in_bytes_and_a_large_call_goes_alone(anvil: Anvil) -> None:
-    async with size_limited(anvil.url, limit=64 * 1024 * 1024) as node:
+    async with relay(anvil.url) as node:
         replies = await misses_with_one_large_call(anvil, node.url, 8000, UPSTREAM_BATCH_MAX_BYTES="2000")
     assert all("result" in r for r in replies), replies
     large = [size for size in node.bodies if size > 8000]
