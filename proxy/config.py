@@ -285,7 +285,7 @@ def _networks_from_file(path: str) -> list[Network]:
 _KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second")
 
 
-def _key_entry(path: str, table_name: str, entry: Any) -> tuple[str, KeyConfig]:
+def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
     """One [keys.X] table: X names the account when `key` or `key_sha256` holds the secret;
     otherwise X is the secret itself (the older form) and the account gets a derived name."""
     declared = isinstance(entry, dict) and ("key" in entry or "key_sha256" in entry)
@@ -331,7 +331,7 @@ def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
         if not isinstance(table, dict) or not table:
             raise ConfigError(f"API_KEYS_FILE: {path} has no [keys.NAME] tables")
         for table_name, entry in table.items():
-            name, config = _key_entry(path, str(table_name), entry)
+            name, config = _key_entry(str(table_name), entry)
             if name in keys:
                 raise ConfigError(f"API_KEYS_FILE: key {name!r} is declared twice")
             keys[name] = config
