@@ -124,7 +124,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
     Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
     Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
-    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] daily_credits, credits_per_second"),
+    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second"),
     Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
     Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
     Option("DEFAULT_CREDITS", "credit cost of forwarded methods outside the spec table (default 20)"),
