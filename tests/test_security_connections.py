@@ -31,7 +31,8 @@ CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
 @asynccontextmanager
 async def served(settings: Settings) -> AsyncIterator[int]:
     """The proxy on a free port, served the way the CLI serves it."""
-    runner = web.AppRunner(create_app(settings, registry=CollectorRegistry()), access_log=None)
+    # A short shutdown: aiohttp keeps reading (and dropping) an unread body for up to 10 s after answering.
+    runner = web.AppRunner(create_app(settings, registry=CollectorRegistry()), access_log=None, shutdown_timeout=1)
     await runner.setup()
     port = free_port()
     await CappedSite(runner, "127.0.0.1", port, max_connections=settings.max_connections).start()
