@@ -23,6 +23,7 @@ BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
     b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
 )
+KEEPALIVE_TIMEOUT = 75.0
 # Errors accept() meets when the process or the system is out of descriptors or buffers.
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -110,7 +111,9 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    # keepalive_timeout as web.run_app sets it: an idle connection, or one whose request headers
+    # never complete, is closed after 75 s (aiohttp's own default is an hour).
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
     try:
         await CappedSite(runner, host, port, max_connections=max_connections).start()
