@@ -85,8 +85,8 @@ def serve(settings: Settings) -> int:
 async def _keys_usage(raw: dict[str, str], key: str) -> int:
     from prometheus_client import CollectorRegistry
 
+    from .accounts import Accounts
     from .credits import RedisLedger, day_of
-    from .identity import Accounts
     from .metrics import Metrics
     from .redis_link import RedisLink, RedisUnavailable, connect
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from .identity import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
+from .accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from .jsonrpc import METHOD_NAME
 
 Family = Literal["evm", "solana"]

@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from . import jsonrpc
+from .accounts import OPEN_ACCOUNT, Accounts
 from .config import Settings
 from .credits import Ledger, Verdict
-from .identity import OPEN_ACCOUNT, Accounts
 from .jsonrpc import (
     INVALID_API_KEY,
     INVALID_REQUEST,
