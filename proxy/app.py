@@ -19,6 +19,7 @@ from .credits import Ledger, MemoryLedger, RedisLedger
 from .gateway import Gateway, invalid_key_error
 from .head_feed import EvmFeed
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from .listeners import start_metrics_listener
 from .metrics import Metrics
 from .redis_link import RedisLink, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
@@ -30,6 +31,23 @@ from .upstream_ws import UpstreamSocket
 from .ws import close_websockets, websocket_handler
 
 log = logging.getLogger("proxy.app")
+
+
+class BodyBudget:
+    """Bytes that request bodies being received may hold, all clients together."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held and self.held + size > self.limit:  # one body of any allowed size always fits
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
 
 
 class SystemClock:
@@ -68,11 +86,19 @@ def guarded(handler: Handler) -> Handler:
     return run
 
 
+_KEY_SEGMENT = re.compile(r"(/v3/)[^/]+")
+
+
+def redacted_path(path: str) -> str:
+    """A request path fit for a log line: the API key segment replaced, so no secret is written."""
+    return _KEY_SEGMENT.sub(r"\1<key>", path)
+
+
 def failure_response(request: web.Request, exc: Exception) -> web.Response:
     """A JsonRpcError as its own response; anything else as -32603, with the details in the log only."""
     if isinstance(exc, JsonRpcError):
         return error_response(exc, NO_CHARGE)
-    log.exception("internal error serving %s", request.path)
+    log.exception("internal error serving %s", redacted_path(request.path))
     return error_response(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
 
 
@@ -83,28 +109,60 @@ async def fallback(request: web.Request) -> web.StreamResponse:
     return error_response(JsonRpcError(INVALID_REQUEST, _HTTP_ERRORS[status], http_status=status), NO_CHARGE)
 
 
-def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handler:
+def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler:
     """The JSON-RPC POST handler, bound to its collaborators (no app lookups per request)."""
     inflight = metrics.inflight
     open_hit_headers = {**gateway.open_hit_headers, "Content-Type": JSON_CONTENT_TYPE}
+    max_body_bytes = settings.max_body_bytes
+    receiving = BodyBudget(settings.max_inflight_body_bytes)
 
     def too_large() -> web.Response:
         error = JsonRpcError(INVALID_REQUEST, f"request body too large: the limit is {max_body_bytes} bytes",
                              http_status=413)
         return error_response(error, NO_CHARGE)
 
+    def closing(code: int, message: str, status: int, headers: dict[str, str] | None = None) -> web.Response:
+        """An answer after which the connection is closed: the rest of its body is never read."""
+        response = error_response(JsonRpcError(code, message, http_status=status, headers=headers), NO_CHARGE)
+        response.force_close()
+        return response
+
+    async def read_body(request: web.Request) -> bytes | web.Response:
+        """The body of a request whose body is still arriving: within BODY_TIMEOUT, and within the bytes
+        all bodies being received may hold together (MAX_INFLIGHT_BODY_BYTES)."""
+        declared = request.content_length
+        if declared is not None and declared > max_body_bytes:
+            return too_large()  # refused before a byte of it is buffered
+        held = declared if declared is not None else max_body_bytes
+        if not receiving.take(held):
+            return closing(INTERNAL_ERROR, "server busy: too many request bodies being received", 503,
+                           {"Retry-After": "1"})
+        try:
+            async with asyncio.timeout(settings.body_timeout):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return too_large()
+        except TimeoutError:
+            return closing(INVALID_REQUEST, f"request body not received within {settings.body_timeout:g}s", 408)
+        except ConnectionResetError:
+            # A client that goes away mid-body is routine on the internet: no traceback, no error line.
+            log.debug("client closed the connection before its request body arrived")
+            return closing(INVALID_REQUEST, "request body incomplete", 400)
+        finally:
+            receiving.give(held)
+
     async def awaited(
-        request: web.Request, body: bytes | None, api_key: str, network: NetworkRuntime | None, memory_checked: bool,
+        request: web.Request, body: bytes | None, account: str, network: NetworkRuntime | None, memory_checked: bool,
     ) -> web.StreamResponse:
         """Everything that awaits: counted in flight while it runs."""
         inflight.inc()
         try:
             if body is None:
-                try:
-                    body = await request.read()
-                except web.HTTPRequestEntityTooLarge:
-                    return too_large()
-            return json_response(await gateway.handle(body, api_key, network, memory_checked=memory_checked))
+                read = await read_body(request)
+                if isinstance(read, web.Response):
+                    return read
+                body = read
+            return json_response(await gateway.handle(body, account, network, memory_checked=memory_checked))
         finally:
             inflight.dec()
 
@@ -112,13 +170,13 @@ def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handle
         # guarded() written out: one coroutine fewer on the path every cache hit takes.
         try:
             match = request.match_info
-            api_key = match.get("api_key", "")
-            if not gateway.authorized(api_key):
+            account = gateway.account(match.get("api_key", ""))
+            if account is None:
                 return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
             network = gateway.network_for(request.host, match.get("network"))
             content = request.content
             if not content.is_eof():  # the body is still arriving
-                return await awaited(request, None, api_key, network, False)
+                return await awaited(request, None, account, network, False)
             body = content.read_nowait()  # the whole body is here (the usual case): no await
             if len(body) > max_body_bytes:
                 return too_large()
@@ -127,7 +185,7 @@ def rpc_route(gateway: Gateway, metrics: Metrics, max_body_bytes: int) -> Handle
             encoded = gateway.open_hit(body, network)
             if encoded is not None:
                 return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
-            return await awaited(request, body, api_key, network, gateway.open_mode)
+            return await awaited(request, body, account, network, gateway.open_mode)
         except ConnectionResetError:
             raise
         except Exception as exc:
@@ -170,7 +228,8 @@ async def metrics_handler(request: web.Request) -> web.Response:
 def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]:
     def build(network: Network, metrics: Metrics) -> Upstream:
         return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
-                            batch_max=settings.upstream_batch_max)
+                            batch_max=settings.upstream_batch_max,
+                            batch_max_bytes=settings.upstream_batch_max_bytes)
 
     return build
 
@@ -242,9 +301,14 @@ def create_app(
         app[REDIS] = link
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        internal = None
+        if settings.metrics_port is not None:
+            internal = await start_metrics_listener(metrics.registry, settings.metrics_host, settings.metrics_port)
         tasks = [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
         tasks += [asyncio.create_task(f.run(), name=f"feed-{n}") for n, f in feeds.items()]
         yield
+        if internal is not None:
+            await internal.cleanup()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -257,8 +321,9 @@ def create_app(
     app.on_shutdown.append(close_websockets)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_handler)
-    rpc_handler = rpc_route(gateway, metrics, settings.max_body_bytes)
+    if settings.metrics_port is None:  # else /metrics is served by the internal listener only
+        app.router.add_get("/metrics", metrics_handler)
+    rpc_handler = rpc_route(gateway, metrics, settings)
     for prefix in ("", "/{network}"):
         app.router.add_post(prefix + "/v3/{api_key}", rpc_handler)
         app.router.add_get(prefix + "/ws/v3/{api_key}", guarded(websocket_handler))

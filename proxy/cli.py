@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     keys = commands.add_parser("keys", help="operator commands for API keys")
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
     usage = key_commands.add_parser("usage", parents=[common], help="credits used and left today (from Redis)")
-    usage.add_argument("key")
+    usage.add_argument("key", help="the key's name ([keys.NAME] in API_KEYS_FILE)")
     return parser
 
 
@@ -60,8 +60,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def serve(settings: Settings) -> int:
-    from aiohttp import web
-
+    from . import listeners
     from .app import create_app
 
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
@@ -72,10 +71,11 @@ def serve(settings: Settings) -> int:
     log.info("cache tiers: memory%s", " + redis" if settings.redis_url else " only (no REDIS_URL)")
     app = create_app(settings)
     try:
-        web.run_app(
-            app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_timeout,
-            access_log=None, print=lambda _msg: log.info("listening on http://%s:%d", settings.host, settings.port),
-        )
+        asyncio.run(listeners.serve(
+            app, settings.host, settings.port, max_connections=settings.max_connections,
+            shutdown_timeout=settings.shutdown_timeout,
+            on_listening=lambda: log.info("listening on http://%s:%d", settings.host, settings.port),
+        ))
     except OSError as exc:
         print(f"rpc-proxy: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1
@@ -85,6 +85,7 @@ def serve(settings: Settings) -> int:
 async def _keys_usage(raw: dict[str, str], key: str) -> int:
     from prometheus_client import CollectorRegistry
 
+    from .accounts import Accounts
     from .credits import RedisLedger, day_of
     from .metrics import Metrics
     from .redis_link import RedisLink, RedisUnavailable, connect
@@ -92,14 +93,19 @@ async def _keys_usage(raw: dict[str, str], key: str) -> int:
     settings = build_settings({"EVM_UPSTREAM": "http://unused.invalid", **raw})
     if not settings.redis_url:
         raise ConfigError("keys usage reads the shared ledger: set REDIS_URL")
+    account = key
     if settings.api_keys is not None and key not in settings.api_keys:
-        raise ConfigError(f"key {key!r} is not configured in API_KEYS or API_KEYS_FILE")
-    daily = settings.daily_credits_for(key)
+        # A key's name is what to pass; an older-form key's secret still finds its account.
+        found = Accounts({name: k.sha256 for name, k in settings.api_keys.items()}).account(key)
+        if found is None:
+            raise ConfigError("that key name is not configured in API_KEYS or API_KEYS_FILE")
+        account = found
+    daily = settings.daily_credits_for(account)
     link = RedisLink(connect(settings.redis_url, max(settings.redis_timeout, 2.0)),
                      timeout=max(settings.redis_timeout, 2.0), metrics=Metrics(CollectorRegistry()))
     now = time.time()
     try:
-        used = await RedisLedger(link).used(key, now=now)
+        used = await RedisLedger(link).used(account, now=now)
     except RedisUnavailable:
         print("rpc-proxy: redis is unreachable at REDIS_URL", file=sys.stderr)
         return 1

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from .accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
+from .jsonrpc import METHOD_NAME
+
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -42,6 +45,7 @@ class Network:
 class KeyConfig:
     daily_credits: int | None = None
     credits_per_second: int | None = None
+    sha256: str = ""  # hex digest of the key's secret; the secret itself is not kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +56,7 @@ class Settings:
     port: int = 8545
     redis_url: str | None = None
     redis_timeout: float = 0.25
-    api_keys: Mapping[str, KeyConfig] | None = None  # None: open mode, any key accepted
+    api_keys: Mapping[str, KeyConfig] | None = None  # account name -> key; None: open mode, any key accepted
     daily_credits: int = 3_000_000
     credits_per_second: int | None = None
     default_credits: int = 20
@@ -80,6 +84,13 @@ class Settings:
     log_level: str = "INFO"
     access_log: bool = False
     shutdown_timeout: float = 30.0
+    allowed_methods: frozenset[str] = frozenset()
+    body_timeout: float = 30.0
+    max_connections: int = 4096
+    max_inflight_body_bytes: int = 128 * 1024 * 1024
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: /metrics on the public listener
+    upstream_batch_max_bytes: int = 1024 * 1024
     ws_max_subscriptions: int = 100
     ws_send_buffer_bytes: int = 4 * 1024 * 1024
     subscription_credits: Mapping[str, int] = field(default_factory=lambda: dict(SUBSCRIPTION_CREDITS))
@@ -91,14 +102,14 @@ class Settings:
     def open_mode(self) -> bool:
         return self.api_keys is None
 
-    def daily_credits_for(self, api_key: str) -> int:
-        """The key's own daily_credits, else DAILY_CREDITS."""
-        config = (self.api_keys or {}).get(api_key)
+    def daily_credits_for(self, account: str) -> int:
+        """The account's own daily_credits, else DAILY_CREDITS."""
+        config = (self.api_keys or {}).get(account)
         return config.daily_credits if config and config.daily_credits else self.daily_credits
 
-    def credits_per_second_for(self, api_key: str) -> int | None:
-        """The key's own credits_per_second, else CREDITS_PER_SECOND (None: no limit)."""
-        config = (self.api_keys or {}).get(api_key)
+    def credits_per_second_for(self, account: str) -> int | None:
+        """The account's own credits_per_second, else CREDITS_PER_SECOND (None: no limit)."""
+        config = (self.api_keys or {}).get(account)
         return config.credits_per_second if config and config.credits_per_second else self.credits_per_second
 
 
@@ -125,11 +136,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
     Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
     Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
-    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] daily_credits, credits_per_second"),
+    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second"),
     Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
     Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
     Option("DEFAULT_CREDITS", "credit cost of forwarded methods outside the spec table (default 20)"),
-    Option("ALLOW_NAMESPACES", "comma-separated refused namespaces to allow (admin,debug,...)"),
+    Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
     Option("MAX_BATCH_SIZE", "maximum calls in one batch (default 100)"),
     Option("MAX_BODY_BYTES", "maximum HTTP request body in bytes (default 5242880)"),
     Option("WS_MAX_MESSAGE_BYTES", "maximum WebSocket message in bytes (default 5242880)"),
@@ -155,6 +166,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
     Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
+    Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
+    Option("BODY_TIMEOUT", "seconds a client has to send a request body once its headers arrived (default 30)"),
+    Option("MAX_CONNECTIONS", "open client connections; more are answered 503 and closed at once (default 4096)"),
+    Option("MAX_INFLIGHT_BODY_BYTES", "request-body bytes being received at once, all clients together; "
+           "beyond it 503 (default 134217728)"),
+    Option("METRICS_HOST", "address of the internal /metrics listener (default 127.0.0.1)"),
+    Option("METRICS_PORT", "port of an internal listener serving /metrics; when set, the public port does not "
+           "(default: unset, /metrics on the public port)"),
+    Option("UPSTREAM_BATCH_MAX_BYTES", "most bytes of params in one upstream auto-batch; a larger call goes alone "
+           "(default 1048576)"),
     Option("EVM_UPSTREAM_WS", "comma-separated WebSocket URLs of the default EVM network's node: push heads, "
            "relayed subscriptions"),
     Option("SOLANA_UPSTREAM_WS", "comma-separated WebSocket URLs of the default Solana network (pubsub relay)"),
@@ -223,6 +244,23 @@ def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
     return tuple(urls)
 
 
+def _redis_url(name: str, raw: str) -> str:
+    """A URL redis-py can connect to; the error never echoes it (it may hold a password)."""
+    expected = f"{name} is not a valid redis://, rediss:// or unix:// URL"
+    try:
+        parts = urlsplit(raw)
+        port = parts.port  # raises on a bad port
+    except ValueError:
+        raise ConfigError(expected) from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(expected)
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"{name} names no host")
+    if port == 0:
+        raise ConfigError(f"{name} has port 0")
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(f"{name} names no socket path")
+    return raw
 def _ws_urls(name: str, urls: Any) -> tuple[str, ...]:
     if isinstance(urls, str):
         urls = _csv(urls)
@@ -294,33 +332,69 @@ def _networks_from_file(path: str) -> list[Network]:
     return networks
 
 
+_KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second")
+
+
+def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
+    """One [keys.X] table: X names the account when `key` or `key_sha256` holds the secret;
+    otherwise X is the secret itself (the older form) and the account gets a derived name."""
+    declared = isinstance(entry, dict) and ("key" in entry or "key_sha256" in entry)
+    name = table_name if declared else derived_name(table_name)
+    where = f"API_KEYS_FILE: key {name!r}"  # never the secret of an older-form table
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} must be a table")
+    for field_name in entry:
+        if field_name not in _KEY_FIELDS:
+            raise ConfigError(f"{where}: unknown field {field_name!r} (expected one of {', '.join(_KEY_FIELDS)})")
+    if declared and not ACCOUNT_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: a key name is 1-64 letters, digits, '_', '.' or '-'")
+    if "key" in entry and "key_sha256" in entry:
+        raise ConfigError(f"{where}: set key or key_sha256, not both")
+    if "key_sha256" in entry:
+        sha = entry["key_sha256"]
+        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha.lower()):
+            raise ConfigError(f"{where}: key_sha256 must be 64 hex digits (sha256sum of the key)")
+        sha = sha.lower()
+    else:
+        secret = entry.get("key", table_name)
+        if not isinstance(secret, str) or not secret:
+            raise ConfigError(f"{where}: key must be a non-empty string")
+        sha = digest(secret)
+    values: dict[str, int | None] = {}
+    for field_name in ("daily_credits", "credits_per_second"):
+        value = entry.get(field_name)
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{where}: {field_name} must be a positive integer")
+        values[field_name] = value
+    return name, KeyConfig(**values, sha256=sha)
+
+
 def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
+    """Accounts by name; a name is never the secret (plain API_KEYS entries get a derived name)."""
     keys: dict[str, KeyConfig] = {}
-    for key in _csv(raw.get("API_KEYS", "")):
-        keys[key] = KeyConfig()
+    for secret in _csv(raw.get("API_KEYS", "")):
+        keys[derived_name(secret)] = KeyConfig(sha256=digest(secret))
     path = raw.get("API_KEYS_FILE")
     if path:
         data = _load_toml("API_KEYS_FILE", path)
         table = data.get("keys")
         if not isinstance(table, dict) or not table:
             raise ConfigError(f"API_KEYS_FILE: {path} has no [keys.NAME] tables")
-        for key, entry in table.items():
-            if not isinstance(entry, dict):
-                raise ConfigError(f"API_KEYS_FILE: key {key!r} must be a table")
-            values: dict[str, int | None] = {}
-            for field_name in ("daily_credits", "credits_per_second"):
-                value = entry.get(field_name)
-                if value is not None and (not isinstance(value, int) or value <= 0):
-                    raise ConfigError(f"API_KEYS_FILE: key {key!r}: {field_name} must be a positive integer")
-                values[field_name] = value
-            keys[str(key)] = KeyConfig(**values)
+        for table_name, entry in table.items():
+            name, config = _key_entry(str(table_name), entry)
+            if name in keys:
+                raise ConfigError(f"API_KEYS_FILE: key {name!r} is declared twice")
+            keys[name] = config
+    digests = [k.sha256 for k in keys.values()]
+    if len(set(digests)) != len(digests):
+        raise ConfigError("API_KEYS/API_KEYS_FILE: two keys share the same secret")
     return keys or None
 
 
 _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PROXY_HOST": ("host", lambda _n, v: v),
     "PROXY_PORT": ("port", _port),
-    "REDIS_URL": ("redis_url", lambda _n, v: v),
+    "REDIS_URL": ("redis_url", _redis_url),
     "REDIS_TIMEOUT": ("redis_timeout", _positive_float),
     "DAILY_CREDITS": ("daily_credits", _positive_int),
     "CREDITS_PER_SECOND": ("credits_per_second", _positive_int),
@@ -346,6 +420,12 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),
     "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
+    "BODY_TIMEOUT": ("body_timeout", _positive_float),
+    "MAX_CONNECTIONS": ("max_connections", _positive_int),
+    "MAX_INFLIGHT_BODY_BYTES": ("max_inflight_body_bytes", _positive_int),
+    "METRICS_HOST": ("metrics_host", lambda _n, v: v),
+    "METRICS_PORT": ("metrics_port", _port),
+    "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
     "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),
     "WS_SEND_BUFFER_BYTES": ("ws_send_buffer_bytes", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
@@ -370,7 +450,7 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         raise ConfigError("no upstream configured: set EVM_UPSTREAM, SOLANA_UPSTREAM or NETWORKS_FILE")
     seen: set[str] = set()
     for net in networks:
-        if not NETWORK_NAME.match(net.name):
+        if not NETWORK_NAME.fullmatch(net.name):
             raise ConfigError(f"network name {net.name!r} must be lower-case letters, digits and '-'")
         if net.name in seen:
             raise ConfigError(f"network {net.name!r} is declared twice")
@@ -396,6 +476,12 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         values["log_level"] = level
     if "ALLOW_NAMESPACES" in raw:
         values["allowed_namespaces"] = frozenset(ns.rstrip("_") for ns in _csv(raw["ALLOW_NAMESPACES"]))
+    if "ALLOW_METHODS" in raw:
+        methods = _csv(raw["ALLOW_METHODS"])
+        for method in methods:
+            if not METHOD_NAME.fullmatch(method):
+                raise ConfigError(f"ALLOW_METHODS: {method[:40]!r} is not a method name (ASCII letters, digits, '_')")
+        values["allowed_methods"] = frozenset(methods)
     # spec: getLargestAccounts results may be cached up to two hours.
     if values.get("solana_largest_accounts_ttl", 0) > 7200:
         raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")

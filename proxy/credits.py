@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
+from .logs import Throttled
 from .redis_link import RedisLink, RedisUnavailable
 
 log = logging.getLogger("proxy.credits")
+throttled = Throttled(log)  # an outage would otherwise log once per request
 DAY_TTL = 2 * 86400  # ledger entries outlive their day a little, for the operator CLI
 
 
@@ -136,7 +138,7 @@ class RedisLedger:
         try:
             verdict, remaining = await self._link.run("credits_debit", lambda _c: self._debit(keys=keys, args=args))
         except RedisUnavailable:
-            log.warning("credits: redis unavailable, debiting in process")
+            throttled.warning("redis", "credits: redis unavailable, debiting in process")
             return await self._fallback.debit(api_key, amount, daily=daily, per_second=per_second, now=now)
         return Debit(_VERDICTS[int(verdict)], int(remaining))
 

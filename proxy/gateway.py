@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from . import jsonrpc
+from .accounts import OPEN_ACCOUNT, Accounts
 from .config import Settings
 from .credits import Ledger, Verdict
 from .jsonrpc import (
@@ -23,7 +24,7 @@ from .jsonrpc import (
     Invalid,
     JsonRpcError,
 )
-from .methods import family_of, metric_label
+from .methods import family_of, metric_label, refusal
 from .metrics import HitCells, Metrics
 from .service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
 
@@ -60,6 +61,8 @@ class Gateway:
         self._metrics = metrics
         self._now = wall_clock
         self.open_mode = settings.open_mode
+        keys = settings.api_keys
+        self._accounts = None if keys is None else Accounts({name: k.sha256 for name, k in keys.items()})
         self._access_log = settings.access_log
         self._by_host = {h: rt for rt in service.networks.values() for h in rt.config.hosts}
         # Host header -> network, and method -> default network, remembered: a deployment sees a
@@ -72,9 +75,12 @@ class Gateway:
 
     # --- routing and auth ---------------------------------------------------------------
 
-    def authorized(self, api_key: str) -> bool:
-        keys = self._settings.api_keys
-        return keys is None or api_key in keys
+    def account(self, api_key: str) -> str | None:
+        """The account name an API key opens (None: refused). Everything after this takes the name,
+        never the secret: metric labels, log lines, the ledger's keys, headers."""
+        if self._accounts is None:
+            return OPEN_ACCOUNT
+        return self._accounts.account(api_key)
 
     def network_for(self, host: str | None, path_network: str | None) -> NetworkRuntime | None:
         """spec order: the Host header's first label, then a path prefix; None: route by method family."""
@@ -109,6 +115,11 @@ class Gateway:
         return self._service.networks[name] if name is not None else None
 
     def _route(self, call: Call, network: NetworkRuntime | None) -> NetworkRuntime:
+        # The envelope checked the name's form; the allow-list comes before the route memo, so the
+        # memo only ever holds names this deployment serves.
+        refused = refusal(call.method, self._settings.allowed_methods, self._settings.allowed_namespaces)
+        if refused is not None:
+            raise JsonRpcError(METHOD_NOT_FOUND, refused)
         runtime = network or self._default_routes[call.method]
         if runtime is None:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family_of(call.method)} network is configured")
@@ -120,15 +131,15 @@ class Gateway:
 
     # --- subscription streams (subscriptions.py) ---------------------------------------
 
-    async def charge_stream(self, api_key: str, label: str, cost: int) -> JsonRpcError | None:
+    async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
         """Charge one subscription event (a subscribe, a notification) through the ledger; the
         refusal if the key cannot pay. Open mode and free kinds charge nothing."""
         if self.open_mode or cost <= 0:
             return None
-        refusal, _remaining = await self._charge(api_key, cost)
+        refusal, _remaining = await self._charge(account, cost)
         if refusal is None:
             metrics = self._metrics
-            metrics.child(metrics.key_credits_charged, api_key).inc(cost)
+            metrics.child(metrics.key_credits_charged, account).inc(cost)
             metrics.child(metrics.credits_charged, label).inc(cost)
         return refusal
 
@@ -147,7 +158,7 @@ class Gateway:
         return self._hit_body(hit, self._request_id(), started)
 
     async def handle(
-        self, body: bytes | str, api_key: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
+        self, body: bytes | str, account: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
     ) -> Reply:
         started = time.perf_counter()
         request_id = self._request_id()
@@ -155,12 +166,12 @@ class Gateway:
         if hit is not None:
             if self.open_mode:  # nothing to charge, so nothing to await
                 return self._serve_hit(hit, 0, None, request_id, started)
-            return await self._paid_hit(hit, api_key, request_id, started)
+            return await self._paid_hit(hit, account, request_id, started)
         try:
             parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
             self._metrics.child(self._metrics.requests, "none", "invalid", "invalid").inc()
-            balance = None if self.open_mode else await self.remaining(api_key)
+            balance = None if self.open_mode else await self.remaining(account)
             return self._reply(jsonrpc.encode_error(None, error), error.http_status, 0, balance, None)
 
         slots: list[Prepared | Outcome] = []
@@ -177,7 +188,7 @@ class Gateway:
         cost = 0 if self.open_mode else sum(p.credits for p in prepared)
         remaining: int | None = None
         if cost:
-            refusal, remaining = await self._charge(api_key, cost)
+            refusal, remaining = await self._charge(account, cost)
             if refusal is not None:
                 # A batch that cannot be paid in full is refused in full, and nothing is forwarded.
                 slots = [Outcome.failed(refusal) if isinstance(s, Prepared) else s for s in slots]
@@ -195,12 +206,12 @@ class Gateway:
         )
         if refund:
             # The proxy could not reach any node: the caller is not charged for our failure.
-            await self._ledger.refund(api_key, refund, now=self._now())
+            await self._ledger.refund(account, refund, now=self._now())
             cost -= refund
             remaining = None if remaining is None else remaining + refund
-        self._account(api_key, parsed.entries, slots, results, cost, request_id)
+        self._account(account, parsed.entries, slots, results, cost, request_id)
         if remaining is None and not self.open_mode:
-            remaining = await self.remaining(api_key)
+            remaining = await self.remaining(account)
 
         parts = [
             jsonrpc.encode_error_object(e.id, o.payload) if o.is_error else jsonrpc.encode_result(e.id, o.payload)
@@ -229,7 +240,8 @@ class Gateway:
         if plain is None:
             return None
         rid, method, params = plain
-        runtime = network or self._default_routes[method]
+        # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
+        runtime = network or self._default_routes.get(method)
         if runtime is None:
             return None
         hit = self._service.memory_hit(method, params, runtime)
@@ -237,15 +249,15 @@ class Gateway:
             return None
         return rid, method, runtime, *hit
 
-    async def _paid_hit(self, hit: _Hit, api_key: str, request_id: int, started: float) -> Reply:
+    async def _paid_hit(self, hit: _Hit, account: str, request_id: int, started: float) -> Reply:
         rid, method, runtime, _payload, _is_error, credits, _cells = hit
-        refusal, remaining = await self._charge(api_key, credits)
+        refusal, remaining = await self._charge(account, credits)
         if refusal is not None:  # nothing was debited, nothing is served
             self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
             return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
                                refusal.headers)
         metrics = self._metrics
-        metrics.child(metrics.key_credits_charged, api_key).inc(credits)
+        metrics.child(metrics.key_credits_charged, account).inc(credits)
         metrics.child(metrics.credits_charged, method).inc(credits)
         return self._serve_hit(hit, credits, remaining, request_id, started)
 
@@ -260,11 +272,11 @@ class Gateway:
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
 
-    async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
-        daily = self._settings.daily_credits_for(api_key)
-        per_second = self._settings.credits_per_second_for(api_key)
+    async def _charge(self, account: str, cost: int) -> tuple[JsonRpcError | None, int]:
+        daily = self._settings.daily_credits_for(account)
+        per_second = self._settings.credits_per_second_for(account)
         now = self._now()
-        debit = await self._ledger.debit(api_key, cost, daily=daily, per_second=per_second, now=now)
+        debit = await self._ledger.debit(account, cost, daily=daily, per_second=per_second, now=now)
         if debit.verdict is Verdict.EXHAUSTED:
             self._metrics.credit_rejections.labels("exhausted").inc()
             return JsonRpcError(
@@ -280,7 +292,7 @@ class Gateway:
         return None, debit.remaining
 
     def _account(
-        self, api_key: str, entries: list[Call | Invalid], slots: list[Prepared | Outcome],
+        self, account: str, entries: list[Call | Invalid], slots: list[Prepared | Outcome],
         results: list[Outcome], cost: int, request_id: int,
     ) -> None:
         keyed = not self.open_mode and cost > 0
@@ -292,7 +304,7 @@ class Gateway:
                 method = entry.method if isinstance(entry, Call) else "invalid"
                 self._account_call("none", method, outcome, 0, request_id)
         if keyed:
-            self._metrics.child(self._metrics.key_credits_charged, api_key).inc(cost)
+            self._metrics.child(self._metrics.key_credits_charged, account).inc(cost)
 
     def _account_call(self, network: str, method: str, outcome: Outcome, credits: int, request_id: int) -> None:
         """Count and log one call; `network` "none" marks a call refused before routing."""
@@ -342,13 +354,13 @@ class Gateway:
             headers.update(extra)
         return Reply(body, status, headers)
 
-    async def remaining(self, api_key: str) -> int | None:
+    async def remaining(self, account: str) -> int | None:
         """Today's remaining balance, for responses that charged nothing."""
         if self.open_mode:
             return None
-        daily = self._settings.daily_credits_for(api_key)
+        daily = self._settings.daily_credits_for(account)
         try:
-            used = await self._ledger.used(api_key, now=self._now())
+            used = await self._ledger.used(account, now=self._now())
         except Exception:
             return None
         return daily - used

@@ -6,6 +6,8 @@ cached answer is spliced into the response with the caller's id, never decoded a
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,14 @@ LIMIT_EXCEEDED = -32005
 EXECUTION_REVERTED = 3
 
 Id = str | int | float | None
+
+# A method name is an ASCII identifier of bounded length, checked in the envelope, before anything
+# (a route memo, a policy lookup) is keyed by it: a client cannot make the proxy keep megabytes of
+# name, and look-alikes (" admin_x", Cyrillic letters) are refused rather than matched loosely.
+METHOD_NAME_MAX = 128
+METHOD_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_]{{0,{METHOD_NAME_MAX - 1}}}")
+METHOD_NAME_PROBLEM = (f"invalid request: method must be ASCII letters, digits and '_', starting with a letter, "
+                       f"at most {METHOD_NAME_MAX} characters")
 
 
 class JsonRpcError(Exception):
@@ -88,6 +98,22 @@ class Body:
     batch: bool
 
 
+MAX_PARAMS_DEPTH = 64
+
+
+def _too_deep(value: list[Any] | dict[str, Any], limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (the params themselves are level 1)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, (list, dict)):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 def _entry(obj: Any) -> Entry:
     if not isinstance(obj, dict):
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: expected a JSON object"))
@@ -102,14 +128,58 @@ def _entry(obj: Any) -> Entry:
     method = obj.get("method")
     if not isinstance(method, str) or not method:
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: method must be a non-empty string"), rid)
+    if not METHOD_NAME.fullmatch(method):
+        return Invalid(JsonRpcError(INVALID_REQUEST, METHOD_NAME_PROBLEM), rid)
     params = obj.get("params", [])
     if not isinstance(params, (list, dict)):
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: params must be an array or object"), rid)
+    if _too_deep(params, MAX_PARAMS_DEPTH):
+        # orjson encodes at most 255 levels: deeper params could be neither keyed nor forwarded.
+        return Invalid(invalid_params("params", f"nested deeper than {MAX_PARAMS_DEPTH} levels"), rid)
     return Call(method=method, params=params, id=rid, notification=not has_id)
+
+
+# Bodies at least this long that open with `[` are counted element by element before the full parse.
+BATCH_SCAN_FROM = 64 * 1024
+_STDLIB = json.JSONDecoder()
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at
+
+
+def _longer_than(body: bytes | str, limit: int) -> bool:
+    """Whether a body is a JSON array of more than `limit` elements, found by decoding at most
+    limit + 1 of them (the stdlib decoder resumes at any offset; orjson decodes whole documents).
+    False when it cannot tell (not an array, malformed): the full parse then judges the body."""
+    try:
+        text = body.decode() if isinstance(body, bytes) else body
+        at = _skip_space(text, 0)
+        if text[at] != "[":
+            return False
+        at += 1
+        for count in range(1, limit + 2):
+            _, at = _STDLIB.raw_decode(text, _skip_space(text, at))
+            if count > limit:
+                return True
+            at = _skip_space(text, at)
+            if text[at] != ",":
+                return False
+            at += 1
+    except (UnicodeDecodeError, ValueError, RecursionError, IndexError):
+        pass
+    return False
 
 
 def parse_body(body: bytes | str, *, max_batch: int) -> Body:
     """Parse a request body; raise JsonRpcError for a body that cannot be answered element-wise."""
+    if len(body) >= BATCH_SCAN_FROM and _longer_than(body, max_batch):
+        # A 5 MB `[{},{},...]` is 1.7 million objects: refused before they are built.
+        raise JsonRpcError(
+            INVALID_REQUEST, f"invalid request: batch exceeds the limit of {max_batch}", http_status=400,
+        )
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -125,7 +195,7 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
             )
         return Body([_entry(item) for item in data], batch=True)
     entry = _entry(data)
-    if isinstance(entry, Invalid):
+    if isinstance(entry, Invalid) and entry.error.code != INVALID_PARAMS:  # a params error keeps its id
         raise JsonRpcError(entry.error.code, entry.error.message, http_status=400)
     return Body([entry], batch=False)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -49,3 +51,31 @@ def setup(fmt: str, level: str, access_log: bool = False) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # One line per call is opt-in: at thousands of calls a second it is the dearest thing we do.
     logging.getLogger("proxy.access").setLevel(logging.INFO if access_log else logging.WARNING)
+
+
+class Throttled:
+    """A repeated warning logged at most once per `interval` seconds per key, saying how many were
+    suppressed: an outage or a flood of bad clients costs a few lines a minute, not one per event.
+
+    Keys are the caller's fixed strings (an upstream's index, a Redis operation), never client data.
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._clock = clock
+        self._next: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, key: str, msg: str, *args: Any) -> None:
+        now = self._clock()
+        if now < self._next.get(key, 0.0):
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        suppressed = self._suppressed.pop(key, 0)
+        self._next[key] = now + self._interval
+        if suppressed:
+            msg += " (%d more like this in the last %gs)"
+            args = (*args, suppressed, self._interval)
+        self._logger.warning(msg, *args)

@@ -55,11 +55,12 @@ POLICIES: dict[str, MethodPolicy] = {
         ),
         MethodPolicy("getLargestAccounts", "solana", p.get_largest_accounts, CacheClass.LARGEST_ACCOUNTS, 160),
         # Forwarded, uncached, but under a spec rule.
-        MethodPolicy("eth_estimateGas", "evm", None, CacheClass.NONE, None, gas_cap=True),
+        MethodPolicy("eth_estimateGas", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
     )
 }
 
-# Namespaces refused with -32601 unless ALLOW_NAMESPACES lists them.
+# Namespaces named in the refusal of their methods (they stay refused like everything off the
+# allow-list below, unless ALLOW_NAMESPACES lists them).
 REFUSED_NAMESPACES = frozenset({"admin", "debug", "personal", "miner", "engine"})
 
 # Solana pubsub: each subscribe method and its unsubscribe, relayed to the network's upstream WebSocket.
@@ -99,6 +100,37 @@ COMMON_EVM_METHODS = frozenset({
     "web3_clientVersion", "eth_getBlockTransactionCountByNumber", "eth_getBlockTransactionCountByHash",
     "eth_getUncleCountByBlockHash", "eth_getUncleCountByBlockNumber", "eth_getUncleByBlockNumberAndIndex",
 })
+
+
+# The methods served by default: the public read surface, raw-transaction submission and the
+# Solana reads. Everything else (eth_sendTransaction signs with the node's unlocked account,
+# eth_sign, anvil_*, evm_*, hardhat_*, txpool_*, ots_*, admin_*, debug_*...) is -32601 unless
+# ALLOW_METHODS or ALLOW_NAMESPACES names it. Names are matched exactly, after validation.
+DEFAULT_ALLOWED_METHODS = frozenset({
+    *POLICIES,
+    "eth_blockNumber", "eth_chainId", "eth_syncing", "eth_gasPrice", "eth_maxPriorityFeePerGas", "eth_feeHistory",
+    "eth_blobBaseFee", "eth_getBalance", "eth_getCode", "eth_getTransactionCount", "eth_getProof",
+    "eth_createAccessList", "eth_getBlockByNumber", "eth_getBlockByHash", "eth_getBlockTransactionCountByNumber",
+    "eth_getBlockTransactionCountByHash", "eth_getTransactionByHash", "eth_getTransactionByBlockHashAndIndex",
+    "eth_getTransactionByBlockNumberAndIndex", "eth_getTransactionReceipt", "eth_getUncleCountByBlockHash",
+    "eth_getUncleCountByBlockNumber", "eth_getUncleByBlockNumberAndIndex", "eth_protocolVersion",
+    "eth_sendRawTransaction", "web3_clientVersion",
+    # Subscriptions: served over WebSocket (subscriptions.py), refused over HTTP by their own rule.
+    *SUBSCRIPTION_METHODS,
+    *(m for m in SOLANA_METHODS if m != "requestAirdrop"),
+})
+DEFAULT_ALLOWED_NAMESPACES = frozenset({"net"})
+
+def refusal(method: str, allowed_methods: frozenset[str], allowed_namespaces: frozenset[str]) -> str | None:
+    """Why a (validated) method name is not served here, or None when it is. Pure."""
+    if method in DEFAULT_ALLOWED_METHODS or method in allowed_methods:
+        return None
+    ns = namespace(method)
+    if ns is not None and (ns in DEFAULT_ALLOWED_NAMESPACES or ns in allowed_namespaces):
+        return None
+    if ns in REFUSED_NAMESPACES:
+        return f"method not found: the {ns}_ namespace is disabled"
+    return f"method not found: {method} is not offered (ALLOW_METHODS, ALLOW_NAMESPACES)"
 
 
 def family_of(method: str) -> Family:

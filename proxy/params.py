@@ -17,8 +17,9 @@ from .jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params
 TAGS = ("latest", "earliest", "pending", "safe", "finalized")
 COMMITMENTS = ("finalized", "confirmed", "processed")
 LARGEST_ACCOUNTS_FILTERS = ("circulating", "nonCirculating")
-_HEX = re.compile(r"^0x[0-9a-fA-F]*$")
-_DECIMAL = re.compile(r"^[0-9]+$")
+# Used with fullmatch only: `$` would also accept a trailing newline ("0x...\n").
+_HEX = re.compile(r"0x[0-9a-fA-F]*")
+_DECIMAL = re.compile(r"[0-9]{1,20}")  # 2**64 has 20 digits; longer is never a block number
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _B58_INDEX = {c: i for i, c in enumerate(_B58_ALPHABET)}
 UINT256_MAX = 2**256 - 1
@@ -59,7 +60,7 @@ class BlockRef:
 
 def hex_bytes(name: str, value: Any, size: int | None = None) -> str:
     """A 0x-prefixed hex byte string, lower-cased; `size` in bytes when fixed."""
-    if not isinstance(value, str) or not _HEX.match(value):
+    if not isinstance(value, str) or not _HEX.fullmatch(value):
         raise invalid_params(name, "expected a 0x-prefixed hex string")
     digits = len(value) - 2
     if size is not None and digits != size * 2:
@@ -78,7 +79,7 @@ def hash32(name: str, value: Any) -> str:
 
 
 def _uint256(name: str, value: Any, expected: str, too_big: str) -> int:
-    if not isinstance(value, str) or not _HEX.match(value) or len(value) < 3:
+    if not isinstance(value, str) or not _HEX.fullmatch(value) or len(value) < 3:
         raise invalid_params(name, expected)
     number = int(value, 16)
     if number > UINT256_MAX:
@@ -125,16 +126,20 @@ def block_param(
     if isinstance(value, str):
         if value in TAGS:
             return BlockRef(tag=value)
-        if allow_hash and _HEX.match(value) and len(value) == 66:
+        if allow_hash and _HEX.fullmatch(value) and len(value) == 66:
             return BlockRef(hash=value.lower())
-        if allow_decimal and _DECIMAL.match(value):
+        if allow_decimal and value.isascii() and value.isdigit():
+            if not _DECIMAL.fullmatch(value) or int(value) >= 2**64:
+                raise invalid_params(name, "block number exceeds 64 bits")
             return BlockRef(number=int(value))
-        if _HEX.match(value) and len(value) > 2:
+        if _HEX.fullmatch(value) and len(value) > 2:
             number = quantity_int(name, value)
             if number >= 2**64:
                 raise invalid_params(name, "block number exceeds 64 bits")
             return BlockRef(number=number)
     elif allow_decimal and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if value >= 2**64:
+            raise invalid_params(name, "block number exceeds 64 bits")
         return BlockRef(number=value)
     elif allow_object and isinstance(value, dict):
         # EIP-1898: {"blockHash": h, "requireCanonical"?: bool} or {"blockNumber": n}.
@@ -243,6 +248,22 @@ def eth_call(params: list[Any], rules: Rules) -> list[Any]:
     while overrides and overrides[-1] is None:
         overrides.pop()
     return out + overrides
+
+
+def eth_estimate_gas(params: list[Any], rules: Rules) -> list[Any]:
+    """spec: eth_estimateGas takes eth_call's call object, under the same rules (and gas cap); its
+    block parameter is optional. Decimal or JSON-number gas, `0X`, `gasLimit`: all -32602."""
+    _arity(params, ("transaction", "block", "stateOverrides"), 1)
+    out: list[Any] = [call_object("transaction", params[0], rules)]
+    block = params[1] if len(params) > 1 else None
+    overrides = params[2] if len(params) > 2 else None
+    if block is not None or overrides is not None:
+        out.append(BlockRef(tag="latest") if block is None else block_param("block", block))
+    if overrides is not None:
+        if not isinstance(overrides, dict):
+            raise invalid_params("stateOverrides", "expected an object")
+        out.append(overrides)
+    return out
 
 
 def eth_get_uncle_by_block_hash_and_index(params: list[Any], rules: Rules) -> list[Any]:

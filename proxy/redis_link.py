@@ -15,9 +15,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from .logs import Throttled
 from .metrics import Metrics
 
 log = logging.getLogger("proxy.redis")
+throttled = Throttled(log)  # a flapping Redis would otherwise log every time it drops
 T = TypeVar("T")
 
 
@@ -69,8 +71,8 @@ class RedisLink:
             self._metrics.redis_errors.labels(operation).inc()
             self._metrics.redis_up.set(0)
             if self._skip_until == 0.0:
-                log.warning("redis unavailable (%s): %s; skipping it for %.1fs",
-                            operation, type(exc).__name__, self._backoff)
+                throttled.warning("unavailable", "redis unavailable (%s): %s; skipping it for %.1fs",
+                                  operation, type(exc).__name__, self._backoff)
             self._skip_until = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, self._max_backoff)
             raise RedisUnavailable(operation) from exc

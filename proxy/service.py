@@ -19,12 +19,10 @@ from .config import Network, Settings
 from .jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, dumps, invalid_params
 from .methods import (
     POLICIES,
-    REFUSED_NAMESPACES,
     SUBSCRIPTION_METHODS,
     CacheClass,
     MethodPolicy,
     metric_label,
-    namespace,
 )
 from .metrics import HitCells, Metrics
 from .params import BlockRef, Rules, block_refs, quantity_int, substitute
@@ -33,7 +31,8 @@ from .upstream import Answer, Upstream
 log = logging.getLogger("proxy.service")
 HIT, MISS, BYPASS = "HIT", "MISS", "BYPASS"
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
-MEMO_MAX_PARAMS = 512  # bytes: larger params are validated every time rather than held in memory
+MEMO_MAX_PARAMS = 512
+FALLBACK_BLOCK_GAS_LIMIT = 30_000_000  # bytes: larger params are validated every time rather than held in memory
 
 
 @dataclass(slots=True)
@@ -122,7 +121,10 @@ class Memo(dict[K, V]):
 
 def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, str, bytes] | None:
     """The memo key of a request as it arrived; None for params too large to be worth remembering."""
-    raw = dumps(params)
+    try:
+        raw = dumps(params)
+    except TypeError:  # nested past orjson's limit: the hot path leaves it to the envelope's check
+        return None
     return (net.name, method, raw) if len(raw) <= MEMO_MAX_PARAMS else None
 
 
@@ -153,11 +155,9 @@ class Service:
     # --- before anything is charged or forwarded ------------------------------------------
 
     def prepare(self, call: Call, network: NetworkRuntime) -> Prepared:
-        """Check the method is allowed here and validate its params; raise JsonRpcError if not."""
+        """Check the method is available on this network and validate its params; raise JsonRpcError if not.
+        The allow-list was applied before routing (Gateway._route)."""
         method = call.method
-        ns = namespace(method)
-        if ns in REFUSED_NAMESPACES and ns not in self._settings.allowed_namespaces:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: the {ns}_ namespace is disabled")
         if method in SUBSCRIPTION_METHODS:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method} needs a WebSocket: connect to "
                                "/ws/v3/<API_KEY> and send it as a single request (not over HTTP or in a batch)")
@@ -234,6 +234,8 @@ class Service:
         if policy is not None and policy.gas_cap:
             params = self._cap_gas(params, net)
         if policy is None or policy.cache is CacheClass.NONE:
+            if prepared.refs:  # validated, uncached (eth_estimateGas): block parameters as the caller gave them
+                params = substitute(params, {id(r): r.encode() for r in prepared.refs})
             answer = await net.upstream.request(method, params)
             await self._catch_up(net, method, answer)
             return Outcome.answered(answer, BYPASS)
@@ -349,8 +351,11 @@ class Service:
     def _cap_gas(self, params: Any, net: NetworkRuntime) -> Any:
         """spec: the gas field is capped at 10 times the current block gas limit."""
         head = net.tracker.head
-        if head is None or not head.gas_limit or not isinstance(params, list) or not params:
+        if not isinstance(params, list) or not params:
             return params
+        # Before the first head poll the block gas limit is unknown: a common one stands in, so
+        # the cap holds from the first call.
+        gas_limit = head.gas_limit if head is not None and head.gas_limit else FALLBACK_BLOCK_GAS_LIMIT
         tx = params[0]
         if not isinstance(tx, dict) or "gas" not in tx:
             return params
@@ -358,7 +363,7 @@ class Service:
             gas = quantity_int("gas", tx["gas"])
         except JsonRpcError:
             return params  # a forwarded method's malformed gas: the node answers for it
-        cap = head.gas_limit * self._settings.gas_cap_multiplier
+        cap = gas_limit * self._settings.gas_cap_multiplier
         if gas <= cap:
             return params
         return [{**tx, "gas": hex(cap)}, *params[1:]]

@@ -133,7 +133,7 @@ class Relay(Protocol):
 class Charger(Protocol):
     """The gateway's stream charging (Gateway.charge_stream) and routing (Gateway.route_method)."""
 
-    async def charge_stream(self, api_key: str, label: str, cost: int) -> JsonRpcError | None: ...
+    async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None: ...
 
     def route_method(self, method: str, network: Any) -> Any: ...
 
@@ -176,7 +176,7 @@ class Session:
 
     ws: web.WebSocketResponse
     transport: Any  # asyncio transport of the connection: its write buffer counts toward the bound
-    api_key: str
+    account: str  # the key's account name (never the secret key)
     network: Any  # the network the connection named (path or Host), else None
     gateway: Charger
     feeds: Mapping[str, HeadSource]
@@ -247,7 +247,7 @@ class Session:
         if feed is None and relay is None:
             raise _unrelayable(call.method, kind, family)
 
-        refusal = await self.gateway.charge_stream(self.api_key, call.method, credits.get("subscribe", 0))
+        refusal = await self.gateway.charge_stream(self.account, call.method, credits.get("subscribe", 0))
         if refusal is not None:
             raise refusal
         if self.closed:
@@ -369,7 +369,7 @@ class Session:
         while True:
             if not sub.active and not sub.once:
                 return False  # unsubscribed while its notification waited
-            refusal = await self.gateway.charge_stream(self.api_key, sub.label, cost)
+            refusal = await self.gateway.charge_stream(self.account, sub.label, cost)
             if refusal is None:
                 return True
             if refusal.http_status != 429:

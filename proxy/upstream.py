@@ -17,10 +17,12 @@ import aiohttp
 
 from . import jsonrpc
 from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from .logs import Throttled
 from .methods import POLICIES, CacheClass, metric_label
 from .metrics import Metrics
 
 log = logging.getLogger("proxy.upstream")
+throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so
 
 # Reads the cache fills, cheap and side-effect free: the calls worth sharing an HTTP round trip.
 # eth_getLogs goes alone (its own deadline), as does everything forwarded.
@@ -91,6 +93,7 @@ class HttpUpstream:
         cooldown: float = 5.0,
         session: aiohttp.ClientSession | None = None,
         batch_max: int = 1,
+        batch_max_bytes: int = 1024 * 1024,
     ) -> None:
         self.network = network
         self._urls = tuple(urls)
@@ -101,6 +104,7 @@ class HttpUpstream:
         self._session = session
         self._next_id = 0
         self._batch_max = batch_max
+        self._batch_max_bytes = batch_max_bytes
         self._queue: list[tuple[str, Any, asyncio.Future[Answer]]] = []
         self._flush_scheduled = False
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -164,7 +168,8 @@ class HttpUpstream:
             except _Failed as failure:
                 self._down_until[index] = time.monotonic() + self._cooldown
                 self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
-                log.warning("upstream %s#%d failed: %s", self.network, index, failure.detail)
+                throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index,
+                                  failure.detail)
                 failures.append(f"upstream #{index}: {failure.detail}")
                 last_kind = failure.kind
                 continue
@@ -216,12 +221,26 @@ class HttpUpstream:
         return await waiter
 
     def _flush(self) -> None:
+        """Groups of at most `batch_max` calls and `batch_max_bytes` of params: one client's large
+        call travels alone, never in a batch a node might refuse for its size."""
         self._flush_scheduled = False
-        while self._queue:
-            group, self._queue = self._queue[: self._batch_max], self._queue[self._batch_max:]
-            task = asyncio.create_task(self._deliver(group))
-            self._deliveries.add(task)
-            task.add_done_callback(self._deliveries.discard)
+        queue, self._queue = self._queue, []
+        group: list[tuple[str, Any, asyncio.Future[Answer]]] = []
+        size = 0
+        for call in queue:
+            cost = len(jsonrpc.dumps(call[1])) + len(call[0]) + 64  # params, method, envelope
+            if group and (len(group) >= self._batch_max or size + cost > self._batch_max_bytes):
+                self._start(group)
+                group, size = [], 0
+            group.append(call)
+            size += cost
+        if group:
+            self._start(group)
+
+    def _start(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+        task = asyncio.create_task(self._deliver(group))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
 
     async def _deliver(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
         # Every waiter is answered whatever happens here, so no caller is left waiting forever.
@@ -233,7 +252,15 @@ class HttpUpstream:
                 method, params, _ = group[0]
                 answers = [await self._single(method, params, None)]
             else:
-                answers = await self._batch([(m, p) for m, p, _ in group], auto=True)
+                try:
+                    answers = await self._batch([(m, p) for m, p, _ in group], auto=True)
+                except JsonRpcError as error:
+                    if error.http_status == 504:  # timed out: asking again, one by one, would only wait longer
+                        raise
+                    # The batch failed as a whole (a 413 for its size, a 5xx): each call is asked
+                    # alone, so only a call that fails by itself fails.
+                    await self._resend_singly(group)
+                    return
             for (_, _, waiter), answer in zip(group, answers, strict=True):
                 if not waiter.done():
                     waiter.set_result(answer)
@@ -243,6 +270,16 @@ class HttpUpstream:
             for _, _, waiter in group:
                 if not waiter.done():
                     waiter.set_exception(failure)
+
+    async def _resend_singly(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _ in group), return_exceptions=True)
+        for (_, _, waiter), result in zip(group, results, strict=True):
+            if waiter.done():
+                continue
+            if isinstance(result, BaseException):
+                waiter.set_exception(result)
+            else:
+                waiter.set_result(result)
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return await self._batch(calls)

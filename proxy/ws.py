@@ -21,8 +21,8 @@ log = logging.getLogger("proxy.ws")
 async def websocket_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     gateway, metrics, settings = app[GATEWAY], app[METRICS], app[SETTINGS]
-    api_key = request.match_info.get("api_key", "")
-    if not gateway.authorized(api_key):
+    account = gateway.account(request.match_info.get("api_key", ""))
+    if account is None:
         # The upgrade is refused the same way as HTTP: 401 with a JSON-RPC error body.
         return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
     network = gateway.network_for(request.host, request.match_info.get("network"))
@@ -36,7 +36,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     metrics.ws_connections.inc()
     slots = asyncio.Semaphore(settings.ws_max_inflight)
     streams = app[STREAMS]
-    session = Session(ws, request.transport, api_key, network, gateway, streams.feeds, streams.relays, settings,
+    session = Session(ws, request.transport, account, network, gateway, streams.feeds, streams.relays, settings,
                       metrics)
     session.start()
 
@@ -47,7 +47,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
                 return
-            reply = await gateway.handle(data, api_key, network)
+            reply = await gateway.handle(data, account, network)
             if reply.body is not None and not ws.closed:
                 await ws.send_str(reply.body.decode())
         except ConnectionResetError:

@@ -288,7 +288,8 @@ async def start_proxy(
 
     def counting(network: Network, metrics: Metrics) -> CountingUpstream:
         inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
-                             batch_max=settings.upstream_batch_max)
+                             batch_max=settings.upstream_batch_max,
+                             batch_max_bytes=settings.upstream_batch_max_bytes)
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 

@@ -15,9 +15,9 @@ from tests.support import CONTRACTS, ROOT, Anvil, Proxy
 NODE_PATH = str(ROOT / ".tools/node_modules")
 
 
-async def run_app(script: str, http_url: str, ws_url: str) -> dict[str, Any]:
+async def run_app(script: str, http_url: str, ws_url: str, node_url: str) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        "node", str(ROOT / "tests/clients" / script), http_url, ws_url, str(CONTRACTS),
+        "node", str(ROOT / "tests/clients" / script), http_url, ws_url, str(CONTRACTS), node_url,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "NODE_PATH": NODE_PATH},
     )
     try:
@@ -32,13 +32,14 @@ async def run_app(script: str, http_url: str, ws_url: str) -> dict[str, Any]:
 
 
 @pytest.fixture(params=["proxy", "anvil"])
-def endpoints(request: pytest.FixtureRequest, anvil: Anvil, evm_proxy: Proxy) -> tuple[str, str]:
+def endpoints(request: pytest.FixtureRequest, anvil: Anvil, evm_proxy: Proxy) -> tuple[str, str, str]:
+    """The app's HTTP and WebSocket URLs, and the node's own URL, which only mines blocks on demand."""
     if request.param == "proxy":
-        return evm_proxy.url(), evm_proxy.ws_url()
-    return anvil.url, anvil.url.replace("http://", "ws://")
+        return evm_proxy.url(), evm_proxy.ws_url(), anvil.url
+    return anvil.url, anvil.url.replace("http://", "ws://"), anvil.url
 
 
-async def test_an_ethers_app_sees_through_the_proxy_what_it_sees_on_the_node(endpoints: tuple[str, str]) -> None:
+async def test_an_ethers_app_sees_through_the_proxy_what_it_sees_on_the_node(endpoints: tuple[str, str, str]) -> None:
     seen = await run_app("ethers_app.cjs", *endpoints)
     assert seen == {
         "setXStatus": 1, "httpX": "9", "wsX": "9", "revert": "CALL_EXCEPTION:nope",
@@ -47,7 +48,7 @@ async def test_an_ethers_app_sees_through_the_proxy_what_it_sees_on_the_node(end
     }
 
 
-async def test_a_viem_app_sees_through_the_proxy_what_it_sees_on_the_node(endpoints: tuple[str, str]) -> None:
+async def test_a_viem_app_sees_through_the_proxy_what_it_sees_on_the_node(endpoints: tuple[str, str, str]) -> None:
     seen = await run_app("viem_app.cjs", *endpoints)
     assert seen == {
         "deployStatus": "success", "httpX": "7", "wsX": "7", "events": 5, "uniqueEvents": 5,

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from proxy.accounts import derived_name
 from tests.fake_solana import FakeSolana
 from tests.support import Proxy, eventually, settings_for, start_proxy
 from tests.ws_client import connect
@@ -116,7 +117,7 @@ async def test_solana_subscriptions_are_charged_by_their_subscribe_method(solana
         await client.notes_until(2)
 
         async def charged() -> bool:
-            return proxy.metric("rpc_proxy_key_credits_charged_total", key="alice") == 2 + 2 * 3
+            return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 2 + 2 * 3
 
         await eventually(charged, 5, "the subscription and its two notifications to be charged")
     finally:

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.accounts import derived_name
 from proxy.config import Settings
 from proxy.params import Rules
 from proxy.state import STREAMS
@@ -245,7 +246,7 @@ async def test_subscribe_and_each_notification_are_charged_per_kind(anvil: Anvil
         await client.notes_until(2)
 
         async def charged() -> bool:
-            return proxy.metric("rpc_proxy_key_credits_charged_total", key="alice") == 7 + 2 * 11
+            return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 7 + 2 * 11
 
         await eventually(charged, 5, "credits to be charged")
         assert proxy.metric("rpc_proxy_credits_charged_total", method="newHeads") == 22

@@ -23,19 +23,25 @@ STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
 
 @dataclass
 class Relay:
-    """An HTTP relay in front of a node that records each request's batch size."""
+    """An HTTP relay in front of a node that records each request's batch size (and body length)."""
 
     url: str = ""
     sizes: list[int] = field(default_factory=list)
+    bodies: list[int] = field(default_factory=list)
 
 
 @asynccontextmanager
-async def relay(target: str, *, refuse_batches: bool = False) -> AsyncIterator[Relay]:
+async def relay(target: str, *, refuse_batches: bool = False, max_body: int | None = None) -> AsyncIterator[Relay]:
+    """`max_body`: bodies longer than this are answered 413, as providers do."""
     record = Relay()
     session = aiohttp.ClientSession()
 
     async def handle(request: web.Request) -> web.Response:
         body = await request.read()
+        if b"eth_getBlockByNumber" not in body:  # the head tracker's polls
+            record.bodies.append(len(body))
+        if max_body is not None and len(body) > max_body:
+            return web.Response(status=413, text="request entity too large")
         payload = json.loads(body)
         is_batch = isinstance(payload, list)
         if is_batch and refuse_batches and any(p["method"] == "eth_getStorageAt" for p in payload):
@@ -48,7 +54,7 @@ async def relay(target: str, *, refuse_batches: bool = False) -> AsyncIterator[R
         async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
             return web.Response(body=await resp.read(), content_type="application/json")
 
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/", handle)
     server = TestServer(app, host="127.0.0.1", port=free_port())
     await server.start_server()

@@ -5,7 +5,8 @@ const { readFileSync } = require("node:fs");
 const { deadline, until, repeatUntil } = require("./wait.cjs");
 const { ContractFactory, Contract, JsonRpcProvider, WebSocketProvider, Wallet } = require("ethers");
 
-const [httpUrl, wsUrl, contracts] = process.argv.slice(2);
+// NODE_URL drives the chain (Anvil mines only on demand); the app itself uses only HTTP_URL and WS_URL.
+const [httpUrl, wsUrl, contracts, nodeUrl] = process.argv.slice(2);
 const abi = JSON.parse(readFileSync(`${contracts}/Store.abi`, "utf8"));
 const bytecode = "0x" + readFileSync(`${contracts}/Store.bin`, "utf8").trim();
 const KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"; // anvil's first account
@@ -45,7 +46,8 @@ async function main() {
     await watched.on("Emitted", (i, event) => seen.push(`${event.log.transactionHash}:${event.log.index}`));
     await ws.on("block", (n) => blocks.push(n));
     // ethers subscribes in the background, the logs first: a first block seen means both are live.
-    await repeatUntil(() => http.send("evm_mine", []), () => blocks.length > 0, 30000, "the block listener");
+    const node = new JsonRpcProvider(nodeUrl);
+    await repeatUntil(() => node.send("evm_mine", []), () => blocks.length > 0, 30000, "the block listener");
     const writer = new Contract(address, abi, new Wallet(KEY, http));
     const receipts = [];
     for (let i = 0; i < EVENTS; i++) {
@@ -55,7 +57,8 @@ async function main() {
     await until(() => seen.length >= EVENTS, 30000, "20 events");
     const last = receipts[receipts.length - 1].blockNumber;
     await until(() => blocks.length > 0 && blocks[blocks.length - 1] >= last, 30000, "the last block");
-    await http.send("evm_mine", []);
+    await node.send("evm_mine", []);
+    node.destroy();
     await until(() => blocks[blocks.length - 1] >= last + 1, 30000, "one more block");
     out.events = seen.length;
     out.uniqueEvents = new Set(seen).size;

@@ -7,7 +7,7 @@ const { createPublicClient, createWalletClient, http, webSocket, parseAbi } = re
 const { privateKeyToAccount } = require("viem/accounts");
 const { foundry } = require("viem/chains");
 
-const [httpUrl, wsUrl, contracts] = process.argv.slice(2);
+const [httpUrl, wsUrl, contracts] = process.argv.slice(2); // the app's endpoints (proxy or node)
 const abi = JSON.parse(readFileSync(`${contracts}/Store.abi`, "utf8"));
 const bytecode = "0x" + readFileSync(`${contracts}/Store.bin`, "utf8").trim();
 const account = privateKeyToAccount("0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80");

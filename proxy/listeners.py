@@ -1,0 +1,123 @@
+"""The sockets the proxy listens on: the public one with its connection cap, the internal metrics
+one, and an accept loop that stays quiet (and serving) when file descriptors run out."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .logs import Throttled
+
+log = logging.getLogger("proxy.listeners")
+throttled = Throttled(log)
+
+_BUSY_BODY = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"server busy: too many open connections"}}'
+BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+)
+KEEPALIVE_TIMEOUT = 75.0
+# Errors accept() meets when the process or the system is out of descriptors or buffers.
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: answered 503 at once and closed, holding nothing."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(BUSY_RESPONSE)
+        transport.close()
+
+
+class CappedSite(web.TCPSite):
+    """aiohttp's TCP site with a cap on open connections (MAX_CONNECTIONS).
+
+    The count is the server's live connections plus those accepted but not yet started: asyncio
+    accepts a burst in one batch and starts each connection a loop turn later.
+    """
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int) -> None:
+        super().__init__(runner, host, port)
+        self._max_connections = max_connections
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site; TCPSite.start would bind without the cap
+        server = self._runner.server
+        assert server is not None
+        limit = self._max_connections
+        loop = asyncio.get_running_loop()
+        starting = [0]
+
+        def started() -> None:
+            starting[0] -= 1
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) + starting[0] >= limit:
+                throttled.warning("cap", "refusing connections: %d open (MAX_CONNECTIONS)", limit)
+                return _Refused()
+            # The transport calls connection_made (which counts the connection) in the loop turn
+            # right after this one; until then it is counted here.
+            starting[0] += 1
+            loop.call_soon(started)
+            return server()
+
+        self._server = await loop.create_server(protocol, self._host, self._port, backlog=self._backlog,
+                                                reuse_address=self._reuse_address)
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio logs a traceback for every failed accept(); out of descriptors that is thousands a
+    second. Those become one warning per interval (asyncio retries accept by itself, and
+    established connections keep being served); anything else goes to the default handler."""
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:
+        throttled.warning("accept", "cannot accept connections: %s; established clients are still served",
+                          exc.strerror)
+        return
+    loop.default_exception_handler(context)
+
+
+def metrics_app(registry: CollectorRegistry) -> web.Application:
+    """The internal listener's application: /metrics and nothing else."""
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_metrics_listener(registry: CollectorRegistry, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(metrics_app(registry), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def serve(app: web.Application, host: str, port: int, *, max_connections: int, shutdown_timeout: float,
+                on_listening: Callable[[], None]) -> None:
+    """Run `app` until SIGTERM or SIGINT, then drain it (in-flight requests get `shutdown_timeout`)."""
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(quiet_accept_errors)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # keepalive_timeout as web.run_app sets it: an idle connection, or one whose request headers
+    # never complete, is closed after 75 s (aiohttp's own default is an hour).
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
+    await runner.setup()
+    try:
+        await CappedSite(runner, host, port, max_connections=max_connections).start()
+        on_listening()
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,198 @@
+"""Slow and abandoned clients: body deadlines, a bound on bodies in flight, a connection cap, quiet logs.
+
+These run the app as `rpc-proxy` does (an AppRunner behind the capped site, handlers not cancelled
+when a client leaves), not under aiohttp's test server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.listeners import CappedSite
+from proxy.logs import Throttled
+from tests.support import Anvil, eventually, free_port, settings_for, start_proxy
+
+CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
+
+
+@asynccontextmanager
+async def served(settings: Settings) -> AsyncIterator[int]:
+    """The proxy on a free port, served the way the CLI serves it."""
+    # A short shutdown: aiohttp keeps reading (and dropping) an unread body for up to 10 s after answering.
+    runner = web.AppRunner(create_app(settings, registry=CollectorRegistry()), access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    port = free_port()
+    await CappedSite(runner, "127.0.0.1", port, max_connections=settings.max_connections).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+def head(port: int, length: int, path: str = "/v3/k") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()
+
+
+async def exchange(port: int, data: bytes) -> tuple[int, bytes]:
+    """Send raw bytes, read until the server closes or answers one response; (status, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 30)
+        headers = {}
+        while (line := await asyncio.wait_for(reader.readline(), 30)) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.lower()] = value.strip()
+        body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", 0))), 30)
+        return int(status_line.split()[1]), body
+    finally:
+        writer.close()
+
+
+async def post(port: int, body: bytes = CHAIN_ID) -> tuple[int, bytes]:
+    return await exchange(port, head(port, len(body)) + body)
+
+
+async def test_a_stalled_body_is_answered_408_at_body_timeout_and_closed(anvil: Anvil) -> None:
+    async with served(settings_for(EVM_UPSTREAM=anvil.url, BODY_TIMEOUT="0.3")) as port:
+        status, body = await exchange(port, head(port, 100_000) + b'{"jsonrpc":')
+        assert status == 408 and json.loads(body)["error"]["code"] == -32600
+        assert (await post(port))[0] == 200
+
+
+async def test_a_declared_body_over_the_limit_is_413_before_any_of_it_is_read(anvil: Anvil) -> None:
+    async with served(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000")) as port:
+        status, body = await exchange(port, head(port, 50_000_000))
+        assert status == 413 and json.loads(body)["error"]["code"] == -32600
+
+
+async def test_bodies_beyond_the_in_flight_byte_budget_are_503_and_small_calls_still_served(anvil: Anvil) -> None:
+    settings = settings_for(EVM_UPSTREAM=anvil.url, MAX_INFLIGHT_BODY_BYTES="200000")
+    async with served(settings) as port:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head(port, 150_000) + b"[")  # holds 150,000 of the 200,000 bytes
+        await writer.drain()
+        try:
+            await asyncio.sleep(0)  # no state to wait for: the next answer proves the budget is held
+
+            async def refused() -> bool:
+                return (await exchange(port, head(port, 150_000) + b"["))[0] == 503
+
+            await eventually(refused, 10, "a second large body to be refused")
+            assert (await post(port))[0] == 200
+        finally:
+            writer.close()
+
+
+async def test_connections_over_max_connections_get_503_and_established_clients_are_still_served(
+    anvil: Anvil
+) -> None:
+    settings = settings_for(EVM_UPSTREAM=anvil.url, MAX_CONNECTIONS="4")
+    async with served(settings) as port, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as client:
+        url = f"http://127.0.0.1:{port}/v3/k"
+        async with client.post(url, data=CHAIN_ID) as resp:
+            assert resp.status == 200  # this client's connection is now established and kept alive
+        idle = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(10)))
+        reads = [asyncio.create_task(reader.read(200)) for reader, _ in idle]
+        try:
+            async def seven_answered() -> bool:
+                return sum(r.done() for r in reads) >= 7
+
+            await eventually(seven_answered, 10, "connections over the cap to be answered")
+            # Three fit beside the client; the other seven were answered 503 and closed at once.
+            answers = [r.result() for r in reads if r.done()]
+            assert len(answers) == 7 and all(a.startswith(b"HTTP/1.1 503") for a in answers)
+            async with client.post(url, data=CHAIN_ID) as resp:
+                assert resp.status == 200
+        finally:
+            for read in reads:
+                read.cancel()
+            for _, writer in idle:
+                writer.close()
+
+
+@pytest.mark.parametrize("reset", [False, True])
+async def test_a_client_that_aborts_mid_body_costs_a_debug_line_not_a_traceback(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture, reset: bool
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with served(settings_for(EVM_UPSTREAM=anvil.url)) as port:
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(head(port, 100_000) + b"[" * 100)
+            await asyncio.sleep(0.05)  # let the handler start reading the body
+            if reset:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.close()
+
+        async def all_logged() -> bool:
+            return sum("before its request body arrived" in r.getMessage() for r in caplog.records) == 5
+
+        await eventually(all_logged, 10, "five aborted bodies to be noticed")
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name != "proxy.chain"]
+    assert loud == [] and not any(r.exc_info for r in caplog.records)
+
+
+class TestThrottled:
+    def test_a_repeated_warning_is_logged_once_per_interval_with_a_count(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        now = [0.0]
+        throttled = Throttled(logging.getLogger("test.throttled"), interval=60, clock=lambda: now[0])
+        for _ in range(1000):
+            throttled.warning("k", "redis down")
+        now[0] = 61
+        throttled.warning("k", "redis down")
+        throttled.warning("other", "upstream down")
+        assert [r.getMessage() for r in caplog.records] == [
+            "redis down", "redis down (999 more like this in the last 60s)", "upstream down",
+        ]
+
+
+async def test_a_redis_outage_logs_a_few_lines_not_one_per_request(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys.alice]\nkey = "sk-a"\n')
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys),
+                            REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    proxy = await start_proxy(settings)
+    try:
+        for i in range(40):
+            status, _, _ = await proxy.post({"jsonrpc": "2.0", "id": i, "method": "eth_chainId"}, key="sk-a")
+            assert status == 200
+    finally:
+        await proxy.close()
+    assert sum("credits: redis unavailable" in r.getMessage() for r in caplog.records) <= 1
+
+
+async def test_metrics_port_serves_metrics_on_an_internal_listener_and_the_public_port_does_not(
+    anvil: Anvil
+) -> None:
+    metrics_port = free_port()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, METRICS_PORT=str(metrics_port)))
+    try:
+        assert "result" in await proxy.call("eth_chainId", [])
+        async with proxy.session.get(proxy.base + "/metrics") as resp:
+            assert resp.status == 404
+        async with proxy.session.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+            assert resp.status == 200 and "rpc_proxy_requests_total" in await resp.text()
+        async with proxy.session.post(f"http://127.0.0.1:{metrics_port}/v3/k", data=CHAIN_ID) as resp:
+            assert resp.status in (404, 405)  # the internal listener serves metrics only
+    finally:
+        await proxy.close()

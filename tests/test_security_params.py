@@ -1,0 +1,112 @@
+"""Validation that cannot be slipped past: bounded numbers, whole-string matches, per-element errors."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from typing import Any
+
+import pytest
+
+from proxy.jsonrpc import BATCH_SCAN_FROM, JsonRpcError, parse_body
+from tests.support import Proxy
+
+ADDRESS = "0x" + "11" * 20
+
+
+def call(method: str, params: Any, rid: int = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+
+
+@pytest.mark.parametrize("block", ["999999999999999999999999999999", 2**64, "18446744073709551616", "9" * 4301])
+async def test_a_decimal_block_number_is_bounded_to_64_bits(evm_proxy: Proxy, block: Any) -> None:
+    status, reply, _ = await evm_proxy.post(call("eth_getBlockReceipts", [block]))
+    assert status == 200 and reply["error"]["code"] == -32602, reply
+    assert evm_proxy.upstreams["evm"].calls["eth_getBlockReceipts"] == 0
+
+
+@pytest.mark.parametrize(("method", "params"), [
+    ("eth_getStorageAt", [ADDRESS + "\n", "0x0", "latest"]),
+    ("eth_getStorageAt", [ADDRESS, "0x0\n", "latest"]),
+    ("eth_getStorageAt", [ADDRESS, "0x0", "0x1\n"]),
+    ("eth_call", [{"from": ADDRESS, "to": ADDRESS, "data": "0x12\n"}, "latest"]),
+    ("eth_getUncleByBlockHashAndIndex", ["0x" + "ab" * 32 + "\n", "0x0"]),
+    ("eth_getBlockReceipts", ["12\n"]),
+    ("eth_getLogs", [{"topics": ["0x" + "ab" * 32 + "\n"]}]),
+])
+async def test_hex_and_decimal_values_must_match_whole_with_no_trailing_newline(
+    evm_proxy: Proxy, method: str, params: Any
+) -> None:
+    reply = await evm_proxy.call(method, params)
+    assert reply["error"]["code"] == -32602, reply
+    assert evm_proxy.upstreams["evm"].calls[method] == 0
+
+
+async def test_a_huge_decimal_or_deep_params_fail_their_own_batch_element_only(evm_proxy: Proxy) -> None:
+    deep: Any = "0x0"
+    for _ in range(300):
+        deep = [deep]
+    batch = [
+        call("eth_chainId", [], 1),
+        call("eth_getBlockReceipts", ["9" * 4301], 2),
+        call("eth_getStorageAt", [ADDRESS, "0x0", deep], 3),
+        call("eth_blockNumber", [deep], 4),
+        call("eth_chainId", [], 5),
+    ]
+    status, replies, _ = await evm_proxy.post(batch)
+    assert status == 200, replies
+    by_id = {r["id"]: r for r in replies}
+    assert by_id[1]["result"] == by_id[5]["result"] == "0x7a69"
+    assert [by_id[i]["error"]["code"] for i in (2, 3, 4)] == [-32602] * 3
+    assert "nested deeper" in by_id[3]["error"]["message"]
+
+
+async def test_deep_params_on_the_cache_hit_path_are_an_invalid_params_error(evm_proxy: Proxy) -> None:
+    body = '{"jsonrpc":"2.0","id":1,"method":"eth_getStorageAt","params":' + "[" * 400 + "]" * 400 + "}"
+    status, reply, _ = await evm_proxy.post(body)
+    assert status == 200 and reply["error"]["code"] == -32602 and reply["id"] == 1
+
+
+@pytest.mark.parametrize("tx", [
+    {"gas": "1000000000000"},  # decimal string
+    {"gas": 1000000000000000},  # JSON number
+    {"gas": "0XFFFFFFFFFFFF"},  # upper-case prefix
+    {"gasLimit": "0xffffffffffff"},  # not a call-object field
+    {"gas": "0xffffffffffff\n"},
+])
+async def test_eth_estimate_gas_validates_its_call_object_like_eth_call(evm_proxy: Proxy, tx: dict[str, Any]) -> None:
+    reply = await evm_proxy.call("eth_estimateGas", [{"from": ADDRESS, "to": ADDRESS, **tx}])
+    assert reply["error"]["code"] == -32602, reply
+    assert evm_proxy.upstreams["evm"].calls["eth_estimateGas"] == 0
+
+
+async def test_eth_estimate_gas_is_capped_with_or_without_a_block_parameter(evm_proxy: Proxy) -> None:
+    tx = {"from": ADDRESS, "to": ADDRESS, "gas": "0x" + "f" * 20}
+    for params in ([tx], [tx, "latest"], [tx, {"blockNumber": "0x0"}]):
+        assert (await evm_proxy.call("eth_estimateGas", params))["result"] == "0x5208"
+    sent = [p for m, p in evm_proxy.upstreams["evm"].params if m == "eth_estimateGas"]
+    assert [p[0]["gas"] for p in sent] == [hex(10 * 30_000_000)] * 3
+    assert [p[1:] for p in sent] == [[], ["latest"], [{"blockNumber": "0x0"}]]
+
+
+class TestBatchBodies:
+    def test_a_huge_batch_is_refused_before_its_elements_are_built(self) -> None:
+        body = b"[" + b",".join([b"{}"] * 1_700_000) + b"]"  # 5 MB, 1.7 million objects
+        tracemalloc.start()
+        try:
+            with pytest.raises(JsonRpcError) as caught:
+                parse_body(body, max_batch=100)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert caught.value.code == -32600 and "limit of 100" in caught.value.message
+        assert peak < 4 * len(body)  # the body's text once, not 1.7 million dicts (over 100 MB)
+
+    def test_a_large_batch_within_the_limit_parses_as_before(self) -> None:
+        element = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [{"data": "0x" + "00" * 2000}]}
+        body = json.dumps([element] * 100).encode()
+        assert len(body) > BATCH_SCAN_FROM and len(parse_body(body, max_batch=100).entries) == 100
+        for bad in (b"[" + b" " * BATCH_SCAN_FROM + b"1,]", b"[" + b"[" * 2000 + b"]" * 2000 + b"]" + b" " * 70_000):
+            with pytest.raises(JsonRpcError) as caught:
+                parse_body(bad, max_batch=100)
+            assert caught.value.code == -32700

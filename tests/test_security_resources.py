@@ -1,0 +1,179 @@
+"""A bounded attack on a real `python -m proxy` process: slow bodies, huge method names, a connection
+flood under a low descriptor limit. Its memory must stay bounded and a normal client answered.
+
+The figures (RSS growth, the normal client's latency) are printed; the assertions are generous
+bounds, far below what the attack cost before (GBs of RSS, clients timing out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from tests.support import Anvil, eventually, free_port, wait_until
+
+MB = 1024 * 1024
+CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@dataclass
+class Running:
+    proc: subprocess.Popen[str]
+    port: int
+    stderr: str = ""  # filled in when the process has exited
+
+
+@contextmanager
+def proxy_process(anvil: Anvil, nofile: int | None = None, **env: str) -> Iterator[Running]:
+    port = free_port()
+    full_env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "HEAD_POLL_INTERVAL": "1",
+                "LOG_LEVEL": "INFO", **env}
+
+    def limit_descriptors() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=full_env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=limit_descriptors)
+    running = Running(proc, port)
+    try:
+        wait_until(lambda: healthy(port), 20, "the proxy to listen")
+        yield running
+    finally:
+        proc.terminate()
+        try:
+            running.stderr = proc.communicate(timeout=20)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            running.stderr = proc.communicate(timeout=5)[1]
+
+
+async def normal_call(port: int) -> float:
+    """Seconds a normal client waits for eth_chainId on a fresh connection."""
+    started = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(CHAIN_ID), CHAIN_ID))
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 30)
+        assert status.startswith(b"HTTP/1.1 200"), status
+        return time.monotonic() - started
+    finally:
+        writer.close()
+
+
+async def slow_body(port: int, declared: int, sent: int) -> None:
+    """Declare a body, send part of it, then stall until the proxy gives up on it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % declared)
+        chunk = b"[" + b" " * (256 * 1024)
+        for _ in range(sent // len(chunk)):
+            writer.write(chunk)
+            await writer.drain()
+        await asyncio.wait_for(reader.read(), 60)  # 503 at once, or 408 at BODY_TIMEOUT; then closed
+    except (ConnectionError, TimeoutError):
+        pass
+    finally:
+        writer.close()
+
+
+async def long_method(port: int, i: int) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": i, "method": f"m{i}" + "x" * MB, "params": []}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.readline(), 60)).startswith(b"HTTP/1.1 400")
+    finally:
+        writer.close()
+
+
+def test_slow_bodies_and_long_method_names_leave_memory_bounded_and_clients_served(anvil: Anvil) -> None:
+    with proxy_process(anvil, BODY_TIMEOUT="3", MAX_INFLIGHT_BODY_BYTES=str(32 * MB)) as running:
+        proc, port = running.proc, running.port
+
+        async def attack() -> tuple[int, float]:
+            baseline = rss(proc.pid)
+            for start in range(0, 100, 10):  # 100 requests with 1 MB method names, 10 at a time
+                await asyncio.gather(*(long_method(port, i) for i in range(start, start + 10)))
+            stalled = [asyncio.create_task(slow_body(port, 5 * MB, 4 * MB)) for _ in range(30)]
+
+            async def all_sent() -> bool:  # the accepted bodies are in; the others were refused
+                await asyncio.sleep(0.2)
+                return sum(t.done() for t in stalled) >= 30 - 7
+
+            await eventually(all_sent, 30, "the slow bodies to be sent or refused")
+            peak = rss(proc.pid) - baseline
+            latency = await normal_call(port)  # while the slow bodies still stall
+            await asyncio.gather(*stalled)
+            return max(peak, rss(proc.pid) - baseline), latency
+
+        growth, latency = asyncio.run(attack())
+        after = asyncio.run(normal_call(port))
+    print(f"\nslow bodies + long method names: RSS growth {growth / MB:.1f} MB, "
+          f"normal client answered in {latency * 1000:.0f} ms during the attack, {after * 1000:.0f} ms after")
+    # Before: every stalled 4 MB body was buffered (120 MB) and every 1 MB method name was kept.
+    assert growth < 100 * MB
+    assert latency < 10 and after < 10
+    assert "Traceback" not in running.stderr
+
+
+def test_a_connection_flood_past_the_descriptor_limit_logs_a_few_lines_and_keeps_serving(anvil: Anvil) -> None:
+    with proxy_process(anvil, nofile=256, MAX_CONNECTIONS="10000") as running:
+        port = running.port
+
+        async def flood() -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # established before the flood
+            attempts = [asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 3) for _ in range(450)]
+            # Past the descriptor limit the proxy stops accepting and the listen backlog fills:
+            # the last attempts time out at connect, which is the point.
+            opened = [c for c in await asyncio.gather(*attempts, return_exceptions=True) if isinstance(c, tuple)]
+            try:
+                for _ in range(3):  # an established client is still served while descriptors are out
+                    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    await writer.drain()
+                    assert (await asyncio.wait_for(reader.readline(), 30)).startswith(b"HTTP/1.1 200")
+                    while (await asyncio.wait_for(reader.readline(), 30)) != b"\r\n":
+                        pass
+                    await asyncio.wait_for(reader.readexactly(len(b'{"status": "ok"}')), 30)
+            finally:
+                for _, w in opened:
+                    w.close()
+                writer.close()
+
+        asyncio.run(flood())
+        wait_until(lambda: healthy(port), 20, "the proxy to accept again")
+    err = running.stderr
+    lines = err.splitlines()
+    print(f"\nconnection flood at 256 descriptors: {len(lines)} log lines")
+    assert any("cannot accept connections" in line for line in lines)
+    assert len(lines) < 40 and "Traceback" not in err
