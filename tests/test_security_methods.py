@@ -58,7 +58,7 @@ async def test_allow_methods_and_allow_namespaces_open_more_of_the_node(anvil: A
 
 async def test_subscriptions_are_refused_by_their_own_rule_not_the_allow_list(evm_proxy: Proxy) -> None:
     reply = await evm_proxy.call("eth_subscribe", ["newHeads"])
-    assert reply["error"]["code"] == -32601 and "subscriptions are not supported" in reply["error"]["message"]
+    assert reply["error"]["code"] == -32601 and "needs a WebSocket" in reply["error"]["message"]
 
 
 async def test_a_method_name_over_128_bytes_is_refused_before_routing_and_never_remembered(
