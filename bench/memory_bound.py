@@ -1,6 +1,6 @@
 """Benchmark: what a CACHE_MEMORY_BYTES bound holds in a proxy process, measured from outside.
 
-    .venv/bin/python -m bench.memory_bound [--bound BYTES] [--small N] [--big N] [--entry-cost]
+    .venv/bin/python -m bench.memory_bound [--bound BYTES] [--small N] [--big N] [--entry-cost] [--memos]
 
 Two `python -m proxy` processes run side by side in front of one fake EVM node (tests/fake_evm.py)
 and are sent the same distinct finalized calls: one bounded at --bound, one with
@@ -9,7 +9,8 @@ is printed beside the setting, the rpc_proxy_cache_memory_bytes metric and the e
 Scenarios: N small answers (eth_getStorageAt, a 32-byte word each), N answers of 100 KB (eth_call),
 and both in turn in the same processes (small, then large). With --entry-cost it also measures,
 in this process, what one entry costs (tracemalloc and RSS over many entries) against what the tier
-counts for it: the measurement the tier's accounting was derived from.
+counts for it: the measurement the tier's accounting was derived from. With --memos, what the
+service's memos of validated calls and plans hold per distinct call, traced in this process.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from proxy.cache import MemoryTier, cache_key  # noqa: E402
 from proxy.jsonrpc import dumps  # noqa: E402
+from proxy.service import MEMO_SIZE  # noqa: E402
+from proxy.upstream import Answer  # noqa: E402
+from tests.fake_evm import FakeEvm  # noqa: E402
 from tests.memory_fill import Reading, big_call, fill_side_by_side, rss_bytes, storage_call  # noqa: E402
-from tests.support import FakeClock  # noqa: E402
+from tests.support import CountingUpstream, FakeClock, settings_for, start_proxy  # noqa: E402
 
 MIB = 2**20
 Phase = tuple[Callable[[], Iterator[dict[str, Any]]], int, int]
@@ -106,12 +110,59 @@ def entry_costs() -> None:
         print(entry_cost(kind), flush=True)
 
 
+class QuietUpstream(CountingUpstream):
+    """Counts nothing and keeps no params, so only the proxy's own memory is traced."""
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+        answer: Answer = await self.inner.request(method, params, timeout=timeout)
+        return answer
+
+
+def logs_call(i: int) -> dict[str, Any]:
+    """A distinct eth_getLogs filter whose params are about 490 bytes of JSON (memos keep up to 512)."""
+    log_filter = {"address": ["0x" + format(i * 10 + j, "040x") for j in range(8)], "fromBlock": "0x1",
+                  "toBlock": "0x2", "topics": ["0x" + format(i, "064x")]}
+    return {"jsonrpc": "2.0", "id": i, "method": "eth_getLogs", "params": [log_filter]}
+
+
+async def memo_cost(make: Callable[[int], dict[str, Any]]) -> float:
+    """Bytes the proxy keeps per distinct call while its memos fill (nothing cached): traced in process."""
+    node = await FakeEvm().start()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=node.url, CACHE_MEMORY_BYTES="1"), upstream_class=QuietUpstream)
+    try:
+        await proxy.head_at(node.chain.latest)
+
+        async def send(first: int, last: int) -> None:
+            for start in range(first, last, 100):
+                await proxy.post([make(i) for i in range(start, min(start + 100, last))])
+
+        await send(1, 200)  # warm: connections, label sets, the interpreter's caches
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        await send(200, 9_900)  # below MEMO_SIZE: the memos fill and are not yet started over
+        gc.collect()
+        return (tracemalloc.get_traced_memory()[0] - before) / 9_700
+    finally:
+        tracemalloc.stop()
+        await proxy.close()
+        await node.close()
+
+
+async def memo_costs() -> None:
+    for name, make in (("eth_getStorageAt", storage_call), ("eth_getLogs, 490-byte params", logs_call)):
+        per_call = await memo_cost(make)
+        print(f"memos, {name:30} {per_call:6.0f} bytes per distinct call, "
+              f"{per_call * MEMO_SIZE / MIB:5.1f} MiB when full ({MEMO_SIZE:,} calls)", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bound", type=int, default=8 * MIB, help="CACHE_MEMORY_BYTES of the bounded process")
     parser.add_argument("--small", type=int, default=150_000, help="distinct small answers sent")
     parser.add_argument("--big", type=int, default=2_000, help="distinct 100 KB answers sent")
     parser.add_argument("--entry-cost", action="store_true", help="also measure one entry's cost in this process")
+    parser.add_argument("--memos", action="store_true", help="also measure what the service's memos hold when full")
     parser.add_argument("--rss-growth", choices=KINDS, help=argparse.SUPPRESS)  # one fresh process's measurement
     args = parser.parse_args()
     if args.rss_growth:
@@ -120,7 +171,11 @@ def main() -> int:
     if args.entry_cost:
         entry_costs()
         print()
-    asyncio.run(side_by_side(args.bound, args.small, args.big))
+    if args.memos:
+        asyncio.run(memo_costs())
+        print()
+    if args.small and args.big:  # --small 0 or --big 0: only the in-process measurements
+        asyncio.run(side_by_side(args.bound, args.small, args.big))
     return 0
 
 
