@@ -12,10 +12,9 @@ import json
 from typing import Any
 
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from tests.fake_chain import FakeChain
-from tests.support import free_port
+from tests.fake_node import FakeNode
 
 
 def storage_word(slot: str) -> str:
@@ -29,29 +28,15 @@ def call_result(data: str, size: int) -> str:
     return "0x" + (seed * (size // 64 + 1))[: max(size - 2, 0)]
 
 
-class FakeEvm:
+class FakeEvm(FakeNode):
     """Blocks 0..latest with finalized = latest - 2, so answers at block 1 are final from the start."""
+
+    client_max_size = 64 * 1024**2
 
     def __init__(self, latest: int = 100, call_result_bytes: int = 100_000) -> None:
         self.chain = FakeChain(latest, depth=2)
         self.call_result_bytes = call_result_bytes
-        self.server: TestServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.port}"
-
-    async def start(self) -> FakeEvm:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/", self._handle)
-        self.server = TestServer(app, host="127.0.0.1", port=free_port())
-        await self.server.start_server()
-        return self
-
-    async def close(self) -> None:
-        if self.server is not None:
-            await self.server.close()
+        super().__init__()
 
     def _answer(self, call: dict[str, Any]) -> dict[str, Any]:
         method, params = call.get("method"), call.get("params") or []
