@@ -94,11 +94,13 @@ async def measure(storage: int) -> None:
         print(f"\n{held:,} eth_getStorageAt entries: used_memory grew {grown / 2**20:.1f} MiB, "
               f"{grown / held:.0f} bytes per entry (tables included), {GIB * held / grown:,.0f} entries per GiB")
     finally:
-        if proxy is not None:
-            await proxy.close()
-        await solana.close()
-        server.stop()
-        anvil.stop()
+        try:
+            if proxy is not None:
+                await proxy.close()  # may raise on a busy host (Redis's close timing out): stop the rest anyway
+        finally:
+            await solana.close()
+            server.stop()
+            anvil.stop()
 
 
 def main() -> int:
