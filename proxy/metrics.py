@@ -127,8 +127,10 @@ class Metrics:
             "Cache lookups by tier (memory, redis, none) and result (hit, miss, bypass).", ["tier", "result"], r,
         )
         self.cache_memory_bytes = Gauge(
-            "rpc_proxy_cache_memory_bytes", "Bytes held by the in-process cache tier.", registry=r,
+            "rpc_proxy_cache_memory_bytes", "Bytes the in-process cache tier holds: its entries and their tables, "
+            "as the allocator sizes them (bounded by CACHE_MEMORY_BYTES).", registry=r,
         )
+        self.cache_entries = Gauge("rpc_proxy_cache_entries", "Entries in the in-process cache tier.", registry=r)
         self.upstream_seconds = Histogram(
             "rpc_proxy_upstream_request_duration_seconds", "Upstream request latency.",
             ["network", "method", "upstream"], buckets=LATENCY_BUCKETS, registry=r,

@@ -16,7 +16,16 @@ from . import cache_policy as cp
 from .cache import Coalescer, TieredCache, cache_key
 from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
 from .config import Network, Settings
-from .jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, dumps, invalid_params
+from .jsonrpc import (
+    INTERNAL_ERROR,
+    LIMIT_EXCEEDED,
+    METHOD_NOT_FOUND,
+    Call,
+    JsonRpcError,
+    dumps,
+    invalid_params,
+    trimmed,
+)
 from .methods import (
     POLICIES,
     SUBSCRIPTION_METHODS,
@@ -173,6 +182,8 @@ class Service:
             if not isinstance(params, list):
                 raise invalid_params("params", "expected an array of positional parameters")
             fingerprint = _fingerprint(network, method, params)
+            if fingerprint:  # the memos may hold it: not in orjson's 4 KiB buffer
+                fingerprint = (fingerprint[0], fingerprint[1], trimmed(fingerprint[2]))
             memo = self._validated.get(fingerprint) if fingerprint else None
             if memo is None:
                 params = policy.validate(params, self._rules)

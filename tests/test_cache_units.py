@@ -104,13 +104,16 @@ class TestMemoryTier:
         assert tier.get("k") is None and tier.get("forever") is not None
 
     def test_the_tier_is_bounded_in_bytes_least_recently_used_first(self) -> None:
-        tier = MemoryTier(3 * (100 + 64), FakeClock())
+        three = MemoryTier(10_000, FakeClock())
+        for key in "abc":
+            three.set(key, (b"x" * 100, False), math.inf)
+        tier = MemoryTier(three.bytes_used, FakeClock())  # room for three such entries, not four
         for key in "abc":
             tier.set(key, (b"x" * 100, False), math.inf)
         tier.get("a")
         tier.set("d", (b"x" * 100, False), math.inf)
         assert tier.get("b") is None and tier.get("a") is not None and tier.get("d") is not None
-        assert tier.bytes_used <= 3 * 164
+        assert len(tier) == 3 and tier.bytes_used <= three.bytes_used
 
 
 class TestCoalescer:
