@@ -134,7 +134,7 @@ class Metrics:
             ["network", "method", "upstream"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.upstream_errors = Counter(
-            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, invalid).",
+            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, invalid, mismatch).",
             ["network", "upstream", "kind"], registry=r,
         )
         self.upstream_failovers = Counter(

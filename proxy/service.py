@@ -280,7 +280,8 @@ class Service:
 
         async def fetch() -> Answer:
             answer = await self._upstream(net, method, forward, policy)
-            kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error)
+            kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error,
+                                  caches_reverts=policy.caches_reverts)
             if tags_resolved and kind in ("null", "error"):
                 # The node may not know the resolved block yet (it lags the tracker): ask again
                 # with the caller's tag, and keep nothing, since that answer has no fixed block.

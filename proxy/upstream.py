@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,6 +69,37 @@ class Upstream(Protocol):
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]: ...
 
     async def close(self) -> None: ...
+
+
+Check = Callable[[Any], str | None]  # why a reply does not answer its request, or None
+
+
+def _is_response(reply: Any) -> bool:
+    return isinstance(reply, dict) and ("result" in reply or "error" in reply)
+
+
+def single_problem(reply: Any, sent: int) -> str | None:
+    """Why a reply does not answer the single call with id `sent`, or None when it does."""
+    if not _is_response(reply):
+        return "malformed reply"
+    if reply.get("id") != sent or isinstance(reply.get("id"), bool):
+        return "reply id differs from the request id"
+    return None
+
+
+def batch_problem(reply: Any, ids: range) -> str | None:
+    """Why a batch reply does not answer the batch `ids` (each id exactly once, nothing else), or None.
+
+    A single error object instead of a list is a node refusing batches: not a fault here.
+    """
+    if isinstance(reply, dict):
+        return None if "error" in reply else "malformed batch reply"
+    if not isinstance(reply, list) or not all(_is_response(item) for item in reply):
+        return "malformed batch reply"
+    seen = [item.get("id") for item in reply]
+    if len(seen) != len(ids) or set(seen) != set(ids) or any(isinstance(i, bool) for i in seen):
+        return "batch reply ids differ from the request ids"
+    return None
 
 
 class _Failed(Exception):
@@ -145,14 +176,15 @@ class HttpUpstream:
             raise _Failed("invalid", "reply is not JSON") from None
 
     async def _send(
-        self, body: bytes, method_label: str | None, timeout: float | None
+        self, body: bytes, method_label: str | None, timeout: float | None, check: Check,
     ) -> tuple[Any, float, int]:
-        """Post to the first upstream that answers; observe its latency under `method_label` if given."""
+        """Post to the first upstream whose reply passes `check`; observe its latency under `method_label`."""
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         failures: list[str] = []
         last_kind = "connect"
-        for attempt, index in enumerate(self._order()):
+        order = self._order()
+        for attempt, index in enumerate(order):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -161,6 +193,10 @@ class HttpUpstream:
             started = time.perf_counter()
             try:
                 reply = await self._post(index, body, remaining)
+                problem = check(reply)
+                if problem is not None:
+                    # A reply that does not answer what was asked is a fault of that node.
+                    raise _Failed("mismatch", problem)
             except _Failed as failure:
                 self._down_until[index] = time.monotonic() + self._cooldown
                 self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
@@ -192,14 +228,9 @@ class HttpUpstream:
 
     async def _single(self, method: str, params: Any, timeout: float | None) -> Answer:
         self._next_id += 1
-        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
-        reply, seconds, _ = await self._send(body, metric_label(method), timeout)
-        if not isinstance(reply, dict) or ("result" not in reply and "error" not in reply):
-            self._metrics.upstream_errors.labels(self.network, "any", "invalid").inc()
-            raise JsonRpcError(
-                UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' sent a malformed reply",
-                http_status=502,
-            )
+        sent = self._next_id
+        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
+        reply, seconds, _ = await self._send(body, metric_label(method), timeout, lambda r: single_problem(r, sent))
         return Answer.from_response(reply, seconds)
 
     # --- auto-batching -------------------------------------------------------------------
@@ -255,20 +286,13 @@ class HttpUpstream:
         body = jsonrpc.dumps([
             {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
         ])
-        reply, seconds, index = await self._send(body, None if auto else "batch", None)
-        if not isinstance(reply, list) and auto:
+        ids = range(base, base + len(calls))
+        reply, seconds, index = await self._send(body, None if auto else "batch", None, lambda r: batch_problem(r, ids))
+        if not isinstance(reply, list):
             # A node that does not take batches answers with one error object: ask one by one.
             return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
-        if not isinstance(reply, list):
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
-                               "sent a malformed batch reply", http_status=502)
-        by_id = {item.get("id"): item for item in reply if isinstance(item, dict)}
-        answers = []
-        for i in range(len(calls)):
-            item = by_id.get(base + i)
-            if item is None:
-                item = {"error": {"code": UPSTREAM_UNAVAILABLE, "message": "missing from upstream batch reply"}}
-            answers.append(Answer.from_response(item, seconds))
+        by_id = {item["id"]: item for item in reply}
+        answers = [Answer.from_response(by_id[i], seconds) for i in ids]
         if auto:  # each call's latency is its batch's, under its own method
             for method, _ in calls:
                 self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
