@@ -167,7 +167,8 @@ async def metrics_handler(request: web.Request) -> web.Response:
 def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]:
     def build(network: Network, metrics: Metrics) -> Upstream:
         return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
-                            batch_max=settings.upstream_batch_max)
+                            batch_max=settings.upstream_batch_max,
+                            attempt_timeout=settings.upstream_attempt_timeout)
 
     return build
 

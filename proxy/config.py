@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+HEAD_STALE_POLLS = 3  # a head older than this many poll intervals is stale...
+HEAD_STALE_MIN = 1.0  # ...and never sooner than this many seconds
 
 
 class ConfigError(Exception):
@@ -71,6 +73,17 @@ class Settings:
     log_level: str = "INFO"
     access_log: bool = False
     shutdown_timeout: float = 30.0
+    upstream_attempt_timeout: float | None = None  # None: UPSTREAM_TIMEOUT shared by the upstreams left
+    head_stale_after: float | None = None  # None: HEAD_STALE_POLLS poll intervals
+    head_catch_up_wait: float = 0.3
+    identity_check_interval: float = 30.0
+
+    @property
+    def head_stale_bound(self) -> float:
+        """Seconds after the last successful head poll past which tags are no longer resolved."""
+        if self.head_stale_after is not None:
+            return self.head_stale_after
+        return max(HEAD_STALE_POLLS * self.head_poll_interval, HEAD_STALE_MIN)
 
     def network(self, name: str) -> Network | None:
         return next((n for n in self.networks if n.name == name), None)
@@ -142,6 +155,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
     Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
+    Option("UPSTREAM_ATTEMPT_TIMEOUT", "seconds one upstream attempt may take before the next upstream is tried "
+           "(default: UPSTREAM_TIMEOUT shared evenly by the upstreams left to try)"),
+    Option("HEAD_STALE_AFTER", "seconds after the last successful head poll when tags stop being resolved and "
+           "/readyz reports the network degraded (default 3 poll intervals, at least 1)"),
+    Option("HEAD_CATCH_UP_WAIT", "seconds a `latest` call waits for the head to reach a block the proxy has "
+           "already shown; then it goes upstream uncached (default 0.3)"),
+    Option("IDENTITY_CHECK_INTERVAL", "seconds between checks of each upstream's chain id and genesis hash "
+           "(default 30)"),
 )
 OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 
@@ -294,6 +315,11 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),
     "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
+    "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
+    "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),
+    "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", lambda n, v: 0.0 if v.strip() in ("0", "0.0")
+                           else _positive_float(n, v)),
+    "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _positive_float),
 }
 
 

@@ -279,14 +279,15 @@ class Service:
                     await self._cache.release(key, token)
 
         async def fetch() -> Answer:
-            answer = await self._upstream(net, method, forward, policy)
+            deadline = self._deadline(policy)
+            answer = await self._upstream(net, method, forward, policy, deadline)
             kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error,
                                   caches_reverts=policy.caches_reverts)
             if tags_resolved and kind in ("null", "error"):
                 # The node may not know the resolved block yet (it lags the tracker): ask again
                 # with the caller's tag, and keep nothing, since that answer has no fixed block.
                 original = substitute(params, {id(r): r.encode() for r in refs})
-                return await self._upstream(net, method, original, policy)
+                return await self._upstream(net, method, original, policy, deadline)
             ttl = cp.store_ttl(decision, policy.cache, kind, self._ttls)
             if ttl is not None:
                 await self._cache.set(key, (answer.payload, answer.is_error), ttl)
@@ -297,14 +298,21 @@ class Service:
             self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
         return Outcome.answered(answer, MISS)
 
-    async def _upstream(self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy) -> Answer:
+    def _deadline(self, policy: MethodPolicy) -> float | None:
+        """When the call must have its answer (loop time): eth_getLogs' limit holds per call, retries included."""
+        return asyncio.get_running_loop().time() + self._settings.getlogs_timeout if policy.limits_logs else None
+
+    async def _upstream(
+        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
+    ) -> Answer:
         if not policy.limits_logs:
             return await net.upstream.request(method, params)
-        limit_seconds = self._settings.getlogs_timeout
+        if deadline is None:
+            deadline = self._deadline(policy)
         try:
-            async with asyncio.timeout(limit_seconds):
+            async with asyncio.timeout_at(deadline):
                 # The upstream's own timeout is set past ours, so ours decides.
-                answer = await net.upstream.request(method, params, timeout=limit_seconds + 1)
+                answer = await net.upstream.request(method, params, timeout=self._settings.getlogs_timeout + 1)
         except TimeoutError:
             # spec: a query that runs longer than 10 seconds fails with -32005.
             self._metrics.getlogs_rejections.labels("timeout").inc()

@@ -122,10 +122,12 @@ class HttpUpstream:
         cooldown: float = 5.0,
         session: aiohttp.ClientSession | None = None,
         batch_max: int = 1,
+        attempt_timeout: float | None = None,
     ) -> None:
         self.network = network
         self._urls = tuple(urls)
         self._timeout = timeout
+        self._attempt_timeout = attempt_timeout
         self._metrics = metrics
         self._cooldown = cooldown
         self._down_until = [0.0] * len(self._urls)
@@ -192,7 +194,7 @@ class HttpUpstream:
                 self._metrics.upstream_failovers.labels(self.network).inc()
             started = time.perf_counter()
             try:
-                reply = await self._post(index, body, remaining)
+                reply = await self._post(index, body, self._attempt_budget(remaining, len(order) - attempt))
                 problem = check(reply)
                 if problem is not None:
                     # A reply that does not answer what was asked is a fault of that node.
@@ -220,6 +222,12 @@ class HttpUpstream:
             f"upstream unavailable: network '{self.network}' ({'; '.join(failures) or 'no upstream'})",
             http_status=502,
         )
+
+    def _attempt_budget(self, remaining: float, upstreams_left: int) -> float:
+        """One attempt's share of the call's budget: a slow primary still leaves time for the backup."""
+        if self._attempt_timeout is not None:
+            return min(remaining, self._attempt_timeout)
+        return remaining / upstreams_left
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         if self._batch_max > 1 and timeout is None and method in BATCHABLE:

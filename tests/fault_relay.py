@@ -98,10 +98,10 @@ class FaultRelay:
         calls = payload if is_batch else [payload]
         fault = self._take(calls, is_batch)
         kind = fault.kind if fault else None
+        if fault is not None and fault.delay:
+            await asyncio.sleep(fault.delay)  # "slow" is only this; any other fault may come late too
         if kind in ("http500", "http413", "http429"):
             return web.Response(status=int(kind[4:]), text="injected")
-        if fault is not None and kind == "slow":
-            await asyncio.sleep(fault.delay)
         if kind in ("error3", "error"):
             code = 3 if kind == "error3" else -32000
             errors = [{"jsonrpc": "2.0", "id": c.get("id"), "error": {"code": code, "message": "injected"}}

@@ -284,7 +284,8 @@ async def start_proxy(
 
     def counting(network: Network, metrics: Metrics) -> CountingUpstream:
         inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
-                             batch_max=settings.upstream_batch_max)
+                             batch_max=settings.upstream_batch_max,
+                            attempt_timeout=settings.upstream_attempt_timeout)
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 
