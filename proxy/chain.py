@@ -46,6 +46,7 @@ class Head:
     gas_limit: int
     timestamp: int
     hashes: Mapping[int, str] = field(default_factory=dict)  # the unfinalized window, latest included
+    numbers: Mapping[str, int] = field(default_factory=dict)  # the same window, hash -> number
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +118,14 @@ class EvmHeadTracker:
 
     def resolve(self, ref: BlockRef) -> Resolved | None:
         """Turn a block parameter into a number (or hash); None when it cannot be pinned (pending, no head)."""
-        if ref.hash is not None:
-            return Resolved(None, ref.hash)
         head = self.head
+        if ref.hash is not None:
+            if ref.require_canonical:
+                # EIP-1898 requireCanonical: only a hash the tracker knows is canonical (its unfinalized
+                # window) is pinned to its number; any other hash cannot be vouched for: not cached.
+                number = head.numbers.get(ref.hash) if head is not None else None
+                return Resolved(number, ref.hash) if number is not None else None
+            return Resolved(None, ref.hash)
         if head is None or ref.tag == "pending":
             return None
         if ref.number is not None:
@@ -152,7 +158,8 @@ class EvmHeadTracker:
         hashes = await self._sync_window(latest, finalized, old)
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
-        head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes)
+        head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes,
+                    {h: n for n, h in hashes.items()})
         old_head = self.head
         if old_head is not None and not reorged and _same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid

@@ -43,10 +43,13 @@ class BlockRef:
     number: int | None = None
     hash: str | None = None
     object_form: bool = False  # EIP-1898 object ({"blockHash": ...} / {"blockNumber": ...})
+    require_canonical: bool = False  # EIP-1898: the hash must name a block of the canonical chain
 
     def encode(self, number: int | None = None) -> Any:
         """The JSON value sent upstream; `number` replaces a resolved tag."""
         if self.hash is not None:
+            if self.require_canonical:
+                return {"blockHash": self.hash, "requireCanonical": True}
             return {"blockHash": self.hash} if self.object_form else self.hash
         n = number if number is not None else self.number
         if n is None:
@@ -140,7 +143,11 @@ def block_param(
         # EIP-1898: {"blockHash": h, "requireCanonical"?: bool} or {"blockNumber": n}.
         keys = set(value) - {"requireCanonical"}
         if keys == {"blockHash"}:
-            return BlockRef(hash=hash32(f"{name}.blockHash", value["blockHash"]), object_form=True)
+            canonical = value.get("requireCanonical", False)
+            if not isinstance(canonical, bool):
+                raise invalid_params(f"{name}.requireCanonical", "expected true or false")
+            return BlockRef(hash=hash32(f"{name}.blockHash", value["blockHash"]), object_form=True,
+                            require_canonical=canonical)
         if keys == {"blockNumber"} and "requireCanonical" not in value:
             inner = block_param(f"{name}.blockNumber", value["blockNumber"], allow_object=False)
             return BlockRef(tag=inner.tag, number=inner.number, object_form=True)
