@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -38,6 +39,7 @@ class SystemClock:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+STARTUP_WAIT = 2.0  # seconds start-up waits for the trackers' first polls
 RPC_PATH = re.compile(r"^(/[^/]+)?(/ws)?/v3(/[^/]*)?$")
 
 _HTTP_ERRORS = {
@@ -138,21 +140,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready when every network's upstream answers a cheap call."""
+    """Ready when every network's tracker has a fresh view. Answered from the trackers' state: no
+    upstream call per request, and no upstream's text or URL in the answer (upstreams by index only)."""
     service = request.app[SERVICE]
-
-    async def probe(runtime: NetworkRuntime) -> str:
-        method = "getSlot" if runtime.config.family == "solana" else "eth_blockNumber"
-        try:
-            answer = await runtime.upstream.request(method, [], timeout=2.0)
-        except JsonRpcError as error:
-            return error.message
-        return "error: " + str(answer.error.get("message")) if answer.error else "ok"
-
-    names = list(service.networks)
-    states = await asyncio.gather(*(probe(service.networks[n]) for n in names))
-    networks = dict(zip(names, states, strict=True))
-    ready = all(state == "ok" for state in states)
+    now = time.time()
+    networks = {name: runtime.health(now) or "ok" for name, runtime in service.networks.items()}
+    ready = all(state == "ok" for state in networks.values())
     return web.json_response({"status": "ready" if ready else "unavailable", "networks": networks},
                              status=200 if ready else 503)
 
@@ -194,10 +187,11 @@ def create_app(
             tracker = EvmHeadTracker(
                 net.name, pool[net.name], interval=settings.head_poll_interval,
                 finality_depth=net.finality_depth or settings.finality_depth, metrics=metrics,
+                stale_after=settings.head_stale_bound,
             )
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
-                                        metrics=metrics)
+                                        metrics=metrics, stale_after=settings.head_stale_bound)
         runtimes[net.name] = NetworkRuntime(net, pool[net.name], tracker)
 
     owned_redis = redis is None and settings.redis_url is not None
@@ -222,6 +216,10 @@ def create_app(
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        # Serve once every tracker has tried its first poll (bounded): a fresh start is not "stale".
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STARTUP_WAIT):
+                await asyncio.gather(*(r.tracker.attempted.wait() for r in runtimes.values()))
         yield
         for task in tasks:
             task.cancel()

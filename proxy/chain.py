@@ -12,9 +12,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .jsonrpc import JsonRpcError
 from .metrics import Metrics
 from .params import COMMITMENTS, BlockRef
 from .upstream import Answer, Upstream
@@ -47,6 +48,9 @@ class Head:
     timestamp: int
     hashes: Mapping[int, str] = field(default_factory=dict)  # the unfinalized window, latest included
     numbers: Mapping[str, int] = field(default_factory=dict)  # the same window, hash -> number
+    # The last successful poll is older than the staleness bound: tags are not resolved from this
+    # head, and nothing above finalized is pinned to its (possibly outdated) window.
+    stale: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +61,58 @@ class Resolved:
     hash: str | None
 
 
-async def poll_forever(poll: Callable[[], Awaitable[object]], interval: float, what: str) -> None:
-    """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll."""
+async def poll_forever(
+    poll: Callable[[], Awaitable[object]], interval: float, what: str,
+    *, limit: float | None = None, failed: Callable[[], None] | None = None, attempted: asyncio.Event | None = None,
+) -> None:
+    """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll.
+
+    `limit` bounds one poll (a hung node must not freeze the loop); `failed` runs after a poll failed;
+    `attempted` is set once the first poll has finished, well or not.
+    """
     while True:
         try:
-            await poll()
+            async with asyncio.timeout(limit):
+                await poll()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("%s: poll failed: %s", what, exc)
+            log.warning("%s: poll failed: %s", what, exc or type(exc).__name__)
+            if failed is not None:
+                failed()
+        if attempted is not None:
+            attempted.set()
         await asyncio.sleep(interval)
+
+
+def poll_health(polled: bool, last_poll: float, stale_after: float, now: float) -> str | None:
+    """Why a tracker's view cannot be trusted (for /readyz), or None when it is fresh."""
+    if not polled:
+        return "degraded: no successful head poll yet"
+    age = now - last_poll
+    if age > stale_after:
+        return f"degraded: head is stale (last successful poll {age:.1f}s ago, bound {stale_after:g}s)"
+    return None
+
+
+class Asker:
+    """Sends a tracker's calls as one batch, or one by one to a node that refuses batches
+    (an error reply or an HTTP failure to the batch); after a refusal, singles for a while."""
+
+    SINGLES_FOR = 30  # polls before batches are tried again
+
+    def __init__(self, upstream: Upstream) -> None:
+        self._upstream = upstream
+        self._singles_left = 0
+
+    async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        if self._singles_left <= 0:
+            try:
+                return await self._upstream.batch(calls)
+            except JsonRpcError:
+                self._singles_left = self.SINGLES_FOR
+        self._singles_left -= 1
+        return list(await asyncio.gather(*(self._upstream.request(m, p) for m, p in calls)))
 
 
 def _header(answer: Answer) -> Header | None:
@@ -86,7 +132,7 @@ def _header(answer: Answer) -> Header | None:
 
 
 def _same_head(a: Head, b: Head) -> bool:
-    return (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit) == (
+    return not a.stale and not b.stale and (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit) == (
         b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit
     )
 
@@ -105,12 +151,16 @@ class EvmHeadTracker:
         finality_depth: int,
         metrics: Metrics,
         window: int = 256,
+        stale_after: float = 6.0,
     ) -> None:
         self.network = network
         self.head: Head | None = None
         self.on_reorg: list[Callable[[int], None]] = []
         self.last_poll = 0.0
+        self.stale_after = stale_after
+        self.attempted = asyncio.Event()  # the first poll has finished, well or not
         self._upstream = upstream
+        self._asker = Asker(upstream)
         self._interval = interval
         self._depth = finality_depth
         self._metrics = metrics
@@ -119,6 +169,8 @@ class EvmHeadTracker:
     def resolve(self, ref: BlockRef) -> Resolved | None:
         """Turn a block parameter into a number (or hash); None when it cannot be pinned (pending, no head)."""
         head = self.head
+        if head is not None and head.stale and (ref.tag is not None or (ref.number or 0) > head.finalized):
+            return None  # spec of this proxy: a stale head resolves no tag and pins no unfinalized block
         if ref.hash is not None:
             if ref.require_canonical:
                 # EIP-1898 requireCanonical: only a hash the tracker knows is canonical (its unfinalized
@@ -137,10 +189,25 @@ class EvmHeadTracker:
         return Resolved(number, head.hashes.get(number))
 
     async def run(self) -> None:
-        await poll_forever(self.poll, self._interval, f"head tracker {self.network}")
+        await poll_forever(self.poll, self._interval, f"head tracker {self.network}",
+                           limit=max(self._interval, self.stale_after), failed=self.check_staleness,
+                           attempted=self.attempted)
+
+    def health(self, now: float) -> str | None:
+        self.check_staleness()
+        return poll_health(self.head is not None, self.last_poll, self.stale_after, now)
+
+    def check_staleness(self) -> None:
+        """After a failed poll: once the last good one is older than the bound, mark the head stale
+        (a new head object, so plans memoized against the fresh one are not used)."""
+        head = self.head
+        if head is not None and not head.stale and time.time() - self.last_poll > self.stale_after:
+            log.warning("head tracker %s: head is stale (no successful poll for %.1fs); tags are forwarded "
+                        "uncached", self.network, time.time() - self.last_poll)
+            self.head = replace(head, stale=True)
 
     async def poll(self) -> Head:
-        latest_a, safe_a, final_a = await self._upstream.batch(
+        latest_a, safe_a, final_a = await self._asker.ask(
             [_get_block("latest"), _get_block("safe"), _get_block("finalized")]
         )
         latest = _header(latest_a)
@@ -185,7 +252,7 @@ class EvmHeadTracker:
                 chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
                 break
             low = max(lower, height - HEADER_CHUNK + 1)
-            answers = await self._upstream.batch([_get_block(hex(h)) for h in range(height, low - 1, -1)])
+            answers = await self._asker.ask([_get_block(hex(h)) for h in range(height, low - 1, -1)])
             for answer in answers:
                 header = _header(answer)
                 if header is None or header.hash != expected:
@@ -209,11 +276,16 @@ class EvmHeadTracker:
 class SolanaSlotTracker:
     """The slot at each commitment, polled with getSlot."""
 
-    def __init__(self, network: str, upstream: Upstream, *, interval: float, metrics: Metrics) -> None:
+    def __init__(
+        self, network: str, upstream: Upstream, *, interval: float, metrics: Metrics, stale_after: float = 6.0,
+    ) -> None:
         self.network = network
         self.slots: dict[str, int] = {}
         self.last_poll = 0.0
+        self.stale_after = stale_after
+        self.attempted = asyncio.Event()  # the first poll has finished, well or not
         self._upstream = upstream
+        self._asker = Asker(upstream)
         self._interval = interval
         self._metrics = metrics
 
@@ -222,10 +294,14 @@ class SolanaSlotTracker:
         return None  # Solana answers carry their own context.slot; nothing resolves through a head.
 
     async def run(self) -> None:
-        await poll_forever(self.poll, self._interval, f"slot tracker {self.network}")
+        await poll_forever(self.poll, self._interval, f"slot tracker {self.network}",
+                           limit=max(self._interval, self.stale_after), attempted=self.attempted)
+
+    def health(self, now: float) -> str | None:
+        return poll_health(bool(self.slots), self.last_poll, self.stale_after, now)
 
     async def poll(self) -> dict[str, int]:
-        answers = await self._upstream.batch([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])
+        answers = await self._asker.ask([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])
         slots = {}
         for commitment, answer in zip(COMMITMENTS, answers, strict=True):
             if not answer.is_error and isinstance(answer.result, int):

@@ -46,6 +46,10 @@ class NetworkRuntime:
     def __post_init__(self) -> None:
         self.name = self.config.name
 
+    def health(self, now: float) -> str | None:
+        """Why this network cannot be trusted to answer right now (for /readyz), or None."""
+        return self.tracker.health(now)
+
 
 @dataclass(slots=True)  # not frozen: built per call, and frozen init costs 3x
 class Outcome:
