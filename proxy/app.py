@@ -14,17 +14,18 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .cache import Clock, MemoryTier, RedisTier, TieredCache
-from .chain import EvmHeadTracker, SolanaSlotTracker
+from .chain import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
 from .config import Network, Settings
 from .credits import Ledger, MemoryLedger, RedisLedger
 from .gateway import Gateway, invalid_key_error
+from .identity import IdentityGuard
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from .metrics import Metrics
 from .redis_link import RedisLink, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
 from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
-from .upstream import HttpUpstream, Upstream
+from .upstream import HttpUpstream, PerUpstream, Upstream
 from .ws import close_websockets, websocket_handler
 
 log = logging.getLogger("proxy.app")
@@ -181,18 +182,28 @@ def create_app(
     factory = upstream_factory or _http_upstream(settings)
     pool = {n.name: factory(n, metrics) for n in settings.networks}
     runtimes: dict[str, NetworkRuntime] = {}
+    guards: list[IdentityGuard] = []
     for net in settings.networks:
         tracker: EvmHeadTracker | SolanaSlotTracker
+        upstream = pool[net.name]
+        # EVM upstreams are watched one by one (head, chain identity); Solana answers carry their slot.
+        per_upstream = upstream if isinstance(upstream, PerUpstream) and net.family == "evm" else None
         if net.family == "evm":
             tracker = EvmHeadTracker(
-                net.name, pool[net.name], interval=settings.head_poll_interval,
+                net.name, upstream, interval=settings.head_poll_interval,
                 finality_depth=net.finality_depth or settings.finality_depth, metrics=metrics,
-                stale_after=settings.head_stale_bound,
+                stale_after=settings.head_stale_bound, states=per_upstream.states if per_upstream else None,
             )
+            if per_upstream is not None:  # without it, no identity: nothing of the network is cached
+                guards.append(IdentityGuard(
+                    net.name, per_upstream, declared_chain_id=net.chain_id,
+                    interval=settings.identity_check_interval, retry=settings.head_poll_interval, metrics=metrics,
+                    on_identity=tracker.set_identity,
+                ))
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
                                         metrics=metrics, stale_after=settings.head_stale_bound)
-        runtimes[net.name] = NetworkRuntime(net, pool[net.name], tracker)
+        runtimes[net.name] = NetworkRuntime(net, upstream, tracker, per_upstream)
 
     owned_redis = redis is None and settings.redis_url is not None
     client = redis if redis is not None else (
@@ -215,11 +226,17 @@ def create_app(
         app[REDIS] = link
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
-        # Serve once every tracker has tried its first poll (bounded): a fresh start is not "stale".
+        tasks = [asyncio.create_task(g.run(), name=f"identity-{g.network}") for g in guards]
+        tasks += [asyncio.create_task(watch_upstream_heads(r.per_upstream, settings.head_poll_interval),
+                                      name=f"upstream-heads-{n}")
+                  for n, r in runtimes.items() if r.per_upstream is not None]
+        tasks += [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        # Serve once every upstream's identity was asked and every tracker has tried its first poll
+        # (bounded): a fresh start is neither "stale" nor without an identity.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STARTUP_WAIT):
-                await asyncio.gather(*(r.tracker.attempted.wait() for r in runtimes.values()))
+                await asyncio.gather(*(g.checked.wait() for g in guards),
+                                     *(r.tracker.attempted.wait() for r in runtimes.values()))
         yield
         for task in tasks:
             task.cancel()

@@ -9,6 +9,7 @@ whose hash changed, and reports it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,7 +19,8 @@ from typing import Any
 from .jsonrpc import JsonRpcError
 from .metrics import Metrics
 from .params import COMMITMENTS, BlockRef
-from .upstream import Answer, Upstream
+from .upstream import Answer, PerUpstream, Upstream
+from .upstream_state import ChainIdentity, UpstreamStates
 
 log = logging.getLogger("proxy.chain")
 
@@ -51,6 +53,9 @@ class Head:
     # The last successful poll is older than the staleness bound: tags are not resolved from this
     # head, and nothing above finalized is pinned to its (possibly outdated) window.
     stale: bool = False
+    # The network's cache-key space: name, chain identity and epoch (moved on by a finality
+    # violation). None until the chain identity is known: nothing is cached without it.
+    space: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +69,12 @@ class Resolved:
 async def poll_forever(
     poll: Callable[[], Awaitable[object]], interval: float, what: str,
     *, limit: float | None = None, failed: Callable[[], None] | None = None, attempted: asyncio.Event | None = None,
+    wake: asyncio.Event | None = None,
 ) -> None:
     """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll.
 
     `limit` bounds one poll (a hung node must not freeze the loop); `failed` runs after a poll failed;
-    `attempted` is set once the first poll has finished, well or not.
+    `attempted` is set once the first poll has finished, well or not; `wake` starts the next poll now.
     """
     while True:
         try:
@@ -82,7 +88,13 @@ async def poll_forever(
                 failed()
         if attempted is not None:
             attempted.set()
-        await asyncio.sleep(interval)
+        if wake is None:
+            await asyncio.sleep(interval)
+            continue
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval):
+                await wake.wait()
+        wake.clear()
 
 
 def poll_health(polled: bool, last_poll: float, stale_after: float, now: float) -> str | None:
@@ -132,13 +144,32 @@ def _header(answer: Answer) -> Header | None:
 
 
 def _same_head(a: Head, b: Head) -> bool:
-    return not a.stale and not b.stale and (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit) == (
-        b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit
+    return not a.stale and not b.stale and (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit, a.space) == (
+        b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit, b.space
     )
 
 
 def _get_block(tag_or_number: str) -> tuple[str, list[Any]]:
     return ("eth_getBlockByNumber", [tag_or_number, False])
+
+
+async def watch_upstream_heads(pool: PerUpstream, interval: float) -> None:
+    """Each upstream's own latest block, every poll interval: the tracker follows one upstream,
+    and an answer is kept only if the upstream that produced it had the blocks it depends on."""
+    states = pool.states
+
+    async def one(index: int) -> None:
+        try:
+            answer = await pool.ask(index, "eth_blockNumber", [], timeout=max(interval, 1.0))
+        except JsonRpcError:
+            return
+        if isinstance(answer.result, str):
+            with contextlib.suppress(ValueError):
+                states.observe_head(index, int(answer.result, 16))
+
+    while True:
+        await asyncio.gather(*(one(i) for i in range(states.size) if states.in_rotation(i)))
+        await asyncio.sleep(interval)
 
 
 class EvmHeadTracker:
@@ -152,6 +183,7 @@ class EvmHeadTracker:
         metrics: Metrics,
         window: int = 256,
         stale_after: float = 6.0,
+        states: UpstreamStates | None = None,
     ) -> None:
         self.network = network
         self.head: Head | None = None
@@ -159,12 +191,62 @@ class EvmHeadTracker:
         self.last_poll = 0.0
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
+        self.shown = 0  # the highest block the proxy has shown a client (read-your-writes)
+        self._caught_up = asyncio.Event()
+        self._wake = asyncio.Event()
         self._upstream = upstream
         self._asker = Asker(upstream)
         self._interval = interval
         self._depth = finality_depth
         self._metrics = metrics
         self._window = window
+        self._states = states
+        self._identity: str | None = None  # the chain identity's key space; None: not known yet
+        self._epoch = ""  # moved on by a finality violation
+        self._final: Header | None = None  # the finalized block of the last poll
+
+    # --- the cache-key space: network name, chain identity, epoch --------------------------
+
+    def set_identity(self, identity: ChainIdentity) -> None:
+        self._identity = identity.key_space()
+        self._reissue()
+
+    def _space(self) -> str | None:
+        if self._identity is None:
+            return None
+        return f"{self.network}@{self._identity}" + (f"~{self._epoch}" if self._epoch else "")
+
+    def _reissue(self, **changes: Any) -> None:
+        """The same head as a new object: plans memoized against the old one are made again."""
+        if self.head is not None:
+            self.head = replace(self.head, space=self._space(), **changes)
+
+    # --- read-your-writes: `latest` never trails a block the proxy has shown -----------------
+
+    def hint(self, number: int) -> None:
+        """The proxy showed a client block `number`: poll now if the head has not reached it."""
+        if number <= self.shown:
+            return
+        self.shown = number
+        head = self.head
+        if head is not None and number > head.latest:
+            self._caught_up.clear()
+            self._wake.set()
+            self._reissue()  # memory hits at `latest` take the general path until the head catches up
+
+    def behind(self) -> bool:
+        head = self.head
+        return head is not None and self.shown > head.latest
+
+    async def catch_up(self, wait: float) -> None:
+        """Wait up to `wait` seconds for the head to reach the highest block shown to a client."""
+        if not self.behind() or wait <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                while self.behind():
+                    self._caught_up.clear()
+                    await self._caught_up.wait()
 
     def resolve(self, ref: BlockRef) -> Resolved | None:
         """Turn a block parameter into a number (or hash); None when it cannot be pinned (pending, no head)."""
@@ -180,6 +262,8 @@ class EvmHeadTracker:
             return Resolved(None, ref.hash)
         if head is None or ref.tag == "pending":
             return None
+        if ref.tag == "latest" and self.shown > head.latest:
+            return None  # the head trails a block a client has seen: `latest` goes upstream as a tag
         if ref.number is not None:
             number = ref.number
         else:
@@ -191,7 +275,7 @@ class EvmHeadTracker:
     async def run(self) -> None:
         await poll_forever(self.poll, self._interval, f"head tracker {self.network}",
                            limit=max(self._interval, self.stale_after), failed=self.check_staleness,
-                           attempted=self.attempted)
+                           attempted=self.attempted, wake=self._wake)
 
     def health(self, now: float) -> str | None:
         self.check_staleness()
@@ -207,12 +291,25 @@ class EvmHeadTracker:
             self.head = replace(head, stale=True)
 
     async def poll(self) -> Head:
-        latest_a, safe_a, final_a = await self._asker.ask(
-            [_get_block("latest"), _get_block("safe"), _get_block("finalized")]
-        )
+        calls = [_get_block("latest"), _get_block("safe"), _get_block("finalized")]
+        known_final = self._final
+        if known_final is not None:
+            calls.append(_get_block(hex(known_final.number)))  # is the finalized block still final?
+        answers = await self._asker.ask(calls)
+        latest_a, safe_a, final_a = answers[:3]
         latest = _header(latest_a)
         if latest is None:
             raise TrackerError("upstream returned no latest block")
+        if self._states is not None:
+            self._states.observe_head(latest_a.upstream, latest.number)
+        old_head = self.head
+        if old_head is not None and latest.number < old_head.latest and not old_head.stale:
+            known = old_head.hashes.get(latest.number)
+            if known is None or known == latest.hash:
+                # The same chain, shorter: an upstream behind the network answered. `latest` never
+                # goes backwards for it; if only such answers come, the head goes stale instead.
+                raise TrackerError(f"upstream #{latest_a.upstream} is behind the network head "
+                                   f"({latest.number} < {old_head.latest})")
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
         final_h = _header(final_a)
         finalized = final_h.number if final_h else max(0, latest.number - self._depth)
@@ -220,19 +317,23 @@ class EvmHeadTracker:
         safe_h = _header(safe_a)
         safe = safe_h.number if safe_h else max(finalized, latest.number - self._depth // 2)
         safe = max(finalized, min(safe, latest.number))
+        if known_final is not None:
+            self._check_finality(known_final, _header(answers[3]))
 
-        old = dict(self.head.hashes) if self.head else {}
+        old = dict(old_head.hashes) if old_head else {}
         hashes = await self._sync_window(latest, finalized, old)
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
         head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes,
-                    {h: n for n, h in hashes.items()})
-        old_head = self.head
+                    {h: n for n, h in hashes.items()}, space=self._space())
         if old_head is not None and not reorged and _same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
+        self._final = final_h
         self.last_poll = time.time()
         self._publish(head)
+        if not self.behind():
+            self._caught_up.set()
         if reorged:
             depth_from = min(reorged)
             log.warning("head tracker %s: reorg detected from block %d", self.network, depth_from)
@@ -240,6 +341,18 @@ class EvmHeadTracker:
             for listener in self.on_reorg:
                 listener(depth_from)
         return head
+
+    def _check_finality(self, known: Header, now: Header | None) -> None:
+        """A finalized block whose hash changed: every entry of the network may be wrong. Move the
+        key space to a new epoch (named after the new block, so replicas that see the same change
+        agree on it) and leave the old entries behind."""
+        if now is None or now.number != known.number or now.hash == known.hash:
+            return
+        log.error("head tracker %s: finalized block %d changed hash from %s to %s (a reorg below finality); "
+                  "the network's cache entries are invalidated", self.network, known.number, known.hash, now.hash)
+        self._metrics.finality_violations.labels(self.network).inc()
+        self._epoch = now.hash[2:14]
+        self._reissue()
 
     async def _sync_window(self, latest: Header, finalized: int, old: dict[int, str]) -> dict[int, str]:
         """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""

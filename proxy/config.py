@@ -29,6 +29,7 @@ class Network:
     hosts: tuple[str, ...] = ()
     # Depth below latest that counts as final when the node has no `finalized` tag.
     finality_depth: int | None = None
+    chain_id: int | None = None  # declared in NETWORKS_FILE: upstreams of another chain are refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +252,9 @@ def _networks_from_file(path: str) -> list[Network]:
         depth = entry.get("finality_depth")
         if depth is not None and (not isinstance(depth, int) or depth <= 0):
             raise ConfigError(f"{where}: finality_depth must be a positive integer")
+        chain_id = entry.get("chain_id")
+        if chain_id is not None and (not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0):
+            raise ConfigError(f"{where}: chain_id must be a positive integer")
         networks.append(
             Network(
                 name=str(name),
@@ -258,6 +262,7 @@ def _networks_from_file(path: str) -> list[Network]:
                 upstreams=_upstream_urls(where + " upstreams", entry.get("upstreams")),
                 hosts=tuple(h.lower() for h in hosts),
                 finality_depth=depth,
+                chain_id=chain_id,
             )
         )
     return networks

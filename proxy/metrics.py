@@ -175,6 +175,19 @@ class Metrics:
             ["network"], registry=r,
         )
         self.reorgs = Counter("rpc_proxy_reorgs", "Reorgs the head tracker detected.", ["network"], registry=r)
+        self.identity_mismatch = Gauge(
+            "rpc_proxy_upstream_identity_mismatch",
+            "1 while an upstream serves another chain (chain id or genesis hash) and is out of rotation.",
+            ["network", "upstream"], registry=r,
+        )
+        self.finality_violations = Counter(
+            "rpc_proxy_finality_violations", "Finalized blocks whose hash changed (the network's entries were "
+            "invalidated).", ["network"], registry=r,
+        )
+        self.uncached_answers = Counter(
+            "rpc_proxy_uncached_answers", "Answers served uncached because the proxy could not tie them to their "
+            "block (reason: lagging, unverified, fork, unknown_hash).", ["network", "reason"], registry=r,
+        )
         self.inflight = _Local("gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.",
                                [], r).labels()
         self.ws_connections = Gauge("rpc_proxy_websocket_connections", "Open WebSocket connections.", registry=r)

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
@@ -19,6 +19,7 @@ from . import jsonrpc
 from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from .methods import POLICIES, CacheClass, metric_label
 from .metrics import Metrics
+from .upstream_state import UpstreamStates
 
 log = logging.getLogger("proxy.upstream")
 
@@ -37,6 +38,7 @@ class Answer:
     result: Any = None
     error: dict[str, Any] | None = None
     seconds: float = 0.0
+    upstream: int = -1  # the index of the upstream that produced it; -1: not known (a stored answer)
 
     @property
     def is_error(self) -> bool:
@@ -53,12 +55,12 @@ class Answer:
         return cls(payload, None, {"stored": True} if is_error else None)
 
     @classmethod
-    def from_response(cls, obj: dict[str, Any], seconds: float = 0.0) -> Answer:
+    def from_response(cls, obj: dict[str, Any], seconds: float = 0.0, upstream: int = -1) -> Answer:
         if "error" in obj and obj["error"] is not None:
             error = obj["error"] if isinstance(obj["error"], dict) else {"code": -32603, "message": str(obj["error"])}
-            return cls(jsonrpc.dumps(error), None, error, seconds)
+            return cls(jsonrpc.dumps(error), None, error, seconds, upstream)
         result = obj.get("result")
-        return cls(jsonrpc.dumps(result), result, None, seconds)
+        return cls(jsonrpc.dumps(result), result, None, seconds, upstream)
 
 
 class Upstream(Protocol):
@@ -69,6 +71,15 @@ class Upstream(Protocol):
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class PerUpstream(Protocol):
+    """A pool whose upstreams can also be asked one at a time, with what is known of each."""
+
+    states: UpstreamStates
+
+    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer: ...
 
 
 Check = Callable[[Any], str | None]  # why a reply does not answer its request, or None
@@ -128,6 +139,7 @@ class HttpUpstream:
         self._urls = tuple(urls)
         self._timeout = timeout
         self._attempt_timeout = attempt_timeout
+        self.states = UpstreamStates(len(self._urls))
         self._metrics = metrics
         self._cooldown = cooldown
         self._down_until = [0.0] * len(self._urls)
@@ -154,10 +166,11 @@ class HttpUpstream:
             self._session = None
 
     def _order(self) -> list[int]:
+        """Healthy upstreams first, then those cooling down; never one that serves another chain."""
         now = time.monotonic()
-        healthy = [i for i in range(len(self._urls)) if self._down_until[i] <= now]
-        cooling = sorted((i for i in range(len(self._urls)) if self._down_until[i] > now),
-                         key=lambda i: self._down_until[i])
+        serving = [i for i in range(len(self._urls)) if self.states.in_rotation(i)]
+        healthy = [i for i in serving if self._down_until[i] <= now]
+        cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
         return healthy + cooling
 
     async def _post(self, index: int, body: bytes, timeout: float) -> Any:
@@ -200,6 +213,8 @@ class HttpUpstream:
                     # A reply that does not answer what was asked is a fault of that node.
                     raise _Failed("mismatch", problem)
             except _Failed as failure:
+                if failure.kind == "connect":
+                    self.states.lost(index)
                 self._down_until[index] = time.monotonic() + self._cooldown
                 self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
                 log.warning("upstream %s#%d failed: %s", self.network, index, failure.detail)
@@ -219,7 +234,8 @@ class HttpUpstream:
             )
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
-            f"upstream unavailable: network '{self.network}' ({'; '.join(failures) or 'no upstream'})",
+            f"upstream unavailable: network '{self.network}' "
+            f"({'; '.join(failures) or 'no upstream serves the network chain'})",
             http_status=502,
         )
 
@@ -238,8 +254,28 @@ class HttpUpstream:
         self._next_id += 1
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
-        reply, seconds, _ = await self._send(body, metric_label(method), timeout, lambda r: single_problem(r, sent))
-        return Answer.from_response(reply, seconds)
+        reply, seconds, index = await self._send(body, metric_label(method), timeout,
+                                                 lambda r: single_problem(r, sent))
+        return Answer.from_response(reply, seconds, index)
+
+    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
+        """One call to upstream `index` alone, whatever its rotation state (identity probes, retries)."""
+        self._next_id += 1
+        sent = self._next_id
+        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
+        started = time.perf_counter()
+        try:
+            reply = await self._post(index, body, timeout)
+            problem = single_problem(reply, sent)
+            if problem is not None:
+                raise _Failed("mismatch", problem)
+        except _Failed as failure:
+            if failure.kind == "connect":
+                self.states.lost(index)
+            self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
+                               f"(upstream #{index}: {failure.detail})", http_status=502) from None
+        return Answer.from_response(reply, time.perf_counter() - started, index)
 
     # --- auto-batching -------------------------------------------------------------------
     # Cacheable reads that arrive in the same event-loop turn travel as one JSON-RPC batch: one
@@ -300,7 +336,7 @@ class HttpUpstream:
             # A node that does not take batches answers with one error object: ask one by one.
             return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
         by_id = {item["id"]: item for item in reply}
-        answers = [Answer.from_response(by_id[i], seconds) for i in ids]
+        answers = [Answer.from_response(by_id[i], seconds, index) for i in ids]
         if auto:  # each call's latency is its batch's, under its own method
             for method, _ in calls:
                 self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)

@@ -95,7 +95,7 @@ async def test_readyz_is_answered_from_tracker_state_without_an_upstream_call_pe
         for _ in range(20):
             states = await asyncio.gather(*(readyz(proxy) for _ in range(100)))
             assert {s[0] for s in states} == {200}
-        assert relay.requests - before <= 2  # at most a poll of the tracker's own, not 2,000 calls
+        assert relay.requests - before < 10  # at most the trackers' own polls, not 2,000 calls
     finally:
         await proxy.close()
 
