@@ -185,8 +185,8 @@ class Metrics:
             "invalidated).", ["network"], registry=r,
         )
         self.uncached_answers = Counter(
-            "rpc_proxy_uncached_answers", "Answers served uncached because the proxy could not tie them to their "
-            "block (reason: lagging, unverified, fork, unknown_hash).", ["network", "reason"], registry=r,
+            "rpc_proxy_uncached_answers", "Answers the proxy could not tie to their block: served uncached "
+            "(unverified, unknown_hash) or refused with -32002 (lagging, fork).", ["network", "reason"], registry=r,
         )
         self.inflight = _Local("gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.",
                                [], r).labels()

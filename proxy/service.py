@@ -6,6 +6,7 @@ This is the only module that awaits the cache and the upstream together.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -17,7 +18,16 @@ from . import pinning
 from .cache import Coalescer, TieredCache, cache_key
 from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
 from .config import Network, Settings
-from .jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, dumps, invalid_params
+from .jsonrpc import (
+    INTERNAL_ERROR,
+    LIMIT_EXCEEDED,
+    METHOD_NOT_FOUND,
+    UPSTREAM_UNAVAILABLE,
+    Call,
+    JsonRpcError,
+    dumps,
+    invalid_params,
+)
 from .methods import (
     POLICIES,
     REFUSED_NAMESPACES,
@@ -349,16 +359,20 @@ class Service:
         deadline: float | None,
     ) -> tuple[Answer, str | None]:
         """The upstream's answer, and why it cannot be tied to its key (None when it can). An upstream
-        that lacks a block the answer depends on is replaced by one that has it, when one does."""
+        that lacks a block the answer depends on is replaced by one that has it, when one does; if
+        none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
         answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
         per = net.per_upstream
-        if doubt in ("lagging", "unverified") and per is not None:
+        if doubt is not None and per is not None:
             other = per.states.other_with(answer.upstream, plan.need)
             if other is not None:
-                try:
-                    return await self._ask_checked(net, method, forward, policy, plan, deadline, other)
-                except JsonRpcError:
-                    pass  # the first answer stands, uncached
+                with contextlib.suppress(JsonRpcError):
+                    answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
+        if doubt in ("lagging", "fork"):
+            self._metrics.uncached_answers.labels(net.name, doubt).inc()
+            block = f"block {plan.need}" if plan.need is not None else "the block"
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{net.name}' (no upstream "
+                               f"could answer for {block} of the network's chain)", http_status=502)
         return answer, doubt
 
     async def _ask_checked(

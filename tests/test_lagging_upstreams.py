@@ -72,7 +72,7 @@ async def test_a_lagging_backups_partial_logs_are_never_stored(
         await proxy.close()
 
 
-async def test_a_lagging_backups_answer_is_served_uncached_when_no_upstream_has_the_blocks(
+async def test_a_lagging_backups_answer_is_refused_when_no_upstream_has_the_blocks(
     lagging: tuple[Anvil, Anvil, FaultRelay, str]
 ) -> None:
     _node, backup, relay, address = lagging
@@ -81,8 +81,8 @@ async def test_a_lagging_backups_answer_is_served_uncached_when_no_upstream_has_
         await proxy.head_at(200)
         await backup_head_known(proxy)
         relay.inject("http500", method="eth_getLogs", times=2)  # the primary fails the call and its retry
-        _, body, headers = await proxy.post(logs_request(address))
-        assert headers["X-Cache"] == "BYPASS"
+        status, body, _ = await proxy.post(logs_request(address))
+        assert status == 502 and body["error"]["code"] == -32002 and "block 130" in body["error"]["message"]
         assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="lagging") == 1
         _, body, headers = await proxy.post(logs_request(address))
         assert len(body["result"]) == 21 and headers["X-Cache"] == "MISS"  # nothing partial was stored
