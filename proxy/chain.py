@@ -303,11 +303,14 @@ class EvmHeadTracker:
         if self._states is not None:
             self._states.observe_head(latest_a.upstream, latest.number)
         old_head = self.head
-        if old_head is not None and latest.number < old_head.latest and not old_head.stale:
+        if old_head is not None and latest.number < old_head.latest:
             known = old_head.hashes.get(latest.number)
-            if known is None or known == latest.hash:
-                # The same chain, shorter: an upstream behind the network answered. `latest` never
-                # goes backwards for it; if only such answers come, the head goes stale instead.
+            same_chain = known is None or known == latest.hash
+            if not self._furthest(latest_a.upstream) or (same_chain and not old_head.stale):
+                # An upstream behind the network (or on a shorter fork) answered: `latest` never goes
+                # backwards for it; if only such answers come, the head goes stale instead. A shorter
+                # chain is taken only from the upstream furthest ahead: a reorg, or, once the head
+                # is stale, the network really going back.
                 raise TrackerError(f"upstream #{latest_a.upstream} is behind the network head "
                                    f"({latest.number} < {old_head.latest})")
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
@@ -341,6 +344,14 @@ class EvmHeadTracker:
             for listener in self.on_reorg:
                 listener(depth_from)
         return head
+
+    def _furthest(self, index: int) -> bool:
+        """No other upstream serving the network is known to be further ahead than `index`."""
+        states = self._states
+        if states is None or not 0 <= index < states.size:
+            return states is None
+        ahead = [states.latest[i] for i in range(states.size) if states.verified[i] and states.in_rotation(i)]
+        return states.latest[index] >= max(ahead, default=states.latest[index])
 
     def _check_finality(self, known: Header, now: Header | None) -> None:
         """A finalized block whose hash changed: every entry of the network may be wrong. Move the

@@ -186,7 +186,8 @@ class Metrics:
         )
         self.uncached_answers = Counter(
             "rpc_proxy_uncached_answers", "Answers the proxy could not tie to their block: served uncached "
-            "(unverified, unknown_hash) or refused with -32002 (lagging, fork).", ["network", "reason"], registry=r,
+            "(unverified, unknown_hash, late_head, beyond_head) or refused with -32002 (lagging, fork).",
+            ["network", "reason"], registry=r,
         )
         self.inflight = _Local("gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.",
                                [], r).labels()

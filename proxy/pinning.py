@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .chain import Resolved
+from .chain import Head, Resolved
 from .params import BlockRef
 
 
@@ -31,10 +31,21 @@ def forward_form(ref: BlockRef, resolved: Resolved | None, pin: bool) -> Any:
     return ref.encode(resolved.number if resolved is not None and ref.tag is not None else None)
 
 
-def needed_block(resolved: list[Resolved | None]) -> int | None:
-    """The highest block number the answer depends on, if it names any by number."""
+def needed_block(resolved: list[Resolved | None], hashes: list[str], window: Mapping[str, int]) -> int | None:
+    """The highest block the answer depends on: its block numbers, and the numbers of the block
+    hashes it names (`hashes`) where the tracker's window (`window`, hash -> number) knows them."""
     numbers = [r.number for r in resolved if r is not None and r.number is not None]
+    numbers += [window[h] for h in hashes if h in window]
     return max(numbers) if numbers else None
+
+
+def tag_floor(unresolved: list[str], head: Head | None) -> int | None:
+    """The block a tag forwarded as a tag (a stale head, a head behind a shown block) stood for at
+    the last good head: the answering upstream must have reached it, or `latest` would go back."""
+    if head is None or not unresolved:
+        return None
+    floors = {"latest": head.latest, "pending": head.latest, "safe": head.safe, "finalized": head.finalized}
+    return max((floors.get(tag, 0) for tag in unresolved), default=None)
 
 
 def single_block_logs(log_filter: dict[str, Any], resolved: Mapping[int, Resolved | None]) -> str | None:

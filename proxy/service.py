@@ -6,7 +6,6 @@ This is the only module that awaits the cache and the upstream together.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +18,7 @@ from .cache import Coalescer, TieredCache, cache_key
 from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
 from .config import Network, Settings
 from .jsonrpc import (
+    EXECUTION_REVERTED,
     INTERNAL_ERROR,
     LIMIT_EXCEEDED,
     METHOD_NOT_FOUND,
@@ -275,19 +275,28 @@ class Service:
             if space is None:
                 decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
             forward = self._forward(policy, params, refs, resolved, decision)
-            if not decision.cacheable:
-                self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
-                return Outcome.answered(await self._upstream(net, method, forward, policy), BYPASS)
-            assert space is not None
-            key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
-            tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
-            cells = (self._metrics.hit_cells(net.name, method, False), self._metrics.hit_cells(net.name, method, True))
             end = pinning.range_end(params[0], resolved) if policy.limits_logs and decision.pin_hashes else None
             check_end = (end.number, end.hash) if end and end.number is not None and end.hash is not None else None
-            by_hash = decision.pin_hashes or any(r.hash is not None for r in refs)
-            plan = _Plan(head, decision, cache_key(space, method, key_params), forward, tags_resolved,
-                         pinning.needed_block(list(resolved.values())), check_end, by_hash,
-                         prepared.credits, cells)
+            # Hashes the call names: its block hash refs, or a content-addressed method's block hash.
+            named = [r.hash for r in refs if r.hash is not None]
+            if policy.cache is CacheClass.CONTENT and params and isinstance(params[0], str):
+                named.append(params[0])
+            need = pinning.needed_block(list(resolved.values()), named, head.numbers if head is not None else {})
+            floor = pinning.tag_floor([r.tag for r in refs if r.tag is not None and resolved.get(id(r)) is None], head)
+            need = floor if need is None else max(need, floor or 0)
+            tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
+            cells = (self._metrics.hit_cells(net.name, method, False), self._metrics.hit_cells(net.name, method, True))
+            key = ""
+            if decision.cacheable and space is not None:
+                key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
+                key = cache_key(space, method, key_params)
+            plan = _Plan(head, decision, key, forward, tags_resolved, need, check_end,
+                         decision.pin_hashes or bool(named), prepared.credits, cells)
+            if not decision.cacheable:
+                # Not cached, but still asked of a node that has the blocks it names.
+                self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
+                answer, _ = await self._ask_pinned(net, method, forward, policy, plan, self._deadline(policy))
+                return Outcome.answered(answer, BYPASS)
             if prepared.fingerprint:
                 # The head fixes everything a plan depends on (tags, finality, hashes, gas limit, identity).
                 self._plans[prepared.fingerprint] = plan
@@ -343,10 +352,10 @@ class Service:
             # The node may not know the resolved block yet (it lags the tracker): ask again
             # with the caller's tag, and keep nothing, since that answer has no fixed block.
             original = substitute(params, {id(r): r.encode() for r in refs})
-            return await self._upstream(net, method, original, policy, deadline), False
-        if kind == "null" and plan.by_hash:
-            doubt = doubt or "unknown_hash"  # a node that does not know the hash: nothing is stored
-        if doubt is not None:
+            fallback = await self._upstream(net, method, original, policy, deadline)
+            self._refuse_lagging(net, fallback, plan.need)
+            return fallback, False
+        if doubt is not None:  # served, never stored
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
             return answer, False
         ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)
@@ -363,17 +372,53 @@ class Service:
         none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
         answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
         per = net.per_upstream
+        if doubt is None and plan.by_hash and _not_found(answer):
+            doubt = "unknown_hash"  # that node may not know the block: another may
         if doubt is not None and per is not None:
             other = per.states.other_with(answer.upstream, plan.need)
             if other is not None:
-                with contextlib.suppress(JsonRpcError):
-                    answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
+                try:
+                    retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
+                except JsonRpcError:
+                    if doubt == "unknown_hash":
+                        raise  # a node that may not know the block said not-found; the one that may is down
+                else:
+                    if again is None and plan.by_hash and _not_found(retried):
+                        again = "unknown_hash"
+                    if again is None or doubt == "unknown_hash":
+                        answer, doubt = retried, again
+        if doubt == "lagging" and per is not None and await self._caught_up(per, answer.upstream, plan.need):
+            doubt = "late_head"  # its head had not been seen at the block yet: served, never stored
         if doubt in ("lagging", "fork"):
-            self._metrics.uncached_answers.labels(net.name, doubt).inc()
-            block = f"block {plan.need}" if plan.need is not None else "the block"
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{net.name}' (no upstream "
-                               f"could answer for {block} of the network's chain)", http_status=502)
+            self._refuse(net, doubt, plan.need)
         return answer, doubt
+
+    async def _caught_up(self, per: PerUpstream, index: int, need: int | None) -> bool:
+        """Ask upstream `index` for its head now: has it reached block `need`? (It may have passed
+        the proxy's last look at it, e.g. a block just mined and not polled yet.)"""
+        if need is None or index < 0:
+            return False
+        try:
+            answer = await per.ask(index, "eth_blockNumber", [], timeout=self._settings.upstream_timeout)
+            number = int(answer.result, 16) if isinstance(answer.result, str) else -1
+        except (JsonRpcError, ValueError):
+            return False
+        per.states.observe_head(index, number)
+        return number >= need
+
+    def _refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> None:
+        self._metrics.uncached_answers.labels(net.name, reason).inc()
+        block = f"block {need}" if need is not None else "the block"
+        raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{net.name}' (no upstream "
+                           f"could answer for {block} of the network's chain)", http_status=502)
+
+    def _refuse_lagging(self, net: NetworkRuntime, answer: Answer, need: int | None) -> None:
+        """An answer to a tag from an upstream known to be behind the block the tag stood for: refused,
+        so `latest` never goes backwards for a client."""
+        per = net.per_upstream
+        if per is not None and answer.upstream >= 0 and per.states.verified[answer.upstream] and need is not None \
+                and per.states.latest[answer.upstream] < need:
+            self._refuse(net, "lagging", need)
 
     async def _ask_checked(
         self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: _Plan,
@@ -389,12 +434,17 @@ class Service:
         else:
             answer = await self._upstream(net, method, forward, policy, deadline)
         per = net.per_upstream
-        if per is None or answer.upstream < 0 or answer.is_error:
+        if per is None or answer.upstream < 0:
             return answer, None
         if not per.states.vouches(answer.upstream, None):
             return answer, "unverified"
         if not per.states.vouches(answer.upstream, plan.need):
-            return answer, "lagging"
+            head = net.tracker.head
+            if plan.need is not None and head is not None and plan.need > head.latest:
+                return answer, "beyond_head"  # no upstream is known to have it: served, never stored
+            return answer, "lagging"  # an error from it may be just that, too
+        if answer.is_error:
+            return answer, None
         if plan.check_end is not None:
             block_hash = plan.check_end[1]
             end = end_answer.result if end_answer is not None else None
@@ -504,6 +554,11 @@ class Service:
         if gas <= cap:
             return params
         return [{**tx, "gas": hex(cap)}, *params[1:]]
+
+
+def _not_found(answer: Answer) -> bool:
+    """A null, or an error other than a revert: what a node that lacks the block answers."""
+    return answer.result is None and answer.error_code != EXECUTION_REVERTED
 
 
 def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -> Any:

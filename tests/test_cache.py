@@ -312,7 +312,7 @@ class LaggingUpstream(CountingUpstream):
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         if method == "eth_getStorageAt" and (isinstance(params[2], dict) or str(params[2]).startswith("0x")):
             self.calls[method] += 1
-            return Answer.from_response({"error": {"code": -32000, "message": "header not found"}})
+            return Answer.from_response({"error": {"code": -32000, "message": "header not found"}}, upstream=0)
         return await super().request(method, params, timeout=timeout)
 
 

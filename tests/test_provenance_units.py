@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy import pinning
-from proxy.chain import Resolved
+from proxy.chain import Head, Resolved
 from proxy.identity import judge, parse_identity
 from proxy.params import BlockRef
 from proxy.upstream_state import ChainIdentity, UpstreamStates
@@ -22,8 +22,16 @@ class TestPinning:
         assert pinning.forward_form(BlockRef(tag="latest", hash_form="object"), resolved, False) == "0xa"
 
     def test_the_block_an_answer_depends_on_is_its_highest_number(self) -> None:
-        assert pinning.needed_block([Resolved(3, None), Resolved(9, H), None]) == 9
-        assert pinning.needed_block([Resolved(None, H)]) is None
+        assert pinning.needed_block([Resolved(3, None), Resolved(9, H), None], [], {}) == 9
+        assert pinning.needed_block([Resolved(None, H)], [H], {}) is None
+        assert pinning.needed_block([Resolved(None, H)], [H], {H: 12}) == 12  # a hash the tracker places
+
+    def test_a_tag_forwarded_as_a_tag_needs_the_block_it_stood_for_at_the_last_head(self) -> None:
+        head = Head(latest=100, safe=68, finalized=36, latest_hash=H, gas_limit=1, timestamp=0, stale=True)
+        assert pinning.tag_floor(["latest"], head) == 100
+        assert pinning.tag_floor(["finalized", "safe"], head) == 68
+        assert pinning.tag_floor(["earliest"], head) == 0
+        assert pinning.tag_floor([], head) is None and pinning.tag_floor(["latest"], None) is None
 
     def test_logs_must_carry_the_hash_the_tracker_holds_for_their_block(self) -> None:
         log = {"blockNumber": "0xa", "blockHash": H}
