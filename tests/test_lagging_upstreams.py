@@ -55,14 +55,20 @@ async def backup_head_known(proxy: Proxy) -> None:
     await eventually(known, 10, "the backup's own head to be known")
 
 
+async def behind_relay_and_backup(relay: FaultRelay, backup: Anvil) -> Proxy:
+    """A proxy over the relayed primary and the lagging backup, once it knows both heads."""
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    await proxy.head_at(200)
+    await backup_head_known(proxy)
+    return proxy
+
+
 async def test_a_lagging_backups_partial_logs_are_never_stored(
     lagging: tuple[Anvil, Anvil, FaultRelay, str]
 ) -> None:
     _node, backup, relay, address = lagging
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    proxy = await behind_relay_and_backup(relay, backup)
     try:
-        await proxy.head_at(200)
-        await backup_head_known(proxy)
         relay.inject("http500", method="eth_getLogs")  # one failure: the backup answers first
         _, body, _ = await proxy.post(logs_request(address))
         assert len(body["result"]) == 21  # the backup's 11 were replaced by the primary's answer
@@ -76,10 +82,8 @@ async def test_a_lagging_backups_answer_is_refused_when_no_upstream_has_the_bloc
     lagging: tuple[Anvil, Anvil, FaultRelay, str]
 ) -> None:
     _node, backup, relay, address = lagging
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    proxy = await behind_relay_and_backup(relay, backup)
     try:
-        await proxy.head_at(200)
-        await backup_head_known(proxy)
         relay.inject("http500", method="eth_getLogs", times=2)  # the primary fails the call and its retry
         status, body, _ = await proxy.post(logs_request(address))
         assert status == 502 and body["error"]["code"] == -32002 and "block 130" in body["error"]["message"]

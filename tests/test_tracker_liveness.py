@@ -29,6 +29,13 @@ async def readyz(proxy: Proxy) -> tuple[int, dict[str, Any], str]:
         return resp.status, await resp.json(), text
 
 
+async def readyz_becomes(proxy: Proxy, status: int) -> None:
+    async def answers() -> bool:
+        return (await readyz(proxy))[0] == status
+
+    await eventually(answers, 10, f"/readyz to answer {status}")
+
+
 def storage_latest(address: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", "latest"]}
 
@@ -62,11 +69,7 @@ async def test_a_stale_head_forwards_tags_uncached_and_readyz_reports_the_networ
         assert body["result"] == "0x" + word(7)
         stall = relay.inject("http500", method="eth_getBlockByNumber", times=None)
         anvil.send(address, selector("setX(uint256)") + word(99))
-
-        async def degraded() -> bool:
-            return (await readyz(proxy))[0] == 503
-
-        await eventually(degraded, 10, "/readyz to report the stale head")
+        await readyz_becomes(proxy, 503)
         _, body, text = await readyz(proxy)
         assert body["networks"]["evm"].startswith("degraded: head is stale")
         assert str(relay.url.split(":")[-1].strip("/")) not in text and "injected" not in text
@@ -74,11 +77,7 @@ async def test_a_stale_head_forwards_tags_uncached_and_readyz_reports_the_networ
         assert body["result"] == "0x" + word(99) and headers["X-Cache"] == "BYPASS"
 
         relay.faults.remove(stall)
-
-        async def ready() -> bool:
-            return (await readyz(proxy))[0] == 200
-
-        await eventually(ready, 10, "/readyz to recover")
+        await readyz_becomes(proxy, 200)
         _, body, _ = await proxy.post(storage_latest(address))
         assert body["result"] == "0x" + word(99)
     finally:
