@@ -4,14 +4,18 @@ pinned to the block hash their key holds."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from proxy.state import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
 
 FORK_AT = 120
 
@@ -150,3 +154,44 @@ async def test_an_unfinalized_log_range_is_kept_only_if_its_last_block_is_the_pi
     batches = [calls for calls in evm_proxy.upstreams["evm"].params if calls[0] == "eth_getBlockByNumber"]
     assert ["eth_getBlockByNumber", [hex(top), False]] in [list(b) for b in batches]
     assert (await evm_proxy.post(request))[2]["X-Cache"] == "HIT"
+
+
+async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(anvil: Anvil) -> None:
+    """One URL in front of two nodes on different forks: the tracker's polls reach one, data calls
+    the other. Calls go out pinned to the tracker's hash, so the other fork's data is never kept."""
+    address = anvil.deploy_store()
+    other = Anvil("--fork-url", anvil.url, "--fork-block-number", str(anvil.block_number()))
+    tracker_methods = {"eth_getBlockByNumber", "eth_blockNumber", "eth_chainId"}
+    session = aiohttp.ClientSession()
+
+    async def route(request: web.Request) -> web.Response:
+        body = await request.read()
+        calls = json.loads(body)
+        first = calls[0] if isinstance(calls, list) else calls
+        target = other.url if first.get("method") in tracker_methods else anvil.url
+        async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
+            return web.Response(body=await resp.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/", route)
+    balancer = TestServer(app, host="127.0.0.1", port=free_port())
+    await balancer.start_server()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{balancer.port}/"))
+    try:
+        anvil.send(address, selector("setX(uint256)") + word(1))  # this fork's block N+1
+        other.send(address, selector("setX(uint256)") + word(2))  # the tracker's fork's block N+1
+        top = other.block_number()
+        await proxy.head_at(top)
+        request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(top)]}
+        for _ in range(3):
+            _, body, headers = await proxy.post(request)
+            assert body.get("result") != "0x" + word(1)  # never the other fork's value under this key
+            assert headers["X-Cache"] != "HIT"
+        sent = [params[2] for method, params in proxy.upstreams["evm"].params if method == "eth_getStorageAt"]
+        head = proxy.app[SERVICE].networks["evm"].tracker.head
+        assert head is not None and {"blockHash": head.hashes[top]} in sent
+    finally:
+        await proxy.close()
+        await balancer.close()
+        await session.close()
+        other.stop()
