@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -13,10 +14,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .cache import Clock, MemoryTier, RedisTier, TieredCache
-from .chain import EvmHeadTracker, SolanaSlotTracker
+from .chain import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
 from .config import Network, Settings
 from .credits import Ledger, MemoryLedger, RedisLedger
 from .gateway import Gateway, invalid_key_error
+from .identity import IdentityGuard
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from .listeners import start_metrics_listener
 from .metrics import Metrics
@@ -24,7 +26,7 @@ from .redis_link import RedisLink, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
 from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
-from .upstream import HttpUpstream, Upstream
+from .upstream import HttpUpstream, PerUpstream, Upstream
 from .ws import close_websockets, websocket_handler
 
 log = logging.getLogger("proxy.app")
@@ -56,6 +58,7 @@ class SystemClock:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+STARTUP_WAIT = 2.0  # seconds start-up waits for the trackers' first polls
 RPC_PATH = re.compile(r"^(/[^/]+)?(/ws)?/v3(/[^/]*)?$")
 
 _HTTP_ERRORS = {
@@ -196,21 +199,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready when every network's upstream answers a cheap call."""
+    """Ready when every network's tracker has a fresh view. Answered from the trackers' state: no
+    upstream call per request, and no upstream's text or URL in the answer (upstreams by index only)."""
     service = request.app[SERVICE]
-
-    async def probe(runtime: NetworkRuntime) -> str:
-        method = "getSlot" if runtime.config.family == "solana" else "eth_blockNumber"
-        try:
-            answer = await runtime.upstream.request(method, [], timeout=2.0)
-        except JsonRpcError as error:
-            return error.message
-        return "error: " + str(answer.error.get("message")) if answer.error else "ok"
-
-    names = list(service.networks)
-    states = await asyncio.gather(*(probe(service.networks[n]) for n in names))
-    networks = dict(zip(names, states, strict=True))
-    ready = all(state == "ok" for state in states)
+    now = time.time()
+    networks = {name: runtime.health(now) or "ok" for name, runtime in service.networks.items()}
+    ready = all(state == "ok" for state in networks.values())
     return web.json_response({"status": "ready" if ready else "unavailable", "networks": networks},
                              status=200 if ready else 503)
 
@@ -226,7 +220,8 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
     def build(network: Network, metrics: Metrics) -> Upstream:
         return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                             batch_max=settings.upstream_batch_max,
-                            batch_max_bytes=settings.upstream_batch_max_bytes)
+                            batch_max_bytes=settings.upstream_batch_max_bytes,
+                            attempt_timeout=settings.upstream_attempt_timeout)
 
     return build
 
@@ -246,17 +241,28 @@ def create_app(
     factory = upstream_factory or _http_upstream(settings)
     pool = {n.name: factory(n, metrics) for n in settings.networks}
     runtimes: dict[str, NetworkRuntime] = {}
+    guards: list[IdentityGuard] = []
     for net in settings.networks:
         tracker: EvmHeadTracker | SolanaSlotTracker
+        upstream = pool[net.name]
+        # EVM upstreams are watched one by one (head, chain identity); Solana answers carry their slot.
+        per_upstream = upstream if isinstance(upstream, PerUpstream) and net.family == "evm" else None
         if net.family == "evm":
             tracker = EvmHeadTracker(
-                net.name, pool[net.name], interval=settings.head_poll_interval,
+                net.name, upstream, interval=settings.head_poll_interval,
                 finality_depth=net.finality_depth or settings.finality_depth, metrics=metrics,
+                stale_after=settings.head_stale_bound, states=per_upstream.states if per_upstream else None,
             )
+            if per_upstream is not None:  # without it, no identity: nothing of the network is cached
+                guards.append(IdentityGuard(
+                    net.name, per_upstream, declared_chain_id=net.chain_id,
+                    interval=settings.identity_check_interval, retry=settings.head_poll_interval, metrics=metrics,
+                    on_identity=tracker.set_identity,
+                ))
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
-                                        metrics=metrics)
-        runtimes[net.name] = NetworkRuntime(net, pool[net.name], tracker)
+                                        metrics=metrics, stale_after=settings.head_stale_bound)
+        runtimes[net.name] = NetworkRuntime(net, upstream, tracker, per_upstream)
 
     owned_redis = redis is None and settings.redis_url is not None
     client = redis if redis is not None else (
@@ -282,7 +288,17 @@ def create_app(
         internal = None
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(metrics.registry, settings.metrics_host, settings.metrics_port)
-        tasks = [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        tasks = [asyncio.create_task(g.run(), name=f"identity-{g.network}") for g in guards]
+        tasks += [asyncio.create_task(watch_upstream_heads(r.per_upstream, settings.head_poll_interval),
+                                      name=f"upstream-heads-{n}")
+                  for n, r in runtimes.items() if r.per_upstream is not None]
+        tasks += [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        # Serve once every upstream's identity was asked and every tracker has tried its first poll
+        # (bounded): a fresh start is neither "stale" nor without an identity.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STARTUP_WAIT):
+                await asyncio.gather(*(g.checked.wait() for g in guards),
+                                     *(r.tracker.attempted.wait() for r in runtimes.values()))
         yield
         if internal is not None:
             await internal.cleanup()

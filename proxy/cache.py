@@ -1,6 +1,7 @@
 """Cache keys, the in-process tier, the Redis tier, the tiered lookup and coalescing of misses.
 
-Key encoding (documented in README): `v1|` + JSON `[network, method, canonical params]` with
+Key encoding (documented in README): `v1|` + JSON `[key space, method, canonical params]` (the key
+space names the network, its chain identity and epoch: `Head.space`) with
 object keys sorted and block parameters replaced by `{"n": number}` (final),
 `{"n": number, "h": hash}` (unfinalized, pinned to its block hash) or `{"h": hash}`. Keys longer
 than 200 bytes become `v1#` + the SHA-256 of that text. An answer is held as `Stored`: the JSON

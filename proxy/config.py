@@ -16,6 +16,8 @@ from .jsonrpc import METHOD_NAME
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+HEAD_STALE_POLLS = 3  # a head older than this many poll intervals is stale...
+HEAD_STALE_MIN = 1.0  # ...and never sooner than this many seconds
 
 
 class ConfigError(Exception):
@@ -30,6 +32,7 @@ class Network:
     hosts: tuple[str, ...] = ()
     # Depth below latest that counts as final when the node has no `finalized` tag.
     finality_depth: int | None = None
+    chain_id: int | None = None  # declared in NETWORKS_FILE: upstreams of another chain are refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,17 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: /metrics on the public listener
     upstream_batch_max_bytes: int = 1024 * 1024
+    upstream_attempt_timeout: float | None = None  # None: UPSTREAM_TIMEOUT shared by the upstreams left
+    head_stale_after: float | None = None  # None: HEAD_STALE_POLLS poll intervals
+    head_catch_up_wait: float = 0.3
+    identity_check_interval: float = 30.0
+
+    @property
+    def head_stale_bound(self) -> float:
+        """Seconds after the last successful head poll past which tags are no longer resolved."""
+        if self.head_stale_after is not None:
+            return self.head_stale_after
+        return max(HEAD_STALE_POLLS * self.head_poll_interval, HEAD_STALE_MIN)
 
     def network(self, name: str) -> Network | None:
         return next((n for n in self.networks if n.name == name), None)
@@ -163,6 +177,14 @@ OPTIONS: tuple[Option, ...] = (
            "(default: unset, /metrics on the public port)"),
     Option("UPSTREAM_BATCH_MAX_BYTES", "most bytes of params in one upstream auto-batch; a larger call goes alone "
            "(default 1048576)"),
+    Option("UPSTREAM_ATTEMPT_TIMEOUT", "seconds one upstream attempt may take before the next upstream is tried "
+           "(default: UPSTREAM_TIMEOUT shared evenly by the upstreams left to try)"),
+    Option("HEAD_STALE_AFTER", "seconds after the last successful head poll when tags stop being resolved and "
+           "/readyz reports the network degraded (default 3 poll intervals, at least 1)"),
+    Option("HEAD_CATCH_UP_WAIT", "seconds a `latest` call waits for the head to reach a block the proxy has "
+           "already shown; then it goes upstream uncached (default 0.3)"),
+    Option("IDENTITY_CHECK_INTERVAL", "seconds between checks of each upstream's chain id and genesis hash "
+           "(default 30)"),
 )
 OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 
@@ -270,6 +292,9 @@ def _networks_from_file(path: str) -> list[Network]:
         depth = entry.get("finality_depth")
         if depth is not None and (not isinstance(depth, int) or depth <= 0):
             raise ConfigError(f"{where}: finality_depth must be a positive integer")
+        chain_id = entry.get("chain_id")
+        if chain_id is not None and (not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0):
+            raise ConfigError(f"{where}: chain_id must be a positive integer")
         networks.append(
             Network(
                 name=str(name),
@@ -277,6 +302,7 @@ def _networks_from_file(path: str) -> list[Network]:
                 upstreams=_upstream_urls(where + " upstreams", entry.get("upstreams")),
                 hosts=tuple(h.lower() for h in hosts),
                 finality_depth=depth,
+                chain_id=chain_id,
             )
         )
     return networks
@@ -376,6 +402,11 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "METRICS_HOST": ("metrics_host", lambda _n, v: v),
     "METRICS_PORT": ("metrics_port", _port),
     "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
+    "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
+    "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),
+    "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", lambda n, v: 0.0 if v.strip() in ("0", "0.0")
+                           else _positive_float(n, v)),
+    "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _positive_float),
 }
 
 

@@ -136,7 +136,7 @@ class Metrics:
             ["network", "method", "upstream"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.upstream_errors = Counter(
-            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, invalid).",
+            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, invalid, mismatch).",
             ["network", "upstream", "kind"], registry=r,
         )
         self.upstream_failovers = Counter(
@@ -177,6 +177,20 @@ class Metrics:
             ["network"], registry=r,
         )
         self.reorgs = Counter("rpc_proxy_reorgs", "Reorgs the head tracker detected.", ["network"], registry=r)
+        self.identity_mismatch = Gauge(
+            "rpc_proxy_upstream_identity_mismatch",
+            "1 while an upstream serves another chain (chain id or genesis hash) and is out of rotation.",
+            ["network", "upstream"], registry=r,
+        )
+        self.finality_violations = Counter(
+            "rpc_proxy_finality_violations", "Finalized blocks whose hash changed (the network's entries were "
+            "invalidated).", ["network"], registry=r,
+        )
+        self.uncached_answers = Counter(
+            "rpc_proxy_uncached_answers", "Answers the proxy could not tie to their block: served uncached "
+            "(unverified, unknown_hash, late_head, beyond_head) or refused with -32002 (lagging, fork).",
+            ["network", "reason"], registry=r,
+        )
         self.inflight = _Local("gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.",
                                [], r).labels()
         self.ws_connections = Gauge("rpc_proxy_websocket_connections", "Open WebSocket connections.", registry=r)

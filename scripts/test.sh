@@ -20,9 +20,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
 
-if [ ! -x .tools/node_modules/.bin/anvil ] || [ ! -x .tools/node_modules/.bin/solcjs ]; then
-  echo "installing anvil and solc from npm into .tools/"
-  npm install --silent --no-audit --no-fund --prefix .tools @foundry-rs/anvil@1.7.1 solc@0.8.26 >/dev/null
+if [ ! -x .tools/node_modules/.bin/anvil ] || [ ! -x .tools/node_modules/.bin/solcjs ] || [ ! -d .tools/node_modules/ethers ]; then
+  echo "installing anvil, solc and ethers from npm into .tools/"
+  npm install --silent --no-audit --no-fund --prefix .tools @foundry-rs/anvil@1.7.1 solc@0.8.26 ethers@6 >/dev/null
 fi
 export ANVIL_BIN="$PWD/.tools/node_modules/.bin/anvil"
 

@@ -86,8 +86,8 @@ def anvil_binary() -> str:
 
 
 class Anvil:
-    def __init__(self, *extra: str) -> None:
-        self.port = free_port()
+    def __init__(self, *extra: str, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [anvil_binary(), "--port", str(self.port), "--host", "127.0.0.1", "--silent", *extra],
@@ -190,10 +190,17 @@ class RedisServer:
 class CountingUpstream:
     """Wraps a real upstream and counts the calls that reach it, per method."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: HttpUpstream) -> None:
         self.inner = inner
+        self.states = inner.states
         self.calls: Counter[str] = Counter()
         self.params: list[tuple[str, Any]] = []
+        self.asked: Counter[str] = Counter()
+
+    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
+        """One upstream alone (identity probes, per-upstream heads, retries): counted apart."""
+        self.asked[method] += 1
+        return await self.inner.ask(index, method, params, timeout=timeout)
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         self.calls[method] += 1
@@ -202,6 +209,9 @@ class CountingUpstream:
         return answer
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        for method, params in calls:
+            self.calls[method] += 1
+            self.params.append((method, params))
         result: list[Answer] = await self.inner.batch(calls)
         return result
 
@@ -285,7 +295,8 @@ async def start_proxy(
     def counting(network: Network, metrics: Metrics) -> CountingUpstream:
         inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                              batch_max=settings.upstream_batch_max,
-                             batch_max_bytes=settings.upstream_batch_max_bytes)
+                             batch_max_bytes=settings.upstream_batch_max_bytes,
+                            attempt_timeout=settings.upstream_attempt_timeout)
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 

@@ -72,10 +72,14 @@ class TestStoreTtl:
         assert cp.store_ttl(cp.BYPASS, CacheClass.BLOCK, "ok", TTLS) is None
 
     def test_answer_kind(self) -> None:
-        assert cp.answer_kind(None, None, False) == "null"
-        assert cp.answer_kind([], None, False) == "ok"  # an empty log list is an answer, not a not-found
-        assert cp.answer_kind(None, 3, True) == "revert"
-        assert cp.answer_kind(None, -32000, True) == "error"
+        assert cp.answer_kind(None, None, False, caches_reverts=True) == "null"
+        # an empty log list is an answer, not a not-found
+        assert cp.answer_kind([], None, False, caches_reverts=False) == "ok"
+        assert cp.answer_kind(None, 3, True, caches_reverts=True) == "revert"
+        assert cp.answer_kind(None, -32000, True, caches_reverts=True) == "error"
+
+    def test_code_3_is_a_cacheable_revert_only_for_eth_call(self) -> None:
+        assert cp.answer_kind(None, 3, True, caches_reverts=False) == "error"
 
 
 class TestCacheKey:
