@@ -71,6 +71,18 @@ class Settings:
     log_level: str = "INFO"
     access_log: bool = False
     shutdown_timeout: float = 30.0
+    credits_redis_url: str | None = None  # None: the ledger lives on REDIS_URL
+    credits_redis_timeout: float = 2.0
+    credits_redis_failures: int = 3
+    credits_require_noeviction: bool = False
+    credits_fail_open: bool = True
+    credits_lease_max: int = 100_000
+    credits_lease_seconds: float = 10.0
+    credits_journal_dir: str | None = None
+
+    @property
+    def ledger_redis_url(self) -> str | None:
+        return self.credits_redis_url or self.redis_url
 
     def network(self, name: str) -> Network | None:
         return next((n for n in self.networks if n.name == name), None)
@@ -142,6 +154,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
     Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
+    Option("CREDITS_REDIS_URL", "Redis URL of the credit ledger, ideally a noeviction one (default REDIS_URL)"),
+    Option("CREDITS_REDIS_TIMEOUT", "seconds before a ledger Redis command is abandoned (default 2)"),
+    Option("CREDITS_REDIS_FAILURES", "consecutive ledger Redis failures before it counts as down (default 3)"),
+    Option("CREDITS_REQUIRE_NOEVICTION", "refuse to start if the ledger's Redis may evict keys (default false)"),
+    Option("CREDITS_FAIL_OPEN", "serve keys with no known usage while the ledger is unreachable (default true)"),
+    Option("CREDITS_LEASE_MAX", "most credits of a key one replica leases at a time (default 100000)"),
+    Option("CREDITS_LEASE_SECONDS", "seconds before an unused lease goes back to the ledger (default 10)"),
+    Option("CREDITS_JOURNAL_DIR", "directory of the journal of debits made while the ledger is unreachable"),
 )
 OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 
@@ -294,6 +314,14 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),
     "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
+    "CREDITS_REDIS_URL": ("credits_redis_url", lambda _n, v: v),
+    "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _positive_float),
+    "CREDITS_REDIS_FAILURES": ("credits_redis_failures", _positive_int),
+    "CREDITS_REQUIRE_NOEVICTION": ("credits_require_noeviction", _bool),
+    "CREDITS_FAIL_OPEN": ("credits_fail_open", _bool),
+    "CREDITS_LEASE_MAX": ("credits_lease_max", _positive_int),
+    "CREDITS_LEASE_SECONDS": ("credits_lease_seconds", _positive_float),
+    "CREDITS_JOURNAL_DIR": ("credits_journal_dir", lambda _n, v: v),
 }
 
 

@@ -11,8 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from . import jsonrpc
+from .charging import refunded
 from .config import Settings
-from .credits import Ledger, Verdict
+from .credits import Debit, Ledger, Verdict
 from .jsonrpc import (
     INVALID_API_KEY,
     INVALID_REQUEST,
@@ -28,6 +29,7 @@ from .metrics import HitCells, Metrics
 from .service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
 
 log = logging.getLogger("proxy.access")
+REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second limit, ledger unreachable
 
 # A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
 _Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
@@ -128,6 +130,19 @@ class Gateway:
             return None
         return self._hit_body(hit, self._request_id(), started)
 
+    def keyed_hit(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply | bool:
+        """With API keys, the reply to a memory hit the key's lease pays for, made without awaiting
+        anything. Otherwise whether memory was checked (True: no hit, so `handle(...,
+        memory_checked=True)`; False: a hit whose debit must ask the ledger)."""
+        started = time.perf_counter()
+        hit = self._cached_single(body, network)
+        if hit is None:
+            return True
+        charge = self._charge_now(api_key, hit[5])
+        if charge is None:
+            return False
+        return self._paid_reply(hit, api_key, charge, self._request_id(), started)
+
     async def handle(
         self, body: bytes | str, api_key: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
     ) -> Reply:
@@ -172,11 +187,10 @@ class Gateway:
         results: list[Outcome] = [next(outcomes) if isinstance(s, Prepared) else s for s in slots]
 
         refund = cost and sum(
-            s.credits for s, o in zip(slots, results, strict=True)
-            if isinstance(s, Prepared) and o.error is not None and o.error.code == UPSTREAM_UNAVAILABLE
+            s.credits for s, o in zip(slots, results, strict=True) if isinstance(s, Prepared) and refunded(o.error)
         )
         if refund:
-            # The proxy could not reach any node: the caller is not charged for our failure.
+            # No node could be reached: the caller is not charged for our failure (charging.py).
             await self._ledger.refund(api_key, refund, now=self._now())
             cost -= refund
             remaining = None if remaining is None else remaining + refund
@@ -191,7 +205,7 @@ class Gateway:
         if not parts:
             return self._reply(None, 204, cost, remaining, None)
         if parsed.batch:
-            refused = [o.error for o in results if o.error is not None and o.error.http_status in (402, 429)]
+            refused = [o.error for o in results if o.error is not None and o.error.http_status in REFUSED_STATUSES]
             status = refused[0].http_status if refused and len(refused) == len(results) else 200
             extra = refused[0].headers if refused else {}
             return self._reply(jsonrpc.encode_batch(parts), status, cost, remaining, None, extra)
@@ -220,8 +234,16 @@ class Gateway:
         return rid, method, runtime, *hit
 
     async def _paid_hit(self, hit: _Hit, api_key: str, request_id: int, started: float) -> Reply:
+        charge = self._charge_now(api_key, hit[5])
+        if charge is None:
+            charge = await self._charge(api_key, hit[5])
+        return self._paid_reply(hit, api_key, charge, request_id, started)
+
+    def _paid_reply(
+        self, hit: _Hit, api_key: str, charge: tuple[JsonRpcError | None, int], request_id: int, started: float,
+    ) -> Reply:
         rid, method, runtime, _payload, _is_error, credits, _cells = hit
-        refusal, remaining = await self._charge(api_key, credits)
+        refusal, remaining = charge
         if refusal is not None:  # nothing was debited, nothing is served
             self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
             return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
@@ -242,11 +264,32 @@ class Gateway:
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
 
+    def _charge_now(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int] | None:
+        """A charge the ledger decides without a round trip (a lease covers it), or None."""
+        settings = self._settings
+        per_second = settings.credits_per_second_for(api_key)
+        daily = settings.daily_credits_for(api_key)
+        debit = self._ledger.try_debit(api_key, cost, daily=daily, per_second=per_second, now=self._now())
+        return None if debit is None else self._verdict(debit, cost, per_second)
+
     async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
+        charge = self._charge_now(api_key, cost)
+        if charge is not None:
+            return charge
         daily = self._settings.daily_credits_for(api_key)
         per_second = self._settings.credits_per_second_for(api_key)
-        now = self._now()
-        debit = await self._ledger.debit(api_key, cost, daily=daily, per_second=per_second, now=now)
+        debit = await self._ledger.debit(api_key, cost, daily=daily, per_second=per_second, now=self._now())
+        return self._verdict(debit, cost, per_second)
+
+    def _verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int]:
+        if debit.verdict is Verdict.OK:
+            return None, debit.remaining
+        if debit.verdict is Verdict.UNAVAILABLE:
+            self._metrics.credit_rejections.labels("unavailable").inc()
+            return JsonRpcError(
+                LIMIT_EXCEEDED, "credits unavailable: the credit ledger cannot be reached; retry shortly",
+                http_status=503, headers={"Retry-After": "5"},
+            ), debit.remaining
         if debit.verdict is Verdict.EXHAUSTED:
             self._metrics.credit_rejections.labels("exhausted").inc()
             return JsonRpcError(
@@ -284,13 +327,13 @@ class Gateway:
             result = "invalid"
         elif outcome.error is None:
             result = "error" if outcome.is_error else "ok"
-        elif outcome.error.http_status in (402, 429):
+        elif outcome.error.http_status in REFUSED_STATUSES:
             result = "refused"
         elif outcome.error.code == UPSTREAM_UNAVAILABLE:
             result = "upstream_error"
         else:
             result = "error"
-        if credits and result != "refused" and result != "upstream_error":
+        if credits and result != "refused" and not refunded(outcome.error):
             metrics.child(metrics.credits_charged, label).inc(credits)
         metrics.child(metrics.requests, network, label, result).inc()
         if request_id:

@@ -71,6 +71,14 @@ class Upstream(Protocol):
     async def close(self) -> None: ...
 
 
+# Failures after a node took the call: it may have run it (charging.py charges such calls).
+REACHED_KINDS = frozenset({"timeout", "invalid"})
+
+
+# The error of a call a node left out of its batch reply (compared by identity).
+MISSING: dict[str, Any] = {"code": UPSTREAM_UNAVAILABLE, "message": "missing from upstream batch reply"}
+
+
 class _Failed(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
@@ -152,6 +160,7 @@ class HttpUpstream:
         deadline = time.monotonic() + budget
         failures: list[str] = []
         last_kind = "connect"
+        reached = False  # some node got the call before failing: it may have done the work
         for attempt, index in enumerate(self._order()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -167,6 +176,7 @@ class HttpUpstream:
                 log.warning("upstream %s#%d failed: %s", self.network, index, failure.detail)
                 failures.append(f"upstream #{index}: {failure.detail}")
                 last_kind = failure.kind
+                reached = reached or failure.kind in REACHED_KINDS
                 continue
             seconds = time.perf_counter() - started
             self._down_until[index] = 0.0
@@ -177,12 +187,12 @@ class HttpUpstream:
         if last_kind == "timeout":
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
-                http_status=504,
+                http_status=504, reached=reached,
             )
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
             f"upstream unavailable: network '{self.network}' ({'; '.join(failures) or 'no upstream'})",
-            http_status=502,
+            http_status=502, reached=reached,
         )
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
@@ -198,7 +208,7 @@ class HttpUpstream:
             self._metrics.upstream_errors.labels(self.network, "any", "invalid").inc()
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' sent a malformed reply",
-                http_status=502,
+                http_status=502, reached=True,
             )
         return Answer.from_response(reply, seconds)
 
@@ -235,7 +245,14 @@ class HttpUpstream:
             else:
                 answers = await self._batch([(m, p) for m, p, _ in group], auto=True)
             for (_, _, waiter), answer in zip(group, answers, strict=True):
-                if not waiter.done():
+                if waiter.done():
+                    continue
+                if answer.error is MISSING:  # no node answered this call: a -32002 like any other
+                    waiter.set_exception(JsonRpcError(
+                        UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' left the call "
+                        "out of its batch reply", http_status=502,
+                    ))
+                else:
                     waiter.set_result(answer)
         except Exception as error:  # the upstream's JsonRpcError, or a fault of ours: each caller hears it
             failure = error
@@ -267,7 +284,8 @@ class HttpUpstream:
         for i in range(len(calls)):
             item = by_id.get(base + i)
             if item is None:
-                item = {"error": {"code": UPSTREAM_UNAVAILABLE, "message": "missing from upstream batch reply"}}
+                answers.append(Answer(jsonrpc.dumps(MISSING), None, MISSING, seconds))
+                continue
             answers.append(Answer.from_response(item, seconds))
         if auto:  # each call's latency is its batch's, under its own method
             for method, _ in calls:
