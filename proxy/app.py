@@ -24,7 +24,7 @@ from .metrics import Metrics
 from .redis_link import RedisLink, RedisUnavailable, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
-from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
+from .state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
 from .upstream import HttpUpstream, Upstream
 from .ws import close_websockets, websocket_handler
 
@@ -256,6 +256,7 @@ def create_app(
     app[METRICS] = metrics
     app[SERVICE] = service
     app[GATEWAY] = gateway
+    app[LEDGER] = ledger
     app[WEBSOCKETS] = set()
     if link is not None:
         app[REDIS] = link

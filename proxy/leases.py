@@ -330,6 +330,11 @@ class LeasedLedger:
         raw = await self._link.run("credits_read", lambda c: c.hget(ledger_key(api_key, int(now) // 86400), "used"))
         return int(raw or 0)
 
+    @property
+    def settled(self) -> bool:
+        """Every debit made without Redis has been written back to it."""
+        return not any(lease.journaled or lease.ceiling is not None for lease in self._leases.values())
+
     # --- exchanges with Redis ----------------------------------------------------------------
 
     def _lease(self, api_key: str, now: float) -> KeyLease:
