@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 DAY_TTL = 2 * 86400  # ledger entries outlive their day a little, for the operator CLI
 
@@ -21,8 +20,7 @@ class Verdict(Enum):
     UNAVAILABLE = "unavailable"  # the ledger cannot be reached and this replica may not decide alone
 
 
-@dataclass(frozen=True, slots=True)
-class Debit:
+class Debit(NamedTuple):  # a tuple: made on every charged call, and cheaper to make than a dataclass
     verdict: Verdict
     remaining: int
 

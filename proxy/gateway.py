@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from . import jsonrpc
 from .charging import refunded
@@ -33,6 +34,16 @@ REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second
 
 # A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
 _Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
+
+
+_OK = Verdict.OK  # an enum member read through its class costs a hit more than the comparison
+PaidHit = tuple[bytes, dict[str, str]]  # a paid memory hit's body and headers
+
+
+class _KeyTerms(NamedTuple):
+    daily: int
+    per_second: int | None
+    charged: Any  # the key's rpc_proxy_key_credits_charged cell
 
 
 @dataclass(slots=True)
@@ -71,6 +82,8 @@ class Gateway:
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
+        # Each configured key's balance, limit and metric cell, found once (keys are authorized first).
+        self._terms: Memo[str, _KeyTerms] = Memo(65_536, self._key_terms)
 
     # --- routing and auth ---------------------------------------------------------------
 
@@ -130,18 +143,31 @@ class Gateway:
             return None
         return self._hit_body(hit, self._request_id(), started)
 
-    def keyed_hit(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> Reply | bool:
-        """With API keys, the reply to a memory hit the key's lease pays for, made without awaiting
-        anything. Otherwise whether memory was checked (True: no hit, so `handle(...,
-        memory_checked=True)`; False: a hit whose debit must ask the ledger)."""
+    def keyed_hit(self, body: bytes | str, api_key: str, network: NetworkRuntime | None) -> PaidHit | Reply | bool:
+        """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
+        body and headers (or the Reply refusing it). Otherwise whether memory was checked (True: no
+        hit, so `handle(..., memory_checked=True)`; False: a hit whose debit must ask the ledger)."""
         started = time.perf_counter()
         hit = self._cached_single(body, network)
         if hit is None:
             return True
-        charge = self._charge_now(api_key, hit[5])
-        if charge is None:
+        terms = self._terms[api_key]
+        credits = hit[5]
+        debit = self._ledger.try_debit(api_key, credits, daily=terms.daily, per_second=terms.per_second,
+                                       now=self._now())
+        if debit is None:
             return False
-        return self._paid_reply(hit, api_key, charge, self._request_id(), started)
+        if debit[0] is not _OK:
+            charge = self._verdict(debit, credits, terms.per_second)
+            return self._paid_reply(hit, api_key, charge, self._request_id(), started)
+        # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
+        terms.charged.value += credits
+        hit[6].charged.value += credits
+        remaining = debit[1]
+        return self._hit_body(hit, self._request_id(), started), {
+            "X-Credits-Charged": str(credits), "X-Credits-Remaining": str(remaining if remaining > 0 else 0),
+            "X-Cache": HIT,
+        }
 
     async def handle(
         self, body: bytes | str, api_key: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
@@ -248,9 +274,8 @@ class Gateway:
             self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
             return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
                                refusal.headers)
-        metrics = self._metrics
-        metrics.child(metrics.key_credits_charged, api_key).inc(credits)
-        metrics.child(metrics.credits_charged, method).inc(credits)
+        self._terms[api_key].charged.value += credits
+        hit[6].charged.value += credits
         return self._serve_hit(hit, credits, remaining, request_id, started)
 
     def _serve_hit(self, hit: _Hit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
@@ -264,22 +289,26 @@ class Gateway:
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
 
+    def _key_terms(self, api_key: str) -> _KeyTerms:
+        settings = self._settings
+        return _KeyTerms(settings.daily_credits_for(api_key), settings.credits_per_second_for(api_key),
+                         self._metrics.key_credits_charged.labels(api_key))
+
     def _charge_now(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int] | None:
         """A charge the ledger decides without a round trip (a lease covers it), or None."""
-        settings = self._settings
-        per_second = settings.credits_per_second_for(api_key)
-        daily = settings.daily_credits_for(api_key)
-        debit = self._ledger.try_debit(api_key, cost, daily=daily, per_second=per_second, now=self._now())
-        return None if debit is None else self._verdict(debit, cost, per_second)
+        terms = self._terms[api_key]
+        debit = self._ledger.try_debit(api_key, cost, daily=terms.daily, per_second=terms.per_second,
+                                       now=self._now())
+        return None if debit is None else self._verdict(debit, cost, terms.per_second)
 
     async def _charge(self, api_key: str, cost: int) -> tuple[JsonRpcError | None, int]:
         charge = self._charge_now(api_key, cost)
         if charge is not None:
             return charge
-        daily = self._settings.daily_credits_for(api_key)
-        per_second = self._settings.credits_per_second_for(api_key)
-        debit = await self._ledger.debit(api_key, cost, daily=daily, per_second=per_second, now=self._now())
-        return self._verdict(debit, cost, per_second)
+        terms = self._terms[api_key]
+        debit = await self._ledger.debit(api_key, cost, daily=terms.daily, per_second=terms.per_second,
+                                         now=self._now())
+        return self._verdict(debit, cost, terms.per_second)
 
     def _verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int]:
         if debit.verdict is Verdict.OK:
@@ -317,7 +346,7 @@ class Gateway:
                 method = entry.method if isinstance(entry, Call) else "invalid"
                 self._account_call("none", method, outcome, 0, request_id)
         if keyed:
-            self._metrics.child(self._metrics.key_credits_charged, api_key).inc(cost)
+            self._terms[api_key].charged.value += cost
 
     def _account_call(self, network: str, method: str, outcome: Outcome, credits: int, request_id: int) -> None:
         """Count and log one call; `network` "none" marks a call refused before routing."""

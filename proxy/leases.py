@@ -44,14 +44,15 @@ from .redis_link import RedisLink, RedisUnavailable
 log = logging.getLogger("proxy.credits")
 
 # KEYS: the key's ledger hash for the day, its per-second window.
-# ARGV: replica, request seq, consumed, refunded, cost (0: no credit wanted), give back (1/0), daily
+# ARGV: replica, request seq, consumed, refunded, cost (0: no credit wanted), mode (0: credit for a call,
+#   1: give the lease back, 2: top the lease up ahead of need: the extra part of a grant alone), daily
 #   balance, largest lease, now (s), active window (s), per-second limit (0: none), the replica's
 #   allowance and the key's usage as it last knew them (to restore a lost entry), entry TTL.
 # Returns {verdict (1 ok, 0 exhausted, -1 rate limited), allowance, used, active replicas, restored}.
 LEASE_SCRIPT = """
 local key, me = KEYS[1], ARGV[1]
 local seq, consumed, refunded = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local cost, give_back = tonumber(ARGV[5]), ARGV[6] == '1'
+local cost, give_back, top_up = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[6] == '2'
 local daily, lease_max = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now, window, per_second = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local known_allowance, known_used = tonumber(ARGV[12]), tonumber(ARGV[13])
@@ -100,7 +101,7 @@ if fresh then
         redis.call('EXPIRE', KEYS[2], 2)
         a = a + need
       end
-    elseif need > 0 then
+    elseif need > 0 or top_up then
       local calls = math.floor((free - need) / (2 * active * cost))
       a = a + need + math.min(calls, math.floor(lease_max / cost)) * cost
     end
@@ -114,6 +115,9 @@ return {verdict, a, used, active, restored}
 """
 
 _VERDICTS = {1: Verdict.OK, 0: Verdict.EXHAUSTED, -1: Verdict.RATE_LIMITED}
+_OK = Verdict.OK  # read once: an enum member read through its class costs more than the debit
+_new_tuple = tuple.__new__  # a Debit made without NamedTuple's Python-level __new__
+CREDIT, GIVE_BACK, TOP_UP = 0, 1, 2  # the script's modes
 
 
 def ledger_key(api_key: str, day: int) -> str:
@@ -134,7 +138,9 @@ class KeyLease:
     active: int = 1  # replicas using the key, at the last reply
     daily: int = 0
     granted_at: float = 0.0
-    last_spent: float = 0.0
+    low_water: int = 0  # free credit below which the lease is topped up in the background
+    swept: int = -1  # `consumed` at the last sweep, and since when it has not moved (idle)
+    idle_since: float = 0.0
     ceiling: int | None = None  # while Redis is unreachable: the most this replica may consume
     journaled: bool = False  # debits Redis has not seen yet
     returning: bool = False  # a give-back that has not reached Redis yet
@@ -258,18 +264,26 @@ class LeasedLedger:
         self._leases: dict[tuple[int, str], KeyLease] = {}
         self._seqs = itertools.count(1)
         self._outage_log = _OutageLog()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
+        self._day_start, self._day_end = 0, 0
 
     # --- debits ---------------------------------------------------------------------------
 
     def try_debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit | None:
         """The hot path: a debit the lease covers, decided in memory. None: `debit` must ask Redis."""
-        lease = self._leases.get((int(now) // 86400, api_key))
+        if not self._day_start <= now < self._day_end:
+            return None  # another day: `debit` opens its leases
+        lease = self._today.get(api_key)
         if lease is None:
             return None
-        if per_second is None and lease.free >= amount:
-            lease.consumed += amount
-            lease.last_spent = self._mono()
-            return Debit(Verdict.OK, lease.remaining(daily))
+        consumed = lease.consumed
+        free = lease.allowance - consumed + lease.refunded  # lease.free, inlined
+        if per_second is None and free >= amount:
+            lease.consumed = consumed = consumed + amount
+            if free - amount < lease.low_water and not lease.lock.locked():
+                self._top_up(lease, amount, now)  # before it runs out, so no call waits for a refill
+            return _new_tuple(Debit, (_OK, daily - lease.others - consumed + lease.refunded))
         if lease.ceiling is not None and not self._link.up:
             return self._outage_debit(lease, amount, daily, per_second, now)
         return None
@@ -284,7 +298,7 @@ class LeasedLedger:
             async with lease.lock:
                 if per_second is None and lease.free >= amount:
                     continue  # another call's refill covered this one too
-                verdict = await self._exchange(lease, amount, give_back=False, per_second=per_second, now=now)
+                verdict = await self._exchange(lease, amount, mode=CREDIT, per_second=per_second, now=now)
                 if verdict is None:  # Redis cannot be reached
                     if self._link.up:
                         continue  # one slow answer is not an outage: ask again (exchanges are idempotent)
@@ -294,18 +308,28 @@ class LeasedLedger:
                     return self._outage_debit(lease, amount, daily, per_second, now)
                 if verdict is not Verdict.OK:
                     if lease.free > 0:  # what is left here cannot pay this call: let other replicas have it
-                        await self._exchange(lease, 0, give_back=True, per_second=None, now=now)
+                        await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now)
                     return Debit(verdict, lease.remaining(daily))
                 if lease.free >= amount:
                     lease.consumed += amount
-                    lease.last_spent = self._mono()
                     return Debit(Verdict.OK, lease.remaining(daily))
+
+    def _top_up(self, lease: KeyLease, amount: int, now: float) -> None:
+        if lease.ceiling is not None or not self._link.up:
+            return
+        lease.low_water = 0  # one top-up per grant
+        task = asyncio.get_running_loop().create_task(self._run_top_up(lease, amount, now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_top_up(self, lease: KeyLease, amount: int, now: float) -> None:
+        async with lease.lock:
+            await self._exchange(lease, amount, mode=TOP_UP, per_second=None, now=now)
 
     def _outage_debit(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         verdict = outage_verdict(lease, amount, daily, per_second, now)
         if verdict is Verdict.OK:
             lease.consumed += amount
-            lease.last_spent = self._mono()
             if per_second is not None:
                 if lease.window_second != int(now):
                     lease.window_second, lease.window_used = int(now), 0
@@ -342,17 +366,22 @@ class LeasedLedger:
         lease = self._leases.get((day, api_key))
         if lease is None:
             lease = self._leases[(day, api_key)] = KeyLease(api_key, ledger_key(api_key, day))
+        if day * 86400 > self._day_start:  # a new day: the hot path's leases are that day's
+            self._day_start, self._day_end = day * 86400, (day + 1) * 86400
+            self._today = {k: v for (d, k), v in self._leases.items() if d == day}
+        elif day * 86400 == self._day_start:
+            self._today[api_key] = lease
         return lease
 
     async def _exchange(
-        self, lease: KeyLease, cost: int, *, give_back: bool, per_second: int | None, now: float,
+        self, lease: KeyLease, cost: int, *, mode: int, per_second: int | None, now: float,
     ) -> Verdict | None:
         """One run of the script; None when Redis cannot be reached. Callers hold `lease.lock`."""
-        if give_back:
+        if mode == GIVE_BACK:
             lease.allowance = lease.net  # nothing more is spent from this lease meanwhile
             lease.returning = True
         args = [
-            self.replica, next(self._seqs), lease.consumed, lease.refunded, cost, int(give_back), lease.daily,
+            self.replica, next(self._seqs), lease.consumed, lease.refunded, cost, mode, lease.daily,
             self._lease_max, int(now), 3 * self._lease_seconds, per_second or 0, lease.allowance,
             lease.others + lease.allowance if lease.known else 0, DAY_TTL,
         ]
@@ -368,6 +397,7 @@ class LeasedLedger:
                         "known usage")
         if allowance > lease.allowance and cost:
             lease.granted_at = self._mono()
+            lease.low_water = (allowance - lease.net) // 4
         lease.allowance, lease.others, lease.active = allowance, used - allowance, active
         lease.known, lease.ceiling, lease.returning = True, None, False
         if lease.journaled and lease.consumed == sent_consumed:
@@ -384,14 +414,17 @@ class LeasedLedger:
             if lease.lock.locked():
                 continue
             stale = day != today
+            if lease.consumed != lease.swept:  # spent since the last sweep: not idle
+                lease.swept, lease.idle_since = lease.consumed, mono
             old = lease.free > 0 and (mono - lease.granted_at > self._lease_seconds
-                                      or mono - lease.last_spent > self._lease_seconds / 2)
+                                      or mono - lease.idle_since > self._lease_seconds / 2)
             if not (lease.journaled or lease.ceiling is not None or lease.returning or old or stale):
                 continue
             if not self._link.up:
                 return
             async with lease.lock:
-                await self._exchange(lease, 0, give_back=old or stale or lease.returning, per_second=None,
+                await self._exchange(lease, 0, mode=GIVE_BACK if old or stale or lease.returning else CREDIT,
+                                     per_second=None,
                                      now=day * 86400 + 43200 if stale else now)
             if stale and not lease.journaled and not lease.returning:
                 del self._leases[(day, _key)]
@@ -406,7 +439,8 @@ class LeasedLedger:
 
     async def close(self, now: float) -> None:
         """On shutdown: every lease goes back and every journaled debit is written, if Redis answers."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for lease in list(self._leases.values()):
             if lease.free > 0 or lease.journaled or lease.returning:
                 async with lease.lock:
-                    await self._exchange(lease, 0, give_back=True, per_second=None, now=now)
+                    await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now)
