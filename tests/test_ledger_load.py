@@ -73,16 +73,22 @@ def keyed_settings(anvil: Anvil, redis_url: str, tmp_path: Path, daily: int, **e
 # --- exact under load --------------------------------------------------------------------------
 
 
-async def test_400_concurrent_calls_on_two_busy_replicas_spend_exactly_the_credit_for_10(
-    anvil: Anvil, redis_url: str, tmp_path: Path, busy_machine: None,
+@pytest.mark.parametrize("batch", [False, True], ids=["calls", "batches"])
+async def test_400_concurrent_requests_on_two_busy_replicas_spend_exactly_the_credit_for_10(
+    anvil: Anvil, redis_url: str, tmp_path: Path, busy_machine: None, batch: bool,
 ) -> None:
-    async with two_replicas(keyed_settings(anvil, redis_url, tmp_path, 80 * 10)) as (first, second):
+    bodies: list[Any] = [[storage(1, "0x0"), storage(2, "0x1")]] if batch else [storage(i) for i in range(400)]
+    price = 160 if batch else 80
+    async with two_replicas(keyed_settings(anvil, redis_url, tmp_path, price * 10)) as (first, second):
         await warm(first, second)
-        replies = await asyncio.gather(*((first, second)[i % 2].post(storage(i), key="alice") for i in range(400)))
+        replies = await asyncio.gather(*((first, second)[i % 2].post(bodies[i % len(bodies)], key="alice")
+                                         for i in range(400)))
         statuses = [status for status, _, _ in replies]
         assert (statuses.count(200), statuses.count(402)) == (10, 390)
-        assert sum(int(headers["X-Credits-Charged"]) for _, _, headers in replies) == 800
-    assert ledger_used(redis_url, "alice") == 800
+        paid = [body for status, body, _ in replies if status == 200]
+        assert all("result" in item for body in paid for item in (body if batch else [body]))
+        assert sum(int(headers["X-Credits-Charged"]) for _, _, headers in replies) == price * 10
+    assert ledger_used(redis_url, "alice") == price * 10
 
 
 async def test_400_concurrent_websocket_messages_on_two_busy_replicas_spend_exactly_the_credit_for_10(
@@ -103,19 +109,6 @@ async def test_400_concurrent_websocket_messages_on_two_busy_replicas_spend_exac
         assert sum("result" in r for r in replies) == 10
         assert all("daily credit limit" in r["error"]["message"] for r in replies if "error" in r)
     assert ledger_used(redis_url, "alice") == 800
-
-
-async def test_400_concurrent_batches_on_two_busy_replicas_spend_exactly_the_credit_for_10(
-    anvil: Anvil, redis_url: str, tmp_path: Path, busy_machine: None,
-) -> None:
-    async with two_replicas(keyed_settings(anvil, redis_url, tmp_path, 160 * 10)) as (first, second):
-        await warm(first, second)
-        batch = [storage(1, "0x0"), storage(2, "0x1")]
-        replies = await asyncio.gather(*((first, second)[i % 2].post(batch, key="alice") for i in range(400)))
-        paid = [body for status, body, _ in replies if status == 200]
-        assert len(paid) == 10 and all("result" in item for body in paid for item in body)
-        assert [status for status, _, _ in replies].count(402) == 390
-    assert ledger_used(redis_url, "alice") == 1600
 
 
 # --- Redis stopped mid-load --------------------------------------------------------------------
