@@ -201,7 +201,7 @@ async def check_ledger_storage(link: RedisLink, require_noeviction: bool) -> Non
                "giving keys their credits back; point CREDITS_REDIS_URL at a Redis with noeviction")
     if require_noeviction:
         raise LedgerStorageError(problem + " (CREDITS_REQUIRE_NOEVICTION is set)")
-    log.warning("credits: %s", problem)
+    logging.getLogger("proxy.credits").warning("credits: %s", problem)
 
 
 def create_app(

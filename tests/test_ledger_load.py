@@ -239,6 +239,19 @@ async def test_filling_the_cache_redis_to_its_limit_leaves_every_ledger_entry_in
         ledger.stop()
 
 
+async def test_an_evicting_ledger_redis_is_named_in_a_startup_warning(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture,
+) -> None:
+    evicting = RedisServer("--maxmemory", "30mb", "--maxmemory-policy", "allkeys-lru")
+    try:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="k1", REDIS_URL=evicting.url))
+        await proxy.close()
+    finally:
+        evicting.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "proxy.credits"]
+    assert any("allkeys-lru" in w and "CREDITS_REDIS_URL" in w for w in warnings)
+
+
 def test_an_evicting_ledger_redis_is_refused_when_noeviction_is_required(anvil: Anvil, tmp_path: Path) -> None:
     evicting = RedisServer("--maxmemory", "30mb", "--maxmemory-policy", "allkeys-lru")
     try:
