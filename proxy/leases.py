@@ -39,9 +39,12 @@ from typing import Any
 
 from . import jsonrpc
 from .credits import DAY_TTL, Debit, Verdict, _judge, day_of
+from .logs import Throttled
 from .redis_link import RedisLink, RedisUnavailable
 
 log = logging.getLogger("proxy.credits")
+# An outage decides every debit in process: one line per interval says so, with the count.
+throttled = Throttled(log, interval=10.0)
 
 # KEYS: the key's ledger hash for the day, its per-second window.
 # ARGV: replica, request seq, consumed, refunded, cost (0: no credit wanted), mode (0: credit for a call,
@@ -223,23 +226,6 @@ def read_journals(directory: str | None) -> dict[str, dict[str, tuple[int, int]]
     return found
 
 
-class _OutageLog:
-    """One warning per interval, with the count of debits decided without Redis since the last."""
-
-    def __init__(self, interval: float = 10.0) -> None:
-        self._interval = interval
-        self._next = 0.0
-        self._count = 0
-
-    def debit(self) -> None:
-        self._count += 1
-        now = time.monotonic()
-        if now >= self._next:
-            log.warning("credits: redis unavailable, %d debit(s) decided in process and journaled", self._count)
-            self._count = 0
-            self._next = now + self._interval
-
-
 class LeasedLedger:
     """The Redis ledger, spent through leases; see the module docstring for the rules."""
 
@@ -263,7 +249,6 @@ class LeasedLedger:
         self._journal = Journal(journal_dir, self.replica)
         self._leases: dict[tuple[int, str], KeyLease] = {}
         self._seqs = itertools.count(1)
-        self._outage_log = _OutageLog()
         self._tasks: set[asyncio.Task[None]] = set()
         self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
         self._day_start, self._day_end = 0, 0
@@ -337,7 +322,7 @@ class LeasedLedger:
             if lease.net > lease.allowance:
                 lease.journaled = True
                 self._journal.record(self.replica, lease)
-            self._outage_log.debit()
+            throttled.warning("outage", "credits: redis unavailable, debits decided in process and journaled")
         return Debit(verdict, lease.remaining(daily))
 
     async def refund(self, api_key: str, amount: int, *, now: float) -> None:
