@@ -16,16 +16,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from .cache import Clock, MemoryTier, RedisTier, TieredCache
 from .chain import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
 from .config import Network, Settings
-from .credits import Ledger, MemoryLedger, RedisLedger
-from .gateway import Gateway, invalid_key_error
+from .credits import Ledger, MemoryLedger
+from .gateway import Gateway, Reply, invalid_key_error
 from .identity import IdentityGuard
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from .leases import LeasedLedger
 from .listeners import start_metrics_listener
 from .metrics import Metrics
-from .redis_link import RedisLink, connect
+from .redis_link import RedisLink, RedisUnavailable, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
-from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
+from .state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, WEBSOCKETS
 from .upstream import HttpUpstream, PerUpstream, Upstream
 from .ws import close_websockets, websocket_handler
 
@@ -50,11 +51,9 @@ class BodyBudget:
 
 
 class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
+    # The builtins themselves, not methods wrapping them: a keyed cache hit reads the clock.
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -180,12 +179,22 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
             body = content.read_nowait()  # the whole body is here (the usual case): no await
             if len(body) > max_body_bytes:
                 return too_large()
-            # An open-mode cache hit is answered right here. It never yields to the loop, so no
-            # scrape could ever see it in flight, and the in-flight gauge is left alone.
-            encoded = gateway.open_hit(body, network)
-            if encoded is not None:
-                return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
-            return await awaited(request, body, account, network, gateway.open_mode)
+            # A cache hit is answered right here when nothing needs awaiting: always in open mode,
+            # and with API keys when the key's credit lease covers it. It never yields to the loop,
+            # so no scrape could ever see it in flight, and the in-flight gauge is left alone.
+            if gateway.open_mode:
+                encoded = gateway.open_hit(body, network)
+                if encoded is not None:
+                    return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
+                return await awaited(request, body, account, network, True)
+            hit = gateway.keyed_hit(body, account, network)
+            if hit.__class__ is tuple:  # a paid hit: its body and headers
+                encoded, headers = hit
+                headers["Content-Type"] = JSON_CONTENT_TYPE
+                return web.Response(body=encoded, headers=headers)
+            if isinstance(hit, Reply):
+                return json_response(hit)
+            return await awaited(request, body, account, network, hit is True)
         except ConnectionResetError:
             raise
         except Exception as exc:
@@ -224,6 +233,28 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
                             attempt_timeout=settings.upstream_attempt_timeout)
 
     return build
+
+
+class LedgerStorageError(Exception):
+    """The ledger's Redis may evict keys and CREDITS_REQUIRE_NOEVICTION is set."""
+
+
+async def check_ledger_storage(link: RedisLink, require_noeviction: bool) -> None:
+    """Warn (or refuse) when the ledger's Redis may evict ledger entries: evicting one gives a key
+    its credits back. Every policy but noeviction evicts our keys (they carry a TTL)."""
+    try:
+        reply = await link.run("credits_config", lambda c: c.config_get("maxmemory-policy"))
+        policy = next(iter(reply.values()), "")
+        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    except RedisUnavailable:
+        policy = "unknown (CONFIG GET failed)"
+    if policy == "noeviction":
+        return
+    problem = (f"the credit ledger's Redis has maxmemory-policy {policy}: ledger entries may be evicted, "
+               "giving keys their credits back; point CREDITS_REDIS_URL at a Redis with noeviction")
+    if require_noeviction:
+        raise LedgerStorageError(problem + " (CREDITS_REQUIRE_NOEVICTION is set)")
+    logging.getLogger("proxy.credits").warning("credits: %s", problem)
 
 
 def create_app(
@@ -271,8 +302,19 @@ def create_app(
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
     cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics)
     service = Service(settings, runtimes, cache, metrics)
+    # The ledger has a Redis client and breaker of its own: its own URL if set, its own timeout.
+    ledger_url = settings.credits_redis_url or (settings.redis_url if redis is None else None)
+    ledger_client = connect(ledger_url, settings.credits_redis_timeout) if ledger_url else client
+    ledger_link = RedisLink(
+        ledger_client, timeout=settings.credits_redis_timeout, metrics=metrics, name="credits redis",
+        failures_to_open=settings.credits_redis_failures, report_up=False,
+    ) if ledger_client is not None and ledger is None else None
+    leased = LeasedLedger(
+        ledger_link, lease_max=settings.credits_lease_max, lease_seconds=settings.credits_lease_seconds,
+        fail_open=settings.credits_fail_open, journal_dir=settings.credits_journal_dir, monotonic=clock.monotonic,
+    ) if ledger_link is not None else None
     if ledger is None:
-        ledger = RedisLedger(link) if link is not None else MemoryLedger()
+        ledger = leased or MemoryLedger()
     gateway = Gateway(settings, service, ledger, metrics, clock.time)
 
     app = web.Application(client_max_size=settings.max_body_bytes)
@@ -280,6 +322,7 @@ def create_app(
     app[METRICS] = metrics
     app[SERVICE] = service
     app[GATEWAY] = gateway
+    app[LEDGER] = ledger
     app[WEBSOCKETS] = set()
     if link is not None:
         app[REDIS] = link
@@ -288,11 +331,15 @@ def create_app(
         internal = None
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(metrics.registry, settings.metrics_host, settings.metrics_port)
+        if ledger_link is not None and not settings.open_mode:
+            await check_ledger_storage(ledger_link, settings.credits_require_noeviction)
         tasks = [asyncio.create_task(g.run(), name=f"identity-{g.network}") for g in guards]
         tasks += [asyncio.create_task(watch_upstream_heads(r.per_upstream, settings.head_poll_interval),
                                       name=f"upstream-heads-{n}")
                   for n, r in runtimes.items() if r.per_upstream is not None]
         tasks += [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        if leased is not None:
+            tasks.append(asyncio.create_task(leased.run(clock.time), name="credit-leases"))
         # Serve once every upstream's identity was asked and every tracker has tried its first poll
         # (bounded): a fresh start is neither "stale" nor without an identity.
         with contextlib.suppress(TimeoutError):
@@ -305,9 +352,15 @@ def create_app(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if leased is not None:  # unspent leases go back; journaled debits are written
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(1.0, 2 * settings.credits_redis_timeout)):
+                    await leased.close(clock.time())
         await asyncio.gather(*(u.close() for u in pool.values()))
         if owned_redis and link is not None:
             await link.close()
+        if ledger_link is not None and ledger_url:
+            await ledger_link.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(close_websockets)

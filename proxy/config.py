@@ -89,6 +89,14 @@ class Settings:
     head_stale_after: float | None = None  # None: HEAD_STALE_POLLS poll intervals
     head_catch_up_wait: float = 0.3
     identity_check_interval: float = 30.0
+    credits_redis_url: str | None = None  # None: the ledger lives on REDIS_URL
+    credits_redis_timeout: float = 2.0
+    credits_redis_failures: int = 3
+    credits_require_noeviction: bool = False
+    credits_fail_open: bool = True
+    credits_lease_max: int = 100_000
+    credits_lease_seconds: float = 10.0
+    credits_journal_dir: str | None = None
 
     @property
     def head_stale_bound(self) -> float:
@@ -96,6 +104,10 @@ class Settings:
         if self.head_stale_after is not None:
             return self.head_stale_after
         return max(HEAD_STALE_POLLS * self.head_poll_interval, HEAD_STALE_MIN)
+
+    @property
+    def ledger_redis_url(self) -> str | None:
+        return self.credits_redis_url or self.redis_url
 
     def network(self, name: str) -> Network | None:
         return next((n for n in self.networks if n.name == name), None)
@@ -185,6 +197,14 @@ OPTIONS: tuple[Option, ...] = (
            "already shown; then it goes upstream uncached (default 0.3)"),
     Option("IDENTITY_CHECK_INTERVAL", "seconds between checks of each upstream's chain id and genesis hash "
            "(default 30)"),
+    Option("CREDITS_REDIS_URL", "Redis URL of the credit ledger, ideally a noeviction one (default REDIS_URL)"),
+    Option("CREDITS_REDIS_TIMEOUT", "seconds before a ledger Redis command is abandoned (default 2)"),
+    Option("CREDITS_REDIS_FAILURES", "consecutive ledger Redis failures before it counts as down (default 3)"),
+    Option("CREDITS_REQUIRE_NOEVICTION", "refuse to start if the ledger's Redis may evict keys (default false)"),
+    Option("CREDITS_FAIL_OPEN", "serve keys with no known usage while the ledger is unreachable (default true)"),
+    Option("CREDITS_LEASE_MAX", "most credits of a key one replica leases at a time (default 100000)"),
+    Option("CREDITS_LEASE_SECONDS", "seconds before an unused lease goes back to the ledger (default 10)"),
+    Option("CREDITS_JOURNAL_DIR", "directory of the journal of debits made while the ledger is unreachable"),
 )
 OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 
@@ -407,6 +427,14 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", lambda n, v: 0.0 if v.strip() in ("0", "0.0")
                            else _positive_float(n, v)),
     "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _positive_float),
+    "CREDITS_REDIS_URL": ("credits_redis_url", lambda _n, v: v),
+    "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _positive_float),
+    "CREDITS_REDIS_FAILURES": ("credits_redis_failures", _positive_int),
+    "CREDITS_REQUIRE_NOEVICTION": ("credits_require_noeviction", _bool),
+    "CREDITS_FAIL_OPEN": ("credits_fail_open", _bool),
+    "CREDITS_LEASE_MAX": ("credits_lease_max", _positive_int),
+    "CREDITS_LEASE_SECONDS": ("credits_lease_seconds", _positive_float),
+    "CREDITS_JOURNAL_DIR": ("credits_journal_dir", lambda _n, v: v),
 }
 
 

@@ -48,6 +48,7 @@ class JsonRpcError(Exception):
         *,
         http_status: int = 200,
         headers: dict[str, str] | None = None,
+        reached: bool = False,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -55,6 +56,9 @@ class JsonRpcError(Exception):
         self.data = data
         self.http_status = http_status
         self.headers = headers or {}
+        # An upstream failure after a node got the call (a timeout, a garbled reply): the node may
+        # have done the work, so the call is charged (charging.py).
+        self.reached = reached
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {"code": self.code, "message": self.message}

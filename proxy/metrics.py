@@ -102,6 +102,7 @@ class HitCells:
     seconds: _Buckets
     memory_hit: _Cell
     saved: _Cell
+    charged: _Cell  # rpc_proxy_credits_charged for the method: a keyed hit adds its credits
 
     def record(self, credits: int, seconds: float) -> None:
         self.requests.value += 1
@@ -210,6 +211,7 @@ class Metrics:
                 seconds=self.request_seconds.labels(network, method, "HIT"),
                 memory_hit=self.cache_lookups.labels("memory", "hit"),
                 saved=self.credits_saved.labels(network, method),
+                charged=self.credits_charged.labels(method),  # cached methods are their own label
             )
         return cells
 

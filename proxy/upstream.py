@@ -115,6 +115,10 @@ def batch_problem(reply: Any, ids: range) -> str | None:
     return None
 
 
+# Failures after a node took the call: it may have run it (charging.py charges such calls).
+REACHED_KINDS = frozenset({"timeout", "invalid"})
+
+
 class _Failed(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
@@ -202,6 +206,7 @@ class HttpUpstream:
         deadline = time.monotonic() + budget
         failures: list[str] = []
         last_kind = "connect"
+        reached = False  # some node got the call before failing: it may have done the work
         order = self._order()
         for attempt, index in enumerate(order):
             remaining = deadline - time.monotonic()
@@ -225,6 +230,7 @@ class HttpUpstream:
                                   failure.detail)
                 failures.append(f"upstream #{index}: {failure.detail}")
                 last_kind = failure.kind
+                reached = reached or failure.kind in REACHED_KINDS
                 continue
             seconds = time.perf_counter() - started
             self._down_until[index] = 0.0
@@ -235,13 +241,13 @@ class HttpUpstream:
         if last_kind == "timeout":
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
-                http_status=504,
+                http_status=504, reached=reached,
             )
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
             f"upstream unavailable: network '{self.network}' "
             f"({'; '.join(failures) or 'no upstream serves the network chain'})",
-            http_status=502,
+            http_status=502, reached=reached,
         )
 
     def _attempt_budget(self, remaining: float, upstreams_left: int) -> float:
