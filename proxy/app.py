@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -13,20 +14,22 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .cache import Clock, MemoryTier, RedisTier, TieredCache
-from .chain import EvmHeadTracker, SolanaSlotTracker
+from .chain import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
 from .config import Network, Settings
-from .credits import Ledger, MemoryLedger, RedisLedger
-from .gateway import Gateway, invalid_key_error
+from .credits import Ledger, MemoryLedger
+from .gateway import Gateway, Reply, invalid_key_error
 from .head_feed import EvmFeed
+from .identity import IdentityGuard
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from .leases import LeasedLedger
 from .listeners import start_metrics_listener
 from .metrics import Metrics
-from .redis_link import RedisLink, connect
+from .redis_link import RedisLink, RedisUnavailable, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
-from .state import GATEWAY, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
+from .state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from .subscriptions import Streams
-from .upstream import HttpUpstream, Upstream
+from .upstream import HttpUpstream, PerUpstream, Upstream
 from .upstream_ws import UpstreamSocket
 from .ws import close_websockets, websocket_handler
 
@@ -51,14 +54,13 @@ class BodyBudget:
 
 
 class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
+    # The builtins themselves, not methods wrapping them: a keyed cache hit reads the clock.
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+STARTUP_WAIT = 2.0  # seconds start-up waits for the trackers' first polls
 RPC_PATH = re.compile(r"^(/[^/]+)?(/ws)?/v3(/[^/]*)?$")
 
 _HTTP_ERRORS = {
@@ -180,12 +182,22 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
             body = content.read_nowait()  # the whole body is here (the usual case): no await
             if len(body) > max_body_bytes:
                 return too_large()
-            # An open-mode cache hit is answered right here. It never yields to the loop, so no
-            # scrape could ever see it in flight, and the in-flight gauge is left alone.
-            encoded = gateway.open_hit(body, network)
-            if encoded is not None:
-                return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
-            return await awaited(request, body, account, network, gateway.open_mode)
+            # A cache hit is answered right here when nothing needs awaiting: always in open mode,
+            # and with API keys when the key's credit lease covers it. It never yields to the loop,
+            # so no scrape could ever see it in flight, and the in-flight gauge is left alone.
+            if gateway.open_mode:
+                encoded = gateway.open_hit(body, network)
+                if encoded is not None:
+                    return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
+                return await awaited(request, body, account, network, True)
+            hit = gateway.keyed_hit(body, account, network)
+            if hit.__class__ is tuple:  # a paid hit: its body and headers
+                encoded, headers = hit
+                headers["Content-Type"] = JSON_CONTENT_TYPE
+                return web.Response(body=encoded, headers=headers)
+            if isinstance(hit, Reply):
+                return json_response(hit)
+            return await awaited(request, body, account, network, hit is True)
         except ConnectionResetError:
             raise
         except Exception as exc:
@@ -199,21 +211,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready when every network's upstream answers a cheap call."""
+    """Ready when every network's tracker has a fresh view. Answered from the trackers' state: no
+    upstream call per request, and no upstream's text or URL in the answer (upstreams by index only)."""
     service = request.app[SERVICE]
-
-    async def probe(runtime: NetworkRuntime) -> str:
-        method = "getSlot" if runtime.config.family == "solana" else "eth_blockNumber"
-        try:
-            answer = await runtime.upstream.request(method, [], timeout=2.0)
-        except JsonRpcError as error:
-            return error.message
-        return "error: " + str(answer.error.get("message")) if answer.error else "ok"
-
-    names = list(service.networks)
-    states = await asyncio.gather(*(probe(service.networks[n]) for n in names))
-    networks = dict(zip(names, states, strict=True))
-    ready = all(state == "ok" for state in states)
+    now = time.time()
+    networks = {name: runtime.health(now) or "ok" for name, runtime in service.networks.items()}
+    ready = all(state == "ok" for state in networks.values())
     return web.json_response({"status": "ready" if ready else "unavailable", "networks": networks},
                              status=200 if ready else 503)
 
@@ -229,7 +232,8 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
     def build(network: Network, metrics: Metrics) -> Upstream:
         return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                             batch_max=settings.upstream_batch_max,
-                            batch_max_bytes=settings.upstream_batch_max_bytes)
+                            batch_max_bytes=settings.upstream_batch_max_bytes,
+                            attempt_timeout=settings.upstream_attempt_timeout)
 
     return build
 
@@ -250,6 +254,28 @@ def _streams(
     return feeds, relays
 
 
+class LedgerStorageError(Exception):
+    """The ledger's Redis may evict keys and CREDITS_REQUIRE_NOEVICTION is set."""
+
+
+async def check_ledger_storage(link: RedisLink, require_noeviction: bool) -> None:
+    """Warn (or refuse) when the ledger's Redis may evict ledger entries: evicting one gives a key
+    its credits back. Every policy but noeviction evicts our keys (they carry a TTL)."""
+    try:
+        reply = await link.run("credits_config", lambda c: c.config_get("maxmemory-policy"))
+        policy = next(iter(reply.values()), "")
+        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    except RedisUnavailable:
+        policy = "unknown (CONFIG GET failed)"
+    if policy == "noeviction":
+        return
+    problem = (f"the credit ledger's Redis has maxmemory-policy {policy}: ledger entries may be evicted, "
+               "giving keys their credits back; point CREDITS_REDIS_URL at a Redis with noeviction")
+    if require_noeviction:
+        raise LedgerStorageError(problem + " (CREDITS_REQUIRE_NOEVICTION is set)")
+    logging.getLogger("proxy.credits").warning("credits: %s", problem)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -265,17 +291,28 @@ def create_app(
     factory = upstream_factory or _http_upstream(settings)
     pool = {n.name: factory(n, metrics) for n in settings.networks}
     runtimes: dict[str, NetworkRuntime] = {}
+    guards: list[IdentityGuard] = []
     for net in settings.networks:
         tracker: EvmHeadTracker | SolanaSlotTracker
+        upstream = pool[net.name]
+        # EVM upstreams are watched one by one (head, chain identity); Solana answers carry their slot.
+        per_upstream = upstream if isinstance(upstream, PerUpstream) and net.family == "evm" else None
         if net.family == "evm":
             tracker = EvmHeadTracker(
-                net.name, pool[net.name], interval=settings.head_poll_interval,
+                net.name, upstream, interval=settings.head_poll_interval,
                 finality_depth=net.finality_depth or settings.finality_depth, metrics=metrics,
+                stale_after=settings.head_stale_bound, states=per_upstream.states if per_upstream else None,
             )
+            if per_upstream is not None:  # without it, no identity: nothing of the network is cached
+                guards.append(IdentityGuard(
+                    net.name, per_upstream, declared_chain_id=net.chain_id,
+                    interval=settings.identity_check_interval, retry=settings.head_poll_interval, metrics=metrics,
+                    on_identity=tracker.set_identity,
+                ))
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
-                                        metrics=metrics)
-        runtimes[net.name] = NetworkRuntime(net, pool[net.name], tracker)
+                                        metrics=metrics, stale_after=settings.head_stale_bound)
+        runtimes[net.name] = NetworkRuntime(net, upstream, tracker, per_upstream)
 
     owned_redis = redis is None and settings.redis_url is not None
     client = redis if redis is not None else (
@@ -284,8 +321,19 @@ def create_app(
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
     cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics)
     service = Service(settings, runtimes, cache, metrics)
+    # The ledger has a Redis client and breaker of its own: its own URL if set, its own timeout.
+    ledger_url = settings.credits_redis_url or (settings.redis_url if redis is None else None)
+    ledger_client = connect(ledger_url, settings.credits_redis_timeout) if ledger_url else client
+    ledger_link = RedisLink(
+        ledger_client, timeout=settings.credits_redis_timeout, metrics=metrics, name="credits redis",
+        failures_to_open=settings.credits_redis_failures, report_up=False,
+    ) if ledger_client is not None and ledger is None else None
+    leased = LeasedLedger(
+        ledger_link, lease_max=settings.credits_lease_max, lease_seconds=settings.credits_lease_seconds,
+        fail_open=settings.credits_fail_open, journal_dir=settings.credits_journal_dir, monotonic=clock.monotonic,
+    ) if ledger_link is not None else None
     if ledger is None:
-        ledger = RedisLedger(link) if link is not None else MemoryLedger()
+        ledger = leased or MemoryLedger()
     gateway = Gateway(settings, service, ledger, metrics, clock.time)
 
     feeds, relays = _streams(settings, runtimes)
@@ -295,6 +343,7 @@ def create_app(
     app[METRICS] = metrics
     app[SERVICE] = service
     app[GATEWAY] = gateway
+    app[LEDGER] = ledger
     app[WEBSOCKETS] = set()
     app[STREAMS] = Streams(feeds, relays)
     if link is not None:
@@ -304,7 +353,21 @@ def create_app(
         internal = None
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(metrics.registry, settings.metrics_host, settings.metrics_port)
-        tasks = [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        if ledger_link is not None and not settings.open_mode:
+            await check_ledger_storage(ledger_link, settings.credits_require_noeviction)
+        tasks = [asyncio.create_task(g.run(), name=f"identity-{g.network}") for g in guards]
+        tasks += [asyncio.create_task(watch_upstream_heads(r.per_upstream, settings.head_poll_interval),
+                                      name=f"upstream-heads-{n}")
+                  for n, r in runtimes.items() if r.per_upstream is not None]
+        tasks += [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
+        if leased is not None:
+            tasks.append(asyncio.create_task(leased.run(clock.time), name="credit-leases"))
+        # Serve once every upstream's identity was asked and every tracker has tried its first poll
+        # (bounded): a fresh start is neither "stale" nor without an identity.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STARTUP_WAIT):
+                await asyncio.gather(*(g.checked.wait() for g in guards),
+                                     *(r.tracker.attempted.wait() for r in runtimes.values()))
         tasks += [asyncio.create_task(f.run(), name=f"feed-{n}") for n, f in feeds.items()]
         yield
         if internal is not None:
@@ -313,9 +376,15 @@ def create_app(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(r.close() for r in relays.values()))
+        if leased is not None:  # unspent leases go back; journaled debits are written
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(1.0, 2 * settings.credits_redis_timeout)):
+                    await leased.close(clock.time())
         await asyncio.gather(*(u.close() for u in pool.values()))
         if owned_redis and link is not None:
             await link.close()
+        if ledger_link is not None and ledger_url:
+            await ledger_link.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(close_websockets)

@@ -1,12 +1,13 @@
 """Cache keys, the in-process tier, the Redis tier, the tiered lookup and coalescing of misses.
 
-Key encoding (documented in README): `v1|` + JSON `[network, method, canonical params]` with
+Key encoding (documented in README): `v1|` + JSON `[key space, method, canonical params]` (the key
+space names the network, its chain identity and epoch: `Head.space`) with
 object keys sorted and block parameters replaced by `{"n": number}` (final),
 `{"n": number, "h": hash}` (unfinalized, pinned to its block hash) or `{"h": hash}`. Keys longer
 than 200 bytes become `v1#` + the SHA-256 of that text. An answer is held as `Stored`: the JSON
 that is spliced into the response and whether it is an error object. Redis holds it as one kind
-byte (`r` result, `e` error object) followed by that JSON; memory holds the pair as it is, so a hit
-neither decodes nor copies it.
+byte (`r` result, `e` error object) followed by that JSON; memory holds the pair (the JSON copied
+once, when stored, into bytes of its own length), so a hit neither decodes nor copies it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import contextlib
 import hashlib
 import math
 import secrets
+import sys
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from cachetools import LRUCache
-
-from .jsonrpc import dumps_canonical
+from .jsonrpc import dumps_canonical, trimmed
 from .metrics import Metrics
 from .redis_link import RedisLink, RedisUnavailable
 
@@ -56,38 +57,90 @@ class Clock(Protocol):
     def time(self) -> float: ...
 
 
-class MemoryTier:
-    """An LRU bounded in bytes, with a per-entry expiry (math.inf for immutable entries).
+# What an entry costs in this process, as CPython's allocators size it (see README, "What the bound
+# covers"). Objects up to 512 bytes come from pymalloc in 16-byte steps; larger ones from malloc,
+# which adds an 8-byte header and rounds to 16. Each entry is its key (a str), its payload (bytes of
+# exactly its length), the (payload, is_error) tuple, and a slot in the LRU's tables, which
+# sys.getsizeof reports whole (an OrderedDict's hash table, its node array and one 32-byte node per
+# entry); an entry that expires adds a float and a slot in the table of expiry times. Measured with
+# tracemalloc and /proc RSS by `python -m bench.memory_bound --entry-cost`.
+SMALL_OBJECT_LIMIT = 512
+STORED_TUPLE_BYTES = 64  # sys.getsizeof((b"", False)) is 56, rounded to pymalloc's 16
+EXPIRY_FLOAT_BYTES = 32  # a float is 24, rounded to 16
 
-    Expiry is checked on read (an expired entry is dropped then) and the LRU bound evicts the
-    rest; cachetools' LRUCache reads several times faster than its TLRUCache, on the hot path.
+
+def allocated(size: int) -> int:
+    """Bytes an allocation of `size` bytes takes from the allocator (pymalloc or malloc)."""
+    if size <= SMALL_OBJECT_LIMIT:
+        return (size + 15) & ~15
+    return (size + 8 + 15) & ~15
+
+
+def entry_cost(key: str, payload: bytes, expiring: bool) -> int:
+    """Bytes one entry's own objects take, apart from its slot in the tables."""
+    cost = allocated(sys.getsizeof(key)) + allocated(sys.getsizeof(payload)) + STORED_TUPLE_BYTES
+    return cost + EXPIRY_FLOAT_BYTES if expiring else cost
+
+
+class MemoryTier:
+    """An LRU bounded in bytes, with a per-entry expiry; the bound counts what entries really cost.
+
+    `bytes_used` is every entry's own objects (`entry_cost`) plus the tables that hold them, so the
+    tier's share of the process's memory stays within `max_bytes`. Only entries that expire have an
+    expiry time: it is checked on read (an expired entry is dropped then), and the LRU bound evicts
+    the rest. A hit is one dict lookup and one move to the end of the order.
     """
 
     def __init__(self, max_bytes: int, clock: Clock) -> None:
+        self._max = max_bytes
         self._clock = clock
-        self._data: LRUCache[str, tuple[Stored, float]] = LRUCache(
-            maxsize=max_bytes, getsizeof=lambda entry: len(entry[0][0]) + 64,
-        )
+        self._entries: OrderedDict[str, Stored] = OrderedDict()  # least recently used first
+        self._expiries: dict[str, float] = {}  # monotonic expiry time of each entry that has one
+        self._items = 0  # the sum of entry_cost over the entries
 
     @property
     def bytes_used(self) -> int:
-        return int(self._data.currsize)
+        return self._items + sys.getsizeof(self._entries) + sys.getsizeof(self._expiries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, key: str) -> Stored | None:
         try:
-            stored, expires = self._data[key]  # subscript, not .get(): two calls fewer on a hit
+            stored = self._entries[key]  # subscript, not .get(): a call fewer on a hit
         except KeyError:
             return None
-        if expires != math.inf and expires <= self._clock.monotonic():
-            self._data.pop(key, None)
-            return None
+        expiries = self._expiries
+        if expiries:
+            expires = expiries.get(key)
+            if expires is not None and expires <= self._clock.monotonic():
+                self._remove(key)
+                return None
+        self._entries.move_to_end(key)
         return stored
 
     def set(self, key: str, stored: Stored, ttl: float) -> None:
         if ttl <= 0:
             return
-        with contextlib.suppress(ValueError):  # larger than the whole tier: not kept in memory
-            self._data[key] = (stored, self._clock.monotonic() + ttl)
+        payload = trimmed(stored[0])  # not the upstream answer's oversized buffer, for as long as it lives
+        expiring = ttl != math.inf
+        cost = entry_cost(key, payload, expiring)
+        if cost > self._max:  # larger than the whole tier: not kept in memory
+            return
+        self._remove(key)
+        self._entries[key] = (payload, stored[1])
+        if expiring:
+            self._expiries[key] = self._clock.monotonic() + ttl
+        self._items += cost
+        entries = self._entries
+        while entries and self.bytes_used > self._max:
+            self._remove(next(iter(entries)))  # the least recently used; the new entry goes last
+
+    def _remove(self, key: str) -> None:
+        stored = self._entries.pop(key, None)
+        if stored is not None:
+            expiring = self._expiries.pop(key, None) is not None
+            self._items -= entry_cost(key, stored[0], expiring)
 
 
 class RedisTier:
@@ -144,6 +197,9 @@ class TieredCache:
         self.memory = memory
         self.shared = shared
         self._metrics = metrics
+        # Read when scraped, so evictions and expiries show without anyone updating the gauges.
+        metrics.cache_memory_bytes.set_function(lambda: memory.bytes_used)
+        metrics.cache_entries.set_function(lambda: len(memory))
         self._lookups = {
             (tier, result): metrics.cache_lookups.labels(tier, result)
             for tier in ("memory", "redis") for result in ("hit", "miss")
@@ -207,7 +263,6 @@ class TieredCache:
 
     async def set(self, key: str, stored: Stored, ttl: float) -> None:
         self.memory.set(key, stored, ttl)
-        self._metrics.cache_memory_bytes.set(self.memory.bytes_used)
         if self.shared is not None:
             with contextlib.suppress(RedisUnavailable):
                 await self.shared.set(key, stored, ttl)

@@ -7,7 +7,7 @@
 | blocks beyond the tracker's latest, `pending`, no head    | bypass (never stored)                      |
 | addressed by block hash (receipts, uncles, EIP-1898)      | immutable once non-null                    |
 | null not-found answers                                    | negative TTL at most, never immutable      |
-| errors                                                    | never, except reverts (code 3) when final  |
+| errors                                                    | never, except eth_call reverts (code 3) when final |
 | getLargestAccounts / getTokenAccountBalance               | configured TTL / max age                   |
 """
 
@@ -80,9 +80,10 @@ def decide(cache: CacheClass, blocks: list[Resolved | None], head: Head | None, 
     return Decision(Mode.TTL, ttls.unfinalized, pin_hashes=True)
 
 
-def answer_kind(result: Any, error_code: int | None, is_error: bool) -> str:
+def answer_kind(result: Any, error_code: int | None, is_error: bool, *, caches_reverts: bool) -> str:
+    """`caches_reverts`: the method's code 3 is a deterministic revert (eth_call); elsewhere it is an error."""
     if is_error:
-        return "revert" if error_code == EXECUTION_REVERTED else "error"
+        return "revert" if error_code == EXECUTION_REVERTED and caches_reverts else "error"
     return "null" if result is None else "ok"
 
 

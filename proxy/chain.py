@@ -9,15 +9,18 @@ whose hash changed, and reports it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .jsonrpc import JsonRpcError
 from .metrics import Metrics
 from .params import COMMITMENTS, BlockRef
-from .upstream import Answer, Upstream
+from .upstream import Answer, PerUpstream, Upstream
+from .upstream_state import ChainIdentity, UpstreamStates
 
 log = logging.getLogger("proxy.chain")
 
@@ -46,6 +49,13 @@ class Head:
     gas_limit: int
     timestamp: int
     hashes: Mapping[int, str] = field(default_factory=dict)  # the unfinalized window, latest included
+    numbers: Mapping[str, int] = field(default_factory=dict)  # the same window, hash -> number
+    # The last successful poll is older than the staleness bound: tags are not resolved from this
+    # head, and nothing above finalized is pinned to its (possibly outdated) window.
+    stale: bool = False
+    # The network's cache-key space: name, chain identity and epoch (moved on by a finality
+    # violation). None until the chain identity is known: nothing is cached without it.
+    space: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +66,65 @@ class Resolved:
     hash: str | None
 
 
-async def poll_forever(poll: Callable[[], Awaitable[object]], interval: float, what: str) -> None:
-    """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll."""
+async def poll_forever(
+    poll: Callable[[], Awaitable[object]], interval: float, what: str,
+    *, limit: float | None = None, failed: Callable[[], None] | None = None, attempted: asyncio.Event | None = None,
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll.
+
+    `limit` bounds one poll (a hung node must not freeze the loop); `failed` runs after a poll failed;
+    `attempted` is set once the first poll has finished, well or not; `wake` starts the next poll now.
+    """
     while True:
         try:
-            await poll()
+            async with asyncio.timeout(limit):
+                await poll()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("%s: poll failed: %s", what, exc)
-        await asyncio.sleep(interval)
+            log.warning("%s: poll failed: %s", what, exc or type(exc).__name__)
+            if failed is not None:
+                failed()
+        if attempted is not None:
+            attempted.set()
+        if wake is None:
+            await asyncio.sleep(interval)
+            continue
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval):
+                await wake.wait()
+        wake.clear()
+
+
+def poll_health(polled: bool, last_poll: float, stale_after: float, now: float) -> str | None:
+    """Why a tracker's view cannot be trusted (for /readyz), or None when it is fresh."""
+    if not polled:
+        return "degraded: no successful head poll yet"
+    age = now - last_poll
+    if age > stale_after:
+        return f"degraded: head is stale (last successful poll {age:.1f}s ago, bound {stale_after:g}s)"
+    return None
+
+
+class Asker:
+    """Sends a tracker's calls as one batch, or one by one to a node that refuses batches
+    (an error reply or an HTTP failure to the batch); after a refusal, singles for a while."""
+
+    SINGLES_FOR = 30  # polls before batches are tried again
+
+    def __init__(self, upstream: Upstream) -> None:
+        self._upstream = upstream
+        self._singles_left = 0
+
+    async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        if self._singles_left <= 0:
+            try:
+                return await self._upstream.batch(calls)
+            except JsonRpcError:
+                self._singles_left = self.SINGLES_FOR
+        self._singles_left -= 1
+        return list(await asyncio.gather(*(self._upstream.request(m, p) for m, p in calls)))
 
 
 def _header(answer: Answer) -> Header | None:
@@ -85,13 +144,32 @@ def _header(answer: Answer) -> Header | None:
 
 
 def _same_head(a: Head, b: Head) -> bool:
-    return (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit) == (
-        b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit
+    return not a.stale and not b.stale and (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit, a.space) == (
+        b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit, b.space
     )
 
 
 def _get_block(tag_or_number: str) -> tuple[str, list[Any]]:
     return ("eth_getBlockByNumber", [tag_or_number, False])
+
+
+async def watch_upstream_heads(pool: PerUpstream, interval: float) -> None:
+    """Each upstream's own latest block, every poll interval: the tracker follows one upstream,
+    and an answer is kept only if the upstream that produced it had the blocks it depends on."""
+    states = pool.states
+
+    async def one(index: int) -> None:
+        try:
+            answer = await pool.ask(index, "eth_blockNumber", [], timeout=max(interval, 1.0))
+        except JsonRpcError:
+            return
+        if isinstance(answer.result, str):
+            with contextlib.suppress(ValueError):
+                states.observe_head(index, int(answer.result, 16))
+
+    while True:
+        await asyncio.gather(*(one(i) for i in range(states.size) if states.in_rotation(i)))
+        await asyncio.sleep(interval)
 
 
 class EvmHeadTracker:
@@ -104,25 +182,89 @@ class EvmHeadTracker:
         finality_depth: int,
         metrics: Metrics,
         window: int = 256,
+        stale_after: float = 6.0,
+        states: UpstreamStates | None = None,
     ) -> None:
         self.network = network
         self.head: Head | None = None
         self.on_reorg: list[Callable[[int], None]] = []
         self.on_head: list[Callable[[Head], None]] = []  # called after every successful poll
         self.last_poll = 0.0
+        self.stale_after = stale_after
+        self.attempted = asyncio.Event()  # the first poll has finished, well or not
+        self.shown = 0  # the highest block the proxy has shown a client (read-your-writes)
+        self._caught_up = asyncio.Event()
+        self._wake = asyncio.Event()
         self._upstream = upstream
+        self._asker = Asker(upstream)
         self._interval = interval
         self._depth = finality_depth
         self._metrics = metrics
         self._window = window
+        self._states = states
+        self._identity: str | None = None  # the chain identity's key space; None: not known yet
+        self._epoch = ""  # moved on by a finality violation
+        self._final: Header | None = None  # the finalized block of the last poll
+
+    # --- the cache-key space: network name, chain identity, epoch --------------------------
+
+    def set_identity(self, identity: ChainIdentity) -> None:
+        self._identity = identity.key_space()
+        self._reissue()
+
+    def _space(self) -> str | None:
+        if self._identity is None:
+            return None
+        return f"{self.network}@{self._identity}" + (f"~{self._epoch}" if self._epoch else "")
+
+    def _reissue(self, **changes: Any) -> None:
+        """The same head as a new object: plans memoized against the old one are made again."""
+        if self.head is not None:
+            self.head = replace(self.head, space=self._space(), **changes)
+
+    # --- read-your-writes: `latest` never trails a block the proxy has shown -----------------
+
+    def hint(self, number: int) -> None:
+        """The proxy showed a client block `number`: poll now if the head has not reached it."""
+        if number <= self.shown:
+            return
+        self.shown = number
+        head = self.head
+        if head is not None and number > head.latest:
+            self._caught_up.clear()
+            self._wake.set()
+            self._reissue()  # memory hits at `latest` take the general path until the head catches up
+
+    def behind(self) -> bool:
+        head = self.head
+        return head is not None and self.shown > head.latest
+
+    async def catch_up(self, wait: float) -> None:
+        """Wait up to `wait` seconds for the head to reach the highest block shown to a client."""
+        if not self.behind() or wait <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                while self.behind():
+                    self._caught_up.clear()
+                    await self._caught_up.wait()
 
     def resolve(self, ref: BlockRef) -> Resolved | None:
         """Turn a block parameter into a number (or hash); None when it cannot be pinned (pending, no head)."""
-        if ref.hash is not None:
-            return Resolved(None, ref.hash)
         head = self.head
+        if head is not None and head.stale and (ref.tag is not None or (ref.number or 0) > head.finalized):
+            return None  # spec of this proxy: a stale head resolves no tag and pins no unfinalized block
+        if ref.hash is not None:
+            if ref.require_canonical:
+                # EIP-1898 requireCanonical: only a hash the tracker knows is canonical (its unfinalized
+                # window) is pinned to its number; any other hash cannot be vouched for: not cached.
+                number = head.numbers.get(ref.hash) if head is not None else None
+                return Resolved(number, ref.hash) if number is not None else None
+            return Resolved(None, ref.hash)
         if head is None or ref.tag == "pending":
             return None
+        if ref.tag == "latest" and self.shown > head.latest:
+            return None  # the head trails a block a client has seen: `latest` goes upstream as a tag
         if ref.number is not None:
             number = ref.number
         else:
@@ -132,15 +274,46 @@ class EvmHeadTracker:
         return Resolved(number, head.hashes.get(number))
 
     async def run(self) -> None:
-        await poll_forever(self.poll, self._interval, f"head tracker {self.network}")
+        await poll_forever(self.poll, self._interval, f"head tracker {self.network}",
+                           limit=max(self._interval, self.stale_after), failed=self.check_staleness,
+                           attempted=self.attempted, wake=self._wake)
+
+    def health(self, now: float) -> str | None:
+        self.check_staleness()
+        return poll_health(self.head is not None, self.last_poll, self.stale_after, now)
+
+    def check_staleness(self) -> None:
+        """After a failed poll: once the last good one is older than the bound, mark the head stale
+        (a new head object, so plans memoized against the fresh one are not used)."""
+        head = self.head
+        if head is not None and not head.stale and time.time() - self.last_poll > self.stale_after:
+            log.warning("head tracker %s: head is stale (no successful poll for %.1fs); tags are forwarded "
+                        "uncached", self.network, time.time() - self.last_poll)
+            self.head = replace(head, stale=True)
 
     async def poll(self) -> Head:
-        latest_a, safe_a, final_a = await self._upstream.batch(
-            [_get_block("latest"), _get_block("safe"), _get_block("finalized")]
-        )
+        calls = [_get_block("latest"), _get_block("safe"), _get_block("finalized")]
+        known_final = self._final
+        if known_final is not None:
+            calls.append(_get_block(hex(known_final.number)))  # is the finalized block still final?
+        answers = await self._asker.ask(calls)
+        latest_a, safe_a, final_a = answers[:3]
         latest = _header(latest_a)
         if latest is None:
             raise TrackerError("upstream returned no latest block")
+        if self._states is not None:
+            self._states.observe_head(latest_a.upstream, latest.number)
+        old_head = self.head
+        if old_head is not None and latest.number < old_head.latest:
+            known = old_head.hashes.get(latest.number)
+            same_chain = known is None or known == latest.hash
+            if not self._furthest(latest_a.upstream) or (same_chain and not old_head.stale):
+                # An upstream behind the network (or on a shorter fork) answered: `latest` never goes
+                # backwards for it; if only such answers come, the head goes stale instead. A shorter
+                # chain is taken only from the upstream furthest ahead: a reorg, or, once the head
+                # is stale, the network really going back.
+                raise TrackerError(f"upstream #{latest_a.upstream} is behind the network head "
+                                   f"({latest.number} < {old_head.latest})")
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
         final_h = _header(final_a)
         finalized = final_h.number if final_h else max(0, latest.number - self._depth)
@@ -148,18 +321,23 @@ class EvmHeadTracker:
         safe_h = _header(safe_a)
         safe = safe_h.number if safe_h else max(finalized, latest.number - self._depth // 2)
         safe = max(finalized, min(safe, latest.number))
+        if known_final is not None:
+            self._check_finality(known_final, _header(answers[3]))
 
-        old = dict(self.head.hashes) if self.head else {}
+        old = dict(old_head.hashes) if old_head else {}
         hashes = await self._sync_window(latest, finalized, old)
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
-        head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes)
-        old_head = self.head
+        head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes,
+                    {h: n for n, h in hashes.items()}, space=self._space())
         if old_head is not None and not reorged and _same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
+        self._final = final_h
         self.last_poll = time.time()
         self._publish(head)
+        if not self.behind():
+            self._caught_up.set()
         for head_listener in self.on_head:
             head_listener(head)
         if reorged:
@@ -169,6 +347,26 @@ class EvmHeadTracker:
             for listener in self.on_reorg:
                 listener(depth_from)
         return head
+
+    def _furthest(self, index: int) -> bool:
+        """No other upstream serving the network is known to be further ahead than `index`."""
+        states = self._states
+        if states is None or not 0 <= index < states.size:
+            return states is None
+        ahead = [states.latest[i] for i in range(states.size) if states.verified[i] and states.in_rotation(i)]
+        return states.latest[index] >= max(ahead, default=states.latest[index])
+
+    def _check_finality(self, known: Header, now: Header | None) -> None:
+        """A finalized block whose hash changed: every entry of the network may be wrong. Move the
+        key space to a new epoch (named after the new block, so replicas that see the same change
+        agree on it) and leave the old entries behind."""
+        if now is None or now.number != known.number or now.hash == known.hash:
+            return
+        log.error("head tracker %s: finalized block %d changed hash from %s to %s (a reorg below finality); "
+                  "the network's cache entries are invalidated", self.network, known.number, known.hash, now.hash)
+        self._metrics.finality_violations.labels(self.network).inc()
+        self._epoch = now.hash[2:14]
+        self._reissue()
 
     async def _sync_window(self, latest: Header, finalized: int, old: dict[int, str]) -> dict[int, str]:
         """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
@@ -181,7 +379,7 @@ class EvmHeadTracker:
                 chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
                 break
             low = max(lower, height - HEADER_CHUNK + 1)
-            answers = await self._upstream.batch([_get_block(hex(h)) for h in range(height, low - 1, -1)])
+            answers = await self._asker.ask([_get_block(hex(h)) for h in range(height, low - 1, -1)])
             for answer in answers:
                 header = _header(answer)
                 if header is None or header.hash != expected:
@@ -205,11 +403,16 @@ class EvmHeadTracker:
 class SolanaSlotTracker:
     """The slot at each commitment, polled with getSlot."""
 
-    def __init__(self, network: str, upstream: Upstream, *, interval: float, metrics: Metrics) -> None:
+    def __init__(
+        self, network: str, upstream: Upstream, *, interval: float, metrics: Metrics, stale_after: float = 6.0,
+    ) -> None:
         self.network = network
         self.slots: dict[str, int] = {}
         self.last_poll = 0.0
+        self.stale_after = stale_after
+        self.attempted = asyncio.Event()  # the first poll has finished, well or not
         self._upstream = upstream
+        self._asker = Asker(upstream)
         self._interval = interval
         self._metrics = metrics
 
@@ -218,10 +421,14 @@ class SolanaSlotTracker:
         return None  # Solana answers carry their own context.slot; nothing resolves through a head.
 
     async def run(self) -> None:
-        await poll_forever(self.poll, self._interval, f"slot tracker {self.network}")
+        await poll_forever(self.poll, self._interval, f"slot tracker {self.network}",
+                           limit=max(self._interval, self.stale_after), attempted=self.attempted)
+
+    def health(self, now: float) -> str | None:
+        return poll_health(bool(self.slots), self.last_poll, self.stale_after, now)
 
     async def poll(self) -> dict[str, int]:
-        answers = await self._upstream.batch([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])
+        answers = await self._asker.ask([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])
         slots = {}
         for commitment, answer in zip(COMMITMENTS, answers, strict=True):
             if not answer.is_error and isinstance(answer.result, int):

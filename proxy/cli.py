@@ -32,8 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("serve", parents=[common], help="run the proxy (the default)")
     keys = commands.add_parser("keys", help="operator commands for API keys")
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
-    usage = key_commands.add_parser("usage", parents=[common], help="credits used and left today (from Redis)")
-    usage.add_argument("key", help="the key's name ([keys.NAME] in API_KEYS_FILE)")
+    usage = key_commands.add_parser("usage", parents=[common],
+                                    help="credits used and left today, per key (all keys, or one)")
+    usage.add_argument("key", nargs="?", help="the key's name ([keys.NAME] in API_KEYS_FILE)")
     return parser
 
 
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 def serve(settings: Settings) -> int:
     from . import listeners
-    from .app import create_app
+    from .app import LedgerStorageError, create_app
 
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
     if settings.open_mode:
@@ -79,39 +80,68 @@ def serve(settings: Settings) -> int:
     except OSError as exc:
         print(f"rpc-proxy: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1
+    except LedgerStorageError as exc:
+        print(f"rpc-proxy: configuration error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
-async def _keys_usage(raw: dict[str, str], key: str) -> int:
+async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
     from prometheus_client import CollectorRegistry
 
     from .accounts import Accounts
-    from .credits import RedisLedger, day_of
+    from .credits import day_of
+    from .leases import ledger_key, read_journals
     from .metrics import Metrics
     from .redis_link import RedisLink, RedisUnavailable, connect
 
     settings = build_settings({"EVM_UPSTREAM": "http://unused.invalid", **raw})
-    if not settings.redis_url:
-        raise ConfigError("keys usage reads the shared ledger: set REDIS_URL")
-    account = key
-    if settings.api_keys is not None and key not in settings.api_keys:
+    url = settings.ledger_redis_url
+    if not url:
+        raise ConfigError("keys usage reads the shared ledger: set CREDITS_REDIS_URL or REDIS_URL")
+    if key is None and settings.api_keys is None:
+        raise ConfigError("keys usage with no KEY lists the configured keys: set API_KEYS or API_KEYS_FILE")
+    if settings.api_keys is not None and key is not None and key not in settings.api_keys:
         # A key's name is what to pass; an older-form key's secret still finds its account.
         found = Accounts({name: k.sha256 for name, k in settings.api_keys.items()}).account(key)
         if found is None:
             raise ConfigError("that key name is not configured in API_KEYS or API_KEYS_FILE")
-        account = found
-    daily = settings.daily_credits_for(account)
-    link = RedisLink(connect(settings.redis_url, max(settings.redis_timeout, 2.0)),
-                     timeout=max(settings.redis_timeout, 2.0), metrics=Metrics(CollectorRegistry()))
+        key = found
+    keys = [key] if key is not None else list(settings.api_keys or {})
+    timeout = max(settings.credits_redis_timeout, 2.0)
+    link = RedisLink(connect(url, timeout), timeout=timeout, metrics=Metrics(CollectorRegistry()))
     now = time.time()
+    day = int(now) // 86400
+    journals = read_journals(settings.credits_journal_dir)
     try:
-        used = await RedisLedger(link).used(account, now=now)
+        for name in keys:
+            hash_key = ledger_key(name, day)
+            entry = await link.run("credits_read", lambda c: c.hgetall(hash_key))  # noqa: B023 (awaited here)
+            print(usage_line(name, settings.daily_credits_for(name), entry, journals.get(hash_key, {})))
     except RedisUnavailable:
-        print("rpc-proxy: redis is unreachable at REDIS_URL", file=sys.stderr)
+        print("rpc-proxy: the credit ledger's redis is unreachable (CREDITS_REDIS_URL or REDIS_URL)", file=sys.stderr)
         return 1
     finally:
         await link.close()
-    day = day_of(now)
-    print(f"key {key}: {used} credits used, {max(daily - used, 0)} left of {daily} "
-          f"(UTC day {day[:4]}-{day[4:6]}-{day[6:]})")
+    stamp = day_of(now)
+    print(f"(UTC day {stamp[:4]}-{stamp[4:6]}-{stamp[6:]})")
     return 0
+
+
+def usage_line(
+    key: str, daily: int, entry: Mapping[bytes | str, bytes | str], journaled: Mapping[str, tuple[int, int]],
+) -> str:
+    """One key's line: usage in Redis (leases included) plus debits journaled but not yet written back."""
+    fields = {(k.decode() if isinstance(k, bytes) else k): int(float(v)) for k, v in entry.items()}
+    used = fields.get("used", 0)
+    unflushed = sum(max(0, (c - f) - max(fields.get(f"a:{r}", 0), fields.get(f"c:{r}", 0) - fields.get(f"f:{r}", 0)))
+                    for r, (c, f) in journaled.items())
+    used += unflushed
+    line = f"key {key}: {used} credits used, {max(daily - used, 0)} left of {daily}"
+    leased = sum(max(0, v - (fields.get(f"c:{k[2:]}", 0) - fields.get(f"f:{k[2:]}", 0)))
+                 for k, v in fields.items() if k.startswith("a:"))
+    if leased:
+        line += f"; {leased} of them leased to replicas, not yet spent"
+    if unflushed:
+        line += f"; {unflushed} journaled while the ledger was unreachable, not yet written back"
+    return line

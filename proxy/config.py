@@ -16,6 +16,8 @@ from .jsonrpc import METHOD_NAME
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+HEAD_STALE_POLLS = 3  # a head older than this many poll intervals is stale...
+HEAD_STALE_MIN = 1.0  # ...and never sooner than this many seconds
 
 # Credits of WebSocket subscriptions, by what is charged: `subscribe` for each eth_subscribe (or
 # Solana *Subscribe) accepted, then each notification by its kind; `other` for kinds not listed.
@@ -37,6 +39,7 @@ class Network:
     hosts: tuple[str, ...] = ()
     # Depth below latest that counts as final when the node has no `finalized` tag.
     finality_depth: int | None = None
+    chain_id: int | None = None  # declared in NETWORKS_FILE: upstreams of another chain are refused
     # WebSocket URLs of the same node(s): push heads and relayed subscriptions (subscriptions.py).
     ws_upstreams: tuple[str, ...] = ()
 
@@ -91,9 +94,32 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: /metrics on the public listener
     upstream_batch_max_bytes: int = 1024 * 1024
+    upstream_attempt_timeout: float | None = None  # None: UPSTREAM_TIMEOUT shared by the upstreams left
+    head_stale_after: float | None = None  # None: HEAD_STALE_POLLS poll intervals
+    head_catch_up_wait: float = 0.3
+    identity_check_interval: float = 30.0
+    credits_redis_url: str | None = None  # None: the ledger lives on REDIS_URL
+    credits_redis_timeout: float = 2.0
+    credits_redis_failures: int = 3
+    credits_require_noeviction: bool = False
+    credits_fail_open: bool = True
+    credits_lease_max: int = 100_000
+    credits_lease_seconds: float = 10.0
+    credits_journal_dir: str | None = None
+
+    @property
+    def head_stale_bound(self) -> float:
+        """Seconds after the last successful head poll past which tags are no longer resolved."""
+        if self.head_stale_after is not None:
+            return self.head_stale_after
+        return max(HEAD_STALE_POLLS * self.head_poll_interval, HEAD_STALE_MIN)
     ws_max_subscriptions: int = 100
     ws_send_buffer_bytes: int = 4 * 1024 * 1024
     subscription_credits: Mapping[str, int] = field(default_factory=lambda: dict(SUBSCRIPTION_CREDITS))
+
+    @property
+    def ledger_redis_url(self) -> str | None:
+        return self.credits_redis_url or self.redis_url
 
     def network(self, name: str) -> Network | None:
         return next((n for n in self.networks if n.name == name), None)
@@ -176,6 +202,22 @@ OPTIONS: tuple[Option, ...] = (
            "(default: unset, /metrics on the public port)"),
     Option("UPSTREAM_BATCH_MAX_BYTES", "most bytes of params in one upstream auto-batch; a larger call goes alone "
            "(default 1048576)"),
+    Option("UPSTREAM_ATTEMPT_TIMEOUT", "seconds one upstream attempt may take before the next upstream is tried "
+           "(default: UPSTREAM_TIMEOUT shared evenly by the upstreams left to try)"),
+    Option("HEAD_STALE_AFTER", "seconds after the last successful head poll when tags stop being resolved and "
+           "/readyz reports the network degraded (default 3 poll intervals, at least 1)"),
+    Option("HEAD_CATCH_UP_WAIT", "seconds a `latest` call waits for the head to reach a block the proxy has "
+           "already shown; then it goes upstream uncached (default 0.3)"),
+    Option("IDENTITY_CHECK_INTERVAL", "seconds between checks of each upstream's chain id and genesis hash "
+           "(default 30)"),
+    Option("CREDITS_REDIS_URL", "Redis URL of the credit ledger, ideally a noeviction one (default REDIS_URL)"),
+    Option("CREDITS_REDIS_TIMEOUT", "seconds before a ledger Redis command is abandoned (default 2)"),
+    Option("CREDITS_REDIS_FAILURES", "consecutive ledger Redis failures before it counts as down (default 3)"),
+    Option("CREDITS_REQUIRE_NOEVICTION", "refuse to start if the ledger's Redis may evict keys (default false)"),
+    Option("CREDITS_FAIL_OPEN", "serve keys with no known usage while the ledger is unreachable (default true)"),
+    Option("CREDITS_LEASE_MAX", "most credits of a key one replica leases at a time (default 100000)"),
+    Option("CREDITS_LEASE_SECONDS", "seconds before an unused lease goes back to the ledger (default 10)"),
+    Option("CREDITS_JOURNAL_DIR", "directory of the journal of debits made while the ledger is unreachable"),
     Option("EVM_UPSTREAM_WS", "comma-separated WebSocket URLs of the default EVM network's node: push heads, "
            "relayed subscriptions"),
     Option("SOLANA_UPSTREAM_WS", "comma-separated WebSocket URLs of the default Solana network (pubsub relay)"),
@@ -318,6 +360,9 @@ def _networks_from_file(path: str) -> list[Network]:
         depth = entry.get("finality_depth")
         if depth is not None and (not isinstance(depth, int) or depth <= 0):
             raise ConfigError(f"{where}: finality_depth must be a positive integer")
+        chain_id = entry.get("chain_id")
+        if chain_id is not None and (not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0):
+            raise ConfigError(f"{where}: chain_id must be a positive integer")
         http_urls, ws_urls = _split_ws(entry.get("upstreams"))
         networks.append(
             Network(
@@ -326,6 +371,7 @@ def _networks_from_file(path: str) -> list[Network]:
                 upstreams=_upstream_urls(where + " upstreams", http_urls),
                 hosts=tuple(h.lower() for h in hosts),
                 finality_depth=depth,
+                chain_id=chain_id,
                 ws_upstreams=ws_urls,
             )
         )
@@ -426,6 +472,19 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "METRICS_HOST": ("metrics_host", lambda _n, v: v),
     "METRICS_PORT": ("metrics_port", _port),
     "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
+    "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
+    "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),
+    "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", lambda n, v: 0.0 if v.strip() in ("0", "0.0")
+                           else _positive_float(n, v)),
+    "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _positive_float),
+    "CREDITS_REDIS_URL": ("credits_redis_url", lambda _n, v: v),
+    "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _positive_float),
+    "CREDITS_REDIS_FAILURES": ("credits_redis_failures", _positive_int),
+    "CREDITS_REQUIRE_NOEVICTION": ("credits_require_noeviction", _bool),
+    "CREDITS_FAIL_OPEN": ("credits_fail_open", _bool),
+    "CREDITS_LEASE_MAX": ("credits_lease_max", _positive_int),
+    "CREDITS_LEASE_SECONDS": ("credits_lease_seconds", _positive_float),
+    "CREDITS_JOURNAL_DIR": ("credits_journal_dir", lambda _n, v: v),
     "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),
     "WS_SEND_BUFFER_BYTES": ("ws_send_buffer_bytes", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),

@@ -9,11 +9,13 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from . import jsonrpc
 from .accounts import OPEN_ACCOUNT, Accounts
+from .charging import refunded
 from .config import Settings
-from .credits import Ledger, Verdict
+from .credits import Debit, Ledger, Verdict
 from .jsonrpc import (
     INVALID_API_KEY,
     INVALID_REQUEST,
@@ -29,9 +31,20 @@ from .metrics import HitCells, Metrics
 from .service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
 
 log = logging.getLogger("proxy.access")
+REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second limit, ledger unreachable
 
 # A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
 _Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
+
+
+_OK = Verdict.OK  # an enum member read through its class costs a hit more than the comparison
+PaidHit = tuple[bytes, dict[str, str]]  # a paid memory hit's body and headers
+
+
+class _KeyTerms(NamedTuple):
+    daily: int
+    per_second: int | None
+    charged: Any  # the key's rpc_proxy_key_credits_charged cell
 
 
 @dataclass(slots=True)
@@ -72,6 +85,8 @@ class Gateway:
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
+        # Each configured key's balance, limit and metric cell, found once (keys are authorized first).
+        self._terms: Memo[str, _KeyTerms] = Memo(65_536, self._key_terms)
 
     # --- routing and auth ---------------------------------------------------------------
 
@@ -157,6 +172,32 @@ class Gateway:
             return None
         return self._hit_body(hit, self._request_id(), started)
 
+    def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None) -> PaidHit | Reply | bool:
+        """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
+        body and headers (or the Reply refusing it). Otherwise whether memory was checked (True: no
+        hit, so `handle(..., memory_checked=True)`; False: a hit whose debit must ask the ledger)."""
+        started = time.perf_counter()
+        hit = self._cached_single(body, network)
+        if hit is None:
+            return True
+        terms = self._terms[account]
+        credits = hit[5]
+        debit = self._ledger.try_debit(account, credits, daily=terms.daily, per_second=terms.per_second,
+                                       now=self._now())
+        if debit is None:
+            return False
+        if debit[0] is not _OK:
+            charge = self._verdict(debit, credits, terms.per_second)
+            return self._paid_reply(hit, account, charge, self._request_id(), started)
+        # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
+        terms.charged.value += credits
+        hit[6].charged.value += credits
+        remaining = debit[1]
+        return self._hit_body(hit, self._request_id(), started), {
+            "X-Credits-Charged": str(credits), "X-Credits-Remaining": str(remaining if remaining > 0 else 0),
+            "X-Cache": HIT,
+        }
+
     async def handle(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
     ) -> Reply:
@@ -201,11 +242,10 @@ class Gateway:
         results: list[Outcome] = [next(outcomes) if isinstance(s, Prepared) else s for s in slots]
 
         refund = cost and sum(
-            s.credits for s, o in zip(slots, results, strict=True)
-            if isinstance(s, Prepared) and o.error is not None and o.error.code == UPSTREAM_UNAVAILABLE
+            s.credits for s, o in zip(slots, results, strict=True) if isinstance(s, Prepared) and refunded(o.error)
         )
         if refund:
-            # The proxy could not reach any node: the caller is not charged for our failure.
+            # No node could be reached: the caller is not charged for our failure (charging.py).
             await self._ledger.refund(account, refund, now=self._now())
             cost -= refund
             remaining = None if remaining is None else remaining + refund
@@ -220,7 +260,7 @@ class Gateway:
         if not parts:
             return self._reply(None, 204, cost, remaining, None)
         if parsed.batch:
-            refused = [o.error for o in results if o.error is not None and o.error.http_status in (402, 429)]
+            refused = [o.error for o in results if o.error is not None and o.error.http_status in REFUSED_STATUSES]
             status = refused[0].http_status if refused and len(refused) == len(results) else 200
             extra = refused[0].headers if refused else {}
             return self._reply(jsonrpc.encode_batch(parts), status, cost, remaining, None, extra)
@@ -250,15 +290,22 @@ class Gateway:
         return rid, method, runtime, *hit
 
     async def _paid_hit(self, hit: _Hit, account: str, request_id: int, started: float) -> Reply:
+        charge = self._charge_now(account, hit[5])
+        if charge is None:
+            charge = await self._charge(account, hit[5])
+        return self._paid_reply(hit, account, charge, request_id, started)
+
+    def _paid_reply(
+        self, hit: _Hit, account: str, charge: tuple[JsonRpcError | None, int], request_id: int, started: float,
+    ) -> Reply:
         rid, method, runtime, _payload, _is_error, credits, _cells = hit
-        refusal, remaining = await self._charge(account, credits)
+        refusal, remaining = charge
         if refusal is not None:  # nothing was debited, nothing is served
             self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
             return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
                                refusal.headers)
-        metrics = self._metrics
-        metrics.child(metrics.key_credits_charged, account).inc(credits)
-        metrics.child(metrics.credits_charged, method).inc(credits)
+        self._terms[account].charged.value += credits
+        hit[6].charged.value += credits
         return self._serve_hit(hit, credits, remaining, request_id, started)
 
     def _serve_hit(self, hit: _Hit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
@@ -272,11 +319,36 @@ class Gateway:
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
 
+    def _key_terms(self, account: str) -> _KeyTerms:
+        settings = self._settings
+        return _KeyTerms(settings.daily_credits_for(account), settings.credits_per_second_for(account),
+                         self._metrics.key_credits_charged.labels(account))
+
+    def _charge_now(self, account: str, cost: int) -> tuple[JsonRpcError | None, int] | None:
+        """A charge the ledger decides without a round trip (a lease covers it), or None."""
+        terms = self._terms[account]
+        debit = self._ledger.try_debit(account, cost, daily=terms.daily, per_second=terms.per_second,
+                                       now=self._now())
+        return None if debit is None else self._verdict(debit, cost, terms.per_second)
+
     async def _charge(self, account: str, cost: int) -> tuple[JsonRpcError | None, int]:
-        daily = self._settings.daily_credits_for(account)
-        per_second = self._settings.credits_per_second_for(account)
-        now = self._now()
-        debit = await self._ledger.debit(account, cost, daily=daily, per_second=per_second, now=now)
+        charge = self._charge_now(account, cost)
+        if charge is not None:
+            return charge
+        terms = self._terms[account]
+        debit = await self._ledger.debit(account, cost, daily=terms.daily, per_second=terms.per_second,
+                                         now=self._now())
+        return self._verdict(debit, cost, terms.per_second)
+
+    def _verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int]:
+        if debit.verdict is Verdict.OK:
+            return None, debit.remaining
+        if debit.verdict is Verdict.UNAVAILABLE:
+            self._metrics.credit_rejections.labels("unavailable").inc()
+            return JsonRpcError(
+                LIMIT_EXCEEDED, "credits unavailable: the credit ledger cannot be reached; retry shortly",
+                http_status=503, headers={"Retry-After": "5"},
+            ), debit.remaining
         if debit.verdict is Verdict.EXHAUSTED:
             self._metrics.credit_rejections.labels("exhausted").inc()
             return JsonRpcError(
@@ -304,7 +376,7 @@ class Gateway:
                 method = entry.method if isinstance(entry, Call) else "invalid"
                 self._account_call("none", method, outcome, 0, request_id)
         if keyed:
-            self._metrics.child(self._metrics.key_credits_charged, account).inc(cost)
+            self._terms[account].charged.value += cost
 
     def _account_call(self, network: str, method: str, outcome: Outcome, credits: int, request_id: int) -> None:
         """Count and log one call; `network` "none" marks a call refused before routing."""
@@ -314,13 +386,13 @@ class Gateway:
             result = "invalid"
         elif outcome.error is None:
             result = "error" if outcome.is_error else "ok"
-        elif outcome.error.http_status in (402, 429):
+        elif outcome.error.http_status in REFUSED_STATUSES:
             result = "refused"
         elif outcome.error.code == UPSTREAM_UNAVAILABLE:
             result = "upstream_error"
         else:
             result = "error"
-        if credits and result != "refused" and result != "upstream_error":
+        if credits and result != "refused" and not refunded(outcome.error):
             metrics.child(metrics.credits_charged, label).inc(credits)
         metrics.child(metrics.requests, network, label, result).inc()
         if request_id:

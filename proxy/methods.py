@@ -36,6 +36,7 @@ class MethodPolicy:
     credits: int | None  # None: the configured default cost
     gas_cap: bool = False  # spec: gas capped at 10x the block gas limit
     limits_logs: bool = False  # spec: eth_getLogs result, time and parameter limits
+    caches_reverts: bool = False  # a revert (code 3) at a final block is deterministic: eth_call only
 
 
 POLICIES: dict[str, MethodPolicy] = {
@@ -48,7 +49,7 @@ POLICIES: dict[str, MethodPolicy] = {
             "eth_getUncleByBlockHashAndIndex", "evm", p.eth_get_uncle_by_block_hash_and_index,
             CacheClass.CONTENT, 150,
         ),
-        MethodPolicy("eth_call", "evm", p.eth_call, CacheClass.BLOCK, 80, gas_cap=True),
+        MethodPolicy("eth_call", "evm", p.eth_call, CacheClass.BLOCK, 80, gas_cap=True, caches_reverts=True),
         MethodPolicy("eth_getBlockReceipts", "evm", p.eth_get_block_receipts, CacheClass.BLOCK, 1000),
         MethodPolicy(
             "getTokenAccountBalance", "solana", p.get_token_account_balance, CacheClass.TOKEN_BALANCE, 160

@@ -102,6 +102,7 @@ class HitCells:
     seconds: _Buckets
     memory_hit: _Cell
     saved: _Cell
+    charged: _Cell  # rpc_proxy_credits_charged for the method: a keyed hit adds its credits
 
     def record(self, credits: int, seconds: float) -> None:
         self.requests.value += 1
@@ -127,14 +128,16 @@ class Metrics:
             "Cache lookups by tier (memory, redis, none) and result (hit, miss, bypass).", ["tier", "result"], r,
         )
         self.cache_memory_bytes = Gauge(
-            "rpc_proxy_cache_memory_bytes", "Bytes held by the in-process cache tier.", registry=r,
+            "rpc_proxy_cache_memory_bytes", "Bytes the in-process cache tier holds: its entries and their tables, "
+            "as the allocator sizes them (bounded by CACHE_MEMORY_BYTES).", registry=r,
         )
+        self.cache_entries = Gauge("rpc_proxy_cache_entries", "Entries in the in-process cache tier.", registry=r)
         self.upstream_seconds = Histogram(
             "rpc_proxy_upstream_request_duration_seconds", "Upstream request latency.",
             ["network", "method", "upstream"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.upstream_errors = Counter(
-            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, invalid).",
+            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, invalid, mismatch).",
             ["network", "upstream", "kind"], registry=r,
         )
         self.upstream_failovers = Counter(
@@ -175,6 +178,20 @@ class Metrics:
             ["network"], registry=r,
         )
         self.reorgs = Counter("rpc_proxy_reorgs", "Reorgs the head tracker detected.", ["network"], registry=r)
+        self.identity_mismatch = Gauge(
+            "rpc_proxy_upstream_identity_mismatch",
+            "1 while an upstream serves another chain (chain id or genesis hash) and is out of rotation.",
+            ["network", "upstream"], registry=r,
+        )
+        self.finality_violations = Counter(
+            "rpc_proxy_finality_violations", "Finalized blocks whose hash changed (the network's entries were "
+            "invalidated).", ["network"], registry=r,
+        )
+        self.uncached_answers = Counter(
+            "rpc_proxy_uncached_answers", "Answers the proxy could not tie to their block: served uncached "
+            "(unverified, unknown_hash, late_head, beyond_head) or refused with -32002 (lagging, fork).",
+            ["network", "reason"], registry=r,
+        )
         self.inflight = _Local("gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.",
                                [], r).labels()
         self.ws_connections = Gauge("rpc_proxy_websocket_connections", "Open WebSocket connections.", registry=r)
@@ -198,6 +215,7 @@ class Metrics:
                 seconds=self.request_seconds.labels(network, method, "HIT"),
                 memory_hit=self.cache_lookups.labels("memory", "hit"),
                 saved=self.credits_saved.labels(network, method),
+                charged=self.credits_charged.labels(method),  # cached methods are their own label
             )
         return cells
 

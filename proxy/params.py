@@ -9,7 +9,7 @@ get equal canonical params; the forwarded request is built from them too.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params
@@ -44,10 +44,22 @@ class BlockRef:
     number: int | None = None
     hash: str | None = None
     object_form: bool = False  # EIP-1898 object ({"blockHash": ...} / {"blockNumber": ...})
+    require_canonical: bool = False  # EIP-1898: the hash must name a block of the canonical chain
+    # How this position takes a block hash in place of a number: "object" (EIP-1898), "plain" (the
+    # hash itself), None (it cannot). Unfinalized reads are sent pinned to the hash this way.
+    hash_form: str | None = None
+
+    def encode_hash(self, block_hash: str) -> Any:
+        """The JSON value that names block `block_hash` here, or None where no hash is accepted."""
+        if self.hash_form == "object":
+            return {"blockHash": block_hash}
+        return block_hash if self.hash_form == "plain" else None
 
     def encode(self, number: int | None = None) -> Any:
         """The JSON value sent upstream; `number` replaces a resolved tag."""
         if self.hash is not None:
+            if self.require_canonical:
+                return {"blockHash": self.hash, "requireCanonical": True}
             return {"blockHash": self.hash} if self.object_form else self.hash
         n = number if number is not None else self.number
         if n is None:
@@ -145,7 +157,11 @@ def block_param(
         # EIP-1898: {"blockHash": h, "requireCanonical"?: bool} or {"blockNumber": n}.
         keys = set(value) - {"requireCanonical"}
         if keys == {"blockHash"}:
-            return BlockRef(hash=hash32(f"{name}.blockHash", value["blockHash"]), object_form=True)
+            canonical = value.get("requireCanonical", False)
+            if not isinstance(canonical, bool):
+                raise invalid_params(f"{name}.requireCanonical", "expected true or false")
+            return BlockRef(hash=hash32(f"{name}.blockHash", value["blockHash"]), object_form=True,
+                            require_canonical=canonical)
         if keys == {"blockNumber"}:  # requireCanonical means nothing for a number (geth ignores it too)
             inner = block_param(f"{name}.blockNumber", value["blockNumber"], allow_object=False)
             return BlockRef(tag=inner.tag, number=inner.number, object_form=True)
@@ -156,6 +172,10 @@ def block_param(
     if allow_hash:
         expected += ", a 32-byte block hash"
     raise invalid_params(name, f"expected {expected} or one of {', '.join(TAGS)}")
+
+
+def _hash_form(ref: BlockRef, form: str) -> BlockRef:
+    return replace(ref, hash_form=form)
 
 
 def _arity(params: list[Any], names: tuple[str, ...], required: int) -> None:
@@ -189,7 +209,7 @@ def eth_get_storage_at(params: list[Any], rules: Rules) -> list[Any]:
     return [
         address("address", params[0]),
         storage_word("position", params[1]),
-        _block_or_latest(params, 2),
+        _hash_form(_block_or_latest(params, 2), "object"),
     ]
 
 
@@ -239,7 +259,7 @@ def eth_call(params: list[Any], rules: Rules) -> list[Any]:
     names = ("transaction", "block", "stateOverrides", "blockOverrides")
     _arity(params, names, 1)
     # An absent (or null) block resolves like "latest", so it shares latest's cache entries.
-    out = [call_object("transaction", params[0], rules), _block_or_latest(params, 1)]
+    out = [call_object("transaction", params[0], rules), _hash_form(_block_or_latest(params, 1), "object")]
     overrides = [*params[2:], None, None][:2]
     for name, value in zip(names[2:], overrides, strict=True):
         if value is not None and not isinstance(value, dict):
@@ -277,7 +297,7 @@ def eth_get_block_receipts(params: list[Any], rules: Rules) -> list[Any]:
     if ref.tag == "pending":
         # spec: the tag `pending` returns the same data as `latest`.
         ref = BlockRef(tag="latest", object_form=ref.object_form)
-    return [ref]
+    return [_hash_form(ref, "plain")]
 
 
 def _topic_position(name: str, value: Any) -> list[str] | None:

@@ -46,6 +46,9 @@ class RedisLink:
         metrics: Metrics,
         min_backoff: float = 0.5,
         max_backoff: float = 5.0,
+        failures_to_open: int = 1,
+        name: str = "redis",
+        report_up: bool = True,
     ) -> None:
         self.client = client
         self._timeout = timeout
@@ -54,7 +57,14 @@ class RedisLink:
         self._max_backoff = max_backoff
         self._backoff = min_backoff
         self._skip_until = 0.0
-        metrics.redis_up.set(1)
+        # The breaker opens after this many failures in a row: the ledger's budget is larger than
+        # the cache's, so one slow answer under CPU load does not count as an outage.
+        self._failures_to_open = failures_to_open
+        self._failures = 0
+        self._name = name
+        self._report_up = report_up  # the cache's link drives rpc_proxy_redis_up
+        if report_up:
+            metrics.redis_up.set(1)
 
     @property
     def up(self) -> bool:
@@ -69,18 +79,23 @@ class RedisLink:
                 result = await command(self.client)
         except (RedisError, OSError, TimeoutError) as exc:
             self._metrics.redis_errors.labels(operation).inc()
-            self._metrics.redis_up.set(0)
-            if self._skip_until == 0.0:
-                throttled.warning("unavailable", "redis unavailable (%s): %s; skipping it for %.1fs",
-                                  operation, type(exc).__name__, self._backoff)
-            self._skip_until = time.monotonic() + self._backoff
-            self._backoff = min(self._backoff * 2, self._max_backoff)
+            self._failures += 1
+            if self._failures >= self._failures_to_open:
+                if self._report_up:
+                    self._metrics.redis_up.set(0)
+                if self._skip_until == 0.0:
+                    throttled.warning(f"{self._name} unavailable", "%s unavailable (%s): %s; skipping it for %.1fs",
+                                      self._name, operation, type(exc).__name__, self._backoff)
+                self._skip_until = time.monotonic() + self._backoff
+                self._backoff = min(self._backoff * 2, self._max_backoff)
             raise RedisUnavailable(operation) from exc
+        self._failures = 0
         if self._skip_until:
-            log.info("redis is back")
+            log.info("%s is back", self._name)
             self._skip_until = 0.0
             self._backoff = self._min_backoff
-            self._metrics.redis_up.set(1)
+            if self._report_up:
+                self._metrics.redis_up.set(1)
         return result
 
     async def close(self) -> None:

@@ -13,10 +13,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import cache_policy as cp
+from . import pinning
 from .cache import Coalescer, TieredCache, cache_key
 from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
 from .config import Network, Settings
-from .jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, dumps, invalid_params
+from .jsonrpc import (
+    EXECUTION_REVERTED,
+    INTERNAL_ERROR,
+    LIMIT_EXCEEDED,
+    METHOD_NOT_FOUND,
+    UPSTREAM_UNAVAILABLE,
+    Call,
+    JsonRpcError,
+    dumps,
+    invalid_params,
+    trimmed,
+)
 from .methods import (
     POLICIES,
     SUBSCRIPTION_METHODS,
@@ -26,7 +38,7 @@ from .methods import (
 )
 from .metrics import HitCells, Metrics
 from .params import BlockRef, Rules, block_refs, quantity_int, substitute
-from .upstream import Answer, Upstream
+from .upstream import Answer, PerUpstream, Upstream
 
 log = logging.getLogger("proxy.service")
 HIT, MISS, BYPASS = "HIT", "MISS", "BYPASS"
@@ -40,10 +52,18 @@ class NetworkRuntime:
     config: Network
     upstream: Upstream
     tracker: EvmHeadTracker | SolanaSlotTracker
+    per_upstream: PerUpstream | None = None  # each upstream on its own: its head, identity, a retry
     name: str = field(init=False)  # config.name, as a plain attribute: the hot path reads it per call
 
     def __post_init__(self) -> None:
         self.name = self.config.name
+
+    def health(self, now: float) -> str | None:
+        """Why this network cannot be trusted to answer right now (for /readyz), or None."""
+        states = self.per_upstream.states if self.per_upstream is not None else None
+        if states is not None and all(states.mismatch):
+            return "degraded: no upstream serves the network's chain (see rpc_proxy_upstream_identity_mismatch)"
+        return self.tracker.health(now)
 
 
 @dataclass(slots=True)  # not frozen: built per call, and frozen init costs 3x
@@ -87,6 +107,9 @@ class _Plan:
     key: str
     forward: Any
     tags_resolved: bool  # a tag was turned into a number: a failing node may just lag the tracker
+    need: int | None  # the highest block the answer depends on: the answering upstream must have it
+    check_end: tuple[int, str] | None  # eth_getLogs: the range's last block and hash, checked after
+    by_hash: bool  # the answer is addressed or pinned by hash: a null means the node lacks the block
     credits: int  # the call's price, so a memory hit needs no policy lookup
     hit_cells: tuple[HitCells, HitCells]  # the metric cells a memory hit updates: (result, error)
 
@@ -140,7 +163,7 @@ class Service:
         self.networks = networks
         self._cache = cache
         self._metrics = metrics
-        self._coalescer: Coalescer[Answer] = Coalescer()
+        self._coalescer: Coalescer[tuple[Answer, bool]] = Coalescer()
         # Memos of pure work, keyed by the raw request: validation results, and plans per head.
         self._validated: Memo[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = Memo(MEMO_SIZE)
         self._plans: Memo[tuple[str, str, bytes], _Plan] = Memo(MEMO_SIZE)
@@ -174,6 +197,8 @@ class Service:
             if not isinstance(params, list):
                 raise invalid_params("params", "expected an array of positional parameters")
             fingerprint = _fingerprint(network, method, params)
+            if fingerprint:  # the memos may hold it: not in orjson's 4 KiB buffer
+                fingerprint = (fingerprint[0], fingerprint[1], trimmed(fingerprint[2]))
             memo = self._validated.get(fingerprint) if fingerprint else None
             if memo is None:
                 params = policy.validate(params, self._rules)
@@ -237,95 +262,266 @@ class Service:
             if prepared.refs:  # validated, uncached (eth_estimateGas): block parameters as the caller gave them
                 params = substitute(params, {id(r): r.encode() for r in prepared.refs})
             answer = await net.upstream.request(method, params)
-            await self._catch_up(net, method, answer)
-            return Outcome.answered(answer, BYPASS)
+            return Outcome.answered(self._shown(net, method, answer), BYPASS)
 
         refs = prepared.refs
         tracker = net.tracker
+        if isinstance(tracker, EvmHeadTracker) and tracker.behind() and any(r.tag == "latest" for r in refs):
+            # Read-your-writes: a client saw a block the head has not reached; wait (bounded) for it.
+            await tracker.catch_up(self._settings.head_catch_up_wait)
         head = tracker.head
         plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
         if plan is None or plan.head is not head:
+            evm = isinstance(tracker, EvmHeadTracker)
             resolved = {id(r): tracker.resolve(r) for r in refs} if isinstance(tracker, EvmHeadTracker) else {}
             if policy.limits_logs:
                 self._check_range(params[0], resolved)
             decision = cp.decide(policy.cache, list(resolved.values()), head, self._ttls)
-            forward = substitute(params, {id(r): _forward_form(r, resolved.get(id(r))) for r in refs})
-            if not decision.cacheable:
-                self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
-                return Outcome.answered(await self._upstream(net, method, forward, policy), BYPASS)
-            key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
+            space = (head.space if head is not None else None) if evm else net.name
+            if space is None:
+                decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
+            forward = self._forward(policy, params, refs, resolved, decision)
+            end = pinning.range_end(params[0], resolved) if policy.limits_logs and decision.pin_hashes else None
+            check_end = (end.number, end.hash) if end and end.number is not None and end.hash is not None else None
+            # Hashes the call names: its block hash refs, or a content-addressed method's block hash.
+            named = [r.hash for r in refs if r.hash is not None]
+            if policy.cache is CacheClass.CONTENT and params and isinstance(params[0], str):
+                named.append(params[0])
+            need = pinning.needed_block(list(resolved.values()), named, head.numbers if head is not None else {})
+            floor = pinning.tag_floor([r.tag for r in refs if r.tag is not None and resolved.get(id(r)) is None], head)
+            need = floor if need is None else max(need, floor or 0)
             tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
             cells = (self._metrics.hit_cells(net.name, method, False), self._metrics.hit_cells(net.name, method, True))
-            plan = _Plan(head, decision, cache_key(net.name, method, key_params), forward, tags_resolved,
-                         prepared.credits, cells)
+            key = ""
+            if decision.cacheable and space is not None:
+                key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
+                key = cache_key(space, method, key_params)
+            plan = _Plan(head, decision, key, forward, tags_resolved, need, check_end,
+                         decision.pin_hashes or bool(named), prepared.credits, cells)
+            if not decision.cacheable:
+                # Not cached, but still asked of a node that has the blocks it names.
+                self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
+                answer, _ = await self._ask_pinned(net, method, forward, policy, plan, self._deadline(policy))
+                return Outcome.answered(answer, BYPASS)
             if prepared.fingerprint:
-                # The head fixes everything a plan depends on (tags, finality, hashes, gas limit).
+                # The head fixes everything a plan depends on (tags, finality, hashes, gas limit, identity).
                 self._plans[prepared.fingerprint] = plan
-        decision, key, forward, tags_resolved = plan.decision, plan.key, plan.forward, plan.tags_resolved
+        key = plan.key
 
         stored = await self._cache.get(key)
         if stored is not None:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(*stored, HIT)
 
-        async def fill() -> Answer:
+        async def fill() -> tuple[Answer, bool]:
             wait = self._settings.coalesce_wait
             token = await self._cache.claim(key, self._settings.upstream_timeout + 1) if wait else ""
             if token is None:  # another replica is fetching this very key: take its answer
                 stored = await self._cache.await_fill(key, wait)
                 if stored is not None:
                     self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-                    return Answer.stored(*stored)
+                    return Answer.stored(*stored), True
             try:
-                return await fetch()
+                return await self._fetch(net, policy, method, params, refs, plan)
             finally:
                 if token:
                     await self._cache.release(key, token)
 
-        async def fetch() -> Answer:
-            answer = await self._upstream(net, method, forward, policy)
-            kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error)
-            if tags_resolved and kind in ("null", "error"):
-                # The node may not know the resolved block yet (it lags the tracker): ask again
-                # with the caller's tag, and keep nothing, since that answer has no fixed block.
-                original = substitute(params, {id(r): r.encode() for r in refs})
-                return await self._upstream(net, method, original, policy)
-            ttl = cp.store_ttl(decision, policy.cache, kind, self._ttls)
-            if ttl is not None:
-                await self._cache.set(key, (answer.payload, answer.is_error), ttl)
-            return answer
-
-        answer, joined = await self._coalescer.run(key, fill)
+        (answer, tied), joined = await self._coalescer.run(key, fill)
         if joined:
             self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-        return Outcome.answered(answer, MISS)
+        return Outcome.answered(answer, MISS if tied else BYPASS)
 
-    async def _catch_up(self, net: NetworkRuntime, method: str, answer: Answer) -> None:
-        """Read your writes: a receipt (or block number) from a block the tracker has not seen yet
-        makes it poll before the caller has the answer, so a `latest` read that follows (ethers'
-        `await tx.wait()` then a view call) sees that block, as it would on the node."""
-        number = _named_block(method, answer.result)
+    def _forward(
+        self, policy: MethodPolicy, params: Any, refs: list[BlockRef], resolved: dict[int, Resolved | None],
+        decision: cp.Decision,
+    ) -> Any:
+        """The params sent upstream: unfinalized blocks pinned to their hash wherever the method allows."""
+        if policy.limits_logs and decision.pin_hashes:
+            block_hash = pinning.single_block_logs(params[0], resolved)
+            if block_hash is not None:  # one block: the filter names it by hash
+                rest = {k: v for k, v in params[0].items() if k not in ("fromBlock", "toBlock")}
+                return [{**rest, "blockHash": block_hash}]
+        return substitute(params, {
+            id(r): pinning.forward_form(r, resolved.get(id(r)), decision.pin_hashes) for r in refs
+        })
+
+    async def _fetch(
+        self, net: NetworkRuntime, policy: MethodPolicy, method: str, params: Any, refs: list[BlockRef], plan: _Plan,
+    ) -> tuple[Answer, bool]:
+        """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
+        False when the answer could not be tied to the key's block (it is served as BYPASS)."""
+        deadline = self._deadline(policy)
+        answer, doubt = await self._ask_pinned(net, method, plan.forward, policy, plan, deadline)
+        kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
+        if plan.tags_resolved and kind in ("null", "error"):
+            # The node may not know the resolved block yet (it lags the tracker): ask again
+            # with the caller's tag, and keep nothing, since that answer has no fixed block.
+            original = substitute(params, {id(r): r.encode() for r in refs})
+            fallback = await self._upstream(net, method, original, policy, deadline)
+            self._refuse_lagging(net, fallback, plan.need)
+            return fallback, False
+        if doubt is not None:  # served, never stored
+            self._metrics.uncached_answers.labels(net.name, doubt).inc()
+            return answer, False
+        ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)
+        if ttl is not None:
+            await self._cache.set(plan.key, (answer.payload, answer.is_error), ttl)
+        return answer, True
+
+    async def _ask_pinned(
+        self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: _Plan,
+        deadline: float | None,
+    ) -> tuple[Answer, str | None]:
+        """The upstream's answer, and why it cannot be tied to its key (None when it can). An upstream
+        that lacks a block the answer depends on is replaced by one that has it, when one does; if
+        none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
+        answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
+        per = net.per_upstream
+        if doubt is None and plan.by_hash and _not_found(answer):
+            doubt = "unknown_hash"  # that node may not know the block: another may
+        if doubt is not None and per is not None:
+            other = per.states.other_with(answer.upstream, plan.need)
+            if other is not None:
+                try:
+                    retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
+                except JsonRpcError:
+                    if doubt == "unknown_hash":
+                        raise  # a node that may not know the block said not-found; the one that may is down
+                else:
+                    if again is None and plan.by_hash and _not_found(retried):
+                        again = "unknown_hash"
+                    if again is None or doubt == "unknown_hash":
+                        answer, doubt = retried, again
+        if doubt == "lagging" and per is not None and await self._caught_up(per, answer.upstream, plan.need):
+            doubt = "late_head"  # its head had not been seen at the block yet: served, never stored
+        if doubt in ("lagging", "fork"):
+            self._refuse(net, doubt, plan.need)
+        return answer, doubt
+
+    async def _caught_up(self, per: PerUpstream, index: int, need: int | None) -> bool:
+        """Ask upstream `index` for its head now: has it reached block `need`? (It may have passed
+        the proxy's last look at it, e.g. a block just mined and not polled yet.)"""
+        if need is None or index < 0:
+            return False
+        try:
+            answer = await per.ask(index, "eth_blockNumber", [], timeout=self._settings.upstream_timeout)
+            number = int(answer.result, 16) if isinstance(answer.result, str) else -1
+        except (JsonRpcError, ValueError):
+            return False
+        per.states.observe_head(index, number)
+        return number >= need
+
+    def _refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> None:
+        self._metrics.uncached_answers.labels(net.name, reason).inc()
+        block = f"block {need}" if need is not None else "the block"
+        raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{net.name}' (no upstream "
+                           f"could answer for {block} of the network's chain)", http_status=502)
+
+    def _refuse_lagging(self, net: NetworkRuntime, answer: Answer, need: int | None) -> None:
+        """An answer to a tag from an upstream known to be behind the block the tag stood for: refused,
+        so `latest` never goes backwards for a client."""
+        per = net.per_upstream
+        if per is not None and answer.upstream >= 0 and per.states.verified[answer.upstream] and need is not None \
+                and per.states.latest[answer.upstream] < need:
+            self._refuse(net, "lagging", need)
+
+    async def _ask_checked(
+        self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: _Plan,
+        deadline: float | None, index: int | None,
+    ) -> tuple[Answer, str | None]:
+        """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
+        end_answer = None
+        if plan.check_end is not None and index is None:
+            # A range above finalized: the node reports the range's last block in the same batch.
+            answer, end_answer = await self._upstream_batch(net, method, forward, policy, plan.check_end[0], deadline)
+        elif index is not None and net.per_upstream is not None:
+            answer = await self._upstream(net, method, forward, policy, deadline, ask=index)
+        else:
+            answer = await self._upstream(net, method, forward, policy, deadline)
+        per = net.per_upstream
+        if per is None or answer.upstream < 0:
+            return answer, None
+        if not per.states.vouches(answer.upstream, None):
+            return answer, "unverified"
+        if not per.states.vouches(answer.upstream, plan.need):
+            head = net.tracker.head
+            if plan.need is not None and head is not None and plan.need > head.latest:
+                return answer, "beyond_head"  # no upstream is known to have it: served, never stored
+            return answer, "lagging"  # an error from it may be just that, too
+        if answer.is_error:
+            return answer, None
+        if plan.check_end is not None:
+            block_hash = plan.check_end[1]
+            end = end_answer.result if end_answer is not None else None
+            same_node = end_answer is not None and end_answer.upstream == answer.upstream
+            if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != block_hash:
+                return answer, "fork"
+            head = net.tracker.head
+            if head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
+                return answer, "fork"
+        return answer, None
+
+    def _shown(self, net: NetworkRuntime, method: str, answer: Answer) -> Answer:
+        """Read-your-writes: note the block a forwarded answer shows; eth_blockNumber never goes back."""
         tracker = net.tracker
-        head = tracker.head
-        if number is None or head is None or not isinstance(tracker, EvmHeadTracker) or number <= head.latest:
-            return
-        try:
-            await tracker.poll()
-        except Exception as exc:  # the answer stands; the tracker's own loop polls again soon
-            log.warning("head tracker %s: catch-up poll failed: %s", net.name, exc)
+        if not isinstance(tracker, EvmHeadTracker) or answer.is_error:
+            return answer
+        number = pinning.shown_block(method, answer.result)
+        if number is None:
+            return answer
+        if method == "eth_blockNumber" and number < tracker.shown:
+            # A lagging upstream answered: the client has already been shown a later block.
+            return Answer.from_response({"result": hex(tracker.shown)}, answer.seconds, answer.upstream)
+        tracker.hint(number)
+        return answer
 
-    async def _upstream(self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy) -> Answer:
+    def _deadline(self, policy: MethodPolicy) -> float | None:
+        """When the call must have its answer (loop time): eth_getLogs' limit holds per call, retries included."""
+        return asyncio.get_running_loop().time() + self._settings.getlogs_timeout if policy.limits_logs else None
+
+    async def _upstream(
+        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
+        *, ask: int | None = None,
+    ) -> Answer:
+        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits."""
+        per = net.per_upstream
         if not policy.limits_logs:
+            if ask is not None and per is not None:
+                return await per.ask(ask, method, params, timeout=self._settings.upstream_timeout)
             return await net.upstream.request(method, params)
-        limit_seconds = self._settings.getlogs_timeout
+        if deadline is None:
+            deadline = self._deadline(policy)
+        timeout = self._settings.getlogs_timeout + 1  # the upstream's own timeout is past ours: ours decides
         try:
-            async with asyncio.timeout(limit_seconds):
-                # The upstream's own timeout is set past ours, so ours decides.
-                answer = await net.upstream.request(method, params, timeout=limit_seconds + 1)
+            async with asyncio.timeout_at(deadline):
+                if ask is not None and per is not None:
+                    answer = await per.ask(ask, method, params, timeout=timeout)
+                else:
+                    answer = await net.upstream.request(method, params, timeout=timeout)
         except TimeoutError:
             # spec: a query that runs longer than 10 seconds fails with -32005.
             self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        return self._check_logs_limit(params, answer)
+
+    async def _upstream_batch(
+        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, end: int, deadline: float | None,
+    ) -> tuple[Answer, Answer | None]:
+        """eth_getLogs and the range's last block in one batch (one node answers both)."""
+        if deadline is None:
+            deadline = self._deadline(policy)
+        try:
+            async with asyncio.timeout_at(deadline):
+                answer, end_answer = await net.upstream.batch(
+                    [(method, params), ("eth_getBlockByNumber", [hex(end), False])]
+                )
+        except TimeoutError:
+            self._metrics.getlogs_rejections.labels("timeout").inc()
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        return self._check_logs_limit(params, answer), end_answer
+
+    def _check_logs_limit(self, params: Any, answer: Answer) -> Answer:
         results = answer.result
         limit = self._settings.getlogs_max_results
         if isinstance(results, list) and len(results) > limit:
@@ -369,19 +565,9 @@ class Service:
         return [{**tx, "gas": hex(cap)}, *params[1:]]
 
 
-def _named_block(method: str, result: Any) -> int | None:
-    """The block a forwarded answer says the node has reached, for the methods that tell it."""
-    value = result.get("blockNumber") if method == "eth_getTransactionReceipt" and isinstance(result, dict) else (
-        result if method == "eth_blockNumber" else None)
-    try:
-        return int(value, 16) if isinstance(value, str) else None
-    except ValueError:
-        return None
-
-
-def _forward_form(ref: BlockRef, resolved: Resolved | None) -> Any:
-    """What goes upstream: the resolved number, so the cached answer belongs to its key."""
-    return ref.encode(resolved.number if resolved is not None and ref.tag is not None else None)
+def _not_found(answer: Answer) -> bool:
+    """A null, or an error other than a revert: what a node that lacks the block answers."""
+    return answer.result is None and answer.error_code != EXECUTION_REVERTED
 
 
 def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from .config import Settings
+from .credits import Ledger
 from .gateway import Gateway
 from .metrics import Metrics
 from .redis_link import RedisLink
@@ -18,4 +19,5 @@ METRICS = web.AppKey("metrics", Metrics)
 SERVICE = web.AppKey("service", Service)
 REDIS = web.AppKey("redis", RedisLink)
 WEBSOCKETS = web.AppKey("websockets", set[Connection])
+LEDGER = web.AppKey("ledger", Ledger)
 STREAMS = web.AppKey("streams", Streams)

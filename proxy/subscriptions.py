@@ -372,9 +372,10 @@ class Session:
             refusal = await self.gateway.charge_stream(self.account, sub.label, cost)
             if refusal is None:
                 return True
-            if refusal.http_status != 429:
+            if refusal.http_status not in (429, 503):
                 break
-            await asyncio.sleep(1.0)  # over the per-second limit: deliver later, within the send bound
+            # Over the per-second limit, or the ledger is unreachable: deliver later, within the send bound.
+            await asyncio.sleep(float(refusal.headers.get("Retry-After", "1")))
         for other in list(self.subs.values()):
             self._end(other, refusal)
         return False

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
@@ -20,6 +20,7 @@ from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from .logs import Throttled
 from .methods import POLICIES, CacheClass, metric_label
 from .metrics import Metrics
+from .upstream_state import UpstreamStates
 
 log = logging.getLogger("proxy.upstream")
 throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so
@@ -39,6 +40,7 @@ class Answer:
     result: Any = None
     error: dict[str, Any] | None = None
     seconds: float = 0.0
+    upstream: int = -1  # the index of the upstream that produced it; -1: not known (a stored answer)
 
     @property
     def is_error(self) -> bool:
@@ -55,12 +57,12 @@ class Answer:
         return cls(payload, None, {"stored": True} if is_error else None)
 
     @classmethod
-    def from_response(cls, obj: dict[str, Any], seconds: float = 0.0) -> Answer:
+    def from_response(cls, obj: dict[str, Any], seconds: float = 0.0, upstream: int = -1) -> Answer:
         if "error" in obj and obj["error"] is not None:
             error = obj["error"] if isinstance(obj["error"], dict) else {"code": -32603, "message": str(obj["error"])}
-            return cls(jsonrpc.dumps(error), None, error, seconds)
+            return cls(jsonrpc.dumps(error), None, error, seconds, upstream)
         result = obj.get("result")
-        return cls(jsonrpc.dumps(result), result, None, seconds)
+        return cls(jsonrpc.dumps(result), result, None, seconds, upstream)
 
 
 class Upstream(Protocol):
@@ -71,6 +73,50 @@ class Upstream(Protocol):
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class PerUpstream(Protocol):
+    """A pool whose upstreams can also be asked one at a time, with what is known of each."""
+
+    states: UpstreamStates
+
+    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer: ...
+
+
+Check = Callable[[Any], str | None]  # why a reply does not answer its request, or None
+
+
+def _is_response(reply: Any) -> bool:
+    return isinstance(reply, dict) and ("result" in reply or "error" in reply)
+
+
+def single_problem(reply: Any, sent: int) -> str | None:
+    """Why a reply does not answer the single call with id `sent`, or None when it does."""
+    if not _is_response(reply):
+        return "malformed reply"
+    if reply.get("id") != sent or isinstance(reply.get("id"), bool):
+        return "reply id differs from the request id"
+    return None
+
+
+def batch_problem(reply: Any, ids: range) -> str | None:
+    """Why a batch reply does not answer the batch `ids` (each id exactly once, nothing else), or None.
+
+    A single error object instead of a list is a node refusing batches: not a fault here.
+    """
+    if isinstance(reply, dict):
+        return None if "error" in reply else "malformed batch reply"
+    if not isinstance(reply, list) or not all(_is_response(item) for item in reply):
+        return "malformed batch reply"
+    seen = [item.get("id") for item in reply]
+    if len(seen) != len(ids) or set(seen) != set(ids) or any(isinstance(i, bool) for i in seen):
+        return "batch reply ids differ from the request ids"
+    return None
+
+
+# Failures after a node took the call: it may have run it (charging.py charges such calls).
+REACHED_KINDS = frozenset({"timeout", "invalid"})
 
 
 class _Failed(Exception):
@@ -94,10 +140,13 @@ class HttpUpstream:
         session: aiohttp.ClientSession | None = None,
         batch_max: int = 1,
         batch_max_bytes: int = 1024 * 1024,
+        attempt_timeout: float | None = None,
     ) -> None:
         self.network = network
         self._urls = tuple(urls)
         self._timeout = timeout
+        self._attempt_timeout = attempt_timeout
+        self.states = UpstreamStates(len(self._urls))
         self._metrics = metrics
         self._cooldown = cooldown
         self._down_until = [0.0] * len(self._urls)
@@ -125,10 +174,11 @@ class HttpUpstream:
             self._session = None
 
     def _order(self) -> list[int]:
+        """Healthy upstreams first, then those cooling down; never one that serves another chain."""
         now = time.monotonic()
-        healthy = [i for i in range(len(self._urls)) if self._down_until[i] <= now]
-        cooling = sorted((i for i in range(len(self._urls)) if self._down_until[i] > now),
-                         key=lambda i: self._down_until[i])
+        serving = [i for i in range(len(self._urls)) if self.states.in_rotation(i)]
+        healthy = [i for i in serving if self._down_until[i] <= now]
+        cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
         return healthy + cooling
 
     async def _post(self, index: int, body: bytes, timeout: float) -> Any:
@@ -149,14 +199,16 @@ class HttpUpstream:
             raise _Failed("invalid", "reply is not JSON") from None
 
     async def _send(
-        self, body: bytes, method_label: str | None, timeout: float | None
+        self, body: bytes, method_label: str | None, timeout: float | None, check: Check,
     ) -> tuple[Any, float, int]:
-        """Post to the first upstream that answers; observe its latency under `method_label` if given."""
+        """Post to the first upstream whose reply passes `check`; observe its latency under `method_label`."""
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         failures: list[str] = []
         last_kind = "connect"
-        for attempt, index in enumerate(self._order()):
+        reached = False  # some node got the call before failing: it may have done the work
+        order = self._order()
+        for attempt, index in enumerate(order):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -164,14 +216,21 @@ class HttpUpstream:
                 self._metrics.upstream_failovers.labels(self.network).inc()
             started = time.perf_counter()
             try:
-                reply = await self._post(index, body, remaining)
+                reply = await self._post(index, body, self._attempt_budget(remaining, len(order) - attempt))
+                problem = check(reply)
+                if problem is not None:
+                    # A reply that does not answer what was asked is a fault of that node.
+                    raise _Failed("mismatch", problem)
             except _Failed as failure:
+                if failure.kind == "connect":
+                    self.states.lost(index)
                 self._down_until[index] = time.monotonic() + self._cooldown
                 self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
                 throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index,
                                   failure.detail)
                 failures.append(f"upstream #{index}: {failure.detail}")
                 last_kind = failure.kind
+                reached = reached or failure.kind in REACHED_KINDS
                 continue
             seconds = time.perf_counter() - started
             self._down_until[index] = 0.0
@@ -182,13 +241,20 @@ class HttpUpstream:
         if last_kind == "timeout":
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
-                http_status=504,
+                http_status=504, reached=reached,
             )
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
-            f"upstream unavailable: network '{self.network}' ({'; '.join(failures) or 'no upstream'})",
-            http_status=502,
+            f"upstream unavailable: network '{self.network}' "
+            f"({'; '.join(failures) or 'no upstream serves the network chain'})",
+            http_status=502, reached=reached,
         )
+
+    def _attempt_budget(self, remaining: float, upstreams_left: int) -> float:
+        """One attempt's share of the call's budget: a slow primary still leaves time for the backup."""
+        if self._attempt_timeout is not None:
+            return min(remaining, self._attempt_timeout)
+        return remaining / upstreams_left
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         if self._batch_max > 1 and timeout is None and method in BATCHABLE:
@@ -197,15 +263,30 @@ class HttpUpstream:
 
     async def _single(self, method: str, params: Any, timeout: float | None) -> Answer:
         self._next_id += 1
-        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
-        reply, seconds, _ = await self._send(body, metric_label(method), timeout)
-        if not isinstance(reply, dict) or ("result" not in reply and "error" not in reply):
-            self._metrics.upstream_errors.labels(self.network, "any", "invalid").inc()
-            raise JsonRpcError(
-                UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' sent a malformed reply",
-                http_status=502,
-            )
-        return Answer.from_response(reply, seconds)
+        sent = self._next_id
+        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
+        reply, seconds, index = await self._send(body, metric_label(method), timeout,
+                                                 lambda r: single_problem(r, sent))
+        return Answer.from_response(reply, seconds, index)
+
+    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
+        """One call to upstream `index` alone, whatever its rotation state (identity probes, retries)."""
+        self._next_id += 1
+        sent = self._next_id
+        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
+        started = time.perf_counter()
+        try:
+            reply = await self._post(index, body, timeout)
+            problem = single_problem(reply, sent)
+            if problem is not None:
+                raise _Failed("mismatch", problem)
+        except _Failed as failure:
+            if failure.kind == "connect":
+                self.states.lost(index)
+            self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
+                               f"(upstream #{index}: {failure.detail})", http_status=502) from None
+        return Answer.from_response(reply, time.perf_counter() - started, index)
 
     # --- auto-batching -------------------------------------------------------------------
     # Cacheable reads that arrive in the same event-loop turn travel as one JSON-RPC batch: one
@@ -292,20 +373,13 @@ class HttpUpstream:
         body = jsonrpc.dumps([
             {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
         ])
-        reply, seconds, index = await self._send(body, None if auto else "batch", None)
-        if not isinstance(reply, list) and auto:
+        ids = range(base, base + len(calls))
+        reply, seconds, index = await self._send(body, None if auto else "batch", None, lambda r: batch_problem(r, ids))
+        if not isinstance(reply, list):
             # A node that does not take batches answers with one error object: ask one by one.
             return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
-        if not isinstance(reply, list):
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
-                               "sent a malformed batch reply", http_status=502)
-        by_id = {item.get("id"): item for item in reply if isinstance(item, dict)}
-        answers = []
-        for i in range(len(calls)):
-            item = by_id.get(base + i)
-            if item is None:
-                item = {"error": {"code": UPSTREAM_UNAVAILABLE, "message": "missing from upstream batch reply"}}
-            answers.append(Answer.from_response(item, seconds))
+        by_id = {item["id"]: item for item in reply}
+        answers = [Answer.from_response(by_id[i], seconds, index) for i in ids]
         if auto:  # each call's latency is its batch's, under its own method
             for method, _ in calls:
                 self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)

@@ -13,9 +13,8 @@ from collections import Counter
 from typing import Any
 
 from aiohttp import WSMsgType, web
-from aiohttp.test_utils import TestServer
 
-from tests.support import free_port
+from tests.fake_node import FakeNode
 
 API_VERSION = "2.0.15"
 TOKEN_ACCOUNT = "7fUAJdStEuGbc3sM84cKRL6yYaaSstyLSU4ve5oovLS7"
@@ -34,39 +33,28 @@ def _error(rid: Any, code: int, message: str, data: Any = None) -> dict[str, Any
     return {"jsonrpc": "2.0", "id": rid, "error": error}
 
 
-class FakeSolana:
+class FakeSolana(FakeNode):
     def __init__(self) -> None:
         self.slot = 1000
         self.calls: Counter[str] = Counter()
         self.balances = {TOKEN_ACCOUNT: ("9864", 2)}
-        self.server: TestServer | None = None
         self.ws_calls: Counter[str] = Counter()
         self.subscriptions: dict[int, tuple[str, list[Any], web.WebSocketResponse]] = {}
         self.sockets: set[web.WebSocketResponse] = set()
         self._next_sub = 5000  # far from the proxy's own ids, so a test sees they are rewritten
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.port}"
+        super().__init__()
 
     @property
     def ws_url(self) -> str:
         assert self.server is not None
         return f"ws://127.0.0.1:{self.server.port}/"
 
-    async def start(self) -> FakeSolana:
-        app = web.Application()
-        app.router.add_post("/", self._handle)
+    def _routes(self, app: web.Application) -> None:
         app.router.add_get("/", self._pubsub)
-        self.server = TestServer(app, host="127.0.0.1", port=free_port())
-        await self.server.start_server()
-        return self
 
     async def close(self) -> None:
         await self.drop_sockets()
-        if self.server is not None:
-            await self.server.close()
+        await super().close()
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json()

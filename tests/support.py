@@ -86,8 +86,8 @@ def anvil_binary() -> str:
 
 
 class Anvil:
-    def __init__(self, *extra: str) -> None:
-        self.port = free_port()
+    def __init__(self, *extra: str, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [anvil_binary(), "--port", str(self.port), "--host", "127.0.0.1", "--silent", *extra],
@@ -150,16 +150,17 @@ class Anvil:
 class RedisServer:
     """A private redis-server on a free port; `stop` and `start` simulate an outage."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra = extra  # more redis-server arguments, e.g. "--maxmemory", "30mb"
         self.start()
 
     def start(self) -> None:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_until(self._up, 10, "redis-server to start")
@@ -190,12 +191,19 @@ class RedisServer:
 class CountingUpstream:
     """Wraps a real upstream and counts the calls that reach it, per method."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: HttpUpstream) -> None:
         self.inner = inner
+        self.states = inner.states
         self.calls: Counter[str] = Counter()
         self.params: list[tuple[str, Any]] = []
+        self.asked: Counter[str] = Counter()
         self.batched: Counter[str] = Counter()  # calls that went inside batches, per method
         self.batches: list[list[tuple[str, Any]]] = []
+
+    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
+        """One upstream alone (identity probes, per-upstream heads, retries): counted apart."""
+        self.asked[method] += 1
+        return await self.inner.ask(index, method, params, timeout=timeout)
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         self.calls[method] += 1
@@ -204,6 +212,9 @@ class CountingUpstream:
         return answer
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        for method, params in calls:
+            self.calls[method] += 1
+            self.params.append((method, params))
         self.batched.update(method for method, _ in calls)
         self.batches.append(list(calls))
         result: list[Answer] = await self.inner.batch(calls)
@@ -289,7 +300,8 @@ async def start_proxy(
     def counting(network: Network, metrics: Metrics) -> CountingUpstream:
         inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                              batch_max=settings.upstream_batch_max,
-                             batch_max_bytes=settings.upstream_batch_max_bytes)
+                             batch_max_bytes=settings.upstream_batch_max_bytes,
+                            attempt_timeout=settings.upstream_attempt_timeout)
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 

@@ -307,12 +307,12 @@ async def test_token_balance_has_bounded_staleness_and_keeps_its_context_slot(so
 
 
 class LaggingUpstream(CountingUpstream):
-    """A node behind the tracker: it does not know any block asked for by number yet."""
+    """A node behind the tracker: it does not know any block asked for by number or hash yet."""
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
-        if method == "eth_getStorageAt" and str(params[2]).startswith("0x"):
+        if method == "eth_getStorageAt" and (isinstance(params[2], dict) or str(params[2]).startswith("0x")):
             self.calls[method] += 1
-            return Answer.from_response({"error": {"code": -32000, "message": "header not found"}})
+            return Answer.from_response({"error": {"code": -32000, "message": "header not found"}}, upstream=0)
         return await super().request(method, params, timeout=timeout)
 
 

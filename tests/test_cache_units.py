@@ -72,10 +72,14 @@ class TestStoreTtl:
         assert cp.store_ttl(cp.BYPASS, CacheClass.BLOCK, "ok", TTLS) is None
 
     def test_answer_kind(self) -> None:
-        assert cp.answer_kind(None, None, False) == "null"
-        assert cp.answer_kind([], None, False) == "ok"  # an empty log list is an answer, not a not-found
-        assert cp.answer_kind(None, 3, True) == "revert"
-        assert cp.answer_kind(None, -32000, True) == "error"
+        assert cp.answer_kind(None, None, False, caches_reverts=True) == "null"
+        # an empty log list is an answer, not a not-found
+        assert cp.answer_kind([], None, False, caches_reverts=False) == "ok"
+        assert cp.answer_kind(None, 3, True, caches_reverts=True) == "revert"
+        assert cp.answer_kind(None, -32000, True, caches_reverts=True) == "error"
+
+    def test_code_3_is_a_cacheable_revert_only_for_eth_call(self) -> None:
+        assert cp.answer_kind(None, 3, True, caches_reverts=False) == "error"
 
 
 class TestCacheKey:
@@ -104,13 +108,16 @@ class TestMemoryTier:
         assert tier.get("k") is None and tier.get("forever") is not None
 
     def test_the_tier_is_bounded_in_bytes_least_recently_used_first(self) -> None:
-        tier = MemoryTier(3 * (100 + 64), FakeClock())
+        three = MemoryTier(10_000, FakeClock())
+        for key in "abc":
+            three.set(key, (b"x" * 100, False), math.inf)
+        tier = MemoryTier(three.bytes_used, FakeClock())  # room for three such entries, not four
         for key in "abc":
             tier.set(key, (b"x" * 100, False), math.inf)
         tier.get("a")
         tier.set("d", (b"x" * 100, False), math.inf)
         assert tier.get("b") is None and tier.get("a") is not None and tier.get("d") is not None
-        assert tier.bytes_used <= 3 * 164
+        assert len(tier) == 3 and tier.bytes_used <= three.bytes_used
 
 
 class TestCoalescer:

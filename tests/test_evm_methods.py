@@ -9,12 +9,14 @@ from tests.support import DEV_ACCOUNT, Anvil, Proxy, mapping_slot, selector, wor
 
 async def test_storage_reads_a_plain_variable_by_its_slot_number(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
+    await evm_proxy.head_at(anvil.block_number())  # `latest` trails the node by up to one poll
     value = await evm_proxy.result("eth_getStorageAt", [store, "0x0", "latest"])
     assert value == "0x" + word(7)
 
 
 async def test_storage_reads_a_mapping_element_at_keccak_of_key_and_slot(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
+    await evm_proxy.head_at(anvil.block_number())  # `latest` trails the node by up to one poll
     position = mapping_slot(DEV_ACCOUNT, 1)  # spec rule 2: keccak(key ++ slot)
     value = await evm_proxy.result("eth_getStorageAt", [store, position, "latest"])
     assert value == "0x" + word(42)
@@ -38,6 +40,7 @@ async def test_get_logs_by_block_hash(anvil: Anvil, evm_proxy: Proxy) -> None:
 
 async def test_eth_call_returns_the_contract_value(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
+    await evm_proxy.head_at(anvil.block_number())  # `latest` trails the node by up to one poll
     result = await evm_proxy.result("eth_call", [{"from": DEV_ACCOUNT, "to": store, "data": selector("x()")},
                                                  "latest"])
     assert result == "0x" + word(7)
@@ -45,6 +48,7 @@ async def test_eth_call_returns_the_contract_value(anvil: Anvil, evm_proxy: Prox
 
 async def test_eth_call_revert_returns_code_3_with_decoded_reason_and_data(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
+    await evm_proxy.head_at(anvil.block_number())  # `latest` trails the node by up to one poll
     reply = await evm_proxy.call("eth_call", [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")},
                                               "latest"])
     error = reply["error"]
@@ -69,6 +73,7 @@ async def test_block_receipts_by_number_in_each_accepted_form(anvil: Anvil, evm_
 async def test_block_receipts_pending_returns_the_latest_block(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
     receipt = anvil.send(store, selector("setX(uint256)") + word(5))
+    await evm_proxy.head_at(int(receipt["blockNumber"], 16))
     pending = await evm_proxy.result("eth_getBlockReceipts", ["pending"])
     latest = await evm_proxy.result("eth_getBlockReceipts", ["latest"])
     assert pending == latest

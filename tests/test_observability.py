@@ -194,8 +194,7 @@ def test_json_log_lines_carry_the_call_fields() -> None:
 
 
 async def test_sigterm_lets_an_in_flight_request_complete_and_closes_websockets() -> None:
-    answer = b'{"jsonrpc":"2.0","id":1,"result":"0x7a69"}'
-    async with bad_upstream(body=answer, delay=1.5) as url:
+    async with bad_upstream(result="0x7a69", delay=1.5) as url:
         port = free_port()
         env = {**os.environ, "EVM_UPSTREAM": url, "PROXY_PORT": str(port), "LOG_LEVEL": "WARNING",
                "HEAD_POLL_INTERVAL": "60"}

@@ -45,6 +45,14 @@ class TestCanonicalForms:
         ref = p.eth_get_storage_at([ADDR, "0x0", {"blockHash": HASH}], RULES)[2]
         assert ref.hash == HASH and ref.encode() == {"blockHash": HASH}
 
+    def test_eip1898_require_canonical_is_kept_and_forwarded(self) -> None:
+        ref = p.eth_get_storage_at([ADDR, "0x0", {"blockHash": HASH, "requireCanonical": True}], RULES)[2]
+        assert ref.require_canonical and ref.encode() == {"blockHash": HASH, "requireCanonical": True}
+        plain = p.eth_call([{"from": ADDR}, {"blockHash": HASH, "requireCanonical": False}], RULES)[1]
+        assert not plain.require_canonical and plain.encode() == {"blockHash": HASH}
+        with pytest.raises(JsonRpcError):
+            p.eth_call([{"from": ADDR}, {"blockHash": HASH, "requireCanonical": "yes"}], RULES)
+
     def test_get_logs_fills_latest_defaults(self) -> None:
         flt = p.eth_get_logs([{}], RULES)[0]
         assert flt["fromBlock"].tag == "latest" and flt["toBlock"].tag == "latest"

@@ -8,6 +8,14 @@ from proxy.methods import refusal
 from proxy.state import GATEWAY
 from tests.support import Anvil, Proxy, settings_for, start_proxy
 
+# What the proxy asks on its own (head polls, chain identity), whatever the clients send.
+OWN_CALLS = frozenset({"eth_getBlockByNumber", "eth_blockNumber", "eth_chainId"})
+
+
+def forwarded(proxy: Proxy) -> set[str]:
+    """Methods that reached the node other than the proxy's own head and identity calls."""
+    return set(proxy.upstreams["evm"].calls) - OWN_CALLS
+
 
 def call(method: str) -> dict[str, object]:
     return {"jsonrpc": "2.0", "id": 1, "method": method, "params": []}
@@ -34,7 +42,7 @@ async def test_methods_off_the_allow_list_are_method_not_found_and_never_forward
 ) -> None:
     status, reply, _ = await evm_proxy.post(call(method))
     assert status == 200 and reply["error"]["code"] == -32601, reply
-    assert sum(evm_proxy.upstreams["evm"].calls.values()) == 0
+    assert not forwarded(evm_proxy)
 
 
 @pytest.mark.parametrize("method", [" admin_nodeInfo", "admin_nodeInfo ", "аdmin_nodeInfo", "eth_call\n",
@@ -42,7 +50,7 @@ async def test_methods_off_the_allow_list_are_method_not_found_and_never_forward
 async def test_look_alike_method_names_are_invalid_requests(evm_proxy: Proxy, method: str) -> None:
     status, reply, _ = await evm_proxy.post(call(method))
     assert status == 400 and reply["error"]["code"] == -32600, reply
-    assert sum(evm_proxy.upstreams["evm"].calls.values()) == 0
+    assert not forwarded(evm_proxy)
 
 
 async def test_allow_methods_and_allow_namespaces_open_more_of_the_node(anvil: Anvil) -> None:
@@ -75,4 +83,4 @@ async def test_a_method_name_over_128_bytes_is_refused_before_routing_and_never_
         _, reply, _ = await evm_proxy.post(call(f"eth_{i}" + "a" * 120))
         assert reply["error"]["code"] == -32601
     assert dict(routes) == before
-    assert sum(evm_proxy.upstreams["evm"].calls.values()) == 0
+    assert not forwarded(evm_proxy)

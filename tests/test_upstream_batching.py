@@ -48,7 +48,7 @@ async def relay(target: str, *, refuse_batches: bool = False, max_body: int | No
             record.sizes.append(-len(payload))
             return web.json_response({"jsonrpc": "2.0", "id": None,
                                       "error": {"code": -32600, "message": "batch requests are not supported"}})
-        if not any(isinstance(p, dict) and p.get("method") == "eth_getBlockByNumber"
+        if not any(isinstance(p, dict) and p.get("method") in ("eth_getBlockByNumber", "eth_blockNumber", "eth_chainId")
                    for p in (payload if is_batch else [payload])):
             record.sizes.append(len(payload) if is_batch else 1)
         async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:

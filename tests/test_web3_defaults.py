@@ -24,9 +24,12 @@ async def http_w3(evm_proxy: Proxy) -> AsyncIterator[AsyncWeb3[Any]]:
     await provider.disconnect()  # web3 keeps its HTTP sessions cached until told
 
 
-async def test_view_calls_need_no_default_account_over_http(anvil: Anvil, http_w3: AsyncWeb3[Any]) -> None:
+async def test_view_calls_need_no_default_account_over_http(
+    anvil: Anvil, evm_proxy: Proxy, http_w3: AsyncWeb3[Any],
+) -> None:
     w3 = http_w3
     store = w3.eth.contract(address=AsyncWeb3.to_checksum_address(anvil.deploy_store()), abi=ABI)
+    await evm_proxy.head_at(anvil.block_number())  # deployed behind the proxy's back: wait for its head
     assert w3.eth.default_account is None or not w3.eth.default_account
     assert await store.functions.x().call() == 7
     assert await store.functions.x().call(block_identifier=anvil.block_number()) == 7
@@ -44,6 +47,7 @@ async def test_view_calls_need_no_default_account_over_http(anvil: Anvil, http_w
 
 async def test_view_calls_and_reverts_over_websocket(anvil: Anvil, evm_proxy: Proxy) -> None:
     address = AsyncWeb3.to_checksum_address(anvil.deploy_store())
+    await evm_proxy.head_at(anvil.block_number())
     async with AsyncWeb3(WebSocketProvider(evm_proxy.ws_url())) as w3:
         store = w3.eth.contract(address=address, abi=ABI)
         assert await store.functions.x().call() == 7

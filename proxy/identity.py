@@ -1,0 +1,112 @@
+"""Chain identity guard: every upstream of an EVM network must serve the same chain.
+
+At start-up, every IDENTITY_CHECK_INTERVAL seconds, and as soon as an upstream's connection was
+lost (it may come back as another chain: a restarted devnet), each upstream is asked for
+eth_chainId and the genesis block's hash. The network's identity is the `chain_id` declared in
+NETWORKS_FILE (with the genesis of the first upstream that matches it) or the first one seen. An
+upstream with another identity is taken out of rotation (an ERROR line, and
+`rpc_proxy_upstream_identity_mismatch` set to 1) until it matches again. The identity is part of
+every cache key of the network (`Head.space`), so entries of another chain are never served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from .jsonrpc import JsonRpcError
+from .metrics import Metrics
+from .upstream import PerUpstream
+from .upstream_state import ChainIdentity
+
+log = logging.getLogger("proxy.identity")
+PROBE_TIMEOUT = 5.0
+
+
+def parse_identity(chain_id: object, genesis: object) -> ChainIdentity | None:
+    """The identity in two answers (eth_chainId, the genesis block), or None if they hold none."""
+    if not isinstance(chain_id, str) or not isinstance(genesis, dict) or not isinstance(genesis.get("hash"), str):
+        return None
+    try:
+        return ChainIdentity(int(chain_id, 16), genesis["hash"].lower())
+    except ValueError:
+        return None
+
+
+def judge(
+    network: ChainIdentity | None, declared: int | None, seen: ChainIdentity
+) -> tuple[ChainIdentity | None, bool]:
+    """(the network's identity after this sighting, whether `seen` matches it)."""
+    if network is None:
+        if declared is not None and seen.chain_id != declared:
+            return None, False
+        return seen, True
+    return network, seen == network
+
+
+class IdentityGuard:
+    def __init__(
+        self,
+        network: str,
+        pool: PerUpstream,
+        *,
+        declared_chain_id: int | None,
+        interval: float,
+        retry: float,
+        metrics: Metrics,
+        on_identity: Callable[[ChainIdentity], None],
+    ) -> None:
+        self.network = network
+        self.identity: ChainIdentity | None = None
+        self.checked = asyncio.Event()  # the first round of checks has finished
+        self._pool = pool
+        self._declared = declared_chain_id
+        self._interval = interval
+        self._retry = retry  # while an upstream waits for its check after a lost connection
+        self._metrics = metrics
+        self._on_identity = on_identity
+
+    async def run(self) -> None:
+        states = self._pool.states
+        while True:
+            states.suspect.clear()
+            await self.check_all()
+            self.checked.set()
+            waiting = any(states.lost_since_verified)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._retry if waiting else self._interval):
+                    await states.suspect.wait()
+
+    async def check_all(self) -> None:
+        # In index order: with no declared chain id, the primary's identity is the network's.
+        for index in range(self._pool.states.size):
+            await self.check(index)
+
+    async def check(self, index: int) -> None:
+        states = self._pool.states
+        try:
+            chain_id, genesis = await asyncio.gather(
+                self._pool.ask(index, "eth_chainId", [], timeout=PROBE_TIMEOUT),
+                self._pool.ask(index, "eth_getBlockByNumber", ["0x0", False], timeout=PROBE_TIMEOUT),
+            )
+        except JsonRpcError:
+            return  # unreachable: it stays unverified (answers uncached) and is checked again later
+        seen = parse_identity(chain_id.result, genesis.result)
+        if seen is None:
+            return
+        first = self.identity is None
+        self.identity, matches = judge(self.identity, self._declared, seen)
+        if first and self.identity is not None:
+            log.info("network %s: chain identity is %s", self.network, self.identity.describe())
+            self._on_identity(self.identity)
+        if not matches and not states.mismatch[index]:
+            expected = self.identity.describe() if self.identity else f"declared chain id {self._declared}"
+            log.error("network %s: upstream #%d serves %s, not the network's %s: taken out of rotation",
+                      self.network, index, seen.describe(), expected)
+        elif matches and states.mismatch[index]:
+            log.warning("network %s: upstream #%d serves the network's chain again: back in rotation",
+                        self.network, index)
+        states.judged(index, matches)
+        self._metrics.identity_mismatch.labels(self.network, str(index)).set(0 if matches else 1)

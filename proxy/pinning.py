@@ -1,0 +1,103 @@
+"""Tie every answer to the block it belongs to. Pure decisions, no I/O.
+
+- An unfinalized read goes upstream pinned to the block hash its key holds (EIP-1898
+  `{"blockHash": ...}`, a receipts call by hash, an eth_getLogs filter by `blockHash` for a single
+  block), so the node can only answer from that block, whatever fork it is on.
+- An eth_getLogs range that reaches above finalized is checked after the answer: in the same batch
+  the node reports the range's last block, which must carry the pinned hash, and every log must
+  carry the hash the tracker holds for its block.
+- The block an answer depends on (the highest block number, or the tracker's number for a pinned
+  hash) must be at or below the head of the upstream that produced it (upstream_state.py).
+- Read-your-writes: a forwarded answer that shows block N (a receipt, a transaction, a block,
+  eth_blockNumber) is a hint that `latest` must resolve to at least N from now on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .chain import Head, Resolved
+from .params import BlockRef
+
+
+def forward_form(ref: BlockRef, resolved: Resolved | None, pin: bool) -> Any:
+    """What goes upstream for a block parameter: pinned to its hash when the key holds one (and the
+    position takes a hash), else the resolved number, else what the caller sent."""
+    if pin and resolved is not None and resolved.hash is not None and ref.hash is None:
+        pinned = ref.encode_hash(resolved.hash)
+        if pinned is not None:
+            return pinned
+    return ref.encode(resolved.number if resolved is not None and ref.tag is not None else None)
+
+
+def needed_block(resolved: list[Resolved | None], hashes: list[str], window: Mapping[str, int]) -> int | None:
+    """The highest block the answer depends on: its block numbers, and the numbers of the block
+    hashes it names (`hashes`) where the tracker's window (`window`, hash -> number) knows them."""
+    numbers = [r.number for r in resolved if r is not None and r.number is not None]
+    numbers += [window[h] for h in hashes if h in window]
+    return max(numbers) if numbers else None
+
+
+def tag_floor(unresolved: list[str], head: Head | None) -> int | None:
+    """The block a tag forwarded as a tag (a stale head, a head behind a shown block) stood for at
+    the last good head: the answering upstream must have reached it, or `latest` would go back."""
+    if head is None or not unresolved:
+        return None
+    floors = {"latest": head.latest, "pending": head.latest, "safe": head.safe, "finalized": head.finalized}
+    return max((floors.get(tag, 0) for tag in unresolved), default=None)
+
+
+def single_block_logs(log_filter: dict[str, Any], resolved: Mapping[int, Resolved | None]) -> str | None:
+    """The pinned hash of an eth_getLogs range of one unfinalized block, to send as `blockHash`."""
+    start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+    if not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+        return None
+    a, b = resolved.get(id(start)), resolved.get(id(end))
+    if a is None or b is None or a.number is None or a.number != b.number:
+        return None
+    return b.hash
+
+
+def range_end(log_filter: dict[str, Any], resolved: Mapping[int, Resolved | None]) -> Resolved | None:
+    """The resolved last block of an eth_getLogs range (None for a blockHash filter)."""
+    end = log_filter.get("toBlock")
+    return resolved.get(id(end)) if isinstance(end, BlockRef) else None
+
+
+def logs_on_chain(logs: Any, hashes: Mapping[int, str]) -> bool:
+    """Every log of a block the tracker holds a hash for carries that hash."""
+    if not isinstance(logs, list):
+        return False
+    for entry in logs:
+        try:
+            number = int(entry["blockNumber"], 16)
+            block_hash = str(entry["blockHash"]).lower()
+        except (KeyError, TypeError, ValueError):
+            return False
+        expected = hashes.get(number)
+        if expected is not None and expected != block_hash:
+            return False
+    return True
+
+
+# Forwarded methods whose answers show a block number a client may then read at `latest`.
+SHOWS_BLOCK = frozenset({
+    "eth_blockNumber", "eth_getTransactionReceipt", "eth_getTransactionByHash", "eth_getBlockByNumber",
+    "eth_getBlockByHash", "eth_getTransactionByBlockHashAndIndex", "eth_getTransactionByBlockNumberAndIndex",
+})
+
+
+def shown_block(method: str, result: Any) -> int | None:
+    """The block number an answer shows a client, if any."""
+    if method not in SHOWS_BLOCK or result is None:
+        return None
+    value = result if method == "eth_blockNumber" else (
+        result.get("blockNumber") or result.get("number") if isinstance(result, dict) else None
+    )
+    if not isinstance(value, str):
+        return None
+    try:
+        return int(value, 16)
+    except ValueError:
+        return None

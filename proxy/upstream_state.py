@@ -1,0 +1,78 @@
+"""What the proxy knows of each upstream of one network: its own head, and whether it serves the
+network's chain. Pure state and the decisions made from it; the I/O that feeds it lives in
+identity.py (per-upstream probes), chain.py (the tracker's polls) and upstream.py (failures).
+
+An answer is worth caching only if the upstream that produced it vouches for it: its chain
+identity was verified since its last lost connection, and its own head had reached every block
+the answer depends on. A node answers `[]` or a partial list for blocks past its head rather than
+an error, so a lagging upstream's answer is never stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+UNKNOWN = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ChainIdentity:
+    """A chain as its nodes report it: eth_chainId and the genesis block's hash."""
+
+    chain_id: int
+    genesis: str
+
+    def describe(self) -> str:
+        return f"chain id {self.chain_id}, genesis {self.genesis[:18]}"
+
+    def key_space(self) -> str:
+        """The part of cache keys that names this chain (the genesis hash shortened to 64 bits)."""
+        return f"{self.chain_id}:{self.genesis[2:18]}"
+
+
+class UpstreamStates:
+    """Per upstream index: its latest block, whether its identity is verified, whether it mismatches."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.latest = [UNKNOWN] * size
+        self.verified = [False] * size
+        self.mismatch = [False] * size
+        # Verified once, then its connection failed: out of rotation until its identity is checked again.
+        self.lost_since_verified = [False] * size
+        self.suspect = asyncio.Event()  # set when an upstream must have its identity checked again
+
+    def observe_head(self, index: int, number: int) -> None:
+        if 0 <= index < self.size:
+            self.latest[index] = number
+
+    def lost(self, index: int) -> None:
+        """Its connection failed: it may come back as another chain (a restarted devnet), so it is
+        out of rotation until its identity is checked again."""
+        if 0 <= index < self.size and self.verified[index]:
+            self.verified[index] = False
+            self.lost_since_verified[index] = True
+            self.suspect.set()
+
+    def judged(self, index: int, matches: bool) -> None:
+        self.mismatch[index] = not matches
+        self.verified[index] = matches
+        if matches:
+            self.lost_since_verified[index] = False
+
+    def in_rotation(self, index: int) -> bool:
+        """Serves the network's chain as far as is known. An upstream never verified (not reachable
+        at start-up) stays in rotation, but none of its answers is cached."""
+        return not self.mismatch[index] and not self.lost_since_verified[index]
+
+    def vouches(self, index: int, number: int | None) -> bool:
+        """Upstream `index` is verified and its own head has block `number` (None: no block number)."""
+        if not 0 <= index < self.size or not self.verified[index]:
+            return False
+        return number is None or self.latest[index] >= number
+
+    def other_with(self, index: int, number: int | None) -> int | None:
+        """Another verified upstream whose head has block `number`: the one furthest ahead."""
+        candidates = [i for i in range(self.size) if i != index and self.vouches(i, number)]
+        return max(candidates, key=lambda i: self.latest[i]) if candidates else None

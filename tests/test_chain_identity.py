@@ -1,0 +1,134 @@
+"""Chain identity: every upstream must serve the network's chain (chain id and genesis hash), cache
+keys carry that identity, and a finalized block whose hash changes invalidates the network's entries."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from proxy.state import SERVICE
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, eventually, selector, settings_for, start_proxy, word
+
+CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+
+
+def storage(address: str, block: int) -> dict[str, object]:
+    return {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(block)]}
+
+
+async def test_an_upstream_of_another_chain_is_taken_out_of_rotation(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = Anvil("--chain-id", "999")
+    relay = await FaultRelay(anvil.url).start()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{other.url}"))
+    try:
+        assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
+        assert proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="0") == 0
+        assert proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="1") == 1
+        assert any(r.levelno == logging.ERROR and "upstream #1 serves chain id 999" in r.getMessage()
+                   for r in caplog.records)
+        assert other.url not in caplog.text
+        relay.inject("http500", times=None)  # the primary fails: the other chain never answers instead
+        for _ in range(3):
+            status, body, _ = await proxy.post(CHAIN_ID)
+            assert status == 502 and body["error"]["code"] == -32002
+    finally:
+        await proxy.close()
+        await relay.close()
+        other.stop()
+
+
+async def test_a_declared_chain_id_refuses_upstreams_of_another_chain(anvil: Anvil, tmp_path: Path) -> None:
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.devnet]\nfamily = "evm"\nupstreams = ["{anvil.url}"]\nchain_id = 999\n')
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=str(networks)))
+    try:
+        status, body, _ = await proxy.post(CHAIN_ID, network="devnet")
+        assert status == 502 and body["error"]["code"] == -32002
+        async with proxy.session.get(proxy.base + "/readyz") as resp:
+            assert resp.status == 503 and "no upstream serves" in (await resp.json())["networks"]["devnet"]
+    finally:
+        await proxy.close()
+
+
+async def test_an_upstream_restarted_as_another_chain_is_taken_out_of_rotation(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
+    try:
+        assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
+        anvil.stop()
+
+        async def outage_seen() -> bool:
+            return proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="connect") > 0
+
+        await eventually(outage_seen, 10, "the proxy to see the node go away")
+        anvil.__init__("--chain-id", "999", port=anvil.port)  # type: ignore[misc]  # same URL, new chain
+
+        async def refused() -> bool:
+            status, body, _ = await proxy.post(CHAIN_ID)
+            assert body.get("result") != "0x3e7" or status != 200, "an answer from the other chain"
+            return proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="0") == 1
+
+        await eventually(refused, 10, "the restarted upstream to be refused")
+    finally:
+        await proxy.close()
+
+
+async def test_cache_keys_carry_the_chain_identity_so_a_repointed_proxy_never_serves_the_old_chain(
+    redis_url: str,
+) -> None:
+    old, new = Anvil(), Anvil("--chain-id", "999")
+    try:
+        for node, value in ((old, 11), (new, 22)):
+            address = node.deploy_store()  # the same address on both: the same sender and nonce
+            node.send(address, selector("setX(uint256)") + word(value))
+            node.mine(70)
+        block = 3
+        first = await start_proxy(settings_for(EVM_UPSTREAM=old.url, REDIS_URL=redis_url))
+        try:
+            await first.head_at(block + 64)
+            assert (await first.post(storage(address, block)))[1]["result"] == "0x" + word(11)
+        finally:
+            await first.close()
+        second = await start_proxy(settings_for(EVM_UPSTREAM=new.url, REDIS_URL=redis_url))
+        try:
+            await second.head_at(block + 64)
+            _, body, headers = await second.post(storage(address, block))
+            assert body["result"] == "0x" + word(22) and headers["X-Cache"] == "MISS"
+        finally:
+            await second.close()
+    finally:
+        old.stop()
+        new.stop()
+
+
+async def test_a_finalized_block_whose_hash_changes_is_an_error_that_invalidates_the_network(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
+    try:
+        address = anvil.deploy_store()
+        anvil.mine(80)
+        await proxy.head_at(81)
+        request = storage(address, 10)  # final: cached forever
+        await proxy.post(request)
+        assert (await proxy.post(request))[2]["X-Cache"] == "HIT"
+        tracker = proxy.app[SERVICE].networks["evm"].tracker
+        space = tracker.head.space if tracker.head else None
+
+        anvil.rpc("anvil_reorg", 78, [])  # replaces blocks 4-81: 4-17 were final
+
+        async def violation() -> bool:
+            return proxy.metric("rpc_proxy_finality_violations_total", network="evm") >= 1
+
+        await eventually(violation, 10, "the finality violation to be seen")
+        assert any(r.levelno == logging.ERROR and "changed hash" in r.getMessage() for r in caplog.records)
+        assert tracker.head is not None and tracker.head.space != space
+        _, _, headers = await proxy.post(request)
+        assert headers["X-Cache"] != "HIT"  # the old entry is left behind with the old epoch
+    finally:
+        await proxy.close()
+

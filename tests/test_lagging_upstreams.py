@@ -1,0 +1,197 @@
+"""Every answer is tied to the block it belongs to, on the node that produced it: a lagging backup's
+partial answer is never stored, `latest` never goes backwards for it, and unfinalized reads are
+pinned to the block hash their key holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from proxy.state import SERVICE
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
+
+FORK_AT = 120
+
+
+@pytest.fixture(scope="module")
+def chain_with_logs() -> Iterator[tuple[Anvil, str]]:
+    """A node with one log in each of blocks 110-130, all final (latest 200)."""
+    node = Anvil()
+    address = node.deploy_store()
+    node.mine(109 - node.block_number())
+    for _ in range(110, 131):
+        node.send(address, selector("emitMany(uint256)") + word(1))
+    node.mine(200 - node.block_number())
+    yield node, address
+    node.stop()
+
+
+@pytest.fixture
+async def lagging(chain_with_logs: tuple[Anvil, str]) -> AsyncIterator[tuple[Anvil, Anvil, FaultRelay, str]]:
+    """The node behind a fault relay as primary, and a fork of it at block 120 as a backup."""
+    node, address = chain_with_logs
+    backup = Anvil("--fork-url", node.url, "--fork-block-number", str(FORK_AT))
+    relay = await FaultRelay(node.url).start()
+    yield node, backup, relay, address
+    await relay.close()
+    backup.stop()
+
+
+def logs_request(address: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
+            "params": [{"address": address, "fromBlock": hex(110), "toBlock": hex(130)}]}
+
+
+async def backup_head_known(proxy: Proxy) -> None:
+    states = proxy.app[SERVICE].networks["evm"].per_upstream
+    assert states is not None
+
+    async def known() -> bool:
+        return states.states.latest[1] == FORK_AT and states.states.verified[1]
+
+    await eventually(known, 10, "the backup's own head to be known")
+
+
+async def behind_relay_and_backup(relay: FaultRelay, backup: Anvil) -> Proxy:
+    """A proxy over the relayed primary and the lagging backup, once it knows both heads."""
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    await proxy.head_at(200)
+    await backup_head_known(proxy)
+    return proxy
+
+
+async def test_a_lagging_backups_partial_logs_are_never_stored(
+    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+) -> None:
+    _node, backup, relay, address = lagging
+    proxy = await behind_relay_and_backup(relay, backup)
+    try:
+        relay.inject("http500", method="eth_getLogs")  # one failure: the backup answers first
+        _, body, _ = await proxy.post(logs_request(address))
+        assert len(body["result"]) == 21  # the backup's 11 were replaced by the primary's answer
+        _, body, headers = await proxy.post(logs_request(address))
+        assert len(body["result"]) == 21 and headers["X-Cache"] == "HIT"
+    finally:
+        await proxy.close()
+
+
+async def test_a_lagging_backups_answer_is_refused_when_no_upstream_has_the_blocks(
+    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+) -> None:
+    _node, backup, relay, address = lagging
+    proxy = await behind_relay_and_backup(relay, backup)
+    try:
+        relay.inject("http500", method="eth_getLogs", times=2)  # the primary fails the call and its retry
+        status, body, _ = await proxy.post(logs_request(address))
+        assert status == 502 and body["error"]["code"] == -32002 and "block 130" in body["error"]["message"]
+        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="lagging") == 1
+        _, body, headers = await proxy.post(logs_request(address))
+        assert len(body["result"]) == 21 and headers["X-Cache"] == "MISS"  # nothing partial was stored
+    finally:
+        await proxy.close()
+
+
+async def test_latest_never_goes_backwards_when_a_lagging_backup_answers(
+    lagging: tuple[Anvil, Anvil, FaultRelay, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _node, backup, relay, _address = lagging
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}", HEAD_STALE_AFTER="30"))
+    try:
+        await proxy.head_at(200)
+        assert (await proxy.result("eth_blockNumber", [])) == hex(200)
+        relay.inject("http500", times=None)  # the primary is down: only the backup (at 120) answers
+        tracker = proxy.app[SERVICE].networks["evm"].tracker
+
+        async def backup_polled() -> bool:
+            return caplog.text.count("upstream #1 is behind the network head (120 < 200)") >= 3
+
+        await eventually(backup_polled, 10, "the tracker to reach the backup")
+        assert tracker.head is not None and tracker.head.latest == 200
+        assert (await proxy.result("eth_blockNumber", [])) == hex(200)  # the backup says 120
+    finally:
+        await proxy.close()
+
+
+async def test_unfinalized_reads_are_pinned_to_the_hash_their_key_holds(anvil: Anvil, evm_proxy: Proxy) -> None:
+    address = anvil.deploy_store()
+    receipt = anvil.send(address, selector("emitMany(uint256)") + word(2))
+    anvil.mine(2)
+    await evm_proxy.head_at(anvil.block_number())
+    number, block_hash = receipt["blockNumber"], receipt["blockHash"]
+    for method, params in (
+        ("eth_getStorageAt", [address, "0x0", number]),
+        ("eth_call", [{"from": address, "to": address, "data": selector("x()")}, number]),
+        ("eth_getBlockReceipts", [number]),
+        ("eth_getLogs", [{"address": address, "fromBlock": number, "toBlock": number}]),
+    ):
+        assert (await evm_proxy.call(method, params)).get("result") is not None
+    sent = {method: params for method, params in evm_proxy.upstreams["evm"].params}
+    assert sent["eth_getStorageAt"][2] == {"blockHash": block_hash}
+    assert sent["eth_call"][1] == {"blockHash": block_hash}
+    assert sent["eth_getBlockReceipts"] == [block_hash]
+    assert sent["eth_getLogs"] == [{"address": [address], "blockHash": block_hash}]
+
+
+async def test_an_unfinalized_log_range_is_kept_only_if_its_last_block_is_the_pinned_one(
+    anvil: Anvil, evm_proxy: Proxy
+) -> None:
+    address = anvil.deploy_store()
+    first = anvil.send(address, selector("emitMany(uint256)") + word(1))
+    anvil.mine(2)
+    top = anvil.block_number()
+    await evm_proxy.head_at(top)
+    request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
+               "params": [{"address": address, "fromBlock": first["blockNumber"], "toBlock": hex(top)}]}
+    _, body, headers = await evm_proxy.post(request)
+    assert len(body["result"]) == 1 and headers["X-Cache"] == "MISS"
+    batches = [calls for calls in evm_proxy.upstreams["evm"].params if calls[0] == "eth_getBlockByNumber"]
+    assert ["eth_getBlockByNumber", [hex(top), False]] in [list(b) for b in batches]
+    assert (await evm_proxy.post(request))[2]["X-Cache"] == "HIT"
+
+
+async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(anvil: Anvil) -> None:
+    """One URL in front of two nodes on different forks: the tracker's polls reach one, data calls
+    the other. Calls go out pinned to the tracker's hash, so the other fork's data is never kept."""
+    address = anvil.deploy_store()
+    other = Anvil("--fork-url", anvil.url, "--fork-block-number", str(anvil.block_number()))
+    tracker_methods = {"eth_getBlockByNumber", "eth_blockNumber", "eth_chainId"}
+    session = aiohttp.ClientSession()
+
+    async def route(request: web.Request) -> web.Response:
+        body = await request.read()
+        calls = json.loads(body)
+        first = calls[0] if isinstance(calls, list) else calls
+        target = other.url if first.get("method") in tracker_methods else anvil.url
+        async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
+            return web.Response(body=await resp.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/", route)
+    balancer = TestServer(app, host="127.0.0.1", port=free_port())
+    await balancer.start_server()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{balancer.port}/"))
+    try:
+        anvil.send(address, selector("setX(uint256)") + word(1))  # this fork's block N+1
+        other.send(address, selector("setX(uint256)") + word(2))  # the tracker's fork's block N+1
+        top = other.block_number()
+        await proxy.head_at(top)
+        request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(top)]}
+        for _ in range(3):
+            _, body, headers = await proxy.post(request)
+            assert body.get("result") != "0x" + word(1)  # never the other fork's value under this key
+            assert headers["X-Cache"] != "HIT"
+        sent = [params[2] for method, params in proxy.upstreams["evm"].params if method == "eth_getStorageAt"]
+        head = proxy.app[SERVICE].networks["evm"].tracker.head
+        assert head is not None and {"blockHash": head.hashes[top]} in sent
+    finally:
+        await proxy.close()
+        await balancer.close()
+        await session.close()
+        other.stop()

@@ -1,0 +1,107 @@
+"""Leased credits: the pure outage rules, and the lease script against a real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+
+from proxy.credits import Verdict
+from proxy.leases import KeyLease, LeasedLedger, ledger_key, outage_ceiling, outage_verdict, read_journals
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink
+
+NOW = 1_800_000_000.0
+
+
+class TestOutageRules:
+    def test_a_known_key_may_spend_its_lease_and_its_share_of_what_nobody_held(self) -> None:
+        lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, others=500, known=True, active=2)
+        # 1000 - 500 held by others - 300 held here = 200 unheld; half of it is this replica's.
+        assert outage_ceiling(lease, 1000, fail_open=True, lease_max=10_000) == 400
+
+    def test_a_key_never_seen_is_served_up_to_one_largest_lease_when_failing_open(self) -> None:
+        lease = KeyLease("k", "rcp:k")
+        assert outage_ceiling(lease, 1000, fail_open=True, lease_max=300) == 300
+        assert outage_ceiling(lease, 1000, fail_open=False, lease_max=300) == 0
+
+    def test_beyond_the_ceiling_the_ledger_is_unavailable_and_beyond_the_balance_exhausted(self) -> None:
+        lease = KeyLease("k", "rcp:k", allowance=0, consumed=0, others=900, known=True, ceiling=50)
+        assert outage_verdict(lease, 40, 1000, None, NOW) is Verdict.OK
+        assert outage_verdict(lease, 60, 1000, None, NOW) is Verdict.UNAVAILABLE
+        assert outage_verdict(lease, 120, 1000, None, NOW) is Verdict.EXHAUSTED
+
+    def test_the_remaining_balance_counts_other_replicas_leases_as_spent(self) -> None:
+        lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, refunded=20, others=500, known=True)
+        assert lease.remaining(1000) == 1000 - 500 - 80
+
+
+@pytest.fixture
+async def link(redis_url: str) -> AsyncIterator[RedisLink]:
+    link = RedisLink(aioredis.Redis.from_url(redis_url), timeout=2.0, metrics=Metrics(CollectorRegistry()),
+                     report_up=False)
+    yield link
+    await link.close()
+
+
+def ledger(link: RedisLink, **options: int) -> LeasedLedger:
+    return LeasedLedger(link, lease_max=options.get("lease_max", 100_000), lease_seconds=10.0)
+
+
+async def debit(ledger: LeasedLedger, amount: int, daily: int) -> Verdict:
+    return (await ledger.debit("k", amount, daily=daily, per_second=None, now=NOW)).verdict
+
+
+class TestLeaseScript:
+    async def test_a_lease_covers_later_debits_without_a_round_trip(self, link: RedisLink) -> None:
+        replica = ledger(link)
+        assert await debit(replica, 80, 80_000) is Verdict.OK
+        assert replica.try_debit("k", 80, daily=80_000, per_second=None, now=NOW) is not None
+
+    async def test_leases_shrink_near_the_limit_so_the_last_credits_go_out_exactly(self, link: RedisLink) -> None:
+        first, second = ledger(link), ledger(link)
+        served = 0
+        for i in range(60):
+            if await debit(first if i % 2 else second, 80, 80 * 25) is Verdict.OK:
+                served += 1
+        assert served == 25
+        used = await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")
+        assert int(used) == 80 * 25
+
+    async def test_a_lease_is_never_larger_than_the_largest_lease(self, link: RedisLink) -> None:
+        replica = ledger(link, lease_max=400)
+        await debit(replica, 80, 10**9)
+        assert int(await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")) == 480
+
+    async def test_given_back_leases_leave_exactly_what_was_spent(self, link: RedisLink) -> None:
+        replica = ledger(link)
+        for _ in range(3):
+            await debit(replica, 80, 80_000)
+        await replica.close(NOW)
+        assert int(await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")) == 240
+
+    async def test_a_lost_entry_is_restored_from_the_replicas_last_known_usage(self, link: RedisLink) -> None:
+        replica = ledger(link)
+        for _ in range(5):
+            await debit(replica, 80, 800)
+        before = await replica.used("k", now=NOW)
+        await link.client.delete(ledger_key("k", int(NOW) // 86400))
+        served = sum([await debit(replica, 80, 800) is Verdict.OK for _ in range(20)])
+        assert before + served * 80 <= 800
+
+    async def test_refused_replicas_give_back_what_they_cannot_use(self, link: RedisLink) -> None:
+        replica = ledger(link)
+        assert await debit(replica, 300, 1000) is Verdict.OK  # leases 300 + whole calls of the rest
+        assert await debit(replica, 900, 1000) is Verdict.EXHAUSTED
+        key = ledger_key("k", int(NOW) // 86400)
+        assert int(await link.client.hget(key, "used")) == 300
+
+
+def test_journals_merge_by_max_so_a_line_read_twice_counts_once(tmp_path: Path) -> None:
+    path = tmp_path / "r1.journal"
+    path.write_text('{"r":"r1","k":"rcp:x","c":160,"f":0}\n{"r":"r1","k":"rcp:x","c":240,"f":80}\n'
+                    '{"r":"r1","k":"rcp:x","c":240,"f":80}\n{"r":"r1","k":')
+    assert read_journals(str(tmp_path)) == {"rcp:x": {"r1": (240, 80)}}
