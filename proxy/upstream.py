@@ -116,7 +116,7 @@ def batch_problem(reply: Any, ids: range) -> str | None:
 
 
 # Failures after a node took the call: it may have run it (charging.py charges such calls).
-REACHED_KINDS = frozenset({"timeout", "invalid"})
+REACHED_KINDS = frozenset({"timeout", "invalid", "mismatch"})
 
 
 class _Failed(Exception):

@@ -200,7 +200,7 @@ def test_operator_cli_shows_a_keys_usage_from_redis(anvil: Anvil, redis_url: str
     result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage", "alice"], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    assert "key alice: 335 credits used, 665 left of 1000" in result.stdout
+    assert f"key {derived_name('alice')}: 335 credits used, 665 left of 1000" in result.stdout
     unknown = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage", "mallory"], env=env, cwd=ROOT,
                              capture_output=True, text=True, timeout=30)
     assert unknown.returncode == 2 and "not configured" in unknown.stderr

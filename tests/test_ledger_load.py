@@ -19,11 +19,15 @@ from typing import Any
 import pytest
 import redis as sync_redis
 
+from proxy.accounts import derived_name
 from proxy.config import Settings
 from proxy.leases import LeasedLedger, ledger_key
 from proxy.state import LEDGER
 from tests.support import ROOT, Anvil, Proxy, RedisServer, eventually, settings_for, start_proxy
 from tests.test_credits import keys_file, storage
+
+# keys_file writes older-form tables ([keys.alice]: "alice" is the secret), named by a hash prefix.
+ALICE = derived_name("alice")
 
 
 @pytest.fixture
@@ -88,7 +92,7 @@ async def test_400_concurrent_requests_on_two_busy_replicas_spend_exactly_the_cr
         paid = [body for status, body, _ in replies if status == 200]
         assert all("result" in item for body in paid for item in (body if batch else [body]))
         assert sum(int(headers["X-Credits-Charged"]) for _, _, headers in replies) == price * 10
-    assert ledger_used(redis_url, "alice") == price * 10
+    assert ledger_used(redis_url, ALICE) == price * 10
 
 
 async def test_400_concurrent_websocket_messages_on_two_busy_replicas_spend_exactly_the_credit_for_10(
@@ -108,7 +112,7 @@ async def test_400_concurrent_websocket_messages_on_two_busy_replicas_spend_exac
         assert len(replies) == 400
         assert sum("result" in r for r in replies) == 10
         assert all("daily credit limit" in r["error"]["message"] for r in replies if "error" in r)
-    assert ledger_used(redis_url, "alice") == 800
+    assert ledger_used(redis_url, ALICE) == 800
 
 
 # --- Redis stopped mid-load --------------------------------------------------------------------
@@ -174,7 +178,7 @@ async def test_redis_stopped_mid_load_loses_no_usage_and_gives_no_credit_back(
         later = [a.remaining for a in answered if a.replica == replica and a.started_in >= 1 and a.remaining]
         assert later and max(later) <= before
     # Both replicas gave their leases back on close: Redis holds exactly what was charged.
-    assert ledger_used(redis_url, "alice") == sum(a.charged for a in answered)
+    assert ledger_used(redis_url, ALICE) == sum(a.charged for a in answered)
 
 
 async def _at_least(items: list[Answered], count: int) -> bool:
@@ -198,7 +202,7 @@ async def test_a_ledger_entry_lost_while_replicas_hold_leases_gives_no_credit_ba
             redis_server.start()  # empty: no persistence
         else:
             client = sync_redis.Redis.from_url(redis_url)
-            client.delete(ledger_key("alice", int(time.time()) // 86400))
+            client.delete(ledger_key(ALICE, int(time.time()) // 86400))
             client.close()
         for i in range(100):
             served += (await replicas[i % 2].post(storage(i), key="alice"))[0] == 200
@@ -233,7 +237,7 @@ async def test_filling_the_cache_redis_to_its_limit_leaves_every_ledger_entry_in
             assert status == 402 and headers["X-Credits-Remaining"] == "0"
         finally:
             await proxy.close()
-        assert ledger_used(ledger.url, "alice") == 240 and ledger_used(ledger.url, "bob") == 80
+        assert ledger_used(ledger.url, ALICE) == 240 and ledger_used(ledger.url, derived_name("bob")) == 80
     finally:
         cache.stop()
         ledger.stop()
@@ -293,6 +297,6 @@ async def test_keys_usage_lists_every_key_with_journaled_usage_not_yet_written_b
     result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage"], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    assert "key alice: 560 credits used, 9440 left of 10000" in result.stdout
+    assert f"key {ALICE}: 560 credits used, 9440 left of 10000" in result.stdout
     assert "journaled while the ledger was unreachable, not yet written back" in result.stdout
-    assert "key bob: 0 credits used, 5000 left of 5000" in result.stdout
+    assert f"key {derived_name('bob')}: 0 credits used, 5000 left of 5000" in result.stdout
