@@ -116,6 +116,10 @@ DEFAULT_ALLOWED_METHODS = frozenset({
     "eth_getTransactionByBlockNumberAndIndex", "eth_getTransactionReceipt", "eth_getUncleCountByBlockHash",
     "eth_getUncleCountByBlockNumber", "eth_getUncleByBlockNumberAndIndex", "eth_protocolVersion",
     "eth_sendRawTransaction", "web3_clientVersion",
+    # Node-side filters: ethers' JsonRpcProvider serves `contract.on` with them. They are forwarded,
+    # uncached, and live on the node that created them (README "Clients").
+    "eth_newFilter", "eth_newBlockFilter", "eth_newPendingTransactionFilter", "eth_getFilterChanges",
+    "eth_getFilterLogs", "eth_uninstallFilter",
     # Subscriptions: served over WebSocket (subscriptions.py), refused over HTTP by their own rule.
     *SUBSCRIPTION_METHODS,
     *(m for m in SOLANA_METHODS if m != "requestAirdrop"),

@@ -44,6 +44,7 @@ async def test_an_ethers_app_sees_through_the_proxy_what_it_sees_on_the_node(end
     assert seen == {
         "setXStatus": 1, "httpX": "9", "wsX": "9", "revert": "CALL_EXCEPTION:nope",
         "events": 20, "uniqueEvents": 20, "eventsMatchReceipts": True,  # contract.on: each event exactly once
+        "httpEvents": 20, "httpEventsSameAsWs": True,  # contract.on over HTTP (node-side filters), no settings
         "blocksConsecutive": True, "blocksSeen": True, "queryFilter": 20,
     }
 

@@ -13,7 +13,8 @@ const KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
 const EVENTS = 20;
 
 async function main() {
-  const http = new JsonRpcProvider(httpUrl, undefined, { polling: true, pollingInterval: 100 });
+  // Defaults but for a shorter polling interval (ethers polls every 4 s), so the test runs quickly.
+  const http = new JsonRpcProvider(httpUrl, undefined, { pollingInterval: 100 });
   const ws = new WebSocketProvider(wsUrl);
   const out = {};
   try {
@@ -42,8 +43,12 @@ async function main() {
     // Events: every one of 20 transactions' events arrives exactly once; blocks arrive consecutively.
     const seen = [];
     const blocks = [];
+    const seenHttp = [];
     const watched = new Contract(address, abi, ws);
     await watched.on("Emitted", (i, event) => seen.push(`${event.log.transactionHash}:${event.log.index}`));
+    // Over HTTP, ethers serves contract.on with a node-side filter (eth_newFilter, eth_getFilterChanges).
+    const watchedHttp = new Contract(address, abi, http);
+    await watchedHttp.on("Emitted", (i, event) => seenHttp.push(`${event.log.transactionHash}:${event.log.index}`));
     await ws.on("block", (n) => blocks.push(n));
     // ethers subscribes in the background, the logs first: a first block seen means both are live.
     const node = new JsonRpcProvider(nodeUrl);
@@ -55,6 +60,7 @@ async function main() {
       receipts.push(await sent.wait());
     }
     await until(() => seen.length >= EVENTS, 30000, "20 events");
+    await until(() => seenHttp.length >= EVENTS, 30000, "20 events over HTTP");
     const last = receipts[receipts.length - 1].blockNumber;
     await until(() => blocks.length > 0 && blocks[blocks.length - 1] >= last, 30000, "the last block");
     await node.send("evm_mine", []);
@@ -63,6 +69,8 @@ async function main() {
     out.events = seen.length;
     out.uniqueEvents = new Set(seen).size;
     out.eventsMatchReceipts = receipts.every((r) => seen.some((s) => s.startsWith(r.hash)));
+    out.httpEvents = seenHttp.length;
+    out.httpEventsSameAsWs = new Set(seenHttp).size === seenHttp.length && seenHttp.every((s) => seen.includes(s));
     out.blocksConsecutive = blocks.every((n, i) => i === 0 || n === blocks[i - 1] + 1);
     out.blocksSeen = blocks.length >= EVENTS;
 
@@ -70,8 +78,10 @@ async function main() {
     const logs = await new Contract(address, abi, http).queryFilter("Emitted", 0, "latest");
     out.queryFilter = logs.length;
     await watched.removeAllListeners();
+    await watchedHttp.removeAllListeners();
     await ws.removeAllListeners();
     await ws.getBlockNumber(); // a round trip after the eth_unsubscribe calls, so none is cut off by destroy()
+    await http.send("eth_blockNumber", []); // likewise after eth_uninstallFilter
   } finally {
     http.destroy();
     await ws.destroy();
