@@ -23,6 +23,7 @@ from .identity import IdentityGuard
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from .leases import LeasedLedger
 from .listeners import start_metrics_listener
+from .logs import redacted
 from .metrics import Metrics
 from .redis_link import RedisLink, RedisUnavailable, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
@@ -88,19 +89,11 @@ def guarded(handler: Handler) -> Handler:
     return run
 
 
-_KEY_SEGMENT = re.compile(r"(/v3/)[^/]+")
-
-
-def redacted_path(path: str) -> str:
-    """A request path fit for a log line: the API key segment replaced, so no secret is written."""
-    return _KEY_SEGMENT.sub(r"\1<key>", path)
-
-
 def failure_response(request: web.Request, exc: Exception) -> web.Response:
     """A JsonRpcError as its own response; anything else as -32603, with the details in the log only."""
     if isinstance(exc, JsonRpcError):
         return error_response(exc, NO_CHARGE)
-    log.exception("internal error serving %s", redacted_path(request.path))
+    log.exception("internal error serving %s", redacted(request.path))
     return error_response(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
 
 

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .jsonrpc import JsonRpcError
+from .logs import Throttled
 from .metrics import Metrics
 from .params import COMMITMENTS, BlockRef
 from .upstream import Answer, PerUpstream, Upstream
 from .upstream_state import ChainIdentity, UpstreamStates
 
 log = logging.getLogger("proxy.chain")
+throttled = Throttled(log)
 
 HEADER_CHUNK = 32  # headers fetched per batch while walking back through the window
 
@@ -83,7 +85,8 @@ async def poll_forever(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("%s: poll failed: %s", what, exc or type(exc).__name__)
+            # A node that is down fails every poll: one line per interval says so, with a count.
+            throttled.warning(what, "%s: poll failed: %s", what, exc or type(exc).__name__)
             if failed is not None:
                 failed()
         if attempted is not None:

@@ -8,7 +8,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
+
+from redis.connection import parse_url
 
 from .accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from .jsonrpc import METHOD_NAME
@@ -273,13 +275,23 @@ def _csv(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+def _url_parts(name: str, index: int, url: str) -> SplitResult:
+    """An upstream URL's parts; never echoed, since it may carry a provider's secret key."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        raise ConfigError(f"{name}: upstream #{index} is not a valid URL") from None
+    return parts
+
+
 def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
     if isinstance(urls, str):
         urls = _csv(urls)
     if not isinstance(urls, (list, tuple)) or not all(isinstance(u, str) for u in urls):
         raise ConfigError(f"{name} must be a list of URLs")
     for index, url in enumerate(urls):
-        parts = urlsplit(url)
+        parts = _url_parts(name, index, url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             # Never echo the URL: it may carry a provider's secret key.
             raise ConfigError(f"{name}: upstream #{index} is not an http(s) URL")
@@ -302,12 +314,16 @@ def _redis_url(name: str, raw: str) -> str:
         raise ConfigError(f"{name} has port 0")
     if parts.scheme == "unix" and not parts.path:
         raise ConfigError(f"{name} names no socket path")
+    try:  # redis-py's own reading: query options such as db=x or socket_timeout=abc
+        parse_url(raw)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name} has an invalid option in its query string") from None
     return raw
 def _ws_urls(name: str, urls: Any) -> tuple[str, ...]:
     if isinstance(urls, str):
         urls = _csv(urls)
     for index, url in enumerate(urls):
-        parts = urlsplit(url)
+        parts = _url_parts(name, index, url)
         if parts.scheme not in ("ws", "wss") or not parts.hostname:
             raise ConfigError(f"{name}: WebSocket upstream #{index} is not a ws(s) URL")
     return tuple(urls)
@@ -339,6 +355,8 @@ def _load_toml(name: str, path: str) -> dict[str, Any]:
         raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{name}: {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: {path} is not UTF-8 text") from None
 
 
 def _networks_from_file(path: str) -> list[Network]:
@@ -477,7 +495,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", lambda n, v: 0.0 if v.strip() in ("0", "0.0")
                            else _positive_float(n, v)),
     "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _positive_float),
-    "CREDITS_REDIS_URL": ("credits_redis_url", lambda _n, v: v),
+    "CREDITS_REDIS_URL": ("credits_redis_url", _redis_url),
     "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _positive_float),
     "CREDITS_REDIS_FAILURES": ("credits_redis_failures", _positive_int),
     "CREDITS_REQUIRE_NOEVICTION": ("credits_require_noeviction", _bool),

@@ -4,6 +4,7 @@ upstreams are named by index, and nothing logs a request body or an upstream URL
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -12,6 +13,14 @@ from typing import Any
 import orjson
 
 FIELDS = ("request_id", "network", "method", "outcome", "cache", "upstream_ms")
+# An API key is the path segment after /v3/; it is cut from every line written, whoever wrote it
+# (aiohttp quotes a malformed request line, key included, in its own error).
+_KEY_SEGMENT = re.compile(r"(/v3/)[^/\s'\"\\?#]+")
+
+
+def redacted(text: str) -> str:
+    """Text fit for a log line: every /v3/<key> segment replaced, so no secret is written."""
+    return _KEY_SEGMENT.sub(r"\1<key>", text) if "/v3/" in text else text
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -29,7 +38,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(entry).decode()
+        return redacted(orjson.dumps(entry).decode())
 
 
 class TextFormatter(logging.Formatter):
@@ -39,7 +48,25 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         extras = _extras(record)
-        return line + "".join(f" {k}={v}" for k, v in extras.items()) if extras else line
+        return redacted(line + "".join(f" {k}={v}" for k, v in extras.items()) if extras else line)
+
+
+class ClientErrors(logging.Filter):
+    """aiohttp logs a malformed request (a bad request line or header) as an ERROR with a traceback:
+    one per bad client request, a flood. It is the client's fault: a DEBUG one-liner at most."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            return False
+        record.msg, record.args, record.exc_info, record.exc_text = (
+            "malformed HTTP request from a client: %s", (type(exc).__name__,), None, None)
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
 
 
 def setup(fmt: str, level: str, access_log: bool = False) -> None:
@@ -49,6 +76,9 @@ def setup(fmt: str, level: str, access_log: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, ClientErrors) for f in server.filters):
+        server.addFilter(ClientErrors())
     # One line per call is opt-in: at thousands of calls a second it is the dearest thing we do.
     logging.getLogger("proxy.access").setLevel(logging.INFO if access_log else logging.WARNING)
 

@@ -57,6 +57,8 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("getLargestAccounts", "solana", p.get_largest_accounts, CacheClass.LARGEST_ACCOUNTS, 160),
         # Forwarded, uncached, but under a spec rule.
         MethodPolicy("eth_estimateGas", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
+        # It runs the call too: the same call object, the same cap (else a way round it).
+        MethodPolicy("eth_createAccessList", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
     )
 }
 

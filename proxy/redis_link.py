@@ -77,7 +77,8 @@ class RedisLink:
         try:
             async with asyncio.timeout(self._timeout):
                 result = await command(self.client)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
+            # ValueError/TypeError: redis-py's own, for options it reads only when it connects.
             self._metrics.redis_errors.labels(operation).inc()
             self._failures += 1
             if self._failures >= self._failures_to_open:

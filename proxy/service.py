@@ -34,6 +34,7 @@ from .methods import (
     SUBSCRIPTION_METHODS,
     CacheClass,
     MethodPolicy,
+    family_of,
     metric_label,
 )
 from .metrics import HitCells, Metrics
@@ -43,6 +44,7 @@ from .upstream import Answer, PerUpstream, Upstream
 log = logging.getLogger("proxy.service")
 HIT, MISS, BYPASS = "HIT", "MISS", "BYPASS"
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
+MEMO_MAX_CONTAINERS = 16  # objects and arrays in memoized params (a filter with topics has a few)
 MEMO_MAX_PARAMS = 512
 FALLBACK_BLOCK_GAS_LIMIT = 30_000_000  # bytes: larger params are validated every time rather than held in memory
 
@@ -148,7 +150,10 @@ def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, st
         raw = dumps(params)
     except TypeError:  # nested past orjson's limit: the hot path leaves it to the envelope's check
         return None
-    return (net.name, method, raw) if len(raw) <= MEMO_MAX_PARAMS else None
+    if len(raw) > MEMO_MAX_PARAMS or raw.count(b"{") + raw.count(b"[") > MEMO_MAX_CONTAINERS:
+        # Parsed params cost many times their JSON (an object ~24x for `{}`): only plain calls are held.
+        return None
+    return (net.name, method, raw)
 
 
 class Service:
@@ -185,7 +190,7 @@ class Service:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method} needs a WebSocket: connect to "
                                "/ws/v3/<API_KEY> and send it as a single request (not over HTTP or in a batch)")
         policy = POLICIES.get(method)
-        if policy is not None and policy.family != network.config.family:
+        if family_of(method) != network.config.family:
             raise JsonRpcError(
                 METHOD_NOT_FOUND, f"method not found: {method} is not available on {network.config.family} "
                 f"network '{network.name}'",
