@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -191,38 +192,54 @@ def table(rows: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def paired_rounds_parser(rounds: int, pair: str, instructions: str) -> argparse.ArgumentParser:
+    """The options every paired-rounds benchmark takes: round length, connections, pairs, callgrind."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=3, help="length of one round")
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=15,
-                        help="pairs of back-to-back baseline and hit rounds; the median pair ratio is the figure")
-    parser.add_argument("--access-log", action="store_true", help="run the proxy with ACCESS_LOG=true")
+    parser.add_argument("--rounds", type=int, default=rounds,
+                        help=f"pairs of back-to-back {pair} rounds; the median pair ratio is the figure")
     parser.add_argument("--instructions", type=int, default=0, metavar="N",
-                        help="also count instructions per hit and per bare answer under callgrind over N requests")
-    args = parser.parse_args()
+                        help=f"also count instructions per {instructions} under callgrind over N requests")
+    return parser
+
+
+def require_wrk() -> None:
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found: apt-get install wrk")
+
+
+def final_storage_request(anvil: Anvil) -> dict[str, Any]:
+    """A storage read (slot 0 of a deployed Store, 7) at a block made final: its answer is immutable."""
+    store = anvil.deploy_store()
+    block = hex(anvil.block_number())
+    anvil.mine(70)
+    return {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", block]}
+
+
+def warmed(url: str, request: dict[str, object]) -> None:
+    """Wait until the proxy answers the request right (from a tracked head), so the next ones hit."""
+    wait_until(lambda: post(url, request).get("result") == "0x" + format(7, "064x"), 20,
+               "the proxy to answer from a tracked head")
+
+
+def main() -> int:
+    parser = paired_rounds_parser(15, "baseline and hit", "hit and per bare answer")
+    parser.add_argument("--access-log", action="store_true", help="run the proxy with ACCESS_LOG=true")
+    args = parser.parse_args()
+    require_wrk()
 
     anvil = Anvil()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        store = anvil.deploy_store()
-        block = hex(anvil.block_number())
-        anvil.mine(70)  # the deploy block is now final: its answers are immutable
+        request = final_storage_request(anvil)
         proxy_port, bare_port = free_port(), free_port()
         env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(proxy_port),
                "ACCESS_LOG": "true" if args.access_log else "false", "LOG_FORMAT": "json"}
         proxy_proc = start([sys.executable, "-m", "proxy"], proxy_port, env)
         procs.append(proxy_proc)
         proxy_url = f"http://127.0.0.1:{proxy_port}/v3/bench"
-        request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", block]}
-
-        # Warm the entry, and check it is a hit with the right answer.
-        def warm() -> bool:
-            return post(proxy_url, request).get("result") == "0x" + format(7, "064x")
-
-        wait_until(warm, 20, "the proxy to answer from a tracked head")
+        warmed(proxy_url, request)  # the entry is in memory, with the right answer
         answer = json.dumps(post(proxy_url, request), separators=(",", ":"))
         bare_proc = start([sys.executable, "-c", BARE_SERVER, str(bare_port), answer], bare_port)
         procs.append(bare_proc)
@@ -238,6 +255,7 @@ def main() -> int:
             hits.append(wrk("proxy, cache hit", proxy_url, fixed_body_script(body), args.seconds, args.connections,
                             proxy_proc.pid))
         bare, hit = median(bares), median(hits)
+        store, _slot, block = request["params"]
         miss_script = unique_storage_script(store, block)
         direct = wrk("anvil direct (every call new)", anvil.url, miss_script, args.seconds, args.connections)
         miss = wrk("proxy, cache miss (every call new)", proxy_url, miss_script, args.seconds, args.connections,

@@ -9,46 +9,37 @@ Each proxy is one process; with keys, every hit is charged through the key's cre
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 from bench.cache_hit import (
     Result,
+    final_storage_request,
     fixed_body_script,
     instructions_per_request,
     median,
     middle,
-    post,
+    paired_rounds_parser,
+    require_wrk,
     start,
     table,
+    warmed,
     wrk,
 )
-from tests.support import Anvil, RedisServer, free_port, wait_until
+from tests.support import Anvil, RedisServer, free_port
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=int, default=3, help="length of one round")
-    parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=11,
-                        help="pairs of back-to-back open and keyed rounds; the median pair ratio is the figure")
-    parser.add_argument("--instructions", type=int, default=0, metavar="N",
-                        help="also count instructions per open and per keyed hit under callgrind over N requests")
-    args = parser.parse_args()
-    if not shutil.which("wrk"):
-        raise SystemExit("wrk not found: apt-get install wrk")
+    args = paired_rounds_parser(11, "open and keyed", "open and per keyed hit").parse_args()
+    require_wrk()
 
     anvil = Anvil()
     redis = RedisServer()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        store = anvil.deploy_store()
-        block = hex(anvil.block_number())
-        anvil.mine(70)  # the deploy block is now final: its answers are immutable
+        request = final_storage_request(anvil)
         open_port, keyed_port = free_port(), free_port()
         base = {**os.environ, "EVM_UPSTREAM": anvil.url, "LOG_FORMAT": "json"}
         open_env = {**base, "PROXY_PORT": str(open_port)}
@@ -61,12 +52,8 @@ def main() -> int:
         procs.append(keyed_proc)
         open_url = f"http://127.0.0.1:{open_port}/v3/bench"
         keyed_url = f"http://127.0.0.1:{keyed_port}/v3/bench"
-        request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", block]}
         for url in (open_url, keyed_url):
-            def warm(url: str = url) -> bool:
-                return post(url, request).get("result") == "0x" + format(7, "064x")
-
-            wait_until(warm, 20, "the proxy to answer from a tracked head")
+            warmed(url, request)
 
         body = json.dumps(request)
         opens: list[Result] = []
