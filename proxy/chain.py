@@ -24,7 +24,6 @@ from .upstream import Answer, PerUpstream, Upstream
 from .upstream_state import ChainIdentity, UpstreamStates
 
 log = logging.getLogger("proxy.chain")
-throttled = Throttled(log)
 
 HEADER_CHUNK = 32  # headers fetched per batch while walking back through the window
 
@@ -78,6 +77,7 @@ async def poll_forever(
     `limit` bounds one poll (a hung node must not freeze the loop); `failed` runs after a poll failed;
     `attempted` is set once the first poll has finished, well or not; `wake` starts the next poll now.
     """
+    throttled = Throttled(log)  # this loop's own: a node that is down fails every poll
     while True:
         try:
             async with asyncio.timeout(limit):
@@ -85,7 +85,7 @@ async def poll_forever(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # A node that is down fails every poll: one line per interval says so, with a count.
+            # One line per interval says so, with a count.
             throttled.warning(what, "%s: poll failed: %s", what, exc or type(exc).__name__)
             if failed is not None:
                 failed()
