@@ -26,6 +26,7 @@ from .upstream_state import ChainIdentity, UpstreamStates
 log = logging.getLogger("proxy.chain")
 
 HEADER_CHUNK = 32  # headers fetched per batch while walking back through the window
+ORPHANS_MAX = 4096  # reorged-out block hashes remembered per network
 
 
 class TrackerError(Exception):
@@ -192,6 +193,8 @@ class EvmHeadTracker:
         self.head: Head | None = None
         self.on_reorg: list[Callable[[int], None]] = []
         self.on_head: list[Callable[[Head], None]] = []  # called after every successful poll
+        # Hashes of blocks a reorg replaced, newest last (bounded): never answered from the cache.
+        self.orphans: dict[str, None] = {}
         self.last_poll = 0.0
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
@@ -258,6 +261,10 @@ class EvmHeadTracker:
         if head is not None and head.stale and (ref.tag is not None or (ref.number or 0) > head.finalized):
             return None  # spec of this proxy: a stale head resolves no tag and pins no unfinalized block
         if ref.hash is not None:
+            if ref.hash in self.orphans:
+                # A block the tracker saw replaced: whatever was cached for it, the node may now know
+                # nothing of it (or hold it as a side block). Asked upstream, uncached.
+                return None
             if ref.require_canonical:
                 # EIP-1898 requireCanonical: only a hash the tracker knows is canonical (its unfinalized
                 # window) is pinned to its number; any other hash cannot be vouched for: not cached.
@@ -344,6 +351,11 @@ class EvmHeadTracker:
         for head_listener in self.on_head:
             head_listener(head)
         if reorged:
+            for height in reorged:
+                if height in old and hashes.get(height) != old[height]:
+                    self.orphans[old[height]] = None
+            while len(self.orphans) > ORPHANS_MAX:
+                del self.orphans[next(iter(self.orphans))]
             depth_from = min(reorged)
             log.warning("head tracker %s: reorg detected from block %d", self.network, depth_from)
             self._metrics.reorgs.labels(self.network).inc()

@@ -60,3 +60,36 @@ async def test_require_canonical_entries_are_not_served_once_a_reorg_removes_the
     assert headers["X-Cache"] != "HIT"
     node = node_reply(anvil, canonical)
     assert ("error" in body) == ("error" in node) and body.get("result") == node.get("result"), (body, node)
+
+
+async def test_answers_addressed_by_a_reorged_out_hash_are_never_served_from_the_cache(
+    anvil: Anvil, evm_proxy: Proxy
+) -> None:
+    # Content-addressed answers (receipts by hash, logs by blockHash) of a block the tracker saw
+    # replaced go upstream, uncached: the node may no longer know the block at all.
+    address = anvil.deploy_store()
+    anvil.mine(1)
+    block = anvil.rpc("eth_getBlockByNumber", "latest", False)
+    anvil.mine(1)
+    await evm_proxy.head_at(int(block["number"], 16) + 1)
+    calls = [
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockReceipts", "params": [block["hash"]]},
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [{"address": address,
+                                                                         "blockHash": block["hash"]}]},
+    ]
+    for call in calls:
+        await evm_proxy.post(call)
+        assert (await evm_proxy.post(call))[2]["X-Cache"] == "HIT"
+
+    anvil.rpc("anvil_reorg", 3, [])
+    tracker = evm_proxy.app[SERVICE].networks["evm"].tracker
+
+    async def reorged() -> bool:
+        return block["hash"].lower() in tracker.orphans
+
+    await eventually(reorged, 10, "the tracker to see the reorg")
+    for call in calls:
+        _, body, headers = await evm_proxy.post(call)
+        assert headers["X-Cache"] == "BYPASS", (call["method"], body)
+        node = node_reply(anvil, call)
+        assert ("error" in body) == ("error" in node) and body.get("result") == node.get("result"), (body, node)
