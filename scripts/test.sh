@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v kubectl >/dev/null 2>&1 || need_apt+=(kubectl)  # renders the deploy/kubernetes overlays
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} (Debian packages)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -155,32 +155,6 @@ async def test_a_real_prometheus_scrapes_the_running_proxy(anvil: Anvil, evm_pro
     assert any(s["metric"].get("method") == "eth_getStorageAt" for s in found)  # type: ignore[union-attr]
 
 
-def test_deployment_yaml_parses_and_runs_the_proxy_as_a_sidecar() -> None:
-    for path in [*ROOT.glob("deploy/*.yml"), *ROOT.glob("deploy/kubernetes/*.yaml"), *ROOT.glob("grafana/**/*.yml")]:
-        assert list(yaml.safe_load_all(path.read_text())), path
-    docs = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/rpc-cache-proxy.yaml").read_text()))
-    kinds = {d["kind"]: d for d in docs}
-    assert {"Deployment", "Service", "ServiceMonitor", "ConfigMap"} <= set(kinds)
-    pod = kinds["Deployment"]["spec"]["template"]
-    containers = {c["name"]: c for c in pod["spec"]["containers"]}
-    assert {"node", "rpc-cache-proxy"} <= set(containers)  # one pod: the proxy beside the node
-    proxy = containers["rpc-cache-proxy"]
-    assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert proxy["securityContext"]["runAsNonRoot"] is True
-    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
-    assert kinds["ConfigMap"]["data"]["EVM_UPSTREAM"].startswith("http://127.0.0.1:")
-    compose = yaml.safe_load((ROOT / "deploy/docker-compose.yml").read_text())
-    assert {"proxy", "redis", "prometheus", "grafana"} <= set(compose["services"])
-    assert "allkeys-lru" in compose["services"]["redis"]["command"]
-
-
-def test_dockerfile_is_slim_non_root_with_a_healthcheck() -> None:
-    text = (ROOT / "deploy/Dockerfile").read_text()
-    assert "FROM python:3.11-slim" in text
-    assert re.search(r"^USER 10001", text, re.M) and "HEALTHCHECK" in text and "/healthz" in text
-
-
 def test_json_log_lines_carry_the_call_fields() -> None:
     record = logging.LogRecord("proxy.access", logging.INFO, __file__, 1, "call", None, None)
     for name, value in {"request_id": "ab-1", "method": "eth_call", "cache": "HIT", "upstream_ms": 1.5}.items():
