@@ -1,4 +1,5 @@
-"""Command line: `rpc-proxy [serve]` and `rpc-proxy keys usage KEY`. The only reader of os.environ."""
+"""Command line: `rpc-proxy [serve]` and `rpc-proxy keys usage KEY`. The only reader of os.environ
+(and of `./.env`, the settings file under it)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,38 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 from . import __version__, logs
-from .config import OPTIONS, ConfigError, Settings, build_settings
+from .config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings
 
 log = logging.getLogger("proxy")
 
+DOTENV = Path(".env")
+# The settings `keys usage` reads: its --help lists these, not every server flag.
+KEYS_USAGE_OPTIONS = ("REDIS_URL", "CREDITS_REDIS_URL", "CREDITS_REDIS_TIMEOUT", "API_KEYS", "API_KEYS_FILE",
+                      "DAILY_CREDITS", "CREDITS_JOURNAL_DIR", "LOG_FORMAT")
+_DOTENV_LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def _flags(names: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """A parent parser with the settings' flags (all, or the named ones)."""
+    flags = argparse.ArgumentParser(add_help=False)
+    for option in OPTIONS:
+        if names is None or option.env in names:
+            flags.add_argument(
+                option.flag, dest=option.env, metavar="VALUE", default=argparse.SUPPRESS,
+                help=f"{option.help} [env {option.env}]",
+            )
+    return flags
+
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    for option in OPTIONS:
-        common.add_argument(
-            option.flag, dest=option.env, metavar="VALUE", default=argparse.SUPPRESS,
-            help=f"{option.help} [env {option.env}]",
-        )
+    common = _flags()
     parser = argparse.ArgumentParser(
         prog="rpc-proxy", description="Caching, read-through JSON-RPC proxy for EVM and Solana nodes.",
         parents=[common],
@@ -32,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("serve", parents=[common], help="run the proxy (the default)")
     keys = commands.add_parser("keys", help="operator commands for API keys")
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
-    usage = key_commands.add_parser("usage", parents=[common],
+    usage = key_commands.add_parser("usage", parents=[_flags(KEYS_USAGE_OPTIONS)],
                                     help="credits used and left today, per key (all keys, or one)")
     usage.add_argument("key", nargs="?", help="the key's name ([keys.NAME] in API_KEYS_FILE)")
     return parser
@@ -45,18 +61,70 @@ def raw_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[s
     return raw
 
 
+def parse_dotenv(text: str) -> dict[str, str]:
+    """A .env file: NAME=value lines (an optional `export `, optional matching quotes around the
+    value), `#` comment lines and blank lines. The value is taken as written (no inline comments),
+    as `docker run --env-file` takes it, so one file serves both."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _DOTENV_LINE.match(stripped)
+        if match is None:  # the line is not echoed: it may hold a secret
+            raise ConfigError(f".env line {number} is not NAME=value")
+        name, value = match.groups()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[name] = value
+    return values
+
+
+def dotenv_settings(path: Path) -> tuple[dict[str, str], list[str]]:
+    """The settings a .env file sets, and the names in it that are no setting (ignored)."""
+    try:
+        values = parse_dotenv(path.read_text())
+    except FileNotFoundError:
+        return {}, []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    return {k: v for k, v in values.items() if k in OPTION_NAMES}, sorted(set(values) - OPTION_NAMES)
+
+
+def _error(raw: Mapping[str, str], message: str) -> None:
+    """One error line in LOG_FORMAT (text when LOG_FORMAT itself is what is wrong)."""
+    fmt = "json" if raw.get("LOG_FORMAT", "").strip().lower() == "json" else "text"
+    print(logs.line(fmt, logging.ERROR, message), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """`environ` given (tests): exactly that environment. Otherwise the process environment over
+    the settings in ./.env (a variable set in the environment wins; a CLI flag wins over both)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    environ = os.environ if environ is None else environ
     args = _parser().parse_args(argv)
+    from_dotenv: dict[str, str] = {}
+    unknown: list[str] = []
+    if environ is None:
+        try:
+            from_dotenv, unknown = dotenv_settings(DOTENV)
+        except ConfigError as exc:
+            _error(os.environ, f"configuration error: {exc}")
+            return 2
+        environ = {**from_dotenv, **os.environ}
     raw = raw_settings(args, environ)
     try:
         if args.command == "keys":
             return asyncio.run(_keys_usage(raw, args.key))
         settings = build_settings(raw)
     except ConfigError as exc:
-        print(f"rpc-proxy: configuration error: {exc}", file=sys.stderr)
+        _error(raw, f"configuration error: {exc}")
         return 2
+    if from_dotenv or unknown:
+        logs.setup(settings.log_format, settings.log_level, settings.access_log)
+        used = sorted(k for k in from_dotenv if k not in os.environ and k not in vars(args))
+        log.info("settings from %s: %s (the environment and flags override it)", DOTENV, ", ".join(used) or "none")
+        if unknown:
+            log.warning("ignored in %s, not settings: %s", DOTENV, ", ".join(unknown))
     return serve(settings)
 
 
@@ -78,11 +146,14 @@ def serve(settings: Settings) -> int:
             on_listening=lambda: log.info("listening on http://%s:%d", settings.host, settings.port),
         ))
     except OSError as exc:
-        print(f"rpc-proxy: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror)
         return 1
     except LedgerStorageError as exc:
-        print(f"rpc-proxy: configuration error: {exc}", file=sys.stderr)
+        log.error("configuration error: %s", exc)
         return 2
+    except Exception:  # a crash is one log line with its traceback inside, like every other line
+        log.exception("stopped by an unexpected error")
+        return 1
     return 0
 
 
@@ -119,7 +190,7 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
             entry = await link.run("credits_read", lambda c: c.hgetall(hash_key))  # noqa: B023 (awaited here)
             print(usage_line(name, settings.daily_credits_for(name), entry, journals.get(hash_key, {})))
     except RedisUnavailable:
-        print("rpc-proxy: the credit ledger's redis is unreachable (CREDITS_REDIS_URL or REDIS_URL)", file=sys.stderr)
+        _error(raw, "the credit ledger's redis is unreachable (CREDITS_REDIS_URL or REDIS_URL)")
         return 1
     finally:
         await link.close()

@@ -20,7 +20,7 @@ throttled = Throttled(log)
 
 _BUSY_BODY = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"server busy: too many open connections"}}'
 BUSY_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nX-Credits-Charged: 0\r\n"
     b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
 )
 KEEPALIVE_TIMEOUT = 75.0
@@ -109,8 +109,14 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(quiet_accept_errors)
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
+
+    def stopping(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping, sig)
     # keepalive_timeout as web.run_app sets it: an idle connection, or one whose request headers
     # never complete, is closed after 75 s (aiohttp's own default is an hour).
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
@@ -119,5 +125,14 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
         await CappedSite(runner, host, port, max_connections=max_connections).start()
         on_listening()
         await stop.wait()
+        # An operator (or Kubernetes) sent the signal: say so, and say when the drain is over.
+        open_connections = len(runner.server.connections) if runner.server is not None else 0
+        log.info("%s received: shutting down; no new connections, %d open connection(s) get up to %gs "
+                 "(SHUTDOWN_TIMEOUT) to finish", received[0].name, open_connections, shutdown_timeout)
     finally:
+        started = loop.time()
         await runner.cleanup()
+    if received:
+        elapsed = loop.time() - started
+        drained = "drained" if elapsed < shutdown_timeout else "SHUTDOWN_TIMEOUT reached, the rest cancelled"
+        log.info("shut down in %.2fs: in-flight requests %s, WebSockets closed", elapsed, drained)

@@ -41,14 +41,44 @@ class JsonFormatter(logging.Formatter):
         return redacted(orjson.dumps(entry).decode())
 
 
+_BARE = re.compile(r'^[^\s="\\]+$')  # a logfmt value that needs no quotes
+
+
+def logfmt_value(value: object) -> str:
+    """One logfmt value: bare when it can be, else a double-quoted string with JSON escapes, so a
+    multi-line message or traceback stays on its one line."""
+    text = str(value)
+    return text if _BARE.match(text) else orjson.dumps(text).decode()
+
+
 class TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+    """key=value (logfmt) lines: ts, level, logger, msg, then the call fields and any traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        extras = _extras(record)
-        return redacted(line + "".join(f" {k}={v}" for k, v in extras.items()) if extras else line)
+        fields: dict[str, Any] = {
+            "ts": self.formatTime(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **_extras(record),
+        }
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        return redacted(" ".join(f"{k}={logfmt_value(v)}" for k, v in fields.items()))
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        return f"{stamp}.{int(record.msecs):03d}Z"
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    return JsonFormatter() if fmt == "json" else TextFormatter()
+
+
+def line(fmt: str, level: int, msg: str, logger: str = "rpc-proxy") -> str:
+    """One log line in `fmt` without configuring logging: the CLI's own lines (a configuration
+    error, before settings exist) look like every other line."""
+    return formatter(fmt).format(logging.LogRecord(logger, level, __file__, 0, msg, None, None))
 
 
 class ClientErrors(logging.Filter):
@@ -71,7 +101,10 @@ class ClientErrors(logging.Filter):
 
 def setup(fmt: str, level: str, access_log: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(formatter(fmt))
+    # Every line goes through this one handler: the proxy's, aiohttp's, asyncio's and any library's
+    # (their loggers propagate to the root), and Python warnings too.
+    logging.captureWarnings(True)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -131,5 +131,5 @@ def test_a_bad_redis_url_is_a_one_line_configuration_error_naming_no_password(
 
     assert main([], {"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": url}) == 2
     err = capsys.readouterr().err
-    assert err.startswith("rpc-proxy: configuration error: REDIS_URL") and err.count("\n") == 1
+    assert 'msg="configuration error: REDIS_URL' in err and err.count("\n") == 1
     assert "hunter2" not in err and "Traceback" not in err

@@ -1,0 +1,155 @@
+"""What an operator meets running the real command: every stderr line in LOG_FORMAT (the proxy's,
+aiohttp's, asyncio's and the CLI's own), a logged shutdown, settings from ./.env under the
+environment, and subcommand help that lists the subcommand's own options."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.cli import KEYS_USAGE_OPTIONS, parse_dotenv
+from proxy.config import OPTIONS, ConfigError
+from tests.support import ROOT, Anvil, free_port, wait_until
+
+# logfmt: key=value pairs, a value bare or double-quoted with backslash escapes, nothing else.
+LOGFMT = re.compile(r'^[a-z_]+=(?:[^\s="\\]+|"(?:[^"\\]|\\.)*")(?: [a-z_]+=(?:[^\s="\\]+|"(?:[^"\\]|\\.)*"))*$')
+CALL = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"}
+
+
+def clean_env(**settings: str) -> dict[str, str]:
+    """The process environment without any of the proxy's settings, plus `settings`."""
+    names = {o.env for o in OPTIONS}
+    return {**{k: v for k, v in os.environ.items() if k not in names}, **settings}
+
+
+def parsed(line: str, fmt: str) -> dict[str, Any]:
+    """A stderr line read back as its format says; fails on a line in any other shape."""
+    if fmt == "json":
+        return dict(json.loads(line))
+    assert LOGFMT.match(line), f"not a key=value line: {line!r}"
+    return {m.group(1): json.loads(m.group(2)) if m.group(2).startswith('"') else m.group(2)
+            for m in re.finditer(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|\S+)', line)}
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def run_then_sigterm(env: Mapping[str, str], cwd: Path, port: int) -> tuple[int, list[str]]:
+    """`python -m proxy` serving a call and a malformed request, then SIGTERM: exit code, stderr lines."""
+    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=dict(env), cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: healthy(port) or proc.poll() is not None, 20, "the proxy to listen")
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v3/k", json.dumps(CALL).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert json.loads(response.read())["result"] == "0x7a69"
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # aiohttp logs this one
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            sock.recv(1024)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=20)
+    return proc.returncode, err.splitlines()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_every_stderr_line_follows_log_format_whoever_writes_it(fmt: str, anvil: Anvil, tmp_path: Path) -> None:
+    port = free_port()
+    env = clean_env(EVM_UPSTREAM=anvil.url, PROXY_PORT=str(port), LOG_FORMAT=fmt, LOG_LEVEL="DEBUG",
+                    ACCESS_LOG="true", HEAD_POLL_INTERVAL="0.5")
+    code, lines = run_then_sigterm(env, tmp_path, port)
+    assert code == 0
+    records = [parsed(line, fmt) for line in lines]  # every line, none skipped
+    assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
+    loggers = {r["logger"] for r in records}
+    # The proxy's startup warning, asyncio's and aiohttp's own lines, the access log, the shutdown.
+    assert any(r["logger"] == "proxy" and "running open" in r["msg"] for r in records)
+    assert {"asyncio", "aiohttp.server", "proxy.access", "proxy.listeners"} <= loggers, loggers
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_configuration_error_is_one_line_in_log_format(fmt: str, tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "proxy"], env=clean_env(LOG_FORMAT=fmt), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    record = parsed(line, fmt)
+    assert record["level"] == "error" and record["msg"].startswith("configuration error: no upstream configured")
+
+
+def test_sigterm_logs_the_shutdown_and_when_the_drain_is_over(anvil: Anvil, tmp_path: Path) -> None:
+    port = free_port()
+    env = clean_env(EVM_UPSTREAM=anvil.url, PROXY_PORT=str(port), LOG_FORMAT="json", SHUTDOWN_TIMEOUT="7")
+    code, lines = run_then_sigterm(env, tmp_path, port)
+    assert code == 0
+    messages = [json.loads(line)["msg"] for line in lines]
+    (received,) = [m for m in messages if m.startswith("SIGTERM received")]
+    assert "up to 7s (SHUTDOWN_TIMEOUT)" in received
+    assert messages[-1].startswith("shut down in ") and "drained" in messages[-1]  # the last line written
+    assert messages.index(received) < len(messages) - 1
+
+
+def test_settings_come_from_dotenv_under_the_environment(tmp_path: Path) -> None:
+    # The shipped .env.example, copied to .env as README says; the environment overrides two of it.
+    shutil.copy(ROOT / ".env.example", tmp_path / ".env")
+    port = free_port()
+    env = clean_env(PROXY_PORT=str(port), LOG_FORMAT="json")  # .env says 8545 and text
+    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # It starts: EVM_UPSTREAM (required) came from .env; it listens on the environment's port.
+        wait_until(lambda: healthy(port) or proc.poll() is not None, 20, "the proxy to listen")
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=20)
+    records = [json.loads(line) for line in err.splitlines()]  # LOG_FORMAT from the environment
+    (note,) = [r["msg"] for r in records if r["msg"].startswith("settings from .env")]
+    named = set(note.split(": ", 1)[1].split(" (")[0].split(", "))
+    assert "EVM_UPSTREAM" in named and "PROXY_PORT" not in named and "LOG_FORMAT" not in named
+    assert not any(r["msg"].startswith("ignored in .env") for r in records)  # every name in it is a setting
+
+
+def test_no_dotenv_reads_nothing(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "proxy"], env=clean_env(), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "no upstream configured" in result.stderr
+
+
+class TestDotenvParsing:
+    def test_names_values_quotes_export_and_comments(self) -> None:
+        text = '# a comment\n\nEVM_UPSTREAM=http://a:1,http://b:2\nexport LOG_FORMAT="json"\nX=\'a b\'\nY=v # kept\n'
+        assert parse_dotenv(text) == {"EVM_UPSTREAM": "http://a:1,http://b:2", "LOG_FORMAT": "json",
+                                      "X": "a b", "Y": "v # kept"}
+
+    def test_a_malformed_line_is_named_by_number_never_echoed(self) -> None:
+        with pytest.raises(ConfigError, match=r"^\.env line 2 is not NAME=value$"):
+            parse_dotenv("A=1\nsecret-sk-123 oops\n")
+
+
+def test_keys_usage_help_lists_its_own_options_only() -> None:
+    script = Path(sys.executable).parent / "rpc-proxy"
+    usage = subprocess.run([script, "keys", "usage", "--help"], capture_output=True, text=True, timeout=30)
+    assert usage.returncode == 0
+    flags = set(re.findall(r"--[a-z][a-z0-9-]+", usage.stdout)) - {"--help"}
+    assert flags == {o.flag for o in OPTIONS if o.env in KEYS_USAGE_OPTIONS}
+    serve = subprocess.run([script, "serve", "--help"], capture_output=True, text=True, timeout=30)
+    assert {o.flag for o in OPTIONS} <= set(re.findall(r"--[a-z][a-z0-9-]+", serve.stdout))
