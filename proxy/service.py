@@ -9,13 +9,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from . import cache_policy as cp
-from . import pinning
+from . import log_chunks, pinning
 from .cache import Coalescer, TieredCache, cache_key
-from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
+from .chain import EvmHeadTracker, Head, Resolved, SolanaSlotTracker
+from .chunked_logs import ChunkedLogs
 from .config import Network, Settings
 from .jsonrpc import (
     EXECUTION_REVERTED,
@@ -98,6 +99,7 @@ class Prepared:
     credits: int
     refs: list[BlockRef]  # the block parameters inside params, found once
     fingerprint: tuple[str, str, bytes] | None = None  # the raw request, for the plan memo
+    piece: bool = False  # a piece of a chunked eth_getLogs: the result limit holds over the merged answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,7 @@ class _Plan:
     by_hash: bool  # the answer is addressed or pinned by hash: a null means the node lacks the block
     credits: int  # the call's price, so a memory hit needs no policy lookup
     hit_cells: tuple[HitCells, HitCells]  # the metric cells a memory hit updates: (result, error)
+    check_results: bool = True  # eth_getLogs' result limit on this answer (not on a chunked call's piece)
 
 
 K = TypeVar("K")
@@ -179,6 +182,8 @@ class Service:
             largest_accounts=settings.solana_largest_accounts_ttl,
             token_balance=settings.solana_balance_max_age,
         )
+        self._chunks = ChunkedLogs(settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency,
+                                   settings.getlogs_max_results, metrics)
 
     # --- before anything is charged or forwarded ------------------------------------------
 
@@ -275,6 +280,10 @@ class Service:
             # Read-your-writes: a client saw a block the head has not reached; wait (bounded) for it.
             await tracker.catch_up(self._settings.head_catch_up_wait)
         head = tracker.head
+        if policy.limits_logs and not prepared.piece and isinstance(tracker, EvmHeadTracker):
+            chunked = await self._chunked_logs(prepared, tracker, head)
+            if chunked is not None:
+                return chunked
         plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
         if plan is None or plan.head is not head:
             evm = isinstance(tracker, EvmHeadTracker)
@@ -302,7 +311,7 @@ class Service:
                 key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
                 key = cache_key(space, method, key_params)
             plan = _Plan(head, decision, key, forward, tags_resolved, need, check_end,
-                         decision.pin_hashes or bool(named), prepared.credits, cells)
+                         decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece)
             if not decision.cacheable:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
@@ -439,11 +448,12 @@ class Service:
         end_answer = None
         if plan.check_end is not None and index is None:
             # A range above finalized: the node reports the range's last block in the same batch.
-            answer, end_answer = await self._upstream_batch(net, method, forward, policy, plan.check_end[0], deadline)
+            answer, end_answer = await self._upstream_batch(net, method, forward, policy, plan.check_end[0], deadline,
+                                                            check=plan.check_results)
         elif index is not None and net.per_upstream is not None:
-            answer = await self._upstream(net, method, forward, policy, deadline, ask=index)
+            answer = await self._upstream(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
         else:
-            answer = await self._upstream(net, method, forward, policy, deadline)
+            answer = await self._upstream(net, method, forward, policy, deadline, check=plan.check_results)
         per = net.per_upstream
         if per is None or answer.upstream < 0:
             return answer, None
@@ -487,9 +497,10 @@ class Service:
 
     async def _upstream(
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
-        *, ask: int | None = None,
+        *, ask: int | None = None, check: bool = True,
     ) -> Answer:
-        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits."""
+        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits (`check`: its
+        result limit too)."""
         per = net.per_upstream
         if not policy.limits_logs:
             if ask is not None and per is not None:
@@ -508,10 +519,11 @@ class Service:
             # spec: a query that runs longer than 10 seconds fails with -32005.
             self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
-        return self._check_logs_limit(params, answer)
+        return self._check_logs_limit(params, answer) if check else answer
 
     async def _upstream_batch(
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, end: int, deadline: float | None,
+        *, check: bool = True,
     ) -> tuple[Answer, Answer | None]:
         """eth_getLogs and the range's last block in one batch (one node answers both)."""
         if deadline is None:
@@ -524,7 +536,44 @@ class Service:
         except TimeoutError:
             self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
-        return self._check_logs_limit(params, answer), end_answer
+        return (self._check_logs_limit(params, answer) if check else answer), end_answer
+
+    async def _chunked_logs(self, prepared: Prepared, tracker: EvmHeadTracker, head: Head | None) -> Outcome | None:
+        """An eth_getLogs range that reaches into finalized blocks, asked in aligned pieces that later
+        ranges share (log_chunks.py); None when the call is not chunked (a blockHash filter, a range
+        wholly above finality or of one piece, a tag that cannot be resolved, no chain identity yet)."""
+        log_filter = prepared.params[0]
+        start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+        if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+            return None
+        a, b = tracker.resolve(start), tracker.resolve(end)
+        if a is None or b is None or a.number is None or b.number is None:
+            return None
+        self._check_range(log_filter, {id(start): a, id(end): b})
+        first, last = a.number, b.number
+        if not log_chunks.chunked(first, last, head.finalized, self._chunks.size):
+            return None
+        pieces = log_chunks.plan(first, last, head.finalized, self._chunks.size)
+        if len(pieces) == 1 and pieces[0].whole:
+            return None  # one piece, the range itself: the ordinary flow (and its memo) serves it
+
+        async def ask(lo: int, hi: int) -> tuple[bytes, bool, str]:
+            # The piece is a call of its own: its key, finality, pinning and upstream checks are the
+            # ordinary ones; a piece is not charged (the call is, once).
+            piece_filter = {**log_filter, "fromBlock": replace(start, tag=None, number=lo),
+                            "toBlock": replace(end, tag=None, number=hi)}
+            piece = Prepared(prepared.call, prepared.network, prepared.policy, [piece_filter], 0,
+                             block_refs([piece_filter]), None, piece=True)
+            outcome = await self._execute(piece)
+            return outcome.payload, outcome.is_error, outcome.cache
+
+        # spec: 10 s per call in total, every piece and retry included.
+        deadline = asyncio.get_running_loop().time() + self._settings.getlogs_timeout
+        merged = await self._chunks.run(first, last, pieces, ask, deadline)
+        if merged.cache == HIT:
+            self._metrics.child(self._metrics.credits_saved, prepared.network.name, prepared.call.method).inc(
+                prepared.credits)
+        return Outcome(merged.payload, merged.is_error, merged.cache)
 
     def _check_logs_limit(self, params: Any, answer: Answer) -> Answer:
         results = answer.result
