@@ -499,8 +499,8 @@ class Service:
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
         *, ask: int | None = None, check: bool = True,
     ) -> Answer:
-        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits (`check`: its
-        result limit too)."""
+        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
+        False for a piece of a chunked call: the result limit holds over the merged answer instead."""
         per = net.per_upstream
         if not policy.limits_logs:
             if ask is not None and per is not None:
@@ -517,7 +517,8 @@ class Service:
                     answer = await net.upstream.request(method, params, timeout=timeout)
         except TimeoutError:
             # spec: a query that runs longer than 10 seconds fails with -32005.
-            self._metrics.getlogs_rejections.labels("timeout").inc()
+            if check:  # a piece's own limit is no client's: the chunked call counts its own
+                self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         return self._check_logs_limit(params, answer) if check else answer
 
@@ -534,7 +535,8 @@ class Service:
                     [(method, params), ("eth_getBlockByNumber", [hex(end), False])]
                 )
         except TimeoutError:
-            self._metrics.getlogs_rejections.labels("timeout").inc()
+            if check:  # a piece's own limit is no client's: the chunked call counts its own
+                self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         return (self._check_logs_limit(params, answer) if check else answer), end_answer
 
