@@ -24,6 +24,9 @@ from typing import Any
 
 HIT, MISS, PARTIAL = "HIT", "MISS", "PARTIAL"
 SMALL_CHUNK_DIVISOR = 10  # near finality: chunks of size // 10 blocks
+# A range of more pieces is asked whole, as it comes: a cold range of thousands of chunks would be
+# thousands of upstream calls (each a provider's full price) where one does, and a lookup per chunk.
+MAX_PIECES = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +66,10 @@ def plan(first: int, last: int, finalized: int, size: int) -> list[Piece]:
 
 
 def chunked(first: int, last: int, finalized: int, size: int) -> bool:
-    """Whether a range is asked in pieces: only when part of it is final (a range wholly above
-    finality is one piece pinned to its last block, as before) and chunking is on."""
-    return size > 0 and first <= finalized and first <= last
+    """Whether a range is asked in pieces: only when chunking is on, part of the range is final (a
+    range wholly above finality is one piece pinned to its last block, as before), and it spans at
+    most MAX_PIECES chunks."""
+    return size > 0 and first <= finalized and first <= last and (last - first) // size < MAX_PIECES
 
 
 def block_of(entry: Any) -> int | None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from proxy.log_chunks import (
     HIT,
+    MAX_PIECES,
     MISS,
     PARTIAL,
     Piece,
@@ -56,6 +57,10 @@ class TestPlan:
         assert chunked(0, 10, finalized=5, size=1000)
         assert not chunked(6, 10, finalized=5, size=1000)  # wholly above finality: pinned as one range
         assert not chunked(0, 10, finalized=5, size=0)  # GETLOGS_CHUNK_BLOCKS=0
+
+    def test_a_range_of_more_than_max_pieces_chunks_is_asked_whole(self) -> None:
+        assert chunked(0, MAX_PIECES * 1000 - 1, finalized=10**9, size=1000)
+        assert not chunked(0, MAX_PIECES * 1000 + 5000, finalized=10**9, size=1000)
 
 
 class TestMerge:
