@@ -118,3 +118,39 @@ def cache_result(upstream: Sequence[bool]) -> str:
     if not any(upstream):
         return HIT
     return MISS if all(upstream) else PARTIAL
+
+
+# --- answers from cached receipts ------------------------------------------------------------
+
+RECEIPTS_MAX_BLOCKS = 32  # a range of at most this many blocks is looked for in held receipts
+
+
+def matches(entry: dict[str, Any], addresses: list[str] | None, topics: list[list[str] | None] | None) -> bool:
+    """go-ethereum's filter rule: the address is in the set (if any); each topic position is a
+    wildcard or holds one of its values, and the log has at least as many topics as positions."""
+    if addresses is not None and str(entry.get("address", "")).lower() not in addresses:
+        return False
+    if not topics:
+        return True
+    logged = entry.get("topics")
+    if not isinstance(logged, list) or len(logged) < len(topics):
+        return False
+    return all(wanted is None or str(logged[i]).lower() in wanted for i, wanted in enumerate(topics))
+
+
+def logs_from_receipts(blocks: Sequence[Any], log_filter: dict[str, Any]) -> list[Any] | None:
+    """The eth_getLogs answer of a range from the eth_getBlockReceipts answers of its blocks, in
+    block order (a receipt's logs are the block's logs of that transaction, in order, in the same
+    form); None when any answer is not a list of receipts with logs (a null: the block is unknown)."""
+    addresses = log_filter.get("address")
+    topics = log_filter.get("topics")
+    out: list[Any] = []
+    for receipts in blocks:
+        if not isinstance(receipts, list):
+            return None
+        for receipt in receipts:
+            logs = receipt.get("logs") if isinstance(receipt, dict) else None
+            if not isinstance(logs, list) or not all(isinstance(e, dict) for e in logs):
+                return None
+            out.extend(e for e in logs if matches(e, addresses, topics))
+    return out

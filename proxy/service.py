@@ -28,6 +28,7 @@ from .jsonrpc import (
     JsonRpcError,
     dumps,
     invalid_params,
+    loads,
     trimmed,
 )
 from .methods import (
@@ -323,6 +324,8 @@ class Service:
         key = plan.key
 
         stored = await self._cache.get(key)
+        if stored is None and policy.limits_logs and isinstance(tracker, EvmHeadTracker):
+            stored = await self._logs_from_receipts(tracker, params, plan, policy)
         if stored is not None:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(*stored, HIT)
@@ -539,6 +542,45 @@ class Service:
                 self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         return (self._check_logs_limit(params, answer) if check else answer), end_answer
+
+    async def _logs_from_receipts(
+        self, tracker: EvmHeadTracker, params: Any, plan: _Plan, policy: MethodPolicy,
+    ) -> tuple[bytes, bool] | None:
+        """An eth_getLogs miss over a few blocks whose eth_getBlockReceipts answers this process holds
+        in memory, answered (and stored) from them without the upstream; None otherwise.
+
+        A receipts entry is found under the key the same head gives it (by number when final, by
+        number and hash above), so it is of the very blocks the range names."""
+        head = tracker.head
+        log_filter = params[0]
+        start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+        if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+            return None
+        a, b = tracker.resolve(start), tracker.resolve(end)
+        if a is None or b is None or a.number is None or b.number is None:
+            return None
+        if not 0 <= b.number - a.number < log_chunks.RECEIPTS_MAX_BLOCKS:
+            return None
+        blocks = []
+        for number in range(a.number, b.number + 1):
+            block_hash = head.hashes.get(number)
+            if number > head.finalized and block_hash is None:
+                return None
+            form = {"n": number} if number <= head.finalized else {"n": number, "h": block_hash}
+            held = self._cache.memory.get(cache_key(head.space, "eth_getBlockReceipts", [form]))
+            if held is None or held[1]:
+                return None
+            blocks.append(loads(held[0]))
+        logs = log_chunks.logs_from_receipts(blocks, log_filter)
+        if logs is None:
+            return None
+        answer = Answer.from_response({"result": logs})
+        if plan.check_results:
+            self._check_logs_limit(plan.forward, answer)
+        ttl = cp.store_ttl(plan.decision, policy.cache, "ok", self._ttls)
+        if ttl is not None:
+            await self._cache.set(plan.key, (answer.payload, False), ttl)
+        return answer.payload, False
 
     async def _chunked_logs(self, prepared: Prepared, tracker: EvmHeadTracker, head: Head | None) -> Outcome | None:
         """An eth_getLogs range that reaches into finalized blocks, asked in aligned pieces that later

@@ -167,6 +167,32 @@ async def test_a_slow_chunk_makes_the_whole_call_hit_the_time_limit(anvil: Anvil
         await relay.close()
 
 
+async def test_a_few_blocks_whose_receipts_are_held_are_answered_from_them(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS="0"))
+    try:
+        chain = await build(anvil, proxy, events=3)
+        for _ in range(3):  # logs in unfinalized blocks too
+            emit(anvil, chain.store, 2)
+        latest = anvil.block_number()
+        await proxy.head_at(latest)
+        head = proxy.app[SERVICE].networks["evm"].tracker.head
+        assert head is not None
+        first, last = head.finalized - 5, head.finalized + 5  # final blocks, and unfinalized ones by hash
+        for number in [*range(first, last + 1), latest - 1, latest]:
+            assert (await proxy.call("eth_getBlockReceipts", [hex(number)]))["result"] is not None
+        before = proxy.upstreams["evm"].calls["eth_getLogs"]
+        signature = anvil.rpc("eth_getLogs", logs_filter(chain, latest, latest))[0]["topics"][0]
+        for log_filter in (logs_filter(chain, first, last), logs_filter(chain, latest - 1, latest),
+                           {**logs_filter(chain, latest - 1, latest), "topics": [signature, "0x" + word(1)]}):
+            logs, cache = await get_logs(chain, log_filter)  # equal to the node's
+            assert cache == "HIT"
+        assert len(logs) == 2 and proxy.upstreams["evm"].calls["eth_getLogs"] == before
+        _, cache = await get_logs(chain, logs_filter(chain, first - 1, last))  # no receipts held for first-1
+        assert cache == "MISS" and proxy.upstreams["evm"].calls["eth_getLogs"] == before + 1
+    finally:
+        await proxy.close()
+
+
 async def test_a_chunked_call_costs_the_client_the_spec_price_once(anvil: Anvil, tmp_path: Path) -> None:
     keys = tmp_path / "keys.toml"
     keys.write_text("[keys.alice]\ndaily_credits = 10000\n")

@@ -152,8 +152,9 @@ async def test_unfinalized_reads_are_pinned_to_the_hash_their_key_holds(anvil: A
     for method, params in (
         ("eth_getStorageAt", [address, "0x0", number]),
         ("eth_call", [{"from": address, "to": address, "data": selector("x()")}, number]),
-        ("eth_getBlockReceipts", [number]),
+        # Logs first: once the block's receipts are held, its logs are answered from them.
         ("eth_getLogs", [{"address": address, "fromBlock": number, "toBlock": number}]),
+        ("eth_getBlockReceipts", [number]),
     ):
         assert (await evm_proxy.call(method, params)).get("result") is not None
     sent = {method: params for method, params in evm_proxy.upstreams["evm"].params}

@@ -13,6 +13,8 @@ from proxy.log_chunks import (
     cache_result,
     chunked,
     cut,
+    logs_from_receipts,
+    matches,
     merge,
     narrower_range,
     plan,
@@ -92,3 +94,30 @@ class TestCacheResult:
         assert cache_result([False, False]) == HIT
         assert cache_result([True, False]) == PARTIAL
         assert cache_result([True, True]) == MISS
+
+
+class TestFromReceipts:
+    A, B = "0x" + "aa" * 20, "0x" + "bb" * 20
+    T1, T2, T3 = "0x" + "01" * 32, "0x" + "02" * 32, "0x" + "03" * 32
+
+    def entry(self, address: str, *topics: str) -> dict[str, Any]:
+        return {"address": address, "topics": list(topics), "blockNumber": "0x1"}
+
+    def test_the_filter_rule_is_go_ethereums(self) -> None:
+        log_entry = self.entry(self.A, self.T1, self.T2)
+        assert matches(log_entry, None, None)
+        assert matches(log_entry, [self.A], [[self.T1]])
+        assert not matches(log_entry, [self.B], None)
+        assert matches(log_entry, None, [None, [self.T2, self.T3]])  # a wildcard, then an OR-list
+        assert not matches(log_entry, None, [[self.T2]])
+        assert not matches(log_entry, None, [None, None, [self.T3]])  # more positions than topics
+
+    def test_logs_come_in_block_then_receipt_order_filtered(self) -> None:
+        first = [{"logs": [self.entry(self.A, self.T1), self.entry(self.B, self.T1)]}, {"logs": []}]
+        second = [{"logs": [self.entry(self.A, self.T2)]}]
+        assert logs_from_receipts([first, second], {"address": [self.A]}) == [
+            self.entry(self.A, self.T1), self.entry(self.A, self.T2)]
+
+    def test_a_null_or_malformed_receipts_answer_gives_no_answer(self) -> None:
+        assert logs_from_receipts([[], None], {}) is None
+        assert logs_from_receipts([[{"logs": None}]], {}) is None
