@@ -4,6 +4,10 @@ windows that overlap by half (and a dapp reads a few inner ranges), through the 
 own cache entry). Reported per pass: client calls, upstream eth_getLogs calls and credits (255 each)
 per 1,000 client calls, credits saved, and p50/p99 latency. Every answer is checked against the node.
 
+Then a block follower: for each of the last blocks, eth_getBlockReceipts of the block and eth_getLogs
+of it, in that order (its logs are answered from the held receipts) against the other order (the
+baseline: nothing is held when the logs are asked); upstream calls per 1,000 client calls.
+
     .venv/bin/python -m bench.chunked_logs [--blocks 3000] [--window 1000] [--chunk 1000]
 
 Needs Anvil (`bash scripts/test.sh` installs it under .tools/).
@@ -82,12 +86,44 @@ async def mode(anvil: Anvil, store: str, chunk: int, ranges: list[tuple[int, int
         await proxy.close()
 
 
+async def follower(anvil: Anvil, store: str, blocks: int, receipts_first: bool) -> dict[str, float]:
+    """eth_getBlockReceipts and eth_getLogs of each of the last `blocks` blocks, in one order or the other."""
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
+    try:
+        latest = anvil.block_number()
+        await proxy.head_at(latest)
+        upstream = proxy.upstreams["evm"]
+        latencies = []
+        answers = []
+        for number in range(latest - blocks + 1, latest + 1):
+            log_filter = {"address": store, "fromBlock": hex(number), "toBlock": hex(number)}
+            calls = [("eth_getBlockReceipts", [hex(number)]), ("eth_getLogs", [log_filter])]
+            for method, params in calls if receipts_first else calls[::-1]:
+                started = time.perf_counter()
+                reply = await proxy.call(method, params)
+                if method == "eth_getLogs":
+                    latencies.append(time.perf_counter() - started)
+                    answers.append((log_filter, reply))
+        for log_filter, reply in answers:
+            assert reply.get("result") == anvil.rpc("eth_getLogs", log_filter), reply
+        client = 2 * blocks
+        total = upstream.calls["eth_getBlockReceipts"] + upstream.calls["eth_getLogs"]
+        return {
+            "upstream_per_1000": total / client * 1000,
+            "logs_per_1000": upstream.calls["eth_getLogs"] / client * 1000,
+            "p50_ms": statistics.median(latencies) * 1000,
+        }
+    finally:
+        await proxy.close()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=3000)
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--chunk", type=int, default=1000)
     parser.add_argument("--every", type=int, default=25, help="blocks between blocks with events")
+    parser.add_argument("--follow", type=int, default=200, help="blocks the follower reads")
     args = parser.parse_args()
     anvil = Anvil()
     try:
@@ -106,6 +142,13 @@ async def main() -> None:
                 print(f"{label:<10} {name:<16} {row['client']:>6.0f} {row['upstream_per_1000']:>11.0f} "
                       f"{row['credits_per_1000']:>10.0f} {row['saved_pct']:>8.1f} {row['p50_ms']:>7.2f} "
                       f"{row['p99_ms']:>7.2f}")
+        print(f"follower over the last {args.follow} blocks (eth_getBlockReceipts + eth_getLogs of each):")
+        print(f"{'order':<18} {'upstream/1k':>11} {'eth_getLogs upstream/1k':>23} {'logs p50 ms':>11}")
+        for receipts_first in (True, False):
+            row = await follower(anvil, store, args.follow, receipts_first)
+            order = "receipts, logs" if receipts_first else "logs, receipts"
+            print(f"{order:<18} {row['upstream_per_1000']:>11.0f} {row['logs_per_1000']:>23.0f} "
+                  f"{row['p50_ms']:>11.2f}")
     finally:
         anvil.stop()
 
