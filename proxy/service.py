@@ -552,6 +552,8 @@ class Service:
         A receipts entry is found under the key the same head gives it (by number when final, by
         number and hash above), so it is of the very blocks the range names."""
         head = tracker.head
+        if head is not plan.head:
+            return None  # the head moved while the cache was asked: the plan's key may name another fork
         log_filter = params[0]
         start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
         if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
