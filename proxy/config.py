@@ -83,6 +83,8 @@ class Settings:
     getlogs_max_results: int = 10_000
     getlogs_timeout: float = 10.0
     getlogs_max_params: int = 5_000
+    getlogs_chunk_blocks: int = 1_000
+    getlogs_chunk_concurrency: int = 4
     gas_cap_multiplier: int = 10
     eth_call_require_from: bool = False
     log_format: Literal["text", "json"] = "text"
@@ -187,6 +189,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("GETLOGS_MAX_RESULTS", "eth_getLogs result limit (default 10000)"),
     Option("GETLOGS_TIMEOUT", "eth_getLogs query time limit in seconds (default 10)"),
     Option("GETLOGS_MAX_PARAMS", "eth_getLogs limit on addresses plus topic values (default 5000)"),
+    Option("GETLOGS_CHUNK_BLOCKS", "eth_getLogs ranges are asked and cached in aligned chunks of this many blocks "
+           "(a tenth of it near finality); 0 disables (default 1000)"),
+    Option("GETLOGS_CHUNK_CONCURRENCY", "chunks of one eth_getLogs call asked upstream at once (default 4)"),
     Option("GAS_CAP_MULTIPLIER", "eth_call/eth_estimateGas gas cap as a multiple of the block gas limit (default 10)"),
     Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default false: "
            "the node's own default sender applies, as with geth and Anvil)"),
@@ -480,6 +485,8 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GETLOGS_MAX_RESULTS": ("getlogs_max_results", _positive_int),
     "GETLOGS_TIMEOUT": ("getlogs_timeout", _positive_float),
     "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
+    "GETLOGS_CHUNK_BLOCKS": ("getlogs_chunk_blocks", lambda n, v: 0 if v.strip() == "0" else _positive_int(n, v)),
+    "GETLOGS_CHUNK_CONCURRENCY": ("getlogs_chunk_concurrency", _positive_int),
     "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),

@@ -9,13 +9,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from . import cache_policy as cp
-from . import pinning
+from . import log_chunks, pinning
 from .cache import Coalescer, TieredCache, cache_key
-from .chain import EvmHeadTracker, Resolved, SolanaSlotTracker
+from .chain import EvmHeadTracker, Head, Resolved, SolanaSlotTracker
+from .chunked_logs import ChunkedLogs
 from .config import Network, Settings
 from .jsonrpc import (
     EXECUTION_REVERTED,
@@ -27,6 +28,7 @@ from .jsonrpc import (
     JsonRpcError,
     dumps,
     invalid_params,
+    loads,
     trimmed,
 )
 from .methods import (
@@ -98,6 +100,7 @@ class Prepared:
     credits: int
     refs: list[BlockRef]  # the block parameters inside params, found once
     fingerprint: tuple[str, str, bytes] | None = None  # the raw request, for the plan memo
+    piece: bool = False  # a piece of a chunked eth_getLogs: the result limit holds over the merged answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,7 @@ class _Plan:
     by_hash: bool  # the answer is addressed or pinned by hash: a null means the node lacks the block
     credits: int  # the call's price, so a memory hit needs no policy lookup
     hit_cells: tuple[HitCells, HitCells]  # the metric cells a memory hit updates: (result, error)
+    check_results: bool = True  # eth_getLogs' result limit on this answer (not on a chunked call's piece)
 
 
 K = TypeVar("K")
@@ -179,6 +183,8 @@ class Service:
             largest_accounts=settings.solana_largest_accounts_ttl,
             token_balance=settings.solana_balance_max_age,
         )
+        self._chunks = ChunkedLogs(settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency,
+                                   settings.getlogs_max_results, metrics)
 
     # --- before anything is charged or forwarded ------------------------------------------
 
@@ -275,6 +281,10 @@ class Service:
             # Read-your-writes: a client saw a block the head has not reached; wait (bounded) for it.
             await tracker.catch_up(self._settings.head_catch_up_wait)
         head = tracker.head
+        if policy.limits_logs and not prepared.piece and isinstance(tracker, EvmHeadTracker):
+            chunked = await self._chunked_logs(prepared, tracker, head)
+            if chunked is not None:
+                return chunked
         plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
         if plan is None or plan.head is not head:
             evm = isinstance(tracker, EvmHeadTracker)
@@ -302,7 +312,7 @@ class Service:
                 key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
                 key = cache_key(space, method, key_params)
             plan = _Plan(head, decision, key, forward, tags_resolved, need, check_end,
-                         decision.pin_hashes or bool(named), prepared.credits, cells)
+                         decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece)
             if not decision.cacheable:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
@@ -314,6 +324,8 @@ class Service:
         key = plan.key
 
         stored = await self._cache.get(key)
+        if stored is None and policy.limits_logs and isinstance(tracker, EvmHeadTracker):
+            stored = await self._logs_from_receipts(tracker, params, plan, policy)
         if stored is not None:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(*stored, HIT)
@@ -439,11 +451,12 @@ class Service:
         end_answer = None
         if plan.check_end is not None and index is None:
             # A range above finalized: the node reports the range's last block in the same batch.
-            answer, end_answer = await self._upstream_batch(net, method, forward, policy, plan.check_end[0], deadline)
+            answer, end_answer = await self._upstream_batch(net, method, forward, policy, plan.check_end[0], deadline,
+                                                            check=plan.check_results)
         elif index is not None and net.per_upstream is not None:
-            answer = await self._upstream(net, method, forward, policy, deadline, ask=index)
+            answer = await self._upstream(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
         else:
-            answer = await self._upstream(net, method, forward, policy, deadline)
+            answer = await self._upstream(net, method, forward, policy, deadline, check=plan.check_results)
         per = net.per_upstream
         if per is None or answer.upstream < 0:
             return answer, None
@@ -487,9 +500,10 @@ class Service:
 
     async def _upstream(
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
-        *, ask: int | None = None,
+        *, ask: int | None = None, check: bool = True,
     ) -> Answer:
-        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits."""
+        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
+        False for a piece of a chunked call: the result limit holds over the merged answer instead."""
         per = net.per_upstream
         if not policy.limits_logs:
             if ask is not None and per is not None:
@@ -506,12 +520,14 @@ class Service:
                     answer = await net.upstream.request(method, params, timeout=timeout)
         except TimeoutError:
             # spec: a query that runs longer than 10 seconds fails with -32005.
-            self._metrics.getlogs_rejections.labels("timeout").inc()
+            if check:  # a piece's own limit is no client's: the chunked call counts its own
+                self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
-        return self._check_logs_limit(params, answer)
+        return self._check_logs_limit(params, answer) if check else answer
 
     async def _upstream_batch(
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, end: int, deadline: float | None,
+        *, check: bool = True,
     ) -> tuple[Answer, Answer | None]:
         """eth_getLogs and the range's last block in one batch (one node answers both)."""
         if deadline is None:
@@ -522,9 +538,88 @@ class Service:
                     [(method, params), ("eth_getBlockByNumber", [hex(end), False])]
                 )
         except TimeoutError:
-            self._metrics.getlogs_rejections.labels("timeout").inc()
+            if check:  # a piece's own limit is no client's: the chunked call counts its own
+                self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
-        return self._check_logs_limit(params, answer), end_answer
+        return (self._check_logs_limit(params, answer) if check else answer), end_answer
+
+    async def _logs_from_receipts(
+        self, tracker: EvmHeadTracker, params: Any, plan: _Plan, policy: MethodPolicy,
+    ) -> tuple[bytes, bool] | None:
+        """An eth_getLogs miss over a few blocks whose eth_getBlockReceipts answers this process holds
+        in memory, answered (and stored) from them without the upstream; None otherwise.
+
+        A receipts entry is found under the key the same head gives it (by number when final, by
+        number and hash above), so it is of the very blocks the range names."""
+        head = tracker.head
+        if head is not plan.head:
+            return None  # the head moved while the cache was asked: the plan's key may name another fork
+        log_filter = params[0]
+        start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+        if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+            return None
+        a, b = tracker.resolve(start), tracker.resolve(end)
+        if a is None or b is None or a.number is None or b.number is None:
+            return None
+        if not 0 <= b.number - a.number < log_chunks.RECEIPTS_MAX_BLOCKS:
+            return None
+        blocks = []
+        for number in range(a.number, b.number + 1):
+            block_hash = head.hashes.get(number)
+            if number > head.finalized and block_hash is None:
+                return None
+            form = {"n": number} if number <= head.finalized else {"n": number, "h": block_hash}
+            held = self._cache.memory.get(cache_key(head.space, "eth_getBlockReceipts", [form]))
+            if held is None or held[1]:
+                return None
+            blocks.append(loads(held[0]))
+        logs = log_chunks.logs_from_receipts(blocks, log_filter)
+        if logs is None:
+            return None
+        answer = Answer.from_response({"result": logs})
+        if plan.check_results:
+            self._check_logs_limit(plan.forward, answer)
+        ttl = cp.store_ttl(plan.decision, policy.cache, "ok", self._ttls)
+        if ttl is not None:
+            await self._cache.set(plan.key, (answer.payload, False), ttl)
+        return answer.payload, False
+
+    async def _chunked_logs(self, prepared: Prepared, tracker: EvmHeadTracker, head: Head | None) -> Outcome | None:
+        """An eth_getLogs range that reaches into finalized blocks, asked in aligned pieces that later
+        ranges share (log_chunks.py); None when the call is not chunked (a blockHash filter, a range
+        wholly above finality or of one piece, a tag that cannot be resolved, no chain identity yet)."""
+        log_filter = prepared.params[0]
+        start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+        if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+            return None
+        a, b = tracker.resolve(start), tracker.resolve(end)
+        if a is None or b is None or a.number is None or b.number is None:
+            return None
+        self._check_range(log_filter, {id(start): a, id(end): b})
+        first, last = a.number, b.number
+        if not log_chunks.chunked(first, last, head.finalized, self._chunks.size):
+            return None
+        pieces = log_chunks.plan(first, last, head.finalized, self._chunks.size)
+        if len(pieces) == 1 and pieces[0].whole:
+            return None  # one piece, the range itself: the ordinary flow (and its memo) serves it
+
+        async def ask(lo: int, hi: int) -> tuple[bytes, bool, str]:
+            # The piece is a call of its own: its key, finality, pinning and upstream checks are the
+            # ordinary ones; a piece is not charged (the call is, once).
+            piece_filter = {**log_filter, "fromBlock": replace(start, tag=None, number=lo),
+                            "toBlock": replace(end, tag=None, number=hi)}
+            piece = Prepared(prepared.call, prepared.network, prepared.policy, [piece_filter], 0,
+                             block_refs([piece_filter]), None, piece=True)
+            outcome = await self._execute(piece)
+            return outcome.payload, outcome.is_error, outcome.cache
+
+        # spec: 10 s per call in total, every piece and retry included.
+        deadline = asyncio.get_running_loop().time() + self._settings.getlogs_timeout
+        merged = await self._chunks.run(first, last, pieces, ask, deadline)
+        if merged.cache == HIT:
+            self._metrics.child(self._metrics.credits_saved, prepared.network.name, prepared.call.method).inc(
+                prepared.credits)
+        return Outcome(merged.payload, merged.is_error, merged.cache)
 
     def _check_logs_limit(self, params: Any, answer: Answer) -> Answer:
         results = answer.result

@@ -98,6 +98,24 @@ async def test_a_lagging_backups_answer_is_refused_when_no_upstream_has_the_bloc
         await proxy.close()
 
 
+async def test_a_chunk_past_a_lagging_backups_head_is_never_stored_from_it(
+    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+) -> None:
+    _node, backup, relay, address = lagging
+    # Chunks of 10 blocks: 110-119 (the backup has them), 120-129 and 130 (past its head at 120).
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}", GETLOGS_CHUNK_BLOCKS="10"))
+    try:
+        await proxy.head_at(200)
+        await backup_head_known(proxy)
+        relay.inject("http500", method="eth_getLogs", times=2)  # two chunks fail over to the backup
+        _, body, headers = await proxy.post(logs_request(address))
+        assert len(body["result"]) == 21 and headers["X-Cache"] == "MISS"
+        _, body, headers = await proxy.post(logs_request(address))
+        assert len(body["result"]) == 21 and headers["X-Cache"] == "HIT"  # no chunk held the backup's part
+    finally:
+        await proxy.close()
+
+
 async def test_latest_never_goes_backwards_when_a_lagging_backup_answers(
     lagging: tuple[Anvil, Anvil, FaultRelay, str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -134,8 +152,9 @@ async def test_unfinalized_reads_are_pinned_to_the_hash_their_key_holds(anvil: A
     for method, params in (
         ("eth_getStorageAt", [address, "0x0", number]),
         ("eth_call", [{"from": address, "to": address, "data": selector("x()")}, number]),
-        ("eth_getBlockReceipts", [number]),
+        # Logs first: once the block's receipts are held, its logs are answered from them.
         ("eth_getLogs", [{"address": address, "fromBlock": number, "toBlock": number}]),
+        ("eth_getBlockReceipts", [number]),
     ):
         assert (await evm_proxy.call(method, params)).get("result") is not None
     sent = {method: params for method, params in evm_proxy.upstreams["evm"].params}

@@ -1,0 +1,83 @@
+"""Chunked eth_getLogs, the I/O part: ask a range's pieces (log_chunks.py) concurrently with a
+bound, each through the ordinary read-through flow (its own cache key, finality rules, hash pinning
+and per-upstream head checks), and merge their answers under the spec's limits over the whole call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from . import log_chunks as lc
+from .jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError, dumps, loads
+from .metrics import Metrics
+
+# Ask blocks [start, end] with the call's filter: (payload, is_error, X-Cache of that piece).
+AskPiece = Callable[[int, int], Awaitable[tuple[bytes, bool, str]]]
+
+
+@dataclass(slots=True)
+class Merged:
+    """A chunked call's answer: the merged logs (or a piece's error object) and its X-Cache."""
+
+    payload: bytes
+    is_error: bool
+    cache: str
+
+
+class _PieceFailed(Exception):
+    """A piece's node answered with an error: the call answers with it, as the node would have."""
+
+    def __init__(self, payload: bytes, went_upstream: bool) -> None:
+        super().__init__("piece failed")
+        self.payload = payload
+        self.went_upstream = went_upstream
+
+
+class ChunkedLogs:
+    def __init__(self, size: int, concurrency: int, max_results: int, metrics: Metrics) -> None:
+        self.size = size
+        self._concurrency = concurrency
+        self._max_results = max_results
+        self._metrics = metrics
+
+    async def run(self, first: int, last: int, pieces: list[lc.Piece], ask: AskPiece, deadline: float) -> Merged:
+        """The merged answer of range [first, last]; JsonRpcError -32005 past the limits."""
+        bound = asyncio.Semaphore(self._concurrency)
+
+        async def one(piece: lc.Piece) -> tuple[list[object], bool]:
+            async with bound:
+                payload, is_error, cache = await ask(piece.start, piece.end)
+                went = cache != lc.HIT
+                if is_error and not piece.whole:
+                    # A node may refuse a whole chunk (its own result or range limit) that the
+                    # range needs only part of: that part is asked exactly.
+                    piece = lc.Piece(piece.want_start, piece.want_end, piece.want_start, piece.want_end)
+                    payload, is_error, cache = await ask(piece.start, piece.end)
+                    went = True
+            if is_error:
+                raise _PieceFailed(payload, went)
+            logs = loads(payload)
+            if not lc.well_formed(logs, piece):
+                raise JsonRpcError(UPSTREAM_UNAVAILABLE, "upstream unavailable: the node's eth_getLogs answer "
+                                   "holds logs outside the blocks asked", http_status=502)
+            return lc.cut(logs, piece), went
+
+        try:
+            async with asyncio.timeout_at(deadline):
+                answers = await asyncio.gather(*(one(p) for p in pieces))
+        except TimeoutError:
+            # spec: a query that runs longer than 10 seconds fails with -32005, every piece and retry
+            # included (pieces still in flight finish on their own and are kept for the next call).
+            self._metrics.getlogs_rejections.labels("timeout").inc()
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        except _PieceFailed as failed:
+            return Merged(failed.payload, True, lc.MISS if failed.went_upstream else lc.HIT)
+        merged = lc.merge([logs for logs, _ in answers])
+        if len(merged) > self._max_results:
+            # spec: more than 10,000 results over the whole range fails with -32005; nothing partial.
+            self._metrics.getlogs_rejections.labels("results").inc()
+            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {self._max_results} results",
+                               data=lc.narrower_range(merged, first, self._max_results))
+        return Merged(dumps(merged), False, lc.cache_result([went for _, went in answers]))

@@ -1,0 +1,219 @@
+"""Chunked eth_getLogs through HTTP against Anvil: ranges are asked in aligned chunks that later
+overlapping, extending and inner ranges share; answers equal the node's (across a reorg too); the
+spec's limits hold over the merged answer; X-Cache says whether any chunk went upstream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.state import SERVICE
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+
+CHUNK = 100  # GETLOGS_CHUNK_BLOCKS in these tests: small chunks of 10 near finality
+
+
+@dataclass
+class Chain:
+    anvil: Anvil
+    proxy: Proxy
+    store: str
+    finalized: int  # the tracker's finalized block when the test starts
+
+
+def emit(anvil: Anvil, store: str, count: int) -> dict[str, Any]:
+    return anvil.send(store, selector("emitMany(uint256)") + word(count))
+
+
+async def build(anvil: Anvil, proxy: Proxy, events: int = 30, gap: int = 9) -> Chain:
+    """A Store contract emitting 2 logs every `gap + 1` blocks, then enough blocks that they are final."""
+    store = anvil.deploy_store()
+    for _ in range(events):
+        emit(anvil, store, 2)
+        anvil.mine(gap)
+    latest = anvil.mine(120)
+    await proxy.head_at(latest)
+    head = proxy.app[SERVICE].networks["evm"].tracker.head
+    assert head is not None
+    return Chain(anvil, proxy, store, head.finalized)
+
+
+@pytest.fixture
+async def chain(anvil: Anvil) -> AsyncIterator[Chain]:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK)))
+    try:
+        yield await build(anvil, proxy)
+    finally:
+        await proxy.close()
+
+
+def logs_filter(chain: Chain, first: int | str, last: int | str) -> dict[str, Any]:
+    return {"address": chain.store, "fromBlock": first if isinstance(first, str) else hex(first),
+            "toBlock": last if isinstance(last, str) else hex(last)}
+
+
+async def get_logs(chain: Chain, log_filter: dict[str, Any]) -> tuple[Any, str]:
+    """The proxy's answer and X-Cache, after checking it equals the node's."""
+    status, body, headers = await chain.proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
+                                                    "params": [log_filter]})
+    assert status == 200 and "result" in body, body
+    node = chain.anvil.rpc("eth_getLogs", log_filter)
+    assert body["result"] == node
+    return body["result"], headers["X-Cache"]
+
+
+def asked(chain: Chain) -> list[tuple[int, int]]:
+    """The block ranges of every eth_getLogs sent upstream so far."""
+    return [(int(p[0]["fromBlock"], 16), int(p[0]["toBlock"], 16)) if "fromBlock" in p[0] else (-1, -1)
+            for m, p in chain.proxy.upstreams["evm"].params if m == "eth_getLogs"]
+
+
+async def test_overlapping_extending_and_inner_windows_cost_the_upstream_only_new_chunks(chain: Chain) -> None:
+    assert chain.finalized >= 3 * CHUNK  # the windows below are final
+    logs, cache = await get_logs(chain, logs_filter(chain, 50, 149))
+    assert len(logs) > 0 and cache == "MISS"
+    assert asked(chain) == [(0, 99), (100, 199)]  # whole aligned chunks, cut to the window
+    _, cache = await get_logs(chain, logs_filter(chain, 100, 249))  # overlaps by half, extends by a chunk
+    assert cache == "PARTIAL" and asked(chain)[2:] == [(200, 299)]
+    _, cache = await get_logs(chain, logs_filter(chain, 120, 180))  # inside a held chunk
+    assert cache == "HIT" and len(asked(chain)) == 3
+    _, cache = await get_logs(chain, logs_filter(chain, 0, 299))
+    assert cache == "HIT" and len(asked(chain)) == 3
+
+
+async def test_the_same_address_with_other_topics_is_another_chunk(chain: Chain) -> None:
+    await get_logs(chain, logs_filter(chain, 0, 199))
+    topic = "0x" + word(1)
+    signature = chain.anvil.rpc("eth_getLogs", logs_filter(chain, 0, 199))[0]["topics"][0]
+    _, cache = await get_logs(chain, {**logs_filter(chain, 0, 199), "topics": [signature, topic]})
+    assert cache == "MISS"  # the canonical filter is part of every chunk's key
+
+
+async def test_zero_to_latest_again_after_a_new_block_asks_only_the_part_near_the_head(chain: Chain) -> None:
+    _, cache = await get_logs(chain, logs_filter(chain, "0x0", "latest"))
+    assert cache == "MISS"
+    before = len(asked(chain))
+    emit(chain.anvil, chain.store, 1)
+    await chain.proxy.head_at(chain.anvil.block_number())
+    _, cache = await get_logs(chain, logs_filter(chain, "0x0", "latest"))
+    assert cache == "PARTIAL"
+    new = asked(chain)[before:]
+    # Only small chunks that just became final, and the tail above them, went upstream again.
+    assert 1 <= len(new) <= 2 and all(start > chain.finalized - CHUNK // 10 for start, _ in new), new
+
+
+async def test_a_reorg_never_leaves_a_removed_log_in_a_chunked_answer(chain: Chain) -> None:
+    emit(chain.anvil, chain.store, 3)  # logs in the blocks the reorg replaces
+    emit(chain.anvil, chain.store, 3)
+    latest = chain.anvil.block_number()
+    await chain.proxy.head_at(latest)
+    everything = logs_filter(chain, "0x0", "latest")
+    before, _ = await get_logs(chain, everything)
+    chain.anvil.rpc("anvil_reorg", 2, [])  # the two blocks are replaced by empty ones
+    tracker = chain.proxy.app[SERVICE].networks["evm"].tracker
+
+    async def reorg_seen() -> bool:
+        return chain.proxy.metric("rpc_proxy_reorgs_total", network="evm") >= 1 and tracker.head is not None \
+            and tracker.head.latest_hash == chain.anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+
+    await eventually(reorg_seen, 10, "the tracker to see the reorg")
+    after, cache = await get_logs(chain, everything)  # equal to the node's: the removed logs are gone
+    assert len(after) == len(before) - 6 and cache == "PARTIAL"
+    _, cache = await get_logs(chain, logs_filter(chain, 0, chain.finalized - chain.finalized % CHUNK - 1))
+    assert cache == "HIT"  # the final chunks were kept
+
+
+async def test_more_than_the_limit_over_the_merged_answer_is_minus_32005_with_nothing_partial(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK),
+                                           GETLOGS_MAX_RESULTS="30"))
+    try:
+        chain = await build(anvil, proxy)  # 2 logs every 10 blocks: 20 per chunk, each under the limit
+        too_many = logs_filter(chain, 0, 299)
+        for _ in range(2):
+            status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
+                                                "params": [too_many]})
+            assert status == 200 and "result" not in body
+            assert body["error"]["code"] == -32005
+            assert body["error"]["message"] == "query returned more than 30 results"
+            narrower = body["error"]["data"]
+            assert narrower["fromBlock"] == "0x0"
+        assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="results") == 2
+        logs, cache = await get_logs(chain, {**too_many, **narrower})  # the hint is a range within the limit
+        assert 0 < len(logs) <= 30 and cache == "HIT"  # its chunks were held
+    finally:
+        await proxy.close()
+
+
+async def test_a_slow_chunk_makes_the_whole_call_hit_the_time_limit(anvil: Anvil) -> None:
+    relay = await FaultRelay(anvil.url).start()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=relay.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK),
+                                           GETLOGS_TIMEOUT="1"))
+    try:
+        chain = await build(anvil, proxy)
+        await get_logs(chain, logs_filter(chain, 0, 99))  # one chunk held: the next call is partly cached
+        relay.inject("slow", method="eth_getLogs", delay=3.0)  # the first chunk that goes upstream
+        status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
+                                            "params": [logs_filter(chain, 0, 299)]})
+        assert status == 200 and "result" not in body
+        assert body["error"] == {"code": -32005, "message": "query timeout exceeded"}
+        assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="timeout") == 1
+    finally:
+        await proxy.close()
+        await relay.close()
+
+
+async def test_a_few_blocks_whose_receipts_are_held_are_answered_from_them(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS="0"))
+    try:
+        chain = await build(anvil, proxy, events=3)
+        for _ in range(3):  # logs in unfinalized blocks too
+            emit(anvil, chain.store, 2)
+        latest = anvil.block_number()
+        await proxy.head_at(latest)
+        head = proxy.app[SERVICE].networks["evm"].tracker.head
+        assert head is not None
+        first, last = head.finalized - 5, head.finalized + 5  # final blocks, and unfinalized ones by hash
+        for number in [*range(first, last + 1), latest - 1, latest]:
+            assert (await proxy.call("eth_getBlockReceipts", [hex(number)]))["result"] is not None
+        before = proxy.upstreams["evm"].calls["eth_getLogs"]
+        signature = anvil.rpc("eth_getLogs", logs_filter(chain, latest, latest))[0]["topics"][0]
+        for log_filter in (logs_filter(chain, first, last), logs_filter(chain, latest - 1, latest),
+                           {**logs_filter(chain, latest - 1, latest), "topics": [signature, "0x" + word(1)]}):
+            logs, cache = await get_logs(chain, log_filter)  # equal to the node's
+            assert cache == "HIT"
+        assert len(logs) == 2 and proxy.upstreams["evm"].calls["eth_getLogs"] == before
+        _, cache = await get_logs(chain, logs_filter(chain, first - 1, last))  # no receipts held for first-1
+        assert cache == "MISS" and proxy.upstreams["evm"].calls["eth_getLogs"] == before + 1
+    finally:
+        await proxy.close()
+
+
+async def test_a_chunked_call_costs_the_client_the_spec_price_once(anvil: Anvil, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text("[keys.alice]\ndaily_credits = 10000\n")
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys),
+                                           GETLOGS_CHUNK_BLOCKS=str(CHUNK)))
+    try:
+        chain = await build(anvil, proxy, events=5, gap=49)
+        for expected in ("MISS", "HIT"):  # three chunks upstream, then none: 255 credits either way
+            _, _, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
+                                              "params": [logs_filter(chain, 0, 299)]}, key="alice")
+            assert (headers["X-Cache"], headers["X-Credits-Charged"]) == (expected, "255")
+        assert proxy.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getLogs") == 255
+    finally:
+        await proxy.close()
+
+
+async def test_chunking_can_be_turned_off(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS="0"))
+    try:
+        chain = await build(anvil, proxy, events=3)
+        await get_logs(chain, logs_filter(chain, 0, 99))
+        assert asked(chain) == [(0, 99)]
+    finally:
+        await proxy.close()
