@@ -109,7 +109,7 @@ POLICIES: dict[str, MethodPolicy] = {
         # Solana.
         MethodPolicy("getSlot", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
         MethodPolicy("getBlockHeight", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
-        MethodPolicy("getBalance", "solana", p.solana_account, CacheClass.TOKEN_BALANCE, None),
+        MethodPolicy("getBalance", "solana", p.solana_balance, CacheClass.TOKEN_BALANCE, None),
         MethodPolicy("getAccountInfo", "solana", p.solana_account, CacheClass.TOKEN_BALANCE, None),
         MethodPolicy("getMultipleAccounts", "solana", p.get_multiple_accounts, CacheClass.TOKEN_BALANCE, None),
         MethodPolicy("getBlock", "solana", p.get_block, CacheClass.SOLANA_FINAL, None),

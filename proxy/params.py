@@ -580,11 +580,17 @@ def solana_no_params(params: list[Any], rules: Rules) -> list[Any]:
 
 
 def solana_account(params: list[Any], rules: Rules) -> list[Any]:
-    """getBalance, getAccountInfo."""
+    """getAccountInfo."""
     _arity(params, ("address", "config"), 1)
-    allowed = _ACCOUNT_CONFIG
     return [base58_pubkey("address", params[0]),
-            _solana_options("config", params[1] if len(params) > 1 else None, allowed)]
+            _solana_options("config", params[1] if len(params) > 1 else None, _ACCOUNT_CONFIG)]
+
+
+def solana_balance(params: list[Any], rules: Rules) -> list[Any]:
+    """getBalance: Agave's config takes commitment and minContextSlot only."""
+    _arity(params, ("address", "config"), 1)
+    return [base58_pubkey("address", params[0]),
+            _solana_options("config", params[1] if len(params) > 1 else None, ("commitment", "minContextSlot"))]
 
 
 def get_multiple_accounts(params: list[Any], rules: Rules) -> list[Any]:

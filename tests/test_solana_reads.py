@@ -139,6 +139,7 @@ async def test_identity_data_is_asked_once(sol: Proxy, solana: FakeSolana) -> No
 
 @pytest.mark.parametrize(("method", "params", "name"), [
     ("getBalance", ["0OIl"], "address"),
+    ("getBalance", [SYSTEM_ACCOUNT, {"encoding": "base64"}], "encoding"),
     ("getAccountInfo", [SYSTEM_ACCOUNT, {"encoding": "hex"}], "encoding"),
     ("getAccountInfo", [SYSTEM_ACCOUNT, {"dataSlice": {"offset": 0}}], "dataSlice"),
     ("getMultipleAccounts", [[]], "addresses"),
