@@ -9,11 +9,22 @@
 | null not-found answers                                    | negative TTL at most, never immutable      |
 | errors                                                    | never, except eth_call reverts (code 3) when final |
 | getLargestAccounts / getTokenAccountBalance               | configured TTL / max age                   |
+| Solana getBalance/getAccountInfo/getMultipleAccounts      | max age, as getTokenAccountBalance         |
+| a Solana call with `minContextSlot`                       | bypass                                     |
+| Solana getBlock/getTransaction                            | immutable at `finalized`, else bypass      |
+| chain identity data (net_version, getGenesisHash...)      | identity TTL, in the chain identity's keys |
+| fees of the current head                                  | short TTL, the head's number+hash in key   |
+| eth_feeHistory                                            | as a block read, per head above finalized  |
+| a transaction or receipt by its hash                      | by the block it names: immutable at/below  |
+|                                                           | finalized, short TTL while that hash is    |
+|                                                           | canonical, not kept otherwise; checked     |
+|                                                           | again on every hit (transaction_servable)  |
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -37,6 +48,7 @@ class Ttls:
     negative: float = 2.0
     largest_accounts: float = 3600.0
     token_balance: float = 0.4
+    identity: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +56,10 @@ class Decision:
     mode: Mode
     ttl: float = FOREVER
     pin_hashes: bool = False  # key unfinalized blocks by their hash
+    per_head: bool = False  # the head's number and hash are part of the key: a new block changes it
+    # The answer names its own block (a transaction by hash): kept, and served, only while that block
+    # is final or canonical per the tracker (transaction_ttl, transaction_servable).
+    tied_to_answer: bool = False
 
     @property
     def cacheable(self) -> bool:
@@ -53,16 +69,36 @@ class Decision:
 BYPASS = Decision(Mode.BYPASS, 0.0)
 
 
-def decide(cache: CacheClass, blocks: list[Resolved | None], head: Head | None, ttls: Ttls) -> Decision:
+def solana_config(params: Any) -> dict[str, Any]:
+    """The config object of canonical Solana params (the last param), or {}."""
+    return params[-1] if isinstance(params, list) and params and isinstance(params[-1], dict) else {}
+
+
+def decide(
+    cache: CacheClass, blocks: list[Resolved | None], head: Head | None, ttls: Ttls, params: Any = None,
+) -> Decision:
     """Before the upstream call: may this request be cached, and how."""
-    if cache is CacheClass.NONE:
-        return BYPASS
+    if cache is CacheClass.NONE or cache is CacheClass.TRACKER:
+        return BYPASS  # TRACKER: what the tracker cannot answer goes upstream, uncached
+    if "minContextSlot" in solana_config(params):
+        return BYPASS  # the caller asks for a node at least at that slot: only the node can say
     if cache is CacheClass.LARGEST_ACCOUNTS:
         return Decision(Mode.TTL, ttls.largest_accounts)
     if cache is CacheClass.TOKEN_BALANCE:
         return Decision(Mode.TTL, ttls.token_balance)
+    if cache is CacheClass.IDENTITY:
+        return Decision(Mode.TTL, ttls.identity)
+    if cache is CacheClass.SOLANA_FINAL:
+        # A finalized block or transaction never changes; at `confirmed` it still may (or vanish).
+        return Decision(Mode.IMMUTABLE) if solana_config(params).get("commitment") == "finalized" else BYPASS
     if cache is CacheClass.CONTENT:
         return Decision(Mode.IMMUTABLE)
+    if cache is CacheClass.HEAD or cache is CacheClass.TRANSACTION:
+        if head is None or head.stale:
+            return BYPASS  # no head to tie the answer to
+        if cache is CacheClass.HEAD:
+            return Decision(Mode.TTL, ttls.unfinalized, per_head=True)
+        return Decision(Mode.TTL, ttls.unfinalized, tied_to_answer=True)
     if any(b is None for b in blocks):
         return BYPASS  # pending, or no head yet: nothing to pin the answer to
     numbers = [b.number for b in blocks if b is not None and b.number is not None]
@@ -75,6 +111,8 @@ def decide(cache: CacheClass, blocks: list[Resolved | None], head: Head | None, 
         return BYPASS  # a block the tracker has not seen: its answer may change once it exists
     if top <= head.finalized:
         return Decision(Mode.IMMUTABLE)
+    if cache is CacheClass.FEE_HISTORY:
+        return Decision(Mode.TTL, ttls.unfinalized, per_head=True)  # no hash form: keyed by the head instead
     if top not in head.hashes:
         return BYPASS  # outside the tracked window: no hash to pin the answer to
     return Decision(Mode.TTL, ttls.unfinalized, pin_hashes=True)
@@ -100,3 +138,49 @@ def store_ttl(decision: Decision, cache: CacheClass, kind: str, ttls: Ttls) -> f
     if kind == "null":
         return min(ttls.negative, decision.ttl)
     return decision.ttl
+
+
+def answer_block(result: Any) -> tuple[int, str] | None:
+    """The block (number, hash) a transaction or receipt names; None for a pending one or no block."""
+    if not isinstance(result, dict):
+        return None
+    number, block_hash = result.get("blockNumber"), result.get("blockHash")
+    if not isinstance(number, str) or not isinstance(block_hash, str):
+        return None
+    try:
+        return int(number, 16), block_hash.lower()
+    except ValueError:
+        return None
+
+
+def transaction_ttl(result: Any, head: Head | None, orphans: Mapping[str, None], ttls: Ttls) -> float | None:
+    """After the upstream call, for a transaction or receipt by hash: seconds to keep it, or None.
+
+    Immutable once its block is at or below finalized; while above, kept for the unfinalized TTL only
+    if the tracker holds that very block hash as canonical (so a reorg that replaces the block is seen,
+    and transaction_servable stops serving it). A pending transaction (no block yet) is "not yet
+    mined", like null: the negative TTL at most.
+    """
+    if result is None:
+        return ttls.negative
+    block = answer_block(result)
+    if block is None:
+        pending = isinstance(result, dict) and result.get("blockHash", "absent") is None
+        return min(ttls.negative, ttls.unfinalized) if pending else None
+    if head is None or not transaction_servable(result, head, orphans):
+        return None  # a block the tracker has not seen (or saw replaced): served, not kept
+    return FOREVER if block[0] <= head.finalized else ttls.unfinalized
+
+
+def transaction_servable(result: Any, head: Head | None, orphans: Mapping[str, None]) -> bool:
+    """May a cached transaction or receipt be served now: its block is final, or canonical per the
+    tracker's window, and no reorg the tracker saw replaced it."""
+    block = answer_block(result)
+    if block is None:
+        return True  # null or pending: only ever kept for the negative TTL
+    number, block_hash = block
+    if head is None or block_hash in orphans:
+        return False
+    if number <= head.finalized:
+        return True
+    return not head.stale and head.hashes.get(number) == block_hash

@@ -209,12 +209,14 @@ class EvmHeadTracker:
         self._window = window
         self._states = states
         self._identity: str | None = None  # the chain identity's key space; None: not known yet
+        self.identity: ChainIdentity | None = None  # the network's chain (eth_chainId is answered from it)
         self._epoch = ""  # moved on by a finality violation
         self._final: Header | None = None  # the finalized block of the last poll
 
     # --- the cache-key space: network name, chain identity, epoch --------------------------
 
     def set_identity(self, identity: ChainIdentity) -> None:
+        self.identity = identity
         self._identity = identity.key_space()
         self._reissue()
 
@@ -423,6 +425,9 @@ class SolanaSlotTracker:
     ) -> None:
         self.network = network
         self.slots: dict[str, int] = {}
+        # The newest value seen per (method, commitment) and when: getSlot from the polls, getSlot and
+        # getBlockHeight from forwarded answers too. Served while younger than the max age.
+        self.recent: dict[tuple[str, str], tuple[int, float]] = {}
         self.last_poll = 0.0
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
@@ -453,5 +458,21 @@ class SolanaSlotTracker:
             raise TrackerError("upstream returned no slot")
         self.slots = slots
         self.last_poll = time.time()
+        for commitment, slot in slots.items():
+            self.observe("getSlot", commitment, slot, self.last_poll)
         self._metrics.head_updated.labels(self.network).set(self.last_poll)
         return slots
+
+    def observe(self, method: str, commitment: str, value: int, now: float) -> int:
+        """Note a slot or block height seen at `now`; returns the value to show, which never goes
+        below one already shown (a lagging node's older answer is not passed on)."""
+        held = self.recent.get((method, commitment))
+        if held is not None and held[0] > value:
+            return held[0]
+        self.recent[(method, commitment)] = (value, now)
+        return value
+
+    def fresh(self, method: str, commitment: str, now: float, max_age: float) -> int | None:
+        """The value seen for (method, commitment) if it is at most `max_age` seconds old."""
+        held = self.recent.get((method, commitment))
+        return held[0] if held is not None and now - held[1] <= max_age else None

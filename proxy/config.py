@@ -14,6 +14,7 @@ from redis.connection import parse_url
 
 from .accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from .jsonrpc import METHOD_NAME
+from .prices import METHOD_CREDITS, SPEC_CREDITS
 
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
@@ -120,6 +121,8 @@ class Settings:
     ws_max_subscriptions: int = 100
     ws_send_buffer_bytes: int = 4 * 1024 * 1024
     subscription_credits: Mapping[str, int] = field(default_factory=lambda: dict(SUBSCRIPTION_CREDITS))
+    # Credits per call of methods outside the spec's seven (prices.py), with CREDITS_FILE applied.
+    method_credits: Mapping[str, int] = field(default_factory=lambda: dict(METHOD_CREDITS))
 
     @property
     def ledger_redis_url(self) -> str | None:
@@ -169,7 +172,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second"),
     Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
     Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
-    Option("DEFAULT_CREDITS", "credit cost of forwarded methods outside the spec table (default 20)"),
+    Option("DEFAULT_CREDITS", "credit cost of methods in neither the spec's table nor the credits table "
+           "(default 20)"),
+    Option("CREDITS_FILE", "optional TOML file whose [credits] table sets per-method costs (method = credits) of "
+           "methods outside the spec's seven; unlisted methods keep the built-in table, else DEFAULT_CREDITS"),
     Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
     Option("MAX_BATCH_SIZE", "maximum calls in one batch (default 100)"),
     Option("MAX_BODY_BYTES", "maximum HTTP request body in bytes (default 5242880)"),
@@ -362,6 +368,29 @@ def _load_toml(name: str, path: str) -> dict[str, Any]:
         raise ConfigError(f"{name}: {path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{name}: {path} is not UTF-8 text") from None
+
+
+def _credits_file(path: str) -> dict[str, int]:
+    """The built-in per-method credits with CREDITS_FILE's [credits] table applied."""
+    data = _load_toml("CREDITS_FILE", path)
+    for section in data:
+        if section != "credits":
+            raise ConfigError(f"CREDITS_FILE: unknown table or key {section!r} (expected only [credits])")
+    table = data.get("credits")
+    if not isinstance(table, dict):
+        raise ConfigError(f"CREDITS_FILE: {path} has no [credits] table")
+    costs = dict(METHOD_CREDITS)
+    for method, cost in table.items():
+        where = f"CREDITS_FILE: {method[:40]!r}"
+        if not METHOD_NAME.fullmatch(method):
+            raise ConfigError(f"{where} is not a method name (ASCII letters, digits, '_')")
+        if method in SPEC_CREDITS:
+            # spec "Limits / Credits per call": the seven methods' costs are fixed.
+            raise ConfigError(f"{where} costs {SPEC_CREDITS[method]} credits as the spec fixes; it cannot be changed")
+        if not isinstance(cost, int) or isinstance(cost, bool) or not 0 <= cost <= 1_000_000:
+            raise ConfigError(f"{where} must cost a whole number of credits from 0 to 1000000")
+        costs[method] = cost
+    return costs
 
 
 def _networks_from_file(path: str) -> list[Network]:
@@ -566,6 +595,8 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
             if not METHOD_NAME.fullmatch(method):
                 raise ConfigError(f"ALLOW_METHODS: {method[:40]!r} is not a method name (ASCII letters, digits, '_')")
         values["allowed_methods"] = frozenset(methods)
+    if "CREDITS_FILE" in raw:
+        values["method_credits"] = _credits_file(raw["CREDITS_FILE"])
     # spec: getLargestAccounts results may be cached up to two hours.
     if values.get("solana_largest_accounts_ttl", 0) > 7200:
         raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")

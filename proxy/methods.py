@@ -13,6 +13,7 @@ from typing import Any
 
 from . import params as p
 from .config import Family
+from .prices import SPEC_CREDITS
 
 
 class CacheClass(Enum):
@@ -20,7 +21,13 @@ class CacheClass(Enum):
     LOGS = "logs"  # a block range: immutable when it ends at/below finalized, short TTL otherwise
     CONTENT = "content"  # addressed by block hash: immutable once non-null
     LARGEST_ACCOUNTS = "largest_accounts"  # TTL of at most two hours (spec)
-    TOKEN_BALANCE = "token_balance"  # bounded staleness per commitment
+    TOKEN_BALANCE = "token_balance"  # bounded staleness per commitment (SOLANA_BALANCE_MAX_AGE)
+    IDENTITY = "identity"  # the chain's own data (net_version, getGenesisHash...): IDENTITY_CHECK_INTERVAL
+    HEAD = "head"  # about the current head only (fees): the head's number and hash are part of the key
+    FEE_HISTORY = "fee_history"  # a range ending at a block: immutable when final, else per head
+    TRANSACTION = "transaction"  # by transaction hash: tied to the block the answer names (cache_policy)
+    SOLANA_FINAL = "solana_final"  # getBlock/getTransaction: immutable at `finalized`, else not cached
+    TRACKER = "tracker"  # answered from the head/slot tracker or the chain identity (local_answers.py)
     NONE = "none"  # forwarded, never cached
 
 
@@ -33,32 +40,83 @@ class MethodPolicy:
     family: Family
     validate: Validator | None
     cache: CacheClass
-    credits: int | None  # None: the configured default cost
+    credits: int | None  # the spec's fixed cost; None: the credits table (prices.py), else DEFAULT_CREDITS
     gas_cap: bool = False  # spec: gas capped at 10x the block gas limit
     limits_logs: bool = False  # spec: eth_getLogs result, time and parameter limits
     caches_reverts: bool = False  # a revert (code 3) at a final block is deterministic: eth_call only
+    # A by-number method whose unfinalized block is asked by hash: this sibling takes the same params
+    # with the block's hash, so the node answers for the very block the key holds.
+    by_hash: str | None = None
 
 
 POLICIES: dict[str, MethodPolicy] = {
     policy.name: policy
     for policy in (
         # spec "Limits / Credits per call".
-        MethodPolicy("eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, 80),
-        MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, 255, limits_logs=True),
+        MethodPolicy("eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK,
+                     SPEC_CREDITS["eth_getStorageAt"]),
+        MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, SPEC_CREDITS["eth_getLogs"],
+                     limits_logs=True),
         MethodPolicy(
             "eth_getUncleByBlockHashAndIndex", "evm", p.eth_get_uncle_by_block_hash_and_index,
-            CacheClass.CONTENT, 150,
+            CacheClass.CONTENT, SPEC_CREDITS["eth_getUncleByBlockHashAndIndex"],
         ),
-        MethodPolicy("eth_call", "evm", p.eth_call, CacheClass.BLOCK, 80, gas_cap=True, caches_reverts=True),
-        MethodPolicy("eth_getBlockReceipts", "evm", p.eth_get_block_receipts, CacheClass.BLOCK, 1000),
-        MethodPolicy(
-            "getTokenAccountBalance", "solana", p.get_token_account_balance, CacheClass.TOKEN_BALANCE, 160
-        ),
-        MethodPolicy("getLargestAccounts", "solana", p.get_largest_accounts, CacheClass.LARGEST_ACCOUNTS, 160),
+        MethodPolicy("eth_call", "evm", p.eth_call, CacheClass.BLOCK, SPEC_CREDITS["eth_call"], gas_cap=True,
+                     caches_reverts=True),
+        MethodPolicy("eth_getBlockReceipts", "evm", p.eth_get_block_receipts, CacheClass.BLOCK,
+                     SPEC_CREDITS["eth_getBlockReceipts"]),
+        MethodPolicy("getTokenAccountBalance", "solana", p.get_token_account_balance, CacheClass.TOKEN_BALANCE,
+                     SPEC_CREDITS["getTokenAccountBalance"]),
+        MethodPolicy("getLargestAccounts", "solana", p.get_largest_accounts, CacheClass.LARGEST_ACCOUNTS,
+                     SPEC_CREDITS["getLargestAccounts"]),
         # Forwarded, uncached, but under a spec rule.
         MethodPolicy("eth_estimateGas", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
         # It runs the call too: the same call object, the same cap (else a way round it).
         MethodPolicy("eth_createAccessList", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
+        # --- the common read surface (README "Caching"); costs from prices.py ---
+        # Chain identity and head: no upstream call per request.
+        MethodPolicy("eth_chainId", "evm", p.no_params, CacheClass.TRACKER, None),
+        MethodPolicy("net_version", "evm", p.no_params, CacheClass.IDENTITY, None),
+        MethodPolicy("eth_blockNumber", "evm", p.no_params, CacheClass.TRACKER, None),
+        # Blocks: by number like eth_getBlockReceipts (pinned to the hash above finalized), by hash immutable.
+        MethodPolicy("eth_getBlockByNumber", "evm", p.eth_get_block_by_number, CacheClass.BLOCK, None,
+                     by_hash="eth_getBlockByHash"),
+        MethodPolicy("eth_getBlockByHash", "evm", p.eth_get_block_by_hash, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getBlockTransactionCountByNumber", "evm", p.block_by_number_only, CacheClass.BLOCK, None,
+                     by_hash="eth_getBlockTransactionCountByHash"),
+        MethodPolicy("eth_getBlockTransactionCountByHash", "evm", p.block_hash_only, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getUncleCountByBlockNumber", "evm", p.block_by_number_only, CacheClass.BLOCK, None,
+                     by_hash="eth_getUncleCountByBlockHash"),
+        MethodPolicy("eth_getUncleCountByBlockHash", "evm", p.block_hash_only, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getUncleByBlockNumberAndIndex", "evm", p.block_number_and_index, CacheClass.BLOCK, None,
+                     by_hash="eth_getUncleByBlockHashAndIndex"),
+        # Transactions: by block like blocks; by transaction hash tied to the block the answer names.
+        MethodPolicy("eth_getTransactionByBlockNumberAndIndex", "evm", p.block_number_and_index, CacheClass.BLOCK,
+                     None, by_hash="eth_getTransactionByBlockHashAndIndex"),
+        MethodPolicy("eth_getTransactionByBlockHashAndIndex", "evm", p.block_hash_and_index, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getTransactionByHash", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
+        MethodPolicy("eth_getTransactionReceipt", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
+        # State at a block: like eth_getStorageAt (EIP-1898 objects, pinned to the hash above finalized).
+        MethodPolicy("eth_getBalance", "evm", p.address_at_block, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getCode", "evm", p.address_at_block, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getTransactionCount", "evm", p.address_at_block, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getProof", "evm", p.eth_get_proof, CacheClass.BLOCK, None),
+        # Fees: for the current head only.
+        MethodPolicy("eth_gasPrice", "evm", p.no_params, CacheClass.HEAD, None),
+        MethodPolicy("eth_maxPriorityFeePerGas", "evm", p.no_params, CacheClass.HEAD, None),
+        MethodPolicy("eth_blobBaseFee", "evm", p.no_params, CacheClass.HEAD, None),
+        MethodPolicy("eth_feeHistory", "evm", p.eth_fee_history, CacheClass.FEE_HISTORY, None),
+        # Solana.
+        MethodPolicy("getSlot", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
+        MethodPolicy("getBlockHeight", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
+        MethodPolicy("getBalance", "solana", p.solana_balance, CacheClass.TOKEN_BALANCE, None),
+        MethodPolicy("getAccountInfo", "solana", p.solana_account, CacheClass.TOKEN_BALANCE, None),
+        MethodPolicy("getMultipleAccounts", "solana", p.get_multiple_accounts, CacheClass.TOKEN_BALANCE, None),
+        MethodPolicy("getBlock", "solana", p.get_block, CacheClass.SOLANA_FINAL, None),
+        MethodPolicy("getTransaction", "solana", p.get_transaction, CacheClass.SOLANA_FINAL, None),
+        MethodPolicy("getGenesisHash", "solana", p.solana_no_params, CacheClass.IDENTITY, None),
+        MethodPolicy("getVersion", "solana", p.solana_no_params, CacheClass.IDENTITY, None),
+        MethodPolicy("getEpochSchedule", "solana", p.solana_no_params, CacheClass.IDENTITY, None),
     )
 }
 

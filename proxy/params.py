@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 from .jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params
@@ -23,6 +24,7 @@ _DECIMAL = re.compile(r"[0-9]{1,20}")  # 2**64 has 20 digits; longer is never a 
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _B58_INDEX = {c: i for i, c in enumerate(_B58_ALPHABET)}
 UINT256_MAX = 2**256 - 1
+PROOF_MAX_KEYS = 1024  # eth_getProof storage keys in one call: a proof of each is work for the node
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,3 +419,218 @@ def substitute(value: Any, replace: dict[int, Any]) -> Any:
     if kind is dict:
         return {k: substitute(v, replace) for k, v in value.items()}
     return value
+
+
+# --- the common read surface (issue 13): cached like the seven ---------------------------
+
+
+def no_params(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_chainId, eth_blockNumber, fee reads...: nothing to validate; extra params are refused."""
+    _arity(params, (), 0)
+    return []
+
+
+def _full_tx(params: list[Any], index: int) -> bool:
+    value = params[index] if len(params) > index else False
+    if not isinstance(value, bool):
+        raise invalid_params("fullTransactions", "expected true or false")
+    return value
+
+
+def _number_block(params: list[Any], index: int) -> BlockRef:
+    """A block-by-number position: a hex number or tag (no EIP-1898 object, no hash). When the key
+    pins an unfinalized block, the call goes upstream as its by-hash sibling (methods.py)."""
+    return _hash_form(block_param("block", params[index], allow_object=False), "plain")
+
+
+def eth_get_block_by_number(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("block", "fullTransactions"), 1)
+    return [_number_block(params, 0), _full_tx(params, 1)]
+
+
+def _hash_ref(params: list[Any]) -> BlockRef:
+    """A block hash position, as a BlockRef so the tracker resolves it: a hash a reorg replaced is
+    never answered from the cache (chain.py orphans)."""
+    return BlockRef(hash=hash32("blockHash", params[0]), hash_form="plain")
+
+
+def eth_get_block_by_hash(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("blockHash", "fullTransactions"), 1)
+    return [_hash_ref(params), _full_tx(params, 1)]
+
+
+def block_by_number_only(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_getBlockTransactionCountByNumber, eth_getUncleCountByBlockNumber."""
+    _arity(params, ("block",), 1)
+    return [_number_block(params, 0)]
+
+
+def block_hash_only(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_getBlockTransactionCountByHash, eth_getUncleCountByBlockHash."""
+    _arity(params, ("blockHash",), 1)
+    return [_hash_ref(params)]
+
+
+def block_number_and_index(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_getUncleByBlockNumberAndIndex, eth_getTransactionByBlockNumberAndIndex."""
+    _arity(params, ("block", "index"), 2)
+    return [_number_block(params, 0), quantity("index", params[1])]
+
+
+def block_hash_and_index(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_getTransactionByBlockHashAndIndex (eth_getUncleByBlockHashAndIndex has its own, above)."""
+    _arity(params, ("blockHash", "index"), 2)
+    return [_hash_ref(params), quantity("index", params[1])]
+
+
+def transaction_hash(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_getTransactionByHash, eth_getTransactionReceipt."""
+    _arity(params, ("transactionHash",), 1)
+    return [hash32("transactionHash", params[0])]
+
+
+def address_at_block(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_getBalance, eth_getCode, eth_getTransactionCount: like eth_getStorageAt without a position."""
+    _arity(params, ("address", "block"), 1)
+    return [address("address", params[0]), _hash_form(_block_or_latest(params, 1), "object")]
+
+
+def eth_get_proof(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("address", "storageKeys", "block"), 2)
+    keys = params[1]
+    if not isinstance(keys, list):
+        raise invalid_params("storageKeys", "expected an array of storage positions")
+    if len(keys) > PROOF_MAX_KEYS:
+        raise invalid_params("storageKeys", f"at most {PROOF_MAX_KEYS} storage positions")
+    # The proof lists the keys in the order asked: the order is part of the key, duplicates too.
+    return [
+        address("address", params[0]),
+        [storage_word(f"storageKeys[{i}]", k) for i, k in enumerate(keys)],
+        _hash_form(_block_or_latest(params, 2), "object"),
+    ]
+
+
+def eth_fee_history(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("blockCount", "newestBlock", "rewardPercentiles"), 2)
+    count = params[0]
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        blocks = count  # geth takes a JSON number too (web3.py sends one)
+    else:
+        blocks = quantity_int("blockCount", count)
+    if not 1 <= blocks <= 1024:
+        raise invalid_params("blockCount", "expected 1 to 1024 blocks")
+    out: list[Any] = [hex(blocks), block_param("newestBlock", params[1], allow_object=False)]
+    if len(params) > 2 and params[2] is not None:
+        percentiles = params[2]
+        if not isinstance(percentiles, list) or len(percentiles) > 100 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 100 for v in percentiles
+        ):
+            raise invalid_params("rewardPercentiles", "expected at most 100 numbers from 0 to 100")
+        if any(b < a for a, b in pairwise(percentiles)):
+            raise invalid_params("rewardPercentiles", "expected percentiles in increasing order")
+        out.append([float(v) for v in percentiles])
+    return out
+
+
+# Solana: config fields each method takes (Agave's RpcXxxConfig). `minContextSlot` is accepted and
+# forwarded; a call that sets it is not cached (cache_policy.solana_bypass).
+_ACCOUNT_CONFIG = ("commitment", "encoding", "dataSlice", "minContextSlot")
+_SOLANA_ENCODINGS = ("base58", "base64", "base64+zstd", "jsonParsed", "json")
+
+
+def _solana_options(name: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """A Solana config object: commitment defaulted (spec: finalized), other known fields checked."""
+    raw = {} if value is None else _object(name, value, allowed)
+    out = _solana_config(name, {k: v for k, v in raw.items() if k == "commitment"}, ("commitment",))
+    for key, item in raw.items():
+        if key == "commitment" or item is None:
+            continue
+        where = f"{name}.{key}"
+        if key == "encoding":
+            if item not in _SOLANA_ENCODINGS:
+                raise invalid_params(where, f"expected one of {', '.join(_SOLANA_ENCODINGS)}")
+        elif key in ("minContextSlot", "maxSupportedTransactionVersion"):
+            if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item < 2**64:
+                raise invalid_params(where, "expected a non-negative integer")
+        elif key == "dataSlice":
+            slice_ = _object(where, item, ("offset", "length"))
+            if set(slice_) != {"offset", "length"} or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**64 for v in slice_.values()
+            ):
+                raise invalid_params(where, "expected {offset, length} as non-negative integers")
+        elif key == "rewards":
+            if not isinstance(item, bool):
+                raise invalid_params(where, "expected true or false")
+        elif key == "transactionDetails" and item not in ("full", "accounts", "signatures", "none"):
+            raise invalid_params(where, "expected one of full, accounts, signatures, none")
+        out[key] = item
+    return out
+
+
+def solana_commitment_only(params: list[Any], rules: Rules) -> list[Any]:
+    """getSlot, getBlockHeight: an optional {commitment, minContextSlot}."""
+    _arity(params, ("config",), 0)
+    return [_solana_options("config", params[0] if params else None, ("commitment", "minContextSlot"))]
+
+
+def solana_no_params(params: list[Any], rules: Rules) -> list[Any]:
+    """getGenesisHash, getVersion, getEpochSchedule."""
+    _arity(params, (), 0)
+    return []
+
+
+def solana_account(params: list[Any], rules: Rules) -> list[Any]:
+    """getAccountInfo."""
+    _arity(params, ("address", "config"), 1)
+    return [base58_pubkey("address", params[0]),
+            _solana_options("config", params[1] if len(params) > 1 else None, _ACCOUNT_CONFIG)]
+
+
+def solana_balance(params: list[Any], rules: Rules) -> list[Any]:
+    """getBalance: Agave's config takes commitment and minContextSlot only."""
+    _arity(params, ("address", "config"), 1)
+    return [base58_pubkey("address", params[0]),
+            _solana_options("config", params[1] if len(params) > 1 else None, ("commitment", "minContextSlot"))]
+
+
+def get_multiple_accounts(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("addresses", "config"), 1)
+    keys = params[0]
+    if not isinstance(keys, list) or not 1 <= len(keys) <= 100:  # Agave: MAX_MULTIPLE_ACCOUNTS = 100
+        raise invalid_params("addresses", "expected an array of 1 to 100 base-58 public keys")
+    return [[base58_pubkey(f"addresses[{i}]", k) for i, k in enumerate(keys)],
+            _solana_options("config", params[1] if len(params) > 1 else None, _ACCOUNT_CONFIG)]
+
+
+def get_block(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("slot", "config"), 1)
+    slot = params[0]
+    if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < 2**64:
+        raise invalid_params("slot", "expected a slot number (a non-negative integer)")
+    config = _solana_options("config", params[1] if len(params) > 1 else None, (
+        "commitment", "encoding", "transactionDetails", "rewards", "maxSupportedTransactionVersion"))
+    if config["commitment"] == "processed":  # Agave: getBlock does not serve `processed`
+        raise invalid_params("config.commitment", "getBlock takes finalized or confirmed")
+    return [slot, config]
+
+
+def _signature(name: str, value: Any) -> str:
+    """A base-58 encoded 64-byte transaction signature, returned unchanged."""
+    if not isinstance(value, str) or not 64 <= len(value) <= 88 or any(c not in _B58_INDEX for c in value):
+        raise invalid_params(name, "expected a base-58 encoded 64-byte signature")
+    number = 0
+    for char in value:
+        number = number * 58 + _B58_INDEX[char]
+    size = len(value) - len(value.lstrip("1")) + (number.bit_length() + 7) // 8
+    if size != 64:
+        raise invalid_params(name, f"decodes to {size} bytes, expected a 64-byte signature")
+    return value
+
+
+def get_transaction(params: list[Any], rules: Rules) -> list[Any]:
+    _arity(params, ("signature", "config"), 1)
+    config = _solana_options("config", params[1] if len(params) > 1 else None, (
+        "commitment", "encoding", "maxSupportedTransactionVersion"))
+    if config["commitment"] == "processed":  # Agave: getTransaction does not serve `processed`
+        raise invalid_params("config.commitment", "getTransaction takes finalized or confirmed")
+    return [_signature("signature", params[0]), config]

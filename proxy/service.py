@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from . import cache_policy as cp
-from . import log_chunks, pinning
+from . import local_answers, log_chunks, pinning
 from .cache import Coalescer, TieredCache, cache_key
 from .chain import EvmHeadTracker, Head, Resolved, SolanaSlotTracker
 from .chunked_logs import ChunkedLogs
@@ -41,6 +41,7 @@ from .methods import (
 )
 from .metrics import HitCells, Metrics
 from .params import BlockRef, Rules, block_refs, quantity_int, substitute
+from .prices import credits_of
 from .upstream import Answer, PerUpstream, Upstream
 
 log = logging.getLogger("proxy.service")
@@ -110,6 +111,7 @@ class _Plan:
     head: Any
     decision: cp.Decision
     key: str
+    method: str  # the method sent upstream: the by-hash sibling when the key pins a block hash
     forward: Any
     tags_resolved: bool  # a tag was turned into a number: a failing node may just lag the tracker
     need: int | None  # the highest block the answer depends on: the answering upstream must have it
@@ -182,6 +184,7 @@ class Service:
             negative=settings.cache_negative_ttl,
             largest_accounts=settings.solana_largest_accounts_ttl,
             token_balance=settings.solana_balance_max_age,
+            identity=settings.identity_check_interval,
         )
         self._chunks = ChunkedLogs(settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency,
                                    settings.getlogs_max_results, metrics)
@@ -218,7 +221,7 @@ class Service:
                     self._validated[fingerprint] = (params, refs)
             else:
                 params, refs = memo
-        cost = policy.credits if policy is not None and policy.credits is not None else self._settings.default_credits
+        cost = credits_of(method, self._settings.method_credits, self._settings.default_credits)
         return Prepared(call, network, policy, params, cost, refs, fingerprint)
 
     # --- the read-through flow ----------------------------------------------------------
@@ -239,8 +242,8 @@ class Service:
             plan = self._plans[fingerprint]
         except KeyError:
             return None
-        if plan.head is not net.tracker.head:
-            return None
+        if plan.head is not net.tracker.head or plan.decision.tied_to_answer:
+            return None  # tied to the answer's block: checked on the general path
         stored = self._cache.memory.get(plan.key)
         if stored is None:
             return None
@@ -269,6 +272,8 @@ class Service:
         params = prepared.params
         if policy is not None and policy.gas_cap:
             params = self._cap_gas(params, net)
+        if policy is not None and policy.cache is CacheClass.TRACKER:
+            return await self._from_trackers(prepared)
         if policy is None or policy.cache is CacheClass.NONE:
             if prepared.refs:  # validated, uncached (eth_estimateGas): block parameters as the caller gave them
                 params = substitute(params, {id(r): r.encode() for r in prepared.refs})
@@ -291,7 +296,7 @@ class Service:
             resolved = {id(r): tracker.resolve(r) for r in refs} if isinstance(tracker, EvmHeadTracker) else {}
             if policy.limits_logs:
                 self._check_range(params[0], resolved)
-            decision = cp.decide(policy.cache, list(resolved.values()), head, self._ttls)
+            decision = cp.decide(policy.cache, list(resolved.values()), head, self._ttls, params)
             space = (head.space if head is not None else None) if evm else net.name
             if space is None:
                 decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
@@ -305,25 +310,33 @@ class Service:
             need = pinning.needed_block(list(resolved.values()), named, head.numbers if head is not None else {})
             floor = pinning.tag_floor([r.tag for r in refs if r.tag is not None and resolved.get(id(r)) is None], head)
             need = floor if need is None else max(need, floor or 0)
+            if decision.per_head and head is not None:
+                need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
             tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
             cells = (self._metrics.hit_cells(net.name, method, False), self._metrics.hit_cells(net.name, method, True))
             key = ""
             if decision.cacheable and space is not None:
                 key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
+                if decision.per_head and head is not None:
+                    key_params = [*key_params, {"head": [head.latest, head.latest_hash]}]
                 key = cache_key(space, method, key_params)
-            plan = _Plan(head, decision, key, forward, tags_resolved, need, check_end,
+            # An unfinalized block pinned by hash goes upstream as the method's by-hash sibling.
+            upstream_method = policy.by_hash if policy.by_hash and decision.pin_hashes else method
+            plan = _Plan(head, decision, key, upstream_method, forward, tags_resolved, need, check_end,
                          decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece)
             if not decision.cacheable:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
-                answer, _ = await self._ask_pinned(net, method, forward, policy, plan, self._deadline(policy))
-                return Outcome.answered(answer, BYPASS)
+                answer, _ = await self._ask_pinned(net, plan.method, forward, policy, plan, self._deadline(policy))
+                return Outcome.answered(self._shown(net, method, answer), BYPASS)
             if prepared.fingerprint:
                 # The head fixes everything a plan depends on (tags, finality, hashes, gas limit, identity).
                 self._plans[prepared.fingerprint] = plan
         key = plan.key
 
         stored = await self._cache.get(key)
+        if stored is not None and plan.decision.tied_to_answer and not self._still_tied(net, stored[0]):
+            stored = None  # its block was replaced (or is no longer known): ask again
         if stored is None and policy.limits_logs and isinstance(tracker, EvmHeadTracker):
             stored = await self._logs_from_receipts(tracker, params, plan, policy)
         if stored is not None:
@@ -347,7 +360,28 @@ class Service:
         (answer, tied), joined = await self._coalescer.run(key, fill)
         if joined:
             self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-        return Outcome.answered(answer, MISS if tied else BYPASS)
+        return Outcome.answered(self._shown(net, method, answer), MISS if tied else BYPASS)
+
+    async def _from_trackers(self, prepared: Prepared) -> Outcome:
+        """eth_chainId, eth_blockNumber, getSlot, getBlockHeight: from what the trackers hold
+        (local_answers.py), else forwarded uncached and learned from."""
+        net, method, params = prepared.network, prepared.call.method, prepared.params
+        value = local_answers.held(method, params, net.tracker, time.time(), self._ttls.token_balance)
+        if value is not None:
+            self._metrics.child(self._metrics.cache_lookups, "tracker", "hit").inc()
+            self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
+            return Outcome(dumps(value), False, HIT)
+        self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
+        answer = await net.upstream.request(method, params)
+        answer = local_answers.learned(method, params, net.tracker, answer, time.time())
+        return Outcome.answered(self._shown(net, method, answer), BYPASS)
+
+    def _still_tied(self, net: NetworkRuntime, payload: bytes) -> bool:
+        """A cached transaction or receipt: is the block it names still final or canonical?"""
+        tracker = net.tracker
+        if not isinstance(tracker, EvmHeadTracker):
+            return False
+        return cp.transaction_servable(loads(payload), tracker.head, tracker.orphans)
 
     def _forward(
         self, policy: MethodPolicy, params: Any, refs: list[BlockRef], resolved: dict[int, Resolved | None],
@@ -369,7 +403,7 @@ class Service:
         """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
         False when the answer could not be tied to the key's block (it is served as BYPASS)."""
         deadline = self._deadline(policy)
-        answer, doubt = await self._ask_pinned(net, method, plan.forward, policy, plan, deadline)
+        answer, doubt = await self._ask_pinned(net, plan.method, plan.forward, policy, plan, deadline)
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if plan.tags_resolved and kind in ("null", "error"):
             # The node may not know the resolved block yet (it lags the tracker): ask again
@@ -382,6 +416,12 @@ class Service:
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
             return answer, False
         ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)
+        if plan.decision.tied_to_answer and kind == "ok":
+            tracker = net.tracker
+            orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
+            ttl = cp.transaction_ttl(answer.result, tracker.head, orphans, self._ttls)
+            if ttl is None:
+                return answer, False  # its block is not one the tracker vouches for: served, not kept
         if ttl is not None:
             await self._cache.set(plan.key, (answer.payload, answer.is_error), ttl)
         return answer, True

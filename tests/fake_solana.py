@@ -1,5 +1,8 @@
 """A small fake Solana JSON-RPC node (aiohttp) with the documented shapes and Agave's errors.
 
+Accounts, blocks (every 7th slot skipped, slots past the commitment's -32004) and one known
+transaction (SIGNATURE) answer as Agave does.
+
 Its slot advances by one on every request, as a live cluster's would between calls, so a test can
 tell a cached `context.slot` from a fresh one. Its WebSocket (`ws_url`) speaks the pubsub methods
 (slot, account, signature and logs subscriptions); tests make it notify with `advance_slot`,
@@ -20,6 +23,23 @@ API_VERSION = "2.0.15"
 TOKEN_ACCOUNT = "7fUAJdStEuGbc3sM84cKRL6yYaaSstyLSU4ve5oovLS7"
 SYSTEM_ACCOUNT = "4Nd1mBQtrMJVYVfKf2PJy9NZUZdTAsp7D4xWLs4gDB4T"  # exists, but is not a token account
 MISSING_ACCOUNT = "8qbHbw2BbbTHBW1sbeqakYXVKRQM8Ne7pLK7m6CVfeR"
+GENESIS_HASH = "EtWTRABZaYq6iMfeYKouRu166VU2xqa1wcaWoxPkrZBG"
+EPOCH_SCHEDULE = {"firstNormalEpoch": 0, "firstNormalSlot": 0, "leaderScheduleSlotOffset": 432000,
+                  "slotsPerEpoch": 432000, "warmup": False}
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def b58(data: bytes) -> str:
+    number, out = int.from_bytes(data, "big"), ""
+    while number:
+        number, digit = divmod(number, 58)
+        out = _B58[digit] + out
+    return "1" * (len(data) - len(data.lstrip(b"\0"))) + out
+
+
+SIGNATURE = b58(bytes(range(1, 65)))  # a transaction the node knows, in slot 900
+UNKNOWN_SIGNATURE = b58(bytes(range(2, 66)))
+FINALIZED_LAG = 32  # the finalized slot trails the processed one by this much
 LARGEST = [
     {"address": f"{i + 1}1111111111111111111111111111111111111111"[:44], "lamports": 10**15 - i}
     for i in range(20)
@@ -38,6 +58,7 @@ class FakeSolana(FakeNode):
         self.slot = 1000
         self.calls: Counter[str] = Counter()
         self.balances = {TOKEN_ACCOUNT: ("9864", 2)}
+        self.lamports: dict[str, int] = {}
         self.ws_calls: Counter[str] = Counter()
         self.subscriptions: dict[int, tuple[str, list[Any], web.WebSocketResponse]] = {}
         self.sockets: set[web.WebSocketResponse] = set()
@@ -75,9 +96,22 @@ class FakeSolana(FakeNode):
         commitment = config.get("commitment", "finalized")
         if commitment not in ("finalized", "confirmed", "processed"):
             return _error(rid, -32602, f"Invalid params: unknown variant `{commitment}`.")
+        lag = {"processed": 0, "confirmed": 1, "finalized": FINALIZED_LAG}[commitment]
         if method == "getSlot":
-            lag = {"processed": 0, "confirmed": 1, "finalized": 32}[commitment]
             return {"jsonrpc": "2.0", "id": rid, "result": self.slot - lag}
+        if method == "getBlockHeight":
+            return {"jsonrpc": "2.0", "id": rid, "result": self.slot - lag - 100}
+        if method == "getGenesisHash":
+            return {"jsonrpc": "2.0", "id": rid, "result": GENESIS_HASH}
+        if method == "getEpochSchedule":
+            return {"jsonrpc": "2.0", "id": rid, "result": EPOCH_SCHEDULE}
+        if method in ("getBalance", "getAccountInfo", "getMultipleAccounts"):
+            return {"jsonrpc": "2.0", "id": rid, "result": self._accounts(method, params)}
+        if method == "getBlock":
+            return self._block(rid, params[0] if params else None, commitment, lag)
+        if method == "getTransaction":
+            found = params[:1] == [SIGNATURE]
+            return {"jsonrpc": "2.0", "id": rid, "result": self._transaction() if found else None}
         if method == "getHealth":
             return {"jsonrpc": "2.0", "id": rid, "result": "ok"}
         if method == "getVersion":
@@ -98,6 +132,44 @@ class FakeSolana(FakeNode):
                 accounts = LARGEST[:5]
             return {"jsonrpc": "2.0", "id": rid, "result": {"context": self._context(), "value": accounts}}
         return _error(rid, -32601, "Method not found")
+
+    # --- accounts, blocks and transactions (Agave's shapes) ------------------------------------
+
+    def _account(self, pubkey: str) -> dict[str, Any] | None:
+        if pubkey == MISSING_ACCOUNT:
+            return None
+        return {"data": ["", "base64"], "executable": False, "lamports": self.lamports.get(pubkey, 1_000_000),
+                "owner": "11111111111111111111111111111111", "rentEpoch": 18446744073709551615, "space": 0}
+
+    def _accounts(self, method: str, params: list[Any]) -> dict[str, Any]:
+        if method == "getMultipleAccounts":
+            value: Any = [self._account(k) for k in params[0]]
+        elif method == "getAccountInfo":
+            value = self._account(params[0])
+        else:
+            account = self._account(params[0])
+            value = account["lamports"] if account else 0
+        return {"context": self._context(), "value": value}
+
+    def _block(self, rid: Any, slot: Any, commitment: str, lag: int) -> dict[str, Any]:
+        if not isinstance(slot, int) or slot > self.slot - lag:
+            return _error(rid, -32004, f"Block not available for slot {slot}")
+        if slot % 7 == 0:
+            return _error(rid, -32007, f"Slot {slot} was skipped, or missing due to ledger jump to recent snapshot")
+        block = {"blockHeight": slot - 100, "blockTime": 1_700_000_000 + slot,
+                 "blockhash": b58(slot.to_bytes(32, "big")), "parentSlot": slot - 1,
+                 "previousBlockhash": b58((slot - 1).to_bytes(32, "big")),
+                 "transactions": [], "rewards": []}
+        return {"jsonrpc": "2.0", "id": rid, "result": block}
+
+    def _transaction(self) -> dict[str, Any]:
+        return {"slot": 900, "blockTime": 1_700_000_900, "version": "legacy",
+                "meta": {"err": None, "fee": 5000, "preBalances": [10, 0], "postBalances": [5, 0],
+                         "innerInstructions": [], "logMessages": [], "status": {"Ok": None}},
+                "transaction": {"signatures": [SIGNATURE], "message": {
+                    "accountKeys": [SYSTEM_ACCOUNT, TOKEN_ACCOUNT], "header": {
+                        "numRequiredSignatures": 1, "numReadonlySignedAccounts": 0, "numReadonlyUnsignedAccounts": 1},
+                    "instructions": [], "recentBlockhash": GENESIS_HASH}}}
 
     # --- pubsub ------------------------------------------------------------------------------
 

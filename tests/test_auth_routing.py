@@ -12,6 +12,7 @@ from tests.fake_solana import TOKEN_ACCOUNT, FakeSolana
 from tests.support import Anvil, settings_for, start_proxy
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+CLIENT_VERSION = {"jsonrpc": "2.0", "id": 1, "method": "web3_clientVersion", "params": []}  # always forwarded
 
 
 async def test_unknown_or_missing_key_is_401_with_a_json_rpc_error(anvil: Anvil) -> None:
@@ -21,9 +22,11 @@ async def test_unknown_or_missing_key_is_401_with_a_json_rpc_error(anvil: Anvil)
         assert status == 401 and body["error"]["code"] == -32001 and "invalid API key" in body["error"]["message"]
         async with proxy.session.post(proxy.base + "/v3", data=json.dumps(CHAIN_ID)) as resp:
             assert resp.status == 401
-        status, body, _ = await proxy.post(CHAIN_ID, key="bob")
-        assert status == 200 and body["result"] == "0x7a69"
-        assert proxy.upstreams["evm"].calls["eth_chainId"] == 1
+        status, body, _ = await proxy.post(CLIENT_VERSION, key="mallory")
+        assert status == 401
+        status, body, _ = await proxy.post(CLIENT_VERSION, key="bob")
+        assert status == 200 and body["result"].startswith("anvil")
+        assert proxy.upstreams["evm"].calls["web3_clientVersion"] == 1  # mallory's never went upstream
     finally:
         await proxy.close()
 

@@ -34,8 +34,10 @@ async def test_an_upstream_of_another_chain_is_taken_out_of_rotation(
         assert other.url not in caplog.text
         relay.inject("http500", times=None)  # the primary fails: the other chain never answers instead
         for _ in range(3):
-            status, body, _ = await proxy.post(CHAIN_ID)
+            status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "web3_clientVersion"})
             assert status == 502 and body["error"]["code"] == -32002
+        # eth_chainId is the network's identity, held by the proxy: no upstream is asked for it.
+        assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
     finally:
         await proxy.close()
         await relay.close()

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.charging import refunded
 from proxy.jsonrpc import INTERNAL_ERROR, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.prices import METHOD_CREDITS
 from tests.support import Anvil, free_port, settings_for, start_proxy
 from tests.test_credits import keys_file, storage
 
@@ -95,8 +96,9 @@ async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Pat
         call = {"jsonrpc": "2.0", "id": 7, "method": "eth_estimateGas", "params": [{"from": "0x" + "11" * 20}]}
         status, reply, headers = await proxy.post(call, key="alice")
         assert status == 504 and reply["error"]["code"] == -32002
-        assert headers["X-Credits-Charged"] == "20" and headers["X-Credits-Remaining"] == str(10_000 - 20)
-        assert proxy.metric("rpc_proxy_credits_charged_total", method="eth_estimateGas") == 20
+        cost = METHOD_CREDITS["eth_estimateGas"]  # the credits table (README "Limits and credits")
+        assert headers["X-Credits-Charged"] == str(cost) and headers["X-Credits-Remaining"] == str(10_000 - cost)
+        assert proxy.metric("rpc_proxy_credits_charged_total", method="eth_estimateGas") == cost
     finally:
         release.set()
         await proxy.close()

@@ -114,3 +114,30 @@ def test_cli_reports_a_config_error_in_one_line_without_traceback(capsys: pytest
     assert main([], {}) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "no upstream configured" in err
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("", "has no [credits] table"),
+    ("[credit]\neth_getBalance = 1\n", "unknown table or key 'credit'"),
+    ("[credits]\n\"eth getBalance\" = 1\n", "is not a method name"),
+    ("[credits]\neth_getBalance = -1\n", "whole number of credits from 0 to 1000000"),
+    ("[credits]\neth_getBalance = true\n", "whole number of credits"),
+    ("[credits]\neth_getBalance = \"80\"\n", "whole number of credits"),
+    ("[credits]\neth_getLogs = 1\n", "'eth_getLogs' costs 255 credits as the spec fixes; it cannot be changed"),
+    ("[credits\n", "is not valid TOML"),
+])
+def test_credits_file_errors_are_one_clear_line(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "credits.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"EVM_UPSTREAM": "http://x", "CREDITS_FILE": str(path)})
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_credits_file_overrides_and_adds_to_the_built_in_table(tmp_path: Path) -> None:
+    path = tmp_path / "credits.toml"
+    path.write_text("[credits]\neth_getBalance = 0\ntrace_block = 500\n")
+    table = build_settings({"EVM_UPSTREAM": "http://x", "CREDITS_FILE": str(path)}).method_credits
+    assert (table["eth_getBalance"], table["trace_block"], table["eth_getCode"]) == (0, 500, 80)
+    with pytest.raises(ConfigError, match="CREDITS_FILE: cannot read"):
+        build_settings({"EVM_UPSTREAM": "http://x", "CREDITS_FILE": str(tmp_path / "missing.toml")})

@@ -60,7 +60,9 @@ async def test_each_call_costs_its_spec_credits_and_headers_say_so(keyed: Proxy)
     assert status == 200
     assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("80", "920")
     _, _, headers = await keyed.post({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"}, key="alice")
-    assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("20", "900")  # DEFAULT_CREDITS
+    assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("5", "915")  # prices.py's table
+    _, _, headers = await keyed.post({"jsonrpc": "2.0", "id": 1, "method": "net_peerCount"}, key="alice")
+    assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("20", "895")  # DEFAULT_CREDITS
 
 
 async def test_a_cache_hit_costs_the_same_as_a_miss(keyed: Proxy) -> None:

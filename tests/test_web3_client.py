@@ -47,6 +47,8 @@ async def test_web3_reads_storage_calls_and_receipts_through_the_proxy(anvil: An
 
 async def test_web3_over_websocket(anvil: Anvil, evm_proxy: Proxy) -> None:
     address = AsyncWeb3.to_checksum_address(anvil.deploy_store())
+    # eth_blockNumber is the head tracker's: a write the proxy did not see is up to one poll behind.
+    await evm_proxy.head_at(anvil.block_number())
     async with AsyncWeb3(WebSocketProvider(evm_proxy.ws_url())) as w3:
         store = w3.eth.contract(address=address, abi=ABI)
         assert await w3.eth.block_number == anvil.block_number()

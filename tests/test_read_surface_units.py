@@ -1,0 +1,158 @@
+"""Pure decisions of the common read surface: cache classes, transactions tied to their block,
+answers the trackers hold, credits, params."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy import cache_policy as cp
+from proxy import local_answers
+from proxy import params as p
+from proxy.chain import EvmHeadTracker, Head, Resolved, SolanaSlotTracker
+from proxy.jsonrpc import JsonRpcError
+from proxy.methods import POLICIES, CacheClass
+from proxy.metrics import Metrics
+from proxy.prices import METHOD_CREDITS, SPEC_CREDITS, credits_of
+from proxy.upstream import Answer
+from proxy.upstream_state import ChainIdentity
+
+TTLS = cp.Ttls(unfinalized=12, negative=2, identity=30)
+H5, H6, OLD = "0x" + "55" * 32, "0x" + "66" * 32, "0x" + "99" * 32
+
+
+def head(stale: bool = False) -> Head:
+    return Head(latest=6, safe=4, finalized=4, latest_hash=H6, gas_limit=30_000_000, timestamp=0,
+                hashes={5: H5, 6: H6}, numbers={H5: 5, H6: 6}, stale=stale, space="evm@1")
+
+
+def receipt(number: int, block_hash: str) -> dict[str, Any]:
+    return {"blockNumber": hex(number), "blockHash": block_hash, "status": "0x1"}
+
+
+class TestTransactionsAreTiedToTheirBlock:
+    def test_a_final_block_keeps_the_answer_forever(self) -> None:
+        assert cp.transaction_ttl(receipt(3, OLD), head(), {}, TTLS) == math.inf
+
+    def test_a_canonical_unfinalized_block_keeps_it_for_the_unfinalized_ttl(self) -> None:
+        assert cp.transaction_ttl(receipt(5, H5), head(), {}, TTLS) == 12
+
+    def test_a_block_the_tracker_does_not_hold_is_not_kept(self) -> None:
+        assert cp.transaction_ttl(receipt(5, OLD), head(), {}, TTLS) is None  # another fork's block
+        assert cp.transaction_ttl(receipt(7, OLD), head(), {}, TTLS) is None  # beyond the head
+
+    def test_not_yet_mined_is_kept_for_the_negative_ttl_only(self) -> None:
+        assert cp.transaction_ttl(None, head(), {}, TTLS) == 2
+        assert cp.transaction_ttl({"hash": OLD, "blockHash": None, "blockNumber": None}, head(), {}, TTLS) == 2
+
+    def test_a_reorged_out_block_is_never_served(self) -> None:
+        assert cp.transaction_servable(receipt(5, H5), head(), {})
+        assert not cp.transaction_servable(receipt(5, H5), head(), {H5: None})
+        assert not cp.transaction_servable(receipt(3, OLD), head(), {OLD: None})
+        replaced = replace(head(), hashes={5: OLD, 6: H6}, numbers={OLD: 5, H6: 6})  # height 5, another hash
+        assert not cp.transaction_servable(receipt(5, H5), replaced, {})
+
+    def test_a_stale_head_vouches_for_final_blocks_only(self) -> None:
+        assert cp.transaction_servable(receipt(3, OLD), head(stale=True), {})
+        assert not cp.transaction_servable(receipt(5, H5), head(stale=True), {})
+
+
+class TestDecisions:
+    def test_fees_are_keyed_by_the_head_and_need_a_fresh_one(self) -> None:
+        assert cp.decide(CacheClass.HEAD, [], head(), TTLS) == cp.Decision(cp.Mode.TTL, 12, per_head=True)
+        assert cp.decide(CacheClass.HEAD, [], head(stale=True), TTLS) is cp.BYPASS
+        assert cp.decide(CacheClass.HEAD, [], None, TTLS) is cp.BYPASS
+
+    def test_fee_history_is_immutable_when_final_else_per_head(self) -> None:
+        assert cp.decide(CacheClass.FEE_HISTORY, [Resolved(4, None)], head(), TTLS).mode is cp.Mode.IMMUTABLE
+        unfinal = cp.decide(CacheClass.FEE_HISTORY, [Resolved(6, H6)], head(), TTLS)
+        assert unfinal.per_head and not unfinal.pin_hashes
+        assert cp.decide(CacheClass.FEE_HISTORY, [Resolved(7, None)], head(), TTLS) is cp.BYPASS
+
+    def test_solana_blocks_are_immutable_at_finalized_only(self) -> None:
+        final = cp.decide(CacheClass.SOLANA_FINAL, [], None, TTLS, [1, {"commitment": "finalized"}])
+        assert final.mode is cp.Mode.IMMUTABLE
+        assert cp.decide(CacheClass.SOLANA_FINAL, [], None, TTLS, [1, {"commitment": "confirmed"}]) is cp.BYPASS
+
+    def test_min_context_slot_is_never_cached(self) -> None:
+        params = ["addr", {"commitment": "finalized", "minContextSlot": 5}]
+        assert cp.decide(CacheClass.TOKEN_BALANCE, [], None, TTLS, params) is cp.BYPASS
+
+    def test_identity_data_lives_for_the_identity_ttl(self) -> None:
+        assert cp.decide(CacheClass.IDENTITY, [], None, TTLS) == cp.Decision(cp.Mode.TTL, 30)
+
+
+def evm_tracker() -> EvmHeadTracker:
+    return EvmHeadTracker("evm", None, interval=1, finality_depth=64,  # type: ignore[arg-type]
+                          metrics=Metrics(CollectorRegistry()))
+
+
+class TestAnswersTheTrackersHold:
+    def test_block_number_is_the_head_unless_stale_or_behind_a_shown_block(self) -> None:
+        tracker = evm_tracker()
+        assert local_answers.held("eth_blockNumber", [], tracker, 0, 1) is None  # no head yet
+        tracker.head = head()
+        assert local_answers.held("eth_blockNumber", [], tracker, 0, 1) == "0x6"
+        tracker.head = head(stale=True)
+        assert local_answers.held("eth_blockNumber", [], tracker, 0, 1) is None
+        tracker.head = head()
+        tracker.shown = 9  # a client has seen block 9: the head must not be shown
+        assert local_answers.held("eth_blockNumber", [], tracker, 0, 1) is None
+
+    def test_chain_id_is_the_network_identity_once_known(self) -> None:
+        tracker = evm_tracker()
+        assert local_answers.held("eth_chainId", [], tracker, 0, 1) is None
+        tracker.set_identity(ChainIdentity(31337, H5))
+        assert local_answers.held("eth_chainId", [], tracker, 0, 1) == "0x7a69"
+
+    def test_slots_are_held_for_the_max_age_and_never_go_back(self) -> None:
+        tracker = SolanaSlotTracker("sol", None, interval=1,  # type: ignore[arg-type]
+                                    metrics=Metrics(CollectorRegistry()))
+        config = [{"commitment": "confirmed"}]
+        assert local_answers.held("getSlot", config, tracker, 100.0, 0.4) is None
+        answer = local_answers.learned("getSlot", config, tracker, Answer.from_response({"result": 50}, 0.0, 0), 100.0)
+        assert answer.result == 50
+        assert local_answers.held("getSlot", config, tracker, 100.3, 0.4) == 50
+        assert local_answers.held("getSlot", config, tracker, 100.5, 0.4) is None  # older than the max age
+        lagging = Answer.from_response({"result": 40}, 0.0, 0)
+        assert local_answers.learned("getSlot", config, tracker, lagging, 101.0).result == 50
+        with_min = [{"commitment": "confirmed", "minContextSlot": 1}]
+        assert local_answers.held("getSlot", with_min, tracker, 100.1, 0.4) is None
+
+
+class TestCredits:
+    def test_the_spec_seven_are_fixed_and_others_come_from_the_table_or_the_default(self) -> None:
+        assert credits_of("eth_call", {"eth_call": 1}, 20) == 80
+        assert credits_of("eth_getBalance", METHOD_CREDITS, 20) == 80
+        assert credits_of("net_peerCount", METHOD_CREDITS, 20) == 20
+        for name, cost in SPEC_CREDITS.items():
+            assert POLICIES[name].credits == cost
+
+    def test_every_cached_method_has_a_price(self) -> None:
+        unpriced = [m for m, policy in POLICIES.items() if policy.credits is None and m not in METHOD_CREDITS]
+        assert unpriced == []
+
+
+class TestParams:
+    RULES = p.Rules()
+
+    def test_block_by_number_defaults_full_transactions_to_false(self) -> None:
+        ref, full = p.eth_get_block_by_number(["latest"], self.RULES)
+        assert isinstance(ref, p.BlockRef) and ref.tag == "latest" and full is False
+
+    def test_fee_history_takes_a_json_number_count_and_canonical_percentiles(self) -> None:
+        assert p.eth_fee_history([4, "0x10", [25, 75]], self.RULES)[0::2] == ["0x4", [25.0, 75.0]]
+        assert p.eth_fee_history(["0x4", "0x10"], self.RULES)[0] == "0x4"
+
+    def test_proof_keys_are_storage_words_in_order(self) -> None:
+        out = p.eth_get_proof(["0x" + "11" * 20, ["0x1", "0x0"], "latest"], self.RULES)
+        assert out[1] == ["0x" + "0" * 63 + "1", "0x" + "0" * 64]
+
+    @pytest.mark.parametrize("value", ["0x" + "1" * 40, 12, None])
+    def test_a_signature_must_be_64_bytes_of_base58(self, value: Any) -> None:
+        with pytest.raises(JsonRpcError):
+            p.get_transaction([value], self.RULES)
