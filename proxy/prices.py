@@ -4,10 +4,9 @@ The spec fixes the cost of its seven methods; they are not configurable. Every o
 its entry in METHOD_CREDITS, else DEFAULT_CREDITS. CREDITS_FILE (a TOML file with a `[credits]`
 table, `method = credits`) overrides or adds entries of METHOD_CREDITS; config.py validates it.
 
-The defaults follow the price list the spec's seven come from (a metered provider's per-method
-credits: cheap identity reads, 80 for a plain read, 150 for by-index reads and proofs, more for
-work the node does per call), so the credits a client is charged, and the upstream credits the
-cache saves (`rpc_proxy_upstream_credits_saved_total`), read like the provider's bill.
+The defaults are this proxy's choice, on the scale of the spec's seven: identity reads cost 5, a
+plain read 80 like eth_call, by-index reads and proofs 150 like eth_getUncleByBlockHashAndIndex,
+more for work the node does per call; operators set their own with CREDITS_FILE.
 """
 
 from __future__ import annotations
