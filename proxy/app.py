@@ -9,7 +9,6 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -25,7 +24,7 @@ from .leases import LeasedLedger
 from .listeners import start_metrics_listener
 from .logs import redacted
 from .metrics import Metrics
-from .redis_link import RedisLink, RedisUnavailable, connect
+from .redis_link import RedisClient, RedisLink, RedisUnavailable, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
 from .state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
@@ -273,7 +272,7 @@ def create_app(
     settings: Settings,
     *,
     upstream_factory: Callable[[Network, Metrics], Upstream] | None = None,
-    redis: aioredis.Redis | None = None,
+    redis: RedisClient | None = None,
     registry: CollectorRegistry | None = None,
     clock: Clock | None = None,
     ledger: Ledger | None = None,

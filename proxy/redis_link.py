@@ -8,29 +8,75 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from .logs import Throttled
 from .metrics import Metrics
+from .redis_topology import RedisTopology, topology_of
 
 log = logging.getLogger("proxy.redis")
 throttled = Throttled(log)  # a flapping Redis would otherwise log every time it drops
 T = TypeVar("T")
+# What every caller sees: one server (direct or through Sentinel) or a cluster; they take the same
+# commands, as long as each multi-key command's keys share a slot (redis_topology.slot_tag).
+RedisClient = aioredis.Redis | RedisCluster
 
 
-def connect(url: str, timeout: float) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),  # a retry would only add latency; the breaker handles outages
-        health_check_interval=0,
+def connect(url: str, timeout: float) -> RedisClient:
+    """A client for the topology the URL names (redis_topology.py). Nothing connects until used."""
+    # A retry would only add latency; the breaker handles outages.
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                               "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
+    topology = topology_of(url)
+    if topology.kind == "cluster":
+        return _cluster(topology, options)
+    if topology.kind == "sentinel":
+        return _sentinel(topology, options)
+    return aioredis.Redis.from_url(url, **options)
+
+
+def _cluster(topology: RedisTopology, options: dict[str, Any]) -> RedisCluster:
+    # A node that fails (a dead primary) makes the client read the slot map again on its next
+    # command, which then goes to the promoted replica; MOVED/ASK redirections are followed within
+    # a command. Reads go to primaries only: a replica may lag, and a lagging read is a wrong miss
+    # at worst for the cache but a stale balance for the ledger.
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
+        username=topology.username, password=topology.password, ssl=topology.tls, **options,
     )
+
+
+class SentinelManagedRedis(aioredis.Redis):
+    """The primary found through Sentinel; closing it also closes the connections to the Sentinels."""
+
+    sentinels: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinels is not None:
+            for node in self.sentinels.sentinels:
+                await node.aclose()
+
+
+def _sentinel(topology: RedisTopology, options: dict[str, Any]) -> aioredis.Redis:
+    sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+    sentinel_options.update(username=topology.sentinel_username, password=topology.sentinel_password)
+    sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    # The pool asks the Sentinels for the primary's address on every new connection, and drops its
+    # connections when that address changes: after a failover the next command reaches the new one.
+    client: SentinelManagedRedis = sentinel.master_for(
+        topology.service, redis_class=SentinelManagedRedis, db=topology.db, username=topology.username,
+        password=topology.password, ssl=topology.tls, **options,
+    )
+    client.sentinels = sentinel
+    return client
 
 
 class RedisUnavailable(Exception):
@@ -40,7 +86,7 @@ class RedisUnavailable(Exception):
 class RedisLink:
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         timeout: float,
         metrics: Metrics,
@@ -70,7 +116,7 @@ class RedisLink:
     def up(self) -> bool:
         return time.monotonic() >= self._skip_until
 
-    async def run(self, operation: str, command: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+    async def run(self, operation: str, command: Callable[[RedisClient], Awaitable[T]]) -> T:
         """Run one command; raise RedisUnavailable (never a redis error) when it cannot be done now."""
         if not self.up:
             raise RedisUnavailable(operation)
