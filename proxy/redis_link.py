@@ -147,3 +147,8 @@ class RedisLink:
 
     async def close(self) -> None:
         await self.client.aclose()
+        if isinstance(self.client, RedisCluster):
+            # redis-py's aclose does nothing while the client waits to rediscover the cluster (after
+            # a node failed): close every node's connections here, or they outlive the client.
+            await self.client.nodes_manager.aclose()
+            await self.client.nodes_manager.aclose("startup_nodes")
