@@ -79,6 +79,19 @@ def _sentinel(topology: RedisTopology, options: dict[str, Any]) -> aioredis.Redi
     return client
 
 
+async def config_values(client: RedisClient, name: str) -> list[str]:
+    """A server setting as each node that holds data reports it: every primary of a cluster (by
+    default redis-py asks one node), else the one server."""
+    replies: list[Any]
+    if isinstance(client, RedisCluster):  # then the reply is {node name: {setting: value}}
+        per_node: Any = await client.config_get(name, target_nodes=RedisCluster.PRIMARIES)
+        replies = list(per_node.values())
+    else:
+        replies = [await client.config_get(name)]
+    values = [next(iter(reply.values()), "") for reply in replies]
+    return [value.decode() if isinstance(value, bytes) else str(value) for value in values]
+
+
 class RedisUnavailable(Exception):
     """Redis is down or skipped; callers fall back to in-process state."""
 

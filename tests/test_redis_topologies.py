@@ -14,9 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from proxy.accounts import derived_name
+from proxy.app import LedgerStorageError, check_ledger_storage
 from proxy.leases import LeasedLedger, ledger_key
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, connect
 from proxy.state import LEDGER
 from tests.redis_cluster import LocalCluster, LocalSentinel, command
 from tests.support import ROOT, Anvil, Proxy, eventually, settings_for, start_proxy, wait_until, word
@@ -111,6 +115,21 @@ async def test_concurrent_debits_on_two_replicas_on_a_cluster_never_overdraw(
     )
     assert result.returncode == 0, result.stderr
     assert "3200 credits used, 0 left of 3200" in result.stdout and "2000 credits used, 0 left of 2000" in result.stdout
+
+
+async def test_an_evicting_primary_anywhere_in_the_cluster_is_refused_for_the_ledger(
+    cluster: LocalCluster, cluster_url: str,
+) -> None:
+    link = RedisLink(connect(cluster_url, 2.0), timeout=2.0, metrics=Metrics(CollectorRegistry()))
+    last = cluster.primaries()[-1]  # redis-py would ask only one node: not necessarily this one
+    try:
+        await check_ledger_storage(link, require_noeviction=True)  # every primary: noeviction
+        command(last.port, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        with pytest.raises(LedgerStorageError, match="allkeys-lru"):
+            await check_ledger_storage(link, require_noeviction=True)
+    finally:
+        command(last.port, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+        await link.close()
 
 
 # --- failovers -------------------------------------------------------------------------------
