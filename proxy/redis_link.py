@@ -27,6 +27,7 @@ T = TypeVar("T")
 # What every caller sees: one server (direct or through Sentinel) or a cluster; they take the same
 # commands, as long as each multi-key command's keys share a slot (redis_topology.slot_tag).
 RedisClient = aioredis.Redis | RedisCluster
+UNBOUNDED_CONNECTIONS = 2**31  # redis-py's own default for a one-server pool
 
 
 def connect(url: str, timeout: float) -> RedisClient:
@@ -47,9 +48,12 @@ def _cluster(topology: RedisTopology, options: dict[str, Any]) -> RedisCluster:
     # command, which then goes to the promoted replica; MOVED/ASK redirections are followed within
     # a command. Reads go to primaries only: a replica may lag, and a lagging read is a wrong miss
     # at worst for the cache but a stale balance for the ledger.
+    # Its pools refuse a command past `max_connections` per node (100 by default) instead of
+    # opening one more, as the one-server pool does; that refusal would open the breaker under load.
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
-        username=topology.username, password=topology.password, ssl=topology.tls, **options,
+        username=topology.username, password=topology.password, ssl=topology.tls,
+        max_connections=UNBOUNDED_CONNECTIONS, **options,
     )
 
 

@@ -132,6 +132,22 @@ async def test_an_evicting_primary_anywhere_in_the_cluster_is_refused_for_the_le
         await link.close()
 
 
+async def test_a_burst_of_concurrent_commands_on_a_cluster_is_not_refused_for_connections(
+    cluster_url: str,
+) -> None:
+    # redis-py's cluster pools refuse commands past 100 connections per node by default: under load
+    # that would count as an outage and skip Redis for everyone.
+    metrics = Metrics(CollectorRegistry())
+    link = RedisLink(connect(cluster_url, 2.0), timeout=2.0, metrics=metrics)
+    try:
+        await link.run("cache_set", lambda c: c.set("rcp:c:{burst}", b"r1"))
+        replies = await asyncio.gather(*(link.run("cache_get", lambda c: c.get("rcp:c:{burst}")) for _ in range(500)))
+        assert replies == [b"r1"] * 500
+        assert metrics.registry.get_sample_value("rpc_proxy_redis_errors_total", {"operation": "cache_get"}) is None
+    finally:
+        await link.close()
+
+
 # --- failovers -------------------------------------------------------------------------------
 
 
