@@ -71,7 +71,9 @@ class SentinelManagedRedis(aioredis.Redis):
 
 def _sentinel(topology: RedisTopology, options: dict[str, Any]) -> aioredis.Redis:
     sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
-    sentinel_options.update(username=topology.sentinel_username, password=topology.sentinel_password)
+    # rediss+sentinel: TLS to the Sentinels as to the data nodes.
+    sentinel_options.update(username=topology.sentinel_username, password=topology.sentinel_password,
+                            ssl=topology.tls)
     sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
     # The pool asks the Sentinels for the primary's address on every new connection, and drops its
     # connections when that address changes: after a failover the next command reaches the new one.

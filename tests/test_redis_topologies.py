@@ -198,6 +198,7 @@ async def keyed_pair(
         await second.close()
 
 
+@pytest.mark.slow  # a primary's failure is noticed after the cluster's node timeout (1 s here)
 @pytest.mark.parametrize("keyed_pair", ["replicated_cluster"], indirect=True)
 async def test_a_cluster_primary_killed_mid_traffic_serves_nothing_wrong_and_the_tier_comes_back(
     anvil: Anvil, replicated_cluster: LocalCluster, keyed_pair: tuple[Proxy, Proxy],
@@ -242,6 +243,7 @@ def sentinel() -> Iterator[LocalSentinel]:
     local.stop()
 
 
+@pytest.mark.slow  # Sentinel promotes after its own checks, seconds
 @pytest.mark.parametrize("keyed_pair", ["sentinel"], indirect=True)
 async def test_a_sentinel_failover_mid_traffic_serves_nothing_wrong_and_writes_reach_the_new_primary(
     anvil: Anvil, sentinel: LocalSentinel, keyed_pair: tuple[Proxy, Proxy],

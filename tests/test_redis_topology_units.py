@@ -4,12 +4,15 @@ malformed one (never echoing it), and keys that a multi-key command touches shar
 from __future__ import annotations
 
 import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from proxy.cache import cache_key, shared_keys
 from proxy.config import ConfigError, build_settings
 from proxy.leases import ledger_key, rate_key
 from proxy.logs import redacted
+from proxy.redis_link import SentinelManagedRedis, connect
 from proxy.redis_topology import RedisTopology, slot_tag, topology_of
 
 SECRET = "s3cr%40t"  # percent-encoded "s3cr@t"
@@ -96,3 +99,26 @@ def test_an_answer_and_its_fill_lock_share_a_slot_while_answers_spread_over_slot
         assert slot(answer) == slot(lock) and answer != lock
     slots = {slot(shared_keys(key)[0]) for key in keys}
     assert len(slots) > 1800  # 2000 keys over 16384 slots: nearly all distinct, none piled on one
+
+
+async def test_each_url_form_gets_the_client_of_its_topology_with_the_links_short_timeouts() -> None:
+    single = connect("redis://127.0.0.1:1/2", 0.25)
+    cluster = connect(f"redis+cluster://:{SECRET}@127.0.0.1:1,127.0.0.1:2", 0.25)
+    sentinel = connect(f"rediss+sentinel://app:{SECRET}@127.0.0.1:3/svc/4?sentinel_password=sp", 0.25)
+    try:
+        assert type(single) is aioredis.Redis
+        assert isinstance(cluster, RedisCluster)
+        assert [n.name for n in cluster.nodes_manager.startup_nodes.values()] == ["127.0.0.1:1", "127.0.0.1:2"]
+        assert cluster.nodes_manager.connection_kwargs["password"] == "s3cr@t"
+        assert cluster.nodes_manager.connection_kwargs["socket_timeout"] == 0.25
+        assert isinstance(sentinel, SentinelManagedRedis) and sentinel.sentinels is not None
+        pool = sentinel.connection_pool
+        assert pool.service_name == "svc"  # type: ignore[attr-defined]
+        assert (pool.connection_kwargs["db"], pool.connection_kwargs["username"],
+                pool.connection_kwargs["password"]) == (4, "app", "s3cr@t")
+        [watcher] = sentinel.sentinels.sentinels
+        assert watcher.connection_pool.connection_kwargs["password"] == "sp"
+        assert watcher.connection_pool.connection_kwargs["socket_timeout"] == 0.25
+    finally:
+        for client in (single, cluster, sentinel):
+            await client.aclose()
