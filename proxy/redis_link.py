@@ -130,6 +130,7 @@ class RedisLink:
         self._report_up = report_up  # the cache's link drives rpc_proxy_redis_up
         if report_up:
             metrics.redis_up.set(1)
+        self._rediscovery: asyncio.Task[None] | None = None
 
     @property
     def up(self) -> bool:
@@ -145,6 +146,8 @@ class RedisLink:
         except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
             # ValueError/TypeError: redis-py's own, for options it reads only when it connects.
             self._metrics.redis_errors.labels(operation).inc()
+            if isinstance(self.client, RedisCluster):
+                self._rediscover(self.client)
             self._failures += 1
             if self._failures >= self._failures_to_open:
                 if self._report_up:
@@ -164,7 +167,26 @@ class RedisLink:
                 self._metrics.redis_up.set(1)
         return result
 
+    def _rediscover(self, client: RedisCluster) -> None:
+        """Read a cluster's slot map again, in the background (one reading at a time).
+
+        redis-py does so by itself after a failed command, but not after a failed pipeline, and
+        every cache lookup is one: a replica that only reads would ask a dead primary forever. The
+        reading also gets a budget of its own, larger than one command's."""
+        if self._rediscovery is None or self._rediscovery.done():
+            self._rediscovery = asyncio.get_running_loop().create_task(self._read_slot_map(client))
+
+    async def _read_slot_map(self, client: RedisCluster) -> None:
+        try:
+            async with asyncio.timeout(max(1.0, 4 * self._timeout)):
+                await client.nodes_manager.initialize()
+        except Exception as exc:  # the cluster is still unreachable: the next failure asks again
+            log.debug("%s: reading the cluster's slot map failed: %s", self._name, type(exc).__name__)
+
     async def close(self) -> None:
+        if self._rediscovery is not None:
+            self._rediscovery.cancel()
+            await asyncio.gather(self._rediscovery, return_exceptions=True)
         await self.client.aclose()
         if isinstance(self.client, RedisCluster):
             # redis-py's aclose does nothing while the client waits to rediscover the cluster (after

@@ -6,6 +6,8 @@ and a failure is a JSON-RPC error, never a 500."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import subprocess
 import sys
 import time
@@ -18,9 +20,10 @@ from prometheus_client import CollectorRegistry
 
 from proxy.accounts import derived_name
 from proxy.app import LedgerStorageError, check_ledger_storage
+from proxy.cache import RedisTier, shared_keys
 from proxy.leases import LeasedLedger, ledger_key
 from proxy.metrics import Metrics
-from proxy.redis_link import RedisLink, connect
+from proxy.redis_link import RedisLink, RedisUnavailable, connect
 from proxy.state import LEDGER
 from tests.redis_cluster import LocalCluster, LocalSentinel, command
 from tests.support import ROOT, Anvil, Proxy, eventually, settings_for, start_proxy, wait_until, word
@@ -182,6 +185,34 @@ def replicated_cluster() -> Iterator[LocalCluster]:
         local.stop()
 
 
+@pytest.mark.slow  # a primary's failure is noticed after the cluster's node timeout (1 s here)
+async def test_after_a_failover_pipelined_reads_alone_find_the_promoted_replica(
+    replicated_cluster: LocalCluster,
+) -> None:
+    # Every cache lookup is a pipeline (GET + PTTL), and redis-py re-reads the slot map after a
+    # failed command but not after a failed pipeline: without the link's own rediscovery, a
+    # replica that only reads would ask the dead primary forever.
+    link = RedisLink(connect(replicated_cluster.url, 0.5), timeout=0.5, metrics=Metrics(CollectorRegistry()),
+                     min_backoff=0.05, max_backoff=0.2)
+    tier = RedisTier(link)
+    stored = (b'"0x01"', False)
+    key = "v1|lookup"
+    try:
+        await tier.set(key, stored, math.inf)
+        replicated_cluster.primary_of(shared_keys(key)[0]).kill()
+        await asyncio.to_thread(wait_until, lambda: len(replicated_cluster.primaries()) == 3, 30,
+                                "a replica to be promoted")
+
+        async def found() -> bool:
+            with contextlib.suppress(RedisUnavailable):
+                return await tier.get(key) == (stored, math.inf)
+            return False
+
+        await eventually(found, 20, "the read to reach the promoted replica")
+    finally:
+        await link.close()
+
+
 @pytest.fixture
 async def keyed_pair(
     anvil: Anvil, tmp_path: Path, request: pytest.FixtureRequest,
@@ -226,7 +257,10 @@ async def test_a_cluster_primary_killed_mid_traffic_serves_nothing_wrong_and_the
         await check_answers((first,), anvil, store, block, range(p, p + 1))
         return (await check_answers((second,), anvil, store, block, range(p, p + 1))) == ["HIT"]
 
-    await eventually(shared_again, 30, "the shared tier to work on the promoted replica")
+    try:
+        await eventually(shared_again, 30, "the shared tier to work on the promoted replica")
+    except TimeoutError:
+        raise AssertionError(f"the shared tier did not come back: {redis_state(first, second)}") from None
 
     async def settled() -> bool:  # debits decided while the ledger was unreachable reached Redis
         await check_answers((first, second), anvil, store, block, range(0, 1))
@@ -234,6 +268,12 @@ async def test_a_cluster_primary_killed_mid_traffic_serves_nothing_wrong_and_the
         return all(isinstance(ledger, LeasedLedger) and ledger.settled for ledger in ledgers)
 
     await eventually(settled, 30, "the ledger to be written back")
+
+
+def redis_state(*proxies: Proxy) -> list[dict[str, float]]:
+    """Each replica's Redis metrics, for a failure message."""
+    return [{f"{sample.name}{sample.labels}": sample.value for metric in p.registry.collect()
+             for sample in metric.samples if "redis" in sample.name} for p in proxies]
 
 
 @pytest.fixture
