@@ -1,5 +1,6 @@
 """The one place Redis is called: a short timeout per command, and a breaker that skips Redis
-while it is down so no request waits on it. redis-py reconnects by itself once Redis is back.
+while it is down so no request waits on it. redis-py reconnects by itself once Redis is back. The
+client is one server's, a Redis Cluster's or a Sentinel-watched primary's (redis_topology.py).
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ def connect(url: str, timeout: float) -> RedisClient:
 
 
 def _cluster(topology: RedisTopology, options: dict[str, Any]) -> RedisCluster:
-    # A node that fails (a dead primary) makes the client read the slot map again on its next
-    # command, which then goes to the promoted replica; MOVED/ASK redirections are followed within
-    # a command. Reads go to primaries only: a replica may lag, and a lagging read is a wrong miss
-    # at worst for the cache but a stale balance for the ledger.
+    # A node that fails (a dead primary) makes the slot map be read again (by redis-py after a
+    # failed command, by RedisLink after any failure), so commands then go to the promoted replica;
+    # MOVED/ASK redirections are followed within a command. Reads go to primaries only: a replica
+    # may lag, and a lagging read is a wrong miss at worst for the cache but a stale balance for the
+    # ledger.
     # Its pools refuse a command past `max_connections` per node (100 by default) instead of
     # opening one more, as the one-server pool does; that refusal would open the breaker under load.
     return RedisCluster(
