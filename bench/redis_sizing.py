@@ -40,6 +40,8 @@ GIB = 2**30
 def usage_row(method: str, client: redis.Redis, keys: list[bytes]) -> str:
     sizes = [(len(k), len(client.get(k) or b""), int(client.memory_usage(k, samples=0) or 0)) for k in keys]
     n = len(sizes)
+    if n == 0:  # the method's answers were not stored (not cacheable as asked): nothing to size
+        return f"{method:34} {0:>4}  (nothing stored)"
     key, value, usage = (sum(s[i] for s in sizes) / n for i in range(3))
     return (f"{method:34} {n:>4} {key:>9.0f} {value:>10.0f} {usage:>13.0f} {usage - key - value:>9.0f} "
             f"{GIB / usage:>14,.0f}")

@@ -9,7 +9,6 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -25,7 +24,7 @@ from .leases import LeasedLedger
 from .listeners import start_metrics_listener
 from .logs import redacted
 from .metrics import Metrics
-from .redis_link import RedisLink, RedisUnavailable, connect
+from .redis_link import RedisClient, RedisLink, RedisUnavailable, config_values, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
 from .state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
@@ -254,10 +253,9 @@ class LedgerStorageError(Exception):
 async def check_ledger_storage(link: RedisLink, require_noeviction: bool) -> None:
     """Warn (or refuse) when the ledger's Redis may evict ledger entries: evicting one gives a key
     its credits back. Every policy but noeviction evicts our keys (they carry a TTL)."""
-    try:
-        reply = await link.run("credits_config", lambda c: c.config_get("maxmemory-policy"))
-        policy = next(iter(reply.values()), "")
-        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    try:  # on a cluster, every primary: any of them may hold a key's ledger
+        policies = await link.run("credits_config", lambda c: config_values(c, "maxmemory-policy"))
+        policy = next((p for p in policies if p != "noeviction"), "noeviction")
     except RedisUnavailable:
         policy = "unknown (CONFIG GET failed)"
     if policy == "noeviction":
@@ -273,7 +271,7 @@ def create_app(
     settings: Settings,
     *,
     upstream_factory: Callable[[Network, Metrics], Upstream] | None = None,
-    redis: aioredis.Redis | None = None,
+    redis: RedisClient | None = None,
     registry: CollectorRegistry | None = None,
     clock: Clock | None = None,
     ledger: Ledger | None = None,

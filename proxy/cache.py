@@ -19,6 +19,7 @@ import math
 import secrets
 import sys
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -41,6 +42,14 @@ def cache_key(network: str, method: str, key_params: Any) -> str:
     if len(text) <= MAX_PLAIN_KEY:
         return "v1|" + text.decode()
     return "v1#" + hashlib.sha256(text).hexdigest()
+
+
+def shared_keys(key: str) -> tuple[str, str]:
+    """The Redis keys of an answer and of its fill lock. Both carry one hash tag, a checksum of the
+    key, so a Redis Cluster keeps the pair in one slot (a poll reads both at once) while different
+    answers spread over every slot; the key itself contains braces, which cannot be the tag."""
+    tag = f"{{{zlib.crc32(key.encode()):08x}}}"
+    return REDIS_PREFIX + tag + key, LOCK_PREFIX + tag + key
 
 
 def encode_value(stored: Stored) -> bytes:
@@ -150,20 +159,21 @@ class RedisTier:
 
     async def lock(self, key: str, token: str, hold: float) -> bool:
         """Take the replicas' fill lock on a key for `hold` seconds; False if another replica has it."""
-        taken = await self._link.run(
-            "fill_lock", lambda c: c.set(LOCK_PREFIX + key, token, nx=True, px=max(1, int(hold * 1000)))
-        )
+        lock = shared_keys(key)[1]
+        taken = await self._link.run("fill_lock", lambda c: c.set(lock, token, nx=True, px=max(1, int(hold * 1000))))
         return bool(taken)
 
     async def unlock(self, key: str, token: str) -> None:
-        await self._link.run("fill_unlock", lambda _c: self._release(keys=[LOCK_PREFIX + key], args=[token]))
+        lock = shared_keys(key)[1]
+        await self._link.run("fill_unlock", lambda _c: self._release(keys=[lock], args=[token]))
 
-    async def _get_and(self, operation: str, key: str, also: Callable[[Any], Any]) -> tuple[Any, Any]:
-        """GET the value and one more command in a single round trip."""
+    async def _get_and(self, operation: str, name: str, also: Callable[[Any], Any]) -> tuple[Any, Any]:
+        """GET the value and one more command of the same slot in a single round trip. Not a
+        transaction: a cluster runs no transaction across nodes, and none is needed here."""
 
         async def command(client: Any) -> Any:
             async with client.pipeline(transaction=False) as pipe:
-                pipe.get(REDIS_PREFIX + key)
+                pipe.get(name)
                 also(pipe)
                 return await pipe.execute()
 
@@ -172,22 +182,24 @@ class RedisTier:
 
     async def poll(self, key: str) -> tuple[Stored | None, bool]:
         """The answer if stored, and whether a replica still holds the fill lock."""
-        value, locked = await self._get_and("fill_poll", key, lambda pipe: pipe.exists(LOCK_PREFIX + key))
+        name, lock = shared_keys(key)
+        value, locked = await self._get_and("fill_poll", name, lambda pipe: pipe.exists(lock))
         return (decode_value(bytes(value)) if value is not None else None), bool(locked)
 
     async def get(self, key: str) -> tuple[Stored, float] | None:
         """The answer and its remaining seconds (math.inf when immutable)."""
-        value, pttl = await self._get_and("cache_get", key, lambda pipe: pipe.pttl(REDIS_PREFIX + key))
+        name = shared_keys(key)[0]
+        value, pttl = await self._get_and("cache_get", name, lambda pipe: pipe.pttl(name))
         if value is None:
             return None
         return decode_value(bytes(value)), (math.inf if pttl is None or pttl < 0 else pttl / 1000)
 
     async def set(self, key: str, stored: Stored, ttl: float) -> None:
-        value = encode_value(stored)
+        value, name = encode_value(stored), shared_keys(key)[0]
         if ttl == math.inf:
-            await self._link.run("cache_set", lambda c: c.set(REDIS_PREFIX + key, value))
+            await self._link.run("cache_set", lambda c: c.set(name, value))
         else:
-            await self._link.run("cache_set", lambda c: c.set(REDIS_PREFIX + key, value, px=max(1, int(ttl * 1000))))
+            await self._link.run("cache_set", lambda c: c.set(name, value, px=max(1, int(ttl * 1000))))
 
 
 class TieredCache:

@@ -15,6 +15,7 @@ from redis.connection import parse_url
 from .accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from .jsonrpc import METHOD_NAME
 from .prices import METHOD_CREDITS, SPEC_CREDITS
+from .redis_topology import BadRedisUrl, topology_of
 
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
@@ -311,7 +312,13 @@ def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
 
 def _redis_url(name: str, raw: str) -> str:
     """A URL redis-py can connect to; the error never echoes it (it may hold a password)."""
-    expected = f"{name} is not a valid redis://, rediss:// or unix:// URL"
+    expected = f"{name} is not a valid redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL"
+    try:
+        topology = topology_of(raw)
+    except BadRedisUrl as exc:
+        raise ConfigError(f"{name} {exc}") from None
+    if topology.kind != "single":
+        return raw
     try:
         parts = urlsplit(raw)
         port = parts.port  # raises on a bad port

@@ -41,6 +41,7 @@ from . import jsonrpc
 from .credits import DAY_TTL, Debit, Verdict, _judge, day_of
 from .logs import Throttled
 from .redis_link import RedisLink, RedisUnavailable
+from .redis_topology import slot_tag
 
 log = logging.getLogger("proxy.credits")
 # An outage decides every debit in process: one line per interval says so, with the count.
@@ -124,7 +125,14 @@ CREDIT, GIVE_BACK, TOP_UP = 0, 1, 2  # the script's modes
 
 
 def ledger_key(api_key: str, day: int) -> str:
-    return f"rcp:credits:{day_of(day * 86400)}:{api_key}"
+    """The key's ledger hash for a UTC day. It and the key's per-second windows (`rate_key`) carry
+    the key's name as their hash tag: the script touches both, so a Redis Cluster must hold them in
+    one slot."""
+    return f"rcp:credits:{day_of(day * 86400)}:{slot_tag(api_key)}"
+
+
+def rate_key(api_key: str, second: int) -> str:
+    return f"rcp:rate:{slot_tag(api_key)}:{second}"
 
 
 @dataclass(slots=True)
@@ -370,7 +378,7 @@ class LeasedLedger:
             self._lease_max, int(now), 3 * self._lease_seconds, per_second or 0, lease.allowance,
             lease.others + lease.allowance if lease.known else 0, DAY_TTL,
         ]
-        keys = [lease.key, f"rcp:rate:{lease.api_key}:{int(now)}"]
+        keys = [lease.key, rate_key(lease.api_key, int(now))]
         sent_consumed = lease.consumed
         try:
             reply = await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args))

@@ -1,5 +1,6 @@
 """Structured logs: key=value text or JSON lines, with the fields a call carries. No secrets:
-upstreams are named by index, and nothing logs a request body or an upstream URL."""
+upstreams are named by index, nothing logs a request body or an upstream URL, and any URL's
+credentials that reach a line anyway (a library's message) are cut."""
 
 from __future__ import annotations
 
@@ -18,9 +19,19 @@ FIELDS = ("request_id", "network", "method", "outcome", "cache", "upstream_ms")
 _KEY_SEGMENT = re.compile(r"(/v3/)[^/\s'\"\\?#]+")
 
 
+# A URL's credentials (`redis+sentinel://user:password@h1:26379,h2:26379/...`, whatever the scheme
+# and however many hosts): up to the last `@` before the path, since a password may hold an `@`.
+_URL_CREDENTIALS = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s]*@")
+
+
 def redacted(text: str) -> str:
-    """Text fit for a log line: every /v3/<key> segment replaced, so no secret is written."""
-    return _KEY_SEGMENT.sub(r"\1<key>", text) if "/v3/" in text else text
+    """Text fit for a log line: every /v3/<key> segment and every URL's credentials replaced, so no
+    secret is written."""
+    if "/v3/" in text:
+        text = _KEY_SEGMENT.sub(r"\1<key>", text)
+    if "@" in text and "://" in text:
+        text = _URL_CREDENTIALS.sub(r"\1<credentials>@", text)
+    return text
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The one place Redis is called: a short timeout per command, and a breaker that skips Redis
-while it is down so no request waits on it. redis-py reconnects by itself once Redis is back.
+while it is down so no request waits on it. redis-py reconnects by itself once Redis is back. The
+client is one server's, a Redis Cluster's or a Sentinel-watched primary's (redis_topology.py).
 """
 
 from __future__ import annotations
@@ -8,29 +9,95 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from .logs import Throttled
 from .metrics import Metrics
+from .redis_topology import RedisTopology, topology_of
 
 log = logging.getLogger("proxy.redis")
 throttled = Throttled(log)  # a flapping Redis would otherwise log every time it drops
 T = TypeVar("T")
+# What every caller sees: one server (direct or through Sentinel) or a cluster; they take the same
+# commands, as long as each multi-key command's keys share a slot (redis_topology.slot_tag).
+RedisClient = aioredis.Redis | RedisCluster
+UNBOUNDED_CONNECTIONS = 2**31  # redis-py's own default for a one-server pool
 
 
-def connect(url: str, timeout: float) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),  # a retry would only add latency; the breaker handles outages
-        health_check_interval=0,
+def connect(url: str, timeout: float) -> RedisClient:
+    """A client for the topology the URL names (redis_topology.py). Nothing connects until used."""
+    # A retry would only add latency; the breaker handles outages.
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                               "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
+    topology = topology_of(url)
+    if topology.kind == "cluster":
+        return _cluster(topology, options)
+    if topology.kind == "sentinel":
+        return _sentinel(topology, options)
+    return aioredis.Redis.from_url(url, **options)
+
+
+def _cluster(topology: RedisTopology, options: dict[str, Any]) -> RedisCluster:
+    # A node that fails (a dead primary) makes the slot map be read again (by redis-py after a
+    # failed command, by RedisLink after any failure), so commands then go to the promoted replica;
+    # MOVED/ASK redirections are followed within a command. Reads go to primaries only: a replica
+    # may lag, and a lagging read is a wrong miss at worst for the cache but a stale balance for the
+    # ledger.
+    # Its pools refuse a command past `max_connections` per node (100 by default) instead of
+    # opening one more, as the one-server pool does; that refusal would open the breaker under load.
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
+        username=topology.username, password=topology.password, ssl=topology.tls,
+        max_connections=UNBOUNDED_CONNECTIONS, **options,
     )
+
+
+class SentinelManagedRedis(aioredis.Redis):
+    """The primary found through Sentinel; closing it also closes the connections to the Sentinels."""
+
+    sentinels: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinels is not None:
+            for node in self.sentinels.sentinels:
+                await node.aclose()
+
+
+def _sentinel(topology: RedisTopology, options: dict[str, Any]) -> aioredis.Redis:
+    sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+    # rediss+sentinel: TLS to the Sentinels as to the data nodes.
+    sentinel_options.update(username=topology.sentinel_username, password=topology.sentinel_password,
+                            ssl=topology.tls)
+    sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    # The pool asks the Sentinels for the primary's address on every new connection, and drops its
+    # connections when that address changes: after a failover the next command reaches the new one.
+    client: SentinelManagedRedis = sentinel.master_for(
+        topology.service, redis_class=SentinelManagedRedis, db=topology.db, username=topology.username,
+        password=topology.password, ssl=topology.tls, **options,
+    )
+    client.sentinels = sentinel
+    return client
+
+
+async def config_values(client: RedisClient, name: str) -> list[str]:
+    """A server setting as each node that holds data reports it: every primary of a cluster (by
+    default redis-py asks one node), else the one server."""
+    replies: list[Any]
+    if isinstance(client, RedisCluster):  # then the reply is {node name: {setting: value}}
+        per_node: Any = await client.config_get(name, target_nodes=RedisCluster.PRIMARIES)
+        replies = list(per_node.values())
+    else:
+        replies = [await client.config_get(name)]
+    values = [next(iter(reply.values()), "") for reply in replies]
+    return [value.decode() if isinstance(value, bytes) else str(value) for value in values]
 
 
 class RedisUnavailable(Exception):
@@ -40,7 +107,7 @@ class RedisUnavailable(Exception):
 class RedisLink:
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         timeout: float,
         metrics: Metrics,
@@ -65,12 +132,13 @@ class RedisLink:
         self._report_up = report_up  # the cache's link drives rpc_proxy_redis_up
         if report_up:
             metrics.redis_up.set(1)
+        self._rediscovery: asyncio.Task[None] | None = None
 
     @property
     def up(self) -> bool:
         return time.monotonic() >= self._skip_until
 
-    async def run(self, operation: str, command: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+    async def run(self, operation: str, command: Callable[[RedisClient], Awaitable[T]]) -> T:
         """Run one command; raise RedisUnavailable (never a redis error) when it cannot be done now."""
         if not self.up:
             raise RedisUnavailable(operation)
@@ -80,6 +148,8 @@ class RedisLink:
         except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
             # ValueError/TypeError: redis-py's own, for options it reads only when it connects.
             self._metrics.redis_errors.labels(operation).inc()
+            if isinstance(self.client, RedisCluster):
+                self._rediscover(self.client)
             self._failures += 1
             if self._failures >= self._failures_to_open:
                 if self._report_up:
@@ -99,5 +169,29 @@ class RedisLink:
                 self._metrics.redis_up.set(1)
         return result
 
+    def _rediscover(self, client: RedisCluster) -> None:
+        """Read a cluster's slot map again, in the background (one reading at a time).
+
+        redis-py does so by itself after a failed command, but not after a failed pipeline, and
+        every cache lookup is one: a replica that only reads would ask a dead primary forever. The
+        reading also gets a budget of its own, larger than one command's."""
+        if self._rediscovery is None or self._rediscovery.done():
+            self._rediscovery = asyncio.get_running_loop().create_task(self._read_slot_map(client))
+
+    async def _read_slot_map(self, client: RedisCluster) -> None:
+        try:
+            async with asyncio.timeout(max(1.0, 4 * self._timeout)):
+                await client.nodes_manager.initialize()
+        except Exception as exc:  # the cluster is still unreachable: the next failure asks again
+            log.debug("%s: reading the cluster's slot map failed: %s", self._name, type(exc).__name__)
+
     async def close(self) -> None:
+        if self._rediscovery is not None:
+            self._rediscovery.cancel()
+            await asyncio.gather(self._rediscovery, return_exceptions=True)
         await self.client.aclose()
+        if isinstance(self.client, RedisCluster):
+            # redis-py's aclose does nothing while the client waits to rediscover the cluster (after
+            # a node failed): close every node's connections here, or they outlive the client.
+            await self.client.nodes_manager.aclose()
+            await self.client.nodes_manager.aclose("startup_nodes")

@@ -66,7 +66,7 @@ async def test_the_ledger_in_redis_is_keyed_by_account_name(anvil: Anvil, redis_
     try:
         assert (await proxy.post(STORAGE, key=SECRET))[0] == 200
         names = [k.decode() for k in await client.keys("rcp:credits:*")]
-        assert len(names) == 1 and names[0].endswith(":alice")
+        assert len(names) == 1 and names[0].endswith(":{alice}")
     finally:
         await client.aclose()
         await proxy.close()

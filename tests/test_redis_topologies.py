@@ -1,0 +1,328 @@
+"""Replicas on a real Redis Cluster and on a Sentinel-watched primary, through HTTP: the shared tier,
+the credit ledger and cross-replica coalescing work on a cluster as on one Redis, and a failover
+(a cluster primary killed, or SENTINEL FAILOVER) serves nothing wrong: every answer is the node's,
+and a failure is a JSON-RPC error, never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy.accounts import derived_name
+from proxy.app import LedgerStorageError, check_ledger_storage
+from proxy.cache import RedisTier, shared_keys
+from proxy.leases import LeasedLedger, ledger_key
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, RedisUnavailable, connect
+from proxy.state import LEDGER
+from tests.redis_cluster import LocalCluster, LocalSentinel, command
+from tests.support import ROOT, Anvil, Proxy, eventually, settings_for, start_proxy, wait_until, word
+from tests.test_cache import SlowUpstream, finalized_store, replicas, storage
+from tests.test_credits import keys_file
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """Three primaries, no replicas: shared by this module's tests, emptied before each."""
+    local = LocalCluster(masters=3)
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def cluster_url(cluster: LocalCluster) -> str:
+    for node in cluster.primaries():
+        command(node.port, "FLUSHALL")
+    return cluster.url
+
+
+async def test_two_replicas_on_a_cluster_share_entries_spread_over_every_primary(
+    anvil: Anvil, cluster: LocalCluster, cluster_url: str,
+) -> None:
+    async with replicas(anvil, cluster_url) as (first, second):
+        store, block = await finalized_store(anvil, first)
+        await second.head_at(anvil.block_number())
+        _, _, headers = await first.post(storage(store, "0x0", hex(block)))
+        assert headers["X-Cache"] == "MISS"
+        _, reply, headers = await second.post(storage(store, "0x0", hex(block)))
+        assert headers["X-Cache"] == "HIT" and reply["result"] == "0x" + word(7)
+        assert second.upstreams["evm"].calls["eth_getStorageAt"] == 0
+        assert second.metric("rpc_proxy_cache_lookups_total", tier="redis", result="hit") == 1
+        # Single-key entries are not held together by a tag: they spread over the cluster.
+        for position in range(1, 40):
+            assert (await first.post(storage(store, hex(position), hex(block))))[0] == 200
+        per_primary = cluster.keys_per_primary("rcp:c:*")
+        assert len(per_primary) == 3 and sum(per_primary) == 40 and min(per_primary) > 0, per_primary
+        assert first.metric("rpc_proxy_redis_errors_total", operation="cache_set") == 0
+
+
+async def test_identical_misses_on_two_replicas_on_a_cluster_make_one_upstream_call(
+    anvil: Anvil, cluster_url: str,
+) -> None:
+    async with replicas(anvil, cluster_url, SlowUpstream) as (first, second):
+        store, block = await finalized_store(anvil, first)
+        await second.head_at(anvil.block_number())
+        replies = await asyncio.gather(*(
+            (first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20)
+        ))
+        assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
+        assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
+        assert sum(p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)) == 1
+        for proxy in (first, second):  # the lock, its release script and the polls all ran on the cluster
+            for operation in ("fill_lock", "fill_unlock", "fill_poll"):
+                assert proxy.metric("rpc_proxy_redis_errors_total", operation=operation) == 0
+
+
+def ledger_storage(rid: Any, position: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getStorageAt",
+            "params": ["0x" + "11" * 20, position, "latest"]}
+
+
+async def test_concurrent_debits_on_two_replicas_on_a_cluster_never_overdraw(
+    anvil: Anvil, cluster_url: str, tmp_path: Path,
+) -> None:
+    path = keys_file(tmp_path, alice={"daily_credits": 80 * 40}, bob={"daily_credits": 80 * 25})
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=cluster_url,
+                            CREDITS_PER_SECOND="1000000")  # the script's second key, the window, is used too
+    first, second = await start_proxy(settings), await start_proxy(settings)
+    try:
+        requests = [(first if i % 2 else second).post(ledger_storage(i, hex(i)), key=("alice", "bob")[i % 3 == 0])
+                    for i in range(150)]
+        replies = await asyncio.gather(*requests)
+        by_key: dict[str, list[int]] = {"alice": [], "bob": []}
+        for i, (status, _, _) in enumerate(replies):
+            by_key[("alice", "bob")[i % 3 == 0]].append(status)
+        assert by_key["alice"].count(200) == 40 and set(by_key["alice"]) == {200, 402}
+        assert by_key["bob"].count(200) == 25 and set(by_key["bob"]) == {200, 402}
+        for key in ("alice", "bob"):
+            _, _, headers = await first.post(ledger_storage(0, "0x0"), key=key)
+            assert headers["X-Credits-Remaining"] == "0"
+        assert first.metric("rpc_proxy_redis_errors_total", operation="credits_lease") == 0
+    finally:
+        await first.close()
+        await second.close()
+    env = {"PATH": "/usr/bin:/bin", "REDIS_URL": cluster_url, "API_KEYS_FILE": path}
+    result = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "proxy", "keys", "usage"], env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "3200 credits used, 0 left of 3200" in result.stdout and "2000 credits used, 0 left of 2000" in result.stdout
+
+
+async def test_an_evicting_primary_anywhere_in_the_cluster_is_refused_for_the_ledger(
+    cluster: LocalCluster, cluster_url: str,
+) -> None:
+    link = RedisLink(connect(cluster_url, 2.0), timeout=2.0, metrics=Metrics(CollectorRegistry()))
+    last = cluster.primaries()[-1]  # redis-py would ask only one node: not necessarily this one
+    try:
+        await check_ledger_storage(link, require_noeviction=True)  # every primary: noeviction
+        command(last.port, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        with pytest.raises(LedgerStorageError, match="allkeys-lru"):
+            await check_ledger_storage(link, require_noeviction=True)
+    finally:
+        command(last.port, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+        await link.close()
+
+
+async def test_a_burst_of_concurrent_commands_on_a_cluster_is_not_refused_for_connections(
+    cluster_url: str,
+) -> None:
+    # redis-py's cluster pools refuse commands past 100 connections per node by default: under load
+    # that would count as an outage and skip Redis for everyone.
+    metrics = Metrics(CollectorRegistry())
+    link = RedisLink(connect(cluster_url, 2.0), timeout=2.0, metrics=metrics)
+    try:
+        await link.run("cache_set", lambda c: c.set("rcp:c:{burst}", b"r1"))
+        replies = await asyncio.gather(*(link.run("cache_get", lambda c: c.get("rcp:c:{burst}")) for _ in range(500)))
+        assert replies == [b"r1"] * 500
+        assert metrics.registry.get_sample_value("rpc_proxy_redis_errors_total", {"operation": "cache_get"}) is None
+    finally:
+        await link.close()
+
+
+# --- failovers -------------------------------------------------------------------------------
+
+
+KEY = "alice"  # keys_file's [keys.alice] declares the secret "alice"
+
+
+async def check_answers(proxies: tuple[Proxy, ...], anvil: Anvil, store: str, block: int, positions: range,
+                        key: str = KEY) -> list[str]:
+    """Ask every replica for every position; each answer must be the node's (or a JSON-RPC error).
+    Returns the X-Cache values seen."""
+    seen = []
+    for proxy in proxies:
+        for position in positions:
+            status, reply, headers = await proxy.post(storage(store, hex(position), hex(block), rid=position), key=key)
+            assert status != 500 and reply is not None and reply.get("id") == position, (status, reply)
+            if "error" in reply:
+                assert isinstance(reply["error"].get("code"), int), reply
+                continue
+            assert status == 200, (status, reply)
+            assert reply["result"] == anvil.rpc("eth_getStorageAt", store, hex(position), hex(block)), reply
+            seen.append(headers["X-Cache"])
+    return seen
+
+
+@pytest.fixture
+def replicated_cluster() -> Iterator[LocalCluster]:
+    local = LocalCluster(masters=3, replicas=1)
+    try:
+        wait_until(local.replicas_synced, 30, "every replica to sync")
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.mark.slow  # a primary's failure is noticed after the cluster's node timeout (1 s here)
+async def test_after_a_failover_pipelined_reads_alone_find_the_promoted_replica(
+    replicated_cluster: LocalCluster,
+) -> None:
+    # Every cache lookup is a pipeline (GET + PTTL), and redis-py re-reads the slot map after a
+    # failed command but not after a failed pipeline: without the link's own rediscovery, a
+    # replica that only reads would ask the dead primary forever.
+    link = RedisLink(connect(replicated_cluster.url, 0.5), timeout=0.5, metrics=Metrics(CollectorRegistry()),
+                     min_backoff=0.05, max_backoff=0.2)
+    tier = RedisTier(link)
+    stored = (b'"0x01"', False)
+    key = "v1|lookup"
+    try:
+        await tier.set(key, stored, math.inf)
+        replicated_cluster.primary_of(shared_keys(key)[0]).kill()
+        await asyncio.to_thread(wait_until, lambda: len(replicated_cluster.primaries()) == 3, 30,
+                                "a replica to be promoted")
+
+        async def found() -> bool:
+            with contextlib.suppress(RedisUnavailable):
+                return await tier.get(key) == (stored, math.inf)
+            return False
+
+        await eventually(found, 20, "the read to reach the promoted replica")
+    finally:
+        await link.close()
+
+
+@pytest.fixture
+async def keyed_pair(
+    anvil: Anvil, tmp_path: Path, request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[Proxy, Proxy]]:
+    """Two replicas with one API key, on the Redis topology named by the test's parameter."""
+    url = request.getfixturevalue(request.param).url
+    path = keys_file(tmp_path, **{KEY: {"daily_credits": 10_000_000}})
+    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=url, API_KEYS_FILE=path)
+    first, second = await start_proxy(settings), await start_proxy(settings)
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
+@pytest.mark.slow  # a primary's failure is noticed after the cluster's node timeout (1 s here)
+@pytest.mark.parametrize("keyed_pair", ["replicated_cluster"], indirect=True)
+async def test_a_cluster_primary_killed_mid_traffic_serves_nothing_wrong_and_the_tier_comes_back(
+    anvil: Anvil, replicated_cluster: LocalCluster, keyed_pair: tuple[Proxy, Proxy],
+) -> None:
+    first, second = keyed_pair
+    store, block = await finalized_store(anvil, first)
+    await second.head_at(anvil.block_number())
+    await check_answers((first,), anvil, store, block, range(0, 30))
+
+    # The primary that holds the key's ledger (and about a third of the cached answers) dies.
+    victim = replicated_cluster.primary_of(ledger_key(derived_name(KEY), int(time.time()) // 86400))
+    victim.kill()
+    deadline = time.monotonic() + 60
+    # Traffic while the cluster notices, elects and promotes: every answer right, never a 500.
+    while not (len(replicated_cluster.primaries()) == 3 and replicated_cluster.healthy()):
+        assert time.monotonic() < deadline, "no replica was promoted"
+        await check_answers((first, second), anvil, store, block, range(0, 30, 3))
+    await check_answers((first, second), anvil, store, block, range(0, 60))
+
+    # The promoted replica serves the slots: an entry stored by one replica is a Redis hit on the other.
+    position = iter(range(1000, 100_000))
+
+    async def shared_again() -> bool:
+        p = next(position)
+        await check_answers((first,), anvil, store, block, range(p, p + 1))
+        return (await check_answers((second,), anvil, store, block, range(p, p + 1))) == ["HIT"]
+
+    try:
+        await eventually(shared_again, 30, "the shared tier to work on the promoted replica")
+    except TimeoutError:
+        raise AssertionError(f"the shared tier did not come back: {redis_state(first, second)}") from None
+
+    async def settled() -> bool:  # debits decided while the ledger was unreachable reached Redis
+        await check_answers((first, second), anvil, store, block, range(0, 1))
+        ledgers = [p.app[LEDGER] for p in (first, second)]
+        return all(isinstance(ledger, LeasedLedger) and ledger.settled for ledger in ledgers)
+
+    await eventually(settled, 30, "the ledger to be written back")
+
+
+def redis_state(*proxies: Proxy) -> list[dict[str, float]]:
+    """Each replica's Redis metrics, for a failure message."""
+    return [{f"{sample.name}{sample.labels}": sample.value for metric in p.registry.collect()
+             for sample in metric.samples if "redis" in sample.name} for p in proxies]
+
+
+@pytest.fixture
+def sentinel() -> Iterator[LocalSentinel]:
+    local = LocalSentinel()
+    yield local
+    local.stop()
+
+
+@pytest.mark.slow  # Sentinel promotes after its own checks, seconds
+@pytest.mark.parametrize("keyed_pair", ["sentinel"], indirect=True)
+async def test_a_sentinel_failover_mid_traffic_serves_nothing_wrong_and_writes_reach_the_new_primary(
+    anvil: Anvil, sentinel: LocalSentinel, keyed_pair: tuple[Proxy, Proxy],
+) -> None:
+    first, second = keyed_pair
+    store, block = await finalized_store(anvil, first)
+    await second.head_at(anvil.block_number())
+    await check_answers((first,), anvil, store, block, range(0, 20))
+    old = sentinel.primary_port()
+
+    failover = asyncio.ensure_future(asyncio.to_thread(sentinel.failover))
+    while not failover.done():  # traffic while Sentinel promotes the replica and demotes the primary
+        await check_answers((first, second), anvil, store, block, range(0, 20, 2))
+    new = await failover
+    assert new != old
+    await check_answers((first, second), anvil, store, block, range(0, 40))
+
+    # Entries stored after the failover went to the new primary (the old one, now a replica, refuses
+    # writes): stored by one replica, a Redis hit on the other.
+    position = iter(range(1000, 100_000))
+
+    async def shared_again() -> bool:
+        p = next(position)
+        await check_answers((first,), anvil, store, block, range(p, p + 1))
+        return (await check_answers((second,), anvil, store, block, range(p, p + 1))) == ["HIT"]
+
+    await eventually(shared_again, 30, "the shared tier to work on the new primary")
+    # Sentinel turns the old primary into a replica of the new one: then it refuses writes, and a
+    # connection still open to it is dropped and made again to the new primary.
+    await asyncio.to_thread(wait_until, lambda: "role:slave" in command(old, "INFO", "replication"), 30,
+                            "the old primary to be demoted")
+    await check_answers((first, second), anvil, store, block, range(40, 80))
+    # Everything was written to the new primary: the demoted one, once synced from it, holds the same.
+    await asyncio.to_thread(wait_until, lambda: command(new, "DBSIZE") == command(old, "DBSIZE"), 30,
+                            "the demoted primary to sync")
+
+    async def settled() -> bool:
+        await check_answers((first, second), anvil, store, block, range(0, 1))
+        ledgers = [p.app[LEDGER] for p in (first, second)]
+        return all(isinstance(ledger, LeasedLedger) and ledger.settled for ledger in ledgers)
+
+    await eventually(settled, 30, "the ledger to be written back")

@@ -1,0 +1,124 @@
+"""Redis topology URLs and Cluster hash tags, unit by unit: what a URL names, the ConfigErrors of a
+malformed one (never echoing it), and keys that a multi-key command touches sharing one slot."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
+
+from proxy.cache import cache_key, shared_keys
+from proxy.config import ConfigError, build_settings
+from proxy.leases import ledger_key, rate_key
+from proxy.logs import redacted
+from proxy.redis_link import SentinelManagedRedis, connect
+from proxy.redis_topology import RedisTopology, slot_tag, topology_of
+
+SECRET = "s3cr%40t"  # percent-encoded "s3cr@t"
+
+
+def slot(key: str) -> int:
+    return int(key_slot(key.encode()))
+
+
+def test_a_plain_redis_url_is_a_single_server() -> None:
+    assert topology_of("redis://127.0.0.1:6379/0").kind == "single"
+    assert topology_of("unix:///run/redis.sock").kind == "single"
+
+
+def test_a_cluster_url_lists_its_seed_nodes_and_credentials() -> None:
+    topology = topology_of(f"rediss+cluster://app:{SECRET}@10.0.0.1:7000,[::1]:7001,redis-2:7002")
+    assert topology == RedisTopology("cluster", (("10.0.0.1", 7000), ("::1", 7001), ("redis-2", 7002)),
+                                     username="app", password="s3cr@t", tls=True)
+    assert topology_of("redis+cluster://h:7000/0").nodes == (("h", 7000),)
+
+
+def test_a_sentinel_url_names_its_sentinels_service_and_database() -> None:
+    topology = topology_of(f"redis+sentinel://:{SECRET}@s1:26380,s2/mymaster/3?sentinel_password=x")
+    assert topology == RedisTopology("sentinel", (("s1", 26380), ("s2", 26379)), "mymaster", 3,
+                                     None, "s3cr@t", False, None, "x")
+
+
+@pytest.mark.parametrize(("url", "fragment"), [
+    ("redis+cluster://h:7000/2", "only database 0"),
+    ("redis+cluster://h", "without a port"),
+    ("redis+cluster://h:7000,,h:7001", "empty or malformed host"),
+    ("redis+cluster://h:99999", "invalid port"),
+    ("redis+cluster://h:0", "port 0"),
+    ("redis+cluster://h:7000?socket_timeout=1", "does not take: socket_timeout"),
+    ("redis+sentinel://s1:26379", "names no Sentinel service"),
+    ("redis+sentinel://s1:26379/", "names no Sentinel service"),
+    ("redis+sentinel://s1:26379/svc/x", "/service_name[/db]"),
+    ("redis+sentinel://s1:26379/svc/0/1", "/service_name[/db]"),
+    ("redis+sentinel://s1:26379/svc?password=x", "does not take: password"),
+    ("redis+sentinel://s1:26379/svc#frag", "fragment"),
+    ("redis+clusterx://h:7000", "is not a valid"),
+])
+def test_malformed_topology_urls_are_one_line_config_errors_that_never_echo_them(url: str, fragment: str) -> None:
+    for name in ("REDIS_URL", "CREDITS_REDIS_URL"):
+        with_secret = url.replace("://", f"://:{SECRET}@", 1)
+        with pytest.raises(ConfigError) as caught:
+            build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret})
+        message = str(caught.value)
+        assert message.startswith(name) and fragment in message, message
+        assert SECRET not in message and "s3cr" not in message
+
+
+def test_valid_topology_urls_are_accepted_as_written() -> None:
+    cluster, sentinel = "redis+cluster://a:1,b:2", "redis+sentinel://s:26379/svc/1"
+    settings = build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": cluster,
+                               "CREDITS_REDIS_URL": sentinel})
+    assert (settings.redis_url, settings.credits_redis_url) == (cluster, sentinel)
+
+
+def test_log_lines_never_carry_the_credentials_of_any_redis_url_form() -> None:
+    for url in (f"redis+sentinel://user:{SECRET}@s1:26379,s2:26379/mymaster/0",
+                f"rediss+cluster://:{SECRET}@h1:7000,h2:7001", "redis://:p@ss@h:6379/0"):
+        line = redacted(f"connecting to {url} failed")
+        assert "<credentials>@" in line and "s3cr" not in line and "p@ss" not in line
+
+
+# --- hash tags: every multi-key command's keys share a slot --------------------------------
+
+
+@pytest.mark.parametrize("name", ["alice", "key-0123456789ab", "a{b}c", "}x", "{", "", "100%", "Ünïcode"])
+def test_the_lease_scripts_two_keys_share_a_slot_whatever_the_key_name(name: str) -> None:
+    day = 20_000
+    assert slot(ledger_key(name, day)) == slot(rate_key(name, day * 86400 + 5)) == slot(rate_key(name, 1))
+
+
+def test_slot_tags_of_different_names_differ() -> None:
+    assert len({slot_tag(n) for n in ("a{", "a%7B", "a}", "a%7D", "", "%")}) == 6
+
+
+def test_an_answer_and_its_fill_lock_share_a_slot_while_answers_spread_over_slots() -> None:
+    keys = [cache_key("evm@1:00", "eth_getStorageAt", ["0x11", hex(i), {"n": i}]) for i in range(2000)]
+    for key in keys[:200]:
+        answer, lock = shared_keys(key)
+        assert slot(answer) == slot(lock) and answer != lock
+    slots = {slot(shared_keys(key)[0]) for key in keys}
+    assert len(slots) > 1800  # 2000 keys over 16384 slots: nearly all distinct, none piled on one
+
+
+async def test_each_url_form_gets_the_client_of_its_topology_with_the_links_short_timeouts() -> None:
+    single = connect("redis://127.0.0.1:1/2", 0.25)
+    cluster = connect(f"redis+cluster://:{SECRET}@127.0.0.1:1,127.0.0.1:2", 0.25)
+    sentinel = connect(f"rediss+sentinel://app:{SECRET}@127.0.0.1:3/svc/4?sentinel_password=sp", 0.25)
+    try:
+        assert type(single) is aioredis.Redis
+        assert isinstance(cluster, RedisCluster)
+        assert [n.name for n in cluster.nodes_manager.startup_nodes.values()] == ["127.0.0.1:1", "127.0.0.1:2"]
+        assert cluster.nodes_manager.connection_kwargs["password"] == "s3cr@t"
+        assert cluster.nodes_manager.connection_kwargs["socket_timeout"] == 0.25
+        assert isinstance(sentinel, SentinelManagedRedis) and sentinel.sentinels is not None
+        pool = sentinel.connection_pool
+        assert pool.service_name == "svc"  # type: ignore[attr-defined]
+        assert (pool.connection_kwargs["db"], pool.connection_kwargs["username"],
+                pool.connection_kwargs["password"]) == (4, "app", "s3cr@t")
+        [watcher] = sentinel.sentinels.sentinels
+        assert watcher.connection_pool.connection_kwargs["password"] == "sp"
+        assert watcher.connection_pool.connection_kwargs["socket_timeout"] == 0.25
+    finally:
+        for client in (single, cluster, sentinel):
+            await client.aclose()
