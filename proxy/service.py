@@ -335,8 +335,12 @@ class Service:
         key = plan.key
 
         stored = await self._cache.get(key)
-        if stored is not None and plan.decision.tied_to_answer and not self._still_tied(net, stored[0]):
-            stored = None  # its block was replaced (or is no longer known): ask again
+        if plan.decision.tied_to_answer:
+            if stored is not None and not self._still_tied(net, stored[0]):
+                stored = None  # its block was replaced (or is no longer known): ask again
+            now_head = tracker.head
+            if stored is None and isinstance(now_head, Head) and plan.head is now_head:
+                stored = await self._cache.get(_unmined_key(key, now_head))
         if stored is None and policy.limits_logs and isinstance(tracker, EvmHeadTracker):
             stored = await self._logs_from_receipts(tracker, params, plan, policy)
         if stored is not None:
@@ -416,14 +420,22 @@ class Service:
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
             return answer, False
         ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)
-        if plan.decision.tied_to_answer and kind == "ok":
+        key = plan.key
+        if plan.decision.tied_to_answer and kind in ("ok", "null"):
             tracker = net.tracker
             orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
             ttl = cp.transaction_ttl(answer.result, tracker.head, orphans, self._ttls)
             if ttl is None:
                 return answer, False  # its block is not one the tracker vouches for: served, not kept
+            if cp.answer_block(answer.result) is None:
+                # Not yet mined: true of this head only. Kept under the head's key, so the next block
+                # (which may hold it) is asked again at once, whatever is left of the negative TTL.
+                now_head = tracker.head
+                if not isinstance(now_head, Head) or plan.head is not now_head:
+                    return answer, False
+                key = _unmined_key(key, now_head)
         if ttl is not None:
-            await self._cache.set(plan.key, (answer.payload, answer.is_error), ttl)
+            await self._cache.set(key, (answer.payload, answer.is_error), ttl)
         return answer, True
 
     async def _ask_pinned(
@@ -703,6 +715,11 @@ class Service:
         if gas <= cap:
             return params
         return [{**tx, "gas": hex(cap)}, *params[1:]]
+
+
+def _unmined_key(key: str, head: Head) -> str:
+    """Where a not-yet-mined transaction or receipt (null, or pending) is kept: for one head only."""
+    return f"{key}@{head.latest_hash}"
 
 
 def _not_found(answer: Answer) -> bool:

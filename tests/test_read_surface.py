@@ -202,6 +202,30 @@ async def test_unknown_transactions_are_null_for_the_negative_ttl_only(anvil: An
         await proxy.close()
 
 
+async def test_a_not_yet_mined_receipt_is_asked_again_once_a_new_block_arrives(anvil: Anvil) -> None:
+    # A null (or pending) answer is true of one head only: the next block may hold the transaction,
+    # so it is never served past that block, however long CACHE_NEGATIVE_TTL is.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, CACHE_NEGATIVE_TTL="600"))
+    try:
+        await proxy.head_at(anvil.block_number())
+        anvil.rpc("evm_setAutomine", False)
+        try:
+            tx = anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
+            for expected in ("MISS", "HIT"):
+                assert await ask(proxy, "eth_getTransactionReceipt", [tx]) == (None, expected)
+            pending, cache = await ask(proxy, "eth_getTransactionByHash", [tx])
+            assert pending["blockHash"] is None and cache == "MISS"
+            await proxy.head_at(anvil.mine(1))
+        finally:
+            anvil.rpc("evm_setAutomine", True)
+        receipt, cache = await ask(proxy, "eth_getTransactionReceipt", [tx])
+        assert receipt == anvil.rpc("eth_getTransactionReceipt", tx) and cache == "MISS"
+        mined, _ = await ask(proxy, "eth_getTransactionByHash", [tx])
+        assert mined["blockHash"] == receipt["blockHash"]
+    finally:
+        await proxy.close()
+
+
 @pytest.mark.parametrize(("method", "params", "name"), [
     ("eth_chainId", [1], "params"),
     ("eth_getBlockByNumber", ["0x1", "yes"], "fullTransactions"),
