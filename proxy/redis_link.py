@@ -28,14 +28,18 @@ T = TypeVar("T")
 # What every caller sees: one server (direct or through Sentinel) or a cluster; they take the same
 # commands, as long as each multi-key command's keys share a slot (redis_topology.slot_tag).
 RedisClient = aioredis.Redis | RedisCluster
-UNBOUNDED_CONNECTIONS = 2**31  # redis-py's own default for a one-server pool
+# redis-py 8's pools refuse a command past `max_connections` (100 by default) instead of opening
+# one more; under a burst that refusal would open the breaker and skip Redis for everyone. Redis's
+# own `maxclients` is the bound that matters.
+UNBOUNDED_CONNECTIONS = 2**31
 
 
 def connect(url: str, timeout: float) -> RedisClient:
     """A client for the topology the URL names (redis_topology.py). Nothing connects until used."""
     # A retry would only add latency; the breaker handles outages.
     options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
-                               "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
+                               "retry": Retry(NoBackoff(), 0), "health_check_interval": 0,
+                               "max_connections": UNBOUNDED_CONNECTIONS}
     topology = topology_of(url)
     if topology.kind == "cluster":
         return _cluster(topology, options)
@@ -50,12 +54,9 @@ def _cluster(topology: RedisTopology, options: dict[str, Any]) -> RedisCluster:
     # MOVED/ASK redirections are followed within a command. Reads go to primaries only: a replica
     # may lag, and a lagging read is a wrong miss at worst for the cache but a stale balance for the
     # ledger.
-    # Its pools refuse a command past `max_connections` per node (100 by default) instead of
-    # opening one more, as the one-server pool does; that refusal would open the breaker under load.
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
-        username=topology.username, password=topology.password, ssl=topology.tls,
-        max_connections=UNBOUNDED_CONNECTIONS, **options,
+        username=topology.username, password=topology.password, ssl=topology.tls, **options,
     )
 
 
@@ -72,7 +73,8 @@ class SentinelManagedRedis(aioredis.Redis):
 
 
 def _sentinel(topology: RedisTopology, options: dict[str, Any]) -> aioredis.Redis:
-    sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+    # Each new connection to the primary asks the Sentinels for its address: their pools too.
+    sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_") or k == "max_connections"}
     # rediss+sentinel: TLS to the Sentinels as to the data nodes.
     sentinel_options.update(username=topology.sentinel_username, password=topology.sentinel_password,
                             ssl=topology.tls)
