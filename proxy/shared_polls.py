@@ -65,6 +65,9 @@ class SharedPolls:
         self.interval = interval
         self._path = os.path.join(directory, f"polls-{network}.json")
         self._lock_fd = os.open(os.path.join(directory, f"polls-{network}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        # flock is per open file: a second task of this process would pass it at once (and write back
+        # a memo read before the first one's answers). Tasks of one process queue here first.
+        self._in_process = asyncio.Lock()
 
     async def ask(
         self, scope: str, calls: Sequence[Call], fetch: Callable[[list[Call]], Awaitable[list[Answer]]],
@@ -73,6 +76,13 @@ class SharedPolls:
         """Answers to `calls` no older than `since`: from the memo when a sibling fetched them,
         else from `fetch` (and written to the memo for the siblings)."""
         keys = [scope + orjson.dumps(call).decode() for call in calls]
+        async with self._in_process:
+            return await self._ask_locked(keys, calls, fetch, since)
+
+    async def _ask_locked(
+        self, keys: list[str], calls: Sequence[Call], fetch: Callable[[list[Call]], Awaitable[list[Answer]]],
+        since: float,
+    ) -> list[Answer]:
         locked = await self._lock()
         try:
             memo = self._read() if locked else {}

@@ -112,7 +112,8 @@ class Supervisor:
         self.registry = CollectorRegistry()
         self.restarts = Counter("rpc_proxy_worker_restarts", "Worker processes restarted after they exited.",
                                 registry=self.registry)
-        self.running = Gauge("rpc_proxy_workers", "Worker processes running (WORKERS).", registry=self.registry)
+        self.listening = Gauge("rpc_proxy_workers", "Worker processes up and listening (of WORKERS).",
+                               registry=self.registry)
         self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited loop state
         self._slots = [_Slot(i) for i in range(settings.workers)]
         self._stopping = False
@@ -159,7 +160,6 @@ class Supervisor:
         slot.process, slot.ready, slot.started, slot.listened = process, reader, time.monotonic(), False
         loop.add_reader(reader.fileno(), self._on_ready, slot)
         loop.add_reader(process.sentinel, self._on_exit, slot)
-        self.running.set(sum(1 for s in self._slots if s.process is not None))
 
     def _on_ready(self, slot: _Slot) -> None:
         loop = asyncio.get_running_loop()
@@ -168,6 +168,7 @@ class Supervisor:
         with contextlib.suppress(EOFError, OSError):
             slot.ready.recv()
             slot.listened = True
+        self.listening.set(sum(1 for s in self._slots if s.listened))
         if all(s.listened for s in self._slots):
             self._all_listening.set()
 
@@ -181,13 +182,13 @@ class Supervisor:
                 loop.remove_reader(slot.ready.fileno())
             slot.ready.close()
         process.join()
-        code = process.exitcode
-        slot.process = None
-        self.running.set(sum(1 for s in self._slots if s.process is not None))
+        code, listened = process.exitcode, slot.listened
+        slot.process, slot.listened = None, False
+        self.listening.set(sum(1 for s in self._slots if s.listened))
         if self._stopping:
             log.info("worker %d (pid %d) stopped with code %s", slot.index, process.pid, code)
             return
-        if is_fatal(code, slot.listened):
+        if is_fatal(code, listened):
             log.error("worker %d (pid %d) could not start (exit code %s): stopping", slot.index, process.pid, code)
             self._fatal = code
             self._stop.set()
