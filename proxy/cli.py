@@ -81,15 +81,15 @@ def serve(settings: Settings) -> int:
 
 def run_server(settings: Settings, *, on_listening: Callable[[], None], worker: WorkerContext | None = None) -> int:
     """One serving process: the whole proxy (WORKERS=1), or one of the workers."""
-    from . import listeners
+    from . import event_loop, listeners
     from .app import LedgerStorageError, create_app
 
     app = create_app(settings, worker=worker)
     try:
-        asyncio.run(listeners.serve(
+        event_loop.run(listeners.serve(
             app, settings.host, settings.port, max_connections=settings.max_connections,
             shutdown_timeout=settings.shutdown_timeout, on_listening=on_listening, reuse_port=worker is not None,
-        ))
+        ), settings.event_loop)
     except OSError as exc:
         print(f"rpc-proxy: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1

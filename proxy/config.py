@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import tomllib
@@ -91,6 +92,7 @@ class Settings:
     access_log: bool = False
     shutdown_timeout: float = 30.0
     workers: int = 1
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     allowed_methods: frozenset[str] = frozenset()
     body_timeout: float = 30.0
     max_connections: int = 4096
@@ -198,6 +200,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
     Option("WORKERS", "worker processes sharing the port, each with its own memory tier; auto: one per CPU "
            "(default 1: one process, no supervisor)"),
+    Option("EVENT_LOOP", "auto, asyncio or uvloop: auto takes uvloop when installed (the [fast] extra), "
+           "else asyncio (default auto)"),
     Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
     Option("BODY_TIMEOUT", "seconds a client has to send a request body once its headers arrived (default 30)"),
     Option("MAX_CONNECTIONS", "open client connections; more are answered 503 and closed at once (default 4096)"),
@@ -557,6 +561,12 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         if raw["LOG_FORMAT"] not in ("text", "json"):
             raise ConfigError(f"LOG_FORMAT must be 'text' or 'json', got {raw['LOG_FORMAT']!r}")
         values["log_format"] = raw["LOG_FORMAT"]
+    if "EVENT_LOOP" in raw:
+        if raw["EVENT_LOOP"] not in ("auto", "asyncio", "uvloop"):
+            raise ConfigError(f"EVENT_LOOP must be auto, asyncio or uvloop, got {raw['EVENT_LOOP']!r}")
+        if raw["EVENT_LOOP"] == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ConfigError("EVENT_LOOP=uvloop but uvloop is not installed: pip install 'rpc-cache-proxy[fast]'")
+        values["event_loop"] = raw["EVENT_LOOP"]
     if "LOG_LEVEL" in raw:
         level = raw["LOG_LEVEL"].upper()
         if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
