@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -29,7 +30,7 @@ from .metrics_merge import metrics_socket, scrape_all
 from .redis_link import RedisLink, RedisUnavailable, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
-from .shared_polls import SharedPolls
+from .shared_polls import SharedPolls, ShownRelay
 from .state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from .subscriptions import Streams
 from .upstream import HttpUpstream, PerUpstream, Upstream
@@ -318,6 +319,17 @@ def create_app(
                                         shared=shared.get(net.name))
         runtimes[net.name] = NetworkRuntime(net, upstream, tracker, per_upstream)
 
+    def shown_by_sibling(network: str, number: int) -> None:
+        runtime = runtimes.get(network)
+        if runtime is not None and isinstance(runtime.tracker, EvmHeadTracker):
+            runtime.tracker.hint(number, relayed=True)
+
+    shown_relay = ShownRelay(worker.run_dir, worker.index, shown_by_sibling) if worker is not None else None
+    if shown_relay is not None:
+        for name, runtime in runtimes.items():
+            if isinstance(runtime.tracker, EvmHeadTracker):
+                runtime.tracker.on_shown.append(functools.partial(shown_relay.tell, name))
+
     owned_redis = redis is None and settings.redis_url is not None
     client = redis if redis is not None else (
         connect(settings.redis_url, settings.redis_timeout) if settings.redis_url else None
@@ -360,6 +372,8 @@ def create_app(
         internal = own = None
         if worker is not None:  # before the public port: a scrape reaching any worker finds this one
             own = await start_unix_metrics(own_exposition, metrics_socket(worker.run_dir, str(worker.index)))
+        if shown_relay is not None:
+            await shown_relay.start()
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(exposition, settings.metrics_host, settings.metrics_port,
                                                     reuse_port=worker is not None)
@@ -400,6 +414,8 @@ def create_app(
             await ledger_link.close()
         for polls in shared.values():
             polls.close()
+        if shown_relay is not None:
+            shown_relay.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(close_websockets)

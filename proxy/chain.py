@@ -213,6 +213,7 @@ class EvmHeadTracker:
         self.head: Head | None = None
         self.on_reorg: list[Callable[[int], None]] = []
         self.on_head: list[Callable[[Head], None]] = []  # called after every successful poll
+        self.on_shown: list[Callable[[int], None]] = []  # a newly shown block (told to sibling workers)
         # Hashes of blocks a reorg replaced, newest last (bounded): never answered from the cache.
         self.orphans: dict[str, None] = {}
         self.last_poll = 0.0
@@ -251,11 +252,15 @@ class EvmHeadTracker:
 
     # --- read-your-writes: `latest` never trails a block the proxy has shown -----------------
 
-    def hint(self, number: int) -> None:
-        """The proxy showed a client block `number`: poll now if the head has not reached it."""
+    def hint(self, number: int, *, relayed: bool = False) -> None:
+        """The proxy showed a client block `number`: poll now if the head has not reached it.
+        `relayed`: a sibling worker showed it (not told on again)."""
         if number <= self.shown:
             return
         self.shown = number
+        if not relayed:
+            for tell in self.on_shown:
+                tell(number)
         head = self.head
         if head is not None and number > head.latest:
             self._caught_up.clear()

@@ -20,8 +20,11 @@ releases it with its descriptor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import glob
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -128,3 +131,47 @@ class SharedPolls:
 
     def close(self) -> None:
         os.close(self._lock_fd)
+
+
+class ShownRelay:
+    """Read-your-writes across workers: a worker that shows a client block N tells its siblings, whose
+    trackers then treat N as shown too (`latest` never resolves below it; they poll at once). One
+    datagram per newly shown block, to each sibling's socket in the run directory."""
+
+    def __init__(self, directory: str, index: int, on_shown: Callable[[str, int], None]) -> None:
+        self._directory = directory
+        self._own = os.path.join(directory, f"shown-{index}.sock")
+        self._on_shown = on_shown
+        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._out.setblocking(False)
+        self._transport: asyncio.DatagramTransport | None = None
+
+    async def start(self) -> None:
+        relay = self
+
+        class Receiver(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, addr: Any) -> None:
+                network, _, number = data.decode(errors="replace").partition(" ")
+                with contextlib.suppress(ValueError):
+                    relay._on_shown(network, int(number))
+
+        with contextlib.suppress(OSError):
+            os.unlink(self._own)  # left by this worker's predecessor, if it was killed
+        inbound = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        inbound.bind(self._own)  # bound here: uvloop takes no unix path as local_addr
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(Receiver, sock=inbound)
+
+    def tell(self, network: str, number: int) -> None:
+        message = f"{network} {number}".encode()
+        for path in glob.glob(os.path.join(self._directory, "shown-*.sock")):
+            if path != self._own:
+                with contextlib.suppress(OSError):  # a sibling restarting, or its queue full
+                    self._out.sendto(message, path)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self._out.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._own)

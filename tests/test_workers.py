@@ -17,6 +17,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+import rlp
+from eth_utils import keccak
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from proxy.config import ConfigError, build_settings
@@ -25,7 +27,7 @@ from proxy.shared_polls import SharedPolls, aligned_delay, fresh_answers
 from proxy.upstream import Answer
 from proxy.workers import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay
 from tests.fault_relay import FaultRelay
-from tests.support import DEV_ACCOUNT, Anvil, eventually, free_port
+from tests.support import CONTRACTS, DEV_ACCOUNT, Anvil, eventually, free_port, word
 from tests.test_observability import promtool
 
 # --- pure decisions ----------------------------------------------------------------------
@@ -343,3 +345,35 @@ async def test_two_tasks_of_one_worker_never_write_back_an_older_memo(tmp_path: 
     assert sorted(asked) == ["tracker", "upstream0"]
     polls.close()
     sibling.close()
+
+
+def _next_contract_address(anvil: Anvil) -> str:
+    nonce = int(anvil.rpc("eth_getTransactionCount", DEV_ACCOUNT, "latest"), 16)
+    return "0x" + keccak(rlp.encode([bytes.fromhex(DEV_ACCOUNT[2:]), nonce]))[12:].hex()
+
+
+async def test_a_block_one_worker_showed_is_never_trailed_by_another(relay: FaultRelay, anvil: Anvil) -> None:
+    """Read-your-writes across workers: once any worker has shown block N, `latest` is at least N on
+    every connection, whichever worker it reaches (a long poll interval keeps the trackers behind)."""
+    anvil.mine(5)
+    store = _next_contract_address(anvil)
+    slot = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", "latest"]}
+    running = _start(relay.url, 2, HEAD_POLL_INTERVAL="5")
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            await _ready(session, running, 2)
+            for _ in range(10):  # both workers cache the empty slot at their tracked head
+                reply = await _answers(session, running.url, slot)
+                assert reply is not None and reply["result"] == "0x" + word(0)
+            receipt = anvil.send(None, "0x" + (CONTRACTS / "Store.bin").read_text().strip())  # slot 0 := 7
+            assert receipt["contractAddress"].lower() == store
+            shown = {"jsonrpc": "2.0", "id": 2, "method": "eth_getTransactionReceipt",
+                     "params": [receipt["transactionHash"]]}
+            reply = await _answers(session, running.url, shown)  # one worker shows the deployment's block
+            assert reply is not None and reply["result"]["blockNumber"] == receipt["blockNumber"]
+            for _ in range(20):  # fresh connections, spread over both workers
+                reply = await _answers(session, running.url, slot)
+                assert reply is not None and reply["result"] == "0x" + word(7)
+    finally:
+        returncode, _log = await _stop(running)
+    assert returncode == 0
