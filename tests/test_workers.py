@@ -136,6 +136,7 @@ class Running:
         self.proc = proc
         self.port = port
         self.log = log
+        self.metrics_port = port
         self.url = f"http://127.0.0.1:{port}/v3/any-key"
 
     def workers(self) -> set[int]:
@@ -159,7 +160,10 @@ def _start(relay_url: str, workers: int, **env: str) -> Running:
     with log.open("wb") as handle:  # a file, not a pipe: a pipe nobody reads could fill and block the proxy
         proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=environ, stdout=subprocess.DEVNULL,
                                 stderr=handle)
-    return Running(proc, port, log)
+    running = Running(proc, port, log)
+    if "METRICS_PORT" in env:
+        running.metrics_port = int(env["METRICS_PORT"])
+    return running
 
 
 async def _answers(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -170,8 +174,8 @@ async def _answers(session: aiohttp.ClientSession, url: str, body: dict[str, Any
         return None
 
 
-async def _scrape(session: aiohttp.ClientSession, port: int) -> str:
-    async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+async def _scrape(session: aiohttp.ClientSession, running: Running) -> str:
+    async with session.get(f"http://127.0.0.1:{running.metrics_port}/metrics") as response:
         assert response.status == 200
         return await response.text()
 
@@ -201,7 +205,7 @@ async def _ready(session: aiohttp.ClientSession, running: Running, workers: int)
     async def up() -> bool:
         if await _answers(session, running.url, CHAIN_ID) is None:
             return False
-        return workers == 0 or _sample(await _scrape(session, running.port), "rpc_proxy_workers") == workers
+        return workers == 0 or _sample(await _scrape(session, running), "rpc_proxy_workers") == workers
 
     await eventually(up, 30, "the workers to answer")
 
@@ -234,14 +238,14 @@ async def test_both_workers_answer_and_one_scrape_totals_their_calls(relay: Faul
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=24)) as session:
             await _ready(session, running, 2)
-            before = _sample(await _scrape(session, running.port), "rpc_proxy_requests_total",
+            before = _sample(await _scrape(session, running), "rpc_proxy_requests_total",
                              network="evm", method="eth_chainId", outcome="ok")
             # 24 calls at once: 24 connections, which the kernel spreads over the workers (SO_REUSEPORT).
             replies = await asyncio.gather(*(_answers(session, running.url, CHAIN_ID) for _ in range(24)))
             assert all(r is not None and r["result"] == "0x7a69" for r in replies)
             held = _connections_by_process(running.port, running.workers())
             assert len(held) == 2 and all(count > 0 for count in held.values()), held
-            text = await _scrape(session, running.port)
+            text = await _scrape(session, running)
         after = _sample(text, "rpc_proxy_requests_total", network="evm", method="eth_chainId", outcome="ok")
         assert after - before == 24  # both workers' calls, in one scrape
         assert _sample(text, "rpc_proxy_workers") == 2
@@ -266,7 +270,7 @@ async def test_a_killed_worker_is_restarted_logged_and_counted(relay: FaultRelay
 
             await eventually(replaced, 30, "the killed worker to be replaced")
             await _ready(session, running, 2)
-            text = await _scrape(session, running.port)
+            text = await _scrape(session, running)
             assert _sample(text, "rpc_proxy_worker_restarts_total") == 1
     finally:
         returncode, log = await _stop(running)
@@ -374,6 +378,26 @@ async def test_a_block_one_worker_showed_is_never_trailed_by_another(relay: Faul
             for _ in range(20):  # fresh connections, spread over both workers
                 reply = await _answers(session, running.url, slot)
                 assert reply is not None and reply["result"] == "0x" + word(7)
+    finally:
+        returncode, _log = await _stop(running)
+    assert returncode == 0
+
+
+async def test_the_metrics_port_listener_also_answers_for_all_workers(relay: FaultRelay) -> None:
+    running = _start(relay.url, 2, METRICS_PORT=str(free_port()))
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            await _ready(session, running, 2)
+            before = _sample(await _scrape(session, running), "rpc_proxy_requests_total",
+                             network="evm", method="eth_chainId", outcome="ok")
+            for _ in range(10):  # fresh connections: both workers answer some
+                assert await _answers(session, running.url, CHAIN_ID) is not None
+            for _ in range(5):  # whichever worker the scrape reaches, the same total
+                text = await _scrape(session, running)
+                assert _sample(text, "rpc_proxy_requests_total", network="evm", method="eth_chainId",
+                               outcome="ok") - before == 10
+            async with session.get(f"http://127.0.0.1:{running.port}/metrics") as response:
+                assert response.status == 404  # internal only, as with one process
     finally:
         returncode, _log = await _stop(running)
     assert returncode == 0
