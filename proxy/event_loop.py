@@ -1,24 +1,21 @@
-"""Which asyncio event loop runs a serving process: uvloop when installed (`pip install
-'rpc-cache-proxy[fast]'`) unless EVENT_LOOP says otherwise, else the standard one."""
+"""Which asyncio event loop runs a serving process: the standard one, or uvloop with EVENT_LOOP=uvloop
+(`pip install 'rpc-cache-proxy[fast]'`). uvloop is opt-in: its accept loop does not pass through the
+proxy's quiet accept-error handler (listeners.py), so out of descriptors it does not log the
+throttled "cannot accept connections" warning."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
-Choice = Literal["auto", "asyncio", "uvloop"]
+Choice = Literal["asyncio", "uvloop"]
 T = TypeVar("T")
-
-
-def uvloop_installed() -> bool:
-    return importlib.util.find_spec("uvloop") is not None
 
 
 def loop_factory(choice: Choice) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """None: the standard loop. EVENT_LOOP=uvloop without uvloop installed is refused by config."""
-    if choice == "asyncio" or (choice == "auto" and not uvloop_installed()):
+    if choice == "asyncio":
         return None
     import uvloop
 
