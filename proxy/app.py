@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from .cache import Clock, MemoryTier, RedisTier, TieredCache
 from .chain import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
@@ -21,16 +22,19 @@ from .head_feed import EvmFeed
 from .identity import IdentityGuard
 from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from .leases import LeasedLedger
-from .listeners import start_metrics_listener
+from .listeners import Exposition, registry_exposition, start_metrics_listener, start_unix_metrics
 from .logs import redacted
 from .metrics import Metrics
+from .metrics_merge import metrics_socket, scrape_all
 from .redis_link import RedisClient, RedisLink, RedisUnavailable, config_values, connect
 from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from .service import NetworkRuntime, Service
+from .shared_polls import SharedPolls, ShownRelay
 from .state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from .subscriptions import Streams
 from .upstream import HttpUpstream, PerUpstream, Upstream
 from .upstream_ws import UpstreamSocket
+from .workers import WorkerContext
 from .ws import close_websockets, websocket_handler
 
 log = logging.getLogger("proxy.app")
@@ -213,11 +217,13 @@ async def readyz(request: web.Request) -> web.Response:
                              status=200 if ready else 503)
 
 
-async def metrics_handler(request: web.Request) -> web.Response:
-    registry = request.app[METRICS].registry
-    response = web.Response(body=generate_latest(registry))
-    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-    return response
+def metrics_route(exposition: Exposition) -> Handler:
+    async def metrics_handler(request: web.Request) -> web.Response:
+        response = web.Response(body=await exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    return metrics_handler
 
 
 def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]:
@@ -275,14 +281,18 @@ def create_app(
     registry: CollectorRegistry | None = None,
     clock: Clock | None = None,
     ledger: Ledger | None = None,
+    worker: WorkerContext | None = None,
 ) -> web.Application:
-    """The proxy as an aiohttp application; every collaborator can be injected."""
+    """The proxy as an aiohttp application; every collaborator can be injected. `worker`: this is one
+    of WORKERS processes (head polls shared with its siblings, /metrics merged across them)."""
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     clock = clock or SystemClock()
     factory = upstream_factory or _http_upstream(settings)
     pool = {n.name: factory(n, metrics) for n in settings.networks}
     runtimes: dict[str, NetworkRuntime] = {}
     guards: list[IdentityGuard] = []
+    shared = {n.name: SharedPolls(worker.run_dir, n.name, settings.head_poll_interval)
+              for n in settings.networks} if worker is not None else {}
     for net in settings.networks:
         tracker: EvmHeadTracker | SolanaSlotTracker
         upstream = pool[net.name]
@@ -293,6 +303,7 @@ def create_app(
                 net.name, upstream, interval=settings.head_poll_interval,
                 finality_depth=net.finality_depth or settings.finality_depth, metrics=metrics,
                 stale_after=settings.head_stale_bound, states=per_upstream.states if per_upstream else None,
+                shared=shared.get(net.name),
             )
             if per_upstream is not None:  # without it, no identity: nothing of the network is cached
                 guards.append(IdentityGuard(
@@ -302,8 +313,20 @@ def create_app(
                 ))
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
-                                        metrics=metrics, stale_after=settings.head_stale_bound)
+                                        metrics=metrics, stale_after=settings.head_stale_bound,
+                                        shared=shared.get(net.name))
         runtimes[net.name] = NetworkRuntime(net, upstream, tracker, per_upstream)
+
+    def shown_by_sibling(network: str, number: int) -> None:
+        runtime = runtimes.get(network)
+        if runtime is not None and isinstance(runtime.tracker, EvmHeadTracker):
+            runtime.tracker.hint(number, relayed=True)
+
+    shown_relay = ShownRelay(worker.run_dir, worker.index, shown_by_sibling) if worker is not None else None
+    if shown_relay is not None:
+        for name, runtime in runtimes.items():
+            if isinstance(runtime.tracker, EvmHeadTracker):
+                runtime.tracker.on_shown.append(functools.partial(shown_relay.tell, name))
 
     owned_redis = redis is None and settings.redis_url is not None
     client = redis if redis is not None else (
@@ -340,14 +363,23 @@ def create_app(
     if link is not None:
         app[REDIS] = link
 
+    own_exposition = registry_exposition(metrics.registry)
+    exposition = own_exposition if worker is None else (lambda: scrape_all(worker.run_dir))
+
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        internal = None
+        internal = own = None
+        if worker is not None:  # before the public port: a scrape reaching any worker finds this one
+            own = await start_unix_metrics(own_exposition, metrics_socket(worker.run_dir, str(worker.index)))
+        if shown_relay is not None:
+            await shown_relay.start()
         if settings.metrics_port is not None:
-            internal = await start_metrics_listener(metrics.registry, settings.metrics_host, settings.metrics_port)
+            internal = await start_metrics_listener(exposition, settings.metrics_host, settings.metrics_port,
+                                                    reuse_port=worker is not None)
         if ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(ledger_link, settings.credits_require_noeviction)
         tasks = [asyncio.create_task(g.run(), name=f"identity-{g.network}") for g in guards]
-        tasks += [asyncio.create_task(watch_upstream_heads(r.per_upstream, settings.head_poll_interval),
+        tasks += [asyncio.create_task(watch_upstream_heads(r.per_upstream, settings.head_poll_interval,
+                                                           shared.get(n)),
                                       name=f"upstream-heads-{n}")
                   for n, r in runtimes.items() if r.per_upstream is not None]
         tasks += [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
@@ -363,6 +395,8 @@ def create_app(
         yield
         if internal is not None:
             await internal.cleanup()
+        if own is not None:
+            await own.cleanup()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -376,13 +410,17 @@ def create_app(
             await link.close()
         if ledger_link is not None and ledger_url:
             await ledger_link.close()
+        for polls in shared.values():
+            polls.close()
+        if shown_relay is not None:
+            shown_relay.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(close_websockets)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if settings.metrics_port is None:  # else /metrics is served by the internal listener only
-        app.router.add_get("/metrics", metrics_handler)
+        app.router.add_get("/metrics", metrics_route(exposition))
     rpc_handler = rpc_route(gateway, metrics, settings)
     for prefix in ("", "/{network}"):
         app.router.add_post(prefix + "/v3/{api_key}", rpc_handler)

@@ -20,6 +20,7 @@ from .jsonrpc import JsonRpcError
 from .logs import Throttled
 from .metrics import Metrics
 from .params import COMMITMENTS, BlockRef
+from .shared_polls import SharedPolls, aligned_delay
 from .upstream import Answer, PerUpstream, Upstream
 from .upstream_state import ChainIdentity, UpstreamStates
 
@@ -71,12 +72,13 @@ class Resolved:
 async def poll_forever(
     poll: Callable[[], Awaitable[object]], interval: float, what: str,
     *, limit: float | None = None, failed: Callable[[], None] | None = None, attempted: asyncio.Event | None = None,
-    wake: asyncio.Event | None = None,
+    wake: asyncio.Event | None = None, aligned: bool = False,
 ) -> None:
     """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll.
 
     `limit` bounds one poll (a hung node must not freeze the loop); `failed` runs after a poll failed;
-    `attempted` is set once the first poll has finished, well or not; `wake` starts the next poll now.
+    `attempted` is set once the first poll has finished, well or not; `wake` starts the next poll now;
+    `aligned` waits for the next wall-clock multiple of `interval` (workers sharing polls poll together).
     """
     throttled = Throttled(log)  # this loop's own: a node that is down fails every poll
     while True:
@@ -92,11 +94,12 @@ async def poll_forever(
                 failed()
         if attempted is not None:
             attempted.set()
+        pause = aligned_delay(interval, time.time()) if aligned else interval
         if wake is None:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(pause)
             continue
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(interval):
+            async with asyncio.timeout(pause):
                 await wake.wait()
         wake.clear()
 
@@ -117,11 +120,20 @@ class Asker:
 
     SINGLES_FOR = 30  # polls before batches are tried again
 
-    def __init__(self, upstream: Upstream) -> None:
+    def __init__(self, upstream: Upstream, shared: SharedPolls | None = None) -> None:
         self._upstream = upstream
         self._singles_left = 0
+        self._shared = shared
+        self.fresh_from = 0.0  # answers fetched before this (a read-your-writes wake-up) are not taken
 
     async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        shared = self._shared
+        if shared is None:
+            return await self._ask(calls)
+        since = max(time.time() - shared.interval / 2, self.fresh_from)
+        return await shared.ask("tracker", calls, self._ask, since=since)
+
+    async def _ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
         if self._singles_left <= 0:
             try:
                 return await self._upstream.batch(calls)
@@ -157,14 +169,21 @@ def _get_block(tag_or_number: str) -> tuple[str, list[Any]]:
     return ("eth_getBlockByNumber", [tag_or_number, False])
 
 
-async def watch_upstream_heads(pool: PerUpstream, interval: float) -> None:
+async def watch_upstream_heads(pool: PerUpstream, interval: float, shared: SharedPolls | None = None) -> None:
     """Each upstream's own latest block, every poll interval: the tracker follows one upstream,
     and an answer is kept only if the upstream that produced it had the blocks it depends on."""
     states = pool.states
 
     async def one(index: int) -> None:
+        async def fetch(calls: list[tuple[str, Any]]) -> list[Answer]:
+            return [await pool.ask(index, m, p, timeout=max(interval, 1.0)) for m, p in calls]
+
         try:
-            answer = await pool.ask(index, "eth_blockNumber", [], timeout=max(interval, 1.0))
+            if shared is None:
+                answer = await pool.ask(index, "eth_blockNumber", [], timeout=max(interval, 1.0))
+            else:
+                since = time.time() - interval / 2
+                [answer] = await shared.ask(f"upstream{index}", [("eth_blockNumber", [])], fetch, since=since)
         except JsonRpcError:
             return
         if isinstance(answer.result, str):
@@ -173,7 +192,7 @@ async def watch_upstream_heads(pool: PerUpstream, interval: float) -> None:
 
     while True:
         await asyncio.gather(*(one(i) for i in range(states.size) if states.in_rotation(i)))
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval if shared is None else aligned_delay(interval, time.time()))
 
 
 class EvmHeadTracker:
@@ -188,11 +207,13 @@ class EvmHeadTracker:
         window: int = 256,
         stale_after: float = 6.0,
         states: UpstreamStates | None = None,
+        shared: SharedPolls | None = None,
     ) -> None:
         self.network = network
         self.head: Head | None = None
         self.on_reorg: list[Callable[[int], None]] = []
         self.on_head: list[Callable[[Head], None]] = []  # called after every successful poll
+        self.on_shown: list[Callable[[int], None]] = []  # a newly shown block (told to sibling workers)
         # Hashes of blocks a reorg replaced, newest last (bounded): never answered from the cache.
         self.orphans: dict[str, None] = {}
         self.last_poll = 0.0
@@ -202,7 +223,8 @@ class EvmHeadTracker:
         self._caught_up = asyncio.Event()
         self._wake = asyncio.Event()
         self._upstream = upstream
-        self._asker = Asker(upstream)
+        self._asker = Asker(upstream, shared)
+        self._aligned = shared is not None
         self._interval = interval
         self._depth = finality_depth
         self._metrics = metrics
@@ -232,14 +254,19 @@ class EvmHeadTracker:
 
     # --- read-your-writes: `latest` never trails a block the proxy has shown -----------------
 
-    def hint(self, number: int) -> None:
-        """The proxy showed a client block `number`: poll now if the head has not reached it."""
+    def hint(self, number: int, *, relayed: bool = False) -> None:
+        """The proxy showed a client block `number`: poll now if the head has not reached it.
+        `relayed`: a sibling worker showed it (not told on again)."""
         if number <= self.shown:
             return
         self.shown = number
+        if not relayed:
+            for tell in self.on_shown:
+                tell(number)
         head = self.head
         if head is not None and number > head.latest:
             self._caught_up.clear()
+            self._asker.fresh_from = time.time()  # the wake-up poll takes no answer a sibling fetched before
             self._wake.set()
             self._reissue()  # memory hits at `latest` take the general path until the head catches up
 
@@ -288,7 +315,7 @@ class EvmHeadTracker:
     async def run(self) -> None:
         await poll_forever(self.poll, self._interval, f"head tracker {self.network}",
                            limit=max(self._interval, self.stale_after), failed=self.check_staleness,
-                           attempted=self.attempted, wake=self._wake)
+                           attempted=self.attempted, wake=self._wake, aligned=self._aligned)
 
     def health(self, now: float) -> str | None:
         self.check_staleness()
@@ -422,6 +449,7 @@ class SolanaSlotTracker:
 
     def __init__(
         self, network: str, upstream: Upstream, *, interval: float, metrics: Metrics, stale_after: float = 6.0,
+        shared: SharedPolls | None = None,
     ) -> None:
         self.network = network
         self.slots: dict[str, int] = {}
@@ -432,7 +460,8 @@ class SolanaSlotTracker:
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
         self._upstream = upstream
-        self._asker = Asker(upstream)
+        self._asker = Asker(upstream, shared)
+        self._aligned = shared is not None
         self._interval = interval
         self._metrics = metrics
 
@@ -442,7 +471,8 @@ class SolanaSlotTracker:
 
     async def run(self) -> None:
         await poll_forever(self.poll, self._interval, f"slot tracker {self.network}",
-                           limit=max(self._interval, self.stale_after), attempted=self.attempted)
+                           limit=max(self._interval, self.stale_after), attempted=self.attempted,
+                           aligned=self._aligned)
 
     def health(self, now: float) -> str | None:
         return poll_health(bool(self.slots), self.last_poll, self.stale_after, now)

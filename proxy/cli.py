@@ -10,11 +10,15 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__, logs
 from .config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings
+
+if TYPE_CHECKING:
+    from .workers import WorkerContext
 
 log = logging.getLogger("proxy")
 
@@ -129,22 +133,31 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def serve(settings: Settings) -> int:
-    from . import listeners
-    from .app import LedgerStorageError, create_app
-
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
     if settings.open_mode:
         log.warning("running open: no API_KEYS or API_KEYS_FILE set, any API key is accepted and nothing is charged")
     for net in settings.networks:
         log.info("network %s (%s): %d upstream(s)", net.name, net.family, len(net.upstreams))
     log.info("cache tiers: memory%s", " + redis" if settings.redis_url else " only (no REDIS_URL)")
-    app = create_app(settings)
+    if settings.workers > 1:
+        from .workers import supervise
+
+        return supervise(settings)
+    return run_server(settings, on_listening=lambda: log.info("listening on http://%s:%d", settings.host,
+                                                              settings.port))
+
+
+def run_server(settings: Settings, *, on_listening: Callable[[], None], worker: WorkerContext | None = None) -> int:
+    """One serving process: the whole proxy (WORKERS=1), or one of the workers."""
+    from . import event_loop, listeners
+    from .app import LedgerStorageError, create_app
+
+    app = create_app(settings, worker=worker)
     try:
-        asyncio.run(listeners.serve(
+        event_loop.run(listeners.serve(
             app, settings.host, settings.port, max_connections=settings.max_connections,
-            shutdown_timeout=settings.shutdown_timeout,
-            on_listening=lambda: log.info("listening on http://%s:%d", settings.host, settings.port),
-        ))
+            shutdown_timeout=settings.shutdown_timeout, on_listening=on_listening, reuse_port=worker is not None,
+        ), settings.event_loop)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror)
         return 1

@@ -7,7 +7,7 @@ import asyncio
 import errno
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -44,8 +44,9 @@ class CappedSite(web.TCPSite):
     accepts a burst in one batch and starts each connection a loop turn later.
     """
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int) -> None:
-        super().__init__(runner, host, port)
+    def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int,
+                 reuse_port: bool = False) -> None:
+        super().__init__(runner, host, port, reuse_port=reuse_port)
         self._max_connections = max_connections
 
     async def start(self) -> None:
@@ -70,7 +71,7 @@ class CappedSite(web.TCPSite):
             return server()
 
         self._server = await loop.create_server(protocol, self._host, self._port, backlog=self._backlog,
-                                                reuse_address=self._reuse_address)
+                                                reuse_address=self._reuse_address, reuse_port=self._reuse_port)
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -85,26 +86,45 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
     loop.default_exception_handler(context)
 
 
-def metrics_app(registry: CollectorRegistry) -> web.Application:
+Exposition = Callable[[], Awaitable[bytes]]
+
+
+def registry_exposition(registry: CollectorRegistry) -> Exposition:
+    async def exposition() -> bytes:
+        return generate_latest(registry)
+
+    return exposition
+
+
+def metrics_app(exposition: Exposition) -> web.Application:
     """The internal listener's application: /metrics and nothing else."""
 
     async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=await exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     return app
 
 
-async def start_metrics_listener(registry: CollectorRegistry, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(metrics_app(registry), access_log=None)
+async def start_metrics_listener(exposition: Exposition, host: str, port: int, *,
+                                 reuse_port: bool = False) -> web.AppRunner:
+    runner = web.AppRunner(metrics_app(exposition), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+    return runner
+
+
+async def start_unix_metrics(exposition: Exposition, path: str) -> web.AppRunner:
+    """A worker's own registry, for the sibling that merges a scrape (WORKERS > 1)."""
+    runner = web.AppRunner(metrics_app(exposition), access_log=None)
+    await runner.setup()
+    await web.UnixSite(runner, path).start()
     return runner
 
 
 async def serve(app: web.Application, host: str, port: int, *, max_connections: int, shutdown_timeout: float,
-                on_listening: Callable[[], None]) -> None:
+                on_listening: Callable[[], None], reuse_port: bool = False) -> None:
     """Run `app` until SIGTERM or SIGINT, then drain it (in-flight requests get `shutdown_timeout`)."""
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(quiet_accept_errors)
@@ -122,7 +142,7 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
     try:
-        await CappedSite(runner, host, port, max_connections=max_connections).start()
+        await CappedSite(runner, host, port, max_connections=max_connections, reuse_port=reuse_port).start()
         on_listening()
         await stop.wait()
         # An operator (or Kubernetes) sent the signal: say so, and say when the drain is over.

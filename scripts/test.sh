@@ -19,7 +19,7 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,fast]'
 
 if [ ! -x .tools/node_modules/.bin/anvil ] || [ ! -x .tools/node_modules/.bin/solcjs ] \
    || [ ! -d .tools/node_modules/ethers ] || [ ! -d .tools/node_modules/viem ]; then

@@ -40,6 +40,7 @@ class FaultRelay:
     faults: list[Fault] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)
     requests: int = 0
+    calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
     url: str = ""
     _server: TestServer | None = None
     _session: aiohttp.ClientSession | None = None
@@ -96,6 +97,7 @@ class FaultRelay:
         payload = json.loads(body)
         is_batch = isinstance(payload, list)
         calls = payload if is_batch else [payload]
+        self.calls.extend(c for c in calls if isinstance(c, dict))
         fault = self._take(calls, is_batch)
         kind = fault.kind if fault else None
         if fault is not None and fault.delay:

@@ -1,0 +1,417 @@
+"""WORKERS=N: N processes share the port, a supervisor restarts and drains them, one /metrics scrape
+totals them all, and the upstream sees one set of head polls, not N. The process tests run the real
+CLI (`python -m proxy`) in front of a real Anvil, through a relay that records every upstream call."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import rlp
+from eth_utils import keccak
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from proxy.config import ConfigError, build_settings
+from proxy.metrics_merge import merged, render
+from proxy.shared_polls import SharedPolls, aligned_delay, fresh_answers
+from proxy.upstream import Answer
+from proxy.workers import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay
+from tests.fault_relay import FaultRelay
+from tests.support import CONTRACTS, DEV_ACCOUNT, Anvil, eventually, free_port, word
+from tests.test_observability import promtool
+
+# --- pure decisions ----------------------------------------------------------------------
+
+
+def test_a_worker_that_ran_long_is_restarted_at_once() -> None:
+    assert restart_delay(STABLE_AFTER + 1, quick_exits=5) == (0.0, 0)
+
+
+def test_a_worker_that_keeps_dying_young_backs_off_up_to_a_bound() -> None:
+    delays, quick = [], 0
+    for _ in range(12):
+        delay, quick = restart_delay(0.5, quick)
+        delays.append(delay)
+    assert delays[:3] == [0.1, 0.2, 0.4]
+    assert delays == sorted(delays) and delays[-1] == RESTART_DELAY_MAX
+
+
+def test_a_start_up_error_stops_the_supervisor_instead_of_a_restart_loop() -> None:
+    assert is_fatal(2, listened=False) and is_fatal(1, listened=False)
+    assert not is_fatal(1, listened=True)  # a crash after serving: restarted
+    assert not is_fatal(-9, listened=False)  # killed by a signal: restarted
+    assert exit_status(None) == 0 and exit_status(2) == 2
+
+
+def test_workers_auto_is_one_per_cpu_and_keyed_workers_need_a_shared_ledger() -> None:
+    base = {"EVM_UPSTREAM": "http://127.0.0.1:1"}
+    assert build_settings({**base, "WORKERS": "auto"}).workers == (os.cpu_count() or 1)
+    assert build_settings(base).workers == 1
+    with pytest.raises(ConfigError, match="shared credit ledger"):
+        build_settings({**base, "WORKERS": "2", "API_KEYS": "secret"})
+    assert build_settings({**base, "WORKERS": "2", "API_KEYS": "secret", "REDIS_URL": "redis://h:1/0"}).workers == 2
+    with pytest.raises(ConfigError):
+        build_settings({**base, "WORKERS": "0"})
+
+
+def _worker_exposition(requests: float, head: float, redis_up: float, memory: float, seconds: float) -> str:
+    registry = CollectorRegistry()
+    Counter("rpc_proxy_requests", "calls", ["method"], registry=registry).labels("eth_call").inc(requests)
+    Gauge("rpc_proxy_head_block", "head", ["tag"], registry=registry).labels("latest").set(head)
+    Gauge("rpc_proxy_redis_up", "redis", registry=registry).set(redis_up)
+    Gauge("rpc_proxy_cache_memory_bytes", "bytes", registry=registry).set(memory)
+    Histogram("rpc_proxy_request_duration_seconds", "t", buckets=(0.1, 1.0), registry=registry).observe(seconds)
+    return generate_latest(registry).decode()
+
+
+def test_one_scrape_sums_counters_and_histograms_and_merges_gauges_by_their_meaning() -> None:
+    families = {f.name: f for f in merged([_worker_exposition(3, 100, 1, 10, 0.05),
+                                           _worker_exposition(4, 101, 0, 20, 0.5)])}
+
+    def value(family: str, sample: str, **labels: str) -> float:
+        return next(s.value for s in families[family].samples if s.name == sample and s.labels == labels)
+
+    assert value("rpc_proxy_requests", "rpc_proxy_requests_total", method="eth_call") == 7
+    assert value("rpc_proxy_head_block", "rpc_proxy_head_block", tag="latest") == 101  # the furthest view
+    assert value("rpc_proxy_redis_up", "rpc_proxy_redis_up") == 0  # one worker without Redis shows
+    assert value("rpc_proxy_cache_memory_bytes", "rpc_proxy_cache_memory_bytes") == 30  # each holds a part
+    histogram = "rpc_proxy_request_duration_seconds"
+    assert value(histogram, histogram + "_bucket", le="0.1") == 1
+    assert value(histogram, histogram + "_bucket", le="1.0") == 2
+    assert value(histogram, histogram + "_count") == 2
+
+
+def test_the_merged_scrape_is_promtool_clean() -> None:
+    text = render(merged([_worker_exposition(1, 5, 1, 1, 0.2), _worker_exposition(2, 5, 1, 1, 2.0)]))
+    result = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True)
+    assert result.returncode == 0, result.stderr.decode()
+
+
+def test_polls_wake_on_the_same_wall_clock_tick_in_every_worker() -> None:
+    assert aligned_delay(2.0, 1000.5) == pytest.approx(1.5)
+    assert aligned_delay(2.0, 1001.999) == pytest.approx(0.001)
+
+
+def test_a_shared_answer_older_than_asked_for_is_not_taken() -> None:
+    memo = {"a": [10.0, "1", 1, None, 0.0, 0], "b": [5.0, "2", 2, None, 0.0, 0]}
+    assert set(fresh_answers(memo, ["a", "b", "c"], since=8.0)) == {"a"}
+
+
+async def test_a_sibling_polling_in_the_same_round_takes_the_answer_instead_of_asking(tmp_path: Path) -> None:
+    first, second = SharedPolls(str(tmp_path), "evm", 1.0), SharedPolls(str(tmp_path), "evm", 1.0)
+    asked: list[list[tuple[str, Any]]] = []
+
+    async def fetch(calls: list[tuple[str, Any]]) -> list[Answer]:
+        asked.append(calls)
+        return [Answer(b'"0x10"', "0x10", upstream=0) for _ in calls]
+
+    calls = [("eth_getBlockByNumber", ["latest", False])]
+    since = time.time() - 0.5
+    both = await asyncio.gather(first.ask("tracker", calls, fetch, since=since),
+                                second.ask("tracker", calls, fetch, since=since))
+    assert len(asked) == 1  # the second waited on the lock and read the first one's answer
+    assert both[0][0].result == both[1][0].result == "0x10" and both[1][0].upstream == 0
+    # A poll woken by read-your-writes asks for answers newer than the wake-up: fetched again.
+    await second.ask("tracker", calls, fetch, since=time.time())
+    assert len(asked) == 2
+    first.close()
+    second.close()
+
+
+# --- the real CLI with WORKERS=2 ---------------------------------------------------------
+
+
+class Running:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.log = log
+        self.metrics_port = port
+        self.url = f"http://127.0.0.1:{port}/v3/any-key"
+
+    def workers(self) -> set[int]:
+        """The supervisor's worker processes (its spawned children), from /proc."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        found = set()
+        for pid in map(int, children):
+            try:
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.add(pid)
+            except OSError:
+                continue
+        return found
+
+
+def _start(relay_url: str, workers: int, **env: str) -> Running:
+    port = free_port()
+    environ = {**os.environ, "EVM_UPSTREAM": relay_url, "PROXY_PORT": str(port), "WORKERS": str(workers),
+               "HEAD_POLL_INTERVAL": "0.2", "SHUTDOWN_TIMEOUT": "10", **env}
+    log = Path(tempfile.mkstemp(prefix="rpc-proxy-test-", suffix=".log")[1])
+    with log.open("wb") as handle:  # a file, not a pipe: a pipe nobody reads could fill and block the proxy
+        proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=environ, stdout=subprocess.DEVNULL,
+                                stderr=handle)
+    running = Running(proc, port, log)
+    if "METRICS_PORT" in env:
+        running.metrics_port = int(env["METRICS_PORT"])
+    return running
+
+
+async def _answers(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        async with session.post(url, json=body) as response:
+            return dict(await response.json()) if response.status == 200 else None
+    except aiohttp.ClientError:
+        return None
+
+
+async def _scrape(session: aiohttp.ClientSession, running: Running) -> str:
+    async with session.get(f"http://127.0.0.1:{running.metrics_port}/metrics") as response:
+        assert response.status == 200
+        return await response.text()
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+
+
+@pytest.fixture
+async def relay(anvil: Anvil) -> AsyncIterator[FaultRelay]:
+    relay = await FaultRelay(anvil.url).start()
+    yield relay
+    await relay.close()
+
+
+async def _ready(session: aiohttp.ClientSession, running: Running, workers: int) -> None:
+    """Every worker listening (the supervisor's gauge), or the single process answering."""
+    async def up() -> bool:
+        if await _answers(session, running.url, CHAIN_ID) is None:
+            return False
+        return workers == 0 or _sample(await _scrape(session, running), "rpc_proxy_workers") == workers
+
+    await eventually(up, 30, "the workers to answer")
+
+
+async def _stop(running: Running) -> tuple[int, str]:
+    running.proc.send_signal(signal.SIGTERM)
+    returncode = await asyncio.to_thread(running.proc.wait, 30)
+    text = running.log.read_text()
+    running.log.unlink()
+    return returncode, text
+
+
+def _connections_by_process(port: int, pids: set[int]) -> dict[int, int]:
+    """Established connections on the proxy's port held by each process (from /proc/net/tcp)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":
+            inodes.add(fields[9])
+    held: dict[int, int] = {}
+    for pid in pids:
+        fds = Path(f"/proc/{pid}/fd")
+        links = [os.readlink(fds / fd) for fd in os.listdir(fds)]
+        held[pid] = sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes)
+    return held
+
+
+async def test_both_workers_answer_and_one_scrape_totals_their_calls(relay: FaultRelay) -> None:
+    running = _start(relay.url, 2)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=24)) as session:
+            await _ready(session, running, 2)
+            before = _sample(await _scrape(session, running), "rpc_proxy_requests_total",
+                             network="evm", method="eth_chainId", outcome="ok")
+            # 24 calls at once: 24 connections, which the kernel spreads over the workers (SO_REUSEPORT).
+            replies = await asyncio.gather(*(_answers(session, running.url, CHAIN_ID) for _ in range(24)))
+            assert all(r is not None and r["result"] == "0x7a69" for r in replies)
+            held = _connections_by_process(running.port, running.workers())
+            assert len(held) == 2 and all(count > 0 for count in held.values()), held
+            text = await _scrape(session, running)
+        after = _sample(text, "rpc_proxy_requests_total", network="evm", method="eth_chainId", outcome="ok")
+        assert after - before == 24  # both workers' calls, in one scrape
+        assert _sample(text, "rpc_proxy_workers") == 2
+        check = subprocess.run([promtool(), "check", "metrics"], input=text.encode(), capture_output=True)
+        assert check.returncode == 0, check.stderr.decode()
+    finally:
+        returncode, _log = await _stop(running)
+    assert returncode == 0
+
+
+async def test_a_killed_worker_is_restarted_logged_and_counted(relay: FaultRelay) -> None:
+    running = _start(relay.url, 2)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            victim = min(running.workers())
+            os.kill(victim, signal.SIGKILL)
+
+            async def replaced() -> bool:
+                pids = running.workers()
+                return len(pids) == 2 and victim not in pids
+
+            await eventually(replaced, 30, "the killed worker to be replaced")
+            await _ready(session, running, 2)
+            text = await _scrape(session, running)
+            assert _sample(text, "rpc_proxy_worker_restarts_total") == 1
+    finally:
+        returncode, log = await _stop(running)
+    assert returncode == 0
+    assert f"pid {victim}) exited with code -9; restarting it" in log
+
+
+async def test_sigterm_drains_in_flight_requests_and_exits_0(relay: FaultRelay, anvil: Anvil) -> None:
+    running = _start(relay.url, 2)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            relay.inject("slow", method="eth_getBalance", delay=1.5)
+            balance = {"jsonrpc": "2.0", "id": 7, "method": "eth_getBalance", "params": [DEV_ACCOUNT, "latest"]}
+            in_flight = asyncio.create_task(_answers(session, running.url, balance))
+
+            async def reached_upstream() -> bool:
+                return "slow" in relay.applied
+
+            await eventually(reached_upstream, 10, "the call to reach the upstream")
+            running.proc.send_signal(signal.SIGTERM)
+            reply = await in_flight
+        assert reply is not None and reply["result"] == hex(int(anvil.rpc("eth_getBalance", DEV_ACCOUNT, "latest"), 16))
+    finally:
+        returncode, log = await _stop(running)
+    assert returncode == 0
+    assert "shutting down" in log and "shutdown complete" in log
+
+
+def _head_polls(relay: FaultRelay, since: int) -> int:
+    """Upstream calls the trackers make each interval: the latest block, and each upstream's number."""
+    return sum(1 for c in relay.calls[since:]
+               if (c.get("method") == "eth_getBlockByNumber" and (c.get("params") or [None])[0] == "latest")
+               or c.get("method") == "eth_blockNumber")
+
+
+async def _polls_over(relay: FaultRelay, workers: int, seconds: float) -> int:
+    running = _start(relay.url, workers)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, workers if workers > 1 else 0)
+            mark = len(relay.calls)
+            # The count over a stretch of time is the figure (no assertion on time itself).
+            await asyncio.sleep(seconds)
+            return _head_polls(relay, mark)
+    finally:
+        returncode, _log = await _stop(running)
+        assert returncode == 0
+
+
+async def test_two_workers_poll_the_head_about_as_often_as_one(relay: FaultRelay) -> None:
+    one = await _polls_over(relay, 1, 3.0)
+    two = await _polls_over(relay, 2, 3.0)
+    assert one >= 10  # about 2 calls per 0.2 s interval
+    assert two <= one * 1.3 + 2, (one, two)  # not doubled
+
+
+async def test_two_tasks_of_one_worker_never_write_back_an_older_memo(tmp_path: Path) -> None:
+    polls = SharedPolls(str(tmp_path), "evm", 1.0)
+    asked: list[str] = []
+
+    def fetcher(scope: str) -> Any:
+        async def fetch(calls: list[tuple[str, Any]]) -> list[Answer]:
+            asked.append(scope)
+            await asyncio.sleep(0)  # the other task runs meanwhile
+            return [Answer(b"1", 1) for _ in calls]
+
+        return fetch
+
+    since = time.time() - 0.5
+    await asyncio.gather(polls.ask("tracker", [("eth_blockNumber", [])], fetcher("tracker"), since=since),
+                         polls.ask("upstream0", [("eth_blockNumber", [])], fetcher("upstream0"), since=since))
+    sibling = SharedPolls(str(tmp_path), "evm", 1.0)
+    for scope in ("tracker", "upstream0"):  # both answers are in the memo: the sibling asks nothing
+        await sibling.ask(scope, [("eth_blockNumber", [])], fetcher("sibling"), since=since)
+    assert sorted(asked) == ["tracker", "upstream0"]
+    polls.close()
+    sibling.close()
+
+
+def _next_contract_address(anvil: Anvil) -> str:
+    nonce = int(anvil.rpc("eth_getTransactionCount", DEV_ACCOUNT, "latest"), 16)
+    return "0x" + keccak(rlp.encode([bytes.fromhex(DEV_ACCOUNT[2:]), nonce]))[12:].hex()
+
+
+async def test_a_block_one_worker_showed_is_never_trailed_by_another(relay: FaultRelay, anvil: Anvil) -> None:
+    """Read-your-writes across workers: once any worker has shown block N, `latest` is at least N on
+    every connection, whichever worker it reaches (a long poll interval keeps the trackers behind)."""
+    anvil.mine(5)
+    store = _next_contract_address(anvil)
+    slot = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", "latest"]}
+    running = _start(relay.url, 2, HEAD_POLL_INTERVAL="5")
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            await _ready(session, running, 2)
+            for _ in range(10):  # both workers cache the empty slot at their tracked head
+                reply = await _answers(session, running.url, slot)
+                assert reply is not None and reply["result"] == "0x" + word(0)
+            receipt = anvil.send(None, "0x" + (CONTRACTS / "Store.bin").read_text().strip())  # slot 0 := 7
+            assert receipt["contractAddress"].lower() == store
+            shown = {"jsonrpc": "2.0", "id": 2, "method": "eth_getTransactionReceipt",
+                     "params": [receipt["transactionHash"]]}
+            reply = await _answers(session, running.url, shown)  # one worker shows the deployment's block
+            assert reply is not None and reply["result"]["blockNumber"] == receipt["blockNumber"]
+            for _ in range(20):  # fresh connections, spread over both workers
+                reply = await _answers(session, running.url, slot)
+                assert reply is not None and reply["result"] == "0x" + word(7)
+    finally:
+        returncode, _log = await _stop(running)
+    assert returncode == 0
+
+
+async def test_the_metrics_port_listener_also_answers_for_all_workers(relay: FaultRelay) -> None:
+    running = _start(relay.url, 2, METRICS_PORT=str(free_port()))
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            await _ready(session, running, 2)
+            before = _sample(await _scrape(session, running), "rpc_proxy_requests_total",
+                             network="evm", method="eth_chainId", outcome="ok")
+            for _ in range(10):  # fresh connections: both workers answer some
+                assert await _answers(session, running.url, CHAIN_ID) is not None
+            for _ in range(5):  # whichever worker the scrape reaches, the same total
+                text = await _scrape(session, running)
+                assert _sample(text, "rpc_proxy_requests_total", network="evm", method="eth_chainId",
+                               outcome="ok") - before == 10
+            async with session.get(f"http://127.0.0.1:{running.port}/metrics") as response:
+                assert response.status == 404  # internal only, as with one process
+    finally:
+        returncode, _log = await _stop(running)
+    assert returncode == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_event_loop_uvloop_serves_and_drains_through_the_real_cli(relay: FaultRelay, workers: int) -> None:
+    # EVENT_LOOP=uvloop (the [fast] extra, installed by the test command) runs each serving process.
+    running = _start(relay.url, workers, EVENT_LOOP="uvloop")
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, workers if workers > 1 else 0)
+            reply = await _answers(session, running.url, CHAIN_ID)
+            assert reply is not None and reply["result"] == "0x7a69"
+    finally:
+        returncode, log = await _stop(running)
+    assert returncode == 0, log
