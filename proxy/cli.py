@@ -36,7 +36,7 @@ def _flags(names: Iterable[str] | None = None) -> argparse.ArgumentParser:
         if names is None or option.env in names:
             flags.add_argument(
                 option.flag, dest=option.env, metavar="VALUE", default=argparse.SUPPRESS,
-                help=f"{option.help} [env {option.env}]",
+                help=f"{option.help} [env {option.env}]".replace("%", "%%"),  # argparse formats help with %
             )
     return flags
 

@@ -607,16 +607,14 @@ class Service:
         if head is not plan.head:
             return None  # the head moved while the cache was asked: the plan's key may name another fork
         log_filter = params[0]
-        start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
-        if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+        numbered = _numbered_range(tracker, head, log_filter)
+        if numbered is None or head is None:
             return None
-        a, b = tracker.resolve(start), tracker.resolve(end)
-        if a is None or b is None or a.number is None or b.number is None:
-            return None
-        if not 0 <= b.number - a.number < log_chunks.RECEIPTS_MAX_BLOCKS:
+        first, last = numbered
+        if not 0 <= last - first < log_chunks.RECEIPTS_MAX_BLOCKS:
             return None
         blocks = []
-        for number in range(a.number, b.number + 1):
+        for number in range(first, last + 1):
             block_hash = head.hashes.get(number)
             if number > head.finalized and block_hash is None:
                 return None
@@ -641,14 +639,12 @@ class Service:
         ranges share (log_chunks.py); None when the call is not chunked (a blockHash filter, a range
         wholly above finality or of one piece, a tag that cannot be resolved, no chain identity yet)."""
         log_filter = prepared.params[0]
-        start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
-        if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+        numbered = _numbered_range(tracker, head, log_filter)
+        if numbered is None or head is None:
             return None
-        a, b = tracker.resolve(start), tracker.resolve(end)
-        if a is None or b is None or a.number is None or b.number is None:
-            return None
-        self._check_range(log_filter, {id(start): a, id(end): b})
-        first, last = a.number, b.number
+        first, last = numbered
+        start, end = log_filter["fromBlock"], log_filter["toBlock"]
+        self._refuse_reversed(first, last)
         if not log_chunks.chunked(first, last, head.finalized, self._chunks.size):
             return None
         pieces = log_chunks.plan(first, last, head.finalized, self._chunks.size)
@@ -692,7 +688,11 @@ class Service:
         a, b = resolved.get(id(start)), resolved.get(id(end))
         first = a.number if a else start.number
         last = b.number if b else end.number
-        if first is not None and last is not None and first > last:
+        if first is not None and last is not None:
+            self._refuse_reversed(first, last)
+
+    def _refuse_reversed(self, first: int, last: int) -> None:
+        if first > last:
             self._metrics.getlogs_rejections.labels("range").inc()
             raise invalid_params("filter", f"fromBlock {hex(first)} is greater than toBlock {hex(last)}")
 
@@ -715,6 +715,18 @@ class Service:
         if gas <= cap:
             return params
         return [{**tx, "gas": hex(cap)}, *params[1:]]
+
+
+def _numbered_range(tracker: EvmHeadTracker, head: Head | None, log_filter: dict[str, Any]) -> tuple[int, int] | None:
+    """An eth_getLogs range's first and last block numbers as this head resolves them; None for a
+    blockHash filter, a tag the tracker cannot resolve, or no chain identity yet."""
+    start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+    if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+        return None
+    a, b = tracker.resolve(start), tracker.resolve(end)
+    if a is None or b is None or a.number is None or b.number is None:
+        return None
+    return a.number, b.number
 
 
 def _unmined_key(key: str, head: Head) -> str:

@@ -32,6 +32,15 @@ CONTRACTS = Path(__file__).resolve().parent / "contracts"
 DEV_ACCOUNT = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266"  # anvil's first funded, unlocked account
 
 
+def healthy(port: int) -> bool:
+    """The proxy on this port answers /healthz."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ import pytest
 
 from proxy.cli import KEYS_USAGE_OPTIONS, parse_dotenv
 from proxy.config import OPTIONS, ConfigError
-from tests.support import ROOT, Anvil, free_port, wait_until
+from tests.support import ROOT, Anvil, free_port, healthy, wait_until
 
 # logfmt: key=value pairs, a value bare or double-quoted with backslash escapes, nothing else.
 LOGFMT = re.compile(r'^[a-z_]+=(?:[^\s="\\]+|"(?:[^"\\]|\\.)*")(?: [a-z_]+=(?:[^\s="\\]+|"(?:[^"\\]|\\.)*"))*$')
@@ -41,14 +41,6 @@ def parsed(line: str, fmt: str) -> dict[str, Any]:
     assert LOGFMT.match(line), f"not a key=value line: {line!r}"
     return {m.group(1): json.loads(m.group(2)) if m.group(2).startswith('"') else m.group(2)
             for m in re.finditer(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|\S+)', line)}
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def run_then_sigterm(env: Mapping[str, str], cwd: Path, port: int) -> tuple[int, list[str]]:

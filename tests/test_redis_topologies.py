@@ -161,6 +161,18 @@ async def test_a_burst_of_concurrent_commands_is_not_refused_for_connections(
 KEY = "alice"  # keys_file's [keys.alice] declares the secret "alice"
 
 
+async def shared_again(first: Proxy, second: Proxy, anvil: Anvil, store: str, block: int, where: str) -> None:
+    """Poll until an entry stored by one replica (at a new position each time) is a Redis hit on the other."""
+    position = iter(range(1000, 100_000))
+
+    async def shared() -> bool:
+        p = next(position)
+        await check_answers((first,), anvil, store, block, range(p, p + 1))
+        return (await check_answers((second,), anvil, store, block, range(p, p + 1))) == ["HIT"]
+
+    await eventually(shared, 30, f"the shared tier to work on {where}")
+
+
 async def check_answers(proxies: tuple[Proxy, ...], anvil: Anvil, store: str, block: int, positions: range,
                         key: str = KEY) -> list[str]:
     """Ask every replica for every position; each answer must be the node's (or a JSON-RPC error).
@@ -254,15 +266,8 @@ async def test_a_cluster_primary_killed_mid_traffic_serves_nothing_wrong_and_the
     await check_answers((first, second), anvil, store, block, range(0, 60))
 
     # The promoted replica serves the slots: an entry stored by one replica is a Redis hit on the other.
-    position = iter(range(1000, 100_000))
-
-    async def shared_again() -> bool:
-        p = next(position)
-        await check_answers((first,), anvil, store, block, range(p, p + 1))
-        return (await check_answers((second,), anvil, store, block, range(p, p + 1))) == ["HIT"]
-
     try:
-        await eventually(shared_again, 30, "the shared tier to work on the promoted replica")
+        await shared_again(first, second, anvil, store, block, "the promoted replica")
     except TimeoutError:
         raise AssertionError(f"the shared tier did not come back: {redis_state(first, second)}") from None
 
@@ -307,14 +312,7 @@ async def test_a_sentinel_failover_mid_traffic_serves_nothing_wrong_and_writes_r
 
     # Entries stored after the failover went to the new primary (the old one, now a replica, refuses
     # writes): stored by one replica, a Redis hit on the other.
-    position = iter(range(1000, 100_000))
-
-    async def shared_again() -> bool:
-        p = next(position)
-        await check_answers((first,), anvil, store, block, range(p, p + 1))
-        return (await check_answers((second,), anvil, store, block, range(p, p + 1))) == ["HIT"]
-
-    await eventually(shared_again, 30, "the shared tier to work on the new primary")
+    await shared_again(first, second, anvil, store, block, "the new primary")
     # Sentinel turns the old primary into a replica of the new one: then it refuses writes, and a
     # connection still open to it is dropped and made again to the new primary.
     await asyncio.to_thread(wait_until, lambda: "role:slave" in command(old, "INFO", "replication"), 30,

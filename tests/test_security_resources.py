@@ -14,12 +14,11 @@ import resource
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tests.support import Anvil, eventually, free_port, wait_until
+from tests.support import Anvil, eventually, free_port, healthy, wait_until
 
 MB = 1024 * 1024
 CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
@@ -31,14 +30,6 @@ def rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 @dataclass
