@@ -1,5 +1,5 @@
 """python -m proxy"""
 
-from .cli import main
+from proxy.cli import main
 
 raise SystemExit(main())

@@ -13,29 +13,29 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from .cache import Clock, MemoryTier, RedisTier, TieredCache
-from .chain import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
-from .config import Network, Settings
-from .credits import Ledger, MemoryLedger
-from .gateway import Gateway, Reply, invalid_key_error
-from .head_feed import EvmFeed
-from .identity import IdentityGuard
-from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
-from .leases import LeasedLedger
-from .listeners import Exposition, registry_exposition, start_metrics_listener, start_unix_metrics
-from .logs import redacted
-from .metrics import Metrics
-from .metrics_merge import metrics_socket, scrape_all
-from .redis_link import RedisClient, RedisLink, RedisUnavailable, config_values, connect
-from .responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
-from .service import NetworkRuntime, Service
-from .shared_polls import SharedPolls, ShownRelay
-from .state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
-from .subscriptions import Streams
-from .upstream import HttpUpstream, PerUpstream, Upstream
-from .upstream_ws import UpstreamSocket
-from .workers import WorkerContext
-from .ws import close_websockets, websocket_handler
+from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
+from proxy.chain.head_feed import EvmFeed
+from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
+from proxy.chain.identity import IdentityGuard
+from proxy.config import Network, Settings
+from proxy.credits.leases import LeasedLedger
+from proxy.credits.ledger import Ledger, MemoryLedger
+from proxy.http.gateway import Gateway, Reply, invalid_key_error
+from proxy.http.listeners import Exposition, registry_exposition, start_metrics_listener, start_unix_metrics
+from proxy.http.responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
+from proxy.http.subscriptions import Streams
+from proxy.http.ws import close_websockets, websocket_handler
+from proxy.logs import redacted
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisClient, RedisLink, RedisUnavailable, config_values, connect
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from proxy.service import NetworkRuntime, Service
+from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
+from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
+from proxy.upstream.ws import UpstreamSocket
+from proxy.workers.metrics_merge import metrics_socket, scrape_all
+from proxy.workers.shared_polls import SharedPolls, ShownRelay
+from proxy.workers.supervisor import WorkerContext
 
 log = logging.getLogger("proxy.app")
 

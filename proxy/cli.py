@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import __version__, logs
-from .config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings
+from proxy import __version__, logs
+from proxy.config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings
 
 if TYPE_CHECKING:
-    from .workers import WorkerContext
+    from proxy.workers.supervisor import WorkerContext
 
 log = logging.getLogger("proxy")
 
@@ -140,7 +140,7 @@ def serve(settings: Settings) -> int:
         log.info("network %s (%s): %d upstream(s)", net.name, net.family, len(net.upstreams))
     log.info("cache tiers: memory%s", " + redis" if settings.redis_url else " only (no REDIS_URL)")
     if settings.workers > 1:
-        from .workers import supervise
+        from proxy.workers.supervisor import supervise
 
         return supervise(settings)
     return run_server(settings, on_listening=lambda: log.info("listening on http://%s:%d", settings.host,
@@ -149,8 +149,9 @@ def serve(settings: Settings) -> int:
 
 def run_server(settings: Settings, *, on_listening: Callable[[], None], worker: WorkerContext | None = None) -> int:
     """One serving process: the whole proxy (WORKERS=1), or one of the workers."""
-    from . import event_loop, listeners
-    from .app import LedgerStorageError, create_app
+    from proxy.app import LedgerStorageError, create_app
+    from proxy.http import listeners
+    from proxy.workers import event_loop
 
     app = create_app(settings, worker=worker)
     try:
@@ -173,11 +174,11 @@ def run_server(settings: Settings, *, on_listening: Callable[[], None], worker: 
 async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
     from prometheus_client import CollectorRegistry
 
-    from .accounts import Accounts
-    from .credits import day_of
-    from .leases import ledger_key, read_journals
-    from .metrics import Metrics
-    from .redis_link import RedisLink, RedisUnavailable, connect
+    from proxy.credits.accounts import Accounts
+    from proxy.credits.leases import ledger_key, read_journals
+    from proxy.credits.ledger import day_of
+    from proxy.metrics import Metrics
+    from proxy.redis_link import RedisLink, RedisUnavailable, connect
 
     settings = build_settings({"EVM_UPSTREAM": "http://unused.invalid", **raw})
     url = settings.ledger_redis_url

@@ -14,10 +14,10 @@ from urllib.parse import SplitResult, urlsplit
 
 from redis.connection import parse_url
 
-from .accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
-from .jsonrpc import METHOD_NAME
-from .prices import METHOD_CREDITS, SPEC_CREDITS
-from .redis_topology import BadRedisUrl, topology_of
+from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
+from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
+from proxy.redis_topology import BadRedisUrl, topology_of
+from proxy.rpc.jsonrpc import METHOD_NAME
 
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")

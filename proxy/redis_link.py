@@ -18,9 +18,9 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from .logs import Throttled
-from .metrics import Metrics
-from .redis_topology import RedisTopology, topology_of
+from proxy.logs import Throttled
+from proxy.metrics import Metrics
+from proxy.redis_topology import RedisTopology, topology_of
 
 log = logging.getLogger("proxy.redis")
 throttled = Throttled(log)  # a flapping Redis would otherwise log every time it drops

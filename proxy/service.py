@@ -12,13 +12,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from . import cache_policy as cp
-from . import local_answers, log_chunks, pinning
-from .cache import Coalescer, TieredCache, cache_key
-from .chain import EvmHeadTracker, Head, Resolved, SolanaSlotTracker
-from .chunked_logs import ChunkedLogs
-from .config import Network, Settings
-from .jsonrpc import (
+from proxy.cache import log_chunks
+from proxy.cache import policy as cp
+from proxy.cache.chunked_logs import ChunkedLogs
+from proxy.cache.tiers import Coalescer, TieredCache, cache_key
+from proxy.chain import local_answers, pinning
+from proxy.chain.heads import EvmHeadTracker, Head, Resolved, SolanaSlotTracker
+from proxy.config import Network, Settings
+from proxy.credits.prices import credits_of
+from proxy.metrics import HitCells, Metrics
+from proxy.rpc.jsonrpc import (
     EXECUTION_REVERTED,
     INTERNAL_ERROR,
     LIMIT_EXCEEDED,
@@ -31,7 +34,7 @@ from .jsonrpc import (
     loads,
     trimmed,
 )
-from .methods import (
+from proxy.rpc.methods import (
     POLICIES,
     SUBSCRIPTION_METHODS,
     CacheClass,
@@ -39,10 +42,8 @@ from .methods import (
     family_of,
     metric_label,
 )
-from .metrics import HitCells, Metrics
-from .params import BlockRef, Rules, block_refs, quantity_int, substitute
-from .prices import credits_of
-from .upstream import Answer, PerUpstream, Upstream
+from proxy.rpc.params import BlockRef, Rules, block_refs, quantity_int, substitute
+from proxy.upstream.pool import Answer, PerUpstream, Upstream
 
 log = logging.getLogger("proxy.service")
 HIT, MISS, BYPASS = "HIT", "MISS", "BYPASS"

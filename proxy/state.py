@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .config import Settings
-from .credits import Ledger
-from .gateway import Gateway
-from .metrics import Metrics
-from .redis_link import RedisLink
-from .service import Service
-from .subscriptions import Streams
-from .ws_state import Connection
+from proxy.config import Settings
+from proxy.credits.ledger import Ledger
+from proxy.http.gateway import Gateway
+from proxy.http.subscriptions import Streams
+from proxy.http.ws_state import Connection
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink
+from proxy.service import Service
 
 SETTINGS = web.AppKey("settings", Settings)
 GATEWAY = web.AppKey("gateway", Gateway)

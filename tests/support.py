@@ -25,7 +25,7 @@ from proxy.app import create_app
 from proxy.config import Network, Settings, build_settings
 from proxy.metrics import Metrics
 from proxy.state import SERVICE
-from proxy.upstream import Answer, HttpUpstream
+from proxy.upstream.pool import Answer, HttpUpstream
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = Path(__file__).resolve().parent / "contracts"

@@ -7,12 +7,12 @@ import math
 
 from prometheus_client import CollectorRegistry
 
-from proxy import cache_policy as cp
-from proxy.cache import Coalescer, MemoryTier, cache_key
-from proxy.chain import EvmHeadTracker, Head, Resolved
-from proxy.methods import CacheClass
+from proxy.cache import policy as cp
+from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
+from proxy.chain.heads import EvmHeadTracker, Head, Resolved
 from proxy.metrics import Metrics
-from proxy.params import BlockRef
+from proxy.rpc.methods import CacheClass
+from proxy.rpc.params import BlockRef
 from tests.fake_chain import FakeChain
 from tests.support import FakeClock
 

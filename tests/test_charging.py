@@ -12,9 +12,9 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.charging import refunded
-from proxy.jsonrpc import INTERNAL_ERROR, UPSTREAM_UNAVAILABLE, JsonRpcError
-from proxy.prices import METHOD_CREDITS
+from proxy.credits.charging import refunded
+from proxy.credits.prices import METHOD_CREDITS
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, UPSTREAM_UNAVAILABLE, JsonRpcError
 from tests.support import Anvil, free_port, settings_for, start_proxy
 from tests.test_credits import keys_file, storage
 

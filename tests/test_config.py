@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.accounts import derived_name
 from proxy.cli import main
 from proxy.config import OPTIONS, ConfigError, build_settings
+from proxy.credits.accounts import derived_name
 from tests.support import ROOT
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.listeners import BUSY_RESPONSE
+from proxy.http.listeners import BUSY_RESPONSE
 from tests.support import Anvil, Proxy, settings_for, start_proxy
 
 KEY = "sk-headers"

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from proxy.accounts import derived_name
-from proxy.credits import MemoryLedger, Verdict
+from proxy.credits.accounts import derived_name
+from proxy.credits.ledger import MemoryLedger, Verdict
 from tests.support import ROOT, Anvil, FakeClock, Proxy, free_port, settings_for, start_proxy
 
 

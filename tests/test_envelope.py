@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy import jsonrpc
+from proxy.rpc import jsonrpc
 from tests.support import Anvil, Proxy, eventually, settings_for, start_proxy
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}

@@ -9,8 +9,8 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from proxy.credits import Verdict
-from proxy.leases import KeyLease, LeasedLedger, ledger_key, outage_ceiling, outage_verdict, read_journals
+from proxy.credits.leases import KeyLease, LeasedLedger, ledger_key, outage_ceiling, outage_verdict, read_journals
+from proxy.credits.ledger import Verdict
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.log_chunks import (
+from proxy.cache.log_chunks import (
     HIT,
     MAX_PIECES,
     MISS,

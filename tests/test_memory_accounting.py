@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from proxy.cache import MemoryTier, TieredCache, allocated, cache_key, entry_cost
-from proxy.jsonrpc import dumps
+from proxy.cache.tiers import MemoryTier, TieredCache, allocated, cache_key, entry_cost
 from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import dumps
 from tests.support import FakeClock
 
 ADDRESS = "0x" + "ab" * 20

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy import params as p
-from proxy.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, JsonRpcError
+from proxy.rpc import params as p
+from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, JsonRpcError
 
 RULES = p.Rules()
 ADDR = "0x5FbDB2315678afecb367f032d93F642f64180aa3"

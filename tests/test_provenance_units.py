@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from proxy import pinning
-from proxy.chain import Head, Resolved
-from proxy.identity import judge, parse_identity
-from proxy.params import BlockRef
-from proxy.upstream_state import ChainIdentity, UpstreamStates
+from proxy.chain import pinning
+from proxy.chain.heads import Head, Resolved
+from proxy.chain.identity import judge, parse_identity
+from proxy.rpc.params import BlockRef
+from proxy.upstream.state import ChainIdentity, UpstreamStates
 
 H = "0x" + "ab" * 32
 A = ChainIdentity(31337, "0x" + "11" * 32)

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy import cache_policy as cp
-from proxy import local_answers
-from proxy import params as p
-from proxy.chain import EvmHeadTracker, Head, Resolved, SolanaSlotTracker
-from proxy.jsonrpc import JsonRpcError
-from proxy.methods import POLICIES, CacheClass
+from proxy.cache import policy as cp
+from proxy.chain import local_answers
+from proxy.chain.heads import EvmHeadTracker, Head, Resolved, SolanaSlotTracker
+from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS, credits_of
 from proxy.metrics import Metrics
-from proxy.prices import METHOD_CREDITS, SPEC_CREDITS, credits_of
-from proxy.upstream import Answer
-from proxy.upstream_state import ChainIdentity
+from proxy.rpc import params as p
+from proxy.rpc.jsonrpc import JsonRpcError
+from proxy.rpc.methods import POLICIES, CacheClass
+from proxy.upstream.pool import Answer
+from proxy.upstream.state import ChainIdentity
 
 TTLS = cp.Ttls(unfinalized=12, negative=2, identity=30)
 H5, H6, OLD = "0x" + "55" * 32, "0x" + "66" * 32, "0x" + "99" * 32

@@ -8,9 +8,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from proxy.cache import cache_key, shared_keys
+from proxy.cache.tiers import cache_key, shared_keys
 from proxy.config import ConfigError, build_settings
-from proxy.leases import ledger_key, rate_key
+from proxy.credits.leases import ledger_key, rate_key
 from proxy.logs import redacted
 from proxy.redis_link import SentinelManagedRedis, connect
 from proxy.redis_topology import RedisTopology, slot_tag, topology_of

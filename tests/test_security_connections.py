@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.listeners import CappedSite
+from proxy.http.listeners import CappedSite
 from proxy.logs import Throttled
 from tests.support import Anvil, eventually, free_port, settings_for, start_proxy
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from proxy.config import ConfigError, build_settings
-from proxy.jsonrpc import MAX_CONTAINERS, JsonRpcError, parse_body
 from proxy.logs import redacted
+from proxy.rpc.jsonrpc import MAX_CONTAINERS, JsonRpcError, parse_body
 from proxy.service import MEMO_MAX_CONTAINERS, _fingerprint
 from tests.support import ROOT, Anvil, Proxy, free_port, settings_for, start_proxy, wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.methods import refusal
+from proxy.rpc.methods import refusal
 from proxy.state import GATEWAY
 from tests.support import Anvil, Proxy, settings_for, start_proxy
 

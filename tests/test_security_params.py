@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.jsonrpc import BATCH_SCAN_FROM, JsonRpcError, parse_body
+from proxy.rpc.jsonrpc import BATCH_SCAN_FROM, JsonRpcError, parse_body
 from tests.support import Proxy
 
 ADDRESS = "0x" + "11" * 20

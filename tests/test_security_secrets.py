@@ -13,8 +13,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
-from proxy.accounts import derived_name
 from proxy.app import create_app
+from proxy.credits.accounts import derived_name
 from tests.support import ROOT, Anvil, free_port, settings_for, start_proxy
 
 SECRET = "sk-live-SECRET123"

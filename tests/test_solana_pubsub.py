@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.accounts import derived_name
+from proxy.credits.accounts import derived_name
 from tests.fake_solana import FakeSolana
 from tests.support import Proxy, eventually, settings_for, start_proxy
 from tests.ws_client import connect

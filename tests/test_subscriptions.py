@@ -12,11 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.accounts import derived_name
 from proxy.config import Settings
-from proxy.params import Rules
+from proxy.credits.accounts import derived_name
+from proxy.http.subscriptions import LogFilter, subscription_call
+from proxy.rpc.params import Rules
 from proxy.state import STREAMS
-from proxy.subscriptions import LogFilter, subscription_call
 from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
 from tests.ws_client import Client, connect
 

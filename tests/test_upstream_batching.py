@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
-from proxy.upstream import Answer, HttpUpstream
+from proxy.upstream.pool import Answer, HttpUpstream
 from tests.support import Anvil, Proxy, free_port, settings_for, start_proxy, word
 
 STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from . import params as p
-from .config import Family
-from .prices import SPEC_CREDITS
+from proxy.config import Family
+from proxy.credits.prices import SPEC_CREDITS
+from proxy.rpc import params as p
 
 
 class CacheClass(Enum):

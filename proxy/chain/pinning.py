@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .chain import Head, Resolved
-from .params import BlockRef
+from proxy.chain.heads import Head, Resolved
+from proxy.rpc.params import BlockRef
 
 
 def forward_form(ref: BlockRef, resolved: Resolved | None, pin: bool) -> Any:

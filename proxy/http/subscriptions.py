@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, web
 
-from . import jsonrpc
-from .config import Settings
-from .jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
-from .methods import SOLANA_PUBSUB, SOLANA_PUBSUB_METHODS, SUBSCRIPTION_METHODS
-from .metrics import Metrics
-from .params import Rules, log_filter
+from proxy.config import Settings
+from proxy.metrics import Metrics
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
+from proxy.rpc.methods import SOLANA_PUBSUB, SOLANA_PUBSUB_METHODS, SUBSCRIPTION_METHODS
+from proxy.rpc.params import Rules, log_filter
 
 log = logging.getLogger("proxy.subscriptions")
 

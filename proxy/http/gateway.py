@@ -11,12 +11,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from . import jsonrpc
-from .accounts import OPEN_ACCOUNT, Accounts
-from .charging import refunded
-from .config import Settings
-from .credits import Debit, Ledger, Verdict
-from .jsonrpc import (
+from proxy.config import Settings
+from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
+from proxy.credits.charging import refunded
+from proxy.credits.ledger import Debit, Ledger, Verdict
+from proxy.metrics import HitCells, Metrics
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import (
     INVALID_API_KEY,
     INVALID_REQUEST,
     LIMIT_EXCEEDED,
@@ -26,9 +27,8 @@ from .jsonrpc import (
     Invalid,
     JsonRpcError,
 )
-from .methods import family_of, metric_label, refusal
-from .metrics import HitCells, Metrics
-from .service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
+from proxy.rpc.methods import family_of, metric_label, refusal
+from proxy.service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
 
 log = logging.getLogger("proxy.access")
 REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second limit, ledger unreachable

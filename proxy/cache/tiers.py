@@ -24,9 +24,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from .jsonrpc import dumps_canonical, trimmed
-from .metrics import Metrics
-from .redis_link import RedisLink, RedisUnavailable
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, RedisUnavailable
+from proxy.rpc.jsonrpc import dumps_canonical, trimmed
 
 T = TypeVar("T")
 Stored = tuple[bytes, bool]  # an answer as the cache holds it: (payload JSON, is an error object)

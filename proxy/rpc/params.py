@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
-from .jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params
 
 TAGS = ("latest", "earliest", "pending", "safe", "finalized")
 COMMITMENTS = ("finalized", "confirmed", "processed")

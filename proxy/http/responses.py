@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from . import jsonrpc
-from .gateway import Reply
-from .jsonrpc import JsonRpcError
+from proxy.http.gateway import Reply
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import JsonRpcError
 
 NO_CHARGE = {"X-Credits-Charged": "0"}
 JSON_CONTENT_TYPE = "application/json"

@@ -16,13 +16,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .jsonrpc import JsonRpcError
-from .logs import Throttled
-from .metrics import Metrics
-from .params import COMMITMENTS, BlockRef
-from .shared_polls import SharedPolls, aligned_delay
-from .upstream import Answer, PerUpstream, Upstream
-from .upstream_state import ChainIdentity, UpstreamStates
+from proxy.logs import Throttled
+from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import JsonRpcError
+from proxy.rpc.params import COMMITMENTS, BlockRef
+from proxy.upstream.pool import Answer, PerUpstream, Upstream
+from proxy.upstream.state import ChainIdentity, UpstreamStates
+from proxy.workers.shared_polls import SharedPolls, aligned_delay
 
 log = logging.getLogger("proxy.chain")
 

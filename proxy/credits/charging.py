@@ -10,7 +10,7 @@ other -32002 of a node that could not be reached.
 
 from __future__ import annotations
 
-from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 
 
 def refunded(error: JsonRpcError | None) -> bool:

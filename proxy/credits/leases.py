@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import jsonrpc
-from .credits import DAY_TTL, Debit, Verdict, _judge, day_of
-from .logs import Throttled
-from .redis_link import RedisLink, RedisUnavailable
-from .redis_topology import slot_tag
+from proxy.credits.ledger import DAY_TTL, Debit, Verdict, _judge, day_of
+from proxy.logs import Throttled
+from proxy.redis_link import RedisLink, RedisUnavailable
+from proxy.redis_topology import slot_tag
+from proxy.rpc import jsonrpc
 
 log = logging.getLogger("proxy.credits")
 # An outage decides every debit in process: one line per interval says so, with the count.

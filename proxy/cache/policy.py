@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .chain import Head, Resolved
-from .jsonrpc import EXECUTION_REVERTED
-from .methods import CacheClass
+from proxy.chain.heads import Head, Resolved
+from proxy.rpc.jsonrpc import EXECUTION_REVERTED
+from proxy.rpc.methods import CacheClass
 
 FOREVER = math.inf
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from proxy.config import Settings
 
 log = logging.getLogger("proxy.workers")
 
@@ -84,7 +84,7 @@ def _die_with_parent() -> None:
 
 
 def worker_main(settings: Settings, context: WorkerContext, ready: Connection) -> None:
-    from . import cli, logs
+    from proxy import cli, logs
 
     _die_with_parent()
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
@@ -122,8 +122,8 @@ class Supervisor:
         self._all_listening = asyncio.Event()
 
     async def run(self) -> int:
-        from .listeners import registry_exposition, start_unix_metrics
-        from .metrics_merge import metrics_socket
+        from proxy.http.listeners import registry_exposition, start_unix_metrics
+        from proxy.workers.metrics_merge import metrics_socket
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -16,10 +16,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from .jsonrpc import JsonRpcError
-from .metrics import Metrics
-from .upstream import PerUpstream
-from .upstream_state import ChainIdentity
+from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import JsonRpcError
+from proxy.upstream.pool import PerUpstream
+from proxy.upstream.state import ChainIdentity
 
 log = logging.getLogger("proxy.identity")
 PROBE_TIMEOUT = 5.0

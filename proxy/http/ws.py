@@ -7,13 +7,13 @@ import logging
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from . import jsonrpc
-from .gateway import invalid_key_error
-from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
-from .responses import error_response
-from .state import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
-from .subscriptions import Session, subscription_call
-from .ws_state import Connection
+from proxy.http.gateway import invalid_key_error
+from proxy.http.responses import error_response
+from proxy.http.subscriptions import Session, subscription_call
+from proxy.http.ws_state import Connection
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from proxy.state import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
 
 log = logging.getLogger("proxy.ws")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .chain import EvmHeadTracker, SolanaSlotTracker
-from .upstream import Answer
+from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker
+from proxy.upstream.pool import Answer
 
 
 def _commitment(params: Any) -> tuple[str, bool]:

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from .logs import Throttled
+from proxy.logs import Throttled
 
 log = logging.getLogger("proxy.listeners")
 throttled = Throttled(log)

@@ -14,10 +14,10 @@ import asyncio
 import logging
 from typing import Any
 
-from . import jsonrpc
-from .chain import EvmHeadTracker, Head
-from .subscriptions import Relay, Relayed, Subscription, spawn
-from .upstream import Answer, Upstream
+from proxy.chain.heads import EvmHeadTracker, Head
+from proxy.http.subscriptions import Relay, Relayed, Subscription, spawn
+from proxy.rpc import jsonrpc
+from proxy.upstream.pool import Answer, Upstream
 
 log = logging.getLogger("proxy.head_feed")
 

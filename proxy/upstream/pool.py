@@ -15,12 +15,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
-from . import jsonrpc
-from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
-from .logs import Throttled
-from .methods import POLICIES, CacheClass, metric_label
-from .metrics import Metrics
-from .upstream_state import UpstreamStates
+from proxy.logs import Throttled
+from proxy.metrics import Metrics
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.methods import POLICIES, CacheClass, metric_label
+from proxy.upstream.state import UpstreamStates
 
 log = logging.getLogger("proxy.upstream")
 throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so

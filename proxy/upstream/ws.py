@@ -18,9 +18,9 @@ from typing import Any
 
 import aiohttp
 
-from . import jsonrpc
-from .jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
-from .methods import SOLANA_PUBSUB
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.methods import SOLANA_PUBSUB
 
 log = logging.getLogger("proxy.upstream_ws")
 

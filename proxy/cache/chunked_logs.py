@@ -9,9 +9,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from . import log_chunks as lc
-from .jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError, dumps, loads
-from .metrics import Metrics
+from proxy.cache import log_chunks as lc
+from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError, dumps, loads
 
 # Ask blocks [start, end] with the call's filter: (payload, is_error, X-Cache of that piece).
 AskPiece = Callable[[int, int], Awaitable[tuple[bytes, bool, str]]]

@@ -1,0 +1,1 @@
+"""What the proxy knows of each chain: heads, finality, reorgs, identity, pinning to hashes."""

@@ -1,0 +1,1 @@
+"""API keys as accounts, daily credit balances, leases, prices and the charging rule."""

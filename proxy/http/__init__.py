@@ -1,0 +1,1 @@
+"""Transports: the HTTP and WebSocket handlers, the gateway behind them, subscriptions."""

@@ -1,0 +1,1 @@
+"""The nodes behind the proxy: pools, per-upstream state, upstream WebSockets."""

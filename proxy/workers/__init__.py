@@ -1,0 +1,1 @@
+"""Many serving processes on one port: the supervisor, shared head polls, one metrics scrape."""
