@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from proxy.config import build_settings
-from proxy.methods import POLICIES
+from proxy.credits.prices import METHOD_CREDITS, credits_of
 
 from .rpc import Phase
 
 
 def pricer(settings: Mapping[str, str] | None = None) -> Callable[[str], int]:
-    """What the upstream charges per call: the proxy's credits table (proxy/prices.py where it exists,
-    else the policy table's spec costs), DEFAULT_CREDITS (from `settings`, else its default) for the rest."""
+    """What the upstream charges per call: the proxy's credits table (proxy/credits/prices.py), with
+    DEFAULT_CREDITS (from `settings`, else its default) for the methods it does not list."""
     default = build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", **(settings or {})}).default_credits
-    try:
-        prices = importlib.import_module("proxy.prices")
-    except ImportError:
-        def from_policies(method: str) -> int:
-            policy = POLICIES.get(method)
-            return policy.credits if policy is not None and policy.credits is not None else default
-        return from_policies
-    return lambda method: int(prices.credits_of(method, prices.METHOD_CREDITS, default))
+    return lambda method: credits_of(method, METHOD_CREDITS, default)
 
 
 def percentile(values: list[float], q: float) -> float:
