@@ -187,6 +187,10 @@ class RedisLink:
         except Exception as exc:  # the cluster is still unreachable: the next failure asks again
             log.debug("%s: reading the cluster's slot map failed: %s", self._name, type(exc).__name__)
 
+    @property
+    def is_cluster(self) -> bool:
+        return isinstance(self.client, RedisCluster)
+
     async def close(self) -> None:
         if self._rediscovery is not None:
             self._rediscovery.cancel()

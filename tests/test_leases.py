@@ -9,7 +9,15 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from proxy.credits.leases import KeyLease, LeasedLedger, ledger_key, outage_ceiling, outage_verdict, read_journals
+from proxy.credits.leases import (
+    KeyLease,
+    LeasedLedger,
+    ledger_key,
+    outage_ceiling,
+    outage_verdict,
+    read_journals,
+    untagged_ledger_key,
+)
 from proxy.credits.ledger import Verdict
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink
@@ -91,6 +99,16 @@ class TestLeaseScript:
         await link.client.delete(ledger_key("k", int(NOW) // 86400))
         served = sum([await debit(replica, 80, 800) is Verdict.OK for _ in range(20)])
         assert before + served * 80 <= 800
+
+    async def test_usage_kept_under_the_untagged_name_of_an_older_release_still_counts(self, link: RedisLink) -> None:
+        # An upgrade mid-day: the day's hash under the name used before hash tags is taken over.
+        day = int(NOW) // 86400
+        await link.client.hset(untagged_ledger_key("k", day), mapping={"used": 720, "a:old": 720, "t:old": 0})
+        replica = ledger(link)
+        served = sum([await debit(replica, 80, 800) is Verdict.OK for _ in range(5)])
+        assert served == 1
+        assert await link.client.exists(untagged_ledger_key("k", day)) == 0
+        assert int(await link.client.hget(ledger_key("k", day), "used")) == 800
 
     async def test_refused_replicas_give_back_what_they_cannot_use(self, link: RedisLink) -> None:
         replica = ledger(link)

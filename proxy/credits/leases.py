@@ -47,7 +47,8 @@ log = logging.getLogger("proxy.credits")
 # An outage decides every debit in process: one line per interval says so, with the count.
 throttled = Throttled(log, interval=10.0)
 
-# KEYS: the key's ledger hash for the day, its per-second window.
+# KEYS: the key's ledger hash for the day, its per-second window, and (off a cluster) the day's hash
+#   under its name from before hash tags, renamed to the first on first use so an upgrade loses no usage.
 # ARGV: replica, request seq, consumed, refunded, cost (0: no credit wanted), mode (0: credit for a call,
 #   1: give the lease back, 2: top the lease up ahead of need: the extra part of a grant alone), daily
 #   balance, largest lease, now (s), active window (s), per-second limit (0: none), the replica's
@@ -60,6 +61,9 @@ local cost, give_back, top_up = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[6] == '2
 local daily, lease_max = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now, window, per_second = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local known_allowance, known_used = tonumber(ARGV[12]), tonumber(ARGV[13])
+if KEYS[3] and redis.call('EXISTS', key) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('RENAME', KEYS[3], key)
+end
 local h = {}
 local flat = redis.call('HGETALL', key)
 for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
@@ -129,6 +133,11 @@ def ledger_key(api_key: str, day: int) -> str:
     the key's name as their hash tag: the script touches both, so a Redis Cluster must hold them in
     one slot."""
     return f"rcp:credits:{day_of(day * 86400)}:{slot_tag(api_key)}"
+
+
+def untagged_ledger_key(api_key: str, day: int) -> str:
+    """The ledger hash's name before hash tags (a one-server or Sentinel Redis may still hold it)."""
+    return f"rcp:credits:{day_of(day * 86400)}:{api_key}"
 
 
 def rate_key(api_key: str, second: int) -> str:
@@ -344,7 +353,10 @@ class LeasedLedger:
         lease = self._leases.get((int(now) // 86400, api_key))
         if lease is not None and (lease.known or lease.ceiling is not None):
             return lease.others + lease.net
-        raw = await self._link.run("credits_read", lambda c: c.hget(ledger_key(api_key, int(now) // 86400), "used"))
+        day = int(now) // 86400
+        raw = await self._link.run("credits_read", lambda c: c.hget(ledger_key(api_key, day), "used"))
+        if raw is None and not self._link.is_cluster:  # not yet taken over from an older release's name
+            raw = await self._link.run("credits_read", lambda c: c.hget(untagged_ledger_key(api_key, day), "used"))
         return int(raw or 0)
 
     @property
@@ -379,6 +391,8 @@ class LeasedLedger:
             lease.others + lease.allowance if lease.known else 0, DAY_TTL,
         ]
         keys = [lease.key, rate_key(lease.api_key, int(now))]
+        if not self._link.is_cluster:  # no cluster held the untagged names: its keys need one slot
+            keys.append(untagged_ledger_key(lease.api_key, int(now) // 86400))
         sent_consumed = lease.consumed
         try:
             reply = await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args))
