@@ -279,7 +279,7 @@ class Service:
             if prepared.refs:  # validated, uncached (eth_estimateGas): block parameters as the caller gave them
                 params = substitute(params, {id(r): r.encode() for r in prepared.refs})
             answer = await net.upstream.request(method, params)
-            return Outcome.answered(self._shown(net, method, answer), BYPASS)
+            return Outcome.answered(self._shown(net, method, answer, prepared.refs), BYPASS)
 
         refs = prepared.refs
         tracker = net.tracker
@@ -329,7 +329,7 @@ class Service:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
                 answer, _ = await self._ask_pinned(net, plan.method, forward, policy, plan, self._deadline(policy))
-                return Outcome.answered(self._shown(net, method, answer), BYPASS)
+                return Outcome.answered(self._shown(net, method, answer, refs), BYPASS)
             if prepared.fingerprint:
                 # The head fixes everything a plan depends on (tags, finality, hashes, gas limit, identity).
                 self._plans[prepared.fingerprint] = plan
@@ -365,7 +365,7 @@ class Service:
         (answer, tied), joined = await self._coalescer.run(key, fill)
         if joined:
             self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-        return Outcome.answered(self._shown(net, method, answer), MISS if tied else BYPASS)
+        return Outcome.answered(self._shown(net, method, answer, refs), MISS if tied else BYPASS)
 
     async def _from_trackers(self, prepared: Prepared) -> Outcome:
         """eth_chainId, eth_blockNumber, getSlot, getBlockHeight: from what the trackers hold
@@ -379,7 +379,7 @@ class Service:
         self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
         answer = await net.upstream.request(method, params)
         answer = local_answers.learned(method, params, net.tracker, answer, time.time())
-        return Outcome.answered(self._shown(net, method, answer), BYPASS)
+        return Outcome.answered(self._shown(net, method, answer, prepared.refs), BYPASS)
 
     def _still_tied(self, net: NetworkRuntime, payload: bytes) -> bool:
         """A cached transaction or receipt: is the block it names still final or canonical?"""
@@ -533,11 +533,13 @@ class Service:
                 return answer, "fork"
         return answer, None
 
-    def _shown(self, net: NetworkRuntime, method: str, answer: Answer) -> Answer:
+    def _shown(self, net: NetworkRuntime, method: str, answer: Answer, refs: list[BlockRef]) -> Answer:
         """Read-your-writes: note the block a forwarded answer shows; eth_blockNumber never goes back."""
         tracker = net.tracker
         if not isinstance(tracker, EvmHeadTracker) or answer.is_error:
             return answer
+        if any(ref.tag == "pending" for ref in refs):
+            return answer  # the block being built is no block of the chain yet: nothing was shown
         number = pinning.shown_block(method, answer.result)
         if number is None:
             return answer

@@ -106,6 +106,17 @@ async def test_block_number_never_goes_back_after_the_proxy_showed_a_later_block
         await proxy.close()
 
 
+async def test_the_pending_block_is_never_taken_for_a_block_shown_to_a_client(anvil: Anvil, evm_proxy: Proxy) -> None:
+    # Found by an outside tester: the pending block (head + 1) made eth_blockNumber report a block the
+    # node did not have, and every `latest` read went upstream, waiting for it.
+    await evm_proxy.head_at(anvil.mine(3))
+    pending, _ = await ask(evm_proxy, "eth_getBlockByNumber", ["pending", False])
+    assert int(pending["number"], 16) == anvil.block_number() + 1
+    assert await evm_proxy.result("eth_blockNumber", []) == hex(anvil.block_number())
+    caches = [(await ask(evm_proxy, "eth_getBalance", [DEV_ACCOUNT, "latest"]))[1] for _ in range(2)]
+    assert caches == ["MISS", "HIT"]
+
+
 async def test_an_unfinalized_block_by_number_is_asked_by_its_hash(anvil: Anvil, evm_proxy: Proxy) -> None:
     latest = anvil.mine(3)
     await evm_proxy.head_at(latest)
