@@ -309,6 +309,11 @@ class Service:
             if policy.cache is CacheClass.CONTENT and params and isinstance(params[0], str):
                 named.append(params[0])
             need = pinning.needed_block(list(resolved.values()), named, head.numbers if head is not None else {})
+            # A number the tracker would not resolve (a stale head pins nothing unfinalized) is still a
+            # block the answer depends on: a node behind it answers null or an error, not the block.
+            explicit = [r.number for r in refs if r.number is not None and resolved.get(id(r)) is None]
+            if explicit:
+                need = max(need or 0, *explicit)
             floor = pinning.tag_floor([r.tag for r in refs if r.tag is not None and resolved.get(id(r)) is None], head)
             need = floor if need is None else max(need, floor or 0)
             if decision.per_head and head is not None:
@@ -531,6 +536,11 @@ class Service:
             head = net.tracker.head
             if head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
                 return answer, "fork"
+        if plan.decision.tied_to_answer and answer.result is None:
+            # "Not mined" from a node behind the head: the transaction may be in a block it lacks.
+            head = net.tracker.head
+            if head is not None and not per.states.vouches(answer.upstream, head.latest):
+                return answer, "behind_head"
         return answer, None
 
     def _shown(self, net: NetworkRuntime, method: str, answer: Answer, refs: list[BlockRef]) -> Answer:

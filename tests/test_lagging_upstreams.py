@@ -220,3 +220,46 @@ async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(anvil
         await balancer.close()
         await session.close()
         other.stop()
+
+
+async def test_a_stale_head_still_refuses_a_backups_answer_for_a_block_it_lacks(
+    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+) -> None:
+    # Found by an outside tester: with the primary down and the head stale, an explicit unfinalized
+    # block number went to the lagging backup, and its null was served as the block.
+    _node, backup, relay, _address = lagging
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}", HEAD_POLL_INTERVAL="0.2",
+                                           HEAD_STALE_AFTER="1"))
+    try:
+        await proxy.head_at(200)
+        await backup_head_known(proxy)
+        relay.inject("http500", times=None)  # the primary is down: head polls fail, the head goes stale
+        tracker = proxy.app[SERVICE].networks["evm"].tracker
+
+        async def stale() -> bool:
+            return tracker.head is not None and tracker.head.stale
+
+        await eventually(stale, 10, "the head to go stale")
+        status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber",
+                                            "params": [hex(150), False]})
+        assert status == 502 and body["error"]["code"] == -32002, body
+    finally:
+        await proxy.close()
+
+
+async def test_a_backups_not_mined_is_never_kept_for_a_transaction_in_a_block_it_lacks(
+    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+) -> None:
+    node, backup, relay, _address = lagging
+    tx = node.rpc("eth_getBlockByNumber", hex(125), False)["transactions"][0]
+    proxy = await behind_relay_and_backup(relay, backup)
+    try:
+        relay.inject("http500", method="eth_getTransactionReceipt", times=2)  # the primary fails call and retry
+        request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getTransactionReceipt", "params": [tx]}
+        _, body, headers = await proxy.post(request)  # the backup's null: served at most, never kept
+        assert body.get("result") is None and headers.get("X-Cache") != "MISS"
+        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="behind_head") == 1
+        _, body, headers = await proxy.post(request)
+        assert body["result"] == node.rpc("eth_getTransactionReceipt", tx) and headers["X-Cache"] == "MISS"
+    finally:
+        await proxy.close()
