@@ -350,8 +350,8 @@ def log_filter(value: Any, rules: Rules) -> dict[str, Any]:
         if len(raw_topics) > 4:
             raise invalid_params("filter.topics", f"at most 4 topic positions, got {len(raw_topics)}")
         topics = [_topic_position(f"filter.topics[{i}]", t) for i, t in enumerate(raw_topics)]
-        while topics and topics[-1] is None:
-            topics.pop()  # trailing wildcards match anything: [A, null] == [A]
+        # Trailing wildcards are kept: go-ethereum skips a log with fewer topics than the filter has
+        # positions, so [A, null] and [A] differ there (other nodes may read them alike).
         if topics:
             out["topics"] = topics
             count += sum(len(t) for t in topics if t)
