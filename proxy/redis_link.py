@@ -16,7 +16,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
@@ -147,7 +147,7 @@ class RedisLink:
         try:
             async with asyncio.timeout(self._timeout):
                 result = await command(self.client)
-        except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
+        except (RedisError, RedisClusterException, OSError, TimeoutError, ValueError, TypeError) as exc:
             # ValueError/TypeError: redis-py's own, for options it reads only when it connects.
             self._metrics.redis_errors.labels(operation).inc()
             if isinstance(self.client, RedisCluster):

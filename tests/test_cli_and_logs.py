@@ -87,6 +87,34 @@ def test_a_configuration_error_is_one_line_in_log_format(fmt: str, tmp_path: Pat
     assert record["level"] == "error" and record["msg"].startswith("configuration error: no upstream configured")
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_taken_port_is_one_line_in_log_format_with_or_without_workers(workers: str, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = clean_env(LOG_FORMAT="json", WORKERS=workers, EVM_UPSTREAM="http://127.0.0.1:1",
+                        PROXY_PORT=str(taken.getsockname()[1]))
+        result = subprocess.run([sys.executable, "-m", "proxy"], env=env, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60)
+    assert result.returncode == 1
+    records = [parsed(line, "json") for line in result.stderr.splitlines()]
+    assert any(r["level"] == "error" and r["msg"].startswith("cannot listen on 127.0.0.1:") for r in records)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_keys_usage_with_an_unusable_ledger_redis_speaks_in_log_format(
+    fmt: str, tmp_path: Path, redis_url: str,
+) -> None:
+    # A cluster URL that names a plain server: redis-py's cluster error is an outage, not a traceback.
+    cluster_url = "redis+cluster://" + redis_url.split("://", 1)[1].rsplit("/", 1)[0]
+    env = clean_env(LOG_FORMAT=fmt, API_KEYS="k1", REDIS_URL=cluster_url)
+    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    records = [parsed(line, fmt) for line in result.stderr.splitlines()]
+    assert records and records[-1]["msg"].startswith("the credit ledger's redis is unreachable")
+
+
 def test_sigterm_logs_the_shutdown_and_when_the_drain_is_over(anvil: Anvil, tmp_path: Path) -> None:
     port = free_port()
     env = clean_env(EVM_UPSTREAM=anvil.url, PROXY_PORT=str(port), LOG_FORMAT="json", SHUTDOWN_TIMEOUT="7")

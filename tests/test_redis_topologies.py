@@ -328,3 +328,14 @@ async def test_a_sentinel_failover_mid_traffic_serves_nothing_wrong_and_writes_r
         return all(isinstance(ledger, LeasedLedger) and ledger.settled for ledger in ledgers)
 
     await eventually(settled, 30, "the ledger to be written back")
+
+
+async def test_a_cluster_url_naming_a_plain_server_is_an_outage_not_a_crash(redis_url: str) -> None:
+    # redis-py's RedisClusterException is no RedisError: unmapped, it stopped the server.
+    link = RedisLink(connect("redis+cluster://" + redis_url.split("://", 1)[1].rsplit("/", 1)[0], 2.0), timeout=2.0,
+                     metrics=Metrics(CollectorRegistry()))
+    try:
+        with pytest.raises(RedisUnavailable):
+            await link.run("cache_get", lambda c: c.get("rcp:c:{x}"))
+    finally:
+        await link.close()

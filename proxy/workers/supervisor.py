@@ -236,7 +236,7 @@ def port_free(host: str, port: int) -> OSError | None:
 def supervise(settings: Settings) -> int:
     problem = port_free(settings.host, settings.port)
     if problem is not None:
-        print(f"rpc-proxy: cannot listen on {settings.host}:{settings.port}: {problem.strerror}", file=sys.stderr)
+        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, problem.strerror)
         return 1
     run_dir = tempfile.mkdtemp(prefix="rpc-proxy-")
     try:
