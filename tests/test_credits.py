@@ -82,6 +82,9 @@ async def test_exhausted_balance_is_402_and_nothing_is_forwarded(keyed: Proxy) -
     assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("0", "40")
     assert keyed.upstreams["evm"].calls["eth_getStorageAt"] == calls_before
     assert keyed.metric("rpc_proxy_credit_rejections_total", reason="exhausted") == 1
+    # Counted as refused on its network (an outside tester saw network "none", outcome "invalid").
+    assert keyed.metric("rpc_proxy_requests_total", network="evm", method="eth_getStorageAt", outcome="refused") == 1
+    assert keyed.metric("rpc_proxy_requests_total", network="none", method="eth_getStorageAt", outcome="invalid") == 0
 
 
 async def test_every_call_in_a_batch_is_charged(keyed: Proxy) -> None:

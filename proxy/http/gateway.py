@@ -228,18 +228,22 @@ class Gateway:
         prepared = [s for s in slots if isinstance(s, Prepared)]
         cost = 0 if self.open_mode else sum(p.credits for p in prepared)
         remaining: int | None = None
+        credit_refusal: Outcome | None = None
         if cost:
             refusal, remaining = await self._charge(account, cost)
             if refusal is not None:
                 # A batch that cannot be paid in full is refused in full, and nothing is forwarded.
-                slots = [Outcome.failed(refusal) if isinstance(s, Prepared) else s for s in slots]
+                credit_refusal = Outcome.failed(refusal)
                 prepared, cost = [], 0
 
         if len(prepared) == 1:  # the common case: no task per call
             outcomes = iter([await self._service.execute(prepared[0])])
         else:
             outcomes = iter(await asyncio.gather(*(self._service.execute(p) for p in prepared)))
-        results: list[Outcome] = [next(outcomes) if isinstance(s, Prepared) else s for s in slots]
+        results: list[Outcome] = [
+            s if not isinstance(s, Prepared) else credit_refusal if credit_refusal is not None else next(outcomes)
+            for s in slots
+        ]
 
         refund = cost and sum(
             s.credits for s, o in zip(slots, results, strict=True) if isinstance(s, Prepared) and refunded(o.error)
