@@ -212,7 +212,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
     Option("WORKERS", "worker processes sharing the port, each with its own memory tier; auto: one per CPU "
            "(default 1: one process, no supervisor)"),
-    Option("EVENT_LOOP", "asyncio or uvloop (needs the [fast] extra; about 10% less CPU per hit) "
+    Option("EVENT_LOOP", "asyncio or uvloop (needs the [fast] extra; a little less CPU per hit) "
            "(default asyncio)"),
     Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
     Option("BODY_TIMEOUT", "seconds a client has to send a request body once its headers arrived (default 30)"),
