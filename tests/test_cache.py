@@ -222,8 +222,8 @@ async def two_replicas(anvil: Anvil, redis_url: str) -> AsyncIterator[tuple[Prox
         yield pair
 
 
-async def test_two_replicas_on_one_redis_share_entries(anvil: Anvil, two_replicas: tuple[Proxy, Proxy]) -> None:
-    first, second = two_replicas
+async def shared_through_redis(anvil: Anvil, first: Proxy, second: Proxy) -> tuple[str, int]:
+    """A final entry stored by the first replica is a Redis hit on the second; returns (store, block)."""
     store, block = await finalized_store(anvil, first)
     await second.head_at(anvil.block_number())
     _, _, headers = await first.post(storage(store, "0x0", hex(block)))
@@ -232,6 +232,12 @@ async def test_two_replicas_on_one_redis_share_entries(anvil: Anvil, two_replica
     assert headers["X-Cache"] == "HIT" and reply["result"] == "0x" + word(7)
     assert second.upstreams["evm"].calls["eth_getStorageAt"] == 0
     assert second.metric("rpc_proxy_cache_lookups_total", tier="redis", result="hit") == 1
+    return store, block
+
+
+async def test_two_replicas_on_one_redis_share_entries(anvil: Anvil, two_replicas: tuple[Proxy, Proxy]) -> None:
+    first, second = two_replicas
+    store, block = await shared_through_redis(anvil, first, second)
     # The Redis hit filled the second replica's memory tier.
     await second.post(storage(store, "0x0", hex(block)))
     assert second.metric("rpc_proxy_cache_lookups_total", tier="memory", result="hit") == 1

@@ -27,7 +27,7 @@ from proxy.redis_link import RedisLink, RedisUnavailable, connect
 from proxy.state import LEDGER
 from tests.redis_cluster import LocalCluster, LocalSentinel, command
 from tests.support import ROOT, Anvil, Proxy, eventually, settings_for, start_proxy, wait_until, word
-from tests.test_cache import SlowUpstream, finalized_store, replicas, storage
+from tests.test_cache import SlowUpstream, finalized_store, replicas, shared_through_redis, storage
 from tests.test_credits import keys_file
 
 
@@ -50,14 +50,7 @@ async def test_two_replicas_on_a_cluster_share_entries_spread_over_every_primary
     anvil: Anvil, cluster: LocalCluster, cluster_url: str,
 ) -> None:
     async with replicas(anvil, cluster_url) as (first, second):
-        store, block = await finalized_store(anvil, first)
-        await second.head_at(anvil.block_number())
-        _, _, headers = await first.post(storage(store, "0x0", hex(block)))
-        assert headers["X-Cache"] == "MISS"
-        _, reply, headers = await second.post(storage(store, "0x0", hex(block)))
-        assert headers["X-Cache"] == "HIT" and reply["result"] == "0x" + word(7)
-        assert second.upstreams["evm"].calls["eth_getStorageAt"] == 0
-        assert second.metric("rpc_proxy_cache_lookups_total", tier="redis", result="hit") == 1
+        store, block = await shared_through_redis(anvil, first, second)
         # Single-key entries are not held together by a tag: they spread over the cluster.
         for position in range(1, 40):
             assert (await first.post(storage(store, hex(position), hex(block))))[0] == 200
