@@ -59,9 +59,9 @@ async def backup_head_known(proxy: Proxy) -> None:
     await eventually(known, 10, "the backup's own head to be known")
 
 
-async def behind_relay_and_backup(relay: FaultRelay, backup: Anvil) -> Proxy:
+async def behind_relay_and_backup(relay: FaultRelay, backup: Anvil, **overrides: str) -> Proxy:
     """A proxy over the relayed primary and the lagging backup, once it knows both heads."""
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}", **overrides))
     await proxy.head_at(200)
     await backup_head_known(proxy)
     return proxy
@@ -228,11 +228,8 @@ async def test_a_stale_head_still_refuses_a_backups_answer_for_a_block_it_lacks(
     # Found by an outside tester: with the primary down and the head stale, an explicit unfinalized
     # block number went to the lagging backup, and its null was served as the block.
     _node, backup, relay, _address = lagging
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}", HEAD_POLL_INTERVAL="0.2",
-                                           HEAD_STALE_AFTER="1"))
+    proxy = await behind_relay_and_backup(relay, backup, HEAD_POLL_INTERVAL="0.2", HEAD_STALE_AFTER="1")
     try:
-        await proxy.head_at(200)
-        await backup_head_known(proxy)
         relay.inject("http500", times=None)  # the primary is down: head polls fail, the head goes stale
         tracker = proxy.app[SERVICE].networks["evm"].tracker
 
