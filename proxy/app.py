@@ -27,9 +27,10 @@ from proxy.http.subscriptions import Streams
 from proxy.http.ws import close_websockets, websocket_handler
 from proxy.logs import redacted
 from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
 from proxy.redis_link import RedisClient, RedisLink, RedisUnavailable, config_values, connect
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
-from proxy.service import NetworkRuntime, Service
+from proxy.service import Service
 from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
 from proxy.upstream.ws import UpstreamSocket

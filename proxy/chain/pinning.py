@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.chain.heads import Head, Resolved
-from proxy.rpc.params import BlockRef
+from proxy.rpc.params import BlockRef, substitute
 
 
 def forward_form(ref: BlockRef, resolved: Resolved | None, pin: bool) -> Any:
@@ -101,3 +101,15 @@ def shown_block(method: str, result: Any) -> int | None:
         return int(value, 16)
     except ValueError:
         return None
+
+
+def forward_params(
+    params: Any, refs: list[BlockRef], resolved: dict[int, Resolved | None], pin_hashes: bool, logs: bool,
+) -> Any:
+    """The params sent upstream: unfinalized blocks pinned to their hash wherever the method allows."""
+    if logs and pin_hashes:
+        block_hash = single_block_logs(params[0], resolved)
+        if block_hash is not None:  # one block: the filter names it by hash
+            rest = {k: v for k, v in params[0].items() if k not in ("fromBlock", "toBlock")}
+            return [{**rest, "blockHash": block_hash}]
+    return substitute(params, {id(r): forward_form(r, resolved.get(id(r)), pin_hashes) for r in refs})

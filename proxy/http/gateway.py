@@ -11,11 +11,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from proxy.calls import BYPASS, HIT, Outcome, Prepared
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
 from proxy.credits.charging import refunded
 from proxy.credits.ledger import Debit, Ledger, Verdict
+from proxy.memo import Memo
 from proxy.metrics import HitCells, Metrics
+from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import (
     INVALID_API_KEY,
@@ -28,7 +31,7 @@ from proxy.rpc.jsonrpc import (
     JsonRpcError,
 )
 from proxy.rpc.methods import family_of, metric_label, refusal
-from proxy.service import BYPASS, HIT, Memo, NetworkRuntime, Outcome, Prepared, Service
+from proxy.service import Service
 
 log = logging.getLogger("proxy.access")
 REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second limit, ledger unreachable

@@ -1,0 +1,164 @@
+"""eth_getLogs reads beyond one upstream call: the spec's limits on a call's range and results, a
+range chunked into pieces that later ranges share (log_chunks.py, chunked_logs.py), and a range
+answered from block receipts this process already holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from proxy.cache import log_chunks
+from proxy.cache import policy as cp
+from proxy.cache.chunked_logs import ChunkedLogs
+from proxy.cache.tiers import TieredCache, cache_key
+from proxy.calls import HIT, Outcome, Plan, Prepared
+from proxy.chain.heads import EvmHeadTracker, Head, Resolved
+from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params, loads
+from proxy.rpc.methods import MethodPolicy
+from proxy.rpc.params import BlockRef, block_refs
+from proxy.upstream.pool import Answer
+
+Execute = Callable[[Prepared], Awaitable[Outcome]]  # the read-through flow, for a chunked call's pieces
+
+
+class LogReads:
+    def __init__(
+        self, cache: TieredCache, chunks: ChunkedLogs, metrics: Metrics, ttls: cp.Ttls, *, max_results: int,
+        timeout: float,
+    ) -> None:
+        self._cache = cache
+        self._chunks = chunks
+        self._metrics = metrics
+        self._ttls = ttls
+        self._max_results = max_results
+        self._timeout = timeout
+
+    def check_results(self, params: Any, answer: Answer) -> Answer:
+        results = answer.result
+        limit = self._max_results
+        if isinstance(results, list) and len(results) > limit:
+            # spec: more than 10,000 results fails with -32005; nothing partial is returned.
+            self._metrics.getlogs_rejections.labels("results").inc()
+            raise JsonRpcError(
+                LIMIT_EXCEEDED, f"query returned more than {limit} results",
+                data=narrower_range(params[0], results, limit),
+            )
+        return answer
+
+    def check_range(self, log_filter: dict[str, Any], resolved: dict[int, Resolved | None]) -> None:
+        start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+        if not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+            return
+        a, b = resolved.get(id(start)), resolved.get(id(end))
+        first = a.number if a else start.number
+        last = b.number if b else end.number
+        if first is not None and last is not None:
+            self.refuse_reversed(first, last)
+
+    def refuse_reversed(self, first: int, last: int) -> None:
+        if first > last:
+            self._metrics.getlogs_rejections.labels("range").inc()
+            raise invalid_params("filter", f"fromBlock {hex(first)} is greater than toBlock {hex(last)}")
+
+    async def chunked(
+        self, prepared: Prepared, tracker: EvmHeadTracker, head: Head | None, execute: Execute,
+    ) -> Outcome | None:
+        """An eth_getLogs range that reaches into finalized blocks, asked in aligned pieces that later
+        ranges share (log_chunks.py); None when the call is not chunked (a blockHash filter, a range
+        wholly above finality or of one piece, a tag that cannot be resolved, no chain identity yet)."""
+        log_filter = prepared.params[0]
+        numbered = numbered_range(tracker, head, log_filter)
+        if numbered is None or head is None:
+            return None
+        first, last = numbered
+        start, end = log_filter["fromBlock"], log_filter["toBlock"]
+        self.refuse_reversed(first, last)
+        if not log_chunks.chunked(first, last, head.finalized, self._chunks.size):
+            return None
+        pieces = log_chunks.plan(first, last, head.finalized, self._chunks.size)
+        if len(pieces) == 1 and pieces[0].whole:
+            return None  # one piece, the range itself: the ordinary flow (and its memo) serves it
+
+        async def ask(lo: int, hi: int) -> tuple[bytes, bool, str]:
+            # The piece is a call of its own: its key, finality, pinning and upstream checks are the
+            # ordinary ones; a piece is not charged (the call is, once).
+            piece_filter = {**log_filter, "fromBlock": replace(start, tag=None, number=lo),
+                            "toBlock": replace(end, tag=None, number=hi)}
+            piece = Prepared(prepared.call, prepared.network, prepared.policy, [piece_filter], 0,
+                             block_refs([piece_filter]), None, piece=True)
+            outcome = await execute(piece)
+            return outcome.payload, outcome.is_error, outcome.cache
+
+        # spec: 10 s per call in total, every piece and retry included.
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        merged = await self._chunks.run(first, last, pieces, ask, deadline)
+        if merged.cache == HIT:
+            self._metrics.child(self._metrics.credits_saved, prepared.network.name, prepared.call.method).inc(
+                prepared.credits)
+        return Outcome(merged.payload, merged.is_error, merged.cache)
+
+    async def from_receipts(
+        self, tracker: EvmHeadTracker, params: Any, plan: Plan, policy: MethodPolicy,
+    ) -> tuple[bytes, bool] | None:
+        """An eth_getLogs miss over a few blocks whose eth_getBlockReceipts answers this process holds
+        in memory, answered (and stored) from them without the upstream; None otherwise.
+
+        A receipts entry is found under the key the same head gives it (by number when final, by
+        number and hash above), so it is of the very blocks the range names."""
+        head = tracker.head
+        if head is not plan.head:
+            return None  # the head moved while the cache was asked: the plan's key may name another fork
+        log_filter = params[0]
+        numbered = numbered_range(tracker, head, log_filter)
+        if numbered is None or head is None:
+            return None
+        first, last = numbered
+        if not 0 <= last - first < log_chunks.RECEIPTS_MAX_BLOCKS:
+            return None
+        blocks = []
+        for number in range(first, last + 1):
+            block_hash = head.hashes.get(number)
+            if number > head.finalized and block_hash is None:
+                return None
+            form = {"n": number} if number <= head.finalized else {"n": number, "h": block_hash}
+            held = self._cache.memory.get(cache_key(head.space, "eth_getBlockReceipts", [form]))
+            if held is None or held[1]:
+                return None
+            blocks.append(loads(held[0]))
+        logs = log_chunks.logs_from_receipts(blocks, log_filter)
+        if logs is None:
+            return None
+        answer = Answer.from_response({"result": logs})
+        if plan.check_results:
+            self.check_results(plan.forward, answer)
+        ttl = cp.store_ttl(plan.decision, policy.cache, "ok", self._ttls)
+        if ttl is not None:
+            await self._cache.set(plan.key, (answer.payload, False), ttl)
+        return answer.payload, False
+
+
+def numbered_range(tracker: EvmHeadTracker, head: Head | None, log_filter: dict[str, Any]) -> tuple[int, int] | None:
+    """An eth_getLogs range's first and last block numbers as this head resolves them; None for a
+    blockHash filter, a tag the tracker cannot resolve, or no chain identity yet."""
+    start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
+    if head is None or head.space is None or not isinstance(start, BlockRef) or not isinstance(end, BlockRef):
+        return None
+    a, b = tracker.resolve(start), tracker.resolve(end)
+    if a is None or b is None or a.number is None or b.number is None:
+        return None
+    return a.number, b.number
+
+
+def narrower_range(log_filter: Any, logs: list[Any], limit: int) -> dict[str, str] | None:
+    """A range that ends before the block holding the (limit+1)-th log: a hint, as providers give."""
+    try:
+        start = int(log_filter["fromBlock"], 16)
+        cut = int(logs[limit]["blockNumber"], 16)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if cut <= start:
+        return None  # more than the limit in one block: no narrower range exists
+    return {"fromBlock": hex(start), "toBlock": hex(cut - 1)}

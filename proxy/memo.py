@@ -1,0 +1,33 @@
+"""A bounded memo of pure results, for the hot path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(dict[K, V]):
+    """A bounded memo of pure results: when full it starts over, and hot entries come straight back.
+
+    Reads are plain dict lookups; an LRU's bookkeeping on every read would cost the hot path more
+    than the occasional recomputation after a reset. With `compute`, `memo[key]` fills itself.
+    """
+
+    def __init__(self, size: int, compute: Callable[[K], V] | None = None) -> None:
+        super().__init__()
+        self._size = size
+        self._compute = compute
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if len(self) >= self._size and key not in self:
+            self.clear()
+        super().__setitem__(key, value)
+
+    def __missing__(self, key: K) -> V:
+        if self._compute is None:
+            raise KeyError(key)
+        value = self[key] = self._compute(key)
+        return value

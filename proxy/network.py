@@ -1,0 +1,28 @@
+"""A network at run time: its settings, its upstream pool and the tracker of its head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker
+from proxy.config import Network
+from proxy.upstream.pool import PerUpstream, Upstream
+
+
+@dataclass(slots=True)
+class NetworkRuntime:
+    config: Network
+    upstream: Upstream
+    tracker: EvmHeadTracker | SolanaSlotTracker
+    per_upstream: PerUpstream | None = None  # each upstream on its own: its head, identity, a retry
+    name: str = field(init=False)  # config.name, as a plain attribute: the hot path reads it per call
+
+    def __post_init__(self) -> None:
+        self.name = self.config.name
+
+    def health(self, now: float) -> str | None:
+        """Why this network cannot be trusted to answer right now (for /readyz), or None."""
+        states = self.per_upstream.states if self.per_upstream is not None else None
+        if states is not None and all(states.mismatch):
+            return "degraded: no upstream serves the network's chain (see rpc_proxy_upstream_identity_mismatch)"
+        return self.tracker.health(now)

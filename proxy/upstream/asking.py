@@ -1,0 +1,181 @@
+"""Asking upstreams for an answer that can be tied to its cache key: pinned to an upstream that has
+the blocks the answer depends on (per-upstream heads), checked for the fork it comes from, and under
+eth_getLogs' time limit. An upstream that lacks a block is replaced by one that has it; if none does,
+the call fails (-32002) rather than serve what a lagging node or another fork said."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from proxy.calls import Plan
+from proxy.chain import pinning
+from proxy.config import Settings
+from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
+from proxy.rpc.jsonrpc import EXECUTION_REVERTED, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.methods import MethodPolicy
+from proxy.upstream.pool import Answer, PerUpstream
+
+CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
+
+
+class Asker:
+    def __init__(self, settings: Settings, metrics: Metrics, check_results: CheckResults) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._check_results = check_results
+
+    def deadline(self, policy: MethodPolicy) -> float | None:
+        """When the call must have its answer (loop time): eth_getLogs' limit holds per call, retries included."""
+        return asyncio.get_running_loop().time() + self._settings.getlogs_timeout if policy.limits_logs else None
+
+    async def ask_pinned(
+        self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: Plan,
+        deadline: float | None,
+    ) -> tuple[Answer, str | None]:
+        """The upstream's answer, and why it cannot be tied to its key (None when it can). An upstream
+        that lacks a block the answer depends on is replaced by one that has it, when one does; if
+        none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
+        answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
+        per = net.per_upstream
+        if doubt is None and plan.by_hash and _not_found(answer):
+            doubt = "unknown_hash"  # that node may not know the block: another may
+        if doubt is not None and per is not None:
+            other = per.states.other_with(answer.upstream, plan.need)
+            if other is not None:
+                try:
+                    retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
+                except JsonRpcError:
+                    if doubt == "unknown_hash":
+                        raise  # a node that may not know the block said not-found; the one that may is down
+                else:
+                    if again is None and plan.by_hash and _not_found(retried):
+                        again = "unknown_hash"
+                    if again is None or doubt == "unknown_hash":
+                        answer, doubt = retried, again
+        if doubt == "lagging" and per is not None and await self._caught_up(per, answer.upstream, plan.need):
+            doubt = "late_head"  # its head had not been seen at the block yet: served, never stored
+        if doubt in ("lagging", "fork"):
+            self._refuse(net, doubt, plan.need)
+        return answer, doubt
+
+    async def _ask_checked(
+        self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: Plan,
+        deadline: float | None, index: int | None,
+    ) -> tuple[Answer, str | None]:
+        """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
+        end_answer = None
+        if plan.check_end is not None and index is None:
+            # A range above finalized: the node reports the range's last block in the same batch.
+            answer, end_answer = await self._with_range_end(net, method, forward, policy, plan.check_end[0], deadline,
+                                                            check=plan.check_results)
+        elif index is not None and net.per_upstream is not None:
+            answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
+        else:
+            answer = await self.ask(net, method, forward, policy, deadline, check=plan.check_results)
+        per = net.per_upstream
+        if per is None or answer.upstream < 0:
+            return answer, None
+        if not per.states.vouches(answer.upstream, None):
+            return answer, "unverified"
+        if not per.states.vouches(answer.upstream, plan.need):
+            head = net.tracker.head
+            if plan.need is not None and head is not None and plan.need > head.latest:
+                return answer, "beyond_head"  # no upstream is known to have it: served, never stored
+            return answer, "lagging"  # an error from it may be just that, too
+        if answer.is_error:
+            return answer, None
+        if plan.check_end is not None:
+            block_hash = plan.check_end[1]
+            end = end_answer.result if end_answer is not None else None
+            same_node = end_answer is not None and end_answer.upstream == answer.upstream
+            if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != block_hash:
+                return answer, "fork"
+            head = net.tracker.head
+            if head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
+                return answer, "fork"
+        if plan.decision.tied_to_answer and answer.result is None:
+            # "Not mined" from a node behind the head: the transaction may be in a block it lacks.
+            head = net.tracker.head
+            if head is not None and not per.states.vouches(answer.upstream, head.latest):
+                return answer, "behind_head"
+        return answer, None
+
+    async def ask(
+        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
+        *, ask: int | None = None, check: bool = True,
+    ) -> Answer:
+        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
+        False for a piece of a chunked call: the result limit holds over the merged answer instead."""
+        per = net.per_upstream
+        if not policy.limits_logs:
+            if ask is not None and per is not None:
+                return await per.ask(ask, method, params, timeout=self._settings.upstream_timeout)
+            return await net.upstream.request(method, params)
+        if deadline is None:
+            deadline = self.deadline(policy)
+        timeout = self._settings.getlogs_timeout + 1  # the upstream's own timeout is past ours: ours decides
+        try:
+            async with asyncio.timeout_at(deadline):
+                if ask is not None and per is not None:
+                    answer = await per.ask(ask, method, params, timeout=timeout)
+                else:
+                    answer = await net.upstream.request(method, params, timeout=timeout)
+        except TimeoutError:
+            # spec: a query that runs longer than 10 seconds fails with -32005.
+            if check:  # a piece's own limit is no client's: the chunked call counts its own
+                self._metrics.getlogs_rejections.labels("timeout").inc()
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        return self._check_results(params, answer) if check else answer
+
+    async def _with_range_end(
+        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, end: int, deadline: float | None,
+        *, check: bool = True,
+    ) -> tuple[Answer, Answer | None]:
+        """eth_getLogs and the range's last block in one batch (one node answers both)."""
+        if deadline is None:
+            deadline = self.deadline(policy)
+        try:
+            async with asyncio.timeout_at(deadline):
+                answer, end_answer = await net.upstream.batch(
+                    [(method, params), ("eth_getBlockByNumber", [hex(end), False])]
+                )
+        except TimeoutError:
+            if check:  # a piece's own limit is no client's: the chunked call counts its own
+                self._metrics.getlogs_rejections.labels("timeout").inc()
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        return (self._check_results(params, answer) if check else answer), end_answer
+
+    async def _caught_up(self, per: PerUpstream, index: int, need: int | None) -> bool:
+        """Ask upstream `index` for its head now: has it reached block `need`? (It may have passed
+        the proxy's last look at it, e.g. a block just mined and not polled yet.)"""
+        if need is None or index < 0:
+            return False
+        try:
+            answer = await per.ask(index, "eth_blockNumber", [], timeout=self._settings.upstream_timeout)
+            number = int(answer.result, 16) if isinstance(answer.result, str) else -1
+        except (JsonRpcError, ValueError):
+            return False
+        per.states.observe_head(index, number)
+        return number >= need
+
+    def _refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> None:
+        self._metrics.uncached_answers.labels(net.name, reason).inc()
+        block = f"block {need}" if need is not None else "the block"
+        raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{net.name}' (no upstream "
+                           f"could answer for {block} of the network's chain)", http_status=502)
+
+    def refuse_lagging(self, net: NetworkRuntime, answer: Answer, need: int | None) -> None:
+        """An answer to a tag from an upstream known to be behind the block the tag stood for: refused,
+        so `latest` never goes backwards for a client."""
+        per = net.per_upstream
+        if per is not None and answer.upstream >= 0 and per.states.verified[answer.upstream] and need is not None \
+                and per.states.latest[answer.upstream] < need:
+            self._refuse(net, "lagging", need)
+
+
+def _not_found(answer: Answer) -> bool:
+    """A null, or an error other than a revert: what a node that lacks the block answers."""
+    return answer.result is None and answer.error_code != EXECUTION_REVERTED
