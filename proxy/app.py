@@ -34,9 +34,9 @@ from proxy.service import Service
 from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
 from proxy.upstream.ws import UpstreamSocket
+from proxy.workers.context import WorkerContext
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
 from proxy.workers.shared_polls import SharedPolls, ShownRelay
-from proxy.workers.supervisor import WorkerContext
 
 log = logging.getLogger("proxy.app")
 

@@ -10,15 +10,11 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from proxy import __version__, logs
 from proxy.config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings
-
-if TYPE_CHECKING:
-    from proxy.workers.supervisor import WorkerContext
 
 log = logging.getLogger("proxy")
 
@@ -143,32 +139,10 @@ def serve(settings: Settings) -> int:
         from proxy.workers.supervisor import supervise
 
         return supervise(settings)
+    from proxy.server import run_server  # the app's imports are not needed by --help or keys usage
+
     return run_server(settings, on_listening=lambda: log.info("listening on http://%s:%d", settings.host,
                                                               settings.port))
-
-
-def run_server(settings: Settings, *, on_listening: Callable[[], None], worker: WorkerContext | None = None) -> int:
-    """One serving process: the whole proxy (WORKERS=1), or one of the workers."""
-    from proxy.app import LedgerStorageError, create_app
-    from proxy.http import listeners
-    from proxy.workers import event_loop
-
-    app = create_app(settings, worker=worker)
-    try:
-        event_loop.run(listeners.serve(
-            app, settings.host, settings.port, max_connections=settings.max_connections,
-            shutdown_timeout=settings.shutdown_timeout, on_listening=on_listening, reuse_port=worker is not None,
-        ), settings.event_loop)
-    except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror)
-        return 1
-    except LedgerStorageError as exc:
-        log.error("configuration error: %s", exc)
-        return 2
-    except Exception:  # a crash is one log line with its traceback inside, like every other line
-        log.exception("stopped by an unexpected error")
-        return 1
-    return 0
 
 
 async def _keys_usage(raw: dict[str, str], key: str | None) -> int:

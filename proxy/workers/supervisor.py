@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from proxy.workers.context import WorkerContext
+
 if TYPE_CHECKING:
     from proxy.config import Settings
 
@@ -40,14 +42,6 @@ RESTART_DELAY_MAX = 30.0
 STABLE_AFTER = 10.0  # a worker that ran this long is restarted at once, its record wiped
 EXIT_GRACE = 5.0  # seconds past SHUTDOWN_TIMEOUT before a worker that is still draining is killed
 FATAL_CODES = frozenset({1, 2})  # cannot listen / configuration error: what a worker exits with at start
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerContext:
-    """What a worker process knows of its place: its number and the run directory it shares."""
-
-    index: int
-    run_dir: str
 
 
 # --- pure decisions ----------------------------------------------------------------------
@@ -84,11 +78,12 @@ def _die_with_parent() -> None:
 
 
 def worker_main(settings: Settings, context: WorkerContext, ready: Connection) -> None:
-    from proxy import cli, logs
+    from proxy import logs
+    from proxy.server import run_server
 
     _die_with_parent()
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
-    code = cli.run_server(settings, worker=context, on_listening=lambda: ready.send(os.getpid()))
+    code = run_server(settings, worker=context, on_listening=lambda: ready.send(os.getpid()))
     sys.exit(code)
 
 
