@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from proxy.app import LedgerStorageError, create_app
+from proxy.app import create_app
 from proxy.config import Settings
+from proxy.credits.ledger_storage import LedgerStorageError
 from proxy.http import listeners
 from proxy.workers import event_loop
 from proxy.workers.context import WorkerContext

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.app import LedgerStorageError, check_ledger_storage
 from proxy.cache.tiers import RedisTier, shared_keys
 from proxy.credits.accounts import derived_name
 from proxy.credits.leases import LeasedLedger, ledger_key
+from proxy.credits.ledger_storage import LedgerStorageError, check_ledger_storage
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable, connect
 from proxy.state import LEDGER
