@@ -9,28 +9,25 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
 
 from proxy.calls import BYPASS, HIT, Outcome, Prepared
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
+from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
-from proxy.credits.ledger import Debit, Ledger, Verdict
-from proxy.memo import Memo
+from proxy.credits.ledger import Ledger, Verdict
+from proxy.http.routing import Router
 from proxy.metrics import HitCells, Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import (
     INVALID_API_KEY,
-    INVALID_REQUEST,
-    LIMIT_EXCEEDED,
-    METHOD_NOT_FOUND,
     UPSTREAM_UNAVAILABLE,
     Call,
     Invalid,
     JsonRpcError,
 )
-from proxy.rpc.methods import family_of, metric_label, refusal
+from proxy.rpc.methods import metric_label
 from proxy.service import Service
 
 log = logging.getLogger("proxy.access")
@@ -42,12 +39,6 @@ _Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
 
 _OK = Verdict.OK  # an enum member read through its class costs a hit more than the comparison
 PaidHit = tuple[bytes, dict[str, str]]  # a paid memory hit's body and headers
-
-
-class _KeyTerms(NamedTuple):
-    daily: int
-    per_second: int | None
-    charged: Any  # the key's rpc_proxy_key_credits_charged cell
 
 
 @dataclass(slots=True)
@@ -80,18 +71,15 @@ class Gateway:
         keys = settings.api_keys
         self._accounts = None if keys is None else Accounts({name: k.sha256 for name, k in keys.items()})
         self._access_log = settings.access_log
-        self._by_host = {h: rt for rt in service.networks.values() for h in rt.config.hosts}
-        # Host header -> network, and method -> default network, remembered: a deployment sees a
-        # handful of each. Bounded, since both are the client's to choose.
-        self._host_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._route_host)
-        self._default_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._default_for)
+        self.router = Router(settings, service.networks)
+        self._default_routes = self.router.default_routes  # read on the hot path
+        self.cashier = Cashier(settings, ledger, metrics, wall_clock)
+        self._terms = self.cashier.terms  # read on the hot path
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
-        # Each configured key's balance, limit and metric cell, found once (keys are authorized first).
-        self._terms: Memo[str, _KeyTerms] = Memo(65_536, self._key_terms)
 
-    # --- routing and auth ---------------------------------------------------------------
+    # --- auth ---------------------------------------------------------------------------
 
     def account(self, api_key: str) -> str | None:
         """The account name an API key opens (None: refused). Everything after this takes the name,
@@ -100,66 +88,18 @@ class Gateway:
             return OPEN_ACCOUNT
         return self._accounts.account(api_key)
 
-    def network_for(self, host: str | None, path_network: str | None) -> NetworkRuntime | None:
-        """spec order: the Host header's first label, then a path prefix; None: route by method family."""
-        networks = self._service.networks
-        if host:
-            by_host = self._host_routes[host]
-            if by_host is not None:
-                return by_host
-        if path_network is not None:
-            chosen = networks.get(path_network)
-            if chosen is None:
-                raise JsonRpcError(INVALID_REQUEST, f"unknown network '{path_network}'", http_status=404)
-            return chosen
-        return None
+    # --- what subscriptions ask of the gateway (subscriptions.Charger) ----------------------
 
-    def _route_host(self, host: str) -> NetworkRuntime | None:
-        """The network a Host header names, if any: a declared host name, or a first label."""
-        hostname = host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host
-        declared = self._by_host.get(hostname)
-        if declared is not None:
-            return declared
-        first, dot, _ = hostname.partition(".")
-        return self._service.networks.get(first) if dot else None
+    def route_method(self, method: str, network: NetworkRuntime | None) -> NetworkRuntime:
+        return self.router.route_method(method, network)
+
+    async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
+        return await self.cashier.charge_stream(account, label, cost)
 
     def _request_id(self) -> int:
         """An id for this request's log lines; 0 when there are none (ACCESS_LOG off, the default),
         decided without asking the logging module, which a cache hit would feel."""
         return next(self._ids) if self._access_log and log.isEnabledFor(logging.INFO) else 0
-
-    def _default_for(self, method: str) -> NetworkRuntime | None:
-        name = self._settings.default_network.get(family_of(method))
-        return self._service.networks[name] if name is not None else None
-
-    def _route(self, call: Call, network: NetworkRuntime | None) -> NetworkRuntime:
-        # The envelope checked the name's form; the allow-list comes before the route memo, so the
-        # memo only ever holds names this deployment serves.
-        refused = refusal(call.method, self._settings.allowed_methods, self._settings.allowed_namespaces)
-        if refused is not None:
-            raise JsonRpcError(METHOD_NOT_FOUND, refused)
-        runtime = network or self._default_routes[call.method]
-        if runtime is None:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family_of(call.method)} network is configured")
-        return runtime
-
-    def route_method(self, method: str, network: NetworkRuntime | None) -> NetworkRuntime:
-        """The network a method goes to: the one the connection named, else its family's default."""
-        return self._route(Call(method, []), network)
-
-    # --- subscription streams (subscriptions.py) ---------------------------------------
-
-    async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
-        """Charge one subscription event (a subscribe, a notification) through the ledger; the
-        refusal if the key cannot pay. Open mode and free kinds charge nothing."""
-        if self.open_mode or cost <= 0:
-            return None
-        refusal, _remaining = await self._charge(account, cost)
-        if refusal is None:
-            metrics = self._metrics
-            metrics.child(metrics.key_credits_charged, account).inc(cost)
-            metrics.child(metrics.credits_charged, label).inc(cost)
-        return refusal
 
     # --- one body -----------------------------------------------------------------------
 
@@ -190,7 +130,7 @@ class Gateway:
         if debit is None:
             return False
         if debit[0] is not _OK:
-            charge = self._verdict(debit, credits, terms.per_second)
+            charge = self.cashier.verdict(debit, credits, terms.per_second)
             return self._paid_reply(hit, account, charge, self._request_id(), started)
         # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
         terms.charged.value += credits
@@ -215,7 +155,7 @@ class Gateway:
             parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
             self._metrics.child(self._metrics.requests, "none", "invalid", "invalid").inc()
-            balance = None if self.open_mode else await self.remaining(account)
+            balance = None if self.open_mode else await self.cashier.remaining(account)
             return self._reply(jsonrpc.encode_error(None, error), error.http_status, 0, balance, None)
 
         slots: list[Prepared | Outcome] = []
@@ -224,7 +164,7 @@ class Gateway:
                 slots.append(Outcome.failed(entry.error))
                 continue
             try:
-                slots.append(self._service.prepare(entry, self._route(entry, network)))
+                slots.append(self._service.prepare(entry, self.router.route(entry, network)))
             except JsonRpcError as error:
                 slots.append(Outcome.failed(error))
 
@@ -233,7 +173,7 @@ class Gateway:
         remaining: int | None = None
         credit_refusal: Outcome | None = None
         if cost:
-            refusal, remaining = await self._charge(account, cost)
+            refusal, remaining = await self.cashier.charge(account, cost)
             if refusal is not None:
                 # A batch that cannot be paid in full is refused in full, and nothing is forwarded.
                 credit_refusal = Outcome.failed(refusal)
@@ -258,7 +198,7 @@ class Gateway:
             remaining = None if remaining is None else remaining + refund
         self._account(account, parsed.entries, slots, results, cost, request_id)
         if remaining is None and not self.open_mode:
-            remaining = await self.remaining(account)
+            remaining = await self.cashier.remaining(account)
 
         parts = [
             jsonrpc.encode_error_object(e.id, o.payload) if o.is_error else jsonrpc.encode_result(e.id, o.payload)
@@ -297,9 +237,9 @@ class Gateway:
         return rid, method, runtime, *hit
 
     async def _paid_hit(self, hit: _Hit, account: str, request_id: int, started: float) -> Reply:
-        charge = self._charge_now(account, hit[5])
+        charge = self.cashier.charge_now(account, hit[5])
         if charge is None:
-            charge = await self._charge(account, hit[5])
+            charge = await self.cashier.charge(account, hit[5])
         return self._paid_reply(hit, account, charge, request_id, started)
 
     def _paid_reply(
@@ -325,50 +265,6 @@ class Gateway:
         if request_id:
             self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
-
-    def _key_terms(self, account: str) -> _KeyTerms:
-        settings = self._settings
-        return _KeyTerms(settings.daily_credits_for(account), settings.credits_per_second_for(account),
-                         self._metrics.key_credits_charged.labels(account))
-
-    def _charge_now(self, account: str, cost: int) -> tuple[JsonRpcError | None, int] | None:
-        """A charge the ledger decides without a round trip (a lease covers it), or None."""
-        terms = self._terms[account]
-        debit = self._ledger.try_debit(account, cost, daily=terms.daily, per_second=terms.per_second,
-                                       now=self._now())
-        return None if debit is None else self._verdict(debit, cost, terms.per_second)
-
-    async def _charge(self, account: str, cost: int) -> tuple[JsonRpcError | None, int]:
-        charge = self._charge_now(account, cost)
-        if charge is not None:
-            return charge
-        terms = self._terms[account]
-        debit = await self._ledger.debit(account, cost, daily=terms.daily, per_second=terms.per_second,
-                                         now=self._now())
-        return self._verdict(debit, cost, terms.per_second)
-
-    def _verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int]:
-        if debit.verdict is Verdict.OK:
-            return None, debit.remaining
-        if debit.verdict is Verdict.UNAVAILABLE:
-            self._metrics.credit_rejections.labels("unavailable").inc()
-            return JsonRpcError(
-                LIMIT_EXCEEDED, "credits unavailable: the credit ledger cannot be reached; retry shortly",
-                http_status=503, headers={"Retry-After": "5"},
-            ), debit.remaining
-        if debit.verdict is Verdict.EXHAUSTED:
-            self._metrics.credit_rejections.labels("exhausted").inc()
-            return JsonRpcError(
-                LIMIT_EXCEEDED, f"daily credit limit reached: {cost} credits needed, {max(debit.remaining, 0)} left "
-                "today; balances reset at 00:00 UTC", http_status=402,
-            ), debit.remaining
-        if debit.verdict is Verdict.RATE_LIMITED:
-            self._metrics.credit_rejections.labels("rate").inc()
-            return JsonRpcError(
-                LIMIT_EXCEEDED, f"rate limit exceeded: more than {per_second} credits per second",
-                http_status=429, headers={"Retry-After": "1"},
-            ), debit.remaining
-        return None, debit.remaining
 
     def _account(
         self, account: str, entries: list[Call | Invalid], slots: list[Prepared | Outcome],
@@ -432,14 +328,3 @@ class Gateway:
         if extra:
             headers.update(extra)
         return Reply(body, status, headers)
-
-    async def remaining(self, account: str) -> int | None:
-        """Today's remaining balance, for responses that charged nothing."""
-        if self.open_mode:
-            return None
-        daily = self._settings.daily_credits_for(account)
-        try:
-            used = await self._ledger.used(account, now=self._now())
-        except Exception:
-            return None
-        return daily - used

@@ -157,7 +157,7 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
             account = gateway.account(match.get("api_key", ""))
             if account is None:
                 return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
-            network = gateway.network_for(request.host, match.get("network"))
+            network = gateway.router.network_for(request.host, match.get("network"))
             content = request.content
             if not content.is_eof():  # the body is still arriving
                 return await awaited(request, None, account, network, False)

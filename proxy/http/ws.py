@@ -25,7 +25,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     if account is None:
         # The upgrade is refused the same way as HTTP: 401 with a JSON-RPC error body.
         return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
-    network = gateway.network_for(request.host, request.match_info.get("network"))
+    network = gateway.router.network_for(request.host, request.match_info.get("network"))
     ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))

@@ -1,0 +1,97 @@
+"""Charging a key for its calls: its daily balance and per-second limit, the ledger's verdict as the
+error a client sees (402 exhausted, 429 rate limited, 503 ledger unreachable), and its remaining balance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from proxy.config import Settings
+from proxy.credits.ledger import Debit, Ledger, Verdict
+from proxy.memo import Memo
+from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError
+
+
+class KeyTerms(NamedTuple):
+    daily: int
+    per_second: int | None
+    charged: Any  # the key's rpc_proxy_key_credits_charged cell
+
+
+class Cashier:
+    def __init__(self, settings: Settings, ledger: Ledger, metrics: Metrics, wall_clock: Callable[[], float]) -> None:
+        self._settings = settings
+        self._ledger = ledger
+        self._metrics = metrics
+        self._now = wall_clock
+        self.open_mode = settings.open_mode
+        # Each configured key's balance, limit and metric cell, found once (keys are authorized first).
+        self.terms: Memo[str, KeyTerms] = Memo(65_536, self._key_terms)
+
+    async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
+        """Charge one subscription event (a subscribe, a notification) through the ledger; the
+        refusal if the key cannot pay. Open mode and free kinds charge nothing."""
+        if self.open_mode or cost <= 0:
+            return None
+        refusal, _remaining = await self.charge(account, cost)
+        if refusal is None:
+            metrics = self._metrics
+            metrics.child(metrics.key_credits_charged, account).inc(cost)
+            metrics.child(metrics.credits_charged, label).inc(cost)
+        return refusal
+
+    def _key_terms(self, account: str) -> KeyTerms:
+        settings = self._settings
+        return KeyTerms(settings.daily_credits_for(account), settings.credits_per_second_for(account),
+                         self._metrics.key_credits_charged.labels(account))
+
+    def charge_now(self, account: str, cost: int) -> tuple[JsonRpcError | None, int] | None:
+        """A charge the ledger decides without a round trip (a lease covers it), or None."""
+        terms = self.terms[account]
+        debit = self._ledger.try_debit(account, cost, daily=terms.daily, per_second=terms.per_second,
+                                       now=self._now())
+        return None if debit is None else self.verdict(debit, cost, terms.per_second)
+
+    async def charge(self, account: str, cost: int) -> tuple[JsonRpcError | None, int]:
+        charge = self.charge_now(account, cost)
+        if charge is not None:
+            return charge
+        terms = self.terms[account]
+        debit = await self._ledger.debit(account, cost, daily=terms.daily, per_second=terms.per_second,
+                                         now=self._now())
+        return self.verdict(debit, cost, terms.per_second)
+
+    def verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int]:
+        if debit.verdict is Verdict.OK:
+            return None, debit.remaining
+        if debit.verdict is Verdict.UNAVAILABLE:
+            self._metrics.credit_rejections.labels("unavailable").inc()
+            return JsonRpcError(
+                LIMIT_EXCEEDED, "credits unavailable: the credit ledger cannot be reached; retry shortly",
+                http_status=503, headers={"Retry-After": "5"},
+            ), debit.remaining
+        if debit.verdict is Verdict.EXHAUSTED:
+            self._metrics.credit_rejections.labels("exhausted").inc()
+            return JsonRpcError(
+                LIMIT_EXCEEDED, f"daily credit limit reached: {cost} credits needed, {max(debit.remaining, 0)} left "
+                "today; balances reset at 00:00 UTC", http_status=402,
+            ), debit.remaining
+        if debit.verdict is Verdict.RATE_LIMITED:
+            self._metrics.credit_rejections.labels("rate").inc()
+            return JsonRpcError(
+                LIMIT_EXCEEDED, f"rate limit exceeded: more than {per_second} credits per second",
+                http_status=429, headers={"Retry-After": "1"},
+            ), debit.remaining
+        return None, debit.remaining
+
+    async def remaining(self, account: str) -> int | None:
+        """Today's remaining balance, for responses that charged nothing."""
+        if self.open_mode:
+            return None
+        daily = self._settings.daily_credits_for(account)
+        try:
+            used = await self._ledger.used(account, now=self._now())
+        except Exception:
+            return None
+        return daily - used

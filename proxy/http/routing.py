@@ -1,0 +1,65 @@
+"""Which network a call goes to: the Host header, a path prefix, else the method's family default;
+and the allow-list of methods, checked before any route is remembered."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proxy.config import Settings
+from proxy.memo import Memo
+from proxy.network import NetworkRuntime
+from proxy.rpc.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, Call, JsonRpcError
+from proxy.rpc.methods import family_of, refusal
+
+
+class Router:
+    def __init__(self, settings: Settings, networks: Mapping[str, NetworkRuntime]) -> None:
+        self._settings = settings
+        self._networks = networks
+        self._by_host = {h: rt for rt in networks.values() for h in rt.config.hosts}
+        # Host header -> network, and method -> default network, remembered: a deployment sees a
+        # handful of each. Bounded, since both are the client's to choose.
+        self.host_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._route_host)
+        self.default_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._default_for)
+
+    def network_for(self, host: str | None, path_network: str | None) -> NetworkRuntime | None:
+        """spec order: the Host header's first label, then a path prefix; None: route by method family."""
+        networks = self._networks
+        if host:
+            by_host = self.host_routes[host]
+            if by_host is not None:
+                return by_host
+        if path_network is not None:
+            chosen = networks.get(path_network)
+            if chosen is None:
+                raise JsonRpcError(INVALID_REQUEST, f"unknown network '{path_network}'", http_status=404)
+            return chosen
+        return None
+
+    def _route_host(self, host: str) -> NetworkRuntime | None:
+        """The network a Host header names, if any: a declared host name, or a first label."""
+        hostname = host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host
+        declared = self._by_host.get(hostname)
+        if declared is not None:
+            return declared
+        first, dot, _ = hostname.partition(".")
+        return self._networks.get(first) if dot else None
+
+    def _default_for(self, method: str) -> NetworkRuntime | None:
+        name = self._settings.default_network.get(family_of(method))
+        return self._networks[name] if name is not None else None
+
+    def route(self, call: Call, network: NetworkRuntime | None) -> NetworkRuntime:
+        # The envelope checked the name's form; the allow-list comes before the route memo, so the
+        # memo only ever holds names this deployment serves.
+        refused = refusal(call.method, self._settings.allowed_methods, self._settings.allowed_namespaces)
+        if refused is not None:
+            raise JsonRpcError(METHOD_NOT_FOUND, refused)
+        runtime = network or self.default_routes[call.method]
+        if runtime is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family_of(call.method)} network is configured")
+        return runtime
+
+    def route_method(self, method: str, network: NetworkRuntime | None) -> NetworkRuntime:
+        """The network a method goes to: the one the connection named, else its family's default."""
+        return self.route(Call(method, []), network)
