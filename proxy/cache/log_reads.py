@@ -156,9 +156,6 @@ def narrower_range(log_filter: Any, logs: list[Any], limit: int) -> dict[str, st
     """A range that ends before the block holding the (limit+1)-th log: a hint, as providers give."""
     try:
         start = int(log_filter["fromBlock"], 16)
-        cut = int(logs[limit]["blockNumber"], 16)
-    except (KeyError, TypeError, ValueError, IndexError):
+    except (KeyError, TypeError, ValueError):
         return None
-    if cut <= start:
-        return None  # more than the limit in one block: no narrower range exists
-    return {"fromBlock": hex(start), "toBlock": hex(cut - 1)}
+    return log_chunks.narrower_range(logs, start, limit)
