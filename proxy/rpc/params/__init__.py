@@ -60,7 +60,6 @@ from proxy.rpc.params.solana import (
     solana_account,
     solana_balance,
     solana_commitment_only,
-    solana_no_params,
 )
 
 __all__ = [
@@ -71,5 +70,5 @@ __all__ = [
     "eth_get_proof", "eth_get_storage_at", "eth_get_uncle_by_block_hash_and_index", "get_block", "get_largest_accounts",
     "get_multiple_accounts", "get_token_account_balance", "get_transaction", "hash32", "hex_bytes", "log_filter",
     "no_params", "quantity", "quantity_int", "solana_account", "solana_balance", "solana_commitment_only",
-    "solana_no_params", "storage_word", "substitute", "transaction_hash",
+    "storage_word", "substitute", "transaction_hash",
 ]

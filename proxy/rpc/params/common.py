@@ -193,6 +193,6 @@ def substitute(value: Any, replace: dict[int, Any]) -> Any:
 
 
 def no_params(params: list[Any], rules: Rules) -> list[Any]:
-    """eth_chainId, eth_blockNumber, fee reads...: nothing to validate; extra params are refused."""
+    """eth_chainId, eth_blockNumber, fee reads, getGenesisHash...: nothing to validate; extra params are refused."""
     _arity(params, (), 0)
     return []

@@ -13,18 +13,22 @@ _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _B58_INDEX = {c: i for i, c in enumerate(_B58_ALPHABET)}
 
 
+def _base58_size(value: str) -> int:
+    """The bytes a base-58 string (of alphabet characters only) decodes to: each leading '1' is a zero byte."""
+    number = 0
+    for char in value:
+        number = number * 58 + _B58_INDEX[char]
+    return len(value) - len(value.lstrip("1")) + (number.bit_length() + 7) // 8
+
+
 def base58_pubkey(name: str, value: Any) -> str:
     """A base-58 encoded 32-byte public key, returned unchanged (base-58 is case-sensitive)."""
     if not isinstance(value, str) or not 32 <= len(value) <= 44:
         raise invalid_params(name, "expected a base-58 encoded 32-byte public key")
-    number = 0
-    for char in value:
-        digit = _B58_INDEX.get(char)
-        if digit is None:
-            raise invalid_params(name, f"invalid base-58 character {char!r}")
-        number = number * 58 + digit
-    leading_zeros = len(value) - len(value.lstrip("1"))
-    size = leading_zeros + (number.bit_length() + 7) // 8
+    bad = next((char for char in value if char not in _B58_INDEX), None)
+    if bad is not None:
+        raise invalid_params(name, f"invalid base-58 character {bad!r}")
+    size = _base58_size(value)
     if size != 32:
         raise invalid_params(name, f"decodes to {size} bytes, expected a 32-byte public key")
     return value
@@ -105,12 +109,6 @@ def solana_commitment_only(params: list[Any], rules: Rules) -> list[Any]:
     return [_solana_options("config", params[0] if params else None, ("commitment", "minContextSlot"))]
 
 
-def solana_no_params(params: list[Any], rules: Rules) -> list[Any]:
-    """getGenesisHash, getVersion, getEpochSchedule."""
-    _arity(params, (), 0)
-    return []
-
-
 def solana_account(params: list[Any], rules: Rules) -> list[Any]:
     """getAccountInfo."""
     _arity(params, ("address", "config"), 1)
@@ -150,10 +148,7 @@ def _signature(name: str, value: Any) -> str:
     """A base-58 encoded 64-byte transaction signature, returned unchanged."""
     if not isinstance(value, str) or not 64 <= len(value) <= 88 or any(c not in _B58_INDEX for c in value):
         raise invalid_params(name, "expected a base-58 encoded 64-byte signature")
-    number = 0
-    for char in value:
-        number = number * 58 + _B58_INDEX[char]
-    size = len(value) - len(value.lstrip("1")) + (number.bit_length() + 7) // 8
+    size = _base58_size(value)
     if size != 64:
         raise invalid_params(name, f"decodes to {size} bytes, expected a 64-byte signature")
     return value
