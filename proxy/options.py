@@ -151,6 +151,16 @@ def _positive_float(name: str, raw: str) -> float:
     return value
 
 
+def _zero_or_positive_int(name: str, raw: str) -> int:
+    """0 (off, or free) or a positive whole number."""
+    return 0 if raw.strip() == "0" else _positive_int(name, raw)
+
+
+def _zero_or_positive_float(name: str, raw: str) -> float:
+    """0 (off) or a positive number."""
+    return 0.0 if raw.strip() in ("0", "0.0") else _positive_float(name, raw)
+
+
 def _bool(name: str, raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -243,8 +253,7 @@ def _credit_table(name: str, raw: str) -> dict[str, int]:
         kind, eq, value = part.partition("=")
         if not eq or not kind.strip():
             raise ConfigError(f"{name} must be kind=credits pairs, got {part!r}")
-        cost = 0 if value.strip() == "0" else _positive_int(f"{name} {kind.strip()}", value.strip())
-        table[kind.strip()] = cost
+        table[kind.strip()] = _zero_or_positive_int(f"{name} {kind.strip()}", value.strip())
     return table
 
 
@@ -257,14 +266,14 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "REDIS_TIMEOUT": ("redis_timeout", _positive_float),
     "DAILY_CREDITS": ("daily_credits", _positive_int),
     "CREDITS_PER_SECOND": ("credits_per_second", _positive_int),
-    "DEFAULT_CREDITS": ("default_credits", lambda n, v: 0 if v.strip() == "0" else _positive_int(n, v)),
+    "DEFAULT_CREDITS": ("default_credits", _zero_or_positive_int),
     "MAX_BATCH_SIZE": ("max_batch_size", _positive_int),
     "MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
     "WS_MAX_MESSAGE_BYTES": ("ws_max_message_bytes", _positive_int),
     "WS_MAX_INFLIGHT": ("ws_max_inflight", _positive_int),
     "UPSTREAM_TIMEOUT": ("upstream_timeout", _positive_float),
     "UPSTREAM_BATCH_MAX": ("upstream_batch_max", _positive_int),
-    "COALESCE_WAIT": ("coalesce_wait", lambda n, v: 0.0 if v.strip() in ("0", "0.0") else _positive_float(n, v)),
+    "COALESCE_WAIT": ("coalesce_wait", _zero_or_positive_float),
     "HEAD_POLL_INTERVAL": ("head_poll_interval", _positive_float),
     "FINALITY_DEPTH": ("finality_depth", _positive_int),
     "CACHE_MEMORY_BYTES": ("cache_memory_bytes", _positive_int),
@@ -275,7 +284,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GETLOGS_MAX_RESULTS": ("getlogs_max_results", _positive_int),
     "GETLOGS_TIMEOUT": ("getlogs_timeout", _positive_float),
     "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
-    "GETLOGS_CHUNK_BLOCKS": ("getlogs_chunk_blocks", lambda n, v: 0 if v.strip() == "0" else _positive_int(n, v)),
+    "GETLOGS_CHUNK_BLOCKS": ("getlogs_chunk_blocks", _zero_or_positive_int),
     "GETLOGS_CHUNK_CONCURRENCY": ("getlogs_chunk_concurrency", _positive_int),
     "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
@@ -290,8 +299,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
     "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
     "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),
-    "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", lambda n, v: 0.0 if v.strip() in ("0", "0.0")
-                           else _positive_float(n, v)),
+    "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", _zero_or_positive_float),
     "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _positive_float),
     "CREDITS_REDIS_URL": ("credits_redis_url", _redis_url),
     "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _positive_float),
