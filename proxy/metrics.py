@@ -114,7 +114,18 @@ class HitCells:
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        r = registry
+        # Registration order is exposition order: calls and cache, upstreams, credits and limits,
+        # chain heads, then connections and Redis.
+        self._add_call_metrics(registry)
+        self._add_upstream_metrics(registry)
+        self._add_credit_metrics(registry)
+        self._add_chain_metrics(registry)
+        self._add_connection_metrics(registry)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
+
+    def _add_call_metrics(self, r: CollectorRegistry) -> None:
+        """Calls answered and their latency; cache lookups and the memory tier's size."""
         self.requests = _Local(
             "counter", "rpc_proxy_requests", "JSON-RPC calls answered, by network, method and outcome "
             "(ok, error, invalid, refused, upstream_error).", ["network", "method", "outcome"], r,
@@ -132,6 +143,9 @@ class Metrics:
             "as the allocator sizes them (bounded by CACHE_MEMORY_BYTES).", registry=r,
         )
         self.cache_entries = Gauge("rpc_proxy_cache_entries", "Entries in the in-process cache tier.", registry=r)
+
+    def _add_upstream_metrics(self, r: CollectorRegistry) -> None:
+        """Upstream latency, failures, failovers and coalesced calls."""
         self.upstream_seconds = Histogram(
             "rpc_proxy_upstream_request_duration_seconds", "Upstream request latency.",
             ["network", "method", "upstream"], buckets=LATENCY_BUCKETS, registry=r,
@@ -148,6 +162,9 @@ class Metrics:
             "rpc_proxy_coalesced_requests", "Calls answered by joining an identical in-flight upstream call.",
             ["network", "method"], registry=r,
         )
+
+    def _add_credit_metrics(self, r: CollectorRegistry) -> None:
+        """Credits charged and saved; calls refused for credits or by an eth_getLogs limit."""
         self.credits_charged = _Local(
             "counter", "rpc_proxy_credits_charged", "Credits charged to callers, by method.", ["method"], r,
         )
@@ -165,6 +182,9 @@ class Metrics:
             "rpc_proxy_getlogs_limit_rejections", "eth_getLogs refused by a limit (results, timeout, params, range).",
             ["reason"], registry=r,
         )
+
+    def _add_chain_metrics(self, r: CollectorRegistry) -> None:
+        """Head trackers, reorgs, chain identity, finality and answers served uncached."""
         self.head_block = Gauge(
             "rpc_proxy_head_block", "Head tracker: block number (EVM) or slot (Solana) by tag or commitment.",
             ["network", "tag"], registry=r,
@@ -192,6 +212,9 @@ class Metrics:
             "(unverified, unknown_hash, late_head, beyond_head) or refused with -32002 (lagging, fork).",
             ["network", "reason"], registry=r,
         )
+
+    def _add_connection_metrics(self, r: CollectorRegistry) -> None:
+        """Requests in flight, WebSocket connections and subscriptions, Redis health."""
         self.inflight = _Local("gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.",
                                [], r).labels()
         self.ws_connections = Gauge("rpc_proxy_websocket_connections", "Open WebSocket connections.", registry=r)
@@ -203,8 +226,6 @@ class Metrics:
                                     "Open WebSocket subscriptions, by kind (its credits-table row).", ["kind"], r)
         self.slow_consumers = Counter("rpc_proxy_slow_consumer_disconnects",
                                       "WebSocket connections closed because their consumer fell behind.", registry=r)
-        self._children: dict[tuple[Any, ...], Any] = {}
-        self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
 
     def hit_cells(self, network: str, method: str, is_error: bool) -> HitCells:
         """The cells one memory hit updates, found once per label set for the hot path."""

@@ -2,7 +2,7 @@
 
 The spec fixes the cost of its seven methods; they are not configurable. Every other method costs
 its entry in METHOD_CREDITS, else DEFAULT_CREDITS. CREDITS_FILE (a TOML file with a `[credits]`
-table, `method = credits`) overrides or adds entries of METHOD_CREDITS; config.py validates it.
+table, `method = credits`) overrides or adds entries of METHOD_CREDITS; config_files.py validates it.
 
 The defaults are this proxy's choice, on the scale of the spec's seven: identity reads cost 5, a
 plain read 80 like eth_call, by-index reads and proofs 150 like eth_getUncleByBlockHashAndIndex,

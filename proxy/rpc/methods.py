@@ -114,9 +114,9 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("getMultipleAccounts", "solana", p.get_multiple_accounts, CacheClass.TOKEN_BALANCE, None),
         MethodPolicy("getBlock", "solana", p.get_block, CacheClass.SOLANA_FINAL, None),
         MethodPolicy("getTransaction", "solana", p.get_transaction, CacheClass.SOLANA_FINAL, None),
-        MethodPolicy("getGenesisHash", "solana", p.solana_no_params, CacheClass.IDENTITY, None),
-        MethodPolicy("getVersion", "solana", p.solana_no_params, CacheClass.IDENTITY, None),
-        MethodPolicy("getEpochSchedule", "solana", p.solana_no_params, CacheClass.IDENTITY, None),
+        MethodPolicy("getGenesisHash", "solana", p.no_params, CacheClass.IDENTITY, None),
+        MethodPolicy("getVersion", "solana", p.no_params, CacheClass.IDENTITY, None),
+        MethodPolicy("getEpochSchedule", "solana", p.no_params, CacheClass.IDENTITY, None),
     )
 }
 

@@ -1,0 +1,178 @@
+"""NETWORKS_FILE, API_KEYS_FILE and CREDITS_FILE: TOML read once, checked entry by entry.
+
+`Network` and `KeyConfig`, what those files declare, live here too (config.py re-exports them).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
+from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
+from proxy.options import ConfigError, _csv, _upstream_urls
+from proxy.rpc.jsonrpc import METHOD_NAME
+
+Family = Literal["evm", "solana"]
+FAMILIES: tuple[Family, ...] = ("evm", "solana")
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    name: str
+    family: Family
+    upstreams: tuple[str, ...]
+    hosts: tuple[str, ...] = ()
+    # Depth below latest that counts as final when the node has no `finalized` tag.
+    finality_depth: int | None = None
+    chain_id: int | None = None  # declared in NETWORKS_FILE: upstreams of another chain are refused
+    # WebSocket URLs of the same node(s): push heads and relayed subscriptions (subscriptions.py).
+    ws_upstreams: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyConfig:
+    daily_credits: int | None = None
+    credits_per_second: int | None = None
+    sha256: str = ""  # hex digest of the key's secret; the secret itself is not kept
+
+
+def _split_ws(urls: Any) -> tuple[Any, tuple[str, ...]]:
+    """NETWORKS_FILE upstreams may mix http(s) and ws(s) URLs: the ws ones are the node's WebSocket."""
+    if not isinstance(urls, list):
+        return urls, ()
+    ws = [u for u in urls if isinstance(u, str) and u.startswith(("ws://", "wss://"))]
+    return [u for u in urls if u not in ws], tuple(ws)
+
+
+def _load_toml(name: str, path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{name}: {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: {path} is not UTF-8 text") from None
+
+
+def _credits_file(path: str) -> dict[str, int]:
+    """The built-in per-method credits with CREDITS_FILE's [credits] table applied."""
+    data = _load_toml("CREDITS_FILE", path)
+    for section in data:
+        if section != "credits":
+            raise ConfigError(f"CREDITS_FILE: unknown table or key {section!r} (expected only [credits])")
+    table = data.get("credits")
+    if not isinstance(table, dict):
+        raise ConfigError(f"CREDITS_FILE: {path} has no [credits] table")
+    costs = dict(METHOD_CREDITS)
+    for method, cost in table.items():
+        where = f"CREDITS_FILE: {method[:40]!r}"
+        if not METHOD_NAME.fullmatch(method):
+            raise ConfigError(f"{where} is not a method name (ASCII letters, digits, '_')")
+        if method in SPEC_CREDITS:
+            # spec "Limits / Credits per call": the seven methods' costs are fixed.
+            raise ConfigError(f"{where} costs {SPEC_CREDITS[method]} credits as the spec fixes; it cannot be changed")
+        if not isinstance(cost, int) or isinstance(cost, bool) or not 0 <= cost <= 1_000_000:
+            raise ConfigError(f"{where} must cost a whole number of credits from 0 to 1000000")
+        costs[method] = cost
+    return costs
+
+
+def _networks_from_file(path: str) -> list[Network]:
+    data = _load_toml("NETWORKS_FILE", path)
+    table = data.get("networks")
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"NETWORKS_FILE: {path} has no [networks.NAME] tables")
+    networks = []
+    for name, entry in table.items():
+        where = f"NETWORKS_FILE: network {name!r}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a table")
+        family = entry.get("family")
+        if family not in FAMILIES:
+            raise ConfigError(f"{where}: family must be 'evm' or 'solana'")
+        hosts = entry.get("hosts", [])
+        if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+            raise ConfigError(f"{where}: hosts must be a list of host names")
+        depth = entry.get("finality_depth")
+        if depth is not None and (not isinstance(depth, int) or depth <= 0):
+            raise ConfigError(f"{where}: finality_depth must be a positive integer")
+        chain_id = entry.get("chain_id")
+        if chain_id is not None and (not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0):
+            raise ConfigError(f"{where}: chain_id must be a positive integer")
+        http_urls, ws_urls = _split_ws(entry.get("upstreams"))
+        networks.append(
+            Network(
+                name=str(name),
+                family=family,
+                upstreams=_upstream_urls(where + " upstreams", http_urls),
+                hosts=tuple(h.lower() for h in hosts),
+                finality_depth=depth,
+                chain_id=chain_id,
+                ws_upstreams=ws_urls,
+            )
+        )
+    return networks
+
+
+_KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second")
+
+
+def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
+    """One [keys.X] table: X names the account when `key` or `key_sha256` holds the secret;
+    otherwise X is the secret itself (the older form) and the account gets a derived name."""
+    declared = isinstance(entry, dict) and ("key" in entry or "key_sha256" in entry)
+    name = table_name if declared else derived_name(table_name)
+    where = f"API_KEYS_FILE: key {name!r}"  # never the secret of an older-form table
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} must be a table")
+    for field_name in entry:
+        if field_name not in _KEY_FIELDS:
+            raise ConfigError(f"{where}: unknown field {field_name!r} (expected one of {', '.join(_KEY_FIELDS)})")
+    if declared and not ACCOUNT_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: a key name is 1-64 letters, digits, '_', '.' or '-'")
+    if "key" in entry and "key_sha256" in entry:
+        raise ConfigError(f"{where}: set key or key_sha256, not both")
+    if "key_sha256" in entry:
+        sha = entry["key_sha256"]
+        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha.lower()):
+            raise ConfigError(f"{where}: key_sha256 must be 64 hex digits (sha256sum of the key)")
+        sha = sha.lower()
+    else:
+        secret = entry.get("key", table_name)
+        if not isinstance(secret, str) or not secret:
+            raise ConfigError(f"{where}: key must be a non-empty string")
+        sha = digest(secret)
+    values: dict[str, int | None] = {}
+    for field_name in ("daily_credits", "credits_per_second"):
+        value = entry.get(field_name)
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{where}: {field_name} must be a positive integer")
+        values[field_name] = value
+    return name, KeyConfig(**values, sha256=sha)
+
+
+def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
+    """Accounts by name; a name is never the secret (plain API_KEYS entries get a derived name)."""
+    keys: dict[str, KeyConfig] = {}
+    for secret in _csv(raw.get("API_KEYS", "")):
+        keys[derived_name(secret)] = KeyConfig(sha256=digest(secret))
+    path = raw.get("API_KEYS_FILE")
+    if path:
+        data = _load_toml("API_KEYS_FILE", path)
+        table = data.get("keys")
+        if not isinstance(table, dict) or not table:
+            raise ConfigError(f"API_KEYS_FILE: {path} has no [keys.NAME] tables")
+        for table_name, entry in table.items():
+            name, config = _key_entry(str(table_name), entry)
+            if name in keys:
+                raise ConfigError(f"API_KEYS_FILE: key {name!r} is declared twice")
+            keys[name] = config
+    digests = [k.sha256 for k in keys.values()]
+    if len(set(digests)) != len(digests):
+        raise ConfigError("API_KEYS/API_KEYS_FILE: two keys share the same secret")
+    return keys or None

@@ -1,0 +1,315 @@
+"""The settings table (env name, CLI flag, help) and the parsers of one raw value each.
+
+`ConfigError` lives here, below config.py and config_files.py, since every parser raises it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
+
+from redis.connection import parse_url
+
+from proxy.redis_topology import BadRedisUrl, topology_of
+
+# Credits of WebSocket subscriptions, by what is charged: `subscribe` for each eth_subscribe (or
+# Solana *Subscribe) accepted, then each notification by its kind; `other` for kinds not listed.
+# SUBSCRIPTION_CREDITS overrides entries ("logs=100,newHeads=20").
+SUBSCRIPTION_CREDITS: Mapping[str, int] = {
+    "subscribe": 5, "newHeads": 50, "logs": 300, "newPendingTransactions": 200, "other": 50,
+}
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message is one line for the operator."""
+
+
+# --- the settings table: env name, CLI flag, help. cli.py builds flags from it; ---
+# --- .env.example and README.md document every entry (a test keeps them in step). ---
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    env: str
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.env.lower().replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("PROXY_HOST", "address to listen on (default 127.0.0.1)"),
+    Option("PROXY_PORT", "port to listen on (default 8545)"),
+    Option("EVM_UPSTREAM", "comma-separated upstream URLs of the default EVM network; first is primary"),
+    Option("SOLANA_UPSTREAM", "comma-separated upstream URLs of the default Solana network"),
+    Option("NETWORKS_FILE", "optional TOML file declaring more networks"),
+    Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
+    Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
+    Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
+    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second"),
+    Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
+    Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
+    Option("DEFAULT_CREDITS", "credit cost of methods in neither the spec's table nor the credits table "
+           "(default 20)"),
+    Option("CREDITS_FILE", "optional TOML file whose [credits] table sets per-method costs (method = credits) of "
+           "methods outside the spec's seven; unlisted methods keep the built-in table, else DEFAULT_CREDITS"),
+    Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
+    Option("MAX_BATCH_SIZE", "maximum calls in one batch (default 100)"),
+    Option("MAX_BODY_BYTES", "maximum HTTP request body in bytes (default 5242880)"),
+    Option("WS_MAX_MESSAGE_BYTES", "maximum WebSocket message in bytes (default 5242880)"),
+    Option("WS_MAX_INFLIGHT", "maximum concurrent requests per WebSocket connection (default 64)"),
+    Option("UPSTREAM_TIMEOUT", "seconds before an upstream request is abandoned (default 30)"),
+    Option("COALESCE_WAIT", "seconds a replica waits for another replica's identical miss via Redis; 0 disables "
+           "(default 2)"),
+    Option("UPSTREAM_BATCH_MAX", "most cache-miss reads sent upstream as one JSON-RPC batch; 1 disables (default 50)"),
+    Option("HEAD_POLL_INTERVAL", "seconds between head-tracker polls, fractions allowed (default 2)"),
+    Option("FINALITY_DEPTH", "blocks below latest counted final when a node has no finalized tag (default 64)"),
+    Option("CACHE_MEMORY_BYTES", "size bound of the in-process cache tier in bytes (default 268435456)"),
+    Option("CACHE_UNFINALIZED_TTL", "seconds an answer for an unfinalized block is kept (default 12)"),
+    Option("CACHE_NEGATIVE_TTL", "seconds a null not-found answer is kept (default 2)"),
+    Option("SOLANA_BALANCE_MAX_AGE", "max age in seconds of a cached getTokenAccountBalance (default 0.4)"),
+    Option("SOLANA_LARGEST_ACCOUNTS_TTL", "seconds getLargestAccounts is cached, at most 7200 (default 3600)"),
+    Option("GETLOGS_MAX_RESULTS", "eth_getLogs result limit (default 10000)"),
+    Option("GETLOGS_TIMEOUT", "eth_getLogs query time limit in seconds (default 10)"),
+    Option("GETLOGS_MAX_PARAMS", "eth_getLogs limit on addresses plus topic values (default 5000)"),
+    Option("GETLOGS_CHUNK_BLOCKS", "eth_getLogs ranges are asked and cached in aligned chunks of this many blocks "
+           "(a tenth of it near finality); 0 disables (default 1000)"),
+    Option("GETLOGS_CHUNK_CONCURRENCY", "chunks of one eth_getLogs call asked upstream at once (default 4)"),
+    Option("GAS_CAP_MULTIPLIER", "eth_call/eth_estimateGas gas cap as a multiple of the block gas limit (default 10)"),
+    Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default false: "
+           "the node's own default sender applies, as with geth and Anvil)"),
+    Option("LOG_FORMAT", "text or json (JSON lines)"),
+    Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
+    Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
+    Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
+    Option("WORKERS", "worker processes sharing the port, each with its own memory tier; auto: one per CPU "
+           "(default 1: one process, no supervisor)"),
+    Option("EVENT_LOOP", "asyncio or uvloop (needs the [fast] extra; a little less CPU per hit) "
+           "(default asyncio)"),
+    Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
+    Option("BODY_TIMEOUT", "seconds a client has to send a request body once its headers arrived (default 30)"),
+    Option("MAX_CONNECTIONS", "open client connections; more are answered 503 and closed at once (default 4096)"),
+    Option("MAX_INFLIGHT_BODY_BYTES", "request-body bytes being received at once, all clients together; "
+           "beyond it 503 (default 134217728)"),
+    Option("METRICS_HOST", "address of the internal /metrics listener (default 127.0.0.1)"),
+    Option("METRICS_PORT", "port of an internal listener serving /metrics; when set, the public port does not "
+           "(default: unset, /metrics on the public port)"),
+    Option("UPSTREAM_BATCH_MAX_BYTES", "most bytes of params in one upstream auto-batch; a larger call goes alone "
+           "(default 1048576)"),
+    Option("UPSTREAM_ATTEMPT_TIMEOUT", "seconds one upstream attempt may take before the next upstream is tried "
+           "(default: UPSTREAM_TIMEOUT shared evenly by the upstreams left to try)"),
+    Option("HEAD_STALE_AFTER", "seconds after the last successful head poll when tags stop being resolved and "
+           "/readyz reports the network degraded (default 3 poll intervals, at least 1)"),
+    Option("HEAD_CATCH_UP_WAIT", "seconds a `latest` call waits for the head to reach a block the proxy has "
+           "already shown; then it goes upstream uncached (default 0.3)"),
+    Option("IDENTITY_CHECK_INTERVAL", "seconds between checks of each upstream's chain id and genesis hash "
+           "(default 30)"),
+    Option("CREDITS_REDIS_URL", "Redis URL of the credit ledger, ideally a noeviction one (default REDIS_URL)"),
+    Option("CREDITS_REDIS_TIMEOUT", "seconds before a ledger Redis command is abandoned (default 2)"),
+    Option("CREDITS_REDIS_FAILURES", "consecutive ledger Redis failures before it counts as down (default 3)"),
+    Option("CREDITS_REQUIRE_NOEVICTION", "refuse to start if the ledger's Redis may evict keys (default false)"),
+    Option("CREDITS_FAIL_OPEN", "serve keys with no known usage while the ledger is unreachable (default true)"),
+    Option("CREDITS_LEASE_MAX", "most credits of a key one replica leases at a time (default 100000)"),
+    Option("CREDITS_LEASE_SECONDS", "seconds before an unused lease goes back to the ledger (default 10)"),
+    Option("CREDITS_JOURNAL_DIR", "directory of the journal of debits made while the ledger is unreachable"),
+    Option("EVM_UPSTREAM_WS", "comma-separated WebSocket URLs of the default EVM network's node: push heads, "
+           "relayed subscriptions"),
+    Option("SOLANA_UPSTREAM_WS", "comma-separated WebSocket URLs of the default Solana network (pubsub relay)"),
+    Option("WS_MAX_SUBSCRIPTIONS", "maximum subscriptions per WebSocket connection (default 100)"),
+    Option("WS_SEND_BUFFER_BYTES", "bytes a WebSocket connection may have waiting to be sent; past it the "
+           "connection is closed as a slow consumer with 1008 (default 4194304)"),
+    Option("SUBSCRIPTION_CREDITS", "per-kind subscription credits, e.g. subscribe=5,newHeads=50,logs=300 "
+           "(defaults: subscribe 5, newHeads 50, logs 300, newPendingTransactions 200, other 50)"),
+)
+OPTION_NAMES = frozenset(o.env for o in OPTIONS)
+
+
+# --- parsing --------------------------------------------------------------------------
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be greater than 0, got {raw!r}")
+    return value
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name} must be greater than 0, got {raw!r}")
+    return value
+
+
+def _zero_or_positive_int(name: str, raw: str) -> int:
+    """0 (off, or free) or a positive whole number."""
+    return 0 if raw.strip() == "0" else _positive_int(name, raw)
+
+
+def _zero_or_positive_float(name: str, raw: str) -> float:
+    """0 (off) or a positive number."""
+    return 0.0 if raw.strip() in ("0", "0.0") else _positive_float(name, raw)
+
+
+def _bool(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _port(name: str, raw: str) -> int:
+    value = _positive_int(name, raw)
+    if value > 65535:
+        raise ConfigError(f"{name} must be a port number (1-65535), got {raw!r}")
+    return value
+
+
+def _workers(name: str, raw: str) -> int:
+    if raw.strip().lower() == "auto":
+        return os.cpu_count() or 1
+    return _positive_int(name, raw)
+
+
+def _csv(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _url_parts(name: str, index: int, url: str) -> SplitResult:
+    """An upstream URL's parts; never echoed, since it may carry a provider's secret key."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        raise ConfigError(f"{name}: upstream #{index} is not a valid URL") from None
+    return parts
+
+
+def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
+    if isinstance(urls, str):
+        urls = _csv(urls)
+    if not isinstance(urls, (list, tuple)) or not all(isinstance(u, str) for u in urls):
+        raise ConfigError(f"{name} must be a list of URLs")
+    for index, url in enumerate(urls):
+        parts = _url_parts(name, index, url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            # Never echo the URL: it may carry a provider's secret key.
+            raise ConfigError(f"{name}: upstream #{index} is not an http(s) URL")
+    return tuple(urls)
+
+
+def _redis_url(name: str, raw: str) -> str:
+    """A URL redis-py can connect to; the error never echoes it (it may hold a password)."""
+    expected = f"{name} is not a valid redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL"
+    try:
+        topology = topology_of(raw)
+    except BadRedisUrl as exc:
+        raise ConfigError(f"{name} {exc}") from None
+    if topology.kind != "single":
+        return raw
+    try:
+        parts = urlsplit(raw)
+        port = parts.port  # raises on a bad port
+    except ValueError:
+        raise ConfigError(expected) from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(expected)
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"{name} names no host")
+    if port == 0:
+        raise ConfigError(f"{name} has port 0")
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(f"{name} names no socket path")
+    try:  # redis-py's own reading: query options such as db=x or socket_timeout=abc
+        parse_url(raw)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name} has an invalid option in its query string") from None
+    return raw
+def _ws_urls(name: str, urls: Any) -> tuple[str, ...]:
+    if isinstance(urls, str):
+        urls = _csv(urls)
+    for index, url in enumerate(urls):
+        parts = _url_parts(name, index, url)
+        if parts.scheme not in ("ws", "wss") or not parts.hostname:
+            raise ConfigError(f"{name}: WebSocket upstream #{index} is not a ws(s) URL")
+    return tuple(urls)
+
+
+def _credit_table(name: str, raw: str) -> dict[str, int]:
+    table = dict(SUBSCRIPTION_CREDITS)
+    for part in _csv(raw):
+        kind, eq, value = part.partition("=")
+        if not eq or not kind.strip():
+            raise ConfigError(f"{name} must be kind=credits pairs, got {part!r}")
+        table[kind.strip()] = _zero_or_positive_int(f"{name} {kind.strip()}", value.strip())
+    return table
+
+
+# --- each scalar option: the Settings field it sets and the parser of its value ---
+
+_SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "PROXY_HOST": ("host", lambda _n, v: v),
+    "PROXY_PORT": ("port", _port),
+    "REDIS_URL": ("redis_url", _redis_url),
+    "REDIS_TIMEOUT": ("redis_timeout", _positive_float),
+    "DAILY_CREDITS": ("daily_credits", _positive_int),
+    "CREDITS_PER_SECOND": ("credits_per_second", _positive_int),
+    "DEFAULT_CREDITS": ("default_credits", _zero_or_positive_int),
+    "MAX_BATCH_SIZE": ("max_batch_size", _positive_int),
+    "MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
+    "WS_MAX_MESSAGE_BYTES": ("ws_max_message_bytes", _positive_int),
+    "WS_MAX_INFLIGHT": ("ws_max_inflight", _positive_int),
+    "UPSTREAM_TIMEOUT": ("upstream_timeout", _positive_float),
+    "UPSTREAM_BATCH_MAX": ("upstream_batch_max", _positive_int),
+    "COALESCE_WAIT": ("coalesce_wait", _zero_or_positive_float),
+    "HEAD_POLL_INTERVAL": ("head_poll_interval", _positive_float),
+    "FINALITY_DEPTH": ("finality_depth", _positive_int),
+    "CACHE_MEMORY_BYTES": ("cache_memory_bytes", _positive_int),
+    "CACHE_UNFINALIZED_TTL": ("cache_unfinalized_ttl", _positive_float),
+    "CACHE_NEGATIVE_TTL": ("cache_negative_ttl", _positive_float),
+    "SOLANA_BALANCE_MAX_AGE": ("solana_balance_max_age", _positive_float),
+    "SOLANA_LARGEST_ACCOUNTS_TTL": ("solana_largest_accounts_ttl", _positive_float),
+    "GETLOGS_MAX_RESULTS": ("getlogs_max_results", _positive_int),
+    "GETLOGS_TIMEOUT": ("getlogs_timeout", _positive_float),
+    "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
+    "GETLOGS_CHUNK_BLOCKS": ("getlogs_chunk_blocks", _zero_or_positive_int),
+    "GETLOGS_CHUNK_CONCURRENCY": ("getlogs_chunk_concurrency", _positive_int),
+    "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
+    "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
+    "ACCESS_LOG": ("access_log", _bool),
+    "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
+    "WORKERS": ("workers", _workers),
+    "BODY_TIMEOUT": ("body_timeout", _positive_float),
+    "MAX_CONNECTIONS": ("max_connections", _positive_int),
+    "MAX_INFLIGHT_BODY_BYTES": ("max_inflight_body_bytes", _positive_int),
+    "METRICS_HOST": ("metrics_host", lambda _n, v: v),
+    "METRICS_PORT": ("metrics_port", _port),
+    "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
+    "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
+    "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),
+    "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", _zero_or_positive_float),
+    "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _positive_float),
+    "CREDITS_REDIS_URL": ("credits_redis_url", _redis_url),
+    "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _positive_float),
+    "CREDITS_REDIS_FAILURES": ("credits_redis_failures", _positive_int),
+    "CREDITS_REQUIRE_NOEVICTION": ("credits_require_noeviction", _bool),
+    "CREDITS_FAIL_OPEN": ("credits_fail_open", _bool),
+    "CREDITS_LEASE_MAX": ("credits_lease_max", _positive_int),
+    "CREDITS_LEASE_SECONDS": ("credits_lease_seconds", _positive_float),
+    "CREDITS_JOURNAL_DIR": ("credits_journal_dir", lambda _n, v: v),
+    "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),
+    "WS_SEND_BUFFER_BYTES": ("ws_send_buffer_bytes", _positive_int),
+    "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
+}
