@@ -20,6 +20,7 @@ from proxy.rpc.params.common import (
     quantity_int,
     storage_word,
 )
+from proxy.rpc.params.overrides import block_overrides, state_overrides
 
 PROOF_MAX_KEYS = 1024  # eth_getProof storage keys in one call: a proof of each is work for the node
 
@@ -89,11 +90,11 @@ def eth_call(params: list[Any], rules: Rules) -> list[Any]:
     _arity(params, names, 1)
     # An absent (or null) block resolves like "latest", so it shares latest's cache entries.
     out = [call_object("transaction", params[0], rules), _hash_form(_block_or_latest(params, 1), "object")]
-    overrides = [*params[2:], None, None][:2]
-    for name, value in zip(names[2:], overrides, strict=True):
-        if value is not None and not isinstance(value, dict):
-            raise invalid_params(name, "expected an object")
-    # Overrides are forwarded and part of the key; a trailing null is dropped, an inner one kept.
+    state, block = [*params[2:], None, None][:2]
+    # Overrides are forwarded and part of the key, in the node's reading of them (overrides.py);
+    # a trailing null is dropped, an inner one kept.
+    overrides = [None if state is None else state_overrides(names[2], state),
+                 None if block is None else block_overrides(names[3], block)]
     while overrides and overrides[-1] is None:
         overrides.pop()
     return out + overrides
@@ -109,9 +110,7 @@ def eth_estimate_gas(params: list[Any], rules: Rules) -> list[Any]:
     if block is not None or overrides is not None:
         out.append(BlockRef(tag="latest") if block is None else block_param("block", block))
     if overrides is not None:
-        if not isinstance(overrides, dict):
-            raise invalid_params("stateOverrides", "expected an object")
-        out.append(overrides)
+        out.append(state_overrides("stateOverrides", overrides))
     return out
 
 
