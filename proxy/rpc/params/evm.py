@@ -7,6 +7,7 @@ from typing import Any
 
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params
 from proxy.rpc.params.common import (
+    _HEX,
     BlockRef,
     Rules,
     _arity,
@@ -193,6 +194,15 @@ def log_filter(value: Any, rules: Rules) -> dict[str, Any]:
 def eth_get_logs(params: list[Any], rules: Rules) -> list[Any]:
     _arity(params, ("filter",), 1)
     return [log_filter(params[0], rules)]
+
+
+def filter_id(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_getFilterChanges, eth_getFilterLogs, eth_uninstallFilter: one filter id (the proxy's own)."""
+    _arity(params, ("filterId",), 1)
+    value = params[0]
+    if not isinstance(value, str) or len(value) > 66 or not _HEX.fullmatch(value) or len(value) < 3:
+        raise invalid_params("filterId", "expected a hex filter id such as 0x1f (as eth_newFilter returned)")
+    return [value.lower()]
 
 
 # --- the common read surface (issue 13): cached like the seven ---------------------------

@@ -1,0 +1,134 @@
+"""Node-side filters (eth_newFilter and friends), owned by the key that made them and bounded.
+
+The proxy issues its own filter ids, mapped to the node's, so an id means nothing to another key
+("filter not found", as geth says of an unknown id), and counts each key's live filters
+(MAX_FILTERS_PER_KEY). eth_newFilter's criteria pass eth_getLogs' validator (GETLOGS_MAX_PARAMS);
+eth_getFilterLogs is eth_getLogs over the filter's criteria, served by the read-through flow with
+its limits, cache and chunks; eth_getFilterChanges is the node's, under eth_getLogs' time and
+result limits (issue 19, item 5). A filter the client has not polled for FILTER_TIMEOUT seconds is
+gone, as on geth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.cache.log_chunks import block_of
+from proxy.calls import BYPASS, Outcome, Prepared
+from proxy.config import Settings
+from proxy.credits.accounts import OPEN_ACCOUNT
+from proxy.network import NetworkRuntime
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, Call, JsonRpcError
+from proxy.upstream.pool import Answer
+
+FILTER_METHODS = frozenset({"eth_newFilter", "eth_newBlockFilter", "eth_newPendingTransactionFilter",
+                            "eth_getFilterChanges", "eth_getFilterLogs", "eth_uninstallFilter"})
+FILTER_TIMEOUT = 300.0  # geth's filter deadline: 5 minutes without a poll
+NOT_FOUND = -32000  # geth's code and message for an unknown filter id
+
+Prepare = Callable[[Call, NetworkRuntime], Prepared]
+Execute = Callable[[Prepared], Awaitable[Outcome]]
+
+
+@dataclass(slots=True)
+class _Filter:
+    account: str
+    network: str
+    node_id: Any  # the node's own id, never shown to the client
+    criteria: dict[str, Any] | None  # eth_newFilter's filter object; None for block/pending filters
+    polled: float  # monotonic time of creation or the last eth_getFilterChanges
+
+
+class Filters:
+    def __init__(self, settings: Settings, prepare: Prepare, execute: Execute,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._settings = settings
+        self._prepare = prepare
+        self._execute = execute
+        self._clock = clock
+        self._filters: dict[str, _Filter] = {}
+
+    async def execute(self, prepared: Prepared, account: str) -> Outcome:
+        """One filter call of `account` (validated and paid for by the gateway)."""
+        try:
+            return await self._serve(prepared, account)
+        except JsonRpcError as error:
+            return Outcome.failed(error)
+
+    async def _serve(self, prepared: Prepared, account: str) -> Outcome:
+        method, net, params = prepared.call.method, prepared.network, prepared.params
+        if method in ("eth_newFilter", "eth_newBlockFilter", "eth_newPendingTransactionFilter"):
+            return await self._install(prepared, account)
+        own_id = params[0]
+        entry = self._filters.get(own_id)
+        if entry is not None and self._clock() - entry.polled > FILTER_TIMEOUT:
+            self._filters.pop(own_id, None)
+            entry = None
+        if entry is None or entry.account != account or entry.network != net.name:
+            if method == "eth_uninstallFilter":
+                return _result(False)  # geth's answer to an unknown id
+            raise JsonRpcError(NOT_FOUND, "filter not found")
+        if method == "eth_uninstallFilter":
+            del self._filters[own_id]
+            answer = await net.upstream.request(method, [entry.node_id])
+            return Outcome.answered(answer, BYPASS) if answer.is_error else _result(True)
+        if method == "eth_getFilterLogs":
+            if entry.criteria is None:
+                raise JsonRpcError(NOT_FOUND, "filter not found")  # geth: only log filters have logs
+            # eth_getLogs over the filter's criteria: its limits, its -32005s, its cache.
+            return await self._execute(self._prepare(Call("eth_getLogs", [entry.criteria], prepared.call.id), net))
+        entry.polled = self._clock()
+        return Outcome.answered(await self._changes(net, entry), BYPASS)
+
+    async def _install(self, prepared: Prepared, account: str) -> Outcome:
+        cap = self._settings.max_filters_per_key
+        if account != OPEN_ACCOUNT and self._live(account) >= cap:  # open mode: every client is one account
+            raise JsonRpcError(LIMIT_EXCEEDED, f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); "
+                               "uninstall one with eth_uninstallFilter")
+        net, method = prepared.network, prepared.call.method
+        raw = prepared.call.params
+        assert isinstance(raw, list)  # the gateway validated it: positional params
+        criteria = raw[0] if method == "eth_newFilter" else None  # validated as eth_getLogs' filter
+        answer = await net.upstream.request(method, raw)
+        if answer.is_error or not isinstance(answer.result, str):
+            return Outcome.answered(answer, BYPASS)
+        own_id = "0x" + secrets.token_hex(16)
+        assert isinstance(criteria, dict) or criteria is None
+        self._filters[own_id] = _Filter(account, net.name, answer.result, criteria, self._clock())
+        return _result(own_id)
+
+    def _live(self, account: str) -> int:
+        """The account's filters, forgetting those past FILTER_TIMEOUT (the node has dropped them)."""
+        now = self._clock()
+        expired = [k for k, f in self._filters.items() if now - f.polled > FILTER_TIMEOUT]
+        for own_id in expired:
+            del self._filters[own_id]
+        return sum(f.account == account for f in self._filters.values())
+
+    async def _changes(self, net: NetworkRuntime, entry: _Filter) -> Answer:
+        """The node's changes since the last poll, under eth_getLogs' time and result limits."""
+        settings = self._settings
+        try:
+            async with asyncio.timeout(settings.getlogs_timeout):
+                answer = await net.upstream.request("eth_getFilterChanges", [entry.node_id],
+                                                    timeout=settings.getlogs_timeout + 1)
+        except TimeoutError:
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        changes, limit = answer.result, settings.getlogs_max_results
+        if isinstance(changes, list) and len(changes) > limit:
+            # The node has moved the filter past these changes: `data` names the blocks they span,
+            # to be read with eth_getLogs in narrower ranges.
+            blocks = [b for b in (block_of(c) for c in changes) if b is not None]
+            data = {"fromBlock": hex(min(blocks)), "toBlock": hex(max(blocks))} if blocks else None
+            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results", data=data)
+        return answer
+
+
+def _result(value: Any) -> Outcome:
+    return Outcome(jsonrpc.dumps(value), False, BYPASS)
