@@ -25,7 +25,7 @@ async def test_a_filter_id_is_scoped_to_the_key_that_made_it(anvil: Anvil, proxy
     store = anvil.deploy_store()
     await proxy.head_at(anvil.block_number())
     own_id = await proxy.result("eth_newFilter", [{"address": store}], "key-a")
-    assert len(own_id) == 34  # the proxy's own id, 16 random bytes
+    assert len(own_id) > 34 and own_id not in str(proxy.upstreams["evm"].params)  # not the node's id
     anvil.send(store, selector("emitMany(uint256)") + word(2))
     for method in ("eth_getFilterChanges", "eth_getFilterLogs"):
         reply = await proxy.call(method, [own_id], "key-b")
@@ -70,3 +70,17 @@ async def test_live_filters_are_capped_per_key(proxy: Proxy) -> None:
     assert await proxy.result("eth_newPendingTransactionFilter", [], "key-b")  # another key's share is its own
     assert await proxy.result("eth_uninstallFilter", [ids[0]], "key-a") is True
     assert await proxy.result("eth_newFilter", [{}], "key-a")
+
+
+async def test_a_filter_made_on_one_replica_is_polled_on_another_by_its_key_only(anvil: Anvil, proxy: Proxy) -> None:
+    # Workers and replicas share no filter table: the id itself carries the node's id and its key's HMAC.
+    other = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b"))
+    try:
+        store = anvil.deploy_store()
+        own_id = await proxy.result("eth_newFilter", [{"address": store}], "key-a")
+        anvil.send(store, selector("emitMany(uint256)") + word(2))
+        assert (await other.call("eth_getFilterChanges", [own_id], "key-b"))["error"]["message"] == "filter not found"
+        assert len(await other.result("eth_getFilterChanges", [own_id], "key-a")) == 2
+        assert await other.result("eth_uninstallFilter", [own_id], "key-a") is True
+    finally:
+        await other.close()

@@ -1,8 +1,10 @@
 """Node-side filters (eth_newFilter and friends), owned by the key that made them and bounded.
 
-The proxy issues its own filter ids, mapped to the node's, so an id means nothing to another key
-("filter not found", as geth says of an unknown id), and counts each key's live filters
-(MAX_FILTERS_PER_KEY). eth_newFilter's criteria pass eth_getLogs' validator (GETLOGS_MAX_PARAMS);
+The proxy issues its own filter ids, so an id means nothing to another key ("filter not found", as
+geth says of an unknown id), and counts each key's live filters (MAX_FILTERS_PER_KEY, per process).
+An id is the node's id behind an HMAC of the key's name and that id, keyed by a digest of every
+configured API key: another worker or replica with the same keys reads it without shared state,
+and no tenant can forge one for another key. eth_newFilter's criteria pass eth_getLogs' validator (GETLOGS_MAX_PARAMS);
 eth_getFilterLogs is eth_getLogs over the filter's criteria, served by the read-through flow with
 its limits, cache and chunks; eth_getFilterChanges is the node's, under eth_getLogs' time and
 result limits (issue 19, item 5). A filter the client has not polled for FILTER_TIMEOUT seconds is
@@ -12,7 +14,8 @@ gone, as on geth.
 from __future__ import annotations
 
 import asyncio
-import secrets
+import hashlib
+import hmac
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ FILTER_METHODS = frozenset({"eth_newFilter", "eth_newBlockFilter", "eth_newPendi
                             "eth_getFilterChanges", "eth_getFilterLogs", "eth_uninstallFilter"})
 FILTER_TIMEOUT = 300.0  # geth's filter deadline: 5 minutes without a poll
 NOT_FOUND = -32000  # geth's code and message for an unknown filter id
+_TAG = 32  # hex digits of the HMAC that bind an id to its key
 
 Prepare = Callable[[Call, NetworkRuntime], Prepared]
 Execute = Callable[[Prepared], Awaitable[Outcome]]
@@ -40,7 +44,7 @@ Execute = Callable[[Prepared], Awaitable[Outcome]]
 class _Filter:
     account: str
     network: str
-    node_id: Any  # the node's own id, never shown to the client
+    node_id: str  # the node's own id
     criteria: dict[str, Any] | None  # eth_newFilter's filter object; None for block/pending filters
     polled: float  # monotonic time of creation or the last eth_getFilterChanges
 
@@ -49,6 +53,8 @@ class Filters:
     def __init__(self, settings: Settings, prepare: Prepare, execute: Execute,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
+        digests = sorted(k.sha256 for k in (settings.api_keys or {}).values())
+        self._secret = hashlib.sha256("filter ids\0".join(["", *digests]).encode()).digest()
         self._prepare = prepare
         self._execute = execute
         self._clock = clock
@@ -66,25 +72,26 @@ class Filters:
         if method in ("eth_newFilter", "eth_newBlockFilter", "eth_newPendingTransactionFilter"):
             return await self._install(prepared, account)
         own_id = params[0]
-        entry = self._filters.get(own_id)
-        if entry is not None and self._clock() - entry.polled > FILTER_TIMEOUT:
-            self._filters.pop(own_id, None)
-            entry = None
-        if entry is None or entry.account != account or entry.network != net.name:
+        node_id = self._node_id(account, own_id)
+        if node_id is None:
             if method == "eth_uninstallFilter":
                 return _result(False)  # geth's answer to an unknown id
             raise JsonRpcError(NOT_FOUND, "filter not found")
+        # Made here: its criteria and last poll are known. Else another worker or replica made it.
+        entry = self._filters.get(own_id)
+        if entry is not None and entry.network != net.name:
+            raise JsonRpcError(NOT_FOUND, "filter not found")
         if method == "eth_uninstallFilter":
-            del self._filters[own_id]
-            answer = await net.upstream.request(method, [entry.node_id])
-            return Outcome.answered(answer, BYPASS) if answer.is_error else _result(True)
-        if method == "eth_getFilterLogs":
+            self._filters.pop(own_id, None)
+            return Outcome.answered(await net.upstream.request(method, [node_id]), BYPASS)
+        if method == "eth_getFilterLogs" and entry is not None:
             if entry.criteria is None:
                 raise JsonRpcError(NOT_FOUND, "filter not found")  # geth: only log filters have logs
             # eth_getLogs over the filter's criteria: its limits, its -32005s, its cache.
             return await self._execute(self._prepare(Call("eth_getLogs", [entry.criteria], prepared.call.id), net))
-        entry.polled = self._clock()
-        return Outcome.answered(await self._changes(net, entry), BYPASS)
+        if entry is not None and method == "eth_getFilterChanges":
+            entry.polled = self._clock()
+        return Outcome.answered(await self._limited(net, method, node_id), BYPASS)
 
     async def _install(self, prepared: Prepared, account: str) -> Outcome:
         cap = self._settings.max_filters_per_key
@@ -98,10 +105,23 @@ class Filters:
         answer = await net.upstream.request(method, raw)
         if answer.is_error or not isinstance(answer.result, str):
             return Outcome.answered(answer, BYPASS)
-        own_id = "0x" + secrets.token_hex(16)
+        node_id = answer.result.lower()
+        if not node_id.startswith("0x"):
+            return Outcome.answered(answer, BYPASS)
+        own_id = "0x" + self._tag(account, node_id) + node_id[2:]
         assert isinstance(criteria, dict) or criteria is None
-        self._filters[own_id] = _Filter(account, net.name, answer.result, criteria, self._clock())
+        self._filters[own_id] = _Filter(account, net.name, node_id, criteria, self._clock())
         return _result(own_id)
+
+    def _tag(self, account: str, node_id: str) -> str:
+        return hmac.new(self._secret, f"{account}\0{node_id}".encode(), hashlib.sha256).hexdigest()[:_TAG]
+
+    def _node_id(self, account: str, own_id: str) -> str | None:
+        """The node's id behind one of `account`'s ids; None for anything else (another key's included)."""
+        tag, node_id = own_id[2:2 + _TAG], "0x" + own_id[2 + _TAG:]
+        if len(node_id) < 3 or not hmac.compare_digest(tag, self._tag(account, node_id)):
+            return None
+        return node_id
 
     def _live(self, account: str) -> int:
         """The account's filters, forgetting those past FILTER_TIMEOUT (the node has dropped them)."""
@@ -111,13 +131,12 @@ class Filters:
             del self._filters[own_id]
         return sum(f.account == account for f in self._filters.values())
 
-    async def _changes(self, net: NetworkRuntime, entry: _Filter) -> Answer:
-        """The node's changes since the last poll, under eth_getLogs' time and result limits."""
+    async def _limited(self, net: NetworkRuntime, method: str, node_id: str) -> Answer:
+        """The node's logs or changes of a filter, under eth_getLogs' time and result limits."""
         settings = self._settings
         try:
             async with asyncio.timeout(settings.getlogs_timeout):
-                answer = await net.upstream.request("eth_getFilterChanges", [entry.node_id],
-                                                    timeout=settings.getlogs_timeout + 1)
+                answer = await net.upstream.request(method, [node_id], timeout=settings.getlogs_timeout + 1)
         except TimeoutError:
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         changes, limit = answer.result, settings.getlogs_max_results

@@ -200,7 +200,7 @@ def filter_id(params: list[Any], rules: Rules) -> list[Any]:
     """eth_getFilterChanges, eth_getFilterLogs, eth_uninstallFilter: one filter id (the proxy's own)."""
     _arity(params, ("filterId",), 1)
     value = params[0]
-    if not isinstance(value, str) or len(value) > 66 or not _HEX.fullmatch(value) or len(value) < 3:
+    if not isinstance(value, str) or len(value) > 200 or not _HEX.fullmatch(value) or len(value) < 3:
         raise invalid_params("filterId", "expected a hex filter id such as 0x1f (as eth_newFilter returned)")
     return [value.lower()]
 
