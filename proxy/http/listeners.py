@@ -8,7 +8,7 @@ import errno
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -32,9 +32,9 @@ class _Refused(asyncio.Protocol):
     """A connection over the cap: answered 503 at once and closed, holding nothing."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(BUSY_RESPONSE)
-        transport.close()
+        writer = cast(asyncio.WriteTransport, transport)  # uvloop's transports are no asyncio subclass
+        writer.write(BUSY_RESPONSE)
+        writer.close()
 
 
 class PeerCounts:
@@ -79,8 +79,7 @@ class _Admission(asyncio.Protocol):
         self._peers = peers
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        address = transport.get_extra_info("peername")
+        address = transport.get_extra_info("peername")  # (uvloop's transports are no asyncio.Transport)
         peer = str(address[0]) if isinstance(address, tuple) and address else ""
         if not self._peers.admits(peer):
             throttled.warning("ip-cap", "refusing connections from one address: %d open (MAX_CONNECTIONS_PER_IP)",
