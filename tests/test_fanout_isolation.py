@@ -5,14 +5,13 @@ Two keys, real Anvil, the proxy on a real port."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 from collections import Counter
 from pathlib import Path
 
 from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
-from tests.ws_client import connect
+from tests.ws_client import connect, silent_socket
 
 VICTIM_BOUND = 1.5  # seconds: another key's calls while a busy block is fanned out (see README for figures)
 DAILY = str(10**12)  # enough for every notification of these blocks
@@ -22,30 +21,6 @@ def rss_mb() -> float:
     """This process's resident memory (the proxy runs in it)."""
     pages = int(Path("/proc/self/statm").read_text().split()[1])
     return pages * 4096 / 2**20
-
-
-def frame(body: bytes) -> bytes:
-    """A masked client text frame (mask key 0)."""
-    size = len(body)
-    header = bytes([0x81, 0x80 | size]) if size < 126 else bytes([0x81, 0x80 | 126]) + size.to_bytes(2, "big")
-    return header + b"\x00\x00\x00\x00" + body
-
-
-async def silent_socket(proxy: Proxy, key: str, subscriptions: int) -> socket.socket:
-    """A WebSocket that subscribes to wildcard logs `subscriptions` times, then never reads."""
-    loop = asyncio.get_running_loop()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-    sock.setblocking(False)
-    await loop.sock_connect(sock, ("127.0.0.1", proxy.server.port))
-    await loop.sock_sendall(sock, f"GET /ws/v3/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                            "Sec-WebSocket-Version: 13\r\n\r\n".encode())
-    assert b" 101 " in await loop.sock_recv(sock, 1024)
-    for rid in range(subscriptions):
-        body = json.dumps({"jsonrpc": "2.0", "id": rid, "method": "eth_subscribe", "params": ["logs", {}]})
-        await loop.sock_sendall(sock, frame(body.encode()))
-    return sock
 
 
 async def victim_latencies(proxy: Proxy, stop: asyncio.Event, out: list[float]) -> None:
@@ -109,7 +84,7 @@ async def test_silent_clients_with_wildcard_subscriptions_neither_stall_the_work
     sockets: list[socket.socket] = []
     try:
         await proxy.head_at(anvil.block_number())
-        sockets = [await silent_socket(proxy, "key-a", 100) for _ in range(20)]
+        sockets = [await silent_socket(proxy.server.port, "key-a", 100) for _ in range(20)]
 
         async def subscribed() -> bool:
             return await logs_subscriptions(proxy) == 2000
