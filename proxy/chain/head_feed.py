@@ -15,7 +15,8 @@ import logging
 from typing import Any
 
 from proxy.chain.heads import EvmHeadTracker, Head
-from proxy.http.subscriptions import LogBatch, Relay, Relayed, Session, Subscription, spawn
+from proxy.http.fanout import LogBatch
+from proxy.http.subscriptions import Relay, Relayed, Session, Subscription, spawn
 from proxy.rpc import jsonrpc
 from proxy.upstream.pool import Answer, Upstream
 

@@ -6,14 +6,8 @@ network's shared head feed, `head_feed.py`, or the upstream WebSocket relay, `up
 and sends what they deliver through one bounded queue: a consumer that falls behind by more than
 WS_SEND_BUFFER_BYTES, or by more than WS_MAX_LAG seconds, is disconnected (1008) rather than allowed
 to grow the proxy's memory. Every notification is charged before it is sent; a key that cannot pay
-gets an error on each of its subscriptions, which are then closed.
-
-Log fan-out is per connection (issue 19, item 2): the feed hands each connection a block's logs,
-encoded once and shared (`LogBatch`), in O(connections); the connection's own writer task matches
-them against its subscriptions and sends, as fast as its client reads. The writers busy with a
-batch share one SLICE_SECONDS per turn of the loop (each yields after its share), so however many
-there are, another key's request waits about one slice per step. A silent client costs one blocked
-writer, never the feed, and is closed once WS_MAX_LAG behind.
+gets an error on each of its subscriptions, which are then closed. A block's logs arrive as one
+shared batch, expanded by this connection's writer (fanout.py).
 """
 
 from __future__ import annotations
@@ -31,6 +25,7 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, web
 
 from proxy.config import Settings
+from proxy.http.fanout import LogBatch, expand
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
@@ -42,9 +37,6 @@ log = logging.getLogger("proxy.subscriptions")
 HEAD_KINDS = frozenset({"newHeads", "logs"})  # served from the network's own head feed
 EVM_NOTIFICATION = "eth_subscription"
 CLOSE_TIMEOUT = 2.0  # seconds a slow consumer's close frame may take before the socket is dropped
-SLICE_SECONDS = 0.005  # CPU the writers expanding log batches share per turn of the loop
-_SLICE_CHECK = 16  # notifications matched between looks at the clock
-_expanding = [0]  # writers expanding a log batch right now (one event loop per process)
 
 
 # --- pure parts ---------------------------------------------------------------------------
@@ -173,17 +165,8 @@ class Subscription:
         """Queue one notification; `result` is the encoded result, shared by every subscriber."""
         self.session.push(self, result)
 
-
-@dataclass(frozen=True, slots=True)
-class LogBatch:
-    """One block's logs (or its removed logs), each encoded once, shared by every connection."""
-
-    entries: tuple[Mapping[str, Any], ...]
-    payloads: tuple[bytes, ...]
-
-    @classmethod
-    def of(cls, entries: list[dict[str, Any]]) -> LogBatch:
-        return cls(tuple(entries), tuple(jsonrpc.dumps(entry) for entry in entries))
+    def wants(self, entry: Mapping[str, Any]) -> bool:
+        return self.match is None or self.match.matches(entry)
 
 
 @dataclass(slots=True)
@@ -399,7 +382,7 @@ class Session:
                     self._pending_bytes -= len(item.payload)
                     self._sending = item.queued
                     if item.logs is not None:
-                        await self._send_logs(item.logs, item.subs)
+                        await expand(item.logs, item.subs, self._send_log)
                         continue
                     sub = item.sub
                     if sub is not None and not await self._paid(sub, item.cost):
@@ -421,30 +404,15 @@ class Session:
             return self._sending
         return self._outbox[0].queued if self._outbox else time.monotonic()
 
-    async def _send_logs(self, batch: LogBatch, subs: tuple[Subscription, ...]) -> None:
-        """Match a shared batch against this connection's log subscriptions and send what matches,
-        yielding to the loop every SLICE_SECONDS: one connection's many subscriptions on a busy block
-        never hold the worker (send_frame also waits while the client's socket is full)."""
-        cost = self.settings.subscription_credits.get("logs", 0)
-        checked, started = 0, time.perf_counter()
-        _expanding[0] += 1
-        try:
-            for entry, payload in zip(batch.entries, batch.payloads, strict=True):
-                for sub in subs:
-                    checked += 1
-                    if checked % _SLICE_CHECK == 0 and time.perf_counter() - started > SLICE_SECONDS / _expanding[0]:
-                        await asyncio.sleep(0)
-                        started = time.perf_counter()
-                    if not sub.active or (sub.match is not None and not sub.match.matches(entry)):
-                        continue
-                    if not await self._paid(sub, cost):
-                        continue
-                    if self.ws.closed:
-                        return
-                    await self.ws.send_frame(jsonrpc.encode_notification(sub.method, sub.id, payload),
-                                             web.WSMsgType.TEXT)
-        finally:
-            _expanding[0] -= 1
+    async def _send_log(self, sub: Subscription, payload: bytes) -> bool:
+        """One log of a shared batch to one subscription (fanout.expand); False: the socket is gone.
+        send_frame waits while the client's socket is full: this writer alone."""
+        if not await self._paid(sub, self.settings.subscription_credits.get("logs", 0)):
+            return True
+        if self.ws.closed:
+            return False
+        await self.ws.send_frame(jsonrpc.encode_notification(sub.method, sub.id, payload), web.WSMsgType.TEXT)
+        return True
 
     async def _paid(self, sub: Subscription, cost: int) -> bool:
         """Charge one notification; a key out of credits ends every subscription of this connection."""
