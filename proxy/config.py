@@ -96,6 +96,11 @@ class Settings:
         return max(HEAD_STALE_POLLS * self.head_poll_interval, HEAD_STALE_MIN)
     ws_max_subscriptions: int = 100
     ws_send_buffer_bytes: int = 4 * 1024 * 1024
+    ws_max_lag: float = 10.0
+    ws_max_connections_per_key: int = 512
+    max_connections_per_ip: int = 1024
+    ws_idle_timeout: float = 300.0
+    max_filters_per_key: int = 100
     subscription_credits: Mapping[str, int] = field(default_factory=lambda: dict(SUBSCRIPTION_CREDITS))
     # Credits per call of methods outside the spec's seven (prices.py), with CREDITS_FILE applied.
     method_credits: Mapping[str, int] = field(default_factory=lambda: dict(METHOD_CREDITS))

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
+from proxy.file_trust import check_trusted
 from proxy.options import ConfigError, _csv, _upstream_urls
 from proxy.rpc.jsonrpc import METHOD_NAME
 
@@ -49,6 +50,7 @@ def _split_ws(urls: Any) -> tuple[Any, tuple[str, ...]]:
 
 
 def _load_toml(name: str, path: str) -> dict[str, Any]:
+    check_trusted(name, Path(path))
     try:
         return tomllib.loads(Path(path).read_text())
     except OSError as exc:

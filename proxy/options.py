@@ -122,6 +122,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("WS_MAX_SUBSCRIPTIONS", "maximum subscriptions per WebSocket connection (default 100)"),
     Option("WS_SEND_BUFFER_BYTES", "bytes a WebSocket connection may have waiting to be sent; past it the "
            "connection is closed as a slow consumer with 1008 (default 4194304)"),
+    Option("WS_MAX_LAG", "seconds a WebSocket connection may fall behind (its oldest unsent message's age); past it "
+           "the connection is closed as a slow consumer with 1008 (default 10)"),
+    Option("WS_MAX_CONNECTIONS_PER_KEY", "open WebSocket connections per API key; more are refused with HTTP 429 "
+           "(-32005); 0: no cap (default 512)"),
+    Option("MAX_CONNECTIONS_PER_IP", "open client connections per client IP address; more are answered 503 and closed "
+           "at once; 0: no cap, for a proxy behind a load balancer that hides client addresses (default 1024)"),
+    Option("WS_IDLE_TIMEOUT", "seconds a WebSocket connection with no subscription and no call is kept open; then it "
+           "is closed with 1000 (default 300)"),
+    Option("MAX_FILTERS_PER_KEY", "live node-side filters (eth_newFilter, eth_newBlockFilter, "
+           "eth_newPendingTransactionFilter) per API key; more are -32005 until one is uninstalled or expires "
+           "(default 100)"),
     Option("SUBSCRIPTION_CREDITS", "per-kind subscription credits, e.g. subscribe=5,newHeads=50,logs=300 "
            "(defaults: subscribe 5, newHeads 50, logs 300, newPendingTransactions 200, other 50)"),
 )
@@ -311,5 +322,10 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CREDITS_JOURNAL_DIR": ("credits_journal_dir", lambda _n, v: v),
     "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),
     "WS_SEND_BUFFER_BYTES": ("ws_send_buffer_bytes", _positive_int),
+    "WS_MAX_LAG": ("ws_max_lag", _positive_float),
+    "WS_MAX_CONNECTIONS_PER_KEY": ("ws_max_connections_per_key", _zero_or_positive_int),
+    "MAX_CONNECTIONS_PER_IP": ("max_connections_per_ip", _zero_or_positive_int),
+    "WS_IDLE_TIMEOUT": ("ws_idle_timeout", _positive_float),
+    "MAX_FILTERS_PER_KEY": ("max_filters_per_key", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
 }

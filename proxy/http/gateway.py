@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from proxy.calls import BYPASS, HIT, Outcome, Prepared
@@ -29,6 +29,7 @@ from proxy.rpc.jsonrpc import (
 )
 from proxy.rpc.methods import metric_label
 from proxy.service import Service
+from proxy.upstream.filters import FILTER_METHODS, Filters
 
 log = logging.getLogger("proxy.access")
 REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second limit, ledger unreachable
@@ -78,6 +79,7 @@ class Gateway:
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
+        self.filters = Filters(settings, service.prepare, service.execute)
 
     # --- auth ---------------------------------------------------------------------------
 
@@ -180,9 +182,9 @@ class Gateway:
                 prepared, cost = [], 0
 
         if len(prepared) == 1:  # the common case: no task per call
-            outcomes = iter([await self._service.execute(prepared[0])])
+            outcomes = iter([await self._execute(prepared[0], account)])
         else:
-            outcomes = iter(await asyncio.gather(*(self._service.execute(p) for p in prepared)))
+            outcomes = iter(await asyncio.gather(*(self._execute(p, account) for p in prepared)))
         results: list[Outcome] = [
             s if not isinstance(s, Prepared) else credit_refusal if credit_refusal is not None else next(outcomes)
             for s in slots
@@ -215,6 +217,12 @@ class Gateway:
         status = outcome.error.http_status if outcome.error is not None else 200
         extra = outcome.error.headers if outcome.error is not None else {}
         return self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
+
+    def _execute(self, prepared: Prepared, account: str) -> Awaitable[Outcome]:
+        """A node-side filter belongs to the key that made it (filters.py); every other call is the service's."""
+        if prepared.call.method in FILTER_METHODS:
+            return self.filters.execute(prepared, account)
+        return self._service.execute(prepared)
 
     def _cached_single(self, body: bytes | str, network: NetworkRuntime | None) -> _Hit | None:
         """The hot path: a plain single call already answered from memory for this head, straight from

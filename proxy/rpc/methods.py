@@ -106,6 +106,13 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_maxPriorityFeePerGas", "evm", p.no_params, CacheClass.HEAD, None),
         MethodPolicy("eth_blobBaseFee", "evm", p.no_params, CacheClass.HEAD, None),
         MethodPolicy("eth_feeHistory", "evm", p.eth_fee_history, CacheClass.FEE_HISTORY, None),
+        # Node-side filters, served per key by upstream/filters.py: criteria under eth_getLogs' rules.
+        MethodPolicy("eth_newFilter", "evm", p.eth_get_logs, CacheClass.NONE, None),
+        MethodPolicy("eth_newBlockFilter", "evm", p.no_params, CacheClass.NONE, None),
+        MethodPolicy("eth_newPendingTransactionFilter", "evm", p.no_params, CacheClass.NONE, None),
+        MethodPolicy("eth_getFilterChanges", "evm", p.filter_id, CacheClass.NONE, None),
+        MethodPolicy("eth_getFilterLogs", "evm", p.filter_id, CacheClass.NONE, None),
+        MethodPolicy("eth_uninstallFilter", "evm", p.filter_id, CacheClass.NONE, None),
         # Solana.
         MethodPolicy("getSlot", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
         MethodPolicy("getBlockHeight", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
