@@ -58,7 +58,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("CREDITS_FILE", "optional TOML file whose [credits] table sets per-method costs (method = credits) of "
            "methods outside the spec's seven; unlisted methods keep the built-in table, else DEFAULT_CREDITS"),
     Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
-    Option("MAX_BATCH_SIZE", "maximum calls in one batch (default 100)"),
+    Option("MAX_BATCH_SIZE", "maximum calls in one batch, each counted and charged (default 1000, as geth and "
+           "viem's batch: true)"),
     Option("MAX_BODY_BYTES", "maximum HTTP request body in bytes (default 5242880)"),
     Option("WS_MAX_MESSAGE_BYTES", "maximum WebSocket message in bytes (default 5242880)"),
     Option("WS_MAX_INFLIGHT", "maximum concurrent requests per WebSocket connection (default 64)"),
@@ -122,6 +123,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("WS_MAX_SUBSCRIPTIONS", "maximum subscriptions per WebSocket connection (default 100)"),
     Option("WS_SEND_BUFFER_BYTES", "bytes a WebSocket connection may have waiting to be sent; past it the "
            "connection is closed as a slow consumer with 1008 (default 4194304)"),
+    Option("CORS_ALLOW_ORIGINS", "comma-separated origins (https://app.example) browser pages may call from; "
+           "* for any (default *)"),
+    Option("COMPRESS_MIN_BYTES", "answers of at least this many bytes are gzip-compressed for clients that "
+           "accept it; 0 disables (default 4096)"),
+    Option("COMPRESS_CACHE_BYTES", "bytes of compressed cached answers kept, so a hit is not compressed again "
+           "(default 67108864)"),
+    Option("TRUSTED_PROXY_HEADER", "header carrying the client IP set by a proxy in front (X-Forwarded-For: its "
+           "last entry; X-Real-IP); the access log shows it instead of the peer's address (default: unset)"),
+    Option("UNMINED_TTL", "seconds a null receipt or transaction (not yet mined) is kept, at most; a new head "
+           "ends it sooner (default 0.25)"),
     Option("SUBSCRIPTION_CREDITS", "per-kind subscription credits, e.g. subscribe=5,newHeads=50,logs=300 "
            "(defaults: subscribe 5, newHeads 50, logs 300, newPendingTransactions 200, other 50)"),
 )
@@ -312,4 +323,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),
     "WS_SEND_BUFFER_BYTES": ("ws_send_buffer_bytes", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
+    "CORS_ALLOW_ORIGINS": ("cors_allow_origins", lambda _n, v: _csv(v)),
+    "COMPRESS_MIN_BYTES": ("compress_min_bytes", _zero_or_positive_int),
+    "COMPRESS_CACHE_BYTES": ("compress_cache_bytes", _positive_int),
+    "TRUSTED_PROXY_HEADER": ("trusted_proxy_header", lambda _n, v: v.strip()),
+    "UNMINED_TTL": ("unmined_ttl", _positive_float),
 }

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 from proxy.calls import BYPASS, HIT, Outcome, Prepared
 from proxy.config import Settings
+from proxy.config_files import KeyConfig
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
+from proxy.credits.allow_lists import AllowLists, call_refusal
 from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
 from proxy.credits.ledger import Ledger, Verdict
@@ -49,8 +51,8 @@ class Reply:
 
 
 def invalid_key_error() -> JsonRpcError:
-    return JsonRpcError(INVALID_API_KEY, "invalid API key: the key in the path is missing or unknown",
-                        http_status=401)
+    return JsonRpcError(INVALID_API_KEY, "invalid API key: the key (in the path, Authorization: Bearer or "
+                        "X-Api-Key) is missing or unknown", http_status=401)
 
 
 class Gateway:
@@ -68,8 +70,10 @@ class Gateway:
         self._metrics = metrics
         self._now = wall_clock
         self.open_mode = settings.open_mode
-        keys = settings.api_keys
-        self._accounts = None if keys is None else Accounts({name: k.sha256 for name, k in keys.items()})
+        self._accounts: Accounts | None = None
+        self.key_lists: dict[str, AllowLists] = {}  # accounts with an allow-list (allow_lists.py)
+        self._restricted: frozenset[str] = frozenset()  # ...whose lists restrict calls: no hot path
+        self.load_keys(settings.api_keys)
         self._access_log = settings.access_log
         self.router = Router(settings, service.networks)
         self._default_routes = self.router.default_routes  # read on the hot path
@@ -87,6 +91,13 @@ class Gateway:
         if self._accounts is None:
             return OPEN_ACCOUNT
         return self._accounts.account(api_key)
+
+    def load_keys(self, keys: Mapping[str, KeyConfig] | None) -> None:
+        """The keys and their allow-lists (at start, and again on SIGHUP: reload.py). Accounts whose
+        credit terms are not known yet get them from the cashier on first use."""
+        self._accounts = None if keys is None else Accounts({name: k.sha256 for name, k in keys.items()})
+        self.key_lists = {name: k.lists for name, k in (keys or {}).items() if k.lists.any}
+        self._restricted = frozenset(name for name, lists in self.key_lists.items() if lists.restricts_calls)
 
     # --- what subscriptions ask of the gateway (subscriptions.Charger) ----------------------
 
@@ -119,6 +130,8 @@ class Gateway:
         """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
         body and headers (or the Reply refusing it). Otherwise whether memory was checked (True: no
         hit, so `handle(..., memory_checked=True)`; False: a hit whose debit must ask the ledger)."""
+        if account in self._restricted:
+            return False  # its calls are checked against its lists on the general path
         started = time.perf_counter()
         hit = self._cached_single(body, network)
         if hit is None:
@@ -146,7 +159,8 @@ class Gateway:
     ) -> Reply:
         started = time.perf_counter()
         request_id = self._request_id()
-        hit = None if memory_checked else self._cached_single(body, network)
+        lists = self.key_lists.get(account) if account in self._restricted else None
+        hit = None if memory_checked or lists is not None else self._cached_single(body, network)
         if hit is not None:
             if self.open_mode:  # nothing to charge, so nothing to await
                 return self._serve_hit(hit, 0, None, request_id, started)
@@ -164,7 +178,9 @@ class Gateway:
                 slots.append(Outcome.failed(entry.error))
                 continue
             try:
-                slots.append(self._service.prepare(entry, self.router.route(entry, network)))
+                prepared_call = self._service.prepare(entry, self.router.route(entry, network))
+                refusal = call_refusal(lists, entry.method, prepared_call.params) if lists is not None else None
+                slots.append(prepared_call if refusal is None else Outcome.failed(refusal))
             except JsonRpcError as error:
                 slots.append(Outcome.failed(error))
 

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from proxy.config import Settings
 from proxy.http.gateway import Gateway, Reply, invalid_key_error
 from proxy.http.listeners import Exposition
+from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from proxy.logs import redacted
 from proxy.metrics import Metrics
@@ -154,9 +155,13 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
         # guarded() written out: one coroutine fewer on the path every cache hit takes.
         try:
             match = request.match_info
-            account = gateway.account(match.get("api_key", ""))
+            account = gateway.account(match.get("api_key") or api_key(request))
             if account is None:
                 return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+            if account in gateway.key_lists:
+                refusal = origin_check(gateway, account, request)
+                if refusal is not None:
+                    return error_response(refusal, NO_CHARGE)
             network = gateway.router.network_for(request.host, match.get("network"))
             content = request.content
             if not content.is_eof():  # the body is still arriving
