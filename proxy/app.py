@@ -94,7 +94,7 @@ def _networks(
                 guards.append(IdentityGuard(
                     net.name, per_upstream, declared_chain_id=net.chain_id,
                     interval=settings.identity_check_interval, retry=settings.head_poll_interval, metrics=metrics,
-                    on_identity=tracker.set_identity,
+                    on_identity=tracker.set_identity, on_adopt=tracker.adopt,
                 ))
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,

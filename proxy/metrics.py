@@ -203,6 +203,10 @@ class Metrics:
             "1 while an upstream serves another chain (chain id or genesis hash) and is out of rotation.",
             ["network", "upstream"], registry=r,
         )
+        self.identity_adoptions = Counter(
+            "rpc_proxy_identity_adoptions", "Networks with no declared identity that adopted a new chain every "
+            "upstream agreed on (a restarted devnet); its old cache entries are never served.", ["network"], registry=r,
+        )
         self.finality_violations = Counter(
             "rpc_proxy_finality_violations", "Finalized blocks whose hash changed (the network's entries were "
             "invalidated).", ["network"], registry=r,

@@ -245,6 +245,17 @@ class EvmHeadTracker:
         self._identity = identity.key_space()
         self._reissue()
 
+    def adopt(self, identity: ChainIdentity) -> None:
+        """Another chain on the same upstreams (identity.py's adoption rule): what was known of the old
+        one (head, block hashes, blocks shown, the finalized block) goes, and polling starts over."""
+        self.head = None
+        self.orphans.clear()
+        self.shown = 0
+        self._final = None
+        self._caught_up.set()
+        self.set_identity(identity)
+        self._wake.set()
+
     def _space(self) -> str | None:
         if self._identity is None:
             return None
@@ -358,6 +369,8 @@ class EvmHeadTracker:
             self._states.observe_head(latest_a.upstream, latest.number)
         old_head = self.head
         if old_head is not None and latest.number < old_head.latest:
+            if self._states is not None:
+                self._states.suspect.set()  # going back may be another chain (a restarted devnet)
             known = old_head.hashes.get(latest.number)
             same_chain = known is None or known == latest.hash
             if not self._furthest(latest_a.upstream) or (same_chain and not old_head.stale):
@@ -430,6 +443,8 @@ class EvmHeadTracker:
         self._metrics.finality_violations.labels(self.network).inc()
         self._epoch = now.hash[2:14]
         self._reissue()
+        if self._states is not None:
+            self._states.suspect.set()  # a restarted devnet looks like this: its identity is checked now
 
     async def _sync_window(self, latest: Header, finalized: int, old: dict[int, str]) -> dict[int, str]:
         """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
