@@ -34,8 +34,9 @@ class Cors:
         if origin is None:
             return
         headers = response.headers
-        if not self._any:
-            headers["Vary"] = "Origin"  # the answer depends on the Origin: caches in between must know
+        if not self._any:  # the answer depends on the Origin: caches in between must know
+            vary = headers.get("Vary")
+            headers["Vary"] = "Origin" if vary is None else f"{vary}, Origin"
         allowed = self.allow(origin)
         if allowed is not None:
             headers["Access-Control-Allow-Origin"] = allowed

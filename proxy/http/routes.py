@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -13,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
+from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.gateway import Gateway, Reply, invalid_key_error
 from proxy.http.listeners import Exposition
 from proxy.http.request_key import api_key, origin_check
@@ -135,6 +137,14 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
     open_hit_headers = {**gateway.open_hit_headers, "Content-Type": JSON_CONTENT_TYPE}
     reader = BodyReader(settings)
     max_body_bytes = reader.max_body_bytes
+    compressor = Compressor(settings.compress_min_bytes, settings.compress_cache_bytes)
+    compress_from = settings.compress_min_bytes or sys.maxsize  # one comparison for every small answer
+
+    def replied(request: web.Request, reply: Reply) -> web.StreamResponse:
+        if reply.body is not None and len(reply.body) >= compress_from and accepts_gzip(request):
+            reply.headers["Content-Type"] = JSON_CONTENT_TYPE
+            return compressor.respond(reply.body, reply.status, reply.headers)
+        return json_response(reply)
 
     async def awaited(
         request: web.Request, body: bytes | None, account: str, network: NetworkRuntime | None, memory_checked: bool,
@@ -147,7 +157,7 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
                 if isinstance(read, web.Response):
                     return read
                 body = read
-            return json_response(await gateway.handle(body, account, network, memory_checked=memory_checked))
+            return replied(request, await gateway.handle(body, account, network, memory_checked=memory_checked))
         finally:
             inflight.dec()
 
@@ -175,12 +185,16 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
             if gateway.open_mode:
                 encoded = gateway.open_hit(body, network)
                 if encoded is not None:
+                    if len(encoded) >= compress_from and accepts_gzip(request):
+                        return compressor.respond(encoded, 200, dict(open_hit_headers))
                     return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
                 return await awaited(request, body, account, network, True)
             hit = gateway.keyed_hit(body, account, network)
             if hit.__class__ is tuple:  # a paid hit: its body and headers
                 encoded, headers = hit
                 headers["Content-Type"] = JSON_CONTENT_TYPE
+                if len(encoded) >= compress_from and accepts_gzip(request):
+                    return compressor.respond(encoded, 200, headers)
                 return web.Response(body=encoded, headers=headers)
             if isinstance(hit, Reply):
                 return json_response(hit)
