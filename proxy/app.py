@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from proxy.http.ws import close_websockets, websocket_handler
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.redis_link import RedisClient, RedisLink, connect
+from proxy.reload import reload_keys
 from proxy.service import Service
 from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
@@ -190,7 +192,10 @@ class _Lifecycle:
         if self.stores.ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)
         tasks = await self._start()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, self._reload, app)
         yield
+        loop.remove_signal_handler(signal.SIGHUP)
         for runner in (internal, own):
             if runner is not None:
                 await runner.cleanup()
@@ -198,6 +203,10 @@ class _Lifecycle:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._close()
+
+    def _reload(self, app: web.Application) -> None:
+        # The gateway holds what changes (keys, lists, terms); app[SETTINGS] keeps the rest.
+        self.settings = reload_keys(self.settings, app[GATEWAY])
 
     async def _start(self) -> list[asyncio.Task[None]]:
         settings, runtimes, guards = self.settings, self.runtimes, self.guards
@@ -277,6 +286,8 @@ def create_app(
     runtimes, guards = _networks(settings, pool, metrics, shared)
     shown_relay = _shown_relay(runtimes, worker)
     stores = _stores(settings, metrics, clock, redis, ledger)
+    if stores.link is None:  # no Redis configured: no rpc_proxy_redis_up to say it is down
+        metrics.registry.unregister(metrics.redis_up)
     service = Service(settings, runtimes, stores.cache, metrics)
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time)
     feeds, relays = _streams(settings, runtimes)

@@ -92,6 +92,8 @@ class Settings:
     compress_cache_bytes: int = 64 * 1024 * 1024
     trusted_proxy_header: str | None = None
     unmined_ttl: float = 0.25
+    # API_KEYS and API_KEYS_FILE as given: SIGHUP reads the keys again from them (reload.py).
+    keys_source: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def head_stale_bound(self) -> float:
@@ -194,4 +196,6 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         # Each worker would hold its own full daily balance of every key: N times the credits.
         raise ConfigError("WORKERS above 1 with API keys needs a shared credit ledger: set REDIS_URL or "
                           "CREDITS_REDIS_URL (workers lease credits from it as replicas do)")
-    return Settings(networks=tuple(networks), default_network=defaults, api_keys=api_keys, **values)
+    keys_source: dict[str, str] = {k: raw[k] for k in ("API_KEYS", "API_KEYS_FILE") if k in raw}
+    return Settings(networks=tuple(networks), default_network=defaults, api_keys=api_keys, keys_source=keys_source,
+                    **values)

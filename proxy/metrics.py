@@ -11,7 +11,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 LATENCY_BUCKETS = (
@@ -121,6 +129,11 @@ class Metrics:
         self._add_credit_metrics(registry)
         self._add_chain_metrics(registry)
         self._add_connection_metrics(registry)
+        # The process (CPU, memory, file descriptors) and the interpreter (version, GC), as every
+        # Prometheus client exports them by default.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
 

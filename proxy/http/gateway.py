@@ -48,6 +48,7 @@ class Reply:
     body: bytes | None  # None: nothing to send (notifications only)
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    upstream_seconds: float | None = None  # the slowest upstream call's (ACCESS_LOG)
 
 
 def invalid_key_error() -> JsonRpcError:
@@ -98,6 +99,12 @@ class Gateway:
         self._accounts = None if keys is None else Accounts({name: k.sha256 for name, k in keys.items()})
         self.key_lists = {name: k.lists for name, k in (keys or {}).items() if k.lists.any}
         self._restricted = frozenset(name for name, lists in self.key_lists.items() if lists.restricts_calls)
+
+    def reload(self, settings: Settings) -> None:
+        """Keys, allow-lists and credit terms from new settings (SIGHUP); connections stay open."""
+        self._settings = settings
+        self.load_keys(settings.api_keys)
+        self.cashier.reload(settings)
 
     # --- what subscriptions ask of the gateway (subscriptions.Charger) ----------------------
 
@@ -226,11 +233,15 @@ class Gateway:
             refused = [o.error for o in results if o.error is not None and o.error.http_status in REFUSED_STATUSES]
             status = refused[0].http_status if refused and len(refused) == len(results) else 200
             extra = refused[0].headers if refused else {}
-            return self._reply(jsonrpc.encode_batch(parts), status, cost, remaining, None, extra)
+            reply = self._reply(jsonrpc.encode_batch(parts), status, cost, remaining, None, extra)
+            reply.upstream_seconds = max((o.upstream_seconds or 0.0 for o in results), default=0.0) or None
+            return reply
         outcome = results[0]
         status = outcome.error.http_status if outcome.error is not None else 200
         extra = outcome.error.headers if outcome.error is not None else {}
-        return self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
+        reply = self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
+        reply.upstream_seconds = outcome.upstream_seconds
+        return reply
 
     def _cached_single(self, body: bytes | str, network: NetworkRuntime | None) -> _Hit | None:
         """The hot path: a plain single call already answered from memory for this head, straight from

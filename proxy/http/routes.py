@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
+from proxy.http.access_log import UPSTREAM_SECONDS, logged
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.gateway import Gateway, Reply, invalid_key_error
 from proxy.http.listeners import Exposition
@@ -143,8 +144,12 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
     def replied(request: web.Request, reply: Reply) -> web.StreamResponse:
         if reply.body is not None and len(reply.body) >= compress_from and accepts_gzip(request):
             reply.headers["Content-Type"] = JSON_CONTENT_TYPE
-            return compressor.respond(reply.body, reply.status, reply.headers)
-        return json_response(reply)
+            response = compressor.respond(reply.body, reply.status, reply.headers)
+        else:
+            response = json_response(reply)
+        if reply.upstream_seconds is not None:
+            response[UPSTREAM_SECONDS] = reply.upstream_seconds
+        return response
 
     async def awaited(
         request: web.Request, body: bytes | None, account: str, network: NetworkRuntime | None, memory_checked: bool,
@@ -204,7 +209,7 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
         except Exception as exc:
             return failure_response(request, exc)
 
-    return rpc_handler
+    return logged(rpc_handler, gateway, settings.trusted_proxy_header) if settings.access_log else rpc_handler
 
 
 async def healthz(request: web.Request) -> web.Response:
