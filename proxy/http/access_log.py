@@ -19,7 +19,8 @@ from proxy.http.gateway import Gateway
 from proxy.http.request_key import api_key
 
 log = logging.getLogger("proxy.access")
-UPSTREAM_SECONDS = "upstream_seconds"  # set on a response by the route: the slowest upstream call's time
+# Set on a response by the route: the slowest upstream call's seconds.
+UPSTREAM_SECONDS = web.ResponseKey("upstream_seconds", float)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
