@@ -50,7 +50,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
     Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
     Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
-    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second"),
+    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second, "
+           "allowed_origins, allowed_methods, allowed_addresses; SIGHUP reads it again"),
     Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
     Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
     Option("DEFAULT_CREDITS", "credit cost of methods in neither the spec's table nor the credits table "
@@ -85,7 +86,8 @@ OPTIONS: tuple[Option, ...] = (
            "the node's own default sender applies, as with geth and Anvil)"),
     Option("LOG_FORMAT", "text or json (JSON lines)"),
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
-    Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
+    Option("ACCESS_LOG", "log every request (key name, client IP, status, total ms, cache, upstream ms) and every "
+           "call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
     Option("WORKERS", "worker processes sharing the port, each with its own memory tier; auto: one per CPU "
            "(default 1: one process, no supervisor)"),
