@@ -248,21 +248,20 @@ class _Lifecycle:
 def _add_routes(app: web.Application, settings: Settings, gateway: Gateway, metrics: Metrics,
                 exposition: Exposition) -> None:
     cors = Cors(settings.cors_allow_origins)
-    app.on_response_prepare.append(cors.on_prepare)
     app.router.add_route("OPTIONS", "/{tail:.*}", cors.preflight)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/healthz", cors.wrap(healthz))
+    app.router.add_get("/readyz", cors.wrap(readyz))
     if settings.metrics_port is None:  # else /metrics is served by the internal listener only
-        app.router.add_get("/metrics", metrics_route(exposition))
-    rpc_handler = rpc_route(gateway, metrics, settings)
-    ws_handler = guarded(websocket_handler)
+        app.router.add_get("/metrics", cors.wrap(metrics_route(exposition)))
+    rpc_handler = rpc_route(gateway, metrics, settings, cors)  # checks for an Origin itself
+    ws_handler = cors.wrap(guarded(websocket_handler))
     for prefix in ("", "/{network}"):
         app.router.add_post(prefix + "/v3/{api_key}", rpc_handler)
         app.router.add_get(prefix + "/ws/v3/{api_key}", ws_handler)
         for keyless in ("/v3", "/v3/"):  # the key in a header (request_key.py)
             app.router.add_post(prefix + keyless, rpc_handler)
             app.router.add_get(prefix + "/ws" + keyless, ws_handler)
-    app.router.add_route("*", "/{tail:.*}", fallback)
+    app.router.add_route("*", "/{tail:.*}", cors.wrap(fallback))
 
 
 def create_app(

@@ -161,3 +161,13 @@ async def test_a_batch_of_1000_calls_is_served_and_charged_per_call(keyed: Proxy
     status, answer, _h = await keyed.post([_call("eth_chainId", [], i) for i in range(1001)], "plain-secret")
     assert status == 400 and "exceeds the limit of 1000" in answer["error"]["message"]
 
+
+
+async def test_allow_lists_also_refuse_websocket_calls_and_subscriptions(keyed: Proxy) -> None:
+    async with keyed.session.ws_connect(keyed.ws_url("reader-secret")) as ws:
+        await ws.send_str(json.dumps(_call("eth_subscribe", ["logs", {"address": OTHER}])))
+        refused = json.loads((await ws.receive()).data)
+        assert refused["error"]["code"] == -32001 and "allowed_methods" in refused["error"]["message"]
+        await ws.send_str(json.dumps(_call("eth_getBalance", [OTHER, "latest"], 2)))
+        refused = json.loads((await ws.receive()).data)
+        assert "allowed_addresses" in refused["error"]["message"]

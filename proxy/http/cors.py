@@ -1,14 +1,19 @@
 """CORS (Fetch standard, "CORS protocol"): browser pages on other origins may call every HTTP route.
 
 Preflight `OPTIONS` is answered here (204, nothing charged); every other answer, errors included,
-gets `Access-Control-Allow-Origin` through one response-prepare hook that does nothing for a request
-without an `Origin` header (servers and scripts), so the cache-hit path of such clients pays one
-header lookup. Default: any origin, as hosted providers answer; `CORS_ALLOW_ORIGINS` narrows it.
+gets `Access-Control-Allow-Origin` when the request has an `Origin` header. Each route's handler is
+wrapped (`wrap`), and the JSON-RPC route checks for `Origin` itself: a response-prepare signal would
+cost every cache hit two coroutines, while a request without `Origin` (servers and scripts) pays one
+header lookup here. Default: any origin, as hosted providers answer; `CORS_ALLOW_ORIGINS` narrows it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Headers a page may read from an answer (Fetch: only CORS-safelisted ones otherwise).
 EXPOSED = "X-Cache, X-Credits-Charged, X-Credits-Remaining, Retry-After, X-Request-Id"
@@ -29,10 +34,17 @@ class Cors:
             return "*"
         return origin if origin.rstrip("/").lower() in self._origins else None
 
-    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+    def wrap(self, handler: Handler) -> Handler:
+        async def run(request: web.Request) -> web.StreamResponse:
+            return self.decorate(request, await handler(request))
+
+        return run
+
+    def decorate(self, request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+        """The response with the CORS headers its request's Origin calls for (none without one)."""
         origin = request.headers.get("Origin")
-        if origin is None:
-            return
+        if origin is None or response.prepared:  # a WebSocket's upgrade was sent when it was accepted
+            return response
         headers = response.headers
         if not self._any:  # the answer depends on the Origin: caches in between must know
             vary = headers.get("Vary")
@@ -41,8 +53,9 @@ class Cors:
         if allowed is not None:
             headers["Access-Control-Allow-Origin"] = allowed
             headers["Access-Control-Expose-Headers"] = EXPOSED
+        return response
 
-    async def preflight(self, request: web.Request) -> web.Response:
+    async def preflight(self, request: web.Request) -> web.StreamResponse:
         """A preflight: 204, no body, never charged, whatever path it names (Fetch, "CORS-preflight")."""
         headers = {
             "Access-Control-Allow-Methods": ALLOWED_METHODS,
@@ -50,4 +63,4 @@ class Cors:
             "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
             "X-Credits-Charged": "0",
         }
-        return web.Response(status=204, headers=headers)
+        return self.decorate(request, web.Response(status=204, headers=headers))

@@ -108,6 +108,11 @@ class Gateway:
 
     # --- what subscriptions ask of the gateway (subscriptions.Charger) ----------------------
 
+    def call_refusal(self, account: str, method: str, params: object) -> JsonRpcError | None:
+        """The refusal of the key's allowed_methods or allowed_addresses list for one call, if any."""
+        lists = self.key_lists.get(account)
+        return None if lists is None else call_refusal(lists, method, params)
+
     def route_method(self, method: str, network: NetworkRuntime | None) -> NetworkRuntime:
         return self.router.route_method(method, network)
 

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from proxy.config import Settings
 from proxy.http.access_log import UPSTREAM_SECONDS, logged
 from proxy.http.compression import Compressor, accepts_gzip
+from proxy.http.cors import Cors
 from proxy.http.gateway import Gateway, Reply, invalid_key_error
 from proxy.http.listeners import Exposition
 from proxy.http.request_key import api_key, origin_check
@@ -132,7 +133,7 @@ class BodyReader:
             self._receiving.give(held)
 
 
-def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler:
+def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings, cors: Cors | None = None) -> Handler:
     """The JSON-RPC POST handler, bound to its collaborators (no app lookups per request)."""
     inflight = metrics.inflight
     open_hit_headers = {**gateway.open_hit_headers, "Content-Type": JSON_CONTENT_TYPE}
@@ -166,7 +167,11 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
         finally:
             inflight.dec()
 
-    async def rpc_handler(request: web.Request) -> web.StreamResponse:
+    async def rpc_handler(request: web.Request, browser: bool = True) -> web.StreamResponse:
+        if browser and cors is not None and "Origin" in request.headers:
+            # A page's request: answered the same way, then given its CORS headers. cors.wrap()
+            # written out, so a request without Origin takes no extra coroutine.
+            return cors.decorate(request, await rpc_handler(request, False))
         # guarded() written out: one coroutine fewer on the path every cache hit takes.
         try:
             match = request.match_info
