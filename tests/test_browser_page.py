@@ -96,11 +96,12 @@ async def _page_server() -> TestServer:
     return server
 
 
-async def _drive(urls: list[str], anvil: Anvil) -> list[dict[str, Any]]:
+async def _drive(urls: list[str], anvil: Anvil, home: Path) -> list[dict[str, Any]]:
     """Open each page in Chromium; meanwhile mine a block every half second for the block watchers."""
     process = await asyncio.create_subprocess_exec(
         node_binary(), str(ROOT / "tests/browser/drive.mjs"), str(CHROMIUM), *urls,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"TOOLS": str(TOOLS), "HOME": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={"TOOLS": str(TOOLS), "HOME": str(home)},  # HOME: where Chromium keeps its profile
     )
     communicating = asyncio.ensure_future(process.communicate())
     try:
@@ -133,7 +134,7 @@ async def test_a_dapp_page_on_another_origin_reads_and_subscribes_through_the_pr
             page + urlencode({**common, "http": proxy.url("dapp-key"), "ws": proxy.ws_url("dapp-key")}),
             page + urlencode({**common, "http": proxy.url("locked-key"), "ws": proxy.ws_url("locked-key")}),
         ]
-        direct, through, locked = await _drive(urls, anvil)
+        direct, through, locked = await _drive(urls, anvil, tmp_path)
         assert "error" not in direct, direct
         assert "error" not in through, through
         assert (through["balance"], through["x"]) == (direct["balance"], direct["x"]) == (through["balance"], "7")
