@@ -51,7 +51,8 @@ async def test_gzip_answers_equal_the_nodes_bytes_after_decoding(anvil: Anvil) -
         await proxy.head_at(block + 64)
         async with aiohttp.ClientSession(auto_decompress=False) as raw:
             async with raw.post(anvil.url, json=_logs_request(address, block, 7)) as resp:
-                node = json.loads(await resp.read())["result"]
+                node_bytes = await resp.read()
+                node = json.loads(node_bytes)["result"]
             plain = None
             for rid, cache in ((7, "MISS"), (7, "HIT"), ("other-id", "HIT")):
                 async with raw.post(proxy.url(), json=_logs_request(address, block, rid), headers=GZIP) as resp:
@@ -65,7 +66,7 @@ async def test_gzip_answers_equal_the_nodes_bytes_after_decoding(anvil: Anvil) -
                                         headers={"Accept-Encoding": "identity"}) as resp:
                         assert "Content-Encoding" not in resp.headers  # not asked for: not compressed
                         plain = await resp.read()
-                    assert decoded == plain
+                    assert decoded == plain == node_bytes  # the node's own bytes, id and all
             batch = [_logs_request(address, block, 1), _logs_request(address, block, 2)]
             async with raw.post(proxy.url(), json=batch, headers=GZIP) as resp:
                 assert resp.headers["Content-Encoding"] == "gzip"
