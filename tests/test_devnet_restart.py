@@ -4,6 +4,7 @@ line, rpc_proxy_identity_adoptions_total, /readyz ready again; a declared identi
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -47,6 +48,10 @@ async def test_anvil_restarted_under_a_running_proxy_is_adopted_and_never_served
         read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(block)]}
         assert (await proxy.post(read))[1]["result"] == "0x" + word(11)
         assert (await proxy.post(read))[2]["X-Cache"] == "HIT"
+        heads = await proxy.session.ws_connect(proxy.ws_url())
+        await heads.send_str(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe",
+                                         "params": ["newHeads"]}))
+        assert "result" in json.loads((await heads.receive()).data)
 
         anvil.stop()  # a fresh devnet on the same URL: another genesis, the same chain id
         anvil = Anvil("--timestamp", "1700000500", port=anvil.port)
@@ -62,6 +67,15 @@ async def test_anvil_restarted_under_a_running_proxy_is_adopted_and_never_served
         status, body, headers = await proxy.post(read)
         assert status == 200 and body["result"] == "0x" + word(22) and headers["X-Cache"] != "HIT"
         assert any(r.levelno == logging.ERROR and "adopted" in r.getMessage() for r in caplog.records)
+        # A newHeads subscriber of the old chain goes on with the new one (its blocks come as a reorg's).
+        new_block = anvil.mine()
+        while True:
+            notification = json.loads((await heads.receive(timeout=30)).data)
+            if int(notification["params"]["result"]["number"], 16) == new_block:
+                break
+        assert notification["params"]["result"]["hash"] == anvil.rpc("eth_getBlockByNumber", hex(new_block),
+                                                                      False)["hash"]
+        await heads.close()
         assert anvil.url not in caplog.text
     finally:
         await proxy.close()
