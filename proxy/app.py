@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from proxy.config import Network, Settings
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
+from proxy.http.cors import Cors
 from proxy.http.gateway import Gateway
 from proxy.http.listeners import Exposition, registry_exposition, start_metrics_listener, start_unix_metrics
 from proxy.http.routes import fallback, guarded, healthz, metrics_route, readyz, rpc_route
@@ -28,6 +30,7 @@ from proxy.http.ws import close_websockets, websocket_handler
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.redis_link import RedisClient, RedisLink, connect
+from proxy.reload import reload_keys
 from proxy.service import Service
 from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
@@ -93,7 +96,7 @@ def _networks(
                 guards.append(IdentityGuard(
                     net.name, per_upstream, declared_chain_id=net.chain_id,
                     interval=settings.identity_check_interval, retry=settings.head_poll_interval, metrics=metrics,
-                    on_identity=tracker.set_identity,
+                    on_identity=tracker.set_identity, on_adopt=tracker.adopt,
                 ))
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
@@ -189,7 +192,10 @@ class _Lifecycle:
         if self.stores.ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)
         tasks = await self._start()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, self._reload, app)
         yield
+        loop.remove_signal_handler(signal.SIGHUP)
         for runner in (internal, own):
             if runner is not None:
                 await runner.cleanup()
@@ -197,6 +203,10 @@ class _Lifecycle:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._close()
+
+    def _reload(self, app: web.Application) -> None:
+        # The gateway holds what changes (keys, lists, terms); app[SETTINGS] keeps the rest.
+        self.settings = reload_keys(self.settings, app[GATEWAY])
 
     async def _start(self) -> list[asyncio.Task[None]]:
         settings, runtimes, guards = self.settings, self.runtimes, self.guards
@@ -237,17 +247,21 @@ class _Lifecycle:
 
 def _add_routes(app: web.Application, settings: Settings, gateway: Gateway, metrics: Metrics,
                 exposition: Exposition) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    cors = Cors(settings.cors_allow_origins)
+    app.router.add_route("OPTIONS", "/{tail:.*}", cors.preflight)
+    app.router.add_get("/healthz", cors.wrap(healthz))
+    app.router.add_get("/readyz", cors.wrap(readyz))
     if settings.metrics_port is None:  # else /metrics is served by the internal listener only
-        app.router.add_get("/metrics", metrics_route(exposition))
-    rpc_handler = rpc_route(gateway, metrics, settings)
+        app.router.add_get("/metrics", cors.wrap(metrics_route(exposition)))
+    rpc_handler = rpc_route(gateway, metrics, settings, cors)  # checks for an Origin itself
+    ws_handler = cors.wrap(guarded(websocket_handler))
     for prefix in ("", "/{network}"):
         app.router.add_post(prefix + "/v3/{api_key}", rpc_handler)
-        app.router.add_get(prefix + "/ws/v3/{api_key}", guarded(websocket_handler))
-    app.router.add_post("/v3", rpc_handler)
-    app.router.add_post("/v3/", rpc_handler)
-    app.router.add_route("*", "/{tail:.*}", fallback)
+        app.router.add_get(prefix + "/ws/v3/{api_key}", ws_handler)
+        for keyless in ("/v3", "/v3/"):  # the key in a header (request_key.py)
+            app.router.add_post(prefix + keyless, rpc_handler)
+            app.router.add_get(prefix + "/ws" + keyless, ws_handler)
+    app.router.add_route("*", "/{tail:.*}", cors.wrap(fallback))
 
 
 def create_app(
@@ -271,6 +285,8 @@ def create_app(
     runtimes, guards = _networks(settings, pool, metrics, shared)
     shown_relay = _shown_relay(runtimes, worker)
     stores = _stores(settings, metrics, clock, redis, ledger)
+    if stores.link is None:  # no Redis configured: no rpc_proxy_redis_up to say it is down
+        metrics.registry.unregister(metrics.redis_up)
     service = Service(settings, runtimes, stores.cache, metrics)
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time)
     feeds, relays = _streams(settings, runtimes)

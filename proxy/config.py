@@ -41,7 +41,7 @@ class Settings:
     credits_per_second: int | None = None
     default_credits: int = 20
     allowed_namespaces: frozenset[str] = frozenset()
-    max_batch_size: int = 100
+    max_batch_size: int = 1_000
     max_body_bytes: int = 5 * 1024 * 1024
     ws_max_message_bytes: int = 5 * 1024 * 1024
     ws_max_inflight: int = 64
@@ -87,6 +87,13 @@ class Settings:
     credits_lease_max: int = 100_000
     credits_lease_seconds: float = 10.0
     credits_journal_dir: str | None = None
+    cors_allow_origins: tuple[str, ...] | None = None  # None: any origin
+    compress_min_bytes: int = 4096  # 0: never compressed
+    compress_cache_bytes: int = 64 * 1024 * 1024
+    trusted_proxy_header: str | None = None
+    unmined_ttl: float = 0.25
+    # API_KEYS and API_KEYS_FILE as given: SIGHUP reads the keys again from them (reload.py).
+    keys_source: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def head_stale_bound(self) -> float:
@@ -194,4 +201,6 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         # Each worker would hold its own full daily balance of every key: N times the credits.
         raise ConfigError("WORKERS above 1 with API keys needs a shared credit ledger: set REDIS_URL or "
                           "CREDITS_REDIS_URL (workers lease credits from it as replicas do)")
-    return Settings(networks=tuple(networks), default_network=defaults, api_keys=api_keys, **values)
+    keys_source: dict[str, str] = {k: raw[k] for k in ("API_KEYS", "API_KEYS_FILE") if k in raw}
+    return Settings(networks=tuple(networks), default_network=defaults, api_keys=api_keys, keys_source=keys_source,
+                    **values)

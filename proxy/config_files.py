@@ -5,13 +5,15 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
+from proxy.credits.allow_lists import NO_LISTS, AllowLists
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
 from proxy.file_trust import check_trusted
 from proxy.options import ConfigError, _csv, _upstream_urls
@@ -39,6 +41,7 @@ class KeyConfig:
     daily_credits: int | None = None
     credits_per_second: int | None = None
     sha256: str = ""  # hex digest of the key's secret; the secret itself is not kept
+    lists: AllowLists = NO_LISTS  # allowed origins, methods, addresses (allow_lists.py)
 
 
 def _split_ws(urls: Any) -> tuple[Any, tuple[str, ...]]:
@@ -121,7 +124,29 @@ def _networks_from_file(path: str) -> list[Network]:
     return networks
 
 
-_KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second")
+_KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second", "allowed_origins", "allowed_methods",
+               "allowed_addresses")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s]+")
+
+
+# field -> (how one entry is written, its pattern once normalised, the normaliser)
+_LISTS: dict[str, tuple[str, re.Pattern[str], Callable[[str], str]]] = {
+    "allowed_origins": ("origins such as https://app.example", _ORIGIN, lambda i: i.rstrip("/").lower()),
+    "allowed_methods": ("method names", METHOD_NAME, lambda i: i),
+    "allowed_addresses": ("20-byte 0x addresses", _ADDRESS, str.lower),
+}
+
+
+def _allow_lists(where: str, entry: Mapping[str, Any]) -> AllowLists:
+    """A key's allowed_origins (scheme://host[:port]), allowed_methods and allowed_addresses."""
+    values: dict[str, frozenset[str]] = {}
+    for field_name, (kind, pattern, normal) in _LISTS.items():
+        items = entry.get(field_name, [])
+        if not isinstance(items, list) or not all(isinstance(i, str) and pattern.fullmatch(normal(i)) for i in items):
+            raise ConfigError(f"{where}: {field_name} must be a list of {kind}")
+        values[field_name.removeprefix("allowed_")] = frozenset(normal(i) for i in items)
+    return AllowLists(**values)
 
 
 def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
@@ -155,7 +180,7 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{where}: {field_name} must be a positive integer")
         values[field_name] = value
-    return name, KeyConfig(**values, sha256=sha)
+    return name, KeyConfig(**values, sha256=sha, lists=_allow_lists(where, entry))
 
 
 def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:

@@ -11,7 +11,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 LATENCY_BUCKETS = (
@@ -121,6 +129,11 @@ class Metrics:
         self._add_credit_metrics(registry)
         self._add_chain_metrics(registry)
         self._add_connection_metrics(registry)
+        # The process (CPU, memory, file descriptors) and the interpreter (version, GC), as every
+        # Prometheus client exports them by default.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
 
@@ -202,6 +215,10 @@ class Metrics:
             "rpc_proxy_upstream_identity_mismatch",
             "1 while an upstream serves another chain (chain id or genesis hash) and is out of rotation.",
             ["network", "upstream"], registry=r,
+        )
+        self.identity_adoptions = Counter(
+            "rpc_proxy_identity_adoptions", "Networks with no declared identity that adopted a new chain every "
+            "upstream agreed on (a restarted devnet); its old cache entries are never served.", ["network"], registry=r,
         )
         self.finality_violations = Counter(
             "rpc_proxy_finality_violations", "Finalized blocks whose hash changed (the network's entries were "

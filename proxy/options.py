@@ -50,7 +50,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
     Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
     Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
-    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second"),
+    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second, "
+           "allowed_origins, allowed_methods, allowed_addresses; SIGHUP reads it again"),
     Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
     Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
     Option("DEFAULT_CREDITS", "credit cost of methods in neither the spec's table nor the credits table "
@@ -58,7 +59,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("CREDITS_FILE", "optional TOML file whose [credits] table sets per-method costs (method = credits) of "
            "methods outside the spec's seven; unlisted methods keep the built-in table, else DEFAULT_CREDITS"),
     Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
-    Option("MAX_BATCH_SIZE", "maximum calls in one batch (default 100)"),
+    Option("MAX_BATCH_SIZE", "maximum calls in one batch, each counted and charged (default 1000, as geth and "
+           "viem's batch: true)"),
     Option("MAX_BODY_BYTES", "maximum HTTP request body in bytes (default 5242880)"),
     Option("WS_MAX_MESSAGE_BYTES", "maximum WebSocket message in bytes (default 5242880)"),
     Option("WS_MAX_INFLIGHT", "maximum concurrent requests per WebSocket connection (default 64)"),
@@ -84,7 +86,8 @@ OPTIONS: tuple[Option, ...] = (
            "the node's own default sender applies, as with geth and Anvil)"),
     Option("LOG_FORMAT", "text or json (JSON lines)"),
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
-    Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
+    Option("ACCESS_LOG", "log every request (key name, client IP, status, total ms, cache, upstream ms) and every "
+           "call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
     Option("WORKERS", "worker processes sharing the port, each with its own memory tier; auto: one per CPU "
            "(default 1: one process, no supervisor)"),
@@ -133,6 +136,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("MAX_FILTERS_PER_KEY", "live node-side filters (eth_newFilter, eth_newBlockFilter, "
            "eth_newPendingTransactionFilter) per API key; more are -32005 until one is uninstalled or expires "
            "(default 100)"),
+    Option("CORS_ALLOW_ORIGINS", "comma-separated origins (https://app.example) browser pages may call from; "
+           "* for any (default *)"),
+    Option("COMPRESS_MIN_BYTES", "answers of at least this many bytes are gzip-compressed for clients that "
+           "accept it; 0 disables (default 4096)"),
+    Option("COMPRESS_CACHE_BYTES", "bytes of compressed cached answers kept, so a hit is not compressed again "
+           "(default 67108864)"),
+    Option("TRUSTED_PROXY_HEADER", "header carrying the client IP set by a proxy in front (X-Forwarded-For: its "
+           "last entry; X-Real-IP); the access log shows it instead of the peer's address (default: unset)"),
+    Option("UNMINED_TTL", "seconds a null receipt or transaction (not yet mined) is kept, at most; a new head "
+           "ends it sooner (default 0.25)"),
     Option("SUBSCRIPTION_CREDITS", "per-kind subscription credits, e.g. subscribe=5,newHeads=50,logs=300 "
            "(defaults: subscribe 5, newHeads 50, logs 300, newPendingTransactions 200, other 50)"),
 )
@@ -328,4 +341,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WS_IDLE_TIMEOUT": ("ws_idle_timeout", _positive_float),
     "MAX_FILTERS_PER_KEY": ("max_filters_per_key", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
+    "CORS_ALLOW_ORIGINS": ("cors_allow_origins", lambda _n, v: _csv(v)),
+    "COMPRESS_MIN_BYTES": ("compress_min_bytes", _zero_or_positive_int),
+    "COMPRESS_CACHE_BYTES": ("compress_cache_bytes", _positive_int),
+    "TRUSTED_PROXY_HEADER": ("trusted_proxy_header", lambda _n, v: v.strip()),
+    "UNMINED_TTL": ("unmined_ttl", _positive_float),
 }

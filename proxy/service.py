@@ -36,6 +36,7 @@ from proxy.rpc.jsonrpc import (
 from proxy.rpc.methods import (
     POLICIES,
     SUBSCRIPTION_METHODS,
+    WRITE_METHODS,
     CacheClass,
     MethodPolicy,
     family_of,
@@ -88,6 +89,7 @@ class Service:
             largest_accounts=settings.solana_largest_accounts_ttl,
             token_balance=settings.solana_balance_max_age,
             identity=settings.identity_check_interval,
+            unmined=settings.unmined_ttl,
         )
         chunks = ChunkedLogs(settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency,
                              settings.getlogs_max_results, metrics)
@@ -185,6 +187,8 @@ class Service:
             if prepared.refs:  # validated, uncached (eth_estimateGas): block parameters as the caller gave them
                 params = substitute(params, {id(r): r.encode() for r in prepared.refs})
             answer = await net.upstream.request(method, params)
+            if method in WRITE_METHODS and not answer.is_error and isinstance(net.tracker, EvmHeadTracker):
+                net.tracker.wrote()  # writes are hints: the block holding it may be out already (automining)
             return Outcome.answered(self._shown(net, method, answer, prepared.refs), BYPASS)
 
         refs = prepared.refs

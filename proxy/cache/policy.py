@@ -49,6 +49,7 @@ class Ttls:
     largest_accounts: float = 3600.0
     token_balance: float = 0.4
     identity: float = 30.0
+    unmined: float = 0.25  # a null receipt: well under a client's poll interval (viem, ethers: 4 s, 1 s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +160,14 @@ def transaction_ttl(result: Any, head: Head | None, orphans: Mapping[str, None],
     Immutable once its block is at or below finalized; while above, kept for the unfinalized TTL only
     if the tracker holds that very block hash as canonical (so a reorg that replaces the block is seen,
     and transaction_servable stops serving it). A pending transaction (no block yet) is "not yet
-    mined", like null: the negative TTL at most.
+    mined", like null: UNMINED_TTL at most (and the caller keys it to the head: a new block ends it).
     """
     if result is None:
-        return ttls.negative
+        return min(ttls.negative, ttls.unmined)
     block = answer_block(result)
     if block is None:
         pending = isinstance(result, dict) and result.get("blockHash", "absent") is None
-        return min(ttls.negative, ttls.unfinalized) if pending else None
+        return min(ttls.negative, ttls.unfinalized, ttls.unmined) if pending else None
     if head is None or not transaction_servable(result, head, orphans):
         return None  # a block the tracker has not seen (or saw replaced): served, not kept
     return FOREVER if block[0] <= head.finalized else ttls.unfinalized

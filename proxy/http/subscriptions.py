@@ -134,9 +134,12 @@ class Relay(Protocol):
 
 
 class Charger(Protocol):
-    """The gateway's stream charging (Gateway.charge_stream) and routing (Gateway.route_method)."""
+    """The gateway's stream charging (Gateway.charge_stream), routing (Gateway.route_method) and the
+    key's allow-lists (Gateway.call_refusal)."""
 
     async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None: ...
+
+    def call_refusal(self, account: str, method: str, params: Any) -> JsonRpcError | None: ...
 
     def route_method(self, method: str, network: Any) -> Any: ...
 
@@ -229,6 +232,9 @@ class Session:
         if len(self.subs) >= self.settings.ws_max_subscriptions:
             raise JsonRpcError(LIMIT_EXCEEDED, f"too many subscriptions: at most {self.settings.ws_max_subscriptions} "
                                "per connection (WS_MAX_SUBSCRIPTIONS)")
+        refusal = self.gateway.call_refusal(self.account, call.method, params)
+        if refusal is not None:
+            raise refusal
         runtime = self.gateway.route_method(call.method, self.network)
         family = runtime.config.family
         solana = call.method in SOLANA_PUBSUB

@@ -9,6 +9,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.http.gateway import invalid_key_error
+from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.subscriptions import Session, subscription_call
 from proxy.http.ws_state import Connection
@@ -22,10 +23,13 @@ log = logging.getLogger("proxy.ws")
 async def websocket_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     gateway, metrics, settings = app[GATEWAY], app[METRICS], app[SETTINGS]
-    account = gateway.account(request.match_info.get("api_key", ""))
+    account = gateway.account(api_key(request))
     if account is None:
         # The upgrade is refused the same way as HTTP: 401 with a JSON-RPC error body.
         return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+    refusal = origin_check(gateway, account, request)  # a browser's handshake carries its page's Origin
+    if refusal is not None:
+        return error_response(refusal, {"X-Credits-Charged": "0"})
     network = gateway.router.network_for(request.host, request.match_info.get("network"))
     cap = settings.ws_max_connections_per_key
     if cap and account != OPEN_ACCOUNT and sum(c.account == account for c in app[WEBSOCKETS]) >= cap:

@@ -140,6 +140,8 @@ SOLANA_PUBSUB = {
 SOLANA_PUBSUB_METHODS = frozenset(SOLANA_PUBSUB) | frozenset(SOLANA_PUBSUB.values())
 
 # Subscription streams: served by the WebSocket transport (subscriptions.py), refused over HTTP.
+# A forwarded write makes the head tracker poll at once (heads.py, EvmHeadTracker.wrote).
+WRITE_METHODS = frozenset({"eth_sendRawTransaction", "eth_sendTransaction"})
 SUBSCRIPTION_METHODS = frozenset({"eth_subscribe", "eth_unsubscribe"}) | SOLANA_PUBSUB_METHODS
 
 # Solana's JSON-RPC methods are camelCase without a namespace; EVM ones are namespace_method.

@@ -150,6 +150,7 @@ class HttpUpstream:
         self._metrics = metrics
         self._cooldown = cooldown
         self._down_until = [0.0] * len(self._urls)
+        self._unreachable = [False] * len(self._urls)  # its last attempt could not reach it (INFO when back)
         self._session = session
         self._next_id = 0
         self._batch_max = batch_max
@@ -192,7 +193,11 @@ class HttpUpstream:
         except TimeoutError:
             raise _Failed("timeout", "timed out") from None
         except aiohttp.ClientError as exc:
+            self._unreachable[index] = True
             raise _Failed("connect", type(exc).__name__) from None
+        if self._unreachable[index]:
+            self._unreachable[index] = False
+            log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
         try:
             return jsonrpc.loads(raw)
         except jsonrpc.JSONDecodeError:
