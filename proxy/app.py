@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -193,9 +194,14 @@ class _Lifecycle:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)
         tasks = await self._start()
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, self._reload, app)
+        # Signals reach only the main thread: an app run in another (embedded, or a test's server
+        # thread) is reloaded by its owner, not by SIGHUP.
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main:
+            loop.add_signal_handler(signal.SIGHUP, self._reload, app)
         yield
-        loop.remove_signal_handler(signal.SIGHUP)
+        if on_main:
+            loop.remove_signal_handler(signal.SIGHUP)
         for runner in (internal, own):
             if runner is not None:
                 await runner.cleanup()
