@@ -10,12 +10,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from proxy.caller import CALLER
 from proxy.calls import BYPASS, HIT, Outcome, Prepared
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
 from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
 from proxy.credits.ledger import Ledger, Verdict
+from proxy.http.response_size import ResponseBudget
 from proxy.http.routing import Router
 from proxy.metrics import HitCells, Metrics
 from proxy.network import NetworkRuntime
@@ -179,10 +181,16 @@ class Gateway:
                 credit_refusal = Outcome.failed(refusal)
                 prepared, cost = [], 0
 
-        if len(prepared) == 1:  # the common case: no task per call
-            outcomes = iter([await self._service.execute(prepared[0])])
-        else:
-            outcomes = iter(await asyncio.gather(*(self._service.execute(p) for p in prepared)))
+        budget = ResponseBudget(self._settings.max_response_bytes)
+        # Everything below runs as this key: its upstream slots, its cache admission (caller.py).
+        caller = CALLER.set(None if self.open_mode else account)
+        try:
+            if len(prepared) == 1:  # the common case: no task per call
+                outcomes = iter([budget.take(await self._service.execute(prepared[0]))])
+            else:
+                outcomes = iter(await asyncio.gather(*(self._bounded(p, budget) for p in prepared)))
+        finally:
+            CALLER.reset(caller)
         results: list[Outcome] = [
             s if not isinstance(s, Prepared) else credit_refusal if credit_refusal is not None else next(outcomes)
             for s in slots
@@ -215,6 +223,10 @@ class Gateway:
         status = outcome.error.http_status if outcome.error is not None else 200
         extra = outcome.error.headers if outcome.error is not None else {}
         return self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
+
+    async def _bounded(self, prepared: Prepared, budget: ResponseBudget) -> Outcome:
+        """A batch member's outcome, its answer dropped at once if the batch's answers outgrow the limit."""
+        return budget.take(await self._service.execute(prepared))
 
     def _cached_single(self, body: bytes | str, network: NetworkRuntime | None) -> _Hit | None:
         """The hot path: a plain single call already answered from memory for this head, straight from
