@@ -18,7 +18,7 @@ import aiohttp
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import INVALID_REQUEST, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.state import UpstreamStates
 
@@ -92,9 +92,15 @@ def _is_response(reply: Any) -> bool:
 
 
 def single_problem(reply: Any, sent: int) -> str | None:
-    """Why a reply does not answer the single call with id `sent`, or None when it does."""
+    """Why a reply does not answer the single call with id `sent`, or None when it does.
+
+    An error object with `id: null` is the node saying it could not read the call (JSON-RPC 2.0
+    section 5: the id is null when it could not be determined): its answer to this request, about
+    the request, not a fault of the node."""
     if not _is_response(reply):
         return "malformed reply"
+    if reply.get("id") is None and reply.get("error") is not None:
+        return None
     if reply.get("id") != sent or isinstance(reply.get("id"), bool):
         return "reply id differs from the request id"
     return None
@@ -117,6 +123,9 @@ def batch_problem(reply: Any, ids: range) -> str | None:
 
 # Failures after a node took the call: it may have run it (charging.py charges such calls).
 REACHED_KINDS = frozenset({"timeout", "invalid", "mismatch"})
+# HTTP statuses that say the request itself is at fault (malformed, too large): every node would
+# refuse it, so it is not asked of the next one and cools no upstream down for everyone else.
+REQUEST_FAULT_STATUSES = frozenset({400, 413, 414, 431})
 
 
 class _Failed(Exception):
@@ -186,6 +195,8 @@ class HttpUpstream:
             async with self._client().post(
                 self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout)
             ) as response:
+                if response.status in REQUEST_FAULT_STATUSES:
+                    raise _Failed("refused", f"HTTP {response.status}")
                 if response.status != 200:
                     raise _Failed("http", f"HTTP {response.status}")
                 raw = await response.read()
@@ -222,6 +233,11 @@ class HttpUpstream:
                     # A reply that does not answer what was asked is a fault of that node.
                     raise _Failed("mismatch", problem)
             except _Failed as failure:
+                if failure.kind == "refused":
+                    # The request's own fault: the caller hears it; the node stays in rotation.
+                    raise JsonRpcError(INVALID_REQUEST, f"invalid request: upstream #{index} refused it "
+                                       f"({failure.detail}); it is too large or malformed for the node",
+                                       http_status=400, reached=True) from None
                 if failure.kind == "connect":
                     self.states.lost(index)
                 self._down_until[index] = time.monotonic() + self._cooldown
