@@ -45,11 +45,14 @@ class ChunkedLogs:
     async def run(self, first: int, last: int, pieces: list[lc.Piece], ask: AskPiece, deadline: float) -> Merged:
         """The merged answer of range [first, last]; JsonRpcError -32005 past the limits."""
         bound = asyncio.Semaphore(self._concurrency)
+        worked = False  # a piece was answered by a node: the call did upstream work (charging.py)
 
         async def one(piece: lc.Piece) -> tuple[list[object], bool]:
+            nonlocal worked
             async with bound:
                 payload, is_error, cache = await ask(piece.start, piece.end)
                 went = cache != lc.HIT
+                worked = worked or went
                 if is_error and not piece.whole:
                     # A node may refuse a whole chunk (its own result or range limit) that the
                     # range needs only part of: that part is asked exactly.
@@ -64,9 +67,17 @@ class ChunkedLogs:
                                    "holds logs outside the blocks asked", http_status=502)
             return lc.cut(logs, piece), went
 
+        tasks = [asyncio.ensure_future(one(p)) for p in pieces]
         try:
             async with asyncio.timeout_at(deadline):
-                answers = await asyncio.gather(*(one(p) for p in pieces))
+                answers = await asyncio.gather(*tasks)
+        except JsonRpcError as error:
+            if worked and error.code == UPSTREAM_UNAVAILABLE and not error.reached:
+                # Some pieces were answered before this one failed (a 429, say): the call did
+                # upstream work and is charged (charging.py), never a free amplification.
+                raise JsonRpcError(error.code, error.message, error.data, http_status=error.http_status,
+                                   headers=error.headers, reached=True) from error
+            raise
         except TimeoutError:
             # spec: a query that runs longer than 10 seconds fails with -32005, every piece and retry
             # included (pieces still in flight finish on their own and are kept for the next call).
@@ -74,6 +85,9 @@ class ChunkedLogs:
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         except _PieceFailed as failed:
             return Merged(failed.payload, True, lc.MISS if failed.went_upstream else lc.HIT)
+        finally:
+            for task in tasks:  # the call has its answer: pieces not started yet are not asked
+                task.cancel()
         merged = lc.merge([logs for logs, _ in answers])
         if len(merged) > self._max_results:
             # spec: more than 10,000 results over the whole range fails with -32005; nothing partial.
