@@ -46,13 +46,17 @@ class ChunkedLogs:
         """The merged answer of range [first, last]; JsonRpcError -32005 past the limits."""
         bound = asyncio.Semaphore(self._concurrency)
         worked = False  # a piece was answered by a node: the call did upstream work (charging.py)
+        upstream = 0  # pieces that went upstream
 
-        async def one(piece: lc.Piece) -> tuple[list[object], bool]:
-            nonlocal worked
+        async def one(piece: lc.Piece, budgeted: bool = True) -> tuple[list[object], bool] | None:
+            nonlocal worked, upstream
             async with bound:
+                if budgeted and upstream >= lc.MAX_UPSTREAM_PIECES:
+                    return None  # past the call's budget: the rest of the range is asked at once (below)
                 payload, is_error, cache = await ask(piece.start, piece.end)
                 went = cache != lc.HIT
                 worked = worked or went
+                upstream += went
                 if is_error and not piece.whole:
                     # A node may refuse a whole chunk (its own result or range limit) that the
                     # range needs only part of: that part is asked exactly.
@@ -71,6 +75,11 @@ class ChunkedLogs:
         try:
             async with asyncio.timeout_at(deadline):
                 answers = await asyncio.gather(*tasks)
+                # Pieces take the semaphore in order, so those past the budget are the range's tail.
+                deferred = next((i for i, answer in enumerate(answers) if answer is None), None)
+                if deferred is not None:
+                    start = pieces[deferred].want_start
+                    answers = [*answers[:deferred], await one(lc.Piece(start, last, start, last), budgeted=False)]
         except JsonRpcError as error:
             if worked and error.code == UPSTREAM_UNAVAILABLE and not error.reached:
                 # Some pieces were answered before this one failed (a 429, say): the call did
@@ -88,10 +97,11 @@ class ChunkedLogs:
         finally:
             for task in tasks:  # the call has its answer: pieces not started yet are not asked
                 task.cancel()
-        merged = lc.merge([logs for logs, _ in answers])
+        done = [answer for answer in answers if answer is not None]
+        merged = lc.merge([logs for logs, _ in done])
         if len(merged) > self._max_results:
             # spec: more than 10,000 results over the whole range fails with -32005; nothing partial.
             self._metrics.getlogs_rejections.labels("results").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {self._max_results} results",
                                data=lc.narrower_range(merged, first, self._max_results))
-        return Merged(dumps(merged), False, lc.cache_result([went for _, went in answers]))
+        return Merged(dumps(merged), False, lc.cache_result([went for _, went in done]))

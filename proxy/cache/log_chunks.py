@@ -27,6 +27,11 @@ SMALL_CHUNK_DIVISOR = 10  # near finality: chunks of size // 10 blocks
 # A range of more pieces is asked whole, as it comes: a cold range of thousands of chunks would be
 # thousands of upstream calls (each a provider's full price) where one does, and a lookup per chunk.
 MAX_PIECES = 200
+# Pieces of one call that may go upstream one by one; the rest of a colder range is asked as one
+# exact piece. A wide cold range thus costs at most this many upstream calls (plus one, and the
+# pieces in flight when the budget ran out), not one per chunk: a call's upstream amplification is
+# bounded whatever range a client names (README "Security").
+MAX_UPSTREAM_PIECES = 16
 
 
 @dataclass(frozen=True, slots=True)
