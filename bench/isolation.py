@@ -223,7 +223,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout whose proxy is run")
-    parser.add_argument("--redis-maxmemory", default="64mb")
+    parser.add_argument("--redis-maxmemory", default="16mb")
+    parser.add_argument("--cache-memory", default=str(16 << 20), help="CACHE_MEMORY_BYTES of the proxy")
     parser.add_argument("--slow-callbacks", action="store_true",
                         help="run the proxy in asyncio debug mode and print the longest callback of each phase "
                              "(asyncio's slow-callback detection, 50 ms threshold; debug mode slows the proxy)")
@@ -236,7 +237,8 @@ async def main() -> None:
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(args.root), "EVM_UPSTREAM": anvil.url, "REDIS_URL": cache_server.url,
                "API_KEYS": f"{ATTACKER},{VICTIM}", "PROXY_PORT": str(port), "GETLOGS_CHUNK_BLOCKS": str(WIDE_CHUNK),
-               "HEAD_POLL_INTERVAL": "0.5", "LOG_LEVEL": "ERROR", "SHUTDOWN_TIMEOUT": "1", "DAILY_CREDITS": str(10**12)}
+               "CACHE_MEMORY_BYTES": args.cache_memory, "HEAD_POLL_INTERVAL": "0.5", "LOG_LEVEL": "ERROR",
+               "SHUTDOWN_TIMEOUT": "1", "DAILY_CREDITS": str(10**12)}
         # Kept with --slow-callbacks, whose warnings name the slow callbacks.
         log = tempfile.NamedTemporaryFile(prefix="isolation-proxy-", suffix=".log",  # noqa: SIM115
                                           delete=not args.slow_callbacks)
@@ -251,6 +253,7 @@ async def main() -> None:
         cache = redis.Redis.from_url(cache_server.url)
         print(f"proxy from {args.root}; Anvil {chain.latest + 1} blocks, {LOGS_PER_TX * LOG_TXS} logs in blocks "
               f"{chain.first}-{chain.last}; Redis maxmemory {args.redis_maxmemory} allkeys-lru; "
+              f"CACHE_MEMORY_BYTES={args.cache_memory}; "
               f"GETLOGS_CHUNK_BLOCKS={WIDE_CHUNK}; {args.seconds:g} s per phase")
         print(f"{'phase':<12} {'victim p50 ms':>13} {'p99 ms':>8} {'max ms':>8} {'warm hits':>9} "
               f"{'atk upstream/1k cr':>18} {'atk credits':>11} {'RSS MB':>7} {'evictions':>9}"

@@ -142,7 +142,8 @@ def _stores(
         connect(settings.redis_url, settings.redis_timeout) if settings.redis_url else None
     )
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
-    admission = Admission(settings.cache_key_bytes_per_minute, clock.monotonic)
+    share = settings.cache_key_bytes_per_minute
+    admission = Admission(settings.cache_memory_bytes // 16 if share is None else share, clock.monotonic)
     cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics,
                         admission)
     # The ledger has a Redis client and breaker of its own: its own URL if set, its own timeout.

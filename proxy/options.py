@@ -84,7 +84,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("UPSTREAM_KEY_CONCURRENCY", "upstream calls one API key may have in flight at once (chunks and batch "
            "members included); 0: no cap (default 8)"),
     Option("CACHE_KEY_BYTES_PER_MINUTE", "bytes of answers one API key's calls may store in the cache per minute; "
-           "past it answers are served but not kept; 0: no bound (default 16777216)"),
+           "past it answers are served but not kept; 0: no bound (default CACHE_MEMORY_BYTES / 16)"),
     Option("GAS_CAP_MULTIPLIER", "eth_call/eth_estimateGas gas cap as a multiple of the block gas limit (default 10)"),
     Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default false: "
            "the node's own default sender applies, as with geth and Anvil)"),

@@ -3,10 +3,10 @@
 Answers are kept for everyone (a key's miss fills the cache others hit), so a key that asks for
 many large distinct answers could push every other key's warm entries out of the memory LRU and
 out of an evicting Redis. Past its budget for the window a key's answers are served but not kept.
-One key therefore evicts at most `per_window` bytes per window: with the defaults (16 MiB a minute
-against a 256 MiB memory tier) an entry any key touched in the last 16 minutes is never evicted by
-one key's traffic. The proxy's own stores (no key) and open mode are not bounded. Pure but for the
-injected clock.
+One key therefore evicts at most `per_window` bytes per window: with the default (a sixteenth of
+CACHE_MEMORY_BYTES a minute) an entry any key touched in the last 16 minutes is never evicted from
+memory by one key's traffic; size Redis's maxmemory at least as large for the same bound there.
+The proxy's own stores (no key) and open mode are not bounded. Pure but for the injected clock.
 """
 
 from __future__ import annotations
