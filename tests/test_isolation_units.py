@@ -66,3 +66,14 @@ class TestKeySlots:
         release.set()
         await asyncio.gather(*attackers)
         assert peak["a"] == 2 and slots.in_use("a") == 0
+
+
+class TestSplice:
+    def test_pieces_are_merged_by_bytes_as_the_parsed_merge_would_be(self) -> None:
+        import orjson
+
+        from proxy.cache.log_chunks import merge, splice
+
+        parts = [[{"a": 1}], [], [{"b": 2}, {"c": [3]}], []]
+        assert orjson.loads(splice([orjson.dumps(p) for p in parts])) == merge(parts)
+        assert splice([b"[]", b"[]"]) == b"[]"

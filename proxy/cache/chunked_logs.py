@@ -48,7 +48,7 @@ class ChunkedLogs:
         worked = False  # a piece was answered by a node: the call did upstream work (charging.py)
         upstream = 0  # pieces that went upstream
 
-        async def one(piece: lc.Piece, budgeted: bool = True) -> tuple[list[object], bool] | None:
+        async def one(piece: lc.Piece, budgeted: bool = True) -> tuple[bytes, list[int | None], bool] | None:
             nonlocal worked, upstream
             async with bound:
                 if budgeted and upstream >= lc.MAX_UPSTREAM_PIECES:
@@ -69,7 +69,10 @@ class ChunkedLogs:
             if not lc.well_formed(logs, piece):
                 raise JsonRpcError(UPSTREAM_UNAVAILABLE, "upstream unavailable: the node's eth_getLogs answer "
                                    "holds logs outside the blocks asked", http_status=502)
-            return lc.cut(logs, piece), went
+            # Only the piece's bytes and its logs' blocks are kept, not the parsed logs: the merge
+            # splices bytes (no long encode at the end), and each parse is this piece's own callback.
+            cut = lc.cut(logs, piece)
+            return (payload if cut is logs else dumps(cut)), [lc.block_of(e) for e in cut], went
 
         tasks = [asyncio.ensure_future(one(p)) for p in pieces]
         try:
@@ -98,10 +101,11 @@ class ChunkedLogs:
             for task in tasks:  # the call has its answer: pieces not started yet are not asked
                 task.cancel()
         done = [answer for answer in answers if answer is not None]
-        merged = lc.merge([logs for logs, _ in done])
-        if len(merged) > self._max_results:
+        blocks = [b for _, part, _ in done for b in part]
+        if len(blocks) > self._max_results:
             # spec: more than 10,000 results over the whole range fails with -32005; nothing partial.
             self._metrics.getlogs_rejections.labels("results").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {self._max_results} results",
-                               data=lc.narrower_range(merged, first, self._max_results))
-        return Merged(dumps(merged), False, lc.cache_result([went for _, went in done]))
+                               data=lc.narrower_before(blocks[self._max_results], first))
+        return Merged(lc.splice([payload for payload, _, _ in done]), False,
+                      lc.cache_result([went for _, _, went in done]))

@@ -108,11 +108,21 @@ def merge(parts: Sequence[list[Any]]) -> list[Any]:
     return [entry for part in parts for entry in part]
 
 
+def splice(parts: Sequence[bytes]) -> bytes:
+    """`merge` on encoded answers: the elements of compact JSON arrays (as orjson writes them, and
+    as the cache holds them) as one array, by bytes, in order."""
+    return b"[" + b",".join(part[1:-1] for part in parts if len(part) > 2) + b"]"
+
+
 def narrower_range(logs: list[Any], first: int, limit: int) -> dict[str, str] | None:
     """For a merged answer over the limit: a range from `first` that ends before the block holding
     the (limit+1)-th log (the hint providers give in -32005's `data`), or None when that block is
     the range's first (no narrower range exists)."""
-    cut_at = block_of(logs[limit]) if len(logs) > limit else None
+    return narrower_before(block_of(logs[limit]) if len(logs) > limit else None, first)
+
+
+def narrower_before(cut_at: int | None, first: int) -> dict[str, str] | None:
+    """A range from `first` that ends before block `cut_at`, or None when none does."""
     if cut_at is None or cut_at <= first:
         return None
     return {"fromBlock": hex(first), "toBlock": hex(cut_at - 1)}
