@@ -49,8 +49,8 @@ from proxy.upstream.pool import Answer
 log = logging.getLogger("proxy.service")
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
 MEMO_MAX_CONTAINERS = 16  # objects and arrays in memoized params (a filter with topics has a few)
-MERGES_PER_KEY = 2  # chunked eth_getLogs merges one API key may have in flight (each parses its pieces)
 MEMO_MAX_PARAMS = 512  # bytes: larger params are validated every time rather than held in memory
+MERGES_PER_KEY = 2  # chunked eth_getLogs merges one API key may have in flight (each parses its pieces)
 
 
 
@@ -236,16 +236,17 @@ class Service:
             return Outcome(*stored, HIT)
 
         async def merge() -> Outcome:
-            # A merge parses every piece: a key has at most MERGES_PER_KEY in flight (memory per key).
-            async with self._merge_slots.held():
-                outcome = await self._logs.chunked(prepared, planned, self._execute)
+            outcome = await self._logs.chunked(prepared, planned, self._execute)
             if not outcome.is_error:
                 await self._cache.set(plan.key, (outcome.payload, False), cp.FOREVER)
                 if prepared.fingerprint:
                     self._plans[prepared.fingerprint] = plan
             return outcome
 
-        outcome, _ = await self._merges.run(plan.key, merge)
+        # A merge parses every piece: a key has at most MERGES_PER_KEY merges started or joined at
+        # once (memory per key), each caller in its own key's queue, never in another key's.
+        async with self._merge_slots.held():
+            outcome, _ = await self._merges.run(plan.key, merge)
         return outcome
 
     def _plan(self, prepared: Prepared, policy: MethodPolicy, params: Any, head: Any) -> Plan:
