@@ -300,6 +300,13 @@ async def test_a_request_the_node_cannot_read_cools_no_upstream(chain: Chain, cl
         assert not [c for c in backup.calls if c.get("method") == "eth_getBalance"]
         assert len(primary.calls) > seen
         assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="mismatch") == 0
+        # A 413 says the request is too large for that node: the next one may take it; none is cooled.
+        primary.inject("http413", method="eth_call")
+        read_x = {"to": chain.store, "data": selector("x()")}
+        reply = await proxy.call("eth_call", [read_x, hex(chain.first + 1)], ATTACKER)
+        assert "result" in reply and [c for c in backup.calls if c.get("method") == "eth_call"]
+        await proxy.call("eth_getBalance", [chain.store, hex(chain.first + 9)], VICTIM)
+        assert not [c for c in backup.calls if c.get("method") == "eth_getBalance"]
     finally:
         await primary.close()
         await backup.close()

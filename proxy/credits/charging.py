@@ -10,8 +10,9 @@ other -32002 of a node that could not be reached.
 A call that made several upstream calls (a chunked eth_getLogs) is charged once any of them was
 answered, even when a later one fails (an HTTP 429 on a few chunks): the work done upstream is not
 given away, so failing part-way is no free amplification (chunked_logs.py marks such an error
-`reached`). A call cut by the response size limit (MAX_RESPONSE_BYTES) or refused by the node as
-malformed or too large (HTTP 400/413/414/431) was served or reached a node: charged.
+`reached`). A call cut by the response size limit (MAX_RESPONSE_BYTES), or answered by a node with
+an `id: null` error (it could not read the call), was served: charged. One that every node refused
+with HTTP 400/413/414/431 was run by none: free, like any other -32002 of unreachable nodes.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import aiohttp
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import INVALID_REQUEST, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.state import UpstreamStates
 
@@ -123,8 +123,8 @@ def batch_problem(reply: Any, ids: range) -> str | None:
 
 # Failures after a node took the call: it may have run it (charging.py charges such calls).
 REACHED_KINDS = frozenset({"timeout", "invalid", "mismatch"})
-# HTTP statuses that say the request itself is at fault (malformed, too large): every node would
-# refuse it, so it is not asked of the next one and cools no upstream down for everyone else.
+# HTTP statuses that say the request itself is at fault (malformed, too large): the next upstream
+# may still take it, but none is cooled down for everyone else because of one caller's request.
 REQUEST_FAULT_STATUSES = frozenset({400, 413, 414, 431})
 
 
@@ -233,14 +233,10 @@ class HttpUpstream:
                     # A reply that does not answer what was asked is a fault of that node.
                     raise _Failed("mismatch", problem)
             except _Failed as failure:
-                if failure.kind == "refused":
-                    # The request's own fault: the caller hears it; the node stays in rotation.
-                    raise JsonRpcError(INVALID_REQUEST, f"invalid request: upstream #{index} refused it "
-                                       f"({failure.detail}); it is too large or malformed for the node",
-                                       http_status=400, reached=True) from None
                 if failure.kind == "connect":
                     self.states.lost(index)
-                self._down_until[index] = time.monotonic() + self._cooldown
+                if failure.kind != "refused":  # a request too large or malformed cools no upstream down
+                    self._down_until[index] = time.monotonic() + self._cooldown
                 self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
                 throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index,
                                   failure.detail)
