@@ -52,7 +52,8 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
         return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                             batch_max=settings.upstream_batch_max,
                             batch_max_bytes=settings.upstream_batch_max_bytes,
-                            attempt_timeout=settings.upstream_attempt_timeout)
+                            attempt_timeout=settings.upstream_attempt_timeout,
+                            max_reply_bytes=settings.max_response_bytes)
 
     return build
 

@@ -146,6 +146,25 @@ async def test_a_batch_of_large_cached_log_answers_is_cut_at_the_response_size_l
     assert probe.lag < LOOP_LAG_BOUND, probe.lag
 
 
+async def test_a_node_answer_past_the_response_size_limit_is_refused_unread(chain: Chain, closing: list[Proxy]) -> None:
+    limit = 100_000
+    primary = await FaultRelay(chain.anvil.url).start()
+    backup = await FaultRelay(chain.anvil.url).start()
+    try:
+        proxy = await proxy_for(chain, upstream=f"{primary.url},{backup.url}", GETLOGS_CHUNK_BLOCKS="0",
+                                MAX_RESPONSE_BYTES=str(limit))
+        closing.append(proxy)
+        status, body, headers = await proxy.post(logs_call(chain, chain.first, chain.last), ATTACKER)  # ~1 MB
+        assert status == 200 and body["error"]["code"] == -32005, body
+        assert "MAX_RESPONSE_BYTES" in body["error"]["message"] and headers["X-Credits-Charged"] == "255"
+        # Every node would answer the same: not asked of the backup, and the primary is not cooled.
+        assert not [c for c in backup.calls if c.get("method") == "eth_getLogs"]
+        assert proxy.metric("rpc_proxy_upstream_failovers_total", network="evm") == 0
+    finally:
+        await primary.close()
+        await backup.close()
+
+
 async def test_a_chunked_log_hit_is_one_lookup_like_a_plain_hit(chain: Chain, closing: list[Proxy]) -> None:
     proxy = await proxy_for(chain, GETLOGS_CHUNK_BLOCKS="10")
     closing.append(proxy)
