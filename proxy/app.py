@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.cache.admission import Admission
 from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
 from proxy.chain.head_feed import EvmFeed
 from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
@@ -34,6 +35,7 @@ from proxy.redis_link import RedisClient, RedisLink, connect
 from proxy.reload import reload_keys
 from proxy.service import Service
 from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
+from proxy.upstream.key_budget import KeyedUpstream, KeySlots
 from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
 from proxy.upstream.ws import UpstreamSocket
 from proxy.workers.context import WorkerContext
@@ -54,7 +56,8 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
         return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                             batch_max=settings.upstream_batch_max,
                             batch_max_bytes=settings.upstream_batch_max_bytes,
-                            attempt_timeout=settings.upstream_attempt_timeout)
+                            attempt_timeout=settings.upstream_attempt_timeout,
+                            max_reply_bytes=settings.max_response_bytes)
 
     return build
 
@@ -144,7 +147,10 @@ def _stores(
         connect(settings.redis_url, settings.redis_timeout) if settings.redis_url else None
     )
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
-    cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics)
+    share = settings.cache_key_bytes_per_minute
+    admission = Admission(settings.cache_memory_bytes // 16 if share is None else share, clock.monotonic)
+    cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics,
+                        admission)
     # The ledger has a Redis client and breaker of its own: its own URL if set, its own timeout.
     ledger_url = settings.credits_redis_url or (settings.redis_url if redis is None else None)
     ledger_client = connect(ledger_url, settings.credits_redis_timeout) if ledger_url else client
@@ -285,7 +291,8 @@ def create_app(
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     clock = clock or SystemClock()
     factory = upstream_factory or _http_upstream(settings)
-    pool = {n.name: factory(n, metrics) for n in settings.networks}
+    slots = KeySlots(settings.upstream_key_concurrency)
+    pool: dict[str, Upstream] = {n.name: KeyedUpstream(factory(n, metrics), slots) for n in settings.networks}
     shared = {n.name: SharedPolls(worker.run_dir, n.name, settings.head_poll_interval)
               for n in settings.networks} if worker is not None else {}
     runtimes, guards = _networks(settings, pool, metrics, shared)

@@ -60,6 +60,9 @@ class Settings:
     getlogs_max_params: int = 5_000
     getlogs_chunk_blocks: int = 1_000
     getlogs_chunk_concurrency: int = 4
+    max_response_bytes: int = 32 * 1024 * 1024
+    upstream_key_concurrency: int = 8
+    cache_key_bytes_per_minute: int | None = None  # None: CACHE_MEMORY_BYTES / 16 (admission.py)
     gas_cap_multiplier: int = 10
     eth_call_require_from: bool = False
     log_format: Literal["text", "json"] = "text"

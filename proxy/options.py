@@ -81,6 +81,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("GETLOGS_CHUNK_BLOCKS", "eth_getLogs ranges are asked and cached in aligned chunks of this many blocks "
            "(a tenth of it near finality); 0 disables (default 1000)"),
     Option("GETLOGS_CHUNK_CONCURRENCY", "chunks of one eth_getLogs call asked upstream at once (default 4)"),
+    Option("MAX_RESPONSE_BYTES", "largest answer to one request body (a batch counted whole); beyond it calls "
+           "get -32005 response size exceeded (default 33554432)"),
+    Option("UPSTREAM_KEY_CONCURRENCY", "upstream calls one API key may have in flight at once (chunks and batch "
+           "members included); 0: no cap (default 8)"),
+    Option("CACHE_KEY_BYTES_PER_MINUTE", "bytes of answers one API key's calls may store in the cache per minute; "
+           "past it answers are served but not kept; 0: no bound (default CACHE_MEMORY_BYTES / 16)"),
     Option("GAS_CAP_MULTIPLIER", "eth_call/eth_estimateGas gas cap as a multiple of the block gas limit (default 10)"),
     Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default false: "
            "the node's own default sender applies, as with geth and Anvil)"),
@@ -310,6 +316,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
     "GETLOGS_CHUNK_BLOCKS": ("getlogs_chunk_blocks", _zero_or_positive_int),
     "GETLOGS_CHUNK_CONCURRENCY": ("getlogs_chunk_concurrency", _positive_int),
+    "MAX_RESPONSE_BYTES": ("max_response_bytes", _positive_int),
+    "UPSTREAM_KEY_CONCURRENCY": ("upstream_key_concurrency", _zero_or_positive_int),
+    "CACHE_KEY_BYTES_PER_MINUTE": ("cache_key_bytes_per_minute", _zero_or_positive_int),
     "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),

@@ -310,7 +310,8 @@ async def start_proxy(
         inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                              batch_max=settings.upstream_batch_max,
                              batch_max_bytes=settings.upstream_batch_max_bytes,
-                            attempt_timeout=settings.upstream_attempt_timeout)
+                            attempt_timeout=settings.upstream_attempt_timeout,
+                             max_reply_bytes=settings.max_response_bytes)
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 

@@ -47,7 +47,8 @@ class TestTransactionsAreTiedToTheirBlock:
 
     def test_not_yet_mined_is_kept_for_the_unmined_ttl_only(self) -> None:
         assert cp.transaction_ttl(None, head(), {}, TTLS) == TTLS.unmined == 0.25
-        assert cp.transaction_ttl({"hash": OLD, "blockHash": None, "blockNumber": None}, head(), {}, TTLS) == TTLS.unmined
+        pending = {"hash": OLD, "blockHash": None, "blockNumber": None}
+        assert cp.transaction_ttl(pending, head(), {}, TTLS) == TTLS.unmined
 
     def test_a_reorged_out_block_is_never_served(self) -> None:
         assert cp.transaction_servable(receipt(5, H5), head(), {})

@@ -77,10 +77,15 @@ def solana_config(params: Any) -> dict[str, Any]:
 
 def decide(
     cache: CacheClass, blocks: list[Resolved | None], head: Head | None, ttls: Ttls, params: Any = None,
+    *, client_state: bool = False,
 ) -> Decision:
-    """Before the upstream call: may this request be cached, and how."""
+    """Before the upstream call: may this request be cached, and how. `client_state`: the answer is
+    computed from code or state the client supplied (overrides)."""
     if cache is CacheClass.NONE or cache is CacheClass.TRACKER:
         return BYPASS  # TRACKER: what the tracker cannot answer goes upstream, uncached
+    if client_state:
+        # Any size, chosen by one client, useful to nobody else: never kept, in either tier.
+        return BYPASS
     if "minContextSlot" in solana_config(params):
         return BYPASS  # the caller asks for a node at least at that slot: only the node can say
     if cache is CacheClass.LARGEST_ACCOUNTS:

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from proxy.caller import CALLER
 from proxy.calls import BYPASS, HIT, Outcome, Prepared
 from proxy.config import Settings
 from proxy.config_files import KeyConfig
@@ -18,6 +19,7 @@ from proxy.credits.allow_lists import AllowLists, call_refusal
 from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
 from proxy.credits.ledger import Ledger, Verdict
+from proxy.http.response_size import ResponseBudget
 from proxy.http.routing import Router
 from proxy.metrics import HitCells, Metrics
 from proxy.network import NetworkRuntime
@@ -209,10 +211,16 @@ class Gateway:
                 credit_refusal = Outcome.failed(refusal)
                 prepared, cost = [], 0
 
-        if len(prepared) == 1:  # the common case: no task per call
-            outcomes = iter([await self._execute(prepared[0], account)])
-        else:
-            outcomes = iter(await asyncio.gather(*(self._execute(p, account) for p in prepared)))
+        budget = ResponseBudget(self._settings.max_response_bytes)
+        # Everything below runs as this key: its upstream slots, its cache admission (caller.py).
+        caller = CALLER.set(None if self.open_mode else account)
+        try:
+            if len(prepared) == 1:  # the common case: no task per call
+                outcomes = iter([budget.take(await self._execute(prepared[0], account))])
+            else:
+                outcomes = iter(await asyncio.gather(*(self._bounded(p, account, budget) for p in prepared)))
+        finally:
+            CALLER.reset(caller)
         results: list[Outcome] = [
             s if not isinstance(s, Prepared) else credit_refusal if credit_refusal is not None else next(outcomes)
             for s in slots
@@ -255,6 +263,10 @@ class Gateway:
         if prepared.call.method in FILTER_METHODS:
             return self.filters.execute(prepared, account)
         return self._service.execute(prepared)
+
+    async def _bounded(self, prepared: Prepared, account: str, budget: ResponseBudget) -> Outcome:
+        """A batch member's outcome, its answer dropped at once if the batch's answers outgrow the limit."""
+        return budget.take(await self._execute(prepared, account))
 
     def _cached_single(self, body: bytes | str, network: NetworkRuntime | None) -> _Hit | None:
         """The hot path: a plain single call already answered from memory for this head, straight from

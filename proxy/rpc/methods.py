@@ -47,6 +47,9 @@ class MethodPolicy:
     # A by-number method whose unfinalized block is asked by hash: this sibling takes the same params
     # with the block's hash, so the node answers for the very block the key holds.
     by_hash: str | None = None
+    # Canonical params from this position on are code or state the client supplies (state and block
+    # overrides): an answer that depends on them is never cached (cache/policy.py decide).
+    client_state: int | None = None
 
 
 POLICIES: dict[str, MethodPolicy] = {
@@ -62,7 +65,7 @@ POLICIES: dict[str, MethodPolicy] = {
             CacheClass.CONTENT, SPEC_CREDITS["eth_getUncleByBlockHashAndIndex"],
         ),
         MethodPolicy("eth_call", "evm", p.eth_call, CacheClass.BLOCK, SPEC_CREDITS["eth_call"], gas_cap=True,
-                     caches_reverts=True),
+                     caches_reverts=True, client_state=2),
         MethodPolicy("eth_getBlockReceipts", "evm", p.eth_get_block_receipts, CacheClass.BLOCK,
                      SPEC_CREDITS["eth_getBlockReceipts"]),
         MethodPolicy("getTokenAccountBalance", "solana", p.get_token_account_balance, CacheClass.TOKEN_BALANCE,

@@ -18,7 +18,7 @@ import aiohttp
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.state import UpstreamStates
 
@@ -92,9 +92,15 @@ def _is_response(reply: Any) -> bool:
 
 
 def single_problem(reply: Any, sent: int) -> str | None:
-    """Why a reply does not answer the single call with id `sent`, or None when it does."""
+    """Why a reply does not answer the single call with id `sent`, or None when it does.
+
+    An error object with `id: null` is the node saying it could not read the call (JSON-RPC 2.0
+    section 5: the id is null when it could not be determined): its answer to this request, about
+    the request, not a fault of the node."""
     if not _is_response(reply):
         return "malformed reply"
+    if reply.get("id") is None and reply.get("error") is not None:
+        return None
     if reply.get("id") != sent or isinstance(reply.get("id"), bool):
         return "reply id differs from the request id"
     return None
@@ -117,6 +123,9 @@ def batch_problem(reply: Any, ids: range) -> str | None:
 
 # Failures after a node took the call: it may have run it (charging.py charges such calls).
 REACHED_KINDS = frozenset({"timeout", "invalid", "mismatch"})
+# HTTP statuses that say the request itself is at fault (malformed, too large): the next upstream
+# may still take it, but none is cooled down for everyone else because of one caller's request.
+REQUEST_FAULT_STATUSES = frozenset({400, 413, 414, 431})
 
 
 class _Failed(Exception):
@@ -141,8 +150,11 @@ class HttpUpstream:
         batch_max: int = 1,
         batch_max_bytes: int = 1024 * 1024,
         attempt_timeout: float | None = None,
+        max_reply_bytes: int | None = None,
     ) -> None:
         self.network = network
+        # A reply declared larger than this is not read: no client may be sent it (MAX_RESPONSE_BYTES).
+        self._max_reply = max_reply_bytes
         self._urls = tuple(urls)
         self._timeout = timeout
         self._attempt_timeout = attempt_timeout
@@ -182,13 +194,18 @@ class HttpUpstream:
         cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
         return healthy + cooling
 
-    async def _post(self, index: int, body: bytes, timeout: float) -> Any:
+    async def _post(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
         try:
             async with self._client().post(
                 self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout)
             ) as response:
+                if response.status in REQUEST_FAULT_STATUSES:
+                    raise _Failed("refused", f"HTTP {response.status}")
                 if response.status != 200:
                     raise _Failed("http", f"HTTP {response.status}")
+                size = response.content_length
+                if max_reply is not None and size is not None and size > max_reply:
+                    raise _Failed("too_large", f"a reply of {size} bytes")
                 raw = await response.read()
         except TimeoutError:
             raise _Failed("timeout", "timed out") from None
@@ -205,6 +222,7 @@ class HttpUpstream:
 
     async def _send(
         self, body: bytes, method_label: str | None, timeout: float | None, check: Check,
+        max_reply: int | None = None,
     ) -> tuple[Any, float, int]:
         """Post to the first upstream whose reply passes `check`; observe its latency under `method_label`."""
         budget = self._timeout if timeout is None else timeout
@@ -221,15 +239,21 @@ class HttpUpstream:
                 self._metrics.upstream_failovers.labels(self.network).inc()
             started = time.perf_counter()
             try:
-                reply = await self._post(index, body, self._attempt_budget(remaining, len(order) - attempt))
+                reply = await self._post(index, body, self._attempt_budget(remaining, len(order) - attempt), max_reply)
                 problem = check(reply)
                 if problem is not None:
                     # A reply that does not answer what was asked is a fault of that node.
                     raise _Failed("mismatch", problem)
             except _Failed as failure:
+                if failure.kind == "too_large":
+                    # The answer the caller asked for is too large to send: every node would give it.
+                    raise JsonRpcError(LIMIT_EXCEEDED, f"response size exceeded: the node's answer ({failure.detail})"
+                                       f" would pass MAX_RESPONSE_BYTES ({self._max_reply} bytes); ask for less",
+                                       reached=True) from None
                 if failure.kind == "connect":
                     self.states.lost(index)
-                self._down_until[index] = time.monotonic() + self._cooldown
+                if failure.kind != "refused":  # a request too large or malformed cools no upstream down
+                    self._down_until[index] = time.monotonic() + self._cooldown
                 self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
                 throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index,
                                   failure.detail)
@@ -270,8 +294,9 @@ class HttpUpstream:
         self._next_id += 1
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
+        # One call's reply only: an auto-batch holds several callers' answers, none too large alone.
         reply, seconds, index = await self._send(body, metric_label(method), timeout,
-                                                 lambda r: single_problem(r, sent))
+                                                 lambda r: single_problem(r, sent), self._max_reply)
         return Answer.from_response(reply, seconds, index)
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
