@@ -30,7 +30,7 @@ from proxy.network import NetworkRuntime
 from proxy.redis_link import RedisClient, RedisLink, connect
 from proxy.service import Service
 from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
-from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
+from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream, routing_of
 from proxy.upstream.ws import UpstreamSocket
 from proxy.workers.context import WorkerContext
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
@@ -50,7 +50,8 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
         return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                             batch_max=settings.upstream_batch_max,
                             batch_max_bytes=settings.upstream_batch_max_bytes,
-                            attempt_timeout=settings.upstream_attempt_timeout)
+                            attempt_timeout=settings.upstream_attempt_timeout,
+                            routing=routing_of(network, settings.workers))
 
     return build
 
