@@ -73,14 +73,28 @@ class Clock:
 
 
 class TestBudget:
+    def test_a_request_in_flight_holds_its_place_until_a_window_after_its_answer(self) -> None:
+        clock = Clock()
+        budget = Budget(1, None, clock=clock)
+        slot = budget.try_take()
+        assert slot is not None
+        clock.now += 5.0  # still unanswered: the provider may see it arrive any time now
+        assert budget.try_take() is None
+        budget.release(slot)
+        clock.now += 0.9
+        assert budget.try_take() is None
+        clock.now += 0.2
+        assert budget.try_take() is not None
+
     def test_no_window_of_one_second_holds_more_than_max_rps(self) -> None:
         clock = Clock()
         budget = Budget(10, None, clock=clock)
         taken = []
         for step in range(400):  # 4 s in 10 ms steps, taking whenever there is room
             clock.now = 100.0 + step * 0.01
-            if budget.try_take():
-                budget.release()
+            slot = budget.try_take()
+            if slot is not None:
+                budget.release(slot)
                 taken.append(clock.now)
         for start in taken:
             assert sum(1 for t in taken if start <= t < start + 1.0 + WINDOW_MARGIN) <= 10
@@ -93,33 +107,37 @@ class TestBudget:
 
     def test_max_concurrency_bounds_calls_in_flight(self) -> None:
         budget = Budget(None, 2)
-        assert budget.try_take() and budget.try_take()
-        assert not budget.try_take()
-        budget.release()
-        assert budget.try_take()
+        first, second = budget.try_take(), budget.try_take()
+        assert first is not None and second is not None
+        assert budget.try_take() is None
+        budget.release(first)
+        assert budget.try_take() is not None
 
     def test_a_rate_under_one_per_second_spaces_single_requests(self) -> None:
         clock = Clock()
         budget = Budget(0.5, None, clock=clock)
-        assert budget.try_take()
+        slot = budget.try_take()
+        assert slot is not None
+        budget.release(slot)
         clock.now += 1.5
-        assert not budget.try_take()
+        assert budget.try_take() is None
         clock.now += 0.6
-        assert budget.try_take()
+        assert budget.try_take() is not None
 
     async def test_a_waiting_call_gets_the_slot_a_finished_call_releases(self) -> None:
         budget = Budget(None, 1)
-        assert budget.try_take()
+        slot = budget.try_take()
+        assert slot is not None
         loop = asyncio.get_running_loop()
         waiter = asyncio.create_task(budget.take(loop.time() + 5))
         await asyncio.sleep(0)
-        budget.release()
-        assert await waiter
+        budget.release(slot)
+        assert await waiter is not None
 
     async def test_a_call_stops_waiting_for_budget_at_its_deadline(self) -> None:
         budget = Budget(None, 1)
-        assert budget.try_take()
-        assert not await budget.take(asyncio.get_running_loop().time() + 0.05)
+        assert budget.try_take() is not None
+        assert await budget.take(asyncio.get_running_loop().time() + 0.05) is None
 
 
 class TestRateLimits:

@@ -1,13 +1,14 @@
 """A provider's budget for one upstream (NETWORKS_FILE, per upstream): at most `max_rps` requests in
-any one-second window and at most `max_concurrency` requests in flight. A call that finds the budget
-spent waits for it within its own deadline, or spills to the next upstream that has budget (pool.py
-decides which).
+any one-second window as the provider sees them, and at most `max_concurrency` requests in flight. A
+call that finds the budget spent waits for it within its own deadline, or spills to the next
+upstream that has budget (pool.py decides which).
 
 The rate is a sliding window, not a token bucket: a bucket lets a burst and a second's refill land
-in the same second, twice the rate as a provider counts it. Each request is spaced so that any
-window of one second plus WINDOW_MARGIN holds at most `max_rps` of them, the margin absorbing the
-network's jitter between here and the provider's clock. With WORKERS=N each worker holds 1/N of
-the budget (the pool is built with `share=N`): together they never exceed it, with no shared state.
+in the same second, twice the rate as a provider counts it. And a request holds its place in the
+window from the moment it is sent until one window after its answer came back: the provider saw it
+arrive somewhere in between, so however late the network or a busy host delivered it, no window of
+the provider's holds more than the budget. With WORKERS=N each worker holds 1/N of the budget (the
+pool is built with `share=N`): together they never exceed it, with no shared state.
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 
-WINDOW_MARGIN = 0.05  # seconds added to the one-second window
+WINDOW_MARGIN = 0.01  # seconds added to the one-second window: clock granularity
+
+
+class Slot:
+    """One request's place in a budget: in flight until `done`, then held one window longer."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done: float | None = None
 
 
 class Budget:
@@ -33,48 +42,49 @@ class Budget:
         self.window = (max(1.0, 1.0 / rate) + WINDOW_MARGIN) if rate is not None else 0.0
         self.count = max(1, math.floor(rate * (self.window - WINDOW_MARGIN))) if rate is not None else 0
         self.concurrency = max(1, max_concurrency // share) if max_concurrency is not None else None
-        self._sent: deque[float] = deque()
+        self._held: list[Slot] = []  # requests in flight or answered less than a window ago
         self._clock = clock
         self.in_flight = 0
         self._freed = asyncio.Event()
 
-    def try_take(self) -> bool:
-        """Take one request's worth now (a place in the window and a slot), if the budget has it."""
+    def try_take(self) -> Slot | None:
+        """Take one request's place now (in the window and in flight), if the budget has it."""
         if self.concurrency is not None and self.in_flight >= self.concurrency:
-            return False
+            return None
+        slot = Slot()
         if self.count:
             now = self._clock()
-            sent = self._sent
-            while sent and sent[0] <= now - self.window:
-                sent.popleft()
-            if len(sent) >= self.count:
-                return False
-            sent.append(now)
+            self._held = [s for s in self._held if s.done is None or s.done > now - self.window]
+            if len(self._held) >= self.count:
+                return None
+            self._held.append(slot)
         self.in_flight += 1
-        return True
+        return slot
 
-    def release(self) -> None:
-        """A request taken with try_take/take is done."""
+    def release(self, slot: Slot) -> None:
+        """The request is answered (or failed): it leaves the window one window from now."""
+        slot.done = self._clock()
         self.in_flight -= 1
         self._freed.set()
 
     def wait_hint(self) -> float:
-        """Seconds until the window has room (0 when it has); a full concurrency waits for a release."""
-        if not self.count or len(self._sent) < self.count:
+        """Seconds until an answered request leaves the window (0: wait for a release)."""
+        done = [s.done for s in self._held if s.done is not None]
+        if not self.count or len(self._held) < self.count or not done:
             return 0.0
-        return max(0.0, self._sent[0] + self.window - self._clock())
+        return max(0.001, min(done) + self.window - self._clock())
 
-    async def take(self, deadline: float) -> bool:
-        """Wait (until loop time `deadline`) for one request's worth; False if it did not come in time."""
+    async def take(self, deadline: float) -> Slot | None:
+        """Wait (until loop time `deadline`) for one request's place; None if it did not come in time."""
         loop = asyncio.get_running_loop()
-        while not self.try_take():
+        while (slot := self.try_take()) is None:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return False
+                return None
             self._freed.clear()
             try:
                 async with asyncio.timeout(min(remaining, self.wait_hint() or remaining)):
                     await self._freed.wait()
             except TimeoutError:
                 pass
-        return True
+        return slot

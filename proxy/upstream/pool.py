@@ -24,7 +24,7 @@ from proxy.rpc.jsonrpc import EXECUTION_REVERTED, UPSTREAM_UNAVAILABLE, JsonRpcE
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.answer import Answer as Answer  # importers of the pool's Answer predate answer.py
 from proxy.upstream.batching import AutoBatcher
-from proxy.upstream.budget import Budget
+from proxy.upstream.budget import Budget, Slot
 from proxy.upstream.selection import Selector
 from proxy.upstream.state import UpstreamStates
 
@@ -270,9 +270,9 @@ class HttpUpstream:
         attempts.reached = attempts.reached or failure.kind in REACHED_KINDS
 
     async def _try(
-        self, index: int, body: bytes, timeout: float, check: Check, attempts: _Attempts, single: bool,
+        self, index: int, slot: Slot, body: bytes, timeout: float, check: Check, attempts: _Attempts, single: bool,
     ) -> tuple[Any, float]:
-        """One upstream's try, its budget already taken: the reply and its latency, or _Failed (noted)."""
+        """One upstream's try in the budget `slot` taken for it: the reply and its latency, or _Failed (noted)."""
         self._metrics.upstream_selected.labels(self.network, str(index)).inc()
         started = time.perf_counter()
         try:
@@ -288,31 +288,33 @@ class HttpUpstream:
             self._failed(index, failure, attempts)
             raise
         finally:
-            self.budgets[index].release()
+            self.budgets[index].release(slot)
         seconds = time.perf_counter() - started
         self._down_until[index] = 0.0
         self.selector.scores.observe(index, seconds, time.monotonic())
         return reply, seconds
 
-    async def _next(self, pending: list[int], deadline: float) -> int | None:
-        """The first upstream in `pending` with budget now (taken); else wait for the first one's
-        budget within the deadline. Removed from `pending`; None if no budget came in time."""
+    async def _next(self, pending: list[int], deadline: float) -> tuple[int, Slot] | None:
+        """The first upstream in `pending` with budget now, and its slot; else wait for the first
+        one's budget within the deadline. Removed from `pending`; None if no budget came in time."""
         for index in pending:
-            if self.budgets[index].try_take():
+            slot = self.budgets[index].try_take()
+            if slot is not None:
                 pending.remove(index)
-                return index
+                return index, slot
         index = pending.pop(0)
         self._metrics.upstream_budget_waits.labels(self.network, str(index)).inc()
         loop = asyncio.get_running_loop()
-        return index if await self.budgets[index].take(loop.time() + deadline - time.monotonic()) else None
+        waited = await self.budgets[index].take(loop.time() + deadline - time.monotonic())
+        return (index, waited) if waited is not None else None
 
     async def _hedged(
-        self, first: int, pending: list[int], body: bytes, timeout: float, check: Check, attempts: _Attempts,
-        single: bool,
+        self, first: int, slot: Slot, pending: list[int], body: bytes, timeout: float, check: Check,
+        attempts: _Attempts, single: bool,
     ) -> tuple[Any, float, int] | None:
         """Ask `first`; without an answer after hedge_after, also the next upstream that has budget at
         once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
-        tasks = {asyncio.create_task(self._try(first, body, timeout, check, attempts, single)): first}
+        tasks = {asyncio.create_task(self._try(first, slot, body, timeout, check, attempts, single)): first}
         hedged = False
         try:
             while tasks:
@@ -320,11 +322,12 @@ class HttpUpstream:
                 done, _ = await asyncio.wait(tasks, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     hedged = True
-                    second = next((i for i in pending if self.budgets[i].try_take()), None)
+                    second = next(((i, s) for i in pending if (s := self.budgets[i].try_take()) is not None), None)
                     if second is not None:
-                        pending.remove(second)
+                        pending.remove(second[0])
                         self._metrics.upstream_hedged.labels(self.network).inc()
-                        tasks[asyncio.create_task(self._try(second, body, timeout, check, attempts, single))] = second
+                        tried = self._try(second[0], second[1], body, timeout, check, attempts, single)
+                        tasks[asyncio.create_task(tried)] = second[0]
                     continue
                 won = None
                 for task in done:  # every finished try is looked at, so no failure goes unretrieved
@@ -356,11 +359,12 @@ class HttpUpstream:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            index = await self._next(pending, deadline)
-            if index is None:
+            chosen = await self._next(pending, deadline)
+            if chosen is None:
                 attempts.failures.append("no upstream had budget (max_rps, max_concurrency) in time")
                 attempts.last_kind = "timeout"
                 break
+            index, slot = chosen
             if tried:
                 self._metrics.upstream_failovers.labels(self.network).inc()
             tried += 1
@@ -368,12 +372,12 @@ class HttpUpstream:
             single = method_label is not None and method_label != "batch"
             try:
                 if hedge and self._hedge_after is not None and pending:
-                    won = await self._hedged(index, pending, body, share, check, attempts, single)
+                    won = await self._hedged(index, slot, pending, body, share, check, attempts, single)
                     if won is None:
                         continue
                     reply, seconds, index = won
                 else:
-                    reply, seconds = await self._try(index, body, share, check, attempts, single)
+                    reply, seconds = await self._try(index, slot, body, share, check, attempts, single)
             except _Failed as failure:
                 if write and not failure.unsent:
                     break  # the node may have taken the transaction: never send it to another
@@ -422,7 +426,8 @@ class HttpUpstream:
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
         started = time.perf_counter()
         budget = self.budgets[index]
-        if not await budget.take(asyncio.get_running_loop().time() + timeout):  # a provider counts these too
+        slot = await budget.take(asyncio.get_running_loop().time() + timeout)  # a provider counts these too
+        if slot is None:
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' (upstream "
                                f"#{index}: no budget (max_rps, max_concurrency) in {timeout:g}s)", http_status=504)
         try:
@@ -437,7 +442,7 @@ class HttpUpstream:
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
                                f"(upstream #{index}: {failure.detail})", http_status=502) from None
         finally:
-            budget.release()
+            budget.release(slot)
         return Answer.from_response(reply, time.perf_counter() - started, index)
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
