@@ -59,6 +59,14 @@ class TestPolicies:
         scores.observe(0, 0.01, 10 * SCORE_HALF_LIFE)
         assert scores.score(0, 0, 10 * SCORE_HALF_LIFE) < 0.02
 
+    def test_an_upstream_not_heard_from_for_long_is_tried_again(self) -> None:
+        selector = Selector("fastest", [1.0, 1.0])
+        selector.scores.observe(0, 2.0, 0.0)  # once very slow, then never asked again
+        for t in range(0, 300, 10):
+            selector.scores.observe(1, 0.05, float(t))
+        assert selector.order([0, 1], [1, 1], 10.0) == [1, 0]
+        assert selector.order([0, 1], [1, 1], 300.0) == [0, 1]  # its old slowness is no longer known
+
     def test_an_unknown_policy_is_refused(self) -> None:
         with pytest.raises(ValueError):
             Selector("random", [1.0])

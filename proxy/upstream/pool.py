@@ -438,12 +438,15 @@ class HttpUpstream:
         except _Failed as failure:
             if failure.kind == "connect":
                 self.states.lost(index)
+            self.selector.scores.observe(index, None, time.monotonic())
             self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
                                f"(upstream #{index}: {failure.detail})", http_status=502) from None
         finally:
             budget.release(slot)
-        return Answer.from_response(reply, time.perf_counter() - started, index)
+        seconds = time.perf_counter() - started
+        self.selector.scores.observe(index, seconds, time.monotonic())
+        return Answer.from_response(reply, seconds, index)
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return await self._batch(calls)

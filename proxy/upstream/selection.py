@@ -6,7 +6,10 @@
   weight 3 is asked first three times as often as one of weight 1.
 - `fastest`: the lowest score first, where the score is the upstream's recent latency, raised by
   its recent error rate and its head lag. Recent means time-decayed: an observation's weight halves
-  every SCORE_HALF_LIFE seconds, so a node that was slow a minute ago and is fast now is chosen again.
+  every SCORE_HALF_LIFE seconds, and once an upstream's samples have decayed below STALE_WEIGHT (about
+  two minutes after its last one) its latency is unknown again, which ranks first: an upstream that
+  was slow is tried again rather than shunned forever. Every answer counts, the per-upstream head
+  polls' too, so every upstream in rotation is measured every poll interval.
 
 Every policy orders only the upstreams in rotation (identity verified or not yet judged, not
 cordoned); upstreams cooling down after a failure come last, and the per-upstream head checks
@@ -22,7 +25,8 @@ from dataclasses import dataclass, field
 
 POLICIES = ("priority", "weighted", "fastest")
 SCORE_HALF_LIFE = 30.0  # seconds for an observation's weight in a score to halve
-UNMEASURED_SECONDS = 0.05  # the latency assumed of an upstream not yet measured: it gets tried
+STALE_WEIGHT = 0.05  # a score whose samples have decayed below this weight is no longer known...
+UNMEASURED_SECONDS = 0.0  # ...and an unknown latency counts as the best: that upstream is tried again
 ERROR_PENALTY = 4.0  # a score is latency * (1 + ERROR_PENALTY * error rate)...
 LAG_PENALTY_SECONDS = 0.25  # ...plus this much per block the upstream's head is behind the best
 
@@ -41,8 +45,9 @@ class _Decayed:
         self.weight += 1.0
 
     def mean(self, now: float) -> float | None:
+        """None when no sample is left with weight enough to say anything (never measured, or long ago)."""
         self._decay(now)
-        return self.total / self.weight if self.weight > 1e-9 else None
+        return self.total / self.weight if self.weight > STALE_WEIGHT else None
 
     def _decay(self, now: float) -> None:
         if now > self.at:
