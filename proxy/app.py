@@ -20,6 +20,7 @@ from proxy.config import Network, Settings
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
+from proxy.http.admin import start_admin
 from proxy.http.gateway import Gateway
 from proxy.http.listeners import Exposition, registry_exposition, start_metrics_listener, start_unix_metrics
 from proxy.http.routes import fallback, guarded, healthz, metrics_route, readyz, rpc_route
@@ -187,11 +188,14 @@ class _Lifecycle:
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(self.exposition, settings.metrics_host, settings.metrics_port,
                                                     reuse_port=worker is not None)
+        admin = await start_admin(self.runtimes, settings.admin_host, settings.admin_port, settings.admin_token or "",
+                                  run_dir=worker.run_dir if worker else None,
+                                  index=worker.index if worker else None) if settings.admin_port is not None else []
         if self.stores.ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)
         tasks = await self._start()
         yield
-        for runner in (internal, own):
+        for runner in (internal, own, *admin):
             if runner is not None:
                 await runner.cleanup()
         for task in tasks:

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.config import ConfigError, build_settings
 from proxy.state import SERVICE
 from proxy.upstream.pool import HttpUpstream
 from tests.fault_relay import FaultRelay
@@ -236,3 +237,75 @@ async def test_a_cordoned_upstream_is_not_asked(relays: list[FaultRelay], tmp_pa
         await eventually(asked_again, 10, "the uncordoned upstream to be asked")
     finally:
         await proxy.close()
+
+
+# --- the admin listener ----------------------------------------------------------------------
+
+TOKEN = "s3cret-admin-token-0123456789"
+
+
+async def _admin(session: aiohttp.ClientSession, port: int, path: str, token: str | None = TOKEN,
+                 method: str = "GET") -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with session.request(method, f"http://127.0.0.1:{port}{path}", headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_an_admin_cordon_takes_an_upstream_out_within_one_call_and_needs_the_token(
+    relays: list[FaultRelay],
+) -> None:
+    port = free_port()
+    upstreams = f"{relays[0].url}?apikey=PROVIDERSECRET,{relays[1].url}"
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=upstreams, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN))
+    try:
+        await proxy.head_at(0)
+        async with aiohttp.ClientSession() as session:
+            assert (await _admin(session, port, "/upstreams", token=None))[0] == 401
+            assert (await _admin(session, port, "/upstreams/evm/0/cordon", token="wrong", method="POST"))[0] == 401
+            status, listing = await _admin(session, port, "/upstreams")
+            assert status == 200 and [u["index"] for u in listing["evm"]] == [0, 1]
+            assert "PROVIDERSECRET" not in json.dumps(listing) and listing["evm"][0]["host"].startswith("http://")
+            status, body = await _admin(session, port, "/upstreams/evm/0/cordon", method="POST")
+            assert status == 200 and body["cordoned"] is True
+            for _ in range(5):
+                await proxy.post(_balance_call())
+            assert _asked(relays[0], "eth_getBalance") == 0
+            assert (await _admin(session, port, "/upstreams/evm/7/cordon", method="POST"))[0] == 404
+            await _admin(session, port, "/upstreams/evm/0/uncordon", method="POST")
+            await proxy.post(_balance_call())
+            assert _asked(relays[0], "eth_getBalance") == 1
+    finally:
+        await proxy.close()
+
+
+async def test_an_admin_cordon_reaches_every_worker(relays: list[FaultRelay]) -> None:
+    port = free_port()
+    running = _start(f"{relays[0].url},{relays[1].url}", 2, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            status, _ = await _admin(session, port, "/upstreams/evm/0/cordon", method="POST")
+            assert status == 200
+            before = _asked(relays[0], "eth_getBalance")
+            sessions = [aiohttp.ClientSession() for _ in range(8)]  # connections spread over both workers
+            try:
+                answers = await asyncio.gather(*(_answers(sessions[i % 8], running.url, _balance_call())
+                                                 for i in range(24)))
+            finally:
+                for one in sessions:
+                    await one.close()
+            assert all(a is not None and "result" in a for a in answers)
+            assert _asked(relays[0], "eth_getBalance") == before
+    finally:
+        code, log = await _stop(running)
+        assert code == 0, log
+        assert TOKEN not in log
+
+
+def test_an_admin_port_needs_a_long_token() -> None:
+    base = {"EVM_UPSTREAM": "http://127.0.0.1:1", "ADMIN_PORT": "9101"}
+    with pytest.raises(ConfigError, match="ADMIN_TOKEN"):
+        build_settings(base)
+    with pytest.raises(ConfigError, match="ADMIN_TOKEN"):
+        build_settings({**base, "ADMIN_TOKEN": "short"})
+    assert TOKEN not in repr(build_settings({**base, "ADMIN_TOKEN": TOKEN}))

@@ -204,6 +204,10 @@ class HttpUpstream:
             metrics.upstream_head_lag.labels(network, str(index)).set_function(
                 lambda i=index: float(self._head_lag(i)))  # type: ignore[misc]
 
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return self._urls
+
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
