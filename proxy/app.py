@@ -188,8 +188,7 @@ class _Lifecycle:
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(self.exposition, settings.metrics_host, settings.metrics_port,
                                                     reuse_port=worker is not None)
-        admin = await start_admin(self.runtimes, settings.admin_host, settings.admin_port, settings.admin_token or "",
-                                  run_dir=worker.run_dir if worker else None,
+        admin = await start_admin(self.runtimes, settings, run_dir=worker.run_dir if worker else None,
                                   index=worker.index if worker else None) if settings.admin_port is not None else []
         if self.stores.ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)

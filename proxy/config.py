@@ -74,6 +74,7 @@ class Settings:
     max_inflight_body_bytes: int = 128 * 1024 * 1024
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: /metrics on the public listener
+    networks_file: str | None = None  # read again by the admin listener's reload
     admin_host: str = "127.0.0.1"
     admin_port: int | None = None  # None: no admin listener
     admin_token: str | None = field(default=None, repr=False)  # a secret: never in a repr, a log or an error
@@ -154,7 +155,7 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         if first is not None:
             defaults[family] = first.name
 
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"networks_file": raw.get("NETWORKS_FILE")}
     for env, (attr, parse) in _SCALARS.items():
         if env in raw:
             values[attr] = parse(env, raw[env])

@@ -5,6 +5,10 @@
   its `fastest` score and its budget.
 - `POST /upstreams/{network}/{index}/cordon` and `.../uncordon`: out of rotation (and back) from the
   next call on. Logged at WARNING with the network and index.
+- `POST /reload`: NETWORKS_FILE read again; each network's selection, weights, budgets and hedging
+  apply from the next call on. A change that needs new pools (a network added or removed, its
+  upstream URLs, family, hosts, chain id or finality depth) is refused with 409 naming it, and
+  nothing is applied: restart for those.
 
 Every request needs `Authorization: Bearer <ADMIN_TOKEN>` (compared in constant time); anything else
 is 401 and logged. With WORKERS=N the listener is in every worker (SO_REUSEPORT): the worker a
@@ -28,8 +32,10 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from proxy.config import ConfigError, Settings
+from proxy.config_files import _networks_from_file
 from proxy.network import NetworkRuntime
-from proxy.upstream.pool import HttpUpstream
+from proxy.upstream.pool import HttpUpstream, routing_of
 
 log = logging.getLogger("proxy.admin")
 SIBLING_TIMEOUT = 2.0  # seconds a worker waits for a sibling to take a command
@@ -63,6 +69,38 @@ def upstream_view(runtimes: Mapping[str, NetworkRuntime]) -> dict[str, list[dict
             })
         view[name] = rows
     return view
+
+
+_STRUCTURE = ("family", "upstreams", "hosts", "finality_depth", "chain_id", "ws_upstreams")
+
+
+def reload_networks(
+    runtimes: Mapping[str, NetworkRuntime], path: str | None, declared: set[str], workers: int,
+) -> tuple[int, dict[str, object]]:
+    """Apply NETWORKS_FILE's routing fields again (status, answer); `declared`: the networks the file
+    declared at start."""
+    if path is None:
+        return 409, {"error": "no NETWORKS_FILE is set: nothing to reload"}
+    try:
+        networks = {n.name: n for n in _networks_from_file(path)}
+    except ConfigError as exc:  # its messages never echo a URL
+        return 400, {"error": str(exc)}
+    needs_restart = [f"network '{name}' added" for name in networks if name not in runtimes]
+    needs_restart += [f"network '{name}' removed" for name in declared if name not in networks]
+    for name, network in networks.items():
+        runtime = runtimes.get(name)
+        if runtime is not None:
+            needs_restart += [f"network '{name}': {field} changed" for field in _STRUCTURE
+                              if getattr(network, field) != getattr(runtime.config, field)]
+    if needs_restart:
+        return 409, {"error": "needs a restart: " + "; ".join(needs_restart)}
+    for name, network in networks.items():
+        runtime = runtimes[name]
+        pool = _pool(runtime)
+        if pool is not None:
+            pool.reroute(routing_of(network, workers))
+        runtime.config = network
+    return 200, {"reloaded": sorted(networks)}
 
 
 class Cordons:
@@ -102,21 +140,25 @@ class Cordons:
             json.dump(held, handle)
         os.replace(temporary, self._file)
 
-    async def tell_siblings(self, network: str, index: int, action: str) -> None:
+    async def tell_siblings(self, path: str) -> None:
         if self._run_dir is None:
             return
         siblings = [p for p in glob.glob(os.path.join(self._run_dir, "admin-*.sock")) if p != self._own]
 
-        async def tell(path: str) -> None:
+        async def tell(socket: str) -> None:
             with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
-                async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path),
+                async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket),
                                                  timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT)) as session:
-                    await session.post(f"http://worker/upstreams/{network}/{index}/{action}")
+                    async with session.post(f"http://worker{path}") as response:
+                        await response.read()
 
-        await asyncio.gather(*(tell(p) for p in siblings))
+        await asyncio.gather(*(tell(s) for s in siblings))
 
 
-def admin_app(runtimes: Mapping[str, NetworkRuntime], cordons: Cordons, token: str | None) -> web.Application:
+def admin_app(
+    runtimes: Mapping[str, NetworkRuntime], settings: Settings, declared: set[str], cordons: Cordons,
+    token: str | None,
+) -> web.Application:
     """The admin routes; `token` None: a worker's own unix socket, which only its siblings reach."""
 
     def refused(request: web.Request) -> web.Response | None:
@@ -147,29 +189,43 @@ def admin_app(runtimes: Mapping[str, NetworkRuntime], cordons: Cordons, token: s
         if token is not None:  # the public listener: the command is this worker's to spread
             log.warning("admin: %sed upstream %s#%d", action, network, index)
             cordons.save()
-            await cordons.tell_siblings(network, index, action)
+            await cordons.tell_siblings(request.path)
         return web.json_response({"network": network, "index": index, "cordoned": action == "cordon"})
 
+    async def reload(request: web.Request) -> web.Response:
+        refusal = refused(request)
+        if refusal is not None:
+            return refusal
+        status, answer = reload_networks(runtimes, settings.networks_file, declared, settings.workers)
+        if token is not None:
+            log.warning("admin: reload of NETWORKS_FILE: %s", answer.get("reloaded") or answer.get("error"))
+            if status == 200:
+                await cordons.tell_siblings(request.path)
+        return web.json_response(answer, status=status)
+
     app = web.Application()
+    app.router.add_post("/reload", reload)
     app.router.add_get("/upstreams", listing)
     app.router.add_post("/upstreams/{network}/{index}/{action:cordon|uncordon}", cordon)
     return app
 
 
 async def start_admin(
-    runtimes: Mapping[str, NetworkRuntime], host: str, port: int, token: str, *, run_dir: str | None = None,
+    runtimes: Mapping[str, NetworkRuntime], settings: Settings, *, run_dir: str | None = None,
     index: int | None = None,
 ) -> list[web.AppRunner]:
-    """The public admin listener and, with workers, this worker's own socket for its siblings."""
+    """The public admin listener (ADMIN_PORT) and, with workers, this worker's own socket for its siblings."""
+    assert settings.admin_port is not None and settings.admin_token is not None
+    declared = {n.name for n in _networks_from_file(settings.networks_file)} if settings.networks_file else set()
     cordons = Cordons(runtimes, run_dir, index)
     cordons.load()
     runners = []
-    public = web.AppRunner(admin_app(runtimes, cordons, token), access_log=None)
+    public = web.AppRunner(admin_app(runtimes, settings, declared, cordons, settings.admin_token), access_log=None)
     await public.setup()
-    await web.TCPSite(public, host, port, reuse_port=run_dir is not None).start()
+    await web.TCPSite(public, settings.admin_host, settings.admin_port, reuse_port=run_dir is not None).start()
     runners.append(public)
     if run_dir is not None:
-        own = web.AppRunner(admin_app(runtimes, cordons, None), access_log=None)
+        own = web.AppRunner(admin_app(runtimes, settings, declared, cordons, None), access_log=None)
         await own.setup()
         await web.UnixSite(own, os.path.join(run_dir, f"admin-{index}.sock")).start()
         runners.append(own)

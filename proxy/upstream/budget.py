@@ -24,9 +24,10 @@ WINDOW_MARGIN = 0.01  # seconds added to the one-second window: clock granularit
 class Slot:
     """One request's place in a budget: in flight until `done`, then held one window longer."""
 
-    __slots__ = ("done",)
+    __slots__ = ("budget", "done")
 
-    def __init__(self) -> None:
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget  # released to the budget it was taken from, even if a reload replaced it
         self.done: float | None = None
 
 
@@ -51,7 +52,7 @@ class Budget:
         """Take one request's place now (in the window and in flight), if the budget has it."""
         if self.concurrency is not None and self.in_flight >= self.concurrency:
             return None
-        slot = Slot()
+        slot = Slot(self)
         if self.count:
             now = self._clock()
             self._held = [s for s in self._held if s.done is None or s.done > now - self.window]

@@ -195,9 +195,7 @@ class HttpUpstream:
         self._session = session
         self._next_id = 0
         self._batch_max = batch_max
-        self.selector = routing.selector or Selector("priority", [1.0] * len(self._urls))
-        self.budgets = routing.budgets or tuple(Budget(None, None) for _ in self._urls)
-        self._hedge_after = routing.hedge_after
+        self.reroute(routing)
         self._batcher = AutoBatcher(network, self._single, self._auto_batch, batch_max=batch_max,
                                     batch_max_bytes=batch_max_bytes)
         for index in range(len(self._urls)):
@@ -207,6 +205,12 @@ class HttpUpstream:
     @property
     def urls(self) -> tuple[str, ...]:
         return self._urls
+
+    def reroute(self, routing: Routing) -> None:
+        """The selection policy, budgets and hedging to use from the next call on (start-up, a reload)."""
+        self.selector = routing.selector or Selector("priority", [1.0] * len(self._urls))
+        self.budgets = routing.budgets or tuple(Budget(None, None) for _ in self._urls)
+        self._hedge_after = routing.hedge_after
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -292,7 +296,7 @@ class HttpUpstream:
             self._failed(index, failure, attempts)
             raise
         finally:
-            self.budgets[index].release(slot)
+            slot.budget.release(slot)
         seconds = time.perf_counter() - started
         self._down_until[index] = 0.0
         self.selector.scores.observe(index, seconds, time.monotonic())
@@ -447,7 +451,7 @@ class HttpUpstream:
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
                                f"(upstream #{index}: {failure.detail})", http_status=502) from None
         finally:
-            budget.release(slot)
+            slot.budget.release(slot)
         seconds = time.perf_counter() - started
         self.selector.scores.observe(index, seconds, time.monotonic())
         return Answer.from_response(reply, seconds, index)
