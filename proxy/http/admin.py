@@ -147,10 +147,10 @@ class Cordons:
 
         async def tell(socket: str) -> None:
             with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
-                async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket),
-                                                 timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT)) as session:
-                    async with session.post(f"http://worker{path}") as response:
-                        await response.read()
+                async with aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=socket), timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT),
+                ) as session, session.post(f"http://worker{path}") as response:
+                    await response.read()
 
         await asyncio.gather(*(tell(s) for s in siblings))
 
