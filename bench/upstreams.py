@@ -4,7 +4,9 @@ URL, so each upstream's calls are counted where a provider counts them):
 - calls per upstream under each selection policy (`priority`, `weighted` 3:1:1, `fastest` with the
   first upstream 20 ms slower than the others), for the same sequence of cache misses;
 - p50/p99 latency of cache misses when the first upstream is slow on a tenth of the calls (300 ms),
-  without hedging and with `hedge_after_ms = 50`, measured in the same run.
+  without hedging and with `hedge_after_ms = 50`, measured in the same run;
+- the upstream calls it takes to keep 1,000 final `eth_getLogs` answers (10-block ranges) without
+  checks, with `confirm_immutable = 2` and with `confirm_logs_bloom = true`.
 
     .venv/bin/python -m bench.upstreams [--calls 300]
 
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fault_relay import FaultRelay  # noqa: E402
-from tests.support import Anvil, settings_for, start_proxy  # noqa: E402
+from tests.support import Anvil, selector, settings_for, start_proxy, word  # noqa: E402
 
 
 def _networks(directory: str, urls: list[str], weights: list[int], **fields: Any) -> str:
@@ -67,6 +69,36 @@ async def _run(relays: list[FaultRelay], networks: str, calls: int, slow_share: 
         await proxy.close()
 
 
+async def _integrity_cost(anvil: Anvil, relays: list[FaultRelay], directory: str, urls: list[str]) -> None:
+    """Upstream calls per 1,000 final eth_getLogs answers kept, per integrity setting."""
+    store = anvil.deploy_store()
+    first = anvil.block_number() + 1
+    for _ in range(50):
+        anvil.send(store, selector("emitMany(uint256)") + word(1))
+        anvil.mine(9)
+    anvil.mine(100)
+    answers = 50
+    print("\nintegrity check        upstream calls (batches unrolled) per 1,000 kept eth_getLogs answers")
+    base = None
+    for label, fields in (("none", {}), ("confirm_immutable = 2", {"confirm_immutable": 2}),
+                          ("confirm_logs_bloom", {"confirm_logs_bloom": True})):
+        proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(directory, urls, [1, 1, 1], **fields),
+                                               HEAD_POLL_INTERVAL="60"))
+        try:
+            await proxy.head_at(anvil.block_number())
+            before = sum(len(r.calls) for r in relays)
+            for i in range(answers):
+                start = first + 10 * i
+                status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [
+                    {"address": store, "fromBlock": hex(start), "toBlock": hex(start + 9)}]})
+                assert status == 200 and len(body["result"]) == 1, body
+            calls = (sum(len(r.calls) for r in relays) - before) * 1000 / answers
+        finally:
+            await proxy.close()
+        base = base or calls
+        print(f"{label:<22} {calls:8.0f} ({calls / base:.1f}x)")
+
+
 def _counts(relays: list[FaultRelay]) -> list[int]:
     return [sum(1 for c in r.calls if c.get("method") == "eth_getBalance") for r in relays]
 
@@ -99,6 +131,7 @@ async def main() -> None:
                 rows[label] = (_p(latencies, 50), _p(latencies, 99))
                 print(f"{label:<15} {rows[label][0]:6.2f} {rows[label][1]:7.2f}")
             print(f"p99 with hedging / without: {rows['after 50 ms'][1] / rows['off'][1]:.2f}x")
+            await _integrity_cost(anvil, relays, directory, urls)
     finally:
         for relay in relays:
             await relay.close()

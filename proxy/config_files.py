@@ -36,6 +36,8 @@ class Network:
     hedge_after: float | None = None  # seconds before a slow read is also sent to the next upstream
     # Per http(s) upstream, in order: its weight and provider budget (empty: defaults for all).
     upstream_options: tuple[UpstreamOptions, ...] = ()
+    confirm_immutable: int = 1  # upstreams that must agree before an answer is kept forever
+    confirm_logs_bloom: bool = False  # eth_getLogs answers checked against logsBloom before kept forever
 
     def options_of(self, index: int) -> UpstreamOptions:
         return self.upstream_options[index] if index < len(self.upstream_options) else UpstreamOptions()
@@ -91,6 +93,15 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
                                                         whole=True)))
         urls.append(entry.get("url"))
     return urls, tuple(options)
+
+
+def _integrity(where: str, entry: dict[str, Any]) -> tuple[int, bool]:
+    """A network's confirm_immutable (upstreams that must agree) and confirm_logs_bloom."""
+    count = _positive_number(where, "confirm_immutable", entry.get("confirm_immutable", 1), whole=True)
+    bloom = entry.get("confirm_logs_bloom", False)
+    if not isinstance(bloom, bool):
+        raise ConfigError(f"{where}: confirm_logs_bloom must be true or false")
+    return count, bloom
 
 
 def _selection(where: str, entry: dict[str, Any]) -> tuple[str, float | None]:
@@ -173,6 +184,9 @@ def _networks_from_file(path: str) -> list[Network]:
         http_urls, ws_urls = _split_ws(entries)
         options = tuple(o for ws, o in zip(is_ws, options, strict=True) if not ws)
         selection, hedge_after = _selection(where, entry)
+        confirm_immutable, confirm_logs_bloom = _integrity(where, entry)
+        if isinstance(http_urls, list) and confirm_immutable > len(http_urls):
+            raise ConfigError(f"{where}: confirm_immutable cannot exceed the number of http(s) upstreams")
         networks.append(
             Network(
                 name=str(name),
@@ -185,6 +199,8 @@ def _networks_from_file(path: str) -> list[Network]:
                 selection=selection,
                 hedge_after=hedge_after,
                 upstream_options=options,
+                confirm_immutable=confirm_immutable,
+                confirm_logs_bloom=confirm_logs_bloom,
             )
         )
     return networks

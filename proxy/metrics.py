@@ -187,6 +187,11 @@ class Metrics:
             "rpc_proxy_upstream_rate_limited", "Upstream rate-limit answers (HTTP 429 or a provider's rate-limit "
             "error): that upstream alone cools down, for Retry-After when given.", ["network", "upstream"], registry=r,
         )
+        self.upstream_disagreements = Counter(
+            "rpc_proxy_upstream_disagreements", "Answers about to be kept forever that an upstream got wrong: "
+            "outside the majority (confirm_immutable) or failing the logsBloom check (confirm_logs_bloom).",
+            ["network", "upstream"], registry=r,
+        )
         self.upstream_head_lag = Gauge(
             "rpc_proxy_upstream_head_lag_blocks", "Blocks an upstream's own head is behind the furthest upstream's.",
             ["network", "upstream"], registry=r,

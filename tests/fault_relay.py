@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from tests.support import free_port
 
 KINDS = ("http500", "http413", "http429", "slow", "wrong_id", "duplicate_id", "partial", "error3", "error",
-         "ratelimit")
+         "ratelimit", "droplog")
 
 
 @dataclass
@@ -136,4 +136,9 @@ class FaultRelay:
             reply = [reply, dict(reply)]
         elif kind == "partial" and isinstance(reply, list) and reply:
             reply = reply[:-1]
+        elif kind == "droplog":  # a lying node: the last log of every eth_getLogs answer left out
+            for item in reply if isinstance(reply, list) else [reply]:
+                call = next((c for c in calls if c.get("id") == item.get("id")), {})
+                if call.get("method") == "eth_getLogs" and isinstance(item.get("result"), list) and item["result"]:
+                    item["result"] = item["result"][:-1]
         return web.json_response(reply)
