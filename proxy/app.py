@@ -23,6 +23,7 @@ from proxy.config import Network, Settings
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
+from proxy.http.admin import start_admin
 from proxy.http.cors import Cors
 from proxy.http.gateway import Gateway
 from proxy.http.listeners import Exposition, registry_exposition, start_metrics_listener, start_unix_metrics
@@ -36,7 +37,7 @@ from proxy.reload import reload_keys
 from proxy.service import Service
 from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.upstream.key_budget import KeyedUpstream, KeySlots
-from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
+from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream, routing_of
 from proxy.upstream.ws import UpstreamSocket
 from proxy.workers.context import WorkerContext
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
@@ -57,7 +58,8 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
                             batch_max=settings.upstream_batch_max,
                             batch_max_bytes=settings.upstream_batch_max_bytes,
                             attempt_timeout=settings.upstream_attempt_timeout,
-                            max_reply_bytes=settings.max_response_bytes)
+                            max_reply_bytes=settings.max_response_bytes,
+                            routing=routing_of(network, settings.workers))
 
     return build
 
@@ -196,6 +198,8 @@ class _Lifecycle:
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(self.exposition, settings.metrics_host, settings.metrics_port,
                                                     reuse_port=worker is not None)
+        admin = await start_admin(self.runtimes, settings, run_dir=worker.run_dir if worker else None,
+                                  index=worker.index if worker else None) if settings.admin_port is not None else []
         if self.stores.ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)
         tasks = await self._start()
@@ -208,7 +212,7 @@ class _Lifecycle:
         yield
         if on_main:
             loop.remove_signal_handler(signal.SIGHUP)
-        for runner in (internal, own):
+        for runner in (internal, own, *admin):
             if runner is not None:
                 await runner.cleanup()
         for task in tasks:

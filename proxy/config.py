@@ -77,6 +77,10 @@ class Settings:
     max_inflight_body_bytes: int = 128 * 1024 * 1024
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: /metrics on the public listener
+    networks_file: str | None = None  # read again by the admin listener's reload
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None  # None: no admin listener
+    admin_token: str | None = field(default=None, repr=False)  # a secret: never in a repr, a log or an error
     upstream_batch_max_bytes: int = 1024 * 1024
     upstream_attempt_timeout: float | None = None  # None: UPSTREAM_TIMEOUT shared by the upstreams left
     head_stale_after: float | None = None  # None: HEAD_STALE_POLLS poll intervals
@@ -166,7 +170,7 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         if first is not None:
             defaults[family] = first.name
 
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"networks_file": raw.get("NETWORKS_FILE")}
     for env, (attr, parse) in _SCALARS.items():
         if env in raw:
             values[attr] = parse(env, raw[env])
@@ -198,6 +202,8 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     # spec: getLargestAccounts results may be cached up to two hours.
     if values.get("solana_largest_accounts_ttl", 0) > 7200:
         raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")
+    if values.get("admin_port") is not None and len(values.get("admin_token") or "") < 16:
+        raise ConfigError("ADMIN_PORT needs ADMIN_TOKEN, at least 16 characters (the admin listener's bearer token)")
     api_keys = _keys(raw)
     if values.get("workers", 1) > 1 and api_keys is not None and not (
             values.get("credits_redis_url") or values.get("redis_url")):

@@ -107,6 +107,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("METRICS_HOST", "address of the internal /metrics listener (default 127.0.0.1)"),
     Option("METRICS_PORT", "port of an internal listener serving /metrics; when set, the public port does not "
            "(default: unset, /metrics on the public port)"),
+    Option("ADMIN_HOST", "address of the admin listener (default 127.0.0.1)"),
+    Option("ADMIN_PORT", "port of the admin listener: list, cordon and uncordon upstreams (default: unset, off)"),
+    Option("ADMIN_TOKEN", "bearer token every admin request must carry (required with ADMIN_PORT; at least 16 "
+           "characters; never logged)"),
     Option("UPSTREAM_BATCH_MAX_BYTES", "most bytes of params in one upstream auto-batch; a larger call goes alone "
            "(default 1048576)"),
     Option("UPSTREAM_ATTEMPT_TIMEOUT", "seconds one upstream attempt may take before the next upstream is tried "
@@ -329,6 +333,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_INFLIGHT_BODY_BYTES": ("max_inflight_body_bytes", _positive_int),
     "METRICS_HOST": ("metrics_host", lambda _n, v: v),
     "METRICS_PORT": ("metrics_port", _port),
+    "ADMIN_HOST": ("admin_host", lambda _n, v: v),
+    "ADMIN_PORT": ("admin_port", _port),
+    "ADMIN_TOKEN": ("admin_token", lambda _n, v: v),
     "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
     "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
     "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),

@@ -12,6 +12,7 @@ from typing import Any
 
 from proxy.cache import policy as cp
 from proxy.cache.chunked_logs import ChunkedLogs
+from proxy.cache.integrity import Integrity
 from proxy.cache.log_reads import LogReads, Pieces
 from proxy.cache.tiers import Coalescer, TieredCache, cache_key
 from proxy.calls import BYPASS, HIT, MISS, Outcome, Plan, Prepared
@@ -101,6 +102,7 @@ class Service:
         self._logs = LogReads(cache, chunks, metrics, self._ttls, max_results=settings.getlogs_max_results,
                               timeout=settings.getlogs_timeout)
         self._asker = Asker(settings, metrics, self._logs.check_results)
+        self._integrity = Integrity(metrics, settings.upstream_timeout)
 
     # --- before anything is charged or forwarded ------------------------------------------
 
@@ -387,6 +389,11 @@ class Service:
                 if not isinstance(now_head, Head) or plan.head is not now_head:
                     return answer, False
                 key = _unmined_key(key, now_head)
+        if ttl == cp.FOREVER:
+            doubt, answer = await self._integrity.doubt(net, plan, params, answer)
+            if doubt is not None:  # served, never stored
+                self._metrics.uncached_answers.labels(net.name, doubt).inc()
+                return answer, False
         if ttl is not None:
             await self._cache.set(key, (answer.payload, answer.is_error), ttl)
         return answer, True
