@@ -62,6 +62,7 @@ class FakeSolana(FakeNode):
         self.ws_calls: Counter[str] = Counter()
         self.subscriptions: dict[int, tuple[str, list[Any], web.WebSocketResponse]] = {}
         self.sockets: set[web.WebSocketResponse] = set()
+        self.refuse_sockets = False
         self._next_sub = 5000  # far from the proxy's own ids, so a test sees they are rewritten
         super().__init__()
 
@@ -173,7 +174,9 @@ class FakeSolana(FakeNode):
 
     # --- pubsub ------------------------------------------------------------------------------
 
-    async def _pubsub(self, request: web.Request) -> web.WebSocketResponse:
+    async def _pubsub(self, request: web.Request) -> web.StreamResponse:
+        if self.refuse_sockets:  # a node that is down: no new pubsub connection
+            return web.Response(status=503)
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         self.sockets.add(ws)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from proxy.credits.accounts import derived_name
+from proxy.state import STREAMS
 from tests.fake_solana import FakeSolana
 from tests.support import Proxy, eventually, settings_for, start_proxy
 from tests.ws_client import connect
@@ -82,16 +83,38 @@ async def test_closing_the_socket_unsubscribes_on_the_node(solana: FakeSolana, r
     await eventually(gone, 5, "the node-side subscription to end")
 
 
-async def test_subscribers_hear_when_the_nodes_socket_closes(solana: FakeSolana, relay_proxy: Proxy) -> None:
+async def test_a_subscription_survives_the_nodes_socket_closing(solana: FakeSolana, relay_proxy: Proxy) -> None:
     client = await connect(relay_proxy)
     ours = (await client.call("slotSubscribe"))["result"]
-    await solana.drop_sockets()
-    (note,) = await client.notes_until(1)
-    assert note["params"]["subscription"] == ours and note["params"]["error"]["code"] == -32002
-    again = (await client.call("slotSubscribe"))["result"]  # a new connection to the node is opened
+    await solana.drop_sockets()  # as a restarting node would; it takes connections again at once
+    socket = relay_proxy.app[STREAMS].relays["solana"]
+
+    async def reopened() -> bool:
+        return socket.resubscribed == 1
+
+    await eventually(reopened, 10, "the subscription opened again on the node")
     await solana.advance_slot()
-    notes = await client.notes_until(2)
-    assert notes[-1]["params"]["subscription"] == again
+    (note,) = await client.notes_until(1)
+    assert note["params"]["subscription"] == ours and "result" in note["params"]  # the id it was given
+
+
+async def test_subscribers_hear_when_no_node_takes_their_subscription_back(solana: FakeSolana) -> None:
+    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url,
+                                           UPSTREAM_TIMEOUT="1"))
+    try:
+        client = await connect(proxy)
+        ours = (await client.call("slotSubscribe"))["result"]
+        solana.refuse_sockets = True
+        await solana.drop_sockets()
+        (note,) = await client.notes_until(1)  # within UPSTREAM_TIMEOUT of trying again
+        assert note["params"]["subscription"] == ours and note["params"]["error"]["code"] == -32002
+        solana.refuse_sockets = False
+        again = (await client.call("slotSubscribe"))["result"]  # a new connection to the node is opened
+        await solana.advance_slot()
+        notes = await client.notes_until(2)
+        assert notes[-1]["params"]["subscription"] == again
+    finally:
+        await proxy.close()
 
 
 async def test_without_an_upstream_websocket_pubsub_gets_a_clear_error(solana: FakeSolana) -> None:

@@ -278,11 +278,11 @@ class HttpUpstream:
                 raw = await response.read()
         except TimeoutError:
             raise _Failed("timeout", "timed out") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise _Failed("connect", type(exc).__name__, unsent=True) from None
         except aiohttp.ClientError as exc:
             self._unreachable[index] = True
-            raise _Failed("connect", type(exc).__name__) from None
+            # A refused connection proves the node never got the call (a write may go elsewhere).
+            raise _Failed("connect", type(exc).__name__,
+                          unsent=isinstance(exc, aiohttp.ClientConnectorError)) from None
         if self._unreachable[index]:
             self._unreachable[index] = False
             log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
