@@ -133,6 +133,18 @@ class BodyReader:
             self._receiving.give(held)
 
 
+def _authorized(gateway: Gateway, request: web.Request) -> str | web.Response:
+    """The account the request's key opens, or its refusal (an unknown key, an origin the key does not allow)."""
+    account = gateway.account(request.match_info.get("api_key") or api_key(request))
+    if account is None:
+        return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+    if account in gateway.key_lists:
+        refusal = origin_check(gateway, account, request)
+        if refusal is not None:
+            return error_response(refusal, NO_CHARGE)
+    return account
+
+
 def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings, cors: Cors | None = None) -> Handler:
     """The JSON-RPC POST handler, bound to its collaborators (no app lookups per request)."""
     inflight = metrics.inflight
@@ -174,15 +186,10 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings, cors: Cors
             return cors.decorate(request, await rpc_handler(request, False))
         # guarded() written out: one coroutine fewer on the path every cache hit takes.
         try:
-            match = request.match_info
-            account = gateway.account(match.get("api_key") or api_key(request))
-            if account is None:
-                return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
-            if account in gateway.key_lists:
-                refusal = origin_check(gateway, account, request)
-                if refusal is not None:
-                    return error_response(refusal, NO_CHARGE)
-            network = gateway.router.network_for(request.host, match.get("network"))
+            account = _authorized(gateway, request)
+            if not isinstance(account, str):
+                return account
+            network = gateway.router.network_for(request.host, request.match_info.get("network"))
             content = request.content
             if not content.is_eof():  # the body is still arriving
                 return await awaited(request, None, account, network, False)
