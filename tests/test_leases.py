@@ -9,13 +9,13 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from proxy.credits.journal import read_journals
 from proxy.credits.leases import (
     KeyLease,
     LeasedLedger,
     ledger_key,
     outage_ceiling,
     outage_verdict,
-    read_journals,
     untagged_ledger_key,
 )
 from proxy.credits.ledger import Verdict

@@ -26,22 +26,19 @@ served. A key this replica has not seen today is served up to `CREDITS_LEASE_MAX
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from proxy.credits.journal import Journal
 from proxy.credits.ledger import DAY_TTL, Debit, Verdict, _judge, day_of
 from proxy.logs import Throttled
 from proxy.redis_link import RedisLink, RedisUnavailable
 from proxy.redis_topology import slot_tag
-from proxy.rpc import jsonrpc
 
 log = logging.getLogger("proxy.credits")
 # An outage decides every debit in process: one line per interval says so, with the count.
@@ -199,48 +196,6 @@ def outage_verdict(lease: KeyLease, amount: int, daily: int, per_second: int | N
         return Verdict.UNAVAILABLE
     window = lease.window_used if lease.window_second == int(now) else 0
     return _judge(0, window, amount, daily, per_second)
-
-
-class Journal:
-    """Debits made while Redis was unreachable, as one JSON line per change of a key's cumulative
-    counters in `<dir>/<replica>.journal`. Counters merge by max, so any reader (the operator CLI)
-    may apply a line any number of times."""
-
-    def __init__(self, directory: str | None, replica: str) -> None:
-        self._path = Path(directory) / f"{replica}.journal" if directory else None
-        self._dirty = False
-
-    def record(self, replica: str, lease: KeyLease) -> None:
-        if self._path is None:
-            return
-        line = jsonrpc.dumps({"r": replica, "k": lease.key, "c": lease.consumed, "f": lease.refunded})
-        with self._path.open("ab") as handle:
-            handle.write(line + b"\n")
-        self._dirty = True
-
-    def clear(self) -> None:
-        """Everything journaled has reached Redis."""
-        if self._path is not None and self._dirty:
-            with contextlib.suppress(FileNotFoundError):
-                self._path.unlink()
-            self._dirty = False
-
-
-def read_journals(directory: str | None) -> dict[str, dict[str, tuple[int, int]]]:
-    """Ledger key -> replica -> (consumed, refunded), the largest each journal holds."""
-    found: dict[str, dict[str, tuple[int, int]]] = {}
-    if not directory or not os.path.isdir(directory):
-        return found
-    for path in Path(directory).glob("*.journal"):
-        for line in path.read_bytes().splitlines():
-            try:
-                entry = jsonrpc.loads(line)
-                replica, key, consumed, refunded = entry["r"], entry["k"], int(entry["c"]), int(entry["f"])
-            except (jsonrpc.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a line cut short by a crash
-            old = found.setdefault(key, {}).get(replica, (0, 0))
-            found[key][replica] = (max(old[0], consumed), max(old[1], refunded))
-    return found
 
 
 class LeasedLedger:
