@@ -5,14 +5,33 @@ operator CLI."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from proxy.logs import Throttled
 from proxy.rpc import jsonrpc
 
 if TYPE_CHECKING:
     from proxy.credits.leases import KeyLease
+
+log = logging.getLogger("proxy.credits")
+throttled = Throttled(log, interval=10.0)
+
+
+def journal_dir_problem(directory: str) -> str | None:
+    """Why a journal directory cannot be used (None: it can). Checked at start-up by writing a file, so
+    an outage never finds out first (README "Limits and credits")."""
+    if not os.path.isdir(directory):
+        return f"CREDITS_JOURNAL_DIR {directory!r} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        return f"CREDITS_JOURNAL_DIR {directory!r} is not writable: {exc.strerror}"
+    return None
 
 
 class Journal:
@@ -28,14 +47,18 @@ class Journal:
         if self._path is None:
             return
         line = jsonrpc.dumps({"r": replica, "k": lease.key, "c": lease.consumed, "f": lease.refunded})
-        with self._path.open("ab") as handle:
-            handle.write(line + b"\n")
+        try:
+            with self._path.open("ab") as handle:
+                handle.write(line + b"\n")
+        except OSError as exc:  # the debit stands (kept in memory); a journal fault never fails a call
+            throttled.warning("journal", "credits: cannot write the journal %s: %s", self._path, exc.strerror)
+            return
         self._dirty = True
 
     def clear(self) -> None:
         """Everything journaled has reached Redis."""
         if self._path is not None and self._dirty:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 self._path.unlink()
             self._dirty = False
 
@@ -46,7 +69,11 @@ def read_journals(directory: str | None) -> dict[str, dict[str, tuple[int, int]]
     if not directory or not os.path.isdir(directory):
         return found
     for path in Path(directory).glob("*.journal"):
-        for line in path.read_bytes().splitlines():
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            continue  # removed meanwhile: written back
+        for line in lines:
             try:
                 entry = jsonrpc.loads(line)
                 replica, key, consumed, refunded = entry["r"], entry["k"], int(entry["c"]), int(entry["f"])
