@@ -99,7 +99,10 @@ class WorkerLedger:
 
     async def run(self, clock: Callable[[], float], interval: float = 1.0) -> None:
         """Give back dead predecessors' leases, retried until Redis answers."""
+        task = asyncio.current_task()
         while self.handover.predecessors() and not await self.handover.release_predecessors(clock()):
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError  # taken for a command's timeout (leases.LeasedLedger.run)
             await asyncio.sleep(interval)
 
     def close(self) -> None:

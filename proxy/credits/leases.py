@@ -445,7 +445,10 @@ class LeasedLedger:
                 lease.swept, lease.idle_since = lease.consumed, mono
             old = lease.free > 0 and (stale or mono - lease.granted_at > self._lease_seconds
                                       or mono - lease.idle_since > self._lease_seconds / 2)
-            unreported = lease.net != lease.reported and (stale or mono - lease.reported_at >= REPORT_INTERVAL)
+            # Spending is reported, and the others' learned, every REPORT_INTERVAL while the key is in use
+            # here: the balance shown trails the ledger by about that much of the other replicas' spending.
+            recent = lease.net != lease.reported or (not stale and mono - lease.idle_since < self._lease_seconds)
+            unreported = recent and lease.known and (stale or mono - lease.reported_at >= REPORT_INTERVAL)
             if not (lease.journaled or lease.ceiling is not None or lease.returning or old or unreported):
                 if stale and now >= (day + 1) * 86400 + STALE_GRACE:
                     del self._leases[(day, _key)]  # no refund of that day can still come
@@ -458,12 +461,16 @@ class LeasedLedger:
                                      now=day * 86400 + 43200 if stale else now)
 
     async def run(self, clock: Callable[[], float], interval: float = 0.25) -> None:
+        task = asyncio.current_task()
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.sync(clock())
             except Exception:  # the sweeper must outlive any one fault
                 log.exception("credits: lease sweep failed")
+            if task is not None and task.cancelling():
+                # A stop that arrived as a command's own timeout expired was taken for that timeout.
+                raise asyncio.CancelledError
 
     async def close(self, now: float) -> None:
         """On shutdown: every lease goes back and every journaled debit is written, if Redis answers."""
