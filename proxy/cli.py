@@ -166,7 +166,8 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
     from proxy.redis_link import RedisLink, RedisUnavailable, connect
 
     settings = build_settings({"EVM_UPSTREAM": "http://unused.invalid", **raw})
-    logs.setup(settings.log_format, settings.log_level, False)  # the Redis link's own lines too
+    logs.setup(settings.log_format, settings.log_level, False)
+    logging.getLogger("proxy.redis").setLevel(logging.ERROR)  # an unreachable ledger is said in one line below
     url = settings.ledger_redis_url
     if not url:
         raise ConfigError("keys usage reads the shared ledger: set CREDITS_REDIS_URL or REDIS_URL")
