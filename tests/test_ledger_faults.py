@@ -125,10 +125,14 @@ async def two_workers(env: dict[str, str]) -> AsyncIterator[Workers]:
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, int]:
-    """(status, credits charged) of one call on a new connection (so the kernel picks a worker)."""
-    async with session.post(url, json=body) as response:
-        await response.read()
-        return response.status, int(response.headers.get("X-Credits-Charged", "0"))
+    """(status, credits charged) of one call on a new connection (so the kernel picks a worker); a
+    connection a killed worker had queued is reset, unanswered: (0, 0)."""
+    try:
+        async with session.post(url, json=body) as response:
+            await response.read()
+            return response.status, int(response.headers.get("X-Credits-Charged", "0"))
+    except aiohttp.ClientError:
+        return 0, 0
 
 
 def fresh_connections() -> aiohttp.ClientSession:
