@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.cache.admission import Admission
 from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
 from proxy.chain.head_feed import EvmFeed
 from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
@@ -21,6 +24,8 @@ from proxy.credits.handover import WorkerLedger
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
+from proxy.http.admin import start_admin
+from proxy.http.cors import Cors
 from proxy.http.gateway import Gateway
 from proxy.http.listeners import Exposition, registry_exposition, start_metrics_listener, start_unix_metrics
 from proxy.http.routes import fallback, guarded, healthz, metrics_route, readyz, rpc_route
@@ -29,9 +34,11 @@ from proxy.http.ws import close_websockets, websocket_handler
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.redis_link import RedisClient, RedisLink, connect
+from proxy.reload import reload_keys
 from proxy.service import Service
 from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
-from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream
+from proxy.upstream.key_budget import KeyedUpstream, KeySlots
+from proxy.upstream.pool import HttpUpstream, PerUpstream, Upstream, routing_of
 from proxy.upstream.ws import UpstreamSocket
 from proxy.workers.context import WorkerContext
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
@@ -51,7 +58,9 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
         return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                             batch_max=settings.upstream_batch_max,
                             batch_max_bytes=settings.upstream_batch_max_bytes,
-                            attempt_timeout=settings.upstream_attempt_timeout)
+                            attempt_timeout=settings.upstream_attempt_timeout,
+                            max_reply_bytes=settings.max_response_bytes,
+                            routing=routing_of(network, settings.workers))
 
     return build
 
@@ -94,7 +103,7 @@ def _networks(
                 guards.append(IdentityGuard(
                     net.name, per_upstream, declared_chain_id=net.chain_id,
                     interval=settings.identity_check_interval, retry=settings.head_poll_interval, metrics=metrics,
-                    on_identity=tracker.set_identity,
+                    on_identity=tracker.set_identity, on_adopt=tracker.adopt,
                 ))
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
@@ -142,7 +151,10 @@ def _stores(
         connect(settings.redis_url, settings.redis_timeout) if settings.redis_url else None
     )
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
-    cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics)
+    share = settings.cache_key_bytes_per_minute
+    admission = Admission(settings.cache_memory_bytes // 16 if share is None else share, clock.monotonic)
+    cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics,
+                        admission)
     # The ledger has a Redis client and breaker of its own: its own URL if set, its own timeout.
     ledger_url = settings.credits_redis_url or (settings.redis_url if redis is None else None)
     ledger_client = connect(ledger_url, settings.credits_redis_timeout) if ledger_url else client
@@ -189,19 +201,33 @@ class _Lifecycle:
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(self.exposition, settings.metrics_host, settings.metrics_port,
                                                     reuse_port=worker is not None)
+        admin = await start_admin(self.runtimes, settings, run_dir=worker.run_dir if worker else None,
+                                  index=worker.index if worker else None) if settings.admin_port is not None else []
         if self.stores.ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)
         if self.stores.shared_ledger is not None:
             await self.stores.shared_ledger.start()
         tasks = await self._start()
+        loop = asyncio.get_running_loop()
+        # Signals reach only the main thread: an app run in another (embedded, or a test's server
+        # thread) is reloaded by its owner, not by SIGHUP.
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main:
+            loop.add_signal_handler(signal.SIGHUP, self._reload, app)
         yield
-        for runner in (internal, own):
+        if on_main:
+            loop.remove_signal_handler(signal.SIGHUP)
+        for runner in (internal, own, *admin):
             if runner is not None:
                 await runner.cleanup()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._close()
+
+    def _reload(self, app: web.Application) -> None:
+        # The gateway holds what changes (keys, lists, terms); app[SETTINGS] keeps the rest.
+        self.settings = reload_keys(self.settings, app[GATEWAY])
 
     async def _start(self) -> list[asyncio.Task[None]]:
         settings, runtimes, guards = self.settings, self.runtimes, self.guards
@@ -246,17 +272,21 @@ class _Lifecycle:
 
 def _add_routes(app: web.Application, settings: Settings, gateway: Gateway, metrics: Metrics,
                 exposition: Exposition) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    cors = Cors(settings.cors_allow_origins)
+    app.router.add_route("OPTIONS", "/{tail:.*}", cors.preflight)
+    app.router.add_get("/healthz", cors.wrap(healthz))
+    app.router.add_get("/readyz", cors.wrap(readyz))
     if settings.metrics_port is None:  # else /metrics is served by the internal listener only
-        app.router.add_get("/metrics", metrics_route(exposition))
-    rpc_handler = rpc_route(gateway, metrics, settings)
+        app.router.add_get("/metrics", cors.wrap(metrics_route(exposition)))
+    rpc_handler = rpc_route(gateway, metrics, settings, cors)  # checks for an Origin itself
+    ws_handler = cors.wrap(guarded(websocket_handler))
     for prefix in ("", "/{network}"):
         app.router.add_post(prefix + "/v3/{api_key}", rpc_handler)
-        app.router.add_get(prefix + "/ws/v3/{api_key}", guarded(websocket_handler))
-    app.router.add_post("/v3", rpc_handler)
-    app.router.add_post("/v3/", rpc_handler)
-    app.router.add_route("*", "/{tail:.*}", fallback)
+        app.router.add_get(prefix + "/ws/v3/{api_key}", ws_handler)
+        for keyless in ("/v3", "/v3/"):  # the key in a header (request_key.py)
+            app.router.add_post(prefix + keyless, rpc_handler)
+            app.router.add_get(prefix + "/ws" + keyless, ws_handler)
+    app.router.add_route("*", "/{tail:.*}", cors.wrap(fallback))
 
 
 def create_app(
@@ -274,12 +304,15 @@ def create_app(
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     clock = clock or SystemClock()
     factory = upstream_factory or _http_upstream(settings)
-    pool = {n.name: factory(n, metrics) for n in settings.networks}
+    slots = KeySlots(settings.upstream_key_concurrency)
+    pool: dict[str, Upstream] = {n.name: KeyedUpstream(factory(n, metrics), slots) for n in settings.networks}
     shared = {n.name: SharedPolls(worker.run_dir, n.name, settings.head_poll_interval)
               for n in settings.networks} if worker is not None else {}
     runtimes, guards = _networks(settings, pool, metrics, shared)
     shown_relay = _shown_relay(runtimes, worker)
     stores = _stores(settings, metrics, clock, redis, ledger)
+    if stores.link is None:  # no Redis configured: no rpc_proxy_redis_up to say it is down
+        metrics.registry.unregister(metrics.redis_up)
     if worker is not None and stores.leased is not None:
         stores.shared_ledger = WorkerLedger(worker.run_dir, worker.index, stores.leased, settings.credits_journal_dir)
     service = Service(settings, runtimes, stores.cache, metrics)

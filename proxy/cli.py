@@ -15,6 +15,7 @@ from pathlib import Path
 
 from proxy import __version__, logs
 from proxy.config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings
+from proxy.file_trust import check_trusted
 
 log = logging.getLogger("proxy")
 
@@ -82,6 +83,7 @@ def parse_dotenv(text: str) -> dict[str, str]:
 
 def dotenv_settings(path: Path) -> tuple[dict[str, str], list[str]]:
     """The settings a .env file sets, and the names in it that are no setting (ignored)."""
+    check_trusted(".env", path.absolute())
     try:
         values = parse_dotenv(path.read_text())
     except FileNotFoundError:

@@ -41,7 +41,7 @@ class Settings:
     credits_per_second: int | None = None
     default_credits: int = 20
     allowed_namespaces: frozenset[str] = frozenset()
-    max_batch_size: int = 100
+    max_batch_size: int = 1_000
     max_body_bytes: int = 5 * 1024 * 1024
     ws_max_message_bytes: int = 5 * 1024 * 1024
     ws_max_inflight: int = 64
@@ -60,6 +60,9 @@ class Settings:
     getlogs_max_params: int = 5_000
     getlogs_chunk_blocks: int = 1_000
     getlogs_chunk_concurrency: int = 4
+    max_response_bytes: int = 32 * 1024 * 1024
+    upstream_key_concurrency: int = 8
+    cache_key_bytes_per_minute: int | None = None  # None: CACHE_MEMORY_BYTES / 16 (admission.py)
     gas_cap_multiplier: int = 10
     eth_call_require_from: bool = False
     log_format: Literal["text", "json"] = "text"
@@ -74,6 +77,10 @@ class Settings:
     max_inflight_body_bytes: int = 128 * 1024 * 1024
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: /metrics on the public listener
+    networks_file: str | None = None  # read again by the admin listener's reload
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None  # None: no admin listener
+    admin_token: str | None = field(default=None, repr=False)  # a secret: never in a repr, a log or an error
     upstream_batch_max_bytes: int = 1024 * 1024
     upstream_attempt_timeout: float | None = None  # None: UPSTREAM_TIMEOUT shared by the upstreams left
     head_stale_after: float | None = None  # None: HEAD_STALE_POLLS poll intervals
@@ -87,6 +94,13 @@ class Settings:
     credits_lease_max: int = 100_000
     credits_lease_seconds: float = 10.0
     credits_journal_dir: str | None = None
+    cors_allow_origins: tuple[str, ...] | None = None  # None: any origin
+    compress_min_bytes: int = 4096  # 0: never compressed
+    compress_cache_bytes: int = 64 * 1024 * 1024
+    trusted_proxy_header: str | None = None
+    unmined_ttl: float = 0.25
+    # API_KEYS and API_KEYS_FILE as given: SIGHUP reads the keys again from them (reload.py).
+    keys_source: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def head_stale_bound(self) -> float:
@@ -96,6 +110,11 @@ class Settings:
         return max(HEAD_STALE_POLLS * self.head_poll_interval, HEAD_STALE_MIN)
     ws_max_subscriptions: int = 100
     ws_send_buffer_bytes: int = 4 * 1024 * 1024
+    ws_max_lag: float = 10.0
+    ws_max_connections_per_key: int = 512
+    max_connections_per_ip: int = 1024
+    ws_idle_timeout: float = 300.0
+    max_filters_per_key: int = 100
     subscription_credits: Mapping[str, int] = field(default_factory=lambda: dict(SUBSCRIPTION_CREDITS))
     # Credits per call of methods outside the spec's seven (prices.py), with CREDITS_FILE applied.
     method_credits: Mapping[str, int] = field(default_factory=lambda: dict(METHOD_CREDITS))
@@ -151,7 +170,7 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         if first is not None:
             defaults[family] = first.name
 
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"networks_file": raw.get("NETWORKS_FILE")}
     for env, (attr, parse) in _SCALARS.items():
         if env in raw:
             values[attr] = parse(env, raw[env])
@@ -183,10 +202,14 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     # spec: getLargestAccounts results may be cached up to two hours.
     if values.get("solana_largest_accounts_ttl", 0) > 7200:
         raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")
+    if values.get("admin_port") is not None and len(values.get("admin_token") or "") < 16:
+        raise ConfigError("ADMIN_PORT needs ADMIN_TOKEN, at least 16 characters (the admin listener's bearer token)")
     api_keys = _keys(raw)
     if values.get("workers", 1) > 1 and api_keys is not None and not (
             values.get("credits_redis_url") or values.get("redis_url")):
         # Each worker would hold its own full daily balance of every key: N times the credits.
         raise ConfigError("WORKERS above 1 with API keys needs a shared credit ledger: set REDIS_URL or "
                           "CREDITS_REDIS_URL (workers lease credits from it as replicas do)")
-    return Settings(networks=tuple(networks), default_network=defaults, api_keys=api_keys, **values)
+    keys_source: dict[str, str] = {k: raw[k] for k in ("API_KEYS", "API_KEYS_FILE") if k in raw}
+    return Settings(networks=tuple(networks), default_network=defaults, api_keys=api_keys, keys_source=keys_source,
+                    **values)

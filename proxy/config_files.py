@@ -5,16 +5,20 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
+from proxy.credits.allow_lists import NO_LISTS, AllowLists
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
+from proxy.file_trust import check_trusted
 from proxy.options import ConfigError, _csv, _upstream_urls
 from proxy.rpc.jsonrpc import METHOD_NAME
+from proxy.upstream.selection import POLICIES as SELECTION_POLICIES
 
 Family = Literal["evm", "solana"]
 FAMILIES: tuple[Family, ...] = ("evm", "solana")
@@ -31,6 +35,24 @@ class Network:
     chain_id: int | None = None  # declared in NETWORKS_FILE: upstreams of another chain are refused
     # WebSocket URLs of the same node(s): push heads and relayed subscriptions (subscriptions.py).
     ws_upstreams: tuple[str, ...] = ()
+    selection: str = "priority"  # which upstream is asked first (upstream/selection.py)
+    hedge_after: float | None = None  # seconds before a slow read is also sent to the next upstream
+    # Per http(s) upstream, in order: its weight and provider budget (empty: defaults for all).
+    upstream_options: tuple[UpstreamOptions, ...] = ()
+    confirm_immutable: int = 1  # upstreams that must agree before an answer is kept forever
+    confirm_logs_bloom: bool = False  # eth_getLogs answers checked against logsBloom before kept forever
+
+    def options_of(self, index: int) -> UpstreamOptions:
+        return self.upstream_options[index] if index < len(self.upstream_options) else UpstreamOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamOptions:
+    """One upstream's entry in NETWORKS_FILE beyond its URL."""
+
+    weight: float = 1.0
+    max_rps: float | None = None
+    max_concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +60,61 @@ class KeyConfig:
     daily_credits: int | None = None
     credits_per_second: int | None = None
     sha256: str = ""  # hex digest of the key's secret; the secret itself is not kept
+    lists: AllowLists = NO_LISTS  # allowed origins, methods, addresses (allow_lists.py)
+
+
+_UPSTREAM_FIELDS = ("url", "weight", "max_rps", "max_concurrency")
+
+
+def _positive_number(where: str, name: str, value: Any, *, whole: bool = False) -> Any:
+    kinds = (int,) if whole else (int, float)
+    if value is None:
+        return None
+    if not isinstance(value, kinds) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(f"{where}: {name} must be a positive {'whole ' if whole else ''}number")
+    return value
+
+
+def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOptions, ...]]:
+    """NETWORKS_FILE upstreams: each a URL, or a table {url, weight, max_rps, max_concurrency}.
+    The URLs (tables replaced by theirs), and each one's options."""
+    if not isinstance(entries, list):
+        return entries, ()
+    urls: list[Any] = []
+    options: list[UpstreamOptions] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            urls.append(entry)
+            options.append(UpstreamOptions())
+            continue
+        at = f"{where}: upstream #{index}"  # never the URL: it may carry a provider's secret
+        unknown = sorted(set(entry) - set(_UPSTREAM_FIELDS))
+        if unknown:
+            raise ConfigError(f"{at}: unknown field {unknown[0]!r} (expected {', '.join(_UPSTREAM_FIELDS)})")
+        weight = _positive_number(at, "weight", entry.get("weight", 1.0))
+        options.append(UpstreamOptions(float(weight), _positive_number(at, "max_rps", entry.get("max_rps")),
+                                       _positive_number(at, "max_concurrency", entry.get("max_concurrency"),
+                                                        whole=True)))
+        urls.append(entry.get("url"))
+    return urls, tuple(options)
+
+
+def _integrity(where: str, entry: dict[str, Any]) -> tuple[int, bool]:
+    """A network's confirm_immutable (upstreams that must agree) and confirm_logs_bloom."""
+    count = _positive_number(where, "confirm_immutable", entry.get("confirm_immutable", 1), whole=True)
+    bloom = entry.get("confirm_logs_bloom", False)
+    if not isinstance(bloom, bool):
+        raise ConfigError(f"{where}: confirm_logs_bloom must be true or false")
+    return count, bloom
+
+
+def _selection(where: str, entry: dict[str, Any]) -> tuple[str, float | None]:
+    """A network's selection policy and hedging delay (seconds)."""
+    selection = entry.get("selection", "priority")
+    if selection not in SELECTION_POLICIES:
+        raise ConfigError(f"{where}: selection must be one of {', '.join(SELECTION_POLICIES)}")
+    hedge_ms = _positive_number(where, "hedge_after_ms", entry.get("hedge_after_ms"))
+    return selection, hedge_ms / 1000 if hedge_ms is not None else None
 
 
 def _split_ws(urls: Any) -> tuple[Any, tuple[str, ...]]:
@@ -49,6 +126,7 @@ def _split_ws(urls: Any) -> tuple[Any, tuple[str, ...]]:
 
 
 def _load_toml(name: str, path: str) -> dict[str, Any]:
+    check_trusted(name, Path(path))
     try:
         return tomllib.loads(Path(path).read_text())
     except OSError as exc:
@@ -104,7 +182,16 @@ def _networks_from_file(path: str) -> list[Network]:
         chain_id = entry.get("chain_id")
         if chain_id is not None and (not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0):
             raise ConfigError(f"{where}: chain_id must be a positive integer")
-        http_urls, ws_urls = _split_ws(entry.get("upstreams"))
+        entries, options = _upstream_entries(where + " upstreams", entry.get("upstreams"))
+        is_ws = [isinstance(u, str) and u.startswith(("ws://", "wss://")) for u in entries] if options else []
+        if any(ws and o != UpstreamOptions() for ws, o in zip(is_ws, options, strict=True)):
+            raise ConfigError(f"{where}: weight and budgets apply to http(s) upstreams only")
+        http_urls, ws_urls = _split_ws(entries)
+        options = tuple(o for ws, o in zip(is_ws, options, strict=True) if not ws)
+        selection, hedge_after = _selection(where, entry)
+        confirm_immutable, confirm_logs_bloom = _integrity(where, entry)
+        if isinstance(http_urls, list) and confirm_immutable > len(http_urls):
+            raise ConfigError(f"{where}: confirm_immutable cannot exceed the number of http(s) upstreams")
         networks.append(
             Network(
                 name=str(name),
@@ -114,12 +201,39 @@ def _networks_from_file(path: str) -> list[Network]:
                 finality_depth=depth,
                 chain_id=chain_id,
                 ws_upstreams=ws_urls,
+                selection=selection,
+                hedge_after=hedge_after,
+                upstream_options=options,
+                confirm_immutable=confirm_immutable,
+                confirm_logs_bloom=confirm_logs_bloom,
             )
         )
     return networks
 
 
-_KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second")
+_KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second", "allowed_origins", "allowed_methods",
+               "allowed_addresses")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s]+")
+
+
+# field -> (how one entry is written, its pattern once normalised, the normaliser)
+_LISTS: dict[str, tuple[str, re.Pattern[str], Callable[[str], str]]] = {
+    "allowed_origins": ("origins such as https://app.example", _ORIGIN, lambda i: i.rstrip("/").lower()),
+    "allowed_methods": ("method names", METHOD_NAME, lambda i: i),
+    "allowed_addresses": ("20-byte 0x addresses", _ADDRESS, str.lower),
+}
+
+
+def _allow_lists(where: str, entry: Mapping[str, Any]) -> AllowLists:
+    """A key's allowed_origins (scheme://host[:port]), allowed_methods and allowed_addresses."""
+    values: dict[str, frozenset[str]] = {}
+    for field_name, (kind, pattern, normal) in _LISTS.items():
+        items = entry.get(field_name, [])
+        if not isinstance(items, list) or not all(isinstance(i, str) and pattern.fullmatch(normal(i)) for i in items):
+            raise ConfigError(f"{where}: {field_name} must be a list of {kind}")
+        values[field_name.removeprefix("allowed_")] = frozenset(normal(i) for i in items)
+    return AllowLists(**values)
 
 
 def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
@@ -153,7 +267,7 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{where}: {field_name} must be a positive integer")
         values[field_name] = value
-    return name, KeyConfig(**values, sha256=sha)
+    return name, KeyConfig(**values, sha256=sha, lists=_allow_lists(where, entry))
 
 
 def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:

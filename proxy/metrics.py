@@ -11,7 +11,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 LATENCY_BUCKETS = (
@@ -118,9 +126,15 @@ class Metrics:
         # chain heads, then connections and Redis.
         self._add_call_metrics(registry)
         self._add_upstream_metrics(registry)
+        self._add_selection_metrics(registry)
         self._add_credit_metrics(registry)
         self._add_chain_metrics(registry)
         self._add_connection_metrics(registry)
+        # The process (CPU, memory, file descriptors) and the interpreter (version, GC), as every
+        # Prometheus client exports them by default.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
 
@@ -151,7 +165,8 @@ class Metrics:
             ["network", "method", "upstream"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.upstream_errors = Counter(
-            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, invalid, mismatch).",
+            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, rate_limited, invalid, "
+            "mismatch).",
             ["network", "upstream", "kind"], registry=r,
         )
         self.upstream_failovers = Counter(
@@ -161,6 +176,38 @@ class Metrics:
         self.coalesced = Counter(
             "rpc_proxy_coalesced_requests", "Calls answered by joining an identical in-flight upstream call.",
             ["network", "method"], registry=r,
+        )
+
+    def _add_selection_metrics(self, r: CollectorRegistry) -> None:
+        """Which upstream was asked, hedged reads, provider budgets and rate limits, head lag."""
+        self.upstream_selected = Counter(
+            "rpc_proxy_upstream_selected", "Attempts sent to each upstream (the selection policy's choices, "
+            "failovers and hedges included).", ["network", "upstream"], registry=r,
+        )
+        self.upstream_hedged = Counter(
+            "rpc_proxy_upstream_hedged", "Reads also sent to a second upstream after hedge_after_ms without an answer.",
+            ["network"], registry=r,
+        )
+        self.upstream_hedge_wins = Counter(
+            "rpc_proxy_upstream_hedge_wins", "Hedged reads, by the upstream whose answer won.",
+            ["network", "upstream"], registry=r,
+        )
+        self.upstream_budget_waits = Counter(
+            "rpc_proxy_upstream_budget_waits", "Attempts that waited for an upstream's max_rps/max_concurrency "
+            "budget (no upstream in the order had budget at once).", ["network", "upstream"], registry=r,
+        )
+        self.upstream_rate_limited = Counter(
+            "rpc_proxy_upstream_rate_limited", "Upstream rate-limit answers (HTTP 429 or a provider's rate-limit "
+            "error): that upstream alone cools down, for Retry-After when given.", ["network", "upstream"], registry=r,
+        )
+        self.upstream_disagreements = Counter(
+            "rpc_proxy_upstream_disagreements", "Answers about to be kept forever that an upstream got wrong: "
+            "outside the majority (confirm_immutable) or failing the logsBloom check (confirm_logs_bloom).",
+            ["network", "upstream"], registry=r,
+        )
+        self.upstream_head_lag = Gauge(
+            "rpc_proxy_upstream_head_lag_blocks", "Blocks an upstream's own head is behind the furthest upstream's.",
+            ["network", "upstream"], registry=r,
         )
 
     def _add_credit_metrics(self, r: CollectorRegistry) -> None:
@@ -202,6 +249,10 @@ class Metrics:
             "rpc_proxy_upstream_identity_mismatch",
             "1 while an upstream serves another chain (chain id or genesis hash) and is out of rotation.",
             ["network", "upstream"], registry=r,
+        )
+        self.identity_adoptions = Counter(
+            "rpc_proxy_identity_adoptions", "Networks with no declared identity that adopted a new chain every "
+            "upstream agreed on (a restarted devnet); its old cache entries are never served.", ["network"], registry=r,
         )
         self.finality_violations = Counter(
             "rpc_proxy_finality_violations", "Finalized blocks whose hash changed (the network's entries were "

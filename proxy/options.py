@@ -50,7 +50,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
     Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
     Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
-    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second"),
+    Option("API_KEYS_FILE", "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second, "
+           "allowed_origins, allowed_methods, allowed_addresses; SIGHUP reads it again"),
     Option("DAILY_CREDITS", "default daily credit balance per key (default 3000000)"),
     Option("CREDITS_PER_SECOND", "default per-key credits-per-second limit (default: none)"),
     Option("DEFAULT_CREDITS", "credit cost of methods in neither the spec's table nor the credits table "
@@ -58,7 +59,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("CREDITS_FILE", "optional TOML file whose [credits] table sets per-method costs (method = credits) of "
            "methods outside the spec's seven; unlisted methods keep the built-in table, else DEFAULT_CREDITS"),
     Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
-    Option("MAX_BATCH_SIZE", "maximum calls in one batch (default 100)"),
+    Option("MAX_BATCH_SIZE", "maximum calls in one batch, each counted and charged (default 1000, as geth and "
+           "viem's batch: true)"),
     Option("MAX_BODY_BYTES", "maximum HTTP request body in bytes (default 5242880)"),
     Option("WS_MAX_MESSAGE_BYTES", "maximum WebSocket message in bytes (default 5242880)"),
     Option("WS_MAX_INFLIGHT", "maximum concurrent requests per WebSocket connection (default 64)"),
@@ -79,12 +81,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("GETLOGS_CHUNK_BLOCKS", "eth_getLogs ranges are asked and cached in aligned chunks of this many blocks "
            "(a tenth of it near finality); 0 disables (default 1000)"),
     Option("GETLOGS_CHUNK_CONCURRENCY", "chunks of one eth_getLogs call asked upstream at once (default 4)"),
+    Option("MAX_RESPONSE_BYTES", "largest answer to one request body (a batch counted whole); beyond it calls "
+           "get -32005 response size exceeded (default 33554432)"),
+    Option("UPSTREAM_KEY_CONCURRENCY", "upstream calls one API key may have in flight at once (chunks and batch "
+           "members included); 0: no cap (default 8)"),
+    Option("CACHE_KEY_BYTES_PER_MINUTE", "bytes of answers one API key's calls may store in the cache per minute; "
+           "past it answers are served but not kept; 0: no bound (default CACHE_MEMORY_BYTES / 16)"),
     Option("GAS_CAP_MULTIPLIER", "eth_call/eth_estimateGas gas cap as a multiple of the block gas limit (default 10)"),
     Option("ETH_CALL_REQUIRE_FROM", "require `from` in eth_call as the spec's table does (default false: "
            "the node's own default sender applies, as with geth and Anvil)"),
     Option("LOG_FORMAT", "text or json (JSON lines)"),
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
-    Option("ACCESS_LOG", "log every call: request id, method, cache result, upstream latency (default false)"),
+    Option("ACCESS_LOG", "log every request (key name, client IP, status, total ms, cache, upstream ms) and every "
+           "call: request id, method, cache result, upstream latency (default false)"),
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
     Option("WORKERS", "worker processes sharing the port, each with its own memory tier; auto: one per CPU "
            "(default 1: one process, no supervisor)"),
@@ -98,6 +107,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("METRICS_HOST", "address of the internal /metrics listener (default 127.0.0.1)"),
     Option("METRICS_PORT", "port of an internal listener serving /metrics; when set, the public port does not "
            "(default: unset, /metrics on the public port)"),
+    Option("ADMIN_HOST", "address of the admin listener (default 127.0.0.1)"),
+    Option("ADMIN_PORT", "port of the admin listener: list, cordon and uncordon upstreams (default: unset, off)"),
+    Option("ADMIN_TOKEN", "bearer token every admin request must carry (required with ADMIN_PORT; at least 16 "
+           "characters; never logged)"),
     Option("UPSTREAM_BATCH_MAX_BYTES", "most bytes of params in one upstream auto-batch; a larger call goes alone "
            "(default 1048576)"),
     Option("UPSTREAM_ATTEMPT_TIMEOUT", "seconds one upstream attempt may take before the next upstream is tried "
@@ -123,6 +136,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("WS_MAX_SUBSCRIPTIONS", "maximum subscriptions per WebSocket connection (default 100)"),
     Option("WS_SEND_BUFFER_BYTES", "bytes a WebSocket connection may have waiting to be sent; past it the "
            "connection is closed as a slow consumer with 1008 (default 4194304)"),
+    Option("WS_MAX_LAG", "seconds a WebSocket connection may fall behind (its oldest unsent message's age); past it "
+           "the connection is closed as a slow consumer with 1008 (default 10)"),
+    Option("WS_MAX_CONNECTIONS_PER_KEY", "open WebSocket connections per API key; more are refused with HTTP 429 "
+           "(-32005); 0: no cap (default 512)"),
+    Option("MAX_CONNECTIONS_PER_IP", "open client connections per client IP address; more are answered 503 and closed "
+           "at once; 0: no cap, for a proxy behind a load balancer that hides client addresses (default 1024)"),
+    Option("WS_IDLE_TIMEOUT", "seconds a WebSocket connection with no subscription and no call is kept open; then it "
+           "is closed with 1000 (default 300)"),
+    Option("MAX_FILTERS_PER_KEY", "live node-side filters (eth_newFilter, eth_newBlockFilter, "
+           "eth_newPendingTransactionFilter) per API key; more are -32005 until one is uninstalled or expires "
+           "(default 100)"),
+    Option("CORS_ALLOW_ORIGINS", "comma-separated origins (https://app.example) browser pages may call from; "
+           "* for any (default *)"),
+    Option("COMPRESS_MIN_BYTES", "answers of at least this many bytes are gzip-compressed for clients that "
+           "accept it; 0 disables (default 4096)"),
+    Option("COMPRESS_CACHE_BYTES", "bytes of compressed cached answers kept, so a hit is not compressed again "
+           "(default 67108864)"),
+    Option("TRUSTED_PROXY_HEADER", "header carrying the client IP set by a proxy in front (X-Forwarded-For: its "
+           "last entry; X-Real-IP); the access log shows it instead of the peer's address (default: unset)"),
+    Option("UNMINED_TTL", "seconds a null receipt or transaction (not yet mined) is kept, at most; a new head "
+           "ends it sooner (default 0.25)"),
     Option("SUBSCRIPTION_CREDITS", "per-kind subscription credits, e.g. subscribe=5,newHeads=50,logs=300 "
            "(defaults: subscribe 5, newHeads 50, logs 300, newPendingTransactions 200, other 50)"),
 )
@@ -287,6 +321,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
     "GETLOGS_CHUNK_BLOCKS": ("getlogs_chunk_blocks", _zero_or_positive_int),
     "GETLOGS_CHUNK_CONCURRENCY": ("getlogs_chunk_concurrency", _positive_int),
+    "MAX_RESPONSE_BYTES": ("max_response_bytes", _positive_int),
+    "UPSTREAM_KEY_CONCURRENCY": ("upstream_key_concurrency", _zero_or_positive_int),
+    "CACHE_KEY_BYTES_PER_MINUTE": ("cache_key_bytes_per_minute", _zero_or_positive_int),
     "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),
@@ -297,6 +334,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_INFLIGHT_BODY_BYTES": ("max_inflight_body_bytes", _positive_int),
     "METRICS_HOST": ("metrics_host", lambda _n, v: v),
     "METRICS_PORT": ("metrics_port", _port),
+    "ADMIN_HOST": ("admin_host", lambda _n, v: v),
+    "ADMIN_PORT": ("admin_port", _port),
+    "ADMIN_TOKEN": ("admin_token", lambda _n, v: v),
     "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
     "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
     "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),
@@ -312,5 +352,15 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CREDITS_JOURNAL_DIR": ("credits_journal_dir", lambda _n, v: v),
     "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),
     "WS_SEND_BUFFER_BYTES": ("ws_send_buffer_bytes", _positive_int),
+    "WS_MAX_LAG": ("ws_max_lag", _positive_float),
+    "WS_MAX_CONNECTIONS_PER_KEY": ("ws_max_connections_per_key", _zero_or_positive_int),
+    "MAX_CONNECTIONS_PER_IP": ("max_connections_per_ip", _zero_or_positive_int),
+    "WS_IDLE_TIMEOUT": ("ws_idle_timeout", _positive_float),
+    "MAX_FILTERS_PER_KEY": ("max_filters_per_key", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
+    "CORS_ALLOW_ORIGINS": ("cors_allow_origins", lambda _n, v: _csv(v)),
+    "COMPRESS_MIN_BYTES": ("compress_min_bytes", _zero_or_positive_int),
+    "COMPRESS_CACHE_BYTES": ("compress_cache_bytes", _positive_int),
+    "TRUSTED_PROXY_HEADER": ("trusted_proxy_header", lambda _n, v: v.strip()),
+    "UNMINED_TTL": ("unmined_ttl", _positive_float),
 }

@@ -12,7 +12,8 @@ from typing import Any
 
 from proxy.cache import policy as cp
 from proxy.cache.chunked_logs import ChunkedLogs
-from proxy.cache.log_reads import LogReads
+from proxy.cache.integrity import Integrity
+from proxy.cache.log_reads import LogReads, Pieces
 from proxy.cache.tiers import Coalescer, TieredCache, cache_key
 from proxy.calls import BYPASS, HIT, MISS, Outcome, Plan, Prepared
 from proxy.chain import local_answers, pinning
@@ -36,6 +37,7 @@ from proxy.rpc.jsonrpc import (
 from proxy.rpc.methods import (
     POLICIES,
     SUBSCRIPTION_METHODS,
+    WRITE_METHODS,
     CacheClass,
     MethodPolicy,
     family_of,
@@ -43,12 +45,14 @@ from proxy.rpc.methods import (
 )
 from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.asking import Asker
+from proxy.upstream.key_budget import KeySlots
 from proxy.upstream.pool import Answer
 
 log = logging.getLogger("proxy.service")
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
 MEMO_MAX_CONTAINERS = 16  # objects and arrays in memoized params (a filter with topics has a few)
 MEMO_MAX_PARAMS = 512  # bytes: larger params are validated every time rather than held in memory
+MERGES_PER_KEY = 2  # chunked eth_getLogs merges one API key may have in flight (each parses its pieces)
 
 
 
@@ -77,7 +81,10 @@ class Service:
         self.networks = networks
         self._cache = cache
         self._metrics = metrics
+        self._max_response = settings.max_response_bytes
         self._coalescer: Coalescer[tuple[Answer, bool]] = Coalescer()
+        self._merges: Coalescer[Outcome] = Coalescer()  # chunked eth_getLogs merges in flight, by key
+        self._merge_slots = KeySlots(MERGES_PER_KEY)
         # Memos of pure work, keyed by the raw request: validation results, and plans per head.
         self._validated: Memo[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = Memo(MEMO_SIZE)
         self._plans: Memo[tuple[str, str, bytes], Plan] = Memo(MEMO_SIZE)
@@ -88,12 +95,14 @@ class Service:
             largest_accounts=settings.solana_largest_accounts_ttl,
             token_balance=settings.solana_balance_max_age,
             identity=settings.identity_check_interval,
+            unmined=settings.unmined_ttl,
         )
         chunks = ChunkedLogs(settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency,
                              settings.getlogs_max_results, metrics)
         self._logs = LogReads(cache, chunks, metrics, self._ttls, max_results=settings.getlogs_max_results,
                               timeout=settings.getlogs_timeout)
         self._asker = Asker(settings, metrics, self._logs.check_results)
+        self._integrity = Integrity(metrics, settings.upstream_timeout)
 
     # --- before anything is charged or forwarded ------------------------------------------
 
@@ -154,6 +163,8 @@ class Service:
         if stored is None:
             return None
         payload, is_error = stored
+        if len(payload) > self._max_response:
+            return None  # the general path answers with the size error (response_size.py)
         return payload, is_error, plan.credits, plan.hit_cells[is_error]
 
     async def execute(self, prepared: Prepared) -> Outcome:
@@ -185,6 +196,8 @@ class Service:
             if prepared.refs:  # validated, uncached (eth_estimateGas): block parameters as the caller gave them
                 params = substitute(params, {id(r): r.encode() for r in prepared.refs})
             answer = await net.upstream.request(method, params)
+            if method in WRITE_METHODS and not answer.is_error and isinstance(net.tracker, EvmHeadTracker):
+                net.tracker.wrote()  # writes are hints: the block holding it may be out already (automining)
             return Outcome.answered(self._shown(net, method, answer, prepared.refs), BYPASS)
 
         refs = prepared.refs
@@ -194,9 +207,9 @@ class Service:
             await tracker.catch_up(self._settings.head_catch_up_wait)
         head = tracker.head
         if policy.limits_logs and not prepared.piece and isinstance(tracker, EvmHeadTracker):
-            chunked = await self._logs.chunked(prepared, tracker, head, self._execute)
-            if chunked is not None:
-                return chunked
+            planned = self._logs.pieces(prepared, tracker, head)
+            if planned is not None:
+                return await self._chunked(prepared, policy, params, head, planned)
         plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
         if plan is None or plan.head is not head:
             plan = self._plan(prepared, policy, params, head)
@@ -211,6 +224,37 @@ class Service:
                 self._plans[prepared.fingerprint] = plan
         return await self._read_through(prepared, policy, params, plan)
 
+    async def _chunked(
+        self, prepared: Prepared, policy: MethodPolicy, params: Any, head: Any, planned: Pieces,
+    ) -> Outcome:
+        """A chunked eth_getLogs. A range wholly final is merged once: the merged answer is kept under
+        the range's own key, so the next call costs what a plain hit of its size costs (the hot path
+        serves it from memory), and identical calls in flight share one merge."""
+        plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
+        if plan is None or plan.head is not head:
+            plan = self._plan(prepared, policy, params, head)
+        if plan.decision.mode is not cp.Mode.IMMUTABLE or not plan.key:
+            return await self._logs.chunked(prepared, planned, self._execute)
+        stored = await self._cache.get(plan.key)
+        if stored is not None:
+            self._metrics.child(self._metrics.credits_saved, prepared.network.name, prepared.call.method).inc(
+                prepared.credits)
+            return Outcome(*stored, HIT)
+
+        async def merge() -> Outcome:
+            outcome = await self._logs.chunked(prepared, planned, self._execute)
+            if not outcome.is_error:
+                await self._cache.set(plan.key, (outcome.payload, False), cp.FOREVER)
+                if prepared.fingerprint:
+                    self._plans[prepared.fingerprint] = plan
+            return outcome
+
+        # A merge parses every piece: a key has at most MERGES_PER_KEY merges started or joined at
+        # once (memory per key), each caller in its own key's queue, never in another key's.
+        async with self._merge_slots.held():
+            outcome, _ = await self._merges.run(plan.key, merge)
+        return outcome
+
     def _plan(self, prepared: Prepared, policy: MethodPolicy, params: Any, head: Any) -> Plan:
         """The call's decision, cache key and upstream params for this head (pure but for metric cells)."""
         net, method, refs = prepared.network, prepared.call.method, prepared.refs
@@ -219,7 +263,8 @@ class Service:
         resolved = {id(r): tracker.resolve(r) for r in refs} if isinstance(tracker, EvmHeadTracker) else {}
         if policy.limits_logs:
             self._logs.check_range(params[0], resolved)
-        decision = cp.decide(policy.cache, list(resolved.values()), head, self._ttls, params)
+        client_state = policy.client_state is not None and len(params) > policy.client_state
+        decision = cp.decide(policy.cache, list(resolved.values()), head, self._ttls, params, client_state=client_state)
         space = (head.space if head is not None else None) if evm else net.name
         if space is None:
             decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
@@ -344,6 +389,11 @@ class Service:
                 if not isinstance(now_head, Head) or plan.head is not now_head:
                     return answer, False
                 key = _unmined_key(key, now_head)
+        if ttl == cp.FOREVER:
+            doubt, answer = await self._integrity.doubt(net, plan, params, answer)
+            if doubt is not None:  # served, never stored
+                self._metrics.uncached_answers.labels(net.name, doubt).inc()
+                return answer, False
         if ttl is not None:
             await self._cache.set(key, (answer.payload, answer.is_error), ttl)
         return answer, True

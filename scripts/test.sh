@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the tests need (system packages, a virtualenv, Anvil and solc from npm) and runs
-# lint, type checks and the whole test suite. Safe to run again: each step skips what is present.
+# Installs what the tests need (system packages including chromium, a virtualenv, Anvil, cast, solc,
+# ethers, viem and puppeteer-core from npm) and runs lint, type checks and the whole test suite.
+# Safe to run again: each step skips what is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,6 +9,7 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v kubectl >/dev/null 2>&1 || need_apt+=(kubectl)  # renders the deploy/kubernetes overlays
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # the real-browser test (tests/test_browser_page.py)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} (Debian packages)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -22,9 +24,11 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test,fast]'
 
 if [ ! -x .tools/node_modules/.bin/anvil ] || [ ! -x .tools/node_modules/.bin/solcjs ] \
-   || [ ! -d .tools/node_modules/ethers ] || [ ! -d .tools/node_modules/viem ]; then
-  echo "installing anvil, solc, ethers and viem from npm into .tools/"
-  npm install --silent --no-audit --no-fund --prefix .tools @foundry-rs/anvil@1.7.1 solc@0.8.26 ethers@6 viem@2 >/dev/null
+   || [ ! -d .tools/node_modules/ethers ] || [ ! -d .tools/node_modules/viem ] \
+   || [ ! -x .tools/node_modules/.bin/cast ] || [ ! -d .tools/node_modules/puppeteer-core ]; then
+  echo "installing anvil, cast, solc, ethers, viem and puppeteer-core from npm into .tools/"
+  npm install --silent --no-audit --no-fund --prefix .tools @foundry-rs/anvil@1.7.1 @foundry-rs/cast@1.7.1 solc@0.8.26 \
+    ethers@6 viem@2 puppeteer-core@24 >/dev/null
 fi
 export ANVIL_BIN="$PWD/.tools/node_modules/.bin/anvil"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
 
-KINDS = ("http500", "http413", "http429", "slow", "wrong_id", "duplicate_id", "partial", "error3", "error")
+KINDS = ("http500", "http413", "http429", "slow", "wrong_id", "duplicate_id", "partial", "error3", "error",
+         "ratelimit", "droplog")
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Fault:
     batches_only: bool = False
     times: int | None = 1  # None: forever
     delay: float = 0.0
+    retry_after: str | None = None  # an HTTP fault's Retry-After header
 
     def matches(self, calls: list[dict[str, Any]], is_batch: bool) -> bool:
         if self.batches_only and not is_batch:
@@ -41,6 +44,9 @@ class FaultRelay:
     applied: list[str] = field(default_factory=list)
     requests: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() of each request's arrival
+    in_flight: int = 0
+    most_in_flight: int = 0
     url: str = ""
     _server: TestServer | None = None
     _session: aiohttp.ClientSession | None = None
@@ -92,6 +98,15 @@ class FaultRelay:
             return json.loads(await resp.read())
 
     async def _handle(self, request: web.Request) -> web.Response:
+        self.arrivals.append(time.monotonic())
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.Response:
         self.requests += 1
         body = await request.read()
         payload = json.loads(body)
@@ -103,10 +118,12 @@ class FaultRelay:
         if fault is not None and fault.delay:
             await asyncio.sleep(fault.delay)  # "slow" is only this; any other fault may come late too
         if kind in ("http500", "http413", "http429"):
-            return web.Response(status=int(kind[4:]), text="injected")
-        if kind in ("error3", "error"):
-            code = 3 if kind == "error3" else -32000
-            errors = [{"jsonrpc": "2.0", "id": c.get("id"), "error": {"code": code, "message": "injected"}}
+            headers = {"Retry-After": fault.retry_after} if fault is not None and fault.retry_after else None
+            return web.Response(status=int(kind[4:]), text="injected", headers=headers)
+        if kind in ("error3", "error", "ratelimit"):
+            code = {"error3": 3, "error": -32000, "ratelimit": -32005}[kind]
+            message = "project ID request rate exceeded" if kind == "ratelimit" else "injected"  # Infura's words
+            errors = [{"jsonrpc": "2.0", "id": c.get("id"), "error": {"code": code, "message": message}}
                       for c in calls]
             return web.json_response(errors if is_batch else errors[0])
         reply = await self._forward(body)
@@ -119,4 +136,9 @@ class FaultRelay:
             reply = [reply, dict(reply)]
         elif kind == "partial" and isinstance(reply, list) and reply:
             reply = reply[:-1]
+        elif kind == "droplog":  # a lying node: the last log of every eth_getLogs answer left out
+            for item in reply if isinstance(reply, list) else [reply]:
+                call = next((c for c in calls if c.get("id") == item.get("id")), {})
+                if call.get("method") == "eth_getLogs" and isinstance(item.get("result"), list) and item["result"]:
+                    item["result"] = item["result"][:-1]
         return web.json_response(reply)

@@ -111,7 +111,7 @@ def _batches(calls: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[s
         yield batch
 
 
-async def wait_for_head(proxy: ProxyProcess, session: aiohttp.ClientSession, timeout: float = 20.0) -> None:
+async def wait_for_head(proxy: ProxyProcess, session: aiohttp.ClientSession, timeout: float = 60.0) -> None:
     """Until the proxy's head tracker has polled (a finalized call is then a MISS or HIT, not BYPASS)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -129,7 +129,6 @@ async def send(proxy: ProxyProcess, calls: Iterator[dict[str, Any]], *, batch: i
     queue = _batches(calls, batch)
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        await wait_for_head(proxy, session)
 
         async def worker() -> None:
             nonlocal answered
@@ -154,6 +153,10 @@ async def fill_side_by_side(
     bounded, baseline = ProxyProcess(node.url, bound), ProxyProcess(node.url, 1)
     readings = []
     try:
+        # Both heads first: once one process is filling, the node (in this test's own loop) answers
+        # the other's polls late on a busy machine.
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(wait_for_head(bounded, session), wait_for_head(baseline, session))
         for calls, batch, concurrency in phases:
             answered = await asyncio.gather(
                 send(bounded, calls(), batch=batch, concurrency=concurrency),

@@ -25,7 +25,7 @@ from proxy.app import create_app
 from proxy.config import Network, Settings, build_settings
 from proxy.metrics import Metrics
 from proxy.state import SERVICE
-from proxy.upstream.pool import Answer, HttpUpstream
+from proxy.upstream.pool import Answer, HttpUpstream, routing_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = Path(__file__).resolve().parent / "contracts"
@@ -310,7 +310,9 @@ async def start_proxy(
         inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
                              batch_max=settings.upstream_batch_max,
                              batch_max_bytes=settings.upstream_batch_max_bytes,
-                            attempt_timeout=settings.upstream_attempt_timeout)
+                             attempt_timeout=settings.upstream_attempt_timeout,
+                             max_reply_bytes=settings.max_response_bytes,
+                             routing=routing_of(network, settings.workers))
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 

@@ -57,8 +57,12 @@ async def test_a_declared_chain_id_refuses_upstreams_of_another_chain(anvil: Anv
         await proxy.close()
 
 
-async def test_an_upstream_restarted_as_another_chain_is_taken_out_of_rotation(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
+async def test_an_upstream_restarted_as_another_chain_is_taken_out_of_rotation(anvil: Anvil, tmp_path: Path) -> None:
+    # Declared: never adopted (an undeclared network adopts a chain all its upstreams agree on,
+    # see test_devnet_restart.py).
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.evm]\nfamily = "evm"\nupstreams = ["{anvil.url}"]\nchain_id = 31337\n')
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=str(networks)))
     try:
         assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
         anvil.stop()

@@ -4,6 +4,7 @@ environment, and subcommand help that lists the subcommand's own options."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import pytest
 
 from proxy.cli import KEYS_USAGE_OPTIONS, parse_dotenv
 from proxy.config import OPTIONS, ConfigError
+from proxy.file_trust import trust_problem
 from tests.support import ROOT, Anvil, free_port, healthy, wait_until
 
 # logfmt: key=value pairs, a value bare or double-quoted with backslash escapes, nothing else.
@@ -152,6 +154,50 @@ def test_no_dotenv_reads_nothing(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "proxy"], env=clean_env(), cwd=tmp_path,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "no upstream configured" in result.stderr
+
+
+def refused(cwd: Path, **settings: str) -> str:
+    """Run the command expecting a configuration error: its one stderr line."""
+    result = subprocess.run([sys.executable, "-m", "proxy"], env=clean_env(**settings), cwd=cwd,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    return line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file to another user")
+def test_a_dotenv_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    # Issue 19, item 9: a .env planted in the start directory opened anvil_ and added a rich key.
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("EVM_UPSTREAM=http://127.0.0.1:1\nALLOW_NAMESPACES=anvil\nAPI_KEYS=planted\n")
+    os.chown(dotenv, 12345, 12345)
+    line = refused(tmp_path)
+    assert "configuration error: .env:" in line and "owned by uid 12345" in line and "refused" in line
+
+
+def test_a_keys_file_writable_by_others_is_refused(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys.a]\nkey = "secret-a"\n')
+    keys.chmod(0o666)
+    line = refused(tmp_path, EVM_UPSTREAM="http://127.0.0.1:1", API_KEYS_FILE=str(keys))
+    assert "API_KEYS_FILE:" in line and "writable by other users" in line and "secret-a" not in line
+    keys.chmod(0o600)  # the same file, owned and writable by the proxy's user alone, is read
+    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage"], timeout=30, capture_output=True,
+                            text=True, env=clean_env(API_KEYS_FILE=str(keys), REDIS_URL="redis://127.0.0.1:1"))
+    assert "writable" not in result.stderr
+
+
+class TestTrustedFiles:
+    def test_owner_and_mode_decide(self) -> None:
+        decide = functools.partial(trust_problem, euid=1000, egid=1000, read_only=False)
+        assert decide(0o100600, 1000, 1000) is None and decide(0o100644, 0, 0) is None
+        assert decide(0o100664, 1000, 1000) is None  # a private group's own file
+        assert "owned by uid 1001" in str(decide(0o100600, 1001, 1000))
+        assert "other users" in str(decide(0o100602, 1000, 1000))
+        assert "group 50" in str(decide(0o100620, 1000, 50))
+
+    def test_a_read_only_mount_is_trusted_whoever_owns_it(self) -> None:
+        assert trust_problem(0o100644, 1001, 1001, euid=10001, egid=10001, read_only=True) is None
 
 
 class TestDotenvParsing:

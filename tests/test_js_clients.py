@@ -55,3 +55,18 @@ async def test_a_viem_app_sees_through_the_proxy_what_it_sees_on_the_node(endpoi
         "deployStatus": "success", "httpX": "7", "wsX": "7", "events": 5, "uniqueEvents": 5,
         "blocksConsecutive": True, "getLogs": 5, "wsGetLogs": 5,
     }
+
+
+@pytest.mark.parametrize("calls", [150, 1000])
+async def test_viem_batch_true_with_150_and_1000_concurrent_calls(anvil: Anvil, evm_proxy: Proxy, calls: int) -> None:
+    seen = {}
+    for url in (evm_proxy.url(), anvil.url):
+        proc = await asyncio.create_subprocess_exec(
+            "node", str(ROOT / "tests/clients/viem_batch.cjs"), url, str(calls),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "NODE_PATH": NODE_PATH},
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        seen[url] = json.loads(out.decode().strip().splitlines()[-1])["balances"]
+    assert seen[evm_proxy.url()] == seen[anvil.url] and len(seen[anvil.url]) == calls
+    assert evm_proxy.upstreams["evm"].calls["eth_getBalance"] <= calls  # each asked upstream once at most

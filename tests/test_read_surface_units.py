@@ -45,9 +45,10 @@ class TestTransactionsAreTiedToTheirBlock:
         assert cp.transaction_ttl(receipt(5, OLD), head(), {}, TTLS) is None  # another fork's block
         assert cp.transaction_ttl(receipt(7, OLD), head(), {}, TTLS) is None  # beyond the head
 
-    def test_not_yet_mined_is_kept_for_the_negative_ttl_only(self) -> None:
-        assert cp.transaction_ttl(None, head(), {}, TTLS) == 2
-        assert cp.transaction_ttl({"hash": OLD, "blockHash": None, "blockNumber": None}, head(), {}, TTLS) == 2
+    def test_not_yet_mined_is_kept_for_the_unmined_ttl_only(self) -> None:
+        assert cp.transaction_ttl(None, head(), {}, TTLS) == TTLS.unmined == 0.25
+        pending = {"hash": OLD, "blockHash": None, "blockNumber": None}
+        assert cp.transaction_ttl(pending, head(), {}, TTLS) == TTLS.unmined
 
     def test_a_reorged_out_block_is_never_served(self) -> None:
         assert cp.transaction_servable(receipt(5, H5), head(), {})

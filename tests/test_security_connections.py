@@ -7,12 +7,15 @@ when a client leaves), not under aiohttp's test server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -21,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.listeners import CappedSite
+from proxy.http.listeners import CappedSite, PeerCounts
 from proxy.logs import Throttled
 from tests.support import Anvil, eventually, free_port, settings_for, start_proxy
 
@@ -35,7 +38,8 @@ async def served(settings: Settings) -> AsyncIterator[int]:
     runner = web.AppRunner(create_app(settings, registry=CollectorRegistry()), access_log=None, shutdown_timeout=1)
     await runner.setup()
     port = free_port()
-    await CappedSite(runner, "127.0.0.1", port, max_connections=settings.max_connections).start()
+    await CappedSite(runner, "127.0.0.1", port, max_connections=settings.max_connections,
+                     per_ip=settings.max_connections_per_ip).start()
     try:
         yield port
     finally:
@@ -196,3 +200,112 @@ async def test_metrics_port_serves_metrics_on_an_internal_listener_and_the_publi
             assert resp.status in (404, 405)  # the internal listener serves metrics only
     finally:
         await proxy.close()
+
+
+# --- fair shares of the connection slots (issue 19, item 6) -------------------------------------
+
+
+async def chain_id_from(port: int, local: str) -> tuple[int, float]:
+    """key-b's eth_chainId over a fresh connection from the local address `local`: (status, seconds)."""
+    started = time.perf_counter()
+    connector = aiohttp.TCPConnector(local_addr=(local, 0), force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as client, \
+            client.post(f"http://127.0.0.1:{port}/v3/key-b", data=CHAIN_ID) as resp:
+        await resp.read()
+        return resp.status, time.perf_counter() - started
+
+
+async def test_one_client_address_cannot_fill_max_connections(anvil: Anvil) -> None:
+    # Item 6: 4,096 idle WebSockets that answer pings filled MAX_CONNECTIONS; every other key got 503.
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", MAX_CONNECTIONS="40",
+                            MAX_CONNECTIONS_PER_IP="10", WS_MAX_CONNECTIONS_PER_KEY="0")
+    async with served(settings) as port, aiohttp.ClientSession() as attacker:
+        held, refused = [], 0
+        for _ in range(40):  # idle WebSockets from 127.0.0.1, each answering pings
+            try:
+                held.append(await attacker.ws_connect(f"ws://127.0.0.1:{port}/ws/v3/key-a"))
+            except aiohttp.WSServerHandshakeError as exc:
+                assert exc.status == 503
+                refused += 1
+        try:
+            assert len(held) == 10 and refused == 30
+            status, seconds = await chain_id_from(port, "127.0.0.2")  # another client: still served
+            assert status == 200 and seconds < 2.0
+            await held.pop().close()
+
+            async def a_slot_is_free_again() -> bool:
+                with contextlib.suppress(aiohttp.WSServerHandshakeError):
+                    held.append(await attacker.ws_connect(f"ws://127.0.0.1:{port}/ws/v3/key-a"))
+                    return True
+                return False
+
+            await eventually(a_slot_is_free_again, 10, "the closed connection's slot to be given back")
+        finally:
+            for ws in held:
+                await ws.close()
+
+
+async def test_one_key_cannot_hold_more_than_its_websocket_share(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b",
+                                           WS_MAX_CONNECTIONS_PER_KEY="3"))
+    try:
+        held = [await proxy.session.ws_connect(proxy.ws_url("key-a")) for _ in range(3)]
+        async with proxy.session.get(proxy.ws_url("key-a"), headers={
+            "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}) as resp:
+            body = await resp.json()
+            assert resp.status == 429 and resp.headers["X-Credits-Charged"] == "0"
+            assert body["error"]["code"] == -32005 and "WS_MAX_CONNECTIONS_PER_KEY" in body["error"]["message"]
+        other = await proxy.session.ws_connect(proxy.ws_url("key-b"))  # another key is not affected
+        await other.send_json({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []})
+        assert (await other.receive_json(timeout=5))["result"] == "0x7a69"
+        for ws in [*held, other]:
+            await ws.close()
+    finally:
+        await proxy.close()
+
+
+async def test_an_idle_websocket_is_closed_after_ws_idle_timeout(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", WS_IDLE_TIMEOUT="1"))
+    try:
+        idle = await proxy.session.ws_connect(proxy.ws_url("key-a"))  # answers pings, sends nothing
+        subscribed = await proxy.session.ws_connect(proxy.ws_url("key-b"))
+        await subscribed.send_json({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]})
+        assert "result" in await subscribed.receive_json(timeout=5)
+        calling = await proxy.session.ws_connect(proxy.ws_url("key-b"))
+        started = time.monotonic()
+        closing = asyncio.create_task(idle.receive(timeout=10))
+        while not closing.done():  # a call every 0.3 s keeps this one open
+            await calling.send_json({"jsonrpc": "2.0", "id": 2, "method": "eth_chainId", "params": []})
+            assert (await calling.receive_json(timeout=5))["id"] == 2
+            await asyncio.sleep(0.3)
+        message = closing.result()
+        assert message.type is aiohttp.WSMsgType.CLOSE and message.data == 1000, message
+        assert "idle for 1s" in message.extra and 0.9 < time.monotonic() - started < 5
+        assert not subscribed.closed and not calling.closed
+        anvil.mine(1)
+        assert (await subscribed.receive_json(timeout=5))["method"] == "eth_subscription"
+        await subscribed.close()
+        await calling.close()
+    finally:
+        await proxy.close()
+
+
+class TestPeerCounts:
+    def test_an_address_is_capped_until_one_of_its_connections_closes(self) -> None:
+        peers, handlers = PeerCounts(2), [SimpleNamespace(transport=object()) for _ in range(3)]
+        for handler in handlers[:2]:
+            assert peers.admits("10.0.0.1")
+            peers.add("10.0.0.1", handler)
+        assert not peers.admits("10.0.0.1") and peers.admits("10.0.0.2")
+        handlers[0].transport = None  # closed: aiohttp clears a handler's transport on connection_lost
+        assert peers.admits("10.0.0.1")
+
+    def test_closed_connections_of_many_addresses_are_swept(self) -> None:
+        peers = PeerCounts(5)
+        for n in range(5000):
+            handler = SimpleNamespace(transport=object())
+            peers.add(f"10.0.{n // 256}.{n % 256}", handler)
+            handler.transport = None
+        assert sum(len(held) for held in peers._open.values()) <= 1024
+        assert PeerCounts(0).admits("10.0.0.1")  # 0: no cap

@@ -1,16 +1,20 @@
 """The node's own WebSocket behind the proxy (EVM_UPSTREAM_WS, or ws:// upstreams in NETWORKS_FILE):
 pushed heads reach subscribers without waiting for a poll, and kinds the proxy does not serve itself
-(newPendingTransactions) are relayed to it."""
+(newPendingTransactions) are relayed to it, and opened again on the next upstream socket when theirs drops."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from proxy.config import ConfigError, build_settings
 from proxy.state import STREAMS
-from tests.support import DEV_ACCOUNT, Anvil, eventually, selector, settings_for, start_proxy, word
+from tests.support import DEV_ACCOUNT, Anvil, eventually, free_port, selector, settings_for, start_proxy, word
 from tests.ws_client import connect
 
 
@@ -73,3 +77,71 @@ def test_ws_upstreams_in_a_networks_file_are_the_nodes_websocket(tmp_path: Path)
 def test_websocket_settings_are_checked_at_startup(raw: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         build_settings(raw)
+
+
+class WsRelay:
+    """A WebSocket relay to the node's WebSocket that a test can cut: every connection it holds is
+    closed and no new one is taken."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.sockets: list[web.WebSocketResponse] = []
+        self.cut = False
+        self._server: TestServer | None = None
+        self.url = ""
+
+    async def start(self) -> WsRelay:
+        app = web.Application()
+        app.router.add_get("/", self._handle)
+        self._server = TestServer(app, host="127.0.0.1", port=free_port())
+        await self._server.start_server()
+        self.url = f"ws://127.0.0.1:{self._server.port}/"
+        return self
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self.cut:
+            return web.Response(status=503)
+        client = web.WebSocketResponse()
+        await client.prepare(request)
+        self.sockets.append(client)
+        async with aiohttp.ClientSession() as session, session.ws_connect(self.target) as node:
+            async def to_client() -> None:
+                async for message in node:
+                    await client.send_str(message.data)
+
+            forward = asyncio.create_task(to_client())
+            async for message in client:
+                await node.send_str(message.data)
+            forward.cancel()
+        return client
+
+    async def cut_all(self) -> None:
+        self.cut = True
+        for client in self.sockets:
+            await client.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.close()
+
+
+async def test_a_relayed_subscription_keeps_delivering_after_its_upstream_socket_is_killed(anvil: Anvil) -> None:
+    relay = await WsRelay(ws_of(anvil)).start()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=f"{relay.url},{ws_of(anvil)}"))
+    try:
+        client = await connect(proxy)
+        pending = await client.subscribe("newPendingTransactions")
+        socket = proxy.app[STREAMS].relays["evm"]
+        await relay.cut_all()  # the node's socket the subscription was on is gone
+
+        async def reopened() -> bool:
+            return socket.resubscribed == 1
+
+        await eventually(reopened, 10, "the subscription opened again on the next upstream WebSocket")
+        tx_hash = anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
+        await client.notes_until(1)
+        assert client.results(pending) == [tx_hash]  # under the id the client was given
+        assert (await client.call("eth_unsubscribe", pending))["result"] is True
+    finally:
+        await proxy.close()
+        await relay.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import aiohttp
@@ -55,3 +56,28 @@ class Client:
 
 async def connect(proxy: Proxy, key: str = "test-key", session: aiohttp.ClientSession | None = None) -> Client:
     return Client(await (session or proxy.session).ws_connect(proxy.ws_url(key)))
+
+
+def frame(body: bytes) -> bytes:
+    """A masked client text frame (mask key 0)."""
+    size = len(body)
+    header = bytes([0x81, 0x80 | size]) if size < 126 else bytes([0x81, 0x80 | 126]) + size.to_bytes(2, "big")
+    return header + b"\x00\x00\x00\x00" + body
+
+
+async def silent_socket(port: int, key: str, subscriptions: int) -> socket.socket:
+    """A raw WebSocket with a tiny receive window that subscribes to wildcard logs `subscriptions`
+    times, then never reads."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, f"GET /ws/v3/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                            "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    assert b" 101 " in await loop.sock_recv(sock, 1024)
+    for rid in range(subscriptions):
+        body = json.dumps({"jsonrpc": "2.0", "id": rid, "method": "eth_subscribe", "params": ["logs", {}]})
+        await loop.sock_sendall(sock, frame(body.encode()))
+    return sock

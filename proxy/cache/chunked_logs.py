@@ -45,11 +45,18 @@ class ChunkedLogs:
     async def run(self, first: int, last: int, pieces: list[lc.Piece], ask: AskPiece, deadline: float) -> Merged:
         """The merged answer of range [first, last]; JsonRpcError -32005 past the limits."""
         bound = asyncio.Semaphore(self._concurrency)
+        worked = False  # a piece was answered by a node: the call did upstream work (charging.py)
+        upstream = 0  # pieces that went upstream
 
-        async def one(piece: lc.Piece) -> tuple[list[object], bool]:
+        async def one(piece: lc.Piece, budgeted: bool = True) -> tuple[bytes, list[int | None], bool] | None:
+            nonlocal worked, upstream
             async with bound:
+                if budgeted and upstream >= lc.MAX_UPSTREAM_PIECES:
+                    return None  # past the call's budget: the rest of the range is asked at once (below)
                 payload, is_error, cache = await ask(piece.start, piece.end)
                 went = cache != lc.HIT
+                worked = worked or went
+                upstream += went
                 if is_error and not piece.whole:
                     # A node may refuse a whole chunk (its own result or range limit) that the
                     # range needs only part of: that part is asked exactly.
@@ -62,11 +69,27 @@ class ChunkedLogs:
             if not lc.well_formed(logs, piece):
                 raise JsonRpcError(UPSTREAM_UNAVAILABLE, "upstream unavailable: the node's eth_getLogs answer "
                                    "holds logs outside the blocks asked", http_status=502)
-            return lc.cut(logs, piece), went
+            # Only the piece's bytes and its logs' blocks are kept, not the parsed logs: the merge
+            # splices bytes (no long encode at the end), and each parse is this piece's own callback.
+            cut = lc.cut(logs, piece)
+            return (payload if cut is logs else dumps(cut)), [lc.block_of(e) for e in cut], went
 
+        tasks = [asyncio.ensure_future(one(p)) for p in pieces]
         try:
             async with asyncio.timeout_at(deadline):
-                answers = await asyncio.gather(*(one(p) for p in pieces))
+                answers = await asyncio.gather(*tasks)
+                # Pieces take the semaphore in order, so those past the budget are the range's tail.
+                deferred = next((i for i, answer in enumerate(answers) if answer is None), None)
+                if deferred is not None:
+                    start = pieces[deferred].want_start
+                    answers = [*answers[:deferred], await one(lc.Piece(start, last, start, last), budgeted=False)]
+        except JsonRpcError as error:
+            if worked and error.code == UPSTREAM_UNAVAILABLE and not error.reached:
+                # Some pieces were answered before this one failed (a 429, say): the call did
+                # upstream work and is charged (charging.py), never a free amplification.
+                raise JsonRpcError(error.code, error.message, error.data, http_status=error.http_status,
+                                   headers=error.headers, reached=True) from error
+            raise
         except TimeoutError:
             # spec: a query that runs longer than 10 seconds fails with -32005, every piece and retry
             # included (pieces still in flight finish on their own and are kept for the next call).
@@ -74,10 +97,15 @@ class ChunkedLogs:
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         except _PieceFailed as failed:
             return Merged(failed.payload, True, lc.MISS if failed.went_upstream else lc.HIT)
-        merged = lc.merge([logs for logs, _ in answers])
-        if len(merged) > self._max_results:
+        finally:
+            for task in tasks:  # the call has its answer: pieces not started yet are not asked
+                task.cancel()
+        done = [answer for answer in answers if answer is not None]
+        blocks = [b for _, part, _ in done for b in part]
+        if len(blocks) > self._max_results:
             # spec: more than 10,000 results over the whole range fails with -32005; nothing partial.
             self._metrics.getlogs_rejections.labels("results").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {self._max_results} results",
-                               data=lc.narrower_range(merged, first, self._max_results))
-        return Merged(dumps(merged), False, lc.cache_result([went for _, went in answers]))
+                               data=lc.narrower_before(blocks[self._max_results], first))
+        return Merged(lc.splice([payload for payload, _, _ in done]), False,
+                      lc.cache_result([went for _, _, went in done]))

@@ -27,6 +27,11 @@ SMALL_CHUNK_DIVISOR = 10  # near finality: chunks of size // 10 blocks
 # A range of more pieces is asked whole, as it comes: a cold range of thousands of chunks would be
 # thousands of upstream calls (each a provider's full price) where one does, and a lookup per chunk.
 MAX_PIECES = 200
+# Pieces of one call that may go upstream one by one; the rest of a colder range is asked as one
+# exact piece. A wide cold range thus costs at most this many upstream calls (plus one, and the
+# pieces in flight when the budget ran out), not one per chunk: a call's upstream amplification is
+# bounded whatever range a client names (README "Security").
+MAX_UPSTREAM_PIECES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +108,21 @@ def merge(parts: Sequence[list[Any]]) -> list[Any]:
     return [entry for part in parts for entry in part]
 
 
+def splice(parts: Sequence[bytes]) -> bytes:
+    """`merge` on encoded answers: the elements of compact JSON arrays (as orjson writes them, and
+    as the cache holds them) as one array, by bytes, in order."""
+    return b"[" + b",".join(part[1:-1] for part in parts if len(part) > 2) + b"]"
+
+
 def narrower_range(logs: list[Any], first: int, limit: int) -> dict[str, str] | None:
     """For a merged answer over the limit: a range from `first` that ends before the block holding
     the (limit+1)-th log (the hint providers give in -32005's `data`), or None when that block is
     the range's first (no narrower range exists)."""
-    cut_at = block_of(logs[limit]) if len(logs) > limit else None
+    return narrower_before(block_of(logs[limit]) if len(logs) > limit else None, first)
+
+
+def narrower_before(cut_at: int | None, first: int) -> dict[str, str] | None:
+    """A range from `first` that ends before block `cut_at`, or None when none does."""
     if cut_at is None or cut_at <= first:
         return None
     return {"fromBlock": hex(first), "toBlock": hex(cut_at - 1)}

@@ -22,6 +22,7 @@ from proxy.rpc.params import BlockRef, block_refs
 from proxy.upstream.pool import Answer
 
 Execute = Callable[[Prepared], Awaitable[Outcome]]  # the read-through flow, for a chunked call's pieces
+Pieces = tuple[int, int, list[log_chunks.Piece]]  # a chunked range's first and last blocks, and its pieces
 
 
 class LogReads:
@@ -63,24 +64,28 @@ class LogReads:
             self._metrics.getlogs_rejections.labels("range").inc()
             raise invalid_params("filter", f"fromBlock {hex(first)} is greater than toBlock {hex(last)}")
 
-    async def chunked(
-        self, prepared: Prepared, tracker: EvmHeadTracker, head: Head | None, execute: Execute,
-    ) -> Outcome | None:
-        """An eth_getLogs range that reaches into finalized blocks, asked in aligned pieces that later
-        ranges share (log_chunks.py); None when the call is not chunked (a blockHash filter, a range
-        wholly above finality or of one piece, a tag that cannot be resolved, no chain identity yet)."""
-        log_filter = prepared.params[0]
-        numbered = numbered_range(tracker, head, log_filter)
+    def pieces(self, prepared: Prepared, tracker: EvmHeadTracker, head: Head | None) -> Pieces | None:
+        """The pieces an eth_getLogs range that reaches into finalized blocks is asked in, aligned so
+        that later ranges share them (log_chunks.py); None when the call is not chunked (a blockHash
+        filter, a range wholly above finality or of one piece, a tag that cannot be resolved, no chain
+        identity yet)."""
+        numbered = numbered_range(tracker, head, prepared.params[0])
         if numbered is None or head is None:
             return None
         first, last = numbered
-        start, end = log_filter["fromBlock"], log_filter["toBlock"]
         self.refuse_reversed(first, last)
         if not log_chunks.chunked(first, last, head.finalized, self._chunks.size):
             return None
         pieces = log_chunks.plan(first, last, head.finalized, self._chunks.size)
         if len(pieces) == 1 and pieces[0].whole:
             return None  # one piece, the range itself: the ordinary flow (and its memo) serves it
+        return first, last, pieces
+
+    async def chunked(self, prepared: Prepared, planned: Pieces, execute: Execute) -> Outcome:
+        """A chunked call's merged answer, its pieces asked through the ordinary flow."""
+        log_filter = prepared.params[0]
+        first, last, pieces = planned
+        start, end = log_filter["fromBlock"], log_filter["toBlock"]
 
         async def ask(lo: int, hi: int) -> tuple[bytes, bool, str]:
             # The piece is a call of its own: its key, finality, pinning and upstream checks are the

@@ -49,6 +49,7 @@ class Ttls:
     largest_accounts: float = 3600.0
     token_balance: float = 0.4
     identity: float = 30.0
+    unmined: float = 0.25  # a null receipt: well under a client's poll interval (viem, ethers: 4 s, 1 s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +77,15 @@ def solana_config(params: Any) -> dict[str, Any]:
 
 def decide(
     cache: CacheClass, blocks: list[Resolved | None], head: Head | None, ttls: Ttls, params: Any = None,
+    *, client_state: bool = False,
 ) -> Decision:
-    """Before the upstream call: may this request be cached, and how."""
+    """Before the upstream call: may this request be cached, and how. `client_state`: the answer is
+    computed from code or state the client supplied (overrides)."""
     if cache is CacheClass.NONE or cache is CacheClass.TRACKER:
         return BYPASS  # TRACKER: what the tracker cannot answer goes upstream, uncached
+    if client_state:
+        # Any size, chosen by one client, useful to nobody else: never kept, in either tier.
+        return BYPASS
     if "minContextSlot" in solana_config(params):
         return BYPASS  # the caller asks for a node at least at that slot: only the node can say
     if cache is CacheClass.LARGEST_ACCOUNTS:
@@ -159,14 +165,14 @@ def transaction_ttl(result: Any, head: Head | None, orphans: Mapping[str, None],
     Immutable once its block is at or below finalized; while above, kept for the unfinalized TTL only
     if the tracker holds that very block hash as canonical (so a reorg that replaces the block is seen,
     and transaction_servable stops serving it). A pending transaction (no block yet) is "not yet
-    mined", like null: the negative TTL at most.
+    mined", like null: UNMINED_TTL at most (and the caller keys it to the head: a new block ends it).
     """
     if result is None:
-        return ttls.negative
+        return min(ttls.negative, ttls.unmined)
     block = answer_block(result)
     if block is None:
         pending = isinstance(result, dict) and result.get("blockHash", "absent") is None
-        return min(ttls.negative, ttls.unfinalized) if pending else None
+        return min(ttls.negative, ttls.unfinalized, ttls.unmined) if pending else None
     if head is None or not transaction_servable(result, head, orphans):
         return None  # a block the tracker has not seen (or saw replaced): served, not kept
     return FOREVER if block[0] <= head.finalized else ttls.unfinalized

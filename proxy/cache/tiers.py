@@ -24,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from proxy.cache.admission import Admission
+from proxy.caller import CALLER
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable
 from proxy.rpc.jsonrpc import dumps_canonical, trimmed
@@ -205,10 +207,14 @@ class RedisTier:
 class TieredCache:
     """Memory in front of Redis; a Redis hit fills memory; Redis failures only cost a miss."""
 
-    def __init__(self, memory: MemoryTier, shared: RedisTier | None, metrics: Metrics) -> None:
+    def __init__(
+        self, memory: MemoryTier, shared: RedisTier | None, metrics: Metrics, admission: Admission | None = None,
+    ) -> None:
         self.memory = memory
         self.shared = shared
         self._metrics = metrics
+        self._admission = admission
+        self._refused = metrics.uncached_answers.labels("any", "key_cache_share")
         # Read when scraped, so evictions and expiries show without anyone updating the gauges.
         metrics.cache_memory_bytes.set_function(lambda: memory.bytes_used)
         metrics.cache_entries.set_function(lambda: len(memory))
@@ -274,6 +280,10 @@ class TieredCache:
         return None
 
     async def set(self, key: str, stored: Stored, ttl: float) -> None:
+        admission = self._admission
+        if admission is not None and not admission.admit(CALLER.get(), len(stored[0])):
+            self._refused.inc()  # past the key's share: served, not kept (admission.py)
+            return
         self.memory.set(key, stored, ttl)
         if self.shared is not None:
             with contextlib.suppress(RedisUnavailable):

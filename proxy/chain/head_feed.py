@@ -15,7 +15,8 @@ import logging
 from typing import Any
 
 from proxy.chain.heads import EvmHeadTracker, Head
-from proxy.http.subscriptions import Relay, Relayed, Subscription, spawn
+from proxy.http.fanout import LogBatch
+from proxy.http.subscriptions import Relay, Relayed, Session, Subscription, spawn
 from proxy.rpc import jsonrpc
 from proxy.upstream.pool import Answer, Upstream
 
@@ -191,12 +192,16 @@ class EvmFeed:
             self._send_logs(logs)
 
     def _send_logs(self, logs: list[dict[str, Any]]) -> None:
-        subscribers = tuple(self.logs)
-        for entry in logs:
-            payload = jsonrpc.dumps(entry)  # encoded once, whoever receives it
-            for sub in subscribers:
-                if sub.match is None or sub.match.matches(entry):
-                    sub.notify(payload)
+        """Each log encoded once, the batch handed to each connection: O(connections) here, the
+        matching and sending in each connection's own writer (subscriptions.Session.push_logs)."""
+        if not self.logs:
+            return
+        batch = LogBatch.of(logs)
+        by_session: dict[Session, list[Subscription]] = {}
+        for sub in self.logs:
+            by_session.setdefault(sub.session, []).append(sub)
+        for session, subs in by_session.items():
+            session.push_logs(tuple(subs), batch)
 
     def _prune(self, head: Head) -> None:
         """Only unfinalized blocks can be replaced: forget the rest, keeping the newest."""

@@ -28,6 +28,7 @@ log = logging.getLogger("proxy.chain")
 
 HEADER_CHUNK = 32  # headers fetched per batch while walking back through the window
 ORPHANS_MAX = 4096  # reorged-out block hashes remembered per network
+WRITE_SETTLE = 0.02  # seconds a node may take to seal the block of a write it has answered
 
 
 class TrackerError(Exception):
@@ -220,6 +221,8 @@ class EvmHeadTracker:
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
         self.shown = 0  # the highest block the proxy has shown a client (read-your-writes)
+        self._wrote_at = 0.0  # monotonic time of the last write forwarded...
+        self._polled_after = 0.0  # ...and the time up to which a successful poll covers writes
         self._caught_up = asyncio.Event()
         self._wake = asyncio.Event()
         self._upstream = upstream
@@ -241,6 +244,17 @@ class EvmHeadTracker:
         self.identity = identity
         self._identity = identity.key_space()
         self._reissue()
+
+    def adopt(self, identity: ChainIdentity) -> None:
+        """Another chain on the same upstreams (identity.py's adoption rule): what was known of the old
+        one (head, block hashes, blocks shown, the finalized block) goes, and polling starts over."""
+        self.head = None
+        self.orphans.clear()
+        self.shown = 0
+        self._final = None
+        self._caught_up.set()
+        self.set_identity(identity)
+        self._wake.set()
 
     def _space(self) -> str | None:
         if self._identity is None:
@@ -270,9 +284,19 @@ class EvmHeadTracker:
             self._wake.set()
             self._reissue()  # memory hits at `latest` take the general path until the head catches up
 
+    def wrote(self) -> None:
+        """A client's transaction was forwarded: poll now, and `latest` waits for that poll (bounded by
+        HEAD_CATCH_UP_WAIT, as for a shown block): on an automining devnet its block is already out."""
+        self._wrote_at = time.monotonic()
+        self._caught_up.clear()
+        self._asker.fresh_from = time.time()
+        self._wake.set()
+        self._reissue()
+
     def behind(self) -> bool:
+        """`latest` may trail what a client knows: a block it was shown, or a write not polled since."""
         head = self.head
-        return head is not None and self.shown > head.latest
+        return head is not None and (self.shown > head.latest or self._wrote_at > self._polled_after)
 
     async def catch_up(self, wait: float) -> None:
         """Wait up to `wait` seconds for the head to reach the highest block shown to a client."""
@@ -302,7 +326,7 @@ class EvmHeadTracker:
             return Resolved(None, ref.hash)
         if head is None or ref.tag == "pending":
             return None
-        if ref.tag == "latest" and self.shown > head.latest:
+        if ref.tag == "latest" and self.behind():
             return None  # the head trails a block a client has seen: `latest` goes upstream as a tag
         if ref.number is not None:
             number = ref.number
@@ -332,6 +356,7 @@ class EvmHeadTracker:
 
     async def poll(self) -> Head:
         calls = [_get_block("latest"), _get_block("safe"), _get_block("finalized")]
+        started = time.monotonic()
         known_final = self._final
         if known_final is not None:
             calls.append(_get_block(hex(known_final.number)))  # is the finalized block still final?
@@ -344,6 +369,8 @@ class EvmHeadTracker:
             self._states.observe_head(latest_a.upstream, latest.number)
         old_head = self.head
         if old_head is not None and latest.number < old_head.latest:
+            if self._states is not None:
+                self._states.suspect.set()  # going back may be another chain (a restarted devnet)
             known = old_head.hashes.get(latest.number)
             same_chain = known is None or known == latest.hash
             if not self._furthest(latest_a.upstream) or (same_chain and not old_head.stale):
@@ -374,6 +401,11 @@ class EvmHeadTracker:
         self.head = head
         self._final = final_h
         self.last_poll = time.time()
+        # A node answers a write before its miner has sealed the block (Anvil's automining): a poll
+        # covers the writes made WRITE_SETTLE before it started; for later ones, another poll soon.
+        self._polled_after = max(self._polled_after, started - WRITE_SETTLE)
+        if self._wrote_at > self._polled_after:
+            asyncio.get_running_loop().call_later(WRITE_SETTLE, self._wake.set)
         self._publish(head)
         if not self.behind():
             self._caught_up.set()
@@ -411,6 +443,8 @@ class EvmHeadTracker:
         self._metrics.finality_violations.labels(self.network).inc()
         self._epoch = now.hash[2:14]
         self._reissue()
+        if self._states is not None:
+            self._states.suspect.set()  # a restarted devnet looks like this: its identity is checked now
 
     async def _sync_window(self, latest: Header, finalized: int, old: dict[int, str]) -> dict[int, str]:
         """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""

@@ -7,6 +7,12 @@ NETWORKS_FILE (with the genesis of the first upstream that matches it) or the fi
 upstream with another identity is taken out of rotation (an ERROR line, and
 `rpc_proxy_upstream_identity_mismatch` set to 1) until it matches again. The identity is part of
 every cache key of the network (`Head.space`), so entries of another chain are never served.
+
+The adoption rule (a restarted devnet: a fresh Anvil or Hardhat on the same URL has a new genesis):
+with no identity declared, once every upstream of the network answers with the same new identity
+in ADOPT_AFTER consecutive rounds of checks, the network adopts it: an ERROR line,
+`rpc_proxy_identity_adoptions_total`, a new cache namespace (entries of the old chain are never
+served again) and a head tracker that starts over. A declared `chain_id` is never replaced this way.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from proxy.upstream.state import ChainIdentity
 
 log = logging.getLogger("proxy.identity")
 PROBE_TIMEOUT = 5.0
+ADOPT_AFTER = 3  # rounds of checks in which every upstream agrees on the new identity
 
 
 def parse_identity(chain_id: object, genesis: object) -> ChainIdentity | None:
@@ -46,6 +53,23 @@ def judge(
     return network, seen == network
 
 
+def agreed(seen: list[ChainIdentity | None], network: ChainIdentity | None) -> ChainIdentity | None:
+    """The identity other than the network's that every upstream answered with this round, if any."""
+    if not seen or seen[0] is None or seen[0] == network:
+        return None
+    return seen[0] if all(s == seen[0] for s in seen) else None
+
+
+def adoption(
+    streak: tuple[ChainIdentity | None, int], candidate: ChainIdentity | None, declared: int | None,
+) -> tuple[tuple[ChainIdentity | None, int], bool]:
+    """(the streak after this round, whether to adopt `candidate` now). Never with a declared identity."""
+    if candidate is None or declared is not None:
+        return (None, 0), False
+    count = streak[1] + 1 if streak[0] == candidate else 1
+    return ((None, 0), True) if count >= ADOPT_AFTER else ((candidate, count), False)
+
+
 class IdentityGuard:
     def __init__(
         self,
@@ -57,6 +81,7 @@ class IdentityGuard:
         retry: float,
         metrics: Metrics,
         on_identity: Callable[[ChainIdentity], None],
+        on_adopt: Callable[[ChainIdentity], None] | None = None,
     ) -> None:
         self.network = network
         self.identity: ChainIdentity | None = None
@@ -67,6 +92,8 @@ class IdentityGuard:
         self._retry = retry  # while an upstream waits for its check after a lost connection
         self._metrics = metrics
         self._on_identity = on_identity
+        self._on_adopt = on_adopt
+        self._streak: tuple[ChainIdentity | None, int] = (None, 0)
 
     async def run(self) -> None:
         states = self._pool.states
@@ -74,17 +101,33 @@ class IdentityGuard:
             states.suspect.clear()
             await self.check_all()
             self.checked.set()
-            waiting = any(states.lost_since_verified)
+            # Checked again soon while an upstream is lost or a new identity is gaining agreement.
+            waiting = any(states.lost_since_verified) or self._streak[1] > 0
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._retry if waiting else self._interval):
                     await states.suspect.wait()
 
     async def check_all(self) -> None:
         # In index order: with no declared chain id, the primary's identity is the network's.
-        for index in range(self._pool.states.size):
-            await self.check(index)
+        seen = [await self.check(index) for index in range(self._pool.states.size)]
+        self._streak, adopt = adoption(self._streak, agreed(seen, self.identity), self._declared)
+        if adopt and seen[0] is not None:
+            self.adopt(seen[0])
 
-    async def check(self, index: int) -> None:
+    def adopt(self, identity: ChainIdentity) -> None:
+        states = self._pool.states
+        log.error("network %s: every upstream now serves %s, not %s, and no identity is declared (a restarted "
+                  "devnet?): adopted as the network's chain; cache entries of the old chain are never served",
+                  self.network, identity.describe(), self.identity.describe() if self.identity else "none")
+        self.identity = identity
+        self._metrics.identity_adoptions.labels(self.network).inc()
+        (self._on_adopt or self._on_identity)(identity)
+        for index in range(states.size):
+            states.judged(index, True)
+            self._metrics.identity_mismatch.labels(self.network, str(index)).set(0)
+
+    async def check(self, index: int) -> ChainIdentity | None:
+        """Ask upstream `index` for its identity and judge it; what it answered (None: nothing)."""
         states = self._pool.states
         try:
             chain_id, genesis = await asyncio.gather(
@@ -92,10 +135,10 @@ class IdentityGuard:
                 self._pool.ask(index, "eth_getBlockByNumber", ["0x0", False], timeout=PROBE_TIMEOUT),
             )
         except JsonRpcError:
-            return  # unreachable: it stays unverified (answers uncached) and is checked again later
+            return None  # unreachable: it stays unverified (answers uncached) and is checked again later
         seen = parse_identity(chain_id.result, genesis.result)
         if seen is None:
-            return
+            return None
         first = self.identity is None
         self.identity, matches = judge(self.identity, self._declared, seen)
         if first and self.identity is not None:
@@ -110,3 +153,4 @@ class IdentityGuard:
                         self.network, index)
         states.judged(index, matches)
         self._metrics.identity_mismatch.labels(self.network, str(index)).set(0 if matches else 1)
+        return seen

@@ -32,6 +32,11 @@ class Cashier:
         # Each configured key's balance, limit and metric cell, found once (keys are authorized first).
         self.terms: Memo[str, KeyTerms] = Memo(65_536, self._key_terms)
 
+    def reload(self, settings: Settings) -> None:
+        """New keys (SIGHUP): each key's terms are found again from them on first use."""
+        self._settings = settings
+        self.terms.clear()
+
     async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
         """Charge one subscription event (a subscribe, a notification) through the ledger; the
         refusal if the key cannot pay. Open mode and free kinds charge nothing."""

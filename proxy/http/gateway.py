@@ -7,15 +7,19 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from proxy.caller import CALLER
 from proxy.calls import BYPASS, HIT, Outcome, Prepared
 from proxy.config import Settings
+from proxy.config_files import KeyConfig
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
+from proxy.credits.allow_lists import AllowLists, call_refusal
 from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
 from proxy.credits.ledger import Ledger, Verdict
+from proxy.http.response_size import ResponseBudget
 from proxy.http.routing import Router
 from proxy.metrics import HitCells, Metrics
 from proxy.network import NetworkRuntime
@@ -29,6 +33,7 @@ from proxy.rpc.jsonrpc import (
 )
 from proxy.rpc.methods import metric_label
 from proxy.service import Service
+from proxy.upstream.filters import FILTER_METHODS, Filters
 
 log = logging.getLogger("proxy.access")
 REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second limit, ledger unreachable
@@ -46,11 +51,12 @@ class Reply:
     body: bytes | None  # None: nothing to send (notifications only)
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    upstream_seconds: float | None = None  # the slowest upstream call's (ACCESS_LOG)
 
 
 def invalid_key_error() -> JsonRpcError:
-    return JsonRpcError(INVALID_API_KEY, "invalid API key: the key in the path is missing or unknown",
-                        http_status=401)
+    return JsonRpcError(INVALID_API_KEY, "invalid API key: the key (in the path, Authorization: Bearer or "
+                        "X-Api-Key) is missing or unknown", http_status=401)
 
 
 class Gateway:
@@ -68,8 +74,10 @@ class Gateway:
         self._metrics = metrics
         self._now = wall_clock
         self.open_mode = settings.open_mode
-        keys = settings.api_keys
-        self._accounts = None if keys is None else Accounts({name: k.sha256 for name, k in keys.items()})
+        self._accounts: Accounts | None = None
+        self.key_lists: dict[str, AllowLists] = {}  # accounts with an allow-list (allow_lists.py)
+        self._restricted: frozenset[str] = frozenset()  # ...whose lists restrict calls: no hot path
+        self.load_keys(settings.api_keys)
         self._access_log = settings.access_log
         self.router = Router(settings, service.networks)
         self._default_routes = self.router.default_routes  # read on the hot path
@@ -78,6 +86,7 @@ class Gateway:
         self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
         self._ids = itertools.count(1)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
+        self.filters = Filters(settings, service.prepare, service.execute)
 
     # --- auth ---------------------------------------------------------------------------
 
@@ -88,7 +97,25 @@ class Gateway:
             return OPEN_ACCOUNT
         return self._accounts.account(api_key)
 
+    def load_keys(self, keys: Mapping[str, KeyConfig] | None) -> None:
+        """The keys and their allow-lists (at start, and again on SIGHUP: reload.py). Accounts whose
+        credit terms are not known yet get them from the cashier on first use."""
+        self._accounts = None if keys is None else Accounts({name: k.sha256 for name, k in keys.items()})
+        self.key_lists = {name: k.lists for name, k in (keys or {}).items() if k.lists.any}
+        self._restricted = frozenset(name for name, lists in self.key_lists.items() if lists.restricts_calls)
+
+    def reload(self, settings: Settings) -> None:
+        """Keys, allow-lists and credit terms from new settings (SIGHUP); connections stay open."""
+        self._settings = settings
+        self.load_keys(settings.api_keys)
+        self.cashier.reload(settings)
+
     # --- what subscriptions ask of the gateway (subscriptions.Charger) ----------------------
+
+    def call_refusal(self, account: str, method: str, params: object) -> JsonRpcError | None:
+        """The refusal of the key's allowed_methods or allowed_addresses list for one call, if any."""
+        lists = self.key_lists.get(account)
+        return None if lists is None else call_refusal(lists, method, params)
 
     def route_method(self, method: str, network: NetworkRuntime | None) -> NetworkRuntime:
         return self.router.route_method(method, network)
@@ -119,6 +146,8 @@ class Gateway:
         """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
         body and headers (or the Reply refusing it). Otherwise whether memory was checked (True: no
         hit, so `handle(..., memory_checked=True)`; False: a hit whose debit must ask the ledger)."""
+        if account in self._restricted:
+            return False  # its calls are checked against its lists on the general path
         started = time.perf_counter()
         hit = self._cached_single(body, network)
         if hit is None:
@@ -146,7 +175,8 @@ class Gateway:
     ) -> Reply:
         started = time.perf_counter()
         request_id = self._request_id()
-        hit = None if memory_checked else self._cached_single(body, network)
+        lists = self.key_lists.get(account) if account in self._restricted else None
+        hit = None if memory_checked or lists is not None else self._cached_single(body, network)
         if hit is not None:
             if self.open_mode:  # nothing to charge, so nothing to await
                 return self._serve_hit(hit, 0, None, request_id, started)
@@ -164,7 +194,9 @@ class Gateway:
                 slots.append(Outcome.failed(entry.error))
                 continue
             try:
-                slots.append(self._service.prepare(entry, self.router.route(entry, network)))
+                prepared_call = self._service.prepare(entry, self.router.route(entry, network))
+                refusal = call_refusal(lists, entry.method, prepared_call.params) if lists is not None else None
+                slots.append(prepared_call if refusal is None else Outcome.failed(refusal))
             except JsonRpcError as error:
                 slots.append(Outcome.failed(error))
 
@@ -180,10 +212,16 @@ class Gateway:
                 credit_refusal = Outcome.failed(refusal)
                 prepared, cost = [], 0
 
-        if len(prepared) == 1:  # the common case: no task per call
-            outcomes = iter([await self._service.execute(prepared[0])])
-        else:
-            outcomes = iter(await asyncio.gather(*(self._service.execute(p) for p in prepared)))
+        budget = ResponseBudget(self._settings.max_response_bytes)
+        # Everything below runs as this key: its upstream slots, its cache admission (caller.py).
+        caller = CALLER.set(None if self.open_mode else account)
+        try:
+            if len(prepared) == 1:  # the common case: no task per call
+                outcomes = iter([budget.take(await self._execute(prepared[0], account))])
+            else:
+                outcomes = iter(await asyncio.gather(*(self._bounded(p, account, budget) for p in prepared)))
+        finally:
+            CALLER.reset(caller)
         results: list[Outcome] = [
             s if not isinstance(s, Prepared) else credit_refusal if credit_refusal is not None else next(outcomes)
             for s in slots
@@ -211,11 +249,25 @@ class Gateway:
             refused = [o.error for o in results if o.error is not None and o.error.http_status in REFUSED_STATUSES]
             status = refused[0].http_status if refused and len(refused) == len(results) else 200
             extra = refused[0].headers if refused else {}
-            return self._reply(jsonrpc.encode_batch(parts), status, cost, remaining, None, extra)
+            reply = self._reply(jsonrpc.encode_batch(parts), status, cost, remaining, None, extra)
+            reply.upstream_seconds = max((o.upstream_seconds or 0.0 for o in results), default=0.0) or None
+            return reply
         outcome = results[0]
         status = outcome.error.http_status if outcome.error is not None else 200
         extra = outcome.error.headers if outcome.error is not None else {}
-        return self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
+        reply = self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
+        reply.upstream_seconds = outcome.upstream_seconds
+        return reply
+
+    def _execute(self, prepared: Prepared, account: str) -> Awaitable[Outcome]:
+        """A node-side filter belongs to the key that made it (filters.py); every other call is the service's."""
+        if prepared.call.method in FILTER_METHODS:
+            return self.filters.execute(prepared, account)
+        return self._service.execute(prepared)
+
+    async def _bounded(self, prepared: Prepared, account: str, budget: ResponseBudget) -> Outcome:
+        """A batch member's outcome, its answer dropped at once if the batch's answers outgrow the limit."""
+        return budget.take(await self._execute(prepared, account))
 
     def _cached_single(self, body: bytes | str, network: NetworkRuntime | None) -> _Hit | None:
         """The hot path: a plain single call already answered from memory for this head, straight from

@@ -8,7 +8,7 @@ import errno
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -32,22 +32,79 @@ class _Refused(asyncio.Protocol):
     """A connection over the cap: answered 503 at once and closed, holding nothing."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(BUSY_RESPONSE)
-        transport.close()
+        writer = cast(asyncio.WriteTransport, transport)  # uvloop's transports are no asyncio subclass
+        writer.write(BUSY_RESPONSE)
+        writer.close()
+
+
+class PeerCounts:
+    """Open connections per client address (MAX_CONNECTIONS_PER_IP; 0: no cap), so one client
+    cannot fill MAX_CONNECTIONS. A connection counts until its handler's transport is gone: closed
+    ones are swept from an address when it reaches the cap, and from all of them whenever the table
+    has doubled since the last sweep."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._open: dict[str, list[Any]] = {}
+        self._held = 0
+        self._sweep_at = 1024
+
+    def admits(self, peer: str) -> bool:
+        held = self._open.get(peer)
+        if not self.cap or held is None or len(held) < self.cap:
+            return True
+        held[:] = [h for h in held if h.transport is not None]
+        return len(held) < self.cap
+
+    def add(self, peer: str, handler: Any) -> None:
+        if not self.cap:
+            return
+        self._open.setdefault(peer, []).append(handler)
+        self._held += 1
+        if self._held > self._sweep_at:
+            for address, held in list(self._open.items()):
+                held[:] = [h for h in held if h.transport is not None]
+                if not held:
+                    del self._open[address]
+            self._held = sum(len(held) for held in self._open.values())
+            self._sweep_at = max(1024, 2 * self._held)
+
+
+class _Admission(asyncio.Protocol):
+    """A connection's first protocol: once its peer address is known, either refused (over the
+    per-address cap) or handed to aiohttp's handler, which takes over the transport."""
+
+    def __init__(self, make: Callable[[], Any], peers: PeerCounts) -> None:
+        self._make = make
+        self._peers = peers
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        address = transport.get_extra_info("peername")  # (uvloop's transports are no asyncio.Transport)
+        peer = str(address[0]) if isinstance(address, tuple) and address else ""
+        if not self._peers.admits(peer):
+            throttled.warning("ip-cap", "refusing connections from one address: %d open (MAX_CONNECTIONS_PER_IP)",
+                              self._peers.cap)
+            _Refused().connection_made(transport)
+            return
+        handler = self._make()
+        self._peers.add(peer, handler)
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
 
 
 class CappedSite(web.TCPSite):
-    """aiohttp's TCP site with a cap on open connections (MAX_CONNECTIONS).
+    """aiohttp's TCP site with a cap on open connections (MAX_CONNECTIONS) and per client address
+    (MAX_CONNECTIONS_PER_IP).
 
     The count is the server's live connections plus those accepted but not yet started: asyncio
     accepts a burst in one batch and starts each connection a loop turn later.
     """
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int,
-                 reuse_port: bool = False) -> None:
+                 reuse_port: bool = False, per_ip: int = 0) -> None:
         super().__init__(runner, host, port, reuse_port=reuse_port)
         self._max_connections = max_connections
+        self._peers = PeerCounts(per_ip)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site; TCPSite.start would bind without the cap
@@ -68,7 +125,7 @@ class CappedSite(web.TCPSite):
             # right after this one; until then it is counted here.
             starting[0] += 1
             loop.call_soon(started)
-            return server()
+            return _Admission(server, self._peers) if self._peers.cap else server()
 
         self._server = await loop.create_server(protocol, self._host, self._port, backlog=self._backlog,
                                                 reuse_address=self._reuse_address, reuse_port=self._reuse_port)
@@ -124,7 +181,7 @@ async def start_unix_metrics(exposition: Exposition, path: str) -> web.AppRunner
 
 
 async def serve(app: web.Application, host: str, port: int, *, max_connections: int, shutdown_timeout: float,
-                on_listening: Callable[[], None], reuse_port: bool = False) -> None:
+                on_listening: Callable[[], None], reuse_port: bool = False, per_ip: int = 0) -> None:
     """Run `app` until SIGTERM or SIGINT, then drain it (in-flight requests get `shutdown_timeout`)."""
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(quiet_accept_errors)
@@ -142,7 +199,8 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
     try:
-        await CappedSite(runner, host, port, max_connections=max_connections, reuse_port=reuse_port).start()
+        await CappedSite(runner, host, port, max_connections=max_connections, reuse_port=reuse_port,
+                         per_ip=per_ip).start()
         on_listening()
         await stop.wait()
         # An operator (or Kubernetes) sent the signal: say so, and say when the drain is over.

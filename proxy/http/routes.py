@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -13,8 +14,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
+from proxy.http.access_log import UPSTREAM_SECONDS, logged
+from proxy.http.compression import Compressor, accepts_gzip
+from proxy.http.cors import Cors
 from proxy.http.gateway import Gateway, Reply, invalid_key_error
 from proxy.http.listeners import Exposition
+from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import JSON_CONTENT_TYPE, NO_CHARGE, error_response, json_response
 from proxy.logs import redacted
 from proxy.metrics import Metrics
@@ -128,12 +133,24 @@ class BodyReader:
             self._receiving.give(held)
 
 
-def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler:
+def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings, cors: Cors | None = None) -> Handler:
     """The JSON-RPC POST handler, bound to its collaborators (no app lookups per request)."""
     inflight = metrics.inflight
     open_hit_headers = {**gateway.open_hit_headers, "Content-Type": JSON_CONTENT_TYPE}
     reader = BodyReader(settings)
     max_body_bytes = reader.max_body_bytes
+    compressor = Compressor(settings.compress_min_bytes, settings.compress_cache_bytes)
+    compress_from = settings.compress_min_bytes or sys.maxsize  # one comparison for every small answer
+
+    def replied(request: web.Request, reply: Reply) -> web.StreamResponse:
+        if reply.body is not None and len(reply.body) >= compress_from and accepts_gzip(request):
+            reply.headers["Content-Type"] = JSON_CONTENT_TYPE
+            response = compressor.respond(reply.body, reply.status, reply.headers)
+        else:
+            response = json_response(reply)
+        if reply.upstream_seconds is not None:
+            response[UPSTREAM_SECONDS] = reply.upstream_seconds
+        return response
 
     async def awaited(
         request: web.Request, body: bytes | None, account: str, network: NetworkRuntime | None, memory_checked: bool,
@@ -146,17 +163,25 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
                 if isinstance(read, web.Response):
                     return read
                 body = read
-            return json_response(await gateway.handle(body, account, network, memory_checked=memory_checked))
+            return replied(request, await gateway.handle(body, account, network, memory_checked=memory_checked))
         finally:
             inflight.dec()
 
-    async def rpc_handler(request: web.Request) -> web.StreamResponse:
+    async def rpc_handler(request: web.Request, browser: bool = True) -> web.StreamResponse:
+        if browser and cors is not None and "Origin" in request.headers:
+            # A page's request: answered the same way, then given its CORS headers. cors.wrap()
+            # written out, so a request without Origin takes no extra coroutine.
+            return cors.decorate(request, await rpc_handler(request, False))
         # guarded() written out: one coroutine fewer on the path every cache hit takes.
         try:
             match = request.match_info
-            account = gateway.account(match.get("api_key", ""))
+            account = gateway.account(match.get("api_key") or api_key(request))
             if account is None:
                 return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+            if account in gateway.key_lists:
+                refusal = origin_check(gateway, account, request)
+                if refusal is not None:
+                    return error_response(refusal, NO_CHARGE)
             network = gateway.router.network_for(request.host, match.get("network"))
             content = request.content
             if not content.is_eof():  # the body is still arriving
@@ -170,12 +195,16 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
             if gateway.open_mode:
                 encoded = gateway.open_hit(body, network)
                 if encoded is not None:
+                    if len(encoded) >= compress_from and accepts_gzip(request):
+                        return compressor.respond(encoded, 200, dict(open_hit_headers))
                     return web.Response(body=encoded, headers=open_hit_headers)  # copied, never changed
                 return await awaited(request, body, account, network, True)
             hit = gateway.keyed_hit(body, account, network)
             if hit.__class__ is tuple:  # a paid hit: its body and headers
                 encoded, headers = hit
                 headers["Content-Type"] = JSON_CONTENT_TYPE
+                if len(encoded) >= compress_from and accepts_gzip(request):
+                    return compressor.respond(encoded, 200, headers)
                 return web.Response(body=encoded, headers=headers)
             if isinstance(hit, Reply):
                 return json_response(hit)
@@ -185,7 +214,7 @@ def rpc_route(gateway: Gateway, metrics: Metrics, settings: Settings) -> Handler
         except Exception as exc:
             return failure_response(request, exc)
 
-    return rpc_handler
+    return logged(rpc_handler, gateway, settings.trusted_proxy_header) if settings.access_log else rpc_handler
 
 
 async def healthz(request: web.Request) -> web.Response:

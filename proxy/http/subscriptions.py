@@ -4,9 +4,10 @@ A `Session` belongs to one WebSocket connection. It answers eth_subscribe/eth_un
 Solana pubsub methods before the gateway sees them, hands each subscription to its source (the
 network's shared head feed, `head_feed.py`, or the upstream WebSocket relay, `upstream_ws.py`),
 and sends what they deliver through one bounded queue: a consumer that falls behind by more than
-WS_SEND_BUFFER_BYTES is disconnected (1008) rather than allowed to grow the proxy's memory. Every
-notification is charged before it is sent; a key that cannot pay gets an error on each of its
-subscriptions, which are then closed.
+WS_SEND_BUFFER_BYTES, or by more than WS_MAX_LAG seconds, is disconnected (1008) rather than allowed
+to grow the proxy's memory. Every notification is charged before it is sent; a key that cannot pay
+gets an error on each of its subscriptions, which are then closed. A block's logs arrive as one
+shared batch, expanded by this connection's writer (fanout.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, web
 
 from proxy.config import Settings
+from proxy.http.fanout import LogBatch, expand
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
@@ -131,9 +134,12 @@ class Relay(Protocol):
 
 
 class Charger(Protocol):
-    """The gateway's stream charging (Gateway.charge_stream) and routing (Gateway.route_method)."""
+    """The gateway's stream charging (Gateway.charge_stream), routing (Gateway.route_method) and the
+    key's allow-lists (Gateway.call_refusal)."""
 
     async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None: ...
+
+    def call_refusal(self, account: str, method: str, params: Any) -> JsonRpcError | None: ...
 
     def route_method(self, method: str, network: Any) -> Any: ...
 
@@ -162,12 +168,18 @@ class Subscription:
         """Queue one notification; `result` is the encoded result, shared by every subscriber."""
         self.session.push(self, result)
 
+    def wants(self, entry: Mapping[str, Any]) -> bool:
+        return self.match is None or self.match.matches(entry)
+
 
 @dataclass(slots=True)
 class _Item:
     payload: bytes
     sub: Subscription | None = None  # None: a reply, never charged
     cost: int = 0
+    queued: float = 0.0  # monotonic time it was queued: how far behind its consumer is
+    logs: LogBatch | None = None  # a shared batch for `subs`, expanded by the writer (payload is b"")
+    subs: tuple[Subscription, ...] = ()
 
 
 @dataclass(eq=False)
@@ -188,6 +200,7 @@ class Session:
     _pending_bytes: int = 0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _writer: asyncio.Task[None] | None = None
+    _sending: float | None = None  # queued time of the item being written
     _next_solana_id: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     closed: bool = False
@@ -219,6 +232,9 @@ class Session:
         if len(self.subs) >= self.settings.ws_max_subscriptions:
             raise JsonRpcError(LIMIT_EXCEEDED, f"too many subscriptions: at most {self.settings.ws_max_subscriptions} "
                                "per connection (WS_MAX_SUBSCRIPTIONS)")
+        refusal = self.gateway.call_refusal(self.account, call.method, params)
+        if refusal is not None:
+            raise refusal
         runtime = self.gateway.route_method(call.method, self.network)
         family = runtime.config.family
         solana = call.method in SOLANA_PUBSUB
@@ -314,32 +330,50 @@ class Session:
         cost = self.settings.subscription_credits.get(sub.label, 0)
         self._queue(_Item(jsonrpc.encode_notification(sub.method, sub.id, result), sub, cost))
 
+    def push_logs(self, subs: tuple[Subscription, ...], batch: LogBatch) -> None:
+        """Queue a block's logs for this connection's `subs`: matched and sent by the writer. A block
+        without logs queues nothing but still finds a consumer that fell too far behind."""
+        if self.closed:
+            return
+        if batch.entries:
+            self._queue(_Item(b"", logs=batch, subs=subs))
+        else:
+            self._check_behind(time.monotonic())
+
     def _queue(self, item: _Item) -> None:
         if self.closed:
             return
+        now = time.monotonic()
+        item.queued = now
         self._outbox.append(item)
         self._pending_bytes += len(item.payload)
         self._wake.set()
+        self._check_behind(now)
+
+    def _check_behind(self, now: float) -> None:
         if self._pending_bytes + self._buffered() > self.settings.ws_send_buffer_bytes:
-            self.closed = True
-            spawn(self._tasks, self._evict())
+            self._overflow(f"fell behind by more than {self.settings.ws_send_buffer_bytes} bytes")
+        elif now - self._oldest > self.settings.ws_max_lag:
+            self._overflow(f"fell behind by more than {self.settings.ws_max_lag:g}s (WS_MAX_LAG)")
+
+    def _overflow(self, why: str) -> None:
+        self.closed = True
+        spawn(self._tasks, self._evict(why))
 
     def _buffered(self) -> int:
         transport = self.transport
         return int(transport.get_write_buffer_size()) if transport is not None else 0
 
-    async def _evict(self) -> None:
+    async def _evict(self, why: str) -> None:
         """A consumer that does not read: drop what waits for it and close (1008)."""
-        limit = self.settings.ws_send_buffer_bytes
-        log.warning("closing a WebSocket whose consumer fell behind by more than %d bytes", limit)
+        log.warning("closing a WebSocket whose consumer %s", why)
         self.metrics.slow_consumers.inc()
         self._outbox.clear()
         self._pending_bytes = 0
         await self.close()
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT):
-                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION,
-                                    message=f"slow consumer: more than {limit} bytes waiting".encode())
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=f"slow consumer: {why}".encode()[:120])
         except (TimeoutError, ConnectionError):
             if self.transport is not None:
                 self.transport.abort()  # its buffers are full: no close frame can get through
@@ -352,17 +386,39 @@ class Session:
                 while self._outbox:
                     item = self._outbox.popleft()
                     self._pending_bytes -= len(item.payload)
+                    self._sending = item.queued
+                    if item.logs is not None:
+                        await expand(item.logs, item.subs, self._send_log)
+                        continue
                     sub = item.sub
                     if sub is not None and not await self._paid(sub, item.cost):
                         continue
                     if self.ws.closed:
                         return
                     await self.ws.send_frame(item.payload, web.WSMsgType.TEXT)
+                self._sending = None
         except ConnectionError:
             return  # the peer is gone; the handler's close() ends the subscriptions
         except Exception:
             log.exception("internal error writing subscription messages")
             await self.ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
+
+    @property
+    def _oldest(self) -> float:
+        """When the oldest message still owed to the client was queued (now if none is)."""
+        if self._sending is not None:
+            return self._sending
+        return self._outbox[0].queued if self._outbox else time.monotonic()
+
+    async def _send_log(self, sub: Subscription, payload: bytes) -> bool:
+        """One log of a shared batch to one subscription (fanout.expand); False: the socket is gone.
+        send_frame waits while the client's socket is full: this writer alone."""
+        if not await self._paid(sub, self.settings.subscription_credits.get("logs", 0)):
+            return True
+        if self.ws.closed:
+            return False
+        await self.ws.send_frame(jsonrpc.encode_notification(sub.method, sub.id, payload), web.WSMsgType.TEXT)
+        return True
 
     async def _paid(self, sub: Subscription, cost: int) -> bool:
         """Charge one notification; a key out of credits ends every subscription of this connection."""

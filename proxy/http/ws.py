@@ -7,12 +7,14 @@ import logging
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.http.gateway import invalid_key_error
+from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.subscriptions import Session, subscription_call
 from proxy.http.ws_state import Connection
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
 from proxy.state import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
 
 log = logging.getLogger("proxy.ws")
@@ -21,17 +23,27 @@ log = logging.getLogger("proxy.ws")
 async def websocket_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     gateway, metrics, settings = app[GATEWAY], app[METRICS], app[SETTINGS]
-    account = gateway.account(request.match_info.get("api_key", ""))
+    account = gateway.account(api_key(request))
     if account is None:
         # The upgrade is refused the same way as HTTP: 401 with a JSON-RPC error body.
         return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+    refusal = origin_check(gateway, account, request)  # a browser's handshake carries its page's Origin
+    if refusal is not None:
+        return error_response(refusal, {"X-Credits-Charged": "0"})
     network = gateway.router.network_for(request.host, request.match_info.get("network"))
+    cap = settings.ws_max_connections_per_key
+    if cap and account != OPEN_ACCOUNT and sum(c.account == account for c in app[WEBSOCKETS]) >= cap:
+        # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
+        error = JsonRpcError(LIMIT_EXCEEDED, f"too many WebSocket connections for this key: at most {cap} "
+                             "(WS_MAX_CONNECTIONS_PER_KEY)", http_status=429)
+        return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
     ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
     await ws.prepare(request)
 
-    connection = Connection(ws)
+    loop = asyncio.get_running_loop()
+    connection = Connection(ws, account, loop.time())
     app[WEBSOCKETS].add(connection)
     metrics.ws_connections.inc()
     slots = asyncio.Semaphore(settings.ws_max_inflight)
@@ -39,6 +51,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     session = Session(ws, request.transport, account, network, gateway, streams.feeds, streams.relays, settings,
                       metrics)
     session.start()
+    idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
 
     async def serve(data: str | bytes) -> None:
         metrics.inflight.inc()
@@ -69,6 +82,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
                 error = JsonRpcError(INVALID_REQUEST, "server is shutting down")
                 await ws.send_str(jsonrpc.encode_error(None, error).decode())
                 continue
+            connection.active_at = loop.time()
             await slots.acquire()
             task = asyncio.create_task(serve(message.data))
             connection.tasks.add(task)
@@ -78,6 +92,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             # connection before the close frame is written.
             await connection.closed.wait()
     finally:
+        idle.cancel()
         await session.close()
         if not connection.draining:
             for task in list(connection.tasks):
@@ -85,6 +100,20 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
         app[WEBSOCKETS].discard(connection)
         metrics.ws_connections.dec()
     return ws
+
+
+async def _close_when_idle(connection: Connection, session: Session, timeout: float) -> None:
+    """WS_IDLE_TIMEOUT: a connection with no subscription, no call in flight and no message for
+    `timeout` seconds is closed (1000): answering pings alone does not hold a connection slot."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(max(0.0, connection.active_at + timeout - loop.time()))
+        if session.subs or connection.tasks:
+            connection.active_at = loop.time()
+        elif loop.time() - connection.active_at >= timeout:
+            await connection.ws.close(code=WSCloseCode.OK,
+                                      message=f"idle for {timeout:g}s: no subscription and no call".encode())
+            return
 
 
 async def close_websockets(app: web.Application) -> None:

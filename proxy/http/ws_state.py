@@ -11,6 +11,8 @@ from aiohttp import web
 @dataclass(eq=False)
 class Connection:
     ws: web.WebSocketResponse
+    account: str = ""  # the key's account name: WS_MAX_CONNECTIONS_PER_KEY counts by it
+    active_at: float = 0.0  # loop time of its last message: WS_IDLE_TIMEOUT counts from it
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # set once the close frame is sent

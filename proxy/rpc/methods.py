@@ -47,6 +47,9 @@ class MethodPolicy:
     # A by-number method whose unfinalized block is asked by hash: this sibling takes the same params
     # with the block's hash, so the node answers for the very block the key holds.
     by_hash: str | None = None
+    # Canonical params from this position on are code or state the client supplies (state and block
+    # overrides): an answer that depends on them is never cached (cache/policy.py decide).
+    client_state: int | None = None
 
 
 POLICIES: dict[str, MethodPolicy] = {
@@ -62,7 +65,7 @@ POLICIES: dict[str, MethodPolicy] = {
             CacheClass.CONTENT, SPEC_CREDITS["eth_getUncleByBlockHashAndIndex"],
         ),
         MethodPolicy("eth_call", "evm", p.eth_call, CacheClass.BLOCK, SPEC_CREDITS["eth_call"], gas_cap=True,
-                     caches_reverts=True),
+                     caches_reverts=True, client_state=2),
         MethodPolicy("eth_getBlockReceipts", "evm", p.eth_get_block_receipts, CacheClass.BLOCK,
                      SPEC_CREDITS["eth_getBlockReceipts"]),
         MethodPolicy("getTokenAccountBalance", "solana", p.get_token_account_balance, CacheClass.TOKEN_BALANCE,
@@ -106,6 +109,13 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_maxPriorityFeePerGas", "evm", p.no_params, CacheClass.HEAD, None),
         MethodPolicy("eth_blobBaseFee", "evm", p.no_params, CacheClass.HEAD, None),
         MethodPolicy("eth_feeHistory", "evm", p.eth_fee_history, CacheClass.FEE_HISTORY, None),
+        # Node-side filters, served per key by upstream/filters.py: criteria under eth_getLogs' rules.
+        MethodPolicy("eth_newFilter", "evm", p.eth_get_logs, CacheClass.NONE, None),
+        MethodPolicy("eth_newBlockFilter", "evm", p.no_params, CacheClass.NONE, None),
+        MethodPolicy("eth_newPendingTransactionFilter", "evm", p.no_params, CacheClass.NONE, None),
+        MethodPolicy("eth_getFilterChanges", "evm", p.filter_id, CacheClass.NONE, None),
+        MethodPolicy("eth_getFilterLogs", "evm", p.filter_id, CacheClass.NONE, None),
+        MethodPolicy("eth_uninstallFilter", "evm", p.filter_id, CacheClass.NONE, None),
         # Solana.
         MethodPolicy("getSlot", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
         MethodPolicy("getBlockHeight", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
@@ -133,6 +143,8 @@ SOLANA_PUBSUB = {
 SOLANA_PUBSUB_METHODS = frozenset(SOLANA_PUBSUB) | frozenset(SOLANA_PUBSUB.values())
 
 # Subscription streams: served by the WebSocket transport (subscriptions.py), refused over HTTP.
+# A forwarded write makes the head tracker poll at once (heads.py, EvmHeadTracker.wrote).
+WRITE_METHODS = frozenset({"eth_sendRawTransaction", "eth_sendTransaction"})
 SUBSCRIPTION_METHODS = frozenset({"eth_subscribe", "eth_unsubscribe"}) | SOLANA_PUBSUB_METHODS
 
 # Solana's JSON-RPC methods are camelCase without a namespace; EVM ones are namespace_method.

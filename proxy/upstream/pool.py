@@ -10,16 +10,22 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
+from proxy.config_files import Network
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import EXECUTION_REVERTED, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
+from proxy.upstream.answer import Answer as Answer  # importers of the pool's Answer predate answer.py
+from proxy.upstream.batching import AutoBatcher
+from proxy.upstream.budget import Budget, Slot
+from proxy.upstream.selection import Selector
 from proxy.upstream.state import UpstreamStates
 
 log = logging.getLogger("proxy.upstream")
@@ -30,39 +36,16 @@ throttled = Throttled(log)  # a node that is down fails every call: one line per
 BATCHABLE = frozenset(
     name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE and not policy.limits_logs
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A node's JSON-RPC answer: `payload` is the encoded result, or the encoded error object."""
-
-    payload: bytes
-    result: Any = None
-    error: dict[str, Any] | None = None
-    seconds: float = 0.0
-    upstream: int = -1  # the index of the upstream that produced it; -1: not known (a stored answer)
-
-    @property
-    def is_error(self) -> bool:
-        return self.error is not None
-
-    @property
-    def error_code(self) -> int | None:
-        code = self.error.get("code") if self.error else None
-        return code if isinstance(code, int) else None
-
-    @classmethod
-    def stored(cls, payload: bytes, is_error: bool) -> Answer:
-        """An answer another replica fetched and stored: only its encoded bytes are at hand."""
-        return cls(payload, None, {"stored": True} if is_error else None)
-
-    @classmethod
-    def from_response(cls, obj: dict[str, Any], seconds: float = 0.0, upstream: int = -1) -> Answer:
-        if "error" in obj and obj["error"] is not None:
-            error = obj["error"] if isinstance(obj["error"], dict) else {"code": -32603, "message": str(obj["error"])}
-            return cls(jsonrpc.dumps(error), None, error, seconds, upstream)
-        result = obj.get("result")
-        return cls(jsonrpc.dumps(result), result, None, seconds, upstream)
+# Reads worth hedging (sent to a second upstream when the first is slow): every cacheable read.
+HEDGEABLE = frozenset(name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE)
+# Writes go to exactly one upstream: another is tried only when the first provably never got the
+# call (its connection was refused), so a transaction is never sent twice.
+WRITES = frozenset({"eth_sendRawTransaction", "eth_sendTransaction", "eth_sendRawTransactionConditional",
+                    "sendTransaction"})
+RETRY_AFTER_MAX = 300.0  # seconds: the longest Retry-After honoured (a provider's bad header cannot park it)
+# Phrases of providers' rate-limit errors (Infura, Alchemy, QuickNode...) in an HTTP 200 reply.
+RATE_LIMIT_PHRASES = ("rate limit", "request rate", "too many requests", "compute units per second",
+                      "request limit reached", "rate exceeded")
 
 
 class Upstream(Protocol):
@@ -92,9 +75,15 @@ def _is_response(reply: Any) -> bool:
 
 
 def single_problem(reply: Any, sent: int) -> str | None:
-    """Why a reply does not answer the single call with id `sent`, or None when it does."""
+    """Why a reply does not answer the single call with id `sent`, or None when it does.
+
+    An error object with `id: null` is the node saying it could not read the call (JSON-RPC 2.0
+    section 5: the id is null when it could not be determined): its answer to this request, about
+    the request, not a fault of the node."""
     if not _is_response(reply):
         return "malformed reply"
+    if reply.get("id") is None and reply.get("error") is not None:
+        return None
     if reply.get("id") != sent or isinstance(reply.get("id"), bool):
         return "reply id differs from the request id"
     return None
@@ -117,17 +106,85 @@ def batch_problem(reply: Any, ids: range) -> str | None:
 
 # Failures after a node took the call: it may have run it (charging.py charges such calls).
 REACHED_KINDS = frozenset({"timeout", "invalid", "mismatch"})
+# HTTP statuses that say the request itself is at fault (malformed, too large): the next upstream
+# may still take it, but none is cooled down for everyone else because of one caller's request.
+REQUEST_FAULT_STATUSES = frozenset({400, 413, 414, 431})
+
+
+def rate_limited(reply: Any) -> str | None:
+    """A single reply that is a provider's rate-limit error rather than an answer, or None."""
+    error = reply.get("error") if isinstance(reply, dict) else None
+    if not isinstance(error, dict) or error.get("code") == EXECUTION_REVERTED:
+        return None  # a contract's revert reason is the contract's to word
+    message = str(error.get("message", "")).lower()
+    if message.startswith("execution reverted"):
+        return None
+    if error.get("code") == 429 or any(phrase in message for phrase in RATE_LIMIT_PHRASES):
+        return "rate-limit error"
+    return None
+
+
+def retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds from now: delta-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, min(float(value), RETRY_AFTER_MAX))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, min(parsedate_to_datetime(value).timestamp() - time.time(), RETRY_AFTER_MAX))
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 class _Failed(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
+    def __init__(self, kind: str, detail: str, *, unsent: bool = False, wait: float | None = None) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
+        self.unsent = unsent  # the connection was refused: the node never got the call
+        self.wait = wait  # Retry-After of a rate limit
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """One call's tries across upstreams: what failed, and whether any node got the call."""
+
+    failures: list[str] = field(default_factory=list)
+    last_kind: str = "connect"
+    reached: bool = False  # some node got the call before failing: it may have done the work
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """How a network's upstreams are chosen (NETWORKS_FILE): policy and weights, budgets, hedging."""
+
+    selector: Selector | None = None
+    budgets: tuple[Budget, ...] = ()
+    hedge_after: float | None = None
+
+
+def http_pool(upstream: object) -> HttpUpstream | None:
+    """The HttpUpstream inside an upstream's wrappers (the per-key budget's, a test's counter), if any."""
+    while not isinstance(upstream, HttpUpstream) and hasattr(upstream, "inner"):
+        upstream = upstream.inner
+    return upstream if isinstance(upstream, HttpUpstream) else None
+
+
+def routing_of(network: Network, workers: int) -> Routing:
+    """A network's NETWORKS_FILE selection, weights, budgets (each worker's share) and hedging."""
+    options = [network.options_of(i) for i in range(len(network.upstreams))]
+    return Routing(
+        Selector(network.selection, [o.weight for o in options]),
+        tuple(Budget(o.max_rps, o.max_concurrency, share=workers) for o in options),
+        network.hedge_after,
+    )
 
 
 class HttpUpstream:
-    """Tries each URL in order (primary first); a URL that fails is skipped for `cooldown` seconds."""
+    """Asks the network's upstreams in the selection policy's order (priority: primary first); one
+    that fails is skipped for `cooldown` seconds (a rate limit's Retry-After when it gives one)."""
 
     def __init__(
         self,
@@ -141,8 +198,12 @@ class HttpUpstream:
         batch_max: int = 1,
         batch_max_bytes: int = 1024 * 1024,
         attempt_timeout: float | None = None,
+        max_reply_bytes: int | None = None,
+        routing: Routing = Routing(),
     ) -> None:
         self.network = network
+        # A reply declared larger than this is not read: no client may be sent it (MAX_RESPONSE_BYTES).
+        self._max_reply = max_reply_bytes
         self._urls = tuple(urls)
         self._timeout = timeout
         self._attempt_timeout = attempt_timeout
@@ -150,13 +211,26 @@ class HttpUpstream:
         self._metrics = metrics
         self._cooldown = cooldown
         self._down_until = [0.0] * len(self._urls)
+        self._unreachable = [False] * len(self._urls)  # its last attempt could not reach it (INFO when back)
         self._session = session
         self._next_id = 0
         self._batch_max = batch_max
-        self._batch_max_bytes = batch_max_bytes
-        self._queue: list[tuple[str, Any, asyncio.Future[Answer]]] = []
-        self._flush_scheduled = False
-        self._deliveries: set[asyncio.Task[None]] = set()
+        self.reroute(routing)
+        self._batcher = AutoBatcher(network, self._single, self._auto_batch, batch_max=batch_max,
+                                    batch_max_bytes=batch_max_bytes)
+        for index in range(len(self._urls)):
+            metrics.upstream_head_lag.labels(network, str(index)).set_function(
+                lambda i=index: float(self._head_lag(i)))  # type: ignore[misc]
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return self._urls
+
+    def reroute(self, routing: Routing) -> None:
+        """The selection policy, budgets and hedging to use from the next call on (start-up, a reload)."""
+        self.selector = routing.selector or Selector("priority", [1.0] * len(self._urls))
+        self.budgets = routing.budgets or tuple(Budget(None, None) for _ in self._urls)
+        self._hedge_after = routing.hedge_after
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -173,108 +247,240 @@ class HttpUpstream:
             await self._session.close()
             self._session = None
 
+    def _head_lag(self, index: int) -> int:
+        latest = self.states.latest
+        best = max(latest, default=-1)
+        return best - latest[index] if latest[index] >= 0 else 0
+
     def _order(self) -> list[int]:
-        """Healthy upstreams first, then those cooling down; never one that serves another chain."""
+        """Healthy upstreams in the selection policy's order, then those cooling down; never one that
+        serves another chain or is cordoned."""
         now = time.monotonic()
         serving = [i for i in range(len(self._urls)) if self.states.in_rotation(i)]
-        healthy = [i for i in serving if self._down_until[i] <= now]
+        healthy = self.selector.order([i for i in serving if self._down_until[i] <= now], self.states.latest, now)
         cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
         return healthy + cooling
 
-    async def _post(self, index: int, body: bytes, timeout: float) -> Any:
+    async def _post(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
         try:
             async with self._client().post(
                 self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout)
             ) as response:
+                if response.status in REQUEST_FAULT_STATUSES:
+                    raise _Failed("refused", f"HTTP {response.status}")
+                if response.status == 429:
+                    raise _Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("Retry-After")))
                 if response.status != 200:
                     raise _Failed("http", f"HTTP {response.status}")
+                size = response.content_length
+                if max_reply is not None and size is not None and size > max_reply:
+                    raise _Failed("too_large", f"a reply of {size} bytes")
                 raw = await response.read()
         except TimeoutError:
             raise _Failed("timeout", "timed out") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise _Failed("connect", type(exc).__name__, unsent=True) from None
         except aiohttp.ClientError as exc:
+            self._unreachable[index] = True
             raise _Failed("connect", type(exc).__name__) from None
+        if self._unreachable[index]:
+            self._unreachable[index] = False
+            log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
         try:
             return jsonrpc.loads(raw)
         except jsonrpc.JSONDecodeError:
             raise _Failed("invalid", "reply is not JSON") from None
 
+    def _failed(self, index: int, failure: _Failed, attempts: _Attempts) -> None:
+        """Note a failed try: that upstream cools down (for a rate limit's Retry-After, if given),
+        unless the request itself was at fault (too large or malformed for any node)."""
+        if failure.kind == "too_large":
+            return  # the call fails as a whole (_send): no node is at fault
+        if failure.kind == "connect":
+            self.states.lost(index)
+        if failure.kind != "refused":  # a request too large or malformed cools no upstream down
+            wait = failure.wait if failure.wait is not None else self._cooldown
+            self._down_until[index] = time.monotonic() + wait
+            self.selector.scores.observe(index, None, time.monotonic())
+        if failure.kind == "rate_limited":
+            self._metrics.upstream_rate_limited.labels(self.network, str(index)).inc()
+        self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+        throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index, failure.detail)
+        attempts.failures.append(f"upstream #{index}: {failure.detail}")
+        attempts.last_kind = failure.kind
+        attempts.reached = attempts.reached or failure.kind in REACHED_KINDS
+
+    async def _try(
+        self, index: int, slot: Slot, body: bytes, timeout: float, check: Check, attempts: _Attempts, single: bool,
+        max_reply: int | None = None,
+    ) -> tuple[Any, float]:
+        """One upstream's try in the budget `slot` taken for it: the reply and its latency, or _Failed (noted)."""
+        self._metrics.upstream_selected.labels(self.network, str(index)).inc()
+        started = time.perf_counter()
+        try:
+            reply = await self._post(index, body, timeout, max_reply)
+            problem = check(reply)
+            if problem is not None:
+                # A reply that does not answer what was asked is a fault of that node.
+                raise _Failed("mismatch", problem)
+            limited = rate_limited(reply) if single else None
+            if limited is not None:
+                raise _Failed("rate_limited", limited)
+        except _Failed as failure:
+            self._failed(index, failure, attempts)
+            raise
+        finally:
+            slot.budget.release(slot)
+        seconds = time.perf_counter() - started
+        self._down_until[index] = 0.0
+        self.selector.scores.observe(index, seconds, time.monotonic())
+        return reply, seconds
+
+    async def _next(self, pending: list[int], deadline: float) -> tuple[int, Slot] | None:
+        """The first upstream in `pending` with budget now, and its slot; else wait for the first
+        one's budget within the deadline. Removed from `pending`; None if no budget came in time."""
+        for index in pending:
+            slot = self.budgets[index].try_take()
+            if slot is not None:
+                pending.remove(index)
+                return index, slot
+        index = pending.pop(0)
+        self._metrics.upstream_budget_waits.labels(self.network, str(index)).inc()
+        loop = asyncio.get_running_loop()
+        waited = await self.budgets[index].take(loop.time() + deadline - time.monotonic())
+        return (index, waited) if waited is not None else None
+
+    async def _hedged(
+        self, first: int, slot: Slot, pending: list[int], body: bytes, timeout: float, check: Check,
+        attempts: _Attempts, single: bool, max_reply: int | None = None,
+    ) -> tuple[Any, float, int] | None:
+        """Ask `first`; without an answer after hedge_after, also the next upstream that has budget at
+        once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
+        tasks = {asyncio.create_task(self._try(first, slot, body, timeout, check, attempts, single, max_reply)): first}
+        hedged = False
+        try:
+            while tasks:
+                wait = self._hedge_after if not hedged and pending else None
+                done, _ = await asyncio.wait(tasks, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    hedged = True
+                    second = next(((i, s) for i in pending if (s := self.budgets[i].try_take()) is not None), None)
+                    if second is not None:
+                        pending.remove(second[0])
+                        self._metrics.upstream_hedged.labels(self.network).inc()
+                        tried = self._try(second[0], second[1], body, timeout, check, attempts, single, max_reply)
+                        tasks[asyncio.create_task(tried)] = second[0]
+                    continue
+                won = None
+                for task in done:  # every finished try is looked at, so no failure goes unretrieved
+                    index = tasks.pop(task)
+                    failure = task.exception()
+                    if isinstance(failure, _Failed) and failure.kind == "too_large":
+                        raise failure  # the call's own answer is too large, whoever gives it
+                    if failure is None and won is None:
+                        won = (*task.result(), index)
+                if won is not None:
+                    if hedged:
+                        self._metrics.upstream_hedge_wins.labels(self.network, str(won[2])).inc()
+                    return won
+            return None
+        finally:
+            for task in tasks:
+                task.cancel()
+
     async def _send(
         self, body: bytes, method_label: str | None, timeout: float | None, check: Check,
+        max_reply: int | None = None, *, hedge: bool = False, write: bool = False,
     ) -> tuple[Any, float, int]:
-        """Post to the first upstream whose reply passes `check`; observe its latency under `method_label`."""
+        """Post to upstreams in order until a reply passes `check`; observe its latency under
+        `method_label`. `hedge`: a slow read is also sent to the next upstream. `write`: another
+        upstream is tried only when the first provably never got the call."""
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
-        failures: list[str] = []
-        last_kind = "connect"
-        reached = False  # some node got the call before failing: it may have done the work
-        order = self._order()
-        for attempt, index in enumerate(order):
+        attempts = _Attempts()
+        pending = self._order()
+        tried = 0
+        while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if attempt:
+            chosen = await self._next(pending, deadline)
+            if chosen is None:
+                attempts.failures.append("no upstream had budget (max_rps, max_concurrency) in time")
+                attempts.last_kind = "timeout"
+                break
+            index, slot = chosen
+            if tried:
                 self._metrics.upstream_failovers.labels(self.network).inc()
-            started = time.perf_counter()
+            tried += 1
+            share = self._attempt_budget(deadline - time.monotonic(), len(pending) + 1)
+            single = method_label is not None and method_label != "batch"
             try:
-                reply = await self._post(index, body, self._attempt_budget(remaining, len(order) - attempt))
-                problem = check(reply)
-                if problem is not None:
-                    # A reply that does not answer what was asked is a fault of that node.
-                    raise _Failed("mismatch", problem)
+                if hedge and self._hedge_after is not None and pending:
+                    won = await self._hedged(index, slot, pending, body, share, check, attempts, single, max_reply)
+                    if won is None:
+                        continue
+                    reply, seconds, index = won
+                else:
+                    reply, seconds = await self._try(index, slot, body, share, check, attempts, single, max_reply)
             except _Failed as failure:
-                if failure.kind == "connect":
-                    self.states.lost(index)
-                self._down_until[index] = time.monotonic() + self._cooldown
-                self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
-                throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index,
-                                  failure.detail)
-                failures.append(f"upstream #{index}: {failure.detail}")
-                last_kind = failure.kind
-                reached = reached or failure.kind in REACHED_KINDS
+                if failure.kind == "too_large":
+                    # The answer the caller asked for is too large to send: every node would give it.
+                    raise JsonRpcError(LIMIT_EXCEEDED, f"response size exceeded: the node's answer ({failure.detail})"
+                                       f" would pass MAX_RESPONSE_BYTES ({self._max_reply} bytes); ask for less",
+                                       reached=True) from None
+                if write and not failure.unsent:
+                    break  # the node may have taken the transaction: never send it to another
                 continue
-            seconds = time.perf_counter() - started
-            self._down_until[index] = 0.0
             if method_label is not None:
                 self._metrics.child(self._metrics.upstream_seconds, self.network, method_label, str(index)
                                     ).observe(seconds)
             return reply, seconds, index
-        if last_kind == "timeout":
+        if attempts.last_kind == "timeout":
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
-                http_status=504, reached=reached,
+                http_status=504, reached=attempts.reached,
             )
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
             f"upstream unavailable: network '{self.network}' "
-            f"({'; '.join(failures) or 'no upstream serves the network chain'})",
-            http_status=502, reached=reached,
+            f"({'; '.join(attempts.failures) or 'no upstream serves the network chain'})",
+            http_status=502, reached=attempts.reached,
         )
 
     def _attempt_budget(self, remaining: float, upstreams_left: int) -> float:
         """One attempt's share of the call's budget: a slow primary still leaves time for the backup."""
         if self._attempt_timeout is not None:
             return min(remaining, self._attempt_timeout)
-        return remaining / upstreams_left
+        return max(remaining, 0.001) / upstreams_left
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         if self._batch_max > 1 and timeout is None and method in BATCHABLE:
-            return await self._enqueue(method, params)
+            return await self._batcher.enqueue(method, params)
         return await self._single(method, params, timeout)
 
     async def _single(self, method: str, params: Any, timeout: float | None) -> Answer:
         self._next_id += 1
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
+        # One call's reply only: an auto-batch holds several callers' answers, none too large alone.
         reply, seconds, index = await self._send(body, metric_label(method), timeout,
-                                                 lambda r: single_problem(r, sent))
+                                                 lambda r: single_problem(r, sent), self._max_reply,
+                                                 hedge=method in HEDGEABLE, write=method in WRITES)
         return Answer.from_response(reply, seconds, index)
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
-        """One call to upstream `index` alone, whatever its rotation state (identity probes, retries)."""
+        """One call to upstream `index` alone, whatever its rotation state or budget (identity probes,
+        head polls, retries)."""
         self._next_id += 1
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
         started = time.perf_counter()
+        budget = self.budgets[index]
+        slot = await budget.take(asyncio.get_running_loop().time() + timeout)  # a provider counts these too
+        if slot is None:
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' (upstream "
+                               f"#{index}: no budget (max_rps, max_concurrency) in {timeout:g}s)", http_status=504)
         try:
             reply = await self._post(index, body, timeout)
             problem = single_problem(reply, sent)
@@ -283,87 +489,21 @@ class HttpUpstream:
         except _Failed as failure:
             if failure.kind == "connect":
                 self.states.lost(index)
+            self.selector.scores.observe(index, None, time.monotonic())
             self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
                                f"(upstream #{index}: {failure.detail})", http_status=502) from None
-        return Answer.from_response(reply, time.perf_counter() - started, index)
-
-    # --- auto-batching -------------------------------------------------------------------
-    # Cacheable reads that arrive in the same event-loop turn travel as one JSON-RPC batch: one
-    # HTTP round trip instead of many. A lone call is sent alone, a turn later.
-
-    async def _enqueue(self, method: str, params: Any) -> Answer:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Answer] = loop.create_future()
-        self._queue.append((method, params, waiter))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return await waiter
-
-    def _flush(self) -> None:
-        """Groups of at most `batch_max` calls and `batch_max_bytes` of params: one client's large
-        call travels alone, never in a batch a node might refuse for its size."""
-        self._flush_scheduled = False
-        queue, self._queue = self._queue, []
-        group: list[tuple[str, Any, asyncio.Future[Answer]]] = []
-        size = 0
-        for call in queue:
-            cost = len(jsonrpc.dumps(call[1])) + len(call[0]) + 64  # params, method, envelope
-            if group and (len(group) >= self._batch_max or size + cost > self._batch_max_bytes):
-                self._start(group)
-                group, size = [], 0
-            group.append(call)
-            size += cost
-        if group:
-            self._start(group)
-
-    def _start(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
-        task = asyncio.create_task(self._deliver(group))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
-
-    async def _deliver(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
-        # Every waiter is answered whatever happens here, so no caller is left waiting forever.
-        failure: Exception = JsonRpcError(
-            UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' (call abandoned)", http_status=502
-        )
-        try:
-            if len(group) == 1:
-                method, params, _ = group[0]
-                answers = [await self._single(method, params, None)]
-            else:
-                try:
-                    answers = await self._batch([(m, p) for m, p, _ in group], auto=True)
-                except JsonRpcError as error:
-                    if error.http_status == 504:  # timed out: asking again, one by one, would only wait longer
-                        raise
-                    # The batch failed as a whole (a 413 for its size, a 5xx): each call is asked
-                    # alone, so only a call that fails by itself fails.
-                    await self._resend_singly(group)
-                    return
-            for (_, _, waiter), answer in zip(group, answers, strict=True):
-                if not waiter.done():
-                    waiter.set_result(answer)
-        except Exception as error:  # the upstream's JsonRpcError, or a fault of ours: each caller hears it
-            failure = error
         finally:
-            for _, _, waiter in group:
-                if not waiter.done():
-                    waiter.set_exception(failure)
-
-    async def _resend_singly(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
-        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _ in group), return_exceptions=True)
-        for (_, _, waiter), result in zip(group, results, strict=True):
-            if waiter.done():
-                continue
-            if isinstance(result, BaseException):
-                waiter.set_exception(result)
-            else:
-                waiter.set_result(result)
+            slot.budget.release(slot)
+        seconds = time.perf_counter() - started
+        self.selector.scores.observe(index, seconds, time.monotonic())
+        return Answer.from_response(reply, seconds, index)
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return await self._batch(calls)
+
+    async def _auto_batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        return await self._batch(calls, auto=True)
 
     async def _batch(self, calls: Sequence[tuple[str, Any]], *, auto: bool = False) -> list[Answer]:
         """One JSON-RPC batch. `auto`: an auto-batch of callers' reads, observed per call and split
@@ -374,7 +514,8 @@ class HttpUpstream:
             {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
         ])
         ids = range(base, base + len(calls))
-        reply, seconds, index = await self._send(body, None if auto else "batch", None, lambda r: batch_problem(r, ids))
+        reply, seconds, index = await self._send(body, None if auto else "batch", None, lambda r: batch_problem(r, ids),
+                                                 hedge=auto)
         if not isinstance(reply, list):
             # A node that does not take batches answers with one error object: ask one by one.
             return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))

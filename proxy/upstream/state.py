@@ -41,6 +41,7 @@ class UpstreamStates:
         self.mismatch = [False] * size
         # Verified once, then its connection failed: out of rotation until its identity is checked again.
         self.lost_since_verified = [False] * size
+        self.cordoned = [False] * size  # taken out by an operator (the admin listener) until uncordoned
         self.suspect = asyncio.Event()  # set when an upstream must have its identity checked again
 
     def observe_head(self, index: int, number: int) -> None:
@@ -64,7 +65,7 @@ class UpstreamStates:
     def in_rotation(self, index: int) -> bool:
         """Serves the network's chain as far as is known. An upstream never verified (not reachable
         at start-up) stays in rotation, but none of its answers is cached."""
-        return not self.mismatch[index] and not self.lost_since_verified[index]
+        return not self.mismatch[index] and not self.lost_since_verified[index] and not self.cordoned[index]
 
     def vouches(self, index: int, number: int | None) -> bool:
         """Upstream `index` is verified and its own head has block `number` (None: no block number)."""
@@ -74,5 +75,5 @@ class UpstreamStates:
 
     def other_with(self, index: int, number: int | None) -> int | None:
         """Another verified upstream whose head has block `number`: the one furthest ahead."""
-        candidates = [i for i in range(self.size) if i != index and self.vouches(i, number)]
+        candidates = [i for i in range(self.size) if i != index and not self.cordoned[i] and self.vouches(i, number)]
         return max(candidates, key=lambda i: self.latest[i]) if candidates else None

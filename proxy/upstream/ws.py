@@ -2,9 +2,12 @@
 Solana pubsub) and the node's pushed heads.
 
 One connection per network, opened when first needed and shared by every relayed subscription;
-each notification is routed by the node's subscription id to its subscriber. aiohttp's exceptions
-are mapped to JsonRpcError here; URLs may carry a provider's secret, so errors name an upstream by
-its index only.
+each notification is routed by the node's subscription id to its subscriber. When the connection
+drops, the subscriptions it carried are opened again on the next upstream WebSocket (the one after
+the lost one first), each still delivered under its subscriber's id; a subscriber is told its
+subscription ended only when no upstream takes it back within the upstream timeout. aiohttp's
+exceptions are mapped to JsonRpcError here; URLs may carry a provider's secret, so errors name an
+upstream by its index only.
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ class _Route:
     on_notify: Callable[[str, Any], None]
     on_lost: Callable[[], None]
     unsubscribe: str
+    method: str = ""
+    params: Any = None
     upstream_id: Any = None
+    confirmed: bool = False  # its subscriber was answered (once: a re-opening is not answered again)
+    cancelled: bool = False
     waiter: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -56,6 +63,9 @@ class UpstreamSocket:
         self._next_id = 0
         self._pending: dict[int, _Route] = {}  # request id -> route waiting for its subscription id
         self._routes: dict[Any, _Route] = {}  # the node's subscription id -> route
+        self._current = -1  # the index of the upstream the connection is to
+        self._resubscribing: asyncio.Task[None] | None = None
+        self.resubscribed = 0  # subscriptions opened again after a drop (for tests and logs)
 
     async def subscribe(
         self, method: str, params: Any, *, on_ok: Callable[[], None], on_notify: Callable[[str, Any], None],
@@ -63,11 +73,17 @@ class UpstreamSocket:
     ) -> RelayedSubscription:
         """Open a subscription on the node; its errors come back as they are, as JsonRpcError."""
         ws = await self._connected()
-        route = _Route(on_ok, on_notify, on_lost, SOLANA_PUBSUB.get(method, "eth_unsubscribe"))
+        route = _Route(on_ok, on_notify, on_lost, SOLANA_PUBSUB.get(method, "eth_unsubscribe"), method, params)
+        await self._open(ws, route)
+        return RelayedSubscription(self, route)
+
+    async def _open(self, ws: aiohttp.ClientWebSocketResponse, route: _Route) -> None:
+        """Ask the node for the route's subscription and wait for its id."""
         rid = self._send_id()
         self._pending[rid] = route
         try:
-            await ws.send_str(jsonrpc.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).decode())
+            await ws.send_str(jsonrpc.dumps({"jsonrpc": "2.0", "id": rid, "method": route.method,
+                                             "params": route.params}).decode())
             async with asyncio.timeout(self._timeout):
                 await route.waiter
         except TimeoutError:
@@ -77,10 +93,10 @@ class UpstreamSocket:
             raise self._unavailable("send failed") from None
         finally:
             self._pending.pop(rid, None)
-        return RelayedSubscription(self, route)
 
     async def forget(self, route: _Route) -> None:
         """Stop routing a subscription and cancel it on the node (its answer is not awaited)."""
+        route.cancelled = True  # not opened again, should its connection drop now
         if self._routes.pop(route.upstream_id, None) is None:
             return
         ws = self._ws
@@ -90,6 +106,8 @@ class UpstreamSocket:
                                                  "method": route.unsubscribe, "params": [route.upstream_id]}).decode())
 
     async def close(self) -> None:
+        if self._resubscribing is not None:
+            self._resubscribing.cancel()
         ws = self._ws
         if ws is not None:
             await ws.close()
@@ -117,7 +135,10 @@ class UpstreamSocket:
             if self._session is None:
                 self._session = aiohttp.ClientSession(trust_env=False)
             failures = []
-            for index, url in enumerate(self._urls):
+            count = len(self._urls)
+            # After a drop, the next upstream first: the lost one may be down.
+            for index in ((self._current + 1 + i) % count for i in range(count)):
+                url = self._urls[index]
                 try:
                     ws = await self._session.ws_connect(url, heartbeat=30.0, timeout=aiohttp.ClientWSTimeout(
                         ws_receive=None, ws_close=self._timeout), max_msg_size=0)
@@ -126,6 +147,7 @@ class UpstreamSocket:
                     failures.append(f"#{index}: {type(exc).__name__}")
                     continue
                 self._ws = ws
+                self._current = index
                 self._reader = asyncio.create_task(self._read(ws), name=f"upstream-ws-{self.network}")
                 return ws
             raise self._unavailable("; ".join(failures) or "no upstream")
@@ -157,7 +179,9 @@ class UpstreamSocket:
                 return
             route.upstream_id = data.get("result")
             self._routes[route.upstream_id] = route
-            route.on_ok()  # before any notification of it is routed: the reply goes out first
+            if not route.confirmed:
+                route.confirmed = True
+                route.on_ok()  # before any notification of it is routed: the reply goes out first
             route.waiter.set_result(route.upstream_id)
             return
         params = data.get("params")
@@ -167,12 +191,40 @@ class UpstreamSocket:
                 target.on_notify(str(data.get("method")), params.get("result"))
 
     def _lost(self) -> None:
-        """The node's socket closed: every relayed subscription ends, and its subscriber is told."""
+        """The node's socket closed: subscriptions being opened fail; those it carried are opened
+        again on the next upstream WebSocket."""
         self._ws = None
         for route in list(self._pending.values()):
             if not route.waiter.done():
                 route.waiter.set_exception(self._unavailable("connection closed"))
         self._pending.clear()
         routes, self._routes = list(self._routes.values()), {}
-        for route in routes:
-            route.on_lost()
+        if routes:
+            log.warning("upstream WebSocket %s#%d closed: opening %d subscription(s) again", self.network,
+                        self._current, len(routes))
+            self._resubscribing = asyncio.create_task(self._resubscribe(routes),
+                                                      name=f"upstream-ws-resubscribe-{self.network}")
+
+    async def _resubscribe(self, routes: list[_Route]) -> None:
+        """Each route on a new connection, under its subscriber's id; told lost if none takes it in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        left = routes
+        while left and loop.time() < deadline:
+            try:
+                ws = await self._connected()
+            except JsonRpcError:
+                await asyncio.sleep(min(0.5, max(0.0, deadline - loop.time())))
+                continue
+            failed = []
+            for route in (r for r in left if not r.cancelled):
+                route.waiter = loop.create_future()
+                try:
+                    await self._open(ws, route)
+                    self.resubscribed += 1
+                except JsonRpcError:
+                    failed.append(route)
+            left = failed
+        for route in left:
+            if not route.cancelled:
+                route.on_lost()

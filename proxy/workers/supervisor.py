@@ -116,6 +116,12 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._all_listening = asyncio.Event()
 
+    def _reload(self) -> None:
+        """SIGHUP: each worker reloads the keys itself (reload.py)."""
+        for slot in self._slots:
+            if slot.process is not None and slot.process.pid:
+                os.kill(slot.process.pid, signal.SIGHUP)
+
     async def run(self) -> int:
         from proxy.http.listeners import registry_exposition, start_unix_metrics
         from proxy.workers.metrics_merge import metrics_socket
@@ -123,6 +129,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         own = await start_unix_metrics(registry_exposition(self.registry), metrics_socket(self.run_dir, "supervisor"))
         try:
             for slot in self._slots:

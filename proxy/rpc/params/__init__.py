@@ -45,6 +45,7 @@ from proxy.rpc.params.evm import (
     eth_get_proof,
     eth_get_storage_at,
     eth_get_uncle_by_block_hash_and_index,
+    filter_id,
     log_filter,
     transaction_hash,
 )
@@ -67,8 +68,8 @@ __all__ = [
     "address_at_block", "base58_pubkey", "block_by_number_only", "block_hash_and_index", "block_hash_only",
     "block_number_and_index", "block_param", "block_refs", "call_object", "eth_call", "eth_estimate_gas",
     "eth_fee_history", "eth_get_block_by_hash", "eth_get_block_by_number", "eth_get_block_receipts", "eth_get_logs",
-    "eth_get_proof", "eth_get_storage_at", "eth_get_uncle_by_block_hash_and_index", "get_block", "get_largest_accounts",
-    "get_multiple_accounts", "get_token_account_balance", "get_transaction", "hash32", "hex_bytes", "log_filter",
-    "no_params", "quantity", "quantity_int", "solana_account", "solana_balance", "solana_commitment_only",
-    "storage_word", "substitute", "transaction_hash",
+    "eth_get_proof", "eth_get_storage_at", "eth_get_uncle_by_block_hash_and_index", "filter_id", "get_block",
+    "get_largest_accounts", "get_multiple_accounts", "get_token_account_balance", "get_transaction", "hash32",
+    "hex_bytes", "log_filter", "no_params", "quantity", "quantity_int", "solana_account", "solana_balance",
+    "solana_commitment_only", "storage_word", "substitute", "transaction_hash",
 ]

@@ -7,6 +7,7 @@ from typing import Any
 
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params
 from proxy.rpc.params.common import (
+    _HEX,
     BlockRef,
     Rules,
     _arity,
@@ -20,6 +21,7 @@ from proxy.rpc.params.common import (
     quantity_int,
     storage_word,
 )
+from proxy.rpc.params.overrides import block_overrides, state_overrides
 
 PROOF_MAX_KEYS = 1024  # eth_getProof storage keys in one call: a proof of each is work for the node
 
@@ -89,11 +91,11 @@ def eth_call(params: list[Any], rules: Rules) -> list[Any]:
     _arity(params, names, 1)
     # An absent (or null) block resolves like "latest", so it shares latest's cache entries.
     out = [call_object("transaction", params[0], rules), _hash_form(_block_or_latest(params, 1), "object")]
-    overrides = [*params[2:], None, None][:2]
-    for name, value in zip(names[2:], overrides, strict=True):
-        if value is not None and not isinstance(value, dict):
-            raise invalid_params(name, "expected an object")
-    # Overrides are forwarded and part of the key; a trailing null is dropped, an inner one kept.
+    state, block = [*params[2:], None, None][:2]
+    # Overrides are forwarded and part of the key, in the node's reading of them (overrides.py);
+    # a trailing null is dropped, an inner one kept.
+    overrides = [None if state is None else state_overrides(names[2], state),
+                 None if block is None else block_overrides(names[3], block)]
     while overrides and overrides[-1] is None:
         overrides.pop()
     return out + overrides
@@ -109,9 +111,7 @@ def eth_estimate_gas(params: list[Any], rules: Rules) -> list[Any]:
     if block is not None or overrides is not None:
         out.append(BlockRef(tag="latest") if block is None else block_param("block", block))
     if overrides is not None:
-        if not isinstance(overrides, dict):
-            raise invalid_params("stateOverrides", "expected an object")
-        out.append(overrides)
+        out.append(state_overrides("stateOverrides", overrides))
     return out
 
 
@@ -194,6 +194,15 @@ def log_filter(value: Any, rules: Rules) -> dict[str, Any]:
 def eth_get_logs(params: list[Any], rules: Rules) -> list[Any]:
     _arity(params, ("filter",), 1)
     return [log_filter(params[0], rules)]
+
+
+def filter_id(params: list[Any], rules: Rules) -> list[Any]:
+    """eth_getFilterChanges, eth_getFilterLogs, eth_uninstallFilter: one filter id (the proxy's own)."""
+    _arity(params, ("filterId",), 1)
+    value = params[0]
+    if not isinstance(value, str) or len(value) > 200 or not _HEX.fullmatch(value) or len(value) < 3:
+        raise invalid_params("filterId", "expected a hex filter id such as 0x1f (as eth_newFilter returned)")
+    return [value.lower()]
 
 
 # --- the common read surface (issue 13): cached like the seven ---------------------------

@@ -60,9 +60,18 @@ def get_token_account_balance(params: list[Any], rules: Rules) -> list[Any]:
 
 
 def get_largest_accounts(params: list[Any], rules: Rules) -> list[Any]:
+    """The forms clients send, one canonical config (so one cache key, and what is sent upstream):
+    `[]`, `[null]`, `[{commitment, filter}]` (Agave, @solana/web3.js, @solana/kit) and the filter as
+    a second positional param (solana-py: `[{"commitment": ...}, "nonCirculating"]`). A bare commitment
+    string is refused, as Agave refuses it."""
     # spec: with an empty params array, defaults apply.
-    _arity(params, ("config",), 0)
-    return [_solana_config("config", params[0] if params else None, ("commitment", "filter"))]
+    _arity(params, ("config", "filter"), 0)
+    config = params[0] if params else None
+    if len(params) > 1 and params[1] is not None:
+        if not isinstance(config, (dict, type(None))) or (config or {}).get("filter", params[1]) != params[1]:
+            raise invalid_params("filter", "given twice with different values")
+        config = {**(config or {}), "filter": params[1]}
+    return [_solana_config("config", config, ("commitment", "filter"))]
 
 
 # --- the common read surface (issue 13): cached like the seven ---------------------------

@@ -1,0 +1,125 @@
+"""Integrity before "forever" (per network in NETWORKS_FILE, off by default): an answer about to be
+kept forever can be confirmed first, at an upstream cost README "Upstreams" states.
+
+- `confirm_immutable = N` (2 or more): N-1 other upstreams that vouch for the answer's block are
+  asked the same call; the answer is kept only when all N agree (as parsed JSON: nodes order fields
+  differently). On a disagreement the call is served uncached with the majority's answer (the first
+  one's on a tie), logged, and each upstream outside the majority is counted
+  (rpc_proxy_upstream_disagreements_total). Too few upstreams to ask: served uncached.
+- `confirm_logs_bloom = true`: an eth_getLogs answer over final blocks is checked against their
+  headers' logsBloom. Every log must be in its block's bloom (else it was made up); a block whose
+  bloom matches the filter but holds no log of the answer is asked for its receipts, and a matching
+  log there means the answer left it out. Either way the answer is not kept and the upstream that
+  gave it is counted. A range of more than BLOOM_MAX_BLOCKS blocks, or with more than BLOOM_MAX_SUSPECTS
+  such blocks, cannot be checked at a bounded cost: served uncached.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from proxy.cache import log_chunks
+from proxy.calls import Plan
+from proxy.chain import bloom
+from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
+from proxy.rpc.jsonrpc import JsonRpcError, dumps_canonical
+from proxy.upstream.answer import Answer
+
+log = logging.getLogger("proxy.integrity")
+BLOOM_MAX_BLOCKS = 2000  # headers asked to check one answer (a chunk of the default 1000 fits)
+BLOOM_MAX_SUSPECTS = 32  # blocks whose receipts are asked to check one answer
+
+
+class Integrity:
+    def __init__(self, metrics: Metrics, timeout: float) -> None:
+        self._metrics = metrics
+        self._timeout = timeout
+
+    async def doubt(self, net: NetworkRuntime, plan: Plan, params: Any, answer: Answer) -> tuple[str | None, Answer]:
+        """Why an answer about to be kept forever must not be (None: keep it), and the answer to serve."""
+        config, per = net.config, net.per_upstream
+        if per is None or answer.upstream < 0 or answer.is_error:
+            return None, answer
+        if config.confirm_logs_bloom and plan.method == "eth_getLogs" and isinstance(answer.result, list):
+            reason = await self._logs_bloom(net, params[0], plan.forward[0], answer)
+            if reason is not None:
+                return reason, answer
+        if config.confirm_immutable >= 2:
+            return await self._confirm(net, plan, answer, config.confirm_immutable)
+        return None, answer
+
+    def _disagreed(self, net: NetworkRuntime, index: int) -> None:
+        self._metrics.upstream_disagreements.labels(net.name, str(index)).inc()
+
+    async def _confirm(self, net: NetworkRuntime, plan: Plan, answer: Answer, count: int) -> tuple[str | None, Answer]:
+        per = net.per_upstream
+        assert per is not None
+        others = [i for i in range(per.states.size)
+                  if i != answer.upstream and per.states.in_rotation(i) and per.states.vouches(i, plan.need)]
+        answers = [answer]
+        for index in others[:count - 1]:
+            try:
+                answers.append(await per.ask(index, plan.method, plan.forward, timeout=self._timeout))
+            except JsonRpcError:
+                continue
+        if len(answers) < count:
+            return "unconfirmed", answer
+        forms = [dumps_canonical(a.result if not a.is_error else {"error": a.error}) for a in answers]
+        tally = Counter(forms)
+        if len(tally) == 1:
+            return None, answer
+        majority, _ = tally.most_common(1)[0]
+        if list(tally.values()).count(tally[majority]) > 1:
+            majority = forms[0]  # a tie: the first answer, as without confirmation
+        for form, other in zip(forms, answers, strict=True):
+            if form != majority:
+                self._disagreed(net, other.upstream)
+        log.warning("network %s: upstreams disagree on %s at block %s: served uncached", net.name, plan.method,
+                    plan.need)
+        return "disagreement", answers[forms.index(majority)]
+
+    async def _logs_bloom(self, net: NetworkRuntime, log_filter: dict[str, Any], forward: dict[str, Any],
+                          answer: Answer) -> str | None:
+        try:
+            first, last = int(forward["fromBlock"], 16), int(forward["toBlock"], 16)
+        except (KeyError, TypeError, ValueError):
+            return "unchecked"  # a blockHash filter: final answers by hash are checked by their own proof
+        if last - first + 1 > BLOOM_MAX_BLOCKS:
+            return "unchecked"
+        try:
+            headers = await net.upstream.batch([("eth_getBlockByNumber", [hex(n), False])
+                                                for n in range(first, last + 1)])
+        except JsonRpcError:
+            return "unchecked"
+        blooms = {n: b for n, h in zip(range(first, last + 1), headers, strict=True)
+                  if isinstance(h.result, dict) and (b := bloom.parse(h.result.get("logsBloom"))) is not None}
+        if len(blooms) != last - first + 1:
+            return "unchecked"
+        logs = answer.result
+        assert isinstance(logs, list)
+        if not bloom.logs_in_blooms(logs, blooms):
+            self._disagreed(net, answer.upstream)
+            return "bloom_mismatch"
+        with_logs = {int(e["blockNumber"], 16) for e in logs}
+        addresses, topics = log_filter.get("address"), log_filter.get("topics")
+        suspects = [n for n, b in blooms.items() if n not in with_logs and bloom.may_match(b, addresses, topics)]
+        if len(suspects) > BLOOM_MAX_SUSPECTS:
+            return "unchecked"
+        if not suspects:
+            return None
+        try:
+            receipts = await net.upstream.batch([("eth_getBlockReceipts", [hex(n)]) for n in suspects])
+        except JsonRpcError:
+            return "unchecked"
+        found = log_chunks.logs_from_receipts([r.result for r in receipts], log_filter)
+        if found is None:
+            return "unchecked"
+        if found:
+            self._disagreed(net, answer.upstream)
+            log.warning("network %s: upstream #%d left logs out of eth_getLogs (blocks %s): not kept",
+                        net.name, answer.upstream, ", ".join(str(n) for n in suspects[:5]))
+            return "logs_missing"
+        return None

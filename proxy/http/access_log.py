@@ -1,0 +1,49 @@
+"""ACCESS_LOG's line per HTTP request: key name (never the secret), client IP, HTTP status, total ms,
+cache outcome and upstream ms; the calls inside it have their own lines (gateway.py) as before.
+
+Only wrapped around the JSON-RPC route when ACCESS_LOG is on: off (the default), a cache hit pays
+nothing for it. The client IP is the peer's, or, behind a proxy named by TRUSTED_PROXY_HEADER, what
+that proxy wrote: the last X-Forwarded-For entry (the one the trusted proxy appended; entries before
+it are the client's to forge) or X-Real-IP.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from proxy.http.gateway import Gateway
+from proxy.http.request_key import api_key
+
+log = logging.getLogger("proxy.access")
+# Set on a response by the route: the slowest upstream call's seconds.
+UPSTREAM_SECONDS = web.ResponseKey("upstream_seconds", float)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def client_ip(request: web.Request, trusted_header: str | None) -> str | None:
+    if trusted_header:
+        value = request.headers.get(trusted_header)
+        if value:
+            return value.rsplit(",", 1)[-1].strip()[:64]
+    return request.remote
+
+
+def logged(handler: Handler, gateway: Gateway, trusted_header: str | None) -> Handler:
+    async def run(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        response = await handler(request)
+        upstream = response.get(UPSTREAM_SECONDS)
+        log.info("request", extra={
+            "key": gateway.account(api_key(request)) or "invalid", "client": client_ip(request, trusted_header),
+            "status": response.status, "total_ms": round((time.perf_counter() - started) * 1000, 2),
+            "cache": response.headers.get("X-Cache"),
+            "upstream_ms": None if upstream is None else round(upstream * 1000, 2),
+        })
+        return response
+
+    return run

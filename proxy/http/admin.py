@@ -1,0 +1,230 @@
+"""The admin listener (ADMIN_PORT, off by default): what an operator asks of the upstreams.
+
+- `GET /upstreams`: per network, each upstream by index with its host (never its path or query,
+  where providers put keys), whether it is in rotation, cordoned, verified, its head and head lag,
+  its `fastest` score and its budget.
+- `POST /upstreams/{network}/{index}/cordon` and `.../uncordon`: out of rotation (and back) from the
+  next call on. Logged at WARNING with the network and index.
+- `POST /reload`: NETWORKS_FILE read again; each network's selection, weights, budgets and hedging
+  apply from the next call on. A change that needs new pools (a network added or removed, its
+  upstream URLs, family, hosts, chain id or finality depth) is refused with 409 naming it, and
+  nothing is applied: restart for those.
+
+Every request needs `Authorization: Bearer <ADMIN_TOKEN>` (compared in constant time); anything else
+is 401 and logged. With WORKERS=N the listener is in every worker (SO_REUSEPORT): the worker a
+command reaches applies it, writes the cordons to the run directory (where a restarted worker reads
+them) and tells its siblings through their own unix sockets there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config import ConfigError, Settings
+from proxy.config_files import _networks_from_file
+from proxy.network import NetworkRuntime
+from proxy.upstream.pool import HttpUpstream, http_pool, routing_of
+
+log = logging.getLogger("proxy.admin")
+SIBLING_TIMEOUT = 2.0  # seconds a worker waits for a sibling to take a command
+
+
+def _pool(runtime: NetworkRuntime) -> HttpUpstream | None:
+    return http_pool(runtime.upstream)
+
+
+def upstream_view(runtimes: Mapping[str, NetworkRuntime]) -> dict[str, list[dict[str, object]]]:
+    """What GET /upstreams answers: no URL beyond its scheme and host."""
+    now = time.monotonic()
+    view: dict[str, list[dict[str, object]]] = {}
+    for name, runtime in runtimes.items():
+        pool = _pool(runtime)
+        if pool is None:
+            continue
+        states, rows = pool.states, []
+        best = max(states.latest, default=-1)
+        for index, url in enumerate(pool.urls):
+            parts, budget = urlsplit(url), pool.budgets[index]
+            rows.append({
+                "index": index, "host": f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else ""),
+                "in_rotation": states.in_rotation(index), "cordoned": states.cordoned[index],
+                "verified": states.verified[index], "head": states.latest[index],
+                "head_lag": best - states.latest[index] if states.latest[index] >= 0 else None,
+                "score_seconds": round(pool.selector.scores.score(index, 0, now), 6),
+                "max_rps": budget.max_rps, "max_concurrency": budget.max_concurrency, "in_flight": budget.in_flight,
+            })
+        view[name] = rows
+    return view
+
+
+_STRUCTURE = ("family", "upstreams", "hosts", "finality_depth", "chain_id", "ws_upstreams")
+
+
+def reload_networks(
+    runtimes: Mapping[str, NetworkRuntime], path: str | None, declared: set[str], workers: int,
+) -> tuple[int, dict[str, object]]:
+    """Apply NETWORKS_FILE's routing fields again (status, answer); `declared`: the networks the file
+    declared at start."""
+    if path is None:
+        return 409, {"error": "no NETWORKS_FILE is set: nothing to reload"}
+    try:
+        networks = {n.name: n for n in _networks_from_file(path)}
+    except ConfigError as exc:  # its messages never echo a URL
+        return 400, {"error": str(exc)}
+    needs_restart = [f"network '{name}' added" for name in networks if name not in runtimes]
+    needs_restart += [f"network '{name}' removed" for name in declared if name not in networks]
+    for name, network in networks.items():
+        runtime = runtimes.get(name)
+        if runtime is not None:
+            needs_restart += [f"network '{name}': {field} changed" for field in _STRUCTURE
+                              if getattr(network, field) != getattr(runtime.config, field)]
+    if needs_restart:
+        return 409, {"error": "needs a restart: " + "; ".join(needs_restart)}
+    for name, network in networks.items():
+        runtime = runtimes[name]
+        pool = _pool(runtime)
+        if pool is not None:
+            pool.reroute(routing_of(network, workers))
+        runtime.config = network
+    return 200, {"reloaded": sorted(networks)}
+
+
+class Cordons:
+    """Cordoned upstreams, applied to the pools; with workers, kept in the run directory and told to siblings."""
+
+    def __init__(self, runtimes: Mapping[str, NetworkRuntime], run_dir: str | None, index: int | None) -> None:
+        self._runtimes = runtimes
+        self._file = os.path.join(run_dir, "cordons.json") if run_dir else None
+        self._own = os.path.join(run_dir, f"admin-{index}.sock") if run_dir is not None else None
+        self._run_dir = run_dir
+
+    def apply(self, network: str, index: int, cordoned: bool) -> bool:
+        """Set one upstream's cordon here; False if there is no such upstream."""
+        runtime = self._runtimes.get(network)
+        pool = _pool(runtime) if runtime is not None else None
+        if pool is None or not 0 <= index < len(pool.urls):
+            return False
+        pool.states.cordoned[index] = cordoned
+        return True
+
+    def load(self) -> None:
+        """A (re)started worker takes the cordons its siblings were given."""
+        if self._file is None:
+            return
+        with contextlib.suppress(OSError, ValueError), open(self._file) as handle:
+            for network, indexes in json.load(handle).items():
+                for index in indexes:
+                    self.apply(network, int(index), True)
+
+    def save(self) -> None:
+        if self._file is None:
+            return
+        held = {name: [i for i, c in enumerate(p.states.cordoned) if c]
+                for name, r in self._runtimes.items() if (p := _pool(r)) is not None}
+        temporary = f"{self._file}.{os.getpid()}"
+        with open(temporary, "w") as handle:
+            json.dump(held, handle)
+        os.replace(temporary, self._file)
+
+    async def tell_siblings(self, path: str) -> None:
+        if self._run_dir is None:
+            return
+        siblings = [p for p in glob.glob(os.path.join(self._run_dir, "admin-*.sock")) if p != self._own]
+
+        async def tell(socket: str) -> None:
+            with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
+                async with aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=socket), timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT),
+                ) as session, session.post(f"http://worker{path}") as response:
+                    await response.read()
+
+        await asyncio.gather(*(tell(s) for s in siblings))
+
+
+def admin_app(
+    runtimes: Mapping[str, NetworkRuntime], settings: Settings, declared: set[str], cordons: Cordons,
+    token: str | None,
+) -> web.Application:
+    """The admin routes; `token` None: a worker's own unix socket, which only its siblings reach."""
+
+    def refused(request: web.Request) -> web.Response | None:
+        if token is None:
+            return None
+        given = request.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return None
+        log.warning("admin: refused %s %s from %s (no valid bearer token)", request.method, request.path,
+                    request.remote)
+        return web.json_response({"error": "unauthorized: send Authorization: Bearer <ADMIN_TOKEN>"}, status=401)
+
+    async def listing(request: web.Request) -> web.Response:
+        return refused(request) or web.json_response(upstream_view(runtimes))
+
+    async def cordon(request: web.Request) -> web.Response:
+        refusal = refused(request)
+        if refusal is not None:
+            return refusal
+        network, action = request.match_info["network"], request.match_info["action"]
+        try:
+            index = int(request.match_info["index"])
+        except ValueError:
+            index = -1
+        if not cordons.apply(network, index, action == "cordon"):
+            return web.json_response({"error": f"no upstream #{request.match_info['index']} on network "
+                                      f"'{network[:64]}'"}, status=404)
+        if token is not None:  # the public listener: the command is this worker's to spread
+            log.warning("admin: %sed upstream %s#%d", action, network, index)
+            cordons.save()
+            await cordons.tell_siblings(request.path)
+        return web.json_response({"network": network, "index": index, "cordoned": action == "cordon"})
+
+    async def reload(request: web.Request) -> web.Response:
+        refusal = refused(request)
+        if refusal is not None:
+            return refusal
+        status, answer = reload_networks(runtimes, settings.networks_file, declared, settings.workers)
+        if token is not None:
+            log.warning("admin: reload of NETWORKS_FILE: %s", answer.get("reloaded") or answer.get("error"))
+            if status == 200:
+                await cordons.tell_siblings(request.path)
+        return web.json_response(answer, status=status)
+
+    app = web.Application()
+    app.router.add_post("/reload", reload)
+    app.router.add_get("/upstreams", listing)
+    app.router.add_post("/upstreams/{network}/{index}/{action:cordon|uncordon}", cordon)
+    return app
+
+
+async def start_admin(
+    runtimes: Mapping[str, NetworkRuntime], settings: Settings, *, run_dir: str | None = None,
+    index: int | None = None,
+) -> list[web.AppRunner]:
+    """The public admin listener (ADMIN_PORT) and, with workers, this worker's own socket for its siblings."""
+    assert settings.admin_port is not None and settings.admin_token is not None
+    declared = {n.name for n in _networks_from_file(settings.networks_file)} if settings.networks_file else set()
+    cordons = Cordons(runtimes, run_dir, index)
+    cordons.load()
+    runners = []
+    public = web.AppRunner(admin_app(runtimes, settings, declared, cordons, settings.admin_token), access_log=None)
+    await public.setup()
+    await web.TCPSite(public, settings.admin_host, settings.admin_port, reuse_port=run_dir is not None).start()
+    runners.append(public)
+    if run_dir is not None:
+        own = web.AppRunner(admin_app(runtimes, settings, declared, cordons, None), access_log=None)
+        await own.setup()
+        await web.UnixSite(own, os.path.join(run_dir, f"admin-{index}.sock")).start()
+        runners.append(own)
+    return runners

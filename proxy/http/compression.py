@@ -1,0 +1,90 @@
+"""gzip for large answers (RFC 1952 around RFC 1951 deflate), compressed once per result.
+
+A single-call answer is `{"jsonrpc":"2.0","id":<id>,"result":<payload>}` and only the id changes
+between clients. So the payload is deflated once (a sync flush leaves it byte-aligned and not final)
+and kept by content, and each answer is spliced: the gzip header, the prefix as a stored block, the
+kept deflate of the payload, the closing `}` as the final stored block, then CRC-32 and length. A hit
+then costs a CRC-32 and a copy of the body, not a compression. Batches and errors are compressed
+whole. Only gzip: Python 3.11 has no zstd or brotli of its own, and neither is a dependency here.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections import OrderedDict
+
+from aiohttp import web
+
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime, unknown OS
+LEVEL = 6  # zlib's default: most of level 9's ratio on JSON at a fraction of its CPU
+_RESULT = b',"result":'
+_HEAD = b'{"jsonrpc":"2.0","id":'
+STORED_MAX = 0xFFFF
+
+
+def accepts_gzip(request: web.Request) -> bool:
+    """The client accepts gzip (RFC 9110 12.5.3): listed, and not with q=0."""
+    accepted = request.headers.get("Accept-Encoding")
+    if accepted is None:
+        return False
+    for item in accepted.lower().split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip() in ("gzip", "*"):
+            return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
+
+
+def _stored(data: bytes, final: bool) -> bytes:
+    """One stored deflate block (RFC 1951 3.2.4), starting byte-aligned."""
+    return (b"\x01" if final else b"\x00") + struct.pack("<HH", len(data), len(data) ^ 0xFFFF) + data
+
+
+def gzip_whole(body: bytes) -> bytes:
+    compressor = zlib.compressobj(LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return compressor.compress(body) + compressor.flush()
+
+
+class Compressor:
+    """Decides whether an answer is compressed and keeps the deflate of large payloads, by content."""
+
+    def __init__(self, min_bytes: int, cache_bytes: int) -> None:
+        self.min_bytes = min_bytes  # 0: off
+        self._cache_bytes = cache_bytes
+        self._held = 0
+        self._deflated: OrderedDict[bytes, bytes] = OrderedDict()
+
+    def wanted(self, request: web.Request, size: int) -> bool:
+        return 0 < self.min_bytes <= size and accepts_gzip(request)
+
+    def gzip(self, body: bytes) -> bytes:
+        """The gzip member whose content is `body`."""
+        start = body.find(_RESULT, len(_HEAD)) if body.startswith(_HEAD) else -1
+        if start < 0 or start + len(_RESULT) > STORED_MAX or not body.endswith(b"}"):
+            return gzip_whole(body)  # a batch, an error, or an id too long for one stored block
+        cut = start + len(_RESULT)
+        deflated = self._payload(body[cut:-1])
+        trailer = struct.pack("<II", zlib.crc32(body), len(body) & 0xFFFFFFFF)
+        return b"".join((GZIP_HEADER, _stored(body[:cut], False), deflated, _stored(b"}", True), trailer))
+
+    def _payload(self, payload: bytes) -> bytes:
+        """The payload as non-final deflate blocks ending byte-aligned, kept (bounded, oldest out)."""
+        found = self._deflated.get(payload)
+        if found is not None:
+            self._deflated.move_to_end(payload)
+            return found
+        compressor = zlib.compressobj(LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+        deflated = compressor.compress(payload) + compressor.flush(zlib.Z_SYNC_FLUSH)
+        size = len(payload) + len(deflated)
+        if size <= self._cache_bytes // 4:  # one answer never takes most of the room
+            self._deflated[payload] = deflated
+            self._held += size
+            while self._held > self._cache_bytes:
+                old, old_deflated = self._deflated.popitem(last=False)
+                self._held -= len(old) + len(old_deflated)
+        return deflated
+
+    def respond(self, body: bytes, status: int, headers: dict[str, str]) -> web.Response:
+        headers["Content-Encoding"] = "gzip"
+        headers["Vary"] = "Accept-Encoding"
+        return web.Response(body=self.gzip(body), status=status, headers=headers)

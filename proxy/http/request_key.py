@@ -1,0 +1,31 @@
+"""Where a request's API key comes from: the path (`/v3/<KEY>`), else `Authorization: Bearer <KEY>`,
+else `X-Api-Key: <KEY>` (as hosted providers accept it), on POST and on the WebSocket handshake alike.
+A header keeps the key out of URLs, so out of access logs and proxies in between."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.credits.allow_lists import origin_refusal
+from proxy.http.gateway import Gateway
+from proxy.rpc.jsonrpc import JsonRpcError
+
+
+def api_key(request: web.Request) -> str:
+    """The secret the request presents; "" when it presents none."""
+    in_path = request.match_info.get("api_key")
+    if in_path:
+        return in_path
+    headers = request.headers
+    authorization = headers.get("Authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return headers.get("X-Api-Key", "").strip()
+
+
+def origin_check(gateway: Gateway, account: str, request: web.Request) -> JsonRpcError | None:
+    """The refusal of a key's allowed_origins list, if it has one that this request's Origin is not on."""
+    lists = gateway.key_lists.get(account)
+    return None if lists is None else origin_refusal(lists, request.headers.get("Origin"))

@@ -1,0 +1,34 @@
+"""SIGHUP: the keys file (API_KEYS_FILE, with API_KEYS as started) read again, allow-lists included.
+
+Requests in flight and open connections are untouched: the new keys apply from the next request (a
+WebSocket keeps the account it opened with). A file that no longer parses is refused whole, with an
+ERROR line, and the keys in force stay; so is a reload that would switch between open mode and keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from proxy.config import ConfigError, Settings
+from proxy.config_files import _keys
+from proxy.http.gateway import Gateway
+
+log = logging.getLogger("proxy.reload")
+
+
+def reload_keys(settings: Settings, gateway: Gateway) -> Settings:
+    """The settings in force after a SIGHUP (the same object if nothing was reloaded)."""
+    try:
+        keys = _keys(settings.keys_source)
+    except ConfigError as exc:
+        log.error("SIGHUP: keys not reloaded, the ones in force stay: %s", exc)
+        return settings
+    if (keys is None) != settings.open_mode:
+        log.error("SIGHUP: keys not reloaded: a reload cannot switch between open mode and API keys; restart")
+        return settings
+    settings = dataclasses.replace(settings, api_keys=keys)
+    gateway.reload(settings)
+    limited = sum(1 for k in (keys or {}).values() if k.lists.any)
+    log.info("SIGHUP: %d key(s) reloaded (%d with allow-lists)", len(keys or {}), limited)
+    return settings

@@ -1,0 +1,97 @@
+"""Auto-batching: cacheable reads that arrive in the same event-loop turn travel upstream as one
+JSON-RPC batch, one HTTP round trip instead of many. A lone call is sent alone, a turn later."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.upstream.answer import Answer
+
+Single = Callable[[str, Any, float | None], Awaitable[Answer]]
+Batch = Callable[[Sequence[tuple[str, Any]]], Awaitable[list[Answer]]]
+
+
+class AutoBatcher:
+    def __init__(self, network: str, single: Single, batch: Batch, *, batch_max: int, batch_max_bytes: int) -> None:
+        self.network = network
+        self._single = single
+        self._batch = batch
+        self._batch_max = batch_max
+        self._batch_max_bytes = batch_max_bytes
+        self._queue: list[tuple[str, Any, asyncio.Future[Answer]]] = []
+        self._flush_scheduled = False
+        self._deliveries: set[asyncio.Task[None]] = set()
+
+    async def enqueue(self, method: str, params: Any) -> Answer:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Answer] = loop.create_future()
+        self._queue.append((method, params, waiter))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await waiter
+
+    def _flush(self) -> None:
+        """Groups of at most `batch_max` calls and `batch_max_bytes` of params: one client's large
+        call travels alone, never in a batch a node might refuse for its size."""
+        self._flush_scheduled = False
+        queue, self._queue = self._queue, []
+        group: list[tuple[str, Any, asyncio.Future[Answer]]] = []
+        size = 0
+        for call in queue:
+            cost = len(jsonrpc.dumps(call[1])) + len(call[0]) + 64  # params, method, envelope
+            if group and (len(group) >= self._batch_max or size + cost > self._batch_max_bytes):
+                self._start(group)
+                group, size = [], 0
+            group.append(call)
+            size += cost
+        if group:
+            self._start(group)
+
+    def _start(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+        task = asyncio.create_task(self._deliver(group))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+        # Every waiter is answered whatever happens here, so no caller is left waiting forever.
+        failure: Exception = JsonRpcError(
+            UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' (call abandoned)", http_status=502
+        )
+        try:
+            if len(group) == 1:
+                method, params, _ = group[0]
+                answers = [await self._single(method, params, None)]
+            else:
+                try:
+                    answers = await self._batch([(m, p) for m, p, _ in group])
+                except JsonRpcError as error:
+                    if error.http_status == 504:  # timed out: asking again, one by one, would only wait longer
+                        raise
+                    # The batch failed as a whole (a 413 for its size, a 5xx): each call is asked
+                    # alone, so only a call that fails by itself fails.
+                    await self._resend_singly(group)
+                    return
+            for (_, _, waiter), answer in zip(group, answers, strict=True):
+                if not waiter.done():
+                    waiter.set_result(answer)
+        except Exception as error:  # the upstream's JsonRpcError, or a fault of ours: each caller hears it
+            failure = error
+        finally:
+            for _, _, waiter in group:
+                if not waiter.done():
+                    waiter.set_exception(failure)
+
+    async def _resend_singly(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _ in group), return_exceptions=True)
+        for (_, _, waiter), result in zip(group, results, strict=True):
+            if waiter.done():
+                continue
+            if isinstance(result, BaseException):
+                waiter.set_exception(result)
+            else:
+                waiter.set_result(result)

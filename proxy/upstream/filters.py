@@ -1,0 +1,153 @@
+"""Node-side filters (eth_newFilter and friends), owned by the key that made them and bounded.
+
+The proxy issues its own filter ids, so an id means nothing to another key ("filter not found", as
+geth says of an unknown id), and counts each key's live filters (MAX_FILTERS_PER_KEY, per process).
+An id is the node's id behind an HMAC of the key's name and that id, keyed by a digest of every
+configured API key: another worker or replica with the same keys reads it without shared state,
+and no tenant can forge one for another key. eth_newFilter's criteria pass eth_getLogs' validator (GETLOGS_MAX_PARAMS);
+eth_getFilterLogs is eth_getLogs over the filter's criteria, served by the read-through flow with
+its limits, cache and chunks; eth_getFilterChanges is the node's, under eth_getLogs' time and
+result limits (issue 19, item 5). A filter the client has not polled for FILTER_TIMEOUT seconds is
+gone, as on geth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.cache.log_chunks import block_of
+from proxy.calls import BYPASS, Outcome, Prepared
+from proxy.config import Settings
+from proxy.credits.accounts import OPEN_ACCOUNT
+from proxy.network import NetworkRuntime
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, Call, JsonRpcError
+from proxy.upstream.pool import Answer
+
+FILTER_METHODS = frozenset({"eth_newFilter", "eth_newBlockFilter", "eth_newPendingTransactionFilter",
+                            "eth_getFilterChanges", "eth_getFilterLogs", "eth_uninstallFilter"})
+FILTER_TIMEOUT = 300.0  # geth's filter deadline: 5 minutes without a poll
+NOT_FOUND = -32000  # geth's code and message for an unknown filter id
+_TAG = 32  # hex digits of the HMAC that bind an id to its key
+
+Prepare = Callable[[Call, NetworkRuntime], Prepared]
+Execute = Callable[[Prepared], Awaitable[Outcome]]
+
+
+@dataclass(slots=True)
+class _Filter:
+    account: str
+    network: str
+    node_id: str  # the node's own id
+    criteria: dict[str, Any] | None  # eth_newFilter's filter object; None for block/pending filters
+    polled: float  # monotonic time of creation or the last eth_getFilterChanges
+
+
+class Filters:
+    def __init__(self, settings: Settings, prepare: Prepare, execute: Execute,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._settings = settings
+        digests = sorted(k.sha256 for k in (settings.api_keys or {}).values())
+        self._secret = hashlib.sha256("filter ids\0".join(["", *digests]).encode()).digest()
+        self._prepare = prepare
+        self._execute = execute
+        self._clock = clock
+        self._filters: dict[str, _Filter] = {}
+
+    async def execute(self, prepared: Prepared, account: str) -> Outcome:
+        """One filter call of `account` (validated and paid for by the gateway)."""
+        try:
+            return await self._serve(prepared, account)
+        except JsonRpcError as error:
+            return Outcome.failed(error)
+
+    async def _serve(self, prepared: Prepared, account: str) -> Outcome:
+        method, net, params = prepared.call.method, prepared.network, prepared.params
+        if method in ("eth_newFilter", "eth_newBlockFilter", "eth_newPendingTransactionFilter"):
+            return await self._install(prepared, account)
+        own_id = params[0]
+        node_id = self._node_id(account, own_id)
+        if node_id is None:
+            if method == "eth_uninstallFilter":
+                return _result(False)  # geth's answer to an unknown id
+            raise JsonRpcError(NOT_FOUND, "filter not found")
+        # Made here: its criteria and last poll are known. Else another worker or replica made it.
+        entry = self._filters.get(own_id)
+        if entry is not None and entry.network != net.name:
+            raise JsonRpcError(NOT_FOUND, "filter not found")
+        if method == "eth_uninstallFilter":
+            self._filters.pop(own_id, None)
+            return Outcome.answered(await net.upstream.request(method, [node_id]), BYPASS)
+        if method == "eth_getFilterLogs" and entry is not None:
+            if entry.criteria is None:
+                raise JsonRpcError(NOT_FOUND, "filter not found")  # geth: only log filters have logs
+            # eth_getLogs over the filter's criteria: its limits, its -32005s, its cache.
+            return await self._execute(self._prepare(Call("eth_getLogs", [entry.criteria], prepared.call.id), net))
+        if entry is not None and method == "eth_getFilterChanges":
+            entry.polled = self._clock()
+        return Outcome.answered(await self._limited(net, method, node_id), BYPASS)
+
+    async def _install(self, prepared: Prepared, account: str) -> Outcome:
+        cap = self._settings.max_filters_per_key
+        if account != OPEN_ACCOUNT and self._live(account) >= cap:  # open mode: every client is one account
+            raise JsonRpcError(LIMIT_EXCEEDED, f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); "
+                               "uninstall one with eth_uninstallFilter")
+        net, method = prepared.network, prepared.call.method
+        raw = prepared.call.params
+        assert isinstance(raw, list)  # the gateway validated it: positional params
+        criteria = raw[0] if method == "eth_newFilter" else None  # validated as eth_getLogs' filter
+        answer = await net.upstream.request(method, raw)
+        if answer.is_error or not isinstance(answer.result, str):
+            return Outcome.answered(answer, BYPASS)
+        node_id = answer.result.lower()
+        if not node_id.startswith("0x"):
+            return Outcome.answered(answer, BYPASS)
+        own_id = "0x" + self._tag(account, node_id) + node_id[2:]
+        assert isinstance(criteria, dict) or criteria is None
+        self._filters[own_id] = _Filter(account, net.name, node_id, criteria, self._clock())
+        return _result(own_id)
+
+    def _tag(self, account: str, node_id: str) -> str:
+        return hmac.new(self._secret, f"{account}\0{node_id}".encode(), hashlib.sha256).hexdigest()[:_TAG]
+
+    def _node_id(self, account: str, own_id: str) -> str | None:
+        """The node's id behind one of `account`'s ids; None for anything else (another key's included)."""
+        tag, node_id = own_id[2:2 + _TAG], "0x" + own_id[2 + _TAG:]
+        if len(node_id) < 3 or not hmac.compare_digest(tag, self._tag(account, node_id)):
+            return None
+        return node_id
+
+    def _live(self, account: str) -> int:
+        """The account's filters, forgetting those past FILTER_TIMEOUT (the node has dropped them)."""
+        now = self._clock()
+        expired = [k for k, f in self._filters.items() if now - f.polled > FILTER_TIMEOUT]
+        for own_id in expired:
+            del self._filters[own_id]
+        return sum(f.account == account for f in self._filters.values())
+
+    async def _limited(self, net: NetworkRuntime, method: str, node_id: str) -> Answer:
+        """The node's logs or changes of a filter, under eth_getLogs' time and result limits."""
+        settings = self._settings
+        try:
+            async with asyncio.timeout(settings.getlogs_timeout):
+                answer = await net.upstream.request(method, [node_id], timeout=settings.getlogs_timeout + 1)
+        except TimeoutError:
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        changes, limit = answer.result, settings.getlogs_max_results
+        if isinstance(changes, list) and len(changes) > limit:
+            # The node has moved the filter past these changes: `data` names the blocks they span,
+            # to be read with eth_getLogs in narrower ranges.
+            blocks = [b for b in (block_of(c) for c in changes) if b is not None]
+            data = {"fromBlock": hex(min(blocks)), "toBlock": hex(max(blocks))} if blocks else None
+            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results", data=data)
+        return answer
+
+
+def _result(value: Any) -> Outcome:
+    return Outcome(jsonrpc.dumps(value), False, BYPASS)

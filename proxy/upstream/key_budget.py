@@ -1,0 +1,89 @@
+"""The per-key upstream budget: at most `per_key` upstream calls of one API key in flight at once.
+
+Every call made for a key counts, whatever made it: a single miss, each member of a batch, each
+piece of a chunked eth_getLogs, a retry on another upstream. A key's calls past its cap wait in
+that key's own queue (first come, first served); no key ever waits behind another key's calls, so
+a wide eth_getLogs batch of one key delays another key's miss only by what the node itself takes
+to answer at most `per_key` extra calls. The proxy's own calls (head polls, identity probes) and
+open mode (no keys) are not budgeted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from proxy.caller import CALLER
+from proxy.upstream.pool import Answer, Upstream
+from proxy.upstream.state import UpstreamStates
+
+
+class _Queue:
+    __slots__ = ("slots", "users")
+
+    def __init__(self, per_key: int) -> None:
+        self.slots = asyncio.Semaphore(per_key)
+        self.users = 0  # calls holding or awaiting a slot: the queue is dropped when none is left
+
+
+class KeySlots:
+    """Per-key concurrency caps, each key queued apart. `per_key` 0: no cap."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._queues: dict[str, _Queue] = {}
+
+    def in_use(self, key: str) -> int:
+        """Calls of `key` holding a slot now."""
+        queue = self._queues.get(key)
+        return self.per_key - queue.slots._value if queue is not None else 0
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        key = CALLER.get()
+        if key is None or self.per_key <= 0:
+            yield
+            return
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue(self.per_key)
+        queue.users += 1
+        try:
+            async with queue.slots:
+                yield
+        finally:
+            queue.users -= 1
+            if not queue.users:
+                del self._queues[key]
+
+
+class KeyedUpstream:
+    """A network's upstream with every call made for a key counted against that key's slots."""
+
+    def __init__(self, inner: Upstream, slots: KeySlots) -> None:
+        self.inner = inner
+        self._slots = slots
+
+    @property
+    def states(self) -> UpstreamStates:
+        # AttributeError when the inner upstream has none: then this is no PerUpstream either.
+        states: UpstreamStates = self.inner.states  # type: ignore[attr-defined]
+        return states
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+        async with self._slots.held():
+            return await self.inner.request(method, params, timeout=timeout)
+
+    async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        async with self._slots.held():
+            return await self.inner.batch(calls)
+
+    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
+        async with self._slots.held():
+            answer: Answer = await self.inner.ask(index, method, params, timeout=timeout)  # type: ignore[attr-defined]
+            return answer
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,115 @@
+"""Integrity before "forever": an answer about to be kept forever is confirmed by a second upstream
+(confirm_immutable) or checked against the blocks' logsBloom (confirm_logs_bloom). A relay that
+leaves a log out of eth_getLogs answers is the lying upstream; Anvil is the honest one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from proxy.chain import bloom
+from proxy.chain.bloom import BLOOM_BYTES, _bits
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, Proxy, selector, settings_for, start_proxy, word
+
+
+def _bloom_of(*values: str) -> bytes:
+    raw = bytearray(BLOOM_BYTES)
+    for value in values:
+        for bit in _bits(bytes.fromhex(value[2:])):
+            raw[BLOOM_BYTES - 1 - bit // 8] |= 1 << (bit % 8)
+    return bytes(raw)
+
+
+class TestBloom:
+    ADDRESS = "0x" + "11" * 20
+    TOPIC = "0x" + "22" * 32
+
+    def test_a_value_set_in_a_bloom_is_found_and_others_are_not(self) -> None:
+        filled = _bloom_of(self.ADDRESS, self.TOPIC)
+        assert bloom.contains(filled, self.ADDRESS) and bloom.contains(filled, self.TOPIC)
+        assert not bloom.contains(filled, "0x" + "33" * 20)
+
+    def test_a_filter_may_match_only_a_block_whose_bloom_has_its_address_and_topics(self) -> None:
+        filled = _bloom_of(self.ADDRESS, self.TOPIC)
+        assert bloom.may_match(filled, [self.ADDRESS], [[self.TOPIC], None])
+        assert not bloom.may_match(filled, ["0x" + "33" * 20], None)
+        assert not bloom.may_match(filled, None, [["0x" + "44" * 32]])
+
+    def test_a_log_outside_its_blocks_bloom_was_made_up(self) -> None:
+        blooms = {5: _bloom_of(self.ADDRESS, self.TOPIC)}
+        real = {"blockNumber": "0x5", "address": self.ADDRESS, "topics": [self.TOPIC]}
+        assert bloom.logs_in_blooms([real], blooms)
+        assert not bloom.logs_in_blooms([{**real, "address": "0x" + "33" * 20}], blooms)
+        assert not bloom.logs_in_blooms([{**real, "blockNumber": "0x6"}], blooms)
+
+    def test_a_bloom_is_256_bytes_of_hex(self) -> None:
+        assert bloom.parse("0x" + "00" * 256) == bytes(256)
+        assert bloom.parse("0x00") is None and bloom.parse(None) is None and bloom.parse("0xzz") is None
+
+
+def _networks(tmp_path: Path, urls: list[str], **fields: Any) -> str:
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
+    path = tmp_path / "networks.toml"
+    path.write_text(f'[networks.evm]\nfamily = "evm"\n{extra}upstreams = {json.dumps(urls)}\n')
+    return str(path)
+
+
+async def _final_logs(anvil: Anvil, proxy: Proxy) -> dict[str, Any]:
+    """A store contract's logs, one per block in three blocks, then enough blocks that they are final."""
+    store = anvil.deploy_store()
+    first = anvil.block_number() + 1
+    for _ in range(3):
+        anvil.send(store, selector("emitMany(uint256)") + word(1))
+    latest = anvil.mine(100)
+    await proxy.head_at(latest)
+    return {"address": store, "fromBlock": hex(first), "toBlock": hex(first + 2)}
+
+
+async def _get_logs(proxy: Proxy, log_filter: dict[str, Any]) -> tuple[list[Any], str]:
+    status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
+                                              "params": [log_filter]})
+    assert status == 200 and "result" in body, body
+    return body["result"], headers.get("X-Cache", "")
+
+
+async def test_a_lying_upstreams_log_list_is_never_kept_when_two_must_agree(anvil: Anvil, tmp_path: Path) -> None:
+    liar = await FaultRelay(anvil.url).start()
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, [liar.url, anvil.url],
+                                                                   confirm_immutable=2)))
+    try:
+        log_filter = await _final_logs(anvil, proxy)
+        liar.inject("droplog", method="eth_getLogs", times=None)
+        for _ in range(2):
+            _logs, cache = await _get_logs(proxy, log_filter)
+            assert cache != "HIT"  # never kept
+        assert proxy.metric("rpc_proxy_upstream_disagreements_total", network="evm", upstream="1") >= 1 or \
+            proxy.metric("rpc_proxy_upstream_disagreements_total", network="evm", upstream="0") >= 1
+        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="disagreement") >= 2
+        liar.clear()
+        logs, _ = await _get_logs(proxy, log_filter)  # both agree now: kept
+        assert len(logs) == 3
+        assert (await _get_logs(proxy, log_filter))[1] == "HIT"
+    finally:
+        await proxy.close()
+        await liar.close()
+
+
+async def test_the_bloom_check_catches_a_missing_log_with_one_upstream(anvil: Anvil, tmp_path: Path) -> None:
+    liar = await FaultRelay(anvil.url).start()
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, [liar.url], confirm_logs_bloom=True)))
+    try:
+        log_filter = await _final_logs(anvil, proxy)
+        liar.inject("droplog", method="eth_getLogs", times=None)
+        logs, cache = await _get_logs(proxy, log_filter)
+        assert len(logs) == 2 and cache != "HIT"
+        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="logs_missing") == 1
+        assert (await _get_logs(proxy, log_filter))[1] != "HIT"  # never kept
+        liar.clear()
+        logs, _ = await _get_logs(proxy, log_filter)  # an honest answer passes the check and is kept
+        assert len(logs) == 3
+        assert (await _get_logs(proxy, log_filter))[1] == "HIT"
+    finally:
+        await proxy.close()
+        await liar.close()

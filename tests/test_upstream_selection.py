@@ -1,0 +1,336 @@
+"""Upstreams as an operator runs them: selection policies, hedged reads, writes sent once, provider
+budgets (max_rps, max_concurrency) and rate limits. One real Anvil behind fault relays, one relay per
+upstream URL, so each upstream's share of the calls is counted where a provider would count it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.config import ConfigError, build_settings
+from proxy.state import SERVICE
+from proxy.upstream.pool import HttpUpstream, http_pool
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, Proxy, eventually, free_port, settings_for, start_proxy
+from tests.test_workers import Running, _answers, _ready, _start, _stop
+
+
+@pytest.fixture
+async def relays(anvil: Anvil) -> AsyncIterator[list[FaultRelay]]:
+    started = [await FaultRelay(anvil.url).start() for _ in range(2)]
+    yield started
+    for relay in started:
+        await relay.close()
+
+
+def _networks_file(tmp_path: Path, upstreams: list[Any], name: str = "evm", **fields: Any) -> str:
+    lines = [f"[networks.{name}]", 'family = "evm"']
+    lines += [f"{name} = {json.dumps(value)}" for name, value in fields.items()]
+    entries = [json.dumps(u) if isinstance(u, str) else
+               "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in u.items()) + "}" for u in upstreams]
+    lines.append(f"upstreams = [{', '.join(entries)}]")
+    path = tmp_path / "networks.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+async def _proxy(tmp_path: Path, upstreams: list[Any], **fields: Any) -> Proxy:
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks_file(tmp_path, upstreams, **fields)))
+    await proxy.head_at(0)
+    return proxy
+
+
+def _balance_call() -> dict[str, Any]:
+    """A read no cache holds: the balance of a fresh address."""
+    return {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x" + secrets.token_hex(20), "latest"]}
+
+
+def _asked(relay: FaultRelay, method: str) -> int:
+    return sum(1 for call in relay.calls if call.get("method") == method)
+
+
+def _pool(proxy: Proxy) -> HttpUpstream:
+    pool = http_pool(proxy.app[SERVICE].networks["evm"].upstream)
+    assert pool is not None
+    return pool
+
+
+async def test_the_weighted_policy_asks_each_upstream_first_in_proportion_to_its_weight(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy = await _proxy(tmp_path, [{"url": relays[0].url, "weight": 3}, relays[1].url], selection="weighted")
+    try:
+        for _ in range(120):
+            status, body, _ = await proxy.post(_balance_call())
+            assert status == 200 and body["result"] == "0x0", body
+        first, second = _asked(relays[0], "eth_getBalance"), _asked(relays[1], "eth_getBalance")
+        assert first + second >= 120
+        assert 0.6 < first / (first + second) < 0.9, (first, second)  # 3:1 is 0.75
+    finally:
+        await proxy.close()
+
+
+async def test_the_fastest_policy_moves_calls_off_a_slow_upstream(relays: list[FaultRelay], tmp_path: Path) -> None:
+    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url], selection="fastest")
+    try:
+        relays[0].inject("slow", times=None, delay=0.15)  # every call to the declared primary is slow
+        for _ in range(10):  # the scores learn
+            await proxy.post(_balance_call())
+        before = _asked(relays[0], "eth_getBalance")
+        for _ in range(30):
+            status, body, _ = await proxy.post(_balance_call())
+            assert status == 200 and "result" in body
+        assert _asked(relays[0], "eth_getBalance") - before <= 3  # the slow one is tried again only rarely
+    finally:
+        await proxy.close()
+
+
+async def test_a_slow_read_is_hedged_to_the_next_upstream_and_the_first_answer_wins(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url], hedge_after_ms=100)
+    try:
+        relays[0].inject("slow", method="eth_getBalance", times=None, delay=5.0)
+        status, body, _ = await proxy.post(_balance_call())
+        assert status == 200 and body["result"] == "0x0", body
+        assert _asked(relays[1], "eth_getBalance") == 1
+        assert proxy.metric("rpc_proxy_upstream_hedged_total", network="evm") == 1
+        assert proxy.metric("rpc_proxy_upstream_hedge_wins_total", network="evm", upstream="1") == 1
+    finally:
+        await proxy.close()
+
+
+async def test_a_write_goes_to_exactly_one_upstream_slow_or_failing(relays: list[FaultRelay], tmp_path: Path) -> None:
+    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url], hedge_after_ms=50)
+    send = {"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": ["0x00"]}
+    try:
+        relays[0].inject("slow", method="eth_sendRawTransaction", delay=0.4)
+        status, body, _ = await proxy.post(send)
+        assert status == 200 and "error" in body  # Anvil's own refusal of the bytes, from the primary
+        relays[0].inject("http500", method="eth_sendRawTransaction")  # it got the call, then failed
+        status, body, _ = await proxy.post(send)
+        assert body["error"]["code"] == -32002, body
+        assert _asked(relays[0], "eth_sendRawTransaction") == 2
+        assert _asked(relays[1], "eth_sendRawTransaction") == 0  # never hedged, never retried elsewhere
+    finally:
+        await proxy.close()
+
+
+async def test_a_write_goes_to_the_next_upstream_only_when_the_first_refused_the_connection(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    closed = f"http://127.0.0.1:{free_port()}/"  # nothing listens: the call provably never left
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{closed},{relays[1].url}"))
+    try:
+        await proxy.head_at(0)
+        await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": ["0x00"]})
+        assert _asked(relays[1], "eth_sendRawTransaction") == 1
+    finally:
+        await proxy.close()
+
+
+async def test_a_429_cools_only_that_upstream_and_for_its_retry_after(relays: list[FaultRelay], tmp_path: Path) -> None:
+    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
+    try:
+        relays[0].inject("http429", method="eth_getBalance", retry_after="60")
+        status, body, _ = await proxy.post(_balance_call())
+        assert status == 200 and body["result"] == "0x0", body  # answered by the other upstream
+        for _ in range(5):
+            await proxy.post(_balance_call())
+        assert _asked(relays[0], "eth_getBalance") == 1 and _asked(relays[1], "eth_getBalance") == 6
+        pool = _pool(proxy)
+        assert pool._down_until[0] - time.monotonic() > 30  # Retry-After 60, not the 5 s cooldown
+        assert pool._down_until[1] == 0.0
+        assert proxy.metric("rpc_proxy_upstream_rate_limited_total", network="evm", upstream="0") == 1
+    finally:
+        await proxy.close()
+
+
+async def test_a_provider_rate_limit_error_in_a_200_reply_is_passed_over_not_served(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
+    try:
+        relays[0].inject("ratelimit", method="eth_getBalance")
+        status, body, _ = await proxy.post(_balance_call())
+        assert status == 200 and body["result"] == "0x0", body
+        assert _asked(relays[1], "eth_getBalance") == 1
+        assert proxy.metric("rpc_proxy_upstream_rate_limited_total", network="evm", upstream="0") == 1
+    finally:
+        await proxy.close()
+
+
+async def test_max_concurrency_bounds_the_calls_an_upstream_has_in_flight(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy = await _proxy(tmp_path, [{"url": relays[0].url, "max_concurrency": 2}])
+    try:
+        relays[0].inject("slow", method="eth_getBalance", times=None, delay=0.1)
+        bodies = await asyncio.gather(*(proxy.post([_balance_call()]) for _ in range(12)))
+        assert all(status == 200 and "result" in body[0] for status, body, _ in bodies)
+        assert relays[0].most_in_flight <= 2
+    finally:
+        await proxy.close()
+
+
+def _most_in_one_second(arrivals: list[float]) -> int:
+    ordered = sorted(arrivals)
+    return max((sum(1 for t in ordered if start <= t < start + 1.0) for start in ordered), default=0)
+
+
+async def test_max_rps_is_never_exceeded_as_the_provider_sees_it_under_a_burst_from_two_workers(
+    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    # The provider's meter runs in a process of its own: the test's loop, busy sending the burst,
+    # would otherwise note arrivals late and bunch them up.
+    port, arrivals = free_port(), tmp_path / "arrivals"
+    meter = subprocess.Popen([sys.executable, "-m", "tests.arrivals_relay", anvil.url, str(port), str(arrivals)],
+                             cwd=Path(__file__).resolve().parents[1])
+    networks = _networks_file(tmp_path, [{"url": f"http://127.0.0.1:{port}/", "max_rps": 20}], name="main")
+    # The default network (EVM_UPSTREAM) is a relay's: every call the meter sees is network main's.
+    running: Running = _start(relays[1].url, 2, NETWORKS_FILE=networks, UPSTREAM_BATCH_MAX="1")
+    url = f"http://127.0.0.1:{running.port}/main/v3/any-key"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            sessions = [aiohttp.ClientSession() for _ in range(8)]  # connections spread over both workers
+            try:
+                answers = await asyncio.gather(*(
+                    _answers(sessions[i % 8], url, _balance_call()) for i in range(60)))
+            finally:
+                for one in sessions:
+                    await one.close()
+        assert all(a is not None and a.get("result") == "0x0" for a in answers), answers[:3]
+        seen = [float(line) for line in arrivals.read_text().split()]
+        assert len(seen) >= 60 and _most_in_one_second(seen) <= 20
+    finally:
+        code, log = await _stop(running)
+        meter.terminate()
+        meter.wait(10)
+        assert code == 0, log
+
+
+async def test_a_cordoned_upstream_is_not_asked(relays: list[FaultRelay], tmp_path: Path) -> None:
+    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
+    try:
+        _pool(proxy).states.cordoned[0] = True
+        for _ in range(5):
+            await proxy.post(_balance_call())
+        assert _asked(relays[0], "eth_getBalance") == 0
+
+        async def asked_again() -> bool:
+            _pool(proxy).states.cordoned[0] = False
+            await proxy.post(_balance_call())
+            return _asked(relays[0], "eth_getBalance") > 0
+
+        await eventually(asked_again, 10, "the uncordoned upstream to be asked")
+    finally:
+        await proxy.close()
+
+
+# --- the admin listener ----------------------------------------------------------------------
+
+TOKEN = "s3cret-admin-token-0123456789"
+
+
+async def _admin(session: aiohttp.ClientSession, port: int, path: str, token: str | None = TOKEN,
+                 method: str = "GET") -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with session.request(method, f"http://127.0.0.1:{port}{path}", headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_an_admin_cordon_takes_an_upstream_out_within_one_call_and_needs_the_token(
+    relays: list[FaultRelay],
+) -> None:
+    port = free_port()
+    upstreams = f"{relays[0].url}?apikey=PROVIDERSECRET,{relays[1].url}"
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=upstreams, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN))
+    try:
+        await proxy.head_at(0)
+        async with aiohttp.ClientSession() as session:
+            assert (await _admin(session, port, "/upstreams", token=None))[0] == 401
+            assert (await _admin(session, port, "/upstreams/evm/0/cordon", token="wrong", method="POST"))[0] == 401
+            status, listing = await _admin(session, port, "/upstreams")
+            assert status == 200 and [u["index"] for u in listing["evm"]] == [0, 1]
+            assert "PROVIDERSECRET" not in json.dumps(listing) and listing["evm"][0]["host"].startswith("http://")
+            status, body = await _admin(session, port, "/upstreams/evm/0/cordon", method="POST")
+            assert status == 200 and body["cordoned"] is True
+            for _ in range(5):
+                await proxy.post(_balance_call())
+            assert _asked(relays[0], "eth_getBalance") == 0
+            assert (await _admin(session, port, "/upstreams/evm/7/cordon", method="POST"))[0] == 404
+            await _admin(session, port, "/upstreams/evm/0/uncordon", method="POST")
+            await proxy.post(_balance_call())
+            assert _asked(relays[0], "eth_getBalance") == 1
+    finally:
+        await proxy.close()
+
+
+async def test_an_admin_cordon_reaches_every_worker(relays: list[FaultRelay]) -> None:
+    port = free_port()
+    running = _start(f"{relays[0].url},{relays[1].url}", 2, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            status, _ = await _admin(session, port, "/upstreams/evm/0/cordon", method="POST")
+            assert status == 200
+            before = _asked(relays[0], "eth_getBalance")
+            sessions = [aiohttp.ClientSession() for _ in range(8)]  # connections spread over both workers
+            try:
+                answers = await asyncio.gather(*(_answers(sessions[i % 8], running.url, _balance_call())
+                                                 for i in range(24)))
+            finally:
+                for one in sessions:
+                    await one.close()
+            assert all(a is not None and "result" in a for a in answers)
+            assert _asked(relays[0], "eth_getBalance") == before, running.log.read_text()
+    finally:
+        code, log = await _stop(running)
+        assert code == 0, log
+        assert TOKEN not in log
+
+
+def test_an_admin_port_needs_a_long_token() -> None:
+    base = {"EVM_UPSTREAM": "http://127.0.0.1:1", "ADMIN_PORT": "9101"}
+    with pytest.raises(ConfigError, match="ADMIN_TOKEN"):
+        build_settings(base)
+    with pytest.raises(ConfigError, match="ADMIN_TOKEN"):
+        build_settings({**base, "ADMIN_TOKEN": "short"})
+    assert TOKEN not in repr(build_settings({**base, "ADMIN_TOKEN": TOKEN}))
+
+
+async def test_an_admin_reload_applies_new_routing_and_refuses_what_needs_a_restart(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    port = free_port()
+    path = _networks_file(tmp_path, [relays[0].url, relays[1].url])
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=path, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN))
+    try:
+        await proxy.head_at(0)
+        async with aiohttp.ClientSession() as session:
+            _networks_file(tmp_path, [{"url": relays[0].url, "weight": 1}, {"url": relays[1].url, "weight": 1000}],
+                           selection="weighted")
+            status, body = await _admin(session, port, "/reload", method="POST")
+            assert status == 200 and body == {"reloaded": ["evm"]}
+            for _ in range(20):
+                await proxy.post(_balance_call())
+            assert _asked(relays[1], "eth_getBalance") >= 18
+            _networks_file(tmp_path, [relays[0].url, relays[1].url, relays[1].url + "?again"])
+            status, body = await _admin(session, port, "/reload", method="POST")
+            assert status == 409 and "network 'evm': upstreams changed" in body["error"], body
+            assert "again" not in json.dumps(body)  # never a URL
+            assert _pool(proxy).selector.policy == "weighted"  # nothing applied
+            assert (await _admin(session, port, "/reload", token=None, method="POST"))[0] == 401
+    finally:
+        await proxy.close()
