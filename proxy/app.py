@@ -20,6 +20,7 @@ from proxy.chain.head_feed import EvmFeed
 from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
 from proxy.chain.identity import IdentityGuard
 from proxy.config import Network, Settings
+from proxy.credits.handover import WorkerLedger
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
@@ -140,6 +141,7 @@ class _Stores:
     ledger_link: RedisLink | None
     owned_ledger_link: bool
     leased: LeasedLedger | None
+    shared_ledger: WorkerLedger | None = None  # with workers: refusals told to siblings, leases handed over
 
 
 def _stores(
@@ -163,6 +165,7 @@ def _stores(
     leased = LeasedLedger(
         ledger_link, lease_max=settings.credits_lease_max, lease_seconds=settings.credits_lease_seconds,
         fail_open=settings.credits_fail_open, journal_dir=settings.credits_journal_dir, monotonic=clock.monotonic,
+        processes=settings.workers,
     ) if ledger_link is not None else None
     if ledger is None:
         ledger = leased or MemoryLedger()
@@ -202,6 +205,8 @@ class _Lifecycle:
                                   index=worker.index if worker else None) if settings.admin_port is not None else []
         if self.stores.ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)
+        if self.stores.shared_ledger is not None:
+            await self.stores.shared_ledger.start()
         tasks = await self._start()
         loop = asyncio.get_running_loop()
         # Signals reach only the main thread: an app run in another (embedded, or a test's server
@@ -234,6 +239,8 @@ class _Lifecycle:
         tasks += [asyncio.create_task(r.tracker.run(), name=f"tracker-{n}") for n, r in runtimes.items()]
         if self.stores.leased is not None:
             tasks.append(asyncio.create_task(self.stores.leased.run(self.clock.time), name="credit-leases"))
+        if self.stores.shared_ledger is not None:
+            tasks.append(asyncio.create_task(self.stores.shared_ledger.run(self.clock.time), name="lease-handover"))
         # Serve once every upstream's identity was asked and every tracker has tried its first poll
         # (bounded): a fresh start is neither "stale" nor without an identity.
         with contextlib.suppress(TimeoutError):
@@ -250,6 +257,8 @@ class _Lifecycle:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(1.0, 2 * self.settings.credits_redis_timeout)):
                     await stores.leased.close(self.clock.time())
+        if stores.shared_ledger is not None:
+            stores.shared_ledger.close()
         await asyncio.gather(*(u.close() for u in self.pool.values()))
         if stores.owned_link and stores.link is not None:
             await stores.link.close()
@@ -304,6 +313,8 @@ def create_app(
     stores = _stores(settings, metrics, clock, redis, ledger)
     if stores.link is None:  # no Redis configured: no rpc_proxy_redis_up to say it is down
         metrics.registry.unregister(metrics.redis_up)
+    if worker is not None and stores.leased is not None:
+        stores.shared_ledger = WorkerLedger(worker.run_dir, worker.index, stores.leased, settings.credits_journal_dir)
     service = Service(settings, runtimes, stores.cache, metrics)
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time)
     feeds, relays = _streams(settings, runtimes)

@@ -118,6 +118,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if args.command == "keys":
             return asyncio.run(_keys_usage(raw, args.key))
         settings = build_settings(raw)
+        _check_journal_dir(settings)
     except ConfigError as exc:
         _error(raw, f"configuration error: {exc}")
         return 2
@@ -128,6 +129,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if unknown:
             log.warning("ignored in %s, not settings: %s", DOTENV, ", ".join(unknown))
     return serve(settings)
+
+
+def _check_journal_dir(settings: Settings) -> None:
+    """A journal directory that cannot be written would first fail in an outage: refuse it at start."""
+    from proxy.credits.journal import journal_dir_problem
+
+    problem = settings.credits_journal_dir and journal_dir_problem(settings.credits_journal_dir)
+    if problem:
+        raise ConfigError(problem)
 
 
 def serve(settings: Settings) -> int:
@@ -151,13 +161,15 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
     from prometheus_client import CollectorRegistry
 
     from proxy.credits.accounts import Accounts
-    from proxy.credits.leases import ledger_key, read_journals
+    from proxy.credits.journal import read_journals
+    from proxy.credits.leases import ledger_key
     from proxy.credits.ledger import day_of
     from proxy.metrics import Metrics
     from proxy.redis_link import RedisLink, RedisUnavailable, connect
 
     settings = build_settings({"EVM_UPSTREAM": "http://unused.invalid", **raw})
-    logs.setup(settings.log_format, settings.log_level, False)  # the Redis link's own lines too
+    logs.setup(settings.log_format, settings.log_level, False)
+    logging.getLogger("proxy.redis").setLevel(logging.ERROR)  # an unreachable ledger is said in one line below
     url = settings.ledger_redis_url
     if not url:
         raise ConfigError("keys usage reads the shared ledger: set CREDITS_REDIS_URL or REDIS_URL")
@@ -175,16 +187,25 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
     now = time.time()
     day = int(now) // 86400
     journals = read_journals(settings.credits_journal_dir)
+    entries: dict[str, Mapping[bytes | str, bytes | str]] = {}
     try:
         for name in keys:
             hash_key = ledger_key(name, day)
-            entry = await link.run("credits_read", lambda c: c.hgetall(hash_key))  # noqa: B023 (awaited here)
-            print(usage_line(name, settings.daily_credits_for(name), entry, journals.get(hash_key, {})))
+            entries[name] = await link.run("credits_read", lambda c: c.hgetall(hash_key))  # noqa: B023 (awaited here)
     except RedisUnavailable:
-        _error(raw, "the credit ledger's redis is unreachable (CREDITS_REDIS_URL or REDIS_URL)")
+        where = (f"only the debits journaled in CREDITS_JOURNAL_DIR {settings.credits_journal_dir} follow"
+                 if settings.credits_journal_dir else "set CREDITS_JOURNAL_DIR to see journaled debits")
+        _error(raw, f"the credit ledger's redis is unreachable (CREDITS_REDIS_URL or REDIS_URL): {where}")
+        if settings.credits_journal_dir:
+            for name in keys:
+                known = sum(max(0, c - f) for c, f in journals.get(ledger_key(name, day), {}).values())
+                print(f"key {name}: at least {known} credits used (journaled while the ledger was unreachable)")
         return 1
     finally:
         await link.close()
+    for name in keys:
+        journaled = journals.get(ledger_key(name, day), {})
+        print(usage_line(name, settings.daily_credits_for(name), entries[name], journaled))
     stamp = day_of(now)
     print(f"(UTC day {stamp[:4]}-{stamp[4:6]}-{stamp[6:]})")
     return 0
@@ -193,17 +214,19 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
 def usage_line(
     key: str, daily: int, entry: Mapping[bytes | str, bytes | str], journaled: Mapping[str, tuple[int, int]],
 ) -> str:
-    """One key's line: usage in Redis (leases included) plus debits journaled but not yet written back."""
+    """One key's line (README "Limits and credits"): spent (what to bill: debits less refunds, journaled
+    ones included), left, leased to replicas and not spent, journaled and not yet in Redis."""
     fields = {(k.decode() if isinstance(k, bytes) else k): int(float(v)) for k, v in entry.items()}
-    used = fields.get("used", 0)
-    unflushed = sum(max(0, (c - f) - max(fields.get(f"a:{r}", 0), fields.get(f"c:{r}", 0) - fields.get(f"f:{r}", 0)))
-                    for r, (c, f) in journaled.items())
-    used += unflushed
-    line = f"key {key}: {used} credits used, {max(daily - used, 0)} left of {daily}"
-    leased = sum(max(0, v - (fields.get(f"c:{k[2:]}", 0) - fields.get(f"f:{k[2:]}", 0)))
-                 for k, v in fields.items() if k.startswith("a:"))
-    if leased:
-        line += f"; {leased} of them leased to replicas, not yet spent"
-    if unflushed:
-        line += f"; {unflushed} journaled while the ledger was unreachable, not yet written back"
-    return line
+
+    def net(replica: str) -> int:
+        return fields.get(f"c:{replica}", 0) - fields.get(f"f:{replica}", 0)
+
+    def spent_by(replica: str) -> int:  # as its journal says, if that is further than Redis
+        c, f = journaled.get(replica, (0, 0))
+        return max(net(replica), c - f)
+
+    unflushed = sum(max(0, (c - f) - net(r)) for r, (c, f) in journaled.items())
+    spent = sum(net(k[2:]) for k in fields if k.startswith("c:")) + unflushed
+    leased = sum(max(0, v - spent_by(k[2:])) for k, v in fields.items() if k.startswith("a:"))
+    return (f"key {key}: {spent} credits used, {max(daily - spent, 0)} left of {daily} (spent: what to bill); "
+            f"{leased} leased to replicas and not spent; {unflushed} journaled and not yet in the ledger")

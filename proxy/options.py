@@ -128,7 +128,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("CREDITS_FAIL_OPEN", "serve keys with no known usage while the ledger is unreachable (default true)"),
     Option("CREDITS_LEASE_MAX", "most credits of a key one replica leases at a time (default 100000)"),
     Option("CREDITS_LEASE_SECONDS", "seconds before an unused lease goes back to the ledger (default 10)"),
-    Option("CREDITS_JOURNAL_DIR", "directory of the journal of debits made while the ledger is unreachable"),
+    Option("CREDITS_JOURNAL_DIR", "directory of the journal of debits made while the ledger is unreachable; must "
+           "exist and be writable at start"),
     Option("EVM_UPSTREAM_WS", "comma-separated WebSocket URLs of the default EVM network's node: push heads, "
            "relayed subscriptions"),
     Option("SOLANA_UPSTREAM_WS", "comma-separated WebSocket URLs of the default Solana network (pubsub relay)"),

@@ -140,12 +140,19 @@ class RedisLink:
     def up(self) -> bool:
         return time.monotonic() >= self._skip_until
 
-    async def run(self, operation: str, command: Callable[[RedisClient], Awaitable[T]]) -> T:
-        """Run one command; raise RedisUnavailable (never a redis error) when it cannot be done now."""
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    async def run(
+        self, operation: str, command: Callable[[RedisClient], Awaitable[T]], *, timeout: float | None = None,
+    ) -> T:
+        """Run one command; raise RedisUnavailable (never a redis error) when it cannot be done now.
+        `timeout`: a shorter budget than the link's (what is left of a caller's deadline)."""
         if not self.up:
             raise RedisUnavailable(operation)
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout if timeout is None else min(timeout, self._timeout)):
                 result = await command(self.client)
         except (RedisError, RedisClusterException, OSError, TimeoutError, ValueError, TypeError) as exc:
             # ValueError/TypeError: redis-py's own, for options it reads only when it connects.

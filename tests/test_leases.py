@@ -9,13 +9,13 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from proxy.credits.journal import read_journals
 from proxy.credits.leases import (
     KeyLease,
     LeasedLedger,
     ledger_key,
     outage_ceiling,
     outage_verdict,
-    read_journals,
     untagged_ledger_key,
 )
 from proxy.credits.ledger import Verdict
@@ -42,9 +42,16 @@ class TestOutageRules:
         assert outage_verdict(lease, 60, 1000, None, NOW) is Verdict.UNAVAILABLE
         assert outage_verdict(lease, 120, 1000, None, NOW) is Verdict.EXHAUSTED
 
-    def test_the_remaining_balance_counts_other_replicas_leases_as_spent(self) -> None:
-        lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, refunded=20, others=500, known=True)
-        assert lease.remaining(1000) == 1000 - 500 - 80
+    def test_the_balance_shown_counts_what_was_spent_and_the_outage_rule_what_is_leased(self) -> None:
+        lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, refunded=20, others=500, others_spent=120,
+                         known=True)
+        assert lease.remaining(1000) == 1000 - 120 - 80  # X-Credits-Remaining: spent, not leased
+        assert lease.unheld(1000) == 1000 - 500 - 80  # what no replica may still spend
+
+    def test_a_key_known_exhausted_elsewhere_is_refused_through_an_outage(self) -> None:
+        lease = KeyLease("k", "rcp:k", ceiling=10_000)  # never seen here: failing open
+        assert outage_verdict(lease, 80, 1000, None, NOW) is Verdict.OK
+        assert outage_verdict(lease, 80, 1000, None, NOW, exhausted=True) is Verdict.EXHAUSTED
 
 
 @pytest.fixture

@@ -298,5 +298,5 @@ async def test_keys_usage_lists_every_key_with_journaled_usage_not_yet_written_b
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert f"key {ALICE}: 560 credits used, 9440 left of 10000" in result.stdout
-    assert "journaled while the ledger was unreachable, not yet written back" in result.stdout
+    assert "0 leased to replicas and not spent; 400 journaled and not yet in the ledger" in result.stdout, result.stdout
     assert f"key {derived_name('bob')}: 0 credits used, 5000 left of 5000" in result.stdout

@@ -3,6 +3,7 @@ error a client sees (402 exhausted, 429 rate limited, 503 ledger unreachable), a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -11,6 +12,8 @@ from proxy.credits.ledger import Debit, Ledger, Verdict
 from proxy.memo import Memo
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError
+
+log = logging.getLogger("proxy.credits")
 
 
 class KeyTerms(NamedTuple):
@@ -51,20 +54,25 @@ class Cashier:
         return KeyTerms(settings.daily_credits_for(account), settings.credits_per_second_for(account),
                          self._metrics.key_credits_charged.labels(account))
 
-    def charge_now(self, account: str, cost: int) -> tuple[JsonRpcError | None, int] | None:
+    def charge_now(self, account: str, cost: int, now: float | None = None) -> tuple[JsonRpcError | None, int] | None:
         """A charge the ledger decides without a round trip (a lease covers it), or None."""
         terms = self.terms[account]
         debit = self._ledger.try_debit(account, cost, daily=terms.daily, per_second=terms.per_second,
-                                       now=self._now())
+                                       now=self._now() if now is None else now)
         return None if debit is None else self.verdict(debit, cost, terms.per_second)
 
-    async def charge(self, account: str, cost: int) -> tuple[JsonRpcError | None, int]:
-        charge = self.charge_now(account, cost)
+    async def charge(self, account: str, cost: int, now: float | None = None) -> tuple[JsonRpcError | None, int]:
+        """`now`: the charge's time, which a refund of it must name too (its UTC day)."""
+        now = self._now() if now is None else now
+        charge = self.charge_now(account, cost, now)
         if charge is not None:
             return charge
         terms = self.terms[account]
-        debit = await self._ledger.debit(account, cost, daily=terms.daily, per_second=terms.per_second,
-                                         now=self._now())
+        try:
+            debit = await self._ledger.debit(account, cost, daily=terms.daily, per_second=terms.per_second, now=now)
+        except Exception:  # no fault of the ledger becomes an HTTP 500: the call is refused, not charged
+            log.exception("credits: the ledger failed to decide a debit; the call is refused with 503")
+            debit = Debit(Verdict.UNAVAILABLE, 0)
         return self.verdict(debit, cost, terms.per_second)
 
     def verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int]:

@@ -1,26 +1,28 @@
 """Leased credits: each replica leases blocks of a key's daily balance from Redis and spends them in
 memory, so a debit is usually a decision made without a round trip.
 
-Redis keeps one hash per key and UTC day. `a:<replica>` is the allowance of each replica (what it
-may consume today), `used` their sum; `c:`/`f:` are the replica's cumulative debits and refunds as
-last reported, `s:` its last applied request, `t:` when it last asked. One Lua script
-(`LEASE_SCRIPT`) does every exchange atomically: it takes the replica's counters (merging by max,
-so a report that arrives twice or late changes nothing), grows the allowance when the replica needs
-credit, or shrinks it to what was consumed when the replica gives its lease back.
+Redis keeps one hash per key and UTC day, changed only by one Lua script (lease_script.py, where the
+hash's fields and the rebuilding of a lost entry are described). Lease size adapts: a grant is the
+call's cost plus whole calls' worth of a fraction of what nobody holds yet, 1 / (2 x active
+replicas), at most `CREDITS_LEASE_MAX`. Far from the limit a replica answers thousands of calls per
+round trip; near it the grant is exactly the call, so the last credits go out one by one and the sum
+of allowances never passes the balance.
 
-Lease size adapts: a grant is the call's cost plus whole calls' worth of a fraction of what nobody
-holds yet, 1 / (2 x active replicas), at most `CREDITS_LEASE_MAX`. Far from the limit a replica
-answers thousands of calls per round trip; near it the grant is exactly the call, so the last
-credits go out one by one and the sum of allowances never passes the balance. A key's remaining
-credit never gains from a lost or late message: grants are decided by Redis alone, and a replica
-spends only what it was granted.
+Every ledger command a call awaits is bounded by `CREDITS_REDIS_TIMEOUT` from the call's start (the
+wait for another call's exchange included): past it the call is decided by the outage rule below, so
+a stalled Redis delays no call by more than that.
 
 While Redis cannot be reached, a replica keeps the last usage it saw for the key (never a full
 balance) and may spend, beyond its lease, its share of what was left: (balance - used) / active
-replicas, one "outage lease". Those debits are journaled (in memory, and in `CREDITS_JOURNAL_DIR`
-when set) and reach Redis with the next exchange, so the day's usage afterwards equals what was
-served. A key this replica has not seen today is served up to `CREDITS_LEASE_MAX` with
-`CREDITS_FAIL_OPEN=true` (the default) and refused otherwise.
+replicas, one "outage lease". A key known exhausted (by this replica, a sibling worker, or any replica
+through the ledger's exhausted set, read every second) stays refused. Outage debits are journaled (in
+memory, and in `CREDITS_JOURNAL_DIR` when set) and reach Redis with the next exchange, so the day's
+usage afterwards equals what was served. A key this process has not seen today is served up to
+`CREDITS_LEASE_MAX` / WORKERS with `CREDITS_FAIL_OPEN=true` (the default) and refused otherwise.
+
+The balance a client is shown is the key's spent usage (debits less refunds of every replica), not
+what is leased: each replica reports its spending at least every `REPORT_INTERVAL` while it spends,
+and learns the others' with every reply.
 """
 
 from __future__ import annotations
@@ -29,103 +31,30 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from proxy.credits.journal import Journal
+from proxy.credits.lease_script import LEASE_SCRIPT, parse_reply
 from proxy.credits.ledger import DAY_TTL, Debit, Verdict, _judge, day_of
 from proxy.logs import Throttled
 from proxy.redis_link import RedisLink, RedisUnavailable
 from proxy.redis_topology import slot_tag
-from proxy.rpc import jsonrpc
 
 log = logging.getLogger("proxy.credits")
 # An outage decides every debit in process: one line per interval says so, with the count.
 throttled = Throttled(log, interval=10.0)
 
-# KEYS: the key's ledger hash for the day, its per-second window, and (off a cluster) the day's hash
-#   under its name from before hash tags, renamed to the first on first use so an upgrade loses no usage.
-# ARGV: replica, request seq, consumed, refunded, cost (0: no credit wanted), mode (0: credit for a call,
-#   1: give the lease back, 2: top the lease up ahead of need: the extra part of a grant alone), daily
-#   balance, largest lease, now (s), active window (s), per-second limit (0: none), the replica's
-#   allowance and the key's usage as it last knew them (to restore a lost entry), entry TTL.
-# Returns {verdict (1 ok, 0 exhausted, -1 rate limited), allowance, used, active replicas, restored}.
-LEASE_SCRIPT = """
-local key, me = KEYS[1], ARGV[1]
-local seq, consumed, refunded = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local cost, give_back, top_up = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[6] == '2'
-local daily, lease_max = tonumber(ARGV[7]), tonumber(ARGV[8])
-local now, window, per_second = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local known_allowance, known_used = tonumber(ARGV[12]), tonumber(ARGV[13])
-if KEYS[3] and redis.call('EXISTS', key) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('RENAME', KEYS[3], key)
-end
-local h = {}
-local flat = redis.call('HGETALL', key)
-for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
-local used = tonumber(h['used'] or '0')
-local before = tonumber(h['a:' .. me] or '-1')
-local restored = 0
-if before < 0 then
-  before = 0
-  if known_used > 0 then
-    -- The entry was lost (a restart without persistence, a deletion, an eviction) while this
-    -- replica knew it: put back its allowance and at least the usage it last saw.
-    before = known_allowance
-    used = math.max(used + known_allowance, known_used)
-    restored = 1
-  end
-end
-local a = before
-consumed = math.max(consumed, tonumber(h['c:' .. me] or '0'))
-refunded = math.max(refunded, tonumber(h['f:' .. me] or '0'))
-local net = consumed - refunded
-if net > a then a = net end  -- spent while Redis was unreachable (journaled): counted now
-local active = 1
-for name, value in pairs(h) do
-  if string.sub(name, 1, 2) == 't:' and name ~= 't:' .. me and tonumber(value) > now - window then
-    active = active + 1
-  end
-end
-local verdict = 1
-local fresh = seq > tonumber(h['s:' .. me] or '0')  -- a late duplicate changes no lease
-if fresh then
-  if give_back then a = math.max(net, 0) end
-  if cost > 0 then
-    local need = math.max(net + cost - a, 0)
-    local free = daily - (used - before + a)
-    if need > free then
-      verdict = 0
-    elseif per_second > 0 then
-      local spent = tonumber(redis.call('GET', KEYS[2]) or '0')
-      if spent > 0 and spent + cost > per_second then
-        verdict = -1
-      else
-        redis.call('INCRBY', KEYS[2], cost)
-        redis.call('EXPIRE', KEYS[2], 2)
-        a = a + need
-      end
-    elseif need > 0 or top_up then
-      local calls = math.floor((free - need) / (2 * active * cost))
-      a = a + need + math.min(calls, math.floor(lease_max / cost)) * cost
-    end
-  end
-  redis.call('HSET', key, 's:' .. me, seq)
-end
-used = used - before + a
-redis.call('HSET', key, 'used', used, 'a:' .. me, a, 'c:' .. me, consumed, 'f:' .. me, refunded, 't:' .. me, now)
-redis.call('EXPIRE', key, tonumber(ARGV[14]))
-return {verdict, a, used, active, restored}
-"""
-
 _VERDICTS = {1: Verdict.OK, 0: Verdict.EXHAUSTED, -1: Verdict.RATE_LIMITED}
 _OK = Verdict.OK  # read once: an enum member read through its class costs more than the debit
 _new_tuple = tuple.__new__  # a Debit made without NamedTuple's Python-level __new__
 CREDIT, GIVE_BACK, TOP_UP = 0, 1, 2  # the script's modes
+REPORT_INTERVAL = 1.0  # seconds: a replica that spends reports it at least this often (the shown balance)
+EXHAUSTED_READ_INTERVAL = 1.0  # seconds between reads of the day's exhausted keys
+STALE_GRACE = 3600  # seconds a past day's leases are kept for refunds of calls that crossed midnight
 
 
 def ledger_key(api_key: str, day: int) -> str:
@@ -138,6 +67,11 @@ def ledger_key(api_key: str, day: int) -> str:
 def untagged_ledger_key(api_key: str, day: int) -> str:
     """The ledger hash's name before hash tags (a one-server or Sentinel Redis may still hold it)."""
     return f"rcp:credits:{day_of(day * 86400)}:{api_key}"
+
+
+def exhausted_key(day: int) -> str:
+    """The set of keys a replica was refused for exhaustion on a UTC day (the outage rule's memory)."""
+    return f"rcp:exhausted:{day_of(day * 86400)}"
 
 
 def rate_key(api_key: str, second: int) -> str:
@@ -154,10 +88,14 @@ class KeyLease:
     consumed: int = 0  # cumulative debits
     refunded: int = 0  # cumulative refunds
     others: int = 0  # credits allowed to other replicas, at the last reply
+    others_spent: int = 0  # credits other replicas spent (debits less refunds), at the last reply
+    peers: tuple[Any, ...] = ()  # the other replicas at the last reply, to rebuild a lost entry
     known: bool = False  # Redis answered for this key today
     active: int = 1  # replicas using the key, at the last reply
     daily: int = 0
     granted_at: float = 0.0
+    reported: int = 0  # `net` as Redis last saw it
+    reported_at: float = 0.0
     low_water: int = 0  # free credit below which the lease is topped up in the background
     swept: int = -1  # `consumed` at the last sweep, and since when it has not moved (idle)
     idle_since: float = 0.0
@@ -176,71 +114,36 @@ class KeyLease:
     def free(self) -> int:
         return self.allowance - self.net
 
-    def remaining(self, daily: int) -> int:
-        """The key's balance as far as this replica knows: other replicas' leases count as spent."""
+    def unheld(self, daily: int) -> int:
+        """What neither this replica spent nor another holds: other replicas' leases count as spent."""
         return daily - self.others - self.net
+
+    def remaining(self, daily: int) -> int:
+        """The balance a client is shown: the daily balance less what every replica spent."""
+        return daily - self.others_spent - self.net
 
 
 def outage_ceiling(lease: KeyLease, daily: int, *, fail_open: bool, lease_max: int) -> int:
     """The most a replica may have consumed of a key while Redis cannot be reached: its lease plus
     its share of what nobody held at the last reply (one outage lease); for a key it has not seen
-    today, one largest lease if failing open, else nothing beyond what it holds."""
+    today, `lease_max` (its share of one largest lease) if failing open, else nothing beyond what it holds."""
     if lease.known:
         unheld = max(0, daily - lease.others - lease.allowance)
         return lease.allowance + unheld // max(1, lease.active)
     return lease.allowance + (min(lease_max, daily) if fail_open else 0)
 
 
-def outage_verdict(lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Verdict:
-    """Whether a replica cut off from Redis may debit `amount` (pure)."""
-    if lease.remaining(daily) < amount:
+def outage_verdict(
+    lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float, *, exhausted: bool = False,
+) -> Verdict:
+    """Whether a replica cut off from Redis may debit `amount` (pure). `exhausted`: the key is known
+    exhausted somewhere (README "Limits and credits": the outage rule is per key)."""
+    if exhausted or lease.unheld(daily) < amount:
         return Verdict.EXHAUSTED
     if lease.ceiling is None or lease.net + amount > lease.ceiling:
         return Verdict.UNAVAILABLE
     window = lease.window_used if lease.window_second == int(now) else 0
     return _judge(0, window, amount, daily, per_second)
-
-
-class Journal:
-    """Debits made while Redis was unreachable, as one JSON line per change of a key's cumulative
-    counters in `<dir>/<replica>.journal`. Counters merge by max, so any reader (the operator CLI)
-    may apply a line any number of times."""
-
-    def __init__(self, directory: str | None, replica: str) -> None:
-        self._path = Path(directory) / f"{replica}.journal" if directory else None
-        self._dirty = False
-
-    def record(self, replica: str, lease: KeyLease) -> None:
-        if self._path is None:
-            return
-        line = jsonrpc.dumps({"r": replica, "k": lease.key, "c": lease.consumed, "f": lease.refunded})
-        with self._path.open("ab") as handle:
-            handle.write(line + b"\n")
-        self._dirty = True
-
-    def clear(self) -> None:
-        """Everything journaled has reached Redis."""
-        if self._path is not None and self._dirty:
-            with contextlib.suppress(FileNotFoundError):
-                self._path.unlink()
-            self._dirty = False
-
-
-def read_journals(directory: str | None) -> dict[str, dict[str, tuple[int, int]]]:
-    """Ledger key -> replica -> (consumed, refunded), the largest each journal holds."""
-    found: dict[str, dict[str, tuple[int, int]]] = {}
-    if not directory or not os.path.isdir(directory):
-        return found
-    for path in Path(directory).glob("*.journal"):
-        for line in path.read_bytes().splitlines():
-            try:
-                entry = jsonrpc.loads(line)
-                replica, key, consumed, refunded = entry["r"], entry["k"], int(entry["c"]), int(entry["f"])
-            except (jsonrpc.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a line cut short by a crash
-            old = found.setdefault(key, {}).get(replica, (0, 0))
-            found[key][replica] = (max(old[0], consumed), max(old[1], refunded))
-    return found
 
 
 class LeasedLedger:
@@ -255,6 +158,8 @@ class LeasedLedger:
         fail_open: bool = True,
         journal_dir: str | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        processes: int = 1,
+        replica: str | None = None,
     ) -> None:
         self._link = link
         self._script: Any = link.client.register_script(LEASE_SCRIPT)
@@ -262,13 +167,19 @@ class LeasedLedger:
         self._lease_seconds = lease_seconds
         self._fail_open = fail_open
         self._mono = monotonic
-        self.replica = uuid.uuid4().hex[:12]
+        # The workers of one host share one largest lease for keys none of them has seen.
+        self._fail_open_max = max(1, lease_max // max(1, processes))
+        self.replica = replica or uuid.uuid4().hex[:12]
         self._journal = Journal(journal_dir, self.replica)
         self._leases: dict[tuple[int, str], KeyLease] = {}
         self._seqs = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
         self._day_start, self._day_end = 0, 0
+        self._exhausted: set[tuple[int, str]] = set()  # (day, key) known refused for exhaustion
+        self._exhausted_read = 0.0
+        self.on_exhausted: list[Callable[[str, int], None]] = []  # told siblings (workers) of a refusal
+        self.on_new_lease: list[Callable[[KeyLease], None]] = []  # a key's first lease of a day here
 
     # --- debits ---------------------------------------------------------------------------
 
@@ -285,7 +196,7 @@ class LeasedLedger:
             lease.consumed = consumed = consumed + amount
             if free - amount < lease.low_water and not lease.lock.locked():
                 self._top_up(lease, amount, now)  # before it runs out, so no call waits for a refill
-            return _new_tuple(Debit, (_OK, daily - lease.others - consumed + lease.refunded))
+            return _new_tuple(Debit, (_OK, daily - lease.others_spent - consumed + lease.refunded))
         if lease.ceiling is not None and not self._link.up:
             return self._outage_debit(lease, amount, daily, per_second, now)
         return None
@@ -293,28 +204,58 @@ class LeasedLedger:
     async def debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit:
         lease = self._lease(api_key, now)
         lease.daily = daily
+        # Whatever this call awaits (another call's exchange, its own, a retry) ends by this deadline;
+        # past it the outage rule decides, so a stalled Redis delays no call longer.
+        deadline = time.monotonic() + self._link.timeout
         while True:
             quick = self.try_debit(api_key, amount, daily=daily, per_second=per_second, now=now)
             if quick is not None:
                 return quick
-            async with lease.lock:
+            if not await self._acquire(lease, deadline):
+                return self._cut_off(lease, amount, daily, per_second, now)
+            try:
                 if per_second is None and lease.free >= amount:
                     continue  # another call's refill covered this one too
-                verdict = await self._exchange(lease, amount, mode=CREDIT, per_second=per_second, now=now)
-                if verdict is None:  # Redis cannot be reached
-                    if self._link.up:
-                        continue  # one slow answer is not an outage: ask again (exchanges are idempotent)
-                    if lease.ceiling is None:
-                        lease.ceiling = outage_ceiling(lease, daily, fail_open=self._fail_open,
-                                                       lease_max=self._lease_max)
-                    return self._outage_debit(lease, amount, daily, per_second, now)
+                verdict = await self._exchange(lease, amount, mode=CREDIT, per_second=per_second, now=now,
+                                               budget=deadline - time.monotonic())
+                if verdict is None:  # Redis did not answer in time
+                    if self._link.up and time.monotonic() < deadline:
+                        continue  # one quick failure is not an outage: ask again (exchanges are idempotent)
+                    return self._cut_off(lease, amount, daily, per_second, now)
                 if verdict is not Verdict.OK:
+                    if verdict is Verdict.EXHAUSTED:
+                        self._mark_exhausted(int(now) // 86400, api_key, tell=True)
                     if lease.free > 0:  # what is left here cannot pay this call: let other replicas have it
-                        await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now)
+                        await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now,
+                                             budget=deadline - time.monotonic())
                     return Debit(verdict, lease.remaining(daily))
                 if lease.free >= amount:
                     lease.consumed += amount
                     return Debit(Verdict.OK, lease.remaining(daily))
+            finally:
+                lease.lock.release()
+
+    @staticmethod
+    async def _acquire(lease: KeyLease, deadline: float) -> bool:
+        """The lease's lock, if it comes before the deadline."""
+        if not lease.lock.locked():
+            await lease.lock.acquire()  # free: taken without waiting
+            return True
+        budget = deadline - time.monotonic()
+        if budget <= 0:
+            return False
+        try:
+            async with asyncio.timeout(budget):
+                await lease.lock.acquire()
+        except TimeoutError:
+            return False
+        return True
+
+    def _cut_off(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
+        """Redis did not answer within the call's bound: the outage rule decides."""
+        if lease.ceiling is None:
+            lease.ceiling = outage_ceiling(lease, daily, fail_open=self._fail_open, lease_max=self._fail_open_max)
+        return self._outage_debit(lease, amount, daily, per_second, now)
 
     def _top_up(self, lease: KeyLease, amount: int, now: float) -> None:
         if lease.ceiling is not None or not self._link.up:
@@ -329,20 +270,26 @@ class LeasedLedger:
             await self._exchange(lease, amount, mode=TOP_UP, per_second=None, now=now)
 
     def _outage_debit(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
-        verdict = outage_verdict(lease, amount, daily, per_second, now)
+        day = int(now) // 86400
+        verdict = outage_verdict(lease, amount, daily, per_second, now,
+                                 exhausted=(day, lease.api_key) in self._exhausted)
         if verdict is Verdict.OK:
             lease.consumed += amount
             if per_second is not None:
                 if lease.window_second != int(now):
                     lease.window_second, lease.window_used = int(now), 0
                 lease.window_used += amount
-            if lease.net > lease.allowance:
-                lease.journaled = True
-                self._journal.record(self.replica, lease)
+            # Every outage debit is journaled: a worker that dies now leaves its counters to its successor.
+            lease.journaled = True
+            self._journal.record(self.replica, lease)
             throttled.warning("outage", "credits: redis unavailable, debits decided in process and journaled")
+        elif verdict is Verdict.EXHAUSTED:
+            self._mark_exhausted(day, lease.api_key, tell=True)
         return Debit(verdict, lease.remaining(daily))
 
     async def refund(self, api_key: str, amount: int, *, now: float) -> None:
+        """`now`: when the refunded debit was made. The credits go back to that day's lease, whatever
+        the clock says by the time the call failed (a charge and its refund belong to one day)."""
         lease = self._leases.get((int(now) // 86400, api_key))
         if lease is not None:  # the credits go back to this replica's lease, and with it to Redis
             lease.refunded += amount
@@ -350,19 +297,63 @@ class LeasedLedger:
                 self._journal.record(self.replica, lease)
 
     async def used(self, api_key: str, *, now: float) -> int:
+        """The key's spent usage today (debits less refunds of every replica)."""
         lease = self._leases.get((int(now) // 86400, api_key))
         if lease is not None and (lease.known or lease.ceiling is not None):
-            return lease.others + lease.net
+            return lease.others_spent + lease.net
         day = int(now) // 86400
-        raw = await self._link.run("credits_read", lambda c: c.hget(ledger_key(api_key, day), "used"))
-        if raw is None and not self._link.is_cluster:  # not yet taken over from an older release's name
-            raw = await self._link.run("credits_read", lambda c: c.hget(untagged_ledger_key(api_key, day), "used"))
-        return int(raw or 0)
+        entry = await self._link.run("credits_read", lambda c: c.hgetall(ledger_key(api_key, day)))
+        return spent_of(entry)
 
     @property
     def settled(self) -> bool:
         """Every debit made without Redis has been written back to it."""
         return not any(lease.journaled or lease.ceiling is not None for lease in self._leases.values())
+
+    @property
+    def given_back(self) -> bool:
+        """Every lease went back to Redis and every debit reached it (after `close`)."""
+        return not any(lease.journaled or lease.ceiling is not None or lease.returning or lease.free > 0
+                       or lease.net != lease.reported for lease in self._leases.values())
+
+    # --- the outage rule's memory: keys known exhausted ---------------------------------------
+
+    def _mark_exhausted(self, day: int, api_key: str, *, tell: bool) -> None:
+        if (day, api_key) in self._exhausted:
+            return
+        self._exhausted.add((day, api_key))
+        if tell:
+            for callback in self.on_exhausted:
+                callback(api_key, day)
+            self._background(self._link_run("credits_exhausted", lambda c: c.sadd(exhausted_key(day), api_key),
+                                            lambda c: c.expire(exhausted_key(day), DAY_TTL)))
+
+    def exhausted_elsewhere(self, api_key: str, day: int) -> None:
+        """A sibling worker was refused for this key's exhaustion."""
+        self._mark_exhausted(day, api_key, tell=False)
+
+    def _not_exhausted(self, day: int, api_key: str) -> None:
+        if (day, api_key) in self._exhausted:
+            self._exhausted.discard((day, api_key))
+            self._background(self._link_run("credits_exhausted", lambda c: c.srem(exhausted_key(day), api_key)))
+
+    async def _read_exhausted(self, now: float) -> None:
+        day = int(now) // 86400
+        members = await self._link.run("credits_exhausted", lambda c: c.smembers(exhausted_key(day)))
+        names = {m.decode() if isinstance(m, bytes) else str(m) for m in members}
+        self._exhausted = {(day, name) for name in names} | {e for e in self._exhausted if e[0] != day}
+
+    async def _link_run(self, operation: str, *commands: Callable[[Any], Any]) -> None:
+        for command in commands:
+            try:
+                await self._link.run(operation, command)
+            except RedisUnavailable:
+                return
+
+    def _background(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- exchanges with Redis ----------------------------------------------------------------
 
@@ -371,6 +362,8 @@ class LeasedLedger:
         lease = self._leases.get((day, api_key))
         if lease is None:
             lease = self._leases[(day, api_key)] = KeyLease(api_key, ledger_key(api_key, day))
+            for callback in self.on_new_lease:
+                callback(lease)
         if day * 86400 > self._day_start:  # a new day: the hot path's leases are that day's
             self._day_start, self._day_end = day * 86400, (day + 1) * 86400
             self._today = {k: v for (d, k), v in self._leases.items() if d == day}
@@ -380,74 +373,115 @@ class LeasedLedger:
 
     async def _exchange(
         self, lease: KeyLease, cost: int, *, mode: int, per_second: int | None, now: float,
+        budget: float | None = None,
     ) -> Verdict | None:
-        """One run of the script; None when Redis cannot be reached. Callers hold `lease.lock`."""
+        """One run of the script; None when Redis cannot be reached (within `budget` seconds, if
+        given). Callers hold `lease.lock`."""
+        if budget is not None and budget <= 0:
+            return None
         if mode == GIVE_BACK:
             lease.allowance = lease.net  # nothing more is spent from this lease meanwhile
             lease.returning = True
         args = [
             self.replica, next(self._seqs), lease.consumed, lease.refunded, cost, mode, lease.daily,
             self._lease_max, int(now), 3 * self._lease_seconds, per_second or 0, lease.allowance,
-            lease.others + lease.allowance if lease.known else 0, DAY_TTL,
+            1 if lease.known else 0, DAY_TTL, *lease.peers,
         ]
         keys = [lease.key, rate_key(lease.api_key, int(now))]
         if not self._link.is_cluster:  # no cluster held the untagged names: its keys need one slot
             keys.append(untagged_ledger_key(lease.api_key, int(now) // 86400))
-        sent_consumed = lease.consumed
+        sent_consumed, sent_net = lease.consumed, lease.net
         try:
-            reply = await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args))
+            raw = await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args), timeout=budget)
         except RedisUnavailable:
             return None
-        code, allowance, used, active, restored = (int(v) for v in reply)
-        if restored:
-            log.warning("credits: a key's ledger entry was missing in Redis; restored from this replica's last "
-                        "known usage")
-        if allowance > lease.allowance and cost:
+        reply = parse_reply(raw)
+        if reply.restored:
+            log.warning("credits: a key's ledger entry was missing in Redis; rebuilt from this replica's own "
+                        "lease and what it last saw of the others")
+        if reply.allowance > lease.allowance and cost:
             lease.granted_at = self._mono()
-            lease.low_water = (allowance - lease.net) // 4
-        lease.allowance, lease.others, lease.active = allowance, used - allowance, active
+            lease.low_water = (reply.allowance - lease.net) // 4
+        lease.allowance, lease.others, lease.active = reply.allowance, reply.used - reply.allowance, reply.active
+        lease.others_spent, lease.peers = reply.spent - sent_net, reply.peers
+        lease.reported, lease.reported_at = sent_net, self._mono()
         lease.known, lease.ceiling, lease.returning = True, None, False
         if lease.journaled and lease.consumed == sent_consumed:
             lease.journaled = False
             if not any(other.journaled for other in self._leases.values()):
                 self._journal.clear()
-        return _VERDICTS[code]
+        verdict = _VERDICTS[reply.verdict]
+        if verdict is Verdict.OK and cost:
+            self._not_exhausted(int(now) // 86400, lease.api_key)
+        return verdict
+
+    async def release(self, replica: str, key: str, api_key: str, counters: tuple[int, int], now: float) -> bool:
+        """Give back the lease of a replica that died (a worker's predecessor, handover.py): its allowance
+        shrinks to what it spent, as its last report or journal says. False: Redis did not answer."""
+        consumed, refunded = counters
+        args = [replica, 2**50, consumed, refunded, 0, GIVE_BACK, 0, self._lease_max, int(now),
+                3 * self._lease_seconds, 0, 0, 0, DAY_TTL]
+        keys = [key, rate_key(api_key, int(now))]
+        try:
+            await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args))
+        except RedisUnavailable:
+            return False
+        return True
 
     async def sync(self, now: float) -> None:
-        """One sweep: write journaled debits back, and give back leases that are old or idle."""
+        """One sweep: write journaled debits back, report spending, give back leases that are old or
+        idle, and past days' leases."""
         mono = self._mono()
         today = int(now) // 86400
+        if self._link.up and mono - self._exhausted_read >= EXHAUSTED_READ_INTERVAL:
+            self._exhausted_read = mono
+            with contextlib.suppress(RedisUnavailable):
+                await self._read_exhausted(now)
         for (day, _key), lease in list(self._leases.items()):
             if lease.lock.locked():
                 continue
             stale = day != today
             if lease.consumed != lease.swept:  # spent since the last sweep: not idle
                 lease.swept, lease.idle_since = lease.consumed, mono
-            old = lease.free > 0 and (mono - lease.granted_at > self._lease_seconds
+            old = lease.free > 0 and (stale or mono - lease.granted_at > self._lease_seconds
                                       or mono - lease.idle_since > self._lease_seconds / 2)
-            if not (lease.journaled or lease.ceiling is not None or lease.returning or old or stale):
+            # Spending is reported, and the others' learned, every REPORT_INTERVAL while the key is in use
+            # here: the balance shown trails the ledger by about that much of the other replicas' spending.
+            recent = lease.net != lease.reported or (not stale and mono - lease.idle_since < self._lease_seconds)
+            unreported = recent and lease.known and (stale or mono - lease.reported_at >= REPORT_INTERVAL)
+            if not (lease.journaled or lease.ceiling is not None or lease.returning or old or unreported):
+                if stale and now >= (day + 1) * 86400 + STALE_GRACE:
+                    del self._leases[(day, _key)]  # no refund of that day can still come
                 continue
             if not self._link.up:
                 return
             async with lease.lock:
-                await self._exchange(lease, 0, mode=GIVE_BACK if old or stale or lease.returning else CREDIT,
+                await self._exchange(lease, 0, mode=GIVE_BACK if old or lease.returning else CREDIT,
                                      per_second=None,
                                      now=day * 86400 + 43200 if stale else now)
-            if stale and not lease.journaled and not lease.returning:
-                del self._leases[(day, _key)]
 
     async def run(self, clock: Callable[[], float], interval: float = 0.25) -> None:
+        task = asyncio.current_task()
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.sync(clock())
             except Exception:  # the sweeper must outlive any one fault
                 log.exception("credits: lease sweep failed")
+            if task is not None and task.cancelling():
+                # A stop that arrived as a command's own timeout expired was taken for that timeout.
+                raise asyncio.CancelledError
 
     async def close(self, now: float) -> None:
         """On shutdown: every lease goes back and every journaled debit is written, if Redis answers."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for lease in list(self._leases.values()):
-            if lease.free > 0 or lease.journaled or lease.returning:
+            if lease.free > 0 or lease.journaled or lease.returning or lease.net != lease.reported:
                 async with lease.lock:
                     await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now)
+
+
+def spent_of(entry: dict[Any, Any]) -> int:
+    """A ledger entry's spent usage: every replica's debits less its refunds."""
+    fields = {(k.decode() if isinstance(k, bytes) else k): int(float(v)) for k, v in entry.items()}
+    return sum(v - fields.get(f"f:{k[2:]}", 0) for k, v in fields.items() if k.startswith("c:"))

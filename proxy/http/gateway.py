@@ -204,8 +204,9 @@ class Gateway:
         cost = 0 if self.open_mode else sum(p.credits for p in prepared)
         remaining: int | None = None
         credit_refusal: Outcome | None = None
+        charged_at = self._now()  # a refund goes back to the day of its charge, whatever the clock says then
         if cost:
-            refusal, remaining = await self.cashier.charge(account, cost)
+            refusal, remaining = await self.cashier.charge(account, cost, charged_at)
             if refusal is not None:
                 # A batch that cannot be paid in full is refused in full, and nothing is forwarded.
                 credit_refusal = Outcome.failed(refusal)
@@ -231,7 +232,7 @@ class Gateway:
         )
         if refund:
             # No node could be reached: the caller is not charged for our failure (charging.py).
-            await self._ledger.refund(account, refund, now=self._now())
+            await self._ledger.refund(account, refund, now=charged_at)
             cost -= refund
             remaining = None if remaining is None else remaining + refund
         self._account(account, parsed.entries, slots, results, cost, request_id)

@@ -138,9 +138,10 @@ class ShownRelay:
     trackers then treat N as shown too (`latest` never resolves below it; they poll at once). One
     datagram per newly shown block, to each sibling's socket in the run directory."""
 
-    def __init__(self, directory: str, index: int, on_shown: Callable[[str, int], None]) -> None:
+    def __init__(self, directory: str, index: int, on_shown: Callable[[str, int], None], name: str = "shown") -> None:
         self._directory = directory
-        self._own = os.path.join(directory, f"shown-{index}.sock")
+        self._name = name  # one relay per kind of news: blocks shown, keys refused for credits
+        self._own = os.path.join(directory, f"{name}-{index}.sock")
         self._on_shown = on_shown
         self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._out.setblocking(False)
@@ -151,7 +152,7 @@ class ShownRelay:
 
         class Receiver(asyncio.DatagramProtocol):
             def datagram_received(self, data: bytes, addr: Any) -> None:
-                network, _, number = data.decode(errors="replace").partition(" ")
+                network, _, number = data.decode(errors="replace").rpartition(" ")
                 with contextlib.suppress(ValueError):
                     relay._on_shown(network, int(number))
 
@@ -164,7 +165,7 @@ class ShownRelay:
 
     def tell(self, network: str, number: int) -> None:
         message = f"{network} {number}".encode()
-        for path in glob.glob(os.path.join(self._directory, "shown-*.sock")):
+        for path in glob.glob(os.path.join(self._directory, f"{self._name}-*.sock")):
             if path != self._own:
                 with contextlib.suppress(OSError):  # a sibling restarting, or its queue full
                     self._out.sendto(message, path)

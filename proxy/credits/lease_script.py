@@ -1,0 +1,136 @@
+"""The one Lua script every lease exchange runs (leases.py), and its reply.
+
+Redis keeps one hash per key and UTC day. `a:<replica>` is the allowance of each replica (what it
+may consume today), `used` their sum; `c:`/`f:` are the replica's cumulative debits and refunds as
+last reported (their difference is what it spent), `s:` its last applied request, `t:` when it last
+asked, `r:` set while its entry is one another replica restored (below). The script takes the
+replica's counters (merging by max, so a report that arrives twice or late changes nothing), grows the
+allowance when the replica needs credit, or shrinks it to what was spent when the replica gives its
+lease back.
+
+A lost entry (Redis restarted without persistence, DEL, FLUSHALL, an eviction) is rebuilt, never
+double-counted: the first replica that had a reply today and finds its own entry missing writes it
+back (its allowance, which it may still spend, and its counters), and writes what it last saw of each
+other replica whose entry is missing too, marked `r:`. Every replica's entry is written once: a
+replica finding its restored entry takes it over with its own word (its allowance and counters), so
+the key's usage is the sum of one entry per replica again. Spent usage (`c - f`) is never above what
+was served: every figure in it was reported by the replica that spent it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+# KEYS: the key's ledger hash for the day, its per-second window, and (off a cluster) the day's hash
+#   under its name from before hash tags, renamed to the first on first use so an upgrade loses no usage.
+# ARGV: replica, request seq, consumed, refunded, cost (0: no credit wanted), mode (0: credit for a call,
+#   1: give the lease back, 2: top the lease up ahead of need: the extra part of a grant alone), daily
+#   balance, largest lease, now (s), active window (s), per-second limit (0: none), the replica's
+#   allowance, whether it had a reply for the key today (1/0), entry TTL, then what it last saw of each
+#   other replica: name, allowance, consumed, refunded, last asked (5 values each).
+# Returns {verdict (1 ok, 0 exhausted, -1 rate limited), allowance, used, active replicas, restored,
+#   spent by all replicas, then the other replicas as the same 5 values each}.
+LEASE_SCRIPT = """
+local key, me = KEYS[1], ARGV[1]
+local seq, consumed, refunded = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local cost, give_back, top_up = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[6] == '2'
+local daily, lease_max = tonumber(ARGV[7]), tonumber(ARGV[8])
+local now, window, per_second = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local known_allowance, known = tonumber(ARGV[12]), ARGV[13] == '1'
+if KEYS[3] and redis.call('EXISTS', key) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('RENAME', KEYS[3], key)
+end
+local h = {}
+local flat = redis.call('HGETALL', key)
+for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+local fresh = seq > tonumber(h['s:' .. me] or '0')  -- a late duplicate changes no lease
+local restored = 0
+if known then
+  if h['a:' .. me] == nil then
+    restored = 1
+  end
+  if fresh and (h['a:' .. me] == nil or h['r:' .. me]) then
+    h['a:' .. me] = known_allowance  -- this replica's own word about its lease
+    redis.call('HDEL', key, 'r:' .. me)
+  end
+  for i = 15, #ARGV, 5 do
+    local peer = ARGV[i]
+    if h['a:' .. peer] == nil then
+      h['a:' .. peer], h['c:' .. peer], h['f:' .. peer] = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+      redis.call('HSET', key, 'a:' .. peer, ARGV[i + 1], 'c:' .. peer, ARGV[i + 2], 'f:' .. peer, ARGV[i + 3],
+                 't:' .. peer, ARGV[i + 4], 'r:' .. peer, 1)
+      restored = 1
+    end
+  end
+end
+local a = tonumber(h['a:' .. me] or '0')
+consumed = math.max(consumed, tonumber(h['c:' .. me] or '0'))
+refunded = math.max(refunded, tonumber(h['f:' .. me] or '0'))
+local net = consumed - refunded
+if net > a then a = net end  -- spent while Redis was unreachable (journaled): counted now
+local others, spent, active, peers = 0, net, 1, {}
+for name, value in pairs(h) do
+  local kind, who = string.sub(name, 1, 2), string.sub(name, 3)
+  if who ~= me then
+    if kind == 'a:' then
+      local c, f = tonumber(h['c:' .. who] or '0'), tonumber(h['f:' .. who] or '0')
+      others = others + tonumber(value)
+      spent = spent + c - f
+      peers[#peers + 1] = who
+      peers[#peers + 1] = tonumber(value)
+      peers[#peers + 1] = c
+      peers[#peers + 1] = f
+      peers[#peers + 1] = tonumber(h['t:' .. who] or '0')
+    elseif kind == 't:' and tonumber(value) > now - window then
+      active = active + 1
+    end
+  end
+end
+local verdict = 1
+if fresh then
+  if give_back then a = math.max(net, 0) end
+  if cost > 0 then
+    local need = math.max(net + cost - a, 0)
+    local free = daily - (others + a)
+    if need > free then
+      verdict = 0
+    elseif per_second > 0 then
+      local second = tonumber(redis.call('GET', KEYS[2]) or '0')
+      if second > 0 and second + cost > per_second then
+        verdict = -1
+      else
+        redis.call('INCRBY', KEYS[2], cost)
+        redis.call('EXPIRE', KEYS[2], 2)
+        a = a + need
+      end
+    elseif need > 0 or top_up then
+      local calls = math.floor((free - need) / (2 * active * cost))
+      a = a + need + math.min(calls, math.floor(lease_max / cost)) * cost
+    end
+  end
+  redis.call('HSET', key, 's:' .. me, seq)
+end
+redis.call('HSET', key, 'used', others + a, 'a:' .. me, a, 'c:' .. me, consumed, 'f:' .. me, refunded, 't:' .. me, now)
+redis.call('EXPIRE', key, tonumber(ARGV[14]))
+local reply = {verdict, a, others + a, active, restored, spent}
+for i = 1, #peers do reply[#reply + 1] = peers[i] end
+return reply
+"""
+
+PEER_FIELDS = 5  # name, allowance, consumed, refunded, last asked
+
+
+class LeaseReply(NamedTuple):
+    verdict: int  # 1 ok, 0 exhausted, -1 rate limited
+    allowance: int
+    used: int  # every replica's allowance: what the balance is judged against
+    active: int
+    restored: bool
+    spent: int  # every replica's debits less refunds: what was served
+    peers: tuple[Any, ...]  # the other replicas, flat, as ARGV takes them back
+
+
+def parse_reply(reply: list[Any]) -> LeaseReply:
+    verdict, allowance, used, active, restored, spent = (int(v) for v in reply[:6])
+    peers = tuple(v.decode() if isinstance(v, bytes) else int(v) for v in reply[6:])
+    return LeaseReply(verdict, allowance, used, active, bool(restored), spent, peers)
