@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -19,24 +16,15 @@ from proxy.credits.allow_lists import AllowLists, call_refusal
 from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
 from proxy.credits.ledger import Ledger, Verdict
+from proxy.http.accounting import REFUSED_STATUSES, CallAccounting
 from proxy.http.response_size import ResponseBudget
 from proxy.http.routing import Router
 from proxy.metrics import HitCells, Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import (
-    INVALID_API_KEY,
-    UPSTREAM_UNAVAILABLE,
-    Call,
-    Invalid,
-    JsonRpcError,
-)
-from proxy.rpc.methods import metric_label
+from proxy.rpc.jsonrpc import INVALID_API_KEY, Body, Call, Invalid, JsonRpcError
 from proxy.service import Service
 from proxy.upstream.filters import FILTER_METHODS, Filters
-
-log = logging.getLogger("proxy.access")
-REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second limit, ledger unreachable
 
 # A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
 _Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
@@ -78,13 +66,11 @@ class Gateway:
         self.key_lists: dict[str, AllowLists] = {}  # accounts with an allow-list (allow_lists.py)
         self._restricted: frozenset[str] = frozenset()  # ...whose lists restrict calls: no hot path
         self.load_keys(settings.api_keys)
-        self._access_log = settings.access_log
+        self._calls = CallAccounting(settings, metrics)
         self.router = Router(settings, service.networks)
         self._default_routes = self.router.default_routes  # read on the hot path
         self.cashier = Cashier(settings, ledger, metrics, wall_clock)
         self._terms = self.cashier.terms  # read on the hot path
-        self._id_prefix = uuid.uuid4().hex[:8] + "-"  # unique per process; a counter within it
-        self._ids = itertools.count(1)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
         self.filters = Filters(settings, service.prepare, service.execute)
 
@@ -123,11 +109,6 @@ class Gateway:
     async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
         return await self.cashier.charge_stream(account, label, cost)
 
-    def _request_id(self) -> int:
-        """An id for this request's log lines; 0 when there are none (ACCESS_LOG off, the default),
-        decided without asking the logging module, which a cache hit would feel."""
-        return next(self._ids) if self._access_log and log.isEnabledFor(logging.INFO) else 0
-
     # --- one body -----------------------------------------------------------------------
 
     def open_hit(self, body: bytes | str, network: NetworkRuntime | None) -> bytes | None:
@@ -140,7 +121,7 @@ class Gateway:
         hit = self._cached_single(body, network)
         if hit is None:
             return None
-        return self._hit_body(hit, self._request_id(), started)
+        return self._hit_body(hit, self._calls.request_id(), started)
 
     def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None) -> PaidHit | Reply | bool:
         """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
@@ -160,12 +141,12 @@ class Gateway:
             return False
         if debit[0] is not _OK:
             charge = self.cashier.verdict(debit, credits, terms.per_second)
-            return self._paid_reply(hit, account, charge, self._request_id(), started)
+            return self._paid_reply(hit, account, charge, self._calls.request_id(), started)
         # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
         terms.charged.value += credits
         hit[6].charged.value += credits
         remaining = debit[1]
-        return self._hit_body(hit, self._request_id(), started), {
+        return self._hit_body(hit, self._calls.request_id(), started), {
             "X-Credits-Charged": str(credits), "X-Credits-Remaining": str(remaining if remaining > 0 else 0),
             "X-Cache": HIT,
         }
@@ -174,7 +155,7 @@ class Gateway:
         self, body: bytes | str, account: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
     ) -> Reply:
         started = time.perf_counter()
-        request_id = self._request_id()
+        request_id = self._calls.request_id()
         lists = self.key_lists.get(account) if account in self._restricted else None
         hit = None if memory_checked or lists is not None else self._cached_single(body, network)
         if hit is not None:
@@ -188,18 +169,7 @@ class Gateway:
             balance = None if self.open_mode else await self.cashier.remaining(account)
             return self._reply(jsonrpc.encode_error(None, error), error.http_status, 0, balance, None)
 
-        slots: list[Prepared | Outcome] = []
-        for entry in parsed.entries:
-            if isinstance(entry, Invalid):
-                slots.append(Outcome.failed(entry.error))
-                continue
-            try:
-                prepared_call = self._service.prepare(entry, self.router.route(entry, network))
-                refusal = call_refusal(lists, entry.method, prepared_call.params) if lists is not None else None
-                slots.append(prepared_call if refusal is None else Outcome.failed(refusal))
-            except JsonRpcError as error:
-                slots.append(Outcome.failed(error))
-
+        slots = self._prepare(parsed.entries, network, lists)
         prepared = [s for s in slots if isinstance(s, Prepared)]
         cost = 0 if self.open_mode else sum(p.credits for p in prepared)
         remaining: int | None = None
@@ -235,10 +205,34 @@ class Gateway:
             await self._ledger.refund(account, refund, now=charged_at)
             cost -= refund
             remaining = None if remaining is None else remaining + refund
-        self._account(account, parsed.entries, slots, results, cost, request_id)
+        keyed = not self.open_mode and cost > 0
+        self._calls.count(parsed.entries, slots, results, keyed, request_id)
+        if keyed:
+            self._terms[account].charged.value += cost
         if remaining is None and not self.open_mode:
             remaining = await self.cashier.remaining(account)
 
+        return self._answer(parsed, results, cost, remaining)
+
+    def _prepare(
+        self, entries: list[Call | Invalid], network: NetworkRuntime | None, lists: AllowLists | None,
+    ) -> list[Prepared | Outcome]:
+        """Each call routed, validated and priced, or the error that answers it."""
+        slots: list[Prepared | Outcome] = []
+        for entry in entries:
+            if isinstance(entry, Invalid):
+                slots.append(Outcome.failed(entry.error))
+                continue
+            try:
+                prepared_call = self._service.prepare(entry, self.router.route(entry, network))
+                refusal = call_refusal(lists, entry.method, prepared_call.params) if lists is not None else None
+                slots.append(prepared_call if refusal is None else Outcome.failed(refusal))
+            except JsonRpcError as error:
+                slots.append(Outcome.failed(error))
+        return slots
+
+    def _answer(self, parsed: Body, results: list[Outcome], cost: int, remaining: int | None) -> Reply:
+        """The body's reply: its answers (a batch, one call, or nothing for notifications) and headers."""
         parts = [
             jsonrpc.encode_error_object(e.id, o.payload) if o.is_error else jsonrpc.encode_result(e.id, o.payload)
             for e, o in zip(parsed.entries, results, strict=True) if not e.notification
@@ -301,7 +295,7 @@ class Gateway:
         rid, method, runtime, _payload, _is_error, credits, _cells = hit
         refusal, remaining = charge
         if refusal is not None:  # nothing was debited, nothing is served
-            self._account_call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
+            self._calls.call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
             return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
                                refusal.headers)
         self._terms[account].charged.value += credits
@@ -316,55 +310,8 @@ class Gateway:
         # The counts execute() and _account_call() make for a hit, through cells found once.
         cells.record(credits, time.perf_counter() - started)
         if request_id:
-            self._log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
+            self._calls.log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
-
-    def _account(
-        self, account: str, entries: list[Call | Invalid], slots: list[Prepared | Outcome],
-        results: list[Outcome], cost: int, request_id: int,
-    ) -> None:
-        keyed = not self.open_mode and cost > 0
-        for entry, slot, outcome in zip(entries, slots, results, strict=True):
-            if isinstance(slot, Prepared):
-                self._account_call(slot.network.name, slot.call.method, outcome, slot.credits if keyed else 0,
-                                   request_id)
-            else:
-                method = entry.method if isinstance(entry, Call) else "invalid"
-                self._account_call("none", method, outcome, 0, request_id)
-        if keyed:
-            self._terms[account].charged.value += cost
-
-    def _account_call(self, network: str, method: str, outcome: Outcome, credits: int, request_id: int) -> None:
-        """Count and log one call; `network` "none" marks a call refused before routing."""
-        metrics = self._metrics
-        label = metric_label(method) if method != "invalid" else method
-        if network == "none":
-            result = "invalid"
-        elif outcome.error is None:
-            result = "error" if outcome.is_error else "ok"
-        elif outcome.error.http_status in REFUSED_STATUSES:
-            result = "refused"
-        elif outcome.error.code == UPSTREAM_UNAVAILABLE:
-            result = "upstream_error"
-        else:
-            result = "error"
-        if credits and result != "refused" and not refunded(outcome.error):
-            metrics.child(metrics.credits_charged, label).inc(credits)
-        metrics.child(metrics.requests, network, label, result).inc()
-        if request_id:
-            cache = outcome.cache if network != "none" else None
-            self._log_call(request_id, network, label, result, cache, outcome.upstream_seconds)
-
-    def _log_call(
-        self, request_id: int, network: str, label: str, result: str, cache: str | None, upstream: float | None
-    ) -> None:
-        log.info(
-            "call", extra={
-                "request_id": f"{self._id_prefix}{request_id:x}", "network": network, "method": label,
-                "outcome": result, "cache": cache,
-                "upstream_ms": None if upstream is None else round(upstream * 1000, 2),
-            },
-        )
 
     def _reply(
         self, body: bytes | None, status: int, charged: int, remaining: int | None, cache: str | None,
