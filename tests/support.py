@@ -208,11 +208,21 @@ class CountingUpstream:
         self.asked: Counter[str] = Counter()
         self.batched: Counter[str] = Counter()  # calls that went inside batches, per method
         self.batches: list[list[tuple[str, Any]]] = []
+        self.proofs = 0  # calls asked with a proof header beside them
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
         """One upstream alone (identity probes, per-upstream heads, retries): counted apart."""
         self.asked[method] += 1
         return await self.inner.ask(index, method, params, timeout=timeout)
+
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer:
+        """A call and the header that shows the answering node's chain (counted apart, as `proofs`)."""
+        self.calls[method] += 1
+        self.params.append((method, params))
+        self.proofs += 1
+        answer: Answer = await self.inner.proven(method, params, block, index=index, timeout=timeout)
+        return answer
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         self.calls[method] += 1

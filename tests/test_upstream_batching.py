@@ -38,19 +38,22 @@ async def relay(target: str, *, refuse_batches: bool = False, max_body: int | No
 
     async def handle(request: web.Request) -> web.Response:
         body = await request.read()
-        if b"eth_getBlockByNumber" not in body:  # the head tracker's polls
+        payload = json.loads(body)
+        is_batch = isinstance(payload, list)
+        # Clients' reads: not the tracker's polls, identity probes, nor the header asked beside a read
+        # to show the node's chain (proofs.py).
+        reads = [p for p in (payload if is_batch else [payload]) if isinstance(p, dict)
+                 and p.get("method") not in ("eth_getBlockByNumber", "eth_blockNumber", "eth_chainId")]
+        if reads:
             record.bodies.append(len(body))
         if max_body is not None and len(body) > max_body:
             return web.Response(status=413, text="request entity too large")
-        payload = json.loads(body)
-        is_batch = isinstance(payload, list)
         if is_batch and refuse_batches and any(p["method"] == "eth_getStorageAt" for p in payload):
-            record.sizes.append(-len(payload))
+            record.sizes.append(-len(reads))
             return web.json_response({"jsonrpc": "2.0", "id": None,
                                       "error": {"code": -32600, "message": "batch requests are not supported"}})
-        if not any(isinstance(p, dict) and p.get("method") in ("eth_getBlockByNumber", "eth_blockNumber", "eth_chainId")
-                   for p in (payload if is_batch else [payload])):
-            record.sizes.append(len(payload) if is_batch else 1)
+        if reads:
+            record.sizes.append(len(reads))
         async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
             return web.Response(body=await resp.read(), content_type="application/json")
 
@@ -128,7 +131,7 @@ async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: An
 class FaultyBatches(HttpUpstream):
     """An upstream whose batch path fails with a plain exception (a bug, not a node error)."""
 
-    async def _batch(self, calls: Any, *, auto: bool = False) -> list[Answer]:
+    async def _batch(self, calls: Any, *, auto: bool = False, timeout: float | None = None) -> list[Answer]:
         raise RuntimeError("broken batch path")
 
 

@@ -10,7 +10,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
@@ -41,6 +42,9 @@ class Answer:
     error: dict[str, Any] | None = None
     seconds: float = 0.0
     upstream: int = -1  # the index of the upstream that produced it; -1: not known (a stored answer)
+    # The hash the same node gave, in the same batch, for the proof block the call was asked with
+    # ("" when it had no such block; None when no proof was asked): see proven().
+    proof: str | None = None
 
     @property
     def is_error(self) -> bool:
@@ -82,6 +86,21 @@ class PerUpstream(Protocol):
     states: UpstreamStates
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer: ...
+
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer: ...
+
+
+def proof_call(block: str) -> tuple[str, list[Any]]:
+    """The header asked beside a call, in the same batch, to show which chain the answering node is on."""
+    return ("eth_getBlockByNumber", [block, False])
+
+
+def proof_hash(header: Answer) -> str:
+    """The hash in a proof header's answer; "" when the node has no such block."""
+    block = header.result
+    value = block.get("hash") if isinstance(block, dict) else None
+    return value.lower() if isinstance(value, str) else ""
 
 
 Check = Callable[[Any], str | None]  # why a reply does not answer its request, or None
@@ -126,6 +145,9 @@ class _Failed(Exception):
         self.detail = detail
 
 
+_Queued = tuple[str, Any, "asyncio.Future[Answer]", str | None]  # method, params, waiter, proof block
+
+
 class HttpUpstream:
     """Tries each URL in order (primary first); a URL that fails is skipped for `cooldown` seconds."""
 
@@ -150,23 +172,36 @@ class HttpUpstream:
         self._metrics = metrics
         self._cooldown = cooldown
         self._down_until = [0.0] * len(self._urls)
+        self._inflight = [0] * len(self._urls)  # calls being posted, per upstream
         self._session = session
         self._next_id = 0
         self._batch_max = batch_max
         self._batch_max_bytes = batch_max_bytes
-        self._queue: list[tuple[str, Any, asyncio.Future[Answer]]] = []
+        self._queue: list[_Queued] = []
         self._flush_scheduled = False
         self._deliveries: set[asyncio.Task[None]] = set()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
+            # Connection loss is identity loss: a new connection (a silent keep-alive reconnect
+            # included) may reach a restarted node, so its identity is checked again (state.py).
+            traces = aiohttp.TraceConfig()
+            traces.on_connection_create_end.append(self._connected)
             self._session = aiohttp.ClientSession(
+                trace_configs=[traces],
                 connector=aiohttp.TCPConnector(limit=256, limit_per_host=128, keepalive_timeout=30),
                 headers={"Content-Type": "application/json"},
                 # The proxy's own request timeouts apply; no environment proxies for node traffic.
                 trust_env=False,
             )
         return self._session
+
+    async def _connected(self, _session: aiohttp.ClientSession, context: SimpleNamespace, _params: object) -> None:
+        index = context.trace_request_ctx.get("index") if isinstance(context.trace_request_ctx, dict) else None
+        if isinstance(index, int) and self._inflight[index] <= 1:
+            # Nothing else was in flight to it, so the pool held an idle connection unless it was
+            # closed: this is a reconnect, not the pool growing under load.
+            self.states.reconnected(index)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -182,9 +217,17 @@ class HttpUpstream:
         return healthy + cooling
 
     async def _post(self, index: int, body: bytes, timeout: float) -> Any:
+        self._inflight[index] += 1
+        try:
+            return await self._post_counted(index, body, timeout)
+        finally:
+            self._inflight[index] -= 1
+
+    async def _post_counted(self, index: int, body: bytes, timeout: float) -> Any:
         try:
             async with self._client().post(
-                self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout)
+                self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                trace_request_ctx={"index": index},
             ) as response:
                 if response.status != 200:
                     raise _Failed("http", f"HTTP {response.status}")
@@ -292,10 +335,10 @@ class HttpUpstream:
     # Cacheable reads that arrive in the same event-loop turn travel as one JSON-RPC batch: one
     # HTTP round trip instead of many. A lone call is sent alone, a turn later.
 
-    async def _enqueue(self, method: str, params: Any) -> Answer:
+    async def _enqueue(self, method: str, params: Any, proof: str | None = None) -> Answer:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Answer] = loop.create_future()
-        self._queue.append((method, params, waiter))
+        self._queue.append((method, params, waiter, proof))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
@@ -306,7 +349,7 @@ class HttpUpstream:
         call travels alone, never in a batch a node might refuse for its size."""
         self._flush_scheduled = False
         queue, self._queue = self._queue, []
-        group: list[tuple[str, Any, asyncio.Future[Answer]]] = []
+        group: list[_Queued] = []
         size = 0
         for call in queue:
             cost = len(jsonrpc.dumps(call[1])) + len(call[0]) + 64  # params, method, envelope
@@ -318,23 +361,23 @@ class HttpUpstream:
         if group:
             self._start(group)
 
-    def _start(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+    def _start(self, group: list[_Queued]) -> None:
         task = asyncio.create_task(self._deliver(group))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-    async def _deliver(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+    async def _deliver(self, group: list[_Queued]) -> None:
         # Every waiter is answered whatever happens here, so no caller is left waiting forever.
         failure: Exception = JsonRpcError(
             UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' (call abandoned)", http_status=502
         )
         try:
-            if len(group) == 1:
-                method, params, _ = group[0]
+            if len(group) == 1 and group[0][3] is None:
+                method, params, _, _ = group[0]
                 answers = [await self._single(method, params, None)]
             else:
                 try:
-                    answers = await self._batch([(m, p) for m, p, _ in group], auto=True)
+                    answers = await self._with_proofs([(m, p, b) for m, p, _, b in group], auto=True)
                 except JsonRpcError as error:
                     if error.http_status == 504:  # timed out: asking again, one by one, would only wait longer
                         raise
@@ -342,19 +385,19 @@ class HttpUpstream:
                     # alone, so only a call that fails by itself fails.
                     await self._resend_singly(group)
                     return
-            for (_, _, waiter), answer in zip(group, answers, strict=True):
+            for (_, _, waiter, _), answer in zip(group, answers, strict=True):
                 if not waiter.done():
                     waiter.set_result(answer)
         except Exception as error:  # the upstream's JsonRpcError, or a fault of ours: each caller hears it
             failure = error
         finally:
-            for _, _, waiter in group:
+            for _, _, waiter, _ in group:
                 if not waiter.done():
                     waiter.set_exception(failure)
 
-    async def _resend_singly(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
-        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _ in group), return_exceptions=True)
-        for (_, _, waiter), result in zip(group, results, strict=True):
+    async def _resend_singly(self, group: list[_Queued]) -> None:
+        results = await asyncio.gather(*(self._proven_alone(m, p, b) for m, p, _, b in group), return_exceptions=True)
+        for (_, _, waiter, _), result in zip(group, results, strict=True):
             if waiter.done():
                 continue
             if isinstance(result, BaseException):
@@ -362,10 +405,65 @@ class HttpUpstream:
             else:
                 waiter.set_result(result)
 
+    async def _proven_alone(self, method: str, params: Any, block: str | None) -> Answer:
+        if block is None:
+            return await self._single(method, params, None)
+        [answer] = await self._with_proofs([(method, params, block)])
+        return answer
+
+    async def _with_proofs(
+        self, calls: Sequence[tuple[str, Any, str | None]], *, auto: bool = False, index: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Answer]:
+        """The calls and one header per distinct proof block in one batch, so one node answers all; each
+        answer carries the hash that node gave for its proof block."""
+        blocks = list(dict.fromkeys(b for _, _, b in calls if b is not None))
+        sent = [(m, p) for m, p, _ in calls] + [proof_call(b) for b in blocks]
+        if index is None:
+            answers = await self._batch(sent, auto=auto, timeout=timeout)
+        else:
+            answers = await self._batch_to(index, sent, timeout or self._timeout)
+        hashes = {b: proof_hash(a) for b, a in zip(blocks, answers[len(calls):], strict=True)}
+        return [replace(a, proof=hashes[b]) if b is not None else a
+                for (_, _, b), a in zip(calls, answers[:len(calls)], strict=True)]
+
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer:
+        """A call and the header of `block` (a number or "latest") in one batch to one node: its answer,
+        with `proof` the hash that node has for `block`. Auto-batched with other reads when it can be."""
+        if index is None and timeout is None and self._batch_max > 1 and method in BATCHABLE:
+            return await self._enqueue(method, params, block)
+        [answer] = await self._with_proofs([(method, params, block)], index=index, timeout=timeout)
+        return answer
+
+    async def _batch_to(self, index: int, calls: Sequence[tuple[str, Any]], timeout: float) -> list[Answer]:
+        """One batch to upstream `index` alone (a retry elsewhere must still be one node's answers)."""
+        base = self._next_id + 1
+        self._next_id += len(calls)
+        body = jsonrpc.dumps([
+            {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
+        ])
+        ids = range(base, base + len(calls))
+        started = time.perf_counter()
+        try:
+            reply = await self._post(index, body, timeout)
+            problem = batch_problem(reply, ids)
+            if problem is not None or not isinstance(reply, list):
+                raise _Failed("mismatch", problem or "batch refused")
+        except _Failed as failure:
+            self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
+                               f"(upstream #{index}: {failure.detail})", http_status=502) from None
+        by_id = {item["id"]: item for item in reply}
+        seconds = time.perf_counter() - started
+        return [Answer.from_response(by_id[i], seconds, index) for i in ids]
+
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return await self._batch(calls)
 
-    async def _batch(self, calls: Sequence[tuple[str, Any]], *, auto: bool = False) -> list[Answer]:
+    async def _batch(
+        self, calls: Sequence[tuple[str, Any]], *, auto: bool = False, timeout: float | None = None,
+    ) -> list[Answer]:
         """One JSON-RPC batch. `auto`: an auto-batch of callers' reads, observed per call and split
         into single calls for a node that refuses batches; otherwise the tracker's own batch."""
         base = self._next_id + 1
@@ -374,7 +472,8 @@ class HttpUpstream:
             {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
         ])
         ids = range(base, base + len(calls))
-        reply, seconds, index = await self._send(body, None if auto else "batch", None, lambda r: batch_problem(r, ids))
+        reply, seconds, index = await self._send(body, None if auto else "batch", timeout,
+                                                 lambda r: batch_problem(r, ids))
         if not isinstance(reply, list):
             # A node that does not take batches answers with one error object: ask one by one.
             return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
