@@ -11,7 +11,8 @@ import subprocess
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,30 @@ class Anvil:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+
+
+@asynccontextmanager
+async def balancer(route: Callable[[list[dict[str, Any]]], str]) -> AsyncIterator[str]:
+    """A load balancer in front of several nodes: `route` picks the node for each HTTP request (its
+    calls); a batch is never split. Yields the balancer's URL."""
+    session = aiohttp.ClientSession()
+
+    async def handle(req: web.Request) -> web.Response:
+        body = await req.read()
+        payload = json.loads(body)
+        target = route(payload if isinstance(payload, list) else [payload])
+        async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
+            return web.Response(body=await resp.read(), content_type="application/json")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/", handle)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}/"
+    finally:
+        await server.close()
+        await session.close()
 
 
 # --- Redis ---------------------------------------------------------------------------------

@@ -4,22 +4,28 @@ changes. Real Anvil nodes, real redis-server, the proxy on a real port."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.cache.policy import Decision, Mode
 from proxy.chain.heads import EvmHeadTracker, Head
 from proxy.chain.proofs import NOT_PROVABLE, answer_block_number, plan_proof, proof_doubt
 from proxy.state import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
+from tests.support import (
+    DEV_ACCOUNT,
+    Anvil,
+    Proxy,
+    balancer,
+    eventually,
+    free_port,
+    selector,
+    settings_for,
+    start_proxy,
+    word,
+)
 from tests.ws_client import connect
 
 FINALITY = 64  # anvil: finalized = latest - 64
@@ -39,29 +45,6 @@ def request(method: str, params: list[Any]) -> dict[str, Any]:
 async def answer(proxy: Proxy, method: str, params: list[Any]) -> tuple[dict[str, Any], str]:
     _, body, headers = await proxy.post(request(method, params))
     return body, headers.get("X-Cache", "")
-
-
-@asynccontextmanager
-async def router(route: Callable[[list[dict[str, Any]]], str]) -> AsyncIterator[str]:
-    """A load balancer in front of several nodes: `route` picks the node for each HTTP request."""
-    session = aiohttp.ClientSession()
-
-    async def handle(req: web.Request) -> web.Response:
-        body = await req.read()
-        payload = json.loads(body)
-        target = route(payload if isinstance(payload, list) else [payload])
-        async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
-            return web.Response(body=await resp.read(), content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/", handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
-    try:
-        yield f"http://127.0.0.1:{server.port}/"
-    finally:
-        await server.close()
-        await session.close()
 
 
 class TestProofDecisions:
@@ -244,8 +227,8 @@ async def test_a_fee_read_from_a_node_behind_the_head_is_never_kept() -> None:
     def route(calls: list[dict[str, Any]]) -> str:  # the balancer sends fee reads to its lagging member
         return lagging.url if any(c.get("method") == "eth_gasPrice" for c in calls) else node.url
 
-    async with router(route) as balancer:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=balancer))
+    async with balancer(route) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
         try:
             await proxy.head_at(50)
             for _ in range(3):

@@ -49,7 +49,10 @@ class Asker:
             doubt = "unknown_hash"  # that node may not know the block: another may
         if doubt is not None and doubt != "other_head" and per is not None:
             other = per.states.other_with(answer.upstream, plan.need)
-            if other is not None:
+            # No other upstream: the pool once more when the tracker knows the block (a load balancer
+            # may send it to a member that has it).
+            if other is not None or (plan.need is not None and not plan.tags_resolved
+                                     and doubt in ("unknown_hash", "unproven", "lagging")):
                 try:
                     retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
                 except JsonRpcError:
@@ -60,6 +63,10 @@ class Asker:
                         again = "unknown_hash"
                     if again is None or doubt == "unknown_hash":
                         answer, doubt = retried, again
+        if doubt == "unknown_hash" and plan.need is not None and not plan.tags_resolved:
+            # The tracker has the block the caller named: a node without it is behind, not the chain.
+            # (A tag the tracker resolved is asked again as the tag instead: service.py.)
+            doubt = "unproven"
         if doubt == "lagging" and per is not None and await self._caught_up(per, answer.upstream, plan.need):
             doubt = "late_head"  # its head had not been seen at the block yet: served, never stored
         if doubt in REFUSED:
@@ -99,6 +106,8 @@ class Asker:
             head = net.tracker.head
             if head is not None and not per.states.vouches(answer.upstream, head.latest):
                 return answer, "behind_head"
+        if proof is not None and answer.proof is None and answer.is_error:
+            return answer, "unverified"  # the node failed both: its error is served, never kept
         if proof is not None:
             doubt = proofs.proof_doubt(proof, answer.proof)
             if doubt == "off_chain":

@@ -96,8 +96,10 @@ def proof_call(block: str) -> tuple[str, list[Any]]:
     return ("eth_getBlockByNumber", [block, False])
 
 
-def proof_hash(header: Answer) -> str:
-    """The hash in a proof header's answer; "" when the node has no such block."""
+def proof_hash(header: Answer) -> str | None:
+    """The hash in a proof header's answer; "" when the node has no such block, None when it failed."""
+    if header.is_error:
+        return None
     block = header.result
     value = block.get("hash") if isinstance(block, dict) else None
     return value.lower() if isinstance(value, str) else ""
@@ -372,9 +374,9 @@ class HttpUpstream:
             UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' (call abandoned)", http_status=502
         )
         try:
-            if len(group) == 1 and group[0][3] is None:
-                method, params, _, _ = group[0]
-                answers = [await self._single(method, params, None)]
+            if len(group) == 1:  # alone: a failure is its own, not the batch's
+                method, params, _, block = group[0]
+                answers = [await self._proven_alone(method, params, block)]
             else:
                 try:
                     answers = await self._with_proofs([(m, p, b) for m, p, _, b in group], auto=True)
