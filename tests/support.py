@@ -155,18 +155,8 @@ class Anvil:
 
 
 @asynccontextmanager
-async def balancer(route: Callable[[list[dict[str, Any]]], str]) -> AsyncIterator[str]:
-    """A load balancer in front of several nodes: `route` picks the node for each HTTP request (its
-    calls); a batch is never split. Yields the balancer's URL."""
-    session = aiohttp.ClientSession()
-
-    async def handle(req: web.Request) -> web.Response:
-        body = await req.read()
-        payload = json.loads(body)
-        target = route(payload if isinstance(payload, list) else [payload])
-        async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
-            return web.Response(body=await resp.read(), content_type="application/json")
-
+async def serving(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """`handle` as an HTTP server on a free port (POST /): yields its URL."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/", handle)
     server = TestServer(app, host="127.0.0.1", port=free_port())
@@ -175,7 +165,23 @@ async def balancer(route: Callable[[list[dict[str, Any]]], str]) -> AsyncIterato
         yield f"http://127.0.0.1:{server.port}/"
     finally:
         await server.close()
-        await session.close()
+
+
+@asynccontextmanager
+async def balancer(route: Callable[[list[dict[str, Any]]], str]) -> AsyncIterator[str]:
+    """A load balancer in front of several nodes: `route` picks the node for each HTTP request (its
+    calls); a batch is never split. Yields the balancer's URL."""
+    async with aiohttp.ClientSession() as session:
+
+        async def handle(req: web.Request) -> web.Response:
+            body = await req.read()
+            payload = json.loads(body)
+            target = route(payload if isinstance(payload, list) else [payload])
+            async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
+                return web.Response(body=await resp.read(), content_type="application/json")
+
+        async with serving(handle) as url:
+            yield url
 
 
 # --- Redis ---------------------------------------------------------------------------------

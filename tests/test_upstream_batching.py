@@ -11,12 +11,11 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
 from proxy.upstream.pool import Answer, HttpUpstream
-from tests.support import Anvil, Proxy, free_port, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, serving, settings_for, start_proxy, word
 
 STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
 
@@ -57,15 +56,10 @@ async def relay(target: str, *, refuse_batches: bool = False, max_body: int | No
         async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
             return web.Response(body=await resp.read(), content_type="application/json")
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/", handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
-    record.url = f"http://127.0.0.1:{server.port}/"
     try:
-        yield record
+        async with serving(handle) as record.url:
+            yield record
     finally:
-        await server.close()
         await session.close()
 
 
