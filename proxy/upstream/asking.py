@@ -106,8 +106,8 @@ class Asker:
             head = net.tracker.head
             if head is not None and not per.states.vouches(answer.upstream, head.latest):
                 return answer, "behind_head"
-        if proof is not None and answer.proof is None and answer.is_error:
-            return answer, "unverified"  # the node failed both: its error is served, never kept
+        if proof is not None and answer.proof is None:
+            return answer, "unverified"  # no header came with it (it failed, or the call went alone): never kept
         if proof is not None:
             doubt = proofs.proof_doubt(proof, answer.proof)
             if doubt == "off_chain":

@@ -398,7 +398,8 @@ class HttpUpstream:
                     waiter.set_exception(failure)
 
     async def _resend_singly(self, group: list[_Queued]) -> None:
-        results = await asyncio.gather(*(self._proven_alone(m, p, b) for m, p, _, b in group), return_exceptions=True)
+        # Alone means alone: a node that fails a call inside batches answers it, unproven (proof None).
+        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _, _ in group), return_exceptions=True)
         for (_, _, waiter, _), result in zip(group, results, strict=True):
             if waiter.done():
                 continue
