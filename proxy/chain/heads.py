@@ -374,6 +374,9 @@ class EvmHeadTracker:
         old_head = self.head
         violated = known_final is not None and self._violates(known_final, _header(answers[3]), latest,
                                                               latest_a.upstream)
+        if violated:
+            self._epoch = new_epoch()
+            self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
         rewound, self._rewound = self._rewound, False
         if old_head is not None and latest.number < old_head.latest and not (violated or rewound):
             known = old_head.hashes.get(latest.number)
@@ -392,8 +395,6 @@ class EvmHeadTracker:
         safe_h = _header(safe_a)
         safe = safe_h.number if safe_h else max(finalized, latest.number - self._depth // 2)
         safe = max(finalized, min(safe, latest.number))
-        if violated:
-            self._epoch = new_epoch()
 
         old = dict(old_head.hashes) if old_head else {}
         # Without the finalized tag the window reaches down to the finalized block, for its hash.
