@@ -10,6 +10,7 @@ changed by compare-and-set on the epoch, so replicas that see the same change ag
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -95,3 +96,56 @@ def parse_record(reply: Any) -> Checkpoint | None:
         return Checkpoint(epoch, int(number), block_hash)
     except ValueError:
         return None
+
+
+class EpochKeeper:
+    """One network's epoch as its tracker holds it: the name in its keys, the stored record's epoch
+    (the compare-and-set's guess), and whether keys may be named yet."""
+
+    def __init__(self, store: EpochStore | None) -> None:
+        self.store = store if store is not None else MemoryEpochs()
+        self.epoch = ""
+        self.loaded = False  # the record was read and its checkpoint found on the chain: keys can be named
+        self.keyed = asyncio.Event()  # keys were first named
+        # A stored checkpoint (number, hash) the next poll must find on the chain, once taken.
+        self.to_check: tuple[int, str] | None = None
+        self._record = NONE
+
+    def forget(self) -> None:
+        """Another chain identity: its own record is read next."""
+        self.loaded, self._record = False, NONE
+
+    def move_on(self) -> None:
+        self.epoch = new_epoch()
+
+    async def sync(self, base: str, finalized: int, final_hash: str, violated: bool) -> None:
+        """Read and move on the record: adopt another replica's epoch, check a stored checkpoint on
+        the chain before naming keys, and advance the checkpoint."""
+        mine = (finalized, final_hash)
+        if not self.loaded and not violated and self._record == NONE:
+            # Only read (an impossible expected epoch writes nothing): is there an epoch in force?
+            stored = await self.store.advance(base, "?", Checkpoint("", 0, ""))
+            if stored is not None:
+                self._adopt(stored, proven=(stored.number, stored.hash) == mine)
+                return
+        stored = await self.store.advance(base, self._record, Checkpoint(self.epoch, finalized, final_hash))
+        if stored is None:
+            return  # the store cannot be read now: keys stay as they are (or unnamed) until it can
+        if stored.epoch != self.epoch:
+            self._adopt(stored, proven=(stored.number, stored.hash) == mine)  # another replica moved first
+            return
+        self._record = stored.epoch
+        self._named()
+
+    def _adopt(self, stored: Checkpoint, *, proven: bool) -> None:
+        """Take a stored epoch; unless this poll's finalized block is its very checkpoint, the next poll
+        checks that on the chain, and until then no key is named (an epoch whose chain is gone is
+        never served)."""
+        self.epoch, self._record, self.loaded = stored.epoch, stored.epoch, False
+        self.to_check = (stored.number, stored.hash)
+        if proven:
+            self._named()
+
+    def _named(self) -> None:
+        self.loaded = True
+        self.keyed.set()

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.chain.epochs import NONE, Checkpoint, EpochStore, MemoryEpochs, new_epoch
+from proxy.chain.epochs import EpochKeeper, EpochStore
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
@@ -238,19 +238,17 @@ class EvmHeadTracker:
         self._states = states
         self._identity: str | None = None  # the chain identity's key space; None: not known yet
         self.identity: ChainIdentity | None = None  # the network's chain (eth_chainId is answered from it)
-        self._epoch = ""  # moved on by a finality violation, a replaced chain, a dev node's state change
         self._final: Header | None = None  # the finalized block of the last poll (or of the epoch's record)
-        self._epochs = epochs if epochs is not None else MemoryEpochs()
-        self._record = NONE  # the epoch of the stored record, as last read (the compare-and-set's guess)
-        self._loaded = False  # the record was read and its checkpoint found on the chain: keys can be named
+        # The epoch (moved on by a finality violation, a replaced chain, a dev node's state change).
+        self._epochs = EpochKeeper(epochs)
+        self.keyed = self._epochs.keyed  # keys were first named (identity and epoch known)
         self._rewound = False  # a dev node's state changed: the next poll may take a shorter chain
-        self.keyed = asyncio.Event()  # keys were first named (identity and epoch known)
 
     # --- the cache-key space: network name, chain identity, epoch --------------------------
 
     def set_identity(self, identity: ChainIdentity) -> None:
         if identity != self.identity:
-            self._loaded, self._record = False, NONE  # its epoch record is read on the next poll, now
+            self._epochs.forget()  # its epoch record is read on the next poll, now
             self._wake.set()
         self.identity = identity
         self._identity = identity.key_space()
@@ -259,22 +257,25 @@ class EvmHeadTracker:
     def checkpoint(self) -> tuple[int, str] | None:
         """The network's finalized block (number, hash), once the tracker vouches for it."""
         head = self.head
-        return (head.finalized, head.final_hash) if head is not None and head.final_hash and self._loaded else None
+        if head is None or not head.final_hash or not self._epochs.loaded:
+            return None
+        return (head.finalized, head.final_hash)
 
     def state_changed(self) -> None:
         """A dev node's state was changed through the proxy (anvil_setStorageAt, evm_revert...): a new
         epoch at once, so no entry of the old state is served, and a poll now, which may find the chain
         rolled back (its subscribers get the removed logs without waiting for a block)."""
-        self._epoch = new_epoch()
+        self._epochs.move_on()
         self._rewound = True
         self._asker.fresh_from = time.time()
         self._wake.set()
         self._reissue()
 
     def _space(self) -> str | None:
-        if self._identity is None or not self._loaded:
+        if self._identity is None or not self._epochs.loaded:
             return None
-        return f"{self.network}@{self._identity}" + (f"~{self._epoch}" if self._epoch else "")
+        epoch = self._epochs.epoch
+        return f"{self.network}@{self._identity}" + (f"~{epoch}" if epoch else "")
 
     def _reissue(self, **changes: Any) -> None:
         """The same head as a new object: plans memoized against the old one are made again."""
@@ -375,7 +376,7 @@ class EvmHeadTracker:
         violated = known_final is not None and self._violates(known_final, _header(answers[3]), latest,
                                                               latest_a.upstream)
         if violated:
-            self._epoch = new_epoch()
+            self._epochs.move_on()
             self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
         rewound, self._rewound = self._rewound, False
         if old_head is not None and latest.number < old_head.latest and not (violated or rewound):
@@ -400,7 +401,8 @@ class EvmHeadTracker:
         # Without the finalized tag the window reaches down to the finalized block, for its hash.
         hashes = await self._sync_window(latest, finalized - (0 if final_h else 1), old)
         final_hash = final_h.hash if final_h else hashes.get(finalized, "")
-        await self._sync_epoch(finalized, final_hash, violated)
+        if self._identity is not None and final_hash:
+            await self._epochs.sync(f"{self.network}@{self._identity}", finalized, final_hash, violated)
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
         head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes,
@@ -408,7 +410,10 @@ class EvmHeadTracker:
         if old_head is not None and not reorged and _same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
-        if self._loaded:  # else the record's checkpoint is checked by the next poll
+        to_check, self._epochs.to_check = self._epochs.to_check, None
+        if to_check is not None:  # a stored checkpoint: the next poll checks it on the chain
+            self._final = Header(to_check[0], to_check[1], "", 0, 0)
+        else:
             self._final = final_h or Header(finalized, final_hash, "", 0, 0) if final_hash else final_h
         self.last_poll = time.time()
         self._publish(head)
@@ -450,41 +455,6 @@ class EvmHeadTracker:
                   self.network, known.number, what)
         self._metrics.finality_violations.labels(self.network).inc()
         return True
-
-    async def _sync_epoch(self, finalized: int, final_hash: str, violated: bool) -> None:
-        """Read and move on the network's epoch record (epochs.py): adopt another replica's epoch,
-        check a stored checkpoint against the chain before naming keys, and advance the checkpoint."""
-        if self._identity is None or not final_hash:
-            return
-        base = f"{self.network}@{self._identity}"
-        if not self._loaded and not violated and self._record == NONE:
-            # Only read (an impossible expected epoch writes nothing): is there an epoch in force?
-            stored = await self._epochs.advance(base, "?", Checkpoint("", 0, ""))
-            if stored is not None:
-                self._adopt(stored, proven=(stored.number, stored.hash) == (finalized, final_hash))
-                return
-        ours = Checkpoint(self._epoch, finalized, final_hash)
-        stored = await self._epochs.advance(base, self._record, ours)
-        if stored is None:
-            return  # the store cannot be read now: keys stay as they are (or unnamed) until it can
-        if stored.epoch != self._epoch:
-            self._adopt(stored, proven=(stored.number, stored.hash) == (finalized, final_hash))  # moved first
-            return
-        self._record = stored.epoch
-        if not self._loaded:
-            self._loaded = True
-            self.keyed.set()
-            self._reissue()
-
-    def _adopt(self, stored: Checkpoint, *, proven: bool = False) -> None:
-        """Take a stored epoch; its checkpoint is checked on the chain by the next poll (unless this
-        poll's finalized block is that very one), and until then no key is named (an epoch whose
-        chain is gone is never served)."""
-        self._epoch, self._record, self._loaded = stored.epoch, stored.epoch, proven
-        if proven:
-            self.keyed.set()
-        self._final = Header(stored.number, stored.hash, "", 0, 0)
-        self._reissue()
 
     async def _sync_window(self, latest: Header, finalized: int, old: dict[int, str]) -> dict[int, str]:
         """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
