@@ -379,7 +379,7 @@ class HttpUpstream:
                 answers = [await self._proven_alone(method, params, block)]
             else:
                 try:
-                    answers = await self._with_proofs([(m, p, b) for m, p, _, b in group], auto=True)
+                    answers = await self._with_proofs([(m, p, b) for m, p, _, b in group])
                 except JsonRpcError as error:
                     if error.http_status == 504:  # timed out: asking again, one by one, would only wait longer
                         raise
@@ -415,7 +415,7 @@ class HttpUpstream:
         return answer
 
     async def _with_proofs(
-        self, calls: Sequence[tuple[str, Any, str | None]], *, auto: bool = False, index: int | None = None,
+        self, calls: Sequence[tuple[str, Any, str | None]], *, index: int | None = None,
         timeout: float | None = None,
     ) -> list[Answer]:
         """The calls and one header per distinct proof block in one batch, so one node answers all; each
@@ -423,7 +423,7 @@ class HttpUpstream:
         blocks = list(dict.fromkeys(b for _, _, b in calls if b is not None))
         sent = [(m, p) for m, p, _ in calls] + [proof_call(b) for b in blocks]
         if index is None:
-            answers = await self._batch(sent, auto=auto, timeout=timeout)
+            answers = await self._batch(sent, auto=True, timeout=timeout)  # observed per method, header too
         else:
             answers = await self._batch_to(index, sent, timeout or self._timeout)
         hashes = {b: proof_hash(a) for b, a in zip(blocks, answers[len(calls):], strict=True)}
