@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.cache.admission import Admission
 from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
+from proxy.chain.epochs import EpochStore, RedisEpochs
 from proxy.chain.head_feed import EvmFeed
 from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
 from proxy.chain.identity import IdentityGuard
@@ -77,12 +78,14 @@ def _streams(
         if isinstance(tracker, EvmHeadTracker):
             feed = EvmFeed(name, runtime.upstream, tracker, push=relays.get(name))
             tracker.on_head.append(feed.on_head)
+            tracker.on_reorg.append(feed.on_reorg)
             feeds[name] = feed
     return feeds, relays
 
 
 def _networks(
     settings: Settings, pool: dict[str, Upstream], metrics: Metrics, shared: dict[str, SharedPolls],
+    epochs: EpochStore | None = None,
 ) -> tuple[dict[str, NetworkRuntime], list[IdentityGuard]]:
     """Each network's runtime (its upstream and head tracker), and the identity guards of EVM networks."""
     runtimes: dict[str, NetworkRuntime] = {}
@@ -97,13 +100,13 @@ def _networks(
                 net.name, upstream, interval=settings.head_poll_interval,
                 finality_depth=net.finality_depth or settings.finality_depth, metrics=metrics,
                 stale_after=settings.head_stale_bound, states=per_upstream.states if per_upstream else None,
-                shared=shared.get(net.name),
+                shared=shared.get(net.name), epochs=epochs,
             )
             if per_upstream is not None:  # without it, no identity: nothing of the network is cached
                 guards.append(IdentityGuard(
                     net.name, per_upstream, declared_chain_id=net.chain_id,
                     interval=settings.identity_check_interval, retry=settings.head_poll_interval, metrics=metrics,
-                    on_identity=tracker.set_identity, on_adopt=tracker.adopt,
+                    on_identity=tracker.set_identity, on_adopt=tracker.adopt, checkpoint=tracker.checkpoint,
                 ))
         else:
             tracker = SolanaSlotTracker(net.name, pool[net.name], interval=settings.head_poll_interval,
@@ -247,6 +250,9 @@ class _Lifecycle:
             async with asyncio.timeout(STARTUP_WAIT):
                 await asyncio.gather(*(g.checked.wait() for g in guards),
                                      *(r.tracker.attempted.wait() for r in runtimes.values()))
+                # ... and once the identity is known, its epoch read (nothing is cached before).
+                await asyncio.gather(*(r.tracker.keyed.wait() for r in runtimes.values()
+                                       if isinstance(r.tracker, EvmHeadTracker) and r.tracker.identity is not None))
         tasks += [asyncio.create_task(f.run(), name=f"feed-{n}") for n, f in self.feeds.items()]
         return tasks
 
@@ -308,13 +314,15 @@ def create_app(
     pool: dict[str, Upstream] = {n.name: KeyedUpstream(factory(n, metrics), slots) for n in settings.networks}
     shared = {n.name: SharedPolls(worker.run_dir, n.name, settings.head_poll_interval)
               for n in settings.networks} if worker is not None else {}
-    runtimes, guards = _networks(settings, pool, metrics, shared)
-    shown_relay = _shown_relay(runtimes, worker)
     stores = _stores(settings, metrics, clock, redis, ledger)
     if stores.link is None:  # no Redis configured: no rpc_proxy_redis_up to say it is down
         metrics.registry.unregister(metrics.redis_up)
     if worker is not None and stores.leased is not None:
         stores.shared_ledger = WorkerLedger(worker.run_dir, worker.index, stores.leased, settings.credits_journal_dir)
+    # The networks' epochs live beside the entries they name (in Redis, when the cache has it).
+    runtimes, guards = _networks(settings, pool, metrics, shared,
+                                 RedisEpochs(stores.link) if stores.link is not None else None)
+    shown_relay = _shown_relay(runtimes, worker)
     service = Service(settings, runtimes, stores.cache, metrics)
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time)
     feeds, relays = _streams(settings, runtimes)

@@ -66,4 +66,9 @@ class Plan:
     credits: int  # the call's price, so a memory hit needs no policy lookup
     hit_cells: tuple[HitCells, HitCells]  # the metric cells a memory hit updates: (result, error)
     check_results: bool = True  # eth_getLogs' result limit on this answer (not on a chunked call's piece)
+    # Which chain the answering node is on, asked in the same batch (proofs.py): (block, hash, same),
+    # `same` False for a reorged-out hash the node's canonical chain must no longer have there.
+    proof: tuple[str, str, bool] | None = None
+    # A hash the call names that the tracker does not hold in its window: kept only once shown canonical.
+    unvouched_hash: str | None = None
 

@@ -16,7 +16,7 @@ from proxy.cache.integrity import Integrity
 from proxy.cache.log_reads import LogReads, Pieces
 from proxy.cache.tiers import Coalescer, TieredCache, cache_key
 from proxy.calls import BYPASS, HIT, MISS, Outcome, Plan, Prepared
-from proxy.chain import local_answers, pinning
+from proxy.chain import local_answers, pinning, proofs
 from proxy.chain.heads import EvmHeadTracker, Head, Resolved
 from proxy.config import Settings
 from proxy.credits.prices import credits_of
@@ -40,6 +40,7 @@ from proxy.rpc.methods import (
     WRITE_METHODS,
     CacheClass,
     MethodPolicy,
+    changes_dev_state,
     family_of,
     metric_label,
 )
@@ -198,6 +199,8 @@ class Service:
             answer = await net.upstream.request(method, params)
             if method in WRITE_METHODS and not answer.is_error and isinstance(net.tracker, EvmHeadTracker):
                 net.tracker.wrote()  # writes are hints: the block holding it may be out already (automining)
+            if isinstance(net.tracker, EvmHeadTracker) and changes_dev_state(method):
+                net.tracker.state_changed()  # the dev node's state changed without a block: drop its entries
             return Outcome.answered(self._shown(net, method, answer, prepared.refs), BYPASS)
 
         refs = prepared.refs
@@ -286,6 +289,16 @@ class Service:
         if decision.per_head and head is not None:
             need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
         tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
+        proof, unvouched = None, None
+        if evm and isinstance(tracker, EvmHeadTracker):
+            numbered = any(r is not None and r.number is not None for r in resolved.values())
+            proof = proofs.plan_proof(decision, numbered, head, named, tracker.orphans)
+            if proof == proofs.NOT_PROVABLE:
+                decision, proof = cp.BYPASS, None  # no hash to show the answer's chain by: not kept
+            elif proof is not None and not proof[2]:
+                decision = cp.BYPASS  # a reorged-out hash: answered as the canonical chain does, never kept
+            elif decision.mode is cp.Mode.IMMUTABLE and not numbered and head is not None:
+                unvouched = next((h for h in named if h not in head.numbers), None)
         cells = (self._metrics.hit_cells(net.name, method, False), self._metrics.hit_cells(net.name, method, True))
         key = ""
         if decision.cacheable and space is not None:
@@ -296,7 +309,8 @@ class Service:
         # An unfinalized block pinned by hash goes upstream as the method's by-hash sibling.
         upstream_method = policy.by_hash if policy.by_hash and decision.pin_hashes else method
         return Plan(head, decision, key, upstream_method, forward, tags_resolved, need, check_end,
-                    decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece)
+                    decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece, proof,
+                    unvouched)
 
     async def _read_through(self, prepared: Prepared, policy: MethodPolicy, params: Any, plan: Plan) -> Outcome:
         """The cached answer for the plan's key, else the upstream's (kept when it belongs to the key)."""
@@ -374,6 +388,9 @@ class Service:
         if doubt is not None:  # served, never stored
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
             return answer, False
+        if plan.unvouched_hash is not None and kind == "ok" and not await self._asker.canonical(net, plan, answer):
+            self._metrics.uncached_answers.labels(net.name, "unverified").inc()
+            return answer, False  # a block hash not shown canonical: served, not kept
         ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)
         key = plan.key
         if plan.decision.tied_to_answer and kind in ("ok", "null"):

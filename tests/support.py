@@ -11,7 +11,8 @@ import subprocess
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,36 @@ class Anvil:
         self.proc.wait(10)
 
 
+@asynccontextmanager
+async def serving(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """`handle` as an HTTP server on a free port (POST /): yields its URL."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/", handle)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}/"
+    finally:
+        await server.close()
+
+
+@asynccontextmanager
+async def balancer(route: Callable[[list[dict[str, Any]]], str]) -> AsyncIterator[str]:
+    """A load balancer in front of several nodes: `route` picks the node for each HTTP request (its
+    calls); a batch is never split. Yields the balancer's URL."""
+    async with aiohttp.ClientSession() as session:
+
+        async def handle(req: web.Request) -> web.Response:
+            body = await req.read()
+            payload = json.loads(body)
+            target = route(payload if isinstance(payload, list) else [payload])
+            async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as resp:
+                return web.Response(body=await resp.read(), content_type="application/json")
+
+        async with serving(handle) as url:
+            yield url
+
+
 # --- Redis ---------------------------------------------------------------------------------
 
 
@@ -208,11 +239,21 @@ class CountingUpstream:
         self.asked: Counter[str] = Counter()
         self.batched: Counter[str] = Counter()  # calls that went inside batches, per method
         self.batches: list[list[tuple[str, Any]]] = []
+        self.proofs = 0  # calls asked with a proof header beside them
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
         """One upstream alone (identity probes, per-upstream heads, retries): counted apart."""
         self.asked[method] += 1
         return await self.inner.ask(index, method, params, timeout=timeout)
+
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer:
+        """A call and the header that shows the answering node's chain (counted apart, as `proofs`)."""
+        self.calls[method] += 1
+        self.params.append((method, params))
+        self.proofs += 1
+        answer: Answer = await self.inner.proven(method, params, block, index=index, timeout=timeout)
+        return answer
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
         self.calls[method] += 1

@@ -181,6 +181,11 @@ class SlowUpstream(CountingUpstream):
         await asyncio.sleep(0.2)
         return await super().request(method, params, timeout=timeout)
 
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer:
+        await asyncio.sleep(0.2)  # a final read goes with its proof header (proofs.py)
+        return await super().proven(method, params, block, index=index, timeout=timeout)
+
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return await super().batch(calls)
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from proxy.credits.charging import refunded
 from proxy.credits.prices import METHOD_CREDITS
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, UPSTREAM_UNAVAILABLE, JsonRpcError
-from tests.support import Anvil, free_port, settings_for, start_proxy
+from tests.support import Anvil, free_port, serving, settings_for, start_proxy
 from tests.test_credits import keys_file, storage
 
 
@@ -45,14 +45,10 @@ async def dropping_relay(target: str, position: str) -> AsyncIterator[str]:
             reply = [item for item in reply if item["id"] not in dropped]
         return web.json_response(reply)
 
-    app = web.Application()
-    app.router.add_post("/", handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
     try:
-        yield f"http://127.0.0.1:{server.port}/"
+        async with serving(handle) as url:
+            yield url
     finally:
-        await server.close()
         await session.close()
 
 

@@ -6,6 +6,12 @@ randomized workload of the seven methods at tags, numbers and hashes runs in rou
 to the same call: 0 mismatches. A -32002 (no upstream could answer) is an outage, not a wrong answer;
 it is counted apart.
 
+More configurations (issue 25), each in a shorter run: a backup that diverged (mines blocks of its
+own), a stalled backup across the canonical node's shallow reorgs, a load balancer in front of the
+canonical node and a lagging member (fee reads and tag reads go to the lagging one), a devnet
+restarted with the same genesis and other transactions, and both replicas restarted on the same Redis
+after a reorg below finality.
+
 Soak mode: DIFFERENTIAL_ROUNDS=300 DIFFERENTIAL_SEED=<n> pytest tests/test_differential.py -s
 """
 
@@ -17,6 +23,7 @@ import os
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,13 +33,28 @@ import pytest
 from proxy.state import SERVICE
 from tests.fake_solana import LARGEST, TOKEN_ACCOUNT, FakeSolana
 from tests.fault_relay import FaultRelay
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, mapping_slot, selector, settings_for, start_proxy, word
+from tests.support import (
+    DEV_ACCOUNT,
+    Anvil,
+    Proxy,
+    balancer,
+    eventually,
+    free_port,
+    mapping_slot,
+    selector,
+    settings_for,
+    start_proxy,
+    word,
+)
 
 SEED = int(os.environ.get("DIFFERENTIAL_SEED", "9"))
 ROUNDS = int(os.environ.get("DIFFERENTIAL_ROUNDS", "8"))
 CALLS_PER_ROUND = int(os.environ.get("DIFFERENTIAL_CALLS", "40"))
 FAULT_RATE = 0.25
 TAGS = ("latest", "safe", "finalized", "earliest")
+CONFIG_ROUNDS = int(os.environ.get("DIFFERENTIAL_CONFIG_ROUNDS", "4"))  # each issue-25 configuration
+CONFIGS = ("diverged_backup", "stalled_backup", "balancer", "devnet_restart", "proxy_restart")
+FIXED_GENESIS = ("--timestamp", "1700000000")  # a devnet restarted with the same genesis
 
 
 @dataclass
@@ -47,6 +69,8 @@ class World:
     hashes: list[str] = field(default_factory=list)  # every block hash seen, old forks included
     tally: Counter[str] = field(default_factory=Counter)
     mismatches: list[str] = field(default_factory=list)
+    config: str = "lagging_backup"
+    settings: Any = None
 
 
 async def direct(session: aiohttp.ClientSession, url: str, method: str, params: Any) -> dict[str, Any]:
@@ -55,9 +79,20 @@ async def direct(session: aiohttp.ClientSession, url: str, method: str, params: 
         return dict(await resp.json())
 
 
-def mutate(world: World, rng: random.Random) -> None:
-    """Mine blocks with writes, or reorg the canonical node's tip (blocks the fork may hold too)."""
+async def mutate(world: World, rng: random.Random, round_number: int) -> None:
+    """Mine blocks with writes, or reorg the canonical node's tip (blocks the fork may hold too);
+    in the issue-25 configurations, their event on round 2."""
     node = world.node
+    if world.config == "diverged_backup":
+        world.lagging.send(world.store, selector("setX(uint256)") + word(rng.randint(1, 10**6)))
+    if round_number == 2 and world.config == "devnet_restart":
+        restart_devnet(world, rng)
+    if round_number == 2 and world.config == "proxy_restart":
+        node.rpc("anvil_reorg", 80, [])  # below finality: the replicas move to a new epoch, then restart
+        await finality_violated(world)
+        for proxy in world.proxies:
+            await proxy.close()
+        world.proxies = [await start_proxy(world.settings), await start_proxy(world.settings)]
     if rng.random() < 0.4:
         node.rpc("anvil_reorg", rng.randint(1, 4), [])
     for _ in range(rng.randint(1, 3)):
@@ -68,6 +103,25 @@ def mutate(world: World, rng: random.Random) -> None:
     top = node.block_number()
     recent = range(max(0, top - 6), top + 1)
     world.hashes.extend(node.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in recent)
+
+
+def restart_devnet(world: World, rng: random.Random) -> None:
+    """The canonical devnet restarted on its port with the same genesis and other transactions,
+    longer than before (the old chain's blocks, hashes included, are gone)."""
+    top = world.node.block_number()
+    world.node.stop()
+    world.node = Anvil(*FIXED_GENESIS, port=world.node.port)
+    world.store = world.node.deploy_store()
+    for _ in range(3):
+        world.node.send(world.store, selector("emitMany(uint256)") + word(rng.randint(0, 3)))
+    world.node.mine(top + 5 - world.node.block_number())
+
+
+async def finality_violated(world: World) -> None:
+    async def seen() -> bool:
+        return all(p.metric("rpc_proxy_finality_violations_total", network="evm") >= 1 for p in world.proxies)
+
+    await eventually(seen, 20, "both replicas to see the finality violation")
 
 
 async def synced(world: World) -> None:
@@ -153,35 +207,54 @@ async def check(world: World, rng: random.Random, index: int) -> None:
                                             "cache": headers.get("X-Cache"), "faults": world.relay.applied[-3:]})[:600])
 
 
-@pytest.fixture
-async def world(redis_url: str, solana: FakeSolana) -> AsyncIterator[World]:
-    node = Anvil()
+@pytest.fixture(params=["lagging_backup", *CONFIGS])
+async def world(request: pytest.FixtureRequest, redis_url: str, solana: FakeSolana) -> AsyncIterator[World]:
+    config = request.param
+    node = Anvil(*FIXED_GENESIS, port=free_port()) if config == "devnet_restart" else Anvil()
     store = node.deploy_store()
     for i in range(12):
         node.send(store, selector("emitMany(uint256)") + word(i % 3))
-    node.mine(70)
-    lagging = Anvil("--fork-url", node.url, "--fork-block-number", str(node.block_number() - 3))
+    node.mine(70 if config != "proxy_restart" else 100)
+    fork_at = node.block_number() - (0 if config == "stalled_backup" else 3)
+    lagging = Anvil("--fork-url", node.url, "--fork-block-number", str(fork_at))
+    if config == "stalled_backup":  # it holds the blocks the canonical node's shallow reorgs replace
+        for n in range(fork_at - 6, fork_at + 1):
+            lagging.rpc("eth_getBlockByNumber", hex(n), False)
     relay = await FaultRelay(node.url).start()
-    settings = settings_for(EVM_UPSTREAM=f"{relay.url},{lagging.url}", SOLANA_UPSTREAM=solana.url,
-                            REDIS_URL=redis_url, UPSTREAM_TIMEOUT="5")
-    proxies = [await start_proxy(settings), await start_proxy(settings)]
-    session = aiohttp.ClientSession()
-    hashes = [node.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in range(node.block_number() + 1)]
-    yield World(node, lagging, relay, solana, proxies, store, session, hashes)
-    await session.close()
-    for proxy in proxies:
-        await proxy.close()
+    async with AsyncExitStack() as stack:
+        upstreams = f"{relay.url},{lagging.url}"
+        if config == "balancer":  # one URL: fee reads and every third request reach the lagging member
+            turn = iter(range(10**9))
+
+            def route(calls: list[dict[str, Any]]) -> str:
+                fees = any(c.get("method") in ("eth_gasPrice", "eth_feeHistory") for c in calls)
+                return lagging.url if fees or next(turn) % 3 == 2 else relay.url
+
+            upstreams = await stack.enter_async_context(balancer(route))
+        elif config in ("devnet_restart", "proxy_restart"):
+            upstreams = relay.url
+        settings = settings_for(EVM_UPSTREAM=upstreams, SOLANA_UPSTREAM=solana.url,
+                                REDIS_URL=redis_url, UPSTREAM_TIMEOUT="5")
+        proxies = [await start_proxy(settings), await start_proxy(settings)]
+        session = aiohttp.ClientSession()
+        hashes = [node.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in range(node.block_number() + 1)]
+        world = World(node, lagging, relay, solana, proxies, store, session, hashes, config=config, settings=settings)
+        yield world
+        await session.close()
+        for proxy in world.proxies:
+            await proxy.close()
     await relay.close()
     lagging.stop()
-    node.stop()
+    world.node.stop()
 
 
 async def test_the_proxy_never_answers_differently_from_the_canonical_node(world: World) -> None:
     rng = random.Random(SEED)
     assert LARGEST  # the fake's accounts are fixed: the Solana answers compare by value
-    for round_number in range(ROUNDS):
+    rounds = ROUNDS if world.config == "lagging_backup" else CONFIG_ROUNDS
+    for round_number in range(rounds):
         if round_number:
-            mutate(world, rng)
+            await mutate(world, rng, round_number)
         world.relay.clear()
         await synced(world)
         for index in range(CALLS_PER_ROUND):
@@ -189,8 +262,9 @@ async def test_the_proxy_never_answers_differently_from_the_canonical_node(world
         # A few identical calls at once on both replicas: coalesced misses and hits compared too.
         world.relay.clear()
         await asyncio.gather(*(check(world, random.Random(SEED + round_number), i) for i in range(4)))
-    print(f"differential seed={SEED} rounds={ROUNDS}: {dict(world.tally)}, faults {Counter(world.relay.applied)}")
+    print(f"differential {world.config} seed={SEED} rounds={rounds}: {dict(world.tally)}, "
+          f"faults {Counter(world.relay.applied)}")
     assert world.mismatches == [], "\n".join(world.mismatches[:10])
     assert world.tally["HIT"] > 0 and world.tally["MISS"] > 0, dict(world.tally)
     # -32002 when no upstream could answer (the primary faulted, the backup lacks the block): bounded.
-    assert world.tally["unavailable"] < ROUNDS * CALLS_PER_ROUND / 3, dict(world.tally)
+    assert world.tally["unavailable"] < rounds * CALLS_PER_ROUND / 3, dict(world.tally)

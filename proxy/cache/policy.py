@@ -159,7 +159,7 @@ def answer_block(result: Any) -> tuple[int, str] | None:
         return None
 
 
-def transaction_ttl(result: Any, head: Head | None, orphans: Mapping[str, None], ttls: Ttls) -> float | None:
+def transaction_ttl(result: Any, head: Head | None, orphans: Mapping[str, int], ttls: Ttls) -> float | None:
     """After the upstream call, for a transaction or receipt by hash: seconds to keep it, or None.
 
     Immutable once its block is at or below finalized; while above, kept for the unfinalized TTL only
@@ -178,7 +178,7 @@ def transaction_ttl(result: Any, head: Head | None, orphans: Mapping[str, None],
     return FOREVER if block[0] <= head.finalized else ttls.unfinalized
 
 
-def transaction_servable(result: Any, head: Head | None, orphans: Mapping[str, None]) -> bool:
+def transaction_servable(result: Any, head: Head | None, orphans: Mapping[str, int]) -> bool:
     """May a cached transaction or receipt be served now: its block is final, or canonical per the
     tracker's window, and no reorg the tracker saw replaced it."""
     block = answer_block(result)

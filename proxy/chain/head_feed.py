@@ -44,6 +44,7 @@ class EvmFeed:
         self._delivered: dict[int, str] = {}  # number -> hash of each block already delivered
         self._block_logs: dict[str, list[dict[str, Any]]] = {}  # hash -> its logs, re-sent if removed
         self._head: Head | None = None
+        self._rolled_back: int | None = None  # the tracker took a chain that ends below this block
         self._pushed: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -86,6 +87,12 @@ class EvmFeed:
     def on_head(self, head: Head) -> None:
         """The tracker's listener: remember the newest head and wake the worker."""
         self._head = head
+        self._wake.set()
+
+    def on_reorg(self, height: int) -> None:
+        """The tracker's listener: blocks from `height` up were replaced or rolled back (anvil_rollback,
+        evm_revert: a shorter chain with no new block), so their delivered logs are removed now."""
+        self._rolled_back = height if self._rolled_back is None else min(height, self._rolled_back)
         self._wake.set()
 
     def _on_pushed(self, _method: str, header: Any) -> None:
@@ -139,6 +146,9 @@ class EvmFeed:
             return
         top = max(delivered)
         conflicts = [n for n, h in delivered.items() if head.hashes.get(n, h) != h]
+        rolled_back, self._rolled_back = self._rolled_back, None
+        if rolled_back is not None:
+            conflicts += [n for n in delivered if n >= rolled_back and n > head.latest]
         if conflicts:
             fork = min(conflicts) - 1
         elif head.latest <= top:
@@ -150,12 +160,12 @@ class EvmFeed:
             log.warning("head feed %s: skipped blocks %d-%d (more than %d at once)", self.network, fork + 1,
                         start - 1, CATCH_UP)
         numbers = list(range(start, head.latest + 1))
-        headers = await self._headers(numbers, head)
+        headers = await self._headers(numbers, head) if numbers else []
         hashes = [str(h["hash"]).lower() for h in headers]
         parent = delivered.get(start - 1)
-        if parent is not None and str(headers[0]["parentHash"]).lower() != parent:
+        if headers and parent is not None and str(headers[0]["parentHash"]).lower() != parent:
             raise FeedError(f"block {start} does not extend the delivered chain")
-        logs = await self._logs(hashes) if self.logs else [[] for _ in numbers]
+        logs = await self._logs(hashes) if self.logs and hashes else [[] for _ in numbers]
         removed = sorted(n for n in delivered if n > fork)
         for n in removed:
             gone = self._block_logs.pop(delivered.pop(n), [])

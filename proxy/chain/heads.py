@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proxy.chain.epochs import EpochKeeper, EpochStore
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
@@ -60,6 +61,9 @@ class Head:
     # The network's cache-key space: name, chain identity and epoch (moved on by a finality
     # violation). None until the chain identity is known: nothing is cached without it.
     space: str | None = None
+    # The finalized block's hash: a node whose block at `finalized` has it is on the network's chain
+    # up to there (every block names its parent). "" when not known: nothing final is proven.
+    final_hash: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,14 +213,16 @@ class EvmHeadTracker:
         stale_after: float = 6.0,
         states: UpstreamStates | None = None,
         shared: SharedPolls | None = None,
+        epochs: EpochStore | None = None,
     ) -> None:
         self.network = network
         self.head: Head | None = None
         self.on_reorg: list[Callable[[int], None]] = []
         self.on_head: list[Callable[[Head], None]] = []  # called after every successful poll
         self.on_shown: list[Callable[[int], None]] = []  # a newly shown block (told to sibling workers)
-        # Hashes of blocks a reorg replaced, newest last (bounded): never answered from the cache.
-        self.orphans: dict[str, None] = {}
+        # Hashes of blocks a reorg replaced (hash -> number), newest last (bounded): never answered
+        # from the cache.
+        self.orphans: dict[str, int] = {}
         self.last_poll = 0.0
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
@@ -235,12 +241,18 @@ class EvmHeadTracker:
         self._states = states
         self._identity: str | None = None  # the chain identity's key space; None: not known yet
         self.identity: ChainIdentity | None = None  # the network's chain (eth_chainId is answered from it)
-        self._epoch = ""  # moved on by a finality violation
-        self._final: Header | None = None  # the finalized block of the last poll
+        self._final: Header | None = None  # the finalized block of the last poll (or of the epoch's record)
+        # The epoch (moved on by a finality violation, a replaced chain, a dev node's state change).
+        self._epochs = EpochKeeper(epochs)
+        self.keyed = self._epochs.keyed  # keys were first named (identity and epoch known)
+        self._rewound = False  # a dev node's state changed: the next poll may take a shorter chain
 
     # --- the cache-key space: network name, chain identity, epoch --------------------------
 
     def set_identity(self, identity: ChainIdentity) -> None:
+        if identity != self.identity:
+            self._epochs.forget()  # its epoch record is read on the next poll, now
+            self._wake.set()
         self.identity = identity
         self._identity = identity.key_space()
         self._reissue()
@@ -256,10 +268,28 @@ class EvmHeadTracker:
         self.set_identity(identity)
         self._wake.set()
 
-    def _space(self) -> str | None:
-        if self._identity is None:
+    def checkpoint(self) -> tuple[int, str] | None:
+        """The network's finalized block (number, hash), once the tracker vouches for it."""
+        head = self.head
+        if head is None or not head.final_hash or not self._epochs.loaded:
             return None
-        return f"{self.network}@{self._identity}" + (f"~{self._epoch}" if self._epoch else "")
+        return (head.finalized, head.final_hash)
+
+    def state_changed(self) -> None:
+        """A dev node's state was changed through the proxy (anvil_setStorageAt, evm_revert...): a new
+        epoch at once, so no entry of the old state is served, and a poll now, which may find the chain
+        rolled back (its subscribers get the removed logs without waiting for a block)."""
+        self._epochs.move_on()
+        self._rewound = True
+        self._asker.fresh_from = time.time()
+        self._wake.set()
+        self._reissue()
+
+    def _space(self) -> str | None:
+        if self._identity is None or not self._epochs.loaded:
+            return None
+        epoch = self._epochs.epoch
+        return f"{self.network}@{self._identity}" + (f"~{epoch}" if epoch else "")
 
     def _reissue(self, **changes: Any) -> None:
         """The same head as a new object: plans memoized against the old one are made again."""
@@ -368,9 +398,15 @@ class EvmHeadTracker:
         if self._states is not None:
             self._states.observe_head(latest_a.upstream, latest.number)
         old_head = self.head
-        if old_head is not None and latest.number < old_head.latest:
-            if self._states is not None:
-                self._states.suspect.set()  # going back may be another chain (a restarted devnet)
+        if old_head is not None and latest.number < old_head.latest and self._states is not None:
+            self._states.suspect.set()  # going back may be another chain (a restarted devnet)
+        violated = known_final is not None and self._violates(known_final, _header(answers[3]), latest,
+                                                              latest_a.upstream)
+        if violated:
+            self._epochs.move_on()
+            self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
+        rewound, self._rewound = self._rewound, False
+        if old_head is not None and latest.number < old_head.latest and not (violated or rewound):
             known = old_head.hashes.get(latest.number)
             same_chain = known is None or known == latest.hash
             if not self._furthest(latest_a.upstream) or (same_chain and not old_head.stale):
@@ -387,19 +423,25 @@ class EvmHeadTracker:
         safe_h = _header(safe_a)
         safe = safe_h.number if safe_h else max(finalized, latest.number - self._depth // 2)
         safe = max(finalized, min(safe, latest.number))
-        if known_final is not None:
-            self._check_finality(known_final, _header(answers[3]))
 
         old = dict(old_head.hashes) if old_head else {}
-        hashes = await self._sync_window(latest, finalized, old)
+        # Without the finalized tag the window reaches down to the finalized block, for its hash.
+        hashes = await self._sync_window(latest, finalized - (0 if final_h else 1), old)
+        final_hash = final_h.hash if final_h else hashes.get(finalized, "")
+        if self._identity is not None and final_hash:
+            await self._epochs.sync(f"{self.network}@{self._identity}", finalized, final_hash, violated)
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
         head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes,
-                    {h: n for n, h in hashes.items()}, space=self._space())
+                    {h: n for n, h in hashes.items()}, space=self._space(), final_hash=final_hash)
         if old_head is not None and not reorged and _same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
-        self._final = final_h
+        to_check, self._epochs.to_check = self._epochs.to_check, None
+        if to_check is not None:  # a stored checkpoint: the next poll checks it on the chain
+            self._final = Header(to_check[0], to_check[1], "", 0, 0)
+        else:
+            self._final = final_h or Header(finalized, final_hash, "", 0, 0) if final_hash else final_h
         self.last_poll = time.time()
         # A node answers a write before its miner has sealed the block (Anvil's automining): a poll
         # covers the writes made WRITE_SETTLE before it started; for later ones, another poll soon.
@@ -414,7 +456,7 @@ class EvmHeadTracker:
         if reorged:
             for height in reorged:
                 if height in old and hashes.get(height) != old[height]:
-                    self.orphans[old[height]] = None
+                    self.orphans[old[height]] = height
             while len(self.orphans) > ORPHANS_MAX:
                 del self.orphans[next(iter(self.orphans))]
             depth_from = min(reorged)
@@ -432,19 +474,21 @@ class EvmHeadTracker:
         ahead = [states.latest[i] for i in range(states.size) if states.verified[i] and states.in_rotation(i)]
         return states.latest[index] >= max(ahead, default=states.latest[index])
 
-    def _check_finality(self, known: Header, now: Header | None) -> None:
-        """A finalized block whose hash changed: every entry of the network may be wrong. Move the
-        key space to a new epoch (named after the new block, so replicas that see the same change
-        agree on it) and leave the old entries behind."""
-        if now is None or now.number != known.number or now.hash == known.hash:
-            return
-        log.error("head tracker %s: finalized block %d changed hash from %s to %s (a reorg below finality); "
-                  "the network's cache entries are invalidated", self.network, known.number, known.hash, now.hash)
+    def _violates(self, known: Header, now: Header | None, latest: Header, upstream: int) -> bool:
+        """A finalized block whose hash changed, or that the chain no longer reaches (a devnet
+        restarted with the same genesis): every entry of the network may be wrong."""
+        if now is not None and now.number == known.number and now.hash != known.hash:
+            what = f"changed hash from {known.hash} to {now.hash} (a reorg below finality)"
+        elif now is None and latest.number < known.number and self._furthest(upstream):
+            what = f"({known.hash}) is gone: the chain is at block {latest.number} (a restarted chain)"
+        else:
+            return False
+        log.error("head tracker %s: finalized block %d %s; the network's cache entries are invalidated",
+                  self.network, known.number, what)
         self._metrics.finality_violations.labels(self.network).inc()
-        self._epoch = now.hash[2:14]
-        self._reissue()
         if self._states is not None:
             self._states.suspect.set()  # a restarted devnet looks like this: its identity is checked now
+        return True
 
     async def _sync_window(self, latest: Header, finalized: int, old: dict[int, str]) -> dict[int, str]:
         """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
@@ -82,6 +83,7 @@ class IdentityGuard:
         metrics: Metrics,
         on_identity: Callable[[ChainIdentity], None],
         on_adopt: Callable[[ChainIdentity], None] | None = None,
+        checkpoint: Callable[[], tuple[int, str] | None] = lambda: None,
     ) -> None:
         self.network = network
         self.identity: ChainIdentity | None = None
@@ -94,6 +96,7 @@ class IdentityGuard:
         self._on_identity = on_identity
         self._on_adopt = on_adopt
         self._streak: tuple[ChainIdentity | None, int] = (None, 0)
+        self._checkpoint = checkpoint  # the network's finalized block (number, hash), once known
 
     async def run(self) -> None:
         states = self._pool.states
@@ -109,10 +112,23 @@ class IdentityGuard:
 
     async def check_all(self) -> None:
         # In index order: with no declared chain id, the primary's identity is the network's.
-        seen = [await self.check(index) for index in range(self._pool.states.size)]
+        checkpoint = self._checkpoint()
+        checks = [await self.check(index, checkpoint) for index in range(self._pool.states.size)]
+        seen = [identity for identity, _ in checks]
         self._streak, adopt = adoption(self._streak, agreed(seen, self.identity), self._declared)
         if adopt and seen[0] is not None:
             self.adopt(seen[0])
+            return
+        verdicts = [on_chain for _, on_chain in checks]
+        if checkpoint is not None and True in verdicts:
+            # Some upstream has the network's finalized block: one with another block there is on
+            # another fork. (If none has it, the network's chain itself moved on: the tracker sees it.)
+            for index, on_chain in enumerate(verdicts):
+                if on_chain is False and not self._pool.states.mismatch[index]:
+                    log.error("network %s: upstream #%d has another block %d than the network's "
+                              "finalized one: taken out of rotation", self.network, index, checkpoint[0])
+                    self._pool.states.judged(index, False)
+                    self._metrics.identity_mismatch.labels(self.network, str(index)).set(1)
 
     def adopt(self, identity: ChainIdentity) -> None:
         states = self._pool.states
@@ -126,19 +142,33 @@ class IdentityGuard:
             states.judged(index, True)
             self._metrics.identity_mismatch.labels(self.network, str(index)).set(0)
 
-    async def check(self, index: int) -> ChainIdentity | None:
-        """Ask upstream `index` for its identity and judge it; what it answered (None: nothing)."""
-        states = self._pool.states
+    async def check(
+        self, index: int, checkpoint: tuple[int, str] | None = None,
+    ) -> tuple[ChainIdentity | None, bool | None]:
+        """Check upstream `index`'s identity: what it answered (None: nothing), and whether its block at
+        `checkpoint` has the checkpoint's hash (None: not asked, or it has no such block yet)."""
+        probes: list[Any] = [
+            self._pool.ask(index, "eth_chainId", [], timeout=PROBE_TIMEOUT),
+            self._pool.ask(index, "eth_getBlockByNumber", ["0x0", False], timeout=PROBE_TIMEOUT),
+        ]
+        if checkpoint is not None:
+            probes.append(self._pool.ask(index, "eth_getBlockByNumber", [hex(checkpoint[0]), False],
+                                         timeout=PROBE_TIMEOUT))
         try:
-            chain_id, genesis = await asyncio.gather(
-                self._pool.ask(index, "eth_chainId", [], timeout=PROBE_TIMEOUT),
-                self._pool.ask(index, "eth_getBlockByNumber", ["0x0", False], timeout=PROBE_TIMEOUT),
-            )
+            chain_id, genesis, *at = await asyncio.gather(*probes)
         except JsonRpcError:
-            return None  # unreachable: it stays unverified (answers uncached) and is checked again later
+            return None, None  # unreachable: it stays unverified (answers uncached) and is checked again later
         seen = parse_identity(chain_id.result, genesis.result)
         if seen is None:
-            return None
+            return None, None
+        on_chain = None
+        if checkpoint is not None and isinstance(at[0].result, dict):
+            on_chain = str(at[0].result.get("hash", "")).lower() == checkpoint[1]
+        self._judge(index, seen)
+        return seen, on_chain
+
+    def _judge(self, index: int, seen: ChainIdentity) -> None:
+        states = self._pool.states
         first = self.identity is None
         self.identity, matches = judge(self.identity, self._declared, seen)
         if first and self.identity is not None:
@@ -153,4 +183,3 @@ class IdentityGuard:
                         self.network, index)
         states.judged(index, matches)
         self._metrics.identity_mismatch.labels(self.network, str(index)).set(0 if matches else 1)
-        return seen

@@ -227,3 +227,17 @@ def metric_label(method: str) -> str:
 def namespace(method: str) -> str | None:
     head, sep, _ = method.partition("_")
     return head if sep else None
+
+
+# Dev nodes' namespaces: their methods change the chain's state without a block (anvil_setStorageAt,
+# evm_revert, anvil_rollback...), except these, which read or only add blocks.
+DEV_NAMESPACES = frozenset({"anvil", "hardhat", "evm"})
+DEV_READS = frozenset({
+    "anvil_mine", "evm_mine", "hardhat_mine", "anvil_nodeInfo", "anvil_metadata", "hardhat_metadata",
+    "anvil_getAutomine", "hardhat_getAutomine", "evm_snapshot", "anvil_snapshot", "anvil_dumpState",
+})
+
+
+def changes_dev_state(method: str) -> bool:
+    """A forwarded dev-node method that may change state without a new block: a write hint."""
+    return namespace(method) in DEV_NAMESPACES and method not in DEV_READS

@@ -17,6 +17,9 @@ class Answer:
     error: dict[str, Any] | None = None
     seconds: float = 0.0
     upstream: int = -1  # the index of the upstream that produced it; -1: not known (a stored answer)
+    # The hash the same node gave, in the same batch, for the proof block the call was asked with
+    # ("" when it had no such block; None when no proof was asked): see pool.HttpUpstream.proven().
+    proof: str | None = None
 
     @property
     def is_error(self) -> bool:

@@ -10,13 +10,17 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.calls import Plan
-from proxy.chain import pinning
+from proxy.chain import pinning, proofs
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import EXECUTION_REVERTED, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import MethodPolicy
 from proxy.upstream.pool import Answer, PerUpstream
+
+# Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
+# serve another chain's (or a node behind's) view of the block.
+REFUSED = frozenset({"lagging", "fork", "off_chain", "unproven", "orphaned"})
 
 CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
 
@@ -40,24 +44,32 @@ class Asker:
         none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
         answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
         per = net.per_upstream
-        if doubt is None and plan.by_hash and _not_found(answer):
+        orphan = plan.proof is not None and not plan.proof[2]  # null is the canonical chain's answer
+        if doubt is None and plan.by_hash and _not_found(answer) and not orphan:
             doubt = "unknown_hash"  # that node may not know the block: another may
-        if doubt is not None and per is not None:
+        if doubt is not None and doubt != "other_head" and per is not None:
             other = per.states.other_with(answer.upstream, plan.need)
-            if other is not None:
+            # No other upstream: the pool once more when the tracker knows the block (a load balancer
+            # may send it to a member that has it).
+            if other is not None or (plan.need is not None and not plan.tags_resolved
+                                     and doubt in ("unknown_hash", "unproven", "lagging")):
                 try:
                     retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
                 except JsonRpcError:
                     if doubt == "unknown_hash":
                         raise  # a node that may not know the block said not-found; the one that may is down
                 else:
-                    if again is None and plan.by_hash and _not_found(retried):
+                    if again is None and plan.by_hash and _not_found(retried) and not orphan:
                         again = "unknown_hash"
                     if again is None or doubt == "unknown_hash":
                         answer, doubt = retried, again
+        if doubt == "unknown_hash" and plan.need is not None and not plan.tags_resolved:
+            # The tracker has the block the caller named: a node without it is behind, not the chain.
+            # (A tag the tracker resolved is asked again as the tag instead: service.py.)
+            doubt = "unproven"
         if doubt == "lagging" and per is not None and await self._caught_up(per, answer.upstream, plan.need):
             doubt = "late_head"  # its head had not been seen at the block yet: served, never stored
-        if doubt in ("lagging", "fork"):
+        if doubt in REFUSED:
             self._refuse(net, doubt, plan.need)
         return answer, doubt
 
@@ -67,7 +79,11 @@ class Asker:
     ) -> tuple[Answer, str | None]:
         """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
         end_answer = None
-        if plan.check_end is not None and index is None:
+        proof = plan.proof if plan.check_end is None and net.per_upstream is not None else None
+        if proof is not None:
+            answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results,
+                                    proof=proof[0])
+        elif plan.check_end is not None and index is None:
             # A range above finalized: the node reports the range's last block in the same batch.
             answer, end_answer = await self._with_range_end(net, method, forward, policy, plan.check_end[0], deadline,
                                                             check=plan.check_results)
@@ -85,32 +101,46 @@ class Asker:
             if plan.need is not None and head is not None and plan.need > head.latest:
                 return answer, "beyond_head"  # no upstream is known to have it: served, never stored
             return answer, "lagging"  # an error from it may be just that, too
-        if answer.is_error:
-            return answer, None
-        if plan.check_end is not None:
-            block_hash = plan.check_end[1]
-            end = end_answer.result if end_answer is not None else None
-            same_node = end_answer is not None and end_answer.upstream == answer.upstream
-            if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != block_hash:
-                return answer, "fork"
-            head = net.tracker.head
-            if head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
-                return answer, "fork"
         if plan.decision.tied_to_answer and answer.result is None:
             # "Not mined" from a node behind the head: the transaction may be in a block it lacks.
             head = net.tracker.head
             if head is not None and not per.states.vouches(answer.upstream, head.latest):
                 return answer, "behind_head"
+        if proof is not None and answer.proof is None:
+            return answer, "unverified"  # no header came with it (it failed, or the call went alone): never kept
+        if proof is not None:
+            doubt = proofs.proof_doubt(proof, answer.proof)
+            if doubt == "off_chain":
+                per.states.off_chain(answer.upstream)  # checked again at once (identity.py)
+            if doubt is not None:
+                return answer, doubt  # an error from a node behind (a range error) is not served either
+        if plan.check_end is not None:
+            block_hash = plan.check_end[1]
+            end = end_answer.result if end_answer is not None else None
+            same_node = end_answer is not None and end_answer.upstream == answer.upstream
+            if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != block_hash:
+                # An error from a node without the range's last block (a range error) is not served either.
+                return answer, "unproven" if answer.is_error else "fork"
+        if answer.is_error:
+            return answer, None
+        if plan.check_end is not None:
+            head = net.tracker.head
+            if head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
+                return answer, "fork"
         return answer, None
 
     async def ask(
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
-        *, ask: int | None = None, check: bool = True,
+        *, ask: int | None = None, check: bool = True, proof: str | None = None,
     ) -> Answer:
         """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
-        False for a piece of a chunked call: the result limit holds over the merged answer instead."""
+        False for a piece of a chunked call: the result limit holds over the merged answer instead.
+        `proof`: the block whose hash the same node reports beside the answer (proofs.py)."""
         per = net.per_upstream
         if not policy.limits_logs:
+            if proof is not None and per is not None:
+                timeout = self._settings.upstream_timeout if ask is not None else None
+                return await per.proven(method, params, proof, index=ask, timeout=timeout)
             if ask is not None and per is not None:
                 return await per.ask(ask, method, params, timeout=self._settings.upstream_timeout)
             return await net.upstream.request(method, params)
@@ -119,7 +149,9 @@ class Asker:
         timeout = self._settings.getlogs_timeout + 1  # the upstream's own timeout is past ours: ours decides
         try:
             async with asyncio.timeout_at(deadline):
-                if ask is not None and per is not None:
+                if proof is not None and per is not None:
+                    answer = await per.proven(method, params, proof, index=ask, timeout=timeout)
+                elif ask is not None and per is not None:
                     answer = await per.ask(ask, method, params, timeout=timeout)
                 else:
                     answer = await net.upstream.request(method, params, timeout=timeout)
@@ -160,6 +192,29 @@ class Asker:
             return False
         per.states.observe_head(index, number)
         return number >= need
+
+    async def canonical(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> bool:
+        """A hash-addressed answer for a hash outside the tracker's window: is its block canonical?
+        The node that gave it shows its block at that height and its finalized block, in one batch."""
+        per, head, block_hash = net.per_upstream, plan.head, plan.unvouched_hash
+        if per is None or head is None or block_hash is None or answer.upstream < 0:
+            return per is None  # without per-upstream state nothing is proven, and nothing asked
+        if not head.final_hash:
+            return False
+        number = proofs.answer_block_number(answer.result)
+        try:
+            if number is None:  # a count, an empty list: the block's number from the same node first
+                block = await per.ask(answer.upstream, "eth_getBlockByHash", [block_hash, False],
+                                      timeout=self._settings.upstream_timeout)
+                number = proofs.answer_block_number(block.result)
+                if number is None:
+                    return False
+            header = await per.proven("eth_getBlockByNumber", [hex(number), False], hex(head.finalized),
+                                      index=answer.upstream, timeout=self._settings.upstream_timeout)
+        except JsonRpcError:
+            return False
+        found = header.result.get("hash") if isinstance(header.result, dict) else None
+        return header.proof == head.final_hash and isinstance(found, str) and found.lower() == block_hash
 
     def _refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> None:
         self._metrics.uncached_answers.labels(net.name, reason).inc()

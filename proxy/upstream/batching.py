@@ -1,5 +1,6 @@
 """Auto-batching: cacheable reads that arrive in the same event-loop turn travel upstream as one
-JSON-RPC batch, one HTTP round trip instead of many. A lone call is sent alone, a turn later."""
+JSON-RPC batch, one HTTP round trip instead of many. A lone call is sent alone, a turn later. A read
+may carry a proof block (proofs.py): the batch then also asks that block's header, once per block."""
 
 from __future__ import annotations
 
@@ -12,24 +13,30 @@ from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.upstream.answer import Answer
 
 Single = Callable[[str, Any, float | None], Awaitable[Answer]]
-Batch = Callable[[Sequence[tuple[str, Any]]], Awaitable[list[Answer]]]
+Alone = Callable[[str, Any, str | None], Awaitable[Answer]]  # one call, with its proof block if any
+Together = Callable[[Sequence[tuple[str, Any, str | None]]], Awaitable[list[Answer]]]  # calls and proofs, one node
+Queued = tuple[str, Any, "asyncio.Future[Answer]", str | None]  # method, params, waiter, proof block
 
 
 class AutoBatcher:
-    def __init__(self, network: str, single: Single, batch: Batch, *, batch_max: int, batch_max_bytes: int) -> None:
+    def __init__(
+        self, network: str, single: Single, alone: Alone, together: Together, *, batch_max: int,
+        batch_max_bytes: int,
+    ) -> None:
         self.network = network
         self._single = single
-        self._batch = batch
+        self._alone = alone
+        self._together = together
         self._batch_max = batch_max
         self._batch_max_bytes = batch_max_bytes
-        self._queue: list[tuple[str, Any, asyncio.Future[Answer]]] = []
+        self._queue: list[Queued] = []
         self._flush_scheduled = False
         self._deliveries: set[asyncio.Task[None]] = set()
 
-    async def enqueue(self, method: str, params: Any) -> Answer:
+    async def enqueue(self, method: str, params: Any, proof: str | None = None) -> Answer:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Answer] = loop.create_future()
-        self._queue.append((method, params, waiter))
+        self._queue.append((method, params, waiter, proof))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
@@ -40,7 +47,7 @@ class AutoBatcher:
         call travels alone, never in a batch a node might refuse for its size."""
         self._flush_scheduled = False
         queue, self._queue = self._queue, []
-        group: list[tuple[str, Any, asyncio.Future[Answer]]] = []
+        group: list[Queued] = []
         size = 0
         for call in queue:
             cost = len(jsonrpc.dumps(call[1])) + len(call[0]) + 64  # params, method, envelope
@@ -52,23 +59,23 @@ class AutoBatcher:
         if group:
             self._start(group)
 
-    def _start(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+    def _start(self, group: list[Queued]) -> None:
         task = asyncio.create_task(self._deliver(group))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-    async def _deliver(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
+    async def _deliver(self, group: list[Queued]) -> None:
         # Every waiter is answered whatever happens here, so no caller is left waiting forever.
         failure: Exception = JsonRpcError(
             UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' (call abandoned)", http_status=502
         )
         try:
-            if len(group) == 1:
-                method, params, _ = group[0]
-                answers = [await self._single(method, params, None)]
+            if len(group) == 1:  # alone: a failure is its own, not the batch's
+                method, params, _, block = group[0]
+                answers = [await self._alone(method, params, block)]
             else:
                 try:
-                    answers = await self._batch([(m, p) for m, p, _ in group])
+                    answers = await self._together([(m, p, b) for m, p, _, b in group])
                 except JsonRpcError as error:
                     if error.http_status == 504:  # timed out: asking again, one by one, would only wait longer
                         raise
@@ -76,19 +83,20 @@ class AutoBatcher:
                     # alone, so only a call that fails by itself fails.
                     await self._resend_singly(group)
                     return
-            for (_, _, waiter), answer in zip(group, answers, strict=True):
+            for (_, _, waiter, _), answer in zip(group, answers, strict=True):
                 if not waiter.done():
                     waiter.set_result(answer)
         except Exception as error:  # the upstream's JsonRpcError, or a fault of ours: each caller hears it
             failure = error
         finally:
-            for _, _, waiter in group:
+            for _, _, waiter, _ in group:
                 if not waiter.done():
                     waiter.set_exception(failure)
 
-    async def _resend_singly(self, group: list[tuple[str, Any, asyncio.Future[Answer]]]) -> None:
-        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _ in group), return_exceptions=True)
-        for (_, _, waiter), result in zip(group, results, strict=True):
+    async def _resend_singly(self, group: list[Queued]) -> None:
+        # Alone means alone: a node that fails a call inside batches answers it, unproven (proof None).
+        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _, _ in group), return_exceptions=True)
+        for (_, _, waiter, _), result in zip(group, results, strict=True):
             if waiter.done():
                 continue
             if isinstance(result, BaseException):

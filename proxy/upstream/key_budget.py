@@ -85,5 +85,12 @@ class KeyedUpstream:
             answer: Answer = await self.inner.ask(index, method, params, timeout=timeout)  # type: ignore[attr-defined]
             return answer
 
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer:
+        async with self._slots.held():
+            answer: Answer = await self.inner.proven(  # type: ignore[attr-defined]
+                method, params, block, index=index, timeout=timeout)
+            return answer
+
     async def close(self) -> None:
         await self.inner.close()

@@ -10,8 +10,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.utils import parsedate_to_datetime
+from types import SimpleNamespace
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
@@ -66,6 +67,23 @@ class PerUpstream(Protocol):
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer: ...
 
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer: ...
+
+
+def proof_call(block: str) -> tuple[str, list[Any]]:
+    """The header asked beside a call, in the same batch, to show which chain the answering node is on."""
+    return ("eth_getBlockByNumber", [block, False])
+
+
+def proof_hash(header: Answer) -> str | None:
+    """The hash in a proof header's answer; "" when the node has no such block, None when it failed."""
+    if header.is_error:
+        return None
+    block = header.result
+    value = block.get("hash") if isinstance(block, dict) else None
+    return value.lower() if isinstance(value, str) else ""
+
 
 Check = Callable[[Any], str | None]  # why a reply does not answer its request, or None
 
@@ -112,7 +130,10 @@ REQUEST_FAULT_STATUSES = frozenset({400, 413, 414, 431})
 
 
 def rate_limited(reply: Any) -> str | None:
-    """A single reply that is a provider's rate-limit error rather than an answer, or None."""
+    """A reply that is a provider's rate-limit error rather than an answer, or None; a batch is when
+    any of its answers is (it is asked again as a whole elsewhere)."""
+    if isinstance(reply, list):
+        return next((limited for item in reply if (limited := rate_limited(item)) is not None), None)
     error = reply.get("error") if isinstance(reply, dict) else None
     if not isinstance(error, dict) or error.get("code") == EXECUTION_REVERTED:
         return None  # a contract's revert reason is the contract's to word
@@ -182,6 +203,8 @@ def routing_of(network: Network, workers: int) -> Routing:
     )
 
 
+
+
 class HttpUpstream:
     """Asks the network's upstreams in the selection policy's order (priority: primary first); one
     that fails is skipped for `cooldown` seconds (a rate limit's Retry-After when it gives one)."""
@@ -212,12 +235,13 @@ class HttpUpstream:
         self._cooldown = cooldown
         self._down_until = [0.0] * len(self._urls)
         self._unreachable = [False] * len(self._urls)  # its last attempt could not reach it (INFO when back)
+        self._inflight = [0] * len(self._urls)  # calls being posted, per upstream
         self._session = session
         self._next_id = 0
         self._batch_max = batch_max
         self.reroute(routing)
-        self._batcher = AutoBatcher(network, self._single, self._auto_batch, batch_max=batch_max,
-                                    batch_max_bytes=batch_max_bytes)
+        self._batcher = AutoBatcher(network, self._single, self._proven_alone, self._with_proofs,
+                                    batch_max=batch_max, batch_max_bytes=batch_max_bytes)
         for index in range(len(self._urls)):
             metrics.upstream_head_lag.labels(network, str(index)).set_function(
                 lambda i=index: float(self._head_lag(i)))  # type: ignore[misc]
@@ -234,13 +258,25 @@ class HttpUpstream:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
+            # Connection loss is identity loss: a new connection (a silent keep-alive reconnect
+            # included) may reach a restarted node, so its identity is checked again (state.py).
+            traces = aiohttp.TraceConfig()
+            traces.on_connection_create_end.append(self._connected)
             self._session = aiohttp.ClientSession(
+                trace_configs=[traces],
                 connector=aiohttp.TCPConnector(limit=256, limit_per_host=128, keepalive_timeout=30),
                 headers={"Content-Type": "application/json"},
                 # The proxy's own request timeouts apply; no environment proxies for node traffic.
                 trust_env=False,
             )
         return self._session
+
+    async def _connected(self, _session: aiohttp.ClientSession, context: SimpleNamespace, _params: object) -> None:
+        index = context.trace_request_ctx.get("index") if isinstance(context.trace_request_ctx, dict) else None
+        if isinstance(index, int) and self._inflight[index] <= 1:
+            # Nothing else was in flight to it, so the pool held an idle connection unless it was
+            # closed: this is a reconnect, not the pool growing under load.
+            self.states.reconnected(index)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -262,9 +298,17 @@ class HttpUpstream:
         return healthy + cooling
 
     async def _post(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
+        self._inflight[index] += 1
+        try:
+            return await self._post_counted(index, body, timeout, max_reply)
+        finally:
+            self._inflight[index] -= 1
+
+    async def _post_counted(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
         try:
             async with self._client().post(
-                self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout)
+                self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                trace_request_ctx={"index": index},
             ) as response:
                 if response.status in REQUEST_FAULT_STATUSES:
                     raise _Failed("refused", f"HTTP {response.status}")
@@ -311,7 +355,7 @@ class HttpUpstream:
         attempts.reached = attempts.reached or failure.kind in REACHED_KINDS
 
     async def _try(
-        self, index: int, slot: Slot, body: bytes, timeout: float, check: Check, attempts: _Attempts, single: bool,
+        self, index: int, slot: Slot, body: bytes, timeout: float, check: Check, attempts: _Attempts,
         max_reply: int | None = None,
     ) -> tuple[Any, float]:
         """One upstream's try in the budget `slot` taken for it: the reply and its latency, or _Failed (noted)."""
@@ -323,7 +367,7 @@ class HttpUpstream:
             if problem is not None:
                 # A reply that does not answer what was asked is a fault of that node.
                 raise _Failed("mismatch", problem)
-            limited = rate_limited(reply) if single else None
+            limited = rate_limited(reply)
             if limited is not None:
                 raise _Failed("rate_limited", limited)
         except _Failed as failure:
@@ -352,11 +396,11 @@ class HttpUpstream:
 
     async def _hedged(
         self, first: int, slot: Slot, pending: list[int], body: bytes, timeout: float, check: Check,
-        attempts: _Attempts, single: bool, max_reply: int | None = None,
+        attempts: _Attempts, max_reply: int | None = None,
     ) -> tuple[Any, float, int] | None:
         """Ask `first`; without an answer after hedge_after, also the next upstream that has budget at
         once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
-        tasks = {asyncio.create_task(self._try(first, slot, body, timeout, check, attempts, single, max_reply)): first}
+        tasks = {asyncio.create_task(self._try(first, slot, body, timeout, check, attempts, max_reply)): first}
         hedged = False
         try:
             while tasks:
@@ -368,7 +412,7 @@ class HttpUpstream:
                     if second is not None:
                         pending.remove(second[0])
                         self._metrics.upstream_hedged.labels(self.network).inc()
-                        tried = self._try(second[0], second[1], body, timeout, check, attempts, single, max_reply)
+                        tried = self._try(second[0], second[1], body, timeout, check, attempts, max_reply)
                         tasks[asyncio.create_task(tried)] = second[0]
                     continue
                 won = None
@@ -414,15 +458,14 @@ class HttpUpstream:
                 self._metrics.upstream_failovers.labels(self.network).inc()
             tried += 1
             share = self._attempt_budget(deadline - time.monotonic(), len(pending) + 1)
-            single = method_label is not None and method_label != "batch"
             try:
                 if hedge and self._hedge_after is not None and pending:
-                    won = await self._hedged(index, slot, pending, body, share, check, attempts, single, max_reply)
+                    won = await self._hedged(index, slot, pending, body, share, check, attempts, max_reply)
                     if won is None:
                         continue
                     reply, seconds, index = won
                 else:
-                    reply, seconds = await self._try(index, slot, body, share, check, attempts, single, max_reply)
+                    reply, seconds = await self._try(index, slot, body, share, check, attempts, max_reply)
             except _Failed as failure:
                 if failure.kind == "too_large":
                     # The answer the caller asked for is too large to send: every node would give it.
@@ -499,13 +542,71 @@ class HttpUpstream:
         self.selector.scores.observe(index, seconds, time.monotonic())
         return Answer.from_response(reply, seconds, index)
 
+    async def _proven_alone(self, method: str, params: Any, block: str | None) -> Answer:
+        if block is None:
+            return await self._single(method, params, None)
+        [answer] = await self._with_proofs([(method, params, block)])
+        return answer
+
+    async def _with_proofs(
+        self, calls: Sequence[tuple[str, Any, str | None]], *, index: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Answer]:
+        """The calls and one header per distinct proof block in one batch, so one node answers all; each
+        answer carries the hash that node gave for its proof block."""
+        blocks = list(dict.fromkeys(b for _, _, b in calls if b is not None))
+        sent = [(m, p) for m, p, _ in calls] + [proof_call(b) for b in blocks]
+        if index is None:
+            answers = await self._batch(sent, auto=True, timeout=timeout)  # observed per method, header too
+        else:
+            answers = await self._batch_to(index, sent, timeout or self._timeout)
+        hashes = {b: proof_hash(a) for b, a in zip(blocks, answers[len(calls):], strict=True)}
+        return [replace(a, proof=hashes[b]) if b is not None else a
+                for (_, _, b), a in zip(calls, answers[:len(calls)], strict=True)]
+
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer:
+        """A call and the header of `block` (a number or "latest") in one batch to one node: its answer,
+        with `proof` the hash that node has for `block`. Auto-batched with other reads when it can be."""
+        if index is None and timeout is None and self._batch_max > 1 and method in BATCHABLE:
+            return await self._batcher.enqueue(method, params, block)
+        [answer] = await self._with_proofs([(method, params, block)], index=index, timeout=timeout)
+        return answer
+
+    async def _batch_to(self, index: int, calls: Sequence[tuple[str, Any]], timeout: float) -> list[Answer]:
+        """One batch to upstream `index` alone (a retry elsewhere must still be one node's answers)."""
+        base = self._next_id + 1
+        self._next_id += len(calls)
+        body = jsonrpc.dumps([
+            {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
+        ])
+        ids = range(base, base + len(calls))
+        started = time.perf_counter()
+        slot = await self.budgets[index].take(asyncio.get_running_loop().time() + timeout)
+        if slot is None:
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' (upstream "
+                               f"#{index}: no budget (max_rps, max_concurrency) in {timeout:g}s)", http_status=504)
+        try:
+            reply = await self._post(index, body, timeout)
+            problem = batch_problem(reply, ids)
+            if problem is not None or not isinstance(reply, list):
+                raise _Failed("mismatch", problem or "batch refused")
+        except _Failed as failure:
+            self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
+                               f"(upstream #{index}: {failure.detail})", http_status=502) from None
+        finally:
+            slot.budget.release(slot)
+        by_id = {item["id"]: item for item in reply}
+        seconds = time.perf_counter() - started
+        return [Answer.from_response(by_id[i], seconds, index) for i in ids]
+
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return await self._batch(calls)
 
-    async def _auto_batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
-        return await self._batch(calls, auto=True)
-
-    async def _batch(self, calls: Sequence[tuple[str, Any]], *, auto: bool = False) -> list[Answer]:
+    async def _batch(
+        self, calls: Sequence[tuple[str, Any]], *, auto: bool = False, timeout: float | None = None,
+    ) -> list[Answer]:
         """One JSON-RPC batch. `auto`: an auto-batch of callers' reads, observed per call and split
         into single calls for a node that refuses batches; otherwise the tracker's own batch."""
         base = self._next_id + 1
@@ -514,8 +615,8 @@ class HttpUpstream:
             {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
         ])
         ids = range(base, base + len(calls))
-        reply, seconds, index = await self._send(body, None if auto else "batch", None, lambda r: batch_problem(r, ids),
-                                                 hedge=auto)
+        reply, seconds, index = await self._send(body, None if auto else "batch", timeout,
+                                                 lambda r: batch_problem(r, ids), hedge=auto)
         if not isinstance(reply, list):
             # A node that does not take batches answers with one error object: ask one by one.
             return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))

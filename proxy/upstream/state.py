@@ -56,6 +56,20 @@ class UpstreamStates:
             self.lost_since_verified[index] = True
             self.suspect.set()
 
+    def reconnected(self, index: int) -> None:
+        """A new connection opened while none of its calls was in flight: the old one was closed
+        (a node restarted, say). Its answers are not kept until its identity is checked again; it
+        stays in rotation (nothing failed)."""
+        if 0 <= index < self.size and self.verified[index]:
+            self.verified[index] = False
+            self.suspect.set()
+
+    def off_chain(self, index: int) -> None:
+        """It answered for a block of another chain than the network's: checked again at once."""
+        if 0 <= index < self.size and self.verified[index]:
+            self.verified[index] = False
+            self.suspect.set()
+
     def judged(self, index: int, matches: bool) -> None:
         self.mismatch[index] = not matches
         self.verified[index] = matches

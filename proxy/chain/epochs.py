@@ -1,0 +1,151 @@
+"""The network's epoch and finalized checkpoint, kept beside the cache entries.
+
+An epoch is the part of a network's cache keys moved on when entries may no longer belong to the
+chain: a finality violation, a devnet restarted with the same genesis, a dev node's state changed
+through the proxy. With Redis the record lives there (`rcp:e:<network>@<identity>`), so a restarted
+proxy or a new replica starts in the epoch in force, and checks the record's checkpoint (a finalized
+block of that epoch's chain) against the chain before it serves or stores anything. Records are
+changed by compare-and-set on the epoch, so replicas that see the same change agree on one epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.redis_link import RedisLink, RedisUnavailable
+
+NONE = "-"  # the expected epoch of a record that does not exist yet
+
+# spec of this proxy: the checkpoint moves only forward within an epoch; another epoch replaces it.
+ADVANCE_SCRIPT = """
+local cur = redis.call('HMGET', KEYS[1], 'epoch', 'number', 'hash')
+if (cur[1] == false and ARGV[1] == '-') or cur[1] == ARGV[1] then
+  local number, hash = ARGV[3], ARGV[4]
+  if cur[1] == ARGV[2] and cur[2] and tonumber(cur[2]) > tonumber(number) then
+    number, hash = cur[2], cur[3]
+  end
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'number', number, 'hash', hash)
+end
+return redis.call('HMGET', KEYS[1], 'epoch', 'number', 'hash')
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """An epoch and a finalized block (number, hash) of the chain it belongs to."""
+
+    epoch: str
+    number: int
+    hash: str
+
+
+def new_epoch() -> str:
+    """A name no earlier epoch had (replicas agree on it through the store, not by deriving it)."""
+    return secrets.token_hex(6)
+
+
+def record_key(base: str) -> str:
+    return f"rcp:e:{base}"
+
+
+class EpochStore(Protocol):
+    async def advance(self, base: str, expected: str, new: Checkpoint) -> Checkpoint | None:
+        """Write `new` if the record's epoch is `expected` (NONE: no record); the record in force
+        after, or None when the store cannot be read now."""
+        ...
+
+
+class MemoryEpochs:
+    """One process's epochs: without Redis nothing outlives the process, and nothing needs to."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, Checkpoint] = {}
+
+    async def advance(self, base: str, expected: str, new: Checkpoint) -> Checkpoint | None:
+        current = self._records.get(base)
+        if (current.epoch if current is not None else NONE) == expected:
+            if current is not None and current.epoch == new.epoch and current.number > new.number:
+                new = current
+            self._records[base] = new
+        return self._records.get(base)
+
+
+class RedisEpochs:
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+        self._script: Any = link.client.register_script(ADVANCE_SCRIPT)
+
+    async def advance(self, base: str, expected: str, new: Checkpoint) -> Checkpoint | None:
+        args = [expected, new.epoch, str(new.number), new.hash]
+        try:
+            reply = await self._link.run("epoch", lambda _c: self._script(keys=[record_key(base)], args=args))
+        except RedisUnavailable:
+            return None
+        return parse_record(reply)
+
+
+def parse_record(reply: Any) -> Checkpoint | None:
+    """A record as HMGET returns it (bytes or str fields), or None when it holds none."""
+    if not isinstance(reply, list) or len(reply) != 3 or any(v is None for v in reply):
+        return None
+    epoch, number, block_hash = (v.decode() if isinstance(v, bytes) else str(v) for v in reply)
+    try:
+        return Checkpoint(epoch, int(number), block_hash)
+    except ValueError:
+        return None
+
+
+class EpochKeeper:
+    """One network's epoch as its tracker holds it: the name in its keys, the stored record's epoch
+    (the compare-and-set's guess), and whether keys may be named yet."""
+
+    def __init__(self, store: EpochStore | None) -> None:
+        self.store = store if store is not None else MemoryEpochs()
+        self.epoch = ""
+        self.loaded = False  # the record was read and its checkpoint found on the chain: keys can be named
+        self.keyed = asyncio.Event()  # keys were first named
+        # A stored checkpoint (number, hash) the next poll must find on the chain, once taken.
+        self.to_check: tuple[int, str] | None = None
+        self._record = NONE
+
+    def forget(self) -> None:
+        """Another chain identity: its own record is read next."""
+        self.loaded, self._record = False, NONE
+
+    def move_on(self) -> None:
+        self.epoch = new_epoch()
+
+    async def sync(self, base: str, finalized: int, final_hash: str, violated: bool) -> None:
+        """Read and move on the record: adopt another replica's epoch, check a stored checkpoint on
+        the chain before naming keys, and advance the checkpoint."""
+        mine = (finalized, final_hash)
+        if not self.loaded and not violated and self._record == NONE:
+            # Only read (an impossible expected epoch writes nothing): is there an epoch in force?
+            stored = await self.store.advance(base, "?", Checkpoint("", 0, ""))
+            if stored is not None:
+                self._adopt(stored, proven=(stored.number, stored.hash) == mine)
+                return
+        stored = await self.store.advance(base, self._record, Checkpoint(self.epoch, finalized, final_hash))
+        if stored is None:
+            return  # the store cannot be read now: keys stay as they are (or unnamed) until it can
+        if stored.epoch != self.epoch:
+            self._adopt(stored, proven=(stored.number, stored.hash) == mine)  # another replica moved first
+            return
+        self._record = stored.epoch
+        self._named()
+
+    def _adopt(self, stored: Checkpoint, *, proven: bool) -> None:
+        """Take a stored epoch; unless this poll's finalized block is its very checkpoint, the next poll
+        checks that on the chain, and until then no key is named (an epoch whose chain is gone is
+        never served)."""
+        self.epoch, self._record, self.loaded = stored.epoch, stored.epoch, False
+        self.to_check = (stored.number, stored.hash)
+        if proven:
+            self._named()
+
+    def _named(self) -> None:
+        self.loaded = True
+        self.keyed.set()

@@ -1,0 +1,310 @@
+"""Every answer kept forever belongs to the canonical chain (issue 25): forked and stalled backups,
+restarted devnets, persisted epochs, orphaned hashes, load balancers, reconnects, dev-node state
+changes. Real Anvil nodes, real redis-server, the proxy on a real port."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from proxy.cache.policy import Decision, Mode
+from proxy.chain.heads import EvmHeadTracker, Head
+from proxy.chain.proofs import NOT_PROVABLE, answer_block_number, plan_proof, proof_doubt
+from proxy.state import SERVICE
+from tests.fault_relay import FaultRelay
+from tests.support import (
+    DEV_ACCOUNT,
+    Anvil,
+    Proxy,
+    balancer,
+    eventually,
+    free_port,
+    selector,
+    settings_for,
+    start_proxy,
+    word,
+)
+from tests.ws_client import connect
+
+FINALITY = 64  # anvil: finalized = latest - 64
+FIXED_GENESIS = ("--timestamp", "1700000000")  # the same genesis on every start
+
+
+def tracker_of(proxy: Proxy) -> EvmHeadTracker:
+    tracker = proxy.app[SERVICE].networks["evm"].tracker
+    assert isinstance(tracker, EvmHeadTracker)
+    return tracker
+
+
+def request(method: str, params: list[Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+
+
+async def answer(proxy: Proxy, method: str, params: list[Any]) -> tuple[dict[str, Any], str]:
+    _, body, headers = await proxy.post(request(method, params))
+    return body, headers.get("X-Cache", "")
+
+
+class TestProofDecisions:
+    HEAD = Head(200, 150, 136, "0xlatest", 30_000_000, 0, {199: "0xa"}, {"0xa": 199}, final_hash="0xfinal")
+
+    def test_a_final_answer_by_number_is_proven_at_the_finalized_block(self) -> None:
+        assert plan_proof(Decision(Mode.IMMUTABLE), True, self.HEAD, [], {}) == (hex(136), "0xfinal", True)
+        assert plan_proof(Decision(Mode.IMMUTABLE), False, self.HEAD, ["0xh"], {}) is None  # by hash
+
+    def test_a_head_answer_is_proven_at_the_trackers_latest_block(self) -> None:
+        assert plan_proof(Decision(Mode.TTL, 1, per_head=True), False, self.HEAD, [], {}) == (
+            "latest", "0xlatest", True)
+
+    def test_a_final_answer_without_a_known_finalized_hash_cannot_be_kept(self) -> None:
+        head = Head(200, 150, 136, "0xlatest", 30_000_000, 0)
+        assert plan_proof(Decision(Mode.IMMUTABLE), True, head, [], {}) == NOT_PROVABLE
+
+    def test_a_reorged_out_hash_is_answered_by_a_node_that_no_longer_has_it(self) -> None:
+        proof = plan_proof(Decision(Mode.IMMUTABLE), False, self.HEAD, ["0xold"], {"0xold": 99})
+        assert proof == ("0x63", "0xold", False)
+        assert proof_doubt(proof, "0xold") == "orphaned" and proof_doubt(proof, "0xnew") is None
+
+    def test_doubts_name_why_an_answer_is_not_kept(self) -> None:
+        final = (hex(136), "0xfinal", True)
+        assert proof_doubt(final, "0xfinal") is None
+        assert proof_doubt(final, "0xother") == "off_chain" and proof_doubt(final, "") == "unproven"
+        assert proof_doubt(("latest", "0xlatest", True), "0xolder") == "other_head"
+
+    def test_the_block_of_a_hash_addressed_answer(self) -> None:
+        assert answer_block_number({"number": "0x10"}) == 16
+        assert answer_block_number([{"blockNumber": "0x2"}]) == 2 and answer_block_number("0x1") is None
+
+
+# --- 1. a backup on another fork ------------------------------------------------------------
+
+
+async def test_a_final_answer_from_a_backup_on_another_fork_is_never_kept() -> None:
+    node = Anvil()
+    node.mine(100)
+    backup = Anvil("--fork-url", node.url, "--fork-block-number", "100")
+    for _ in range(10):  # the backup mines blocks 101-110 of its own, with transfers
+        backup.send("0x" + "22" * 20, "0x")
+    node.mine(80)  # 101-116 are final on the primary: empty blocks
+    relay = await FaultRelay(node.url).start()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    try:
+        await proxy.head_at(180)
+        states = proxy.app[SERVICE].networks["evm"].per_upstream
+        assert states is not None
+        await eventually(lambda: _true(states.states.latest[1] == 110 and states.states.verified[1]), 10,
+                         "the backup's head to be known")
+        truth = node.rpc("eth_getBalance", DEV_ACCOUNT, hex(105))
+        assert truth != backup.rpc("eth_getBalance", DEV_ACCOUNT, hex(105))
+        relay.inject("http500", method="eth_getBalance")  # the primary fails once: the backup answers first
+        body, _ = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(105)])
+        assert body.get("result") in (truth, None)  # the primary's answer, or -32002: never the backup's
+        body, cache = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(105)])
+        assert body["result"] == truth, (body, cache)
+    finally:
+        await proxy.close()
+        await relay.close()
+        backup.stop()
+        node.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+# --- 2. a devnet restarted with the same genesis ------------------------------------------------
+
+
+def devnet(port: int, x: int, blocks: int) -> tuple[Anvil, str]:
+    """A devnet with the fixed genesis: a Store at block 1, setX(x) at block 2, mined to `blocks`."""
+    node = Anvil(*FIXED_GENESIS, port=port)
+    store = node.deploy_store()
+    node.send(store, selector("setX(uint256)") + word(x))
+    node.mine(blocks - node.block_number())
+    return node, store
+
+
+async def test_a_devnet_restarted_with_the_same_genesis_is_never_served_the_old_chains_entries() -> None:
+    port = free_port()
+    node, store = devnet(port, 12345, 140)  # finalized: 76
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=node.url))
+    try:
+        await proxy.head_at(140)
+        old = await proxy.result("eth_getStorageAt", [store, "0x0", "0x2"])
+        assert old == "0x" + word(12345)
+        _, cache = await answer(proxy, "eth_getStorageAt", [store, "0x0", "0x2"])
+        assert cache == "HIT"
+        node.stop()
+        node, store = devnet(port, 777, 70)  # shorter than the old finalized block: it has no block 76
+        new = "0x" + word(777)
+
+        async def serves_the_new_chain() -> bool:
+            body, _ = await answer(proxy, "eth_getStorageAt", [store, "0x0", "0x2"])
+            return body.get("result") == new
+
+        await eventually(serves_the_new_chain, 15, "the proxy to serve the restarted chain")
+        body, cache = await answer(proxy, "eth_getStorageAt", [store, "0x0", "0x2"])
+        assert body["result"] == new
+    finally:
+        await proxy.close()
+        node.stop()
+
+
+# --- 3. the epoch outlives the proxy ---------------------------------------------------------
+
+
+async def test_a_restarted_proxy_stays_in_the_epoch_a_finality_violation_moved_to(redis_url: str) -> None:
+    node = Anvil()
+    store = node.deploy_store()
+    node.mine(20)
+    written = int(node.send(store, selector("setX(uint256)") + word(12345))["blockNumber"], 16)
+    node.mine(70)
+    settings = settings_for(EVM_UPSTREAM=node.url, REDIS_URL=redis_url)
+    call = [store, "0x0", hex(written)]
+    proxy = await start_proxy(settings)
+    try:
+        await proxy.head_at(node.block_number())
+        assert await proxy.result("eth_getStorageAt", call) == "0x" + word(12345)
+        node.rpc("anvil_reorg", 80, [])  # below finality: the write is gone
+        await eventually(lambda: _true(proxy.metric("rpc_proxy_finality_violations_total", network="evm") >= 1),
+                         10, "the finality violation to be seen")
+    finally:
+        await proxy.close()
+    truth = node.rpc("eth_getStorageAt", *call)
+    assert truth != "0x" + word(12345)
+    restarted = await start_proxy(settings)
+    try:
+        await restarted.head_at(node.block_number())
+        for _ in range(2):
+            body, cache = await answer(restarted, "eth_getStorageAt", call)
+            assert body["result"] == truth, (body, cache)
+    finally:
+        await restarted.close()
+        node.stop()
+
+
+# --- 4. reads by a reorged-out hash ---------------------------------------------------------------
+
+
+async def test_a_reorged_out_hash_is_answered_as_the_canonical_node_answers_it() -> None:
+    node = Anvil()
+    node.mine(100)
+    backup = Anvil("--fork-url", node.url, "--fork-block-number", "100")
+    orphan = node.rpc("eth_getBlockByNumber", hex(99), False)["hash"]
+    assert backup.rpc("eth_getBlockByHash", orphan, False)["hash"] == orphan  # the backup holds it
+    relay = await FaultRelay(node.url).start()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    try:
+        await proxy.head_at(100)
+        node.rpc("anvil_reorg", 3, [])  # 98-100 replaced
+        node.mine(2)
+        await eventually(lambda: _true(orphan in tracker_of(proxy).orphans), 10, "the reorg to be seen")
+        assert node.rpc("eth_getBlockByHash", orphan, False) is None
+        relay.inject("http500", method="eth_getBlockByHash")  # the primary fails once: the backup answers first
+        body, _ = await answer(proxy, "eth_getBlockByHash", [orphan, False])
+        assert "error" in body or body["result"] is None, body  # never the backup's old block
+        body, cache = await answer(proxy, "eth_getBlockByHash", [orphan, False])
+        assert body["result"] is None and cache != "HIT"
+    finally:
+        await proxy.close()
+        await relay.close()
+        backup.stop()
+        node.stop()
+
+
+# --- 5. a load balancer in front of a lagging node -----------------------------------------------
+
+
+async def test_a_fee_read_from_a_node_behind_the_head_is_never_kept() -> None:
+    node = Anvil()
+    node.mine(10)
+    lagging = Anvil("--fork-url", node.url, "--fork-block-number", "10")
+    node.mine(40)  # empty blocks: the base fee, and so the gas price, fell on the fresh node
+    assert node.rpc("eth_gasPrice") != lagging.rpc("eth_gasPrice")
+
+    def route(calls: list[dict[str, Any]]) -> str:  # the balancer sends fee reads to its lagging member
+        return lagging.url if any(c.get("method") == "eth_gasPrice" for c in calls) else node.url
+
+    async with balancer(route) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+            await proxy.head_at(50)
+            for _ in range(3):
+                body, cache = await answer(proxy, "eth_gasPrice", [])
+                assert cache != "HIT", (body, cache)  # the lagging node's price is never kept for this head
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="other_head") >= 1
+        finally:
+            await proxy.close()
+    lagging.stop()
+    node.stop()
+
+
+# --- 6. connection loss is identity loss ---------------------------------------------------------
+
+
+async def test_a_silent_reconnect_checks_the_identity_before_an_answer_is_kept() -> None:
+    port = free_port()
+    node = Anvil(port=port)
+    node.mine(70)
+    # Slow polls and identity checks: nothing reaches the node while it restarts, so aiohttp
+    # reconnects silently on the next call.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="30",
+                                           HEAD_STALE_AFTER="120", IDENTITY_CHECK_INTERVAL="300"))
+    try:
+        await proxy.head_at(70)
+        node.stop()
+        node = Anvil("--chain-id", "999", port=port)  # another chain on the same address
+        node.mine(70)
+        for _ in range(2):
+            body, cache = await answer(proxy, "eth_getBlockByNumber", ["0x5", False])
+            assert cache != "HIT", (body, cache)  # the new chain's block is never kept under the old identity
+        await eventually(lambda: _true(proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm",
+                                                    upstream="0") == 1), 10, "the identity to be checked again")
+    finally:
+        await proxy.close()
+        node.stop()
+
+
+# --- 7, 8. dev-node state changes through the proxy ----------------------------------------------
+
+
+@pytest.fixture
+async def dev_proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="anvil,evm"))
+    yield proxy
+    await proxy.close()
+
+
+async def test_a_dev_node_state_change_through_the_proxy_drops_the_entries_it_made_stale(
+    anvil: Anvil, dev_proxy: Proxy
+) -> None:
+    store = anvil.deploy_store()
+    await dev_proxy.head_at(anvil.block_number())
+    latest_hash = anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+    reads = [[store, "0x0", "latest"], [store, "0x0", {"blockHash": latest_hash}]]
+    for params in reads:
+        await dev_proxy.result("eth_getStorageAt", params)
+        _, cache = await answer(dev_proxy, "eth_getStorageAt", params)
+        assert cache == "HIT"
+    assert await dev_proxy.result("anvil_setStorageAt", [store, "0x0", "0x" + word(4242)]) is True
+    for params in reads:  # at once: no block was mined
+        assert await dev_proxy.result("eth_getStorageAt", params) == "0x" + word(4242)
+
+
+async def test_a_rollback_through_the_proxy_sends_removed_logs_without_a_new_block(
+    anvil: Anvil, dev_proxy: Proxy
+) -> None:
+    store = anvil.deploy_store()
+    await dev_proxy.head_at(anvil.block_number())
+    client = await connect(dev_proxy)
+    logs = await client.subscribe("logs", {"address": store})
+    receipt = anvil.send(store, selector("emitMany(uint256)") + word(1))
+    await client.notes_until(1)
+    top = anvil.block_number()
+    assert await dev_proxy.result("anvil_rollback", [1]) is None
+    await client.notes_until(2, timeout=10)  # no block is mined meanwhile
+    assert anvil.block_number() == top - 1
+    removed = [r for r in client.results(logs) if r["removed"]]
+    assert [r["blockHash"] for r in removed] == [receipt["blockHash"]]
