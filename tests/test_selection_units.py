@@ -13,7 +13,7 @@ import pytest
 
 from proxy.config import ConfigError, build_settings
 from proxy.upstream.budget import WINDOW_MARGIN, Budget
-from proxy.upstream.pool import RETRY_AFTER_MAX, rate_limited, retry_after
+from proxy.upstream.replies import RETRY_AFTER_MAX, rate_limited, retry_after
 from proxy.upstream.selection import SCORE_HALF_LIFE, Scores, Selector
 
 

@@ -1,0 +1,103 @@
+"""What a node's reply says, judged purely: whether it answers the call or batch it was sent for,
+whether it is a provider's rate limit, its Retry-After, and the proof header asked beside a call."""
+
+from __future__ import annotations
+
+import time
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from proxy.rpc.jsonrpc import EXECUTION_REVERTED
+from proxy.upstream.answer import Answer
+
+RETRY_AFTER_MAX = 300.0  # seconds: the longest Retry-After honoured (a provider's bad header cannot park it)
+# Phrases of providers' rate-limit errors (Infura, Alchemy, QuickNode...) in an HTTP 200 reply.
+RATE_LIMIT_PHRASES = ("rate limit", "request rate", "too many requests", "compute units per second",
+                      "request limit reached", "rate exceeded")
+
+
+def proof_call(block: str) -> tuple[str, list[Any]]:
+    """The header asked beside a call, in the same batch, to show which chain the answering node is on."""
+    return ("eth_getBlockByNumber", [block, False])
+
+
+def proof_hash(header: Answer) -> str | None:
+    """The hash in a proof header's answer; "" when the node has no such block, None when it failed."""
+    if header.is_error:
+        return None
+    block = header.result
+    value = block.get("hash") if isinstance(block, dict) else None
+    return value.lower() if isinstance(value, str) else ""
+
+
+
+
+def _is_response(reply: Any) -> bool:
+    return isinstance(reply, dict) and ("result" in reply or "error" in reply)
+
+
+def single_problem(reply: Any, sent: int) -> str | None:
+    """Why a reply does not answer the single call with id `sent`, or None when it does.
+
+    An error object with `id: null` is the node saying it could not read the call (JSON-RPC 2.0
+    section 5: the id is null when it could not be determined): its answer to this request, about
+    the request, not a fault of the node."""
+    if not _is_response(reply):
+        return "malformed reply"
+    if reply.get("id") is None and reply.get("error") is not None:
+        return None
+    if reply.get("id") != sent or isinstance(reply.get("id"), bool):
+        return "reply id differs from the request id"
+    return None
+
+
+def batch_problem(reply: Any, ids: range) -> str | None:
+    """Why a batch reply does not answer the batch `ids` (each id exactly once, nothing else), or None.
+
+    A single error object instead of a list is a node refusing batches: not a fault here.
+    """
+    if isinstance(reply, dict):
+        return None if "error" in reply else "malformed batch reply"
+    if not isinstance(reply, list) or not all(_is_response(item) for item in reply):
+        return "malformed batch reply"
+    seen = [item.get("id") for item in reply]
+    if len(seen) != len(ids) or set(seen) != set(ids) or any(isinstance(i, bool) for i in seen):
+        return "batch reply ids differ from the request ids"
+    return None
+
+
+# Failures after a node took the call: it may have run it (charging.py charges such calls).
+REACHED_KINDS = frozenset({"timeout", "invalid", "mismatch"})
+# HTTP statuses that say the request itself is at fault (malformed, too large): the next upstream
+# may still take it, but none is cooled down for everyone else because of one caller's request.
+REQUEST_FAULT_STATUSES = frozenset({400, 413, 414, 431})
+
+
+def rate_limited(reply: Any) -> str | None:
+    """A reply that is a provider's rate-limit error rather than an answer, or None; a batch is when
+    any of its answers is (it is asked again as a whole elsewhere)."""
+    if isinstance(reply, list):
+        return next((limited for item in reply if (limited := rate_limited(item)) is not None), None)
+    error = reply.get("error") if isinstance(reply, dict) else None
+    if not isinstance(error, dict) or error.get("code") == EXECUTION_REVERTED:
+        return None  # a contract's revert reason is the contract's to word
+    message = str(error.get("message", "")).lower()
+    if message.startswith("execution reverted"):
+        return None
+    if error.get("code") == 429 or any(phrase in message for phrase in RATE_LIMIT_PHRASES):
+        return "rate-limit error"
+    return None
+
+
+def retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds from now: delta-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, min(float(value), RETRY_AFTER_MAX))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, min(parsedate_to_datetime(value).timestamp() - time.time(), RETRY_AFTER_MAX))
+    except (TypeError, ValueError, OverflowError):
+        return None

@@ -1,0 +1,337 @@
+"""Sending one call or batch to a network's upstreams: the HTTP transport (one aiohttp session, the
+reconnects it makes, calls in flight), the order the selection policy gives, provider budgets,
+hedging, failover within the call's budget, and what a failure cools down. aiohttp's exceptions are
+mapped here and nowhere else; upstreams are named by index, never by URL (a URL may hold a key)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+
+from proxy.logs import Throttled
+from proxy.metrics import Metrics
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.upstream.budget import Budget, Slot
+from proxy.upstream.replies import REACHED_KINDS, REQUEST_FAULT_STATUSES, rate_limited, retry_after
+from proxy.upstream.selection import Selector
+from proxy.upstream.state import UpstreamStates
+
+log = logging.getLogger("proxy.upstream")
+throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so
+Check = Callable[[Any], str | None]  # why a reply does not answer its request, or None
+
+
+class Failed(Exception):
+    def __init__(self, kind: str, detail: str, *, unsent: bool = False, wait: float | None = None) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.unsent = unsent  # the connection was refused: the node never got the call
+        self.wait = wait  # Retry-After of a rate limit
+
+
+@dataclass(slots=True)
+class Attempts:
+    """One call's tries across upstreams: what failed, and whether any node got the call."""
+
+    failures: list[str] = field(default_factory=list)
+    last_kind: str = "connect"
+    reached: bool = False  # some node got the call before failing: it may have done the work
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """How a network's upstreams are chosen (NETWORKS_FILE): policy and weights, budgets, hedging."""
+
+    selector: Selector | None = None
+    budgets: tuple[Budget, ...] = ()
+    hedge_after: float | None = None
+
+
+DEFAULT_ROUTING = Routing()  # priority order, no budgets, no hedging
+
+
+class Sender:
+    """The sending half of a network's upstream pool (pool.HttpUpstream adds calls, batches and proofs)."""
+
+    def __init__(
+        self, network: str, urls: tuple[str, ...], *, timeout: float, metrics: Metrics, cooldown: float,
+        session: aiohttp.ClientSession | None, attempt_timeout: float | None, max_reply_bytes: int | None,
+        routing: Routing,
+    ) -> None:
+        self.network = network
+        # A reply declared larger than this is not read: no client may be sent it (MAX_RESPONSE_BYTES).
+        self._max_reply = max_reply_bytes
+        self._urls = urls
+        self._timeout = timeout
+        self._attempt_timeout = attempt_timeout
+        self.states = UpstreamStates(len(self._urls))
+        self._metrics = metrics
+        self._cooldown = cooldown
+        self._down_until = [0.0] * len(self._urls)
+        self._unreachable = [False] * len(self._urls)  # its last attempt could not reach it (INFO when back)
+        self._inflight = [0] * len(self._urls)  # calls being posted, per upstream
+        self._session = session
+        self.reroute(routing)
+        for index in range(len(self._urls)):
+            metrics.upstream_head_lag.labels(network, str(index)).set_function(
+                lambda i=index: float(self._head_lag(i)))  # type: ignore[misc]
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return self._urls
+
+    def reroute(self, routing: Routing) -> None:
+        """The selection policy, budgets and hedging to use from the next call on (start-up, a reload)."""
+        self.selector = routing.selector or Selector("priority", [1.0] * len(self._urls))
+        self.budgets = routing.budgets or tuple(Budget(None, None) for _ in self._urls)
+        self._hedge_after = routing.hedge_after
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Connection loss is identity loss: a new connection (a silent keep-alive reconnect
+            # included) may reach a restarted node, so its identity is checked again (state.py).
+            traces = aiohttp.TraceConfig()
+            traces.on_connection_create_end.append(self._connected)
+            self._session = aiohttp.ClientSession(
+                trace_configs=[traces],
+                connector=aiohttp.TCPConnector(limit=256, limit_per_host=128, keepalive_timeout=30),
+                headers={"Content-Type": "application/json"},
+                # The proxy's own request timeouts apply; no environment proxies for node traffic.
+                trust_env=False,
+            )
+        return self._session
+
+    async def _connected(self, _session: aiohttp.ClientSession, context: SimpleNamespace, _params: object) -> None:
+        index = context.trace_request_ctx.get("index") if isinstance(context.trace_request_ctx, dict) else None
+        if isinstance(index, int) and self._inflight[index] <= 1:
+            # Nothing else was in flight to it, so the pool held an idle connection unless it was
+            # closed: this is a reconnect, not the pool growing under load.
+            self.states.reconnected(index)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _head_lag(self, index: int) -> int:
+        latest = self.states.latest
+        best = max(latest, default=-1)
+        return best - latest[index] if latest[index] >= 0 else 0
+
+    def _order(self) -> list[int]:
+        """Healthy upstreams in the selection policy's order, then those cooling down; never one that
+        serves another chain or is cordoned."""
+        now = time.monotonic()
+        serving = [i for i in range(len(self._urls)) if self.states.in_rotation(i)]
+        healthy = self.selector.order([i for i in serving if self._down_until[i] <= now], self.states.latest, now)
+        cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
+        return healthy + cooling
+
+    async def _post(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
+        self._inflight[index] += 1
+        try:
+            return await self._post_counted(index, body, timeout, max_reply)
+        finally:
+            self._inflight[index] -= 1
+
+    async def _post_counted(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
+        try:
+            async with self._client().post(
+                self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                trace_request_ctx={"index": index},
+            ) as response:
+                if response.status in REQUEST_FAULT_STATUSES:
+                    raise Failed("refused", f"HTTP {response.status}")
+                if response.status == 429:
+                    raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("Retry-After")))
+                if response.status != 200:
+                    raise Failed("http", f"HTTP {response.status}")
+                size = response.content_length
+                if max_reply is not None and size is not None and size > max_reply:
+                    raise Failed("too_large", f"a reply of {size} bytes")
+                raw = await response.read()
+        except TimeoutError:
+            raise Failed("timeout", "timed out") from None
+        except aiohttp.ClientError as exc:
+            self._unreachable[index] = True
+            # A refused connection proves the node never got the call (a write may go elsewhere).
+            raise Failed("connect", type(exc).__name__,
+                          unsent=isinstance(exc, aiohttp.ClientConnectorError)) from None
+        if self._unreachable[index]:
+            self._unreachable[index] = False
+            log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
+        try:
+            return jsonrpc.loads(raw)
+        except jsonrpc.JSONDecodeError:
+            raise Failed("invalid", "reply is not JSON") from None
+
+    def _failed(self, index: int, failure: Failed, attempts: Attempts) -> None:
+        """Note a failed try: that upstream cools down (for a rate limit's Retry-After, if given),
+        unless the request itself was at fault (too large or malformed for any node)."""
+        if failure.kind == "too_large":
+            return  # the call fails as a whole (_send): no node is at fault
+        if failure.kind == "connect":
+            self.states.lost(index)
+        if failure.kind != "refused":  # a request too large or malformed cools no upstream down
+            wait = failure.wait if failure.wait is not None else self._cooldown
+            self._down_until[index] = time.monotonic() + wait
+            self.selector.scores.observe(index, None, time.monotonic())
+        if failure.kind == "rate_limited":
+            self._metrics.upstream_rate_limited.labels(self.network, str(index)).inc()
+        self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+        throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index, failure.detail)
+        attempts.failures.append(f"upstream #{index}: {failure.detail}")
+        attempts.last_kind = failure.kind
+        attempts.reached = attempts.reached or failure.kind in REACHED_KINDS
+
+    async def _try(
+        self, index: int, slot: Slot, body: bytes, timeout: float, check: Check, attempts: Attempts,
+        max_reply: int | None = None,
+    ) -> tuple[Any, float]:
+        """One upstream's try in the budget `slot` taken for it: the reply and its latency, or Failed (noted)."""
+        self._metrics.upstream_selected.labels(self.network, str(index)).inc()
+        started = time.perf_counter()
+        try:
+            reply = await self._post(index, body, timeout, max_reply)
+            problem = check(reply)
+            if problem is not None:
+                # A reply that does not answer what was asked is a fault of that node.
+                raise Failed("mismatch", problem)
+            limited = rate_limited(reply)
+            if limited is not None:
+                raise Failed("rate_limited", limited)
+        except Failed as failure:
+            self._failed(index, failure, attempts)
+            raise
+        finally:
+            slot.budget.release(slot)
+        seconds = time.perf_counter() - started
+        self._down_until[index] = 0.0
+        self.selector.scores.observe(index, seconds, time.monotonic())
+        return reply, seconds
+
+    async def _next(self, pending: list[int], deadline: float) -> tuple[int, Slot] | None:
+        """The first upstream in `pending` with budget now, and its slot; else wait for the first
+        one's budget within the deadline. Removed from `pending`; None if no budget came in time."""
+        for index in pending:
+            slot = self.budgets[index].try_take()
+            if slot is not None:
+                pending.remove(index)
+                return index, slot
+        index = pending.pop(0)
+        self._metrics.upstream_budget_waits.labels(self.network, str(index)).inc()
+        loop = asyncio.get_running_loop()
+        waited = await self.budgets[index].take(loop.time() + deadline - time.monotonic())
+        return (index, waited) if waited is not None else None
+
+    async def _hedged(
+        self, first: int, slot: Slot, pending: list[int], body: bytes, timeout: float, check: Check,
+        attempts: Attempts, max_reply: int | None = None,
+    ) -> tuple[Any, float, int] | None:
+        """Ask `first`; without an answer after hedge_after, also the next upstream that has budget at
+        once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
+        tasks = {asyncio.create_task(self._try(first, slot, body, timeout, check, attempts, max_reply)): first}
+        hedged = False
+        try:
+            while tasks:
+                wait = self._hedge_after if not hedged and pending else None
+                done, _ = await asyncio.wait(tasks, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    hedged = True
+                    second = next(((i, s) for i in pending if (s := self.budgets[i].try_take()) is not None), None)
+                    if second is not None:
+                        pending.remove(second[0])
+                        self._metrics.upstream_hedged.labels(self.network).inc()
+                        tried = self._try(second[0], second[1], body, timeout, check, attempts, max_reply)
+                        tasks[asyncio.create_task(tried)] = second[0]
+                    continue
+                won = None
+                for task in done:  # every finished try is looked at, so no failure goes unretrieved
+                    index = tasks.pop(task)
+                    failure = task.exception()
+                    if isinstance(failure, Failed) and failure.kind == "too_large":
+                        raise failure  # the call's own answer is too large, whoever gives it
+                    if failure is None and won is None:
+                        won = (*task.result(), index)
+                if won is not None:
+                    if hedged:
+                        self._metrics.upstream_hedge_wins.labels(self.network, str(won[2])).inc()
+                    return won
+            return None
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _send(
+        self, body: bytes, method_label: str | None, timeout: float | None, check: Check,
+        max_reply: int | None = None, *, hedge: bool = False, write: bool = False,
+    ) -> tuple[Any, float, int]:
+        """Post to upstreams in order until a reply passes `check`; observe its latency under
+        `method_label`. `hedge`: a slow read is also sent to the next upstream. `write`: another
+        upstream is tried only when the first provably never got the call."""
+        budget = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        attempts = Attempts()
+        pending = self._order()
+        tried = 0
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            chosen = await self._next(pending, deadline)
+            if chosen is None:
+                attempts.failures.append("no upstream had budget (max_rps, max_concurrency) in time")
+                attempts.last_kind = "timeout"
+                break
+            index, slot = chosen
+            if tried:
+                self._metrics.upstream_failovers.labels(self.network).inc()
+            tried += 1
+            share = self._attempt_budget(deadline - time.monotonic(), len(pending) + 1)
+            try:
+                if hedge and self._hedge_after is not None and pending:
+                    won = await self._hedged(index, slot, pending, body, share, check, attempts, max_reply)
+                    if won is None:
+                        continue
+                    reply, seconds, index = won
+                else:
+                    reply, seconds = await self._try(index, slot, body, share, check, attempts, max_reply)
+            except Failed as failure:
+                if failure.kind == "too_large":
+                    # The answer the caller asked for is too large to send: every node would give it.
+                    raise JsonRpcError(LIMIT_EXCEEDED, f"response size exceeded: the node's answer ({failure.detail})"
+                                       f" would pass MAX_RESPONSE_BYTES ({self._max_reply} bytes); ask for less",
+                                       reached=True) from None
+                if write and not failure.unsent:
+                    break  # the node may have taken the transaction: never send it to another
+                continue
+            if method_label is not None:
+                self._metrics.child(self._metrics.upstream_seconds, self.network, method_label, str(index)
+                                    ).observe(seconds)
+            return reply, seconds, index
+        if attempts.last_kind == "timeout":
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
+                http_status=504, reached=attempts.reached,
+            )
+        raise JsonRpcError(
+            UPSTREAM_UNAVAILABLE,
+            f"upstream unavailable: network '{self.network}' "
+            f"({'; '.join(attempts.failures) or 'no upstream serves the network chain'})",
+            http_status=502, reached=attempts.reached,
+        )
+
+    def _attempt_budget(self, remaining: float, upstreams_left: int) -> float:
+        """One attempt's share of the call's budget: a slow primary still leaves time for the backup."""
+        if self._attempt_timeout is not None:
+            return min(remaining, self._attempt_timeout)
+        return max(remaining, 0.001) / upstreams_left
