@@ -14,10 +14,12 @@ from proxy.cache import policy as cp
 from proxy.cache.chunked_logs import ChunkedLogs
 from proxy.cache.integrity import Integrity
 from proxy.cache.log_reads import LogReads, Pieces
-from proxy.cache.tiers import Coalescer, TieredCache, cache_key
+from proxy.cache.planning import plan_call
+from proxy.cache.tiers import Coalescer, TieredCache
 from proxy.calls import BYPASS, HIT, MISS, Outcome, Plan, Prepared
-from proxy.chain import local_answers, pinning, proofs
-from proxy.chain.heads import EvmHeadTracker, Head, Resolved
+from proxy.chain import local_answers
+from proxy.chain.heads import EvmHeadTracker, Head
+from proxy.chain.shown import shown
 from proxy.config import Settings
 from proxy.credits.prices import credits_of
 from proxy.memo import Memo
@@ -201,7 +203,7 @@ class Service:
                 net.tracker.wrote()  # writes are hints: the block holding it may be out already (automining)
             if isinstance(net.tracker, EvmHeadTracker) and changes_dev_state(method):
                 net.tracker.state_changed()  # the dev node's state changed without a block: drop its entries
-            return Outcome.answered(self._shown(net, method, answer, prepared.refs), BYPASS)
+            return Outcome.answered(shown(net.tracker, method, answer, prepared.refs), BYPASS)
 
         refs = prepared.refs
         tracker = net.tracker
@@ -215,13 +217,13 @@ class Service:
                 return await self._chunked(prepared, policy, params, head, planned)
         plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
         if plan is None or plan.head is not head:
-            plan = self._plan(prepared, policy, params, head)
+            plan = plan_call(prepared, policy, params, head, self._ttls, self._logs, self._metrics)
             if not plan.decision.cacheable:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
                 answer, _ = await self._asker.ask_pinned(net, plan.method, plan.forward, policy, plan,
                                                          self._asker.deadline(policy))
-                return Outcome.answered(self._shown(net, method, answer, refs), BYPASS)
+                return Outcome.answered(shown(net.tracker, method, answer, refs), BYPASS)
             if prepared.fingerprint:
                 # The head fixes everything a plan depends on (tags, finality, hashes, gas limit, identity).
                 self._plans[prepared.fingerprint] = plan
@@ -235,7 +237,7 @@ class Service:
         serves it from memory), and identical calls in flight share one merge."""
         plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
         if plan is None or plan.head is not head:
-            plan = self._plan(prepared, policy, params, head)
+            plan = plan_call(prepared, policy, params, head, self._ttls, self._logs, self._metrics)
         if plan.decision.mode is not cp.Mode.IMMUTABLE or not plan.key:
             return await self._logs.chunked(prepared, planned, self._execute)
         stored = await self._cache.get(plan.key)
@@ -257,60 +259,6 @@ class Service:
         async with self._merge_slots.held():
             outcome, _ = await self._merges.run(plan.key, merge)
         return outcome
-
-    def _plan(self, prepared: Prepared, policy: MethodPolicy, params: Any, head: Any) -> Plan:
-        """The call's decision, cache key and upstream params for this head (pure but for metric cells)."""
-        net, method, refs = prepared.network, prepared.call.method, prepared.refs
-        tracker = net.tracker
-        evm = isinstance(tracker, EvmHeadTracker)
-        resolved = {id(r): tracker.resolve(r) for r in refs} if isinstance(tracker, EvmHeadTracker) else {}
-        if policy.limits_logs:
-            self._logs.check_range(params[0], resolved)
-        client_state = policy.client_state is not None and len(params) > policy.client_state
-        decision = cp.decide(policy.cache, list(resolved.values()), head, self._ttls, params, client_state=client_state)
-        space = (head.space if head is not None else None) if evm else net.name
-        if space is None:
-            decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
-        forward = pinning.forward_params(params, refs, resolved, decision.pin_hashes, policy.limits_logs)
-        end = pinning.range_end(params[0], resolved) if policy.limits_logs and decision.pin_hashes else None
-        check_end = (end.number, end.hash) if end and end.number is not None and end.hash is not None else None
-        # Hashes the call names: its block hash refs, or a content-addressed method's block hash.
-        named = [r.hash for r in refs if r.hash is not None]
-        if policy.cache is CacheClass.CONTENT and params and isinstance(params[0], str):
-            named.append(params[0])
-        need = pinning.needed_block(list(resolved.values()), named, head.numbers if head is not None else {})
-        # A number the tracker would not resolve (a stale head pins nothing unfinalized) is still a
-        # block the answer depends on: a node behind it answers null or an error, not the block.
-        explicit = [r.number for r in refs if r.number is not None and resolved.get(id(r)) is None]
-        if explicit:
-            need = max(need or 0, *explicit)
-        floor = pinning.tag_floor([r.tag for r in refs if r.tag is not None and resolved.get(id(r)) is None], head)
-        need = floor if need is None else max(need, floor or 0)
-        if decision.per_head and head is not None:
-            need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
-        tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
-        proof, unvouched = None, None
-        if evm and isinstance(tracker, EvmHeadTracker):
-            numbered = any(r is not None and r.number is not None for r in resolved.values())
-            proof = proofs.plan_proof(decision, numbered, head, named, tracker.orphans)
-            if proof == proofs.NOT_PROVABLE:
-                decision, proof = cp.BYPASS, None  # no hash to show the answer's chain by: not kept
-            elif proof is not None and not proof[2]:
-                decision = cp.BYPASS  # a reorged-out hash: answered as the canonical chain does, never kept
-            elif decision.mode is cp.Mode.IMMUTABLE and not numbered and head is not None:
-                unvouched = next((h for h in named if h not in head.numbers), None)
-        cells = (self._metrics.hit_cells(net.name, method, False), self._metrics.hit_cells(net.name, method, True))
-        key = ""
-        if decision.cacheable and space is not None:
-            key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
-            if decision.per_head and head is not None:
-                key_params = [*key_params, {"head": [head.latest, head.latest_hash]}]
-            key = cache_key(space, method, key_params)
-        # An unfinalized block pinned by hash goes upstream as the method's by-hash sibling.
-        upstream_method = policy.by_hash if policy.by_hash and decision.pin_hashes else method
-        return Plan(head, decision, key, upstream_method, forward, tags_resolved, need, check_end,
-                    decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece, proof,
-                    unvouched)
 
     async def _read_through(self, prepared: Prepared, policy: MethodPolicy, params: Any, plan: Plan) -> Outcome:
         """The cached answer for the plan's key, else the upstream's (kept when it belongs to the key)."""
@@ -347,7 +295,7 @@ class Service:
         (answer, tied), joined = await self._coalescer.run(key, fill)
         if joined:
             self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-        return Outcome.answered(self._shown(net, method, answer, refs), MISS if tied else BYPASS)
+        return Outcome.answered(shown(net.tracker, method, answer, refs), MISS if tied else BYPASS)
 
     async def _from_trackers(self, prepared: Prepared) -> Outcome:
         """eth_chainId, eth_blockNumber, getSlot, getBlockHeight: from what the trackers hold
@@ -361,7 +309,7 @@ class Service:
         self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
         answer = await net.upstream.request(method, params)
         answer = local_answers.learned(method, params, net.tracker, answer, time.time())
-        return Outcome.answered(self._shown(net, method, answer, prepared.refs), BYPASS)
+        return Outcome.answered(shown(net.tracker, method, answer, prepared.refs), BYPASS)
 
     def _still_tied(self, net: NetworkRuntime, payload: bytes) -> bool:
         """A cached transaction or receipt: is the block it names still final or canonical?"""
@@ -415,34 +363,8 @@ class Service:
             await self._cache.set(key, (answer.payload, answer.is_error), ttl)
         return answer, True
 
-    def _shown(self, net: NetworkRuntime, method: str, answer: Answer, refs: list[BlockRef]) -> Answer:
-        """Read-your-writes: note the block a forwarded answer shows; eth_blockNumber never goes back."""
-        tracker = net.tracker
-        if not isinstance(tracker, EvmHeadTracker) or answer.is_error:
-            return answer
-        if any(ref.tag == "pending" for ref in refs):
-            return answer  # the block being built is no block of the chain yet: nothing was shown
-        number = pinning.shown_block(method, answer.result)
-        if number is None:
-            return answer
-        if method == "eth_blockNumber" and number < tracker.shown:
-            # A lagging upstream answered: the client has already been shown a later block.
-            return Answer.from_response({"result": hex(tracker.shown)}, answer.seconds, answer.upstream)
-        tracker.hint(number)
-        return answer
 
 
 def _unmined_key(key: str, head: Head) -> str:
     """Where a not-yet-mined transaction or receipt (null, or pending) is kept: for one head only."""
     return f"{key}@{head.latest_hash}"
-
-
-def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -> Any:
-    if resolved is None:
-        return {"t": ref.tag}
-    if resolved.number is None:
-        return {"h": resolved.hash}
-    if decision.pin_hashes and resolved.hash is not None:
-        return {"n": resolved.number, "h": resolved.hash}
-    return {"n": resolved.number}
-

@@ -1,0 +1,84 @@
+"""A cacheable call's plan for one head: its cache decision and key, what goes upstream, the block
+its answer depends on, and how the answer will be shown to belong to the chain. Pure but for the
+metric cells it looks up once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.cache import policy as cp
+from proxy.cache.log_reads import LogReads
+from proxy.cache.tiers import cache_key
+from proxy.calls import Plan, Prepared
+from proxy.chain import pinning, proofs
+from proxy.chain.heads import EvmHeadTracker, Resolved
+from proxy.metrics import Metrics
+from proxy.rpc.methods import CacheClass, MethodPolicy
+from proxy.rpc.params import BlockRef, substitute
+
+
+def plan_call(
+    prepared: Prepared, policy: MethodPolicy, params: Any, head: Any, ttls: cp.Ttls, logs: LogReads, metrics: Metrics,
+) -> Plan:
+    """The call's decision, cache key and upstream params for this head (pure but for metric cells)."""
+    net, method, refs = prepared.network, prepared.call.method, prepared.refs
+    tracker = net.tracker
+    evm = isinstance(tracker, EvmHeadTracker)
+    resolved = {id(r): tracker.resolve(r) for r in refs} if isinstance(tracker, EvmHeadTracker) else {}
+    if policy.limits_logs:
+        logs.check_range(params[0], resolved)
+    client_state = policy.client_state is not None and len(params) > policy.client_state
+    decision = cp.decide(policy.cache, list(resolved.values()), head, ttls, params, client_state=client_state)
+    space = (head.space if head is not None else None) if evm else net.name
+    if space is None:
+        decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
+    forward = pinning.forward_params(params, refs, resolved, decision.pin_hashes, policy.limits_logs)
+    end = pinning.range_end(params[0], resolved) if policy.limits_logs and decision.pin_hashes else None
+    check_end = (end.number, end.hash) if end and end.number is not None and end.hash is not None else None
+    # Hashes the call names: its block hash refs, or a content-addressed method's block hash.
+    named = [r.hash for r in refs if r.hash is not None]
+    if policy.cache is CacheClass.CONTENT and params and isinstance(params[0], str):
+        named.append(params[0])
+    need = pinning.needed_block(list(resolved.values()), named, head.numbers if head is not None else {})
+    # A number the tracker would not resolve (a stale head pins nothing unfinalized) is still a
+    # block the answer depends on: a node behind it answers null or an error, not the block.
+    explicit = [r.number for r in refs if r.number is not None and resolved.get(id(r)) is None]
+    if explicit:
+        need = max(need or 0, *explicit)
+    floor = pinning.tag_floor([r.tag for r in refs if r.tag is not None and resolved.get(id(r)) is None], head)
+    need = floor if need is None else max(need, floor or 0)
+    if decision.per_head and head is not None:
+        need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
+    tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
+    proof, unvouched = None, None
+    if evm and isinstance(tracker, EvmHeadTracker):
+        numbered = any(r is not None and r.number is not None for r in resolved.values())
+        proof = proofs.plan_proof(decision, numbered, head, named, tracker.orphans)
+        if proof == proofs.NOT_PROVABLE:
+            decision, proof = cp.BYPASS, None  # no hash to show the answer's chain by: not kept
+        elif proof is not None and not proof[2]:
+            decision = cp.BYPASS  # a reorged-out hash: answered as the canonical chain does, never kept
+        elif decision.mode is cp.Mode.IMMUTABLE and not numbered and head is not None:
+            unvouched = next((h for h in named if h not in head.numbers), None)
+    cells = (metrics.hit_cells(net.name, method, False), metrics.hit_cells(net.name, method, True))
+    key = ""
+    if decision.cacheable and space is not None:
+        key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})
+        if decision.per_head and head is not None:
+            key_params = [*key_params, {"head": [head.latest, head.latest_hash]}]
+        key = cache_key(space, method, key_params)
+    # An unfinalized block pinned by hash goes upstream as the method's by-hash sibling.
+    upstream_method = policy.by_hash if policy.by_hash and decision.pin_hashes else method
+    return Plan(head, decision, key, upstream_method, forward, tags_resolved, need, check_end,
+                decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece, proof,
+                unvouched)
+
+
+def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -> Any:
+    if resolved is None:
+        return {"t": ref.tag}
+    if resolved.number is None:
+        return {"h": resolved.hash}
+    if decision.pin_hashes and resolved.hash is not None:
+        return {"n": resolved.number, "h": resolved.hash}
+    return {"n": resolved.number}
