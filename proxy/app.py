@@ -18,8 +18,10 @@ from proxy.cache.admission import Admission
 from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
 from proxy.chain.epochs import EpochStore, RedisEpochs
 from proxy.chain.head_feed import EvmFeed
-from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker, watch_upstream_heads
+from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.identity import IdentityGuard
+from proxy.chain.slots import SolanaSlotTracker
+from proxy.chain.upstream_heads import watch_upstream_heads
 from proxy.config import Network, Settings
 from proxy.credits.handover import WorkerLedger
 from proxy.credits.leases import LeasedLedger

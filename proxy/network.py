@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker
+from proxy.chain.heads import EvmHeadTracker
+from proxy.chain.slots import SolanaSlotTracker
 from proxy.config import Network
 from proxy.upstream.pool import PerUpstream, Upstream
 

@@ -20,8 +20,8 @@ from proxy.chain.epochs import EpochKeeper, EpochStore
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
-from proxy.rpc.params import COMMITMENTS, BlockRef
-from proxy.upstream.pool import Answer, PerUpstream, Upstream
+from proxy.rpc.params import BlockRef
+from proxy.upstream.pool import Answer, Upstream
 from proxy.upstream.state import ChainIdentity, UpstreamStates
 from proxy.workers.shared_polls import SharedPolls, aligned_delay
 
@@ -174,30 +174,42 @@ def _get_block(tag_or_number: str) -> tuple[str, list[Any]]:
     return ("eth_getBlockByNumber", [tag_or_number, False])
 
 
-async def watch_upstream_heads(pool: PerUpstream, interval: float, shared: SharedPolls | None = None) -> None:
-    """Each upstream's own latest block, every poll interval: the tracker follows one upstream,
-    and an answer is kept only if the upstream that produced it had the blocks it depends on."""
-    states = pool.states
+async def synced_window(
+    asker: Asker, window: int, latest: Header, finalized: int, old: dict[int, str],
+) -> dict[int, str]:
+    """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
+    lower = max(finalized + 1, latest.number - window + 1)
+    chain = {latest.number: latest.hash}
+    expected = latest.parent_hash
+    height = latest.number - 1
+    while height >= lower:
+        if old.get(height) == expected:
+            chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
+            break
+        low = max(lower, height - HEADER_CHUNK + 1)
+        answers = await asker.ask([_get_block(hex(h)) for h in range(height, low - 1, -1)])
+        for answer in answers:
+            header = _header(answer)
+            if header is None or header.hash != expected:
+                # The chain moved while we read it; keep the previous head and try again next poll.
+                raise TrackerError("chain changed during the window walk")
+            chain[header.number] = header.hash
+            expected = header.parent_hash
+            if old.get(header.number - 1) == expected:
+                chain.update({h: old[h] for h in range(lower, header.number) if h in old})
+                return chain
+        height = low - 1
+    return chain
 
-    async def one(index: int) -> None:
-        async def fetch(calls: list[tuple[str, Any]]) -> list[Answer]:
-            return [await pool.ask(index, m, p, timeout=max(interval, 1.0)) for m, p in calls]
 
-        try:
-            if shared is None:
-                answer = await pool.ask(index, "eth_blockNumber", [], timeout=max(interval, 1.0))
-            else:
-                since = time.time() - interval / 2
-                [answer] = await shared.ask(f"upstream{index}", [("eth_blockNumber", [])], fetch, since=since)
-        except JsonRpcError:
-            return
-        if isinstance(answer.result, str):
-            with contextlib.suppress(ValueError):
-                states.observe_head(index, int(answer.result, 16))
-
-    while True:
-        await asyncio.gather(*(one(i) for i in range(states.size) if states.in_rotation(i)))
-        await asyncio.sleep(interval if shared is None else aligned_delay(interval, time.time()))
+def finality_violation(known: Header, now: Header | None, latest: Header, furthest: bool) -> str | None:
+    """How the finalized block `known` was violated, as the chain now reports it (None: it was not).
+    `furthest`: the upstream that answered is the one furthest ahead, so a shorter chain is real."""
+    if now is not None and now.number == known.number and now.hash != known.hash:
+        return f"changed hash from {known.hash} to {now.hash} (a reorg below finality)"
+    if now is None and latest.number < known.number and furthest:
+        return f"({known.hash}) is gone: the chain is at block {latest.number} (a restarted chain)"
+    return None
 
 
 class EvmHeadTracker:
@@ -407,15 +419,7 @@ class EvmHeadTracker:
             self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
         rewound, self._rewound = self._rewound, False
         if old_head is not None and latest.number < old_head.latest and not (violated or rewound):
-            known = old_head.hashes.get(latest.number)
-            same_chain = known is None or known == latest.hash
-            if not self._furthest(latest_a.upstream) or (same_chain and not old_head.stale):
-                # An upstream behind the network (or on a shorter fork) answered: `latest` never goes
-                # backwards for it; if only such answers come, the head goes stale instead. A shorter
-                # chain is taken only from the upstream furthest ahead: a reorg, or, once the head
-                # is stale, the network really going back.
-                raise TrackerError(f"upstream #{latest_a.upstream} is behind the network head "
-                                   f"({latest.number} < {old_head.latest})")
+            self._refuse_going_back(old_head, latest, latest_a.upstream)
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
         final_h = _header(final_a)
         finalized = final_h.number if final_h else max(0, latest.number - self._depth)
@@ -426,7 +430,7 @@ class EvmHeadTracker:
 
         old = dict(old_head.hashes) if old_head else {}
         # Without the finalized tag the window reaches down to the finalized block, for its hash.
-        hashes = await self._sync_window(latest, finalized - (0 if final_h else 1), old)
+        hashes = await synced_window(self._asker, self._window, latest, finalized - (0 if final_h else 1), old)
         final_hash = final_h.hash if final_h else hashes.get(finalized, "")
         if self._identity is not None and final_hash:
             await self._epochs.sync(f"{self.network}@{self._identity}", finalized, final_hash, violated)
@@ -454,17 +458,32 @@ class EvmHeadTracker:
         for head_listener in self.on_head:
             head_listener(head)
         if reorged:
-            for height in reorged:
-                if height in old and hashes.get(height) != old[height]:
-                    self.orphans[old[height]] = height
-            while len(self.orphans) > ORPHANS_MAX:
-                del self.orphans[next(iter(self.orphans))]
-            depth_from = min(reorged)
-            log.warning("head tracker %s: reorg detected from block %d", self.network, depth_from)
-            self._metrics.reorgs.labels(self.network).inc()
-            for listener in self.on_reorg:
-                listener(depth_from)
+            self._reorged(reorged, old, hashes)
         return head
+
+    def _refuse_going_back(self, old_head: Head, latest: Header, upstream: int) -> None:
+        known = old_head.hashes.get(latest.number)
+        same_chain = known is None or known == latest.hash
+        if not self._furthest(upstream) or (same_chain and not old_head.stale):
+            # An upstream behind the network (or on a shorter fork) answered: `latest` never goes
+            # backwards for it; if only such answers come, the head goes stale instead. A shorter
+            # chain is taken only from the upstream furthest ahead: a reorg, or, once the head
+            # is stale, the network really going back.
+            raise TrackerError(f"upstream #{upstream} is behind the network head "
+                               f"({latest.number} < {old_head.latest})")
+
+    def _reorged(self, reorged: list[int], old: dict[int, str], hashes: dict[int, str]) -> None:
+        """Blocks replaced by a reorg: their hashes become orphans; the metric, the log and listeners hear."""
+        for height in reorged:
+            if height in old and hashes.get(height) != old[height]:
+                self.orphans[old[height]] = height
+        while len(self.orphans) > ORPHANS_MAX:
+            del self.orphans[next(iter(self.orphans))]
+        depth_from = min(reorged)
+        log.warning("head tracker %s: reorg detected from block %d", self.network, depth_from)
+        self._metrics.reorgs.labels(self.network).inc()
+        for listener in self.on_reorg:
+            listener(depth_from)
 
     def _furthest(self, index: int) -> bool:
         """No other upstream serving the network is known to be further ahead than `index`."""
@@ -477,11 +496,8 @@ class EvmHeadTracker:
     def _violates(self, known: Header, now: Header | None, latest: Header, upstream: int) -> bool:
         """A finalized block whose hash changed, or that the chain no longer reaches (a devnet
         restarted with the same genesis): every entry of the network may be wrong."""
-        if now is not None and now.number == known.number and now.hash != known.hash:
-            what = f"changed hash from {known.hash} to {now.hash} (a reorg below finality)"
-        elif now is None and latest.number < known.number and self._furthest(upstream):
-            what = f"({known.hash}) is gone: the chain is at block {latest.number} (a restarted chain)"
-        else:
+        what = finality_violation(known, now, latest, self._furthest(upstream))
+        if what is None:
             return False
         log.error("head tracker %s: finalized block %d %s; the network's cache entries are invalidated",
                   self.network, known.number, what)
@@ -490,97 +506,8 @@ class EvmHeadTracker:
             self._states.suspect.set()  # a restarted devnet looks like this: its identity is checked now
         return True
 
-    async def _sync_window(self, latest: Header, finalized: int, old: dict[int, str]) -> dict[int, str]:
-        """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
-        lower = max(finalized + 1, latest.number - self._window + 1)
-        chain = {latest.number: latest.hash}
-        expected = latest.parent_hash
-        height = latest.number - 1
-        while height >= lower:
-            if old.get(height) == expected:
-                chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
-                break
-            low = max(lower, height - HEADER_CHUNK + 1)
-            answers = await self._asker.ask([_get_block(hex(h)) for h in range(height, low - 1, -1)])
-            for answer in answers:
-                header = _header(answer)
-                if header is None or header.hash != expected:
-                    # The chain moved while we read it; keep the previous head and try again next poll.
-                    raise TrackerError("chain changed during the window walk")
-                chain[header.number] = header.hash
-                expected = header.parent_hash
-                if old.get(header.number - 1) == expected:
-                    chain.update({h: old[h] for h in range(lower, header.number) if h in old})
-                    return chain
-            height = low - 1
-        return chain
-
     def _publish(self, head: Head) -> None:
         for tag, value in (("latest", head.latest), ("safe", head.safe), ("finalized", head.finalized)):
             self._metrics.head_block.labels(self.network, tag).set(value)
         self._metrics.head_timestamp.labels(self.network).set(head.timestamp)
         self._metrics.head_updated.labels(self.network).set(self.last_poll)
-
-
-class SolanaSlotTracker:
-    """The slot at each commitment, polled with getSlot."""
-
-    def __init__(
-        self, network: str, upstream: Upstream, *, interval: float, metrics: Metrics, stale_after: float = 6.0,
-        shared: SharedPolls | None = None,
-    ) -> None:
-        self.network = network
-        self.slots: dict[str, int] = {}
-        # The newest value seen per (method, commitment) and when: getSlot from the polls, getSlot and
-        # getBlockHeight from forwarded answers too. Served while younger than the max age.
-        self.recent: dict[tuple[str, str], tuple[int, float]] = {}
-        self.last_poll = 0.0
-        self.stale_after = stale_after
-        self.attempted = asyncio.Event()  # the first poll has finished, well or not
-        self._upstream = upstream
-        self._asker = Asker(upstream, shared)
-        self._aligned = shared is not None
-        self._interval = interval
-        self._metrics = metrics
-
-    @property
-    def head(self) -> None:
-        return None  # Solana answers carry their own context.slot; nothing resolves through a head.
-
-    async def run(self) -> None:
-        await poll_forever(self.poll, self._interval, f"slot tracker {self.network}",
-                           limit=max(self._interval, self.stale_after), attempted=self.attempted,
-                           aligned=self._aligned)
-
-    def health(self, now: float) -> str | None:
-        return poll_health(bool(self.slots), self.last_poll, self.stale_after, now)
-
-    async def poll(self) -> dict[str, int]:
-        answers = await self._asker.ask([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])
-        slots = {}
-        for commitment, answer in zip(COMMITMENTS, answers, strict=True):
-            if not answer.is_error and isinstance(answer.result, int):
-                slots[commitment] = answer.result
-                self._metrics.head_block.labels(self.network, commitment).set(answer.result)
-        if not slots:
-            raise TrackerError("upstream returned no slot")
-        self.slots = slots
-        self.last_poll = time.time()
-        for commitment, slot in slots.items():
-            self.observe("getSlot", commitment, slot, self.last_poll)
-        self._metrics.head_updated.labels(self.network).set(self.last_poll)
-        return slots
-
-    def observe(self, method: str, commitment: str, value: int, now: float) -> int:
-        """Note a slot or block height seen at `now`; returns the value to show, which never goes
-        below one already shown (a lagging node's older answer is not passed on)."""
-        held = self.recent.get((method, commitment))
-        if held is not None and held[0] > value:
-            return held[0]
-        self.recent[(method, commitment)] = (value, now)
-        return value
-
-    def fresh(self, method: str, commitment: str, now: float, max_age: float) -> int | None:
-        """The value seen for (method, commitment) if it is at most `max_age` seconds old."""
-        held = self.recent.get((method, commitment))
-        return held[0] if held is not None and now - held[1] <= max_age else None

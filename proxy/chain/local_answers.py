@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker
+from proxy.chain.heads import EvmHeadTracker
+from proxy.chain.slots import SolanaSlotTracker
 from proxy.upstream.pool import Answer
 
 

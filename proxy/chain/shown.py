@@ -4,7 +4,8 @@ eth_blockNumber) is a hint that `latest` must resolve to at least that block fro
 from __future__ import annotations
 
 from proxy.chain import pinning
-from proxy.chain.heads import EvmHeadTracker, SolanaSlotTracker
+from proxy.chain.heads import EvmHeadTracker
+from proxy.chain.slots import SolanaSlotTracker
 from proxy.rpc.params import BlockRef
 from proxy.upstream.answer import Answer
 
