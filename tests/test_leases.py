@@ -10,8 +10,8 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from proxy.credits.journal import read_journals
+from proxy.credits.key_lease import KeyLease
 from proxy.credits.leases import (
-    KeyLease,
     LeasedLedger,
     ledger_key,
     outage_ceiling,

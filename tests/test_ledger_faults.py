@@ -327,6 +327,11 @@ class FailsAcrossMidnight(CountingUpstream):
         await self._cross_midnight(method, params)
         return await super().ask(index, method, params, timeout=timeout)
 
+    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+                     timeout: float | None = None) -> Answer:
+        await self._cross_midnight(method, params)
+        return await super().proven(method, params, block, index=index, timeout=timeout)
+
 
 async def test_a_refund_after_midnight_goes_back_to_the_day_of_its_charge(
     anvil: Anvil, redis_server: RedisServer, redis_url: str, tmp_path: Path,

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from proxy.credits.journal import read_journals
-from proxy.credits.leases import KeyLease, LeasedLedger
+from proxy.credits.key_lease import KeyLease
+from proxy.credits.leases import LeasedLedger
 from proxy.rpc import jsonrpc
 from proxy.workers.shared_polls import ShownRelay
 

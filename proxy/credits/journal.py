@@ -9,13 +9,10 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from proxy.credits.key_lease import KeyLease
 from proxy.logs import Throttled
 from proxy.rpc import jsonrpc
-
-if TYPE_CHECKING:
-    from proxy.credits.leases import KeyLease
 
 log = logging.getLogger("proxy.credits")
 throttled = Throttled(log, interval=10.0)

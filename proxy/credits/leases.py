@@ -34,10 +34,11 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.credits.exhausted import ExhaustedKeys
 from proxy.credits.journal import Journal
+from proxy.credits.key_lease import KeyLease
 from proxy.credits.lease_script import LEASE_SCRIPT, parse_reply
 from proxy.credits.ledger import DAY_TTL, Debit, Verdict, _judge, day_of
 from proxy.logs import Throttled
@@ -78,51 +79,6 @@ def rate_key(api_key: str, second: int) -> str:
     return f"rcp:rate:{slot_tag(api_key)}:{second}"
 
 
-@dataclass(slots=True)
-class KeyLease:
-    """One key's credits on this replica for one UTC day."""
-
-    api_key: str
-    key: str  # the Redis hash
-    allowance: int = 0  # credits this replica may consume today; never more than Redis granted
-    consumed: int = 0  # cumulative debits
-    refunded: int = 0  # cumulative refunds
-    others: int = 0  # credits allowed to other replicas, at the last reply
-    others_spent: int = 0  # credits other replicas spent (debits less refunds), at the last reply
-    peers: tuple[Any, ...] = ()  # the other replicas at the last reply, to rebuild a lost entry
-    known: bool = False  # Redis answered for this key today
-    active: int = 1  # replicas using the key, at the last reply
-    daily: int = 0
-    granted_at: float = 0.0
-    reported: int = 0  # `net` as Redis last saw it
-    reported_at: float = 0.0
-    low_water: int = 0  # free credit below which the lease is topped up in the background
-    swept: int = -1  # `consumed` at the last sweep, and since when it has not moved (idle)
-    idle_since: float = 0.0
-    ceiling: int | None = None  # while Redis is unreachable: the most this replica may consume
-    journaled: bool = False  # debits Redis has not seen yet
-    returning: bool = False  # a give-back that has not reached Redis yet
-    window_second: int = -1  # the per-second window while Redis is unreachable
-    window_used: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    @property
-    def net(self) -> int:
-        return self.consumed - self.refunded
-
-    @property
-    def free(self) -> int:
-        return self.allowance - self.net
-
-    def unheld(self, daily: int) -> int:
-        """What neither this replica spent nor another holds: other replicas' leases count as spent."""
-        return daily - self.others - self.net
-
-    def remaining(self, daily: int) -> int:
-        """The balance a client is shown: the daily balance less what every replica spent."""
-        return daily - self.others_spent - self.net
-
-
 def outage_ceiling(lease: KeyLease, daily: int, *, fail_open: bool, lease_max: int) -> int:
     """The most a replica may have consumed of a key while Redis cannot be reached: its lease plus
     its share of what nobody held at the last reply (one outage lease); for a key it has not seen
@@ -144,6 +100,22 @@ def outage_verdict(
         return Verdict.UNAVAILABLE
     window = lease.window_used if lease.window_second == int(now) else 0
     return _judge(0, window, amount, daily, per_second)
+
+
+async def _acquire(lease: KeyLease, deadline: float) -> bool:
+    """The lease's lock, if it comes before the deadline (monotonic time)."""
+    if not lease.lock.locked():
+        await lease.lock.acquire()  # free: taken without waiting
+        return True
+    budget = deadline - time.monotonic()
+    if budget <= 0:
+        return False
+    try:
+        async with asyncio.timeout(budget):
+            await lease.lock.acquire()
+    except TimeoutError:
+        return False
+    return True
 
 
 class LeasedLedger:
@@ -176,9 +148,8 @@ class LeasedLedger:
         self._tasks: set[asyncio.Task[None]] = set()
         self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
         self._day_start, self._day_end = 0, 0
-        self._exhausted: set[tuple[int, str]] = set()  # (day, key) known refused for exhaustion
-        self._exhausted_read = 0.0
-        self.on_exhausted: list[Callable[[str, int], None]] = []  # told siblings (workers) of a refusal
+        self.exhausted = ExhaustedKeys(link, self._link_run, self._background, day_ttl=DAY_TTL, key_of=exhausted_key)
+        self.on_exhausted = self.exhausted.on_exhausted  # told siblings (workers) of a refusal
         self.on_new_lease: list[Callable[[KeyLease], None]] = []  # a key's first lease of a day here
 
     # --- debits ---------------------------------------------------------------------------
@@ -211,7 +182,7 @@ class LeasedLedger:
             quick = self.try_debit(api_key, amount, daily=daily, per_second=per_second, now=now)
             if quick is not None:
                 return quick
-            if not await self._acquire(lease, deadline):
+            if not await _acquire(lease, deadline):
                 return self._cut_off(lease, amount, daily, per_second, now)
             try:
                 if per_second is None and lease.free >= amount:
@@ -224,7 +195,7 @@ class LeasedLedger:
                     return self._cut_off(lease, amount, daily, per_second, now)
                 if verdict is not Verdict.OK:
                     if verdict is Verdict.EXHAUSTED:
-                        self._mark_exhausted(int(now) // 86400, api_key, tell=True)
+                        self.exhausted.mark(int(now) // 86400, api_key, tell=True)
                     if lease.free > 0:  # what is left here cannot pay this call: let other replicas have it
                         await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now,
                                              budget=deadline - time.monotonic())
@@ -234,22 +205,6 @@ class LeasedLedger:
                     return Debit(Verdict.OK, lease.remaining(daily))
             finally:
                 lease.lock.release()
-
-    @staticmethod
-    async def _acquire(lease: KeyLease, deadline: float) -> bool:
-        """The lease's lock, if it comes before the deadline."""
-        if not lease.lock.locked():
-            await lease.lock.acquire()  # free: taken without waiting
-            return True
-        budget = deadline - time.monotonic()
-        if budget <= 0:
-            return False
-        try:
-            async with asyncio.timeout(budget):
-                await lease.lock.acquire()
-        except TimeoutError:
-            return False
-        return True
 
     def _cut_off(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         """Redis did not answer within the call's bound: the outage rule decides."""
@@ -261,9 +216,7 @@ class LeasedLedger:
         if lease.ceiling is not None or not self._link.up:
             return
         lease.low_water = 0  # one top-up per grant
-        task = asyncio.get_running_loop().create_task(self._run_top_up(lease, amount, now))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background(self._run_top_up(lease, amount, now))
 
     async def _run_top_up(self, lease: KeyLease, amount: int, now: float) -> None:
         async with lease.lock:
@@ -272,7 +225,7 @@ class LeasedLedger:
     def _outage_debit(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         day = int(now) // 86400
         verdict = outage_verdict(lease, amount, daily, per_second, now,
-                                 exhausted=(day, lease.api_key) in self._exhausted)
+                                 exhausted=(day, lease.api_key) in self.exhausted.known)
         if verdict is Verdict.OK:
             lease.consumed += amount
             if per_second is not None:
@@ -284,7 +237,7 @@ class LeasedLedger:
             self._journal.record(self.replica, lease)
             throttled.warning("outage", "credits: redis unavailable, debits decided in process and journaled")
         elif verdict is Verdict.EXHAUSTED:
-            self._mark_exhausted(day, lease.api_key, tell=True)
+            self.exhausted.mark(day, lease.api_key, tell=True)
         return Debit(verdict, lease.remaining(daily))
 
     async def refund(self, api_key: str, amount: int, *, now: float) -> None:
@@ -316,32 +269,9 @@ class LeasedLedger:
         return not any(lease.journaled or lease.ceiling is not None or lease.returning or lease.free > 0
                        or lease.net != lease.reported for lease in self._leases.values())
 
-    # --- the outage rule's memory: keys known exhausted ---------------------------------------
-
-    def _mark_exhausted(self, day: int, api_key: str, *, tell: bool) -> None:
-        if (day, api_key) in self._exhausted:
-            return
-        self._exhausted.add((day, api_key))
-        if tell:
-            for callback in self.on_exhausted:
-                callback(api_key, day)
-            self._background(self._link_run("credits_exhausted", lambda c: c.sadd(exhausted_key(day), api_key),
-                                            lambda c: c.expire(exhausted_key(day), DAY_TTL)))
-
     def exhausted_elsewhere(self, api_key: str, day: int) -> None:
         """A sibling worker was refused for this key's exhaustion."""
-        self._mark_exhausted(day, api_key, tell=False)
-
-    def _not_exhausted(self, day: int, api_key: str) -> None:
-        if (day, api_key) in self._exhausted:
-            self._exhausted.discard((day, api_key))
-            self._background(self._link_run("credits_exhausted", lambda c: c.srem(exhausted_key(day), api_key)))
-
-    async def _read_exhausted(self, now: float) -> None:
-        day = int(now) // 86400
-        members = await self._link.run("credits_exhausted", lambda c: c.smembers(exhausted_key(day)))
-        names = {m.decode() if isinstance(m, bytes) else str(m) for m in members}
-        self._exhausted = {(day, name) for name in names} | {e for e in self._exhausted if e[0] != day}
+        self.exhausted.mark(day, api_key, tell=False)
 
     async def _link_run(self, operation: str, *commands: Callable[[Any], Any]) -> None:
         for command in commands:
@@ -412,7 +342,7 @@ class LeasedLedger:
                 self._journal.clear()
         verdict = _VERDICTS[reply.verdict]
         if verdict is Verdict.OK and cost:
-            self._not_exhausted(int(now) // 86400, lease.api_key)
+            self.exhausted.forget(int(now) // 86400, lease.api_key)
         return verdict
 
     async def release(self, replica: str, key: str, api_key: str, counters: tuple[int, int], now: float) -> bool:
@@ -433,10 +363,10 @@ class LeasedLedger:
         idle, and past days' leases."""
         mono = self._mono()
         today = int(now) // 86400
-        if self._link.up and mono - self._exhausted_read >= EXHAUSTED_READ_INTERVAL:
-            self._exhausted_read = mono
+        if self._link.up and mono - self.exhausted.read_at >= EXHAUSTED_READ_INTERVAL:
+            self.exhausted.read_at = mono
             with contextlib.suppress(RedisUnavailable):
-                await self._read_exhausted(now)
+                await self.exhausted.read(now)
         for (day, _key), lease in list(self._leases.items()):
             if lease.lock.locked():
                 continue
