@@ -63,9 +63,11 @@ class Asker:
                         again = "unknown_hash"
                     if again is None or doubt == "unknown_hash":
                         answer, doubt = retried, again
-        if doubt == "unknown_hash" and plan.need is not None and not plan.tags_resolved:
+        if doubt == "unknown_hash" and plan.need is not None and not plan.tags_resolved and not (
+                per is not None and per.states.vouches(answer.upstream, plan.need)):
             # The tracker has the block the caller named: a node without it is behind, not the chain.
-            # (A tag the tracker resolved is asked again as the tag instead: service.py.)
+            # (A node whose head has the block means its null: no uncle, no transaction at that index.
+            # A tag the tracker resolved is asked again as the tag instead: service.py.)
             doubt = "unproven"
         if doubt == "lagging" and per is not None and await self._caught_up(per, answer.upstream, plan.need):
             doubt = "late_head"  # its head had not been seen at the block yet: served, never stored
