@@ -155,11 +155,6 @@ class RedisLink:
             async with asyncio.timeout(self._timeout if timeout is None else min(timeout, self._timeout)):
                 result = await command(self.client)
         except (RedisError, RedisClusterException, OSError, TimeoutError, ValueError, TypeError) as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # A stop (or an outer deadline) that arrived while the command's own timeout expired,
-                # or that redis-py turned into an error: it is the caller's, never an outage to swallow.
-                raise asyncio.CancelledError from exc
             # ValueError/TypeError: redis-py's own, for options it reads only when it connects.
             self._metrics.redis_errors.labels(operation).inc()
             if isinstance(self.client, RedisCluster):
