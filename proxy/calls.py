@@ -71,4 +71,7 @@ class Plan:
     proof: tuple[str, str, bool] | None = None
     # A hash the call names that the tracker does not hold in its window: kept only once shown canonical.
     unvouched_hash: str | None = None
+    # The proof is the block the call is pinned to or names (of the tracker's window, not final): asked
+    # only of an upstream other than the head's source, or of one whose head went back (asking.py).
+    proof_pinned: bool = False
 

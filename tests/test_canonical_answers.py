@@ -67,6 +67,14 @@ class TestProofDecisions:
         assert proof == ("0x63", "0xold", False)
         assert proof_doubt(proof, "0xold") == "orphaned" and proof_doubt(proof, "0xnew") is None
 
+    def test_an_answer_pinned_to_an_unfinalized_hash_is_proven_at_that_block(self) -> None:
+        pinned = Decision(Mode.TTL, 1, pin_hashes=True)
+        proof = plan_proof(pinned, True, self.HEAD, [], {}, (199, "0xa"))
+        assert proof == (hex(199), "0xa", True)
+        assert proof_doubt(proof, "0xa", final=False) is None
+        assert proof_doubt(proof, "0xb", final=False) == "fork"  # another fork's block there: never off-chain
+        assert proof_doubt(proof, "", final=False) == "unproven"
+
     def test_doubts_name_why_an_answer_is_not_kept(self) -> None:
         final = (hex(136), "0xfinal", True)
         assert proof_doubt(final, "0xfinal") is None
@@ -79,6 +87,39 @@ class TestProofDecisions:
 
 
 # --- 1. a backup on another fork ------------------------------------------------------------
+
+
+async def test_an_unfinalized_answer_from_a_backup_on_another_fork_is_never_served() -> None:
+    # A forked Anvil asked `{"blockHash": H}` for a canonical block it never had resolves H through its
+    # fork source and runs the call on its own state at that height: the pinned block's header, asked
+    # in the same batch, shows the other fork.
+    node = Anvil()
+    node.mine(100)
+    backup = Anvil("--fork-url", node.url, "--fork-block-number", "100")
+    for _ in range(3):  # the backup mines blocks 101-103 of its own, with transfers
+        backup.send("0x" + "22" * 20, "0x")
+    node.mine(4)  # 101-104 on the primary: empty blocks, unfinalized
+    relay = await FaultRelay(node.url).start()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    try:
+        await proxy.head_at(104)
+        states = proxy.app[SERVICE].networks["evm"].per_upstream
+        assert states is not None
+        await eventually(lambda: _true(states.states.latest[1] == 103 and states.states.verified[1]), 10,
+                         "the backup's head to be known")
+        truth = node.rpc("eth_getBalance", DEV_ACCOUNT, hex(102))
+        assert truth != backup.rpc("eth_getBalance", DEV_ACCOUNT, hex(102))
+        for _ in range(3):
+            relay.inject("http500", method="eth_getBalance")  # the primary fails: the backup is asked
+            body, _ = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(102)])
+            assert body.get("result") in (truth, None), body  # the primary's answer or -32002
+        body, cache = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(102)])
+        assert body["result"] == truth, (body, cache)
+    finally:
+        await proxy.close()
+        await relay.close()
+        backup.stop()
+        node.stop()
 
 
 async def test_a_final_answer_from_a_backup_on_another_fork_is_never_kept() -> None:

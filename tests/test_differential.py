@@ -203,8 +203,15 @@ async def check(world: World, rng: random.Random, index: int) -> None:
         error is not None and "error" in truth and error.get("code") == truth["error"].get("code")
     ) or (error is not None and "error" in truth and error.get("code") == -32602)
     if not same:
-        world.mismatches.append(json.dumps({"method": method, "params": params, "proxy": reply, "node": truth,
-                                            "cache": headers.get("X-Cache"), "faults": world.relay.applied[-3:]})[:600])
+        world.mismatches.append(json.dumps({"method": method, "params": params, "cache": headers.get("X-Cache"),
+                                            "faults": world.relay.applied[-3:], "sizes": [_size(reply), _size(truth)],
+                                            "proxy": reply, "node": truth})[:900])
+
+
+def _size(reply: dict[str, Any]) -> int | None:
+    """How many items a list result holds (a mismatch's summary), else None."""
+    result = reply.get("result")
+    return len(result) if isinstance(result, list) else None
 
 
 # Known defect (issue 25 stays open for it): after the merges of issues 19, 21, 24 and 25 the new

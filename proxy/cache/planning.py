@@ -50,10 +50,12 @@ def plan_call(
     if decision.per_head and head is not None:
         need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
     tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
-    proof, unvouched = None, None
+    proof, unvouched, proof_pinned = None, None, False
     if evm and isinstance(tracker, EvmHeadTracker):
         numbered = any(r is not None and r.number is not None for r in resolved.values())
-        proof = proofs.plan_proof(decision, numbered, head, named, tracker.orphans)
+        pinned = _pinned_block(resolved.values(), named, head) if decision.cacheable and check_end is None else None
+        proof = proofs.plan_proof(decision, numbered, head, named, tracker.orphans, pinned)
+        proof_pinned = pinned is not None and proof is not None and proof[:2] == (hex(pinned[0]), pinned[1])
         if proof == proofs.NOT_PROVABLE:
             decision, proof = cp.BYPASS, None  # no hash to show the answer's chain by: not kept
         elif proof is not None and not proof[2]:
@@ -71,7 +73,19 @@ def plan_call(
     upstream_method = policy.by_hash if policy.by_hash and decision.pin_hashes else method
     return Plan(head, decision, key, upstream_method, forward, tags_resolved, need, check_end,
                 decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece, proof,
-                unvouched)
+                unvouched, proof_pinned)
+
+
+def _pinned_block(resolved: Any, named: list[str], head: Any) -> tuple[int, str] | None:
+    """The highest block (number, hash) of the tracker's window a call is pinned to (above finalized:
+    a final number is proven at the finalized block) or names by hash."""
+    if head is None:
+        return None
+    known = [(r.number, r.hash) for r in resolved
+             if r is not None and r.number is not None and r.number > head.finalized and r.hash is not None]
+    if named:
+        known += [(head.numbers[h], h) for h in named if h in head.numbers]
+    return max(known) if known else None
 
 
 def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -> Any:

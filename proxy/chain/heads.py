@@ -64,6 +64,9 @@ class Head:
     # The finalized block's hash: a node whose block at `finalized` has it is on the network's chain
     # up to there (every block names its parent). "" when not known: nothing final is proven.
     final_hash: str = ""
+    # The upstream whose latest block this is (-1: not known): an answer pinned to a hash of this
+    # window from another upstream is shown with that block's header first (asking.py).
+    source: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +440,8 @@ class EvmHeadTracker:
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
         head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes,
-                    {h: n for n, h in hashes.items()}, space=self._space(), final_hash=final_hash)
+                    {h: n for n, h in hashes.items()}, space=self._space(), final_hash=final_hash,
+                    source=latest_a.upstream)
         if old_head is not None and not reorged and _same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
@@ -462,13 +466,12 @@ class EvmHeadTracker:
         return head
 
     def _refuse_going_back(self, old_head: Head, latest: Header, upstream: int) -> None:
-        known = old_head.hashes.get(latest.number)
-        same_chain = known is None or known == latest.hash
-        if not self._furthest(upstream) or (same_chain and not old_head.stale):
+        if not self._furthest(upstream) or not old_head.stale:
             # An upstream behind the network (or on a shorter fork) answered: `latest` never goes
-            # backwards for it; if only such answers come, the head goes stale instead. A shorter
-            # chain is taken only from the upstream furthest ahead: a reorg, or, once the head
-            # is stale, the network really going back.
+            # backwards for it; if only such answers come, the head goes stale and then the shorter
+            # chain is taken from the upstream furthest ahead (a reorg to a shorter chain, a rollback).
+            # Not before: one URL may be a load balancer whose lagging member is on a fork the
+            # network left, and its answers come between the others'.
             raise TrackerError(f"upstream #{upstream} is behind the network head "
                                f"({latest.number} < {old_head.latest})")
 

@@ -45,6 +45,12 @@ class Asker:
         answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
         per = net.per_upstream
         orphan = plan.proof is not None and not plan.proof[2]  # null is the canonical chain's answer
+        shown_at = _provable_block(net, plan) if doubt is None and not orphan and _not_found(answer) else None
+        if shown_at is not None:
+            answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer, shown_at)
+            if doubt in REFUSED:
+                self._refuse(net, doubt, plan.need)
+            return answer, doubt
         if doubt is None and plan.by_hash and _not_found(answer) and not orphan:
             doubt = "unknown_hash"  # that node may not know the block: another may
         if doubt is not None and doubt != "other_head" and per is not None:
@@ -70,7 +76,15 @@ class Asker:
             # A tag the tracker resolved is asked again as the tag instead: service.py.)
             doubt = "unproven"
         if doubt == "lagging" and per is not None and await self._caught_up(per, answer.upstream, plan.need):
-            doubt = "late_head"  # its head had not been seen at the block yet: served, never stored
+            # Its head had not been seen at the block yet. Asked again beside that block's header
+            # when the tracker holds its hash (the head and the answer may be two members' of a load
+            # balancer), else served, never stored.
+            shown_at = _provable_block(net, plan)
+            if shown_at is None:
+                doubt = "late_head"
+            else:
+                answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer,
+                                                          shown_at)
         if doubt in REFUSED:
             self._refuse(net, doubt, plan.need)
         return answer, doubt
@@ -81,7 +95,13 @@ class Asker:
     ) -> tuple[Answer, str | None]:
         """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
         end_answer = None
-        proof = plan.proof if plan.check_end is None and net.per_upstream is not None else None
+        per = net.per_upstream
+        proof = plan.proof if plan.check_end is None and per is not None else None
+        deferred = None
+        if proof is not None and plan.proof_pinned and per is not None and not any(per.states.mixed):
+            # The pinned block's header costs a call: asked only of an upstream other than the one
+            # the tracker took the block from (a backup, which may be on another fork).
+            deferred, proof = proof, None
         if proof is not None:
             answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results,
                                     proof=proof[0])
@@ -93,36 +113,30 @@ class Asker:
             answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
         else:
             answer = await self.ask(net, method, forward, policy, deadline, check=plan.check_results)
-        per = net.per_upstream
+        head = net.tracker.head
+        if deferred is not None and answer.upstream >= 0 and (head is None or head.source != answer.upstream):
+            proof = deferred
+            answer = await self.ask(net, method, forward, policy, deadline, ask=answer.upstream,
+                                    check=plan.check_results, proof=proof[0])
         if per is None or answer.upstream < 0:
             return answer, None
         if not per.states.vouches(answer.upstream, None):
             return answer, "unverified"
-        if not per.states.vouches(answer.upstream, plan.need):
-            head = net.tracker.head
+        if plan.decision.tied_to_answer and answer.result is None and head is not None \
+                and not per.states.vouches(answer.upstream, head.latest):
+            return answer, "behind_head"  # "not mined" from a node behind: it may be in a block it lacks
+        # A block the same node showed in the same batch outranks what the proxy last saw of its head
+        # (a load balancer's members differ: its head may be one member's, the answer another's).
+        doubt, shown = self._batch_doubt(net, plan, proof, answer, end_answer)
+        if doubt == "unproven" and not per.states.vouches(answer.upstream, plan.need):
+            doubt = "lagging"  # without the block, as its head said
+        if doubt is not None:
+            return answer, doubt  # an error from a node behind (a range error) is not served either
+        if (shown is None or plan.need is None or shown < plan.need) and \
+                not per.states.vouches(answer.upstream, plan.need):
             if plan.need is not None and head is not None and plan.need > head.latest:
                 return answer, "beyond_head"  # no upstream is known to have it: served, never stored
             return answer, "lagging"  # an error from it may be just that, too
-        if plan.decision.tied_to_answer and answer.result is None:
-            # "Not mined" from a node behind the head: the transaction may be in a block it lacks.
-            head = net.tracker.head
-            if head is not None and not per.states.vouches(answer.upstream, head.latest):
-                return answer, "behind_head"
-        if proof is not None and answer.proof is None:
-            return answer, "unverified"  # no header came with it (it failed, or the call went alone): never kept
-        if proof is not None:
-            doubt = proofs.proof_doubt(proof, answer.proof)
-            if doubt == "off_chain":
-                per.states.off_chain(answer.upstream)  # checked again at once (identity.py)
-            if doubt is not None:
-                return answer, doubt  # an error from a node behind (a range error) is not served either
-        if plan.check_end is not None:
-            block_hash = plan.check_end[1]
-            end = end_answer.result if end_answer is not None else None
-            same_node = end_answer is not None and end_answer.upstream == answer.upstream
-            if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != block_hash:
-                # An error from a node without the range's last block (a range error) is not served either.
-                return answer, "unproven" if answer.is_error else "fork"
         if answer.is_error:
             return answer, None
         if plan.check_end is not None:
@@ -130,6 +144,31 @@ class Asker:
             if head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
                 return answer, "fork"
         return answer, None
+
+    def _batch_doubt(
+        self, net: NetworkRuntime, plan: Plan, proof: proofs.Proof | None, answer: Answer, end_answer: Answer | None,
+    ) -> tuple[str | None, int | None]:
+        """What the block asked beside the call says (a doubt, or None), and the highest block number
+        the node showed it has on the network's chain (None when it showed none)."""
+        per = net.per_upstream
+        assert per is not None
+        if proof is not None:
+            if answer.proof is None:
+                return "unverified", None  # no header came with it (it failed, or the call went alone): never kept
+            doubt = proofs.proof_doubt(proof, answer.proof, final=not plan.proof_pinned)
+            if doubt == "off_chain":
+                per.states.off_chain(answer.upstream)  # checked again at once (identity.py)
+            if doubt is not None:
+                return doubt, None
+            return None, int(proof[0], 16) if proof[2] and proof[0].startswith("0x") else None
+        if plan.check_end is not None:
+            end = end_answer.result if end_answer is not None else None
+            same_node = end_answer is not None and end_answer.upstream == answer.upstream
+            if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != plan.check_end[1]:
+                # An error from a node without the range's last block (a range error) is not served either.
+                return "unproven" if answer.is_error else "fork", None
+            return None, plan.check_end[0]
+        return None, None
 
     async def ask(
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
@@ -182,6 +221,32 @@ class Asker:
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         return (self._check_results(params, answer) if check else answer), end_answer
 
+    async def _shown_at_need(
+        self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: Plan,
+        deadline: float | None, answer: Answer, proof: proofs.Proof,
+    ) -> tuple[Answer, str | None]:
+        """A null or an error for a call that needs a block the tracker holds: the answer of a node
+        that has the block (no uncle there, no such log), or of one behind it (a load balancer's lagging
+        member: a range error, a null for a hash it never saw)? Asked again with the node's header at
+        that height in the same batch, twice at most; served only from a node that shows the block
+        (a null by hash is still never stored: `unknown_hash`), else refused as `lagging`."""
+        per = net.per_upstream
+        assert per is not None
+        index = per.states.other_with(answer.upstream, plan.need)
+        for _ in range(2):
+            try:
+                retried = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results,
+                                         proof=proof[0])
+            except JsonRpcError:
+                retried = None
+            if retried is not None and retried.proof is None:
+                return retried, "unverified"  # a node that takes no batches shows nothing: served, never kept
+            if retried is not None and proofs.proof_doubt(
+                    proof, retried.proof, final=False) is None:
+                return retried, "unknown_hash" if plan.by_hash and _not_found(retried) else None
+            index = None  # the pool once more: a load balancer may send it to a member that has the block
+        return answer, "lagging"
+
     async def _caught_up(self, per: PerUpstream, index: int, need: int | None) -> bool:
         """Ask upstream `index` for its head now: has it reached block `need`? (It may have passed
         the proxy's last look at it, e.g. a block just mined and not polled yet.)"""
@@ -231,6 +296,17 @@ class Asker:
         if per is not None and answer.upstream >= 0 and per.states.verified[answer.upstream] and need is not None \
                 and per.states.latest[answer.upstream] < need:
             self._refuse(net, "lagging", need)
+
+
+def _provable_block(net: NetworkRuntime, plan: Plan) -> proofs.Proof | None:
+    """The header a null or an error is shown with (the block the call needs, whose hash the tracker
+    holds), unless the answer came with it already or a tag resolved to it (asked again as the tag)."""
+    head, need = net.tracker.head, plan.need
+    expected = head.hashes.get(need) if head is not None and need is not None and not plan.tags_resolved else None
+    if expected is None or net.per_upstream is None:
+        return None
+    proof = (hex(need or 0), expected, True)
+    return None if plan.proof is not None and plan.proof[:2] == proof[:2] else proof
 
 
 def _not_found(answer: Answer) -> bool:

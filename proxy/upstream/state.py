@@ -43,9 +43,14 @@ class UpstreamStates:
         self.lost_since_verified = [False] * size
         self.cordoned = [False] * size  # taken out by an operator (the admin listener) until uncordoned
         self.suspect = asyncio.Event()  # set when an upstream must have its identity checked again
+        # Its head went back once: a load balancer whose members differ (or a rolled-back dev node).
+        # Answers pinned to an unfinalized hash come from it with that block's header (proofs.py).
+        self.mixed = [False] * size
 
     def observe_head(self, index: int, number: int) -> None:
         if 0 <= index < self.size:
+            if number < self.latest[index]:
+                self.mixed[index] = True
             self.latest[index] = number
 
     def lost(self, index: int) -> None:
