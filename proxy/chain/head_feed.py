@@ -18,6 +18,7 @@ from proxy.chain.heads import EvmHeadTracker, Head
 from proxy.http.fanout import LogBatch
 from proxy.http.subscriptions import Relay, Relayed, Session, Subscription, spawn
 from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import Answer, Upstream
 
 log = logging.getLogger("proxy.head_feed")
@@ -73,6 +74,33 @@ class EvmFeed:
         if not self.active and self._pushing is not None:
             pushing, self._pushing = self._pushing, None
             spawn(self._tasks, pushing.cancel())
+
+    def take_over(self, old: EvmFeed) -> None:
+        """A reload replaced the network's pool with one on the same chain: the old feed's subscribers
+        are this feed's now, and it goes on after the last block the old one delivered (each block
+        once, in order, as after an upstream drop)."""
+        subs = old.heads | old.logs
+        self.heads |= old.heads
+        self.logs |= old.logs
+        old.heads.clear()
+        old.logs.clear()
+        for sub in subs:
+            sub.source = self
+        if not self.active:
+            return
+        self._delivered, self._block_logs = dict(old._delivered), dict(old._block_logs)
+        if self._push is not None and self._pushing is None:
+            spawn(self._tasks, self._subscribe_push())
+        self._head = self._tracker.head
+        self._wake.set()
+
+    def end_all(self, error: JsonRpcError) -> None:
+        """Every subscriber is told its subscription is over (a reload removed the network, or its
+        pool now serves another chain) and let go."""
+        for sub in self.heads | self.logs:
+            sub.session.end(sub, error)
+        self.heads.clear()
+        self.logs.clear()
 
     def _start(self) -> None:
         """The first subscriber: the stream starts after the tracker's current head."""
