@@ -25,6 +25,7 @@ log = logging.getLogger("proxy.head_feed")
 
 CATCH_UP = 128  # most blocks delivered after one jump; older ones are skipped (logged)
 KEEP = 512  # delivered block hashes remembered, for reorgs
+PUSH_RETRY = 2.0  # seconds between asks for the node's pushed heads while they are lost
 _BODY_FIELDS = ("transactions", "uncles")  # a newHeads payload is the header alone, as geth sends
 
 
@@ -47,6 +48,8 @@ class EvmFeed:
         self._head: Head | None = None
         self._rolled_back: int | None = None  # the tracker took a chain that ends below this block
         self._pushed: list[dict[str, Any]] = []
+        self._push_retry_at = 0.0  # loop time before which a lost push is not asked for again
+        self._push_failing = False
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -128,6 +131,17 @@ class EvmFeed:
             self._pushed.append(header)
             self._wake.set()
 
+    def _push_again(self) -> None:
+        """Subscribers, and no push: the node's socket dropped for longer than it was tried again
+        (upstream/ws.py), or could not be opened. Polls carry the stream meanwhile; the push is asked
+        for again at most every PUSH_RETRY seconds."""
+        if self._push is None or self._pushing is not None or not self.active:
+            return
+        now = asyncio.get_running_loop().time()
+        if now >= self._push_retry_at:
+            self._push_retry_at = now + PUSH_RETRY
+            spawn(self._tasks, self._subscribe_push())
+
     async def _subscribe_push(self) -> None:
         assert self._push is not None
         self._pushing = _Pending()
@@ -135,9 +149,15 @@ class EvmFeed:
             relayed = await self._push.subscribe("eth_subscribe", ["newHeads"], on_ok=lambda: None,
                                                  on_notify=self._on_pushed, on_lost=self._push_lost)
         except Exception as exc:
-            log.warning("head feed %s: no push heads from the upstream WebSocket (%s); polling", self.network, exc)
+            if not self._push_failing:  # once per outage, not at every retry
+                log.warning("head feed %s: no push heads from the upstream WebSocket (%s); polling", self.network,
+                            exc)
+            self._push_failing = True
             self._pushing = None
             return
+        if self._push_failing:
+            log.info("head feed %s: push heads from the upstream WebSocket again", self.network)
+            self._push_failing = False
         if self._pushing is None or not self.active:  # everyone left meanwhile
             await relayed.cancel()
             self._pushing = None
@@ -155,6 +175,7 @@ class EvmFeed:
             head, self._head = self._head, None
             if not self.active:
                 continue
+            self._push_again()
             try:
                 for header in pushed:
                     await self._deliver_pushed(header)
