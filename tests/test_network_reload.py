@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from proxy.state import SERVICE
 from tests.fault_relay import FaultRelay
@@ -21,14 +19,6 @@ from tests.test_workers import _answers, _ready, _start, _stop
 from tests.ws_client import connect
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
-
-
-@pytest.fixture
-async def relays(anvil: Anvil) -> AsyncIterator[list[FaultRelay]]:
-    started = [await FaultRelay(anvil.url).start() for _ in range(2)]
-    yield started
-    for relay in started:
-        await relay.close()
 
 
 def _write(tmp_path: Path, networks: dict[str, list[str]]) -> str:

@@ -10,7 +10,6 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,6 @@ from proxy.upstream.pool import HttpUpstream, http_pool
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, eventually, free_port, settings_for, start_proxy
 from tests.test_workers import Running, _answers, _ready, _start, _stop
-
-
-@pytest.fixture
-async def relays(anvil: Anvil) -> AsyncIterator[list[FaultRelay]]:
-    started = [await FaultRelay(anvil.url).start() for _ in range(2)]
-    yield started
-    for relay in started:
-        await relay.close()
 
 
 def _networks_file(tmp_path: Path, upstreams: list[Any], name: str = "evm", **fields: Any) -> str:

@@ -14,12 +14,27 @@ from aiohttp.test_utils import TestServer
 
 from proxy.config import ConfigError, build_settings
 from proxy.state import STREAMS
-from tests.support import DEV_ACCOUNT, Anvil, eventually, free_port, selector, settings_for, start_proxy, word
-from tests.ws_client import connect
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
+from tests.ws_client import Client, connect
 
 
 def ws_of(anvil: Anvil) -> str:
     return anvil.url.replace("http://", "ws://")
+
+
+async def _pushed_heads_and_logs(anvil: Anvil, proxy: Proxy, store: str) -> tuple[Client, str, str]:
+    """A client subscribed to newHeads and to the store's logs, once the feed has the node's pushed heads."""
+    await proxy.head_at(anvil.block_number())
+    client = await connect(proxy)
+    heads = await client.subscribe("newHeads")
+    logs = await client.subscribe("logs", {"address": store})
+    feed = proxy.app[STREAMS].feeds["evm"]
+
+    async def pushing() -> bool:
+        return feed.push_live
+
+    await eventually(pushing, 5, "the feed's push subscription on the node")
+    return client, heads, logs
 
 
 async def test_pushed_heads_and_their_logs_arrive_without_waiting_for_a_poll(anvil: Anvil) -> None:
@@ -28,16 +43,7 @@ async def test_pushed_heads_and_their_logs_arrive_without_waiting_for_a_poll(anv
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(anvil),
                                            HEAD_POLL_INTERVAL="60"))
     try:
-        await proxy.head_at(anvil.block_number())
-        client = await connect(proxy)
-        heads = await client.subscribe("newHeads")
-        logs = await client.subscribe("logs", {"address": store})
-        feed = proxy.app[STREAMS].feeds["evm"]
-
-        async def pushing() -> bool:
-            return feed.push_live
-
-        await eventually(pushing, 5, "the feed's push subscription on the node")
+        client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
         start = anvil.block_number()
         anvil.send(store, selector("emitMany(uint256)") + word(1))
         anvil.mine(1)
@@ -155,16 +161,12 @@ async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_so
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url,
                                            HEAD_POLL_INTERVAL="0.2", UPSTREAM_TIMEOUT="1"))
     try:
-        await proxy.head_at(anvil.block_number())
-        client = await connect(proxy)
-        heads = await client.subscribe("newHeads")
-        logs = await client.subscribe("logs", {"address": store})
+        client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
         feed = proxy.app[STREAMS].feeds["evm"]
 
         async def pushing(live: bool = True) -> bool:
             return feed.push_live is live
 
-        await eventually(pushing, 5, "the feed's push subscription on the node")
         start = anvil.block_number()
         anvil.send(store, emit)  # pushed
         await relay.cut_all()
