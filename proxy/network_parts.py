@@ -82,10 +82,13 @@ class PartsBuilder:
         upstream: Upstream = KeyedUpstream(self.factory(net, metrics), self.slots)
         polls = (SharedPolls(self.run_dir, f"{net.name}-{structure(net)}", settings.head_poll_interval)
                  if self.run_dir is not None else None)
+        # The node's WebSocket: relayed subscriptions (both families) and pushed heads (EVM).
+        relay = UpstreamSocket(net.name, net.ws_upstreams, timeout=settings.upstream_timeout) \
+            if net.ws_upstreams else None
         if net.family != "evm":
             tracker = SolanaSlotTracker(net.name, upstream, interval=settings.head_poll_interval, metrics=metrics,
                                         stale_after=settings.head_stale_bound, shared=polls)
-            return Parts(NetworkRuntime(net, upstream, tracker), polls=polls)
+            return Parts(NetworkRuntime(net, upstream, tracker), relay=relay, polls=polls)
         # EVM upstreams are watched one by one (head, chain identity); Solana answers carry their slot.
         per_upstream = upstream if isinstance(upstream, PerUpstream) else None
         evm = EvmHeadTracker(
@@ -103,8 +106,6 @@ class PartsBuilder:
             )
         if self.on_shown is not None:
             evm.on_shown.append(functools.partial(self.on_shown, net.name))
-        relay = UpstreamSocket(net.name, net.ws_upstreams, timeout=settings.upstream_timeout) \
-            if net.ws_upstreams else None
         feed = EvmFeed(net.name, upstream, evm, push=relay)
         evm.on_head.append(feed.on_head)
         evm.on_reorg.append(feed.on_reorg)
