@@ -24,6 +24,7 @@ notification as an upstream WebSocket lost for good.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from proxy.chain.head_feed import EvmFeed
 from proxy.chain.heads import EvmHeadTracker
 from proxy.config import ConfigError, Network, checked_networks
 from proxy.config_files import _networks_from_file
+from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.network_parts import Parts, PartsBuilder
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
@@ -159,8 +161,14 @@ class NetworkSet:
 
     def _retire(self, parts: Parts) -> None:
         """In the background: calls already routed to the old pool get up to UPSTREAM_TIMEOUT to finish."""
-        task = asyncio.create_task(self.builder.retire(parts, self.builder.settings.upstream_timeout, self._stopping),
-                                   name=f"retire-{parts.name}")
+
+        async def retire() -> None:
+            await self.builder.retire(parts, self.builder.settings.upstream_timeout, self._stopping)
+            successor = self.parts.get(parts.name)  # its tasks have stopped: nothing sets its gauges again
+            _forget_gauges(self.builder.metrics, parts.name,
+                           len(successor.runtime.config.upstreams) if successor is not None else None)
+
+        task = asyncio.create_task(retire(), name=f"retire-{parts.name}")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
@@ -168,3 +176,22 @@ class NetworkSet:
 def _identity(parts: Parts) -> object:
     tracker = parts.runtime.tracker
     return tracker.identity if isinstance(tracker, EvmHeadTracker) else None
+
+
+def _forget_gauges(metrics: Metrics, network: str, upstreams: int | None) -> None:
+    """Gauges of what a reload took away stop being exported rather than stay at their last value (an
+    alert on a head that no longer moves): a removed network's (`upstreams` None), or the upstream
+    indexes a replaced pool no longer has."""
+    per_network = [] if upstreams is not None else [metrics.head_block, metrics.head_timestamp,
+                                                    metrics.head_updated]
+    per_upstream = [metrics.upstream_head_lag, metrics.identity_mismatch]
+    for gauge in (*per_network, *per_upstream):
+        samples = [sample for family in gauge.collect() for sample in family.samples]
+        for sample in samples:
+            labels = sample.labels
+            if labels.get("network") != network:
+                continue
+            if gauge in per_upstream and upstreams is not None and int(labels["upstream"]) < upstreams:
+                continue
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels.values())

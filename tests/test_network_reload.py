@@ -13,7 +13,7 @@ import aiohttp
 
 from proxy.state import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, free_port, settings_for, start_proxy
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, settings_for, start_proxy
 from tests.test_upstream_selection import TOKEN, _admin, _asked, _balance_call, _pool
 from tests.test_workers import _answers, _ready, _start, _stop
 from tests.ws_client import connect
@@ -80,7 +80,9 @@ async def test_a_network_removed_by_a_reload_is_refused_and_its_polls_stop(
     anvil: Anvil, relays: list[FaultRelay], tmp_path: Path,
 ) -> None:
     proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
+    polled = "rpc_proxy_head_last_poll_timestamp_seconds"
     try:
+        assert proxy.registry.get_sample_value(polled, {"network": "side"}) is not None
         client = await connect(proxy)
         heads = await client.subscribe("newHeads")  # on evm, the default: not touched by the reload
         side = aiohttp.ClientSession()
@@ -90,6 +92,12 @@ async def test_a_network_removed_by_a_reload_is_refused_and_its_polls_stop(
         assert status == 200 and body["removed"] == ["side"], body
         status, body, _ = await proxy.post(CHAIN_ID, network="side")
         assert status == 404 and "unknown network 'side'" in body["error"]["message"]
+
+        async def gauges_gone() -> bool:  # an alert on its head would fire forever
+            return proxy.registry.get_sample_value(polled, {"network": "side"}) is None
+
+        await eventually(gauges_gone, 10, "the removed network's gauges to go")
+        assert proxy.registry.get_sample_value(polled, {"network": "evm"}) is not None
         # A connection opened on the network before the reload is refused the same way.
         await side_ws.send_str(json.dumps(CHAIN_ID))
         reply = json.loads((await side_ws.receive(timeout=10)).data)
