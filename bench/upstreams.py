@@ -5,8 +5,9 @@ URL, so each upstream's calls are counted where a provider counts them):
   first upstream 20 ms slower than the others), for the same sequence of cache misses;
 - p50/p99 latency of cache misses when the first upstream is slow on a tenth of the calls (300 ms),
   without hedging and with `hedge_after_ms = 50`, measured in the same run;
-- the upstream calls it takes to keep 1,000 final `eth_getLogs` answers (10-block ranges) without
-  checks, with `confirm_immutable = 2` and with `confirm_logs_bloom = true`.
+- the upstream calls it takes to keep 1,000 final `eth_getLogs` answers without checks, with
+  `confirm_immutable = 2` and with `confirm_logs_bloom = true`: one filter over 10-block ranges, and
+  many filters over the same blocks (the bloom check reads their headers from the cache).
 
     .venv/bin/python -m bench.upstreams [--calls 300]
 
@@ -70,7 +71,10 @@ async def _run(relays: list[FaultRelay], networks: str, calls: int, slow_share: 
 
 
 async def _integrity_cost(anvil: Anvil, relays: list[FaultRelay], directory: str, urls: list[str]) -> None:
-    """Upstream calls per 1,000 final eth_getLogs answers kept, per integrity setting."""
+    """Upstream calls per 1,000 final eth_getLogs answers kept, per integrity setting, for two workloads:
+    one filter over 50 ranges of 10 blocks (one chunk read and checked), and 50 filters (the store's
+    address and one other) over one range: each a chunk of its own to read and check, over the same
+    final blocks, whose headers the bloom check takes from the cache once it holds them."""
     store = anvil.deploy_store()
     first = anvil.block_number() + 1
     for _ in range(50):
@@ -78,25 +82,34 @@ async def _integrity_cost(anvil: Anvil, relays: list[FaultRelay], directory: str
         anvil.mine(9)
     anvil.mine(100)
     answers = 50
-    print("\nintegrity check        upstream calls (batches unrolled) per 1,000 kept eth_getLogs answers")
-    base = None
+    workloads = {
+        "one filter": [{"address": store, "fromBlock": hex(first + 10 * i), "toBlock": hex(first + 10 * i + 9)}
+                       for i in range(answers)],
+        "50 filters": [{"address": [store, "0x" + secrets.token_hex(20)], "fromBlock": hex(first),
+                        "toBlock": hex(first + 9)} for _ in range(answers)],
+    }
+    print("\nupstream calls (batches unrolled) per 1,000 kept eth_getLogs answers")
+    print("integrity check        one filter, 50 ranges     50 filters, one range")
+    base: dict[str, float] = {}
     for label, fields in (("none", {}), ("confirm_immutable = 2", {"confirm_immutable": 2}),
                           ("confirm_logs_bloom", {"confirm_logs_bloom": True})):
-        proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(directory, urls, [1, 1, 1], **fields),
-                                               HEAD_POLL_INTERVAL="60"))
-        try:
-            await proxy.head_at(anvil.block_number())
-            before = sum(len(r.calls) for r in relays)
-            for i in range(answers):
-                start = first + 10 * i
-                status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [
-                    {"address": store, "fromBlock": hex(start), "toBlock": hex(start + 9)}]})
-                assert status == 200 and len(body["result"]) == 1, body
-            calls = (sum(len(r.calls) for r in relays) - before) * 1000 / answers
-        finally:
-            await proxy.close()
-        base = base or calls
-        print(f"{label:<22} {calls:8.0f} ({calls / base:.1f}x)")
+        cells = []
+        for workload, filters in workloads.items():
+            proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(directory, urls, [1, 1, 1], **fields),
+                                                   HEAD_POLL_INTERVAL="60"))
+            try:
+                await proxy.head_at(anvil.block_number())
+                before = sum(len(r.calls) for r in relays)
+                for log_filter in filters:
+                    status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
+                                                        "params": [log_filter]})
+                    assert status == 200 and len(body["result"]) == 1, body
+                calls = (sum(len(r.calls) for r in relays) - before) * 1000 / answers
+            finally:
+                await proxy.close()
+            base.setdefault(workload, calls)
+            cells.append(f"{calls:8.0f} ({calls / base[workload]:5.1f}x)")
+        print(f"{label:<22} {cells[0]:>21} {cells[1]:>25}")
 
 
 def _counts(relays: list[FaultRelay]) -> list[int]:

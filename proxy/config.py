@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -141,6 +141,23 @@ class Settings:
         return config.credits_per_second if config and config.credits_per_second else self.credits_per_second
 
 
+def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
+    """Check the networks' names (ConfigError); each family's default network: its first declared."""
+    seen: set[str] = set()
+    for net in networks:
+        if not NETWORK_NAME.fullmatch(net.name):
+            raise ConfigError(f"network name {net.name!r} must be lower-case letters, digits and '-'")
+        if net.name in seen:
+            raise ConfigError(f"network {net.name!r} is declared twice")
+        seen.add(net.name)
+    defaults: dict[str, str] = {}
+    for family in FAMILIES:
+        first = next((n for n in networks if n.family == family), None)
+        if first is not None:
+            defaults[family] = first.name
+    return defaults
+
+
 def build_settings(raw: Mapping[str, str]) -> Settings:
     """Parse every setting from a flat mapping of raw strings; raise ConfigError on the first problem."""
     raw = {k: v for k, v in raw.items() if k in OPTION_NAMES and v is not None and v != ""}
@@ -157,18 +174,7 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         networks.extend(_networks_from_file(raw["NETWORKS_FILE"]))
     if not networks:
         raise ConfigError("no upstream configured: set EVM_UPSTREAM, SOLANA_UPSTREAM or NETWORKS_FILE")
-    seen: set[str] = set()
-    for net in networks:
-        if not NETWORK_NAME.fullmatch(net.name):
-            raise ConfigError(f"network name {net.name!r} must be lower-case letters, digits and '-'")
-        if net.name in seen:
-            raise ConfigError(f"network {net.name!r} is declared twice")
-        seen.add(net.name)
-    defaults: dict[str, str] = {}
-    for family in FAMILIES:
-        first = next((n for n in networks if n.family == family), None)
-        if first is not None:
-            defaults[family] = first.name
+    defaults = checked_networks(networks)
 
     values: dict[str, Any] = {"networks_file": raw.get("NETWORKS_FILE")}
     for env, (attr, parse) in _SCALARS.items():

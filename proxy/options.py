@@ -108,7 +108,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("METRICS_PORT", "port of an internal listener serving /metrics; when set, the public port does not "
            "(default: unset, /metrics on the public port)"),
     Option("ADMIN_HOST", "address of the admin listener (default 127.0.0.1)"),
-    Option("ADMIN_PORT", "port of the admin listener: list, cordon and uncordon upstreams (default: unset, off)"),
+    Option("ADMIN_PORT", "port of the admin listener: list, cordon and uncordon upstreams, reload NETWORKS_FILE "
+           "(default: unset, off)"),
     Option("ADMIN_TOKEN", "bearer token every admin request must carry (required with ADMIN_PORT; at least 16 "
            "characters; never logged)"),
     Option("UPSTREAM_BATCH_MAX_BYTES", "most bytes of params in one upstream auto-batch; a larger call goes alone "

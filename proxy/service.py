@@ -105,7 +105,7 @@ class Service:
         self._logs = LogReads(cache, chunks, metrics, self._ttls, max_results=settings.getlogs_max_results,
                               timeout=settings.getlogs_timeout)
         self._asker = Asker(settings, metrics, self._logs.check_results)
-        self._integrity = Integrity(metrics, settings.upstream_timeout)
+        self._integrity = Integrity(metrics, settings.upstream_timeout, cache)
 
     # --- before anything is charged or forwarded ------------------------------------------
 

@@ -5,7 +5,17 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from tests.fake_solana import FakeSolana
+from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, RedisServer, settings_for, start_proxy
+
+
+@pytest.fixture
+async def relays(anvil: Anvil) -> AsyncIterator[list[FaultRelay]]:
+    """Two fault relays in front of the test's Anvil: two upstreams whose calls are counted."""
+    started = [await FaultRelay(anvil.url).start() for _ in range(2)]
+    yield started
+    for relay in started:
+        await relay.close()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 from proxy.chain import bloom
 from proxy.chain.bloom import BLOOM_BYTES, _bits
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, RedisServer, selector, settings_for, start_proxy, word
 
 
 def _bloom_of(*values: str) -> bytes:
@@ -113,3 +113,63 @@ async def test_the_bloom_check_catches_a_missing_log_with_one_upstream(anvil: An
     finally:
         await proxy.close()
         await liar.close()
+
+
+async def test_the_bloom_check_reads_final_headers_from_the_cache_and_keeps_those_it_asked_for(
+    anvil: Anvil, tmp_path: Path,
+) -> None:
+    relay = await FaultRelay(anvil.url).start()
+    # A chunk of 10 blocks: each check reads the headers of its chunk.
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, [relay.url], confirm_logs_bloom=True),
+                                           GETLOGS_CHUNK_BLOCKS="10"))
+    try:
+        log_filter = await _final_logs(anvil, proxy)
+        first, last = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
+        blocks = range(first - first % 10, last - last % 10 + 10)  # the chunks the range is read in
+        assert len((await _get_logs(proxy, log_filter))[0]) == 3
+        assert _headers_asked(relay, blocks) == len(blocks) - (0 in blocks)  # each once
+        for number in blocks:  # kept as the service keeps a final block: a client's read is a hit
+            status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber",
+                                                      "params": [hex(number), False]})
+            assert status == 200 and body["result"]["number"] == hex(number) and headers["X-Cache"] == "HIT"
+        # Another filter over the same blocks: another answer to check, with headers from the cache.
+        wider = {**log_filter, "address": [log_filter["address"], "0x" + "11" * 20]}
+        logs, _ = await _get_logs(proxy, wider)
+        assert len(logs) == 3 and _headers_asked(relay, blocks) == len(blocks) - (0 in blocks)
+        assert (await _get_logs(proxy, wider))[1] == "HIT"  # checked, and kept
+    finally:
+        await proxy.close()
+        await relay.close()
+
+
+def _headers_asked(relay: FaultRelay, blocks: range) -> int:
+    numbers = {hex(n) for n in blocks if n}  # the genesis block: asked by the identity checks too
+    return sum(1 for c in relay.calls if c.get("method") == "eth_getBlockByNumber" and c["params"][0] in numbers)
+
+
+async def test_the_bloom_check_takes_the_headers_another_replica_kept_in_redis(
+    anvil: Anvil, tmp_path: Path, redis_server: RedisServer,
+) -> None:
+    redis_server.flush()
+    relay = await FaultRelay(anvil.url).start()
+    settings = settings_for(NETWORKS_FILE=_networks(tmp_path, [relay.url], confirm_logs_bloom=True),
+                            GETLOGS_CHUNK_BLOCKS="10", REDIS_URL=redis_server.url)
+    first = await start_proxy(settings)
+    try:
+        log_filter = await _final_logs(anvil, first)
+        assert len((await _get_logs(first, log_filter))[0]) == 3
+    finally:
+        await first.close()
+    start, end = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
+    blocks = range(start - start % 10, end - end % 10 + 10)
+    asked = _headers_asked(relay, blocks)
+    second = await start_proxy(settings)  # another replica: its memory is empty
+    try:
+        await second.head_at(anvil.block_number())
+        wider = {**log_filter, "address": [log_filter["address"], "0x" + "11" * 20]}
+        logs, _ = await _get_logs(second, wider)
+        assert len(logs) == 3 and _headers_asked(relay, blocks) == asked
+        assert (await _get_logs(second, wider))[1] == "HIT"  # checked, and kept
+    finally:
+        await second.close()
+        await relay.close()

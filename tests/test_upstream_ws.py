@@ -14,12 +14,27 @@ from aiohttp.test_utils import TestServer
 
 from proxy.config import ConfigError, build_settings
 from proxy.state import STREAMS
-from tests.support import DEV_ACCOUNT, Anvil, eventually, free_port, selector, settings_for, start_proxy, word
-from tests.ws_client import connect
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
+from tests.ws_client import Client, connect
 
 
 def ws_of(anvil: Anvil) -> str:
     return anvil.url.replace("http://", "ws://")
+
+
+async def _pushed_heads_and_logs(anvil: Anvil, proxy: Proxy, store: str) -> tuple[Client, str, str]:
+    """A client subscribed to newHeads and to the store's logs, once the feed has the node's pushed heads."""
+    await proxy.head_at(anvil.block_number())
+    client = await connect(proxy)
+    heads = await client.subscribe("newHeads")
+    logs = await client.subscribe("logs", {"address": store})
+    feed = proxy.app[STREAMS].feeds["evm"]
+
+    async def pushing() -> bool:
+        return feed.push_live
+
+    await eventually(pushing, 5, "the feed's push subscription on the node")
+    return client, heads, logs
 
 
 async def test_pushed_heads_and_their_logs_arrive_without_waiting_for_a_poll(anvil: Anvil) -> None:
@@ -28,16 +43,7 @@ async def test_pushed_heads_and_their_logs_arrive_without_waiting_for_a_poll(anv
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(anvil),
                                            HEAD_POLL_INTERVAL="60"))
     try:
-        await proxy.head_at(anvil.block_number())
-        client = await connect(proxy)
-        heads = await client.subscribe("newHeads")
-        logs = await client.subscribe("logs", {"address": store})
-        feed = proxy.app[STREAMS].feeds["evm"]
-
-        async def pushing() -> bool:
-            return feed.push_live
-
-        await eventually(pushing, 5, "the feed's push subscription on the node")
+        client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
         start = anvil.block_number()
         anvil.send(store, selector("emitMany(uint256)") + word(1))
         anvil.mine(1)
@@ -142,6 +148,45 @@ async def test_a_relayed_subscription_keeps_delivering_after_its_upstream_socket
         await client.notes_until(1)
         assert client.results(pending) == [tx_hash]  # under the id the client was given
         assert (await client.call("eth_unsubscribe", pending))["result"] is True
+    finally:
+        await proxy.close()
+        await relay.close()
+
+
+async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_socket_drop(anvil: Anvil) -> None:
+    store = anvil.deploy_store()
+    emit = selector("emitMany(uint256)") + word(1)  # one log, in a block of its own (automining)
+    relay = await WsRelay(ws_of(anvil)).start()
+    # UPSTREAM_TIMEOUT=1: the drop outlasts the socket's attempts to open the feed's push again.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url,
+                                           HEAD_POLL_INTERVAL="0.2", UPSTREAM_TIMEOUT="1"))
+    try:
+        client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
+        feed = proxy.app[STREAMS].feeds["evm"]
+
+        async def pushing(live: bool = True) -> bool:
+            return feed.push_live is live
+
+        start = anvil.block_number()
+        anvil.send(store, emit)  # pushed
+        await relay.cut_all()
+        for _ in range(4):  # mined while the node's socket is down: polled
+            anvil.send(store, emit)
+        await eventually(lambda: pushing(False), 10, "the socket to give the push up")
+        anvil.send(store, emit)
+        relay.cut = False  # the node's socket is back
+        await eventually(pushing, 10, "the feed's push subscription opened again")
+        for _ in range(2):
+            anvil.send(store, emit)
+        expected = list(range(start + 1, start + 9))
+        await client.notes_until(2 * len(expected))
+        assert [int(h["number"], 16) for h in client.results(heads)] == expected
+        assert [int(e["blockNumber"], 16) for e in client.results(logs)] == expected
+        assert all(not e.get("removed") for e in client.results(logs))
+        anvil.send(store, emit)  # one more: nothing was delivered twice before it
+        await client.notes_until(2 * len(expected) + 2)
+        assert [int(h["number"], 16) for h in client.results(heads)] == [*expected, start + 9]
+        assert len(client.notes) == 2 * len(expected) + 2
     finally:
         await proxy.close()
         await relay.close()

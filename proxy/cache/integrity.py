@@ -7,11 +7,13 @@ kept forever can be confirmed first, at an upstream cost README "Upstreams" stat
   one's on a tie), logged, and each upstream outside the majority is counted
   (rpc_proxy_upstream_disagreements_total). Too few upstreams to ask: served uncached.
 - `confirm_logs_bloom = true`: an eth_getLogs answer over final blocks is checked against their
-  headers' logsBloom. Every log must be in its block's bloom (else it was made up); a block whose
-  bloom matches the filter but holds no log of the answer is asked for its receipts, and a matching
-  log there means the answer left it out. Either way the answer is not kept and the upstream that
-  gave it is counted. A range of more than BLOOM_MAX_BLOCKS blocks, or with more than BLOOM_MAX_SUSPECTS
-  such blocks, cannot be checked at a bounded cost: served uncached.
+  headers' logsBloom, read from the cache tiers where they are (a final header never changes) and
+  else from the node (then kept forever, proven as the service proves a final block). Every log
+  must be in its block's bloom (else it was made up); a block whose bloom matches the filter but
+  holds no log of the answer is asked for its receipts, and a matching log there means the answer
+  left it out. Either way the answer is not kept and the upstream that gave it is counted. A range
+  of more than BLOOM_MAX_BLOCKS blocks, or with more than BLOOM_MAX_SUSPECTS such blocks, cannot
+  be checked at a bounded cost: served uncached.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from collections import Counter
 from typing import Any
 
 from proxy.cache import log_chunks
+from proxy.cache import policy as cp
+from proxy.cache.planning import final_block_key
+from proxy.cache.tiers import TieredCache
 from proxy.calls import Plan
 from proxy.chain import bloom
+from proxy.chain.heads import Head
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
-from proxy.rpc.jsonrpc import JsonRpcError, dumps_canonical
+from proxy.rpc.jsonrpc import JsonRpcError, dumps_canonical, loads
 from proxy.upstream.answer import Answer
 
 log = logging.getLogger("proxy.integrity")
@@ -34,9 +40,10 @@ BLOOM_MAX_SUSPECTS = 32  # blocks whose receipts are asked to check one answer
 
 
 class Integrity:
-    def __init__(self, metrics: Metrics, timeout: float) -> None:
+    def __init__(self, metrics: Metrics, timeout: float, cache: TieredCache) -> None:
         self._metrics = metrics
         self._timeout = timeout
+        self._cache = cache
 
     async def doubt(self, net: NetworkRuntime, plan: Plan, params: Any, answer: Answer) -> tuple[str | None, Answer]:
         """Why an answer about to be kept forever must not be (None: keep it), and the answer to serve."""
@@ -44,12 +51,44 @@ class Integrity:
         if per is None or answer.upstream < 0 or answer.is_error:
             return None, answer
         if config.confirm_logs_bloom and plan.method == "eth_getLogs" and isinstance(answer.result, list):
-            reason = await self._logs_bloom(net, params[0], plan.forward[0], answer)
+            reason = await self._logs_bloom(net, plan.head, params[0], plan.forward[0], answer)
             if reason is not None:
                 return reason, answer
         if config.confirm_immutable >= 2:
             return await self._confirm(net, plan, answer, config.confirm_immutable)
         return None, answer
+
+    async def _headers(self, net: NetworkRuntime, head: Head | None, numbers: range) -> dict[int, dict[str, Any]]:
+        """The final blocks' headers: from the cache tiers where they are (a final block is immutable),
+        the rest from the node in one batch, kept forever when the node that gave them showed in the
+        same batch that it is on the network's chain (the network's finalized block: its hash)."""
+        space = head.space if head is not None else None
+        keys = {n: final_block_key(space, n) for n in numbers} if space is not None else {}
+        found = await self._cache.get_many(list(keys.values())) if keys else {}
+        headers: dict[int, dict[str, Any]] = {}
+        for n, key in keys.items():
+            stored = found.get(key)
+            header = loads(stored[0]) if stored is not None and not stored[1] else None
+            if isinstance(header, dict):
+                headers[n] = header
+        missing = [n for n in numbers if n not in headers]
+        if not missing:
+            return headers
+        calls: list[tuple[str, Any]] = [("eth_getBlockByNumber", [hex(n), False]) for n in missing]
+        if head is not None and head.final_hash:
+            calls.append(("eth_getBlockByNumber", [hex(head.finalized), False]))
+        answers = await net.upstream.batch(calls)
+        proof = answers[-1] if len(answers) > len(missing) else None
+        on_chain = proof is not None and isinstance(proof.result, dict) and head is not None \
+            and str(proof.result.get("hash", "")).lower() == head.final_hash
+        for n, answer in zip(missing, answers, strict=False):
+            if not isinstance(answer.result, dict):
+                continue
+            headers[n] = answer.result
+            if on_chain and proof is not None and answer.upstream == proof.upstream and head is not None \
+                    and n <= head.finalized and n in keys:
+                await self._cache.set(keys[n], (answer.payload, False), cp.FOREVER)
+        return headers
 
     def _disagreed(self, net: NetworkRuntime, index: int) -> None:
         self._metrics.upstream_disagreements.labels(net.name, str(index)).inc()
@@ -81,8 +120,8 @@ class Integrity:
                     plan.need)
         return "disagreement", answers[forms.index(majority)]
 
-    async def _logs_bloom(self, net: NetworkRuntime, log_filter: dict[str, Any], forward: dict[str, Any],
-                          answer: Answer) -> str | None:
+    async def _logs_bloom(self, net: NetworkRuntime, head: Head | None, log_filter: dict[str, Any],
+                          forward: dict[str, Any], answer: Answer) -> str | None:
         try:
             first, last = int(forward["fromBlock"], 16), int(forward["toBlock"], 16)
         except (KeyError, TypeError, ValueError):
@@ -90,12 +129,10 @@ class Integrity:
         if last - first + 1 > BLOOM_MAX_BLOCKS:
             return "unchecked"
         try:
-            headers = await net.upstream.batch([("eth_getBlockByNumber", [hex(n), False])
-                                                for n in range(first, last + 1)])
+            headers = await self._headers(net, head, range(first, last + 1))
         except JsonRpcError:
             return "unchecked"
-        blooms = {n: b for n, h in zip(range(first, last + 1), headers, strict=True)
-                  if isinstance(h.result, dict) and (b := bloom.parse(h.result.get("logsBloom"))) is not None}
+        blooms = {n: b for n, h in headers.items() if (b := bloom.parse(h.get("logsBloom"))) is not None}
         if len(blooms) != last - first + 1:
             return "unchecked"
         logs = answer.result

@@ -96,3 +96,9 @@ def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -
     if decision.pin_hashes and resolved.hash is not None:
         return {"n": resolved.number, "h": resolved.hash}
     return {"n": resolved.number}
+
+
+def final_block_key(space: str, number: int) -> str:
+    """The key plan_call names eth_getBlockByNumber(number, false) by when the block is final
+    (_key_form: a final block by its number alone), for readers of headers beside the service."""
+    return cache_key(space, "eth_getBlockByNumber", [{"n": number}, False])

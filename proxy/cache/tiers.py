@@ -21,7 +21,7 @@ import sys
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.cache.admission import Admission
@@ -196,6 +196,18 @@ class RedisTier:
             return None
         return decode_value(bytes(value)), (math.inf if pttl is None or pttl < 0 else pttl / 1000)
 
+    async def get_many(self, keys: Sequence[str]) -> list[Stored | None]:
+        """Many answers in one round trip (a pipeline of GETs, not a transaction: any slots)."""
+
+        async def command(client: Any) -> Any:
+            async with client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.get(shared_keys(key)[0])
+                return await pipe.execute()
+
+        values = await self._link.run("cache_get_many", command)
+        return [decode_value(bytes(v)) if v is not None else None for v in values]
+
     async def set(self, key: str, stored: Stored, ttl: float) -> None:
         value, name = encode_value(stored), shared_keys(key)[0]
         if ttl == math.inf:
@@ -241,6 +253,23 @@ class TieredCache:
         self._lookups["redis", "hit"].inc()
         self.memory.set(key, found[0], found[1])
         return found[0]
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, Stored]:
+        """The answers memory or Redis holds for `keys` (one Redis round trip for memory's misses)."""
+        found: dict[str, Stored] = {}
+        missed = []
+        for key in keys:
+            stored = self.memory.get(key)
+            if stored is not None:
+                found[key] = stored
+            else:
+                missed.append(key)
+        if missed and self.shared is not None:
+            with contextlib.suppress(RedisUnavailable):
+                for key, value in zip(missed, await self.shared.get_many(missed), strict=True):
+                    if value is not None:
+                        found[key] = value
+        return found
 
     # --- coalescing across replicas (a Redis lock per key while one replica fills it) ------
 

@@ -18,12 +18,14 @@ from proxy.chain.heads import EvmHeadTracker, Head
 from proxy.http.fanout import LogBatch
 from proxy.http.subscriptions import Relay, Relayed, Session, Subscription, spawn
 from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import Answer, Upstream
 
 log = logging.getLogger("proxy.head_feed")
 
 CATCH_UP = 128  # most blocks delivered after one jump; older ones are skipped (logged)
 KEEP = 512  # delivered block hashes remembered, for reorgs
+PUSH_RETRY = 2.0  # seconds between asks for the node's pushed heads while they are lost
 _BODY_FIELDS = ("transactions", "uncles")  # a newHeads payload is the header alone, as geth sends
 
 
@@ -46,6 +48,8 @@ class EvmFeed:
         self._head: Head | None = None
         self._rolled_back: int | None = None  # the tracker took a chain that ends below this block
         self._pushed: list[dict[str, Any]] = []
+        self._push_retry_at = 0.0  # loop time before which a lost push is not asked for again
+        self._push_failing = False
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -74,6 +78,33 @@ class EvmFeed:
             pushing, self._pushing = self._pushing, None
             spawn(self._tasks, pushing.cancel())
 
+    def take_over(self, old: EvmFeed) -> None:
+        """A reload replaced the network's pool with one on the same chain: the old feed's subscribers
+        are this feed's now, and it goes on after the last block the old one delivered (each block
+        once, in order, as after an upstream drop)."""
+        subs = old.heads | old.logs
+        self.heads |= old.heads
+        self.logs |= old.logs
+        old.heads.clear()
+        old.logs.clear()
+        for sub in subs:
+            sub.source = self
+        if not self.active:
+            return
+        self._delivered, self._block_logs = dict(old._delivered), dict(old._block_logs)
+        if self._push is not None and self._pushing is None:
+            spawn(self._tasks, self._subscribe_push())
+        self._head = self._tracker.head
+        self._wake.set()
+
+    def end_all(self, error: JsonRpcError) -> None:
+        """Every subscriber is told its subscription is over (a reload removed the network, or its
+        pool now serves another chain) and let go."""
+        for sub in self.heads | self.logs:
+            sub.session.end(sub, error)
+        self.heads.clear()
+        self.logs.clear()
+
     def _start(self) -> None:
         """The first subscriber: the stream starts after the tracker's current head."""
         self._delivered.clear()
@@ -100,6 +131,17 @@ class EvmFeed:
             self._pushed.append(header)
             self._wake.set()
 
+    def _push_again(self) -> None:
+        """Subscribers, and no push: the node's socket dropped for longer than it was tried again
+        (upstream/ws.py), or could not be opened. Polls carry the stream meanwhile; the push is asked
+        for again at most every PUSH_RETRY seconds."""
+        if self._push is None or self._pushing is not None or not self.active:
+            return
+        now = asyncio.get_running_loop().time()
+        if now >= self._push_retry_at:
+            self._push_retry_at = now + PUSH_RETRY
+            spawn(self._tasks, self._subscribe_push())
+
     async def _subscribe_push(self) -> None:
         assert self._push is not None
         self._pushing = _Pending()
@@ -107,9 +149,15 @@ class EvmFeed:
             relayed = await self._push.subscribe("eth_subscribe", ["newHeads"], on_ok=lambda: None,
                                                  on_notify=self._on_pushed, on_lost=self._push_lost)
         except Exception as exc:
-            log.warning("head feed %s: no push heads from the upstream WebSocket (%s); polling", self.network, exc)
+            if not self._push_failing:  # once per outage, not at every retry
+                log.warning("head feed %s: no push heads from the upstream WebSocket (%s); polling", self.network,
+                            exc)
+            self._push_failing = True
             self._pushing = None
             return
+        if self._push_failing:
+            log.info("head feed %s: push heads from the upstream WebSocket again", self.network)
+            self._push_failing = False
         if self._pushing is None or not self.active:  # everyone left meanwhile
             await relayed.cancel()
             self._pushing = None
@@ -127,6 +175,7 @@ class EvmFeed:
             head, self._head = self._head, None
             if not self.active:
                 continue
+            self._push_again()
             try:
                 for header in pushed:
                     await self._deliver_pushed(header)

@@ -5,15 +5,15 @@
   its `fastest` score and its budget.
 - `POST /upstreams/{network}/{index}/cordon` and `.../uncordon`: out of rotation (and back) from the
   next call on. Logged at WARNING with the network and index.
-- `POST /reload`: NETWORKS_FILE read again; each network's selection, weights, budgets and hedging
-  apply from the next call on. A change that needs new pools (a network added or removed, its
-  upstream URLs, family, hosts, chain id or finality depth) is refused with 409 naming it, and
-  nothing is applied: restart for those.
+- `POST /reload`: NETWORKS_FILE read again and applied without a restart (network_set.py): new
+  routing fields from the next call on, a network added, removed, or given new upstreams swapped in
+  once its new pool has checked its chain. A file that does not check is 400, and nothing applied.
 
 Every request needs `Authorization: Bearer <ADMIN_TOKEN>` (compared in constant time); anything else
 is 401 and logged. With WORKERS=N the listener is in every worker (SO_REUSEPORT): the worker a
 command reaches applies it, writes the cordons to the run directory (where a restarted worker reads
-them) and tells its siblings through their own unix sockets there.
+them) and tells its siblings through their own unix sockets there (a restarted worker reads
+NETWORKS_FILE as it is).
 """
 
 from __future__ import annotations
@@ -26,19 +26,20 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
-from proxy.config import ConfigError, Settings
-from proxy.config_files import _networks_from_file
+from proxy.config import Settings
 from proxy.network import NetworkRuntime
-from proxy.upstream.pool import HttpUpstream, http_pool, routing_of
+from proxy.network_parts import STARTUP_WAIT
+from proxy.upstream.pool import HttpUpstream, http_pool
 
 log = logging.getLogger("proxy.admin")
-SIBLING_TIMEOUT = 2.0  # seconds a worker waits for a sibling to take a command
+# Seconds a worker waits for a sibling to take a command: a reload starts new pools (STARTUP_WAIT).
+SIBLING_TIMEOUT = STARTUP_WAIT + 3.0
 
 
 def _pool(runtime: NetworkRuntime) -> HttpUpstream | None:
@@ -69,36 +70,7 @@ def upstream_view(runtimes: Mapping[str, NetworkRuntime]) -> dict[str, list[dict
     return view
 
 
-_STRUCTURE = ("family", "upstreams", "hosts", "finality_depth", "chain_id", "ws_upstreams")
-
-
-def reload_networks(
-    runtimes: Mapping[str, NetworkRuntime], path: str | None, declared: set[str], workers: int,
-) -> tuple[int, dict[str, object]]:
-    """Apply NETWORKS_FILE's routing fields again (status, answer); `declared`: the networks the file
-    declared at start."""
-    if path is None:
-        return 409, {"error": "no NETWORKS_FILE is set: nothing to reload"}
-    try:
-        networks = {n.name: n for n in _networks_from_file(path)}
-    except ConfigError as exc:  # its messages never echo a URL
-        return 400, {"error": str(exc)}
-    needs_restart = [f"network '{name}' added" for name in networks if name not in runtimes]
-    needs_restart += [f"network '{name}' removed" for name in declared if name not in networks]
-    for name, network in networks.items():
-        runtime = runtimes.get(name)
-        if runtime is not None:
-            needs_restart += [f"network '{name}': {field} changed" for field in _STRUCTURE
-                              if getattr(network, field) != getattr(runtime.config, field)]
-    if needs_restart:
-        return 409, {"error": "needs a restart: " + "; ".join(needs_restart)}
-    for name, network in networks.items():
-        runtime = runtimes[name]
-        pool = _pool(runtime)
-        if pool is not None:
-            pool.reroute(routing_of(network, workers))
-        runtime.config = network
-    return 200, {"reloaded": sorted(networks)}
+Reload = Callable[[], Awaitable[tuple[int, dict[str, object]]]]  # network_set.NetworkSet.reload
 
 
 class Cordons:
@@ -154,8 +126,7 @@ class Cordons:
 
 
 def admin_app(
-    runtimes: Mapping[str, NetworkRuntime], settings: Settings, declared: set[str], cordons: Cordons,
-    token: str | None,
+    runtimes: Mapping[str, NetworkRuntime], reload_networks: Reload, cordons: Cordons, token: str | None,
 ) -> web.Application:
     """The admin routes; `token` None: a worker's own unix socket, which only its siblings reach."""
 
@@ -194,10 +165,11 @@ def admin_app(
         refusal = refused(request)
         if refusal is not None:
             return refusal
-        status, answer = reload_networks(runtimes, settings.networks_file, declared, settings.workers)
+        status, answer = await reload_networks()
         if token is not None:
             log.warning("admin: reload of NETWORKS_FILE: %s", answer.get("reloaded") or answer.get("error"))
             if status == 200:
+                cordons.save()  # a pool the reload replaced starts with none
                 await cordons.tell_siblings(request.path)
         return web.json_response(answer, status=status)
 
@@ -209,21 +181,20 @@ def admin_app(
 
 
 async def start_admin(
-    runtimes: Mapping[str, NetworkRuntime], settings: Settings, *, run_dir: str | None = None,
-    index: int | None = None,
+    runtimes: Mapping[str, NetworkRuntime], reload_networks: Reload, settings: Settings, *,
+    run_dir: str | None = None, index: int | None = None,
 ) -> list[web.AppRunner]:
     """The public admin listener (ADMIN_PORT) and, with workers, this worker's own socket for its siblings."""
     assert settings.admin_port is not None and settings.admin_token is not None
-    declared = {n.name for n in _networks_from_file(settings.networks_file)} if settings.networks_file else set()
     cordons = Cordons(runtimes, run_dir, index)
     cordons.load()
     runners = []
-    public = web.AppRunner(admin_app(runtimes, settings, declared, cordons, settings.admin_token), access_log=None)
+    public = web.AppRunner(admin_app(runtimes, reload_networks, cordons, settings.admin_token), access_log=None)
     await public.setup()
     await web.TCPSite(public, settings.admin_host, settings.admin_port, reuse_port=run_dir is not None).start()
     runners.append(public)
     if run_dir is not None:
-        own = web.AppRunner(admin_app(runtimes, settings, declared, cordons, None), access_log=None)
+        own = web.AppRunner(admin_app(runtimes, reload_networks, cordons, None), access_log=None)
         await own.setup()
         await web.UnixSite(own, os.path.join(run_dir, f"admin-{index}.sock")).start()
         runners.append(own)

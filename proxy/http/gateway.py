@@ -276,8 +276,8 @@ class Gateway:
         rid, method, params = plain
         # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
         runtime = network or self._default_routes.get(method)
-        if runtime is None:
-            return None
+        if runtime is None or self._service.networks.get(runtime.name) is not runtime:
+            return None  # none, or a network a reload replaced or removed: the general path routes it
         hit = self._service.memory_hit(method, params, runtime)
         if hit is None:
             return None

@@ -12,15 +12,38 @@ from proxy.rpc.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, Call, JsonRpcEr
 from proxy.rpc.methods import family_of, refusal
 
 
+def unknown_network(name: str) -> JsonRpcError:
+    return JsonRpcError(INVALID_REQUEST, f"unknown network '{name}'", http_status=404)
+
+
 class Router:
     def __init__(self, settings: Settings, networks: Mapping[str, NetworkRuntime]) -> None:
         self._settings = settings
         self._networks = networks
+        self._defaults: Mapping[str, str] = settings.default_network  # family -> network name
         self._by_host = {h: rt for rt in networks.values() for h in rt.config.hosts}
         # Host header -> network, and method -> default network, remembered: a deployment sees a
         # handful of each. Bounded, since both are the client's to choose.
         self.host_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._route_host)
         self.default_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._default_for)
+
+    def reload(self, defaults: Mapping[str, str]) -> None:
+        """The networks changed (a reload of NETWORKS_FILE): forget every remembered route. The memos
+        are cleared in place, since the gateway's hot path holds them."""
+        self._defaults = defaults
+        self._by_host = {h: rt for rt in self._networks.values() for h in rt.config.hosts}
+        self.host_routes.clear()
+        self.default_routes.clear()
+
+    def current(self, network: NetworkRuntime | None) -> NetworkRuntime | None:
+        """The runtime in force for a network a connection named when it opened: a reload may have
+        replaced it (its successor) or removed it (the unknown-network error)."""
+        if network is None or self._networks.get(network.name) is network:
+            return network
+        successor = self._networks.get(network.name)
+        if successor is None:
+            raise unknown_network(network.name)
+        return successor
 
     def network_for(self, host: str | None, path_network: str | None) -> NetworkRuntime | None:
         """spec order: the Host header's first label, then a path prefix; None: route by method family."""
@@ -32,7 +55,7 @@ class Router:
         if path_network is not None:
             chosen = networks.get(path_network)
             if chosen is None:
-                raise JsonRpcError(INVALID_REQUEST, f"unknown network '{path_network}'", http_status=404)
+                raise unknown_network(path_network)
             return chosen
         return None
 
@@ -46,8 +69,8 @@ class Router:
         return self._networks.get(first) if dot else None
 
     def _default_for(self, method: str) -> NetworkRuntime | None:
-        name = self._settings.default_network.get(family_of(method))
-        return self._networks[name] if name is not None else None
+        name = self._defaults.get(family_of(method))
+        return self._networks.get(name) if name is not None else None
 
     def route(self, call: Call, network: NetworkRuntime | None) -> NetworkRuntime:
         # The envelope checked the name's form; the allow-list comes before the route memo, so the
@@ -55,7 +78,7 @@ class Router:
         refused = refusal(call.method, self._settings.allowed_methods, self._settings.allowed_namespaces)
         if refused is not None:
             raise JsonRpcError(METHOD_NOT_FOUND, refused)
-        runtime = network or self.default_routes[call.method]
+        runtime = self.current(network) or self.default_routes[call.method]
         if runtime is None:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: no {family_of(call.method)} network is configured")
         return runtime

@@ -163,6 +163,7 @@ class Subscription:
     active: bool = False  # set once its subscribe reply is queued: nothing is sent before it
     once: bool = False  # signatureSubscribe: ends with its first notification
     detach: Callable[[], Awaitable[None]] | None = None
+    source: HeadSource | None = None  # the feed it is in (a reload may hand it to the network's next feed)
 
     def notify(self, result: bytes) -> None:
         """Queue one notification; `result` is the encoded result, shared by every subscriber."""
@@ -272,10 +273,12 @@ class Session:
         if feed is not None:
             self._reply(call, jsonrpc.dumps(sub.id))
             sub.active = True
+            sub.source = feed
             feed.add(sub)
 
             async def leave_feed() -> None:
-                feed.discard(sub)
+                if sub.source is not None:
+                    sub.source.discard(sub)
 
             sub.detach = leave_feed
             return
@@ -291,7 +294,7 @@ class Session:
                 self._forget(sub)
 
         def on_lost() -> None:
-            self._end(sub, JsonRpcError(-32002, f"upstream WebSocket of network '{runtime.name}' closed: "
+            self.end(sub, JsonRpcError(-32002, f"upstream WebSocket of network '{runtime.name}' closed: "
                                               "subscription ended; subscribe again"))
 
         try:
@@ -433,10 +436,10 @@ class Session:
             # Over the per-second limit, or the ledger is unreachable: deliver later, within the send bound.
             await asyncio.sleep(float(refusal.headers.get("Retry-After", "1")))
         for other in list(self.subs.values()):
-            self._end(other, refusal)
+            self.end(other, refusal)
         return False
 
-    def _end(self, sub: Subscription, error: JsonRpcError) -> None:
+    def end(self, sub: Subscription, error: JsonRpcError) -> None:
         """Tell the client a subscription is over, with why, and let go of it."""
         if not self._forget(sub):
             return

@@ -80,6 +80,7 @@ class Sender:
         self._unreachable = [False] * len(self._urls)  # its last attempt could not reach it (INFO when back)
         self._inflight = [0] * len(self._urls)  # calls being posted, per upstream
         self._session = session
+        self._closed = False  # closed for good: a reload retired it, or the proxy is stopping
         self.reroute(routing)
         for index in range(len(self._urls)):
             metrics.upstream_head_lag.labels(network, str(index)).set_function(
@@ -95,7 +96,14 @@ class Sender:
         self.budgets = routing.budgets or tuple(Budget(None, None) for _ in self._urls)
         self._hedge_after = routing.hedge_after
 
+    @property
+    def posting(self) -> int:
+        """Requests being posted to any of the upstreams now."""
+        return sum(self._inflight)
+
     def _client(self) -> aiohttp.ClientSession:
+        if self._closed:  # a call that outlived its pool's grace (a reload): never a new session
+            raise Failed("connect", "the pool was closed (its network was reloaded)", unsent=True)
         if self._session is None:
             # Connection loss is identity loss: a new connection (a silent keep-alive reconnect
             # included) may reach a restarted node, so its identity is checked again (state.py).
@@ -118,6 +126,7 @@ class Sender:
             self.states.reconnected(index)
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -65,6 +65,7 @@ class UpstreamSocket:
         self._routes: dict[Any, _Route] = {}  # the node's subscription id -> route
         self._current = -1  # the index of the upstream the connection is to
         self._resubscribing: asyncio.Task[None] | None = None
+        self._closed = False
         self.resubscribed = 0  # subscriptions opened again after a drop (for tests and logs)
 
     async def subscribe(
@@ -106,6 +107,8 @@ class UpstreamSocket:
                                                  "method": route.unsubscribe, "params": [route.upstream_id]}).decode())
 
     async def close(self) -> None:
+        """Close for good: the subscriptions it carries are told lost, never opened again."""
+        self._closed = True
         if self._resubscribing is not None:
             self._resubscribing.cancel()
         ws = self._ws
@@ -132,6 +135,8 @@ class UpstreamSocket:
         async with self._connecting:
             if self._ws is not None and not self._ws.closed:
                 return self._ws
+            if self._closed:
+                raise self._unavailable("closed: its network was reloaded")
             if self._session is None:
                 self._session = aiohttp.ClientSession(trust_env=False)
             failures = []
@@ -199,7 +204,11 @@ class UpstreamSocket:
                 route.waiter.set_exception(self._unavailable("connection closed"))
         self._pending.clear()
         routes, self._routes = list(self._routes.values()), {}
-        if routes:
+        if self._closed:  # closed for good (a reload retired it): each subscriber is told
+            for route in routes:
+                if not route.cancelled:
+                    route.on_lost()
+        elif routes:
             log.warning("upstream WebSocket %s#%d closed: opening %d subscription(s) again", self.network,
                         self._current, len(routes))
             self._resubscribing = asyncio.create_task(self._resubscribe(routes),

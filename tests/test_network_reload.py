@@ -1,0 +1,213 @@
+"""The admin listener's POST /reload applies every change of NETWORKS_FILE without a restart: an
+upstream or a network added, a network removed, upstreams replaced (by those of another chain
+too: never served the old chain's entries), and a file that does not check refused whole."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from proxy.state import SERVICE
+from tests.fault_relay import FaultRelay
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, settings_for, start_proxy
+from tests.test_upstream_selection import TOKEN, _admin, _asked, _balance_call, _pool
+from tests.test_workers import _answers, _ready, _start, _stop
+from tests.ws_client import connect
+
+CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+
+
+def _write(tmp_path: Path, networks: dict[str, list[str]]) -> str:
+    """A NETWORKS_FILE of EVM networks, each with its upstream URLs."""
+    lines = []
+    for name, urls in networks.items():
+        lines += [f"[networks.{name}]", 'family = "evm"', f"upstreams = {json.dumps(urls)}"]
+    path = tmp_path / "networks.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+async def _admin_proxy(tmp_path: Path, networks: dict[str, list[str]]) -> tuple[Proxy, int]:
+    port = free_port()
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=_write(tmp_path, networks), ADMIN_PORT=str(port),
+                                           ADMIN_TOKEN=TOKEN))
+    for name in networks:
+        await proxy.head_at(0, name)
+    return proxy, port
+
+
+async def _reload(proxy: Proxy, port: int) -> tuple[int, Any]:
+    return await _admin(proxy.session, port, "/reload", method="POST")
+
+
+async def test_an_upstream_added_by_a_reload_receives_calls(relays: list[FaultRelay], tmp_path: Path) -> None:
+    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
+    try:
+        _write(tmp_path, {"evm": [relays[1].url, relays[0].url]})  # the new one first: priority asks it
+        status, body = await _reload(proxy, port)
+        assert status == 200 and body["replaced"] == ["evm"], body
+        for _ in range(5):
+            status, answer, _ = await proxy.post(_balance_call())
+            assert status == 200 and answer["result"] == "0x0", answer
+        assert _asked(relays[1], "eth_getBalance") == 5
+        assert _pool(proxy).urls == (relays[1].url, relays[0].url)
+    finally:
+        await proxy.close()
+
+
+async def test_a_network_added_by_a_reload_answers(relays: list[FaultRelay], tmp_path: Path) -> None:
+    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
+    try:
+        status, body, _ = await proxy.post(CHAIN_ID, network="side")
+        assert status == 404 and "unknown network 'side'" in body["error"]["message"]
+        _write(tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
+        status, body = await _reload(proxy, port)
+        assert status == 200 and body["added"] == ["side"] and body["replaced"] == [], body
+        status, body, _ = await proxy.post(_balance_call(), network="side")
+        assert status == 200 and body["result"] == "0x0", body
+        assert _asked(relays[1], "eth_getBalance") == 1
+        listing = (await _admin(proxy.session, port, "/upstreams"))[1]
+        assert sorted(listing) == ["evm", "side"]
+    finally:
+        await proxy.close()
+
+
+async def test_a_network_removed_by_a_reload_is_refused_and_its_polls_stop(
+    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
+    polled = "rpc_proxy_head_last_poll_timestamp_seconds"
+    try:
+        assert proxy.registry.get_sample_value(polled, {"network": "side"}) is not None
+        client = await connect(proxy)
+        heads = await client.subscribe("newHeads")  # on evm, the default: not touched by the reload
+        side = aiohttp.ClientSession()
+        side_ws = await side.ws_connect(f"{proxy.base}/side/ws/v3/test-key")
+        _write(tmp_path, {"evm": [relays[0].url]})
+        status, body = await _reload(proxy, port)
+        assert status == 200 and body["removed"] == ["side"], body
+        status, body, _ = await proxy.post(CHAIN_ID, network="side")
+        assert status == 404 and "unknown network 'side'" in body["error"]["message"]
+
+        async def gauges_gone() -> bool:  # an alert on its head would fire forever
+            return proxy.registry.get_sample_value(polled, {"network": "side"}) is None
+
+        await eventually(gauges_gone, 10, "the removed network's gauges to go")
+        assert proxy.registry.get_sample_value(polled, {"network": "evm"}) is not None
+        # A connection opened on the network before the reload is refused the same way.
+        await side_ws.send_str(json.dumps(CHAIN_ID))
+        reply = json.loads((await side_ws.receive(timeout=10)).data)
+        assert reply["id"] == 1 and "unknown network 'side'" in reply["error"]["message"], reply
+        await side_ws.close()
+        await side.close()
+
+        start = anvil.block_number()
+        for step in range(1, 4):  # each block seen by evm's tracker: its polls go on, side's have stopped
+            anvil.mine(1)
+            await client.notes_until(step)
+            if step == 1:  # a poll interval or more after the swap: side's tasks were stopped by then
+                asked = len(relays[1].calls)
+        assert [int(h["number"], 16) for h in client.results(heads)] == [start + 1, start + 2, start + 3]
+        assert len(relays[1].calls) == asked
+    finally:
+        await proxy.close()
+
+
+async def test_a_replaced_upstream_on_another_chain_is_never_served_the_old_chains_entries(
+    anvil: Anvil, tmp_path: Path,
+) -> None:
+    other = Anvil("--chain-id", "4242")
+    anvil.send(DEV_ACCOUNT, "0x")  # block 1 differs between the two chains (Anvil's genesis does not)
+    anvil.mine(80)
+    other.mine(81)
+    proxy, port = await _admin_proxy(tmp_path, {"evm": [anvil.url]})
+    block = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": ["0x1", False]}
+    try:
+        client = await connect(proxy)
+        heads = await client.subscribe("newHeads")
+        old = (await proxy.post(block))[1]["result"]["hash"]
+        assert (await proxy.post(block))[2]["X-Cache"] == "HIT"  # final: kept forever
+        new = other.rpc("eth_getBlockByNumber", "0x1", False)["hash"]
+        _write(tmp_path, {"evm": [other.url]})
+        status, body = await _reload(proxy, port)
+        assert status == 200 and body["replaced"] == ["evm"], body
+        for _ in range(2):  # neither the old entry nor anything stored under it
+            status, reply, _ = await proxy.post(block)
+            assert status == 200 and reply["result"]["hash"] == new != old
+        assert (await proxy.post(CHAIN_ID))[1]["result"] == hex(4242)
+        # Its newHeads subscriber is told the subscription ended: blocks of another chain never follow.
+        (note,) = await client.notes_until(1)
+        assert note["params"]["subscription"] == heads and "another chain" in note["params"]["error"]["message"]
+        assert client.results(heads) == []
+    finally:
+        await proxy.close()
+        other.stop()
+
+
+async def test_subscribers_move_to_a_replaced_pool_on_the_same_chain_and_miss_no_block(
+    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
+    try:
+        client = await connect(proxy)
+        heads = await client.subscribe("newHeads")
+        start = anvil.block_number()
+        anvil.mine(1)
+        await client.notes_until(1)
+        _write(tmp_path, {"evm": [relays[1].url]})
+        assert (await _reload(proxy, port))[0] == 200
+        anvil.mine(2)
+        await client.notes_until(3)
+        assert [int(h["number"], 16) for h in client.results(heads)] == [start + 1, start + 2, start + 3]
+        assert (await client.call("eth_unsubscribe", heads))["result"] is True
+    finally:
+        await proxy.close()
+
+
+async def test_an_invalid_networks_file_is_400_and_nothing_is_applied(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
+    path = tmp_path / "networks.toml"
+    try:
+        before = proxy.app[SERVICE].networks["evm"]
+        for text in ('[networks.evm]\nfamily = "evm"\nupstreams = [\n',  # not TOML
+                     f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\n'
+                     '[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\n'):
+            path.write_text(text)
+            status, body = await _reload(proxy, port)
+            assert status == 400 and "error" in body, body
+            assert relays[1].url not in json.dumps(body)  # never a URL
+            assert proxy.app[SERVICE].networks["evm"] is before and set(proxy.app[SERVICE].networks) == {"evm"}
+        status, answer, _ = await proxy.post(_balance_call())
+        assert answer["result"] == "0x0" and _asked(relays[1], "eth_getBalance") == 0
+    finally:
+        await proxy.close()
+
+
+async def test_a_reload_reaches_every_worker(relays: list[FaultRelay], tmp_path: Path) -> None:
+    port = free_port()
+    path = _write(tmp_path, {"main": [relays[0].url]})
+    running = _start(relays[0].url, 2, NETWORKS_FILE=path, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    url = f"http://127.0.0.1:{running.port}/side/v3/any-key"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            _write(tmp_path, {"main": [relays[0].url], "side": [relays[1].url]})
+            status, body = await _admin(session, port, "/reload", method="POST")
+            assert status == 200 and body["added"] == ["side"], body
+            # The sibling took it before the answer: connections spread over both workers all find it.
+            sessions = [aiohttp.ClientSession() for _ in range(8)]
+            try:
+                answers = await asyncio.gather(*(_answers(sessions[i % 8], url, _balance_call()) for i in range(16)))
+            finally:
+                for one in sessions:
+                    await one.close()
+            assert all(a is not None and a.get("result") == "0x0" for a in answers), answers
+    finally:
+        code, log = await _stop(running)
+        assert code == 0, log
