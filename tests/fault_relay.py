@@ -125,6 +125,11 @@ class FaultRelay:
             message = "project ID request rate exceeded" if kind == "ratelimit" else "injected"  # Infura's words
             errors = [{"jsonrpc": "2.0", "id": c.get("id"), "error": {"code": code, "message": message}}
                       for c in calls]
+            if kind == "error3" and is_batch and fault is not None and fault.method is not None:
+                # An execution error is the call's own: the batch's other calls are answered.
+                answered = await self._forward(body)
+                errors = [e if c.get("method") == fault.method else a
+                          for c, e, a in zip(calls, errors, answered, strict=True)]
             return web.json_response(errors if is_batch else errors[0])
         reply = await self._forward(body)
         if kind == "wrong_id":

@@ -282,6 +282,39 @@ async def test_a_fee_read_from_a_node_behind_the_head_is_never_kept() -> None:
     node.stop()
 
 
+async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_the_head_back() -> None:
+    node = Anvil()
+    store = node.deploy_store()
+    node.mine(100)
+    lagging = Anvil("--fork-url", node.url, "--fork-block-number", str(node.block_number()))
+    node.rpc("anvil_reorg", 4, [])  # the member holds the 4 blocks the network replaced, and no more
+    node.send(store, selector("setX(uint256)") + word(42))
+    turn = iter(range(10**6))
+
+    def route(_calls: list[dict[str, Any]]) -> str:  # every other HTTP request reaches the member
+        return lagging.url if next(turn) % 2 else node.url
+
+    async with balancer(route) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, HEAD_POLL_INTERVAL="0.1"))
+        try:
+            top = node.block_number()
+            await proxy.head_at(top)
+            latest = node.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+            seen = []
+            for _ in range(40):
+                body, _ = await answer(proxy, "eth_blockNumber", [])
+                seen.append(int(body["result"], 16))
+                body, _ = await answer(proxy, "eth_call", [{"to": store, "data": selector("x()")}, "latest"])
+                assert body.get("result") in ("0x" + word(42), None), body  # the network's value, or -32002
+                body, _ = await answer(proxy, "eth_getUncleByBlockHashAndIndex", [latest, "0x0"])
+                assert "result" in body or body["error"]["code"] == -32002, body  # never the member's range error
+            assert seen == sorted(seen) and seen[0] >= top, seen  # the head never went back
+        finally:
+            await proxy.close()
+    lagging.stop()
+    node.stop()
+
+
 # --- 6. connection loss is identity loss ---------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from proxy.calls import Plan
 from proxy.chain import pinning, proofs
+from proxy.chain.heads import EvmHeadTracker
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
@@ -45,7 +46,7 @@ class Asker:
         answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
         per = net.per_upstream
         orphan = plan.proof is not None and not plan.proof[2]  # null is the canonical chain's answer
-        shown_at = _provable_block(net, plan) if doubt is None and not orphan and _not_found(answer) else None
+        shown_at = _provable_block(net, plan, answer) if doubt is None and not orphan and _not_found(answer) else None
         if shown_at is not None:
             answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer, shown_at)
             if doubt in REFUSED:
@@ -79,7 +80,7 @@ class Asker:
             # Its head had not been seen at the block yet. Asked again beside that block's header
             # when the tracker holds its hash (the head and the answer may be two members' of a load
             # balancer), else served, never stored.
-            shown_at = _provable_block(net, plan)
+            shown_at = _provable_block(net, plan, answer)
             if shown_at is None:
                 doubt = "late_head"
             else:
@@ -241,8 +242,7 @@ class Asker:
                 retried = None
             if retried is not None and retried.proof is None:
                 return retried, "unverified"  # a node that takes no batches shows nothing: served, never kept
-            if retried is not None and proofs.proof_doubt(
-                    proof, retried.proof, final=False) is None:
+            if retried is not None and _shown(net, proof, retried.proof):
                 return retried, "unknown_hash" if plan.by_hash and _not_found(retried) else None
             index = None  # the pool once more: a load balancer may send it to a member that has the block
         return answer, "lagging"
@@ -298,15 +298,33 @@ class Asker:
             self._refuse(net, "lagging", need)
 
 
-def _provable_block(net: NetworkRuntime, plan: Plan) -> proofs.Proof | None:
+def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.Proof | None:
     """The header a null or an error is shown with (the block the call needs, whose hash the tracker
-    holds), unless the answer came with it already or a tag resolved to it (asked again as the tag)."""
-    head, need = net.tracker.head, plan.need
-    expected = head.hashes.get(need) if head is not None and need is not None and not plan.tags_resolved else None
-    if expected is None or net.per_upstream is None:
+    holds), unless the answer came with it already or a tag resolved to it (asked again as the tag).
+    For a hash the tracker does not know, asked of an upstream whose head went back (a load
+    balancer's lagging member may not have the block yet): the node's latest block."""
+    head, need, per = net.tracker.head, plan.need, net.per_upstream
+    if head is None or per is None or plan.tags_resolved:
         return None
+    expected = head.hashes.get(need) if need is not None else None
+    if expected is None:
+        mixed = 0 <= answer.upstream < per.states.size and per.states.mixed[answer.upstream]
+        return ("latest", head.latest_hash, True) if mixed and plan.by_hash and need is None else None
     proof = (hex(need or 0), expected, True)
-    return None if plan.proof is not None and plan.proof[:2] == proof[:2] else proof
+    shown = answer.proof == expected and plan.proof is not None and plan.proof[:2] == proof[:2]
+    return None if shown else proof
+
+
+def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None) -> bool:
+    """The node showed the block a proof asks for; for `latest`, a head at or past the tracker's (not
+    an older block of its window, nor one it saw replaced)."""
+    if proof[0] != "latest":
+        return proofs.proof_doubt(proof, seen, final=False) is None
+    tracker = net.tracker
+    head = tracker.head
+    orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
+    return bool(seen) and head is not None and (
+        seen == head.latest_hash or (seen not in head.numbers and seen not in orphans))
 
 
 def _not_found(answer: Answer) -> bool:

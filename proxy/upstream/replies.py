@@ -22,9 +22,10 @@ def proof_call(block: str) -> tuple[str, list[Any]]:
 
 
 def proof_hash(header: Answer) -> str | None:
-    """The hash in a proof header's answer; "" when the node has no such block, None when it failed."""
+    """The hash in a proof header's answer; "" when the node has no such block (a null, or an error:
+    nodes behind answer a number past their head with a range error), None when no header came."""
     if header.is_error:
-        return None
+        return ""
     block = header.result
     value = block.get("hash") if isinstance(block, dict) else None
     return value.lower() if isinstance(value, str) else ""
