@@ -89,60 +89,34 @@ class TestProofDecisions:
 # --- 1. a backup on another fork ------------------------------------------------------------
 
 
-async def test_an_unfinalized_answer_from_a_backup_on_another_fork_is_never_served() -> None:
-    # A forked Anvil asked `{"blockHash": H}` for a canonical block it never had resolves H through its
-    # fork source and runs the call on its own state at that height: the pinned block's header, asked
-    # in the same batch, shows the other fork.
-    node = Anvil()
-    node.mine(100)
-    backup = Anvil("--fork-url", node.url, "--fork-block-number", "100")
-    for _ in range(3):  # the backup mines blocks 101-103 of its own, with transfers
-        backup.send("0x" + "22" * 20, "0x")
-    node.mine(4)  # 101-104 on the primary: empty blocks, unfinalized
-    relay = await FaultRelay(node.url).start()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
-    try:
-        await proxy.head_at(104)
-        states = proxy.app[SERVICE].networks["evm"].per_upstream
-        assert states is not None
-        await eventually(lambda: _true(states.states.latest[1] == 103 and states.states.verified[1]), 10,
-                         "the backup's head to be known")
-        truth = node.rpc("eth_getBalance", DEV_ACCOUNT, hex(102))
-        assert truth != backup.rpc("eth_getBalance", DEV_ACCOUNT, hex(102))
-        for _ in range(3):
-            relay.inject("http500", method="eth_getBalance")  # the primary fails: the backup is asked
-            body, _ = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(102)])
-            assert body.get("result") in (truth, None), body  # the primary's answer or -32002
-        body, cache = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(102)])
-        assert body["result"] == truth, (body, cache)
-    finally:
-        await proxy.close()
-        await relay.close()
-        backup.stop()
-        node.stop()
-
-
-async def test_a_final_answer_from_a_backup_on_another_fork_is_never_kept() -> None:
+@pytest.mark.parametrize(("mined", "height", "tries"), [(4, 102, 3), (80, 105, 1)], ids=["unfinalized", "final"])
+async def test_an_answer_from_a_backup_on_another_fork_is_never_served_nor_kept(
+    mined: int, height: int, tries: int,
+) -> None:
+    # Final: the node's block at the tracker's finalized height comes in the same batch. Unfinalized:
+    # a forked Anvil asked `{"blockHash": H}` for a canonical block it never had resolves H through its
+    # fork source and runs the call on its own state: the pinned block's header shows the other fork.
     node = Anvil()
     node.mine(100)
     backup = Anvil("--fork-url", node.url, "--fork-block-number", "100")
     for _ in range(10):  # the backup mines blocks 101-110 of its own, with transfers
         backup.send("0x" + "22" * 20, "0x")
-    node.mine(80)  # 101-116 are final on the primary: empty blocks
+    node.mine(mined)  # empty blocks on the primary
     relay = await FaultRelay(node.url).start()
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
     try:
-        await proxy.head_at(180)
+        await proxy.head_at(100 + mined)
         states = proxy.app[SERVICE].networks["evm"].per_upstream
         assert states is not None
         await eventually(lambda: _true(states.states.latest[1] == 110 and states.states.verified[1]), 10,
                          "the backup's head to be known")
-        truth = node.rpc("eth_getBalance", DEV_ACCOUNT, hex(105))
-        assert truth != backup.rpc("eth_getBalance", DEV_ACCOUNT, hex(105))
-        relay.inject("http500", method="eth_getBalance")  # the primary fails once: the backup answers first
-        body, _ = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(105)])
-        assert body.get("result") in (truth, None)  # the primary's answer, or -32002: never the backup's
-        body, cache = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(105)])
+        truth = node.rpc("eth_getBalance", DEV_ACCOUNT, hex(height))
+        assert truth != backup.rpc("eth_getBalance", DEV_ACCOUNT, hex(height))
+        for _ in range(tries):
+            relay.inject("http500", method="eth_getBalance")  # the primary fails: the backup answers first
+            body, _ = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(height)])
+            assert body.get("result") in (truth, None), body  # the primary's answer, or -32002
+        body, cache = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(height)])
         assert body["result"] == truth, (body, cache)
     finally:
         await proxy.close()
