@@ -160,6 +160,10 @@ def _credits_file(path: str) -> dict[str, int]:
     return costs
 
 
+_NETWORK_FIELDS = ("family", "upstreams", "hosts", "finality_depth", "chain_id", "selection", "hedge_after_ms",
+                   "confirm_immutable", "confirm_logs_bloom")
+
+
 def _networks_from_file(path: str) -> list[Network]:
     data = _load_toml("NETWORKS_FILE", path)
     table = data.get("networks")
@@ -170,6 +174,9 @@ def _networks_from_file(path: str) -> list[Network]:
         where = f"NETWORKS_FILE: network {name!r}"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
+        unknown = sorted(set(entry) - set(_NETWORK_FIELDS))
+        if unknown:  # a misspelt or misplaced field would do nothing, silently
+            raise ConfigError(f"{where}: unknown field {unknown[0]!r} (expected {', '.join(_NETWORK_FIELDS)})")
         family = entry.get("family")
         if family not in FAMILIES:
             raise ConfigError(f"{where}: family must be 'evm' or 'solana'")

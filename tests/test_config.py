@@ -75,6 +75,9 @@ def test_networks_file_declares_networks_with_hosts(tmp_path: Path) -> None:
     ('[networks.x]\nfamily = "btc"\nupstreams = ["http://a"]\n', "family must be"),
     ('[networks.x]\nfamily = "evm"\n', "must be a list of URLs"),
     ('[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://a"]\n', "lower-case"),
+    # A misspelt or misplaced field would do nothing: refused, naming it.
+    ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nselectoin = "weighted"\n', "unknown field 'selectoin'"),
+    ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nmax_rps = 5\n', "unknown field 'max_rps'"),
 ])
 def test_a_bad_networks_file_is_one_clear_line(tmp_path: Path, text: str, fragment: str) -> None:
     path = tmp_path / "networks.toml"

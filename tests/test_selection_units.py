@@ -165,6 +165,9 @@ class TestRateLimits:
         assert retry_after("7") == 7.0
         assert retry_after("999999") == RETRY_AFTER_MAX
         assert retry_after("soon") is None and retry_after(None) is None
+        # No wait named (zero, negative, a date gone by): the usual cooldown, never none at all.
+        assert retry_after("0") is None and retry_after("-5") is None
+        assert retry_after(format_datetime(datetime.now(UTC) - timedelta(seconds=30), usegmt=True)) is None
         later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
         parsed = retry_after(later)
         assert parsed is not None and 25 < parsed <= 30

@@ -252,6 +252,12 @@ async def test_an_admin_cordon_takes_an_upstream_out_within_one_call_and_needs_t
         async with aiohttp.ClientSession() as session:
             assert (await _admin(session, port, "/upstreams", token=None))[0] == 401
             assert (await _admin(session, port, "/upstreams/evm/0/cordon", token="wrong", method="POST"))[0] == 401
+            # A header that is no UTF-8 is refused like any other, never an error.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /upstreams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
+                         b"Connection: close\r\n\r\n")
+            assert (await reader.read()).startswith(b"HTTP/1.1 401")
+            writer.close()
             status, listing = await _admin(session, port, "/upstreams")
             assert status == 200 and [u["index"] for u in listing["evm"]] == [0, 1]
             assert "PROVIDERSECRET" not in json.dumps(listing) and listing["evm"][0]["host"].startswith("http://")

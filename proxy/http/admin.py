@@ -134,7 +134,8 @@ def admin_app(
         if token is None:
             return None
         given = request.headers.get("Authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        # Header bytes that are no UTF-8 arrive as surrogates: compared as they came, never an error.
+        if hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
             return None
         log.warning("admin: refused %s %s from %s (no valid bearer token)", request.method, request.path,
                     request.remote)

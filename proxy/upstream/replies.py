@@ -91,14 +91,15 @@ def rate_limited(reply: Any) -> str | None:
 
 
 def retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds from now: delta-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    """Retry-After as seconds from now: delta-seconds or an HTTP date (RFC 9110 10.2.3). None (the
+    usual cooldown) when it names no wait: absent, unreadable, zero, negative or a date gone by."""
     if not value:
         return None
     try:
-        return max(0.0, min(float(value), RETRY_AFTER_MAX))
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        return max(0.0, min(parsedate_to_datetime(value).timestamp() - time.time(), RETRY_AFTER_MAX))
-    except (TypeError, ValueError, OverflowError):
-        return None
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return min(seconds, RETRY_AFTER_MAX) if seconds > 0 else None
