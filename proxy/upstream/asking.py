@@ -86,6 +86,10 @@ class Asker:
             else:
                 answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer,
                                                           shown_at)
+        if doubt == "unproven" and plan.tags_resolved and _not_found(answer):
+            # No block came with a null or an error at a tag the tracker resolved: the node may lag
+            # the tracker; asked again with the caller's tag instead (service.py), never kept.
+            doubt = "tag_unproven"
         if doubt in REFUSED:
             self._refuse(net, doubt, plan.need)
         return answer, doubt
