@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.credits.accounts import OPEN_ACCOUNT
-from proxy.http.gateway import invalid_key_error
+from proxy.http.gateway import Gateway, Reply, invalid_key_error
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.subscriptions import Session, subscription_call
+from proxy.http.ws_frames import Corked
 from proxy.http.ws_state import Connection
+from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
 from proxy.state import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
@@ -52,17 +55,18 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
                       metrics)
     session.start()
     idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
+    corked = Corked(ws, request.transport, loop)
 
-    async def serve(data: str | bytes) -> None:
+    async def serve(data: str | bytes, memory_checked: bool) -> None:
         metrics.inflight.inc()
         try:
             call = subscription_call(data)
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
                 return
-            reply = await gateway.handle(data, account, network)
+            reply = await gateway.handle(data, account, network, memory_checked=memory_checked)
             if reply.body is not None and not ws.closed:
-                await ws.send_str(reply.body.decode())
+                await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
         except ConnectionResetError:
             pass
         except Exception:
@@ -79,12 +83,19 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue  # ERROR (e.g. a message over the size limit) ends the loop as aiohttp closes
             if connection.draining:
+                corked.flush()
                 error = JsonRpcError(INVALID_REQUEST, "server is shutting down")
                 await ws.send_str(jsonrpc.encode_error(None, error).decode())
                 continue
             connection.active_at = loop.time()
+            hit = memory_hit(gateway, message.data, account, network)
+            if isinstance(hit, bytes):  # answered now: no task, no slot
+                if not corked.add(hit):
+                    with contextlib.suppress(ConnectionResetError):
+                        await ws.send_frame(hit, WSMsgType.TEXT)
+                continue
             await slots.acquire()
-            task = asyncio.create_task(serve(message.data))
+            task = asyncio.create_task(serve(message.data, hit))
             connection.tasks.add(task)
             task.add_done_callback(connection.tasks.discard)
         if connection.draining:
@@ -92,6 +103,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             # connection before the close frame is written.
             await connection.closed.wait()
     finally:
+        corked.flush()
         idle.cancel()
         await session.close()
         if not connection.draining:
@@ -100,6 +112,20 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
         app[WEBSOCKETS].discard(connection)
         metrics.ws_connections.dec()
     return ws
+
+
+def memory_hit(gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None) -> bytes | bool:
+    """A memory hit's answer made without awaiting (open mode; a keyed hit its lease pays for, or its
+    refusal), else whether memory was checked, for gateway.handle (as the HTTP endpoint does)."""
+    if gateway.open_mode:
+        encoded = gateway.open_hit(data, network)
+        return True if encoded is None else encoded
+    hit = gateway.keyed_hit(data, account, network)
+    if isinstance(hit, tuple):
+        return hit[0]
+    if isinstance(hit, Reply):
+        return hit.body if hit.body is not None else False
+    return hit
 
 
 async def _close_when_idle(connection: Connection, session: Session, timeout: float) -> None:
