@@ -72,8 +72,18 @@ class Front:
         self.open_headers = open_headers
         self.open_head = b"".join(f"{k}: {v}\r\n".encode() for k, v in open_headers.items())
         wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]
-        self.read_headers = {name.encode("latin-1"): name for name in wanted}
+        self._read_headers = {name.encode("latin-1"): name for name in wanted}
+        # Field names as clients spell them -> the lower-case name read, or "" (not read): a client
+        # spells its few names the same way every time, so one lookup replaces lower() and a lookup.
+        self.header_names: dict[bytes, str] = {}
         self.targets: dict[bytes, tuple[str, tuple[str | None, str | None] | None]] = {}  # request target memo
+
+    def header_name(self, name: bytes) -> str:
+        """The lower-case name of a field something reads, or "" (remembered per spelling)."""
+        key = self._read_headers.get(name.lower(), "")
+        if len(self.header_names) < MAX_TARGETS:
+            self.header_names[name] = key
+        return key
 
     def date(self) -> bytes:
         now = int(time.time())
@@ -370,8 +380,11 @@ class FrontProtocol(_Answers):
         if len(value) > MAX_LINE or len(request.raw) >= MAX_HEADERS:
             raise refusal(INVALID_REQUEST, "request header fields too large", 431)
         request.raw.append((name, value))
-        key = self._front.read_headers.get(name.lower())  # only the fields something reads are decoded
-        if key is not None and key not in request.headers:  # the first of repeated fields, as aiohttp reads it
+        front = self._front
+        key = front.header_names.get(name)
+        if key is None:
+            key = front.header_name(name)
+        if key and key not in request.headers:  # only fields something reads; the first of repeated ones, as aiohttp
             request.headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
