@@ -269,7 +269,7 @@ class Service:
         plain = not plan.decision.tied_to_answer and not policy.limits_logs
         stored = self._cache.get_memory(key) if plain else await self._cache.get(key)
         if plan.decision.tied_to_answer:
-            if stored is not None and not self._still_tied(net, stored[0]):
+            if stored is not None and not _still_tied(net, stored[0]):
                 stored = None  # its block was replaced (or is no longer known): ask again
             now_head = tracker.head
             if stored is None and isinstance(now_head, Head) and plan.head is now_head:
@@ -324,13 +324,6 @@ class Service:
         answer = local_answers.learned(method, params, net.tracker, answer, time.time())
         return Outcome.answered(shown(net.tracker, method, answer, prepared.refs), BYPASS)
 
-    def _still_tied(self, net: NetworkRuntime, payload: bytes) -> bool:
-        """A cached transaction or receipt: is the block it names still final or canonical?"""
-        tracker = net.tracker
-        if not isinstance(tracker, EvmHeadTracker):
-            return False
-        return cp.transaction_servable(loads(payload), tracker.head, tracker.orphans)
-
     async def _fetch(
         self, net: NetworkRuntime, policy: MethodPolicy, method: str, params: Any, refs: list[BlockRef], plan: Plan,
         lock: FillLock,
@@ -377,6 +370,14 @@ class Service:
             await self._cache.set(key, (answer.payload, answer.is_error), ttl, lock)  # the lock released too
         return answer, True
 
+
+
+def _still_tied(net: NetworkRuntime, payload: bytes) -> bool:
+    """A cached transaction or receipt: is the block it names still final or canonical?"""
+    tracker = net.tracker
+    if not isinstance(tracker, EvmHeadTracker):
+        return False
+    return cp.transaction_servable(loads(payload), tracker.head, tracker.orphans)
 
 
 def _unmined_key(key: str, head: Head) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -30,16 +29,10 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     if account is None:
         # The upgrade is refused the same way as HTTP: 401 with a JSON-RPC error body.
         return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
-    refusal = origin_check(gateway, account, request)  # a browser's handshake carries its page's Origin
-    if refusal is not None:
-        return error_response(refusal, {"X-Credits-Charged": "0"})
+    refused = _refusal(request, account)
+    if refused is not None:
+        return refused
     network = gateway.router.network_for(request.host, request.match_info.get("network"))
-    cap = settings.ws_max_connections_per_key
-    if cap and account != OPEN_ACCOUNT and sum(c.account == account for c in app[WEBSOCKETS]) >= cap:
-        # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
-        error = JsonRpcError(LIMIT_EXCEEDED, f"too many WebSocket connections for this key: at most {cap} "
-                             "(WS_MAX_CONNECTIONS_PER_KEY)", http_status=429)
-        return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
     ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
@@ -83,16 +76,13 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue  # ERROR (e.g. a message over the size limit) ends the loop as aiohttp closes
             if connection.draining:
-                corked.flush()
                 error = JsonRpcError(INVALID_REQUEST, "server is shutting down")
                 await ws.send_str(jsonrpc.encode_error(None, error).decode())
                 continue
             connection.active_at = loop.time()
             hit = memory_hit(gateway, message.data, account, network)
             if isinstance(hit, bytes):  # answered now: no task, no slot
-                if not corked.add(hit):
-                    with contextlib.suppress(ConnectionResetError):
-                        await ws.send_frame(hit, WSMsgType.TEXT)
+                await corked.send(hit)
                 continue
             await slots.acquire()
             task = asyncio.create_task(serve(message.data, hit))
@@ -112,6 +102,21 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
         app[WEBSOCKETS].discard(connection)
         metrics.ws_connections.dec()
     return ws
+
+
+def _refusal(request: web.Request, account: str) -> web.Response | None:
+    """An origin the key does not allow, or a key holding WS_MAX_CONNECTIONS_PER_KEY already."""
+    app = request.app
+    refusal = origin_check(app[GATEWAY], account, request)  # a browser's handshake carries its page's Origin
+    if refusal is not None:
+        return error_response(refusal, {"X-Credits-Charged": "0"})
+    cap = app[SETTINGS].ws_max_connections_per_key
+    if cap and account != OPEN_ACCOUNT and sum(c.account == account for c in app[WEBSOCKETS]) >= cap:
+        # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
+        error = JsonRpcError(LIMIT_EXCEEDED, f"too many WebSocket connections for this key: at most {cap} "
+                             "(WS_MAX_CONNECTIONS_PER_KEY)", http_status=429)
+        return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
+    return None
 
 
 def memory_hit(gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None) -> bytes | bool:

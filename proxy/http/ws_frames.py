@@ -5,8 +5,9 @@ system call, and was most of a cache hit's cost on a WebSocket)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 MAX_CORKED = 4096  # larger answers go through aiohttp's writer, compressed when the client asked
 HIGH_WATER = 64 * 1024  # bytes waiting in the socket's buffer past which answers wait for it (flow control)
@@ -30,6 +31,12 @@ class Corked:
         self._transport = transport
         self._loop = loop
         self._frames: list[bytes] = []
+
+    async def send(self, payload: bytes) -> None:
+        """Queued for the burst's write, or sent through aiohttp's writer (add)."""
+        if not self.add(payload):
+            with contextlib.suppress(ConnectionResetError):  # the peer left: the reading loop ends too
+                await self._ws.send_frame(payload, WSMsgType.TEXT)
 
     def add(self, payload: bytes) -> bool:
         """Queued for the burst's write (True); False when the answer is large or the socket's buffer
