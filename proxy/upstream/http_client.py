@@ -114,7 +114,7 @@ class _Connection(asyncio.Protocol):
 
     def _complete(self, keep_alive: bool) -> None:
         waiter = self.waiter
-        parts = self.parts
+        parts, self.parts = self.parts, []  # an idle connection holds no answer's bytes
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         encoding = self.headers.get("content-encoding", "").lower()
         if encoding in ("gzip", "deflate"):  # never asked for, but a node may send it anyway
