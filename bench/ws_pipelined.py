@@ -128,7 +128,7 @@ def main() -> int:
     env = proxy_env(anvil.url)
     key = "bench"
     if args.keyed:
-        env["API_KEYS"] = key
+        env.update(API_KEYS=key, DAILY_CREDITS=str(10**15))  # never exhausted (memory ledger)
     proc: subprocess.Popen[bytes] | None = None
     try:
         request = final_storage_request(anvil)
