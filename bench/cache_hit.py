@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -202,6 +203,14 @@ def paired_rounds_parser(rounds: int, pair: str, instructions: str) -> argparse.
     parser.add_argument("--instructions", type=int, default=0, metavar="N",
                         help=f"also count instructions per {instructions} under callgrind over N requests")
     return parser
+
+
+def proxy_env(upstream: str) -> dict[str, str]:
+    """The environment of a benchmarked proxy: no access log, uvloop when installed (unless EVENT_LOOP is set)."""
+    env = {**os.environ, "EVM_UPSTREAM": upstream, "LOG_FORMAT": "json", "ACCESS_LOG": "false"}
+    if "EVENT_LOOP" not in os.environ and importlib.util.find_spec("uvloop") is not None:
+        env["EVENT_LOOP"] = "uvloop"
+    return env
 
 
 def require_wrk() -> None:

@@ -24,8 +24,10 @@ from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
 from proxy.http.admin import start_admin
 from proxy.http.cors import Cors
+from proxy.http.endpoint import RpcEndpoint
+from proxy.http.front_routes import Exposition, FrontRoutes
 from proxy.http.gateway import Gateway
-from proxy.http.listeners import Exposition, registry_exposition, start_metrics_listener, start_unix_metrics
+from proxy.http.listeners import registry_exposition, start_metrics_listener, start_unix_metrics
 from proxy.http.routes import fallback, guarded, healthz, metrics_route, readyz, rpc_route
 from proxy.http.subscriptions import Streams
 from proxy.http.ws import close_websockets, websocket_handler
@@ -36,7 +38,7 @@ from proxy.network_set import NetworkSet
 from proxy.redis_link import RedisClient, RedisLink, connect
 from proxy.reload import reload_keys
 from proxy.service import Service
-from proxy.state import GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
+from proxy.state import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.tasks import stop_tasks
 from proxy.upstream.key_budget import KeySlots
 from proxy.upstream.pool import HttpUpstream, Upstream, routing_of
@@ -205,7 +207,10 @@ def _add_routes(app: web.Application, settings: Settings, gateway: Gateway, metr
     app.router.add_get("/readyz", cors.wrap(readyz))
     if settings.metrics_port is None:  # else /metrics is served by the internal listener only
         app.router.add_get("/metrics", cors.wrap(metrics_route(exposition)))
-    rpc_handler = rpc_route(gateway, metrics, settings, cors)  # checks for an Origin itself
+    endpoint = RpcEndpoint(gateway, metrics, settings, cors)
+    app[FRONT] = FrontRoutes(endpoint, app[SERVICE], exposition if settings.metrics_port is None else None,
+                             settings)
+    rpc_handler = rpc_route(endpoint, settings)  # adds CORS headers itself
     ws_handler = cors.wrap(guarded(websocket_handler))
     for prefix in ("", "/{network}"):
         app.router.add_post(prefix + "/v3/{api_key}", rpc_handler)

@@ -15,7 +15,7 @@ from proxy.cache.chunked_logs import ChunkedLogs
 from proxy.cache.integrity import Integrity
 from proxy.cache.log_reads import LogReads, Pieces
 from proxy.cache.planning import plan_call
-from proxy.cache.tiers import Coalescer, TieredCache
+from proxy.cache.tiers import Coalescer, FillLock, TieredCache
 from proxy.calls import BYPASS, HIT, MISS, Outcome, Plan, Prepared
 from proxy.chain import local_answers
 from proxy.chain.heads import EvmHeadTracker, Head
@@ -85,7 +85,7 @@ class Service:
         self._cache = cache
         self._metrics = metrics
         self._max_response = settings.max_response_bytes
-        self._coalescer: Coalescer[tuple[Answer, bool]] = Coalescer()
+        self._coalescer: Coalescer[tuple[Answer, bool, bool]] = Coalescer()
         self._merges: Coalescer[Outcome] = Coalescer()  # chunked eth_getLogs merges in flight, by key
         self._merge_slots = KeySlots(MERGES_PER_KEY)
         # Memos of pure work, keyed by the raw request: validation results, and plans per head.
@@ -265,9 +265,11 @@ class Service:
         net, method, refs = prepared.network, prepared.call.method, prepared.refs
         tracker = net.tracker
         key = plan.key
-        stored = await self._cache.get(key)
+        # A plain key asks Redis inside the fill, with the fill lock in the same round trip.
+        plain = not plan.decision.tied_to_answer and not policy.limits_logs
+        stored = self._cache.get_memory(key) if plain else await self._cache.get(key)
         if plan.decision.tied_to_answer:
-            if stored is not None and not self._still_tied(net, stored[0]):
+            if stored is not None and not _still_tied(net, stored[0]):
                 stored = None  # its block was replaced (or is no longer known): ask again
             now_head = tracker.head
             if stored is None and isinstance(now_head, Head) and plan.head is now_head:
@@ -278,21 +280,32 @@ class Service:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(*stored, HIT)
 
-        async def fill() -> tuple[Answer, bool]:
+        async def fill() -> tuple[Answer, bool, bool]:
+            """(answer, tied to its key, found in Redis)."""
             wait = self._settings.coalesce_wait
-            token = await self._cache.claim(key, self._settings.upstream_timeout + 1) if wait else ""
-            if token is None:  # another replica is fetching this very key: take its answer
-                stored = await self._cache.await_fill(key, wait)
-                if stored is not None:
+            hold = self._settings.upstream_timeout + 1
+            lock = FillLock(key)
+            if plain:
+                found = await self._cache.get_or_claim(lock, hold if wait else None)
+                if found is not None:
+                    return Answer.stored(*found), True, True
+            elif wait:
+                lock.token = await self._cache.claim(key, hold)
+            if lock.token is None:  # another replica is fetching this very key: take its answer
+                found = await self._cache.await_fill(key, wait)
+                if found is not None:
                     self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-                    return Answer.stored(*stored), True
+                    return Answer.stored(*found), True, False
             try:
-                return await self._fetch(net, policy, method, params, refs, plan)
+                return *await self._fetch(net, policy, method, params, refs, plan, lock), False
             finally:
-                if token:
-                    await self._cache.release(key, token)
+                if lock.token:  # not released with the answer's store (nothing stored, or another key)
+                    await self._cache.release(key, lock.token)
 
-        (answer, tied), joined = await self._coalescer.run(key, fill)
+        (answer, tied, found), joined = await self._coalescer.run(key, fill)
+        if found:
+            self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
+            return Outcome(answer.payload, answer.is_error, HIT)
         if joined:
             self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
         return Outcome.answered(shown(net.tracker, method, answer, refs), MISS if tied else BYPASS)
@@ -311,15 +324,9 @@ class Service:
         answer = local_answers.learned(method, params, net.tracker, answer, time.time())
         return Outcome.answered(shown(net.tracker, method, answer, prepared.refs), BYPASS)
 
-    def _still_tied(self, net: NetworkRuntime, payload: bytes) -> bool:
-        """A cached transaction or receipt: is the block it names still final or canonical?"""
-        tracker = net.tracker
-        if not isinstance(tracker, EvmHeadTracker):
-            return False
-        return cp.transaction_servable(loads(payload), tracker.head, tracker.orphans)
-
     async def _fetch(
         self, net: NetworkRuntime, policy: MethodPolicy, method: str, params: Any, refs: list[BlockRef], plan: Plan,
+        lock: FillLock,
     ) -> tuple[Answer, bool]:
         """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
         False when the answer could not be tied to the key's block (it is served as BYPASS)."""
@@ -360,9 +367,17 @@ class Service:
                 self._metrics.uncached_answers.labels(net.name, doubt).inc()
                 return answer, False
         if ttl is not None:
-            await self._cache.set(key, (answer.payload, answer.is_error), ttl)
+            await self._cache.set(key, (answer.payload, answer.is_error), ttl, lock)  # the lock released too
         return answer, True
 
+
+
+def _still_tied(net: NetworkRuntime, payload: bytes) -> bool:
+    """A cached transaction or receipt: is the block it names still final or canonical?"""
+    tracker = net.tracker
+    if not isinstance(tracker, EvmHeadTracker):
+        return False
+    return cp.transaction_servable(loads(payload), tracker.head, tracker.orphans)
 
 
 def _unmined_key(key: str, head: Head) -> str:

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.credits.ledger import Ledger
+from proxy.http.front_routes import FrontRoutes
 from proxy.http.gateway import Gateway
 from proxy.http.subscriptions import Streams
 from proxy.http.ws_state import Connection
@@ -21,3 +22,4 @@ REDIS = web.AppKey("redis", RedisLink)
 WEBSOCKETS = web.AppKey("websockets", set[Connection])
 LEDGER = web.AppKey("ledger", Ledger)
 STREAMS = web.AppKey("streams", Streams)
+FRONT = web.AppKey("front", FrontRoutes)  # what the fast server (front.py) answers with

@@ -24,8 +24,9 @@ from prometheus_client import CollectorRegistry
 
 from proxy.app import create_app
 from proxy.config import Network, Settings, build_settings
+from proxy.http.listeners import CappedSite
 from proxy.metrics import Metrics
-from proxy.state import SERVICE
+from proxy.state import SERVICE, SETTINGS
 from proxy.upstream.pool import Answer, HttpUpstream, routing_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,9 +278,26 @@ class CountingUpstream:
 # --- a proxy on a real port ---------------------------------------------------------------
 
 
+class Served:
+    """The app served as `rpc-proxy` serves it (the fast server in front, aiohttp behind), on a free port."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.runner = web.AppRunner(app, access_log=None)
+        self.port = free_port()
+
+    async def start_server(self) -> None:
+        await self.runner.setup()
+        settings = self.runner.app[SETTINGS]
+        await CappedSite(self.runner, "127.0.0.1", self.port, max_connections=settings.max_connections,
+                         per_ip=settings.max_connections_per_ip).start()
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
 @dataclass
 class Proxy:
-    server: TestServer
+    server: Served
     session: aiohttp.ClientSession
     app: web.Application
     registry: CollectorRegistry
@@ -358,7 +376,7 @@ async def start_proxy(
         return upstreams[network.name]
 
     app = create_app(settings, upstream_factory=counting, redis=redis, registry=registry, clock=clock)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
+    server = Served(app)
     await server.start_server()
     session = aiohttp.ClientSession()
     return Proxy(server, session, app, registry, upstreams)

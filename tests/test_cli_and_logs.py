@@ -55,7 +55,7 @@ def run_then_sigterm(env: Mapping[str, str], cwd: Path, port: int) -> tuple[int,
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             assert json.loads(response.read())["result"] == "0x7a69"
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # aiohttp logs this one
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # the fast server logs this one
             sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
             sock.recv(1024)
     finally:
@@ -74,9 +74,9 @@ def test_every_stderr_line_follows_log_format_whoever_writes_it(fmt: str, anvil:
     records = [parsed(line, fmt) for line in lines]  # every line, none skipped
     assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
     loggers = {r["logger"] for r in records}
-    # The proxy's startup warning, asyncio's and aiohttp's own lines, the access log, the shutdown.
+    # The proxy's startup warning, asyncio's own lines, the fast server's, the access log, the shutdown.
     assert any(r["logger"] == "proxy" and "running open" in r["msg"] for r in records)
-    assert {"asyncio", "aiohttp.server", "proxy.access", "proxy.listeners"} <= loggers, loggers
+    assert {"asyncio", "proxy.front", "proxy.access", "proxy.listeners"} <= loggers, loggers
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])

@@ -71,8 +71,8 @@ async def test_identical_misses_on_two_replicas_on_a_cluster_make_one_upstream_c
         assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
         assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
         assert sum(p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)) == 1
-        for proxy in (first, second):  # the lock, its release script and the polls all ran on the cluster
-            for operation in ("fill_lock", "fill_unlock", "fill_poll"):
+        for proxy in (first, second):  # the lookup with its lock, the store with its release, the polls
+            for operation in ("cache_get", "cache_set", "fill_lock", "fill_unlock", "fill_poll"):
                 assert proxy.metric("rpc_proxy_redis_errors_total", operation=operation) == 0
 
 

@@ -7,7 +7,9 @@ import json
 
 import aiohttp
 
-from tests.support import Anvil, Proxy, settings_for, start_proxy
+from proxy.http.ws_frames import text_frame
+from tests.support import Anvil, Proxy, settings_for, start_proxy, word
+from tests.test_cache import finalized_store, storage
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
@@ -66,3 +68,26 @@ async def test_websocket_connections_are_counted_while_open(evm_proxy: Proxy) ->
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(closed(), 5)
+
+
+async def test_pipelined_memory_hits_are_each_answered_once_compressed_socket_or_not(
+    anvil: Anvil, evm_proxy: Proxy,
+) -> None:
+    # Hits made while one burst of frames is read leave in one write (ws_frames.py): every call of a
+    # burst is answered exactly once, with its id, on a socket that agreed compression too.
+    store, block = await finalized_store(anvil, evm_proxy)
+    await evm_proxy.post(storage(store, "0x0", hex(block)))  # now in memory
+    for compress in (0, 15):
+        async with evm_proxy.session.ws_connect(evm_proxy.ws_url(), compress=compress) as ws:
+            await asyncio.gather(*(ws.send_str(json.dumps(storage(store, "0x0", hex(block), rid=i)))
+                                   for i in range(200)))
+            replies = [json.loads((await ws.receive(timeout=10)).data) for _ in range(200)]
+            assert sorted(r["id"] for r in replies) == list(range(200))
+            assert {r["result"] for r in replies} == {"0x" + word(7)}
+    assert evm_proxy.upstreams["evm"].calls["eth_getStorageAt"] == 1
+
+
+def test_a_text_frame_carries_its_length_in_the_form_rfc_6455_gives_it() -> None:
+    assert text_frame(b"x" * 125)[:2] == b"\x81\x7d"
+    assert text_frame(b"x" * 126)[:4] == b"\x81\x7e\x00\x7e"
+    assert text_frame(b"x" * 70000)[:10] == b"\x81\x7f" + (70000).to_bytes(8, "big")

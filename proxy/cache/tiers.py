@@ -22,6 +22,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.cache.admission import Admission
@@ -37,6 +38,22 @@ REDIS_PREFIX = "rcp:c:"
 LOCK_PREFIX = "rcp:l:"
 # Release a replica's fill lock only if it still holds it (it may have expired and passed on).
 RELEASE_SCRIPT = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# A miss's first round trip: the stored answer and its PTTL, else the fill lock taken (ARGV[1] a
+# token, "" for no lock) for ARGV[2] ms. KEYS are an answer and its lock: one slot (shared_keys).
+GET_OR_LOCK_SCRIPT = """
+local value = redis.call('GET', KEYS[1])
+if value then return {value, redis.call('PTTL', KEYS[1]), 0} end
+if ARGV[1] == '' then return {false, 0, 0} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {false, 0, 1} end
+return {false, 0, 0}
+"""
+# A fill's last round trip: the answer stored (PX ARGV[2] ms, "" for none), then its lock released
+# if this replica still holds it (token ARGV[3]).
+SET_AND_UNLOCK_SCRIPT = """
+if ARGV[2] == '' then redis.call('SET', KEYS[1], ARGV[1]) else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+return 1
+"""
 
 
 def cache_key(network: str, method: str, key_params: Any) -> str:
@@ -60,6 +77,15 @@ def encode_value(stored: Stored) -> bytes:
 
 def decode_value(value: bytes) -> Stored:
     return value[1:], value[:1] == b"e"
+
+
+@dataclass(slots=True)
+class FillLock:
+    """The replicas' fill lock on one key: this replica's token, "" when it holds none (released, or
+    not needed), None when another replica holds it (and is fetching the key)."""
+
+    key: str
+    token: str | None = ""
 
 
 class Clock(Protocol):
@@ -169,6 +195,25 @@ class RedisTier:
         lock = shared_keys(key)[1]
         await self._link.run("fill_unlock", lambda _c: self._release(keys=[lock], args=[token]))
 
+    async def get_or_lock(self, key: str, token: str, hold: float) -> tuple[tuple[Stored, float] | None, bool]:
+        """The answer and its remaining seconds if stored; else whether the fill lock was taken for
+        `token` ("": not asked for). One round trip, where a get and a lock took two."""
+        name, lock = shared_keys(key)
+        hold_ms = str(max(1, int(hold * 1000)))
+        value, pttl, taken = await self._link.run(
+            "cache_get", lambda c: c.eval(GET_OR_LOCK_SCRIPT, 2, name, lock, token, hold_ms))
+        if value is None:
+            return None, bool(taken)
+        pttl = int(pttl)
+        return (decode_value(bytes(value)), math.inf if pttl < 0 else pttl / 1000), False
+
+    async def set_and_unlock(self, key: str, stored: Stored, ttl: float, token: str) -> None:
+        """set() and unlock() in one round trip."""
+        name, lock = shared_keys(key)
+        px = "" if ttl == math.inf else str(max(1, int(ttl * 1000)))
+        await self._link.run("cache_set", lambda c: c.eval(SET_AND_UNLOCK_SCRIPT, 2, name, lock,
+                                                             encode_value(stored), px, token))
+
     async def _get_and(self, operation: str, name: str, also: Callable[[Any], Any]) -> tuple[Any, Any]:
         """GET the value and one more command of the same slot in a single round trip. Not a
         transaction: a cluster runs no transaction across nodes, and none is needed here."""
@@ -235,14 +280,18 @@ class TieredCache:
             for tier in ("memory", "redis") for result in ("hit", "miss")
         }
 
-    async def get(self, key: str) -> Stored | None:
+    def get_memory(self, key: str) -> Stored | None:
         stored = self.memory.get(key)
         if stored is not None:
             self._lookups["memory", "hit"].inc()
             return stored
         self._lookups["memory", "miss"].inc()
-        if self.shared is None:
-            return None
+        return None
+
+    async def get(self, key: str) -> Stored | None:
+        stored = self.get_memory(key)
+        if stored is not None or self.shared is None:
+            return stored
         try:
             found = await self.shared.get(key)
         except RedisUnavailable:
@@ -272,6 +321,25 @@ class TieredCache:
         return found
 
     # --- coalescing across replicas (a Redis lock per key while one replica fills it) ------
+
+    async def get_or_claim(self, lock: FillLock, hold: float | None) -> Stored | None:
+        """For a key memory lacks: Redis's answer (memory keeps it), else the fill lock claimed as
+        claim() does, in the same round trip (hold None: no lock wanted). The lock's token: "" when
+        no lock is needed; None when another replica is fetching the key."""
+        if self.shared is None:
+            return None
+        token = secrets.token_hex(8) if hold is not None else ""
+        try:
+            found, taken = await self.shared.get_or_lock(lock.key, token, hold or 0.0)
+        except RedisUnavailable:
+            return None
+        if found is None:
+            self._lookups["redis", "miss"].inc()
+            lock.token = token if taken or not token else None
+            return None
+        self._lookups["redis", "hit"].inc()
+        self.memory.set(lock.key, found[0], found[1])
+        return found[0]
 
     async def claim(self, key: str, hold: float) -> str | None:
         """A token when this replica should fetch the key ("" if no lock is needed); None if another is."""
@@ -308,7 +376,8 @@ class TieredCache:
             pause = min(pause * 2, 0.05)
         return None
 
-    async def set(self, key: str, stored: Stored, ttl: float) -> None:
+    async def set(self, key: str, stored: Stored, ttl: float, lock: FillLock | None = None) -> None:
+        """Kept in memory and Redis; `lock`, the fill lock on this key, released in the same round trip."""
         admission = self._admission
         if admission is not None and not admission.admit(CALLER.get(), len(stored[0])):
             self._refused.inc()  # past the key's share: served, not kept (admission.py)
@@ -316,7 +385,11 @@ class TieredCache:
         self.memory.set(key, stored, ttl)
         if self.shared is not None:
             with contextlib.suppress(RedisUnavailable):
-                await self.shared.set(key, stored, ttl)
+                if lock is not None and lock.token and lock.key == key:
+                    await self.shared.set_and_unlock(key, stored, ttl, lock.token)
+                    lock.token = ""
+                else:
+                    await self.shared.set(key, stored, ttl)
 
 
 class Coalescer(Generic[T]):

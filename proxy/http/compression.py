@@ -14,8 +14,6 @@ import struct
 import zlib
 from collections import OrderedDict
 
-from aiohttp import web
-
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime, unknown OS
 LEVEL = 6  # zlib's default: most of level 9's ratio on JSON at a fraction of its CPU
 _RESULT = b',"result":'
@@ -23,9 +21,8 @@ _HEAD = b'{"jsonrpc":"2.0","id":'
 STORED_MAX = 0xFFFF
 
 
-def accepts_gzip(request: web.Request) -> bool:
-    """The client accepts gzip (RFC 9110 12.5.3): listed, and not with q=0."""
-    accepted = request.headers.get("Accept-Encoding")
+def accepts_gzip(accepted: str | None) -> bool:
+    """An Accept-Encoding value accepts gzip (RFC 9110 12.5.3): listed, and not with q=0."""
     if accepted is None:
         return False
     for item in accepted.lower().split(","):
@@ -54,9 +51,6 @@ class Compressor:
         self._held = 0
         self._deflated: OrderedDict[bytes, bytes] = OrderedDict()
 
-    def wanted(self, request: web.Request, size: int) -> bool:
-        return 0 < self.min_bytes <= size and accepts_gzip(request)
-
     def gzip(self, body: bytes) -> bytes:
         """The gzip member whose content is `body`."""
         start = body.find(_RESULT, len(_HEAD)) if body.startswith(_HEAD) else -1
@@ -84,7 +78,17 @@ class Compressor:
                 self._held -= len(old) + len(old_deflated)
         return deflated
 
-    def respond(self, body: bytes, status: int, headers: dict[str, str]) -> web.Response:
-        headers["Content-Encoding"] = "gzip"
-        headers["Vary"] = "Accept-Encoding"
-        return web.Response(body=self.gzip(body), status=status, headers=headers)
+
+def decoded_body(body: bytes, encoding: str | None, limit: int) -> bytes | None:
+    """A request body decoded from its Content-Encoding (gzip or deflate; others are left as sent);
+    None when it decodes to more than `limit` bytes, which is never held. zlib.error: not decodable."""
+    coding = (encoding or "").strip().lower()
+    if coding in ("gzip", "x-gzip"):
+        wbits = 16 + zlib.MAX_WBITS
+    elif coding == "deflate":  # zlib-wrapped, or raw as some clients send it
+        wbits = zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS
+    else:
+        return body
+    inflater = zlib.decompressobj(wbits)
+    plain = inflater.decompress(body, limit + 1)
+    return None if len(plain) > limit else plain

@@ -9,7 +9,7 @@ header lookup here. Default: any origin, as hosted providers answer; `CORS_ALLOW
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 
 from aiohttp import web
 
@@ -45,7 +45,11 @@ class Cors:
         origin = request.headers.get("Origin")
         if origin is None or response.prepared:  # a WebSocket's upgrade was sent when it was accepted
             return response
-        headers = response.headers
+        self.add_headers(origin, response.headers)
+        return response
+
+    def add_headers(self, origin: str, headers: MutableMapping[str, str]) -> None:
+        """The CORS headers an answer to a request from `origin` gets."""
         if not self._any:  # the answer depends on the Origin: caches in between must know
             vary = headers.get("Vary")
             headers["Vary"] = "Origin" if vary is None else f"{vary}, Origin"
@@ -53,14 +57,17 @@ class Cors:
         if allowed is not None:
             headers["Access-Control-Allow-Origin"] = allowed
             headers["Access-Control-Expose-Headers"] = EXPOSED
-        return response
 
-    async def preflight(self, request: web.Request) -> web.StreamResponse:
-        """A preflight: 204, no body, never charged, whatever path it names (Fetch, "CORS-preflight")."""
-        headers = {
+    @staticmethod
+    def preflight_headers(requested: str | None) -> dict[str, str]:
+        """A preflight's answer: 204, no body, never charged, whatever path it names (Fetch, "CORS-preflight")."""
+        return {
             "Access-Control-Allow-Methods": ALLOWED_METHODS,
-            "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", ALLOWED_HEADERS),
+            "Access-Control-Allow-Headers": ALLOWED_HEADERS if requested is None else requested,
             "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
             "X-Credits-Charged": "0",
         }
+
+    async def preflight(self, request: web.Request) -> web.StreamResponse:
+        headers = self.preflight_headers(request.headers.get("Access-Control-Request-Headers"))
         return self.decorate(request, web.Response(status=204, headers=headers))

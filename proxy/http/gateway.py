@@ -40,6 +40,7 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     upstream_seconds: float | None = None  # the slowest upstream call's (ACCESS_LOG)
+    close: bool = False  # the connection is closed after it (the rest of a body is never read)
 
 
 def invalid_key_error() -> JsonRpcError:

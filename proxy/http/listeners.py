@@ -7,13 +7,16 @@ import asyncio
 import errno
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from proxy.http.front import KEEPALIVE_TIMEOUT, Front
+from proxy.http.front_routes import Exposition
 from proxy.logs import Throttled
+from proxy.state import FRONT
 
 log = logging.getLogger("proxy.listeners")
 throttled = Throttled(log)
@@ -23,7 +26,6 @@ BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nX-Credits-Charged: 0\r\n"
     b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
 )
-KEEPALIVE_TIMEOUT = 75.0
 # Errors accept() meets when the process or the system is out of descriptors or buffers.
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -93,23 +95,29 @@ class _Admission(asyncio.Protocol):
 
 
 class CappedSite(web.TCPSite):
-    """aiohttp's TCP site with a cap on open connections (MAX_CONNECTIONS) and per client address
-    (MAX_CONNECTIONS_PER_IP).
+    """The public listener: the fast server (front.py) on each connection, which hands WebSocket
+    upgrades to aiohttp's handler; a cap on open connections (MAX_CONNECTIONS) and per client
+    address (MAX_CONNECTIONS_PER_IP).
 
-    The count is the server's live connections plus those accepted but not yet started: asyncio
-    accepts a burst in one batch and starts each connection a loop turn later.
+    The count is the live connections of both plus those accepted but not yet started: asyncio
+    accepts a burst in one batch and starts each connection a loop turn later. Stopping drains the
+    fast connections (in-flight requests get `shutdown_timeout`, the runner's by default).
     """
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int,
-                 reuse_port: bool = False, per_ip: int = 0) -> None:
+                 reuse_port: bool = False, per_ip: int = 0, shutdown_timeout: float | None = None) -> None:
         super().__init__(runner, host, port, reuse_port=reuse_port)
         self._max_connections = max_connections
         self._peers = PeerCounts(per_ip)
+        self._shutdown_timeout = shutdown_timeout
+        self._front: Front | None = None
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site; TCPSite.start would bind without the cap
         server = self._runner.server
         assert server is not None
+        front = self._front = Front(cast(web.AppRunner, self._runner).app[FRONT], server)
+        fast = front.connections
         limit = self._max_connections
         loop = asyncio.get_running_loop()
         starting = [0]
@@ -118,17 +126,29 @@ class CappedSite(web.TCPSite):
             starting[0] -= 1
 
         def protocol() -> asyncio.BaseProtocol:
-            if len(server.connections) + starting[0] >= limit:
+            if len(server.connections) + len(fast) + starting[0] >= limit:
                 throttled.warning("cap", "refusing connections: %d open (MAX_CONNECTIONS)", limit)
                 return _Refused()
             # The transport calls connection_made (which counts the connection) in the loop turn
             # right after this one; until then it is counted here.
             starting[0] += 1
             loop.call_soon(started)
-            return _Admission(server, self._peers) if self._peers.cap else server()
+            return _Admission(front.protocol, self._peers) if self._peers.cap else front.protocol()
 
         self._server = await loop.create_server(protocol, self._host, self._port, backlog=self._backlog,
                                                 reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._front.connections) if self._front is not None else 0
+
+    async def stop(self) -> None:
+        await super().stop()  # no new connections
+        if self._front is not None:
+            timeout = self._shutdown_timeout
+            if timeout is None:
+                timeout = getattr(self._runner, "_shutdown_timeout", 60.0)
+            await self._front.shutdown(timeout)
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -141,9 +161,6 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
                           exc.strerror)
         return
     loop.default_exception_handler(context)
-
-
-Exposition = Callable[[], Awaitable[bytes]]
 
 
 def registry_exposition(registry: CollectorRegistry) -> Exposition:
@@ -199,12 +216,14 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
     try:
-        await CappedSite(runner, host, port, max_connections=max_connections, reuse_port=reuse_port,
-                         per_ip=per_ip).start()
+        site = CappedSite(runner, host, port, max_connections=max_connections, reuse_port=reuse_port,
+                         per_ip=per_ip, shutdown_timeout=shutdown_timeout)
+        await site.start()
         on_listening()
         await stop.wait()
         # An operator (or Kubernetes) sent the signal: say so, and say when the drain is over.
         open_connections = len(runner.server.connections) if runner.server is not None else 0
+        open_connections += site.open_connections
         log.info("%s received: shutting down; no new connections, %d open connection(s) get up to %gs "
                  "(SHUTDOWN_TIMEOUT) to finish", received[0].name, open_connections, shutdown_timeout)
     finally:

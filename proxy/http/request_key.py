@@ -7,22 +7,14 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.credits.allow_lists import origin_refusal
+from proxy.http.endpoint import key_of
 from proxy.http.gateway import Gateway
 from proxy.rpc.jsonrpc import JsonRpcError
 
 
 def api_key(request: web.Request) -> str:
     """The secret the request presents; "" when it presents none."""
-    in_path = request.match_info.get("api_key")
-    if in_path:
-        return in_path
-    headers = request.headers
-    authorization = headers.get("Authorization")
-    if authorization is not None:
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    return headers.get("X-Api-Key", "").strip()
+    return key_of(request.match_info.get("api_key"), request.headers)
 
 
 def origin_check(gateway: Gateway, account: str, request: web.Request) -> JsonRpcError | None:

@@ -8,11 +8,13 @@ import logging
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.credits.accounts import OPEN_ACCOUNT
-from proxy.http.gateway import invalid_key_error
+from proxy.http.gateway import Gateway, Reply, invalid_key_error
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.subscriptions import Session, subscription_call
+from proxy.http.ws_frames import Corked
 from proxy.http.ws_state import Connection
+from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
 from proxy.state import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
@@ -27,16 +29,10 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     if account is None:
         # The upgrade is refused the same way as HTTP: 401 with a JSON-RPC error body.
         return error_response(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
-    refusal = origin_check(gateway, account, request)  # a browser's handshake carries its page's Origin
-    if refusal is not None:
-        return error_response(refusal, {"X-Credits-Charged": "0"})
+    refused = _refusal(request, account)
+    if refused is not None:
+        return refused
     network = gateway.router.network_for(request.host, request.match_info.get("network"))
-    cap = settings.ws_max_connections_per_key
-    if cap and account != OPEN_ACCOUNT and sum(c.account == account for c in app[WEBSOCKETS]) >= cap:
-        # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
-        error = JsonRpcError(LIMIT_EXCEEDED, f"too many WebSocket connections for this key: at most {cap} "
-                             "(WS_MAX_CONNECTIONS_PER_KEY)", http_status=429)
-        return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
     ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
@@ -52,17 +48,18 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
                       metrics)
     session.start()
     idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
+    corked = Corked(ws, request.transport, loop)
 
-    async def serve(data: str | bytes) -> None:
+    async def serve(data: str | bytes, memory_checked: bool) -> None:
         metrics.inflight.inc()
         try:
             call = subscription_call(data)
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
                 return
-            reply = await gateway.handle(data, account, network)
+            reply = await gateway.handle(data, account, network, memory_checked=memory_checked)
             if reply.body is not None and not ws.closed:
-                await ws.send_str(reply.body.decode())
+                await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
         except ConnectionResetError:
             pass
         except Exception:
@@ -83,8 +80,12 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
                 await ws.send_str(jsonrpc.encode_error(None, error).decode())
                 continue
             connection.active_at = loop.time()
+            hit = memory_hit(gateway, message.data, account, network)
+            if isinstance(hit, bytes):  # answered now: no task, no slot
+                await corked.send(hit)
+                continue
             await slots.acquire()
-            task = asyncio.create_task(serve(message.data))
+            task = asyncio.create_task(serve(message.data, hit))
             connection.tasks.add(task)
             task.add_done_callback(connection.tasks.discard)
         if connection.draining:
@@ -92,6 +93,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             # connection before the close frame is written.
             await connection.closed.wait()
     finally:
+        corked.flush()
         idle.cancel()
         await session.close()
         if not connection.draining:
@@ -100,6 +102,35 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
         app[WEBSOCKETS].discard(connection)
         metrics.ws_connections.dec()
     return ws
+
+
+def _refusal(request: web.Request, account: str) -> web.Response | None:
+    """An origin the key does not allow, or a key holding WS_MAX_CONNECTIONS_PER_KEY already."""
+    app = request.app
+    refusal = origin_check(app[GATEWAY], account, request)  # a browser's handshake carries its page's Origin
+    if refusal is not None:
+        return error_response(refusal, {"X-Credits-Charged": "0"})
+    cap = app[SETTINGS].ws_max_connections_per_key
+    if cap and account != OPEN_ACCOUNT and sum(c.account == account for c in app[WEBSOCKETS]) >= cap:
+        # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
+        error = JsonRpcError(LIMIT_EXCEEDED, f"too many WebSocket connections for this key: at most {cap} "
+                             "(WS_MAX_CONNECTIONS_PER_KEY)", http_status=429)
+        return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
+    return None
+
+
+def memory_hit(gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None) -> bytes | bool:
+    """A memory hit's answer made without awaiting (open mode; a keyed hit its lease pays for, or its
+    refusal), else whether memory was checked, for gateway.handle (as the HTTP endpoint does)."""
+    if gateway.open_mode:
+        encoded = gateway.open_hit(data, network)
+        return True if encoded is None else encoded
+    hit = gateway.keyed_hit(data, account, network)
+    if isinstance(hit, tuple):
+        return hit[0]
+    if isinstance(hit, Reply):
+        return hit.body if hit.body is not None else False
+    return hit
 
 
 async def _close_when_idle(connection: Connection, session: Session, timeout: float) -> None:

@@ -15,7 +15,7 @@ from proxy.upstream.answer import Answer
 Single = Callable[[str, Any, float | None], Awaitable[Answer]]
 Alone = Callable[[str, Any, str | None], Awaitable[Answer]]  # one call, with its proof block if any
 Together = Callable[[Sequence[tuple[str, Any, str | None]]], Awaitable[list[Answer]]]  # calls and proofs, one node
-Queued = tuple[str, Any, "asyncio.Future[Answer]", str | None]  # method, params, waiter, proof block
+Queued = tuple[str, Any, "asyncio.Future[Answer | None]", str | None]  # method, params, waiter, proof block
 
 
 class AutoBatcher:
@@ -35,18 +35,26 @@ class AutoBatcher:
 
     async def enqueue(self, method: str, params: Any, proof: str | None = None) -> Answer:
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Answer] = loop.create_future()
+        waiter: asyncio.Future[Answer | None] = loop.create_future()
         self._queue.append((method, params, waiter, proof))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        return await waiter
+        answer = await waiter
+        if answer is None:  # alone in its turn: sent from the caller's task, no task of its own
+            return await self._alone(method, params, proof)
+        return answer
 
     def _flush(self) -> None:
         """Groups of at most `batch_max` calls and `batch_max_bytes` of params: one client's large
         call travels alone, never in a batch a node might refuse for its size."""
         self._flush_scheduled = False
         queue, self._queue = self._queue, []
+        if len(queue) == 1:
+            waiter = queue[0][2]
+            if not waiter.done():
+                waiter.set_result(None)  # the caller sends it alone (enqueue)
+            return
         group: list[Queued] = []
         size = 0
         for call in queue:

@@ -1,6 +1,6 @@
-"""Upstream pool: one aiohttp session per network, timeouts, failover across URLs.
+"""Upstream pool: a connection pool per upstream (http_client.py), timeouts, failover across URLs.
 
-aiohttp's exceptions are mapped to JsonRpcError here and nowhere else. Upstream URLs may carry
+The client's exceptions are mapped to JsonRpcError in sending.py and nowhere else. Upstream URLs may carry
 a provider's secret, so errors, logs and metric labels name an upstream by its index only.
 """
 
@@ -12,8 +12,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
-
-import aiohttp
 
 from proxy.config_files import Network
 from proxy.logs import Throttled
@@ -98,14 +96,13 @@ class HttpUpstream(Sender):
         timeout: float,
         metrics: Metrics,
         cooldown: float = 5.0,
-        session: aiohttp.ClientSession | None = None,
         batch_max: int = 1,
         batch_max_bytes: int = 1024 * 1024,
         attempt_timeout: float | None = None,
         max_reply_bytes: int | None = None,
         routing: Routing = DEFAULT_ROUTING,
     ) -> None:
-        super().__init__(network, tuple(urls), timeout=timeout, metrics=metrics, cooldown=cooldown, session=session,
+        super().__init__(network, tuple(urls), timeout=timeout, metrics=metrics, cooldown=cooldown,
                          attempt_timeout=attempt_timeout, max_reply_bytes=max_reply_bytes, routing=routing)
         self._next_id = 0
         self._batch_max = batch_max

@@ -1,7 +1,8 @@
-"""Sending one call or batch to a network's upstreams: the HTTP transport (one aiohttp session, the
-reconnects it makes, calls in flight), the order the selection policy gives, provider budgets,
-hedging, failover within the call's budget, and what a failure cools down. aiohttp's exceptions are
-mapped here and nowhere else; upstreams are named by index, never by URL (a URL may hold a key)."""
+"""Sending one call or batch to a network's upstreams: the HTTP transport (a connection pool per
+upstream, the reconnects it makes, calls in flight), the order the selection policy gives, provider
+budgets, hedging, failover within the call's budget, and what a failure cools down. The client's
+exceptions are mapped here and nowhere else; upstreams are named by index, never by URL (a URL may
+hold a key)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
-
-import aiohttp
 
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.upstream.budget import Budget, Slot
+from proxy.upstream.http_client import ClientFault, HostPool, TooLarge
 from proxy.upstream.replies import REACHED_KINDS, REQUEST_FAULT_STATUSES, rate_limited, retry_after
 from proxy.upstream.selection import Selector
 from proxy.upstream.state import UpstreamStates
@@ -57,6 +56,8 @@ class Routing:
 
 
 DEFAULT_ROUTING = Routing()  # priority order, no budgets, no hedging
+POOL_LIMIT = 128  # connections open to one upstream; more callers wait for one
+POOL_IDLE_TIMEOUT = 30.0  # seconds an idle connection is kept for reuse
 
 
 class Sender:
@@ -64,8 +65,7 @@ class Sender:
 
     def __init__(
         self, network: str, urls: tuple[str, ...], *, timeout: float, metrics: Metrics, cooldown: float,
-        session: aiohttp.ClientSession | None, attempt_timeout: float | None, max_reply_bytes: int | None,
-        routing: Routing,
+        attempt_timeout: float | None, max_reply_bytes: int | None, routing: Routing,
     ) -> None:
         self.network = network
         # A reply declared larger than this is not read: no client may be sent it (MAX_RESPONSE_BYTES).
@@ -79,7 +79,7 @@ class Sender:
         self._down_until = [0.0] * len(self._urls)
         self._unreachable = [False] * len(self._urls)  # its last attempt could not reach it (INFO when back)
         self._inflight = [0] * len(self._urls)  # calls being posted, per upstream
-        self._session = session
+        self._pools: list[HostPool] | None = None
         self._closed = False  # closed for good: a reload retired it, or the proxy is stopping
         self.reroute(routing)
         for index in range(len(self._urls)):
@@ -101,35 +101,29 @@ class Sender:
         """Requests being posted to any of the upstreams now."""
         return sum(self._inflight)
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._closed:  # a call that outlived its pool's grace (a reload): never a new session
+    def _pool(self, index: int) -> HostPool:
+        if self._closed:  # a call that outlived its pool's grace (a reload): never a new connection
             raise Failed("connect", "the pool was closed (its network was reloaded)", unsent=True)
-        if self._session is None:
-            # Connection loss is identity loss: a new connection (a silent keep-alive reconnect
-            # included) may reach a restarted node, so its identity is checked again (state.py).
-            traces = aiohttp.TraceConfig()
-            traces.on_connection_create_end.append(self._connected)
-            self._session = aiohttp.ClientSession(
-                trace_configs=[traces],
-                connector=aiohttp.TCPConnector(limit=256, limit_per_host=128, keepalive_timeout=30),
-                headers={"Content-Type": "application/json"},
-                # The proxy's own request timeouts apply; no environment proxies for node traffic.
-                trust_env=False,
-            )
-        return self._session
+        if self._pools is None:
+            self._pools = [HostPool(url, limit=POOL_LIMIT, idle_timeout=POOL_IDLE_TIMEOUT,
+                                    on_connect=lambda i=index: self._connected(i))  # type: ignore[misc]
+                           for index, url in enumerate(self._urls)]
+        return self._pools[index]
 
-    async def _connected(self, _session: aiohttp.ClientSession, context: SimpleNamespace, _params: object) -> None:
-        index = context.trace_request_ctx.get("index") if isinstance(context.trace_request_ctx, dict) else None
-        if isinstance(index, int) and self._inflight[index] <= 1:
+    def _connected(self, index: int) -> None:
+        """Connection loss is identity loss: a new connection (a silent keep-alive reconnect included)
+        may reach a restarted node, so its identity is checked again (state.py)."""
+        if self._inflight[index] <= 1:
             # Nothing else was in flight to it, so the pool held an idle connection unless it was
             # closed: this is a reconnect, not the pool growing under load.
             self.states.reconnected(index)
 
     async def close(self) -> None:
         self._closed = True
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pools is not None:
+            for pool in self._pools:
+                pool.close()
+            self._pools = None
 
     def _head_lag(self, index: int) -> int:
         latest = self.states.latest
@@ -154,32 +148,27 @@ class Sender:
 
     async def _post_counted(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
         try:
-            async with self._client().post(
-                self._urls[index], data=body, timeout=aiohttp.ClientTimeout(total=timeout),
-                trace_request_ctx={"index": index},
-            ) as response:
-                if response.status in REQUEST_FAULT_STATUSES:
-                    raise Failed("refused", f"HTTP {response.status}")
-                if response.status == 429:
-                    raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("Retry-After")))
-                if response.status != 200:
-                    raise Failed("http", f"HTTP {response.status}")
-                size = response.content_length
-                if max_reply is not None and size is not None and size > max_reply:
-                    raise Failed("too_large", f"a reply of {size} bytes")
-                raw = await response.read()
+            response = await self._pool(index).post(body, timeout, max_reply)
         except TimeoutError:
             raise Failed("timeout", "timed out") from None
-        except aiohttp.ClientError as exc:
+        except TooLarge as exc:
+            raise Failed("too_large", f"a reply of {exc.size} bytes") from None
+        except ClientFault as exc:
             self._unreachable[index] = True
             # A refused connection proves the node never got the call (a write may go elsewhere).
-            raise Failed("connect", type(exc).__name__,
-                          unsent=isinstance(exc, aiohttp.ClientConnectorError)) from None
+            raise Failed("connect", str(exc), unsent=exc.unsent) from None
+        status = response.status
+        if status in REQUEST_FAULT_STATUSES:
+            raise Failed("refused", f"HTTP {status}")
+        if status == 429:
+            raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
+        if status != 200:
+            raise Failed("http", f"HTTP {status}")
         if self._unreachable[index]:
             self._unreachable[index] = False
             log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
         try:
-            return jsonrpc.loads(raw)
+            return jsonrpc.loads(response.body)
         except jsonrpc.JSONDecodeError:
             raise Failed("invalid", "reply is not JSON") from None
 

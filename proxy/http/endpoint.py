@@ -1,0 +1,187 @@
+"""The JSON-RPC POST endpoint whatever carries it: a request's key, headers and whole body in, a Reply
+out. The fast server (front.py) and aiohttp's route (routes.py) are thin adapters over it.
+
+Header names are read lower-case (`headers.get("origin")`): the fast server keeps them so, and
+aiohttp's headers are case-insensitive anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from proxy.config import Settings
+from proxy.credits.allow_lists import origin_refusal
+from proxy.http.compression import Compressor, accepts_gzip
+from proxy.http.cors import Cors
+from proxy.http.gateway import Gateway, Reply, invalid_key_error
+from proxy.logs import redacted
+from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+
+log = logging.getLogger("proxy.app")
+
+NO_CHARGE = {"X-Credits-Charged": "0"}
+JSON_CONTENT_TYPE = "application/json"
+Headers = Mapping[str, str]
+Pending = Coroutine[Any, Any, Reply]
+
+RPC_PATH = re.compile(r"^(/[^/]+)?(/ws)?/v3(/[^/]*)?$")  # an answer of 405, not 404, to other methods
+BUSY_BODIES = JsonRpcError(INTERNAL_ERROR, "server busy: too many request bodies being received", http_status=503,
+                           headers={"Retry-After": "1"})
+HTTP_ERRORS = {
+    404: "not found: send JSON-RPC to POST /v3/<API_KEY> or WebSocket /ws/v3/<API_KEY>",
+    405: "method not allowed: send JSON-RPC with POST",
+}
+
+
+def body_timeout_error(seconds: float) -> JsonRpcError:
+    return JsonRpcError(INVALID_REQUEST, f"request body not received within {seconds:g}s", http_status=408)
+
+
+def error_reply(error: JsonRpcError, headers: Mapping[str, str] | None = None, *, close: bool = False) -> Reply:
+    """A JsonRpcError as its own answer (id null), with its HTTP status and headers."""
+    return Reply(jsonrpc.encode_error(None, error), error.http_status,
+                 {**error.headers, **(headers or {}), "Content-Type": JSON_CONTENT_TYPE}, close=close)
+
+
+def failure_reply(exc: Exception, path: str) -> Reply:
+    """A JsonRpcError as its own answer; anything else as -32603, with the details in the log only."""
+    if isinstance(exc, JsonRpcError):
+        return error_reply(exc, NO_CHARGE)
+    log.exception("internal error serving %s", redacted(path))
+    return error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
+
+
+def fallback_reply(rpc_path: bool) -> Reply:
+    """Any other path or HTTP method: a JSON-RPC error, not a framework's text page."""
+    status = 405 if rpc_path else 404
+    return error_reply(JsonRpcError(INVALID_REQUEST, HTTP_ERRORS[status], http_status=status), NO_CHARGE)
+
+
+def key_of(in_path: str | None, headers: Headers) -> str:
+    """The secret a request presents: the path (`/v3/<KEY>`), else `Authorization: Bearer <KEY>`,
+    else `X-Api-Key: <KEY>`; "" when it presents none."""
+    if in_path:
+        return in_path
+    authorization = headers.get("authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return headers.get("x-api-key", "").strip()
+
+
+class BodyBudget:
+    """Bytes that request bodies being received may hold, all clients together."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held and self.held + size > self.limit:  # one body of any allowed size always fits
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+class RpcEndpoint:
+    """Authorization, routing, the hit paths and the awaited path of one JSON-RPC POST body."""
+
+    def __init__(self, gateway: Gateway, metrics: Metrics, settings: Settings, cors: Cors | None) -> None:
+        self.gateway = gateway
+        self.cors = cors
+        self.inflight = metrics.inflight
+        self.open_mode = gateway.open_mode
+        self.open_headers: dict[str, str] = {**gateway.open_hit_headers, "Content-Type": JSON_CONTENT_TYPE}
+        self.max_body_bytes = settings.max_body_bytes
+        self.body_timeout = settings.body_timeout
+        self.receiving = BodyBudget(settings.max_inflight_body_bytes)  # shared by every transport
+        self.compressor = Compressor(settings.compress_min_bytes, settings.compress_cache_bytes)
+        self.compress_from = settings.compress_min_bytes or sys.maxsize  # one comparison per small answer
+
+    def too_large(self) -> Reply:
+        return error_reply(JsonRpcError(INVALID_REQUEST, f"request body too large: the limit is "
+                                        f"{self.max_body_bytes} bytes", http_status=413), NO_CHARGE)
+
+    def authorize(self, key: str, headers: Headers) -> str | Reply:
+        """The account the key opens, or its refusal (an unknown key, an origin the key does not allow)."""
+        gateway = self.gateway
+        account = gateway.account(key)
+        if account is None:
+            return error_reply(invalid_key_error(), {"X-Credits-Charged": "0", "X-Credits-Remaining": "0"})
+        lists = gateway.key_lists.get(account)
+        if lists is not None:
+            refusal = origin_refusal(lists, headers.get("origin"))
+            if refusal is not None:
+                return error_reply(refusal, NO_CHARGE)
+        return account
+
+    def respond(self, key: str, path_network: str | None, headers: Headers, body: bytes, path: str) -> Reply | Pending:
+        """The answer to a whole body: a Reply when nothing needs awaiting (a cache hit, a refusal),
+        else the coroutine that makes it (counted in flight while it runs)."""
+        try:
+            account = self.authorize(key, headers)
+            if isinstance(account, Reply):
+                return self.finish(account, headers)
+            network = self.gateway.router.network_for(headers.get("host"), path_network)
+            if len(body) > self.max_body_bytes:
+                return self.finish(self.too_large(), headers)
+            hit = self._hit(body, account, network)
+            if isinstance(hit, Reply):
+                if hit.body is not None and len(hit.body) < self.compress_from and "origin" not in headers:
+                    return hit
+                return self.finish(hit, headers)
+            return self._awaited(body, account, network, hit, headers, path)
+        except Exception as exc:
+            return self.finish(failure_reply(exc, path), headers)
+
+    def _hit(self, body: bytes, account: str, network: NetworkRuntime | None) -> Reply | bool:
+        """A memory hit answered without awaiting (open mode; a keyed hit its lease pays for), a refusal,
+        or whether memory was checked, for the awaited path."""
+        gateway = self.gateway
+        if self.open_mode:
+            encoded = gateway.open_hit(body, network)
+            return True if encoded is None else Reply(encoded, 200, self.open_headers)  # shared, never changed
+        hit = gateway.keyed_hit(body, account, network)
+        if isinstance(hit, tuple):  # a paid hit: its body and headers
+            encoded, hit_headers = hit
+            hit_headers["Content-Type"] = JSON_CONTENT_TYPE
+            return Reply(encoded, 200, hit_headers)
+        if isinstance(hit, Reply):
+            hit.headers["Content-Type"] = JSON_CONTENT_TYPE
+        return hit
+
+    async def _awaited(self, body: bytes, account: str, network: NetworkRuntime | None, memory_checked: bool,
+                       headers: Headers, path: str) -> Reply:
+        self.inflight.inc()
+        try:
+            reply = await self.gateway.handle(body, account, network, memory_checked=memory_checked)
+            if reply.body is not None:
+                reply.headers["Content-Type"] = JSON_CONTENT_TYPE
+            return self.finish(reply, headers)
+        except Exception as exc:
+            return self.finish(failure_reply(exc, path), headers)
+        finally:
+            self.inflight.dec()
+
+    def finish(self, reply: Reply, headers: Headers) -> Reply:
+        """gzip for a large answer its client accepts, and CORS headers for a page's request."""
+        body = reply.body
+        if body is not None and len(body) >= self.compress_from and accepts_gzip(headers.get("accept-encoding")):
+            reply.headers = {**reply.headers, "Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+            reply.body = self.compressor.gzip(body)
+        origin = headers.get("origin")
+        if origin is not None and self.cors is not None:
+            reply.headers = dict(reply.headers)  # never the shared open-hit headers
+            self.cors.add_headers(origin, reply.headers)
+        return reply

@@ -1,0 +1,523 @@
+"""The public HTTP/1.1 server: an asyncio Protocol on httptools (llhttp), with no web framework per
+request. A cache hit is answered inside data_received with pre-built header bytes; a miss runs as a
+task, and answers leave in request order (HTTP/1.1 pipelining). A WebSocket upgrade is handed, with
+the bytes already received, to aiohttp's handler on the same transport.
+
+Every limit has one named check: the request line and header sizes, the time a head may take
+(KEEPALIVE_TIMEOUT, also the idle keep-alive), the body size (MAX_BODY_BYTES), the bytes all bodies
+being received may hold (MAX_INFLIGHT_BODY_BYTES), the time a body may take (BODY_TIMEOUT), and the
+answers one connection may have waiting (reading pauses). Modelled on uvicorn's httptools_impl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from email.utils import formatdate
+from typing import Any, cast
+
+import httptools
+
+from proxy.http.access_log import log_front_request
+from proxy.http.compression import decoded_body
+from proxy.http.endpoint import BUSY_BODIES, NO_CHARGE, body_timeout_error, error_reply, key_of
+from proxy.http.front_routes import FrontRoutes, request_path
+from proxy.http.gateway import Reply
+from proxy.http.wire import (
+    MAX_HEADERS,
+    MAX_LINE,
+    OTHER,
+    RPC,
+    UPGRADE,
+    Refused,
+    Request,
+    encoded_answer,
+    refusal,
+    request_head,
+)
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+
+log = logging.getLogger("proxy.front")
+
+KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
+MAX_HEAD_BYTES = 64 * 1024  # a request head in all
+MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
+# The header fields anything reads (lower-case); the others are kept raw, for a WebSocket handover only.
+READ_HEADERS = ("host", "origin", "authorization", "x-api-key", "accept-encoding", "content-encoding",
+                "content-length", "expect", "access-control-request-headers")
+MAX_TARGETS = 1024  # request targets remembered with their path and route (clients reuse a few)
+_HTTP11 = b"HTTP/1.1 "
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+_Waiting = tuple["asyncio.Task[tuple[bytes, bool]] | bytes", bool]
+
+
+class Front:
+    """The server's side of every fast connection: what it answers with, the open ones, the drain."""
+
+    def __init__(self, routes: FrontRoutes, make_handler: Callable[[], Any]) -> None:
+        self.routes = routes
+        self.make_handler = make_handler  # aiohttp's handler, for a WebSocket upgrade
+        self.connections: set[FrontProtocol] = set()
+        self.orphans: set[asyncio.Task[tuple[bytes, bool]]] = set()  # answers whose client left
+        self.stopping = False
+        self._date = b""
+        self._date_at = 0
+        open_headers = routes.endpoint.open_headers
+        self.open_headers = open_headers
+        self.open_head = b"".join(f"{k}: {v}\r\n".encode() for k, v in open_headers.items())
+        wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]
+        self._read_headers = {name.encode("latin-1"): name for name in wanted}
+        # Field names as clients spell them -> the lower-case name read, or "" (not read): a client
+        # spells its few names the same way every time, so one lookup replaces lower() and a lookup.
+        self.header_names: dict[bytes, str] = {}
+        self.targets: dict[bytes, tuple[str, tuple[str | None, str | None] | None]] = {}  # request target memo
+
+    def header_name(self, name: bytes) -> str:
+        """The lower-case name of a field something reads, or "" (remembered per spelling)."""
+        key = self._read_headers.get(name.lower(), "")
+        if len(self.header_names) < MAX_TARGETS:
+            self.header_names[name] = key
+        return key
+
+    def date(self) -> bytes:
+        now = int(time.time())
+        if now != self._date_at:
+            self._date_at = now
+            self._date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+        return self._date
+
+    def protocol(self) -> FrontProtocol:
+        return FrontProtocol(self)
+
+    async def shutdown(self, timeout: float) -> None:
+        """No new requests; answers in progress get `timeout` seconds to be written, then connections close."""
+        self.stopping = True
+        for connection in list(self.connections):
+            connection.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            connection.abort()
+        for task in list(self.orphans):
+            task.cancel()
+
+
+class _Answers(asyncio.Protocol):
+    """A connection's answers, written in request order (HTTP/1.1 pipelining), its reading paused
+    while too many wait or while the transport's buffer is full, and its idle deadline."""
+
+    _front: Front
+    _loop: asyncio.AbstractEventLoop
+    _transport: asyncio.Transport | None
+    _request: Request | None
+    _waiting: deque[_Waiting]
+    _idle: asyncio.TimerHandle | None
+    _active_at: float
+    _done: bool
+    _read_paused: bool
+    _write_paused: bool
+    _handover: bytes | None
+
+    def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
+        raise NotImplementedError
+
+    def _hand_over(self) -> None:
+        raise NotImplementedError
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._resume()
+
+    def _pause(self) -> None:
+        if not self._read_paused and self._transport is not None:
+            self._read_paused = True
+            self._transport.pause_reading()
+
+    def _resume(self) -> None:
+        if (self._read_paused and self._transport is not None and not self._write_paused and not self._done
+                and self._handover is None and len(self._waiting) < MAX_WAITING // 2):
+            self._read_paused = False
+            self._transport.resume_reading()
+
+    def stop(self) -> None:
+        """Shutting down: closed now when idle, else once its answers are written."""
+        if (self._request is None or not self._request.kind) and not self._waiting:
+            self.abort()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def _idle_out(self) -> None:
+        """KEEPALIVE_TIMEOUT after the last head completed or answer was written, with no request
+        in progress: closed. One timer per connection, moved on when it fires, not per request."""
+        request = self._request
+        left = self._active_at + KEEPALIVE_TIMEOUT - self._loop.time()
+        if self._waiting or (request is not None and request.kind):
+            left = KEEPALIVE_TIMEOUT  # busy: its body and its answers have deadlines of their own
+        if left > 0:
+            self._idle = self._loop.call_later(left, self._idle_out)
+        else:
+            self._idle = None
+            self.abort()
+
+    def _answer(self, request: Request, reply: Reply | Any) -> None:
+        if isinstance(reply, Reply):
+            self._send(*self._encoded(request, reply))
+            return
+        task = self._loop.create_task(self._awaited(request, reply))
+        self._waiting.append((task, False))
+        task.add_done_callback(self._flush)
+        if len(self._waiting) >= MAX_WAITING:
+            self._pause()
+
+    async def _awaited(self, request: Request, pending: Any) -> tuple[bytes, bool]:
+        try:
+            reply: Reply = await pending
+        except Exception:
+            log.exception("internal error serving %s", request.method)
+            reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
+        return self._encoded(request, reply)
+
+    def _send(self, data: bytes, close: bool) -> None:
+        """An answer, written now when nothing before it waits, else queued behind."""
+        if self._waiting:
+            self._waiting.append((data, close))
+            return
+        transport = self._transport
+        if transport is None:
+            return
+        transport.write(data)
+        if close:
+            self._done = True
+            transport.close()
+        elif self._request is None:
+            self._idle_or_stop()
+
+    def _flush(self, _task: object = None) -> None:
+        """Answers that are ready, written in request order."""
+        waiting = self._waiting
+        transport = self._transport
+        while waiting and transport is not None:
+            item, close = waiting[0]
+            if not isinstance(item, bytes):
+                if not item.done():
+                    return
+                item, close = item.result()
+            waiting.popleft()
+            transport.write(item)
+            if close:
+                self._done = True
+                waiting.clear()
+                transport.close()
+                return
+        if self._handover is not None:
+            self._hand_over()
+            return
+        self._resume()
+        if self._request is None:
+            self._idle_or_stop()
+
+    def _idle_or_stop(self) -> None:
+        if self._front.stopping:
+            self.abort()
+        else:
+            self._active_at = self._loop.time()
+
+    @staticmethod
+    def _closing(reply: Reply) -> Reply:
+        reply.close = True
+        return reply
+
+
+class FrontProtocol(_Answers):
+    def __init__(self, front: Front) -> None:
+        self._front = front
+        self._routes = front.routes
+        self._endpoint = front.routes.endpoint
+        self._parser = httptools.HttpRequestParser(self)
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._delegate: Any = None  # aiohttp's handler, once the connection is handed over
+        self._peer: str | None = None
+        self._request: Request | None = None
+        self._upgrading: Request | None = None
+        self._waiting: deque[_Waiting] = deque()
+        self._idle: asyncio.TimerHandle | None = None
+        self._active_at = 0.0
+        self._head_bytes = 0
+        self._done = False  # answered for the last time: nothing more is read
+        self._read_paused = False
+        self._write_paused = False
+        self._handover: bytes | None = None
+
+    @property
+    def transport(self) -> Any:
+        """The connection's transport while it is open (PeerCounts asks), whoever serves it."""
+        return self._delegate.transport if self._delegate is not None else self._transport
+
+    # --- the connection ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        address = transport.get_extra_info("peername")
+        self._peer = str(address[0]) if isinstance(address, tuple) and address else None
+        self._front.connections.add(self)
+        if self._front.stopping:
+            self._transport.close()
+            return
+        self._active_at = self._loop.time()
+        self._idle = self._loop.call_later(KEEPALIVE_TIMEOUT, self._idle_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._front.connections.discard(self)
+        self._transport = None
+        self._done = True
+        if self._idle is not None:
+            self._idle.cancel()
+        request = self._request
+        if request is not None and request.kind == RPC:
+            # A client that goes away mid-body is routine on the internet: no traceback, no error line.
+            log.debug("client closed the connection before its request body arrived")
+            self._release(request)
+        for item, _close in self._waiting:
+            if not isinstance(item, bytes) and not item.done():
+                self._front.orphans.add(item)
+                item.add_done_callback(self._front.orphans.discard)
+        self._waiting.clear()
+
+    # --- bytes in -----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._done:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self._upgrade(data[upgrade.args[0]:])
+            return
+        except httptools.HttpParserCallbackError as exc:
+            refused = exc.__context__
+            if isinstance(refused, Refused):
+                self._last(refused.reply)
+            else:
+                log.error("internal error parsing a request", exc_info=refused)
+                self._last(error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE))
+            return
+        except httptools.HttpParserError as exc:
+            log.debug("bad request from %s: %s", self._peer, exc)  # llhttp's reason names no part of the request
+            self._last(error_reply(JsonRpcError(INVALID_REQUEST, "bad request: not valid HTTP/1.1", http_status=400),
+                                   NO_CHARGE))
+            return
+        request = self._request
+        if request is None:
+            return
+        if not request.kind:  # its head is still arriving
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
+        elif request.kind == RPC and request.timer is None:
+            self._receiving(request)
+
+    def _receiving(self, request: Request) -> None:
+        """A body still arriving: it holds its share of the body budget, within BODY_TIMEOUT."""
+        endpoint = self._endpoint
+        declared = self._parser_length(request)
+        held = declared if declared is not None else endpoint.max_body_bytes
+        if not endpoint.receiving.take(held):
+            self._last(error_reply(BUSY_BODIES, NO_CHARGE, close=True))
+            return
+        request.held = held
+        request.timer = self._loop.call_later(endpoint.body_timeout, self._body_late, request)
+        endpoint.inflight.inc()  # a request waiting for its body is being served
+
+    @staticmethod
+    def _parser_length(request: Request) -> int | None:
+        value = request.headers.get("content-length")
+        return int(value) if value is not None and value.isdigit() else None
+
+    def _body_late(self, request: Request) -> None:
+        if self._request is request:
+            self._last(error_reply(body_timeout_error(self._endpoint.body_timeout), NO_CHARGE, close=True))
+
+    def _release(self, request: Request) -> None:
+        if request.held:
+            self._endpoint.receiving.give(request.held)
+            request.held = 0
+        if request.timer is not None:
+            request.timer.cancel()
+            request.timer = None
+            self._endpoint.inflight.dec()
+
+    # --- parser callbacks (httptools) ---------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._request = Request()
+        self._head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        request = self._request
+        assert request is not None
+        request.url += url
+        if len(request.url) > MAX_LINE:
+            raise refusal(INVALID_REQUEST, f"request target too long: at most {MAX_LINE} bytes", 414)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self._request
+        assert request is not None
+        if len(value) > MAX_LINE or len(request.raw) >= MAX_HEADERS:
+            raise refusal(INVALID_REQUEST, "request header fields too large", 431)
+        request.raw.append((name, value))
+        front = self._front
+        key = front.header_names.get(name)
+        if key is None:
+            key = front.header_name(name)
+        if key and key not in request.headers:  # only fields something reads; the first of repeated ones, as aiohttp
+            request.headers[key] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        request = self._request
+        assert request is not None
+        parser = self._parser
+        request.started = time.perf_counter()
+        request.keep_alive = parser.should_keep_alive()
+        request.method = parser.get_method().decode("ascii")
+        if parser.should_upgrade():
+            request.kind = UPGRADE
+            return
+        targets = self._front.targets
+        known = targets.get(request.url)
+        if known is None:
+            path = request_path(request.url)
+            known = path, self._routes.rpc_target(path)
+            if len(targets) >= MAX_TARGETS:
+                targets.clear()
+            targets[request.url] = known
+        request.path, target = known
+        if target is None or request.method != "POST":
+            request.kind = OTHER
+            return
+        request.kind, request.target = RPC, target
+        declared = self._parser_length(request)
+        if declared is not None and declared > self._endpoint.max_body_bytes:
+            raise Refused(self._closing(self._endpoint.too_large()))  # refused before a byte of it is read
+        if request.headers.get("expect", "").lower() == "100-continue" and not self._waiting:
+            assert self._transport is not None
+            self._transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        request = self._request
+        assert request is not None
+        if request.kind != RPC:
+            return  # nothing else reads a body
+        request.size += len(body)
+        if request.size > self._endpoint.max_body_bytes:
+            raise Refused(self._closing(self._endpoint.too_large()))
+        request.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        request = self._request
+        assert request is not None
+        self._request = None
+        self._release(request)
+        if request.kind == UPGRADE:
+            self._upgrading = request  # handed over when feed_data raises HttpParserUpgrade
+            return
+        if self._front.stopping:
+            request.keep_alive = False
+        if request.kind == RPC:
+            self._rpc(request)
+        else:
+            self._answer(request, self._routes.answer(request.method, request.path, request.headers))
+
+    # --- answers out --------------------------------------------------------------------------
+
+    def _rpc(self, request: Request) -> None:
+        parts = request.parts
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        headers = request.headers
+        if "content-encoding" in headers:
+            try:
+                plain = decoded_body(body, headers["content-encoding"], self._endpoint.max_body_bytes)
+            except zlib.error:
+                self._answer(request, error_reply(JsonRpcError(INVALID_REQUEST, "request body: not valid in its "
+                                                               "Content-Encoding", http_status=400), NO_CHARGE))
+                return
+            if plain is None:
+                self._answer(request, self._closing(self._endpoint.too_large()))
+                return
+            body = plain
+        network, key = request.target  # type: ignore[misc]
+        endpoint = self._endpoint
+        if endpoint.open_mode and "origin" not in headers and request.keep_alive and not self._routes.access_log:
+            # Open mode, no page, no log line: a memory hit needs no key, and its head is pre-built.
+            gateway = endpoint.gateway
+            try:
+                encoded = gateway.open_hit(body, gateway.router.network_for(headers.get("host"), network))
+            except JsonRpcError:
+                encoded = None  # an unknown network: answered below
+            if encoded is not None:
+                if len(encoded) >= endpoint.compress_from:
+                    self._answer(request, endpoint.finish(Reply(encoded, 200, endpoint.open_headers), headers))
+                    return
+                front = self._front
+                self._send(b"".join((_HTTP11, b"200 OK\r\n", front.open_head, front.date(), b"Content-Length: ",
+                                     str(len(encoded)).encode(), b"\r\n\r\n", encoded)), False)
+                return
+        self._answer(request, endpoint.respond(key_of(key, headers), network, headers, body, request.path))
+
+    def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
+        """The answer's bytes, and whether the connection closes after it."""
+        if request.kind == RPC and self._routes.access_log:
+            log_front_request(self._endpoint.gateway, self._routes.trusted_header, self._peer, request, reply)
+        return encoded_answer(reply, request, self._parser.get_http_version() == "1.0", self._front.date())
+
+    def _last(self, reply: Reply) -> None:
+        """The connection's last answer: nothing more is read from it."""
+        request = self._request
+        if request is not None:
+            self._release(request)
+            self._request = None
+        self._done = True
+        self._pause()
+        reply.close = True
+        fake = request or Request()
+        self._send(*self._encoded(fake, reply))
+
+    # --- a WebSocket upgrade: handed to aiohttp ------------------------------------------------
+
+    def _upgrade(self, rest: bytes) -> None:
+        request = self._upgrading
+        assert request is not None
+        self._pause()
+        self._handover = request_head(request, self._parser.get_http_version()) + rest
+        if not self._waiting:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        transport, data = self._transport, self._handover
+        assert data is not None
+        self._done = True
+        self._front.connections.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+        if transport is None:
+            return
+        handler = self._front.make_handler()
+        self._delegate = handler
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        transport.resume_reading()
+        handler.data_received(data)

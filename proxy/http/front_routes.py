@@ -1,0 +1,113 @@
+"""What the fast server (front.py) answers, decided from a request's method, path and headers: a
+JSON-RPC POST goes to the endpoint; health, readiness, /metrics, preflights and every other path are
+answered here as aiohttp's routes answer them (routes.py, cors.py). No I/O but /metrics' scrape."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from urllib.parse import unquote
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from proxy.config import Settings
+from proxy.http.endpoint import (
+    RPC_PATH,
+    Headers,
+    Pending,
+    RpcEndpoint,
+    error_reply,
+    failure_reply,
+    fallback_reply,
+    key_of,
+)
+from proxy.http.gateway import Reply
+from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
+from proxy.service import Service
+
+# aiohttp's routes: /v3/{api_key} (and /v3, /v3/) before /{network}/v3/{api_key}: the network is lazy.
+_RPC = re.compile(r"(?:/([^/]+))??/v3(?:/([^/]*))?")
+_WS = re.compile(r"(?:/([^/]+))??/ws/v3(?:/([^/]*))?")
+_JSON_TEXT = "application/json; charset=utf-8"  # as aiohttp's json_response writes it
+_HEALTHY = json.dumps({"status": "ok"}).encode()
+Exposition = Callable[[], Awaitable[bytes]]
+
+
+def readiness(service: Service) -> tuple[int, dict[str, object]]:
+    """Ready when every network's tracker has a fresh view. Answered from the trackers' state: no
+    upstream call per request, and no upstream's text or URL in the answer (upstreams by index only)."""
+    now = time.time()
+    networks = {name: runtime.health(now) or "ok" for name, runtime in service.networks.items()}
+    ready = all(state == "ok" for state in networks.values())
+    return (200 if ready else 503), {"status": "ready" if ready else "unavailable", "networks": networks}
+
+
+def request_path(url: bytes) -> str:
+    """The decoded path of a request target (origin form, or absolute form as a proxy sends it)."""
+    if not url.startswith(b"/"):
+        rest = url.partition(b"://")[2]
+        url = b"/" + rest.partition(b"/")[2] if rest else b"/"
+    path = url.partition(b"?")[0].partition(b"#")[0].decode("latin-1")
+    return unquote(path) if "%" in path else path
+
+
+class FrontRoutes:
+    def __init__(self, endpoint: RpcEndpoint, service: Service, exposition: Exposition | None,
+                 settings: Settings) -> None:
+        self.endpoint = endpoint
+        self._service = service
+        self._exposition = exposition  # None: /metrics is the internal listener's only
+        self.access_log = settings.access_log
+        self.trusted_header = settings.trusted_proxy_header.lower() if settings.trusted_proxy_header else None
+
+    @staticmethod
+    def rpc_target(path: str) -> tuple[str | None, str | None] | None:
+        """(network, key in the path) of a JSON-RPC POST path; None for any other path."""
+        match = _RPC.fullmatch(path)
+        return None if match is None else (match[1], match[2])
+
+    def answer(self, method: str, path: str, headers: Headers) -> Reply | Pending:
+        """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves)."""
+        if method == "OPTIONS":
+            cors = self.endpoint.cors
+            reply = Reply(None, 204, cors.preflight_headers(headers.get("access-control-request-headers"))
+                          if cors is not None else {})
+            return self.with_cors(reply, headers)
+        if method in ("GET", "HEAD"):
+            if path == "/healthz":
+                return self.with_cors(Reply(_HEALTHY, 200, {"Content-Type": _JSON_TEXT}), headers)
+            if path == "/readyz":
+                status, answer = readiness(self._service)
+                return self.with_cors(Reply(json.dumps(answer).encode(), status, {"Content-Type": _JSON_TEXT}),
+                                      headers)
+            if path == "/metrics" and self._exposition is not None:
+                return self._metrics(headers)
+            ws = _WS.fullmatch(path)
+            if ws is not None:
+                return self.with_cors(self._not_upgraded(ws[1], ws[2], headers, path), headers)
+        return self.with_cors(fallback_reply(RPC_PATH.match(path) is not None), headers)
+
+    def _not_upgraded(self, network: str | None, key: str | None, headers: Headers, path: str) -> Reply:
+        """A GET of a WebSocket path without the upgrade: refused as the WebSocket handler refuses it."""
+        endpoint = self.endpoint
+        try:
+            account = endpoint.authorize(key_of(key, headers), headers)
+            if isinstance(account, Reply):
+                return account
+            endpoint.gateway.router.network_for(headers.get("host"), network)
+        except Exception as exc:
+            return failure_reply(exc, path)
+        return error_reply(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
+
+    async def _metrics(self, headers: Headers) -> Reply:
+        assert self._exposition is not None
+        return self.with_cors(Reply(await self._exposition(), 200, {"Content-Type": CONTENT_TYPE_LATEST}), headers)
+
+    def with_cors(self, reply: Reply, headers: Mapping[str, str]) -> Reply:
+        origin = headers.get("origin")
+        cors = self.endpoint.cors
+        if origin is not None and cors is not None:
+            cors.add_headers(origin, reply.headers)
+        return reply

@@ -1,0 +1,89 @@
+"""The HTTP/1.1 bytes of the fast server (front.py) beside the parser's: a request as its callbacks
+fill it, an answer's bytes, and a request head written again for a handover to aiohttp."""
+
+from __future__ import annotations
+
+import asyncio
+from http import HTTPStatus
+
+from proxy.http.endpoint import NO_CHARGE, error_reply
+from proxy.http.gateway import Reply
+from proxy.rpc.jsonrpc import JsonRpcError
+
+MAX_LINE = 8190  # bytes of a request target, and of a header value (aiohttp's limits)
+MAX_HEADERS = 128
+RPC, OTHER, UPGRADE = 1, 2, 3  # what a request is, once its head is complete
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+
+
+class Refused(Exception):
+    """Raised in a parser callback: the request is answered with `reply` and the connection closed."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply
+
+
+def refusal(code: int, message: str, status: int) -> Refused:
+    return Refused(error_reply(JsonRpcError(code, message, http_status=status), NO_CHARGE, close=True))
+
+
+class Request:
+    __slots__ = (
+        "headers",
+        "held",
+        "keep_alive",
+        "kind",
+        "method",
+        "parts",
+        "path",
+        "raw",
+        "size",
+        "started",
+        "target",
+        "timer",
+        "url",
+    )
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.raw: list[tuple[bytes, bytes]] = []
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.kind = 0  # 0 until its head is complete
+        self.target: tuple[str | None, str | None] | None = None
+        self.path = ""
+        self.method = ""
+        self.keep_alive = True
+        self.started = 0.0
+        self.held = 0  # bytes of the body budget it holds
+        self.timer: asyncio.TimerHandle | None = None
+
+
+
+
+def encoded_answer(reply: Reply, request: Request, http10: bool, date: bytes) -> tuple[bytes, bool]:
+    """An answer's bytes, and whether the connection closes after it."""
+    close = reply.close or not request.keep_alive
+    status = reply.status
+    body = reply.body or b""
+    fields = "".join([f"{name}: {value}\r\n" for name, value in reply.headers.items()])
+    if status != 204:
+        fields += f"Content-Length: {len(body)}\r\n"
+    if close:
+        fields += "Connection: close\r\n"
+    elif http10:
+        fields += "Connection: keep-alive\r\n"
+    lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, fields.encode("latin-1"), date, b"\r\n"]
+    if request.method != "HEAD":
+        lines.append(body)
+    return b"".join(lines), close
+
+
+def request_head(request: Request, version: str) -> bytes:
+    """A request's head as llhttp accepted it, for aiohttp's parser to read again."""
+    head = [b"%s %s HTTP/%s\r\n" % (request.method.encode(), request.url, version.encode())]
+    head += [name + b": " + value + b"\r\n" for name, value in request.raw]
+    head.append(b"\r\n")
+    return b"".join(head)

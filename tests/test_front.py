@@ -1,0 +1,185 @@
+"""The fast server (http/front.py) on a real socket: pipelining order, limits it enforces itself
+(head size, chunked bodies, Content-Encoding), requests split across packets, Expect, HTTP/1.0, and
+a WebSocket upgrade handed to aiohttp in the middle of a connection."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+from typing import Any
+
+import aiohttp
+
+from proxy.http.compression import decoded_body
+from proxy.http.front_routes import FrontRoutes, request_path
+from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.test_cache import finalized_store, storage
+
+Answer = tuple[int, dict[str, str], bytes]
+
+
+def call(method: str, params: list[Any], rid: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode()
+
+
+def post(body: bytes, *extra: str, path: str = "/v3/k") -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
+            f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def read_answer(reader: asyncio.StreamReader) -> Answer:
+    status_line = await asyncio.wait_for(reader.readline(), 30)
+    assert status_line, "the connection was closed"
+    headers: dict[str, str] = {}
+    while (line := await asyncio.wait_for(reader.readline(), 30)) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.lower()] = value.strip()
+    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", 0))), 30)
+    return int(status_line.split()[1]), headers, body
+
+
+async def exchange(port: int, data: bytes, answers: int = 1) -> list[Answer]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return [await read_answer(reader) for _ in range(answers)]
+    finally:
+        writer.close()
+
+
+class TestPureParts:
+    def test_the_request_path_is_decoded_and_cut_at_the_query(self) -> None:
+        assert request_path(b"/v3/a%2Db?x=1") == "/v3/a-b"
+        assert request_path(b"http://rpc.example:8545/evm/v3/k") == "/evm/v3/k"
+        assert request_path(b"*") == "/"
+
+    def test_rpc_paths_read_as_aiohttps_routes_read_them(self) -> None:
+        target = FrontRoutes.rpc_target
+        assert target("/v3/k") == (None, "k") and target("/v3/v3") == (None, "v3")
+        assert target("/evm/v3/k") == ("evm", "k") and target("/evm/v3") == ("evm", None)
+        assert target("/v3/") == (None, "") and target("/ws/v3/k") == ("ws", "k")
+        assert target("/healthz") is None and target("/a/b/v3/k") is None
+
+    def test_a_compressed_body_is_decoded_within_its_limit(self) -> None:
+        body = b'{"jsonrpc":"2.0"}'
+        assert decoded_body(gzip.compress(body), "gzip", 100) == body
+        assert decoded_body(gzip.compress(b" " * 10_000), "gzip", 1000) is None  # never inflated past it
+        assert decoded_body(body, None, 100) == body and decoded_body(body, "identity", 100) == body
+
+
+async def test_pipelined_hits_and_misses_are_answered_in_request_order(anvil: Anvil, evm_proxy: Proxy) -> None:
+    store, block = await finalized_store(anvil, evm_proxy)
+    hit = json.dumps(storage(store, "0x0", hex(block), rid=0)).encode()
+    await evm_proxy.post(hit)  # now in memory
+    bodies = [call("eth_getBalance", [store, "latest"], 1), json.dumps(storage(store, "0x0", hex(block), rid=2)),
+              call("eth_blockNumber", [], 3), json.dumps(storage(store, "0x0", hex(block), rid=4)),
+              call("eth_getCode", [store, "latest"], 5)]
+    data = b"".join(post(b if isinstance(b, bytes) else b.encode()) for b in bodies)
+    answers = await exchange(evm_proxy.server.port, data, len(bodies))
+    assert [json.loads(body)["id"] for _, _, body in answers] == [1, 2, 3, 4, 5]
+    assert [headers.get("x-cache") for _, headers, _ in answers][1::2] == ["HIT", "HIT"]
+
+
+async def test_a_request_split_byte_by_byte_across_packets_is_answered(evm_proxy: Proxy) -> None:
+    data = post(call("eth_chainId", [], 7))
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        for i in range(len(data)):
+            writer.write(data[i:i + 1])
+            await writer.drain()
+        status, _, body = await read_answer(reader)
+        assert status == 200 and json.loads(body) == {"jsonrpc": "2.0", "id": 7, "result": "0x7a69"}
+    finally:
+        writer.close()
+
+
+async def test_a_header_over_the_limit_is_431_and_closed(evm_proxy: Proxy) -> None:
+    [(status, headers, body)] = await exchange(evm_proxy.server.port,
+                                               post(call("eth_chainId", [], 1), "X-Big: " + "a" * 9000))
+    assert status == 431 and headers["connection"] == "close" and json.loads(body)["error"]["code"] == -32600
+
+
+async def test_a_chunked_body_over_max_body_bytes_is_413(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000"))
+    try:
+        head = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        chunk = b"[" + b" " * 599
+        data = head + b"%x\r\n%s\r\n" % (len(chunk), chunk) * 2 + b"0\r\n\r\n"
+        [(status, headers, body)] = await exchange(proxy.server.port, data)
+        assert status == 413 and headers["connection"] == "close" and json.loads(body)["error"]["code"] == -32600
+        small = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
+        chunked = head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(small), small)
+        [(status, _, body)] = await exchange(proxy.server.port, chunked)
+        assert status == 200 and json.loads(body)["result"] == "0x7a69"
+    finally:
+        await proxy.close()
+
+
+async def test_a_gzip_body_is_decoded_and_one_inflating_past_the_limit_is_413(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000"))
+    try:
+        packed = gzip.compress(call("eth_chainId", [], 1))
+        [(status, _, body)] = await exchange(proxy.server.port, post(packed, "Content-Encoding: gzip"))
+        assert status == 200 and json.loads(body)["result"] == "0x7a69"
+        bomb = gzip.compress(b" " * 100_000)
+        [(status, _, _)] = await exchange(proxy.server.port, post(bomb, "Content-Encoding: gzip"))
+        assert status == 413
+    finally:
+        await proxy.close()
+
+
+async def test_expect_100_continue_gets_its_interim_answer_before_the_body(evm_proxy: Proxy) -> None:
+    body = call("eth_chainId", [], 1)
+    data = post(body, "Expect: 100-continue")
+    head = data[:-len(body)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
+        assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
+        writer.write(body)
+        status, _, answer = await read_answer(reader)
+        assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+    finally:
+        writer.close()
+
+
+async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy: Proxy) -> None:
+    body = call("eth_chainId", [], 1)
+    data = (b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    try:
+        writer.write(data)
+        status, headers, _ = await read_answer(reader)
+        assert status == 200 and headers["connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+    finally:
+        writer.close()
+
+
+async def test_a_websocket_upgrade_after_posts_on_one_connection_is_served(evm_proxy: Proxy) -> None:
+    connector = aiohttp.TCPConnector(limit=1)  # one connection: the upgrade follows the POSTs on it
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for rid in range(3):
+            async with session.post(evm_proxy.url(), data=call("eth_chainId", [], rid)) as resp:
+                assert (await resp.json())["id"] == rid
+        async with session.ws_connect(evm_proxy.ws_url()) as ws:
+            await ws.send_str(call("eth_chainId", [], 9).decode())
+            assert json.loads(await ws.receive_str(timeout=30))["result"] == "0x7a69"
+
+
+async def test_other_routes_answer_on_a_connection_that_posted(evm_proxy: Proxy) -> None:
+    data = (post(call("eth_chainId", [], 1)) + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            + b"OPTIONS /v3/k HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n\r\n"
+            + b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n" + b"GET /v3/k HTTP/1.1\r\nHost: x\r\n\r\n")
+    answers = await exchange(evm_proxy.server.port, data, 5)
+    assert [status for status, _, _ in answers] == [200, 200, 204, 404, 405]
+    assert answers[1][2] == b'{"status": "ok"}'
+    assert answers[2][1]["access-control-allow-origin"] == "*"

@@ -1,0 +1,122 @@
+"""The upstream HTTP client (upstream/http_client.py) against a raw server on a free port: every way
+a node may frame its answer, and every way it may fail to."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from proxy.upstream.http_client import ClientFault, HostPool, TooLarge
+
+Answer = Callable[[bytes], bytes]  # a request's bytes -> the raw answer (b"" closes at once)
+BODY = b'{"jsonrpc":"2.0","id":1,"result":"0x1"}'
+
+
+def framed(body: bytes = BODY, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+class Node:
+    def __init__(self) -> None:
+        self.answer: Answer = lambda _request: framed()
+        self.connections = 0
+        self.close_after = False
+        self.requests: list[bytes] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                writer.write(self.answer(request))
+                await writer.drain()
+                if self.close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[tuple[Node, str]]:
+    served = Node()
+    server = await asyncio.start_server(served.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield served, f"http://user:secret@127.0.0.1:{port}/path?k=1"
+    server.close()
+    await server.wait_closed()
+
+
+def pool(url: str, connected: list[int] | None = None) -> HostPool:
+    seen = connected if connected is not None else []
+    return HostPool(url, limit=2, idle_timeout=30.0, on_connect=lambda: seen.append(1))
+
+
+async def test_answers_reuse_one_kept_alive_connection_and_each_new_one_is_reported(node: tuple[Node, str]) -> None:
+    served, url = node
+    connected: list[int] = []
+    client = pool(url, connected)
+    for _ in range(3):
+        assert (await client.post(b"{}", 5)).body == BODY
+    assert served.connections == 1 and len(connected) == 1
+    assert served.requests[0].startswith(b"POST /path?k=1 HTTP/1.1\r\n")
+    assert b"Authorization: Basic dXNlcjpzZWNyZXQ=\r\n" in served.requests[0]  # user:secret, as aiohttp sent it
+    served.close_after = True  # and says so
+    served.answer = lambda _r: framed(BODY, b"Connection: close\r\n")
+    await client.post(b"{}", 5)
+    await client.post(b"{}", 5)
+    assert served.connections == 2 and len(connected) == 2
+    client.close()
+
+
+async def test_chunked_gzip_and_until_close_answers_are_read_whole(node: tuple[Node, str]) -> None:
+    served, url = node
+    client = pool(url)
+    served.answer = lambda _r: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n" + BODY[:5] + \
+        b"\r\n%x\r\n" % (len(BODY) - 5) + BODY[5:] + b"\r\n0\r\n\r\n"
+    assert (await client.post(b"{}", 5)).body == BODY
+    packed = gzip.compress(BODY)
+    served.answer = lambda _r: framed(packed, b"Content-Encoding: gzip\r\n")
+    assert (await client.post(b"{}", 5)).body == BODY
+    served.close_after = True
+    served.answer = lambda _r: b"HTTP/1.0 200 OK\r\n\r\n" + BODY
+    assert (await client.post(b"{}", 5)).body == BODY
+    client.close()
+
+
+async def test_a_partial_answer_a_timeout_and_a_refused_connection_are_faults(node: tuple[Node, str]) -> None:
+    served, url = node
+    client = pool(url)
+    served.close_after = True
+    served.answer = lambda _r: framed()[:-5]  # the connection ends five bytes short
+    with pytest.raises(ClientFault) as fault:
+        await client.post(b"{}", 5)
+    assert not fault.value.unsent
+    served.answer = lambda _r: b""  # never answers (the connection stays open)
+    served.close_after = False
+    with pytest.raises(TimeoutError):
+        await client.post(b"{}", 0.2)
+    refused = pool("http://127.0.0.1:9/")
+    with pytest.raises(ClientFault) as fault:
+        await refused.post(b"{}", 5)
+    assert fault.value.unsent
+    client.close()
+
+
+async def test_an_answer_over_the_limit_is_refused_declared_or_as_it_arrives(node: tuple[Node, str]) -> None:
+    served, url = node
+    client = pool(url)
+    with pytest.raises(TooLarge):
+        await client.post(b"{}", 5, limit=10)
+    served.answer = lambda _r: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % len(BODY) + BODY + \
+        b"\r\n0\r\n\r\n"
+    with pytest.raises(TooLarge):
+        await client.post(b"{}", 5, limit=10)
+    assert (await client.post(b"{}", 5, limit=len(BODY))).body == BODY
+    client.close()
