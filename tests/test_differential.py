@@ -214,15 +214,7 @@ def _size(reply: dict[str, Any]) -> int | None:
     return len(result) if isinstance(result, list) else None
 
 
-# Known defect (issue 25 stays open for it): after the merges of issues 19, 21, 24 and 25 the new
-# configurations sometimes see a mismatch (e.g. an eth_getLogs range to `latest` answered [] through a
-# balancer with a lagging member, where the canonical node had a log; served, not kept). Not hidden:
-# they run and are reported as XFAIL or XPASS until fixed; the original configuration stays strict.
-_NEW_CONFIGS = [pytest.param(c, marks=pytest.mark.xfail(
-    reason="issue 25: intermittent mismatch in the new differential configurations", strict=False)) for c in CONFIGS]
-
-
-@pytest.fixture(params=["lagging_backup", *_NEW_CONFIGS])
+@pytest.fixture(params=["lagging_backup", *CONFIGS])
 async def world(request: pytest.FixtureRequest, redis_url: str, solana: FakeSolana) -> AsyncIterator[World]:
     config = request.param
     node = Anvil(*FIXED_GENESIS, port=free_port()) if config == "devnet_restart" else Anvil()
