@@ -337,9 +337,7 @@ class Service:
             # The node may not know the resolved block yet (it lags the tracker): ask again
             # with the caller's tag, and keep nothing, since that answer has no fixed block.
             original = substitute(params, {id(r): r.encode() for r in refs})
-            fallback = await self._asker.ask(net, method, original, policy, deadline)
-            self._asker.refuse_lagging(net, fallback, plan.need)
-            return fallback, False
+            return await self._asker.ask_as_tag(net, method, original, policy, deadline, plan.need), False
         if doubt is not None:  # served, never stored
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
             return answer, False

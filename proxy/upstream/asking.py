@@ -158,6 +158,10 @@ class Asker:
         per = net.per_upstream
         assert per is not None
         if proof is not None:
+            head = net.tracker.head
+            if answer.proof is None and plan.proof_pinned and head is not None and head.source == answer.upstream \
+                    and not per.states.went_back(answer.upstream):
+                return None, None  # the head's own node, not seen steady yet, that takes no batches: as if deferred
             if answer.proof is None:
                 return "unverified", None  # no header came with it (it failed, or the call went alone): never kept
             doubt = proofs.proof_doubt(proof, answer.proof, final=not plan.proof_pinned)
@@ -293,13 +297,24 @@ class Asker:
         raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{net.name}' (no upstream "
                            f"could answer for {block} of the network's chain)", http_status=502)
 
-    def refuse_lagging(self, net: NetworkRuntime, answer: Answer, need: int | None) -> None:
-        """An answer to a tag from an upstream known to be behind the block the tag stood for: refused,
-        so `latest` never goes backwards for a client."""
+    async def ask_as_tag(
+        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None,
+        need: int | None,
+    ) -> Answer:
+        """A call asked with the caller's tag (its resolved block was not shown), beside the node's
+        latest block in the same batch. Refused when that node is behind the block the tag stood for
+        (so `latest` never goes backwards for a client) or its latest block is an older one of the
+        tracker's window, or one the tracker saw replaced (a load balancer's lagging member)."""
+        head = net.tracker.head
         per = net.per_upstream
+        proof = ("latest", head.latest_hash, True) if head is not None and per is not None else None
+        answer = await self.ask(net, method, params, policy, deadline, proof=proof[0] if proof else None)
         if per is not None and answer.upstream >= 0 and per.states.verified[answer.upstream] and need is not None \
                 and per.states.latest[answer.upstream] < need:
             self._refuse(net, "lagging", need)
+        if proof is not None and answer.proof is not None and not _shown(net, proof, answer.proof):
+            self._refuse(net, "lagging", need)
+        return answer
 
 
 def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.Proof | None:

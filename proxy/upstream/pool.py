@@ -157,7 +157,14 @@ class HttpUpstream(Sender):
     async def _proven_alone(self, method: str, params: Any, block: str | None) -> Answer:
         if block is None:
             return await self._single(method, params, None)
-        [answer] = await self._with_proofs([(method, params, block)])
+        try:
+            [answer] = await self._with_proofs([(method, params, block)])
+        except JsonRpcError as error:
+            if error.http_status == 504:  # timed out: asking again alone would only wait longer
+                raise
+            # A node that refuses batches (an HTTP 429 or 413 to them, an error reply) answers the
+            # call alone, unproven (proof None), as the auto-batcher's groups do (batching.py).
+            return await self._single(method, params, None)
         return answer
 
     async def _with_proofs(

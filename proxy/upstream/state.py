@@ -31,6 +31,9 @@ class ChainIdentity:
         return f"{self.chain_id}:{self.genesis[2:18]}"
 
 
+STEADY_HEADS = 5  # heads seen in order before an upstream counts as one steady node
+
+
 class UpstreamStates:
     """Per upstream index: its latest block, whether its identity is verified, whether it mismatches."""
 
@@ -43,14 +46,24 @@ class UpstreamStates:
         self.lost_since_verified = [False] * size
         self.cordoned = [False] * size  # taken out by an operator (the admin listener) until uncordoned
         self.suspect = asyncio.Event()  # set when an upstream must have its identity checked again
-        # Its head went back once: a load balancer whose members differ (or a rolled-back dev node).
-        # Answers pinned to an unfinalized hash come from it with that block's header (proofs.py).
-        self.mixed = [False] * size
+        # Not (yet) one steady node: its head went back once (a load balancer whose members differ, a
+        # rolled-back dev node), or fewer than STEADY_HEADS of its heads were seen. Answers pinned to a
+        # block of the tracker's window come from it with that block's header (proofs.py).
+        self.mixed = [True] * size
+        self._steady = [0] * size
+        self._went_back = [False] * size
+
+    def went_back(self, index: int) -> bool:
+        """Its head was once seen lower than before (not merely not yet seen steady)."""
+        return 0 <= index < self.size and self._went_back[index]
 
     def observe_head(self, index: int, number: int) -> None:
         if 0 <= index < self.size:
             if number < self.latest[index]:
-                self.mixed[index] = True
+                self._went_back[index] = self.mixed[index] = True
+            else:
+                self._steady[index] += 1
+                self.mixed[index] = self._went_back[index] or self._steady[index] < STEADY_HEADS
             self.latest[index] = number
 
     def lost(self, index: int) -> None:
