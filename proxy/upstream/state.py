@@ -46,12 +46,22 @@ class UpstreamStates:
         # Its head went back once: a load balancer whose members differ (or a rolled-back dev node).
         # Answers pinned to an unfinalized hash come from it with that block's header (proofs.py).
         self.mixed = [False] * size
+        # A provider's rate limit (429, Retry-After): its head polls rest until then (time.monotonic()).
+        self.resting_until = [0.0] * size
 
     def observe_head(self, index: int, number: int) -> None:
         if 0 <= index < self.size:
             if number < self.latest[index]:
                 self.mixed[index] = True
             self.latest[index] = number
+
+    def rest(self, index: int, until: float) -> None:
+        if 0 <= index < self.size:
+            self.resting_until[index] = until
+
+    def resting(self, index: int, now: float) -> bool:
+        """Rate-limited by its provider until later than `now`: not polled meanwhile."""
+        return self.resting_until[index] > now
 
     def lost(self, index: int) -> None:
         """Its connection failed: it may come back as another chain (a restarted devnet), so it is
