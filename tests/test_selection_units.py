@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -128,6 +129,17 @@ class TestBudget:
         workers = [Budget(5, None, window=SharedWindow(path), clock=clock) for _ in range(2)]
         taken = [slot for _ in range(4) for budget in workers if (slot := budget.try_take()) is not None]
         assert len(taken) == 5
+
+    def test_a_worker_that_died_with_requests_in_flight_leaves_them_held_one_window(self, tmp_path: Path) -> None:
+        clock = Clock()
+        path = str(tmp_path / "budget.window")
+        dead = SharedWindow(path)
+        dead._pid = int(subprocess.check_output(["sh", "-c", "echo $$"]))  # a process that has exited
+        assert Budget(None, 1, window=dead, clock=clock).try_take() is not None
+        survivor = Budget(1, 1, window=SharedWindow(path), clock=clock)
+        assert survivor.try_take() is None  # its request may yet reach the node: held one window
+        clock.now += 1.1
+        assert survivor.try_take() is not None
 
     def test_a_request_given_up_without_an_answer_holds_its_place_one_window_longer(self) -> None:
         clock = Clock()

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from proxy.upstream.shared_window import SharedWindow
 from proxy.upstream.window import Limits, LocalWindow, Window
 
-SHARED_POLL = 0.01  # seconds between looks at a shared window: a sibling's release wakes no one here
+SHARED_POLL = 0.01  # seconds between looks at a shared window whose places are all in flight
 
 
 class Slot:
@@ -95,8 +95,8 @@ class Budget:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return None
-            if self.shared:
-                wait = min(wait or SHARED_POLL, SHARED_POLL)
+            if self.shared and not wait:  # a place in flight: a sibling's answer would wake no one here
+                wait = SHARED_POLL
             self._freed.clear()
             try:
                 async with asyncio.timeout(min(remaining, wait or remaining)):

@@ -141,8 +141,7 @@ class Sender:
         return healthy + cooling
 
     async def _budgeted(self, index: int, deadline: float) -> Slot | None:
-        """Wait (until loop time `deadline`) for a place in upstream `index`'s budget, counted as a call
-        this pool carries (a reload retiring it waits for it too)."""
+        """A place in upstream `index`'s budget by loop time `deadline`: a call the pool carries meanwhile."""
         self._waiting += 1
         try:
             return await self.budgets[index].take(deadline)
@@ -154,8 +153,7 @@ class Sender:
         answer came (timed out, cancelled), as the node may still get the request after that."""
         answered = False
         try:
-            reply = await self._post(index, body, timeout, max_reply)
-            answered = True
+            reply, answered = await self._post(index, body, timeout, max_reply), True
             return reply
         except Failed as failure:
             answered = failure.kind != "timeout"
