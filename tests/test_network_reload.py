@@ -199,6 +199,24 @@ async def test_an_invalid_networks_file_is_400_and_nothing_is_applied(
         await proxy.close()
 
 
+async def _queued_for_budget(relay: FaultRelay, tmp_path: Path, count: int) -> tuple[Proxy, int, list[Any]]:
+    """A proxy whose one upstream has max_rps 1, and `count` calls to it: one sent, the others waiting
+    for its budget."""
+    proxy, port = await _budgeted_proxy(tmp_path, [{"url": relay.url, "max_rps": 1}])
+    calls = [asyncio.create_task(proxy.post(_balance_call())) for _ in range(count)]
+
+    async def asked() -> bool:
+        return _asked(relay, "eth_getBalance") >= 1
+
+    await eventually(asked, 10, "the first call at the relay")
+    return proxy, port, calls
+
+
+async def _answered(calls: list[Any]) -> None:
+    for status, answer, _ in await asyncio.gather(*calls):
+        assert status == 200 and answer["result"] == "0x0", answer
+
+
 async def _budgeted_proxy(tmp_path: Path, upstreams: list[Any]) -> tuple[Proxy, int]:
     """Network evm on `upstreams` (tables with budgets), polls rare so calls have the budget."""
     port = free_port()
@@ -208,25 +226,15 @@ async def _budgeted_proxy(tmp_path: Path, upstreams: list[Any]) -> tuple[Proxy, 
     return proxy, port
 
 
-async def _until_asked(relay: FaultRelay, count: int) -> None:
-    async def asked() -> bool:
-        return _asked(relay, "eth_getBalance") >= count
-
-    await eventually(asked, 10, f"{count} calls at the relay")
-
-
 async def test_calls_waiting_for_a_replaced_pools_budget_are_answered(
     relays: list[FaultRelay], tmp_path: Path,
 ) -> None:
-    proxy, port = await _budgeted_proxy(tmp_path, [{"url": relays[0].url, "max_rps": 1}])
+    proxy, port, calls = await _queued_for_budget(relays[0], tmp_path, 4)
     try:
-        calls = [asyncio.create_task(proxy.post(_balance_call())) for _ in range(4)]
-        await _until_asked(relays[0], 1)  # the others wait for the budget of the pool being replaced
-        _networks_file(tmp_path, [relays[1].url])
+        _networks_file(tmp_path, [relays[1].url])  # three calls wait for the budget of the pool replaced
         status, body = await _reload(proxy, port)
         assert status == 200 and body["replaced"] == ["evm"], body
-        for status, answer, _ in await asyncio.gather(*calls):
-            assert status == 200 and answer["result"] == "0x0", answer
+        await _answered(calls)
     finally:
         await proxy.close()
 
@@ -234,16 +242,13 @@ async def test_calls_waiting_for_a_replaced_pools_budget_are_answered(
 async def test_calls_waiting_for_a_budget_a_reload_raises_go_on_under_the_new_one(
     relays: list[FaultRelay], tmp_path: Path,
 ) -> None:
-    proxy, port = await _budgeted_proxy(tmp_path, [{"url": relays[0].url, "max_rps": 1}])
+    proxy, port, calls = await _queued_for_budget(relays[0], tmp_path, 8)
     try:
-        calls = [asyncio.create_task(proxy.post(_balance_call())) for _ in range(8)]
-        await _until_asked(relays[0], 1)  # seven wait: seven seconds under max_rps 1
-        _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 100}])
+        _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 100}])  # seven wait: 7 s under max_rps 1
         status, body = await _reload(proxy, port)
         assert status == 200 and body["replaced"] == [], body
         raised = time.monotonic()
-        for status, answer, _ in await asyncio.gather(*calls):
-            assert status == 200 and answer["result"] == "0x0", answer
+        await _answered(calls)
         assert time.monotonic() - raised < 3.0
     finally:
         await proxy.close()
@@ -266,8 +271,7 @@ async def test_a_budget_a_reload_changes_goes_on_counting_the_window_it_had(
         status, body = await _reload(proxy, port)
         assert status == 200 and body["replaced"] == [], body
         calls += [asyncio.create_task(proxy.post(_balance_call())) for _ in range(6)]
-        for status, answer, _ in await asyncio.gather(*calls):
-            assert status == 200 and answer["result"] == "0x0", answer
+        await _answered(calls)
         assert _most_in_one_second(meter.arrivals()) <= 3
     finally:
         if proxy is not None:
