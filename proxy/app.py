@@ -60,7 +60,7 @@ def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]
                             batch_max_bytes=settings.upstream_batch_max_bytes,
                             attempt_timeout=settings.upstream_attempt_timeout,
                             max_reply_bytes=settings.max_response_bytes,
-                            routing=routing_of(network, settings.workers))
+                            routing=routing_of(network))
 
     return build
 

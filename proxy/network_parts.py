@@ -5,7 +5,8 @@ guard and a per-upstream head watcher (EVM pools), a newHeads/logs feed (EVM), a
 relay (when it has ws upstreams) and, with WORKERS > 1, the head polls its workers share. `Parts`
 holds them with the tasks they run; `PartsBuilder` makes them from a `Network`, starts them (serving
 once the first identity check and head poll are done, bounded like start-up) and retires them: tasks
-stopped, then the pool closed once the calls it carries have had their chance.
+stopped, then the pool closed once the calls it carries (those waiting for budget too) have had
+their chance.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from proxy.config import Network, Settings
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.tasks import stop_tasks
+from proxy.upstream.budget import BudgetBook
 from proxy.upstream.key_budget import KeyedUpstream, KeySlots
-from proxy.upstream.pool import PerUpstream, Upstream, http_pool
+from proxy.upstream.pool import PerUpstream, Upstream, http_pool, routing_of
 from proxy.upstream.ws import UpstreamSocket
 from proxy.workers.shared_polls import SharedPolls
 
@@ -71,15 +73,27 @@ class PartsBuilder:
     run_dir: str | None = None  # with workers: where the shared polls live
     on_shown: Callable[[str, int], None] | None = None  # with workers: blocks shown, told to siblings
 
+    budgets: BudgetBook = field(init=False)  # every pool's provider budgets (budget.py)
+
     def __post_init__(self) -> None:
         # Shared, so a network rebuilt on a reload reads its chain's epoch record and checks its
         # checkpoint (epochs.py) instead of starting a fresh namespace of its own.
         if self.epochs is None:
             self.epochs = MemoryEpochs()
+        # With workers, budgets with limits are counted in the run directory, across the workers.
+        self.budgets = BudgetBook(self.run_dir)
+
+    def reroute(self, upstream: Upstream, net: Network) -> None:
+        """The network's routing applied to its pool, with the book's budgets: one per upstream URL,
+        so a pool and the one a reload replaced it with count in one window."""
+        pool = http_pool(upstream)
+        if pool is not None:
+            pool.reroute(routing_of(net, self.budgets))
 
     def build(self, net: Network) -> Parts:
         settings, metrics = self.settings, self.metrics
         upstream: Upstream = KeyedUpstream(self.factory(net, metrics), self.slots)
+        self.reroute(upstream, net)
         polls = (SharedPolls(self.run_dir, f"{net.name}-{structure(net)}", settings.head_poll_interval)
                  if self.run_dir is not None else None)
         # The node's WebSocket: relayed subscriptions (both families) and pushed heads (EVM).
@@ -136,8 +150,9 @@ class PartsBuilder:
                 parts.tasks.append(asyncio.create_task(parts.feed.run(), name=f"feed-{parts.name}"))
 
     async def retire(self, parts: Parts, grace: float, stopping: asyncio.Event | None = None) -> None:
-        """Stop a network's tasks and close what it holds; its pool once the requests it has in flight
-        are answered, after `grace` seconds, or when `stopping` is set (the proxy is shutting down)."""
+        """Stop a network's tasks and close what it holds; its pool once the calls it carries (being
+        posted, or waiting for a provider budget's place) are answered, after `grace` seconds, or when
+        `stopping` is set (the proxy is shutting down)."""
         await stop_tasks(parts.tasks)
         parts.tasks.clear()
         if parts.relay is not None:
@@ -146,7 +161,7 @@ class PartsBuilder:
         if pool is not None and grace > 0:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace
-            while pool.posting and loop.time() < deadline and not (stopping and stopping.is_set()):
+            while pool.carrying and loop.time() < deadline and not (stopping and stopping.is_set()):
                 await asyncio.sleep(DRAIN_POLL)
         await parts.runtime.upstream.close()
         if parts.polls is not None:

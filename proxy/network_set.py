@@ -9,8 +9,9 @@ applied). Then, per network of the file:
   bounded like start-up), then swapped in, in one step of the loop, for every holder: the service
   and router (one shared dict), the subscription feeds and relays, the admin listener, shutdown;
 - removed (and the pool a change replaced): no longer served (its calls get the unknown-network
-  error), its tasks stopped, and its pool closed once the calls in flight on it are answered, at
-  most UPSTREAM_TIMEOUT later.
+  error), its tasks stopped, and its pool closed once the calls it carries (in flight, or waiting
+  for a provider budget, which it shares with its successor) are answered, at most UPSTREAM_TIMEOUT
+  later.
 Cache entries are keyed by network, chain identity and epoch (chain/heads.py): a new pool on another
 chain names other keys, and one on the same chain checks its epoch's checkpoint first (epochs.py).
 
@@ -36,7 +37,6 @@ from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.network_parts import Parts, PartsBuilder
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
-from proxy.upstream.pool import http_pool, routing_of
 from proxy.upstream.ws import UpstreamSocket
 
 # What a network's pool is built from: a change of one of these builds new parts.
@@ -142,9 +142,7 @@ class NetworkSet:
         return self.parts.pop(name)
 
     def _reroute(self, runtime: NetworkRuntime, network: Network) -> None:
-        pool = http_pool(runtime.upstream)
-        if pool is not None:
-            pool.reroute(routing_of(network, self.builder.settings.workers))
+        self.builder.reroute(runtime.upstream, network)
         runtime.config = network
 
     def _hand_over(self, old: Parts, new: Parts | None) -> None:

@@ -1,9 +1,11 @@
-"""A relay in a process of its own that writes each request's arrival time (CLOCK_MONOTONIC, the
-same clock in every process) to a file: what a provider's meter sees, undisturbed by the test's own
-event loop. `python -m tests.arrivals_relay TARGET PORT FILE`."""
+"""A relay in a process of its own that writes each request's arrival and departure times
+(CLOCK_MONOTONIC, the same clock in every process) to a file, one request a line: what a provider's
+meter sees, undisturbed by the test's own event loop. `DELAY` (seconds, default 0) holds each
+request that long before it is answered. `python -m tests.arrivals_relay TARGET PORT FILE [DELAY]`."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 
@@ -11,18 +13,21 @@ import aiohttp
 from aiohttp import web
 
 
-def main(target: str, port: int, path: str) -> None:
+def main(target: str, port: int, path: str, delay: float) -> None:
     log = open(path, "a", buffering=1)  # noqa: SIM115 (open for the process's life)
     session: aiohttp.ClientSession | None = None
 
     async def relay(request: web.Request) -> web.Response:
         nonlocal session
-        log.write(f"{time.monotonic()}\n")
+        arrived = time.monotonic()
         body = await request.read()
         if session is None:
             session = aiohttp.ClientSession()
+        await asyncio.sleep(delay)
         async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as response:
-            return web.Response(body=await response.read(), content_type="application/json")
+            answer = await response.read()
+        log.write(f"{arrived} {time.monotonic()}\n")
+        return web.Response(body=answer, content_type="application/json")
 
     app = web.Application()
     app.router.add_post("/", relay)
@@ -30,4 +35,4 @@ def main(target: str, port: int, path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)

@@ -45,6 +45,7 @@ class FaultRelay:
     requests: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
     arrivals: list[float] = field(default_factory=list)  # time.monotonic() of each request's arrival
+    timeline: list[tuple[float, list[str]]] = field(default_factory=list)  # each request's arrival, its methods
     in_flight: int = 0
     most_in_flight: int = 0
     url: str = ""
@@ -98,21 +99,23 @@ class FaultRelay:
             return json.loads(await resp.read())
 
     async def _handle(self, request: web.Request) -> web.Response:
-        self.arrivals.append(time.monotonic())
+        arrived = time.monotonic()
+        self.arrivals.append(arrived)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            return await self._answer(request)
+            return await self._answer(request, arrived)
         finally:
             self.in_flight -= 1
 
-    async def _answer(self, request: web.Request) -> web.Response:
+    async def _answer(self, request: web.Request, arrived: float) -> web.Response:
         self.requests += 1
         body = await request.read()
         payload = json.loads(body)
         is_batch = isinstance(payload, list)
         calls = payload if is_batch else [payload]
         self.calls.extend(c for c in calls if isinstance(c, dict))
+        self.timeline.append((arrived, [str(c.get("method")) for c in calls if isinstance(c, dict)]))
         fault = self._take(calls, is_batch)
         kind = fault.kind if fault else None
         if fault is not None and fault.delay:

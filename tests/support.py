@@ -371,7 +371,7 @@ async def start_proxy(
                              batch_max_bytes=settings.upstream_batch_max_bytes,
                              attempt_timeout=settings.upstream_attempt_timeout,
                              max_reply_bytes=settings.max_response_bytes,
-                             routing=routing_of(network, settings.workers))
+                             routing=routing_of(network))
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,16 @@ import aiohttp
 from proxy.state import SERVICE
 from tests.fault_relay import FaultRelay
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, settings_for, start_proxy
-from tests.test_upstream_selection import TOKEN, _admin, _asked, _balance_call, _pool
+from tests.test_upstream_selection import (
+    TOKEN,
+    Meter,
+    _admin,
+    _asked,
+    _balance_call,
+    _most_in_one_second,
+    _networks_file,
+    _pool,
+)
 from tests.test_workers import _answers, _ready, _start, _stop
 from tests.ws_client import connect
 
@@ -187,6 +197,86 @@ async def test_an_invalid_networks_file_is_400_and_nothing_is_applied(
         assert answer["result"] == "0x0" and _asked(relays[1], "eth_getBalance") == 0
     finally:
         await proxy.close()
+
+
+async def _queued_for_budget(relay: FaultRelay, tmp_path: Path, count: int) -> tuple[Proxy, int, list[Any]]:
+    """A proxy whose one upstream has max_rps 1, and `count` calls to it: one sent, the others waiting
+    for its budget."""
+    proxy, port = await _budgeted_proxy(tmp_path, [{"url": relay.url, "max_rps": 1}])
+    calls = [asyncio.create_task(proxy.post(_balance_call())) for _ in range(count)]
+
+    async def asked() -> bool:
+        return _asked(relay, "eth_getBalance") >= 1
+
+    await eventually(asked, 10, "the first call at the relay")
+    return proxy, port, calls
+
+
+async def _answered(calls: list[Any]) -> None:
+    for status, answer, _ in await asyncio.gather(*calls):
+        assert status == 200 and answer["result"] == "0x0", answer
+
+
+async def _budgeted_proxy(tmp_path: Path, upstreams: list[Any]) -> tuple[Proxy, int]:
+    """Network evm on `upstreams` (tables with budgets), polls rare so calls have the budget."""
+    port = free_port()
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks_file(tmp_path, upstreams), ADMIN_PORT=str(port),
+                                           ADMIN_TOKEN=TOKEN, HEAD_POLL_INTERVAL="5", UPSTREAM_BATCH_MAX="1"))
+    await proxy.head_at(0)
+    return proxy, port
+
+
+async def test_calls_waiting_for_a_replaced_pools_budget_are_answered(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy, port, calls = await _queued_for_budget(relays[0], tmp_path, 4)
+    try:
+        _networks_file(tmp_path, [relays[1].url])  # three calls wait for the budget of the pool replaced
+        status, body = await _reload(proxy, port)
+        assert status == 200 and body["replaced"] == ["evm"], body
+        await _answered(calls)
+    finally:
+        await proxy.close()
+
+
+async def test_calls_waiting_for_a_budget_a_reload_raises_go_on_under_the_new_one(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy, port, calls = await _queued_for_budget(relays[0], tmp_path, 8)
+    try:
+        _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 100}])  # seven wait: 7 s under max_rps 1
+        status, body = await _reload(proxy, port)
+        assert status == 200 and body["replaced"] == [], body
+        raised = time.monotonic()
+        await _answered(calls)
+        assert time.monotonic() - raised < 3.0
+    finally:
+        await proxy.close()
+
+
+async def test_a_budget_a_reload_changes_goes_on_counting_the_window_it_had(
+    anvil: Anvil, tmp_path: Path,
+) -> None:
+    meter = Meter(anvil, tmp_path)
+    proxy = None
+    try:
+        proxy, port = await _budgeted_proxy(tmp_path, [{"url": meter.url, "max_rps": 2}])
+        calls = [asyncio.create_task(proxy.post(_balance_call())) for _ in range(8)]
+
+        async def answered() -> bool:
+            return len(meter.spans()) >= 2
+
+        await eventually(answered, 10, "calls at the meter")
+        _networks_file(tmp_path, [{"url": meter.url, "max_rps": 3}])
+        status, body = await _reload(proxy, port)
+        assert status == 200 and body["replaced"] == [], body
+        calls += [asyncio.create_task(proxy.post(_balance_call())) for _ in range(6)]
+        await _answered(calls)
+        assert _most_in_one_second(meter.arrivals()) <= 3
+    finally:
+        if proxy is not None:
+            await proxy.close()
+        meter.stop()
 
 
 async def test_a_reload_reaches_every_worker(relays: list[FaultRelay], tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, build_settings
-from proxy.upstream.budget import WINDOW_MARGIN, Budget
+from proxy.upstream.budget import Budget, BudgetBook
 from proxy.upstream.replies import RETRY_AFTER_MAX, rate_limited, retry_after
 from proxy.upstream.selection import SCORE_HALF_LIFE, Scores, Selector
+from proxy.upstream.shared_window import SharedWindow
+from proxy.upstream.window import WINDOW_MARGIN
 
 
 class TestPolicies:
@@ -108,10 +111,43 @@ class TestBudget:
             assert sum(1 for t in taken if start <= t < start + 1.0 + WINDOW_MARGIN) <= 10
         assert len(taken) >= 30  # and the budget is used: about 10 per window
 
-    def test_workers_share_the_rate_so_together_they_stay_within_it(self) -> None:
+    def test_workers_count_in_one_shared_window_so_together_they_stay_within_it(self, tmp_path: Path) -> None:
         clock = Clock()
-        budget = Budget(10, 4, share=2, clock=clock)
-        assert budget.count == 5 and budget.concurrency == 2
+        path = str(tmp_path / "budget.window")
+        first, second = (Budget(1, 1, window=SharedWindow(path), clock=clock) for _ in range(2))  # two workers
+        slot = first.try_take()
+        assert slot is not None and second.try_take() is None and second.in_flight == 1
+        first.release(slot)
+        clock.now += 0.5
+        assert second.try_take() is None  # the answered request is still in the provider's second
+        clock.now += 0.6
+        assert second.try_take() is not None  # and either worker may use the whole budget
+
+    def test_the_whole_rate_is_usable_by_workers_sharing_it(self, tmp_path: Path) -> None:
+        clock = Clock()
+        path = str(tmp_path / "budget.window")
+        workers = [Budget(5, None, window=SharedWindow(path), clock=clock) for _ in range(2)]
+        taken = [slot for _ in range(4) for budget in workers if (slot := budget.try_take()) is not None]
+        assert len(taken) == 5
+
+    def test_a_worker_that_died_with_requests_in_flight_leaves_them_held_one_window(self, tmp_path: Path) -> None:
+        clock = Clock()
+        path = str(tmp_path / "budget.window")
+        dead = SharedWindow(path)
+        dead._pid = int(subprocess.check_output(["sh", "-c", "echo $$"]))  # a process that has exited
+        assert Budget(None, 1, window=dead, clock=clock).try_take() is not None
+        survivor = Budget(1, 1, window=SharedWindow(path), clock=clock)
+        assert survivor.try_take() is None  # its request may yet reach the node: held one window
+        clock.now += 1.1
+        assert survivor.try_take() is not None
+
+    def test_a_reload_retunes_the_budget_in_force_with_its_window_and_calls_in_flight(self) -> None:
+        book = BudgetBook()
+        budget = book.budget("evm", "http://node", 2, 2)
+        slots = [budget.try_take(), budget.try_take()]
+        assert all(slots) and budget.try_take() is None
+        assert book.budget("evm", "http://node", 3, 3) is budget  # a reload: the same window, new limits
+        assert budget.try_take() is not None and budget.try_take() is None
 
     def test_max_concurrency_bounds_calls_in_flight(self) -> None:
         budget = Budget(None, 2)
@@ -121,12 +157,17 @@ class TestBudget:
         budget.release(first)
         assert budget.try_take() is not None
 
-    def test_a_rate_under_one_per_second_spaces_single_requests(self) -> None:
+    # A rate under one per second spaces single requests; a request given up without an answer (timed
+    # out) holds its place one window longer: the node may still get it later.
+    @pytest.mark.parametrize(("max_rps", "answered"), [(0.5, True), (1, False)])
+    def test_a_place_is_held_two_seconds_under_half_a_request_per_second_or_without_an_answer(
+        self, max_rps: float, answered: bool,
+    ) -> None:
         clock = Clock()
-        budget = Budget(0.5, None, clock=clock)
+        budget = Budget(max_rps, None, clock=clock)
         slot = budget.try_take()
         assert slot is not None
-        budget.release(slot)
+        budget.release(slot, answered=answered)
         clock.now += 1.5
         assert budget.try_take() is None
         clock.now += 0.6

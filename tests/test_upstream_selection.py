@@ -147,6 +147,53 @@ async def test_a_429_cools_only_that_upstream_and_for_its_retry_after(relays: li
         await proxy.close()
 
 
+async def test_a_429_rests_that_upstreams_head_polls_until_its_retry_after(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
+    try:
+        relays[0].inject("http429", method="eth_getBalance", retry_after="60")
+        status, body, _ = await proxy.post(_balance_call())
+        assert status == 200 and body["result"] == "0x0", body
+
+        async def polls_of_the_other(more: int) -> None:
+            goal = _asked(relays[1], "eth_blockNumber") + more
+
+            async def polled() -> bool:
+                return _asked(relays[1], "eth_blockNumber") >= goal
+
+            await eventually(polled, 10, f"{more} more head polls of upstream #1")
+
+        await polls_of_the_other(2)  # a poll of #0 sent before the 429 has come back
+        before = _asked(relays[0], "eth_blockNumber")
+        await polls_of_the_other(5)
+        assert _asked(relays[0], "eth_blockNumber") == before
+    finally:
+        await proxy.close()
+
+
+async def test_a_request_given_up_without_an_answer_holds_its_budget_place_one_window_longer(
+    relays: list[FaultRelay], tmp_path: Path,
+) -> None:
+    # The node may get a request the proxy gave up on later still: its place is held for two windows
+    # after the timeout, so that late delivery and the next request never share one of the node's.
+    networks = _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 1}])
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=networks, HEAD_POLL_INTERVAL="5", UPSTREAM_TIMEOUT="8",
+                                           UPSTREAM_ATTEMPT_TIMEOUT="0.5", UPSTREAM_BATCH_MAX="1"))
+    try:
+        await proxy.head_at(0)
+        relays[0].inject("slow", method="eth_getBalance", delay=3.0)
+        status, _, _ = await proxy.post(_balance_call())
+        gave_up = time.monotonic()
+        assert status == 504
+        status, body, _ = await proxy.post(_balance_call())  # waits for the budget
+        assert status == 200 and body["result"] == "0x0", body
+        slow = next(t for t, methods in relays[0].timeline if "eth_getBalance" in methods)
+        assert min(t for t, _ in relays[0].timeline if t > slow) >= gave_up + 1.8
+    finally:
+        await proxy.close()
+
+
 async def test_a_provider_rate_limit_error_in_a_200_reply_is_passed_over_not_served(
     relays: list[FaultRelay], tmp_path: Path,
 ) -> None:
@@ -179,17 +226,48 @@ def _most_in_one_second(arrivals: list[float]) -> int:
     return max((sum(1 for t in ordered if start <= t < start + 1.0) for start in ordered), default=0)
 
 
-async def test_max_rps_is_never_exceeded_as_the_provider_sees_it_under_a_burst_from_two_workers(
-    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path,
+def _most_in_flight(spans: list[tuple[float, float]]) -> int:
+    return max((sum(1 for a, d in spans if a <= start < d) for start, _ in spans), default=0)
+
+
+class Meter:
+    """The provider's meter in a process of its own (tests/arrivals_relay.py): the test's loop, busy
+    sending a burst, would otherwise note arrivals late and bunch them up."""
+
+    def __init__(self, anvil: Anvil, tmp_path: Path, delay: float = 0.0) -> None:
+        port, self._file = free_port(), tmp_path / f"arrivals-{free_port()}"
+        self.url = f"http://127.0.0.1:{port}/"
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tests.arrivals_relay", anvil.url, str(port), str(self._file), str(delay)],
+            cwd=Path(__file__).resolve().parents[1])
+
+    def spans(self) -> list[tuple[float, float]]:
+        """Each request answered so far: (arrival, departure)."""
+        text = self._file.read_text() if self._file.exists() else ""
+        return [(float(a), float(d)) for a, d in (line.split() for line in text.splitlines())]
+
+    def arrivals(self) -> list[float]:
+        return [a for a, _ in self.spans()]
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait(10)
+
+
+@pytest.mark.parametrize(("budget", "calls", "delay"), [
+    ({"max_rps": 20}, 60, 0.0),
+    ({"max_rps": 1}, 4, 0.0),  # below one per worker: no worker may take a whole one of its own
+    ({"max_concurrency": 1}, 10, 0.1),
+])
+async def test_a_budget_is_never_exceeded_as_the_provider_sees_it_under_a_burst_from_two_workers(
+    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path, budget: dict[str, int], calls: int, delay: float,
 ) -> None:
-    # The provider's meter runs in a process of its own: the test's loop, busy sending the burst,
-    # would otherwise note arrivals late and bunch them up.
-    port, arrivals = free_port(), tmp_path / "arrivals"
-    meter = subprocess.Popen([sys.executable, "-m", "tests.arrivals_relay", anvil.url, str(port), str(arrivals)],
-                             cwd=Path(__file__).resolve().parents[1])
-    networks = _networks_file(tmp_path, [{"url": f"http://127.0.0.1:{port}/", "max_rps": 20}], name="main")
+    meter = Meter(anvil, tmp_path, delay)
+    networks = _networks_file(tmp_path, [{"url": meter.url, **budget}], name="main")
     # The default network (EVM_UPSTREAM) is a relay's: every call the meter sees is network main's.
-    running: Running = _start(relays[1].url, 2, NETWORKS_FILE=networks, UPSTREAM_BATCH_MAX="1")
+    # Polls are rare, so the calls have the budget to themselves.
+    running: Running = _start(relays[1].url, 2, NETWORKS_FILE=networks, UPSTREAM_BATCH_MAX="1",
+                              HEAD_POLL_INTERVAL="5")
     url = f"http://127.0.0.1:{running.port}/main/v3/any-key"
     try:
         async with aiohttp.ClientSession() as session:
@@ -197,17 +275,18 @@ async def test_max_rps_is_never_exceeded_as_the_provider_sees_it_under_a_burst_f
             sessions = [aiohttp.ClientSession() for _ in range(8)]  # connections spread over both workers
             try:
                 answers = await asyncio.gather(*(
-                    _answers(sessions[i % 8], url, _balance_call()) for i in range(60)))
+                    _answers(sessions[i % 8], url, _balance_call()) for i in range(calls)))
             finally:
                 for one in sessions:
                     await one.close()
         assert all(a is not None and a.get("result") == "0x0" for a in answers), answers[:3]
-        seen = [float(line) for line in arrivals.read_text().split()]
-        assert len(seen) >= 60 and _most_in_one_second(seen) <= 20
+        spans = meter.spans()
+        assert len(spans) >= calls
+        assert _most_in_one_second([a for a, _ in spans]) <= budget.get("max_rps", len(spans))
+        assert _most_in_flight(spans) <= budget.get("max_concurrency", len(spans))
     finally:
         code, log = await _stop(running)
-        meter.terminate()
-        meter.wait(10)
+        meter.stop()
         assert code == 0, log
 
 

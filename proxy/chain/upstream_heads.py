@@ -34,5 +34,7 @@ async def watch_upstream_heads(pool: PerUpstream, interval: float, shared: Share
                 states.observe_head(index, int(answer.result, 16))
 
     while True:
-        await asyncio.gather(*(one(i) for i in range(states.size) if states.in_rotation(i)))
+        now = time.monotonic()  # one resting after a 429 is not asked before its Retry-After
+        await asyncio.gather(*(one(i) for i in range(states.size)
+                               if states.in_rotation(i) and not states.resting(i, now)))
         await asyncio.sleep(interval if shared is None else aligned_delay(interval, time.time()))

@@ -21,7 +21,7 @@ from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.answer import Answer as Answer  # importers of the pool's Answer predate answer.py
 from proxy.upstream.batching import AutoBatcher
-from proxy.upstream.budget import Budget
+from proxy.upstream.budget import Budget, BudgetBook, Slot
 from proxy.upstream.replies import batch_problem, proof_call, proof_hash, single_problem
 from proxy.upstream.selection import Selector
 from proxy.upstream.sending import DEFAULT_ROUTING, Failed, Routing, Sender
@@ -72,16 +72,16 @@ def http_pool(upstream: object) -> HttpUpstream | None:
     return upstream if isinstance(upstream, HttpUpstream) else None
 
 
-def routing_of(network: Network, workers: int) -> Routing:
-    """A network's NETWORKS_FILE selection, weights, budgets (each worker's share) and hedging."""
+def routing_of(network: Network, budgets: BudgetBook | None = None) -> Routing:
+    """A network's NETWORKS_FILE selection, weights, budgets and hedging; the budgets from `budgets`
+    (the process's book: PartsBuilder gives every pool its own), else new ones."""
     options = [network.options_of(i) for i in range(len(network.upstreams))]
     return Routing(
         Selector(network.selection, [o.weight for o in options]),
-        tuple(Budget(o.max_rps, o.max_concurrency, share=workers) for o in options),
+        tuple(budgets.budget(network.name, url, o.max_rps, o.max_concurrency) if budgets is not None
+              else Budget(o.max_rps, o.max_concurrency) for url, o in zip(network.upstreams, options, strict=True)),
         network.hedge_after,
     )
-
-
 
 
 class HttpUpstream(Sender):
@@ -131,28 +131,32 @@ class HttpUpstream(Sender):
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
         started = time.perf_counter()
-        budget = self.budgets[index]
-        slot = await budget.take(asyncio.get_running_loop().time() + timeout)  # a provider counts these too
-        if slot is None:
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' (upstream "
-                               f"#{index}: no budget (max_rps, max_concurrency) in {timeout:g}s)", http_status=504)
+        slot = await self._place(index, timeout)  # a provider counts these too
         try:
-            reply = await self._post(index, body, timeout)
+            reply = await self._post_in(slot, index, body, timeout)
             problem = single_problem(reply, sent)
             if problem is not None:
                 raise Failed("mismatch", problem)
         except Failed as failure:
             if failure.kind == "connect":
                 self.states.lost(index)
+            if failure.kind == "rate_limited":
+                self._cool(index, failure)  # a head poll's 429 rests them too
             self.selector.scores.observe(index, None, time.monotonic())
             self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
                                f"(upstream #{index}: {failure.detail})", http_status=502) from None
-        finally:
-            slot.budget.release(slot)
         seconds = time.perf_counter() - started
         self.selector.scores.observe(index, seconds, time.monotonic())
         return Answer.from_response(reply, seconds, index)
+
+    async def _place(self, index: int, timeout: float) -> Slot:
+        """A place in upstream `index`'s budget within `timeout` seconds, or the call's 504."""
+        slot = await self._budgeted(index, asyncio.get_running_loop().time() + timeout)
+        if slot is None:
+            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' (upstream "
+                               f"#{index}: no budget (max_rps, max_concurrency) in {timeout:g}s)", http_status=504)
+        return slot
 
     async def _proven_alone(self, method: str, params: Any, block: str | None) -> Answer:
         if block is None:
@@ -201,12 +205,9 @@ class HttpUpstream(Sender):
         ])
         ids = range(base, base + len(calls))
         started = time.perf_counter()
-        slot = await self.budgets[index].take(asyncio.get_running_loop().time() + timeout)
-        if slot is None:
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' (upstream "
-                               f"#{index}: no budget (max_rps, max_concurrency) in {timeout:g}s)", http_status=504)
+        slot = await self._place(index, timeout)
         try:
-            reply = await self._post(index, body, timeout)
+            reply = await self._post_in(slot, index, body, timeout)
             problem = batch_problem(reply, ids)
             if problem is not None or not isinstance(reply, list):
                 raise Failed("mismatch", problem or "batch refused")
@@ -214,8 +215,6 @@ class HttpUpstream(Sender):
             self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
                                f"(upstream #{index}: {failure.detail})", http_status=502) from None
-        finally:
-            slot.budget.release(slot)
         by_id = {item["id"]: item for item in reply}
         seconds = time.perf_counter() - started
         return [Answer.from_response(by_id[i], seconds, index) for i in ids]

@@ -79,6 +79,7 @@ class Sender:
         self._down_until = [0.0] * len(self._urls)
         self._unreachable = [False] * len(self._urls)  # its last attempt could not reach it (INFO when back)
         self._inflight = [0] * len(self._urls)  # calls being posted, per upstream
+        self._waiting = 0  # calls waiting for a place in an upstream's budget
         self._pools: list[HostPool] | None = None
         self._closed = False  # closed for good: a reload retired it, or the proxy is stopping
         self.reroute(routing)
@@ -97,9 +98,9 @@ class Sender:
         self._hedge_after = routing.hedge_after
 
     @property
-    def posting(self) -> int:
-        """Requests being posted to any of the upstreams now."""
-        return sum(self._inflight)
+    def carrying(self) -> int:
+        """Calls this pool carries now: being posted to an upstream, or waiting for its budget."""
+        return sum(self._inflight) + self._waiting
 
     def _pool(self, index: int) -> HostPool:
         if self._closed:  # a call that outlived its pool's grace (a reload): never a new connection
@@ -139,6 +140,27 @@ class Sender:
         cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
         return healthy + cooling
 
+    async def _budgeted(self, index: int, deadline: float) -> Slot | None:
+        """A place in upstream `index`'s budget by loop time `deadline`: a call the pool carries meanwhile."""
+        self._waiting += 1
+        try:
+            return await self.budgets[index].take(deadline)
+        finally:
+            self._waiting -= 1
+
+    async def _post_in(self, slot: Slot, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
+        """`_post` in the budget place `slot`, released when it ends: held one window longer if no
+        answer came (timed out, cancelled), as the node may still get the request after that."""
+        answered = False
+        try:
+            reply, answered = await self._post(index, body, timeout, max_reply), True
+            return reply
+        except Failed as failure:
+            answered = failure.kind != "timeout"
+            raise
+        finally:
+            slot.budget.release(slot, answered=answered)
+
     async def _post(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
         self._inflight[index] += 1
         try:
@@ -172,6 +194,15 @@ class Sender:
         except jsonrpc.JSONDecodeError:
             raise Failed("invalid", "reply is not JSON") from None
 
+    def _cool(self, index: int, failure: Failed) -> None:
+        """Upstream `index` failed: it cools down (for a rate limit's Retry-After, if given). A rate
+        limit also rests its head polls (upstream_heads.py) until then: the provider asked for quiet."""
+        until = time.monotonic() + (failure.wait if failure.wait is not None else self._cooldown)
+        self._down_until[index] = until
+        if failure.kind == "rate_limited":
+            self.states.rest(index, until)
+            self._metrics.upstream_rate_limited.labels(self.network, str(index)).inc()
+
     def _failed(self, index: int, failure: Failed, attempts: Attempts) -> None:
         """Note a failed try: that upstream cools down (for a rate limit's Retry-After, if given),
         unless the request itself was at fault (too large or malformed for any node)."""
@@ -180,11 +211,8 @@ class Sender:
         if failure.kind == "connect":
             self.states.lost(index)
         if failure.kind != "refused":  # a request too large or malformed cools no upstream down
-            wait = failure.wait if failure.wait is not None else self._cooldown
-            self._down_until[index] = time.monotonic() + wait
+            self._cool(index, failure)
             self.selector.scores.observe(index, None, time.monotonic())
-        if failure.kind == "rate_limited":
-            self._metrics.upstream_rate_limited.labels(self.network, str(index)).inc()
         self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
         throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index, failure.detail)
         attempts.failures.append(f"upstream #{index}: {failure.detail}")
@@ -199,7 +227,7 @@ class Sender:
         self._metrics.upstream_selected.labels(self.network, str(index)).inc()
         started = time.perf_counter()
         try:
-            reply = await self._post(index, body, timeout, max_reply)
+            reply = await self._post_in(slot, index, body, timeout, max_reply)
             problem = check(reply)
             if problem is not None:
                 # A reply that does not answer what was asked is a fault of that node.
@@ -210,8 +238,6 @@ class Sender:
         except Failed as failure:
             self._failed(index, failure, attempts)
             raise
-        finally:
-            slot.budget.release(slot)
         seconds = time.perf_counter() - started
         self._down_until[index] = 0.0
         self.selector.scores.observe(index, seconds, time.monotonic())
@@ -228,7 +254,7 @@ class Sender:
         index = pending.pop(0)
         self._metrics.upstream_budget_waits.labels(self.network, str(index)).inc()
         loop = asyncio.get_running_loop()
-        waited = await self.budgets[index].take(loop.time() + deadline - time.monotonic())
+        waited = await self._budgeted(index, loop.time() + deadline - time.monotonic())
         return (index, waited) if waited is not None else None
 
     async def _hedged(

@@ -52,6 +52,8 @@ class UpstreamStates:
         self.mixed = [True] * size
         self._steady = [0] * size
         self._went_back = [False] * size
+        # A provider's rate limit (429, Retry-After): its head polls rest until then (time.monotonic()).
+        self.resting_until = [0.0] * size
 
     def went_back(self, index: int) -> bool:
         """Its head was once seen lower than before (not merely not yet seen steady)."""
@@ -65,6 +67,14 @@ class UpstreamStates:
                 self._steady[index] += 1
                 self.mixed[index] = self._went_back[index] or self._steady[index] < STEADY_HEADS
             self.latest[index] = number
+
+    def rest(self, index: int, until: float) -> None:
+        if 0 <= index < self.size:
+            self.resting_until[index] = until
+
+    def resting(self, index: int, now: float) -> bool:
+        """Rate-limited by its provider until later than `now`: not polled meanwhile."""
+        return self.resting_until[index] > now
 
     def lost(self, index: int) -> None:
         """Its connection failed: it may come back as another chain (a restarted devnet), so it is

@@ -1,0 +1,104 @@
+"""A provider budget's window shared by the workers of one host (WORKERS > 1; budget.py).
+
+One small file per budgeted upstream under the run directory holds what every worker sent to it:
+the requests in flight (counted per worker process) and when each answered one leaves the window.
+A take reads it, decides with the budget's limits and writes it back under an flock held for that
+alone (microseconds, no await inside), so the workers' requests together never pass the budget and
+any one worker may use all of it. Times are CLOCK_MONOTONIC, one clock for every process of a host.
+
+A worker that died with requests in flight cannot release them: once a take is refused, the counts
+of processes that no longer exist are turned into places held one window from then (the node may
+still have got them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import fcntl
+import os
+import struct
+import weakref
+from array import array
+from collections.abc import Iterator
+
+from proxy.upstream.window import Limits
+
+_HEADER = struct.Struct("<II")  # processes with requests in flight, places held
+_PROCESS = struct.Struct("<ii")  # pid, its requests in flight
+
+
+class SharedWindow:
+    shared = True
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        weakref.finalize(self, os.close, self._fd)
+        self._pid = os.getpid()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _read(self) -> tuple[dict[int, int], list[float]]:
+        data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+        if len(data) < _HEADER.size:
+            return {}, []
+        processes, held = _HEADER.unpack_from(data)
+        flying = dict(_PROCESS.iter_unpack(data[_HEADER.size:_HEADER.size + processes * _PROCESS.size]))
+        start = _HEADER.size + processes * _PROCESS.size
+        times = array("d")
+        times.frombytes(data[start:start + 8 * held])
+        return flying, times.tolist()
+
+    def _write(self, flying: dict[int, int], held: list[float]) -> None:
+        flying = {pid: n for pid, n in flying.items() if n > 0}
+        data = _HEADER.pack(len(flying), len(held)) + b"".join(_PROCESS.pack(*item) for item in flying.items())
+        os.pwrite(self._fd, data + array("d", held).tobytes(), 0)
+
+    def take(self, limits: Limits, now: float) -> float | None:
+        with self._locked():
+            flying, held = self._read()
+            del held[:bisect.bisect_right(held, now)]
+            refused = limits.refusal(sum(flying.values()), held, now)
+            if refused is not None and _reap(flying, held, now + limits.window, self._pid):
+                refused = limits.refusal(sum(flying.values()), held, now)
+            if refused is None:
+                flying[self._pid] = flying.get(self._pid, 0) + 1
+            self._write(flying, held)
+            return refused
+
+    def release(self, now: float, hold: float) -> None:
+        with self._locked():
+            flying, held = self._read()
+            flying[self._pid] = flying.get(self._pid, 0) - 1
+            if hold > 0:
+                bisect.insort(held, now + hold)
+            self._write(flying, held)
+
+    def in_flight(self) -> int:
+        with self._locked():
+            return sum(self._read()[0].values())
+
+
+def _reap(flying: dict[int, int], held: list[float], until: float, own: int) -> bool:
+    """The requests in flight of processes that are gone, held until `until` instead; True if any."""
+    gone = [pid for pid in flying if pid != own and not _alive(pid)]
+    for pid in gone:
+        for _ in range(flying.pop(pid)):
+            bisect.insort(held, until)
+    return bool(gone)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
