@@ -137,9 +137,11 @@ def start(cmd: list[str], port: int, env: dict[str, str] | None = None) -> subpr
     return proc
 
 
-def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], body: bytes, requests: int) -> float:
+def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], body: bytes, requests: int,
+                             keep: str | None = None) -> float:
     """User-space instructions one server spends per request, counted by callgrind over `requests`
-    sequential keep-alive requests: the same from run to run, whatever else the host is doing."""
+    sequential keep-alive requests: the same from run to run, whatever else the host is doing.
+    `keep`: where callgrind's dump is copied (for callgrind_annotate)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/callgrind.out"
         proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
@@ -170,6 +172,8 @@ def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], bod
             total = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
             if total is None:
                 raise SystemExit(f"no totals in {dump}")
+            if keep:
+                shutil.copyfile(dump, keep)
         finally:
             proc.terminate()
             proc.wait(60)
