@@ -24,7 +24,15 @@ import httptools
 
 from proxy.http.access_log import log_front_request
 from proxy.http.compression import decoded_body
-from proxy.http.endpoint import BUSY_BODIES, NO_CHARGE, body_timeout_error, error_reply, key_of
+from proxy.http.endpoint import (
+    BUSY_BODIES,
+    NO_CHARGE,
+    PAID_NUMBERS,
+    body_timeout_error,
+    error_reply,
+    key_of,
+    paid_reply,
+)
 from proxy.http.front_routes import FrontRoutes, request_path
 from proxy.http.gateway import Reply
 from proxy.http.wire import (
@@ -36,6 +44,7 @@ from proxy.http.wire import (
     Refused,
     Request,
     encoded_answer,
+    header_template,
     refusal,
     request_head,
 )
@@ -48,9 +57,9 @@ MAX_HEAD_BYTES = 64 * 1024  # a request head in all
 MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
 # The header fields anything reads (lower-case); the others are kept raw, for a WebSocket handover only.
 READ_HEADERS = ("host", "origin", "authorization", "x-api-key", "accept-encoding", "content-encoding",
-                "content-length", "expect", "access-control-request-headers")
+                "content-length", "expect", "access-control-request-headers", "connection")
 MAX_TARGETS = 1024  # request targets remembered with their path and route (clients reuse a few)
-_HTTP11 = b"HTTP/1.1 "
+_OK = b"HTTP/1.1 200 OK\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -68,9 +77,12 @@ class Front:
         self.stopping = False
         self._date = b""
         self._date_at = 0
-        open_headers = routes.endpoint.open_headers
-        self.open_headers = open_headers
-        self.open_head = b"".join(f"{k}: {v}\r\n".encode() for k, v in open_headers.items())
+        # The whole head of a memory hit but its numbers, for `bytes % (...)`: open hits' headers are
+        # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date).
+        endpoint = routes.endpoint
+        self._open_fields = header_template(endpoint.open_headers)
+        self._paid_fields = header_template(paid_reply((b"", 0, 0)).headers, PAID_NUMBERS)
+        self.open_answer = self.paid_answer = b""
         wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]
         self._read_headers = {name.encode("latin-1"): name for name in wanted}
         # Field names as clients spell them -> the lower-case name read, or "" (not read): a client
@@ -86,10 +98,13 @@ class Front:
         return key
 
     def date(self) -> bytes:
+        """The Date header's line, made once a second (with the hit heads that carry it)."""
         now = int(time.time())
         if now != self._date_at:
             self._date_at = now
-            self._date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+            self._date = date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+            self.open_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._open_fields, date)
+            self.paid_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._paid_fields, date)
         return self._date
 
     def protocol(self) -> FrontProtocol:
@@ -461,8 +476,11 @@ class FrontProtocol(_Answers):
             body = plain
         network, key = request.target  # type: ignore[misc]
         endpoint = self._endpoint
-        if endpoint.open_mode and "origin" not in headers and request.keep_alive and not self._routes.access_log:
-            # Open mode, no page, no log line: a memory hit needs no key, and its head is pre-built.
+        # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
+        prebuilt = request.keep_alive and not self._routes.access_log and (
+            "connection" not in headers or self._parser.get_http_version() != "1.0")
+        if endpoint.open_mode and prebuilt and "origin" not in headers:
+            # Open mode, no page: a memory hit needs no key.
             gateway = endpoint.gateway
             try:
                 encoded = gateway.open_hit(body, gateway.router.network_for(headers.get("host"), network))
@@ -472,11 +490,17 @@ class FrontProtocol(_Answers):
                 if len(encoded) >= endpoint.compress_from:
                     self._answer(request, endpoint.finish(Reply(encoded, 200, endpoint.open_headers), headers))
                     return
-                front = self._front
-                self._send(b"".join((_HTTP11, b"200 OK\r\n", front.open_head, front.date(), b"Content-Length: ",
-                                     str(len(encoded)).encode(), b"\r\n\r\n", encoded)), False)
+                self._front.date()
+                self._send(self._front.open_answer % (len(encoded), encoded), False)
                 return
-        self._answer(request, endpoint.respond(key_of(key, headers), network, headers, body, request.path))
+        answer = endpoint.answer(key_of(key, headers), network, headers, body, request.path)
+        if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
+            if prebuilt:
+                self._front.date()
+                self._send(self._front.paid_answer % (answer[1], answer[2], len(answer[0]), answer[0]), False)
+                return
+            answer = paid_reply(answer)
+        self._answer(request, answer)
 
     def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it."""

@@ -31,7 +31,7 @@ _Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
 
 
 _OK = Verdict.OK  # an enum member read through its class costs a hit more than the comparison
-PaidHit = tuple[bytes, dict[str, str]]  # a paid memory hit's body and headers
+PaidHit = tuple[bytes, int, int]  # a paid memory hit's body, credits charged and credits remaining (>= 0)
 
 
 @dataclass(slots=True)
@@ -126,8 +126,9 @@ class Gateway:
 
     def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None) -> PaidHit | Reply | bool:
         """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
-        body and headers (or the Reply refusing it). Otherwise whether memory was checked (True: no
-        hit, so `handle(..., memory_checked=True)`; False: a hit whose debit must ask the ledger)."""
+        body and credit figures (paid_hit_headers), or the Reply refusing it. Otherwise whether memory
+        was checked (True: no hit, so `handle(..., memory_checked=True)`; False: a hit whose debit
+        must ask the ledger)."""
         if account in self._restricted:
             return False  # its calls are checked against its lists on the general path
         started = time.perf_counter()
@@ -147,10 +148,7 @@ class Gateway:
         terms.charged.value += credits
         hit[6].charged.value += credits
         remaining = debit[1]
-        return self._hit_body(hit, self._calls.request_id(), started), {
-            "X-Credits-Charged": str(credits), "X-Credits-Remaining": str(remaining if remaining > 0 else 0),
-            "X-Cache": HIT,
-        }
+        return self._hit_body(hit, self._calls.request_id(), started), credits, remaining if remaining > 0 else 0
 
     async def handle(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
@@ -313,6 +311,11 @@ class Gateway:
         if request_id:
             self._calls.log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
+
+    @staticmethod
+    def paid_hit_headers(hit: PaidHit) -> dict[str, str]:
+        """A paid memory hit's headers (as _reply writes them; the fast server pre-builds the same bytes)."""
+        return {"X-Credits-Charged": str(hit[1]), "X-Credits-Remaining": str(hit[2]), "X-Cache": HIT}
 
     def _reply(
         self, body: bytes | None, status: int, charged: int, remaining: int | None, cache: str | None,
