@@ -3,10 +3,11 @@
 
     .venv/bin/python -m bench.hit_cpu [--requests 2000] [--only open|keyed] [--keep PREFIX]
 
-The same eth_getStorageAt hit, sent one at a time on one keep-alive connection, to the proxy in open
-mode and to the proxy with an API key, Redis and credits (every hit charged through the key's
-lease). Only the proxy's process is counted, from after a warm-up to the last answer. `--keep
-PREFIX`: callgrind's dumps are copied to PREFIX.open and PREFIX.keyed (for callgrind_annotate).
+The same eth_getStorageAt hit, sent one at a time on one keep-alive connection (each request in one
+write, as wrk sends it), to the proxy in open mode and to the proxy with an API key, Redis and
+credits (every hit charged through the key's lease). Only the proxy's process is counted, from
+after a warm-up to the last answer. `--keep PREFIX`: callgrind's dumps are copied to PREFIX.open
+and PREFIX.keyed (for callgrind_annotate).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def main() -> int:
             env = {**base, **extra, "PROXY_PORT": str(port)}
             keep = f"{args.keep}.{mode}" if args.keep else None
             counts[mode] = instructions_per_request([sys.executable, "-m", "proxy"], port, env, body, args.requests,
-                                                    keep=keep)
+                                                    keep=keep, one_write=True)
     finally:
         redis.stop()
         anvil.stop()
