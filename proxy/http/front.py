@@ -72,7 +72,7 @@ class Front:
         self.orphans: set[asyncio.Task[tuple[bytes, bool]]] = set()  # answers whose client left
         self.stopping = False
         self._date = b""
-        self._date_at = 0
+        self.date_at = 0
         # The whole head of a memory hit but its numbers, for `bytes % (...)`: open hits' headers are
         # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date).
         endpoint = routes.endpoint
@@ -96,8 +96,8 @@ class Front:
     def date(self) -> bytes:
         """The Date header's line, made once a second (with the hit heads that carry it)."""
         now = int(time.time())
-        if now != self._date_at:
-            self._date_at = now
+        if now != self.date_at:
+            self.date_at = now
             self._date = date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
             self.open_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._open_fields, date)
             self.paid_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._paid_fields, date)
@@ -128,6 +128,8 @@ class FrontProtocol(Answers):
         self._front = front
         self._routes = front.routes
         self._endpoint = front.routes.endpoint
+        self._header_names = front.header_names
+        self._access_log = front.routes.access_log
         self._parser = httptools.HttpRequestParser(self)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -258,21 +260,24 @@ class FrontProtocol(Answers):
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._request
         assert request is not None
-        if len(value) > MAX_LINE or len(request.raw) >= MAX_HEADERS:
+        raw = request.raw
+        if len(value) > MAX_LINE or len(raw) >= MAX_HEADERS:
             raise refusal(INVALID_REQUEST, "request header fields too large", 431)
-        request.raw.append((name, value))
-        front = self._front
-        key = front.header_names.get(name)
+        raw.append((name, value))
+        key = self._header_names.get(name)
         if key is None:
-            key = front.header_name(name)
-        if key and key not in request.headers:  # only fields something reads; the first of repeated ones, as aiohttp
-            request.headers[key] = value.decode("latin-1")
+            key = self._front.header_name(name)
+        if key:  # only fields something reads; the first of repeated ones, as aiohttp
+            headers = request.headers
+            if key not in headers:
+                headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         request = self._request
         assert request is not None
         parser = self._parser
-        request.started = time.perf_counter()
+        if self._access_log:
+            request.started = time.perf_counter()
         request.keep_alive = parser.should_keep_alive()
         request.method = parser.get_method().decode("ascii")
         if parser.should_upgrade():
@@ -291,10 +296,11 @@ class FrontProtocol(Answers):
             request.kind = OTHER
             return
         request.kind, request.target = RPC, target
-        declared = self._parser_length(request)
-        if declared is not None and declared > self._endpoint.max_body_bytes:
+        headers = request.headers
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._endpoint.max_body_bytes:
             raise Refused(self._closing(self._endpoint.too_large()))  # refused before a byte of it is read
-        if request.headers.get("expect", "").lower() == "100-continue" and not self._waiting:
+        if "expect" in headers and headers["expect"].lower() == "100-continue" and not self._waiting:
             assert self._transport is not None
             self._transport.write(_CONTINUE)
 
@@ -312,7 +318,8 @@ class FrontProtocol(Answers):
         request = self._request
         assert request is not None
         self._request = None
-        self._release(request)
+        if request.timer is not None or request.held:
+            self._release(request)
         if request.kind == UPGRADE:
             self._upgrading = request  # handed over when feed_data raises HttpParserUpgrade
             return
@@ -356,17 +363,31 @@ class FrontProtocol(Answers):
                 if len(encoded) >= endpoint.compress_from:
                     self._answer(request, endpoint.finish(Reply(encoded, 200, endpoint.open_headers), headers))
                     return
-                self._front.date()
-                self._send(self._front.open_answer % (len(encoded), encoded), False)
+                self._prebuilt(False, (len(encoded), encoded))
                 return
         answer = endpoint.answer(key_of(key, headers), network, headers, body, request.path)
         if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
             if prebuilt:
-                self._front.date()
-                self._send(self._front.paid_answer % (answer[1], answer[2], len(answer[0]), answer[0]), False)
+                self._prebuilt(True, (answer[1], answer[2], len(answer[0]), answer[0]))
                 return
             answer = paid_reply(answer)
         self._answer(request, answer)
+
+    def _prebuilt(self, paid: bool, values: tuple[object, ...]) -> None:
+        """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
+        front = self._front
+        if int(time.time()) != front.date_at:
+            front.date()
+        data = (front.paid_answer if paid else front.open_answer) % values
+        transport = self._transport
+        if self._waiting or transport is None:
+            self._send(data, False)
+            return
+        transport.write(data)
+        if front.stopping:
+            self.abort()
+        else:
+            self._active_at = self._loop.time()
 
     def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it."""

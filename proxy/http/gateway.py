@@ -63,6 +63,7 @@ class Gateway:
         self._metrics = metrics
         self._now = wall_clock
         self.open_mode = settings.open_mode
+        self._access_log = settings.access_log
         self._accounts: Accounts | None = None
         self.key_lists: dict[str, AllowLists] = {}  # accounts with an allow-list (allow_lists.py)
         self._restricted: frozenset[str] = frozenset()  # ...whose lists restrict calls: no hot path
@@ -122,7 +123,7 @@ class Gateway:
         hit = self._cached_single(body, network)
         if hit is None:
             return None
-        return self._hit_body(hit, self._calls.request_id(), started)
+        return self._hit_body(hit, self._calls.request_id() if self._access_log else 0, started)
 
     def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None) -> PaidHit | Reply | bool:
         """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
@@ -143,12 +144,13 @@ class Gateway:
             return False
         if debit[0] is not _OK:
             charge = self.cashier.verdict(debit, credits, terms.per_second)
-            return self._paid_reply(hit, account, charge, self._calls.request_id(), started)
+            return self._paid_reply(hit, account, charge, self._calls.request_id() if self._access_log else 0, started)
         # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
         terms.charged.value += credits
         hit[6].charged.value += credits
         remaining = debit[1]
-        return self._hit_body(hit, self._calls.request_id(), started), credits, remaining if remaining > 0 else 0
+        request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
+        return self._hit_body(hit, request_id, started), credits, remaining if remaining > 0 else 0
 
     async def handle(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
