@@ -150,14 +150,22 @@ class RpcEndpoint:
             account = self.authorize(key, headers)
             if isinstance(account, Reply):
                 return self.finish(account, headers)
-            network = self.gateway.router.network_for(headers.get("host"), path_network)
+            gateway = self.gateway
+            network = gateway.router.network_for(headers.get("host"), path_network)
             if len(body) > self.max_body_bytes:
                 return self.finish(self.too_large(), headers)
-            hit = self._hit(body, account, network)
-            if isinstance(hit, tuple):
-                if len(hit[0]) < self.compress_from and "origin" not in headers:
-                    return hit
-                return self.finish(paid_reply(hit), headers)
+            hit: Reply | bool
+            if self.open_mode:
+                hit = self._open_hit(body, network)
+            else:  # a memory hit the key's lease pays for, its refusal, or whether memory was checked
+                paid = gateway.keyed_hit(body, account, network)
+                if isinstance(paid, tuple):
+                    if len(paid[0]) < self.compress_from and "origin" not in headers:
+                        return paid
+                    return self.finish(paid_reply(paid), headers)
+                hit = paid
+                if isinstance(hit, Reply):
+                    hit.headers["Content-Type"] = JSON_CONTENT_TYPE
             if isinstance(hit, Reply):
                 if hit.body is not None and len(hit.body) < self.compress_from and "origin" not in headers:
                     return hit
@@ -166,17 +174,10 @@ class RpcEndpoint:
         except Exception as exc:
             return self.finish(failure_reply(exc, path), headers)
 
-    def _hit(self, body: bytes, account: str, network: NetworkRuntime | None) -> PaidHit | Reply | bool:
-        """A memory hit answered without awaiting (open mode; a keyed hit its lease pays for), a refusal,
-        or whether memory was checked, for the awaited path."""
-        gateway = self.gateway
-        if self.open_mode:
-            encoded = gateway.open_hit(body, network)
-            return True if encoded is None else Reply(encoded, 200, self.open_headers)  # shared, never changed
-        hit = gateway.keyed_hit(body, account, network)
-        if isinstance(hit, Reply):
-            hit.headers["Content-Type"] = JSON_CONTENT_TYPE
-        return hit
+    def _open_hit(self, body: bytes, network: NetworkRuntime | None) -> Reply | bool:
+        """In open mode, a memory hit answered without awaiting, or True: memory was checked."""
+        encoded = self.gateway.open_hit(body, network)
+        return True if encoded is None else Reply(encoded, 200, self.open_headers)  # shared, never changed
 
     async def _awaited(self, body: bytes, account: str, network: NetworkRuntime | None, memory_checked: bool,
                        headers: Headers, path: str) -> Reply:

@@ -365,7 +365,7 @@ class FrontProtocol(Answers):
                     return
                 self._prebuilt(False, (len(encoded), encoded))
                 return
-        answer = endpoint.answer(key_of(key, headers), network, headers, body, request.path)
+        answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path)
         if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
             if prebuilt:
                 self._prebuilt(True, (answer[1], answer[2], len(answer[0]), answer[0]))
