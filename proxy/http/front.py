@@ -373,22 +373,6 @@ class FrontProtocol(Answers):
             answer = paid_reply(answer)
         self._answer(request, answer)
 
-    def _prebuilt(self, paid: bool, values: tuple[object, ...]) -> None:
-        """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
-        front = self._front
-        if int(time.time()) != front.date_at:
-            front.date()
-        data = (front.paid_answer if paid else front.open_answer) % values
-        transport = self._transport
-        if self._waiting or transport is None:
-            self._send(data, False)
-            return
-        transport.write(data)
-        if front.stopping:
-            self.abort()
-        else:
-            self._active_at = self._loop.time()
-
     def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it."""
         if request.kind == RPC and self._routes.access_log:
