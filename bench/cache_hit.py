@@ -137,15 +137,29 @@ def start(cmd: list[str], port: int, env: dict[str, str] | None = None) -> subpr
     return proc
 
 
-def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], body: bytes, requests: int) -> float:
+class OneWrite(http.client.HTTPConnection):
+    """A keep-alive connection that sends each request's head and body in one write, as wrk does
+    (http.client writes them apart, so a server reads many requests in two parts)."""
+
+    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
+        self._buffer.extend((b"", b""))  # type: ignore[attr-defined]
+        head = b"\r\n".join(self._buffer)  # type: ignore[attr-defined]
+        del self._buffer[:]  # type: ignore[attr-defined]
+        self.send(head + (message_body or b""))
+
+
+def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], body: bytes, requests: int,
+                             keep: str | None = None, one_write: bool = False) -> float:
     """User-space instructions one server spends per request, counted by callgrind over `requests`
-    sequential keep-alive requests: the same from run to run, whatever else the host is doing."""
+    sequential keep-alive requests: the same from run to run, whatever else the host is doing.
+    `keep`: where callgrind's dump is copied (for callgrind_annotate); `one_write`: each request
+    sent in one write (OneWrite)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/callgrind.out"
         proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn = (OneWrite if one_write else http.client.HTTPConnection)("127.0.0.1", port, timeout=60)
 
             def send(count: int) -> bool:
                 """Whether every answer was a cache hit (the bare server's always are)."""
@@ -170,6 +184,8 @@ def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], bod
             total = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
             if total is None:
                 raise SystemExit(f"no totals in {dump}")
+            if keep:
+                shutil.copyfile(dump, keep)
         finally:
             proc.terminate()
             proc.wait(60)

@@ -72,6 +72,16 @@ async def test_a_cache_hit_costs_the_same_as_a_miss(keyed: Proxy) -> None:
     assert keyed.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getStorageAt") == 80
 
 
+async def test_a_paid_hit_carries_the_same_headers_whether_its_head_is_pre_built_or_not(keyed: Proxy) -> None:
+    await keyed.post(storage(), key="alice")  # a miss: the next ones are memory hits
+    _, plain_body, plain = await keyed.post(storage(), key="alice")  # the fast server's pre-built head
+    _, page_body, page = await keyed.post(storage(), key="alice", headers={"Origin": "https://app.example"})
+    names = ("X-Credits-Charged", "X-Credits-Remaining", "X-Cache", "Content-Type")
+    assert [plain[n] for n in names] == ["80", "840", "HIT", "application/json"]
+    assert [page[n] for n in names] == ["80", "760", "HIT", "application/json"] and plain_body == page_body
+    assert page["Access-Control-Allow-Origin"] == "*" and "Access-Control-Allow-Origin" not in plain
+
+
 async def test_exhausted_balance_is_402_and_nothing_is_forwarded(keyed: Proxy) -> None:
     for i in range(12):  # 12 x 80 = 960 of alice's 1000
         assert (await keyed.post(storage(i, hex(i)), key="alice"))[0] == 200

@@ -164,6 +164,17 @@ async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy:
         writer.close()
 
 
+async def test_an_http_1_0_keep_alive_hit_is_answered_with_its_connection_header(anvil: Anvil,
+                                                                                 evm_proxy: Proxy) -> None:
+    store, block = await finalized_store(anvil, evm_proxy)
+    body = json.dumps(storage(store, "0x0", hex(block), rid=3)).encode()
+    await evm_proxy.post(body)  # now in memory: the next one is a hit, whose head is otherwise pre-built
+    data = (b"POST /v3/k HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    answers = await exchange(evm_proxy.server.port, data + data, 2)
+    assert [(status, headers["connection"], headers["x-cache"]) for status, headers, _ in answers] == [
+        (200, "keep-alive", "HIT")] * 2
+
+
 async def test_a_websocket_upgrade_after_posts_on_one_connection_is_served(evm_proxy: Proxy) -> None:
     connector = aiohttp.TCPConnector(limit=1)  # one connection: the upgrade follows the POSTs on it
     async with aiohttp.ClientSession(connector=connector) as session:

@@ -17,7 +17,7 @@ from proxy.config import Settings
 from proxy.credits.allow_lists import origin_refusal
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.cors import Cors
-from proxy.http.gateway import Gateway, Reply, invalid_key_error
+from proxy.http.gateway import Gateway, PaidHit, Reply, invalid_key_error
 from proxy.logs import redacted
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
@@ -62,6 +62,16 @@ def fallback_reply(rpc_path: bool) -> Reply:
     """Any other path or HTTP method: a JSON-RPC error, not a framework's text page."""
     status = 405 if rpc_path else 404
     return error_reply(JsonRpcError(INVALID_REQUEST, HTTP_ERRORS[status], http_status=status), NO_CHARGE)
+
+
+PAID_NUMBERS = ("X-Credits-Charged", "X-Credits-Remaining")  # a paid hit's figures, in its headers' order
+
+
+def paid_reply(hit: PaidHit) -> Reply:
+    """A paid memory hit as a Reply (for aiohttp, gzip, CORS or the access log)."""
+    headers = Gateway.paid_hit_headers(hit)
+    headers["Content-Type"] = JSON_CONTENT_TYPE
+    return Reply(hit[0], 200, headers)
 
 
 def key_of(in_path: str | None, headers: Headers) -> str:
@@ -129,14 +139,33 @@ class RpcEndpoint:
     def respond(self, key: str, path_network: str | None, headers: Headers, body: bytes, path: str) -> Reply | Pending:
         """The answer to a whole body: a Reply when nothing needs awaiting (a cache hit, a refusal),
         else the coroutine that makes it (counted in flight while it runs)."""
+        answer = self.answer(key, path_network, headers, body, path)
+        return paid_reply(answer) if isinstance(answer, tuple) else answer
+
+    def answer(self, key: str, path_network: str | None, headers: Headers, body: bytes,
+               path: str) -> PaidHit | Reply | Pending:
+        """As `respond`, but a paid memory hit that needs neither gzip nor CORS headers is its body
+        and credit figures, which the fast server writes after a pre-built head (no headers dict)."""
         try:
             account = self.authorize(key, headers)
             if isinstance(account, Reply):
                 return self.finish(account, headers)
-            network = self.gateway.router.network_for(headers.get("host"), path_network)
+            gateway = self.gateway
+            network = gateway.router.network_for(headers.get("host"), path_network)
             if len(body) > self.max_body_bytes:
                 return self.finish(self.too_large(), headers)
-            hit = self._hit(body, account, network)
+            hit: Reply | bool
+            if self.open_mode:
+                hit = self._open_hit(body, network)
+            else:  # a memory hit the key's lease pays for, its refusal, or whether memory was checked
+                paid = gateway.keyed_hit(body, account, network)
+                if isinstance(paid, tuple):
+                    if len(paid[0]) < self.compress_from and "origin" not in headers:
+                        return paid
+                    return self.finish(paid_reply(paid), headers)
+                hit = paid
+                if isinstance(hit, Reply):
+                    hit.headers["Content-Type"] = JSON_CONTENT_TYPE
             if isinstance(hit, Reply):
                 if hit.body is not None and len(hit.body) < self.compress_from and "origin" not in headers:
                     return hit
@@ -145,21 +174,10 @@ class RpcEndpoint:
         except Exception as exc:
             return self.finish(failure_reply(exc, path), headers)
 
-    def _hit(self, body: bytes, account: str, network: NetworkRuntime | None) -> Reply | bool:
-        """A memory hit answered without awaiting (open mode; a keyed hit its lease pays for), a refusal,
-        or whether memory was checked, for the awaited path."""
-        gateway = self.gateway
-        if self.open_mode:
-            encoded = gateway.open_hit(body, network)
-            return True if encoded is None else Reply(encoded, 200, self.open_headers)  # shared, never changed
-        hit = gateway.keyed_hit(body, account, network)
-        if isinstance(hit, tuple):  # a paid hit: its body and headers
-            encoded, hit_headers = hit
-            hit_headers["Content-Type"] = JSON_CONTENT_TYPE
-            return Reply(encoded, 200, hit_headers)
-        if isinstance(hit, Reply):
-            hit.headers["Content-Type"] = JSON_CONTENT_TYPE
-        return hit
+    def _open_hit(self, body: bytes, network: NetworkRuntime | None) -> Reply | bool:
+        """In open mode, a memory hit answered without awaiting, or True: memory was checked."""
+        encoded = self.gateway.open_hit(body, network)
+        return True if encoded is None else Reply(encoded, 200, self.open_headers)  # shared, never changed
 
     async def _awaited(self, body: bytes, account: str, network: NetworkRuntime | None, memory_checked: bool,
                        headers: Headers, path: str) -> Reply:

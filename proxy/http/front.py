@@ -23,8 +23,17 @@ from typing import Any, cast
 import httptools
 
 from proxy.http.access_log import log_front_request
+from proxy.http.answers import KEEPALIVE_TIMEOUT, Answers, Waiting
 from proxy.http.compression import decoded_body
-from proxy.http.endpoint import BUSY_BODIES, NO_CHARGE, body_timeout_error, error_reply, key_of
+from proxy.http.endpoint import (
+    BUSY_BODIES,
+    NO_CHARGE,
+    PAID_NUMBERS,
+    body_timeout_error,
+    error_reply,
+    key_of,
+    paid_reply,
+)
 from proxy.http.front_routes import FrontRoutes, request_path
 from proxy.http.gateway import Reply
 from proxy.http.wire import (
@@ -36,6 +45,7 @@ from proxy.http.wire import (
     Refused,
     Request,
     encoded_answer,
+    header_template,
     refusal,
     request_head,
 )
@@ -43,18 +53,13 @@ from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 
 log = logging.getLogger("proxy.front")
 
-KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
 MAX_HEAD_BYTES = 64 * 1024  # a request head in all
-MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
 # The header fields anything reads (lower-case); the others are kept raw, for a WebSocket handover only.
 READ_HEADERS = ("host", "origin", "authorization", "x-api-key", "accept-encoding", "content-encoding",
-                "content-length", "expect", "access-control-request-headers")
+                "content-length", "expect", "access-control-request-headers", "connection")
 MAX_TARGETS = 1024  # request targets remembered with their path and route (clients reuse a few)
-_HTTP11 = b"HTTP/1.1 "
+_OK = b"HTTP/1.1 200 OK\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-_Waiting = tuple["asyncio.Task[tuple[bytes, bool]] | bytes", bool]
 
 
 class Front:
@@ -67,10 +72,13 @@ class Front:
         self.orphans: set[asyncio.Task[tuple[bytes, bool]]] = set()  # answers whose client left
         self.stopping = False
         self._date = b""
-        self._date_at = 0
-        open_headers = routes.endpoint.open_headers
-        self.open_headers = open_headers
-        self.open_head = b"".join(f"{k}: {v}\r\n".encode() for k, v in open_headers.items())
+        self.date_at = 0
+        # The whole head of a memory hit but its numbers, for `bytes % (...)`: open hits' headers are
+        # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date).
+        endpoint = routes.endpoint
+        self._open_fields = header_template(endpoint.open_headers)
+        self._paid_fields = header_template(paid_reply((b"", 0, 0)).headers, PAID_NUMBERS)
+        self.open_answer = self.paid_answer = b""
         wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]
         self._read_headers = {name.encode("latin-1"): name for name in wanted}
         # Field names as clients spell them -> the lower-case name read, or "" (not read): a client
@@ -86,10 +94,13 @@ class Front:
         return key
 
     def date(self) -> bytes:
+        """The Date header's line, made once a second (with the hit heads that carry it)."""
         now = int(time.time())
-        if now != self._date_at:
-            self._date_at = now
-            self._date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+        if now != self.date_at:
+            self.date_at = now
+            self._date = date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+            self.open_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._open_fields, date)
+            self.paid_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._paid_fields, date)
         return self._date
 
     def protocol(self) -> FrontProtocol:
@@ -110,143 +121,15 @@ class Front:
             task.cancel()
 
 
-class _Answers(asyncio.Protocol):
-    """A connection's answers, written in request order (HTTP/1.1 pipelining), its reading paused
-    while too many wait or while the transport's buffer is full, and its idle deadline."""
-
+class FrontProtocol(Answers):
     _front: Front
-    _loop: asyncio.AbstractEventLoop
-    _transport: asyncio.Transport | None
-    _request: Request | None
-    _waiting: deque[_Waiting]
-    _idle: asyncio.TimerHandle | None
-    _active_at: float
-    _done: bool
-    _read_paused: bool
-    _write_paused: bool
-    _handover: bytes | None
 
-    def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
-        raise NotImplementedError
-
-    def _hand_over(self) -> None:
-        raise NotImplementedError
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-        self._pause()
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        self._resume()
-
-    def _pause(self) -> None:
-        if not self._read_paused and self._transport is not None:
-            self._read_paused = True
-            self._transport.pause_reading()
-
-    def _resume(self) -> None:
-        if (self._read_paused and self._transport is not None and not self._write_paused and not self._done
-                and self._handover is None and len(self._waiting) < MAX_WAITING // 2):
-            self._read_paused = False
-            self._transport.resume_reading()
-
-    def stop(self) -> None:
-        """Shutting down: closed now when idle, else once its answers are written."""
-        if (self._request is None or not self._request.kind) and not self._waiting:
-            self.abort()
-
-    def abort(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-    def _idle_out(self) -> None:
-        """KEEPALIVE_TIMEOUT after the last head completed or answer was written, with no request
-        in progress: closed. One timer per connection, moved on when it fires, not per request."""
-        request = self._request
-        left = self._active_at + KEEPALIVE_TIMEOUT - self._loop.time()
-        if self._waiting or (request is not None and request.kind):
-            left = KEEPALIVE_TIMEOUT  # busy: its body and its answers have deadlines of their own
-        if left > 0:
-            self._idle = self._loop.call_later(left, self._idle_out)
-        else:
-            self._idle = None
-            self.abort()
-
-    def _answer(self, request: Request, reply: Reply | Any) -> None:
-        if isinstance(reply, Reply):
-            self._send(*self._encoded(request, reply))
-            return
-        task = self._loop.create_task(self._awaited(request, reply))
-        self._waiting.append((task, False))
-        task.add_done_callback(self._flush)
-        if len(self._waiting) >= MAX_WAITING:
-            self._pause()
-
-    async def _awaited(self, request: Request, pending: Any) -> tuple[bytes, bool]:
-        try:
-            reply: Reply = await pending
-        except Exception:
-            log.exception("internal error serving %s", request.method)
-            reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
-        return self._encoded(request, reply)
-
-    def _send(self, data: bytes, close: bool) -> None:
-        """An answer, written now when nothing before it waits, else queued behind."""
-        if self._waiting:
-            self._waiting.append((data, close))
-            return
-        transport = self._transport
-        if transport is None:
-            return
-        transport.write(data)
-        if close:
-            self._done = True
-            transport.close()
-        elif self._request is None:
-            self._idle_or_stop()
-
-    def _flush(self, _task: object = None) -> None:
-        """Answers that are ready, written in request order."""
-        waiting = self._waiting
-        transport = self._transport
-        while waiting and transport is not None:
-            item, close = waiting[0]
-            if not isinstance(item, bytes):
-                if not item.done():
-                    return
-                item, close = item.result()
-            waiting.popleft()
-            transport.write(item)
-            if close:
-                self._done = True
-                waiting.clear()
-                transport.close()
-                return
-        if self._handover is not None:
-            self._hand_over()
-            return
-        self._resume()
-        if self._request is None:
-            self._idle_or_stop()
-
-    def _idle_or_stop(self) -> None:
-        if self._front.stopping:
-            self.abort()
-        else:
-            self._active_at = self._loop.time()
-
-    @staticmethod
-    def _closing(reply: Reply) -> Reply:
-        reply.close = True
-        return reply
-
-
-class FrontProtocol(_Answers):
     def __init__(self, front: Front) -> None:
         self._front = front
         self._routes = front.routes
         self._endpoint = front.routes.endpoint
+        self._header_names = front.header_names
+        self._access_log = front.routes.access_log
         self._parser = httptools.HttpRequestParser(self)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -254,7 +137,7 @@ class FrontProtocol(_Answers):
         self._peer: str | None = None
         self._request: Request | None = None
         self._upgrading: Request | None = None
-        self._waiting: deque[_Waiting] = deque()
+        self._waiting: deque[Waiting] = deque()
         self._idle: asyncio.TimerHandle | None = None
         self._active_at = 0.0
         self._head_bytes = 0
@@ -377,21 +260,24 @@ class FrontProtocol(_Answers):
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._request
         assert request is not None
-        if len(value) > MAX_LINE or len(request.raw) >= MAX_HEADERS:
+        raw = request.raw
+        if len(value) > MAX_LINE or len(raw) >= MAX_HEADERS:
             raise refusal(INVALID_REQUEST, "request header fields too large", 431)
-        request.raw.append((name, value))
-        front = self._front
-        key = front.header_names.get(name)
+        raw.append((name, value))
+        key = self._header_names.get(name)
         if key is None:
-            key = front.header_name(name)
-        if key and key not in request.headers:  # only fields something reads; the first of repeated ones, as aiohttp
-            request.headers[key] = value.decode("latin-1")
+            key = self._front.header_name(name)
+        if key:  # only fields something reads; the first of repeated ones, as aiohttp
+            headers = request.headers
+            if key not in headers:
+                headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         request = self._request
         assert request is not None
         parser = self._parser
-        request.started = time.perf_counter()
+        if self._access_log:
+            request.started = time.perf_counter()
         request.keep_alive = parser.should_keep_alive()
         request.method = parser.get_method().decode("ascii")
         if parser.should_upgrade():
@@ -410,10 +296,11 @@ class FrontProtocol(_Answers):
             request.kind = OTHER
             return
         request.kind, request.target = RPC, target
-        declared = self._parser_length(request)
-        if declared is not None and declared > self._endpoint.max_body_bytes:
+        headers = request.headers
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._endpoint.max_body_bytes:
             raise Refused(self._closing(self._endpoint.too_large()))  # refused before a byte of it is read
-        if request.headers.get("expect", "").lower() == "100-continue" and not self._waiting:
+        if "expect" in headers and headers["expect"].lower() == "100-continue" and not self._waiting:
             assert self._transport is not None
             self._transport.write(_CONTINUE)
 
@@ -431,7 +318,8 @@ class FrontProtocol(_Answers):
         request = self._request
         assert request is not None
         self._request = None
-        self._release(request)
+        if request.timer is not None or request.held:
+            self._release(request)
         if request.kind == UPGRADE:
             self._upgrading = request  # handed over when feed_data raises HttpParserUpgrade
             return
@@ -461,8 +349,11 @@ class FrontProtocol(_Answers):
             body = plain
         network, key = request.target  # type: ignore[misc]
         endpoint = self._endpoint
-        if endpoint.open_mode and "origin" not in headers and request.keep_alive and not self._routes.access_log:
-            # Open mode, no page, no log line: a memory hit needs no key, and its head is pre-built.
+        # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
+        prebuilt = request.keep_alive and not self._routes.access_log and (
+            "connection" not in headers or self._parser.get_http_version() != "1.0")
+        if endpoint.open_mode and prebuilt and "origin" not in headers:
+            # Open mode, no page: a memory hit needs no key.
             gateway = endpoint.gateway
             try:
                 encoded = gateway.open_hit(body, gateway.router.network_for(headers.get("host"), network))
@@ -472,11 +363,15 @@ class FrontProtocol(_Answers):
                 if len(encoded) >= endpoint.compress_from:
                     self._answer(request, endpoint.finish(Reply(encoded, 200, endpoint.open_headers), headers))
                     return
-                front = self._front
-                self._send(b"".join((_HTTP11, b"200 OK\r\n", front.open_head, front.date(), b"Content-Length: ",
-                                     str(len(encoded)).encode(), b"\r\n\r\n", encoded)), False)
+                self._prebuilt(False, (len(encoded), encoded))
                 return
-        self._answer(request, endpoint.respond(key_of(key, headers), network, headers, body, request.path))
+        answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path)
+        if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
+            if prebuilt:
+                self._prebuilt(True, (answer[1], answer[2], len(answer[0]), answer[0]))
+                return
+            answer = paid_reply(answer)
+        self._answer(request, answer)
 
     def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it."""

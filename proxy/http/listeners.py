@@ -13,7 +13,8 @@ from typing import Any, cast
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from proxy.http.front import KEEPALIVE_TIMEOUT, Front
+from proxy.http.answers import KEEPALIVE_TIMEOUT
+from proxy.http.front import Front
 from proxy.http.front_routes import Exposition
 from proxy.logs import Throttled
 from proxy.state import FRONT

@@ -4,6 +4,7 @@ fill it, an answer's bytes, and a request head written again for a handover to a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from http import HTTPStatus
 
 from proxy.http.endpoint import NO_CHARGE, error_reply
@@ -79,6 +80,13 @@ def encoded_answer(reply: Reply, request: Request, http10: bool, date: bytes) ->
     if request.method != "HEAD":
         lines.append(body)
     return b"".join(lines), close
+
+
+def header_template(headers: Mapping[str, str], numbers: tuple[str, ...] = ()) -> bytes:
+    """Header lines for a bytes %-format: the fields named in `numbers` hold a %d each (in the
+    headers' order), and any other % is doubled."""
+    lines = [f"{name}: {'%d' if name in numbers else value.replace('%', '%%')}\r\n" for name, value in headers.items()]
+    return "".join(lines).encode("latin-1")
 
 
 def request_head(request: Request, version: str) -> bytes:

@@ -1,0 +1,181 @@
+"""A fast connection's answers (front.py): written in request order (HTTP/1.1 pipelining), its
+reading paused while too many wait or while the transport's buffer is full, and its idle deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any, Protocol
+
+from proxy.http.endpoint import NO_CHARGE, error_reply
+from proxy.http.gateway import Reply
+from proxy.http.wire import Request
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
+
+log = logging.getLogger("proxy.front")
+
+KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
+MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
+
+Waiting = tuple["asyncio.Task[tuple[bytes, bool]] | bytes", bool]
+
+
+class Server(Protocol):
+    """What a connection reads of its server (front.Front)."""
+
+    stopping: bool
+    date_at: int  # the second its Date line and hit heads were made for
+    open_answer: bytes  # an open hit's answer as a %-format of (length, body)
+    paid_answer: bytes  # a paid hit's: (charged, remaining, length, body)
+
+    def date(self) -> bytes: ...
+
+
+class Answers(asyncio.Protocol):
+    """A connection's answers, written in request order (HTTP/1.1 pipelining), its reading paused
+    while too many wait or while the transport's buffer is full, and its idle deadline."""
+
+    _front: Server
+    _loop: asyncio.AbstractEventLoop
+    _transport: asyncio.Transport | None
+    _request: Request | None
+    _waiting: deque[Waiting]
+    _idle: asyncio.TimerHandle | None
+    _active_at: float
+    _done: bool
+    _read_paused: bool
+    _write_paused: bool
+    _handover: bytes | None
+
+    def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
+        raise NotImplementedError
+
+    def _hand_over(self) -> None:
+        raise NotImplementedError
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._resume()
+
+    def _pause(self) -> None:
+        if not self._read_paused and self._transport is not None:
+            self._read_paused = True
+            self._transport.pause_reading()
+
+    def _resume(self) -> None:
+        if (self._read_paused and self._transport is not None and not self._write_paused and not self._done
+                and self._handover is None and len(self._waiting) < MAX_WAITING // 2):
+            self._read_paused = False
+            self._transport.resume_reading()
+
+    def stop(self) -> None:
+        """Shutting down: closed now when idle, else once its answers are written."""
+        if (self._request is None or not self._request.kind) and not self._waiting:
+            self.abort()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def _idle_out(self) -> None:
+        """KEEPALIVE_TIMEOUT after the last head completed or answer was written, with no request
+        in progress: closed. One timer per connection, moved on when it fires, not per request."""
+        request = self._request
+        left = self._active_at + KEEPALIVE_TIMEOUT - self._loop.time()
+        if self._waiting or (request is not None and request.kind):
+            left = KEEPALIVE_TIMEOUT  # busy: its body and its answers have deadlines of their own
+        if left > 0:
+            self._idle = self._loop.call_later(left, self._idle_out)
+        else:
+            self._idle = None
+            self.abort()
+
+    def _answer(self, request: Request, reply: Reply | Any) -> None:
+        if isinstance(reply, Reply):
+            self._send(*self._encoded(request, reply))
+            return
+        task = self._loop.create_task(self._awaited(request, reply))
+        self._waiting.append((task, False))
+        task.add_done_callback(self._flush)
+        if len(self._waiting) >= MAX_WAITING:
+            self._pause()
+
+    async def _awaited(self, request: Request, pending: Any) -> tuple[bytes, bool]:
+        try:
+            reply: Reply = await pending
+        except Exception:
+            log.exception("internal error serving %s", request.method)
+            reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
+        return self._encoded(request, reply)
+
+    def _prebuilt(self, paid: bool, values: tuple[object, ...]) -> None:
+        """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
+        front = self._front
+        if int(time.time()) != front.date_at:
+            front.date()
+        data = (front.paid_answer if paid else front.open_answer) % values
+        transport = self._transport
+        if self._waiting or transport is None:
+            self._send(data, False)
+            return
+        transport.write(data)
+        if front.stopping:
+            self.abort()
+        else:
+            self._active_at = self._loop.time()
+
+    def _send(self, data: bytes, close: bool) -> None:
+        """An answer, written now when nothing before it waits, else queued behind."""
+        if self._waiting:
+            self._waiting.append((data, close))
+            return
+        transport = self._transport
+        if transport is None:
+            return
+        transport.write(data)
+        if close:
+            self._done = True
+            transport.close()
+        elif self._request is None:
+            self._idle_or_stop()
+
+    def _flush(self, _task: object = None) -> None:
+        """Answers that are ready, written in request order."""
+        waiting = self._waiting
+        transport = self._transport
+        while waiting and transport is not None:
+            item, close = waiting[0]
+            if not isinstance(item, bytes):
+                if not item.done():
+                    return
+                item, close = item.result()
+            waiting.popleft()
+            transport.write(item)
+            if close:
+                self._done = True
+                waiting.clear()
+                transport.close()
+                return
+        if self._handover is not None:
+            self._hand_over()
+            return
+        self._resume()
+        if self._request is None:
+            self._idle_or_stop()
+
+    def _idle_or_stop(self) -> None:
+        if self._front.stopping:
+            self.abort()
+        else:
+            self._active_at = self._loop.time()
+
+    @staticmethod
+    def _closing(reply: Reply) -> Reply:
+        reply.close = True
+        return reply
