@@ -176,20 +176,27 @@ def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], bod
             wait_until(lambda: listening(port), 300, "the server to answer under callgrind")
             # Warm: the entry (once the tracker has a head), the memos, the interpreter's specialised code.
             wait_until(lambda: send(100), 300, "answers from the cache under callgrind")
-            subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-            if not send(requests):
-                raise SystemExit("a counted request was not a cache hit")
-            subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
-            dump = max(Path(tmp).glob("callgrind.out.*"), key=lambda path: path.stat().st_mtime)
-            total = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
-            if total is None:
-                raise SystemExit(f"no totals in {dump}")
-            if keep:
-                shutil.copyfile(dump, keep)
+            total = counted(proc.pid, tmp, lambda: send(requests), "a cache hit", keep)
         finally:
             proc.terminate()
             proc.wait(60)
-    return int(total.group(1)) / requests
+    return total / requests
+
+
+def counted(pid: int, tmp: str, send: Callable[[], bool], what: str, keep: str | None = None) -> int:
+    """Instructions a process under callgrind (its dumps in `tmp`) spends while `send` runs: its
+    counters zeroed before, dumped after (and the dump copied to `keep`)."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    if not send():
+        raise SystemExit(f"a counted request was not {what}")
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    dump = max(Path(tmp).glob("callgrind.out.*"), key=lambda path: path.stat().st_mtime)
+    total = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
+    if total is None:
+        raise SystemExit(f"no totals in {dump}")
+    if keep:
+        shutil.copyfile(dump, keep)
+    return int(total.group(1))
 
 
 def middle(values: list[float]) -> float:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.cache_hit import final_storage_request, listening, proxy_env  # noqa: E402
+from bench.cache_hit import counted, final_storage_request, listening, proxy_env  # noqa: E402
 from tests.support import Anvil, RedisServer, free_port, wait_until  # noqa: E402
 
 
@@ -85,16 +83,7 @@ def main() -> int:
                     proc.wait(60)
                     print(f"cProfile of the proxy over {args.requests} misses (and start-up) in {args.profile}")
                     return 0
-                subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-                if not misses.send(args.requests):
-                    raise SystemExit("a counted request was not a miss")
-                subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
-                dump = max(Path(tmp).glob("callgrind.out.*"), key=lambda path: path.stat().st_mtime)
-                total = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
-                if total is None:
-                    raise SystemExit(f"no totals in {dump}")
-                if args.keep:
-                    shutil.copyfile(dump, args.keep)
+                total = counted(proc.pid, tmp, lambda: misses.send(args.requests), "a miss", args.keep)
             finally:
                 if proc.poll() is None:
                     proc.terminate()
@@ -103,7 +92,7 @@ def main() -> int:
         anvil.stop()
         if redis is not None:
             redis.stop()
-    print(f"{int(total.group(1)) / args.requests:,.0f} instructions per miss over {args.requests} sequential misses "
+    print(f"{total / args.requests:,.0f} instructions per miss over {args.requests} sequential misses "
           f"(EVENT_LOOP={env.get('EVENT_LOOP', 'asyncio')}, {'memory + redis' if redis else 'memory only'})")
     return 0
 
