@@ -144,10 +144,8 @@ class Asker:
             return answer, "lagging"  # an error from it may be just that, too
         if answer.is_error:
             return answer, None
-        if plan.check_end is not None:
-            head = net.tracker.head
-            if head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
-                return answer, "fork"
+        if plan.check_end is not None and head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
+            return answer, "fork"
         return answer, None
 
     def _batch_doubt(
