@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
+
 from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
@@ -139,7 +141,34 @@ class TestCoalescer:
         assert runs == 1 and [r for r, _ in results] == [42] * 10
         assert sum(joined for _, joined in results) == 9 and coalescer.inflight == 0
 
-    async def test_a_caller_that_leaves_does_not_cancel_the_call_for_others(self) -> None:
+    async def test_a_caller_that_leaves_does_not_fail_the_call_for_others(self) -> None:
+        """The first caller is cancelled mid-call: the callers waiting on it still get the answer,
+        from one run again by the first of them (the others join it), never a CancelledError."""
+        coalescer: Coalescer[int] = Coalescer()
+        gate = asyncio.Event()
+        runs = 0
+
+        async def call() -> int:
+            nonlocal runs
+            runs += 1
+            await gate.wait()
+            return 7
+
+        first = asyncio.create_task(coalescer.run("k", call))
+        others = [asyncio.create_task(coalescer.run("k", call)) for _ in range(3)]
+        await asyncio.sleep(0)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        async with asyncio.timeout(5):
+            while runs < 2:  # a waiting caller runs it again
+                await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.gather(*others)
+        assert [value for value, _ in results] == [7, 7, 7]
+        assert runs == 2 and sum(joined for _, joined in results) == 2 and coalescer.inflight == 0
+
+    async def test_a_joiner_that_leaves_cancels_nothing(self) -> None:
         coalescer: Coalescer[int] = Coalescer()
         gate = asyncio.Event()
 
@@ -148,11 +177,26 @@ class TestCoalescer:
             return 7
 
         first = asyncio.create_task(coalescer.run("k", call))
-        second = asyncio.create_task(coalescer.run("k", call))
+        joiner = asyncio.create_task(coalescer.run("k", call))
         await asyncio.sleep(0)
-        first.cancel()
+        joiner.cancel()
         gate.set()
-        assert (await second) == (7, True)
+        assert (await first) == (7, False)
+        assert joiner.cancelled()
+
+    async def test_a_failure_reaches_every_caller_and_is_not_kept(self) -> None:
+        coalescer: Coalescer[int] = Coalescer()
+        gate = asyncio.Event()
+
+        async def call() -> int:
+            await gate.wait()
+            raise ValueError("node down")
+
+        callers = [asyncio.create_task(coalescer.run("k", call)) for _ in range(3)]
+        await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.gather(*callers, return_exceptions=True)
+        assert all(isinstance(r, ValueError) for r in results) and coalescer.inflight == 0
 
 
 class TestHeadTracker:

@@ -392,10 +392,16 @@ class TieredCache:
                     await self.shared.set(key, stored, ttl)
 
 
+class _Left(Exception):
+    """The caller running a shared call went away (cancelled) before it finished."""
+
+
 class Coalescer(Generic[T]):
     """Identical concurrent misses share one call: the first runs it, the rest await its result.
 
-    The call runs as its own task, so a caller that goes away does not cancel it for the others.
+    The first caller runs it in its own task (a miss is one task, not two). When that caller goes
+    away (cancelled), the callers still waiting do not fail: the first of them runs the call again
+    and the others join that run.
     """
 
     def __init__(self) -> None:
@@ -406,17 +412,30 @@ class Coalescer(Generic[T]):
         return len(self._inflight)
 
     async def run(self, key: str, call: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
-        """The call's result, and whether this caller joined a call already in flight."""
+        """The call's result, and whether this caller took it from a run another caller made."""
         running = self._inflight.get(key)
-        if running is not None:
-            return await asyncio.shield(running), True
-        task: asyncio.Future[T] = asyncio.ensure_future(call())
-        self._inflight[key] = task
-        task.add_done_callback(lambda t: self._finished(key, t))
-        return await asyncio.shield(task), False
-
-    def _finished(self, key: str, task: asyncio.Future[T]) -> None:
-        if self._inflight.get(key) is task:
+        while running is not None:
+            try:
+                return await asyncio.shield(running), True  # a joiner that leaves cancels nothing
+            except _Left:
+                running = self._inflight.get(key)  # None: this caller runs it again
+        shared: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = shared
+        try:
+            result = await call()
+        except asyncio.CancelledError:
+            self._settle(key, shared, _Left())
+            raise
+        except BaseException as exc:
+            self._settle(key, shared, exc)
+            raise
+        if self._inflight.get(key) is shared:
             del self._inflight[key]
-        if not task.cancelled():
-            task.exception()  # retrieved: waiters that left must not leave it "never retrieved"
+        shared.set_result(result)
+        return result, False
+
+    def _settle(self, key: str, shared: asyncio.Future[T], error: BaseException) -> None:
+        if self._inflight.get(key) is shared:
+            del self._inflight[key]
+        shared.set_exception(error)
+        shared.exception()  # retrieved: a run no caller joined must not log "never retrieved"

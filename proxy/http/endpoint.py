@@ -143,9 +143,10 @@ class RpcEndpoint:
         return paid_reply(answer) if isinstance(answer, tuple) else answer
 
     def answer(self, key: str, path_network: str | None, headers: Headers, body: bytes,
-               path: str) -> PaidHit | Reply | Pending:
+               path: str, *, memory_checked: bool = False) -> PaidHit | Reply | Pending:
         """As `respond`, but a paid memory hit that needs neither gzip nor CORS headers is its body
-        and credit figures, which the fast server writes after a pre-built head (no headers dict)."""
+        and credit figures, which the fast server writes after a pre-built head (no headers dict).
+        `memory_checked`: in open mode, the caller found no memory hit for this body already."""
         try:
             account = self.authorize(key, headers)
             if isinstance(account, Reply):
@@ -156,7 +157,7 @@ class RpcEndpoint:
                 return self.finish(self.too_large(), headers)
             hit: Reply | bool
             if self.open_mode:
-                hit = self._open_hit(body, network)
+                hit = True if memory_checked else self._open_hit(body, network)
             else:  # a memory hit the key's lease pays for, its refusal, or whether memory was checked
                 paid = gateway.keyed_hit(body, account, network)
                 if isinstance(paid, tuple):

@@ -352,11 +352,13 @@ class FrontProtocol(Answers):
         # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
         prebuilt = request.keep_alive and not self._routes.access_log and (
             "connection" not in headers or self._parser.get_http_version() != "1.0")
+        checked = False
         if endpoint.open_mode and prebuilt and "origin" not in headers:
             # Open mode, no page: a memory hit needs no key.
             gateway = endpoint.gateway
             try:
                 encoded = gateway.open_hit(body, gateway.router.network_for(headers.get("host"), network))
+                checked = True  # not looked up again below
             except JsonRpcError:
                 encoded = None  # an unknown network: answered below
             if encoded is not None:
@@ -365,7 +367,8 @@ class FrontProtocol(Answers):
                     return
                 self._prebuilt(False, (len(encoded), encoded))
                 return
-        answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path)
+        answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path,
+                                 memory_checked=checked)
         if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
             if prebuilt:
                 self._prebuilt(True, (answer[1], answer[2], len(answer[0]), answer[0]))

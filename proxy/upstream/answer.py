@@ -30,6 +30,10 @@ class Answer:
         code = self.error.get("code") if self.error else None
         return code if isinstance(code, int) else None
 
+    def with_proof(self, proof: str | None) -> Answer:
+        """This answer with the hash its node gave for the proof block (not dataclasses.replace: per miss)."""
+        return Answer(self.payload, self.result, self.error, self.seconds, self.upstream, proof)
+
     @classmethod
     def stored(cls, payload: bytes, is_error: bool) -> Answer:
         """An answer another replica fetched and stored: only its encoded bytes are at hand."""

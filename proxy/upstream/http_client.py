@@ -137,6 +137,11 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
 
 
+def _expire(waiter: asyncio.Future[Response]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class HostPool:
     """Kept-alive connections to one upstream URL."""
 
@@ -164,30 +169,47 @@ class HostPool:
 
     async def post(self, body: bytes, timeout: float, limit: int | None = None) -> Response:
         """The node's answer to one POST within `timeout` seconds (TimeoutError, connecting included),
-        ClientFault when none came, TooLarge when its body passes `limit`."""
-        waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-        connection: _Connection | None = None
+        ClientFault when none came, TooLarge when its body passes `limit`. The deadline is one timer
+        on the answer's future (no timeout scope per call); an idle connection is taken without awaiting."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        connection = self._idle_one()
         try:
-            async with asyncio.timeout(timeout):
-                connection = await self._checkout()
-                transport = connection.transport
-                if transport is None:
-                    raise ClientFault("the node closed the connection")
-                connection.begin(waiter, limit)
-                transport.write(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
+            if connection is None:
+                async with asyncio.timeout_at(deadline):
+                    connection = await self._checkout()
+            transport = connection.transport
+            if transport is None:
+                raise ClientFault("the node closed the connection")
+            waiter: asyncio.Future[Response] = loop.create_future()
+            timer = loop.call_at(deadline, _expire, waiter)
+            connection.begin(waiter, limit)
+            transport.write(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
+            try:
                 return await waiter
+            finally:
+                timer.cancel()
         finally:
             if connection is not None:
                 connection.waiter = None
                 self._checkin(connection)  # closed unless its answer was read whole
 
-    async def _checkout(self) -> _Connection:
+    def _idle_one(self) -> _Connection | None:
+        """The newest idle connection still fresh, or None (the older ones past idle_timeout are closed)."""
+        if not self._idle:
+            return None
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()
             if connection.transport is not None and now - connection.idle_since < self._idle_timeout:
                 return connection
             self._dropped(connection)
+        return None
+
+    async def _checkout(self) -> _Connection:
+        connection = self._idle_one()
+        if connection is not None:
+            return connection
         while self._open >= self._limit:
             ready = asyncio.get_running_loop().create_future()
             self._queue.append(ready)

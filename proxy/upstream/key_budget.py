@@ -11,8 +11,7 @@ open mode (no keys) are not budgeted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.caller import CALLER
@@ -40,23 +39,65 @@ class KeySlots:
         queue = self._queues.get(key)
         return self.per_key - queue.slots._value if queue is not None else 0
 
-    @contextlib.asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
+    def held(self) -> _Held | _Unbudgeted:
+        """A slot of the calling key for the `async with` block: awaited in the key's own queue when
+        its cap is reached; nothing for the proxy's own calls, open mode or no cap."""
         key = CALLER.get()
         if key is None or self.per_key <= 0:
-            yield
-            return
+            return UNBUDGETED
+        return _Held(self, key)
+
+    def _queue(self, key: str) -> _Queue:
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = _Queue(self.per_key)
         queue.users += 1
+        return queue
+
+    def _left(self, key: str, queue: _Queue) -> None:
+        queue.users -= 1
+        if not queue.users:
+            del self._queues[key]
+
+
+class _Unbudgeted:
+    """No slot to take (a class, not a generator: the hot path enters one per upstream call)."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *_exc: object) -> None:
+        return None
+
+
+UNBUDGETED = _Unbudgeted()
+
+
+class _Held:
+    """One call of `key` holding a slot of its queue while the block runs."""
+
+    __slots__ = ("_key", "_owner", "_queue")
+
+    def __init__(self, owner: KeySlots, key: str) -> None:
+        self._owner = owner
+        self._key = key
+        self._queue: _Queue | None = None
+
+    async def __aenter__(self) -> None:
+        queue = self._owner._queue(self._key)
         try:
-            async with queue.slots:
-                yield
-        finally:
-            queue.users -= 1
-            if not queue.users:
-                del self._queues[key]
+            await queue.slots.acquire()
+        except BaseException:
+            self._owner._left(self._key, queue)  # cancelled while queued: it holds no slot
+            raise
+        self._queue = queue
+
+    async def __aexit__(self, *_exc: object) -> None:
+        queue = self._queue
+        if queue is not None:
+            self._queue = None
+            queue.slots.release()
+            self._owner._left(self._key, queue)
 
 
 class KeyedUpstream:
@@ -73,7 +114,10 @@ class KeyedUpstream:
         return states
 
     async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
-        async with self._slots.held():
+        held = self._slots.held()
+        if held is UNBUDGETED:  # the hot path's case in open mode: no block to enter
+            return await self.inner.request(method, params, timeout=timeout)
+        async with held:
             return await self.inner.request(method, params, timeout=timeout)
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
@@ -87,7 +131,12 @@ class KeyedUpstream:
 
     async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
                      timeout: float | None = None) -> Answer:
-        async with self._slots.held():
+        held = self._slots.held()
+        if held is UNBUDGETED:
+            unheld: Answer = await self.inner.proven(  # type: ignore[attr-defined]
+                method, params, block, index=index, timeout=timeout)
+            return unheld
+        async with held:
             answer: Answer = await self.inner.proven(  # type: ignore[attr-defined]
                 method, params, block, index=index, timeout=timeout)
             return answer

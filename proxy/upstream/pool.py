@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.config_files import Network
@@ -176,15 +175,22 @@ class HttpUpstream(Sender):
         timeout: float | None = None,
     ) -> list[Answer]:
         """The calls and one header per distinct proof block in one batch, so one node answers all; each
-        answer carries the hash that node gave for its proof block."""
+        answer carries the hash that node gave for its proof block (a header is read for its hash
+        alone: never encoded again, nor observed as a call of its own)."""
         blocks = list(dict.fromkeys(b for _, _, b in calls if b is not None))
         sent = [(m, p) for m, p, _ in calls] + [proof_call(b) for b in blocks]
         if index is None:
-            answers = await self._batch(sent, auto=True, timeout=timeout)  # observed per method, header too
+            items, seconds, index = await self._batch_items(sent, auto=True, timeout=timeout, observed=len(calls))
         else:
-            answers = await self._batch_to(index, sent, timeout or self._timeout)
-        hashes = {b: proof_hash(a) for b, a in zip(blocks, answers[len(calls):], strict=True)}
-        return [replace(a, proof=hashes[b]) if b is not None else a
+            items, seconds = await self._batch_to(index, sent, timeout or self._timeout)
+        if items is None:  # a node that does not take batches: each asked alone, headers too
+            answers = list(await asyncio.gather(*(self._single(m, p, None) for m, p in sent)))
+            headers: list[Any] = [{"error": {}} if a.is_error else {"result": a.result} for a in answers[len(calls):]]
+        else:
+            answers = [Answer.from_response(item, seconds, index) for item in items[:len(calls)]]
+            headers = items[len(calls):]
+        hashes = {b: proof_hash(h) for b, h in zip(blocks, headers, strict=True)}
+        return [a.with_proof(hashes[b]) if b is not None else a
                 for (_, _, b), a in zip(calls, answers[:len(calls)], strict=True)]
 
     async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
@@ -196,14 +202,10 @@ class HttpUpstream(Sender):
         [answer] = await self._with_proofs([(method, params, block)], index=index, timeout=timeout)
         return answer
 
-    async def _batch_to(self, index: int, calls: Sequence[tuple[str, Any]], timeout: float) -> list[Answer]:
-        """One batch to upstream `index` alone (a retry elsewhere must still be one node's answers)."""
-        base = self._next_id + 1
-        self._next_id += len(calls)
-        body = jsonrpc.dumps([
-            {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
-        ])
-        ids = range(base, base + len(calls))
+    async def _batch_to(self, index: int, calls: Sequence[tuple[str, Any]], timeout: float) -> tuple[list[Any], float]:
+        """One batch to upstream `index` alone (a retry elsewhere must still be one node's answers):
+        its reply items in the calls' order, and its latency."""
+        body, ids = self._batch_body(calls)
         started = time.perf_counter()
         slot = await self._place(index, timeout)
         try:
@@ -215,9 +217,7 @@ class HttpUpstream(Sender):
             self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
             raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
                                f"(upstream #{index}: {failure.detail})", http_status=502) from None
-        by_id = {item["id"]: item for item in reply}
-        seconds = time.perf_counter() - started
-        return [Answer.from_response(by_id[i], seconds, index) for i in ids]
+        return _in_order(reply, ids), time.perf_counter() - started
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return await self._batch(calls)
@@ -227,21 +227,41 @@ class HttpUpstream(Sender):
     ) -> list[Answer]:
         """One JSON-RPC batch. `auto`: an auto-batch of callers' reads, observed per call and split
         into single calls for a node that refuses batches; otherwise the tracker's own batch."""
+        items, seconds, index = await self._batch_items(calls, auto=auto, timeout=timeout, observed=len(calls))
+        if items is None:
+            # A node that does not take batches answers with one error object: ask one by one.
+            return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
+        return [Answer.from_response(item, seconds, index) for item in items]
+
+    async def _batch_items(
+        self, calls: Sequence[tuple[str, Any]], *, auto: bool, timeout: float | None, observed: int,
+    ) -> tuple[list[Any] | None, float, int]:
+        """One batch's reply items in the calls' order (None: the node refused batches), its latency
+        and the upstream that answered. `auto`: each of the first `observed` calls is observed under
+        its own method, with its batch's latency."""
+        body, ids = self._batch_body(calls)
+        reply, seconds, index = await self._send(body, None if auto else "batch", timeout,
+                                                 lambda r: batch_problem(r, ids), hedge=auto)
+        if not isinstance(reply, list):
+            return None, seconds, index
+        if auto:
+            for method, _ in calls[:observed]:
+                self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
+                                    ).observe(seconds)
+        return _in_order(reply, ids), seconds, index
+
+    def _batch_body(self, calls: Sequence[tuple[str, Any]]) -> tuple[bytes, range]:
         base = self._next_id + 1
         self._next_id += len(calls)
         body = jsonrpc.dumps([
             {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
         ])
-        ids = range(base, base + len(calls))
-        reply, seconds, index = await self._send(body, None if auto else "batch", timeout,
-                                                 lambda r: batch_problem(r, ids), hedge=auto)
-        if not isinstance(reply, list):
-            # A node that does not take batches answers with one error object: ask one by one.
-            return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
-        by_id = {item["id"]: item for item in reply}
-        answers = [Answer.from_response(by_id[i], seconds, index) for i in ids]
-        if auto:  # each call's latency is its batch's, under its own method
-            for method, _ in calls:
-                self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
-                                    ).observe(seconds)
-        return answers
+        return body, range(base, base + len(calls))
+
+
+def _in_order(reply: list[Any], ids: range) -> list[Any]:
+    """A batch reply's items in the order of the ids asked (batch_problem checked each is there once)."""
+    if all(item["id"] == i for item, i in zip(reply, ids, strict=True)):
+        return reply
+    by_id = {item["id"]: item for item in reply}
+    return [by_id[i] for i in ids]

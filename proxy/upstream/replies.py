@@ -8,7 +8,6 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from proxy.rpc.jsonrpc import EXECUTION_REVERTED
-from proxy.upstream.answer import Answer
 
 RETRY_AFTER_MAX = 300.0  # seconds: the longest Retry-After honoured (a provider's bad header cannot park it)
 # Phrases of providers' rate-limit errors (Infura, Alchemy, QuickNode...) in an HTTP 200 reply.
@@ -21,12 +20,12 @@ def proof_call(block: str) -> tuple[str, list[Any]]:
     return ("eth_getBlockByNumber", [block, False])
 
 
-def proof_hash(header: Answer) -> str | None:
-    """The hash in a proof header's answer; "" when the node has no such block (a null, or an error:
-    nodes behind answer a number past their head with a range error), None when no header came."""
-    if header.is_error:
+def proof_hash(header: dict[str, Any]) -> str:
+    """The hash in a proof header's reply item; "" when the node has no such block (a null, or an
+    error: nodes behind answer a number past their head with a range error)."""
+    if header.get("error") is not None:
         return ""
-    block = header.result
+    block = header.get("result")
     value = block.get("hash") if isinstance(block, dict) else None
     return value.lower() if isinstance(value, str) else ""
 

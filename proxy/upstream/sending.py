@@ -152,21 +152,16 @@ class Sender:
         """`_post` in the budget place `slot`, released when it ends: held one window longer if no
         answer came (timed out, cancelled), as the node may still get the request after that."""
         answered = False
+        self._inflight[index] += 1
         try:
-            reply, answered = await self._post(index, body, timeout, max_reply), True
+            reply, answered = await self._post_counted(index, body, timeout, max_reply), True
             return reply
         except Failed as failure:
             answered = failure.kind != "timeout"
             raise
         finally:
-            slot.budget.release(slot, answered=answered)
-
-    async def _post(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
-        self._inflight[index] += 1
-        try:
-            return await self._post_counted(index, body, timeout, max_reply)
-        finally:
             self._inflight[index] -= 1
+            slot.budget.release(slot, answered=answered)
 
     async def _post_counted(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
         try:
@@ -224,7 +219,7 @@ class Sender:
         max_reply: int | None = None,
     ) -> tuple[Any, float]:
         """One upstream's try in the budget `slot` taken for it: the reply and its latency, or Failed (noted)."""
-        self._metrics.upstream_selected.labels(self.network, str(index)).inc()
+        self._metrics.child(self._metrics.upstream_selected, self.network, str(index)).inc()
         started = time.perf_counter()
         try:
             reply = await self._post_in(slot, index, body, timeout, max_reply)
@@ -243,14 +238,18 @@ class Sender:
         self.selector.scores.observe(index, seconds, time.monotonic())
         return reply, seconds
 
-    async def _next(self, pending: list[int], deadline: float) -> tuple[int, Slot] | None:
-        """The first upstream in `pending` with budget now, and its slot; else wait for the first
-        one's budget within the deadline. Removed from `pending`; None if no budget came in time."""
+    def _now(self, pending: list[int]) -> tuple[int, Slot] | None:
+        """The first upstream in `pending` with budget now, and its slot (removed from `pending`)."""
         for index in pending:
             slot = self.budgets[index].try_take()
             if slot is not None:
                 pending.remove(index)
                 return index, slot
+        return None
+
+    async def _next(self, pending: list[int], deadline: float) -> tuple[int, Slot] | None:
+        """No upstream in `pending` has budget now: wait for the first one's budget within the
+        deadline. Removed from `pending`; None if no budget came in time."""
         index = pending.pop(0)
         self._metrics.upstream_budget_waits.labels(self.network, str(index)).inc()
         loop = asyncio.get_running_loop()
@@ -311,7 +310,7 @@ class Sender:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            chosen = await self._next(pending, deadline)
+            chosen = self._now(pending) or await self._next(pending, deadline)
             if chosen is None:
                 attempts.failures.append("no upstream had budget (max_rps, max_concurrency) in time")
                 attempts.last_kind = "timeout"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.rpc.jsonrpc import invalid_params
@@ -148,7 +148,8 @@ def block_param(
 
 
 def _hash_form(ref: BlockRef, form: str) -> BlockRef:
-    return replace(ref, hash_form=form)
+    # Field by field, not dataclasses.replace: every block parameter a miss validates comes here.
+    return BlockRef(ref.tag, ref.number, ref.hash, ref.object_form, ref.require_canonical, form)
 
 
 def _arity(params: list[Any], names: tuple[str, ...], required: int) -> None:
