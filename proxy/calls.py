@@ -50,7 +50,7 @@ class Prepared:
     piece: bool = False  # a piece of a chunked eth_getLogs: the result limit holds over the merged answer
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per miss (sixteen fields); never changed once built
 class Plan:
     """The pure part of a cacheable call for one head: its decision, cache key and upstream params."""
 

@@ -285,17 +285,18 @@ class Service:
             wait = self._settings.coalesce_wait
             hold = self._settings.upstream_timeout + 1
             lock = FillLock(key)
-            if plain:
-                found = await self._cache.get_or_claim(lock, hold if wait else None)
-                if found is not None:
-                    return Answer.stored(*found), True, True
-            elif wait:
-                lock.token = await self._cache.claim(key, hold)
-            if lock.token is None:  # another replica is fetching this very key: take its answer
-                found = await self._cache.await_fill(key, wait)
-                if found is not None:
-                    self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-                    return Answer.stored(*found), True, False
+            if self._cache.shared is not None:  # Redis's answer, or its fill lock (memory alone has neither)
+                if plain:
+                    found = await self._cache.get_or_claim(lock, hold if wait else None)
+                    if found is not None:
+                        return Answer.stored(*found), True, True
+                elif wait:
+                    lock.token = await self._cache.claim(key, hold)
+                if lock.token is None:  # another replica is fetching this very key: take its answer
+                    found = await self._cache.await_fill(key, wait)
+                    if found is not None:
+                        self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
+                        return Answer.stored(*found), True, False
             try:
                 return *await self._fetch(net, policy, method, params, refs, plan, lock), False
             finally:
@@ -359,12 +360,14 @@ class Service:
                 if not isinstance(now_head, Head) or plan.head is not now_head:
                     return answer, False
                 key = _unmined_key(key, now_head)
-        if ttl == cp.FOREVER:
+        if ttl == cp.FOREVER and self._integrity.checks(net):
             doubt, answer = await self._integrity.doubt(net, plan, params, answer)
             if doubt is not None:  # served, never stored
                 self._metrics.uncached_answers.labels(net.name, doubt).inc()
                 return answer, False
-        if ttl is not None:
+        if ttl is not None and self._cache.shared is None:
+            self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
+        elif ttl is not None:
             await self._cache.set(key, (answer.payload, answer.is_error), ttl, lock)  # the lock released too
         return answer, True
 

@@ -6,7 +6,6 @@ import asyncio
 import math
 
 import pytest
-
 from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp

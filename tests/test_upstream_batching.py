@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
-from proxy.upstream.pool import Answer, HttpUpstream
+from proxy.upstream.pool import HttpUpstream
 from tests.support import Anvil, Proxy, serving, settings_for, start_proxy, word
 
 STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
@@ -125,7 +125,8 @@ async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: An
 class FaultyBatches(HttpUpstream):
     """An upstream whose batch path fails with a plain exception (a bug, not a node error)."""
 
-    async def _batch(self, calls: Any, *, auto: bool = False, timeout: float | None = None) -> list[Answer]:
+    async def _batch_items(self, calls: Any, *, auto: bool, timeout: float | None,
+                           observed: int) -> tuple[list[Any] | None, float, int]:
         raise RuntimeError("broken batch path")
 
 

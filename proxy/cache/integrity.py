@@ -45,6 +45,12 @@ class Integrity:
         self._timeout = timeout
         self._cache = cache
 
+    @staticmethod
+    def checks(net: NetworkRuntime) -> bool:
+        """Whether `doubt` may find anything on this network (confirmations or a logs bloom asked)."""
+        config = net.config
+        return net.per_upstream is not None and (config.confirm_logs_bloom or config.confirm_immutable >= 2)
+
     async def doubt(self, net: NetworkRuntime, plan: Plan, params: Any, answer: Answer) -> tuple[str | None, Answer]:
         """Why an answer about to be kept forever must not be (None: keep it), and the answer to serve."""
         config, per = net.config, net.per_upstream

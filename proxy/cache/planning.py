@@ -24,11 +24,31 @@ def plan_call(
     net, method, refs = prepared.network, prepared.call.method, prepared.refs
     tracker = net.tracker
     evm = isinstance(tracker, EvmHeadTracker)
-    resolved = {id(r): tracker.resolve(r) for r in refs} if isinstance(tracker, EvmHeadTracker) else {}
+    # One pass over the block parameters: what the tracker resolves them to, the hashes they name,
+    # the numbers and tags it would not resolve, and whether a tag was resolved.
+    resolved: dict[int, Resolved | None] = {}
+    named: list[str] = []
+    explicit: list[int] = []
+    unresolved_tags: list[str] = []
+    tags_resolved = False
+    for r in refs:
+        found = tracker.resolve(r) if evm else None  # type: ignore[union-attr]
+        if evm:
+            resolved[id(r)] = found
+        if r.hash is not None:
+            named.append(r.hash)
+        if found is None:
+            if r.number is not None:
+                explicit.append(r.number)
+            if r.tag is not None:
+                unresolved_tags.append(r.tag)
+        elif r.tag is not None:
+            tags_resolved = True
+    blocks = list(resolved.values())
     if policy.limits_logs:
         logs.check_range(params[0], resolved)
     client_state = policy.client_state is not None and len(params) > policy.client_state
-    decision = cp.decide(policy.cache, list(resolved.values()), head, ttls, params, client_state=client_state)
+    decision = cp.decide(policy.cache, blocks, head, ttls, params, client_state=client_state)
     space = (head.space if head is not None else None) if evm else net.name
     if space is None:
         decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
@@ -36,24 +56,21 @@ def plan_call(
     end = pinning.range_end(params[0], resolved) if policy.limits_logs and decision.pin_hashes else None
     check_end = (end.number, end.hash) if end and end.number is not None and end.hash is not None else None
     # Hashes the call names: its block hash refs, or a content-addressed method's block hash.
-    named = [r.hash for r in refs if r.hash is not None]
     if policy.cache is CacheClass.CONTENT and params and isinstance(params[0], str):
         named.append(params[0])
-    need = pinning.needed_block(list(resolved.values()), named, head.numbers if head is not None else {})
+    need = pinning.needed_block(blocks, named, head.numbers if head is not None else {})
     # A number the tracker would not resolve (a stale head pins nothing unfinalized) is still a
     # block the answer depends on: a node behind it answers null or an error, not the block.
-    explicit = [r.number for r in refs if r.number is not None and resolved.get(id(r)) is None]
     if explicit:
         need = max(need or 0, *explicit)
-    floor = pinning.tag_floor([r.tag for r in refs if r.tag is not None and resolved.get(id(r)) is None], head)
+    floor = pinning.tag_floor(unresolved_tags, head)
     need = floor if need is None else max(need, floor or 0)
     if decision.per_head and head is not None:
         need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
-    tags_resolved = any(r.tag is not None and resolved.get(id(r)) is not None for r in refs)
     proof, unvouched, proof_pinned = None, None, False
     if evm and isinstance(tracker, EvmHeadTracker):
-        numbered = any(r is not None and r.number is not None for r in resolved.values())
-        pinned = _pinned_block(resolved.values(), named, head) if decision.cacheable and check_end is None else None
+        numbered = any(r is not None and r.number is not None for r in blocks)
+        pinned = _pinned_block(blocks, named, head) if decision.cacheable and check_end is None else None
         proof = proofs.plan_proof(decision, numbered, head, named, tracker.orphans, pinned)
         proof_pinned = pinned is not None and proof is not None and proof[:2] == (hex(pinned[0]), pinned[1])
         if proof == proofs.NOT_PROVABLE:

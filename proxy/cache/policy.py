@@ -68,6 +68,7 @@ class Decision:
 
 
 BYPASS = Decision(Mode.BYPASS, 0.0)
+IMMUTABLE = Decision(Mode.IMMUTABLE)  # one instance for every immutable call (a miss makes no Decision)
 
 
 def solana_config(params: Any) -> dict[str, Any]:
@@ -96,9 +97,9 @@ def decide(
         return Decision(Mode.TTL, ttls.identity)
     if cache is CacheClass.SOLANA_FINAL:
         # A finalized block or transaction never changes; at `confirmed` it still may (or vanish).
-        return Decision(Mode.IMMUTABLE) if solana_config(params).get("commitment") == "finalized" else BYPASS
+        return IMMUTABLE if solana_config(params).get("commitment") == "finalized" else BYPASS
     if cache is CacheClass.CONTENT:
-        return Decision(Mode.IMMUTABLE)
+        return IMMUTABLE
     if cache is CacheClass.HEAD or cache is CacheClass.TRANSACTION:
         if head is None or head.stale:
             return BYPASS  # no head to tie the answer to
@@ -109,14 +110,14 @@ def decide(
         return BYPASS  # pending, or no head yet: nothing to pin the answer to
     numbers = [b.number for b in blocks if b is not None and b.number is not None]
     if not numbers:
-        return Decision(Mode.IMMUTABLE)  # addressed by block hash only: content-addressed
+        return IMMUTABLE  # addressed by block hash only: content-addressed
     if head is None:
         return BYPASS
     top = max(numbers)
     if top > head.latest:
         return BYPASS  # a block the tracker has not seen: its answer may change once it exists
     if top <= head.finalized:
-        return Decision(Mode.IMMUTABLE)
+        return IMMUTABLE
     if cache is CacheClass.FEE_HISTORY:
         return Decision(Mode.TTL, ttls.unfinalized, per_head=True)  # no hash form: keyed by the head instead
     if top not in head.hashes:

@@ -376,14 +376,19 @@ class TieredCache:
             pause = min(pause * 2, 0.05)
         return None
 
-    async def set(self, key: str, stored: Stored, ttl: float, lock: FillLock | None = None) -> None:
-        """Kept in memory and Redis; `lock`, the fill lock on this key, released in the same round trip."""
+    def keep(self, key: str, stored: Stored, ttl: float) -> bool:
+        """Memory's part of `set`, all of it without Redis: False when the key's admission share
+        refused the answer (served, kept in neither tier: admission.py)."""
         admission = self._admission
         if admission is not None and not admission.admit(CALLER.get(), len(stored[0])):
-            self._refused.inc()  # past the key's share: served, not kept (admission.py)
-            return
+            self._refused.inc()
+            return False
         self.memory.set(key, stored, ttl)
-        if self.shared is not None:
+        return True
+
+    async def set(self, key: str, stored: Stored, ttl: float, lock: FillLock | None = None) -> None:
+        """Kept in memory and Redis; `lock`, the fill lock on this key, released in the same round trip."""
+        if self.keep(key, stored, ttl) and self.shared is not None:
             with contextlib.suppress(RedisUnavailable):
                 if lock is not None and lock.token and lock.key == key:
                     await self.shared.set_and_unlock(key, stored, ttl, lock.token)
@@ -396,6 +401,15 @@ class _Left(Exception):
     """The caller running a shared call went away (cancelled) before it finished."""
 
 
+class _Run(Generic[T]):
+    """A call in flight; its future made only once a second caller joins (most misses have none)."""
+
+    __slots__ = ("shared",)
+
+    def __init__(self) -> None:
+        self.shared: asyncio.Future[T] | None = None
+
+
 class Coalescer(Generic[T]):
     """Identical concurrent misses share one call: the first runs it, the rest await its result.
 
@@ -405,7 +419,7 @@ class Coalescer(Generic[T]):
     """
 
     def __init__(self) -> None:
-        self._inflight: dict[str, asyncio.Future[T]] = {}
+        self._inflight: dict[str, _Run[T]] = {}
 
     @property
     def inflight(self) -> int:
@@ -415,27 +429,32 @@ class Coalescer(Generic[T]):
         """The call's result, and whether this caller took it from a run another caller made."""
         running = self._inflight.get(key)
         while running is not None:
+            shared = running.shared
+            if shared is None:
+                shared = running.shared = asyncio.get_running_loop().create_future()
             try:
-                return await asyncio.shield(running), True  # a joiner that leaves cancels nothing
+                return await asyncio.shield(shared), True  # a joiner that leaves cancels nothing
             except _Left:
                 running = self._inflight.get(key)  # None: this caller runs it again
-        shared: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = shared
+        run: _Run[T] = _Run()
+        self._inflight[key] = run
         try:
             result = await call()
         except asyncio.CancelledError:
-            self._settle(key, shared, _Left())
+            self._settle(key, run, _Left())
             raise
         except BaseException as exc:
-            self._settle(key, shared, exc)
+            self._settle(key, run, exc)
             raise
-        if self._inflight.get(key) is shared:
+        if self._inflight.get(key) is run:
             del self._inflight[key]
-        shared.set_result(result)
+        if run.shared is not None:
+            run.shared.set_result(result)
         return result, False
 
-    def _settle(self, key: str, shared: asyncio.Future[T], error: BaseException) -> None:
-        if self._inflight.get(key) is shared:
+    def _settle(self, key: str, run: _Run[T], error: BaseException) -> None:
+        if self._inflight.get(key) is run:
             del self._inflight[key]
-        shared.set_exception(error)
-        shared.exception()  # retrieved: a run no caller joined must not log "never retrieved"
+        if run.shared is not None:
+            run.shared.set_exception(error)
+            run.shared.exception()  # retrieved: joiners that left must not leave it "never retrieved"

@@ -69,7 +69,7 @@ class Head:
     source: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per block parameter of a miss
 class Resolved:
     """A block parameter after resolution: a number (and its hash when the tracker knows it) or a hash."""
 

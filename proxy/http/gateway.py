@@ -191,16 +191,16 @@ class Gateway:
         # Everything below runs as this key: its upstream slots, its cache admission (caller.py).
         caller = CALLER.set(None if self.open_mode else account)
         try:
-            if len(prepared) == 1:  # the common case: no task per call
-                outcomes = iter([budget.take(await self._execute(prepared[0], account))])
+            if len(slots) == 1 and prepared:  # the common case: one call, no task, no iterator
+                results = [budget.take(await self._execute(prepared[0], account))]
             else:
                 outcomes = iter(await asyncio.gather(*(self._bounded(p, account, budget) for p in prepared)))
+                results = [
+                    s if not isinstance(s, Prepared) else credit_refusal if credit_refusal is not None
+                    else next(outcomes) for s in slots
+                ]
         finally:
             CALLER.reset(caller)
-        results: list[Outcome] = [
-            s if not isinstance(s, Prepared) else credit_refusal if credit_refusal is not None else next(outcomes)
-            for s in slots
-        ]
 
         refund = cost and sum(
             s.credits for s, o in zip(slots, results, strict=True) if isinstance(s, Prepared) and refunded(o.error)

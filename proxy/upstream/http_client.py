@@ -47,6 +47,9 @@ class Response:
         self.body = body
 
 
+_NAMES: dict[bytes, str] = {}  # field names as nodes spell them -> lower-case
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -95,7 +98,14 @@ class _Connection(asyncio.Protocol):
             self.transport = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+        key = _NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(_NAMES) < 256:  # a node spells its few field names the same way every time
+                _NAMES[name] = key
+        headers = self.headers
+        if key not in headers:
+            headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.headers_done = True

@@ -58,10 +58,17 @@ def batch_problem(reply: Any, ids: range) -> str | None:
     """
     if isinstance(reply, dict):
         return None if "error" in reply else "malformed batch reply"
-    if not isinstance(reply, list) or not all(_is_response(item) for item in reply):
+    if not isinstance(reply, list):
         return "malformed batch reply"
-    seen = [item.get("id") for item in reply]
-    if len(seen) != len(ids) or set(seen) != set(ids) or any(isinstance(i, bool) for i in seen):
+    seen = set()
+    for item in reply:  # a loop, not generators: every auto-batch and proof passes here
+        if not _is_response(item):
+            return "malformed batch reply"
+        rid = item.get("id")
+        if isinstance(rid, bool) or rid not in ids or rid in seen:
+            return "batch reply ids differ from the request ids"
+        seen.add(rid)
+    if len(seen) != len(ids):
         return "batch reply ids differ from the request ids"
     return None
 
@@ -77,7 +84,11 @@ def rate_limited(reply: Any) -> str | None:
     """A reply that is a provider's rate-limit error rather than an answer, or None; a batch is when
     any of its answers is (it is asked again as a whole elsewhere)."""
     if isinstance(reply, list):
-        return next((limited for item in reply if (limited := rate_limited(item)) is not None), None)
+        for item in reply:
+            limited = rate_limited(item)
+            if limited is not None:
+                return limited
+        return None
     error = reply.get("error") if isinstance(reply, dict) else None
     if not isinstance(error, dict) or error.get("code") == EXECUTION_REVERTED:
         return None  # a contract's revert reason is the contract's to word

@@ -134,6 +134,8 @@ class Sender:
     def _order(self) -> list[int]:
         """Healthy upstreams in the selection policy's order, then those cooling down; never one that
         serves another chain or is cordoned."""
+        if len(self._urls) == 1:  # one upstream: its order whatever its state
+            return [0] if self.states.in_rotation(0) else []
         now = time.monotonic()
         serving = [i for i in range(len(self._urls)) if self.states.in_rotation(i)]
         healthy = self.selector.order([i for i in serving if self._down_until[i] <= now], self.states.latest, now)

@@ -23,7 +23,7 @@ class Rules:
     getlogs_max_params: int = 5_000
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)  # not frozen: made per block parameter validated; never changed
 class BlockRef:
     """A block parameter as the caller gave it: exactly one of tag, number, hash is set.
 
@@ -169,25 +169,44 @@ def _object(name: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
     return value
 
 
-def block_refs(value: Any) -> list[BlockRef]:
-    """Every BlockRef inside canonical params, in order."""
+def block_refs(value: Any, found: list[BlockRef] | None = None) -> list[BlockRef]:
+    """Every BlockRef inside canonical params, in order (a loop, not a call per scalar: per miss)."""
+    if found is None:
+        found = []
     kind = type(value)
     if kind is BlockRef:
-        return [value]
-    if kind is list:
-        return [ref for item in value for ref in block_refs(item)]
+        found.append(value)
+        return found
     if kind is dict:
-        return [ref for item in value.values() for ref in block_refs(item)]
-    return []
+        value = value.values()
+    elif kind is not list:
+        return found
+    for item in value:
+        kind = type(item)
+        if kind is BlockRef:
+            found.append(item)
+        elif kind is list or kind is dict:
+            block_refs(item, found)
+    return found
 
 
 def substitute(value: Any, replace: dict[int, Any]) -> Any:
-    """Copy of canonical params with each BlockRef replaced by replace[id(ref)]."""
+    """Copy of canonical params with each BlockRef replaced by replace[id(ref)] (scalars copied
+    without a call each: this runs several times per miss)."""
     kind = type(value)
     if kind is BlockRef:
         return replace[id(value)]
     if kind is list:
-        return [substitute(item, replace) for item in value]
+        copied = []
+        for item in value:
+            kind = type(item)
+            if kind is BlockRef:
+                copied.append(replace[id(item)])
+            elif kind is list or kind is dict:
+                copied.append(substitute(item, replace))
+            else:
+                copied.append(item)
+        return copied
     if kind is dict:
         return {k: substitute(v, replace) for k, v in value.items()}
     return value
