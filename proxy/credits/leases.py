@@ -154,7 +154,7 @@ class LeasedLedger:
 
     # --- debits ---------------------------------------------------------------------------
 
-    def try_debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit | None:
+    def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit | None:
         """The hot path: a debit the lease covers, decided in memory. None: `debit` must ask Redis."""
         if not self._day_start <= now < self._day_end:
             return None  # another day: `debit` opens its leases

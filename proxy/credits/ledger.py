@@ -41,7 +41,7 @@ def daily_key(api_key: str, now: float) -> str:
 class Ledger(Protocol):
     """`api_key` is whatever string names the key to the ledger; nothing here reads it otherwise."""
 
-    def try_debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None,
+    def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None,
                   now: float) -> Debit | None:
         """A verdict made without awaiting anything, or None: ask `debit`."""
         ...
@@ -71,7 +71,7 @@ class MemoryLedger:
         self._used: dict[str, int] = defaultdict(int)
         self._window: dict[str, int] = defaultdict(int)
 
-    def try_debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit:
+    def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         key = daily_key(api_key, now)
         rate_key = f"{api_key}:{int(now)}"
         verdict = _judge(self._used[key], self._window[rate_key], amount, daily, per_second)

@@ -147,11 +147,16 @@ class RpcEndpoint:
         """As `respond`, but a paid memory hit that needs neither gzip nor CORS headers is its body
         and credit figures, which the fast server writes after a pre-built head (no headers dict).
         `memory_checked`: in open mode, the caller found no memory hit for this body already."""
+        gateway = self.gateway
         try:
-            account = self.authorize(key, headers)
-            if isinstance(account, Reply):
-                return self.finish(account, headers)
-            gateway = self.gateway
+            # A key accepted before, without lists to apply: its account at once (every keyed hit).
+            known = gateway.accepted.get(key)
+            if known is None or known in gateway.key_lists:
+                authorized = self.authorize(key, headers)
+                if isinstance(authorized, Reply):
+                    return self.finish(authorized, headers)
+                known = authorized
+            account = known
             network = gateway.router.network_for(headers.get("host"), path_network)
             if len(body) > self.max_body_bytes:
                 return self.finish(self.too_large(), headers)

@@ -81,7 +81,7 @@ class Gateway:
     def account(self, api_key: str) -> str | None:
         """The account name an API key opens (None: refused). Everything after this takes the name,
         never the secret: metric labels, log lines, the ledger's keys, headers."""
-        known = self._accepted.get(api_key)  # Accounts' memo, read here: a call fewer per request
+        known = self.accepted.get(api_key)  # Accounts' memo, read here: a call fewer per request
         if known is not None:
             return known
         if self._accounts is None:
@@ -92,7 +92,7 @@ class Gateway:
         """The keys and their allow-lists (at start, and again on SIGHUP: reload.py). Accounts whose
         credit terms are not known yet get them from the cashier on first use."""
         self._accounts = None if keys is None else Accounts({name: k.sha256 for name, k in keys.items()})
-        self._accepted: dict[str, str] = {} if self._accounts is None else self._accounts.accepted
+        self.accepted: dict[str, str] = {} if self._accounts is None else self._accounts.accepted
         self.key_lists = {name: k.lists for name, k in (keys or {}).items() if k.lists.any}
         self._restricted = frozenset(name for name, lists in self.key_lists.items() if lists.restricts_calls)
 
@@ -142,8 +142,8 @@ class Gateway:
             return True
         terms = self._terms[account]
         credits = hit[5]
-        debit = self._ledger.try_debit(account, credits, daily=terms.daily, per_second=terms.per_second,
-                                       now=self._now())
+        # Positional: keyword arguments cost the every-hit call a dict of its own.
+        debit = self._ledger.try_debit(account, credits, terms.daily, terms.per_second, self._now())
         if debit is None:
             return False
         if debit[0] is not _OK:
