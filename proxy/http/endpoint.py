@@ -143,10 +143,11 @@ class RpcEndpoint:
         return paid_reply(answer) if isinstance(answer, tuple) else answer
 
     def answer(self, key: str, path_network: str | None, headers: Headers, body: bytes,
-               path: str, *, memory_checked: bool = False) -> PaidHit | Reply | Pending:
+               path: str, found: PaidHit | Reply | bool | None = None) -> PaidHit | Reply | Pending:
         """As `respond`, but a paid memory hit that needs neither gzip nor CORS headers is its body
         and credit figures, which the fast server writes after a pre-built head (no headers dict).
-        `memory_checked`: in open mode, the caller found no memory hit for this body already."""
+        `found`: what the caller's own memory lookup gave for this body and key (open_hit: True for
+        none; keyed_hit's answer), so it is not looked up, nor paid for, twice; None: not looked up."""
         gateway = self.gateway
         try:
             # A key accepted before, without lists to apply: its account at once (every keyed hit).
@@ -162,9 +163,9 @@ class RpcEndpoint:
                 return self.finish(self.too_large(), headers)
             hit: Reply | bool
             if self.open_mode:
-                hit = True if memory_checked else self._open_hit(body, network)
+                hit = True if found is True else self._open_hit(body, network)
             else:  # a memory hit the key's lease pays for, its refusal, or whether memory was checked
-                paid = gateway.keyed_hit(body, account, network)
+                paid = gateway.keyed_hit(body, account, network) if found is None else found
                 if isinstance(paid, tuple):
                     if len(paid[0]) < self.compress_from and "origin" not in headers:
                         return paid
