@@ -142,6 +142,25 @@ class RpcEndpoint:
         answer = self.answer(key, path_network, headers, body, path)
         return paid_reply(answer) if isinstance(answer, tuple) else answer
 
+    def memory(self, key: str | None, path_network: str | None, headers: Headers,
+               body: bytes) -> bytes | PaidHit | Reply | bool | None:
+        """A page-less request's memory lookup, made without awaiting: an open hit's body (bytes), or
+        what `answer(found=...)` takes: True (open mode, no hit), keyed_hit's answer for a key accepted
+        before without allow-lists (a paid hit, its refusal, or whether memory was checked); None
+        when not looked up (another key, an unknown network: `answer` judges them)."""
+        gateway = self.gateway
+        try:
+            network = gateway.router.network_for(headers.get("host"), path_network)
+        except JsonRpcError:
+            return None
+        if self.open_mode:
+            encoded = gateway.open_hit(body, network)
+            return True if encoded is None else encoded
+        account = gateway.accepted.get(key or key_of(key, headers))
+        if account is None or account in gateway.key_lists:
+            return None
+        return gateway.keyed_hit(body, account, network)
+
     def answer(self, key: str, path_network: str | None, headers: Headers, body: bytes,
                path: str, found: PaidHit | Reply | bool | None = None) -> PaidHit | Reply | Pending:
         """As `respond`, but a paid memory hit that needs neither gzip nor CORS headers is its body

@@ -35,7 +35,7 @@ from proxy.http.endpoint import (
     paid_reply,
 )
 from proxy.http.front_routes import FrontRoutes, request_path
-from proxy.http.gateway import PaidHit, Reply
+from proxy.http.gateway import Reply
 from proxy.http.wire import (
     MAX_HEADERS,
     MAX_LINE,
@@ -352,31 +352,17 @@ class FrontProtocol(Answers):
         # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
         prebuilt = request.keep_alive and not self._routes.access_log and (
             "connection" not in headers or self._parser.get_http_version() != "1.0")
-        found: PaidHit | Reply | bool | None = None  # memory's answer, once looked up here
-        if prebuilt and "origin" not in headers:
-            # No page: a memory hit is answered here, after a pre-built head (open mode needs no key;
-            # a key accepted before, without lists, is its account at once).
-            gateway = endpoint.gateway
-            try:
-                net = gateway.router.network_for(headers.get("host"), network)
-                if endpoint.open_mode:
-                    encoded = gateway.open_hit(body, net)
-                    found = True if encoded is None else None
-                    if encoded is not None:
-                        if len(encoded) >= endpoint.compress_from:
-                            self._answer(request, endpoint.finish(Reply(encoded, 200, endpoint.open_headers), headers))
-                        else:
-                            self._prebuilt(False, (len(encoded), encoded))
-                        return
-                else:
-                    account = gateway.accepted.get(key or key_of(key, headers))
-                    if account is not None and account not in gateway.key_lists:
-                        found = gateway.keyed_hit(body, account, net)
-                        if type(found) is tuple and len(found[0]) < endpoint.compress_from:
-                            self._prebuilt(True, (found[1], found[2], len(found[0]), found[0]))
-                            return
-            except JsonRpcError:
-                found = None  # an unknown network: answered below
+        # No page: a memory hit is answered here, after a pre-built head.
+        found = endpoint.memory(key, network, headers, body) if prebuilt and "origin" not in headers else None
+        if isinstance(found, bytes):  # an open hit
+            if len(found) >= endpoint.compress_from:
+                self._answer(request, endpoint.finish(Reply(found, 200, endpoint.open_headers), headers))
+            else:
+                self._prebuilt(False, (len(found), found))
+            return
+        if type(found) is tuple and len(found[0]) < endpoint.compress_from:  # a paid hit
+            self._prebuilt(True, (found[1], found[2], len(found[0]), found[0]))
+            return
         answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path, found)
         if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
             if prebuilt:
