@@ -92,7 +92,8 @@ class ChunkedLogs:
             raise
         except TimeoutError:
             # spec: a query that runs longer than 10 seconds fails with -32005, every piece and retry
-            # included (pieces still in flight finish on their own and are kept for the next call).
+            # included (pieces answered before the deadline are kept for the next call; those still
+            # in flight end with this one).
             self._metrics.getlogs_rejections.labels("timeout").inc()
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         except _PieceFailed as failed:

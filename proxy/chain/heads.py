@@ -97,7 +97,7 @@ async def poll_forever(
             raise
         except Exception as exc:
             # One line per interval says so, with a count.
-            throttled.warning(what, "%s: poll failed: %s", what, exc or type(exc).__name__)
+            throttled.warning(what, "%s: poll failed: %s", what, str(exc) or type(exc).__name__)
             if failed is not None:
                 failed()
         if attempted is not None:
