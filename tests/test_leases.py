@@ -107,6 +107,24 @@ class TestLeaseScript:
         served = sum([await debit(replica, 80, 800) is Verdict.OK for _ in range(20)])
         assert before + served * 80 <= 800
 
+    async def test_a_rebuilt_entry_holds_grants_until_its_owner_confirms_it(self, link: RedisLink) -> None:
+        """After a lost entry, the first replica to ask rebuilds the other's from the last reply it saw,
+        which may be short of what the other was granted since: no credit is granted (retry shortly)
+        until the other confirms its entry, so no credit is spent twice and the balance goes out exactly."""
+        first, second = ledger(link), ledger(link)
+        daily, served = 800, 0
+        for replica in (first, second, first, first, first, first, first, second, second, second):
+            served += await debit(replica, 80, daily) is Verdict.OK  # each has seen the other's lease
+        await link.client.delete(ledger_key("k", int(NOW) // 86400))
+        verdicts = [await debit(first, 80, daily) for _ in range(8)]
+        served += verdicts.count(Verdict.OK)
+        assert Verdict.UNAVAILABLE in verdicts  # held: the other's rebuilt entry is not confirmed yet
+        for _ in range(12):  # the other confirms with its own word; then the rest goes out, exactly
+            served += await debit(second, 80, daily) is Verdict.OK
+            served += await debit(first, 80, daily) is Verdict.OK
+        assert served * 80 == daily
+        assert int(await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")) == daily
+
     async def test_usage_kept_under_the_untagged_name_of_an_older_release_still_counts(self, link: RedisLink) -> None:
         # An upgrade mid-day: the day's hash under the name used before hash tags is taken over.
         day = int(NOW) // 86400

@@ -14,7 +14,9 @@ back (its allowance, which it may still spend, and its counters), and writes wha
 other replica whose entry is missing too, marked `r:`. Every replica's entry is written once: a
 replica finding its restored entry takes it over with its own word (its allowance and counters), so
 the key's usage is the sum of one entry per replica again. Spent usage (`c - f`) is never above what
-was served: every figure in it was reported by the replica that spent it.
+was served: every figure in it was reported by the replica that spent it. A rebuilt entry may be
+short of what its owner was granted after the rebuilder's last reply, so while one is unconfirmed
+and its owner active, no credit is granted (verdict -2: retry shortly).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any, NamedTuple
 #   balance, largest lease, now (s), active window (s), per-second limit (0: none), the replica's
 #   allowance, whether it had a reply for the key today (1/0), entry TTL, then what it last saw of each
 #   other replica: name, allowance, consumed, refunded, last asked (5 values each).
-# Returns {verdict (1 ok, 0 exhausted, -1 rate limited), allowance, used, active replicas, restored,
+# Returns {verdict (1 ok, 0 exhausted, -1 rate limited, -2 held: a rebuilt entry unconfirmed),
+#   allowance, used, active replicas, restored,
 #   spent by all replicas, then the other replicas as the same 5 values each}.
 LEASE_SCRIPT = """
 local key, me = KEYS[1], ARGV[1]
@@ -57,6 +60,7 @@ if known then
     local peer = ARGV[i]
     if h['a:' .. peer] == nil then
       h['a:' .. peer], h['c:' .. peer], h['f:' .. peer] = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+      h['t:' .. peer], h['r:' .. peer] = ARGV[i + 4], '1'
       redis.call('HSET', key, 'a:' .. peer, ARGV[i + 1], 'c:' .. peer, ARGV[i + 2], 'f:' .. peer, ARGV[i + 3],
                  't:' .. peer, ARGV[i + 4], 'r:' .. peer, 1)
       restored = 1
@@ -86,13 +90,25 @@ for name, value in pairs(h) do
     end
   end
 end
+-- An entry rebuilt from another replica's last view and not yet confirmed by its owner may hold less
+-- than its owner was granted: while such an owner is active, no credit is granted (a call that
+-- needs some hears 'retry shortly'), or two replicas could spend the same credit.
+local unconfirmed = false
+for name, value in pairs(h) do
+  if string.sub(name, 1, 2) == 'r:' then
+    local who = string.sub(name, 3)
+    if who ~= me and tonumber(h['t:' .. who] or '0') > now - window then unconfirmed = true end
+  end
+end
 local verdict = 1
 if fresh then
   if give_back then a = math.max(net, 0) end
   if cost > 0 then
     local need = math.max(net + cost - a, 0)
     local free = daily - (others + a)
-    if need > free then
+    if unconfirmed and (need > 0 or top_up) then
+      if need > 0 then verdict = -2 end
+    elseif need > free then
       verdict = 0
     elseif per_second > 0 then
       local second = tonumber(redis.call('GET', KEYS[2]) or '0')

@@ -49,7 +49,7 @@ log = logging.getLogger("proxy.credits")
 # An outage decides every debit in process: one line per interval says so, with the count.
 throttled = Throttled(log, interval=10.0)
 
-_VERDICTS = {1: Verdict.OK, 0: Verdict.EXHAUSTED, -1: Verdict.RATE_LIMITED}
+_VERDICTS = {1: Verdict.OK, 0: Verdict.EXHAUSTED, -1: Verdict.RATE_LIMITED, -2: Verdict.UNAVAILABLE}
 _OK = Verdict.OK  # read once: an enum member read through its class costs more than the debit
 _new_tuple = tuple.__new__  # a Debit made without NamedTuple's Python-level __new__
 CREDIT, GIVE_BACK, TOP_UP = 0, 1, 2  # the script's modes
