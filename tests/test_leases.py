@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -70,6 +71,11 @@ async def debit(ledger: LeasedLedger, amount: int, daily: int) -> Verdict:
     return (await ledger.debit("k", amount, daily=daily, per_second=None, now=NOW)).verdict
 
 
+async def background_done(*ledgers: LeasedLedger) -> None:
+    """The ledgers' background exchanges (lease top-ups) finished."""
+    await asyncio.gather(*(task for replica in ledgers for task in list(replica._tasks)))
+
+
 class TestLeaseScript:
     async def test_a_lease_covers_later_debits_without_a_round_trip(self, link: RedisLink) -> None:
         replica = ledger(link)
@@ -115,6 +121,7 @@ class TestLeaseScript:
         daily, served = 800, 0
         for replica in (first, second, first, first, first, first, first, second, second, second):
             served += await debit(replica, 80, daily) is Verdict.OK  # each has seen the other's lease
+            await background_done(first, second)  # top-ups land in this order, not during the loss
         await link.client.delete(ledger_key("k", int(NOW) // 86400))
         verdicts = [await debit(first, 80, daily) for _ in range(8)]
         served += verdicts.count(Verdict.OK)
