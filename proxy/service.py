@@ -285,18 +285,17 @@ class Service:
             wait = self._settings.coalesce_wait
             hold = self._settings.upstream_timeout + 1
             lock = FillLock(key)
-            if self._cache.shared is not None:  # Redis's answer, or its fill lock (memory alone has neither)
-                if plain:
-                    found = await self._cache.get_or_claim(lock, hold if wait else None)
-                    if found is not None:
-                        return Answer.stored(*found), True, True
-                elif wait:
-                    lock.token = await self._cache.claim(key, hold)
-                if lock.token is None:  # another replica is fetching this very key: take its answer
-                    found = await self._cache.await_fill(key, wait)
-                    if found is not None:
-                        self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
-                        return Answer.stored(*found), True, False
+            if plain:
+                found = await self._cache.get_or_claim(lock, hold if wait else None)
+                if found is not None:
+                    return Answer.stored(*found), True, True
+            elif wait:
+                lock.token = await self._cache.claim(key, hold)
+            if lock.token is None:  # another replica is fetching this very key: take its answer
+                found = await self._cache.await_fill(key, wait)
+                if found is not None:
+                    self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
+                    return Answer.stored(*found), True, False
             try:
                 return *await self._fetch(net, policy, method, params, refs, plan, lock), False
             finally:

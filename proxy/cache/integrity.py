@@ -53,8 +53,8 @@ class Integrity:
 
     async def doubt(self, net: NetworkRuntime, plan: Plan, params: Any, answer: Answer) -> tuple[str | None, Answer]:
         """Why an answer about to be kept forever must not be (None: keep it), and the answer to serve."""
-        config, per = net.config, net.per_upstream
-        if per is None or answer.upstream < 0 or answer.is_error:
+        config = net.config
+        if not self.checks(net) or answer.upstream < 0 or answer.is_error:
             return None, answer
         if config.confirm_logs_bloom and plan.method == "eth_getLogs" and isinstance(answer.result, list):
             reason = await self._logs_bloom(net, plan.head, params[0], plan.forward[0], answer)

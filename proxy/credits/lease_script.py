@@ -72,7 +72,7 @@ consumed = math.max(consumed, tonumber(h['c:' .. me] or '0'))
 refunded = math.max(refunded, tonumber(h['f:' .. me] or '0'))
 local net = consumed - refunded
 if net > a then a = net end  -- spent while Redis was unreachable (journaled): counted now
-local others, spent, active, peers = 0, net, 1, {}
+local others, spent, active, peers, unconfirmed = 0, net, 1, {}, false
 for name, value in pairs(h) do
   local kind, who = string.sub(name, 1, 2), string.sub(name, 3)
   if who ~= me then
@@ -87,17 +87,12 @@ for name, value in pairs(h) do
       peers[#peers + 1] = tonumber(h['t:' .. who] or '0')
     elseif kind == 't:' and tonumber(value) > now - window then
       active = active + 1
+    elseif kind == 'r:' and tonumber(h['t:' .. who] or '0') > now - window then
+      -- An entry rebuilt from another replica's last view, not yet confirmed by its active owner,
+      -- may hold less than its owner was granted: no credit is granted meanwhile (a call that needs
+      -- some hears 'retry shortly'), or two replicas could spend the same credit.
+      unconfirmed = true
     end
-  end
-end
--- An entry rebuilt from another replica's last view and not yet confirmed by its owner may hold less
--- than its owner was granted: while such an owner is active, no credit is granted (a call that
--- needs some hears 'retry shortly'), or two replicas could spend the same credit.
-local unconfirmed = false
-for name, value in pairs(h) do
-  if string.sub(name, 1, 2) == 'r:' then
-    local who = string.sub(name, 3)
-    if who ~= me and tonumber(h['t:' .. who] or '0') > now - window then unconfirmed = true end
   end
 end
 local verdict = 1

@@ -169,14 +169,9 @@ class RpcEndpoint:
         none; keyed_hit's answer), so it is not looked up, nor paid for, twice; None: not looked up."""
         gateway = self.gateway
         try:
-            # A key accepted before, without lists to apply: its account at once (every keyed hit).
-            known = gateway.accepted.get(key)
-            if known is None or known in gateway.key_lists:
-                authorized = self.authorize(key, headers)
-                if isinstance(authorized, Reply):
-                    return self.finish(authorized, headers)
-                known = authorized
-            account = known
+            account = self.authorize(key, headers)
+            if isinstance(account, Reply):
+                return self.finish(account, headers)
             network = gateway.router.network_for(headers.get("host"), path_network)
             if len(body) > self.max_body_bytes:
                 return self.finish(self.too_large(), headers)

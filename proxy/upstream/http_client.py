@@ -217,9 +217,7 @@ class HostPool:
         return None
 
     async def _checkout(self) -> _Connection:
-        connection = self._idle_one()
-        if connection is not None:
-            return connection
+        """A connection when none was idle (post looked): one freed while waiting, or a new one."""
         while self._open >= self._limit:
             ready = asyncio.get_running_loop().create_future()
             self._queue.append(ready)

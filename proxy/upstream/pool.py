@@ -185,11 +185,11 @@ class HttpUpstream(Sender):
             items, seconds = await self._batch_to(index, sent, timeout or self._timeout)
         if items is None:  # a node that does not take batches: each asked alone, headers too
             answers = list(await asyncio.gather(*(self._single(m, p, None) for m, p in sent)))
-            headers: list[Any] = [{"error": {}} if a.is_error else {"result": a.result} for a in answers[len(calls):]]
+            headers = [(a.result, a.is_error) for a in answers[len(calls):]]
         else:
             answers = [Answer.from_response(item, seconds, index) for item in items[:len(calls)]]
-            headers = items[len(calls):]
-        hashes = {b: proof_hash(h) for b, h in zip(blocks, headers, strict=True)}
+            headers = [(item.get("result"), item.get("error") is not None) for item in items[len(calls):]]
+        hashes = {b: proof_hash(*h) for b, h in zip(blocks, headers, strict=True)}
         return [a.with_proof(hashes[b]) if b is not None else a
                 for (_, _, b), a in zip(calls, answers[:len(calls)], strict=True)]
 

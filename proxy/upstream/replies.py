@@ -20,12 +20,11 @@ def proof_call(block: str) -> tuple[str, list[Any]]:
     return ("eth_getBlockByNumber", [block, False])
 
 
-def proof_hash(header: dict[str, Any]) -> str:
-    """The hash in a proof header's reply item; "" when the node has no such block (a null, or an
-    error: nodes behind answer a number past their head with a range error)."""
-    if header.get("error") is not None:
+def proof_hash(block: Any, is_error: bool) -> str:
+    """The hash in a proof header's answer (`block`, its result); "" when the node has no such block
+    (a null, or an error: nodes behind answer a number past their head with a range error)."""
+    if is_error:
         return ""
-    block = header.get("result")
     value = block.get("hash") if isinstance(block, dict) else None
     return value.lower() if isinstance(value, str) else ""
 
