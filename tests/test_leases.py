@@ -82,6 +82,31 @@ class TestLeaseScript:
         assert await debit(replica, 80, 80_000) is Verdict.OK
         assert replica.try_debit("k", 80, daily=80_000, per_second=None, now=NOW) is not None
 
+    async def test_the_hot_path_spends_only_what_the_lease_holds_and_shows_what_was_spent(
+        self, link: RedisLink,
+    ) -> None:
+        replica = ledger(link, lease_max=400)
+        assert await debit(replica, 80, 10**9) is Verdict.OK  # a lease of 480: this call and five more
+        await background_done(replica)
+        lease = replica._today["k"]
+        held = lease.allowance - lease.net
+        calls = held // 80
+        spent = [replica.spend("k", 80, 10**9, NOW) for _ in range(calls + 1)]  # nothing awaited: no top-up lands
+        # Exactly what the lease held, each call shown the balance less what was spent (never less
+        # what is only leased); past it the ledger decides. A top-up was asked before it ran out.
+        assert spent == [*(10**9 - 80 * (i + 2) for i in range(calls)), None]
+        assert lease.consumed == lease.allowance and replica._tasks
+        await background_done(replica)
+        assert replica.spend("k", 80, 10**9, NOW) == 10**9 - 80 * (calls + 2)
+
+    async def test_the_hot_path_leaves_other_days_and_unleased_keys_to_the_ledger(self, link: RedisLink) -> None:
+        replica = ledger(link)
+        assert replica.spend("k", 80, 80_000, NOW) is None  # no lease yet: `debit` asks Redis
+        assert await debit(replica, 80, 80_000) is Verdict.OK
+        assert replica.spend("k", 80, 80_000, NOW) == 80_000 - 160
+        assert replica.spend("k", 80, 80_000, NOW + 86_400) is None  # the next UTC day opens its own lease
+        assert replica.spend("other", 80, 80_000, NOW) is None
+
     async def test_leases_shrink_near_the_limit_so_the_last_credits_go_out_exactly(self, link: RedisLink) -> None:
         first, second = ledger(link), ledger(link)
         served = 0

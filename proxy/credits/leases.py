@@ -51,7 +51,6 @@ throttled = Throttled(log, interval=10.0)
 
 _VERDICTS = {1: Verdict.OK, 0: Verdict.EXHAUSTED, -1: Verdict.RATE_LIMITED, -2: Verdict.UNAVAILABLE}
 _OK = Verdict.OK  # read once: an enum member read through its class costs more than the debit
-_new_tuple = tuple.__new__  # a Debit made without NamedTuple's Python-level __new__
 CREDIT, GIVE_BACK, TOP_UP = 0, 1, 2  # the script's modes
 REPORT_INTERVAL = 1.0  # seconds: a replica that spends reports it at least this often (the shown balance)
 EXHAUSTED_READ_INTERVAL = 1.0  # seconds between reads of the day's exhausted keys
@@ -147,28 +146,36 @@ class LeasedLedger:
         self._seqs = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
-        self._day_start, self._day_end = 0, 0
+        self._day_start, self._day_end = 0.0, 0.0  # the hot path's day, as floats: compared with a float clock
         self.exhausted = ExhaustedKeys(link, self._link_run, self._background, day_ttl=DAY_TTL, key_of=exhausted_key)
         self.on_exhausted = self.exhausted.on_exhausted  # told siblings (workers) of a refusal
         self.on_new_lease: list[Callable[[KeyLease], None]] = []  # a key's first lease of a day here
 
     # --- debits ---------------------------------------------------------------------------
 
-    def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit | None:
-        """The hot path: a debit the lease covers, decided in memory. None: `debit` must ask Redis."""
-        if not self._day_start <= now < self._day_end:
-            return None  # another day: `debit` opens its leases
+    def spend(self, api_key: str, amount: int, daily: int, now: float) -> int | None:
+        """The hot path, for a key with no per-second limit: spends `amount` from the lease when it
+        covers it, in memory, and returns the balance to show; None: `try_debit`/`debit` decide."""
         lease = self._today.get(api_key)
-        if lease is None:
+        if lease is None or not self._day_start <= now < self._day_end:  # another day: `debit` opens its leases
             return None
-        consumed = lease.consumed
-        free = lease.allowance - consumed + lease.refunded  # lease.free, inlined
-        if per_second is None and free >= amount:
-            lease.consumed = consumed = consumed + amount
-            if free - amount < lease.low_water and not lease.lock.locked():
-                self._top_up(lease, amount, now)  # before it runs out, so no call waits for a refill
-            return _new_tuple(Debit, (_OK, daily - lease.others_spent - consumed + lease.refunded))
-        if lease.ceiling is not None and not self._link.up:
+        consumed = lease.consumed + amount
+        held = lease.allowance + lease.refunded  # what this replica may have consumed
+        if consumed > held:
+            return None
+        lease.consumed = consumed
+        if held - consumed < lease.low_water and not lease.lock.locked():
+            self._top_up(lease, amount, now)  # before it runs out, so no call waits for a refill
+        return daily - lease.others_spent - consumed + lease.refunded
+
+    def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit | None:
+        """A debit the lease covers, decided in memory. None: `debit` must ask Redis."""
+        if per_second is None:
+            remaining = self.spend(api_key, amount, daily, now)
+            if remaining is not None:
+                return Debit(_OK, remaining)
+        lease = self._today.get(api_key) if self._day_start <= now < self._day_end else None
+        if lease is not None and lease.ceiling is not None and not self._link.up:
             return self._outage_debit(lease, amount, daily, per_second, now)
         return None
 
@@ -295,7 +302,7 @@ class LeasedLedger:
             for callback in self.on_new_lease:
                 callback(lease)
         if day * 86400 > self._day_start:  # a new day: the hot path's leases are that day's
-            self._day_start, self._day_end = day * 86400, (day + 1) * 86400
+            self._day_start, self._day_end = float(day * 86400), float((day + 1) * 86400)
             self._today = {k: v for (d, k), v in self._leases.items() if d == day}
         elif day * 86400 == self._day_start:
             self._today[api_key] = lease

@@ -20,7 +20,7 @@ class Verdict(Enum):
     UNAVAILABLE = "unavailable"  # the ledger cannot be reached and this replica may not decide alone
 
 
-class Debit(NamedTuple):  # a tuple: made on every charged call, and cheaper to make than a dataclass
+class Debit(NamedTuple):
     verdict: Verdict
     remaining: int
 
@@ -40,6 +40,11 @@ def daily_key(api_key: str, now: float) -> str:
 
 class Ledger(Protocol):
     """`api_key` is whatever string names the key to the ledger; nothing here reads it otherwise."""
+
+    def spend(self, api_key: str, amount: int, daily: int, now: float) -> int | None:
+        """A key without a per-second limit: `amount` spent without awaiting anything, and the balance
+        left to show; None when that cannot be decided so (a refusal too): ask `try_debit`/`debit`."""
+        ...
 
     def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None,
                   now: float) -> Debit | None:
@@ -70,6 +75,10 @@ class MemoryLedger:
     def __init__(self) -> None:
         self._used: dict[str, int] = defaultdict(int)
         self._window: dict[str, int] = defaultdict(int)
+
+    def spend(self, api_key: str, amount: int, daily: int, now: float) -> int | None:
+        debit = self.try_debit(api_key, amount, daily, None, now)
+        return debit.remaining if debit.verdict is Verdict.OK else None
 
     def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         key = daily_key(api_key, now)

@@ -71,7 +71,7 @@ def paid_reply(hit: PaidHit) -> Reply:
     """A paid memory hit as a Reply (for aiohttp, gzip, CORS or the access log)."""
     headers = Gateway.paid_hit_headers(hit)
     headers["Content-Type"] = JSON_CONTENT_TYPE
-    return Reply(hit[0], 200, headers)
+    return Reply(hit[3], 200, headers)
 
 
 def key_of(in_path: str | None, headers: Headers) -> str:
@@ -143,11 +143,11 @@ class RpcEndpoint:
         return paid_reply(answer) if isinstance(answer, tuple) else answer
 
     def memory(self, key: str | None, path_network: str | None, headers: Headers,
-               body: bytes) -> bytes | PaidHit | Reply | bool | None:
+               body: bytes) -> bytes | PaidHit | bool | None:
         """A page-less request's memory lookup, made without awaiting: an open hit's body (bytes), or
         what `answer(found=...)` takes: True (open mode, no hit), keyed_hit's answer for a key accepted
-        before without allow-lists (a paid hit, its refusal, or whether memory was checked); None
-        when not looked up (another key, an unknown network: `answer` judges them)."""
+        before without allow-lists (a paid hit, or whether memory was checked); None when not looked
+        up (another key, an unknown network: `answer` judges them)."""
         gateway = self.gateway
         try:
             network = gateway.router.network_for(headers.get("host"), path_network)
@@ -162,7 +162,7 @@ class RpcEndpoint:
         return gateway.keyed_hit(body, account, network)
 
     def answer(self, key: str, path_network: str | None, headers: Headers, body: bytes,
-               path: str, found: PaidHit | Reply | bool | None = None) -> PaidHit | Reply | Pending:
+               path: str, found: PaidHit | bool | None = None) -> PaidHit | Reply | Pending:
         """As `respond`, but a paid memory hit that needs neither gzip nor CORS headers is its body
         and credit figures, which the fast server writes after a pre-built head (no headers dict).
         `found`: what the caller's own memory lookup gave for this body and key (open_hit: True for
@@ -178,15 +178,13 @@ class RpcEndpoint:
             hit: Reply | bool
             if self.open_mode:
                 hit = True if found is True else self._open_hit(body, network)
-            else:  # a memory hit the key's lease pays for, its refusal, or whether memory was checked
+            else:  # a memory hit the key's lease pays for, or whether memory was checked
                 paid = gateway.keyed_hit(body, account, network) if found is None else found
                 if isinstance(paid, tuple):
-                    if len(paid[0]) < self.compress_from and "origin" not in headers:
+                    if paid[2] < self.compress_from and "origin" not in headers:
                         return paid
                     return self.finish(paid_reply(paid), headers)
                 hit = paid
-                if isinstance(hit, Reply):
-                    hit.headers["Content-Type"] = JSON_CONTENT_TYPE
             if isinstance(hit, Reply):
                 if hit.body is not None and len(hit.body) < self.compress_from and "origin" not in headers:
                     return hit

@@ -77,7 +77,7 @@ class Front:
         # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date).
         endpoint = routes.endpoint
         self._open_fields = header_template(endpoint.open_headers)
-        self._paid_fields = header_template(paid_reply((b"", 0, 0)).headers, PAID_NUMBERS)
+        self._paid_fields = header_template(paid_reply((0, 0, 0, b"")).headers, PAID_NUMBERS)
         self.open_answer = self.paid_answer = b""
         wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]
         self._read_headers = {name.encode("latin-1"): name for name in wanted}
@@ -360,13 +360,13 @@ class FrontProtocol(Answers):
             else:
                 self._prebuilt(False, (len(found), found))
             return
-        if type(found) is tuple and len(found[0]) < endpoint.compress_from:  # a paid hit
-            self._prebuilt(True, (found[1], found[2], len(found[0]), found[0]))
+        if type(found) is tuple and found[2] < endpoint.compress_from:  # a paid hit
+            self._prebuilt(True, found)
             return
         answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path, found)
         if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
             if prebuilt:
-                self._prebuilt(True, (answer[1], answer[2], len(answer[0]), answer[0]))
+                self._prebuilt(True, answer)
                 return
             answer = paid_reply(answer)
         self._answer(request, answer)

@@ -15,7 +15,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
 from proxy.credits.allow_lists import AllowLists, call_refusal
 from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
-from proxy.credits.ledger import Ledger, Verdict
+from proxy.credits.ledger import Ledger
 from proxy.http.accounting import REFUSED_STATUSES, CallAccounting
 from proxy.http.response_size import ResponseBudget
 from proxy.http.routing import Router
@@ -28,10 +28,9 @@ from proxy.upstream.filters import FILTER_METHODS, Filters
 
 # A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
 _Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
-
-
-_OK = Verdict.OK  # an enum member read through its class costs a hit more than the comparison
-PaidHit = tuple[bytes, int, int]  # a paid memory hit's body, credits charged and credits remaining (>= 0)
+# A paid memory hit: credits charged, credits remaining (>= 0), the body's length and the body (the
+# fast server's pre-built head takes the four as they are).
+PaidHit = tuple[int, int, int, bytes]
 
 
 @dataclass(slots=True)
@@ -129,11 +128,11 @@ class Gateway:
             return None
         return self._hit_body(hit, self._calls.request_id() if self._access_log else 0, started)
 
-    def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None) -> PaidHit | Reply | bool:
+    def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None) -> PaidHit | bool:
         """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
-        body and credit figures (paid_hit_headers), or the Reply refusing it. Otherwise whether memory
-        was checked (True: no hit, so `handle(..., memory_checked=True)`; False: a hit whose debit
-        must ask the ledger)."""
+        credit figures, length and body (paid_hit_headers). Otherwise whether memory was checked
+        (True: no hit, so `handle(..., memory_checked=True)`; False: a hit the ledger must decide on
+        the general path: no lease yet, a per-second limit, a refusal)."""
         if account in self._restricted:
             return False  # its calls are checked against its lists on the general path
         started = time.perf_counter()
@@ -141,20 +140,18 @@ class Gateway:
         if hit is None:
             return True
         terms = self._terms[account]
+        if terms.per_second is not None:
+            return False  # every debit of such a key asks the ledger's per-second window
         credits = hit[5]
-        # Positional: keyword arguments cost the every-hit call a dict of its own.
-        debit = self._ledger.try_debit(account, credits, terms.daily, terms.per_second, self._now())
-        if debit is None:
+        remaining = self._ledger.spend(account, credits, terms.daily, self._now())
+        if remaining is None:
             return False
-        if debit[0] is not _OK:
-            charge = self.cashier.verdict(debit, credits, terms.per_second)
-            return self._paid_reply(hit, account, charge, self._calls.request_id() if self._access_log else 0, started)
         # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
         terms.charged.value += credits
         hit[6].charged.value += credits
-        remaining = debit[1]
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
-        return self._hit_body(hit, request_id, started), credits, remaining if remaining > 0 else 0
+        answer = self._hit_body(hit, request_id, started)
+        return credits, remaining if remaining > 0 else 0, len(answer), answer
 
     async def handle(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
@@ -321,7 +318,7 @@ class Gateway:
     @staticmethod
     def paid_hit_headers(hit: PaidHit) -> dict[str, str]:
         """A paid memory hit's headers (as _reply writes them; the fast server pre-builds the same bytes)."""
-        return {"X-Credits-Charged": str(hit[1]), "X-Credits-Remaining": str(hit[2]), "X-Cache": HIT}
+        return {"X-Credits-Charged": str(hit[0]), "X-Credits-Remaining": str(hit[1]), "X-Cache": HIT}
 
     def _reply(
         self, body: bytes | None, status: int, charged: int, remaining: int | None, cache: str | None,

@@ -8,7 +8,7 @@ import logging
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.credits.accounts import OPEN_ACCOUNT
-from proxy.http.gateway import Gateway, Reply, invalid_key_error
+from proxy.http.gateway import Gateway, invalid_key_error
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.subscriptions import Session, subscription_call
@@ -120,17 +120,13 @@ def _refusal(request: web.Request, account: str) -> web.Response | None:
 
 
 def memory_hit(gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None) -> bytes | bool:
-    """A memory hit's answer made without awaiting (open mode; a keyed hit its lease pays for, or its
-    refusal), else whether memory was checked, for gateway.handle (as the HTTP endpoint does)."""
+    """A memory hit's answer made without awaiting (open mode; a keyed hit its lease pays for), else
+    whether memory was checked, for gateway.handle (as the HTTP endpoint does)."""
     if gateway.open_mode:
         encoded = gateway.open_hit(data, network)
         return True if encoded is None else encoded
     hit = gateway.keyed_hit(data, account, network)
-    if isinstance(hit, tuple):
-        return hit[0]
-    if isinstance(hit, Reply):
-        return hit.body if hit.body is not None else False
-    return hit
+    return hit[3] if isinstance(hit, tuple) else hit
 
 
 async def _close_when_idle(connection: Connection, session: Session, timeout: float) -> None:
