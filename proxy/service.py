@@ -34,6 +34,7 @@ from proxy.rpc.jsonrpc import (
     dumps,
     invalid_params,
     loads,
+    plain_call,
     trimmed,
 )
 from proxy.rpc.methods import (
@@ -70,6 +71,9 @@ def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, st
         return None
     return (net.name, method, raw)
 
+
+# A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
+MemoryHit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
 
 
 class Service:
@@ -144,21 +148,22 @@ class Service:
 
     # --- the read-through flow ----------------------------------------------------------
 
-    def memory_hit(
-        self, method: str, params: list[Any], net: NetworkRuntime,
-    ) -> tuple[bytes, bool, int, HitCells] | None:
-        """(payload, is_error, credits, metric cells) for a call seen before, if its plan holds for the
-        current head and memory has the answer. A plan exists only for params that passed validation
-        on this network.
-
-        Nothing is counted here: the caller counts the hit once it is paid for.
-        """
-        fingerprint = _fingerprint(net, method, params)
-        if fingerprint is None:
+    def memory_hit(self, body: bytes | str, network: NetworkRuntime | None,
+                   default_routes: Mapping[str, NetworkRuntime | None]) -> MemoryHit | None:
+        """The hot path: a plain single call answered from memory for this head, straight from the raw
+        body (`network`, else the method's default route); None: the general path judges it. Only params
+        validated on this network have a plan. Nothing is counted: the caller counts a hit once paid for."""
+        plain = plain_call(body)
+        if plain is None:
             return None
-        try:  # only cacheable calls that passed validation have a plan
-            plan = self._plans[fingerprint]
-        except KeyError:
+        rid, method, params = plain
+        # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
+        net = network or default_routes.get(method)
+        if net is None or self.networks.get(net.name) is not net:
+            return None  # none, or a network a reload replaced or removed: the general path routes it
+        try:  # _fingerprint's size checks are not needed: params they refuse were never held
+            plan = self._plans[(net.name, method, dumps(params))]
+        except (KeyError, TypeError):  # TypeError: nested past orjson's limit (never held either)
             return None
         if plan.head is not net.tracker.head or plan.decision.tied_to_answer:
             return None  # tied to the answer's block: checked on the general path
@@ -168,7 +173,7 @@ class Service:
         payload, is_error = stored
         if len(payload) > self._max_response:
             return None  # the general path answers with the size error (response_size.py)
-        return payload, is_error, plan.credits, plan.hit_cells[is_error]
+        return rid, method, net, payload, is_error, plan.credits, plan.hit_cells[is_error]
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()

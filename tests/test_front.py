@@ -8,6 +8,8 @@ import asyncio
 import gzip
 import json
 import socket
+import time
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
@@ -82,6 +84,24 @@ async def test_pipelined_hits_and_misses_are_answered_in_request_order(anvil: An
     answers = await exchange(evm_proxy.server.port, data, len(bodies))
     assert [json.loads(body)["id"] for _, _, body in answers] == [1, 2, 3, 4, 5]
     assert [headers.get("x-cache") for _, headers, _ in answers][1::2] == ["HIT", "HIT"]
+
+
+async def test_a_hits_date_is_the_second_it_was_answered_in_and_moves_on_with_the_clock(
+    anvil: Anvil, evm_proxy: Proxy,
+) -> None:
+    store, block = await finalized_store(anvil, evm_proxy)
+    hit = json.dumps(storage(store, "0x0", hex(block), rid=0)).encode()
+    await evm_proxy.post(hit)  # now in memory: answered after a pre-built head, its Date renewed each second
+    seen: set[float] = set()
+    deadline = time.monotonic() + 10
+    while len(seen) < 2:  # two different seconds: the head was made again when the clock moved on
+        assert time.monotonic() < deadline, f"Date never moved on: {seen}"
+        before = int(time.time())
+        [(status, headers, _)] = await exchange(evm_proxy.server.port, post(hit))
+        after = time.time()
+        shown = parsedate_to_datetime(headers["date"]).timestamp()
+        assert status == 200 and headers["x-cache"] == "HIT" and before <= shown <= after
+        seen.add(shown)
 
 
 async def test_a_request_split_byte_by_byte_across_packets_is_answered(evm_proxy: Proxy) -> None:

@@ -35,6 +35,9 @@ async def test_150k_small_answers_hold_no_more_rss_than_the_bound() -> None:
 
 
 async def test_2000_answers_of_100_kb_hold_no_more_rss_than_the_bound() -> None:
-    [(bounded, baseline)] = await fill_side_by_side(BOUND, [(lambda: map(big_call, range(2_000)), 10, 2)])
+    # Two answers at a time: with batches of 10, two at once, the processes' transient buffers (1 MB
+    # a batch) reached different high-water marks from run to run: 7.5-17 MiB "held" on a busy host
+    # against 8.7-9.6 MiB this way (README, "What the in-process bound covers").
+    [(bounded, baseline)] = await fill_side_by_side(BOUND, [(lambda: map(big_call, range(2_000)), 2, 1)])
     assert 60 < bounded.entries <= BOUND // 100_000
     assert_held_within_the_bound(bounded, baseline)

@@ -46,7 +46,7 @@ async def served(settings: Settings) -> AsyncIterator[int]:
         await runner.cleanup()
 
 
-def head(port: int, length: int, path: str = "/v3/k") -> bytes:
+def head(port: int, length: int | str, path: str = "/v3/k") -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {length}\r\n\r\n").encode()
 
@@ -83,6 +83,15 @@ async def test_a_declared_body_over_the_limit_is_413_before_any_of_it_is_read(an
     async with served(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000")) as port:
         status, body = await exchange(port, head(port, 50_000_000))
         assert status == 413 and json.loads(body)["error"]["code"] == -32600
+
+
+async def test_the_declared_length_limit_holds_at_its_edge_and_through_leading_zeros(anvil: Anvil) -> None:
+    async with served(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000")) as port:
+        assert (await exchange(port, head(port, 1001)))[0] == 413  # as many digits as the limit, one over it
+        assert (await exchange(port, head(port, "0000001001")))[0] == 413  # more digits, the same length
+        at_limit = CHAIN_ID[:-1] + b" " * (1000 - len(CHAIN_ID)) + b"}"
+        status, body = await exchange(port, head(port, "000" + str(len(at_limit))) + at_limit)
+        assert status == 200 and json.loads(body)["result"] == "0x7a69"
 
 
 async def test_bodies_beyond_the_in_flight_byte_budget_are_503_and_small_calls_still_served(anvil: Anvil) -> None:

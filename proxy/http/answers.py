@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from typing import Any, Protocol
 
@@ -26,11 +25,11 @@ class Server(Protocol):
     """What a connection reads of its server (front.Front)."""
 
     stopping: bool
-    date_at: int  # the second its Date line and hit heads were made for
+    renew_at: float  # the loop time at which its Date line and hit heads are made again
     open_answer: bytes  # an open hit's answer as a %-format of (length, body)
     paid_answer: bytes  # a paid hit's: (charged, remaining, length, body)
 
-    def date(self) -> bytes: ...
+    def date(self, loop_now: float) -> bytes: ...
 
 
 class Answers(asyncio.Protocol):
@@ -117,8 +116,9 @@ class Answers(asyncio.Protocol):
     def _prebuilt(self, paid: bool, values: tuple[object, ...]) -> None:
         """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
         front = self._front
-        if int(time.time()) != front.date_at:
-            front.date()
+        now = self._loop.time()
+        if now >= front.renew_at:
+            front.date(now)
         data = (front.paid_answer if paid else front.open_answer) % values
         transport = self._transport
         if self._waiting or transport is None:
@@ -128,7 +128,7 @@ class Answers(asyncio.Protocol):
         if front.stopping:
             self.abort()
         else:
-            self._active_at = self._loop.time()
+            self._active_at = now
 
     def _send(self, data: bytes, close: bool) -> None:
         """An answer, written now when nothing before it waits, else queued behind."""

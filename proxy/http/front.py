@@ -72,13 +72,15 @@ class Front:
         self.orphans: set[asyncio.Task[tuple[bytes, bool]]] = set()  # answers whose client left
         self.stopping = False
         self._date = b""
-        self.date_at = 0
+        self.date_at = 0  # the wall-clock second of the Date line and hit heads
+        self.renew_at = 0.0  # the loop time (monotonic) at which that second ends
         # The whole head of a memory hit but its numbers, for `bytes % (...)`: open hits' headers are
         # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date).
         endpoint = routes.endpoint
         self._open_fields = header_template(endpoint.open_headers)
         self._paid_fields = header_template(paid_reply((0, 0, 0, b"")).headers, PAID_NUMBERS)
         self.open_answer = self.paid_answer = b""
+        self.limit_digits = len(str(endpoint.max_body_bytes))
         wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]
         self._read_headers = {name.encode("latin-1"): name for name in wanted}
         # Field names as clients spell them -> the lower-case name read, or "" (not read): a client
@@ -93,14 +95,18 @@ class Front:
             self.header_names[name] = key
         return key
 
-    def date(self) -> bytes:
-        """The Date header's line, made once a second (with the hit heads that carry it)."""
-        now = int(time.time())
-        if now != self.date_at:
-            self.date_at = now
-            self._date = date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
-            self.open_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._open_fields, date)
-            self.paid_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._paid_fields, date)
+    def date(self, loop_now: float) -> bytes:
+        """The Date header's line, made once a second (with the hit heads that carry it). `loop_now`:
+        the event loop's time, which a hit reads anyway: the wall clock is read once a second."""
+        if loop_now >= self.renew_at:
+            wall = time.time()
+            second = int(wall)
+            self.renew_at = loop_now + (second + 1 - wall)
+            if second != self.date_at:
+                self.date_at = second
+                self._date = date = b"Date: " + formatdate(second, usegmt=True).encode() + b"\r\n"
+                self.open_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._open_fields, date)
+                self.paid_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._paid_fields, date)
         return self._date
 
     def protocol(self) -> FrontProtocol:
@@ -246,35 +252,31 @@ class FrontProtocol(Answers):
 
     # --- parser callbacks (httptools) ---------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self._request = Request()
-        self._head_bytes = 0
-
     def on_url(self, url: bytes) -> None:
         request = self._request
-        assert request is not None
+        if request is None:  # a new request (its first callback: no on_message_begin, one call less)
+            self._request = request = Request()
+            self._head_bytes = 0
         request.url += url
         if len(request.url) > MAX_LINE:
             raise refusal(INVALID_REQUEST, f"request target too long: at most {MAX_LINE} bytes", 414)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        request = self._request
-        assert request is not None
-        raw = request.raw
+        raw = self._request.raw  # type: ignore[union-attr]
         if len(value) > MAX_LINE or len(raw) >= MAX_HEADERS:
             raise refusal(INVALID_REQUEST, "request header fields too large", 431)
         raw.append((name, value))
-        key = self._header_names.get(name)
-        if key is None:
-            key = self._front.header_name(name)
-        if key:  # only fields something reads; the first of repeated ones, as aiohttp
-            headers = request.headers
-            if key not in headers:
-                headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         request = self._request
         assert request is not None
+        names, headers = self._header_names, request.headers
+        for name, value in request.raw:
+            key = names.get(name)
+            if key is None:
+                key = self._front.header_name(name)
+            if key and key not in headers:  # only fields something reads; the first of repeated ones, as aiohttp
+                headers[key] = value.decode("latin-1")
         parser = self._parser
         if self._access_log:
             request.started = time.perf_counter()
@@ -296,10 +298,11 @@ class FrontProtocol(Answers):
             request.kind = OTHER
             return
         request.kind, request.target = RPC, target
-        headers = request.headers
         declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._endpoint.max_body_bytes:
-            raise Refused(self._closing(self._endpoint.too_large()))  # refused before a byte of it is read
+        # Refused before a byte of it is read; a length of fewer digits than the limit's is within it.
+        if (declared is not None and len(declared) >= self._front.limit_digits and declared.isdigit()
+                and int(declared) > self._endpoint.max_body_bytes):
+            raise Refused(self._closing(self._endpoint.too_large()))
         if "expect" in headers and headers["expect"].lower() == "100-continue" and not self._waiting:
             assert self._transport is not None
             self._transport.write(_CONTINUE)
@@ -375,7 +378,8 @@ class FrontProtocol(Answers):
         """The answer's bytes, and whether the connection closes after it."""
         if request.kind == RPC and self._routes.access_log:
             log_front_request(self._endpoint.gateway, self._routes.trusted_header, self._peer, request, reply)
-        return encoded_answer(reply, request, self._parser.get_http_version() == "1.0", self._front.date())
+        return encoded_answer(reply, request, self._parser.get_http_version() == "1.0",
+                              self._front.date(self._loop.time()))
 
     def _last(self, reply: Reply) -> None:
         """The connection's last answer: nothing more is read from it."""

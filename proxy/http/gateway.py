@@ -19,15 +19,13 @@ from proxy.credits.ledger import Ledger
 from proxy.http.accounting import REFUSED_STATUSES, CallAccounting
 from proxy.http.response_size import ResponseBudget
 from proxy.http.routing import Router
-from proxy.metrics import HitCells, Metrics
+from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_API_KEY, Body, Call, Invalid, JsonRpcError
-from proxy.service import Service
+from proxy.service import MemoryHit, Service
 from proxy.upstream.filters import FILTER_METHODS, Filters
 
-# A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
-_Hit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
 # A paid memory hit: credits charged, credits remaining (>= 0), the body's length and the body (the
 # fast server's pre-built head takes the four as they are).
 PaidHit = tuple[int, int, int, bytes]
@@ -123,7 +121,7 @@ class Gateway:
         if not self.open_mode:
             return None
         started = time.perf_counter()
-        hit = self._cached_single(body, network)
+        hit = self._service.memory_hit(body, network, self._default_routes)
         if hit is None:
             return None
         return self._hit_body(hit, self._calls.request_id() if self._access_log else 0, started)
@@ -136,7 +134,7 @@ class Gateway:
         if account in self._restricted:
             return False  # its calls are checked against its lists on the general path
         started = time.perf_counter()
-        hit = self._cached_single(body, network)
+        hit = self._service.memory_hit(body, network, self._default_routes)
         if hit is None:
             return True
         terms = self._terms[account]
@@ -159,7 +157,9 @@ class Gateway:
         started = time.perf_counter()
         request_id = self._calls.request_id()
         lists = self.key_lists.get(account) if account in self._restricted else None
-        hit = None if memory_checked or lists is not None else self._cached_single(body, network)
+        hit = None
+        if not memory_checked and lists is None:
+            hit = self._service.memory_hit(body, network, self._default_routes)
         if hit is not None:
             if self.open_mode:  # nothing to charge, so nothing to await
                 return self._serve_hit(hit, 0, None, request_id, started)
@@ -265,34 +265,14 @@ class Gateway:
         """A batch member's outcome, its answer dropped at once if the batch's answers outgrow the limit."""
         return budget.take(await self._execute(prepared, account))
 
-    def _cached_single(self, body: bytes | str, network: NetworkRuntime | None) -> _Hit | None:
-        """The hot path: a plain single call already answered from memory for this head, straight from
-        the raw body. None: take the general path, which judges everything this path passes over.
-
-        Only params that passed validation on this network before have a memoized plan, so nothing
-        is skipped that could change the answer; credits, metrics and logs are the same.
-        """
-        plain = jsonrpc.plain_call(body)
-        if plain is None:
-            return None
-        rid, method, params = plain
-        # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
-        runtime = network or self._default_routes.get(method)
-        if runtime is None or self._service.networks.get(runtime.name) is not runtime:
-            return None  # none, or a network a reload replaced or removed: the general path routes it
-        hit = self._service.memory_hit(method, params, runtime)
-        if hit is None:
-            return None
-        return rid, method, runtime, *hit
-
-    async def _paid_hit(self, hit: _Hit, account: str, request_id: int, started: float) -> Reply:
+    async def _paid_hit(self, hit: MemoryHit, account: str, request_id: int, started: float) -> Reply:
         charge = self.cashier.charge_now(account, hit[5])
         if charge is None:
             charge = await self.cashier.charge(account, hit[5])
         return self._paid_reply(hit, account, charge, request_id, started)
 
     def _paid_reply(
-        self, hit: _Hit, account: str, charge: tuple[JsonRpcError | None, int], request_id: int, started: float,
+        self, hit: MemoryHit, account: str, charge: tuple[JsonRpcError | None, int], request_id: int, started: float,
     ) -> Reply:
         rid, method, runtime, _payload, _is_error, credits, _cells = hit
         refusal, remaining = charge
@@ -304,10 +284,10 @@ class Gateway:
         hit[6].charged.value += credits
         return self._serve_hit(hit, credits, remaining, request_id, started)
 
-    def _serve_hit(self, hit: _Hit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
+    def _serve_hit(self, hit: MemoryHit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
         return self._reply(self._hit_body(hit, request_id, started), 200, cost, remaining, HIT)
 
-    def _hit_body(self, hit: _Hit, request_id: int, started: float) -> bytes:
+    def _hit_body(self, hit: MemoryHit, request_id: int, started: float) -> bytes:
         rid, method, runtime, payload, is_error, credits, cells = hit
         # The counts execute() and _account_call() make for a hit, through cells found once.
         cells.record(credits, time.perf_counter() - started)
