@@ -141,6 +141,16 @@ async def test_a_chunked_body_over_max_body_bytes_is_413(anvil: Anvil) -> None:
         await proxy.close()
 
 
+async def test_trailer_fields_after_a_chunked_body_are_not_read_as_headers(evm_proxy: Proxy) -> None:
+    # RFC 9110 6.5.1: trailers are not header fields, so none may set the encoding, a key or an origin.
+    body = call("eth_chainId", [], 7)
+    data = (b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n"
+            b"Content-Encoding: gzip\r\nOrigin: http://page.example\r\n\r\n" % (len(body), body))
+    [(status, headers, answer)] = await exchange(evm_proxy.server.port, data)
+    assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+    assert not any(name.startswith("access-control-") for name in headers)
+
+
 async def test_a_gzip_body_is_decoded_and_one_inflating_past_the_limit_is_413(anvil: Anvil) -> None:
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000"))
     try:

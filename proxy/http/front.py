@@ -59,6 +59,7 @@ READ_HEADERS = ("host", "origin", "authorization", "x-api-key", "accept-encoding
                 "content-length", "expect", "access-control-request-headers", "connection")
 MAX_TARGETS = 1024  # request targets remembered with their path and route (clients reuse a few)
 _OK = b"HTTP/1.1 200 OK\r\n"
+CLOCK_STEP = 0.002  # seconds: twice the resolution of uvloop's loop.time() (libuv's uv_now)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -101,7 +102,8 @@ class Front:
         if loop_now >= self.renew_at:
             wall = time.time()
             second = int(wall)
-            self.renew_at = loop_now + (second + 1 - wall)
+            # 2 ms early: uvloop's time has millisecond steps, and a late renewal would show the last second.
+            self.renew_at = loop_now + (second + 1 - wall) - CLOCK_STEP
             if second != self.date_at:
                 self.date_at = second
                 self._date = date = b"Date: " + formatdate(second, usegmt=True).encode() + b"\r\n"
