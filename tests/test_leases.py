@@ -49,6 +49,20 @@ class TestOutageRules:
         assert lease.remaining(1000) == 1000 - 120 - 80  # X-Credits-Remaining: spent, not leased
         assert lease.unheld(1000) == 1000 - 500 - 80  # what no replica may still spend
 
+    def test_a_hit_spends_its_lease_directly_down_to_the_low_water_mark_and_no_further(self) -> None:
+        lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, refunded=20, others_spent=50, low_water=40,
+                         day_start=NOW - 10, day_end=NOW + 10)
+        assert lease.spend(80, 1000, NOW) == 1000 - 50 - 180 + 20  # the balance shown, as remaining() says
+        assert lease.spend(100, 1000, NOW) == 1000 - 50 - 280 + 20  # 320 held - 280 = 40: the mark itself
+        assert lease.spend(1, 1000, NOW) is None and lease.consumed == 280  # past it: the ledger tops up
+        assert lease.remaining(1000) == 1000 - 50 - 260
+
+    def test_a_lease_spends_nothing_outside_its_own_utc_day(self) -> None:
+        lease = KeyLease("k", "rcp:k", allowance=300, day_start=NOW, day_end=NOW + 86400)
+        assert lease.spend(10, 1000, NOW - 0.5) is None and lease.spend(10, 1000, NOW + 86400) is None
+        assert lease.consumed == 0 and lease.spend(10, 1000, NOW) == 990
+        assert KeyLease("", "").spend(0, 1000, NOW) is None  # a lease with no day (a tab's before the ledger's)
+
     def test_a_key_known_exhausted_elsewhere_is_refused_through_an_outage(self) -> None:
         lease = KeyLease("k", "rcp:k", ceiling=10_000)  # never seen here: failing open
         assert outage_verdict(lease, 80, 1000, None, NOW) is Verdict.OK

@@ -35,6 +35,10 @@ class ExhaustedKeys:
             self._background(self._run("credits_exhausted", lambda c: c.sadd(key, api_key),
                                        lambda c: c.expire(key, self._day_ttl)))
 
+    def heard(self, api_key: str, day: int) -> None:
+        """A sibling worker was refused for this key's exhaustion."""
+        self.mark(day, api_key, tell=False)
+
     def forget(self, day: int, api_key: str) -> None:
         """The key has credits again (a refund, a lease)."""
         if (day, api_key) in self.known:

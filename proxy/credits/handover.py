@@ -92,8 +92,8 @@ class WorkerLedger:
     def __init__(self, run_dir: str, index: int, ledger: LeasedLedger, journal_dir: str | None) -> None:
         self._ledger = ledger
         self.handover = Handover(run_dir, index, ledger, journal_dir)
-        self._relay = ShownRelay(run_dir, index, ledger.exhausted_elsewhere, name="exhausted")
-        ledger.on_exhausted.append(self._relay.tell)
+        self._relay = ShownRelay(run_dir, index, ledger.exhausted.heard, name="exhausted")
+        ledger.exhausted.on_exhausted.append(self._relay.tell)
 
     async def start(self) -> None:
         await self._relay.start()

@@ -34,7 +34,20 @@ class KeyLease:
     returning: bool = False  # a give-back that has not reached Redis yet
     window_second: int = -1  # the per-second window while Redis is unreachable
     window_used: int = 0
+    day_start: float = 0.0  # the UTC day the lease belongs to, as floats: compared with a float clock
+    day_end: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def spend(self, amount: int, daily: int, now: float) -> int | None:
+        """The hot path (a key with no per-second limit): `amount` spent from what this replica holds
+        when that leaves the low-water mark untouched, and the balance to show; None: the ledger
+        decides (another day, a top-up due, too little held). Spending to the mark never needs a
+        top-up nor passes what is held: the ledger's own rule (leases.LeasedLedger.spend) holds."""
+        consumed = self.consumed + amount
+        if consumed > self.allowance + self.refunded - self.low_water or not self.day_start <= now < self.day_end:
+            return None
+        self.consumed = consumed
+        return daily - self.others_spent - consumed + self.refunded
 
     @property
     def net(self) -> int:

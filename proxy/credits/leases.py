@@ -148,7 +148,6 @@ class LeasedLedger:
         self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
         self._day_start, self._day_end = 0.0, 0.0  # the hot path's day, as floats: compared with a float clock
         self.exhausted = ExhaustedKeys(link, self._link_run, self._background, day_ttl=DAY_TTL, key_of=exhausted_key)
-        self.on_exhausted = self.exhausted.on_exhausted  # told siblings (workers) of a refusal
         self.on_new_lease: list[Callable[[KeyLease], None]] = []  # a key's first lease of a day here
 
     # --- debits ---------------------------------------------------------------------------
@@ -156,8 +155,8 @@ class LeasedLedger:
     def spend(self, api_key: str, amount: int, daily: int, now: float) -> int | None:
         """The hot path, for a key with no per-second limit: spends `amount` from the lease when it
         covers it, in memory, and returns the balance to show; None: `try_debit`/`debit` decide."""
-        lease = self._today.get(api_key)
-        if lease is None or not self._day_start <= now < self._day_end:  # another day: `debit` opens its leases
+        lease = self.purse(api_key, now)
+        if lease is None:  # none yet, or another day: `debit` opens its leases
             return None
         consumed = lease.consumed + amount
         held = lease.allowance + lease.refunded  # what this replica may have consumed
@@ -168,13 +167,17 @@ class LeasedLedger:
             self._top_up(lease, amount, now)  # before it runs out, so no call waits for a refill
         return daily - lease.others_spent - consumed + lease.refunded
 
+    def purse(self, api_key: str, now: float) -> KeyLease | None:
+        """The key's lease for `now`'s day, which a hot path may spend from directly (KeyLease.spend)."""
+        return self._today.get(api_key) if self._day_start <= now < self._day_end else None
+
     def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit | None:
         """A debit the lease covers, decided in memory. None: `debit` must ask Redis."""
         if per_second is None:
             remaining = self.spend(api_key, amount, daily, now)
             if remaining is not None:
                 return Debit(_OK, remaining)
-        lease = self._today.get(api_key) if self._day_start <= now < self._day_end else None
+        lease = self.purse(api_key, now)
         if lease is not None and lease.ceiling is not None and not self._link.up:
             return self._outage_debit(lease, amount, daily, per_second, now)
         return None
@@ -276,10 +279,6 @@ class LeasedLedger:
         return not any(lease.journaled or lease.ceiling is not None or lease.returning or lease.free > 0
                        or lease.net != lease.reported for lease in self._leases.values())
 
-    def exhausted_elsewhere(self, api_key: str, day: int) -> None:
-        """A sibling worker was refused for this key's exhaustion."""
-        self.exhausted.mark(day, api_key, tell=False)
-
     async def _link_run(self, operation: str, *commands: Callable[[Any], Any]) -> None:
         for command in commands:
             try:
@@ -298,7 +297,8 @@ class LeasedLedger:
         day = int(now) // 86400
         lease = self._leases.get((day, api_key))
         if lease is None:
-            lease = self._leases[(day, api_key)] = KeyLease(api_key, ledger_key(api_key, day))
+            lease = self._leases[(day, api_key)] = KeyLease(api_key, ledger_key(api_key, day), day_start=day * 86400.0,
+                                                            day_end=(day + 1) * 86400.0)
             for callback in self.on_new_lease:
                 callback(lease)
         if day * 86400 > self._day_start:  # a new day: the hot path's leases are that day's

@@ -10,6 +10,8 @@ from collections import defaultdict
 from enum import Enum
 from typing import NamedTuple, Protocol
 
+from proxy.credits.key_lease import KeyLease
+
 DAY_TTL = 2 * 86400  # ledger entries outlive their day a little, for the operator CLI
 
 
@@ -51,6 +53,11 @@ class Ledger(Protocol):
         """A verdict made without awaiting anything, or None: ask `debit`."""
         ...
 
+    def purse(self, api_key: str, now: float) -> KeyLease | None:
+        """A lease of the key's credits for `now`'s day that the hot path may spend from directly
+        (KeyLease.spend: to its low-water mark, no further); None: every debit goes through `spend`."""
+        ...
+
     async def debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit: ...
 
     async def refund(self, api_key: str, amount: int, *, now: float) -> None:
@@ -79,6 +86,9 @@ class MemoryLedger:
     def spend(self, api_key: str, amount: int, daily: int, now: float) -> int | None:
         debit = self.try_debit(api_key, amount, daily, None, now)
         return debit.remaining if debit.verdict is Verdict.OK else None
+
+    def purse(self, api_key: str, now: float) -> None:
+        return None  # no leases: one process's own count
 
     def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         key = daily_key(api_key, now)

@@ -145,9 +145,10 @@ class RpcEndpoint:
     def memory(self, key: str | None, path_network: str | None, headers: Headers,
                body: bytes) -> bytes | PaidHit | bool | None:
         """A page-less request's memory lookup, made without awaiting: an open hit's body (bytes), or
-        what `answer(found=...)` takes: True (open mode, no hit), keyed_hit's answer for a key accepted
-        before without allow-lists (a paid hit, or whether memory was checked); None when not looked
-        up (another key, an unknown network: `answer` judges them)."""
+        what `answer(found=...)` takes: True (open mode, no hit), keyed_hit's (or, for a key with a
+        tab, tab_hit's) answer for a key accepted before without allow-lists (a paid hit, or whether
+        memory was checked); None when not looked up (another key, an unknown network: `answer`
+        judges them)."""
         gateway = self.gateway
         try:
             network = gateway.router.network_for(headers.get("host"), path_network)
@@ -156,10 +157,14 @@ class RpcEndpoint:
         if self.open_mode:
             encoded = gateway.open_hit(body, network)
             return True if encoded is None else encoded
-        account = gateway.accepted.get(key or key_of(key, headers))
+        secret = key or key_of(key, headers)
+        tab = gateway.tabs.get(secret)
+        if tab is not None:
+            return gateway.tab_hit(body, tab, network)
+        account = gateway.accepted.get(secret)
         if account is None or account in gateway.key_lists:
             return None
-        return gateway.keyed_hit(body, account, network)
+        return gateway.keyed_hit(body, account, network, secret)
 
     def answer(self, key: str, path_network: str | None, headers: Headers, body: bytes,
                path: str, found: PaidHit | bool | None = None) -> PaidHit | Reply | Pending:
@@ -179,7 +184,7 @@ class RpcEndpoint:
             if self.open_mode:
                 hit = True if found is True else self._open_hit(body, network)
             else:  # a memory hit the key's lease pays for, or whether memory was checked
-                paid = gateway.keyed_hit(body, account, network) if found is None else found
+                paid = gateway.keyed_hit(body, account, network, key) if found is None else found
                 if isinstance(paid, tuple):
                     if paid[2] < self.compress_from and "origin" not in headers:
                         return paid

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.caller import CALLER
 from proxy.calls import BYPASS, HIT, Outcome, Prepared
@@ -15,10 +16,12 @@ from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
 from proxy.credits.allow_lists import AllowLists, call_refusal
 from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
+from proxy.credits.key_lease import KeyLease
 from proxy.credits.ledger import Ledger
 from proxy.http.accounting import REFUSED_STATUSES, CallAccounting
 from proxy.http.response_size import ResponseBudget
 from proxy.http.routing import Router
+from proxy.memo import Memo
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
@@ -38,6 +41,21 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     upstream_seconds: float | None = None  # the slowest upstream call's (ACCESS_LOG)
     close: bool = False  # the connection is closed after it (the rest of a body is never read)
+
+
+@dataclass(slots=True)
+class Tab:
+    """What a keyed memory hit needs of its key, found once per secret (Gateway.tabs): an accepted key
+    with no allow-list and no per-second limit, its daily balance and metric cell, and the lease of
+    its credits it spends from directly (KeyLease.spend). Forgotten with every reload of keys and terms."""
+
+    account: str
+    daily: int
+    charged: Any  # the key's rpc_proxy_key_credits_charged cell
+    lease: KeyLease
+
+
+NO_LEASE = KeyLease("", "")  # a tab's lease until the ledger has one: it spends nothing (no day is its own)
 
 
 def invalid_key_error() -> JsonRpcError:
@@ -64,6 +82,7 @@ class Gateway:
         self._accounts: Accounts | None = None
         self.key_lists: dict[str, AllowLists] = {}  # accounts with an allow-list (allow_lists.py)
         self._restricted: frozenset[str] = frozenset()  # ...whose lists restrict calls: no hot path
+        self.tabs: Memo[str, Tab] = Memo(65_536)  # secret -> Tab (never replaced: the endpoint reads it)
         self.load_keys(settings.api_keys)
         self._calls = CallAccounting(settings, metrics)
         self.router = Router(settings, service.networks)
@@ -92,6 +111,7 @@ class Gateway:
         self.accepted: dict[str, str] = {} if self._accounts is None else self._accounts.accepted
         self.key_lists = {name: k.lists for name, k in (keys or {}).items() if k.lists.any}
         self._restricted = frozenset(name for name, lists in self.key_lists.items() if lists.restricts_calls)
+        self.tabs.clear()  # a tab holds what these keys and their terms were
 
     def reload(self, settings: Settings) -> None:
         """Keys, allow-lists and credit terms from new settings (SIGHUP); connections stay open."""
@@ -126,26 +146,40 @@ class Gateway:
             return None
         return self._hit_body(hit, self._calls.request_id() if self._access_log else 0, started)
 
-    def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None) -> PaidHit | bool:
-        """With API keys, a memory hit the key's lease pays for, made without awaiting anything: its
-        credit figures, length and body (paid_hit_headers). Otherwise whether memory was checked
-        (True: no hit, so `handle(..., memory_checked=True)`; False: a hit the ledger must decide on
-        the general path: no lease yet, a per-second limit, a refusal)."""
+    def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None,
+                  secret: str | None = None) -> PaidHit | bool:
+        """With API keys, a memory hit paid without awaiting anything: its credit figures, length and
+        body (paid_hit_headers). Otherwise whether memory was checked (True: no hit, so
+        `handle(..., memory_checked=True)`; False: a hit the ledger must decide on the general path:
+        no lease yet, a per-second limit, a refusal, lists that restrict calls). `secret`: the key the
+        account was found by; it keeps the tab made here unless the account has allow-lists."""
         if account in self._restricted:
             return False  # its calls are checked against its lists on the general path
+        terms = self._terms[account]
+        if terms.per_second is not None:
+            return False  # every debit of such a key asks the ledger's per-second window
+        tab = Tab(account, terms.daily, terms.charged, self._ledger.purse(account, self._now()) or NO_LEASE)
+        if secret is not None and account not in self.key_lists:
+            self.tabs[secret] = tab
+        return self.tab_hit(body, tab, network)
+
+    def tab_hit(self, body: bytes | str, tab: Tab, network: NetworkRuntime | None) -> PaidHit | bool:
+        """keyed_hit with the key's checks made (its tab): the lease spent from directly down to its
+        low-water mark; past it (a top-up due, another day, no lease) the ledger decides."""
         started = time.perf_counter()
         hit = self._service.memory_hit(body, network, self._default_routes)
         if hit is None:
             return True
-        terms = self._terms[account]
-        if terms.per_second is not None:
-            return False  # every debit of such a key asks the ledger's per-second window
         credits = hit[5]
-        remaining = self._ledger.spend(account, credits, terms.daily, self._now())
+        remaining = tab.lease.spend(credits, tab.daily, self._now())
         if remaining is None:
-            return False
+            now = self._now()
+            remaining = self._ledger.spend(tab.account, credits, tab.daily, now)
+            if remaining is None:
+                return False
+            tab.lease = self._ledger.purse(tab.account, now) or NO_LEASE  # today's, once the ledger has it
         # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
-        terms.charged.value += credits
+        tab.charged.value += credits
         hit[6].charged.value += credits
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
         answer = self._hit_body(hit, request_id, started)
