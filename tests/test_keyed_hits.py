@@ -1,10 +1,13 @@
 """Keyed memory hits through a key's tab (gateway.Tab): the key's checks are made once per secret and
-its hits spend the key's lease directly, yet a reload of keys and terms and a new UTC day apply to
-the very next hit, and the lease is still topped up and never overspent."""
+its hits spend the key's lease directly, yet a reload of keys, lists and balances (lower ones too:
+what was leased under the old balance is spent no more) and a new UTC day apply to the very next
+hit, and the lease is still topped up and never overspent."""
 
 from __future__ import annotations
 
 import calendar
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +17,27 @@ from tests.support import Anvil, FakeClock, Proxy, settings_for, start_proxy
 
 STORAGE = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20, "0x0", "latest"]}
 COST = 80  # eth_getStorageAt's credits
+ALICE = '[keys.alice]\nkey = "alice-secret"\n'
 
 
-def keys(path: Path, text: str) -> str:
+@contextlib.asynccontextmanager
+async def keyed(anvil: Anvil, redis_url: str, path: Path, text: str, clock: FakeClock | None = None,
+                **extra: str) -> AsyncIterator[Proxy]:
+    """A proxy with the keys in `text` (written to `path`), Redis and its leases."""
     path.write_text(text)
-    return str(path)
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(path), REDIS_URL=redis_url, **extra)
+    proxy = await start_proxy(settings, clock=clock)
+    try:
+        await proxy.head_at(0)
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+def reload(proxy: Proxy, path: Path, text: str) -> None:
+    """What SIGHUP does (app.py): the keys file, rewritten, read again into the gateway."""
+    path.write_text(text)
+    reload_keys(proxy.app[SETTINGS], proxy.app[GATEWAY])
 
 
 async def hit(proxy: Proxy, key: str) -> tuple[int, Any, Any]:
@@ -39,91 +58,69 @@ async def tabbed(proxy: Proxy, key: str, hits: int) -> list[int]:
     return shown
 
 
-def reload(proxy: Proxy) -> None:
-    """What SIGHUP does (app.py): the keys file read again into the gateway."""
-    reload_keys(proxy.app[SETTINGS], proxy.app[GATEWAY])
-
-
 async def test_a_key_a_reload_removes_is_refused_at_its_next_hit(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:
-    path = keys(tmp_path / "keys.toml", '[keys.alice]\nkey = "alice-secret"\n[keys.bob]\nkey = "bob-secret"\n')
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url))
-    try:
-        await proxy.head_at(0)
+    path = tmp_path / "keys.toml"
+    async with keyed(anvil, redis_url, path, ALICE + '[keys.bob]\nkey = "bob-secret"\n') as proxy:
         await tabbed(proxy, "alice-secret", 3)
-        keys(tmp_path / "keys.toml", '[keys.bob]\nkey = "bob-secret"\n')
-        reload(proxy)
+        reload(proxy, path, '[keys.bob]\nkey = "bob-secret"\n')
         status, body, headers = await hit(proxy, "alice-secret")
         assert status == 401 and body["error"]["code"] == -32001 and headers["X-Credits-Charged"] == "0"
         assert (await hit(proxy, "bob-secret"))[0] == 200
-    finally:
-        await proxy.close()
 
 
 async def test_a_list_a_reload_gives_a_key_applies_to_its_next_hit(
     anvil: Anvil, redis_url: str, tmp_path: Path,
 ) -> None:
-    path = keys(tmp_path / "keys.toml", '[keys.alice]\nkey = "alice-secret"\n')
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url))
-    try:
-        await proxy.head_at(0)
+    path = tmp_path / "keys.toml"
+    async with keyed(anvil, redis_url, path, ALICE) as proxy:
         await tabbed(proxy, "alice-secret", 3)
-        keys(tmp_path / "keys.toml", '[keys.alice]\nkey = "alice-secret"\nallowed_methods = ["eth_chainId"]\n')
-        reload(proxy)
+        reload(proxy, path, ALICE + 'allowed_methods = ["eth_chainId"]\n')
         status, body, headers = await proxy.post(STORAGE, key="alice-secret")
         assert status == 403 and "allowed_methods" in body["error"]["message"], body
         assert headers["X-Credits-Charged"] == "0"
-    finally:
-        await proxy.close()
 
 
-async def test_a_balance_a_reload_changes_is_the_one_the_next_hit_shows(
+async def test_a_balance_a_reload_raises_is_the_one_the_next_hit_shows(
     anvil: Anvil, redis_url: str, tmp_path: Path,
 ) -> None:
-    path = keys(tmp_path / "keys.toml", '[keys.alice]\nkey = "alice-secret"\ndaily_credits = 100000\n')
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url))
-    try:
-        await proxy.head_at(0)
-        shown = await tabbed(proxy, "alice-secret", 3)
-        assert shown == [100000 - COST * n for n in (2, 3, 4)]
-        keys(tmp_path / "keys.toml", '[keys.alice]\nkey = "alice-secret"\ndaily_credits = 200000\n')
-        reload(proxy)
+    path = tmp_path / "keys.toml"
+    async with keyed(anvil, redis_url, path, ALICE + "daily_credits = 100000\n") as proxy:
+        assert await tabbed(proxy, "alice-secret", 3) == [100000 - COST * n for n in (2, 3, 4)]
+        reload(proxy, path, ALICE + "daily_credits = 200000\n")
         assert (await hit(proxy, "alice-secret"))[2]["X-Credits-Remaining"] == str(200000 - COST * 5)
-    finally:
-        await proxy.close()
+
+
+async def test_a_balance_a_reload_lowers_stops_the_key_there_though_its_lease_held_more(
+    anvil: Anvil, redis_url: str, tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.toml"
+    async with keyed(anvil, redis_url, path, ALICE + "daily_credits = 100000\n") as proxy:
+        await tabbed(proxy, "alice-secret", 3)  # 4 calls paid; the lease holds far more, granted under 100000
+        reload(proxy, path, ALICE + f"daily_credits = {6 * COST}\n")
+        shown = [(await hit(proxy, "alice-secret"))[:3:2] for _ in range(3)]
+        assert [(status, headers["X-Credits-Remaining"]) for status, headers in shown] == [
+            (200, str(COST)), (200, "0"), (402, "0")]
 
 
 async def test_hits_after_midnight_utc_spend_the_new_days_balance_not_the_old_lease(
     anvil: Anvil, redis_url: str, tmp_path: Path,
 ) -> None:
-    path = keys(tmp_path / "keys.toml", '[keys.alice]\nkey = "alice-secret"\ndaily_credits = 1000\n')
     clock = FakeClock(calendar.timegm((2026, 11, 24, 23, 59, 59)))
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url),
-                              clock=clock)
-    try:
-        await proxy.head_at(0)
+    async with keyed(anvil, redis_url, tmp_path / "keys.toml", ALICE + "daily_credits = 1000\n", clock) as proxy:
         assert await tabbed(proxy, "alice-secret", 2) == [1000 - 2 * COST, 1000 - 3 * COST]
         clock.advance(1.5)  # 00:00:00.5 UTC: the old day's lease still holds credits
         assert [int((await hit(proxy, "alice-secret"))[2]["X-Credits-Remaining"]) for _ in range(3)] == [
             1000 - COST, 1000 - 2 * COST, 1000 - 3 * COST]
-    finally:
-        await proxy.close()
 
 
 async def test_hits_through_a_tab_top_up_the_lease_and_stop_exactly_at_the_balance(
     anvil: Anvil, redis_url: str, tmp_path: Path,
 ) -> None:
     # Leases of at most 4 hits: the tab's hits reach the low-water mark again and again.
-    path = keys(tmp_path / "keys.toml", '[keys.alice]\nkey = "alice-secret"\ndaily_credits = 2000\n')
-    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url,
-                            CREDITS_LEASE_MAX=str(4 * COST))
-    proxy = await start_proxy(settings)
-    try:
-        await proxy.head_at(0)
-        shown = await tabbed(proxy, "alice-secret", 20)
-        assert shown == [2000 - COST * n for n in range(2, 22)]  # every hit paid once, in order
+    async with keyed(anvil, redis_url, tmp_path / "keys.toml", ALICE + "daily_credits = 2000\n",
+                     CREDITS_LEASE_MAX=str(4 * COST)) as proxy:
+        assert await tabbed(proxy, "alice-secret", 20) == [2000 - COST * n for n in range(2, 22)]  # each paid once
         for _ in range(4):
             assert (await hit(proxy, "alice-secret"))[0] == 200  # 25 calls x 80 = 2000: the whole balance
         status, body, headers = await hit(proxy, "alice-secret")
         assert status == 402 and headers["X-Credits-Remaining"] == "0", body
-    finally:
-        await proxy.close()

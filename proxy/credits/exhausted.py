@@ -4,19 +4,16 @@ Redis, read every EXHAUSTED_READ_INTERVAL), so such a key stays refused everywhe
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from proxy.redis_link import RedisLink
-
-Run = Callable[..., Awaitable[None]]  # LeasedLedger._link_run: commands run in order until one fails
+from proxy.redis_link import RedisLink, RedisUnavailable
 
 
 class ExhaustedKeys:
-    def __init__(self, link: RedisLink, run: Run, background: Callable[[Any], None], *, day_ttl: int,
+    def __init__(self, link: RedisLink, background: Callable[[Any], None], *, day_ttl: int,
                  key_of: Callable[[int], str]) -> None:
         self._link = link
-        self._run = run
         self._background = background
         self._day_ttl = day_ttl
         self._key_of = key_of
@@ -34,6 +31,14 @@ class ExhaustedKeys:
             key = self._key_of(day)
             self._background(self._run("credits_exhausted", lambda c: c.sadd(key, api_key),
                                        lambda c: c.expire(key, self._day_ttl)))
+
+    async def _run(self, operation: str, *commands: Callable[[Any], Any]) -> None:
+        """Commands run in order until one fails (Redis unavailable: the set is a hint, kept in memory too)."""
+        for command in commands:
+            try:
+                await self._link.run(operation, command)
+            except RedisUnavailable:
+                return
 
     def heard(self, api_key: str, day: int) -> None:
         """A sibling worker was refused for this key's exhaustion."""

@@ -147,7 +147,7 @@ class LeasedLedger:
         self._tasks: set[asyncio.Task[None]] = set()
         self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
         self._day_start, self._day_end = 0.0, 0.0  # the hot path's day, as floats: compared with a float clock
-        self.exhausted = ExhaustedKeys(link, self._link_run, self._background, day_ttl=DAY_TTL, key_of=exhausted_key)
+        self.exhausted = ExhaustedKeys(link, self._background, day_ttl=DAY_TTL, key_of=exhausted_key)
         self.on_new_lease: list[Callable[[KeyLease], None]] = []  # a key's first lease of a day here
 
     # --- debits ---------------------------------------------------------------------------
@@ -166,6 +166,12 @@ class LeasedLedger:
         if held - consumed < lease.low_water and not lease.lock.locked():
             self._top_up(lease, amount, now)  # before it runs out, so no call waits for a refill
         return daily - lease.others_spent - consumed + lease.refunded
+
+    def terms_changed(self) -> None:
+        """New balances (a reload): what is leased was granted under the old ones. It is spent no
+        more and goes back (the sweep returns it); the next debit leases again under the new ones."""
+        for lease in self._today.values():
+            lease.allowance, lease.returning = lease.net, True
 
     def purse(self, api_key: str, now: float) -> KeyLease | None:
         """The key's lease for `now`'s day, which a hot path may spend from directly (KeyLease.spend)."""
@@ -197,6 +203,9 @@ class LeasedLedger:
             try:
                 if per_second is None and lease.free >= amount:
                     continue  # another call's refill covered this one too
+                if lease.returning:  # given back first (terms_changed): Redis still counts what it held
+                    await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now,
+                                         budget=deadline - time.monotonic())
                 verdict = await self._exchange(lease, amount, mode=CREDIT, per_second=per_second, now=now,
                                                budget=deadline - time.monotonic())
                 if verdict is None:  # Redis did not answer in time
@@ -226,11 +235,11 @@ class LeasedLedger:
         if lease.ceiling is not None or not self._link.up:
             return
         lease.low_water = 0  # one top-up per grant
-        self._background(self._run_top_up(lease, amount, now))
+        self._background(self._locked_exchange(lease, amount, TOP_UP, now))
 
-    async def _run_top_up(self, lease: KeyLease, amount: int, now: float) -> None:
+    async def _locked_exchange(self, lease: KeyLease, cost: int, mode: int, now: float) -> None:
         async with lease.lock:
-            await self._exchange(lease, amount, mode=TOP_UP, per_second=None, now=now)
+            await self._exchange(lease, cost, mode=mode, per_second=None, now=now)
 
     def _outage_debit(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         day = int(now) // 86400
@@ -278,13 +287,6 @@ class LeasedLedger:
         """Every lease went back to Redis and every debit reached it (after `close`)."""
         return not any(lease.journaled or lease.ceiling is not None or lease.returning or lease.free > 0
                        or lease.net != lease.reported for lease in self._leases.values())
-
-    async def _link_run(self, operation: str, *commands: Callable[[Any], Any]) -> None:
-        for command in commands:
-            try:
-                await self._link.run(operation, command)
-            except RedisUnavailable:
-                return
 
     def _background(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -392,10 +394,8 @@ class LeasedLedger:
                 continue
             if not self._link.up:
                 return
-            async with lease.lock:
-                await self._exchange(lease, 0, mode=GIVE_BACK if old or lease.returning else CREDIT,
-                                     per_second=None,
-                                     now=day * 86400 + 43200 if stale else now)
+            await self._locked_exchange(lease, 0, GIVE_BACK if old or lease.returning else CREDIT,
+                                        day * 86400 + 43200 if stale else now)
 
     async def run(self, clock: Callable[[], float], interval: float = 0.25) -> None:
         task = asyncio.current_task()
@@ -414,8 +414,7 @@ class LeasedLedger:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for lease in list(self._leases.values()):
             if lease.free > 0 or lease.journaled or lease.returning or lease.net != lease.reported:
-                async with lease.lock:
-                    await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now)
+                await self._locked_exchange(lease, 0, GIVE_BACK, now)
 
 
 def spent_of(entry: dict[Any, Any]) -> int:
