@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -22,6 +23,7 @@ from proxy.credits.leases import (
 from proxy.credits.ledger import Verdict
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink
+from tests.support import eventually
 
 NOW = 1_800_000_000.0
 
@@ -51,16 +53,20 @@ class TestOutageRules:
 
     def test_a_hit_spends_its_lease_directly_down_to_the_low_water_mark_and_no_further(self) -> None:
         lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, refunded=20, others_spent=50, low_water=40,
-                         day_start=NOW - 10, day_end=NOW + 10)
+                         daily=1000, day_start=NOW - 10, day_end=NOW + 10)
         assert lease.spend(80, 1000, NOW) == 1000 - 50 - 180 + 20  # the balance shown, as remaining() says
         assert lease.spend(100, 1000, NOW) == 1000 - 50 - 280 + 20  # 320 held - 280 = 40: the mark itself
         assert lease.spend(1, 1000, NOW) is None and lease.consumed == 280  # past it: the ledger tops up
         assert lease.remaining(1000) == 1000 - 50 - 260
 
     def test_a_lease_spends_nothing_outside_its_own_utc_day(self) -> None:
-        lease = KeyLease("k", "rcp:k", allowance=300, day_start=NOW, day_end=NOW + 86400)
+        lease = KeyLease("k", "rcp:k", allowance=300, daily=1000, day_start=NOW, day_end=NOW + 86400)
         assert lease.spend(10, 1000, NOW - 0.5) is None and lease.spend(10, 1000, NOW + 86400) is None
         assert lease.consumed == 0 and lease.spend(10, 1000, NOW) == 990
+
+    def test_a_lease_spends_nothing_under_a_balance_other_than_the_one_it_was_granted_for(self) -> None:
+        lease = KeyLease("k", "rcp:k", allowance=300, daily=100_000, day_start=NOW, day_end=NOW + 86400)
+        assert lease.spend(10, 400, NOW) is None and lease.consumed == 0  # a reload lowered it: the ledger decides
         assert KeyLease("", "").spend(0, 1000, NOW) is None  # a lease with no day (a tab's before the ledger's)
 
     def test_a_key_known_exhausted_elsewhere_is_refused_through_an_outage(self) -> None:
@@ -120,6 +126,30 @@ class TestLeaseScript:
         assert replica.spend("k", 80, 80_000, NOW) == 80_000 - 160
         assert replica.spend("k", 80, 80_000, NOW + 86_400) is None  # the next UTC day opens its own lease
         assert replica.spend("other", 80, 80_000, NOW) is None
+
+    async def test_a_lowered_balance_stops_a_key_though_a_grant_under_the_old_one_was_on_its_way(
+        self, link: RedisLink, monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        replica = ledger(link)
+        run, gate = link.run, asyncio.Event()
+
+        async def held(*args: Any, **kwargs: Any) -> Any:  # the first lease's round trip, held until released
+            await gate.wait()
+            return await run(*args, **kwargs)
+
+        monkeypatch.setattr(link, "run", held)
+        first = asyncio.create_task(debit(replica, 80, 100_000))  # leased under the old balance...
+        async def asking() -> bool:
+            return "k" in replica._today and replica._today["k"].lock.locked()
+
+        await eventually(asking, 10, "the first lease's round trip")
+        lowered = asyncio.create_task(debit(replica, 80, 240))  # ...a reload lowered it meanwhile
+        await asyncio.sleep(0)
+        monkeypatch.setattr(link, "run", run)
+        gate.set()
+        assert await first is Verdict.OK and await lowered is Verdict.OK
+        assert await debit(replica, 80, 240) is Verdict.OK  # 3 x 80 = 240: the last credits, under the new balance
+        assert replica.spend("k", 80, 240, NOW) is None and await debit(replica, 80, 240) is Verdict.EXHAUSTED
 
     async def test_leases_shrink_near_the_limit_so_the_last_credits_go_out_exactly(self, link: RedisLink) -> None:
         first, second = ledger(link), ledger(link)

@@ -33,11 +33,10 @@ class Cashier:
         self.terms: Memo[str, KeyTerms] = Memo(65_536, self._key_terms)
 
     def reload(self, settings: Settings) -> None:
-        """New keys (SIGHUP): each key's terms are found again from them on first use, and nothing
-        leased under the old balances is spent."""
+        """New keys (SIGHUP): each key's terms are found again from them on first use (a lease
+        granted under another balance is not spent: leases.LeasedLedger.debit)."""
         self._settings = settings
         self.terms.clear()
-        self._ledger.terms_changed()
 
     async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
         """Charge one subscription event (a subscribe, a notification) through the ledger; the

@@ -41,10 +41,12 @@ class KeyLease:
     def spend(self, amount: int, daily: int, now: float) -> int | None:
         """The hot path (a key with no per-second limit): `amount` spent from what this replica holds
         when that leaves the low-water mark untouched, and the balance to show; None: the ledger
-        decides (another day, a top-up due, too little held). Spending to the mark never needs a
-        top-up nor passes what is held: the ledger's own rule (leases.LeasedLedger.spend) holds."""
+        decides (another day, a top-up due, too little held, a balance other than the lease's).
+        Spending to the mark never needs a top-up nor passes what is held: the ledger's own rule
+        (leases.LeasedLedger.spend) holds."""
         consumed = self.consumed + amount
-        if consumed > self.allowance + self.refunded - self.low_water or not self.day_start <= now < self.day_end:
+        if consumed > self.allowance + self.refunded - self.low_water or not self.day_start <= now < self.day_end \
+                or daily != self.daily:  # another balance (a reload): the ledger leases again under it
             return None
         self.consumed = consumed
         return daily - self.others_spent - consumed + self.refunded

@@ -153,25 +153,18 @@ class LeasedLedger:
     # --- debits ---------------------------------------------------------------------------
 
     def spend(self, api_key: str, amount: int, daily: int, now: float) -> int | None:
-        """The hot path, for a key with no per-second limit: spends `amount` from the lease when it
-        covers it, in memory, and returns the balance to show; None: `try_debit`/`debit` decide."""
+        """The hot path (no per-second limit): `amount` spent from the lease, the balance shown, or None."""
         lease = self.purse(api_key, now)
         if lease is None:  # none yet, or another day: `debit` opens its leases
             return None
         consumed = lease.consumed + amount
         held = lease.allowance + lease.refunded  # what this replica may have consumed
-        if consumed > held:
+        if consumed > held or daily != lease.daily:  # another balance (a reload): `debit` leases again
             return None
         lease.consumed = consumed
         if held - consumed < lease.low_water and not lease.lock.locked():
             self._top_up(lease, amount, now)  # before it runs out, so no call waits for a refill
         return daily - lease.others_spent - consumed + lease.refunded
-
-    def terms_changed(self) -> None:
-        """New balances (a reload): what is leased was granted under the old ones. It is spent no
-        more and goes back (the sweep returns it); the next debit leases again under the new ones."""
-        for lease in self._today.values():
-            lease.allowance, lease.returning = lease.net, True
 
     def purse(self, api_key: str, now: float) -> KeyLease | None:
         """The key's lease for `now`'s day, which a hot path may spend from directly (KeyLease.spend)."""
@@ -190,6 +183,8 @@ class LeasedLedger:
 
     async def debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit:
         lease = self._lease(api_key, now)
+        if daily != lease.daily and lease.known:  # new terms (a reload): nothing granted under the old ones is spent
+            lease.allowance, lease.returning = lease.net, True
         lease.daily = daily
         # Whatever this call awaits (another call's exchange, its own, a retry) ends by this deadline;
         # past it the outage rule decides, so a stalled Redis delays no call longer.
@@ -201,9 +196,9 @@ class LeasedLedger:
             if not await _acquire(lease, deadline):
                 return self._cut_off(lease, amount, daily, per_second, now)
             try:
-                if per_second is None and lease.free >= amount:
-                    continue  # another call's refill covered this one too
-                if lease.returning:  # given back first (terms_changed): Redis still counts what it held
+                if per_second is None and lease.free >= amount and daily == lease.daily:
+                    continue  # another call's refill covered this one too (as `spend` judges it)
+                if lease.returning:  # given back first (new terms): Redis still counts what it held
                     await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now,
                                          budget=deadline - time.monotonic())
                 verdict = await self._exchange(lease, amount, mode=CREDIT, per_second=per_second, now=now,
@@ -314,8 +309,7 @@ class LeasedLedger:
         self, lease: KeyLease, cost: int, *, mode: int, per_second: int | None, now: float,
         budget: float | None = None,
     ) -> Verdict | None:
-        """One run of the script; None when Redis cannot be reached (within `budget` seconds, if
-        given). Callers hold `lease.lock`."""
+        """One run of the script (callers hold `lease.lock`); None: no answer within `budget` seconds."""
         if budget is not None and budget <= 0:
             return None
         if mode == GIVE_BACK:
@@ -329,7 +323,7 @@ class LeasedLedger:
         keys = [lease.key, rate_key(lease.api_key, int(now))]
         if not self._link.is_cluster:  # no cluster held the untagged names: its keys need one slot
             keys.append(untagged_ledger_key(lease.api_key, int(now) // 86400))
-        sent_consumed, sent_net = lease.consumed, lease.net
+        sent_consumed, sent_net, daily = lease.consumed, lease.net, lease.daily
         try:
             raw = await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args), timeout=budget)
         except RedisUnavailable:
@@ -345,6 +339,8 @@ class LeasedLedger:
         lease.others_spent, lease.peers = reply.spent - sent_net, reply.peers
         lease.reported, lease.reported_at = sent_net, self._mono()
         lease.known, lease.ceiling, lease.returning = True, None, False
+        if daily != lease.daily and mode != GIVE_BACK:  # granted under a balance a reload replaced meanwhile
+            lease.allowance, lease.returning = lease.net, True
         if lease.journaled and lease.consumed == sent_consumed:
             lease.journaled = False
             if not any(other.journaled for other in self._leases.values()):
@@ -368,8 +364,7 @@ class LeasedLedger:
         return True
 
     async def sync(self, now: float) -> None:
-        """One sweep: write journaled debits back, report spending, give back leases that are old or
-        idle, and past days' leases."""
+        """One sweep: journaled debits written back, spending reported, old, idle, past days' leases given back."""
         mono = self._mono()
         today = int(now) // 86400
         if self._link.up and mono - self.exhausted.read_at >= EXHAUSTED_READ_INTERVAL:

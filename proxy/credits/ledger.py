@@ -58,10 +58,6 @@ class Ledger(Protocol):
         (KeyLease.spend: to its low-water mark, no further); None: every debit goes through `spend`."""
         ...
 
-    def terms_changed(self) -> None:
-        """Keys' balances may have changed (a reload): nothing granted under the old ones is spent."""
-        ...
-
     async def debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit: ...
 
     async def refund(self, api_key: str, amount: int, *, now: float) -> None:
@@ -93,9 +89,6 @@ class MemoryLedger:
 
     def purse(self, api_key: str, now: float) -> None:
         return None  # no leases: one process's own count
-
-    def terms_changed(self) -> None:
-        pass  # every debit is judged against the balance it is given
 
     def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         key = daily_key(api_key, now)

@@ -246,9 +246,10 @@ class Asker:
                                          proof=proof[0])
             except JsonRpcError:
                 retried = None
-            if retried is not None and retried.proof is None:
+            if retried is not None and retried.proof is None and not _not_found(retried):
                 return retried, "unverified"  # a node that takes no batches shows nothing: served, never kept
-            if retried is not None and _shown(net, proof, retried.proof):
+            # A null or an error with no header (a batch answered in part) is the doubt itself: asked again.
+            if retried is not None and retried.proof is not None and _shown(net, proof, retried.proof):
                 return retried, "unknown_hash" if plan.by_hash and _not_found(retried) else None
             index = None  # the pool once more: a load balancer may send it to a member that has the block
         return answer, "lagging"
