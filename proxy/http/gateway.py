@@ -170,10 +170,9 @@ class Gateway:
         hit = self._service.memory_hit(body, network, self._default_routes)
         if hit is None:
             return True
-        credits = hit[5]
-        remaining = tab.lease.spend(credits, tab.daily, self._now())
-        if remaining is None:
-            now = self._now()
+        credits, now = hit[5], self._now()
+        remaining = tab.lease.spend(credits, tab.daily, now)
+        if remaining is None:  # the ledger decides at the same instant
             remaining = self._ledger.spend(tab.account, credits, tab.daily, now)
             if remaining is None:
                 return False
