@@ -228,6 +228,12 @@ def paired_rounds_parser(rounds: int, pair: str, instructions: str) -> argparse.
     return parser
 
 
+# The keyed rows' daily balance: a plan's size (DAILY_CREDITS defaults to 3,000,000), yet more than
+# any run here spends (wrk's figures stop a bench at the first refusal). Balances past 2**30 would
+# take CPython's multi-digit integer arithmetic on every paid hit, which no real plan needs.
+KEYED_DAILY_CREDITS = str(10**9)
+
+
 def proxy_env(upstream: str) -> dict[str, str]:
     """The environment of a benchmarked proxy: no access log, uvloop when installed (unless EVENT_LOOP is set)."""
     env = {**os.environ, "EVM_UPSTREAM": upstream, "LOG_FORMAT": "json", "ACCESS_LOG": "false"}

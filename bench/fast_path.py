@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import cache_hit  # noqa: E402
 from bench.cache_hit import (  # noqa: E402
+    KEYED_DAILY_CREDITS,
     Result,
     final_storage_request,
     listening,
@@ -96,7 +97,8 @@ def start_servers(anvil: Anvil, redis: RedisServer, request: dict[str, object], 
     base = proxy_env(anvil.url)
     servers: list[Server] = []
     for name, extra, pin in ((OPEN, {}, True),
-                             (KEYED, {"API_KEYS": "bench", "REDIS_URL": redis.url, "DAILY_CREDITS": str(10**15)}, True),
+                             (KEYED, {"API_KEYS": "bench", "REDIS_URL": redis.url,
+                                      "DAILY_CREDITS": KEYED_DAILY_CREDITS}, True),
                              (TWO, {"WORKERS": "2"}, False)):
         port = free_port()
         server = launch(name, [sys.executable, "-m", "proxy"], port, {**base, **extra, "PROXY_PORT": str(port)}, pin)

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.cache_hit import final_storage_request, instructions_per_request, proxy_env  # noqa: E402
+from bench.cache_hit import KEYED_DAILY_CREDITS, final_storage_request, instructions_per_request, proxy_env  # noqa: E402
 from tests.support import Anvil, RedisServer, free_port  # noqa: E402
 
 
@@ -36,7 +36,8 @@ def main() -> int:
     try:
         body = json.dumps(final_storage_request(anvil)).encode()
         base = {**proxy_env(anvil.url), "HEAD_POLL_INTERVAL": "3600"}  # callgrind is slow: few polls
-        modes = {"open": {}, "keyed": {"API_KEYS": "bench", "REDIS_URL": redis.url, "DAILY_CREDITS": str(10**15)}}
+        modes = {"open": {}, "keyed": {"API_KEYS": "bench", "REDIS_URL": redis.url,
+                                       "DAILY_CREDITS": KEYED_DAILY_CREDITS}}
         for mode, extra in modes.items():
             if args.only and mode != args.only:
                 continue

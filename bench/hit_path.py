@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.cache_hit import final_storage_request, proxy_env  # noqa: E402
+from bench.cache_hit import KEYED_DAILY_CREDITS, final_storage_request, proxy_env  # noqa: E402
 from tests.support import Anvil, RedisServer, free_port  # noqa: E402
 
 BATCH = 32  # requests fed between two checks of the transport
@@ -155,8 +155,8 @@ def main() -> int:
         request = json.dumps(final_storage_request(anvil)).encode()
         base = {"EVM_UPSTREAM": anvil.url, "LOG_LEVEL": "WARNING", "HEAD_POLL_INTERVAL": "3600",
                 "EVENT_LOOP": proxy_env(anvil.url).get("EVENT_LOOP", "asyncio")}
-        modes = {"open": {}, "keyed": {"API_KEYS": "bench", "REDIS_URL": redis.url, "DAILY_CREDITS": str(10**15),
-                                       "CREDITS_LEASE_MAX": str(10**12)}}
+        modes = {"open": {}, "keyed": {"API_KEYS": "bench", "REDIS_URL": redis.url,  # one lease: the whole balance
+                                       "DAILY_CREDITS": KEYED_DAILY_CREDITS, "CREDITS_LEASE_MAX": KEYED_DAILY_CREDITS}}
         for mode, extra in modes.items():
             if args.only and mode != args.only:
                 continue

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 from bench.cache_hit import (
+    KEYED_DAILY_CREDITS,
     Result,
     final_storage_request,
     fixed_body_script,
@@ -43,9 +44,9 @@ def main() -> int:
         open_port, keyed_port = free_port(), free_port()
         base = {**os.environ, "EVM_UPSTREAM": anvil.url, "LOG_FORMAT": "json"}
         open_env = {**base, "PROXY_PORT": str(open_port)}
-        # A balance no run can spend: every round's calls are charged, none refused.
+        # A balance no run spends: every round's calls are charged, none refused.
         keyed_env = {**base, "PROXY_PORT": str(keyed_port), "API_KEYS": "bench", "REDIS_URL": redis.url,
-                     "DAILY_CREDITS": str(10**15)}
+                     "DAILY_CREDITS": KEYED_DAILY_CREDITS}
         open_proc = start([sys.executable, "-m", "proxy"], open_port, open_env)
         procs.append(open_proc)
         keyed_proc = start([sys.executable, "-m", "proxy"], keyed_port, keyed_env)

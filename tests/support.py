@@ -284,12 +284,14 @@ class Served:
     def __init__(self, app: web.Application) -> None:
         self.runner = web.AppRunner(app, access_log=None)
         self.port = free_port()
+        self.site: CappedSite | None = None
 
     async def start_server(self) -> None:
         await self.runner.setup()
         settings = self.runner.app[SETTINGS]
-        await CappedSite(self.runner, "127.0.0.1", self.port, max_connections=settings.max_connections,
-                         per_ip=settings.max_connections_per_ip).start()
+        self.site = CappedSite(self.runner, "127.0.0.1", self.port, max_connections=settings.max_connections,
+                               per_ip=settings.max_connections_per_ip)
+        await self.site.start()
 
     async def close(self) -> None:
         await self.runner.cleanup()

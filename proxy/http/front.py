@@ -58,6 +58,8 @@ MAX_HEAD_BYTES = 64 * 1024  # a request head in all
 READ_HEADERS = ("host", "origin", "authorization", "x-api-key", "accept-encoding", "content-encoding",
                 "content-length", "expect", "access-control-request-headers", "connection")
 MAX_TARGETS = 1024  # request targets remembered with their path and route (clients reuse a few)
+MAX_HEADS = 512  # request heads remembered for Front.learn, each in a read of at most MAX_REPLAY_BYTES
+MAX_REPLAY_BYTES = 4096
 _OK = b"HTTP/1.1 200 OK\r\n"
 CLOCK_STEP = 0.002  # seconds: twice the resolution of uvloop's loop.time() (libuv's uv_now)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -88,6 +90,7 @@ class Front:
         # spells its few names the same way every time, so one lookup replaces lower() and a lookup.
         self.header_names: dict[bytes, str] = {}
         self.targets: dict[bytes, tuple[str, tuple[str | None, str | None] | None]] = {}  # request target memo
+        self.heads: dict[bytes, Request] = {}  # Front.learn
 
     def header_name(self, name: bytes) -> str:
         """The lower-case name of a field something reads, or "" (remembered per spelling)."""
@@ -95,6 +98,23 @@ class Front:
         if len(self.header_names) < MAX_TARGETS:
             self.header_names[name] = key
         return key
+
+    def learn(self, data: bytes, request: Request) -> None:
+        """`data` was one whole request, begun and complete in it, answered from memory: its head is
+        remembered with what llhttp's callbacks made of it. Read from a message boundary, the same head
+        followed by exactly as many body bytes is the same request but its body, and FrontProtocol
+        answers it without the parser (clients send the same head again and again on a connection).
+        A head is remembered only when it ends at the first empty line and the rest of `data` is the
+        body as llhttp gave it (no chunks, nothing after it), and never with Expect (its 100 Continue)."""
+        end = data.find(b"\r\n\r\n") + 4
+        if end < 4 or len(data) > MAX_REPLAY_BYTES or "expect" in request.headers or request.held:
+            return
+        if len(data) - end != request.size or data[end:] != b"".join(request.parts):
+            return
+        if len(self.heads) >= MAX_HEADS:
+            self.heads.clear()
+        request.parts, request.raw = [], []  # the body is each replay's own; raw fields serve a handover only
+        self.heads[data[:end]] = request
 
     def date(self, loop_now: float) -> bytes:
         """The Date header's line, made once a second (with the hit heads that carry it). `loop_now`:
@@ -144,6 +164,8 @@ class FrontProtocol(Answers):
         self._delegate: Any = None  # aiohttp's handler, once the connection is handed over
         self._peer: str | None = None
         self._request: Request | None = None
+        self._begun = 0  # requests begun in the data being fed
+        self._hit: Request | None = None  # ...and the one answered as a memory hit, for Front.learn
         self._upgrading: Request | None = None
         self._waiting: deque[Waiting] = deque()
         self._idle: asyncio.TimerHandle | None = None
@@ -194,6 +216,16 @@ class FrontProtocol(Answers):
     def data_received(self, data: bytes) -> None:
         if self._done:
             return
+        fresh = self._request is None  # at a message boundary: `data` starts a request
+        if fresh:
+            if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
+                end = data.find(b"\r\n\r\n") + 4
+                known = self._front.heads.get(data[:end])
+                if known is not None and len(data) - end == known.size:
+                    self._rpc(known, data[end:])  # the head llhttp accepted before, and its whole body
+                    return
+            self._begun = 0
+            self._hit = None
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -214,6 +246,8 @@ class FrontProtocol(Answers):
             return
         request = self._request
         if request is None:
+            if fresh and self._hit is not None and self._begun == 1:
+                self._front.learn(data, self._hit)
             return
         if not request.kind:  # its head is still arriving
             self._head_bytes += len(data)
@@ -254,11 +288,15 @@ class FrontProtocol(Answers):
 
     # --- parser callbacks (httptools) ---------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        # From its first byte, which leaves no doubt whether a request is under way (data_received).
+        self._request = Request()
+        self._head_bytes = 0
+        self._begun += 1
+
     def on_url(self, url: bytes) -> None:
         request = self._request
-        if request is None:  # a new request (its first callback: no on_message_begin, one call less)
-            self._request = request = Request()
-            self._head_bytes = 0
+        assert request is not None
         request.url += url
         if len(request.url) > MAX_LINE:
             raise refusal(INVALID_REQUEST, f"request target too long: at most {MAX_LINE} bytes", 414)
@@ -283,6 +321,7 @@ class FrontProtocol(Answers):
         if self._access_log:
             request.started = time.perf_counter()
         request.keep_alive = parser.should_keep_alive()
+        request.http10 = parser.get_http_version() == "1.0"
         request.method = parser.get_method().decode("ascii")
         if parser.should_upgrade():
             request.kind = UPGRADE
@@ -331,15 +370,15 @@ class FrontProtocol(Answers):
         if self._front.stopping:
             request.keep_alive = False
         if request.kind == RPC:
-            self._rpc(request)
+            parts = request.parts
+            self._rpc(request, parts[0] if len(parts) == 1 else b"".join(parts))
         else:
             self._answer(request, self._routes.answer(request.method, request.path, request.headers))
 
     # --- answers out --------------------------------------------------------------------------
 
-    def _rpc(self, request: Request) -> None:
-        parts = request.parts
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
+    def _rpc(self, request: Request, body: bytes) -> None:
+        """A JSON-RPC request's answer: `request` is read, never changed (a replayed head's is shared)."""
         headers = request.headers
         if "content-encoding" in headers:
             try:
@@ -356,7 +395,7 @@ class FrontProtocol(Answers):
         endpoint = self._endpoint
         # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
         prebuilt = request.keep_alive and not self._routes.access_log and (
-            "connection" not in headers or self._parser.get_http_version() != "1.0")
+            "connection" not in headers or not request.http10)
         # No page: a memory hit is answered here, after a pre-built head.
         found = endpoint.memory(key, network, headers, body) if prebuilt and "origin" not in headers else None
         if isinstance(found, bytes):  # an open hit
@@ -364,9 +403,11 @@ class FrontProtocol(Answers):
                 self._answer(request, endpoint.finish(Reply(found, 200, endpoint.open_headers), headers))
             else:
                 self._prebuilt(False, (len(found), found))
+                self._hit = request
             return
         if type(found) is tuple and found[2] < endpoint.compress_from:  # a paid hit
             self._prebuilt(True, found)
+            self._hit = request
             return
         answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path, found)
         if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
@@ -380,8 +421,7 @@ class FrontProtocol(Answers):
         """The answer's bytes, and whether the connection closes after it."""
         if request.kind == RPC and self._routes.access_log:
             log_front_request(self._endpoint.gateway, self._routes.trusted_header, self._peer, request, reply)
-        return encoded_answer(reply, request, self._parser.get_http_version() == "1.0",
-                              self._front.date(self._loop.time()))
+        return encoded_answer(reply, request, self._front.date(self._loop.time()))
 
     def _last(self, reply: Reply) -> None:
         """The connection's last answer: nothing more is read from it."""

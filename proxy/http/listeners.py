@@ -140,6 +140,11 @@ class CappedSite(web.TCPSite):
                                                 reuse_address=self._reuse_address, reuse_port=self._reuse_port)
 
     @property
+    def front(self) -> Front | None:
+        """The fast server's shared side, once started."""
+        return self._front
+
+    @property
     def open_connections(self) -> int:
         return len(self._front.connections) if self._front is not None else 0
 

@@ -33,6 +33,7 @@ class Request:
     __slots__ = (
         "headers",
         "held",
+        "http10",
         "keep_alive",
         "kind",
         "method",
@@ -57,6 +58,7 @@ class Request:
         self.path = ""
         self.method = ""
         self.keep_alive = True
+        self.http10 = False  # HTTP/1.0: a kept-alive answer says so (read once its head is complete)
         self.started = 0.0
         self.held = 0  # bytes of the body budget it holds
         self.timer: asyncio.TimerHandle | None = None
@@ -64,7 +66,7 @@ class Request:
 
 
 
-def encoded_answer(reply: Reply, request: Request, http10: bool, date: bytes) -> tuple[bytes, bool]:
+def encoded_answer(reply: Reply, request: Request, date: bytes) -> tuple[bytes, bool]:
     """An answer's bytes, and whether the connection closes after it."""
     close = reply.close or not request.keep_alive
     status = reply.status
@@ -74,7 +76,7 @@ def encoded_answer(reply: Reply, request: Request, http10: bool, date: bytes) ->
         fields += f"Content-Length: {len(body)}\r\n"
     if close:
         fields += "Connection: close\r\n"
-    elif http10:
+    elif request.http10:
         fields += "Connection: keep-alive\r\n"
     lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, fields.encode("latin-1"), date, b"\r\n"]
     if request.method != "HEAD":

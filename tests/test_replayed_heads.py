@@ -1,0 +1,235 @@
+"""Request heads the fast server remembers (Front.learn): a read that starts at a message boundary
+and is a head llhttp accepted before, followed by exactly as many body bytes, is answered without
+the parser; it must be answered exactly as the parser's road answers it, and nothing else may be
+taken for such a request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from proxy.http.front import MAX_HEADS, Front
+from tests.support import Anvil, Proxy
+from tests.test_cache import finalized_store, storage
+from tests.test_front import Answer, call, post, read_answer
+from tests.test_keyed_hits import ALICE, keyed, reload
+
+
+class Transport(asyncio.Transport):
+    """A connection's transport in memory: what the server writes, and whether it closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+        self.protocol: Any = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.protocol.connection_lost(None)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def connection(front: Front) -> Iterator[tuple[Any, Transport]]:
+    """A fast connection fed by hand: each data_received call is one read, as the test cuts them."""
+    protocol, transport = front.protocol(), Transport()
+    transport.protocol = protocol
+    protocol.connection_made(transport)
+    try:
+        yield protocol, transport
+    finally:
+        transport.close()
+
+
+def front_of(proxy: Proxy) -> Front:
+    site = proxy.server.site
+    assert site is not None and site.front is not None
+    return site.front
+
+
+async def one_by_one(port: int, requests: list[bytes]) -> list[Answer]:
+    """Each request alone on one kept-alive connection, the next sent once the last is answered:
+    each reaches the server as a read of its own, from a message boundary."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    answers = []
+    try:
+        for data in requests:
+            writer.write(data)
+            await writer.drain()
+            answers.append(await read_answer(reader))
+    finally:
+        writer.close()
+    return answers
+
+
+def same_length(body: bytes, length: int) -> bytes:
+    """`body` padded with JSON white space to `length` bytes: the same Content-Length, so the same head."""
+    assert len(body) <= length
+    return body + b" " * (length - len(body))
+
+
+def comparable(answer: Answer) -> tuple[int, dict[str, str], Any]:
+    status, headers, body = answer
+    headers = {name: value for name, value in headers.items() if name != "date"}
+    return status, headers, json.loads(body)
+
+
+async def hit_request(anvil: Anvil, proxy: Proxy, rid: int = 1, key: str = "test-key") -> bytes:
+    store, block = await finalized_store(anvil, proxy)
+    body = json.dumps(storage(store, "0x0", hex(block), rid=rid)).encode()
+    assert (await proxy.post(body, key=key))[0] == 200  # now in memory
+    return body
+
+
+async def test_a_known_head_with_any_body_of_its_length_is_answered_as_the_parser_answers_it(
+    anvil: Anvil, evm_proxy: Proxy,
+) -> None:
+    hit = await hit_request(anvil, evm_proxy, rid=10)
+    length = len(hit)
+    bodies = [
+        hit.replace(b'"id": 10', b'"id": 11'),  # a hit with another id
+        same_length(call("eth_chainId", [], 12), length),  # a miss
+        same_length(b"[" + call("eth_chainId", [], 13) + b"]", length),  # a batch
+        same_length(b'{"jsonrpc": "2.0", "id": 14, "method": "eth_nope", "params": []}', length),  # unknown method
+        same_length(b'{"jsonrpc": "2.0", "id": 15', length),  # not JSON
+        b"\x00" * length,
+    ]
+    requests = [post(hit), *(post(body) for body in bodies)]
+    front = front_of(evm_proxy)
+    replayed = await one_by_one(evm_proxy.server.port, requests)
+    assert list(front.heads) == [post(hit)[:-length]]  # learned from the first hit alone
+    parsed = []
+    for data in requests:  # each on a connection of its own with nothing remembered: the parser's road
+        front.heads.clear()
+        parsed += await one_by_one(evm_proxy.server.port, [data])
+    assert [comparable(a) for a in replayed] == [comparable(a) for a in parsed]
+    assert [a[1].get("x-cache") for a in replayed[:2]] == ["HIT", "HIT"]
+    assert json.loads(replayed[1][2])["id"] == 11
+
+
+async def test_a_known_head_after_bytes_the_parser_holds_is_parsed_with_them(anvil: Anvil, evm_proxy: Proxy) -> None:
+    hit = await hit_request(anvil, evm_proxy)
+    front = front_of(evm_proxy)
+    await one_by_one(evm_proxy.server.port, [post(hit)])
+    assert front.heads
+    with connection(front) as (protocol, transport):
+        protocol.data_received(b"PO")  # no callback yet: only the parser knows a request has begun
+        protocol.data_received(post(hit))  # so this is "POPOST ...": a bad request, not a hit
+        assert transport.written.startswith(b"HTTP/1.1 400 ") and transport.closed
+
+
+async def test_a_known_head_with_more_bytes_after_its_body_is_parsed(anvil: Anvil, evm_proxy: Proxy) -> None:
+    hit = await hit_request(anvil, evm_proxy, rid=1)
+    front = front_of(evm_proxy)
+    await one_by_one(evm_proxy.server.port, [post(hit)])
+    second = post(hit.replace(b'"id": 1', b'"id": 2'))
+    with connection(front) as (protocol, transport):
+        protocol.data_received(post(hit) + second[:20])  # the next request begins in the same read
+        protocol.data_received(second[20:])
+    answers = transport.written.split(b"HTTP/1.1 200 OK\r\n")[1:]
+    assert [json.loads(answer.split(b"\r\n\r\n", 1)[1])["id"] for answer in answers] == [1, 2]
+
+
+async def test_a_head_is_not_remembered_from_a_read_that_held_more_or_less_than_its_request(
+    anvil: Anvil, evm_proxy: Proxy,
+) -> None:
+    hit = await hit_request(anvil, evm_proxy)
+    front = front_of(evm_proxy)
+    for reads in ([post(hit) + b"\r\n"],  # bytes after it (white space the parser skips)
+                  [post(hit) * 2],  # two requests
+                  [post(hit)[:30], post(hit)[30:]],  # a head in two reads
+                  [post(hit)[:-5], post(hit)[-5:]]):  # a body in two reads
+        with connection(front) as (protocol, transport):
+            for data in reads:
+                protocol.data_received(data)
+        assert transport.written.count(b"X-Cache: HIT") == reads[0].count(b"POST")
+        assert not front.heads, reads
+
+
+async def test_chunked_bodies_and_expect_are_never_replayed(anvil: Anvil, evm_proxy: Proxy) -> None:
+    hit = await hit_request(anvil, evm_proxy)
+    head = b"POST /v3/k HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked = head + b"%x\r\n%b\r\n0\r\n\r\n" % (len(hit), hit)
+    expecting = post(hit, "Expect: 100-continue")
+    front = front_of(evm_proxy)
+    answers = await one_by_one(evm_proxy.server.port, [chunked, chunked])
+    assert [a[1]["x-cache"] for a in answers] == ["HIT", "HIT"] and not front.heads
+    with connection(front) as (protocol, transport):
+        protocol.data_received(expecting)
+        protocol.data_received(expecting)  # its interim answer each time, as the parser's road writes it
+    assert transport.written.count(b"HTTP/1.1 100 Continue\r\n\r\n") == 2 and not front.heads
+
+
+async def test_the_remembered_heads_are_bounded(anvil: Anvil, evm_proxy: Proxy) -> None:
+    hit = await hit_request(anvil, evm_proxy)
+    front = front_of(evm_proxy)
+    with connection(front) as (protocol, transport):
+        for n in range(MAX_HEADS + 50):  # a head of its own each: a client that varies a field
+            protocol.data_received(post(hit, f"X-N: {n}"))
+            assert len(front.heads) <= MAX_HEADS
+    assert transport.written.count(b"X-Cache: HIT") == MAX_HEADS + 50
+
+
+async def test_a_replayed_head_is_judged_by_the_keys_of_the_moment(anvil: Anvil, redis_url: str,
+                                                                   tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    async with keyed(anvil, redis_url, path, ALICE) as proxy:
+        hit = await hit_request(anvil, proxy, key="alice-secret")
+        data = post(hit, path="/v3/alice-secret")
+        first, second = await one_by_one(proxy.server.port, [data, data])
+        assert [a[1]["x-cache"] for a in (first, second)] == ["HIT", "HIT"] and front_of(proxy).heads
+        assert int(second[1]["x-credits-remaining"]) < int(first[1]["x-credits-remaining"])
+        reload(proxy, path, '[keys.bob]\nkey = "bob-secret"\n')
+        [(status, _, body)] = await one_by_one(proxy.server.port, [data])
+        assert status == 401 and json.loads(body)["error"]["code"] == -32001
+
+
+class CountedParser:
+    """llhttp's parser, its reads counted."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser = parser
+        self.fed = 0
+
+    def feed_data(self, data: bytes) -> None:
+        self.fed += 1
+        self.parser.feed_data(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parser, name)
+
+
+async def test_a_request_of_a_known_head_is_answered_without_the_parser(anvil: Anvil, evm_proxy: Proxy) -> None:
+    hit = await hit_request(anvil, evm_proxy, rid=1)
+    with connection(front_of(evm_proxy)) as (protocol, transport):
+        protocol._parser = parser = CountedParser(protocol._parser)
+        for rid in range(1, 10):
+            protocol.data_received(post(hit.replace(b'"id": 1', b'"id": %d' % rid)))
+        assert parser.fed == 1  # the first alone: the others were its head again
+    answers = transport.written.split(b"HTTP/1.1 200 OK\r\n")[1:]
+    assert [json.loads(answer.split(b"\r\n\r\n", 1)[1])["id"] for answer in answers] == list(range(1, 10))
