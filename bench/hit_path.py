@@ -35,38 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.cache_hit import KEYED_DAILY_CREDITS, final_storage_request, proxy_env  # noqa: E402
-from tests.support import Anvil, RedisServer, free_port  # noqa: E402
+from tests.support import Anvil, MemoryTransport, RedisServer, free_port  # noqa: E402
 
 BATCH = 32  # requests fed between two checks of the transport
-
-
-class Transport(asyncio.Transport):
-    """A connection's transport kept in memory: the last answer written is kept, nothing is sent."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.last = b""
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.last = bytes(data)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 def serve(settings_env: dict[str, str], request: bytes, hits: int, key: str) -> None:
@@ -99,7 +70,7 @@ def serve(settings_env: dict[str, str], request: bytes, hits: int, key: str) -> 
         while not await loop.run_in_executor(None, answered):  # the entry, once the tracker has a head
             await asyncio.sleep(0.2)
         protocol = fronts[0].protocol()
-        transport = Transport()
+        transport = MemoryTransport(keep=False)
         protocol.connection_made(transport)
         for _ in range(100):  # warm: the memos, the interpreter's specialised code, the key's lease
             for _ in range(BATCH):

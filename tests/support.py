@@ -278,6 +278,44 @@ class CountingUpstream:
 # --- a proxy on a real port ---------------------------------------------------------------
 
 
+class MemoryTransport(asyncio.Transport):
+    """A connection's transport kept in memory: nothing is sent. The last answer written is kept, and
+    with `keep` every byte written; closing it tells its protocol the connection is lost."""
+
+    def __init__(self, keep: bool = True) -> None:
+        super().__init__()
+        self.keep = keep
+        self.last = self.written = b""
+        self.closed = False
+        self.protocol: Any = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.last = bytes(data)
+        if self.keep:
+            self.written += self.last
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.protocol is not None:
+                self.protocol.connection_lost(None)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
 class Served:
     """The app served as `rpc-proxy` serves it (the fast server in front, aiohttp behind), on a free port."""
 

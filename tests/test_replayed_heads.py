@@ -14,49 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from proxy.http.front import MAX_HEADS, Front
-from tests.support import Anvil, Proxy
+from tests.support import Anvil, MemoryTransport, Proxy
 from tests.test_cache import finalized_store, storage
 from tests.test_front import Answer, call, post, read_answer
 from tests.test_keyed_hits import ALICE, keyed, reload
 
 
-class Transport(asyncio.Transport):
-    """A connection's transport in memory: what the server writes, and whether it closed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = b""
-        self.closed = False
-        self.protocol: Any = None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += bytes(data)
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.protocol.connection_lost(None)
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
 @contextlib.contextmanager
-def connection(front: Front) -> Iterator[tuple[Any, Transport]]:
+def connection(front: Front) -> Iterator[tuple[Any, MemoryTransport]]:
     """A fast connection fed by hand: each data_received call is one read, as the test cuts them."""
-    protocol, transport = front.protocol(), Transport()
+    protocol, transport = front.protocol(), MemoryTransport()
     transport.protocol = protocol
     protocol.connection_made(transport)
     try:
