@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.http.front import MAX_HEADS, Front
-from tests.support import Anvil, MemoryTransport, Proxy
+from tests.support import Anvil, MemoryTransport, Proxy, eventually
 from tests.test_cache import finalized_store, storage
 from tests.test_front import Answer, call, post, read_answer
 from tests.test_keyed_hits import ALICE, keyed, reload
@@ -200,3 +200,25 @@ async def test_a_request_of_a_known_head_is_answered_without_the_parser(anvil: A
         assert parser.fed == 1  # the first alone: the others were its head again
     answers = transport.written.split(b"HTTP/1.1 200 OK\r\n")[1:]
     assert [json.loads(answer.split(b"\r\n\r\n", 1)[1])["id"] for answer in answers] == list(range(1, 10))
+
+
+async def test_nothing_is_replayed_after_a_request_that_closes_the_connection(anvil: Anvil, evm_proxy: Proxy) -> None:
+    hit = await hit_request(anvil, evm_proxy)
+    front = front_of(evm_proxy)
+    await one_by_one(evm_proxy.server.port, [post(hit), post(hit)])
+    assert front.heads
+    miss = call("eth_getBalance", ["0x" + "de" * 20, "latest"], 1)
+    # A known head: replayed, were it read, and sent to the node (the answer is in no cache).
+    after = post(same_length(call("eth_getCode", ["0x" + "de" * 20, "latest"], 2), len(hit)))
+    for closing in (post(miss, "Connection: close"),
+                    b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n%b" % (len(miss), miss)):
+        with connection(front) as (protocol, transport):
+            protocol.data_received(closing)  # a miss: its answer is still on its way...
+            protocol.data_received(after)  # ...when more bytes come, which llhttp refuses (RFC 9112 9.6)
+
+            async def closed() -> bool:
+                return transport.closed
+
+            await eventually(closed, 30, "the connection to close after its last answer")
+        assert transport.written.count(b"HTTP/1.1 ") == 1 and b'"id":1,' in transport.written
+        assert evm_proxy.upstreams["evm"].calls["eth_getCode"] == 0

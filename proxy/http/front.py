@@ -165,6 +165,7 @@ class FrontProtocol(Answers):
         self._peer: str | None = None
         self._request: Request | None = None
         self._begun = 0  # requests begun in the data being fed
+        self._kept_alive = True  # every request so far keeps the connection open
         self._hit: Request | None = None  # ...and the one answered as a memory hit, for Front.learn
         self._upgrading: Request | None = None
         self._waiting: deque[Waiting] = deque()
@@ -216,7 +217,9 @@ class FrontProtocol(Answers):
     def data_received(self, data: bytes) -> None:
         if self._done:
             return
-        fresh = self._request is None  # at a message boundary: `data` starts a request
+        # At a message boundary of a connection kept alive: `data` starts a request (after one that
+        # closes the connection, llhttp takes no more, and nor does a replay).
+        fresh = self._request is None and self._kept_alive
         if fresh:
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
                 end = data.find(b"\r\n\r\n") + 4
@@ -369,6 +372,7 @@ class FrontProtocol(Answers):
             return
         if self._front.stopping:
             request.keep_alive = False
+        self._kept_alive = request.keep_alive
         if request.kind == RPC:
             parts = request.parts
             self._rpc(request, parts[0] if len(parts) == 1 else b"".join(parts))
