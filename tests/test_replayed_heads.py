@@ -172,6 +172,7 @@ async def test_a_replayed_head_is_judged_by_the_keys_of_the_moment(anvil: Anvil,
         assert [a[1]["x-cache"] for a in (first, second)] == ["HIT", "HIT"] and front_of(proxy).heads
         assert int(second[1]["x-credits-remaining"]) < int(first[1]["x-credits-remaining"])
         reload(proxy, path, '[keys.bob]\nkey = "bob-secret"\n')
+        assert not front_of(proxy).heads  # heads with a key in them are forgotten with the keys
         [(status, _, body)] = await one_by_one(proxy.server.port, [data])
         assert status == 401 and json.loads(body)["error"]["code"] == -32001
 

@@ -90,7 +90,8 @@ class Front:
         # spells its few names the same way every time, so one lookup replaces lower() and a lookup.
         self.header_names: dict[bytes, str] = {}
         self.targets: dict[bytes, tuple[str, tuple[str | None, str | None] | None]] = {}  # request target memo
-        self.heads: dict[bytes, Request] = {}  # Front.learn
+        self.heads: dict[bytes, Request] = {}  # Front.learn (a key in a head: forgotten with the keys)
+        endpoint.gateway.forget_keys.append(self.heads.clear)
 
     def header_name(self, name: bytes) -> str:
         """The lower-case name of a field something reads, or "" (remembered per spelling)."""

@@ -83,6 +83,7 @@ class Gateway:
         self.key_lists: dict[str, AllowLists] = {}  # accounts with an allow-list (allow_lists.py)
         self._restricted: frozenset[str] = frozenset()  # ...whose lists restrict calls: no hot path
         self.tabs: Memo[str, Tab] = Memo(65_536)  # secret -> Tab (never replaced: the endpoint reads it)
+        self.forget_keys: list[Callable[[], None]] = []  # what else holds secrets in memory (front.Front.heads)
         self.load_keys(settings.api_keys)
         self._calls = CallAccounting(settings, metrics)
         self.router = Router(settings, service.networks)
@@ -112,6 +113,8 @@ class Gateway:
         self.key_lists = {name: k.lists for name, k in (keys or {}).items() if k.lists.any}
         self._restricted = frozenset(name for name, lists in self.key_lists.items() if lists.restricts_calls)
         self.tabs.clear()  # a tab holds what these keys and their terms were
+        for forget in self.forget_keys:
+            forget()
 
     def reload(self, settings: Settings) -> None:
         """Keys, allow-lists and credit terms from new settings (SIGHUP); connections stay open."""
