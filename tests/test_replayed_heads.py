@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 from collections.abc import Iterator
@@ -223,3 +224,22 @@ async def test_nothing_is_replayed_after_a_request_that_closes_the_connection(an
             await eventually(closed, 30, "the connection to close after its last answer")
         assert transport.written.count(b"HTTP/1.1 ") == 1 and b'"id":1,' in transport.written
         assert evm_proxy.upstreams["evm"].calls["eth_getCode"] == 0
+
+
+async def test_a_key_that_churns_the_heads_changes_no_other_keys_answers_or_charges(
+    anvil: Anvil, redis_url: str, tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.toml"
+    async with keyed(anvil, redis_url, path, ALICE + '[keys.bob]\nkey = "bob-secret"\n') as proxy:
+        hit = await hit_request(anvil, proxy, key="bob-secret")
+        bobs = post(hit, path="/v3/bob-secret")
+        with connection(front_of(proxy)) as (attacker, transport):
+            shown = []
+            for n in range(MAX_HEADS + 50):  # alice: a new head on every request, the memo starting over
+                attacker.data_received(post(hit, f"X-N: {n}", path="/v3/alice-secret"))
+                if n % 100 == 0:
+                    [(status, headers, body)] = await one_by_one(proxy.server.port, [bobs])
+                    assert status == 200 and headers["x-cache"] == "HIT" and json.loads(body)["id"] == 1
+                    shown.append(int(headers["x-credits-remaining"]))
+        assert transport.written.count(b"X-Cache: HIT") == MAX_HEADS + 50
+        assert [a - b for a, b in itertools.pairwise(shown)] == [80] * (len(shown) - 1)  # once each, bob's alone
