@@ -65,6 +65,12 @@ CLOCK_STEP = 0.002  # seconds: twice the resolution of uvloop's loop.time() (lib
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
+def head_end(data: bytes) -> int:
+    """Where a head would end: after the first empty line (3 when there is none). One rule for the
+    heads learned and those looked up (Front.learn)."""
+    return data.find(b"\r\n\r\n") + 4
+
+
 class Front:
     """The server's side of every fast connection: what it answers with, the open ones, the drain."""
 
@@ -107,8 +113,8 @@ class Front:
         answers it without the parser (clients send the same head again and again on a connection).
         A head is remembered only when it ends at the first empty line and the rest of `data` is the
         body as llhttp gave it (no chunks, nothing after it), and never with Expect (its 100 Continue)."""
-        end = data.find(b"\r\n\r\n") + 4
-        if end < 4 or len(data) > MAX_REPLAY_BYTES or "expect" in request.headers or request.held:
+        end = head_end(data)
+        if end < 4 or len(data) > MAX_REPLAY_BYTES or "expect" in request.headers:
             return
         if len(data) - end != request.size or data[end:] != b"".join(request.parts):
             return
@@ -223,7 +229,7 @@ class FrontProtocol(Answers):
         fresh = self._request is None and self._kept_alive
         if fresh:
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
-                end = data.find(b"\r\n\r\n") + 4
+                end = head_end(data)
                 known = self._front.heads.get(data[:end])
                 if known is not None and len(data) - end == known.size:
                     self._rpc(known, data[end:])  # the head llhttp accepted before, and its whole body
