@@ -4,39 +4,78 @@ what it knows of the other replicas (leases.py keeps them; journal.py writes the
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 
-@dataclass(slots=True)
+class _Term:
+    """A figure KeyLease.spend compares with through the two it makes of it: setting one renews them."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = "_" + name
+
+    def __get__(self, lease: Any, owner: type | None = None) -> int:
+        return cast(int, getattr(lease, self._slot))
+
+    def __set__(self, lease: KeyLease, value: int) -> None:
+        setattr(lease, self._slot, value)
+        lease._terms_moved()
+
+
 class KeyLease:
-    """One key's credits on this replica for one UTC day."""
+    """One key's credits on this replica for one UTC day.
 
-    api_key: str
-    key: str  # the Redis hash
-    allowance: int = 0  # credits this replica may consume today; never more than Redis granted
-    consumed: int = 0  # cumulative debits
-    refunded: int = 0  # cumulative refunds
-    others: int = 0  # credits allowed to other replicas, at the last reply
-    others_spent: int = 0  # credits other replicas spent (debits less refunds), at the last reply
-    peers: tuple[Any, ...] = ()  # the other replicas at the last reply, to rebuild a lost entry
-    known: bool = False  # Redis answered for this key today
-    active: int = 1  # replicas using the key, at the last reply
-    daily: int = 0
-    granted_at: float = 0.0
-    reported: int = 0  # `net` as Redis last saw it
-    reported_at: float = 0.0
-    low_water: int = 0  # free credit below which the lease is topped up in the background
-    swept: int = -1  # `consumed` at the last sweep, and since when it has not moved (idle)
-    idle_since: float = 0.0
-    ceiling: int | None = None  # while Redis is unreachable: the most this replica may consume
-    journaled: bool = False  # debits Redis has not seen yet
-    returning: bool = False  # a give-back that has not reached Redis yet
-    window_second: int = -1  # the per-second window while Redis is unreachable
-    window_used: int = 0
-    day_start: float = 0.0  # the UTC day the lease belongs to, as floats: compared with a float clock
-    day_end: float = 0.0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    `spend` (every keyed cache hit) compares with two figures made from the others, kept in step by
+    the setters of those others (`_Term`), so no code that moves a lease can leave them stale:
+    `_mark`, the consumption up to which the lease spends alone, and `_shown`, the balance shown
+    before this replica's consumption."""
+
+    __slots__ = ("_allowance", "_daily", "_low_water", "_mark", "_others_spent", "_refunded", "_shown", "active",
+                 "api_key", "ceiling", "consumed", "day_end", "day_start", "granted_at", "idle_since", "journaled",
+                 "key", "known", "lock", "others", "peers", "reported", "reported_at", "returning", "swept",
+                 "window_second", "window_used")
+
+    def __init__(
+        self, api_key: str, key: str, *,
+        allowance: int = 0,  # credits this replica may consume today; never more than Redis granted
+        consumed: int = 0,  # cumulative debits
+        refunded: int = 0,  # cumulative refunds
+        others: int = 0,  # credits allowed to other replicas, at the last reply
+        others_spent: int = 0,  # credits other replicas spent (debits less refunds), at the last reply
+        peers: tuple[Any, ...] = (),  # the other replicas at the last reply, to rebuild a lost entry
+        known: bool = False,  # Redis answered for this key today
+        active: int = 1,  # replicas using the key, at the last reply
+        daily: int = 0,
+        low_water: int = 0,  # free credit below which the lease is topped up in the background
+        ceiling: int | None = None,  # while Redis is unreachable: the most this replica may consume
+        day_start: float = 0.0,  # the UTC day the lease belongs to, as floats: compared with a float clock
+        day_end: float = 0.0,
+    ) -> None:
+        self.api_key, self.key = api_key, key  # the key, and its Redis hash
+        self._allowance, self._refunded, self._others_spent = allowance, refunded, others_spent
+        self._daily, self._low_water = daily, low_water
+        self._terms_moved()
+        self.consumed, self.others, self.peers, self.known, self.active = consumed, others, peers, known, active
+        self.ceiling, self.day_start, self.day_end = ceiling, day_start, day_end
+        self.granted_at = 0.0
+        self.reported = 0  # `net` as Redis last saw it
+        self.reported_at = 0.0
+        self.swept = -1  # `consumed` at the last sweep, and since when it has not moved (idle)
+        self.idle_since = 0.0
+        self.journaled = False  # debits Redis has not seen yet
+        self.returning = False  # a give-back that has not reached Redis yet
+        self.window_second = -1  # the per-second window while Redis is unreachable
+        self.window_used = 0
+        self.lock = asyncio.Lock()
+
+    allowance = _Term()
+    refunded = _Term()
+    others_spent = _Term()
+    low_water = _Term()
+    daily = _Term()
+
+    def _terms_moved(self) -> None:
+        self._mark = self._allowance + self._refunded - self._low_water
+        self._shown = self._daily - self._others_spent + self._refunded
 
     def spend(self, amount: int, daily: int, now: float) -> int | None:
         """The hot path (a key with no per-second limit): `amount` spent from what this replica holds
@@ -45,11 +84,11 @@ class KeyLease:
         Spending to the mark never needs a top-up nor passes what is held: the ledger's own rule
         (leases.LeasedLedger.spend) holds."""
         consumed = self.consumed + amount
-        if consumed > self.allowance + self.refunded - self.low_water or not self.day_start <= now < self.day_end \
-                or daily != self.daily:  # another balance (a reload): the ledger leases again under it
+        # allowance + refunded - low_water; daily: another balance (a reload) is leased again under it
+        if consumed > self._mark or daily != self._daily or not self.day_start <= now < self.day_end:
             return None
         self.consumed = consumed
-        return daily - self.others_spent - consumed + self.refunded
+        return self._shown - consumed  # daily - others_spent - (consumed - refunded)
 
     @property
     def net(self) -> int:
