@@ -3,12 +3,13 @@ and the floor (an asyncio Protocol on httptools answering from a dict), all in o
 
     .venv/bin/python -m bench.fast_path [--seconds 3] [--rounds 3] [--connections 32]
 
-Rows: the proxy in open mode (one process), with API keys + Redis + credits (one process), open with
-WORKERS=2; nginx proxy_cache with 1 and 2 workers; the floor server. One-process servers run on one
-core and wrk on the other (bench.cache_hit's pinning); two-process servers are not pinned. Every
-round runs every server back to back; the figures are medians over the rounds and the ratios are
-medians of each round's ratio. Needs wrk (apt-get install wrk), Anvil and redis-server (scripts/test.sh);
-nginx (apt-get install nginx-light) is optional: without it its rows are skipped, said in one line.
+Rows: the proxy in open mode (one process), with API keys + Redis + credits (one process), with API
+keys + credits and no Redis (one process), open with WORKERS=2; nginx proxy_cache with 1 and 2
+workers; the floor server. One-process servers run on one core and wrk on the other
+(bench.cache_hit's pinning); two-process servers are not pinned. Every round runs every server back
+to back; the figures are medians over the rounds and the ratios are medians of each round's ratio.
+Needs wrk (apt-get install wrk), Anvil and redis-server (scripts/test.sh); nginx (apt-get install
+nginx-light) is optional: without it its rows are skipped, said in one line.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ FLOOR_SERVER = textwrap.dedent("""
     (uvloop.run if uvloop else asyncio.run)(main())
 """)
 NGINX_1, NGINX_2 = "nginx proxy_cache (1 worker)", "nginx proxy_cache (2 workers)"
-OPEN, KEYED, TWO, FLOOR = ("proxy open (1 process)", "proxy keyed (1 process)", "proxy open WORKERS=2",
-                           "floor: Protocol+httptools")
+OPEN, KEYED, ALONE, TWO, FLOOR = ("proxy open (1 process)", "proxy keyed (1 process)",
+                                  "proxy keyed, no Redis (1 process)", "proxy open WORKERS=2",
+                                  "floor: Protocol+httptools")
 
 
 def launch(name: str, cmd: list[str], port: int, env: dict[str, str] | None = None, pin: bool = True) -> Server:
@@ -99,6 +101,7 @@ def start_servers(anvil: Anvil, redis: RedisServer, request: dict[str, object], 
     for name, extra, pin in ((OPEN, {}, True),
                              (KEYED, {"API_KEYS": "bench", "REDIS_URL": redis.url,
                                       "DAILY_CREDITS": KEYED_DAILY_CREDITS}, True),
+                             (ALONE, {"API_KEYS": "bench", "DAILY_CREDITS": KEYED_DAILY_CREDITS}, True),
                              (TWO, {"WORKERS": "2"}, False)):
         port = free_port()
         server = launch(name, [sys.executable, "-m", "proxy"], port, {**base, **extra, "PROXY_PORT": str(port)}, pin)
@@ -159,6 +162,7 @@ def main() -> int:
     print(table(medians))
     print(f"open hits / nginx 1 worker:        {ratio(OPEN, NGINX_1)}  (target >= 1.0)")
     print(f"keyed hits / open hits:            {ratio(KEYED, OPEN)}  (target >= 0.9)")
+    print(f"keyed, no Redis / open hits:       {ratio(ALONE, OPEN)}  (target >= 0.9)")
     print(f"WORKERS=2 / nginx 2 workers:       {ratio(TWO, NGINX_2)}  (target >= 1.0)")
     print(f"floor / nginx 1 worker:            {ratio(FLOOR, NGINX_1)}")
     print(f"open hits / floor:                 {ratio(OPEN, FLOOR)}")

@@ -1,7 +1,7 @@
 """Benchmark: the instructions of a cache hit's own path, open and keyed, counted by callgrind inside
 the serving process and nowhere else.
 
-    .venv/bin/python -m bench.hit_path [--hits 10000] [--only open|keyed]
+    .venv/bin/python -m bench.hit_path [--hits 10000] [--only open|keyed|alone]
 
 The proxy runs in a child process under callgrind with collection off; once its cache holds the
 answer (a real request through its socket), wrk's eth_getStorageAt request is fed to a connection's
@@ -12,7 +12,7 @@ time-driven background work in it. That is what `bench.hit_cpu` cannot separate:
 keyed proxy's once-a-second ledger work (its reports, the exhausted set) falls on fifty times fewer
 requests than at full speed. Keyed: API keys, Redis, every hit charged 80 credits from a lease large
 enough that no top-up falls in the window (a top-up is a background task; `bench.fast_path` counts
-it in throughput).
+it in throughput). Alone: API keys without Redis, each hit charged from the process's own count.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def counted(mode_env: dict[str, str], request: bytes, hits: int, key: str) -> fl
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hits", type=int, default=10_000, help="hits counted per mode")
-    parser.add_argument("--only", choices=("open", "keyed"), help="count one mode only")
+    parser.add_argument("--only", choices=("open", "keyed", "alone"), help="count one mode only")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -126,8 +126,9 @@ def main() -> int:
         request = json.dumps(final_storage_request(anvil)).encode()
         base = {"EVM_UPSTREAM": anvil.url, "LOG_LEVEL": "WARNING", "HEAD_POLL_INTERVAL": "3600",
                 "EVENT_LOOP": proxy_env(anvil.url).get("EVENT_LOOP", "asyncio")}
-        modes = {"open": {}, "keyed": {"API_KEYS": "bench", "REDIS_URL": redis.url,  # one lease: the whole balance
-                                       "DAILY_CREDITS": KEYED_DAILY_CREDITS, "CREDITS_LEASE_MAX": KEYED_DAILY_CREDITS}}
+        keyed = {"API_KEYS": "bench", "DAILY_CREDITS": KEYED_DAILY_CREDITS}
+        modes = {"open": {}, "keyed": {**keyed, "REDIS_URL": redis.url, "CREDITS_LEASE_MAX": KEYED_DAILY_CREDITS},
+                 "alone": keyed}  # keyed: one lease, the whole balance; alone: no Redis, the process's own count
         for mode, extra in modes.items():
             if args.only and mode != args.only:
                 continue
@@ -138,8 +139,9 @@ def main() -> int:
     for mode, count in counts.items():
         print(f"{count:,.0f} instructions per {mode} hit's own path over {args.hits} hits "
               f"(EVENT_LOOP={base['EVENT_LOOP']})")
-    if len(counts) == 2:
-        print(f"keyed / open: {counts['keyed'] / counts['open']:.3f}")
+    for mode in ("keyed", "alone"):
+        if mode in counts and "open" in counts:
+            print(f"{mode} / open: {counts[mode] / counts['open']:.3f}")
     return 0
 
 

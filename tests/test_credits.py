@@ -54,6 +54,36 @@ class TestMemoryLedger:
         assert (await ledger.debit("k", 1, daily=100, per_second=None, now=midnight - 0.5)).verdict is Verdict.EXHAUSTED
         assert (await ledger.debit("k", 1, daily=100, per_second=None, now=midnight)).verdict is Verdict.OK
 
+    async def test_its_lease_is_its_one_count_whoever_spends_from_it(self) -> None:
+        ledger = MemoryLedger()
+        assert ledger.purse("k", 5.0) is None  # no lease before the key's first debit
+        assert ledger.spend("k", 60, 1000, 5.0) == 940
+        lease = ledger.purse("k", 5.0)
+        assert lease is not None and lease.spend(100, 1000, 6.0) == 840  # the hot path (gateway.Tab)
+        assert await ledger.used("k", now=7.0) == 160 and ledger.spend("k", 40, 1000, 7.0) == 800
+        await ledger.refund("k", 100, now=7.0)
+        assert lease.spend(0, 1000, 8.0) == 900 and await ledger.used("k", now=8.0) == 100
+        await ledger.refund("k", 10**6, now=8.0)  # never below nothing spent
+        assert await ledger.used("k", now=8.0) == 0 and lease.spend(1000, 1000, 8.0) == 0
+        assert lease.spend(1, 1000, 8.0) is None  # the whole balance spent: the ledger refuses
+        assert (await ledger.debit("k", 1, daily=1000, per_second=None, now=8.0)).verdict is Verdict.EXHAUSTED
+
+    async def test_a_new_balance_applies_to_its_lease_against_what_was_spent(self) -> None:
+        ledger = MemoryLedger()
+        ledger.spend("k", 300, 1000, 5.0)
+        lease = ledger.purse("k", 5.0)
+        assert lease is not None and lease.spend(10, 400, 5.0) is None  # a reload lowered it: the ledger decides
+        assert ledger.spend("k", 100, 400, 5.0) == 0 and ledger.spend("k", 1, 400, 5.0) is None
+        assert lease.spend(1, 400, 5.0) is None and ledger.spend("k", 600, 1000, 5.0) == 0  # raised again
+
+    async def test_it_keeps_the_leases_of_the_latest_day_and_the_one_before_only(self) -> None:
+        ledger = MemoryLedger()
+        for day in range(5):
+            ledger.spend("k", 10, 1000, day * 86400.0 + 5)
+        assert [await ledger.used("k", now=day * 86400.0 + 5) for day in range(5)] == [0, 0, 0, 10, 10]
+        await ledger.refund("k", 10, now=3 * 86400.0 + 5)  # yesterday's charge: back to yesterday
+        assert await ledger.used("k", now=3 * 86400.0 + 6) == 0 and await ledger.used("k", now=4 * 86400.0) == 10
+
 
 async def test_each_call_costs_its_spec_credits_and_headers_say_so(keyed: Proxy) -> None:
     status, _, headers = await keyed.post(storage(), key="alice")

@@ -11,6 +11,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from proxy.http.gateway import NO_LEASE
 from proxy.reload import reload_keys
 from proxy.state import GATEWAY, SETTINGS
 from tests.support import Anvil, FakeClock, Proxy, settings_for, start_proxy
@@ -20,12 +23,20 @@ COST = 80  # eth_getStorageAt's credits
 ALICE = '[keys.alice]\nkey = "alice-secret"\n'
 
 
+@pytest.fixture(params=["redis", "memory"])
+def ledger_url(request: pytest.FixtureRequest) -> str:
+    """Each rule holds for both ledgers: Redis's leases, and one process's own (no REDIS_URL), whose
+    count is a lease of the whole balance the tab spends from just the same (ledger.MemoryLedger)."""
+    return str(request.getfixturevalue("redis_url")) if request.param == "redis" else ""
+
+
 @contextlib.asynccontextmanager
-async def keyed(anvil: Anvil, redis_url: str, path: Path, text: str, clock: FakeClock | None = None,
+async def keyed(anvil: Anvil, ledger_url: str, path: Path, text: str, clock: FakeClock | None = None,
                 **extra: str) -> AsyncIterator[Proxy]:
-    """A proxy with the keys in `text` (written to `path`), Redis and its leases."""
+    """A proxy with the keys in `text` (written to `path`), and Redis and its leases when `ledger_url`."""
     path.write_text(text)
-    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(path), REDIS_URL=redis_url, **extra)
+    redis = {"REDIS_URL": ledger_url} if ledger_url else {}
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(path), **redis, **extra)
     proxy = await start_proxy(settings, clock=clock)
     try:
         await proxy.head_at(0)
@@ -54,13 +65,14 @@ async def tabbed(proxy: Proxy, key: str, hits: int) -> list[int]:
         status, _, headers = await hit(proxy, key)
         assert status == 200
         shown.append(int(headers["X-Credits-Remaining"]))
-    assert key in proxy.app[GATEWAY].tabs  # the hits went through the key's tab
+    tab = proxy.app[GATEWAY].tabs[key]  # the hits went through the key's tab...
+    assert tab.lease is not NO_LEASE and tab.lease.consumed >= hits * COST  # ...and spent its lease directly
     return shown
 
 
-async def test_a_key_a_reload_removes_is_refused_at_its_next_hit(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:
+async def test_a_key_a_reload_removes_is_refused_at_its_next_hit(anvil: Anvil, ledger_url: str, tmp_path: Path) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, redis_url, path, ALICE + '[keys.bob]\nkey = "bob-secret"\n') as proxy:
+    async with keyed(anvil, ledger_url, path, ALICE + '[keys.bob]\nkey = "bob-secret"\n') as proxy:
         await tabbed(proxy, "alice-secret", 3)
         reload(proxy, path, '[keys.bob]\nkey = "bob-secret"\n')
         status, body, headers = await hit(proxy, "alice-secret")
@@ -69,10 +81,10 @@ async def test_a_key_a_reload_removes_is_refused_at_its_next_hit(anvil: Anvil, r
 
 
 async def test_a_list_a_reload_gives_a_key_applies_to_its_next_hit(
-    anvil: Anvil, redis_url: str, tmp_path: Path,
+    anvil: Anvil, ledger_url: str, tmp_path: Path,
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, redis_url, path, ALICE) as proxy:
+    async with keyed(anvil, ledger_url, path, ALICE) as proxy:
         await tabbed(proxy, "alice-secret", 3)
         reload(proxy, path, ALICE + 'allowed_methods = ["eth_chainId"]\n')
         status, body, headers = await proxy.post(STORAGE, key="alice-secret")
@@ -81,20 +93,20 @@ async def test_a_list_a_reload_gives_a_key_applies_to_its_next_hit(
 
 
 async def test_a_balance_a_reload_raises_is_the_one_the_next_hit_shows(
-    anvil: Anvil, redis_url: str, tmp_path: Path,
+    anvil: Anvil, ledger_url: str, tmp_path: Path,
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, redis_url, path, ALICE + "daily_credits = 100000\n") as proxy:
+    async with keyed(anvil, ledger_url, path, ALICE + "daily_credits = 100000\n") as proxy:
         assert await tabbed(proxy, "alice-secret", 3) == [100000 - COST * n for n in (2, 3, 4)]
         reload(proxy, path, ALICE + "daily_credits = 200000\n")
         assert (await hit(proxy, "alice-secret"))[2]["X-Credits-Remaining"] == str(200000 - COST * 5)
 
 
 async def test_a_balance_a_reload_lowers_stops_the_key_there_though_its_lease_held_more(
-    anvil: Anvil, redis_url: str, tmp_path: Path,
+    anvil: Anvil, ledger_url: str, tmp_path: Path,
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, redis_url, path, ALICE + "daily_credits = 100000\n") as proxy:
+    async with keyed(anvil, ledger_url, path, ALICE + "daily_credits = 100000\n") as proxy:
         await tabbed(proxy, "alice-secret", 3)  # 4 calls paid; the lease holds far more, granted under 100000
         reload(proxy, path, ALICE + f"daily_credits = {6 * COST}\n")
         shown = [(await hit(proxy, "alice-secret"))[:3:2] for _ in range(3)]
@@ -103,10 +115,10 @@ async def test_a_balance_a_reload_lowers_stops_the_key_there_though_its_lease_he
 
 
 async def test_hits_after_midnight_utc_spend_the_new_days_balance_not_the_old_lease(
-    anvil: Anvil, redis_url: str, tmp_path: Path,
+    anvil: Anvil, ledger_url: str, tmp_path: Path,
 ) -> None:
     clock = FakeClock(calendar.timegm((2026, 11, 24, 23, 59, 59)))
-    async with keyed(anvil, redis_url, tmp_path / "keys.toml", ALICE + "daily_credits = 1000\n", clock) as proxy:
+    async with keyed(anvil, ledger_url, tmp_path / "keys.toml", ALICE + "daily_credits = 1000\n", clock) as proxy:
         assert await tabbed(proxy, "alice-secret", 2) == [1000 - 2 * COST, 1000 - 3 * COST]
         clock.advance(1.5)  # 00:00:00.5 UTC: the old day's lease still holds credits
         assert [int((await hit(proxy, "alice-secret"))[2]["X-Credits-Remaining"]) for _ in range(3)] == [
@@ -114,10 +126,10 @@ async def test_hits_after_midnight_utc_spend_the_new_days_balance_not_the_old_le
 
 
 async def test_hits_through_a_tab_top_up_the_lease_and_stop_exactly_at_the_balance(
-    anvil: Anvil, redis_url: str, tmp_path: Path,
+    anvil: Anvil, ledger_url: str, tmp_path: Path,
 ) -> None:
     # Leases of at most 4 hits: the tab's hits reach the low-water mark again and again.
-    async with keyed(anvil, redis_url, tmp_path / "keys.toml", ALICE + "daily_credits = 2000\n",
+    async with keyed(anvil, ledger_url, tmp_path / "keys.toml", ALICE + "daily_credits = 2000\n",
                      CREDITS_LEASE_MAX=str(4 * COST)) as proxy:
         assert await tabbed(proxy, "alice-secret", 20) == [2000 - COST * n for n in range(2, 22)]  # each paid once
         for _ in range(4):

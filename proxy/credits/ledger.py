@@ -79,34 +79,56 @@ def _judge(used: int, window: int, amount: int, daily: int, per_second: int | No
 
 
 class MemoryLedger:
+    """One process's own count, as one lease per key and UTC day that holds the whole balance: the hot
+    path spends from it directly (KeyLease.spend), as it does from a replica's lease with Redis."""
+
     def __init__(self) -> None:
-        self._used: dict[str, int] = defaultdict(int)
+        self._leases: dict[tuple[int, str], KeyLease] = {}  # (UTC day, key): the latest day's and the one before
+        self._day = 0  # the latest UTC day a lease was made for
         self._window: dict[str, int] = defaultdict(int)
+
+    def _lease(self, api_key: str, daily: int, now: float) -> KeyLease:
+        """The key's lease for `now`'s day, under `daily`: a reload's new balance holds from now on,
+        against what was spent under the old one."""
+        day = int(now) // 86400
+        lease = self._leases.get((day, api_key))
+        if lease is None:
+            if day > self._day:  # older days are over: a refund goes back to its own day, so one is kept
+                self._day = day
+                self._leases = {held: kept for held, kept in self._leases.items() if held[0] >= day - 1}
+            lease = self._leases[(day, api_key)] = KeyLease(api_key, daily_key(api_key, now), allowance=daily,
+                                                            daily=daily, known=True, day_start=day * 86400.0,
+                                                            day_end=(day + 1) * 86400.0)
+        elif lease.daily != daily:
+            lease.allowance = lease.daily = daily
+        return lease
 
     def spend(self, api_key: str, amount: int, daily: int, now: float) -> int | None:
         debit = self.try_debit(api_key, amount, daily, None, now)
         return debit.remaining if debit.verdict is Verdict.OK else None
 
-    def purse(self, api_key: str, now: float) -> None:
-        return None  # no leases: one process's own count
+    def purse(self, api_key: str, now: float) -> KeyLease | None:
+        return self._leases.get((int(now) // 86400, api_key))
 
     def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
-        key = daily_key(api_key, now)
+        lease = self._lease(api_key, daily, now)
         rate_key = f"{api_key}:{int(now)}"
-        verdict = _judge(self._used[key], self._window[rate_key], amount, daily, per_second)
+        verdict = _judge(lease.net, self._window[rate_key], amount, daily, per_second)
         if verdict is Verdict.OK:
-            self._used[key] += amount
+            lease.consumed += amount
             if per_second is not None:
                 self._window = defaultdict(int, {k: v for k, v in self._window.items() if k == rate_key})
                 self._window[rate_key] += amount
-        return Debit(verdict, daily - self._used[key])
+        return Debit(verdict, lease.remaining(daily))
 
     async def debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit:
         return self.try_debit(api_key, amount, daily=daily, per_second=per_second, now=now)
 
     async def refund(self, api_key: str, amount: int, *, now: float) -> None:
-        key = daily_key(api_key, now)
-        self._used[key] = max(0, self._used[key] - amount)
+        lease = self._leases.get((int(now) // 86400, api_key))
+        if lease is not None:
+            lease.refunded += min(amount, lease.net)
 
     async def used(self, api_key: str, *, now: float) -> int:
-        return self._used.get(daily_key(api_key, now), 0)
+        lease = self._leases.get((int(now) // 86400, api_key))
+        return 0 if lease is None else lease.net
