@@ -125,10 +125,10 @@ class MemoryLedger:
         return self.try_debit(api_key, amount, daily=daily, per_second=per_second, now=now)
 
     async def refund(self, api_key: str, amount: int, *, now: float) -> None:
-        lease = self._leases.get((int(now) // 86400, api_key))
+        lease = self.purse(api_key, now)
         if lease is not None:
             lease.refunded += min(amount, lease.net)
 
     async def used(self, api_key: str, *, now: float) -> int:
-        lease = self._leases.get((int(now) // 86400, api_key))
+        lease = self.purse(api_key, now)
         return 0 if lease is None else lease.net
