@@ -14,6 +14,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,4 +168,6 @@ def test_a_connection_flood_past_the_descriptor_limit_logs_a_few_lines_and_keeps
     lines = err.splitlines()
     print(f"\nconnection flood at 256 descriptors: {len(lines)} log lines")
     assert any("cannot accept connections" in line for line in lines)
-    assert len(lines) < 40 and "Traceback" not in err
+    # What the lines were, when there are too many (once 264 under a full suite's load, not reproduced since).
+    most = Counter(line.split(" msg=", 1)[-1][:160] for line in lines).most_common(5)
+    assert len(lines) < 40 and "Traceback" not in err, most
