@@ -97,7 +97,7 @@ class MemoryLedger:
                 self._day = day
                 self._leases = {held: kept for held, kept in self._leases.items() if held[0] >= day - 1}
             lease = self._leases[(day, api_key)] = KeyLease(api_key, daily_key(api_key, now), allowance=daily,
-                                                            daily=daily, known=True, day_start=day * 86400.0,
+                                                            daily=daily, day_start=day * 86400.0,
                                                             day_end=(day + 1) * 86400.0)
         elif lease.daily != daily:
             lease.allowance = lease.daily = daily
