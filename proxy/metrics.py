@@ -16,7 +16,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     GCCollector,
-    Histogram,
     PlatformCollector,
     ProcessCollector,
 )
@@ -140,6 +139,7 @@ class Metrics:
         GCCollector(registry=registry)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
+        self._hit_pairs: dict[tuple[str, str], tuple[HitCells, HitCells]] = {}
 
     def _add_call_metrics(self, r: CollectorRegistry) -> None:
         """Calls answered and their latency; cache lookups and the memory tier's size."""
@@ -163,9 +163,10 @@ class Metrics:
 
     def _add_upstream_metrics(self, r: CollectorRegistry) -> None:
         """Upstream latency, failures, failovers and coalesced calls."""
-        self.upstream_seconds = Histogram(
-            "rpc_proxy_upstream_request_duration_seconds", "Upstream request latency.",
-            ["network", "method", "upstream"], buckets=LATENCY_BUCKETS, registry=r,
+        # Per upstream call (every miss): plain numbers, as the per-call metrics above.
+        self.upstream_seconds = _Local(
+            "histogram", "rpc_proxy_upstream_request_duration_seconds", "Upstream request latency.",
+            ["network", "method", "upstream"], r, LATENCY_BUCKETS,
         )
         self.upstream_errors = Counter(
             "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, rate_limited, invalid, "
@@ -183,9 +184,9 @@ class Metrics:
 
     def _add_selection_metrics(self, r: CollectorRegistry) -> None:
         """Which upstream was asked, hedged reads, provider budgets and rate limits, head lag."""
-        self.upstream_selected = Counter(
-            "rpc_proxy_upstream_selected", "Attempts sent to each upstream (the selection policy's choices, "
-            "failovers and hedges included).", ["network", "upstream"], registry=r,
+        self.upstream_selected = _Local(
+            "counter", "rpc_proxy_upstream_selected", "Attempts sent to each upstream (the selection policy's "
+            "choices, failovers and hedges included).", ["network", "upstream"], r,
         )
         self.upstream_hedged = Counter(
             "rpc_proxy_upstream_hedged", "Reads also sent to a second upstream after hedge_after_ms without an answer.",
@@ -293,6 +294,14 @@ class Metrics:
                 charged=self.credits_charged.labels(method),  # cached methods are their own label
             )
         return cells
+
+    def hit_cell_pair(self, network: str, method: str) -> tuple[HitCells, HitCells]:
+        """hit_cells for a result and for an error (a plan holds both), found once per call's labels."""
+        pair = self._hit_pairs.get((network, method))
+        if pair is None:
+            pair = self._hit_pairs[network, method] = (self.hit_cells(network, method, False),
+                                                       self.hit_cells(network, method, True))
+        return pair
 
     def child(self, metric: Any, *labels: str) -> Any:
         """metric.labels(*labels), looked up once per label set: the hot path calls this per request."""

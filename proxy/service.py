@@ -29,11 +29,13 @@ from proxy.rpc.gas_cap import cap_gas
 from proxy.rpc.jsonrpc import (
     INTERNAL_ERROR,
     METHOD_NOT_FOUND,
+    Body,
     Call,
     JsonRpcError,
     dumps,
     invalid_params,
     loads,
+    plain_body,
     plain_call,
     trimmed,
 )
@@ -92,6 +94,7 @@ class Service:
         self._coalescer: Coalescer[tuple[Answer, bool, bool]] = Coalescer()
         self._merges: Coalescer[Outcome] = Coalescer()  # chunked eth_getLogs merges in flight, by key
         self._merge_slots = KeySlots(MERGES_PER_KEY)
+        self._plain: tuple[bytes | str, tuple[int | str, str, list[Any]]] | None = None  # memory_hit's last parse
         # Memos of pure work, keyed by the raw request: validation results, and plans per head.
         self._validated: Memo[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = Memo(MEMO_SIZE)
         self._plans: Memo[tuple[str, str, bytes], Plan] = Memo(MEMO_SIZE)
@@ -156,16 +159,19 @@ class Service:
         plain = plain_call(body)
         if plain is None:
             return None
+        self._plain = (body, plain)
         rid, method, params = plain
         # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
         net = network or default_routes.get(method)
         if net is None or self.networks.get(net.name) is not net:
             return None  # none, or a network a reload replaced or removed: the general path routes it
         try:  # _fingerprint's size checks are not needed: params they refuse were never held
-            plan = self._plans[(net.name, method, dumps(params))]
-        except (KeyError, TypeError):  # TypeError: nested past orjson's limit (never held either)
+            raw = dumps(params)
+        except TypeError:  # nested past orjson's limit (never held either)
             return None
-        if plan.head is not net.tracker.head or plan.decision.tied_to_answer:
+        # .get, not [..]: a Memo's missing key raises in Python (__missing__), ten times a lookup's cost.
+        plan = self._plans.get((net.name, method, raw))
+        if plan is None or plan.head is not net.tracker.head or plan.decision.tied_to_answer:
             return None  # tied to the answer's block: checked on the general path
         stored = self._cache.memory.get(plan.key)
         if stored is None:
@@ -174,6 +180,15 @@ class Service:
         if len(payload) > self._max_response:
             return None  # the general path answers with the size error (response_size.py)
         return rid, method, net, payload, is_error, plan.credits, plan.hit_cells[is_error]
+
+    def parsed(self, body: bytes | str) -> Body | None:
+        """The Body of the last body memory_hit parsed and did not answer, for the general path to
+        take rather than parse again (the same bytes object: nothing else can have changed it)."""
+        last = self._plain
+        if last is None or last[0] is not body:
+            return None
+        self._plain = None
+        return plain_body(body, last[1])
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.http.front import MAX_HEADS, Front
-from tests.support import Anvil, MemoryTransport, Proxy, eventually
+from tests.support import Anvil, MemoryTransport, Proxy, eventually, word
 from tests.test_cache import finalized_store, storage
 from tests.test_front import Answer, call, post, read_answer
 from tests.test_keyed_hits import ALICE, keyed, reload
@@ -71,6 +71,7 @@ async def hit_request(anvil: Anvil, proxy: Proxy, rid: int = 1, key: str = "test
     store, block = await finalized_store(anvil, proxy)
     body = json.dumps(storage(store, "0x0", hex(block), rid=rid)).encode()
     assert (await proxy.post(body, key=key))[0] == 200  # now in memory
+    front_of(proxy).heads.clear()  # that miss taught the server its client's head: the tests teach their own
     return body
 
 
@@ -90,7 +91,7 @@ async def test_a_known_head_with_any_body_of_its_length_is_answered_as_the_parse
     requests = [post(hit), *(post(body) for body in bodies)]
     front = front_of(evm_proxy)
     replayed = await one_by_one(evm_proxy.server.port, requests)
-    assert list(front.heads) == [post(hit)[:-length]]  # learned from the first hit alone
+    assert list(front.heads) == [post(hit)[:-length]]  # learned from the first request alone
     parsed = []
     for data in requests:  # each on a connection of its own with nothing remembered: the parser's road
         front.heads.clear()
@@ -243,3 +244,30 @@ async def test_a_key_that_churns_the_heads_changes_no_other_keys_answers_or_char
                     shown.append(int(headers["x-credits-remaining"]))
         assert transport.written.count(b"X-Cache: HIT") == MAX_HEADS + 50
         assert [a - b for a, b in itertools.pairwise(shown)] == [80] * (len(shown) - 1)  # once each, bob's alone
+
+
+async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order(anvil: Anvil,
+                                                                                  evm_proxy: Proxy) -> None:
+    """A miss's head is learned as a hit's is; reads replayed on it while earlier misses are still on
+    their way are answered in request order, each as the parser's road answers it."""
+    store, block = await finalized_store(anvil, evm_proxy)
+    front = front_of(evm_proxy)
+    front.heads.clear()
+    bodies = [json.dumps(storage(store, hex(slot), hex(block), rid=slot)).encode() for slot in range(8)]
+    with connection(front) as (protocol, transport):
+        protocol._parser = parser = CountedParser(protocol._parser)
+        for body in bodies:  # each a read of its own, from a message boundary, none answered yet
+            protocol.data_received(post(body))
+        assert parser.fed == 1 and list(front.heads) == [post(bodies[0])[:-len(bodies[0])]]
+
+        async def answered() -> bool:
+            return transport.written.count(b"HTTP/1.1 200 OK\r\n") == len(bodies)
+
+        await eventually(answered, 30, "every miss to be answered")
+    answers = [json.loads(a.split(b"\r\n\r\n", 1)[1]) for a in transport.written.split(b"HTTP/1.1 200 OK\r\n")[1:]]
+    assert [a["id"] for a in answers] == list(range(8))
+    assert [a["result"] for a in answers] == ["0x" + word(7)] + ["0x" + word(0)] * 7
+    assert transport.written.count(b"X-Cache: MISS") == len(bodies)
+    again = await one_by_one(evm_proxy.server.port, [post(body) for body in bodies])  # now hits, replayed too
+    assert [a[1]["x-cache"] for a in again] == ["HIT"] * len(bodies)
+    assert [json.loads(a[2]) for a in again] == answers

@@ -14,6 +14,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
+from proxy.upstream.answer import Answer
+from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.pool import HttpUpstream
 from tests.support import Anvil, Proxy, serving, settings_for, start_proxy, word
 
@@ -141,3 +143,68 @@ async def test_a_fault_in_a_batch_reaches_every_caller_and_none_waits_forever() 
     finally:
         await upstream.close()
     assert all(isinstance(r, RuntimeError) for r in results)
+
+
+class Recorder:
+    """AutoBatcher's three ways out, recording which took each call (and from which task)."""
+
+    def __init__(self) -> None:
+        self.alone: list[tuple[str, Any, asyncio.Task[Any] | None]] = []
+        self.together: list[list[Any]] = []
+
+    async def single(self, method: str, params: Any, timeout: float | None) -> Answer:
+        return Answer.from_response({"result": ["single", params]}, 0.0, 0)
+
+    async def by_itself(self, method: str, params: Any, block: str | None) -> Answer:
+        self.alone.append((method, params, asyncio.current_task()))
+        return Answer.from_response({"result": ["alone", params, block]}, 0.0, 0)
+
+    async def with_others(self, calls: Any) -> list[Answer]:
+        self.together.append([p for _, p, _ in calls])
+        return [Answer.from_response({"result": ["together", p, b]}, 0.0, 0) for _, p, b in calls]
+
+    def batcher(self) -> AutoBatcher:
+        return AutoBatcher("evm", self.single, self.by_itself, self.with_others, batch_max=10,
+                           batch_max_bytes=1 << 20)
+
+
+async def test_a_lone_call_is_sent_alone_from_its_own_task() -> None:
+    recorder = Recorder()
+    batcher = recorder.batcher()
+    caller = asyncio.create_task(batcher.enqueue("eth_getStorageAt", [1], "0x5"))
+    answer = await caller
+    assert answer.result == ["alone", [1], "0x5"]
+    assert recorder.alone == [("eth_getStorageAt", [1], caller)]  # no task of its own, no batch
+    assert recorder.together == [] and not batcher._deliveries
+
+
+async def test_calls_made_in_the_same_turn_go_together_and_a_later_one_alone() -> None:
+    recorder = Recorder()
+    batcher = recorder.batcher()
+    first = [asyncio.create_task(batcher.enqueue("eth_getStorageAt", [i])) for i in range(3)]
+    answers = await asyncio.gather(*first)
+    assert [a.result for a in answers] == [["together", [i], None] for i in range(3)]
+    assert recorder.together == [[[0], [1], [2]]]
+    later = await batcher.enqueue("eth_getStorageAt", [9])
+    assert later.result == ["alone", [9], None]
+
+
+async def test_a_leader_cancelled_in_its_turn_leaves_the_others_to_go() -> None:
+    """The rule: a call's leader going away never strands the calls that joined it."""
+    for joined in (1, 2):
+        recorder = Recorder()
+        batcher = recorder.batcher()
+        leader = asyncio.create_task(batcher.enqueue("eth_getStorageAt", ["leader"]))
+        others = [asyncio.create_task(batcher.enqueue("eth_getStorageAt", [i])) for i in range(joined)]
+        await asyncio.sleep(0)  # the leader has queued itself and yielded its turn, and the others joined it
+        assert len(batcher._queue) == 1 + joined
+        leader.cancel()
+        answers = await asyncio.wait_for(asyncio.gather(*others), timeout=5)
+        assert leader.cancelled()
+        if joined == 1:
+            assert answers[0].result == ["alone", [0], None]
+        else:
+            assert [a.result for a in answers] == [["together", [i], None] for i in range(joined)]
+        assert all("leader" not in c for c in recorder.together)
+        later = await batcher.enqueue("eth_getStorageAt", ["next"])  # the batcher is not stuck leading
+        assert later.result == ["alone", ["next"], None]

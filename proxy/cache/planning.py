@@ -69,7 +69,11 @@ def plan_call(
         need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
     proof, unvouched, proof_pinned = None, None, False
     if evm and isinstance(tracker, EvmHeadTracker):
-        numbered = any(r is not None and r.number is not None for r in blocks)
+        numbered = False
+        for b in blocks:  # a loop: an any() over a generator that stops early costs a GeneratorExit
+            if b is not None and b.number is not None:
+                numbered = True
+                break
         pinned = _pinned_block(blocks, named, head) if decision.cacheable and check_end is None else None
         proof = proofs.plan_proof(decision, numbered, head, named, tracker.orphans, pinned)
         proof_pinned = pinned is not None and proof is not None and proof[:2] == (hex(pinned[0]), pinned[1])
@@ -79,7 +83,7 @@ def plan_call(
             decision = cp.BYPASS  # a reorged-out hash: answered as the canonical chain does, never kept
         elif decision.mode is cp.Mode.IMMUTABLE and not numbered and head is not None:
             unvouched = next((h for h in named if h not in head.numbers), None)
-    cells = (metrics.hit_cells(net.name, method, False), metrics.hit_cells(net.name, method, True))
+    cells = metrics.hit_cell_pair(net.name, method)
     key = ""
     if decision.cacheable and space is not None:
         key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -61,10 +61,10 @@ class Decision:
     # The answer names its own block (a transaction by hash): kept, and served, only while that block
     # is final or canonical per the tracker (transaction_ttl, transaction_servable).
     tied_to_answer: bool = False
+    cacheable: bool = field(init=False)  # not BYPASS: read several times per miss, so a field
 
-    @property
-    def cacheable(self) -> bool:
-        return self.mode is not Mode.BYPASS
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cacheable", self.mode is not Mode.BYPASS)
 
 
 BYPASS = Decision(Mode.BYPASS, 0.0)
@@ -106,14 +106,16 @@ def decide(
         if cache is CacheClass.HEAD:
             return Decision(Mode.TTL, ttls.unfinalized, per_head=True)
         return Decision(Mode.TTL, ttls.unfinalized, tied_to_answer=True)
-    if any(b is None for b in blocks):
-        return BYPASS  # pending, or no head yet: nothing to pin the answer to
-    numbers = [b.number for b in blocks if b is not None and b.number is not None]
-    if not numbers:
+    top = -1  # the highest block number named (a loop, not generators: every miss passes here)
+    for b in blocks:
+        if b is None:
+            return BYPASS  # pending, or no head yet: nothing to pin the answer to
+        if b.number is not None and b.number > top:
+            top = b.number
+    if top < 0:
         return IMMUTABLE  # addressed by block hash only: content-addressed
     if head is None:
         return BYPASS
-    top = max(numbers)
     if top > head.latest:
         return BYPASS  # a block the tracker has not seen: its answer may change once it exists
     if top <= head.finalized:

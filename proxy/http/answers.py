@@ -18,7 +18,9 @@ log = logging.getLogger("proxy.front")
 KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
 MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
 
-Waiting = tuple["asyncio.Task[tuple[bytes, bool]] | bytes", bool]
+# An answer in request order: its bytes and whether the connection closes after them, or (until its
+# task writes them in) the task making them.
+Waiting = list[Any]
 
 
 class Server(Protocol):
@@ -99,19 +101,27 @@ class Answers(asyncio.Protocol):
         if isinstance(reply, Reply):
             self._send(*self._encoded(request, reply))
             return
-        task = self._loop.create_task(self._awaited(request, reply))
-        self._waiting.append((task, False))
-        task.add_done_callback(self._flush)
+        entry: Waiting = [None, False]
+        entry[0] = self._loop.create_task(self._awaited(request, reply, entry))
+        self._waiting.append(entry)
         if len(self._waiting) >= MAX_WAITING:
             self._pause()
 
-    async def _awaited(self, request: Request, pending: Any) -> tuple[bytes, bool]:
+    async def _awaited(self, request: Request, pending: Any, entry: Waiting) -> None:
+        """The answer's bytes, written into its `entry`, and written out at once when every answer
+        before it is out: from the task itself, not from a done callback a loop turn later."""
+        reply: Reply | None = None
         try:
-            reply: Reply = await pending
+            reply = await pending
         except Exception:
             log.exception("internal error serving %s", request.method)
-            reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
-        return self._encoded(request, reply)
+        finally:  # cancelled too (only a lost connection's answers are: Front.shutdown), so none waits forever
+            if reply is None:
+                reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
+            entry[0], entry[1] = self._encoded(request, reply)
+            waiting = self._waiting
+            if waiting and waiting[0] is entry:
+                self._flush()
 
     def _prebuilt(self, paid: bool, values: tuple[object, ...]) -> None:
         """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
@@ -133,7 +143,7 @@ class Answers(asyncio.Protocol):
     def _send(self, data: bytes, close: bool) -> None:
         """An answer, written now when nothing before it waits, else queued behind."""
         if self._waiting:
-            self._waiting.append((data, close))
+            self._waiting.append([data, close])
             return
         transport = self._transport
         if transport is None:
@@ -145,16 +155,14 @@ class Answers(asyncio.Protocol):
         elif self._request is None:
             self._idle_or_stop()
 
-    def _flush(self, _task: object = None) -> None:
-        """Answers that are ready, written in request order."""
+    def _flush(self) -> None:
+        """Answers that are ready, written in request order (by the task whose answer was first)."""
         waiting = self._waiting
         transport = self._transport
         while waiting and transport is not None:
             item, close = waiting[0]
             if not isinstance(item, bytes):
-                if not item.done():
-                    return
-                item, close = item.result()
+                return  # still being made: its task writes it, and those after it
             waiting.popleft()
             transport.write(item)
             if close:

@@ -107,7 +107,8 @@ class Front:
         return key
 
     def learn(self, data: bytes, request: Request) -> None:
-        """`data` was one whole request, begun and complete in it, answered from memory: its head is
+        """`data` was one whole request, begun and complete in it, answered from memory or sent on as a
+        miss, kept alive, with no access log (its start time is each request's own): its head is
         remembered with what llhttp's callbacks made of it. Read from a message boundary, the same head
         followed by exactly as many body bytes is the same request but its body, and FrontProtocol
         answers it without the parser (clients send the same head again and again on a connection).
@@ -173,7 +174,7 @@ class FrontProtocol(Answers):
         self._request: Request | None = None
         self._begun = 0  # requests begun in the data being fed
         self._kept_alive = True  # every request so far keeps the connection open
-        self._hit: Request | None = None  # ...and the one answered as a memory hit, for Front.learn
+        self._learnable: Request | None = None  # ...and the one answered as a memory hit or a miss (Front.learn)
         self._upgrading: Request | None = None
         self._waiting: deque[Waiting] = deque()
         self._idle: asyncio.TimerHandle | None = None
@@ -235,7 +236,7 @@ class FrontProtocol(Answers):
                     self._rpc(known, data[end:])  # the head llhttp accepted before, and its whole body
                     return
             self._begun = 0
-            self._hit = None
+            self._learnable = None
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -255,9 +256,10 @@ class FrontProtocol(Answers):
                                    NO_CHARGE))
             return
         request = self._request
+        learnable, self._learnable = self._learnable, None  # held no longer than the read that answered it
         if request is None:
-            if fresh and self._hit is not None and self._begun == 1:
-                self._front.learn(data, self._hit)
+            if fresh and learnable is not None and self._begun == 1:
+                self._front.learn(data, learnable)
             return
         if not request.kind:  # its head is still arriving
             self._head_bytes += len(data)
@@ -414,11 +416,11 @@ class FrontProtocol(Answers):
                 self._answer(request, endpoint.finish(Reply(found, 200, endpoint.open_headers), headers))
             else:
                 self._prebuilt(False, (len(found), found))
-                self._hit = request
+                self._learnable = request
             return
         if type(found) is tuple and found[2] < endpoint.compress_from:  # a paid hit
             self._prebuilt(True, found)
-            self._hit = request
+            self._learnable = request
             return
         answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path, found)
         if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
@@ -426,6 +428,8 @@ class FrontProtocol(Answers):
                 self._prebuilt(True, answer)
                 return
             answer = paid_reply(answer)
+        elif prebuilt and len(body) <= MAX_REPLAY_BYTES and not isinstance(answer, Reply):
+            self._learnable = request  # a miss: its head, kept alive with no log line, is as a hit's
         self._answer(request, answer)
 
     def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:

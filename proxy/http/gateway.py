@@ -201,7 +201,7 @@ class Gateway:
                 return self._serve_hit(hit, 0, None, request_id, started)
             return await self._paid_hit(hit, account, request_id, started)
         try:
-            parsed = jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
+            parsed = self._service.parsed(body) or jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
             self._metrics.child(self._metrics.requests, "none", "invalid", "invalid").inc()
             balance = None if self.open_mode else await self.cashier.remaining(account)

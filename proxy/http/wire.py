@@ -71,7 +71,8 @@ def encoded_answer(reply: Reply, request: Request, date: bytes) -> tuple[bytes, 
     close = reply.close or not request.keep_alive
     status = reply.status
     body = reply.body or b""
-    fields = "".join([f"{name}: {value}\r\n" for name, value in reply.headers.items()])
+    # "name: value" joined in C (no Python frame per field): every answer but a pre-built hit's comes here.
+    fields = "".join(map("%s: %s\r\n".__mod__, reply.headers.items()))
     if status != 204:
         fields += f"Content-Length: {len(body)}\r\n"
     if close:

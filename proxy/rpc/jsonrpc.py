@@ -223,6 +223,16 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
 PLAIN_MAX_BYTES = 1024
 
 
+def plain_body(body: bytes | str, plain: tuple[int | str, str, list[Any]]) -> Body | None:
+    """The Body `parse_body` makes of `body`, whose `plain_call` is `plain` (parsed already, by the
+    cache-hit path); None when only `parse_body` can judge it (a method name it refuses, params it
+    would measure for depth). A body with fewer brackets than the depth limit cannot nest past it."""
+    rid, method, params = plain
+    if not METHOD_NAME.fullmatch(method) or _containers(body) > MAX_PARAMS_DEPTH:
+        return None
+    return Body([Call(method=method, params=params, id=rid)], batch=False)
+
+
 def plain_call(body: bytes | str) -> tuple[int | str, str, list[Any]] | None:
     """A single request that is plainly valid (a dict, "2.0", an int or string id, a string method,
     an array of params), or None for anything else, valid or not, which `parse_body` then judges.

@@ -6,7 +6,7 @@ the call fails (-32002) rather than serve what a lagging node or another fork sa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.calls import Plan
@@ -177,21 +177,30 @@ class Asker:
             return None, plan.check_end[0]
         return None, None
 
-    async def ask(
+    def ask(
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
         *, ask: int | None = None, check: bool = True, proof: str | None = None,
-    ) -> Answer:
+    ) -> Awaitable[Answer]:
         """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
         False for a piece of a chunked call: the result limit holds over the merged answer instead.
-        `proof`: the block whose hash the same node reports beside the answer (proofs.py)."""
+        `proof`: the block whose hash the same node reports beside the answer (proofs.py). Without
+        eth_getLogs' limits, the upstream's own call is returned: no layer of its own around it."""
         per = net.per_upstream
         if not policy.limits_logs:
             if proof is not None and per is not None:
                 timeout = self._settings.upstream_timeout if ask is not None else None
-                return await per.proven(method, params, proof, index=ask, timeout=timeout)
+                return per.proven(method, params, proof, index=ask, timeout=timeout)
             if ask is not None and per is not None:
-                return await per.ask(ask, method, params, timeout=self._settings.upstream_timeout)
-            return await net.upstream.request(method, params)
+                return per.ask(ask, method, params, timeout=self._settings.upstream_timeout)
+            return net.upstream.request(method, params)
+        return self._ask_logs(net, method, params, policy, deadline, ask, check, proof)
+
+    async def _ask_logs(
+        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None,
+        ask: int | None, check: bool, proof: str | None,
+    ) -> Answer:
+        """ask() for eth_getLogs: within its deadline, its results within the limit."""
+        per = net.per_upstream
         if deadline is None:
             deadline = self.deadline(policy)
         timeout = self._settings.getlogs_timeout + 1  # the upstream's own timeout is past ours: ours decides

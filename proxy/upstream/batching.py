@@ -1,12 +1,14 @@
 """Auto-batching: cacheable reads that arrive in the same event-loop turn travel upstream as one
-JSON-RPC batch, one HTTP round trip instead of many. A lone call is sent alone, a turn later. A read
-may carry a proof block (proofs.py): the batch then also asks that block's header, once per block."""
+JSON-RPC batch, one HTTP round trip instead of many. A read may carry a proof block (proofs.py): the
+batch then also asks that block's header, once per block. The turn's first call leads: it yields one
+turn (where a callback scheduled then would run), then takes the queue; alone, it is sent from its
+own task, so a lone call costs one loop turn and nothing else."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
@@ -29,27 +31,43 @@ class AutoBatcher:
         self._together = together
         self._batch_max = batch_max
         self._batch_max_bytes = batch_max_bytes
-        self._queue: list[Queued] = []
-        self._flush_scheduled = False
+        self._queue: list[Queued] = []  # this turn's calls: the first is the leader's (its waiter None)
+        self._leading = False  # a call leads this turn's queue: it takes the queue a turn after its own
         self._deliveries: set[asyncio.Task[None]] = set()
 
     async def enqueue(self, method: str, params: Any, proof: str | None = None) -> Answer:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Answer | None] = loop.create_future()
-        self._queue.append((method, params, waiter, proof))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        answer = await waiter
-        if answer is None:  # alone in its turn: sent from the caller's task, no task of its own
+        if self._leading:  # a call of this turn leads: this one goes with it
+            waiter: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
+            self._queue.append((method, params, waiter, proof))
+            answer = await waiter
+            if answer is None:  # alone after all (its leader was cancelled): sent from this task
+                return await self._alone(method, params, proof)
+            return answer
+        # The turn's first call leads: it yields once, so the calls made in this turn join it, then
+        # takes the queue. Alone, it is sent from its own task: no future, no callback, no task.
+        self._leading = True
+        self._queue.append((method, params, cast("asyncio.Future[Answer | None]", None), proof))  # one if others join
+        try:
+            await asyncio.sleep(0)
+        except BaseException:
+            self._leading = False
+            queue, self._queue = self._queue, []
+            self._dispatch(queue[1:])  # the others still go
+            raise
+        self._leading = False
+        queue, self._queue = self._queue, []
+        if len(queue) == 1:
             return await self._alone(method, params, proof)
+        waiter = asyncio.get_running_loop().create_future()
+        queue[0] = (method, params, waiter, proof)
+        self._dispatch(queue)
+        answer = await waiter
+        assert answer is not None  # a leader is never alone in a queue of two or more
         return answer
 
-    def _flush(self) -> None:
+    def _dispatch(self, queue: list[Queued]) -> None:
         """Groups of at most `batch_max` calls and `batch_max_bytes` of params: one client's large
         call travels alone, never in a batch a node might refuse for its size."""
-        self._flush_scheduled = False
-        queue, self._queue = self._queue, []
         if len(queue) == 1:
             waiter = queue[0][2]
             if not waiter.done():

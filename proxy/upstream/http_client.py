@@ -43,11 +43,13 @@ class Response:
 
     def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.status = status
-        self.headers = headers  # lower-case names
+        self.headers = headers  # lower-case names: those in READ_FIELDS
         self.body = body
 
 
-_NAMES: dict[bytes, str] = {}  # field names as nodes spell them -> lower-case
+# The fields anything reads of an answer (lower-case); the rest are skipped.
+READ_FIELDS = frozenset({"content-length", "content-encoding", "transfer-encoding", "retry-after"})
+_NAMES: dict[bytes, str] = {}  # field names as nodes spell them -> lower-case if read, else ""
 
 
 class _Connection(asyncio.Protocol):
@@ -101,11 +103,11 @@ class _Connection(asyncio.Protocol):
         key = _NAMES.get(name)
         if key is None:
             key = name.decode("latin-1").lower()
+            key = key if key in READ_FIELDS else ""
             if len(_NAMES) < 256:  # a node spells its few field names the same way every time
                 _NAMES[name] = key
-        headers = self.headers
-        if key not in headers:
-            headers[key] = value.decode("latin-1")
+        if key and key not in self.headers:
+            self.headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.headers_done = True

@@ -11,7 +11,7 @@ open mode (no keys) are not budgeted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from proxy.caller import CALLER
@@ -113,10 +113,13 @@ class KeyedUpstream:
         states: UpstreamStates = self.inner.states  # type: ignore[attr-defined]
         return states
 
-    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+    def request(self, method: str, params: Any, *, timeout: float | None = None) -> Awaitable[Answer]:
         held = self._slots.held()
-        if held is UNBUDGETED:  # the hot path's case in open mode: no block to enter
-            return await self.inner.request(method, params, timeout=timeout)
+        if held is UNBUDGETED:  # the hot path's case in open mode: the inner call itself, no layer around it
+            return self.inner.request(method, params, timeout=timeout)
+        return self._held_request(held, method, params, timeout)
+
+    async def _held_request(self, held: Any, method: str, params: Any, timeout: float | None) -> Answer:
         async with held:
             return await self.inner.request(method, params, timeout=timeout)
 
@@ -129,13 +132,17 @@ class KeyedUpstream:
             answer: Answer = await self.inner.ask(index, method, params, timeout=timeout)  # type: ignore[attr-defined]
             return answer
 
-    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-                     timeout: float | None = None) -> Answer:
+    def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+               timeout: float | None = None) -> Awaitable[Answer]:
         held = self._slots.held()
         if held is UNBUDGETED:
-            unheld: Answer = await self.inner.proven(  # type: ignore[attr-defined]
+            unheld: Awaitable[Answer] = self.inner.proven(  # type: ignore[attr-defined]
                 method, params, block, index=index, timeout=timeout)
             return unheld
+        return self._held_proven(held, method, params, block, index, timeout)
+
+    async def _held_proven(self, held: Any, method: str, params: Any, block: str, index: int | None,
+                           timeout: float | None) -> Answer:
         async with held:
             answer: Answer = await self.inner.proven(  # type: ignore[attr-defined]
                 method, params, block, index=index, timeout=timeout)

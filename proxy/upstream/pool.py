@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.config_files import Network
@@ -45,7 +45,7 @@ WRITES = frozenset({"eth_sendRawTransaction", "eth_sendTransaction", "eth_sendRa
 class Upstream(Protocol):
     """A network's node(s) as one JSON-RPC endpoint."""
 
-    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer: ...
+    def request(self, method: str, params: Any, *, timeout: float | None = None) -> Awaitable[Answer]: ...
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]: ...
 
@@ -60,8 +60,8 @@ class PerUpstream(Protocol):
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer: ...
 
-    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-                     timeout: float | None = None) -> Answer: ...
+    def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+               timeout: float | None = None) -> Awaitable[Answer]: ...
 
 
 def http_pool(upstream: object) -> HttpUpstream | None:
@@ -108,10 +108,12 @@ class HttpUpstream(Sender):
         self._batcher = AutoBatcher(network, self._single, self._proven_alone, self._with_proofs,
                                     batch_max=batch_max, batch_max_bytes=batch_max_bytes)
 
-    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+    def request(self, method: str, params: Any, *, timeout: float | None = None) -> Awaitable[Answer]:
+        # The coroutine that answers, returned rather than awaited here: a miss passes through no
+        # layer that only hands on its call (so in the per-key budget and the asker too).
         if self._batch_max > 1 and timeout is None and method in BATCHABLE:
-            return await self._batcher.enqueue(method, params)
-        return await self._single(method, params, timeout)
+            return self._batcher.enqueue(method, params)
+        return self._single(method, params, timeout)
 
     async def _single(self, method: str, params: Any, timeout: float | None) -> Answer:
         self._next_id += 1
@@ -177,28 +179,47 @@ class HttpUpstream(Sender):
         """The calls and one header per distinct proof block in one batch, so one node answers all; each
         answer carries the hash that node gave for its proof block (a header is read for its hash
         alone: never encoded again, nor observed as a call of its own)."""
-        blocks = list(dict.fromkeys(b for _, _, b in calls if b is not None))
-        sent = [(m, p) for m, p, _ in calls] + [proof_call(b) for b in blocks]
+        # Loops, not comprehensions (a frame each): every proven miss passes here, most alone.
+        sent: list[tuple[str, Any]] = []
+        blocks: list[str] = []
+        for method, params, block in calls:
+            sent.append((method, params))
+            if block is not None and block not in blocks:
+                blocks.append(block)
+        count = len(calls)
+        for block in blocks:
+            sent.append(proof_call(block))
         if index is None:
-            items, seconds, index = await self._batch_items(sent, auto=True, timeout=timeout, observed=len(calls))
+            items, seconds, index = await self._batch_items(sent, auto=True, timeout=timeout, observed=count)
         else:
             items, seconds = await self._batch_to(index, sent, timeout or self._timeout)
+        hashes: dict[str, str] = {}
+        answers: list[Answer] = []
         if items is None:  # a node that does not take batches: each asked alone, headers too
-            answers = list(await asyncio.gather(*(self._single(m, p, None) for m, p in sent)))
-            headers = [(a.result, a.is_error) for a in answers[len(calls):]]
+            alone = list(await asyncio.gather(*(self._single(m, p, None) for m, p in sent)))
+            answers = alone[:count]
+            for block, header in zip(blocks, alone[count:], strict=True):
+                hashes[block] = proof_hash(header.result, header.is_error)
         else:
-            answers = [Answer.from_response(item, seconds, index) for item in items[:len(calls)]]
-            headers = [(item.get("result"), item.get("error") is not None) for item in items[len(calls):]]
-        hashes = {b: proof_hash(*h) for b, h in zip(blocks, headers, strict=True)}
-        return [a.with_proof(hashes[b]) if b is not None else a
-                for (_, _, b), a in zip(calls, answers[:len(calls)], strict=True)]
+            for item in items[:count]:
+                answers.append(Answer.from_response(item, seconds, index))
+            for block, item in zip(blocks, items[count:], strict=True):
+                hashes[block] = proof_hash(item.get("result"), item.get("error") is not None)
+        for i, (_, _, block) in enumerate(calls):
+            if block is not None:
+                answers[i] = answers[i].with_proof(hashes[block])
+        return answers
 
-    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-                     timeout: float | None = None) -> Answer:
+    def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
+               timeout: float | None = None) -> Awaitable[Answer]:
         """A call and the header of `block` (a number or "latest") in one batch to one node: its answer,
         with `proof` the hash that node has for `block`. Auto-batched with other reads when it can be."""
         if index is None and timeout is None and self._batch_max > 1 and method in BATCHABLE:
-            return await self._batcher.enqueue(method, params, block)
+            return self._batcher.enqueue(method, params, block)
+        return self._proven_to(method, params, block, index, timeout)
+
+    async def _proven_to(self, method: str, params: Any, block: str, index: int | None,
+                         timeout: float | None) -> Answer:
         [answer] = await self._with_proofs([(method, params, block)], index=index, timeout=timeout)
         return answer
 

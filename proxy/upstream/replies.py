@@ -60,8 +60,8 @@ def batch_problem(reply: Any, ids: range) -> str | None:
     if not isinstance(reply, list):
         return "malformed batch reply"
     seen = set()
-    for item in reply:  # a loop, not generators: every auto-batch and proof passes here
-        if not _is_response(item):
+    for item in reply:  # a loop, not generators, _is_response written out: every auto-batch and proof passes here
+        if not isinstance(item, dict) or ("result" not in item and "error" not in item):
             return "malformed batch reply"
         rid = item.get("id")
         if isinstance(rid, bool) or rid not in ids or rid in seen:
@@ -84,9 +84,10 @@ def rate_limited(reply: Any) -> str | None:
     any of its answers is (it is asked again as a whole elsewhere)."""
     if isinstance(reply, list):
         for item in reply:
-            limited = rate_limited(item)
-            if limited is not None:
-                return limited
+            if type(item) is not dict or "error" in item:  # an answer with a result is no rate limit
+                limited = rate_limited(item)
+                if limited is not None:
+                    return limited
         return None
     error = reply.get("error") if isinstance(reply, dict) else None
     if not isinstance(error, dict) or error.get("code") == EXECUTION_REVERTED:

@@ -151,45 +151,42 @@ class Sender:
             self._waiting -= 1
 
     async def _post_in(self, slot: Slot, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
-        """`_post` in the budget place `slot`, released when it ends: held one window longer if no
-        answer came (timed out, cancelled), as the node may still get the request after that."""
+        """The node's reply to `body` (its JSON), within `timeout`, in the budget place `slot`, released
+        when it ends: held one window longer if no answer came (timed out, cancelled), as the node may
+        still get the request after that. Its failures are Failed, and only here is a client fault one."""
         answered = False
         self._inflight[index] += 1
         try:
-            reply, answered = await self._post_counted(index, body, timeout, max_reply), True
-            return reply
-        except Failed as failure:
-            answered = failure.kind != "timeout"
-            raise
+            try:
+                response = await self._pool(index).post(body, timeout, max_reply)
+            except TimeoutError:
+                raise Failed("timeout", "timed out") from None
+            except TooLarge as exc:
+                answered = True
+                raise Failed("too_large", f"a reply of {exc.size} bytes") from None
+            except ClientFault as exc:
+                answered = True  # it failed at once: nothing is left on its way to the node
+                self._unreachable[index] = True
+                # A refused connection proves the node never got the call (a write may go elsewhere).
+                raise Failed("connect", str(exc), unsent=exc.unsent) from None
+            answered = True
+            status = response.status
+            if status in REQUEST_FAULT_STATUSES:
+                raise Failed("refused", f"HTTP {status}")
+            if status == 429:
+                raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
+            if status != 200:
+                raise Failed("http", f"HTTP {status}")
+            if self._unreachable[index]:
+                self._unreachable[index] = False
+                log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
+            try:
+                return jsonrpc.loads(response.body)
+            except jsonrpc.JSONDecodeError:
+                raise Failed("invalid", "reply is not JSON") from None
         finally:
             self._inflight[index] -= 1
             slot.budget.release(slot, answered=answered)
-
-    async def _post_counted(self, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
-        try:
-            response = await self._pool(index).post(body, timeout, max_reply)
-        except TimeoutError:
-            raise Failed("timeout", "timed out") from None
-        except TooLarge as exc:
-            raise Failed("too_large", f"a reply of {exc.size} bytes") from None
-        except ClientFault as exc:
-            self._unreachable[index] = True
-            # A refused connection proves the node never got the call (a write may go elsewhere).
-            raise Failed("connect", str(exc), unsent=exc.unsent) from None
-        status = response.status
-        if status in REQUEST_FAULT_STATUSES:
-            raise Failed("refused", f"HTTP {status}")
-        if status == 429:
-            raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
-        if status != 200:
-            raise Failed("http", f"HTTP {status}")
-        if self._unreachable[index]:
-            self._unreachable[index] = False
-            log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
-        try:
-            return jsonrpc.loads(response.body)
-        except jsonrpc.JSONDecodeError:
-            raise Failed("invalid", "reply is not JSON") from None
 
     def _cool(self, index: int, failure: Failed) -> None:
         """Upstream `index` failed: it cools down (for a rate limit's Retry-After, if given). A rate
