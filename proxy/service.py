@@ -94,7 +94,9 @@ class Service:
         self._coalescer: Coalescer[tuple[Answer, bool, bool]] = Coalescer()
         self._merges: Coalescer[Outcome] = Coalescer()  # chunked eth_getLogs merges in flight, by key
         self._merge_slots = KeySlots(MERGES_PER_KEY)
-        self._plain: tuple[bytes | str, tuple[int | str, str, list[Any]]] | None = None  # memory_hit's last parse
+        # The last body memory_hit parsed, and its plain_call (parsed()).
+        self._plain_body: bytes | str | None = None
+        self._plain: tuple[int | str, str, list[Any]] | None = None
         # Memos of pure work, keyed by the raw request: validation results, and plans per head.
         self._validated: Memo[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = Memo(MEMO_SIZE)
         self._plans: Memo[tuple[str, str, bytes], Plan] = Memo(MEMO_SIZE)
@@ -159,7 +161,7 @@ class Service:
         plain = plain_call(body)
         if plain is None:
             return None
-        self._plain = (body, plain)
+        self._plain_body, self._plain = body, plain  # for parsed(): two names, no tuple per hit
         rid, method, params = plain
         # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
         net = network or default_routes.get(method)
@@ -184,11 +186,11 @@ class Service:
     def parsed(self, body: bytes | str) -> Body | None:
         """The Body of the last body memory_hit parsed and did not answer, for the general path to
         take rather than parse again (the same bytes object: nothing else can have changed it)."""
-        last = self._plain
-        if last is None or last[0] is not body:
+        plain = self._plain
+        if plain is None or self._plain_body is not body:
             return None
-        self._plain = None
-        return plain_body(body, last[1])
+        self._plain_body = self._plain = None
+        return plain_body(body, plain)
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()

@@ -14,7 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from proxy.http.endpoint import NO_CHARGE, error_reply
 from proxy.http.front import MAX_HEADS, Front
+from proxy.http.wire import RPC, Request
+from proxy.rpc.jsonrpc import JsonRpcError
 from tests.support import Anvil, MemoryTransport, Proxy, eventually, word
 from tests.test_cache import finalized_store, storage
 from tests.test_front import Answer, call, post, read_answer
@@ -271,3 +274,42 @@ async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order
     again = await one_by_one(evm_proxy.server.port, [post(body) for body in bodies])  # now hits, replayed too
     assert [a[1]["x-cache"] for a in again] == ["HIT"] * len(bodies)
     assert [json.loads(a[2]) for a in again] == answers
+
+
+async def test_a_cancelled_answer_is_written_only_while_its_client_is_there(anvil: Anvil, evm_proxy: Proxy) -> None:
+    """A miss's task writes its own answer. Cancelled after its client left (Front.shutdown cancels
+    those), nothing is written or logged; cancelled otherwise, it answers 500 and those behind it go."""
+    front = front_of(evm_proxy)
+    request = Request()
+    request.kind, request.method = RPC, "POST"
+
+    async def forever() -> Any:
+        await asyncio.get_running_loop().create_future()
+
+    async def answered() -> Any:
+        return error_reply(JsonRpcError(-32000, "the second"), NO_CHARGE)
+
+    with connection(front) as (protocol, transport):  # the client stays: the cancelled one answers 500
+        protocol._answer(request, forever())
+        protocol._answer(request, answered())
+        first = protocol._waiting[0][0]
+        await asyncio.sleep(0)
+        first.cancel()
+
+        async def both() -> bool:
+            return transport.written.count(b"HTTP/1.1 ") == 2
+
+        await eventually(both, 10, "both answers, in order")
+        assert transport.written.index(b"HTTP/1.1 500 ") < transport.written.index(b"the second")
+    encoded = []
+    with connection(front) as (protocol, transport):  # the client leaves, then shutdown cancels its answer
+        protocol._encoded = lambda *args: encoded.append(args)  # type: ignore[method-assign]
+        protocol._answer(request, forever())
+        task = protocol._waiting[0][0]
+        await asyncio.sleep(0)
+        transport.close()
+        assert task in front.orphans
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert encoded == [] and transport.written == b"" and task not in front.orphans

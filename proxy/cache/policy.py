@@ -76,34 +76,42 @@ def solana_config(params: Any) -> dict[str, Any]:
     return params[-1] if isinstance(params, list) and params and isinstance(params[-1], dict) else {}
 
 
+# decide() compares with module names, not CacheClass.X: in Python 3.11 an attribute of an Enum class
+# passes EnumType.__getattr__'s slow lookup (about 60 ns more each, some ten per miss).
+_NONE, _TRACKER, _CONTENT, _HEAD, _TRANSACTION = (CacheClass.NONE, CacheClass.TRACKER, CacheClass.CONTENT,
+                                                  CacheClass.HEAD, CacheClass.TRANSACTION)
+_LARGEST_ACCOUNTS, _TOKEN_BALANCE, _IDENTITY, _SOLANA_FINAL = (
+    CacheClass.LARGEST_ACCOUNTS, CacheClass.TOKEN_BALANCE, CacheClass.IDENTITY, CacheClass.SOLANA_FINAL)
+
+
 def decide(
     cache: CacheClass, blocks: list[Resolved | None], head: Head | None, ttls: Ttls, params: Any = None,
     *, client_state: bool = False,
 ) -> Decision:
     """Before the upstream call: may this request be cached, and how. `client_state`: the answer is
     computed from code or state the client supplied (overrides)."""
-    if cache is CacheClass.NONE or cache is CacheClass.TRACKER:
+    if cache is _NONE or cache is _TRACKER:
         return BYPASS  # TRACKER: what the tracker cannot answer goes upstream, uncached
     if client_state:
         # Any size, chosen by one client, useful to nobody else: never kept, in either tier.
         return BYPASS
     if "minContextSlot" in solana_config(params):
         return BYPASS  # the caller asks for a node at least at that slot: only the node can say
-    if cache is CacheClass.LARGEST_ACCOUNTS:
+    if cache is _LARGEST_ACCOUNTS:
         return Decision(Mode.TTL, ttls.largest_accounts)
-    if cache is CacheClass.TOKEN_BALANCE:
+    if cache is _TOKEN_BALANCE:
         return Decision(Mode.TTL, ttls.token_balance)
-    if cache is CacheClass.IDENTITY:
+    if cache is _IDENTITY:
         return Decision(Mode.TTL, ttls.identity)
-    if cache is CacheClass.SOLANA_FINAL:
+    if cache is _SOLANA_FINAL:
         # A finalized block or transaction never changes; at `confirmed` it still may (or vanish).
         return IMMUTABLE if solana_config(params).get("commitment") == "finalized" else BYPASS
-    if cache is CacheClass.CONTENT:
+    if cache is _CONTENT:
         return IMMUTABLE
-    if cache is CacheClass.HEAD or cache is CacheClass.TRANSACTION:
+    if cache is _HEAD or cache is _TRANSACTION:
         if head is None or head.stale:
             return BYPASS  # no head to tie the answer to
-        if cache is CacheClass.HEAD:
+        if cache is _HEAD:
             return Decision(Mode.TTL, ttls.unfinalized, per_head=True)
         return Decision(Mode.TTL, ttls.unfinalized, tied_to_answer=True)
     top = -1  # the highest block number named (a loop, not generators: every miss passes here)

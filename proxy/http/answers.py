@@ -115,13 +115,16 @@ class Answers(asyncio.Protocol):
             reply = await pending
         except Exception:
             log.exception("internal error serving %s", request.method)
-        finally:  # cancelled too (only a lost connection's answers are: Front.shutdown), so none waits forever
-            if reply is None:
-                reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
-            entry[0], entry[1] = self._encoded(request, reply)
-            waiting = self._waiting
-            if waiting and waiting[0] is entry:
-                self._flush()
+        finally:
+            # Cancelled: Front.shutdown cancels only the answers of clients gone, and those are not
+            # written (nor logged); one cancelled otherwise still answers, so none behind it waits forever.
+            if reply is not None or self._transport is not None:
+                if reply is None:
+                    reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
+                entry[0], entry[1] = self._encoded(request, reply)
+                waiting = self._waiting
+                if waiting and waiting[0] is entry:
+                    self._flush()
 
     def _prebuilt(self, paid: bool, values: tuple[object, ...]) -> None:
         """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
