@@ -303,7 +303,7 @@ async def test_a_cancelled_answer_is_written_only_while_its_client_is_there(anvi
         assert transport.written.index(b"HTTP/1.1 500 ") < transport.written.index(b"the second")
     encoded = []
     with connection(front) as (protocol, transport):  # the client leaves, then shutdown cancels its answer
-        protocol._encoded = lambda *args: encoded.append(args)  # type: ignore[method-assign]
+        protocol._encoded = lambda *args: encoded.append(args)
         protocol._answer(request, forever())
         task = protocol._waiting[0][0]
         await asyncio.sleep(0)
