@@ -138,8 +138,7 @@ class Metrics:
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._hit_cells: dict[tuple[str, str, bool], HitCells] = {}
-        self._hit_pairs: dict[tuple[str, str], tuple[HitCells, HitCells]] = {}
+        self._hit_cells: dict[tuple[str, str], tuple[HitCells, HitCells]] = {}
 
     def _add_call_metrics(self, r: CollectorRegistry) -> None:
         """Calls answered and their latency; cache lookups and the memory tier's size."""
@@ -282,26 +281,23 @@ class Metrics:
         self.slow_consumers = Counter("rpc_proxy_slow_consumer_disconnects",
                                       "WebSocket connections closed because their consumer fell behind.", registry=r)
 
-    def hit_cells(self, network: str, method: str, is_error: bool) -> HitCells:
-        """The cells one memory hit updates, found once per label set for the hot path."""
-        cells = self._hit_cells.get((network, method, is_error))
-        if cells is None:
-            cells = self._hit_cells[network, method, is_error] = HitCells(
-                requests=self.requests.labels(network, method, "error" if is_error else "ok"),
-                seconds=self.request_seconds.labels(network, method, "HIT"),
-                memory_hit=self.cache_lookups.labels("memory", "hit"),
-                saved=self.credits_saved.labels(network, method),
-                charged=self.credits_charged.labels(method),  # cached methods are their own label
-            )
-        return cells
-
-    def hit_cell_pair(self, network: str, method: str) -> tuple[HitCells, HitCells]:
-        """hit_cells for a result and for an error (a plan holds both), found once per call's labels."""
-        pair = self._hit_pairs.get((network, method))
+    def hit_cells(self, network: str, method: str) -> tuple[HitCells, HitCells]:
+        """The cells one memory hit updates, for a result and for an error (a plan holds both), found
+        once per label set for the hot path."""
+        pair = self._hit_cells.get((network, method))
         if pair is None:
-            pair = self._hit_pairs[network, method] = (self.hit_cells(network, method, False),
-                                                       self.hit_cells(network, method, True))
+            pair = self._hit_cells[network, method] = (self._new_hit_cells(network, method, False),
+                                                       self._new_hit_cells(network, method, True))
         return pair
+
+    def _new_hit_cells(self, network: str, method: str, is_error: bool) -> HitCells:
+        return HitCells(
+            requests=self.requests.labels(network, method, "error" if is_error else "ok"),
+            seconds=self.request_seconds.labels(network, method, "HIT"),
+            memory_hit=self.cache_lookups.labels("memory", "hit"),
+            saved=self.credits_saved.labels(network, method),
+            charged=self.credits_charged.labels(method),  # cached methods are their own label
+        )
 
     def child(self, metric: Any, *labels: str) -> Any:
         """metric.labels(*labels), looked up once per label set: the hot path calls this per request."""

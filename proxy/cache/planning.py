@@ -83,7 +83,7 @@ def plan_call(
             decision = cp.BYPASS  # a reorged-out hash: answered as the canonical chain does, never kept
         elif decision.mode is cp.Mode.IMMUTABLE and not numbered and head is not None:
             unvouched = next((h for h in named if h not in head.numbers), None)
-    cells = metrics.hit_cell_pair(net.name, method)
+    cells = metrics.hit_cells(net.name, method)
     key = ""
     if decision.cacheable and space is not None:
         key_params = substitute(params, {id(r): _key_form(r, resolved[id(r)], decision) for r in refs})

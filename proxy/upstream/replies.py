@@ -60,8 +60,8 @@ def batch_problem(reply: Any, ids: range) -> str | None:
     if not isinstance(reply, list):
         return "malformed batch reply"
     seen = set()
-    for item in reply:  # a loop, not generators, _is_response written out: every auto-batch and proof passes here
-        if not isinstance(item, dict) or ("result" not in item and "error" not in item):
+    for item in reply:  # a loop, not generators: every auto-batch and proof passes here
+        if not _is_response(item):
             return "malformed batch reply"
         rid = item.get("id")
         if isinstance(rid, bool) or rid not in ids or rid in seen:

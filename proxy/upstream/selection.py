@@ -40,14 +40,9 @@ class _Decayed:
     at: float = 0.0
 
     def add(self, value: float, now: float) -> None:
-        if now > self.at:  # _decay written out: every upstream answer adds two samples
-            factor = 0.5 ** ((now - self.at) / SCORE_HALF_LIFE)
-            self.total = self.total * factor + value
-            self.weight = self.weight * factor + 1.0
-            self.at = now
-        else:
-            self.total += value
-            self.weight += 1.0
+        self._decay(now)
+        self.total += value
+        self.weight += 1.0
 
     def mean(self, now: float) -> float | None:
         """None when no sample is left with weight enough to say anything (never measured, or long ago)."""
