@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ async def node() -> AsyncIterator[tuple[Node, str]]:
 
 def pool(url: str, connected: list[int] | None = None) -> HostPool:
     seen = connected if connected is not None else []
-    return HostPool(url, limit=2, idle_timeout=30.0, on_connect=lambda: seen.append(1))
+    return HostPool(url, limit=2, idle_timeout=30.0, on_connect=lambda _alone: seen.append(1))
 
 
 async def test_answers_reuse_one_kept_alive_connection_and_each_new_one_is_reported(node: tuple[Node, str]) -> None:
@@ -119,4 +120,30 @@ async def test_an_answer_over_the_limit_is_refused_declared_or_as_it_arrives(nod
     with pytest.raises(TooLarge):
         await client.post(b"{}", 5, limit=10)
     assert (await client.post(b"{}", 5, limit=len(BODY))).body == BODY
+    client.close()
+
+
+async def test_a_connection_begun_beside_a_post_in_flight_is_not_alone_though_that_post_ends_first(
+    node: tuple[Node, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rule: a new connection is a reconnect (identity checked again) only when no other post was
+    in flight as it began; a post that ends while it connects leaves the pool growing, not reconnecting."""
+    _, url = node
+    alone: list[bool] = []
+    client = HostPool(url, limit=2, idle_timeout=30.0, on_connect=alone.append)
+    await client.post(b"{}", 5)  # the first connection, opened alone; idle now
+    loop = asyncio.get_running_loop()
+    connect, first_done = loop.create_connection, asyncio.Event()
+
+    async def slow_connect(*args: Any, **kwargs: Any) -> Any:
+        await first_done.wait()  # the second connection completes only after the first post ended
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "create_connection", slow_connect)
+    first = asyncio.create_task(client.post(b"{}", 5))  # takes the idle connection
+    second = asyncio.create_task(client.post(b"{}", 5))  # opens another beside it
+    assert (await first).body == BODY
+    first_done.set()
+    assert (await second).body == BODY
+    assert alone == [True, False]
     client.close()

@@ -5,8 +5,10 @@ layers a node call never needs (a request object, cookies, redirects, traces); t
 One pool per upstream URL: idle connections are reused (newest first), at most `limit` are open,
 and callers beyond it wait for one. A connection is never reused after an answer it did not finish
 (a timeout, a cancelled hedge, a parse error) or one that said `Connection: close`, nor when idle
-longer than `idle_timeout`. `on_connect` hears of every new connection: a new connection may reach a
-restarted node (upstream/state.py checks its identity again).
+longer than `idle_timeout`. `on_connect(alone)` hears of every new connection, and whether no other
+post was in flight when it began to be opened (a post that ends while it connects leaves the pool
+growing, not reconnecting): a new connection opened alone may reach a restarted node (upstream/state.py
+checks its identity again).
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def _expire(waiter: asyncio.Future[Response]) -> None:
 class HostPool:
     """Kept-alive connections to one upstream URL."""
 
-    def __init__(self, url: str, *, limit: int, idle_timeout: float, on_connect: Callable[[], None]) -> None:
+    def __init__(self, url: str, *, limit: int, idle_timeout: float, on_connect: Callable[[bool], None]) -> None:
         parts = urlsplit(url)
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or "localhost"
@@ -173,6 +175,7 @@ class HostPool:
         self._limit = limit
         self._idle_timeout = idle_timeout
         self._on_connect = on_connect
+        self._posting = 0  # posts in flight
         self._idle: list[_Connection] = []
         self._open = 0
         self._queue: list[asyncio.Future[None]] = []
@@ -186,6 +189,7 @@ class HostPool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         connection = self._idle_one()
+        self._posting += 1
         try:
             if connection is None:
                 async with asyncio.timeout_at(deadline):
@@ -202,6 +206,7 @@ class HostPool:
             finally:
                 timer.cancel()
         finally:
+            self._posting -= 1
             if connection is not None:
                 connection.waiter = None
                 self._checkin(connection)  # closed unless its answer was read whole
@@ -231,6 +236,7 @@ class HostPool:
             if self._idle:
                 return self._idle.pop()
         self._open += 1
+        alone = self._posting <= 1  # judged now: a post that ends while this one connects leaves it not alone
         try:
             _, connection = await asyncio.get_running_loop().create_connection(
                 _Connection, self._host, self._port, ssl=self._ssl)
@@ -242,7 +248,7 @@ class HostPool:
             self._open -= 1
             self._wake()
             raise ClientFault(f"cannot connect: {type(exc).__name__}", unsent=True) from None
-        self._on_connect()
+        self._on_connect(alone)
         return connection
 
     def _checkin(self, connection: _Connection) -> None:

@@ -107,16 +107,18 @@ class Sender:
             raise Failed("connect", "the pool was closed (its network was reloaded)", unsent=True)
         if self._pools is None:
             self._pools = [HostPool(url, limit=POOL_LIMIT, idle_timeout=POOL_IDLE_TIMEOUT,
-                                    on_connect=lambda i=index: self._connected(i))  # type: ignore[misc]
+                                    on_connect=lambda alone, i=index: self._connected(i, alone))  # type: ignore[misc]
                            for index, url in enumerate(self._urls)]
         return self._pools[index]
 
-    def _connected(self, index: int) -> None:
+    def _connected(self, index: int, alone: bool) -> None:
         """Connection loss is identity loss: a new connection (a silent keep-alive reconnect included)
         may reach a restarted node, so its identity is checked again (state.py)."""
-        if self._inflight[index] <= 1:
-            # Nothing else was in flight to it, so the pool held an idle connection unless it was
-            # closed: this is a reconnect, not the pool growing under load.
+        if alone:
+            # Nothing else was in flight to it when it began to connect, so the pool held an idle
+            # connection unless it was closed: this is a reconnect, not the pool growing under load.
+            # (Judged after the connect instead, a post that ended meanwhile made a growing pool look
+            # like a reconnect, and its answers went unkept until the identity was checked again.)
             self.states.reconnected(index)
 
     async def close(self) -> None:
