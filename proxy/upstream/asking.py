@@ -46,7 +46,11 @@ class Asker:
         answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
         per = net.per_upstream
         orphan = plan.proof is not None and not plan.proof[2]  # null is the canonical chain's answer
-        shown_at = _provable_block(net, plan, answer) if doubt is None and not orphan and _not_found(answer) else None
+        # A null or an error is asked again beside its block's header, also when it came unproven (its
+        # batch failed and it went alone): a load balancer's lagging member answers that way too, and
+        # serving its range error would answer for a chain without the block.
+        shown_at = (_provable_block(net, plan, answer)
+                    if doubt in (None, "unverified") and not orphan and _not_found(answer) else None)
         if shown_at is not None:
             answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer, shown_at)
             if doubt in REFUSED:
@@ -320,7 +324,9 @@ class Asker:
         if per is not None and answer.upstream >= 0 and per.states.verified[answer.upstream] and need is not None \
                 and per.states.latest[answer.upstream] < need:
             self._refuse(net, "lagging", need)
-        if proof is not None and answer.proof is not None and not _shown(net, proof, answer.proof):
+        if proof is not None and not (answer.proof is not None and _shown(net, proof, answer.proof)):
+            # Not shown at the tracker's head, or not shown at all (its batch failed and it went
+            # alone): a load balancer's lagging member answers a tag with its own older head.
             self._refuse(net, "lagging", need)
         return answer
 
