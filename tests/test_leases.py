@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from proxy.redis_link import RedisLink
 from tests.support import eventually
 
 NOW = 1_800_000_000.0
+Ledgers = Callable[..., LeasedLedger]
 
 
 class TestOutageRules:
@@ -83,8 +84,18 @@ async def link(redis_url: str) -> AsyncIterator[RedisLink]:
     await link.close()
 
 
-def ledger(link: RedisLink, **options: int) -> LeasedLedger:
-    return LeasedLedger(link, lease_max=options.get("lease_max", 100_000), lease_seconds=10.0)
+@pytest.fixture
+async def ledger(link: RedisLink) -> AsyncIterator[Ledgers]:
+    """Makes replicas' ledgers on one link; their background exchanges end before the link closes
+    (a top-up still running when the test's loop closed left its connection to the next test)."""
+    made: list[LeasedLedger] = []
+
+    def make(lease_max: int = 100_000) -> LeasedLedger:
+        made.append(LeasedLedger(link, lease_max=lease_max, lease_seconds=10.0))
+        return made[-1]
+
+    yield make
+    await background_done(*made)
 
 
 async def debit(ledger: LeasedLedger, amount: int, daily: int) -> Verdict:
@@ -97,15 +108,15 @@ async def background_done(*ledgers: LeasedLedger) -> None:
 
 
 class TestLeaseScript:
-    async def test_a_lease_covers_later_debits_without_a_round_trip(self, link: RedisLink) -> None:
-        replica = ledger(link)
+    async def test_a_lease_covers_later_debits_without_a_round_trip(self, link: RedisLink, ledger: Ledgers) -> None:
+        replica = ledger()
         assert await debit(replica, 80, 80_000) is Verdict.OK
         assert replica.try_debit("k", 80, daily=80_000, per_second=None, now=NOW) is not None
 
     async def test_the_hot_path_spends_only_what_the_lease_holds_and_shows_what_was_spent(
-        self, link: RedisLink,
+        self, link: RedisLink, ledger: Ledgers,
     ) -> None:
-        replica = ledger(link, lease_max=400)
+        replica = ledger(lease_max=400)
         assert await debit(replica, 80, 10**9) is Verdict.OK  # a lease of 480: this call and five more
         await background_done(replica)
         lease = replica._today["k"]
@@ -119,8 +130,10 @@ class TestLeaseScript:
         await background_done(replica)
         assert replica.spend("k", 80, 10**9, NOW) == 10**9 - 80 * (calls + 2)
 
-    async def test_the_hot_path_leaves_other_days_and_unleased_keys_to_the_ledger(self, link: RedisLink) -> None:
-        replica = ledger(link)
+    async def test_the_hot_path_leaves_other_days_and_unleased_keys_to_the_ledger(
+        self, link: RedisLink, ledger: Ledgers,
+    ) -> None:
+        replica = ledger()
         assert replica.spend("k", 80, 80_000, NOW) is None  # no lease yet: `debit` asks Redis
         assert await debit(replica, 80, 80_000) is Verdict.OK
         assert replica.spend("k", 80, 80_000, NOW) == 80_000 - 160
@@ -128,9 +141,9 @@ class TestLeaseScript:
         assert replica.spend("other", 80, 80_000, NOW) is None
 
     async def test_a_lowered_balance_stops_a_key_though_a_grant_under_the_old_one_was_on_its_way(
-        self, link: RedisLink, monkeypatch: pytest.MonkeyPatch,
+        self, link: RedisLink, ledger: Ledgers, monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        replica = ledger(link)
+        replica = ledger()
         run, gate = link.run, asyncio.Event()
 
         async def held(*args: Any, **kwargs: Any) -> Any:  # the first lease's round trip, held until released
@@ -151,8 +164,10 @@ class TestLeaseScript:
         assert await debit(replica, 80, 240) is Verdict.OK  # 3 x 80 = 240: the last credits, under the new balance
         assert replica.spend("k", 80, 240, NOW) is None and await debit(replica, 80, 240) is Verdict.EXHAUSTED
 
-    async def test_leases_shrink_near_the_limit_so_the_last_credits_go_out_exactly(self, link: RedisLink) -> None:
-        first, second = ledger(link), ledger(link)
+    async def test_leases_shrink_near_the_limit_so_the_last_credits_go_out_exactly(
+        self, link: RedisLink, ledger: Ledgers,
+    ) -> None:
+        first, second = ledger(), ledger()
         served = 0
         for i in range(60):
             if await debit(first if i % 2 else second, 80, 80 * 25) is Verdict.OK:
@@ -161,20 +176,22 @@ class TestLeaseScript:
         used = await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")
         assert int(used) == 80 * 25
 
-    async def test_a_lease_is_never_larger_than_the_largest_lease(self, link: RedisLink) -> None:
-        replica = ledger(link, lease_max=400)
+    async def test_a_lease_is_never_larger_than_the_largest_lease(self, link: RedisLink, ledger: Ledgers) -> None:
+        replica = ledger(lease_max=400)
         await debit(replica, 80, 10**9)
         assert int(await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")) == 480
 
-    async def test_given_back_leases_leave_exactly_what_was_spent(self, link: RedisLink) -> None:
-        replica = ledger(link)
+    async def test_given_back_leases_leave_exactly_what_was_spent(self, link: RedisLink, ledger: Ledgers) -> None:
+        replica = ledger()
         for _ in range(3):
             await debit(replica, 80, 80_000)
         await replica.close(NOW)
         assert int(await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")) == 240
 
-    async def test_a_lost_entry_is_restored_from_the_replicas_last_known_usage(self, link: RedisLink) -> None:
-        replica = ledger(link)
+    async def test_a_lost_entry_is_restored_from_the_replicas_last_known_usage(
+        self, link: RedisLink, ledger: Ledgers,
+    ) -> None:
+        replica = ledger()
         for _ in range(5):
             await debit(replica, 80, 800)
         before = await replica.used("k", now=NOW)
@@ -182,11 +199,13 @@ class TestLeaseScript:
         served = sum([await debit(replica, 80, 800) is Verdict.OK for _ in range(20)])
         assert before + served * 80 <= 800
 
-    async def test_a_rebuilt_entry_holds_grants_until_its_owner_confirms_it(self, link: RedisLink) -> None:
+    async def test_a_rebuilt_entry_holds_grants_until_its_owner_confirms_it(
+        self, link: RedisLink, ledger: Ledgers,
+    ) -> None:
         """After a lost entry, the first replica to ask rebuilds the other's from the last reply it saw,
         which may be short of what the other was granted since: no credit is granted (retry shortly)
         until the other confirms its entry, so no credit is spent twice and the balance goes out exactly."""
-        first, second = ledger(link), ledger(link)
+        first, second = ledger(), ledger()
         daily, served = 800, 0
         for replica in (first, second, first, first, first, first, first, second, second, second):
             served += await debit(replica, 80, daily) is Verdict.OK  # each has seen the other's lease
@@ -201,18 +220,20 @@ class TestLeaseScript:
         assert served * 80 == daily
         assert int(await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")) == daily
 
-    async def test_usage_kept_under_the_untagged_name_of_an_older_release_still_counts(self, link: RedisLink) -> None:
+    async def test_usage_kept_under_the_untagged_name_of_an_older_release_still_counts(
+        self, link: RedisLink, ledger: Ledgers,
+    ) -> None:
         # An upgrade mid-day: the day's hash under the name used before hash tags is taken over.
         day = int(NOW) // 86400
         await link.client.hset(untagged_ledger_key("k", day), mapping={"used": 720, "a:old": 720, "t:old": 0})
-        replica = ledger(link)
+        replica = ledger()
         served = sum([await debit(replica, 80, 800) is Verdict.OK for _ in range(5)])
         assert served == 1
         assert await link.client.exists(untagged_ledger_key("k", day)) == 0
         assert int(await link.client.hget(ledger_key("k", day), "used")) == 800
 
-    async def test_refused_replicas_give_back_what_they_cannot_use(self, link: RedisLink) -> None:
-        replica = ledger(link)
+    async def test_refused_replicas_give_back_what_they_cannot_use(self, link: RedisLink, ledger: Ledgers) -> None:
+        replica = ledger()
         assert await debit(replica, 300, 1000) is Verdict.OK  # leases 300 + whole calls of the rest
         assert await debit(replica, 900, 1000) is Verdict.EXHAUSTED
         key = ledger_key("k", int(NOW) // 86400)
