@@ -61,5 +61,8 @@ class FakeChain:
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return [self.answer(m, p) for m, p in calls]
 
+    async def together(self, calls: Sequence[tuple[str, Any]]) -> list[Answer] | None:
+        return await self.batch(calls)
+
     async def close(self) -> None:
         pass

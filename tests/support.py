@@ -263,13 +263,21 @@ class CountingUpstream:
         return answer
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        self._batched(calls)
+        result: list[Answer] = await self.inner.batch(calls)
+        return result
+
+    async def together(self, calls: Sequence[tuple[str, Any]]) -> list[Answer] | None:
+        self._batched(calls)
+        result: list[Answer] | None = await self.inner.together(calls)
+        return result
+
+    def _batched(self, calls: Sequence[tuple[str, Any]]) -> None:
         for method, params in calls:
             self.calls[method] += 1
             self.params.append((method, params))
         self.batched.update(method for method, _ in calls)
         self.batches.append(list(calls))
-        result: list[Answer] = await self.inner.batch(calls)
-        return result
 
     async def close(self) -> None:
         await self.inner.close()

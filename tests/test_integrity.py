@@ -12,6 +12,7 @@ from proxy.chain import bloom
 from proxy.chain.bloom import BLOOM_BYTES, _bits
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, RedisServer, selector, settings_for, start_proxy, word
+from tests.test_upstream_batching import relay
 
 
 def _bloom_of(*values: str) -> bytes:
@@ -140,6 +141,24 @@ async def test_the_bloom_check_reads_final_headers_from_the_cache_and_keeps_thos
     finally:
         await proxy.close()
         await relay.close()
+
+
+async def test_the_bloom_check_keeps_no_header_asked_alone(anvil: Anvil, tmp_path: Path) -> None:
+    """A node that refuses the batch of headers answers each alone: the finalized block's header beside
+    them no longer shows which chain they are on (a load balancer's members differ), so none is kept."""
+    async with relay(anvil.url, refuse_batches_over=3) as seen:  # a read, its proof: batches of up to 3 pass
+        proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, [seen.url], confirm_logs_bloom=True),
+                                               GETLOGS_CHUNK_BLOCKS="10"))
+        try:
+            log_filter = await _final_logs(anvil, proxy)
+            first = int(log_filter["fromBlock"], 16)
+            assert len((await _get_logs(proxy, log_filter))[0]) == 3
+            assert seen.refused  # the headers' batch was refused
+            status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber",
+                                                      "params": [hex(first), False]})
+            assert status == 200 and body["result"]["number"] == hex(first) and headers["X-Cache"] != "HIT"
+        finally:
+            await proxy.close()
 
 
 def _headers_asked(relay: FaultRelay, blocks: range) -> int:

@@ -17,7 +17,7 @@ from proxy.metrics import Metrics
 from proxy.upstream.answer import Answer
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.pool import HttpUpstream
-from tests.support import Anvil, Proxy, serving, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, balancer, selector, serving, settings_for, start_proxy, word
 
 STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
 
@@ -29,11 +29,17 @@ class Relay:
     url: str = ""
     sizes: list[int] = field(default_factory=list)
     bodies: list[int] = field(default_factory=list)
+    refused: int = 0  # batches refused
 
 
 @asynccontextmanager
-async def relay(target: str, *, refuse_batches: bool = False, max_body: int | None = None) -> AsyncIterator[Relay]:
-    """`max_body`: bodies longer than this are answered 413, as providers do."""
+async def relay(
+    target: str, *, refuse_batches: tuple[str, ...] = (), refuse_batches_over: int | None = None,
+    max_body: int | None = None,
+) -> AsyncIterator[Relay]:
+    """`refuse_batches`: batches holding these methods are refused with one error object, and so are
+    batches of more than `refuse_batches_over` calls; `max_body`: bodies longer than this are answered
+    413, as providers do."""
     record = Relay()
     session = aiohttp.ClientSession()
 
@@ -49,8 +55,10 @@ async def relay(target: str, *, refuse_batches: bool = False, max_body: int | No
             record.bodies.append(len(body))
         if max_body is not None and len(body) > max_body:
             return web.Response(status=413, text="request entity too large")
-        if is_batch and refuse_batches and any(p["method"] == "eth_getStorageAt" for p in payload):
+        if is_batch and (any(p["method"] in refuse_batches for p in payload)
+                         or (refuse_batches_over is not None and len(payload) > refuse_batches_over)):
             record.sizes.append(-len(reads))
+            record.refused += 1
             return web.json_response({"jsonrpc": "2.0", "id": None,
                                       "error": {"code": -32600, "message": "batch requests are not supported"}})
         if reads:
@@ -97,7 +105,7 @@ async def test_batching_can_be_turned_off(anvil: Anvil) -> None:
 
 
 async def test_a_node_that_refuses_batches_gets_each_call_alone(anvil: Anvil) -> None:
-    async with relay(anvil.url, refuse_batches=True) as seen:
+    async with relay(anvil.url, refuse_batches=("eth_getStorageAt",)) as seen:
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
         try:
             replies = await concurrent_storage_reads(anvil, proxy, 10)
@@ -208,3 +216,89 @@ async def test_a_leader_cancelled_in_its_turn_leaves_the_others_to_go() -> None:
         assert all("leader" not in c for c in recorder.together)
         later = await batcher.enqueue("eth_getStorageAt", ["next"])  # the batcher is not stuck leading
         assert later.result == ["alone", ["next"], None]
+
+
+
+async def asked_twice_behind_a_balancer(
+    node: Anvil, member: Anvil, method: str, params: list[Any],
+) -> tuple[dict[str, Any], dict[str, Any], Relay]:
+    """`method` asked through a load balancer that refuses its batches: first while the balancer sends
+    it to `member` (everything else reaches `node`), then again while it sends it to `node`."""
+    reads_to = [member.url]
+
+    def route(calls: list[dict[str, Any]]) -> str:
+        return reads_to[0] if any(c.get("method") == method for c in calls) else node.url
+
+    async with balancer(route) as members, relay(members, refuse_batches=(method,)) as seen:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
+        try:
+            await proxy.head_at(node.block_number())
+            served = await proxy.call(method, params)
+            reads_to[0] = node.url
+            return served, await proxy.call(method, params), seen
+        finally:
+            await proxy.close()
+
+
+async def test_a_call_sent_alone_is_never_kept_on_a_header_another_member_may_have_given() -> None:
+    """The rule: a node that refuses batches shows nothing of its chain beside a call. Asked alone, the
+    call and the header of its block may reach different members of a load balancer, so the header
+    proves nothing of the call: its answer is served, never kept."""
+    node = Anvil()
+    store = node.deploy_store()
+    fork_at = node.block_number()
+    diverged = Anvil("--fork-url", node.url, "--fork-block-number", str(fork_at))
+    try:
+        diverged.mine()  # its own block after the fork: x is still 7 there
+        node.send(store, selector("setX(uint256)") + word(9))  # the chain's block: x = 9
+        node.mine(STORE_FINAL)
+        served, again, seen = await asked_twice_behind_a_balancer(
+            node, diverged, "eth_getStorageAt", [store, "0x0", hex(fork_at + 1)])
+    finally:
+        diverged.stop()
+        node.stop()
+    assert any(size < 0 for size in seen.sizes)  # the batch of the call and its header was refused
+    assert served["result"] == "0x" + word(7)  # the other member's answer, served as the balancer gave it ...
+    assert again["result"] == "0x" + word(9)  # ... but never kept: the chain's own answer when asked again
+
+
+async def test_logs_sent_alone_are_never_kept_on_a_range_end_another_member_may_have_given() -> None:
+    """The same rule for an unfinalized log range, whose last block is asked beside it: a lagging
+    member's partial logs, asked alone, are served and never kept."""
+    node = Anvil()
+    store = node.deploy_store()
+    first = node.block_number() + 1
+    for _ in range(3):  # one log in each of three blocks
+        node.send(store, selector("emitMany(uint256)") + word(1))
+    lagging = Anvil("--fork-url", node.url, "--fork-block-number", str(first + 1))  # without the third
+    try:
+        node.mine(2)
+        served, again, seen = await asked_twice_behind_a_balancer(
+            node, lagging, "eth_getLogs", [{"address": store, "fromBlock": hex(first), "toBlock": hex(first + 2)}])
+    finally:
+        lagging.stop()
+        node.stop()
+    assert any(size < 0 for size in seen.sizes)
+    assert len(served.get("result", [])) < 3  # the lagging member's logs (or its range error), served ...
+    assert len(again["result"]) == 3  # ... but never kept
+
+
+async def test_a_node_that_refuses_batches_still_gets_its_nulls_and_tags_served(anvil: Anvil) -> None:
+    """The rule: an answer that cannot be shown beside its block (the node takes no batches), a null or
+    a tag's, is served as the node gave it, never kept; it is not refused as a lagging member's (-32002)."""
+    uncles = ("eth_getUncleByBlockHashAndIndex", "eth_getUncleByBlockNumberAndIndex")
+    async with relay(anvil.url, refuse_batches=uncles) as seen:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
+        try:
+            latest = anvil.mine(3)
+            await proxy.head_at(latest)
+            block = anvil.rpc("eth_getBlockByNumber", hex(latest - 1), False)["hash"]
+            replies = [await proxy.call("eth_getUncleByBlockHashAndIndex", [block, "0x0"]) for _ in range(2)]
+            # A null at a tag is asked again as the tag, beside the node's latest block (asking.py).
+            tagged = [await proxy.call("eth_getUncleByBlockNumberAndIndex", [tag, "0x0"])
+                      for tag in ("latest", "safe", "latest")]
+        finally:
+            await proxy.close()
+    assert seen.refused
+    assert replies == [{"jsonrpc": "2.0", "id": 1, "result": None}] * 2
+    assert tagged == replies[:1] * 3

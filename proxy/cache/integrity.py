@@ -83,8 +83,10 @@ class Integrity:
         calls: list[tuple[str, Any]] = [("eth_getBlockByNumber", [hex(n), False]) for n in missing]
         if head is not None and head.final_hash:
             calls.append(("eth_getBlockByNumber", [hex(head.finalized), False]))
-        answers = await net.upstream.batch(calls)
-        proof = answers[-1] if len(answers) > len(missing) else None
+        answers = await net.upstream.together(calls)
+        proof = answers[-1] if answers is not None and len(answers) > len(missing) else None
+        if answers is None:  # a node that refuses batches: each asked alone, so none shows another's chain
+            answers = await net.upstream.batch(calls)
         on_chain = proof is not None and isinstance(proof.result, dict) and head is not None \
             and str(proof.result.get("hash", "")).lower() == head.final_hash
         for n, answer in zip(missing, answers, strict=False):

@@ -173,8 +173,12 @@ class Asker:
                 return doubt, None
             return None, int(proof[0], 16) if proof[2] and proof[0].startswith("0x") else None
         if plan.check_end is not None:
-            end = end_answer.result if end_answer is not None else None
-            same_node = end_answer is not None and end_answer.upstream == answer.upstream
+            if end_answer is None:
+                # Asked alone (the node refuses batches): a block asked alone would show nothing of the
+                # logs' node (a load balancer's members differ), so nothing does: served, never kept.
+                return "unverified", None
+            end = end_answer.result
+            same_node = end_answer.upstream == answer.upstream
             if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != plan.check_end[1]:
                 # An error from a node without the range's last block (a range error) is not served either.
                 return "unproven" if answer.is_error else "fork", None
@@ -227,14 +231,18 @@ class Asker:
         self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, end: int, deadline: float | None,
         *, check: bool = True,
     ) -> tuple[Answer, Answer | None]:
-        """eth_getLogs and the range's last block in one batch (one node answers both)."""
+        """eth_getLogs and the range's last block in one batch (one node answers both); the logs alone
+        and no block (None) from a node that refuses batches."""
         if deadline is None:
             deadline = self.deadline(policy)
+        end_answer: Answer | None = None
         try:
             async with asyncio.timeout_at(deadline):
-                answer, end_answer = await net.upstream.batch(
-                    [(method, params), ("eth_getBlockByNumber", [hex(end), False])]
-                )
+                both = await net.upstream.together([(method, params), ("eth_getBlockByNumber", [hex(end), False])])
+                if both is None:
+                    answer = await net.upstream.request(method, params)
+                else:
+                    answer, end_answer = both
         except TimeoutError:
             if check:  # a piece's own limit is no client's: the chunked call counts its own
                 self._metrics.getlogs_rejections.labels("timeout").inc()
@@ -259,7 +267,8 @@ class Asker:
                                          proof=proof[0])
             except JsonRpcError:
                 retried = None
-            if retried is not None and retried.proof is None and not _not_found(retried):
+            if retried is not None and retried.proof is None and (
+                    not _not_found(retried) or per.states.shows_nothing(retried.upstream)):
                 return retried, "unverified"  # a node that takes no batches shows nothing: served, never kept
             # A null or an error with no header (a batch answered in part) is the doubt itself: asked again.
             if retried is not None and retried.proof is not None and _shown(net, proof, retried.proof):
@@ -324,9 +333,11 @@ class Asker:
         if per is not None and answer.upstream >= 0 and per.states.verified[answer.upstream] and need is not None \
                 and per.states.latest[answer.upstream] < need:
             self._refuse(net, "lagging", need)
-        if proof is not None and not (answer.proof is not None and _shown(net, proof, answer.proof)):
+        if proof is not None and not (answer.proof is not None and _shown(net, proof, answer.proof)) \
+                and not (answer.proof is None and per is not None and per.states.shows_nothing(answer.upstream)):
             # Not shown at the tracker's head, or not shown at all (its batch failed and it went
-            # alone): a load balancer's lagging member answers a tag with its own older head.
+            # alone): a load balancer's lagging member answers a tag with its own older head. A node
+            # that refuses batches never shows it: its answer is served as it gave it.
             self._refuse(net, "lagging", need)
         return answer
 

@@ -127,6 +127,10 @@ class KeyedUpstream:
         async with self._slots.held():
             return await self.inner.batch(calls)
 
+    async def together(self, calls: Sequence[tuple[str, Any]]) -> list[Answer] | None:
+        async with self._slots.held():
+            return await self.inner.together(calls)
+
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
         async with self._slots.held():
             answer: Answer = await self.inner.ask(index, method, params, timeout=timeout)  # type: ignore[attr-defined]

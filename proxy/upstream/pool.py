@@ -49,6 +49,11 @@ class Upstream(Protocol):
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]: ...
 
+    async def together(self, calls: Sequence[tuple[str, Any]]) -> list[Answer] | None:
+        """One batch, so one node answers every call (None: the node refuses batches). Unlike `batch`,
+        never split into calls asked alone, which a load balancer may send to different members."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -178,7 +183,7 @@ class HttpUpstream(Sender):
     ) -> list[Answer]:
         """The calls and one header per distinct proof block in one batch, so one node answers all; each
         answer carries the hash that node gave for its proof block (a header is read for its hash
-        alone: never encoded again, nor observed as a call of its own)."""
+        alone: never encoded again, nor observed as a call of its own), or none if batches are refused."""
         # Loops, not comprehensions (a frame each): every proven miss passes here, most alone.
         sent: list[tuple[str, Any]] = []
         blocks: list[str] = []
@@ -193,18 +198,16 @@ class HttpUpstream(Sender):
             items, seconds, index = await self._batch_items(sent, auto=True, timeout=timeout, observed=count)
         else:
             items, seconds = await self._batch_to(index, sent, timeout or self._timeout)
+        if items is None:
+            # A node that does not take batches: each call asked alone, unproven (proof None). A header
+            # asked alone would prove nothing of the call: a load balancer may send them to different members.
+            return list(await asyncio.gather(*(self._single(m, p, None) for m, p in sent[:count])))
         hashes: dict[str, str] = {}
         answers: list[Answer] = []
-        if items is None:  # a node that does not take batches: each asked alone, headers too
-            alone = list(await asyncio.gather(*(self._single(m, p, None) for m, p in sent)))
-            answers = alone[:count]
-            for block, header in zip(blocks, alone[count:], strict=True):
-                hashes[block] = proof_hash(header.result, header.is_error)
-        else:
-            for item in items[:count]:
-                answers.append(Answer.from_response(item, seconds, index))
-            for block, item in zip(blocks, items[count:], strict=True):
-                hashes[block] = proof_hash(item.get("result"), item.get("error") is not None)
+        for item in items[:count]:
+            answers.append(Answer.from_response(item, seconds, index))
+        for block, item in zip(blocks, items[count:], strict=True):
+            hashes[block] = proof_hash(item.get("result"), item.get("error") is not None)
         for i, (_, _, block) in enumerate(calls):
             if block is not None:
                 answers[i] = answers[i].with_proof(hashes[block])
@@ -243,6 +246,10 @@ class HttpUpstream(Sender):
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         return await self._batch(calls)
 
+    async def together(self, calls: Sequence[tuple[str, Any]]) -> list[Answer] | None:
+        items, seconds, index = await self._batch_items(calls, auto=False, timeout=None, observed=len(calls))
+        return None if items is None else [Answer.from_response(item, seconds, index) for item in items]
+
     async def _batch(
         self, calls: Sequence[tuple[str, Any]], *, auto: bool = False, timeout: float | None = None,
     ) -> list[Answer]:
@@ -264,7 +271,9 @@ class HttpUpstream(Sender):
         reply, seconds, index = await self._send(body, None if auto else "batch", timeout,
                                                  lambda r: batch_problem(r, ids), hedge=auto)
         if not isinstance(reply, list):
+            self.states.unbatched[index] = True
             return None, seconds, index
+        self.states.unbatched[index] = False
         if auto:
             for method, _ in calls[:observed]:
                 self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
