@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -9,7 +10,9 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.support import DEV_ACCOUNT, Anvil, free_port, wait_until
+from proxy.app import create_app
+from proxy.http.listeners import serve
+from tests.support import DEV_ACCOUNT, Anvil, free_port, settings_for, wait_until
 
 
 def _post(url: str, body: dict[str, object]) -> dict[str, object]:
@@ -65,3 +68,20 @@ def test_console_script_reports_missing_upstream_in_one_line() -> None:
     result = subprocess.run([script], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "no upstream configured" in result.stderr
+
+
+async def test_what_the_process_built_before_listening_is_frozen_out_of_the_collectors_passes(anvil: Anvil) -> None:
+    """The rule: modules, tables and the app live as long as the process, so a full collection never
+    walks them (gc.freeze once listening: bench.miss_latency's p99 at 32 connections fell to about a third)."""
+    app = create_app(settings_for(EVM_UPSTREAM=anvil.url))
+    frozen: list[int] = []
+
+    def listening() -> None:
+        frozen.append(gc.get_freeze_count())
+        os.kill(os.getpid(), signal.SIGINT)  # the operator's Ctrl-C: serve drains and returns
+
+    try:
+        await serve(app, "127.0.0.1", free_port(), max_connections=10, shutdown_timeout=1.0, on_listening=listening)
+    finally:
+        gc.unfreeze()
+    assert frozen and frozen[0] > 10_000  # far more than a handful: the whole startup heap

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -225,6 +226,9 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
         site = CappedSite(runner, host, port, max_connections=max_connections, reuse_port=reuse_port,
                          per_ip=per_ip, shutdown_timeout=shutdown_timeout)
         await site.start()
+        # What was built until now (modules, tables, the app) lives as long as the process: frozen, the
+        # collector's full passes no longer walk it (46 -> about 10 ms each; README "Benchmark").
+        gc.freeze()
         on_listening()
         await stop.wait()
         # An operator (or Kubernetes) sent the signal: say so, and say when the drain is over.
