@@ -20,6 +20,9 @@ class Answer:
     # The hash the same node gave, in the same batch, for the proof block the call was asked with
     # ("" when it had no such block; None when no proof was asked): see pool.HttpUpstream.proven().
     proof: str | None = None
+    # Asked alone because its node refused the batch its proof was in: no block can come beside it
+    # (asking.py serves it as the node gave it, and never keeps it).
+    unbatched: bool = False
 
     @property
     def is_error(self) -> bool:
@@ -32,7 +35,7 @@ class Answer:
 
     def with_proof(self, proof: str | None) -> Answer:
         """This answer with the hash its node gave for the proof block (not dataclasses.replace: per miss)."""
-        return Answer(self.payload, self.result, self.error, self.seconds, self.upstream, proof)
+        return Answer(self.payload, self.result, self.error, self.seconds, self.upstream, proof, self.unbatched)
 
     @classmethod
     def stored(cls, payload: bytes, is_error: bool) -> Answer:

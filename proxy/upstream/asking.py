@@ -268,7 +268,7 @@ class Asker:
             except JsonRpcError:
                 retried = None
             if retried is not None and retried.proof is None and (
-                    not _not_found(retried) or per.states.shows_nothing(retried.upstream)):
+                    not _not_found(retried) or retried.unbatched):
                 return retried, "unverified"  # a node that takes no batches shows nothing: served, never kept
             # A null or an error with no header (a batch answered in part) is the doubt itself: asked again.
             if retried is not None and retried.proof is not None and _shown(net, proof, retried.proof):
@@ -334,7 +334,7 @@ class Asker:
                 and per.states.latest[answer.upstream] < need:
             self._refuse(net, "lagging", need)
         if proof is not None and not (answer.proof is not None and _shown(net, proof, answer.proof)) \
-                and not (answer.proof is None and per is not None and per.states.shows_nothing(answer.upstream)):
+                and not answer.unbatched:
             # Not shown at the tracker's head, or not shown at all (its batch failed and it went
             # alone): a load balancer's lagging member answers a tag with its own older head. A node
             # that refuses batches never shows it: its answer is served as it gave it.

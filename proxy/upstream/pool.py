@@ -201,7 +201,10 @@ class HttpUpstream(Sender):
         if items is None:
             # A node that does not take batches: each call asked alone, unproven (proof None). A header
             # asked alone would prove nothing of the call: a load balancer may send them to different members.
-            return list(await asyncio.gather(*(self._single(m, p, None) for m, p in sent[:count])))
+            alone = await asyncio.gather(*(self._single(m, p, None) for m, p in sent[:count]))
+            for answer in alone:
+                answer.unbatched = True
+            return alone
         hashes: dict[str, str] = {}
         answers: list[Answer] = []
         for item in items[:count]:
@@ -271,9 +274,7 @@ class HttpUpstream(Sender):
         reply, seconds, index = await self._send(body, None if auto else "batch", timeout,
                                                  lambda r: batch_problem(r, ids), hedge=auto)
         if not isinstance(reply, list):
-            self.states.unbatched[index] = True
             return None, seconds, index
-        self.states.unbatched[index] = False
         if auto:
             for method, _ in calls[:observed]:
                 self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)

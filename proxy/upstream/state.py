@@ -54,13 +54,6 @@ class UpstreamStates:
         self._went_back = [False] * size
         # A provider's rate limit (429, Retry-After): its head polls rest until then (time.monotonic()).
         self.resting_until = [0.0] * size
-        # Its last batch was refused whole (one error object): it answers each call alone, with no block
-        # beside it to show its chain (asking.py serves such answers and never keeps them).
-        self.unbatched = [False] * size
-
-    def shows_nothing(self, index: int) -> bool:
-        """It refuses batches: no answer of its comes with a block that shows which chain it is on."""
-        return 0 <= index < self.size and self.unbatched[index]
 
     def went_back(self, index: int) -> bool:
         """Its head was once seen lower than before (not merely not yet seen steady)."""
