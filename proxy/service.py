@@ -270,7 +270,7 @@ class Service:
 
         async def merge() -> Outcome:
             outcome = await self._logs.chunked(prepared, planned, self._execute)
-            if not outcome.is_error:
+            if not outcome.is_error and outcome.cache != BYPASS:  # every piece kept: so is their merge
                 await self._cache.set(plan.key, (outcome.payload, False), cp.FOREVER)
                 if prepared.fingerprint:
                     self._plans[prepared.fingerprint] = plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.cache.log_chunks import (
+    BYPASS,
     HIT,
     MAX_PIECES,
     MISS,
@@ -94,6 +95,10 @@ class TestCacheResult:
         assert cache_result([False, False]) == HIT
         assert cache_result([True, False]) == PARTIAL
         assert cache_result([True, True]) == MISS
+
+    def test_bypass_when_any_piece_was_served_but_not_kept(self) -> None:
+        assert cache_result([False, False], bypassed=True) == BYPASS
+        assert cache_result([True, True], bypassed=True) == BYPASS
 
 
 class TestFromReceipts:

@@ -222,7 +222,7 @@ async def test_a_leader_cancelled_in_its_turn_leaves_the_others_to_go() -> None:
 
 
 async def asked_twice_behind_a_balancer(
-    node: Anvil, member: Anvil, method: str, params: list[Any],
+    node: Anvil, member: Anvil, method: str, params: list[Any], **settings: str,
 ) -> tuple[dict[str, Any], dict[str, Any], Relay]:
     """`method` asked through a load balancer that refuses its batches: first while the balancer sends
     it to `member` (everything else reaches `node`), then again while it sends it to `node`."""
@@ -232,7 +232,7 @@ async def asked_twice_behind_a_balancer(
         return reads_to[0] if any(c.get("method") == method for c in calls) else node.url
 
     async with balancer(route) as members, relay(members, refuse_batches=(method,)) as seen:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url, **settings))
         try:
             await proxy.head_at(node.block_number())
             served = await proxy.call(method, params)
@@ -283,6 +283,30 @@ async def test_logs_sent_alone_are_never_kept_on_a_range_end_another_member_may_
     assert any(size < 0 for size in seen.sizes)
     assert len(served.get("result", [])) < 3  # the lagging member's logs (or its range error), served ...
     assert len(again["result"]) == 3  # ... but never kept
+
+
+
+async def test_a_final_range_in_pieces_is_never_kept_merged_when_a_piece_could_not_be_kept() -> None:
+    """The rule for a chunked final range: its merge is kept only if every piece was (found by an
+    outside attack: pieces asked alone were never kept, but their merge was, forever)."""
+    node = Anvil()
+    store = node.deploy_store()
+    fork_at = node.block_number()
+    diverged = Anvil("--fork-url", node.url, "--fork-block-number", str(fork_at))
+    try:
+        for _ in range(3):  # the chain's blocks: a log in each
+            node.send(store, selector("emitMany(uint256)") + word(1))
+        node.mine(100)
+        diverged.mine(103)  # its own blocks at those heights: no logs
+        log_filter = {"address": store, "fromBlock": hex(fork_at + 1), "toBlock": hex(fork_at + 25)}
+        served, again, seen = await asked_twice_behind_a_balancer(
+            node, diverged, "eth_getLogs", [log_filter], GETLOGS_CHUNK_BLOCKS="10")
+    finally:
+        diverged.stop()
+        node.stop()
+    assert seen.refused
+    assert served["result"] == []  # the other member's, served once ...
+    assert len(again["result"]) == 3  # ... and never kept, neither piece by piece nor merged
 
 
 async def test_a_node_that_refuses_batches_still_gets_its_nulls_and_tags_served(anvil: Anvil) -> None:

@@ -47,9 +47,10 @@ class ChunkedLogs:
         bound = asyncio.Semaphore(self._concurrency)
         worked = False  # a piece was answered by a node: the call did upstream work (charging.py)
         upstream = 0  # pieces that went upstream
+        bypassed = False  # a piece's answer was served but not kept (not tied to its blocks' chain)
 
         async def one(piece: lc.Piece, budgeted: bool = True) -> tuple[bytes, list[int | None], bool] | None:
-            nonlocal worked, upstream
+            nonlocal worked, upstream, bypassed
             async with bound:
                 if budgeted and upstream >= lc.MAX_UPSTREAM_PIECES:
                     return None  # past the call's budget: the rest of the range is asked at once (below)
@@ -63,6 +64,7 @@ class ChunkedLogs:
                     piece = lc.Piece(piece.want_start, piece.want_end, piece.want_start, piece.want_end)
                     payload, is_error, cache = await ask(piece.start, piece.end)
                     went = True
+                bypassed = bypassed or cache == lc.BYPASS
             if is_error:
                 raise _PieceFailed(payload, went)
             logs = loads(payload)
@@ -109,4 +111,4 @@ class ChunkedLogs:
             raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {self._max_results} results",
                                data=lc.narrower_before(blocks[self._max_results], first))
         return Merged(lc.splice([payload for payload, _, _ in done]), False,
-                      lc.cache_result([went for _, _, went in done]))
+                      lc.cache_result([went for _, _, went in done], bypassed))

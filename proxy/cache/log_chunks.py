@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-HIT, MISS, PARTIAL = "HIT", "MISS", "PARTIAL"
+HIT, MISS, PARTIAL, BYPASS = "HIT", "MISS", "PARTIAL", "BYPASS"
 SMALL_CHUNK_DIVISOR = 10  # near finality: chunks of size // 10 blocks
 # A range of more pieces is asked whole, as it comes: a cold range of thousands of chunks would be
 # thousands of upstream calls (each a provider's full price) where one does, and a lookup per chunk.
@@ -128,8 +128,11 @@ def narrower_before(cut_at: int | None, first: int) -> dict[str, str] | None:
     return {"fromBlock": hex(first), "toBlock": hex(cut_at - 1)}
 
 
-def cache_result(upstream: Sequence[bool]) -> str:
-    """X-Cache of a chunked call: HIT when no piece went upstream, MISS when all did, else PARTIAL."""
+def cache_result(upstream: Sequence[bool], bypassed: bool = False) -> str:
+    """X-Cache of a chunked call: BYPASS when a piece's answer could not be kept (so the merge is not
+    either), HIT when no piece went upstream, MISS when all did, else PARTIAL."""
+    if bypassed:
+        return BYPASS
     if not any(upstream):
         return HIT
     return MISS if all(upstream) else PARTIAL
