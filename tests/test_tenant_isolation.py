@@ -319,8 +319,9 @@ async def test_a_request_the_node_cannot_read_cools_no_upstream(chain: Chain, cl
         assert not [c for c in backup.calls if c.get("method") == "eth_getBalance"]
         assert len(primary.calls) > seen
         assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="mismatch") == 0
-        # A 413 says the request is too large for that node: the next one may take it; none is cooled.
-        primary.inject("http413", method="eth_call")
+        # A 413 says the request is too large for that node: a batch's calls go alone (the read with
+        # its proof header is one), and a call alone goes to the next node, which may take it; none is cooled.
+        primary.inject("http413", method="eth_call", times=2)
         read_x = {"to": chain.store, "data": selector("x()")}
         reply = await proxy.call("eth_call", [read_x, hex(chain.first + 1)], ATTACKER)
         assert "result" in reply and [c for c in backup.calls if c.get("method") == "eth_call"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -35,11 +36,12 @@ class Relay:
 @asynccontextmanager
 async def relay(
     target: str, *, refuse_batches: tuple[str, ...] = (), refuse_batches_over: int | None = None,
-    max_body: int | None = None, slow_alone: float = 0.0,
+    max_body: int | None = None, slow_alone: float = 0.0, refusal_status: int = 200,
 ) -> AsyncIterator[Relay]:
     """`refuse_batches`: batches holding these methods are refused with one error object, and so are
-    batches of more than `refuse_batches_over` calls; such a method's call sent alone is answered
-    `slow_alone` seconds late; `max_body`: bodies longer than this are answered 413, as providers do."""
+    batches of more than `refuse_batches_over` calls (with HTTP status `refusal_status`); such a
+    method's call sent alone is answered `slow_alone` seconds late; `max_body`: bodies longer than
+    this are answered 413, as providers do."""
     record = Relay()
     session = aiohttp.ClientSession()
 
@@ -59,8 +61,8 @@ async def relay(
                          or (refuse_batches_over is not None and len(payload) > refuse_batches_over)):
             record.sizes.append(-len(reads))
             record.refused += 1
-            return web.json_response({"jsonrpc": "2.0", "id": None,
-                                      "error": {"code": -32600, "message": "batch requests are not supported"}})
+            return web.json_response({"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32600, "message": "batch requests are not supported"}}, status=refusal_status)
         if reads:
             record.sizes.append(len(reads))
         if not is_batch and payload.get("method") in refuse_batches:
@@ -309,15 +311,22 @@ async def test_a_final_range_in_pieces_is_never_kept_merged_when_a_piece_could_n
     assert len(again["result"]) == 3  # ... and never kept, neither piece by piece nor merged
 
 
-async def test_a_node_that_refuses_batches_still_gets_its_nulls_and_tags_served(anvil: Anvil) -> None:
+@pytest.mark.parametrize("status", [200, 400, 413])
+async def test_a_node_that_refuses_batches_still_gets_its_nulls_and_tags_served(anvil: Anvil, status: int) -> None:
     """The rule: an answer that cannot be shown beside its block (the node takes no batches), a null or
-    a tag's, is served as the node gave it, never kept; it is not refused as a lagging member's (-32002)."""
-    uncles = ("eth_getUncleByBlockHashAndIndex", "eth_getUncleByBlockNumberAndIndex")
+    a tag's, is served as the node gave it, never kept; it is not refused as a lagging member's (-32002).
+    A node may refuse with one error object or with an HTTP error (400, 413: found by an outside attack)."""
+    uncles = ("eth_getUncleByBlockHashAndIndex", "eth_getUncleByBlockNumberAndIndex", "eth_getLogs")
+    store = anvil.deploy_store()
+    anvil.send(store, selector("emitMany(uint256)") + word(2))
+    logged = anvil.block_number()
     # Its calls alone come late, while the node takes other batches (the tracker's): a node that
     # refuses some batches, not all, is judged by the answer asked alone, not by the node's last batch.
-    async with relay(anvil.url, refuse_batches=uncles, slow_alone=0.2) as seen:
+    async with relay(anvil.url, refuse_batches=uncles, slow_alone=0.2, refusal_status=status) as seen:
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
         try:
+            logs = [await proxy.call("eth_getLogs", [{"address": store, "fromBlock": hex(logged), "toBlock": tag}])
+                    for tag in (hex(logged), "latest")]
             latest = anvil.mine(3)
             await proxy.head_at(latest)
             block = anvil.rpc("eth_getBlockByNumber", hex(latest - 1), False)["hash"]
@@ -328,5 +337,6 @@ async def test_a_node_that_refuses_batches_still_gets_its_nulls_and_tags_served(
         finally:
             await proxy.close()
     assert seen.refused
+    assert [len(reply["result"]) for reply in logs] == [2, 2]
     assert replies == [{"jsonrpc": "2.0", "id": 1, "result": None}] * 2
     assert tagged == replies[:1] * 3

@@ -44,6 +44,11 @@ class Asker:
         that lacks a block the answer depends on is replaced by one that has it, when one does; if
         none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
         answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
+        if doubt == "unverified" and answer.unbatched:
+            # Its node refused the batch that would have shown its chain: nothing can, so it is served
+            # as the node gave it, never kept, and not asked elsewhere (an error may be the request's
+            # own, as a body too large for the node: no other upstream is tried for it).
+            return answer, doubt
         per = net.per_upstream
         orphan = plan.proof is not None and not plan.proof[2]  # null is the canonical chain's answer
         # A null or an error is asked again beside its block's header, also when it came unproven (its

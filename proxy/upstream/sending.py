@@ -16,7 +16,7 @@ from typing import Any
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import INVALID_REQUEST, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.upstream.budget import Budget, Slot
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge
 from proxy.upstream.replies import REACHED_KINDS, REQUEST_FAULT_STATUSES, rate_limited, retry_after
@@ -174,6 +174,11 @@ class Sender:
             answered = True
             status = response.status
             if status in REQUEST_FAULT_STATUSES:
+                if body[:1] == b"[":
+                    # A node that takes no batches may say so with an HTTP error (400, 413): the batch
+                    # is refused as by one error object (replies.batch_problem), and its calls go alone.
+                    return {"jsonrpc": "2.0", "id": None,
+                            "error": {"code": INVALID_REQUEST, "message": f"batch refused: HTTP {status}"}}
                 raise Failed("refused", f"HTTP {status}")
             if status == 429:
                 raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
