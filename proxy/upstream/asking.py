@@ -15,13 +15,22 @@ from proxy.chain.heads import EvmHeadTracker
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
-from proxy.rpc.jsonrpc import EXECUTION_REVERTED, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import (
+    EXECUTION_REVERTED,
+    INVALID_REQUEST,
+    LIMIT_EXCEEDED,
+    PARSE_ERROR,
+    UPSTREAM_UNAVAILABLE,
+    JsonRpcError,
+)
 from proxy.rpc.methods import MethodPolicy
 from proxy.upstream.pool import Answer, PerUpstream
 
 # Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
 # serve another chain's (or a node behind's) view of the block.
 REFUSED = frozenset({"lagging", "fork", "off_chain", "unproven", "orphaned"})
+# Errors that are a node's answer to the call whatever blocks it holds: a revert, the request's own faults.
+ANSWERS_TO_THE_REQUEST = frozenset({EXECUTION_REVERTED, INVALID_REQUEST, PARSE_ERROR})
 
 CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
 
@@ -44,10 +53,9 @@ class Asker:
         that lacks a block the answer depends on is replaced by one that has it, when one does; if
         none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
         answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
-        if doubt == "unverified" and answer.unbatched:
-            # Its node refused the batch that would have shown its chain: nothing can, so it is served
-            # as the node gave it, never kept, and not asked elsewhere (an error may be the request's
-            # own, as a body too large for the node: no other upstream is tried for it).
+        if doubt == "unverified" and answer.unbatched and not _not_found(answer):
+            # Its node refused the batch that would have shown its chain: served as the node gave it,
+            # never kept, and not asked elsewhere. (A null or an error is asked again below.)
             return answer, doubt
         per = net.per_upstream
         orphan = plan.proof is not None and not plan.proof[2]  # null is the canonical chain's answer
@@ -377,5 +385,6 @@ def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None) -> bool:
 
 
 def _not_found(answer: Answer) -> bool:
-    """A null, or an error other than a revert: what a node that lacks the block answers."""
-    return answer.result is None and answer.error_code != EXECUTION_REVERTED
+    """A null, or an error other than a revert: what a node that lacks the block answers. Not an error
+    about the request itself (JSON-RPC's -32600, -32700: a body too large for the node to read)."""
+    return answer.result is None and answer.error_code not in ANSWERS_TO_THE_REQUEST
