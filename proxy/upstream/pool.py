@@ -247,22 +247,16 @@ class HttpUpstream(Sender):
         return _in_order(reply, ids), time.perf_counter() - started
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
-        return await self._batch(calls)
+        """One JSON-RPC batch (the tracker's, the feed's), or its calls one by one from a node that
+        refuses batches."""
+        answers = await self.together(calls)
+        if answers is None:
+            return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
+        return answers
 
     async def together(self, calls: Sequence[tuple[str, Any]]) -> list[Answer] | None:
         items, seconds, index = await self._batch_items(calls, auto=False, timeout=None, observed=len(calls))
         return None if items is None else [Answer.from_response(item, seconds, index) for item in items]
-
-    async def _batch(
-        self, calls: Sequence[tuple[str, Any]], *, auto: bool = False, timeout: float | None = None,
-    ) -> list[Answer]:
-        """One JSON-RPC batch. `auto`: an auto-batch of callers' reads, observed per call and split
-        into single calls for a node that refuses batches; otherwise the tracker's own batch."""
-        items, seconds, index = await self._batch_items(calls, auto=auto, timeout=timeout, observed=len(calls))
-        if items is None:
-            # A node that does not take batches answers with one error object: ask one by one.
-            return list(await asyncio.gather(*(self._single(m, p, None) for m, p in calls)))
-        return [Answer.from_response(item, seconds, index) for item in items]
 
     async def _batch_items(
         self, calls: Sequence[tuple[str, Any]], *, auto: bool, timeout: float | None, observed: int,
