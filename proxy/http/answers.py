@@ -1,10 +1,14 @@
 """A fast connection's answers (front.py): written in request order (HTTP/1.1 pipelining), its
-reading paused while too many wait or while the transport's buffer is full, and its idle deadline."""
+reading paused while too many wait or while the transport's buffer is full, the requests read
+meanwhile held back until then, and its idle deadline."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import struct
 from collections import deque
 from typing import Any, Protocol
 
@@ -21,6 +25,19 @@ MAX_WAITING = 64  # answers one connection may have waiting before its reading p
 # An answer in request order: its bytes and whether the connection closes after them, or (until its
 # task writes them in) the task making them.
 Waiting = list[Any]
+# A request read while its connection's answers could not go out, made when they can (a Request), or
+# an answer that must follow theirs (its bytes and whether the connection closes after them).
+Held = Request | tuple[bytes, bool]
+
+
+def drop(transport: asyncio.Transport) -> None:
+    """Closed with a reset: what its client did not read is dropped, the kernel's copy too (a plain
+    close, or abort, leaves the socket sending it for as long as the client's window stays shut)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 class Server(Protocol):
@@ -43,6 +60,7 @@ class Answers(asyncio.Protocol):
     _transport: asyncio.Transport | None
     _request: Request | None
     _waiting: deque[Waiting]
+    _held: deque[Held]
     _idle: asyncio.TimerHandle | None
     _active_at: float
     _done: bool
@@ -56,13 +74,43 @@ class Answers(asyncio.Protocol):
     def _hand_over(self) -> None:
         raise NotImplementedError
 
+    def _make_held(self, request: Request) -> None:
+        raise NotImplementedError
+
     def pause_writing(self) -> None:
         self._write_paused = True
         self._pause()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._active_at = self._loop.time()  # its client reads: the connection is not idle
+        if self._held and not self._waiting:
+            self._run_held()
+            if self._held or self._waiting:
+                return
+            if self._handover is not None:
+                self._hand_over()
+                return
         self._resume()
+
+    def _holds(self) -> bool:
+        """Whether a request read now waits to be made: its client reads none of the answers already
+        written (the transport's buffer is full), MAX_WAITING are being made, or others wait before it.
+        Reading is paused then, but llhttp goes on through the rest of the read: without this, one
+        read of small requests for a large answer made thousands of answers nobody read."""
+        return bool(self._held) or self._write_paused or len(self._waiting) >= MAX_WAITING
+
+    def _run_held(self) -> None:
+        """The requests held back, made in order while their answers can go out."""
+        held = self._held
+        while held and not self._write_paused and len(self._waiting) < MAX_WAITING and not self._done:
+            item = held.popleft()
+            if isinstance(item, Request):
+                self._make_held(item)
+            else:
+                self._send(*item)
+        if self._done:
+            held.clear()
 
     def _pause(self) -> None:
         if not self._read_paused and self._transport is not None:
@@ -71,13 +119,13 @@ class Answers(asyncio.Protocol):
 
     def _resume(self) -> None:
         if (self._read_paused and self._transport is not None and not self._write_paused and not self._done
-                and self._handover is None and len(self._waiting) < MAX_WAITING // 2):
+                and self._handover is None and not self._held and len(self._waiting) < MAX_WAITING // 2):
             self._read_paused = False
             self._transport.resume_reading()
 
     def stop(self) -> None:
         """Shutting down: closed now when idle, else once its answers are written."""
-        if (self._request is None or not self._request.kind) and not self._waiting:
+        if (self._request is None or not self._request.kind) and not self._waiting and not self._held:
             self.abort()
 
     def abort(self) -> None:
@@ -85,16 +133,24 @@ class Answers(asyncio.Protocol):
             self._transport.close()
 
     def _idle_out(self) -> None:
-        """KEEPALIVE_TIMEOUT after the last head completed or answer was written, with no request
-        in progress: closed. One timer per connection, moved on when it fires, not per request."""
+        """KEEPALIVE_TIMEOUT after the last head completed or answer was written (or its client last
+        read), with no request in progress: closed. A client that reads none of its answers for as
+        long is dropped with what it was not sent, whatever waits: a close would keep those bytes
+        until it reads them, which it may never do. One timer per connection, moved on when it fires."""
         request = self._request
         left = self._active_at + KEEPALIVE_TIMEOUT - self._loop.time()
-        if self._waiting or (request is not None and request.kind):
+        if not self._write_paused and (self._waiting or (request is not None and request.kind)):
             left = KEEPALIVE_TIMEOUT  # busy: its body and its answers have deadlines of their own
         if left > 0:
             self._idle = self._loop.call_later(left, self._idle_out)
+            return
+        self._idle = None
+        transport = self._transport
+        if transport is not None and transport.get_write_buffer_size():
+            self._done = True
+            self._held.clear()
+            drop(transport)
         else:
-            self._idle = None
             self.abort()
 
     def _answer(self, request: Request, reply: Reply | Any) -> None:
@@ -138,10 +194,17 @@ class Answers(asyncio.Protocol):
             self._send(data, False)
             return
         transport.write(data)
-        if front.stopping:
+        if front.stopping and not self._held:
             self.abort()
         else:
             self._active_at = now
+
+    def _after_held(self, data: bytes, close: bool) -> None:
+        """An answer made while reading (an interim 100, a refusal): behind the requests held back, if any."""
+        if self._held:
+            self._held.append((data, close))
+        else:
+            self._send(data, close)
 
     def _send(self, data: bytes, close: bool) -> None:
         """An answer, written now when nothing before it waits, else queued behind."""
@@ -173,6 +236,10 @@ class Answers(asyncio.Protocol):
                 waiting.clear()
                 transport.close()
                 return
+        if self._held:
+            self._run_held()
+            if self._held or self._waiting:
+                return  # the last one made, or the client's reading, goes on from here
         if self._handover is not None:
             self._hand_over()
             return
@@ -181,7 +248,7 @@ class Answers(asyncio.Protocol):
             self._idle_or_stop()
 
     def _idle_or_stop(self) -> None:
-        if self._front.stopping:
+        if self._front.stopping and not self._held:
             self.abort()
         else:
             self._active_at = self._loop.time()

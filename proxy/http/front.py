@@ -23,7 +23,7 @@ from typing import Any, cast
 import httptools
 
 from proxy.http.access_log import log_front_request
-from proxy.http.answers import KEEPALIVE_TIMEOUT, Answers, Waiting
+from proxy.http.answers import KEEPALIVE_TIMEOUT, Answers, Held, Waiting
 from proxy.http.compression import decoded_body
 from proxy.http.endpoint import (
     BUSY_BODIES,
@@ -177,6 +177,7 @@ class FrontProtocol(Answers):
         self._learnable: Request | None = None  # ...and the one answered as a memory hit or a miss (Front.learn)
         self._upgrading: Request | None = None
         self._waiting: deque[Waiting] = deque()
+        self._held: deque[Held] = deque()
         self._idle: asyncio.TimerHandle | None = None
         self._active_at = 0.0
         self._head_bytes = 0
@@ -219,6 +220,7 @@ class FrontProtocol(Answers):
                 self._front.orphans.add(item)
                 item.add_done_callback(self._front.orphans.discard)
         self._waiting.clear()
+        self._held.clear()
 
     # --- bytes in -----------------------------------------------------------------------------
 
@@ -227,7 +229,10 @@ class FrontProtocol(Answers):
             return
         # At a message boundary of a connection kept alive: `data` starts a request (after one that
         # closes the connection, llhttp takes no more, and nor does a replay).
-        fresh = self._request is None and self._kept_alive
+        pending = self._request  # one whose body may go on in this read
+        fresh = pending is None and self._kept_alive
+        begun = self._begun
+        carried = pending.size if pending is not None else 0
         if fresh:
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
                 end = head_end(data)
@@ -235,7 +240,7 @@ class FrontProtocol(Answers):
                 if known is not None and len(data) - end == known.size:
                     self._rpc(known, data[end:])  # the head llhttp accepted before, and its whole body
                     return
-            self._begun = 0
+            self._begun = begun = 0
             self._learnable = None
         try:
             self._parser.feed_data(data)
@@ -262,7 +267,16 @@ class FrontProtocol(Answers):
                 self._front.learn(data, learnable)
             return
         if not request.kind:  # its head is still arriving
-            self._head_bytes += len(data)
+            if self._begun == begun:  # begun in an earlier read: all of this one is head
+                self._head_bytes += len(data)
+            else:
+                # Begun in this read, after the requests it completed: it began after the read's last
+                # empty line (a head holds none) and after the body bytes of one begun before it.
+                last_empty = data.rfind(b"\r\n\r\n")
+                start = last_empty + 4 if last_empty >= 0 else 0
+                if pending is not None:
+                    start = max(start, pending.size - carried)
+                self._head_bytes += len(data) - start  # never less than the head's bytes in it
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
         elif request.kind == RPC and request.timer is None:
@@ -315,7 +329,7 @@ class FrontProtocol(Answers):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         raw = self._request.raw  # type: ignore[union-attr]
-        if len(value) > MAX_LINE or len(raw) >= MAX_HEADERS:
+        if len(value) > MAX_LINE or len(name) > MAX_LINE or len(raw) >= MAX_HEADERS:
             raise refusal(INVALID_REQUEST, "request header fields too large", 431)
         raw.append((name, value))
 
@@ -356,9 +370,8 @@ class FrontProtocol(Answers):
         if (declared is not None and len(declared) >= self._front.limit_digits and declared.isdigit()
                 and int(declared) > self._endpoint.max_body_bytes):
             raise Refused(self._closing(self._endpoint.too_large()))
-        if "expect" in headers and headers["expect"].lower() == "100-continue" and not self._waiting:
-            assert self._transport is not None
-            self._transport.write(_CONTINUE)
+        if "expect" in headers and headers["expect"].lower() == "100-continue":
+            self._after_held(_CONTINUE, False)  # after the answers before it (RFC 9110 10.1.1: a 100 or a final one)
 
     def on_body(self, body: bytes) -> None:
         request = self._request
@@ -382,6 +395,16 @@ class FrontProtocol(Answers):
         if self._front.stopping:
             request.keep_alive = False
         self._kept_alive = request.keep_alive
+        if self._holds():
+            self._held.append(request)
+            return
+        self._dispatch(request)
+
+    def _make_held(self, request: Request) -> None:
+        self._dispatch(request)
+        self._learnable = None  # made after its read: Front.learn is for a request and its own read
+
+    def _dispatch(self, request: Request) -> None:
         if request.kind == RPC:
             parts = request.parts
             self._rpc(request, parts[0] if len(parts) == 1 else b"".join(parts))
@@ -448,7 +471,7 @@ class FrontProtocol(Answers):
         self._pause()
         reply.close = True
         fake = request or Request()
-        self._send(*self._encoded(fake, reply))
+        self._after_held(*self._encoded(fake, reply))
 
     # --- a WebSocket upgrade: handed to aiohttp ------------------------------------------------
 
@@ -457,7 +480,7 @@ class FrontProtocol(Answers):
         assert request is not None
         self._pause()
         self._handover = request_head(request, self._parser.get_http_version()) + rest
-        if not self._waiting:
+        if not self._waiting and not self._held:
             self._hand_over()
 
     def _hand_over(self) -> None:

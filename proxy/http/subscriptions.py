@@ -353,6 +353,16 @@ class Session:
         self._wake.set()
         self._check_behind(now)
 
+    def behind(self, size: int) -> bool:
+        """Whether a call's answer of `size` bytes, sent now, would leave the connection more than
+        WS_SEND_BUFFER_BYTES behind: a client that reads none of its answers is closed (1008) as a slow
+        consumer, the answer dropped (without this, each answer waited in the socket's buffer)."""
+        if self._pending_bytes + self._buffered() + size <= self.settings.ws_send_buffer_bytes:
+            return False
+        if not self.closed:
+            self._overflow(f"fell behind by more than {self.settings.ws_send_buffer_bytes} bytes")
+        return True
+
     def _check_behind(self, now: float) -> None:
         if self._pending_bytes + self._buffered() > self.settings.ws_send_buffer_bytes:
             self._overflow(f"fell behind by more than {self.settings.ws_send_buffer_bytes} bytes")

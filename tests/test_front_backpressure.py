@@ -1,0 +1,233 @@
+"""A client that does not read its answers (HTTP pipelining, WebSocket) costs the proxy a bounded
+amount of memory: answers are made as it reads, a connection that reads nothing is dropped, and a
+WebSocket that falls WS_SEND_BUFFER_BYTES behind is closed (1008). And what pipelining must not
+break: many complete requests in one read are not one request head, a 100 Continue queued behind
+an answer is still sent. Each found by an outside attack on the fast server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from proxy.http import answers, front
+from tests.fake_evm import FakeEvm
+from tests.memory_fill import big_call
+from tests.support import Proxy, settings_for, start_proxy
+from tests.test_front import call, exchange, post, read_answer
+
+ANSWER_BYTES = 1_000_000  # an eth_call result of 1 MB (hex): a quarter of what a socket's buffer may hold
+
+
+@pytest.fixture
+async def big_node() -> AsyncIterator[FakeEvm]:
+    node = await FakeEvm(call_result_bytes=ANSWER_BYTES).start()
+    yield node
+    await node.close()
+
+
+def made(proxy: Proxy, method: str = "eth_call") -> float:
+    """Answers the proxy made for `method` (rpc_proxy_requests_total, every status)."""
+    total = 0.0
+    for family in proxy.registry.collect():
+        for sample in family.samples:
+            if sample.name == "rpc_proxy_requests_total" and sample.labels.get("method") == method:
+                total += sample.value
+    return total
+
+
+async def until_async(check: Callable[[], bool], what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+def unread_socket(port: int) -> socket.socket:
+    """A client whose receive buffer is small: what the proxy writes stays in the proxy's buffers."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def read_answers(sock: socket.socket, count: int) -> list[bytes]:
+    """`count` HTTP answers' bodies, read in order from a blocking socket."""
+    sock.settimeout(30)
+    buffer = b""
+    bodies: list[bytes] = []
+    while len(bodies) < count:
+        end = buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            head = buffer[:end].decode("latin-1").lower()
+            length = int(head.split("content-length:")[1].split("\r\n")[0])
+            if len(buffer) >= end + 4 + length:
+                bodies.append(buffer[end + 4:end + 4 + length])
+                buffer = buffer[end + 4 + length:]
+                continue
+        chunk = sock.recv(1 << 20)
+        assert chunk, f"closed after {len(bodies)} answers of {count}"
+        buffer += chunk
+    return bodies
+
+
+async def test_pipelined_hits_a_client_does_not_read_are_made_only_as_it_reads(big_node: FakeEvm) -> None:
+    # The rule: a request read while the connection's answers cannot go out waits, unmade, until they
+    # can. Before, llhttp went on through the rest of the read and every hit was made and buffered:
+    # one read of 115 kB of requests held 500 MB of answers nobody read.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        body = json.dumps(big_call(1)).encode()
+        status, _, _ = await proxy.post(body)
+        assert status == 200  # now a memory hit of about 1 MB
+        before = made(proxy)
+        requests = 300
+        data = b"".join(post(body.replace(b'"id": 1', b'"id": %d' % i)) for i in range(requests))
+        loop = asyncio.get_running_loop()
+        sock = unread_socket(proxy.server.port)
+        try:
+            await loop.run_in_executor(None, sock.sendall, data)
+            await until_async(lambda: made(proxy) > before, "the first answer to be made")
+            # One answer fills what the client's socket and the proxy's write buffer hold: the rest wait.
+            assert made(proxy) - before <= 8
+            bodies = await loop.run_in_executor(None, read_answers, sock, requests)
+        finally:
+            sock.close()
+        assert [json.loads(b)["id"] for b in bodies] == list(range(requests))  # every one, in order
+        assert all(len(b) > ANSWER_BYTES for b in bodies)
+    finally:
+        await proxy.close()
+
+
+async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(big_node: FakeEvm) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        requests = 400
+        data = b"".join(post(json.dumps(big_call(i)).encode()) for i in range(requests))  # each a miss
+        loop = asyncio.get_running_loop()
+        sock = unread_socket(proxy.server.port)
+        try:
+            await loop.run_in_executor(None, sock.sendall, data)
+            await until_async(lambda: made(proxy) >= 1, "misses to be answered")
+            # At most MAX_WAITING are sent on ahead of a client that reads none of the answers (before,
+            # every request of the read was, within the turn that read it).
+            assert sum(upstream.calls["eth_call"] for upstream in proxy.upstreams.values()) <= answers.MAX_WAITING
+            bodies = await loop.run_in_executor(None, read_answers, sock, requests)
+        finally:
+            sock.close()
+        assert [json.loads(b)["id"] for b in bodies] == list(range(requests))
+    finally:
+        await proxy.close()
+
+
+async def test_a_client_that_reads_nothing_is_dropped_with_what_it_was_not_sent(
+    big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # KEEPALIVE_TIMEOUT without reading: dropped (RST). A close would wait for it to read what was
+    # written, which it may never do, and the connection and its buffer would stay for good.
+    monkeypatch.setattr(answers, "KEEPALIVE_TIMEOUT", 0.5)
+    monkeypatch.setattr(front, "KEEPALIVE_TIMEOUT", 0.5)
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        body = json.dumps(big_call(1)).encode()
+        await proxy.post(body)
+        sock = unread_socket(proxy.server.port)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, sock.sendall, post(body) * 10)
+
+            def state() -> int:
+                return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0])
+
+            await until_async(lambda: state() != 1, "the proxy to drop the connection")  # 1: ESTABLISHED
+            with pytest.raises(ConnectionResetError):
+                while sock.recv(1 << 20):  # what reached its buffer, then the reset: the rest was dropped
+                    pass
+        finally:
+            sock.close()
+    finally:
+        await proxy.close()
+
+
+async def test_many_complete_pipelined_requests_in_one_read_are_not_one_head(big_node: FakeEvm) -> None:
+    # MAX_HEAD_BYTES counts one request head: before, a read of 64 kB of complete requests and the
+    # start of another was refused 431 as if it were one head, and the connection closed.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        requests = [post(call("eth_chainId", [], i)) for i in range(700)]
+        data = b"".join(requests)
+        assert len(data) > front.MAX_HEAD_BYTES
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+        try:
+            last = post(call("eth_chainId", [], 700))
+            writer.write(data + last[:20])
+            await writer.drain()
+            seen = [await read_answer(reader) for _ in requests]
+            writer.write(last[20:])
+            seen.append(await read_answer(reader))
+        finally:
+            writer.close()
+        assert {status for status, _, _ in seen} == {200}
+        assert [json.loads(body)["id"] for _, _, body in seen] == list(range(701))
+    finally:
+        await proxy.close()
+
+
+async def test_a_100_continue_queued_behind_an_answer_is_sent_after_it(big_node: FakeEvm) -> None:
+    # RFC 9110 10.1.1: a 100 or a final answer. Before, a head with Expect behind an answer being
+    # made got neither, and a client waiting for the 100 timed out.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        miss = post(json.dumps(big_call(5)).encode())
+        body = call("eth_chainId", [], 2)
+        expecting = post(body, "Expect: 100-continue")
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+        try:
+            writer.write(miss + expecting[:-len(body)])
+            await writer.drain()
+            status, _, answer = await read_answer(reader)
+            assert status == 200 and json.loads(answer)["id"] == 5
+            assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
+            assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
+            writer.write(body)
+            status, _, answer = await read_answer(reader)
+            assert status == 200 and json.loads(answer) == {"jsonrpc": "2.0", "id": 2, "result": "0x7a69"}
+        finally:
+            writer.close()
+    finally:
+        await proxy.close()
+
+
+async def test_a_header_name_over_the_line_limit_is_431_even_in_one_read(big_node: FakeEvm) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        [(status, headers, body)] = await exchange(proxy.server.port,
+                                                   post(call("eth_chainId", [], 1), "X" * 100_000 + ": a"))
+        assert status == 431 and headers["connection"] == "close" and json.loads(body)["error"]["code"] == -32600
+    finally:
+        await proxy.close()
+
+
+async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_bytes(big_node: FakeEvm) -> None:
+    # WS_SEND_BUFFER_BYTES holds for calls' answers as for notifications: before, each answer waited
+    # in the socket's buffer (one socket of 400 calls held 800 MB).
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="1000000"))
+    try:
+        closed_before = proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total") or 0.0
+        async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
+            for i in range(60):
+                await ws.send_str(json.dumps({**big_call(i % 3), "id": i}))
+
+            def evicted() -> bool:
+                value = proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total") or 0.0
+                return value > closed_before
+
+            await until_async(evicted, "the slow consumer to be closed")
+            async for _ in ws:  # what was written before the close, then the close
+                pass
+            assert ws.close_code in (1008, 1006)  # 1006: its close frame could not get through either
+    finally:
+        await proxy.close()
