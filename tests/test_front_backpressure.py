@@ -231,3 +231,17 @@ async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_b
             assert ws.close_code in (1008, 1006)  # 1006: its close frame could not get through either
     finally:
         await proxy.close()
+
+
+async def test_connect_is_a_json_rpc_error_and_the_connection_closes(big_node: FakeEvm) -> None:
+    # llhttp reads CONNECT as an upgrade: it was handed to aiohttp, which answered a plain-text 404.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        for target in (b"rpc.example:443", b"/v3/k"):
+            data = b"CONNECT %s HTTP/1.1\r\nHost: rpc.example:443\r\n\r\n" % target
+            [(status, headers, body)] = await exchange(proxy.server.port, data)
+            assert status in (404, 405) and headers["content-type"].startswith("application/json")
+            assert json.loads(body)["error"]["code"] == -32600 and headers["connection"] == "close"
+            assert "server" not in headers
+    finally:
+        await proxy.close()

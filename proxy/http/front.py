@@ -245,7 +245,10 @@ class FrontProtocol(Answers):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
-            self._upgrade(data[upgrade.args[0]:])
+            if self._upgrading is not None:
+                self._upgrade(data[upgrade.args[0]:])
+                return
+            # CONNECT: answered as any other request, the connection closed after it (a tunnel's bytes follow).
             return
         except httptools.HttpParserCallbackError as exc:
             refused = exc.__context__
@@ -350,8 +353,10 @@ class FrontProtocol(Answers):
         request.http10 = parser.get_http_version() == "1.0"
         request.method = parser.get_method().decode("ascii")
         if parser.should_upgrade():
-            request.kind = UPGRADE
-            return
+            if request.method != "CONNECT":  # handed to aiohttp (llhttp reads no body after such a head)
+                request.kind = UPGRADE
+                return
+            request.keep_alive = False  # answered as any other request (a JSON-RPC error), then closed
         targets = self._front.targets
         known = targets.get(request.url)
         if known is None:
