@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.rpc import jsonrpc
@@ -201,6 +202,19 @@ async def test_health_and_readiness(evm_proxy: Proxy) -> None:
         assert resp.status == 200
     async with evm_proxy.session.get(evm_proxy.base + "/readyz") as resp:
         assert resp.status == 200 and (await resp.json())["networks"] == {"evm": "ok"}
+
+
+async def test_an_integer_id_past_64_bits_is_refused_not_echoed_changed(evm_proxy: Proxy) -> None:
+    # orjson reads such an integer as a float, which came back as 1.8446744073709552e+19.
+    for rid in ("18446744073709551616", "-9223372036854775809", "1e300"):
+        single = f'{{"jsonrpc":"2.0","id":{rid},"method":"eth_chainId","params":[]}}'
+        status, body, _ = await evm_proxy.post(single)
+        assert status == 400 and body["error"]["code"] == -32600 and body["id"] is None, rid
+        status, body, _ = await evm_proxy.post(f'[{single},{{"jsonrpc":"2.0","id":2,"method":"eth_chainId"}}]')
+        assert status == 200 and body[0]["error"]["code"] == -32600 and body[1]["result"] == "0x7a69", rid
+    for rid in ("18446744073709551615", "-9223372036854775808", "1.5"):  # within 64 bits, or not an integer
+        status, body, _ = await evm_proxy.post(f'{{"jsonrpc":"2.0","id":{rid},"method":"eth_chainId","params":[]}}')
+        assert status == 200 and body["id"] == orjson.loads(rid), rid
 
 
 class TestPlainCall:

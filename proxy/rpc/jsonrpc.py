@@ -118,6 +118,9 @@ def _too_deep(value: list[Any] | dict[str, Any], limit: int) -> bool:
     return False
 
 
+FLOAT_ID_LIMIT = float(2**53)  # a number id that is a float is echoed exactly only below it
+
+
 def _entry(obj: Any) -> Entry:
     if not isinstance(obj, dict):
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: expected a JSON object"))
@@ -126,6 +129,11 @@ def _entry(obj: Any) -> Entry:
     # jsonrpc.org 4: id is a string, a number or null.
     if has_id and (isinstance(raw_id, bool) or not isinstance(raw_id, (str, int, float, type(None)))):
         return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: id must be a string, number or null"))
+    if type(raw_id) is float and not -FLOAT_ID_LIMIT < raw_id < FLOAT_ID_LIMIT:
+        # An integer past 64 bits, which orjson reads as a float (past 2^53 a float holds no integer
+        # exactly): it would come back changed. Anvil refuses it too.
+        return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: id is a number too large to echo exactly "
+                                    "(an integer id must fit in 64 bits)"))
     rid: Id = raw_id if has_id else None
     if obj.get("jsonrpc") != "2.0":
         return Invalid(JsonRpcError(INVALID_REQUEST, 'invalid request: jsonrpc must be "2.0"'), rid)
