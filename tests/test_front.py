@@ -9,10 +9,12 @@ import gzip
 import json
 import socket
 import time
+import zlib
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
+import pytest
 
 from proxy.http.compression import decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
@@ -71,6 +73,12 @@ class TestPureParts:
         assert decoded_body(gzip.compress(body), "gzip", 100) == body
         assert decoded_body(gzip.compress(b" " * 10_000), "gzip", 1000) is None  # never inflated past it
         assert decoded_body(body, None, 100) == body and decoded_body(body, "identity", 100) == body
+
+    def test_a_compressed_body_cut_short_or_with_bytes_after_its_end_is_not_decodable(self) -> None:
+        packed = gzip.compress(b'{"jsonrpc":"2.0"}')
+        for broken in (packed[:-4], packed[:-1], packed + b"trailing", packed + gzip.compress(b"[]")):
+            with pytest.raises(zlib.error):
+                decoded_body(broken, "gzip", 100)
 
 
 async def test_pipelined_hits_and_misses_are_answered_in_request_order(anvil: Anvil, evm_proxy: Proxy) -> None:

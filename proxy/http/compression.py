@@ -91,4 +91,8 @@ def decoded_body(body: bytes, encoding: str | None, limit: int) -> bytes | None:
         return body
     inflater = zlib.decompressobj(wbits)
     plain = inflater.decompress(body, limit + 1)
-    return None if len(plain) > limit else plain
+    if len(plain) > limit:
+        return None
+    if not inflater.eof or inflater.unused_data:  # cut short, or bytes after its end: not the body sent
+        raise zlib.error("the encoded body is truncated or has data after its end")
+    return plain
