@@ -57,6 +57,24 @@ async def test_a_message_over_the_size_limit_closes_with_1009_and_others_are_ser
         await proxy.close()
 
 
+async def test_a_message_of_exactly_ws_max_message_bytes_is_served_and_one_byte_more_is_not(anvil: Anvil) -> None:
+    # The limit is the largest message served, as MAX_BODY_BYTES over HTTP (aiohttp's max_msg_size
+    # refuses a message of that size itself: found by an outside attack).
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, WS_MAX_MESSAGE_BYTES="1024"))
+    try:
+        head = json.dumps(CHAIN_ID)[:-1]
+        for size, served in ((1024, True), (1025, False)):
+            async with proxy.session.ws_connect(proxy.ws_url()) as ws:
+                await ws.send_str(head + " " * (size - len(head) - 1) + "}")
+                message = await ws.receive(timeout=5)
+                if served:
+                    assert json.loads(message.data)["result"] == "0x7a69"
+                else:
+                    assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    finally:
+        await proxy.close()
+
+
 async def test_websocket_connections_are_counted_while_open(evm_proxy: Proxy) -> None:
     async with evm_proxy.session.ws_connect(evm_proxy.ws_url()) as ws:
         await ws.send_str(json.dumps(CHAIN_ID))

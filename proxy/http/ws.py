@@ -33,7 +33,8 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     if refused is not None:
         return refused
     network = gateway.router.network_for(request.host, request.match_info.get("network"))
-    ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes, heartbeat=30.0)
+    # aiohttp refuses a message of max_msg_size bytes itself; WS_MAX_MESSAGE_BYTES is the largest one served.
+    ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes + 1, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
     await ws.prepare(request)
