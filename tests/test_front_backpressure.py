@@ -152,6 +152,45 @@ async def test_a_client_that_reads_nothing_is_dropped_with_what_it_was_not_sent(
         await proxy.close()
 
 
+async def test_a_client_that_reads_slowly_is_not_dropped_while_it_reads(
+    big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The other side of that rule: a client that reads a large answer slowly (here for several times
+    # the keep-alive time) makes progress, so it is not idle, wherever the bytes wait: in the
+    # transport's buffer or the kernel's.
+    monkeypatch.setattr(answers, "KEEPALIVE_TIMEOUT", 0.5)
+    monkeypatch.setattr(front, "KEEPALIVE_TIMEOUT", 0.5)
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        body = json.dumps(big_call(1)).encode()
+        await proxy.post(body)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
+        sock.connect(("127.0.0.1", proxy.server.port))
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_sendall(sock, post(body))
+            received = b""
+            started = time.monotonic()
+            while not received.endswith(b'"}'):
+                assert time.monotonic() - started < 60, "the answers never arrived"
+                try:
+                    chunk = sock.recv(16_384)
+                except BlockingIOError:
+                    chunk = b"-"
+                except ConnectionResetError:
+                    chunk = b""
+                assert chunk, f"the proxy dropped a client that was reading, after {len(received)} bytes"
+                if chunk != b"-":
+                    received += chunk
+                await asyncio.sleep(0.02)  # a slow reader: about 0.8 MB/s at most
+            assert time.monotonic() - started > 1.0  # several keep-alive times long
+        finally:
+            sock.close()
+    finally:
+        await proxy.close()
+
+
 async def test_many_complete_pipelined_requests_in_one_read_are_not_one_head(big_node: FakeEvm) -> None:
     # MAX_HEAD_BYTES counts one request head: before, a read of 64 kB of complete requests and the
     # start of another was refused 431 as if it were one head, and the connection closed.

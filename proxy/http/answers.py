@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
 import struct
+import termios
 from collections import deque
 from typing import Any, Protocol
 
@@ -28,6 +30,17 @@ Waiting = list[Any]
 # A request read while its connection's answers could not go out, made when they can (a Request), or
 # an answer that must follow theirs (its bytes and whether the connection closes after them).
 Held = Request | tuple[bytes, bool]
+
+
+def unsent_bytes(transport: asyncio.Transport) -> int:
+    """Bytes written to the connection that its client has not yet taken: the transport's buffer and
+    the kernel's send queue (SIOCOUTQ), which holds megabytes before the transport's buffer moves."""
+    unsent = int(transport.get_write_buffer_size())
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError):
+            unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    return unsent
 
 
 def drop(transport: asyncio.Transport) -> None:
@@ -66,6 +79,7 @@ class Answers(asyncio.Protocol):
     _done: bool
     _read_paused: bool
     _write_paused: bool
+    _unsent: int  # bytes the transport held at the last idle check
     _handover: bytes | None
 
     def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
@@ -138,6 +152,11 @@ class Answers(asyncio.Protocol):
         long is dropped with what it was not sent, whatever waits: a close would keep those bytes
         until it reads them, which it may never do. One timer per connection, moved on when it fires."""
         request = self._request
+        transport = self._transport
+        unsent = unsent_bytes(transport) if transport is not None else 0
+        if unsent and unsent < self._unsent:  # its client reads, slowly (a large answer): not idle
+            self._active_at = self._loop.time()
+        self._unsent = unsent
         left = self._active_at + KEEPALIVE_TIMEOUT - self._loop.time()
         if not self._write_paused and (self._waiting or (request is not None and request.kind)):
             left = KEEPALIVE_TIMEOUT  # busy: its body and its answers have deadlines of their own
@@ -145,8 +164,7 @@ class Answers(asyncio.Protocol):
             self._idle = self._loop.call_later(left, self._idle_out)
             return
         self._idle = None
-        transport = self._transport
-        if transport is not None and transport.get_write_buffer_size():
+        if transport is not None and unsent:
             self._done = True
             self._held.clear()
             drop(transport)

@@ -184,6 +184,7 @@ class FrontProtocol(Answers):
         self._done = False  # answered for the last time: nothing more is read
         self._read_paused = False
         self._write_paused = False
+        self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
         self._handover: bytes | None = None
 
     @property
