@@ -103,6 +103,37 @@ async def test_pipelined_hits_a_client_does_not_read_are_made_only_as_it_reads(b
         await proxy.close()
 
 
+@pytest.mark.parametrize("last", [b"GARBAGE / NOPE\r\n\r\n",  # 400
+                                  b"POST /v3/k HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",  # 431
+                                  b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"])  # 413
+async def test_answers_held_back_still_go_out_before_a_refusal_that_ends_the_connection(
+    big_node: FakeEvm, last: bytes,
+) -> None:
+    # A refusal read after requests held back is the connection's last answer, after theirs: the
+    # first form dropped them with it and the client waited for the keep-alive time (found by a
+    # second outside attack).
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        body = json.dumps(big_call(1)).encode()
+        await proxy.post(body)
+        before = made(proxy)
+        requests = 10
+        data = b"".join(post(body.replace(b'"id": 1', b'"id": %d' % i)) for i in range(requests)) + last
+        loop = asyncio.get_running_loop()
+        sock = unread_socket(proxy.server.port)
+        try:
+            await loop.run_in_executor(None, sock.sendall, data)
+            await until_async(lambda: made(proxy) > before, "the first answer to be made")
+            bodies = await loop.run_in_executor(None, read_answers, sock, requests + 1)
+            assert await loop.run_in_executor(None, sock.recv, 1) == b""  # closed after the refusal
+        finally:
+            sock.close()
+        assert [json.loads(b)["id"] for b in bodies[:requests]] == list(range(requests))
+        assert json.loads(bodies[-1])["error"]["code"] == -32600
+    finally:
+        await proxy.close()
+
+
 async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(big_node: FakeEvm) -> None:
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
     try:

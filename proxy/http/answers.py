@@ -117,13 +117,16 @@ class Answers(asyncio.Protocol):
     def _run_held(self) -> None:
         """The requests held back, made in order while their answers can go out."""
         held = self._held
-        while held and not self._write_paused and len(self._waiting) < MAX_WAITING and not self._done:
+        transport = self._transport
+        # Not `_done`: that is also a last answer decided (a refusal queued behind these), not yet sent.
+        while held and not self._write_paused and len(self._waiting) < MAX_WAITING and transport is not None \
+                and not transport.is_closing():
             item = held.popleft()
             if isinstance(item, Request):
                 self._make_held(item)
             else:
                 self._send(*item)
-        if self._done:
+        if transport is None or transport.is_closing():
             held.clear()
 
     def _pause(self) -> None:
