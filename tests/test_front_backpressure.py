@@ -246,6 +246,30 @@ async def test_many_complete_pipelined_requests_in_one_read_are_not_one_head(big
         await proxy.close()
 
 
+async def test_a_large_body_and_the_start_of_the_next_head_in_one_read_are_not_one_head(big_node: FakeEvm) -> None:
+    # The body of a request that began in the same read is not head either (found by a second
+    # outside attack on the first form, which counted it).
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        large = call("eth_call", [{"to": "0x" + "ab" * 20, "data": "0x" + "00" * 50_000}, "0x1"], 1)
+        chunked = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+            len(large), large)
+        for first in (post(large), chunked):
+            last = post(call("eth_chainId", [], 2))
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+            try:
+                writer.write(first + last[:20])
+                await writer.drain()
+                seen = [await read_answer(reader)]
+                writer.write(last[20:])
+                seen.append(await read_answer(reader))
+            finally:
+                writer.close()
+            assert [(status, json.loads(body)["id"]) for status, _, body in seen] == [(200, 1), (200, 2)]
+    finally:
+        await proxy.close()
+
+
 async def test_a_100_continue_queued_behind_an_answer_is_sent_after_it(big_node: FakeEvm) -> None:
     # RFC 9110 10.1.1: a 100 or a final answer. Before, a head with Expect behind an answer being
     # made got neither, and a client waiting for the 100 timed out.

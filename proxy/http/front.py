@@ -181,6 +181,7 @@ class FrontProtocol(Answers):
         self._idle: asyncio.TimerHandle | None = None
         self._active_at = 0.0
         self._head_bytes = 0
+        self._body_read = 0  # body bytes of RPC requests in the read being fed
         self._done = False  # answered for the last time: nothing more is read
         self._read_paused = False
         self._write_paused = False
@@ -230,10 +231,8 @@ class FrontProtocol(Answers):
             return
         # At a message boundary of a connection kept alive: `data` starts a request (after one that
         # closes the connection, llhttp takes no more, and nor does a replay).
-        pending = self._request  # one whose body may go on in this read
-        fresh = pending is None and self._kept_alive
+        fresh = self._request is None and self._kept_alive
         begun = self._begun
-        carried = pending.size if pending is not None else 0
         if fresh:
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
                 end = head_end(data)
@@ -243,6 +242,7 @@ class FrontProtocol(Answers):
                     return
             self._begun = begun = 0
             self._learnable = None
+        self._body_read = 0
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -274,12 +274,10 @@ class FrontProtocol(Answers):
             if self._begun == begun:  # begun in an earlier read: all of this one is head
                 self._head_bytes += len(data)
             else:
-                # Begun in this read, after the requests it completed: it began after the read's last
-                # empty line (a head holds none) and after the body bytes of one begun before it.
+                # Begun in this read, after the requests it completed: after the read's last empty line
+                # (a head holds none) and after every body byte of the read.
                 last_empty = data.rfind(b"\r\n\r\n")
-                start = last_empty + 4 if last_empty >= 0 else 0
-                if pending is not None:
-                    start = max(start, pending.size - carried)
+                start = max(last_empty + 4 if last_empty >= 0 else 0, self._body_read)
                 self._head_bytes += len(data) - start  # never less than the head's bytes in it
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
@@ -384,6 +382,7 @@ class FrontProtocol(Answers):
         assert request is not None
         if request.kind != RPC:
             return  # nothing else reads a body
+        self._body_read += len(body)
         request.size += len(body)
         if request.size > self._endpoint.max_body_bytes:
             raise Refused(self._closing(self._endpoint.too_large()))
