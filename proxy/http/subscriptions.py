@@ -36,6 +36,7 @@ log = logging.getLogger("proxy.subscriptions")
 
 HEAD_KINDS = frozenset({"newHeads", "logs"})  # served from the network's own head feed
 EVM_NOTIFICATION = "eth_subscription"
+ROOM_POLL = 0.01  # seconds between looks at a full socket buffer while a call's answer waits for room
 CLOSE_TIMEOUT = 2.0  # seconds a slow consumer's close frame may take before the socket is dropped
 
 
@@ -353,15 +354,22 @@ class Session:
         self._wake.set()
         self._check_behind(now)
 
-    def behind(self, size: int) -> bool:
-        """Whether a call's answer of `size` bytes, sent now, would leave the connection more than
-        WS_SEND_BUFFER_BYTES behind: a client that reads none of its answers is closed (1008) as a slow
-        consumer, the answer dropped (without this, each answer waited in the socket's buffer)."""
-        if self._pending_bytes + self._buffered() + size <= self.settings.ws_send_buffer_bytes:
-            return False
-        if not self.closed:
-            self._overflow(f"fell behind by more than {self.settings.ws_send_buffer_bytes} bytes")
-        return True
+    async def room(self) -> bool:
+        """Whether a call's answer may be sent: once no more than WS_SEND_BUFFER_BYTES wait for the
+        client (the queue and the socket's buffer), within WS_MAX_LAG. A client that reads none of its
+        answers for as long is closed (1008) as a slow consumer, the answer dropped (without this, each
+        answer waited in the socket's buffer); one that reads, however large its answers, is served."""
+        limit = self.settings.ws_send_buffer_bytes
+        if self._pending_bytes + self._buffered() <= limit and not self.closed:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.ws_max_lag
+        while not self.closed and self._pending_bytes + self._buffered() > limit:
+            if loop.time() >= deadline:
+                self._overflow(f"fell behind by more than {limit} bytes for {self.settings.ws_max_lag:g}s")
+                return False
+            await asyncio.sleep(ROOM_POLL)
+        return not self.closed
 
     def _check_behind(self, now: float) -> None:
         if self._pending_bytes + self._buffered() > self.settings.ws_send_buffer_bytes:

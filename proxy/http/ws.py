@@ -49,7 +49,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
                       metrics)
     session.start()
     idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
-    corked = Corked(ws, request.transport, loop, session.behind)
+    corked = Corked(ws, request.transport, loop, session.room)
 
     async def serve(data: str | bytes, memory_checked: bool) -> None:
         metrics.inflight.inc()
@@ -59,7 +59,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
                 await session.handle(call)
                 return
             reply = await gateway.handle(data, account, network, memory_checked=memory_checked)
-            if reply.body is not None and not ws.closed and not session.behind(len(reply.body)):
+            if reply.body is not None and not ws.closed and await session.room():
                 await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
         except ConnectionResetError:
             pass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import WSMsgType, web
 
@@ -27,17 +27,17 @@ def text_frame(payload: bytes) -> bytes:
 
 class Corked:
     def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None,
-                 loop: asyncio.AbstractEventLoop, behind: Callable[[int], bool]) -> None:
+                 loop: asyncio.AbstractEventLoop, room: Callable[[], Awaitable[bool]]) -> None:
         self._ws = ws
         self._transport = transport
         self._loop = loop
-        self._behind = behind  # whether an answer would leave the client too far behind (it is closed then)
+        self._room = room  # waits until the client has room for an answer (False: it was closed as too slow)
         self._frames: list[bytes] = []
 
     async def send(self, payload: bytes) -> None:
-        """Queued for the burst's write, or sent through aiohttp's writer (add), unless the client has
-        fallen too far behind (WS_SEND_BUFFER_BYTES: it is closed as a slow consumer)."""
-        if not self.add(payload) and not self._behind(len(payload)):
+        """Queued for the burst's write, or sent through aiohttp's writer (add) once the client has room
+        for it (WS_SEND_BUFFER_BYTES within WS_MAX_LAG: else it is closed as a slow consumer)."""
+        if not self.add(payload) and await self._room():
             with contextlib.suppress(ConnectionResetError):  # the peer left: the reading loop ends too
                 await self._ws.send_frame(payload, WSMsgType.TEXT)
 
