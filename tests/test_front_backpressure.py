@@ -295,20 +295,27 @@ async def test_a_100_continue_queued_behind_an_answer_is_sent_after_it(big_node:
         await proxy.close()
 
 
-async def test_a_header_name_over_the_line_limit_is_431_even_in_one_read(big_node: FakeEvm) -> None:
+async def test_a_head_over_its_limits_is_431_even_whole_in_one_read(big_node: FakeEvm) -> None:
+    # A header name over the line limit, and fields over MAX_HEAD_BYTES in all, each within its own
+    # limit: before, only a head still incomplete at the end of a read was measured.
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
     try:
-        [(status, headers, body)] = await exchange(proxy.server.port,
-                                                   post(call("eth_chainId", [], 1), "X" * 100_000 + ": a"))
-        assert status == 431 and headers["connection"] == "close" and json.loads(body)["error"]["code"] == -32600
+        for extra in (["X" * 100_000 + ": a"], [f"X-{i}: " + "a" * 8000 for i in range(9)]):
+            [(status, headers, body)] = await exchange(proxy.server.port, post(call("eth_chainId", [], 1), *extra))
+            assert status == 431 and headers["connection"] == "close"
+            assert json.loads(body)["error"]["code"] == -32600
+        within = [f"X-{i}: " + "a" * 8000 for i in range(7)]
+        [(status, _, _)] = await exchange(proxy.server.port, post(call("eth_chainId", [], 1), *within))
+        assert status == 200  # 56 kB of fields: within it
     finally:
         await proxy.close()
 
 
 async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_bytes(big_node: FakeEvm) -> None:
-    # WS_SEND_BUFFER_BYTES holds for calls' answers as for notifications: before, each answer waited
-    # in the socket's buffer (one socket of 400 calls held 800 MB).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="1000000"))
+    # WS_SEND_BUFFER_BYTES (for WS_MAX_LAG) holds for calls' answers as for notifications: before, each
+    # answer waited in the socket's buffer (one socket of 400 calls held 800 MB).
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="1000000",
+                                           WS_MAX_LAG="0.5"))
     try:
         closed_before = proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total") or 0.0
         async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
@@ -337,5 +344,54 @@ async def test_connect_is_a_json_rpc_error_and_the_connection_closes(big_node: F
             assert status in (404, 405) and headers["content-type"].startswith("application/json")
             assert json.loads(body)["error"]["code"] == -32600 and headers["connection"] == "close"
             assert "server" not in headers
+    finally:
+        await proxy.close()
+
+
+async def test_a_websocket_that_reads_is_served_answers_larger_than_ws_send_buffer_bytes(big_node: FakeEvm) -> None:
+    # The other side: the bound is on what waits unread, not on an answer's size, so a client that
+    # reads gets every answer, one or several in flight (the first form closed such a client 1008:
+    # found by a second outside attack).
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="300000",
+                                           WS_MAX_LAG="5"))
+    try:
+        async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
+            for i in range(6):  # misses of distinct answers, then hits of the first
+                await ws.send_str(json.dumps({**big_call(i % 3), "id": i}))
+            ids = sorted([json.loads((await ws.receive(timeout=30)).data)["id"] for _ in range(6)])
+            assert ids == list(range(6)) and not ws.closed
+        assert not proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total")
+    finally:
+        await proxy.close()
+
+
+async def test_a_websocket_upgrade_behind_a_large_answer_is_answered_after_it(
+    big_node: FakeEvm, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Handed to aiohttp while the transport's writing is paused (the answer before it filled the
+    # buffer): the 101 follows the answer, and nothing is logged. (aiohttp's protocol, told of no
+    # pause, failed an assertion on the transport's resume_writing in an outside attack's runs; it is
+    # told of the pause now. This test did not reproduce that failure here.)
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    try:
+        body = json.dumps(big_call(1)).encode()
+        await proxy.post(body)
+        upgrade = (b"GET /ws/v3/k HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        loop = asyncio.get_running_loop()
+        sock = unread_socket(proxy.server.port)
+        try:
+            await loop.run_in_executor(None, sock.sendall, post(body) + upgrade)  # the answer pauses writing
+            await until_async(lambda: made(proxy) >= 2, "the answer to be made")
+            sock.settimeout(30)
+            stream = b""
+            while b"HTTP/1.1 101" not in stream or not stream.endswith(b"\r\n\r\n"):
+                chunk = await loop.run_in_executor(None, sock.recv, 1 << 20)
+                assert chunk, "closed before the upgrade was answered"
+                stream += chunk
+            assert stream.count(b"HTTP/1.1 200 OK") == 1 and stream.index(b"HTTP/1.1 101") > stream.rindex(b"200 OK")
+        finally:
+            sock.close()
+        assert "resume_writing" not in caplog.text
     finally:
         await proxy.close()

@@ -182,6 +182,7 @@ class FrontProtocol(Answers):
         self._active_at = 0.0
         self._head_bytes = 0
         self._body_read = 0  # body bytes of RPC requests in the read being fed
+        self._field_bytes = 0  # the header fields' bytes of the request being read
         self._done = False  # answered for the last time: nothing more is read
         self._read_paused = False
         self._write_paused = False
@@ -319,7 +320,7 @@ class FrontProtocol(Answers):
     def on_message_begin(self) -> None:
         # From its first byte, which leaves no doubt whether a request is under way (data_received).
         self._request = Request()
-        self._head_bytes = 0
+        self._head_bytes = self._field_bytes = 0
         self._begun += 1
 
     def on_url(self, url: bytes) -> None:
@@ -331,7 +332,10 @@ class FrontProtocol(Answers):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         raw = self._request.raw  # type: ignore[union-attr]
-        if len(value) > MAX_LINE or len(name) > MAX_LINE or len(raw) >= MAX_HEADERS:
+        # The fields' own bytes hold the head to its limit also when it arrives whole in one read.
+        self._field_bytes += len(name) + len(value)
+        if len(value) > MAX_LINE or len(name) > MAX_LINE or len(raw) >= MAX_HEADERS or \
+                self._field_bytes > MAX_HEAD_BYTES:
             raise refusal(INVALID_REQUEST, "request header fields too large", 431)
         raw.append((name, value))
 
@@ -501,5 +505,7 @@ class FrontProtocol(Answers):
         self._delegate = handler
         transport.set_protocol(handler)
         handler.connection_made(transport)
+        if self._write_paused:  # the transport calls its resume_writing next: it must have paused
+            handler.pause_writing()
         transport.resume_reading()
         handler.data_received(data)
