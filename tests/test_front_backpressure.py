@@ -155,71 +155,67 @@ async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(big_node:
         await proxy.close()
 
 
+@pytest.fixture
+async def short_keepalive(big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Proxy, bytes]]:
+    """A proxy whose keep-alive time is 0.5 s, and a request for its 1 MB memory hit."""
+    monkeypatch.setattr(answers, "KEEPALIVE_TIMEOUT", 0.5)
+    monkeypatch.setattr(front, "KEEPALIVE_TIMEOUT", 0.5)
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    body = json.dumps(big_call(1)).encode()
+    await proxy.post(body)
+    yield proxy, body
+    await proxy.close()
+
+
 async def test_a_client_that_reads_nothing_is_dropped_with_what_it_was_not_sent(
-    big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch,
+    short_keepalive: tuple[Proxy, bytes],
 ) -> None:
     # KEEPALIVE_TIMEOUT without reading: dropped (RST). A close would wait for it to read what was
     # written, which it may never do, and the connection and its buffer would stay for good.
-    monkeypatch.setattr(answers, "KEEPALIVE_TIMEOUT", 0.5)
-    monkeypatch.setattr(front, "KEEPALIVE_TIMEOUT", 0.5)
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    proxy, body = short_keepalive
+    sock = unread_socket(proxy.server.port)
     try:
-        body = json.dumps(big_call(1)).encode()
-        await proxy.post(body)
-        sock = unread_socket(proxy.server.port)
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, sock.sendall, post(body) * 10)
+        await asyncio.get_running_loop().run_in_executor(None, sock.sendall, post(body) * 10)
 
-            def state() -> int:
-                return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0])
+        def state() -> int:
+            return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0])
 
-            await until_async(lambda: state() != 1, "the proxy to drop the connection")  # 1: ESTABLISHED
-            with pytest.raises(ConnectionResetError):
-                while sock.recv(1 << 20):  # what reached its buffer, then the reset: the rest was dropped
-                    pass
-        finally:
-            sock.close()
+        await until_async(lambda: state() != 1, "the proxy to drop the connection")  # 1: ESTABLISHED
+        with pytest.raises(ConnectionResetError):
+            while sock.recv(1 << 20):  # what reached its buffer, then the reset: the rest was dropped
+                pass
     finally:
-        await proxy.close()
+        sock.close()
 
 
-async def test_a_client_that_reads_slowly_is_not_dropped_while_it_reads(
-    big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_client_that_reads_slowly_is_not_dropped_while_it_reads(short_keepalive: tuple[Proxy, bytes]) -> None:
     # The other side of that rule: a client that reads a large answer slowly (here for several times
     # the keep-alive time) makes progress, so it is not idle, wherever the bytes wait: in the
     # transport's buffer or the kernel's.
-    monkeypatch.setattr(answers, "KEEPALIVE_TIMEOUT", 0.5)
-    monkeypatch.setattr(front, "KEEPALIVE_TIMEOUT", 0.5)
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    proxy, body = short_keepalive
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
+    sock.connect(("127.0.0.1", proxy.server.port))
+    sock.setblocking(False)
     try:
-        body = json.dumps(big_call(1)).encode()
-        await proxy.post(body)
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
-        sock.connect(("127.0.0.1", proxy.server.port))
-        sock.setblocking(False)
-        try:
-            await asyncio.get_running_loop().sock_sendall(sock, post(body))
-            received = b""
-            started = time.monotonic()
-            while not received.endswith(b'"}'):
-                assert time.monotonic() - started < 60, "the answers never arrived"
-                try:
-                    chunk = sock.recv(16_384)
-                except BlockingIOError:
-                    chunk = b"-"
-                except ConnectionResetError:
-                    chunk = b""
-                assert chunk, f"the proxy dropped a client that was reading, after {len(received)} bytes"
-                if chunk != b"-":
-                    received += chunk
-                await asyncio.sleep(0.02)  # a slow reader: about 0.8 MB/s at most
-            assert time.monotonic() - started > 1.0  # several keep-alive times long
-        finally:
-            sock.close()
+        await asyncio.get_running_loop().sock_sendall(sock, post(body))
+        received = b""
+        started = time.monotonic()
+        while not received.endswith(b'"}'):
+            assert time.monotonic() - started < 60, "the answers never arrived"
+            try:
+                chunk = sock.recv(16_384)
+            except BlockingIOError:
+                chunk = b"-"
+            except ConnectionResetError:
+                chunk = b""
+            assert chunk, f"the proxy dropped a client that was reading, after {len(received)} bytes"
+            if chunk != b"-":
+                received += chunk
+            await asyncio.sleep(0.02)  # a slow reader: about 0.8 MB/s at most
+        assert time.monotonic() - started > 1.0  # several keep-alive times long
     finally:
-        await proxy.close()
+        sock.close()
 
 
 async def test_many_complete_pipelined_requests_in_one_read_are_not_one_head(big_node: FakeEvm) -> None:
