@@ -79,7 +79,7 @@ class Answers(asyncio.Protocol):
     _done: bool
     _read_paused: bool
     _write_paused: bool
-    _unsent: int  # bytes the transport held at the last idle check
+    _unsent: int  # bytes its client had not taken at the last idle check (unsent_bytes)
     _handover: bytes | None
 
     def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
