@@ -98,14 +98,21 @@ class Answers(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         self._active_at = self._loop.time()  # its client reads: the connection is not idle
-        if self._held and not self._waiting:
+        if self._waiting or self._go_on():  # with answers being made, the last one goes on (_flush)
+            self._resume()
+
+    def _go_on(self) -> bool:
+        """Nothing waits to be written: the requests held back are made, then a pending handover is
+        done. Whether the connection reads on (False: answers are being made, a request is still held,
+        or aiohttp has it)."""
+        if self._held:
             self._run_held()
             if self._held or self._waiting:
-                return
-            if self._handover is not None:
-                self._hand_over()
-                return
-        self._resume()
+                return False
+        if self._handover is not None:
+            self._hand_over()
+            return False
+        return True
 
     def _holds(self) -> bool:
         """Whether a request read now waits to be made: its client reads none of the answers already
@@ -257,12 +264,7 @@ class Answers(asyncio.Protocol):
                 waiting.clear()
                 transport.close()
                 return
-        if self._held:
-            self._run_held()
-            if self._held or self._waiting:
-                return  # the last one made, or the client's reading, goes on from here
-        if self._handover is not None:
-            self._hand_over()
+        if not self._go_on():
             return
         self._resume()
         if self._request is None:

@@ -247,10 +247,8 @@ class FrontProtocol(Answers):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
-            if self._upgrading is not None:
+            if self._upgrading is not None:  # else a CONNECT, answered as any other request and closed after it
                 self._upgrade(data[upgrade.args[0]:])
-                return
-            # CONNECT: answered as any other request, the connection closed after it (a tunnel's bytes follow).
             return
         except httptools.HttpParserCallbackError as exc:
             refused = exc.__context__
