@@ -30,6 +30,14 @@ async def big_node() -> AsyncIterator[FakeEvm]:
     await node.close()
 
 
+@pytest.fixture
+async def proxy(big_node: FakeEvm) -> AsyncIterator[Proxy]:
+    """The proxy in front of the node of large answers, open mode, memory tier only."""
+    served = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    yield served
+    await served.close()
+
+
 def made(proxy: Proxy, method: str = "eth_call") -> float:
     """Answers the proxy made for `method` (rpc_proxy_requests_total, every status)."""
     total = 0.0
@@ -75,84 +83,72 @@ def read_answers(sock: socket.socket, count: int) -> list[bytes]:
     return bodies
 
 
-async def test_pipelined_hits_a_client_does_not_read_are_made_only_as_it_reads(big_node: FakeEvm) -> None:
+async def test_pipelined_hits_a_client_does_not_read_are_made_only_as_it_reads(proxy: Proxy) -> None:
     # The rule: a request read while the connection's answers cannot go out waits, unmade, until they
     # can. Before, llhttp went on through the rest of the read and every hit was made and buffered:
     # one read of 115 kB of requests held 500 MB of answers nobody read.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    body = json.dumps(big_call(1)).encode()
+    status, _, _ = await proxy.post(body)
+    assert status == 200  # now a memory hit of about 1 MB
+    before = made(proxy)
+    requests = 300
+    data = b"".join(post(body.replace(b'"id": 1', b'"id": %d' % i)) for i in range(requests))
+    loop = asyncio.get_running_loop()
+    sock = unread_socket(proxy.server.port)
     try:
-        body = json.dumps(big_call(1)).encode()
-        status, _, _ = await proxy.post(body)
-        assert status == 200  # now a memory hit of about 1 MB
-        before = made(proxy)
-        requests = 300
-        data = b"".join(post(body.replace(b'"id": 1', b'"id": %d' % i)) for i in range(requests))
-        loop = asyncio.get_running_loop()
-        sock = unread_socket(proxy.server.port)
-        try:
-            await loop.run_in_executor(None, sock.sendall, data)
-            await until_async(lambda: made(proxy) > before, "the first answer to be made")
-            # One answer fills what the client's socket and the proxy's write buffer hold: the rest wait.
-            assert made(proxy) - before <= 8
-            bodies = await loop.run_in_executor(None, read_answers, sock, requests)
-        finally:
-            sock.close()
-        assert [json.loads(b)["id"] for b in bodies] == list(range(requests))  # every one, in order
-        assert all(len(b) > ANSWER_BYTES for b in bodies)
+        await loop.run_in_executor(None, sock.sendall, data)
+        await until_async(lambda: made(proxy) > before, "the first answer to be made")
+        # One answer fills what the client's socket and the proxy's write buffer hold: the rest wait.
+        assert made(proxy) - before <= 8
+        bodies = await loop.run_in_executor(None, read_answers, sock, requests)
     finally:
-        await proxy.close()
+        sock.close()
+    assert [json.loads(b)["id"] for b in bodies] == list(range(requests))  # every one, in order
+    assert all(len(b) > ANSWER_BYTES for b in bodies)
 
 
 @pytest.mark.parametrize("last", [b"GARBAGE / NOPE\r\n\r\n",  # 400
                                   b"POST /v3/k HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",  # 431
                                   b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"])  # 413
 async def test_answers_held_back_still_go_out_before_a_refusal_that_ends_the_connection(
-    big_node: FakeEvm, last: bytes,
+    proxy: Proxy, last: bytes,
 ) -> None:
     # A refusal read after requests held back is the connection's last answer, after theirs: the
     # first form dropped them with it and the client waited for the keep-alive time (found by a
     # second outside attack).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    body = json.dumps(big_call(1)).encode()
+    await proxy.post(body)
+    before = made(proxy)
+    requests = 10
+    data = b"".join(post(body.replace(b'"id": 1', b'"id": %d' % i)) for i in range(requests)) + last
+    loop = asyncio.get_running_loop()
+    sock = unread_socket(proxy.server.port)
     try:
-        body = json.dumps(big_call(1)).encode()
-        await proxy.post(body)
-        before = made(proxy)
-        requests = 10
-        data = b"".join(post(body.replace(b'"id": 1', b'"id": %d' % i)) for i in range(requests)) + last
-        loop = asyncio.get_running_loop()
-        sock = unread_socket(proxy.server.port)
-        try:
-            await loop.run_in_executor(None, sock.sendall, data)
-            await until_async(lambda: made(proxy) > before, "the first answer to be made")
-            bodies = await loop.run_in_executor(None, read_answers, sock, requests + 1)
-            assert await loop.run_in_executor(None, sock.recv, 1) == b""  # closed after the refusal
-        finally:
-            sock.close()
-        assert [json.loads(b)["id"] for b in bodies[:requests]] == list(range(requests))
-        assert json.loads(bodies[-1])["error"]["code"] == -32600
+        await loop.run_in_executor(None, sock.sendall, data)
+        await until_async(lambda: made(proxy) > before, "the first answer to be made")
+        bodies = await loop.run_in_executor(None, read_answers, sock, requests + 1)
+        assert await loop.run_in_executor(None, sock.recv, 1) == b""  # closed after the refusal
     finally:
-        await proxy.close()
+        sock.close()
+    assert [json.loads(b)["id"] for b in bodies[:requests]] == list(range(requests))
+    assert json.loads(bodies[-1])["error"]["code"] == -32600
 
 
-async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(big_node: FakeEvm) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(proxy: Proxy) -> None:
+    requests = 400
+    data = b"".join(post(json.dumps(big_call(i)).encode()) for i in range(requests))  # each a miss
+    loop = asyncio.get_running_loop()
+    sock = unread_socket(proxy.server.port)
     try:
-        requests = 400
-        data = b"".join(post(json.dumps(big_call(i)).encode()) for i in range(requests))  # each a miss
-        loop = asyncio.get_running_loop()
-        sock = unread_socket(proxy.server.port)
-        try:
-            await loop.run_in_executor(None, sock.sendall, data)
-            await until_async(lambda: made(proxy) >= 1, "misses to be answered")
-            # At most MAX_WAITING are sent on ahead of a client that reads none of the answers (before,
-            # every request of the read was, within the turn that read it).
-            assert sum(upstream.calls["eth_call"] for upstream in proxy.upstreams.values()) <= answers.MAX_WAITING
-            bodies = await loop.run_in_executor(None, read_answers, sock, requests)
-        finally:
-            sock.close()
-        assert [json.loads(b)["id"] for b in bodies] == list(range(requests))
+        await loop.run_in_executor(None, sock.sendall, data)
+        await until_async(lambda: made(proxy) >= 1, "misses to be answered")
+        # At most MAX_WAITING are sent on ahead of a client that reads none of the answers (before,
+        # every request of the read was, within the turn that read it).
+        assert sum(upstream.calls["eth_call"] for upstream in proxy.upstreams.values()) <= answers.MAX_WAITING
+        bodies = await loop.run_in_executor(None, read_answers, sock, requests)
     finally:
-        await proxy.close()
+        sock.close()
+    assert [json.loads(b)["id"] for b in bodies] == list(range(requests))
 
 
 @pytest.fixture
@@ -218,93 +214,77 @@ async def test_a_client_that_reads_slowly_is_not_dropped_while_it_reads(short_ke
         sock.close()
 
 
-async def test_many_complete_pipelined_requests_in_one_read_are_not_one_head(big_node: FakeEvm) -> None:
+async def test_many_complete_pipelined_requests_in_one_read_are_not_one_head(proxy: Proxy) -> None:
     # MAX_HEAD_BYTES counts one request head: before, a read of 64 kB of complete requests and the
     # start of another was refused 431 as if it were one head, and the connection closed.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    requests = [post(call("eth_chainId", [], i)) for i in range(700)]
+    data = b"".join(requests)
+    assert len(data) > front.MAX_HEAD_BYTES
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
     try:
-        requests = [post(call("eth_chainId", [], i)) for i in range(700)]
-        data = b"".join(requests)
-        assert len(data) > front.MAX_HEAD_BYTES
+        last = post(call("eth_chainId", [], 700))
+        writer.write(data + last[:20])
+        await writer.drain()
+        seen = [await read_answer(reader) for _ in requests]
+        writer.write(last[20:])
+        seen.append(await read_answer(reader))
+    finally:
+        writer.close()
+    assert {status for status, _, _ in seen} == {200}
+    assert [json.loads(body)["id"] for _, _, body in seen] == list(range(701))
+
+
+async def test_a_large_body_and_the_start_of_the_next_head_in_one_read_are_not_one_head(proxy: Proxy) -> None:
+    # The body of a request that began in the same read is not head either (found by a second
+    # outside attack on the first form, which counted it).
+    large = call("eth_call", [{"to": "0x" + "ab" * 20, "data": "0x" + "00" * 50_000}, "0x1"], 1)
+    chunked = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+        len(large), large)
+    for first in (post(large), chunked):
+        last = post(call("eth_chainId", [], 2))
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
         try:
-            last = post(call("eth_chainId", [], 700))
-            writer.write(data + last[:20])
+            writer.write(first + last[:20])
             await writer.drain()
-            seen = [await read_answer(reader) for _ in requests]
+            seen = [await read_answer(reader)]
             writer.write(last[20:])
             seen.append(await read_answer(reader))
         finally:
             writer.close()
-        assert {status for status, _, _ in seen} == {200}
-        assert [json.loads(body)["id"] for _, _, body in seen] == list(range(701))
-    finally:
-        await proxy.close()
+        assert [(status, json.loads(body)["id"]) for status, _, body in seen] == [(200, 1), (200, 2)]
 
 
-async def test_a_large_body_and_the_start_of_the_next_head_in_one_read_are_not_one_head(big_node: FakeEvm) -> None:
-    # The body of a request that began in the same read is not head either (found by a second
-    # outside attack on the first form, which counted it).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
-    try:
-        large = call("eth_call", [{"to": "0x" + "ab" * 20, "data": "0x" + "00" * 50_000}, "0x1"], 1)
-        chunked = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
-            len(large), large)
-        for first in (post(large), chunked):
-            last = post(call("eth_chainId", [], 2))
-            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
-            try:
-                writer.write(first + last[:20])
-                await writer.drain()
-                seen = [await read_answer(reader)]
-                writer.write(last[20:])
-                seen.append(await read_answer(reader))
-            finally:
-                writer.close()
-            assert [(status, json.loads(body)["id"]) for status, _, body in seen] == [(200, 1), (200, 2)]
-    finally:
-        await proxy.close()
-
-
-async def test_a_100_continue_queued_behind_an_answer_is_sent_after_it(big_node: FakeEvm) -> None:
+async def test_a_100_continue_queued_behind_an_answer_is_sent_after_it(proxy: Proxy) -> None:
     # RFC 9110 10.1.1: a 100 or a final answer. Before, a head with Expect behind an answer being
     # made got neither, and a client waiting for the 100 timed out.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    miss = post(json.dumps(big_call(5)).encode())
+    body = call("eth_chainId", [], 2)
+    expecting = post(body, "Expect: 100-continue")
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
     try:
-        miss = post(json.dumps(big_call(5)).encode())
-        body = call("eth_chainId", [], 2)
-        expecting = post(body, "Expect: 100-continue")
-        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
-        try:
-            writer.write(miss + expecting[:-len(body)])
-            await writer.drain()
-            status, _, answer = await read_answer(reader)
-            assert status == 200 and json.loads(answer)["id"] == 5
-            assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
-            assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
-            writer.write(body)
-            status, _, answer = await read_answer(reader)
-            assert status == 200 and json.loads(answer) == {"jsonrpc": "2.0", "id": 2, "result": "0x7a69"}
-        finally:
-            writer.close()
+        writer.write(miss + expecting[:-len(body)])
+        await writer.drain()
+        status, _, answer = await read_answer(reader)
+        assert status == 200 and json.loads(answer)["id"] == 5
+        assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
+        assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
+        writer.write(body)
+        status, _, answer = await read_answer(reader)
+        assert status == 200 and json.loads(answer) == {"jsonrpc": "2.0", "id": 2, "result": "0x7a69"}
     finally:
-        await proxy.close()
+        writer.close()
 
 
-async def test_a_head_over_its_limits_is_431_even_whole_in_one_read(big_node: FakeEvm) -> None:
+async def test_a_head_over_its_limits_is_431_even_whole_in_one_read(proxy: Proxy) -> None:
     # A header name over the line limit, and fields over MAX_HEAD_BYTES in all, each within its own
     # limit: before, only a head still incomplete at the end of a read was measured.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
-    try:
-        for extra in (["X" * 100_000 + ": a"], [f"X-{i}: " + "a" * 8000 for i in range(9)]):
-            [(status, headers, body)] = await exchange(proxy.server.port, post(call("eth_chainId", [], 1), *extra))
-            assert status == 431 and headers["connection"] == "close"
-            assert json.loads(body)["error"]["code"] == -32600
-        within = [f"X-{i}: " + "a" * 8000 for i in range(7)]
-        [(status, _, _)] = await exchange(proxy.server.port, post(call("eth_chainId", [], 1), *within))
-        assert status == 200  # 56 kB of fields: within it
-    finally:
-        await proxy.close()
+    for extra in (["X" * 100_000 + ": a"], [f"X-{i}: " + "a" * 8000 for i in range(9)]):
+        [(status, headers, body)] = await exchange(proxy.server.port, post(call("eth_chainId", [], 1), *extra))
+        assert status == 431 and headers["connection"] == "close"
+        assert json.loads(body)["error"]["code"] == -32600
+    within = [f"X-{i}: " + "a" * 8000 for i in range(7)]
+    [(status, _, _)] = await exchange(proxy.server.port, post(call("eth_chainId", [], 1), *within))
+    assert status == 200  # 56 kB of fields: within it
 
 
 async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_bytes(big_node: FakeEvm) -> None:
@@ -330,18 +310,14 @@ async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_b
         await proxy.close()
 
 
-async def test_connect_is_a_json_rpc_error_and_the_connection_closes(big_node: FakeEvm) -> None:
+async def test_connect_is_a_json_rpc_error_and_the_connection_closes(proxy: Proxy) -> None:
     # llhttp reads CONNECT as an upgrade: it was handed to aiohttp, which answered a plain-text 404.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
-    try:
-        for target in (b"rpc.example:443", b"/v3/k"):
-            data = b"CONNECT %s HTTP/1.1\r\nHost: rpc.example:443\r\n\r\n" % target
-            [(status, headers, body)] = await exchange(proxy.server.port, data)
-            assert status in (404, 405) and headers["content-type"].startswith("application/json")
-            assert json.loads(body)["error"]["code"] == -32600 and headers["connection"] == "close"
-            assert "server" not in headers
-    finally:
-        await proxy.close()
+    for target in (b"rpc.example:443", b"/v3/k"):
+        data = b"CONNECT %s HTTP/1.1\r\nHost: rpc.example:443\r\n\r\n" % target
+        [(status, headers, body)] = await exchange(proxy.server.port, data)
+        assert status in (404, 405) and headers["content-type"].startswith("application/json")
+        assert json.loads(body)["error"]["code"] == -32600 and headers["connection"] == "close"
+        assert "server" not in headers
 
 
 async def test_a_websocket_that_reads_is_served_answers_larger_than_ws_send_buffer_bytes(big_node: FakeEvm) -> None:
@@ -362,32 +338,29 @@ async def test_a_websocket_that_reads_is_served_answers_larger_than_ws_send_buff
 
 
 async def test_a_websocket_upgrade_behind_a_large_answer_is_answered_after_it(
-    big_node: FakeEvm, caplog: pytest.LogCaptureFixture,
+    proxy: Proxy, caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Handed to aiohttp while the transport's writing is paused (the answer before it filled the
     # buffer): the 101 follows the answer, and nothing is logged. (aiohttp's protocol, told of no
     # pause, failed an assertion on the transport's resume_writing in an outside attack's runs; it is
     # told of the pause now. This test did not reproduce that failure here.)
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    body = json.dumps(big_call(1)).encode()
+    await proxy.post(body)
+    upgrade = (b"GET /ws/v3/k HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    loop = asyncio.get_running_loop()
+    sock = unread_socket(proxy.server.port)
     try:
-        body = json.dumps(big_call(1)).encode()
-        await proxy.post(body)
-        upgrade = (b"GET /ws/v3/k HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
-        loop = asyncio.get_running_loop()
-        sock = unread_socket(proxy.server.port)
-        try:
-            await loop.run_in_executor(None, sock.sendall, post(body) + upgrade)  # the answer pauses writing
-            await until_async(lambda: made(proxy) >= 2, "the answer to be made")
-            sock.settimeout(30)
-            stream = b""
-            while b"HTTP/1.1 101" not in stream or not stream.endswith(b"\r\n\r\n"):
-                chunk = await loop.run_in_executor(None, sock.recv, 1 << 20)
-                assert chunk, "closed before the upgrade was answered"
-                stream += chunk
-            assert stream.count(b"HTTP/1.1 200 OK") == 1 and stream.index(b"HTTP/1.1 101") > stream.rindex(b"200 OK")
-        finally:
-            sock.close()
-        assert "resume_writing" not in caplog.text
+        await loop.run_in_executor(None, sock.sendall, post(body) + upgrade)  # the answer pauses writing
+        await until_async(lambda: made(proxy) >= 2, "the answer to be made")
+        sock.settimeout(30)
+        stream = b""
+        while b"HTTP/1.1 101" not in stream or not stream.endswith(b"\r\n\r\n"):
+            chunk = await loop.run_in_executor(None, sock.recv, 1 << 20)
+            assert chunk, "closed before the upgrade was answered"
+            stream += chunk
+        assert stream.count(b"HTTP/1.1 200 OK") == 1 and stream.index(b"HTTP/1.1 101") > stream.rindex(b"200 OK")
     finally:
-        await proxy.close()
+        sock.close()
+    assert "resume_writing" not in caplog.text
+
