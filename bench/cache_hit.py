@@ -74,7 +74,10 @@ def wrk(name: str, url: str, script: str, seconds: int, connections: int, pid: i
     try:
         out = subprocess.run(
             ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", handle.name, url],
-            capture_output=True, text=True, check=True, preexec_fn=pinned(CLIENT_CPUS),
+            capture_output=True,
+            text=True,
+            check=True,
+            preexec_fn=pinned(CLIENT_CPUS),
         ).stdout
     finally:
         os.unlink(handle.name)
@@ -131,8 +134,9 @@ def listening(port: int) -> bool:
 
 
 def start(cmd: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=pinned(SERVER_CPUS))
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(SERVER_CPUS)
+    )
     wait_until(lambda: listening(port), 20, " ".join(cmd[:3]))
     return proc
 
@@ -148,16 +152,27 @@ class OneWrite(http.client.HTTPConnection):
         self.send(head + (message_body or b""))
 
 
-def instructions_per_request(cmd: list[str], port: int, env: dict[str, str], body: bytes, requests: int,
-                             keep: str | None = None, one_write: bool = False) -> float:
+def instructions_per_request(
+    cmd: list[str],
+    port: int,
+    env: dict[str, str],
+    body: bytes,
+    requests: int,
+    keep: str | None = None,
+    one_write: bool = False,
+) -> float:
     """User-space instructions one server spends per request, counted by callgrind over `requests`
     sequential keep-alive requests: the same from run to run, whatever else the host is doing.
     `keep`: where callgrind's dump is copied (for callgrind_annotate); `one_write`: each request
     sent in one write (OneWrite)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/callgrind.out"
-        proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             conn = (OneWrite if one_write else http.client.HTTPConnection)("127.0.0.1", port, timeout=60)
 
@@ -211,8 +226,11 @@ def median(results: list[Result]) -> Result:
 
 def table(rows: list[Result]) -> str:
     lines = [f"{'':34} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11}"]
-    lines += [f"{r.name:34} {r.rps:9.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} "
-              f"{(f'{r.cpu_us:11.1f}' if r.cpu_us else '          -')}" for r in rows]
+    lines += [
+        f"{r.name:34} {r.rps:9.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} "
+        f"{(f'{r.cpu_us:11.1f}' if r.cpu_us else '          -')}"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -221,10 +239,19 @@ def paired_rounds_parser(rounds: int, pair: str, instructions: str) -> argparse.
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=3, help="length of one round")
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=rounds,
-                        help=f"pairs of back-to-back {pair} rounds; the median pair ratio is the figure")
-    parser.add_argument("--instructions", type=int, default=0, metavar="N",
-                        help=f"also count instructions per {instructions} under callgrind over N requests")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=rounds,
+        help=f"pairs of back-to-back {pair} rounds; the median pair ratio is the figure",
+    )
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"also count instructions per {instructions} under callgrind over N requests",
+    )
     return parser
 
 
@@ -257,8 +284,11 @@ def final_storage_request(anvil: Anvil) -> dict[str, Any]:
 
 def warmed(url: str, request: dict[str, object]) -> None:
     """Wait until the proxy answers the request right (from a tracked head), so the next ones hit."""
-    wait_until(lambda: post(url, request).get("result") == "0x" + format(7, "064x"), 20,
-               "the proxy to answer from a tracked head")
+    wait_until(
+        lambda: post(url, request).get("result") == "0x" + format(7, "064x"),
+        20,
+        "the proxy to answer from a tracked head",
+    )
 
 
 def main() -> int:
@@ -272,8 +302,13 @@ def main() -> int:
     try:
         request = final_storage_request(anvil)
         proxy_port, bare_port = free_port(), free_port()
-        env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(proxy_port),
-               "ACCESS_LOG": "true" if args.access_log else "false", "LOG_FORMAT": "json"}
+        env = {
+            **os.environ,
+            "EVM_UPSTREAM": anvil.url,
+            "PROXY_PORT": str(proxy_port),
+            "ACCESS_LOG": "true" if args.access_log else "false",
+            "LOG_FORMAT": "json",
+        }
         proxy_proc = start([sys.executable, "-m", "proxy"], proxy_port, env)
         procs.append(proxy_proc)
         proxy_url = f"http://127.0.0.1:{proxy_port}/v3/bench"
@@ -288,26 +323,53 @@ def main() -> int:
         # rounds share most of that drift. The median of the pair ratios is the figure.
         bares, hits = [], []
         for _ in range(args.rounds):
-            bares.append(wrk("bare aiohttp (fixed body)", f"http://127.0.0.1:{bare_port}/v3/bench",
-                             fixed_body_script(body), args.seconds, args.connections, bare_proc.pid))
-            hits.append(wrk("proxy, cache hit", proxy_url, fixed_body_script(body), args.seconds, args.connections,
-                            proxy_proc.pid))
+            bares.append(
+                wrk(
+                    "bare aiohttp (fixed body)",
+                    f"http://127.0.0.1:{bare_port}/v3/bench",
+                    fixed_body_script(body),
+                    args.seconds,
+                    args.connections,
+                    bare_proc.pid,
+                )
+            )
+            hits.append(
+                wrk(
+                    "proxy, cache hit",
+                    proxy_url,
+                    fixed_body_script(body),
+                    args.seconds,
+                    args.connections,
+                    proxy_proc.pid,
+                )
+            )
         bare, hit = median(bares), median(hits)
         store, _slot, block = request["params"]
         miss_script = unique_storage_script(store, block)
         direct = wrk("anvil direct (every call new)", anvil.url, miss_script, args.seconds, args.connections)
-        miss = wrk("proxy, cache miss (every call new)", proxy_url, miss_script, args.seconds, args.connections,
-                   proxy_proc.pid)
+        miss = wrk(
+            "proxy, cache miss (every call new)", proxy_url, miss_script, args.seconds, args.connections, proxy_proc.pid
+        )
         counts: tuple[float, float] | None = None
         if args.instructions:
             # The tracker polls on a wall clock, which callgrind slows fifty times: poll once, at start.
             counted_bare_port, counted_proxy_port = free_port(), free_port()
             counted_proxy_env = {**env, "PROXY_PORT": str(counted_proxy_port), "HEAD_POLL_INTERVAL": "3600"}
             counts = (
-                instructions_per_request([sys.executable, "-c", BARE_SERVER, str(counted_bare_port), answer],
-                                         counted_bare_port, dict(os.environ), body.encode(), args.instructions),
-                instructions_per_request([sys.executable, "-m", "proxy"], counted_proxy_port, counted_proxy_env,
-                                         body.encode(), args.instructions),
+                instructions_per_request(
+                    [sys.executable, "-c", BARE_SERVER, str(counted_bare_port), answer],
+                    counted_bare_port,
+                    dict(os.environ),
+                    body.encode(),
+                    args.instructions,
+                ),
+                instructions_per_request(
+                    [sys.executable, "-m", "proxy"],
+                    counted_proxy_port,
+                    counted_proxy_env,
+                    body.encode(),
+                    args.instructions,
+                ),
             )
     finally:
         for proc in procs:
@@ -317,18 +379,25 @@ def main() -> int:
 
     pair_ratios = sorted(h.rps / b.rps for h, b in zip(hits, bares, strict=True))
     cpu_ratios = [b.cpu_us / h.cpu_us for h, b in zip(hits, bares, strict=True)]
-    print(f"wrk -t1 -c{args.connections} -d{args.seconds}s, one process each, proxy ACCESS_LOG={args.access_log}, "
-          f"{args.rounds} back-to-back pairs of bare and hit rounds (table: medians)")
-    print("hit rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in hits)
-          + " | bare rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in bares))
+    print(
+        f"wrk -t1 -c{args.connections} -d{args.seconds}s, one process each, proxy ACCESS_LOG={args.access_log}, "
+        f"{args.rounds} back-to-back pairs of bare and hit rounds (table: medians)"
+    )
+    print(
+        "hit rounds req/s: "
+        + ", ".join(f"{r.rps:.0f}" for r in hits)
+        + " | bare rounds req/s: "
+        + ", ".join(f"{r.rps:.0f}" for r in bares)
+    )
     print("pair ratios (sorted): " + ", ".join(f"{r:.2f}" for r in pair_ratios))
     print(table([bare, hit, direct, miss]))
-    print(f"hit throughput / bare baseline:  {middle(pair_ratios):.2f}  "
-          "(median of pair ratios; target >= 0.70)")
+    print(f"hit throughput / bare baseline:  {middle(pair_ratios):.2f}  (median of pair ratios; target >= 0.70)")
     print(f"bare CPU / hit CPU per request:  {middle(cpu_ratios):.2f}  (median of pairs)")
     if counts is not None:
-        print(f"instructions per request (callgrind, {args.instructions} sequential requests): "
-              f"bare {counts[0]:,.0f}, hit {counts[1]:,.0f}, bare / hit {counts[0] / counts[1]:.2f}")
+        print(
+            f"instructions per request (callgrind, {args.instructions} sequential requests): "
+            f"bare {counts[0]:,.0f}, hit {counts[1]:,.0f}, bare / hit {counts[0] / counts[1]:.2f}"
+        )
     print(f"hit p50 latency vs bare:         {hit.p50_ms - bare.p50_ms:+.2f} ms")
     print(f"miss throughput / direct:        {miss.rps / direct.rps:.2f}")
     print(f"miss-path overhead (p50):        {miss.p50_ms - direct.p50_ms:+.2f} ms")

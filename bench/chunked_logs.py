@@ -72,8 +72,9 @@ async def run_pass(proxy: Any, anvil: Anvil, store: str, ranges: list[tuple[int,
     }
 
 
-async def mode(anvil: Anvil, store: str, chunk: int, ranges: list[tuple[int, int]],
-               inner: list[tuple[int, int]]) -> list[tuple[str, dict[str, float]]]:
+async def mode(
+    anvil: Anvil, store: str, chunk: int, ranges: list[tuple[int, int]], inner: list[tuple[int, int]]
+) -> list[tuple[str, dict[str, float]]]:
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(chunk)))
     try:
         await proxy.head_at(anvil.block_number())
@@ -132,23 +133,28 @@ async def main() -> None:
         ranges = windows(latest, args.window)
         # A dapp's reads inside what the indexer covered: 100-block ranges every 250 blocks.
         inner = [(n, n + 99) for n in range(0, latest - 200, 250)]
-        print(f"chain: {latest + 1} blocks, logs every {args.every}; windows of {args.window} stepping "
-              f"{max(1, args.window // 2)}; GETLOGS_CHUNK_BLOCKS={args.chunk} vs 0")
-        print(f"{'mode':<10} {'workload':<16} {'client':>6} {'upstream/1k':>11} {'credits/1k':>10} "
-              f"{'saved %':>8} {'p50 ms':>7} {'p99 ms':>7}")
+        print(
+            f"chain: {latest + 1} blocks, logs every {args.every}; windows of {args.window} stepping "
+            f"{max(1, args.window // 2)}; GETLOGS_CHUNK_BLOCKS={args.chunk} vs 0"
+        )
+        print(
+            f"{'mode':<10} {'workload':<16} {'client':>6} {'upstream/1k':>11} {'credits/1k':>10} "
+            f"{'saved %':>8} {'p50 ms':>7} {'p99 ms':>7}"
+        )
         for chunk in (args.chunk, 0):
             for name, row in await mode(anvil, store, chunk, ranges, inner):
                 label = f"chunk={chunk}"
-                print(f"{label:<10} {name:<16} {row['client']:>6.0f} {row['upstream_per_1000']:>11.0f} "
-                      f"{row['credits_per_1000']:>10.0f} {row['saved_pct']:>8.1f} {row['p50_ms']:>7.2f} "
-                      f"{row['p99_ms']:>7.2f}")
+                print(
+                    f"{label:<10} {name:<16} {row['client']:>6.0f} {row['upstream_per_1000']:>11.0f} "
+                    f"{row['credits_per_1000']:>10.0f} {row['saved_pct']:>8.1f} {row['p50_ms']:>7.2f} "
+                    f"{row['p99_ms']:>7.2f}"
+                )
         print(f"follower over the last {args.follow} blocks (eth_getBlockReceipts + eth_getLogs of each):")
         print(f"{'order':<18} {'upstream/1k':>11} {'eth_getLogs upstream/1k':>23} {'logs p50 ms':>11}")
         for receipts_first in (True, False):
             row = await follower(anvil, store, args.follow, receipts_first)
             order = "receipts, logs" if receipts_first else "logs, receipts"
-            print(f"{order:<18} {row['upstream_per_1000']:>11.0f} {row['logs_per_1000']:>23.0f} "
-                  f"{row['p50_ms']:>11.2f}")
+            print(f"{order:<18} {row['upstream_per_1000']:>11.0f} {row['logs_per_1000']:>23.0f} {row['p50_ms']:>11.2f}")
     finally:
         anvil.stop()
 

@@ -25,10 +25,17 @@ from proxy.rpc import jsonrpc  # noqa: E402
 
 
 def _log(i: int) -> dict[str, object]:
-    return {"address": "0x" + f"{i % 7:040x}", "topics": ["0x" + f"{i * 31 + t:064x}" for t in range(3)],
-            "data": "0x" + f"{i * 977:064x}" * 2, "blockNumber": hex(19_000_000 + i // 50),
-            "transactionHash": "0x" + f"{i * 7919:064x}", "transactionIndex": hex(i % 50),
-            "blockHash": "0x" + f"{i // 50 * 104729:064x}", "logIndex": hex(i), "removed": False}
+    return {
+        "address": "0x" + f"{i % 7:040x}",
+        "topics": ["0x" + f"{i * 31 + t:064x}" for t in range(3)],
+        "data": "0x" + f"{i * 977:064x}" * 2,
+        "blockNumber": hex(19_000_000 + i // 50),
+        "transactionHash": "0x" + f"{i * 7919:064x}",
+        "transactionIndex": hex(i % 50),
+        "blockHash": "0x" + f"{i // 50 * 104729:064x}",
+        "logIndex": hex(i),
+        "removed": False,
+    }
 
 
 def per_hit(label: str, work: object, hits: int) -> tuple[str, float]:

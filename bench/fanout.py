@@ -35,8 +35,9 @@ async def round_for(anvil: Anvil, store: str, subscribers: int, blocks: int) -> 
         for _ in range(subscribers):
             ws = await session.ws_connect(proxy.ws_url())
             for rid, params in ((1, ["newHeads"]), (2, ["logs", {"address": store}])):
-                await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": "eth_subscribe",
-                                              "params": params}))
+                await ws.send_str(
+                    json.dumps({"jsonrpc": "2.0", "id": rid, "method": "eth_subscribe", "params": params})
+                )
                 await ws.receive(timeout=10)
             sockets.append(ws)
         upstream = proxy.upstreams["evm"]
@@ -78,8 +79,10 @@ async def main() -> None:
         print("subscribers  p50 ms  max ms  cpu us/notification  header+log fetches per block")
         for count in (int(c) for c in args.subscribers.split(",")):
             row = await round_for(anvil, store, count, args.blocks)
-            print(f"{row['subscribers']:>11}  {row['p50_ms']:6.1f}  {row['max_ms']:6.1f}  "
-                  f"{row['cpu_us_per_notification']:19.1f}  {row['feed_calls_per_block']:.1f}")
+            print(
+                f"{row['subscribers']:>11}  {row['p50_ms']:6.1f}  {row['max_ms']:6.1f}  "
+                f"{row['cpu_us_per_notification']:19.1f}  {row['feed_calls_per_block']:.1f}"
+            )
     finally:
         anvil.stop()
 

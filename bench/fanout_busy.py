@@ -59,8 +59,10 @@ async def victim(session: aiohttp.ClientSession, url: str, stop: asyncio.Event, 
 def summary(latencies: list[float]) -> str:
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return (f"key B: {len(ordered)} calls, p50 {statistics.median(ordered) * 1000:.1f} ms, "
-            f"p99 {p99 * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms")
+    return (
+        f"key B: {len(ordered)} calls, p50 {statistics.median(ordered) * 1000:.1f} ms, "
+        f"p99 {p99 * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms"
+    )
 
 
 async def main() -> None:
@@ -74,8 +76,16 @@ async def main() -> None:
     args = parser.parse_args()
     anvil = Anvil("--gas-limit", "100000000")
     port = free_port()
-    env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "API_KEYS": "key-a,key-b",
-           "DAILY_CREDITS": str(10**15), "WS_MAX_LAG": "5", "HEAD_POLL_INTERVAL": "0.2", "LOG_LEVEL": "ERROR"}
+    env = {
+        **os.environ,
+        "EVM_UPSTREAM": anvil.url,
+        "PROXY_PORT": str(port),
+        "API_KEYS": "key-a,key-b",
+        "DAILY_CREDITS": str(10**15),
+        "WS_MAX_LAG": "5",
+        "HEAD_POLL_INTERVAL": "0.2",
+        "LOG_LEVEL": "ERROR",
+    }
     proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, cwd=args.proxy_dir, stderr=subprocess.DEVNULL)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     url = f"http://127.0.0.1:{port}/v3/key-b"
@@ -95,13 +105,13 @@ async def main() -> None:
         anvil.stop()
 
 
-async def reader_round(session: aiohttp.ClientSession, port: int, url: str, anvil: Anvil, store: str,
-                       args: argparse.Namespace) -> None:
+async def reader_round(
+    session: aiohttp.ClientSession, port: int, url: str, anvil: Anvil, store: str, args: argparse.Namespace
+) -> None:
     emit = selector("emitMany(uint256)")
     ws = await session.ws_connect(f"ws://127.0.0.1:{port}/ws/v3/key-a", max_msg_size=0)
     for rid in range(args.subs):
-        await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": "eth_subscribe",
-                                      "params": ["logs", {}]}))
+        await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": "eth_subscribe", "params": ["logs", {}]}))
     for _ in range(args.subs):
         await ws.receive(timeout=30)
     stop, latencies = asyncio.Event(), []
@@ -116,13 +126,16 @@ async def reader_round(session: aiohttp.ClientSession, port: int, url: str, anvi
     stop.set()
     await timing
     await ws.close()
-    print(f"reader: {args.subs} wildcard subscriptions, one {args.logs}-log block: {expected:,} notifications "
-          f"in {elapsed:.2f} s = {expected / elapsed:,.0f}/s (block mined to last notification read)")
+    print(
+        f"reader: {args.subs} wildcard subscriptions, one {args.logs}-log block: {expected:,} notifications "
+        f"in {elapsed:.2f} s = {expected / elapsed:,.0f}/s (block mined to last notification read)"
+    )
     print("  " + summary(latencies))
 
 
-async def silent_round(session: aiohttp.ClientSession, port: int, url: str, anvil: Anvil, store: str,
-                       args: argparse.Namespace, pid: int) -> None:
+async def silent_round(
+    session: aiohttp.ClientSession, port: int, url: str, anvil: Anvil, store: str, args: argparse.Namespace, pid: int
+) -> None:
     emit = selector("emitMany(uint256)")
     sockets: list[socket.socket] = [await silent_socket(port, "key-a", args.subs) for _ in range(args.silent)]
     await asyncio.sleep(2)
@@ -139,8 +152,10 @@ async def silent_round(session: aiohttp.ClientSession, port: int, url: str, anvi
     await timing
     for sock in sockets:
         sock.close()
-    print(f"silent: {args.silent} sockets x {args.subs} wildcard subscriptions, one {args.silent_logs}-log "
-          f"block: worker RSS {before:.0f} MB before, peak {peak:.0f} MB (+{peak - before:.0f} MB)")
+    print(
+        f"silent: {args.silent} sockets x {args.subs} wildcard subscriptions, one {args.silent_logs}-log "
+        f"block: worker RSS {before:.0f} MB before, peak {peak:.0f} MB (+{peak - before:.0f} MB)"
+    )
     print("  " + summary(latencies))
 
 

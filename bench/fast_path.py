@@ -71,14 +71,23 @@ FLOOR_SERVER = textwrap.dedent("""
     (uvloop.run if uvloop else asyncio.run)(main())
 """)
 NGINX_1, NGINX_2 = "nginx proxy_cache (1 worker)", "nginx proxy_cache (2 workers)"
-OPEN, KEYED, ALONE, TWO, FLOOR = ("proxy open (1 process)", "proxy keyed (1 process)",
-                                  "proxy keyed, no Redis (1 process)", "proxy open WORKERS=2",
-                                  "floor: Protocol+httptools")
+OPEN, KEYED, ALONE, TWO, FLOOR = (
+    "proxy open (1 process)",
+    "proxy keyed (1 process)",
+    "proxy keyed, no Redis (1 process)",
+    "proxy open WORKERS=2",
+    "floor: Protocol+httptools",
+)
 
 
 def launch(name: str, cmd: list[str], port: int, env: dict[str, str] | None = None, pin: bool = True) -> Server:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=cache_hit.pinned(cache_hit.SERVER_CPUS) if pin else None)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=cache_hit.pinned(cache_hit.SERVER_CPUS) if pin else None,
+    )
     wait_until(lambda: listening(port), 30, name)
     return Server(name, proc, f"http://127.0.0.1:{port}/v3/bench")
 
@@ -88,8 +97,9 @@ def nginx(tmp: Path, workers: int, upstream: str) -> Server | None:
         return None
     port = free_port()
     conf = tmp / f"nginx{workers}.conf"
-    text = NGINX_CONF.format(user_line="user root;" if os.geteuid() == 0 else "", tmp=tmp / f"n{workers}",
-                             port=port, upstream=upstream)
+    text = NGINX_CONF.format(
+        user_line="user root;" if os.geteuid() == 0 else "", tmp=tmp / f"n{workers}", port=port, upstream=upstream
+    )
     (tmp / f"n{workers}").mkdir()
     conf.write_text(textwrap.dedent(text).replace("worker_processes 2;", f"worker_processes {workers};"))
     return launch(NGINX_1 if workers == 1 else NGINX_2, ["nginx", "-c", str(conf)], port, pin=workers == 1)
@@ -98,11 +108,12 @@ def nginx(tmp: Path, workers: int, upstream: str) -> Server | None:
 def start_servers(anvil: Anvil, redis: RedisServer, request: dict[str, object], tmp: Path) -> list[Server]:
     base = proxy_env(anvil.url)
     servers: list[Server] = []
-    for name, extra, pin in ((OPEN, {}, True),
-                             (KEYED, {"API_KEYS": "bench", "REDIS_URL": redis.url,
-                                      "DAILY_CREDITS": KEYED_DAILY_CREDITS}, True),
-                             (ALONE, {"API_KEYS": "bench", "DAILY_CREDITS": KEYED_DAILY_CREDITS}, True),
-                             (TWO, {"WORKERS": "2"}, False)):
+    for name, extra, pin in (
+        (OPEN, {}, True),
+        (KEYED, {"API_KEYS": "bench", "REDIS_URL": redis.url, "DAILY_CREDITS": KEYED_DAILY_CREDITS}, True),
+        (ALONE, {"API_KEYS": "bench", "DAILY_CREDITS": KEYED_DAILY_CREDITS}, True),
+        (TWO, {"WORKERS": "2"}, False),
+    ):
         port = free_port()
         server = launch(name, [sys.executable, "-m", "proxy"], port, {**base, **extra, "PROXY_PORT": str(port)}, pin)
         servers.append(server)
@@ -111,8 +122,7 @@ def start_servers(anvil: Anvil, redis: RedisServer, request: dict[str, object], 
             post(server.url, request)
     answer = json.dumps(post(servers[0].url, request), separators=(",", ":"))
     port = free_port()
-    servers.append(launch(FLOOR, [sys.executable, "-c", FLOOR_SERVER, str(port), json.dumps(request), answer],
-                          port))
+    servers.append(launch(FLOOR, [sys.executable, "-c", FLOOR_SERVER, str(port), json.dumps(request), answer], port))
     for workers in (1, 2):
         found = nginx(tmp, workers, anvil.url)
         if found is None:
@@ -120,8 +130,11 @@ def start_servers(anvil: Anvil, redis: RedisServer, request: dict[str, object], 
             break
         servers.append(found)
         post(found.url, request)  # fills nginx's cache (committed just after the answer is sent)
-        wait_until(lambda: cache_status(found.url, json.dumps(request)) == "HIT", 10,  # noqa: B023
-                   f"{found.name} to answer from its cache")
+        wait_until(
+            lambda: cache_status(found.url, json.dumps(request)) == "HIT",  # noqa: B023
+            10,
+            f"{found.name} to answer from its cache",
+        )
     return servers
 
 
@@ -139,8 +152,9 @@ def main() -> int:
         request = final_storage_request(anvil)
         servers = start_servers(anvil, redis, request, tmp)
         body = json.dumps(request)
-        rounds = [{s.name: measured(s, body, args.seconds, args.connections) for s in servers}
-                  for _ in range(args.rounds)]
+        rounds = [
+            {s.name: measured(s, body, args.seconds, args.connections) for s in servers} for _ in range(args.rounds)
+        ]
     finally:
         for server in servers:
             server.proc.terminate()
@@ -154,11 +168,20 @@ def main() -> int:
             return "  -  "
         return f"{middle([r[a].rps / r[b].rps for r in rounds]):.2f}"
 
-    medians = [Result(name, middle([r[name].rps for r in rounds]), middle([r[name].p50_ms for r in rounds]),
-                      middle([r[name].p99_ms for r in rounds]), middle([r[name].cpu_us for r in rounds]))
-               for name in rounds[0]]
-    print(f"wrk -t1 -c{args.connections} -d{args.seconds}s, {args.rounds} rounds of every server back to back, "
-          f"EVENT_LOOP={os.environ.get('EVENT_LOOP', 'uvloop if installed')} (table: medians)")
+    medians = [
+        Result(
+            name,
+            middle([r[name].rps for r in rounds]),
+            middle([r[name].p50_ms for r in rounds]),
+            middle([r[name].p99_ms for r in rounds]),
+            middle([r[name].cpu_us for r in rounds]),
+        )
+        for name in rounds[0]
+    ]
+    print(
+        f"wrk -t1 -c{args.connections} -d{args.seconds}s, {args.rounds} rounds of every server back to back, "
+        f"EVENT_LOOP={os.environ.get('EVENT_LOOP', 'uvloop if installed')} (table: medians)"
+    )
     print(table(medians))
     print(f"open hits / nginx 1 worker:        {ratio(OPEN, NGINX_1)}  (target >= 1.0)")
     print(f"keyed hits / open hits:            {ratio(KEYED, OPEN)}  (target >= 0.9)")

@@ -36,16 +36,19 @@ def main() -> int:
     try:
         body = json.dumps(final_storage_request(anvil)).encode()
         base = {**proxy_env(anvil.url), "HEAD_POLL_INTERVAL": "3600"}  # callgrind is slow: few polls
-        modes = {"open": {}, "keyed": {"API_KEYS": "bench", "REDIS_URL": redis.url,
-                                       "DAILY_CREDITS": KEYED_DAILY_CREDITS}}
+        modes = {
+            "open": {},
+            "keyed": {"API_KEYS": "bench", "REDIS_URL": redis.url, "DAILY_CREDITS": KEYED_DAILY_CREDITS},
+        }
         for mode, extra in modes.items():
             if args.only and mode != args.only:
                 continue
             port = free_port()
             env = {**base, **extra, "PROXY_PORT": str(port)}
             keep = f"{args.keep}.{mode}" if args.keep else None
-            counts[mode] = instructions_per_request([sys.executable, "-m", "proxy"], port, env, body, args.requests,
-                                                    keep=keep, one_write=True)
+            counts[mode] = instructions_per_request(
+                [sys.executable, "-m", "proxy"], port, env, body, args.requests, keep=keep, one_write=True
+            )
     finally:
         redis.stop()
         anvil.stop()

@@ -56,12 +56,15 @@ def serve(settings_env: dict[str, str], request: bytes, hits: int, key: str) -> 
     front_module.Front.__init__ = catch  # type: ignore[method-assign]
     settings = build_settings(settings_env)
     path = f"/v3/{key}"
-    wire = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{settings.port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(request)}\r\n\r\n").encode() + request
+    wire = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{settings.port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(request)}\r\n\r\n"
+    ).encode() + request
 
     def answered() -> bool:
-        post = urllib.request.Request(f"http://127.0.0.1:{settings.port}{path}", data=request,
-                                      headers={"Content-Type": "application/json"})
+        post = urllib.request.Request(
+            f"http://127.0.0.1:{settings.port}{path}", data=request, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(post, timeout=60) as reply:
             return reply.headers.get("X-Cache") == "HIT"
 
@@ -95,10 +98,22 @@ def counted(mode_env: dict[str, str], request: bytes, hits: int, key: str) -> fl
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/callgrind.out"
         child = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
-             f"--callgrind-out-file={out}", sys.executable, "-m", "bench.hit_path", "--child",
-             json.dumps({"env": mode_env, "request": request.decode(), "hits": hits, "key": key})],
-            cwd=ROOT, capture_output=True, text=True, timeout=1800,
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--collect-atstart=no",
+                "--toggle-collect=functools_reduce",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-m",
+                "bench.hit_path",
+                "--child",
+                json.dumps({"env": mode_env, "request": request.decode(), "hits": hits, "key": key}),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
         report = [line for line in child.stdout.splitlines() if line.startswith("{")]
         if not report or not json.loads(report[-1])["ok"]:
@@ -124,11 +139,18 @@ def main() -> int:
     counts: dict[str, float] = {}
     try:
         request = json.dumps(final_storage_request(anvil)).encode()
-        base = {"EVM_UPSTREAM": anvil.url, "LOG_LEVEL": "WARNING", "HEAD_POLL_INTERVAL": "3600",
-                "EVENT_LOOP": proxy_env(anvil.url).get("EVENT_LOOP", "asyncio")}
+        base = {
+            "EVM_UPSTREAM": anvil.url,
+            "LOG_LEVEL": "WARNING",
+            "HEAD_POLL_INTERVAL": "3600",
+            "EVENT_LOOP": proxy_env(anvil.url).get("EVENT_LOOP", "asyncio"),
+        }
         keyed = {"API_KEYS": "bench", "DAILY_CREDITS": KEYED_DAILY_CREDITS}
-        modes = {"open": {}, "keyed": {**keyed, "REDIS_URL": redis.url, "CREDITS_LEASE_MAX": KEYED_DAILY_CREDITS},
-                 "alone": keyed}  # keyed: one lease, the whole balance; alone: no Redis, the process's own count
+        modes = {
+            "open": {},
+            "keyed": {**keyed, "REDIS_URL": redis.url, "CREDITS_LEASE_MAX": KEYED_DAILY_CREDITS},
+            "alone": keyed,
+        }  # keyed: one lease, the whole balance; alone: no Redis, the process's own count
         for mode, extra in modes.items():
             if args.only and mode != args.only:
                 continue
@@ -137,8 +159,10 @@ def main() -> int:
         redis.stop()
         anvil.stop()
     for mode, count in counts.items():
-        print(f"{count:,.0f} instructions per {mode} hit's own path over {args.hits} hits "
-              f"(EVENT_LOOP={base['EVENT_LOOP']})")
+        print(
+            f"{count:,.0f} instructions per {mode} hit's own path over {args.hits} hits "
+            f"(EVENT_LOOP={base['EVENT_LOOP']})"
+        )
     for mode in ("keyed", "alone"):
         if mode in counts and "open" in counts:
             print(f"{mode} / open: {counts[mode] / counts['open']:.3f}")

@@ -65,8 +65,10 @@ class Chain:
 
 def build_chain(anvil: Anvil) -> Chain:
     store = anvil.deploy_store()
-    blocks = [int(anvil.send(store, selector("emitMany(uint256)") + word(LOGS_PER_TX), gas=15_000_000)["blockNumber"],
-                  16) for _ in range(LOG_TXS)]
+    blocks = [
+        int(anvil.send(store, selector("emitMany(uint256)") + word(LOGS_PER_TX), gas=15_000_000)["blockNumber"], 16)
+        for _ in range(LOG_TXS)
+    ]
     latest = anvil.mine(WIDE_BLOCKS + 100)
     return Chain(anvil, store, blocks[0], blocks[-1], latest)
 
@@ -95,19 +97,36 @@ def upstream_calls(base: str) -> float:
     """Upstream calls of the attacker's methods so far, from the proxy's own histogram counts."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
         text = response.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("rpc_proxy_upstream_request_duration_seconds_count")
-               and any(f'method="{m}"' in line for m in ATTACK_METHODS))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("rpc_proxy_upstream_request_duration_seconds_count")
+        and any(f'method="{m}"' in line for m in ATTACK_METHODS)
+    )
 
 
 async def victim(session: aiohttp.ClientSession, url: str, chain: Chain, phase: Phase, stop: threading.Event) -> None:
     rng = random.Random(1)
     calls: list[Callable[[], tuple[dict[str, Any], bool]]] = [
         lambda: ({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, False),
-        lambda: ({"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt",
-                  "params": [chain.store, hex(rng.randrange(200)), hex(chain.first)]}, True),
-        lambda: ({"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance",
-                  "params": [f"0x{rng.getrandbits(160):040x}", hex(rng.randrange(chain.latest - 100))]}, False),
+        lambda: (
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "eth_getStorageAt",
+                "params": [chain.store, hex(rng.randrange(200)), hex(chain.first)],
+            },
+            True,
+        ),
+        lambda: (
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "eth_getBalance",
+                "params": [f"0x{rng.getrandbits(160):040x}", hex(rng.randrange(chain.latest - 100))],
+            },
+            False,
+        ),
     ]
     n = 0
     while not stop.is_set():
@@ -138,33 +157,46 @@ async def post(session: aiohttp.ClientSession, url: str, body: Any, phase: Phase
 
 
 def logs(first: int, last: int, address: str, rid: int = 1) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getLogs",
-            "params": [{"address": address, "fromBlock": hex(first), "toBlock": hex(last)}]}
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "eth_getLogs",
+        "params": [{"address": address, "fromBlock": hex(first), "toBlock": hex(last)}],
+    }
 
 
-async def logs_batch(session: aiohttp.ClientSession, url: str, chain: Chain, phase: Phase,
-                     stop: threading.Event) -> None:
+async def logs_batch(
+    session: aiohttp.ClientSession, url: str, chain: Chain, phase: Phase, stop: threading.Event
+) -> None:
     await post(session, url, logs(chain.first, chain.last, chain.store), phase)  # warm: ~10,000 logs
     while not stop.is_set():
         await post(session, url, [logs(chain.first, chain.last, chain.store, i) for i in range(100)], phase)
 
 
-async def cache_wipe(session: aiohttp.ClientSession, url: str, chain: Chain, phase: Phase,
-                     stop: threading.Event) -> None:
+async def cache_wipe(
+    session: aiohttp.ClientSession, url: str, chain: Chain, phase: Phase, stop: threading.Event
+) -> None:
     target = "0x" + "ab" * 20
     code = "0x616000" + "6000f3"  # PUSH2 0x6000 PUSH1 0 RETURN: 24 KiB, as the client chose
     n = 0
     while not stop.is_set():
-        calls = [{"jsonrpc": "2.0", "id": i, "method": "eth_call",
-                  "params": [{"to": target, "data": f"0x{n + i:064x}"}, hex(chain.first), {target: {"code": code}}]}
-                 for i in range(50)]
+        calls = [
+            {
+                "jsonrpc": "2.0",
+                "id": i,
+                "method": "eth_call",
+                "params": [{"to": target, "data": f"0x{n + i:064x}"}, hex(chain.first), {target: {"code": code}}],
+            }
+            for i in range(50)
+        ]
         calls += [logs(b, b + 1, chain.store, 100 + b) for b in range(chain.first + n % 5, chain.last - 1, 2)]
         await post(session, url, calls, phase)
         n += 50
 
 
-async def wide_logs(session: aiohttp.ClientSession, url: str, chain: Chain, phase: Phase,
-                    stop: threading.Event) -> None:
+async def wide_logs(
+    session: aiohttp.ClientSession, url: str, chain: Chain, phase: Phase, stop: threading.Event
+) -> None:
     n = 0
     while not stop.is_set():
         await post(session, url, [logs(0, WIDE_CHUNK * 199, f"0x{n + i + 1:040x}", i) for i in range(100)], phase)
@@ -181,8 +213,9 @@ def attacker_thread(attack: Attack, url: str, chain: Chain, phase: Phase, stop: 
     return thread
 
 
-async def run_phase(name: str, attack: Attack | None, base: str, chain: Chain, pid: int, cache: redis.Redis,
-                    seconds: float) -> Phase:
+async def run_phase(
+    name: str, attack: Attack | None, base: str, chain: Chain, pid: int, cache: redis.Redis, seconds: float
+) -> Phase:
     phase = Phase(name)
     stop = threading.Event()
     evicted = int(cache.info("stats")["evicted_keys"])
@@ -213,8 +246,12 @@ def quantile(values: list[float], q: float) -> float:
 async def warm_victim(base: str, chain: Chain) -> None:
     async with aiohttp.ClientSession() as session:
         for slot in range(200):
-            body = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt",
-                    "params": [chain.store, hex(slot), hex(chain.first)]}
+            body = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "eth_getStorageAt",
+                "params": [chain.store, hex(slot), hex(chain.first)],
+            }
             async with session.post(f"{base}/v3/{VICTIM}", json=body) as resp:
                 await resp.read()
 
@@ -225,9 +262,12 @@ async def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout whose proxy is run")
     parser.add_argument("--redis-maxmemory", default="16mb")
     parser.add_argument("--cache-memory", default=str(16 << 20), help="CACHE_MEMORY_BYTES of the proxy")
-    parser.add_argument("--slow-callbacks", action="store_true",
-                        help="run the proxy in asyncio debug mode and print the longest callback of each phase "
-                             "(asyncio's slow-callback detection, 50 ms threshold; debug mode slows the proxy)")
+    parser.add_argument(
+        "--slow-callbacks",
+        action="store_true",
+        help="run the proxy in asyncio debug mode and print the longest callback of each phase "
+        "(asyncio's slow-callback detection, 50 ms threshold; debug mode slows the proxy)",
+    )
     args = parser.parse_args()
     anvil = Anvil("--gas-limit", "100000000")
     cache_server = RedisServer("--maxmemory", args.redis_maxmemory, "--maxmemory-policy", "allkeys-lru")
@@ -235,31 +275,52 @@ async def main() -> None:
     try:
         chain = build_chain(anvil)
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(args.root), "EVM_UPSTREAM": anvil.url, "REDIS_URL": cache_server.url,
-               "API_KEYS": f"{ATTACKER},{VICTIM}", "PROXY_PORT": str(port), "GETLOGS_CHUNK_BLOCKS": str(WIDE_CHUNK),
-               "CACHE_MEMORY_BYTES": args.cache_memory, "HEAD_POLL_INTERVAL": "0.5", "LOG_LEVEL": "ERROR",
-               "SHUTDOWN_TIMEOUT": "1", "DAILY_CREDITS": str(10**12)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(args.root),
+            "EVM_UPSTREAM": anvil.url,
+            "REDIS_URL": cache_server.url,
+            "API_KEYS": f"{ATTACKER},{VICTIM}",
+            "PROXY_PORT": str(port),
+            "GETLOGS_CHUNK_BLOCKS": str(WIDE_CHUNK),
+            "CACHE_MEMORY_BYTES": args.cache_memory,
+            "HEAD_POLL_INTERVAL": "0.5",
+            "LOG_LEVEL": "ERROR",
+            "SHUTDOWN_TIMEOUT": "1",
+            "DAILY_CREDITS": str(10**12),
+        }
         # Kept with --slow-callbacks, whose warnings name the slow callbacks.
-        log = tempfile.NamedTemporaryFile(prefix="isolation-proxy-", suffix=".log",  # noqa: SIM115
-                                          delete=not args.slow_callbacks)
+        log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="isolation-proxy-",
+            suffix=".log",
+            delete=not args.slow_callbacks,
+        )
         if args.slow_callbacks:
             env.update(PYTHONASYNCIODEBUG="1", LOG_LEVEL="WARNING")
-        proc = subprocess.Popen([sys.executable, "-m", "proxy"], cwd=args.root, env=env,
-                                stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy"], cwd=args.root, env=env, stdout=subprocess.DEVNULL, stderr=log
+        )
         wait_until(lambda: healthy(port), 30, "the proxy to start")
         base = f"http://127.0.0.1:{port}"
         time.sleep(2)  # the head tracker's first polls and the chain identity
         await warm_victim(base, chain)
         cache = redis.Redis.from_url(cache_server.url)
-        print(f"proxy from {args.root}; Anvil {chain.latest + 1} blocks, {LOGS_PER_TX * LOG_TXS} logs in blocks "
-              f"{chain.first}-{chain.last}; Redis maxmemory {args.redis_maxmemory} allkeys-lru; "
-              f"CACHE_MEMORY_BYTES={args.cache_memory}; "
-              f"GETLOGS_CHUNK_BLOCKS={WIDE_CHUNK}; {args.seconds:g} s per phase")
-        print(f"{'phase':<12} {'victim p50 ms':>13} {'p99 ms':>8} {'max ms':>8} {'warm hits':>9} "
-              f"{'atk upstream/1k cr':>18} {'atk credits':>11} {'RSS MB':>7} {'evictions':>9}"
-              + (f" {'slowest cb ms':>9}" if args.slow_callbacks else ""))
+        print(
+            f"proxy from {args.root}; Anvil {chain.latest + 1} blocks, {LOGS_PER_TX * LOG_TXS} logs in blocks "
+            f"{chain.first}-{chain.last}; Redis maxmemory {args.redis_maxmemory} allkeys-lru; "
+            f"CACHE_MEMORY_BYTES={args.cache_memory}; "
+            f"GETLOGS_CHUNK_BLOCKS={WIDE_CHUNK}; {args.seconds:g} s per phase"
+        )
+        print(
+            f"{'phase':<12} {'victim p50 ms':>13} {'p99 ms':>8} {'max ms':>8} {'warm hits':>9} "
+            f"{'atk upstream/1k cr':>18} {'atk credits':>11} {'RSS MB':>7} {'evictions':>9}"
+            + (f" {'slowest cb ms':>9}" if args.slow_callbacks else "")
+        )
         phases: list[tuple[str, Attack | None]] = [
-            ("none", None), ("logs-batch", logs_batch), ("cache-wipe", cache_wipe), ("wide-logs", wide_logs),
+            ("none", None),
+            ("logs-batch", logs_batch),
+            ("cache-wipe", cache_wipe),
+            ("wide-logs", wide_logs),
         ]
         for name, attack in phases:
             if proc.poll() is not None:
@@ -272,10 +333,12 @@ async def main() -> None:
                 slowest = max((float(m) for m in SLOW.findall(text.read().decode(errors="replace"))), default=0.0)
             per_1k = phase.upstream / phase.credits * 1000 if phase.credits else 0.0
             warm = phase.warm_hits / phase.warm if phase.warm else 0.0
-            print(f"{name:<12} {statistics.median(phase.latencies) * 1000:>13.1f} "
-                  f"{quantile(phase.latencies, 0.99) * 1000:>8.1f} {max(phase.latencies) * 1000:>8.1f} "
-                  f"{warm:>9.0%} {per_1k:>18.1f} {phase.credits:>11} {phase.rss_peak_kb / 1024:>7.0f} "
-                  f"{phase.evictions:>9}" + (f" {slowest * 1000:>9.0f}" if args.slow_callbacks else ""))
+            print(
+                f"{name:<12} {statistics.median(phase.latencies) * 1000:>13.1f} "
+                f"{quantile(phase.latencies, 0.99) * 1000:>8.1f} {max(phase.latencies) * 1000:>8.1f} "
+                f"{warm:>9.0%} {per_1k:>18.1f} {phase.credits:>11} {phase.rss_peak_kb / 1024:>7.0f} "
+                f"{phase.evictions:>9}" + (f" {slowest * 1000:>9.0f}" if args.slow_callbacks else "")
+            )
         if args.slow_callbacks:
             print(f"proxy log (slow callbacks named): {log.name}")
     finally:

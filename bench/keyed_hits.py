@@ -45,8 +45,13 @@ def main() -> int:
         base = {**os.environ, "EVM_UPSTREAM": anvil.url, "LOG_FORMAT": "json"}
         open_env = {**base, "PROXY_PORT": str(open_port)}
         # A balance no run spends: every round's calls are charged, none refused.
-        keyed_env = {**base, "PROXY_PORT": str(keyed_port), "API_KEYS": "bench", "REDIS_URL": redis.url,
-                     "DAILY_CREDITS": KEYED_DAILY_CREDITS}
+        keyed_env = {
+            **base,
+            "PROXY_PORT": str(keyed_port),
+            "API_KEYS": "bench",
+            "REDIS_URL": redis.url,
+            "DAILY_CREDITS": KEYED_DAILY_CREDITS,
+        }
         open_proc = start([sys.executable, "-m", "proxy"], open_port, open_env)
         procs.append(open_proc)
         keyed_proc = start([sys.executable, "-m", "proxy"], keyed_port, keyed_env)
@@ -60,18 +65,37 @@ def main() -> int:
         opens: list[Result] = []
         keyeds: list[Result] = []
         for _ in range(args.rounds):
-            opens.append(wrk("proxy, open mode, cache hit", open_url, fixed_body_script(body), args.seconds,
-                             args.connections, open_proc.pid))
-            keyeds.append(wrk("proxy, keys+redis+credits, cache hit", keyed_url, fixed_body_script(body),
-                              args.seconds, args.connections, keyed_proc.pid))
+            opens.append(
+                wrk(
+                    "proxy, open mode, cache hit",
+                    open_url,
+                    fixed_body_script(body),
+                    args.seconds,
+                    args.connections,
+                    open_proc.pid,
+                )
+            )
+            keyeds.append(
+                wrk(
+                    "proxy, keys+redis+credits, cache hit",
+                    keyed_url,
+                    fixed_body_script(body),
+                    args.seconds,
+                    args.connections,
+                    keyed_proc.pid,
+                )
+            )
         counts: tuple[float, float] | None = None
         if args.instructions:
             counted = []
             for env in (open_env, keyed_env):
                 port = free_port()
                 slow_env = {**env, "PROXY_PORT": str(port), "HEAD_POLL_INTERVAL": "3600"}  # callgrind is slow
-                counted.append(instructions_per_request([sys.executable, "-m", "proxy"], port, slow_env,
-                                                        body.encode(), args.instructions))
+                counted.append(
+                    instructions_per_request(
+                        [sys.executable, "-m", "proxy"], port, slow_env, body.encode(), args.instructions
+                    )
+                )
             counts = (counted[0], counted[1])
     finally:
         for proc in procs:
@@ -81,16 +105,24 @@ def main() -> int:
         anvil.stop()
 
     ratios = sorted(k.rps / o.rps for k, o in zip(keyeds, opens, strict=True))
-    print(f"wrk -t1 -c{args.connections} -d{args.seconds}s, one process each, "
-          f"{args.rounds} back-to-back pairs of open and keyed hit rounds (table: medians)")
-    print("keyed rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in keyeds)
-          + " | open rounds req/s: " + ", ".join(f"{r.rps:.0f}" for r in opens))
+    print(
+        f"wrk -t1 -c{args.connections} -d{args.seconds}s, one process each, "
+        f"{args.rounds} back-to-back pairs of open and keyed hit rounds (table: medians)"
+    )
+    print(
+        "keyed rounds req/s: "
+        + ", ".join(f"{r.rps:.0f}" for r in keyeds)
+        + " | open rounds req/s: "
+        + ", ".join(f"{r.rps:.0f}" for r in opens)
+    )
     print("pair ratios (sorted): " + ", ".join(f"{r:.2f}" for r in ratios))
     print(table([median(opens), median(keyeds)]))
     print(f"keyed hit throughput / open hit:  {middle(ratios):.2f}  (median of pair ratios; target >= 0.90)")
     if counts is not None:
-        print(f"instructions per hit (callgrind, {args.instructions} sequential requests): "
-              f"open {counts[0]:,.0f}, keyed {counts[1]:,.0f}, keyed / open {counts[1] / counts[0]:.2f}")
+        print(
+            f"instructions per hit (callgrind, {args.instructions} sequential requests): "
+            f"open {counts[0]:,.0f}, keyed {counts[1]:,.0f}, keyed / open {counts[1] / counts[0]:.2f}"
+        )
     return 0
 
 

@@ -43,15 +43,19 @@ Phase = tuple[Callable[[], Iterator[dict[str, Any]]], int, int]
 
 def row(name: str, bound: int, bounded: Reading, baseline: Reading) -> str:
     held = bounded.rss - baseline.rss
-    return (f"{name:28} {bound / MIB:8.1f} {bounded.metric_bytes / MIB:10.2f} {bounded.entries:9.0f} "
-            f"{bounded.rss / MIB:11.1f} {baseline.rss / MIB:12.1f} {held / MIB:9.1f} {held / bound:12.2f}")
+    return (
+        f"{name:28} {bound / MIB:8.1f} {bounded.metric_bytes / MIB:10.2f} {bounded.entries:9.0f} "
+        f"{bounded.rss / MIB:11.1f} {baseline.rss / MIB:12.1f} {held / MIB:9.1f} {held / bound:12.2f}"
+    )
 
 
 async def side_by_side(bound: int, small: int, big: int) -> None:
     small_phase: Phase = (lambda: map(storage_call, range(1, small + 1)), 100, 4)
     big_phase: Phase = (lambda: map(big_call, range(big)), 10, 2)
-    print(f"{'scenario':28} {'bound MiB':>8} {'metric MiB':>10} {'entries':>9} {'RSS MiB':>11} "
-          f"{'baseline MiB':>12} {'held MiB':>9} {'held / bound':>12}")
+    print(
+        f"{'scenario':28} {'bound MiB':>8} {'metric MiB':>10} {'entries':>9} {'RSS MiB':>11} "
+        f"{'baseline MiB':>12} {'held MiB':>9} {'held / bound':>12}"
+    )
     [(bounded, baseline)] = await fill_side_by_side(bound, [small_phase])
     print(row(f"{small:,} small answers", bound, bounded, baseline), flush=True)
     [(bounded, baseline)] = await fill_side_by_side(bound, [big_phase])
@@ -90,8 +94,11 @@ def entry_cost(kind: str) -> str:
     """Per entry: what tracemalloc sees, what RSS grows by (in a fresh process), what the tier counts."""
     count = KINDS[kind][0]
     grown = subprocess.run(
-        [sys.executable, "-m", "bench.memory_bound", "--rss-growth", kind], cwd=ROOT, capture_output=True,
-        text=True, check=True,
+        [sys.executable, "-m", "bench.memory_bound", "--rss-growth", kind],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     gc.collect()
     tracemalloc.start()
@@ -99,13 +106,17 @@ def entry_cost(kind: str) -> str:
     tier = fill(kind)
     traced = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    return (f"{kind:34} {count:>8,} {traced / count:>12.0f} {int(grown) / count:>10.0f} "
-            f"{tier.bytes_used / count:>12.0f} {tier.bytes_used / traced:>9.3f}")
+    return (
+        f"{kind:34} {count:>8,} {traced / count:>12.0f} {int(grown) / count:>10.0f} "
+        f"{tier.bytes_used / count:>12.0f} {tier.bytes_used / traced:>9.3f}"
+    )
 
 
 def entry_costs() -> None:
-    print(f"{'entries (key: a storage slot)':34} {'count':>8} {'tracemalloc':>12} {'RSS':>10} "
-          f"{'counted':>12} {'counted / traced':>9}   (bytes per entry)")
+    print(
+        f"{'entries (key: a storage slot)':34} {'count':>8} {'tracemalloc':>12} {'RSS':>10} "
+        f"{'counted':>12} {'counted / traced':>9}   (bytes per entry)"
+    )
     for kind in KINDS:
         print(entry_cost(kind), flush=True)
 
@@ -120,8 +131,12 @@ class QuietUpstream(CountingUpstream):
 
 def logs_call(i: int) -> dict[str, Any]:
     """A distinct eth_getLogs filter whose params are about 490 bytes of JSON (memos keep up to 512)."""
-    log_filter = {"address": ["0x" + format(i * 10 + j, "040x") for j in range(8)], "fromBlock": "0x1",
-                  "toBlock": "0x2", "topics": ["0x" + format(i, "064x")]}
+    log_filter = {
+        "address": ["0x" + format(i * 10 + j, "040x") for j in range(8)],
+        "fromBlock": "0x1",
+        "toBlock": "0x2",
+        "topics": ["0x" + format(i, "064x")],
+    }
     return {"jsonrpc": "2.0", "id": i, "method": "eth_getLogs", "params": [log_filter]}
 
 
@@ -152,8 +167,11 @@ async def memo_cost(make: Callable[[int], dict[str, Any]]) -> float:
 async def memo_costs() -> None:
     for name, make in (("eth_getStorageAt", storage_call), ("eth_getLogs, 490-byte params", logs_call)):
         per_call = await memo_cost(make)
-        print(f"memos, {name:30} {per_call:6.0f} bytes per distinct call, "
-              f"{per_call * MEMO_SIZE / MIB:5.1f} MiB when full ({MEMO_SIZE:,} calls)", flush=True)
+        print(
+            f"memos, {name:30} {per_call:6.0f} bytes per distinct call, "
+            f"{per_call * MEMO_SIZE / MIB:5.1f} MiB when full ({MEMO_SIZE:,} calls)",
+            flush=True,
+        )
 
 
 def main() -> int:

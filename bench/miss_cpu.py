@@ -40,13 +40,20 @@ class Misses:
         misses = True
         for _ in range(count):
             self.counter += 1
-            body = json.dumps({"jsonrpc": "2.0", "id": self.counter, "method": "eth_getStorageAt",
-                               "params": [self.store, hex(self.counter), self.block]}).encode()
+            body = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": self.counter,
+                    "method": "eth_getStorageAt",
+                    "params": [self.store, hex(self.counter), self.block],
+                }
+            ).encode()
             self.conn.request("POST", "/v3/bench", body, {"Content-Type": "application/json"})
             response = self.conn.getresponse()
             answer = json.loads(response.read())
-            misses = misses and response.status == 200 and "result" in answer \
-                and response.getheader("X-Cache") == "MISS"
+            misses = (
+                misses and response.status == 200 and "result" in answer and response.getheader("X-Cache") == "MISS"
+            )
         return misses
 
 
@@ -92,8 +99,10 @@ def main() -> int:
         anvil.stop()
         if redis is not None:
             redis.stop()
-    print(f"{total / args.requests:,.0f} instructions per miss over {args.requests} sequential misses "
-          f"(EVENT_LOOP={env.get('EVENT_LOOP', 'asyncio')}, {'memory + redis' if redis else 'memory only'})")
+    print(
+        f"{total / args.requests:,.0f} instructions per miss over {args.requests} sequential misses "
+        f"(EVENT_LOOP={env.get('EVENT_LOOP', 'asyncio')}, {'memory + redis' if redis else 'memory only'})"
+    )
     return 0
 
 

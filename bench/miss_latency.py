@@ -56,10 +56,10 @@ def main() -> int:
             for round_ in range(args.rounds):
                 # A fresh range of positions per run: never a hit, never one the node has read.
                 base = (concurrency * 10 + round_) * 1_000_000
-                for name, target, offset, into, pid in ((f"anvil direct, c={concurrency}", anvil.url, base, direct,
-                                                         None),
-                                                        (f"proxy miss, c={concurrency}", url, base + 2**30, proxied,
-                                                         proc.pid)):
+                for name, target, offset, into, pid in (
+                    (f"anvil direct, c={concurrency}", anvil.url, base, direct, None),
+                    (f"proxy miss, c={concurrency}", url, base + 2**30, proxied, proc.pid),
+                ):
                     script = unique_storage_script(store, block).replace("counter + 1000000", f"counter + {offset}")
                     into.append(wrk(name, target, script, args.seconds, concurrency, pid))
             rows += [median(direct), median(proxied)]
@@ -68,13 +68,17 @@ def main() -> int:
             proc.terminate()
             proc.wait(30)
         anvil.stop()
-    print(f"wrk -t1 -d{args.seconds}s, every call a new storage position, {args.rounds} alternating rounds "
-          f"(table: medians), EVENT_LOOP={env.get('EVENT_LOOP', 'asyncio')}")
+    print(
+        f"wrk -t1 -d{args.seconds}s, every call a new storage position, {args.rounds} alternating rounds "
+        f"(table: medians), EVENT_LOOP={env.get('EVENT_LOOP', 'asyncio')}"
+    )
     print(table(rows))
     for i in range(0, len(rows), 2):
         node, proxy = rows[i], rows[i + 1]
-        print(f"{proxy.name}: adds {proxy.p50_ms - node.p50_ms:+.2f} ms p50, {proxy.p99_ms - node.p99_ms:+.2f} ms p99 "
-              f"to the node's own (target at c=1: <= +0.30 ms p50)")
+        print(
+            f"{proxy.name}: adds {proxy.p50_ms - node.p50_ms:+.2f} ms p50, {proxy.p99_ms - node.p99_ms:+.2f} ms p99 "
+            f"to the node's own (target at c=1: <= +0.30 ms p50)"
+        )
     return 0
 
 

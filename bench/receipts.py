@@ -52,13 +52,14 @@ async def receipt_waits(session: aiohttp.ClientSession, url: str, count: int, po
 def _row(name: str, waits: list[float], polls: int, upstream: int | None) -> str:
     p90 = sorted(waits)[int(0.9 * (len(waits) - 1))]
     node = "-" if upstream is None else str(upstream)
-    return (f"{name:28} {statistics.median(waits) * 1000:9.1f} {p90 * 1000:9.1f} {polls:7} {node:>14}")
+    return f"{name:28} {statistics.median(waits) * 1000:9.1f} {p90 * 1000:9.1f} {polls:7} {node:>14}"
 
 
 async def run(mode: str, extra: tuple[str, ...], count: int, poll: float) -> list[str]:
     anvil = Anvil(*extra)
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS="eth_sendTransaction",
-                                           HEAD_POLL_INTERVAL="2"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS="eth_sendTransaction", HEAD_POLL_INTERVAL="2")
+    )
     try:
         await proxy.head_at(0)
         async with aiohttp.ClientSession() as session:
@@ -66,8 +67,10 @@ async def run(mode: str, extra: tuple[str, ...], count: int, poll: float) -> lis
             before = proxy.upstreams["evm"].calls["eth_getTransactionReceipt"]
             through, through_polls = await receipt_waits(session, proxy.url(), count, poll)
             upstream = proxy.upstreams["evm"].calls["eth_getTransactionReceipt"] - before
-        return [_row(f"{mode}, direct", direct, direct_polls, None),
-                _row(f"{mode}, through the proxy", through, through_polls, upstream)]
+        return [
+            _row(f"{mode}, direct", direct, direct_polls, None),
+            _row(f"{mode}, through the proxy", through, through_polls, upstream),
+        ]
     finally:
         await proxy.close()
         anvil.stop()

@@ -43,8 +43,10 @@ def usage_row(method: str, client: redis.Redis, keys: list[bytes]) -> str:
     if n == 0:  # the method's answers were not stored (not cacheable as asked): nothing to size
         return f"{method:34} {0:>4}  (nothing stored)"
     key, value, usage = (sum(s[i] for s in sizes) / n for i in range(3))
-    return (f"{method:34} {n:>4} {key:>9.0f} {value:>10.0f} {usage:>13.0f} {usage - key - value:>9.0f} "
-            f"{GIB / usage:>14,.0f}")
+    return (
+        f"{method:34} {n:>4} {key:>9.0f} {value:>10.0f} {usage:>13.0f} {usage - key - value:>9.0f} "
+        f"{GIB / usage:>14,.0f}"
+    )
 
 
 async def measure(storage: int) -> None:
@@ -57,29 +59,38 @@ async def measure(storage: int) -> None:
         anvil.mine(70)  # everything above is final now: immutable entries, as most are in production
         final = hex(anvil.block_number() - 70)
         # A generous Redis timeout: on a busy host the default 0.25 s would skip some stores.
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, SOLANA_UPSTREAM=solana.url,
-                                               REDIS_URL=server.url, REDIS_TIMEOUT="5"))
+        proxy = await start_proxy(
+            settings_for(EVM_UPSTREAM=anvil.url, SOLANA_UPSTREAM=solana.url, REDIS_URL=server.url, REDIS_TIMEOUT="5")
+        )
         await proxy.head_at(anvil.block_number())
         hashes = [anvil.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in range(1, 6)]
         call = {"from": DEV_ACCOUNT, "to": store}
         methods: dict[str, Callable[[Proxy], Awaitable[Any]]] = {
             "eth_getStorageAt": lambda p: asyncio.gather(
-                *(p.call("eth_getStorageAt", [store, hex(i), final]) for i in range(5))),
+                *(p.call("eth_getStorageAt", [store, hex(i), final]) for i in range(5))
+            ),
             "eth_call": lambda p: asyncio.gather(
-                *(p.call("eth_call", [{**call, "data": selector(f)}, final]) for f in ("x()", "boom()"))),
+                *(p.call("eth_call", [{**call, "data": selector(f)}, final]) for f in ("x()", "boom()"))
+            ),
             "eth_getLogs (3 logs)": lambda p: p.call(
-                "eth_getLogs", [{"address": store, "fromBlock": logs_block, "toBlock": logs_block}]),
+                "eth_getLogs", [{"address": store, "fromBlock": logs_block, "toBlock": logs_block}]
+            ),
             "eth_getBlockReceipts (1 tx)": lambda p: asyncio.gather(
-                *(p.call("eth_getBlockReceipts", [b]) for b in receipts_blocks)),
+                *(p.call("eth_getBlockReceipts", [b]) for b in receipts_blocks)
+            ),
             "eth_getUncleByBlockHashAndIndex": lambda p: asyncio.gather(
-                *(p.call("eth_getUncleByBlockHashAndIndex", [h, "0x0"]) for h in hashes)),
+                *(p.call("eth_getUncleByBlockHashAndIndex", [h, "0x0"]) for h in hashes)
+            ),
             "getTokenAccountBalance": lambda p: p.call("getTokenAccountBalance", [TOKEN_ACCOUNT]),
             "getLargestAccounts (20 accounts)": lambda p: asyncio.gather(
-                p.call("getLargestAccounts", []), p.call("getLargestAccounts", [{"filter": "circulating"}])),
+                p.call("getLargestAccounts", []), p.call("getLargestAccounts", [{"filter": "circulating"}])
+            ),
         }
         client = redis.Redis(host="127.0.0.1", port=server.port)
-        print(f"{'method (sample answers)':34} {'keys':>4} {'key bytes':>9} {'value bytes':>10} "
-              f"{'MEMORY USAGE':>13} {'overhead':>9} {'entries / GiB':>14}")
+        print(
+            f"{'method (sample answers)':34} {'keys':>4} {'key bytes':>9} {'value bytes':>10} "
+            f"{'MEMORY USAGE':>13} {'overhead':>9} {'entries / GiB':>14}"
+        )
         for method, ask in methods.items():
             before = set(client.scan_iter("rcp:c:*"))
             await ask(proxy)
@@ -89,12 +100,18 @@ async def measure(storage: int) -> None:
         used = int(client.info("memory")["used_memory"])
         for start in range(0, storage, 100):
             batch = range(start, min(start + 100, storage))
-            await proxy.post([{"jsonrpc": "2.0", "id": i, "method": "eth_getStorageAt",
-                               "params": [store, hex(1000 + i), final]} for i in batch])
+            await proxy.post(
+                [
+                    {"jsonrpc": "2.0", "id": i, "method": "eth_getStorageAt", "params": [store, hex(1000 + i), final]}
+                    for i in batch
+                ]
+            )
         held = len(list(client.scan_iter("rcp:c:*", count=1000)))
         grown = int(client.info("memory")["used_memory"]) - used
-        print(f"\n{held:,} eth_getStorageAt entries: used_memory grew {grown / 2**20:.1f} MiB, "
-              f"{grown / held:.0f} bytes per entry (tables included), {GIB * held / grown:,.0f} entries per GiB")
+        print(
+            f"\n{held:,} eth_getStorageAt entries: used_memory grew {grown / 2**20:.1f} MiB, "
+            f"{grown / held:.0f} bytes per entry (tables included), {GIB * held / grown:,.0f} entries per GiB"
+        )
     finally:
         try:
             if proxy is not None:

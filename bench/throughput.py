@@ -113,8 +113,14 @@ def require_tools() -> None:
         raise SystemExit(f"{' and '.join(missing)} not found: apt-get install -y wrk nginx-light")
 
 
-def launch(name: str, cmd: list[str], port: int, url: str, env: dict[str, str] | None = None,
-           ready: Callable[[], bool] | None = None) -> Server:
+def launch(
+    name: str,
+    cmd: list[str],
+    port: int,
+    url: str,
+    env: dict[str, str] | None = None,
+    ready: Callable[[], bool] | None = None,
+) -> Server:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until(ready or (lambda: listening(port)), 30, name)
     return Server(name, proc, url)
@@ -143,6 +149,7 @@ def main() -> int:
     require_tools()
     try:
         import uvloop  # noqa: F401
+
         loops = ["asyncio", "uvloop"]
     except ImportError:
         loops = ["asyncio"]
@@ -157,8 +164,15 @@ def main() -> int:
         for loop in loops:
             for workers in (1, 2):
                 port = free_port()
-                env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "WORKERS": str(workers),
-                       "EVENT_LOOP": loop, "ACCESS_LOG": "false", "LOG_FORMAT": "json"}
+                env = {
+                    **os.environ,
+                    "EVM_UPSTREAM": anvil.url,
+                    "PROXY_PORT": str(port),
+                    "WORKERS": str(workers),
+                    "EVENT_LOOP": loop,
+                    "ACCESS_LOG": "false",
+                    "LOG_FORMAT": "json",
+                }
                 url = f"http://127.0.0.1:{port}/v3/bench"
                 server = launch(f"proxy WORKERS={workers} {loop}", [sys.executable, "-m", "proxy"], port, url, env)
                 servers.append(server)
@@ -167,16 +181,36 @@ def main() -> int:
                     post(url, request)
         answer = json.dumps(post(servers[0].url, request), separators=(",", ":"))
         bare_port = free_port()
-        servers.append(launch("bare aiohttp (1 process)", [sys.executable, "-c", BARE_SERVER, str(bare_port), answer],
-                              bare_port, f"http://127.0.0.1:{bare_port}/v3/bench"))
+        servers.append(
+            launch(
+                "bare aiohttp (1 process)",
+                [sys.executable, "-c", BARE_SERVER, str(bare_port), answer],
+                bare_port,
+                f"http://127.0.0.1:{bare_port}/v3/bench",
+            )
+        )
         nginx_port = free_port()
-        (tmp / "nginx.conf").write_text(textwrap.dedent(NGINX_CONF.format(
-            # Run as root, nginx's workers would be `nobody`, shut out of the private temp directory.
-            user_line="user root;" if os.geteuid() == 0 else "", tmp=tmp, port=nginx_port,
-                                                                          upstream=anvil.url)))
+        (tmp / "nginx.conf").write_text(
+            textwrap.dedent(
+                NGINX_CONF.format(
+                    # Run as root, nginx's workers would be `nobody`, shut out of the private temp directory.
+                    user_line="user root;" if os.geteuid() == 0 else "",
+                    tmp=tmp,
+                    port=nginx_port,
+                    upstream=anvil.url,
+                )
+            )
+        )
         nginx_url = f"http://127.0.0.1:{nginx_port}/v3/bench"
-        servers.append(launch("nginx proxy_cache (2 workers)", ["nginx", "-c", str(tmp / "nginx.conf")], nginx_port,
-                              nginx_url, ready=lambda: listening(nginx_port)))
+        servers.append(
+            launch(
+                "nginx proxy_cache (2 workers)",
+                ["nginx", "-c", str(tmp / "nginx.conf")],
+                nginx_port,
+                nginx_url,
+                ready=lambda: listening(nginx_port),
+            )
+        )
         post(nginx_url, request)  # fills nginx's cache
         if cache_status(nginx_url, body) != "HIT":
             raise SystemExit("nginx does not answer the request from its cache")
@@ -194,21 +228,32 @@ def main() -> int:
     def ratio(a: str, b: str, field: str = "rps") -> float:
         return middle([getattr(r[a], field) / getattr(r[b], field) for r in rounds])
 
-    medians = [Result(name, middle([r[name].rps for r in rounds]), middle([r[name].p50_ms for r in rounds]),
-                      middle([r[name].p99_ms for r in rounds]), middle([r[name].cpu_us for r in rounds]))
-               for name in rounds[0]]
+    medians = [
+        Result(
+            name,
+            middle([r[name].rps for r in rounds]),
+            middle([r[name].p50_ms for r in rounds]),
+            middle([r[name].p99_ms for r in rounds]),
+            middle([r[name].cpu_us for r in rounds]),
+        )
+        for name in rounds[0]
+    ]
     nginx, bare = "nginx proxy_cache (2 workers)", "bare aiohttp (1 process)"
-    print(f"wrk -t1 -c{args.connections} -d{args.seconds}s, {args.rounds} rounds of every server back to back, "
-          f"{os.cpu_count()} CPUs shared by servers and wrk (table: medians)")
+    print(
+        f"wrk -t1 -c{args.connections} -d{args.seconds}s, {args.rounds} rounds of every server back to back, "
+        f"{os.cpu_count()} CPUs shared by servers and wrk (table: medians)"
+    )
     print(table(medians))
     for loop in loops:
         one, two = f"proxy WORKERS=1 {loop}", f"proxy WORKERS=2 {loop}"
         print(f"[{loop}] WORKERS=2 / nginx (2 workers):     {ratio(two, nginx):.2f}  (target >= 0.35)")
         print(f"[{loop}] WORKERS=2 / WORKERS=1:             {ratio(two, one):.2f}")
         print(f"[{loop}] WORKERS=1 / bare aiohttp (req/s):  {ratio(one, bare):.2f}")
-        print(f"[{loop}] per-core hits vs bare (bare CPU / proxy CPU per request): "
-              f"WORKERS=1 {1 / ratio(one, bare, 'cpu_us'):.2f}, WORKERS=2 {1 / ratio(two, bare, 'cpu_us'):.2f}  "
-              "(target >= 0.9)")
+        print(
+            f"[{loop}] per-core hits vs bare (bare CPU / proxy CPU per request): "
+            f"WORKERS=1 {1 / ratio(one, bare, 'cpu_us'):.2f}, WORKERS=2 {1 / ratio(two, bare, 'cpu_us'):.2f}  "
+            "(target >= 0.9)"
+        )
     if "uvloop" in loops:
         uv = ratio("proxy WORKERS=2 uvloop", "proxy WORKERS=2 asyncio")
         print(f"uvloop / asyncio, WORKERS=2 req/s:             {uv:.2f}")

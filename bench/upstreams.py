@@ -83,26 +83,35 @@ async def _integrity_cost(anvil: Anvil, relays: list[FaultRelay], directory: str
     anvil.mine(100)
     answers = 50
     workloads = {
-        "one filter": [{"address": store, "fromBlock": hex(first + 10 * i), "toBlock": hex(first + 10 * i + 9)}
-                       for i in range(answers)],
-        "50 filters": [{"address": [store, "0x" + secrets.token_hex(20)], "fromBlock": hex(first),
-                        "toBlock": hex(first + 9)} for _ in range(answers)],
+        "one filter": [
+            {"address": store, "fromBlock": hex(first + 10 * i), "toBlock": hex(first + 10 * i + 9)}
+            for i in range(answers)
+        ],
+        "50 filters": [
+            {"address": [store, "0x" + secrets.token_hex(20)], "fromBlock": hex(first), "toBlock": hex(first + 9)}
+            for _ in range(answers)
+        ],
     }
     print("\nupstream calls (batches unrolled) per 1,000 kept eth_getLogs answers")
     print("integrity check        one filter, 50 ranges     50 filters, one range")
     base: dict[str, float] = {}
-    for label, fields in (("none", {}), ("confirm_immutable = 2", {"confirm_immutable": 2}),
-                          ("confirm_logs_bloom", {"confirm_logs_bloom": True})):
+    for label, fields in (
+        ("none", {}),
+        ("confirm_immutable = 2", {"confirm_immutable": 2}),
+        ("confirm_logs_bloom", {"confirm_logs_bloom": True}),
+    ):
         cells = []
         for workload, filters in workloads.items():
-            proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(directory, urls, [1, 1, 1], **fields),
-                                                   HEAD_POLL_INTERVAL="60"))
+            proxy = await start_proxy(
+                settings_for(NETWORKS_FILE=_networks(directory, urls, [1, 1, 1], **fields), HEAD_POLL_INTERVAL="60")
+            )
             try:
                 await proxy.head_at(anvil.block_number())
                 before = sum(len(r.calls) for r in relays)
                 for log_filter in filters:
-                    status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-                                                        "params": [log_filter]})
+                    status, body, _ = await proxy.post(
+                        {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [log_filter]}
+                    )
                     assert status == 200 and len(body["result"]) == 1, body
                 calls = (sum(len(r.calls) for r in relays) - before) * 1000 / answers
             finally:

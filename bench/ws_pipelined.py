@@ -76,11 +76,11 @@ class Pipeline(asyncio.Protocol):
             if size == 126:
                 if len(buffer) - at < 4:
                     break
-                size, start = int.from_bytes(buffer[at + 2:at + 4], "big"), at + 4
+                size, start = int.from_bytes(buffer[at + 2 : at + 4], "big"), at + 4
             if len(buffer) < start + size:
                 break
             if not self.sample:
-                self.sample = buffer[start:start + size]
+                self.sample = buffer[start : start + size]
             at = start + size
             answered += 1
         self.buffer = buffer[at:]
@@ -93,10 +93,13 @@ async def pipelined(port: int, path: str, request: dict[str, object], seconds: f
     """Answers received in `seconds` with `inflight` calls always in flight on one socket."""
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.create_connection(
-        lambda: Pipeline(json.dumps(request).encode(), inflight), "127.0.0.1", port)
-    transport.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                    "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                    "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+        lambda: Pipeline(json.dumps(request).encode(), inflight), "127.0.0.1", port
+    )
+    transport.write(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
     await asyncio.wait_for(protocol.ready, 10)
     started = protocol.answered
     await asyncio.sleep(seconds)
@@ -147,10 +150,12 @@ def main() -> int:
             proc.terminate()
             proc.wait(30)
         anvil.stop()
-    print(f"one WebSocket, {args.inflight} hits in flight, {args.rounds} rounds of {args.seconds:g}s "
-          f"({'keyed' if args.keyed else 'open'} mode, EVENT_LOOP={env.get('EVENT_LOOP', 'asyncio')}): "
-          f"median {middle(rates):,.0f} calls/s, {middle(cpus):.1f} us proxy CPU per call "
-          f"(rounds: {', '.join(f'{r:,.0f}' for r in rates)})")
+    print(
+        f"one WebSocket, {args.inflight} hits in flight, {args.rounds} rounds of {args.seconds:g}s "
+        f"({'keyed' if args.keyed else 'open'} mode, EVENT_LOOP={env.get('EVENT_LOOP', 'asyncio')}): "
+        f"median {middle(rates):,.0f} calls/s, {middle(cpus):.1f} us proxy CPU per call "
+        f"(rounds: {', '.join(f'{r:,.0f}' for r in rates)})"
+    )
     return 0
 
 

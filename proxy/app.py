@@ -55,12 +55,17 @@ class SystemClock:
 
 def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]:
     def build(network: Network, metrics: Metrics) -> Upstream:
-        return HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
-                            batch_max=settings.upstream_batch_max,
-                            batch_max_bytes=settings.upstream_batch_max_bytes,
-                            attempt_timeout=settings.upstream_attempt_timeout,
-                            max_reply_bytes=settings.max_response_bytes,
-                            routing=routing_of(network))
+        return HttpUpstream(
+            network.name,
+            network.upstreams,
+            timeout=settings.upstream_timeout,
+            metrics=metrics,
+            batch_max=settings.upstream_batch_max,
+            batch_max_bytes=settings.upstream_batch_max_bytes,
+            attempt_timeout=settings.upstream_attempt_timeout,
+            max_reply_bytes=settings.max_response_bytes,
+            routing=routing_of(network),
+        )
 
     return build
 
@@ -94,28 +99,51 @@ class _Stores:
 
 
 def _stores(
-    settings: Settings, metrics: Metrics, clock: Clock, redis: RedisClient | None, ledger: Ledger | None,
+    settings: Settings,
+    metrics: Metrics,
+    clock: Clock,
+    redis: RedisClient | None,
+    ledger: Ledger | None,
 ) -> _Stores:
-    client = redis if redis is not None else (
-        connect(settings.redis_url, settings.redis_timeout) if settings.redis_url else None
+    client = (
+        redis
+        if redis is not None
+        else (connect(settings.redis_url, settings.redis_timeout) if settings.redis_url else None)
     )
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
     share = settings.cache_key_bytes_per_minute
     admission = Admission(settings.cache_memory_bytes // 16 if share is None else share, clock.monotonic)
-    cache = TieredCache(MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics,
-                        admission)
+    cache = TieredCache(
+        MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics, admission
+    )
     # The ledger has a Redis client and breaker of its own: its own URL if set, its own timeout.
     ledger_url = settings.credits_redis_url or (settings.redis_url if redis is None else None)
     ledger_client = connect(ledger_url, settings.credits_redis_timeout) if ledger_url else client
-    ledger_link = RedisLink(
-        ledger_client, timeout=settings.credits_redis_timeout, metrics=metrics, name="credits redis",
-        failures_to_open=settings.credits_redis_failures, report_up=False,
-    ) if ledger_client is not None and ledger is None else None
-    leased = LeasedLedger(
-        ledger_link, lease_max=settings.credits_lease_max, lease_seconds=settings.credits_lease_seconds,
-        fail_open=settings.credits_fail_open, journal_dir=settings.credits_journal_dir, monotonic=clock.monotonic,
-        processes=settings.workers,
-    ) if ledger_link is not None else None
+    ledger_link = (
+        RedisLink(
+            ledger_client,
+            timeout=settings.credits_redis_timeout,
+            metrics=metrics,
+            name="credits redis",
+            failures_to_open=settings.credits_redis_failures,
+            report_up=False,
+        )
+        if ledger_client is not None and ledger is None
+        else None
+    )
+    leased = (
+        LeasedLedger(
+            ledger_link,
+            lease_max=settings.credits_lease_max,
+            lease_seconds=settings.credits_lease_seconds,
+            fail_open=settings.credits_fail_open,
+            journal_dir=settings.credits_journal_dir,
+            monotonic=clock.monotonic,
+            processes=settings.workers,
+        )
+        if ledger_link is not None
+        else None
+    )
     if ledger is None:
         ledger = leased or MemoryLedger()
     owned = redis is None and settings.redis_url is not None
@@ -143,11 +171,20 @@ class _Lifecycle:
         if self.shown_relay is not None:
             await self.shown_relay.start()
         if settings.metrics_port is not None:
-            internal = await start_metrics_listener(self.exposition, settings.metrics_host, settings.metrics_port,
-                                                    reuse_port=worker is not None)
-        admin = await start_admin(self.networks.runtimes, self.networks.reload, settings,
-                                  run_dir=worker.run_dir if worker else None,
-                                  index=worker.index if worker else None) if settings.admin_port is not None else []
+            internal = await start_metrics_listener(
+                self.exposition, settings.metrics_host, settings.metrics_port, reuse_port=worker is not None
+            )
+        admin = (
+            await start_admin(
+                self.networks.runtimes,
+                self.networks.reload,
+                settings,
+                run_dir=worker.run_dir if worker else None,
+                index=worker.index if worker else None,
+            )
+            if settings.admin_port is not None
+            else []
+        )
         if self.stores.ledger_link is not None and not settings.open_mode:
             await check_ledger_storage(self.stores.ledger_link, settings.credits_require_noeviction)
         if self.stores.shared_ledger is not None:
@@ -199,8 +236,9 @@ class _Lifecycle:
             self.shown_relay.close()
 
 
-def _add_routes(app: web.Application, settings: Settings, gateway: Gateway, metrics: Metrics,
-                exposition: Exposition) -> None:
+def _add_routes(
+    app: web.Application, settings: Settings, gateway: Gateway, metrics: Metrics, exposition: Exposition
+) -> None:
     cors = Cors(settings.cors_allow_origins)
     app.router.add_route("OPTIONS", "/{tail:.*}", cors.preflight)
     app.router.add_get("/healthz", cors.wrap(healthz))
@@ -208,8 +246,7 @@ def _add_routes(app: web.Application, settings: Settings, gateway: Gateway, metr
     if settings.metrics_port is None:  # else /metrics is served by the internal listener only
         app.router.add_get("/metrics", cors.wrap(metrics_route(exposition)))
     endpoint = RpcEndpoint(gateway, metrics, settings, cors)
-    app[FRONT] = FrontRoutes(endpoint, app[SERVICE], exposition if settings.metrics_port is None else None,
-                             settings)
+    app[FRONT] = FrontRoutes(endpoint, app[SERVICE], exposition if settings.metrics_port is None else None, settings)
     rpc_handler = rpc_route(endpoint, settings)  # adds CORS headers itself
     ws_handler = cors.wrap(guarded(websocket_handler))
     for prefix in ("", "/{network}"):
@@ -244,10 +281,15 @@ def create_app(
     runtimes: dict[str, NetworkRuntime] = {}
     shown_relay = _shown_relay(runtimes, worker)
     # The networks' epochs live beside the entries they name (in Redis, when the cache has it).
-    builder = PartsBuilder(settings, factory, KeySlots(settings.upstream_key_concurrency), metrics,
-                           RedisEpochs(stores.link) if stores.link is not None else None,
-                           worker.run_dir if worker is not None else None,
-                           shown_relay.tell if shown_relay is not None else None)
+    builder = PartsBuilder(
+        settings,
+        factory,
+        KeySlots(settings.upstream_key_concurrency),
+        metrics,
+        RedisEpochs(stores.link) if stores.link is not None else None,
+        worker.run_dir if worker is not None else None,
+        shown_relay.tell if shown_relay is not None else None,
+    )
     networks = NetworkSet(builder, settings.networks, runtimes)
     service = Service(settings, networks.runtimes, stores.cache, metrics)
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time)

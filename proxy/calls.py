@@ -74,4 +74,3 @@ class Plan:
     # The proof is the block the call is pinned to or names (of the tracker's window, not final): asked
     # only of an upstream other than the head's source, or of one whose head went back (asking.py).
     proof_pinned: bool = False
-

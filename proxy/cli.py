@@ -21,8 +21,16 @@ log = logging.getLogger("proxy")
 
 DOTENV = Path(".env")
 # The settings `keys usage` reads: its --help lists these, not every server flag.
-KEYS_USAGE_OPTIONS = ("REDIS_URL", "CREDITS_REDIS_URL", "CREDITS_REDIS_TIMEOUT", "API_KEYS", "API_KEYS_FILE",
-                      "DAILY_CREDITS", "CREDITS_JOURNAL_DIR", "LOG_FORMAT")
+KEYS_USAGE_OPTIONS = (
+    "REDIS_URL",
+    "CREDITS_REDIS_URL",
+    "CREDITS_REDIS_TIMEOUT",
+    "API_KEYS",
+    "API_KEYS_FILE",
+    "DAILY_CREDITS",
+    "CREDITS_JOURNAL_DIR",
+    "LOG_FORMAT",
+)
 _DOTENV_LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
@@ -32,7 +40,10 @@ def _flags(names: Iterable[str] | None = None) -> argparse.ArgumentParser:
     for option in OPTIONS:
         if names is None or option.env in names:
             flags.add_argument(
-                option.flag, dest=option.env, metavar="VALUE", default=argparse.SUPPRESS,
+                option.flag,
+                dest=option.env,
+                metavar="VALUE",
+                default=argparse.SUPPRESS,
                 help=f"{option.help} [env {option.env}]".replace("%", "%%"),  # argparse formats help with %
             )
     return flags
@@ -41,7 +52,8 @@ def _flags(names: Iterable[str] | None = None) -> argparse.ArgumentParser:
 def _parser() -> argparse.ArgumentParser:
     common = _flags()
     parser = argparse.ArgumentParser(
-        prog="rpc-proxy", description="Caching, read-through JSON-RPC proxy for EVM and Solana nodes.",
+        prog="rpc-proxy",
+        description="Caching, read-through JSON-RPC proxy for EVM and Solana nodes.",
         parents=[common],
     )
     parser.add_argument("--version", action="version", version=f"rpc-proxy {__version__}")
@@ -49,8 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("serve", parents=[common], help="run the proxy (the default)")
     keys = commands.add_parser("keys", help="operator commands for API keys")
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
-    usage = key_commands.add_parser("usage", parents=[_flags(KEYS_USAGE_OPTIONS)],
-                                    help="credits used and left today, per key (all keys, or one)")
+    usage = key_commands.add_parser(
+        "usage", parents=[_flags(KEYS_USAGE_OPTIONS)], help="credits used and left today, per key (all keys, or one)"
+    )
     usage.add_argument("key", nargs="?", help="the key's name ([keys.NAME] in API_KEYS_FILE)")
     return parser
 
@@ -153,8 +166,9 @@ def serve(settings: Settings) -> int:
         return supervise(settings)
     from proxy.server import run_server  # the app's imports are not needed by --help or keys usage
 
-    return run_server(settings, on_listening=lambda: log.info("listening on http://%s:%d", settings.host,
-                                                              settings.port))
+    return run_server(
+        settings, on_listening=lambda: log.info("listening on http://%s:%d", settings.host, settings.port)
+    )
 
 
 async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
@@ -193,8 +207,11 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
             hash_key = ledger_key(name, day)
             entries[name] = await link.run("credits_read", lambda c: c.hgetall(hash_key))  # noqa: B023 (awaited here)
     except RedisUnavailable:
-        where = (f"only the debits journaled in CREDITS_JOURNAL_DIR {settings.credits_journal_dir} follow"
-                 if settings.credits_journal_dir else "set CREDITS_JOURNAL_DIR to see journaled debits")
+        where = (
+            f"only the debits journaled in CREDITS_JOURNAL_DIR {settings.credits_journal_dir} follow"
+            if settings.credits_journal_dir
+            else "set CREDITS_JOURNAL_DIR to see journaled debits"
+        )
         _error(raw, f"the credit ledger's redis is unreachable (CREDITS_REDIS_URL or REDIS_URL): {where}")
         if settings.credits_journal_dir:
             for name in keys:
@@ -212,7 +229,10 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
 
 
 def usage_line(
-    key: str, daily: int, entry: Mapping[bytes | str, bytes | str], journaled: Mapping[str, tuple[int, int]],
+    key: str,
+    daily: int,
+    entry: Mapping[bytes | str, bytes | str],
+    journaled: Mapping[str, tuple[int, int]],
 ) -> str:
     """One key's line (README "Limits and credits"): spent (what to bill: debits less refunds, journaled
     ones included), left, leased to replicas and not spent, journaled and not yet in Redis."""
@@ -228,5 +248,7 @@ def usage_line(
     unflushed = sum(max(0, (c - f) - net(r)) for r, (c, f) in journaled.items())
     spent = sum(net(k[2:]) for k in fields if k.startswith("c:")) + unflushed
     leased = sum(max(0, v - spent_by(k[2:])) for k, v in fields.items() if k.startswith("a:"))
-    return (f"key {key}: {spent} credits used, {max(daily - spent, 0)} left of {daily} (spent: what to bill); "
-            f"{leased} leased to replicas and not spent; {unflushed} journaled and not yet in the ledger")
+    return (
+        f"key {key}: {spent} credits used, {max(daily - spent, 0)} left of {daily} (spent: what to bill); "
+        f"{leased} leased to replicas and not spent; {unflushed} journaled and not yet in the ledger"
+    )

@@ -108,6 +108,7 @@ class Settings:
         if self.head_stale_after is not None:
             return self.head_stale_after
         return max(HEAD_STALE_POLLS * self.head_poll_interval, HEAD_STALE_MIN)
+
     ws_max_subscriptions: int = 100
     ws_send_buffer_bytes: int = 4 * 1024 * 1024
     ws_max_lag: float = 10.0
@@ -166,8 +167,9 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     for env, family in defaults_from_env:
         if env in raw:
             ws = _ws_urls(f"{env}_WS", raw[f"{env}_WS"]) if f"{env}_WS" in raw else ()
-            networks.append(Network(name=family, family=family, upstreams=_upstream_urls(env, raw[env]),
-                                    ws_upstreams=ws))
+            networks.append(
+                Network(name=family, family=family, upstreams=_upstream_urls(env, raw[env]), ws_upstreams=ws)
+            )
         elif f"{env}_WS" in raw:
             raise ConfigError(f"{env}_WS needs {env}: the WebSocket serves the same network")
     if "NETWORKS_FILE" in raw:
@@ -211,11 +213,17 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     if values.get("admin_port") is not None and len(values.get("admin_token") or "") < 16:
         raise ConfigError("ADMIN_PORT needs ADMIN_TOKEN, at least 16 characters (the admin listener's bearer token)")
     api_keys = _keys(raw)
-    if values.get("workers", 1) > 1 and api_keys is not None and not (
-            values.get("credits_redis_url") or values.get("redis_url")):
+    if (
+        values.get("workers", 1) > 1
+        and api_keys is not None
+        and not (values.get("credits_redis_url") or values.get("redis_url"))
+    ):
         # Each worker would hold its own full daily balance of every key: N times the credits.
-        raise ConfigError("WORKERS above 1 with API keys needs a shared credit ledger: set REDIS_URL or "
-                          "CREDITS_REDIS_URL (workers lease credits from it as replicas do)")
+        raise ConfigError(
+            "WORKERS above 1 with API keys needs a shared credit ledger: set REDIS_URL or "
+            "CREDITS_REDIS_URL (workers lease credits from it as replicas do)"
+        )
     keys_source: dict[str, str] = {k: raw[k] for k in ("API_KEYS", "API_KEYS_FILE") if k in raw}
-    return Settings(networks=tuple(networks), default_network=defaults, api_keys=api_keys, keys_source=keys_source,
-                    **values)
+    return Settings(
+        networks=tuple(networks), default_network=defaults, api_keys=api_keys, keys_source=keys_source, **values
+    )

@@ -92,9 +92,13 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
         if unknown:
             raise ConfigError(f"{at}: unknown field {unknown[0]!r} (expected {', '.join(_UPSTREAM_FIELDS)})")
         weight = _positive_number(at, "weight", entry.get("weight", 1.0))
-        options.append(UpstreamOptions(float(weight), _positive_number(at, "max_rps", entry.get("max_rps")),
-                                       _positive_number(at, "max_concurrency", entry.get("max_concurrency"),
-                                                        whole=True)))
+        options.append(
+            UpstreamOptions(
+                float(weight),
+                _positive_number(at, "max_rps", entry.get("max_rps")),
+                _positive_number(at, "max_concurrency", entry.get("max_concurrency"), whole=True),
+            )
+        )
         urls.append(entry.get("url"))
     return urls, tuple(options)
 
@@ -160,8 +164,17 @@ def _credits_file(path: str) -> dict[str, int]:
     return costs
 
 
-_NETWORK_FIELDS = ("family", "upstreams", "hosts", "finality_depth", "chain_id", "selection", "hedge_after_ms",
-                   "confirm_immutable", "confirm_logs_bloom")
+_NETWORK_FIELDS = (
+    "family",
+    "upstreams",
+    "hosts",
+    "finality_depth",
+    "chain_id",
+    "selection",
+    "hedge_after_ms",
+    "confirm_immutable",
+    "confirm_logs_bloom",
+)
 
 
 def _networks_from_file(path: str) -> list[Network]:
@@ -218,8 +231,15 @@ def _networks_from_file(path: str) -> list[Network]:
     return networks
 
 
-_KEY_FIELDS = ("key", "key_sha256", "daily_credits", "credits_per_second", "allowed_origins", "allowed_methods",
-               "allowed_addresses")
+_KEY_FIELDS = (
+    "key",
+    "key_sha256",
+    "daily_credits",
+    "credits_per_second",
+    "allowed_origins",
+    "allowed_methods",
+    "allowed_addresses",
+)
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s]+")
 

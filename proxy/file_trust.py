@@ -38,7 +38,8 @@ def check_trusted(name: str, path: Path) -> None:
         return
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from None
-    problem = trust_problem(info.st_mode, info.st_uid, info.st_gid, euid=os.geteuid(), egid=os.getegid(),
-                            read_only=read_only)
+    problem = trust_problem(
+        info.st_mode, info.st_uid, info.st_gid, euid=os.geteuid(), egid=os.getegid(), read_only=read_only
+    )
     if problem is not None:
         raise ConfigError(f"{name}: {path} {problem}: refused (chown it to the proxy's user and chmod go-w)")

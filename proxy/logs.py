@@ -13,8 +13,7 @@ from typing import Any
 
 import orjson
 
-FIELDS = ("request_id", "key", "client", "status", "network", "method", "outcome", "cache", "total_ms",
-          "upstream_ms")
+FIELDS = ("request_id", "key", "client", "status", "network", "method", "outcome", "cache", "total_ms", "upstream_ms")
 # An API key is the path segment after /v3/; it is cut from every line written, whoever wrote it
 # (aiohttp quotes a malformed request line, key included, in its own error).
 _KEY_SEGMENT = re.compile(r"(/v3/)[^/\s'\"\\?#]+")
@@ -106,7 +105,11 @@ class ClientErrors(logging.Filter):
         if not logging.getLogger().isEnabledFor(logging.DEBUG):
             return False
         record.msg, record.args, record.exc_info, record.exc_text = (
-            "malformed HTTP request from a client: %s", (type(exc).__name__,), None, None)
+            "malformed HTTP request from a client: %s",
+            (type(exc).__name__,),
+            None,
+            None,
+        )
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return True
 
@@ -135,8 +138,9 @@ class Throttled:
     Keys are the caller's fixed strings (an upstream's index, a Redis operation), never client data.
     """
 
-    def __init__(self, logger: logging.Logger, interval: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._logger = logger
         self._interval = interval
         self._clock = clock

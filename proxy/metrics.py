@@ -22,7 +22,21 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
 
 
@@ -61,8 +75,15 @@ class _Local:
     client's own metrics take one on every update, which the cache-hit path feels.
     """
 
-    def __init__(self, kind: str, name: str, doc: str, labelnames: Sequence[str], registry: CollectorRegistry,
-                 buckets: Sequence[float] = ()) -> None:
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        doc: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry,
+        buckets: Sequence[float] = (),
+    ) -> None:
         self.kind, self.name, self.doc, self.labelnames = kind, name, doc, list(labelnames)
         self.buckets = tuple(buckets)
         self.cells: dict[tuple[str, ...], Any] = {}
@@ -143,20 +164,32 @@ class Metrics:
     def _add_call_metrics(self, r: CollectorRegistry) -> None:
         """Calls answered and their latency; cache lookups and the memory tier's size."""
         self.requests = _Local(
-            "counter", "rpc_proxy_requests", "JSON-RPC calls answered, by network, method and outcome "
-            "(ok, error, invalid, refused, upstream_error).", ["network", "method", "outcome"], r,
+            "counter",
+            "rpc_proxy_requests",
+            "JSON-RPC calls answered, by network, method and outcome (ok, error, invalid, refused, upstream_error).",
+            ["network", "method", "outcome"],
+            r,
         )
         self.request_seconds = _Local(
-            "histogram", "rpc_proxy_request_duration_seconds", "Time to answer one JSON-RPC call, by cache result.",
-            ["network", "method", "cache"], r, LATENCY_BUCKETS,
+            "histogram",
+            "rpc_proxy_request_duration_seconds",
+            "Time to answer one JSON-RPC call, by cache result.",
+            ["network", "method", "cache"],
+            r,
+            LATENCY_BUCKETS,
         )
         self.cache_lookups = _Local(
-            "counter", "rpc_proxy_cache_lookups",
-            "Cache lookups by tier (memory, redis, none) and result (hit, miss, bypass).", ["tier", "result"], r,
+            "counter",
+            "rpc_proxy_cache_lookups",
+            "Cache lookups by tier (memory, redis, none) and result (hit, miss, bypass).",
+            ["tier", "result"],
+            r,
         )
         self.cache_memory_bytes = Gauge(
-            "rpc_proxy_cache_memory_bytes", "Bytes the in-process cache tier holds: its entries and their tables, "
-            "as the allocator sizes them (bounded by CACHE_MEMORY_BYTES).", registry=r,
+            "rpc_proxy_cache_memory_bytes",
+            "Bytes the in-process cache tier holds: its entries and their tables, "
+            "as the allocator sizes them (bounded by CACHE_MEMORY_BYTES).",
+            registry=r,
         )
         self.cache_entries = Gauge("rpc_proxy_cache_entries", "Entries in the in-process cache tier.", registry=r)
 
@@ -164,130 +197,200 @@ class Metrics:
         """Upstream latency, failures, failovers and coalesced calls."""
         # Per upstream call (every miss): plain numbers, as the per-call metrics above.
         self.upstream_seconds = _Local(
-            "histogram", "rpc_proxy_upstream_request_duration_seconds", "Upstream request latency.",
-            ["network", "method", "upstream"], r, LATENCY_BUCKETS,
+            "histogram",
+            "rpc_proxy_upstream_request_duration_seconds",
+            "Upstream request latency.",
+            ["network", "method", "upstream"],
+            r,
+            LATENCY_BUCKETS,
         )
         self.upstream_errors = Counter(
-            "rpc_proxy_upstream_errors", "Upstream failures by kind (connect, timeout, http, rate_limited, invalid, "
-            "mismatch).",
-            ["network", "upstream", "kind"], registry=r,
+            "rpc_proxy_upstream_errors",
+            "Upstream failures by kind (connect, timeout, http, rate_limited, invalid, mismatch).",
+            ["network", "upstream", "kind"],
+            registry=r,
         )
         self.upstream_failovers = Counter(
-            "rpc_proxy_upstream_failovers", "Requests passed on to the next upstream after a failure.",
-            ["network"], registry=r,
+            "rpc_proxy_upstream_failovers",
+            "Requests passed on to the next upstream after a failure.",
+            ["network"],
+            registry=r,
         )
         self.coalesced = Counter(
-            "rpc_proxy_coalesced_requests", "Calls answered by joining an identical in-flight upstream call.",
-            ["network", "method"], registry=r,
+            "rpc_proxy_coalesced_requests",
+            "Calls answered by joining an identical in-flight upstream call.",
+            ["network", "method"],
+            registry=r,
         )
 
     def _add_selection_metrics(self, r: CollectorRegistry) -> None:
         """Which upstream was asked, hedged reads, provider budgets and rate limits, head lag."""
         self.upstream_selected = _Local(
-            "counter", "rpc_proxy_upstream_selected", "Attempts sent to each upstream (the selection policy's "
-            "choices, failovers and hedges included).", ["network", "upstream"], r,
+            "counter",
+            "rpc_proxy_upstream_selected",
+            "Attempts sent to each upstream (the selection policy's choices, failovers and hedges included).",
+            ["network", "upstream"],
+            r,
         )
         self.upstream_hedged = Counter(
-            "rpc_proxy_upstream_hedged", "Reads also sent to a second upstream after hedge_after_ms without an answer.",
-            ["network"], registry=r,
+            "rpc_proxy_upstream_hedged",
+            "Reads also sent to a second upstream after hedge_after_ms without an answer.",
+            ["network"],
+            registry=r,
         )
         self.upstream_hedge_wins = Counter(
-            "rpc_proxy_upstream_hedge_wins", "Hedged reads, by the upstream whose answer won.",
-            ["network", "upstream"], registry=r,
+            "rpc_proxy_upstream_hedge_wins",
+            "Hedged reads, by the upstream whose answer won.",
+            ["network", "upstream"],
+            registry=r,
         )
         self.upstream_budget_waits = Counter(
-            "rpc_proxy_upstream_budget_waits", "Attempts that waited for an upstream's max_rps/max_concurrency "
-            "budget (no upstream in the order had budget at once).", ["network", "upstream"], registry=r,
+            "rpc_proxy_upstream_budget_waits",
+            "Attempts that waited for an upstream's max_rps/max_concurrency "
+            "budget (no upstream in the order had budget at once).",
+            ["network", "upstream"],
+            registry=r,
         )
         self.upstream_rate_limited = Counter(
-            "rpc_proxy_upstream_rate_limited", "Upstream rate-limit answers (HTTP 429 or a provider's rate-limit "
-            "error): that upstream alone cools down, for Retry-After when given.", ["network", "upstream"], registry=r,
+            "rpc_proxy_upstream_rate_limited",
+            "Upstream rate-limit answers (HTTP 429 or a provider's rate-limit "
+            "error): that upstream alone cools down, for Retry-After when given.",
+            ["network", "upstream"],
+            registry=r,
         )
         self.upstream_disagreements = Counter(
-            "rpc_proxy_upstream_disagreements", "Answers about to be kept forever that an upstream got wrong: "
+            "rpc_proxy_upstream_disagreements",
+            "Answers about to be kept forever that an upstream got wrong: "
             "outside the majority (confirm_immutable) or failing the logsBloom check (confirm_logs_bloom).",
-            ["network", "upstream"], registry=r,
+            ["network", "upstream"],
+            registry=r,
         )
         self.upstream_head_lag = Gauge(
-            "rpc_proxy_upstream_head_lag_blocks", "Blocks an upstream's own head is behind the furthest upstream's.",
-            ["network", "upstream"], registry=r,
+            "rpc_proxy_upstream_head_lag_blocks",
+            "Blocks an upstream's own head is behind the furthest upstream's.",
+            ["network", "upstream"],
+            registry=r,
         )
 
     def _add_credit_metrics(self, r: CollectorRegistry) -> None:
         """Credits charged and saved; calls refused for credits or by an eth_getLogs limit."""
         self.credits_charged = _Local(
-            "counter", "rpc_proxy_credits_charged", "Credits charged to callers, by method.", ["method"], r,
+            "counter",
+            "rpc_proxy_credits_charged",
+            "Credits charged to callers, by method.",
+            ["method"],
+            r,
         )
         self.key_credits_charged = _Local(
-            "counter", "rpc_proxy_key_credits_charged", "Credits charged, by configured API key.", ["key"], r,
+            "counter",
+            "rpc_proxy_key_credits_charged",
+            "Credits charged, by configured API key.",
+            ["key"],
+            r,
         )
         self.credits_saved = _Local(
-            "counter", "rpc_proxy_upstream_credits_saved", "Upstream credits not spent because the cache answered.",
-            ["network", "method"], r,
+            "counter",
+            "rpc_proxy_upstream_credits_saved",
+            "Upstream credits not spent because the cache answered.",
+            ["network", "method"],
+            r,
         )
         self.credit_rejections = Counter(
-            "rpc_proxy_credit_rejections", "Requests refused for credits (exhausted, rate).", ["reason"], registry=r,
+            "rpc_proxy_credit_rejections",
+            "Requests refused for credits (exhausted, rate).",
+            ["reason"],
+            registry=r,
         )
         self.getlogs_rejections = Counter(
-            "rpc_proxy_getlogs_limit_rejections", "eth_getLogs refused by a limit (results, timeout, params, range).",
-            ["reason"], registry=r,
+            "rpc_proxy_getlogs_limit_rejections",
+            "eth_getLogs refused by a limit (results, timeout, params, range).",
+            ["reason"],
+            registry=r,
         )
 
     def _add_chain_metrics(self, r: CollectorRegistry) -> None:
         """Head trackers, reorgs, chain identity, finality and answers served uncached."""
         self.head_block = Gauge(
-            "rpc_proxy_head_block", "Head tracker: block number (EVM) or slot (Solana) by tag or commitment.",
-            ["network", "tag"], registry=r,
+            "rpc_proxy_head_block",
+            "Head tracker: block number (EVM) or slot (Solana) by tag or commitment.",
+            ["network", "tag"],
+            registry=r,
         )
         self.head_timestamp = Gauge(
-            "rpc_proxy_head_block_timestamp_seconds", "Unix time of the latest block the tracker saw.",
-            ["network"], registry=r,
+            "rpc_proxy_head_block_timestamp_seconds",
+            "Unix time of the latest block the tracker saw.",
+            ["network"],
+            registry=r,
         )
         self.head_updated = Gauge(
-            "rpc_proxy_head_last_poll_timestamp_seconds", "Unix time of the tracker's last successful poll.",
-            ["network"], registry=r,
+            "rpc_proxy_head_last_poll_timestamp_seconds",
+            "Unix time of the tracker's last successful poll.",
+            ["network"],
+            registry=r,
         )
         self.reorgs = Counter("rpc_proxy_reorgs", "Reorgs the head tracker detected.", ["network"], registry=r)
         self.identity_mismatch = Gauge(
             "rpc_proxy_upstream_identity_mismatch",
             "1 while an upstream serves another chain (chain id or genesis hash) and is out of rotation.",
-            ["network", "upstream"], registry=r,
+            ["network", "upstream"],
+            registry=r,
         )
         self.identity_adoptions = Counter(
-            "rpc_proxy_identity_adoptions", "Networks with no declared identity that adopted a new chain every "
-            "upstream agreed on (a restarted devnet); its old cache entries are never served.", ["network"], registry=r,
+            "rpc_proxy_identity_adoptions",
+            "Networks with no declared identity that adopted a new chain every "
+            "upstream agreed on (a restarted devnet); its old cache entries are never served.",
+            ["network"],
+            registry=r,
         )
         self.finality_violations = Counter(
-            "rpc_proxy_finality_violations", "Finalized blocks whose hash changed (the network's entries were "
-            "invalidated).", ["network"], registry=r,
+            "rpc_proxy_finality_violations",
+            "Finalized blocks whose hash changed (the network's entries were invalidated).",
+            ["network"],
+            registry=r,
         )
         self.uncached_answers = Counter(
-            "rpc_proxy_uncached_answers", "Answers the proxy could not tie to their block: served uncached "
+            "rpc_proxy_uncached_answers",
+            "Answers the proxy could not tie to their block: served uncached "
             "(unverified, unknown_hash, late_head, beyond_head) or refused with -32002 (lagging, fork).",
-            ["network", "reason"], registry=r,
+            ["network", "reason"],
+            registry=r,
         )
 
     def _add_connection_metrics(self, r: CollectorRegistry) -> None:
         """Requests in flight, WebSocket connections and subscriptions, Redis health."""
-        self.inflight = _Local("gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.",
-                               [], r).labels()
+        self.inflight = _Local(
+            "gauge", "rpc_proxy_inflight_requests", "HTTP and WebSocket requests being served.", [], r
+        ).labels()
         self.ws_connections = Gauge("rpc_proxy_websocket_connections", "Open WebSocket connections.", registry=r)
         self.redis_errors = Counter(
-            "rpc_proxy_redis_errors", "Redis commands that failed or timed out.", ["operation"], registry=r,
+            "rpc_proxy_redis_errors",
+            "Redis commands that failed or timed out.",
+            ["operation"],
+            registry=r,
         )
         self.redis_up = Gauge("rpc_proxy_redis_up", "1 while Redis answers, 0 while it is skipped.", registry=r)
-        self.subscriptions = _Local("gauge", "rpc_proxy_subscriptions",
-                                    "Open WebSocket subscriptions, by kind (its credits-table row).", ["kind"], r)
-        self.slow_consumers = Counter("rpc_proxy_slow_consumer_disconnects",
-                                      "WebSocket connections closed because their consumer fell behind.", registry=r)
+        self.subscriptions = _Local(
+            "gauge",
+            "rpc_proxy_subscriptions",
+            "Open WebSocket subscriptions, by kind (its credits-table row).",
+            ["kind"],
+            r,
+        )
+        self.slow_consumers = Counter(
+            "rpc_proxy_slow_consumer_disconnects",
+            "WebSocket connections closed because their consumer fell behind.",
+            registry=r,
+        )
 
     def hit_cells(self, network: str, method: str) -> tuple[HitCells, HitCells]:
         """The cells one memory hit updates, for a result and for an error (a plan holds both), found
         once per label set for the hot path."""
         pair = self._hit_cells.get((network, method))
         if pair is None:
-            pair = self._hit_cells[network, method] = (self._new_hit_cells(network, method, False),
-                                                       self._new_hit_cells(network, method, True))
+            pair = self._hit_cells[network, method] = (
+                self._new_hit_cells(network, method, False),
+                self._new_hit_cells(network, method, True),
+            )
         return pair
 
     def _new_hit_cells(self, network: str, method: str, is_error: bool) -> HitCells:

@@ -94,29 +94,50 @@ class PartsBuilder:
         settings, metrics = self.settings, self.metrics
         upstream: Upstream = KeyedUpstream(self.factory(net, metrics), self.slots)
         self.reroute(upstream, net)
-        polls = (SharedPolls(self.run_dir, f"{net.name}-{structure(net)}", settings.head_poll_interval)
-                 if self.run_dir is not None else None)
+        polls = (
+            SharedPolls(self.run_dir, f"{net.name}-{structure(net)}", settings.head_poll_interval)
+            if self.run_dir is not None
+            else None
+        )
         # The node's WebSocket: relayed subscriptions (both families) and pushed heads (EVM).
-        relay = UpstreamSocket(net.name, net.ws_upstreams, timeout=settings.upstream_timeout) \
-            if net.ws_upstreams else None
+        relay = (
+            UpstreamSocket(net.name, net.ws_upstreams, timeout=settings.upstream_timeout) if net.ws_upstreams else None
+        )
         if net.family != "evm":
-            tracker = SolanaSlotTracker(net.name, upstream, interval=settings.head_poll_interval, metrics=metrics,
-                                        stale_after=settings.head_stale_bound, shared=polls)
+            tracker = SolanaSlotTracker(
+                net.name,
+                upstream,
+                interval=settings.head_poll_interval,
+                metrics=metrics,
+                stale_after=settings.head_stale_bound,
+                shared=polls,
+            )
             return Parts(NetworkRuntime(net, upstream, tracker), relay=relay, polls=polls)
         # EVM upstreams are watched one by one (head, chain identity); Solana answers carry their slot.
         per_upstream = upstream if isinstance(upstream, PerUpstream) else None
         evm = EvmHeadTracker(
-            net.name, upstream, interval=settings.head_poll_interval,
-            finality_depth=net.finality_depth or settings.finality_depth, metrics=metrics,
-            stale_after=settings.head_stale_bound, states=per_upstream.states if per_upstream else None,
-            shared=polls, epochs=self.epochs,
+            net.name,
+            upstream,
+            interval=settings.head_poll_interval,
+            finality_depth=net.finality_depth or settings.finality_depth,
+            metrics=metrics,
+            stale_after=settings.head_stale_bound,
+            states=per_upstream.states if per_upstream else None,
+            shared=polls,
+            epochs=self.epochs,
         )
         guard = None
         if per_upstream is not None:  # without it, no identity: nothing of the network is cached
             guard = IdentityGuard(
-                net.name, per_upstream, declared_chain_id=net.chain_id, interval=settings.identity_check_interval,
-                retry=settings.head_poll_interval, metrics=metrics, on_identity=evm.set_identity,
-                on_adopt=evm.adopt, checkpoint=evm.checkpoint,
+                net.name,
+                per_upstream,
+                declared_chain_id=net.chain_id,
+                interval=settings.identity_check_interval,
+                retry=settings.head_poll_interval,
+                metrics=metrics,
+                on_identity=evm.set_identity,
+                on_adopt=evm.adopt,
+                checkpoint=evm.checkpoint,
             )
         if self.on_shown is not None:
             evm.on_shown.append(functools.partial(self.on_shown, net.name))
@@ -135,16 +156,26 @@ class PartsBuilder:
             if parts.guard is not None:
                 parts.tasks.append(asyncio.create_task(parts.guard.run(), name=f"identity-{name}"))
             if runtime.per_upstream is not None:
-                parts.tasks.append(asyncio.create_task(
-                    watch_upstream_heads(runtime.per_upstream, interval, parts.polls), name=f"upstream-heads-{name}"))
+                parts.tasks.append(
+                    asyncio.create_task(
+                        watch_upstream_heads(runtime.per_upstream, interval, parts.polls), name=f"upstream-heads-{name}"
+                    )
+                )
             parts.tasks.append(asyncio.create_task(runtime.tracker.run(), name=f"tracker-{name}"))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STARTUP_WAIT):
-                await asyncio.gather(*(p.guard.checked.wait() for p in started if p.guard is not None),
-                                     *(p.runtime.tracker.attempted.wait() for p in started))
+                await asyncio.gather(
+                    *(p.guard.checked.wait() for p in started if p.guard is not None),
+                    *(p.runtime.tracker.attempted.wait() for p in started),
+                )
                 # ... and once the identity is known, its epoch read (nothing is cached before).
-                await asyncio.gather(*(t.keyed.wait() for p in started
-                                       if isinstance(t := p.runtime.tracker, EvmHeadTracker) and t.identity))
+                await asyncio.gather(
+                    *(
+                        t.keyed.wait()
+                        for p in started
+                        if isinstance(t := p.runtime.tracker, EvmHeadTracker) and t.identity
+                    )
+                )
         for parts in started:
             if parts.feed is not None:
                 parts.tasks.append(asyncio.create_task(parts.feed.run(), name=f"feed-{parts.name}"))

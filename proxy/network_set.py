@@ -55,8 +55,11 @@ class ReloadPlan:
 
 def plan_reload(current: Mapping[str, Network], new: Mapping[str, Network]) -> ReloadPlan:
     """Compare the networks in force with the file's (pure)."""
-    replaced = tuple(n for n, net in new.items() if n in current
-                     and any(getattr(net, f) != getattr(current[n], f) for f in STRUCTURE))
+    replaced = tuple(
+        n
+        for n, net in new.items()
+        if n in current and any(getattr(net, f) != getattr(current[n], f) for f in STRUCTURE)
+    )
     return ReloadPlan(
         added=tuple(n for n in new if n not in current),
         removed=tuple(n for n in current if n not in new),
@@ -68,8 +71,9 @@ def plan_reload(current: Mapping[str, Network], new: Mapping[str, Network]) -> R
 class NetworkSet:
     """Every network's parts, and the dicts the rest of the app reads them from (changed in place)."""
 
-    def __init__(self, builder: PartsBuilder, networks: Sequence[Network],
-                 runtimes: dict[str, NetworkRuntime] | None = None) -> None:
+    def __init__(
+        self, builder: PartsBuilder, networks: Sequence[Network], runtimes: dict[str, NetworkRuntime] | None = None
+    ) -> None:
         self.builder = builder
         self.parts: dict[str, Parts] = {}
         # Service.networks, the router's, the admin's, the sibling relay's: one dict, changed in place.
@@ -115,9 +119,12 @@ class NetworkSet:
             for parts in retired:
                 self._hand_over(parts, self.parts.get(parts.name))
                 self._retire(parts)
-        return 200, {"reloaded": sorted(n for n in new if n not in {f.name for f in self._fixed}),
-                     "added": sorted(plan.added), "removed": sorted(plan.removed),
-                     "replaced": sorted(plan.replaced)}
+        return 200, {
+            "reloaded": sorted(n for n in new if n not in {f.name for f in self._fixed}),
+            "added": sorted(plan.added),
+            "removed": sorted(plan.removed),
+            "replaced": sorted(plan.replaced),
+        }
 
     async def close(self) -> None:
         """Shutdown: every network's parts retired at once, and those a reload was retiring."""
@@ -149,13 +156,16 @@ class NetworkSet:
         """The old feed's subscribers: to the new feed when it serves the same chain, else ended."""
         if old.feed is None or not old.feed.active:
             return
-        if new is not None and new.feed is not None and _identity(old) is not None \
-                and _identity(old) == _identity(new):
+        if new is not None and new.feed is not None and _identity(old) is not None and _identity(old) == _identity(new):
             new.feed.take_over(old.feed)
             return
         why = "removed" if new is None else "given upstreams of another chain (or of one not yet verified)"
-        old.feed.end_all(JsonRpcError(UPSTREAM_UNAVAILABLE, f"network '{old.name}' was {why} by a reload of "
-                                      "NETWORKS_FILE: subscription ended; subscribe again"))
+        old.feed.end_all(
+            JsonRpcError(
+                UPSTREAM_UNAVAILABLE,
+                f"network '{old.name}' was {why} by a reload of NETWORKS_FILE: subscription ended; subscribe again",
+            )
+        )
 
     def _retire(self, parts: Parts) -> None:
         """In the background: calls already routed to the old pool get up to UPSTREAM_TIMEOUT to finish."""
@@ -163,8 +173,11 @@ class NetworkSet:
         async def retire() -> None:
             await self.builder.retire(parts, self.builder.settings.upstream_timeout, self._stopping)
             successor = self.parts.get(parts.name)  # its tasks have stopped: nothing sets its gauges again
-            _forget_gauges(self.builder.metrics, parts.name,
-                           len(successor.runtime.config.upstreams) if successor is not None else None)
+            _forget_gauges(
+                self.builder.metrics,
+                parts.name,
+                len(successor.runtime.config.upstreams) if successor is not None else None,
+            )
 
         task = asyncio.create_task(retire(), name=f"retire-{parts.name}")
         self._retiring.add(task)
@@ -180,8 +193,7 @@ def _forget_gauges(metrics: Metrics, network: str, upstreams: int | None) -> Non
     """Gauges of what a reload took away stop being exported rather than stay at their last value (an
     alert on a head that no longer moves): a removed network's (`upstreams` None), or the upstream
     indexes a replaced pool no longer has."""
-    per_network = [] if upstreams is not None else [metrics.head_block, metrics.head_timestamp,
-                                                    metrics.head_updated]
+    per_network = [] if upstreams is not None else [metrics.head_block, metrics.head_timestamp, metrics.head_updated]
     per_upstream = [metrics.upstream_head_lag, metrics.identity_mismatch]
     for gauge in (*per_network, *per_upstream):
         samples = [sample for family in gauge.collect() for sample in family.samples]

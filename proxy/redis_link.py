@@ -37,9 +37,13 @@ UNBOUNDED_CONNECTIONS = 2**31
 def connect(url: str, timeout: float) -> RedisClient:
     """A client for the topology the URL names (redis_topology.py). Nothing connects until used."""
     # A retry would only add latency; the breaker handles outages.
-    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
-                               "retry": Retry(NoBackoff(), 0), "health_check_interval": 0,
-                               "max_connections": UNBOUNDED_CONNECTIONS}
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+        "max_connections": UNBOUNDED_CONNECTIONS,
+    }
     topology = topology_of(url)
     if topology.kind == "cluster":
         return _cluster(topology, options)
@@ -56,7 +60,10 @@ def _cluster(topology: RedisTopology, options: dict[str, Any]) -> RedisCluster:
     # ledger.
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
-        username=topology.username, password=topology.password, ssl=topology.tls, **options,
+        username=topology.username,
+        password=topology.password,
+        ssl=topology.tls,
+        **options,
     )
 
 
@@ -76,14 +83,18 @@ def _sentinel(topology: RedisTopology, options: dict[str, Any]) -> aioredis.Redi
     # Each new connection to the primary asks the Sentinels for its address: their pools too.
     sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_") or k == "max_connections"}
     # rediss+sentinel: TLS to the Sentinels as to the data nodes.
-    sentinel_options.update(username=topology.sentinel_username, password=topology.sentinel_password,
-                            ssl=topology.tls)
+    sentinel_options.update(username=topology.sentinel_username, password=topology.sentinel_password, ssl=topology.tls)
     sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
     # The pool asks the Sentinels for the primary's address on every new connection, and drops its
     # connections when that address changes: after a failover the next command reaches the new one.
     client: SentinelManagedRedis = sentinel.master_for(
-        topology.service, redis_class=SentinelManagedRedis, db=topology.db, username=topology.username,
-        password=topology.password, ssl=topology.tls, **options,
+        topology.service,
+        redis_class=SentinelManagedRedis,
+        db=topology.db,
+        username=topology.username,
+        password=topology.password,
+        ssl=topology.tls,
+        **options,
     )
     client.sentinels = sentinel
     return client
@@ -145,7 +156,11 @@ class RedisLink:
         return self._timeout
 
     async def run(
-        self, operation: str, command: Callable[[RedisClient], Awaitable[T]], *, timeout: float | None = None,
+        self,
+        operation: str,
+        command: Callable[[RedisClient], Awaitable[T]],
+        *,
+        timeout: float | None = None,
     ) -> T:
         """Run one command; raise RedisUnavailable (never a redis error) when it cannot be done now.
         `timeout`: a shorter budget than the link's (what is left of a caller's deadline)."""
@@ -164,8 +179,14 @@ class RedisLink:
                 if self._report_up:
                     self._metrics.redis_up.set(0)
                 if self._skip_until == 0.0:
-                    throttled.warning(f"{self._name} unavailable", "%s unavailable (%s): %s; skipping it for %.1fs",
-                                      self._name, operation, type(exc).__name__, self._backoff)
+                    throttled.warning(
+                        f"{self._name} unavailable",
+                        "%s unavailable (%s): %s; skipping it for %.1fs",
+                        self._name,
+                        operation,
+                        type(exc).__name__,
+                        self._backoff,
+                    )
                 self._skip_until = time.monotonic() + self._backoff
                 self._backoff = min(self._backoff * 2, self._max_backoff)
             raise RedisUnavailable(operation) from exc

@@ -20,8 +20,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 Kind = Literal["single", "cluster", "sentinel"]
 _SCHEMES: dict[str, tuple[Kind, bool]] = {
-    "redis+cluster": ("cluster", False), "rediss+cluster": ("cluster", True),
-    "redis+sentinel": ("sentinel", False), "rediss+sentinel": ("sentinel", True),
+    "redis+cluster": ("cluster", False),
+    "rediss+cluster": ("cluster", True),
+    "redis+sentinel": ("sentinel", False),
+    "rediss+sentinel": ("sentinel", True),
 }
 SENTINEL_PORT = 26379
 _SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
@@ -69,8 +71,17 @@ def topology_of(url: str) -> RedisTopology:
     if len(segments) > 2 or (len(segments) == 2 and not segments[1].isdigit()):
         raise BadRedisUrl("has a path other than /service_name[/db]")
     db = int(segments[1]) if len(segments) == 2 else 0
-    return RedisTopology(kind, nodes, segments[0], db, username, password, tls,
-                         options.get("sentinel_username"), options.get("sentinel_password"))
+    return RedisTopology(
+        kind,
+        nodes,
+        segments[0],
+        db,
+        username,
+        password,
+        tls,
+        options.get("sentinel_username"),
+        options.get("sentinel_password"),
+    )
 
 
 def _credentials(userinfo: str) -> tuple[str | None, str | None]:

@@ -19,11 +19,19 @@ def run_server(settings: Settings, *, on_listening: Callable[[], None], worker: 
     """One serving process: the whole proxy (WORKERS=1), or one of the workers."""
     app = create_app(settings, worker=worker)
     try:
-        event_loop.run(listeners.serve(
-            app, settings.host, settings.port, max_connections=settings.max_connections,
-            per_ip=settings.max_connections_per_ip,
-            shutdown_timeout=settings.shutdown_timeout, on_listening=on_listening, reuse_port=worker is not None,
-        ), settings.event_loop)
+        event_loop.run(
+            listeners.serve(
+                app,
+                settings.host,
+                settings.port,
+                max_connections=settings.max_connections,
+                per_ip=settings.max_connections_per_ip,
+                shutdown_timeout=settings.shutdown_timeout,
+                on_listening=on_listening,
+                reuse_port=worker is not None,
+            ),
+            settings.event_loop,
+        )
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror)
         return 1

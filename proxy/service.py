@@ -61,7 +61,6 @@ MEMO_MAX_PARAMS = 512  # bytes: larger params are validated every time rather th
 MERGES_PER_KEY = 2  # chunked eth_getLogs merges one API key may have in flight (each parses its pieces)
 
 
-
 def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, str, bytes] | None:
     """The memo key of a request as it arrived; None for params too large to be worth remembering."""
     try:
@@ -109,10 +108,17 @@ class Service:
             identity=settings.identity_check_interval,
             unmined=settings.unmined_ttl,
         )
-        chunks = ChunkedLogs(settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency,
-                             settings.getlogs_max_results, metrics)
-        self._logs = LogReads(cache, chunks, metrics, self._ttls, max_results=settings.getlogs_max_results,
-                              timeout=settings.getlogs_timeout)
+        chunks = ChunkedLogs(
+            settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency, settings.getlogs_max_results, metrics
+        )
+        self._logs = LogReads(
+            cache,
+            chunks,
+            metrics,
+            self._ttls,
+            max_results=settings.getlogs_max_results,
+            timeout=settings.getlogs_timeout,
+        )
         self._asker = Asker(settings, metrics, self._logs.check_results)
         self._integrity = Integrity(metrics, settings.upstream_timeout, cache)
 
@@ -123,13 +129,16 @@ class Service:
         The allow-list was applied before routing (Gateway._route)."""
         method = call.method
         if method in SUBSCRIPTION_METHODS:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method} needs a WebSocket: connect to "
-                               "/ws/v3/<API_KEY> and send it as a single request (not over HTTP or in a batch)")
+            raise JsonRpcError(
+                METHOD_NOT_FOUND,
+                f"method not found: {method} needs a WebSocket: connect to "
+                "/ws/v3/<API_KEY> and send it as a single request (not over HTTP or in a batch)",
+            )
         policy = POLICIES.get(method)
         if family_of(method) != network.config.family:
             raise JsonRpcError(
-                METHOD_NOT_FOUND, f"method not found: {method} is not available on {network.config.family} "
-                f"network '{network.name}'",
+                METHOD_NOT_FOUND,
+                f"method not found: {method} is not available on {network.config.family} network '{network.name}'",
             )
         params: Any = call.params
         refs: list[BlockRef] = []
@@ -153,8 +162,9 @@ class Service:
 
     # --- the read-through flow ----------------------------------------------------------
 
-    def memory_hit(self, body: bytes | str, network: NetworkRuntime | None,
-                   default_routes: Mapping[str, NetworkRuntime | None]) -> MemoryHit | None:
+    def memory_hit(
+        self, body: bytes | str, network: NetworkRuntime | None, default_routes: Mapping[str, NetworkRuntime | None]
+    ) -> MemoryHit | None:
         """The hot path: a plain single call answered from memory for this head, straight from the raw
         body (`network`, else the method's default route); None: the general path judges it. Only params
         validated on this network have a plan. Nothing is counted: the caller counts a hit once paid for."""
@@ -243,8 +253,9 @@ class Service:
             if not plan.decision.cacheable:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
-                answer, _ = await self._asker.ask_pinned(net, plan.method, plan.forward, policy, plan,
-                                                         self._asker.deadline(policy))
+                answer, _ = await self._asker.ask_pinned(
+                    net, plan.method, plan.forward, policy, plan, self._asker.deadline(policy)
+                )
                 return Outcome.answered(shown(net.tracker, method, answer, refs), BYPASS)
             if prepared.fingerprint:
                 # The head fixes everything a plan depends on (tags, finality, hashes, gas limit, identity).
@@ -252,7 +263,12 @@ class Service:
         return await self._read_through(prepared, policy, params, plan)
 
     async def _chunked(
-        self, prepared: Prepared, policy: MethodPolicy, params: Any, head: Any, planned: Pieces,
+        self,
+        prepared: Prepared,
+        policy: MethodPolicy,
+        params: Any,
+        head: Any,
+        planned: Pieces,
     ) -> Outcome:
         """A chunked eth_getLogs. A range wholly final is merged once: the merged answer is kept under
         the range's own key, so the next call costs what a plain hit of its size costs (the hot path
@@ -265,7 +281,8 @@ class Service:
         stored = await self._cache.get(plan.key)
         if stored is not None:
             self._metrics.child(self._metrics.credits_saved, prepared.network.name, prepared.call.method).inc(
-                prepared.credits)
+                prepared.credits
+            )
             return Outcome(*stored, HIT)
 
         async def merge() -> Outcome:
@@ -347,7 +364,13 @@ class Service:
         return Outcome.answered(shown(net.tracker, method, answer, prepared.refs), BYPASS)
 
     async def _fetch(
-        self, net: NetworkRuntime, policy: MethodPolicy, method: str, params: Any, refs: list[BlockRef], plan: Plan,
+        self,
+        net: NetworkRuntime,
+        policy: MethodPolicy,
+        method: str,
+        params: Any,
+        refs: list[BlockRef],
+        plan: Plan,
         lock: FillLock,
     ) -> tuple[Answer, bool]:
         """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
@@ -391,7 +414,6 @@ class Service:
         elif ttl is not None:
             await self._cache.set(key, (answer.payload, answer.is_error), ttl, lock)  # the lock released too
         return answer, True
-
 
 
 def _still_tied(net: NetworkRuntime, payload: bytes) -> bool:

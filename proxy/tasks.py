@@ -23,5 +23,6 @@ async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
             if not task.cancelled():
                 task.exception()  # retrieved: a task that failed on its way out is not "never retrieved"
     if pending:
-        logging.getLogger("proxy.app").warning("stopping: %s did not end when cancelled; left behind",
-                                               ", ".join(sorted(t.get_name() for t in pending)))
+        logging.getLogger("proxy.app").warning(
+            "stopping: %s did not end when cancelled; left behind", ", ".join(sorted(t.get_name() for t in pending))
+        )

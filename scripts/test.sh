@@ -33,5 +33,6 @@ fi
 export ANVIL_BIN="$PWD/.tools/node_modules/.bin/anvil"
 
 .venv/bin/ruff check proxy tests bench
+.venv/bin/ruff format --check proxy tests bench
 .venv/bin/mypy
 .venv/bin/pytest "$@"

@@ -40,9 +40,11 @@ class FakeChain:
         if height < 0 or height > self.latest:
             return None
         return {
-            "number": hex(height), "hash": self.block_hash(height),
+            "number": hex(height),
+            "hash": self.block_hash(height),
             "parentHash": self.block_hash(height - 1) if height else "0x" + "00" * 32,
-            "gasLimit": hex(self.gas_limit), "timestamp": hex(1_700_000_000 + 12 * height),
+            "gasLimit": hex(self.gas_limit),
+            "timestamp": hex(1_700_000_000 + 12 * height),
         }
 
     def answer(self, method: str, params: Any) -> Answer:

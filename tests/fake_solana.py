@@ -24,8 +24,13 @@ TOKEN_ACCOUNT = "7fUAJdStEuGbc3sM84cKRL6yYaaSstyLSU4ve5oovLS7"
 SYSTEM_ACCOUNT = "4Nd1mBQtrMJVYVfKf2PJy9NZUZdTAsp7D4xWLs4gDB4T"  # exists, but is not a token account
 MISSING_ACCOUNT = "8qbHbw2BbbTHBW1sbeqakYXVKRQM8Ne7pLK7m6CVfeR"
 GENESIS_HASH = "EtWTRABZaYq6iMfeYKouRu166VU2xqa1wcaWoxPkrZBG"
-EPOCH_SCHEDULE = {"firstNormalEpoch": 0, "firstNormalSlot": 0, "leaderScheduleSlotOffset": 432000,
-                  "slotsPerEpoch": 432000, "warmup": False}
+EPOCH_SCHEDULE = {
+    "firstNormalEpoch": 0,
+    "firstNormalSlot": 0,
+    "leaderScheduleSlotOffset": 432000,
+    "slotsPerEpoch": 432000,
+    "warmup": False,
+}
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
 
@@ -41,8 +46,7 @@ SIGNATURE = b58(bytes(range(1, 65)))  # a transaction the node knows, in slot 90
 UNKNOWN_SIGNATURE = b58(bytes(range(2, 66)))
 FINALIZED_LAG = 32  # the finalized slot trails the processed one by this much
 LARGEST = [
-    {"address": f"{i + 1}1111111111111111111111111111111111111111"[:44], "lamports": 10**15 - i}
-    for i in range(20)
+    {"address": f"{i + 1}1111111111111111111111111111111111111111"[:44], "lamports": 10**15 - i} for i in range(20)
 ]
 
 
@@ -139,8 +143,14 @@ class FakeSolana(FakeNode):
     def _account(self, pubkey: str) -> dict[str, Any] | None:
         if pubkey == MISSING_ACCOUNT:
             return None
-        return {"data": ["", "base64"], "executable": False, "lamports": self.lamports.get(pubkey, 1_000_000),
-                "owner": "11111111111111111111111111111111", "rentEpoch": 18446744073709551615, "space": 0}
+        return {
+            "data": ["", "base64"],
+            "executable": False,
+            "lamports": self.lamports.get(pubkey, 1_000_000),
+            "owner": "11111111111111111111111111111111",
+            "rentEpoch": 18446744073709551615,
+            "space": 0,
+        }
 
     def _accounts(self, method: str, params: list[Any]) -> dict[str, Any]:
         if method == "getMultipleAccounts":
@@ -157,20 +167,45 @@ class FakeSolana(FakeNode):
             return _error(rid, -32004, f"Block not available for slot {slot}")
         if slot % 7 == 0:
             return _error(rid, -32007, f"Slot {slot} was skipped, or missing due to ledger jump to recent snapshot")
-        block = {"blockHeight": slot - 100, "blockTime": 1_700_000_000 + slot,
-                 "blockhash": b58(slot.to_bytes(32, "big")), "parentSlot": slot - 1,
-                 "previousBlockhash": b58((slot - 1).to_bytes(32, "big")),
-                 "transactions": [], "rewards": []}
+        block = {
+            "blockHeight": slot - 100,
+            "blockTime": 1_700_000_000 + slot,
+            "blockhash": b58(slot.to_bytes(32, "big")),
+            "parentSlot": slot - 1,
+            "previousBlockhash": b58((slot - 1).to_bytes(32, "big")),
+            "transactions": [],
+            "rewards": [],
+        }
         return {"jsonrpc": "2.0", "id": rid, "result": block}
 
     def _transaction(self) -> dict[str, Any]:
-        return {"slot": 900, "blockTime": 1_700_000_900, "version": "legacy",
-                "meta": {"err": None, "fee": 5000, "preBalances": [10, 0], "postBalances": [5, 0],
-                         "innerInstructions": [], "logMessages": [], "status": {"Ok": None}},
-                "transaction": {"signatures": [SIGNATURE], "message": {
-                    "accountKeys": [SYSTEM_ACCOUNT, TOKEN_ACCOUNT], "header": {
-                        "numRequiredSignatures": 1, "numReadonlySignedAccounts": 0, "numReadonlyUnsignedAccounts": 1},
-                    "instructions": [], "recentBlockhash": GENESIS_HASH}}}
+        return {
+            "slot": 900,
+            "blockTime": 1_700_000_900,
+            "version": "legacy",
+            "meta": {
+                "err": None,
+                "fee": 5000,
+                "preBalances": [10, 0],
+                "postBalances": [5, 0],
+                "innerInstructions": [],
+                "logMessages": [],
+                "status": {"Ok": None},
+            },
+            "transaction": {
+                "signatures": [SIGNATURE],
+                "message": {
+                    "accountKeys": [SYSTEM_ACCOUNT, TOKEN_ACCOUNT],
+                    "header": {
+                        "numRequiredSignatures": 1,
+                        "numReadonlySignedAccounts": 0,
+                        "numReadonlyUnsignedAccounts": 1,
+                    },
+                    "instructions": [],
+                    "recentBlockhash": GENESIS_HASH,
+                },
+            },
+        }
 
     # --- pubsub ------------------------------------------------------------------------------
 
@@ -222,23 +257,37 @@ class FakeSolana(FakeNode):
 
     async def advance_slot(self) -> int:
         self.slot += 1
-        return await self._notify("slotNotification", "slotSubscribe",
-                                  {"parent": self.slot - 1, "root": self.slot - 32, "slot": self.slot})
+        return await self._notify(
+            "slotNotification", "slotSubscribe", {"parent": self.slot - 1, "root": self.slot - 32, "slot": self.slot}
+        )
 
     async def set_account(self, pubkey: str, lamports: int) -> int:
-        value = {"lamports": lamports, "data": ["", "base64"], "owner": "11111111111111111111111111111111",
-                 "executable": False, "rentEpoch": 0, "space": 0}
-        return await self._notify("accountNotification", "accountSubscribe",
-                                  {"context": {"slot": self.slot}, "value": value}, pubkey)
+        value = {
+            "lamports": lamports,
+            "data": ["", "base64"],
+            "owner": "11111111111111111111111111111111",
+            "executable": False,
+            "rentEpoch": 0,
+            "space": 0,
+        }
+        return await self._notify(
+            "accountNotification", "accountSubscribe", {"context": {"slot": self.slot}, "value": value}, pubkey
+        )
 
     async def confirm(self, signature: str) -> int:
-        return await self._notify("signatureNotification", "signatureSubscribe",
-                                  {"context": {"slot": self.slot}, "value": {"err": None}}, signature)
+        return await self._notify(
+            "signatureNotification",
+            "signatureSubscribe",
+            {"context": {"slot": self.slot}, "value": {"err": None}},
+            signature,
+        )
 
     async def emit_logs(self, signature: str, logs: list[str]) -> int:
-        return await self._notify("logsNotification", "logsSubscribe",
-                                  {"context": {"slot": self.slot}, "value": {"signature": signature, "err": None,
-                                                                             "logs": logs}})
+        return await self._notify(
+            "logsNotification",
+            "logsSubscribe",
+            {"context": {"slot": self.slot}, "value": {"signature": signature, "err": None, "logs": logs}},
+        )
 
     async def drop_sockets(self) -> None:
         """Close every pubsub connection, as a restarting node would."""

@@ -16,7 +16,11 @@ from tests.support import free_port
 
 @asynccontextmanager
 async def bad_upstream(
-    *, status: int = 200, body: bytes = b"<html>oops</html>", delay: float = 0.0, path: str = "/",
+    *,
+    status: int = 200,
+    body: bytes = b"<html>oops</html>",
+    delay: float = 0.0,
+    path: str = "/",
     result: Any = None,
 ) -> AsyncIterator[str]:
     """`result`: answer every single call with it (under the request's own id) instead of `body`."""

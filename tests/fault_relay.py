@@ -18,8 +18,19 @@ from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
 
-KINDS = ("http500", "http413", "http429", "slow", "wrong_id", "duplicate_id", "partial", "error3", "error",
-         "ratelimit", "droplog")
+KINDS = (
+    "http500",
+    "http413",
+    "http429",
+    "slow",
+    "wrong_id",
+    "duplicate_id",
+    "partial",
+    "error3",
+    "error",
+    "ratelimit",
+    "droplog",
+)
 
 
 @dataclass
@@ -64,8 +75,7 @@ class FaultRelay:
     def inject_random(self, rng: random.Random, rate: float) -> None:
         """A fault on the next request with probability `rate`, its kind drawn from `rng`."""
         if rng.random() < rate:
-            self.inject(rng.choice(["http500", "wrong_id", "duplicate_id", "partial", "slow", "http413"]),
-                        delay=0.05)
+            self.inject(rng.choice(["http500", "wrong_id", "duplicate_id", "partial", "slow", "http413"]), delay=0.05)
 
     async def start(self) -> FaultRelay:
         self._session = aiohttp.ClientSession()
@@ -126,13 +136,13 @@ class FaultRelay:
         if kind in ("error3", "error", "ratelimit"):
             code = {"error3": 3, "error": -32000, "ratelimit": -32005}[kind]
             message = "project ID request rate exceeded" if kind == "ratelimit" else "injected"  # Infura's words
-            errors = [{"jsonrpc": "2.0", "id": c.get("id"), "error": {"code": code, "message": message}}
-                      for c in calls]
+            errors = [{"jsonrpc": "2.0", "id": c.get("id"), "error": {"code": code, "message": message}} for c in calls]
             if kind == "error3" and is_batch and fault is not None and fault.method is not None:
                 # An execution error is the call's own: the batch's other calls are answered.
                 answered = await self._forward(body)
-                errors = [e if c.get("method") == fault.method else a
-                          for c, e, a in zip(calls, errors, answered, strict=True)]
+                errors = [
+                    e if c.get("method") == fault.method else a for c, e, a in zip(calls, errors, answered, strict=True)
+                ]
             return web.json_response(errors if is_batch else errors[0])
         reply = await self._forward(body)
         if kind == "wrong_id":

@@ -58,12 +58,22 @@ class ProxyProcess:
 
     def __init__(self, upstream: str, cache_bytes: int) -> None:
         self.port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.endswith("_UPSTREAM") and k not in (
-            "NETWORKS_FILE", "REDIS_URL", "API_KEYS", "API_KEYS_FILE")}
-        env.update(EVM_UPSTREAM=upstream, PROXY_PORT=str(self.port), CACHE_MEMORY_BYTES=str(cache_bytes),
-                   HEAD_POLL_INTERVAL="0.2", LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, cwd=ROOT,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.endswith("_UPSTREAM") and k not in ("NETWORKS_FILE", "REDIS_URL", "API_KEYS", "API_KEYS_FILE")
+        }
+        env.update(
+            EVM_UPSTREAM=upstream,
+            PROXY_PORT=str(self.port),
+            CACHE_MEMORY_BYTES=str(cache_bytes),
+            HEAD_POLL_INTERVAL="0.2",
+            LOG_LEVEL="WARNING",
+            PYTHONPATH=str(ROOT),
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self.url = f"http://127.0.0.1:{self.port}/v3/fill"
         wait_until(self._up, 20, "the proxy process to listen")
 
@@ -87,8 +97,11 @@ class ProxyProcess:
 
     def reading(self) -> Reading:
         metrics = self.metrics()
-        return Reading(rss_bytes(self.proc.pid), metrics.get("rpc_proxy_cache_memory_bytes", -1.0),
-                       metrics.get("rpc_proxy_cache_entries", -1.0))
+        return Reading(
+            rss_bytes(self.proc.pid),
+            metrics.get("rpc_proxy_cache_memory_bytes", -1.0),
+            metrics.get("rpc_proxy_cache_entries", -1.0),
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -144,7 +157,8 @@ async def send(proxy: ProxyProcess, calls: Iterator[dict[str, Any]], *, batch: i
 
 
 async def fill_side_by_side(
-    bound: int, phases: list[tuple[Callable[[], Iterator[dict[str, Any]]], int, int]],
+    bound: int,
+    phases: list[tuple[Callable[[], Iterator[dict[str, Any]]], int, int]],
 ) -> list[tuple[Reading, Reading]]:
     """Two proxy processes in front of one FakeEvm, one bounded at `bound` and one holding nothing
     (CACHE_MEMORY_BYTES=1), sent the same calls at once: for each phase (calls, batch size,

@@ -19,8 +19,9 @@ NODE_TIMEOUT_MS = 1000  # how long a silent primary takes to be judged failed (R
 
 def command(port: int, *args: str, timeout: float = 5.0) -> str:
     """One command through redis-cli, its raw reply as text ("" when the node is unreachable)."""
-    result = subprocess.run([CLI, "-h", "127.0.0.1", "-p", str(port), *args],
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [CLI, "-h", "127.0.0.1", "-p", str(port), *args], capture_output=True, text=True, timeout=timeout
+    )
     return result.stdout.strip()
 
 
@@ -45,9 +46,22 @@ class RedisNode:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--save", "", "--appendonly", "no", *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                SERVER,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_until(lambda: answers(self.port), 10, f"redis-server on port {self.port}")
 
@@ -68,14 +82,32 @@ class LocalCluster:
         try:
             for _ in range(masters * (1 + replicas)):
                 # The bus port is given: the default, port + 10000, may be taken or past 65535.
-                node = RedisNode(root, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                 "--cluster-port", str(free_port()), "--cluster-node-timeout", str(NODE_TIMEOUT_MS))
+                node = RedisNode(
+                    root,
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    str(free_port()),
+                    "--cluster-node-timeout",
+                    str(NODE_TIMEOUT_MS),
+                )
                 node.start()
                 self.nodes.append(node)
             created = subprocess.run(
-                [CLI, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
-                 "--cluster-replicas", str(replicas), "--cluster-yes"],
-                capture_output=True, text=True, timeout=60,
+                [
+                    CLI,
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                    "--cluster-replicas",
+                    str(replicas),
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             if created.returncode != 0:
                 raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout}{created.stderr}")
@@ -107,8 +139,11 @@ class LocalCluster:
 
     def replicas_synced(self) -> bool:
         """Every replica has finished its first sync with its primary."""
-        return all("master_link_status:up" in command(n.port, "INFO", "replication")
-                   for n in self.alive() if n not in self.primaries())
+        return all(
+            "master_link_status:up" in command(n.port, "INFO", "replication")
+            for n in self.alive()
+            if n not in self.primaries()
+        )
 
     def primary_of(self, key: str) -> RedisNode:
         slot = int(command(self.nodes[0].port, "CLUSTER", "KEYSLOT", key))
@@ -157,8 +192,11 @@ class LocalSentinel:
             replica = RedisNode(root, "--replicaof", "127.0.0.1", str(primary.port))
             replica.start()
             self.nodes = [primary, replica]
-            wait_until(lambda: "master_link_status:up" in command(replica.port, "INFO", "replication"), 15,
-                       "the replica to sync")
+            wait_until(
+                lambda: "master_link_status:up" in command(replica.port, "INFO", "replication"),
+                15,
+                "the replica to sync",
+            )
             self.sentinel_port = free_port()
             config = root / "sentinel.conf"  # Sentinel rewrites its config file: it must be its own
             config.write_text(
@@ -167,8 +205,9 @@ class LocalSentinel:
                 f"sentinel down-after-milliseconds {service} 1000\n"
                 f"sentinel failover-timeout {service} 5000\n"
             )
-            self.sentinel = subprocess.Popen([SERVER, str(config), "--sentinel"],
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.sentinel = subprocess.Popen(
+                [SERVER, str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             wait_until(lambda: self.replicas_known() >= 1, 20, "the sentinel to learn the replica")
         except BaseException:
             self.stop()
@@ -190,8 +229,11 @@ class LocalSentinel:
         """Promote the replica through Sentinel; the new primary's port once it serves writes."""
         old = self.primary_port()
         # Refused (NOGOODSLAVE) until Sentinel has its own fresh INFO from the replica: ask again.
-        wait_until(lambda: command(self.sentinel_port, "SENTINEL", "FAILOVER", self.service) == "OK", 30,
-                   "sentinel to accept the failover")
+        wait_until(
+            lambda: command(self.sentinel_port, "SENTINEL", "FAILOVER", self.service) == "OK",
+            30,
+            "sentinel to accept the failover",
+        )
         wait_until(lambda: self.primary_port() not in (0, old), 20, "sentinel to name a new primary")
         new = self.primary_port()
         wait_until(lambda: "role:master" in command(new, "INFO", "replication"), 20, "the new primary")

@@ -102,7 +102,8 @@ class Anvil:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [anvil_binary(), "--port", str(self.port), "--host", "127.0.0.1", "--silent", *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_until(self._up, 15, "anvil to start")
 
@@ -202,7 +203,8 @@ class RedisServer:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_until(self._up, 10, "redis-server to start")
 
@@ -247,8 +249,9 @@ class CountingUpstream:
         self.asked[method] += 1
         return await self.inner.ask(index, method, params, timeout=timeout)
 
-    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-                     timeout: float | None = None) -> Answer:
+    async def proven(
+        self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
+    ) -> Answer:
         """A call and the header that shows the answering node's chain (counted apart, as `proofs`)."""
         self.calls[method] += 1
         self.params.append((method, params))
@@ -335,8 +338,13 @@ class Served:
     async def start_server(self) -> None:
         await self.runner.setup()
         settings = self.runner.app[SETTINGS]
-        self.site = CappedSite(self.runner, "127.0.0.1", self.port, max_connections=settings.max_connections,
-                               per_ip=settings.max_connections_per_ip)
+        self.site = CappedSite(
+            self.runner,
+            "127.0.0.1",
+            self.port,
+            max_connections=settings.max_connections,
+            per_ip=settings.max_connections_per_ip,
+        )
         await self.site.start()
 
     async def close(self) -> None:
@@ -414,12 +422,17 @@ async def start_proxy(
     upstreams: dict[str, CountingUpstream] = {}
 
     def counting(network: Network, metrics: Metrics) -> CountingUpstream:
-        inner = HttpUpstream(network.name, network.upstreams, timeout=settings.upstream_timeout, metrics=metrics,
-                             batch_max=settings.upstream_batch_max,
-                             batch_max_bytes=settings.upstream_batch_max_bytes,
-                             attempt_timeout=settings.upstream_attempt_timeout,
-                             max_reply_bytes=settings.max_response_bytes,
-                             routing=routing_of(network))
+        inner = HttpUpstream(
+            network.name,
+            network.upstreams,
+            timeout=settings.upstream_timeout,
+            metrics=metrics,
+            batch_max=settings.upstream_batch_max,
+            batch_max_bytes=settings.upstream_batch_max_bytes,
+            attempt_timeout=settings.upstream_attempt_timeout,
+            max_reply_bytes=settings.max_response_bytes,
+            routing=routing_of(network),
+        )
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 

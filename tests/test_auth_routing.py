@@ -63,9 +63,7 @@ async def test_open_mode_accepts_any_key(anvil: Anvil) -> None:
         await proxy.close()
 
 
-async def test_network_is_chosen_by_host_then_path_then_method_family(
-    tmp_path: Path, solana: FakeSolana
-) -> None:
+async def test_network_is_chosen_by_host_then_path_then_method_family(tmp_path: Path, solana: FakeSolana) -> None:
     main_node, side_node = Anvil(), Anvil("--chain-id", "5")
     networks = tmp_path / "networks.toml"
     networks.write_text(

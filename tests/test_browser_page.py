@@ -75,7 +75,7 @@ def import_map() -> dict[str, Any]:
         except (ValueError, KeyError, TypeError):
             continue
         if "node_modules" in parts:
-            holder = "/nm/" + "/".join(parts[:len(parts) - parts[::-1].index("node_modules") - 1]) + "/"
+            holder = "/nm/" + "/".join(parts[: len(parts) - parts[::-1].index("node_modules") - 1]) + "/"
             scopes.setdefault(holder, {}).update(found)
         else:
             imports.update(found)
@@ -99,8 +99,12 @@ async def _page_server() -> TestServer:
 async def _drive(urls: list[str], anvil: Anvil, home: Path) -> list[dict[str, Any]]:
     """Open each page in Chromium; meanwhile mine a block every half second for the block watchers."""
     process = await asyncio.create_subprocess_exec(
-        node_binary(), str(ROOT / "tests/browser/drive.mjs"), str(CHROMIUM), *urls,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        node_binary(),
+        str(ROOT / "tests/browser/drive.mjs"),
+        str(CHROMIUM),
+        *urls,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env={"TOOLS": str(TOOLS), "HOME": str(home)},  # HOME: where Chromium keeps its profile
     )
     communicating = asyncio.ensure_future(process.communicate())
@@ -117,12 +121,14 @@ async def _drive(urls: list[str], anvil: Anvil, home: Path) -> list[dict[str, An
 
 
 async def test_a_dapp_page_on_another_origin_reads_and_subscribes_through_the_proxy_as_against_anvil(
-    anvil: Anvil, tmp_path: Path,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     store = anvil.deploy_store()
     keys = tmp_path / "keys.toml"
-    keys.write_text('[keys.dapp]\nkey = "dapp-key"\n'
-                    '[keys.locked]\nkey = "locked-key"\nallowed_origins = ["https://app.example"]\n')
+    keys.write_text(
+        '[keys.dapp]\nkey = "dapp-key"\n[keys.locked]\nkey = "locked-key"\nallowed_origins = ["https://app.example"]\n'
+    )
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys), HEAD_POLL_INTERVAL="0.5"))
     pages = await _page_server()
     try:

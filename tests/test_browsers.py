@@ -28,7 +28,7 @@ allowed_origins = ["{PAGE}"]
 [keys.reader]
 key = "reader-secret"
 allowed_methods = ["eth_getBalance", "eth_blockNumber", "eth_call"]
-allowed_addresses = ["{STORE.upper().replace('X', 'x')}"]
+allowed_addresses = ["{STORE.upper().replace("X", "x")}"]
 """)
     return str(path)
 
@@ -67,9 +67,14 @@ class TestAllowListDecisions:
 
 async def test_preflight_is_answered_204_on_every_route_and_charges_nothing(keyed: Proxy) -> None:
     for path in ("/v3/plain-secret", "/v3", "/evm/v3/x", "/healthz", "/nowhere"):
-        async with keyed.session.options(keyed.base + path, headers={
-            "Origin": "https://other.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "content-type,authorization"}) as resp:
+        async with keyed.session.options(
+            keyed.base + path,
+            headers={
+                "Origin": "https://other.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type,authorization",
+            },
+        ) as resp:
             assert resp.status == 204, path
             assert resp.headers["Access-Control-Allow-Origin"] == "*"
             assert "POST" in resp.headers["Access-Control-Allow-Methods"]
@@ -145,8 +150,11 @@ async def test_allowed_methods_and_addresses_refuse_per_call_even_when_cached(ke
     assert refused["error"]["code"] == -32001 and "allowed_addresses" in refused["error"]["message"]
     _s, refused, _h = await keyed.post(_call("eth_getLogs", [{"address": STORE}]), "reader-secret")
     assert "allowed_methods" in refused["error"]["message"]
-    batch = [_call("eth_blockNumber", [], 1), _call("eth_call", [{"to": STORE, "data": "0x"}, "latest"], 2),
-             _call("eth_call", [{"to": OTHER, "data": "0x"}, "latest"], 3)]
+    batch = [
+        _call("eth_blockNumber", [], 1),
+        _call("eth_call", [{"to": STORE, "data": "0x"}, "latest"], 2),
+        _call("eth_call", [{"to": OTHER, "data": "0x"}, "latest"], 3),
+    ]
     status, answers, headers = await keyed.post(batch, "reader-secret")
     assert status == 200 and ["error" in a for a in answers] == [False, False, True]
     assert headers["X-Credits-Charged"] == str(80 + 80)  # the refused call is not charged
@@ -160,7 +168,6 @@ async def test_a_batch_of_1000_calls_is_served_and_charged_per_call(keyed: Proxy
     assert int(headers["X-Credits-Charged"]) == 1000 * per_call
     status, answer, _h = await keyed.post([_call("eth_chainId", [], i) for i in range(1001)], "plain-secret")
     assert status == 400 and "exceeds the limit of 1000" in answer["error"]["message"]
-
 
 
 async def test_allow_lists_also_refuse_websocket_calls_and_subscriptions(keyed: Proxy) -> None:

@@ -141,12 +141,14 @@ async def test_a_null_answer_for_a_future_block_is_not_kept_once_the_block_exist
     assert [r["transactionHash"] for r in receipts] == [receipt["transactionHash"]]
 
 
-async def test_reverts_at_final_blocks_are_cached_and_other_errors_are_not(
-    anvil: Anvil, evm_proxy: Proxy
-) -> None:
+async def test_reverts_at_final_blocks_are_cached_and_other_errors_are_not(anvil: Anvil, evm_proxy: Proxy) -> None:
     store, block = await finalized_store(anvil, evm_proxy)
-    boom = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
-            "params": [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, hex(block)]}
+    boom = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "eth_call",
+        "params": [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, hex(block)],
+    }
     _, first, _ = await evm_proxy.post(boom)
     _, second, headers = await evm_proxy.post(boom)
     assert headers["X-Cache"] == "HIT" and second["error"] == first["error"] and first["error"]["code"] == 3
@@ -169,8 +171,9 @@ async def test_blocks_addressed_by_hash_are_content_addressed(anvil: Anvil, evm_
     store = anvil.deploy_store()
     receipt = anvil.send(store, selector("setX(uint256)") + word(3))
     for _ in range(2):
-        await evm_proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockReceipts",
-                              "params": [receipt["blockHash"]]})
+        await evm_proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockReceipts", "params": [receipt["blockHash"]]}
+        )
     assert evm_proxy.upstreams["evm"].calls["eth_getBlockReceipts"] == 1
 
 
@@ -181,8 +184,9 @@ class SlowUpstream(CountingUpstream):
         await asyncio.sleep(0.2)
         return await super().request(method, params, timeout=timeout)
 
-    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-                     timeout: float | None = None) -> Answer:
+    async def proven(
+        self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
+    ) -> Answer:
         await asyncio.sleep(0.2)  # a final read goes with its proof header (proofs.py)
         return await super().proven(method, params, block, index=index, timeout=timeout)
 
@@ -281,8 +285,7 @@ async def test_requests_are_answered_while_redis_is_down_and_redis_is_used_again
 
 async def test_largest_accounts_are_cached_within_their_ttl_and_not_beyond(solana: FakeSolana) -> None:
     clock = FakeClock()
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_LARGEST_ACCOUNTS_TTL="3600"),
-                              clock=clock)
+    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_LARGEST_ACCOUNTS_TTL="3600"), clock=clock)
     try:
         first = await proxy.result("getLargestAccounts", [])
         clock.advance(3599)
@@ -347,9 +350,9 @@ async def test_identical_misses_on_two_replicas_make_one_upstream_call(anvil: An
     async with replicas(anvil, redis_url, SlowUpstream) as (first, second):
         store, block = await finalized_store(anvil, first)
         await second.head_at(anvil.block_number())
-        replies = await asyncio.gather(*(
-            (first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20)
-        ))
+        replies = await asyncio.gather(
+            *((first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20))
+        )
         assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
         assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
         calls = [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)]
@@ -370,8 +373,12 @@ async def test_a_replica_waiting_on_an_uncacheable_answer_fetches_it_itself(anvi
         store = anvil.deploy_store()
         await first.head_at(anvil.block_number())
         await second.head_at(anvil.block_number())
-        boom = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
-                "params": [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, "latest"]}
+        boom = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "eth_call",
+            "params": [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, "latest"],
+        }
         (_, a, _), (_, b, _) = await asyncio.gather(first.post(boom), second.post(boom))
         assert a["error"]["code"] == b["error"]["code"] == 3  # a revert above finality is never stored
         assert [p.upstreams["evm"].calls["eth_call"] for p in (first, second)] == [1, 1]

@@ -18,8 +18,15 @@ from tests.fake_chain import FakeChain
 from tests.support import FakeClock
 
 TTLS = cp.Ttls(unfinalized=12, negative=2, largest_accounts=3600, token_balance=0.4)
-HEAD = Head(latest=100, safe=68, finalized=36, latest_hash="0xaa", gas_limit=30_000_000, timestamp=0,
-            hashes={n: f"0x{n:064x}" for n in range(37, 101)})
+HEAD = Head(
+    latest=100,
+    safe=68,
+    finalized=36,
+    latest_hash="0xaa",
+    gas_limit=30_000_000,
+    timestamp=0,
+    hashes={n: f"0x{n:064x}" for n in range(37, 101)},
+)
 
 
 class TestDecide:
@@ -88,8 +95,13 @@ class TestCacheKey:
         assert cache_key("evm", "m", [{"a": 1, "b": 2}]) == cache_key("evm", "m", [{"b": 2, "a": 1}])
 
     def test_network_method_and_params_all_separate_keys(self) -> None:
-        keys = {cache_key("evm", "m", [1]), cache_key("evm2", "m", [1]), cache_key("evm", "n", [1]),
-                cache_key("evm", "m", [2]), cache_key("evm", "m", ["1"])}
+        keys = {
+            cache_key("evm", "m", [1]),
+            cache_key("evm2", "m", [1]),
+            cache_key("evm", "n", [1]),
+            cache_key("evm", "m", [2]),
+            cache_key("evm", "m", ["1"]),
+        }
         assert len(keys) == 5
 
     def test_long_keys_become_a_sha256_digest(self) -> None:

@@ -56,7 +56,10 @@ class TestProofDecisions:
 
     def test_a_head_answer_is_proven_at_the_trackers_latest_block(self) -> None:
         assert plan_proof(Decision(Mode.TTL, 1, per_head=True), False, self.HEAD, [], {}) == (
-            "latest", "0xlatest", True)
+            "latest",
+            "0xlatest",
+            True,
+        )
 
     def test_a_final_answer_without_a_known_finalized_hash_cannot_be_kept(self) -> None:
         head = Head(200, 150, 136, "0xlatest", 30_000_000, 0)
@@ -91,7 +94,9 @@ class TestProofDecisions:
 
 @pytest.mark.parametrize(("mined", "height", "tries"), [(4, 102, 3), (80, 105, 1)], ids=["unfinalized", "final"])
 async def test_an_answer_from_a_backup_on_another_fork_is_never_served_nor_kept(
-    mined: int, height: int, tries: int,
+    mined: int,
+    height: int,
+    tries: int,
 ) -> None:
     # Final: the node's block at the tracker's finalized height comes in the same batch. Unfinalized:
     # a forked Anvil asked `{"blockHash": H}` for a canonical block it never had resolves H through its
@@ -108,8 +113,11 @@ async def test_an_answer_from_a_backup_on_another_fork_is_never_served_nor_kept(
         await proxy.head_at(100 + mined)
         states = proxy.app[SERVICE].networks["evm"].per_upstream
         assert states is not None
-        await eventually(lambda: _true(states.states.latest[1] == 110 and states.states.verified[1]), 10,
-                         "the backup's head to be known")
+        await eventually(
+            lambda: _true(states.states.latest[1] == 110 and states.states.verified[1]),
+            10,
+            "the backup's head to be known",
+        )
         truth = node.rpc("eth_getBalance", DEV_ACCOUNT, hex(height))
         assert truth != backup.rpc("eth_getBalance", DEV_ACCOUNT, hex(height))
         for _ in range(tries):
@@ -183,8 +191,11 @@ async def test_a_restarted_proxy_stays_in_the_epoch_a_finality_violation_moved_t
         await proxy.head_at(node.block_number())
         assert await proxy.result("eth_getStorageAt", call) == "0x" + word(12345)
         node.rpc("anvil_reorg", 80, [])  # below finality: the write is gone
-        await eventually(lambda: _true(proxy.metric("rpc_proxy_finality_violations_total", network="evm") >= 1),
-                         10, "the finality violation to be seen")
+        await eventually(
+            lambda: _true(proxy.metric("rpc_proxy_finality_violations_total", network="evm") >= 1),
+            10,
+            "the finality violation to be seen",
+        )
     finally:
         await proxy.close()
     truth = node.rpc("eth_getStorageAt", *call)
@@ -299,8 +310,11 @@ async def test_a_silent_reconnect_checks_the_identity_before_an_answer_is_kept()
     node.mine(70)
     # Slow polls and identity checks: nothing reaches the node while it restarts, so aiohttp
     # reconnects silently on the next call.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="30",
-                                           HEAD_STALE_AFTER="120", IDENTITY_CHECK_INTERVAL="300"))
+    proxy = await start_proxy(
+        settings_for(
+            EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="30", HEAD_STALE_AFTER="120", IDENTITY_CHECK_INTERVAL="300"
+        )
+    )
     try:
         await proxy.head_at(70)
         node.stop()
@@ -309,8 +323,11 @@ async def test_a_silent_reconnect_checks_the_identity_before_an_answer_is_kept()
         for _ in range(2):
             body, cache = await answer(proxy, "eth_getBlockByNumber", ["0x5", False])
             assert cache != "HIT", (body, cache)  # the new chain's block is never kept under the old identity
-        await eventually(lambda: _true(proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm",
-                                                    upstream="0") == 1), 10, "the identity to be checked again")
+        await eventually(
+            lambda: _true(proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="0") == 1),
+            10,
+            "the identity to be checked again",
+        )
     finally:
         await proxy.close()
         node.stop()

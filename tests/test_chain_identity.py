@@ -29,8 +29,9 @@ async def test_an_upstream_of_another_chain_is_taken_out_of_rotation(
         assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
         assert proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="0") == 0
         assert proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="1") == 1
-        assert any(r.levelno == logging.ERROR and "upstream #1 serves chain id 999" in r.getMessage()
-                   for r in caplog.records)
+        assert any(
+            r.levelno == logging.ERROR and "upstream #1 serves chain id 999" in r.getMessage() for r in caplog.records
+        )
         assert other.url not in caplog.text
         relay.inject("http500", times=None)  # the primary fails: the other chain never answers instead
         for _ in range(3):
@@ -137,4 +138,3 @@ async def test_a_finalized_block_whose_hash_changes_is_an_error_that_invalidates
         assert headers["X-Cache"] != "HIT"  # the old entry is left behind with the old epoch
     finally:
         await proxy.close()
-

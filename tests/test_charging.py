@@ -53,7 +53,8 @@ async def dropping_relay(target: str, position: str) -> AsyncIterator[str]:
 
 
 async def test_a_call_left_out_of_a_batch_reply_is_asked_again_alone_and_charged_as_answered(
-    anvil: Anvil, tmp_path: Path,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     # A batch reply without one of its ids is an upstream fault (issue 9): nothing of it is kept,
     # and its calls are asked again one by one (issue 10), so every caller gets the node's answer
@@ -86,8 +87,9 @@ async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Pat
     app.router.add_post("/", slow)
     node = TestServer(app, host="127.0.0.1", port=free_port())
     await node.start_server()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{node.port}/", API_KEYS_FILE=path,
-                                           UPSTREAM_TIMEOUT="0.3"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{node.port}/", API_KEYS_FILE=path, UPSTREAM_TIMEOUT="0.3")
+    )
     try:
         call = {"jsonrpc": "2.0", "id": 7, "method": "eth_estimateGas", "params": [{"from": "0x" + "11" * 20}]}
         status, reply, headers = await proxy.post(call, key="alice")

@@ -53,14 +53,18 @@ async def chain(anvil: Anvil) -> AsyncIterator[Chain]:
 
 
 def logs_filter(chain: Chain, first: int | str, last: int | str) -> dict[str, Any]:
-    return {"address": chain.store, "fromBlock": first if isinstance(first, str) else hex(first),
-            "toBlock": last if isinstance(last, str) else hex(last)}
+    return {
+        "address": chain.store,
+        "fromBlock": first if isinstance(first, str) else hex(first),
+        "toBlock": last if isinstance(last, str) else hex(last),
+    }
 
 
 async def get_logs(chain: Chain, log_filter: dict[str, Any]) -> tuple[Any, str]:
     """The proxy's answer and X-Cache, after checking it equals the node's."""
-    status, body, headers = await chain.proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-                                                    "params": [log_filter]})
+    status, body, headers = await chain.proxy.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [log_filter]}
+    )
     assert status == 200 and "result" in body, body
     node = chain.anvil.rpc("eth_getLogs", log_filter)
     assert body["result"] == node
@@ -69,8 +73,11 @@ async def get_logs(chain: Chain, log_filter: dict[str, Any]) -> tuple[Any, str]:
 
 def asked(chain: Chain) -> list[tuple[int, int]]:
     """The block ranges of every eth_getLogs sent upstream so far."""
-    return [(int(p[0]["fromBlock"], 16), int(p[0]["toBlock"], 16)) if "fromBlock" in p[0] else (-1, -1)
-            for m, p in chain.proxy.upstreams["evm"].params if m == "eth_getLogs"]
+    return [
+        (int(p[0]["fromBlock"], 16), int(p[0]["toBlock"], 16)) if "fromBlock" in p[0] else (-1, -1)
+        for m, p in chain.proxy.upstreams["evm"].params
+        if m == "eth_getLogs"
+    ]
 
 
 async def test_overlapping_extending_and_inner_windows_cost_the_upstream_only_new_chunks(chain: Chain) -> None:
@@ -118,8 +125,11 @@ async def test_a_reorg_never_leaves_a_removed_log_in_a_chunked_answer(chain: Cha
     tracker = chain.proxy.app[SERVICE].networks["evm"].tracker
 
     async def reorg_seen() -> bool:
-        return chain.proxy.metric("rpc_proxy_reorgs_total", network="evm") >= 1 and tracker.head is not None \
+        return (
+            chain.proxy.metric("rpc_proxy_reorgs_total", network="evm") >= 1
+            and tracker.head is not None
             and tracker.head.latest_hash == chain.anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+        )
 
     await eventually(reorg_seen, 10, "the tracker to see the reorg")
     after, cache = await get_logs(chain, everything)  # equal to the node's: the removed logs are gone
@@ -129,14 +139,16 @@ async def test_a_reorg_never_leaves_a_removed_log_in_a_chunked_answer(chain: Cha
 
 
 async def test_more_than_the_limit_over_the_merged_answer_is_minus_32005_with_nothing_partial(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK),
-                                           GETLOGS_MAX_RESULTS="30"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_MAX_RESULTS="30")
+    )
     try:
         chain = await build(anvil, proxy)  # 2 logs every 10 blocks: 20 per chunk, each under the limit
         too_many = logs_filter(chain, 0, 299)
         for _ in range(2):
-            status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-                                                "params": [too_many]})
+            status, body, _ = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [too_many]}
+            )
             assert status == 200 and "result" not in body
             assert body["error"]["code"] == -32005
             assert body["error"]["message"] == "query returned more than 30 results"
@@ -151,14 +163,16 @@ async def test_more_than_the_limit_over_the_merged_answer_is_minus_32005_with_no
 
 async def test_a_slow_chunk_makes_the_whole_call_hit_the_time_limit(anvil: Anvil) -> None:
     relay = await FaultRelay(anvil.url).start()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=relay.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK),
-                                           GETLOGS_TIMEOUT="1"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=relay.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_TIMEOUT="1")
+    )
     try:
         chain = await build(anvil, proxy)
         await get_logs(chain, logs_filter(chain, 0, 99))  # one chunk held: the next call is partly cached
         relay.inject("slow", method="eth_getLogs", delay=3.0)  # the first chunk that goes upstream
-        status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-                                            "params": [logs_filter(chain, 0, 299)]})
+        status, body, _ = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [logs_filter(chain, 0, 299)]}
+        )
         assert status == 200 and "result" not in body
         assert body["error"] == {"code": -32005, "message": "query timeout exceeded"}
         assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="timeout") == 1
@@ -182,8 +196,11 @@ async def test_a_few_blocks_whose_receipts_are_held_are_answered_from_them(anvil
             assert (await proxy.call("eth_getBlockReceipts", [hex(number)]))["result"] is not None
         before = proxy.upstreams["evm"].calls["eth_getLogs"]
         signature = anvil.rpc("eth_getLogs", logs_filter(chain, latest, latest))[0]["topics"][0]
-        for log_filter in (logs_filter(chain, first, last), logs_filter(chain, latest - 1, latest),
-                           {**logs_filter(chain, latest - 1, latest), "topics": [signature, "0x" + word(1)]}):
+        for log_filter in (
+            logs_filter(chain, first, last),
+            logs_filter(chain, latest - 1, latest),
+            {**logs_filter(chain, latest - 1, latest), "topics": [signature, "0x" + word(1)]},
+        ):
             logs, cache = await get_logs(chain, log_filter)  # equal to the node's
             assert cache == "HIT"
         assert len(logs) == 2 and proxy.upstreams["evm"].calls["eth_getLogs"] == before
@@ -196,13 +213,16 @@ async def test_a_few_blocks_whose_receipts_are_held_are_answered_from_them(anvil
 async def test_a_chunked_call_costs_the_client_the_spec_price_once(anvil: Anvil, tmp_path: Path) -> None:
     keys = tmp_path / "keys.toml"
     keys.write_text("[keys.alice]\ndaily_credits = 10000\n")
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys),
-                                           GETLOGS_CHUNK_BLOCKS=str(CHUNK)))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys), GETLOGS_CHUNK_BLOCKS=str(CHUNK))
+    )
     try:
         chain = await build(anvil, proxy, events=5, gap=49)
         for expected in ("MISS", "HIT"):  # three chunks upstream, then none: 255 credits either way
-            _, _, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-                                              "params": [logs_filter(chain, 0, 299)]}, key="alice")
+            _, _, headers = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [logs_filter(chain, 0, 299)]},
+                key="alice",
+            )
             assert (headers["X-Cache"], headers["X-Credits-Charged"]) == (expected, "255")
         assert proxy.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getLogs") == 255
     finally:

@@ -41,18 +41,27 @@ def parsed(line: str, fmt: str) -> dict[str, Any]:
     if fmt == "json":
         return dict(json.loads(line))
     assert LOGFMT.match(line), f"not a key=value line: {line!r}"
-    return {m.group(1): json.loads(m.group(2)) if m.group(2).startswith('"') else m.group(2)
-            for m in re.finditer(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|\S+)', line)}
+    return {
+        m.group(1): json.loads(m.group(2)) if m.group(2).startswith('"') else m.group(2)
+        for m in re.finditer(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|\S+)', line)
+    }
 
 
 def run_then_sigterm(env: Mapping[str, str], cwd: Path, port: int) -> tuple[int, list[str]]:
     """`python -m proxy` serving a call and a malformed request, then SIGTERM: exit code, stderr lines."""
-    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=dict(env), cwd=cwd,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"],
+        env=dict(env),
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_until(lambda: healthy(port) or proc.poll() is not None, 20, "the proxy to listen")
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v3/k", json.dumps(CALL).encode(),
-                                         {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v3/k", json.dumps(CALL).encode(), {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             assert json.loads(response.read())["result"] == "0x7a69"
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # the fast server logs this one
@@ -67,8 +76,14 @@ def run_then_sigterm(env: Mapping[str, str], cwd: Path, port: int) -> tuple[int,
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_every_stderr_line_follows_log_format_whoever_writes_it(fmt: str, anvil: Anvil, tmp_path: Path) -> None:
     port = free_port()
-    env = clean_env(EVM_UPSTREAM=anvil.url, PROXY_PORT=str(port), LOG_FORMAT=fmt, LOG_LEVEL="DEBUG",
-                    ACCESS_LOG="true", HEAD_POLL_INTERVAL="0.5")
+    env = clean_env(
+        EVM_UPSTREAM=anvil.url,
+        PROXY_PORT=str(port),
+        LOG_FORMAT=fmt,
+        LOG_LEVEL="DEBUG",
+        ACCESS_LOG="true",
+        HEAD_POLL_INTERVAL="0.5",
+    )
     code, lines = run_then_sigterm(env, tmp_path, port)
     assert code == 0
     records = [parsed(line, fmt) for line in lines]  # every line, none skipped
@@ -81,8 +96,14 @@ def test_every_stderr_line_follows_log_format_whoever_writes_it(fmt: str, anvil:
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_a_configuration_error_is_one_line_in_log_format(fmt: str, tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "proxy"], env=clean_env(LOG_FORMAT=fmt), cwd=tmp_path,
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy"],
+        env=clean_env(LOG_FORMAT=fmt),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     record = parsed(line, fmt)
@@ -94,10 +115,15 @@ def test_a_taken_port_is_one_line_in_log_format_with_or_without_workers(workers:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        env = clean_env(LOG_FORMAT="json", WORKERS=workers, EVM_UPSTREAM="http://127.0.0.1:1",
-                        PROXY_PORT=str(taken.getsockname()[1]))
-        result = subprocess.run([sys.executable, "-m", "proxy"], env=env, cwd=tmp_path, capture_output=True,
-                                text=True, timeout=60)
+        env = clean_env(
+            LOG_FORMAT="json",
+            WORKERS=workers,
+            EVM_UPSTREAM="http://127.0.0.1:1",
+            PROXY_PORT=str(taken.getsockname()[1]),
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
     assert result.returncode == 1
     records = [parsed(line, "json") for line in result.stderr.splitlines()]
     assert any(r["level"] == "error" and r["msg"].startswith("cannot listen on 127.0.0.1:") for r in records)
@@ -105,13 +131,21 @@ def test_a_taken_port_is_one_line_in_log_format_with_or_without_workers(workers:
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_keys_usage_with_an_unusable_ledger_redis_speaks_in_log_format(
-    fmt: str, tmp_path: Path, redis_url: str,
+    fmt: str,
+    tmp_path: Path,
+    redis_url: str,
 ) -> None:
     # A cluster URL that names a plain server: redis-py's cluster error is an outage, not a traceback.
     cluster_url = "redis+cluster://" + redis_url.split("://", 1)[1].rsplit("/", 1)[0]
     env = clean_env(LOG_FORMAT=fmt, API_KEYS="k1", REDIS_URL=cluster_url)
-    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage"], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "keys", "usage"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     records = [parsed(line, fmt) for line in result.stderr.splitlines()]
     assert records and records[-1]["msg"].startswith("the credit ledger's redis is unreachable")
@@ -134,8 +168,14 @@ def test_settings_come_from_dotenv_under_the_environment(tmp_path: Path) -> None
     shutil.copy(ROOT / ".env.example", tmp_path / ".env")
     port = free_port()
     env = clean_env(PROXY_PORT=str(port), LOG_FORMAT="json")  # .env says 8545 and text
-    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # It starts: EVM_UPSTREAM (required) came from .env; it listens on the environment's port.
         wait_until(lambda: healthy(port) or proc.poll() is not None, 20, "the proxy to listen")
@@ -151,15 +191,17 @@ def test_settings_come_from_dotenv_under_the_environment(tmp_path: Path) -> None
 
 
 def test_no_dotenv_reads_nothing(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "proxy"], env=clean_env(), cwd=tmp_path,
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy"], env=clean_env(), cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 2 and "no upstream configured" in result.stderr
 
 
 def refused(cwd: Path, **settings: str) -> str:
     """Run the command expecting a configuration error: its one stderr line."""
-    result = subprocess.run([sys.executable, "-m", "proxy"], env=clean_env(**settings), cwd=cwd,
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy"], env=clean_env(**settings), cwd=cwd, capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.splitlines()
     return line
@@ -182,8 +224,13 @@ def test_a_keys_file_writable_by_others_is_refused(tmp_path: Path) -> None:
     line = refused(tmp_path, EVM_UPSTREAM="http://127.0.0.1:1", API_KEYS_FILE=str(keys))
     assert "API_KEYS_FILE:" in line and "writable by other users" in line and "secret-a" not in line
     keys.chmod(0o600)  # the same file, owned and writable by the proxy's user alone, is read
-    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage"], timeout=30, capture_output=True,
-                            text=True, env=clean_env(API_KEYS_FILE=str(keys), REDIS_URL="redis://127.0.0.1:1"))
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "keys", "usage"],
+        timeout=30,
+        capture_output=True,
+        text=True,
+        env=clean_env(API_KEYS_FILE=str(keys), REDIS_URL="redis://127.0.0.1:1"),
+    )
     assert "writable" not in result.stderr
 
 
@@ -202,9 +249,13 @@ class TestTrustedFiles:
 
 class TestDotenvParsing:
     def test_names_values_quotes_export_and_comments(self) -> None:
-        text = '# a comment\n\nEVM_UPSTREAM=http://a:1,http://b:2\nexport LOG_FORMAT="json"\nX=\'a b\'\nY=v # kept\n'
-        assert parse_dotenv(text) == {"EVM_UPSTREAM": "http://a:1,http://b:2", "LOG_FORMAT": "json",
-                                      "X": "a b", "Y": "v # kept"}
+        text = "# a comment\n\nEVM_UPSTREAM=http://a:1,http://b:2\nexport LOG_FORMAT=\"json\"\nX='a b'\nY=v # kept\n"
+        assert parse_dotenv(text) == {
+            "EVM_UPSTREAM": "http://a:1,http://b:2",
+            "LOG_FORMAT": "json",
+            "X": "a b",
+            "Y": "v # kept",
+        }
 
     def test_a_malformed_line_is_named_by_number_never_echoed(self) -> None:
         with pytest.raises(ConfigError, match=r"^\.env line 2 is not NAME=value$"):

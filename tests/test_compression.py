@@ -20,7 +20,7 @@ class TestSplicedGzip:
     def test_a_spliced_member_decodes_to_the_body_for_any_id(self) -> None:
         compressor = Compressor(1, 1 << 20)
         payload = json.dumps([{"data": "0x" + "ab" * 64, "n": i} for i in range(500)]).encode()
-        for rid in (1, "a,\"result\":b", 2**53, None):
+        for rid in (1, 'a,"result":b', 2**53, None):
             body = jsonrpc.encode_result(rid, payload)
             assert gzip.decompress(compressor.gzip(body)) == body
         batch = b"[" + jsonrpc.encode_result(1, payload) + b"]"
@@ -34,8 +34,12 @@ class TestSplicedGzip:
 
 
 def _logs_request(address: str, block: int, rid: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getLogs",
-            "params": [{"address": address, "fromBlock": hex(block), "toBlock": hex(block)}]}
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "eth_getLogs",
+        "params": [{"address": address, "fromBlock": hex(block), "toBlock": hex(block)}],
+    }
 
 
 async def test_gzip_answers_equal_the_nodes_bytes_after_decoding(anvil: Anvil) -> None:
@@ -58,8 +62,9 @@ async def test_gzip_answers_equal_the_nodes_bytes_after_decoding(anvil: Anvil) -
                 assert len(compressed) * 5 < len(decoded)
                 assert json.loads(decoded) == {"jsonrpc": "2.0", "id": rid, "result": node}
                 if rid == 7:
-                    async with raw.post(proxy.url(), json=_logs_request(address, block, 7),
-                                        headers={"Accept-Encoding": "identity"}) as resp:
+                    async with raw.post(
+                        proxy.url(), json=_logs_request(address, block, 7), headers={"Accept-Encoding": "identity"}
+                    ) as resp:
                         assert "Content-Encoding" not in resp.headers  # not asked for: not compressed
                         plain = await resp.read()
                     assert decoded == plain == node_bytes  # the node's own bytes, id and all
@@ -67,8 +72,9 @@ async def test_gzip_answers_equal_the_nodes_bytes_after_decoding(anvil: Anvil) -
             async with raw.post(proxy.url(), json=batch, headers=GZIP) as resp:
                 assert resp.headers["Content-Encoding"] == "gzip"
                 assert [a["result"] for a in json.loads(gzip.decompress(await resp.read()))] == [node, node]
-            async with raw.post(proxy.url(), json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId",
-                                                   "params": []}, headers=GZIP) as resp:
+            async with raw.post(
+                proxy.url(), json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, headers=GZIP
+            ) as resp:
                 assert "Content-Encoding" not in resp.headers  # under COMPRESS_MIN_BYTES
     finally:
         await proxy.close()

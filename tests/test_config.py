@@ -35,17 +35,20 @@ def test_upstream_lists_keep_their_order() -> None:
     assert settings.default_network == {"evm": "evm", "solana": "solana"}
 
 
-@pytest.mark.parametrize(("raw", "fragment"), [
-    ({}, "no upstream configured"),
-    ({"EVM_UPSTREAM": "ftp://x"}, "EVM_UPSTREAM: upstream #0 is not an http(s) URL"),
-    ({"EVM_UPSTREAM": "http://x", "PROXY_PORT": "99999"}, "PROXY_PORT must be a port number"),
-    ({"EVM_UPSTREAM": "http://x", "HEAD_POLL_INTERVAL": "soon"}, "HEAD_POLL_INTERVAL must be a number"),
-    ({"EVM_UPSTREAM": "http://x", "MAX_BATCH_SIZE": "0"}, "MAX_BATCH_SIZE must be greater than 0"),
-    ({"EVM_UPSTREAM": "http://x", "SOLANA_LARGEST_ACCOUNTS_TTL": "9000"}, "at most 7200"),
-    ({"EVM_UPSTREAM": "http://x", "LOG_FORMAT": "xml"}, "LOG_FORMAT"),
-    ({"EVM_UPSTREAM": "http://x", "ETH_CALL_REQUIRE_FROM": "maybe"}, "true or false"),
-    ({"EVM_UPSTREAM": "http://x", "API_KEYS_FILE": "/nonexistent.toml"}, "cannot read"),
-])
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({}, "no upstream configured"),
+        ({"EVM_UPSTREAM": "ftp://x"}, "EVM_UPSTREAM: upstream #0 is not an http(s) URL"),
+        ({"EVM_UPSTREAM": "http://x", "PROXY_PORT": "99999"}, "PROXY_PORT must be a port number"),
+        ({"EVM_UPSTREAM": "http://x", "HEAD_POLL_INTERVAL": "soon"}, "HEAD_POLL_INTERVAL must be a number"),
+        ({"EVM_UPSTREAM": "http://x", "MAX_BATCH_SIZE": "0"}, "MAX_BATCH_SIZE must be greater than 0"),
+        ({"EVM_UPSTREAM": "http://x", "SOLANA_LARGEST_ACCOUNTS_TTL": "9000"}, "at most 7200"),
+        ({"EVM_UPSTREAM": "http://x", "LOG_FORMAT": "xml"}, "LOG_FORMAT"),
+        ({"EVM_UPSTREAM": "http://x", "ETH_CALL_REQUIRE_FROM": "maybe"}, "true or false"),
+        ({"EVM_UPSTREAM": "http://x", "API_KEYS_FILE": "/nonexistent.toml"}, "cannot read"),
+    ],
+)
 def test_invalid_settings_raise_one_clear_line(raw: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
         build_settings(raw)
@@ -70,15 +73,21 @@ def test_networks_file_declares_networks_with_hosts(tmp_path: Path) -> None:
     assert settings.default_network == {"evm": "mainnet", "solana": "sol"}
 
 
-@pytest.mark.parametrize(("text", "fragment"), [
-    ("not toml [", "not valid TOML"),
-    ('[networks.x]\nfamily = "btc"\nupstreams = ["http://a"]\n', "family must be"),
-    ('[networks.x]\nfamily = "evm"\n', "must be a list of URLs"),
-    ('[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://a"]\n', "lower-case"),
-    # A misspelt or misplaced field would do nothing: refused, naming it.
-    ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nselectoin = "weighted"\n', "unknown field 'selectoin'"),
-    ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nmax_rps = 5\n', "unknown field 'max_rps'"),
-])
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("not toml [", "not valid TOML"),
+        ('[networks.x]\nfamily = "btc"\nupstreams = ["http://a"]\n', "family must be"),
+        ('[networks.x]\nfamily = "evm"\n', "must be a list of URLs"),
+        ('[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://a"]\n', "lower-case"),
+        # A misspelt or misplaced field would do nothing: refused, naming it.
+        (
+            '[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nselectoin = "weighted"\n',
+            "unknown field 'selectoin'",
+        ),
+        ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nmax_rps = 5\n', "unknown field 'max_rps'"),
+    ],
+)
 def test_a_bad_networks_file_is_one_clear_line(tmp_path: Path, text: str, fragment: str) -> None:
     path = tmp_path / "networks.toml"
     path.write_text(text)
@@ -119,16 +128,19 @@ def test_cli_reports_a_config_error_in_one_line_without_traceback(capsys: pytest
     assert err.count("\n") == 1 and "Traceback" not in err and "no upstream configured" in err
 
 
-@pytest.mark.parametrize(("text", "fragment"), [
-    ("", "has no [credits] table"),
-    ("[credit]\neth_getBalance = 1\n", "unknown table or key 'credit'"),
-    ("[credits]\n\"eth getBalance\" = 1\n", "is not a method name"),
-    ("[credits]\neth_getBalance = -1\n", "whole number of credits from 0 to 1000000"),
-    ("[credits]\neth_getBalance = true\n", "whole number of credits"),
-    ("[credits]\neth_getBalance = \"80\"\n", "whole number of credits"),
-    ("[credits]\neth_getLogs = 1\n", "'eth_getLogs' costs 255 credits as the spec fixes; it cannot be changed"),
-    ("[credits\n", "is not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "has no [credits] table"),
+        ("[credit]\neth_getBalance = 1\n", "unknown table or key 'credit'"),
+        ('[credits]\n"eth getBalance" = 1\n', "is not a method name"),
+        ("[credits]\neth_getBalance = -1\n", "whole number of credits from 0 to 1000000"),
+        ("[credits]\neth_getBalance = true\n", "whole number of credits"),
+        ('[credits]\neth_getBalance = "80"\n', "whole number of credits"),
+        ("[credits]\neth_getLogs = 1\n", "'eth_getLogs' costs 255 credits as the spec fixes; it cannot be changed"),
+        ("[credits\n", "is not valid TOML"),
+    ],
+)
 def test_credits_file_errors_are_one_clear_line(tmp_path: Path, text: str, fragment: str) -> None:
     path = tmp_path / "credits.toml"
     path.write_text(text)

@@ -18,25 +18,38 @@ CALL = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"}
 
 @pytest.fixture
 async def keyed_proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS=KEY, DAILY_CREDITS="1000",
-                                           MAX_BODY_BYTES="1000"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS=KEY, DAILY_CREDITS="1000", MAX_BODY_BYTES="1000")
+    )
     yield proxy
     await proxy.close()
 
 
 async def test_every_answer_to_a_call_carries_both_credit_headers(keyed_proxy: Proxy) -> None:
-    for key, body in ((KEY, CALL), (KEY, {"jsonrpc": "2.0", "id": 2, "method": "no_such_method"}),
-                      (KEY, b"not json"), ("unknown-key", CALL)):
+    for key, body in (
+        (KEY, CALL),
+        (KEY, {"jsonrpc": "2.0", "id": 2, "method": "no_such_method"}),
+        (KEY, b"not json"),
+        ("unknown-key", CALL),
+    ):
         _status, _body, headers = await keyed_proxy.post(body, key=key)
         assert "X-Credits-Charged" in headers and "X-Credits-Remaining" in headers, (key, body)
 
 
-@pytest.mark.parametrize(("verb", "path", "status"), [
-    ("GET", "/no/such/path", 404), ("GET", f"/v3/{KEY}", 405), ("PUT", f"/v3/{KEY}", 405),
-    ("POST", f"/v3/{KEY}", 413),
-])
+@pytest.mark.parametrize(
+    ("verb", "path", "status"),
+    [
+        ("GET", "/no/such/path", 404),
+        ("GET", f"/v3/{KEY}", 405),
+        ("PUT", f"/v3/{KEY}", 405),
+        ("POST", f"/v3/{KEY}", 413),
+    ],
+)
 async def test_a_request_refused_before_any_balance_is_read_carries_only_a_zero_charge(
-    keyed_proxy: Proxy, verb: str, path: str, status: int,
+    keyed_proxy: Proxy,
+    verb: str,
+    path: str,
+    status: int,
 ) -> None:
     body = b"[" + b"1," * 600 + b"1]" if status == 413 else None  # over MAX_BODY_BYTES
     async with keyed_proxy.session.request(verb, keyed_proxy.base + path, data=body) as resp:

@@ -20,15 +20,16 @@ from tests.support import ROOT, Anvil, FakeClock, Proxy, free_port, settings_for
 
 def keys_file(tmp_path: Path, **keys: dict[str, int]) -> str:
     path = tmp_path / "keys.toml"
-    path.write_text("".join(
-        f"[keys.{name}]\n" + "".join(f"{k} = {v}\n" for k, v in fields.items()) for name, fields in keys.items()
-    ))
+    path.write_text(
+        "".join(
+            f"[keys.{name}]\n" + "".join(f"{k} = {v}\n" for k, v in fields.items()) for name, fields in keys.items()
+        )
+    )
     return str(path)
 
 
 def storage(rid: Any = 1, position: str = "0x0") -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getStorageAt",
-            "params": ["0x" + "11" * 20, position, "latest"]}
+    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20, position, "latest"]}
 
 
 @pytest.fixture
@@ -242,14 +243,25 @@ def test_operator_cli_shows_a_keys_usage_from_redis(anvil: Anvil, redis_url: str
 
     asyncio.run(spend())
     env = {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "API_KEYS_FILE": path}
-    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage", "alice"], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "keys", "usage", "alice"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     assert f"key {derived_name('alice')}: 335 credits used, 665 left of 1000" in result.stdout
-    unknown = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage", "mallory"], env=env, cwd=ROOT,
-                             capture_output=True, text=True, timeout=30)
+    unknown = subprocess.run(
+        [sys.executable, "-m", "proxy", "keys", "usage", "mallory"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert unknown.returncode == 2 and "not configured" in unknown.stderr
-
 
 
 async def test_a_hit_refused_for_credits_is_neither_served_nor_counted(keyed: Proxy) -> None:

@@ -46,8 +46,9 @@ PROXY = "rpc-cache-proxy"  # the proxy's container (Kubernetes) and image name
 def render(overlay: str) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl")
     assert kubectl, "kubectl missing: bash scripts/test.sh installs it (Debian package kubectl)"
-    out = subprocess.run([kubectl, "kustomize", str(KUBE / "overlays" / overlay)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [kubectl, "kustomize", str(KUBE / "overlays" / overlay)], capture_output=True, text=True, check=True
+    ).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -56,8 +57,12 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
 
 
 def workload_with(docs: list[dict[str, Any]], container: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-             and any(c["name"] == container for c in d["spec"]["template"]["spec"]["containers"])]
+    found = [
+        d
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+        and any(c["name"] == container for c in d["spec"]["template"]["spec"]["containers"])
+    ]
     assert len(found) == 1, f"one workload runs {container}"
     return found[0]
 
@@ -200,8 +205,9 @@ def proxy_running(env: Mapping[str, str], tmp: Path) -> Iterator[subprocess.Pope
     """`python -m proxy` with exactly `env` (plus PATH), from an empty directory."""
     base = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
     with open(tmp / "stderr", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "proxy"], env={**base, **env}, cwd=tmp,
-                                stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy"], env={**base, **env}, cwd=tmp, stdout=subprocess.DEVNULL, stderr=err
+        )
         try:
             yield proc
         finally:
@@ -209,13 +215,19 @@ def proxy_running(env: Mapping[str, str], tmp: Path) -> Iterator[subprocess.Pope
             proc.wait(15)
 
 
-def live_env(env: Mapping[str, str], anvil: Anvil, redis: Mapping[str, RedisServer], files: Mapping[str, bytes],
-             tmp: Path) -> dict[str, str]:
+def live_env(
+    env: Mapping[str, str], anvil: Anvil, redis: Mapping[str, RedisServer], files: Mapping[str, bytes], tmp: Path
+) -> dict[str, str]:
     """A deploy file's environment made runnable here: loopback and free ports for its listeners,
     Anvil for its upstreams, local servers for the Redis hosts it names, mounted files at local paths."""
     local = dict(env)
-    local.update(PROXY_HOST="127.0.0.1", PROXY_PORT=str(free_port()), METRICS_HOST="127.0.0.1",
-                 METRICS_PORT=str(free_port()), HEAD_POLL_INTERVAL="0.2")
+    local.update(
+        PROXY_HOST="127.0.0.1",
+        PROXY_PORT=str(free_port()),
+        METRICS_HOST="127.0.0.1",
+        METRICS_PORT=str(free_port()),
+        HEAD_POLL_INTERVAL="0.2",
+    )
     for name, value in env.items():
         if name.endswith("_UPSTREAM") and value:
             local[name] = anvil.url
@@ -230,8 +242,15 @@ def live_env(env: Mapping[str, str], anvil: Anvil, redis: Mapping[str, RedisServ
     return local
 
 
-def serves_as_declared(env: Mapping[str, str], *, health_path: str, ready_path: str, metrics_path: str,
-                       tmp: Path, healthcheck: list[str] | None = None) -> None:
+def serves_as_declared(
+    env: Mapping[str, str],
+    *,
+    health_path: str,
+    ready_path: str,
+    metrics_path: str,
+    tmp: Path,
+    healthcheck: list[str] | None = None,
+) -> None:
     """The proxy started with `env` answers the declared probe and scrape paths, keeps /metrics off the
     public port, and accepts the example key (and only keys it knows). `healthcheck`, a command run
     with the proxy's environment, must pass while it serves and fail once it is gone."""
@@ -316,8 +335,12 @@ def test_the_redis_the_config_names_is_defined_with_the_right_eviction_policy(ov
         url = urlsplit(env[name])
         service = services[url.hostname or ""]
         assert url.port in [p["port"] for p in service["spec"]["ports"]]
-        server = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                      and service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items())
+        server = next(
+            d
+            for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet")
+            and service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        )
         redis = server["spec"]["template"]["spec"]["containers"][0]
         assert redis["command"][redis["command"].index("--maxmemory-policy") + 1] == policy
         assert any(p["containerPort"] == url.port for p in redis["ports"])
@@ -377,27 +400,40 @@ def test_the_kubernetes_keys_file_is_the_example_keys_file() -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_rendered_proxy_serves_its_probes_and_scrape_path_with_the_mounted_keys(
-    overlay: str, anvil: Anvil, tmp_path: Path,
+    overlay: str,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     docs = render(overlay)
     workload = workload_with(docs, PROXY)
     proxy = container(workload, PROXY)
     env = container_env(docs, proxy)
-    with redis_as_declared(_redis_command(docs, env["REDIS_URL"]), tmp_path / "cache") as cache, \
-            redis_as_declared(_redis_command(docs, env["CREDITS_REDIS_URL"]), tmp_path) as ledger:
-        servers = {urlsplit(env["REDIS_URL"]).hostname or "": cache,
-                   urlsplit(env["CREDITS_REDIS_URL"]).hostname or "": ledger}
+    with (
+        redis_as_declared(_redis_command(docs, env["REDIS_URL"]), tmp_path / "cache") as cache,
+        redis_as_declared(_redis_command(docs, env["CREDITS_REDIS_URL"]), tmp_path) as ledger,
+    ):
+        servers = {
+            urlsplit(env["REDIS_URL"]).hostname or "": cache,
+            urlsplit(env["CREDITS_REDIS_URL"]).hostname or "": ledger,
+        }
         local = live_env(env, anvil, servers, mounted_files(docs, workload, proxy), tmp_path)
-        serves_as_declared(local, health_path=proxy["livenessProbe"]["httpGet"]["path"],
-                           ready_path=proxy["readinessProbe"]["httpGet"]["path"],
-                           metrics_path=workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"],
-                           tmp=tmp_path)
+        serves_as_declared(
+            local,
+            health_path=proxy["livenessProbe"]["httpGet"]["path"],
+            ready_path=proxy["readinessProbe"]["httpGet"]["path"],
+            metrics_path=workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"],
+            tmp=tmp_path,
+        )
 
 
 def _redis_command(docs: list[dict[str, Any]], url: str) -> list[str]:
     service = by_kind(docs, "Service")[urlsplit(url).hostname or ""]
-    server = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                  and service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items())
+    server = next(
+        d
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+        and service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    )
     return list(server["spec"]["template"]["spec"]["containers"][0]["command"])
 
 
@@ -453,8 +489,10 @@ def test_compose_keeps_the_ledger_on_its_own_noeviction_redis() -> None:
     env = compose_proxy_env({"EVM_UPSTREAM": "http://node.invalid:8546"})
     cache, ledger = urlsplit(env["REDIS_URL"]).hostname, urlsplit(env["CREDITS_REDIS_URL"]).hostname
     assert cache != ledger and {cache, ledger} <= set(services)
-    policy = {name: services[name]["command"][services[name]["command"].index("--maxmemory-policy") + 1]
-              for name in (cache, ledger)}
+    policy = {
+        name: services[name]["command"][services[name]["command"].index("--maxmemory-policy") + 1]
+        for name in (cache, ledger)
+    }
     assert policy == {cache: "allkeys-lru", ledger: "noeviction"}
     assert env["CREDITS_REQUIRE_NOEVICTION"] == "true"
     assert any(v.endswith(":/data") for v in services[ledger]["volumes"])  # the append-only file persists
@@ -464,8 +502,12 @@ def test_compose_config_is_accepted_by_docker_compose_when_it_is_installed() -> 
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
         pytest.skip("docker compose is not installed here; the other compose tests parse the file")
-    result = subprocess.run([docker, "compose", "-f", str(DEPLOY / "docker-compose.yml"), "config", "-q"],
-                            capture_output=True, text=True, env={**os.environ, "EVM_UPSTREAM": "http://n:8546"})
+    result = subprocess.run(
+        [docker, "compose", "-f", str(DEPLOY / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "EVM_UPSTREAM": "http://n:8546"},
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -502,7 +544,8 @@ def healthcheck_command() -> list[str]:
 
 
 def test_compose_proxy_with_its_own_redis_serves_and_the_image_healthcheck_passes(
-    anvil: Anvil, tmp_path: Path,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     services = compose()["services"]
     environ = {"EVM_UPSTREAM": anvil.url}
@@ -511,11 +554,19 @@ def test_compose_proxy_with_its_own_redis_serves_and_the_image_healthcheck_passe
     files = {path: host.read_bytes() for path, host in mounts.items()}
     cache_host = urlsplit(env["REDIS_URL"]).hostname or ""
     ledger_host = urlsplit(env["CREDITS_REDIS_URL"]).hostname or ""
-    with redis_as_declared(services[cache_host]["command"], tmp_path / "cache") as cache, \
-            redis_as_declared(services[ledger_host]["command"], tmp_path) as ledger:
+    with (
+        redis_as_declared(services[cache_host]["command"], tmp_path / "cache") as cache,
+        redis_as_declared(services[ledger_host]["command"], tmp_path) as ledger,
+    ):
         local = live_env(env, anvil, {cache_host: cache, ledger_host: ledger}, files, tmp_path)
         # The image's HEALTHCHECK as Docker runs it: the image's python, the container's environment.
         check = healthcheck_command()
         assert check[0] == "python"
-        serves_as_declared(local, health_path="/healthz", ready_path="/readyz", metrics_path="/metrics", tmp=tmp_path,
-                           healthcheck=[sys.executable, *check[1:]])
+        serves_as_declared(
+            local,
+            health_path="/healthz",
+            ready_path="/readyz",
+            metrics_path="/metrics",
+            tmp=tmp_path,
+            healthcheck=[sys.executable, *check[1:]],
+        )

@@ -49,8 +49,7 @@ async def test_anvil_restarted_under_a_running_proxy_is_adopted_and_never_served
         assert (await proxy.post(read))[1]["result"] == "0x" + word(11)
         assert (await proxy.post(read))[2]["X-Cache"] == "HIT"
         heads = await proxy.session.ws_connect(proxy.ws_url())
-        await heads.send_str(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe",
-                                         "params": ["newHeads"]}))
+        await heads.send_str(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]}))
         assert "result" in json.loads((await heads.receive()).data)
 
         anvil.stop()  # a fresh devnet on the same URL: another genesis, the same chain id
@@ -73,8 +72,9 @@ async def test_anvil_restarted_under_a_running_proxy_is_adopted_and_never_served
             notification = json.loads((await heads.receive(timeout=30)).data)
             if int(notification["params"]["result"]["number"], 16) == new_block:
                 break
-        assert notification["params"]["result"]["hash"] == anvil.rpc("eth_getBlockByNumber", hex(new_block),
-                                                                      False)["hash"]
+        assert (
+            notification["params"]["result"]["hash"] == anvil.rpc("eth_getBlockByNumber", hex(new_block), False)["hash"]
+        )
         await heads.close()
         assert anvil.url not in caplog.text
     finally:

@@ -153,8 +153,18 @@ def block_param(world: World, rng: random.Random, *, objects: bool = True) -> An
 
 def random_call(world: World, rng: random.Random) -> tuple[str, list[Any]]:
     store = world.store
-    method = rng.choice(["eth_getStorageAt", "eth_call", "eth_getLogs", "eth_getLogs", "eth_getBlockReceipts",
-                         "eth_getUncleByBlockHashAndIndex", "getTokenAccountBalance", "getLargestAccounts"])
+    method = rng.choice(
+        [
+            "eth_getStorageAt",
+            "eth_call",
+            "eth_getLogs",
+            "eth_getLogs",
+            "eth_getBlockReceipts",
+            "eth_getUncleByBlockHashAndIndex",
+            "getTokenAccountBalance",
+            "getLargestAccounts",
+        ]
+    )
     if method == "eth_getStorageAt":
         slot = rng.choice(["0x0", mapping_slot(DEV_ACCOUNT, 1)])
         return method, [store, slot, block_param(world, rng)]
@@ -191,8 +201,9 @@ async def check(world: World, rng: random.Random, index: int) -> None:
     world.relay.inject_random(rng, FAULT_RATE)
     proxy = world.proxies[index % len(world.proxies)]
     network = "solana" if method in ("getTokenAccountBalance", "getLargestAccounts") else "evm"
-    _, reply, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-                                         network=network)
+    _, reply, headers = await proxy.post(
+        {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, network=network
+    )
     truth = await expected(world, method, params)
     got = reply.get("result")
     if method in ("getTokenAccountBalance", "getLargestAccounts") and isinstance(got, dict):
@@ -202,13 +213,25 @@ async def check(world: World, rng: random.Random, index: int) -> None:
         world.tally["unavailable"] += 1
         return
     world.tally[headers.get("X-Cache", "none")] += 1
-    same = (error is None and "result" in truth and got == truth["result"]) or (
-        error is not None and "error" in truth and error.get("code") == truth["error"].get("code")
-    ) or (error is not None and "error" in truth and error.get("code") == -32602)
+    same = (
+        (error is None and "result" in truth and got == truth["result"])
+        or (error is not None and "error" in truth and error.get("code") == truth["error"].get("code"))
+        or (error is not None and "error" in truth and error.get("code") == -32602)
+    )
     if not same:
-        world.mismatches.append(json.dumps({"method": method, "params": params, "cache": headers.get("X-Cache"),
-                                            "faults": world.relay.applied[-3:], "sizes": [_size(reply), _size(truth)],
-                                            "proxy": reply, "node": truth})[:900])
+        world.mismatches.append(
+            json.dumps(
+                {
+                    "method": method,
+                    "params": params,
+                    "cache": headers.get("X-Cache"),
+                    "faults": world.relay.applied[-3:],
+                    "sizes": [_size(reply), _size(truth)],
+                    "proxy": reply,
+                    "node": truth,
+                }
+            )[:900]
+        )
 
 
 def _size(reply: dict[str, Any]) -> int | None:
@@ -243,8 +266,9 @@ async def world(request: pytest.FixtureRequest, redis_url: str, solana: FakeSola
             upstreams = await stack.enter_async_context(balancer(route))
         elif config in ("devnet_restart", "proxy_restart"):
             upstreams = relay.url
-        settings = settings_for(EVM_UPSTREAM=upstreams, SOLANA_UPSTREAM=solana.url,
-                                REDIS_URL=redis_url, UPSTREAM_TIMEOUT="5")
+        settings = settings_for(
+            EVM_UPSTREAM=upstreams, SOLANA_UPSTREAM=solana.url, REDIS_URL=redis_url, UPSTREAM_TIMEOUT="5"
+        )
         proxies = [await start_proxy(settings), await start_proxy(settings)]
         session = aiohttp.ClientSession()
         hashes = [node.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in range(node.block_number() + 1)]
@@ -274,8 +298,10 @@ async def test_the_proxy_never_answers_differently_from_the_canonical_node(world
         # A few identical calls at once on both replicas: coalesced misses and hits compared too.
         world.relay.clear()
         await asyncio.gather(*(check(world, random.Random(SEED + round_number), i) for i in range(4)))
-    print(f"differential {world.config} seed={SEED} rounds={rounds}: {dict(world.tally)}, "
-          f"faults {Counter(world.relay.applied)}")
+    print(
+        f"differential {world.config} seed={SEED} rounds={rounds}: {dict(world.tally)}, "
+        f"faults {Counter(world.relay.applied)}"
+    )
     assert world.mismatches == [], "\n".join(world.mismatches[:10])
     assert world.tally["HIT"] > 0 and world.tally["MISS"] > 0, dict(world.tally)
     # -32002 when no upstream could answer (the primary faulted, the backup lacks the block): bounded.

@@ -39,15 +39,18 @@ async def test_invalid_json_is_a_parse_error(evm_proxy: Proxy) -> None:
     assert status == 400 and body["error"]["code"] == -32700 and body["id"] is None
 
 
-@pytest.mark.parametrize("request_body", [
-    {"jsonrpc": "1.0", "id": 1, "method": "eth_chainId"},
-    {"id": 1, "method": "eth_chainId"},
-    {"jsonrpc": "2.0", "id": 1},
-    {"jsonrpc": "2.0", "id": 1, "method": 5},
-    {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": "x"},
-    {"jsonrpc": "2.0", "id": {"a": 1}, "method": "eth_chainId"},
-    b'"a string"',
-])
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        {"jsonrpc": "1.0", "id": 1, "method": "eth_chainId"},
+        {"id": 1, "method": "eth_chainId"},
+        {"jsonrpc": "2.0", "id": 1},
+        {"jsonrpc": "2.0", "id": 1, "method": 5},
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": "x"},
+        {"jsonrpc": "2.0", "id": {"a": 1}, "method": "eth_chainId"},
+        b'"a string"',
+    ],
+)
 async def test_malformed_request_is_invalid_request(evm_proxy: Proxy, request_body: Any) -> None:
     status, body, _ = await evm_proxy.post(request_body)
     assert status == 400 and body["error"]["code"] == -32600
@@ -96,8 +99,9 @@ async def test_unknown_method_is_method_not_found(evm_proxy: Proxy) -> None:
     assert reply["error"]["code"] == -32601
 
 
-@pytest.mark.parametrize("method", ["admin_nodeInfo", "debug_traceCall", "personal_listAccounts",
-                                    "miner_start", "engine_getPayloadV1"])
+@pytest.mark.parametrize(
+    "method", ["admin_nodeInfo", "debug_traceCall", "personal_listAccounts", "miner_start", "engine_getPayloadV1"]
+)
 async def test_privileged_namespaces_are_refused(evm_proxy: Proxy, method: str) -> None:
     reply = await evm_proxy.call(method, [])
     assert reply["error"]["code"] == -32601 and "namespace is disabled" in reply["error"]["message"]
@@ -114,18 +118,21 @@ async def test_a_setting_allows_a_refused_namespace(anvil: Anvil) -> None:
         await proxy.close()
 
 
-@pytest.mark.parametrize(("method", "params", "name"), [
-    ("eth_getStorageAt", ["0x1234", "0x0", "latest"], "address"),
-    ("eth_getStorageAt", ["0x" + "11" * 20, "0x0", "soon"], "block"),
-    ("eth_getLogs", [{"blockHash": "0x" + "11" * 32, "fromBlock": "0x1"}], "blockHash"),
-    ("eth_getLogs", [{"topics": [None, None, None, None, None]}], "topics"),
-    ("eth_getLogs", [{"fromBlock": "0x9", "toBlock": "0x2"}], "fromBlock"),
-    ("eth_getUncleByBlockHashAndIndex", ["0x12", "0x0"], "blockHash"),
-    ("eth_call", [{"to": "0x" + "11" * 20, "from": "0x12"}, "latest"], "from"),
-    ("eth_getBlockReceipts", ["yesterday"], "block"),
-    ("eth_getBlockReceipts", [], "block"),
-    ("eth_getStorageAt", {"address": "0x" + "11" * 20}, "params"),
-])
+@pytest.mark.parametrize(
+    ("method", "params", "name"),
+    [
+        ("eth_getStorageAt", ["0x1234", "0x0", "latest"], "address"),
+        ("eth_getStorageAt", ["0x" + "11" * 20, "0x0", "soon"], "block"),
+        ("eth_getLogs", [{"blockHash": "0x" + "11" * 32, "fromBlock": "0x1"}], "blockHash"),
+        ("eth_getLogs", [{"topics": [None, None, None, None, None]}], "topics"),
+        ("eth_getLogs", [{"fromBlock": "0x9", "toBlock": "0x2"}], "fromBlock"),
+        ("eth_getUncleByBlockHashAndIndex", ["0x12", "0x0"], "blockHash"),
+        ("eth_call", [{"to": "0x" + "11" * 20, "from": "0x12"}, "latest"], "from"),
+        ("eth_getBlockReceipts", ["yesterday"], "block"),
+        ("eth_getBlockReceipts", [], "block"),
+        ("eth_getStorageAt", {"address": "0x" + "11" * 20}, "params"),
+    ],
+)
 async def test_invalid_params_name_the_parameter_and_never_reach_upstream(
     evm_proxy: Proxy, method: str, params: Any, name: str
 ) -> None:
@@ -222,14 +229,19 @@ class TestPlainCall:
         assert jsonrpc.plain_call(b'{"jsonrpc":"2.0","id":7,"method":"m","params":[1]}') == (7, "m", [1])
 
     def test_anything_else_is_left_to_parse_body(self) -> None:
-        for body in (b'[{"jsonrpc":"2.0","id":1,"method":"m","params":[]}]',  # a batch
-                     b'{"jsonrpc":"2.0","method":"m","params":[]}',  # a notification
-                     b'{"jsonrpc":"2.0","id":true,"method":"m","params":[]}',  # a bool id
-                     b'{"jsonrpc":"2.0","id":1.5,"method":"m","params":[]}',  # valid, but not plain
-                     b'{"jsonrpc":"2.0","id":1,"method":"m","params":{}}',
-                     b'{"jsonrpc":"1.0","id":1,"method":"m","params":[]}',
-                     b'{"jsonrpc":"2.0","id":1,"method":"m","params":["' + b"x" * 2000 + b'"]}',
-                     b'{"jsonrpc":"2.0","id":"1","method":["m"],"params":[]}',
-                     b'"jsonrpc"', b"3", b"null", b"{}",  # JSON, but not an object with the members
-                     b"{not json"):
+        for body in (
+            b'[{"jsonrpc":"2.0","id":1,"method":"m","params":[]}]',  # a batch
+            b'{"jsonrpc":"2.0","method":"m","params":[]}',  # a notification
+            b'{"jsonrpc":"2.0","id":true,"method":"m","params":[]}',  # a bool id
+            b'{"jsonrpc":"2.0","id":1.5,"method":"m","params":[]}',  # valid, but not plain
+            b'{"jsonrpc":"2.0","id":1,"method":"m","params":{}}',
+            b'{"jsonrpc":"1.0","id":1,"method":"m","params":[]}',
+            b'{"jsonrpc":"2.0","id":1,"method":"m","params":["' + b"x" * 2000 + b'"]}',
+            b'{"jsonrpc":"2.0","id":"1","method":["m"],"params":[]}',
+            b'"jsonrpc"',
+            b"3",
+            b"null",
+            b"{}",  # JSON, but not an object with the members
+            b"{not json",
+        ):
             assert jsonrpc.plain_call(body) is None, body[:40]

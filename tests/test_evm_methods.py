@@ -41,16 +41,14 @@ async def test_get_logs_by_block_hash(anvil: Anvil, evm_proxy: Proxy) -> None:
 async def test_eth_call_returns_the_contract_value(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
     await evm_proxy.head_at(anvil.block_number())  # `latest` trails the node by up to one poll
-    result = await evm_proxy.result("eth_call", [{"from": DEV_ACCOUNT, "to": store, "data": selector("x()")},
-                                                 "latest"])
+    result = await evm_proxy.result("eth_call", [{"from": DEV_ACCOUNT, "to": store, "data": selector("x()")}, "latest"])
     assert result == "0x" + word(7)
 
 
 async def test_eth_call_revert_returns_code_3_with_decoded_reason_and_data(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
     await evm_proxy.head_at(anvil.block_number())  # `latest` trails the node by up to one poll
-    reply = await evm_proxy.call("eth_call", [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")},
-                                              "latest"])
+    reply = await evm_proxy.call("eth_call", [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, "latest"])
     error = reply["error"]
     assert error["code"] == 3
     assert error["message"] == "execution reverted: nope"

@@ -23,9 +23,13 @@ async def test_a_slow_primary_leaves_time_for_the_backup_within_the_upstream_tim
 
 async def test_an_explicit_attempt_timeout_bounds_each_attempt(anvil: Anvil) -> None:
     async with bad_upstream(delay=3.0) as slow:
-        proxy = await start_proxy(settings_for(
-            EVM_UPSTREAM=f"{slow},{slow},{anvil.url}", UPSTREAM_TIMEOUT="2.5", UPSTREAM_ATTEMPT_TIMEOUT="0.5",
-        ))
+        proxy = await start_proxy(
+            settings_for(
+                EVM_UPSTREAM=f"{slow},{slow},{anvil.url}",
+                UPSTREAM_TIMEOUT="2.5",
+                UPSTREAM_ATTEMPT_TIMEOUT="0.5",
+            )
+        )
         try:
             status, body, _ = await proxy.post(CHAIN_ID)
             assert status == 200 and body["result"] == "0x7a69"

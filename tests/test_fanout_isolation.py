@@ -42,9 +42,7 @@ async def logs_subscriptions(proxy: Proxy) -> float:
     return proxy.metric("rpc_proxy_subscriptions", kind="logs")
 
 
-async def test_a_reading_client_with_many_wildcard_subscriptions_gets_every_log_of_a_busy_block(
-    anvil: Anvil
-) -> None:
+async def test_a_reading_client_with_many_wildcard_subscriptions_gets_every_log_of_a_busy_block(anvil: Anvil) -> None:
     # Item 2: a client with 100 wildcard subscriptions was closed (1008) after 32 of 30,000 notifications.
     store = anvil.deploy_store()
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", DAILY_CREDITS=DAILY))
@@ -63,8 +61,10 @@ async def test_a_reading_client_with_many_wildcard_subscriptions_gets_every_log_
         per_sub = Counter(n["params"]["subscription"] for n in client.notes)
         assert per_sub == dict.fromkeys(subs, 300)
         assert proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 0
-        print(f"\n30,000 notifications in {elapsed:.2f}s ({30_000 / elapsed:,.0f}/s, client in the same process); "
-              f"key-b: {len(latencies)} calls, max {max(latencies) * 1000:.0f} ms")
+        print(
+            f"\n30,000 notifications in {elapsed:.2f}s ({30_000 / elapsed:,.0f}/s, client in the same process); "
+            f"key-b: {len(latencies)} calls, max {max(latencies) * 1000:.0f} ms"
+        )
         assert max(latencies) < VICTIM_BOUND
         await client.ws.close()
     finally:
@@ -72,14 +72,13 @@ async def test_a_reading_client_with_many_wildcard_subscriptions_gets_every_log_
         await proxy.close()
 
 
-async def test_silent_clients_with_wildcard_subscriptions_neither_stall_the_worker_nor_grow_it(
-    anvil: Anvil
-) -> None:
+async def test_silent_clients_with_wildcard_subscriptions_neither_stall_the_worker_nor_grow_it(anvil: Anvil) -> None:
     # Item 2: 100 sockets x 100 wildcard subscriptions that never read, one 2,000-log block: the
     # worker stalled 10-12 s. Here 20 x 100 (40,000,000 notifications owed... 4,000,000 by this block).
     store = anvil.deploy_store()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", DAILY_CREDITS=DAILY,
-                                           WS_MAX_LAG="2"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", DAILY_CREDITS=DAILY, WS_MAX_LAG="2")
+    )
     stop, latencies = asyncio.Event(), []
     sockets: list[socket.socket] = []
     try:

@@ -14,8 +14,9 @@ from tests.support import Anvil, Proxy, selector, settings_for, start_proxy, wor
 
 @pytest.fixture
 async def proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", GETLOGS_MAX_RESULTS="50",
-                                           MAX_FILTERS_PER_KEY="3"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", GETLOGS_MAX_RESULTS="50", MAX_FILTERS_PER_KEY="3")
+    )
     yield proxy
     await proxy.close()
 

@@ -29,8 +29,13 @@ def call(method: str, params: list[Any], rid: Any) -> bytes:
 
 
 def post(body: bytes, *extra: str, path: str = "/v3/k") -> bytes:
-    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
-            f"Content-Length: {len(body)}", *extra]
+    head = [
+        f"POST {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *extra,
+    ]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
@@ -85,9 +90,13 @@ async def test_pipelined_hits_and_misses_are_answered_in_request_order(anvil: An
     store, block = await finalized_store(anvil, evm_proxy)
     hit = json.dumps(storage(store, "0x0", hex(block), rid=0)).encode()
     await evm_proxy.post(hit)  # now in memory
-    bodies = [call("eth_getBalance", [store, "latest"], 1), json.dumps(storage(store, "0x0", hex(block), rid=2)),
-              call("eth_blockNumber", [], 3), json.dumps(storage(store, "0x0", hex(block), rid=4)),
-              call("eth_getCode", [store, "latest"], 5)]
+    bodies = [
+        call("eth_getBalance", [store, "latest"], 1),
+        json.dumps(storage(store, "0x0", hex(block), rid=2)),
+        call("eth_blockNumber", [], 3),
+        json.dumps(storage(store, "0x0", hex(block), rid=4)),
+        call("eth_getCode", [store, "latest"], 5),
+    ]
     data = b"".join(post(b if isinstance(b, bytes) else b.encode()) for b in bodies)
     answers = await exchange(evm_proxy.server.port, data, len(bodies))
     assert [json.loads(body)["id"] for _, _, body in answers] == [1, 2, 3, 4, 5]
@@ -95,7 +104,8 @@ async def test_pipelined_hits_and_misses_are_answered_in_request_order(anvil: An
 
 
 async def test_a_hits_date_is_the_second_it_was_answered_in_and_moves_on_with_the_clock(
-    anvil: Anvil, evm_proxy: Proxy,
+    anvil: Anvil,
+    evm_proxy: Proxy,
 ) -> None:
     store, block = await finalized_store(anvil, evm_proxy)
     hit = json.dumps(storage(store, "0x0", hex(block), rid=0)).encode()
@@ -119,7 +129,7 @@ async def test_a_request_split_byte_by_byte_across_packets_is_answered(evm_proxy
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         for i in range(len(data)):
-            writer.write(data[i:i + 1])
+            writer.write(data[i : i + 1])
             await writer.drain()
         status, _, body = await read_answer(reader)
         assert status == 200 and json.loads(body) == {"jsonrpc": "2.0", "id": 7, "result": "0x7a69"}
@@ -128,8 +138,9 @@ async def test_a_request_split_byte_by_byte_across_packets_is_answered(evm_proxy
 
 
 async def test_a_header_over_the_limit_is_431_and_closed(evm_proxy: Proxy) -> None:
-    [(status, headers, body)] = await exchange(evm_proxy.server.port,
-                                               post(call("eth_chainId", [], 1), "X-Big: " + "a" * 9000))
+    [(status, headers, body)] = await exchange(
+        evm_proxy.server.port, post(call("eth_chainId", [], 1), "X-Big: " + "a" * 9000)
+    )
     assert status == 431 and headers["connection"] == "close" and json.loads(body)["error"]["code"] == -32600
 
 
@@ -152,8 +163,10 @@ async def test_a_chunked_body_over_max_body_bytes_is_413(anvil: Anvil) -> None:
 async def test_trailer_fields_after_a_chunked_body_are_not_read_as_headers(evm_proxy: Proxy) -> None:
     # RFC 9110 6.5.1: trailers are not header fields, so none may set the encoding, a key or an origin.
     body = call("eth_chainId", [], 7)
-    data = (b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n"
-            b"Content-Encoding: gzip\r\nOrigin: http://page.example\r\n\r\n" % (len(body), body))
+    data = (
+        b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n"
+        b"Content-Encoding: gzip\r\nOrigin: http://page.example\r\n\r\n" % (len(body), body)
+    )
     [(status, headers, answer)] = await exchange(evm_proxy.server.port, data)
     assert status == 200 and json.loads(answer)["result"] == "0x7a69"
     assert not any(name.startswith("access-control-") for name in headers)
@@ -175,7 +188,7 @@ async def test_a_gzip_body_is_decoded_and_one_inflating_past_the_limit_is_413(an
 async def test_expect_100_continue_gets_its_interim_answer_before_the_body(evm_proxy: Proxy) -> None:
     body = call("eth_chainId", [], 1)
     data = post(body, "Expect: 100-continue")
-    head = data[:-len(body)]
+    head = data[: -len(body)]
     reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
     try:
         writer.write(head)
@@ -202,15 +215,17 @@ async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy:
         writer.close()
 
 
-async def test_an_http_1_0_keep_alive_hit_is_answered_with_its_connection_header(anvil: Anvil,
-                                                                                 evm_proxy: Proxy) -> None:
+async def test_an_http_1_0_keep_alive_hit_is_answered_with_its_connection_header(
+    anvil: Anvil, evm_proxy: Proxy
+) -> None:
     store, block = await finalized_store(anvil, evm_proxy)
     body = json.dumps(storage(store, "0x0", hex(block), rid=3)).encode()
     await evm_proxy.post(body)  # now in memory: the next one is a hit, whose head is otherwise pre-built
     data = (b"POST /v3/k HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
     answers = await exchange(evm_proxy.server.port, data + data, 2)
     assert [(status, headers["connection"], headers["x-cache"]) for status, headers, _ in answers] == [
-        (200, "keep-alive", "HIT")] * 2
+        (200, "keep-alive", "HIT")
+    ] * 2
 
 
 async def test_a_websocket_upgrade_after_posts_on_one_connection_is_served(evm_proxy: Proxy) -> None:
@@ -225,9 +240,13 @@ async def test_a_websocket_upgrade_after_posts_on_one_connection_is_served(evm_p
 
 
 async def test_other_routes_answer_on_a_connection_that_posted(evm_proxy: Proxy) -> None:
-    data = (post(call("eth_chainId", [], 1)) + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-            + b"OPTIONS /v3/k HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n\r\n"
-            + b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n" + b"GET /v3/k HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = (
+        post(call("eth_chainId", [], 1))
+        + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"OPTIONS /v3/k HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n\r\n"
+        + b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"GET /v3/k HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
     answers = await exchange(evm_proxy.server.port, data, 5)
     assert [status for status, _, _ in answers] == [200, 200, 204, 404, 405]
     assert answers[1][2] == b'{"status": "ok"}'

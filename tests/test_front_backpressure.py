@@ -74,8 +74,8 @@ def read_answers(sock: socket.socket, count: int) -> list[bytes]:
             head = buffer[:end].decode("latin-1").lower()
             length = int(head.split("content-length:")[1].split("\r\n")[0])
             if len(buffer) >= end + 4 + length:
-                bodies.append(buffer[end + 4:end + 4 + length])
-                buffer = buffer[end + 4 + length:]
+                bodies.append(buffer[end + 4 : end + 4 + length])
+                buffer = buffer[end + 4 + length :]
                 continue
         chunk = sock.recv(1 << 20)
         assert chunk, f"closed after {len(bodies)} answers of {count}"
@@ -107,11 +107,17 @@ async def test_pipelined_hits_a_client_does_not_read_are_made_only_as_it_reads(p
     assert all(len(b) > ANSWER_BYTES for b in bodies)
 
 
-@pytest.mark.parametrize("last", [b"GARBAGE / NOPE\r\n\r\n",  # 400
-                                  b"POST /v3/k HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",  # 431
-                                  b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"])  # 413
+@pytest.mark.parametrize(
+    "last",
+    [
+        b"GARBAGE / NOPE\r\n\r\n",  # 400
+        b"POST /v3/k HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",  # 431
+        b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n",
+    ],
+)  # 413
 async def test_answers_held_back_still_go_out_before_a_refusal_that_ends_the_connection(
-    proxy: Proxy, last: bytes,
+    proxy: Proxy,
+    last: bytes,
 ) -> None:
     # A refusal read after requests held back is the connection's last answer, after theirs: the
     # first form dropped them with it and the client waited for the keep-alive time (found by a
@@ -239,7 +245,9 @@ async def test_a_large_body_and_the_start_of_the_next_head_in_one_read_are_not_o
     # outside attack on the first form, which counted it).
     large = call("eth_call", [{"to": "0x" + "ab" * 20, "data": "0x" + "00" * 50_000}, "0x1"], 1)
     chunked = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
-        len(large), large)
+        len(large),
+        large,
+    )
     for first in (post(large), chunked):
         last = post(call("eth_chainId", [], 2))
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
@@ -262,7 +270,7 @@ async def test_a_100_continue_queued_behind_an_answer_is_sent_after_it(proxy: Pr
     expecting = post(body, "Expect: 100-continue")
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
     try:
-        writer.write(miss + expecting[:-len(body)])
+        writer.write(miss + expecting[: -len(body)])
         await writer.drain()
         status, _, answer = await read_answer(reader)
         assert status == 200 and json.loads(answer)["id"] == 5
@@ -290,8 +298,7 @@ async def test_a_head_over_its_limits_is_431_even_whole_in_one_read(proxy: Proxy
 async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_bytes(big_node: FakeEvm) -> None:
     # WS_SEND_BUFFER_BYTES (for WS_MAX_LAG) holds for calls' answers as for notifications: before, each
     # answer waited in the socket's buffer (one socket of 400 calls held 800 MB).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="1000000",
-                                           WS_MAX_LAG="0.5"))
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="1000000", WS_MAX_LAG="0.5"))
     try:
         closed_before = proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total") or 0.0
         async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
@@ -324,8 +331,7 @@ async def test_a_websocket_that_reads_is_served_answers_larger_than_ws_send_buff
     # The other side: the bound is on what waits unread, not on an answer's size, so a client that
     # reads gets every answer, one or several in flight (the first form closed such a client 1008:
     # found by a second outside attack).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="300000",
-                                           WS_MAX_LAG="5"))
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="300000", WS_MAX_LAG="5"))
     try:
         async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
             for i in range(6):  # misses of distinct answers, then hits of the first
@@ -338,7 +344,8 @@ async def test_a_websocket_that_reads_is_served_answers_larger_than_ws_send_buff
 
 
 async def test_a_websocket_upgrade_behind_a_large_answer_is_answered_after_it(
-    proxy: Proxy, caplog: pytest.LogCaptureFixture,
+    proxy: Proxy,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Handed to aiohttp while the transport's writing is paused (the answer before it filled the
     # buffer): the 101 follows the answer, and nothing is logged. (aiohttp's protocol, told of no
@@ -346,8 +353,10 @@ async def test_a_websocket_upgrade_behind_a_large_answer_is_answered_after_it(
     # told of the pause now. This test did not reproduce that failure here.)
     body = json.dumps(big_call(1)).encode()
     await proxy.post(body)
-    upgrade = (b"GET /ws/v3/k HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    upgrade = (
+        b"GET /ws/v3/k HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
     loop = asyncio.get_running_loop()
     sock = unread_socket(proxy.server.port)
     try:
@@ -363,4 +372,3 @@ async def test_a_websocket_upgrade_behind_a_large_answer_is_answered_after_it(
     finally:
         sock.close()
     assert "resume_writing" not in caplog.text
-

@@ -69,24 +69,28 @@ async def _final_logs(anvil: Anvil, proxy: Proxy) -> dict[str, Any]:
 
 
 async def _get_logs(proxy: Proxy, log_filter: dict[str, Any]) -> tuple[list[Any], str]:
-    status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-                                              "params": [log_filter]})
+    status, body, headers = await proxy.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [log_filter]}
+    )
     assert status == 200 and "result" in body, body
     return body["result"], headers.get("X-Cache", "")
 
 
 async def test_a_lying_upstreams_log_list_is_never_kept_when_two_must_agree(anvil: Anvil, tmp_path: Path) -> None:
     liar = await FaultRelay(anvil.url).start()
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, [liar.url, anvil.url],
-                                                                   confirm_immutable=2)))
+    proxy = await start_proxy(
+        settings_for(NETWORKS_FILE=_networks(tmp_path, [liar.url, anvil.url], confirm_immutable=2))
+    )
     try:
         log_filter = await _final_logs(anvil, proxy)
         liar.inject("droplog", method="eth_getLogs", times=None)
         for _ in range(2):
             _logs, cache = await _get_logs(proxy, log_filter)
             assert cache != "HIT"  # never kept
-        assert proxy.metric("rpc_proxy_upstream_disagreements_total", network="evm", upstream="1") >= 1 or \
-            proxy.metric("rpc_proxy_upstream_disagreements_total", network="evm", upstream="0") >= 1
+        assert (
+            proxy.metric("rpc_proxy_upstream_disagreements_total", network="evm", upstream="1") >= 1
+            or proxy.metric("rpc_proxy_upstream_disagreements_total", network="evm", upstream="0") >= 1
+        )
         assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="disagreement") >= 2
         liar.clear()
         logs, _ = await _get_logs(proxy, log_filter)  # both agree now: kept
@@ -117,12 +121,14 @@ async def test_the_bloom_check_catches_a_missing_log_with_one_upstream(anvil: An
 
 
 async def test_the_bloom_check_reads_final_headers_from_the_cache_and_keeps_those_it_asked_for(
-    anvil: Anvil, tmp_path: Path,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     relay = await FaultRelay(anvil.url).start()
     # A chunk of 10 blocks: each check reads the headers of its chunk.
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, [relay.url], confirm_logs_bloom=True),
-                                           GETLOGS_CHUNK_BLOCKS="10"))
+    proxy = await start_proxy(
+        settings_for(NETWORKS_FILE=_networks(tmp_path, [relay.url], confirm_logs_bloom=True), GETLOGS_CHUNK_BLOCKS="10")
+    )
     try:
         log_filter = await _final_logs(anvil, proxy)
         first, last = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
@@ -130,8 +136,9 @@ async def test_the_bloom_check_reads_final_headers_from_the_cache_and_keeps_thos
         assert len((await _get_logs(proxy, log_filter))[0]) == 3
         assert _headers_asked(relay, blocks) == len(blocks) - (0 in blocks)  # each once
         for number in blocks:  # kept as the service keeps a final block: a client's read is a hit
-            status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber",
-                                                      "params": [hex(number), False]})
+            status, body, headers = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": [hex(number), False]}
+            )
             assert status == 200 and body["result"]["number"] == hex(number) and headers["X-Cache"] == "HIT"
         # Another filter over the same blocks: another answer to check, with headers from the cache.
         wider = {**log_filter, "address": [log_filter["address"], "0x" + "11" * 20]}
@@ -147,15 +154,19 @@ async def test_the_bloom_check_keeps_no_header_asked_alone(anvil: Anvil, tmp_pat
     """A node that refuses the batch of headers answers each alone: the finalized block's header beside
     them no longer shows which chain they are on (a load balancer's members differ), so none is kept."""
     async with relay(anvil.url, refuse_batches_over=3) as seen:  # a read, its proof: batches of up to 3 pass
-        proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, [seen.url], confirm_logs_bloom=True),
-                                               GETLOGS_CHUNK_BLOCKS="10"))
+        proxy = await start_proxy(
+            settings_for(
+                NETWORKS_FILE=_networks(tmp_path, [seen.url], confirm_logs_bloom=True), GETLOGS_CHUNK_BLOCKS="10"
+            )
+        )
         try:
             log_filter = await _final_logs(anvil, proxy)
             first = int(log_filter["fromBlock"], 16)
             assert len((await _get_logs(proxy, log_filter))[0]) == 3
             assert seen.refused  # the headers' batch was refused
-            status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber",
-                                                      "params": [hex(first), False]})
+            status, body, headers = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": [hex(first), False]}
+            )
             assert status == 200 and body["result"]["number"] == hex(first) and headers["X-Cache"] != "HIT"
         finally:
             await proxy.close()
@@ -167,12 +178,17 @@ def _headers_asked(relay: FaultRelay, blocks: range) -> int:
 
 
 async def test_the_bloom_check_takes_the_headers_another_replica_kept_in_redis(
-    anvil: Anvil, tmp_path: Path, redis_server: RedisServer,
+    anvil: Anvil,
+    tmp_path: Path,
+    redis_server: RedisServer,
 ) -> None:
     redis_server.flush()
     relay = await FaultRelay(anvil.url).start()
-    settings = settings_for(NETWORKS_FILE=_networks(tmp_path, [relay.url], confirm_logs_bloom=True),
-                            GETLOGS_CHUNK_BLOCKS="10", REDIS_URL=redis_server.url)
+    settings = settings_for(
+        NETWORKS_FILE=_networks(tmp_path, [relay.url], confirm_logs_bloom=True),
+        GETLOGS_CHUNK_BLOCKS="10",
+        REDIS_URL=redis_server.url,
+    )
     first = await start_proxy(settings)
     try:
         log_filter = await _final_logs(anvil, first)

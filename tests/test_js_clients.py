@@ -17,8 +17,15 @@ NODE_PATH = str(ROOT / ".tools/node_modules")
 
 async def run_app(script: str, http_url: str, ws_url: str, node_url: str) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        "node", str(ROOT / "tests/clients" / script), http_url, ws_url, str(CONTRACTS), node_url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "NODE_PATH": NODE_PATH},
+        "node",
+        str(ROOT / "tests/clients" / script),
+        http_url,
+        ws_url,
+        str(CONTRACTS),
+        node_url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "NODE_PATH": NODE_PATH},
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 120)
@@ -42,18 +49,32 @@ def endpoints(request: pytest.FixtureRequest, anvil: Anvil, evm_proxy: Proxy) ->
 async def test_an_ethers_app_sees_through_the_proxy_what_it_sees_on_the_node(endpoints: tuple[str, str, str]) -> None:
     seen = await run_app("ethers_app.cjs", *endpoints)
     assert seen == {
-        "setXStatus": 1, "httpX": "9", "wsX": "9", "revert": "CALL_EXCEPTION:nope",
-        "events": 20, "uniqueEvents": 20, "eventsMatchReceipts": True,  # contract.on: each event exactly once
-        "httpEvents": 20, "httpEventsSameAsWs": True,  # contract.on over HTTP (node-side filters), no settings
-        "blocksConsecutive": True, "blocksSeen": True, "queryFilter": 20,
+        "setXStatus": 1,
+        "httpX": "9",
+        "wsX": "9",
+        "revert": "CALL_EXCEPTION:nope",
+        "events": 20,
+        "uniqueEvents": 20,
+        "eventsMatchReceipts": True,  # contract.on: each event exactly once
+        "httpEvents": 20,
+        "httpEventsSameAsWs": True,  # contract.on over HTTP (node-side filters), no settings
+        "blocksConsecutive": True,
+        "blocksSeen": True,
+        "queryFilter": 20,
     }
 
 
 async def test_a_viem_app_sees_through_the_proxy_what_it_sees_on_the_node(endpoints: tuple[str, str, str]) -> None:
     seen = await run_app("viem_app.cjs", *endpoints)
     assert seen == {
-        "deployStatus": "success", "httpX": "7", "wsX": "7", "events": 5, "uniqueEvents": 5,
-        "blocksConsecutive": True, "getLogs": 5, "wsGetLogs": 5,
+        "deployStatus": "success",
+        "httpX": "7",
+        "wsX": "7",
+        "events": 5,
+        "uniqueEvents": 5,
+        "blocksConsecutive": True,
+        "getLogs": 5,
+        "wsGetLogs": 5,
     }
 
 
@@ -62,8 +83,13 @@ async def test_viem_batch_true_with_150_and_1000_concurrent_calls(anvil: Anvil, 
     seen = {}
     for url in (evm_proxy.url(), anvil.url):
         proc = await asyncio.create_subprocess_exec(
-            "node", str(ROOT / "tests/clients/viem_batch.cjs"), url, str(calls),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "NODE_PATH": NODE_PATH},
+            "node",
+            str(ROOT / "tests/clients/viem_batch.cjs"),
+            url,
+            str(calls),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "NODE_PATH": NODE_PATH},
         )
         out, err = await asyncio.wait_for(proc.communicate(), 120)
         assert proc.returncode == 0, err.decode()[-2000:]

@@ -31,8 +31,9 @@ def ledger_url(request: pytest.FixtureRequest) -> str:
 
 
 @contextlib.asynccontextmanager
-async def keyed(anvil: Anvil, ledger_url: str, path: Path, text: str, clock: FakeClock | None = None,
-                **extra: str) -> AsyncIterator[Proxy]:
+async def keyed(
+    anvil: Anvil, ledger_url: str, path: Path, text: str, clock: FakeClock | None = None, **extra: str
+) -> AsyncIterator[Proxy]:
     """A proxy with the keys in `text` (written to `path`), and Redis and its leases when `ledger_url`."""
     path.write_text(text)
     redis = {"REDIS_URL": ledger_url} if ledger_url else {}
@@ -81,7 +82,9 @@ async def test_a_key_a_reload_removes_is_refused_at_its_next_hit(anvil: Anvil, l
 
 
 async def test_a_list_a_reload_gives_a_key_applies_to_its_next_hit(
-    anvil: Anvil, ledger_url: str, tmp_path: Path,
+    anvil: Anvil,
+    ledger_url: str,
+    tmp_path: Path,
 ) -> None:
     path = tmp_path / "keys.toml"
     async with keyed(anvil, ledger_url, path, ALICE) as proxy:
@@ -93,7 +96,9 @@ async def test_a_list_a_reload_gives_a_key_applies_to_its_next_hit(
 
 
 async def test_a_balance_a_reload_raises_is_the_one_the_next_hit_shows(
-    anvil: Anvil, ledger_url: str, tmp_path: Path,
+    anvil: Anvil,
+    ledger_url: str,
+    tmp_path: Path,
 ) -> None:
     path = tmp_path / "keys.toml"
     async with keyed(anvil, ledger_url, path, ALICE + "daily_credits = 100000\n") as proxy:
@@ -103,7 +108,9 @@ async def test_a_balance_a_reload_raises_is_the_one_the_next_hit_shows(
 
 
 async def test_a_balance_a_reload_lowers_stops_the_key_there_though_its_lease_held_more(
-    anvil: Anvil, ledger_url: str, tmp_path: Path,
+    anvil: Anvil,
+    ledger_url: str,
+    tmp_path: Path,
 ) -> None:
     path = tmp_path / "keys.toml"
     async with keyed(anvil, ledger_url, path, ALICE + "daily_credits = 100000\n") as proxy:
@@ -111,26 +118,37 @@ async def test_a_balance_a_reload_lowers_stops_the_key_there_though_its_lease_he
         reload(proxy, path, ALICE + f"daily_credits = {6 * COST}\n")
         shown = [(await hit(proxy, "alice-secret"))[:3:2] for _ in range(3)]
         assert [(status, headers["X-Credits-Remaining"]) for status, headers in shown] == [
-            (200, str(COST)), (200, "0"), (402, "0")]
+            (200, str(COST)),
+            (200, "0"),
+            (402, "0"),
+        ]
 
 
 async def test_hits_after_midnight_utc_spend_the_new_days_balance_not_the_old_lease(
-    anvil: Anvil, ledger_url: str, tmp_path: Path,
+    anvil: Anvil,
+    ledger_url: str,
+    tmp_path: Path,
 ) -> None:
     clock = FakeClock(calendar.timegm((2026, 11, 24, 23, 59, 59)))
     async with keyed(anvil, ledger_url, tmp_path / "keys.toml", ALICE + "daily_credits = 1000\n", clock) as proxy:
         assert await tabbed(proxy, "alice-secret", 2) == [1000 - 2 * COST, 1000 - 3 * COST]
         clock.advance(1.5)  # 00:00:00.5 UTC: the old day's lease still holds credits
         assert [int((await hit(proxy, "alice-secret"))[2]["X-Credits-Remaining"]) for _ in range(3)] == [
-            1000 - COST, 1000 - 2 * COST, 1000 - 3 * COST]
+            1000 - COST,
+            1000 - 2 * COST,
+            1000 - 3 * COST,
+        ]
 
 
 async def test_hits_through_a_tab_top_up_the_lease_and_stop_exactly_at_the_balance(
-    anvil: Anvil, ledger_url: str, tmp_path: Path,
+    anvil: Anvil,
+    ledger_url: str,
+    tmp_path: Path,
 ) -> None:
     # Leases of at most 4 hits: the tab's hits reach the low-water mark again and again.
-    async with keyed(anvil, ledger_url, tmp_path / "keys.toml", ALICE + "daily_credits = 2000\n",
-                     CREDITS_LEASE_MAX=str(4 * COST)) as proxy:
+    async with keyed(
+        anvil, ledger_url, tmp_path / "keys.toml", ALICE + "daily_credits = 2000\n", CREDITS_LEASE_MAX=str(4 * COST)
+    ) as proxy:
         assert await tabbed(proxy, "alice-secret", 20) == [2000 - COST * n for n in range(2, 22)]  # each paid once
         for _ in range(4):
             assert (await hit(proxy, "alice-secret"))[0] == 200  # 25 calls x 80 = 2000: the whole balance

@@ -45,8 +45,12 @@ async def lagging(chain_with_logs: tuple[Anvil, str]) -> AsyncIterator[tuple[Anv
 
 
 def logs_request(address: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-            "params": [{"address": address, "fromBlock": hex(110), "toBlock": hex(130)}]}
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "eth_getLogs",
+        "params": [{"address": address, "fromBlock": hex(110), "toBlock": hex(130)}],
+    }
 
 
 async def backup_head_known(proxy: Proxy) -> None:
@@ -67,9 +71,7 @@ async def behind_relay_and_backup(relay: FaultRelay, backup: Anvil, **overrides:
     return proxy
 
 
-async def test_a_lagging_backups_partial_logs_are_never_stored(
-    lagging: tuple[Anvil, Anvil, FaultRelay, str]
-) -> None:
+async def test_a_lagging_backups_partial_logs_are_never_stored(lagging: tuple[Anvil, Anvil, FaultRelay, str]) -> None:
     _node, backup, relay, address = lagging
     proxy = await behind_relay_and_backup(relay, backup)
     try:
@@ -83,7 +85,7 @@ async def test_a_lagging_backups_partial_logs_are_never_stored(
 
 
 async def test_a_lagging_backups_answer_is_refused_when_no_upstream_has_the_blocks(
-    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+    lagging: tuple[Anvil, Anvil, FaultRelay, str],
 ) -> None:
     _node, backup, relay, address = lagging
     proxy = await behind_relay_and_backup(relay, backup)
@@ -99,7 +101,7 @@ async def test_a_lagging_backups_answer_is_refused_when_no_upstream_has_the_bloc
 
 
 async def test_a_chunk_past_a_lagging_backups_head_is_never_stored_from_it(
-    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+    lagging: tuple[Anvil, Anvil, FaultRelay, str],
 ) -> None:
     _node, backup, relay, address = lagging
     # Chunks of 10 blocks: 110-119 (the backup has them), 120-129 and 130 (past its head at 120).
@@ -172,8 +174,12 @@ async def test_an_unfinalized_log_range_is_kept_only_if_its_last_block_is_the_pi
     anvil.mine(2)
     top = anvil.block_number()
     await evm_proxy.head_at(top)
-    request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-               "params": [{"address": address, "fromBlock": first["blockNumber"], "toBlock": hex(top)}]}
+    request = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "eth_getLogs",
+        "params": [{"address": address, "fromBlock": first["blockNumber"], "toBlock": hex(top)}],
+    }
     _, body, headers = await evm_proxy.post(request)
     assert len(body["result"]) == 1 and headers["X-Cache"] == "MISS"
     batches = [calls for calls in evm_proxy.upstreams["evm"].params if calls[0] == "eth_getBlockByNumber"]
@@ -223,7 +229,7 @@ async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(anvil
 
 
 async def test_a_stale_head_still_refuses_a_backups_answer_for_a_block_it_lacks(
-    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+    lagging: tuple[Anvil, Anvil, FaultRelay, str],
 ) -> None:
     # Found by an outside tester: with the primary down and the head stale, an explicit unfinalized
     # block number went to the lagging backup, and its null was served as the block.
@@ -237,15 +243,16 @@ async def test_a_stale_head_still_refuses_a_backups_answer_for_a_block_it_lacks(
             return tracker.head is not None and tracker.head.stale
 
         await eventually(stale, 10, "the head to go stale")
-        status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber",
-                                            "params": [hex(150), False]})
+        status, body, _ = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": [hex(150), False]}
+        )
         assert status == 502 and body["error"]["code"] == -32002, body
     finally:
         await proxy.close()
 
 
 async def test_a_backups_not_mined_is_never_kept_for_a_transaction_in_a_block_it_lacks(
-    lagging: tuple[Anvil, Anvil, FaultRelay, str]
+    lagging: tuple[Anvil, Anvil, FaultRelay, str],
 ) -> None:
     node, backup, relay, _address = lagging
     tx = node.rpc("eth_getBlockByNumber", hex(125), False)["transactions"][0]

@@ -47,14 +47,25 @@ class TestOutageRules:
         assert outage_verdict(lease, 120, 1000, None, NOW) is Verdict.EXHAUSTED
 
     def test_the_balance_shown_counts_what_was_spent_and_the_outage_rule_what_is_leased(self) -> None:
-        lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, refunded=20, others=500, others_spent=120,
-                         known=True)
+        lease = KeyLease(
+            "k", "rcp:k", allowance=300, consumed=100, refunded=20, others=500, others_spent=120, known=True
+        )
         assert lease.remaining(1000) == 1000 - 120 - 80  # X-Credits-Remaining: spent, not leased
         assert lease.unheld(1000) == 1000 - 500 - 80  # what no replica may still spend
 
     def test_a_hit_spends_its_lease_directly_down_to_the_low_water_mark_and_no_further(self) -> None:
-        lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, refunded=20, others_spent=50, low_water=40,
-                         daily=1000, day_start=NOW - 10, day_end=NOW + 10)
+        lease = KeyLease(
+            "k",
+            "rcp:k",
+            allowance=300,
+            consumed=100,
+            refunded=20,
+            others_spent=50,
+            low_water=40,
+            daily=1000,
+            day_start=NOW - 10,
+            day_end=NOW + 10,
+        )
         assert lease.spend(80, 1000, NOW) == 1000 - 50 - 180 + 20  # the balance shown, as remaining() says
         assert lease.spend(100, 1000, NOW) == 1000 - 50 - 280 + 20  # 320 held - 280 = 40: the mark itself
         assert lease.spend(1, 1000, NOW) is None and lease.consumed == 280  # past it: the ledger tops up
@@ -78,8 +89,9 @@ class TestOutageRules:
 
 @pytest.fixture
 async def link(redis_url: str) -> AsyncIterator[RedisLink]:
-    link = RedisLink(aioredis.Redis.from_url(redis_url), timeout=2.0, metrics=Metrics(CollectorRegistry()),
-                     report_up=False)
+    link = RedisLink(
+        aioredis.Redis.from_url(redis_url), timeout=2.0, metrics=Metrics(CollectorRegistry()), report_up=False
+    )
     yield link
     await link.close()
 
@@ -114,7 +126,9 @@ class TestLeaseScript:
         assert replica.try_debit("k", 80, daily=80_000, per_second=None, now=NOW) is not None
 
     async def test_the_hot_path_spends_only_what_the_lease_holds_and_shows_what_was_spent(
-        self, link: RedisLink, ledger: Ledgers,
+        self,
+        link: RedisLink,
+        ledger: Ledgers,
     ) -> None:
         replica = ledger(lease_max=400)
         assert await debit(replica, 80, 10**9) is Verdict.OK  # a lease of 480: this call and five more
@@ -131,7 +145,9 @@ class TestLeaseScript:
         assert replica.spend("k", 80, 10**9, NOW) == 10**9 - 80 * (calls + 2)
 
     async def test_the_hot_path_leaves_other_days_and_unleased_keys_to_the_ledger(
-        self, link: RedisLink, ledger: Ledgers,
+        self,
+        link: RedisLink,
+        ledger: Ledgers,
     ) -> None:
         replica = ledger()
         assert replica.spend("k", 80, 80_000, NOW) is None  # no lease yet: `debit` asks Redis
@@ -141,7 +157,10 @@ class TestLeaseScript:
         assert replica.spend("other", 80, 80_000, NOW) is None
 
     async def test_a_lowered_balance_stops_a_key_though_a_grant_under_the_old_one_was_on_its_way(
-        self, link: RedisLink, ledger: Ledgers, monkeypatch: pytest.MonkeyPatch,
+        self,
+        link: RedisLink,
+        ledger: Ledgers,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         replica = ledger()
         run, gate = link.run, asyncio.Event()
@@ -152,6 +171,7 @@ class TestLeaseScript:
 
         monkeypatch.setattr(link, "run", held)
         first = asyncio.create_task(debit(replica, 80, 100_000))  # leased under the old balance...
+
         async def asking() -> bool:
             return "k" in replica._today and replica._today["k"].lock.locked()
 
@@ -165,7 +185,9 @@ class TestLeaseScript:
         assert replica.spend("k", 80, 240, NOW) is None and await debit(replica, 80, 240) is Verdict.EXHAUSTED
 
     async def test_leases_shrink_near_the_limit_so_the_last_credits_go_out_exactly(
-        self, link: RedisLink, ledger: Ledgers,
+        self,
+        link: RedisLink,
+        ledger: Ledgers,
     ) -> None:
         first, second = ledger(), ledger()
         served = 0
@@ -189,7 +211,9 @@ class TestLeaseScript:
         assert int(await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")) == 240
 
     async def test_a_lost_entry_is_restored_from_the_replicas_last_known_usage(
-        self, link: RedisLink, ledger: Ledgers,
+        self,
+        link: RedisLink,
+        ledger: Ledgers,
     ) -> None:
         replica = ledger()
         for _ in range(5):
@@ -200,7 +224,9 @@ class TestLeaseScript:
         assert before + served * 80 <= 800
 
     async def test_a_rebuilt_entry_holds_grants_until_its_owner_confirms_it(
-        self, link: RedisLink, ledger: Ledgers,
+        self,
+        link: RedisLink,
+        ledger: Ledgers,
     ) -> None:
         """After a lost entry, the first replica to ask rebuilds the other's from the last reply it saw,
         which may be short of what the other was granted since: no credit is granted (retry shortly)
@@ -221,7 +247,9 @@ class TestLeaseScript:
         assert int(await link.client.hget(ledger_key("k", int(NOW) // 86400), "used")) == daily
 
     async def test_usage_kept_under_the_untagged_name_of_an_older_release_still_counts(
-        self, link: RedisLink, ledger: Ledgers,
+        self,
+        link: RedisLink,
+        ledger: Ledgers,
     ) -> None:
         # An upgrade mid-day: the day's hash under the name used before hash tags is taken over.
         day = int(NOW) // 86400
@@ -242,6 +270,8 @@ class TestLeaseScript:
 
 def test_journals_merge_by_max_so_a_line_read_twice_counts_once(tmp_path: Path) -> None:
     path = tmp_path / "r1.journal"
-    path.write_text('{"r":"r1","k":"rcp:x","c":160,"f":0}\n{"r":"r1","k":"rcp:x","c":240,"f":80}\n'
-                    '{"r":"r1","k":"rcp:x","c":240,"f":80}\n{"r":"r1","k":')
+    path.write_text(
+        '{"r":"r1","k":"rcp:x","c":160,"f":0}\n{"r":"r1","k":"rcp:x","c":240,"f":80}\n'
+        '{"r":"r1","k":"rcp:x","c":240,"f":80}\n{"r":"r1","k":'
+    )
     assert read_journals(str(tmp_path)) == {"rcp:x": {"r1": (240, 80)}}

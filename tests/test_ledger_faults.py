@@ -101,14 +101,22 @@ class Workers:
 async def two_workers(env: dict[str, str]) -> AsyncIterator[Workers]:
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="rpc-proxy-ledger-", suffix=".log")[1])
-    environ = {**os.environ, "PROXY_PORT": str(port), "WORKERS": "2", "HEAD_POLL_INTERVAL": "0.2",
-               "LOG_LEVEL": "WARNING", **env}
+    environ = {
+        **os.environ,
+        "PROXY_PORT": str(port),
+        "WORKERS": "2",
+        "HEAD_POLL_INTERVAL": "0.2",
+        "LOG_LEVEL": "WARNING",
+        **env,
+    }
     with log.open("wb") as handle:
-        proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=environ, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=handle)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy"], env=environ, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=handle
+        )
     workers = Workers(proc, port, log)
     try:
         async with aiohttp.ClientSession() as session:
+
             async def up() -> bool:
                 try:
                     async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
@@ -148,14 +156,23 @@ async def warm(replica: Proxy) -> None:
 
 
 async def test_a_call_during_a_ledger_stall_is_answered_within_the_ledger_timeout(
-    anvil: Anvil, ledger_redis: RedisServer, tmp_path: Path,
+    anvil: Anvil,
+    ledger_redis: RedisServer,
+    tmp_path: Path,
 ) -> None:
-    path = keys_file(tmp_path, alice={"daily_credits": 2 * STORAGE_PRICE},
-                     bob={"daily_credits": 10**6, "credits_per_second": 10**5})
+    path = keys_file(
+        tmp_path, alice={"daily_credits": 2 * STORAGE_PRICE}, bob={"daily_credits": 10**6, "credits_per_second": 10**5}
+    )
     # Five failures before the breaker opens: a call that retried until then would take 5 s.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path,
-                                           CREDITS_REDIS_URL=ledger_redis.url, CREDITS_REDIS_TIMEOUT="1",
-                                           CREDITS_REDIS_FAILURES="5"))
+    proxy = await start_proxy(
+        settings_for(
+            EVM_UPSTREAM=anvil.url,
+            API_KEYS_FILE=path,
+            CREDITS_REDIS_URL=ledger_redis.url,
+            CREDITS_REDIS_TIMEOUT="1",
+            CREDITS_REDIS_FAILURES="5",
+        )
+    )
     try:
         await proxy.head_at(0)
         assert [(await proxy.post(storage(i), key="alice"))[0] for i in range(3)] == [200, 200, 402]
@@ -181,7 +198,9 @@ async def test_a_call_during_a_ledger_stall_is_answered_within_the_ledger_timeou
 
 
 async def test_a_lost_ledger_entry_is_rebuilt_from_what_was_spent_and_never_counted_twice(
-    anvil: Anvil, ledger_redis: RedisServer, tmp_path: Path,
+    anvil: Anvil,
+    ledger_redis: RedisServer,
+    tmp_path: Path,
 ) -> None:
     daily = 20_000
     _path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": daily})
@@ -192,6 +211,7 @@ async def test_a_lost_ledger_entry_is_rebuilt_from_what_was_spent_and_never_coun
         await replica.head_at(0)
         await warm(replica)
         async with two_workers(env) as workers, fresh_connections() as session:
+
             async def calls(count: int) -> None:
                 nonlocal served
                 for i in range(count):
@@ -225,10 +245,13 @@ async def test_a_lost_ledger_entry_is_rebuilt_from_what_was_spent_and_never_coun
 
 
 async def test_a_key_exhausted_on_a_replica_stays_refused_on_every_worker_through_a_stall(
-    anvil: Anvil, ledger_redis: RedisServer, tmp_path: Path,
+    anvil: Anvil,
+    ledger_redis: RedisServer,
+    tmp_path: Path,
 ) -> None:
-    _path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": 10 * STORAGE_PRICE},
-                      bob={"daily_credits": 10**6})
+    _path, env = keyed(
+        anvil, ledger_redis, tmp_path, alice={"daily_credits": 10 * STORAGE_PRICE}, bob={"daily_credits": 10**6}
+    )
     env.update(CREDITS_REDIS_TIMEOUT="0.5", CREDITS_REDIS_FAILURES="2", CREDITS_LEASE_MAX=str(10 * STORAGE_PRICE))
     replica = await start_proxy(settings_for(**env))
     try:
@@ -267,23 +290,39 @@ def test_a_journal_dir_that_cannot_be_used_stops_start_up_with_one_line(anvil: A
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     for journal in (tmp_path / "missing", not_a_dir):
-        env = {"PATH": "/usr/bin:/bin", "EVM_UPSTREAM": anvil.url, "API_KEYS": "k1", "REDIS_URL": "redis://127.0.0.1:1",
-               "CREDITS_JOURNAL_DIR": str(journal), "PROXY_PORT": str(free_port())}
-        result = subprocess.run([sys.executable, "-m", "proxy"], env=env, cwd=ROOT, capture_output=True, text=True,
-                                timeout=30)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "EVM_UPSTREAM": anvil.url,
+            "API_KEYS": "k1",
+            "REDIS_URL": "redis://127.0.0.1:1",
+            "CREDITS_JOURNAL_DIR": str(journal),
+            "PROXY_PORT": str(free_port()),
+        }
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
+        )
         assert result.returncode == 2
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "configuration error: CREDITS_JOURNAL_DIR" in lines[0], result.stderr
 
 
 async def test_a_journal_dir_gone_during_an_outage_is_never_an_http_500(
-    anvil: Anvil, ledger_redis: RedisServer, tmp_path: Path,
+    anvil: Anvil,
+    ledger_redis: RedisServer,
+    tmp_path: Path,
 ) -> None:
     journal = tmp_path / "journal"
     journal.mkdir()
     _path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": 10**6})
-    proxy = await start_proxy(settings_for(**env, CREDITS_JOURNAL_DIR=str(journal), CREDITS_LEASE_MAX="80",
-                                           CREDITS_REDIS_TIMEOUT="0.3", CREDITS_REDIS_FAILURES="1"))
+    proxy = await start_proxy(
+        settings_for(
+            **env,
+            CREDITS_JOURNAL_DIR=str(journal),
+            CREDITS_LEASE_MAX="80",
+            CREDITS_REDIS_TIMEOUT="0.3",
+            CREDITS_REDIS_FAILURES="1",
+        )
+    )
     try:
         await proxy.head_at(0)
         assert (await proxy.post(storage(), key="alice"))[0] == 200
@@ -327,21 +366,28 @@ class FailsAcrossMidnight(CountingUpstream):
         await self._cross_midnight(method, params)
         return await super().ask(index, method, params, timeout=timeout)
 
-    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-                     timeout: float | None = None) -> Answer:
+    async def proven(
+        self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
+    ) -> Answer:
         await self._cross_midnight(method, params)
         return await super().proven(method, params, block, index=index, timeout=timeout)
 
 
 async def test_a_refund_after_midnight_goes_back_to_the_day_of_its_charge(
-    anvil: Anvil, redis_server: RedisServer, redis_url: str, tmp_path: Path,
+    anvil: Anvil,
+    redis_server: RedisServer,
+    redis_url: str,
+    tmp_path: Path,
 ) -> None:
     day = int(time.time()) // 86400 + 1
     clock = FakeClock(start=(day + 1) * 86400 - 5)  # five seconds before a midnight
     FailsAcrossMidnight.clock = clock
     path = keys_file(tmp_path, alice={"daily_credits": 2 * STORAGE_PRICE})
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url,
-                                           UPSTREAM_BATCH_MAX="1"), clock=clock, upstream_class=FailsAcrossMidnight)
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url, UPSTREAM_BATCH_MAX="1"),
+        clock=clock,
+        upstream_class=FailsAcrossMidnight,
+    )
     FailsAcrossMidnight.proxy = proxy
     try:
         await proxy.head_at(0)
@@ -361,7 +407,9 @@ async def test_a_refund_after_midnight_goes_back_to_the_day_of_its_charge(
 
 
 async def test_every_replica_shows_the_spent_balance_and_keys_usage_bills_from_it(
-    anvil: Anvil, ledger_redis: RedisServer, tmp_path: Path,
+    anvil: Anvil,
+    ledger_redis: RedisServer,
+    tmp_path: Path,
 ) -> None:
     daily = 1_000_000
     tolerance = daily // 100  # README: within 1% of the daily balance (or one call)
@@ -396,8 +444,14 @@ async def test_every_replica_shows_the_spent_balance_and_keys_usage_bills_from_i
         usage_env = {"PATH": "/usr/bin:/bin", "CREDITS_REDIS_URL": ledger_redis.url, "API_KEYS_FILE": path}
 
         async def billed() -> bool:
-            result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage", "alice"], env=usage_env, cwd=ROOT,
-                                    capture_output=True, text=True, timeout=30)
+            result = subprocess.run(
+                [sys.executable, "-m", "proxy", "keys", "usage", "alice"],
+                env=usage_env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             return f"key {ALICE}: {charged} credits used, {daily - charged} left of {daily}" in result.stdout
 
         await eventually(billed, 15, "keys usage to bill what was spent")
@@ -405,8 +459,14 @@ async def test_every_replica_shows_the_spent_balance_and_keys_usage_bills_from_i
         await first.close()
         await second.close()
     ledger_redis.stop()
-    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage"], env=usage_env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "keys", "usage"],
+        env=usage_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1 and "unreachable" in result.stderr
 
@@ -415,13 +475,16 @@ async def test_every_replica_shows_the_spent_balance_and_keys_usage_bills_from_i
 
 
 async def test_a_killed_workers_leases_are_given_back_by_its_successor(
-    anvil: Anvil, ledger_redis: RedisServer, tmp_path: Path,
+    anvil: Anvil,
+    ledger_redis: RedisServer,
+    tmp_path: Path,
 ) -> None:
     daily = 20_000
     _path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": daily})
     env["CREDITS_LEASE_SECONDS"] = "60"  # no lease goes back for idleness: the victim dies holding one
     served = 0
     async with two_workers(env) as workers, fresh_connections() as session:
+
         async def calls(count: int) -> None:
             nonlocal served
             for i in range(count):

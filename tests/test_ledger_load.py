@@ -79,14 +79,19 @@ def keyed_settings(anvil: Anvil, redis_url: str, tmp_path: Path, daily: int, **e
 
 @pytest.mark.parametrize("batch", [False, True], ids=["calls", "batches"])
 async def test_400_concurrent_requests_on_two_busy_replicas_spend_exactly_the_credit_for_10(
-    anvil: Anvil, redis_url: str, tmp_path: Path, busy_machine: None, batch: bool,
+    anvil: Anvil,
+    redis_url: str,
+    tmp_path: Path,
+    busy_machine: None,
+    batch: bool,
 ) -> None:
     bodies: list[Any] = [[storage(1, "0x0"), storage(2, "0x1")]] if batch else [storage(i) for i in range(400)]
     price = 160 if batch else 80
     async with two_replicas(keyed_settings(anvil, redis_url, tmp_path, price * 10)) as (first, second):
         await warm(first, second)
-        replies = await asyncio.gather(*((first, second)[i % 2].post(bodies[i % len(bodies)], key="alice")
-                                         for i in range(400)))
+        replies = await asyncio.gather(
+            *((first, second)[i % 2].post(bodies[i % len(bodies)], key="alice") for i in range(400))
+        )
         statuses = [status for status, _, _ in replies]
         assert (statuses.count(200), statuses.count(402)) == (10, 390)
         paid = [body for status, body, _ in replies if status == 200]
@@ -96,7 +101,10 @@ async def test_400_concurrent_requests_on_two_busy_replicas_spend_exactly_the_cr
 
 
 async def test_400_concurrent_websocket_messages_on_two_busy_replicas_spend_exactly_the_credit_for_10(
-    anvil: Anvil, redis_url: str, tmp_path: Path, busy_machine: None,
+    anvil: Anvil,
+    redis_url: str,
+    tmp_path: Path,
+    busy_machine: None,
 ) -> None:
     async with two_replicas(keyed_settings(anvil, redis_url, tmp_path, 80 * 10)) as (first, second):
         await warm(first, second)
@@ -107,8 +115,11 @@ async def test_400_concurrent_websocket_messages_on_two_busy_replicas_spend_exac
                     await ws.send_str(json.dumps(storage(i)))
                 return [json.loads((await ws.receive(timeout=60)).data) for _ in range(messages)]
 
-        replies = [r for batch in await asyncio.gather(*(connection((first, second)[i % 2], 50) for i in range(8)))
-                   for r in batch]
+        replies = [
+            r
+            for batch in await asyncio.gather(*(connection((first, second)[i % 2], 50) for i in range(8)))
+            for r in batch
+        ]
         assert len(replies) == 400
         assert sum("result" in r for r in replies) == 10
         assert all("daily credit limit" in r["error"]["message"] for r in replies if "error" in r)
@@ -129,11 +140,22 @@ class Answered:
 
 
 async def test_redis_stopped_mid_load_loses_no_usage_and_gives_no_credit_back(
-    anvil: Anvil, redis_server: RedisServer, redis_url: str, tmp_path: Path,
+    anvil: Anvil,
+    redis_server: RedisServer,
+    redis_url: str,
+    tmp_path: Path,
 ) -> None:
-    settings = keyed_settings(anvil, redis_url, tmp_path, 3_000_000, REDIS_TIMEOUT="0.1",
-                              CREDITS_REDIS_TIMEOUT="0.3", CREDITS_REDIS_FAILURES="2", CREDITS_LEASE_MAX="4000",
-                              CREDITS_LEASE_SECONDS="60")
+    settings = keyed_settings(
+        anvil,
+        redis_url,
+        tmp_path,
+        3_000_000,
+        REDIS_TIMEOUT="0.1",
+        CREDITS_REDIS_TIMEOUT="0.3",
+        CREDITS_REDIS_FAILURES="2",
+        CREDITS_LEASE_MAX="4000",
+        CREDITS_LEASE_SECONDS="60",
+    )
     assert redis_server.proc is not None
     phase = 0
     answered: list[Answered] = []
@@ -148,8 +170,16 @@ async def test_redis_stopped_mid_load_loses_no_usage_and_gives_no_credit_back(
                 started = phase
                 status, _, headers = await replica.post(storage(n, ("0x0", "0x1")[n % 2]), key="alice")
                 remaining = headers["X-Credits-Remaining"]
-                answered.append(Answered(index % 2, started, phase, status, int(headers["X-Credits-Charged"]),
-                                         int(remaining) if remaining.isdigit() else None))
+                answered.append(
+                    Answered(
+                        index % 2,
+                        started,
+                        phase,
+                        status,
+                        int(headers["X-Credits-Charged"]),
+                        int(remaining) if remaining.isdigit() else None,
+                    )
+                )
 
         workers = [asyncio.create_task(worker(i)) for i in range(8)]
         try:
@@ -173,8 +203,9 @@ async def test_redis_stopped_mid_load_loses_no_usage_and_gives_no_credit_back(
     during = [a for a in answered if a.started_in == 1]
     assert any(a.status == 200 for a in during), "calls during the outage were refused instead of charged"
     for replica in (0, 1):
-        before = min(a.remaining for a in answered
-                     if a.replica == replica and a.finished_in == 0 and a.remaining is not None)
+        before = min(
+            a.remaining for a in answered if a.replica == replica and a.finished_in == 0 and a.remaining is not None
+        )
         later = [a.remaining for a in answered if a.replica == replica and a.started_in >= 1 and a.remaining]
         assert later and max(later) <= before
     # Both replicas gave their leases back on close: Redis holds exactly what was charged.
@@ -190,7 +221,11 @@ async def _at_least(items: list[Answered], count: int) -> bool:
 
 @pytest.mark.parametrize("loss", ["restart", "delete"])
 async def test_a_ledger_entry_lost_while_replicas_hold_leases_gives_no_credit_back(
-    anvil: Anvil, redis_server: RedisServer, redis_url: str, tmp_path: Path, loss: str,
+    anvil: Anvil,
+    redis_server: RedisServer,
+    redis_url: str,
+    tmp_path: Path,
+    loss: str,
 ) -> None:
     async with two_replicas(keyed_settings(anvil, redis_url, tmp_path, 80 * 40)) as replicas:
         await warm(*replicas)
@@ -213,14 +248,16 @@ async def test_a_ledger_entry_lost_while_replicas_hold_leases_gives_no_credit_ba
 
 
 async def test_filling_the_cache_redis_to_its_limit_leaves_every_ledger_entry_intact(
-    anvil: Anvil, tmp_path: Path,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     cache = RedisServer("--maxmemory", "30mb", "--maxmemory-policy", "allkeys-lru")
     ledger = RedisServer("--maxmemory-policy", "noeviction")
     try:
         path = keys_file(tmp_path, alice={"daily_credits": 240}, bob={"daily_credits": 10**6}, warm={})
-        settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=cache.url,
-                                CREDITS_REDIS_URL=ledger.url)
+        settings = settings_for(
+            EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=cache.url, CREDITS_REDIS_URL=ledger.url
+        )
         proxy = await start_proxy(settings)
         try:
             await proxy.head_at(0)
@@ -244,7 +281,8 @@ async def test_filling_the_cache_redis_to_its_limit_leaves_every_ledger_entry_in
 
 
 async def test_an_evicting_ledger_redis_is_named_in_a_startup_warning(
-    anvil: Anvil, caplog: pytest.LogCaptureFixture,
+    anvil: Anvil,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     evicting = RedisServer("--maxmemory", "30mb", "--maxmemory-policy", "allkeys-lru")
     try:
@@ -259,10 +297,17 @@ async def test_an_evicting_ledger_redis_is_named_in_a_startup_warning(
 def test_an_evicting_ledger_redis_is_refused_when_noeviction_is_required(anvil: Anvil, tmp_path: Path) -> None:
     evicting = RedisServer("--maxmemory", "30mb", "--maxmemory-policy", "allkeys-lru")
     try:
-        env = {"PATH": "/usr/bin:/bin", "EVM_UPSTREAM": anvil.url, "API_KEYS": "k1", "REDIS_URL": evicting.url,
-               "CREDITS_REQUIRE_NOEVICTION": "true", "PROXY_PORT": "1"}
-        result = subprocess.run([sys.executable, "-m", "proxy"], env=env, cwd=ROOT, capture_output=True, text=True,
-                                timeout=30)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "EVM_UPSTREAM": anvil.url,
+            "API_KEYS": "k1",
+            "REDIS_URL": evicting.url,
+            "CREDITS_REQUIRE_NOEVICTION": "true",
+            "PROXY_PORT": "1",
+        }
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
+        )
         assert result.returncode == 2
         assert "maxmemory-policy allkeys-lru" in result.stderr and "CREDITS_REDIS_URL" in result.stderr
     finally:
@@ -273,14 +318,23 @@ def test_an_evicting_ledger_redis_is_refused_when_noeviction_is_required(anvil: 
 
 
 async def test_keys_usage_lists_every_key_with_journaled_usage_not_yet_written_back(
-    anvil: Anvil, redis_server: RedisServer, redis_url: str, tmp_path: Path,
+    anvil: Anvil,
+    redis_server: RedisServer,
+    redis_url: str,
+    tmp_path: Path,
 ) -> None:
     journal = tmp_path / "journal"
     journal.mkdir()
     path = keys_file(tmp_path, alice={"daily_credits": 10_000}, bob={"daily_credits": 5_000})
-    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url,
-                            CREDITS_REDIS_TIMEOUT="0.2", CREDITS_REDIS_FAILURES="1", CREDITS_LEASE_MAX="80",
-                            CREDITS_JOURNAL_DIR=str(journal))
+    settings = settings_for(
+        EVM_UPSTREAM=anvil.url,
+        API_KEYS_FILE=path,
+        REDIS_URL=redis_url,
+        CREDITS_REDIS_TIMEOUT="0.2",
+        CREDITS_REDIS_FAILURES="1",
+        CREDITS_LEASE_MAX="80",
+        CREDITS_JOURNAL_DIR=str(journal),
+    )
     assert redis_server.proc is not None
     proxy = await start_proxy(settings)
     try:
@@ -292,10 +346,10 @@ async def test_keys_usage_lists_every_key_with_journaled_usage_not_yet_written_b
         await proxy.close()  # cannot write back: Redis is stopped
     finally:
         os.kill(redis_server.proc.pid, signal.SIGCONT)
-    env = {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "API_KEYS_FILE": path,
-           "CREDITS_JOURNAL_DIR": str(journal)}
-    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage"], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=30)
+    env = {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "API_KEYS_FILE": path, "CREDITS_JOURNAL_DIR": str(journal)}
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "keys", "usage"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0, result.stderr
     assert f"key {ALICE}: 560 credits used, 9440 left of 10000" in result.stdout
     assert "0 leased to replicas and not spent; 400 journaled and not yet in the ledger" in result.stdout, result.stdout

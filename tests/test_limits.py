@@ -21,8 +21,9 @@ async def test_more_than_10000_logs_is_an_exact_minus_32005_with_nothing_partial
     await evm_proxy.head_at(int(second["blockNumber"], 16))
     log_filter = {"address": store, "fromBlock": first["blockNumber"], "toBlock": second["blockNumber"]}
     for _ in range(2):  # never cached: the second ask reaches the node again
-        status, reply, _ = await evm_proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs",
-                                                 "params": [log_filter]})
+        status, reply, _ = await evm_proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [log_filter]}
+        )
         assert status == 200 and "result" not in reply
         assert reply["error"]["code"] == -32005
         assert reply["error"]["message"] == "query returned more than 10000 results"

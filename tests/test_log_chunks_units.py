@@ -38,14 +38,18 @@ class TestPlan:
 
     def test_near_finality_chunks_are_a_tenth_and_the_rest_is_one_exact_tail(self) -> None:
         assert plan(0, 2345, finalized=2250, size=1000) == [
-            Piece(0, 999, 0, 999), Piece(1000, 1999, 1000, 1999),
-            Piece(2000, 2099, 2000, 2099), Piece(2100, 2199, 2100, 2199),
+            Piece(0, 999, 0, 999),
+            Piece(1000, 1999, 1000, 1999),
+            Piece(2000, 2099, 2000, 2099),
+            Piece(2100, 2199, 2100, 2199),
             Piece(2200, 2345, 2200, 2345),  # 2200..2250 fill no small chunk: asked with the unfinalized rest
         ]
 
     def test_a_range_ending_below_finality_inside_an_incomplete_small_chunk_ends_with_an_exact_tail(self) -> None:
         assert plan(1950, 2230, finalized=2250, size=1000) == [
-            Piece(1000, 1999, 1950, 1999), Piece(2000, 2099, 2000, 2099), Piece(2100, 2199, 2100, 2199),
+            Piece(1000, 1999, 1950, 1999),
+            Piece(2000, 2099, 2000, 2099),
+            Piece(2100, 2199, 2100, 2199),
             Piece(2200, 2230, 2200, 2230),
         ]
 
@@ -121,7 +125,9 @@ class TestFromReceipts:
         first = [{"logs": [self.entry(self.A, self.T1), self.entry(self.B, self.T1)]}, {"logs": []}]
         second = [{"logs": [self.entry(self.A, self.T2)]}]
         assert logs_from_receipts([first, second], {"address": [self.A]}) == [
-            self.entry(self.A, self.T1), self.entry(self.A, self.T2)]
+            self.entry(self.A, self.T1),
+            self.entry(self.A, self.T2),
+        ]
 
     def test_a_null_or_malformed_receipts_answer_gives_no_answer(self) -> None:
         assert logs_from_receipts([[], None], {}) is None

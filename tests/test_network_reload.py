@@ -43,8 +43,9 @@ def _write(tmp_path: Path, networks: dict[str, list[str]]) -> str:
 
 async def _admin_proxy(tmp_path: Path, networks: dict[str, list[str]]) -> tuple[Proxy, int]:
     port = free_port()
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=_write(tmp_path, networks), ADMIN_PORT=str(port),
-                                           ADMIN_TOKEN=TOKEN))
+    proxy = await start_proxy(
+        settings_for(NETWORKS_FILE=_write(tmp_path, networks), ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    )
     for name in networks:
         await proxy.head_at(0, name)
     return proxy, port
@@ -87,7 +88,9 @@ async def test_a_network_added_by_a_reload_answers(relays: list[FaultRelay], tmp
 
 
 async def test_a_network_removed_by_a_reload_is_refused_and_its_polls_stop(
-    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path,
+    anvil: Anvil,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
     polled = "rpc_proxy_head_last_poll_timestamp_seconds"
@@ -128,7 +131,8 @@ async def test_a_network_removed_by_a_reload_is_refused_and_its_polls_stop(
 
 
 async def test_a_replaced_upstream_on_another_chain_is_never_served_the_old_chains_entries(
-    anvil: Anvil, tmp_path: Path,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     other = Anvil("--chain-id", "4242")
     anvil.send(DEV_ACCOUNT, "0x")  # block 1 differs between the two chains (Anvil's genesis does not)
@@ -159,7 +163,9 @@ async def test_a_replaced_upstream_on_another_chain_is_never_served_the_old_chai
 
 
 async def test_subscribers_move_to_a_replaced_pool_on_the_same_chain_and_miss_no_block(
-    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path,
+    anvil: Anvil,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
     try:
@@ -179,15 +185,18 @@ async def test_subscribers_move_to_a_replaced_pool_on_the_same_chain_and_miss_no
 
 
 async def test_an_invalid_networks_file_is_400_and_nothing_is_applied(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
     path = tmp_path / "networks.toml"
     try:
         before = proxy.app[SERVICE].networks["evm"]
-        for text in ('[networks.evm]\nfamily = "evm"\nupstreams = [\n',  # not TOML
-                     f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\n'
-                     '[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\n'):
+        for text in (
+            '[networks.evm]\nfamily = "evm"\nupstreams = [\n',  # not TOML
+            f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\n'
+            '[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\n',
+        ):
             path.write_text(text)
             status, body = await _reload(proxy, port)
             assert status == 400 and "error" in body, body
@@ -220,14 +229,22 @@ async def _answered(calls: list[Any]) -> None:
 async def _budgeted_proxy(tmp_path: Path, upstreams: list[Any]) -> tuple[Proxy, int]:
     """Network evm on `upstreams` (tables with budgets), polls rare so calls have the budget."""
     port = free_port()
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks_file(tmp_path, upstreams), ADMIN_PORT=str(port),
-                                           ADMIN_TOKEN=TOKEN, HEAD_POLL_INTERVAL="5", UPSTREAM_BATCH_MAX="1"))
+    proxy = await start_proxy(
+        settings_for(
+            NETWORKS_FILE=_networks_file(tmp_path, upstreams),
+            ADMIN_PORT=str(port),
+            ADMIN_TOKEN=TOKEN,
+            HEAD_POLL_INTERVAL="5",
+            UPSTREAM_BATCH_MAX="1",
+        )
+    )
     await proxy.head_at(0)
     return proxy, port
 
 
 async def test_calls_waiting_for_a_replaced_pools_budget_are_answered(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy, port, calls = await _queued_for_budget(relays[0], tmp_path, 4)
     try:
@@ -240,7 +257,8 @@ async def test_calls_waiting_for_a_replaced_pools_budget_are_answered(
 
 
 async def test_calls_waiting_for_a_budget_a_reload_raises_go_on_under_the_new_one(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy, port, calls = await _queued_for_budget(relays[0], tmp_path, 8)
     try:
@@ -255,7 +273,8 @@ async def test_calls_waiting_for_a_budget_a_reload_raises_go_on_under_the_new_on
 
 
 async def test_a_budget_a_reload_changes_goes_on_counting_the_window_it_had(
-    anvil: Anvil, tmp_path: Path,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     meter = Meter(anvil, tmp_path)
     proxy = None

@@ -62,8 +62,10 @@ async def test_metric_values_move_on_a_hit_a_miss_and_an_error(anvil: Anvil, evm
     assert m("rpc_proxy_request_duration_seconds_count", network="evm", method="eth_getStorageAt", cache="MISS") == 1
     assert m("rpc_proxy_cache_lookups_total", tier="memory", result="hit") == 1
     assert m("rpc_proxy_cache_lookups_total", tier="memory", result="miss") == 1
-    assert m("rpc_proxy_upstream_request_duration_seconds_count", network="evm", method="eth_getStorageAt",
-             upstream="0") == 1
+    assert (
+        m("rpc_proxy_upstream_request_duration_seconds_count", network="evm", method="eth_getStorageAt", upstream="0")
+        == 1
+    )
     assert m("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getStorageAt") == 80
     assert m("rpc_proxy_head_block", network="evm", tag="latest") == anvil.block_number()
     assert m("rpc_proxy_head_block", network="evm", tag="finalized") == anvil.block_number() - 64
@@ -77,8 +79,10 @@ def test_latency_buckets_count_each_observation_at_its_upper_bound() -> None:
         cell.observe(seconds)
 
     def bucket(le: str) -> float | None:
-        return registry.get_sample_value("rpc_proxy_request_duration_seconds_bucket",
-                                         {"network": "evm", "method": "eth_call", "cache": "HIT", "le": le})
+        return registry.get_sample_value(
+            "rpc_proxy_request_duration_seconds_bucket",
+            {"network": "evm", "method": "eth_call", "cache": "HIT", "le": le},
+        )
 
     assert (bucket("0.0005"), bucket("0.001"), bucket("0.025"), bucket("30.0"), bucket("+Inf")) == (2, 4, 5, 5, 6)
 
@@ -104,8 +108,17 @@ async def test_every_dashboard_expression_uses_only_exported_metric_names(anvil:
         assert used, expr
         assert used <= exported, f"{expr}: {used - exported} not exported"
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
-    for wanted in ("requests", "hit ratio", "hits", "misses", "upstream latency", "errors", "credits", "head lag",
-                   "redis"):
+    for wanted in (
+        "requests",
+        "hit ratio",
+        "hits",
+        "misses",
+        "upstream latency",
+        "errors",
+        "credits",
+        "head lag",
+        "redis",
+    ):
         assert wanted in titles, wanted
 
 
@@ -117,8 +130,9 @@ async def test_open_mode_keys_never_become_metric_labels(evm_proxy: Proxy) -> No
 
 
 def test_prometheus_config_passes_promtool_check_config() -> None:
-    result = subprocess.run([promtool(), "check", "config", str(ROOT / "deploy/prometheus.yml")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [promtool(), "check", "config", str(ROOT / "deploy/prometheus.yml")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -132,9 +146,14 @@ async def test_a_real_prometheus_scrapes_the_running_proxy(anvil: Anvil, evm_pro
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     proc = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     query = f"http://127.0.0.1:{port}/api/v1/query?query=rpc_proxy_requests_total"
     found: list[dict[str, object]] = []
@@ -171,8 +190,13 @@ def test_json_log_lines_carry_the_call_fields() -> None:
 async def test_sigterm_lets_an_in_flight_request_complete_and_closes_websockets() -> None:
     async with bad_upstream(result="0x7a69", delay=1.5) as url:
         port = free_port()
-        env = {**os.environ, "EVM_UPSTREAM": url, "PROXY_PORT": str(port), "LOG_LEVEL": "WARNING",
-               "HEAD_POLL_INTERVAL": "60"}
+        env = {
+            **os.environ,
+            "EVM_UPSTREAM": url,
+            "PROXY_PORT": str(port),
+            "LOG_LEVEL": "WARNING",
+            "HEAD_POLL_INTERVAL": "60",
+        }
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, stderr=err)
             base = f"http://127.0.0.1:{port}"

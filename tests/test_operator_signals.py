@@ -23,7 +23,8 @@ CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
 
 async def test_redis_up_is_exported_only_when_redis_is_configured_and_process_metrics_always(
-    anvil: Anvil, redis_url: str,
+    anvil: Anvil,
+    redis_url: str,
 ) -> None:
     for extra, has_redis in (({}, False), ({"REDIS_URL": redis_url}, True)):
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, **extra))
@@ -71,11 +72,17 @@ class TestClientIp:
 
 
 def _start(env: dict[str, str], port: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env={**os.environ, **env, "PROXY_PORT": str(port)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"],
+        env={**os.environ, **env, "PROXY_PORT": str(port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def listening() -> bool:
         import urllib.request
+
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
                 return bool(response.status == 200)
@@ -94,15 +101,25 @@ def _stop(proc: subprocess.Popen[str]) -> list[dict[str, object]]:
 
 async def test_access_log_line_has_key_client_status_and_times_but_never_the_secret(anvil: Anvil) -> None:
     port = free_port()
-    proc = _start({"EVM_UPSTREAM": anvil.url, "API_KEYS": "sk-secret-1", "ACCESS_LOG": "true", "LOG_FORMAT": "json",
-                   "TRUSTED_PROXY_HEADER": "X-Forwarded-For"}, port)
+    proc = _start(
+        {
+            "EVM_UPSTREAM": anvil.url,
+            "API_KEYS": "sk-secret-1",
+            "ACCESS_LOG": "true",
+            "LOG_FORMAT": "json",
+            "TRUSTED_PROXY_HEADER": "X-Forwarded-For",
+        },
+        port,
+    )
     lines: list[dict[str, object]] = []
     try:
         async with aiohttp.ClientSession() as session:
             url = f"http://127.0.0.1:{port}/v3"
             balance = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x" + "55" * 20, "0x0"]}
-            for headers in ({"Authorization": "Bearer sk-secret-1", "X-Forwarded-For": "203.0.113.7"},
-                            {"X-Api-Key": "wrong-secret"}):
+            for headers in (
+                {"Authorization": "Bearer sk-secret-1", "X-Forwarded-For": "203.0.113.7"},
+                {"X-Api-Key": "wrong-secret"},
+            ):
                 async with session.post(url, json=balance, headers=headers) as resp:
                     await resp.read()
     finally:
@@ -117,7 +134,8 @@ async def test_access_log_line_has_key_client_status_and_times_but_never_the_sec
 
 
 async def test_sighup_reloads_keys_and_lists_under_traffic_without_losing_a_request(
-    anvil: Anvil, tmp_path: Path,
+    anvil: Anvil,
+    tmp_path: Path,
 ) -> None:
     keys = tmp_path / "keys.toml"
     keys.write_text('[keys.alice]\nkey = "alice-secret"\n')
@@ -128,6 +146,7 @@ async def test_sighup_reloads_keys_and_lists_under_traffic_without_losing_a_requ
     stop = asyncio.Event()
     try:
         async with aiohttp.ClientSession() as session:
+
             async def traffic() -> None:
                 while not stop.is_set():
                     async with session.post(f"{base}/v3/alice-secret", json=CHAIN_ID) as resp:
@@ -140,8 +159,10 @@ async def test_sighup_reloads_keys_and_lists_under_traffic_without_losing_a_requ
             async with session.ws_connect(f"ws://127.0.0.1:{port}/ws/v3/alice-secret") as ws:
                 clients = [asyncio.create_task(traffic()) for _ in range(4)]
                 assert await status("bob-secret") == 401
-                keys.write_text('[keys.alice]\nkey = "alice-secret"\nallowed_methods = ["eth_chainId"]\n'
-                                '[keys.bob]\nkey = "bob-secret"\n')
+                keys.write_text(
+                    '[keys.alice]\nkey = "alice-secret"\nallowed_methods = ["eth_chainId"]\n'
+                    '[keys.bob]\nkey = "bob-secret"\n'
+                )
                 proc.send_signal(signal.SIGHUP)
 
                 async def reloaded() -> bool:

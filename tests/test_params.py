@@ -34,7 +34,8 @@ class TestCanonicalForms:
     def test_quantities_are_normalised(self) -> None:
         assert p.eth_get_uncle_by_block_hash_and_index([HASH, "0x00"], RULES)[1] == "0x0"
         assert p.eth_get_uncle_by_block_hash_and_index([HASH.upper().replace("0X", "0x"), "0x01"], RULES) == [
-            HASH, "0x1"
+            HASH,
+            "0x1",
         ]
 
     def test_block_numbers_become_refs_with_the_number(self) -> None:
@@ -89,8 +90,17 @@ class TestCanonicalForms:
 
 
 class TestEvmRules:
-    @pytest.mark.parametrize("bad", ["0x1234", ADDR + "00", "5FbDB2315678afecb367f032d93F642f64180aa3", 5, None,
-                                     "0xZZbDB2315678afecb367f032d93F642f64180aa3"])
+    @pytest.mark.parametrize(
+        "bad",
+        [
+            "0x1234",
+            ADDR + "00",
+            "5FbDB2315678afecb367f032d93F642f64180aa3",
+            5,
+            None,
+            "0xZZbDB2315678afecb367f032d93F642f64180aa3",
+        ],
+    )
     def test_address_must_be_20_bytes_of_hex(self, bad: Any) -> None:
         rejects(p.eth_get_storage_at, [bad, "0x0", "latest"], "address")
 
@@ -181,8 +191,12 @@ class TestEvmRules:
     def test_more_than_5000_addresses_and_topics_is_refused_before_upstream(self) -> None:
         addresses = ["0x" + format(i, "040x") for i in range(4999)]
         p.eth_get_logs([{"address": addresses, "topics": [HASH]}], RULES)  # 5000: allowed
-        rejects(p.eth_get_logs, [{"address": addresses, "topics": [[HASH, "0x" + "01" * 32]]}],
-                "5001 parameters", code=LIMIT_EXCEEDED)
+        rejects(
+            p.eth_get_logs,
+            [{"address": addresses, "topics": [[HASH, "0x" + "01" * 32]]}],
+            "5001 parameters",
+            code=LIMIT_EXCEEDED,
+        )
 
 
 class TestSolanaRules:

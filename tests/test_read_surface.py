@@ -54,14 +54,22 @@ async def test_final_blocks_transactions_and_state_are_served_from_the_cache(anv
     receipt = await final_transaction(anvil, evm_proxy)
     number, block_hash, tx = receipt["blockNumber"], receipt["blockHash"], receipt["transactionHash"]
     calls = [
-        ("eth_getBlockByNumber", [number, False]), ("eth_getBlockByNumber", [number, True]),
-        ("eth_getBlockByHash", [block_hash, True]), ("eth_getBlockTransactionCountByNumber", [number]),
-        ("eth_getBlockTransactionCountByHash", [block_hash]), ("eth_getUncleCountByBlockNumber", [number]),
-        ("eth_getUncleCountByBlockHash", [block_hash]), ("eth_getTransactionByBlockNumberAndIndex", [number, "0x0"]),
-        ("eth_getTransactionByBlockHashAndIndex", [block_hash, "0x0"]), ("eth_getTransactionByHash", [tx]),
-        ("eth_getTransactionReceipt", [tx]), ("eth_getBalance", [DEV_ACCOUNT, number]),
-        ("eth_getCode", [receipt["store"], number]), ("eth_getTransactionCount", [DEV_ACCOUNT, number]),
-        ("eth_getProof", [receipt["store"], ["0x" + word(0)], number]), ("eth_feeHistory", ["0x2", number, [25, 75]]),
+        ("eth_getBlockByNumber", [number, False]),
+        ("eth_getBlockByNumber", [number, True]),
+        ("eth_getBlockByHash", [block_hash, True]),
+        ("eth_getBlockTransactionCountByNumber", [number]),
+        ("eth_getBlockTransactionCountByHash", [block_hash]),
+        ("eth_getUncleCountByBlockNumber", [number]),
+        ("eth_getUncleCountByBlockHash", [block_hash]),
+        ("eth_getTransactionByBlockNumberAndIndex", [number, "0x0"]),
+        ("eth_getTransactionByBlockHashAndIndex", [block_hash, "0x0"]),
+        ("eth_getTransactionByHash", [tx]),
+        ("eth_getTransactionReceipt", [tx]),
+        ("eth_getBalance", [DEV_ACCOUNT, number]),
+        ("eth_getCode", [receipt["store"], number]),
+        ("eth_getTransactionCount", [DEV_ACCOUNT, number]),
+        ("eth_getProof", [receipt["store"], ["0x" + word(0)], number]),
+        ("eth_feeHistory", ["0x2", number, [25, 75]]),
     ]
     upstream = evm_proxy.upstreams["evm"]
 
@@ -93,8 +101,7 @@ async def test_chain_id_and_block_number_make_no_upstream_call(anvil: Anvil, evm
 async def test_block_number_never_goes_back_after_the_proxy_showed_a_later_block(anvil: Anvil) -> None:
     # The tracker polls once a minute: a forwarded block beyond its head is shown to the client, so
     # eth_blockNumber is not answered from the (older) head but forwarded, and never below it.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60",
-                                           HEAD_CATCH_UP_WAIT="0"))
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="0"))
     try:
         await proxy.head_at(0)
         shown = anvil.mine(2)
@@ -159,8 +166,7 @@ async def test_fee_history_to_latest_is_cached_per_head(anvil: Anvil, evm_proxy:
 
 
 async def test_a_receipt_is_kept_only_once_the_tracker_holds_its_block(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60",
-                                           HEAD_CATCH_UP_WAIT="0"))
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="0"))
     try:
         await proxy.head_at(0)
         receipt = anvil.send(anvil.deploy_store(), selector("setX(uint256)") + word(1))
@@ -237,18 +243,21 @@ async def test_a_not_yet_mined_receipt_is_asked_again_once_a_new_block_arrives(a
         await proxy.close()
 
 
-@pytest.mark.parametrize(("method", "params", "name"), [
-    ("eth_chainId", [1], "params"),
-    ("eth_getBlockByNumber", ["0x1", "yes"], "fullTransactions"),
-    ("eth_getBlockByNumber", [{"blockHash": "0x" + "11" * 32}], "block"),
-    ("eth_getBlockByHash", ["0x11"], "blockHash"),
-    ("eth_getTransactionReceipt", ["0x" + "11" * 31], "transactionHash"),
-    ("eth_getTransactionByBlockNumberAndIndex", ["latest", "1"], "index"),
-    ("eth_getBalance", ["0x" + "11" * 19, "latest"], "address"),
-    ("eth_getProof", ["0x" + "11" * 20, "0x0", "latest"], "storageKeys"),
-    ("eth_feeHistory", ["0x0", "latest"], "blockCount"),
-    ("eth_feeHistory", ["0x2", "latest", [75, 25]], "rewardPercentiles"),
-])
+@pytest.mark.parametrize(
+    ("method", "params", "name"),
+    [
+        ("eth_chainId", [1], "params"),
+        ("eth_getBlockByNumber", ["0x1", "yes"], "fullTransactions"),
+        ("eth_getBlockByNumber", [{"blockHash": "0x" + "11" * 32}], "block"),
+        ("eth_getBlockByHash", ["0x11"], "blockHash"),
+        ("eth_getTransactionReceipt", ["0x" + "11" * 31], "transactionHash"),
+        ("eth_getTransactionByBlockNumberAndIndex", ["latest", "1"], "index"),
+        ("eth_getBalance", ["0x" + "11" * 19, "latest"], "address"),
+        ("eth_getProof", ["0x" + "11" * 20, "0x0", "latest"], "storageKeys"),
+        ("eth_feeHistory", ["0x0", "latest"], "blockCount"),
+        ("eth_feeHistory", ["0x2", "latest", [75, 25]], "rewardPercentiles"),
+    ],
+)
 async def test_read_params_are_validated_before_upstream(
     anvil: Anvil, evm_proxy: Proxy, method: str, params: list[Any], name: str
 ) -> None:
@@ -259,7 +268,7 @@ async def test_read_params_are_validated_before_upstream(
 
 async def test_credits_file_prices_methods_but_not_the_spec_seven(anvil: Anvil, tmp_path: Path) -> None:
     prices = tmp_path / "credits.toml"
-    prices.write_text('[credits]\neth_getBalance = 7\nnet_peerCount = 3\n')
+    prices.write_text("[credits]\neth_getBalance = 7\nnet_peerCount = 3\n")
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="k", CREDITS_FILE=str(prices)))
     try:
         await proxy.head_at(0)
@@ -271,6 +280,6 @@ async def test_credits_file_prices_methods_but_not_the_spec_seven(anvil: Anvil, 
         assert proxy.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getBalance") == 7
     finally:
         await proxy.close()
-    prices.write_text('[credits]\neth_call = 1\n')
+    prices.write_text("[credits]\neth_call = 1\n")
     with pytest.raises(ConfigError, match="eth_call' costs 80 credits as the spec fixes"):
         settings_for(EVM_UPSTREAM=anvil.url, CREDITS_FILE=str(prices))

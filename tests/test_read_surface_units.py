@@ -27,8 +27,18 @@ H5, H6, OLD = "0x" + "55" * 32, "0x" + "66" * 32, "0x" + "99" * 32
 
 
 def head(stale: bool = False) -> Head:
-    return Head(latest=6, safe=4, finalized=4, latest_hash=H6, gas_limit=30_000_000, timestamp=0,
-                hashes={5: H5, 6: H6}, numbers={H5: 5, H6: 6}, stale=stale, space="evm@1")
+    return Head(
+        latest=6,
+        safe=4,
+        finalized=4,
+        latest_hash=H6,
+        gas_limit=30_000_000,
+        timestamp=0,
+        hashes={5: H5, 6: H6},
+        numbers={H5: 5, H6: 6},
+        stale=stale,
+        space="evm@1",
+    )
 
 
 def receipt(number: int, block_hash: str) -> dict[str, Any]:
@@ -89,8 +99,13 @@ class TestDecisions:
 
 
 def evm_tracker() -> EvmHeadTracker:
-    return EvmHeadTracker("evm", None, interval=1, finality_depth=64,  # type: ignore[arg-type]
-                          metrics=Metrics(CollectorRegistry()))
+    return EvmHeadTracker(
+        "evm",
+        None,
+        interval=1,
+        finality_depth=64,  # type: ignore[arg-type]
+        metrics=Metrics(CollectorRegistry()),
+    )
 
 
 class TestAnswersTheTrackersHold:
@@ -112,8 +127,12 @@ class TestAnswersTheTrackersHold:
         assert local_answers.held("eth_chainId", [], tracker, 0, 1) == "0x7a69"
 
     def test_slots_are_held_for_the_max_age_and_never_go_back(self) -> None:
-        tracker = SolanaSlotTracker("sol", None, interval=1,  # type: ignore[arg-type]
-                                    metrics=Metrics(CollectorRegistry()))
+        tracker = SolanaSlotTracker(
+            "sol",
+            None,
+            interval=1,  # type: ignore[arg-type]
+            metrics=Metrics(CollectorRegistry()),
+        )
         config = [{"commitment": "confirmed"}]
         assert local_answers.held("getSlot", config, tracker, 100.0, 0.4) is None
         answer = local_answers.learned("getSlot", config, tracker, Answer.from_response({"result": 50}, 0.0, 0), 100.0)

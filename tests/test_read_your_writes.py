@@ -61,9 +61,10 @@ async def test_latest_reaches_a_block_the_proxy_has_shown_a_client(anvil: Anvil)
         storage = ["eth_getStorageAt", [address, "0x0", "latest"]]
         assert await proxy.result(*storage) == "0x" + word(7)
         for value in (11, 12, 13):
-            tx = await proxy.result("eth_sendTransaction", [
-                {"from": DEV_ACCOUNT, "to": address, "data": selector("setX(uint256)") + word(value)}
-            ])
+            tx = await proxy.result(
+                "eth_sendTransaction",
+                [{"from": DEV_ACCOUNT, "to": address, "data": selector("setX(uint256)") + word(value)}],
+            )
             receipt = await mined(proxy, tx)
             assert await proxy.result(*storage) == "0x" + word(value)
             call = {"from": DEV_ACCOUNT, "to": address, "data": selector("x()")}
@@ -92,8 +93,9 @@ async def test_web3py_write_then_read_sequences_see_no_stale_reads(anvil: Anvil)
             else:
                 tx = await store.functions.emitMany(1).transact({"from": sender})
                 receipt = await w3.eth.wait_for_transaction_receipt(tx, poll_latency=0.05)
-                logs = await w3.eth.get_logs({"address": address, "fromBlock": receipt["blockNumber"],
-                                              "toBlock": "latest"})
+                logs = await w3.eth.get_logs(
+                    {"address": address, "fromBlock": receipt["blockNumber"], "toBlock": "latest"}
+                )
                 if not logs:
                     stale.append(f"round {i}: no log at block {receipt['blockNumber']}..latest")
         assert stale == []
@@ -114,8 +116,15 @@ async def test_ethers_v6_write_then_read_sequences_see_no_stale_reads(anvil: Anv
         address = await deployed(anvil, proxy)
         script = ROOT / "tests/js/write_then_read.mjs"
         process = await asyncio.create_subprocess_exec(
-            node_binary(), str(script), proxy.url(), address, str(CONTRACTS / "Store.abi"), str(ROUNDS),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"TOOLS": str(ROOT / ".tools")},
+            node_binary(),
+            str(script),
+            proxy.url(),
+            address,
+            str(CONTRACTS / "Store.abi"),
+            str(ROUNDS),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"TOOLS": str(ROOT / ".tools")},
         )
         try:
             out, err = await asyncio.wait_for(process.communicate(), 240)

@@ -47,7 +47,9 @@ def cluster_url(cluster: LocalCluster) -> str:
 
 
 async def test_two_replicas_on_a_cluster_share_entries_spread_over_every_primary(
-    anvil: Anvil, cluster: LocalCluster, cluster_url: str,
+    anvil: Anvil,
+    cluster: LocalCluster,
+    cluster_url: str,
 ) -> None:
     async with replicas(anvil, cluster_url) as (first, second):
         store, block = await shared_through_redis(anvil, first, second)
@@ -60,14 +62,15 @@ async def test_two_replicas_on_a_cluster_share_entries_spread_over_every_primary
 
 
 async def test_identical_misses_on_two_replicas_on_a_cluster_make_one_upstream_call(
-    anvil: Anvil, cluster_url: str,
+    anvil: Anvil,
+    cluster_url: str,
 ) -> None:
     async with replicas(anvil, cluster_url, SlowUpstream) as (first, second):
         store, block = await finalized_store(anvil, first)
         await second.head_at(anvil.block_number())
-        replies = await asyncio.gather(*(
-            (first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20)
-        ))
+        replies = await asyncio.gather(
+            *((first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20))
+        )
         assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
         assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
         assert sum(p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)) == 1
@@ -77,20 +80,24 @@ async def test_identical_misses_on_two_replicas_on_a_cluster_make_one_upstream_c
 
 
 def ledger_storage(rid: Any, position: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getStorageAt",
-            "params": ["0x" + "11" * 20, position, "latest"]}
+    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20, position, "latest"]}
 
 
 async def test_concurrent_debits_on_two_replicas_on_a_cluster_never_overdraw(
-    anvil: Anvil, cluster_url: str, tmp_path: Path,
+    anvil: Anvil,
+    cluster_url: str,
+    tmp_path: Path,
 ) -> None:
     path = keys_file(tmp_path, alice={"daily_credits": 80 * 40}, bob={"daily_credits": 80 * 25})
-    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=cluster_url,
-                            CREDITS_PER_SECOND="1000000")  # the script's second key, the window, is used too
+    settings = settings_for(
+        EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=cluster_url, CREDITS_PER_SECOND="1000000"
+    )  # the script's second key, the window, is used too
     first, second = await start_proxy(settings), await start_proxy(settings)
     try:
-        requests = [(first if i % 2 else second).post(ledger_storage(i, hex(i)), key=("alice", "bob")[i % 3 == 0])
-                    for i in range(150)]
+        requests = [
+            (first if i % 2 else second).post(ledger_storage(i, hex(i)), key=("alice", "bob")[i % 3 == 0])
+            for i in range(150)
+        ]
         replies = await asyncio.gather(*requests)
         by_key: dict[str, list[int]] = {"alice": [], "bob": []}
         for i, (status, _, _) in enumerate(replies):
@@ -106,15 +113,21 @@ async def test_concurrent_debits_on_two_replicas_on_a_cluster_never_overdraw(
         await second.close()
     env = {"PATH": "/usr/bin:/bin", "REDIS_URL": cluster_url, "API_KEYS_FILE": path}
     result = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "proxy", "keys", "usage"], env=env, cwd=ROOT,
-        capture_output=True, text=True, timeout=30,
+        subprocess.run,
+        [sys.executable, "-m", "proxy", "keys", "usage"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr
     assert "3200 credits used, 0 left of 3200" in result.stdout and "2000 credits used, 0 left of 2000" in result.stdout
 
 
 async def test_an_evicting_primary_anywhere_in_the_cluster_is_refused_for_the_ledger(
-    cluster: LocalCluster, cluster_url: str,
+    cluster: LocalCluster,
+    cluster_url: str,
 ) -> None:
     link = RedisLink(connect(cluster_url, 2.0), timeout=2.0, metrics=Metrics(CollectorRegistry()))
     last = cluster.primaries()[-1]  # redis-py would ask only one node: not necessarily this one
@@ -130,7 +143,8 @@ async def test_an_evicting_primary_anywhere_in_the_cluster_is_refused_for_the_le
 
 @pytest.mark.parametrize("topology", ["cluster", "single", "sentinel"])
 async def test_a_burst_of_concurrent_commands_is_not_refused_for_connections(
-    topology: str, request: pytest.FixtureRequest,
+    topology: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     # redis-py 8's pools refuse commands past 100 connections (per node) by default: under load that
     # would count as an outage and skip Redis for everyone.
@@ -168,8 +182,9 @@ async def shared_again(first: Proxy, second: Proxy, anvil: Anvil, store: str, bl
     await eventually(shared, 30, f"the shared tier to work on {where}")
 
 
-async def check_answers(proxies: tuple[Proxy, ...], anvil: Anvil, store: str, block: int, positions: range,
-                        key: str = KEY) -> list[str]:
+async def check_answers(
+    proxies: tuple[Proxy, ...], anvil: Anvil, store: str, block: int, positions: range, key: str = KEY
+) -> list[str]:
     """Ask every replica for every position; each answer must be the node's (or a JSON-RPC error).
     Returns the X-Cache values seen."""
     seen = []
@@ -203,16 +218,22 @@ async def test_after_a_failover_pipelined_reads_alone_find_the_promoted_replica(
     # Every cache lookup is a pipeline (GET + PTTL), and redis-py re-reads the slot map after a
     # failed command but not after a failed pipeline: without the link's own rediscovery, a
     # replica that only reads would ask the dead primary forever.
-    link = RedisLink(connect(replicated_cluster.url, 0.5), timeout=0.5, metrics=Metrics(CollectorRegistry()),
-                     min_backoff=0.05, max_backoff=0.2)
+    link = RedisLink(
+        connect(replicated_cluster.url, 0.5),
+        timeout=0.5,
+        metrics=Metrics(CollectorRegistry()),
+        min_backoff=0.05,
+        max_backoff=0.2,
+    )
     tier = RedisTier(link)
     stored = (b'"0x01"', False)
     key = "v1|lookup"
     try:
         await tier.set(key, stored, math.inf)
         replicated_cluster.primary_of(shared_keys(key)[0]).kill()
-        await asyncio.to_thread(wait_until, lambda: len(replicated_cluster.primaries()) == 3, 30,
-                                "a replica to be promoted")
+        await asyncio.to_thread(
+            wait_until, lambda: len(replicated_cluster.primaries()) == 3, 30, "a replica to be promoted"
+        )
 
         async def found() -> bool:
             with contextlib.suppress(RedisUnavailable):
@@ -226,7 +247,9 @@ async def test_after_a_failover_pipelined_reads_alone_find_the_promoted_replica(
 
 @pytest.fixture
 async def keyed_pair(
-    anvil: Anvil, tmp_path: Path, request: pytest.FixtureRequest,
+    anvil: Anvil,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[tuple[Proxy, Proxy]]:
     """Two replicas with one API key, on the Redis topology named by the test's parameter."""
     url = request.getfixturevalue(request.param).url
@@ -243,7 +266,9 @@ async def keyed_pair(
 @pytest.mark.slow  # a primary's failure is noticed after the cluster's node timeout (1 s here)
 @pytest.mark.parametrize("keyed_pair", ["replicated_cluster"], indirect=True)
 async def test_a_cluster_primary_killed_mid_traffic_serves_nothing_wrong_and_the_tier_comes_back(
-    anvil: Anvil, replicated_cluster: LocalCluster, keyed_pair: tuple[Proxy, Proxy],
+    anvil: Anvil,
+    replicated_cluster: LocalCluster,
+    keyed_pair: tuple[Proxy, Proxy],
 ) -> None:
     first, second = keyed_pair
     store, block = await finalized_store(anvil, first)
@@ -276,8 +301,15 @@ async def test_a_cluster_primary_killed_mid_traffic_serves_nothing_wrong_and_the
 
 def redis_state(*proxies: Proxy) -> list[dict[str, float]]:
     """Each replica's Redis metrics, for a failure message."""
-    return [{f"{sample.name}{sample.labels}": sample.value for metric in p.registry.collect()
-             for sample in metric.samples if "redis" in sample.name} for p in proxies]
+    return [
+        {
+            f"{sample.name}{sample.labels}": sample.value
+            for metric in p.registry.collect()
+            for sample in metric.samples
+            if "redis" in sample.name
+        }
+        for p in proxies
+    ]
 
 
 @pytest.fixture
@@ -290,7 +322,9 @@ def sentinel() -> Iterator[LocalSentinel]:
 @pytest.mark.slow  # Sentinel promotes after its own checks, seconds
 @pytest.mark.parametrize("keyed_pair", ["sentinel"], indirect=True)
 async def test_a_sentinel_failover_mid_traffic_serves_nothing_wrong_and_writes_reach_the_new_primary(
-    anvil: Anvil, sentinel: LocalSentinel, keyed_pair: tuple[Proxy, Proxy],
+    anvil: Anvil,
+    sentinel: LocalSentinel,
+    keyed_pair: tuple[Proxy, Proxy],
 ) -> None:
     first, second = keyed_pair
     store, block = await finalized_store(anvil, first)
@@ -310,12 +344,14 @@ async def test_a_sentinel_failover_mid_traffic_serves_nothing_wrong_and_writes_r
     await shared_again(first, second, anvil, store, block, "the new primary")
     # Sentinel turns the old primary into a replica of the new one: then it refuses writes, and a
     # connection still open to it is dropped and made again to the new primary.
-    await asyncio.to_thread(wait_until, lambda: "role:slave" in command(old, "INFO", "replication"), 30,
-                            "the old primary to be demoted")
+    await asyncio.to_thread(
+        wait_until, lambda: "role:slave" in command(old, "INFO", "replication"), 30, "the old primary to be demoted"
+    )
     await check_answers((first, second), anvil, store, block, range(40, 80))
     # Everything was written to the new primary: the demoted one, once synced from it, holds the same.
-    await asyncio.to_thread(wait_until, lambda: command(new, "DBSIZE") == command(old, "DBSIZE"), 30,
-                            "the demoted primary to sync")
+    await asyncio.to_thread(
+        wait_until, lambda: command(new, "DBSIZE") == command(old, "DBSIZE"), 30, "the demoted primary to sync"
+    )
 
     async def settled() -> bool:
         await check_answers((first, second), anvil, store, block, range(0, 1))
@@ -327,8 +363,11 @@ async def test_a_sentinel_failover_mid_traffic_serves_nothing_wrong_and_writes_r
 
 async def test_a_cluster_url_naming_a_plain_server_is_an_outage_not_a_crash(redis_url: str) -> None:
     # redis-py's RedisClusterException is no RedisError: unmapped, it stopped the server.
-    link = RedisLink(connect("redis+cluster://" + redis_url.split("://", 1)[1].rsplit("/", 1)[0], 2.0), timeout=2.0,
-                     metrics=Metrics(CollectorRegistry()))
+    link = RedisLink(
+        connect("redis+cluster://" + redis_url.split("://", 1)[1].rsplit("/", 1)[0], 2.0),
+        timeout=2.0,
+        metrics=Metrics(CollectorRegistry()),
+    )
     try:
         with pytest.raises(RedisUnavailable):
             await link.run("cache_get", lambda c: c.get("rcp:c:{x}"))

@@ -29,32 +29,37 @@ def test_a_plain_redis_url_is_a_single_server() -> None:
 
 def test_a_cluster_url_lists_its_seed_nodes_and_credentials() -> None:
     topology = topology_of(f"rediss+cluster://app:{SECRET}@10.0.0.1:7000,[::1]:7001,redis-2:7002")
-    assert topology == RedisTopology("cluster", (("10.0.0.1", 7000), ("::1", 7001), ("redis-2", 7002)),
-                                     username="app", password="s3cr@t", tls=True)
+    assert topology == RedisTopology(
+        "cluster", (("10.0.0.1", 7000), ("::1", 7001), ("redis-2", 7002)), username="app", password="s3cr@t", tls=True
+    )
     assert topology_of("redis+cluster://h:7000/0").nodes == (("h", 7000),)
 
 
 def test_a_sentinel_url_names_its_sentinels_service_and_database() -> None:
     topology = topology_of(f"redis+sentinel://:{SECRET}@s1:26380,s2/mymaster/3?sentinel_password=x")
-    assert topology == RedisTopology("sentinel", (("s1", 26380), ("s2", 26379)), "mymaster", 3,
-                                     None, "s3cr@t", False, None, "x")
+    assert topology == RedisTopology(
+        "sentinel", (("s1", 26380), ("s2", 26379)), "mymaster", 3, None, "s3cr@t", False, None, "x"
+    )
 
 
-@pytest.mark.parametrize(("url", "fragment"), [
-    ("redis+cluster://h:7000/2", "only database 0"),
-    ("redis+cluster://h", "without a port"),
-    ("redis+cluster://h:7000,,h:7001", "empty or malformed host"),
-    ("redis+cluster://h:99999", "invalid port"),
-    ("redis+cluster://h:0", "port 0"),
-    ("redis+cluster://h:7000?socket_timeout=1", "does not take: socket_timeout"),
-    ("redis+sentinel://s1:26379", "names no Sentinel service"),
-    ("redis+sentinel://s1:26379/", "names no Sentinel service"),
-    ("redis+sentinel://s1:26379/svc/x", "/service_name[/db]"),
-    ("redis+sentinel://s1:26379/svc/0/1", "/service_name[/db]"),
-    ("redis+sentinel://s1:26379/svc?password=x", "does not take: password"),
-    ("redis+sentinel://s1:26379/svc#frag", "fragment"),
-    ("redis+clusterx://h:7000", "is not a valid"),
-])
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("redis+cluster://h:7000/2", "only database 0"),
+        ("redis+cluster://h", "without a port"),
+        ("redis+cluster://h:7000,,h:7001", "empty or malformed host"),
+        ("redis+cluster://h:99999", "invalid port"),
+        ("redis+cluster://h:0", "port 0"),
+        ("redis+cluster://h:7000?socket_timeout=1", "does not take: socket_timeout"),
+        ("redis+sentinel://s1:26379", "names no Sentinel service"),
+        ("redis+sentinel://s1:26379/", "names no Sentinel service"),
+        ("redis+sentinel://s1:26379/svc/x", "/service_name[/db]"),
+        ("redis+sentinel://s1:26379/svc/0/1", "/service_name[/db]"),
+        ("redis+sentinel://s1:26379/svc?password=x", "does not take: password"),
+        ("redis+sentinel://s1:26379/svc#frag", "fragment"),
+        ("redis+clusterx://h:7000", "is not a valid"),
+    ],
+)
 def test_malformed_topology_urls_are_one_line_config_errors_that_never_echo_them(url: str, fragment: str) -> None:
     for name in ("REDIS_URL", "CREDITS_REDIS_URL"):
         with_secret = url.replace("://", f"://:{SECRET}@", 1)
@@ -67,14 +72,18 @@ def test_malformed_topology_urls_are_one_line_config_errors_that_never_echo_them
 
 def test_valid_topology_urls_are_accepted_as_written() -> None:
     cluster, sentinel = "redis+cluster://a:1,b:2", "redis+sentinel://s:26379/svc/1"
-    settings = build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": cluster,
-                               "CREDITS_REDIS_URL": sentinel})
+    settings = build_settings(
+        {"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": cluster, "CREDITS_REDIS_URL": sentinel}
+    )
     assert (settings.redis_url, settings.credits_redis_url) == (cluster, sentinel)
 
 
 def test_log_lines_never_carry_the_credentials_of_any_redis_url_form() -> None:
-    for url in (f"redis+sentinel://user:{SECRET}@s1:26379,s2:26379/mymaster/0",
-                f"rediss+cluster://:{SECRET}@h1:7000,h2:7001", "redis://:p@ss@h:6379/0"):
+    for url in (
+        f"redis+sentinel://user:{SECRET}@s1:26379,s2:26379/mymaster/0",
+        f"rediss+cluster://:{SECRET}@h1:7000,h2:7001",
+        "redis://:p@ss@h:6379/0",
+    ):
         line = redacted(f"connecting to {url} failed")
         assert "<credentials>@" in line and "s3cr" not in line and "p@ss" not in line
 
@@ -114,8 +123,11 @@ async def test_each_url_form_gets_the_client_of_its_topology_with_the_links_shor
         assert isinstance(sentinel, SentinelManagedRedis) and sentinel.sentinels is not None
         pool = sentinel.connection_pool
         assert pool.service_name == "svc"  # type: ignore[attr-defined]
-        assert (pool.connection_kwargs["db"], pool.connection_kwargs["username"],
-                pool.connection_kwargs["password"]) == (4, "app", "s3cr@t")
+        assert (
+            pool.connection_kwargs["db"],
+            pool.connection_kwargs["username"],
+            pool.connection_kwargs["password"],
+        ) == (4, "app", "s3cr@t")
         [watcher] = sentinel.sentinels.sentinels
         assert watcher.connection_pool.connection_kwargs["password"] == "sp"
         assert watcher.connection_pool.connection_kwargs["socket_timeout"] == 0.25

@@ -79,7 +79,8 @@ async def hit_request(anvil: Anvil, proxy: Proxy, rid: int = 1, key: str = "test
 
 
 async def test_a_known_head_with_any_body_of_its_length_is_answered_as_the_parser_answers_it(
-    anvil: Anvil, evm_proxy: Proxy,
+    anvil: Anvil,
+    evm_proxy: Proxy,
 ) -> None:
     hit = await hit_request(anvil, evm_proxy, rid=10)
     length = len(hit)
@@ -128,14 +129,17 @@ async def test_a_known_head_with_more_bytes_after_its_body_is_parsed(anvil: Anvi
 
 
 async def test_a_head_is_not_remembered_from_a_read_that_held_more_or_less_than_its_request(
-    anvil: Anvil, evm_proxy: Proxy,
+    anvil: Anvil,
+    evm_proxy: Proxy,
 ) -> None:
     hit = await hit_request(anvil, evm_proxy)
     front = front_of(evm_proxy)
-    for reads in ([post(hit) + b"\r\n"],  # bytes after it (white space the parser skips)
-                  [post(hit) * 2],  # two requests
-                  [post(hit)[:30], post(hit)[30:]],  # a head in two reads
-                  [post(hit)[:-5], post(hit)[-5:]]):  # a body in two reads
+    for reads in (
+        [post(hit) + b"\r\n"],  # bytes after it (white space the parser skips)
+        [post(hit) * 2],  # two requests
+        [post(hit)[:30], post(hit)[30:]],  # a head in two reads
+        [post(hit)[:-5], post(hit)[-5:]],
+    ):  # a body in two reads
         with connection(front) as (protocol, transport):
             for data in reads:
                 protocol.data_received(data)
@@ -167,8 +171,9 @@ async def test_the_remembered_heads_are_bounded(anvil: Anvil, evm_proxy: Proxy) 
     assert transport.written.count(b"X-Cache: HIT") == MAX_HEADS + 50
 
 
-async def test_a_replayed_head_is_judged_by_the_keys_of_the_moment(anvil: Anvil, redis_url: str,
-                                                                   tmp_path: Path) -> None:
+async def test_a_replayed_head_is_judged_by_the_keys_of_the_moment(
+    anvil: Anvil, redis_url: str, tmp_path: Path
+) -> None:
     path = tmp_path / "keys.toml"
     async with keyed(anvil, redis_url, path, ALICE) as proxy:
         hit = await hit_request(anvil, proxy, key="alice-secret")
@@ -216,8 +221,10 @@ async def test_nothing_is_replayed_after_a_request_that_closes_the_connection(an
     miss = call("eth_getBalance", ["0x" + "de" * 20, "latest"], 1)
     # A known head: replayed, were it read, and sent to the node (the answer is in no cache).
     after = post(same_length(call("eth_getCode", ["0x" + "de" * 20, "latest"], 2), len(hit)))
-    for closing in (post(miss, "Connection: close"),
-                    b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n%b" % (len(miss), miss)):
+    for closing in (
+        post(miss, "Connection: close"),
+        b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n%b" % (len(miss), miss),
+    ):
         with connection(front) as (protocol, transport):
             protocol.data_received(closing)  # a miss: its answer is still on its way...
             protocol.data_received(after)  # ...when more bytes come, which llhttp refuses (RFC 9112 9.6)
@@ -231,7 +238,9 @@ async def test_nothing_is_replayed_after_a_request_that_closes_the_connection(an
 
 
 async def test_a_key_that_churns_the_heads_changes_no_other_keys_answers_or_charges(
-    anvil: Anvil, redis_url: str, tmp_path: Path,
+    anvil: Anvil,
+    redis_url: str,
+    tmp_path: Path,
 ) -> None:
     path = tmp_path / "keys.toml"
     async with keyed(anvil, redis_url, path, ALICE + '[keys.bob]\nkey = "bob-secret"\n') as proxy:
@@ -249,8 +258,9 @@ async def test_a_key_that_churns_the_heads_changes_no_other_keys_answers_or_char
         assert [a - b for a, b in itertools.pairwise(shown)] == [80] * (len(shown) - 1)  # once each, bob's alone
 
 
-async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order(anvil: Anvil,
-                                                                                  evm_proxy: Proxy) -> None:
+async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order(
+    anvil: Anvil, evm_proxy: Proxy
+) -> None:
     """A miss's head is learned as a hit's is; reads replayed on it while earlier misses are still on
     their way are answered in request order, each as the parser's road answers it."""
     store, block = await finalized_store(anvil, evm_proxy)
@@ -261,7 +271,7 @@ async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order
         protocol._parser = parser = CountedParser(protocol._parser)
         for body in bodies:  # each a read of its own, from a message boundary, none answered yet
             protocol.data_received(post(body))
-        assert parser.fed == 1 and list(front.heads) == [post(bodies[0])[:-len(bodies[0])]]
+        assert parser.fed == 1 and list(front.heads) == [post(bodies[0])[: -len(bodies[0])]]
 
         async def answered() -> bool:
             return transport.written.count(b"HTTP/1.1 200 OK\r\n") == len(bodies)

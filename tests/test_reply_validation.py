@@ -21,8 +21,7 @@ async def relay(anvil: Anvil) -> AsyncIterator[FaultRelay]:
 
 
 def storage(address: str, slot: int, block: int) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": slot + 1, "method": "eth_getStorageAt",
-            "params": [address, hex(slot), hex(block)]}
+    return {"jsonrpc": "2.0", "id": slot + 1, "method": "eth_getStorageAt", "params": [address, hex(slot), hex(block)]}
 
 
 async def final_store(anvil: Anvil, proxy: Proxy) -> tuple[str, int]:
@@ -49,7 +48,8 @@ async def test_a_single_reply_with_another_id_is_an_upstream_fault_and_never_sto
         # The faulty reply is never served: -32002, or the call asked again alone (its batch with the
         # proof header failed), unproven and so never kept.
         assert (status == 502 and body["error"]["code"] == -32002) or (
-            body.get("result") == "0x" + word(7) and headers["X-Cache"] != "MISS"), body
+            body.get("result") == "0x" + word(7) and headers["X-Cache"] != "MISS"
+        ), body
         assert mismatches(proxy) == 1
         status, body, headers = await proxy.post(storage(address, 0, block))
         assert body["result"] == "0x" + word(7) and headers["X-Cache"] == "MISS"  # nothing had been stored

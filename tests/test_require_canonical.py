@@ -36,8 +36,9 @@ async def reorged_out(anvil: Anvil, proxy: Proxy, block_hash: str) -> None:
     tracker = proxy.app[SERVICE].networks["evm"].tracker
 
     async def gone() -> bool:
-        return block_hash.lower() in tracker.orphans and block_hash not in (tracker.head.numbers if tracker.head
-                                                                              else {})
+        return block_hash.lower() in tracker.orphans and block_hash not in (
+            tracker.head.numbers if tracker.head else {}
+        )
 
     await eventually(gone, 10, "the tracker to see the reorg")
 
@@ -50,8 +51,10 @@ async def test_require_canonical_is_forwarded_and_keyed_apart_from_false(anvil: 
     canonical = storage_at(address, {"blockHash": block["hash"], "requireCanonical": True})
     _, body, headers = await evm_proxy.post(canonical)
     assert body["result"] == "0x" + word(7) and headers["X-Cache"] == "MISS"
-    assert ("eth_getStorageAt", [address, "0x" + word(0), {"blockHash": block["hash"], "requireCanonical": True}]
-            ) in evm_proxy.upstreams["evm"].params
+    assert (
+        "eth_getStorageAt",
+        [address, "0x" + word(0), {"blockHash": block["hash"], "requireCanonical": True}],
+    ) in evm_proxy.upstreams["evm"].params
     _, _, headers = await evm_proxy.post(canonical)
     assert headers["X-Cache"] == "HIT"
     _, _, headers = await evm_proxy.post(storage_at(address, {"blockHash": block["hash"], "requireCanonical": False}))
@@ -82,8 +85,12 @@ async def test_answers_addressed_by_a_reorged_out_hash_are_never_served_from_the
     address, block = await block_below_the_head(anvil, evm_proxy)
     calls = [
         {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockReceipts", "params": [block["hash"]]},
-        {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [{"address": address,
-                                                                         "blockHash": block["hash"]}]},
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "eth_getLogs",
+            "params": [{"address": address, "blockHash": block["hash"]}],
+        },
     ]
     for call in calls:
         await evm_proxy.post(call)

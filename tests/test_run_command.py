@@ -37,10 +37,17 @@ def _ready(port: int) -> bool:
 
 def test_python_m_proxy_serves_a_request_from_anvil(anvil: Anvil) -> None:
     port = free_port()
-    env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "LOG_FORMAT": "json",
-           "ACCESS_LOG": "true", "HEAD_POLL_INTERVAL": "0.05"}
-    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "EVM_UPSTREAM": anvil.url,
+        "PROXY_PORT": str(port),
+        "LOG_FORMAT": "json",
+        "ACCESS_LOG": "true",
+        "HEAD_POLL_INTERVAL": "0.05",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_until(lambda: _ready(port), 15, "the proxy to listen")
         url = f"http://127.0.0.1:{port}/v3/any-key"

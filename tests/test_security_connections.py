@@ -38,8 +38,9 @@ async def served(settings: Settings) -> AsyncIterator[int]:
     runner = web.AppRunner(create_app(settings, registry=CollectorRegistry()), access_log=None, shutdown_timeout=1)
     await runner.setup()
     port = free_port()
-    await CappedSite(runner, "127.0.0.1", port, max_connections=settings.max_connections,
-                     per_ip=settings.max_connections_per_ip).start()
+    await CappedSite(
+        runner, "127.0.0.1", port, max_connections=settings.max_connections, per_ip=settings.max_connections_per_ip
+    ).start()
     try:
         yield port
     finally:
@@ -47,8 +48,10 @@ async def served(settings: Settings) -> AsyncIterator[int]:
 
 
 def head(port: int, length: int | str, path: str = "/v3/k") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\n\r\n").encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
 
 
 async def exchange(port: int, data: bytes) -> tuple[int, bytes]:
@@ -112,9 +115,7 @@ async def test_bodies_beyond_the_in_flight_byte_budget_are_503_and_small_calls_s
             writer.close()
 
 
-async def test_connections_over_max_connections_get_503_and_established_clients_are_still_served(
-    anvil: Anvil
-) -> None:
+async def test_connections_over_max_connections_get_503_and_established_clients_are_still_served(anvil: Anvil) -> None:
     settings = settings_for(EVM_UPSTREAM=anvil.url, MAX_CONNECTIONS="4")
     async with served(settings) as port, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as client:
         url = f"http://127.0.0.1:{port}/v3/k"
@@ -123,6 +124,7 @@ async def test_connections_over_max_connections_get_503_and_established_clients_
         idle = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(10)))
         reads = [asyncio.create_task(reader.read(200)) for reader, _ in idle]
         try:
+
             async def seven_answered() -> bool:
                 return sum(r.done() for r in reads) >= 7
 
@@ -173,7 +175,9 @@ class TestThrottled:
         throttled.warning("k", "redis down")
         throttled.warning("other", "upstream down")
         assert [r.getMessage() for r in caplog.records] == [
-            "redis down", "redis down (999 more like this in the last 60s)", "upstream down",
+            "redis down",
+            "redis down (999 more like this in the last 60s)",
+            "upstream down",
         ]
 
 
@@ -182,8 +186,9 @@ async def test_a_redis_outage_logs_a_few_lines_not_one_per_request(
 ) -> None:
     keys = tmp_path / "keys.toml"
     keys.write_text('[keys.alice]\nkey = "sk-a"\n')
-    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys),
-                            REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    settings = settings_for(
+        EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys), REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"
+    )
     proxy = await start_proxy(settings)
     try:
         for i in range(40):
@@ -194,9 +199,7 @@ async def test_a_redis_outage_logs_a_few_lines_not_one_per_request(
     assert sum("credits: redis unavailable" in r.getMessage() for r in caplog.records) <= 1
 
 
-async def test_metrics_port_serves_metrics_on_an_internal_listener_and_the_public_port_does_not(
-    anvil: Anvil
-) -> None:
+async def test_metrics_port_serves_metrics_on_an_internal_listener_and_the_public_port_does_not(anvil: Anvil) -> None:
     metrics_port = free_port()
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, METRICS_PORT=str(metrics_port)))
     try:
@@ -218,16 +221,23 @@ async def chain_id_from(port: int, local: str) -> tuple[int, float]:
     """key-b's eth_chainId over a fresh connection from the local address `local`: (status, seconds)."""
     started = time.perf_counter()
     connector = aiohttp.TCPConnector(local_addr=(local, 0), force_close=True)
-    async with aiohttp.ClientSession(connector=connector) as client, \
-            client.post(f"http://127.0.0.1:{port}/v3/key-b", data=CHAIN_ID) as resp:
+    async with (
+        aiohttp.ClientSession(connector=connector) as client,
+        client.post(f"http://127.0.0.1:{port}/v3/key-b", data=CHAIN_ID) as resp,
+    ):
         await resp.read()
         return resp.status, time.perf_counter() - started
 
 
 async def test_one_client_address_cannot_fill_max_connections(anvil: Anvil) -> None:
     # Item 6: 4,096 idle WebSockets that answer pings filled MAX_CONNECTIONS; every other key got 503.
-    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", MAX_CONNECTIONS="40",
-                            MAX_CONNECTIONS_PER_IP="10", WS_MAX_CONNECTIONS_PER_KEY="0")
+    settings = settings_for(
+        EVM_UPSTREAM=anvil.url,
+        API_KEYS="key-a,key-b",
+        MAX_CONNECTIONS="40",
+        MAX_CONNECTIONS_PER_IP="10",
+        WS_MAX_CONNECTIONS_PER_KEY="0",
+    )
     async with served(settings) as port, aiohttp.ClientSession() as attacker:
         held, refused = [], 0
         for _ in range(40):  # idle WebSockets from 127.0.0.1, each answering pings
@@ -255,13 +265,20 @@ async def test_one_client_address_cannot_fill_max_connections(anvil: Anvil) -> N
 
 
 async def test_one_key_cannot_hold_more_than_its_websocket_share(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b",
-                                           WS_MAX_CONNECTIONS_PER_KEY="3"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", WS_MAX_CONNECTIONS_PER_KEY="3")
+    )
     try:
         held = [await proxy.session.ws_connect(proxy.ws_url("key-a")) for _ in range(3)]
-        async with proxy.session.get(proxy.ws_url("key-a"), headers={
-            "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
-            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}) as resp:
+        async with proxy.session.get(
+            proxy.ws_url("key-a"),
+            headers={
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            },
+        ) as resp:
             body = await resp.json()
             assert resp.status == 429 and resp.headers["X-Credits-Charged"] == "0"
             assert body["error"]["code"] == -32005 and "WS_MAX_CONNECTIONS_PER_KEY" in body["error"]["message"]

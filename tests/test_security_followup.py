@@ -30,10 +30,15 @@ class TestRedaction:
 
 def test_a_malformed_request_line_logs_no_key_and_no_traceback(anvil: Anvil) -> None:
     port = free_port()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port),
-           "API_KEYS": SECRET}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "EVM_UPSTREAM": anvil.url,
+        "PROXY_PORT": str(port),
+        "API_KEYS": SECRET,
+    }
     proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
+
         def listening() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -81,8 +86,9 @@ class TestBodiesOfManyValues:
 
     async def test_over_http_it_is_a_json_rpc_error_and_nothing_is_forwarded(self, evm_proxy: Proxy) -> None:
         params = ",".join(["[]"] * (MAX_CONTAINERS + 1))
-        status, reply, _ = await evm_proxy.post(f'{{"jsonrpc":"2.0","id":1,"method":"eth_getBalance",'
-                                                f'"params":[{params}]}}')
+        status, reply, _ = await evm_proxy.post(
+            f'{{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":[{params}]}}'
+        )
         assert status == 400 and reply["error"]["code"] == -32600
         assert evm_proxy.upstreams["evm"].calls["eth_getBalance"] == 0
 
@@ -100,20 +106,24 @@ def test_memos_hold_only_params_of_few_objects_and_arrays(evm_proxy: Proxy) -> N
 async def test_a_method_of_the_other_family_on_a_named_network_is_refused_not_forwarded(anvil: Anvil) -> None:
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
     try:
-        status, reply, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "getSlot", "params": []},
-                                                  network="evm")
+        status, reply, headers = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "getSlot", "params": []}, network="evm"
+        )
         assert status == 200 and reply["error"]["code"] == -32601, reply
         assert proxy.upstreams["evm"].calls["getSlot"] == 0 and headers["X-Credits-Charged"] == "0"
     finally:
         await proxy.close()
 
 
-@pytest.mark.parametrize("raw", [
-    {"REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0?db=x"},
-    {"REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0?socket_timeout=abc"},
-    {"CREDITS_REDIS_URL": "redis://:hunter2@[bad"},
-    {"EVM_UPSTREAM": "http://user:hunter2@[bad"},
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0?db=x"},
+        {"REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0?socket_timeout=abc"},
+        {"CREDITS_REDIS_URL": "redis://:hunter2@[bad"},
+        {"EVM_UPSTREAM": "http://user:hunter2@[bad"},
+    ],
+)
 def test_bad_urls_are_one_line_configuration_errors_naming_no_secret(raw: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as caught:
         build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", **raw})

@@ -23,8 +23,15 @@ from tests.support import DEV_ACCOUNT, Anvil, Proxy, settings_for, start_proxy
 T = TypeVar("T")
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "120"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-SEVEN = ("eth_getStorageAt", "eth_getLogs", "eth_getUncleByBlockHashAndIndex", "eth_call", "eth_getBlockReceipts",
-         "getTokenAccountBalance", "getLargestAccounts")
+SEVEN = (
+    "eth_getStorageAt",
+    "eth_getLogs",
+    "eth_getUncleByBlockHashAndIndex",
+    "eth_call",
+    "eth_getBlockReceipts",
+    "getTokenAccountBalance",
+    "getLargestAccounts",
+)
 
 
 class Harness:
@@ -37,18 +44,25 @@ class Harness:
         self.thread.start()
         self.anvil = Anvil()
         self.solana = self.run(FakeSolana().start())
-        self.proxy: Proxy = self.run(start_proxy(settings_for(
-            EVM_UPSTREAM=self.anvil.url, SOLANA_UPSTREAM=self.solana.url, MAX_BODY_BYTES="65536",
-            WS_MAX_MESSAGE_BYTES="65536",
-        )))
+        self.proxy: Proxy = self.run(
+            start_proxy(
+                settings_for(
+                    EVM_UPSTREAM=self.anvil.url,
+                    SOLANA_UPSTREAM=self.solana.url,
+                    MAX_BODY_BYTES="65536",
+                    WS_MAX_MESSAGE_BYTES="65536",
+                )
+            )
+        )
         self.run(self.proxy.head_at(0))
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
 
     async def _post(self, body: bytes) -> tuple[int, bytes]:
-        async with self.proxy.session.post(self.proxy.url(), data=body,
-                                           headers={"Content-Type": "application/json"}) as resp:
+        async with self.proxy.session.post(
+            self.proxy.url(), data=body, headers={"Content-Type": "application/json"}
+        ) as resp:
             return resp.status, await resp.read()
 
     def post(self, body: bytes) -> tuple[int, bytes]:
@@ -100,33 +114,84 @@ def answered_cleanly(status: int, body: bytes) -> None:
 
 # --- strategies ---------------------------------------------------------------------------
 
-hex_strings = st.builds(lambda b, upper: "0x" + (b.hex().upper() if upper else b.hex()), st.binary(max_size=40),
-                        st.booleans())
+hex_strings = st.builds(
+    lambda b, upper: "0x" + (b.hex().upper() if upper else b.hex()), st.binary(max_size=40), st.booleans()
+)
 near_valid = st.one_of(
     hex_strings,
-    st.sampled_from(["latest", "earliest", "pending", "safe", "finalized", "0x", "0X1", "0x1\n", " 0x1",
-                     "9" * 30, "1e3", "-1", DEV_ACCOUNT, DEV_ACCOUNT.upper(), "0x" + "ab" * 32, TOKEN_ACCOUNT,
-                     "finalized\u0000", "ﬁnalized"]),
+    st.sampled_from(
+        [
+            "latest",
+            "earliest",
+            "pending",
+            "safe",
+            "finalized",
+            "0x",
+            "0X1",
+            "0x1\n",
+            " 0x1",
+            "9" * 30,
+            "1e3",
+            "-1",
+            DEV_ACCOUNT,
+            DEV_ACCOUNT.upper(),
+            "0x" + "ab" * 32,
+            TOKEN_ACCOUNT,
+            "finalized\u0000",
+            "ﬁnalized",
+        ]
+    ),
     st.integers(min_value=-(2**70), max_value=2**70),
 )
-leaves = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=30),
-                   near_valid)
+leaves = st.one_of(
+    st.none(), st.booleans(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=30), near_valid
+)
 json_values = st.recursive(
     leaves,
     lambda inner: st.one_of(
         st.lists(inner, max_size=5),
-        st.dictionaries(st.one_of(st.sampled_from(["from", "to", "gas", "data", "input", "blockHash", "fromBlock",
-                                                   "toBlock", "address", "topics", "commitment", "filter",
-                                                   "blockNumber", "value", "gasLimit"]), st.text(max_size=8)),
-                        inner, max_size=6),
+        st.dictionaries(
+            st.one_of(
+                st.sampled_from(
+                    [
+                        "from",
+                        "to",
+                        "gas",
+                        "data",
+                        "input",
+                        "blockHash",
+                        "fromBlock",
+                        "toBlock",
+                        "address",
+                        "topics",
+                        "commitment",
+                        "filter",
+                        "blockNumber",
+                        "value",
+                        "gasLimit",
+                    ]
+                ),
+                st.text(max_size=8),
+            ),
+            inner,
+            max_size=6,
+        ),
     ),
     max_leaves=20,
 )
-methods = st.one_of(st.sampled_from(SEVEN), st.sampled_from(["eth_chainId", "eth_estimateGas", "net_version",
-                                                             "admin_nodeInfo", "eth_sendTransaction"]),
-                    st.text(max_size=20))
-ids = st.one_of(st.integers(min_value=-(2**63), max_value=2**63), st.text(max_size=10), st.none(), st.booleans(),
-                st.floats(allow_nan=False, allow_infinity=False), st.lists(st.integers(), max_size=2))
+methods = st.one_of(
+    st.sampled_from(SEVEN),
+    st.sampled_from(["eth_chainId", "eth_estimateGas", "net_version", "admin_nodeInfo", "eth_sendTransaction"]),
+    st.text(max_size=20),
+)
+ids = st.one_of(
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.text(max_size=10),
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.lists(st.integers(), max_size=2),
+)
 envelopes = st.fixed_dictionaries(
     {"jsonrpc": st.sampled_from(["2.0", "2.0", "1.0", 2]), "method": methods},
     optional={"id": ids, "params": st.one_of(st.lists(json_values, max_size=4), json_values)},
@@ -150,8 +215,7 @@ def test_any_http_body_gets_a_json_answer_and_never_a_5xx(harness: Harness, body
 def test_the_seven_methods_answer_any_params_with_a_result_or_an_error(
     harness: Harness, method: str, params: list[Any], rid: int
 ) -> None:
-    status, body = harness.post(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method,
-                                            "params": params}).encode())
+    status, body = harness.post(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode())
     answered_cleanly(status, body)
     reply = json.loads(body)
     assert reply["id"] == rid
@@ -160,8 +224,11 @@ def test_the_seven_methods_answer_any_params_with_a_result_or_an_error(
 
 
 @settings(FUZZ, max_examples=max(EXAMPLES // 4, 10))
-@given(frames=st.lists(st.one_of(bodies.map(lambda b: b.decode("utf-8", "replace")), st.binary(max_size=100)),
-                       min_size=1, max_size=5))
+@given(
+    frames=st.lists(
+        st.one_of(bodies.map(lambda b: b.decode("utf-8", "replace")), st.binary(max_size=100)), min_size=1, max_size=5
+    )
+)
 def test_any_websocket_frames_get_json_frames_and_the_connection_keeps_serving(
     harness: Harness, frames: list[str | bytes]
 ) -> None:

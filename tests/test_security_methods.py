@@ -23,8 +23,15 @@ def call(method: str) -> dict[str, object]:
 
 class TestRefusal:
     def test_the_public_read_surface_is_served_by_default(self) -> None:
-        for method in ("eth_chainId", "eth_getBalance", "eth_sendRawTransaction", "net_version",
-                       "web3_clientVersion", "getSlot", "eth_estimateGas"):
+        for method in (
+            "eth_chainId",
+            "eth_getBalance",
+            "eth_sendRawTransaction",
+            "net_version",
+            "web3_clientVersion",
+            "getSlot",
+            "eth_estimateGas",
+        ):
             assert refusal(method, frozenset(), frozenset()) is None, method
 
     def test_settings_name_more_methods_and_namespaces(self) -> None:
@@ -33,10 +40,22 @@ class TestRefusal:
         assert refusal("txpool_status", frozenset({"txpool_content"}), frozenset()) is not None
 
 
-@pytest.mark.parametrize("method", [
-    "eth_sendTransaction", "eth_sign", "anvil_setBalance", "evm_snapshot", "hardhat_mine", "txpool_content",
-    "ots_getApiLevel", "eth_accounts", "requestAirdrop", "Admin_nodeInfo", "ADMIN_NODEINFO",
-])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "eth_sendTransaction",
+        "eth_sign",
+        "anvil_setBalance",
+        "evm_snapshot",
+        "hardhat_mine",
+        "txpool_content",
+        "ots_getApiLevel",
+        "eth_accounts",
+        "requestAirdrop",
+        "Admin_nodeInfo",
+        "ADMIN_NODEINFO",
+    ],
+)
 async def test_methods_off_the_allow_list_are_method_not_found_and_never_forwarded(
     evm_proxy: Proxy, method: str
 ) -> None:
@@ -45,8 +64,18 @@ async def test_methods_off_the_allow_list_are_method_not_found_and_never_forward
     assert not forwarded(evm_proxy)
 
 
-@pytest.mark.parametrize("method", [" admin_nodeInfo", "admin_nodeInfo ", "аdmin_nodeInfo", "eth_call\n",
-                                    "eth-call", "1eth_call", "eth_chainId\u200b"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        " admin_nodeInfo",
+        "admin_nodeInfo ",
+        "аdmin_nodeInfo",
+        "eth_call\n",
+        "eth-call",
+        "1eth_call",
+        "eth_chainId\u200b",
+    ],
+)
 async def test_look_alike_method_names_are_invalid_requests(evm_proxy: Proxy, method: str) -> None:
     status, reply, _ = await evm_proxy.post(call(method))
     assert status == 400 and reply["error"]["code"] == -32600, reply
@@ -54,8 +83,9 @@ async def test_look_alike_method_names_are_invalid_requests(evm_proxy: Proxy, me
 
 
 async def test_allow_methods_and_allow_namespaces_open_more_of_the_node(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS="evm_snapshot",
-                                           ALLOW_NAMESPACES="txpool"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS="evm_snapshot", ALLOW_NAMESPACES="txpool")
+    )
     try:
         assert "result" in await proxy.call("evm_snapshot", [])
         assert "result" in await proxy.call("txpool_status", [])
@@ -69,9 +99,7 @@ async def test_subscriptions_are_refused_by_their_own_rule_not_the_allow_list(ev
     assert reply["error"]["code"] == -32601 and "needs a WebSocket" in reply["error"]["message"]
 
 
-async def test_a_method_name_over_128_bytes_is_refused_before_routing_and_never_remembered(
-    evm_proxy: Proxy
-) -> None:
+async def test_a_method_name_over_128_bytes_is_refused_before_routing_and_never_remembered(evm_proxy: Proxy) -> None:
     routes = evm_proxy.app[GATEWAY]._default_routes
     before = dict(routes)
     for i in range(20):

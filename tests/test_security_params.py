@@ -25,15 +25,18 @@ async def test_a_decimal_block_number_is_bounded_to_64_bits(evm_proxy: Proxy, bl
     assert evm_proxy.upstreams["evm"].calls["eth_getBlockReceipts"] == 0
 
 
-@pytest.mark.parametrize(("method", "params"), [
-    ("eth_getStorageAt", [ADDRESS + "\n", "0x0", "latest"]),
-    ("eth_getStorageAt", [ADDRESS, "0x0\n", "latest"]),
-    ("eth_getStorageAt", [ADDRESS, "0x0", "0x1\n"]),
-    ("eth_call", [{"from": ADDRESS, "to": ADDRESS, "data": "0x12\n"}, "latest"]),
-    ("eth_getUncleByBlockHashAndIndex", ["0x" + "ab" * 32 + "\n", "0x0"]),
-    ("eth_getBlockReceipts", ["12\n"]),
-    ("eth_getLogs", [{"topics": ["0x" + "ab" * 32 + "\n"]}]),
-])
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("eth_getStorageAt", [ADDRESS + "\n", "0x0", "latest"]),
+        ("eth_getStorageAt", [ADDRESS, "0x0\n", "latest"]),
+        ("eth_getStorageAt", [ADDRESS, "0x0", "0x1\n"]),
+        ("eth_call", [{"from": ADDRESS, "to": ADDRESS, "data": "0x12\n"}, "latest"]),
+        ("eth_getUncleByBlockHashAndIndex", ["0x" + "ab" * 32 + "\n", "0x0"]),
+        ("eth_getBlockReceipts", ["12\n"]),
+        ("eth_getLogs", [{"topics": ["0x" + "ab" * 32 + "\n"]}]),
+    ],
+)
 async def test_hex_and_decimal_values_must_match_whole_with_no_trailing_newline(
     evm_proxy: Proxy, method: str, params: Any
 ) -> None:
@@ -67,13 +70,16 @@ async def test_deep_params_on_the_cache_hit_path_are_an_invalid_params_error(evm
     assert status == 200 and reply["error"]["code"] == -32602 and reply["id"] == 1
 
 
-@pytest.mark.parametrize("tx", [
-    {"gas": "1000000000000"},  # decimal string
-    {"gas": 1000000000000000},  # JSON number
-    {"gas": "0XFFFFFFFFFFFF"},  # upper-case prefix
-    {"gasLimit": "0xffffffffffff"},  # not a call-object field
-    {"gas": "0xffffffffffff\n"},
-])
+@pytest.mark.parametrize(
+    "tx",
+    [
+        {"gas": "1000000000000"},  # decimal string
+        {"gas": 1000000000000000},  # JSON number
+        {"gas": "0XFFFFFFFFFFFF"},  # upper-case prefix
+        {"gasLimit": "0xffffffffffff"},  # not a call-object field
+        {"gas": "0xffffffffffff\n"},
+    ],
+)
 async def test_eth_estimate_gas_validates_its_call_object_like_eth_call(evm_proxy: Proxy, tx: dict[str, Any]) -> None:
     reply = await evm_proxy.call("eth_estimateGas", [{"from": ADDRESS, "to": ADDRESS, **tx}])
     assert reply["error"]["code"] == -32602, reply
@@ -117,14 +123,13 @@ SLOT0_READER = "0x60005460005260206000f3"
 TARGET = "0x52908400098527886E0F7030069857D2E4169EE7"  # checksummed; the lower-case form is the same account
 
 
-async def test_override_spellings_of_one_account_are_keyed_as_the_node_reads_them(
-    anvil: Anvil, redis_url: str
-) -> None:
+async def test_override_spellings_of_one_account_are_keyed_as_the_node_reads_them(anvil: Anvil, redis_url: str) -> None:
     # Issue 19, item 8: key B primed the cache with {Checksummed: bb, lowercase: 0b}; the node keeps
     # the last spelling, but the sorted key made A's reversed object hit B's answer, forever.
     anvil.mine(3)
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url, API_KEYS="key-a,key-b"))
     try:
+
         def account(value: str) -> dict[str, Any]:
             return {"code": SLOT0_READER, "stateDiff": {"0x" + "0" * 64: "0x" + value.rjust(64, "0")}}
 

@@ -43,15 +43,22 @@ class Running:
 @contextmanager
 def proxy_process(anvil: Anvil, nofile: int | None = None, **env: str) -> Iterator[Running]:
     port = free_port()
-    full_env = {**os.environ, "EVM_UPSTREAM": anvil.url, "PROXY_PORT": str(port), "HEAD_POLL_INTERVAL": "1",
-                "LOG_LEVEL": "INFO", **env}
+    full_env = {
+        **os.environ,
+        "EVM_UPSTREAM": anvil.url,
+        "PROXY_PORT": str(port),
+        "HEAD_POLL_INTERVAL": "1",
+        "LOG_LEVEL": "INFO",
+        **env,
+    }
 
     def limit_descriptors() -> None:
         if nofile is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=full_env, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=limit_descriptors)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"], env=full_env, stderr=subprocess.PIPE, text=True, preexec_fn=limit_descriptors
+    )
     running = Running(proc, port)
     try:
         wait_until(lambda: healthy(port), 20, "the proxy to listen")
@@ -70,8 +77,10 @@ async def normal_call(port: int) -> float:
     started = time.monotonic()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(CHAIN_ID), CHAIN_ID))
+        writer.write(
+            b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(CHAIN_ID), CHAIN_ID)
+        )
         await writer.drain()
         status = await asyncio.wait_for(reader.readline(), 30)
         assert status.startswith(b"HTTP/1.1 200"), status
@@ -84,8 +93,9 @@ async def slow_body(port: int, declared: int, sent: int) -> None:
     """Declare a body, send part of it, then stall until the proxy gives up on it."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % declared)
+        writer.write(
+            b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % declared
+        )
         chunk = b"[" + b" " * (256 * 1024)
         for _ in range(sent // len(chunk)):
             writer.write(chunk)
@@ -101,8 +111,10 @@ async def long_method(port: int, i: int) -> None:
     body = json.dumps({"jsonrpc": "2.0", "id": i, "method": f"m{i}" + "x" * MB, "params": []}).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        writer.write(
+            b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
         await writer.drain()
         assert (await asyncio.wait_for(reader.readline(), 60)).startswith(b"HTTP/1.1 400")
     finally:
@@ -131,8 +143,10 @@ def test_slow_bodies_and_long_method_names_leave_memory_bounded_and_clients_serv
 
         growth, latency = asyncio.run(attack())
         after = asyncio.run(normal_call(port))
-    print(f"\nslow bodies + long method names: RSS growth {growth / MB:.1f} MB, "
-          f"normal client answered in {latency * 1000:.0f} ms during the attack, {after * 1000:.0f} ms after")
+    print(
+        f"\nslow bodies + long method names: RSS growth {growth / MB:.1f} MB, "
+        f"normal client answered in {latency * 1000:.0f} ms during the attack, {after * 1000:.0f} ms after"
+    )
     # Before: every stalled 4 MB body was buffered (120 MB) and every 1 MB method name was kept.
     assert growth < 100 * MB
     assert latency < 10 and after < 10

@@ -71,18 +71,27 @@ async def test_the_ledger_in_redis_is_keyed_by_account_name(anvil: Anvil, redis_
         await client.aclose()
         await proxy.close()
     env = {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "API_KEYS_FILE": path}
-    result = subprocess.run([sys.executable, "-m", "proxy", "keys", "usage", "alice"], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "keys", "usage", "alice"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0 and "80 credits used" in result.stdout, result.stderr
 
 
-@pytest.mark.parametrize(("text", "fragment"), [
-    ('[keys.alice]\nkey = "a"\nkey_sha256 = "' + "0" * 64 + '"\n', "not both"),
-    ('[keys.alice]\nkey_sha256 = "xyz"\n', "64 hex digits"),
-    ('[keys."sk-live-SECRET123"]\ndaily_credit = 5\n', "unknown field"),
-    ('[keys.alice]\nkey = "sk-dup-77"\n[keys.bob]\nkey = "sk-dup-77"\n', "share the same secret"),
-    ('[keys."sk-live-SECRET123"]\ndaily_credits = -1\n', "positive integer"),
-])
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('[keys.alice]\nkey = "a"\nkey_sha256 = "' + "0" * 64 + '"\n', "not both"),
+        ('[keys.alice]\nkey_sha256 = "xyz"\n', "64 hex digits"),
+        ('[keys."sk-live-SECRET123"]\ndaily_credit = 5\n', "unknown field"),
+        ('[keys.alice]\nkey = "sk-dup-77"\n[keys.bob]\nkey = "sk-dup-77"\n', "share the same secret"),
+        ('[keys."sk-live-SECRET123"]\ndaily_credits = -1\n', "positive integer"),
+    ],
+)
 def test_key_file_errors_never_echo_a_secret(tmp_path: Path, text: str, fragment: str) -> None:
     from proxy.config import ConfigError, build_settings
 
@@ -122,8 +131,17 @@ async def test_an_internal_error_logs_the_request_path_with_the_key_redacted(
     assert all(SECRET not in r.getMessage() and SECRET not in str(r.exc_info) for r in caplog.records)
 
 
-@pytest.mark.parametrize("url", ["redis://:hunter2@[bad", "redis://:hunter2@host:99999", "redis://:hunter2@host:abc",
-                                 "http://:hunter2@host", "redis://:hunter2@", "hunter2"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hunter2@[bad",
+        "redis://:hunter2@host:99999",
+        "redis://:hunter2@host:abc",
+        "http://:hunter2@host",
+        "redis://:hunter2@",
+        "hunter2",
+    ],
+)
 def test_a_bad_redis_url_is_a_one_line_configuration_error_naming_no_password(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

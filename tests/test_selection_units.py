@@ -161,7 +161,9 @@ class TestBudget:
     # out) holds its place one window longer: the node may still get it later.
     @pytest.mark.parametrize(("max_rps", "answered"), [(0.5, True), (1, False)])
     def test_a_place_is_held_two_seconds_under_half_a_request_per_second_or_without_an_answer(
-        self, max_rps: float, answered: bool,
+        self,
+        max_rps: float,
+        answered: bool,
     ) -> None:
         clock = Clock()
         budget = Budget(max_rps, None, clock=clock)
@@ -221,14 +223,17 @@ class TestNetworksFile:
         return str(path)
 
     def test_upstream_tables_carry_weight_and_budgets(self, tmp_path: Path) -> None:
-        path = self._write(tmp_path, """
+        path = self._write(
+            tmp_path,
+            """
 [networks.main]
 family = "evm"
 selection = "weighted"
 hedge_after_ms = 250
 upstreams = ["http://a.example/", {url = "http://b.example/k", weight = 3, max_rps = 20, max_concurrency = 4},
              "ws://a.example/"]
-""")
+""",
+        )
         [net] = build_settings({"NETWORKS_FILE": path}).networks
         assert net.upstreams == ("http://a.example/", "http://b.example/k")
         assert net.ws_upstreams == ("ws://a.example/",)
@@ -236,16 +241,25 @@ upstreams = ["http://a.example/", {url = "http://b.example/k", weight = 3, max_r
         assert net.options_of(0).weight == 1.0 and net.options_of(1).max_rps == 20
         assert net.options_of(1).max_concurrency == 4 and net.options_of(1).weight == 3.0
 
-    @pytest.mark.parametrize("fragment, error", [
-        ('selection = "random"\nupstreams = ["http://a/"]', "selection must be one of"),
-        ('hedge_after_ms = -1\nupstreams = ["http://a/"]', "hedge_after_ms must be a positive number"),
-        ('upstreams = [{url = "http://a/SECRET", weight = 0}]', "weight must be a positive number"),
-        ('upstreams = [{url = "http://a/SECRET", max_concurrency = 1.5}]', "max_concurrency must be a positive whole"),
-        ('upstreams = [{url = "http://a/SECRET", rps = 3}]', "unknown field 'rps'"),
-        ('upstreams = [{url = "ftp://a/SECRET"}]', r"is not an http\(s\) URL"),
-    ])
+    @pytest.mark.parametrize(
+        "fragment, error",
+        [
+            ('selection = "random"\nupstreams = ["http://a/"]', "selection must be one of"),
+            ('hedge_after_ms = -1\nupstreams = ["http://a/"]', "hedge_after_ms must be a positive number"),
+            ('upstreams = [{url = "http://a/SECRET", weight = 0}]', "weight must be a positive number"),
+            (
+                'upstreams = [{url = "http://a/SECRET", max_concurrency = 1.5}]',
+                "max_concurrency must be a positive whole",
+            ),
+            ('upstreams = [{url = "http://a/SECRET", rps = 3}]', "unknown field 'rps'"),
+            ('upstreams = [{url = "ftp://a/SECRET"}]', r"is not an http\(s\) URL"),
+        ],
+    )
     def test_a_bad_upstream_entry_is_a_configuration_error_that_never_echoes_the_url(
-        self, tmp_path: Path, fragment: str, error: str,
+        self,
+        tmp_path: Path,
+        fragment: str,
+        error: str,
     ) -> None:
         path = self._write(tmp_path, f'[networks.main]\nfamily = "evm"\n{fragment}\n')
         with pytest.raises(ConfigError, match=error) as raised:

@@ -41,13 +41,16 @@ async def test_largest_accounts_filter_is_forwarded(sol_proxy: Proxy, solana: Fa
     assert len(result["value"]) == 5
 
 
-@pytest.mark.parametrize(("method", "params", "name"), [
-    ("getTokenAccountBalance", ["not-base58-0OIl"], "address"),
-    ("getTokenAccountBalance", [TOKEN_ACCOUNT[:-3]], "address"),
-    ("getTokenAccountBalance", [TOKEN_ACCOUNT, {"commitment": "recent"}], "commitment"),
-    ("getLargestAccounts", [{"filter": "everything"}], "filter"),
-    ("getLargestAccounts", ["finalized"], "config"),
-])
+@pytest.mark.parametrize(
+    ("method", "params", "name"),
+    [
+        ("getTokenAccountBalance", ["not-base58-0OIl"], "address"),
+        ("getTokenAccountBalance", [TOKEN_ACCOUNT[:-3]], "address"),
+        ("getTokenAccountBalance", [TOKEN_ACCOUNT, {"commitment": "recent"}], "commitment"),
+        ("getLargestAccounts", [{"filter": "everything"}], "filter"),
+        ("getLargestAccounts", ["finalized"], "config"),
+    ],
+)
 async def test_solana_params_are_validated_before_upstream(
     sol_proxy: Proxy, solana: FakeSolana, method: str, params: list[object], name: str
 ) -> None:

@@ -15,12 +15,15 @@ NON_CIRCULATING = [{"commitment": "finalized", "filter": "nonCirculating"}]
 
 
 class TestLargestAccountsForms:
-    @pytest.mark.parametrize("params", [
-        [{"commitment": "finalized"}, "nonCirculating"],  # solana-py
-        [{"filter": "nonCirculating"}],  # @solana/web3.js, @solana/kit
-        [None, "nonCirculating"],
-        [{"commitment": "finalized", "filter": "nonCirculating"}, "nonCirculating"],
-    ])
+    @pytest.mark.parametrize(
+        "params",
+        [
+            [{"commitment": "finalized"}, "nonCirculating"],  # solana-py
+            [{"filter": "nonCirculating"}],  # @solana/web3.js, @solana/kit
+            [None, "nonCirculating"],
+            [{"commitment": "finalized", "filter": "nonCirculating"}, "nonCirculating"],
+        ],
+    )
     def test_the_same_meaning_is_the_same_canonical_params(self, params: list[object]) -> None:
         assert get_largest_accounts(params, RULES) == NON_CIRCULATING
 
@@ -35,10 +38,17 @@ class TestLargestAccountsForms:
 async def test_solana_py_form_is_served_and_shares_the_cache_entry_of_the_object_form(solana: FakeSolana) -> None:
     proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url))
     try:
-        first = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "getLargestAccounts",
-                                  "params": [{"commitment": "finalized"}, "nonCirculating"]})
-        second = await proxy.post({"jsonrpc": "2.0", "id": 2, "method": "getLargestAccounts",
-                                   "params": [{"filter": "nonCirculating"}]})
+        first = await proxy.post(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "getLargestAccounts",
+                "params": [{"commitment": "finalized"}, "nonCirculating"],
+            }
+        )
+        second = await proxy.post(
+            {"jsonrpc": "2.0", "id": 2, "method": "getLargestAccounts", "params": [{"filter": "nonCirculating"}]}
+        )
         assert len(first[1]["result"]["value"]) == 5 and second[1]["result"] == first[1]["result"]
         assert second[2]["X-Cache"] == "HIT" and solana.calls["getLargestAccounts"] == 1
     finally:

@@ -19,8 +19,9 @@ SIGNATURE = "5" * 88
 
 @pytest.fixture
 async def relay_proxy(solana: FakeSolana) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url,
-                                           WS_MAX_SUBSCRIPTIONS="3"))
+    proxy = await start_proxy(
+        settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url, WS_MAX_SUBSCRIPTIONS="3")
+    )
     yield proxy
     await proxy.close()
 
@@ -33,8 +34,10 @@ async def test_slot_notifications_are_relayed_under_the_proxys_own_id(solana: Fa
     await solana.advance_slot()
     (note,) = await client.notes_until(1)
     assert note["method"] == "slotNotification"
-    assert note["params"] == {"subscription": ours, "result": {"parent": solana.slot - 1, "root": solana.slot - 32,
-                                                               "slot": solana.slot}}
+    assert note["params"] == {
+        "subscription": ours,
+        "result": {"parent": solana.slot - 1, "root": solana.slot - 32, "slot": solana.slot},
+    }
     assert (await client.call("slotUnsubscribe", ours))["result"] is True
     assert solana.ws_calls["slotUnsubscribe"] == 1
     unknown = await client.call("slotUnsubscribe", ours)
@@ -99,8 +102,9 @@ async def test_a_subscription_survives_the_nodes_socket_closing(solana: FakeSola
 
 
 async def test_subscribers_hear_when_no_node_takes_their_subscription_back(solana: FakeSolana) -> None:
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url,
-                                           UPSTREAM_TIMEOUT="1"))
+    proxy = await start_proxy(
+        settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url, UPSTREAM_TIMEOUT="1")
+    )
     try:
         client = await connect(proxy)
         ours = (await client.call("slotSubscribe"))["result"]
@@ -130,8 +134,14 @@ async def test_without_an_upstream_websocket_pubsub_gets_a_clear_error(solana: F
 
 
 async def test_solana_subscriptions_are_charged_by_their_subscribe_method(solana: FakeSolana) -> None:
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url,
-                                           API_KEYS="alice", SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3"))
+    proxy = await start_proxy(
+        settings_for(
+            SOLANA_UPSTREAM=solana.url,
+            SOLANA_UPSTREAM_WS=solana.ws_url,
+            API_KEYS="alice",
+            SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3",
+        )
+    )
     try:
         client = await connect(proxy, "alice")
         await client.call("slotSubscribe")

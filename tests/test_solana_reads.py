@@ -26,8 +26,9 @@ from tests.support import FakeClock, Proxy, eventually, settings_for, start_prox
 @pytest.fixture
 async def sol(solana: FakeSolana) -> AsyncIterator[Proxy]:
     # One tracker poll at start (then none within a test); a max age long enough to see hits.
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, HEAD_POLL_INTERVAL="60",
-                                           SOLANA_BALANCE_MAX_AGE="30"))
+    proxy = await start_proxy(
+        settings_for(SOLANA_UPSTREAM=solana.url, HEAD_POLL_INTERVAL="60", SOLANA_BALANCE_MAX_AGE="30")
+    )
     tracker = proxy.app[SERVICE].networks["solana"].tracker
 
     async def polled() -> bool:
@@ -53,8 +54,9 @@ async def test_get_slot_is_answered_from_the_slot_tracker_per_commitment(sol: Pr
 
 
 async def test_get_slot_past_its_max_age_is_forwarded_and_never_goes_back(solana: FakeSolana) -> None:
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, HEAD_POLL_INTERVAL="60",
-                                           SOLANA_BALANCE_MAX_AGE="0.001"))
+    proxy = await start_proxy(
+        settings_for(SOLANA_UPSTREAM=solana.url, HEAD_POLL_INTERVAL="60", SOLANA_BALANCE_MAX_AGE="0.001")
+    )
     try:
         seen = [(await call(proxy, "getSlot", [{"commitment": "processed"}]))[0]["result"] for _ in range(3)]
         assert solana.calls["getSlot"] >= 3 and seen == sorted(seen)
@@ -72,11 +74,14 @@ async def test_get_block_height_is_forwarded_once_then_held_for_its_max_age(sol:
     assert (await call(sol, "getBlockHeight", [{"commitment": "confirmed", "minContextSlot": 1}]))[1] == "BYPASS"
 
 
-@pytest.mark.parametrize(("method", "params"), [
-    ("getBalance", [SYSTEM_ACCOUNT]),
-    ("getAccountInfo", [SYSTEM_ACCOUNT, {"encoding": "base64"}]),
-    ("getMultipleAccounts", [[SYSTEM_ACCOUNT, MISSING_ACCOUNT]]),
-])
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("getBalance", [SYSTEM_ACCOUNT]),
+        ("getAccountInfo", [SYSTEM_ACCOUNT, {"encoding": "base64"}]),
+        ("getMultipleAccounts", [[SYSTEM_ACCOUNT, MISSING_ACCOUNT]]),
+    ],
+)
 async def test_account_reads_are_cached_per_commitment_for_the_max_age(
     sol: Proxy, solana: FakeSolana, method: str, params: list[Any]
 ) -> None:
@@ -137,21 +142,24 @@ async def test_identity_data_is_asked_once(sol: Proxy, solana: FakeSolana) -> No
     assert (await call(sol, "getVersion", []))[1] == "MISS" and (await call(sol, "getVersion", []))[1] == "HIT"
 
 
-@pytest.mark.parametrize(("method", "params", "name"), [
-    ("getBalance", ["0OIl"], "address"),
-    ("getBalance", [SYSTEM_ACCOUNT, {"encoding": "base64"}], "encoding"),
-    ("getAccountInfo", [SYSTEM_ACCOUNT, {"encoding": "hex"}], "encoding"),
-    ("getAccountInfo", [SYSTEM_ACCOUNT, {"dataSlice": {"offset": 0}}], "dataSlice"),
-    ("getMultipleAccounts", [[]], "addresses"),
-    ("getMultipleAccounts", [[SYSTEM_ACCOUNT] * 101], "addresses"),
-    ("getBlock", ["100"], "slot"),
-    ("getBlock", [100, {"commitment": "processed"}], "commitment"),
-    ("getBlock", [100, {"transactionDetails": "most"}], "transactionDetails"),
-    ("getTransaction", [TOKEN_ACCOUNT], "signature"),
-    ("getTransaction", [SIGNATURE, {"maxSupportedTransactionVersion": -1}], "maxSupportedTransactionVersion"),
-    ("getSlot", [{"commitment": "recent"}], "commitment"),
-    ("getGenesisHash", [1], "params"),
-])
+@pytest.mark.parametrize(
+    ("method", "params", "name"),
+    [
+        ("getBalance", ["0OIl"], "address"),
+        ("getBalance", [SYSTEM_ACCOUNT, {"encoding": "base64"}], "encoding"),
+        ("getAccountInfo", [SYSTEM_ACCOUNT, {"encoding": "hex"}], "encoding"),
+        ("getAccountInfo", [SYSTEM_ACCOUNT, {"dataSlice": {"offset": 0}}], "dataSlice"),
+        ("getMultipleAccounts", [[]], "addresses"),
+        ("getMultipleAccounts", [[SYSTEM_ACCOUNT] * 101], "addresses"),
+        ("getBlock", ["100"], "slot"),
+        ("getBlock", [100, {"commitment": "processed"}], "commitment"),
+        ("getBlock", [100, {"transactionDetails": "most"}], "transactionDetails"),
+        ("getTransaction", [TOKEN_ACCOUNT], "signature"),
+        ("getTransaction", [SIGNATURE, {"maxSupportedTransactionVersion": -1}], "maxSupportedTransactionVersion"),
+        ("getSlot", [{"commitment": "recent"}], "commitment"),
+        ("getGenesisHash", [1], "params"),
+    ],
+)
 async def test_solana_read_params_are_validated_before_upstream(
     sol: Proxy, solana: FakeSolana, method: str, params: list[Any], name: str
 ) -> None:

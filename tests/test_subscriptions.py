@@ -30,8 +30,9 @@ def numbers(heads: list[dict[str, Any]]) -> list[int]:
 
 class TestPureParts:
     def test_log_filter_matches_address_set_and_topic_positions(self) -> None:
-        flt = LogFilter.parse({"address": [ADDR], "topics": [EMITTED, None, ["0x" + "11" * 32, "0x" + "22" * 32]]},
-                              Rules())
+        flt = LogFilter.parse(
+            {"address": [ADDR], "topics": [EMITTED, None, ["0x" + "11" * 32, "0x" + "22" * 32]]}, Rules()
+        )
         entry = {"address": ADDR.upper().replace("0X", "0x"), "topics": [EMITTED, "0x" + "00" * 32, "0x" + "22" * 32]}
         assert flt.matches(entry)
         assert not flt.matches({**entry, "address": "0x" + "cd" * 20})
@@ -61,8 +62,10 @@ async def test_new_heads_arrive_once_each_in_order_including_a_jump(anvil: Anvil
     heads = client.results(sub)
     assert numbers(heads) == list(range(start + 1, start + 8))
     assert all(a["hash"] == b["parentHash"] for a, b in itertools.pairwise(heads))
-    assert "transactions" not in heads[0] and heads[0]["hash"] == anvil.rpc("eth_getBlockByNumber", hex(start + 1),
-                                                                            False)["hash"]
+    assert (
+        "transactions" not in heads[0]
+        and heads[0]["hash"] == anvil.rpc("eth_getBlockByNumber", hex(start + 1), False)["hash"]
+    )
 
 
 async def test_logs_are_filtered_by_address_and_topics_in_the_proxy(anvil: Anvil, evm_proxy: Proxy) -> None:
@@ -101,7 +104,8 @@ async def test_a_reorg_delivers_the_replacement_heads_and_removed_logs(anvil: An
 
 
 async def test_ids_are_unique_unknown_unsubscribe_is_false_and_unsubscribe_stops_delivery(
-    anvil: Anvil, evm_proxy: Proxy,
+    anvil: Anvil,
+    evm_proxy: Proxy,
 ) -> None:
     client = await connect(evm_proxy)
     first, second = await client.subscribe("newHeads"), await client.subscribe("newHeads")
@@ -180,8 +184,9 @@ async def test_200_subscribers_share_one_head_stream_and_one_log_fetch_per_block
             anvil.send(store, selector("emitMany(uint256)") + word(1))
         for client in clients:
             await client.notes_until(2 * blocks)
-            assert numbers([n["params"]["result"] for n in client.notes if "number" in n["params"]["result"]]) == \
-                list(range(start + 1, start + blocks + 1))
+            assert numbers([n["params"]["result"] for n in client.notes if "number" in n["params"]["result"]]) == list(
+                range(start + 1, start + blocks + 1)
+            )
         # Whatever the number of subscribers: per block one header and one eth_getLogs, no eth_subscribe.
         assert counting.batched["eth_getLogs"] == blocks
         assert counting.batched["eth_getBlockByHash"] + counting.batched.get("eth_getBlockByNumber", 0) >= blocks
@@ -196,7 +201,8 @@ async def test_200_subscribers_share_one_head_stream_and_one_log_fetch_per_block
 
 
 async def test_a_consumer_that_stops_reading_is_disconnected_not_buffered(
-    anvil: Anvil, caplog: pytest.LogCaptureFixture,
+    anvil: Anvil,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, WS_SEND_BUFFER_BYTES="20000"))
     try:
@@ -207,9 +213,12 @@ async def test_a_consumer_that_stops_reading_is_disconnected_not_buffered(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
         sock.setblocking(False)
         await loop.sock_connect(sock, ("127.0.0.1", proxy.server.port))
-        await loop.sock_sendall(sock, b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                                b"Sec-WebSocket-Version: 13\r\n\r\n")
+        await loop.sock_sendall(
+            sock,
+            b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n",
+        )
         assert b" 101 " in await loop.sock_recv(sock, 1024)
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]}).encode()
         await loop.sock_sendall(sock, bytes([0x81, 0x80 | len(body)]) + b"\x00\x00\x00\x00" + body)  # masked, key 0

@@ -43,16 +43,24 @@ def chain() -> Iterator[Chain]:
     anvil = Anvil()
     try:
         store = anvil.deploy_store()
-        blocks = [int(anvil.send(store, selector("emitMany(uint256)") + word(LOGS_PER_BLOCK))["blockNumber"], 16)
-                  for _ in range(BLOCKS_WITH_LOGS)]
+        blocks = [
+            int(anvil.send(store, selector("emitMany(uint256)") + word(LOGS_PER_BLOCK))["blockNumber"], 16)
+            for _ in range(BLOCKS_WITH_LOGS)
+        ]
         anvil.mine(200)  # well past Anvil's finality depth
         yield Chain(anvil, store, blocks[0], blocks[-1])
     finally:
         anvil.stop()
 
 
-async def proxy_for(chain: Chain, *, upstream: str | None = None, redis_url: str | None = None,
-                    upstream_class: type[CountingUpstream] = CountingUpstream, **overrides: str) -> Proxy:
+async def proxy_for(
+    chain: Chain,
+    *,
+    upstream: str | None = None,
+    redis_url: str | None = None,
+    upstream_class: type[CountingUpstream] = CountingUpstream,
+    **overrides: str,
+) -> Proxy:
     raw = {"EVM_UPSTREAM": upstream or chain.anvil.url, "API_KEYS": KEYS, **overrides}
     if redis_url:
         raw["REDIS_URL"] = redis_url
@@ -72,8 +80,12 @@ async def closing() -> AsyncIterator[list[Proxy]]:
 
 
 def logs_call(chain: Chain, first: int, last: int, rid: int = 1, address: str | None = None) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": rid, "method": "eth_getLogs",
-            "params": [{"address": address or chain.store, "fromBlock": hex(first), "toBlock": hex(last)}]}
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "eth_getLogs",
+        "params": [{"address": address or chain.store, "fromBlock": hex(first), "toBlock": hex(last)}],
+    }
 
 
 async def raw_post(proxy: Proxy, body: Any, key: str) -> tuple[bytes, Any]:
@@ -126,7 +138,8 @@ def chain_id(_n: int) -> dict[str, Any]:
 
 
 async def test_a_batch_of_large_cached_log_answers_is_cut_at_the_response_size_limit(
-    chain: Chain, closing: list[Proxy],
+    chain: Chain,
+    closing: list[Proxy],
 ) -> None:
     limit = 1024 * 1024
     proxy = await proxy_for(chain, GETLOGS_CHUNK_BLOCKS="10", MAX_RESPONSE_BYTES=str(limit))
@@ -151,8 +164,9 @@ async def test_a_node_answer_past_the_response_size_limit_is_refused_unread(chai
     primary = await FaultRelay(chain.anvil.url).start()
     backup = await FaultRelay(chain.anvil.url).start()
     try:
-        proxy = await proxy_for(chain, upstream=f"{primary.url},{backup.url}", GETLOGS_CHUNK_BLOCKS="0",
-                                MAX_RESPONSE_BYTES=str(limit))
+        proxy = await proxy_for(
+            chain, upstream=f"{primary.url},{backup.url}", GETLOGS_CHUNK_BLOCKS="0", MAX_RESPONSE_BYTES=str(limit)
+        )
         closing.append(proxy)
         status, body, headers = await proxy.post(logs_call(chain, chain.first, chain.last), ATTACKER)  # ~1 MB
         assert status == 200 and body["error"]["code"] == -32005, body
@@ -191,7 +205,9 @@ def cache_bytes(client: redis.Redis) -> int:
 
 
 async def test_answers_computed_from_a_state_override_are_never_cached(
-    chain: Chain, closing: list[Proxy], redis_url: str,
+    chain: Chain,
+    closing: list[Proxy],
+    redis_url: str,
 ) -> None:
     proxy = await proxy_for(chain, redis_url=redis_url)
     closing.append(proxy)
@@ -202,25 +218,37 @@ async def test_answers_computed_from_a_state_override_are_never_cached(
     memory = proxy.app[SERVICE]._cache.memory
     before_memory, before_redis = memory.bytes_used, cache_bytes(client)
     for _ in range(3):
-        status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_call",
-                                                  "params": params}, ATTACKER)
+        status, body, headers = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": params}, ATTACKER
+        )
         assert status == 200 and len(body["result"]) == 2 + 2 * 0x6000 and headers["X-Cache"] == "BYPASS"
     assert proxy.upstreams["evm"].calls["eth_call"] == 3
     assert memory.bytes_used == before_memory and cache_bytes(client) == before_redis
 
 
 async def test_one_key_stores_at_most_its_share_per_minute_and_others_stay_warm(
-    chain: Chain, closing: list[Proxy], redis_url: str,
+    chain: Chain,
+    closing: list[Proxy],
+    redis_url: str,
 ) -> None:
     share = 128 * 1024
-    proxy = await proxy_for(chain, redis_url=redis_url, GETLOGS_CHUNK_BLOCKS="0", CACHE_MEMORY_BYTES=str(1 << 20),
-                            CACHE_KEY_BYTES_PER_MINUTE=str(share))
+    proxy = await proxy_for(
+        chain,
+        redis_url=redis_url,
+        GETLOGS_CHUNK_BLOCKS="0",
+        CACHE_MEMORY_BYTES=str(1 << 20),
+        CACHE_KEY_BYTES_PER_MINUTE=str(share),
+    )
     closing.append(proxy)
     client = redis.Redis.from_url(redis_url)
 
     def storage(n: int) -> dict[str, Any]:
-        return {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt",
-                "params": [chain.store, hex(n % 50), hex(chain.first)]}
+        return {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "eth_getStorageAt",
+            "params": [chain.store, hex(n % 50), hex(chain.first)],
+        }
 
     for n in range(50):  # the victim's warm entries
         await proxy.post(storage(n), VICTIM)
@@ -260,10 +288,16 @@ class LogsInflight(CountingUpstream):
 
 
 async def test_one_keys_wide_log_batch_holds_at_most_its_upstream_slots_and_a_bounded_number_of_calls(
-    chain: Chain, closing: list[Proxy],
+    chain: Chain,
+    closing: list[Proxy],
 ) -> None:
-    proxy = await proxy_for(chain, upstream_class=LogsInflight, GETLOGS_CHUNK_BLOCKS="2",
-                            GETLOGS_CHUNK_CONCURRENCY="8", UPSTREAM_KEY_CONCURRENCY="4")
+    proxy = await proxy_for(
+        chain,
+        upstream_class=LogsInflight,
+        GETLOGS_CHUNK_BLOCKS="2",
+        GETLOGS_CHUNK_CONCURRENCY="8",
+        UPSTREAM_KEY_CONCURRENCY="4",
+    )
     closing.append(proxy)
     # ~60 pieces each, cold, none shared (each filter names another address).
     batch = [logs_call(chain, 0, 120, i, address=f"0x{i + 1:040x}") for i in range(15)]
@@ -314,8 +348,10 @@ async def test_a_request_the_node_cannot_read_cools_no_upstream(chain: Chain, cl
         assert not [c for c in backup.calls if c.get("method") == "eth_call"]  # not failed over either
         seen = len(primary.calls)
         for n in range(5):
-            await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance",
-                              "params": [chain.store, hex(chain.first + n)]}, VICTIM)
+            await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [chain.store, hex(chain.first + n)]},
+                VICTIM,
+            )
         assert not [c for c in backup.calls if c.get("method") == "eth_getBalance"]
         assert len(primary.calls) > seen
         assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="mismatch") == 0

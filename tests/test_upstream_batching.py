@@ -35,8 +35,13 @@ class Relay:
 
 @asynccontextmanager
 async def relay(
-    target: str, *, refuse_batches: tuple[str, ...] = (), refuse_batches_over: int | None = None,
-    max_body: int | None = None, slow_alone: float = 0.0, refusal_status: int = 200,
+    target: str,
+    *,
+    refuse_batches: tuple[str, ...] = (),
+    refuse_batches_over: int | None = None,
+    max_body: int | None = None,
+    slow_alone: float = 0.0,
+    refusal_status: int = 200,
 ) -> AsyncIterator[Relay]:
     """`refuse_batches`: batches holding these methods are refused with one error object, and so are
     batches of more than `refuse_batches_over` calls (with HTTP status `refusal_status`); such a
@@ -51,18 +56,29 @@ async def relay(
         is_batch = isinstance(payload, list)
         # Clients' reads: not the tracker's polls, identity probes, nor the header asked beside a read
         # to show the node's chain (proofs.py).
-        reads = [p for p in (payload if is_batch else [payload]) if isinstance(p, dict)
-                 and p.get("method") not in ("eth_getBlockByNumber", "eth_blockNumber", "eth_chainId")]
+        reads = [
+            p
+            for p in (payload if is_batch else [payload])
+            if isinstance(p, dict) and p.get("method") not in ("eth_getBlockByNumber", "eth_blockNumber", "eth_chainId")
+        ]
         if reads:
             record.bodies.append(len(body))
         if max_body is not None and len(body) > max_body:
             return web.Response(status=413, text="request entity too large")
-        if is_batch and (any(p["method"] in refuse_batches for p in payload)
-                         or (refuse_batches_over is not None and len(payload) > refuse_batches_over)):
+        if is_batch and (
+            any(p["method"] in refuse_batches for p in payload)
+            or (refuse_batches_over is not None and len(payload) > refuse_batches_over)
+        ):
             record.sizes.append(-len(reads))
             record.refused += 1
-            return web.json_response({"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32600, "message": "batch requests are not supported"}}, status=refusal_status)
+            return web.json_response(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32600, "message": "batch requests are not supported"},
+                },
+                status=refusal_status,
+            )
         if reads:
             record.sizes.append(len(reads))
         if not is_batch and payload.get("method") in refuse_batches:
@@ -139,19 +155,24 @@ async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: An
 class FaultyBatches(HttpUpstream):
     """An upstream whose batch path fails with a plain exception (a bug, not a node error)."""
 
-    async def _batch_items(self, calls: Any, *, auto: bool, timeout: float | None,
-                           observed: int) -> tuple[list[Any] | None, float, int]:
+    async def _batch_items(
+        self, calls: Any, *, auto: bool, timeout: float | None, observed: int
+    ) -> tuple[list[Any] | None, float, int]:
         raise RuntimeError("broken batch path")
 
 
 async def test_a_fault_in_a_batch_reaches_every_caller_and_none_waits_forever() -> None:
-    upstream = FaultyBatches("evm", ["http://127.0.0.1:9"], timeout=1, metrics=Metrics(CollectorRegistry()),
-                             batch_max=10)
+    upstream = FaultyBatches(
+        "evm", ["http://127.0.0.1:9"], timeout=1, metrics=Metrics(CollectorRegistry()), batch_max=10
+    )
     try:
-        results = await asyncio.wait_for(asyncio.gather(
-            *(upstream.request("eth_getStorageAt", ["0x" + "11" * 20, hex(i), "0x1"]) for i in range(3)),
-            return_exceptions=True,
-        ), timeout=5)
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                *(upstream.request("eth_getStorageAt", ["0x" + "11" * 20, hex(i), "0x1"]) for i in range(3)),
+                return_exceptions=True,
+            ),
+            timeout=5,
+        )
     finally:
         await upstream.close()
     assert all(isinstance(r, RuntimeError) for r in results)
@@ -176,8 +197,7 @@ class Recorder:
         return [Answer.from_response({"result": ["together", p, b]}, 0.0, 0) for _, p, b in calls]
 
     def batcher(self) -> AutoBatcher:
-        return AutoBatcher("evm", self.single, self.by_itself, self.with_others, batch_max=10,
-                           batch_max_bytes=1 << 20)
+        return AutoBatcher("evm", self.single, self.by_itself, self.with_others, batch_max=10, batch_max_bytes=1 << 20)
 
 
 async def test_a_lone_call_is_sent_alone_from_its_own_task() -> None:
@@ -222,9 +242,12 @@ async def test_a_leader_cancelled_in_its_turn_leaves_the_others_to_go() -> None:
         assert later.result == ["alone", ["next"], None]
 
 
-
 async def asked_twice_behind_a_balancer(
-    node: Anvil, member: Anvil, method: str, params: list[Any], **settings: str,
+    node: Anvil,
+    member: Anvil,
+    method: str,
+    params: list[Any],
+    **settings: str,
 ) -> tuple[dict[str, Any], dict[str, Any], Relay]:
     """`method` asked through a load balancer that refuses its batches: first while the balancer sends
     it to `member` (everything else reaches `node`), then again while it sends it to `node`."""
@@ -257,7 +280,8 @@ async def test_a_call_sent_alone_is_never_kept_on_a_header_another_member_may_ha
         node.send(store, selector("setX(uint256)") + word(9))  # the chain's block: x = 9
         node.mine(STORE_FINAL)
         served, again, seen = await asked_twice_behind_a_balancer(
-            node, diverged, "eth_getStorageAt", [store, "0x0", hex(fork_at + 1)])
+            node, diverged, "eth_getStorageAt", [store, "0x0", hex(fork_at + 1)]
+        )
     finally:
         diverged.stop()
         node.stop()
@@ -278,14 +302,14 @@ async def test_logs_sent_alone_are_never_kept_on_a_range_end_another_member_may_
     try:
         node.mine(2)
         served, again, seen = await asked_twice_behind_a_balancer(
-            node, lagging, "eth_getLogs", [{"address": store, "fromBlock": hex(first), "toBlock": hex(first + 2)}])
+            node, lagging, "eth_getLogs", [{"address": store, "fromBlock": hex(first), "toBlock": hex(first + 2)}]
+        )
     finally:
         lagging.stop()
         node.stop()
     assert any(size < 0 for size in seen.sizes)
     assert len(served.get("result", [])) < 3  # the lagging member's logs (or its range error), served ...
     assert len(again["result"]) == 3  # ... but never kept
-
 
 
 async def test_a_final_range_in_pieces_is_never_kept_merged_when_a_piece_could_not_be_kept() -> None:
@@ -302,7 +326,8 @@ async def test_a_final_range_in_pieces_is_never_kept_merged_when_a_piece_could_n
         diverged.mine(103)  # its own blocks at those heights: no logs
         log_filter = {"address": store, "fromBlock": hex(fork_at + 1), "toBlock": hex(fork_at + 25)}
         served, again, seen = await asked_twice_behind_a_balancer(
-            node, diverged, "eth_getLogs", [log_filter], GETLOGS_CHUNK_BLOCKS="10")
+            node, diverged, "eth_getLogs", [log_filter], GETLOGS_CHUNK_BLOCKS="10"
+        )
     finally:
         diverged.stop()
         node.stop()
@@ -325,15 +350,19 @@ async def test_a_node_that_refuses_batches_still_gets_its_nulls_and_tags_served(
     async with relay(anvil.url, refuse_batches=uncles, slow_alone=0.2, refusal_status=status) as seen:
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
         try:
-            logs = [await proxy.call("eth_getLogs", [{"address": store, "fromBlock": hex(logged), "toBlock": tag}])
-                    for tag in (hex(logged), "latest")]
+            logs = [
+                await proxy.call("eth_getLogs", [{"address": store, "fromBlock": hex(logged), "toBlock": tag}])
+                for tag in (hex(logged), "latest")
+            ]
             latest = anvil.mine(3)
             await proxy.head_at(latest)
             block = anvil.rpc("eth_getBlockByNumber", hex(latest - 1), False)["hash"]
             replies = [await proxy.call("eth_getUncleByBlockHashAndIndex", [block, "0x0"]) for _ in range(2)]
             # A null at a tag is asked again as the tag, beside the node's latest block (asking.py).
-            tagged = [await proxy.call("eth_getUncleByBlockNumberAndIndex", [tag, "0x0"])
-                      for tag in ("latest", "safe", "latest")]
+            tagged = [
+                await proxy.call("eth_getUncleByBlockNumberAndIndex", [tag, "0x0"])
+                for tag in ("latest", "safe", "latest")
+            ]
         finally:
             await proxy.close()
     assert seen.refused

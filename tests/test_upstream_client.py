@@ -79,8 +79,13 @@ async def test_answers_reuse_one_kept_alive_connection_and_each_new_one_is_repor
 async def test_chunked_gzip_and_until_close_answers_are_read_whole(node: tuple[Node, str]) -> None:
     served, url = node
     client = pool(url)
-    served.answer = lambda _r: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n" + BODY[:5] + \
-        b"\r\n%x\r\n" % (len(BODY) - 5) + BODY[5:] + b"\r\n0\r\n\r\n"
+    served.answer = lambda _r: (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n"
+        + BODY[:5]
+        + b"\r\n%x\r\n" % (len(BODY) - 5)
+        + BODY[5:]
+        + b"\r\n0\r\n\r\n"
+    )
     assert (await client.post(b"{}", 5)).body == BODY
     packed = gzip.compress(BODY)
     served.answer = lambda _r: framed(packed, b"Content-Encoding: gzip\r\n")
@@ -115,8 +120,9 @@ async def test_an_answer_over_the_limit_is_refused_declared_or_as_it_arrives(nod
     client = pool(url)
     with pytest.raises(TooLarge):
         await client.post(b"{}", 5, limit=10)
-    served.answer = lambda _r: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % len(BODY) + BODY + \
-        b"\r\n0\r\n\r\n"
+    served.answer = lambda _r: (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n"
+    )
     with pytest.raises(TooLarge):
         await client.post(b"{}", 5, limit=10)
     assert (await client.post(b"{}", 5, limit=len(BODY))).body == BODY
@@ -124,7 +130,8 @@ async def test_an_answer_over_the_limit_is_refused_declared_or_as_it_arrives(nod
 
 
 async def test_a_connection_begun_beside_a_post_in_flight_is_not_alone_though_that_post_ends_first(
-    node: tuple[Node, str], monkeypatch: pytest.MonkeyPatch,
+    node: tuple[Node, str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The rule: a new connection is a reconnect (identity checked again) only when no other post was
     in flight as it began; a post that ends while it connects leaves the pool growing, not reconnecting."""

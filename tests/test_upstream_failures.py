@@ -84,8 +84,9 @@ class FaultyUpstream(CountingUpstream):
             raise RuntimeError("secret internals: connection pool state 0xdeadbeef")
         return await super().request(method, params, timeout=timeout)
 
-    async def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-                     timeout: float | None = None) -> Answer:
+    async def proven(
+        self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
+    ) -> Answer:
         if method == "eth_gasPrice":  # a read kept for the head goes with its proof header (proofs.py)
             raise RuntimeError("secret internals: connection pool state 0xdeadbeef")
         return await super().proven(method, params, block, index=index, timeout=timeout)
@@ -96,8 +97,9 @@ async def test_an_internal_fault_fails_only_its_call_and_never_leaks_internals(
 ) -> None:
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url), upstream_class=FaultyUpstream)
     try:
-        status, body, _ = await proxy.post([{"jsonrpc": "2.0", "id": 1, "method": "eth_gasPrice", "params": []},
-                                            CHAIN_ID | {"id": 2}])
+        status, body, _ = await proxy.post(
+            [{"jsonrpc": "2.0", "id": 1, "method": "eth_gasPrice", "params": []}, CHAIN_ID | {"id": 2}]
+        )
         assert status == 200
         assert body[0]["error"] == {"code": -32603, "message": "internal error"}
         assert body[1]["result"] == "0x7a69"  # the rest of the batch is answered

@@ -27,8 +27,10 @@ from tests.test_workers import Running, _answers, _ready, _start, _stop
 def _networks_file(tmp_path: Path, upstreams: list[Any], name: str = "evm", **fields: Any) -> str:
     lines = [f"[networks.{name}]", 'family = "evm"']
     lines += [f"{name} = {json.dumps(value)}" for name, value in fields.items()]
-    entries = [json.dumps(u) if isinstance(u, str) else
-               "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in u.items()) + "}" for u in upstreams]
+    entries = [
+        json.dumps(u) if isinstance(u, str) else "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in u.items()) + "}"
+        for u in upstreams
+    ]
     lines.append(f"upstreams = [{', '.join(entries)}]")
     path = tmp_path / "networks.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -57,7 +59,8 @@ def _pool(proxy: Proxy) -> HttpUpstream:
 
 
 async def test_the_weighted_policy_asks_each_upstream_first_in_proportion_to_its_weight(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy = await _proxy(tmp_path, [{"url": relays[0].url, "weight": 3}, relays[1].url], selection="weighted")
     try:
@@ -87,7 +90,8 @@ async def test_the_fastest_policy_moves_calls_off_a_slow_upstream(relays: list[F
 
 
 async def test_a_slow_read_is_hedged_to_the_next_upstream_and_the_first_answer_wins(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url], hedge_after_ms=100)
     try:
@@ -118,7 +122,8 @@ async def test_a_write_goes_to_exactly_one_upstream_slow_or_failing(relays: list
 
 
 async def test_a_write_goes_to_the_next_upstream_only_when_the_first_refused_the_connection(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     closed = f"http://127.0.0.1:{free_port()}/"  # nothing listens: the call provably never left
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{closed},{relays[1].url}"))
@@ -148,7 +153,8 @@ async def test_a_429_cools_only_that_upstream_and_for_its_retry_after(relays: li
 
 
 async def test_a_429_rests_that_upstreams_head_polls_until_its_retry_after(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
     try:
@@ -173,13 +179,21 @@ async def test_a_429_rests_that_upstreams_head_polls_until_its_retry_after(
 
 
 async def test_a_request_given_up_without_an_answer_holds_its_budget_place_one_window_longer(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     # The node may get a request the proxy gave up on later still: its place is held for two windows
     # after the timeout, so that late delivery and the next request never share one of the node's.
     networks = _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 1}])
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=networks, HEAD_POLL_INTERVAL="5", UPSTREAM_TIMEOUT="8",
-                                           UPSTREAM_ATTEMPT_TIMEOUT="0.5", UPSTREAM_BATCH_MAX="1"))
+    proxy = await start_proxy(
+        settings_for(
+            NETWORKS_FILE=networks,
+            HEAD_POLL_INTERVAL="5",
+            UPSTREAM_TIMEOUT="8",
+            UPSTREAM_ATTEMPT_TIMEOUT="0.5",
+            UPSTREAM_BATCH_MAX="1",
+        )
+    )
     try:
         await proxy.head_at(0)
         relays[0].inject("slow", method="eth_getBalance", delay=3.0)
@@ -195,7 +209,8 @@ async def test_a_request_given_up_without_an_answer_holds_its_budget_place_one_w
 
 
 async def test_a_provider_rate_limit_error_in_a_200_reply_is_passed_over_not_served(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
     try:
@@ -209,7 +224,8 @@ async def test_a_provider_rate_limit_error_in_a_200_reply_is_passed_over_not_ser
 
 
 async def test_max_concurrency_bounds_the_calls_an_upstream_has_in_flight(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     proxy = await _proxy(tmp_path, [{"url": relays[0].url, "max_concurrency": 2}])
     try:
@@ -239,7 +255,8 @@ class Meter:
         self.url = f"http://127.0.0.1:{port}/"
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.arrivals_relay", anvil.url, str(port), str(self._file), str(delay)],
-            cwd=Path(__file__).resolve().parents[1])
+            cwd=Path(__file__).resolve().parents[1],
+        )
 
     def spans(self) -> list[tuple[float, float]]:
         """Each request answered so far: (arrival, departure)."""
@@ -254,28 +271,34 @@ class Meter:
         self._process.wait(10)
 
 
-@pytest.mark.parametrize(("budget", "calls", "delay"), [
-    ({"max_rps": 20}, 60, 0.0),
-    ({"max_rps": 1}, 4, 0.0),  # below one per worker: no worker may take a whole one of its own
-    ({"max_concurrency": 1}, 10, 0.1),
-])
+@pytest.mark.parametrize(
+    ("budget", "calls", "delay"),
+    [
+        ({"max_rps": 20}, 60, 0.0),
+        ({"max_rps": 1}, 4, 0.0),  # below one per worker: no worker may take a whole one of its own
+        ({"max_concurrency": 1}, 10, 0.1),
+    ],
+)
 async def test_a_budget_is_never_exceeded_as_the_provider_sees_it_under_a_burst_from_two_workers(
-    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path, budget: dict[str, int], calls: int, delay: float,
+    anvil: Anvil,
+    relays: list[FaultRelay],
+    tmp_path: Path,
+    budget: dict[str, int],
+    calls: int,
+    delay: float,
 ) -> None:
     meter = Meter(anvil, tmp_path, delay)
     networks = _networks_file(tmp_path, [{"url": meter.url, **budget}], name="main")
     # The default network (EVM_UPSTREAM) is a relay's: every call the meter sees is network main's.
     # Polls are rare, so the calls have the budget to themselves.
-    running: Running = _start(relays[1].url, 2, NETWORKS_FILE=networks, UPSTREAM_BATCH_MAX="1",
-                              HEAD_POLL_INTERVAL="5")
+    running: Running = _start(relays[1].url, 2, NETWORKS_FILE=networks, UPSTREAM_BATCH_MAX="1", HEAD_POLL_INTERVAL="5")
     url = f"http://127.0.0.1:{running.port}/main/v3/any-key"
     try:
         async with aiohttp.ClientSession() as session:
             await _ready(session, running, 2)
             sessions = [aiohttp.ClientSession() for _ in range(8)]  # connections spread over both workers
             try:
-                answers = await asyncio.gather(*(
-                    _answers(sessions[i % 8], url, _balance_call()) for i in range(calls)))
+                answers = await asyncio.gather(*(_answers(sessions[i % 8], url, _balance_call()) for i in range(calls)))
             finally:
                 for one in sessions:
                     await one.close()
@@ -313,8 +336,9 @@ async def test_a_cordoned_upstream_is_not_asked(relays: list[FaultRelay], tmp_pa
 TOKEN = "s3cret-admin-token-0123456789"
 
 
-async def _admin(session: aiohttp.ClientSession, port: int, path: str, token: str | None = TOKEN,
-                 method: str = "GET") -> tuple[int, Any]:
+async def _admin(
+    session: aiohttp.ClientSession, port: int, path: str, token: str | None = TOKEN, method: str = "GET"
+) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     async with session.request(method, f"http://127.0.0.1:{port}{path}", headers=headers) as response:
         return response.status, await response.json()
@@ -333,8 +357,9 @@ async def test_an_admin_cordon_takes_an_upstream_out_within_one_call_and_needs_t
             assert (await _admin(session, port, "/upstreams/evm/0/cordon", token="wrong", method="POST"))[0] == 401
             # A header that is no UTF-8 is refused like any other, never an error.
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /upstreams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
-                         b"Connection: close\r\n\r\n")
+            writer.write(
+                b"GET /upstreams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n"
+            )
             assert (await reader.read()).startswith(b"HTTP/1.1 401")
             writer.close()
             status, listing = await _admin(session, port, "/upstreams")
@@ -364,8 +389,9 @@ async def test_an_admin_cordon_reaches_every_worker(relays: list[FaultRelay]) ->
             before = _asked(relays[0], "eth_getBalance")
             sessions = [aiohttp.ClientSession() for _ in range(8)]  # connections spread over both workers
             try:
-                answers = await asyncio.gather(*(_answers(sessions[i % 8], running.url, _balance_call())
-                                                 for i in range(24)))
+                answers = await asyncio.gather(
+                    *(_answers(sessions[i % 8], running.url, _balance_call()) for i in range(24))
+                )
             finally:
                 for one in sessions:
                     await one.close()
@@ -387,7 +413,8 @@ def test_an_admin_port_needs_a_long_token() -> None:
 
 
 async def test_an_admin_reload_applies_new_routing_to_the_pool_in_force(
-    relays: list[FaultRelay], tmp_path: Path,
+    relays: list[FaultRelay],
+    tmp_path: Path,
 ) -> None:
     port = free_port()
     path = _networks_file(tmp_path, [relays[0].url, relays[1].url])
@@ -396,8 +423,11 @@ async def test_an_admin_reload_applies_new_routing_to_the_pool_in_force(
         await proxy.head_at(0)
         pool = _pool(proxy)
         async with aiohttp.ClientSession() as session:
-            _networks_file(tmp_path, [{"url": relays[0].url, "weight": 1}, {"url": relays[1].url, "weight": 1000}],
-                           selection="weighted")
+            _networks_file(
+                tmp_path,
+                [{"url": relays[0].url, "weight": 1}, {"url": relays[1].url, "weight": 1000}],
+                selection="weighted",
+            )
             status, body = await _admin(session, port, "/reload", method="POST")
             assert status == 200 and body == {"reloaded": ["evm"], "added": [], "removed": [], "replaced": []}
             for _ in range(20):

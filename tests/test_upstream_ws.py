@@ -40,8 +40,9 @@ async def _pushed_heads_and_logs(anvil: Anvil, proxy: Proxy, store: str) -> tupl
 async def test_pushed_heads_and_their_logs_arrive_without_waiting_for_a_poll(anvil: Anvil) -> None:
     store = anvil.deploy_store()
     # One poll at startup, the next a minute later: only the node's push can deliver these blocks.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(anvil),
-                                           HEAD_POLL_INTERVAL="60"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(anvil), HEAD_POLL_INTERVAL="60")
+    )
     try:
         client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
         start = anvil.block_number()
@@ -74,12 +75,15 @@ def test_ws_upstreams_in_a_networks_file_are_the_nodes_websocket(tmp_path: Path)
     assert network.upstreams == ("http://127.0.0.1:1",) and network.ws_upstreams == ("ws://127.0.0.1:1",)
 
 
-@pytest.mark.parametrize(("raw", "fragment"), [
-    ({"EVM_UPSTREAM": "http://x", "EVM_UPSTREAM_WS": "http://x"}, "EVM_UPSTREAM_WS: WebSocket upstream #0 is not"),
-    ({"SOLANA_UPSTREAM": "http://x", "EVM_UPSTREAM_WS": "ws://x"}, "EVM_UPSTREAM_WS needs EVM_UPSTREAM"),
-    ({"EVM_UPSTREAM": "http://x", "SUBSCRIPTION_CREDITS": "logs"}, "kind=credits pairs"),
-    ({"EVM_UPSTREAM": "http://x", "SUBSCRIPTION_CREDITS": "logs=-1"}, "SUBSCRIPTION_CREDITS logs"),
-])
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"EVM_UPSTREAM": "http://x", "EVM_UPSTREAM_WS": "http://x"}, "EVM_UPSTREAM_WS: WebSocket upstream #0 is not"),
+        ({"SOLANA_UPSTREAM": "http://x", "EVM_UPSTREAM_WS": "ws://x"}, "EVM_UPSTREAM_WS needs EVM_UPSTREAM"),
+        ({"EVM_UPSTREAM": "http://x", "SUBSCRIPTION_CREDITS": "logs"}, "kind=credits pairs"),
+        ({"EVM_UPSTREAM": "http://x", "SUBSCRIPTION_CREDITS": "logs=-1"}, "SUBSCRIPTION_CREDITS logs"),
+    ],
+)
 def test_websocket_settings_are_checked_at_startup(raw: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         build_settings(raw)
@@ -111,6 +115,7 @@ class WsRelay:
         await client.prepare(request)
         self.sockets.append(client)
         async with aiohttp.ClientSession() as session, session.ws_connect(self.target) as node:
+
             async def to_client() -> None:
                 async for message in node:
                     await client.send_str(message.data)
@@ -158,8 +163,9 @@ async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_so
     emit = selector("emitMany(uint256)") + word(1)  # one log, in a block of its own (automining)
     relay = await WsRelay(ws_of(anvil)).start()
     # UPSTREAM_TIMEOUT=1: the drop outlasts the socket's attempts to open the feed's push again.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url,
-                                           HEAD_POLL_INTERVAL="0.2", UPSTREAM_TIMEOUT="1"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url, HEAD_POLL_INTERVAL="0.2", UPSTREAM_TIMEOUT="1")
+    )
     try:
         client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
         feed = proxy.app[STREAMS].feeds["evm"]

@@ -25,7 +25,9 @@ async def http_w3(evm_proxy: Proxy) -> AsyncIterator[AsyncWeb3[Any]]:
 
 
 async def test_view_calls_need_no_default_account_over_http(
-    anvil: Anvil, evm_proxy: Proxy, http_w3: AsyncWeb3[Any],
+    anvil: Anvil,
+    evm_proxy: Proxy,
+    http_w3: AsyncWeb3[Any],
 ) -> None:
     w3 = http_w3
     store = w3.eth.contract(address=AsyncWeb3.to_checksum_address(anvil.deploy_store()), abi=ABI)

@@ -89,7 +89,8 @@ async def test_websocket_connections_are_counted_while_open(evm_proxy: Proxy) ->
 
 
 async def test_pipelined_memory_hits_are_each_answered_once_compressed_socket_or_not(
-    anvil: Anvil, evm_proxy: Proxy,
+    anvil: Anvil,
+    evm_proxy: Proxy,
 ) -> None:
     # Hits made while one burst of frames is read leave in one write (ws_frames.py): every call of a
     # burst is answered exactly once, with its id, on a socket that agreed compression too.
@@ -97,8 +98,9 @@ async def test_pipelined_memory_hits_are_each_answered_once_compressed_socket_or
     await evm_proxy.post(storage(store, "0x0", hex(block)))  # now in memory
     for compress in (0, 15):
         async with evm_proxy.session.ws_connect(evm_proxy.ws_url(), compress=compress) as ws:
-            await asyncio.gather(*(ws.send_str(json.dumps(storage(store, "0x0", hex(block), rid=i)))
-                                   for i in range(200)))
+            await asyncio.gather(
+                *(ws.send_str(json.dumps(storage(store, "0x0", hex(block), rid=i))) for i in range(200))
+            )
             replies = [json.loads((await ws.receive(timeout=10)).data) for _ in range(200)]
             assert sorted(r["id"] for r in replies) == list(range(200))
             assert {r["result"] for r in replies} == {"0x" + word(7)}

@@ -75,8 +75,9 @@ def _worker_exposition(requests: float, head: float, redis_up: float, memory: fl
 
 
 def test_one_scrape_sums_counters_and_histograms_and_merges_gauges_by_their_meaning() -> None:
-    families = {f.name: f for f in merged([_worker_exposition(3, 100, 1, 10, 0.05),
-                                           _worker_exposition(4, 101, 0, 20, 0.5)])}
+    families = {
+        f.name: f for f in merged([_worker_exposition(3, 100, 1, 10, 0.05), _worker_exposition(4, 101, 0, 20, 0.5)])
+    }
 
     def value(family: str, sample: str, **labels: str) -> float:
         return next(s.value for s in families[family].samples if s.name == sample and s.labels == labels)
@@ -117,8 +118,9 @@ async def test_a_sibling_polling_in_the_same_round_takes_the_answer_instead_of_a
 
     calls = [("eth_getBlockByNumber", ["latest", False])]
     since = time.time() - 0.5
-    both = await asyncio.gather(first.ask("tracker", calls, fetch, since=since),
-                                second.ask("tracker", calls, fetch, since=since))
+    both = await asyncio.gather(
+        first.ask("tracker", calls, fetch, since=since), second.ask("tracker", calls, fetch, since=since)
+    )
     assert len(asked) == 1  # the second waited on the lock and read the first one's answer
     assert both[0][0].result == both[1][0].result == "0x10" and both[1][0].upstream == 0
     # A poll woken by read-your-writes asks for answers newer than the wake-up: fetched again.
@@ -154,12 +156,18 @@ class Running:
 
 def _start(relay_url: str, workers: int, **env: str) -> Running:
     port = free_port()
-    environ = {**os.environ, "EVM_UPSTREAM": relay_url, "PROXY_PORT": str(port), "WORKERS": str(workers),
-               "HEAD_POLL_INTERVAL": "0.2", "SHUTDOWN_TIMEOUT": "10", **env}
+    environ = {
+        **os.environ,
+        "EVM_UPSTREAM": relay_url,
+        "PROXY_PORT": str(port),
+        "WORKERS": str(workers),
+        "HEAD_POLL_INTERVAL": "0.2",
+        "SHUTDOWN_TIMEOUT": "10",
+        **env,
+    }
     log = Path(tempfile.mkstemp(prefix="rpc-proxy-test-", suffix=".log")[1])
     with log.open("wb") as handle:  # a file, not a pipe: a pipe nobody reads could fill and block the proxy
-        proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=environ, stdout=subprocess.DEVNULL,
-                                stderr=handle)
+        proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=environ, stdout=subprocess.DEVNULL, stderr=handle)
     running = Running(proc, port, log)
     if "METRICS_PORT" in env:
         running.metrics_port = int(env["METRICS_PORT"])
@@ -202,6 +210,7 @@ async def relay(anvil: Anvil) -> AsyncIterator[FaultRelay]:
 
 async def _ready(session: aiohttp.ClientSession, running: Running, workers: int) -> None:
     """Every worker listening (the supervisor's gauge), or the single process answering."""
+
     async def up() -> bool:
         if await _answers(session, running.url, CHAIN_ID) is None:
             return False
@@ -238,8 +247,13 @@ async def test_both_workers_answer_and_one_scrape_totals_their_calls(relay: Faul
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=24)) as session:
             await _ready(session, running, 2)
-            before = _sample(await _scrape(session, running), "rpc_proxy_requests_total",
-                             network="evm", method="eth_chainId", outcome="ok")
+            before = _sample(
+                await _scrape(session, running),
+                "rpc_proxy_requests_total",
+                network="evm",
+                method="eth_chainId",
+                outcome="ok",
+            )
             # 24 calls at once: 24 connections, which the kernel spreads over the workers (SO_REUSEPORT).
             replies = await asyncio.gather(*(_answers(session, running.url, CHAIN_ID) for _ in range(24)))
             assert all(r is not None and r["result"] == "0x7a69" for r in replies)
@@ -302,9 +316,12 @@ async def test_sigterm_drains_in_flight_requests_and_exits_0(relay: FaultRelay, 
 
 def _head_polls(relay: FaultRelay, since: int) -> int:
     """Upstream calls the trackers make each interval: the latest block, and each upstream's number."""
-    return sum(1 for c in relay.calls[since:]
-               if (c.get("method") == "eth_getBlockByNumber" and (c.get("params") or [None])[0] == "latest")
-               or c.get("method") == "eth_blockNumber")
+    return sum(
+        1
+        for c in relay.calls[since:]
+        if (c.get("method") == "eth_getBlockByNumber" and (c.get("params") or [None])[0] == "latest")
+        or c.get("method") == "eth_blockNumber"
+    )
 
 
 async def _polls_over(relay: FaultRelay, workers: int, seconds: float) -> int:
@@ -341,8 +358,10 @@ async def test_two_tasks_of_one_worker_never_write_back_an_older_memo(tmp_path: 
         return fetch
 
     since = time.time() - 0.5
-    await asyncio.gather(polls.ask("tracker", [("eth_blockNumber", [])], fetcher("tracker"), since=since),
-                         polls.ask("upstream0", [("eth_blockNumber", [])], fetcher("upstream0"), since=since))
+    await asyncio.gather(
+        polls.ask("tracker", [("eth_blockNumber", [])], fetcher("tracker"), since=since),
+        polls.ask("upstream0", [("eth_blockNumber", [])], fetcher("upstream0"), since=since),
+    )
     sibling = SharedPolls(str(tmp_path), "evm", 1.0)
     for scope in ("tracker", "upstream0"):  # both answers are in the memo: the sibling asks nothing
         await sibling.ask(scope, [("eth_blockNumber", [])], fetcher("sibling"), since=since)
@@ -371,8 +390,12 @@ async def test_a_block_one_worker_showed_is_never_trailed_by_another(relay: Faul
                 assert reply is not None and reply["result"] == "0x" + word(0)
             receipt = anvil.send(None, "0x" + (CONTRACTS / "Store.bin").read_text().strip())  # slot 0 := 7
             assert receipt["contractAddress"].lower() == store
-            shown = {"jsonrpc": "2.0", "id": 2, "method": "eth_getTransactionReceipt",
-                     "params": [receipt["transactionHash"]]}
+            shown = {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "eth_getTransactionReceipt",
+                "params": [receipt["transactionHash"]],
+            }
             reply = await _answers(session, running.url, shown)  # one worker shows the deployment's block
             assert reply is not None and reply["result"]["blockNumber"] == receipt["blockNumber"]
             for _ in range(20):  # fresh connections, spread over both workers
@@ -388,14 +411,22 @@ async def test_the_metrics_port_listener_also_answers_for_all_workers(relay: Fau
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
             await _ready(session, running, 2)
-            before = _sample(await _scrape(session, running), "rpc_proxy_requests_total",
-                             network="evm", method="eth_chainId", outcome="ok")
+            before = _sample(
+                await _scrape(session, running),
+                "rpc_proxy_requests_total",
+                network="evm",
+                method="eth_chainId",
+                outcome="ok",
+            )
             for _ in range(10):  # fresh connections: both workers answer some
                 assert await _answers(session, running.url, CHAIN_ID) is not None
             for _ in range(5):  # whichever worker the scrape reaches, the same total
                 text = await _scrape(session, running)
-                assert _sample(text, "rpc_proxy_requests_total", network="evm", method="eth_chainId",
-                               outcome="ok") - before == 10
+                assert (
+                    _sample(text, "rpc_proxy_requests_total", network="evm", method="eth_chainId", outcome="ok")
+                    - before
+                    == 10
+                )
             async with session.get(f"http://127.0.0.1:{running.port}/metrics") as response:
                 assert response.status == 404  # internal only, as with one process
     finally:

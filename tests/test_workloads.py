@@ -35,7 +35,7 @@ class Recorder:
         self.marks.append(len(self.upstream.params))
 
     def phase(self, index: int) -> list[tuple[str, Any]]:
-        return self.upstream.params[self.marks[index]:self.marks[index + 1]]
+        return self.upstream.params[self.marks[index] : self.marks[index + 1]]
 
     def methods(self, index: int) -> Counter[str]:
         return Counter(method for method, _ in self.phase(index))
@@ -69,7 +69,9 @@ class TestWindows:
 
 
 async def test_indexer_answers_equal_the_nodes_and_its_second_pass_gets_logs_and_receipts_from_cache(
-    anvil: Anvil, chain: Chain, proxy: Proxy,
+    anvil: Anvil,
+    chain: Chain,
+    proxy: Proxy,
 ) -> None:
     recorder = Recorder(proxy)
     async with aiohttp.ClientSession() as session:
@@ -84,7 +86,9 @@ async def test_indexer_answers_equal_the_nodes_and_its_second_pass_gets_logs_and
 
 
 async def test_wallet_answers_equal_the_nodes_and_repeated_views_make_no_final_eth_call_upstream(
-    anvil: Anvil, chain: Chain, proxy: Proxy,
+    anvil: Anvil,
+    chain: Chain,
+    proxy: Proxy,
 ) -> None:
     recorder = Recorder(proxy)
     finalized = anvil.rpc("eth_getBlockByNumber", "finalized", False)["number"]
@@ -93,6 +97,7 @@ async def test_wallet_answers_equal_the_nodes_and_repeated_views_make_no_final_e
         await wallet.run(target, chain, addresses=30, views=3, batch=25)
     assert mismatches(target) == []
     assert [phase.name for phase in target.phases] == ["wallet first view", "wallet repeated views"]
+
     # spec: eth_call at a final block is immutable (the proxy asks the node by the block's number).
     def final_calls(phase: int) -> int:
         return sum(method == "eth_call" and params[1] == finalized for method, params in recorder.phase(phase))

@@ -29,8 +29,9 @@ class TestUnminedTtl:
 
 async def test_latest_reads_right_after_a_write_see_it_without_waiting_for_a_poll(anvil: Anvil) -> None:
     # The tracker would not poll on its own within this test: only the write hint moves the head.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="60",
-                                           HEAD_CATCH_UP_WAIT="5"))
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="5")
+    )
     try:
         await proxy.head_at(0)
         for round_ in range(10):
@@ -52,8 +53,10 @@ def _cast(*args: str) -> str:
     return done.stdout.strip()
 
 
-@pytest.mark.skipif(not (ROOT / ".tools/node_modules/.bin/cast").exists() and not shutil.which("cast"),
-                    reason="cast not installed: bash scripts/test.sh installs @foundry-rs/cast")
+@pytest.mark.skipif(
+    not (ROOT / ".tools/node_modules/.bin/cast").exists() and not shutil.which("cast"),
+    reason="cast not installed: bash scripts/test.sh installs @foundry-rs/cast",
+)
 async def test_cast_nonce_balance_and_call_right_after_cast_send(anvil: Anvil, tmp_path: Path) -> None:
     # The default poll interval: without the hint, cast's reads would trail the write by a block.
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="2"))
@@ -63,8 +66,9 @@ async def test_cast_nonce_balance_and_call_right_after_cast_send(anvil: Anvil, t
         url = proxy.url()
         for value in range(1, 6):
             nonce = int(await asyncio.to_thread(_cast, "nonce", DEV_ACCOUNT, "--rpc-url", url))
-            await asyncio.to_thread(_cast, "send", store, "setX(uint256)", str(value), "--private-key", ANVIL_KEY,
-                                    "--rpc-url", url)
+            await asyncio.to_thread(
+                _cast, "send", store, "setX(uint256)", str(value), "--private-key", ANVIL_KEY, "--rpc-url", url
+            )
             after, balance, stored = await asyncio.gather(
                 asyncio.to_thread(_cast, "nonce", DEV_ACCOUNT, "--rpc-url", url),
                 asyncio.to_thread(_cast, "balance", DEV_ACCOUNT, "--rpc-url", url),

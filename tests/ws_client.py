@@ -73,9 +73,12 @@ async def silent_socket(port: int, key: str, subscriptions: int) -> socket.socke
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
     sock.setblocking(False)
     await loop.sock_connect(sock, ("127.0.0.1", port))
-    await loop.sock_sendall(sock, f"GET /ws/v3/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                            "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    await loop.sock_sendall(
+        sock,
+        f"GET /ws/v3/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n".encode(),
+    )
     assert b" 101 " in await loop.sock_recv(sock, 1024)
     for rid in range(subscriptions):
         body = json.dumps({"jsonrpc": "2.0", "id": rid, "method": "eth_subscribe", "params": ["logs", {}]})

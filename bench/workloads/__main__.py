@@ -47,9 +47,18 @@ class ProxyUnderTest:
         self.url = f"http://127.0.0.1:{port}/v3/bench"
         self.log = tempfile.NamedTemporaryFile(prefix="proxy-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy"], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, "EVM_UPSTREAM": relay_url, "PROXY_PORT": str(port), "REDIS_URL": self.redis.url,
-                 "LOG_LEVEL": "WARNING", **env},
+            [sys.executable, "-m", "proxy"],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                "EVM_UPSTREAM": relay_url,
+                "PROXY_PORT": str(port),
+                "REDIS_URL": self.redis.url,
+                "LOG_LEVEL": "WARNING",
+                **env,
+            },
         )
         wait_until(lambda: listening(f"http://127.0.0.1:{port}/readyz"), 30, "the proxy to listen")
 
@@ -98,9 +107,17 @@ async def measure(name: str, workload: Workload, relay: str, chain: Chain, env: 
         started = time.monotonic()
         await workload(direct)
         print(f"{name}: against the node in {time.monotonic() - started:.1f} s", flush=True)
-    return [Row(phase.name, phase.calls, snapshots[i + 1] - snapshots[i], latency(phase),
-                latency(direct.phases[i]), phase.errors)
-            for i, phase in enumerate(through.phases)]
+    return [
+        Row(
+            phase.name,
+            phase.calls,
+            snapshots[i + 1] - snapshots[i],
+            latency(phase),
+            latency(direct.phases[i]),
+            phase.errors,
+        )
+        for i, phase in enumerate(through.phases)
+    ]
 
 
 def main() -> int:
@@ -114,8 +131,13 @@ def main() -> int:
     parser.add_argument("--addresses", type=int, default=1000, help="wallet addresses (default 1000)")
     parser.add_argument("--views", type=int, default=3, help="wallet views (default 3)")
     parser.add_argument("--only", choices=["indexer", "dapp", "wallet"], action="append", help="run only these")
-    parser.add_argument("--proxy-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="a setting for the proxy process (repeatable)")
+    parser.add_argument(
+        "--proxy-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the proxy process (repeatable)",
+    )
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.proxy_env)
     only = set(args.only or ["indexer", "dapp", "wallet"])
@@ -123,21 +145,29 @@ def main() -> int:
     spec = ChainSpec(blocks=args.blocks, event_every=args.event_every, holders=max(args.addresses, 1000))
     anvil = Anvil()
     relay_port = free_port()
-    relay_proc = subprocess.Popen([sys.executable, "-m", "bench.workloads.relay", anvil.url, str(relay_port)],
-                                  cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    relay_proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.workloads.relay", anvil.url, str(relay_port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     relay = f"http://127.0.0.1:{relay_port}/"
     try:
         started = time.monotonic()
         chain = build_chain(anvil.url, spec)
-        print(f"chain: {chain.head} blocks, {len(chain.event_blocks)} with "
-              f"{spec.txs_per_block * spec.transfers_per_tx} Transfers each, built in "
-              f"{time.monotonic() - started:.0f} s", flush=True)
+        print(
+            f"chain: {chain.head} blocks, {len(chain.event_blocks)} with "
+            f"{spec.txs_per_block * spec.transfers_per_tx} Transfers each, built in "
+            f"{time.monotonic() - started:.0f} s",
+            flush=True,
+        )
         wait_until(lambda: listening(relay + "counts"), 20, "the relay to listen")
 
         async def run_dapp(target: Target) -> None:
             async with aiohttp.ClientSession() as session:
-                await dapp.run(target, chain, Miner(session, chain), clients=args.clients, seconds=args.seconds,
-                               poll=args.poll)
+                await dapp.run(
+                    target, chain, Miner(session, chain), clients=args.clients, seconds=args.seconds, poll=args.poll
+                )
 
         workloads: list[tuple[str, Workload]] = [
             ("indexer", lambda t: indexer.run(t, chain, window=args.window)),
@@ -158,8 +188,6 @@ def main() -> int:
     print()
     print(by_method(rows))
     return 0
-
-
 
 
 if __name__ == "__main__":

@@ -129,8 +129,9 @@ def build_chain(url: str, spec: ChainSpec) -> Chain:
             for _ in range(spec.txs_per_block):
                 first = paid % spec.holders
                 count = min(spec.transfers_per_tx, spec.holders - first)
-                txs.append(("eth_sendTransaction", [scatter_tx(token, nonce, HOLDER_BASE + first, count,
-                                                               10**15 + head)]))
+                txs.append(
+                    ("eth_sendTransaction", [scatter_tx(token, nonce, HOLDER_BASE + first, count, 10**15 + head)])
+                )
                 nonce += 1
                 paid += count
             last = [str(h) for h in rpc.batch(txs)]
@@ -163,8 +164,14 @@ class Miner:
         for k in range(self.transfers):
             to = self.chain.holders[(self.mined * self.transfers + k) % len(self.chain.holders)]
             data = "0x" + selector("transfer(address,uint256)") + word(to) + word(10**12 + self.mined)
-            sends.append({"jsonrpc": "2.0", "id": next(self.ids), "method": "eth_sendTransaction",
-                          "params": [{"from": DEV, "to": self.chain.token, "data": data, "gas": hex(100_000)}]})
+            sends.append(
+                {
+                    "jsonrpc": "2.0",
+                    "id": next(self.ids),
+                    "method": "eth_sendTransaction",
+                    "params": [{"from": DEV, "to": self.chain.token, "data": data, "gas": hex(100_000)}],
+                }
+            )
         # Sent one by one: Anvil numbers a sender's nonces in arrival order.
         hashes = [str((await self._rpc(body))["result"]) for body in sends]
         await self._rpc({"jsonrpc": "2.0", "id": next(self.ids), "method": "anvil_mine", "params": ["0x1"]})

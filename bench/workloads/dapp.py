@@ -49,8 +49,17 @@ class Page:
             await self.client.batch(self.refresh())
 
 
-async def run(target: Target, chain: Chain, miner: Miner, *, clients: int = 50, seconds: float = 30.0,
-              poll: float = 4.0, block_time: float = 1.0, seed: int = 1) -> None:
+async def run(
+    target: Target,
+    chain: Chain,
+    miner: Miner,
+    *,
+    clients: int = 50,
+    seconds: float = 30.0,
+    poll: float = 4.0,
+    block_time: float = 1.0,
+    seed: int = 1,
+) -> None:
     """Free-running: a block every `block_time`, each page polling every `poll` from a random phase."""
     rng = random.Random(seed)
     phase = await target.begin("dapp")

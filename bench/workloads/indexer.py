@@ -23,8 +23,10 @@ def windows(first: int, last: int, size: int) -> list[tuple[int, int]]:
 
 
 async def _window(client: Client, chain: Chain, start: int, end: int, gate: asyncio.Semaphore) -> None:
-    logs = await client.result("eth_getLogs", [{"fromBlock": hex(start), "toBlock": hex(end),
-                                                "address": chain.token, "topics": [TRANSFER_TOPIC]}])
+    logs = await client.result(
+        "eth_getLogs",
+        [{"fromBlock": hex(start), "toBlock": hex(end), "address": chain.token, "topics": [TRANSFER_TOPIC]}],
+    )
     blocks = sorted({int(log["blockNumber"], 16) for log in logs})
 
     async def fetch(number: int) -> None:

@@ -34,8 +34,9 @@ async def _relay(request: web.Request) -> web.Response:
         payload = None
     calls = payload if isinstance(payload, list) else [payload]
     request.app[COUNTS].calls.update(c.get("method", "?") if isinstance(c, dict) else "?" for c in calls)
-    async with request.app[SESSION].post(request.app[TARGET], data=body,
-                                         headers={"Content-Type": "application/json"}) as resp:
+    async with request.app[SESSION].post(
+        request.app[TARGET], data=body, headers={"Content-Type": "application/json"}
+    ) as resp:
         return web.Response(body=await resp.read(), status=resp.status, content_type="application/json")
 
 

@@ -36,15 +36,16 @@ class Row:
     errors: int = 0
 
     def credits(self, price: Callable[[str], int]) -> tuple[int, int]:
-        return (sum(price(m) * n for m, n in self.client.items()),
-                sum(price(m) * n for m, n in self.upstream.items()))
+        return (sum(price(m) * n for m, n in self.client.items()), sum(price(m) * n for m, n in self.upstream.items()))
 
     def saved(self, price: Callable[[str], int]) -> tuple[float, float]:
         """(credits saved %, calls saved %) against sending every client call to the node."""
         client_credits, upstream_credits = self.credits(price)
         calls, upstream = sum(self.client.values()), sum(self.upstream.values())
-        return (100 * (1 - upstream_credits / client_credits) if client_credits else 0.0,
-                100 * (1 - upstream / calls) if calls else 0.0)
+        return (
+            100 * (1 - upstream_credits / client_credits) if client_credits else 0.0,
+            100 * (1 - upstream / calls) if calls else 0.0,
+        )
 
 
 def latency(phase: Phase) -> tuple[float, float]:
@@ -61,8 +62,10 @@ TARGETS: dict[str, tuple[str, float]] = {
 
 
 def table(rows: list[Row], price: Callable[[str], int]) -> str:
-    head = (f"| {'phase':<22} | client calls | upstream calls /1k | upstream credits /1k | credits saved | "
-            f"calls saved | proxy p50 / p99 ms | node p50 / p99 ms | target |")
+    head = (
+        f"| {'phase':<22} | client calls | upstream calls /1k | upstream credits /1k | credits saved | "
+        f"calls saved | proxy p50 / p99 ms | node p50 / p99 ms | target |"
+    )
     lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in rows:
         calls = sum(row.client.values())
@@ -78,7 +81,8 @@ def table(rows: list[Row], price: Callable[[str], int]) -> str:
             f"| {row.name:<22} | {calls:>12,} | {1000 * sum(row.upstream.values()) / max(calls, 1):>18.1f} | "
             f"{1000 * upstream_credits / max(calls, 1):>20,.0f} | {credits_saved:>12.1f}% | {calls_saved:>10.1f}% | "
             f"{row.proxy_ms[0]:>7.1f} / {row.proxy_ms[1]:>7.1f} | {row.node_ms[0]:>6.1f} / {row.node_ms[1]:>7.1f} | "
-            f"{verdict} |")
+            f"{verdict} |"
+        )
     return "\n".join(lines)
 
 

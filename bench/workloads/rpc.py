@@ -51,8 +51,14 @@ class Client:
 
     _ids = itertools.count(1)
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, phase: Phase, mirror: str | None = None,
-                 pairs: list[Pair] | None = None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        phase: Phase,
+        mirror: str | None = None,
+        pairs: list[Pair] | None = None,
+    ) -> None:
         self.session = session
         self.url = url
         self.phase = phase
@@ -77,8 +83,9 @@ class Client:
         phase.errors += sum("error" in a for a in answers)
         if self.mirror is not None:
             node = self._in_order(body, await self._post(self.mirror, body))
-            self.pairs.extend(Pair(m, p, comparable(a), comparable(b))
-                              for (m, p), a, b in zip(calls, answers, node, strict=True))
+            self.pairs.extend(
+                Pair(m, p, comparable(a), comparable(b)) for (m, p), a, b in zip(calls, answers, node, strict=True)
+            )
         return answers
 
     async def call(self, method: str, params: list[Any]) -> dict[str, Any]:
@@ -109,9 +116,15 @@ class Target:
     server answers for block `head` (the lockstep dapp waits on it after each mined block).
     """
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, *, mirror: str | None = None,
-                 on_phase: Callable[[str], Awaitable[None]] | None = None,
-                 settle: Callable[[int], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        *,
+        mirror: str | None = None,
+        on_phase: Callable[[str], Awaitable[None]] | None = None,
+        settle: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
         self.session = session
         self.url = url
         self.mirror = mirror

@@ -19,8 +19,9 @@ def view(chain: Chain, addresses: int) -> list[CallSpec]:
     return calls
 
 
-async def run(target: Target, chain: Chain, *, addresses: int = 1000, views: int = 3, batch: int = 100,
-              concurrency: int = 4) -> None:
+async def run(
+    target: Target, chain: Chain, *, addresses: int = 1000, views: int = 3, batch: int = 100, concurrency: int = 4
+) -> None:
     """View 1 is cold; views 2..n are the repeated views (one phase)."""
     calls = view(chain, addresses)
     gate = asyncio.Semaphore(concurrency)
@@ -36,5 +37,5 @@ async def run(target: Target, chain: Chain, *, addresses: int = 1000, views: int
             async with gate:
                 return await client.batch(chunk)  # noqa: B023 (awaited inside this iteration)
 
-        await asyncio.gather(*(send(calls[i:i + batch]) for i in range(0, len(calls), batch)))
+        await asyncio.gather(*(send(calls[i : i + batch]) for i in range(0, len(calls), batch)))
     await target.finish()

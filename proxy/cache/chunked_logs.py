@@ -69,8 +69,11 @@ class ChunkedLogs:
                 raise _PieceFailed(payload, went)
             logs = loads(payload)
             if not lc.well_formed(logs, piece):
-                raise JsonRpcError(UPSTREAM_UNAVAILABLE, "upstream unavailable: the node's eth_getLogs answer "
-                                   "holds logs outside the blocks asked", http_status=502)
+                raise JsonRpcError(
+                    UPSTREAM_UNAVAILABLE,
+                    "upstream unavailable: the node's eth_getLogs answer holds logs outside the blocks asked",
+                    http_status=502,
+                )
             # Only the piece's bytes and its logs' blocks are kept, not the parsed logs: the merge
             # splices bytes (no long encode at the end), and each parse is this piece's own callback.
             cut = lc.cut(logs, piece)
@@ -89,8 +92,14 @@ class ChunkedLogs:
             if worked and error.code == UPSTREAM_UNAVAILABLE and not error.reached:
                 # Some pieces were answered before this one failed (a 429, say): the call did
                 # upstream work and is charged (charging.py), never a free amplification.
-                raise JsonRpcError(error.code, error.message, error.data, http_status=error.http_status,
-                                   headers=error.headers, reached=True) from error
+                raise JsonRpcError(
+                    error.code,
+                    error.message,
+                    error.data,
+                    http_status=error.http_status,
+                    headers=error.headers,
+                    reached=True,
+                ) from error
             raise
         except TimeoutError:
             # spec: a query that runs longer than 10 seconds fails with -32005, every piece and retry
@@ -108,7 +117,13 @@ class ChunkedLogs:
         if len(blocks) > self._max_results:
             # spec: more than 10,000 results over the whole range fails with -32005; nothing partial.
             self._metrics.getlogs_rejections.labels("results").inc()
-            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {self._max_results} results",
-                               data=lc.narrower_before(blocks[self._max_results], first))
-        return Merged(lc.splice([payload for payload, _, _ in done]), False,
-                      lc.cache_result([went for _, _, went in done], bypassed))
+            raise JsonRpcError(
+                LIMIT_EXCEEDED,
+                f"query returned more than {self._max_results} results",
+                data=lc.narrower_before(blocks[self._max_results], first),
+            )
+        return Merged(
+            lc.splice([payload for payload, _, _ in done]),
+            False,
+            lc.cache_result([went for _, _, went in done], bypassed),
+        )

@@ -87,14 +87,24 @@ class Integrity:
         proof = answers[-1] if answers is not None and len(answers) > len(missing) else None
         if answers is None:  # a node that refuses batches: each asked alone, so none shows another's chain
             answers = await net.upstream.batch(calls)
-        on_chain = proof is not None and isinstance(proof.result, dict) and head is not None \
+        on_chain = (
+            proof is not None
+            and isinstance(proof.result, dict)
+            and head is not None
             and str(proof.result.get("hash", "")).lower() == head.final_hash
+        )
         for n, answer in zip(missing, answers, strict=False):
             if not isinstance(answer.result, dict):
                 continue
             headers[n] = answer.result
-            if on_chain and proof is not None and answer.upstream == proof.upstream and head is not None \
-                    and n <= head.finalized and n in keys:
+            if (
+                on_chain
+                and proof is not None
+                and answer.upstream == proof.upstream
+                and head is not None
+                and n <= head.finalized
+                and n in keys
+            ):
                 await self._cache.set(keys[n], (answer.payload, False), cp.FOREVER)
         return headers
 
@@ -104,10 +114,13 @@ class Integrity:
     async def _confirm(self, net: NetworkRuntime, plan: Plan, answer: Answer, count: int) -> tuple[str | None, Answer]:
         per = net.per_upstream
         assert per is not None
-        others = [i for i in range(per.states.size)
-                  if i != answer.upstream and per.states.in_rotation(i) and per.states.vouches(i, plan.need)]
+        others = [
+            i
+            for i in range(per.states.size)
+            if i != answer.upstream and per.states.in_rotation(i) and per.states.vouches(i, plan.need)
+        ]
         answers = [answer]
-        for index in others[:count - 1]:
+        for index in others[: count - 1]:
             try:
                 answers.append(await per.ask(index, plan.method, plan.forward, timeout=self._timeout))
             except JsonRpcError:
@@ -124,12 +137,19 @@ class Integrity:
         for form, other in zip(forms, answers, strict=True):
             if form != majority:
                 self._disagreed(net, other.upstream)
-        log.warning("network %s: upstreams disagree on %s at block %s: served uncached", net.name, plan.method,
-                    plan.need)
+        log.warning(
+            "network %s: upstreams disagree on %s at block %s: served uncached", net.name, plan.method, plan.need
+        )
         return "disagreement", answers[forms.index(majority)]
 
-    async def _logs_bloom(self, net: NetworkRuntime, head: Head | None, log_filter: dict[str, Any],
-                          forward: dict[str, Any], answer: Answer) -> str | None:
+    async def _logs_bloom(
+        self,
+        net: NetworkRuntime,
+        head: Head | None,
+        log_filter: dict[str, Any],
+        forward: dict[str, Any],
+        answer: Answer,
+    ) -> str | None:
         try:
             first, last = int(forward["fromBlock"], 16), int(forward["toBlock"], 16)
         except (KeyError, TypeError, ValueError):
@@ -164,7 +184,11 @@ class Integrity:
             return "unchecked"
         if found:
             self._disagreed(net, answer.upstream)
-            log.warning("network %s: upstream #%d left logs out of eth_getLogs (blocks %s): not kept",
-                        net.name, answer.upstream, ", ".join(str(n) for n in suspects[:5]))
+            log.warning(
+                "network %s: upstream #%d left logs out of eth_getLogs (blocks %s): not kept",
+                net.name,
+                answer.upstream,
+                ", ".join(str(n) for n in suspects[:5]),
+            )
             return "logs_missing"
         return None

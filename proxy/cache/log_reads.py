@@ -27,7 +27,13 @@ Pieces = tuple[int, int, list[log_chunks.Piece]]  # a chunked range's first and 
 
 class LogReads:
     def __init__(
-        self, cache: TieredCache, chunks: ChunkedLogs, metrics: Metrics, ttls: cp.Ttls, *, max_results: int,
+        self,
+        cache: TieredCache,
+        chunks: ChunkedLogs,
+        metrics: Metrics,
+        ttls: cp.Ttls,
+        *,
+        max_results: int,
         timeout: float,
     ) -> None:
         self._cache = cache
@@ -44,7 +50,8 @@ class LogReads:
             # spec: more than 10,000 results fails with -32005; nothing partial is returned.
             self._metrics.getlogs_rejections.labels("results").inc()
             raise JsonRpcError(
-                LIMIT_EXCEEDED, f"query returned more than {limit} results",
+                LIMIT_EXCEEDED,
+                f"query returned more than {limit} results",
                 data=narrower_range(params[0], results, limit),
             )
         return answer
@@ -90,10 +97,21 @@ class LogReads:
         async def ask(lo: int, hi: int) -> tuple[bytes, bool, str]:
             # The piece is a call of its own: its key, finality, pinning and upstream checks are the
             # ordinary ones; a piece is not charged (the call is, once).
-            piece_filter = {**log_filter, "fromBlock": replace(start, tag=None, number=lo),
-                            "toBlock": replace(end, tag=None, number=hi)}
-            piece = Prepared(prepared.call, prepared.network, prepared.policy, [piece_filter], 0,
-                             block_refs([piece_filter]), None, piece=True)
+            piece_filter = {
+                **log_filter,
+                "fromBlock": replace(start, tag=None, number=lo),
+                "toBlock": replace(end, tag=None, number=hi),
+            }
+            piece = Prepared(
+                prepared.call,
+                prepared.network,
+                prepared.policy,
+                [piece_filter],
+                0,
+                block_refs([piece_filter]),
+                None,
+                piece=True,
+            )
             outcome = await execute(piece)
             return outcome.payload, outcome.is_error, outcome.cache
 
@@ -102,11 +120,16 @@ class LogReads:
         merged = await self._chunks.run(first, last, pieces, ask, deadline)
         if merged.cache == HIT:
             self._metrics.child(self._metrics.credits_saved, prepared.network.name, prepared.call.method).inc(
-                prepared.credits)
+                prepared.credits
+            )
         return Outcome(merged.payload, merged.is_error, merged.cache)
 
     async def from_receipts(
-        self, tracker: EvmHeadTracker, params: Any, plan: Plan, policy: MethodPolicy,
+        self,
+        tracker: EvmHeadTracker,
+        params: Any,
+        plan: Plan,
+        policy: MethodPolicy,
     ) -> tuple[bytes, bool] | None:
         """An eth_getLogs miss over a few blocks whose eth_getBlockReceipts answers this process holds
         in memory, answered (and stored) from them without the upstream; None otherwise.

@@ -18,7 +18,13 @@ from proxy.rpc.params import BlockRef, substitute
 
 
 def plan_call(
-    prepared: Prepared, policy: MethodPolicy, params: Any, head: Any, ttls: cp.Ttls, logs: LogReads, metrics: Metrics,
+    prepared: Prepared,
+    policy: MethodPolicy,
+    params: Any,
+    head: Any,
+    ttls: cp.Ttls,
+    logs: LogReads,
+    metrics: Metrics,
 ) -> Plan:
     """The call's decision, cache key and upstream params for this head (pure but for metric cells)."""
     net, method, refs = prepared.network, prepared.call.method, prepared.refs
@@ -92,9 +98,23 @@ def plan_call(
         key = cache_key(space, method, key_params)
     # An unfinalized block pinned by hash goes upstream as the method's by-hash sibling.
     upstream_method = policy.by_hash if policy.by_hash and decision.pin_hashes else method
-    return Plan(head, decision, key, upstream_method, forward, tags_resolved, need, check_end,
-                decision.pin_hashes or bool(named), prepared.credits, cells, not prepared.piece, proof,
-                unvouched, proof_pinned)
+    return Plan(
+        head,
+        decision,
+        key,
+        upstream_method,
+        forward,
+        tags_resolved,
+        need,
+        check_end,
+        decision.pin_hashes or bool(named),
+        prepared.credits,
+        cells,
+        not prepared.piece,
+        proof,
+        unvouched,
+        proof_pinned,
+    )
 
 
 def _pinned_block(resolved: Any, named: list[str], head: Any) -> tuple[int, str] | None:
@@ -102,8 +122,11 @@ def _pinned_block(resolved: Any, named: list[str], head: Any) -> tuple[int, str]
     a final number is proven at the finalized block) or names by hash."""
     if head is None:
         return None
-    known = [(r.number, r.hash) for r in resolved
-             if r is not None and r.number is not None and r.number > head.finalized and r.hash is not None]
+    known = [
+        (r.number, r.hash)
+        for r in resolved
+        if r is not None and r.number is not None and r.number > head.finalized and r.hash is not None
+    ]
     if named:
         known += [(head.numbers[h], h) for h in named if h in head.numbers]
     return max(known) if known else None

@@ -78,15 +78,29 @@ def solana_config(params: Any) -> dict[str, Any]:
 
 # decide() compares with module names, not CacheClass.X: in Python 3.11 an attribute of an Enum class
 # passes EnumType.__getattr__'s slow lookup (about 60 ns more each, some ten per miss).
-_NONE, _TRACKER, _CONTENT, _HEAD, _TRANSACTION = (CacheClass.NONE, CacheClass.TRACKER, CacheClass.CONTENT,
-                                                  CacheClass.HEAD, CacheClass.TRANSACTION)
+_NONE, _TRACKER, _CONTENT, _HEAD, _TRANSACTION = (
+    CacheClass.NONE,
+    CacheClass.TRACKER,
+    CacheClass.CONTENT,
+    CacheClass.HEAD,
+    CacheClass.TRANSACTION,
+)
 _LARGEST_ACCOUNTS, _TOKEN_BALANCE, _IDENTITY, _SOLANA_FINAL = (
-    CacheClass.LARGEST_ACCOUNTS, CacheClass.TOKEN_BALANCE, CacheClass.IDENTITY, CacheClass.SOLANA_FINAL)
+    CacheClass.LARGEST_ACCOUNTS,
+    CacheClass.TOKEN_BALANCE,
+    CacheClass.IDENTITY,
+    CacheClass.SOLANA_FINAL,
+)
 
 
 def decide(
-    cache: CacheClass, blocks: list[Resolved | None], head: Head | None, ttls: Ttls, params: Any = None,
-    *, client_state: bool = False,
+    cache: CacheClass,
+    blocks: list[Resolved | None],
+    head: Head | None,
+    ttls: Ttls,
+    params: Any = None,
+    *,
+    client_state: bool = False,
 ) -> Decision:
     """Before the upstream call: may this request be cached, and how. `client_state`: the answer is
     computed from code or state the client supplied (overrides)."""

@@ -201,7 +201,8 @@ class RedisTier:
         name, lock = shared_keys(key)
         hold_ms = str(max(1, int(hold * 1000)))
         value, pttl, taken = await self._link.run(
-            "cache_get", lambda c: c.eval(GET_OR_LOCK_SCRIPT, 2, name, lock, token, hold_ms))
+            "cache_get", lambda c: c.eval(GET_OR_LOCK_SCRIPT, 2, name, lock, token, hold_ms)
+        )
         if value is None:
             return None, bool(taken)
         pttl = int(pttl)
@@ -211,8 +212,9 @@ class RedisTier:
         """set() and unlock() in one round trip."""
         name, lock = shared_keys(key)
         px = "" if ttl == math.inf else str(max(1, int(ttl * 1000)))
-        await self._link.run("cache_set", lambda c: c.eval(SET_AND_UNLOCK_SCRIPT, 2, name, lock,
-                                                             encode_value(stored), px, token))
+        await self._link.run(
+            "cache_set", lambda c: c.eval(SET_AND_UNLOCK_SCRIPT, 2, name, lock, encode_value(stored), px, token)
+        )
 
     async def _get_and(self, operation: str, name: str, also: Callable[[Any], Any]) -> tuple[Any, Any]:
         """GET the value and one more command of the same slot in a single round trip. Not a
@@ -265,7 +267,11 @@ class TieredCache:
     """Memory in front of Redis; a Redis hit fills memory; Redis failures only cost a miss."""
 
     def __init__(
-        self, memory: MemoryTier, shared: RedisTier | None, metrics: Metrics, admission: Admission | None = None,
+        self,
+        memory: MemoryTier,
+        shared: RedisTier | None,
+        metrics: Metrics,
+        admission: Admission | None = None,
     ) -> None:
         self.memory = memory
         self.shared = shared
@@ -277,7 +283,8 @@ class TieredCache:
         metrics.cache_entries.set_function(lambda: len(memory))
         self._lookups = {
             (tier, result): metrics.cache_lookups.labels(tier, result)
-            for tier in ("memory", "redis") for result in ("hit", "miss")
+            for tier in ("memory", "redis")
+            for result in ("hit", "miss")
         }
 
     def get_memory(self, key: str) -> Stored | None:

@@ -34,8 +34,7 @@ class FeedError(Exception):
 
 
 class EvmFeed:
-    def __init__(self, network: str, upstream: Upstream, tracker: EvmHeadTracker, *,
-                 push: Relay | None = None) -> None:
+    def __init__(self, network: str, upstream: Upstream, tracker: EvmHeadTracker, *, push: Relay | None = None) -> None:
         self.network = network
         self.heads: set[Subscription] = set()
         self.logs: set[Subscription] = set()
@@ -146,12 +145,12 @@ class EvmFeed:
         assert self._push is not None
         self._pushing = _Pending()
         try:
-            relayed = await self._push.subscribe("eth_subscribe", ["newHeads"], on_ok=lambda: None,
-                                                 on_notify=self._on_pushed, on_lost=self._push_lost)
+            relayed = await self._push.subscribe(
+                "eth_subscribe", ["newHeads"], on_ok=lambda: None, on_notify=self._on_pushed, on_lost=self._push_lost
+            )
         except Exception as exc:
             if not self._push_failing:  # once per outage, not at every retry
-                log.warning("head feed %s: no push heads from the upstream WebSocket (%s); polling", self.network,
-                            exc)
+                log.warning("head feed %s: no push heads from the upstream WebSocket (%s); polling", self.network, exc)
             self._push_failing = True
             self._pushing = None
             return
@@ -206,8 +205,9 @@ class EvmFeed:
             fork = top
         start = max(fork + 1, head.latest - CATCH_UP + 1)
         if start > fork + 1:
-            log.warning("head feed %s: skipped blocks %d-%d (more than %d at once)", self.network, fork + 1,
-                        start - 1, CATCH_UP)
+            log.warning(
+                "head feed %s: skipped blocks %d-%d (more than %d at once)", self.network, fork + 1, start - 1, CATCH_UP
+            )
         numbers = list(range(start, head.latest + 1))
         headers = await self._headers(numbers, head) if numbers else []
         hashes = [str(h["hash"]).lower() for h in headers]
@@ -272,7 +272,8 @@ class EvmFeed:
 
     async def _headers(self, numbers: list[int], head: Head) -> list[dict[str, Any]]:
         calls: list[tuple[str, Any]] = [
-            ("eth_getBlockByHash", [head.hashes[n], False]) if n in head.hashes
+            ("eth_getBlockByHash", [head.hashes[n], False])
+            if n in head.hashes
             else ("eth_getBlockByNumber", [hex(n), False])
             for n in numbers
         ]

@@ -78,9 +78,15 @@ class Resolved:
 
 
 async def poll_forever(
-    poll: Callable[[], Awaitable[object]], interval: float, what: str,
-    *, limit: float | None = None, failed: Callable[[], None] | None = None, attempted: asyncio.Event | None = None,
-    wake: asyncio.Event | None = None, aligned: bool = False,
+    poll: Callable[[], Awaitable[object]],
+    interval: float,
+    what: str,
+    *,
+    limit: float | None = None,
+    failed: Callable[[], None] | None = None,
+    attempted: asyncio.Event | None = None,
+    wake: asyncio.Event | None = None,
+    aligned: bool = False,
 ) -> None:
     """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll.
 
@@ -168,8 +174,11 @@ def _header(answer: Answer) -> Header | None:
 
 
 def _same_head(a: Head, b: Head) -> bool:
-    return not a.stale and not b.stale and (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit, a.space) == (
-        b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit, b.space
+    return (
+        not a.stale
+        and not b.stale
+        and (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit, a.space)
+        == (b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit, b.space)
     )
 
 
@@ -178,7 +187,11 @@ def _get_block(tag_or_number: str) -> tuple[str, list[Any]]:
 
 
 async def synced_window(
-    asker: Asker, window: int, latest: Header, finalized: int, old: dict[int, str],
+    asker: Asker,
+    window: int,
+    latest: Header,
+    finalized: int,
+    old: dict[int, str],
 ) -> dict[int, str]:
     """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
     lower = max(finalized + 1, latest.number - window + 1)
@@ -382,9 +395,16 @@ class EvmHeadTracker:
         return Resolved(number, head.hashes.get(number))
 
     async def run(self) -> None:
-        await poll_forever(self.poll, self._interval, f"head tracker {self.network}",
-                           limit=max(self._interval, self.stale_after), failed=self.check_staleness,
-                           attempted=self.attempted, wake=self._wake, aligned=self._aligned)
+        await poll_forever(
+            self.poll,
+            self._interval,
+            f"head tracker {self.network}",
+            limit=max(self._interval, self.stale_after),
+            failed=self.check_staleness,
+            attempted=self.attempted,
+            wake=self._wake,
+            aligned=self._aligned,
+        )
 
     def health(self, now: float) -> str | None:
         self.check_staleness()
@@ -395,8 +415,11 @@ class EvmHeadTracker:
         (a new head object, so plans memoized against the fresh one are not used)."""
         head = self.head
         if head is not None and not head.stale and time.time() - self.last_poll > self.stale_after:
-            log.warning("head tracker %s: head is stale (no successful poll for %.1fs); tags are forwarded "
-                        "uncached", self.network, time.time() - self.last_poll)
+            log.warning(
+                "head tracker %s: head is stale (no successful poll for %.1fs); tags are forwarded uncached",
+                self.network,
+                time.time() - self.last_poll,
+            )
             self.head = replace(head, stale=True)
 
     async def poll(self) -> Head:
@@ -415,8 +438,9 @@ class EvmHeadTracker:
         old_head = self.head
         if old_head is not None and latest.number < old_head.latest and self._states is not None:
             self._states.suspect.set()  # going back may be another chain (a restarted devnet)
-        violated = known_final is not None and self._violates(known_final, _header(answers[3]), latest,
-                                                              latest_a.upstream)
+        violated = known_final is not None and self._violates(
+            known_final, _header(answers[3]), latest, latest_a.upstream
+        )
         if violated:
             self._epochs.move_on()
             self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
@@ -439,9 +463,19 @@ class EvmHeadTracker:
             await self._epochs.sync(f"{self.network}@{self._identity}", finalized, final_hash, violated)
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
-        head = Head(latest.number, safe, finalized, latest.hash, latest.gas_limit, latest.timestamp, hashes,
-                    {h: n for n, h in hashes.items()}, space=self._space(), final_hash=final_hash,
-                    source=latest_a.upstream)
+        head = Head(
+            latest.number,
+            safe,
+            finalized,
+            latest.hash,
+            latest.gas_limit,
+            latest.timestamp,
+            hashes,
+            {h: n for n, h in hashes.items()},
+            space=self._space(),
+            final_hash=final_hash,
+            source=latest_a.upstream,
+        )
         if old_head is not None and not reorged and _same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
@@ -472,8 +506,7 @@ class EvmHeadTracker:
             # chain is taken from the upstream furthest ahead (a reorg to a shorter chain, a rollback).
             # Not before: one URL may be a load balancer whose lagging member is on a fork the
             # network left, and its answers come between the others'.
-            raise TrackerError(f"upstream #{upstream} is behind the network head "
-                               f"({latest.number} < {old_head.latest})")
+            raise TrackerError(f"upstream #{upstream} is behind the network head ({latest.number} < {old_head.latest})")
 
     def _reorged(self, reorged: list[int], old: dict[int, str], hashes: dict[int, str]) -> None:
         """Blocks replaced by a reorg: their hashes become orphans; the metric, the log and listeners hear."""
@@ -502,8 +535,12 @@ class EvmHeadTracker:
         what = finality_violation(known, now, latest, self._furthest(upstream))
         if what is None:
             return False
-        log.error("head tracker %s: finalized block %d %s; the network's cache entries are invalidated",
-                  self.network, known.number, what)
+        log.error(
+            "head tracker %s: finalized block %d %s; the network's cache entries are invalidated",
+            self.network,
+            known.number,
+            what,
+        )
         self._metrics.finality_violations.labels(self.network).inc()
         if self._states is not None:
             self._states.suspect.set()  # a restarted devnet looks like this: its identity is checked now

@@ -62,7 +62,9 @@ def agreed(seen: list[ChainIdentity | None], network: ChainIdentity | None) -> C
 
 
 def adoption(
-    streak: tuple[ChainIdentity | None, int], candidate: ChainIdentity | None, declared: int | None,
+    streak: tuple[ChainIdentity | None, int],
+    candidate: ChainIdentity | None,
+    declared: int | None,
 ) -> tuple[tuple[ChainIdentity | None, int], bool]:
     """(the streak after this round, whether to adopt `candidate` now). Never with a declared identity."""
     if candidate is None or declared is not None:
@@ -125,16 +127,25 @@ class IdentityGuard:
             # another fork. (If none has it, the network's chain itself moved on: the tracker sees it.)
             for index, on_chain in enumerate(verdicts):
                 if on_chain is False and not self._pool.states.mismatch[index]:
-                    log.error("network %s: upstream #%d has another block %d than the network's "
-                              "finalized one: taken out of rotation", self.network, index, checkpoint[0])
+                    log.error(
+                        "network %s: upstream #%d has another block %d than the network's "
+                        "finalized one: taken out of rotation",
+                        self.network,
+                        index,
+                        checkpoint[0],
+                    )
                     self._pool.states.judged(index, False)
                     self._metrics.identity_mismatch.labels(self.network, str(index)).set(1)
 
     def adopt(self, identity: ChainIdentity) -> None:
         states = self._pool.states
-        log.error("network %s: every upstream now serves %s, not %s, and no identity is declared (a restarted "
-                  "devnet?): adopted as the network's chain; cache entries of the old chain are never served",
-                  self.network, identity.describe(), self.identity.describe() if self.identity else "none")
+        log.error(
+            "network %s: every upstream now serves %s, not %s, and no identity is declared (a restarted "
+            "devnet?): adopted as the network's chain; cache entries of the old chain are never served",
+            self.network,
+            identity.describe(),
+            self.identity.describe() if self.identity else "none",
+        )
         self.identity = identity
         self._metrics.identity_adoptions.labels(self.network).inc()
         (self._on_adopt or self._on_identity)(identity)
@@ -143,7 +154,9 @@ class IdentityGuard:
             self._metrics.identity_mismatch.labels(self.network, str(index)).set(0)
 
     async def check(
-        self, index: int, checkpoint: tuple[int, str] | None = None,
+        self,
+        index: int,
+        checkpoint: tuple[int, str] | None = None,
     ) -> tuple[ChainIdentity | None, bool | None]:
         """Check upstream `index`'s identity: what it answered (None: nothing), and whether its block at
         `checkpoint` has the checkpoint's hash (None: not asked, or it has no such block yet)."""
@@ -152,8 +165,9 @@ class IdentityGuard:
             self._pool.ask(index, "eth_getBlockByNumber", ["0x0", False], timeout=PROBE_TIMEOUT),
         ]
         if checkpoint is not None:
-            probes.append(self._pool.ask(index, "eth_getBlockByNumber", [hex(checkpoint[0]), False],
-                                         timeout=PROBE_TIMEOUT))
+            probes.append(
+                self._pool.ask(index, "eth_getBlockByNumber", [hex(checkpoint[0]), False], timeout=PROBE_TIMEOUT)
+            )
         try:
             chain_id, genesis, *at = await asyncio.gather(*probes)
         except JsonRpcError:
@@ -176,10 +190,16 @@ class IdentityGuard:
             self._on_identity(self.identity)
         if not matches and not states.mismatch[index]:
             expected = self.identity.describe() if self.identity else f"declared chain id {self._declared}"
-            log.error("network %s: upstream #%d serves %s, not the network's %s: taken out of rotation",
-                      self.network, index, seen.describe(), expected)
+            log.error(
+                "network %s: upstream #%d serves %s, not the network's %s: taken out of rotation",
+                self.network,
+                index,
+                seen.describe(),
+                expected,
+            )
         elif matches and states.mismatch[index]:
-            log.warning("network %s: upstream #%d serves the network's chain again: back in rotation",
-                        self.network, index)
+            log.warning(
+                "network %s: upstream #%d serves the network's chain again: back in rotation", self.network, index
+            )
         states.judged(index, matches)
         self._metrics.identity_mismatch.labels(self.network, str(index)).set(0 if matches else 1)

@@ -26,8 +26,9 @@ def _commitment(params: Any) -> tuple[str, bool]:
     return str(config.get("commitment", "finalized")), "minContextSlot" in config
 
 
-def held(method: str, params: Any, tracker: EvmHeadTracker | SolanaSlotTracker, now: float,
-         max_age: float) -> Any | None:
+def held(
+    method: str, params: Any, tracker: EvmHeadTracker | SolanaSlotTracker, now: float, max_age: float
+) -> Any | None:
     """The answer the trackers hold for this call, or None: ask upstream."""
     if isinstance(tracker, SolanaSlotTracker):
         commitment, min_slot = _commitment(params)
@@ -44,8 +45,9 @@ def held(method: str, params: Any, tracker: EvmHeadTracker | SolanaSlotTracker, 
     return None
 
 
-def learned(method: str, params: Any, tracker: EvmHeadTracker | SolanaSlotTracker, answer: Answer,
-            now: float) -> Answer:
+def learned(
+    method: str, params: Any, tracker: EvmHeadTracker | SolanaSlotTracker, answer: Answer, now: float
+) -> Answer:
     """A forwarded Solana slot or height refreshes the tracker; the answer never goes below a value
     already shown. (EVM answers go through the service's read-your-writes `_shown`.)"""
     value = answer.result

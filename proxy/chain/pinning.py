@@ -82,18 +82,27 @@ def logs_on_chain(logs: Any, hashes: Mapping[int, str]) -> bool:
 
 
 # Forwarded methods whose answers show a block number a client may then read at `latest`.
-SHOWS_BLOCK = frozenset({
-    "eth_blockNumber", "eth_getTransactionReceipt", "eth_getTransactionByHash", "eth_getBlockByNumber",
-    "eth_getBlockByHash", "eth_getTransactionByBlockHashAndIndex", "eth_getTransactionByBlockNumberAndIndex",
-})
+SHOWS_BLOCK = frozenset(
+    {
+        "eth_blockNumber",
+        "eth_getTransactionReceipt",
+        "eth_getTransactionByHash",
+        "eth_getBlockByNumber",
+        "eth_getBlockByHash",
+        "eth_getTransactionByBlockHashAndIndex",
+        "eth_getTransactionByBlockNumberAndIndex",
+    }
+)
 
 
 def shown_block(method: str, result: Any) -> int | None:
     """The block number an answer shows a client, if any."""
     if method not in SHOWS_BLOCK or result is None:
         return None
-    value = result if method == "eth_blockNumber" else (
-        result.get("blockNumber") or result.get("number") if isinstance(result, dict) else None
+    value = (
+        result
+        if method == "eth_blockNumber"
+        else (result.get("blockNumber") or result.get("number") if isinstance(result, dict) else None)
     )
     if not isinstance(value, str):
         return None
@@ -104,7 +113,11 @@ def shown_block(method: str, result: Any) -> int | None:
 
 
 def forward_params(
-    params: Any, refs: list[BlockRef], resolved: dict[int, Resolved | None], pin_hashes: bool, logs: bool,
+    params: Any,
+    refs: list[BlockRef],
+    resolved: dict[int, Resolved | None],
+    pin_hashes: bool,
+    logs: bool,
 ) -> Any:
     """The params sent upstream: unfinalized blocks pinned to their hash wherever the method allows."""
     if logs and pin_hashes:

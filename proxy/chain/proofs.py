@@ -31,7 +31,11 @@ NOT_PROVABLE = ("", "", True)  # the hash to compare with is not known: the answ
 
 
 def plan_proof(
-    decision: Decision, numbered: bool, head: Head | None, named: list[str], orphans: Mapping[str, int],
+    decision: Decision,
+    numbered: bool,
+    head: Head | None,
+    named: list[str],
+    orphans: Mapping[str, int],
     pinned: tuple[int, str] | None = None,
 ) -> Proof | None:
     """The proof a call's answer needs (NOT_PROVABLE when it needs one that cannot be had), or None.

@@ -17,7 +17,13 @@ class SolanaSlotTracker:
     """The slot at each commitment, polled with getSlot."""
 
     def __init__(
-        self, network: str, upstream: Upstream, *, interval: float, metrics: Metrics, stale_after: float = 6.0,
+        self,
+        network: str,
+        upstream: Upstream,
+        *,
+        interval: float,
+        metrics: Metrics,
+        stale_after: float = 6.0,
         shared: SharedPolls | None = None,
     ) -> None:
         self.network = network
@@ -39,9 +45,14 @@ class SolanaSlotTracker:
         return None  # Solana answers carry their own context.slot; nothing resolves through a head.
 
     async def run(self) -> None:
-        await poll_forever(self.poll, self._interval, f"slot tracker {self.network}",
-                           limit=max(self._interval, self.stale_after), attempted=self.attempted,
-                           aligned=self._aligned)
+        await poll_forever(
+            self.poll,
+            self._interval,
+            f"slot tracker {self.network}",
+            limit=max(self._interval, self.stale_after),
+            attempted=self.attempted,
+            aligned=self._aligned,
+        )
 
     def health(self, now: float) -> str | None:
         return poll_health(bool(self.slots), self.last_poll, self.stale_after, now)

@@ -35,6 +35,7 @@ async def watch_upstream_heads(pool: PerUpstream, interval: float, shared: Share
 
     while True:
         now = time.monotonic()  # one resting after a 429 is not asked before its Retry-After
-        await asyncio.gather(*(one(i) for i in range(states.size)
-                               if states.in_rotation(i) and not states.resting(i, now)))
+        await asyncio.gather(
+            *(one(i) for i in range(states.size) if states.in_rotation(i) and not states.resting(i, now))
+        )
         await asyncio.sleep(interval if shared is None else aligned_delay(interval, time.time()))

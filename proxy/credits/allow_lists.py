@@ -10,8 +10,9 @@ from typing import Any
 from proxy.rpc.jsonrpc import INVALID_API_KEY, JsonRpcError
 
 # Methods whose target is an address, and where it sits in their (validated) params.
-_FIRST_PARAM = frozenset({"eth_getStorageAt", "eth_getBalance", "eth_getCode", "eth_getTransactionCount",
-                          "eth_getProof"})
+_FIRST_PARAM = frozenset(
+    {"eth_getStorageAt", "eth_getBalance", "eth_getCode", "eth_getTransactionCount", "eth_getProof"}
+)
 _CALL_TO = frozenset({"eth_call", "eth_estimateGas", "eth_createAccessList"})
 _FILTER = frozenset({"eth_getLogs", "eth_newFilter"})
 

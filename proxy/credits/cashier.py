@@ -52,14 +52,18 @@ class Cashier:
 
     def _key_terms(self, account: str) -> KeyTerms:
         settings = self._settings
-        return KeyTerms(settings.daily_credits_for(account), settings.credits_per_second_for(account),
-                         self._metrics.key_credits_charged.labels(account))
+        return KeyTerms(
+            settings.daily_credits_for(account),
+            settings.credits_per_second_for(account),
+            self._metrics.key_credits_charged.labels(account),
+        )
 
     def charge_now(self, account: str, cost: int, now: float | None = None) -> tuple[JsonRpcError | None, int] | None:
         """A charge the ledger decides without a round trip (a lease covers it), or None."""
         terms = self.terms[account]
-        debit = self._ledger.try_debit(account, cost, daily=terms.daily, per_second=terms.per_second,
-                                       now=self._now() if now is None else now)
+        debit = self._ledger.try_debit(
+            account, cost, daily=terms.daily, per_second=terms.per_second, now=self._now() if now is None else now
+        )
         return None if debit is None else self.verdict(debit, cost, terms.per_second)
 
     async def charge(self, account: str, cost: int, now: float | None = None) -> tuple[JsonRpcError | None, int]:
@@ -82,20 +86,26 @@ class Cashier:
         if debit.verdict is Verdict.UNAVAILABLE:
             self._metrics.credit_rejections.labels("unavailable").inc()
             return JsonRpcError(
-                LIMIT_EXCEEDED, "credits unavailable: the credit ledger cannot be reached; retry shortly",
-                http_status=503, headers={"Retry-After": "5"},
+                LIMIT_EXCEEDED,
+                "credits unavailable: the credit ledger cannot be reached; retry shortly",
+                http_status=503,
+                headers={"Retry-After": "5"},
             ), debit.remaining
         if debit.verdict is Verdict.EXHAUSTED:
             self._metrics.credit_rejections.labels("exhausted").inc()
             return JsonRpcError(
-                LIMIT_EXCEEDED, f"daily credit limit reached: {cost} credits needed, {max(debit.remaining, 0)} left "
-                "today; balances reset at 00:00 UTC", http_status=402,
+                LIMIT_EXCEEDED,
+                f"daily credit limit reached: {cost} credits needed, {max(debit.remaining, 0)} left "
+                "today; balances reset at 00:00 UTC",
+                http_status=402,
             ), debit.remaining
         if debit.verdict is Verdict.RATE_LIMITED:
             self._metrics.credit_rejections.labels("rate").inc()
             return JsonRpcError(
-                LIMIT_EXCEEDED, f"rate limit exceeded: more than {per_second} credits per second",
-                http_status=429, headers={"Retry-After": "1"},
+                LIMIT_EXCEEDED,
+                f"rate limit exceeded: more than {per_second} credits per second",
+                http_status=429,
+                headers={"Retry-After": "1"},
             ), debit.remaining
         return None, debit.remaining
 

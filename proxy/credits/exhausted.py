@@ -11,8 +11,9 @@ from proxy.redis_link import RedisLink, RedisUnavailable
 
 
 class ExhaustedKeys:
-    def __init__(self, link: RedisLink, background: Callable[[Any], None], *, day_ttl: int,
-                 key_of: Callable[[int], str]) -> None:
+    def __init__(
+        self, link: RedisLink, background: Callable[[Any], None], *, day_ttl: int, key_of: Callable[[int], str]
+    ) -> None:
         self._link = link
         self._background = background
         self._day_ttl = day_ttl
@@ -29,8 +30,9 @@ class ExhaustedKeys:
             for callback in self.on_exhausted:
                 callback(api_key, day)
             key = self._key_of(day)
-            self._background(self._run("credits_exhausted", lambda c: c.sadd(key, api_key),
-                                       lambda c: c.expire(key, self._day_ttl)))
+            self._background(
+                self._run("credits_exhausted", lambda c: c.sadd(key, api_key), lambda c: c.expire(key, self._day_ttl))
+            )
 
     async def _run(self, operation: str, *commands: Callable[[Any], Any]) -> None:
         """Commands run in order until one fails (Redis unavailable: the set is a hint, kept in memory too)."""

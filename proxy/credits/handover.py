@@ -49,14 +49,15 @@ class Handover:
         journals = read_journals(self._journal_dir)
         done = True
         for path in self.predecessors():
-            replica = path.name[len(self._prefix):-len(".jsonl")]
+            replica = path.name[len(self._prefix) : -len(".jsonl")]
             released = True
             for key, api_key in sorted(_leased(path)):
                 counters = journals.get(key, {}).get(replica, (0, 0))
                 released = await self._ledger.release(replica, key, api_key, counters, now) and released
             if released:
-                log.warning("credits: gave back the leases of worker replica %s, which exited without doing so",
-                            replica)
+                log.warning(
+                    "credits: gave back the leases of worker replica %s, which exited without doing so", replica
+                )
                 path.unlink(missing_ok=True)
                 if self._journal_dir:
                     with contextlib.suppress(OSError):

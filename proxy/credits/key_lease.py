@@ -29,13 +29,41 @@ class KeyLease:
     `_mark`, the consumption up to which the lease spends alone, and `_shown`, the balance shown
     before this replica's consumption."""
 
-    __slots__ = ("_allowance", "_daily", "_low_water", "_mark", "_others_spent", "_refunded", "_shown", "active",
-                 "api_key", "ceiling", "consumed", "day_end", "day_start", "granted_at", "idle_since", "journaled",
-                 "key", "known", "lock", "others", "peers", "reported", "reported_at", "returning", "swept",
-                 "window_second", "window_used")
+    __slots__ = (
+        "_allowance",
+        "_daily",
+        "_low_water",
+        "_mark",
+        "_others_spent",
+        "_refunded",
+        "_shown",
+        "active",
+        "api_key",
+        "ceiling",
+        "consumed",
+        "day_end",
+        "day_start",
+        "granted_at",
+        "idle_since",
+        "journaled",
+        "key",
+        "known",
+        "lock",
+        "others",
+        "peers",
+        "reported",
+        "reported_at",
+        "returning",
+        "swept",
+        "window_second",
+        "window_used",
+    )
 
     def __init__(
-        self, api_key: str, key: str, *,
+        self,
+        api_key: str,
+        key: str,
+        *,
         allowance: int = 0,  # credits this replica may consume today; never more than Redis granted
         consumed: int = 0,  # cumulative debits
         refunded: int = 0,  # cumulative refunds

@@ -89,7 +89,13 @@ def outage_ceiling(lease: KeyLease, daily: int, *, fail_open: bool, lease_max: i
 
 
 def outage_verdict(
-    lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float, *, exhausted: bool = False,
+    lease: KeyLease,
+    amount: int,
+    daily: int,
+    per_second: int | None,
+    now: float,
+    *,
+    exhausted: bool = False,
 ) -> Verdict:
     """Whether a replica cut off from Redis may debit `amount` (pure). `exhausted`: the key is known
     exhausted somewhere (README "Limits and credits": the outage rule is per key)."""
@@ -199,10 +205,12 @@ class LeasedLedger:
                 if per_second is None and lease.free >= amount and daily == lease.daily:
                     continue  # another call's refill covered this one too (as `spend` judges it)
                 if lease.returning:  # given back first (new terms): Redis still counts what it held
-                    await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now,
-                                         budget=deadline - time.monotonic())
-                verdict = await self._exchange(lease, amount, mode=CREDIT, per_second=per_second, now=now,
-                                               budget=deadline - time.monotonic())
+                    await self._exchange(
+                        lease, 0, mode=GIVE_BACK, per_second=None, now=now, budget=deadline - time.monotonic()
+                    )
+                verdict = await self._exchange(
+                    lease, amount, mode=CREDIT, per_second=per_second, now=now, budget=deadline - time.monotonic()
+                )
                 if verdict is None:  # Redis did not answer in time
                     if self._link.up and time.monotonic() < deadline:
                         continue  # one quick failure is not an outage: ask again (exchanges are idempotent)
@@ -211,8 +219,9 @@ class LeasedLedger:
                     if verdict is Verdict.EXHAUSTED:
                         self.exhausted.mark(int(now) // 86400, api_key, tell=True)
                     if lease.free > 0:  # what is left here cannot pay this call: let other replicas have it
-                        await self._exchange(lease, 0, mode=GIVE_BACK, per_second=None, now=now,
-                                             budget=deadline - time.monotonic())
+                        await self._exchange(
+                            lease, 0, mode=GIVE_BACK, per_second=None, now=now, budget=deadline - time.monotonic()
+                        )
                     return Debit(verdict, lease.remaining(daily))
                 if lease.free >= amount:
                     lease.consumed += amount
@@ -238,8 +247,9 @@ class LeasedLedger:
 
     def _outage_debit(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         day = int(now) // 86400
-        verdict = outage_verdict(lease, amount, daily, per_second, now,
-                                 exhausted=(day, lease.api_key) in self.exhausted.known)
+        verdict = outage_verdict(
+            lease, amount, daily, per_second, now, exhausted=(day, lease.api_key) in self.exhausted.known
+        )
         if verdict is Verdict.OK:
             lease.consumed += amount
             if per_second is not None:
@@ -280,8 +290,14 @@ class LeasedLedger:
     @property
     def given_back(self) -> bool:
         """Every lease went back to Redis and every debit reached it (after `close`)."""
-        return not any(lease.journaled or lease.ceiling is not None or lease.returning or lease.free > 0
-                       or lease.net != lease.reported for lease in self._leases.values())
+        return not any(
+            lease.journaled
+            or lease.ceiling is not None
+            or lease.returning
+            or lease.free > 0
+            or lease.net != lease.reported
+            for lease in self._leases.values()
+        )
 
     def _background(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -294,8 +310,9 @@ class LeasedLedger:
         day = int(now) // 86400
         lease = self._leases.get((day, api_key))
         if lease is None:
-            lease = self._leases[(day, api_key)] = KeyLease(api_key, ledger_key(api_key, day), day_start=day * 86400.0,
-                                                            day_end=(day + 1) * 86400.0)
+            lease = self._leases[(day, api_key)] = KeyLease(
+                api_key, ledger_key(api_key, day), day_start=day * 86400.0, day_end=(day + 1) * 86400.0
+            )
             for callback in self.on_new_lease:
                 callback(lease)
         if day * 86400 > self._day_start:  # a new day: the hot path's leases are that day's
@@ -306,7 +323,13 @@ class LeasedLedger:
         return lease
 
     async def _exchange(
-        self, lease: KeyLease, cost: int, *, mode: int, per_second: int | None, now: float,
+        self,
+        lease: KeyLease,
+        cost: int,
+        *,
+        mode: int,
+        per_second: int | None,
+        now: float,
         budget: float | None = None,
     ) -> Verdict | None:
         """One run of the script (callers hold `lease.lock`); None: no answer within `budget` seconds."""
@@ -316,9 +339,21 @@ class LeasedLedger:
             lease.allowance = lease.net  # nothing more is spent from this lease meanwhile
             lease.returning = True
         args = [
-            self.replica, next(self._seqs), lease.consumed, lease.refunded, cost, mode, lease.daily,
-            self._lease_max, int(now), 3 * self._lease_seconds, per_second or 0, lease.allowance,
-            1 if lease.known else 0, DAY_TTL, *lease.peers,
+            self.replica,
+            next(self._seqs),
+            lease.consumed,
+            lease.refunded,
+            cost,
+            mode,
+            lease.daily,
+            self._lease_max,
+            int(now),
+            3 * self._lease_seconds,
+            per_second or 0,
+            lease.allowance,
+            1 if lease.known else 0,
+            DAY_TTL,
+            *lease.peers,
         ]
         keys = [lease.key, rate_key(lease.api_key, int(now))]
         if not self._link.is_cluster:  # no cluster held the untagged names: its keys need one slot
@@ -330,8 +365,10 @@ class LeasedLedger:
             return None
         reply = parse_reply(raw)
         if reply.restored:
-            log.warning("credits: a key's ledger entry was missing in Redis; rebuilt from this replica's own "
-                        "lease and what it last saw of the others")
+            log.warning(
+                "credits: a key's ledger entry was missing in Redis; rebuilt from this replica's own "
+                "lease and what it last saw of the others"
+            )
         if reply.allowance > lease.allowance and cost:
             lease.granted_at = self._mono()
             lease.low_water = (reply.allowance - lease.net) // 4
@@ -354,8 +391,22 @@ class LeasedLedger:
         """Give back the lease of a replica that died (a worker's predecessor, handover.py): its allowance
         shrinks to what it spent, as its last report or journal says. False: Redis did not answer."""
         consumed, refunded = counters
-        args = [replica, 2**50, consumed, refunded, 0, GIVE_BACK, 0, self._lease_max, int(now),
-                3 * self._lease_seconds, 0, 0, 0, DAY_TTL]
+        args = [
+            replica,
+            2**50,
+            consumed,
+            refunded,
+            0,
+            GIVE_BACK,
+            0,
+            self._lease_max,
+            int(now),
+            3 * self._lease_seconds,
+            0,
+            0,
+            0,
+            DAY_TTL,
+        ]
         keys = [key, rate_key(api_key, int(now))]
         try:
             await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args))
@@ -377,8 +428,11 @@ class LeasedLedger:
             stale = day != today
             if lease.consumed != lease.swept:  # spent since the last sweep: not idle
                 lease.swept, lease.idle_since = lease.consumed, mono
-            old = lease.free > 0 and (stale or mono - lease.granted_at > self._lease_seconds
-                                      or mono - lease.idle_since > self._lease_seconds / 2)
+            old = lease.free > 0 and (
+                stale
+                or mono - lease.granted_at > self._lease_seconds
+                or mono - lease.idle_since > self._lease_seconds / 2
+            )
             # Spending is reported, and the others' learned, every REPORT_INTERVAL while the key is in use
             # here: the balance shown trails the ledger by about that much of the other replicas' spending.
             recent = lease.net != lease.reported or (not stale and mono - lease.idle_since < self._lease_seconds)
@@ -389,8 +443,9 @@ class LeasedLedger:
                 continue
             if not self._link.up:
                 return
-            await self._locked_exchange(lease, 0, GIVE_BACK if old or lease.returning else CREDIT,
-                                        day * 86400 + 43200 if stale else now)
+            await self._locked_exchange(
+                lease, 0, GIVE_BACK if old or lease.returning else CREDIT, day * 86400 + 43200 if stale else now
+            )
 
     async def run(self, clock: Callable[[], float], interval: float = 0.25) -> None:
         task = asyncio.current_task()

@@ -48,8 +48,7 @@ class Ledger(Protocol):
         left to show; None when that cannot be decided so (a refusal too): ask `try_debit`/`debit`."""
         ...
 
-    def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None,
-                  now: float) -> Debit | None:
+    def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit | None:
         """A verdict made without awaiting anything, or None: ask `debit`."""
         ...
 
@@ -96,9 +95,14 @@ class MemoryLedger:
             if day > self._day:  # older days are over: a refund goes back to its own day, so one is kept
                 self._day = day
                 self._leases = {held: kept for held, kept in self._leases.items() if held[0] >= day - 1}
-            lease = self._leases[(day, api_key)] = KeyLease(api_key, daily_key(api_key, now), allowance=daily,
-                                                            daily=daily, day_start=day * 86400.0,
-                                                            day_end=(day + 1) * 86400.0)
+            lease = self._leases[(day, api_key)] = KeyLease(
+                api_key,
+                daily_key(api_key, now),
+                allowance=daily,
+                daily=daily,
+                day_start=day * 86400.0,
+                day_end=(day + 1) * 86400.0,
+            )
         elif lease.daily != daily:
             lease.allowance = lease.daily = daily
         return lease

@@ -22,8 +22,10 @@ async def check_ledger_storage(link: RedisLink, require_noeviction: bool) -> Non
         policy = "unknown (CONFIG GET failed)"
     if policy == "noeviction":
         return
-    problem = (f"the credit ledger's Redis has maxmemory-policy {policy}: ledger entries may be evicted, "
-               "giving keys their credits back; point CREDITS_REDIS_URL at a Redis with noeviction")
+    problem = (
+        f"the credit ledger's Redis has maxmemory-policy {policy}: ledger entries may be evicted, "
+        "giving keys their credits back; point CREDITS_REDIS_URL at a Redis with noeviction"
+    )
     if require_noeviction:
         raise LedgerStorageError(problem + " (CREDITS_REQUIRE_NOEVICTION is set)")
     logging.getLogger("proxy.credits").warning("credits: %s", problem)

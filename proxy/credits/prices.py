@@ -15,35 +15,76 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 # spec "Limits / Credits per call": fixed.
-SPEC_CREDITS: Mapping[str, int] = MappingProxyType({
-    "eth_getStorageAt": 80, "eth_getLogs": 255, "eth_getUncleByBlockHashAndIndex": 150, "eth_call": 80,
-    "eth_getBlockReceipts": 1000, "getTokenAccountBalance": 160, "getLargestAccounts": 160,
-})
+SPEC_CREDITS: Mapping[str, int] = MappingProxyType(
+    {
+        "eth_getStorageAt": 80,
+        "eth_getLogs": 255,
+        "eth_getUncleByBlockHashAndIndex": 150,
+        "eth_call": 80,
+        "eth_getBlockReceipts": 1000,
+        "getTokenAccountBalance": 160,
+        "getLargestAccounts": 160,
+    }
+)
 
-METHOD_CREDITS: Mapping[str, int] = MappingProxyType({
-    # Chain identity and node status.
-    "eth_chainId": 5, "net_version": 5, "net_listening": 5, "eth_syncing": 5, "web3_clientVersion": 80,
-    "eth_protocolVersion": 5,
-    # Head and fees.
-    "eth_blockNumber": 80, "eth_gasPrice": 80, "eth_maxPriorityFeePerGas": 80, "eth_feeHistory": 80,
-    "eth_blobBaseFee": 300,
-    # State at a block.
-    "eth_getBalance": 80, "eth_getCode": 80, "eth_getTransactionCount": 80, "eth_getProof": 150,
-    # Blocks and transactions.
-    "eth_getBlockByNumber": 80, "eth_getBlockByHash": 80, "eth_getTransactionByHash": 80,
-    "eth_getTransactionReceipt": 80, "eth_getBlockTransactionCountByNumber": 150,
-    "eth_getBlockTransactionCountByHash": 150, "eth_getUncleCountByBlockNumber": 150,
-    "eth_getUncleCountByBlockHash": 150, "eth_getUncleByBlockNumberAndIndex": 150,
-    "eth_getTransactionByBlockHashAndIndex": 150, "eth_getTransactionByBlockNumberAndIndex": 150,
-    # Work the node does per call.
-    "eth_estimateGas": 300, "eth_createAccessList": 80, "eth_sendRawTransaction": 720,
-    "eth_newFilter": 80, "eth_newBlockFilter": 80, "eth_newPendingTransactionFilter": 80,
-    "eth_getFilterChanges": 140, "eth_getFilterLogs": 255, "eth_uninstallFilter": 80,
-    # Solana: slot and identity reads are cheap, account and block reads priced like the spec's two.
-    "getSlot": 5, "getBlockHeight": 5, "getGenesisHash": 5, "getVersion": 5, "getEpochSchedule": 5, "getHealth": 5,
-    "getBalance": 80, "getAccountInfo": 80, "getMultipleAccounts": 160, "getBlock": 160, "getTransaction": 160,
-    "sendTransaction": 720, "simulateTransaction": 300,
-})
+METHOD_CREDITS: Mapping[str, int] = MappingProxyType(
+    {
+        # Chain identity and node status.
+        "eth_chainId": 5,
+        "net_version": 5,
+        "net_listening": 5,
+        "eth_syncing": 5,
+        "web3_clientVersion": 80,
+        "eth_protocolVersion": 5,
+        # Head and fees.
+        "eth_blockNumber": 80,
+        "eth_gasPrice": 80,
+        "eth_maxPriorityFeePerGas": 80,
+        "eth_feeHistory": 80,
+        "eth_blobBaseFee": 300,
+        # State at a block.
+        "eth_getBalance": 80,
+        "eth_getCode": 80,
+        "eth_getTransactionCount": 80,
+        "eth_getProof": 150,
+        # Blocks and transactions.
+        "eth_getBlockByNumber": 80,
+        "eth_getBlockByHash": 80,
+        "eth_getTransactionByHash": 80,
+        "eth_getTransactionReceipt": 80,
+        "eth_getBlockTransactionCountByNumber": 150,
+        "eth_getBlockTransactionCountByHash": 150,
+        "eth_getUncleCountByBlockNumber": 150,
+        "eth_getUncleCountByBlockHash": 150,
+        "eth_getUncleByBlockNumberAndIndex": 150,
+        "eth_getTransactionByBlockHashAndIndex": 150,
+        "eth_getTransactionByBlockNumberAndIndex": 150,
+        # Work the node does per call.
+        "eth_estimateGas": 300,
+        "eth_createAccessList": 80,
+        "eth_sendRawTransaction": 720,
+        "eth_newFilter": 80,
+        "eth_newBlockFilter": 80,
+        "eth_newPendingTransactionFilter": 80,
+        "eth_getFilterChanges": 140,
+        "eth_getFilterLogs": 255,
+        "eth_uninstallFilter": 80,
+        # Solana: slot and identity reads are cheap, account and block reads priced like the spec's two.
+        "getSlot": 5,
+        "getBlockHeight": 5,
+        "getGenesisHash": 5,
+        "getVersion": 5,
+        "getEpochSchedule": 5,
+        "getHealth": 5,
+        "getBalance": 80,
+        "getAccountInfo": 80,
+        "getMultipleAccounts": 160,
+        "getBlock": 160,
+        "getTransaction": 160,
+        "sendTransaction": 720,
+        "simulateTransaction": 300,
+    }
+)
 
 
 def credits_of(method: str, table: Mapping[str, int], default: int) -> int:

@@ -35,33 +35,53 @@ def client_ip(request: web.Request, trusted_header: str | None) -> str | None:
     return request.remote
 
 
-def log_request(key: str, client: str | None, status: int, started: float, cache: str | None,
-                upstream: float | None) -> None:
-    log.info("request", extra={
-        "key": key, "client": client, "status": status,
-        "total_ms": round((time.perf_counter() - started) * 1000, 2), "cache": cache,
-        "upstream_ms": None if upstream is None else round(upstream * 1000, 2),
-    })
+def log_request(
+    key: str, client: str | None, status: int, started: float, cache: str | None, upstream: float | None
+) -> None:
+    log.info(
+        "request",
+        extra={
+            "key": key,
+            "client": client,
+            "status": status,
+            "total_ms": round((time.perf_counter() - started) * 1000, 2),
+            "cache": cache,
+            "upstream_ms": None if upstream is None else round(upstream * 1000, 2),
+        },
+    )
 
 
-def log_front_request(gateway: Gateway, trusted_header: str | None, peer: str | None, request: Request,
-                      reply: Reply) -> None:
+def log_front_request(
+    gateway: Gateway, trusted_header: str | None, peer: str | None, request: Request, reply: Reply
+) -> None:
     """The line for a request the fast server answered (front.py): header names are lower-case there."""
     headers = request.headers
     forwarded = headers.get(trusted_header) if trusted_header else None
     client = forwarded.rsplit(",", 1)[-1].strip()[:64] if forwarded else peer
     target = request.target
     account = gateway.account(key_of(target[1] if target else None, headers))
-    log_request(account or "invalid", client, reply.status, request.started, reply.headers.get("X-Cache"),
-                reply.upstream_seconds)
+    log_request(
+        account or "invalid",
+        client,
+        reply.status,
+        request.started,
+        reply.headers.get("X-Cache"),
+        reply.upstream_seconds,
+    )
 
 
 def logged(handler: Handler, gateway: Gateway, trusted_header: str | None) -> Handler:
     async def run(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         response = await handler(request)
-        log_request(gateway.account(api_key(request)) or "invalid", client_ip(request, trusted_header),
-                    response.status, started, response.headers.get("X-Cache"), response.get(UPSTREAM_SECONDS))
+        log_request(
+            gateway.account(api_key(request)) or "invalid",
+            client_ip(request, trusted_header),
+            response.status,
+            started,
+            response.headers.get("X-Cache"),
+            response.get(UPSTREAM_SECONDS),
+        )
         return response
 
     return run

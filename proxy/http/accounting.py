@@ -31,7 +31,11 @@ class CallAccounting:
         return next(self._ids) if self._access_log and log.isEnabledFor(logging.INFO) else 0
 
     def count(
-        self, entries: list[Call | Invalid], slots: list[Prepared | Outcome], results: list[Outcome], keyed: bool,
+        self,
+        entries: list[Call | Invalid],
+        slots: list[Prepared | Outcome],
+        results: list[Outcome],
+        keyed: bool,
         request_id: int,
     ) -> None:
         """Count and log a body's calls; `keyed`: their credits were charged."""
@@ -67,9 +71,13 @@ class CallAccounting:
         self, request_id: int, network: str, label: str, result: str, cache: str | None, upstream: float | None
     ) -> None:
         log.info(
-            "call", extra={
-                "request_id": f"{self._id_prefix}{request_id:x}", "network": network, "method": label,
-                "outcome": result, "cache": cache,
+            "call",
+            extra={
+                "request_id": f"{self._id_prefix}{request_id:x}",
+                "network": network,
+                "method": label,
+                "outcome": result,
+                "cache": cache,
                 "upstream_ms": None if upstream is None else round(upstream * 1000, 2),
             },
         )

@@ -58,14 +58,21 @@ def upstream_view(runtimes: Mapping[str, NetworkRuntime]) -> dict[str, list[dict
         best = max(states.latest, default=-1)
         for index, url in enumerate(pool.urls):
             parts, budget = urlsplit(url), pool.budgets[index]
-            rows.append({
-                "index": index, "host": f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else ""),
-                "in_rotation": states.in_rotation(index), "cordoned": states.cordoned[index],
-                "verified": states.verified[index], "head": states.latest[index],
-                "head_lag": best - states.latest[index] if states.latest[index] >= 0 else None,
-                "score_seconds": round(pool.selector.scores.score(index, 0, now), 6),
-                "max_rps": budget.max_rps, "max_concurrency": budget.max_concurrency, "in_flight": budget.in_flight,
-            })
+            rows.append(
+                {
+                    "index": index,
+                    "host": f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else ""),
+                    "in_rotation": states.in_rotation(index),
+                    "cordoned": states.cordoned[index],
+                    "verified": states.verified[index],
+                    "head": states.latest[index],
+                    "head_lag": best - states.latest[index] if states.latest[index] >= 0 else None,
+                    "score_seconds": round(pool.selector.scores.score(index, 0, now), 6),
+                    "max_rps": budget.max_rps,
+                    "max_concurrency": budget.max_concurrency,
+                    "in_flight": budget.in_flight,
+                }
+            )
         view[name] = rows
     return view
 
@@ -103,8 +110,11 @@ class Cordons:
     def save(self) -> None:
         if self._file is None:
             return
-        held = {name: [i for i, c in enumerate(p.states.cordoned) if c]
-                for name, r in self._runtimes.items() if (p := _pool(r)) is not None}
+        held = {
+            name: [i for i, c in enumerate(p.states.cordoned) if c]
+            for name, r in self._runtimes.items()
+            if (p := _pool(r)) is not None
+        }
         temporary = f"{self._file}.{os.getpid()}"
         with open(temporary, "w") as handle:
             json.dump(held, handle)
@@ -117,16 +127,23 @@ class Cordons:
 
         async def tell(socket: str) -> None:
             with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
-                async with aiohttp.ClientSession(
-                    connector=aiohttp.UnixConnector(path=socket), timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT),
-                ) as session, session.post(f"http://worker{path}") as response:
+                async with (
+                    aiohttp.ClientSession(
+                        connector=aiohttp.UnixConnector(path=socket),
+                        timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT),
+                    ) as session,
+                    session.post(f"http://worker{path}") as response,
+                ):
                     await response.read()
 
         await asyncio.gather(*(tell(s) for s in siblings))
 
 
 def admin_app(
-    runtimes: Mapping[str, NetworkRuntime], reload_networks: Reload, cordons: Cordons, token: str | None,
+    runtimes: Mapping[str, NetworkRuntime],
+    reload_networks: Reload,
+    cordons: Cordons,
+    token: str | None,
 ) -> web.Application:
     """The admin routes; `token` None: a worker's own unix socket, which only its siblings reach."""
 
@@ -137,8 +154,9 @@ def admin_app(
         # Header bytes that are no UTF-8 arrive as surrogates: compared as they came, never an error.
         if hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
             return None
-        log.warning("admin: refused %s %s from %s (no valid bearer token)", request.method, request.path,
-                    request.remote)
+        log.warning(
+            "admin: refused %s %s from %s (no valid bearer token)", request.method, request.path, request.remote
+        )
         return web.json_response({"error": "unauthorized: send Authorization: Bearer <ADMIN_TOKEN>"}, status=401)
 
     async def listing(request: web.Request) -> web.Response:
@@ -154,8 +172,9 @@ def admin_app(
         except ValueError:
             index = -1
         if not cordons.apply(network, index, action == "cordon"):
-            return web.json_response({"error": f"no upstream #{request.match_info['index']} on network "
-                                      f"'{network[:64]}'"}, status=404)
+            return web.json_response(
+                {"error": f"no upstream #{request.match_info['index']} on network '{network[:64]}'"}, status=404
+            )
         if token is not None:  # the public listener: the command is this worker's to spread
             log.warning("admin: %sed upstream %s#%d", action, network, index)
             cordons.save()
@@ -182,8 +201,12 @@ def admin_app(
 
 
 async def start_admin(
-    runtimes: Mapping[str, NetworkRuntime], reload_networks: Reload, settings: Settings, *,
-    run_dir: str | None = None, index: int | None = None,
+    runtimes: Mapping[str, NetworkRuntime],
+    reload_networks: Reload,
+    settings: Settings,
+    *,
+    run_dir: str | None = None,
+    index: int | None = None,
 ) -> list[web.AppRunner]:
     """The public admin listener (ADMIN_PORT) and, with workers, this worker's own socket for its siblings."""
     assert settings.admin_port is not None and settings.admin_token is not None

@@ -126,8 +126,13 @@ class Answers(asyncio.Protocol):
         held = self._held
         transport = self._transport
         # Not `_done`: that is also a last answer decided (a refusal queued behind these), not yet sent.
-        while held and not self._write_paused and len(self._waiting) < MAX_WAITING and transport is not None \
-                and not transport.is_closing():
+        while (
+            held
+            and not self._write_paused
+            and len(self._waiting) < MAX_WAITING
+            and transport is not None
+            and not transport.is_closing()
+        ):
             item = held.popleft()
             if isinstance(item, Request):
                 self._make_held(item)
@@ -142,8 +147,15 @@ class Answers(asyncio.Protocol):
             self._transport.pause_reading()
 
     def _resume(self) -> None:
-        if (self._read_paused and self._transport is not None and not self._write_paused and not self._done
-                and self._handover is None and not self._held and len(self._waiting) < MAX_WAITING // 2):
+        if (
+            self._read_paused
+            and self._transport is not None
+            and not self._write_paused
+            and not self._done
+            and self._handover is None
+            and not self._held
+            and len(self._waiting) < MAX_WAITING // 2
+        ):
             self._read_paused = False
             self._transport.resume_reading()
 

@@ -32,8 +32,9 @@ Headers = Mapping[str, str]
 Pending = Coroutine[Any, Any, Reply]
 
 RPC_PATH = re.compile(r"^(/[^/]+)?(/ws)?/v3(/[^/]*)?$")  # an answer of 405, not 404, to other methods
-BUSY_BODIES = JsonRpcError(INTERNAL_ERROR, "server busy: too many request bodies being received", http_status=503,
-                           headers={"Retry-After": "1"})
+BUSY_BODIES = JsonRpcError(
+    INTERNAL_ERROR, "server busy: too many request bodies being received", http_status=503, headers={"Retry-After": "1"}
+)
 HTTP_ERRORS = {
     404: "not found: send JSON-RPC to POST /v3/<API_KEY> or WebSocket /ws/v3/<API_KEY>",
     405: "method not allowed: send JSON-RPC with POST",
@@ -46,8 +47,12 @@ def body_timeout_error(seconds: float) -> JsonRpcError:
 
 def error_reply(error: JsonRpcError, headers: Mapping[str, str] | None = None, *, close: bool = False) -> Reply:
     """A JsonRpcError as its own answer (id null), with its HTTP status and headers."""
-    return Reply(jsonrpc.encode_error(None, error), error.http_status,
-                 {**error.headers, **(headers or {}), "Content-Type": JSON_CONTENT_TYPE}, close=close)
+    return Reply(
+        jsonrpc.encode_error(None, error),
+        error.http_status,
+        {**error.headers, **(headers or {}), "Content-Type": JSON_CONTENT_TYPE},
+        close=close,
+    )
 
 
 def failure_reply(exc: Exception, path: str) -> Reply:
@@ -120,8 +125,12 @@ class RpcEndpoint:
         self.compress_from = settings.compress_min_bytes or sys.maxsize  # one comparison per small answer
 
     def too_large(self) -> Reply:
-        return error_reply(JsonRpcError(INVALID_REQUEST, f"request body too large: the limit is "
-                                        f"{self.max_body_bytes} bytes", http_status=413), NO_CHARGE)
+        return error_reply(
+            JsonRpcError(
+                INVALID_REQUEST, f"request body too large: the limit is {self.max_body_bytes} bytes", http_status=413
+            ),
+            NO_CHARGE,
+        )
 
     def authorize(self, key: str, headers: Headers) -> str | Reply:
         """The account the key opens, or its refusal (an unknown key, an origin the key does not allow)."""
@@ -142,8 +151,9 @@ class RpcEndpoint:
         answer = self.answer(key, path_network, headers, body, path)
         return paid_reply(answer) if isinstance(answer, tuple) else answer
 
-    def memory(self, key: str | None, path_network: str | None, headers: Headers,
-               body: bytes) -> bytes | PaidHit | bool | None:
+    def memory(
+        self, key: str | None, path_network: str | None, headers: Headers, body: bytes
+    ) -> bytes | PaidHit | bool | None:
         """A page-less request's memory lookup, made without awaiting: an open hit's body (bytes), or
         what `answer(found=...)` takes: True (open mode, no hit), keyed_hit's (or, for a key with a
         tab, tab_hit's) answer for a key accepted before without allow-lists (a paid hit, or whether
@@ -166,8 +176,15 @@ class RpcEndpoint:
             return None
         return gateway.keyed_hit(body, account, network, secret)
 
-    def answer(self, key: str, path_network: str | None, headers: Headers, body: bytes,
-               path: str, found: PaidHit | bool | None = None) -> PaidHit | Reply | Pending:
+    def answer(
+        self,
+        key: str,
+        path_network: str | None,
+        headers: Headers,
+        body: bytes,
+        path: str,
+        found: PaidHit | bool | None = None,
+    ) -> PaidHit | Reply | Pending:
         """As `respond`, but a paid memory hit that needs neither gzip nor CORS headers is its body
         and credit figures, which the fast server writes after a pre-built head (no headers dict).
         `found`: what the caller's own memory lookup gave for this body and key (open_hit: True for
@@ -203,8 +220,15 @@ class RpcEndpoint:
         encoded = self.gateway.open_hit(body, network)
         return True if encoded is None else Reply(encoded, 200, self.open_headers)  # shared, never changed
 
-    async def _awaited(self, body: bytes, account: str, network: NetworkRuntime | None, memory_checked: bool,
-                       headers: Headers, path: str) -> Reply:
+    async def _awaited(
+        self,
+        body: bytes,
+        account: str,
+        network: NetworkRuntime | None,
+        memory_checked: bool,
+        headers: Headers,
+        path: str,
+    ) -> Reply:
         self.inflight.inc()
         try:
             reply = await self.gateway.handle(body, account, network, memory_checked=memory_checked)

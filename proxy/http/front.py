@@ -55,8 +55,18 @@ log = logging.getLogger("proxy.front")
 
 MAX_HEAD_BYTES = 64 * 1024  # a request head in all
 # The header fields anything reads (lower-case); the others are kept raw, for a WebSocket handover only.
-READ_HEADERS = ("host", "origin", "authorization", "x-api-key", "accept-encoding", "content-encoding",
-                "content-length", "expect", "access-control-request-headers", "connection")
+READ_HEADERS = (
+    "host",
+    "origin",
+    "authorization",
+    "x-api-key",
+    "accept-encoding",
+    "content-encoding",
+    "content-length",
+    "expect",
+    "access-control-request-headers",
+    "connection",
+)
 MAX_TARGETS = 1024  # request targets remembered with their path and route (clients reuse a few)
 MAX_HEADS = 512  # request heads remembered for Front.learn, each in a read of at most MAX_REPLAY_BYTES
 MAX_REPLAY_BYTES = 4096
@@ -248,7 +258,7 @@ class FrontProtocol(Answers):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             if self._upgrading is not None:  # else a CONNECT, answered as any other request and closed after it
-                self._upgrade(data[upgrade.args[0]:])
+                self._upgrade(data[upgrade.args[0] :])
             return
         except httptools.HttpParserCallbackError as exc:
             refused = exc.__context__
@@ -260,8 +270,11 @@ class FrontProtocol(Answers):
             return
         except httptools.HttpParserError as exc:
             log.debug("bad request from %s: %s", self._peer, exc)  # llhttp's reason names no part of the request
-            self._last(error_reply(JsonRpcError(INVALID_REQUEST, "bad request: not valid HTTP/1.1", http_status=400),
-                                   NO_CHARGE))
+            self._last(
+                error_reply(
+                    JsonRpcError(INVALID_REQUEST, "bad request: not valid HTTP/1.1", http_status=400), NO_CHARGE
+                )
+            )
             return
         request = self._request
         learnable, self._learnable = self._learnable, None  # held no longer than the read that answered it
@@ -332,8 +345,12 @@ class FrontProtocol(Answers):
         raw = self._request.raw  # type: ignore[union-attr]
         # The fields' own bytes hold the head to its limit also when it arrives whole in one read.
         self._field_bytes += len(name) + len(value)
-        if len(value) > MAX_LINE or len(name) > MAX_LINE or len(raw) >= MAX_HEADERS or \
-                self._field_bytes > MAX_HEAD_BYTES:
+        if (
+            len(value) > MAX_LINE
+            or len(name) > MAX_LINE
+            or len(raw) >= MAX_HEADERS
+            or self._field_bytes > MAX_HEAD_BYTES
+        ):
             raise refusal(INVALID_REQUEST, "request header fields too large", 431)
         raw.append((name, value))
 
@@ -373,8 +390,12 @@ class FrontProtocol(Answers):
         request.kind, request.target = RPC, target
         declared = headers.get("content-length")
         # Refused before a byte of it is read; a length of fewer digits than the limit's is within it.
-        if (declared is not None and len(declared) >= self._front.limit_digits and declared.isdigit()
-                and int(declared) > self._endpoint.max_body_bytes):
+        if (
+            declared is not None
+            and len(declared) >= self._front.limit_digits
+            and declared.isdigit()
+            and int(declared) > self._endpoint.max_body_bytes
+        ):
             raise Refused(self._closing(self._endpoint.too_large()))
         if "expect" in headers and headers["expect"].lower() == "100-continue":
             self._after_held(_CONTINUE, False)  # after the answers before it (RFC 9110 10.1.1: a 100 or a final one)
@@ -427,8 +448,15 @@ class FrontProtocol(Answers):
             try:
                 plain = decoded_body(body, headers["content-encoding"], self._endpoint.max_body_bytes)
             except zlib.error:
-                self._answer(request, error_reply(JsonRpcError(INVALID_REQUEST, "request body: not valid in its "
-                                                               "Content-Encoding", http_status=400), NO_CHARGE))
+                self._answer(
+                    request,
+                    error_reply(
+                        JsonRpcError(
+                            INVALID_REQUEST, "request body: not valid in its Content-Encoding", http_status=400
+                        ),
+                        NO_CHARGE,
+                    ),
+                )
                 return
             if plain is None:
                 self._answer(request, self._closing(self._endpoint.too_large()))
@@ -437,8 +465,9 @@ class FrontProtocol(Answers):
         network, key = request.target  # type: ignore[misc]
         endpoint = self._endpoint
         # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
-        prebuilt = request.keep_alive and not self._routes.access_log and (
-            "connection" not in headers or not request.http10)
+        prebuilt = (
+            request.keep_alive and not self._routes.access_log and ("connection" not in headers or not request.http10)
+        )
         # No page: a memory hit is answered here, after a pre-built head.
         found = endpoint.memory(key, network, headers, body) if prebuilt and "origin" not in headers else None
         if isinstance(found, bytes):  # an open hit

@@ -54,8 +54,9 @@ def request_path(url: bytes) -> str:
 
 
 class FrontRoutes:
-    def __init__(self, endpoint: RpcEndpoint, service: Service, exposition: Exposition | None,
-                 settings: Settings) -> None:
+    def __init__(
+        self, endpoint: RpcEndpoint, service: Service, exposition: Exposition | None, settings: Settings
+    ) -> None:
         self.endpoint = endpoint
         self._service = service
         self._exposition = exposition  # None: /metrics is the internal listener's only
@@ -72,16 +73,18 @@ class FrontRoutes:
         """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves)."""
         if method == "OPTIONS":
             cors = self.endpoint.cors
-            reply = Reply(None, 204, cors.preflight_headers(headers.get("access-control-request-headers"))
-                          if cors is not None else {})
+            reply = Reply(
+                None,
+                204,
+                cors.preflight_headers(headers.get("access-control-request-headers")) if cors is not None else {},
+            )
             return self.with_cors(reply, headers)
         if method in ("GET", "HEAD"):
             if path == "/healthz":
                 return self.with_cors(Reply(_HEALTHY, 200, {"Content-Type": _JSON_TEXT}), headers)
             if path == "/readyz":
                 status, answer = readiness(self._service)
-                return self.with_cors(Reply(json.dumps(answer).encode(), status, {"Content-Type": _JSON_TEXT}),
-                                      headers)
+                return self.with_cors(Reply(json.dumps(answer).encode(), status, {"Content-Type": _JSON_TEXT}), headers)
             if path == "/metrics" and self._exposition is not None:
                 return self._metrics(headers)
             ws = _WS.fullmatch(path)

@@ -59,8 +59,11 @@ NO_LEASE = KeyLease("", "")  # a tab's lease until the ledger has one: it spends
 
 
 def invalid_key_error() -> JsonRpcError:
-    return JsonRpcError(INVALID_API_KEY, "invalid API key: the key (in the path, Authorization: Bearer or "
-                        "X-Api-Key) is missing or unknown", http_status=401)
+    return JsonRpcError(
+        INVALID_API_KEY,
+        "invalid API key: the key (in the path, Authorization: Bearer or X-Api-Key) is missing or unknown",
+        http_status=401,
+    )
 
 
 class Gateway:
@@ -149,8 +152,9 @@ class Gateway:
             return None
         return self._hit_body(hit, self._calls.request_id() if self._access_log else 0, started)
 
-    def keyed_hit(self, body: bytes | str, account: str, network: NetworkRuntime | None,
-                  secret: str | None = None) -> PaidHit | bool:
+    def keyed_hit(
+        self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None
+    ) -> PaidHit | bool:
         """With API keys, a memory hit paid without awaiting anything: its credit figures, length and
         body (paid_hit_headers). Otherwise whether memory was checked (True: no hit, so
         `handle(..., memory_checked=True)`; False: a hit the ledger must decide on the general path:
@@ -188,7 +192,12 @@ class Gateway:
         return credits, remaining if remaining > 0 else 0, len(answer), answer
 
     async def handle(
-        self, body: bytes | str, account: str, network: NetworkRuntime | None, *, memory_checked: bool = False,
+        self,
+        body: bytes | str,
+        account: str,
+        network: NetworkRuntime | None,
+        *,
+        memory_checked: bool = False,
     ) -> Reply:
         started = time.perf_counter()
         request_id = self._calls.request_id()
@@ -229,8 +238,12 @@ class Gateway:
             else:
                 outcomes = iter(await asyncio.gather(*(self._bounded(p, account, budget) for p in prepared)))
                 results = [
-                    s if not isinstance(s, Prepared) else credit_refusal if credit_refusal is not None
-                    else next(outcomes) for s in slots
+                    s
+                    if not isinstance(s, Prepared)
+                    else credit_refusal
+                    if credit_refusal is not None
+                    else next(outcomes)
+                    for s in slots
                 ]
         finally:
             CALLER.reset(caller)
@@ -253,7 +266,10 @@ class Gateway:
         return self._answer(parsed, results, cost, remaining)
 
     def _prepare(
-        self, entries: list[Call | Invalid], network: NetworkRuntime | None, lists: AllowLists | None,
+        self,
+        entries: list[Call | Invalid],
+        network: NetworkRuntime | None,
+        lists: AllowLists | None,
     ) -> list[Prepared | Outcome]:
         """Each call routed, validated and priced, or the error that answers it."""
         slots: list[Prepared | Outcome] = []
@@ -273,7 +289,8 @@ class Gateway:
         """The body's reply: its answers (a batch, one call, or nothing for notifications) and headers."""
         parts = [
             jsonrpc.encode_error_object(e.id, o.payload) if o.is_error else jsonrpc.encode_result(e.id, o.payload)
-            for e, o in zip(parsed.entries, results, strict=True) if not e.notification
+            for e, o in zip(parsed.entries, results, strict=True)
+            if not e.notification
         ]
         if not parts:
             return self._reply(None, 204, cost, remaining, None)
@@ -308,14 +325,20 @@ class Gateway:
         return self._paid_reply(hit, account, charge, request_id, started)
 
     def _paid_reply(
-        self, hit: MemoryHit, account: str, charge: tuple[JsonRpcError | None, int], request_id: int, started: float,
+        self,
+        hit: MemoryHit,
+        account: str,
+        charge: tuple[JsonRpcError | None, int],
+        request_id: int,
+        started: float,
     ) -> Reply:
         rid, method, runtime, _payload, _is_error, credits, _cells = hit
         refusal, remaining = charge
         if refusal is not None:  # nothing was debited, nothing is served
             self._calls.call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
-            return self._reply(jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS,
-                               refusal.headers)
+            return self._reply(
+                jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS, refusal.headers
+            )
         self._terms[account].charged.value += credits
         hit[6].charged.value += credits
         return self._serve_hit(hit, credits, remaining, request_id, started)
@@ -337,7 +360,12 @@ class Gateway:
         return {"X-Credits-Charged": str(hit[0]), "X-Credits-Remaining": str(hit[1]), "X-Cache": HIT}
 
     def _reply(
-        self, body: bytes | None, status: int, charged: int, remaining: int | None, cache: str | None,
+        self,
+        body: bytes | None,
+        status: int,
+        charged: int,
+        remaining: int | None,
+        cache: str | None,
         extra: dict[str, str] | None = None,
     ) -> Reply:
         headers = {

@@ -86,8 +86,9 @@ class _Admission(asyncio.Protocol):
         address = transport.get_extra_info("peername")  # (uvloop's transports are no asyncio.Transport)
         peer = str(address[0]) if isinstance(address, tuple) and address else ""
         if not self._peers.admits(peer):
-            throttled.warning("ip-cap", "refusing connections from one address: %d open (MAX_CONNECTIONS_PER_IP)",
-                              self._peers.cap)
+            throttled.warning(
+                "ip-cap", "refusing connections from one address: %d open (MAX_CONNECTIONS_PER_IP)", self._peers.cap
+            )
             _Refused().connection_made(transport)
             return
         handler = self._make()
@@ -106,8 +107,17 @@ class CappedSite(web.TCPSite):
     fast connections (in-flight requests get `shutdown_timeout`, the runner's by default).
     """
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int,
-                 reuse_port: bool = False, per_ip: int = 0, shutdown_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        *,
+        max_connections: int,
+        reuse_port: bool = False,
+        per_ip: int = 0,
+        shutdown_timeout: float | None = None,
+    ) -> None:
         super().__init__(runner, host, port, reuse_port=reuse_port)
         self._max_connections = max_connections
         self._peers = PeerCounts(per_ip)
@@ -137,8 +147,14 @@ class CappedSite(web.TCPSite):
             loop.call_soon(started)
             return _Admission(front.protocol, self._peers) if self._peers.cap else front.protocol()
 
-        self._server = await loop.create_server(protocol, self._host, self._port, backlog=self._backlog,
-                                                reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+        self._server = await loop.create_server(
+            protocol,
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+        )
 
     @property
     def front(self) -> Front | None:
@@ -164,8 +180,7 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
     established connections keep being served); anything else goes to the default handler."""
     exc = context.get("exception")
     if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:
-        throttled.warning("accept", "cannot accept connections: %s; established clients are still served",
-                          exc.strerror)
+        throttled.warning("accept", "cannot accept connections: %s; established clients are still served", exc.strerror)
         return
     loop.default_exception_handler(context)
 
@@ -188,8 +203,9 @@ def metrics_app(exposition: Exposition) -> web.Application:
     return app
 
 
-async def start_metrics_listener(exposition: Exposition, host: str, port: int, *,
-                                 reuse_port: bool = False) -> web.AppRunner:
+async def start_metrics_listener(
+    exposition: Exposition, host: str, port: int, *, reuse_port: bool = False
+) -> web.AppRunner:
     runner = web.AppRunner(metrics_app(exposition), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
@@ -204,8 +220,17 @@ async def start_unix_metrics(exposition: Exposition, path: str) -> web.AppRunner
     return runner
 
 
-async def serve(app: web.Application, host: str, port: int, *, max_connections: int, shutdown_timeout: float,
-                on_listening: Callable[[], None], reuse_port: bool = False, per_ip: int = 0) -> None:
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    max_connections: int,
+    shutdown_timeout: float,
+    on_listening: Callable[[], None],
+    reuse_port: bool = False,
+    per_ip: int = 0,
+) -> None:
     """Run `app` until SIGTERM or SIGINT, then drain it (in-flight requests get `shutdown_timeout`)."""
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(quiet_accept_errors)
@@ -223,8 +248,15 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
     try:
-        site = CappedSite(runner, host, port, max_connections=max_connections, reuse_port=reuse_port,
-                         per_ip=per_ip, shutdown_timeout=shutdown_timeout)
+        site = CappedSite(
+            runner,
+            host,
+            port,
+            max_connections=max_connections,
+            reuse_port=reuse_port,
+            per_ip=per_ip,
+            shutdown_timeout=shutdown_timeout,
+        )
         await site.start()
         # What was built until now (modules, tables, the app) lives as long as the process: frozen, the
         # collector's full passes no longer walk it (46 -> about 10 ms each; README "Benchmark"). The
@@ -236,8 +268,13 @@ async def serve(app: web.Application, host: str, port: int, *, max_connections: 
         # An operator (or Kubernetes) sent the signal: say so, and say when the drain is over.
         open_connections = len(runner.server.connections) if runner.server is not None else 0
         open_connections += site.open_connections
-        log.info("%s received: shutting down; no new connections, %d open connection(s) get up to %gs "
-                 "(SHUTDOWN_TIMEOUT) to finish", received[0].name, open_connections, shutdown_timeout)
+        log.info(
+            "%s received: shutting down; no new connections, %d open connection(s) get up to %gs "
+            "(SHUTDOWN_TIMEOUT) to finish",
+            received[0].name,
+            open_connections,
+            shutdown_timeout,
+        )
     finally:
         started = loop.time()
         await runner.cleanup()

@@ -13,8 +13,11 @@ from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError
 
 
 def too_large(limit: int) -> JsonRpcError:
-    return JsonRpcError(LIMIT_EXCEEDED, f"response size exceeded: the answer would pass MAX_RESPONSE_BYTES "
-                        f"({limit} bytes); ask for less (a narrower block range, fewer calls per batch)")
+    return JsonRpcError(
+        LIMIT_EXCEEDED,
+        f"response size exceeded: the answer would pass MAX_RESPONSE_BYTES "
+        f"({limit} bytes); ask for less (a narrower block range, fewer calls per batch)",
+    )
 
 
 class ResponseBudget:

@@ -79,8 +79,9 @@ class BodyReader:
         except ConnectionResetError:
             # A client that goes away mid-body is routine on the internet: no traceback, no error line.
             log.debug("client closed the connection before its request body arrived")
-            return error_reply(JsonRpcError(INVALID_REQUEST, "request body incomplete", http_status=400), NO_CHARGE,
-                               close=True)
+            return error_reply(
+                JsonRpcError(INVALID_REQUEST, "request body incomplete", http_status=400), NO_CHARGE, close=True
+            )
         finally:
             endpoint.receiving.give(held)
 
@@ -99,8 +100,9 @@ def rpc_route(endpoint: RpcEndpoint, settings: Settings) -> Handler:
             if isinstance(read, Reply):
                 return json_response(endpoint.finish(read, request.headers))
             body = read
-        reply = endpoint.respond(api_key(request), request.match_info.get("network"), request.headers, body,
-                                 request.path)
+        reply = endpoint.respond(
+            api_key(request), request.match_info.get("network"), request.headers, body, request.path
+        )
         if not isinstance(reply, Reply):
             reply = await reply
         response = json_response(reply)

@@ -129,7 +129,12 @@ class Relay(Protocol):
     """The network's upstream WebSocket (upstream_ws.UpstreamSocket)."""
 
     async def subscribe(
-        self, method: str, params: Any, *, on_ok: Callable[[], None], on_notify: Callable[[str, Any], None],
+        self,
+        method: str,
+        params: Any,
+        *,
+        on_ok: Callable[[], None],
+        on_notify: Callable[[str, Any], None],
         on_lost: Callable[[], None],
     ) -> Relayed: ...
 
@@ -215,8 +220,9 @@ class Session:
     async def handle(self, call: Call) -> None:
         """Answer one subscription call; the reply goes through the queue, ahead of its notifications."""
         try:
-            if call.method == "eth_unsubscribe" or (call.method in SOLANA_PUBSUB_METHODS
-                                                    and call.method not in SOLANA_PUBSUB):
+            if call.method == "eth_unsubscribe" or (
+                call.method in SOLANA_PUBSUB_METHODS and call.method not in SOLANA_PUBSUB
+            ):
                 result = await self._unsubscribe(call)
                 self._reply(call, jsonrpc.dumps(result))
             else:
@@ -232,8 +238,11 @@ class Session:
     async def _subscribe(self, call: Call) -> None:
         params = call.params if isinstance(call.params, list) else [call.params]
         if len(self.subs) >= self.settings.ws_max_subscriptions:
-            raise JsonRpcError(LIMIT_EXCEEDED, f"too many subscriptions: at most {self.settings.ws_max_subscriptions} "
-                               "per connection (WS_MAX_SUBSCRIPTIONS)")
+            raise JsonRpcError(
+                LIMIT_EXCEEDED,
+                f"too many subscriptions: at most {self.settings.ws_max_subscriptions} "
+                "per connection (WS_MAX_SUBSCRIPTIONS)",
+            )
         refusal = self.gateway.call_refusal(self.account, call.method, params)
         if refusal is not None:
             raise refusal
@@ -241,19 +250,28 @@ class Session:
         family = runtime.config.family
         solana = call.method in SOLANA_PUBSUB
         if (family == "solana") != solana:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {call.method} is not available on {family} "
-                               f"network '{runtime.name}'")
+            raise JsonRpcError(
+                METHOD_NOT_FOUND,
+                f"method not found: {call.method} is not available on {family} network '{runtime.name}'",
+            )
         credits = self.settings.subscription_credits
         if solana:
             kind = call.method
-            sub = Subscription(self._solana_id(), kind, call.method.replace("Subscribe", "Notification"), self,
-                               notification_label(kind, credits), once=kind == "signatureSubscribe")
+            sub = Subscription(
+                self._solana_id(),
+                kind,
+                call.method.replace("Subscribe", "Notification"),
+                self,
+                notification_label(kind, credits),
+                once=kind == "signatureSubscribe",
+            )
         else:
             if not params or not isinstance(params[0], str):
                 raise invalid_params("subscription", "expected a subscription kind such as newHeads or logs")
             kind = params[0]
-            sub = Subscription("0x" + secrets.token_hex(16), kind, EVM_NOTIFICATION, self,
-                               notification_label(kind, credits))
+            sub = Subscription(
+                "0x" + secrets.token_hex(16), kind, EVM_NOTIFICATION, self, notification_label(kind, credits)
+            )
             if kind == "logs":
                 if len(params) > 2:
                     raise invalid_params("params", f"expected at most 2 parameters, got {len(params)}")
@@ -295,12 +313,18 @@ class Session:
                 self._forget(sub)
 
         def on_lost() -> None:
-            self.end(sub, JsonRpcError(-32002, f"upstream WebSocket of network '{runtime.name}' closed: "
-                                              "subscription ended; subscribe again"))
+            self.end(
+                sub,
+                JsonRpcError(
+                    -32002,
+                    f"upstream WebSocket of network '{runtime.name}' closed: subscription ended; subscribe again",
+                ),
+            )
 
         try:
-            relayed = await relay.subscribe(call.method, params if solana else call.params,
-                                            on_ok=on_ok, on_notify=on_notify, on_lost=on_lost)
+            relayed = await relay.subscribe(
+                call.method, params if solana else call.params, on_ok=on_ok, on_notify=on_notify, on_lost=on_lost
+            )
         except BaseException:
             self._forget(sub)
             raise
@@ -499,8 +523,14 @@ class Session:
 def _unrelayable(method: str, kind: str, family: str) -> JsonRpcError:
     setting = "SOLANA_UPSTREAM_WS" if family == "solana" else "EVM_UPSTREAM_WS"
     if family == "evm" and kind not in ("newPendingTransactions", "syncing"):
-        return invalid_params("subscription", f"unsupported subscription kind {kind!r}: the proxy serves newHeads "
-                              "and logs itself; other kinds need an upstream WebSocket")
+        return invalid_params(
+            "subscription",
+            f"unsupported subscription kind {kind!r}: the proxy serves newHeads "
+            "and logs itself; other kinds need an upstream WebSocket",
+        )
     what = method if family == "solana" else f"eth_subscribe {kind}"
-    return JsonRpcError(METHOD_NOT_FOUND, f"method not found: {what} is relayed to the node's WebSocket, and none is "
-                        f"configured for this network (set {setting} or a ws:// upstream in NETWORKS_FILE)")
+    return JsonRpcError(
+        METHOD_NOT_FOUND,
+        f"method not found: {what} is relayed to the node's WebSocket, and none is "
+        f"configured for this network (set {setting} or a ws:// upstream in NETWORKS_FILE)",
+    )

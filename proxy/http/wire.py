@@ -64,8 +64,6 @@ class Request:
         self.timer: asyncio.TimerHandle | None = None
 
 
-
-
 def encoded_answer(reply: Reply, request: Request, date: bytes) -> tuple[bytes, bool]:
     """An answer's bytes, and whether the connection closes after it."""
     close = reply.close or not request.keep_alive

@@ -45,8 +45,9 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     metrics.ws_connections.inc()
     slots = asyncio.Semaphore(settings.ws_max_inflight)
     streams = app[STREAMS]
-    session = Session(ws, request.transport, account, network, gateway, streams.feeds, streams.relays, settings,
-                      metrics)
+    session = Session(
+        ws, request.transport, account, network, gateway, streams.feeds, streams.relays, settings, metrics
+    )
     session.start()
     idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
     corked = Corked(ws, request.transport, loop, session.room)
@@ -114,8 +115,11 @@ def _refusal(request: web.Request, account: str) -> web.Response | None:
     cap = app[SETTINGS].ws_max_connections_per_key
     if cap and account != OPEN_ACCOUNT and sum(c.account == account for c in app[WEBSOCKETS]) >= cap:
         # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
-        error = JsonRpcError(LIMIT_EXCEEDED, f"too many WebSocket connections for this key: at most {cap} "
-                             "(WS_MAX_CONNECTIONS_PER_KEY)", http_status=429)
+        error = JsonRpcError(
+            LIMIT_EXCEEDED,
+            f"too many WebSocket connections for this key: at most {cap} (WS_MAX_CONNECTIONS_PER_KEY)",
+            http_status=429,
+        )
         return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
     return None
 
@@ -139,8 +143,9 @@ async def _close_when_idle(connection: Connection, session: Session, timeout: fl
         if session.subs or connection.tasks:
             connection.active_at = loop.time()
         elif loop.time() - connection.active_at >= timeout:
-            await connection.ws.close(code=WSCloseCode.OK,
-                                      message=f"idle for {timeout:g}s: no subscription and no call".encode())
+            await connection.ws.close(
+                code=WSCloseCode.OK, message=f"idle for {timeout:g}s: no subscription and no call".encode()
+            )
             return
 
 

@@ -26,8 +26,13 @@ def text_frame(payload: bytes) -> bytes:
 
 
 class Corked:
-    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None,
-                 loop: asyncio.AbstractEventLoop, room: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        transport: asyncio.Transport | None,
+        loop: asyncio.AbstractEventLoop,
+        room: Callable[[], Awaitable[bool]],
+    ) -> None:
         self._ws = ws
         self._transport = transport
         self._loop = loop

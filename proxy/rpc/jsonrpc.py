@@ -33,8 +33,10 @@ Id = str | int | float | None
 # name, and look-alikes (" admin_x", Cyrillic letters) are refused rather than matched loosely.
 METHOD_NAME_MAX = 128
 METHOD_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_]{{0,{METHOD_NAME_MAX - 1}}}")
-METHOD_NAME_PROBLEM = (f"invalid request: method must be ASCII letters, digits and '_', starting with a letter, "
-                       f"at most {METHOD_NAME_MAX} characters")
+METHOD_NAME_PROBLEM = (
+    f"invalid request: method must be ASCII letters, digits and '_', starting with a letter, "
+    f"at most {METHOD_NAME_MAX} characters"
+)
 
 
 class JsonRpcError(Exception):
@@ -132,8 +134,12 @@ def _entry(obj: Any) -> Entry:
     if type(raw_id) is float and not -FLOAT_ID_LIMIT < raw_id < FLOAT_ID_LIMIT:
         # An integer past 64 bits, which orjson reads as a float (past 2^53 a float holds no integer
         # exactly): it would come back changed. Anvil refuses it too.
-        return Invalid(JsonRpcError(INVALID_REQUEST, "invalid request: id is a number too large to echo exactly "
-                                    "(an integer id must fit in 64 bits)"))
+        return Invalid(
+            JsonRpcError(
+                INVALID_REQUEST,
+                "invalid request: id is a number too large to echo exactly (an integer id must fit in 64 bits)",
+            )
+        )
     rid: Id = raw_id if has_id else None
     if obj.get("jsonrpc") != "2.0":
         return Invalid(JsonRpcError(INVALID_REQUEST, 'invalid request: jsonrpc must be "2.0"'), rid)
@@ -200,12 +206,15 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
     if len(body) >= BATCH_SCAN_FROM and _longer_than(body, max_batch):
         # A 5 MB `[{},{},...]` is 1.7 million objects: refused before they are built.
         raise JsonRpcError(
-            INVALID_REQUEST, f"invalid request: batch exceeds the limit of {max_batch}", http_status=400,
+            INVALID_REQUEST,
+            f"invalid request: batch exceeds the limit of {max_batch}",
+            http_status=400,
         )
     if len(body) >= BATCH_SCAN_FROM and _containers(body) > MAX_CONTAINERS:
         # 5 MB of `{}` inside one call's params is 1.7 million objects (hundreds of MB) once parsed.
         raise JsonRpcError(
-            INVALID_REQUEST, f"invalid request: more than {MAX_CONTAINERS} JSON objects and arrays in one body",
+            INVALID_REQUEST,
+            f"invalid request: more than {MAX_CONTAINERS} JSON objects and arrays in one body",
             http_status=400,
         )
     try:
@@ -218,7 +227,8 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
             raise JsonRpcError(INVALID_REQUEST, "invalid request: empty batch", http_status=400)
         if len(data) > max_batch:
             raise JsonRpcError(
-                INVALID_REQUEST, f"invalid request: batch of {len(data)} exceeds the limit of {max_batch}",
+                INVALID_REQUEST,
+                f"invalid request: batch of {len(data)} exceeds the limit of {max_batch}",
                 http_status=400,
             )
         return Body([_entry(item) for item in data], batch=True)
@@ -288,10 +298,17 @@ def encode_notification(method: str, subscription: str | int, result: bytes, *, 
 
     `result` is already encoded, so one block's header or log is encoded once for every subscriber.
     """
-    return b"".join((
-        b'{"jsonrpc":"2.0","method":', orjson.dumps(method), b',"params":{"subscription":', orjson.dumps(subscription),
-        b',"error":' if error else b',"result":', result, b"}}",
-    ))
+    return b"".join(
+        (
+            b'{"jsonrpc":"2.0","method":',
+            orjson.dumps(method),
+            b',"params":{"subscription":',
+            orjson.dumps(subscription),
+            b',"error":' if error else b',"result":',
+            result,
+            b"}}",
+        )
+    )
 
 
 def encode_batch(parts: list[bytes]) -> bytes:

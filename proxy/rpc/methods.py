@@ -56,22 +56,50 @@ POLICIES: dict[str, MethodPolicy] = {
     policy.name: policy
     for policy in (
         # spec "Limits / Credits per call".
-        MethodPolicy("eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK,
-                     SPEC_CREDITS["eth_getStorageAt"]),
-        MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, SPEC_CREDITS["eth_getLogs"],
-                     limits_logs=True),
         MethodPolicy(
-            "eth_getUncleByBlockHashAndIndex", "evm", p.eth_get_uncle_by_block_hash_and_index,
-            CacheClass.CONTENT, SPEC_CREDITS["eth_getUncleByBlockHashAndIndex"],
+            "eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, SPEC_CREDITS["eth_getStorageAt"]
         ),
-        MethodPolicy("eth_call", "evm", p.eth_call, CacheClass.BLOCK, SPEC_CREDITS["eth_call"], gas_cap=True,
-                     caches_reverts=True, client_state=2),
-        MethodPolicy("eth_getBlockReceipts", "evm", p.eth_get_block_receipts, CacheClass.BLOCK,
-                     SPEC_CREDITS["eth_getBlockReceipts"]),
-        MethodPolicy("getTokenAccountBalance", "solana", p.get_token_account_balance, CacheClass.TOKEN_BALANCE,
-                     SPEC_CREDITS["getTokenAccountBalance"]),
-        MethodPolicy("getLargestAccounts", "solana", p.get_largest_accounts, CacheClass.LARGEST_ACCOUNTS,
-                     SPEC_CREDITS["getLargestAccounts"]),
+        MethodPolicy(
+            "eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, SPEC_CREDITS["eth_getLogs"], limits_logs=True
+        ),
+        MethodPolicy(
+            "eth_getUncleByBlockHashAndIndex",
+            "evm",
+            p.eth_get_uncle_by_block_hash_and_index,
+            CacheClass.CONTENT,
+            SPEC_CREDITS["eth_getUncleByBlockHashAndIndex"],
+        ),
+        MethodPolicy(
+            "eth_call",
+            "evm",
+            p.eth_call,
+            CacheClass.BLOCK,
+            SPEC_CREDITS["eth_call"],
+            gas_cap=True,
+            caches_reverts=True,
+            client_state=2,
+        ),
+        MethodPolicy(
+            "eth_getBlockReceipts",
+            "evm",
+            p.eth_get_block_receipts,
+            CacheClass.BLOCK,
+            SPEC_CREDITS["eth_getBlockReceipts"],
+        ),
+        MethodPolicy(
+            "getTokenAccountBalance",
+            "solana",
+            p.get_token_account_balance,
+            CacheClass.TOKEN_BALANCE,
+            SPEC_CREDITS["getTokenAccountBalance"],
+        ),
+        MethodPolicy(
+            "getLargestAccounts",
+            "solana",
+            p.get_largest_accounts,
+            CacheClass.LARGEST_ACCOUNTS,
+            SPEC_CREDITS["getLargestAccounts"],
+        ),
         # Forwarded, uncached, but under a spec rule.
         MethodPolicy("eth_estimateGas", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
         # It runs the call too: the same call object, the same cap (else a way round it).
@@ -82,20 +110,50 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("net_version", "evm", p.no_params, CacheClass.IDENTITY, None),
         MethodPolicy("eth_blockNumber", "evm", p.no_params, CacheClass.TRACKER, None),
         # Blocks: by number like eth_getBlockReceipts (pinned to the hash above finalized), by hash immutable.
-        MethodPolicy("eth_getBlockByNumber", "evm", p.eth_get_block_by_number, CacheClass.BLOCK, None,
-                     by_hash="eth_getBlockByHash"),
+        MethodPolicy(
+            "eth_getBlockByNumber",
+            "evm",
+            p.eth_get_block_by_number,
+            CacheClass.BLOCK,
+            None,
+            by_hash="eth_getBlockByHash",
+        ),
         MethodPolicy("eth_getBlockByHash", "evm", p.eth_get_block_by_hash, CacheClass.BLOCK, None),
-        MethodPolicy("eth_getBlockTransactionCountByNumber", "evm", p.block_by_number_only, CacheClass.BLOCK, None,
-                     by_hash="eth_getBlockTransactionCountByHash"),
+        MethodPolicy(
+            "eth_getBlockTransactionCountByNumber",
+            "evm",
+            p.block_by_number_only,
+            CacheClass.BLOCK,
+            None,
+            by_hash="eth_getBlockTransactionCountByHash",
+        ),
         MethodPolicy("eth_getBlockTransactionCountByHash", "evm", p.block_hash_only, CacheClass.BLOCK, None),
-        MethodPolicy("eth_getUncleCountByBlockNumber", "evm", p.block_by_number_only, CacheClass.BLOCK, None,
-                     by_hash="eth_getUncleCountByBlockHash"),
+        MethodPolicy(
+            "eth_getUncleCountByBlockNumber",
+            "evm",
+            p.block_by_number_only,
+            CacheClass.BLOCK,
+            None,
+            by_hash="eth_getUncleCountByBlockHash",
+        ),
         MethodPolicy("eth_getUncleCountByBlockHash", "evm", p.block_hash_only, CacheClass.BLOCK, None),
-        MethodPolicy("eth_getUncleByBlockNumberAndIndex", "evm", p.block_number_and_index, CacheClass.BLOCK, None,
-                     by_hash="eth_getUncleByBlockHashAndIndex"),
+        MethodPolicy(
+            "eth_getUncleByBlockNumberAndIndex",
+            "evm",
+            p.block_number_and_index,
+            CacheClass.BLOCK,
+            None,
+            by_hash="eth_getUncleByBlockHashAndIndex",
+        ),
         # Transactions: by block like blocks; by transaction hash tied to the block the answer names.
-        MethodPolicy("eth_getTransactionByBlockNumberAndIndex", "evm", p.block_number_and_index, CacheClass.BLOCK,
-                     None, by_hash="eth_getTransactionByBlockHashAndIndex"),
+        MethodPolicy(
+            "eth_getTransactionByBlockNumberAndIndex",
+            "evm",
+            p.block_number_and_index,
+            CacheClass.BLOCK,
+            None,
+            by_hash="eth_getTransactionByBlockHashAndIndex",
+        ),
         MethodPolicy("eth_getTransactionByBlockHashAndIndex", "evm", p.block_hash_and_index, CacheClass.BLOCK, None),
         MethodPolicy("eth_getTransactionByHash", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
         MethodPolicy("eth_getTransactionReceipt", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
@@ -136,9 +194,12 @@ REFUSED_NAMESPACES = frozenset({"admin", "debug", "personal", "miner", "engine"}
 
 # Solana pubsub: each subscribe method and its unsubscribe, relayed to the network's upstream WebSocket.
 SOLANA_PUBSUB = {
-    "accountSubscribe": "accountUnsubscribe", "logsSubscribe": "logsUnsubscribe",
-    "programSubscribe": "programUnsubscribe", "rootSubscribe": "rootUnsubscribe",
-    "signatureSubscribe": "signatureUnsubscribe", "slotSubscribe": "slotUnsubscribe",
+    "accountSubscribe": "accountUnsubscribe",
+    "logsSubscribe": "logsUnsubscribe",
+    "programSubscribe": "programUnsubscribe",
+    "rootSubscribe": "rootUnsubscribe",
+    "signatureSubscribe": "signatureUnsubscribe",
+    "slotSubscribe": "slotUnsubscribe",
 }
 SOLANA_PUBSUB_METHODS = frozenset(SOLANA_PUBSUB) | frozenset(SOLANA_PUBSUB.values())
 
@@ -148,55 +209,144 @@ WRITE_METHODS = frozenset({"eth_sendRawTransaction", "eth_sendTransaction"})
 SUBSCRIPTION_METHODS = frozenset({"eth_subscribe", "eth_unsubscribe"}) | SOLANA_PUBSUB_METHODS
 
 # Solana's JSON-RPC methods are camelCase without a namespace; EVM ones are namespace_method.
-SOLANA_METHODS = frozenset({
-    "getAccountInfo", "getBalance", "getBlock", "getBlockCommitment", "getBlockHeight", "getBlockProduction",
-    "getBlockTime", "getBlocks", "getBlocksWithLimit", "getClusterNodes", "getEpochInfo", "getEpochSchedule",
-    "getFeeForMessage", "getFirstAvailableBlock", "getGenesisHash", "getHealth", "getHighestSnapshotSlot",
-    "getIdentity", "getInflationGovernor", "getInflationRate", "getInflationReward", "getLargestAccounts",
-    "getLatestBlockhash", "getLeaderSchedule", "getMaxRetransmitSlot", "getMaxShredInsertSlot",
-    "getMinimumBalanceForRentExemption", "getMultipleAccounts", "getProgramAccounts",
-    "getRecentPerformanceSamples", "getRecentPrioritizationFees", "getSignatureStatuses",
-    "getSignaturesForAddress", "getSlot", "getSlotLeader", "getSlotLeaders", "getStakeMinimumDelegation",
-    "getSupply", "getTokenAccountBalance", "getTokenAccountsByDelegate", "getTokenAccountsByOwner",
-    "getTokenLargestAccounts", "getTokenSupply", "getTransaction", "getTransactionCount", "getVersion",
-    "getVoteAccounts", "isBlockhashValid", "minimumLedgerSlot", "requestAirdrop", "sendTransaction",
-    "simulateTransaction",
-})
+SOLANA_METHODS = frozenset(
+    {
+        "getAccountInfo",
+        "getBalance",
+        "getBlock",
+        "getBlockCommitment",
+        "getBlockHeight",
+        "getBlockProduction",
+        "getBlockTime",
+        "getBlocks",
+        "getBlocksWithLimit",
+        "getClusterNodes",
+        "getEpochInfo",
+        "getEpochSchedule",
+        "getFeeForMessage",
+        "getFirstAvailableBlock",
+        "getGenesisHash",
+        "getHealth",
+        "getHighestSnapshotSlot",
+        "getIdentity",
+        "getInflationGovernor",
+        "getInflationRate",
+        "getInflationReward",
+        "getLargestAccounts",
+        "getLatestBlockhash",
+        "getLeaderSchedule",
+        "getMaxRetransmitSlot",
+        "getMaxShredInsertSlot",
+        "getMinimumBalanceForRentExemption",
+        "getMultipleAccounts",
+        "getProgramAccounts",
+        "getRecentPerformanceSamples",
+        "getRecentPrioritizationFees",
+        "getSignatureStatuses",
+        "getSignaturesForAddress",
+        "getSlot",
+        "getSlotLeader",
+        "getSlotLeaders",
+        "getStakeMinimumDelegation",
+        "getSupply",
+        "getTokenAccountBalance",
+        "getTokenAccountsByDelegate",
+        "getTokenAccountsByOwner",
+        "getTokenLargestAccounts",
+        "getTokenSupply",
+        "getTransaction",
+        "getTransactionCount",
+        "getVersion",
+        "getVoteAccounts",
+        "isBlockhashValid",
+        "minimumLedgerSlot",
+        "requestAirdrop",
+        "sendTransaction",
+        "simulateTransaction",
+    }
+)
 
 # Everyday EVM methods that get their own metric label; anything else is labelled "other"
 # so a client cannot grow the label set without bound.
-COMMON_EVM_METHODS = frozenset({
-    "eth_chainId", "eth_blockNumber", "eth_getBalance", "eth_getCode", "eth_getTransactionCount",
-    "eth_getBlockByNumber", "eth_getBlockByHash", "eth_getTransactionByHash", "eth_getTransactionReceipt",
-    "eth_sendRawTransaction", "eth_sendTransaction", "eth_gasPrice", "eth_maxPriorityFeePerGas",
-    "eth_feeHistory", "eth_syncing", "eth_accounts", "eth_getProof", "eth_createAccessList", "net_version",
-    "web3_clientVersion", "eth_getBlockTransactionCountByNumber", "eth_getBlockTransactionCountByHash",
-    "eth_getUncleCountByBlockHash", "eth_getUncleCountByBlockNumber", "eth_getUncleByBlockNumberAndIndex",
-})
+COMMON_EVM_METHODS = frozenset(
+    {
+        "eth_chainId",
+        "eth_blockNumber",
+        "eth_getBalance",
+        "eth_getCode",
+        "eth_getTransactionCount",
+        "eth_getBlockByNumber",
+        "eth_getBlockByHash",
+        "eth_getTransactionByHash",
+        "eth_getTransactionReceipt",
+        "eth_sendRawTransaction",
+        "eth_sendTransaction",
+        "eth_gasPrice",
+        "eth_maxPriorityFeePerGas",
+        "eth_feeHistory",
+        "eth_syncing",
+        "eth_accounts",
+        "eth_getProof",
+        "eth_createAccessList",
+        "net_version",
+        "web3_clientVersion",
+        "eth_getBlockTransactionCountByNumber",
+        "eth_getBlockTransactionCountByHash",
+        "eth_getUncleCountByBlockHash",
+        "eth_getUncleCountByBlockNumber",
+        "eth_getUncleByBlockNumberAndIndex",
+    }
+)
 
 
 # The methods served by default: the public read surface, raw-transaction submission and the
 # Solana reads. Everything else (eth_sendTransaction signs with the node's unlocked account,
 # eth_sign, anvil_*, evm_*, hardhat_*, txpool_*, ots_*, admin_*, debug_*...) is -32601 unless
 # ALLOW_METHODS or ALLOW_NAMESPACES names it. Names are matched exactly, after validation.
-DEFAULT_ALLOWED_METHODS = frozenset({
-    *POLICIES,
-    "eth_blockNumber", "eth_chainId", "eth_syncing", "eth_gasPrice", "eth_maxPriorityFeePerGas", "eth_feeHistory",
-    "eth_blobBaseFee", "eth_getBalance", "eth_getCode", "eth_getTransactionCount", "eth_getProof",
-    "eth_createAccessList", "eth_getBlockByNumber", "eth_getBlockByHash", "eth_getBlockTransactionCountByNumber",
-    "eth_getBlockTransactionCountByHash", "eth_getTransactionByHash", "eth_getTransactionByBlockHashAndIndex",
-    "eth_getTransactionByBlockNumberAndIndex", "eth_getTransactionReceipt", "eth_getUncleCountByBlockHash",
-    "eth_getUncleCountByBlockNumber", "eth_getUncleByBlockNumberAndIndex", "eth_protocolVersion",
-    "eth_sendRawTransaction", "web3_clientVersion",
-    # Node-side filters: ethers' JsonRpcProvider serves `contract.on` with them. They are forwarded,
-    # uncached, and live on the node that created them (README "Clients").
-    "eth_newFilter", "eth_newBlockFilter", "eth_newPendingTransactionFilter", "eth_getFilterChanges",
-    "eth_getFilterLogs", "eth_uninstallFilter",
-    # Subscriptions: served over WebSocket (subscriptions.py), refused over HTTP by their own rule.
-    *SUBSCRIPTION_METHODS,
-    *(m for m in SOLANA_METHODS if m != "requestAirdrop"),
-})
+DEFAULT_ALLOWED_METHODS = frozenset(
+    {
+        *POLICIES,
+        "eth_blockNumber",
+        "eth_chainId",
+        "eth_syncing",
+        "eth_gasPrice",
+        "eth_maxPriorityFeePerGas",
+        "eth_feeHistory",
+        "eth_blobBaseFee",
+        "eth_getBalance",
+        "eth_getCode",
+        "eth_getTransactionCount",
+        "eth_getProof",
+        "eth_createAccessList",
+        "eth_getBlockByNumber",
+        "eth_getBlockByHash",
+        "eth_getBlockTransactionCountByNumber",
+        "eth_getBlockTransactionCountByHash",
+        "eth_getTransactionByHash",
+        "eth_getTransactionByBlockHashAndIndex",
+        "eth_getTransactionByBlockNumberAndIndex",
+        "eth_getTransactionReceipt",
+        "eth_getUncleCountByBlockHash",
+        "eth_getUncleCountByBlockNumber",
+        "eth_getUncleByBlockNumberAndIndex",
+        "eth_protocolVersion",
+        "eth_sendRawTransaction",
+        "web3_clientVersion",
+        # Node-side filters: ethers' JsonRpcProvider serves `contract.on` with them. They are forwarded,
+        # uncached, and live on the node that created them (README "Clients").
+        "eth_newFilter",
+        "eth_newBlockFilter",
+        "eth_newPendingTransactionFilter",
+        "eth_getFilterChanges",
+        "eth_getFilterLogs",
+        "eth_uninstallFilter",
+        # Subscriptions: served over WebSocket (subscriptions.py), refused over HTTP by their own rule.
+        *SUBSCRIPTION_METHODS,
+        *(m for m in SOLANA_METHODS if m != "requestAirdrop"),
+    }
+)
 DEFAULT_ALLOWED_NAMESPACES = frozenset({"net"})
+
 
 def refusal(method: str, allowed_methods: frozenset[str], allowed_namespaces: frozenset[str]) -> str | None:
     """Why a (validated) method name is not served here, or None when it is. Pure."""
@@ -232,10 +382,21 @@ def namespace(method: str) -> str | None:
 # Dev nodes' namespaces: their methods change the chain's state without a block (anvil_setStorageAt,
 # evm_revert, anvil_rollback...), except these, which read or only add blocks.
 DEV_NAMESPACES = frozenset({"anvil", "hardhat", "evm"})
-DEV_READS = frozenset({
-    "anvil_mine", "evm_mine", "hardhat_mine", "anvil_nodeInfo", "anvil_metadata", "hardhat_metadata",
-    "anvil_getAutomine", "hardhat_getAutomine", "evm_snapshot", "anvil_snapshot", "anvil_dumpState",
-})
+DEV_READS = frozenset(
+    {
+        "anvil_mine",
+        "evm_mine",
+        "hardhat_mine",
+        "anvil_nodeInfo",
+        "anvil_metadata",
+        "hardhat_metadata",
+        "anvil_getAutomine",
+        "hardhat_getAutomine",
+        "evm_snapshot",
+        "anvil_snapshot",
+        "anvil_dumpState",
+    }
+)
 
 
 def changes_dev_state(method: str) -> bool:

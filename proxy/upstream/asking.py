@@ -46,7 +46,12 @@ class Asker:
         return asyncio.get_running_loop().time() + self._settings.getlogs_timeout if policy.limits_logs else None
 
     async def ask_pinned(
-        self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: Plan,
+        self,
+        net: NetworkRuntime,
+        method: str,
+        forward: Any,
+        policy: MethodPolicy,
+        plan: Plan,
         deadline: float | None,
     ) -> tuple[Answer, str | None]:
         """The upstream's answer, and why it cannot be tied to its key (None when it can). An upstream
@@ -62,8 +67,11 @@ class Asker:
         # A null or an error is asked again beside its block's header, also when it came unproven (its
         # batch failed and it went alone): a load balancer's lagging member answers that way too, and
         # serving its range error would answer for a chain without the block.
-        shown_at = (_provable_block(net, plan, answer)
-                    if doubt in (None, "unverified") and not orphan and _not_found(answer) else None)
+        shown_at = (
+            _provable_block(net, plan, answer)
+            if doubt in (None, "unverified") and not orphan and _not_found(answer)
+            else None
+        )
         if shown_at is not None:
             answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer, shown_at)
             if doubt in REFUSED:
@@ -75,8 +83,9 @@ class Asker:
             other = per.states.other_with(answer.upstream, plan.need)
             # No other upstream: the pool once more when the tracker knows the block (a load balancer
             # may send it to a member that has it).
-            if other is not None or (plan.need is not None and not plan.tags_resolved
-                                     and doubt in ("unknown_hash", "unproven", "lagging")):
+            if other is not None or (
+                plan.need is not None and not plan.tags_resolved and doubt in ("unknown_hash", "unproven", "lagging")
+            ):
                 try:
                     retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
                 except JsonRpcError:
@@ -87,8 +96,12 @@ class Asker:
                         again = "unknown_hash"
                     if again is None or doubt == "unknown_hash":
                         answer, doubt = retried, again
-        if doubt == "unknown_hash" and plan.need is not None and not plan.tags_resolved and not (
-                per is not None and per.states.vouches(answer.upstream, plan.need)):
+        if (
+            doubt == "unknown_hash"
+            and plan.need is not None
+            and not plan.tags_resolved
+            and not (per is not None and per.states.vouches(answer.upstream, plan.need))
+        ):
             # The tracker has the block the caller named: a node without it is behind, not the chain.
             # (A node whose head has the block means its null: no uncle, no transaction at that index.
             # A tag the tracker resolved is asked again as the tag instead: service.py.)
@@ -101,8 +114,9 @@ class Asker:
             if shown_at is None:
                 doubt = "late_head"
             else:
-                answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer,
-                                                          shown_at)
+                answer, doubt = await self._shown_at_need(
+                    net, method, forward, policy, plan, deadline, answer, shown_at
+                )
         if doubt == "unproven" and plan.tags_resolved and _not_found(answer):
             # No block came with a null or an error at a tag the tracker resolved: the node may lag
             # the tracker; asked again with the caller's tag instead (service.py), never kept.
@@ -112,8 +126,14 @@ class Asker:
         return answer, doubt
 
     async def _ask_checked(
-        self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: Plan,
-        deadline: float | None, index: int | None,
+        self,
+        net: NetworkRuntime,
+        method: str,
+        forward: Any,
+        policy: MethodPolicy,
+        plan: Plan,
+        deadline: float | None,
+        index: int | None,
     ) -> tuple[Answer, str | None]:
         """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
         end_answer = None
@@ -125,12 +145,14 @@ class Asker:
             # the tracker took the block from (a backup, which may be on another fork).
             deferred, proof = proof, None
         if proof is not None:
-            answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results,
-                                    proof=proof[0])
+            answer = await self.ask(
+                net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
+            )
         elif plan.check_end is not None and index is None:
             # A range above finalized: the node reports the range's last block in the same batch.
-            answer, end_answer = await self._with_range_end(net, method, forward, policy, plan.check_end[0], deadline,
-                                                            check=plan.check_results)
+            answer, end_answer = await self._with_range_end(
+                net, method, forward, policy, plan.check_end[0], deadline, check=plan.check_results
+            )
         elif index is not None and net.per_upstream is not None:
             answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
         else:
@@ -138,14 +160,19 @@ class Asker:
         head = net.tracker.head
         if deferred is not None and answer.upstream >= 0 and (head is None or head.source != answer.upstream):
             proof = deferred
-            answer = await self.ask(net, method, forward, policy, deadline, ask=answer.upstream,
-                                    check=plan.check_results, proof=proof[0])
+            answer = await self.ask(
+                net, method, forward, policy, deadline, ask=answer.upstream, check=plan.check_results, proof=proof[0]
+            )
         if per is None or answer.upstream < 0:
             return answer, None
         if not per.states.vouches(answer.upstream, None):
             return answer, "unverified"
-        if plan.decision.tied_to_answer and answer.result is None and head is not None \
-                and not per.states.vouches(answer.upstream, head.latest):
+        if (
+            plan.decision.tied_to_answer
+            and answer.result is None
+            and head is not None
+            and not per.states.vouches(answer.upstream, head.latest)
+        ):
             return answer, "behind_head"  # "not mined" from a node behind: it may be in a block it lacks
         # A block the same node showed in the same batch outranks what the proxy last saw of its head
         # (a load balancer's members differ: its head may be one member's, the answer another's).
@@ -154,8 +181,9 @@ class Asker:
             doubt = "lagging"  # without the block, as its head said
         if doubt is not None:
             return answer, doubt  # an error from a node behind (a range error) is not served either
-        if (shown is None or plan.need is None or shown < plan.need) and \
-                not per.states.vouches(answer.upstream, plan.need):
+        if (shown is None or plan.need is None or shown < plan.need) and not per.states.vouches(
+            answer.upstream, plan.need
+        ):
             if plan.need is not None and head is not None and plan.need > head.latest:
                 return answer, "beyond_head"  # no upstream is known to have it: served, never stored
             return answer, "lagging"  # an error from it may be just that, too
@@ -166,7 +194,12 @@ class Asker:
         return answer, None
 
     def _batch_doubt(
-        self, net: NetworkRuntime, plan: Plan, proof: proofs.Proof | None, answer: Answer, end_answer: Answer | None,
+        self,
+        net: NetworkRuntime,
+        plan: Plan,
+        proof: proofs.Proof | None,
+        answer: Answer,
+        end_answer: Answer | None,
     ) -> tuple[str | None, int | None]:
         """What the block asked beside the call says (a doubt, or None), and the highest block number
         the node showed it has on the network's chain (None when it showed none)."""
@@ -174,8 +207,13 @@ class Asker:
         assert per is not None
         if proof is not None:
             head = net.tracker.head
-            if answer.proof is None and plan.proof_pinned and head is not None and head.source == answer.upstream \
-                    and not per.states.went_back(answer.upstream):
+            if (
+                answer.proof is None
+                and plan.proof_pinned
+                and head is not None
+                and head.source == answer.upstream
+                and not per.states.went_back(answer.upstream)
+            ):
                 return None, None  # the head's own node, not seen steady yet, that takes no batches: as if deferred
             if answer.proof is None:
                 return "unverified", None  # no header came with it (it failed, or the call went alone): never kept
@@ -199,8 +237,16 @@ class Asker:
         return None, None
 
     def ask(
-        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None = None,
-        *, ask: int | None = None, check: bool = True, proof: str | None = None,
+        self,
+        net: NetworkRuntime,
+        method: str,
+        params: Any,
+        policy: MethodPolicy,
+        deadline: float | None = None,
+        *,
+        ask: int | None = None,
+        check: bool = True,
+        proof: str | None = None,
     ) -> Awaitable[Answer]:
         """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
         False for a piece of a chunked call: the result limit holds over the merged answer instead.
@@ -217,8 +263,15 @@ class Asker:
         return self._ask_logs(net, method, params, policy, deadline, ask, check, proof)
 
     async def _ask_logs(
-        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None,
-        ask: int | None, check: bool, proof: str | None,
+        self,
+        net: NetworkRuntime,
+        method: str,
+        params: Any,
+        policy: MethodPolicy,
+        deadline: float | None,
+        ask: int | None,
+        check: bool,
+        proof: str | None,
     ) -> Answer:
         """ask() for eth_getLogs: within its deadline, its results within the limit."""
         per = net.per_upstream
@@ -241,8 +294,15 @@ class Asker:
         return self._check_results(params, answer) if check else answer
 
     async def _with_range_end(
-        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, end: int, deadline: float | None,
-        *, check: bool = True,
+        self,
+        net: NetworkRuntime,
+        method: str,
+        params: Any,
+        policy: MethodPolicy,
+        end: int,
+        deadline: float | None,
+        *,
+        check: bool = True,
     ) -> tuple[Answer, Answer | None]:
         """eth_getLogs and the range's last block in one batch (one node answers both); the logs alone
         and no block (None) from a node that refuses batches."""
@@ -263,8 +323,15 @@ class Asker:
         return (self._check_results(params, answer) if check else answer), end_answer
 
     async def _shown_at_need(
-        self, net: NetworkRuntime, method: str, forward: Any, policy: MethodPolicy, plan: Plan,
-        deadline: float | None, answer: Answer, proof: proofs.Proof,
+        self,
+        net: NetworkRuntime,
+        method: str,
+        forward: Any,
+        policy: MethodPolicy,
+        plan: Plan,
+        deadline: float | None,
+        answer: Answer,
+        proof: proofs.Proof,
     ) -> tuple[Answer, str | None]:
         """A null or an error for a call that needs a block the tracker holds: the answer of a node
         that has the block (no uncle there, no such log), or of one behind it (a load balancer's lagging
@@ -276,12 +343,12 @@ class Asker:
         index = per.states.other_with(answer.upstream, plan.need)
         for _ in range(2):
             try:
-                retried = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results,
-                                         proof=proof[0])
+                retried = await self.ask(
+                    net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
+                )
             except JsonRpcError:
                 retried = None
-            if retried is not None and retried.proof is None and (
-                    not _not_found(retried) or retried.unbatched):
+            if retried is not None and retried.proof is None and (not _not_found(retried) or retried.unbatched):
                 return retried, "unverified"  # a node that takes no batches shows nothing: served, never kept
             # A null or an error with no header (a batch answered in part) is the doubt itself: asked again.
             if retried is not None and retried.proof is not None and _shown(net, proof, retried.proof):
@@ -313,13 +380,19 @@ class Asker:
         number = proofs.answer_block_number(answer.result)
         try:
             if number is None:  # a count, an empty list: the block's number from the same node first
-                block = await per.ask(answer.upstream, "eth_getBlockByHash", [block_hash, False],
-                                      timeout=self._settings.upstream_timeout)
+                block = await per.ask(
+                    answer.upstream, "eth_getBlockByHash", [block_hash, False], timeout=self._settings.upstream_timeout
+                )
                 number = proofs.answer_block_number(block.result)
                 if number is None:
                     return False
-            header = await per.proven("eth_getBlockByNumber", [hex(number), False], hex(head.finalized),
-                                      index=answer.upstream, timeout=self._settings.upstream_timeout)
+            header = await per.proven(
+                "eth_getBlockByNumber",
+                [hex(number), False],
+                hex(head.finalized),
+                index=answer.upstream,
+                timeout=self._settings.upstream_timeout,
+            )
         except JsonRpcError:
             return False
         found = header.result.get("hash") if isinstance(header.result, dict) else None
@@ -328,11 +401,19 @@ class Asker:
     def _refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> None:
         self._metrics.uncached_answers.labels(net.name, reason).inc()
         block = f"block {need}" if need is not None else "the block"
-        raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{net.name}' (no upstream "
-                           f"could answer for {block} of the network's chain)", http_status=502)
+        raise JsonRpcError(
+            UPSTREAM_UNAVAILABLE,
+            f"upstream unavailable: network '{net.name}' (no upstream could answer for {block} of the network's chain)",
+            http_status=502,
+        )
 
     async def ask_as_tag(
-        self, net: NetworkRuntime, method: str, params: Any, policy: MethodPolicy, deadline: float | None,
+        self,
+        net: NetworkRuntime,
+        method: str,
+        params: Any,
+        policy: MethodPolicy,
+        deadline: float | None,
         need: int | None,
     ) -> Answer:
         """A call asked with the caller's tag (its resolved block was not shown), beside the node's
@@ -343,11 +424,19 @@ class Asker:
         per = net.per_upstream
         proof = ("latest", head.latest_hash, True) if head is not None and per is not None else None
         answer = await self.ask(net, method, params, policy, deadline, proof=proof[0] if proof else None)
-        if per is not None and answer.upstream >= 0 and per.states.verified[answer.upstream] and need is not None \
-                and per.states.latest[answer.upstream] < need:
+        if (
+            per is not None
+            and answer.upstream >= 0
+            and per.states.verified[answer.upstream]
+            and need is not None
+            and per.states.latest[answer.upstream] < need
+        ):
             self._refuse(net, "lagging", need)
-        if proof is not None and not (answer.proof is not None and _shown(net, proof, answer.proof)) \
-                and not answer.unbatched:
+        if (
+            proof is not None
+            and not (answer.proof is not None and _shown(net, proof, answer.proof))
+            and not answer.unbatched
+        ):
             # Not shown at the tracker's head, or not shown at all (its batch failed and it went
             # alone): a load balancer's lagging member answers a tag with its own older head. A node
             # that refuses batches never shows it: its answer is served as it gave it.
@@ -380,8 +469,11 @@ def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None) -> bool:
     tracker = net.tracker
     head = tracker.head
     orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
-    return bool(seen) and head is not None and (
-        seen == head.latest_hash or (seen not in head.numbers and seen not in orphans))
+    return (
+        bool(seen)
+        and head is not None
+        and (seen == head.latest_hash or (seen not in head.numbers and seen not in orphans))
+    )
 
 
 def _not_found(answer: Answer) -> bool:

@@ -22,7 +22,13 @@ Queued = tuple[str, Any, "asyncio.Future[Answer | None]", str | None]  # method,
 
 class AutoBatcher:
     def __init__(
-        self, network: str, single: Single, alone: Alone, together: Together, *, batch_max: int,
+        self,
+        network: str,
+        single: Single,
+        alone: Alone,
+        together: Together,
+        *,
+        batch_max: int,
         batch_max_bytes: int,
     ) -> None:
         self.network = network

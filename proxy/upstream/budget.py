@@ -43,7 +43,11 @@ class Slot:
 
 class Budget:
     def __init__(
-        self, max_rps: float | None, max_concurrency: int | None, *, window: Window | None = None,
+        self,
+        max_rps: float | None,
+        max_concurrency: int | None,
+        *,
+        window: Window | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._window: Window = window if window is not None else LocalWindow()

@@ -30,8 +30,16 @@ from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, Call, JsonRpcError
 from proxy.upstream.pool import Answer
 
-FILTER_METHODS = frozenset({"eth_newFilter", "eth_newBlockFilter", "eth_newPendingTransactionFilter",
-                            "eth_getFilterChanges", "eth_getFilterLogs", "eth_uninstallFilter"})
+FILTER_METHODS = frozenset(
+    {
+        "eth_newFilter",
+        "eth_newBlockFilter",
+        "eth_newPendingTransactionFilter",
+        "eth_getFilterChanges",
+        "eth_getFilterLogs",
+        "eth_uninstallFilter",
+    }
+)
 FILTER_TIMEOUT = 300.0  # geth's filter deadline: 5 minutes without a poll
 NOT_FOUND = -32000  # geth's code and message for an unknown filter id
 _TAG = 32  # hex digits of the HMAC that bind an id to its key
@@ -50,8 +58,9 @@ class _Filter:
 
 
 class Filters:
-    def __init__(self, settings: Settings, prepare: Prepare, execute: Execute,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, settings: Settings, prepare: Prepare, execute: Execute, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._settings = settings
         digests = sorted(k.sha256 for k in (settings.api_keys or {}).values())
         self._secret = hashlib.sha256("filter ids\0".join(["", *digests]).encode()).digest()
@@ -96,8 +105,11 @@ class Filters:
     async def _install(self, prepared: Prepared, account: str) -> Outcome:
         cap = self._settings.max_filters_per_key
         if account != OPEN_ACCOUNT and self._live(account) >= cap:  # open mode: every client is one account
-            raise JsonRpcError(LIMIT_EXCEEDED, f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); "
-                               "uninstall one with eth_uninstallFilter")
+            raise JsonRpcError(
+                LIMIT_EXCEEDED,
+                f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); "
+                "uninstall one with eth_uninstallFilter",
+            )
         net, method = prepared.network, prepared.call.method
         raw = prepared.call.params
         assert isinstance(raw, list)  # the gateway validated it: positional params
@@ -118,7 +130,7 @@ class Filters:
 
     def _node_id(self, account: str, own_id: str) -> str | None:
         """The node's id behind one of `account`'s ids; None for anything else (another key's included)."""
-        tag, node_id = own_id[2:2 + _TAG], "0x" + own_id[2 + _TAG:]
+        tag, node_id = own_id[2 : 2 + _TAG], "0x" + own_id[2 + _TAG :]
         if len(node_id) < 3 or not hmac.compare_digest(tag, self._tag(account, node_id)):
             return None
         return node_id

@@ -75,8 +75,11 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            if self.headers_done and "content-length" not in self.headers and \
-                    "chunked" not in self.headers.get("transfer-encoding", "").lower():
+            if (
+                self.headers_done
+                and "content-length" not in self.headers
+                and "chunked" not in self.headers.get("transfer-encoding", "").lower()
+            ):
                 self._complete(False)  # a body that ends with the connection (HTTP/1.0 style)
             else:
                 waiter.set_exception(ClientFault("the node closed the connection before its answer was complete"))
@@ -170,8 +173,10 @@ class HostPool:
         if parts.username is not None:  # user:password@host, as aiohttp sends it: Basic authorization
             secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
             auth = f"Authorization: Basic {base64.b64encode(secret).decode()}\r\n"
-        self._head = (f"POST {target} HTTP/1.1\r\nHost: {host_field}\r\n{auth}Content-Type: application/json\r\n"
-                      "Accept: */*\r\nUser-Agent: rpc-cache-proxy\r\nContent-Length: ").encode("latin-1")
+        self._head = (
+            f"POST {target} HTTP/1.1\r\nHost: {host_field}\r\n{auth}Content-Type: application/json\r\n"
+            "Accept: */*\r\nUser-Agent: rpc-cache-proxy\r\nContent-Length: "
+        ).encode("latin-1")
         self._limit = limit
         self._idle_timeout = idle_timeout
         self._on_connect = on_connect
@@ -239,7 +244,8 @@ class HostPool:
         alone = self._posting <= 1  # judged now: a post that ends while this one connects leaves it not alone
         try:
             _, connection = await asyncio.get_running_loop().create_connection(
-                _Connection, self._host, self._port, ssl=self._ssl)
+                _Connection, self._host, self._port, ssl=self._ssl
+            )
         except asyncio.CancelledError:
             self._open -= 1
             self._wake()
@@ -275,4 +281,3 @@ class HostPool:
         for connection in self._idle:
             self._dropped(connection)
         self._idle.clear()
-

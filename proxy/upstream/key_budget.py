@@ -136,20 +136,24 @@ class KeyedUpstream:
             answer: Answer = await self.inner.ask(index, method, params, timeout=timeout)  # type: ignore[attr-defined]
             return answer
 
-    def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-               timeout: float | None = None) -> Awaitable[Answer]:
+    def proven(
+        self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
+    ) -> Awaitable[Answer]:
         held = self._slots.held()
         if held is UNBUDGETED:
             unheld: Awaitable[Answer] = self.inner.proven(  # type: ignore[attr-defined]
-                method, params, block, index=index, timeout=timeout)
+                method, params, block, index=index, timeout=timeout
+            )
             return unheld
         return self._held_proven(held, method, params, block, index, timeout)
 
-    async def _held_proven(self, held: Any, method: str, params: Any, block: str, index: int | None,
-                           timeout: float | None) -> Answer:
+    async def _held_proven(
+        self, held: Any, method: str, params: Any, block: str, index: int | None, timeout: float | None
+    ) -> Answer:
         async with held:
             answer: Answer = await self.inner.proven(  # type: ignore[attr-defined]
-                method, params, block, index=index, timeout=timeout)
+                method, params, block, index=index, timeout=timeout
+            )
             return answer
 
     async def close(self) -> None:

@@ -38,8 +38,9 @@ BATCHABLE = frozenset(
 HEDGEABLE = frozenset(name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE)
 # Writes go to exactly one upstream: another is tried only when the first provably never got the
 # call (its connection was refused), so a transaction is never sent twice.
-WRITES = frozenset({"eth_sendRawTransaction", "eth_sendTransaction", "eth_sendRawTransactionConditional",
-                    "sendTransaction"})
+WRITES = frozenset(
+    {"eth_sendRawTransaction", "eth_sendTransaction", "eth_sendRawTransactionConditional", "sendTransaction"}
+)
 
 
 class Upstream(Protocol):
@@ -65,8 +66,9 @@ class PerUpstream(Protocol):
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer: ...
 
-    def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-               timeout: float | None = None) -> Awaitable[Answer]: ...
+    def proven(
+        self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
+    ) -> Awaitable[Answer]: ...
 
 
 def http_pool(upstream: object) -> HttpUpstream | None:
@@ -82,8 +84,12 @@ def routing_of(network: Network, budgets: BudgetBook | None = None) -> Routing:
     options = [network.options_of(i) for i in range(len(network.upstreams))]
     return Routing(
         Selector(network.selection, [o.weight for o in options]),
-        tuple(budgets.budget(network.name, url, o.max_rps, o.max_concurrency) if budgets is not None
-              else Budget(o.max_rps, o.max_concurrency) for url, o in zip(network.upstreams, options, strict=True)),
+        tuple(
+            budgets.budget(network.name, url, o.max_rps, o.max_concurrency)
+            if budgets is not None
+            else Budget(o.max_rps, o.max_concurrency)
+            for url, o in zip(network.upstreams, options, strict=True)
+        ),
         network.hedge_after,
     )
 
@@ -106,12 +112,26 @@ class HttpUpstream(Sender):
         max_reply_bytes: int | None = None,
         routing: Routing = DEFAULT_ROUTING,
     ) -> None:
-        super().__init__(network, tuple(urls), timeout=timeout, metrics=metrics, cooldown=cooldown,
-                         attempt_timeout=attempt_timeout, max_reply_bytes=max_reply_bytes, routing=routing)
+        super().__init__(
+            network,
+            tuple(urls),
+            timeout=timeout,
+            metrics=metrics,
+            cooldown=cooldown,
+            attempt_timeout=attempt_timeout,
+            max_reply_bytes=max_reply_bytes,
+            routing=routing,
+        )
         self._next_id = 0
         self._batch_max = batch_max
-        self._batcher = AutoBatcher(network, self._single, self._proven_alone, self._with_proofs,
-                                    batch_max=batch_max, batch_max_bytes=batch_max_bytes)
+        self._batcher = AutoBatcher(
+            network,
+            self._single,
+            self._proven_alone,
+            self._with_proofs,
+            batch_max=batch_max,
+            batch_max_bytes=batch_max_bytes,
+        )
 
     def request(self, method: str, params: Any, *, timeout: float | None = None) -> Awaitable[Answer]:
         # The coroutine that answers, returned rather than awaited here: a miss passes through no
@@ -125,9 +145,15 @@ class HttpUpstream(Sender):
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
         # One call's reply only: an auto-batch holds several callers' answers, none too large alone.
-        reply, seconds, index = await self._send(body, metric_label(method), timeout,
-                                                 lambda r: single_problem(r, sent), self._max_reply,
-                                                 hedge=method in HEDGEABLE, write=method in WRITES)
+        reply, seconds, index = await self._send(
+            body,
+            metric_label(method),
+            timeout,
+            lambda r: single_problem(r, sent),
+            self._max_reply,
+            hedge=method in HEDGEABLE,
+            write=method in WRITES,
+        )
         return Answer.from_response(reply, seconds, index)
 
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
@@ -150,8 +176,11 @@ class HttpUpstream(Sender):
                 self._cool(index, failure)  # a head poll's 429 rests them too
             self.selector.scores.observe(index, None, time.monotonic())
             self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
-                               f"(upstream #{index}: {failure.detail})", http_status=502) from None
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE,
+                f"upstream unavailable: network '{self.network}' (upstream #{index}: {failure.detail})",
+                http_status=502,
+            ) from None
         seconds = time.perf_counter() - started
         self.selector.scores.observe(index, seconds, time.monotonic())
         return Answer.from_response(reply, seconds, index)
@@ -160,8 +189,12 @@ class HttpUpstream(Sender):
         """A place in upstream `index`'s budget within `timeout` seconds, or the call's 504."""
         slot = await self._budgeted(index, asyncio.get_running_loop().time() + timeout)
         if slot is None:
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' (upstream "
-                               f"#{index}: no budget (max_rps, max_concurrency) in {timeout:g}s)", http_status=504)
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE,
+                f"upstream timeout: network '{self.network}' (upstream "
+                f"#{index}: no budget (max_rps, max_concurrency) in {timeout:g}s)",
+                http_status=504,
+            )
         return slot
 
     async def _proven_alone(self, method: str, params: Any, block: str | None) -> Answer:
@@ -178,7 +211,10 @@ class HttpUpstream(Sender):
         return answer
 
     async def _with_proofs(
-        self, calls: Sequence[tuple[str, Any, str | None]], *, index: int | None = None,
+        self,
+        calls: Sequence[tuple[str, Any, str | None]],
+        *,
+        index: int | None = None,
         timeout: float | None = None,
     ) -> list[Answer]:
         """The calls and one header per distinct proof block in one batch, so one node answers all; each
@@ -216,16 +252,18 @@ class HttpUpstream(Sender):
                 answers[i] = answers[i].with_proof(hashes[block])
         return answers
 
-    def proven(self, method: str, params: Any, block: str, *, index: int | None = None,
-               timeout: float | None = None) -> Awaitable[Answer]:
+    def proven(
+        self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
+    ) -> Awaitable[Answer]:
         """A call and the header of `block` (a number or "latest") in one batch to one node: its answer,
         with `proof` the hash that node has for `block`. Auto-batched with other reads when it can be."""
         if index is None and timeout is None and self._batch_max > 1 and method in BATCHABLE:
             return self._batcher.enqueue(method, params, block)
         return self._proven_to(method, params, block, index, timeout)
 
-    async def _proven_to(self, method: str, params: Any, block: str, index: int | None,
-                         timeout: float | None) -> Answer:
+    async def _proven_to(
+        self, method: str, params: Any, block: str, index: int | None, timeout: float | None
+    ) -> Answer:
         [answer] = await self._with_proofs([(method, params, block)], index=index, timeout=timeout)
         return answer
 
@@ -242,8 +280,11 @@ class HttpUpstream(Sender):
                 raise Failed("mismatch", problem or "batch refused")
         except Failed as failure:
             self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{self.network}' "
-                               f"(upstream #{index}: {failure.detail})", http_status=502) from None
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE,
+                f"upstream unavailable: network '{self.network}' (upstream #{index}: {failure.detail})",
+                http_status=502,
+            ) from None
         return _in_order(reply, ids), time.perf_counter() - started
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
@@ -259,28 +300,35 @@ class HttpUpstream(Sender):
         return None if items is None else [Answer.from_response(item, seconds, index) for item in items]
 
     async def _batch_items(
-        self, calls: Sequence[tuple[str, Any]], *, auto: bool, timeout: float | None, observed: int,
+        self,
+        calls: Sequence[tuple[str, Any]],
+        *,
+        auto: bool,
+        timeout: float | None,
+        observed: int,
     ) -> tuple[list[Any] | None, float, int]:
         """One batch's reply items in the calls' order (None: the node refused batches), its latency
         and the upstream that answered. `auto`: each of the first `observed` calls is observed under
         its own method, with its batch's latency."""
         body, ids = self._batch_body(calls)
-        reply, seconds, index = await self._send(body, None if auto else "batch", timeout,
-                                                 lambda r: batch_problem(r, ids), hedge=auto)
+        reply, seconds, index = await self._send(
+            body, None if auto else "batch", timeout, lambda r: batch_problem(r, ids), hedge=auto
+        )
         if not isinstance(reply, list):
             return None, seconds, index
         if auto:
             for method, _ in calls[:observed]:
-                self._metrics.child(self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
-                                    ).observe(seconds)
+                self._metrics.child(
+                    self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
+                ).observe(seconds)
         return _in_order(reply, ids), seconds, index
 
     def _batch_body(self, calls: Sequence[tuple[str, Any]]) -> tuple[bytes, range]:
         base = self._next_id + 1
         self._next_id += len(calls)
-        body = jsonrpc.dumps([
-            {"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)
-        ])
+        body = jsonrpc.dumps(
+            [{"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)]
+        )
         return body, range(base, base + len(calls))
 
 

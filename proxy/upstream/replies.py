@@ -11,8 +11,14 @@ from proxy.rpc.jsonrpc import EXECUTION_REVERTED
 
 RETRY_AFTER_MAX = 300.0  # seconds: the longest Retry-After honoured (a provider's bad header cannot park it)
 # Phrases of providers' rate-limit errors (Infura, Alchemy, QuickNode...) in an HTTP 200 reply.
-RATE_LIMIT_PHRASES = ("rate limit", "request rate", "too many requests", "compute units per second",
-                      "request limit reached", "rate exceeded")
+RATE_LIMIT_PHRASES = (
+    "rate limit",
+    "request rate",
+    "too many requests",
+    "compute units per second",
+    "request limit reached",
+    "rate exceeded",
+)
 
 
 def proof_call(block: str) -> tuple[str, list[Any]]:
@@ -27,8 +33,6 @@ def proof_hash(block: Any, is_error: bool) -> str:
         return ""
     value = block.get("hash") if isinstance(block, dict) else None
     return value.lower() if isinstance(value, str) else ""
-
-
 
 
 def _is_response(reply: Any) -> bool:

@@ -100,7 +100,11 @@ class Selector:
     """Orders a network's upstreams for one call under its policy."""
 
     def __init__(
-        self, policy: str, weights: Sequence[float], *, draw: Callable[[], float] = random.random,
+        self,
+        policy: str,
+        weights: Sequence[float],
+        *,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown selection policy {policy!r}")
@@ -117,5 +121,7 @@ class Selector:
         if self.policy == "weighted":
             return weighted_order(candidates, self.weights, self._draw)
         best = max((heads[i] for i in candidates), default=-1)
-        return sorted(candidates, key=lambda i: (
-            self.scores.score(i, best - heads[i] if heads[i] >= 0 and best >= 0 else 0, now), i))
+        return sorted(
+            candidates,
+            key=lambda i: (self.scores.score(i, best - heads[i] if heads[i] >= 0 and best >= 0 else 0, now), i),
+        )

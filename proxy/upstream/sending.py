@@ -64,8 +64,16 @@ class Sender:
     """The sending half of a network's upstream pool (pool.HttpUpstream adds calls, batches and proofs)."""
 
     def __init__(
-        self, network: str, urls: tuple[str, ...], *, timeout: float, metrics: Metrics, cooldown: float,
-        attempt_timeout: float | None, max_reply_bytes: int | None, routing: Routing,
+        self,
+        network: str,
+        urls: tuple[str, ...],
+        *,
+        timeout: float,
+        metrics: Metrics,
+        cooldown: float,
+        attempt_timeout: float | None,
+        max_reply_bytes: int | None,
+        routing: Routing,
     ) -> None:
         self.network = network
         # A reply declared larger than this is not read: no client may be sent it (MAX_RESPONSE_BYTES).
@@ -84,8 +92,7 @@ class Sender:
         self._closed = False  # closed for good: a reload retired it, or the proxy is stopping
         self.reroute(routing)
         for index in range(len(self._urls)):
-            metrics.upstream_head_lag.labels(network, str(index)).set_function(
-                lambda i=index: float(self._head_lag(i)))  # type: ignore[misc]
+            metrics.upstream_head_lag.labels(network, str(index)).set_function(lambda i=index: float(self._head_lag(i)))  # type: ignore[misc]
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -106,9 +113,15 @@ class Sender:
         if self._closed:  # a call that outlived its pool's grace (a reload): never a new connection
             raise Failed("connect", "the pool was closed (its network was reloaded)", unsent=True)
         if self._pools is None:
-            self._pools = [HostPool(url, limit=POOL_LIMIT, idle_timeout=POOL_IDLE_TIMEOUT,
-                                    on_connect=lambda alone, i=index: self._connected(i, alone))  # type: ignore[misc]
-                           for index, url in enumerate(self._urls)]
+            self._pools = [
+                HostPool(
+                    url,
+                    limit=POOL_LIMIT,
+                    idle_timeout=POOL_IDLE_TIMEOUT,
+                    on_connect=lambda alone, i=index: self._connected(i, alone),  # type: ignore[misc]
+                )
+                for index, url in enumerate(self._urls)
+            ]
         return self._pools[index]
 
     def _connected(self, index: int, alone: bool) -> None:
@@ -177,8 +190,11 @@ class Sender:
                 if body[:1] == b"[":
                     # A node that takes no batches may say so with an HTTP error (400, 413): the batch
                     # is refused as by one error object (replies.batch_problem), and its calls go alone.
-                    return {"jsonrpc": "2.0", "id": None,
-                            "error": {"code": INVALID_REQUEST, "message": f"batch refused: HTTP {status}"}}
+                    return {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {"code": INVALID_REQUEST, "message": f"batch refused: HTTP {status}"},
+                    }
                 raise Failed("refused", f"HTTP {status}")
             if status == 429:
                 raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
@@ -221,7 +237,13 @@ class Sender:
         attempts.reached = attempts.reached or failure.kind in REACHED_KINDS
 
     async def _try(
-        self, index: int, slot: Slot, body: bytes, timeout: float, check: Check, attempts: Attempts,
+        self,
+        index: int,
+        slot: Slot,
+        body: bytes,
+        timeout: float,
+        check: Check,
+        attempts: Attempts,
         max_reply: int | None = None,
     ) -> tuple[Any, float]:
         """One upstream's try in the budget `slot` taken for it: the reply and its latency, or Failed (noted)."""
@@ -263,8 +285,15 @@ class Sender:
         return (index, waited) if waited is not None else None
 
     async def _hedged(
-        self, first: int, slot: Slot, pending: list[int], body: bytes, timeout: float, check: Check,
-        attempts: Attempts, max_reply: int | None = None,
+        self,
+        first: int,
+        slot: Slot,
+        pending: list[int],
+        body: bytes,
+        timeout: float,
+        check: Check,
+        attempts: Attempts,
+        max_reply: int | None = None,
     ) -> tuple[Any, float, int] | None:
         """Ask `first`; without an answer after hedge_after, also the next upstream that has budget at
         once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
@@ -301,8 +330,15 @@ class Sender:
                 task.cancel()
 
     async def _send(
-        self, body: bytes, method_label: str | None, timeout: float | None, check: Check,
-        max_reply: int | None = None, *, hedge: bool = False, write: bool = False,
+        self,
+        body: bytes,
+        method_label: str | None,
+        timeout: float | None,
+        check: Check,
+        max_reply: int | None = None,
+        *,
+        hedge: bool = False,
+        write: bool = False,
     ) -> tuple[Any, float, int]:
         """Post to upstreams in order until a reply passes `check`; observe its latency under
         `method_label`. `hedge`: a slow read is also sent to the next upstream. `write`: another
@@ -337,26 +373,33 @@ class Sender:
             except Failed as failure:
                 if failure.kind == "too_large":
                     # The answer the caller asked for is too large to send: every node would give it.
-                    raise JsonRpcError(LIMIT_EXCEEDED, f"response size exceeded: the node's answer ({failure.detail})"
-                                       f" would pass MAX_RESPONSE_BYTES ({self._max_reply} bytes); ask for less",
-                                       reached=True) from None
+                    raise JsonRpcError(
+                        LIMIT_EXCEEDED,
+                        f"response size exceeded: the node's answer ({failure.detail})"
+                        f" would pass MAX_RESPONSE_BYTES ({self._max_reply} bytes); ask for less",
+                        reached=True,
+                    ) from None
                 if write and not failure.unsent:
                     break  # the node may have taken the transaction: never send it to another
                 continue
             if method_label is not None:
-                self._metrics.child(self._metrics.upstream_seconds, self.network, method_label, str(index)
-                                    ).observe(seconds)
+                self._metrics.child(self._metrics.upstream_seconds, self.network, method_label, str(index)).observe(
+                    seconds
+                )
             return reply, seconds, index
         if attempts.last_kind == "timeout":
             raise JsonRpcError(
-                UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
-                http_status=504, reached=attempts.reached,
+                UPSTREAM_UNAVAILABLE,
+                f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
+                http_status=504,
+                reached=attempts.reached,
             )
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
             f"upstream unavailable: network '{self.network}' "
             f"({'; '.join(attempts.failures) or 'no upstream serves the network chain'})",
-            http_status=502, reached=attempts.reached,
+            http_status=502,
+            reached=attempts.reached,
         )
 
     def _attempt_budget(self, remaining: float, upstreams_left: int) -> float:

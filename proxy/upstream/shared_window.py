@@ -49,10 +49,10 @@ class SharedWindow:
         if len(data) < _HEADER.size:
             return {}, []
         processes, held = _HEADER.unpack_from(data)
-        flying = dict(_PROCESS.iter_unpack(data[_HEADER.size:_HEADER.size + processes * _PROCESS.size]))
+        flying = dict(_PROCESS.iter_unpack(data[_HEADER.size : _HEADER.size + processes * _PROCESS.size]))
         start = _HEADER.size + processes * _PROCESS.size
         times = array("d")
-        times.frombytes(data[start:start + 8 * held])
+        times.frombytes(data[start : start + 8 * held])
         return flying, times.tolist()
 
     def _write(self, flying: dict[int, int], held: list[float]) -> None:
@@ -63,7 +63,7 @@ class SharedWindow:
     def take(self, limits: Limits, now: float) -> float | None:
         with self._locked():
             flying, held = self._read()
-            del held[:bisect.bisect_right(held, now)]
+            del held[: bisect.bisect_right(held, now)]
             refused = limits.refusal(sum(flying.values()), held, now)
             if refused is not None and _reap(flying, held, now + limits.window, self._pid):
                 refused = limits.refusal(sum(flying.values()), held, now)

@@ -67,7 +67,7 @@ class LocalWindow:
 
     def take(self, limits: Limits, now: float) -> float | None:
         if self.held and self.held[0] <= now:
-            del self.held[:bisect.bisect_right(self.held, now)]
+            del self.held[: bisect.bisect_right(self.held, now)]
         refused = limits.refusal(self.flying, self.held, now)
         if refused is None:
             self.flying += 1

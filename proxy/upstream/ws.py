@@ -69,7 +69,12 @@ class UpstreamSocket:
         self.resubscribed = 0  # subscriptions opened again after a drop (for tests and logs)
 
     async def subscribe(
-        self, method: str, params: Any, *, on_ok: Callable[[], None], on_notify: Callable[[str, Any], None],
+        self,
+        method: str,
+        params: Any,
+        *,
+        on_ok: Callable[[], None],
+        on_notify: Callable[[str, Any], None],
         on_lost: Callable[[], None],
     ) -> RelayedSubscription:
         """Open a subscription on the node; its errors come back as they are, as JsonRpcError."""
@@ -83,13 +88,17 @@ class UpstreamSocket:
         rid = self._send_id()
         self._pending[rid] = route
         try:
-            await ws.send_str(jsonrpc.dumps({"jsonrpc": "2.0", "id": rid, "method": route.method,
-                                             "params": route.params}).decode())
+            await ws.send_str(
+                jsonrpc.dumps({"jsonrpc": "2.0", "id": rid, "method": route.method, "params": route.params}).decode()
+            )
             async with asyncio.timeout(self._timeout):
                 await route.waiter
         except TimeoutError:
-            raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream timeout: network '{self.network}' WebSocket did "
-                               "not answer the subscription", http_status=504) from None
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE,
+                f"upstream timeout: network '{self.network}' WebSocket did not answer the subscription",
+                http_status=504,
+            ) from None
         except (aiohttp.ClientError, ConnectionError):
             raise self._unavailable("send failed") from None
         finally:
@@ -103,8 +112,16 @@ class UpstreamSocket:
         ws = self._ws
         if ws is not None and not ws.closed:
             with contextlib.suppress(Exception):
-                await ws.send_str(jsonrpc.dumps({"jsonrpc": "2.0", "id": self._send_id(),
-                                                 "method": route.unsubscribe, "params": [route.upstream_id]}).decode())
+                await ws.send_str(
+                    jsonrpc.dumps(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": self._send_id(),
+                            "method": route.unsubscribe,
+                            "params": [route.upstream_id],
+                        }
+                    ).decode()
+                )
 
     async def close(self) -> None:
         """Close for good: the subscriptions it carries are told lost, never opened again."""
@@ -128,8 +145,11 @@ class UpstreamSocket:
         return self._next_id
 
     def _unavailable(self, detail: str) -> JsonRpcError:
-        return JsonRpcError(UPSTREAM_UNAVAILABLE,
-                            f"upstream unavailable: network '{self.network}' WebSocket ({detail})", http_status=502)
+        return JsonRpcError(
+            UPSTREAM_UNAVAILABLE,
+            f"upstream unavailable: network '{self.network}' WebSocket ({detail})",
+            http_status=502,
+        )
 
     async def _connected(self) -> aiohttp.ClientWebSocketResponse:
         async with self._connecting:
@@ -145,8 +165,12 @@ class UpstreamSocket:
             for index in ((self._current + 1 + i) % count for i in range(count)):
                 url = self._urls[index]
                 try:
-                    ws = await self._session.ws_connect(url, heartbeat=30.0, timeout=aiohttp.ClientWSTimeout(
-                        ws_receive=None, ws_close=self._timeout), max_msg_size=0)
+                    ws = await self._session.ws_connect(
+                        url,
+                        heartbeat=30.0,
+                        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self._timeout),
+                        max_msg_size=0,
+                    )
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     log.warning("upstream WebSocket %s#%d failed: %s", self.network, index, type(exc).__name__)
                     failures.append(f"#{index}: {type(exc).__name__}")
@@ -179,8 +203,9 @@ class UpstreamSocket:
             error = data.get("error")
             if error is not None:
                 error = error if isinstance(error, dict) else {"code": -32603, "message": str(error)}
-                route.waiter.set_exception(JsonRpcError(int(error.get("code", -32603)), str(error.get("message", "")),
-                                                        error.get("data")))
+                route.waiter.set_exception(
+                    JsonRpcError(int(error.get("code", -32603)), str(error.get("message", "")), error.get("data"))
+                )
                 return
             route.upstream_id = data.get("result")
             self._routes[route.upstream_id] = route
@@ -209,10 +234,15 @@ class UpstreamSocket:
                 if not route.cancelled:
                     route.on_lost()
         elif routes:
-            log.warning("upstream WebSocket %s#%d closed: opening %d subscription(s) again", self.network,
-                        self._current, len(routes))
-            self._resubscribing = asyncio.create_task(self._resubscribe(routes),
-                                                      name=f"upstream-ws-resubscribe-{self.network}")
+            log.warning(
+                "upstream WebSocket %s#%d closed: opening %d subscription(s) again",
+                self.network,
+                self._current,
+                len(routes),
+            )
+            self._resubscribing = asyncio.create_task(
+                self._resubscribe(routes), name=f"upstream-ws-resubscribe-{self.network}"
+            )
 
     async def _resubscribe(self, routes: list[_Route]) -> None:
         """Each route on a new connection, under its subscriber's id; told lost if none takes it in time."""

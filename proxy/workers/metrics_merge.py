@@ -91,9 +91,13 @@ def metrics_socket(directory: str, name: str) -> str:
 
 async def _read(path: str) -> str | None:
     try:
-        async with aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=path), timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT),
-        ) as session, session.get("http://worker/metrics") as response:
+        async with (
+            aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=path),
+                timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT),
+            ) as session,
+            session.get("http://worker/metrics") as response,
+        ):
             return await response.text() if response.status == 200 else None
     except (OSError, aiohttp.ClientError, TimeoutError):
         return None  # a worker that just died (and is being restarted): its counts are left out

@@ -73,8 +73,12 @@ class SharedPolls:
         self._in_process = asyncio.Lock()
 
     async def ask(
-        self, scope: str, calls: Sequence[Call], fetch: Callable[[list[Call]], Awaitable[list[Answer]]],
-        *, since: float,
+        self,
+        scope: str,
+        calls: Sequence[Call],
+        fetch: Callable[[list[Call]], Awaitable[list[Answer]]],
+        *,
+        since: float,
     ) -> list[Answer]:
         """Answers to `calls` no older than `since`: from the memo when a sibling fetched them,
         else from `fetch` (and written to the memo for the siblings)."""
@@ -83,7 +87,10 @@ class SharedPolls:
             return await self._ask_locked(keys, calls, fetch, since)
 
     async def _ask_locked(
-        self, keys: list[str], calls: Sequence[Call], fetch: Callable[[list[Call]], Awaitable[list[Answer]]],
+        self,
+        keys: list[str],
+        calls: Sequence[Call],
+        fetch: Callable[[list[Call]], Awaitable[list[Answer]]],
         since: float,
     ) -> list[Answer]:
         locked = await self._lock()

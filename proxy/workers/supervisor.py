@@ -105,10 +105,12 @@ class Supervisor:
         self.settings = settings
         self.run_dir = run_dir
         self.registry = CollectorRegistry()
-        self.restarts = Counter("rpc_proxy_worker_restarts", "Worker processes restarted after they exited.",
-                                registry=self.registry)
-        self.listening = Gauge("rpc_proxy_workers", "Worker processes up and listening (of WORKERS).",
-                               registry=self.registry)
+        self.restarts = Counter(
+            "rpc_proxy_worker_restarts", "Worker processes restarted after they exited.", registry=self.registry
+        )
+        self.listening = Gauge(
+            "rpc_proxy_workers", "Worker processes up and listening (of WORKERS).", registry=self.registry
+        )
         self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited loop state
         self._slots = [_Slot(i) for i in range(settings.workers)]
         self._stopping = False
@@ -139,9 +141,13 @@ class Supervisor:
             await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
             waiting.cancel()
             if self._all_listening.is_set() and not self._stop.is_set():
-                log.info("listening on http://%s:%d with %d workers (pids %s)", self.settings.host,
-                         self.settings.port, len(self._slots),
-                         " ".join(str(s.process.pid) for s in self._slots if s.process is not None))
+                log.info(
+                    "listening on http://%s:%d with %d workers (pids %s)",
+                    self.settings.host,
+                    self.settings.port,
+                    len(self._slots),
+                    " ".join(str(s.process.pid) for s in self._slots if s.process is not None),
+                )
             await stopped
             await self._drain()
         finally:
@@ -154,7 +160,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         reader, writer = self._context.Pipe(duplex=False)
         process = self._context.Process(
-            target=worker_main, args=(self.settings, WorkerContext(slot.index, self.run_dir), writer),
+            target=worker_main,
+            args=(self.settings, WorkerContext(slot.index, self.run_dir), writer),
             name=f"rpc-proxy-worker-{slot.index}",
         )
         process.start()
@@ -196,16 +203,20 @@ class Supervisor:
             self._stop.set()
             return
         delay, slot.quick_exits = restart_delay(time.monotonic() - slot.started, slot.quick_exits)
-        log.warning("worker %d (pid %d) exited with code %s; restarting it in %.1fs",
-                    slot.index, process.pid, code, delay)
+        log.warning(
+            "worker %d (pid %d) exited with code %s; restarting it in %.1fs", slot.index, process.pid, code, delay
+        )
         self.restarts.inc()
         loop.call_later(delay, self._start, slot)
 
     async def _drain(self) -> None:
         self._stopping = True
         alive = [s.process for s in self._slots if s.process is not None]
-        log.info("shutting down: SIGTERM sent to %d worker(s), draining in-flight requests (SHUTDOWN_TIMEOUT %gs)",
-                 len(alive), self.settings.shutdown_timeout)
+        log.info(
+            "shutting down: SIGTERM sent to %d worker(s), draining in-flight requests (SHUTDOWN_TIMEOUT %gs)",
+            len(alive),
+            self.settings.shutdown_timeout,
+        )
         for process in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid or 0, signal.SIGTERM)
@@ -214,8 +225,9 @@ class Supervisor:
             await asyncio.sleep(0.05)
         for slot in self._slots:
             if slot.process is not None:
-                log.warning("worker %d (pid %d) still running past SHUTDOWN_TIMEOUT: killed",
-                            slot.index, slot.process.pid)
+                log.warning(
+                    "worker %d (pid %d) still running past SHUTDOWN_TIMEOUT: killed", slot.index, slot.process.pid
+                )
                 slot.process.kill()
                 slot.process.join()
                 slot.process = None

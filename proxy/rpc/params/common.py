@@ -133,8 +133,9 @@ def block_param(
             canonical = value.get("requireCanonical", False)
             if not isinstance(canonical, bool):
                 raise invalid_params(f"{name}.requireCanonical", "expected true or false")
-            return BlockRef(hash=hash32(f"{name}.blockHash", value["blockHash"]), object_form=True,
-                            require_canonical=canonical)
+            return BlockRef(
+                hash=hash32(f"{name}.blockHash", value["blockHash"]), object_form=True, require_canonical=canonical
+            )
         if keys == {"blockNumber"}:  # requireCanonical means nothing for a number (geth ignores it too)
             inner = block_param(f"{name}.blockNumber", value["blockNumber"], allow_object=False)
             return BlockRef(tag=inner.tag, number=inner.number, object_form=True)

@@ -45,7 +45,14 @@ def eth_get_storage_at(params: list[Any], rules: Rules) -> list[Any]:
 
 
 _CALL_QUANTITIES = (
-    "gas", "gasPrice", "maxPriorityFeePerGas", "maxFeePerGas", "value", "nonce", "type", "chainId",
+    "gas",
+    "gasPrice",
+    "maxPriorityFeePerGas",
+    "maxFeePerGas",
+    "value",
+    "nonce",
+    "type",
+    "chainId",
     "maxFeePerBlobGas",
 )
 _CALL_LISTS = ("accessList", "authorizationList", "blobs", "commitments", "proofs")  # forwarded as they are
@@ -94,8 +101,10 @@ def eth_call(params: list[Any], rules: Rules) -> list[Any]:
     state, block = [*params[2:], None, None][:2]
     # Overrides are forwarded and part of the key, in the node's reading of them (overrides.py);
     # a trailing null is dropped, an inner one kept.
-    overrides = [None if state is None else state_overrides(names[2], state),
-                 None if block is None else block_overrides(names[3], block)]
+    overrides = [
+        None if state is None else state_overrides(names[2], state),
+        None if block is None else block_overrides(names[3], block),
+    ]
     while overrides and overrides[-1] is None:
         overrides.pop()
     return out + overrides
@@ -155,8 +164,8 @@ def log_filter(value: Any, rules: Rules) -> dict[str, Any]:
         # spec: fromBlock and toBlock default to latest.
         for field_name in ("fromBlock", "toBlock"):
             raw = obj.get(field_name)
-            out[field_name] = BlockRef(tag="latest") if raw is None else block_param(
-                f"filter.{field_name}", raw, allow_object=False
+            out[field_name] = (
+                BlockRef(tag="latest") if raw is None else block_param(f"filter.{field_name}", raw, allow_object=False)
             )
     count = 0
     raw_address = obj.get("address")
@@ -300,8 +309,10 @@ def eth_fee_history(params: list[Any], rules: Rules) -> list[Any]:
     out: list[Any] = [hex(blocks), block_param("newestBlock", params[1], allow_object=False)]
     if len(params) > 2 and params[2] is not None:
         percentiles = params[2]
-        if not isinstance(percentiles, list) or len(percentiles) > 100 or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 100 for v in percentiles
+        if (
+            not isinstance(percentiles, list)
+            or len(percentiles) > 100
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 100 for v in percentiles)
         ):
             raise invalid_params("rewardPercentiles", "expected at most 100 numbers from 0 to 100")
         if any(b < a for a, b in pairwise(percentiles)):

@@ -51,7 +51,8 @@ def block_overrides(name: str, value: Any) -> dict[str, Any]:
     for key in value:
         folded = str(key).lower()
         if folded in seen:
-            raise invalid_params(f"{name}.{key}", f"duplicates {seen[folded]!r} (field names are not case-sensitive "
-                                 "to the node)")
+            raise invalid_params(
+                f"{name}.{key}", f"duplicates {seen[folded]!r} (field names are not case-sensitive to the node)"
+            )
         seen[folded] = key
     return value

@@ -121,15 +121,19 @@ def solana_commitment_only(params: list[Any], rules: Rules) -> list[Any]:
 def solana_account(params: list[Any], rules: Rules) -> list[Any]:
     """getAccountInfo."""
     _arity(params, ("address", "config"), 1)
-    return [base58_pubkey("address", params[0]),
-            _solana_options("config", params[1] if len(params) > 1 else None, _ACCOUNT_CONFIG)]
+    return [
+        base58_pubkey("address", params[0]),
+        _solana_options("config", params[1] if len(params) > 1 else None, _ACCOUNT_CONFIG),
+    ]
 
 
 def solana_balance(params: list[Any], rules: Rules) -> list[Any]:
     """getBalance: Agave's config takes commitment and minContextSlot only."""
     _arity(params, ("address", "config"), 1)
-    return [base58_pubkey("address", params[0]),
-            _solana_options("config", params[1] if len(params) > 1 else None, ("commitment", "minContextSlot"))]
+    return [
+        base58_pubkey("address", params[0]),
+        _solana_options("config", params[1] if len(params) > 1 else None, ("commitment", "minContextSlot")),
+    ]
 
 
 def get_multiple_accounts(params: list[Any], rules: Rules) -> list[Any]:
@@ -137,8 +141,10 @@ def get_multiple_accounts(params: list[Any], rules: Rules) -> list[Any]:
     keys = params[0]
     if not isinstance(keys, list) or not 1 <= len(keys) <= 100:  # Agave: MAX_MULTIPLE_ACCOUNTS = 100
         raise invalid_params("addresses", "expected an array of 1 to 100 base-58 public keys")
-    return [[base58_pubkey(f"addresses[{i}]", k) for i, k in enumerate(keys)],
-            _solana_options("config", params[1] if len(params) > 1 else None, _ACCOUNT_CONFIG)]
+    return [
+        [base58_pubkey(f"addresses[{i}]", k) for i, k in enumerate(keys)],
+        _solana_options("config", params[1] if len(params) > 1 else None, _ACCOUNT_CONFIG),
+    ]
 
 
 def get_block(params: list[Any], rules: Rules) -> list[Any]:
@@ -146,8 +152,11 @@ def get_block(params: list[Any], rules: Rules) -> list[Any]:
     slot = params[0]
     if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < 2**64:
         raise invalid_params("slot", "expected a slot number (a non-negative integer)")
-    config = _solana_options("config", params[1] if len(params) > 1 else None, (
-        "commitment", "encoding", "transactionDetails", "rewards", "maxSupportedTransactionVersion"))
+    config = _solana_options(
+        "config",
+        params[1] if len(params) > 1 else None,
+        ("commitment", "encoding", "transactionDetails", "rewards", "maxSupportedTransactionVersion"),
+    )
     if config["commitment"] == "processed":  # Agave: getBlock does not serve `processed`
         raise invalid_params("config.commitment", "getBlock takes finalized or confirmed")
     return [slot, config]
@@ -165,8 +174,9 @@ def _signature(name: str, value: Any) -> str:
 
 def get_transaction(params: list[Any], rules: Rules) -> list[Any]:
     _arity(params, ("signature", "config"), 1)
-    config = _solana_options("config", params[1] if len(params) > 1 else None, (
-        "commitment", "encoding", "maxSupportedTransactionVersion"))
+    config = _solana_options(
+        "config", params[1] if len(params) > 1 else None, ("commitment", "encoding", "maxSupportedTransactionVersion")
+    )
     if config["commitment"] == "processed":  # Agave: getTransaction does not serve `processed`
         raise invalid_params("config.commitment", "getTransaction takes finalized or confirmed")
     return [_signature("signature", params[0]), config]
