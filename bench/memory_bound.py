@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from proxy.cache.tiers import MemoryTier, cache_key  # noqa: E402
 from proxy.rpc.jsonrpc import dumps  # noqa: E402
 from proxy.service import MEMO_SIZE  # noqa: E402
-from proxy.upstream.pool import Answer  # noqa: E402
+from proxy.values import Answer  # noqa: E402
 from tests.fake_evm import FakeEvm  # noqa: E402
 from tests.memory_fill import Reading, big_call, fill_side_by_side, rss_bytes, storage_call  # noqa: E402
 from tests.support import CountingUpstream, FakeClock, settings_for, start_proxy  # noqa: E402

@@ -22,14 +22,14 @@ from proxy.credits.handover import WorkerLedger
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
+from proxy.gateway.gateway import Gateway
 from proxy.http.admin import start_admin
+from proxy.http.aiohttp_routes import fallback, guarded, healthz, metrics_route, readyz, rpc_route
+from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.http.cors import Cors
 from proxy.http.endpoint import RpcEndpoint
 from proxy.http.front_routes import Exposition, FrontRoutes
-from proxy.http.gateway import Gateway
 from proxy.http.listeners import registry_exposition, start_metrics_listener, start_unix_metrics
-from proxy.http.routes import fallback, guarded, healthz, metrics_route, readyz, rpc_route
-from proxy.http.subscriptions import Streams
 from proxy.http.ws import close_websockets, websocket_handler
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
@@ -38,7 +38,7 @@ from proxy.network_set import NetworkSet
 from proxy.redis_link import RedisClient, RedisLink, connect
 from proxy.reload import reload_keys
 from proxy.service import Service
-from proxy.state import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
+from proxy.streams.subscriptions import Streams
 from proxy.tasks import stop_tasks
 from proxy.upstream.key_budget import KeySlots
 from proxy.upstream.pool import HttpUpstream, Upstream, routing_of

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from proxy.chain.epochs import EpochStore, MemoryEpochs
-from proxy.chain.head_feed import EvmFeed
 from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.identity import IdentityGuard
 from proxy.chain.slots import SolanaSlotTracker
@@ -27,6 +26,7 @@ from proxy.chain.upstream_heads import watch_upstream_heads
 from proxy.config import Network, Settings
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
+from proxy.streams.head_feed import EvmFeed
 from proxy.tasks import stop_tasks
 from proxy.upstream.budget import BudgetBook
 from proxy.upstream.key_budget import KeyedUpstream, KeySlots

@@ -29,7 +29,6 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from proxy.chain.head_feed import EvmFeed
 from proxy.chain.heads import EvmHeadTracker
 from proxy.config import ConfigError, Network, checked_networks
 from proxy.config_files import _networks_from_file
@@ -37,6 +36,7 @@ from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.network_parts import Parts, PartsBuilder
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.streams.head_feed import EvmFeed
 from proxy.upstream.ws import UpstreamSocket
 
 # What a network's pool is built from: a change of one of these builds new parts.

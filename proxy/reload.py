@@ -12,7 +12,7 @@ import logging
 
 from proxy.config import ConfigError, Settings
 from proxy.config_files import _keys
-from proxy.http.gateway import Gateway
+from proxy.gateway.gateway import Gateway
 
 log = logging.getLogger("proxy.reload")
 

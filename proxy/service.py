@@ -16,8 +16,7 @@ from proxy.cache.integrity import Integrity
 from proxy.cache.log_reads import LogReads, Pieces
 from proxy.cache.planning import plan_call
 from proxy.cache.tiers import Coalescer, FillLock, TieredCache
-from proxy.calls import BYPASS, HIT, MISS, Outcome, Plan, Prepared
-from proxy.chain import local_answers
+from proxy.chain import from_trackers
 from proxy.chain.heads import EvmHeadTracker, Head
 from proxy.chain.shown import shown
 from proxy.config import Settings
@@ -25,6 +24,7 @@ from proxy.credits.prices import credits_of
 from proxy.memo import Memo
 from proxy.metrics import HitCells, Metrics
 from proxy.network import NetworkRuntime
+from proxy.prepared import Prepared
 from proxy.rpc.gas_cap import cap_gas
 from proxy.rpc.jsonrpc import (
     INTERNAL_ERROR,
@@ -52,7 +52,7 @@ from proxy.rpc.methods import (
 from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.asking import Asker
 from proxy.upstream.key_budget import KeySlots
-from proxy.upstream.pool import Answer
+from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan
 
 log = logging.getLogger("proxy.service")
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
@@ -351,16 +351,16 @@ class Service:
 
     async def _from_trackers(self, prepared: Prepared) -> Outcome:
         """eth_chainId, eth_blockNumber, getSlot, getBlockHeight: from what the trackers hold
-        (local_answers.py), else forwarded uncached and learned from."""
+        (from_trackers.py), else forwarded uncached and learned from."""
         net, method, params = prepared.network, prepared.call.method, prepared.params
-        value = local_answers.held(method, params, net.tracker, time.time(), self._ttls.token_balance)
+        value = from_trackers.held(method, params, net.tracker, time.time(), self._ttls.token_balance)
         if value is not None:
             self._metrics.child(self._metrics.cache_lookups, "tracker", "hit").inc()
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(dumps(value), False, HIT)
         self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
         answer = await net.upstream.request(method, params)
-        answer = local_answers.learned(method, params, net.tracker, answer, time.time())
+        answer = from_trackers.learned(method, params, net.tracker, answer, time.time())
         return Outcome.answered(shown(net.tracker, method, answer, prepared.refs), BYPASS)
 
     async def _fetch(

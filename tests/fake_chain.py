@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.upstream.pool import Answer
+from proxy.values import Answer
 
 
 def _hash(height: int, fork: int) -> str:

@@ -24,10 +24,11 @@ from prometheus_client import CollectorRegistry
 
 from proxy.app import create_app
 from proxy.config import Network, Settings, build_settings
+from proxy.http.app_keys import SERVICE, SETTINGS
 from proxy.http.listeners import CappedSite
 from proxy.metrics import Metrics
-from proxy.state import SERVICE, SETTINGS
-from proxy.upstream.pool import Answer, HttpUpstream, routing_of
+from proxy.upstream.pool import HttpUpstream, routing_of
+from proxy.values import Answer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = Path(__file__).resolve().parent / "contracts"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.upstream.pool import Answer
+from proxy.values import Answer
 from tests.fake_solana import SYSTEM_ACCOUNT, TOKEN_ACCOUNT, FakeSolana
 from tests.support import (
     DEV_ACCOUNT,

@@ -12,7 +12,7 @@ import pytest
 from proxy.cache.policy import Decision, Mode
 from proxy.chain.heads import EvmHeadTracker, Head
 from proxy.chain.proofs import NOT_PROVABLE, answer_block_number, plan_proof, proof_doubt
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
 from tests.support import (
     DEV_ACCOUNT,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, eventually, selector, settings_for, start_proxy, word
 

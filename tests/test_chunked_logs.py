@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from proxy.chain.identity import ADOPT_AFTER, adoption, agreed
-from proxy.upstream.state import ChainIdentity
+from proxy.upstream.standing import ChainIdentity
 from tests.support import Anvil, eventually, selector, settings_for, start_proxy, word
 
 OLD = ChainIdentity(31337, "0x" + "aa" * 32)

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.fake_solana import LARGEST, TOKEN_ACCOUNT, FakeSolana
 from tests.fault_relay import FaultRelay
 from tests.support import (

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from proxy.http import answers, front
+from proxy.http import front, pipeline
 from tests.fake_evm import FakeEvm
 from tests.memory_fill import big_call
 from tests.support import Proxy, settings_for, start_proxy
@@ -150,7 +150,7 @@ async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(proxy: Pr
         await until_async(lambda: made(proxy) >= 1, "misses to be answered")
         # At most MAX_WAITING are sent on ahead of a client that reads none of the answers (before,
         # every request of the read was, within the turn that read it).
-        assert sum(upstream.calls["eth_call"] for upstream in proxy.upstreams.values()) <= answers.MAX_WAITING
+        assert sum(upstream.calls["eth_call"] for upstream in proxy.upstreams.values()) <= pipeline.MAX_WAITING
         bodies = await loop.run_in_executor(None, read_answers, sock, requests)
     finally:
         sock.close()
@@ -160,7 +160,7 @@ async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(proxy: Pr
 @pytest.fixture
 async def short_keepalive(big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Proxy, bytes]]:
     """A proxy whose keep-alive time is 0.5 s, and a request for its 1 MB memory hit."""
-    monkeypatch.setattr(answers, "KEEPALIVE_TIMEOUT", 0.5)
+    monkeypatch.setattr(pipeline, "KEEPALIVE_TIMEOUT", 0.5)
     monkeypatch.setattr(front, "KEEPALIVE_TIMEOUT", 0.5)
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
     body = json.dumps(big_call(1)).encode()

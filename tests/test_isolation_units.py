@@ -7,11 +7,11 @@ import asyncio
 
 from proxy.cache.admission import Admission
 from proxy.cache.policy import Ttls, decide
-from proxy.caller import CALLER
-from proxy.calls import HIT, Outcome
-from proxy.http.response_size import ResponseBudget
+from proxy.gateway.response_size import ResponseBudget
+from proxy.key_context import CALLER
 from proxy.rpc.methods import CacheClass
 from proxy.upstream.key_budget import KeySlots
+from proxy.values import HIT, Outcome
 
 TTLS = Ttls(unfinalized=12, negative=2, largest_accounts=3600, token_balance=0.4, identity=30)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from proxy.http.gateway import NO_LEASE
+from proxy.gateway.gateway import NO_LEASE
+from proxy.http.app_keys import GATEWAY, SETTINGS
 from proxy.reload import reload_keys
-from proxy.state import GATEWAY, SETTINGS
 from tests.support import Anvil, FakeClock, Proxy, settings_for, start_proxy
 
 STORAGE = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20, "0x0", "latest"]}

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
 

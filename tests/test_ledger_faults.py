@@ -24,7 +24,7 @@ import redis as sync_redis
 from proxy.credits.accounts import derived_name
 from proxy.credits.leases import exhausted_key, ledger_key, spent_of
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
-from proxy.upstream.pool import Answer
+from proxy.values import Answer
 from tests.support import (
     ROOT,
     Anvil,

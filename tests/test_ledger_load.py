@@ -22,7 +22,7 @@ import redis as sync_redis
 from proxy.config import Settings
 from proxy.credits.accounts import derived_name
 from proxy.credits.leases import LeasedLedger, ledger_key
-from proxy.state import LEDGER
+from proxy.http.app_keys import LEDGER
 from tests.support import ROOT, Anvil, Proxy, RedisServer, eventually, settings_for, start_proxy
 from tests.test_credits import keys_file, storage
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, settings_for, start_proxy
 from tests.test_upstream_selection import (

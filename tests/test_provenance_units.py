@@ -6,7 +6,7 @@ from proxy.chain import pinning
 from proxy.chain.heads import Head, Resolved
 from proxy.chain.identity import judge, parse_identity
 from proxy.rpc.params import BlockRef
-from proxy.upstream.state import ChainIdentity, UpstreamStates
+from proxy.upstream.standing import ChainIdentity, UpstreamStates
 
 H = "0x" + "ab" * 32
 A = ChainIdentity(31337, "0x" + "11" * 32)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.config import ConfigError
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.support import (
     DEV_ACCOUNT,
     Anvil,

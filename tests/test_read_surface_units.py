@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
-from proxy.chain import local_answers
+from proxy.chain import from_trackers
 from proxy.chain.heads import EvmHeadTracker, Head, Resolved
 from proxy.chain.slots import SolanaSlotTracker
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS, credits_of
@@ -19,8 +19,8 @@ from proxy.metrics import Metrics
 from proxy.rpc import params as p
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass
-from proxy.upstream.pool import Answer
-from proxy.upstream.state import ChainIdentity
+from proxy.upstream.standing import ChainIdentity
+from proxy.values import Answer
 
 TTLS = cp.Ttls(unfinalized=12, negative=2, identity=30)
 H5, H6, OLD = "0x" + "55" * 32, "0x" + "66" * 32, "0x" + "99" * 32
@@ -111,20 +111,20 @@ def evm_tracker() -> EvmHeadTracker:
 class TestAnswersTheTrackersHold:
     def test_block_number_is_the_head_unless_stale_or_behind_a_shown_block(self) -> None:
         tracker = evm_tracker()
-        assert local_answers.held("eth_blockNumber", [], tracker, 0, 1) is None  # no head yet
+        assert from_trackers.held("eth_blockNumber", [], tracker, 0, 1) is None  # no head yet
         tracker.head = head()
-        assert local_answers.held("eth_blockNumber", [], tracker, 0, 1) == "0x6"
+        assert from_trackers.held("eth_blockNumber", [], tracker, 0, 1) == "0x6"
         tracker.head = head(stale=True)
-        assert local_answers.held("eth_blockNumber", [], tracker, 0, 1) is None
+        assert from_trackers.held("eth_blockNumber", [], tracker, 0, 1) is None
         tracker.head = head()
         tracker.shown = 9  # a client has seen block 9: the head must not be shown
-        assert local_answers.held("eth_blockNumber", [], tracker, 0, 1) is None
+        assert from_trackers.held("eth_blockNumber", [], tracker, 0, 1) is None
 
     def test_chain_id_is_the_network_identity_once_known(self) -> None:
         tracker = evm_tracker()
-        assert local_answers.held("eth_chainId", [], tracker, 0, 1) is None
+        assert from_trackers.held("eth_chainId", [], tracker, 0, 1) is None
         tracker.set_identity(ChainIdentity(31337, H5))
-        assert local_answers.held("eth_chainId", [], tracker, 0, 1) == "0x7a69"
+        assert from_trackers.held("eth_chainId", [], tracker, 0, 1) == "0x7a69"
 
     def test_slots_are_held_for_the_max_age_and_never_go_back(self) -> None:
         tracker = SolanaSlotTracker(
@@ -134,15 +134,15 @@ class TestAnswersTheTrackersHold:
             metrics=Metrics(CollectorRegistry()),
         )
         config = [{"commitment": "confirmed"}]
-        assert local_answers.held("getSlot", config, tracker, 100.0, 0.4) is None
-        answer = local_answers.learned("getSlot", config, tracker, Answer.from_response({"result": 50}, 0.0, 0), 100.0)
+        assert from_trackers.held("getSlot", config, tracker, 100.0, 0.4) is None
+        answer = from_trackers.learned("getSlot", config, tracker, Answer.from_response({"result": 50}, 0.0, 0), 100.0)
         assert answer.result == 50
-        assert local_answers.held("getSlot", config, tracker, 100.3, 0.4) == 50
-        assert local_answers.held("getSlot", config, tracker, 100.5, 0.4) is None  # older than the max age
+        assert from_trackers.held("getSlot", config, tracker, 100.3, 0.4) == 50
+        assert from_trackers.held("getSlot", config, tracker, 100.5, 0.4) is None  # older than the max age
         lagging = Answer.from_response({"result": 40}, 0.0, 0)
-        assert local_answers.learned("getSlot", config, tracker, lagging, 101.0).result == 50
+        assert from_trackers.learned("getSlot", config, tracker, lagging, 101.0).result == 50
         with_min = [{"commitment": "confirmed", "minContextSlot": 1}]
-        assert local_answers.held("getSlot", with_min, tracker, 100.1, 0.4) is None
+        assert from_trackers.held("getSlot", with_min, tracker, 100.1, 0.4) is None
 
 
 class TestCredits:

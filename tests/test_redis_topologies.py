@@ -22,9 +22,9 @@ from proxy.cache.tiers import RedisTier, shared_keys
 from proxy.credits.accounts import derived_name
 from proxy.credits.leases import LeasedLedger, ledger_key
 from proxy.credits.ledger_storage import LedgerStorageError, check_ledger_storage
+from proxy.http.app_keys import LEDGER
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable, connect
-from proxy.state import LEDGER
 from tests.redis_cluster import LocalCluster, LocalSentinel, command
 from tests.support import ROOT, Anvil, Proxy, eventually, settings_for, start_proxy, wait_until, word
 from tests.test_cache import SlowUpstream, finalized_store, replicas, shared_through_redis, storage

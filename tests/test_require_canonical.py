@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.support import Anvil, Proxy, eventually, word
 
 

@@ -94,7 +94,7 @@ class TestBodiesOfManyValues:
 
 
 def test_memos_hold_only_params_of_few_objects_and_arrays(evm_proxy: Proxy) -> None:
-    from proxy.state import SERVICE
+    from proxy.http.app_keys import SERVICE
 
     net = evm_proxy.app[SERVICE].networks["evm"]
     plain = [{"from": ADDRESS, "to": ADDRESS, "data": "0x"}, "0x88"]

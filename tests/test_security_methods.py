@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.http.app_keys import GATEWAY
 from proxy.rpc.methods import refusal
-from proxy.state import GATEWAY
 from tests.support import Anvil, Proxy, settings_for, start_proxy
 
 # What the proxy asks on its own (head polls, chain identity), whatever the clients send.

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from proxy.credits.accounts import derived_name
-from proxy.state import STREAMS
+from proxy.http.app_keys import STREAMS
 from tests.fake_solana import FakeSolana
 from tests.support import Proxy, eventually, settings_for, start_proxy
 from tests.ws_client import connect

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from tests.fake_solana import (
     EPOCH_SCHEDULE,
     GENESIS_HASH,

@@ -14,9 +14,9 @@ import pytest
 
 from proxy.config import Settings
 from proxy.credits.accounts import derived_name
-from proxy.http.subscriptions import LogFilter, subscription_call
+from proxy.http.app_keys import STREAMS
 from proxy.rpc.params import Rules
-from proxy.state import STREAMS
+from proxy.streams.subscriptions import LogFilter, subscription_call
 from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
 from tests.ws_client import Client, connect
 

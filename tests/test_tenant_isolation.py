@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis
 
-from proxy.state import SERVICE
-from proxy.upstream.pool import Answer
+from proxy.http.app_keys import SERVICE
+from proxy.values import Answer
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, CountingUpstream, Proxy, selector, settings_for, start_proxy, word
 

@@ -15,9 +15,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
-from proxy.upstream.answer import Answer
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.pool import HttpUpstream
+from proxy.values import Answer
 from tests.support import Anvil, Proxy, balancer, selector, serving, settings_for, start_proxy, word
 
 STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from proxy.upstream.pool import Answer
+from proxy.values import Answer
 from tests.fake_upstream import bad_upstream
 from tests.support import Anvil, CountingUpstream, free_port, settings_for, start_proxy
 

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from proxy.config import ConfigError, build_settings
-from proxy.state import SERVICE
+from proxy.http.app_keys import SERVICE
 from proxy.upstream.pool import HttpUpstream, http_pool
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, eventually, free_port, settings_for, start_proxy

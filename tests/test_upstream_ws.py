@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.config import ConfigError, build_settings
-from proxy.state import STREAMS
+from proxy.http.app_keys import STREAMS
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
 from tests.ws_client import Client, connect
 

@@ -22,7 +22,7 @@ from eth_utils import keccak
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from proxy.config import ConfigError, build_settings
-from proxy.upstream.pool import Answer
+from proxy.values import Answer
 from proxy.workers.metrics_merge import merged, render
 from proxy.workers.shared_polls import SharedPolls, aligned_delay, fresh_answers
 from proxy.workers.supervisor import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay

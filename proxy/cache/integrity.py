@@ -26,13 +26,12 @@ from proxy.cache import log_chunks
 from proxy.cache import policy as cp
 from proxy.cache.planning import final_block_key
 from proxy.cache.tiers import TieredCache
-from proxy.calls import Plan
 from proxy.chain import bloom
 from proxy.chain.heads import Head
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import JsonRpcError, dumps_canonical, loads
-from proxy.upstream.answer import Answer
+from proxy.values import Answer, Plan
 
 log = logging.getLogger("proxy.integrity")
 BLOOM_MAX_BLOCKS = 2000  # headers asked to check one answer (a chunk of the default 1000 fits)

@@ -13,13 +13,13 @@ from proxy.cache import log_chunks
 from proxy.cache import policy as cp
 from proxy.cache.chunked_logs import ChunkedLogs
 from proxy.cache.tiers import TieredCache, cache_key
-from proxy.calls import HIT, Outcome, Plan, Prepared
 from proxy.chain.heads import EvmHeadTracker, Head, Resolved
 from proxy.metrics import Metrics
+from proxy.prepared import Prepared
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params, loads
 from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, block_refs
-from proxy.upstream.pool import Answer
+from proxy.values import HIT, Answer, Outcome, Plan
 
 Execute = Callable[[Prepared], Awaitable[Outcome]]  # the read-through flow, for a chunked call's pieces
 Pieces = tuple[int, int, list[log_chunks.Piece]]  # a chunked range's first and last blocks, and its pieces

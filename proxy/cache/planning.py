@@ -9,12 +9,13 @@ from typing import Any
 from proxy.cache import policy as cp
 from proxy.cache.log_reads import LogReads
 from proxy.cache.tiers import cache_key
-from proxy.calls import Plan, Prepared
 from proxy.chain import pinning, proofs
 from proxy.chain.heads import EvmHeadTracker, Resolved
 from proxy.metrics import Metrics
+from proxy.prepared import Prepared
 from proxy.rpc.methods import CacheClass, MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
+from proxy.values import Plan
 
 
 def plan_call(

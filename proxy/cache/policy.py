@@ -23,23 +23,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.chain.heads import Head, Resolved
 from proxy.rpc.jsonrpc import EXECUTION_REVERTED
 from proxy.rpc.methods import CacheClass
-
-FOREVER = math.inf
-
-
-class Mode(Enum):
-    IMMUTABLE = "immutable"
-    TTL = "ttl"
-    BYPASS = "bypass"
+from proxy.values import FOREVER as FOREVER
+from proxy.values import Decision as Decision
+from proxy.values import Mode as Mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,21 +43,6 @@ class Ttls:
     token_balance: float = 0.4
     identity: float = 30.0
     unmined: float = 0.25  # a null receipt: well under a client's poll interval (viem, ethers: 4 s, 1 s)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    mode: Mode
-    ttl: float = FOREVER
-    pin_hashes: bool = False  # key unfinalized blocks by their hash
-    per_head: bool = False  # the head's number and hash are part of the key: a new block changes it
-    # The answer names its own block (a transaction by hash): kept, and served, only while that block
-    # is final or canonical per the tracker (transaction_ttl, transaction_servable).
-    tied_to_answer: bool = False
-    cacheable: bool = field(init=False)  # not BYPASS: read several times per miss, so a field
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cacheable", self.mode is not Mode.BYPASS)
 
 
 BYPASS = Decision(Mode.BYPASS, 0.0)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.cache.admission import Admission
-from proxy.caller import CALLER
+from proxy.key_context import CALLER
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable
 from proxy.rpc.jsonrpc import dumps_canonical, trimmed

@@ -21,8 +21,9 @@ from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import BlockRef
-from proxy.upstream.pool import Answer, Upstream
-from proxy.upstream.state import ChainIdentity, UpstreamStates
+from proxy.upstream.pool import Upstream
+from proxy.upstream.standing import ChainIdentity, UpstreamStates
+from proxy.values import Answer
 from proxy.workers.shared_polls import SharedPolls, aligned_delay
 
 log = logging.getLogger("proxy.chain")

@@ -26,7 +26,7 @@ from typing import Any
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import PerUpstream
-from proxy.upstream.state import ChainIdentity
+from proxy.upstream.standing import ChainIdentity
 
 log = logging.getLogger("proxy.identity")
 PROBE_TIMEOUT = 5.0

@@ -7,7 +7,7 @@ from proxy.chain import pinning
 from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.slots import SolanaSlotTracker
 from proxy.rpc.params import BlockRef
-from proxy.upstream.answer import Answer
+from proxy.values import Answer
 
 
 def shown(tracker: EvmHeadTracker | SolanaSlotTracker, method: str, answer: Answer, refs: list[BlockRef]) -> Answer:

@@ -1,5 +1,5 @@
 """Solana's slot tracker: the slot at each commitment, polled with getSlot, and the newest value
-forwarded answers showed (local_answers.py serves getSlot and getBlockHeight from it)."""
+forwarded answers showed (from_trackers.py serves getSlot and getBlockHeight from it)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from proxy.rpc.jsonrpc import JsonRpcError
-from proxy.upstream.pool import Answer, PerUpstream
+from proxy.upstream.pool import PerUpstream
+from proxy.values import Answer
 from proxy.workers.shared_polls import SharedPolls, aligned_delay
 
 

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from proxy.gateway.gateway import Gateway, Reply
 from proxy.http.endpoint import key_of
-from proxy.http.gateway import Gateway, Reply
 from proxy.http.request_key import api_key
 from proxy.http.wire import Request
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from proxy.config import Settings
 from proxy.credits.allow_lists import origin_refusal
+from proxy.gateway.gateway import Gateway, PaidHit, Reply, invalid_key_error
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.cors import Cors
-from proxy.http.gateway import Gateway, PaidHit, Reply, invalid_key_error
 from proxy.logs import redacted
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime

@@ -22,8 +22,8 @@ from typing import Any, cast
 
 import httptools
 
+from proxy.gateway.gateway import Reply
 from proxy.http.access_log import log_front_request
-from proxy.http.answers import KEEPALIVE_TIMEOUT, Answers, Held, Waiting
 from proxy.http.compression import decoded_body
 from proxy.http.endpoint import (
     BUSY_BODIES,
@@ -35,7 +35,7 @@ from proxy.http.endpoint import (
     paid_reply,
 )
 from proxy.http.front_routes import FrontRoutes, request_path
-from proxy.http.gateway import Reply
+from proxy.http.pipeline import KEEPALIVE_TIMEOUT, Answers, Held, Waiting
 from proxy.http.wire import (
     MAX_HEADERS,
     MAX_LINE,

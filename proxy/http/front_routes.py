@@ -13,6 +13,7 @@ from urllib.parse import unquote
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
+from proxy.gateway.gateway import Reply
 from proxy.http.endpoint import (
     RPC_PATH,
     Headers,
@@ -23,7 +24,6 @@ from proxy.http.endpoint import (
     fallback_reply,
     key_of,
 )
-from proxy.http.gateway import Reply
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.service import Service
 

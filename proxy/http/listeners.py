@@ -14,11 +14,11 @@ from typing import Any, cast
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from proxy.http.answers import KEEPALIVE_TIMEOUT
+from proxy.http.app_keys import FRONT
 from proxy.http.front import Front
 from proxy.http.front_routes import Exposition
+from proxy.http.pipeline import KEEPALIVE_TIMEOUT
 from proxy.logs import Throttled
-from proxy.state import FRONT
 
 log = logging.getLogger("proxy.listeners")
 throttled = Throttled(log)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.credits.allow_lists import origin_refusal
+from proxy.gateway.gateway import Gateway
 from proxy.http.endpoint import key_of
-from proxy.http.gateway import Gateway
 from proxy.rpc.jsonrpc import JsonRpcError
 
 

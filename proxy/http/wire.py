@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Mapping
 from http import HTTPStatus
 
+from proxy.gateway.gateway import Reply
 from proxy.http.endpoint import NO_CHARGE, error_reply
-from proxy.http.gateway import Reply
 from proxy.rpc.jsonrpc import JsonRpcError
 
 MAX_LINE = 8190  # bytes of a request target, and of a header value (aiohttp's limits)

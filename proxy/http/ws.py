@@ -8,16 +8,16 @@ import logging
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.credits.accounts import OPEN_ACCOUNT
-from proxy.http.gateway import Gateway, invalid_key_error
+from proxy.gateway.gateway import Gateway, invalid_key_error
+from proxy.http.app_keys import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
-from proxy.http.subscriptions import Session, subscription_call
+from proxy.http.ws_connections import Connection
 from proxy.http.ws_frames import Corked
-from proxy.http.ws_state import Connection
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
-from proxy.state import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
+from proxy.streams.subscriptions import Session, subscription_call
 
 log = logging.getLogger("proxy.ws")
 

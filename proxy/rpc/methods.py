@@ -27,7 +27,7 @@ class CacheClass(Enum):
     FEE_HISTORY = "fee_history"  # a range ending at a block: immutable when final, else per head
     TRANSACTION = "transaction"  # by transaction hash: tied to the block the answer names (cache_policy)
     SOLANA_FINAL = "solana_final"  # getBlock/getTransaction: immutable at `finalized`, else not cached
-    TRACKER = "tracker"  # answered from the head/slot tracker or the chain identity (local_answers.py)
+    TRACKER = "tracker"  # answered from the head/slot tracker or the chain identity (from_trackers.py)
     NONE = "none"  # forwarded, never cached
 
 

@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from proxy.calls import Plan
 from proxy.chain import pinning, proofs
 from proxy.chain.heads import EvmHeadTracker
 from proxy.config import Settings
@@ -24,7 +23,8 @@ from proxy.rpc.jsonrpc import (
     JsonRpcError,
 )
 from proxy.rpc.methods import MethodPolicy
-from proxy.upstream.pool import Answer, PerUpstream
+from proxy.upstream.pool import PerUpstream
+from proxy.values import Answer, Plan
 
 # Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
 # serve another chain's (or a node behind's) view of the block.

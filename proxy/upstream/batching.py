@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
-from proxy.upstream.answer import Answer
+from proxy.values import Answer
 
 Single = Callable[[str, Any, float | None], Awaitable[Answer]]
 Alone = Callable[[str, Any, str | None], Awaitable[Answer]]  # one call, with its proof block if any

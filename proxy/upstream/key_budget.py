@@ -14,9 +14,10 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from proxy.caller import CALLER
-from proxy.upstream.pool import Answer, Upstream
-from proxy.upstream.state import UpstreamStates
+from proxy.key_context import CALLER
+from proxy.upstream.pool import Upstream
+from proxy.upstream.standing import UpstreamStates
+from proxy.values import Answer
 
 
 class _Queue:

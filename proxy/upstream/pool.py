@@ -18,13 +18,13 @@ from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
-from proxy.upstream.answer import Answer as Answer  # importers of the pool's Answer predate answer.py
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.budget import Budget, BudgetBook, Slot
 from proxy.upstream.replies import batch_problem, proof_call, proof_hash, single_problem
 from proxy.upstream.selection import Selector
 from proxy.upstream.sending import DEFAULT_ROUTING, Failed, Routing, Sender
-from proxy.upstream.state import UpstreamStates
+from proxy.upstream.standing import UpstreamStates
+from proxy.values import Answer
 
 log = logging.getLogger("proxy.upstream")
 throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so

@@ -21,7 +21,7 @@ from proxy.upstream.budget import Budget, Slot
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge
 from proxy.upstream.replies import REACHED_KINDS, REQUEST_FAULT_STATUSES, rate_limited, retry_after
 from proxy.upstream.selection import Selector
-from proxy.upstream.state import UpstreamStates
+from proxy.upstream.standing import UpstreamStates
 
 log = logging.getLogger("proxy.upstream")
 throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so

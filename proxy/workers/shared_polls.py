@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from proxy.upstream.pool import Answer
+from proxy.values import Answer
 
 Call = tuple[str, Any]
 LOCK_RETRY = 0.002  # seconds between tries of a held lock: a poll takes milliseconds

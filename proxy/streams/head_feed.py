@@ -15,11 +15,12 @@ import logging
 from typing import Any
 
 from proxy.chain.heads import EvmHeadTracker, Head
-from proxy.http.fanout import LogBatch
-from proxy.http.subscriptions import Relay, Relayed, Session, Subscription, spawn
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import JsonRpcError
-from proxy.upstream.pool import Answer, Upstream
+from proxy.streams.fanout import LogBatch
+from proxy.streams.subscriptions import Relay, Relayed, Session, Subscription, spawn
+from proxy.upstream.pool import Upstream
+from proxy.values import Answer
 
 log = logging.getLogger("proxy.head_feed")
 

@@ -6,13 +6,13 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.credits.ledger import Ledger
+from proxy.gateway.gateway import Gateway
 from proxy.http.front_routes import FrontRoutes
-from proxy.http.gateway import Gateway
-from proxy.http.subscriptions import Streams
-from proxy.http.ws_state import Connection
+from proxy.http.ws_connections import Connection
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink
 from proxy.service import Service
+from proxy.streams.subscriptions import Streams
 
 SETTINGS = web.AppKey("settings", Settings)
 GATEWAY = web.AppKey("gateway", Gateway)

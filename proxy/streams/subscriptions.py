@@ -25,12 +25,12 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, web
 
 from proxy.config import Settings
-from proxy.http.fanout import LogBatch, expand
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
 from proxy.rpc.methods import SOLANA_PUBSUB, SOLANA_PUBSUB_METHODS, SUBSCRIPTION_METHODS
 from proxy.rpc.params import Rules, log_filter
+from proxy.streams.fanout import LogBatch, expand
 
 log = logging.getLogger("proxy.subscriptions")
 

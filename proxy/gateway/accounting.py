@@ -7,12 +7,13 @@ import itertools
 import logging
 import uuid
 
-from proxy.calls import Outcome, Prepared
 from proxy.config import Settings
 from proxy.credits.charging import refunded
 from proxy.metrics import Metrics
+from proxy.prepared import Prepared
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, Call, Invalid
 from proxy.rpc.methods import metric_label
+from proxy.values import Outcome
 
 log = logging.getLogger("proxy.access")
 REFUSED_STATUSES = (402, 429, 503)  # refused for credits: exhausted, per-second limit, ledger unreachable

@@ -8,8 +8,8 @@ in the order its calls finish; the calls that fit are answered.
 
 from __future__ import annotations
 
-from proxy.calls import Outcome
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError
+from proxy.values import Outcome
 
 
 def too_large(limit: int) -> JsonRpcError:

@@ -8,8 +8,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.caller import CALLER
-from proxy.calls import BYPASS, HIT, Outcome, Prepared
 from proxy.config import Settings
 from proxy.config_files import KeyConfig
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
@@ -18,18 +16,22 @@ from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
 from proxy.credits.key_lease import KeyLease
 from proxy.credits.ledger import Ledger
-from proxy.http.accounting import REFUSED_STATUSES, CallAccounting
-from proxy.http.response_size import ResponseBudget
-from proxy.http.routing import Router
+from proxy.gateway.accounting import REFUSED_STATUSES, CallAccounting
+from proxy.gateway.filters import FILTER_METHODS, Filters
+from proxy.gateway.network_routing import Router
+from proxy.gateway.response_size import ResponseBudget
+from proxy.key_context import CALLER
 from proxy.memo import Memo
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
+
+# A paid memory hit: credits charged, credits remaining (>= 0), the body's length and the body (the
+from proxy.prepared import Prepared
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_API_KEY, Body, Call, Invalid, JsonRpcError
 from proxy.service import MemoryHit, Service
-from proxy.upstream.filters import FILTER_METHODS, Filters
+from proxy.values import BYPASS, HIT, Outcome
 
-# A paid memory hit: credits charged, credits remaining (>= 0), the body's length and the body (the
 # fast server's pre-built head takes the four as they are).
 PaidHit = tuple[int, int, int, bytes]
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.cache.log_chunks import block_of
-from proxy.calls import BYPASS, Outcome, Prepared
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.network import NetworkRuntime
+from proxy.prepared import Prepared
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, Call, JsonRpcError
-from proxy.upstream.pool import Answer
+from proxy.values import BYPASS, Answer, Outcome
 
 FILTER_METHODS = frozenset(
     {

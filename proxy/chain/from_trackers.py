@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.slots import SolanaSlotTracker
-from proxy.upstream.pool import Answer
+from proxy.values import Answer
 
 
 def _commitment(params: Any) -> tuple[str, bool]:

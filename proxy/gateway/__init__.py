@@ -1,0 +1,1 @@
+"""Per-body work between a transport and the service: routing, keys, charging, accounting, filters."""

@@ -1,0 +1,1 @@
+"""Subscriptions, their fan-out per connection, and the head feed that drives them."""
