@@ -18,7 +18,6 @@ from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
 from proxy.chain.epochs import RedisEpochs
 from proxy.chain.heads import EvmHeadTracker
 from proxy.config import Network, Settings
-from proxy.credits.handover import WorkerLedger
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
@@ -43,6 +42,7 @@ from proxy.tasks import stop_tasks
 from proxy.upstream.key_budget import KeySlots
 from proxy.upstream.pool import HttpUpstream, Upstream, routing_of
 from proxy.workers.context import WorkerContext
+from proxy.workers.credit_handover import WorkerLedger
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
 from proxy.workers.shared_polls import ShownRelay
 

@@ -161,7 +161,7 @@ def serve(settings: Settings) -> int:
         log.info("network %s (%s): %d upstream(s)", net.name, net.family, len(net.upstreams))
     log.info("cache tiers: memory%s", " + redis" if settings.redis_url else " only (no REDIS_URL)")
     if settings.workers > 1:
-        from proxy.workers.supervisor import supervise
+        from proxy.supervisor import supervise
 
         return supervise(settings)
     from proxy.server import run_server  # the app's imports are not needed by --help or keys usage

@@ -12,16 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from proxy.config_files import FAMILIES, _credits_file, _keys, _networks_from_file
-from proxy.config_files import Family as Family
 from proxy.config_files import KeyConfig as KeyConfig
 from proxy.config_files import Network as Network
+from proxy.config_files import _credits_file, _keys, _networks_from_file
 from proxy.credits.prices import METHOD_CREDITS
 from proxy.options import _SCALARS, SUBSCRIPTION_CREDITS, _csv, _upstream_urls, _ws_urls
 from proxy.options import OPTION_NAMES as OPTION_NAMES
 from proxy.options import OPTIONS as OPTIONS
 from proxy.options import ConfigError as ConfigError
 from proxy.rpc.jsonrpc import METHOD_NAME
+from proxy.rpc.methods import FAMILIES
+from proxy.rpc.methods import Family as Family
 
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 HEAD_STALE_POLLS = 3  # a head older than this many poll intervals is stale...

@@ -10,7 +10,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from proxy.credits.allow_lists import NO_LISTS, AllowLists
@@ -18,10 +18,9 @@ from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
 from proxy.file_trust import check_trusted
 from proxy.options import ConfigError, _csv, _upstream_urls
 from proxy.rpc.jsonrpc import METHOD_NAME
-from proxy.upstream.selection import POLICIES as SELECTION_POLICIES
+from proxy.rpc.methods import FAMILIES, Family
 
-Family = Literal["evm", "solana"]
-FAMILIES: tuple[Family, ...] = ("evm", "solana")
+SELECTION_POLICIES = ("priority", "weighted", "fastest")  # upstream/selection.py implements each
 
 
 @dataclass(frozen=True, slots=True)

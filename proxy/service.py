@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.asking import Asker
 from proxy.cache import policy as cp
 from proxy.cache.chunked_logs import ChunkedLogs
 from proxy.cache.integrity import Integrity
@@ -50,7 +51,6 @@ from proxy.rpc.methods import (
     metric_label,
 )
 from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
-from proxy.upstream.asking import Asker
 from proxy.upstream.key_budget import KeySlots
 from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan
 

@@ -22,10 +22,10 @@ from eth_utils import keccak
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from proxy.config import ConfigError, build_settings
+from proxy.supervisor import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay
 from proxy.values import Answer
 from proxy.workers.metrics_merge import merged, render
 from proxy.workers.shared_polls import SharedPolls, aligned_delay, fresh_answers
-from proxy.workers.supervisor import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay
 from tests.fault_relay import FaultRelay
 from tests.support import CONTRACTS, DEV_ACCOUNT, Anvil, eventually, free_port, word
 from tests.test_observability import promtool

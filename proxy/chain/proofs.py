@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.cache.policy import Decision, Mode
 from proxy.chain.heads import Head
+from proxy.values import Decision, Mode
 
 Proof = tuple[str, str, bool]  # (the block asked beside the call, the hash it must (not) have, must have)
 

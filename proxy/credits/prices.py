@@ -14,17 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-# spec "Limits / Credits per call": fixed.
+from proxy.rpc.methods import POLICIES
+
+# spec "Limits / Credits per call": fixed, on the seven methods' rows of the policy table.
 SPEC_CREDITS: Mapping[str, int] = MappingProxyType(
-    {
-        "eth_getStorageAt": 80,
-        "eth_getLogs": 255,
-        "eth_getUncleByBlockHashAndIndex": 150,
-        "eth_call": 80,
-        "eth_getBlockReceipts": 1000,
-        "getTokenAccountBalance": 160,
-        "getLargestAccounts": 160,
-    }
+    {name: policy.credits for name, policy in POLICIES.items() if policy.credits is not None}
 )
 
 METHOD_CREDITS: Mapping[str, int] = MappingProxyType(

@@ -12,11 +12,11 @@ from proxy.config import Settings
 from proxy.config_files import KeyConfig
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
 from proxy.credits.allow_lists import AllowLists, call_refusal
-from proxy.credits.cashier import Cashier
 from proxy.credits.charging import refunded
 from proxy.credits.key_lease import KeyLease
 from proxy.credits.ledger import Ledger
 from proxy.gateway.accounting import REFUSED_STATUSES, CallAccounting
+from proxy.gateway.cashier import Cashier
 from proxy.gateway.filters import FILTER_METHODS, Filters
 from proxy.gateway.network_routing import Router
 from proxy.gateway.response_size import ResponseBudget

@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
-from proxy.config import Family
-from proxy.credits.prices import SPEC_CREDITS
 from proxy.rpc import params as p
 
 
@@ -32,6 +30,9 @@ class CacheClass(Enum):
 
 
 Validator = Callable[[list[Any], p.Rules], list[Any]]
+
+Family = Literal["evm", "solana"]
+FAMILIES: tuple[Family, ...] = ("evm", "solana")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,25 +57,21 @@ POLICIES: dict[str, MethodPolicy] = {
     policy.name: policy
     for policy in (
         # spec "Limits / Credits per call".
-        MethodPolicy(
-            "eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, SPEC_CREDITS["eth_getStorageAt"]
-        ),
-        MethodPolicy(
-            "eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, SPEC_CREDITS["eth_getLogs"], limits_logs=True
-        ),
+        MethodPolicy("eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, 80),
+        MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, 255, limits_logs=True),
         MethodPolicy(
             "eth_getUncleByBlockHashAndIndex",
             "evm",
             p.eth_get_uncle_by_block_hash_and_index,
             CacheClass.CONTENT,
-            SPEC_CREDITS["eth_getUncleByBlockHashAndIndex"],
+            150,
         ),
         MethodPolicy(
             "eth_call",
             "evm",
             p.eth_call,
             CacheClass.BLOCK,
-            SPEC_CREDITS["eth_call"],
+            80,
             gas_cap=True,
             caches_reverts=True,
             client_state=2,
@@ -84,21 +81,21 @@ POLICIES: dict[str, MethodPolicy] = {
             "evm",
             p.eth_get_block_receipts,
             CacheClass.BLOCK,
-            SPEC_CREDITS["eth_getBlockReceipts"],
+            1000,
         ),
         MethodPolicy(
             "getTokenAccountBalance",
             "solana",
             p.get_token_account_balance,
             CacheClass.TOKEN_BALANCE,
-            SPEC_CREDITS["getTokenAccountBalance"],
+            160,
         ),
         MethodPolicy(
             "getLargestAccounts",
             "solana",
             p.get_largest_accounts,
             CacheClass.LARGEST_ACCOUNTS,
-            SPEC_CREDITS["getLargestAccounts"],
+            160,
         ),
         # Forwarded, uncached, but under a spec rule.
         MethodPolicy("eth_estimateGas", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),

@@ -23,7 +23,9 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-POLICIES = ("priority", "weighted", "fastest")
+from proxy.config_files import SELECTION_POLICIES
+
+POLICIES = SELECTION_POLICIES
 SCORE_HALF_LIFE = 30.0  # seconds for an observation's weight in a score to halve
 STALE_WEIGHT = 0.05  # a score whose samples have decayed below this weight is no longer known...
 UNMEASURED_SECONDS = 0.0  # ...and an unknown latency counts as the best: that upstream is tried again
