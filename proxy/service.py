@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy.asking import Asker
 from proxy.cache import policy as cp
@@ -52,7 +52,7 @@ from proxy.rpc.methods import (
 )
 from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.key_budget import KeySlots
-from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan
+from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan, new_record
 
 log = logging.getLogger("proxy.service")
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
@@ -73,8 +73,16 @@ def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, st
     return (net.name, method, raw)
 
 
-# A memory hit found on the hot path: id, method, network, payload, is_error, credits, metric cells.
-MemoryHit = tuple[int | str, str, NetworkRuntime, bytes, bool, int, HitCells]
+class MemoryHit(NamedTuple):
+    """A plain single call found in the memory tier for this head (Service.memory_hit)."""
+
+    rid: int | str
+    method: str
+    network: NetworkRuntime
+    payload: bytes
+    is_error: bool
+    credits: int
+    cells: HitCells  # the metric cells a hit updates
 
 
 class Service:
@@ -191,7 +199,7 @@ class Service:
         payload, is_error = stored
         if len(payload) > self._max_response:
             return None  # the general path answers with the size error (response_size.py)
-        return rid, method, net, payload, is_error, plan.credits, plan.hit_cells[is_error]
+        return new_record(MemoryHit, (rid, method, net, payload, is_error, plan.credits, plan.hit_cells[is_error]))
 
     def parsed(self, body: bytes | str) -> Body | None:
         """The Body of the last body memory_hit parsed and did not answer, for the general path to

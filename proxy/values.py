@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy.metrics import HitCells
 from proxy.rpc import jsonrpc
@@ -124,3 +124,28 @@ class Plan:
     # The proof is the block the call is pinned to or names (of the tracker's window, not final): asked
     # only of an upstream other than the head's source, or of one whose head went back (asking.py).
     proof_pinned: bool = False
+
+
+@dataclass(slots=True)
+class Reply:
+    """What a transport sends back for one request body."""
+
+    body: bytes | None  # None: nothing to send (notifications only)
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    upstream_seconds: float | None = None  # the slowest upstream call's (ACCESS_LOG)
+    close: bool = False  # the connection is closed after it (the rest of a body is never read)
+
+
+class PaidHit(NamedTuple):
+    """A memory hit paid without awaiting: the fast server writes these four after a pre-built head."""
+
+    charged: int  # credits
+    remaining: int  # credits left today (>= 0)
+    length: int  # of the body
+    body: bytes
+
+
+# A record made on the hot path without NamedTuple's Python-level __new__ (a call per hit):
+# new_record(PaidHit, (charged, remaining, length, body)).
+new_record = tuple.__new__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import Settings
@@ -24,25 +24,11 @@ from proxy.key_context import CALLER
 from proxy.memo import Memo
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
-
-# A paid memory hit: credits charged, credits remaining (>= 0), the body's length and the body (the
 from proxy.prepared import Prepared
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_API_KEY, Body, Call, Invalid, JsonRpcError
 from proxy.service import MemoryHit, Service
-from proxy.values import BYPASS, HIT, Outcome
-
-# fast server's pre-built head takes the four as they are).
-PaidHit = tuple[int, int, int, bytes]
-
-
-@dataclass(slots=True)
-class Reply:
-    body: bytes | None  # None: nothing to send (notifications only)
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-    upstream_seconds: float | None = None  # the slowest upstream call's (ACCESS_LOG)
-    close: bool = False  # the connection is closed after it (the rest of a body is never read)
+from proxy.values import BYPASS, HIT, Outcome, PaidHit, Reply, new_record
 
 
 @dataclass(slots=True)
@@ -179,7 +165,7 @@ class Gateway:
         hit = self._service.memory_hit(body, network, self._default_routes)
         if hit is None:
             return True
-        credits, now = hit[5], self._now()
+        credits, now = hit.credits, self._now()
         remaining = tab.lease.spend(credits, tab.daily, now)
         if remaining is None:  # the ledger decides at the same instant
             remaining = self._ledger.spend(tab.account, credits, tab.daily, now)
@@ -188,10 +174,10 @@ class Gateway:
             tab.lease = self._ledger.purse(tab.account, now) or NO_LEASE  # today's, once the ledger has it
         # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
         tab.charged.value += credits
-        hit[6].charged.value += credits
+        hit.cells.charged.value += credits
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
         answer = self._hit_body(hit, request_id, started)
-        return credits, remaining if remaining > 0 else 0, len(answer), answer
+        return new_record(PaidHit, (credits, remaining if remaining > 0 else 0, len(answer), answer))
 
     async def handle(
         self,
@@ -321,9 +307,9 @@ class Gateway:
         return budget.take(await self._execute(prepared, account))
 
     async def _paid_hit(self, hit: MemoryHit, account: str, request_id: int, started: float) -> Reply:
-        charge = self.cashier.charge_now(account, hit[5])
+        charge = self.cashier.charge_now(account, hit.credits)
         if charge is None:
-            charge = await self.cashier.charge(account, hit[5])
+            charge = await self.cashier.charge(account, hit.credits)
         return self._paid_reply(hit, account, charge, request_id, started)
 
     def _paid_reply(
@@ -342,7 +328,7 @@ class Gateway:
                 jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS, refusal.headers
             )
         self._terms[account].charged.value += credits
-        hit[6].charged.value += credits
+        hit.cells.charged.value += credits
         return self._serve_hit(hit, credits, remaining, request_id, started)
 
     def _serve_hit(self, hit: MemoryHit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
@@ -359,7 +345,7 @@ class Gateway:
     @staticmethod
     def paid_hit_headers(hit: PaidHit) -> dict[str, str]:
         """A paid memory hit's headers (as _reply writes them; the fast server pre-builds the same bytes)."""
-        return {"X-Credits-Charged": str(hit[0]), "X-Credits-Remaining": str(hit[1]), "X-Cache": HIT}
+        return {"X-Credits-Charged": str(hit.charged), "X-Credits-Remaining": str(hit.remaining), "X-Cache": HIT}
 
     def _reply(
         self,

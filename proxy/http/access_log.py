@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from proxy.gateway.gateway import Gateway, Reply
+from proxy.gateway.gateway import Gateway
 from proxy.http.endpoint import key_of
 from proxy.http.request_key import api_key
 from proxy.http.wire import Request
+from proxy.values import Reply
 
 log = logging.getLogger("proxy.access")
 # Set on a response by the route: the slowest upstream call's seconds.

@@ -11,7 +11,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
-from proxy.gateway.gateway import Reply
 from proxy.http.access_log import UPSTREAM_SECONDS, logged
 from proxy.http.app_keys import SERVICE
 from proxy.http.endpoint import (
@@ -28,6 +27,7 @@ from proxy.http.front_routes import Exposition, readiness
 from proxy.http.request_key import api_key
 from proxy.http.responses import json_response
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
+from proxy.values import Reply
 
 log = logging.getLogger("proxy.app")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy.config import Settings
 from proxy.credits.allow_lists import origin_refusal
-from proxy.gateway.gateway import Gateway, PaidHit, Reply, invalid_key_error
+from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.cors import Cors
 from proxy.logs import redacted
@@ -23,6 +23,7 @@ from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from proxy.values import PaidHit, Reply
 
 log = logging.getLogger("proxy.app")
 
@@ -76,7 +77,7 @@ def paid_reply(hit: PaidHit) -> Reply:
     """A paid memory hit as a Reply (for aiohttp, gzip, CORS or the access log)."""
     headers = Gateway.paid_hit_headers(hit)
     headers["Content-Type"] = JSON_CONTENT_TYPE
-    return Reply(hit[3], 200, headers)
+    return Reply(hit.body, 200, headers)
 
 
 def key_of(in_path: str | None, headers: Headers) -> str:
@@ -203,7 +204,7 @@ class RpcEndpoint:
             else:  # a memory hit the key's lease pays for, or whether memory was checked
                 paid = gateway.keyed_hit(body, account, network, key) if found is None else found
                 if isinstance(paid, tuple):
-                    if paid[2] < self.compress_from and "origin" not in headers:
+                    if paid.length < self.compress_from and "origin" not in headers:
                         return paid
                     return self.finish(paid_reply(paid), headers)
                 hit = paid

@@ -22,7 +22,6 @@ from typing import Any, cast
 
 import httptools
 
-from proxy.gateway.gateway import Reply
 from proxy.http.access_log import log_front_request
 from proxy.http.compression import decoded_body
 from proxy.http.endpoint import (
@@ -50,6 +49,7 @@ from proxy.http.wire import (
     request_head,
 )
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from proxy.values import PaidHit, Reply
 
 log = logging.getLogger("proxy.front")
 
@@ -97,7 +97,7 @@ class Front:
         # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date).
         endpoint = routes.endpoint
         self._open_fields = header_template(endpoint.open_headers)
-        self._paid_fields = header_template(paid_reply((0, 0, 0, b"")).headers, PAID_NUMBERS)
+        self._paid_fields = header_template(paid_reply(PaidHit(0, 0, 0, b"")).headers, PAID_NUMBERS)
         self.open_answer = self.paid_answer = b""
         self.limit_digits = len(str(endpoint.max_body_bytes))
         wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]
@@ -477,12 +477,12 @@ class FrontProtocol(Answers):
                 self._prebuilt(False, (len(found), found))
                 self._learnable = request
             return
-        if type(found) is tuple and found[2] < endpoint.compress_from:  # a paid hit
+        if type(found) is PaidHit and found.length < endpoint.compress_from:
             self._prebuilt(True, found)
             self._learnable = request
             return
         answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path, found)
-        if type(answer) is tuple:  # a paid memory hit, to be sent as it is (no gzip, no CORS)
+        if type(answer) is PaidHit:  # sent as it is (no gzip, no CORS)
             if prebuilt:
                 self._prebuilt(True, answer)
                 return

@@ -13,7 +13,6 @@ from urllib.parse import unquote
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
-from proxy.gateway.gateway import Reply
 from proxy.http.endpoint import (
     RPC_PATH,
     Headers,
@@ -26,6 +25,7 @@ from proxy.http.endpoint import (
 )
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.service import Service
+from proxy.values import Reply
 
 # aiohttp's routes: /v3/{api_key} (and /v3, /v3/) before /{network}/v3/{api_key}: the network is lazy.
 _RPC = re.compile(r"(?:/([^/]+))??/v3(?:/([^/]*))?")

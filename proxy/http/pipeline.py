@@ -14,10 +14,10 @@ import termios
 from collections import deque
 from typing import Any, Protocol
 
-from proxy.gateway.gateway import Reply
 from proxy.http.endpoint import NO_CHARGE, error_reply
 from proxy.http.wire import Request
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
+from proxy.values import Reply
 
 log = logging.getLogger("proxy.front")
 

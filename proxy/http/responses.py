@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from proxy.gateway.gateway import Reply
 from proxy.http.endpoint import JSON_CONTENT_TYPE, NO_CHARGE, error_reply
 from proxy.rpc.jsonrpc import JsonRpcError
+from proxy.values import Reply
 
 __all__ = ["JSON_CONTENT_TYPE", "NO_CHARGE", "error_response", "json_response"]
 

@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Mapping
 from http import HTTPStatus
 
-from proxy.gateway.gateway import Reply
 from proxy.http.endpoint import NO_CHARGE, error_reply
 from proxy.rpc.jsonrpc import JsonRpcError
+from proxy.values import Reply
 
 MAX_LINE = 8190  # bytes of a request target, and of a header value (aiohttp's limits)
 MAX_HEADERS = 128

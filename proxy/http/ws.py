@@ -131,7 +131,7 @@ def memory_hit(gateway: Gateway, data: str | bytes, account: str, network: Netwo
         encoded = gateway.open_hit(data, network)
         return True if encoded is None else encoded
     hit = gateway.keyed_hit(data, account, network)
-    return hit[3] if isinstance(hit, tuple) else hit
+    return hit.body if isinstance(hit, tuple) else hit
 
 
 async def _close_when_idle(connection: Connection, session: Session, timeout: float) -> None:
