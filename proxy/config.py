@@ -187,11 +187,13 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         if raw["LOG_FORMAT"] not in ("text", "json"):
             raise ConfigError(f"LOG_FORMAT must be 'text' or 'json', got {raw['LOG_FORMAT']!r}")
         values["log_format"] = raw["LOG_FORMAT"]
+    # uvloop, a default dependency where it builds, unless EVENT_LOOP=asyncio says otherwise.
+    values["event_loop"] = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
     if "EVENT_LOOP" in raw:
         if raw["EVENT_LOOP"] not in ("asyncio", "uvloop"):
             raise ConfigError(f"EVENT_LOOP must be asyncio or uvloop, got {raw['EVENT_LOOP']!r}")
         if raw["EVENT_LOOP"] == "uvloop" and importlib.util.find_spec("uvloop") is None:
-            raise ConfigError("EVENT_LOOP=uvloop but uvloop is not installed: pip install 'rpc-cache-proxy[fast]'")
+            raise ConfigError("EVENT_LOOP=uvloop but uvloop is not installed (it does not build on this platform)")
         values["event_loop"] = raw["EVENT_LOOP"]
     if "LOG_LEVEL" in raw:
         level = raw["LOG_LEVEL"].upper()

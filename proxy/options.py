@@ -131,7 +131,11 @@ OPTIONS: tuple[Option, ...] = (
         "worker processes sharing the port, each with its own memory tier; auto: one per CPU "
         "(default 1: one process, no supervisor)",
     ),
-    Option("EVENT_LOOP", "asyncio or uvloop (needs the [fast] extra; a little less CPU per hit) (default asyncio)"),
+    Option(
+        "EVENT_LOOP",
+        "uvloop or asyncio; uvloop (less CPU per request) comes with the proxy wherever it builds "
+        "(default uvloop where installed, else asyncio)",
+    ),
     Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
     Option("BODY_TIMEOUT", "seconds a client has to send a request body once its headers arrived (default 30)"),
     Option("MAX_CONNECTIONS", "open client connections; more are answered 503 and closed at once (default 4096)"),

@@ -1,12 +1,24 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
+import uvloop
 
 from tests.fake_solana import FakeSolana
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, RedisServer, settings_for, start_proxy
+
+
+def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """In-process proxies run on uvloop, the serving processes' default event loop (EVENT_LOOP);
+    TEST_EVENT_LOOP=asyncio runs them on the standard loop instead."""
+    if os.environ.get("TEST_EVENT_LOOP") == "asyncio":
+        return {"asyncio": asyncio.new_event_loop}
+    return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture

@@ -436,7 +436,7 @@ async def test_the_metrics_port_listener_also_answers_for_all_workers(relay: Fau
 
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_event_loop_uvloop_serves_and_drains_through_the_real_cli(relay: FaultRelay, workers: int) -> None:
-    # EVENT_LOOP=uvloop (the [fast] extra, installed by the test command) runs each serving process.
+    # EVENT_LOOP=uvloop (the default where uvloop is installed, as the test command does) runs each process.
     running = _start(relay.url, workers, EVENT_LOOP="uvloop")
     try:
         async with aiohttp.ClientSession() as session:

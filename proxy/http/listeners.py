@@ -7,6 +7,8 @@ import asyncio
 import errno
 import gc
 import logging
+import os
+import resource
 import signal
 from collections.abc import Callable
 from typing import Any, cast
@@ -133,14 +135,21 @@ class CappedSite(web.TCPSite):
         limit = self._max_connections
         loop = asyncio.get_running_loop()
         starting = [0]
+        # Past half the descriptor limit each new connection checks that one more can be opened: out
+        # of them, uvloop's accept loop drops new connections without a word (watch_descriptors).
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        crowded = soft_limit // 2 if soft_limit != resource.RLIM_INFINITY else 1 << 62
 
         def started() -> None:
             starting[0] -= 1
 
         def protocol() -> asyncio.BaseProtocol:
-            if len(server.connections) + len(fast) + starting[0] >= limit:
+            open_now = len(server.connections) + len(fast) + starting[0]
+            if open_now >= limit:
                 throttled.warning("cap", "refusing connections: %d open (MAX_CONNECTIONS)", limit)
                 return _Refused()
+            if open_now >= crowded and not descriptors_left():
+                warn_out_of_descriptors()
             # The transport calls connection_made (which counts the connection) in the loop turn
             # right after this one; until then it is counted here.
             starting[0] += 1
@@ -183,6 +192,44 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
         throttled.warning("accept", "cannot accept connections: %s; established clients are still served", exc.strerror)
         return
     loop.default_exception_handler(context)
+
+
+DESCRIPTOR_CHECK_SECONDS = 1.0
+DESCRIPTOR_MARGIN = 8  # descriptors below the soft limit that count as out of them (libuv keeps one in reserve)
+
+
+def out_of_descriptors(open_now: int, soft_limit: int) -> bool:
+    """Pure: whether a process holding `open_now` descriptors can no longer accept a connection."""
+    return soft_limit != resource.RLIM_INFINITY and open_now >= soft_limit - DESCRIPTOR_MARGIN
+
+
+def descriptors_left() -> bool:
+    """Whether the process can still open a descriptor: one dup() made and closed (two system calls)."""
+    try:
+        os.close(os.dup(0))
+    except OSError as exc:
+        return exc.errno not in _RESOURCE_ERRNOS
+    return True
+
+
+def warn_out_of_descriptors() -> None:
+    reason = os.strerror(errno.EMFILE)
+    throttled.warning("accept", "cannot accept connections: %s; established clients are still served", reason)
+
+
+async def watch_descriptors() -> None:
+    """The accept-error warning for uvloop, whose accept loop never reaches quiet_accept_errors: out of
+    descriptors libuv accepts and closes new connections itself (its EMFILE reserve), silently. So the
+    process's own count is read once a second, and the same throttled warning logged when it is out."""
+    try:
+        os.listdir("/proc/self/fd")
+    except OSError:
+        return  # no /proc (not Linux): nothing to count with
+    while True:
+        await asyncio.sleep(DESCRIPTOR_CHECK_SECONDS)
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if out_of_descriptors(len(os.listdir("/proc/self/fd")), soft_limit):
+            warn_out_of_descriptors()
 
 
 def registry_exposition(registry: CollectorRegistry) -> Exposition:
@@ -247,6 +294,7 @@ async def serve(
     # never complete, is closed after 75 s (aiohttp's own default is an hour).
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
+    watcher: asyncio.Task[None] | None = None
     try:
         site = CappedSite(
             runner,
@@ -264,6 +312,7 @@ async def serve(
         gc.collect()
         gc.freeze()
         on_listening()
+        watcher = loop.create_task(watch_descriptors())
         await stop.wait()
         # An operator (or Kubernetes) sent the signal: say so, and say when the drain is over.
         open_connections = len(runner.server.connections) if runner.server is not None else 0
@@ -276,6 +325,8 @@ async def serve(
             shutdown_timeout,
         )
     finally:
+        if watcher is not None:
+            watcher.cancel()
         started = loop.time()
         await runner.cleanup()
     if received:

@@ -1,7 +1,6 @@
-"""Which asyncio event loop runs a serving process: the standard one, or uvloop with EVENT_LOOP=uvloop
-(`pip install 'rpc-cache-proxy[fast]'`). uvloop is opt-in: its accept loop does not pass through the
-proxy's quiet accept-error handler (listeners.py), so out of descriptors it does not log the
-throttled "cannot accept connections" warning."""
+"""Which asyncio event loop runs a serving process: uvloop (the default, a dependency wherever it
+builds), or the standard one with EVENT_LOOP=asyncio. uvloop's accept loop does not pass through the
+proxy's quiet accept-error handler, so listeners.watch_descriptors logs the same warning for it."""
 
 from __future__ import annotations
 
