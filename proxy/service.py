@@ -30,14 +30,11 @@ from proxy.rpc.gas_cap import cap_gas
 from proxy.rpc.jsonrpc import (
     INTERNAL_ERROR,
     METHOD_NOT_FOUND,
-    Body,
     Call,
     JsonRpcError,
     dumps,
     invalid_params,
     loads,
-    plain_body,
-    plain_call,
     trimmed,
 )
 from proxy.rpc.methods import (
@@ -101,9 +98,6 @@ class Service:
         self._coalescer: Coalescer[tuple[Answer, bool, bool]] = Coalescer()
         self._merges: Coalescer[Outcome] = Coalescer()  # chunked eth_getLogs merges in flight, by key
         self._merge_slots = KeySlots(MERGES_PER_KEY)
-        # The last body memory_hit parsed, and its plain_call (parsed()).
-        self._plain_body: bytes | str | None = None
-        self._plain: tuple[int | str, str, list[Any]] | None = None
         # Memos of pure work, keyed by the raw request: validation results, and plans per head.
         self._validated: Memo[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = Memo(MEMO_SIZE)
         self._plans: Memo[tuple[str, str, bytes], Plan] = Memo(MEMO_SIZE)
@@ -171,15 +165,14 @@ class Service:
     # --- the read-through flow ----------------------------------------------------------
 
     def memory_hit(
-        self, body: bytes | str, network: NetworkRuntime | None, default_routes: Mapping[str, NetworkRuntime | None]
+        self,
+        plain: tuple[int | str, str, list[Any]],
+        network: NetworkRuntime | None,
+        default_routes: Mapping[str, NetworkRuntime | None],
     ) -> MemoryHit | None:
-        """The hot path: a plain single call answered from memory for this head, straight from the raw
-        body (`network`, else the method's default route); None: the general path judges it. Only params
+        """The hot path: a plain single call (jsonrpc.plain_call) answered from memory for this head
+        (`network`, else the method's default route); None: the general path judges it. Only params
         validated on this network have a plan. Nothing is counted: the caller counts a hit once paid for."""
-        plain = plain_call(body)
-        if plain is None:
-            return None
-        self._plain_body, self._plain = body, plain  # for parsed(): two names, no tuple per hit
         rid, method, params = plain
         # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
         net = network or default_routes.get(method)
@@ -200,15 +193,6 @@ class Service:
         if len(payload) > self._max_response:
             return None  # the general path answers with the size error (response_size.py)
         return new_record(MemoryHit, (rid, method, net, payload, is_error, plan.credits, plan.hit_cells[is_error]))
-
-    def parsed(self, body: bytes | str) -> Body | None:
-        """The Body of the last body memory_hit parsed and did not answer, for the general path to
-        take rather than parse again (the same bytes object: nothing else can have changed it)."""
-        plain = self._plain
-        if plain is None or self._plain_body is not body:
-            return None
-        self._plain_body = self._plain = None
-        return plain_body(body, plain)
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()

@@ -60,7 +60,7 @@ class TestMemoryLedger:
         assert ledger.purse("k", 5.0) is None  # no lease before the key's first debit
         assert ledger.spend("k", 60, 1000, 5.0) == 940
         lease = ledger.purse("k", 5.0)
-        assert lease is not None and lease.spend(100, 1000, 6.0) == 840  # the hot path (gateway.Tab)
+        assert lease is not None and lease.spend(100, 1000, 6.0) == 840  # the hot path (hits.Tab)
         assert await ledger.used("k", now=7.0) == 160 and ledger.spend("k", 40, 1000, 7.0) == 800
         await ledger.refund("k", 100, now=7.0)
         assert lease.spend(0, 1000, 8.0) == 900 and await ledger.used("k", now=8.0) == 100

@@ -1,4 +1,4 @@
-"""Keyed memory hits through a key's tab (gateway.Tab): the key's checks are made once per secret and
+"""Keyed memory hits through a key's tab (hits.Tab): the key's checks are made once per secret and
 its hits spend the key's lease directly, yet a reload of keys, lists and balances (lower ones too:
 what was leased under the old balance is spent no more) and a new UTC day apply to the very next
 hit, and the lease is still topped up and never overspent."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.gateway.gateway import NO_LEASE
+from proxy.gateway.hits import NO_LEASE
 from proxy.http.app_keys import GATEWAY, SETTINGS
 from proxy.reload import reload_keys
 from tests.support import Anvil, FakeClock, Proxy, settings_for, start_proxy

@@ -74,7 +74,7 @@ async def hit_request(anvil: Anvil, proxy: Proxy, rid: int = 1, key: str = "test
     store, block = await finalized_store(anvil, proxy)
     body = json.dumps(storage(store, "0x0", hex(block), rid=rid)).encode()
     assert (await proxy.post(body, key=key))[0] == 200  # now in memory
-    front_of(proxy).heads.clear()  # that miss taught the server its client's head: the tests teach their own
+    front_of(proxy).request_heads.clear()  # that miss taught the server its client's head: the tests teach their own
     return body
 
 
@@ -95,10 +95,10 @@ async def test_a_known_head_with_any_body_of_its_length_is_answered_as_the_parse
     requests = [post(hit), *(post(body) for body in bodies)]
     front = front_of(evm_proxy)
     replayed = await one_by_one(evm_proxy.server.port, requests)
-    assert list(front.heads) == [post(hit)[:-length]]  # learned from the first request alone
+    assert list(front.request_heads) == [post(hit)[:-length]]  # learned from the first request alone
     parsed = []
     for data in requests:  # each on a connection of its own with nothing remembered: the parser's road
-        front.heads.clear()
+        front.request_heads.clear()
         parsed += await one_by_one(evm_proxy.server.port, [data])
     assert [comparable(a) for a in replayed] == [comparable(a) for a in parsed]
     assert [a[1].get("x-cache") for a in replayed[:2]] == ["HIT", "HIT"]
@@ -109,7 +109,7 @@ async def test_a_known_head_after_bytes_the_parser_holds_is_parsed_with_them(anv
     hit = await hit_request(anvil, evm_proxy)
     front = front_of(evm_proxy)
     await one_by_one(evm_proxy.server.port, [post(hit)])
-    assert front.heads
+    assert front.request_heads
     with connection(front) as (protocol, transport):
         protocol.data_received(b"PO")  # no callback yet: only the parser knows a request has begun
         protocol.data_received(post(hit))  # so this is "POPOST ...": a bad request, not a hit
@@ -144,7 +144,7 @@ async def test_a_head_is_not_remembered_from_a_read_that_held_more_or_less_than_
             for data in reads:
                 protocol.data_received(data)
         assert transport.written.count(b"X-Cache: HIT") == reads[0].count(b"POST")
-        assert not front.heads, reads
+        assert not front.request_heads, reads
 
 
 async def test_chunked_bodies_and_expect_are_never_replayed(anvil: Anvil, evm_proxy: Proxy) -> None:
@@ -154,11 +154,11 @@ async def test_chunked_bodies_and_expect_are_never_replayed(anvil: Anvil, evm_pr
     expecting = post(hit, "Expect: 100-continue")
     front = front_of(evm_proxy)
     answers = await one_by_one(evm_proxy.server.port, [chunked, chunked])
-    assert [a[1]["x-cache"] for a in answers] == ["HIT", "HIT"] and not front.heads
+    assert [a[1]["x-cache"] for a in answers] == ["HIT", "HIT"] and not front.request_heads
     with connection(front) as (protocol, transport):
         protocol.data_received(expecting)
         protocol.data_received(expecting)  # its interim answer each time, as the parser's road writes it
-    assert transport.written.count(b"HTTP/1.1 100 Continue\r\n\r\n") == 2 and not front.heads
+    assert transport.written.count(b"HTTP/1.1 100 Continue\r\n\r\n") == 2 and not front.request_heads
 
 
 async def test_the_remembered_heads_are_bounded(anvil: Anvil, evm_proxy: Proxy) -> None:
@@ -167,7 +167,7 @@ async def test_the_remembered_heads_are_bounded(anvil: Anvil, evm_proxy: Proxy) 
     with connection(front) as (protocol, transport):
         for n in range(MAX_HEADS + 50):  # a head of its own each: a client that varies a field
             protocol.data_received(post(hit, f"X-N: {n}"))
-            assert len(front.heads) <= MAX_HEADS
+            assert len(front.request_heads) <= MAX_HEADS
     assert transport.written.count(b"X-Cache: HIT") == MAX_HEADS + 50
 
 
@@ -179,10 +179,10 @@ async def test_a_replayed_head_is_judged_by_the_keys_of_the_moment(
         hit = await hit_request(anvil, proxy, key="alice-secret")
         data = post(hit, path="/v3/alice-secret")
         first, second = await one_by_one(proxy.server.port, [data, data])
-        assert [a[1]["x-cache"] for a in (first, second)] == ["HIT", "HIT"] and front_of(proxy).heads
+        assert [a[1]["x-cache"] for a in (first, second)] == ["HIT", "HIT"] and front_of(proxy).request_heads
         assert int(second[1]["x-credits-remaining"]) < int(first[1]["x-credits-remaining"])
         reload(proxy, path, '[keys.bob]\nkey = "bob-secret"\n')
-        assert not front_of(proxy).heads  # heads with a key in them are forgotten with the keys
+        assert not front_of(proxy).request_heads  # heads with a key in them are forgotten with the keys
         [(status, _, body)] = await one_by_one(proxy.server.port, [data])
         assert status == 401 and json.loads(body)["error"]["code"] == -32001
 
@@ -217,7 +217,7 @@ async def test_nothing_is_replayed_after_a_request_that_closes_the_connection(an
     hit = await hit_request(anvil, evm_proxy)
     front = front_of(evm_proxy)
     await one_by_one(evm_proxy.server.port, [post(hit), post(hit)])
-    assert front.heads
+    assert front.request_heads
     miss = call("eth_getBalance", ["0x" + "de" * 20, "latest"], 1)
     # A known head: replayed, were it read, and sent to the node (the answer is in no cache).
     after = post(same_length(call("eth_getCode", ["0x" + "de" * 20, "latest"], 2), len(hit)))
@@ -265,13 +265,13 @@ async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order
     their way are answered in request order, each as the parser's road answers it."""
     store, block = await finalized_store(anvil, evm_proxy)
     front = front_of(evm_proxy)
-    front.heads.clear()
+    front.request_heads.clear()
     bodies = [json.dumps(storage(store, hex(slot), hex(block), rid=slot)).encode() for slot in range(8)]
     with connection(front) as (protocol, transport):
         protocol._parser = parser = CountedParser(protocol._parser)
         for body in bodies:  # each a read of its own, from a message boundary, none answered yet
             protocol.data_received(post(body))
-        assert parser.fed == 1 and list(front.heads) == [post(bodies[0])[: -len(bodies[0])]]
+        assert parser.fed == 1 and list(front.request_heads) == [post(bodies[0])[: -len(bodies[0])]]
 
         async def answered() -> bool:
             return transport.written.count(b"HTTP/1.1 200 OK\r\n") == len(bodies)

@@ -5,45 +5,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from proxy.config import Settings
 from proxy.config_files import KeyConfig
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
 from proxy.credits.allow_lists import AllowLists, call_refusal
 from proxy.credits.charging import refunded
-from proxy.credits.key_lease import KeyLease
 from proxy.credits.ledger import Ledger
 from proxy.gateway.accounting import REFUSED_STATUSES, CallAccounting
 from proxy.gateway.cashier import Cashier
 from proxy.gateway.filters import FILTER_METHODS, Filters
+from proxy.gateway.hits import Hits, Lookup
 from proxy.gateway.network_routing import Router
 from proxy.gateway.response_size import ResponseBudget
 from proxy.key_context import CALLER
-from proxy.memo import Memo
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_API_KEY, Body, Call, Invalid, JsonRpcError
 from proxy.service import MemoryHit, Service
-from proxy.values import BYPASS, HIT, Outcome, PaidHit, Reply, new_record
-
-
-@dataclass(slots=True)
-class Tab:
-    """What a keyed memory hit needs of its key, found once per secret (Gateway.tabs): an accepted key
-    with no allow-list and no per-second limit, its daily balance and metric cell, and the lease of
-    its credits it spends from directly (KeyLease.spend). Forgotten with every reload of keys and terms."""
-
-    account: str
-    daily: int
-    charged: Any  # the key's rpc_proxy_key_credits_charged cell
-    lease: KeyLease
-
-
-NO_LEASE = KeyLease("", "")  # a tab's lease until the ledger has one: it spends nothing (no day is its own)
+from proxy.values import BYPASS, HIT, Outcome, PaidHit, Reply
 
 
 def invalid_key_error() -> JsonRpcError:
@@ -73,14 +55,23 @@ class Gateway:
         self._accounts: Accounts | None = None
         self.key_lists: dict[str, AllowLists] = {}  # accounts with an allow-list (allow_lists.py)
         self._restricted: frozenset[str] = frozenset()  # ...whose lists restrict calls: no hot path
-        self.tabs: Memo[str, Tab] = Memo(65_536)  # secret -> Tab (never replaced: the endpoint reads it)
-        self.forget_keys: list[Callable[[], None]] = []  # what else holds secrets in memory (front.Front.heads)
-        self.load_keys(settings.api_keys)
+        self.forget_keys: list[Callable[[], None]] = []  # what else holds secrets in memory (front.Front.request_heads)
         self._calls = CallAccounting(settings, metrics)
         self.router = Router(settings, service.networks)
-        self._default_routes = self.router.default_routes  # read on the hot path
         self.cashier = Cashier(settings, ledger, metrics, wall_clock)
-        self._terms = self.cashier.terms  # read on the hot path
+        self._terms = self.cashier.terms
+        self.hits = Hits(
+            service,
+            ledger,
+            self._calls,
+            self._terms,
+            self.router.default_routes,
+            wall_clock,
+            open_mode=self.open_mode,
+            access_log=self._access_log,
+        )
+        self.tabs = self.hits.tabs  # secret -> Tab: the endpoint reads it
+        self.load_keys(settings.api_keys)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
         self.filters = Filters(settings, service.prepare, service.execute)
 
@@ -103,7 +94,7 @@ class Gateway:
         self.accepted: dict[str, str] = {} if self._accounts is None else self._accounts.accepted
         self.key_lists = {name: k.lists for name, k in (keys or {}).items() if k.lists.any}
         self._restricted = frozenset(name for name, lists in self.key_lists.items() if lists.restricts_calls)
-        self.tabs.clear()  # a tab holds what these keys and their terms were
+        self.hits.keys_changed(self.key_lists, self._restricted)
         for forget in self.forget_keys:
             forget()
 
@@ -128,77 +119,21 @@ class Gateway:
 
     # --- one body -----------------------------------------------------------------------
 
-    def open_hit(self, body: bytes | str, network: NetworkRuntime | None) -> bytes | None:
-        """In open mode, the response body for a memory hit, made without awaiting anything (there is
-        nothing to charge); its headers are always `open_hit_headers`. None for everything else, which
-        `handle(..., memory_checked=True)` then serves."""
-        if not self.open_mode:
-            return None
-        started = time.perf_counter()
-        hit = self._service.memory_hit(body, network, self._default_routes)
-        if hit is None:
-            return None
-        return self._hit_body(hit, self._calls.request_id() if self._access_log else 0, started)
-
-    def keyed_hit(
-        self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None
-    ) -> PaidHit | bool:
-        """With API keys, a memory hit paid without awaiting anything: its credit figures, length and
-        body (paid_hit_headers). Otherwise whether memory was checked (True: no hit, so
-        `handle(..., memory_checked=True)`; False: a hit the ledger must decide on the general path:
-        no lease yet, a per-second limit, a refusal, lists that restrict calls). `secret`: the key the
-        account was found by; it keeps the tab made here unless the account has allow-lists."""
-        if account in self._restricted:
-            return False  # its calls are checked against its lists on the general path
-        terms = self._terms[account]
-        if terms.per_second is not None:
-            return False  # every debit of such a key asks the ledger's per-second window
-        tab = Tab(account, terms.daily, terms.charged, self._ledger.purse(account, self._now()) or NO_LEASE)
-        if secret is not None and account not in self.key_lists:
-            self.tabs[secret] = tab
-        return self.tab_hit(body, tab, network)
-
-    def tab_hit(self, body: bytes | str, tab: Tab, network: NetworkRuntime | None) -> PaidHit | bool:
-        """keyed_hit with the key's checks made (its tab): the lease spent from directly down to its
-        low-water mark; past it (a top-up due, another day, no lease) the ledger decides."""
-        started = time.perf_counter()
-        hit = self._service.memory_hit(body, network, self._default_routes)
-        if hit is None:
-            return True
-        credits, now = hit.credits, self._now()
-        remaining = tab.lease.spend(credits, tab.daily, now)
-        if remaining is None:  # the ledger decides at the same instant
-            remaining = self._ledger.spend(tab.account, credits, tab.daily, now)
-            if remaining is None:
-                return False
-            tab.lease = self._ledger.purse(tab.account, now) or NO_LEASE  # today's, once the ledger has it
-        # What _paid_reply does for a paid hit, written out: this is the path every keyed hit takes.
-        tab.charged.value += credits
-        hit.cells.charged.value += credits
-        request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
-        answer = self._hit_body(hit, request_id, started)
-        return new_record(PaidHit, (credits, remaining if remaining > 0 else 0, len(answer), answer))
-
     async def handle(
         self,
         body: bytes | str,
         account: str,
         network: NetworkRuntime | None,
-        *,
-        memory_checked: bool = False,
+        lookup: Lookup,
     ) -> Reply:
+        """One body the hot path did not answer (`lookup`: what it made of the body, Hits)."""
         started = time.perf_counter()
         request_id = self._calls.request_id()
+        if lookup.unpaid is not None:
+            return await self._paid_hit(lookup.unpaid, account, request_id, started)
         lists = self.key_lists.get(account) if account in self._restricted else None
-        hit = None
-        if not memory_checked and lists is None:
-            hit = self._service.memory_hit(body, network, self._default_routes)
-        if hit is not None:
-            if self.open_mode:  # nothing to charge, so nothing to await
-                return self._serve_hit(hit, 0, None, request_id, started)
-            return await self._paid_hit(hit, account, request_id, started)
         try:
-            parsed = self._service.parsed(body) or jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
+            parsed = lookup.parsed or jsonrpc.parse_body(body, max_batch=self._settings.max_batch_size)
         except JsonRpcError as error:
             self._metrics.child(self._metrics.requests, "none", "invalid", "invalid").inc()
             balance = None if self.open_mode else await self.cashier.remaining(account)
@@ -329,18 +264,7 @@ class Gateway:
             )
         self._terms[account].charged.value += credits
         hit.cells.charged.value += credits
-        return self._serve_hit(hit, credits, remaining, request_id, started)
-
-    def _serve_hit(self, hit: MemoryHit, cost: int, remaining: int | None, request_id: int, started: float) -> Reply:
-        return self._reply(self._hit_body(hit, request_id, started), 200, cost, remaining, HIT)
-
-    def _hit_body(self, hit: MemoryHit, request_id: int, started: float) -> bytes:
-        rid, method, runtime, payload, is_error, credits, cells = hit
-        # The counts execute() and _account_call() make for a hit, through cells found once.
-        cells.record(credits, time.perf_counter() - started)
-        if request_id:
-            self._calls.log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
-        return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
+        return self._reply(self.hits.answer_of(hit, request_id, started), 200, credits, remaining, HIT)
 
     @staticmethod
     def paid_hit_headers(hit: PaidHit) -> dict[str, str]:

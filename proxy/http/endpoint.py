@@ -16,6 +16,7 @@ from typing import Any
 from proxy.config import Settings
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
+from proxy.gateway.hits import Lookup
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.cors import Cors
 from proxy.logs import redacted
@@ -149,90 +150,59 @@ class RpcEndpoint:
     def respond(self, key: str, path_network: str | None, headers: Headers, body: bytes, path: str) -> Reply | Pending:
         """The answer to a whole body: a Reply when nothing needs awaiting (a cache hit, a refusal),
         else the coroutine that makes it (counted in flight while it runs)."""
-        answer = self.answer(key, path_network, headers, body, path)
-        return paid_reply(answer) if isinstance(answer, tuple) else answer
+        answer = self.serve(key, path_network, headers, body, path)
+        return self.hit_reply(answer) if isinstance(answer, PaidHit) else answer
 
-    def memory(
-        self, key: str | None, path_network: str | None, headers: Headers, body: bytes
-    ) -> bytes | PaidHit | bool | None:
-        """A page-less request's memory lookup, made without awaiting: an open hit's body (bytes), or
-        what `answer(found=...)` takes: True (open mode, no hit), keyed_hit's (or, for a key with a
-        tab, tab_hit's) answer for a key accepted before without allow-lists (a paid hit, or whether
-        memory was checked); None when not looked up (another key, an unknown network: `answer`
-        judges them)."""
-        gateway = self.gateway
-        try:
-            network = gateway.router.network_for(headers.get("host"), path_network)
-        except JsonRpcError:
-            return None
-        if self.open_mode:
-            encoded = gateway.open_hit(body, network)
-            return True if encoded is None else encoded
-        secret = key or key_of(key, headers)
-        tab = gateway.tabs.get(secret)
-        if tab is not None:
-            return gateway.tab_hit(body, tab, network)
-        account = gateway.accepted.get(secret)
-        if account is None or account in gateway.key_lists:
-            return None
-        return gateway.keyed_hit(body, account, network, secret)
-
-    def answer(
-        self,
-        key: str,
-        path_network: str | None,
-        headers: Headers,
-        body: bytes,
-        path: str,
-        found: PaidHit | bool | None = None,
+    def serve(
+        self, key: str, path_network: str | None, headers: Headers, body: bytes, path: str
     ) -> PaidHit | Reply | Pending:
-        """As `respond`, but a paid memory hit that needs neither gzip nor CORS headers is its body
-        and credit figures, which the fast server writes after a pre-built head (no headers dict).
-        `found`: what the caller's own memory lookup gave for this body and key (open_hit: True for
-        none; keyed_hit's answer), so it is not looked up, nor paid for, twice; None: not looked up."""
+        """As `respond`, but a memory hit that needs neither gzip nor CORS headers is its PaidHit,
+        which the fast server writes after a pre-built head (no headers dict). A key with a tab (its
+        checks made once: Hits) is not authorized again."""
         gateway = self.gateway
         try:
-            account = self.authorize(key, headers)
-            if isinstance(account, Reply):
-                return self.finish(account, headers)
+            tab = None if self.open_mode else gateway.tabs.get(key)
+            if tab is None:
+                account = self.authorize(key, headers)
+                if isinstance(account, Reply):
+                    return self.finish(account, headers)
+            else:
+                account = tab.account
             network = gateway.router.network_for(headers.get("host"), path_network)
             if len(body) > self.max_body_bytes:
                 return self.finish(self.too_large(), headers)
-            hit: Reply | bool
+            hits = gateway.hits
             if self.open_mode:
-                hit = True if found is True else self._open_hit(body, network)
-            else:  # a memory hit the key's lease pays for, or whether memory was checked
-                paid = gateway.keyed_hit(body, account, network, key) if found is None else found
-                if isinstance(paid, tuple):
-                    if paid.length < self.compress_from and "origin" not in headers:
-                        return paid
-                    return self.finish(paid_reply(paid), headers)
-                hit = paid
-            if isinstance(hit, Reply):
-                if hit.body is not None and len(hit.body) < self.compress_from and "origin" not in headers:
-                    return hit
-                return self.finish(hit, headers)
-            return self._awaited(body, account, network, hit, headers, path)
+                lookup = hits.open(body, network)
+            elif tab is not None:
+                lookup = hits.by_tab(body, tab, network)
+            else:
+                lookup = hits.keyed(body, account, network, key)
+            paid = lookup.paid
+            if paid is None:
+                return self._awaited(body, account, network, lookup, headers, path)
+            if paid.length < self.compress_from and "origin" not in headers:
+                return paid
+            return self.finish(self.hit_reply(paid), headers)
         except Exception as exc:
             return self.finish(failure_reply(exc, path), headers)
 
-    def _open_hit(self, body: bytes, network: NetworkRuntime | None) -> Reply | bool:
-        """In open mode, a memory hit answered without awaiting, or True: memory was checked."""
-        encoded = self.gateway.open_hit(body, network)
-        return True if encoded is None else Reply(encoded, 200, self.open_headers)  # shared, never changed
+    def hit_reply(self, hit: PaidHit) -> Reply:
+        """A memory hit as a Reply (for aiohttp, gzip, CORS or the access log)."""
+        return Reply(hit.body, 200, self.open_headers) if self.open_mode else paid_reply(hit)  # shared, never changed
 
     async def _awaited(
         self,
         body: bytes,
         account: str,
         network: NetworkRuntime | None,
-        memory_checked: bool,
+        lookup: Lookup,
         headers: Headers,
         path: str,
     ) -> Reply:
         self.inflight.inc()
         try:
-            reply = await self.gateway.handle(body, account, network, memory_checked=memory_checked)
+            reply = await self.gateway.handle(body, account, network, lookup)
             if reply.body is not None:
                 reply.headers["Content-Type"] = JSON_CONTENT_TYPE
             return self.finish(reply, headers)

@@ -106,8 +106,8 @@ class Front:
         # spells its few names the same way every time, so one lookup replaces lower() and a lookup.
         self.header_names: dict[bytes, str] = {}
         self.targets: dict[bytes, tuple[str, tuple[str | None, str | None] | None]] = {}  # request target memo
-        self.heads: dict[bytes, Request] = {}  # Front.learn (a key in a head: forgotten with the keys)
-        endpoint.gateway.forget_keys.append(self.heads.clear)
+        self.request_heads: dict[bytes, Request] = {}  # Front.learn (a key in a head: forgotten with the keys)
+        endpoint.gateway.forget_keys.append(self.request_heads.clear)
 
     def header_name(self, name: bytes) -> str:
         """The lower-case name of a field something reads, or "" (remembered per spelling)."""
@@ -129,10 +129,10 @@ class Front:
             return
         if len(data) - end != request.size or data[end:] != b"".join(request.parts):
             return
-        if len(self.heads) >= MAX_HEADS:
-            self.heads.clear()
+        if len(self.request_heads) >= MAX_HEADS:
+            self.request_heads.clear()
         request.parts, request.raw = [], []  # the body is each replay's own; raw fields serve a handover only
-        self.heads[data[:end]] = request
+        self.request_heads[data[:end]] = request
 
     def date(self, loop_now: float) -> bytes:
         """The Date header's line, made once a second (with the hit heads that carry it). `loop_now`:
@@ -247,7 +247,7 @@ class FrontProtocol(Answers):
         if fresh:
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
                 end = head_end(data)
-                known = self._front.heads.get(data[:end])
+                known = self._front.request_heads.get(data[:end])
                 if known is not None and len(data) - end == known.size:
                     self._rpc(known, data[end:])  # the head llhttp accepted before, and its whole body
                     return
@@ -468,25 +468,16 @@ class FrontProtocol(Answers):
         prebuilt = (
             request.keep_alive and not self._routes.access_log and ("connection" not in headers or not request.http10)
         )
-        # No page: a memory hit is answered here, after a pre-built head.
-        found = endpoint.memory(key, network, headers, body) if prebuilt and "origin" not in headers else None
-        if isinstance(found, bytes):  # an open hit
-            if len(found) >= endpoint.compress_from:
-                self._answer(request, endpoint.finish(Reply(found, 200, endpoint.open_headers), headers))
-            else:
-                self._prebuilt(False, (len(found), found))
-                self._learnable = request
-            return
-        if type(found) is PaidHit and found.length < endpoint.compress_from:
-            self._prebuilt(True, found)
-            self._learnable = request
-            return
-        answer = endpoint.answer(key or key_of(key, headers), network, headers, body, request.path, found)
-        if type(answer) is PaidHit:  # sent as it is (no gzip, no CORS)
+        answer = endpoint.serve(key or key_of(key, headers), network, headers, body, request.path)
+        if type(answer) is PaidHit:  # a memory hit, needing neither gzip nor CORS headers
             if prebuilt:
-                self._prebuilt(True, answer)
+                if endpoint.open_mode:
+                    self._prebuilt(False, (answer.length, answer.body))
+                else:
+                    self._prebuilt(True, answer)
+                self._learnable = request
                 return
-            answer = paid_reply(answer)
+            answer = endpoint.hit_reply(answer)
         elif prebuilt and len(body) <= MAX_REPLAY_BYTES and not isinstance(answer, Reply):
             self._learnable = request  # a miss: its head, kept alive with no log line, is as a hit's
         self._answer(request, answer)

@@ -9,6 +9,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.gateway.gateway import Gateway, invalid_key_error
+from proxy.gateway.hits import Lookup
 from proxy.http.app_keys import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
@@ -52,14 +53,14 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
     corked = Corked(ws, request.transport, loop, session.room)
 
-    async def serve(data: str | bytes, memory_checked: bool) -> None:
+    async def serve(data: str | bytes, lookup: Lookup) -> None:
         metrics.inflight.inc()
         try:
             call = subscription_call(data)
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
                 return
-            reply = await gateway.handle(data, account, network, memory_checked=memory_checked)
+            reply = await gateway.handle(data, account, network, lookup)
             if reply.body is not None and not ws.closed and await session.room():
                 await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
         except ConnectionResetError:
@@ -82,12 +83,12 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
                 await ws.send_str(jsonrpc.encode_error(None, error).decode())
                 continue
             connection.active_at = loop.time()
-            hit = memory_hit(gateway, message.data, account, network)
-            if isinstance(hit, bytes):  # answered now: no task, no slot
-                await corked.send(hit)
+            lookup = memory_lookup(gateway, message.data, account, network)
+            if lookup.paid is not None:  # answered now: no task, no slot
+                await corked.send(lookup.paid.body)
                 continue
             await slots.acquire()
-            task = asyncio.create_task(serve(message.data, hit))
+            task = asyncio.create_task(serve(message.data, lookup))
             connection.tasks.add(task)
             task.add_done_callback(connection.tasks.discard)
         if connection.draining:
@@ -124,14 +125,11 @@ def _refusal(request: web.Request, account: str) -> web.Response | None:
     return None
 
 
-def memory_hit(gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None) -> bytes | bool:
-    """A memory hit's answer made without awaiting (open mode; a keyed hit its lease pays for), else
-    whether memory was checked, for gateway.handle (as the HTTP endpoint does)."""
-    if gateway.open_mode:
-        encoded = gateway.open_hit(data, network)
-        return True if encoded is None else encoded
-    hit = gateway.keyed_hit(data, account, network)
-    return hit.body if isinstance(hit, tuple) else hit
+def memory_lookup(gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None) -> Lookup:
+    """The hot path's answer to one message (open mode; a keyed hit its lease pays for), as the HTTP
+    endpoint makes it: a PaidHit to send now, else what the general path takes (Hits)."""
+    hits = gateway.hits
+    return hits.open(data, network) if gateway.open_mode else hits.keyed(data, account, network)
 
 
 async def _close_when_idle(connection: Connection, session: Session, timeout: float) -> None:
