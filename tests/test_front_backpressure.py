@@ -161,7 +161,6 @@ async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(proxy: Pr
 async def short_keepalive(big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Proxy, bytes]]:
     """A proxy whose keep-alive time is 0.5 s, and a request for its 1 MB memory hit."""
     monkeypatch.setattr(pipeline, "KEEPALIVE_TIMEOUT", 0.5)
-    monkeypatch.setattr(front, "KEEPALIVE_TIMEOUT", 0.5)
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
     body = json.dumps(big_call(1)).encode()
     await proxy.post(body)

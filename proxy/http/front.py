@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
-from collections import deque
 from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any, cast
@@ -23,18 +21,16 @@ from typing import Any, cast
 import httptools
 
 from proxy.http.access_log import log_front_request
-from proxy.http.compression import decoded_body
 from proxy.http.endpoint import (
     BUSY_BODIES,
     NO_CHARGE,
     PAID_NUMBERS,
     body_timeout_error,
     error_reply,
-    key_of,
     paid_reply,
 )
 from proxy.http.front_routes import FrontRoutes, request_path
-from proxy.http.pipeline import KEEPALIVE_TIMEOUT, Answers, Held, Waiting
+from proxy.http.pipeline import Pipeline
 from proxy.http.wire import (
     MAX_HEADERS,
     MAX_LINE,
@@ -88,7 +84,7 @@ class Front:
         self.routes = routes
         self.make_handler = make_handler  # aiohttp's handler, for a WebSocket upgrade
         self.connections: set[FrontProtocol] = set()
-        self.orphans: set[asyncio.Task[tuple[bytes, bool]]] = set()  # answers whose client left
+        self.orphans: set[asyncio.Task[None]] = set()  # answers whose client left
         self.stopping = False
         self._date = b""
         self.date_at = 0  # the wall-clock second of the Date line and hit heads
@@ -108,6 +104,29 @@ class Front:
         self.targets: dict[bytes, tuple[str, tuple[str | None, str | None] | None]] = {}  # request target memo
         self.request_heads: dict[bytes, Request] = {}  # Front.learn (a key in a head: forgotten with the keys)
         endpoint.gateway.forget_keys.append(self.request_heads.clear)
+
+    def read_fields(self, request: Request) -> None:
+        """A head's fields into `request.headers`: only those something reads (lower-case), and the
+        first of repeated ones, as aiohttp."""
+        names, headers = self.header_names, request.headers
+        for name, value in request.raw:
+            key = names.get(name)
+            if key is None:
+                key = self.header_name(name)
+            if key and key not in headers:
+                headers[key] = value.decode("latin-1")
+
+    def target(self, url: bytes) -> tuple[str, tuple[str | None, str | None] | None]:
+        """A request target's path, and its (network, key) when it is a JSON-RPC path (remembered)."""
+        targets = self.targets
+        known = targets.get(url)
+        if known is None:
+            path = request_path(url)
+            known = path, self.routes.rpc_target(path)
+            if len(targets) >= MAX_TARGETS:
+                targets.clear()
+            targets[url] = known
+        return known
 
     def header_name(self, name: bytes) -> str:
         """The lower-case name of a field something reads, or "" (remembered per spelling)."""
@@ -167,82 +186,72 @@ class Front:
             task.cancel()
 
 
-class FrontProtocol(Answers):
-    _front: Front
+class FrontProtocol(asyncio.Protocol):
+    """One client connection of the fast server: llhttp's callbacks read its requests, its Pipeline
+    writes their answers in order."""
 
     def __init__(self, front: Front) -> None:
         self._front = front
         self._routes = front.routes
         self._endpoint = front.routes.endpoint
-        self._header_names = front.header_names
         self._access_log = front.routes.access_log
         self._parser = httptools.HttpRequestParser(self)
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
         self._delegate: Any = None  # aiohttp's handler, once the connection is handed over
         self._peer: str | None = None
-        self._request: Request | None = None
+        self.request: Request | None = None  # the request being read, from its first byte to its last
         self._begun = 0  # requests begun in the data being fed
         self._kept_alive = True  # every request so far keeps the connection open
         self._learnable: Request | None = None  # ...and the one answered as a memory hit or a miss (Front.learn)
         self._upgrading: Request | None = None
-        self._waiting: deque[Waiting] = deque()
-        self._held: deque[Held] = deque()
-        self._idle: asyncio.TimerHandle | None = None
-        self._active_at = 0.0
         self._head_bytes = 0
         self._body_read = 0  # body bytes of RPC requests in the read being fed
         self._field_bytes = 0  # the header fields' bytes of the request being read
-        self._done = False  # answered for the last time: nothing more is read
-        self._read_paused = False
-        self._write_paused = False
-        self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
-        self._handover: bytes | None = None
+        self._pipeline = Pipeline(self, front, self._loop)
+
+    def pause_writing(self) -> None:
+        self._pipeline.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._pipeline.resume_writing()
+
+    def stop(self) -> None:
+        """Shutting down: closed now when idle, else once its answers are written."""
+        self._pipeline.stop()
+
+    def abort(self) -> None:
+        self._pipeline.abort()
 
     @property
     def transport(self) -> Any:
         """The connection's transport while it is open (PeerCounts asks), whoever serves it."""
-        return self._delegate.transport if self._delegate is not None else self._transport
+        return self._delegate.transport if self._delegate is not None else self._pipeline.transport
 
     # --- the connection ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
         address = transport.get_extra_info("peername")
         self._peer = str(address[0]) if isinstance(address, tuple) and address else None
         self._front.connections.add(self)
-        if self._front.stopping:
-            self._transport.close()
-            return
-        self._active_at = self._loop.time()
-        self._idle = self._loop.call_later(KEEPALIVE_TIMEOUT, self._idle_out)
+        self._pipeline.opened(cast(asyncio.Transport, transport))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._front.connections.discard(self)
-        self._transport = None
-        self._done = True
-        if self._idle is not None:
-            self._idle.cancel()
-        request = self._request
+        request = self.request
         if request is not None and request.kind == RPC:
             # A client that goes away mid-body is routine on the internet: no traceback, no error line.
             log.debug("client closed the connection before its request body arrived")
             self._release(request)
-        for item, _close in self._waiting:
-            if not isinstance(item, bytes) and not item.done():
-                self._front.orphans.add(item)
-                item.add_done_callback(self._front.orphans.discard)
-        self._waiting.clear()
-        self._held.clear()
+        self._pipeline.lost(self._front.orphans)
 
     # --- bytes in -----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._done:
+        if self._pipeline.done:
             return
         # At a message boundary of a connection kept alive: `data` starts a request (after one that
         # closes the connection, llhttp takes no more, and nor does a replay).
-        fresh = self._request is None and self._kept_alive
+        fresh = self.request is None and self._kept_alive
         begun = self._begun
         if fresh:
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
@@ -276,7 +285,7 @@ class FrontProtocol(Answers):
                 )
             )
             return
-        request = self._request
+        request = self.request
         learnable, self._learnable = self._learnable, None  # held no longer than the read that answered it
         if request is None:
             if fresh and learnable is not None and self._begun == 1:
@@ -299,50 +308,37 @@ class FrontProtocol(Answers):
     def _receiving(self, request: Request) -> None:
         """A body still arriving: it holds its share of the body budget, within BODY_TIMEOUT."""
         endpoint = self._endpoint
-        declared = self._parser_length(request)
-        held = declared if declared is not None else endpoint.max_body_bytes
-        if not endpoint.receiving.take(held):
+        if not request.hold_body(endpoint.receiving, endpoint.max_body_bytes):
             self._last(error_reply(BUSY_BODIES, NO_CHARGE, close=True))
             return
-        request.held = held
         request.timer = self._loop.call_later(endpoint.body_timeout, self._body_late, request)
         endpoint.inflight.inc()  # a request waiting for its body is being served
 
-    @staticmethod
-    def _parser_length(request: Request) -> int | None:
-        value = request.headers.get("content-length")
-        return int(value) if value is not None and value.isdigit() else None
-
     def _body_late(self, request: Request) -> None:
-        if self._request is request:
+        if self.request is request:
             self._last(error_reply(body_timeout_error(self._endpoint.body_timeout), NO_CHARGE, close=True))
 
     def _release(self, request: Request) -> None:
-        if request.held:
-            self._endpoint.receiving.give(request.held)
-            request.held = 0
-        if request.timer is not None:
-            request.timer.cancel()
-            request.timer = None
+        if request.release_body(self._endpoint.receiving):
             self._endpoint.inflight.dec()
 
     # --- parser callbacks (httptools) ---------------------------------------------------------
 
     def on_message_begin(self) -> None:
         # From its first byte, which leaves no doubt whether a request is under way (data_received).
-        self._request = Request()
+        self.request = Request()
         self._head_bytes = self._field_bytes = 0
         self._begun += 1
 
     def on_url(self, url: bytes) -> None:
-        request = self._request
+        request = self.request
         assert request is not None
         request.url += url
         if len(request.url) > MAX_LINE:
             raise refusal(INVALID_REQUEST, f"request target too long: at most {MAX_LINE} bytes", 414)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        raw = self._request.raw  # type: ignore[union-attr]
+        raw = self.request.raw  # type: ignore[union-attr]
         # The fields' own bytes hold the head to its limit also when it arrives whole in one read.
         self._field_bytes += len(name) + len(value)
         if (
@@ -355,15 +351,10 @@ class FrontProtocol(Answers):
         raw.append((name, value))
 
     def on_headers_complete(self) -> None:
-        request = self._request
+        request = self.request
         assert request is not None
-        names, headers = self._header_names, request.headers
-        for name, value in request.raw:
-            key = names.get(name)
-            if key is None:
-                key = self._front.header_name(name)
-            if key and key not in headers:  # only fields something reads; the first of repeated ones, as aiohttp
-                headers[key] = value.decode("latin-1")
+        self._front.read_fields(request)
+        headers = request.headers
         parser = self._parser
         if self._access_log:
             request.started = time.perf_counter()
@@ -375,15 +366,7 @@ class FrontProtocol(Answers):
                 request.kind = UPGRADE
                 return
             request.keep_alive = False  # answered as any other request (a JSON-RPC error), then closed
-        targets = self._front.targets
-        known = targets.get(request.url)
-        if known is None:
-            path = request_path(request.url)
-            known = path, self._routes.rpc_target(path)
-            if len(targets) >= MAX_TARGETS:
-                targets.clear()
-            targets[request.url] = known
-        request.path, target = known
+        request.path, target = self._front.target(request.url)
         if target is None or request.method != "POST":
             request.kind = OTHER
             return
@@ -396,25 +379,27 @@ class FrontProtocol(Answers):
             and declared.isdigit()
             and int(declared) > self._endpoint.max_body_bytes
         ):
-            raise Refused(self._closing(self._endpoint.too_large()))
+            raise Refused(Pipeline.closing(self._endpoint.too_large()))
         if "expect" in headers and headers["expect"].lower() == "100-continue":
-            self._after_held(_CONTINUE, False)  # after the answers before it (RFC 9110 10.1.1: a 100 or a final one)
+            self._pipeline.after_held(
+                _CONTINUE, False
+            )  # after the answers before it (RFC 9110 10.1.1: a 100 or a final one)
 
     def on_body(self, body: bytes) -> None:
-        request = self._request
+        request = self.request
         assert request is not None
         if request.kind != RPC:
             return  # nothing else reads a body
         self._body_read += len(body)
         request.size += len(body)
         if request.size > self._endpoint.max_body_bytes:
-            raise Refused(self._closing(self._endpoint.too_large()))
+            raise Refused(Pipeline.closing(self._endpoint.too_large()))
         request.parts.append(body)
 
     def on_message_complete(self) -> None:
-        request = self._request
+        request = self.request
         assert request is not None
-        self._request = None
+        self.request = None
         if request.timer is not None or request.held:
             self._release(request)
         if request.kind == UPGRADE:
@@ -423,12 +408,12 @@ class FrontProtocol(Answers):
         if self._front.stopping:
             request.keep_alive = False
         self._kept_alive = request.keep_alive
-        if self._holds():
-            self._held.append(request)
+        if self._pipeline.holds():
+            self._pipeline.held.append(request)
             return
         self._dispatch(request)
 
-    def _make_held(self, request: Request) -> None:
+    def make_held(self, request: Request) -> None:
         self._dispatch(request)
         self._learnable = None  # made after its read: Front.learn is for a request and its own read
 
@@ -437,52 +422,30 @@ class FrontProtocol(Answers):
             parts = request.parts
             self._rpc(request, parts[0] if len(parts) == 1 else b"".join(parts))
         else:
-            self._answer(request, self._routes.answer(request.method, request.path, request.headers))
+            self._pipeline.answer(request, self._routes.answer(request.method, request.path, request.headers))
 
     # --- answers out --------------------------------------------------------------------------
 
     def _rpc(self, request: Request, body: bytes) -> None:
         """A JSON-RPC request's answer: `request` is read, never changed (a replayed head's is shared)."""
         headers = request.headers
-        if "content-encoding" in headers:
-            try:
-                plain = decoded_body(body, headers["content-encoding"], self._endpoint.max_body_bytes)
-            except zlib.error:
-                self._answer(
-                    request,
-                    error_reply(
-                        JsonRpcError(
-                            INVALID_REQUEST, "request body: not valid in its Content-Encoding", http_status=400
-                        ),
-                        NO_CHARGE,
-                    ),
-                )
-                return
-            if plain is None:
-                self._answer(request, self._closing(self._endpoint.too_large()))
-                return
-            body = plain
-        network, key = request.target  # type: ignore[misc]
         endpoint = self._endpoint
         # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
         prebuilt = (
             request.keep_alive and not self._routes.access_log and ("connection" not in headers or not request.http10)
         )
-        answer = endpoint.serve(key or key_of(key, headers), network, headers, body, request.path)
+        answer = self._routes.rpc(request, body)
         if type(answer) is PaidHit:  # a memory hit, needing neither gzip nor CORS headers
             if prebuilt:
-                if endpoint.open_mode:
-                    self._prebuilt(False, (answer.length, answer.body))
-                else:
-                    self._prebuilt(True, answer)
+                self._pipeline.prebuilt(answer, endpoint.open_mode)
                 self._learnable = request
                 return
             answer = endpoint.hit_reply(answer)
         elif prebuilt and len(body) <= MAX_REPLAY_BYTES and not isinstance(answer, Reply):
             self._learnable = request  # a miss: its head, kept alive with no log line, is as a hit's
-        self._answer(request, answer)
+        self._pipeline.answer(request, answer)
 
-    def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
+    def encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it."""
         if request.kind == RPC and self._routes.access_log:
             log_front_request(self._endpoint.gateway, self._routes.trusted_header, self._peer, request, reply)
@@ -490,40 +453,33 @@ class FrontProtocol(Answers):
 
     def _last(self, reply: Reply) -> None:
         """The connection's last answer: nothing more is read from it."""
-        request = self._request
+        request = self.request
         if request is not None:
             self._release(request)
-            self._request = None
-        self._done = True
-        self._pause()
+            self.request = None
         reply.close = True
-        fake = request or Request()
-        self._after_held(*self._encoded(fake, reply))
+        self._pipeline.last(*self.encoded(request or Request(), reply))
 
     # --- a WebSocket upgrade: handed to aiohttp ------------------------------------------------
 
     def _upgrade(self, rest: bytes) -> None:
         request = self._upgrading
         assert request is not None
-        self._pause()
-        self._handover = request_head(request, self._parser.get_http_version()) + rest
-        if not self._waiting and not self._held:
-            self._hand_over()
+        self._pipeline.pause()
+        self._pipeline.handover = request_head(request, self._parser.get_http_version()) + rest
+        if not self._pipeline.waiting and not self._pipeline.held:
+            self.hand_over()
 
-    def _hand_over(self) -> None:
-        transport, data = self._transport, self._handover
-        assert data is not None
-        self._done = True
+    def hand_over(self) -> None:
+        transport, data = self._pipeline.handed_over()
         self._front.connections.discard(self)
-        if self._idle is not None:
-            self._idle.cancel()
         if transport is None:
             return
         handler = self._front.make_handler()
         self._delegate = handler
         transport.set_protocol(handler)
         handler.connection_made(transport)
-        if self._write_paused:  # the transport calls its resume_writing next: it must have paused
+        if self._pipeline.write_paused:  # the transport calls its resume_writing next: it must have paused
             handler.pause_writing()
         transport.resume_reading()
         handler.data_received(data)

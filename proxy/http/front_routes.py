@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import re
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
+from proxy.http.compression import decoded_body
 from proxy.http.endpoint import (
+    NO_CHARGE,
     RPC_PATH,
     Headers,
     Pending,
@@ -23,9 +26,10 @@ from proxy.http.endpoint import (
     fallback_reply,
     key_of,
 )
+from proxy.http.wire import Request
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.service import Service
-from proxy.values import Reply
+from proxy.values import PaidHit, Reply
 
 # aiohttp's routes: /v3/{api_key} (and /v3, /v3/) before /{network}/v3/{api_key}: the network is lazy.
 _RPC = re.compile(r"(?:/([^/]+))??/v3(?:/([^/]*))?")
@@ -68,6 +72,25 @@ class FrontRoutes:
         """(network, key in the path) of a JSON-RPC POST path; None for any other path."""
         match = _RPC.fullmatch(path)
         return None if match is None else (match[1], match[2])
+
+    def rpc(self, request: Request, body: bytes) -> PaidHit | Reply | Pending:
+        """A JSON-RPC POST's answer (RpcEndpoint.serve), its body decoded from its Content-Encoding first."""
+        headers, endpoint = request.headers, self.endpoint
+        if "content-encoding" in headers:
+            try:
+                plain = decoded_body(body, headers["content-encoding"], endpoint.max_body_bytes)
+            except zlib.error:
+                error = JsonRpcError(
+                    INVALID_REQUEST, "request body: not valid in its Content-Encoding", http_status=400
+                )
+                return error_reply(error, NO_CHARGE)
+            if plain is None:
+                reply = endpoint.too_large()
+                reply.close = True
+                return reply
+            body = plain
+        network, key = request.target  # type: ignore[misc]
+        return endpoint.serve(key or key_of(key, headers), network, headers, body, request.path)
 
     def answer(self, method: str, path: str, headers: Headers) -> Reply | Pending:
         """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves)."""

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from proxy.http.endpoint import NO_CHARGE, error_reply
 from proxy.http.wire import Request
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
-from proxy.values import Reply
+from proxy.values import PaidHit, Reply
 
 log = logging.getLogger("proxy.front")
 
@@ -64,144 +64,180 @@ class Server(Protocol):
     def date(self, loop_now: float) -> bytes: ...
 
 
-class Answers(asyncio.Protocol):
+class Reader(Protocol):
+    """What a pipeline asks of the connection whose answers it writes (front.FrontProtocol)."""
+
+    request: Request | None  # the request being read, from its first byte to its last
+
+    def encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]: ...
+
+    def hand_over(self) -> None: ...
+
+    def make_held(self, request: Request) -> None: ...
+
+
+class Pipeline:
     """A connection's answers, written in request order (HTTP/1.1 pipelining), its reading paused
-    while too many wait or while the transport's buffer is full, and its idle deadline."""
+    while too many wait or while the transport's buffer is full, the requests read meanwhile held
+    back until then, and its idle deadline. Its connection (the Reader) reads; this writes."""
 
-    _front: Server
-    _loop: asyncio.AbstractEventLoop
-    _transport: asyncio.Transport | None
-    _request: Request | None
-    _waiting: deque[Waiting]
-    _held: deque[Held]
-    _idle: asyncio.TimerHandle | None
-    _active_at: float
-    _done: bool
-    _read_paused: bool
-    _write_paused: bool
-    _unsent: int  # bytes its client had not taken at the last idle check (unsent_bytes)
-    _handover: bytes | None
+    def __init__(self, reader: Reader, front: Server, loop: asyncio.AbstractEventLoop) -> None:
+        self._reader = reader
+        self._front = front
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.waiting: deque[Waiting] = deque()
+        self.held: deque[Held] = deque()
+        self.idle: asyncio.TimerHandle | None = None
+        self.active_at = 0.0
+        self.done = False  # answered for the last time: nothing more is read
+        self.read_paused = False
+        self.write_paused = False
+        self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
+        self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
 
-    def _encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
-        raise NotImplementedError
+    def opened(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        if self._front.stopping:
+            transport.close()
+            return
+        self.active_at = self._loop.time()
+        self.idle = self._loop.call_later(KEEPALIVE_TIMEOUT, self.idle_out)
 
-    def _hand_over(self) -> None:
-        raise NotImplementedError
+    def lost(self, orphans: set[asyncio.Task[None]]) -> None:
+        """The connection is gone: answers still being made finish unwritten (Front.shutdown waits for
+        them as `orphans`), and nothing more is held."""
+        self.transport = None
+        self.done = True
+        if self.idle is not None:
+            self.idle.cancel()
+        for item, _close in self.waiting:
+            if not isinstance(item, bytes) and not item.done():
+                orphans.add(item)
+                item.add_done_callback(orphans.discard)
+        self.waiting.clear()
+        self.held.clear()
 
-    def _make_held(self, request: Request) -> None:
-        raise NotImplementedError
+    def handed_over(self) -> tuple[asyncio.Transport | None, bytes]:
+        """Its transport and the upgrade's bytes, for aiohttp: nothing more is answered here."""
+        data = self.handover
+        assert data is not None
+        self.done = True
+        if self.idle is not None:
+            self.idle.cancel()
+        return self.transport, data
 
     def pause_writing(self) -> None:
-        self._write_paused = True
-        self._pause()
+        self.write_paused = True
+        self.pause()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        self._active_at = self._loop.time()  # its client reads: the connection is not idle
-        if self._waiting or self._go_on():  # with answers being made, the last one goes on (_flush)
-            self._resume()
+        self.write_paused = False
+        self.active_at = self._loop.time()  # its client reads: the connection is not idle
+        if self.waiting or self._go_on():  # with answers being made, the last one goes on (_flush)
+            self.resume()
 
     def _go_on(self) -> bool:
         """Nothing waits to be written: the requests held back are made, then a pending handover is
         done. Whether the connection reads on (False: answers are being made, a request is still held,
         or aiohttp has it)."""
-        if self._held:
+        if self.held:
             self._run_held()
-            if self._held or self._waiting:
+            if self.held or self.waiting:
                 return False
-        if self._handover is not None:
-            self._hand_over()
+        if self.handover is not None:
+            self._reader.hand_over()
             return False
         return True
 
-    def _holds(self) -> bool:
+    def holds(self) -> bool:
         """Whether a request read now waits to be made: its client reads none of the answers already
         written (the transport's buffer is full), MAX_WAITING are being made, or others wait before it.
         Reading is paused then, but llhttp goes on through the rest of the read: without this, one
         read of small requests for a large answer made thousands of answers nobody read."""
-        return bool(self._held) or self._write_paused or len(self._waiting) >= MAX_WAITING
+        return bool(self.held) or self.write_paused or len(self.waiting) >= MAX_WAITING
 
     def _run_held(self) -> None:
         """The requests held back, made in order while their answers can go out."""
-        held = self._held
-        transport = self._transport
+        held = self.held
+        transport = self.transport
         # Not `_done`: that is also a last answer decided (a refusal queued behind these), not yet sent.
         while (
             held
-            and not self._write_paused
-            and len(self._waiting) < MAX_WAITING
+            and not self.write_paused
+            and len(self.waiting) < MAX_WAITING
             and transport is not None
             and not transport.is_closing()
         ):
             item = held.popleft()
             if isinstance(item, Request):
-                self._make_held(item)
+                self._reader.make_held(item)
             else:
-                self._send(*item)
+                self.send(*item)
         if transport is None or transport.is_closing():
             held.clear()
 
-    def _pause(self) -> None:
-        if not self._read_paused and self._transport is not None:
-            self._read_paused = True
-            self._transport.pause_reading()
+    def pause(self) -> None:
+        if not self.read_paused and self.transport is not None:
+            self.read_paused = True
+            self.transport.pause_reading()
 
-    def _resume(self) -> None:
+    def resume(self) -> None:
         if (
-            self._read_paused
-            and self._transport is not None
-            and not self._write_paused
-            and not self._done
-            and self._handover is None
-            and not self._held
-            and len(self._waiting) < MAX_WAITING // 2
+            self.read_paused
+            and self.transport is not None
+            and not self.write_paused
+            and not self.done
+            and self.handover is None
+            and not self.held
+            and len(self.waiting) < MAX_WAITING // 2
         ):
-            self._read_paused = False
-            self._transport.resume_reading()
+            self.read_paused = False
+            self.transport.resume_reading()
 
     def stop(self) -> None:
         """Shutting down: closed now when idle, else once its answers are written."""
-        if (self._request is None or not self._request.kind) and not self._waiting and not self._held:
+        if (self._reader.request is None or not self._reader.request.kind) and not self.waiting and not self.held:
             self.abort()
 
     def abort(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        if self.transport is not None:
+            self.transport.close()
 
-    def _idle_out(self) -> None:
+    def idle_out(self) -> None:
         """KEEPALIVE_TIMEOUT after the last head completed or answer was written (or its client last
         read), with no request in progress: closed. A client that reads none of its answers for as
         long is dropped with what it was not sent, whatever waits: a close would keep those bytes
         until it reads them, which it may never do. One timer per connection, moved on when it fires."""
-        request = self._request
-        transport = self._transport
+        request = self._reader.request
+        transport = self.transport
         unsent = unsent_bytes(transport) if transport is not None else 0
         if unsent and unsent < self._unsent:  # its client reads, slowly (a large answer): not idle
-            self._active_at = self._loop.time()
+            self.active_at = self._loop.time()
         self._unsent = unsent
-        left = self._active_at + KEEPALIVE_TIMEOUT - self._loop.time()
-        if not self._write_paused and (self._waiting or (request is not None and request.kind)):
+        left = self.active_at + KEEPALIVE_TIMEOUT - self._loop.time()
+        if not self.write_paused and (self.waiting or (request is not None and request.kind)):
             left = KEEPALIVE_TIMEOUT  # busy: its body and its answers have deadlines of their own
         if left > 0:
-            self._idle = self._loop.call_later(left, self._idle_out)
+            self.idle = self._loop.call_later(left, self.idle_out)
             return
-        self._idle = None
+        self.idle = None
         if transport is not None and unsent:
-            self._done = True
-            self._held.clear()
+            self.done = True
+            self.held.clear()
             drop(transport)
         else:
             self.abort()
 
-    def _answer(self, request: Request, reply: Reply | Any) -> None:
+    def answer(self, request: Request, reply: Reply | Any) -> None:
         if isinstance(reply, Reply):
-            self._send(*self._encoded(request, reply))
+            self.send(*self._reader.encoded(request, reply))
             return
         entry: Waiting = [None, False]
         entry[0] = self._loop.create_task(self._awaited(request, reply, entry))
-        self._waiting.append(entry)
-        if len(self._waiting) >= MAX_WAITING:
-            self._pause()
+        self.waiting.append(entry)
+        if len(self.waiting) >= MAX_WAITING:
+            self.pause()
 
     async def _awaited(self, request: Request, pending: Any, entry: Waiting) -> None:
         """The answer's bytes, written into its `entry`, and written out at once when every answer
@@ -214,57 +250,63 @@ class Answers(asyncio.Protocol):
         finally:
             # Cancelled: Front.shutdown cancels only the answers of clients gone, and those are not
             # written (nor logged); one cancelled otherwise still answers, so none behind it waits forever.
-            if reply is not None or self._transport is not None:
+            if reply is not None or self.transport is not None:
                 if reply is None:
                     reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
-                entry[0], entry[1] = self._encoded(request, reply)
-                waiting = self._waiting
+                entry[0], entry[1] = self._reader.encoded(request, reply)
+                waiting = self.waiting
                 if waiting and waiting[0] is entry:
                     self._flush()
 
-    def _prebuilt(self, paid: bool, values: tuple[object, ...]) -> None:
+    def prebuilt(self, hit: PaidHit, open_mode: bool) -> None:
         """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
         front = self._front
         now = self._loop.time()
         if now >= front.renew_at:
             front.date(now)
-        data = (front.paid_answer if paid else front.open_answer) % values
-        transport = self._transport
-        if self._waiting or transport is None:
-            self._send(data, False)
+        data = front.open_answer % (hit.length, hit.body) if open_mode else front.paid_answer % hit
+        transport = self.transport
+        if self.waiting or transport is None:
+            self.send(data, False)
             return
         transport.write(data)
-        if front.stopping and not self._held:
+        if front.stopping and not self.held:
             self.abort()
         else:
-            self._active_at = now
+            self.active_at = now
 
-    def _after_held(self, data: bytes, close: bool) -> None:
+    def last(self, data: bytes, close: bool) -> None:
+        """The connection's last answer (a refusal): nothing more is read, and it follows the others."""
+        self.done = True
+        self.pause()
+        self.after_held(data, close)
+
+    def after_held(self, data: bytes, close: bool) -> None:
         """An answer made while reading (an interim 100, a refusal): behind the requests held back, if any."""
-        if self._held:
-            self._held.append((data, close))
+        if self.held:
+            self.held.append((data, close))
         else:
-            self._send(data, close)
+            self.send(data, close)
 
-    def _send(self, data: bytes, close: bool) -> None:
+    def send(self, data: bytes, close: bool) -> None:
         """An answer, written now when nothing before it waits, else queued behind."""
-        if self._waiting:
-            self._waiting.append([data, close])
+        if self.waiting:
+            self.waiting.append([data, close])
             return
-        transport = self._transport
+        transport = self.transport
         if transport is None:
             return
         transport.write(data)
         if close:
-            self._done = True
+            self.done = True
             transport.close()
-        elif self._request is None:
+        elif self._reader.request is None:
             self._idle_or_stop()
 
     def _flush(self) -> None:
         """Answers that are ready, written in request order (by the task whose answer was first)."""
-        waiting = self._waiting
-        transport = self._transport
+        waiting = self.waiting
+        transport = self.transport
         while waiting and transport is not None:
             item, close = waiting[0]
             if not isinstance(item, bytes):
@@ -272,23 +314,23 @@ class Answers(asyncio.Protocol):
             waiting.popleft()
             transport.write(item)
             if close:
-                self._done = True
+                self.done = True
                 waiting.clear()
                 transport.close()
                 return
         if not self._go_on():
             return
-        self._resume()
-        if self._request is None:
+        self.resume()
+        if self._reader.request is None:
             self._idle_or_stop()
 
     def _idle_or_stop(self) -> None:
-        if self._front.stopping and not self._held:
+        if self._front.stopping and not self.held:
             self.abort()
         else:
-            self._active_at = self._loop.time()
+            self.active_at = self._loop.time()
 
     @staticmethod
-    def _closing(reply: Reply) -> Reply:
+    def closing(reply: Reply) -> Reply:
         reply.close = True
         return reply

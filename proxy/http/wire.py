@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Mapping
 from http import HTTPStatus
 
-from proxy.http.endpoint import NO_CHARGE, error_reply
+from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.values import Reply
 
@@ -61,7 +61,27 @@ class Request:
         self.http10 = False  # HTTP/1.0: a kept-alive answer says so (read once its head is complete)
         self.started = 0.0
         self.held = 0  # bytes of the body budget it holds
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None  # BODY_TIMEOUT's, while its body arrives
+
+    def hold_body(self, budget: BodyBudget, limit: int) -> bool:
+        """Its share of the body budget while its body arrives: its declared length, else the limit."""
+        declared = self.headers.get("content-length")
+        held = int(declared) if declared is not None and declared.isdigit() else limit
+        if not budget.take(held):
+            return False
+        self.held = held
+        return True
+
+    def release_body(self, budget: BodyBudget) -> bool:
+        """Its share given back and its timer stopped; whether a timer ran (it was counted in flight)."""
+        if self.held:
+            budget.give(self.held)
+            self.held = 0
+        timer, self.timer = self.timer, None
+        if timer is None:
+            return False
+        timer.cancel()
+        return True
 
 
 def encoded_answer(reply: Reply, request: Request, date: bytes) -> tuple[bytes, bool]:
