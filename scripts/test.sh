@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need (system packages including chromium, a virtualenv, Anvil, cast, solc,
-# ethers, viem and puppeteer-core from npm) and runs lint, type checks and the whole test suite.
+# ethers, viem and puppeteer-core from npm) and runs lint, type checks, the docs site's strict build and the
+# whole test suite.
 # Safe to run again: each step skips what is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,15 +14,15 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # the real-browser 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} (Debian packages)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  $SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test,fast]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,fast,docs]'
 
 if [ ! -x .tools/node_modules/.bin/anvil ] || [ ! -x .tools/node_modules/.bin/solcjs ] \
    || [ ! -d .tools/node_modules/ethers ] || [ ! -d .tools/node_modules/viem ] \
@@ -32,7 +33,11 @@ if [ ! -x .tools/node_modules/.bin/anvil ] || [ ! -x .tools/node_modules/.bin/so
 fi
 export ANVIL_BIN="$PWD/.tools/node_modules/.bin/anvil"
 
-.venv/bin/ruff check proxy tests bench
-.venv/bin/ruff format --check proxy tests bench
+.venv/bin/ruff check proxy tests bench scripts
+.venv/bin/ruff format --check proxy tests bench scripts
 .venv/bin/mypy
+# The documentation site: a broken link or anchor fails here (mkdocs.yml turns them into warnings, --strict into errors).
+site_dir=$(mktemp -d)
+.venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"
+rm -rf "$site_dir"
 .venv/bin/pytest "$@"

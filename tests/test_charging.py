@@ -94,7 +94,7 @@ async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Pat
         call = {"jsonrpc": "2.0", "id": 7, "method": "eth_estimateGas", "params": [{"from": "0x" + "11" * 20}]}
         status, reply, headers = await proxy.post(call, key="alice")
         assert status == 504 and reply["error"]["code"] == -32002
-        cost = METHOD_CREDITS["eth_estimateGas"]  # the credits table (README "Limits and credits")
+        cost = METHOD_CREDITS["eth_estimateGas"]  # the credits table (docs/keys-and-credits.md)
         assert headers["X-Credits-Charged"] == str(cost) and headers["X-Credits-Remaining"] == str(10_000 - cost)
         assert proxy.metric("rpc_proxy_credits_charged_total", method="eth_estimateGas") == cost
     finally:

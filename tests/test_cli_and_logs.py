@@ -164,7 +164,7 @@ def test_sigterm_logs_the_shutdown_and_when_the_drain_is_over(anvil: Anvil, tmp_
 
 
 def test_settings_come_from_dotenv_under_the_environment(tmp_path: Path) -> None:
-    # The shipped .env.example, copied to .env as README says; the environment overrides two of it.
+    # The shipped .env.example, copied to .env as docs/configuration/index.md says; the environment overrides two of it.
     shutil.copy(ROOT / ".env.example", tmp_path / ".env")
     port = free_port()
     env = clean_env(PROXY_PORT=str(port), LOG_FORMAT="json")  # .env says 8545 and text

@@ -13,13 +13,13 @@ from proxy.credits.accounts import derived_name
 from tests.support import ROOT
 
 
-def test_every_setting_is_documented_in_env_example_and_readme() -> None:
+def test_every_setting_is_documented_in_env_example_and_the_settings_reference() -> None:
     env_example = (ROOT / ".env.example").read_text()
-    readme = (ROOT / "README.md").read_text()
+    reference = (ROOT / "docs/configuration/settings.md").read_text()
     for option in OPTIONS:
         assert re.search(rf"^#? ?{option.env}=", env_example, re.M), f"{option.env} missing from .env.example"
-        assert f"`{option.env}`" in readme, f"{option.env} missing from README.md"
-        assert f"`{option.flag}`" in readme, f"{option.flag} missing from README.md"
+        assert f"`{option.env}`" in reference, f"{option.env} missing from docs/configuration/settings.md"
+        assert f"`{option.flag}`" in reference, f"{option.flag} missing from docs/configuration/settings.md"
 
 
 def test_defaults_apply_when_only_an_upstream_is_set() -> None:

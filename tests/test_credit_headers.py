@@ -1,4 +1,4 @@
-"""Which responses carry which credit headers (README "Limits and credits"): every answer to a call
+"""Which responses carry which credit headers (docs/keys-and-credits.md): every answer to a call
 carries X-Credits-Charged and X-Credits-Remaining; a request refused before any balance is looked at
 (wrong path, wrong HTTP method, a body refused unread, a server too busy) carries
 X-Credits-Charged: 0 alone, since it was charged nothing and named no balance to show."""

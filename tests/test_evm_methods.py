@@ -97,7 +97,7 @@ async def test_uncle_by_block_hash_and_index_is_null_when_there_is_no_uncle(anvi
 
 async def test_everyday_methods_are_forwarded(anvil: Anvil, evm_proxy: Proxy) -> None:
     assert await evm_proxy.result("eth_chainId", []) == "0x7a69"
-    await evm_proxy.head_at(anvil.mine(3))  # eth_blockNumber is the tracker's head (README "Caching")
+    await evm_proxy.head_at(anvil.mine(3))  # eth_blockNumber is the tracker's head (docs/caching.md)
     assert await evm_proxy.result("eth_blockNumber", []) == hex(anvil.block_number())
     balance = await evm_proxy.result("eth_getBalance", [DEV_ACCOUNT, "latest"])
     assert int(balance, 16) > 0

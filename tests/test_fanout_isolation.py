@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
 from tests.ws_client import connect, silent_socket
 
-VICTIM_BOUND = 1.5  # seconds: another key's calls while a busy block is fanned out (see README for figures)
+VICTIM_BOUND = 1.5  # seconds: another key's calls while a busy block is fanned out (figures in docs/benchmarks.md)
 DAILY = str(10**12)  # enough for every notification of these blocks
 
 

@@ -1,4 +1,4 @@
-"""Credits exact through every fault (README "Limits and credits"): a stalled, emptied or lost ledger
+"""Credits exact through every fault (docs/keys-and-credits.md): a stalled, emptied or lost ledger
 Redis, workers and replicas that have or have not seen a key, a journal directory that cannot be used,
 calls that cross midnight, and the balance every replica and the operator CLI show."""
 
@@ -412,7 +412,7 @@ async def test_every_replica_shows_the_spent_balance_and_keys_usage_bills_from_i
     tmp_path: Path,
 ) -> None:
     daily = 1_000_000
-    tolerance = daily // 100  # README: within 1% of the daily balance (or one call)
+    tolerance = daily // 100  # docs/keys-and-credits.md: within 1% of the daily balance (or one call)
     path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": daily})
     env.update(CREDITS_REDIS_TIMEOUT="0.3", CREDITS_REDIS_FAILURES="1")
     first, second = await start_proxy(settings_for(**env)), await start_proxy(settings_for(**env))

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 BOUND = 8 * 2**20
 # Allocator slack beside 1.3x the bound: pymalloc arenas and glibc heap pages left partly used by
 # eviction, and the two processes' different high-water marks of transient buffers. Measured
-# differences are in README ("What the bound covers"); this leaves room for a noisy host.
+# differences are in docs/caching.md ("What the in-process bound covers"); this leaves room for a noisy host.
 ALLOWANCE = 4 * 2**20
 
 
@@ -37,7 +37,7 @@ async def test_150k_small_answers_hold_no_more_rss_than_the_bound() -> None:
 async def test_2000_answers_of_100_kb_hold_no_more_rss_than_the_bound() -> None:
     # Two answers at a time: with batches of 10, two at once, the processes' transient buffers (1 MB
     # a batch) reached different high-water marks from run to run: 7.5-17 MiB "held" on a busy host
-    # against 8.7-9.6 MiB this way (README, "What the in-process bound covers").
+    # against 8.7-9.6 MiB this way (docs/caching.md, "What the in-process bound covers").
     [(bounded, baseline)] = await fill_side_by_side(BOUND, [(lambda: map(big_call, range(2_000)), 2, 1)])
     assert 60 < bounded.entries <= BOUND // 100_000
     assert_held_within_the_bound(bounded, baseline)

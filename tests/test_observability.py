@@ -234,7 +234,7 @@ async def test_sigterm_lets_an_in_flight_request_complete_and_closes_websockets(
 
 
 def test_the_recommended_redis_eviction_policy_is_documented() -> None:
-    assert "maxmemory-policy allkeys-lru" in (ROOT / "README.md").read_text()
+    assert "maxmemory-policy allkeys-lru" in (ROOT / "docs/caching.md").read_text()
 
 
 def test_per_call_lines_are_logged_only_with_access_log() -> None:

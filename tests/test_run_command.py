@@ -1,4 +1,4 @@
-"""The README's run command, as an operator runs it: a real process in front of a real Anvil."""
+"""The run command (README.md, docs/quickstart.md), as an operator runs it: a real process in front of a real Anvil."""
 
 from __future__ import annotations
 

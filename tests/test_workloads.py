@@ -4,7 +4,7 @@ Each workload runs small through the proxy, and every request is sent to Anvil t
 (the chain holds still meanwhile): every answer must equal the node's, call by call. The caching outcomes
 asserted here are only those of methods cached by their spec rule (eth_getLogs, eth_getBlockReceipts and
 eth_call at final blocks), which do not depend on timing; the savings on the other reads are the
-benchmark's to measure (`python -m bench.workloads`, figures in README "Workloads").
+benchmark's to measure (`python -m bench.workloads`, figures in docs/benchmarks.md "Workloads").
 """
 
 from __future__ import annotations
