@@ -24,6 +24,7 @@ from proxy.rpc.jsonrpc import (
 )
 from proxy.rpc.methods import MethodPolicy
 from proxy.upstream.pool import PerUpstream
+from proxy.upstream.sending import too_large
 from proxy.values import Answer, Plan
 
 # Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
@@ -346,7 +347,9 @@ class Asker:
                 retried = await self.ask(
                     net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
                 )
-            except JsonRpcError:
+            except JsonRpcError as error:
+                if too_large(error):
+                    raise  # asked again, the node would send it again
                 retried = None
             if retried is not None and retried.proof is None and (not _not_found(retried) or retried.unbatched):
                 return retried, "unverified"  # a node that takes no batches shows nothing: served, never kept

@@ -101,7 +101,11 @@ class PartsBuilder:
         )
         # The node's WebSocket: relayed subscriptions (both families) and pushed heads (EVM).
         relay = (
-            UpstreamSocket(net.name, net.ws_upstreams, timeout=settings.upstream_timeout) if net.ws_upstreams else None
+            UpstreamSocket(
+                net.name, net.ws_upstreams, timeout=settings.upstream_timeout, max_message=settings.max_response_bytes
+            )
+            if net.ws_upstreams
+            else None
         )
         if net.family != "evm":
             tracker = SolanaSlotTracker(

@@ -1,14 +1,22 @@
 """A fault-injecting HTTP relay in front of a real node: wrong ids, duplicate ids, partial batches,
 HTTP 500/413/429, slow answers, injected errors. Faults are queued and each applies to the next
 requests that match it (by method, by batch or not), then runs out; `times=None` never runs out.
+
+BombRelay is its hostile sibling on a raw socket (aiohttp's server cannot frame an answer that ends
+with the connection): it relays like FaultRelay, and a bomb armed for matching requests answers
+with a gzip bomb or hundreds of MB (chunked, until close, or declared), streamed lazily so the
+test holds none of it, and stopped as soon as the proxy drops the connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,3 +168,156 @@ class FaultRelay:
                 if call.get("method") == "eth_getLogs" and isinstance(item.get("result"), list) and item["result"]:
                     item["result"] = item["result"][:-1]
         return web.json_response(reply)
+
+
+BOMBS = ("gzip", "chunked", "close", "declared")
+BOMB_BYTES = 300 * 2**20  # what a size bomb would send, were it read whole
+GZIP_INFLATED = 400 * 2**20  # what the gzip bomb inflates to
+STREAM_CHUNK = 256 * 1024
+Calls = list[dict[str, Any]]
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """About 400 KB of gzip that inflates to 400 MB of a JSON-RPC answer (made once, in ~2 s)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = b"0" * 2**20
+    parts = [packer.compress(b'{"jsonrpc":"2.0","id":1,"result":"0x')]
+    parts += [packer.compress(zeros) for _ in range(GZIP_INFLATED // len(zeros))]
+    parts += [packer.compress(b'"}'), packer.flush()]
+    return b"".join(parts)
+
+
+@dataclass
+class Bomb:
+    kind: str  # one of BOMBS
+    match: Callable[[Calls, bool], bool]  # (the request's calls, is it a batch) -> bomb it?
+    times: int = 1
+
+
+@dataclass
+class Request:
+    calls: Calls
+    is_batch: bool
+    arrived: float
+    bomb: str | None = None  # the bomb that answered it
+    bomb_sent: int = 0  # bytes of it written before the proxy dropped the connection
+    exploded: bool = False  # the bomb is written, or the proxy dropped it: bomb_sent is final
+
+    def has(self, method: str, first_param: Any = None) -> bool:
+        return any(
+            c.get("method") == method and (first_param is None or (c.get("params") or [None])[0] == first_param)
+            for c in self.calls
+        )
+
+
+@dataclass
+class BombRelay:
+    target: str
+    bombs: list[Bomb] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    url: str = ""
+    _server: asyncio.Server | None = None
+    _session: aiohttp.ClientSession | None = None
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+
+    def arm(self, kind: str, match: Callable[[Calls, bool], bool], times: int = 1) -> None:
+        assert kind in BOMBS, kind
+        self.bombs.append(Bomb(kind, match, times))
+
+    def bombed(self) -> list[Request]:
+        return [r for r in self.requests if r.bomb is not None]
+
+    def asking(self, method: str, first_param: Any = None) -> list[Request]:
+        """The requests that held a call of `method` (with that first parameter, if given)."""
+        return [r for r in self.requests if r.has(method, first_param)]
+
+    async def start(self) -> BombRelay:
+        self._session = aiohttp.ClientSession()
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/"
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in self._writers:
+                writer.close()
+            await self._server.wait_closed()
+        if self._session is not None:
+            await self._session.close()
+
+    def _take(self, calls: Calls, is_batch: bool) -> str | None:
+        for bomb in self.bombs:
+            if bomb.match(calls, is_batch):
+                bomb.times -= 1
+                if bomb.times <= 0:
+                    self.bombs.remove(bomb)
+                return bomb.kind
+        return None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                body = await reader.readexactly(length)
+                payload = json.loads(body)
+                is_batch = isinstance(payload, list)
+                calls = [c for c in (payload if is_batch else [payload]) if isinstance(c, dict)]
+                request = Request(calls, is_batch, time.monotonic())
+                self.requests.append(request)
+                request.bomb = self._take(calls, is_batch)
+                if request.bomb is not None:
+                    request.bomb_sent = await self._explode(writer, request.bomb)
+                    request.exploded = True
+                    break
+                assert self._session is not None
+                async with self._session.post(
+                    self.target, data=body, headers={"Content-Type": "application/json"}
+                ) as response:
+                    reply = await response.read()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(reply), reply)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _explode(self, writer: asyncio.StreamWriter, kind: str) -> int:
+        """Write bomb `kind` until it is all sent or the proxy drops the connection: the bytes sent."""
+        json_head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        if kind == "gzip":
+            packed = gzip_bomb()
+            writer.write(json_head + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(packed))
+            return await self._stream(
+                writer, [packed[i : i + STREAM_CHUNK] for i in range(0, len(packed), STREAM_CHUNK)]
+            )
+        framing = {
+            "chunked": b"Transfer-Encoding: chunked\r\n",
+            "close": b"Connection: close\r\n",
+            "declared": b"Content-Length: %d\r\n" % BOMB_BYTES,
+        }[kind]
+        writer.write(json_head + framing + b"\r\n")
+        zeros = b"0" * STREAM_CHUNK
+        piece = b"%x\r\n%s\r\n" % (len(zeros), zeros) if kind == "chunked" else zeros
+        return await self._stream(writer, (piece for _ in range(BOMB_BYTES // STREAM_CHUNK)))
+
+    @staticmethod
+    async def _stream(writer: asyncio.StreamWriter, pieces: Any) -> int:
+        sent = 0
+        try:
+            for piece in pieces:
+                if writer.is_closing():
+                    break
+                writer.write(piece)
+                await writer.drain()
+                sent += len(piece)
+        except (ConnectionError, OSError):
+            pass
+        return sent

@@ -156,7 +156,7 @@ class FaultyBatches(HttpUpstream):
     """An upstream whose batch path fails with a plain exception (a bug, not a node error)."""
 
     async def _batch_items(
-        self, calls: Any, *, auto: bool, timeout: float | None, observed: int
+        self, calls: Any, *, auto: bool, timeout: float | None, observed: int, bound: int
     ) -> tuple[list[Any] | None, float, int]:
         raise RuntimeError("broken batch path")
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from proxy.upstream.http_client import ClientFault, HostPool, TooLarge
+from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 
 Answer = Callable[[bytes], bytes]  # a request's bytes -> the raw answer (b"" closes at once)
 BODY = b'{"jsonrpc":"2.0","id":1,"result":"0x1"}'
+LIMIT = 1024 * 1024  # every post names its bound
 
 
 def framed(body: bytes = BODY, extra: bytes = b"") -> bytes:
@@ -64,19 +65,19 @@ async def test_answers_reuse_one_kept_alive_connection_and_each_new_one_is_repor
     connected: list[int] = []
     client = pool(url, connected)
     for _ in range(3):
-        assert (await client.post(b"{}", 5)).body == BODY
+        assert (await client.post(b"{}", 5, LIMIT)).body == BODY
     assert served.connections == 1 and len(connected) == 1
     assert served.requests[0].startswith(b"POST /path?k=1 HTTP/1.1\r\n")
     assert b"Authorization: Basic dXNlcjpzZWNyZXQ=\r\n" in served.requests[0]  # user:secret, as aiohttp sent it
     served.close_after = True  # and says so
     served.answer = lambda _r: framed(BODY, b"Connection: close\r\n")
-    await client.post(b"{}", 5)
-    await client.post(b"{}", 5)
+    await client.post(b"{}", 5, LIMIT)
+    await client.post(b"{}", 5, LIMIT)
     assert served.connections == 2 and len(connected) == 2
     client.close()
 
 
-async def test_chunked_gzip_and_until_close_answers_are_read_whole(node: tuple[Node, str]) -> None:
+async def test_chunked_and_until_close_answers_are_read_whole(node: tuple[Node, str]) -> None:
     served, url = node
     client = pool(url)
     served.answer = lambda _r: (
@@ -86,13 +87,27 @@ async def test_chunked_gzip_and_until_close_answers_are_read_whole(node: tuple[N
         + BODY[5:]
         + b"\r\n0\r\n\r\n"
     )
-    assert (await client.post(b"{}", 5)).body == BODY
-    packed = gzip.compress(BODY)
-    served.answer = lambda _r: framed(packed, b"Content-Encoding: gzip\r\n")
-    assert (await client.post(b"{}", 5)).body == BODY
+    assert (await client.post(b"{}", 5, LIMIT)).body == BODY
+    served.answer = lambda _r: framed(BODY, b"Content-Encoding: identity\r\n")
+    assert (await client.post(b"{}", 5, LIMIT)).body == BODY
     served.close_after = True
     served.answer = lambda _r: b"HTTP/1.0 200 OK\r\n\r\n" + BODY
-    assert (await client.post(b"{}", 5)).body == BODY
+    assert (await client.post(b"{}", 5, LIMIT)).body == BODY
+    client.close()
+
+
+async def test_only_identity_is_asked_and_an_encoded_answer_is_refused_at_its_headers(node: tuple[Node, str]) -> None:
+    """The rule: the client asks `Accept-Encoding: identity` and never inflates; an answer in gzip or
+    deflate (a few hundred KB may inflate to gigabytes) is refused, its connection dropped unread."""
+    served, url = node
+    connected: list[int] = []
+    client = pool(url, connected)
+    for encoding in (b"gzip", b"deflate", b"br"):
+        served.answer = lambda _r, e=encoding: framed(gzip.compress(BODY), b"Content-Encoding: %s\r\n" % e)
+        with pytest.raises(Unreadable):
+            await client.post(b"{}", 5, LIMIT)
+    assert b"\r\nAccept-Encoding: identity\r\n" in served.requests[0]
+    assert len(connected) == 3  # each refused answer's connection was dropped
     client.close()
 
 
@@ -102,15 +117,15 @@ async def test_a_partial_answer_a_timeout_and_a_refused_connection_are_faults(no
     served.close_after = True
     served.answer = lambda _r: framed()[:-5]  # the connection ends five bytes short
     with pytest.raises(ClientFault) as fault:
-        await client.post(b"{}", 5)
+        await client.post(b"{}", 5, LIMIT)
     assert not fault.value.unsent
     served.answer = lambda _r: b""  # never answers (the connection stays open)
     served.close_after = False
     with pytest.raises(TimeoutError):
-        await client.post(b"{}", 0.2)
+        await client.post(b"{}", 0.2, LIMIT)
     refused = pool("http://127.0.0.1:9/")
     with pytest.raises(ClientFault) as fault:
-        await refused.post(b"{}", 5)
+        await refused.post(b"{}", 5, LIMIT)
     assert fault.value.unsent
     client.close()
 
@@ -126,6 +141,9 @@ async def test_an_answer_over_the_limit_is_refused_declared_or_as_it_arrives(nod
     with pytest.raises(TooLarge):
         await client.post(b"{}", 5, limit=10)
     assert (await client.post(b"{}", 5, limit=len(BODY))).body == BODY
+    served.answer = lambda _r: b"HTTP/1.1 200 OK\r\nX-Endless: " + b"a" * 200_000 + b"\r\n\r\n" + BODY
+    with pytest.raises(TooLarge):  # a head that never ends counts against the bound too
+        await client.post(b"{}", 5, limit=10)
     client.close()
 
 
@@ -138,7 +156,7 @@ async def test_a_connection_begun_beside_a_post_in_flight_is_not_alone_though_th
     _, url = node
     alone: list[bool] = []
     client = HostPool(url, limit=2, idle_timeout=30.0, on_connect=alone.append)
-    await client.post(b"{}", 5)  # the first connection, opened alone; idle now
+    await client.post(b"{}", 5, LIMIT)  # the first connection, opened alone; idle now
     loop = asyncio.get_running_loop()
     connect, first_done = loop.create_connection, asyncio.Event()
 
@@ -147,8 +165,8 @@ async def test_a_connection_begun_beside_a_post_in_flight_is_not_alone_though_th
         return await connect(*args, **kwargs)
 
     monkeypatch.setattr(loop, "create_connection", slow_connect)
-    first = asyncio.create_task(client.post(b"{}", 5))  # takes the idle connection
-    second = asyncio.create_task(client.post(b"{}", 5))  # opens another beside it
+    first = asyncio.create_task(client.post(b"{}", 5, LIMIT))  # takes the idle connection
+    second = asyncio.create_task(client.post(b"{}", 5, LIMIT))  # opens another beside it
     assert (await first).body == BODY
     first_done.set()
     assert (await second).body == BODY

@@ -22,6 +22,7 @@ from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import BlockRef
 from proxy.upstream.pool import Upstream
+from proxy.upstream.sending import too_large
 from proxy.upstream.standing import ChainIdentity, UpstreamStates
 from proxy.values import Answer
 from proxy.workers.shared_polls import SharedPolls, aligned_delay
@@ -152,7 +153,9 @@ class Asker:
         if self._singles_left <= 0:
             try:
                 return await self._upstream.batch(calls)
-            except JsonRpcError:
+            except JsonRpcError as error:
+                if too_large(error):
+                    raise  # the node would send the same answers again, one by one: this poll fails
                 self._singles_left = self.SINGLES_FOR
         self._singles_left -= 1
         return list(await asyncio.gather(*(self._upstream.request(m, p) for m, p in calls)))

@@ -20,6 +20,7 @@ from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.streams.fanout import LogBatch
 from proxy.streams.subscriptions import Relay, Relayed, Session, Subscription, spawn
 from proxy.upstream.pool import Upstream
+from proxy.upstream.sending import too_large
 from proxy.values import Answer
 
 log = logging.getLogger("proxy.head_feed")
@@ -278,7 +279,7 @@ class EvmFeed:
             else ("eth_getBlockByNumber", [hex(n), False])
             for n in numbers
         ]
-        answers = await self._upstream.batch(calls)
+        answers = await self._read(calls)
         headers = []
         for n, answer in zip(numbers, answers, strict=True):
             header = _result(answer)
@@ -290,8 +291,22 @@ class EvmFeed:
             headers.append(header)
         return headers
 
+    async def _read(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        """One batch, each reply read under MAX_RESPONSE_BYTES counted whole. A catch-up's batch (up to
+        CATCH_UP blocks, their logs on a busy chain tens of MB) too large as a whole is read again in
+        halves, each bounded alike; one block's own reply too large fails the read (FeedError, logged)."""
+        try:
+            return await self._upstream.batch(calls)
+        except JsonRpcError as error:
+            if not too_large(error):
+                raise
+            if len(calls) == 1:
+                raise FeedError(f"{error.message} (raise MAX_RESPONSE_BYTES to read it)") from None
+        half = len(calls) // 2
+        return [*await self._read(calls[:half]), *await self._read(calls[half:])]
+
     async def _logs(self, hashes: list[str]) -> list[list[dict[str, Any]]]:
-        answers = await self._upstream.batch([("eth_getLogs", [{"blockHash": h}]) for h in hashes])
+        answers = await self._read([("eth_getLogs", [{"blockHash": h}]) for h in hashes])
         out = []
         for block_hash, answer in zip(hashes, answers, strict=True):
             logs = _result(answer)

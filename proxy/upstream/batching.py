@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.upstream.sending import too_large
 from proxy.values import Answer
 
 Single = Callable[[str, Any, float | None], Awaitable[Answer]]
@@ -109,7 +110,9 @@ class AutoBatcher:
                 try:
                     answers = await self._together([(m, p, b) for m, p, _, b in group])
                 except JsonRpcError as error:
-                    if error.http_status == 504:  # timed out: asking again, one by one, would only wait longer
+                    if error.http_status == 504 or too_large(error):
+                        # Timed out: asking again, one by one, would only wait longer. Too large as a
+                        # whole (its bound is the batch's): the node would send it all again.
                         raise
                     # The batch failed as a whole (a 413 for its size, a 5xx): each call is asked
                     # alone, so only a call that fails by itself fails.

@@ -22,7 +22,15 @@ from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.budget import Budget, BudgetBook, Slot
 from proxy.upstream.replies import batch_problem, proof_call, proof_hash, single_problem
 from proxy.upstream.selection import Selector
-from proxy.upstream.sending import DEFAULT_ROUTING, Failed, Routing, Sender
+from proxy.upstream.sending import (
+    DEFAULT_MAX_REPLY,
+    DEFAULT_ROUTING,
+    PROOF_HEADER_BYTES,
+    Failed,
+    Routing,
+    Sender,
+    too_large,
+)
 from proxy.upstream.standing import UpstreamStates
 from proxy.values import Answer
 
@@ -109,7 +117,7 @@ class HttpUpstream(Sender):
         batch_max: int = 1,
         batch_max_bytes: int = 1024 * 1024,
         attempt_timeout: float | None = None,
-        max_reply_bytes: int | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY,
         routing: Routing = DEFAULT_ROUTING,
     ) -> None:
         super().__init__(
@@ -165,11 +173,13 @@ class HttpUpstream(Sender):
         started = time.perf_counter()
         slot = await self._place(index, timeout)  # a provider counts these too
         try:
-            reply = await self._post_in(slot, index, body, timeout)
+            reply = await self._post_in(slot, index, body, timeout, self._max_reply)
             problem = single_problem(reply, sent)
             if problem is not None:
                 raise Failed("mismatch", problem)
         except Failed as failure:
+            if failure.kind == "too_large":
+                raise self.too_large_error(failure.detail) from None  # the call's fault, not the node's
             if failure.kind == "connect":
                 self.states.lost(index)
             if failure.kind == "rate_limited":
@@ -203,8 +213,8 @@ class HttpUpstream(Sender):
         try:
             [answer] = await self._with_proofs([(method, params, block)])
         except JsonRpcError as error:
-            if error.http_status == 504:  # timed out: asking again alone would only wait longer
-                raise
+            if error.http_status == 504 or too_large(error):
+                raise  # timed out, asking again alone would only wait longer; too large, the node sends it again
             # A node that refuses batches (an HTTP 429 or 413 to them, an error reply) answers the
             # call alone, unproven (proof None), as the auto-batcher's groups do (batching.py).
             return await self._single(method, params, None)
@@ -230,10 +240,13 @@ class HttpUpstream(Sender):
         count = len(calls)
         for block in blocks:
             sent.append(proof_call(block))
+        bound = self._max_reply + len(blocks) * PROOF_HEADER_BYTES  # the batch counted whole
         if index is None:
-            items, seconds, index = await self._batch_items(sent, auto=True, timeout=timeout, observed=count)
+            items, seconds, index = await self._batch_items(
+                sent, auto=True, timeout=timeout, observed=count, bound=bound
+            )
         else:
-            items, seconds = await self._batch_to(index, sent, timeout or self._timeout)
+            items, seconds = await self._batch_to(index, sent, timeout or self._timeout, bound)
         if items is None:
             # A node that does not take batches: each call asked alone, unproven (proof None). A header
             # asked alone would prove nothing of the call: a load balancer may send them to different members.
@@ -267,18 +280,26 @@ class HttpUpstream(Sender):
         [answer] = await self._with_proofs([(method, params, block)], index=index, timeout=timeout)
         return answer
 
-    async def _batch_to(self, index: int, calls: Sequence[tuple[str, Any]], timeout: float) -> tuple[list[Any], float]:
+    async def _batch_to(
+        self,
+        index: int,
+        calls: Sequence[tuple[str, Any]],
+        timeout: float,
+        bound: int,
+    ) -> tuple[list[Any], float]:
         """One batch to upstream `index` alone (a retry elsewhere must still be one node's answers):
-        its reply items in the calls' order, and its latency."""
+        its reply items in the calls' order, and its latency; its reply read under `bound` bytes."""
         body, ids = self._batch_body(calls)
         started = time.perf_counter()
         slot = await self._place(index, timeout)
         try:
-            reply = await self._post_in(slot, index, body, timeout)
+            reply = await self._post_in(slot, index, body, timeout, bound)
             problem = batch_problem(reply, ids)
             if problem is not None or not isinstance(reply, list):
                 raise Failed("mismatch", problem or "batch refused")
         except Failed as failure:
+            if failure.kind == "too_large":
+                raise self.too_large_error(failure.detail) from None
             self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE,
@@ -296,7 +317,9 @@ class HttpUpstream(Sender):
         return answers
 
     async def together(self, calls: Sequence[tuple[str, Any]]) -> list[Answer] | None:
-        items, seconds, index = await self._batch_items(calls, auto=False, timeout=None, observed=len(calls))
+        items, seconds, index = await self._batch_items(
+            calls, auto=False, timeout=None, observed=len(calls), bound=self._max_reply
+        )
         return None if items is None else [Answer.from_response(item, seconds, index) for item in items]
 
     async def _batch_items(
@@ -306,13 +329,14 @@ class HttpUpstream(Sender):
         auto: bool,
         timeout: float | None,
         observed: int,
+        bound: int,
     ) -> tuple[list[Any] | None, float, int]:
         """One batch's reply items in the calls' order (None: the node refused batches), its latency
-        and the upstream that answered. `auto`: each of the first `observed` calls is observed under
-        its own method, with its batch's latency."""
+        and the upstream that answered; its reply read under `bound` bytes, counted whole. `auto`: each
+        of the first `observed` calls is observed under its own method, with its batch's latency."""
         body, ids = self._batch_body(calls)
         reply, seconds, index = await self._send(
-            body, None if auto else "batch", timeout, lambda r: batch_problem(r, ids), hedge=auto
+            body, None if auto else "batch", timeout, lambda r: batch_problem(r, ids), bound, hedge=auto
         )
         if not isinstance(reply, list):
             return None, seconds, index

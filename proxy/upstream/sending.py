@@ -18,7 +18,7 @@ from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_REQUEST, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.upstream.budget import Budget, Slot
-from proxy.upstream.http_client import ClientFault, HostPool, TooLarge
+from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.replies import REACHED_KINDS, REQUEST_FAULT_STATUSES, rate_limited, retry_after
 from proxy.upstream.selection import Selector
 from proxy.upstream.standing import UpstreamStates
@@ -26,6 +26,20 @@ from proxy.upstream.standing import UpstreamStates
 log = logging.getLogger("proxy.upstream")
 throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so
 Check = Callable[[Any], str | None]  # why a reply does not answer its request, or None
+DEFAULT_MAX_REPLY = 32 * 1024 * 1024  # MAX_RESPONSE_BYTES' default: a pool built without settings is bounded too
+# A proof header (eth_getBlockByNumber, transaction hashes only) beside a call: room for one in its
+# batch's bound, beyond the call's own. A header of 1 MiB lists some 15,000 transactions.
+PROOF_HEADER_BYTES = 1024 * 1024
+
+
+TOO_LARGE = "response size exceeded: the node's answer"  # how Sender.too_large_error begins
+
+
+def too_large(error: JsonRpcError) -> bool:
+    """An upstream call refused because its reply passed its bound (Sender.too_large_error). Never
+    asked again, alone or of another upstream: every node would send it again, and none may be read.
+    (The pool's other -32005, eth_getLogs' query timeout, is told apart by its words.)"""
+    return error.code == LIMIT_EXCEEDED and error.message.startswith(TOO_LARGE)
 
 
 class Failed(Exception):
@@ -72,11 +86,12 @@ class Sender:
         metrics: Metrics,
         cooldown: float,
         attempt_timeout: float | None,
-        max_reply_bytes: int | None,
+        max_reply_bytes: int,
         routing: Routing,
     ) -> None:
         self.network = network
-        # A reply declared larger than this is not read: no client may be sent it (MAX_RESPONSE_BYTES).
+        # Every reply is read under a bound: this one for a call, this one for a batch counted whole
+        # (plus PROOF_HEADER_BYTES a proof header), so no client may be sent more (MAX_RESPONSE_BYTES).
         self._max_reply = max_reply_bytes
         self._urls = urls
         self._timeout = timeout
@@ -165,7 +180,15 @@ class Sender:
         finally:
             self._waiting -= 1
 
-    async def _post_in(self, slot: Slot, index: int, body: bytes, timeout: float, max_reply: int | None = None) -> Any:
+    def too_large_error(self, detail: str) -> JsonRpcError:
+        """The call's answer passed its bound: refused unread past it, whoever would give it."""
+        return JsonRpcError(
+            LIMIT_EXCEEDED,
+            f"{TOO_LARGE} ({detail}) would pass MAX_RESPONSE_BYTES ({self._max_reply} bytes); ask for less",
+            reached=True,
+        )
+
+    async def _post_in(self, slot: Slot, index: int, body: bytes, timeout: float, max_reply: int) -> Any:
         """The node's reply to `body` (its JSON), within `timeout`, in the budget place `slot`, released
         when it ends: held one window longer if no answer came (timed out, cancelled), as the node may
         still get the request after that. Its failures are Failed, and only here is a client fault one."""
@@ -178,7 +201,13 @@ class Sender:
                 raise Failed("timeout", "timed out") from None
             except TooLarge as exc:
                 answered = True
-                raise Failed("too_large", f"a reply of {exc.size} bytes") from None
+                raise Failed(
+                    "too_large",
+                    f"a reply of {exc.size} bytes" if exc.declared else f"a reply of over {max_reply} bytes",
+                ) from None
+            except Unreadable as exc:
+                answered = True  # refused at its headers: the node sent what it was never asked for
+                raise Failed("invalid", str(exc)) from None
             except ClientFault as exc:
                 answered = True  # it failed at once: nothing is left on its way to the node
                 self._unreachable[index] = True
@@ -244,7 +273,7 @@ class Sender:
         timeout: float,
         check: Check,
         attempts: Attempts,
-        max_reply: int | None = None,
+        max_reply: int,
     ) -> tuple[Any, float]:
         """One upstream's try in the budget `slot` taken for it: the reply and its latency, or Failed (noted)."""
         self._metrics.child(self._metrics.upstream_selected, self.network, str(index)).inc()
@@ -293,7 +322,7 @@ class Sender:
         timeout: float,
         check: Check,
         attempts: Attempts,
-        max_reply: int | None = None,
+        max_reply: int,
     ) -> tuple[Any, float, int] | None:
         """Ask `first`; without an answer after hedge_after, also the next upstream that has budget at
         once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
@@ -335,13 +364,13 @@ class Sender:
         method_label: str | None,
         timeout: float | None,
         check: Check,
-        max_reply: int | None = None,
+        max_reply: int,
         *,
         hedge: bool = False,
         write: bool = False,
     ) -> tuple[Any, float, int]:
-        """Post to upstreams in order until a reply passes `check`; observe its latency under
-        `method_label`. `hedge`: a slow read is also sent to the next upstream. `write`: another
+        """Post to upstreams in order until a reply passes `check`, read under `max_reply` bytes; observe
+        its latency under `method_label`. `hedge`: a slow read is also sent to the next upstream. `write`: another
         upstream is tried only when the first provably never got the call."""
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
@@ -373,12 +402,7 @@ class Sender:
             except Failed as failure:
                 if failure.kind == "too_large":
                     # The answer the caller asked for is too large to send: every node would give it.
-                    raise JsonRpcError(
-                        LIMIT_EXCEEDED,
-                        f"response size exceeded: the node's answer ({failure.detail})"
-                        f" would pass MAX_RESPONSE_BYTES ({self._max_reply} bytes); ask for less",
-                        reached=True,
-                    ) from None
+                    raise self.too_large_error(failure.detail) from None
                 if write and not failure.unsent:
                     break  # the node may have taken the transaction: never send it to another
                 continue

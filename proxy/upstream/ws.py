@@ -52,8 +52,11 @@ class RelayedSubscription:
 
 
 class UpstreamSocket:
-    def __init__(self, network: str, urls: Sequence[str], *, timeout: float) -> None:
+    def __init__(self, network: str, urls: Sequence[str], *, timeout: float, max_message: int) -> None:
         self.network = network
+        # The largest message read from a node (MAX_RESPONSE_BYTES): aiohttp fails a larger one at its
+        # frame header and closes the socket (its subscriptions move to the next upstream).
+        self._max_message = max_message
         self._urls = tuple(urls)
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
@@ -169,8 +172,9 @@ class UpstreamSocket:
                         url,
                         heartbeat=30.0,
                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self._timeout),
-                        max_msg_size=0,
-                    )
+                        max_msg_size=self._max_message,
+                        compress=0,
+                    )  # no permessage-deflate: a message's size is its bytes on the wire
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     log.warning("upstream WebSocket %s#%d failed: %s", self.network, index, type(exc).__name__)
                     failures.append(f"#{index}: {type(exc).__name__}")
