@@ -22,6 +22,7 @@ from proxy.chain.heads import EvmHeadTracker, Head
 from proxy.chain.shown import shown
 from proxy.config import Settings
 from proxy.credits.prices import credits_of
+from proxy.fetching import Fetcher, still_tied, unmined_key
 from proxy.memo import Memo
 from proxy.metrics import HitCells, Metrics
 from proxy.network import NetworkRuntime
@@ -34,7 +35,6 @@ from proxy.rpc.jsonrpc import (
     JsonRpcError,
     dumps,
     invalid_params,
-    loads,
     trimmed,
 )
 from proxy.rpc.methods import (
@@ -122,7 +122,9 @@ class Service:
             timeout=settings.getlogs_timeout,
         )
         self._asker = Asker(settings, metrics, self._logs.check_results)
-        self._integrity = Integrity(metrics, settings.upstream_timeout, cache)
+        self._fetcher = Fetcher(
+            self._asker, Integrity(metrics, settings.upstream_timeout, cache), cache, metrics, self._ttls
+        )
 
     # --- before anything is charged or forwarded ------------------------------------------
 
@@ -300,11 +302,11 @@ class Service:
         plain = not plan.decision.tied_to_answer and not policy.limits_logs
         stored = self._cache.get_memory(key) if plain else await self._cache.get(key)
         if plan.decision.tied_to_answer:
-            if stored is not None and not _still_tied(net, stored[0]):
+            if stored is not None and not still_tied(net, stored[0]):
                 stored = None  # its block was replaced (or is no longer known): ask again
             now_head = tracker.head
             if stored is None and isinstance(now_head, Head) and plan.head is now_head:
-                stored = await self._cache.get(_unmined_key(key, now_head))
+                stored = await self._cache.get(unmined_key(key, now_head))
         if stored is None and policy.limits_logs and isinstance(tracker, EvmHeadTracker):
             stored = await self._logs.from_receipts(tracker, params, plan, policy)
         if stored is not None:
@@ -328,7 +330,7 @@ class Service:
                     self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
                     return Answer.stored(*found), True, False
             try:
-                return *await self._fetch(net, policy, method, params, refs, plan, lock), False
+                return *await self._fetcher.fetch(net, policy, method, params, refs, plan, lock), False
             finally:
                 if lock.token:  # not released with the answer's store (nothing stored, or another key)
                     await self._cache.release(key, lock.token)
@@ -354,68 +356,3 @@ class Service:
         answer = await net.upstream.request(method, params)
         answer = from_trackers.learned(method, params, net.tracker, answer, time.time())
         return Outcome.answered(shown(net.tracker, method, answer, prepared.refs), BYPASS)
-
-    async def _fetch(
-        self,
-        net: NetworkRuntime,
-        policy: MethodPolicy,
-        method: str,
-        params: Any,
-        refs: list[BlockRef],
-        plan: Plan,
-        lock: FillLock,
-    ) -> tuple[Answer, bool]:
-        """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
-        False when the answer could not be tied to the key's block (it is served as BYPASS)."""
-        deadline = self._asker.deadline(policy)
-        answer, doubt = await self._asker.ask_pinned(net, plan.method, plan.forward, policy, plan, deadline)
-        kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
-        if plan.tags_resolved and kind in ("null", "error"):
-            # The node may not know the resolved block yet (it lags the tracker): ask again
-            # with the caller's tag, and keep nothing, since that answer has no fixed block.
-            original = substitute(params, {id(r): r.encode() for r in refs})
-            return await self._asker.ask_as_tag(net, method, original, policy, deadline, plan.need), False
-        if doubt is not None:  # served, never stored
-            self._metrics.uncached_answers.labels(net.name, doubt).inc()
-            return answer, False
-        if plan.unvouched_hash is not None and kind == "ok" and not await self._asker.canonical(net, plan, answer):
-            self._metrics.uncached_answers.labels(net.name, "unverified").inc()
-            return answer, False  # a block hash not shown canonical: served, not kept
-        ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)
-        key = plan.key
-        if plan.decision.tied_to_answer and kind in ("ok", "null"):
-            tracker = net.tracker
-            orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
-            ttl = cp.transaction_ttl(answer.result, tracker.head, orphans, self._ttls)
-            if ttl is None:
-                return answer, False  # its block is not one the tracker vouches for: served, not kept
-            if cp.answer_block(answer.result) is None:
-                # Not yet mined: true of this head only. Kept under the head's key, so the next block
-                # (which may hold it) is asked again at once, whatever is left of the negative TTL.
-                now_head = tracker.head
-                if not isinstance(now_head, Head) or plan.head is not now_head:
-                    return answer, False
-                key = _unmined_key(key, now_head)
-        if ttl == cp.FOREVER and self._integrity.checks(net):
-            doubt, answer = await self._integrity.doubt(net, plan, params, answer)
-            if doubt is not None:  # served, never stored
-                self._metrics.uncached_answers.labels(net.name, doubt).inc()
-                return answer, False
-        if ttl is not None and self._cache.shared is None:
-            self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
-        elif ttl is not None:
-            await self._cache.set(key, (answer.payload, answer.is_error), ttl, lock)  # the lock released too
-        return answer, True
-
-
-def _still_tied(net: NetworkRuntime, payload: bytes) -> bool:
-    """A cached transaction or receipt: is the block it names still final or canonical?"""
-    tracker = net.tracker
-    if not isinstance(tracker, EvmHeadTracker):
-        return False
-    return cp.transaction_servable(loads(payload), tracker.head, tracker.orphans)
-
-
-def _unmined_key(key: str, head: Head) -> str:
-    """Where a not-yet-mined transaction or receipt (null, or pending) is kept: for one head only."""
-    return f"{key}@{head.latest_hash}"

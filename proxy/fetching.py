@@ -1,0 +1,92 @@
+"""A miss: its answer asked of an upstream that has the blocks it depends on (asking.py), checked
+where it is to be kept forever (cache/integrity.py), and kept under its key when it belongs to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.asking import Asker
+from proxy.cache import policy as cp
+from proxy.cache.integrity import Integrity
+from proxy.cache.tiers import FillLock, TieredCache
+from proxy.chain.heads import EvmHeadTracker, Head
+from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
+from proxy.rpc.jsonrpc import loads
+from proxy.rpc.methods import MethodPolicy
+from proxy.rpc.params import BlockRef, substitute
+from proxy.values import Answer, Plan
+
+
+class Fetcher:
+    def __init__(self, asker: Asker, integrity: Integrity, cache: TieredCache, metrics: Metrics, ttls: cp.Ttls) -> None:
+        self._asker = asker
+        self._integrity = integrity
+        self._cache = cache
+        self._metrics = metrics
+        self._ttls = ttls
+
+    async def fetch(
+        self,
+        net: NetworkRuntime,
+        policy: MethodPolicy,
+        method: str,
+        params: Any,
+        refs: list[BlockRef],
+        plan: Plan,
+        lock: FillLock,
+    ) -> tuple[Answer, bool]:
+        """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
+        False when the answer could not be tied to the key's block (it is served as BYPASS)."""
+        deadline = self._asker.deadline(policy)
+        answer, doubt = await self._asker.ask_pinned(net, plan.method, plan.forward, policy, plan, deadline)
+        kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
+        if plan.tags_resolved and kind in ("null", "error"):
+            # The node may not know the resolved block yet (it lags the tracker): ask again
+            # with the caller's tag, and keep nothing, since that answer has no fixed block.
+            original = substitute(params, {id(r): r.encode() for r in refs})
+            return await self._asker.ask_as_tag(net, method, original, policy, deadline, plan.need), False
+        if doubt is not None:  # served, never stored
+            self._metrics.uncached_answers.labels(net.name, doubt).inc()
+            return answer, False
+        if plan.unvouched_hash is not None and kind == "ok" and not await self._asker.canonical(net, plan, answer):
+            self._metrics.uncached_answers.labels(net.name, "unverified").inc()
+            return answer, False  # a block hash not shown canonical: served, not kept
+        ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)
+        key = plan.key
+        if plan.decision.tied_to_answer and kind in ("ok", "null"):
+            tracker = net.tracker
+            orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
+            ttl = cp.transaction_ttl(answer.result, tracker.head, orphans, self._ttls)
+            if ttl is None:
+                return answer, False  # its block is not one the tracker vouches for: served, not kept
+            if cp.answer_block(answer.result) is None:
+                # Not yet mined: true of this head only. Kept under the head's key, so the next block
+                # (which may hold it) is asked again at once, whatever is left of the negative TTL.
+                now_head = tracker.head
+                if not isinstance(now_head, Head) or plan.head is not now_head:
+                    return answer, False
+                key = unmined_key(key, now_head)
+        if ttl == cp.FOREVER and self._integrity.checks(net):
+            doubt, answer = await self._integrity.doubt(net, plan, params, answer)
+            if doubt is not None:  # served, never stored
+                self._metrics.uncached_answers.labels(net.name, doubt).inc()
+                return answer, False
+        if ttl is not None and self._cache.shared is None:
+            self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
+        elif ttl is not None:
+            await self._cache.set(key, (answer.payload, answer.is_error), ttl, lock)  # the lock released too
+        return answer, True
+
+
+def still_tied(net: NetworkRuntime, payload: bytes) -> bool:
+    """A cached transaction or receipt: is the block it names still final or canonical?"""
+    tracker = net.tracker
+    if not isinstance(tracker, EvmHeadTracker):
+        return False
+    return cp.transaction_servable(loads(payload), tracker.head, tracker.orphans)
+
+
+def unmined_key(key: str, head: Head) -> str:
+    """Where a not-yet-mined transaction or receipt (null, or pending) is kept: for one head only."""
+    return f"{key}@{head.latest_hash}"
