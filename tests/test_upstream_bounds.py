@@ -35,8 +35,9 @@ from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.streams.head_feed import EvmFeed, FeedError
+from proxy.upstream.pool import HttpUpstream, Upstream
 from proxy.upstream.ws import UpstreamSocket
-from proxy.values import Answer, HttpUpstream, Upstream
+from proxy.values import Answer
 from tests.fake_evm import FakeEvm
 from tests.fault_relay import BOMB_BYTES, BOMBS, BombRelay, Calls, gzip_bomb
 from tests.memory_fill import ProxyProcess, rss_bytes
