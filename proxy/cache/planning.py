@@ -31,26 +31,8 @@ def plan_call(
     net, method, refs = prepared.network, prepared.call.method, prepared.refs
     tracker = net.tracker
     evm = isinstance(tracker, EvmHeadTracker)
-    # One pass over the block parameters: what the tracker resolves them to, the hashes they name,
-    # the numbers and tags it would not resolve, and whether a tag was resolved.
-    resolved: dict[int, Resolved | None] = {}
-    named: list[str] = []
-    explicit: list[int] = []
-    unresolved_tags: list[str] = []
-    tags_resolved = False
-    for r in refs:
-        found = tracker.resolve(r) if evm else None  # type: ignore[union-attr]
-        if evm:
-            resolved[id(r)] = found
-        if r.hash is not None:
-            named.append(r.hash)
-        if found is None:
-            if r.number is not None:
-                explicit.append(r.number)
-            if r.tag is not None:
-                unresolved_tags.append(r.tag)
-        elif r.tag is not None:
-            tags_resolved = True
+    evm_tracker = tracker if isinstance(tracker, EvmHeadTracker) else None
+    resolved, named, explicit, unresolved_tags, tags_resolved = _resolve(evm_tracker, refs)
     blocks = list(resolved.values())
     if policy.limits_logs:
         logs.check_range(params[0], resolved)
@@ -65,15 +47,7 @@ def plan_call(
     # Hashes the call names: its block hash refs, or a content-addressed method's block hash.
     if policy.cache is CacheClass.CONTENT and params and isinstance(params[0], str):
         named.append(params[0])
-    need = pinning.needed_block(blocks, named, head.numbers if head is not None else {})
-    # A number the tracker would not resolve (a stale head pins nothing unfinalized) is still a
-    # block the answer depends on: a node behind it answers null or an error, not the block.
-    if explicit:
-        need = max(need or 0, *explicit)
-    floor = pinning.tag_floor(unresolved_tags, head)
-    need = floor if need is None else max(need, floor or 0)
-    if decision.per_head and head is not None:
-        need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
+    need = _needed(blocks, named, explicit, unresolved_tags, head, decision.per_head)
     proof, unvouched, proof_pinned = None, None, False
     if evm and isinstance(tracker, EvmHeadTracker):
         numbered = False
@@ -116,6 +90,56 @@ def plan_call(
         unvouched,
         proof_pinned,
     )
+
+
+# What one pass over a call's block parameters finds (a plain tuple: made per miss, unpacked at once):
+# by id(ref) what the tracker resolves it to (EVM), the block hashes the refs name, the numbers and
+# the tags the tracker would not resolve, and whether a tag was turned into a number.
+_Refs = tuple[dict[int, Resolved | None], list[str], list[int], list[str], bool]
+
+
+def _resolve(tracker: EvmHeadTracker | None, refs: list[BlockRef]) -> _Refs:
+    """One pass over a call's block parameters (`tracker` None: not an EVM network)."""
+    resolved: dict[int, Resolved | None] = {}
+    named: list[str] = []
+    explicit: list[int] = []
+    unresolved_tags: list[str] = []
+    tags_resolved = False
+    for r in refs:
+        found = tracker.resolve(r) if tracker is not None else None
+        if tracker is not None:
+            resolved[id(r)] = found
+        if r.hash is not None:
+            named.append(r.hash)
+        if found is None:
+            if r.number is not None:
+                explicit.append(r.number)
+            if r.tag is not None:
+                unresolved_tags.append(r.tag)
+        elif r.tag is not None:
+            tags_resolved = True
+    return resolved, named, explicit, unresolved_tags, tags_resolved
+
+
+def _needed(
+    blocks: list[Resolved | None],
+    named: list[str],
+    explicit: list[int],
+    unresolved_tags: list[str],
+    head: Any,
+    per_head: bool,
+) -> int | None:
+    """The highest block the answer depends on: the answering upstream must have reached it."""
+    need = pinning.needed_block(blocks, named, head.numbers if head is not None else {})
+    # A number the tracker would not resolve (a stale head pins nothing unfinalized) is still a
+    # block the answer depends on: a node behind it answers null or an error, not the block.
+    if explicit:
+        need = max(need or 0, *explicit)
+    floor = pinning.tag_floor(unresolved_tags, head)
+    need = floor if need is None else max(need, floor or 0)
+    if per_head and head is not None:
+        need = max(need or 0, head.latest)  # an answer for this head: from a node that has it
+    return need
 
 
 def _pinned_block(resolved: Any, named: list[str], head: Any) -> tuple[int, str] | None:
