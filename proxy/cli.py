@@ -176,7 +176,7 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
 
     from proxy.credits.accounts import Accounts
     from proxy.credits.journal import read_journals
-    from proxy.credits.leases import ledger_key
+    from proxy.credits.lease_exchange import ledger_key
     from proxy.credits.ledger import day_of
     from proxy.metrics import Metrics
     from proxy.redis_link import RedisLink, RedisUnavailable, connect

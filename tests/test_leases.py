@@ -13,13 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.credits.journal import read_journals
 from proxy.credits.key_lease import KeyLease
-from proxy.credits.leases import (
-    LeasedLedger,
-    ledger_key,
-    outage_ceiling,
-    outage_verdict,
-    untagged_ledger_key,
-)
+from proxy.credits.lease_exchange import ledger_key, untagged_ledger_key
+from proxy.credits.leases import LeasedLedger, outage_ceiling, outage_verdict
 from proxy.credits.ledger import Verdict
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink

@@ -22,7 +22,8 @@ import pytest
 import redis as sync_redis
 
 from proxy.credits.accounts import derived_name
-from proxy.credits.leases import exhausted_key, ledger_key, spent_of
+from proxy.credits.lease_exchange import exhausted_key, ledger_key
+from proxy.credits.leases import spent_of
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.values import Answer
 from tests.support import (

@@ -21,7 +21,8 @@ import redis as sync_redis
 
 from proxy.config import Settings
 from proxy.credits.accounts import derived_name
-from proxy.credits.leases import LeasedLedger, ledger_key
+from proxy.credits.lease_exchange import ledger_key
+from proxy.credits.leases import LeasedLedger
 from proxy.http.app_keys import LEDGER
 from tests.support import ROOT, Anvil, Proxy, RedisServer, eventually, settings_for, start_proxy
 from tests.test_credits import keys_file, storage

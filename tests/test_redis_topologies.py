@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.cache.tiers import RedisTier, shared_keys
 from proxy.credits.accounts import derived_name
-from proxy.credits.leases import LeasedLedger, ledger_key
+from proxy.credits.lease_exchange import ledger_key
+from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger_storage import LedgerStorageError, check_ledger_storage
 from proxy.http.app_keys import LEDGER
 from proxy.metrics import Metrics

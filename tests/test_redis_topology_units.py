@@ -10,7 +10,7 @@ from redis.crc import key_slot
 
 from proxy.cache.tiers import cache_key, shared_keys
 from proxy.config import ConfigError, build_settings
-from proxy.credits.leases import ledger_key, rate_key
+from proxy.credits.lease_exchange import ledger_key, rate_key
 from proxy.logs import redacted
 from proxy.redis_link import SentinelManagedRedis, connect
 from proxy.redis_topology import RedisTopology, slot_tag, topology_of

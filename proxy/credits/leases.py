@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 import uuid
@@ -39,43 +38,19 @@ from typing import Any
 from proxy.credits.exhausted import ExhaustedKeys
 from proxy.credits.journal import Journal
 from proxy.credits.key_lease import KeyLease
-from proxy.credits.lease_script import LEASE_SCRIPT, parse_reply
-from proxy.credits.ledger import DAY_TTL, Debit, Verdict, _judge, day_of
+from proxy.credits.lease_exchange import CREDIT, GIVE_BACK, TOP_UP, LeaseExchange, exhausted_key, ledger_key
+from proxy.credits.ledger import DAY_TTL, Debit, Verdict, _judge
 from proxy.logs import Throttled
 from proxy.redis_link import RedisLink, RedisUnavailable
-from proxy.redis_topology import slot_tag
 
 log = logging.getLogger("proxy.credits")
 # An outage decides every debit in process: one line per interval says so, with the count.
 throttled = Throttled(log, interval=10.0)
 
-_VERDICTS = {1: Verdict.OK, 0: Verdict.EXHAUSTED, -1: Verdict.RATE_LIMITED, -2: Verdict.UNAVAILABLE}
 _OK = Verdict.OK  # read once: an enum member read through its class costs more than the debit
-CREDIT, GIVE_BACK, TOP_UP = 0, 1, 2  # the script's modes
 REPORT_INTERVAL = 1.0  # seconds: a replica that spends reports it at least this often (the shown balance)
 EXHAUSTED_READ_INTERVAL = 1.0  # seconds between reads of the day's exhausted keys
 STALE_GRACE = 3600  # seconds a past day's leases are kept for refunds of calls that crossed midnight
-
-
-def ledger_key(api_key: str, day: int) -> str:
-    """The key's ledger hash for a UTC day. It and the key's per-second windows (`rate_key`) carry
-    the key's name as their hash tag: the script touches both, so a Redis Cluster must hold them in
-    one slot."""
-    return f"rcp:credits:{day_of(day * 86400)}:{slot_tag(api_key)}"
-
-
-def untagged_ledger_key(api_key: str, day: int) -> str:
-    """The ledger hash's name before hash tags (a one-server or Sentinel Redis may still hold it)."""
-    return f"rcp:credits:{day_of(day * 86400)}:{api_key}"
-
-
-def exhausted_key(day: int) -> str:
-    """The set of keys a replica was refused for exhaustion on a UTC day (the outage rule's memory)."""
-    return f"rcp:exhausted:{day_of(day * 86400)}"
-
-
-def rate_key(api_key: str, second: int) -> str:
-    return f"rcp:rate:{slot_tag(api_key)}:{second}"
 
 
 def outage_ceiling(lease: KeyLease, daily: int, *, fail_open: bool, lease_max: int) -> int:
@@ -139,7 +114,6 @@ class LeasedLedger:
         replica: str | None = None,
     ) -> None:
         self._link = link
-        self._script: Any = link.client.register_script(LEASE_SCRIPT)
         self._lease_max = lease_max
         self._lease_seconds = lease_seconds
         self._fail_open = fail_open
@@ -149,11 +123,21 @@ class LeasedLedger:
         self.replica = replica or uuid.uuid4().hex[:12]
         self._journal = Journal(journal_dir, self.replica)
         self._leases: dict[tuple[int, str], KeyLease] = {}
-        self._seqs = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
         self._day_start, self._day_end = 0.0, 0.0  # the hot path's day, as floats: compared with a float clock
         self.exhausted = ExhaustedKeys(link, self._background, day_ttl=DAY_TTL, key_of=exhausted_key)
+        self.exchanges = LeaseExchange(
+            link,
+            self.replica,
+            self._journal,
+            self.exhausted,
+            lambda: any(other.journaled for other in self._leases.values()),
+            lease_max=lease_max,
+            lease_seconds=lease_seconds,
+            monotonic=monotonic,
+        )
+        self._exchange = self.exchanges.exchange
         self.on_new_lease: list[Callable[[KeyLease], None]] = []  # a key's first lease of a day here
 
     # --- debits ---------------------------------------------------------------------------
@@ -321,98 +305,6 @@ class LeasedLedger:
         elif day * 86400 == self._day_start:
             self._today[api_key] = lease
         return lease
-
-    async def _exchange(
-        self,
-        lease: KeyLease,
-        cost: int,
-        *,
-        mode: int,
-        per_second: int | None,
-        now: float,
-        budget: float | None = None,
-    ) -> Verdict | None:
-        """One run of the script (callers hold `lease.lock`); None: no answer within `budget` seconds."""
-        if budget is not None and budget <= 0:
-            return None
-        if mode == GIVE_BACK:
-            lease.allowance = lease.net  # nothing more is spent from this lease meanwhile
-            lease.returning = True
-        args = [
-            self.replica,
-            next(self._seqs),
-            lease.consumed,
-            lease.refunded,
-            cost,
-            mode,
-            lease.daily,
-            self._lease_max,
-            int(now),
-            3 * self._lease_seconds,
-            per_second or 0,
-            lease.allowance,
-            1 if lease.known else 0,
-            DAY_TTL,
-            *lease.peers,
-        ]
-        keys = [lease.key, rate_key(lease.api_key, int(now))]
-        if not self._link.is_cluster:  # no cluster held the untagged names: its keys need one slot
-            keys.append(untagged_ledger_key(lease.api_key, int(now) // 86400))
-        sent_consumed, sent_net, daily = lease.consumed, lease.net, lease.daily
-        try:
-            raw = await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args), timeout=budget)
-        except RedisUnavailable:
-            return None
-        reply = parse_reply(raw)
-        if reply.restored:
-            log.warning(
-                "credits: a key's ledger entry was missing in Redis; rebuilt from this replica's own "
-                "lease and what it last saw of the others"
-            )
-        if reply.allowance > lease.allowance and cost:
-            lease.granted_at = self._mono()
-            lease.low_water = (reply.allowance - lease.net) // 4
-        lease.allowance, lease.others, lease.active = reply.allowance, reply.used - reply.allowance, reply.active
-        lease.others_spent, lease.peers = reply.spent - sent_net, reply.peers
-        lease.reported, lease.reported_at = sent_net, self._mono()
-        lease.known, lease.ceiling, lease.returning = True, None, False
-        if daily != lease.daily and mode != GIVE_BACK:  # granted under a balance a reload replaced meanwhile
-            lease.allowance, lease.returning = lease.net, True
-        if lease.journaled and lease.consumed == sent_consumed:
-            lease.journaled = False
-            if not any(other.journaled for other in self._leases.values()):
-                self._journal.clear()
-        verdict = _VERDICTS[reply.verdict]
-        if verdict is Verdict.OK and cost:
-            self.exhausted.forget(int(now) // 86400, lease.api_key)
-        return verdict
-
-    async def release(self, replica: str, key: str, api_key: str, counters: tuple[int, int], now: float) -> bool:
-        """Give back the lease of a replica that died (a worker's predecessor, handover.py): its allowance
-        shrinks to what it spent, as its last report or journal says. False: Redis did not answer."""
-        consumed, refunded = counters
-        args = [
-            replica,
-            2**50,
-            consumed,
-            refunded,
-            0,
-            GIVE_BACK,
-            0,
-            self._lease_max,
-            int(now),
-            3 * self._lease_seconds,
-            0,
-            0,
-            0,
-            DAY_TTL,
-        ]
-        keys = [key, rate_key(api_key, int(now))]
-        try:
-            await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args))
-        except RedisUnavailable:
-            return False
-        return True
 
     async def sync(self, now: float) -> None:
         """One sweep: journaled debits written back, spending reported, old, idle, past days' leases given back."""

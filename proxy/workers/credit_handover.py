@@ -53,7 +53,7 @@ class Handover:
             released = True
             for key, api_key in sorted(_leased(path)):
                 counters = journals.get(key, {}).get(replica, (0, 0))
-                released = await self._ledger.release(replica, key, api_key, counters, now) and released
+                released = await self._ledger.exchanges.release(replica, key, api_key, counters, now) and released
             if released:
                 log.warning(
                     "credits: gave back the leases of worker replica %s, which exited without doing so", replica
