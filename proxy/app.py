@@ -29,7 +29,7 @@ from proxy.http.cors import Cors
 from proxy.http.endpoint import RpcEndpoint
 from proxy.http.front_routes import Exposition, FrontRoutes
 from proxy.http.listeners import registry_exposition, start_metrics_listener, start_unix_metrics
-from proxy.http.ws import close_websockets, websocket_handler
+from proxy.http.ws import close_websockets, recheck_websockets, websocket_handler
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.network_parts import PartsBuilder
@@ -302,6 +302,7 @@ def create_app(
     app[GATEWAY] = gateway
     app[LEDGER] = stores.ledger
     app[WEBSOCKETS] = set()
+    gateway.reloaded.append(lambda: recheck_websockets(app[WEBSOCKETS]))
     app[STREAMS] = Streams(networks.feeds, networks.relays)
     if stores.link is not None:
         app[REDIS] = stores.link

@@ -133,14 +133,36 @@ class Settings:
         return self.api_keys is None
 
     def daily_credits_for(self, account: str) -> int:
-        """The account's own daily_credits, else DAILY_CREDITS."""
-        config = (self.api_keys or {}).get(account)
+        """The account's own daily_credits, else DAILY_CREDITS; with keys, an account no key names
+        (one a reload removed, still named by a call in flight) has 0: revoking never raises a budget."""
+        if self.api_keys is not None and account not in self.api_keys:
+            return 0
+        config = self.api_keys.get(account) if self.api_keys is not None else None
         return config.daily_credits if config and config.daily_credits else self.daily_credits
 
     def credits_per_second_for(self, account: str) -> int | None:
         """The account's own credits_per_second, else CREDITS_PER_SECOND (None: no limit)."""
         config = (self.api_keys or {}).get(account)
         return config.credits_per_second if config and config.credits_per_second else self.credits_per_second
+
+
+ADMIN_TOKEN_MIN_LENGTH = 16
+ADMIN_TOKEN_MIN_DISTINCT = 8
+
+
+def admin_token_problem(token: str | None) -> str | None:
+    """Why ADMIN_TOKEN cannot guard the admin listener, or None. Printable ASCII without whitespace
+    (a header carries it as it is: a space, or a value padded to the length, would never match),
+    at least 16 characters, at least 8 of them distinct (not `aaaa...` or `abab...`). Pure."""
+    if not token:
+        return "it is not set"
+    if len(token) < ADMIN_TOKEN_MIN_LENGTH:
+        return f"it has fewer than {ADMIN_TOKEN_MIN_LENGTH} characters"
+    if any(not 0x21 <= ord(c) <= 0x7E for c in token):
+        return "it holds whitespace or characters outside printable ASCII"
+    if len(set(token)) < ADMIN_TOKEN_MIN_DISTINCT:
+        return f"it has fewer than {ADMIN_TOKEN_MIN_DISTINCT} distinct characters (too easy to guess)"
+    return None
 
 
 def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
@@ -213,8 +235,10 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     # spec: getLargestAccounts results may be cached up to two hours.
     if values.get("solana_largest_accounts_ttl", 0) > 7200:
         raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")
-    if values.get("admin_port") is not None and len(values.get("admin_token") or "") < 16:
-        raise ConfigError("ADMIN_PORT needs ADMIN_TOKEN, at least 16 characters (the admin listener's bearer token)")
+    if values.get("admin_port") is not None:
+        weak = admin_token_problem(values.get("admin_token"))
+        if weak is not None:  # never the value: it is a secret, even a bad one
+            raise ConfigError(f"ADMIN_PORT needs ADMIN_TOKEN, the admin listener's bearer token: {weak}")
     api_keys = _keys(raw)
     if (
         values.get("workers", 1) > 1

@@ -52,6 +52,10 @@ class UpstreamOptions:
     weight: float = 1.0
     max_rps: float | None = None
     max_concurrency: int | None = None
+    # A provider's rate in compute units: each call weighs its method's cost (default_cost if unlisted).
+    max_units_per_second: float | None = None
+    method_costs: tuple[tuple[str, int], ...] = ()  # pairs, not a dict: the options stay hashable
+    default_cost: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,15 @@ class KeyConfig:
     lists: AllowLists = NO_LISTS  # allowed origins, methods, addresses (allow_lists.py)
 
 
-_UPSTREAM_FIELDS = ("url", "weight", "max_rps", "max_concurrency")
+_UPSTREAM_FIELDS = (
+    "url",
+    "weight",
+    "max_rps",
+    "max_concurrency",
+    "max_units_per_second",
+    "method_costs",
+    "default_cost",
+)
 
 
 def _positive_number(where: str, name: str, value: Any, *, whole: bool = False) -> Any:
@@ -96,10 +108,25 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
                 float(weight),
                 _positive_number(at, "max_rps", entry.get("max_rps")),
                 _positive_number(at, "max_concurrency", entry.get("max_concurrency"), whole=True),
+                *_unit_rate(at, entry),
             )
         )
         urls.append(entry.get("url"))
     return urls, tuple(options)
+
+
+def _unit_rate(at: str, entry: dict[str, Any]) -> tuple[float | None, tuple[tuple[str, int], ...], int]:
+    """An upstream's compute-unit rate: max_units_per_second, method_costs {method = units} and
+    default_cost (units of a method not listed, 1 if not given)."""
+    rate = _positive_number(at, "max_units_per_second", entry.get("max_units_per_second"))
+    costs = entry.get("method_costs", {})
+    if not isinstance(costs, dict):
+        raise ConfigError(f"{at}: method_costs must be a table of method = compute units")
+    checked = {str(m): _positive_number(at, f"method_costs.{str(m)[:40]}", c, whole=True) for m, c in costs.items()}
+    default = _positive_number(at, "default_cost", entry.get("default_cost", 1), whole=True)
+    if rate is None and (checked or "default_cost" in entry):
+        raise ConfigError(f"{at}: method_costs and default_cost need max_units_per_second (the budget in those units)")
+    return rate, tuple(sorted(checked.items())), default
 
 
 def _integrity(where: str, entry: dict[str, Any]) -> tuple[int, bool]:

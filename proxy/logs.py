@@ -49,17 +49,37 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return redacted(orjson.dumps(entry).decode())
+        return redacted(printable(orjson.dumps(entry).decode()))
 
 
-_BARE = re.compile(r'^[^\s="\\]+$')  # a logfmt value that needs no quotes
+# A logfmt value that needs no quotes: printable ASCII but space, `"`, `=` and `\`.
+_BARE = re.compile(r"[\x21\x23-\x3c\x3e-\x5b\x5d-\x7e]+")  # fullmatch: `$` would let a last \n through
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code > 0xFFFF:  # as JSON writes it: a surrogate pair
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
+def printable(encoded: str) -> str:
+    """A JSON text with every character outside printable ASCII as its \\uNNNN escape (orjson escapes
+    only those below 0x20): a client's DEL, C1 control (a terminal's CSI, \\x9b) or any non-ASCII
+    character reaches no log reader raw, and the text still decodes to the same value."""
+    if encoded.isascii() and encoded.isprintable():
+        return encoded
+    return _UNPRINTABLE.sub(_escaped, encoded)
 
 
 def logfmt_value(value: object) -> str:
-    """One logfmt value: bare when it can be, else a double-quoted string with JSON escapes, so a
-    multi-line message or traceback stays on its one line."""
+    """One logfmt value: bare when it is printable ASCII that needs no quotes, else a double-quoted
+    string with JSON escapes (every character outside printable ASCII escaped), so a multi-line
+    message or traceback stays on its one line and no control character reaches a terminal."""
     text = str(value)
-    return text if _BARE.match(text) else orjson.dumps(text).decode()
+    return text if _BARE.fullmatch(text) else printable(orjson.dumps(text).decode())
 
 
 class TextFormatter(logging.Formatter):

@@ -156,7 +156,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "ADMIN_TOKEN",
-        "bearer token every admin request must carry (required with ADMIN_PORT; at least 16 characters; never logged)",
+        "bearer token every admin request must carry (required with ADMIN_PORT; at least 16 "
+        "printable ASCII characters, no whitespace, at least 8 distinct; never logged)",
     ),
     Option(
         "UPSTREAM_BATCH_MAX_BYTES",

@@ -1,8 +1,10 @@
 """SIGHUP: the keys file (API_KEYS_FILE, with API_KEYS as started) read again, allow-lists included.
 
-Requests in flight and open connections are untouched: the new keys apply from the next request (a
-WebSocket keeps the account it opened with). A file that no longer parses is refused whole, with an
-ERROR line, and the keys in force stay; so is a reload that would switch between open mode and keys.
+Requests in flight are untouched: the new keys, lists and terms apply from the next request, on open
+WebSockets too. An open WebSocket whose key was removed, or whose secret changed, is refused at once:
+its subscriptions end with an error notification and it is closed (1008, ws.py). A file that no
+longer parses is refused whole, with an ERROR line, and the keys in force stay; so is a reload that
+would switch between open mode and keys.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """A relay in a process of its own that writes each request's arrival and departure times
-(CLOCK_MONOTONIC, the same clock in every process) to a file, one request a line: what a provider's
+(CLOCK_MONOTONIC, the same clock in every process), its JSON-RPC calls (a batch's length, else 1)
+and their methods to a file, one request a line: what a provider's
 meter sees, undisturbed by the test's own event loop. `DELAY` (seconds, default 0) holds each
 request that long before it is answered. `python -m tests.arrivals_relay TARGET PORT FILE [DELAY]`."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 
@@ -26,7 +28,9 @@ def main(target: str, port: int, path: str, delay: float) -> None:
         await asyncio.sleep(delay)
         async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as response:
             answer = await response.read()
-        log.write(f"{arrived} {time.monotonic()}\n")
+        parsed = json.loads(body)
+        methods = [c.get("method", "?") for c in (parsed if isinstance(parsed, list) else [parsed])]
+        log.write(f"{arrived} {time.monotonic()} {len(methods)} {','.join(methods)}\n")
         return web.Response(body=answer, content_type="application/json")
 
     app = web.Application()

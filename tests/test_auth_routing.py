@@ -63,7 +63,9 @@ async def test_open_mode_accepts_any_key(anvil: Anvil) -> None:
         await proxy.close()
 
 
-async def test_network_is_chosen_by_host_then_path_then_method_family(tmp_path: Path, solana: FakeSolana) -> None:
+async def test_network_is_chosen_by_declared_host_then_path_then_host_label_then_method_family(
+    tmp_path: Path, solana: FakeSolana
+) -> None:
     main_node, side_node = Anvil(), Anvil("--chain-id", "5")
     networks = tmp_path / "networks.toml"
     networks.write_text(
@@ -79,12 +81,22 @@ async def test_network_is_chosen_by_host_then_path_then_method_family(tmp_path: 
         # Path prefix.
         status, body, _ = await proxy.post(CHAIN_ID, network="goerli")
         assert body["result"] == "0x5"
-        # Host header: its first label names a network, or a declared host name matches; it wins over the path.
+        # Host header: its first label names a network, or a declared host name matches.
         for host in ("goerli.rpc.example.com", "rpc.goerli.example"):
             _, body, _ = await proxy.post(CHAIN_ID, headers={"Host": host})
             assert body["result"] == "0x5", host
+        # The path names the network explicitly: a first label (any client may send any Host) is only
+        # a guess and never overrides it; a host the operator declared in `hosts` still does.
         _, body, _ = await proxy.post(CHAIN_ID, network="mainnet", headers={"Host": "goerli.rpc.example.com"})
+        assert body["result"] == "0x7a69"
+        _, body, _ = await proxy.post(CHAIN_ID, network="goerli", headers={"Host": "mainnet.cheap.example"})
         assert body["result"] == "0x5"
+        _, body, _ = await proxy.post(CHAIN_ID, network="mainnet", headers={"Host": "rpc.goerli.example"})
+        assert body["result"] == "0x5"
+        ws_url = f"ws://127.0.0.1:{proxy.server.port}/mainnet/ws/v3/test-key"
+        async with proxy.session.ws_connect(ws_url, headers={"Host": "goerli.rpc.example.com"}) as ws:
+            await ws.send_json(CHAIN_ID)
+            assert (await ws.receive_json(timeout=10))["result"] == "0x7a69"
         # An unknown path network is a clear 404.
         status, body, _ = await proxy.post(CHAIN_ID, network="nope")
         assert status == 404 and "unknown network" in body["error"]["message"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, build_settings
-from proxy.upstream.budget import Budget, BudgetBook
+from proxy.upstream.budget import Budget, BudgetBook, UnitRate
 from proxy.upstream.replies import RETRY_AFTER_MAX, rate_limited, retry_after
 from proxy.upstream.selection import SCORE_HALF_LIFE, Scores, Selector
 from proxy.upstream.shared_window import SharedWindow
@@ -110,6 +110,79 @@ class TestBudget:
         for start in taken:
             assert sum(1 for t in taken if start <= t < start + 1.0 + WINDOW_MARGIN) <= 10
         assert len(taken) >= 30  # and the budget is used: about 10 per window
+
+    @pytest.mark.parametrize("shared", [False, True])
+    def test_each_call_of_a_batch_is_a_place_as_the_provider_meters_it(self, shared: bool, tmp_path: Path) -> None:
+        clock = Clock()
+        window = SharedWindow(str(tmp_path / "budget.window")) if shared else None
+        budget = Budget(10, None, window=window, clock=clock)
+        taken: list[tuple[float, int]] = []
+        sizes = [1, 3, 7, 2, 5]
+        for step in range(400):  # 4 s in 10 ms steps: requests of several calls, whenever there is room
+            clock.now = 100.0 + step * 0.01
+            calls = sizes[len(taken) % len(sizes)]
+            slot = budget.try_take(("eth_call",) * calls)
+            if slot is not None:
+                budget.release(slot)
+                taken.append((clock.now, calls))
+        for start, _ in taken:
+            assert sum(n for t, n in taken if start <= t < start + 1.0 + WINDOW_MARGIN) <= 10
+        assert sum(n for _, n in taken) >= 30
+
+    def test_max_concurrency_counts_calls_in_flight(self) -> None:
+        budget = Budget(None, 4, clock=Clock())
+        batch = budget.try_take(("eth_call",) * 3)
+        assert batch is not None and budget.in_flight == 3
+        assert budget.try_take(("eth_call",) * 2) is None and budget.try_take() is not None
+        budget.release(batch)
+        assert budget.try_take(("eth_call",) * 3) is not None
+
+    def test_a_request_larger_than_the_budget_goes_only_once_nothing_else_is_counted(self) -> None:
+        clock = Clock()
+        budget = Budget(5, None, clock=clock)
+        small = budget.try_take()
+        assert small is not None and budget.try_take(("eth_call",) * 8) is None
+        budget.release(small)
+        clock.now += 1.0 + WINDOW_MARGIN + 0.001
+        large = budget.try_take(("eth_call",) * 8)
+        assert large is not None and budget.limits.room == 5  # auto-batches are cut to 5 (batching.py)
+
+    @pytest.mark.parametrize("shared", [False, True])
+    def test_a_unit_rate_weighs_each_call_by_its_method_cost(self, shared: bool, tmp_path: Path) -> None:
+        clock = Clock()
+        units = UnitRate(100, {"eth_getLogs": 75, "eth_call": 26}, default=10)
+        window, units_window = (
+            (SharedWindow(str(tmp_path / "w")), SharedWindow(str(tmp_path / "u"))) if shared else (None, None)
+        )
+        budget = Budget(50, None, clock=clock, units=units, window=window, units_window=units_window)
+        logs = budget.try_take(("eth_getLogs",))
+        assert logs is not None and logs.units == 75
+        assert budget.try_take(("eth_call",)) is None  # 75 + 26 > 100 units, though 2 calls < 50
+        assert budget.in_flight == 1  # the refused request's call place went back
+        assert budget.try_take(("eth_chainId", "eth_blockNumber")) is not None  # 10 + 10 units
+        budget.release(logs)
+        clock.now += 1.0 + WINDOW_MARGIN + 0.001
+        assert budget.try_take(("eth_call",) * 3) is not None  # 78 units, the window moved on
+
+    def test_upstream_tables_carry_a_unit_rate_and_refuse_costs_without_one(self, tmp_path: Path) -> None:
+        path = tmp_path / "networks.toml"
+        path.write_text(
+            '[networks.main]\nfamily = "evm"\nupstreams = [{url = "http://127.0.0.1:1", '
+            "max_units_per_second = 330, method_costs = {eth_getLogs = 75}, default_cost = 20}]\n"
+        )
+        (network,) = build_settings({"NETWORKS_FILE": str(path)}).networks
+        options = network.options_of(0)
+        assert (options.max_units_per_second, options.method_costs, options.default_cost) == (
+            330,
+            (("eth_getLogs", 75),),
+            20,
+        )
+        path.write_text(
+            '[networks.main]\nfamily = "evm"\nupstreams = [{url = "http://127.0.0.1:1", '
+            "method_costs = {eth_getLogs = 75}}]\n"
+        )
+        with pytest.raises(ConfigError, match="need max_units_per_second"):
+            build_settings({"NETWORKS_FILE": str(path)})
 
     def test_workers_count_in_one_shared_window_so_together_they_stay_within_it(self, tmp_path: Path) -> None:
         clock = Clock()

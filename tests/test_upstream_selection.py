@@ -27,14 +27,19 @@ from tests.test_workers import Running, _answers, _ready, _start, _stop
 def _networks_file(tmp_path: Path, upstreams: list[Any], name: str = "evm", **fields: Any) -> str:
     lines = [f"[networks.{name}]", 'family = "evm"']
     lines += [f"{name} = {json.dumps(value)}" for name, value in fields.items()]
-    entries = [
-        json.dumps(u) if isinstance(u, str) else "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in u.items()) + "}"
-        for u in upstreams
-    ]
+    entries = [json.dumps(u) if isinstance(u, str) else _inline_table(u) for u in upstreams]
     lines.append(f"upstreams = [{', '.join(entries)}]")
     path = tmp_path / "networks.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+def _inline_table(table: dict[str, Any]) -> str:
+    return (
+        "{"
+        + ", ".join(f"{k} = {_inline_table(v) if isinstance(v, dict) else json.dumps(v)}" for k, v in table.items())
+        + "}"
+    )
 
 
 async def _proxy(tmp_path: Path, upstreams: list[Any], **fields: Any) -> Proxy:
@@ -242,6 +247,15 @@ def _most_in_one_second(arrivals: list[float]) -> int:
     return max((sum(1 for t in ordered if start <= t < start + 1.0) for start in ordered), default=0)
 
 
+def _most_calls_in_one_second(requests: list[tuple[float, float, int]]) -> int:
+    """The most JSON-RPC calls arriving in any one second, as a provider meters them."""
+    return max((sum(n for t, _, n in requests if start <= t < start + 1.0) for start, _, _ in requests), default=0)
+
+
+def _most_calls_in_flight(requests: list[tuple[float, float, int]]) -> int:
+    return max((sum(n for a, d, n in requests if a <= start < d) for start, _, _ in requests), default=0)
+
+
 def _most_in_flight(spans: list[tuple[float, float]]) -> int:
     return max((sum(1 for a, d in spans if a <= start < d) for start, _ in spans), default=0)
 
@@ -260,8 +274,16 @@ class Meter:
 
     def spans(self) -> list[tuple[float, float]]:
         """Each request answered so far: (arrival, departure)."""
+        return [(a, d) for a, d, _ in self.requests()]
+
+    def requests(self) -> list[tuple[float, float, int]]:
+        """Each request answered so far: (arrival, departure, its JSON-RPC calls)."""
+        return [(a, d, len(methods)) for a, d, methods in self.methods()]
+
+    def methods(self) -> list[tuple[float, float, list[str]]]:
+        """Each request answered so far: (arrival, departure, its calls' methods)."""
         text = self._file.read_text() if self._file.exists() else ""
-        return [(float(a), float(d)) for a, d in (line.split() for line in text.splitlines())]
+        return [(float(a), float(d), m.split(",")) for a, d, _n, m in (line.split() for line in text.splitlines())]
 
     def arrivals(self) -> list[float]:
         return [a for a, _ in self.spans()]
@@ -307,6 +329,81 @@ async def test_a_budget_is_never_exceeded_as_the_provider_sees_it_under_a_burst_
         assert len(spans) >= calls
         assert _most_in_one_second([a for a, _ in spans]) <= budget.get("max_rps", len(spans))
         assert _most_in_flight(spans) <= budget.get("max_concurrency", len(spans))
+    finally:
+        code, log = await _stop(running)
+        meter.stop()
+        assert code == 0, log
+
+
+@pytest.mark.parametrize(("budget", "delay"), [({"max_rps": 20}, 0.0), ({"max_concurrency": 6}, 0.1)])
+async def test_a_budget_counts_calls_not_requests_under_a_batched_burst_from_two_workers(
+    anvil: Anvil,
+    relays: list[FaultRelay],
+    tmp_path: Path,
+    budget: dict[str, int],
+    delay: float,
+) -> None:
+    """A provider meters JSON-RPC calls: each call of an auto-batch, each proof header and each head
+    poll counts against max_rps and max_concurrency, however few HTTP requests carry them."""
+    meter = Meter(anvil, tmp_path, delay)
+    networks = _networks_file(tmp_path, [{"url": meter.url, **budget}], name="main")
+    running: Running = _start(
+        relays[1].url, 2, NETWORKS_FILE=networks, UPSTREAM_BATCH_MAX="50", HEAD_POLL_INTERVAL="1", UPSTREAM_TIMEOUT="30"
+    )
+    url = f"http://127.0.0.1:{running.port}/main/v3/any-key"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            sessions = [aiohttp.ClientSession() for _ in range(8)]
+            try:
+                calls = [
+                    {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [f"0x{n + 1:040x}", "latest"]}
+                    for n in range(100)
+                ]
+                answers = await asyncio.gather(*(_answers(sessions[i % 8], url, c) for i, c in enumerate(calls)))
+            finally:
+                for one in sessions:
+                    await one.close()
+        assert all(a is not None and a.get("result") == "0x0" for a in answers), answers[:3]
+        requests = meter.requests()
+        assert sum(n for _, _, n in requests) >= 100
+        assert any(n > 1 for _, _, n in requests)  # batches went: the budget is in calls, not requests
+        assert _most_calls_in_one_second(requests) <= budget.get("max_rps", 10**6)
+        assert _most_calls_in_flight(requests) <= budget.get("max_concurrency", 10**6)
+    finally:
+        code, log = await _stop(running)
+        meter.stop()
+        assert code == 0, log
+
+
+async def test_a_unit_rate_holds_in_compute_units_as_the_provider_meters_them(
+    anvil: Anvil,
+    relays: list[FaultRelay],
+    tmp_path: Path,
+) -> None:
+    """max_units_per_second with method_costs: each call weighs its method's cost (default_cost for the
+    others: head polls, proof headers), and no second holds more units than the budget."""
+    meter = Meter(anvil, tmp_path)
+    budget = {"max_units_per_second": 100, "method_costs": {"eth_getBalance": 10}, "default_cost": 2}
+    networks = _networks_file(tmp_path, [{"url": meter.url, **budget}], name="main")
+    running: Running = _start(
+        relays[1].url, 2, NETWORKS_FILE=networks, UPSTREAM_BATCH_MAX="50", HEAD_POLL_INTERVAL="1", UPSTREAM_TIMEOUT="30"
+    )
+    url = f"http://127.0.0.1:{running.port}/main/v3/any-key"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            calls = [
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [f"0x{n + 1:040x}", "latest"]}
+                for n in range(30)
+            ]
+            answers = await asyncio.gather(*(_answers(session, url, c) for c in calls))
+        assert all(a is not None and a.get("result") == "0x0" for a in answers), answers[:3]
+        weighed = [
+            (a, d, sum(10 if m == "eth_getBalance" else 2 for m in methods)) for a, d, methods in meter.methods()
+        ]
+        assert sum(m.count("eth_getBalance") for _, _, m in meter.methods()) >= 30
+        assert _most_calls_in_one_second(weighed) <= 100
     finally:
         code, log = await _stop(running)
         meter.stop()

@@ -6,8 +6,9 @@ and per-upstream head checks), and merge their answers under the spec's limits o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.cache import log_chunks as lc
 from proxy.metrics import Metrics
@@ -48,13 +49,22 @@ class ChunkedLogs:
         worked = False  # a piece was answered by a node: the call did upstream work (charging.py)
         upstream = 0  # pieces that went upstream
         bypassed = False  # a piece's answer was served but not kept (not tied to its blocks' chain)
+        stopped = False  # a piece found no node: no piece not yet started is asked
+
+        async def asked(start: int, end: int) -> tuple[bytes, bool, str]:
+            nonlocal worked
+            try:
+                return await ask(start, end)
+            except JsonRpcError as error:
+                worked = worked or error.reached  # a node had the piece (a timeout, a garbled answer)
+                raise
 
         async def one(piece: lc.Piece, budgeted: bool = True) -> tuple[bytes, list[int | None], bool] | None:
             nonlocal worked, upstream, bypassed
             async with bound:
-                if budgeted and upstream >= lc.MAX_UPSTREAM_PIECES:
+                if stopped or (budgeted and upstream >= lc.MAX_UPSTREAM_PIECES):
                     return None  # past the call's budget: the rest of the range is asked at once (below)
-                payload, is_error, cache = await ask(piece.start, piece.end)
+                payload, is_error, cache = await asked(piece.start, piece.end)
                 went = cache != lc.HIT
                 worked = worked or went
                 upstream += went
@@ -62,7 +72,7 @@ class ChunkedLogs:
                     # A node may refuse a whole chunk (its own result or range limit) that the
                     # range needs only part of: that part is asked exactly.
                     piece = lc.Piece(piece.want_start, piece.want_end, piece.want_start, piece.want_end)
-                    payload, is_error, cache = await ask(piece.start, piece.end)
+                    payload, is_error, cache = await asked(piece.start, piece.end)
                     went = True
                 bypassed = bypassed or cache == lc.BYPASS
             if is_error:
@@ -89,7 +99,14 @@ class ChunkedLogs:
                     start = pieces[deferred].want_start
                     answers = [*answers[:deferred], await one(lc.Piece(start, last, start, last), budgeted=False)]
         except JsonRpcError as error:
-            if worked and error.code == UPSTREAM_UNAVAILABLE and not error.reached:
+            unreached = error.code == UPSTREAM_UNAVAILABLE and not error.reached
+            if unreached and not worked:
+                # The first piece to end found no node (a 429, say) while others were already
+                # asked: whether the call is charged (charging.py) is known once they are answered.
+                stopped = True
+                await _settle(tasks, deadline)
+                worked = worked or any(not t.done() for t in tasks)  # still with a node at the deadline
+            if worked and unreached:
                 # Some pieces were answered before this one failed (a 429, say): the call did
                 # upstream work and is charged (charging.py), never a free amplification.
                 raise JsonRpcError(
@@ -127,3 +144,14 @@ class ChunkedLogs:
             False,
             lc.cache_result([went for _, _, went in done], bypassed),
         )
+
+
+async def _settle(tasks: Iterable[asyncio.Future[Any]], deadline: float) -> None:
+    """Wait, until `deadline` at most, for the pieces in flight to end (answered or failed)."""
+    pending = [t for t in tasks if not t.done()]
+    if pending:
+        loop = asyncio.get_running_loop()
+        await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # seen: their failures are this call's one answer, not stray tracebacks

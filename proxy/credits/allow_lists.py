@@ -13,8 +13,26 @@ from proxy.rpc.jsonrpc import INVALID_API_KEY, JsonRpcError
 _FIRST_PARAM = frozenset(
     {"eth_getStorageAt", "eth_getBalance", "eth_getCode", "eth_getTransactionCount", "eth_getProof"}
 )
-_CALL_TO = frozenset({"eth_call", "eth_estimateGas", "eth_createAccessList"})
+_CALL_TO = frozenset({"eth_call", "eth_estimateGas", "eth_createAccessList", "debug_traceCall", "trace_call"})
 _FILTER = frozenset({"eth_getLogs", "eth_newFilter"})
+# Methods that execute calls in ways the address check cannot follow (bundles of signed or many
+# calls, each with its own overrides): refused outright to a key with allowed_addresses, if an
+# operator's ALLOW_METHODS offers them at all.
+_UNCHECKABLE = frozenset(
+    {
+        "eth_callMany",
+        "eth_callBundle",
+        "trace_callMany",
+        "debug_traceCallMany",
+        "eth_sendBundle",
+        "debug_executionWitness",
+    }
+)
+# Where executing methods take client-supplied code or state: the param positions past the block
+# (eth_call: stateOverrides, blockOverrides; eth_estimateGas: stateOverrides), and the keys of
+# debug_traceCall's config and eth_simulateV1's blocks that carry them.
+_OVERRIDE_FROM = {"eth_call": 2, "eth_estimateGas": 2, "eth_createAccessList": 2}
+_OVERRIDE_KEYS = ("stateOverrides", "blockOverrides", "stateOverride", "blockOverride")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +74,22 @@ def origin_refusal(lists: AllowLists, origin: str | None) -> JsonRpcError | None
 def targets(method: str, params: Any) -> list[str] | None:
     """The addresses a call reads from; None: the method names no address (not restricted by it)."""
     if not isinstance(params, list) or not params:
-        return None if method not in _FILTER | _CALL_TO | _FIRST_PARAM else []
+        return None if method not in _FILTER | _CALL_TO | _FIRST_PARAM | {"eth_simulateV1"} else []
     first = params[0]
     if method in _FIRST_PARAM:
         return [first] if isinstance(first, str) else []
     if method in _CALL_TO:
         to = first.get("to") if isinstance(first, dict) else None
         return [to] if isinstance(to, str) else []  # a contract creation targets no allowed address
+    if method == "eth_simulateV1":
+        blocks = first.get("blockStateCalls") if isinstance(first, dict) else None
+        calls = (
+            [c for b in blocks if isinstance(b, dict) for c in (b.get("calls") or [])]
+            if isinstance(blocks, list)
+            else []
+        )
+        to = [c.get("to") if isinstance(c, dict) else None for c in calls]
+        return [t for t in to if isinstance(t, str)] if to and all(isinstance(t, str) for t in to) else []
     if method in _FILTER or (method == "eth_subscribe" and first == "logs"):
         spec = first if method in _FILTER else (params[1] if len(params) > 1 else {})
         address = spec.get("address") if isinstance(spec, dict) else None
@@ -72,10 +99,36 @@ def targets(method: str, params: Any) -> list[str] | None:
     return None
 
 
+def overrides(method: str, params: Any) -> bool:
+    """Whether an executing call brings its own code or state (state or block overrides): code that
+    could call any contract from an allowed one, so the allowed address would not bound what is read."""
+    if not isinstance(params, list):
+        return False
+    start = _OVERRIDE_FROM.get(method)
+    if start is not None:
+        return any(p not in (None, {}, []) for p in params[start:])
+    if method == "debug_traceCall":
+        config = params[2] if len(params) > 2 else None
+        return isinstance(config, dict) and any(config.get(k) for k in _OVERRIDE_KEYS)
+    if method == "eth_simulateV1":
+        blocks = params[0].get("blockStateCalls") if params and isinstance(params[0], dict) else None
+        return isinstance(blocks, list) and any(
+            isinstance(b, dict) and any(b.get(k) for k in _OVERRIDE_KEYS) for b in blocks
+        )
+    return False
+
+
 def call_refusal(lists: AllowLists, method: str, params: Any) -> JsonRpcError | None:
     if lists.methods and method not in lists.methods:
         return refused(f"method {method} is not in the key's allowed_methods")
     if lists.addresses:
+        if method in _UNCHECKABLE:
+            return refused(f"{method} runs calls the key's allowed_addresses list cannot check")
+        if overrides(method, params):
+            return refused(
+                f"{method} with state or block overrides: they run code of the caller's choosing, "
+                "which could read any contract, and the key has an allowed_addresses list"
+            )
         found = targets(method, params)
         if found is None:
             return None

@@ -56,6 +56,7 @@ class Gateway:
         self.key_lists: dict[str, AllowLists] = {}  # accounts with an allow-list (allow_lists.py)
         self._restricted: frozenset[str] = frozenset()  # ...whose lists restrict calls: no hot path
         self.forget_keys: list[Callable[[], None]] = []  # what else holds secrets in memory (front.Front.request_heads)
+        self.reloaded: list[Callable[[], None]] = []  # told after a reload: open WebSockets check their key (ws.py)
         self._calls = CallAccounting(settings, metrics)
         self.router = Router(settings, service.networks)
         self.cashier = Cashier(settings, ledger, metrics, wall_clock)
@@ -99,10 +100,13 @@ class Gateway:
             forget()
 
     def reload(self, settings: Settings) -> None:
-        """Keys, allow-lists and credit terms from new settings (SIGHUP); connections stay open."""
+        """Keys, allow-lists and credit terms from new settings (SIGHUP); then each open WebSocket
+        checks its key against them (a removed or changed key's sockets are closed)."""
         self._settings = settings
         self.load_keys(settings.api_keys)
         self.cashier.reload(settings)
+        for tell in self.reloaded:
+            tell()
 
     # --- what subscriptions ask of the gateway (subscriptions.Charger) ----------------------
 

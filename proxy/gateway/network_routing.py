@@ -1,5 +1,5 @@
-"""Which network a call goes to: the Host header, a path prefix, else the method's family default;
-and the allow-list of methods, checked before any route is remembered."""
+"""Which network a call goes to: a declared host, a path prefix, a Host's first label, else the method's
+family default; and the allow-list of methods, checked before any route is remembered."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class Router:
         # Host header -> network, and method -> default network, remembered: a deployment sees a
         # handful of each. Bounded, since both are the client's to choose.
         self.host_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._route_host)
+        self.label_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._route_label)
         self.default_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._default_for)
 
     def reload(self, defaults: Mapping[str, str]) -> None:
@@ -33,6 +34,7 @@ class Router:
         self._defaults = defaults
         self._by_host = {h: rt for rt in self._networks.values() for h in rt.config.hosts}
         self.host_routes.clear()
+        self.label_routes.clear()
         self.default_routes.clear()
 
     def current(self, network: NetworkRuntime | None) -> NetworkRuntime | None:
@@ -46,26 +48,27 @@ class Router:
         return successor
 
     def network_for(self, host: str | None, path_network: str | None) -> NetworkRuntime | None:
-        """spec order: the Host header's first label, then a path prefix; None: route by method family."""
-        networks = self._networks
+        """A host name declared in a network's `hosts`, then the path's network, then a network named
+        by the Host header's first label; None: route by method family. The path is the client's
+        explicit choice: a first label is only a guess (any Host may be sent), so it never overrides it."""
         if host:
-            by_host = self.host_routes[host]
-            if by_host is not None:
-                return by_host
+            declared = self.host_routes[host]
+            if declared is not None:
+                return declared
         if path_network is not None:
-            chosen = networks.get(path_network)
+            chosen = self._networks.get(path_network)
             if chosen is None:
                 raise unknown_network(path_network)
             return chosen
-        return None
+        return self.label_routes[host] if host else None
 
     def _route_host(self, host: str) -> NetworkRuntime | None:
-        """The network a Host header names, if any: a declared host name, or a first label."""
-        hostname = host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host
-        declared = self._by_host.get(hostname)
-        if declared is not None:
-            return declared
-        first, dot, _ = hostname.partition(".")
+        """The network whose `hosts` declares this Host header's name, if any."""
+        return self._by_host.get(_hostname(host))
+
+    def _route_label(self, host: str) -> NetworkRuntime | None:
+        """The network a Host header's first label names, if any (`evm.rpc.example` -> evm)."""
+        first, dot, _ = _hostname(host).partition(".")
         return self._networks.get(first) if dot else None
 
     def _default_for(self, method: str) -> NetworkRuntime | None:
@@ -86,3 +89,8 @@ class Router:
     def route_method(self, method: str, network: NetworkRuntime | None) -> NetworkRuntime:
         """The network a method goes to: the one the connection named, else its family's default."""
         return self.route(Call(method, []), network)
+
+
+def _hostname(host: str) -> str:
+    """A Host header's name, lowercased, without its port (an IPv6 literal as it is)."""
+    return host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host

@@ -33,6 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.logs import Throttled
 from proxy.network import NetworkRuntime
 from proxy.network_parts import STARTUP_WAIT
 from proxy.upstream.pool import HttpUpstream, http_pool
@@ -71,6 +72,7 @@ def upstream_view(runtimes: Mapping[str, NetworkRuntime]) -> dict[str, list[dict
                     "max_rps": budget.max_rps,
                     "max_concurrency": budget.max_concurrency,
                     "in_flight": budget.in_flight,
+                    "max_units_per_second": budget.units.per_second if budget.units is not None else None,
                 }
             )
         view[name] = rows
@@ -146,6 +148,8 @@ def admin_app(
     token: str | None,
 ) -> web.Application:
     """The admin routes; `token` None: a worker's own unix socket, which only its siblings reach."""
+    # A flood of bad tokens (a scanner, a guesser) costs a line a minute, not one per request.
+    refusals = Throttled(log)
 
     def refused(request: web.Request) -> web.Response | None:
         if token is None:
@@ -154,8 +158,12 @@ def admin_app(
         # Header bytes that are no UTF-8 arrive as surrogates: compared as they came, never an error.
         if hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
             return None
-        log.warning(
-            "admin: refused %s %s from %s (no valid bearer token)", request.method, request.path, request.remote
+        refusals.warning(
+            "refused",
+            "admin: refused %s %s from %s (no valid bearer token)",
+            request.method[:16],
+            request.path[:100],
+            request.remote,
         )
         return web.json_response({"error": "unauthorized: send Authorization: Bearer <ADMIN_TOKEN>"}, status=401)
 

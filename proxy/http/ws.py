@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.credits.accounts import OPEN_ACCOUNT
+from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
 from proxy.http.app_keys import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
@@ -17,10 +19,18 @@ from proxy.http.ws_connections import Connection
 from proxy.http.ws_frames import Corked
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
-from proxy.streams.subscriptions import Session, subscription_call
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
+from proxy.streams.subscriptions import CLOSE_TIMEOUT, Session, spawn, subscription_call
 
 log = logging.getLogger("proxy.ws")
+
+REVOKED = JsonRpcError(
+    INVALID_API_KEY,
+    "invalid API key: the key this connection opened with was removed or "
+    "changed by a reload of the keys; reconnect with a valid key",
+    http_status=401,
+)
+_closing: set[asyncio.Task[None]] = set()  # revoked sockets being closed (the loop keeps weak references)
 
 
 async def websocket_handler(request: web.Request) -> web.StreamResponse:
@@ -50,6 +60,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
         ws, request.transport, account, network, gateway, streams.feeds, streams.relays, settings, metrics
     )
     session.start()
+    connection.recheck = _rechecker(connection, session, gateway, api_key(request), request.headers.get("Origin"))
     idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
     corked = Corked(ws, request.transport, loop, session.room)
 
@@ -81,6 +92,9 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             if connection.draining:
                 error = JsonRpcError(INVALID_REQUEST, "server is shutting down")
                 await ws.send_str(jsonrpc.encode_error(None, error).decode())
+                continue
+            if connection.revoked:  # closing: a removed key never falls back to another's terms
+                await ws.send_str(jsonrpc.encode_error(None, REVOKED).decode())
                 continue
             connection.active_at = loop.time()
             lookup = memory_lookup(gateway, message.data, account, network)
@@ -123,6 +137,53 @@ def _refusal(request: web.Request, account: str) -> web.Response | None:
         )
         return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
     return None
+
+
+def _rechecker(
+    connection: Connection, session: Session, gateway: Gateway, secret: str, origin: str | None
+) -> Callable[[], None]:
+    """What a reload of keys does to this socket: a key removed, or whose secret changed, is refused at
+    once (its subscriptions end with an error notification, then close 1008); an Origin its new
+    allowed_origins refuses is closed the same way; a subscription its new lists refuse is ended.
+    New balances and rates need nothing here: every call and notification is charged under them."""
+
+    def recheck() -> None:
+        if connection.revoked or connection.draining:
+            return
+        if gateway.account(secret) != connection.account:
+            _revoke(connection, session, REVOKED, b"API key revoked: removed or changed by a reload")
+            return
+        lists = gateway.key_lists.get(connection.account)
+        refusal = None if lists is None else origin_refusal(lists, origin)
+        if refusal is not None:
+            _revoke(connection, session, refusal, b"origin no longer allowed for this API key")
+            return
+        session.recheck()
+
+    return recheck
+
+
+def _revoke(connection: Connection, session: Session, error: JsonRpcError, reason: bytes) -> None:
+    connection.revoked = True
+    log.warning("closing a WebSocket of account %s: %s", connection.account, reason.decode())
+
+    async def close() -> None:
+        await session.revoke(error)
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await connection.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=reason)
+        except (TimeoutError, ConnectionError):
+            if session.transport is not None:
+                session.transport.abort()  # a peer that reads nothing gets no close frame either
+
+    spawn(_closing, close())
+
+
+def recheck_websockets(connections: set[Connection]) -> None:
+    """After a reload of keys (Gateway.reloaded): every open socket checks its key again."""
+    for connection in list(connections):
+        if connection.recheck is not None:
+            connection.recheck()
 
 
 def memory_lookup(gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None) -> Lookup:

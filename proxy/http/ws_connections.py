@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -16,3 +17,5 @@ class Connection:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # set once the close frame is sent
+    recheck: Callable[[], None] | None = None  # after a reload of keys: its key and lists checked again (ws.py)
+    revoked: bool = False  # its key was removed or changed: nothing more is served, the socket is closing

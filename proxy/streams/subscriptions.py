@@ -170,6 +170,12 @@ class Subscription:
     once: bool = False  # signatureSubscribe: ends with its first notification
     detach: Callable[[], Awaitable[None]] | None = None
     source: HeadSource | None = None  # the feed it is in (a reload may hand it to the network's next feed)
+    params: Any = None  # its subscribe call's params: a reload's allow-lists are checked against them
+
+    @property
+    def call_method(self) -> str:
+        """The method that made it: eth_subscribe, or the Solana subscribe method (its kind)."""
+        return "eth_subscribe" if self.method == EVM_NOTIFICATION else self.kind
 
     def notify(self, result: bytes) -> None:
         """Queue one notification; `result` is the encoded result, shared by every subscriber."""
@@ -264,13 +270,19 @@ class Session:
                 self,
                 notification_label(kind, credits),
                 once=kind == "signatureSubscribe",
+                params=params,
             )
         else:
             if not params or not isinstance(params[0], str):
                 raise invalid_params("subscription", "expected a subscription kind such as newHeads or logs")
             kind = params[0]
             sub = Subscription(
-                "0x" + secrets.token_hex(16), kind, EVM_NOTIFICATION, self, notification_label(kind, credits)
+                "0x" + secrets.token_hex(16),
+                kind,
+                EVM_NOTIFICATION,
+                self,
+                notification_label(kind, credits),
+                params=params,
             )
             if kind == "logs":
                 if len(params) > 2:
@@ -490,6 +502,24 @@ class Session:
         self._queue(_Item(jsonrpc.encode_notification(sub.method, sub.id, error.encode(), error=True)))
         if sub.detach is not None:
             spawn(self._tasks, sub.detach())
+
+    def recheck(self) -> None:
+        """After a reload: each subscription the key's new allow-lists refuse is ended, with why."""
+        for sub in list(self.subs.values()):
+            refusal = self.gateway.call_refusal(self.account, sub.call_method, sub.params)
+            if refusal is not None:
+                self.end(sub, refusal)
+
+    async def revoke(self, error: JsonRpcError) -> None:
+        """The key is gone (a reload removed it or changed its secret): every subscription ends with
+        `error`, and those notices are written (within CLOSE_TIMEOUT) before the socket closes."""
+        for sub in list(self.subs.values()):
+            self.end(sub, error)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_TIMEOUT
+        while (self._outbox or self._sending is not None) and not self.ws.closed and loop.time() < deadline:
+            await asyncio.sleep(ROOM_POLL)
+        await self.close()
 
     def _register(self, sub: Subscription) -> None:
         self.subs[sub.id] = sub

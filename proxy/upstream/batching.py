@@ -31,8 +31,10 @@ class AutoBatcher:
         *,
         batch_max: int,
         batch_max_bytes: int,
+        room: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.network = network
+        self._room = room  # the most calls the upstreams' budgets let one request carry (max_rps, max_concurrency)
         self._single = single
         self._alone = alone
         self._together = together
@@ -81,14 +83,18 @@ class AutoBatcher:
                 waiter.set_result(None)  # the caller sends it alone (enqueue)
             return
         group: list[Queued] = []
-        size = 0
+        size = calls = 0
+        room = self._room()
         for call in queue:
             cost = len(jsonrpc.dumps(call[1])) + len(call[0]) + 64  # params, method, envelope
-            if group and (len(group) >= self._batch_max or size + cost > self._batch_max_bytes):
+            weight = 1 if call[3] is None else 2  # a call with its proof header is two calls upstream
+            over = len(group) >= self._batch_max or (room is not None and calls + weight > room)
+            if group and (over or size + cost > self._batch_max_bytes):
                 self._start(group)
-                group, size = [], 0
+                group, size, calls = [], 0, 0
             group.append(call)
             size += cost
+            calls += weight
         if group:
             self._start(group)
 

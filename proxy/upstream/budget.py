@@ -1,5 +1,6 @@
-"""A provider's budget for one upstream (NETWORKS_FILE, per upstream): at most `max_rps` requests in
-any one-second window as the provider sees them, and at most `max_concurrency` requests in flight. A
+"""A provider's budget for one upstream (NETWORKS_FILE, per upstream): at most `max_rps` JSON-RPC calls
+in any one-second window as the provider meters them (each call of a batch, a proof header, a head
+poll and an identity probe counts), and at most `max_concurrency` calls in flight. A
 call that finds the budget spent waits for it within its own deadline, or spills to the next
 upstream that has budget (pool.py decides which).
 
@@ -24,7 +25,8 @@ import hashlib
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from proxy.upstream.shared_window import SharedWindow
 from proxy.upstream.window import Limits, LocalWindow, Window
@@ -32,13 +34,33 @@ from proxy.upstream.window import Limits, LocalWindow, Window
 SHARED_POLL = 0.01  # seconds between looks at a shared window whose places are all in flight
 
 
+ONE_CALL: tuple[str, ...] = ("",)  # a request of one call whose method costs the default
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRate:
+    """A provider's rate in compute units (NETWORKS_FILE: max_units_per_second, method_costs,
+    default_cost): each call weighs its method's cost, and at most `per_second` units arrive in any
+    one-second window."""
+
+    per_second: float
+    costs: Mapping[str, int] = field(default_factory=dict)
+    default: int = 1
+
+    def cost(self, methods: Sequence[str]) -> int:
+        return sum(self.costs.get(m, self.default) for m in methods)
+
+
 class Slot:
-    """One request's place in a budget, from its sending to its `release`."""
+    """One request's places in a budget (one a JSON-RPC call, and its compute units), from its
+    sending to its `release`."""
 
-    __slots__ = ("budget",)
+    __slots__ = ("budget", "calls", "units")
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget: Budget, calls: int = 1, units: int = 0) -> None:
         self.budget = budget  # released to the budget it was taken from, even if a reload replaced it
+        self.calls = calls
+        self.units = units
 
 
 class Budget:
@@ -49,23 +71,39 @@ class Budget:
         *,
         window: Window | None = None,
         clock: Callable[[], float] = time.monotonic,
+        units: UnitRate | None = None,
+        units_window: Window | None = None,
     ) -> None:
         self._window: Window = window if window is not None else LocalWindow()
+        # The compute units' window: one place a unit, apart from the calls' (max_concurrency counts calls).
+        self._units_window: Window = units_window if units_window is not None else LocalWindow()
         self._clock = clock
         self._freed = asyncio.Event()
-        self.retune(max_rps, max_concurrency)
+        self.retune(max_rps, max_concurrency, units)
 
-    def retune(self, max_rps: float | None, max_concurrency: int | None) -> None:
+    def retune(self, max_rps: float | None, max_concurrency: int | None, units: UnitRate | None = None) -> None:
         """New limits (a reload) from the next take on, the requests in the window still counted;
         calls waiting look again at once."""
         self.max_rps = max_rps
         self.max_concurrency = max_concurrency
         self.limits = Limits.of(max_rps, max_concurrency)
+        self.units = units
+        self.unit_limits = Limits.of(units.per_second, None) if units is not None else None
         self._freed.set()
 
     @property
     def limited(self) -> bool:
-        return self.max_rps is not None or self.max_concurrency is not None
+        return self.max_rps is not None or self.max_concurrency is not None or self.units is not None
+
+    @property
+    def room(self) -> int | None:
+        """The most calls one request may carry within this budget (None: no limit): its calls' room,
+        and as many of its dearest calls as its compute units allow."""
+        rooms = [r for r in (self.limits.room,) if r is not None]
+        if self.units is not None and self.unit_limits is not None and self.unit_limits.room is not None:
+            dearest = max([self.units.default, *self.units.costs.values()])
+            rooms.append(max(1, self.unit_limits.room // dearest))
+        return min(rooms) if rooms else None
 
     @property
     def shared(self) -> bool:
@@ -75,25 +113,40 @@ class Budget:
     def in_flight(self) -> int:
         return self._window.in_flight()
 
-    def _take(self) -> tuple[Slot | None, float]:
-        refused = self._window.take(self.limits, self._clock())
-        return (Slot(self), 0.0) if refused is None else (None, refused)
+    def _take(self, methods: Sequence[str]) -> tuple[Slot | None, float]:
+        calls, now = len(methods), self._clock()
+        refused = self._window.take(self.limits, now, calls)
+        if refused is not None:
+            return None, refused
+        if self.units is None or self.unit_limits is None:
+            return Slot(self, calls), 0.0
+        units = self.units.cost(methods)
+        refused = self._units_window.take(self.unit_limits, now, units)
+        if refused is None:
+            return Slot(self, calls, units), 0.0
+        self._window.release(now, 0.0, calls)  # nothing was sent: its places go back, not held
+        return None, refused
 
-    def try_take(self) -> Slot | None:
-        """Take one request's place now (in the window and in flight), if the budget has it."""
-        return self._take()[0]
+    def try_take(self, methods: Sequence[str] = ONE_CALL) -> Slot | None:
+        """Take a request's places now (one per JSON-RPC call of `methods`, in the window and in
+        flight, and their compute units), if the budget has them."""
+        return self._take(methods)[0]
 
     def release(self, slot: Slot, *, answered: bool = True) -> None:
-        """The request ended: it leaves the window one window from now, two if it got no answer (it
-        may reach the node later still)."""
-        self._window.release(self._clock(), self.limits.hold(answered))
+        """The request ended: its calls leave the window one window from now, two if it got no answer
+        (it may reach the node later still)."""
+        now = self._clock()
+        self._window.release(now, self.limits.hold(answered), slot.calls)
+        if slot.units:
+            limits = self.unit_limits or Limits.of(1.0, None)  # retuned away: held one window all the same
+            self._units_window.release(now, limits.hold(answered), slot.units)
         self._freed.set()
 
-    async def take(self, deadline: float) -> Slot | None:
-        """Wait (until loop time `deadline`) for one request's place; None if it did not come in time."""
+    async def take(self, deadline: float, methods: Sequence[str] = ONE_CALL) -> Slot | None:
+        """Wait (until loop time `deadline`) for a request's places; None if they did not come in time."""
         loop = asyncio.get_running_loop()
         while True:
-            slot, wait = self._take()
+            slot, wait = self._take(methods)
             if slot is not None:
                 return slot
             remaining = deadline - loop.time()
@@ -117,20 +170,26 @@ class BudgetBook:
         self._run_dir = run_dir
         self._budgets: weakref.WeakValueDictionary[tuple[str, str], Budget] = weakref.WeakValueDictionary()
 
-    def budget(self, network: str, url: str, max_rps: float | None, max_concurrency: int | None) -> Budget:
+    def budget(
+        self, network: str, url: str, max_rps: float | None, max_concurrency: int | None, units: UnitRate | None = None
+    ) -> Budget:
         """The budget in force for `url`, retuned to these limits; a new one if there is none, or
         if these limits move it between this process's window and the workers' shared one."""
         key = (network, url)
         budget = self._budgets.get(key)
         if budget is not None:
-            budget.retune(max_rps, max_concurrency)  # its waiters look again, under the new limits
-        shared = self._run_dir is not None and (max_rps is not None or max_concurrency is not None)
+            budget.retune(max_rps, max_concurrency, units)  # its waiters look again, under the new limits
+        shared = self._run_dir is not None and (max_rps is not None or max_concurrency is not None or units is not None)
         if budget is None or budget.shared != shared:
             window = SharedWindow(self._window_path(key)) if shared else None
-            budget = self._budgets[key] = Budget(max_rps, max_concurrency, window=window)
+            # Units are counted in a file of their own, whether or not this budget has a unit rate yet.
+            units_window = SharedWindow(self._window_path(key, "units")) if shared else None
+            budget = self._budgets[key] = Budget(
+                max_rps, max_concurrency, window=window, units=units, units_window=units_window
+            )
         return budget
 
-    def _window_path(self, key: tuple[str, str]) -> str:
+    def _window_path(self, key: tuple[str, str], kind: str = "window") -> str:
         assert self._run_dir is not None
         digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]  # a URL may hold a key
-        return os.path.join(self._run_dir, f"budget-{digest}.window")
+        return os.path.join(self._run_dir, f"budget-{digest}.{kind}")

@@ -12,14 +12,14 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from proxy.config_files import Network
+from proxy.config_files import Network, UpstreamOptions
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.batching import AutoBatcher
-from proxy.upstream.budget import Budget, BudgetBook, Slot
+from proxy.upstream.budget import Budget, BudgetBook, Slot, UnitRate
 from proxy.upstream.replies import batch_problem, proof_call, proof_hash, single_problem
 from proxy.upstream.selection import Selector
 from proxy.upstream.sending import (
@@ -93,13 +93,20 @@ def routing_of(network: Network, budgets: BudgetBook | None = None) -> Routing:
     return Routing(
         Selector(network.selection, [o.weight for o in options]),
         tuple(
-            budgets.budget(network.name, url, o.max_rps, o.max_concurrency)
+            budgets.budget(network.name, url, o.max_rps, o.max_concurrency, _units(o))
             if budgets is not None
-            else Budget(o.max_rps, o.max_concurrency)
+            else Budget(o.max_rps, o.max_concurrency, units=_units(o))
             for url, o in zip(network.upstreams, options, strict=True)
         ),
         network.hedge_after,
     )
+
+
+def _units(options: UpstreamOptions) -> UnitRate | None:
+    """An upstream's compute-unit rate (max_units_per_second, method_costs, default_cost), if it has one."""
+    if options.max_units_per_second is None:
+        return None
+    return UnitRate(options.max_units_per_second, dict(options.method_costs), options.default_cost)
 
 
 class HttpUpstream(Sender):
@@ -139,6 +146,7 @@ class HttpUpstream(Sender):
             self._with_proofs,
             batch_max=batch_max,
             batch_max_bytes=batch_max_bytes,
+            room=lambda: self.batch_room,
         )
 
     def request(self, method: str, params: Any, *, timeout: float | None = None) -> Awaitable[Answer]:
@@ -161,6 +169,7 @@ class HttpUpstream(Sender):
             self._max_reply,
             hedge=method in HEDGEABLE,
             write=method in WRITES,
+            methods=(method,),
         )
         return Answer.from_response(reply, seconds, index)
 
@@ -171,7 +180,7 @@ class HttpUpstream(Sender):
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
         started = time.perf_counter()
-        slot = await self._place(index, timeout)  # a provider counts these too
+        slot = await self._place(index, timeout, (method,))  # a provider counts these too
         try:
             reply = await self._post_in(slot, index, body, timeout, self._max_reply)
             problem = single_problem(reply, sent)
@@ -195,9 +204,10 @@ class HttpUpstream(Sender):
         self.selector.scores.observe(index, seconds, time.monotonic())
         return Answer.from_response(reply, seconds, index)
 
-    async def _place(self, index: int, timeout: float) -> Slot:
-        """A place in upstream `index`'s budget within `timeout` seconds, or the call's 504."""
-        slot = await self._budgeted(index, asyncio.get_running_loop().time() + timeout)
+    async def _place(self, index: int, timeout: float, methods: Sequence[str]) -> Slot:
+        """Places for a request of `methods` in upstream `index`'s budget within `timeout` seconds, or
+        the call's 504."""
+        slot = await self._budgeted(index, asyncio.get_running_loop().time() + timeout, methods)
         if slot is None:
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE,
@@ -291,7 +301,8 @@ class HttpUpstream(Sender):
         its reply items in the calls' order, and its latency; its reply read under `bound` bytes."""
         body, ids = self._batch_body(calls)
         started = time.perf_counter()
-        slot = await self._place(index, timeout)
+        # Each call a place, as the provider meters them.
+        slot = await self._place(index, timeout, [m for m, _ in calls])
         try:
             reply = await self._post_in(slot, index, body, timeout, bound)
             problem = batch_problem(reply, ids)
@@ -336,7 +347,13 @@ class HttpUpstream(Sender):
         of the first `observed` calls is observed under its own method, with its batch's latency."""
         body, ids = self._batch_body(calls)
         reply, seconds, index = await self._send(
-            body, None if auto else "batch", timeout, lambda r: batch_problem(r, ids), bound, hedge=auto
+            body,
+            None if auto else "batch",
+            timeout,
+            lambda r: batch_problem(r, ids),
+            bound,
+            hedge=auto,
+            methods=[m for m, _ in calls],
         )
         if not isinstance(reply, list):
             return None, seconds, index

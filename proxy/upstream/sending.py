@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_REQUEST, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
-from proxy.upstream.budget import Budget, Slot
+from proxy.upstream.budget import ONE_CALL, Budget, Slot
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.replies import REACHED_KINDS, REQUEST_FAULT_STATUSES, rate_limited, retry_after
 from proxy.upstream.selection import Selector
@@ -120,6 +120,13 @@ class Sender:
         self._hedge_after = routing.hedge_after
 
     @property
+    def batch_room(self) -> int | None:
+        """The most calls an auto-batch may carry: the smallest upstream budget's (a batch larger than a
+        budget could only go once its window is empty, and would pass it then)."""
+        rooms = [r for r in (b.room for b in self.budgets) if r is not None]
+        return min(rooms) if rooms else None
+
+    @property
     def carrying(self) -> int:
         """Calls this pool carries now: being posted to an upstream, or waiting for its budget."""
         return sum(self._inflight) + self._waiting
@@ -172,11 +179,12 @@ class Sender:
         cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
         return healthy + cooling
 
-    async def _budgeted(self, index: int, deadline: float) -> Slot | None:
-        """A place in upstream `index`'s budget by loop time `deadline`: a call the pool carries meanwhile."""
+    async def _budgeted(self, index: int, deadline: float, methods: Sequence[str] = ONE_CALL) -> Slot | None:
+        """Places for a request of `methods` (one a JSON-RPC call) in upstream `index`'s budget by
+        loop time `deadline`: a call the pool carries meanwhile."""
         self._waiting += 1
         try:
-            return await self.budgets[index].take(deadline)
+            return await self.budgets[index].take(deadline, methods)
         finally:
             self._waiting -= 1
 
@@ -295,22 +303,22 @@ class Sender:
         self.selector.scores.observe(index, seconds, time.monotonic())
         return reply, seconds
 
-    def _now(self, pending: list[int]) -> tuple[int, Slot] | None:
-        """The first upstream in `pending` with budget now, and its slot (removed from `pending`)."""
+    def _now(self, pending: list[int], methods: Sequence[str]) -> tuple[int, Slot] | None:
+        """The first upstream in `pending` with budget for `methods` now, and its slot (removed from `pending`)."""
         for index in pending:
-            slot = self.budgets[index].try_take()
+            slot = self.budgets[index].try_take(methods)
             if slot is not None:
                 pending.remove(index)
                 return index, slot
         return None
 
-    async def _next(self, pending: list[int], deadline: float) -> tuple[int, Slot] | None:
+    async def _next(self, pending: list[int], deadline: float, methods: Sequence[str]) -> tuple[int, Slot] | None:
         """No upstream in `pending` has budget now: wait for the first one's budget within the
         deadline. Removed from `pending`; None if no budget came in time."""
         index = pending.pop(0)
         self._metrics.upstream_budget_waits.labels(self.network, str(index)).inc()
         loop = asyncio.get_running_loop()
-        waited = await self._budgeted(index, loop.time() + deadline - time.monotonic())
+        waited = await self._budgeted(index, loop.time() + deadline - time.monotonic(), methods)
         return (index, waited) if waited is not None else None
 
     async def _hedged(
@@ -323,6 +331,7 @@ class Sender:
         check: Check,
         attempts: Attempts,
         max_reply: int,
+        methods: Sequence[str] = ONE_CALL,
     ) -> tuple[Any, float, int] | None:
         """Ask `first`; without an answer after hedge_after, also the next upstream that has budget at
         once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
@@ -334,7 +343,9 @@ class Sender:
                 done, _ = await asyncio.wait(tasks, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     hedged = True
-                    second = next(((i, s) for i in pending if (s := self.budgets[i].try_take()) is not None), None)
+                    second = next(
+                        ((i, s) for i in pending if (s := self.budgets[i].try_take(methods)) is not None), None
+                    )
                     if second is not None:
                         pending.remove(second[0])
                         self._metrics.upstream_hedged.labels(self.network).inc()
@@ -368,10 +379,12 @@ class Sender:
         *,
         hedge: bool = False,
         write: bool = False,
+        methods: Sequence[str] = ONE_CALL,
     ) -> tuple[Any, float, int]:
         """Post to upstreams in order until a reply passes `check`, read under `max_reply` bytes; observe
         its latency under `method_label`. `hedge`: a slow read is also sent to the next upstream. `write`: another
-        upstream is tried only when the first provably never got the call."""
+        upstream is tried only when the first provably never got the call. `methods`: those of the
+        JSON-RPC calls in `body`, each a place in an upstream's budget as the provider meters them."""
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         attempts = Attempts()
@@ -381,7 +394,7 @@ class Sender:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            chosen = self._now(pending) or await self._next(pending, deadline)
+            chosen = self._now(pending, methods) or await self._next(pending, deadline, methods)
             if chosen is None:
                 attempts.failures.append("no upstream had budget (max_rps, max_concurrency) in time")
                 attempts.last_kind = "timeout"
@@ -393,7 +406,7 @@ class Sender:
             share = self._attempt_budget(deadline - time.monotonic(), len(pending) + 1)
             try:
                 if hedge and self._hedge_after is not None and pending:
-                    won = await self._hedged(index, slot, pending, body, share, check, attempts, max_reply)
+                    won = await self._hedged(index, slot, pending, body, share, check, attempts, max_reply, methods)
                     if won is None:
                         continue
                     reply, seconds, index = won

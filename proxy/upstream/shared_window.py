@@ -1,7 +1,7 @@
 """A provider budget's window shared by the workers of one host (WORKERS > 1; budget.py).
 
 One small file per budgeted upstream under the run directory holds what every worker sent to it:
-the requests in flight (counted per worker process) and when each answered one leaves the window.
+the calls in flight (counted per worker process) and when each answered one leaves the window.
 A take reads it, decides with the budget's limits and writes it back under an flock held for that
 alone (microseconds, no await inside), so the workers' requests together never pass the budget and
 any one worker may use all of it. Times are CLOCK_MONOTONIC, one clock for every process of a host.
@@ -22,7 +22,7 @@ import weakref
 from array import array
 from collections.abc import Iterator
 
-from proxy.upstream.window import Limits
+from proxy.upstream.window import Limits, hold_place
 
 _HEADER = struct.Struct("<II")  # processes with requests in flight, places held
 _PROCESS = struct.Struct("<ii")  # pid, its requests in flight
@@ -60,24 +60,24 @@ class SharedWindow:
         data = _HEADER.pack(len(flying), len(held)) + b"".join(_PROCESS.pack(*item) for item in flying.items())
         os.pwrite(self._fd, data + array("d", held).tobytes(), 0)
 
-    def take(self, limits: Limits, now: float) -> float | None:
+    def take(self, limits: Limits, now: float, calls: int = 1) -> float | None:
         with self._locked():
             flying, held = self._read()
             del held[: bisect.bisect_right(held, now)]
-            refused = limits.refusal(sum(flying.values()), held, now)
+            refused = limits.refusal(sum(flying.values()), held, now, calls)
             if refused is not None and _reap(flying, held, now + limits.window, self._pid):
-                refused = limits.refusal(sum(flying.values()), held, now)
+                refused = limits.refusal(sum(flying.values()), held, now, calls)
             if refused is None:
-                flying[self._pid] = flying.get(self._pid, 0) + 1
+                flying[self._pid] = flying.get(self._pid, 0) + calls
             self._write(flying, held)
             return refused
 
-    def release(self, now: float, hold: float) -> None:
+    def release(self, now: float, hold: float, calls: int = 1) -> None:
         with self._locked():
             flying, held = self._read()
-            flying[self._pid] = flying.get(self._pid, 0) - 1
+            flying[self._pid] = flying.get(self._pid, 0) - calls
             if hold > 0:
-                bisect.insort(held, now + hold)
+                hold_place(held, now + hold, calls)
             self._write(flying, held)
 
     def in_flight(self) -> int:

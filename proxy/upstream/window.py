@@ -1,5 +1,6 @@
-"""Where a provider budget's requests are counted (budget.py), and the pure decision whether one more
-may be sent: the limits, the requests in flight, and when each answered one leaves the window."""
+"""Where a provider budget's calls are counted (budget.py), and the pure decision whether one more
+request may be sent: the limits, the calls in flight, and when each answered one leaves the window.
+A provider meters JSON-RPC calls, not HTTP requests: a batch of ten is ten places."""
 
 from __future__ import annotations
 
@@ -27,15 +28,28 @@ class Limits:
         window = max(1.0, 1.0 / max_rps) + WINDOW_MARGIN
         return cls(max(1, math.floor(max_rps * (window - WINDOW_MARGIN))), window, max_concurrency)
 
-    def refusal(self, in_flight: int, held: list[float], now: float) -> float | None:
-        """None if one more request may be sent now, with `in_flight` sent and unanswered and `held`
-        the sorted times the answered ones leave the window; else seconds until a held place frees
-        (0: until a request in flight is answered)."""
-        if self.concurrency is not None and in_flight >= self.concurrency:
+    def refusal(self, in_flight: int, held: list[float], now: float, calls: int = 1) -> float | None:
+        """None if a request of `calls` JSON-RPC calls may be sent now, with `in_flight` calls sent and
+        unanswered and `held` the sorted times the answered ones leave the window (one entry a
+        call); else seconds until enough held places free (0: until a request in flight is answered).
+        A request of more calls than the limits allow at all goes once nothing else is counted."""
+        if self.concurrency is not None and in_flight and in_flight + calls > self.concurrency:
             return 0.0
-        if self.count and in_flight + len(held) >= self.count:
-            return max(0.001, held[0] - now) if held else 0.0
+        used = in_flight + len(held)
+        if self.count and used and used + calls > self.count:
+            to_free = used + calls - self.count  # held places that must leave first, oldest first
+            if to_free <= len(held):
+                return max(0.001, held[to_free - 1] - now)
+            if in_flight:
+                return 0.0
+            return max(0.001, held[-1] - now)  # a request larger than the budget: the window empties first
         return None
+
+    @property
+    def room(self) -> int | None:
+        """The most calls one request may carry within these limits (None: no limit)."""
+        bounds = [b for b in (self.count or None, self.concurrency) if b is not None]
+        return min(bounds) if bounds else None
 
     def hold(self, answered: bool) -> float:
         """Seconds an ended request keeps its place in the window."""
@@ -47,11 +61,11 @@ class Window(Protocol):
 
     shared: bool
 
-    def take(self, limits: Limits, now: float) -> float | None:
-        """Count one request in flight if `limits` allow it (None); else `Limits.refusal`'s wait."""
+    def take(self, limits: Limits, now: float, calls: int = 1) -> float | None:
+        """Count a request's `calls` in flight if `limits` allow it (None); else `Limits.refusal`'s wait."""
         ...
 
-    def release(self, now: float, hold: float) -> None: ...
+    def release(self, now: float, hold: float, calls: int = 1) -> None: ...
 
     def in_flight(self) -> int: ...
 
@@ -63,20 +77,26 @@ class LocalWindow:
 
     def __init__(self) -> None:
         self.flying = 0
-        self.held: list[float] = []  # sorted: when each answered request leaves the window
+        self.held: list[float] = []  # sorted: when each answered call leaves the window
 
-    def take(self, limits: Limits, now: float) -> float | None:
+    def take(self, limits: Limits, now: float, calls: int = 1) -> float | None:
         if self.held and self.held[0] <= now:
             del self.held[: bisect.bisect_right(self.held, now)]
-        refused = limits.refusal(self.flying, self.held, now)
+        refused = limits.refusal(self.flying, self.held, now, calls)
         if refused is None:
-            self.flying += 1
+            self.flying += calls
         return refused
 
-    def release(self, now: float, hold: float) -> None:
-        self.flying -= 1
+    def release(self, now: float, hold: float, calls: int = 1) -> None:
+        self.flying -= calls
         if hold > 0:
-            bisect.insort(self.held, now + hold)
+            hold_place(self.held, now + hold, calls)
 
     def in_flight(self) -> int:
         return self.flying
+
+
+def hold_place(held: list[float], until: float, calls: int) -> None:
+    """`calls` places held until `until`, `held` kept sorted."""
+    at = bisect.bisect_right(held, until)
+    held[at:at] = [until] * calls
