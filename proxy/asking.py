@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from proxy.chain import pinning, proofs
 from proxy.chain.heads import EvmHeadTracker
@@ -22,8 +22,9 @@ from proxy.rpc.jsonrpc import (
     UPSTREAM_UNAVAILABLE,
     JsonRpcError,
 )
-from proxy.rpc.methods import MethodPolicy
+from proxy.rpc.methods import CacheClass, MethodPolicy
 from proxy.upstream.pool import PerUpstream
+from proxy.upstream.replies import state_gone
 from proxy.upstream.sending import too_large
 from proxy.values import Answer, Plan
 
@@ -32,6 +33,10 @@ from proxy.values import Answer, Plan
 REFUSED = frozenset({"lagging", "fork", "off_chain", "unproven", "orphaned"})
 # Errors that are a node's answer to the call whatever blocks it holds: a revert, the request's own faults.
 ANSWERS_TO_THE_REQUEST = frozenset({EXECUTION_REVERTED, INVALID_REQUEST, PARSE_ERROR})
+
+# Tries for an answer shown at the block it needs when a node behind answered first (one URL may be a
+# load balancer whose member far behind takes a share of the calls: each try may reach another member).
+ASK_AGAIN = 5
 
 CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
 
@@ -58,12 +63,27 @@ class Asker:
         """The upstream's answer, and why it cannot be tied to its key (None when it can). An upstream
         that lacks a block the answer depends on is replaced by one that has it, when one does; if
         none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
-        answer, doubt = await self._ask_checked(net, method, forward, policy, plan, deadline, None)
+        answer, doubt = await self._first_answer(net, method, forward, policy, plan, deadline)
+        if answer.is_error and plan.need is not None and policy.cache is CacheClass.BLOCK and state_gone(answer.error):
+            answer, doubt = await self._state_elsewhere(net, method, forward, policy, plan, deadline, answer, doubt)
+            if doubt == "state_gone":
+                return answer, doubt  # every upstream that might hold it was asked: served, never kept
+        per, head = net.per_upstream, net.tracker.head
+        if (
+            per is not None
+            and head is not None
+            and (
+                doubt == "below_head"
+                or (doubt == "other_head" and answer.proof_number is not None and answer.proof_number < head.latest)
+            )
+        ):
+            # README "A node behind the head": a read at the head (fees, a range past it) from a node
+            # that has not reached the tracker's head is never the answer.
+            return await self._at_head(net, method, forward, policy, plan, deadline, answer.upstream, head.latest)
         if doubt == "unverified" and answer.unbatched and not _not_found(answer):
             # Its node refused the batch that would have shown its chain: served as the node gave it,
             # never kept, and not asked elsewhere. (A null or an error is asked again below.)
             return answer, doubt
-        per = net.per_upstream
         orphan = plan.proof is not None and not plan.proof[2]  # null is the canonical chain's answer
         # A null or an error is asked again beside its block's header, also when it came unproven (its
         # batch failed and it went alone): a load balancer's lagging member answers that way too, and
@@ -126,6 +146,60 @@ class Asker:
             self._refuse(net, doubt, plan.need)
         return answer, doubt
 
+    async def _first_answer(
+        self,
+        net: NetworkRuntime,
+        method: str,
+        forward: Any,
+        policy: MethodPolicy,
+        plan: Plan,
+        deadline: float | None,
+    ) -> tuple[Answer, str | None]:
+        """The pool's answer; for state older than some upstream keeps (a pruned node), the answer of
+        the first upstream known to hold it, asked alone (the pool when that one fails)."""
+        per, need = net.per_upstream, plan.need
+        if per is not None and need is not None and policy.cache is CacheClass.BLOCK:
+            states = per.states
+            if any(states.in_rotation(i) and not states.holds_state(i, need) for i in range(states.size)):
+                holder = states.other_with_state((), need)
+                if holder is not None:
+                    try:
+                        return await self._ask_checked(net, method, forward, policy, plan, deadline, holder)
+                    except JsonRpcError:
+                        pass  # down now: the pool's order decides, and a pruned node's error is asked again
+        return await self._ask_checked(net, method, forward, policy, plan, deadline, None)
+
+    async def _state_elsewhere(
+        self,
+        net: NetworkRuntime,
+        method: str,
+        forward: Any,
+        policy: MethodPolicy,
+        plan: Plan,
+        deadline: float | None,
+        answer: Answer,
+        doubt: str | None,
+    ) -> tuple[Answer, str | None]:
+        """A node said it no longer has the state at the block asked (a pruned node's error): it is
+        noted as keeping recent state only, and the call goes to each upstream that may still hold it
+        until one answers. The error is served only when none can (`state_gone`: never kept)."""
+        per, need = net.per_upstream, plan.need
+        if per is None or need is None:
+            return answer, doubt
+        per.states.state_gone(answer.upstream, need)
+        tried = {answer.upstream}
+        while (other := per.states.other_with_state(tried, need)) is not None:
+            tried.add(other)
+            try:
+                retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
+            except JsonRpcError:
+                continue
+            if retried.is_error and state_gone(retried.error):
+                per.states.state_gone(other, need)
+                continue
+            return retried, again
+        return answer, "state_gone"
+
     async def _ask_checked(
         self,
         net: NetworkRuntime,
@@ -186,6 +260,8 @@ class Asker:
             answer.upstream, plan.need
         ):
             if plan.need is not None and head is not None and plan.need > head.latest:
+                if not per.states.vouches(answer.upstream, head.latest):
+                    return answer, "below_head"  # a node short of the head itself: asked elsewhere (ask_pinned)
                 return answer, "beyond_head"  # no upstream is known to have it: served, never stored
             return answer, "lagging"  # an error from it may be just that, too
         if answer.is_error:
@@ -337,12 +413,12 @@ class Asker:
         """A null or an error for a call that needs a block the tracker holds: the answer of a node
         that has the block (no uncle there, no such log), or of one behind it (a load balancer's lagging
         member: a range error, a null for a hash it never saw)? Asked again with the node's header at
-        that height in the same batch, twice at most; served only from a node that shows the block
-        (a null by hash is still never stored: `unknown_hash`), else refused as `lagging`."""
+        that height in the same batch, ASK_AGAIN times at most; served only from a node that shows the
+        block (a null by hash is still never stored: `unknown_hash`), else refused as `lagging`."""
         per = net.per_upstream
         assert per is not None
         index = per.states.other_with(answer.upstream, plan.need)
-        for _ in range(2):
+        for _ in range(ASK_AGAIN):
             try:
                 retried = await self.ask(
                     net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
@@ -354,10 +430,46 @@ class Asker:
             if retried is not None and retried.proof is None and (not _not_found(retried) or retried.unbatched):
                 return retried, "unverified"  # a node that takes no batches shows nothing: served, never kept
             # A null or an error with no header (a batch answered in part) is the doubt itself: asked again.
-            if retried is not None and retried.proof is not None and _shown(net, proof, retried.proof):
+            if (
+                retried is not None
+                and retried.proof is not None
+                and _shown(net, proof, retried.proof, retried.proof_number)
+            ):
                 return retried, "unknown_hash" if plan.by_hash and _not_found(retried) else None
             index = None  # the pool once more: a load balancer may send it to a member that has the block
         return answer, "lagging"
+
+    async def _at_head(
+        self,
+        net: NetworkRuntime,
+        method: str,
+        forward: Any,
+        policy: MethodPolicy,
+        plan: Plan,
+        deadline: float | None,
+        behind: int,
+        latest: int,
+    ) -> tuple[Answer, str | None]:
+        """The answer of a node at the tracker's head (`latest`) for a read at the head that upstream
+        `behind` answered from an older block: another upstream that has reached it first, then the
+        pool (a load balancer may send it to a member at the head), ASK_AGAIN tries in all; else the
+        call fails (-32002, `lagging`)."""
+        per = net.per_upstream
+        assert per is not None
+        index = per.states.other_with(behind, latest)
+        for _ in range(ASK_AGAIN):
+            try:
+                retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, index)
+            except JsonRpcError:
+                retried, again = None, "failed"
+            index = None
+            if retried is None:
+                continue
+            if again in (None, "beyond_head") or (
+                again == "other_head" and retried.proof_number is not None and retried.proof_number >= latest
+            ):
+                return retried, again
+        self._refuse(net, "lagging", latest)
 
     async def _caught_up(self, per: PerUpstream, index: int, need: int | None) -> bool:
         """Ask upstream `index` for its head now: has it reached block `need`? (It may have passed
@@ -401,7 +513,7 @@ class Asker:
         found = header.result.get("hash") if isinstance(header.result, dict) else None
         return header.proof == head.final_hash and isinstance(found, str) and found.lower() == block_hash
 
-    def _refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> None:
+    def _refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> NoReturn:
         self._metrics.uncached_answers.labels(net.name, reason).inc()
         block = f"block {need}" if need is not None else "the block"
         raise JsonRpcError(
@@ -426,25 +538,25 @@ class Asker:
         head = net.tracker.head
         per = net.per_upstream
         proof = ("latest", head.latest_hash, True) if head is not None and per is not None else None
-        answer = await self.ask(net, method, params, policy, deadline, proof=proof[0] if proof else None)
-        if (
-            per is not None
-            and answer.upstream >= 0
-            and per.states.verified[answer.upstream]
-            and need is not None
-            and per.states.latest[answer.upstream] < need
-        ):
-            self._refuse(net, "lagging", need)
-        if (
-            proof is not None
-            and not (answer.proof is not None and _shown(net, proof, answer.proof))
-            and not answer.unbatched
-        ):
+        for _ in range(ASK_AGAIN):
+            answer = await self.ask(net, method, params, policy, deadline, proof=proof[0] if proof else None)
+            if proof is None or answer.unbatched:
+                # No block can come beside it: judged by the node's head as last polled.
+                if (
+                    per is not None
+                    and answer.upstream >= 0
+                    and per.states.verified[answer.upstream]
+                    and need is not None
+                    and per.states.latest[answer.upstream] < need
+                ):
+                    self._refuse(net, "lagging", need)
+                return answer
+            if answer.proof is not None and _shown(net, proof, answer.proof, answer.proof_number):
+                return answer  # the head the same node showed outranks its last polled one
             # Not shown at the tracker's head, or not shown at all (its batch failed and it went
-            # alone): a load balancer's lagging member answers a tag with its own older head. A node
-            # that refuses batches never shows it: its answer is served as it gave it.
-            self._refuse(net, "lagging", need)
-        return answer
+            # alone): a load balancer's lagging member answers a tag with its own older head. Asked
+            # again: the balancer may send it to a member at the head.
+        self._refuse(net, "lagging", need)
 
 
 def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.Proof | None:
@@ -464,9 +576,10 @@ def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.P
     return None if shown else proof
 
 
-def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None) -> bool:
+def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None, number: int | None = None) -> bool:
     """The node showed the block a proof asks for; for `latest`, a head at or past the tracker's (not
-    an older block of its window, nor one it saw replaced)."""
+    an older block of its window, nor one it saw replaced, nor one below it: `number`, the number
+    the node gave with that hash, when it gave one: a load balancer's member far behind)."""
     if proof[0] != "latest":
         return proofs.proof_doubt(proof, seen, final=False) is None
     tracker = net.tracker
@@ -475,7 +588,10 @@ def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None) -> bool:
     return (
         bool(seen)
         and head is not None
-        and (seen == head.latest_hash or (seen not in head.numbers and seen not in orphans))
+        and (
+            seen == head.latest_hash
+            or (seen not in head.numbers and seen not in orphans and (number is None or number >= head.latest))
+        )
     )
 
 

@@ -56,6 +56,9 @@ class UpstreamOptions:
     max_units_per_second: float | None = None
     method_costs: tuple[tuple[str, int], ...] = ()  # pairs, not a dict: the options stay hashable
     default_cost: int = 1
+    # None: an archive node as far as is known (its errors may still show it keeps recent state only);
+    # a number: it keeps the state of its last `recent_blocks` blocks only, older reads go elsewhere.
+    recent_blocks: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +77,10 @@ _UPSTREAM_FIELDS = (
     "max_units_per_second",
     "method_costs",
     "default_cost",
+    "archive",
+    "recent_blocks",
 )
+RECENT_BLOCKS_DEFAULT = 128  # `archive = false` without recent_blocks: geth's default state window
 
 
 def _positive_number(where: str, name: str, value: Any, *, whole: bool = False) -> Any:
@@ -109,6 +115,7 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
                 _positive_number(at, "max_rps", entry.get("max_rps")),
                 _positive_number(at, "max_concurrency", entry.get("max_concurrency"), whole=True),
                 *_unit_rate(at, entry),
+                _recent_blocks(at, entry),
             )
         )
         urls.append(entry.get("url"))
@@ -127,6 +134,19 @@ def _unit_rate(at: str, entry: dict[str, Any]) -> tuple[float | None, tuple[tupl
     if rate is None and (checked or "default_cost" in entry):
         raise ConfigError(f"{at}: method_costs and default_cost need max_units_per_second (the budget in those units)")
     return rate, tuple(sorted(checked.items())), default
+
+
+def _recent_blocks(at: str, entry: dict[str, Any]) -> int | None:
+    """An upstream's state window: `archive = false` and/or `recent_blocks = N` (None: an archive node)."""
+    archive = entry.get("archive")
+    if archive is not None and not isinstance(archive, bool):
+        raise ConfigError(f"{at}: archive must be true or false")
+    recent = _positive_number(at, "recent_blocks", entry.get("recent_blocks"), whole=True)
+    if archive and recent is not None:
+        raise ConfigError(f"{at}: an archive upstream has no recent_blocks (set archive = false, or drop it)")
+    if archive is False and recent is None:
+        return RECENT_BLOCKS_DEFAULT
+    return int(recent) if recent is not None else None
 
 
 def _integrity(where: str, entry: dict[str, Any]) -> tuple[int, bool]:

@@ -265,6 +265,13 @@ class Metrics:
             ["network", "upstream"],
             registry=r,
         )
+        self.upstream_catching_up = Gauge(
+            "rpc_proxy_upstream_catching_up",
+            "1 while an upstream is still syncing (its eth_syncing says so) or its "
+            "head is far behind the others: out of head tracking and asked last.",
+            ["network", "upstream"],
+            registry=r,
+        )
         self.upstream_head_lag = Gauge(
             "rpc_proxy_upstream_head_lag_blocks",
             "Blocks an upstream's own head is behind the furthest upstream's.",
@@ -351,7 +358,8 @@ class Metrics:
         self.uncached_answers = Counter(
             "rpc_proxy_uncached_answers",
             "Answers the proxy could not tie to their block: served uncached "
-            "(unverified, unknown_hash, late_head, beyond_head) or refused with -32002 (lagging, fork).",
+            "(unverified, unknown_hash, late_head, beyond_head, state_gone: no upstream keeps that old state) or "
+            "refused with -32002 (lagging, fork).",
             ["network", "reason"],
             registry=r,
         )

@@ -26,4 +26,17 @@ class NetworkRuntime:
         states = self.per_upstream.states if self.per_upstream is not None else None
         if states is not None and all(states.mismatch):
             return "degraded: no upstream serves the network's chain (see rpc_proxy_upstream_identity_mismatch)"
+        if states is not None and all(states.syncing[i] for i in range(states.size) if states.in_rotation(i)):
+            return "degraded: every upstream is still syncing (see rpc_proxy_upstream_catching_up)"
         return self.tracker.health(now)
+
+    def catching_up(self) -> dict[str, str]:
+        """Upstreams (by index, never URL) still syncing or far behind, and how far: for /readyz."""
+        states = self.per_upstream.states if self.per_upstream is not None else None
+        if states is None:
+            return {}
+        return {
+            str(i): ("syncing" if states.syncing[i] else "behind") + f", {states.behind_by(i)} blocks behind"
+            for i in range(states.size)
+            if states.catching_up(i)
+        }

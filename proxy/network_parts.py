@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.chain.epochs import EpochStore, MemoryEpochs
 from proxy.chain.heads import EvmHeadTracker
@@ -159,13 +160,20 @@ class PartsBuilder:
             name, runtime = parts.name, parts.runtime
             if parts.guard is not None:
                 parts.tasks.append(asyncio.create_task(parts.guard.run(), name=f"identity-{name}"))
+            first: asyncio.Event | None = None
             if runtime.per_upstream is not None:
+                first = asyncio.Event()
                 parts.tasks.append(
                     asyncio.create_task(
-                        watch_upstream_heads(runtime.per_upstream, interval, parts.polls), name=f"upstream-heads-{name}"
+                        watch_upstream_heads(runtime.per_upstream, interval, parts.polls, first),
+                        name=f"upstream-heads-{name}",
                     )
                 )
-            parts.tasks.append(asyncio.create_task(runtime.tracker.run(), name=f"tracker-{name}"))
+            parts.tasks.append(
+                asyncio.create_task(
+                    _after(first, self.settings.upstream_timeout, runtime.tracker.run()), name=f"tracker-{name}"
+                )
+            )
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STARTUP_WAIT):
                 await asyncio.gather(
@@ -201,3 +209,13 @@ class PartsBuilder:
         await parts.runtime.upstream.close()
         if parts.polls is not None:
             parts.polls.close()
+
+
+async def _after(first: asyncio.Event | None, wait: float, run: Coroutine[Any, Any, None]) -> None:
+    """`run` once each upstream's own head and eth_syncing were asked once (bounded by `wait`): the
+    tracker's first poll never follows a node still syncing because nothing was known of it yet."""
+    if first is not None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await first.wait()
+    await run

@@ -53,6 +53,8 @@ class Answer:
     # Asked alone because its node refused the batch its proof was in: no block can come beside it
     # (asking.py serves it as the node gave it, and never keeps it).
     unbatched: bool = False
+    # The number of that proof block as the same node gave it (None: not given, or no proof asked).
+    proof_number: int | None = None
 
     @property
     def is_error(self) -> bool:
@@ -63,9 +65,10 @@ class Answer:
         code = self.error.get("code") if self.error else None
         return code if isinstance(code, int) else None
 
-    def with_proof(self, proof: str | None) -> Answer:
-        """This answer with the hash its node gave for the proof block (not dataclasses.replace: per miss)."""
-        return Answer(self.payload, self.result, self.error, self.seconds, self.upstream, proof, self.unbatched)
+    def with_proof(self, proof: str | None, number: int | None = None) -> Answer:
+        """This answer with the hash (and number) its node gave for the proof block (not
+        dataclasses.replace: per miss)."""
+        return Answer(self.payload, self.result, self.error, self.seconds, self.upstream, proof, self.unbatched, number)
 
     @classmethod
     def stored(cls, payload: bytes, is_error: bool) -> Answer:

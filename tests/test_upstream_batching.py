@@ -59,7 +59,8 @@ async def relay(
         reads = [
             p
             for p in (payload if is_batch else [payload])
-            if isinstance(p, dict) and p.get("method") not in ("eth_getBlockByNumber", "eth_blockNumber", "eth_chainId")
+            if isinstance(p, dict)
+            and p.get("method") not in ("eth_getBlockByNumber", "eth_blockNumber", "eth_chainId", "eth_syncing")
         ]
         if reads:
             record.bodies.append(len(body))

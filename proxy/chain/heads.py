@@ -222,6 +222,13 @@ async def synced_window(
     return chain
 
 
+# Heads seen in a row below the finalized block (the tracker's and the per-upstream polls, every
+# upstream) before the chain counts as restarted shorter: one answer, or a few, may be a load
+# balancer's member far behind, whose answers come between its other members'. 12 in a row from a
+# member that gets one request in five: about 4 in a billion.
+RESTART_EVIDENCE = 12
+
+
 def finality_violation(known: Header, now: Header | None, latest: Header, furthest: bool) -> str | None:
     """How the finalized block `known` was violated, as the chain now reports it (None: it was not).
     `furthest`: the upstream that answered is the one furthest ahead, so a shorter chain is real."""
@@ -296,6 +303,8 @@ class EvmHeadTracker:
         self.orphans.clear()
         self.shown = 0
         self._final = None
+        if self._states is not None:
+            self._states.final_mark = None
         self._caught_up.set()
         self.set_identity(identity)
         self._wake.set()
@@ -440,6 +449,14 @@ class EvmHeadTracker:
         if self._states is not None:
             self._states.observe_head(latest_a.upstream, latest.number)
         old_head = self.head
+        if self._states is not None and self._states.catching_up(latest_a.upstream):
+            # A node still syncing (or stalled) answered while the others did not: its head is an old
+            # block, never the network's, even before the tracker had one. The head goes stale instead.
+            if old_head is not None and latest.number < old_head.latest:
+                self._refuse_going_back(old_head, latest, latest_a.upstream)
+            raise TrackerError(
+                f"upstream #{latest_a.upstream} is still syncing or far behind the others (at block {latest.number})"
+            )
         if old_head is not None and latest.number < old_head.latest and self._states is not None:
             self._states.suspect.set()  # going back may be another chain (a restarted devnet)
         violated = known_final is not None and self._violates(
@@ -488,6 +505,8 @@ class EvmHeadTracker:
             self._final = Header(to_check[0], to_check[1], "", 0, 0)
         else:
             self._final = final_h or Header(finalized, final_hash, "", 0, 0) if final_hash else final_h
+        if self._states is not None:
+            self._states.final_mark = self._final.number if self._final is not None else None
         self.last_poll = time.time()
         # A node answers a write before its miner has sealed the block (Anvil's automining): a poll
         # covers the writes made WRITE_SETTLE before it started; for later ones, another poll soon.
@@ -539,6 +558,15 @@ class EvmHeadTracker:
         what = finality_violation(known, now, latest, self._furthest(upstream))
         if what is None:
             return False
+        states = self._states
+        if now is None and states is not None and states.below_final < RESTART_EVIDENCE:
+            # Gone on this answer only so far: the head neither goes back nor moves to a new epoch
+            # until every head seen for RESTART_EVIDENCE answers in a row agrees.
+            raise TrackerError(
+                f"upstream #{upstream} is at block {latest.number}, below the finalized block "
+                f"{known.number} ({states.below_final} such heads in a row; a restarted chain "
+                f"after {RESTART_EVIDENCE})"
+            )
         log.error(
             "head tracker %s: finalized block %d %s; the network's cache entries are invalidated",
             self.network,
@@ -548,6 +576,7 @@ class EvmHeadTracker:
         self._metrics.finality_violations.labels(self.network).inc()
         if self._states is not None:
             self._states.suspect.set()  # a restarted devnet looks like this: its identity is checked now
+            self._states.below_final = 0
         return True
 
     def _publish(self, head: Head) -> None:

@@ -13,30 +13,42 @@ from proxy.values import Answer
 from proxy.workers.shared_polls import SharedPolls, aligned_delay
 
 
-async def watch_upstream_heads(pool: PerUpstream, interval: float, shared: SharedPolls | None = None) -> None:
-    """Each upstream's own latest block, every poll interval: the tracker follows one upstream,
-    and an answer is kept only if the upstream that produced it had the blocks it depends on."""
+async def watch_upstream_heads(
+    pool: PerUpstream,
+    interval: float,
+    shared: SharedPolls | None = None,
+    first: asyncio.Event | None = None,
+) -> None:
+    """Each upstream's own latest block and eth_syncing, every poll interval: the tracker follows an
+    upstream that is neither syncing nor far behind, and an answer is kept only if the upstream that
+    produced it had the blocks it depends on. `first` is set once the first round is done."""
     states = pool.states
+    calls: list[tuple[str, Any]] = [("eth_blockNumber", []), ("eth_syncing", [])]
 
     async def one(index: int) -> None:
-        async def fetch(calls: list[tuple[str, Any]]) -> list[Answer]:
-            return [await pool.ask(index, m, p, timeout=max(interval, 1.0)) for m, p in calls]
+        async def fetch(asked: list[tuple[str, Any]]) -> list[Answer]:
+            return [await pool.ask(index, m, p, timeout=max(interval, 1.0)) for m, p in asked]
 
         try:
             if shared is None:
-                answer = await pool.ask(index, "eth_blockNumber", [], timeout=max(interval, 1.0))
+                answers = await fetch(calls)
             else:
                 since = time.time() - interval / 2
-                [answer] = await shared.ask(f"upstream{index}", [("eth_blockNumber", [])], fetch, since=since)
+                answers = await shared.ask(f"upstream{index}", calls, fetch, since=since)
         except JsonRpcError:
             return
-        if isinstance(answer.result, str):
+        number, syncing = answers
+        if isinstance(number.result, str):
             with contextlib.suppress(ValueError):
-                states.observe_head(index, int(answer.result, 16))
+                states.observe_head(index, int(number.result, 16))
+        if not syncing.is_error:  # a node without eth_syncing says nothing of it
+            states.observe_syncing(index, syncing.result)
 
     while True:
         now = time.monotonic()  # one resting after a 429 is not asked before its Retry-After
         await asyncio.gather(
             *(one(i) for i in range(states.size) if states.in_rotation(i) and not states.resting(i, now))
         )
+        if first is not None:
+            first.set()
         await asyncio.sleep(interval if shared is None else aligned_delay(interval, time.time()))

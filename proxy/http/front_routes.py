@@ -45,7 +45,12 @@ def readiness(service: Service) -> tuple[int, dict[str, object]]:
     now = time.time()
     networks = {name: runtime.health(now) or "ok" for name, runtime in service.networks.items()}
     ready = all(state == "ok" for state in networks.values())
-    return (200 if ready else 503), {"status": "ready" if ready else "unavailable", "networks": networks}
+    answer: dict[str, object] = {"status": "ready" if ready else "unavailable", "networks": networks}
+    # Upstreams out of head tracking while they sync: the network is served by the others.
+    catching_up = {name: lagging for name, runtime in service.networks.items() if (lagging := runtime.catching_up())}
+    if catching_up:
+        answer["catching_up"] = catching_up
+    return (200 if ready else 503), answer
 
 
 def request_path(url: bytes) -> str:

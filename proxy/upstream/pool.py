@@ -20,7 +20,7 @@ from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.budget import Budget, BudgetBook, Slot, UnitRate
-from proxy.upstream.replies import batch_problem, proof_call, proof_hash, single_problem
+from proxy.upstream.replies import batch_problem, proof_call, proof_hash, proof_number, single_problem
 from proxy.upstream.selection import Selector
 from proxy.upstream.sending import (
     DEFAULT_MAX_REPLY,
@@ -99,6 +99,7 @@ def routing_of(network: Network, budgets: BudgetBook | None = None) -> Routing:
             for url, o in zip(network.upstreams, options, strict=True)
         ),
         network.hedge_after,
+        tuple(o.recent_blocks for o in options),
     )
 
 
@@ -268,11 +269,14 @@ class HttpUpstream(Sender):
         answers: list[Answer] = []
         for item in items[:count]:
             answers.append(Answer.from_response(item, seconds, index))
+        numbers: dict[str, int | None] = {}
         for block, item in zip(blocks, items[count:], strict=True):
-            hashes[block] = proof_hash(item.get("result"), item.get("error") is not None)
+            failed = item.get("error") is not None
+            hashes[block] = proof_hash(item.get("result"), failed)
+            numbers[block] = proof_number(item.get("result"), failed)
         for i, (_, _, block) in enumerate(calls):
             if block is not None:
-                answers[i] = answers[i].with_proof(hashes[block])
+                answers[i] = answers[i].with_proof(hashes[block], numbers[block])
         return answers
 
     def proven(

@@ -3,6 +3,7 @@ whether it is a provider's rate limit, its Retry-After, and the proof header ask
 
 from __future__ import annotations
 
+import re
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -21,6 +22,41 @@ RATE_LIMIT_PHRASES = (
 )
 
 
+# Phrases of a node's error for state it no longer keeps (a pruned, "full" node), as the clients word
+# them: geth ("missing trie node", "required historical state unavailable", "historical state ... is
+# not available"), Nethermind (MissingTrieNodeException), Erigon ("... is not available" for data
+# before its pruned step, "pruned"), Anvil with --prune-history ("BlockOutOfRangeError").
+STATE_GONE_PHRASES = (
+    "missing trie node",
+    "missingtrienode",
+    "historical state",
+    "state not available",
+    "state is not available",
+    "is not available: blocknum",
+    "has been pruned",
+    "pruned history",
+    "due to pruning",
+    "blockoutofrangeerror",
+    "block out of range",
+)
+
+
+# Anvil words a block past its head and a pruned one alike: the numbers tell them apart.
+_OUT_OF_RANGE = re.compile(r"block height is (\d+) but requested was (\d+)")
+
+
+def state_gone(error: dict[str, Any] | None) -> bool:
+    """A node's error saying it lacks the state (or history) at the block asked: another node may
+    have it. Not a node behind saying the block is past its head (that is the lagging rule's)."""
+    if not error:
+        return False
+    text = f"{error.get('message', '')} {error.get('data', '')}".lower()
+    heights = _OUT_OF_RANGE.search(text)
+    if heights is not None:
+        return int(heights.group(2)) < int(heights.group(1))
+    return any(phrase in text for phrase in STATE_GONE_PHRASES)
+
+
 def proof_call(block: str) -> tuple[str, list[Any]]:
     """The header asked beside a call, in the same batch, to show which chain the answering node is on."""
     return ("eth_getBlockByNumber", [block, False])
@@ -33,6 +69,15 @@ def proof_hash(block: Any, is_error: bool) -> str:
         return ""
     value = block.get("hash") if isinstance(block, dict) else None
     return value.lower() if isinstance(value, str) else ""
+
+
+def proof_number(block: Any, is_error: bool) -> int | None:
+    """The number in a proof header's answer (None when there is none, or it cannot be read)."""
+    value = block.get("number") if isinstance(block, dict) and not is_error else None
+    try:
+        return int(value, 16) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def _is_response(reply: Any) -> bool:

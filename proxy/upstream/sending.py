@@ -67,6 +67,7 @@ class Routing:
     selector: Selector | None = None
     budgets: tuple[Budget, ...] = ()
     hedge_after: float | None = None
+    recent_blocks: tuple[int | None, ...] = ()  # per upstream: the state window it keeps (None: archive)
 
 
 DEFAULT_ROUTING = Routing()  # priority order, no budgets, no hedging
@@ -108,6 +109,9 @@ class Sender:
         self.reroute(routing)
         for index in range(len(self._urls)):
             metrics.upstream_head_lag.labels(network, str(index)).set_function(lambda i=index: float(self._head_lag(i)))  # type: ignore[misc]
+            metrics.upstream_catching_up.labels(network, str(index)).set_function(
+                lambda i=index: float(self.states.catching_up(i))  # type: ignore[misc]
+            )
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -118,6 +122,7 @@ class Sender:
         self.selector = routing.selector or Selector("priority", [1.0] * len(self._urls))
         self.budgets = routing.budgets or tuple(Budget(None, None) for _ in self._urls)
         self._hedge_after = routing.hedge_after
+        self.states.declare_recent(routing.recent_blocks)
 
     @property
     def batch_room(self) -> int | None:
@@ -174,10 +179,15 @@ class Sender:
         if len(self._urls) == 1:  # one upstream: its order whatever its state
             return [0] if self.states.in_rotation(0) else []
         now = time.monotonic()
-        serving = [i for i in range(len(self._urls)) if self.states.in_rotation(i)]
-        healthy = self.selector.order([i for i in serving if self._down_until[i] <= now], self.states.latest, now)
+        states = self.states
+        serving = [i for i in range(len(self._urls)) if states.in_rotation(i)]
+        # One still syncing or far behind comes last: its `latest` is an old block, its state old state.
+        catching_up = [i for i in serving if states.catching_up(i)]
+        if catching_up:
+            serving = [i for i in serving if i not in catching_up]
+        healthy = self.selector.order([i for i in serving if self._down_until[i] <= now], states.latest, now)
         cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
-        return healthy + cooling
+        return healthy + cooling + catching_up if catching_up else healthy + cooling
 
     async def _budgeted(self, index: int, deadline: float, methods: Sequence[str] = ONE_CALL) -> Slot | None:
         """Places for a request of `methods` (one a JSON-RPC call) in upstream `index`'s budget by

@@ -11,6 +11,7 @@ an error, so a lagging upstream's answer is never stored.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass
 
 UNKNOWN = -1
@@ -32,6 +33,9 @@ class ChainIdentity:
 
 
 STEADY_HEADS = 5  # heads seen in order before an upstream counts as one steady node
+# An upstream whose own head is more than this many blocks behind the furthest one is catching up (a
+# node still syncing, a stalled one): out of head tracking and of `latest` reads until it is back.
+CATCH_UP_BLOCKS = 32
 
 
 class UpstreamStates:
@@ -54,6 +58,84 @@ class UpstreamStates:
         self._went_back = [False] * size
         # A provider's rate limit (429, Retry-After): its head polls rest until then (time.monotonic()).
         self.resting_until = [0.0] * size
+        # How many of its last blocks' state it keeps (None: all, an archive node as far as is known):
+        # stated in NETWORKS_FILE (`recent_blocks`), and learned from its errors for older state.
+        self.recent_declared: list[int | None] = [None] * size
+        self.recent_learned: list[int | None] = [None] * size
+        # Its eth_syncing said it is still syncing (an object with currentBlock < highestBlock).
+        self.syncing = [False] * size
+        # The network's finalized block as the tracker last knew it, and how many heads seen in a row
+        # (the tracker's polls and the per-upstream polls, any upstream) were below it: a chain that
+        # no longer reaches it (a restarted devnet) shows only such heads; a load balancer whose member
+        # is behind shows them between its other members' (heads.py).
+        self.final_mark: int | None = None
+        self.below_final = 0
+
+    def observe_syncing(self, index: int, result: object) -> None:
+        """An eth_syncing answer: false when synced, else an object (currentBlock, highestBlock). An
+        object whose current block has reached the highest counts as synced (some clients say so)."""
+        if not 0 <= index < self.size:
+            return
+        syncing = bool(result)
+        if isinstance(result, dict):
+            try:
+                syncing = int(str(result.get("currentBlock")), 16) < int(str(result.get("highestBlock")), 16)
+            except ValueError:
+                syncing = True
+        self.syncing[index] = syncing
+
+    def behind_by(self, index: int) -> int:
+        """Blocks its own head is behind the furthest upstream in rotation (0 when unknown)."""
+        if not 0 <= index < self.size or self.latest[index] < 0:
+            return 0
+        best = max((self.latest[i] for i in range(self.size) if self.in_rotation(i)), default=UNKNOWN)
+        return max(best - self.latest[index], 0)
+
+    def catching_up(self, index: int) -> bool:
+        """Still syncing (its eth_syncing says so) or far behind the others: not followed by the head
+        tracker nor asked first, while another upstream in rotation is not catching up."""
+        if not 0 <= index < self.size or not (self.syncing[index] or self.behind_by(index) > CATCH_UP_BLOCKS):
+            return False
+        return any(i != index and self.in_rotation(i) and not self._lagging(i) for i in range(self.size))
+
+    def _lagging(self, index: int) -> bool:
+        return self.syncing[index] or self.behind_by(index) > CATCH_UP_BLOCKS
+
+    def declare_recent(self, windows: tuple[int | None, ...]) -> None:
+        """NETWORKS_FILE's state windows (start-up, a reload); what was learned from errors starts over."""
+        for index in range(self.size):
+            self.recent_declared[index] = windows[index] if index < len(windows) else None
+            self.recent_learned[index] = None
+
+    def state_window(self, index: int) -> int | None:
+        """How many of its last blocks' state upstream `index` keeps (None: all, as far as is known)."""
+        known = [w for w in (self.recent_declared[index], self.recent_learned[index]) if w is not None]
+        return min(known) if known else None
+
+    def holds_state(self, index: int, number: int) -> bool:
+        """Upstream `index` can answer for the state at block `number` as far as is known: an archive
+        node, or one whose kept window (behind its own head) reaches that block."""
+        if not 0 <= index < self.size:
+            return True
+        window = self.state_window(index)
+        return window is None or self.latest[index] < 0 or self.latest[index] - number < window
+
+    def state_gone(self, index: int, number: int) -> None:
+        """Upstream `index` said it no longer has the state at block `number` (a pruned node): it keeps
+        fewer than its head's distance to that block, so it is not asked for that old state again."""
+        if not 0 <= index < self.size or number >= self.latest[index]:
+            return  # at or past its head: a node behind, not a pruned one (asking.py's lagging rule)
+        depth = self.latest[index] - number
+        learned = self.recent_learned[index]
+        self.recent_learned[index] = depth if learned is None else min(learned, depth)
+
+    def other_with_state(self, tried: Collection[int], number: int) -> int | None:
+        """An upstream not in `tried`, in rotation, verified, with block `number` and its state: the
+        first declared."""
+        for i in range(self.size):
+            if i not in tried and self.in_rotation(i) and self.vouches(i, number) and self.holds_state(i, number):
+                return i
+        return None
 
     def went_back(self, index: int) -> bool:
         """Its head was once seen lower than before (not merely not yet seen steady)."""
@@ -61,6 +143,8 @@ class UpstreamStates:
 
     def observe_head(self, index: int, number: int) -> None:
         if 0 <= index < self.size:
+            if self.final_mark is not None:
+                self.below_final = self.below_final + 1 if number < self.final_mark else 0
             if number < self.latest[index]:
                 self._went_back[index] = self.mixed[index] = True
             else:

@@ -35,6 +35,7 @@ GAUGE_MERGE: dict[str, Merge] = {
     "rpc_proxy_head_last_poll_timestamp_seconds": max,
     "rpc_proxy_upstream_identity_mismatch": max,
     "rpc_proxy_upstream_head_lag_blocks": min,  # workers poll at different moments: the freshest view
+    "rpc_proxy_upstream_catching_up": min,  # as the lag: the freshest view
     "rpc_proxy_redis_up": min,
     "process_start_time_seconds": min,  # the oldest worker's
     "process_max_fds": max,

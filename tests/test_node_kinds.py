@@ -1,0 +1,499 @@
+"""Nodes as they are: a pruned node beside an archive one (old state is asked of one that keeps it,
+learned from the pruned node's errors or stated in NETWORKS_FILE), and its error is never the
+answer while another upstream can give one. Every answer is counted against the archive node."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from proxy.config_files import ConfigError, _networks_from_file
+from proxy.http.app_keys import SERVICE
+from proxy.upstream.replies import state_gone
+from proxy.upstream.standing import UpstreamStates
+from tests.fault_relay import FaultRelay
+from tests.support import (
+    DEV_ACCOUNT,
+    Anvil,
+    Proxy,
+    balancer,
+    eventually,
+    selector,
+    serving,
+    settings_for,
+    start_proxy,
+    word,
+)
+
+HEAD = 250
+KEPT = 64  # the pruned node keeps the state of its last 64 blocks, as anvil --prune-history 64
+# Where each state read names its block.
+STATE_BLOCK_AT = {
+    "eth_getBalance": 1,
+    "eth_getCode": 1,
+    "eth_getTransactionCount": 1,
+    "eth_getStorageAt": 2,
+    "eth_call": 1,
+    "eth_getProof": 2,
+}
+GETH = {
+    "code": -32000,
+    "message": "missing trie node 3b70737ce08bd905749df6103fbc21548427951dcf373c32aaaa9cffa1aa034a (path )",
+}
+
+
+def anvil_error(head: int, number: int) -> dict[str, Any]:
+    """What anvil --prune-history answers for state it no longer keeps (anvil 1.7.1's words)."""
+    return {"code": -32602, "message": f"BlockOutOfRangeError: block height is {head} but requested was {number}"}
+
+
+class TestStateGoneRule:
+    def test_the_clients_errors_for_pruned_state_are_known(self) -> None:
+        assert state_gone(GETH)
+        assert state_gone(anvil_error(200, 10))
+        assert not state_gone(anvil_error(101, 102))  # a node behind, not a pruned one
+        assert state_gone({"code": -32000, "message": "required historical state unavailable (reexec=128)"})
+        assert state_gone(
+            {
+                "code": -32603,
+                "message": "Internal error",
+                "data": "Nethermind.Trie.MissingTrieNodeException: Node A: P:2 H:0x99 is missing",
+            }
+        )
+        assert not state_gone({"code": 3, "message": "execution reverted"})
+        assert not state_gone(None)
+
+    def test_a_pruned_nodes_window_is_learned_from_its_error(self) -> None:
+        states = UpstreamStates(2)
+        for index in (0, 1):
+            states.verified[index] = True
+            states.observe_head(index, 200)
+        assert states.holds_state(0, 10)  # an archive node until it says otherwise
+        states.state_gone(0, 120)  # it keeps fewer than 80 blocks
+        assert not states.holds_state(0, 120) and states.holds_state(0, 121)
+        assert states.other_with_state({0}, 120) == 1
+        states.state_gone(0, 300)  # past its head: a node behind, which says nothing of its window
+        assert states.holds_state(0, 121)
+
+    def test_a_declared_window_holds_until_a_reload(self) -> None:
+        states = UpstreamStates(2)
+        states.declare_recent((128, None))
+        states.observe_head(0, 1000)
+        assert not states.holds_state(0, 872) and states.holds_state(0, 873)
+
+
+def test_networks_file_states_an_upstreams_state_window(tmp_path: Path) -> None:
+    path = tmp_path / "networks.toml"
+    path.write_text(
+        '[networks.evm]\nfamily = "evm"\nupstreams = [{url = "http://a/", archive = false}, '
+        '{url = "http://b/", recent_blocks = 64}, "http://c/"]\n'
+    )
+    [network] = _networks_from_file(str(path))
+    assert [network.options_of(i).recent_blocks for i in range(3)] == [128, 64, None]
+    path.write_text(
+        '[networks.evm]\nfamily = "evm"\nupstreams = [{url = "http://a/", archive = true, recent_blocks = 64}]\n'
+    )
+    with pytest.raises(ConfigError, match="archive upstream has no recent_blocks"):
+        _networks_from_file(str(path))
+
+
+@pytest.fixture(scope="module")
+def archive() -> Iterator[tuple[Anvil, str, list[int]]]:
+    """An archive node: a contract whose slot 0 changes every 15 blocks, head at HEAD."""
+    node = Anvil()
+    address = node.deploy_store()
+    marks = []
+    for value in range(1, 13):
+        marks.append(int(node.send(address, selector("setX(uint256)") + word(value))["blockNumber"], 16))
+        node.mine(14)
+    node.mine(HEAD - node.block_number())
+    yield node, address, marks
+    node.stop()
+
+
+@dataclass
+class PrunedRelay:
+    """A pruned node in front of the archive one: state older than its last KEPT blocks is answered
+    with a client's pruned-state error (geth's or anvil's words); everything else is the node's."""
+
+    target: str
+    words: str = "geth"
+    refused: list[int] = field(default_factory=list)  # the blocks it refused state for
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        payload = json.loads(await request.read())
+        calls = payload if isinstance(payload, list) else [payload]
+        async with aiohttp.ClientSession() as session:
+            async with session.post(self.target, json=payload) as resp:
+                reply = await resp.json()
+            async with session.post(
+                self.target, json={"jsonrpc": "2.0", "id": 0, "method": "eth_blockNumber", "params": []}
+            ) as resp:
+                head = int((await resp.json())["result"], 16)
+        items = reply if isinstance(reply, list) else [reply]
+        by_id = {item.get("id"): item for item in items}
+        for call in calls:
+            at = STATE_BLOCK_AT.get(call.get("method", ""))
+            params = call.get("params") or []
+            block = params[at] if at is not None and len(params) > at else None
+            if isinstance(block, str) and block.startswith("0x") and head - int(block, 16) >= KEPT:
+                number = int(block, 16)
+                self.refused.append(number)
+                item = by_id[call.get("id")]
+                item.pop("result", None)
+                item["error"] = GETH if self.words == "geth" else anvil_error(head, number)
+        return web.json_response(reply)
+
+
+@pytest.fixture(params=["geth", "anvil"])
+async def pruned(request: pytest.FixtureRequest, archive: tuple[Anvil, str, list[int]]) -> AsyncIterator[PrunedRelay]:
+    relay = PrunedRelay(archive[0].url, request.param)
+    async with serving(relay.handle) as url:
+        relay.url = url
+        yield relay
+
+
+async def both_heads_known(proxy: Proxy) -> None:
+    per = proxy.app[SERVICE].networks["evm"].per_upstream
+    assert per is not None
+
+    async def known() -> bool:
+        return all(per.states.latest[i] >= HEAD and per.states.verified[i] for i in (0, 1))
+
+    await eventually(known, 15, "both upstreams' heads to be known")
+
+
+def old_state_reads(address: str, marks: list[int]) -> list[tuple[str, list[Any]]]:
+    """Twelve reads of state below the finalized block, newest first (each just past a change)."""
+    reads: list[tuple[str, list[Any]]] = []
+    for i, mark in enumerate(sorted(marks, reverse=True)):
+        block = hex(mark)
+        reads.append(
+            [
+                ("eth_getStorageAt", [address, "0x0", block]),
+                ("eth_call", [{"to": address, "data": selector("x()")}, block]),
+                ("eth_getBalance", [DEV_ACCOUNT, block]),
+                ("eth_getTransactionCount", [DEV_ACCOUNT, block]),
+            ][i % 4]
+        )
+    return reads
+
+
+async def wrong_answers(proxy: Proxy, node: Anvil, reads: list[tuple[str, list[Any]]]) -> tuple[int, list[str]]:
+    """How many of the proxy's answers differ from the archive node's, and each answer's X-Cache."""
+    wrong, caches = 0, []
+    for method, params in reads:
+        status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        caches.append(headers.get("X-Cache", ""))
+        if status != 200 or body.get("result") != node.rpc(method, *params):
+            wrong += 1
+    return wrong, caches
+
+
+async def test_old_state_is_asked_of_the_archive_node_when_the_pruned_primary_says_it_has_none(
+    archive: tuple[Anvil, str, list[int]],
+    pruned: PrunedRelay,
+) -> None:
+    node, address, marks = archive
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{pruned.url},{node.url}"))
+    try:
+        await both_heads_known(proxy)
+        head = proxy.app[SERVICE].networks["evm"].tracker.head
+        assert head is not None and max(marks) < head.finalized  # every read is of final, old state
+        reads = old_state_reads(address, marks)
+        wrong, caches = await wrong_answers(proxy, node, reads)
+        assert wrong == 0 and set(caches) == {"MISS"}
+        # Learned from its first error: the pruned node is not asked for older state again.
+        assert len(pruned.refused) == 1, pruned.refused
+        wrong, caches = await wrong_answers(proxy, node, reads)
+        assert wrong == 0 and set(caches) == {"HIT"}
+        # Recent state is still the primary's to answer.
+        recent = ("eth_getStorageAt", [address, "0x0", hex(HEAD - 10)])
+        assert (await wrong_answers(proxy, node, [recent]))[0] == 0
+        assert len(pruned.refused) == 1
+    finally:
+        await proxy.close()
+
+
+async def test_a_declared_state_window_sends_old_state_to_the_archive_node_first(
+    archive: tuple[Anvil, str, list[int]],
+    tmp_path: Path,
+) -> None:
+    node, address, marks = archive
+    relay = PrunedRelay(node.url)
+    async with serving(relay.handle) as url:
+        networks = tmp_path / "networks.toml"
+        networks.write_text(
+            f'[networks.evm]\nfamily = "evm"\nupstreams = [{{url = "{url}", archive = false, '
+            f'recent_blocks = {KEPT}}}, "{node.url}"]\n'
+        )
+        proxy = await start_proxy(settings_for(NETWORKS_FILE=str(networks)))
+        try:
+            await both_heads_known(proxy)
+            wrong, _ = await wrong_answers(proxy, node, old_state_reads(address, marks))
+            assert wrong == 0 and relay.refused == []  # never asked: NETWORKS_FILE said it keeps 64 blocks
+        finally:
+            await proxy.close()
+
+
+async def test_a_pruned_nodes_error_is_served_when_no_upstream_keeps_the_state(
+    archive: tuple[Anvil, str, list[int]],
+) -> None:
+    node, address, marks = archive
+    relay = PrunedRelay(node.url)
+    async with serving(relay.handle) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+            await proxy.head_at(HEAD)
+            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
+            for _ in range(2):
+                status, body, headers = await proxy.post(read)
+                assert status == 200 and "missing trie node" in body["error"]["message"]
+                assert headers["X-Cache"] != "HIT"  # never kept: an archive node added later answers
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 2
+        finally:
+            await proxy.close()
+
+
+# --- a node still syncing beside a synced one --------------------------------------------------
+
+LIVE_HEAD = 751
+SYNCING_AT = 251
+
+
+@dataclass
+class SyncingRelay:
+    """A node still syncing: eth_syncing says so, and every other call is a node at SYNCING_AT's.
+    `synced` makes it the live node, synced (eth_syncing false)."""
+
+    behind: str
+    live: str
+    synced: bool = False
+    asked_syncing: int = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        payload = json.loads(await request.read())
+        calls = payload if isinstance(payload, list) else [payload]
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.live if self.synced else self.behind, json=payload) as resp,
+        ):
+            reply = await resp.json()
+        items = reply if isinstance(reply, list) else [reply]
+        by_id = {item.get("id"): item for item in items}
+        for call in calls:
+            if call.get("method") == "eth_syncing":
+                self.asked_syncing += 1
+                by_id[call.get("id")]["result"] = (
+                    False
+                    if self.synced
+                    else {"startingBlock": "0x0", "currentBlock": hex(SYNCING_AT), "highestBlock": hex(LIVE_HEAD)}
+                )
+        return web.json_response(reply)
+
+
+@pytest.fixture(scope="module")
+def live_and_behind() -> Iterator[tuple[Anvil, Anvil, str]]:
+    """The live node at LIVE_HEAD (slot 0 of a contract changed after SYNCING_AT) and a node of the
+    same chain stopped at SYNCING_AT."""
+    live = Anvil()
+    address = live.deploy_store()
+    live.send(address, selector("setX(uint256)") + word(1))
+    live.mine(SYNCING_AT - live.block_number())
+    behind = Anvil("--fork-url", live.url, "--fork-block-number", str(SYNCING_AT))
+    live.send(address, selector("setX(uint256)") + word(2))
+    live.mine(LIVE_HEAD - live.block_number())
+    yield live, behind, address
+    behind.stop()
+    live.stop()
+
+
+def head_reads(address: str) -> list[tuple[str, list[Any]]]:
+    return [
+        ("eth_blockNumber", []),
+        ("eth_getBlockByNumber", ["latest", False]),
+        ("eth_getBlockByNumber", ["safe", False]),
+        ("eth_getBlockByNumber", ["finalized", False]),
+        ("eth_getStorageAt", [address, "0x0", "latest"]),
+        ("eth_call", [{"to": address, "data": selector("x()")}, "latest"]),
+    ]
+
+
+async def readyz(proxy: Proxy) -> tuple[int, dict[str, Any]]:
+    async with proxy.session.get(proxy.base + "/readyz") as resp:
+        return resp.status, await resp.json()
+
+
+async def test_a_syncing_primary_is_out_of_head_tracking_and_latest_reads_until_it_catches_up(
+    live_and_behind: tuple[Anvil, Anvil, str],
+) -> None:
+    live, behind, address = live_and_behind
+    relay = SyncingRelay(behind.url, live.url)
+    async with serving(relay.handle) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{url},{live.url}"))
+        try:
+            reads = head_reads(address)
+            wrong = 0
+            for _ in range(10):  # from the first answer the proxy gives
+                wrong += (await wrong_answers(proxy, live, reads))[0]
+            assert wrong == 0
+            assert relay.asked_syncing > 0
+            assert proxy.metric("rpc_proxy_upstream_catching_up", network="evm", upstream="0") == 1
+            assert proxy.metric("rpc_proxy_upstream_catching_up", network="evm", upstream="1") == 0
+            status, body = await readyz(proxy)
+            assert status == 200 and body["catching_up"] == {
+                "evm": {"0": f"syncing, {LIVE_HEAD - SYNCING_AT} blocks behind"}
+            }
+
+            relay.synced = True  # it has caught up: back in head tracking and in rotation
+
+            async def caught_up() -> bool:
+                return proxy.metric("rpc_proxy_upstream_catching_up", network="evm", upstream="0") == 0
+
+            await eventually(caught_up, 10, "the primary to be seen caught up")
+            status, body = await readyz(proxy)
+            assert status == 200 and "catching_up" not in body
+            assert (await wrong_answers(proxy, live, reads))[0] == 0
+        finally:
+            await proxy.close()
+
+
+async def test_readyz_says_degraded_when_every_upstream_is_still_syncing(
+    live_and_behind: tuple[Anvil, Anvil, str],
+) -> None:
+    live, behind, _address = live_and_behind
+    relay = SyncingRelay(behind.url, live.url)
+    async with serving(relay.handle) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+
+            async def degraded() -> bool:
+                status, body = await readyz(proxy)
+                return status == 503 and "every upstream is still syncing" in body["networks"]["evm"]
+
+            await eventually(degraded, 10, "/readyz to say every upstream is syncing")
+        finally:
+            await proxy.close()
+
+
+# --- a load balancer with a member stalled far behind -----------------------------------------
+
+BALANCED_HEAD = 300
+STALLED_AT = 150  # below the live node's finalized block (236): the member lacks it
+
+
+@pytest.fixture(scope="module")
+def live_and_stalled() -> Iterator[tuple[Anvil, Anvil, str]]:
+    live = Anvil()
+    address = live.deploy_store()
+    live.send(address, selector("setX(uint256)") + word(1))
+    live.mine(STALLED_AT - live.block_number())
+    stalled = Anvil("--fork-url", live.url, "--fork-block-number", str(STALLED_AT))
+    live.send(address, selector("setX(uint256)") + word(2))
+    live.mine(BALANCED_HEAD - live.block_number())
+    yield live, stalled, address
+    stalled.stop()
+    live.stop()
+
+
+async def test_a_balancer_member_stalled_behind_finality_never_takes_the_head_back_nor_moves_the_epoch(
+    live_and_stalled: tuple[Anvil, Anvil, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    live, stalled, address = live_and_stalled
+    rng = random.Random(7)
+    sent = {"stalled": 0, "live": 0, "checks": 0}
+
+    def route(calls: list[dict[str, Any]]) -> str:
+        member = "stalled" if rng.random() < 0.2 else "live"
+        sent[member] += 1
+        if member == "stalled" and len(calls) == 4 and calls[2].get("params", [None])[0] == "finalized":
+            sent["checks"] += 1  # a tracker poll with its check of the known finalized block
+        return stalled.url if member == "stalled" else live.url
+
+    async with balancer(route) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+            await proxy.head_at(BALANCED_HEAD)
+            tracker = proxy.app[SERVICE].networks["evm"].tracker
+            assert tracker.head is not None
+            space = tracker.head.space
+            reads = [
+                *head_reads(address),
+                ("eth_getStorageAt", [address, "0x0", "finalized"]),
+                ("eth_getStorageAt", [address, "0x0", "safe"]),
+                ("eth_getBalance", [DEV_ACCOUNT, "latest"]),
+            ]
+            wrong = rounds = 0
+            deadline = time.monotonic() + 60
+            while rounds < 50 or sent["checks"] < 5:  # at least 450 answers, 5 polls answered by the stalled member
+                assert time.monotonic() < deadline, sent
+                wrong += (await wrong_answers(proxy, live, reads))[0]
+                rounds += 1
+            assert wrong == 0, (wrong, rounds)
+            assert tracker.head is not None and tracker.head.latest == BALANCED_HEAD and tracker.head.space == space
+            assert proxy.metric("rpc_proxy_finality_violations_total", network="evm") == 0
+            assert "a restarted chain)" not in caplog.text
+        finally:
+            await proxy.close()
+
+
+# --- a lagging backup and reads at the head -------------------------------------------------------
+
+LOGS_HEAD = 200
+BACKUP_AT = 120
+
+
+@pytest.fixture(scope="module")
+def node_with_logs() -> Iterator[tuple[Anvil, str]]:
+    """A node with one log in each of blocks 110-130 and falling base fees (latest 200)."""
+    node = Anvil()
+    address = node.deploy_store()
+    node.mine(109 - node.block_number())
+    for _ in range(110, 131):
+        node.send(address, selector("emitMany(uint256)") + word(1))
+    node.mine(LOGS_HEAD - node.block_number())
+    yield node, address
+    node.stop()
+
+
+async def test_reads_at_the_head_are_never_answered_by_a_backup_that_lacks_the_block(
+    node_with_logs: tuple[Anvil, str],
+) -> None:
+    """README "A node behind the head": a log range up to head+1 and the fee reads go to a node at
+    the head; the lagging backup's answer is neither served nor kept."""
+    node, address = node_with_logs
+    backup = Anvil("--fork-url", node.url, "--fork-block-number", str(BACKUP_AT))
+    relay = await FaultRelay(node.url).start()
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    try:
+        await proxy.head_at(LOGS_HEAD)
+        reads = [
+            ("eth_getLogs", [{"address": address, "fromBlock": hex(110), "toBlock": hex(LOGS_HEAD + 1)}]),
+            ("eth_gasPrice", []),
+            ("eth_maxPriorityFeePerGas", []),
+            ("eth_blobBaseFee", []),
+            ("eth_feeHistory", ["0x4", "latest", [50]]),
+        ]
+        wrong = 0
+        for method, params in reads:
+            relay.inject("http500", method=method)  # once: the backup (at block 120) is asked next
+            status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+            truth = node.rpc(method, *params)
+            if status != 200 or body.get("result") != truth:
+                wrong += 1
+        assert wrong == 0
+    finally:
+        await proxy.close()
+        await relay.close()
+        backup.stop()
