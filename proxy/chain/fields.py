@@ -1,0 +1,51 @@
+"""The JSON-RPC forms of a node's values (quantities, data) read strictly, and keccak-256: what every
+proof check reads its input with. Pure.
+
+Strict because what is proven is kept as the node wrote it: "0x01", "0x 1" or "0x1_0" would read as
+numbers Python accepts, and a cached answer must be the one canonical form (spec: a quantity is 0x and
+hex digits without leading zeros, data is 0x and two hex digits a byte).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from Crypto.Hash import keccak
+
+_HEX = re.compile(r"0x[0-9a-fA-F]*")
+
+
+class FieldError(ValueError):
+    """A value that is not in its JSON-RPC form."""
+
+
+def keccak256(value: bytes) -> bytes:
+    return keccak.new(data=value, digest_bits=256).digest()
+
+
+def quantity(value: Any, name: str = "quantity") -> int:
+    """A JSON-RPC quantity: 0x and hex digits without leading zeros ("0x0" for zero)."""
+    if not isinstance(value, str) or len(value) < 3 or not _HEX.fullmatch(value):
+        raise FieldError(f"{name} is not a quantity")
+    if len(value) > 3 and value[2] == "0":
+        raise FieldError(f"{name} has a leading zero")
+    return int(value, 16)
+
+
+def data(value: Any, name: str = "data", size: int | None = None) -> bytes:
+    """JSON-RPC data: 0x and an even number of hex digits; exactly `size` bytes when given."""
+    if not isinstance(value, str) or len(value) % 2 or not _HEX.fullmatch(value):
+        raise FieldError(f"{name} is not hex data")
+    raw = bytes.fromhex(value[2:])
+    if size is not None and len(raw) != size:
+        raise FieldError(f"{name} is not {size} bytes")
+    return raw
+
+
+def block_time(value: Any) -> int:
+    """A blockTimestamp beside a transaction, receipt or log: a quantity, or a JSON number as Anvil
+    writes a receipt's."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return quantity(value, "blockTimestamp")
