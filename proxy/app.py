@@ -23,13 +23,14 @@ from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
 from proxy.gateway.gateway import Gateway
 from proxy.http.admin import start_admin
-from proxy.http.aiohttp_routes import fallback, guarded, healthz, metrics_route, readyz, rpc_route
+from proxy.http.aiohttp_routes import fallback, guarded, healthz, metrics_route, readyz, request_ids, rpc_route
 from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.http.cors import Cors
 from proxy.http.endpoint import RpcEndpoint
 from proxy.http.front_routes import Exposition, FrontRoutes
 from proxy.http.listeners import registry_exposition, start_metrics_listener, start_unix_metrics
 from proxy.http.ws import close_websockets, recheck_websockets, websocket_handler
+from proxy.memory_limit import cgroup_memory_limit
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.network_parts import PartsBuilder
@@ -255,6 +256,9 @@ def _add_routes(
         for keyless in ("/v3", "/v3/"):  # the key in a header (request_key.py)
             app.router.add_post(prefix + keyless, rpc_handler)
             app.router.add_get(prefix + "/ws" + keyless, ws_handler)
+    if settings.open_mode:  # the root as apps configured for a plain node's URL call it (front_routes.py)
+        app.router.add_post("/", rpc_handler)
+        app.router.add_get("/", ws_handler)
     app.router.add_route("*", "/{tail:.*}", cors.wrap(fallback))
 
 
@@ -271,6 +275,7 @@ def create_app(
     """The proxy as an aiohttp application; every collaborator can be injected. `worker`: this is one
     of WORKERS processes (head polls shared with its siblings, /metrics merged across them)."""
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    metrics.memory_limit.set(cgroup_memory_limit() or 0)
     clock = clock or SystemClock()
     factory = upstream_factory or _http_upstream(settings)
     stores = _stores(settings, metrics, clock, redis, ledger)
@@ -295,7 +300,7 @@ def create_app(
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time)
     networks.on_reload.append(gateway.router.reload)
 
-    app = web.Application(client_max_size=settings.max_body_bytes)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[request_ids])
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[SERVICE] = service

@@ -1,5 +1,6 @@
-"""Command line: `rpc-proxy [serve]` and `rpc-proxy keys usage KEY`. The only reader of os.environ
-(and of `./.env`, the settings file under it)."""
+"""Command line: `rpc-proxy [serve]`, `rpc-proxy check` and `rpc-proxy keys new|list|usage`. The only
+reader of os.environ (and of `./.env`, the settings file under it) but for ${VAR} in the files
+(config_expand.py)."""
 
 from __future__ import annotations
 
@@ -59,12 +60,34 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rpc-proxy {__version__}")
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("serve", parents=[common], help="run the proxy (the default)")
+    check = commands.add_parser(
+        "check",
+        parents=[common],
+        help="read the settings and files as serve does, try "
+        "each upstream, print the effective configuration (secrets redacted)",
+    )
+    check.add_argument("--offline", action="store_true", help="check the settings and files only")
     keys = commands.add_parser("keys", help="operator commands for API keys")
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
     usage = key_commands.add_parser(
         "usage", parents=[_flags(KEYS_USAGE_OPTIONS)], help="credits used and left today, per key (all keys, or one)"
     )
     usage.add_argument("key", nargs="?", help="the key's name ([keys.NAME] in API_KEYS_FILE)")
+    usage.add_argument(
+        "--metrics-url",
+        help="without Redis: a running proxy's /metrics URL, for the credits it charged since it started",
+    )
+    new = key_commands.add_parser(
+        "new",
+        parents=[_flags(("API_KEYS_FILE", "LOG_FORMAT"))],
+        help="print a new key's secret once and append its [keys.NAME] table (its sha256) to API_KEYS_FILE",
+    )
+    new.add_argument("name", help="the key's name: 1-64 letters, digits, '_', '.' or '-'")
+    new.add_argument("--daily-credits", type=int, help="its daily credits (default: DAILY_CREDITS)")
+    new.add_argument("--credits-per-second", type=int, help="its credits-per-second limit (default: none)")
+    key_commands.add_parser(
+        "list", parents=[_flags(KEYS_USAGE_OPTIONS)], help="configured keys' names and terms (never their secrets)"
+    )
     return parser
 
 
@@ -129,12 +152,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     raw = raw_settings(args, environ)
     try:
         if args.command == "keys":
-            return asyncio.run(_keys_usage(raw, args.key))
+            from proxy import keys_command
+
+            if args.keys_command == "new":
+                return keys_command.keys_new(raw, args.name, args.daily_credits, args.credits_per_second)
+            if args.keys_command == "list":
+                return keys_command.keys_list(raw)
+            return asyncio.run(_keys_usage(raw, args.key, args.metrics_url))
         settings = build_settings(raw)
         _check_journal_dir(settings)
     except ConfigError as exc:
         _error(raw, f"configuration error: {exc}")
         return 2
+    if args.command == "check":
+        from proxy.check import run_check
+
+        return run_check(settings, offline=args.offline)
     if from_dotenv or unknown:
         logs.setup(settings.log_format, settings.log_level, settings.access_log)
         used = sorted(k for k in from_dotenv if k not in os.environ and k not in vars(args))
@@ -171,7 +204,7 @@ def serve(settings: Settings) -> int:
     )
 
 
-async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
+async def _keys_usage(raw: dict[str, str], key: str | None, metrics_url: str | None = None) -> int:
     from prometheus_client import CollectorRegistry
 
     from proxy.credits.accounts import Accounts
@@ -184,9 +217,6 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
     settings = build_settings({"EVM_UPSTREAM": "http://unused.invalid", **raw})
     logs.setup(settings.log_format, settings.log_level, False)
     logging.getLogger("proxy.redis").setLevel(logging.ERROR)  # an unreachable ledger is said in one line below
-    url = settings.ledger_redis_url
-    if not url:
-        raise ConfigError("keys usage reads the shared ledger: set CREDITS_REDIS_URL or REDIS_URL")
     if key is None and settings.api_keys is None:
         raise ConfigError("keys usage with no KEY lists the configured keys: set API_KEYS or API_KEYS_FILE")
     if settings.api_keys is not None and key is not None and key not in settings.api_keys:
@@ -196,6 +226,11 @@ async def _keys_usage(raw: dict[str, str], key: str | None) -> int:
             raise ConfigError("that key name is not configured in API_KEYS or API_KEYS_FILE")
         key = found
     keys = [key] if key is not None else list(settings.api_keys or {})
+    url = settings.ledger_redis_url
+    if not url:
+        from proxy.keys_command import usage_without_ledger
+
+        return usage_without_ledger(keys, metrics_url)
     timeout = max(settings.credits_redis_timeout, 2.0)
     link = RedisLink(connect(url, timeout), timeout=timeout, metrics=Metrics(CollectorRegistry()))
     now = time.time()

@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.config_expand import expand
 from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from proxy.credits.allow_lists import NO_LISTS, AllowLists
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
@@ -21,6 +22,9 @@ from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.methods import FAMILIES, Family
 
 SELECTION_POLICIES = ("priority", "weighted", "fastest")  # upstream/selection.py implements each
+# Header fields sent to one upstream (NETWORKS_FILE `headers`): (name, value) pairs. The values are
+# secrets (a provider's token): no repr, no log line, no metric, no admin listing shows them.
+UpstreamHeaders = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,15 @@ class Network:
     upstream_options: tuple[UpstreamOptions, ...] = ()
     confirm_immutable: int = 1  # upstreams that must agree before an answer is kept forever
     confirm_logs_bloom: bool = False  # eth_getLogs answers checked against logsBloom before kept forever
+    # Per upstream, in the order of `upstreams` and of `ws_upstreams`: header fields sent to it.
+    upstream_headers: tuple[UpstreamHeaders, ...] = field(default=(), repr=False)
+    ws_headers: tuple[UpstreamHeaders, ...] = field(default=(), repr=False)
+
+    def headers_of(self, index: int) -> UpstreamHeaders:
+        return self.upstream_headers[index] if index < len(self.upstream_headers) else ()
+
+    def ws_headers_of(self, index: int) -> UpstreamHeaders:
+        return self.ws_headers[index] if index < len(self.ws_headers) else ()
 
     def options_of(self, index: int) -> UpstreamOptions:
         return self.upstream_options[index] if index < len(self.upstream_options) else UpstreamOptions()
@@ -79,8 +92,25 @@ _UPSTREAM_FIELDS = (
     "default_cost",
     "archive",
     "recent_blocks",
+    "headers",
 )
 RECENT_BLOCKS_DEFAULT = 128  # `archive = false` without recent_blocks: geth's default state window
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 5.1: a token
+# Fields the proxy writes itself (framing, the connection, a WebSocket's handshake).
+_OWN_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "te",
+        "trailer",
+        "keep-alive",
+        "proxy-connection",
+    }
+)
 
 
 def _positive_number(where: str, name: str, value: Any, *, whole: bool = False) -> Any:
@@ -92,17 +122,35 @@ def _positive_number(where: str, name: str, value: Any, *, whole: bool = False) 
     return value
 
 
-def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOptions, ...]]:
-    """NETWORKS_FILE upstreams: each a URL, or a table {url, weight, max_rps, max_concurrency}.
-    The URLs (tables replaced by theirs), and each one's options."""
+def _headers(at: str, table: Any) -> UpstreamHeaders:
+    """An upstream's `headers = {Name = "value"}`: checked by name, never echoing a value."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{at}: headers must be a table of header names to string values")
+    pairs = []
+    for name, value in table.items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise ConfigError(f"{at}: header name {name[:40]!r} is not an HTTP field name")
+        if name.lower() in _OWN_HEADERS or name.lower().startswith("sec-websocket-"):
+            raise ConfigError(f"{at}: header {name} is the proxy's own to send")
+        if not isinstance(value, str) or any(c in value for c in "\r\n\0") or not value.isascii():
+            raise ConfigError(f"{at}: header {name}'s value must be one line of ASCII text")
+        pairs.append((name, value.strip()))
+    return tuple(pairs)
+
+
+def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOptions, ...], list[UpstreamHeaders]]:
+    """NETWORKS_FILE upstreams: each a URL, or a table {url, weight, max_rps, max_concurrency, headers}.
+    The URLs (tables replaced by theirs), each one's options and each one's header fields."""
     if not isinstance(entries, list):
-        return entries, ()
+        return entries, (), []
     urls: list[Any] = []
     options: list[UpstreamOptions] = []
+    headers: list[UpstreamHeaders] = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
             urls.append(entry)
             options.append(UpstreamOptions())
+            headers.append(())
             continue
         at = f"{where}: upstream #{index}"  # never the URL: it may carry a provider's secret
         unknown = sorted(set(entry) - set(_UPSTREAM_FIELDS))
@@ -118,8 +166,9 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
                 _recent_blocks(at, entry),
             )
         )
+        headers.append(_headers(at, entry["headers"]) if "headers" in entry else ())
         urls.append(entry.get("url"))
-    return urls, tuple(options)
+    return urls, tuple(options), headers
 
 
 def _unit_rate(at: str, entry: dict[str, Any]) -> tuple[float | None, tuple[tuple[str, int], ...], int]:
@@ -178,13 +227,18 @@ def _split_ws(urls: Any) -> tuple[Any, tuple[str, ...]]:
 def _load_toml(name: str, path: str) -> dict[str, Any]:
     check_trusted(name, Path(path))
     try:
-        return tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(Path(path).read_text())
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{name}: {path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{name}: {path} is not UTF-8 text") from None
+    if name == "CREDITS_FILE":
+        return data
+    # ${VAR} from the environment (config_expand.py); API_KEYS_FILE's table names may be secrets.
+    expanded: dict[str, Any] = expand(data, name, trace=name != "API_KEYS_FILE")
+    return expanded
 
 
 def _credits_file(path: str) -> dict[str, int]:
@@ -248,12 +302,14 @@ def _networks_from_file(path: str) -> list[Network]:
         chain_id = entry.get("chain_id")
         if chain_id is not None and (not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0):
             raise ConfigError(f"{where}: chain_id must be a positive integer")
-        entries, options = _upstream_entries(where + " upstreams", entry.get("upstreams"))
+        entries, options, headers = _upstream_entries(where + " upstreams", entry.get("upstreams"))
         is_ws = [isinstance(u, str) and u.startswith(("ws://", "wss://")) for u in entries] if options else []
         if any(ws and o != UpstreamOptions() for ws, o in zip(is_ws, options, strict=True)):
             raise ConfigError(f"{where}: weight and budgets apply to http(s) upstreams only")
         http_urls, ws_urls = _split_ws(entries)
         options = tuple(o for ws, o in zip(is_ws, options, strict=True) if not ws)
+        http_headers = tuple(h for ws, h in zip(is_ws, headers, strict=True) if not ws)
+        ws_headers = tuple(h for ws, h in zip(is_ws, headers, strict=True) if ws)
         selection, hedge_after = _selection(where, entry)
         confirm_immutable, confirm_logs_bloom = _integrity(where, entry)
         if isinstance(http_urls, list) and confirm_immutable > len(http_urls):
@@ -272,6 +328,8 @@ def _networks_from_file(path: str) -> list[Network]:
                 upstream_options=options,
                 confirm_immutable=confirm_immutable,
                 confirm_logs_bloom=confirm_logs_bloom,
+                upstream_headers=http_headers if any(http_headers) else (),
+                ws_headers=ws_headers if any(ws_headers) else (),
             )
         )
     return networks

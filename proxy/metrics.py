@@ -272,6 +272,13 @@ class Metrics:
             ["network", "upstream"],
             registry=r,
         )
+        self.upstream_up = Gauge(
+            "rpc_proxy_upstream_up",
+            "1 while an upstream is in rotation and not cooling down after a failure; "
+            "0 while calls skip it. Every upstream of a network at 0: the network is down.",
+            ["network", "upstream"],
+            registry=r,
+        )
         self.upstream_head_lag = Gauge(
             "rpc_proxy_upstream_head_lag_blocks",
             "Blocks an upstream's own head is behind the furthest upstream's.",
@@ -377,6 +384,12 @@ class Metrics:
             registry=r,
         )
         self.redis_up = Gauge("rpc_proxy_redis_up", "1 while Redis answers, 0 while it is skipped.", registry=r)
+        self.memory_limit = Gauge(
+            "rpc_proxy_memory_limit_bytes",
+            "The memory limit of the proxy's cgroup (its container); 0: none. "
+            "process_resident_memory_bytes must stay under it.",
+            registry=r,
+        )
         self.subscriptions = _Local(
             "gauge",
             "rpc_proxy_subscriptions",

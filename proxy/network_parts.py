@@ -103,7 +103,11 @@ class PartsBuilder:
         # The node's WebSocket: relayed subscriptions (both families) and pushed heads (EVM).
         relay = (
             UpstreamSocket(
-                net.name, net.ws_upstreams, timeout=settings.upstream_timeout, max_message=settings.max_response_bytes
+                net.name,
+                net.ws_upstreams,
+                timeout=settings.upstream_timeout,
+                max_message=settings.max_response_bytes,
+                headers=net.ws_headers,
             )
             if net.ws_upstreams
             else None

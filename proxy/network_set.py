@@ -40,7 +40,7 @@ from proxy.streams.head_feed import EvmFeed
 from proxy.upstream.ws import UpstreamSocket
 
 # What a network's pool is built from: a change of one of these builds new parts.
-STRUCTURE = ("family", "upstreams", "ws_upstreams", "finality_depth", "chain_id")
+STRUCTURE = ("family", "upstreams", "ws_upstreams", "finality_depth", "chain_id", "upstream_headers", "ws_headers")
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,9 +219,12 @@ class Service:
         if policy is not None and policy.gas_cap:
             head = net.tracker.head
             params = cap_gas(params, head.gas_limit if head is not None else None, self._settings.gas_cap_multiplier)
-        if policy is not None and policy.cache is CacheClass.TRACKER:
+        local = policy is not None and policy.cache is CacheClass.TRACKER
+        # eth_accounts is [] (local_answers.py) unless ALLOW_METHODS names it: a dev node's unlocked
+        # accounts, for a deployment that opened eth_sendTransaction too.
+        if local and not (method == "eth_accounts" and method in self._settings.allowed_methods):
             return await self._from_trackers(prepared)
-        if policy is None or policy.cache is CacheClass.NONE:
+        if policy is None or policy.cache is CacheClass.NONE or local:
             if prepared.refs:  # validated, uncached (eth_estimateGas): block parameters as the caller gave them
                 params = substitute(params, {id(r): r.encode() for r in prepared.refs})
             answer = await net.upstream.request(method, params)

@@ -67,6 +67,7 @@ class FaultRelay:
     timeline: list[tuple[float, list[str]]] = field(default_factory=list)  # each request's arrival, its methods
     in_flight: int = 0
     most_in_flight: int = 0
+    request_headers: list[dict[str, str]] = field(default_factory=list)  # each request's, as it came
     url: str = ""
     _server: TestServer | None = None
     _session: aiohttp.ClientSession | None = None
@@ -119,6 +120,7 @@ class FaultRelay:
     async def _handle(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
         self.arrivals.append(arrived)
+        self.request_headers.append(dict(request.headers))
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:

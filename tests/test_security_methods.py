@@ -50,7 +50,6 @@ class TestRefusal:
         "hardhat_mine",
         "txpool_content",
         "ots_getApiLevel",
-        "eth_accounts",
         "requestAirdrop",
         "Admin_nodeInfo",
         "ADMIN_NODEINFO",

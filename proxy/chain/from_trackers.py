@@ -5,6 +5,7 @@
 | eth_chainId                 | the network's chain identity (identity.py), once it is known     |
 | eth_blockNumber             | the head tracker's latest block, unless the head is stale or     |
 |                             | trails a block a client was shown (then forwarded: `_shown`)     |
+| eth_accounts                | nothing: the proxy holds no accounts, so `[]` (as Infura answers)|
 | getSlot, getBlockHeight     | the slot tracker's value per commitment while at most            |
 |                             | SOLANA_BALANCE_MAX_AGE old; forwarded answers refresh it         |
 
@@ -33,6 +34,8 @@ def held(
     if isinstance(tracker, SolanaSlotTracker):
         commitment, min_slot = _commitment(params)
         return None if min_slot else tracker.fresh(method, commitment, now, max_age)
+    if method == "eth_accounts":
+        return []  # a node's unlocked accounts are never the proxy's clients' to see or use
     if method == "eth_chainId":
         return hex(tracker.identity.chain_id) if tracker.identity is not None else None
     if method == "eth_blockNumber":

@@ -11,6 +11,7 @@ from proxy.config import Settings
 from proxy.credits.charging import refunded
 from proxy.metrics import Metrics
 from proxy.prepared import Prepared
+from proxy.request_ids import REQUEST_ID
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, Call, Invalid
 from proxy.rpc.methods import metric_label
 from proxy.values import Outcome
@@ -74,7 +75,7 @@ class CallAccounting:
         log.info(
             "call",
             extra={
-                "request_id": f"{self._id_prefix}{request_id:x}",
+                "request_id": REQUEST_ID.get() or f"{self._id_prefix}{request_id:x}",
                 "network": network,
                 "method": label,
                 "outcome": result,

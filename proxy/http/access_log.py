@@ -19,6 +19,7 @@ from proxy.gateway.gateway import Gateway
 from proxy.http.endpoint import key_of
 from proxy.http.request_key import api_key
 from proxy.http.wire import Request
+from proxy.request_ids import REQUEST_ID
 from proxy.values import Reply
 
 log = logging.getLogger("proxy.access")
@@ -37,11 +38,18 @@ def client_ip(request: web.Request, trusted_header: str | None) -> str | None:
 
 
 def log_request(
-    key: str, client: str | None, status: int, started: float, cache: str | None, upstream: float | None
+    key: str,
+    client: str | None,
+    status: int,
+    started: float,
+    cache: str | None,
+    upstream: float | None,
+    request_id: str | None,
 ) -> None:
     log.info(
         "request",
         extra={
+            "request_id": request_id,
             "key": key,
             "client": client,
             "status": status,
@@ -53,7 +61,7 @@ def log_request(
 
 
 def log_front_request(
-    gateway: Gateway, trusted_header: str | None, peer: str | None, request: Request, reply: Reply
+    gateway: Gateway, trusted_header: str | None, peer: str | None, request: Request, reply: Reply, request_id: str
 ) -> None:
     """The line for a request the fast server answered (front.py): header names are lower-case there."""
     headers = request.headers
@@ -68,6 +76,7 @@ def log_front_request(
         request.started,
         reply.headers.get("X-Cache"),
         reply.upstream_seconds,
+        request_id,
     )
 
 
@@ -82,6 +91,7 @@ def logged(handler: Handler, gateway: Gateway, trusted_header: str | None) -> Ha
             started,
             response.headers.get("X-Cache"),
             response.get(UPSTREAM_SECONDS),
+            REQUEST_ID.get(),
         )
         return response
 

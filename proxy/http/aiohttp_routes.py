@@ -26,13 +26,24 @@ from proxy.http.endpoint import (
 from proxy.http.front_routes import Exposition, readiness
 from proxy.http.request_key import api_key
 from proxy.http.responses import json_response
+from proxy.request_ids import HEADER, IDS, REQUEST_ID
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.values import Reply
 
 log = logging.getLogger("proxy.app")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-__all__ = ["RPC_PATH", "fallback", "guarded", "healthz", "metrics_route", "readiness", "readyz", "rpc_route"]
+__all__ = [
+    "RPC_PATH",
+    "fallback",
+    "guarded",
+    "healthz",
+    "metrics_route",
+    "readiness",
+    "readyz",
+    "request_ids",
+    "rpc_route",
+]
 
 
 def guarded(handler: Handler) -> Handler:
@@ -111,6 +122,17 @@ def rpc_route(endpoint: RpcEndpoint, settings: Settings) -> Handler:
         return response
 
     return logged(rpc_handler, endpoint.gateway, settings.trusted_proxy_header) if settings.access_log else rpc_handler
+
+
+@web.middleware
+async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """X-Request-Id on every answer aiohttp serves (request_ids.py), and the id of its log lines."""
+    rid = IDS.of(request.headers.get(HEADER))
+    REQUEST_ID.set(rid)  # this request's own task: its context ends with it
+    response = await handler(request)
+    if not response.prepared:  # a WebSocket's handshake carries it already (ws.py)
+        response.headers[HEADER] = rid
+    return response
 
 
 async def healthz(request: web.Request) -> web.Response:

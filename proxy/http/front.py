@@ -44,6 +44,7 @@ from proxy.http.wire import (
     refusal,
     request_head,
 )
+from proxy.request_ids import IDS, REQUEST_ID
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from proxy.values import PaidHit, Reply
 
@@ -62,6 +63,7 @@ READ_HEADERS = (
     "expect",
     "access-control-request-headers",
     "connection",
+    "x-request-id",
 )
 MAX_TARGETS = 1024  # request targets remembered with their path and route (clients reuse a few)
 MAX_HEADS = 512  # request heads remembered for Front.learn, each in a read of at most MAX_REPLAY_BYTES
@@ -69,6 +71,7 @@ MAX_REPLAY_BYTES = 4096
 _OK = b"HTTP/1.1 200 OK\r\n"
 CLOCK_STEP = 0.002  # seconds: twice the resolution of uvloop's loop.time() (libuv's uv_now)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_HIT_HEAD = b"%bX-Request-Id: %b\r\n%b%bContent-Length: %%d\r\n\r\n%%b"  # status, id, fields, Date
 
 
 def head_end(data: bytes) -> int:
@@ -90,11 +93,12 @@ class Front:
         self.date_at = 0  # the wall-clock second of the Date line and hit heads
         self.renew_at = 0.0  # the loop time (monotonic) at which that second ends
         # The whole head of a memory hit but its numbers, for `bytes % (...)`: open hits' headers are
-        # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date).
+        # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date);
+        # the request id comes first, so a hit's values are `(id, *figures)`.
         endpoint = routes.endpoint
         self._open_fields = header_template(endpoint.open_headers)
         self._paid_fields = header_template(paid_reply(PaidHit(0, 0, 0, b"")).headers, PAID_NUMBERS)
-        self.open_answer = self.paid_answer = b""
+        self.open_answer = self.paid_answer = self.open_answer_sent = self.paid_answer_sent = b""
         self.limit_digits = len(str(endpoint.max_body_bytes))
         wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]
         self._read_headers = {name.encode("latin-1"): name for name in wanted}
@@ -122,7 +126,7 @@ class Front:
         known = targets.get(url)
         if known is None:
             path = request_path(url)
-            known = path, self.routes.rpc_target(path)
+            known = path, self.routes.rpc_target(path, self.routes.root_rpc)
             if len(targets) >= MAX_TARGETS:
                 targets.clear()
             targets[url] = known
@@ -164,8 +168,13 @@ class Front:
             if second != self.date_at:
                 self.date_at = second
                 self._date = date = b"Date: " + formatdate(second, usegmt=True).encode() + b"\r\n"
-                self.open_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._open_fields, date)
-                self.paid_answer = b"%b%b%bContent-Length: %%d\r\n\r\n%%b" % (_OK, self._paid_fields, date)
+                # A new id's head holds this process's prefix and takes the number (%x); a client's
+                # own id's head takes the whole id (%b).
+                new = IDS.prefix.encode() + b"%x"
+                self.open_answer = _HIT_HEAD % (_OK, new, self._open_fields, date)
+                self.paid_answer = _HIT_HEAD % (_OK, new, self._paid_fields, date)
+                self.open_answer_sent = _HIT_HEAD % (_OK, b"%b", self._open_fields, date)
+                self.paid_answer_sent = _HIT_HEAD % (_OK, b"%b", self._paid_fields, date)
         return self._date
 
     def protocol(self) -> FrontProtocol:
@@ -420,7 +429,16 @@ class FrontProtocol(asyncio.Protocol):
     def _dispatch(self, request: Request) -> None:
         if request.kind == RPC:
             parts = request.parts
-            self._rpc(request, parts[0] if len(parts) == 1 else b"".join(parts))
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
+            if not self._access_log:
+                self._rpc(request, body)
+                return
+            # The id of its log lines, the calls' too (a miss's task copies it with the context).
+            token = REQUEST_ID.set(IDS.of(request.headers.get("x-request-id")))
+            try:
+                self._rpc(request, body)
+            finally:
+                REQUEST_ID.reset(token)
         else:
             self._pipeline.answer(request, self._routes.answer(request.method, request.path, request.headers))
 
@@ -437,7 +455,10 @@ class FrontProtocol(asyncio.Protocol):
         answer = self._routes.rpc(request, body)
         if type(answer) is PaidHit:  # a memory hit, needing neither gzip nor CORS headers
             if prebuilt:
-                self._pipeline.prebuilt(answer, endpoint.open_mode)
+                # Its id: a number after this process's prefix, or the client's own (request_ids.py).
+                sent = headers.get("x-request-id")
+                rid: int | bytes = IDS.count() if sent is None else IDS.of(sent).encode()
+                self._pipeline.prebuilt(answer, endpoint.open_mode, rid)
                 self._learnable = request
                 return
             answer = endpoint.hit_reply(answer)
@@ -447,9 +468,10 @@ class FrontProtocol(asyncio.Protocol):
 
     def encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it."""
+        rid = REQUEST_ID.get() or IDS.of(request.headers.get("x-request-id"))
         if request.kind == RPC and self._routes.access_log:
-            log_front_request(self._endpoint.gateway, self._routes.trusted_header, self._peer, request, reply)
-        return encoded_answer(reply, request, self._front.date(self._loop.time()))
+            log_front_request(self._endpoint.gateway, self._routes.trusted_header, self._peer, request, reply, rid)
+        return encoded_answer(reply, request, self._front.date(self._loop.time()), rid)
 
     def _last(self, reply: Reply) -> None:
         """The connection's last answer: nothing more is read from it."""

@@ -67,16 +67,23 @@ class FrontRoutes:
         self, endpoint: RpcEndpoint, service: Service, exposition: Exposition | None, settings: Settings
     ) -> None:
         self.endpoint = endpoint
+        # Open mode: the root is a JSON-RPC endpoint too (POST, and a WebSocket upgrade), as a plain
+        # node's URL is, so apps pointed at a node work unchanged. With keys it stays an error that
+        # says where the key goes: a root URL has no place for one.
+        self.root_rpc = endpoint.open_mode
         self._service = service
         self._exposition = exposition  # None: /metrics is the internal listener's only
         self.access_log = settings.access_log
         self.trusted_header = settings.trusted_proxy_header.lower() if settings.trusted_proxy_header else None
 
     @staticmethod
-    def rpc_target(path: str) -> tuple[str | None, str | None] | None:
-        """(network, key in the path) of a JSON-RPC POST path; None for any other path."""
+    def rpc_target(path: str, root: bool = False) -> tuple[str | None, str | None] | None:
+        """(network, key in the path) of a JSON-RPC POST path; None for any other path. `root`: "/"
+        is one too (open mode)."""
         match = _RPC.fullmatch(path)
-        return None if match is None else (match[1], match[2])
+        if match is None:
+            return (None, None) if root and path == "/" else None
+        return match[1], match[2]
 
     def rpc(self, request: Request, body: bytes) -> PaidHit | Reply | Pending:
         """A JSON-RPC POST's answer (RpcEndpoint.serve), its body decoded from its Content-Encoding first."""
@@ -118,7 +125,10 @@ class FrontRoutes:
             ws = _WS.fullmatch(path)
             if ws is not None:
                 return self.with_cors(self._not_upgraded(ws[1], ws[2], headers, path), headers)
-        return self.with_cors(fallback_reply(RPC_PATH.match(path) is not None), headers)
+            if path == "/" and self.root_rpc:
+                return self.with_cors(self._not_upgraded(None, None, headers, path), headers)
+        rpc_path = RPC_PATH.match(path) is not None or (path == "/" and self.root_rpc)
+        return self.with_cors(fallback_reply(rpc_path), headers)
 
     def _not_upgraded(self, network: str | None, key: str | None, headers: Headers, path: str) -> Reply:
         """A GET of a WebSocket path without the upgrade: refused as the WebSocket handler refuses it."""

@@ -58,8 +58,10 @@ class Server(Protocol):
 
     stopping: bool
     renew_at: float  # the loop time at which its Date line and hit heads are made again
-    open_answer: bytes  # an open hit's answer as a %-format of (length, body)
-    paid_answer: bytes  # a paid hit's: (charged, remaining, length, body)
+    open_answer: bytes  # an open hit's answer as a %-format of (id number, length, body)
+    paid_answer: bytes  # a paid hit's: (id number, charged, remaining, length, body)
+    open_answer_sent: bytes  # as open_answer, with the client's own id (bytes) for the number
+    paid_answer_sent: bytes
 
     def date(self, loop_now: float) -> bytes: ...
 
@@ -258,13 +260,18 @@ class Pipeline:
                 if waiting and waiting[0] is entry:
                     self._flush()
 
-    def prebuilt(self, hit: PaidHit, open_mode: bool) -> None:
+    def prebuilt(self, hit: PaidHit, open_mode: bool, rid: int | bytes) -> None:
         """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
         front = self._front
         now = self._loop.time()
         if now >= front.renew_at:
             front.date(now)
-        data = front.open_answer % (hit.length, hit.body) if open_mode else front.paid_answer % hit
+        if type(rid) is int:  # a new id's number
+            data = front.open_answer % (rid, hit.length, hit.body) if open_mode else front.paid_answer % (rid, *hit)
+        elif open_mode:  # the client's own id
+            data = front.open_answer_sent % (rid, hit.length, hit.body)
+        else:
+            data = front.paid_answer_sent % (rid, *hit)
         transport = self.transport
         if self.waiting or transport is None:
             self.send(data, False)

@@ -84,13 +84,14 @@ class Request:
         return True
 
 
-def encoded_answer(reply: Reply, request: Request, date: bytes) -> tuple[bytes, bool]:
-    """An answer's bytes, and whether the connection closes after it."""
+def encoded_answer(reply: Reply, request: Request, date: bytes, request_id: str) -> tuple[bytes, bool]:
+    """An answer's bytes, and whether the connection closes after it. `request_id`: its X-Request-Id
+    (a line of its own: an answer's headers may be a dict shared by many answers)."""
     close = reply.close or not request.keep_alive
     status = reply.status
     body = reply.body or b""
     # "name: value" joined in C (no Python frame per field): every answer but a pre-built hit's comes here.
-    fields = "".join(map("%s: %s\r\n".__mod__, reply.headers.items()))
+    fields = "".join(map("%s: %s\r\n".__mod__, reply.headers.items())) + f"X-Request-Id: {request_id}\r\n"
     if status != 204:
         fields += f"Content-Length: {len(body)}\r\n"
     if close:

@@ -18,6 +18,7 @@ from proxy.http.responses import error_response
 from proxy.http.ws_connections import Connection
 from proxy.http.ws_frames import Corked
 from proxy.network import NetworkRuntime
+from proxy.request_ids import HEADER, IDS, REQUEST_ID
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
 from proxy.streams.subscriptions import CLOSE_TIMEOUT, Session, spawn, subscription_call
@@ -48,6 +49,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes + 1, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
+    ws.headers[HEADER] = REQUEST_ID.get() or IDS.of(request.headers.get(HEADER))
     await ws.prepare(request)
 
     loop = asyncio.get_running_loop()

@@ -106,6 +106,7 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_chainId", "evm", p.no_params, CacheClass.TRACKER, None),
         MethodPolicy("net_version", "evm", p.no_params, CacheClass.IDENTITY, None),
         MethodPolicy("eth_blockNumber", "evm", p.no_params, CacheClass.TRACKER, None),
+        MethodPolicy("eth_accounts", "evm", p.no_params, CacheClass.TRACKER, None),
         # Blocks: by number like eth_getBlockReceipts (pinned to the hash above finalized), by hash immutable.
         MethodPolicy(
             "eth_getBlockByNumber",

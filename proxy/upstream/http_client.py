@@ -196,7 +196,15 @@ def _expire(waiter: asyncio.Future[Response]) -> None:
 class HostPool:
     """Kept-alive connections to one upstream URL."""
 
-    def __init__(self, url: str, *, limit: int, idle_timeout: float, on_connect: Callable[[bool], None]) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        limit: int,
+        idle_timeout: float,
+        on_connect: Callable[[bool], None],
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         parts = urlsplit(url)
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or "localhost"
@@ -207,6 +215,8 @@ class HostPool:
         if parts.username is not None:  # user:password@host, as aiohttp sends it: Basic authorization
             secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
             auth = f"Authorization: Basic {base64.b64encode(secret).decode()}\r\n"
+        # NETWORKS_FILE `headers` (checked there: field names, one line of ASCII each).
+        auth += "".join(f"{name}: {value}\r\n" for name, value in headers)
         self._head = (
             f"POST {target} HTTP/1.1\r\nHost: {host_field}\r\n{auth}Content-Type: application/json\r\n"
             "Accept: */*\r\nAccept-Encoding: identity\r\nUser-Agent: rpc-cache-proxy\r\n"

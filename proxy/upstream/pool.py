@@ -100,6 +100,7 @@ def routing_of(network: Network, budgets: BudgetBook | None = None) -> Routing:
         ),
         network.hedge_after,
         tuple(o.recent_blocks for o in options),
+        tuple(network.headers_of(i) for i in range(len(network.upstreams))),
     )
 
 

@@ -68,6 +68,9 @@ class Routing:
     budgets: tuple[Budget, ...] = ()
     hedge_after: float | None = None
     recent_blocks: tuple[int | None, ...] = ()  # per upstream: the state window it keeps (None: archive)
+    # Per upstream: NETWORKS_FILE `headers` sent with every request to it (secrets: never logged).
+    # A change rebuilds the network's pool (network_set.STRUCTURE): a live pool keeps its own.
+    headers: tuple[tuple[tuple[str, str], ...], ...] = field(default=(), repr=False)
 
 
 DEFAULT_ROUTING = Routing()  # priority order, no budgets, no hedging
@@ -112,6 +115,9 @@ class Sender:
             metrics.upstream_catching_up.labels(network, str(index)).set_function(
                 lambda i=index: float(self.states.catching_up(i))  # type: ignore[misc]
             )
+            metrics.upstream_up.labels(network, str(index)).set_function(
+                lambda i=index: float(self._up(i))  # type: ignore[misc]
+            )
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -123,6 +129,7 @@ class Sender:
         self.budgets = routing.budgets or tuple(Budget(None, None) for _ in self._urls)
         self._hedge_after = routing.hedge_after
         self.states.declare_recent(routing.recent_blocks)
+        self._headers = routing.headers
 
     @property
     def batch_room(self) -> int | None:
@@ -140,12 +147,14 @@ class Sender:
         if self._closed:  # a call that outlived its pool's grace (a reload): never a new connection
             raise Failed("connect", "the pool was closed (its network was reloaded)", unsent=True)
         if self._pools is None:
+            headers = self._headers
             self._pools = [
                 HostPool(
                     url,
                     limit=POOL_LIMIT,
                     idle_timeout=POOL_IDLE_TIMEOUT,
                     on_connect=lambda alone, i=index: self._connected(i, alone),  # type: ignore[misc]
+                    headers=headers[index] if index < len(headers) else (),
                 )
                 for index, url in enumerate(self._urls)
             ]
@@ -167,6 +176,10 @@ class Sender:
             for pool in self._pools:
                 pool.close()
             self._pools = None
+
+    def _up(self, index: int) -> bool:
+        """In rotation and not cooling down (rpc_proxy_upstream_up): what _order puts first."""
+        return self.states.in_rotation(index) and self._down_until[index] <= time.monotonic()
 
     def _head_lag(self, index: int) -> int:
         latest = self.states.latest

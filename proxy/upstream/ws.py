@@ -52,12 +52,21 @@ class RelayedSubscription:
 
 
 class UpstreamSocket:
-    def __init__(self, network: str, urls: Sequence[str], *, timeout: float, max_message: int) -> None:
+    def __init__(
+        self,
+        network: str,
+        urls: Sequence[str],
+        *,
+        timeout: float,
+        max_message: int,
+        headers: Sequence[tuple[tuple[str, str], ...]] = (),
+    ) -> None:
         self.network = network
         # The largest message read from a node (MAX_RESPONSE_BYTES): aiohttp fails a larger one at its
         # frame header and closes the socket (its subscriptions move to the next upstream).
         self._max_message = max_message
         self._urls = tuple(urls)
+        self._headers = tuple(headers)  # per URL: NETWORKS_FILE `headers`, sent with the handshake
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -173,8 +182,9 @@ class UpstreamSocket:
                         heartbeat=30.0,
                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self._timeout),
                         max_msg_size=self._max_message,
-                        compress=0,
-                    )  # no permessage-deflate: a message's size is its bytes on the wire
+                        compress=0,  # no permessage-deflate: a message's size is its bytes on the wire
+                        headers=dict(self._headers[index]) if index < len(self._headers) else None,
+                    )
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     log.warning("upstream WebSocket %s#%d failed: %s", self.network, index, type(exc).__name__)
                     failures.append(f"#{index}: {type(exc).__name__}")

@@ -37,6 +37,8 @@ GAUGE_MERGE: dict[str, Merge] = {
     "rpc_proxy_upstream_head_lag_blocks": min,  # workers poll at different moments: the freshest view
     "rpc_proxy_upstream_catching_up": min,  # as the lag: the freshest view
     "rpc_proxy_redis_up": min,
+    "rpc_proxy_upstream_up": max,  # each worker has its own pools: down when no worker can use it
+    "rpc_proxy_memory_limit_bytes": max,  # the container's, which every worker shares
     "process_start_time_seconds": min,  # the oldest worker's
     "process_max_fds": max,
     "python_info": max,

@@ -1,0 +1,250 @@
+"""`rpc-proxy check`: every setting and file read as `serve` reads them, each upstream tried, and the
+effective configuration printed with its secrets redacted. Exit 0: all is well; 1: a problem, each
+named; 2: a configuration error (as `serve` exits). `--offline` checks the settings and files only.
+
+Per upstream (HTTP): it answers, its chain id (EVM) and genesis hash, both equal to the other
+upstreams' of its network, a chain id equal to a declared `chain_id`, and a batch of two calls
+accepted (the proxy batches calls to upstreams). A WebSocket upstream: its handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import aiohttp
+
+from proxy.config import Network, Settings
+from proxy.credits.prices import METHOD_CREDITS
+
+# A path segment shown as it is: a word, a version, a short number; anything else may be a key.
+_PLAIN_SEGMENT = re.compile(r"v\d{1,3}|[A-Za-z_-]{1,15}|\d{1,6}")
+REDACTED = "<redacted>"
+
+
+def redact_url(url: str) -> str:
+    """A URL fit to print: scheme, host and port; credentials, key-like path segments and query
+    values replaced (providers put the key in any of them)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return REDACTED
+    host = parts.hostname or ""
+    netloc = (
+        ("<credentials>@" if "@" in parts.netloc else "")
+        + (f"[{host}]" if ":" in host else host)
+        + (f":{port}" if port else "")
+    )
+    path = "/".join(s if not s or _PLAIN_SEGMENT.fullmatch(s) else REDACTED for s in parts.path.split("/"))
+    query = "&".join(f"{name}={REDACTED}" for name, _ in parse_qsl(parts.query, keep_blank_values=True))
+    return f"{parts.scheme}://{netloc}{path}" + (f"?{query}" if query else "")
+
+
+def _shown(name: str, value: Any) -> Any:
+    """One setting's value as printed: URLs redacted, tokens hidden, networks and keys summarised."""
+    if value is None:
+        return None
+    if name == "admin_token":
+        return REDACTED
+    if name.endswith("_url") and isinstance(value, str):
+        return redact_url(value)
+    if name == "networks":
+        return [_network(n) for n in value]
+    if name == "api_keys":
+        return {
+            account: {
+                "daily_credits": k.daily_credits,
+                "credits_per_second": k.credits_per_second,
+                "allow_lists": k.lists.any,
+            }
+            for account, k in value.items()
+        }
+    if name == "method_credits":  # the built-in table is long: only what CREDITS_FILE changed
+        return {m: c for m, c in value.items() if METHOD_CREDITS.get(m) != c}
+    if name == "keys_source":  # API_KEYS holds the secrets themselves: only whether it is set
+        return {k: REDACTED if k == "API_KEYS" else v for k, v in value.items()}
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _network(network: Network) -> dict[str, Any]:
+    def headers(pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
+        return {name: REDACTED for name, _ in pairs}
+
+    return {
+        "name": network.name,
+        "family": network.family,
+        "chain_id": network.chain_id,
+        "upstreams": [
+            {"url": redact_url(u), **({"headers": headers(network.headers_of(i))} if network.headers_of(i) else {})}
+            for i, u in enumerate(network.upstreams)
+        ],
+        "ws_upstreams": [
+            {
+                "url": redact_url(u),
+                **({"headers": headers(network.ws_headers_of(i))} if network.ws_headers_of(i) else {}),
+            }
+            for i, u in enumerate(network.ws_upstreams)
+        ],
+        "hosts": list(network.hosts),
+        "selection": network.selection,
+    }
+
+
+def effective(settings: Settings) -> list[str]:
+    """`name = value` per setting, secrets redacted."""
+    lines = []
+    for field in dataclasses.fields(settings):
+        value = _shown(field.name, getattr(settings, field.name))
+        lines.append(f"{field.name} = {value!r}")
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What one upstream answered: its chain id (EVM), genesis hash, and the problems found."""
+
+    network: str
+    label: str  # "upstream #0 https://host/<redacted>"
+    chain_id: int | None = None
+    genesis: str | None = None
+    problems: tuple[str, ...] = ()
+
+
+def _calls(family: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """(chain id call, genesis call, a batch of two) for a family."""
+    if family == "evm":
+        return (
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []},
+            {"jsonrpc": "2.0", "id": 2, "method": "eth_getBlockByNumber", "params": ["0x0", False]},
+            [
+                {"jsonrpc": "2.0", "id": 3, "method": "eth_chainId", "params": []},
+                {"jsonrpc": "2.0", "id": 4, "method": "eth_blockNumber", "params": []},
+            ],
+        )
+    return (
+        {},
+        {"jsonrpc": "2.0", "id": 2, "method": "getGenesisHash", "params": []},
+        [
+            {"jsonrpc": "2.0", "id": 3, "method": "getGenesisHash", "params": []},
+            {"jsonrpc": "2.0", "id": 4, "method": "getSlot", "params": []},
+        ],
+    )
+
+
+async def _post(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str], body: Any) -> Any:
+    async with session.post(url, json=body, headers=dict(headers)) as response:
+        if response.status != 200:
+            raise ValueError(f"HTTP {response.status}")
+        return await response.json(content_type=None)
+
+
+def _result(answer: Any, what: str) -> Any:
+    if not isinstance(answer, dict) or "result" not in answer:
+        error = answer.get("error") if isinstance(answer, dict) else None
+        message = error.get("message") if isinstance(error, dict) else "no result"
+        raise ValueError(f"{what}: {str(message)[:120]}")
+    return answer["result"]
+
+
+async def probe_http(session: aiohttp.ClientSession, network: Network, index: int) -> Probe:
+    url = network.upstreams[index]
+    label = f"upstream #{index} {redact_url(url)}"
+    headers = dict(network.headers_of(index))
+    chain_call, genesis_call, batch = _calls(network.family)
+    problems: list[str] = []
+    chain_id = genesis = None
+    try:
+        if chain_call:
+            chain_id = int(_result(await _post(session, url, headers, chain_call), "eth_chainId"), 16)
+        found = _result(await _post(session, url, headers, genesis_call), "genesis")
+        genesis = found.get("hash") if isinstance(found, dict) else found
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        reason = str(exc) if isinstance(exc, ValueError) else f"unreachable ({type(exc).__name__})"
+        return Probe(network.name, label, problems=(reason,))
+    if network.chain_id is not None and chain_id is not None and chain_id != network.chain_id:
+        problems.append(f"chain id {chain_id}, but the network declares chain_id = {network.chain_id}")
+    try:
+        answers = await _post(session, url, headers, batch)
+        if not isinstance(answers, list) or len(answers) != 2 or any("result" not in a for a in answers):
+            problems.append("a batch of two calls was not answered with two results (set UPSTREAM_BATCH_MAX=1)")
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        problems.append(f"a batch of two calls failed ({exc or type(exc).__name__}; set UPSTREAM_BATCH_MAX=1)")
+    return Probe(network.name, label, chain_id, genesis, tuple(problems))
+
+
+async def probe_ws(session: aiohttp.ClientSession, network: Network, index: int, timeout: float) -> Probe:
+    url = network.ws_upstreams[index]
+    label = f"WebSocket upstream #{index} {redact_url(url)}"
+    try:
+        async with session.ws_connect(
+            url, headers=dict(network.ws_headers_of(index)), timeout=aiohttp.ClientWSTimeout(ws_close=timeout)
+        ):
+            return Probe(network.name, label)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        return Probe(network.name, label, problems=(f"handshake failed ({type(exc).__name__})",))
+
+
+async def probe_all(settings: Settings) -> list[Probe]:
+    timeout = aiohttp.ClientTimeout(total=min(settings.upstream_timeout, 10.0))  # a silent host: not 30 s
+    async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
+        tasks = []
+        for network in settings.networks:
+            tasks += [probe_http(session, network, i) for i in range(len(network.upstreams))]
+            tasks += [probe_ws(session, network, i, timeout.total or 5.0) for i in range(len(network.ws_upstreams))]
+        probes = list(await asyncio.gather(*tasks))
+    return agreement(probes)
+
+
+def agreement(probes: list[Probe]) -> list[Probe]:
+    """Each network's upstreams must serve one chain: a chain id or genesis hash unlike those of the
+    network's first upstream that answered is a problem of that upstream (pure)."""
+    first: dict[str, Probe] = {}
+    checked = []
+    for probe in probes:
+        if probe.genesis is None:
+            checked.append(probe)
+            continue
+        expected = first.setdefault(probe.network, probe)
+        differs = [
+            f"{what} {mine} differs from the network's other upstreams' ({theirs}): another chain"
+            for what, mine, theirs in (
+                ("chain id", probe.chain_id, expected.chain_id),
+                ("genesis hash", probe.genesis, expected.genesis),
+            )
+            if mine != theirs
+        ]
+        checked.append(dataclasses.replace(probe, problems=(*probe.problems, *differs)) if differs else probe)
+    return checked
+
+
+def run_check(settings: Settings, *, offline: bool) -> int:
+    """Print the effective configuration and, online, each upstream's result; the exit status."""
+    print("effective configuration (secrets redacted):")
+    for line in effective(settings):
+        print(f"  {line}")
+    if offline:
+        print("offline: settings and files are valid; upstreams not tried")
+        return 0
+    probes = asyncio.run(probe_all(settings))
+    problems = 0
+    for probe in probes:
+        if probe.problems:
+            problems += len(probe.problems)
+            for problem in probe.problems:
+                print(f"FAIL network {probe.network} {probe.label}: {problem}")
+        else:
+            chain = f"chain id {probe.chain_id}, " if probe.chain_id is not None else ""
+            found = f"{chain}genesis {probe.genesis}, batch accepted" if probe.genesis else "handshake accepted"
+            print(f"ok   network {probe.network} {probe.label}: {found}")
+    print(f"{problems} problem(s)" if problems else "all upstreams ok")
+    return 1 if problems else 0

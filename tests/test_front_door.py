@@ -1,0 +1,158 @@
+"""The front door: the root URL where apps already point, request ids, and what the proxy answers itself."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import aiohttp
+import pytest
+from web3 import AsyncHTTPProvider, AsyncWeb3
+
+from proxy.request_ids import IDS, RequestIds
+from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.test_front import exchange
+
+CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+ACCOUNTS = {"jsonrpc": "2.0", "id": 7, "method": "eth_accounts", "params": []}
+GENESIS = {"jsonrpc": "2.0", "id": 2, "method": "eth_getBlockByNumber", "params": ["0x0", False]}  # final: cached
+NEW_ID = re.compile(r"[0-9a-f]{12}-[0-9a-f]+")
+
+
+async def test_open_mode_root_post_answers_as_v3(evm_proxy: Proxy) -> None:
+    async with evm_proxy.session.post(evm_proxy.base + "/", data=json.dumps(CHAIN_ID)) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["result"] == "0x7a69"
+    async with evm_proxy.session.post(evm_proxy.base + "/", data=json.dumps([CHAIN_ID, ACCOUNTS])) as resp:
+        assert [r["result"] for r in await resp.json()] == ["0x7a69", []]
+
+
+async def test_open_mode_root_websocket_answers_as_ws_v3(evm_proxy: Proxy) -> None:
+    async with evm_proxy.session.ws_connect(f"ws://127.0.0.1:{evm_proxy.server.port}/") as ws:
+        await ws.send_str(json.dumps(CHAIN_ID))
+        assert json.loads((await ws.receive(timeout=5)).data)["result"] == "0x7a69"
+
+
+async def test_open_mode_root_get_without_upgrade_is_refused_as_a_websocket_path(evm_proxy: Proxy) -> None:
+    async with evm_proxy.session.get(evm_proxy.base + "/") as resp:
+        assert resp.status == 400
+        assert "WebSocket" in (await resp.json())["error"]["message"]
+
+
+async def test_root_post_with_keys_is_an_error_saying_where_the_key_goes(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="alice"))
+    try:
+        async with proxy.session.post(proxy.base + "/", data=json.dumps(CHAIN_ID)) as resp:
+            assert resp.status == 404
+            assert "/v3/<API_KEY>" in (await resp.json())["error"]["message"]
+        with pytest.raises(aiohttp.WSServerHandshakeError):
+            await proxy.session.ws_connect(f"ws://127.0.0.1:{proxy.server.port}/")
+    finally:
+        await proxy.close()
+
+
+async def test_eth_accounts_is_empty_since_the_proxy_holds_no_accounts(evm_proxy: Proxy) -> None:
+    w3 = AsyncWeb3(AsyncHTTPProvider(evm_proxy.base + "/"))
+    assert await w3.eth.accounts == []  # Anvil has ten unlocked accounts: none is shown
+    assert evm_proxy.upstreams["evm"].calls["eth_accounts"] == 0
+
+
+async def test_eth_accounts_named_in_allow_methods_is_the_nodes(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS="eth_accounts"))
+    try:
+        assert len(await proxy.result("eth_accounts", [])) == 10  # Anvil's unlocked dev accounts
+    finally:
+        await proxy.close()
+
+
+class TestRequestIdRules:
+    def test_a_sane_id_is_kept_and_any_other_replaced(self) -> None:
+        ids = RequestIds()
+        assert ids.of("abc-123.x:y_Z") == "abc-123.x:y_Z" and ids.of("a" * 128) == "a" * 128
+        for hostile in ("a" * 129, "", "a b", "x\r\nSet-Cookie: a=b", "caf\u00e9", "a;b", None):
+            assert NEW_ID.fullmatch(ids.of(hostile)), hostile
+
+    def test_new_ids_are_unique_per_process(self) -> None:
+        ids = RequestIds()
+        made = {ids.new() for _ in range(1000)} | {f"{ids.prefix}{ids.count():x}" for _ in range(1000)}
+        assert len(made) == 2000 and all(NEW_ID.fullmatch(i) for i in made)
+        assert RequestIds().prefix != ids.prefix  # another process's (or worker's) ids never collide
+
+
+async def test_every_answer_carries_a_request_id_hit_miss_error_and_batch(evm_proxy: Proxy) -> None:
+    seen = []
+    for body in (GENESIS, GENESIS, [GENESIS, CHAIN_ID], "{not json"):
+        status, _, headers = await evm_proxy.post(body)
+        seen.append((status, headers.get("X-Cache"), headers["X-Request-Id"]))
+    assert [(s, c) for s, c, _ in seen] == [(200, "MISS"), (200, "HIT"), (200, None), (400, None)]
+    assert all(NEW_ID.fullmatch(rid) for _, _, rid in seen) and len({rid for _, _, rid in seen}) == 4
+    async with evm_proxy.session.get(evm_proxy.base + "/nowhere") as resp:
+        assert resp.status == 404 and NEW_ID.fullmatch(resp.headers["X-Request-Id"])
+    async with evm_proxy.session.get(evm_proxy.base + "/healthz") as resp:
+        assert NEW_ID.fullmatch(resp.headers["X-Request-Id"])
+
+
+async def test_a_sane_client_id_is_echoed_on_hits_and_misses(evm_proxy: Proxy) -> None:
+    for expected in ("MISS", "HIT", "HIT"):
+        status, _, headers = await evm_proxy.post(GENESIS, headers={"X-Request-Id": "trace-42.a:b_c"})
+        assert (status, headers["X-Cache"], headers["X-Request-Id"]) == (200, expected, "trace-42.a:b_c")
+
+
+@pytest.mark.parametrize("sent", [b"a" * 129, b"caf\xc3\xa9", b"a b", b"<script>"])
+async def test_a_hostile_client_id_is_replaced(evm_proxy: Proxy, sent: bytes) -> None:
+    body = json.dumps(GENESIS).encode()
+    request = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n%b" % (
+        sent,
+        len(body),
+        body,
+    )
+    for _ in range(2):  # a miss, then a memory hit
+        ((status, headers, _),) = await exchange(evm_proxy.server.port, request)
+        assert status == 200 and NEW_ID.fullmatch(headers["x-request-id"]), headers
+
+
+async def test_a_header_split_attempt_is_a_bad_request_with_a_new_id(evm_proxy: Proxy) -> None:
+    request = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\rSet-Cookie: b\r\nContent-Length: 2\r\n\r\n{}"
+    ((status, headers, _),) = await exchange(evm_proxy.server.port, request)
+    assert status == 400 and NEW_ID.fullmatch(headers["x-request-id"]) and "set-cookie" not in headers
+
+
+async def test_cors_exposes_the_request_id(evm_proxy: Proxy) -> None:
+    _, _, headers = await evm_proxy.post(GENESIS, headers={"Origin": "https://app.example"})
+    assert "X-Request-Id" in headers["Access-Control-Expose-Headers"] and headers["X-Request-Id"]
+
+
+async def test_the_access_log_names_the_request_id(anvil: Anvil, caplog: pytest.LogCaptureFixture) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ACCESS_LOG="true", LOG_LEVEL="INFO"))
+    try:
+        with caplog.at_level(logging.INFO, logger="proxy.access"):
+            for _ in range(2):  # a miss and a hit
+                _, _, headers = await proxy.post(GENESIS, headers={"X-Request-Id": "from-client-1"})
+                assert headers["X-Request-Id"] == "from-client-1"
+            _, _, headers = await proxy.post(GENESIS)
+        lines = [(r.getMessage(), getattr(r, "request_id", None)) for r in caplog.records if r.name == "proxy.access"]
+        assert lines.count(("request", "from-client-1")) == 2 and lines.count(("call", "from-client-1")) == 2
+        assert ("request", headers["X-Request-Id"]) in lines and ("call", headers["X-Request-Id"]) in lines
+    finally:
+        await proxy.close()
+
+
+async def test_a_websocket_handshake_carries_a_request_id(evm_proxy: Proxy) -> None:
+    async with evm_proxy.session.ws_connect(evm_proxy.ws_url(), headers={"X-Request-Id": "ws-1"}) as ws:
+        assert ws._response.headers["X-Request-Id"] == "ws-1"
+
+
+def test_the_process_has_one_id_source() -> None:
+    assert NEW_ID.fullmatch(IDS.new())
+
+
+async def test_paid_hits_carry_a_request_id_new_or_the_clients(anvil: Anvil) -> None:
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="alice"))
+    try:
+        answers = [await proxy.post(GENESIS, key="alice", headers=h) for h in ({}, {}, {"X-Request-Id": "paid-7"})]
+        assert [(s, h["X-Cache"]) for s, _, h in answers] == [(200, "MISS"), (200, "HIT"), (200, "HIT")]
+        assert NEW_ID.fullmatch(answers[1][2]["X-Request-Id"]) and answers[2][2]["X-Request-Id"] == "paid-7"
+        assert int(answers[1][2]["X-Credits-Charged"]) > 0
+    finally:
+        await proxy.close()

@@ -1,0 +1,163 @@
+"""Secrets out of files: ${VAR} in NETWORKS_FILE and API_KEYS_FILE, and per-upstream header fields
+sent on every request and WebSocket handshake, never shown."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import WSMsgType, web
+from aiohttp.test_utils import TestServer
+
+from proxy.config import ConfigError, build_settings
+from proxy.config_expand import expand
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, eventually, free_port, settings_for, start_proxy
+
+TOKEN = "s3cret-token-9f8e7d"
+
+
+class TestExpansion:
+    def test_variables_and_defaults_expand_from_the_environment(self) -> None:
+        env = {"KEY": "abc", "EMPTY": ""}
+        data = {"a": "https://x/v2/${KEY}", "b": ["${MISSING:-dflt}", "${EMPTY:-used}"], "c": 3, "d": "$${KEY} $5"}
+        assert expand(data, "NETWORKS_FILE", env) == {
+            "a": "https://x/v2/abc",
+            "b": ["dflt", "used"],
+            "c": 3,
+            "d": "${KEY} $5",
+        }
+
+    def test_an_unset_variable_without_default_names_the_variable_and_where(self) -> None:
+        with pytest.raises(ConfigError) as error:
+            expand({"networks": {"main": {"upstreams": ["https://x/${PROVIDER_KEY}"]}}}, "NETWORKS_FILE", {})
+        assert str(error.value) == (
+            "NETWORKS_FILE networks.main.upstreams[0]: environment variable PROVIDER_KEY is "
+            "not set (or write ${PROVIDER_KEY:-default})"
+        )
+
+    def test_a_keys_file_error_never_names_a_table_which_may_be_a_secret(self) -> None:
+        with pytest.raises(ConfigError) as error:
+            expand({"keys": {"sk-live-secret": {"daily_credits": "${NOPE}"}}}, "API_KEYS_FILE", {}, trace=False)
+        assert "sk-live-secret" not in str(error.value) and "NOPE" in str(error.value)
+
+    def test_a_malformed_reference_is_refused(self) -> None:
+        with pytest.raises(ConfigError, match="must start"):
+            expand({"a": "${1BAD}"}, "NETWORKS_FILE", {})
+
+
+def networks_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "networks.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_header_values_and_misuse_are_checked_by_name_never_echoing_a_value(tmp_path: Path) -> None:
+    for headers, problem in (
+        ('{"Bad Name" = "x"}', "is not an HTTP field name"),
+        ('{Host = "evil"}', "is the proxy's own to send"),
+        ('{Authorization = "Bearer\\nX: y"}', "must be one line of ASCII"),
+    ):
+        path = networks_file(
+            tmp_path,
+            f'[networks.evm]\nfamily = "evm"\nupstreams = [{{url = "http://127.0.0.1:1", headers = {headers}}}]\n',
+        )
+        with pytest.raises(ConfigError, match=problem) as error:
+            build_settings({"NETWORKS_FILE": path})
+        assert "Bearer" not in str(error.value) and "evil" not in str(error.value)
+
+
+def test_an_unset_variable_is_a_configuration_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RPC_TOKEN_UNSET", raising=False)
+    path = networks_file(tmp_path, '[networks.evm]\nfamily = "evm"\nupstreams = ["https://x/${RPC_TOKEN_UNSET}"]\n')
+    with pytest.raises(ConfigError, match="RPC_TOKEN_UNSET is not set"):
+        build_settings({"NETWORKS_FILE": path})
+
+
+def test_a_keys_file_takes_its_secret_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALICE_KEY", "alice-secret-from-env")
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys.alice]\nkey = "${ALICE_KEY}"\ndaily_credits = 1000\n')
+    settings = build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "API_KEYS_FILE": str(keys)})
+    from proxy.credits.accounts import digest
+
+    assert settings.api_keys is not None and settings.api_keys["alice"].sha256 == digest("alice-secret-from-env")
+
+
+@pytest.fixture
+async def ws_upstream() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
+    """A node's WebSocket that records each handshake's headers and accepts eth_subscribe."""
+    handshakes: list[dict[str, str]] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        handshakes.append(dict(request.headers))
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type == WSMsgType.TEXT:
+                call: Any = json.loads(message.data)
+                await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": call["id"], "result": "0x1"}))
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/", handle)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    try:
+        yield f"ws://127.0.0.1:{server.port}/", handshakes
+    finally:
+        await server.close()
+
+
+async def test_upstream_headers_are_sent_on_every_request_and_handshake_and_never_shown(
+    anvil: Anvil,
+    relays: list[FaultRelay],
+    ws_upstream: tuple[str, list[dict[str, str]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ws_url, handshakes = ws_upstream
+    monkeypatch.setenv("RELAY_URL", relays[0].url)
+    monkeypatch.setenv("UPSTREAM_TOKEN", TOKEN)
+    monkeypatch.delenv("T", raising=False)
+    path = networks_file(
+        tmp_path,
+        f"""
+[networks.evm]
+family = "evm"
+upstreams = [
+  {{url = "${{RELAY_URL}}", headers = {{Authorization = "Bearer ${{UPSTREAM_TOKEN}}", X-Tenant = "${{T:-acme}}"}}}},
+  {{url = "{ws_url}", headers = {{Authorization = "Bearer ${{UPSTREAM_TOKEN}}"}}}},
+]
+""",
+    )
+    caplog.set_level(logging.DEBUG)
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=path, LOG_LEVEL="DEBUG"))
+    try:
+        assert await proxy.result("eth_getBalance", ["0x" + "11" * 20, "latest"]) == "0x0"
+        assert relays[0].request_headers, "no request reached the upstream"
+        assert all(
+            h.get("Authorization") == f"Bearer {TOKEN}" and h.get("X-Tenant") == "acme"
+            for h in relays[0].request_headers
+        )
+        async with proxy.session.ws_connect(proxy.ws_url()) as ws:  # a relayed subscription opens the node's
+            await ws.send_str(
+                json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newPendingTransactions"]})
+            )
+            await ws.receive(timeout=5)
+
+        async def handshaken() -> bool:
+            return bool(handshakes)
+
+        await eventually(handshaken, 10, "the upstream WebSocket's handshake")
+        assert handshakes[0].get("Authorization") == f"Bearer {TOKEN}"
+        async with proxy.session.get(proxy.base + "/metrics") as resp:
+            assert TOKEN not in await resp.text()
+        assert TOKEN not in caplog.text and TOKEN not in repr(proxy.app)
+    finally:
+        await proxy.close()
