@@ -8,9 +8,18 @@ from typing import Any
 import pytest
 import uvloop
 
+from proxy.config import Settings
 from tests.fake_solana import FakeSolana
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, RedisServer, settings_for, start_proxy
+from tests.support import (
+    Anvil,
+    CountingUpstream,
+    Proxy,
+    ProxyFactory,
+    RedisServer,
+    settings_for,
+    start_proxy,
+)
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
@@ -63,8 +72,42 @@ async def solana() -> AsyncIterator[FakeSolana]:
 
 
 @pytest.fixture
-async def evm_proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
+async def evm_proxy(anvil: Anvil, make_proxy: ProxyFactory) -> Proxy:
     """The proxy in front of a fresh Anvil, open mode, memory tier only."""
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
-    yield proxy
-    await proxy.close()
+    return await make_proxy(EVM_UPSTREAM=anvil.url)
+
+
+@pytest.fixture
+async def make_proxy() -> AsyncIterator[ProxyFactory]:
+    """Starts proxies for a test and closes every one it started when the test ends, passed or
+    failed, the last started first: a test whose proxy lives as long as the test needs no
+    try/finally. `make_proxy(settings)` takes a built Settings; `make_proxy(EVM_UPSTREAM=...)`
+    builds one with settings_for."""
+    started: list[Proxy] = []
+
+    async def make(
+        settings: Settings | None = None,
+        /,
+        *,
+        redis: Any = None,
+        clock: Any = None,
+        upstream_class: type[CountingUpstream] = CountingUpstream,
+        **overrides: str,
+    ) -> Proxy:
+        if settings is not None and overrides:
+            raise TypeError("make_proxy takes a built Settings or settings_for overrides, not both")
+        built = settings if settings is not None else settings_for(**overrides)
+        proxy = await start_proxy(built, redis=redis, clock=clock, upstream_class=upstream_class)
+        started.append(proxy)
+        return proxy
+
+    yield make
+    # Every proxy is closed even when an earlier close fails; the first failure is raised after.
+    failure: BaseException | None = None
+    for proxy in reversed(started):
+        try:
+            await proxy.close()
+        except BaseException as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -442,6 +442,22 @@ async def start_proxy(
     await server.start_server()
     session = aiohttp.ClientSession()
     return Proxy(server, session, app, registry, upstreams)
+
+
+class ProxyFactory(Protocol):
+    """The `make_proxy` fixture: starts a proxy (from a built Settings, or from settings_for's
+    overrides) that the fixture closes when the test ends, passed or failed."""
+
+    async def __call__(
+        self,
+        settings: Settings | None = None,
+        /,
+        *,
+        redis: Any = None,
+        clock: Any = None,
+        upstream_class: type[CountingUpstream] = CountingUpstream,
+        **overrides: str,
+    ) -> Proxy: ...
 
 
 class FakeClock:

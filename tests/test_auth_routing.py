@@ -9,62 +9,50 @@ import aiohttp
 import pytest
 
 from tests.fake_solana import TOKEN_ACCOUNT, FakeSolana
-from tests.support import Anvil, settings_for, start_proxy
+from tests.support import Anvil, ProxyFactory
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 CLIENT_VERSION = {"jsonrpc": "2.0", "id": 1, "method": "web3_clientVersion", "params": []}  # always forwarded
 
 
-async def test_unknown_or_missing_key_is_401_with_a_json_rpc_error(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="alice,bob"))
-    try:
-        status, body, _ = await proxy.post(CHAIN_ID, key="mallory")
-        assert status == 401 and body["error"]["code"] == -32001 and "invalid API key" in body["error"]["message"]
-        async with proxy.session.post(proxy.base + "/v3", data=json.dumps(CHAIN_ID)) as resp:
-            assert resp.status == 401
-        status, body, _ = await proxy.post(CLIENT_VERSION, key="mallory")
-        assert status == 401
-        status, body, _ = await proxy.post(CLIENT_VERSION, key="bob")
-        assert status == 200 and body["result"].startswith("anvil")
-        assert proxy.upstreams["evm"].calls["web3_clientVersion"] == 1  # mallory's never went upstream
-    finally:
-        await proxy.close()
+async def test_unknown_or_missing_key_is_401_with_a_json_rpc_error(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="alice,bob")
+    status, body, _ = await proxy.post(CHAIN_ID, key="mallory")
+    assert status == 401 and body["error"]["code"] == -32001 and "invalid API key" in body["error"]["message"]
+    async with proxy.session.post(proxy.base + "/v3", data=json.dumps(CHAIN_ID)) as resp:
+        assert resp.status == 401
+    status, body, _ = await proxy.post(CLIENT_VERSION, key="mallory")
+    assert status == 401
+    status, body, _ = await proxy.post(CLIENT_VERSION, key="bob")
+    assert status == 200 and body["result"].startswith("anvil")
+    assert proxy.upstreams["evm"].calls["web3_clientVersion"] == 1  # mallory's never went upstream
 
 
-async def test_websocket_upgrade_with_a_bad_key_is_refused_with_401(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="alice"))
-    try:
-        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-            await proxy.session.ws_connect(proxy.ws_url("mallory"))
-        assert refused.value.status == 401
-        async with proxy.session.ws_connect(proxy.ws_url("alice")) as ws:
-            await ws.send_str(json.dumps(CHAIN_ID))
-            assert json.loads((await ws.receive(timeout=5)).data)["result"] == "0x7a69"
-    finally:
-        await proxy.close()
+async def test_websocket_upgrade_with_a_bad_key_is_refused_with_401(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="alice")
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await proxy.session.ws_connect(proxy.ws_url("mallory"))
+    assert refused.value.status == 401
+    async with proxy.session.ws_connect(proxy.ws_url("alice")) as ws:
+        await ws.send_str(json.dumps(CHAIN_ID))
+        assert json.loads((await ws.receive(timeout=5)).data)["result"] == "0x7a69"
 
 
-async def test_keys_file_configures_keys(anvil: Anvil, tmp_path: Path) -> None:
+async def test_keys_file_configures_keys(anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory) -> None:
     keys = tmp_path / "keys.toml"
     keys.write_text("[keys.alice]\ndaily_credits = 3000000\n")
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys)))
-    try:
-        assert (await proxy.post(CHAIN_ID, key="alice"))[0] == 200
-        assert (await proxy.post(CHAIN_ID, key="bob"))[0] == 401
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys))
+    assert (await proxy.post(CHAIN_ID, key="alice"))[0] == 200
+    assert (await proxy.post(CHAIN_ID, key="bob"))[0] == 401
 
 
-async def test_open_mode_accepts_any_key(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
-    try:
-        assert (await proxy.post(CHAIN_ID, key="anything"))[0] == 200
-    finally:
-        await proxy.close()
+async def test_open_mode_accepts_any_key(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url)
+    assert (await proxy.post(CHAIN_ID, key="anything"))[0] == 200
 
 
 async def test_network_is_chosen_by_declared_host_then_path_then_host_label_then_method_family(
-    tmp_path: Path, solana: FakeSolana
+    tmp_path: Path, solana: FakeSolana, make_proxy: ProxyFactory
 ) -> None:
     main_node, side_node = Anvil(), Anvil("--chain-id", "5")
     networks = tmp_path / "networks.toml"
@@ -73,7 +61,7 @@ async def test_network_is_chosen_by_declared_host_then_path_then_host_label_then
         f'[networks.goerli]\nfamily = "evm"\nupstreams = ["{side_node.url}"]\nhosts = ["rpc.goerli.example"]\n'
         f'[networks.sol]\nfamily = "solana"\nupstreams = ["{solana.url}"]\n'
     )
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=str(networks)))
+    proxy = await make_proxy(NETWORKS_FILE=str(networks))
     try:
         # Method family: EVM methods go to the first EVM network, Solana ones to the Solana network.
         assert (await proxy.result("eth_chainId", [])) == "0x7a69"
@@ -101,6 +89,5 @@ async def test_network_is_chosen_by_declared_host_then_path_then_host_label_then
         status, body, _ = await proxy.post(CHAIN_ID, network="nope")
         assert status == 404 and "unknown network" in body["error"]["message"]
     finally:
-        await proxy.close()
         main_node.stop()
         side_node.stop()

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.support import DEV_ACCOUNT, ROOT, Anvil, free_port, settings_for, start_proxy
+from tests.support import DEV_ACCOUNT, ROOT, Anvil, ProxyFactory, free_port
 from tests.test_read_your_writes import node_binary
 
 TOOLS = ROOT / ".tools"
@@ -123,13 +123,14 @@ async def _drive(urls: list[str], anvil: Anvil, home: Path) -> list[dict[str, An
 async def test_a_dapp_page_on_another_origin_reads_and_subscribes_through_the_proxy_as_against_anvil(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     store = anvil.deploy_store()
     keys = tmp_path / "keys.toml"
     keys.write_text(
         '[keys.dapp]\nkey = "dapp-key"\n[keys.locked]\nkey = "locked-key"\nallowed_origins = ["https://app.example"]\n'
     )
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys), HEAD_POLL_INTERVAL="0.5"))
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys), HEAD_POLL_INTERVAL="0.5")
     pages = await _page_server()
     try:
         page = f"http://localhost:{pages.port}/page.html?"  # localhost: another origin than the proxy's 127.0.0.1
@@ -150,4 +151,3 @@ async def test_a_dapp_page_on_another_origin_reads_and_subscribes_through_the_pr
         assert "allowed_origins" in locked["error"], locked
     finally:
         await pages.close()
-        await proxy.close()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from proxy.credits.allow_lists import AllowLists, call_refusal, origin_refusal, targets
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, settings_for, start_proxy
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory
 
 PAGE = "https://dapp.example"
 STORE = "0x" + "11" * 20
@@ -34,10 +33,8 @@ allowed_addresses = ["{STORE.upper().replace("X", "x")}"]
 
 
 @pytest.fixture
-async def keyed(anvil: Anvil, tmp_path: Path) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=_keys_file(tmp_path)))
-    yield proxy
-    await proxy.close()
+async def keyed(anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory) -> Proxy:
+    return await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=_keys_file(tmp_path))
 
 
 def _call(method: str, params: list[object], rid: int = 1) -> dict[str, object]:
@@ -97,15 +94,12 @@ async def test_every_answer_carries_allow_origin_and_exposes_cache_and_credit_he
     assert "Access-Control-Allow-Origin" not in no_origin[2]  # servers and scripts: nothing added
 
 
-async def test_cors_allow_origins_narrows_the_origins_answered(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, CORS_ALLOW_ORIGINS=PAGE))
-    try:
-        _s, _b, allowed = await proxy.post(_call("eth_chainId", []), headers={"Origin": PAGE})
-        _s, _b, other = await proxy.post(_call("eth_chainId", []), headers={"Origin": "https://evil.example"})
-        assert allowed["Access-Control-Allow-Origin"] == PAGE and allowed["Vary"] == "Origin"
-        assert "Access-Control-Allow-Origin" not in other
-    finally:
-        await proxy.close()
+async def test_cors_allow_origins_narrows_the_origins_answered(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, CORS_ALLOW_ORIGINS=PAGE)
+    _s, _b, allowed = await proxy.post(_call("eth_chainId", []), headers={"Origin": PAGE})
+    _s, _b, other = await proxy.post(_call("eth_chainId", []), headers={"Origin": "https://evil.example"})
+    assert allowed["Access-Control-Allow-Origin"] == PAGE and allowed["Vary"] == "Origin"
+    assert "Access-Control-Allow-Origin" not in other
 
 
 @pytest.mark.parametrize("header", [{"Authorization": "Bearer plain-secret"}, {"X-Api-Key": "plain-secret"}])

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,12 +17,12 @@ from tests.support import (
     CountingUpstream,
     FakeClock,
     Proxy,
+    ProxyFactory,
     RedisServer,
     eventually,
     mapping_slot,
     selector,
     settings_for,
-    start_proxy,
     word,
 )
 
@@ -194,41 +193,36 @@ class SlowUpstream(CountingUpstream):
         return await super().batch(calls)
 
 
-async def test_fifty_concurrent_identical_misses_make_one_upstream_call(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url), upstream_class=SlowUpstream)
-    try:
-        store, block = await finalized_store(anvil, proxy)
-        replies = await asyncio.gather(*(proxy.post(storage(store, "0x0", hex(block), rid=i)) for i in range(50)))
-        assert sorted(body["id"] for _, body, _ in replies) == list(range(50))
-        assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
-        assert proxy.upstreams["evm"].calls["eth_getStorageAt"] == 1
-        assert proxy.metric("rpc_proxy_coalesced_requests_total", network="evm", method="eth_getStorageAt") == 49
-    finally:
-        await proxy.close()
+async def test_fifty_concurrent_identical_misses_make_one_upstream_call(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, upstream_class=SlowUpstream)
+    store, block = await finalized_store(anvil, proxy)
+    replies = await asyncio.gather(*(proxy.post(storage(store, "0x0", hex(block), rid=i)) for i in range(50)))
+    assert sorted(body["id"] for _, body, _ in replies) == list(range(50))
+    assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
+    assert proxy.upstreams["evm"].calls["eth_getStorageAt"] == 1
+    assert proxy.metric("rpc_proxy_coalesced_requests_total", network="evm", method="eth_getStorageAt") == 49
 
 
 # --- the Redis tier ------------------------------------------------------------------------
 
 
-@asynccontextmanager
 async def replicas(
-    anvil: Anvil, redis_url: str, upstream_class: type[CountingUpstream] = CountingUpstream, **overrides: str
-) -> AsyncIterator[tuple[Proxy, Proxy]]:
+    make_proxy: ProxyFactory,
+    anvil: Anvil,
+    redis_url: str,
+    upstream_class: type[CountingUpstream] = CountingUpstream,
+    **overrides: str,
+) -> tuple[Proxy, Proxy]:
     """Two proxies on one Redis, as two replicas of one deployment."""
     settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url, **overrides)
-    first = await start_proxy(settings, upstream_class=upstream_class)
-    second = await start_proxy(settings, upstream_class=upstream_class)
-    try:
-        yield first, second
-    finally:
-        await first.close()
-        await second.close()
+    first = await make_proxy(settings, upstream_class=upstream_class)
+    second = await make_proxy(settings, upstream_class=upstream_class)
+    return first, second
 
 
 @pytest.fixture
-async def two_replicas(anvil: Anvil, redis_url: str) -> AsyncIterator[tuple[Proxy, Proxy]]:
-    async with replicas(anvil, redis_url) as pair:
-        yield pair
+async def two_replicas(anvil: Anvil, redis_url: str, make_proxy: ProxyFactory) -> tuple[Proxy, Proxy]:
+    return await replicas(make_proxy, anvil, redis_url)
 
 
 async def shared_through_redis(anvil: Anvil, first: Proxy, second: Proxy) -> tuple[str, int]:
@@ -283,41 +277,39 @@ async def test_requests_are_answered_while_redis_is_down_and_redis_is_used_again
 # --- Solana ----------------------------------------------------------------------------------
 
 
-async def test_largest_accounts_are_cached_within_their_ttl_and_not_beyond(solana: FakeSolana) -> None:
+async def test_largest_accounts_are_cached_within_their_ttl_and_not_beyond(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
     clock = FakeClock()
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_LARGEST_ACCOUNTS_TTL="3600"), clock=clock)
-    try:
-        first = await proxy.result("getLargestAccounts", [])
-        clock.advance(3599)
-        assert (await proxy.result("getLargestAccounts", [{"commitment": "finalized"}])) == first
-        assert solana.calls["getLargestAccounts"] == 1
-        await proxy.result("getLargestAccounts", [{"filter": "circulating"}])  # another key
-        assert solana.calls["getLargestAccounts"] == 2
-        clock.advance(2)
-        assert (await proxy.result("getLargestAccounts", []))["context"]["slot"] != first["context"]["slot"]
-        assert solana.calls["getLargestAccounts"] == 3
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, SOLANA_LARGEST_ACCOUNTS_TTL="3600", clock=clock)
+    first = await proxy.result("getLargestAccounts", [])
+    clock.advance(3599)
+    assert (await proxy.result("getLargestAccounts", [{"commitment": "finalized"}])) == first
+    assert solana.calls["getLargestAccounts"] == 1
+    await proxy.result("getLargestAccounts", [{"filter": "circulating"}])  # another key
+    assert solana.calls["getLargestAccounts"] == 2
+    clock.advance(2)
+    assert (await proxy.result("getLargestAccounts", []))["context"]["slot"] != first["context"]["slot"]
+    assert solana.calls["getLargestAccounts"] == 3
 
 
-async def test_token_balance_has_bounded_staleness_and_keeps_its_context_slot(solana: FakeSolana) -> None:
+async def test_token_balance_has_bounded_staleness_and_keeps_its_context_slot(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
     clock = FakeClock()
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_BALANCE_MAX_AGE="0.4"), clock=clock)
-    try:
-        first = await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT])
-        clock.advance(0.3)
-        again = await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT, {"commitment": "finalized"}])
-        assert again == first  # context.slot as it was, though the node has moved on
-        await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT, {"commitment": "confirmed"}])
-        assert solana.calls["getTokenAccountBalance"] == 2  # per commitment
-        clock.advance(0.2)
-        later = await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT])
-        assert later["context"]["slot"] > first["context"]["slot"]
-        for _ in range(2):
-            assert "error" in await proxy.call("getTokenAccountBalance", [SYSTEM_ACCOUNT])
-        assert solana.calls["getTokenAccountBalance"] == 5  # errors are never cached
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, SOLANA_BALANCE_MAX_AGE="0.4", clock=clock)
+    first = await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT])
+    clock.advance(0.3)
+    again = await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT, {"commitment": "finalized"}])
+    assert again == first  # context.slot as it was, though the node has moved on
+    await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT, {"commitment": "confirmed"}])
+    assert solana.calls["getTokenAccountBalance"] == 2  # per commitment
+    clock.advance(0.2)
+    later = await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT])
+    assert later["context"]["slot"] > first["context"]["slot"]
+    for _ in range(2):
+        assert "error" in await proxy.call("getTokenAccountBalance", [SYSTEM_ACCOUNT])
+    assert solana.calls["getTokenAccountBalance"] == 5  # errors are never cached
 
 
 class LaggingUpstream(CountingUpstream):
@@ -332,53 +324,57 @@ class LaggingUpstream(CountingUpstream):
 
 async def test_when_the_node_lacks_the_resolved_block_the_tag_is_retried_and_nothing_cached(
     anvil: Anvil,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url), upstream_class=LaggingUpstream)
-    try:
-        store = anvil.deploy_store()
-        await proxy.head_at(anvil.block_number())
-        for _ in range(2):
-            assert (await proxy.result("eth_getStorageAt", [store, "0x0", "latest"])) == "0x" + word(7)
-        sent = [params[2] for method, params in proxy.upstreams["evm"].params if method == "eth_getStorageAt"]
-        assert sent == ["latest", "latest"]  # each retried with the tag after the numbered try failed
-        assert proxy.upstreams["evm"].calls["eth_getStorageAt"] == 4  # nothing was cached
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, upstream_class=LaggingUpstream)
+    store = anvil.deploy_store()
+    await proxy.head_at(anvil.block_number())
+    for _ in range(2):
+        assert (await proxy.result("eth_getStorageAt", [store, "0x0", "latest"])) == "0x" + word(7)
+    sent = [params[2] for method, params in proxy.upstreams["evm"].params if method == "eth_getStorageAt"]
+    assert sent == ["latest", "latest"]  # each retried with the tag after the numbered try failed
+    assert proxy.upstreams["evm"].calls["eth_getStorageAt"] == 4  # nothing was cached
 
 
-async def test_identical_misses_on_two_replicas_make_one_upstream_call(anvil: Anvil, redis_url: str) -> None:
-    async with replicas(anvil, redis_url, SlowUpstream) as (first, second):
-        store, block = await finalized_store(anvil, first)
-        await second.head_at(anvil.block_number())
-        replies = await asyncio.gather(
-            *((first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20))
-        )
-        assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
-        assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
-        calls = [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)]
-        assert sum(calls) == 1
+async def test_identical_misses_on_two_replicas_make_one_upstream_call(
+    anvil: Anvil, redis_url: str, make_proxy: ProxyFactory
+) -> None:
+    first, second = await replicas(make_proxy, anvil, redis_url, SlowUpstream)
+    store, block = await finalized_store(anvil, first)
+    await second.head_at(anvil.block_number())
+    replies = await asyncio.gather(
+        *((first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20))
+    )
+    assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
+    assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
+    calls = [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)]
+    assert sum(calls) == 1
 
 
-async def test_cross_replica_coalescing_can_be_turned_off(anvil: Anvil, redis_url: str) -> None:
-    async with replicas(anvil, redis_url, SlowUpstream, COALESCE_WAIT="0") as (first, second):
-        store, block = await finalized_store(anvil, first)
-        await second.head_at(anvil.block_number())
-        request = storage(store, "0x0", hex(block))
-        await asyncio.gather(first.post(request), second.post(request))
-        assert [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)] == [1, 1]
+async def test_cross_replica_coalescing_can_be_turned_off(
+    anvil: Anvil, redis_url: str, make_proxy: ProxyFactory
+) -> None:
+    first, second = await replicas(make_proxy, anvil, redis_url, SlowUpstream, COALESCE_WAIT="0")
+    store, block = await finalized_store(anvil, first)
+    await second.head_at(anvil.block_number())
+    request = storage(store, "0x0", hex(block))
+    await asyncio.gather(first.post(request), second.post(request))
+    assert [p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)] == [1, 1]
 
 
-async def test_a_replica_waiting_on_an_uncacheable_answer_fetches_it_itself(anvil: Anvil, redis_url: str) -> None:
-    async with replicas(anvil, redis_url, SlowUpstream) as (first, second):
-        store = anvil.deploy_store()
-        await first.head_at(anvil.block_number())
-        await second.head_at(anvil.block_number())
-        boom = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "eth_call",
-            "params": [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, "latest"],
-        }
-        (_, a, _), (_, b, _) = await asyncio.gather(first.post(boom), second.post(boom))
-        assert a["error"]["code"] == b["error"]["code"] == 3  # a revert above finality is never stored
-        assert [p.upstreams["evm"].calls["eth_call"] for p in (first, second)] == [1, 1]
+async def test_a_replica_waiting_on_an_uncacheable_answer_fetches_it_itself(
+    anvil: Anvil, redis_url: str, make_proxy: ProxyFactory
+) -> None:
+    first, second = await replicas(make_proxy, anvil, redis_url, SlowUpstream)
+    store = anvil.deploy_store()
+    await first.head_at(anvil.block_number())
+    await second.head_at(anvil.block_number())
+    boom = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "eth_call",
+        "params": [{"from": DEV_ACCOUNT, "to": store, "data": selector("boom()")}, "latest"],
+    }
+    (_, a, _), (_, b, _) = await asyncio.gather(first.post(boom), second.post(boom))
+    assert a["error"]["code"] == b["error"]["code"] == 3  # a revert above finality is never stored
+    assert [p.upstreams["evm"].calls["eth_call"] for p in (first, second)] == [1, 1]

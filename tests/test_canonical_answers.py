@@ -4,7 +4,6 @@ changes. Real Anvil nodes, real redis-server, the proxy on a real port."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from tests.support import (
     DEV_ACCOUNT,
     Anvil,
     Proxy,
+    ProxyFactory,
     balancer,
     eventually,
     free_port,
@@ -97,6 +97,7 @@ async def test_an_answer_from_a_backup_on_another_fork_is_never_served_nor_kept(
     mined: int,
     height: int,
     tries: int,
+    make_proxy: ProxyFactory,
 ) -> None:
     # Final: the node's block at the tracker's finalized height comes in the same batch. Unfinalized:
     # a forked Anvil asked `{"blockHash": H}` for a canonical block it never had resolves H through its
@@ -108,7 +109,7 @@ async def test_an_answer_from_a_backup_on_another_fork_is_never_served_nor_kept(
         backup.send("0x" + "22" * 20, "0x")
     node.mine(mined)  # empty blocks on the primary
     relay = await FaultRelay(node.url).start()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{backup.url}")
     try:
         await proxy.head_at(100 + mined)
         states = proxy.app[SERVICE].networks["evm"].per_upstream
@@ -127,7 +128,6 @@ async def test_an_answer_from_a_backup_on_another_fork_is_never_served_nor_kept(
         body, cache = await answer(proxy, "eth_getBalance", [DEV_ACCOUNT, hex(height)])
         assert body["result"] == truth, (body, cache)
     finally:
-        await proxy.close()
         await relay.close()
         backup.stop()
         node.stop()
@@ -149,10 +149,12 @@ def devnet(port: int, x: int, blocks: int) -> tuple[Anvil, str]:
     return node, store
 
 
-async def test_a_devnet_restarted_with_the_same_genesis_is_never_served_the_old_chains_entries() -> None:
+async def test_a_devnet_restarted_with_the_same_genesis_is_never_served_the_old_chains_entries(
+    make_proxy: ProxyFactory,
+) -> None:
     port = free_port()
     node, store = devnet(port, 12345, 140)  # finalized: 76
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=node.url))
+    proxy = await make_proxy(EVM_UPSTREAM=node.url)
     try:
         await proxy.head_at(140)
         old = await proxy.result("eth_getStorageAt", [store, "0x0", "0x2"])
@@ -171,14 +173,15 @@ async def test_a_devnet_restarted_with_the_same_genesis_is_never_served_the_old_
         body, cache = await answer(proxy, "eth_getStorageAt", [store, "0x0", "0x2"])
         assert body["result"] == new
     finally:
-        await proxy.close()
         node.stop()
 
 
 # --- 3. the epoch outlives the proxy ---------------------------------------------------------
 
 
-async def test_a_restarted_proxy_stays_in_the_epoch_a_finality_violation_moved_to(redis_url: str) -> None:
+async def test_a_restarted_proxy_stays_in_the_epoch_a_finality_violation_moved_to(
+    redis_url: str, make_proxy: ProxyFactory
+) -> None:
     node = Anvil()
     store = node.deploy_store()
     node.mine(20)
@@ -186,6 +189,7 @@ async def test_a_restarted_proxy_stays_in_the_epoch_a_finality_violation_moved_t
     node.mine(70)
     settings = settings_for(EVM_UPSTREAM=node.url, REDIS_URL=redis_url)
     call = [store, "0x0", hex(written)]
+    # Inline, not make_proxy: closed mid-test, and a proxy restarted on the same Redis takes over.
     proxy = await start_proxy(settings)
     try:
         await proxy.head_at(node.block_number())
@@ -200,28 +204,27 @@ async def test_a_restarted_proxy_stays_in_the_epoch_a_finality_violation_moved_t
         await proxy.close()
     truth = node.rpc("eth_getStorageAt", *call)
     assert truth != "0x" + word(12345)
-    restarted = await start_proxy(settings)
+    restarted = await make_proxy(settings)
     try:
         await restarted.head_at(node.block_number())
         for _ in range(2):
             body, cache = await answer(restarted, "eth_getStorageAt", call)
             assert body["result"] == truth, (body, cache)
     finally:
-        await restarted.close()
         node.stop()
 
 
 # --- 4. reads by a reorged-out hash ---------------------------------------------------------------
 
 
-async def test_a_reorged_out_hash_is_answered_as_the_canonical_node_answers_it() -> None:
+async def test_a_reorged_out_hash_is_answered_as_the_canonical_node_answers_it(make_proxy: ProxyFactory) -> None:
     node = Anvil()
     node.mine(100)
     backup = Anvil("--fork-url", node.url, "--fork-block-number", "100")
     orphan = node.rpc("eth_getBlockByNumber", hex(99), False)["hash"]
     assert backup.rpc("eth_getBlockByHash", orphan, False)["hash"] == orphan  # the backup holds it
     relay = await FaultRelay(node.url).start()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}"))
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{backup.url}")
     try:
         await proxy.head_at(100)
         node.rpc("anvil_reorg", 3, [])  # 98-100 replaced
@@ -234,7 +237,6 @@ async def test_a_reorged_out_hash_is_answered_as_the_canonical_node_answers_it()
         body, cache = await answer(proxy, "eth_getBlockByHash", [orphan, False])
         assert body["result"] is None and cache != "HIT"
     finally:
-        await proxy.close()
         await relay.close()
         backup.stop()
         node.stop()
@@ -243,7 +245,7 @@ async def test_a_reorged_out_hash_is_answered_as_the_canonical_node_answers_it()
 # --- 5. a load balancer in front of a lagging node -----------------------------------------------
 
 
-async def test_a_fee_read_from_a_node_behind_the_head_is_never_served_nor_kept() -> None:
+async def test_a_fee_read_from_a_node_behind_the_head_is_never_served_nor_kept(make_proxy: ProxyFactory) -> None:
     node = Anvil()
     node.mine(10)
     lagging = Anvil("--fork-url", node.url, "--fork-block-number", "10")
@@ -254,23 +256,22 @@ async def test_a_fee_read_from_a_node_behind_the_head_is_never_served_nor_kept()
         return lagging.url if any(c.get("method") == "eth_gasPrice" for c in calls) else node.url
 
     async with balancer(route) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
-        try:
-            await proxy.head_at(50)
-            stale_price = lagging.rpc("eth_gasPrice")
-            for _ in range(3):
-                body, cache = await answer(proxy, "eth_gasPrice", [])
-                assert cache != "HIT", (body, cache)  # the lagging node's price is never kept for this head
-                # Nor served: only it is asked, so the read fails (-32002) rather than give an old block's price.
-                assert body.get("result") != stale_price and body["error"]["code"] == -32002, body
-            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="lagging") >= 1
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=url)
+        await proxy.head_at(50)
+        stale_price = lagging.rpc("eth_gasPrice")
+        for _ in range(3):
+            body, cache = await answer(proxy, "eth_gasPrice", [])
+            assert cache != "HIT", (body, cache)  # the lagging node's price is never kept for this head
+            # Nor served: only it is asked, so the read fails (-32002) rather than give an old block's price.
+            assert body.get("result") != stale_price and body["error"]["code"] == -32002, body
+        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="lagging") >= 1
     lagging.stop()
     node.stop()
 
 
-async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_the_head_back() -> None:
+async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_the_head_back(
+    make_proxy: ProxyFactory,
+) -> None:
     node = Anvil()
     store = node.deploy_store()
     node.mine(100)
@@ -284,22 +285,19 @@ async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_th
 
     async with balancer(route) as url:
         # A head that stays fresh however busy the machine: a stale one may take a shorter chain.
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, HEAD_POLL_INTERVAL="0.1", HEAD_STALE_AFTER="60"))
-        try:
-            top = node.block_number()
-            await proxy.head_at(top)
-            latest = node.rpc("eth_getBlockByNumber", "latest", False)["hash"]
-            seen = []
-            for _ in range(40):
-                body, _ = await answer(proxy, "eth_blockNumber", [])
-                seen.append(int(body["result"], 16))
-                body, _ = await answer(proxy, "eth_call", [{"to": store, "data": selector("x()")}, "latest"])
-                assert body.get("result") in ("0x" + word(42), None), body  # the network's value, or -32002
-                body, _ = await answer(proxy, "eth_getUncleByBlockHashAndIndex", [latest, "0x0"])
-                assert "result" in body or body["error"]["code"] == -32002, body  # never the member's range error
-            assert seen == sorted(seen) and seen[0] >= top, seen  # the head never went back
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=url, HEAD_POLL_INTERVAL="0.1", HEAD_STALE_AFTER="60")
+        top = node.block_number()
+        await proxy.head_at(top)
+        latest = node.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+        seen = []
+        for _ in range(40):
+            body, _ = await answer(proxy, "eth_blockNumber", [])
+            seen.append(int(body["result"], 16))
+            body, _ = await answer(proxy, "eth_call", [{"to": store, "data": selector("x()")}, "latest"])
+            assert body.get("result") in ("0x" + word(42), None), body  # the network's value, or -32002
+            body, _ = await answer(proxy, "eth_getUncleByBlockHashAndIndex", [latest, "0x0"])
+            assert "result" in body or body["error"]["code"] == -32002, body  # never the member's range error
+        assert seen == sorted(seen) and seen[0] >= top, seen  # the head never went back
     lagging.stop()
     node.stop()
 
@@ -307,16 +305,14 @@ async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_th
 # --- 6. connection loss is identity loss ---------------------------------------------------------
 
 
-async def test_a_silent_reconnect_checks_the_identity_before_an_answer_is_kept() -> None:
+async def test_a_silent_reconnect_checks_the_identity_before_an_answer_is_kept(make_proxy: ProxyFactory) -> None:
     port = free_port()
     node = Anvil(port=port)
     node.mine(70)
     # Slow polls and identity checks: nothing reaches the node while it restarts, so aiohttp
     # reconnects silently on the next call.
-    proxy = await start_proxy(
-        settings_for(
-            EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="30", HEAD_STALE_AFTER="120", IDENTITY_CHECK_INTERVAL="300"
-        )
+    proxy = await make_proxy(
+        EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="30", HEAD_STALE_AFTER="120", IDENTITY_CHECK_INTERVAL="300"
     )
     try:
         await proxy.head_at(70)
@@ -332,7 +328,6 @@ async def test_a_silent_reconnect_checks_the_identity_before_an_answer_is_kept()
             "the identity to be checked again",
         )
     finally:
-        await proxy.close()
         node.stop()
 
 
@@ -340,10 +335,8 @@ async def test_a_silent_reconnect_checks_the_identity_before_an_answer_is_kept()
 
 
 @pytest.fixture
-async def dev_proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="anvil,evm"))
-    yield proxy
-    await proxy.close()
+async def dev_proxy(anvil: Anvil, make_proxy: ProxyFactory) -> Proxy:
+    return await make_proxy(EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="anvil,evm")
 
 
 async def test_a_dev_node_state_change_through_the_proxy_drops_the_entries_it_made_stale(

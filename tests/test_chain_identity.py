@@ -10,7 +10,7 @@ import pytest
 
 from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, eventually, selector, settings_for, start_proxy, word
+from tests.support import Anvil, ProxyFactory, eventually, selector, settings_for, start_proxy, word
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
@@ -20,11 +20,11 @@ def storage(address: str, block: int) -> dict[str, object]:
 
 
 async def test_an_upstream_of_another_chain_is_taken_out_of_rotation(
-    anvil: Anvil, caplog: pytest.LogCaptureFixture
+    anvil: Anvil, caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
 ) -> None:
     other = Anvil("--chain-id", "999")
     relay = await FaultRelay(anvil.url).start()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{other.url}"))
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{other.url}")
     try:
         assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
         assert proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="0") == 0
@@ -40,52 +40,50 @@ async def test_an_upstream_of_another_chain_is_taken_out_of_rotation(
         # eth_chainId is the network's identity, held by the proxy: no upstream is asked for it.
         assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
     finally:
-        await proxy.close()
         await relay.close()
         other.stop()
 
 
-async def test_a_declared_chain_id_refuses_upstreams_of_another_chain(anvil: Anvil, tmp_path: Path) -> None:
+async def test_a_declared_chain_id_refuses_upstreams_of_another_chain(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     networks = tmp_path / "networks.toml"
     networks.write_text(f'[networks.devnet]\nfamily = "evm"\nupstreams = ["{anvil.url}"]\nchain_id = 999\n')
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=str(networks)))
-    try:
-        status, body, _ = await proxy.post(CHAIN_ID, network="devnet")
-        assert status == 502 and body["error"]["code"] == -32002
-        async with proxy.session.get(proxy.base + "/readyz") as resp:
-            assert resp.status == 503 and "no upstream serves" in (await resp.json())["networks"]["devnet"]
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(NETWORKS_FILE=str(networks))
+    status, body, _ = await proxy.post(CHAIN_ID, network="devnet")
+    assert status == 502 and body["error"]["code"] == -32002
+    async with proxy.session.get(proxy.base + "/readyz") as resp:
+        assert resp.status == 503 and "no upstream serves" in (await resp.json())["networks"]["devnet"]
 
 
-async def test_an_upstream_restarted_as_another_chain_is_taken_out_of_rotation(anvil: Anvil, tmp_path: Path) -> None:
+async def test_an_upstream_restarted_as_another_chain_is_taken_out_of_rotation(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     # Declared: never adopted (an undeclared network adopts a chain all its upstreams agree on,
     # see test_devnet_restart.py).
     networks = tmp_path / "networks.toml"
     networks.write_text(f'[networks.evm]\nfamily = "evm"\nupstreams = ["{anvil.url}"]\nchain_id = 31337\n')
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=str(networks)))
-    try:
-        assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
-        anvil.stop()
+    proxy = await make_proxy(NETWORKS_FILE=str(networks))
+    assert (await proxy.post(CHAIN_ID))[1]["result"] == "0x7a69"
+    anvil.stop()
 
-        async def outage_seen() -> bool:
-            return proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="connect") > 0
+    async def outage_seen() -> bool:
+        return proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="connect") > 0
 
-        await eventually(outage_seen, 10, "the proxy to see the node go away")
-        anvil.__init__("--chain-id", "999", port=anvil.port)  # type: ignore[misc]  # same URL, new chain
+    await eventually(outage_seen, 10, "the proxy to see the node go away")
+    anvil.__init__("--chain-id", "999", port=anvil.port)  # type: ignore[misc]  # same URL, new chain
 
-        async def refused() -> bool:
-            status, body, _ = await proxy.post(CHAIN_ID)
-            assert body.get("result") != "0x3e7" or status != 200, "an answer from the other chain"
-            return proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="0") == 1
+    async def refused() -> bool:
+        status, body, _ = await proxy.post(CHAIN_ID)
+        assert body.get("result") != "0x3e7" or status != 200, "an answer from the other chain"
+        return proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="0") == 1
 
-        await eventually(refused, 10, "the restarted upstream to be refused")
-    finally:
-        await proxy.close()
+    await eventually(refused, 10, "the restarted upstream to be refused")
 
 
 async def test_cache_keys_carry_the_chain_identity_so_a_repointed_proxy_never_serves_the_old_chain(
     redis_url: str,
+    make_proxy: ProxyFactory,
 ) -> None:
     old, new = Anvil(), Anvil("--chain-id", "999")
     try:
@@ -94,47 +92,42 @@ async def test_cache_keys_carry_the_chain_identity_so_a_repointed_proxy_never_se
             node.send(address, selector("setX(uint256)") + word(value))
             node.mine(70)
         block = 3
+        # Inline, not make_proxy: closed mid-test, before a proxy repointed at another chain starts.
         first = await start_proxy(settings_for(EVM_UPSTREAM=old.url, REDIS_URL=redis_url))
         try:
             await first.head_at(block + 64)
             assert (await first.post(storage(address, block)))[1]["result"] == "0x" + word(11)
         finally:
             await first.close()
-        second = await start_proxy(settings_for(EVM_UPSTREAM=new.url, REDIS_URL=redis_url))
-        try:
-            await second.head_at(block + 64)
-            _, body, headers = await second.post(storage(address, block))
-            assert body["result"] == "0x" + word(22) and headers["X-Cache"] == "MISS"
-        finally:
-            await second.close()
+        second = await make_proxy(EVM_UPSTREAM=new.url, REDIS_URL=redis_url)
+        await second.head_at(block + 64)
+        _, body, headers = await second.post(storage(address, block))
+        assert body["result"] == "0x" + word(22) and headers["X-Cache"] == "MISS"
     finally:
         old.stop()
         new.stop()
 
 
 async def test_a_finalized_block_whose_hash_changes_is_an_error_that_invalidates_the_network(
-    anvil: Anvil, caplog: pytest.LogCaptureFixture
+    anvil: Anvil, caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
-    try:
-        address = anvil.deploy_store()
-        anvil.mine(80)
-        await proxy.head_at(81)
-        request = storage(address, 10)  # final: cached forever
-        await proxy.post(request)
-        assert (await proxy.post(request))[2]["X-Cache"] == "HIT"
-        tracker = proxy.app[SERVICE].networks["evm"].tracker
-        space = tracker.head.space if tracker.head else None
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url)
+    address = anvil.deploy_store()
+    anvil.mine(80)
+    await proxy.head_at(81)
+    request = storage(address, 10)  # final: cached forever
+    await proxy.post(request)
+    assert (await proxy.post(request))[2]["X-Cache"] == "HIT"
+    tracker = proxy.app[SERVICE].networks["evm"].tracker
+    space = tracker.head.space if tracker.head else None
 
-        anvil.rpc("anvil_reorg", 78, [])  # replaces blocks 4-81: 4-17 were final
+    anvil.rpc("anvil_reorg", 78, [])  # replaces blocks 4-81: 4-17 were final
 
-        async def violation() -> bool:
-            return proxy.metric("rpc_proxy_finality_violations_total", network="evm") >= 1
+    async def violation() -> bool:
+        return proxy.metric("rpc_proxy_finality_violations_total", network="evm") >= 1
 
-        await eventually(violation, 10, "the finality violation to be seen")
-        assert any(r.levelno == logging.ERROR and "changed hash" in r.getMessage() for r in caplog.records)
-        assert tracker.head is not None and tracker.head.space != space
-        _, _, headers = await proxy.post(request)
-        assert headers["X-Cache"] != "HIT"  # the old entry is left behind with the old epoch
-    finally:
-        await proxy.close()
+    await eventually(violation, 10, "the finality violation to be seen")
+    assert any(r.levelno == logging.ERROR and "changed hash" in r.getMessage() for r in caplog.records)
+    assert tracker.head is not None and tracker.head.space != space
+    _, _, headers = await proxy.post(request)
+    assert headers["X-Cache"] != "HIT"  # the old entry is left behind with the old epoch

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from proxy.credits.charging import refunded
 from proxy.credits.prices import METHOD_CREDITS
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, UPSTREAM_UNAVAILABLE, JsonRpcError
-from tests.support import Anvil, free_port, serving, settings_for, start_proxy
+from tests.support import Anvil, ProxyFactory, free_port, serving
 from tests.test_credits import keys_file, storage
 
 
@@ -55,26 +55,24 @@ async def dropping_relay(target: str, position: str) -> AsyncIterator[str]:
 async def test_a_call_left_out_of_a_batch_reply_is_asked_again_alone_and_charged_as_answered(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     # A batch reply without one of its ids is an upstream fault (issue 9): nothing of it is kept,
     # and its calls are asked again one by one (issue 10), so every caller gets the node's answer
     # and pays for that answer only.
     path = keys_file(tmp_path, alice={"daily_credits": 10_000})
     async with dropping_relay(anvil.url, "0x" + "0" * 63 + "2") as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, API_KEYS_FILE=path))
-        try:
-            await proxy.head_at(0)
-            batch = [storage(i, hex(i)) for i in range(1, 4)]  # three misses: one upstream batch
-            status, body, headers = await proxy.post(batch, key="alice")
-            assert status == 200
-            assert [item["id"] for item in body if "result" in item] == [1, 2, 3], body
-            assert headers["X-Credits-Charged"] == "240" and headers["X-Credits-Remaining"] == str(10_000 - 240)
-            assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="mismatch") >= 1
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=url, API_KEYS_FILE=path)
+        await proxy.head_at(0)
+        batch = [storage(i, hex(i)) for i in range(1, 4)]  # three misses: one upstream batch
+        status, body, headers = await proxy.post(batch, key="alice")
+        assert status == 200
+        assert [item["id"] for item in body if "result" in item] == [1, 2, 3], body
+        assert headers["X-Credits-Charged"] == "240" and headers["X-Credits-Remaining"] == str(10_000 - 240)
+        assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="mismatch") >= 1
 
 
-async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Path) -> None:
+async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Path, make_proxy: ProxyFactory) -> None:
     path = keys_file(tmp_path, alice={"daily_credits": 10_000})
     release = asyncio.Event()
 
@@ -87,9 +85,7 @@ async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Pat
     app.router.add_post("/", slow)
     node = TestServer(app, host="127.0.0.1", port=free_port())
     await node.start_server()
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{node.port}/", API_KEYS_FILE=path, UPSTREAM_TIMEOUT="0.3")
-    )
+    proxy = await make_proxy(EVM_UPSTREAM=f"http://127.0.0.1:{node.port}/", API_KEYS_FILE=path, UPSTREAM_TIMEOUT="0.3")
     try:
         call = {"jsonrpc": "2.0", "id": 7, "method": "eth_estimateGas", "params": [{"from": "0x" + "11" * 20}]}
         status, reply, headers = await proxy.post(call, key="alice")
@@ -99,5 +95,4 @@ async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Pat
         assert proxy.metric("rpc_proxy_credits_charged_total", method="eth_estimateGas") == cost
     finally:
         release.set()
-        await proxy.close()
         await node.close()

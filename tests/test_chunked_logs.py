@@ -13,7 +13,7 @@ import pytest
 
 from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, selector, word
 
 CHUNK = 100  # GETLOGS_CHUNK_BLOCKS in these tests: small chunks of 10 near finality
 
@@ -44,12 +44,9 @@ async def build(anvil: Anvil, proxy: Proxy, events: int = 30, gap: int = 9) -> C
 
 
 @pytest.fixture
-async def chain(anvil: Anvil) -> AsyncIterator[Chain]:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK)))
-    try:
-        yield await build(anvil, proxy)
-    finally:
-        await proxy.close()
+async def chain(anvil: Anvil, make_proxy: ProxyFactory) -> AsyncIterator[Chain]:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK))
+    yield await build(anvil, proxy)
 
 
 def logs_filter(chain: Chain, first: int | str, last: int | str) -> dict[str, Any]:
@@ -138,34 +135,27 @@ async def test_a_reorg_never_leaves_a_removed_log_in_a_chunked_answer(chain: Cha
     assert cache == "HIT"  # the final chunks were kept
 
 
-async def test_more_than_the_limit_over_the_merged_answer_is_minus_32005_with_nothing_partial(anvil: Anvil) -> None:
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_MAX_RESULTS="30")
-    )
-    try:
-        chain = await build(anvil, proxy)  # 2 logs every 10 blocks: 20 per chunk, each under the limit
-        too_many = logs_filter(chain, 0, 299)
-        for _ in range(2):
-            status, body, _ = await proxy.post(
-                {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [too_many]}
-            )
-            assert status == 200 and "result" not in body
-            assert body["error"]["code"] == -32005
-            assert body["error"]["message"] == "query returned more than 30 results"
-            narrower = body["error"]["data"]
-            assert narrower["fromBlock"] == "0x0"
-        assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="results") == 2
-        logs, cache = await get_logs(chain, {**too_many, **narrower})  # the hint is a range within the limit
-        assert 0 < len(logs) <= 30 and cache == "HIT"  # its chunks were held
-    finally:
-        await proxy.close()
+async def test_more_than_the_limit_over_the_merged_answer_is_minus_32005_with_nothing_partial(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_MAX_RESULTS="30")
+    chain = await build(anvil, proxy)  # 2 logs every 10 blocks: 20 per chunk, each under the limit
+    too_many = logs_filter(chain, 0, 299)
+    for _ in range(2):
+        status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [too_many]})
+        assert status == 200 and "result" not in body
+        assert body["error"]["code"] == -32005
+        assert body["error"]["message"] == "query returned more than 30 results"
+        narrower = body["error"]["data"]
+        assert narrower["fromBlock"] == "0x0"
+    assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="results") == 2
+    logs, cache = await get_logs(chain, {**too_many, **narrower})  # the hint is a range within the limit
+    assert 0 < len(logs) <= 30 and cache == "HIT"  # its chunks were held
 
 
-async def test_a_slow_chunk_makes_the_whole_call_hit_the_time_limit(anvil: Anvil) -> None:
+async def test_a_slow_chunk_makes_the_whole_call_hit_the_time_limit(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     relay = await FaultRelay(anvil.url).start()
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=relay.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_TIMEOUT="1")
-    )
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_TIMEOUT="1")
     try:
         chain = await build(anvil, proxy)
         await get_logs(chain, logs_filter(chain, 0, 99))  # one chunk held: the next call is partly cached
@@ -177,63 +167,55 @@ async def test_a_slow_chunk_makes_the_whole_call_hit_the_time_limit(anvil: Anvil
         assert body["error"] == {"code": -32005, "message": "query timeout exceeded"}
         assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="timeout") == 1
     finally:
-        await proxy.close()
         await relay.close()
 
 
-async def test_a_few_blocks_whose_receipts_are_held_are_answered_from_them(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS="0"))
-    try:
-        chain = await build(anvil, proxy, events=3)
-        for _ in range(3):  # logs in unfinalized blocks too
-            emit(anvil, chain.store, 2)
-        latest = anvil.block_number()
-        await proxy.head_at(latest)
-        head = proxy.app[SERVICE].networks["evm"].tracker.head
-        assert head is not None
-        first, last = head.finalized - 5, head.finalized + 5  # final blocks, and unfinalized ones by hash
-        for number in [*range(first, last + 1), latest - 1, latest]:
-            assert (await proxy.call("eth_getBlockReceipts", [hex(number)]))["result"] is not None
-        before = proxy.upstreams["evm"].calls["eth_getLogs"]
-        signature = anvil.rpc("eth_getLogs", logs_filter(chain, latest, latest))[0]["topics"][0]
-        for log_filter in (
-            logs_filter(chain, first, last),
-            logs_filter(chain, latest - 1, latest),
-            {**logs_filter(chain, latest - 1, latest), "topics": [signature, "0x" + word(1)]},
-        ):
-            logs, cache = await get_logs(chain, log_filter)  # equal to the node's
-            assert cache == "HIT"
-        assert len(logs) == 2 and proxy.upstreams["evm"].calls["eth_getLogs"] == before
-        _, cache = await get_logs(chain, logs_filter(chain, first - 1, last))  # no receipts held for first-1
-        assert cache == "MISS" and proxy.upstreams["evm"].calls["eth_getLogs"] == before + 1
-    finally:
-        await proxy.close()
+async def test_a_few_blocks_whose_receipts_are_held_are_answered_from_them(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS="0")
+    chain = await build(anvil, proxy, events=3)
+    for _ in range(3):  # logs in unfinalized blocks too
+        emit(anvil, chain.store, 2)
+    latest = anvil.block_number()
+    await proxy.head_at(latest)
+    head = proxy.app[SERVICE].networks["evm"].tracker.head
+    assert head is not None
+    first, last = head.finalized - 5, head.finalized + 5  # final blocks, and unfinalized ones by hash
+    for number in [*range(first, last + 1), latest - 1, latest]:
+        assert (await proxy.call("eth_getBlockReceipts", [hex(number)]))["result"] is not None
+    before = proxy.upstreams["evm"].calls["eth_getLogs"]
+    signature = anvil.rpc("eth_getLogs", logs_filter(chain, latest, latest))[0]["topics"][0]
+    for log_filter in (
+        logs_filter(chain, first, last),
+        logs_filter(chain, latest - 1, latest),
+        {**logs_filter(chain, latest - 1, latest), "topics": [signature, "0x" + word(1)]},
+    ):
+        logs, cache = await get_logs(chain, log_filter)  # equal to the node's
+        assert cache == "HIT"
+    assert len(logs) == 2 and proxy.upstreams["evm"].calls["eth_getLogs"] == before
+    _, cache = await get_logs(chain, logs_filter(chain, first - 1, last))  # no receipts held for first-1
+    assert cache == "MISS" and proxy.upstreams["evm"].calls["eth_getLogs"] == before + 1
 
 
-async def test_a_chunked_call_costs_the_client_the_spec_price_once(anvil: Anvil, tmp_path: Path) -> None:
+async def test_a_chunked_call_costs_the_client_the_spec_price_once(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     keys = tmp_path / "keys.toml"
     keys.write_text("[keys.alice]\ndaily_credits = 10000\n")
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys), GETLOGS_CHUNK_BLOCKS=str(CHUNK))
-    )
-    try:
-        chain = await build(anvil, proxy, events=5, gap=49)
-        for expected in ("MISS", "HIT"):  # three chunks upstream, then none: 255 credits either way
-            _, _, headers = await proxy.post(
-                {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [logs_filter(chain, 0, 299)]},
-                key="alice",
-            )
-            assert (headers["X-Cache"], headers["X-Credits-Charged"]) == (expected, "255")
-        assert proxy.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getLogs") == 255
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys), GETLOGS_CHUNK_BLOCKS=str(CHUNK))
+    chain = await build(anvil, proxy, events=5, gap=49)
+    for expected in ("MISS", "HIT"):  # three chunks upstream, then none: 255 credits either way
+        _, _, headers = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [logs_filter(chain, 0, 299)]},
+            key="alice",
+        )
+        assert (headers["X-Cache"], headers["X-Credits-Charged"]) == (expected, "255")
+    assert proxy.metric("rpc_proxy_upstream_credits_saved_total", network="evm", method="eth_getLogs") == 255
 
 
-async def test_chunking_can_be_turned_off(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS="0"))
-    try:
-        chain = await build(anvil, proxy, events=3)
-        await get_logs(chain, logs_filter(chain, 0, 99))
-        assert asked(chain) == [(0, 99)]
-    finally:
-        await proxy.close()
+async def test_chunking_can_be_turned_off(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS="0")
+    chain = await build(anvil, proxy, events=3)
+    await get_logs(chain, logs_filter(chain, 0, 99))
+    assert asked(chain) == [(0, 99)]

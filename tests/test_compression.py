@@ -11,7 +11,7 @@ import aiohttp
 
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.rpc import jsonrpc
-from tests.support import Anvil, selector, settings_for, start_proxy, word
+from tests.support import Anvil, ProxyFactory, selector, word
 
 GZIP = {"Accept-Encoding": "gzip, deflate"}
 
@@ -42,39 +42,36 @@ def _logs_request(address: str, block: int, rid: Any) -> dict[str, Any]:
     }
 
 
-async def test_gzip_answers_equal_the_nodes_bytes_after_decoding(anvil: Anvil) -> None:
+async def test_gzip_answers_equal_the_nodes_bytes_after_decoding(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     address = anvil.deploy_store()
     block = int(anvil.send(address, selector("emitMany(uint256)") + word(200), gas=8_000_000)["blockNumber"], 16)
     anvil.mine(70)  # final: cached for good
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
-    try:
-        await proxy.head_at(block + 64)
-        async with aiohttp.ClientSession(auto_decompress=False) as raw:
-            async with raw.post(anvil.url, json=_logs_request(address, block, 7)) as resp:
-                node_bytes = await resp.read()
-                node = json.loads(node_bytes)["result"]
-            plain = None
-            for rid, cache in ((7, "MISS"), (7, "HIT"), ("other-id", "HIT")):
-                async with raw.post(proxy.url(), json=_logs_request(address, block, rid), headers=GZIP) as resp:
-                    assert resp.headers["Content-Encoding"] == "gzip" and resp.headers["X-Cache"] == cache
-                    compressed = await resp.read()
-                decoded = gzip.decompress(compressed)
-                assert len(compressed) * 5 < len(decoded)
-                assert json.loads(decoded) == {"jsonrpc": "2.0", "id": rid, "result": node}
-                if rid == 7:
-                    async with raw.post(
-                        proxy.url(), json=_logs_request(address, block, 7), headers={"Accept-Encoding": "identity"}
-                    ) as resp:
-                        assert "Content-Encoding" not in resp.headers  # not asked for: not compressed
-                        plain = await resp.read()
-                    assert decoded == plain == node_bytes  # the node's own bytes, id and all
-            batch = [_logs_request(address, block, 1), _logs_request(address, block, 2)]
-            async with raw.post(proxy.url(), json=batch, headers=GZIP) as resp:
-                assert resp.headers["Content-Encoding"] == "gzip"
-                assert [a["result"] for a in json.loads(gzip.decompress(await resp.read()))] == [node, node]
-            async with raw.post(
-                proxy.url(), json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, headers=GZIP
-            ) as resp:
-                assert "Content-Encoding" not in resp.headers  # under COMPRESS_MIN_BYTES
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url)
+    await proxy.head_at(block + 64)
+    async with aiohttp.ClientSession(auto_decompress=False) as raw:
+        async with raw.post(anvil.url, json=_logs_request(address, block, 7)) as resp:
+            node_bytes = await resp.read()
+            node = json.loads(node_bytes)["result"]
+        plain = None
+        for rid, cache in ((7, "MISS"), (7, "HIT"), ("other-id", "HIT")):
+            async with raw.post(proxy.url(), json=_logs_request(address, block, rid), headers=GZIP) as resp:
+                assert resp.headers["Content-Encoding"] == "gzip" and resp.headers["X-Cache"] == cache
+                compressed = await resp.read()
+            decoded = gzip.decompress(compressed)
+            assert len(compressed) * 5 < len(decoded)
+            assert json.loads(decoded) == {"jsonrpc": "2.0", "id": rid, "result": node}
+            if rid == 7:
+                async with raw.post(
+                    proxy.url(), json=_logs_request(address, block, 7), headers={"Accept-Encoding": "identity"}
+                ) as resp:
+                    assert "Content-Encoding" not in resp.headers  # not asked for: not compressed
+                    plain = await resp.read()
+                assert decoded == plain == node_bytes  # the node's own bytes, id and all
+        batch = [_logs_request(address, block, 1), _logs_request(address, block, 2)]
+        async with raw.post(proxy.url(), json=batch, headers=GZIP) as resp:
+            assert resp.headers["Content-Encoding"] == "gzip"
+            assert [a["result"] for a in json.loads(gzip.decompress(await resp.read()))] == [node, node]
+        async with raw.post(
+            proxy.url(), json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, headers=GZIP
+        ) as resp:
+            assert "Content-Encoding" not in resp.headers  # under COMPRESS_MIN_BYTES

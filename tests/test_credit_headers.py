@@ -5,24 +5,18 @@ X-Credits-Charged: 0 alone, since it was charged nothing and named no balance to
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from proxy.http.listeners import BUSY_RESPONSE
-from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.support import Anvil, Proxy, ProxyFactory
 
 KEY = "sk-headers"
 CALL = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"}
 
 
 @pytest.fixture
-async def keyed_proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS=KEY, DAILY_CREDITS="1000", MAX_BODY_BYTES="1000")
-    )
-    yield proxy
-    await proxy.close()
+async def keyed_proxy(anvil: Anvil, make_proxy: ProxyFactory) -> Proxy:
+    return await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS=KEY, DAILY_CREDITS="1000", MAX_BODY_BYTES="1000")
 
 
 async def test_every_answer_to_a_call_carries_both_credit_headers(keyed_proxy: Proxy) -> None:

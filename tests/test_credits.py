@@ -7,7 +7,6 @@ import calendar
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 
 from proxy.credits.accounts import derived_name
 from proxy.credits.ledger import MemoryLedger, Verdict
-from tests.support import ROOT, Anvil, FakeClock, Proxy, free_port, settings_for, start_proxy
+from tests.support import ROOT, Anvil, FakeClock, Proxy, ProxyFactory, free_port, settings_for, start_proxy
 
 
 def keys_file(tmp_path: Path, **keys: dict[str, int]) -> str:
@@ -33,12 +32,11 @@ def storage(rid: Any = 1, position: str = "0x0") -> dict[str, Any]:
 
 
 @pytest.fixture
-async def keyed(anvil: Anvil, tmp_path: Path) -> AsyncIterator[Proxy]:
+async def keyed(anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory) -> Proxy:
     path = keys_file(tmp_path, alice={"daily_credits": 1000}, bob={})
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, DAILY_CREDITS="500"))
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, DAILY_CREDITS="500")
     await proxy.head_at(0)
-    yield proxy
-    await proxy.close()
+    return proxy
 
 
 class TestMemoryLedger:
@@ -173,67 +171,60 @@ async def test_open_mode_charges_nothing(evm_proxy: Proxy) -> None:
     assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("0", "unlimited")
 
 
-async def test_credits_per_second_limit_is_429_with_retry_after(anvil: Anvil, tmp_path: Path) -> None:
+async def test_credits_per_second_limit_is_429_with_retry_after(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     path = keys_file(tmp_path, carol={"credits_per_second": 100})
     clock = FakeClock()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path), clock=clock)
-    try:
-        assert (await proxy.post(storage(1), key="carol"))[0] == 200
-        status, reply, headers = await proxy.post(storage(2), key="carol")
-        assert status == 429 and headers["Retry-After"] == "1" and "rate limit" in reply["error"]["message"]
-        clock.advance(1)
-        assert (await proxy.post(storage(3), key="carol"))[0] == 200
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, clock=clock)
+    assert (await proxy.post(storage(1), key="carol"))[0] == 200
+    status, reply, headers = await proxy.post(storage(2), key="carol")
+    assert status == 429 and headers["Retry-After"] == "1" and "rate limit" in reply["error"]["message"]
+    clock.advance(1)
+    assert (await proxy.post(storage(3), key="carol"))[0] == 200
 
 
-async def test_balances_reset_at_midnight_utc(anvil: Anvil, tmp_path: Path) -> None:
+async def test_balances_reset_at_midnight_utc(anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory) -> None:
     path = keys_file(tmp_path, alice={"daily_credits": 100})
     clock = FakeClock(calendar.timegm((2026, 11, 21, 23, 59, 59)))
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path), clock=clock)
-    try:
-        assert (await proxy.post(storage(1), key="alice"))[0] == 200
-        assert (await proxy.post(storage(2), key="alice"))[0] == 402
-        clock.advance(1.5)  # 00:00:00.5 UTC
-        status, _, headers = await proxy.post(storage(3), key="alice")
-        assert status == 200 and headers["X-Credits-Remaining"] == "20"
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, clock=clock)
+    assert (await proxy.post(storage(1), key="alice"))[0] == 200
+    assert (await proxy.post(storage(2), key="alice"))[0] == 402
+    clock.advance(1.5)  # 00:00:00.5 UTC
+    status, _, headers = await proxy.post(storage(3), key="alice")
+    assert status == 200 and headers["X-Credits-Remaining"] == "20"
 
 
-async def test_upstream_failures_are_not_charged(tmp_path: Path) -> None:
+async def test_upstream_failures_are_not_charged(tmp_path: Path, make_proxy: ProxyFactory) -> None:
     path = keys_file(tmp_path, alice={"daily_credits": 1000})
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{free_port()}", API_KEYS_FILE=path))
-    try:
-        status, reply, headers = await proxy.post(storage(), key="alice")
-        assert status == 502 and reply["error"]["code"] == -32002
-        assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("0", "1000")
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=f"http://127.0.0.1:{free_port()}", API_KEYS_FILE=path)
+    status, reply, headers = await proxy.post(storage(), key="alice")
+    assert status == 502 and reply["error"]["code"] == -32002
+    assert (headers["X-Credits-Charged"], headers["X-Credits-Remaining"]) == ("0", "1000")
 
 
 # --- shared by replicas through Redis --------------------------------------------------------
 
 
-async def test_concurrent_debits_on_two_replicas_never_overdraw(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:
+async def test_concurrent_debits_on_two_replicas_never_overdraw(
+    anvil: Anvil, redis_url: str, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     path = keys_file(tmp_path, alice={"daily_credits": 80 * 40})  # exactly 40 storage reads
     settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url)
-    first, second = await start_proxy(settings), await start_proxy(settings)
-    try:
-        requests = [(first if i % 2 else second).post(storage(i, hex(i)), key="alice") for i in range(100)]
-        statuses = [status for status, _, _ in await asyncio.gather(*requests)]
-        assert statuses.count(200) == 40 and statuses.count(402) == 60
-        _, _, headers = await first.post(storage(), key="alice")
-        assert headers["X-Credits-Remaining"] == "0"
-    finally:
-        await first.close()
-        await second.close()
+    first, second = await make_proxy(settings), await make_proxy(settings)
+    requests = [(first if i % 2 else second).post(storage(i, hex(i)), key="alice") for i in range(100)]
+    statuses = [status for status, _, _ in await asyncio.gather(*requests)]
+    assert statuses.count(200) == 40 and statuses.count(402) == 60
+    _, _, headers = await first.post(storage(), key="alice")
+    assert headers["X-Credits-Remaining"] == "0"
 
 
 def test_operator_cli_shows_a_keys_usage_from_redis(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:
     path = keys_file(tmp_path, alice={"daily_credits": 1000})
 
     async def spend() -> None:
+        # Inline, not make_proxy: this sync test runs the proxy in an event loop of its own
+        # (asyncio.run), and closes it before the CLI reads the usage it spent.
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url))
         try:
             await proxy.post(storage(), key="alice")

@@ -11,7 +11,7 @@ import pytest
 
 from proxy.chain.identity import ADOPT_AFTER, adoption, agreed
 from proxy.upstream.standing import ChainIdentity
-from tests.support import Anvil, eventually, selector, settings_for, start_proxy, word
+from tests.support import Anvil, ProxyFactory, eventually, selector, word
 
 OLD = ChainIdentity(31337, "0x" + "aa" * 32)
 NEW = ChainIdentity(31337, "0x" + "bb" * 32)
@@ -36,10 +36,11 @@ class TestAdoptionRule:
 
 async def test_anvil_restarted_under_a_running_proxy_is_adopted_and_never_served_from_the_old_cache(
     caplog: pytest.LogCaptureFixture,
+    make_proxy: ProxyFactory,
 ) -> None:
     anvil = Anvil("--timestamp", "1700000000")
     # The default poll and identity-check intervals: ready again well within 30 s.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="2"))
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="2")
     try:
         address = anvil.deploy_store()
         anvil.send(address, selector("setX(uint256)") + word(11))
@@ -78,5 +79,4 @@ async def test_anvil_restarted_under_a_running_proxy_is_adopted_and_never_served
         await heads.close()
         assert anvil.url not in caplog.text
     finally:
-        await proxy.close()
         anvil.stop()

@@ -95,6 +95,7 @@ async def mutate(world: World, rng: random.Random, round_number: int) -> None:
         await finality_violated(world)
         for proxy in world.proxies:
             await proxy.close()
+        # Inline, not make_proxy: the replicas are closed and restarted mid-test.
         world.proxies = [await start_proxy(world.settings), await start_proxy(world.settings)]
     if rng.random() < 0.4:
         node.rpc("anvil_reorg", rng.randint(1, 4), [])
@@ -269,6 +270,7 @@ async def world(request: pytest.FixtureRequest, redis_url: str, solana: FakeSola
         settings = settings_for(
             EVM_UPSTREAM=upstreams, SOLANA_UPSTREAM=solana.url, REDIS_URL=redis_url, UPSTREAM_TIMEOUT="5"
         )
+        # Inline, not make_proxy: the world's replicas are replaced mid-test (proxy_restart).
         proxies = [await start_proxy(settings), await start_proxy(settings)]
         session = aiohttp.ClientSession()
         hashes = [node.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in range(node.block_number() + 1)]

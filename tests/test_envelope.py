@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from proxy.rpc import jsonrpc
-from tests.support import Anvil, Proxy, eventually, settings_for, start_proxy
+from tests.support import Anvil, Proxy, ProxyFactory, eventually
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
@@ -83,15 +83,12 @@ async def test_notifications_get_no_reply(evm_proxy: Proxy) -> None:
     assert status == 200 and len(body) == 1 and body[0]["id"] == 1
 
 
-async def test_batch_size_has_a_configured_maximum(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BATCH_SIZE="3"))
-    try:
-        status, body, _ = await proxy.post([CHAIN_ID] * 4)
-        assert status == 400 and body["error"]["code"] == -32600 and "limit of 3" in body["error"]["message"]
-        status, body, _ = await proxy.post([CHAIN_ID] * 3)
-        assert status == 200 and len(body) == 3
-    finally:
-        await proxy.close()
+async def test_batch_size_has_a_configured_maximum(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_BATCH_SIZE="3")
+    status, body, _ = await proxy.post([CHAIN_ID] * 4)
+    assert status == 400 and body["error"]["code"] == -32600 and "limit of 3" in body["error"]["message"]
+    status, body, _ = await proxy.post([CHAIN_ID] * 3)
+    assert status == 200 and len(body) == 3
 
 
 async def test_unknown_method_is_method_not_found(evm_proxy: Proxy) -> None:
@@ -108,14 +105,11 @@ async def test_privileged_namespaces_are_refused(evm_proxy: Proxy, method: str) 
     assert evm_proxy.upstreams["evm"].calls[method] == 0
 
 
-async def test_a_setting_allows_a_refused_namespace(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="debug,admin_"))
-    try:
-        reply = await proxy.call("debug_traceTransaction", ["0x" + "00" * 32])
-        assert proxy.upstreams["evm"].calls["debug_traceTransaction"] == 1
-        assert "namespace is disabled" not in str(reply)
-    finally:
-        await proxy.close()
+async def test_a_setting_allows_a_refused_namespace(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="debug,admin_")
+    reply = await proxy.call("debug_traceTransaction", ["0x" + "00" * 32])
+    assert proxy.upstreams["evm"].calls["debug_traceTransaction"] == 1
+    assert "namespace is disabled" not in str(reply)
 
 
 @pytest.mark.parametrize(
@@ -142,20 +136,15 @@ async def test_invalid_params_name_the_parameter_and_never_reach_upstream(
     assert evm_proxy.upstreams["evm"].calls[method] == 0
 
 
-async def test_solana_method_on_an_evm_network_is_not_found(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
-    try:
-        reply = await proxy.call("getLargestAccounts", [])
-        assert reply["error"]["code"] == -32601
-    finally:
-        await proxy.close()
+async def test_solana_method_on_an_evm_network_is_not_found(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url)
+    reply = await proxy.call("getLargestAccounts", [])
+    assert reply["error"]["code"] == -32601
 
 
 @pytest.fixture
-async def small_proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="2048"))
-    yield proxy
-    await proxy.close()
+async def small_proxy(anvil: Anvil, make_proxy: ProxyFactory) -> Proxy:
+    return await make_proxy(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="2048")
 
 
 async def test_body_over_the_limit_is_413_and_the_server_keeps_serving(small_proxy: Proxy) -> None:

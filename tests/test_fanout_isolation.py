@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, selector, word
 from tests.ws_client import connect, silent_socket
 
 VICTIM_BOUND = 1.5  # seconds: another key's calls while a busy block is fanned out (figures in docs/benchmarks.md)
@@ -42,10 +42,12 @@ async def logs_subscriptions(proxy: Proxy) -> float:
     return proxy.metric("rpc_proxy_subscriptions", kind="logs")
 
 
-async def test_a_reading_client_with_many_wildcard_subscriptions_gets_every_log_of_a_busy_block(anvil: Anvil) -> None:
+async def test_a_reading_client_with_many_wildcard_subscriptions_gets_every_log_of_a_busy_block(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     # Item 2: a client with 100 wildcard subscriptions was closed (1008) after 32 of 30,000 notifications.
     store = anvil.deploy_store()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", DAILY_CREDITS=DAILY))
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", DAILY_CREDITS=DAILY)
     stop, latencies = asyncio.Event(), []
     try:
         await proxy.head_at(anvil.block_number())
@@ -69,16 +71,15 @@ async def test_a_reading_client_with_many_wildcard_subscriptions_gets_every_log_
         await client.ws.close()
     finally:
         stop.set()
-        await proxy.close()
 
 
-async def test_silent_clients_with_wildcard_subscriptions_neither_stall_the_worker_nor_grow_it(anvil: Anvil) -> None:
+async def test_silent_clients_with_wildcard_subscriptions_neither_stall_the_worker_nor_grow_it(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     # Item 2: 100 sockets x 100 wildcard subscriptions that never read, one 2,000-log block: the
     # worker stalled 10-12 s. Here 20 x 100 (40,000,000 notifications owed... 4,000,000 by this block).
     store = anvil.deploy_store()
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", DAILY_CREDITS=DAILY, WS_MAX_LAG="2")
-    )
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", DAILY_CREDITS=DAILY, WS_MAX_LAG="2")
     stop, latencies = asyncio.Event(), []
     sockets: list[socket.socket] = []
     try:
@@ -112,4 +113,3 @@ async def test_silent_clients_with_wildcard_subscriptions_neither_stall_the_work
         stop.set()
         for sock in sockets:
             sock.close()
-        await proxy.close()

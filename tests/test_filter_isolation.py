@@ -5,20 +5,17 @@ live filters per key. Two keys, real Anvil."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.support import Anvil, Proxy, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, selector, word
 
 
 @pytest.fixture
-async def proxy(anvil: Anvil) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", GETLOGS_MAX_RESULTS="50", MAX_FILTERS_PER_KEY="3")
+async def proxy(anvil: Anvil, make_proxy: ProxyFactory) -> Proxy:
+    return await make_proxy(
+        EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", GETLOGS_MAX_RESULTS="50", MAX_FILTERS_PER_KEY="3"
     )
-    yield proxy
-    await proxy.close()
 
 
 async def test_a_filter_id_is_scoped_to_the_key_that_made_it(anvil: Anvil, proxy: Proxy) -> None:
@@ -75,15 +72,14 @@ async def test_live_filters_are_capped_per_key(proxy: Proxy) -> None:
     assert await proxy.result("eth_newFilter", [{}], "key-a")
 
 
-async def test_a_filter_made_on_one_replica_is_polled_on_another_by_its_key_only(anvil: Anvil, proxy: Proxy) -> None:
+async def test_a_filter_made_on_one_replica_is_polled_on_another_by_its_key_only(
+    anvil: Anvil, proxy: Proxy, make_proxy: ProxyFactory
+) -> None:
     # Workers and replicas share no filter table: the id itself carries the node's id and its key's HMAC.
-    other = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b"))
-    try:
-        store = anvil.deploy_store()
-        own_id = await proxy.result("eth_newFilter", [{"address": store}], "key-a")
-        anvil.send(store, selector("emitMany(uint256)") + word(2))
-        assert (await other.call("eth_getFilterChanges", [own_id], "key-b"))["error"]["message"] == "filter not found"
-        assert len(await other.result("eth_getFilterChanges", [own_id], "key-a")) == 2
-        assert await other.result("eth_uninstallFilter", [own_id], "key-a") is True
-    finally:
-        await other.close()
+    other = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b")
+    store = anvil.deploy_store()
+    own_id = await proxy.result("eth_newFilter", [{"address": store}], "key-a")
+    anvil.send(store, selector("emitMany(uint256)") + word(2))
+    assert (await other.call("eth_getFilterChanges", [own_id], "key-b"))["error"]["message"] == "filter not found"
+    assert len(await other.result("eth_getFilterChanges", [own_id], "key-a")) == 2
+    assert await other.result("eth_uninstallFilter", [own_id], "key-a") is True

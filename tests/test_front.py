@@ -18,7 +18,7 @@ import pytest
 
 from proxy.http.compression import decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
-from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.support import Anvil, Proxy, ProxyFactory
 from tests.test_cache import finalized_store, storage
 
 Answer = tuple[int, dict[str, str], bytes]
@@ -145,20 +145,17 @@ async def test_a_header_over_the_limit_is_431_and_closed(evm_proxy: Proxy) -> No
     assert status == 431 and headers["connection"] == "close" and json.loads(body)["error"]["code"] == -32600
 
 
-async def test_a_chunked_body_over_max_body_bytes_is_413(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000"))
-    try:
-        head = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        chunk = b"[" + b" " * 599
-        data = head + b"%x\r\n%s\r\n" % (len(chunk), chunk) * 2 + b"0\r\n\r\n"
-        [(status, headers, body)] = await exchange(proxy.server.port, data)
-        assert status == 413 and headers["connection"] == "close" and json.loads(body)["error"]["code"] == -32600
-        small = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
-        chunked = head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(small), small)
-        [(status, _, body)] = await exchange(proxy.server.port, chunked)
-        assert status == 200 and json.loads(body)["result"] == "0x7a69"
-    finally:
-        await proxy.close()
+async def test_a_chunked_body_over_max_body_bytes_is_413(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000")
+    head = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunk = b"[" + b" " * 599
+    data = head + b"%x\r\n%s\r\n" % (len(chunk), chunk) * 2 + b"0\r\n\r\n"
+    [(status, headers, body)] = await exchange(proxy.server.port, data)
+    assert status == 413 and headers["connection"] == "close" and json.loads(body)["error"]["code"] == -32600
+    small = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
+    chunked = head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(small), small)
+    [(status, _, body)] = await exchange(proxy.server.port, chunked)
+    assert status == 200 and json.loads(body)["result"] == "0x7a69"
 
 
 async def test_trailer_fields_after_a_chunked_body_are_not_read_as_headers(evm_proxy: Proxy) -> None:
@@ -173,17 +170,16 @@ async def test_trailer_fields_after_a_chunked_body_are_not_read_as_headers(evm_p
     assert not any(name.startswith("access-control-") for name in headers)
 
 
-async def test_a_gzip_body_is_decoded_and_one_inflating_past_the_limit_is_413(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000"))
-    try:
-        packed = gzip.compress(call("eth_chainId", [], 1))
-        [(status, _, body)] = await exchange(proxy.server.port, post(packed, "Content-Encoding: gzip"))
-        assert status == 200 and json.loads(body)["result"] == "0x7a69"
-        bomb = gzip.compress(b" " * 100_000)
-        [(status, _, _)] = await exchange(proxy.server.port, post(bomb, "Content-Encoding: gzip"))
-        assert status == 413
-    finally:
-        await proxy.close()
+async def test_a_gzip_body_is_decoded_and_one_inflating_past_the_limit_is_413(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000")
+    packed = gzip.compress(call("eth_chainId", [], 1))
+    [(status, _, body)] = await exchange(proxy.server.port, post(packed, "Content-Encoding: gzip"))
+    assert status == 200 and json.loads(body)["result"] == "0x7a69"
+    bomb = gzip.compress(b" " * 100_000)
+    [(status, _, _)] = await exchange(proxy.server.port, post(bomb, "Content-Encoding: gzip"))
+    assert status == 413
 
 
 async def test_expect_100_continue_gets_its_interim_answer_before_the_body(evm_proxy: Proxy) -> None:

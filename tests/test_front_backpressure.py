@@ -17,7 +17,7 @@ import pytest
 from proxy.http import front, pipeline
 from tests.fake_evm import FakeEvm
 from tests.memory_fill import big_call
-from tests.support import Proxy, settings_for, start_proxy
+from tests.support import Proxy, ProxyFactory
 from tests.test_front import call, exchange, post, read_answer
 
 ANSWER_BYTES = 1_000_000  # an eth_call result of 1 MB (hex): a quarter of what a socket's buffer may hold
@@ -31,11 +31,9 @@ async def big_node() -> AsyncIterator[FakeEvm]:
 
 
 @pytest.fixture
-async def proxy(big_node: FakeEvm) -> AsyncIterator[Proxy]:
+async def proxy(big_node: FakeEvm, make_proxy: ProxyFactory) -> Proxy:
     """The proxy in front of the node of large answers, open mode, memory tier only."""
-    served = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
-    yield served
-    await served.close()
+    return await make_proxy(EVM_UPSTREAM=big_node.url)
 
 
 def made(proxy: Proxy, method: str = "eth_call") -> float:
@@ -158,14 +156,15 @@ async def test_pipelined_misses_a_client_does_not_read_are_bounded_too(proxy: Pr
 
 
 @pytest.fixture
-async def short_keepalive(big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Proxy, bytes]]:
+async def short_keepalive(
+    big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch, make_proxy: ProxyFactory
+) -> tuple[Proxy, bytes]:
     """A proxy whose keep-alive time is 0.5 s, and a request for its 1 MB memory hit."""
     monkeypatch.setattr(pipeline, "KEEPALIVE_TIMEOUT", 0.5)
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url))
+    proxy = await make_proxy(EVM_UPSTREAM=big_node.url)
     body = json.dumps(big_call(1)).encode()
     await proxy.post(body)
-    yield proxy, body
-    await proxy.close()
+    return proxy, body
 
 
 async def test_a_client_that_reads_nothing_is_dropped_with_what_it_was_not_sent(
@@ -294,26 +293,25 @@ async def test_a_head_over_its_limits_is_431_even_whole_in_one_read(proxy: Proxy
     assert status == 200  # 56 kB of fields: within it
 
 
-async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_bytes(big_node: FakeEvm) -> None:
+async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_bytes(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
     # WS_SEND_BUFFER_BYTES (for WS_MAX_LAG) holds for calls' answers as for notifications: before, each
     # answer waited in the socket's buffer (one socket of 400 calls held 800 MB).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="1000000", WS_MAX_LAG="0.5"))
-    try:
-        closed_before = proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total") or 0.0
-        async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
-            for i in range(60):
-                await ws.send_str(json.dumps({**big_call(i % 3), "id": i}))
+    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="1000000", WS_MAX_LAG="0.5")
+    closed_before = proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total") or 0.0
+    async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
+        for i in range(60):
+            await ws.send_str(json.dumps({**big_call(i % 3), "id": i}))
 
-            def evicted() -> bool:
-                value = proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total") or 0.0
-                return value > closed_before
+        def evicted() -> bool:
+            value = proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total") or 0.0
+            return value > closed_before
 
-            await until_async(evicted, "the slow consumer to be closed")
-            async for _ in ws:  # what was written before the close, then the close
-                pass
-            assert ws.close_code in (1008, 1006)  # 1006: its close frame could not get through either
-    finally:
-        await proxy.close()
+        await until_async(evicted, "the slow consumer to be closed")
+        async for _ in ws:  # what was written before the close, then the close
+            pass
+        assert ws.close_code in (1008, 1006)  # 1006: its close frame could not get through either
 
 
 async def test_connect_is_a_json_rpc_error_and_the_connection_closes(proxy: Proxy) -> None:
@@ -326,20 +324,19 @@ async def test_connect_is_a_json_rpc_error_and_the_connection_closes(proxy: Prox
         assert "server" not in headers
 
 
-async def test_a_websocket_that_reads_is_served_answers_larger_than_ws_send_buffer_bytes(big_node: FakeEvm) -> None:
+async def test_a_websocket_that_reads_is_served_answers_larger_than_ws_send_buffer_bytes(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
     # The other side: the bound is on what waits unread, not on an answer's size, so a client that
     # reads gets every answer, one or several in flight (the first form closed such a client 1008:
     # found by a second outside attack).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="300000", WS_MAX_LAG="5"))
-    try:
-        async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
-            for i in range(6):  # misses of distinct answers, then hits of the first
-                await ws.send_str(json.dumps({**big_call(i % 3), "id": i}))
-            ids = sorted([json.loads((await ws.receive(timeout=30)).data)["id"] for _ in range(6)])
-            assert ids == list(range(6)) and not ws.closed
-        assert not proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total")
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="300000", WS_MAX_LAG="5")
+    async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
+        for i in range(6):  # misses of distinct answers, then hits of the first
+            await ws.send_str(json.dumps({**big_call(i % 3), "id": i}))
+        ids = sorted([json.loads((await ws.receive(timeout=30)).data)["id"] for _ in range(6)])
+        assert ids == list(range(6)) and not ws.closed
+    assert not proxy.registry.get_sample_value("rpc_proxy_slow_consumer_disconnects_total")
 
 
 async def test_a_websocket_upgrade_behind_a_large_answer_is_answered_after_it(

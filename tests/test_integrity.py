@@ -11,7 +11,7 @@ from typing import Any
 from proxy.chain import bloom
 from proxy.chain.bloom import BLOOM_BYTES, _bits
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, RedisServer, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, RedisServer, selector, settings_for, start_proxy, word
 from tests.test_upstream_batching import relay
 
 
@@ -76,11 +76,11 @@ async def _get_logs(proxy: Proxy, log_filter: dict[str, Any]) -> tuple[list[Any]
     return body["result"], headers.get("X-Cache", "")
 
 
-async def test_a_lying_upstreams_log_list_is_never_kept_when_two_must_agree(anvil: Anvil, tmp_path: Path) -> None:
+async def test_a_lying_upstreams_log_list_is_never_kept_when_two_must_agree(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     liar = await FaultRelay(anvil.url).start()
-    proxy = await start_proxy(
-        settings_for(NETWORKS_FILE=_networks(tmp_path, [liar.url, anvil.url], confirm_immutable=2))
-    )
+    proxy = await make_proxy(NETWORKS_FILE=_networks(tmp_path, [liar.url, anvil.url], confirm_immutable=2))
     try:
         log_filter = await _final_logs(anvil, proxy)
         liar.inject("droplog", method="eth_getLogs", times=None)
@@ -97,13 +97,14 @@ async def test_a_lying_upstreams_log_list_is_never_kept_when_two_must_agree(anvi
         assert len(logs) == 3
         assert (await _get_logs(proxy, log_filter))[1] == "HIT"
     finally:
-        await proxy.close()
         await liar.close()
 
 
-async def test_the_bloom_check_catches_a_missing_log_with_one_upstream(anvil: Anvil, tmp_path: Path) -> None:
+async def test_the_bloom_check_catches_a_missing_log_with_one_upstream(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     liar = await FaultRelay(anvil.url).start()
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, [liar.url], confirm_logs_bloom=True)))
+    proxy = await make_proxy(NETWORKS_FILE=_networks(tmp_path, [liar.url], confirm_logs_bloom=True))
     try:
         log_filter = await _final_logs(anvil, proxy)
         liar.inject("droplog", method="eth_getLogs", times=None)
@@ -116,18 +117,18 @@ async def test_the_bloom_check_catches_a_missing_log_with_one_upstream(anvil: An
         assert len(logs) == 3
         assert (await _get_logs(proxy, log_filter))[1] == "HIT"
     finally:
-        await proxy.close()
         await liar.close()
 
 
 async def test_the_bloom_check_reads_final_headers_from_the_cache_and_keeps_those_it_asked_for(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     relay = await FaultRelay(anvil.url).start()
     # A chunk of 10 blocks: each check reads the headers of its chunk.
-    proxy = await start_proxy(
-        settings_for(NETWORKS_FILE=_networks(tmp_path, [relay.url], confirm_logs_bloom=True), GETLOGS_CHUNK_BLOCKS="10")
+    proxy = await make_proxy(
+        NETWORKS_FILE=_networks(tmp_path, [relay.url], confirm_logs_bloom=True), GETLOGS_CHUNK_BLOCKS="10"
     )
     try:
         log_filter = await _final_logs(anvil, proxy)
@@ -146,30 +147,26 @@ async def test_the_bloom_check_reads_final_headers_from_the_cache_and_keeps_thos
         assert len(logs) == 3 and _headers_asked(relay, blocks) == len(blocks) - (0 in blocks)
         assert (await _get_logs(proxy, wider))[1] == "HIT"  # checked, and kept
     finally:
-        await proxy.close()
         await relay.close()
 
 
-async def test_the_bloom_check_keeps_no_header_asked_alone(anvil: Anvil, tmp_path: Path) -> None:
+async def test_the_bloom_check_keeps_no_header_asked_alone(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     """A node that refuses the batch of headers answers each alone: the finalized block's header beside
     them no longer shows which chain they are on (a load balancer's members differ), so none is kept."""
     async with relay(anvil.url, refuse_batches_over=3) as seen:  # a read, its proof: batches of up to 3 pass
-        proxy = await start_proxy(
-            settings_for(
-                NETWORKS_FILE=_networks(tmp_path, [seen.url], confirm_logs_bloom=True), GETLOGS_CHUNK_BLOCKS="10"
-            )
+        proxy = await make_proxy(
+            NETWORKS_FILE=_networks(tmp_path, [seen.url], confirm_logs_bloom=True), GETLOGS_CHUNK_BLOCKS="10"
         )
-        try:
-            log_filter = await _final_logs(anvil, proxy)
-            first = int(log_filter["fromBlock"], 16)
-            assert len((await _get_logs(proxy, log_filter))[0]) == 3
-            assert seen.refused  # the headers' batch was refused
-            status, body, headers = await proxy.post(
-                {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": [hex(first), False]}
-            )
-            assert status == 200 and body["result"]["number"] == hex(first) and headers["X-Cache"] != "HIT"
-        finally:
-            await proxy.close()
+        log_filter = await _final_logs(anvil, proxy)
+        first = int(log_filter["fromBlock"], 16)
+        assert len((await _get_logs(proxy, log_filter))[0]) == 3
+        assert seen.refused  # the headers' batch was refused
+        status, body, headers = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": [hex(first), False]}
+        )
+        assert status == 200 and body["result"]["number"] == hex(first) and headers["X-Cache"] != "HIT"
 
 
 def _headers_asked(relay: FaultRelay, blocks: range) -> int:
@@ -181,6 +178,7 @@ async def test_the_bloom_check_takes_the_headers_another_replica_kept_in_redis(
     anvil: Anvil,
     tmp_path: Path,
     redis_server: RedisServer,
+    make_proxy: ProxyFactory,
 ) -> None:
     redis_server.flush()
     relay = await FaultRelay(anvil.url).start()
@@ -189,6 +187,7 @@ async def test_the_bloom_check_takes_the_headers_another_replica_kept_in_redis(
         GETLOGS_CHUNK_BLOCKS="10",
         REDIS_URL=redis_server.url,
     )
+    # Inline, not make_proxy: closed mid-test, before another replica starts with an empty memory.
     first = await start_proxy(settings)
     try:
         log_filter = await _final_logs(anvil, first)
@@ -198,7 +197,7 @@ async def test_the_bloom_check_takes_the_headers_another_replica_kept_in_redis(
     start, end = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
     blocks = range(start - start % 10, end - end % 10 + 10)
     asked = _headers_asked(relay, blocks)
-    second = await start_proxy(settings)  # another replica: its memory is empty
+    second = await make_proxy(settings)  # another replica: its memory is empty
     try:
         await second.head_at(anvil.block_number())
         wider = {**log_filter, "address": [log_filter["address"], "0x" + "11" * 20]}
@@ -206,5 +205,4 @@ async def test_the_bloom_check_takes_the_headers_another_replica_kept_in_redis(
         assert len(logs) == 3 and _headers_asked(relay, blocks) == asked
         assert (await _get_logs(second, wider))[1] == "HIT"  # checked, and kept
     finally:
-        await second.close()
         await relay.close()

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, selector, word
 
 FORK_AT = 120
 
@@ -63,86 +63,80 @@ async def backup_head_known(proxy: Proxy) -> None:
     await eventually(known, 10, "the backup's own head to be known")
 
 
-async def behind_relay_and_backup(relay: FaultRelay, backup: Anvil, **overrides: str) -> Proxy:
+async def behind_relay_and_backup(
+    make_proxy: ProxyFactory, relay: FaultRelay, backup: Anvil, **overrides: str
+) -> Proxy:
     """A proxy over the relayed primary and the lagging backup, once it knows both heads."""
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}", **overrides))
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{backup.url}", **overrides)
     await proxy.head_at(200)
     await backup_head_known(proxy)
     return proxy
 
 
-async def test_a_lagging_backups_partial_logs_are_never_stored(lagging: tuple[Anvil, Anvil, FaultRelay, str]) -> None:
+async def test_a_lagging_backups_partial_logs_are_never_stored(
+    lagging: tuple[Anvil, Anvil, FaultRelay, str], make_proxy: ProxyFactory
+) -> None:
     _node, backup, relay, address = lagging
-    proxy = await behind_relay_and_backup(relay, backup)
-    try:
-        relay.inject("http500", method="eth_getLogs")  # one failure: the backup answers first
-        _, body, _ = await proxy.post(logs_request(address))
-        assert len(body["result"]) == 21  # the backup's 11 were replaced by the primary's answer
-        _, body, headers = await proxy.post(logs_request(address))
-        assert len(body["result"]) == 21 and headers["X-Cache"] == "HIT"
-    finally:
-        await proxy.close()
+    proxy = await behind_relay_and_backup(make_proxy, relay, backup)
+    relay.inject("http500", method="eth_getLogs")  # one failure: the backup answers first
+    _, body, _ = await proxy.post(logs_request(address))
+    assert len(body["result"]) == 21  # the backup's 11 were replaced by the primary's answer
+    _, body, headers = await proxy.post(logs_request(address))
+    assert len(body["result"]) == 21 and headers["X-Cache"] == "HIT"
 
 
 async def test_a_lagging_backups_answer_is_refused_when_no_upstream_has_the_blocks(
     lagging: tuple[Anvil, Anvil, FaultRelay, str],
+    make_proxy: ProxyFactory,
 ) -> None:
     _node, backup, relay, address = lagging
-    proxy = await behind_relay_and_backup(relay, backup)
-    try:
-        relay.inject("http500", method="eth_getLogs", times=2)  # the primary fails the call and its retry
-        status, body, _ = await proxy.post(logs_request(address))
-        assert status == 502 and body["error"]["code"] == -32002 and "block 130" in body["error"]["message"]
-        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="lagging") == 1
-        _, body, headers = await proxy.post(logs_request(address))
-        assert len(body["result"]) == 21 and headers["X-Cache"] == "MISS"  # nothing partial was stored
-    finally:
-        await proxy.close()
+    proxy = await behind_relay_and_backup(make_proxy, relay, backup)
+    relay.inject("http500", method="eth_getLogs", times=2)  # the primary fails the call and its retry
+    status, body, _ = await proxy.post(logs_request(address))
+    assert status == 502 and body["error"]["code"] == -32002 and "block 130" in body["error"]["message"]
+    assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="lagging") == 1
+    _, body, headers = await proxy.post(logs_request(address))
+    assert len(body["result"]) == 21 and headers["X-Cache"] == "MISS"  # nothing partial was stored
 
 
 async def test_a_chunk_past_a_lagging_backups_head_is_never_stored_from_it(
     lagging: tuple[Anvil, Anvil, FaultRelay, str],
+    make_proxy: ProxyFactory,
 ) -> None:
     _node, backup, relay, address = lagging
     # Chunks of 10 blocks: 110-119 (the backup has them), 120-129 and 130 (past its head at 120).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}", GETLOGS_CHUNK_BLOCKS="10"))
-    try:
-        await proxy.head_at(200)
-        await backup_head_known(proxy)
-        relay.inject("http500", method="eth_getLogs", times=2)  # two chunks fail over to the backup
-        _, body, headers = await proxy.post(logs_request(address))
-        assert len(body["result"]) == 21 and headers["X-Cache"] == "MISS"
-        _, body, headers = await proxy.post(logs_request(address))
-        assert len(body["result"]) == 21 and headers["X-Cache"] == "HIT"  # no chunk held the backup's part
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{backup.url}", GETLOGS_CHUNK_BLOCKS="10")
+    await proxy.head_at(200)
+    await backup_head_known(proxy)
+    relay.inject("http500", method="eth_getLogs", times=2)  # two chunks fail over to the backup
+    _, body, headers = await proxy.post(logs_request(address))
+    assert len(body["result"]) == 21 and headers["X-Cache"] == "MISS"
+    _, body, headers = await proxy.post(logs_request(address))
+    assert len(body["result"]) == 21 and headers["X-Cache"] == "HIT"  # no chunk held the backup's part
 
 
 async def test_latest_never_goes_backwards_when_a_lagging_backup_answers(
-    lagging: tuple[Anvil, Anvil, FaultRelay, str], caplog: pytest.LogCaptureFixture
+    lagging: tuple[Anvil, Anvil, FaultRelay, str], caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
 ) -> None:
     _node, backup, relay, _address = lagging
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{backup.url}", HEAD_STALE_AFTER="30"))
-    try:
-        await proxy.head_at(200)
-        assert (await proxy.result("eth_blockNumber", [])) == hex(200)
-        relay.inject("http500", times=None)  # the primary is down: only the backup (at 120) answers
-        tracker = proxy.app[SERVICE].networks["evm"].tracker
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{backup.url}", HEAD_STALE_AFTER="30")
+    await proxy.head_at(200)
+    assert (await proxy.result("eth_blockNumber", [])) == hex(200)
+    relay.inject("http500", times=None)  # the primary is down: only the backup (at 120) answers
+    tracker = proxy.app[SERVICE].networks["evm"].tracker
 
-        async def backup_answered() -> bool:  # logged once: repeated poll failures are throttled
-            return "upstream #1 is behind the network head (120 < 200)" in caplog.text
+    async def backup_answered() -> bool:  # logged once: repeated poll failures are throttled
+        return "upstream #1 is behind the network head (120 < 200)" in caplog.text
 
-        await eventually(backup_answered, 10, "the tracker to reach the backup")
-        polls = len(proxy.upstreams["evm"].batches)
+    await eventually(backup_answered, 10, "the tracker to reach the backup")
+    polls = len(proxy.upstreams["evm"].batches)
 
-        async def polled_again() -> bool:  # three more polls, each answered by the backup alone
-            return len(proxy.upstreams["evm"].batches) >= polls + 3
+    async def polled_again() -> bool:  # three more polls, each answered by the backup alone
+        return len(proxy.upstreams["evm"].batches) >= polls + 3
 
-        await eventually(polled_again, 10, "the tracker to poll the backup again")
-        assert tracker.head is not None and tracker.head.latest == 200
-        assert (await proxy.result("eth_blockNumber", [])) == hex(200)  # the backup says 120
-    finally:
-        await proxy.close()
+    await eventually(polled_again, 10, "the tracker to poll the backup again")
+    assert tracker.head is not None and tracker.head.latest == 200
+    assert (await proxy.result("eth_blockNumber", [])) == hex(200)  # the backup says 120
 
 
 async def test_unfinalized_reads_are_pinned_to_the_hash_their_key_holds(anvil: Anvil, evm_proxy: Proxy) -> None:
@@ -187,7 +181,9 @@ async def test_an_unfinalized_log_range_is_kept_only_if_its_last_block_is_the_pi
     assert (await evm_proxy.post(request))[2]["X-Cache"] == "HIT"
 
 
-async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(anvil: Anvil) -> None:
+async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     """One URL in front of two nodes on different forks: the tracker's polls reach one, data calls
     the other. Calls go out pinned to the tracker's hash, so the other fork's data is never kept."""
     address = anvil.deploy_store()
@@ -207,7 +203,7 @@ async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(anvil
     app.router.add_post("/", route)
     balancer = TestServer(app, host="127.0.0.1", port=free_port())
     await balancer.start_server()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{balancer.port}/"))
+    proxy = await make_proxy(EVM_UPSTREAM=f"http://127.0.0.1:{balancer.port}/")
     try:
         anvil.send(address, selector("setX(uint256)") + word(1))  # this fork's block N+1
         other.send(address, selector("setX(uint256)") + word(2))  # the tracker's fork's block N+1
@@ -222,7 +218,6 @@ async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(anvil
         head = proxy.app[SERVICE].networks["evm"].tracker.head
         assert head is not None and {"blockHash": head.hashes[top]} in sent
     finally:
-        await proxy.close()
         await balancer.close()
         await session.close()
         other.stop()
@@ -230,40 +225,36 @@ async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(anvil
 
 async def test_a_stale_head_still_refuses_a_backups_answer_for_a_block_it_lacks(
     lagging: tuple[Anvil, Anvil, FaultRelay, str],
+    make_proxy: ProxyFactory,
 ) -> None:
     # Found by an outside tester: with the primary down and the head stale, an explicit unfinalized
     # block number went to the lagging backup, and its null was served as the block.
     _node, backup, relay, _address = lagging
-    proxy = await behind_relay_and_backup(relay, backup, HEAD_POLL_INTERVAL="0.2", HEAD_STALE_AFTER="1")
-    try:
-        relay.inject("http500", times=None)  # the primary is down: head polls fail, the head goes stale
-        tracker = proxy.app[SERVICE].networks["evm"].tracker
+    proxy = await behind_relay_and_backup(make_proxy, relay, backup, HEAD_POLL_INTERVAL="0.2", HEAD_STALE_AFTER="1")
+    relay.inject("http500", times=None)  # the primary is down: head polls fail, the head goes stale
+    tracker = proxy.app[SERVICE].networks["evm"].tracker
 
-        async def stale() -> bool:
-            return tracker.head is not None and tracker.head.stale
+    async def stale() -> bool:
+        return tracker.head is not None and tracker.head.stale
 
-        await eventually(stale, 10, "the head to go stale")
-        status, body, _ = await proxy.post(
-            {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": [hex(150), False]}
-        )
-        assert status == 502 and body["error"]["code"] == -32002, body
-    finally:
-        await proxy.close()
+    await eventually(stale, 10, "the head to go stale")
+    status, body, _ = await proxy.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": [hex(150), False]}
+    )
+    assert status == 502 and body["error"]["code"] == -32002, body
 
 
 async def test_a_backups_not_mined_is_never_kept_for_a_transaction_in_a_block_it_lacks(
     lagging: tuple[Anvil, Anvil, FaultRelay, str],
+    make_proxy: ProxyFactory,
 ) -> None:
     node, backup, relay, _address = lagging
     tx = node.rpc("eth_getBlockByNumber", hex(125), False)["transactions"][0]
-    proxy = await behind_relay_and_backup(relay, backup)
-    try:
-        relay.inject("http500", method="eth_getTransactionReceipt", times=2)  # the primary fails call and retry
-        request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getTransactionReceipt", "params": [tx]}
-        _, body, headers = await proxy.post(request)  # the backup's null: served at most, never kept
-        assert body.get("result") is None and headers.get("X-Cache") != "MISS"
-        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="behind_head") == 1
-        _, body, headers = await proxy.post(request)
-        assert body["result"] == node.rpc("eth_getTransactionReceipt", tx) and headers["X-Cache"] == "MISS"
-    finally:
-        await proxy.close()
+    proxy = await behind_relay_and_backup(make_proxy, relay, backup)
+    relay.inject("http500", method="eth_getTransactionReceipt", times=2)  # the primary fails call and retry
+    request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getTransactionReceipt", "params": [tx]}
+    _, body, headers = await proxy.post(request)  # the backup's null: served at most, never kept
+    assert body.get("result") is None and headers.get("X-Cache") != "MISS"
+    assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="behind_head") == 1
+    _, body, headers = await proxy.post(request)
+    assert body["result"] == node.rpc("eth_getTransactionReceipt", tx) and headers["X-Cache"] == "MISS"

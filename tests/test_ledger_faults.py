@@ -32,6 +32,7 @@ from tests.support import (
     CountingUpstream,
     FakeClock,
     Proxy,
+    ProxyFactory,
     RedisServer,
     eventually,
     free_port,
@@ -160,39 +161,35 @@ async def test_a_call_during_a_ledger_stall_is_answered_within_the_ledger_timeou
     anvil: Anvil,
     ledger_redis: RedisServer,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     path = keys_file(
         tmp_path, alice={"daily_credits": 2 * STORAGE_PRICE}, bob={"daily_credits": 10**6, "credits_per_second": 10**5}
     )
     # Five failures before the breaker opens: a call that retried until then would take 5 s.
-    proxy = await start_proxy(
-        settings_for(
-            EVM_UPSTREAM=anvil.url,
-            API_KEYS_FILE=path,
-            CREDITS_REDIS_URL=ledger_redis.url,
-            CREDITS_REDIS_TIMEOUT="1",
-            CREDITS_REDIS_FAILURES="5",
-        )
+    proxy = await make_proxy(
+        EVM_UPSTREAM=anvil.url,
+        API_KEYS_FILE=path,
+        CREDITS_REDIS_URL=ledger_redis.url,
+        CREDITS_REDIS_TIMEOUT="1",
+        CREDITS_REDIS_FAILURES="5",
     )
-    try:
-        await proxy.head_at(0)
-        assert [(await proxy.post(storage(i), key="alice"))[0] for i in range(3)] == [200, 200, 402]
-        assert (await proxy.post(storage(), key="bob"))[0] == 200  # a per-second key: Redis on every call
+    await proxy.head_at(0)
+    assert [(await proxy.post(storage(i), key="alice"))[0] for i in range(3)] == [200, 200, 402]
+    assert (await proxy.post(storage(), key="bob"))[0] == 200  # a per-second key: Redis on every call
 
-        async def timed(key: str) -> tuple[int, float]:
-            started = time.monotonic()
-            status, _, _ = await proxy.post(storage(9), key=key)
-            return status, time.monotonic() - started
+    async def timed(key: str) -> tuple[int, float]:
+        started = time.monotonic()
+        status, _, _ = await proxy.post(storage(9), key=key)
+        return status, time.monotonic() - started
 
-        async with stalled(ledger_redis):
-            # One call alone first: with others beside it, their failures would open the breaker sooner.
-            answers = [await timed("alice")]
-            answers += await asyncio.gather(*(timed(key) for key in ["alice"] * 3 + ["bob"] * 2))
-        for (status, seconds), key in zip(answers, ["alice"] * 4 + ["bob"] * 2, strict=True):
-            assert seconds < 4.0, (key, status, seconds)  # the bound is 1 s; the stall would be 5 s
-            assert status in ((402,) if key == "alice" else (200, 503)), (key, status)
-    finally:
-        await proxy.close()
+    async with stalled(ledger_redis):
+        # One call alone first: with others beside it, their failures would open the breaker sooner.
+        answers = [await timed("alice")]
+        answers += await asyncio.gather(*(timed(key) for key in ["alice"] * 3 + ["bob"] * 2))
+    for (status, seconds), key in zip(answers, ["alice"] * 4 + ["bob"] * 2, strict=True):
+        assert seconds < 4.0, (key, status, seconds)  # the bound is 1 s; the stall would be 5 s
+        assert status in ((402,) if key == "alice" else (200, 503)), (key, status)
 
 
 # --- 2. a lost ledger entry is rebuilt, never counted twice ---------------------------------------
@@ -206,6 +203,7 @@ async def test_a_lost_ledger_entry_is_rebuilt_from_what_was_spent_and_never_coun
     daily = 20_000
     _path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": daily})
     env["CREDITS_LEASE_SECONDS"] = "1"  # idle leases go back quickly, so the last credits can be served
+    # Inline, not make_proxy: closed before the spent usage is read (closing gives its lease back).
     replica = await start_proxy(settings_for(**env))
     served = 0
     try:
@@ -254,6 +252,7 @@ async def test_a_key_exhausted_on_a_replica_stays_refused_on_every_worker_throug
         anvil, ledger_redis, tmp_path, alice={"daily_credits": 10 * STORAGE_PRICE}, bob={"daily_credits": 10**6}
     )
     env.update(CREDITS_REDIS_TIMEOUT="0.5", CREDITS_REDIS_FAILURES="2", CREDITS_LEASE_MAX=str(10 * STORAGE_PRICE))
+    # Inline, not make_proxy: closed before the spent usage is read (closing gives its lease back).
     replica = await start_proxy(settings_for(**env))
     try:
         await replica.head_at(0)
@@ -311,31 +310,27 @@ async def test_a_journal_dir_gone_during_an_outage_is_never_an_http_500(
     anvil: Anvil,
     ledger_redis: RedisServer,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     journal = tmp_path / "journal"
     journal.mkdir()
     _path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": 10**6})
-    proxy = await start_proxy(
-        settings_for(
-            **env,
-            CREDITS_JOURNAL_DIR=str(journal),
-            CREDITS_LEASE_MAX="80",
-            CREDITS_REDIS_TIMEOUT="0.3",
-            CREDITS_REDIS_FAILURES="1",
-        )
+    proxy = await make_proxy(
+        **env,
+        CREDITS_JOURNAL_DIR=str(journal),
+        CREDITS_LEASE_MAX="80",
+        CREDITS_REDIS_TIMEOUT="0.3",
+        CREDITS_REDIS_FAILURES="1",
     )
-    try:
-        await proxy.head_at(0)
-        assert (await proxy.post(storage(), key="alice"))[0] == 200
-        journal.rmdir()
-        async with stalled(ledger_redis):
-            answers = [await proxy.post(storage(i), key="alice") for i in range(10)]
-        statuses = [status for status, _, _ in answers]
-        assert 500 not in statuses and 200 in statuses, statuses
-        for status, _, headers in answers:
-            assert int(headers["X-Credits-Charged"]) == (STORAGE_PRICE if status == 200 else 0)
-    finally:
-        await proxy.close()
+    await proxy.head_at(0)
+    assert (await proxy.post(storage(), key="alice"))[0] == 200
+    journal.rmdir()
+    async with stalled(ledger_redis):
+        answers = [await proxy.post(storage(i), key="alice") for i in range(10)]
+    statuses = [status for status, _, _ in answers]
+    assert 500 not in statuses and 200 in statuses, statuses
+    for status, _, headers in answers:
+        assert int(headers["X-Credits-Charged"]) == (STORAGE_PRICE if status == 200 else 0)
 
 
 # --- 5. a charge and its refund belong to one day -------------------------------------------------
@@ -384,6 +379,7 @@ async def test_a_refund_after_midnight_goes_back_to_the_day_of_its_charge(
     clock = FakeClock(start=(day + 1) * 86400 - 5)  # five seconds before a midnight
     FailsAcrossMidnight.clock = clock
     path = keys_file(tmp_path, alice={"daily_credits": 2 * STORAGE_PRICE})
+    # Inline, not make_proxy: closed before the spent usage is read (closing gives its lease back).
     proxy = await start_proxy(
         settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url, UPSTREAM_BATCH_MAX="1"),
         clock=clock,
@@ -416,6 +412,7 @@ async def test_every_replica_shows_the_spent_balance_and_keys_usage_bills_from_i
     tolerance = daily // 100  # docs/keys-and-credits.md: within 1% of the daily balance (or one call)
     path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": daily})
     env.update(CREDITS_REDIS_TIMEOUT="0.3", CREDITS_REDIS_FAILURES="1")
+    # Inline, not make_proxy: both closed before the ledger Redis is stopped and `keys usage` is run.
     first, second = await start_proxy(settings_for(**env)), await start_proxy(settings_for(**env))
     charged = 0
 

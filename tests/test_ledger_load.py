@@ -42,6 +42,8 @@ def busy_machine() -> Iterator[None]:
 
 @asynccontextmanager
 async def two_replicas(settings: Settings) -> AsyncIterator[tuple[Proxy, Proxy]]:
+    # Inline, not make_proxy: the replicas close at the end of the `async with`, before the tests read the ledger
+    # (closing gives the leases back).
     first = await start_proxy(settings)
     try:
         second = await start_proxy(settings)
@@ -259,6 +261,7 @@ async def test_filling_the_cache_redis_to_its_limit_leaves_every_ledger_entry_in
         settings = settings_for(
             EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=cache.url, CREDITS_REDIS_URL=ledger.url
         )
+        # Inline, not make_proxy: closed before the ledger entries are read, and before both Redis servers stop.
         proxy = await start_proxy(settings)
         try:
             await proxy.head_at(0)
@@ -287,6 +290,7 @@ async def test_an_evicting_ledger_redis_is_named_in_a_startup_warning(
 ) -> None:
     evicting = RedisServer("--maxmemory", "30mb", "--maxmemory-policy", "allkeys-lru")
     try:
+        # Inline, not make_proxy: started and closed while the evicting Redis runs.
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="k1", REDIS_URL=evicting.url))
         await proxy.close()
     finally:
@@ -337,6 +341,7 @@ async def test_keys_usage_lists_every_key_with_journaled_usage_not_yet_written_b
         CREDITS_JOURNAL_DIR=str(journal),
     )
     assert redis_server.proc is not None
+    # Inline, not make_proxy: closed mid-test while Redis is stopped, so the usage stays in the journal.
     proxy = await start_proxy(settings)
     try:
         await proxy.head_at(0)

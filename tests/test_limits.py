@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.fake_upstream import bad_upstream
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, selector, settings_for, start_proxy, word
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory, selector, word
 
 GAS_LIMIT = 30_000_000  # anvil's default block gas limit
 
@@ -35,42 +35,33 @@ async def test_more_than_10000_logs_is_an_exact_minus_32005_with_nothing_partial
     assert len(one_block) == 6000
 
 
-async def test_the_result_limit_is_configurable(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, GETLOGS_MAX_RESULTS="2"))
-    try:
-        store = anvil.deploy_store()
-        receipt = anvil.send(store, selector("emitMany(uint256)") + word(3))
-        reply = await proxy.call("eth_getLogs", [{"blockHash": receipt["blockHash"]}])
-        assert reply["error"] == {"code": -32005, "message": "query returned more than 2 results"}
-    finally:
-        await proxy.close()
+async def test_the_result_limit_is_configurable(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, GETLOGS_MAX_RESULTS="2")
+    store = anvil.deploy_store()
+    receipt = anvil.send(store, selector("emitMany(uint256)") + word(3))
+    reply = await proxy.call("eth_getLogs", [{"blockHash": receipt["blockHash"]}])
+    assert reply["error"] == {"code": -32005, "message": "query returned more than 2 results"}
 
 
 @pytest.mark.slow
-async def test_a_slow_log_query_is_cancelled_at_10_seconds_not_when_the_node_replies() -> None:
+async def test_a_slow_log_query_is_cancelled_at_10_seconds_not_when_the_node_replies(make_proxy: ProxyFactory) -> None:
     async with bad_upstream(delay=30.0) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))  # spec default: 10 s
-        try:
-            started = time.monotonic()
-            reply = await proxy.call("eth_getLogs", [{"fromBlock": "0x1", "toBlock": "0x2"}])
-            elapsed = time.monotonic() - started
-            assert reply["error"] == {"code": -32005, "message": "query timeout exceeded"}
-            assert 9.5 <= elapsed < 12
-            assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="timeout") == 1
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=url)  # spec default: 10 s
+        started = time.monotonic()
+        reply = await proxy.call("eth_getLogs", [{"fromBlock": "0x1", "toBlock": "0x2"}])
+        elapsed = time.monotonic() - started
+        assert reply["error"] == {"code": -32005, "message": "query timeout exceeded"}
+        assert 9.5 <= elapsed < 12
+        assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="timeout") == 1
 
 
-async def test_the_log_query_time_limit_is_configurable() -> None:
+async def test_the_log_query_time_limit_is_configurable(make_proxy: ProxyFactory) -> None:
     async with bad_upstream(delay=30.0) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, GETLOGS_TIMEOUT="0.5"))
-        try:
-            started = time.monotonic()
-            reply = await proxy.call("eth_getLogs", [{"fromBlock": "0x1", "toBlock": "0x2"}])
-            assert reply["error"]["message"] == "query timeout exceeded"
-            assert time.monotonic() - started < 3
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=url, GETLOGS_TIMEOUT="0.5")
+        started = time.monotonic()
+        reply = await proxy.call("eth_getLogs", [{"fromBlock": "0x1", "toBlock": "0x2"}])
+        assert reply["error"]["message"] == "query timeout exceeded"
+        assert time.monotonic() - started < 3
 
 
 async def test_more_than_5000_addresses_and_topics_is_refused_before_upstream(evm_proxy: Proxy) -> None:

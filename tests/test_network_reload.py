@@ -14,7 +14,7 @@ import aiohttp
 
 from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, settings_for, start_proxy
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory, eventually, free_port
 from tests.test_upstream_selection import (
     TOKEN,
     Meter,
@@ -41,11 +41,9 @@ def _write(tmp_path: Path, networks: dict[str, list[str]]) -> str:
     return str(path)
 
 
-async def _admin_proxy(tmp_path: Path, networks: dict[str, list[str]]) -> tuple[Proxy, int]:
+async def _admin_proxy(make_proxy: ProxyFactory, tmp_path: Path, networks: dict[str, list[str]]) -> tuple[Proxy, int]:
     port = free_port()
-    proxy = await start_proxy(
-        settings_for(NETWORKS_FILE=_write(tmp_path, networks), ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
-    )
+    proxy = await make_proxy(NETWORKS_FILE=_write(tmp_path, networks), ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
     for name in networks:
         await proxy.head_at(0, name)
     return proxy, port
@@ -55,90 +53,87 @@ async def _reload(proxy: Proxy, port: int) -> tuple[int, Any]:
     return await _admin(proxy.session, port, "/reload", method="POST")
 
 
-async def test_an_upstream_added_by_a_reload_receives_calls(relays: list[FaultRelay], tmp_path: Path) -> None:
-    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
-    try:
-        _write(tmp_path, {"evm": [relays[1].url, relays[0].url]})  # the new one first: priority asks it
-        status, body = await _reload(proxy, port)
-        assert status == 200 and body["replaced"] == ["evm"], body
-        for _ in range(5):
-            status, answer, _ = await proxy.post(_balance_call())
-            assert status == 200 and answer["result"] == "0x0", answer
-        assert _asked(relays[1], "eth_getBalance") == 5
-        assert _pool(proxy).urls == (relays[1].url, relays[0].url)
-    finally:
-        await proxy.close()
+async def test_an_upstream_added_by_a_reload_receives_calls(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    proxy, port = await _admin_proxy(make_proxy, tmp_path, {"evm": [relays[0].url]})
+    _write(tmp_path, {"evm": [relays[1].url, relays[0].url]})  # the new one first: priority asks it
+    status, body = await _reload(proxy, port)
+    assert status == 200 and body["replaced"] == ["evm"], body
+    for _ in range(5):
+        status, answer, _ = await proxy.post(_balance_call())
+        assert status == 200 and answer["result"] == "0x0", answer
+    assert _asked(relays[1], "eth_getBalance") == 5
+    assert _pool(proxy).urls == (relays[1].url, relays[0].url)
 
 
-async def test_a_network_added_by_a_reload_answers(relays: list[FaultRelay], tmp_path: Path) -> None:
-    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
-    try:
-        status, body, _ = await proxy.post(CHAIN_ID, network="side")
-        assert status == 404 and "unknown network 'side'" in body["error"]["message"]
-        _write(tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
-        status, body = await _reload(proxy, port)
-        assert status == 200 and body["added"] == ["side"] and body["replaced"] == [], body
-        status, body, _ = await proxy.post(_balance_call(), network="side")
-        assert status == 200 and body["result"] == "0x0", body
-        assert _asked(relays[1], "eth_getBalance") == 1
-        listing = (await _admin(proxy.session, port, "/upstreams"))[1]
-        assert sorted(listing) == ["evm", "side"]
-    finally:
-        await proxy.close()
+async def test_a_network_added_by_a_reload_answers(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    proxy, port = await _admin_proxy(make_proxy, tmp_path, {"evm": [relays[0].url]})
+    status, body, _ = await proxy.post(CHAIN_ID, network="side")
+    assert status == 404 and "unknown network 'side'" in body["error"]["message"]
+    _write(tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
+    status, body = await _reload(proxy, port)
+    assert status == 200 and body["added"] == ["side"] and body["replaced"] == [], body
+    status, body, _ = await proxy.post(_balance_call(), network="side")
+    assert status == 200 and body["result"] == "0x0", body
+    assert _asked(relays[1], "eth_getBalance") == 1
+    listing = (await _admin(proxy.session, port, "/upstreams"))[1]
+    assert sorted(listing) == ["evm", "side"]
 
 
 async def test_a_network_removed_by_a_reload_is_refused_and_its_polls_stop(
     anvil: Anvil,
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
+    proxy, port = await _admin_proxy(make_proxy, tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
     polled = "rpc_proxy_head_last_poll_timestamp_seconds"
-    try:
-        assert proxy.registry.get_sample_value(polled, {"network": "side"}) is not None
-        client = await connect(proxy)
-        heads = await client.subscribe("newHeads")  # on evm, the default: not touched by the reload
-        side = aiohttp.ClientSession()
-        side_ws = await side.ws_connect(f"{proxy.base}/side/ws/v3/test-key")
-        _write(tmp_path, {"evm": [relays[0].url]})
-        status, body = await _reload(proxy, port)
-        assert status == 200 and body["removed"] == ["side"], body
-        status, body, _ = await proxy.post(CHAIN_ID, network="side")
-        assert status == 404 and "unknown network 'side'" in body["error"]["message"]
+    assert proxy.registry.get_sample_value(polled, {"network": "side"}) is not None
+    client = await connect(proxy)
+    heads = await client.subscribe("newHeads")  # on evm, the default: not touched by the reload
+    side = aiohttp.ClientSession()
+    side_ws = await side.ws_connect(f"{proxy.base}/side/ws/v3/test-key")
+    _write(tmp_path, {"evm": [relays[0].url]})
+    status, body = await _reload(proxy, port)
+    assert status == 200 and body["removed"] == ["side"], body
+    status, body, _ = await proxy.post(CHAIN_ID, network="side")
+    assert status == 404 and "unknown network 'side'" in body["error"]["message"]
 
-        async def gauges_gone() -> bool:  # an alert on its head would fire forever
-            return proxy.registry.get_sample_value(polled, {"network": "side"}) is None
+    async def gauges_gone() -> bool:  # an alert on its head would fire forever
+        return proxy.registry.get_sample_value(polled, {"network": "side"}) is None
 
-        await eventually(gauges_gone, 10, "the removed network's gauges to go")
-        assert proxy.registry.get_sample_value(polled, {"network": "evm"}) is not None
-        # A connection opened on the network before the reload is refused the same way.
-        await side_ws.send_str(json.dumps(CHAIN_ID))
-        reply = json.loads((await side_ws.receive(timeout=10)).data)
-        assert reply["id"] == 1 and "unknown network 'side'" in reply["error"]["message"], reply
-        await side_ws.close()
-        await side.close()
+    await eventually(gauges_gone, 10, "the removed network's gauges to go")
+    assert proxy.registry.get_sample_value(polled, {"network": "evm"}) is not None
+    # A connection opened on the network before the reload is refused the same way.
+    await side_ws.send_str(json.dumps(CHAIN_ID))
+    reply = json.loads((await side_ws.receive(timeout=10)).data)
+    assert reply["id"] == 1 and "unknown network 'side'" in reply["error"]["message"], reply
+    await side_ws.close()
+    await side.close()
 
-        start = anvil.block_number()
-        for step in range(1, 4):  # each block seen by evm's tracker: its polls go on, side's have stopped
-            anvil.mine(1)
-            await client.notes_until(step)
-            if step == 1:  # a poll interval or more after the swap: side's tasks were stopped by then
-                asked = len(relays[1].calls)
-        assert [int(h["number"], 16) for h in client.results(heads)] == [start + 1, start + 2, start + 3]
-        assert len(relays[1].calls) == asked
-    finally:
-        await proxy.close()
+    start = anvil.block_number()
+    for step in range(1, 4):  # each block seen by evm's tracker: its polls go on, side's have stopped
+        anvil.mine(1)
+        await client.notes_until(step)
+        if step == 1:  # a poll interval or more after the swap: side's tasks were stopped by then
+            asked = len(relays[1].calls)
+    assert [int(h["number"], 16) for h in client.results(heads)] == [start + 1, start + 2, start + 3]
+    assert len(relays[1].calls) == asked
 
 
 async def test_a_replaced_upstream_on_another_chain_is_never_served_the_old_chains_entries(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     other = Anvil("--chain-id", "4242")
     anvil.send(DEV_ACCOUNT, "0x")  # block 1 differs between the two chains (Anvil's genesis does not)
     anvil.mine(80)
     other.mine(81)
-    proxy, port = await _admin_proxy(tmp_path, {"evm": [anvil.url]})
+    proxy, port = await _admin_proxy(make_proxy, tmp_path, {"evm": [anvil.url]})
     block = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": ["0x1", False]}
     try:
         client = await connect(proxy)
@@ -158,7 +153,6 @@ async def test_a_replaced_upstream_on_another_chain_is_never_served_the_old_chai
         assert note["params"]["subscription"] == heads and "another chain" in note["params"]["error"]["message"]
         assert client.results(heads) == []
     finally:
-        await proxy.close()
         other.stop()
 
 
@@ -166,52 +160,50 @@ async def test_subscribers_move_to_a_replaced_pool_on_the_same_chain_and_miss_no
     anvil: Anvil,
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
-    try:
-        client = await connect(proxy)
-        heads = await client.subscribe("newHeads")
-        start = anvil.block_number()
-        anvil.mine(1)
-        await client.notes_until(1)
-        _write(tmp_path, {"evm": [relays[1].url]})
-        assert (await _reload(proxy, port))[0] == 200
-        anvil.mine(2)
-        await client.notes_until(3)
-        assert [int(h["number"], 16) for h in client.results(heads)] == [start + 1, start + 2, start + 3]
-        assert (await client.call("eth_unsubscribe", heads))["result"] is True
-    finally:
-        await proxy.close()
+    proxy, port = await _admin_proxy(make_proxy, tmp_path, {"evm": [relays[0].url]})
+    client = await connect(proxy)
+    heads = await client.subscribe("newHeads")
+    start = anvil.block_number()
+    anvil.mine(1)
+    await client.notes_until(1)
+    _write(tmp_path, {"evm": [relays[1].url]})
+    assert (await _reload(proxy, port))[0] == 200
+    anvil.mine(2)
+    await client.notes_until(3)
+    assert [int(h["number"], 16) for h in client.results(heads)] == [start + 1, start + 2, start + 3]
+    assert (await client.call("eth_unsubscribe", heads))["result"] is True
 
 
 async def test_an_invalid_networks_file_is_400_and_nothing_is_applied(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy, port = await _admin_proxy(tmp_path, {"evm": [relays[0].url]})
+    proxy, port = await _admin_proxy(make_proxy, tmp_path, {"evm": [relays[0].url]})
     path = tmp_path / "networks.toml"
-    try:
-        before = proxy.app[SERVICE].networks["evm"]
-        for text in (
-            '[networks.evm]\nfamily = "evm"\nupstreams = [\n',  # not TOML
-            f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\n'
-            '[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\n',
-        ):
-            path.write_text(text)
-            status, body = await _reload(proxy, port)
-            assert status == 400 and "error" in body, body
-            assert relays[1].url not in json.dumps(body)  # never a URL
-            assert proxy.app[SERVICE].networks["evm"] is before and set(proxy.app[SERVICE].networks) == {"evm"}
-        status, answer, _ = await proxy.post(_balance_call())
-        assert answer["result"] == "0x0" and _asked(relays[1], "eth_getBalance") == 0
-    finally:
-        await proxy.close()
+    before = proxy.app[SERVICE].networks["evm"]
+    for text in (
+        '[networks.evm]\nfamily = "evm"\nupstreams = [\n',  # not TOML
+        f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\n'
+        '[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\n',
+    ):
+        path.write_text(text)
+        status, body = await _reload(proxy, port)
+        assert status == 400 and "error" in body, body
+        assert relays[1].url not in json.dumps(body)  # never a URL
+        assert proxy.app[SERVICE].networks["evm"] is before and set(proxy.app[SERVICE].networks) == {"evm"}
+    status, answer, _ = await proxy.post(_balance_call())
+    assert answer["result"] == "0x0" and _asked(relays[1], "eth_getBalance") == 0
 
 
-async def _queued_for_budget(relay: FaultRelay, tmp_path: Path, count: int) -> tuple[Proxy, int, list[Any]]:
+async def _queued_for_budget(
+    make_proxy: ProxyFactory, relay: FaultRelay, tmp_path: Path, count: int
+) -> tuple[Proxy, int, list[Any]]:
     """A proxy whose one upstream has max_rps 1, and `count` calls to it: one sent, the others waiting
     for its budget."""
-    proxy, port = await _budgeted_proxy(tmp_path, [{"url": relay.url, "max_rps": 1}])
+    proxy, port = await _budgeted_proxy(make_proxy, tmp_path, [{"url": relay.url, "max_rps": 1}])
     calls = [asyncio.create_task(proxy.post(_balance_call())) for _ in range(count)]
 
     async def asked() -> bool:
@@ -226,17 +218,15 @@ async def _answered(calls: list[Any]) -> None:
         assert status == 200 and answer["result"] == "0x0", answer
 
 
-async def _budgeted_proxy(tmp_path: Path, upstreams: list[Any]) -> tuple[Proxy, int]:
+async def _budgeted_proxy(make_proxy: ProxyFactory, tmp_path: Path, upstreams: list[Any]) -> tuple[Proxy, int]:
     """Network evm on `upstreams` (tables with budgets), polls rare so calls have the budget."""
     port = free_port()
-    proxy = await start_proxy(
-        settings_for(
-            NETWORKS_FILE=_networks_file(tmp_path, upstreams),
-            ADMIN_PORT=str(port),
-            ADMIN_TOKEN=TOKEN,
-            HEAD_POLL_INTERVAL="5",
-            UPSTREAM_BATCH_MAX="1",
-        )
+    proxy = await make_proxy(
+        NETWORKS_FILE=_networks_file(tmp_path, upstreams),
+        ADMIN_PORT=str(port),
+        ADMIN_TOKEN=TOKEN,
+        HEAD_POLL_INTERVAL="5",
+        UPSTREAM_BATCH_MAX="1",
     )
     await proxy.head_at(0)
     return proxy, port
@@ -245,41 +235,37 @@ async def _budgeted_proxy(tmp_path: Path, upstreams: list[Any]) -> tuple[Proxy, 
 async def test_calls_waiting_for_a_replaced_pools_budget_are_answered(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy, port, calls = await _queued_for_budget(relays[0], tmp_path, 4)
-    try:
-        _networks_file(tmp_path, [relays[1].url])  # three calls wait for the budget of the pool replaced
-        status, body = await _reload(proxy, port)
-        assert status == 200 and body["replaced"] == ["evm"], body
-        await _answered(calls)
-    finally:
-        await proxy.close()
+    proxy, port, calls = await _queued_for_budget(make_proxy, relays[0], tmp_path, 4)
+    _networks_file(tmp_path, [relays[1].url])  # three calls wait for the budget of the pool replaced
+    status, body = await _reload(proxy, port)
+    assert status == 200 and body["replaced"] == ["evm"], body
+    await _answered(calls)
 
 
 async def test_calls_waiting_for_a_budget_a_reload_raises_go_on_under_the_new_one(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy, port, calls = await _queued_for_budget(relays[0], tmp_path, 8)
-    try:
-        _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 100}])  # seven wait: 7 s under max_rps 1
-        status, body = await _reload(proxy, port)
-        assert status == 200 and body["replaced"] == [], body
-        raised = time.monotonic()
-        await _answered(calls)
-        assert time.monotonic() - raised < 3.0
-    finally:
-        await proxy.close()
+    proxy, port, calls = await _queued_for_budget(make_proxy, relays[0], tmp_path, 8)
+    _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 100}])  # seven wait: 7 s under max_rps 1
+    status, body = await _reload(proxy, port)
+    assert status == 200 and body["replaced"] == [], body
+    raised = time.monotonic()
+    await _answered(calls)
+    assert time.monotonic() - raised < 3.0
 
 
 async def test_a_budget_a_reload_changes_goes_on_counting_the_window_it_had(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     meter = Meter(anvil, tmp_path)
-    proxy = None
     try:
-        proxy, port = await _budgeted_proxy(tmp_path, [{"url": meter.url, "max_rps": 2}])
+        proxy, port = await _budgeted_proxy(make_proxy, tmp_path, [{"url": meter.url, "max_rps": 2}])
         calls = [asyncio.create_task(proxy.post(_balance_call())) for _ in range(8)]
 
         async def answered() -> bool:
@@ -293,8 +279,6 @@ async def test_a_budget_a_reload_changes_goes_on_counting_the_window_it_had(
         await _answered(calls)
         assert _most_in_one_second(meter.arrivals()) <= 3
     finally:
-        if proxy is not None:
-            await proxy.close()
         meter.stop()
 
 

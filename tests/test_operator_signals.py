@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from proxy.http.access_log import client_ip
-from tests.support import Anvil, eventually, free_port, settings_for, start_proxy, wait_until
+from tests.support import Anvil, ProxyFactory, eventually, free_port, wait_until
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
@@ -25,38 +25,35 @@ CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 async def test_redis_up_is_exported_only_when_redis_is_configured_and_process_metrics_always(
     anvil: Anvil,
     redis_url: str,
+    make_proxy: ProxyFactory,
 ) -> None:
     for extra, has_redis in (({}, False), ({"REDIS_URL": redis_url}, True)):
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, **extra))
-        try:
-            async with proxy.session.get(proxy.base + "/metrics") as resp:
-                text = await resp.text()
-            assert ("rpc_proxy_redis_up" in text) is has_redis
-            assert "process_resident_memory_bytes" in text and "python_info" in text
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, **extra)
+        async with proxy.session.get(proxy.base + "/metrics") as resp:
+            text = await resp.text()
+        assert ("rpc_proxy_redis_up" in text) is has_redis
+        assert "process_resident_memory_bytes" in text and "python_info" in text
 
 
-async def test_a_node_that_comes_back_is_said_at_info(anvil: Anvil, caplog: pytest.LogCaptureFixture) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, LOG_LEVEL="INFO"))
+async def test_a_node_that_comes_back_is_said_at_info(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, LOG_LEVEL="INFO")
     caplog.set_level(logging.INFO, "proxy.upstream")
-    try:
-        await proxy.head_at(0)
-        anvil.stop()
+    await proxy.head_at(0)
+    anvil.stop()
 
-        async def failed() -> bool:
-            return proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="connect") > 0
+    async def failed() -> bool:
+        return proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="connect") > 0
 
-        await eventually(failed, 10, "the node to be seen down")
-        anvil.__init__(port=anvil.port)  # type: ignore[misc]
+    await eventually(failed, 10, "the node to be seen down")
+    anvil.__init__(port=anvil.port)  # type: ignore[misc]
 
-        async def back() -> bool:
-            return any("upstream evm#0 is reachable again" in r.getMessage() for r in caplog.records)
+    async def back() -> bool:
+        return any("upstream evm#0 is reachable again" in r.getMessage() for r in caplog.records)
 
-        await eventually(back, 15, "an INFO line saying the node is back")
-        assert anvil.url not in caplog.text
-    finally:
-        await proxy.close()
+    await eventually(back, 15, "an INFO line saying the node is back")
+    assert anvil.url not in caplog.text
 
 
 class TestClientIp:

@@ -15,6 +15,7 @@ from tests.support import (
     Anvil,
     FakeClock,
     Proxy,
+    ProxyFactory,
     eventually,
     selector,
     settings_for,
@@ -98,19 +99,18 @@ async def test_chain_id_and_block_number_make_no_upstream_call(anvil: Anvil, evm
     assert evm_proxy.metric("rpc_proxy_cache_lookups_total", tier="tracker", result="hit") == 10
 
 
-async def test_block_number_never_goes_back_after_the_proxy_showed_a_later_block(anvil: Anvil) -> None:
+async def test_block_number_never_goes_back_after_the_proxy_showed_a_later_block(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     # The tracker polls once a minute: a forwarded block beyond its head is shown to the client, so
     # eth_blockNumber is not answered from the (older) head but forwarded, and never below it.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="0"))
-    try:
-        await proxy.head_at(0)
-        shown = anvil.mine(2)
-        _, cache = await ask(proxy, "eth_getBlockByNumber", [hex(shown), False])
-        assert cache == "BYPASS"  # beyond the tracker's head: never cached
-        number, _ = await ask(proxy, "eth_blockNumber", [])
-        assert int(number, 16) >= shown
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="0")
+    await proxy.head_at(0)
+    shown = anvil.mine(2)
+    _, cache = await ask(proxy, "eth_getBlockByNumber", [hex(shown), False])
+    assert cache == "BYPASS"  # beyond the tracker's head: never cached
+    number, _ = await ask(proxy, "eth_blockNumber", [])
+    assert int(number, 16) >= shown
 
 
 async def test_the_pending_block_is_never_taken_for_a_block_shown_to_a_client(anvil: Anvil, evm_proxy: Proxy) -> None:
@@ -165,18 +165,15 @@ async def test_fee_history_to_latest_is_cached_per_head(anvil: Anvil, evm_proxy:
     assert (await ask(evm_proxy, "eth_feeHistory", params))[1] == "MISS"
 
 
-async def test_a_receipt_is_kept_only_once_the_tracker_holds_its_block(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="0"))
-    try:
-        await proxy.head_at(0)
-        receipt = anvil.send(anvil.deploy_store(), selector("setX(uint256)") + word(1))
-        result, cache = await ask(proxy, "eth_getTransactionReceipt", [receipt["transactionHash"]])
-        assert result == receipt and cache == "BYPASS"  # its block is beyond the tracker's head
-        await proxy.head_at(int(receipt["blockNumber"], 16))  # the receipt showed the block: the head follows
-        for expected in ("MISS", "HIT"):
-            assert (await ask(proxy, "eth_getTransactionReceipt", [receipt["transactionHash"]]))[1] == expected
-    finally:
-        await proxy.close()
+async def test_a_receipt_is_kept_only_once_the_tracker_holds_its_block(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="0")
+    await proxy.head_at(0)
+    receipt = anvil.send(anvil.deploy_store(), selector("setX(uint256)") + word(1))
+    result, cache = await ask(proxy, "eth_getTransactionReceipt", [receipt["transactionHash"]])
+    assert result == receipt and cache == "BYPASS"  # its block is beyond the tracker's head
+    await proxy.head_at(int(receipt["blockNumber"], 16))  # the receipt showed the block: the head follows
+    for expected in ("MISS", "HIT"):
+        assert (await ask(proxy, "eth_getTransactionReceipt", [receipt["transactionHash"]]))[1] == expected
 
 
 async def test_a_receipt_reorged_out_is_never_served(anvil: Anvil, evm_proxy: Proxy) -> None:
@@ -205,42 +202,38 @@ async def test_a_receipt_reorged_out_is_never_served(anvil: Anvil, evm_proxy: Pr
             assert result == anvil.rpc(method, tx)
 
 
-async def test_unknown_transactions_are_null_for_the_negative_ttl_only(anvil: Anvil) -> None:
+async def test_unknown_transactions_are_null_for_the_negative_ttl_only(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     clock = FakeClock()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, CACHE_NEGATIVE_TTL="30"), clock=clock)
-    try:
-        await proxy.head_at(0)
-        unknown = ["0x" + "ab" * 32]
-        for expected in ("MISS", "HIT"):
-            assert await ask(proxy, "eth_getTransactionReceipt", unknown) == (None, expected)
-        clock.advance(31)  # not yet mined is never kept longer
-        assert await ask(proxy, "eth_getTransactionReceipt", unknown) == (None, "MISS")
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, CACHE_NEGATIVE_TTL="30", clock=clock)
+    await proxy.head_at(0)
+    unknown = ["0x" + "ab" * 32]
+    for expected in ("MISS", "HIT"):
+        assert await ask(proxy, "eth_getTransactionReceipt", unknown) == (None, expected)
+    clock.advance(31)  # not yet mined is never kept longer
+    assert await ask(proxy, "eth_getTransactionReceipt", unknown) == (None, "MISS")
 
 
-async def test_a_not_yet_mined_receipt_is_asked_again_once_a_new_block_arrives(anvil: Anvil) -> None:
+async def test_a_not_yet_mined_receipt_is_asked_again_once_a_new_block_arrives(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     # A null (or pending) answer is true of one head only: the next block may hold the transaction,
     # so it is never served past that block, however long CACHE_NEGATIVE_TTL is.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, CACHE_NEGATIVE_TTL="600"))
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, CACHE_NEGATIVE_TTL="600")
+    await proxy.head_at(anvil.block_number())
+    anvil.rpc("evm_setAutomine", False)
     try:
-        await proxy.head_at(anvil.block_number())
-        anvil.rpc("evm_setAutomine", False)
-        try:
-            tx = anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
-            for expected in ("MISS", "HIT"):
-                assert await ask(proxy, "eth_getTransactionReceipt", [tx]) == (None, expected)
-            pending, cache = await ask(proxy, "eth_getTransactionByHash", [tx])
-            assert pending["blockHash"] is None and cache == "MISS"
-            await proxy.head_at(anvil.mine(1))
-        finally:
-            anvil.rpc("evm_setAutomine", True)
-        receipt, cache = await ask(proxy, "eth_getTransactionReceipt", [tx])
-        assert receipt == anvil.rpc("eth_getTransactionReceipt", tx) and cache == "MISS"
-        mined, _ = await ask(proxy, "eth_getTransactionByHash", [tx])
-        assert mined["blockHash"] == receipt["blockHash"]
+        tx = anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
+        for expected in ("MISS", "HIT"):
+            assert await ask(proxy, "eth_getTransactionReceipt", [tx]) == (None, expected)
+        pending, cache = await ask(proxy, "eth_getTransactionByHash", [tx])
+        assert pending["blockHash"] is None and cache == "MISS"
+        await proxy.head_at(anvil.mine(1))
     finally:
-        await proxy.close()
+        anvil.rpc("evm_setAutomine", True)
+    receipt, cache = await ask(proxy, "eth_getTransactionReceipt", [tx])
+    assert receipt == anvil.rpc("eth_getTransactionReceipt", tx) and cache == "MISS"
+    mined, _ = await ask(proxy, "eth_getTransactionByHash", [tx])
+    assert mined["blockHash"] == receipt["blockHash"]
 
 
 @pytest.mark.parametrize(
@@ -269,6 +262,7 @@ async def test_read_params_are_validated_before_upstream(
 async def test_credits_file_prices_methods_but_not_the_spec_seven(anvil: Anvil, tmp_path: Path) -> None:
     prices = tmp_path / "credits.toml"
     prices.write_text("[credits]\neth_getBalance = 7\nnet_peerCount = 3\n")
+    # Inline, not make_proxy: closed before the prices file is rewritten with a refused price.
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="k", CREDITS_FILE=str(prices)))
     try:
         await proxy.head_at(0)

@@ -19,10 +19,9 @@ from tests.support import (
     ROOT,
     Anvil,
     Proxy,
+    ProxyFactory,
     eventually,
     selector,
-    settings_for,
-    start_proxy,
     word,
 )
 
@@ -53,54 +52,46 @@ async def mined(proxy: Proxy, tx: str) -> dict[str, Any]:
     return dict(receipts[-1])
 
 
-async def test_latest_reaches_a_block_the_proxy_has_shown_a_client(anvil: Anvil) -> None:
+async def test_latest_reaches_a_block_the_proxy_has_shown_a_client(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     # The tracker would not poll on its own within this test: only the hint moves the head.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="60"))
-    try:
-        address = await deployed(anvil, proxy)
-        storage = ["eth_getStorageAt", [address, "0x0", "latest"]]
-        assert await proxy.result(*storage) == "0x" + word(7)
-        for value in (11, 12, 13):
-            tx = await proxy.result(
-                "eth_sendTransaction",
-                [{"from": DEV_ACCOUNT, "to": address, "data": selector("setX(uint256)") + word(value)}],
-            )
-            receipt = await mined(proxy, tx)
-            assert await proxy.result(*storage) == "0x" + word(value)
-            call = {"from": DEV_ACCOUNT, "to": address, "data": selector("x()")}
-            assert await proxy.result("eth_call", [call, "latest"]) == "0x" + word(value)
-            assert int(await proxy.result("eth_blockNumber", []), 16) >= int(receipt["blockNumber"], 16)
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="60")
+    address = await deployed(anvil, proxy)
+    storage = ["eth_getStorageAt", [address, "0x0", "latest"]]
+    assert await proxy.result(*storage) == "0x" + word(7)
+    for value in (11, 12, 13):
+        tx = await proxy.result(
+            "eth_sendTransaction",
+            [{"from": DEV_ACCOUNT, "to": address, "data": selector("setX(uint256)") + word(value)}],
+        )
+        receipt = await mined(proxy, tx)
+        assert await proxy.result(*storage) == "0x" + word(value)
+        call = {"from": DEV_ACCOUNT, "to": address, "data": selector("x()")}
+        assert await proxy.result("eth_call", [call, "latest"]) == "0x" + word(value)
+        assert int(await proxy.result("eth_blockNumber", []), 16) >= int(receipt["blockNumber"], 16)
 
 
-async def test_web3py_write_then_read_sequences_see_no_stale_reads(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="2"))
-    try:
-        address = AsyncWeb3.to_checksum_address(await deployed(anvil, proxy))
-        w3 = AsyncWeb3(AsyncHTTPProvider(proxy.url()))
-        sender = AsyncWeb3.to_checksum_address(DEV_ACCOUNT)
-        store = w3.eth.contract(address=address, abi=ABI)
-        stale: list[str] = []
-        for i in range(ROUNDS):
-            if i % 2 == 0:
-                tx = await store.functions.setX(1000 + i).transact({"from": sender})
-                receipt: Any = await w3.eth.wait_for_transaction_receipt(tx, poll_latency=0.05)
-                if (x := await store.functions.x().call({"from": sender})) != 1000 + i:
-                    stale.append(f"round {i}: x() = {x} after block {receipt['blockNumber']}")
-                if int.from_bytes(await w3.eth.get_storage_at(address, 0), "big") != 1000 + i:
-                    stale.append(f"round {i}: storage")
-            else:
-                tx = await store.functions.emitMany(1).transact({"from": sender})
-                receipt = await w3.eth.wait_for_transaction_receipt(tx, poll_latency=0.05)
-                logs = await w3.eth.get_logs(
-                    {"address": address, "fromBlock": receipt["blockNumber"], "toBlock": "latest"}
-                )
-                if not logs:
-                    stale.append(f"round {i}: no log at block {receipt['blockNumber']}..latest")
-        assert stale == []
-    finally:
-        await proxy.close()
+async def test_web3py_write_then_read_sequences_see_no_stale_reads(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="2")
+    address = AsyncWeb3.to_checksum_address(await deployed(anvil, proxy))
+    w3 = AsyncWeb3(AsyncHTTPProvider(proxy.url()))
+    sender = AsyncWeb3.to_checksum_address(DEV_ACCOUNT)
+    store = w3.eth.contract(address=address, abi=ABI)
+    stale: list[str] = []
+    for i in range(ROUNDS):
+        if i % 2 == 0:
+            tx = await store.functions.setX(1000 + i).transact({"from": sender})
+            receipt: Any = await w3.eth.wait_for_transaction_receipt(tx, poll_latency=0.05)
+            if (x := await store.functions.x().call({"from": sender})) != 1000 + i:
+                stale.append(f"round {i}: x() = {x} after block {receipt['blockNumber']}")
+            if int.from_bytes(await w3.eth.get_storage_at(address, 0), "big") != 1000 + i:
+                stale.append(f"round {i}: storage")
+        else:
+            tx = await store.functions.emitMany(1).transact({"from": sender})
+            receipt = await w3.eth.wait_for_transaction_receipt(tx, poll_latency=0.05)
+            logs = await w3.eth.get_logs({"address": address, "fromBlock": receipt["blockNumber"], "toBlock": "latest"})
+            if not logs:
+                stale.append(f"round {i}: no log at block {receipt['blockNumber']}..latest")
+    assert stale == []
 
 
 def node_binary() -> str:
@@ -109,30 +100,27 @@ def node_binary() -> str:
     return found
 
 
-async def test_ethers_v6_write_then_read_sequences_see_no_stale_reads(anvil: Anvil) -> None:
+async def test_ethers_v6_write_then_read_sequences_see_no_stale_reads(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     assert (ROOT / ".tools/node_modules/ethers").exists(), "ethers missing: bash scripts/test.sh installs it"
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="2"))
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="2")
+    address = await deployed(anvil, proxy)
+    script = ROOT / "tests/js/write_then_read.mjs"
+    process = await asyncio.create_subprocess_exec(
+        node_binary(),
+        str(script),
+        proxy.url(),
+        address,
+        str(CONTRACTS / "Store.abi"),
+        str(ROUNDS),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"TOOLS": str(ROOT / ".tools")},
+    )
     try:
-        address = await deployed(anvil, proxy)
-        script = ROOT / "tests/js/write_then_read.mjs"
-        process = await asyncio.create_subprocess_exec(
-            node_binary(),
-            str(script),
-            proxy.url(),
-            address,
-            str(CONTRACTS / "Store.abi"),
-            str(ROUNDS),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={"TOOLS": str(ROOT / ".tools")},
-        )
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), 240)
-        finally:
-            if process.returncode is None:
-                process.kill()
-        assert process.returncode == 0, err.decode()[-2000:]
-        report = json.loads(out.decode().strip().splitlines()[-1])
-        assert report == {"rounds": ROUNDS, "stale": []}
+        out, err = await asyncio.wait_for(process.communicate(), 240)
     finally:
-        await proxy.close()
+        if process.returncode is None:
+            process.kill()
+    assert process.returncode == 0, err.decode()[-2000:]
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report == {"rounds": ROUNDS, "stale": []}

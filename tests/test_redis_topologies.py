@@ -11,7 +11,7 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from proxy.http.app_keys import LEDGER
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable, connect
 from tests.redis_cluster import LocalCluster, LocalSentinel, command
-from tests.support import ROOT, Anvil, Proxy, eventually, settings_for, start_proxy, wait_until, word
+from tests.support import ROOT, Anvil, Proxy, ProxyFactory, eventually, settings_for, start_proxy, wait_until, word
 from tests.test_cache import SlowUpstream, finalized_store, replicas, shared_through_redis, storage
 from tests.test_credits import keys_file
 
@@ -51,33 +51,35 @@ async def test_two_replicas_on_a_cluster_share_entries_spread_over_every_primary
     anvil: Anvil,
     cluster: LocalCluster,
     cluster_url: str,
+    make_proxy: ProxyFactory,
 ) -> None:
-    async with replicas(anvil, cluster_url) as (first, second):
-        store, block = await shared_through_redis(anvil, first, second)
-        # Single-key entries are not held together by a tag: they spread over the cluster.
-        for position in range(1, 40):
-            assert (await first.post(storage(store, hex(position), hex(block))))[0] == 200
-        per_primary = cluster.keys_per_primary("rcp:c:*")
-        assert len(per_primary) == 3 and sum(per_primary) == 40 and min(per_primary) > 0, per_primary
-        assert first.metric("rpc_proxy_redis_errors_total", operation="cache_set") == 0
+    first, second = await replicas(make_proxy, anvil, cluster_url)
+    store, block = await shared_through_redis(anvil, first, second)
+    # Single-key entries are not held together by a tag: they spread over the cluster.
+    for position in range(1, 40):
+        assert (await first.post(storage(store, hex(position), hex(block))))[0] == 200
+    per_primary = cluster.keys_per_primary("rcp:c:*")
+    assert len(per_primary) == 3 and sum(per_primary) == 40 and min(per_primary) > 0, per_primary
+    assert first.metric("rpc_proxy_redis_errors_total", operation="cache_set") == 0
 
 
 async def test_identical_misses_on_two_replicas_on_a_cluster_make_one_upstream_call(
     anvil: Anvil,
     cluster_url: str,
+    make_proxy: ProxyFactory,
 ) -> None:
-    async with replicas(anvil, cluster_url, SlowUpstream) as (first, second):
-        store, block = await finalized_store(anvil, first)
-        await second.head_at(anvil.block_number())
-        replies = await asyncio.gather(
-            *((first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20))
-        )
-        assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
-        assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
-        assert sum(p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)) == 1
-        for proxy in (first, second):  # the lookup with its lock, the store with its release, the polls
-            for operation in ("cache_get", "cache_set", "fill_lock", "fill_unlock", "fill_poll"):
-                assert proxy.metric("rpc_proxy_redis_errors_total", operation=operation) == 0
+    first, second = await replicas(make_proxy, anvil, cluster_url, SlowUpstream)
+    store, block = await finalized_store(anvil, first)
+    await second.head_at(anvil.block_number())
+    replies = await asyncio.gather(
+        *((first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20))
+    )
+    assert sorted(body["id"] for _, body, _ in replies) == list(range(20))
+    assert all(body["result"] == "0x" + word(7) for _, body, _ in replies)
+    assert sum(p.upstreams["evm"].calls["eth_getStorageAt"] for p in (first, second)) == 1
+    for proxy in (first, second):  # the lookup with its lock, the store with its release, the polls
+        for operation in ("cache_get", "cache_set", "fill_lock", "fill_unlock", "fill_poll"):
+            assert proxy.metric("rpc_proxy_redis_errors_total", operation=operation) == 0
 
 
 def ledger_storage(rid: Any, position: str) -> dict[str, Any]:
@@ -93,6 +95,7 @@ async def test_concurrent_debits_on_two_replicas_on_a_cluster_never_overdraw(
     settings = settings_for(
         EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=cluster_url, CREDITS_PER_SECOND="1000000"
     )  # the script's second key, the window, is used too
+    # Inline, not make_proxy: both replicas are closed before `keys usage` reads what they spent.
     first, second = await start_proxy(settings), await start_proxy(settings)
     try:
         requests = [
@@ -251,17 +254,13 @@ async def keyed_pair(
     anvil: Anvil,
     tmp_path: Path,
     request: pytest.FixtureRequest,
-) -> AsyncIterator[tuple[Proxy, Proxy]]:
+    make_proxy: ProxyFactory,
+) -> tuple[Proxy, Proxy]:
     """Two replicas with one API key, on the Redis topology named by the test's parameter."""
     url = request.getfixturevalue(request.param).url
     path = keys_file(tmp_path, **{KEY: {"daily_credits": 10_000_000}})
     settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=url, API_KEYS_FILE=path)
-    first, second = await start_proxy(settings), await start_proxy(settings)
-    try:
-        yield first, second
-    finally:
-        await first.close()
-        await second.close()
+    return await make_proxy(settings), await make_proxy(settings)
 
 
 @pytest.mark.slow  # a primary's failure is noticed after the cluster's node timeout (1 s here)

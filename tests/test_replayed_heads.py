@@ -18,7 +18,7 @@ from proxy.http.endpoint import NO_CHARGE, error_reply
 from proxy.http.front import MAX_HEADS, Front
 from proxy.http.wire import RPC, Request
 from proxy.rpc.jsonrpc import JsonRpcError
-from tests.support import Anvil, MemoryTransport, Proxy, eventually, word
+from tests.support import Anvil, MemoryTransport, Proxy, ProxyFactory, eventually, word
 from tests.test_cache import finalized_store, storage
 from tests.test_front import Answer, call, post, read_answer
 from tests.test_keyed_hits import ALICE, keyed, reload
@@ -172,19 +172,19 @@ async def test_the_remembered_heads_are_bounded(anvil: Anvil, evm_proxy: Proxy) 
 
 
 async def test_a_replayed_head_is_judged_by_the_keys_of_the_moment(
-    anvil: Anvil, redis_url: str, tmp_path: Path
+    anvil: Anvil, redis_url: str, tmp_path: Path, make_proxy: ProxyFactory
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, redis_url, path, ALICE) as proxy:
-        hit = await hit_request(anvil, proxy, key="alice-secret")
-        data = post(hit, path="/v3/alice-secret")
-        first, second = await one_by_one(proxy.server.port, [data, data])
-        assert [a[1]["x-cache"] for a in (first, second)] == ["HIT", "HIT"] and front_of(proxy).request_heads
-        assert int(second[1]["x-credits-remaining"]) < int(first[1]["x-credits-remaining"])
-        reload(proxy, path, '[keys.bob]\nkey = "bob-secret"\n')
-        assert not front_of(proxy).request_heads  # heads with a key in them are forgotten with the keys
-        [(status, _, body)] = await one_by_one(proxy.server.port, [data])
-        assert status == 401 and json.loads(body)["error"]["code"] == -32001
+    proxy = await keyed(make_proxy, anvil, redis_url, path, ALICE)
+    hit = await hit_request(anvil, proxy, key="alice-secret")
+    data = post(hit, path="/v3/alice-secret")
+    first, second = await one_by_one(proxy.server.port, [data, data])
+    assert [a[1]["x-cache"] for a in (first, second)] == ["HIT", "HIT"] and front_of(proxy).request_heads
+    assert int(second[1]["x-credits-remaining"]) < int(first[1]["x-credits-remaining"])
+    reload(proxy, path, '[keys.bob]\nkey = "bob-secret"\n')
+    assert not front_of(proxy).request_heads  # heads with a key in them are forgotten with the keys
+    [(status, _, body)] = await one_by_one(proxy.server.port, [data])
+    assert status == 401 and json.loads(body)["error"]["code"] == -32001
 
 
 class CountedParser:
@@ -241,21 +241,22 @@ async def test_a_key_that_churns_the_heads_changes_no_other_keys_answers_or_char
     anvil: Anvil,
     redis_url: str,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, redis_url, path, ALICE + '[keys.bob]\nkey = "bob-secret"\n') as proxy:
-        hit = await hit_request(anvil, proxy, key="bob-secret")
-        bobs = post(hit, path="/v3/bob-secret")
-        with connection(front_of(proxy)) as (attacker, transport):
-            shown = []
-            for n in range(MAX_HEADS + 50):  # alice: a new head on every request, the memo starting over
-                attacker.data_received(post(hit, f"X-N: {n}", path="/v3/alice-secret"))
-                if n % 100 == 0:
-                    [(status, headers, body)] = await one_by_one(proxy.server.port, [bobs])
-                    assert status == 200 and headers["x-cache"] == "HIT" and json.loads(body)["id"] == 1
-                    shown.append(int(headers["x-credits-remaining"]))
-        assert transport.written.count(b"X-Cache: HIT") == MAX_HEADS + 50
-        assert [a - b for a, b in itertools.pairwise(shown)] == [80] * (len(shown) - 1)  # once each, bob's alone
+    proxy = await keyed(make_proxy, anvil, redis_url, path, ALICE + '[keys.bob]\nkey = "bob-secret"\n')
+    hit = await hit_request(anvil, proxy, key="bob-secret")
+    bobs = post(hit, path="/v3/bob-secret")
+    with connection(front_of(proxy)) as (attacker, transport):
+        shown = []
+        for n in range(MAX_HEADS + 50):  # alice: a new head on every request, the memo starting over
+            attacker.data_received(post(hit, f"X-N: {n}", path="/v3/alice-secret"))
+            if n % 100 == 0:
+                [(status, headers, body)] = await one_by_one(proxy.server.port, [bobs])
+                assert status == 200 and headers["x-cache"] == "HIT" and json.loads(body)["id"] == 1
+                shown.append(int(headers["x-credits-remaining"]))
+    assert transport.written.count(b"X-Cache: HIT") == MAX_HEADS + 50
+    assert [a - b for a, b in itertools.pairwise(shown)] == [80] * (len(shown) - 1)  # once each, bob's alone
 
 
 async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order(

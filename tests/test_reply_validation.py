@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, word
 
 
 @pytest.fixture
@@ -38,64 +38,56 @@ def mismatches(proxy: Proxy, upstream: str = "0") -> float:
 
 
 async def test_a_single_reply_with_another_id_is_an_upstream_fault_and_never_stored(
-    anvil: Anvil, relay: FaultRelay
+    anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=relay.url))
-    try:
-        address, block = await final_store(anvil, proxy)
-        relay.inject("wrong_id", method="eth_getStorageAt")
-        status, body, headers = await proxy.post(storage(address, 0, block))
-        # The faulty reply is never served: -32002, or the call asked again alone (its batch with the
-        # proof header failed), unproven and so never kept.
-        assert (status == 502 and body["error"]["code"] == -32002) or (
-            body.get("result") == "0x" + word(7) and headers["X-Cache"] != "MISS"
-        ), body
-        assert mismatches(proxy) == 1
-        status, body, headers = await proxy.post(storage(address, 0, block))
-        assert body["result"] == "0x" + word(7) and headers["X-Cache"] == "MISS"  # nothing had been stored
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url)
+    address, block = await final_store(anvil, proxy)
+    relay.inject("wrong_id", method="eth_getStorageAt")
+    status, body, headers = await proxy.post(storage(address, 0, block))
+    # The faulty reply is never served: -32002, or the call asked again alone (its batch with the
+    # proof header failed), unproven and so never kept.
+    assert (status == 502 and body["error"]["code"] == -32002) or (
+        body.get("result") == "0x" + word(7) and headers["X-Cache"] != "MISS"
+    ), body
+    assert mismatches(proxy) == 1
+    status, body, headers = await proxy.post(storage(address, 0, block))
+    assert body["result"] == "0x" + word(7) and headers["X-Cache"] == "MISS"  # nothing had been stored
 
 
-async def test_a_reply_with_another_id_is_retried_on_the_next_upstream(anvil: Anvil, relay: FaultRelay) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{anvil.url}"))
-    try:
-        address, block = await final_store(anvil, proxy)
-        relay.inject("wrong_id", method="eth_getStorageAt")
-        status, body, _ = await proxy.post(storage(address, 0, block))
-        assert status == 200 and body["result"] == "0x" + word(7)
-        assert mismatches(proxy) == 1 and proxy.metric("rpc_proxy_upstream_failovers_total", network="evm") >= 1
-    finally:
-        await proxy.close()
+async def test_a_reply_with_another_id_is_retried_on_the_next_upstream(
+    anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{anvil.url}")
+    address, block = await final_store(anvil, proxy)
+    relay.inject("wrong_id", method="eth_getStorageAt")
+    status, body, _ = await proxy.post(storage(address, 0, block))
+    assert status == 200 and body["result"] == "0x" + word(7)
+    assert mismatches(proxy) == 1 and proxy.metric("rpc_proxy_upstream_failovers_total", network="evm") >= 1
 
 
 @pytest.mark.parametrize("fault", ["duplicate_id", "partial", "wrong_id"])
-async def test_a_batch_reply_must_hold_each_id_exactly_once(anvil: Anvil, relay: FaultRelay, fault: str) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{relay.url},{anvil.url}"))
-    try:
-        address, block = await final_store(anvil, proxy)
-        expected = [anvil.rpc("eth_getStorageAt", address, hex(slot), hex(block)) for slot in range(3)]
-        relay.inject(fault, method="eth_getStorageAt", batches_only=True)
-        status, body, _ = await proxy.post([storage(address, slot, block) for slot in range(3)])
-        assert status == 200
-        assert [item["result"] for item in sorted(body, key=lambda i: i["id"])] == expected
-        assert relay.applied == [fault] and mismatches(proxy) == 1
-        again = await asyncio.gather(*(proxy.post(storage(address, slot, block)) for slot in range(3)))
-        assert [r[1]["result"] for r in again] == expected and {r[2]["X-Cache"] for r in again} == {"HIT"}
-    finally:
-        await proxy.close()
+async def test_a_batch_reply_must_hold_each_id_exactly_once(
+    anvil: Anvil, relay: FaultRelay, fault: str, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{anvil.url}")
+    address, block = await final_store(anvil, proxy)
+    expected = [anvil.rpc("eth_getStorageAt", address, hex(slot), hex(block)) for slot in range(3)]
+    relay.inject(fault, method="eth_getStorageAt", batches_only=True)
+    status, body, _ = await proxy.post([storage(address, slot, block) for slot in range(3)])
+    assert status == 200
+    assert [item["result"] for item in sorted(body, key=lambda i: i["id"])] == expected
+    assert relay.applied == [fault] and mismatches(proxy) == 1
+    again = await asyncio.gather(*(proxy.post(storage(address, slot, block)) for slot in range(3)))
+    assert [r[1]["result"] for r in again] == expected and {r[2]["X-Cache"] for r in again} == {"HIT"}
 
 
-async def test_code_3_is_cached_only_for_eth_call(anvil: Anvil, relay: FaultRelay) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=relay.url))
-    try:
-        anvil.mine(70)
-        await proxy.head_at(70)
-        relay.inject("error3", method="eth_getBlockReceipts")
-        receipts = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockReceipts", "params": ["0x1"]}
-        _, body, _ = await proxy.post(receipts)
-        assert body["error"]["code"] == 3
-        _, body, headers = await proxy.post(receipts)
-        assert body["result"] == [] and headers["X-Cache"] == "MISS"
-    finally:
-        await proxy.close()
+async def test_code_3_is_cached_only_for_eth_call(anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url)
+    anvil.mine(70)
+    await proxy.head_at(70)
+    relay.inject("error3", method="eth_getBlockReceipts")
+    receipts = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockReceipts", "params": ["0x1"]}
+    _, body, _ = await proxy.post(receipts)
+    assert body["error"]["code"] == 3
+    _, body, headers = await proxy.post(receipts)
+    assert body["result"] == [] and headers["X-Cache"] == "MISS"

@@ -15,6 +15,7 @@ async def misses_with_one_large_call(
 ) -> list[dict[str, Any]]:
     store = anvil.deploy_store()
     block = hex(anvil.block_number())
+    # Inline, not make_proxy: closed before the caller's relay closes.
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=node_url, **settings))
     try:
         await proxy.head_at(anvil.mine(STORE_FINAL))

@@ -26,7 +26,7 @@ from proxy.app import create_app
 from proxy.config import Settings
 from proxy.http.listeners import CappedSite, PeerCounts
 from proxy.logs import Throttled
-from tests.support import Anvil, eventually, free_port, settings_for, start_proxy
+from tests.support import Anvil, ProxyFactory, eventually, free_port, settings_for, start_proxy
 
 CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
 
@@ -189,6 +189,7 @@ async def test_a_redis_outage_logs_a_few_lines_not_one_per_request(
     settings = settings_for(
         EVM_UPSTREAM=anvil.url, API_KEYS_FILE=str(keys), REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"
     )
+    # Inline, not make_proxy: closed before the log lines are counted, those of the close included.
     proxy = await start_proxy(settings)
     try:
         for i in range(40):
@@ -199,19 +200,18 @@ async def test_a_redis_outage_logs_a_few_lines_not_one_per_request(
     assert sum("credits: redis unavailable" in r.getMessage() for r in caplog.records) <= 1
 
 
-async def test_metrics_port_serves_metrics_on_an_internal_listener_and_the_public_port_does_not(anvil: Anvil) -> None:
+async def test_metrics_port_serves_metrics_on_an_internal_listener_and_the_public_port_does_not(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     metrics_port = free_port()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, METRICS_PORT=str(metrics_port)))
-    try:
-        assert "result" in await proxy.call("eth_chainId", [])
-        async with proxy.session.get(proxy.base + "/metrics") as resp:
-            assert resp.status == 404
-        async with proxy.session.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
-            assert resp.status == 200 and "rpc_proxy_requests_total" in await resp.text()
-        async with proxy.session.post(f"http://127.0.0.1:{metrics_port}/v3/k", data=CHAIN_ID) as resp:
-            assert resp.status in (404, 405)  # the internal listener serves metrics only
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, METRICS_PORT=str(metrics_port))
+    assert "result" in await proxy.call("eth_chainId", [])
+    async with proxy.session.get(proxy.base + "/metrics") as resp:
+        assert resp.status == 404
+    async with proxy.session.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+        assert resp.status == 200 and "rpc_proxy_requests_total" in await resp.text()
+    async with proxy.session.post(f"http://127.0.0.1:{metrics_port}/v3/k", data=CHAIN_ID) as resp:
+        assert resp.status in (404, 405)  # the internal listener serves metrics only
 
 
 # --- fair shares of the connection slots (issue 19, item 6) -------------------------------------
@@ -264,57 +264,49 @@ async def test_one_client_address_cannot_fill_max_connections(anvil: Anvil) -> N
                 await ws.close()
 
 
-async def test_one_key_cannot_hold_more_than_its_websocket_share(anvil: Anvil) -> None:
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", WS_MAX_CONNECTIONS_PER_KEY="3")
-    )
-    try:
-        held = [await proxy.session.ws_connect(proxy.ws_url("key-a")) for _ in range(3)]
-        async with proxy.session.get(
-            proxy.ws_url("key-a"),
-            headers={
-                "Upgrade": "websocket",
-                "Connection": "Upgrade",
-                "Sec-WebSocket-Version": "13",
-                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-            },
-        ) as resp:
-            body = await resp.json()
-            assert resp.status == 429 and resp.headers["X-Credits-Charged"] == "0"
-            assert body["error"]["code"] == -32005 and "WS_MAX_CONNECTIONS_PER_KEY" in body["error"]["message"]
-        other = await proxy.session.ws_connect(proxy.ws_url("key-b"))  # another key is not affected
-        await other.send_json({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []})
-        assert (await other.receive_json(timeout=5))["result"] == "0x7a69"
-        for ws in [*held, other]:
-            await ws.close()
-    finally:
-        await proxy.close()
+async def test_one_key_cannot_hold_more_than_its_websocket_share(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", WS_MAX_CONNECTIONS_PER_KEY="3")
+    held = [await proxy.session.ws_connect(proxy.ws_url("key-a")) for _ in range(3)]
+    async with proxy.session.get(
+        proxy.ws_url("key-a"),
+        headers={
+            "Upgrade": "websocket",
+            "Connection": "Upgrade",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        },
+    ) as resp:
+        body = await resp.json()
+        assert resp.status == 429 and resp.headers["X-Credits-Charged"] == "0"
+        assert body["error"]["code"] == -32005 and "WS_MAX_CONNECTIONS_PER_KEY" in body["error"]["message"]
+    other = await proxy.session.ws_connect(proxy.ws_url("key-b"))  # another key is not affected
+    await other.send_json({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []})
+    assert (await other.receive_json(timeout=5))["result"] == "0x7a69"
+    for ws in [*held, other]:
+        await ws.close()
 
 
-async def test_an_idle_websocket_is_closed_after_ws_idle_timeout(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", WS_IDLE_TIMEOUT="1"))
-    try:
-        idle = await proxy.session.ws_connect(proxy.ws_url("key-a"))  # answers pings, sends nothing
-        subscribed = await proxy.session.ws_connect(proxy.ws_url("key-b"))
-        await subscribed.send_json({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]})
-        assert "result" in await subscribed.receive_json(timeout=5)
-        calling = await proxy.session.ws_connect(proxy.ws_url("key-b"))
-        started = time.monotonic()
-        closing = asyncio.create_task(idle.receive(timeout=10))
-        while not closing.done():  # a call every 0.3 s keeps this one open
-            await calling.send_json({"jsonrpc": "2.0", "id": 2, "method": "eth_chainId", "params": []})
-            assert (await calling.receive_json(timeout=5))["id"] == 2
-            await asyncio.sleep(0.3)
-        message = closing.result()
-        assert message.type is aiohttp.WSMsgType.CLOSE and message.data == 1000, message
-        assert "idle for 1s" in message.extra and 0.9 < time.monotonic() - started < 5
-        assert not subscribed.closed and not calling.closed
-        anvil.mine(1)
-        assert (await subscribed.receive_json(timeout=5))["method"] == "eth_subscription"
-        await subscribed.close()
-        await calling.close()
-    finally:
-        await proxy.close()
+async def test_an_idle_websocket_is_closed_after_ws_idle_timeout(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="key-a,key-b", WS_IDLE_TIMEOUT="1")
+    idle = await proxy.session.ws_connect(proxy.ws_url("key-a"))  # answers pings, sends nothing
+    subscribed = await proxy.session.ws_connect(proxy.ws_url("key-b"))
+    await subscribed.send_json({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]})
+    assert "result" in await subscribed.receive_json(timeout=5)
+    calling = await proxy.session.ws_connect(proxy.ws_url("key-b"))
+    started = time.monotonic()
+    closing = asyncio.create_task(idle.receive(timeout=10))
+    while not closing.done():  # a call every 0.3 s keeps this one open
+        await calling.send_json({"jsonrpc": "2.0", "id": 2, "method": "eth_chainId", "params": []})
+        assert (await calling.receive_json(timeout=5))["id"] == 2
+        await asyncio.sleep(0.3)
+    message = closing.result()
+    assert message.type is aiohttp.WSMsgType.CLOSE and message.data == 1000, message
+    assert "idle for 1s" in message.extra and 0.9 < time.monotonic() - started < 5
+    assert not subscribed.closed and not calling.closed
+    anvil.mine(1)
+    assert (await subscribed.receive_json(timeout=5))["method"] == "eth_subscription"
+    await subscribed.close()
+    await calling.close()
 
 
 class TestPeerCounts:

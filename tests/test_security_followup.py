@@ -16,7 +16,7 @@ from proxy.config import ConfigError, build_settings
 from proxy.logs import redacted
 from proxy.rpc.jsonrpc import MAX_CONTAINERS, JsonRpcError, parse_body
 from proxy.service import MEMO_MAX_CONTAINERS, _fingerprint
-from tests.support import ROOT, Anvil, Proxy, free_port, settings_for, start_proxy, wait_until
+from tests.support import ROOT, Anvil, Proxy, ProxyFactory, free_port, wait_until
 
 ADDRESS = "0x" + "11" * 20
 SECRET = "sk-live-SECRET123"
@@ -103,16 +103,15 @@ def test_memos_hold_only_params_of_few_objects_and_arrays(evm_proxy: Proxy) -> N
     assert len(json.dumps(many)) < 512 and _fingerprint(net, "eth_call", many) is None
 
 
-async def test_a_method_of_the_other_family_on_a_named_network_is_refused_not_forwarded(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
-    try:
-        status, reply, headers = await proxy.post(
-            {"jsonrpc": "2.0", "id": 1, "method": "getSlot", "params": []}, network="evm"
-        )
-        assert status == 200 and reply["error"]["code"] == -32601, reply
-        assert proxy.upstreams["evm"].calls["getSlot"] == 0 and headers["X-Credits-Charged"] == "0"
-    finally:
-        await proxy.close()
+async def test_a_method_of_the_other_family_on_a_named_network_is_refused_not_forwarded(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url)
+    status, reply, headers = await proxy.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "getSlot", "params": []}, network="evm"
+    )
+    assert status == 200 and reply["error"]["code"] == -32601, reply
+    assert proxy.upstreams["evm"].calls["getSlot"] == 0 and headers["X-Credits-Charged"] == "0"
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ class Harness:
         self.anvil = Anvil()
         self.solana = self.run(FakeSolana().start())
         self.proxy: Proxy = self.run(
+            # Inline, not make_proxy: this proxy runs on the fuzzer's own event loop, in another thread.
             start_proxy(
                 settings_for(
                     EVM_UPSTREAM=self.anvil.url,

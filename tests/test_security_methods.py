@@ -6,7 +6,7 @@ import pytest
 
 from proxy.http.app_keys import GATEWAY
 from proxy.rpc.methods import refusal
-from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.support import Anvil, Proxy, ProxyFactory
 
 # What the proxy asks on its own (head polls, chain identity), whatever the clients send.
 OWN_CALLS = frozenset({"eth_getBlockByNumber", "eth_blockNumber", "eth_chainId"})
@@ -81,16 +81,11 @@ async def test_look_alike_method_names_are_invalid_requests(evm_proxy: Proxy, me
     assert not forwarded(evm_proxy)
 
 
-async def test_allow_methods_and_allow_namespaces_open_more_of_the_node(anvil: Anvil) -> None:
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS="evm_snapshot", ALLOW_NAMESPACES="txpool")
-    )
-    try:
-        assert "result" in await proxy.call("evm_snapshot", [])
-        assert "result" in await proxy.call("txpool_status", [])
-        assert (await proxy.call("evm_revert", ["0x1"]))["error"]["code"] == -32601
-    finally:
-        await proxy.close()
+async def test_allow_methods_and_allow_namespaces_open_more_of_the_node(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, ALLOW_METHODS="evm_snapshot", ALLOW_NAMESPACES="txpool")
+    assert "result" in await proxy.call("evm_snapshot", [])
+    assert "result" in await proxy.call("txpool_status", [])
+    assert (await proxy.call("evm_revert", ["0x1"]))["error"]["code"] == -32601
 
 
 async def test_subscriptions_are_refused_by_their_own_rule_not_the_allow_list(evm_proxy: Proxy) -> None:

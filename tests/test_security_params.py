@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.rpc.jsonrpc import BATCH_SCAN_FROM, JsonRpcError, parse_body
-from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.support import Anvil, Proxy, ProxyFactory
 
 ADDRESS = "0x" + "11" * 20
 
@@ -123,29 +123,28 @@ SLOT0_READER = "0x60005460005260206000f3"
 TARGET = "0x52908400098527886E0F7030069857D2E4169EE7"  # checksummed; the lower-case form is the same account
 
 
-async def test_override_spellings_of_one_account_are_keyed_as_the_node_reads_them(anvil: Anvil, redis_url: str) -> None:
+async def test_override_spellings_of_one_account_are_keyed_as_the_node_reads_them(
+    anvil: Anvil, redis_url: str, make_proxy: ProxyFactory
+) -> None:
     # Issue 19, item 8: key B primed the cache with {Checksummed: bb, lowercase: 0b}; the node keeps
     # the last spelling, but the sorted key made A's reversed object hit B's answer, forever.
     anvil.mine(3)
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url, API_KEYS="key-a,key-b"))
-    try:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url, API_KEYS="key-a,key-b")
 
-        def account(value: str) -> dict[str, Any]:
-            return {"code": SLOT0_READER, "stateDiff": {"0x" + "0" * 64: "0x" + value.rjust(64, "0")}}
+    def account(value: str) -> dict[str, Any]:
+        return {"code": SLOT0_READER, "stateDiff": {"0x" + "0" * 64: "0x" + value.rjust(64, "0")}}
 
-        tx, block = {"to": TARGET}, "0x1"  # a final block: kept forever
-        primed = {TARGET: account("bb"), TARGET.lower(): account("0b")}
-        victim = {TARGET.lower(): account("0b"), TARGET: account("bb")}
-        for key, overrides in (("key-b", primed), ("key-a", victim), ("key-b", primed)):
-            node_says = anvil.rpc("eth_call", tx, block, overrides)
-            assert await proxy.result("eth_call", [tx, block, overrides], key) == node_says
-        assert int(node_says, 16) == 0x0B and int(anvil.rpc("eth_call", tx, block, victim), 16) == 0xBB
-        # The merged object is what the node was sent: one account, slots as 32-byte words.
-        sent = [p[2] for m, p in proxy.upstreams["evm"].params if m == "eth_call"]
-        assert sent[0] == {TARGET.lower(): account("0b")}
-        reply = await proxy.call("eth_call", [tx, block, {TARGET: {"Balance": "0x1", "balance": "0x2"}}], "key-a")
-        assert reply["error"]["code"] == -32602 and "Balance" in reply["error"]["message"]
-        reply = await proxy.call("eth_call", [tx, block, None, {"time": "0x1", "Time": "0x2"}], "key-a")
-        assert reply["error"]["code"] == -32602 and "duplicates 'time'" in reply["error"]["message"]
-    finally:
-        await proxy.close()
+    tx, block = {"to": TARGET}, "0x1"  # a final block: kept forever
+    primed = {TARGET: account("bb"), TARGET.lower(): account("0b")}
+    victim = {TARGET.lower(): account("0b"), TARGET: account("bb")}
+    for key, overrides in (("key-b", primed), ("key-a", victim), ("key-b", primed)):
+        node_says = anvil.rpc("eth_call", tx, block, overrides)
+        assert await proxy.result("eth_call", [tx, block, overrides], key) == node_says
+    assert int(node_says, 16) == 0x0B and int(anvil.rpc("eth_call", tx, block, victim), 16) == 0xBB
+    # The merged object is what the node was sent: one account, slots as 32-byte words.
+    sent = [p[2] for m, p in proxy.upstreams["evm"].params if m == "eth_call"]
+    assert sent[0] == {TARGET.lower(): account("0b")}
+    reply = await proxy.call("eth_call", [tx, block, {TARGET: {"Balance": "0x1", "balance": "0x2"}}], "key-a")
+    assert reply["error"]["code"] == -32602 and "Balance" in reply["error"]["message"]
+    reply = await proxy.call("eth_call", [tx, block, None, {"time": "0x1", "Time": "0x2"}], "key-a")
+    assert reply["error"]["code"] == -32602 and "duplicates 'time'" in reply["error"]["message"]

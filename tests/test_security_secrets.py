@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.app import create_app
 from proxy.credits.accounts import derived_name
-from tests.support import ROOT, Anvil, free_port, settings_for, start_proxy
+from tests.support import ROOT, Anvil, ProxyFactory, free_port, settings_for, start_proxy
 
 SECRET = "sk-live-SECRET123"
 STORAGE = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20, "0x0", "latest"]}
@@ -27,40 +27,39 @@ def keys_toml(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-async def test_metrics_label_keys_by_their_name_never_by_their_secret(anvil: Anvil, tmp_path: Path) -> None:
+async def test_metrics_label_keys_by_their_name_never_by_their_secret(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     hashed = hashlib.sha256(b"sk-live-OTHER456").hexdigest()
     path = keys_toml(tmp_path, f'[keys.alice]\nkey = "{SECRET}"\n[keys.bob]\nkey_sha256 = "{hashed}"\n')
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, API_KEYS="sk-plain-789"))
-    try:
-        for key in (SECRET, "sk-live-OTHER456", "sk-plain-789"):
-            assert (await proxy.post(STORAGE, key=key))[0] == 200
-        assert (await proxy.post(STORAGE, key="alice"))[0] == 401  # a name is not a key
-        async with proxy.session.get(proxy.base + "/metrics") as resp:
-            text = await resp.text()
-        assert "SECRET123" not in text and "OTHER456" not in text and "sk-plain" not in text
-        assert proxy.metric("rpc_proxy_key_credits_charged_total", key="alice") == 80
-        assert proxy.metric("rpc_proxy_key_credits_charged_total", key="bob") == 80
-        assert proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("sk-plain-789")) == 80
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, API_KEYS="sk-plain-789")
+    for key in (SECRET, "sk-live-OTHER456", "sk-plain-789"):
+        assert (await proxy.post(STORAGE, key=key))[0] == 200
+    assert (await proxy.post(STORAGE, key="alice"))[0] == 401  # a name is not a key
+    async with proxy.session.get(proxy.base + "/metrics") as resp:
+        text = await resp.text()
+    assert "SECRET123" not in text and "OTHER456" not in text and "sk-plain" not in text
+    assert proxy.metric("rpc_proxy_key_credits_charged_total", key="alice") == 80
+    assert proxy.metric("rpc_proxy_key_credits_charged_total", key="bob") == 80
+    assert proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("sk-plain-789")) == 80
 
 
-async def test_older_form_key_tables_work_but_are_labelled_by_a_derived_name(anvil: Anvil, tmp_path: Path) -> None:
+async def test_older_form_key_tables_work_but_are_labelled_by_a_derived_name(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     path = keys_toml(tmp_path, f'[keys."{SECRET}"]\ndaily_credits = 1000\n')
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path))
-    try:
-        status, _, headers = await proxy.post(STORAGE, key=SECRET)
-        assert status == 200 and headers["X-Credits-Remaining"] == "920"
-        assert SECRET not in generate_latest(proxy.registry).decode()
-        assert proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name(SECRET)) == 80
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path)
+    status, _, headers = await proxy.post(STORAGE, key=SECRET)
+    assert status == 200 and headers["X-Credits-Remaining"] == "920"
+    assert SECRET not in generate_latest(proxy.registry).decode()
+    assert proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name(SECRET)) == 80
 
 
 async def test_the_ledger_in_redis_is_keyed_by_account_name(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:
     import redis.asyncio as aioredis
 
     path = keys_toml(tmp_path, f'[keys.alice]\nkey = "{SECRET}"\n')
+    # Inline, not make_proxy: closed before `keys usage` reads what it spent.
     proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url))
     client = aioredis.Redis.from_url(redis_url)
     try:

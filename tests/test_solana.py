@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from tests.fake_solana import MISSING_ACCOUNT, SYSTEM_ACCOUNT, TOKEN_ACCOUNT, FakeSolana
-from tests.support import Proxy, settings_for, start_proxy
+from tests.support import Proxy, ProxyFactory
 
 
 @pytest.fixture
-async def sol_proxy(solana: FakeSolana) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url))
-    yield proxy
-    await proxy.close()
+async def sol_proxy(solana: FakeSolana, make_proxy: ProxyFactory) -> Proxy:
+    return await make_proxy(SOLANA_UPSTREAM=solana.url)
 
 
 async def test_token_account_balance_has_the_documented_shape(sol_proxy: Proxy) -> None:

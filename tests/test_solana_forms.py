@@ -8,7 +8,7 @@ from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import Rules
 from proxy.rpc.params.solana import get_largest_accounts
 from tests.fake_solana import FakeSolana
-from tests.support import settings_for, start_proxy
+from tests.support import ProxyFactory
 
 RULES = Rules(False, 5000)
 NON_CIRCULATING = [{"commitment": "finalized", "filter": "nonCirculating"}]
@@ -35,21 +35,20 @@ class TestLargestAccountsForms:
             get_largest_accounts(["finalized"], RULES)  # Agave refuses a bare commitment too
 
 
-async def test_solana_py_form_is_served_and_shares_the_cache_entry_of_the_object_form(solana: FakeSolana) -> None:
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url))
-    try:
-        first = await proxy.post(
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "getLargestAccounts",
-                "params": [{"commitment": "finalized"}, "nonCirculating"],
-            }
-        )
-        second = await proxy.post(
-            {"jsonrpc": "2.0", "id": 2, "method": "getLargestAccounts", "params": [{"filter": "nonCirculating"}]}
-        )
-        assert len(first[1]["result"]["value"]) == 5 and second[1]["result"] == first[1]["result"]
-        assert second[2]["X-Cache"] == "HIT" and solana.calls["getLargestAccounts"] == 1
-    finally:
-        await proxy.close()
+async def test_solana_py_form_is_served_and_shares_the_cache_entry_of_the_object_form(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url)
+    first = await proxy.post(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "getLargestAccounts",
+            "params": [{"commitment": "finalized"}, "nonCirculating"],
+        }
+    )
+    second = await proxy.post(
+        {"jsonrpc": "2.0", "id": 2, "method": "getLargestAccounts", "params": [{"filter": "nonCirculating"}]}
+    )
+    assert len(first[1]["result"]["value"]) == 5 and second[1]["result"] == first[1]["result"]
+    assert second[2]["X-Cache"] == "HIT" and solana.calls["getLargestAccounts"] == 1

@@ -3,14 +3,12 @@ with the proxy's own subscription ids, the same per-connection limits, and a cle
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from proxy.credits.accounts import derived_name
 from proxy.http.app_keys import STREAMS
 from tests.fake_solana import FakeSolana
-from tests.support import Proxy, eventually, settings_for, start_proxy
+from tests.support import Proxy, ProxyFactory, eventually
 from tests.ws_client import connect
 
 KEY = "7fUAJdStEuGbc3sM84cKRL6yYaaSstyLSU4ve5oovLS7"
@@ -18,12 +16,8 @@ SIGNATURE = "5" * 88
 
 
 @pytest.fixture
-async def relay_proxy(solana: FakeSolana) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(
-        settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url, WS_MAX_SUBSCRIPTIONS="3")
-    )
-    yield proxy
-    await proxy.close()
+async def relay_proxy(solana: FakeSolana, make_proxy: ProxyFactory) -> Proxy:
+    return await make_proxy(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url, WS_MAX_SUBSCRIPTIONS="3")
 
 
 async def test_slot_notifications_are_relayed_under_the_proxys_own_id(solana: FakeSolana, relay_proxy: Proxy) -> None:
@@ -101,57 +95,50 @@ async def test_a_subscription_survives_the_nodes_socket_closing(solana: FakeSola
     assert note["params"]["subscription"] == ours and "result" in note["params"]  # the id it was given
 
 
-async def test_subscribers_hear_when_no_node_takes_their_subscription_back(solana: FakeSolana) -> None:
-    proxy = await start_proxy(
-        settings_for(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url, UPSTREAM_TIMEOUT="1")
+async def test_subscribers_hear_when_no_node_takes_their_subscription_back(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url, UPSTREAM_TIMEOUT="1")
+    client = await connect(proxy)
+    ours = (await client.call("slotSubscribe"))["result"]
+    solana.refuse_sockets = True
+    await solana.drop_sockets()
+    (note,) = await client.notes_until(1)  # within UPSTREAM_TIMEOUT of trying again
+    assert note["params"]["subscription"] == ours and note["params"]["error"]["code"] == -32002
+    solana.refuse_sockets = False
+    again = (await client.call("slotSubscribe"))["result"]  # a new connection to the node is opened
+    await solana.advance_slot()
+    notes = await client.notes_until(2)
+    assert notes[-1]["params"]["subscription"] == again
+
+
+async def test_without_an_upstream_websocket_pubsub_gets_a_clear_error(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url)
+    client = await connect(proxy)
+    reply = await client.call("signatureSubscribe", SIGNATURE)
+    assert reply["error"]["code"] == -32601 and "SOLANA_UPSTREAM_WS" in reply["error"]["message"]
+    http = await proxy.call("slotSubscribe", [])
+    assert http["error"]["code"] == -32601 and "WebSocket" in http["error"]["message"]
+
+
+async def test_solana_subscriptions_are_charged_by_their_subscribe_method(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(
+        SOLANA_UPSTREAM=solana.url,
+        SOLANA_UPSTREAM_WS=solana.ws_url,
+        API_KEYS="alice",
+        SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3",
     )
-    try:
-        client = await connect(proxy)
-        ours = (await client.call("slotSubscribe"))["result"]
-        solana.refuse_sockets = True
-        await solana.drop_sockets()
-        (note,) = await client.notes_until(1)  # within UPSTREAM_TIMEOUT of trying again
-        assert note["params"]["subscription"] == ours and note["params"]["error"]["code"] == -32002
-        solana.refuse_sockets = False
-        again = (await client.call("slotSubscribe"))["result"]  # a new connection to the node is opened
-        await solana.advance_slot()
-        notes = await client.notes_until(2)
-        assert notes[-1]["params"]["subscription"] == again
-    finally:
-        await proxy.close()
+    client = await connect(proxy, "alice")
+    await client.call("slotSubscribe")
+    await solana.advance_slot()
+    await solana.advance_slot()
+    await client.notes_until(2)
 
+    async def charged() -> bool:
+        return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 2 + 2 * 3
 
-async def test_without_an_upstream_websocket_pubsub_gets_a_clear_error(solana: FakeSolana) -> None:
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url))
-    try:
-        client = await connect(proxy)
-        reply = await client.call("signatureSubscribe", SIGNATURE)
-        assert reply["error"]["code"] == -32601 and "SOLANA_UPSTREAM_WS" in reply["error"]["message"]
-        http = await proxy.call("slotSubscribe", [])
-        assert http["error"]["code"] == -32601 and "WebSocket" in http["error"]["message"]
-    finally:
-        await proxy.close()
-
-
-async def test_solana_subscriptions_are_charged_by_their_subscribe_method(solana: FakeSolana) -> None:
-    proxy = await start_proxy(
-        settings_for(
-            SOLANA_UPSTREAM=solana.url,
-            SOLANA_UPSTREAM_WS=solana.ws_url,
-            API_KEYS="alice",
-            SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3",
-        )
-    )
-    try:
-        client = await connect(proxy, "alice")
-        await client.call("slotSubscribe")
-        await solana.advance_slot()
-        await solana.advance_slot()
-        await client.notes_until(2)
-
-        async def charged() -> bool:
-            return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 2 + 2 * 3
-
-        await eventually(charged, 5, "the subscription and its two notifications to be charged")
-    finally:
-        await proxy.close()
+    await eventually(charged, 5, "the subscription and its two notifications to be charged")

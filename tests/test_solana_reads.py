@@ -4,7 +4,6 @@ immutable, identity data cached."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -20,23 +19,20 @@ from tests.fake_solana import (
     UNKNOWN_SIGNATURE,
     FakeSolana,
 )
-from tests.support import FakeClock, Proxy, eventually, settings_for, start_proxy
+from tests.support import FakeClock, Proxy, ProxyFactory, eventually
 
 
 @pytest.fixture
-async def sol(solana: FakeSolana) -> AsyncIterator[Proxy]:
+async def sol(solana: FakeSolana, make_proxy: ProxyFactory) -> Proxy:
     # One tracker poll at start (then none within a test); a max age long enough to see hits.
-    proxy = await start_proxy(
-        settings_for(SOLANA_UPSTREAM=solana.url, HEAD_POLL_INTERVAL="60", SOLANA_BALANCE_MAX_AGE="30")
-    )
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, HEAD_POLL_INTERVAL="60", SOLANA_BALANCE_MAX_AGE="30")
     tracker = proxy.app[SERVICE].networks["solana"].tracker
 
     async def polled() -> bool:
         return bool(tracker.slots)
 
     await eventually(polled, 10, "the first slot poll")
-    yield proxy
-    await proxy.close()
+    return proxy
 
 
 async def call(proxy: Proxy, method: str, params: list[Any]) -> tuple[Any, str]:
@@ -53,17 +49,14 @@ async def test_get_slot_is_answered_from_the_slot_tracker_per_commitment(sol: Pr
     assert finalized[0][0]["result"] < confirmed[0]["result"]  # finalized trails confirmed
 
 
-async def test_get_slot_past_its_max_age_is_forwarded_and_never_goes_back(solana: FakeSolana) -> None:
-    proxy = await start_proxy(
-        settings_for(SOLANA_UPSTREAM=solana.url, HEAD_POLL_INTERVAL="60", SOLANA_BALANCE_MAX_AGE="0.001")
-    )
-    try:
-        seen = [(await call(proxy, "getSlot", [{"commitment": "processed"}]))[0]["result"] for _ in range(3)]
-        assert solana.calls["getSlot"] >= 3 and seen == sorted(seen)
-        tracker = proxy.app[SERVICE].networks["solana"].tracker
-        assert tracker.observe("getSlot", "processed", seen[-1] - 10, 0.0) == seen[-1]  # a lagging answer
-    finally:
-        await proxy.close()
+async def test_get_slot_past_its_max_age_is_forwarded_and_never_goes_back(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, HEAD_POLL_INTERVAL="60", SOLANA_BALANCE_MAX_AGE="0.001")
+    seen = [(await call(proxy, "getSlot", [{"commitment": "processed"}]))[0]["result"] for _ in range(3)]
+    assert solana.calls["getSlot"] >= 3 and seen == sorted(seen)
+    tracker = proxy.app[SERVICE].networks["solana"].tracker
+    assert tracker.observe("getSlot", "processed", seen[-1] - 10, 0.0) == seen[-1]  # a lagging answer
 
 
 async def test_get_block_height_is_forwarded_once_then_held_for_its_max_age(sol: Proxy, solana: FakeSolana) -> None:
@@ -119,18 +112,17 @@ async def test_agave_block_errors_are_passed_through_and_never_cached(sol: Proxy
     assert solana.calls["getBlock"] == 3
 
 
-async def test_an_unknown_transaction_is_null_and_kept_only_for_the_negative_ttl(solana: FakeSolana) -> None:
+async def test_an_unknown_transaction_is_null_and_kept_only_for_the_negative_ttl(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
     clock = FakeClock()
-    proxy = await start_proxy(settings_for(SOLANA_UPSTREAM=solana.url, CACHE_NEGATIVE_TTL="30"), clock=clock)
-    try:
-        for expected in ("MISS", "HIT"):
-            body, cache = await call(proxy, "getTransaction", [UNKNOWN_SIGNATURE])
-            assert body["result"] is None and cache == expected
-        clock.advance(31)  # not yet mined is not forever
-        assert (await call(proxy, "getTransaction", [UNKNOWN_SIGNATURE]))[1] == "MISS"
-        assert solana.calls["getTransaction"] == 2
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, CACHE_NEGATIVE_TTL="30", clock=clock)
+    for expected in ("MISS", "HIT"):
+        body, cache = await call(proxy, "getTransaction", [UNKNOWN_SIGNATURE])
+        assert body["result"] is None and cache == expected
+    clock.advance(31)  # not yet mined is not forever
+    assert (await call(proxy, "getTransaction", [UNKNOWN_SIGNATURE]))[1] == "MISS"
+    assert solana.calls["getTransaction"] == 2
 
 
 async def test_identity_data_is_asked_once(sol: Proxy, solana: FakeSolana) -> None:

@@ -17,7 +17,7 @@ from proxy.credits.accounts import derived_name
 from proxy.http.app_keys import STREAMS
 from proxy.rpc.params import Rules
 from proxy.streams.subscriptions import LogFilter, subscription_call
-from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, selector, settings_for, word
 from tests.ws_client import Client, connect
 
 EMITTED = "0x" + __import__("eth_utils").keccak(text="Emitted(uint256)").hex()
@@ -133,18 +133,15 @@ async def test_closing_the_socket_ends_its_subscriptions(evm_proxy: Proxy) -> No
     await eventually(gone, 5, "the feed to lose its subscribers")
 
 
-async def test_subscriptions_per_connection_are_limited(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, WS_MAX_SUBSCRIPTIONS="2"))
-    try:
-        client = await connect(proxy)
-        await client.subscribe("newHeads")
-        await client.subscribe("logs")
-        refused = await client.call("eth_subscribe", "newHeads")
-        assert refused["error"]["code"] == -32005 and "WS_MAX_SUBSCRIPTIONS" in refused["error"]["message"]
-        other = await connect(proxy)  # the limit is per connection
-        await other.subscribe("newHeads")
-    finally:
-        await proxy.close()
+async def test_subscriptions_per_connection_are_limited(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, WS_MAX_SUBSCRIPTIONS="2")
+    client = await connect(proxy)
+    await client.subscribe("newHeads")
+    await client.subscribe("logs")
+    refused = await client.call("eth_subscribe", "newHeads")
+    assert refused["error"]["code"] == -32005 and "WS_MAX_SUBSCRIPTIONS" in refused["error"]["message"]
+    other = await connect(proxy)  # the limit is per connection
+    await other.subscribe("newHeads")
 
 
 async def test_kinds_the_proxy_cannot_serve_get_a_clear_error(evm_proxy: Proxy) -> None:
@@ -164,8 +161,10 @@ async def test_eth_subscribe_over_http_says_it_needs_a_websocket(evm_proxy: Prox
     assert reply["error"]["code"] == -32601 and "WebSocket" in reply["error"]["message"]
 
 
-async def test_200_subscribers_share_one_head_stream_and_one_log_fetch_per_block(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url))
+async def test_200_subscribers_share_one_head_stream_and_one_log_fetch_per_block(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url)
     clients: list[Client] = []
     unbounded = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))  # the default stops at 100
     try:
@@ -197,99 +196,89 @@ async def test_200_subscribers_share_one_head_stream_and_one_log_fetch_per_block
         for client in clients:
             await client.ws.close()
         await unbounded.close()
-        await proxy.close()
 
 
 async def test_a_consumer_that_stops_reading_is_disconnected_not_buffered(
     anvil: Anvil,
     caplog: pytest.LogCaptureFixture,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, WS_SEND_BUFFER_BYTES="20000"))
-    try:
-        await proxy.head_at(0)
-        # A raw socket with a tiny receive window that never reads what it is sent.
-        loop = asyncio.get_running_loop()
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-        sock.setblocking(False)
-        await loop.sock_connect(sock, ("127.0.0.1", proxy.server.port))
-        await loop.sock_sendall(
-            sock,
-            b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-            b"Sec-WebSocket-Version: 13\r\n\r\n",
-        )
-        assert b" 101 " in await loop.sock_recv(sock, 1024)
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]}).encode()
-        await loop.sock_sendall(sock, bytes([0x81, 0x80 | len(body)]) + b"\x00\x00\x00\x00" + body)  # masked, key 0
-        connections = proxy.metric("rpc_proxy_websocket_connections")
-        assert connections == 1
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, WS_SEND_BUFFER_BYTES="20000")
+    await proxy.head_at(0)
+    # A raw socket with a tiny receive window that never reads what it is sent.
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", proxy.server.port))
+    await loop.sock_sendall(
+        sock,
+        b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n\r\n",
+    )
+    assert b" 101 " in await loop.sock_recv(sock, 1024)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]}).encode()
+    await loop.sock_sendall(sock, bytes([0x81, 0x80 | len(body)]) + b"\x00\x00\x00\x00" + body)  # masked, key 0
+    connections = proxy.metric("rpc_proxy_websocket_connections")
+    assert connections == 1
 
-        async def dropped() -> bool:
-            if proxy.metric("rpc_proxy_websocket_connections") == 0:
-                return True
-            anvil.mine(20)
-            await asyncio.sleep(0.05)
-            return False
+    async def dropped() -> bool:
+        if proxy.metric("rpc_proxy_websocket_connections") == 0:
+            return True
+        anvil.mine(20)
+        await asyncio.sleep(0.05)
+        return False
 
-        await eventually(dropped, 60, "the slow consumer to be disconnected")
-        assert "fell behind by more than 20000 bytes" in caplog.text
-        assert proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 1
-        sock.close()
-    finally:
-        await proxy.close()
+    await eventually(dropped, 60, "the slow consumer to be disconnected")
+    assert "fell behind by more than 20000 bytes" in caplog.text
+    assert proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 1
+    sock.close()
 
 
 def _keyed(anvil: Anvil, **extra: str) -> Settings:
     return settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="alice", **extra)
 
 
-async def test_subscribe_and_each_notification_are_charged_per_kind(anvil: Anvil) -> None:
-    proxy = await start_proxy(_keyed(anvil, SUBSCRIPTION_CREDITS="subscribe=7,newHeads=11"))
-    try:
-        await proxy.head_at(0)
-        client = await connect(proxy, "alice")
-        await client.subscribe("newHeads")
-        anvil.mine(1)
-        anvil.mine(1)
-        await client.notes_until(2)
+async def test_subscribe_and_each_notification_are_charged_per_kind(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(_keyed(anvil, SUBSCRIPTION_CREDITS="subscribe=7,newHeads=11"))
+    await proxy.head_at(0)
+    client = await connect(proxy, "alice")
+    await client.subscribe("newHeads")
+    anvil.mine(1)
+    anvil.mine(1)
+    await client.notes_until(2)
 
-        async def charged() -> bool:
-            return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 7 + 2 * 11
+    async def charged() -> bool:
+        return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 7 + 2 * 11
 
-        await eventually(charged, 5, "credits to be charged")
-        assert proxy.metric("rpc_proxy_credits_charged_total", method="newHeads") == 22
-    finally:
-        await proxy.close()
+    await eventually(charged, 5, "credits to be charged")
+    assert proxy.metric("rpc_proxy_credits_charged_total", method="newHeads") == 22
 
 
-async def test_an_exhausted_key_gets_an_error_on_each_subscription_and_they_close(anvil: Anvil) -> None:
-    proxy = await start_proxy(_keyed(anvil, DAILY_CREDITS="120", SUBSCRIPTION_CREDITS="subscribe=10,newHeads=50"))
-    try:
-        await proxy.head_at(0)
-        client = await connect(proxy, "alice")
-        heads = await client.subscribe("newHeads")
-        logs = await client.subscribe("logs")
-        anvil.mine(1)  # 20 + 50 = 70
-        anvil.mine(1)  # 120: the last one paid for
-        anvil.mine(1)  # refused: both subscriptions end with an error
-        await client.notes_until(4)
-        assert numbers(client.results(heads)) == [1, 2]
-        errors = [n["params"] for n in client.notes if "error" in n["params"]]
-        assert sorted(e["subscription"] for e in errors) == sorted([heads, logs])
-        assert all(e["error"]["code"] == -32005 and "daily credit limit" in e["error"]["message"] for e in errors)
-        assert (await client.call("eth_unsubscribe", heads))["result"] is False  # already closed
-        assert not proxy.app[STREAMS].feeds["evm"].active
-    finally:
-        await proxy.close()
+async def test_an_exhausted_key_gets_an_error_on_each_subscription_and_they_close(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(_keyed(anvil, DAILY_CREDITS="120", SUBSCRIPTION_CREDITS="subscribe=10,newHeads=50"))
+    await proxy.head_at(0)
+    client = await connect(proxy, "alice")
+    heads = await client.subscribe("newHeads")
+    logs = await client.subscribe("logs")
+    anvil.mine(1)  # 20 + 50 = 70
+    anvil.mine(1)  # 120: the last one paid for
+    anvil.mine(1)  # refused: both subscriptions end with an error
+    await client.notes_until(4)
+    assert numbers(client.results(heads)) == [1, 2]
+    errors = [n["params"] for n in client.notes if "error" in n["params"]]
+    assert sorted(e["subscription"] for e in errors) == sorted([heads, logs])
+    assert all(e["error"]["code"] == -32005 and "daily credit limit" in e["error"]["message"] for e in errors)
+    assert (await client.call("eth_unsubscribe", heads))["result"] is False  # already closed
+    assert not proxy.app[STREAMS].feeds["evm"].active
 
 
-async def test_a_subscription_the_key_cannot_pay_for_is_refused(anvil: Anvil) -> None:
-    proxy = await start_proxy(_keyed(anvil, DAILY_CREDITS="4"))  # eth_subscribe costs 5 by default
-    try:
-        client = await connect(proxy, "alice")
-        refused = await client.call("eth_subscribe", "newHeads")
-        assert refused["error"]["code"] == -32005 and "daily credit limit" in refused["error"]["message"]
-        assert not proxy.app[STREAMS].feeds["evm"].active
-    finally:
-        await proxy.close()
+async def test_a_subscription_the_key_cannot_pay_for_is_refused(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(_keyed(anvil, DAILY_CREDITS="4"))  # eth_subscribe costs 5 by default
+    client = await connect(proxy, "alice")
+    refused = await client.call("eth_subscribe", "newHeads")
+    assert refused["error"]["code"] == -32005 and "daily credit limit" in refused["error"]["message"]
+    assert not proxy.app[STREAMS].feeds["evm"].active

@@ -9,7 +9,7 @@ import asyncio
 import io
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ import redis
 from proxy.http.app_keys import SERVICE
 from proxy.values import Answer
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, CountingUpstream, Proxy, selector, settings_for, start_proxy, word
+from tests.support import Anvil, CountingUpstream, Proxy, ProxyFactory, selector, settings_for, word
 
 ATTACKER, VICTIM = "attacker-key", "victim-key"
 KEYS = f"{ATTACKER},{VICTIM}"
@@ -54,6 +54,7 @@ def chain() -> Iterator[Chain]:
 
 
 async def proxy_for(
+    make_proxy: ProxyFactory,
     chain: Chain,
     *,
     upstream: str | None = None,
@@ -64,19 +65,11 @@ async def proxy_for(
     raw = {"EVM_UPSTREAM": upstream or chain.anvil.url, "API_KEYS": KEYS, **overrides}
     if redis_url:
         raw["REDIS_URL"] = redis_url
-    proxy = await start_proxy(settings_for(**raw), upstream_class=upstream_class)
+    proxy = await make_proxy(settings_for(**raw), upstream_class=upstream_class)
     await proxy.head_at(chain.anvil.block_number())
     head = proxy.app[SERVICE].networks["evm"].tracker.head
     assert head is not None and head.finalized >= chain.last
     return proxy
-
-
-@pytest.fixture
-async def closing() -> AsyncIterator[list[Proxy]]:
-    proxies: list[Proxy] = []
-    yield proxies
-    for proxy in proxies:
-        await proxy.close()
 
 
 def logs_call(chain: Chain, first: int, last: int, rid: int = 1, address: str | None = None) -> dict[str, Any]:
@@ -139,11 +132,10 @@ def chain_id(_n: int) -> dict[str, Any]:
 
 async def test_a_batch_of_large_cached_log_answers_is_cut_at_the_response_size_limit(
     chain: Chain,
-    closing: list[Proxy],
+    make_proxy: ProxyFactory,
 ) -> None:
     limit = 1024 * 1024
-    proxy = await proxy_for(chain, GETLOGS_CHUNK_BLOCKS="10", MAX_RESPONSE_BYTES=str(limit))
-    closing.append(proxy)
+    proxy = await proxy_for(make_proxy, chain, GETLOGS_CHUNK_BLOCKS="10", MAX_RESPONSE_BYTES=str(limit))
     first, last = chain.first, chain.first + 11  # ~12 x 45 KB: one answer of ~540 KB, chunked
     warm, _ = await raw_post(proxy, logs_call(chain, first, last), ATTACKER)
     assert len(warm) > limit // 3
@@ -159,15 +151,20 @@ async def test_a_batch_of_large_cached_log_answers_is_cut_at_the_response_size_l
     assert probe.lag < LOOP_LAG_BOUND, probe.lag
 
 
-async def test_a_node_answer_past_the_response_size_limit_is_refused_unread(chain: Chain, closing: list[Proxy]) -> None:
+async def test_a_node_answer_past_the_response_size_limit_is_refused_unread(
+    chain: Chain, make_proxy: ProxyFactory
+) -> None:
     limit = 100_000
     primary = await FaultRelay(chain.anvil.url).start()
     backup = await FaultRelay(chain.anvil.url).start()
     try:
         proxy = await proxy_for(
-            chain, upstream=f"{primary.url},{backup.url}", GETLOGS_CHUNK_BLOCKS="0", MAX_RESPONSE_BYTES=str(limit)
+            make_proxy,
+            chain,
+            upstream=f"{primary.url},{backup.url}",
+            GETLOGS_CHUNK_BLOCKS="0",
+            MAX_RESPONSE_BYTES=str(limit),
         )
-        closing.append(proxy)
         status, body, headers = await proxy.post(logs_call(chain, chain.first, chain.last), ATTACKER)  # ~1 MB
         assert status == 200 and body["error"]["code"] == -32005, body
         assert "MAX_RESPONSE_BYTES" in body["error"]["message"] and headers["X-Credits-Charged"] == "255"
@@ -179,9 +176,8 @@ async def test_a_node_answer_past_the_response_size_limit_is_refused_unread(chai
         await backup.close()
 
 
-async def test_a_chunked_log_hit_is_one_lookup_like_a_plain_hit(chain: Chain, closing: list[Proxy]) -> None:
-    proxy = await proxy_for(chain, GETLOGS_CHUNK_BLOCKS="10")
-    closing.append(proxy)
+async def test_a_chunked_log_hit_is_one_lookup_like_a_plain_hit(chain: Chain, make_proxy: ProxyFactory) -> None:
+    proxy = await proxy_for(make_proxy, chain, GETLOGS_CHUNK_BLOCKS="10")
     call = logs_call(chain, chain.first, chain.last)  # 3 chunks of 10 blocks, cut to the range
     first, headers = await raw_post(proxy, call, ATTACKER)
     assert headers["X-Cache"] == "MISS"
@@ -206,11 +202,10 @@ def cache_bytes(client: redis.Redis) -> int:
 
 async def test_answers_computed_from_a_state_override_are_never_cached(
     chain: Chain,
-    closing: list[Proxy],
+    make_proxy: ProxyFactory,
     redis_url: str,
 ) -> None:
-    proxy = await proxy_for(chain, redis_url=redis_url)
-    closing.append(proxy)
+    proxy = await proxy_for(make_proxy, chain, redis_url=redis_url)
     client = redis.Redis.from_url(redis_url)
     target = "0x" + "ab" * 20
     code = "0x616000" + "6000f3"  # PUSH2 0x6000 PUSH1 0 RETURN: 24 KiB of zeros, as the client chose
@@ -228,18 +223,18 @@ async def test_answers_computed_from_a_state_override_are_never_cached(
 
 async def test_one_key_stores_at_most_its_share_per_minute_and_others_stay_warm(
     chain: Chain,
-    closing: list[Proxy],
+    make_proxy: ProxyFactory,
     redis_url: str,
 ) -> None:
     share = 128 * 1024
     proxy = await proxy_for(
+        make_proxy,
         chain,
         redis_url=redis_url,
         GETLOGS_CHUNK_BLOCKS="0",
         CACHE_MEMORY_BYTES=str(1 << 20),
         CACHE_KEY_BYTES_PER_MINUTE=str(share),
     )
-    closing.append(proxy)
     client = redis.Redis.from_url(redis_url)
 
     def storage(n: int) -> dict[str, Any]:
@@ -289,16 +284,16 @@ class LogsInflight(CountingUpstream):
 
 async def test_one_keys_wide_log_batch_holds_at_most_its_upstream_slots_and_a_bounded_number_of_calls(
     chain: Chain,
-    closing: list[Proxy],
+    make_proxy: ProxyFactory,
 ) -> None:
     proxy = await proxy_for(
+        make_proxy,
         chain,
         upstream_class=LogsInflight,
         GETLOGS_CHUNK_BLOCKS="2",
         GETLOGS_CHUNK_CONCURRENCY="8",
         UPSTREAM_KEY_CONCURRENCY="4",
     )
-    closing.append(proxy)
     # ~60 pieces each, cold, none shared (each filter names another address).
     batch = [logs_call(chain, 0, 120, i, address=f"0x{i + 1:040x}") for i in range(15)]
 
@@ -316,11 +311,10 @@ async def test_one_keys_wide_log_batch_holds_at_most_its_upstream_slots_and_a_bo
     assert max(probe.latencies) < VICTIM_BOUND, probe.latencies
 
 
-async def test_a_chunked_call_that_fails_part_way_is_charged(chain: Chain, closing: list[Proxy]) -> None:
+async def test_a_chunked_call_that_fails_part_way_is_charged(chain: Chain, make_proxy: ProxyFactory) -> None:
     relay = await FaultRelay(chain.anvil.url).start()
     try:
-        proxy = await proxy_for(chain, upstream=relay.url, GETLOGS_CHUNK_BLOCKS="2")
-        closing.append(proxy)
+        proxy = await proxy_for(make_proxy, chain, upstream=relay.url, GETLOGS_CHUNK_BLOCKS="2")
         relay.inject("http429", method="eth_getLogs", delay=0.5)  # one chunk refused, after the others
         _status, body, headers = await proxy.post(logs_call(chain, chain.first, chain.last), ATTACKER)
         assert body["error"]["code"] == -32002, body
@@ -354,12 +348,11 @@ async def test_a_chunked_call_whose_first_piece_to_end_found_no_node_is_charged_
 
 
 @pytest.mark.filterwarnings("ignore:Sending a large body:ResourceWarning")  # aiohttp's, on the 2.2 MB upstream call
-async def test_a_request_the_node_cannot_read_cools_no_upstream(chain: Chain, closing: list[Proxy]) -> None:
+async def test_a_request_the_node_cannot_read_cools_no_upstream(chain: Chain, make_proxy: ProxyFactory) -> None:
     primary = await FaultRelay(chain.anvil.url).start()
     backup = await FaultRelay(chain.anvil.url).start()
     try:
-        proxy = await proxy_for(chain, upstream=f"{primary.url},{backup.url}", MAX_BODY_BYTES=str(4 << 20))
-        closing.append(proxy)
+        proxy = await proxy_for(make_proxy, chain, upstream=f"{primary.url},{backup.url}", MAX_BODY_BYTES=str(4 << 20))
         huge = {"to": "0x" + "11" * 20, "data": "0x" + "00" * 1_100_000}  # 2.2 MB: Anvil answers id null
         raw = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [huge, hex(chain.first)]})
         async with proxy.session.post(proxy.url(ATTACKER), data=io.BytesIO(raw.encode())) as resp:

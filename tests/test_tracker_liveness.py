@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.fault_relay import FaultRelay
-from tests.support import ROOT, Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+from tests.support import ROOT, Anvil, Proxy, ProxyFactory, eventually, selector, word
 from tests.test_observability import promtool
 
 
@@ -40,63 +40,56 @@ def storage_latest(address: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", "latest"]}
 
 
-async def test_the_tracker_polls_with_single_calls_when_batches_are_refused(anvil: Anvil, relay: FaultRelay) -> None:
+async def test_the_tracker_polls_with_single_calls_when_batches_are_refused(
+    anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
+) -> None:
     relay.inject("http429", batches_only=True, times=None)
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=relay.url))
-    try:
-        address = anvil.deploy_store()
-        top = anvil.mine(30)
-        await proxy.head_at(top)
-        request = storage_latest(address)
-        _, body, headers = await proxy.post(request)
-        assert body["result"] == "0x" + word(7) and headers["X-Cache"] == "MISS"
-        _, _, headers = await proxy.post(request)
-        assert headers["X-Cache"] == "HIT"  # caching still works: the head moves
-        status, _, _ = await readyz(proxy)
-        assert status == 200
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url)
+    address = anvil.deploy_store()
+    top = anvil.mine(30)
+    await proxy.head_at(top)
+    request = storage_latest(address)
+    _, body, headers = await proxy.post(request)
+    assert body["result"] == "0x" + word(7) and headers["X-Cache"] == "MISS"
+    _, _, headers = await proxy.post(request)
+    assert headers["X-Cache"] == "HIT"  # caching still works: the head moves
+    status, _, _ = await readyz(proxy)
+    assert status == 200
 
 
 async def test_a_stale_head_forwards_tags_uncached_and_readyz_reports_the_network_degraded(
-    anvil: Anvil, relay: FaultRelay
+    anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=relay.url, HEAD_STALE_AFTER="0.5"))
-    try:
-        address = anvil.deploy_store()
-        await proxy.head_at(anvil.block_number())
-        _, body, _ = await proxy.post(storage_latest(address))
-        assert body["result"] == "0x" + word(7)
-        stall = relay.inject("http500", method="eth_getBlockByNumber", times=None)
-        anvil.send(address, selector("setX(uint256)") + word(99))
-        await readyz_becomes(proxy, 503)
-        _, body, text = await readyz(proxy)
-        assert body["networks"]["evm"].startswith("degraded: head is stale")
-        assert str(relay.url.split(":")[-1].strip("/")) not in text and "injected" not in text
-        _, body, headers = await proxy.post(storage_latest(address))
-        assert body["result"] == "0x" + word(99) and headers["X-Cache"] == "BYPASS"
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, HEAD_STALE_AFTER="0.5")
+    address = anvil.deploy_store()
+    await proxy.head_at(anvil.block_number())
+    _, body, _ = await proxy.post(storage_latest(address))
+    assert body["result"] == "0x" + word(7)
+    stall = relay.inject("http500", method="eth_getBlockByNumber", times=None)
+    anvil.send(address, selector("setX(uint256)") + word(99))
+    await readyz_becomes(proxy, 503)
+    _, body, text = await readyz(proxy)
+    assert body["networks"]["evm"].startswith("degraded: head is stale")
+    assert str(relay.url.split(":")[-1].strip("/")) not in text and "injected" not in text
+    _, body, headers = await proxy.post(storage_latest(address))
+    assert body["result"] == "0x" + word(99) and headers["X-Cache"] == "BYPASS"
 
-        relay.faults.remove(stall)
-        await readyz_becomes(proxy, 200)
-        _, body, _ = await proxy.post(storage_latest(address))
-        assert body["result"] == "0x" + word(99)
-    finally:
-        await proxy.close()
+    relay.faults.remove(stall)
+    await readyz_becomes(proxy, 200)
+    _, body, _ = await proxy.post(storage_latest(address))
+    assert body["result"] == "0x" + word(99)
 
 
 async def test_readyz_is_answered_from_tracker_state_without_an_upstream_call_per_request(
-    anvil: Anvil, relay: FaultRelay
+    anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=relay.url, HEAD_POLL_INTERVAL="30"))
-    try:
-        await proxy.head_at(0)
-        before = relay.requests
-        for _ in range(20):
-            states = await asyncio.gather(*(readyz(proxy) for _ in range(100)))
-            assert {s[0] for s in states} == {200}
-        assert relay.requests - before < 10  # at most the trackers' own polls, not 2,000 calls
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, HEAD_POLL_INTERVAL="30")
+    await proxy.head_at(0)
+    before = relay.requests
+    for _ in range(20):
+        states = await asyncio.gather(*(readyz(proxy) for _ in range(100)))
+        assert {s[0] for s in states} == {200}
+    assert relay.requests - before < 10  # at most the trackers' own polls, not 2,000 calls
 
 
 def test_the_alert_rules_pass_promtool_and_watch_the_last_head_poll() -> None:

@@ -104,6 +104,7 @@ async def concurrent_storage_reads(anvil: Anvil, proxy: Proxy, count: int) -> li
 
 async def test_concurrent_misses_share_upstream_requests(anvil: Anvil) -> None:
     async with relay(anvil.url) as seen:
+        # Inline, not make_proxy: closed inside the relay's `async with`, before what the relay saw is checked.
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
         try:
             replies = await concurrent_storage_reads(anvil, proxy, 40)
@@ -117,6 +118,7 @@ async def test_concurrent_misses_share_upstream_requests(anvil: Anvil) -> None:
 
 async def test_batching_can_be_turned_off(anvil: Anvil) -> None:
     async with relay(anvil.url) as seen:
+        # Inline, not make_proxy: closed inside the relay's `async with`, before what the relay saw is checked.
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url, UPSTREAM_BATCH_MAX="1"))
         try:
             await concurrent_storage_reads(anvil, proxy, 10)
@@ -127,6 +129,7 @@ async def test_batching_can_be_turned_off(anvil: Anvil) -> None:
 
 async def test_a_node_that_refuses_batches_gets_each_call_alone(anvil: Anvil) -> None:
     async with relay(anvil.url, refuse_batches=("eth_getStorageAt",)) as seen:
+        # Inline, not make_proxy: closed inside the relay's `async with`, before what the relay saw is checked.
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
         try:
             replies = await concurrent_storage_reads(anvil, proxy, 10)
@@ -139,6 +142,7 @@ async def test_a_node_that_refuses_batches_gets_each_call_alone(anvil: Anvil) ->
 
 async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: Anvil) -> None:
     async with relay(anvil.url) as seen:
+        # Inline, not make_proxy: closed inside the relay's `async with`, before what the relay saw is checked.
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url, UPSTREAM_TIMEOUT="2"))
         try:
             store = anvil.deploy_store()
@@ -258,6 +262,7 @@ async def asked_twice_behind_a_balancer(
         return reads_to[0] if any(c.get("method") == method for c in calls) else node.url
 
     async with balancer(route) as members, relay(members, refuse_batches=(method,)) as seen:
+        # Inline, not make_proxy: closed inside the relay's `async with`, before what the relay saw is checked.
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url, **settings))
         try:
             await proxy.head_at(node.block_number())
@@ -349,6 +354,7 @@ async def test_a_node_that_refuses_batches_still_gets_its_nulls_and_tags_served(
     # Its calls alone come late, while the node takes other batches (the tracker's): a node that
     # refuses some batches, not all, is judged by the answer asked alone, not by the node's last batch.
     async with relay(anvil.url, refuse_batches=uncles, slow_alone=0.2, refusal_status=status) as seen:
+        # Inline, not make_proxy: closed inside the relay's `async with`, before what the relay saw is checked.
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
         try:
             logs = [

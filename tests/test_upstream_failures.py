@@ -11,69 +11,60 @@ from prometheus_client import generate_latest
 
 from proxy.values import Answer
 from tests.fake_upstream import bad_upstream
-from tests.support import Anvil, CountingUpstream, free_port, settings_for, start_proxy
+from tests.support import Anvil, CountingUpstream, ProxyFactory, free_port
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
 
-async def test_the_next_upstream_takes_over_when_the_primary_refuses_connections(anvil: Anvil) -> None:
+async def test_the_next_upstream_takes_over_when_the_primary_refuses_connections(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{dead},{anvil.url}"))
-    try:
-        status, body, _ = await proxy.post(CHAIN_ID)
-        assert status == 200 and body["result"] == "0x7a69"
-        assert proxy.metric("rpc_proxy_upstream_failovers_total", network="evm") >= 1
-        assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="connect") >= 1
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=f"{dead},{anvil.url}")
+    status, body, _ = await proxy.post(CHAIN_ID)
+    assert status == 200 and body["result"] == "0x7a69"
+    assert proxy.metric("rpc_proxy_upstream_failovers_total", network="evm") >= 1
+    assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="connect") >= 1
 
 
 @pytest.mark.parametrize(("status", "body"), [(200, b"<html>oops</html>"), (503, b"busy"), (200, b'{"no":1}')])
-async def test_a_broken_upstream_reply_is_a_json_rpc_error_not_a_500(status: int, body: bytes) -> None:
+async def test_a_broken_upstream_reply_is_a_json_rpc_error_not_a_500(
+    status: int, body: bytes, make_proxy: ProxyFactory
+) -> None:
     async with bad_upstream(status=status, body=body) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
-        try:
-            http_status, reply, _ = await proxy.post(CHAIN_ID)
-            assert http_status == 502
-            assert reply["error"]["code"] == -32002 and reply["error"]["message"].startswith("upstream unavailable")
-            assert reply["id"] == 1
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=url)
+        http_status, reply, _ = await proxy.post(CHAIN_ID)
+        assert http_status == 502
+        assert reply["error"]["code"] == -32002 and reply["error"]["message"].startswith("upstream unavailable")
+        assert reply["id"] == 1
 
 
-async def test_a_broken_primary_fails_over_to_the_next(anvil: Anvil) -> None:
+async def test_a_broken_primary_fails_over_to_the_next(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     async with bad_upstream(status=500) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{url},{anvil.url}"))
-        try:
-            assert (await proxy.result("eth_chainId", [])) == "0x7a69"
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=f"{url},{anvil.url}")
+        assert (await proxy.result("eth_chainId", [])) == "0x7a69"
 
 
-async def test_a_slow_upstream_times_out_with_504() -> None:
+async def test_a_slow_upstream_times_out_with_504(make_proxy: ProxyFactory) -> None:
     async with bad_upstream(delay=5.0) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, UPSTREAM_TIMEOUT="0.3"))
-        try:
-            status, reply, _ = await proxy.post(CHAIN_ID)
-            assert status == 504 and reply["error"]["code"] == -32002 and "timeout" in reply["error"]["message"]
-        finally:
-            await proxy.close()
+        proxy = await make_proxy(EVM_UPSTREAM=url, UPSTREAM_TIMEOUT="0.3")
+        status, reply, _ = await proxy.post(CHAIN_ID)
+        assert status == 504 and reply["error"]["code"] == -32002 and "timeout" in reply["error"]["message"]
 
 
-async def test_upstream_urls_never_appear_in_responses_logs_or_metrics(caplog: pytest.LogCaptureFixture) -> None:
+async def test_upstream_urls_never_appear_in_responses_logs_or_metrics(
+    caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
+) -> None:
     secret = "sk-live-0123456789abcdef"
     port = free_port()
     caplog.set_level(logging.DEBUG)
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{port}/v3/{secret}", LOG_LEVEL="DEBUG"))
-    try:
-        _, reply, _ = await proxy.post(CHAIN_ID)
-        assert reply["error"]["code"] == -32002
-        async with proxy.session.get(proxy.base + "/readyz") as resp:
-            ready_text = await resp.text()
-        for text in (str(reply), ready_text, caplog.text, generate_latest(proxy.registry).decode()):
-            assert secret not in text and str(port) not in text
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=f"http://127.0.0.1:{port}/v3/{secret}", LOG_LEVEL="DEBUG")
+    _, reply, _ = await proxy.post(CHAIN_ID)
+    assert reply["error"]["code"] == -32002
+    async with proxy.session.get(proxy.base + "/readyz") as resp:
+        ready_text = await resp.text()
+    for text in (str(reply), ready_text, caplog.text, generate_latest(proxy.registry).decode()):
+        assert secret not in text and str(port) not in text
 
 
 class FaultyUpstream(CountingUpstream):
@@ -93,20 +84,17 @@ class FaultyUpstream(CountingUpstream):
 
 
 async def test_an_internal_fault_fails_only_its_call_and_never_leaks_internals(
-    anvil: Anvil, caplog: pytest.LogCaptureFixture
+    anvil: Anvil, caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url), upstream_class=FaultyUpstream)
-    try:
-        status, body, _ = await proxy.post(
-            [{"jsonrpc": "2.0", "id": 1, "method": "eth_gasPrice", "params": []}, CHAIN_ID | {"id": 2}]
-        )
-        assert status == 200
-        assert body[0]["error"] == {"code": -32603, "message": "internal error"}
-        assert body[1]["result"] == "0x7a69"  # the rest of the batch is answered
-        assert "secret internals" not in json.dumps(body)
-        assert "secret internals" in caplog.text  # for the operator, in the log
-        status, alone, _ = await proxy.post({"jsonrpc": "2.0", "id": 3, "method": "eth_gasPrice", "params": []})
-        assert status == 500 and alone["error"] == {"code": -32603, "message": "internal error"}
-        assert (await proxy.post(CHAIN_ID))[0] == 200  # and the server keeps serving
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, upstream_class=FaultyUpstream)
+    status, body, _ = await proxy.post(
+        [{"jsonrpc": "2.0", "id": 1, "method": "eth_gasPrice", "params": []}, CHAIN_ID | {"id": 2}]
+    )
+    assert status == 200
+    assert body[0]["error"] == {"code": -32603, "message": "internal error"}
+    assert body[1]["result"] == "0x7a69"  # the rest of the batch is answered
+    assert "secret internals" not in json.dumps(body)
+    assert "secret internals" in caplog.text  # for the operator, in the log
+    status, alone, _ = await proxy.post({"jsonrpc": "2.0", "id": 3, "method": "eth_gasPrice", "params": []})
+    assert status == 500 and alone["error"] == {"code": -32603, "message": "internal error"}
+    assert (await proxy.post(CHAIN_ID))[0] == 200  # and the server keeps serving

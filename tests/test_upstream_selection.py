@@ -20,7 +20,7 @@ from proxy.config import ConfigError, build_settings
 from proxy.http.app_keys import SERVICE
 from proxy.upstream.pool import HttpUpstream, http_pool
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, eventually, free_port, settings_for, start_proxy
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port
 from tests.test_workers import Running, _answers, _ready, _start, _stop
 
 
@@ -42,8 +42,8 @@ def _inline_table(table: dict[str, Any]) -> str:
     )
 
 
-async def _proxy(tmp_path: Path, upstreams: list[Any], **fields: Any) -> Proxy:
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks_file(tmp_path, upstreams, **fields)))
+async def _proxy(make_proxy: ProxyFactory, tmp_path: Path, upstreams: list[Any], **fields: Any) -> Proxy:
+    proxy = await make_proxy(NETWORKS_FILE=_networks_file(tmp_path, upstreams, **fields))
     await proxy.head_at(0)
     return proxy
 
@@ -66,180 +66,163 @@ def _pool(proxy: Proxy) -> HttpUpstream:
 async def test_the_weighted_policy_asks_each_upstream_first_in_proportion_to_its_weight(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy = await _proxy(tmp_path, [{"url": relays[0].url, "weight": 3}, relays[1].url], selection="weighted")
-    try:
-        for _ in range(120):
-            status, body, _ = await proxy.post(_balance_call())
-            assert status == 200 and body["result"] == "0x0", body
-        first, second = _asked(relays[0], "eth_getBalance"), _asked(relays[1], "eth_getBalance")
-        assert first + second >= 120
-        assert 0.6 < first / (first + second) < 0.9, (first, second)  # 3:1 is 0.75
-    finally:
-        await proxy.close()
+    proxy = await _proxy(
+        make_proxy, tmp_path, [{"url": relays[0].url, "weight": 3}, relays[1].url], selection="weighted"
+    )
+    for _ in range(120):
+        status, body, _ = await proxy.post(_balance_call())
+        assert status == 200 and body["result"] == "0x0", body
+    first, second = _asked(relays[0], "eth_getBalance"), _asked(relays[1], "eth_getBalance")
+    assert first + second >= 120
+    assert 0.6 < first / (first + second) < 0.9, (first, second)  # 3:1 is 0.75
 
 
-async def test_the_fastest_policy_moves_calls_off_a_slow_upstream(relays: list[FaultRelay], tmp_path: Path) -> None:
-    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url], selection="fastest")
-    try:
-        relays[0].inject("slow", times=None, delay=0.15)  # every call to the declared primary is slow
-        for _ in range(10):  # the scores learn
-            await proxy.post(_balance_call())
-        before = _asked(relays[0], "eth_getBalance")
-        for _ in range(30):
-            status, body, _ = await proxy.post(_balance_call())
-            assert status == 200 and "result" in body
-        assert _asked(relays[0], "eth_getBalance") - before <= 3  # the slow one is tried again only rarely
-    finally:
-        await proxy.close()
+async def test_the_fastest_policy_moves_calls_off_a_slow_upstream(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    proxy = await _proxy(make_proxy, tmp_path, [relays[0].url, relays[1].url], selection="fastest")
+    relays[0].inject("slow", times=None, delay=0.15)  # every call to the declared primary is slow
+    for _ in range(10):  # the scores learn
+        await proxy.post(_balance_call())
+    before = _asked(relays[0], "eth_getBalance")
+    for _ in range(30):
+        status, body, _ = await proxy.post(_balance_call())
+        assert status == 200 and "result" in body
+    assert _asked(relays[0], "eth_getBalance") - before <= 3  # the slow one is tried again only rarely
 
 
 async def test_a_slow_read_is_hedged_to_the_next_upstream_and_the_first_answer_wins(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url], hedge_after_ms=100)
-    try:
-        relays[0].inject("slow", method="eth_getBalance", times=None, delay=5.0)
-        status, body, _ = await proxy.post(_balance_call())
-        assert status == 200 and body["result"] == "0x0", body
-        assert _asked(relays[1], "eth_getBalance") == 1
-        assert proxy.metric("rpc_proxy_upstream_hedged_total", network="evm") == 1
-        assert proxy.metric("rpc_proxy_upstream_hedge_wins_total", network="evm", upstream="1") == 1
-    finally:
-        await proxy.close()
+    proxy = await _proxy(make_proxy, tmp_path, [relays[0].url, relays[1].url], hedge_after_ms=100)
+    relays[0].inject("slow", method="eth_getBalance", times=None, delay=5.0)
+    status, body, _ = await proxy.post(_balance_call())
+    assert status == 200 and body["result"] == "0x0", body
+    assert _asked(relays[1], "eth_getBalance") == 1
+    assert proxy.metric("rpc_proxy_upstream_hedged_total", network="evm") == 1
+    assert proxy.metric("rpc_proxy_upstream_hedge_wins_total", network="evm", upstream="1") == 1
 
 
-async def test_a_write_goes_to_exactly_one_upstream_slow_or_failing(relays: list[FaultRelay], tmp_path: Path) -> None:
-    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url], hedge_after_ms=50)
+async def test_a_write_goes_to_exactly_one_upstream_slow_or_failing(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    proxy = await _proxy(make_proxy, tmp_path, [relays[0].url, relays[1].url], hedge_after_ms=50)
     send = {"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": ["0x00"]}
-    try:
-        relays[0].inject("slow", method="eth_sendRawTransaction", delay=0.4)
-        status, body, _ = await proxy.post(send)
-        assert status == 200 and "error" in body  # Anvil's own refusal of the bytes, from the primary
-        relays[0].inject("http500", method="eth_sendRawTransaction")  # it got the call, then failed
-        status, body, _ = await proxy.post(send)
-        assert body["error"]["code"] == -32002, body
-        assert _asked(relays[0], "eth_sendRawTransaction") == 2
-        assert _asked(relays[1], "eth_sendRawTransaction") == 0  # never hedged, never retried elsewhere
-    finally:
-        await proxy.close()
+    relays[0].inject("slow", method="eth_sendRawTransaction", delay=0.4)
+    status, body, _ = await proxy.post(send)
+    assert status == 200 and "error" in body  # Anvil's own refusal of the bytes, from the primary
+    relays[0].inject("http500", method="eth_sendRawTransaction")  # it got the call, then failed
+    status, body, _ = await proxy.post(send)
+    assert body["error"]["code"] == -32002, body
+    assert _asked(relays[0], "eth_sendRawTransaction") == 2
+    assert _asked(relays[1], "eth_sendRawTransaction") == 0  # never hedged, never retried elsewhere
 
 
 async def test_a_write_goes_to_the_next_upstream_only_when_the_first_refused_the_connection(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     closed = f"http://127.0.0.1:{free_port()}/"  # nothing listens: the call provably never left
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{closed},{relays[1].url}"))
-    try:
-        await proxy.head_at(0)
-        await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": ["0x00"]})
-        assert _asked(relays[1], "eth_sendRawTransaction") == 1
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=f"{closed},{relays[1].url}")
+    await proxy.head_at(0)
+    await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": ["0x00"]})
+    assert _asked(relays[1], "eth_sendRawTransaction") == 1
 
 
-async def test_a_429_cools_only_that_upstream_and_for_its_retry_after(relays: list[FaultRelay], tmp_path: Path) -> None:
-    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
-    try:
-        relays[0].inject("http429", method="eth_getBalance", retry_after="60")
-        status, body, _ = await proxy.post(_balance_call())
-        assert status == 200 and body["result"] == "0x0", body  # answered by the other upstream
-        for _ in range(5):
-            await proxy.post(_balance_call())
-        assert _asked(relays[0], "eth_getBalance") == 1 and _asked(relays[1], "eth_getBalance") == 6
-        pool = _pool(proxy)
-        assert pool._down_until[0] - time.monotonic() > 30  # Retry-After 60, not the 5 s cooldown
-        assert pool._down_until[1] == 0.0
-        assert proxy.metric("rpc_proxy_upstream_rate_limited_total", network="evm", upstream="0") == 1
-    finally:
-        await proxy.close()
+async def test_a_429_cools_only_that_upstream_and_for_its_retry_after(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    proxy = await _proxy(make_proxy, tmp_path, [relays[0].url, relays[1].url])
+    relays[0].inject("http429", method="eth_getBalance", retry_after="60")
+    status, body, _ = await proxy.post(_balance_call())
+    assert status == 200 and body["result"] == "0x0", body  # answered by the other upstream
+    for _ in range(5):
+        await proxy.post(_balance_call())
+    assert _asked(relays[0], "eth_getBalance") == 1 and _asked(relays[1], "eth_getBalance") == 6
+    pool = _pool(proxy)
+    assert pool._down_until[0] - time.monotonic() > 30  # Retry-After 60, not the 5 s cooldown
+    assert pool._down_until[1] == 0.0
+    assert proxy.metric("rpc_proxy_upstream_rate_limited_total", network="evm", upstream="0") == 1
 
 
 async def test_a_429_rests_that_upstreams_head_polls_until_its_retry_after(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
-    try:
-        relays[0].inject("http429", method="eth_getBalance", retry_after="60")
-        status, body, _ = await proxy.post(_balance_call())
-        assert status == 200 and body["result"] == "0x0", body
+    proxy = await _proxy(make_proxy, tmp_path, [relays[0].url, relays[1].url])
+    relays[0].inject("http429", method="eth_getBalance", retry_after="60")
+    status, body, _ = await proxy.post(_balance_call())
+    assert status == 200 and body["result"] == "0x0", body
 
-        async def polls_of_the_other(more: int) -> None:
-            goal = _asked(relays[1], "eth_blockNumber") + more
+    async def polls_of_the_other(more: int) -> None:
+        goal = _asked(relays[1], "eth_blockNumber") + more
 
-            async def polled() -> bool:
-                return _asked(relays[1], "eth_blockNumber") >= goal
+        async def polled() -> bool:
+            return _asked(relays[1], "eth_blockNumber") >= goal
 
-            await eventually(polled, 10, f"{more} more head polls of upstream #1")
+        await eventually(polled, 10, f"{more} more head polls of upstream #1")
 
-        await polls_of_the_other(2)  # a poll of #0 sent before the 429 has come back
-        before = _asked(relays[0], "eth_blockNumber")
-        await polls_of_the_other(5)
-        assert _asked(relays[0], "eth_blockNumber") == before
-    finally:
-        await proxy.close()
+    await polls_of_the_other(2)  # a poll of #0 sent before the 429 has come back
+    before = _asked(relays[0], "eth_blockNumber")
+    await polls_of_the_other(5)
+    assert _asked(relays[0], "eth_blockNumber") == before
 
 
 async def test_a_request_given_up_without_an_answer_holds_its_budget_place_one_window_longer(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     # The node may get a request the proxy gave up on later still: its place is held for two windows
     # after the timeout, so that late delivery and the next request never share one of the node's.
     networks = _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 1}])
-    proxy = await start_proxy(
-        settings_for(
-            NETWORKS_FILE=networks,
-            HEAD_POLL_INTERVAL="5",
-            UPSTREAM_TIMEOUT="8",
-            UPSTREAM_ATTEMPT_TIMEOUT="0.5",
-            UPSTREAM_BATCH_MAX="1",
-        )
+    proxy = await make_proxy(
+        NETWORKS_FILE=networks,
+        HEAD_POLL_INTERVAL="5",
+        UPSTREAM_TIMEOUT="8",
+        UPSTREAM_ATTEMPT_TIMEOUT="0.5",
+        UPSTREAM_BATCH_MAX="1",
     )
-    try:
-        await proxy.head_at(0)
-        relays[0].inject("slow", method="eth_getBalance", delay=3.0)
-        status, _, _ = await proxy.post(_balance_call())
-        gave_up = time.monotonic()
-        assert status == 504
-        status, body, _ = await proxy.post(_balance_call())  # waits for the budget
-        assert status == 200 and body["result"] == "0x0", body
-        slow = next(t for t, methods in relays[0].timeline if "eth_getBalance" in methods)
-        assert min(t for t, _ in relays[0].timeline if t > slow) >= gave_up + 1.8
-    finally:
-        await proxy.close()
+    await proxy.head_at(0)
+    relays[0].inject("slow", method="eth_getBalance", delay=3.0)
+    status, _, _ = await proxy.post(_balance_call())
+    gave_up = time.monotonic()
+    assert status == 504
+    status, body, _ = await proxy.post(_balance_call())  # waits for the budget
+    assert status == 200 and body["result"] == "0x0", body
+    slow = next(t for t, methods in relays[0].timeline if "eth_getBalance" in methods)
+    assert min(t for t, _ in relays[0].timeline if t > slow) >= gave_up + 1.8
 
 
 async def test_a_provider_rate_limit_error_in_a_200_reply_is_passed_over_not_served(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
-    try:
-        relays[0].inject("ratelimit", method="eth_getBalance")
-        status, body, _ = await proxy.post(_balance_call())
-        assert status == 200 and body["result"] == "0x0", body
-        assert _asked(relays[1], "eth_getBalance") == 1
-        assert proxy.metric("rpc_proxy_upstream_rate_limited_total", network="evm", upstream="0") == 1
-    finally:
-        await proxy.close()
+    proxy = await _proxy(make_proxy, tmp_path, [relays[0].url, relays[1].url])
+    relays[0].inject("ratelimit", method="eth_getBalance")
+    status, body, _ = await proxy.post(_balance_call())
+    assert status == 200 and body["result"] == "0x0", body
+    assert _asked(relays[1], "eth_getBalance") == 1
+    assert proxy.metric("rpc_proxy_upstream_rate_limited_total", network="evm", upstream="0") == 1
 
 
 async def test_max_concurrency_bounds_the_calls_an_upstream_has_in_flight(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy = await _proxy(tmp_path, [{"url": relays[0].url, "max_concurrency": 2}])
-    try:
-        relays[0].inject("slow", method="eth_getBalance", times=None, delay=0.1)
-        bodies = await asyncio.gather(*(proxy.post([_balance_call()]) for _ in range(12)))
-        assert all(status == 200 and "result" in body[0] for status, body, _ in bodies)
-        assert relays[0].most_in_flight <= 2
-    finally:
-        await proxy.close()
+    proxy = await _proxy(make_proxy, tmp_path, [{"url": relays[0].url, "max_concurrency": 2}])
+    relays[0].inject("slow", method="eth_getBalance", times=None, delay=0.1)
+    bodies = await asyncio.gather(*(proxy.post([_balance_call()]) for _ in range(12)))
+    assert all(status == 200 and "result" in body[0] for status, body, _ in bodies)
+    assert relays[0].most_in_flight <= 2
 
 
 def _most_in_one_second(arrivals: list[float]) -> int:
@@ -410,22 +393,21 @@ async def test_a_unit_rate_holds_in_compute_units_as_the_provider_meters_them(
         assert code == 0, log
 
 
-async def test_a_cordoned_upstream_is_not_asked(relays: list[FaultRelay], tmp_path: Path) -> None:
-    proxy = await _proxy(tmp_path, [relays[0].url, relays[1].url])
-    try:
-        _pool(proxy).states.cordoned[0] = True
-        for _ in range(5):
-            await proxy.post(_balance_call())
-        assert _asked(relays[0], "eth_getBalance") == 0
+async def test_a_cordoned_upstream_is_not_asked(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    proxy = await _proxy(make_proxy, tmp_path, [relays[0].url, relays[1].url])
+    _pool(proxy).states.cordoned[0] = True
+    for _ in range(5):
+        await proxy.post(_balance_call())
+    assert _asked(relays[0], "eth_getBalance") == 0
 
-        async def asked_again() -> bool:
-            _pool(proxy).states.cordoned[0] = False
-            await proxy.post(_balance_call())
-            return _asked(relays[0], "eth_getBalance") > 0
+    async def asked_again() -> bool:
+        _pool(proxy).states.cordoned[0] = False
+        await proxy.post(_balance_call())
+        return _asked(relays[0], "eth_getBalance") > 0
 
-        await eventually(asked_again, 10, "the uncordoned upstream to be asked")
-    finally:
-        await proxy.close()
+    await eventually(asked_again, 10, "the uncordoned upstream to be asked")
 
 
 # --- the admin listener ----------------------------------------------------------------------
@@ -443,36 +425,34 @@ async def _admin(
 
 async def test_an_admin_cordon_takes_an_upstream_out_within_one_call_and_needs_the_token(
     relays: list[FaultRelay],
+    make_proxy: ProxyFactory,
 ) -> None:
     port = free_port()
     upstreams = f"{relays[0].url}?apikey=PROVIDERSECRET,{relays[1].url}"
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=upstreams, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN))
-    try:
-        await proxy.head_at(0)
-        async with aiohttp.ClientSession() as session:
-            assert (await _admin(session, port, "/upstreams", token=None))[0] == 401
-            assert (await _admin(session, port, "/upstreams/evm/0/cordon", token="wrong", method="POST"))[0] == 401
-            # A header that is no UTF-8 is refused like any other, never an error.
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(
-                b"GET /upstreams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n"
-            )
-            assert (await reader.read()).startswith(b"HTTP/1.1 401")
-            writer.close()
-            status, listing = await _admin(session, port, "/upstreams")
-            assert status == 200 and [u["index"] for u in listing["evm"]] == [0, 1]
-            assert "PROVIDERSECRET" not in json.dumps(listing) and listing["evm"][0]["host"].startswith("http://")
-            status, body = await _admin(session, port, "/upstreams/evm/0/cordon", method="POST")
-            assert status == 200 and body["cordoned"] is True
-            for _ in range(5):
-                await proxy.post(_balance_call())
-            assert _asked(relays[0], "eth_getBalance") == 0
-            assert (await _admin(session, port, "/upstreams/evm/7/cordon", method="POST"))[0] == 404
-            await _admin(session, port, "/upstreams/evm/0/uncordon", method="POST")
+    proxy = await make_proxy(EVM_UPSTREAM=upstreams, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    await proxy.head_at(0)
+    async with aiohttp.ClientSession() as session:
+        assert (await _admin(session, port, "/upstreams", token=None))[0] == 401
+        assert (await _admin(session, port, "/upstreams/evm/0/cordon", token="wrong", method="POST"))[0] == 401
+        # A header that is no UTF-8 is refused like any other, never an error.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"GET /upstreams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n"
+        )
+        assert (await reader.read()).startswith(b"HTTP/1.1 401")
+        writer.close()
+        status, listing = await _admin(session, port, "/upstreams")
+        assert status == 200 and [u["index"] for u in listing["evm"]] == [0, 1]
+        assert "PROVIDERSECRET" not in json.dumps(listing) and listing["evm"][0]["host"].startswith("http://")
+        status, body = await _admin(session, port, "/upstreams/evm/0/cordon", method="POST")
+        assert status == 200 and body["cordoned"] is True
+        for _ in range(5):
             await proxy.post(_balance_call())
-            assert _asked(relays[0], "eth_getBalance") == 1
-    finally:
-        await proxy.close()
+        assert _asked(relays[0], "eth_getBalance") == 0
+        assert (await _admin(session, port, "/upstreams/evm/7/cordon", method="POST"))[0] == 404
+        await _admin(session, port, "/upstreams/evm/0/uncordon", method="POST")
+        await proxy.post(_balance_call())
+        assert _asked(relays[0], "eth_getBalance") == 1
 
 
 async def test_an_admin_cordon_reaches_every_worker(relays: list[FaultRelay]) -> None:
@@ -512,25 +492,23 @@ def test_an_admin_port_needs_a_long_token() -> None:
 async def test_an_admin_reload_applies_new_routing_to_the_pool_in_force(
     relays: list[FaultRelay],
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     port = free_port()
     path = _networks_file(tmp_path, [relays[0].url, relays[1].url])
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=path, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN))
-    try:
-        await proxy.head_at(0)
-        pool = _pool(proxy)
-        async with aiohttp.ClientSession() as session:
-            _networks_file(
-                tmp_path,
-                [{"url": relays[0].url, "weight": 1}, {"url": relays[1].url, "weight": 1000}],
-                selection="weighted",
-            )
-            status, body = await _admin(session, port, "/reload", method="POST")
-            assert status == 200 and body == {"reloaded": ["evm"], "added": [], "removed": [], "replaced": []}
-            for _ in range(20):
-                await proxy.post(_balance_call())
-            assert _asked(relays[1], "eth_getBalance") >= 18
-            assert _pool(proxy) is pool  # routing alone: the same pool, its cordons and scores kept
-            assert (await _admin(session, port, "/reload", token=None, method="POST"))[0] == 401
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(NETWORKS_FILE=path, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    await proxy.head_at(0)
+    pool = _pool(proxy)
+    async with aiohttp.ClientSession() as session:
+        _networks_file(
+            tmp_path,
+            [{"url": relays[0].url, "weight": 1}, {"url": relays[1].url, "weight": 1000}],
+            selection="weighted",
+        )
+        status, body = await _admin(session, port, "/reload", method="POST")
+        assert status == 200 and body == {"reloaded": ["evm"], "added": [], "removed": [], "replaced": []}
+        for _ in range(20):
+            await proxy.post(_balance_call())
+        assert _asked(relays[1], "eth_getBalance") >= 18
+        assert _pool(proxy) is pool  # routing alone: the same pool, its cordons and scores kept
+        assert (await _admin(session, port, "/reload", token=None, method="POST"))[0] == 401

@@ -14,7 +14,16 @@ from aiohttp.test_utils import TestServer
 
 from proxy.config import ConfigError, build_settings
 from proxy.http.app_keys import STREAMS
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, free_port, selector, settings_for, start_proxy, word
+from tests.support import (
+    DEV_ACCOUNT,
+    Anvil,
+    Proxy,
+    ProxyFactory,
+    eventually,
+    free_port,
+    selector,
+    word,
+)
 from tests.ws_client import Client, connect
 
 
@@ -37,35 +46,31 @@ async def _pushed_heads_and_logs(anvil: Anvil, proxy: Proxy, store: str) -> tupl
     return client, heads, logs
 
 
-async def test_pushed_heads_and_their_logs_arrive_without_waiting_for_a_poll(anvil: Anvil) -> None:
+async def test_pushed_heads_and_their_logs_arrive_without_waiting_for_a_poll(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     store = anvil.deploy_store()
     # One poll at startup, the next a minute later: only the node's push can deliver these blocks.
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(anvil), HEAD_POLL_INTERVAL="60")
-    )
-    try:
-        client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
-        start = anvil.block_number()
-        anvil.send(store, selector("emitMany(uint256)") + word(1))
-        anvil.mine(1)
-        await client.notes_until(3)
-        assert [int(h["number"], 16) for h in client.results(heads)] == [start + 1, start + 2]
-        assert [entry["blockNumber"] for entry in client.results(logs)] == [hex(start + 1)]
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(anvil), HEAD_POLL_INTERVAL="60")
+    client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
+    start = anvil.block_number()
+    anvil.send(store, selector("emitMany(uint256)") + word(1))
+    anvil.mine(1)
+    await client.notes_until(3)
+    assert [int(h["number"], 16) for h in client.results(heads)] == [start + 1, start + 2]
+    assert [entry["blockNumber"] for entry in client.results(logs)] == [hex(start + 1)]
 
 
-async def test_new_pending_transactions_are_relayed_to_the_nodes_websocket(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(anvil)))
-    try:
-        client = await connect(proxy)
-        pending = await client.subscribe("newPendingTransactions")
-        tx_hash = anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
-        await client.notes_until(1)
-        assert client.results(pending) == [tx_hash]
-        assert (await client.call("eth_unsubscribe", pending))["result"] is True
-    finally:
-        await proxy.close()
+async def test_new_pending_transactions_are_relayed_to_the_nodes_websocket(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(anvil))
+    client = await connect(proxy)
+    pending = await client.subscribe("newPendingTransactions")
+    tx_hash = anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
+    await client.notes_until(1)
+    assert client.results(pending) == [tx_hash]
+    assert (await client.call("eth_unsubscribe", pending))["result"] is True
 
 
 def test_ws_upstreams_in_a_networks_file_are_the_nodes_websocket(tmp_path: Path) -> None:
@@ -136,9 +141,11 @@ class WsRelay:
             await self._server.close()
 
 
-async def test_a_relayed_subscription_keeps_delivering_after_its_upstream_socket_is_killed(anvil: Anvil) -> None:
+async def test_a_relayed_subscription_keeps_delivering_after_its_upstream_socket_is_killed(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     relay = await WsRelay(ws_of(anvil)).start()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=f"{relay.url},{ws_of(anvil)}"))
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=f"{relay.url},{ws_of(anvil)}")
     try:
         client = await connect(proxy)
         pending = await client.subscribe("newPendingTransactions")
@@ -154,17 +161,18 @@ async def test_a_relayed_subscription_keeps_delivering_after_its_upstream_socket
         assert client.results(pending) == [tx_hash]  # under the id the client was given
         assert (await client.call("eth_unsubscribe", pending))["result"] is True
     finally:
-        await proxy.close()
         await relay.close()
 
 
-async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_socket_drop(anvil: Anvil) -> None:
+async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_socket_drop(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     store = anvil.deploy_store()
     emit = selector("emitMany(uint256)") + word(1)  # one log, in a block of its own (automining)
     relay = await WsRelay(ws_of(anvil)).start()
     # UPSTREAM_TIMEOUT=1: the drop outlasts the socket's attempts to open the feed's push again.
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url, HEAD_POLL_INTERVAL="0.2", UPSTREAM_TIMEOUT="1")
+    proxy = await make_proxy(
+        EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url, HEAD_POLL_INTERVAL="0.2", UPSTREAM_TIMEOUT="1"
     )
     try:
         client, heads, logs = await _pushed_heads_and_logs(anvil, proxy, store)
@@ -194,5 +202,4 @@ async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_so
         assert [int(h["number"], 16) for h in client.results(heads)] == [*expected, start + 9]
         assert len(client.notes) == 2 * len(expected) + 2
     finally:
-        await proxy.close()
         await relay.close()

@@ -12,7 +12,7 @@ import pytest
 from web3 import AsyncHTTPProvider, AsyncWeb3, WebSocketProvider
 from web3.exceptions import ContractLogicError
 
-from tests.support import CONTRACTS, Anvil, Proxy, selector, settings_for, start_proxy, word
+from tests.support import CONTRACTS, Anvil, Proxy, ProxyFactory, selector, word
 
 ABI = json.loads((CONTRACTS / "Store.abi").read_text())
 
@@ -84,19 +84,16 @@ async def test_web3_subscribes_to_new_heads_and_logs(anvil: Anvil, evm_proxy: Pr
         assert await w3.eth.unsubscribe(logs) is True
 
 
-async def test_a_view_call_after_a_receipt_sees_the_receipts_block(anvil: Anvil) -> None:
+async def test_a_view_call_after_a_receipt_sees_the_receipts_block(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     """ethers' `await tx.wait()` then a view call: the read must not come from the block before."""
     store = anvil.deploy_store()
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60"))  # one poll only
-    try:
-        await proxy.head_at(anvil.block_number())
-        provider = AsyncHTTPProvider(proxy.url())
-        w3 = AsyncWeb3(provider)
-        contract = w3.eth.contract(address=AsyncWeb3.to_checksum_address(store), abi=ABI)
-        assert await contract.functions.x().call() == 7
-        receipt = anvil.send(store, selector("setX(uint256)") + word(9))
-        await w3.eth.get_transaction_receipt(receipt["transactionHash"])
-        assert await contract.functions.x().call() == 9
-        await provider.disconnect()
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60")  # one poll only
+    await proxy.head_at(anvil.block_number())
+    provider = AsyncHTTPProvider(proxy.url())
+    w3 = AsyncWeb3(provider)
+    contract = w3.eth.contract(address=AsyncWeb3.to_checksum_address(store), abi=ABI)
+    assert await contract.functions.x().call() == 7
+    receipt = anvil.send(store, selector("setX(uint256)") + word(9))
+    await w3.eth.get_transaction_receipt(receipt["transactionHash"])
+    assert await contract.functions.x().call() == 9
+    await provider.disconnect()

@@ -8,7 +8,7 @@ import json
 import aiohttp
 
 from proxy.http.ws_frames import text_frame
-from tests.support import Anvil, Proxy, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, word
 from tests.test_cache import finalized_store, storage
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
@@ -42,37 +42,35 @@ async def test_batches_errors_and_notifications_over_websocket(evm_proxy: Proxy)
         assert json.loads((await ws.receive(timeout=5)).data)["id"] == 3
 
 
-async def test_a_message_over_the_size_limit_closes_with_1009_and_others_are_served(anvil: Anvil) -> None:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, WS_MAX_MESSAGE_BYTES="1024"))
-    try:
-        async with proxy.session.ws_connect(proxy.ws_url()) as ws:
-            await ws.send_str(json.dumps({**CHAIN_ID, "params": ["x" * 4096]}))
-            message = await ws.receive(timeout=5)
-            assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
-            assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
-        async with proxy.session.ws_connect(proxy.ws_url()) as other:
-            await other.send_str(json.dumps(CHAIN_ID))
-            assert json.loads((await other.receive(timeout=5)).data)["result"] == "0x7a69"
-    finally:
-        await proxy.close()
+async def test_a_message_over_the_size_limit_closes_with_1009_and_others_are_served(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, WS_MAX_MESSAGE_BYTES="1024")
+    async with proxy.session.ws_connect(proxy.ws_url()) as ws:
+        await ws.send_str(json.dumps({**CHAIN_ID, "params": ["x" * 4096]}))
+        message = await ws.receive(timeout=5)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    async with proxy.session.ws_connect(proxy.ws_url()) as other:
+        await other.send_str(json.dumps(CHAIN_ID))
+        assert json.loads((await other.receive(timeout=5)).data)["result"] == "0x7a69"
 
 
-async def test_a_message_of_exactly_ws_max_message_bytes_is_served_and_one_byte_more_is_not(anvil: Anvil) -> None:
+async def test_a_message_of_exactly_ws_max_message_bytes_is_served_and_one_byte_more_is_not(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     # The limit is the largest message served, as MAX_BODY_BYTES over HTTP (aiohttp's max_msg_size
     # refuses a message of that size itself: found by an outside attack).
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, WS_MAX_MESSAGE_BYTES="1024"))
-    try:
-        head = json.dumps(CHAIN_ID)[:-1]
-        for size, served in ((1024, True), (1025, False)):
-            async with proxy.session.ws_connect(proxy.ws_url()) as ws:
-                await ws.send_str(head + " " * (size - len(head) - 1) + "}")
-                message = await ws.receive(timeout=5)
-                if served:
-                    assert json.loads(message.data)["result"] == "0x7a69"
-                else:
-                    assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, WS_MAX_MESSAGE_BYTES="1024")
+    head = json.dumps(CHAIN_ID)[:-1]
+    for size, served in ((1024, True), (1025, False)):
+        async with proxy.session.ws_connect(proxy.ws_url()) as ws:
+            await ws.send_str(head + " " * (size - len(head) - 1) + "}")
+            message = await ws.receive(timeout=5)
+            if served:
+                assert json.loads(message.data)["result"] == "0x7a69"
+            else:
+                assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
 
 
 async def test_websocket_connections_are_counted_while_open(evm_proxy: Proxy) -> None:

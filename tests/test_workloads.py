@@ -10,7 +10,6 @@ benchmark's to measure (`python -m bench.workloads`, figures in docs/benchmarks.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,7 +18,7 @@ import pytest
 from bench.workloads import dapp, indexer, wallet
 from bench.workloads.chain import Chain, ChainSpec, Miner, build_chain
 from bench.workloads.rpc import Target
-from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.support import Anvil, Proxy, ProxyFactory
 
 SMALL = ChainSpec(blocks=200, event_every=3, txs_per_block=2, transfers_per_tx=4, holders=40)
 
@@ -47,11 +46,10 @@ async def chain(anvil: Anvil) -> Chain:
 
 
 @pytest.fixture
-async def proxy(anvil: Anvil, redis_url: str, chain: Chain) -> AsyncIterator[Proxy]:
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url))
+async def proxy(anvil: Anvil, redis_url: str, chain: Chain, make_proxy: ProxyFactory) -> Proxy:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url)
     await proxy.head_at(chain.head)
-    yield proxy
-    await proxy.close()
+    return proxy
 
 
 def mismatches(target: Target) -> list[Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cache import policy as cp
-from tests.support import DEV_ACCOUNT, ROOT, Anvil, settings_for, start_proxy
+from tests.support import DEV_ACCOUNT, ROOT, Anvil, ProxyFactory
 
 DEV_WRITES = "eth_sendTransaction"
 ANVIL_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"  # anvil's first dev account's
@@ -27,23 +27,22 @@ class TestUnminedTtl:
         assert cp.transaction_ttl(pending, None, {}, ttls) == 0.25
 
 
-async def test_latest_reads_right_after_a_write_see_it_without_waiting_for_a_poll(anvil: Anvil) -> None:
+async def test_latest_reads_right_after_a_write_see_it_without_waiting_for_a_poll(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
     # The tracker would not poll on its own within this test: only the write hint moves the head.
-    proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="5")
+    proxy = await make_proxy(
+        EVM_UPSTREAM=anvil.url, ALLOW_METHODS=DEV_WRITES, HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="5"
     )
-    try:
-        await proxy.head_at(0)
-        for round_ in range(10):
-            nonce = int(await proxy.result("eth_getTransactionCount", [DEV_ACCOUNT, "latest"]), 16)
-            number = int(await proxy.result("eth_blockNumber", []), 16)
-            await proxy.result("eth_sendTransaction", [{"from": DEV_ACCOUNT, "to": OTHER, "value": "0x1"}])
-            after = int(await proxy.result("eth_getTransactionCount", [DEV_ACCOUNT, "latest"]), 16)
-            balance = int(await proxy.result("eth_getBalance", [OTHER, "latest"]), 16)
-            assert (after, balance) == (nonce + 1, round_ + 1)
-            assert int(await proxy.result("eth_blockNumber", []), 16) == number + 1
-    finally:
-        await proxy.close()
+    await proxy.head_at(0)
+    for round_ in range(10):
+        nonce = int(await proxy.result("eth_getTransactionCount", [DEV_ACCOUNT, "latest"]), 16)
+        number = int(await proxy.result("eth_blockNumber", []), 16)
+        await proxy.result("eth_sendTransaction", [{"from": DEV_ACCOUNT, "to": OTHER, "value": "0x1"}])
+        after = int(await proxy.result("eth_getTransactionCount", [DEV_ACCOUNT, "latest"]), 16)
+        balance = int(await proxy.result("eth_getBalance", [OTHER, "latest"]), 16)
+        assert (after, balance) == (nonce + 1, round_ + 1)
+        assert int(await proxy.result("eth_blockNumber", []), 16) == number + 1
 
 
 def _cast(*args: str) -> str:
@@ -57,25 +56,24 @@ def _cast(*args: str) -> str:
     not (ROOT / ".tools/node_modules/.bin/cast").exists() and not shutil.which("cast"),
     reason="cast not installed: bash scripts/test.sh installs @foundry-rs/cast",
 )
-async def test_cast_nonce_balance_and_call_right_after_cast_send(anvil: Anvil, tmp_path: Path) -> None:
+async def test_cast_nonce_balance_and_call_right_after_cast_send(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     # The default poll interval: without the hint, cast's reads would trail the write by a block.
-    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="2"))
-    try:
-        store = anvil.deploy_store()
-        await proxy.head_at(anvil.block_number())
-        url = proxy.url()
-        for value in range(1, 6):
-            nonce = int(await asyncio.to_thread(_cast, "nonce", DEV_ACCOUNT, "--rpc-url", url))
-            await asyncio.to_thread(
-                _cast, "send", store, "setX(uint256)", str(value), "--private-key", ANVIL_KEY, "--rpc-url", url
-            )
-            after, balance, stored = await asyncio.gather(
-                asyncio.to_thread(_cast, "nonce", DEV_ACCOUNT, "--rpc-url", url),
-                asyncio.to_thread(_cast, "balance", DEV_ACCOUNT, "--rpc-url", url),
-                asyncio.to_thread(_cast, "call", store, "x()(uint256)", "--rpc-url", url),
-            )
-            assert int(after) == nonce + 1
-            assert int(stored.split()[0]) == value
-            assert balance == await asyncio.to_thread(_cast, "balance", DEV_ACCOUNT, "--rpc-url", anvil.url)
-    finally:
-        await proxy.close()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="2")
+    store = anvil.deploy_store()
+    await proxy.head_at(anvil.block_number())
+    url = proxy.url()
+    for value in range(1, 6):
+        nonce = int(await asyncio.to_thread(_cast, "nonce", DEV_ACCOUNT, "--rpc-url", url))
+        await asyncio.to_thread(
+            _cast, "send", store, "setX(uint256)", str(value), "--private-key", ANVIL_KEY, "--rpc-url", url
+        )
+        after, balance, stored = await asyncio.gather(
+            asyncio.to_thread(_cast, "nonce", DEV_ACCOUNT, "--rpc-url", url),
+            asyncio.to_thread(_cast, "balance", DEV_ACCOUNT, "--rpc-url", url),
+            asyncio.to_thread(_cast, "call", store, "x()(uint256)", "--rpc-url", url),
+        )
+        assert int(after) == nonce + 1
+        assert int(stored.split()[0]) == value
+        assert balance == await asyncio.to_thread(_cast, "balance", DEV_ACCOUNT, "--rpc-url", anvil.url)
