@@ -13,6 +13,8 @@ PACKAGE = ROOT / "proxy"
 # Top to bottom. A module is on the floor of the longest entry naming it (a file, or a folder/).
 FLOORS: list[list[str]] = [
     ["__main__.py", "cli.py", "supervisor.py"],
+    ["keys_command.py"],
+    ["check.py"],
     ["server.py"],
     ["app.py", "reload.py"],
     ["http/"],
@@ -29,10 +31,11 @@ FLOORS: list[list[str]] = [
     ["upstream/"],
     ["workers/"],
     ["config.py"],
-    ["config_files.py", "file_trust.py", "options.py"],
+    ["config_files.py", "file_trust.py"],
+    ["config_expand.py", "options.py"],
     ["credits/"],
     ["rpc/", "values.py", "redis_link.py", "redis_topology.py", "metrics.py", "logs.py", "memo.py"],
-    ["key_context.py", "tasks.py", "__init__.py"],
+    ["key_context.py", "tasks.py", "request_ids.py", "memory_limit.py", "__init__.py"],
 ]
 
 

@@ -94,7 +94,7 @@ async def test_subscriptions_are_refused_by_their_own_rule_not_the_allow_list(ev
 
 
 async def test_a_method_name_over_128_bytes_is_refused_before_routing_and_never_remembered(evm_proxy: Proxy) -> None:
-    routes = evm_proxy.app[GATEWAY]._default_routes
+    routes = evm_proxy.app[GATEWAY].router.default_routes
     before = dict(routes)
     for i in range(20):
         long_name = f"eth_{i}" + "a" * 200_000
