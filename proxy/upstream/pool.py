@@ -20,13 +20,13 @@ from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.budget import Budget, BudgetBook, Slot, UnitRate
+from proxy.upstream.posting import Failed
 from proxy.upstream.replies import batch_problem, proof_call, proof_hash, proof_number, single_problem
 from proxy.upstream.selection import Selector
 from proxy.upstream.sending import (
     DEFAULT_MAX_REPLY,
     DEFAULT_ROUTING,
     PROOF_HEADER_BYTES,
-    Failed,
     Routing,
     Sender,
     too_large,
@@ -184,7 +184,7 @@ class HttpUpstream(Sender):
         started = time.perf_counter()
         slot = await self._place(index, timeout, (method,))  # a provider counts these too
         try:
-            reply = await self._post_in(slot, index, body, timeout, self._max_reply)
+            reply = await self.links.post(slot, index, body, timeout, self._max_reply)
             problem = single_problem(reply, sent)
             if problem is not None:
                 raise Failed("mismatch", problem)
@@ -309,7 +309,7 @@ class HttpUpstream(Sender):
         # Each call a place, as the provider meters them.
         slot = await self._place(index, timeout, [m for m, _ in calls])
         try:
-            reply = await self._post_in(slot, index, body, timeout, bound)
+            reply = await self.links.post(slot, index, body, timeout, bound)
             problem = batch_problem(reply, ids)
             if problem is not None or not isinstance(reply, list):
                 raise Failed("mismatch", problem or "batch refused")

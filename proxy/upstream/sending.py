@@ -1,8 +1,7 @@
-"""Sending one call or batch to a network's upstreams: the HTTP transport (a connection pool per
-upstream, the reconnects it makes, calls in flight), the order the selection policy gives, provider
-budgets, hedging, failover within the call's budget, and what a failure cools down. The client's
-exceptions are mapped here and nowhere else; upstreams are named by index, never by URL (a URL may
-hold a key)."""
+"""Sending one call or batch to a network's upstreams: the order the selection policy gives,
+provider budgets, hedging, failover within the call's budget, and what a failure cools down. The
+HTTP side (connections, a post and its reply) is posting.py's; upstreams are named by index, never
+by URL (a URL may hold a key)."""
 
 from __future__ import annotations
 
@@ -11,15 +10,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
-from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import INVALID_REQUEST, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.upstream.budget import ONE_CALL, Budget, Slot
-from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
-from proxy.upstream.replies import REACHED_KINDS, REQUEST_FAULT_STATUSES, rate_limited, retry_after
+from proxy.upstream.posting import Failed, UpstreamLinks
+from proxy.upstream.replies import REACHED_KINDS, rate_limited
 from proxy.upstream.selection import Selector
 from proxy.upstream.standing import UpstreamStates
 
@@ -40,15 +39,6 @@ def too_large(error: JsonRpcError) -> bool:
     asked again, alone or of another upstream: every node would send it again, and none may be read.
     (The pool's other -32005, eth_getLogs' query timeout, is told apart by its words.)"""
     return error.code == LIMIT_EXCEEDED and error.message.startswith(TOO_LARGE)
-
-
-class Failed(Exception):
-    def __init__(self, kind: str, detail: str, *, unsent: bool = False, wait: float | None = None) -> None:
-        super().__init__(detail)
-        self.kind = kind
-        self.detail = detail
-        self.unsent = unsent  # the connection was refused: the node never got the call
-        self.wait = wait  # Retry-After of a rate limit
 
 
 @dataclass(slots=True)
@@ -74,8 +64,6 @@ class Routing:
 
 
 DEFAULT_ROUTING = Routing()  # priority order, no budgets, no hedging
-POOL_LIMIT = 128  # connections open to one upstream; more callers wait for one
-POOL_IDLE_TIMEOUT = 30.0  # seconds an idle connection is kept for reuse
 
 
 class Sender:
@@ -104,20 +92,16 @@ class Sender:
         self._metrics = metrics
         self._cooldown = cooldown
         self._down_until = [0.0] * len(self._urls)
-        self._unreachable = [False] * len(self._urls)  # its last attempt could not reach it (INFO when back)
-        self._inflight = [0] * len(self._urls)  # calls being posted, per upstream
         self._waiting = 0  # calls waiting for a place in an upstream's budget
-        self._pools: list[HostPool] | None = None
-        self._closed = False  # closed for good: a reload retired it, or the proxy is stopping
+        self.links = UpstreamLinks(network, urls, self.states, routing.headers)
         self.reroute(routing)
-        for index in range(len(self._urls)):
-            metrics.upstream_head_lag.labels(network, str(index)).set_function(lambda i=index: float(self._head_lag(i)))  # type: ignore[misc]
-            metrics.upstream_catching_up.labels(network, str(index)).set_function(
-                lambda i=index: float(self.states.catching_up(i))  # type: ignore[misc]
-            )
-            metrics.upstream_up.labels(network, str(index)).set_function(
-                lambda i=index: float(self._up(i))  # type: ignore[misc]
-            )
+        for index in range(len(self._urls)):  # gauges read when scraped, per upstream
+            for gauge, read in (
+                (metrics.upstream_head_lag, self.states.head_lag),
+                (metrics.upstream_catching_up, self.states.catching_up),
+                (metrics.upstream_up, self._up),
+            ):
+                gauge.labels(network, str(index)).set_function(partial(read, index))
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -129,7 +113,6 @@ class Sender:
         self.budgets = routing.budgets or tuple(Budget(None, None) for _ in self._urls)
         self._hedge_after = routing.hedge_after
         self.states.declare_recent(routing.recent_blocks)
-        self._headers = routing.headers
 
     @property
     def batch_room(self) -> int | None:
@@ -141,50 +124,14 @@ class Sender:
     @property
     def carrying(self) -> int:
         """Calls this pool carries now: being posted to an upstream, or waiting for its budget."""
-        return sum(self._inflight) + self._waiting
-
-    def _pool(self, index: int) -> HostPool:
-        if self._closed:  # a call that outlived its pool's grace (a reload): never a new connection
-            raise Failed("connect", "the pool was closed (its network was reloaded)", unsent=True)
-        if self._pools is None:
-            headers = self._headers
-            self._pools = [
-                HostPool(
-                    url,
-                    limit=POOL_LIMIT,
-                    idle_timeout=POOL_IDLE_TIMEOUT,
-                    on_connect=lambda alone, i=index: self._connected(i, alone),  # type: ignore[misc]
-                    headers=headers[index] if index < len(headers) else (),
-                )
-                for index, url in enumerate(self._urls)
-            ]
-        return self._pools[index]
-
-    def _connected(self, index: int, alone: bool) -> None:
-        """Connection loss is identity loss: a new connection (a silent keep-alive reconnect included)
-        may reach a restarted node, so its identity is checked again (state.py)."""
-        if alone:
-            # Nothing else was in flight to it when it began to connect, so the pool held an idle
-            # connection unless it was closed: this is a reconnect, not the pool growing under load.
-            # (Judged after the connect instead, a post that ended meanwhile made a growing pool look
-            # like a reconnect, and its answers went unkept until the identity was checked again.)
-            self.states.reconnected(index)
+        return self.links.posting + self._waiting
 
     async def close(self) -> None:
-        self._closed = True
-        if self._pools is not None:
-            for pool in self._pools:
-                pool.close()
-            self._pools = None
+        await self.links.close()
 
     def _up(self, index: int) -> bool:
         """In rotation and not cooling down (rpc_proxy_upstream_up): what _order puts first."""
         return self.states.in_rotation(index) and self._down_until[index] <= time.monotonic()
-
-    def _head_lag(self, index: int) -> int:
-        latest = self.states.latest
-        best = max(latest, default=-1)
-        return best - latest[index] if latest[index] >= 0 else 0
 
     def _order(self) -> list[int]:
         """Healthy upstreams in the selection policy's order, then those cooling down; never one that
@@ -218,58 +165,6 @@ class Sender:
             f"{TOO_LARGE} ({detail}) would pass MAX_RESPONSE_BYTES ({self._max_reply} bytes); ask for less",
             reached=True,
         )
-
-    async def _post_in(self, slot: Slot, index: int, body: bytes, timeout: float, max_reply: int) -> Any:
-        """The node's reply to `body` (its JSON), within `timeout`, in the budget place `slot`, released
-        when it ends: held one window longer if no answer came (timed out, cancelled), as the node may
-        still get the request after that. Its failures are Failed, and only here is a client fault one."""
-        answered = False
-        self._inflight[index] += 1
-        try:
-            try:
-                response = await self._pool(index).post(body, timeout, max_reply)
-            except TimeoutError:
-                raise Failed("timeout", "timed out") from None
-            except TooLarge as exc:
-                answered = True
-                raise Failed(
-                    "too_large",
-                    f"a reply of {exc.size} bytes" if exc.declared else f"a reply of over {max_reply} bytes",
-                ) from None
-            except Unreadable as exc:
-                answered = True  # refused at its headers: the node sent what it was never asked for
-                raise Failed("invalid", str(exc)) from None
-            except ClientFault as exc:
-                answered = True  # it failed at once: nothing is left on its way to the node
-                self._unreachable[index] = True
-                # A refused connection proves the node never got the call (a write may go elsewhere).
-                raise Failed("connect", str(exc), unsent=exc.unsent) from None
-            answered = True
-            status = response.status
-            if status in REQUEST_FAULT_STATUSES:
-                if body[:1] == b"[":
-                    # A node that takes no batches may say so with an HTTP error (400, 413): the batch
-                    # is refused as by one error object (replies.batch_problem), and its calls go alone.
-                    return {
-                        "jsonrpc": "2.0",
-                        "id": None,
-                        "error": {"code": INVALID_REQUEST, "message": f"batch refused: HTTP {status}"},
-                    }
-                raise Failed("refused", f"HTTP {status}")
-            if status == 429:
-                raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
-            if status != 200:
-                raise Failed("http", f"HTTP {status}")
-            if self._unreachable[index]:
-                self._unreachable[index] = False
-                log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
-            try:
-                return jsonrpc.loads(response.body)
-            except jsonrpc.JSONDecodeError:
-                raise Failed("invalid", "reply is not JSON") from None
-        finally:
-            self._inflight[index] -= 1
-            slot.budget.release(slot, answered=answered)
 
     def _cool(self, index: int, failure: Failed) -> None:
         """Upstream `index` failed: it cools down (for a rate limit's Retry-After, if given). A rate
@@ -310,7 +205,7 @@ class Sender:
         self._metrics.child(self._metrics.upstream_selected, self.network, str(index)).inc()
         started = time.perf_counter()
         try:
-            reply = await self._post_in(slot, index, body, timeout, max_reply)
+            reply = await self.links.post(slot, index, body, timeout, max_reply)
             problem = check(reply)
             if problem is not None:
                 # A reply that does not answer what was asked is a fault of that node.

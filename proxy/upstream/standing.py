@@ -41,6 +41,12 @@ CATCH_UP_BLOCKS = 32
 class UpstreamStates:
     """Per upstream index: its latest block, whether its identity is verified, whether it mismatches."""
 
+    def head_lag(self, index: int) -> int:
+        """Blocks upstream `index`'s head is behind the furthest one's (0 while its head is unknown)."""
+        latest = self.latest
+        best = max(latest, default=-1)
+        return best - latest[index] if latest[index] >= 0 else 0
+
     def __init__(self, size: int) -> None:
         self.size = size
         self.latest = [UNKNOWN] * size

@@ -1,0 +1,140 @@
+"""The HTTP side of one network's upstream pool: a pool of kept-alive connections per upstream (and
+the reconnects it makes), one post and its reply read as JSON under its byte bound, or a Failed
+saying why. The HTTP client's exceptions are mapped here and nowhere else; upstreams are named by
+index, never by URL (a URL may hold a key)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.rpc import jsonrpc
+from proxy.rpc.jsonrpc import INVALID_REQUEST
+from proxy.upstream.budget import Slot
+from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
+from proxy.upstream.replies import REQUEST_FAULT_STATUSES, retry_after
+from proxy.upstream.standing import UpstreamStates
+
+log = logging.getLogger("proxy.upstream")
+
+POOL_LIMIT = 128  # connections open to one upstream; more callers wait for one
+POOL_IDLE_TIMEOUT = 30.0  # seconds an idle connection is kept for reuse
+
+
+class Failed(Exception):
+    def __init__(self, kind: str, detail: str, *, unsent: bool = False, wait: float | None = None) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.unsent = unsent  # the connection was refused: the node never got the call
+        self.wait = wait  # Retry-After of a rate limit
+
+
+class UpstreamLinks:
+    def __init__(
+        self,
+        network: str,
+        urls: Sequence[str],
+        states: UpstreamStates,
+        headers: Sequence[tuple[tuple[str, str], ...]],
+    ) -> None:
+        self.network = network
+        self._urls = urls
+        self.states = states
+        self._headers = headers  # per upstream: NETWORKS_FILE `headers` (secrets: never logged)
+        self._unreachable = [False] * len(urls)  # its last attempt could not reach it (INFO when back)
+        self._inflight = [0] * len(urls)  # calls being posted, per upstream
+        self._pools: list[HostPool] | None = None
+        self._closed = False  # closed for good: a reload retired it, or the proxy is stopping
+
+    @property
+    def posting(self) -> int:
+        """Posts in flight to any upstream."""
+        return sum(self._inflight)
+
+    def _pool(self, index: int) -> HostPool:
+        if self._closed:  # a call that outlived its pool's grace (a reload): never a new connection
+            raise Failed("connect", "the pool was closed (its network was reloaded)", unsent=True)
+        if self._pools is None:
+            headers = self._headers
+            self._pools = [
+                HostPool(
+                    url,
+                    limit=POOL_LIMIT,
+                    idle_timeout=POOL_IDLE_TIMEOUT,
+                    on_connect=lambda alone, i=index: self._connected(i, alone),  # type: ignore[misc]
+                    headers=headers[index] if index < len(headers) else (),
+                )
+                for index, url in enumerate(self._urls)
+            ]
+        return self._pools[index]
+
+    def _connected(self, index: int, alone: bool) -> None:
+        """Connection loss is identity loss: a new connection (a silent keep-alive reconnect included)
+        may reach a restarted node, so its identity is checked again (state.py)."""
+        if alone:
+            # Nothing else was in flight to it when it began to connect, so the pool held an idle
+            # connection unless it was closed: this is a reconnect, not the pool growing under load.
+            # (Judged after the connect instead, a post that ended meanwhile made a growing pool look
+            # like a reconnect, and its answers went unkept until the identity was checked again.)
+            self.states.reconnected(index)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._pools is not None:
+            for pool in self._pools:
+                pool.close()
+            self._pools = None
+
+    async def post(self, slot: Slot, index: int, body: bytes, timeout: float, max_reply: int) -> Any:
+        """The node's reply to `body` (its JSON), within `timeout`, in the budget place `slot`, released
+        when it ends: held one window longer if no answer came (timed out, cancelled), as the node may
+        still get the request after that. Its failures are Failed, and only here is a client fault one."""
+        answered = False
+        self._inflight[index] += 1
+        try:
+            try:
+                response = await self._pool(index).post(body, timeout, max_reply)
+            except TimeoutError:
+                raise Failed("timeout", "timed out") from None
+            except TooLarge as exc:
+                answered = True
+                raise Failed(
+                    "too_large",
+                    f"a reply of {exc.size} bytes" if exc.declared else f"a reply of over {max_reply} bytes",
+                ) from None
+            except Unreadable as exc:
+                answered = True  # refused at its headers: the node sent what it was never asked for
+                raise Failed("invalid", str(exc)) from None
+            except ClientFault as exc:
+                answered = True  # it failed at once: nothing is left on its way to the node
+                self._unreachable[index] = True
+                # A refused connection proves the node never got the call (a write may go elsewhere).
+                raise Failed("connect", str(exc), unsent=exc.unsent) from None
+            answered = True
+            status = response.status
+            if status in REQUEST_FAULT_STATUSES:
+                if body[:1] == b"[":
+                    # A node that takes no batches may say so with an HTTP error (400, 413): the batch
+                    # is refused as by one error object (replies.batch_problem), and its calls go alone.
+                    return {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {"code": INVALID_REQUEST, "message": f"batch refused: HTTP {status}"},
+                    }
+                raise Failed("refused", f"HTTP {status}")
+            if status == 429:
+                raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
+            if status != 200:
+                raise Failed("http", f"HTTP {status}")
+            if self._unreachable[index]:
+                self._unreachable[index] = False
+                log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
+            try:
+                return jsonrpc.loads(response.body)
+            except jsonrpc.JSONDecodeError:
+                raise Failed("invalid", "reply is not JSON") from None
+        finally:
+            self._inflight[index] -= 1
+            slot.budget.release(slot, answered=answered)
