@@ -326,14 +326,13 @@ async def test_a_chunked_call_that_fails_part_way_is_charged(chain: Chain, make_
 
 async def test_a_chunked_call_whose_first_piece_to_end_found_no_node_is_charged_for_the_others(
     chain: Chain,
-    closing: list[Proxy],
+    make_proxy: ProxyFactory,
 ) -> None:
     """charging.py: a chunked call is free only when no node answered any piece; a piece refused at
     once (HTTP 429) while the others are still with the node does not make their work free."""
     relay = await FaultRelay(chain.anvil.url).start()
     try:
-        proxy = await proxy_for(chain, upstream=relay.url, GETLOGS_CHUNK_BLOCKS="2")
-        closing.append(proxy)
+        proxy = await proxy_for(make_proxy, chain, upstream=relay.url, GETLOGS_CHUNK_BLOCKS="2")
         relay.inject("http429", method="eth_getLogs", times=1)  # the first piece, refused at once...
         relay.inject("slow", method="eth_getLogs", delay=0.3)  # ...while the others are with the node
         _status, body, headers = await proxy.post(logs_call(chain, chain.first, chain.last), ATTACKER)

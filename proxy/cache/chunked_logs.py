@@ -36,6 +36,55 @@ class _PieceFailed(Exception):
         self.went_upstream = went_upstream
 
 
+class _Pieces:
+    """One chunked call's pieces as they are asked: the call's budget of pieces sent upstream, and
+    what they did (charging.py needs whether a node did work; the merge whether one was not kept)."""
+
+    def __init__(self, ask: AskPiece, concurrency: int) -> None:
+        self._ask = ask
+        self._bound = asyncio.Semaphore(concurrency)
+        self.worked = False  # a piece was answered by a node: the call did upstream work (charging.py)
+        self.upstream = 0  # pieces that went upstream
+        self.bypassed = False  # a piece's answer was served but not kept (not tied to its blocks' chain)
+        self.stopped = False  # a piece found no node: no piece not yet started is asked
+
+    async def _asked(self, start: int, end: int) -> tuple[bytes, bool, str]:
+        try:
+            return await self._ask(start, end)
+        except JsonRpcError as error:
+            self.worked = self.worked or error.reached  # a node had the piece (a timeout, a garbled answer)
+            raise
+
+    async def one(self, piece: lc.Piece, budgeted: bool = True) -> tuple[bytes, list[int | None], bool] | None:
+        async with self._bound:
+            if self.stopped or (budgeted and self.upstream >= lc.MAX_UPSTREAM_PIECES):
+                return None  # past the call's budget: the rest of the range is asked at once (run)
+            payload, is_error, cache = await self._asked(piece.start, piece.end)
+            went = cache != lc.HIT
+            self.worked = self.worked or went
+            self.upstream += went
+            if is_error and not piece.whole:
+                # A node may refuse a whole chunk (its own result or range limit) that the
+                # range needs only part of: that part is asked exactly.
+                piece = lc.Piece(piece.want_start, piece.want_end, piece.want_start, piece.want_end)
+                payload, is_error, cache = await self._asked(piece.start, piece.end)
+                went = True
+            self.bypassed = self.bypassed or cache == lc.BYPASS
+        if is_error:
+            raise _PieceFailed(payload, went)
+        logs = loads(payload)
+        if not lc.well_formed(logs, piece):
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE,
+                "upstream unavailable: the node's eth_getLogs answer holds logs outside the blocks asked",
+                http_status=502,
+            )
+        # Only the piece's bytes and its logs' blocks are kept, not the parsed logs: the merge
+        # splices bytes (no long encode at the end), and each parse is this piece's own callback.
+        cut = lc.cut(logs, piece)
+        return (payload if cut is logs else dumps(cut)), [lc.block_of(e) for e in cut], went
+
+
 class ChunkedLogs:
     def __init__(self, size: int, concurrency: int, max_results: int, metrics: Metrics) -> None:
         self.size = size
@@ -45,51 +94,8 @@ class ChunkedLogs:
 
     async def run(self, first: int, last: int, pieces: list[lc.Piece], ask: AskPiece, deadline: float) -> Merged:
         """The merged answer of range [first, last]; JsonRpcError -32005 past the limits."""
-        bound = asyncio.Semaphore(self._concurrency)
-        worked = False  # a piece was answered by a node: the call did upstream work (charging.py)
-        upstream = 0  # pieces that went upstream
-        bypassed = False  # a piece's answer was served but not kept (not tied to its blocks' chain)
-        stopped = False  # a piece found no node: no piece not yet started is asked
-
-        async def asked(start: int, end: int) -> tuple[bytes, bool, str]:
-            nonlocal worked
-            try:
-                return await ask(start, end)
-            except JsonRpcError as error:
-                worked = worked or error.reached  # a node had the piece (a timeout, a garbled answer)
-                raise
-
-        async def one(piece: lc.Piece, budgeted: bool = True) -> tuple[bytes, list[int | None], bool] | None:
-            nonlocal worked, upstream, bypassed
-            async with bound:
-                if stopped or (budgeted and upstream >= lc.MAX_UPSTREAM_PIECES):
-                    return None  # past the call's budget: the rest of the range is asked at once (below)
-                payload, is_error, cache = await asked(piece.start, piece.end)
-                went = cache != lc.HIT
-                worked = worked or went
-                upstream += went
-                if is_error and not piece.whole:
-                    # A node may refuse a whole chunk (its own result or range limit) that the
-                    # range needs only part of: that part is asked exactly.
-                    piece = lc.Piece(piece.want_start, piece.want_end, piece.want_start, piece.want_end)
-                    payload, is_error, cache = await asked(piece.start, piece.end)
-                    went = True
-                bypassed = bypassed or cache == lc.BYPASS
-            if is_error:
-                raise _PieceFailed(payload, went)
-            logs = loads(payload)
-            if not lc.well_formed(logs, piece):
-                raise JsonRpcError(
-                    UPSTREAM_UNAVAILABLE,
-                    "upstream unavailable: the node's eth_getLogs answer holds logs outside the blocks asked",
-                    http_status=502,
-                )
-            # Only the piece's bytes and its logs' blocks are kept, not the parsed logs: the merge
-            # splices bytes (no long encode at the end), and each parse is this piece's own callback.
-            cut = lc.cut(logs, piece)
-            return (payload if cut is logs else dumps(cut)), [lc.block_of(e) for e in cut], went
-
-        tasks = [asyncio.ensure_future(one(p)) for p in pieces]
+        asking = _Pieces(ask, self._concurrency)
+        tasks = [asyncio.ensure_future(asking.one(p)) for p in pieces]
         try:
             async with asyncio.timeout_at(deadline):
                 answers = await asyncio.gather(*tasks)
@@ -97,16 +103,17 @@ class ChunkedLogs:
                 deferred = next((i for i, answer in enumerate(answers) if answer is None), None)
                 if deferred is not None:
                     start = pieces[deferred].want_start
-                    answers = [*answers[:deferred], await one(lc.Piece(start, last, start, last), budgeted=False)]
+                    tail = await asking.one(lc.Piece(start, last, start, last), budgeted=False)
+                    answers = [*answers[:deferred], tail]
         except JsonRpcError as error:
             unreached = error.code == UPSTREAM_UNAVAILABLE and not error.reached
-            if unreached and not worked:
+            if unreached and not asking.worked:
                 # The first piece to end found no node (a 429, say) while others were already
                 # asked: whether the call is charged (charging.py) is known once they are answered.
-                stopped = True
+                asking.stopped = True
                 await _settle(tasks, deadline)
-                worked = worked or any(not t.done() for t in tasks)  # still with a node at the deadline
-            if worked and unreached:
+                asking.worked = asking.worked or any(not t.done() for t in tasks)  # with a node at the deadline
+            if asking.worked and unreached:
                 # Some pieces were answered before this one failed (a 429, say): the call did
                 # upstream work and is charged (charging.py), never a free amplification.
                 raise JsonRpcError(
@@ -129,7 +136,10 @@ class ChunkedLogs:
         finally:
             for task in tasks:  # the call has its answer: pieces not started yet are not asked
                 task.cancel()
-        done = [answer for answer in answers if answer is not None]
+        return self._merged([answer for answer in answers if answer is not None], first, asking.bypassed)
+
+    def _merged(self, done: list[tuple[bytes, list[int | None], bool]], first: int, bypassed: bool) -> Merged:
+        """The pieces' answers spliced in order, within the result limit over the whole range."""
         blocks = [b for _, part, _ in done for b in part]
         if len(blocks) > self._max_results:
             # spec: more than 10,000 results over the whole range fails with -32005; nothing partial.
