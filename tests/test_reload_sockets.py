@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from proxy.config_files import KeyConfig
-from tests.support import Anvil, free_port, settings_for
+from tests.support import Anvil, ProxyFactory, free_port, settings_for
 from tests.test_keyed_hits import ALICE, STORAGE, keyed, reload
 from tests.test_operator_signals import _start, _stop
 from tests.ws_client import Client, connect
@@ -43,57 +43,60 @@ async def storage_call(client: Client) -> dict[str, Any]:
 async def test_a_key_a_reload_removes_is_closed_on_its_open_socket_with_its_subscriptions_ended(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, "", path, ALICE + "daily_credits = 200\n" + BOB) as proxy:
-        client = await connect(proxy, "alice-secret")
-        sub = await client.subscribe("newHeads")
-        for _ in range(3):  # 80 + 80 + a refusal: the key's 200 are spent
-            await storage_call(client)
-        assert "error" in await storage_call(client)
-        reload(proxy, path, BOB)
-        seen, close = await closed_with(client)
-        ended = [m for m in seen if m.get("params", {}).get("subscription") == sub and "error" in m["params"]]
-        assert ended and ended[0]["params"]["error"]["code"] == -32001, seen
-        assert close.type is aiohttp.WSMsgType.CLOSE and close.data == 1008, close
-        assert "revoked" in close.extra
-        assert not [m for m in seen if "result" in m and m.get("id") is not None]  # nothing served after it
-        status, _, _ = await proxy.post(STORAGE, key="alice-secret")
-        assert status == 401
-        assert (await proxy.post(STORAGE, key="bob-secret"))[0] == 200
+    proxy = await keyed(make_proxy, anvil, "", path, ALICE + "daily_credits = 200\n" + BOB)
+    client = await connect(proxy, "alice-secret")
+    sub = await client.subscribe("newHeads")
+    for _ in range(3):  # 80 + 80 + a refusal: the key's 200 are spent
+        await storage_call(client)
+    assert "error" in await storage_call(client)
+    reload(proxy, path, BOB)
+    seen, close = await closed_with(client)
+    ended = [m for m in seen if m.get("params", {}).get("subscription") == sub and "error" in m["params"]]
+    assert ended and ended[0]["params"]["error"]["code"] == -32001, seen
+    assert close.type is aiohttp.WSMsgType.CLOSE and close.data == 1008, close
+    assert "revoked" in close.extra
+    assert not [m for m in seen if "result" in m and m.get("id") is not None]  # nothing served after it
+    status, _, _ = await proxy.post(STORAGE, key="alice-secret")
+    assert status == 401
+    assert (await proxy.post(STORAGE, key="bob-secret"))[0] == 200
 
 
 async def test_a_secret_a_reload_changes_closes_the_sockets_opened_with_the_old_one(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, "", path, ALICE + BOB) as proxy:
-        alice, bob = await connect(proxy, "alice-secret"), await connect(proxy, "bob-secret")
-        await alice.call("eth_chainId")
-        reload(proxy, path, '[keys.alice]\nkey = "alice-new-secret"\n' + BOB)
-        _, close = await closed_with(alice)
-        assert close.data == 1008
-        assert "result" in await bob.call("eth_chainId")  # an unchanged key's socket is served on
-        fresh = await connect(proxy, "alice-new-secret")
-        assert "result" in await fresh.call("eth_chainId")
+    proxy = await keyed(make_proxy, anvil, "", path, ALICE + BOB)
+    alice, bob = await connect(proxy, "alice-secret"), await connect(proxy, "bob-secret")
+    await alice.call("eth_chainId")
+    reload(proxy, path, '[keys.alice]\nkey = "alice-new-secret"\n' + BOB)
+    _, close = await closed_with(alice)
+    assert close.data == 1008
+    assert "result" in await bob.call("eth_chainId")  # an unchanged key's socket is served on
+    fresh = await connect(proxy, "alice-new-secret")
+    assert "result" in await fresh.call("eth_chainId")
 
 
 async def test_calls_racing_a_revocation_are_refused_not_served_under_default_terms(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, "", path, ALICE + "daily_credits = 200\n" + BOB) as proxy:
-        client = await connect(proxy, "alice-secret")
-        await storage_call(client)
-        await storage_call(client)
-        reload(proxy, path, BOB)
-        for rid in range(20):  # sent before the close frame can arrive: none is answered with a result
-            await client.ws.send_str(json.dumps({**STORAGE, "id": 100 + rid}))
-        seen, close = await closed_with(client)
-        assert close.data == 1008
-        assert not [m for m in seen if "result" in m], seen
+    proxy = await keyed(make_proxy, anvil, "", path, ALICE + "daily_credits = 200\n" + BOB)
+    client = await connect(proxy, "alice-secret")
+    await storage_call(client)
+    await storage_call(client)
+    reload(proxy, path, BOB)
+    for rid in range(20):  # sent before the close frame can arrive: none is answered with a result
+        await client.ws.send_str(json.dumps({**STORAGE, "id": 100 + rid}))
+    seen, close = await closed_with(client)
+    assert close.data == 1008
+    assert not [m for m in seen if "result" in m], seen
 
 
 def test_an_account_no_key_names_has_no_balance_not_the_default_one() -> None:
@@ -106,57 +109,63 @@ def test_an_account_no_key_names_has_no_balance_not_the_default_one() -> None:
     assert settings.daily_credits_for("bob") == 3_000_000
 
 
-async def test_a_balance_a_reload_lowers_stops_an_open_socket_there(anvil: Anvil, tmp_path: Path) -> None:
+async def test_a_balance_a_reload_lowers_stops_an_open_socket_there(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, "", path, ALICE + "daily_credits = 100000\n") as proxy:
-        client = await connect(proxy, "alice-secret")
-        for _ in range(3):
-            assert "result" in await storage_call(client)
-        reload(proxy, path, ALICE + f"daily_credits = {4 * COST}\n")
+    proxy = await keyed(make_proxy, anvil, "", path, ALICE + "daily_credits = 100000\n")
+    client = await connect(proxy, "alice-secret")
+    for _ in range(3):
         assert "result" in await storage_call(client)
-        refused = await storage_call(client)
-        assert refused["error"]["code"] == -32005 and "daily credit limit" in refused["error"]["message"]
+    reload(proxy, path, ALICE + f"daily_credits = {4 * COST}\n")
+    assert "result" in await storage_call(client)
+    refused = await storage_call(client)
+    assert refused["error"]["code"] == -32005 and "daily credit limit" in refused["error"]["message"]
 
 
 async def test_allowed_addresses_a_reload_adds_end_the_subscriptions_they_refuse(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     path = tmp_path / "keys.toml"
     allowed, other = "0x" + "aa" * 20, "0x" + "bb" * 20
-    async with keyed(anvil, "", path, ALICE) as proxy:
-        client = await connect(proxy, "alice-secret")
-        kept = await client.subscribe("logs", {"address": allowed})
-        dropped = await client.subscribe("logs", {"address": other})
-        reload(proxy, path, ALICE + f'allowed_addresses = ["{allowed}"]\n')
-        await client.notes_until(1)
-        assert [n["params"]["subscription"] for n in client.notes] == [dropped]
-        assert "allowed_addresses" in client.notes[0]["params"]["error"]["message"]
-        assert await client.call("eth_unsubscribe", kept) == {"jsonrpc": "2.0", "id": 3, "result": True}
-        assert not client.ws.closed
+    proxy = await keyed(make_proxy, anvil, "", path, ALICE)
+    client = await connect(proxy, "alice-secret")
+    kept = await client.subscribe("logs", {"address": allowed})
+    dropped = await client.subscribe("logs", {"address": other})
+    reload(proxy, path, ALICE + f'allowed_addresses = ["{allowed}"]\n')
+    await client.notes_until(1)
+    assert [n["params"]["subscription"] for n in client.notes] == [dropped]
+    assert "allowed_addresses" in client.notes[0]["params"]["error"]["message"]
+    assert await client.call("eth_unsubscribe", kept) == {"jsonrpc": "2.0", "id": 3, "result": True}
+    assert not client.ws.closed
 
 
 async def test_allowed_origins_a_reload_adds_close_a_socket_from_another_origin(
     anvil: Anvil,
     tmp_path: Path,
+    make_proxy: ProxyFactory,
 ) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, "", path, ALICE) as proxy:
-        ws = await proxy.session.ws_connect(proxy.ws_url("alice-secret"), headers={"Origin": "https://evil.example"})
-        client = Client(ws)
-        await client.call("eth_chainId")
-        reload(proxy, path, ALICE + 'allowed_origins = ["https://app.example"]\n')
-        _, close = await closed_with(client)
-        assert close.data == 1008 and "origin" in close.extra
+    proxy = await keyed(make_proxy, anvil, "", path, ALICE)
+    ws = await proxy.session.ws_connect(proxy.ws_url("alice-secret"), headers={"Origin": "https://evil.example"})
+    client = Client(ws)
+    await client.call("eth_chainId")
+    reload(proxy, path, ALICE + 'allowed_origins = ["https://app.example"]\n')
+    _, close = await closed_with(client)
+    assert close.data == 1008 and "origin" in close.extra
 
 
-async def test_a_reload_that_fails_leaves_open_sockets_alone(anvil: Anvil, tmp_path: Path) -> None:
+async def test_a_reload_that_fails_leaves_open_sockets_alone(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
     path = tmp_path / "keys.toml"
-    async with keyed(anvil, "", path, ALICE) as proxy:
-        client = await connect(proxy, "alice-secret")
-        reload(proxy, path, "[keys.alice\n")  # no longer parses: the keys in force stay
-        assert "result" in await client.call("eth_chainId")
-        assert not client.ws.closed
+    proxy = await keyed(make_proxy, anvil, "", path, ALICE)
+    client = await connect(proxy, "alice-secret")
+    reload(proxy, path, "[keys.alice\n")  # no longer parses: the keys in force stay
+    assert "result" in await client.call("eth_chainId")
+    assert not client.ws.closed
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
