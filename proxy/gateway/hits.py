@@ -22,7 +22,8 @@ from proxy.values import HIT, PaidHit, new_record
 
 
 class Lookup(NamedTuple):
-    """What the hot path made of one body for one key; at most one field is set."""
+    """What the hot path made of one body for one key; at most one field is set. Made per request
+    with new_record (values.py), in field order."""
 
     paid: PaidHit | None = None  # a hit answered and paid for: sent as it is
     unpaid: MemoryHit | None = None  # a hit whose charge awaits the ledger (no lease, a per-second limit)
@@ -86,9 +87,9 @@ class Hits:
             return NOT_LOOKED
         hit = self._service.memory_hit(plain, network, self._default_routes)
         if hit is None:
-            return Lookup(parsed=plain_body(body, plain))
+            return new_record(Lookup, (None, None, plain_body(body, plain)))
         answer = self.answer_of(hit, self._calls.request_id() if self._access_log else 0, started)
-        return Lookup(new_record(PaidHit, (0, 0, len(answer), answer)))
+        return new_record(Lookup, (new_record(PaidHit, (0, 0, len(answer), answer)), None, None))
 
     def keyed(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None
@@ -114,7 +115,7 @@ class Hits:
             return NOT_LOOKED
         hit = self._service.memory_hit(plain, network, self._default_routes)
         if hit is None:
-            return Lookup(parsed=plain_body(body, plain))
+            return new_record(Lookup, (None, None, plain_body(body, plain)))
         credits, now = hit.credits, self._now()
         remaining = tab.lease.spend(credits, tab.daily, now)
         if remaining is None:  # the ledger decides at the same instant
@@ -127,7 +128,8 @@ class Hits:
         hit.cells.charged.value += credits
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
         answer = self.answer_of(hit, request_id, started)
-        return Lookup(new_record(PaidHit, (credits, remaining if remaining > 0 else 0, len(answer), answer)))
+        paid = new_record(PaidHit, (credits, remaining if remaining > 0 else 0, len(answer), answer))
+        return new_record(Lookup, (paid, None, None))
 
     def _found(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
         """A hit found and left for the general path to pay for, or the parsed miss."""

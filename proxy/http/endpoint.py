@@ -14,6 +14,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from proxy.config import Settings
+from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
@@ -154,20 +155,27 @@ class RpcEndpoint:
         return self.hit_reply(answer) if isinstance(answer, PaidHit) else answer
 
     def serve(
-        self, key: str, path_network: str | None, headers: Headers, body: bytes, path: str
+        self, key: str | None, path_network: str | None, headers: Headers, body: bytes, path: str
     ) -> PaidHit | Reply | Pending:
         """As `respond`, but a memory hit that needs neither gzip nor CORS headers is its PaidHit,
-        which the fast server writes after a pre-built head (no headers dict). A key with a tab (its
-        checks made once: Hits) is not authorized again."""
+        which the fast server writes after a pre-built head (no headers dict). `key`: the one in the
+        path, if any (else the headers'). Open mode has no key to check; a key with a tab (its checks
+        made once: Hits) is not authorized again."""
         gateway = self.gateway
         try:
-            tab = None if self.open_mode else gateway.tabs.get(key)
-            if tab is None:
-                account = self.authorize(key, headers)
-                if isinstance(account, Reply):
-                    return self.finish(account, headers)
+            tab = None
+            if self.open_mode:
+                account = OPEN_ACCOUNT
             else:
-                account = tab.account
+                key = key or key_of(key, headers)
+                tab = gateway.tabs.get(key)
+                if tab is None:
+                    authorized = self.authorize(key, headers)
+                    if isinstance(authorized, Reply):
+                        return self.finish(authorized, headers)
+                    account = authorized
+                else:
+                    account = tab.account
             network = gateway.router.network_for(headers.get("host"), path_network)
             if len(body) > self.max_body_bytes:
                 return self.finish(self.too_large(), headers)

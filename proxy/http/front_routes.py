@@ -102,7 +102,7 @@ class FrontRoutes:
                 return reply
             body = plain
         network, key = request.target  # type: ignore[misc]
-        return endpoint.serve(key or key_of(key, headers), network, headers, body, request.path)
+        return endpoint.serve(key, network, headers, body, request.path)
 
     def answer(self, method: str, path: str, headers: Headers) -> Reply | Pending:
         """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves)."""
