@@ -82,12 +82,10 @@ class Hits:
     def open(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
         """Open mode: nothing to charge, so a hit is always answered here (0 credits, 0 remaining)."""
         started = time.perf_counter()
-        plain = plain_call(body)
-        if plain is None:
-            return NOT_LOOKED
-        hit = self._service.memory_hit(plain, network, self._default_routes)
+        found = self._found(body, network)
+        hit = found.unpaid
         if hit is None:
-            return new_record(Lookup, (None, None, plain_body(body, plain)))
+            return found
         answer = self.answer_of(hit, self._calls.request_id() if self._access_log else 0, started)
         return new_record(Lookup, (new_record(PaidHit, (0, 0, len(answer), answer)), None, None))
 
@@ -110,18 +108,16 @@ class Hits:
         """keyed() with the key's checks made (its tab): the lease spent from directly down to its
         low-water mark; past it (a top-up due, another day, no lease) the ledger decides."""
         started = time.perf_counter()
-        plain = plain_call(body)
-        if plain is None:
-            return NOT_LOOKED
-        hit = self._service.memory_hit(plain, network, self._default_routes)
+        found = self._found(body, network)
+        hit = found.unpaid
         if hit is None:
-            return new_record(Lookup, (None, None, plain_body(body, plain)))
+            return found
         credits, now = hit.credits, self._now()
         remaining = tab.lease.spend(credits, tab.daily, now)
         if remaining is None:  # the ledger decides at the same instant
             remaining = self._ledger.spend(tab.account, credits, tab.daily, now)
             if remaining is None:
-                return Lookup(unpaid=hit)
+                return found
             tab.lease = self._ledger.purse(tab.account, now) or NO_LEASE  # today's, once the ledger has it
         # What Gateway's paid reply does for a paid hit, written out: this is the path every keyed hit takes.
         tab.charged.value += credits
@@ -132,12 +128,14 @@ class Hits:
         return new_record(Lookup, (paid, None, None))
 
     def _found(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
-        """A hit found and left for the general path to pay for, or the parsed miss."""
+        """The memory tier's hit, not yet paid for (`unpaid`), or the parsed miss, or NOT_LOOKED."""
         plain = plain_call(body)
         if plain is None:
             return NOT_LOOKED
         hit = self._service.memory_hit(plain, network, self._default_routes)
-        return Lookup(parsed=plain_body(body, plain)) if hit is None else Lookup(unpaid=hit)
+        if hit is None:
+            return new_record(Lookup, (None, None, plain_body(body, plain)))
+        return new_record(Lookup, (None, hit, None))
 
     def answer_of(self, hit: MemoryHit, request_id: int, started: float) -> bytes:
         """A hit's encoded answer, counted (the counts execute() and the accounting make for a call)."""
