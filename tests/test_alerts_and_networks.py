@@ -18,7 +18,7 @@ from tests.support import Anvil, free_port, settings_for, start_proxy
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-RUNBOOKS = ROOT / "docs-incoming/front.md"
+RUNBOOKS = ROOT / "docs/operations.md"
 NETWORK_LABELLED = (
     "rpc_proxy_requests_total",
     "rpc_proxy_request_duration_seconds",
