@@ -11,7 +11,9 @@ import itertools
 import os
 import re
 import secrets
+from collections.abc import Callable
 from contextvars import ContextVar
+from typing import Any
 
 HEADER = "X-Request-Id"
 MAX_LENGTH = 128
@@ -48,3 +50,13 @@ class RequestIds:
 
 IDS = RequestIds()  # one per process: every transport's ids come from one count
 os.register_at_fork(after_in_child=IDS._renew)
+
+
+def identified(sent: str | None, serve: Callable[..., None], *args: Any) -> None:
+    """`serve(*args)` with REQUEST_ID set to the request's id: the id of its log lines, its calls'
+    too (a miss's task copies it with the context). Only with ACCESS_LOG on: a hit pays nothing else."""
+    token = REQUEST_ID.set(IDS.of(sent))
+    try:
+        serve(*args)
+    finally:
+        REQUEST_ID.reset(token)

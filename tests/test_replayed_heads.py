@@ -301,9 +301,9 @@ async def test_a_cancelled_answer_is_written_only_while_its_client_is_there(anvi
         return error_reply(JsonRpcError(-32000, "the second"), NO_CHARGE)
 
     with connection(front) as (protocol, transport):  # the client stays: the cancelled one answers 500
-        protocol._pipeline.answer(request, forever())
-        protocol._pipeline.answer(request, answered())
-        first = protocol._pipeline.waiting[0][0]
+        protocol.pipeline.answer(request, forever())
+        protocol.pipeline.answer(request, answered())
+        first = protocol.pipeline.waiting[0][0]
         await asyncio.sleep(0)
         first.cancel()
 
@@ -315,8 +315,8 @@ async def test_a_cancelled_answer_is_written_only_while_its_client_is_there(anvi
     encoded = []
     with connection(front) as (protocol, transport):  # the client leaves, then shutdown cancels its answer
         protocol.encoded = lambda *args: encoded.append(args)
-        protocol._pipeline.answer(request, forever())
-        task = protocol._pipeline.waiting[0][0]
+        protocol.pipeline.answer(request, forever())
+        task = protocol.pipeline.waiting[0][0]
         await asyncio.sleep(0)
         transport.close()
         assert task in front.orphans

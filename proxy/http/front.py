@@ -43,8 +43,9 @@ from proxy.http.wire import (
     header_template,
     refusal,
     request_head,
+    take_over,
 )
-from proxy.request_ids import IDS, REQUEST_ID
+from proxy.request_ids import IDS, REQUEST_ID, identified
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from proxy.values import PaidHit, Reply
 
@@ -184,13 +185,13 @@ class Front:
         """No new requests; answers in progress get `timeout` seconds to be written, then connections close."""
         self.stopping = True
         for connection in list(self.connections):
-            connection.stop()
+            connection.pipeline.stop()  # closed now when idle, else once its answers are written
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self.connections and loop.time() < deadline:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
-            connection.abort()
+            connection.pipeline.abort()
         for task in list(self.orphans):
             task.cancel()
 
@@ -216,25 +217,18 @@ class FrontProtocol(asyncio.Protocol):
         self._head_bytes = 0
         self._body_read = 0  # body bytes of RPC requests in the read being fed
         self._field_bytes = 0  # the header fields' bytes of the request being read
-        self._pipeline = Pipeline(self, front, self._loop)
+        self.pipeline = Pipeline(self, front, self._loop)
 
     def pause_writing(self) -> None:
-        self._pipeline.pause_writing()
+        self.pipeline.pause_writing()
 
     def resume_writing(self) -> None:
-        self._pipeline.resume_writing()
-
-    def stop(self) -> None:
-        """Shutting down: closed now when idle, else once its answers are written."""
-        self._pipeline.stop()
-
-    def abort(self) -> None:
-        self._pipeline.abort()
+        self.pipeline.resume_writing()
 
     @property
     def transport(self) -> Any:
         """The connection's transport while it is open (PeerCounts asks), whoever serves it."""
-        return self._delegate.transport if self._delegate is not None else self._pipeline.transport
+        return self._delegate.transport if self._delegate is not None else self.pipeline.transport
 
     # --- the connection ---------------------------------------------------------------------
 
@@ -242,7 +236,7 @@ class FrontProtocol(asyncio.Protocol):
         address = transport.get_extra_info("peername")
         self._peer = str(address[0]) if isinstance(address, tuple) and address else None
         self._front.connections.add(self)
-        self._pipeline.opened(cast(asyncio.Transport, transport))
+        self.pipeline.opened(cast(asyncio.Transport, transport))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._front.connections.discard(self)
@@ -251,12 +245,12 @@ class FrontProtocol(asyncio.Protocol):
             # A client that goes away mid-body is routine on the internet: no traceback, no error line.
             log.debug("client closed the connection before its request body arrived")
             self._release(request)
-        self._pipeline.lost(self._front.orphans)
+        self.pipeline.lost(self._front.orphans)
 
     # --- bytes in -----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._pipeline.done:
+        if self.pipeline.done:
             return
         # At a message boundary of a connection kept alive: `data` starts a request (after one that
         # closes the connection, llhttp takes no more, and nor does a replay).
@@ -390,7 +384,7 @@ class FrontProtocol(asyncio.Protocol):
         ):
             raise Refused(Pipeline.closing(self._endpoint.too_large()))
         if "expect" in headers and headers["expect"].lower() == "100-continue":
-            self._pipeline.after_held(
+            self.pipeline.after_held(
                 _CONTINUE, False
             )  # after the answers before it (RFC 9110 10.1.1: a 100 or a final one)
 
@@ -417,8 +411,8 @@ class FrontProtocol(asyncio.Protocol):
         if self._front.stopping:
             request.keep_alive = False
         self._kept_alive = request.keep_alive
-        if self._pipeline.holds():
-            self._pipeline.held.append(request)
+        if self.pipeline.holds():
+            self.pipeline.held.append(request)
             return
         self._dispatch(request)
 
@@ -430,17 +424,12 @@ class FrontProtocol(asyncio.Protocol):
         if request.kind == RPC:
             parts = request.parts
             body = parts[0] if len(parts) == 1 else b"".join(parts)
-            if not self._access_log:
+            if self._access_log:
+                identified(request.headers.get("x-request-id"), self._rpc, request, body)
+            else:
                 self._rpc(request, body)
-                return
-            # The id of its log lines, the calls' too (a miss's task copies it with the context).
-            token = REQUEST_ID.set(IDS.of(request.headers.get("x-request-id")))
-            try:
-                self._rpc(request, body)
-            finally:
-                REQUEST_ID.reset(token)
         else:
-            self._pipeline.answer(request, self._routes.answer(request.method, request.path, request.headers))
+            self.pipeline.answer(request, self._routes.answer(request.method, request.path, request.headers))
 
     # --- answers out --------------------------------------------------------------------------
 
@@ -452,19 +441,26 @@ class FrontProtocol(asyncio.Protocol):
         prebuilt = (
             request.keep_alive and not self._routes.access_log and ("connection" not in headers or not request.http10)
         )
-        answer = self._routes.rpc(request, body)
+        if "content-encoding" in headers:
+            decoded = self._routes.decoded(request, body)
+            if isinstance(decoded, Reply):
+                self.pipeline.answer(request, decoded)
+                return
+            body = decoded
+        network, key = request.target  # type: ignore[misc]
+        answer = endpoint.serve(key, network, headers, body, request.path)
         if type(answer) is PaidHit:  # a memory hit, needing neither gzip nor CORS headers
             if prebuilt:
                 # Its id: a number after this process's prefix, or the client's own (request_ids.py).
                 sent = headers.get("x-request-id")
                 rid: int | bytes = IDS.count() if sent is None else IDS.of(sent).encode()
-                self._pipeline.prebuilt(answer, endpoint.open_mode, rid)
+                self.pipeline.prebuilt(answer, endpoint.open_mode, rid)
                 self._learnable = request
                 return
             answer = endpoint.hit_reply(answer)
         elif prebuilt and len(body) <= MAX_REPLAY_BYTES and not isinstance(answer, Reply):
             self._learnable = request  # a miss: its head, kept alive with no log line, is as a hit's
-        self._pipeline.answer(request, answer)
+        self.pipeline.answer(request, answer)
 
     def encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it."""
@@ -480,28 +476,22 @@ class FrontProtocol(asyncio.Protocol):
             self._release(request)
             self.request = None
         reply.close = True
-        self._pipeline.last(*self.encoded(request or Request(), reply))
+        self.pipeline.last(*self.encoded(request or Request(), reply))
 
     # --- a WebSocket upgrade: handed to aiohttp ------------------------------------------------
 
     def _upgrade(self, rest: bytes) -> None:
         request = self._upgrading
         assert request is not None
-        self._pipeline.pause()
-        self._pipeline.handover = request_head(request, self._parser.get_http_version()) + rest
-        if not self._pipeline.waiting and not self._pipeline.held:
+        self.pipeline.pause()
+        self.pipeline.handover = request_head(request, self._parser.get_http_version()) + rest
+        if not self.pipeline.waiting and not self.pipeline.held:
             self.hand_over()
 
     def hand_over(self) -> None:
-        transport, data = self._pipeline.handed_over()
+        transport, data = self.pipeline.handed_over()
         self._front.connections.discard(self)
         if transport is None:
             return
-        handler = self._front.make_handler()
-        self._delegate = handler
-        transport.set_protocol(handler)
-        handler.connection_made(transport)
-        if self._pipeline.write_paused:  # the transport calls its resume_writing next: it must have paused
-            handler.pause_writing()
-        transport.resume_reading()
-        handler.data_received(data)
+        self._delegate = handler = self._front.make_handler()
+        take_over(handler, transport, data, self.pipeline.write_paused)

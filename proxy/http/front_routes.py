@@ -29,7 +29,7 @@ from proxy.http.endpoint import (
 from proxy.http.wire import Request
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.service import Service
-from proxy.values import PaidHit, Reply
+from proxy.values import Reply
 
 # aiohttp's routes: /v3/{api_key} (and /v3, /v3/) before /{network}/v3/{api_key}: the network is lazy.
 _RPC = re.compile(r"(?:/([^/]+))??/v3(?:/([^/]*))?")
@@ -85,24 +85,19 @@ class FrontRoutes:
             return (None, None) if root and path == "/" else None
         return match[1], match[2]
 
-    def rpc(self, request: Request, body: bytes) -> PaidHit | Reply | Pending:
-        """A JSON-RPC POST's answer (RpcEndpoint.serve), its body decoded from its Content-Encoding first."""
-        headers, endpoint = request.headers, self.endpoint
-        if "content-encoding" in headers:
-            try:
-                plain = decoded_body(body, headers["content-encoding"], endpoint.max_body_bytes)
-            except zlib.error:
-                error = JsonRpcError(
-                    INVALID_REQUEST, "request body: not valid in its Content-Encoding", http_status=400
-                )
-                return error_reply(error, NO_CHARGE)
-            if plain is None:
-                reply = endpoint.too_large()
-                reply.close = True
-                return reply
-            body = plain
-        network, key = request.target  # type: ignore[misc]
-        return endpoint.serve(key, network, headers, body, request.path)
+    def decoded(self, request: Request, body: bytes) -> bytes | Reply:
+        """A JSON-RPC POST's body decoded from its Content-Encoding, or the answer that refuses it."""
+        endpoint = self.endpoint
+        try:
+            plain = decoded_body(body, request.headers["content-encoding"], endpoint.max_body_bytes)
+        except zlib.error:
+            refused = "request body: not valid in its Content-Encoding"
+            return error_reply(JsonRpcError(INVALID_REQUEST, refused, http_status=400), NO_CHARGE)
+        if plain is None:
+            reply = endpoint.too_large()
+            reply.close = True
+            return reply
+        return plain
 
     def answer(self, method: str, path: str, headers: Headers) -> Reply | Pending:
         """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from http import HTTPStatus
+from typing import Any
 
 from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
 from proxy.rpc.jsonrpc import JsonRpcError
@@ -117,3 +118,13 @@ def request_head(request: Request, version: str) -> bytes:
     head += [name + b": " + value + b"\r\n" for name, value in request.raw]
     head.append(b"\r\n")
     return b"".join(head)
+
+
+def take_over(handler: Any, transport: Any, data: bytes, write_paused: bool) -> None:
+    """aiohttp's handler takes a connection over, with the bytes already read from it (an upgrade's)."""
+    transport.set_protocol(handler)
+    handler.connection_made(transport)
+    if write_paused:  # the transport calls its resume_writing next: it must have paused
+        handler.pause_writing()
+    transport.resume_reading()
+    handler.data_received(data)
