@@ -5,27 +5,21 @@ the call fails (-32002) rather than serve what a lagging node or another fork sa
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any
 
-from proxy.chain import pinning, proofs
+from proxy.chain import proofs
 from proxy.chain.heads import EvmHeadTracker
-from proxy.config import Settings
-from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import (
     EXECUTION_REVERTED,
     INVALID_REQUEST,
-    LIMIT_EXCEEDED,
     PARSE_ERROR,
-    UPSTREAM_UNAVAILABLE,
     JsonRpcError,
 )
 from proxy.rpc.methods import CacheClass, MethodPolicy
-from proxy.upstream.pool import PerUpstream
 from proxy.upstream.replies import state_gone
 from proxy.upstream.sending import too_large
+from proxy.upstream_reads import Reads
 from proxy.values import Answer, Plan
 
 # Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
@@ -38,18 +32,13 @@ ANSWERS_TO_THE_REQUEST = frozenset({EXECUTION_REVERTED, INVALID_REQUEST, PARSE_E
 # load balancer whose member far behind takes a share of the calls: each try may reach another member).
 ASK_AGAIN = 5
 
-CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
-
 
 class Asker:
-    def __init__(self, settings: Settings, metrics: Metrics, check_results: CheckResults) -> None:
-        self._settings = settings
-        self._metrics = metrics
-        self._check_results = check_results
+    """Which upstream answers a read, and how often it is asked again, until its answer can be tied to
+    its key or is refused; one read and its judgment are Reads'."""
 
-    def deadline(self, policy: MethodPolicy) -> float | None:
-        """When the call must have its answer (loop time): eth_getLogs' limit holds per call, retries included."""
-        return asyncio.get_running_loop().time() + self._settings.getlogs_timeout if policy.limits_logs else None
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
 
     async def ask_pinned(
         self,
@@ -96,10 +85,27 @@ class Asker:
         if shown_at is not None:
             answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer, shown_at)
             if doubt in REFUSED:
-                self._refuse(net, doubt, plan.need)
+                self._reads.refuse(net, doubt, plan.need)
             return answer, doubt
         if doubt is None and plan.by_hash and _not_found(answer) and not orphan:
             doubt = "unknown_hash"  # that node may not know the block: another may
+        return await self._elsewhere(net, method, forward, policy, plan, deadline, answer, doubt, orphan)
+
+    async def _elsewhere(
+        self,
+        net: NetworkRuntime,
+        method: str,
+        forward: Any,
+        policy: MethodPolicy,
+        plan: Plan,
+        deadline: float | None,
+        answer: Answer,
+        doubt: str | None,
+        orphan: bool,
+    ) -> tuple[Answer, str | None]:
+        """An answer in doubt asked again of another upstream that has the block (or of the pool once
+        more), then what its doubt means for the call: kept, served only, or refused."""
+        per = net.per_upstream
         if doubt is not None and doubt != "other_head" and per is not None:
             other = per.states.other_with(answer.upstream, plan.need)
             # No other upstream: the pool once more when the tracker knows the block (a load balancer
@@ -108,7 +114,7 @@ class Asker:
                 plan.need is not None and not plan.tags_resolved and doubt in ("unknown_hash", "unproven", "lagging")
             ):
                 try:
-                    retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
+                    retried, again = await self._reads.checked(net, method, forward, policy, plan, deadline, other)
                 except JsonRpcError:
                     if doubt == "unknown_hash":
                         raise  # a node that may not know the block said not-found; the one that may is down
@@ -127,7 +133,7 @@ class Asker:
             # (A node whose head has the block means its null: no uncle, no transaction at that index.
             # A tag the tracker resolved is asked again as the tag instead: service.py.)
             doubt = "unproven"
-        if doubt == "lagging" and per is not None and await self._caught_up(per, answer.upstream, plan.need):
+        if doubt == "lagging" and per is not None and await self._reads.caught_up(per, answer.upstream, plan.need):
             # Its head had not been seen at the block yet. Asked again beside that block's header
             # when the tracker holds its hash (the head and the answer may be two members' of a load
             # balancer), else served, never stored.
@@ -143,7 +149,7 @@ class Asker:
             # the tracker; asked again with the caller's tag instead (service.py), never kept.
             doubt = "tag_unproven"
         if doubt in REFUSED:
-            self._refuse(net, doubt, plan.need)
+            self._reads.refuse(net, doubt, plan.need)
         return answer, doubt
 
     async def _first_answer(
@@ -164,10 +170,10 @@ class Asker:
                 holder = states.other_with_state((), need)
                 if holder is not None:
                     try:
-                        return await self._ask_checked(net, method, forward, policy, plan, deadline, holder)
+                        return await self._reads.checked(net, method, forward, policy, plan, deadline, holder)
                     except JsonRpcError:
                         pass  # down now: the pool's order decides, and a pruned node's error is asked again
-        return await self._ask_checked(net, method, forward, policy, plan, deadline, None)
+        return await self._reads.checked(net, method, forward, policy, plan, deadline, None)
 
     async def _state_elsewhere(
         self,
@@ -191,7 +197,7 @@ class Asker:
         while (other := per.states.other_with_state(tried, need)) is not None:
             tried.add(other)
             try:
-                retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, other)
+                retried, again = await self._reads.checked(net, method, forward, policy, plan, deadline, other)
             except JsonRpcError:
                 continue
             if retried.is_error and state_gone(retried.error):
@@ -199,205 +205,6 @@ class Asker:
                 continue
             return retried, again
         return answer, "state_gone"
-
-    async def _ask_checked(
-        self,
-        net: NetworkRuntime,
-        method: str,
-        forward: Any,
-        policy: MethodPolicy,
-        plan: Plan,
-        deadline: float | None,
-        index: int | None,
-    ) -> tuple[Answer, str | None]:
-        """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
-        end_answer = None
-        per = net.per_upstream
-        proof = plan.proof if plan.check_end is None and per is not None else None
-        deferred = None
-        if proof is not None and plan.proof_pinned and per is not None and not any(per.states.mixed):
-            # The pinned block's header costs a call: asked only of an upstream other than the one
-            # the tracker took the block from (a backup, which may be on another fork).
-            deferred, proof = proof, None
-        if proof is not None:
-            answer = await self.ask(
-                net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
-            )
-        elif plan.check_end is not None and index is None:
-            # A range above finalized: the node reports the range's last block in the same batch.
-            answer, end_answer = await self._with_range_end(
-                net, method, forward, policy, plan.check_end[0], deadline, check=plan.check_results
-            )
-        elif index is not None and net.per_upstream is not None:
-            answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
-        else:
-            answer = await self.ask(net, method, forward, policy, deadline, check=plan.check_results)
-        head = net.tracker.head
-        if deferred is not None and answer.upstream >= 0 and (head is None or head.source != answer.upstream):
-            proof = deferred
-            answer = await self.ask(
-                net, method, forward, policy, deadline, ask=answer.upstream, check=plan.check_results, proof=proof[0]
-            )
-        if per is None or answer.upstream < 0:
-            return answer, None
-        if not per.states.vouches(answer.upstream, None):
-            return answer, "unverified"
-        if (
-            plan.decision.tied_to_answer
-            and answer.result is None
-            and head is not None
-            and not per.states.vouches(answer.upstream, head.latest)
-        ):
-            return answer, "behind_head"  # "not mined" from a node behind: it may be in a block it lacks
-        # A block the same node showed in the same batch outranks what the proxy last saw of its head
-        # (a load balancer's members differ: its head may be one member's, the answer another's).
-        doubt, shown = self._batch_doubt(net, plan, proof, answer, end_answer)
-        if doubt == "unproven" and not per.states.vouches(answer.upstream, plan.need):
-            doubt = "lagging"  # without the block, as its head said
-        if doubt is not None:
-            return answer, doubt  # an error from a node behind (a range error) is not served either
-        if (shown is None or plan.need is None or shown < plan.need) and not per.states.vouches(
-            answer.upstream, plan.need
-        ):
-            if plan.need is not None and head is not None and plan.need > head.latest:
-                if not per.states.vouches(answer.upstream, head.latest):
-                    return answer, "below_head"  # a node short of the head itself: asked elsewhere (ask_pinned)
-                return answer, "beyond_head"  # no upstream is known to have it: served, never stored
-            return answer, "lagging"  # an error from it may be just that, too
-        if answer.is_error:
-            return answer, None
-        if plan.check_end is not None and head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
-            return answer, "fork"
-        return answer, None
-
-    def _batch_doubt(
-        self,
-        net: NetworkRuntime,
-        plan: Plan,
-        proof: proofs.Proof | None,
-        answer: Answer,
-        end_answer: Answer | None,
-    ) -> tuple[str | None, int | None]:
-        """What the block asked beside the call says (a doubt, or None), and the highest block number
-        the node showed it has on the network's chain (None when it showed none)."""
-        per = net.per_upstream
-        assert per is not None
-        if proof is not None:
-            head = net.tracker.head
-            if (
-                answer.proof is None
-                and plan.proof_pinned
-                and head is not None
-                and head.source == answer.upstream
-                and not per.states.went_back(answer.upstream)
-            ):
-                return None, None  # the head's own node, not seen steady yet, that takes no batches: as if deferred
-            if answer.proof is None:
-                return "unverified", None  # no header came with it (it failed, or the call went alone): never kept
-            doubt = proofs.proof_doubt(proof, answer.proof, final=not plan.proof_pinned)
-            if doubt == "off_chain":
-                per.states.off_chain(answer.upstream)  # checked again at once (identity.py)
-            if doubt is not None:
-                return doubt, None
-            return None, int(proof[0], 16) if proof[2] and proof[0].startswith("0x") else None
-        if plan.check_end is not None:
-            if end_answer is None:
-                # Asked alone (the node refuses batches): a block asked alone would show nothing of the
-                # logs' node (a load balancer's members differ), so nothing does: served, never kept.
-                return "unverified", None
-            end = end_answer.result
-            same_node = end_answer.upstream == answer.upstream
-            if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != plan.check_end[1]:
-                # An error from a node without the range's last block (a range error) is not served either.
-                return "unproven" if answer.is_error else "fork", None
-            return None, plan.check_end[0]
-        return None, None
-
-    def ask(
-        self,
-        net: NetworkRuntime,
-        method: str,
-        params: Any,
-        policy: MethodPolicy,
-        deadline: float | None = None,
-        *,
-        ask: int | None = None,
-        check: bool = True,
-        proof: str | None = None,
-    ) -> Awaitable[Answer]:
-        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
-        False for a piece of a chunked call: the result limit holds over the merged answer instead.
-        `proof`: the block whose hash the same node reports beside the answer (proofs.py). Without
-        eth_getLogs' limits, the upstream's own call is returned: no layer of its own around it."""
-        per = net.per_upstream
-        if not policy.limits_logs:
-            if proof is not None and per is not None:
-                timeout = self._settings.upstream_timeout if ask is not None else None
-                return per.proven(method, params, proof, index=ask, timeout=timeout)
-            if ask is not None and per is not None:
-                return per.ask(ask, method, params, timeout=self._settings.upstream_timeout)
-            return net.upstream.request(method, params)
-        return self._ask_logs(net, method, params, policy, deadline, ask, check, proof)
-
-    async def _ask_logs(
-        self,
-        net: NetworkRuntime,
-        method: str,
-        params: Any,
-        policy: MethodPolicy,
-        deadline: float | None,
-        ask: int | None,
-        check: bool,
-        proof: str | None,
-    ) -> Answer:
-        """ask() for eth_getLogs: within its deadline, its results within the limit."""
-        per = net.per_upstream
-        if deadline is None:
-            deadline = self.deadline(policy)
-        timeout = self._settings.getlogs_timeout + 1  # the upstream's own timeout is past ours: ours decides
-        try:
-            async with asyncio.timeout_at(deadline):
-                if proof is not None and per is not None:
-                    answer = await per.proven(method, params, proof, index=ask, timeout=timeout)
-                elif ask is not None and per is not None:
-                    answer = await per.ask(ask, method, params, timeout=timeout)
-                else:
-                    answer = await net.upstream.request(method, params, timeout=timeout)
-        except TimeoutError:
-            # spec: a query that runs longer than 10 seconds fails with -32005.
-            if check:  # a piece's own limit is no client's: the chunked call counts its own
-                self._metrics.getlogs_rejections.labels("timeout").inc()
-            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
-        return self._check_results(params, answer) if check else answer
-
-    async def _with_range_end(
-        self,
-        net: NetworkRuntime,
-        method: str,
-        params: Any,
-        policy: MethodPolicy,
-        end: int,
-        deadline: float | None,
-        *,
-        check: bool = True,
-    ) -> tuple[Answer, Answer | None]:
-        """eth_getLogs and the range's last block in one batch (one node answers both); the logs alone
-        and no block (None) from a node that refuses batches."""
-        if deadline is None:
-            deadline = self.deadline(policy)
-        end_answer: Answer | None = None
-        try:
-            async with asyncio.timeout_at(deadline):
-                both = await net.upstream.together([(method, params), ("eth_getBlockByNumber", [hex(end), False])])
-                if both is None:
-                    answer = await net.upstream.request(method, params)
-                else:
-                    answer, end_answer = both
-        except TimeoutError:
-            if check:  # a piece's own limit is no client's: the chunked call counts its own
-                self._metrics.getlogs_rejections.labels("timeout").inc()
-            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
-        return (self._check_results(params, answer) if check else answer), end_answer
 
     async def _shown_at_need(
         self,
@@ -420,7 +227,7 @@ class Asker:
         index = per.states.other_with(answer.upstream, plan.need)
         for _ in range(ASK_AGAIN):
             try:
-                retried = await self.ask(
+                retried = await self._reads.ask(
                     net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
                 )
             except JsonRpcError as error:
@@ -459,7 +266,7 @@ class Asker:
         index = per.states.other_with(behind, latest)
         for _ in range(ASK_AGAIN):
             try:
-                retried, again = await self._ask_checked(net, method, forward, policy, plan, deadline, index)
+                retried, again = await self._reads.checked(net, method, forward, policy, plan, deadline, index)
             except JsonRpcError:
                 retried, again = None, "failed"
             index = None
@@ -469,58 +276,7 @@ class Asker:
                 again == "other_head" and retried.proof_number is not None and retried.proof_number >= latest
             ):
                 return retried, again
-        self._refuse(net, "lagging", latest)
-
-    async def _caught_up(self, per: PerUpstream, index: int, need: int | None) -> bool:
-        """Ask upstream `index` for its head now: has it reached block `need`? (It may have passed
-        the proxy's last look at it, e.g. a block just mined and not polled yet.)"""
-        if need is None or index < 0:
-            return False
-        try:
-            answer = await per.ask(index, "eth_blockNumber", [], timeout=self._settings.upstream_timeout)
-            number = int(answer.result, 16) if isinstance(answer.result, str) else -1
-        except (JsonRpcError, ValueError):
-            return False
-        per.states.observe_head(index, number)
-        return number >= need
-
-    async def canonical(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> bool:
-        """A hash-addressed answer for a hash outside the tracker's window: is its block canonical?
-        The node that gave it shows its block at that height and its finalized block, in one batch."""
-        per, head, block_hash = net.per_upstream, plan.head, plan.unvouched_hash
-        if per is None or head is None or block_hash is None or answer.upstream < 0:
-            return per is None  # without per-upstream state nothing is proven, and nothing asked
-        if not head.final_hash:
-            return False
-        number = proofs.answer_block_number(answer.result)
-        try:
-            if number is None:  # a count, an empty list: the block's number from the same node first
-                block = await per.ask(
-                    answer.upstream, "eth_getBlockByHash", [block_hash, False], timeout=self._settings.upstream_timeout
-                )
-                number = proofs.answer_block_number(block.result)
-                if number is None:
-                    return False
-            header = await per.proven(
-                "eth_getBlockByNumber",
-                [hex(number), False],
-                hex(head.finalized),
-                index=answer.upstream,
-                timeout=self._settings.upstream_timeout,
-            )
-        except JsonRpcError:
-            return False
-        found = header.result.get("hash") if isinstance(header.result, dict) else None
-        return header.proof == head.final_hash and isinstance(found, str) and found.lower() == block_hash
-
-    def _refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> NoReturn:
-        self._metrics.uncached_answers.labels(net.name, reason).inc()
-        block = f"block {need}" if need is not None else "the block"
-        raise JsonRpcError(
-            UPSTREAM_UNAVAILABLE,
-            f"upstream unavailable: network '{net.name}' (no upstream could answer for {block} of the network's chain)",
-            http_status=502,
-        )
+        self._reads.refuse(net, "lagging", latest)
 
     async def ask_as_tag(
         self,
@@ -539,7 +295,7 @@ class Asker:
         per = net.per_upstream
         proof = ("latest", head.latest_hash, True) if head is not None and per is not None else None
         for _ in range(ASK_AGAIN):
-            answer = await self.ask(net, method, params, policy, deadline, proof=proof[0] if proof else None)
+            answer = await self._reads.ask(net, method, params, policy, deadline, proof=proof[0] if proof else None)
             if proof is None or answer.unbatched:
                 # No block can come beside it: judged by the node's head as last polled.
                 if (
@@ -549,14 +305,14 @@ class Asker:
                     and need is not None
                     and per.states.latest[answer.upstream] < need
                 ):
-                    self._refuse(net, "lagging", need)
+                    self._reads.refuse(net, "lagging", need)
                 return answer
             if answer.proof is not None and _shown(net, proof, answer.proof, answer.proof_number):
                 return answer  # the head the same node showed outranks its last polled one
             # Not shown at the tracker's head, or not shown at all (its batch failed and it went
             # alone): a load balancer's lagging member answers a tag with its own older head. Asked
             # again: the balancer may send it to a member at the head.
-        self._refuse(net, "lagging", need)
+        self._reads.refuse(net, "lagging", need)
 
 
 def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.Proof | None:

@@ -15,12 +15,16 @@ from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import loads
 from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
+from proxy.upstream_reads import Reads
 from proxy.values import Answer, Plan
 
 
 class Fetcher:
-    def __init__(self, asker: Asker, integrity: Integrity, cache: TieredCache, metrics: Metrics, ttls: cp.Ttls) -> None:
+    def __init__(
+        self, asker: Asker, reads: Reads, integrity: Integrity, cache: TieredCache, metrics: Metrics, ttls: cp.Ttls
+    ) -> None:
         self._asker = asker
+        self._reads = reads
         self._integrity = integrity
         self._cache = cache
         self._metrics = metrics
@@ -38,7 +42,7 @@ class Fetcher:
     ) -> tuple[Answer, bool]:
         """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
         False when the answer could not be tied to the key's block (it is served as BYPASS)."""
-        deadline = self._asker.deadline(policy)
+        deadline = self._reads.deadline(policy)
         answer, doubt = await self._asker.ask_pinned(net, plan.method, plan.forward, policy, plan, deadline)
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if plan.tags_resolved and kind in ("null", "error"):
@@ -49,7 +53,7 @@ class Fetcher:
         if doubt is not None:  # served, never stored
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
             return answer, False
-        if plan.unvouched_hash is not None and kind == "ok" and not await self._asker.canonical(net, plan, answer):
+        if plan.unvouched_hash is not None and kind == "ok" and not await self._reads.canonical(net, plan, answer):
             self._metrics.uncached_answers.labels(net.name, "unverified").inc()
             return answer, False  # a block hash not shown canonical: served, not kept
         ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)

@@ -49,6 +49,7 @@ from proxy.rpc.methods import (
 )
 from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.key_budget import KeySlots
+from proxy.upstream_reads import Reads
 from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan, new_record
 
 log = logging.getLogger("proxy.service")
@@ -121,10 +122,11 @@ class Service:
             max_results=settings.getlogs_max_results,
             timeout=settings.getlogs_timeout,
         )
-        self._asker = Asker(settings, metrics, self._logs.check_results)
-        self._fetcher = Fetcher(
-            self._asker, Integrity(metrics, settings.upstream_timeout, cache), cache, metrics, self._ttls
-        )
+        reads = Reads(settings, metrics, self._logs.check_results)
+        self._asker = Asker(reads)
+        self._reads = reads
+        integrity = Integrity(metrics, settings.upstream_timeout, cache)
+        self._fetcher = Fetcher(self._asker, reads, integrity, cache, metrics, self._ttls)
 
     # --- before anything is charged or forwarded ------------------------------------------
 
@@ -251,7 +253,7 @@ class Service:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
                 answer, _ = await self._asker.ask_pinned(
-                    net, plan.method, plan.forward, policy, plan, self._asker.deadline(policy)
+                    net, plan.method, plan.forward, policy, plan, self._reads.deadline(policy)
                 )
                 return Outcome.answered(shown(net.tracker, method, answer, refs), BYPASS)
             if prepared.fingerprint:

@@ -21,6 +21,7 @@ FLOORS: list[list[str]] = [
     ["gateway/"],
     ["service.py"],
     ["fetching.py", "asking.py"],
+    ["upstream_reads.py"],
     ["network_set.py"],
     ["network_parts.py"],
     ["cache/"],

@@ -1,0 +1,282 @@
+"""One read upstream for the read-through flow, and its judgment: asked of the pool or of one upstream
+alone, beside the header of the block that shows its node's chain (proofs.py) or the range's last
+block, under eth_getLogs' time and result limits; then whether the answer belongs to its plan's key
+(a doubt, or None). Which upstream to ask, and how often again, is asking.py's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
+
+from proxy.chain import pinning, proofs
+from proxy.config import Settings
+from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
+from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.methods import MethodPolicy
+from proxy.upstream.pool import PerUpstream
+from proxy.values import Answer, Plan
+
+CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
+
+
+class Reads:
+    def __init__(self, settings: Settings, metrics: Metrics, check_results: CheckResults) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._check_results = check_results
+
+    def deadline(self, policy: MethodPolicy) -> float | None:
+        """When the call must have its answer (loop time): eth_getLogs' limit holds per call, retries included."""
+        return asyncio.get_running_loop().time() + self._settings.getlogs_timeout if policy.limits_logs else None
+
+    def ask(
+        self,
+        net: NetworkRuntime,
+        method: str,
+        params: Any,
+        policy: MethodPolicy,
+        deadline: float | None = None,
+        *,
+        ask: int | None = None,
+        check: bool = True,
+        proof: str | None = None,
+    ) -> Awaitable[Answer]:
+        """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
+        False for a piece of a chunked call: the result limit holds over the merged answer instead.
+        `proof`: the block whose hash the same node reports beside the answer (proofs.py). Without
+        eth_getLogs' limits, the upstream's own call is returned: no layer of its own around it."""
+        per = net.per_upstream
+        if not policy.limits_logs:
+            if proof is not None and per is not None:
+                timeout = self._settings.upstream_timeout if ask is not None else None
+                return per.proven(method, params, proof, index=ask, timeout=timeout)
+            if ask is not None and per is not None:
+                return per.ask(ask, method, params, timeout=self._settings.upstream_timeout)
+            return net.upstream.request(method, params)
+        return self._ask_logs(net, method, params, policy, deadline, ask, check, proof)
+
+    async def _ask_logs(
+        self,
+        net: NetworkRuntime,
+        method: str,
+        params: Any,
+        policy: MethodPolicy,
+        deadline: float | None,
+        ask: int | None,
+        check: bool,
+        proof: str | None,
+    ) -> Answer:
+        """ask() for eth_getLogs: within its deadline, its results within the limit."""
+        per = net.per_upstream
+        if deadline is None:
+            deadline = self.deadline(policy)
+        timeout = self._settings.getlogs_timeout + 1  # the upstream's own timeout is past ours: ours decides
+        try:
+            async with asyncio.timeout_at(deadline):
+                if proof is not None and per is not None:
+                    answer = await per.proven(method, params, proof, index=ask, timeout=timeout)
+                elif ask is not None and per is not None:
+                    answer = await per.ask(ask, method, params, timeout=timeout)
+                else:
+                    answer = await net.upstream.request(method, params, timeout=timeout)
+        except TimeoutError:
+            # spec: a query that runs longer than 10 seconds fails with -32005.
+            if check:  # a piece's own limit is no client's: the chunked call counts its own
+                self._metrics.getlogs_rejections.labels("timeout").inc()
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        return self._check_results(params, answer) if check else answer
+
+    async def _with_range_end(
+        self,
+        net: NetworkRuntime,
+        method: str,
+        params: Any,
+        policy: MethodPolicy,
+        end: int,
+        deadline: float | None,
+        *,
+        check: bool = True,
+    ) -> tuple[Answer, Answer | None]:
+        """eth_getLogs and the range's last block in one batch (one node answers both); the logs alone
+        and no block (None) from a node that refuses batches."""
+        if deadline is None:
+            deadline = self.deadline(policy)
+        end_answer: Answer | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                both = await net.upstream.together([(method, params), ("eth_getBlockByNumber", [hex(end), False])])
+                if both is None:
+                    answer = await net.upstream.request(method, params)
+                else:
+                    answer, end_answer = both
+        except TimeoutError:
+            if check:  # a piece's own limit is no client's: the chunked call counts its own
+                self._metrics.getlogs_rejections.labels("timeout").inc()
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        return (self._check_results(params, answer) if check else answer), end_answer
+
+    async def checked(
+        self,
+        net: NetworkRuntime,
+        method: str,
+        forward: Any,
+        policy: MethodPolicy,
+        plan: Plan,
+        deadline: float | None,
+        index: int | None,
+    ) -> tuple[Answer, str | None]:
+        """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
+        end_answer = None
+        per = net.per_upstream
+        proof = plan.proof if plan.check_end is None and per is not None else None
+        deferred = None
+        if proof is not None and plan.proof_pinned and per is not None and not any(per.states.mixed):
+            # The pinned block's header costs a call: asked only of an upstream other than the one
+            # the tracker took the block from (a backup, which may be on another fork).
+            deferred, proof = proof, None
+        if proof is not None:
+            answer = await self.ask(
+                net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
+            )
+        elif plan.check_end is not None and index is None:
+            # A range above finalized: the node reports the range's last block in the same batch.
+            answer, end_answer = await self._with_range_end(
+                net, method, forward, policy, plan.check_end[0], deadline, check=plan.check_results
+            )
+        elif index is not None and net.per_upstream is not None:
+            answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
+        else:
+            answer = await self.ask(net, method, forward, policy, deadline, check=plan.check_results)
+        head = net.tracker.head
+        if deferred is not None and answer.upstream >= 0 and (head is None or head.source != answer.upstream):
+            proof = deferred
+            answer = await self.ask(
+                net, method, forward, policy, deadline, ask=answer.upstream, check=plan.check_results, proof=proof[0]
+            )
+        if per is None or answer.upstream < 0:
+            return answer, None
+        if not per.states.vouches(answer.upstream, None):
+            return answer, "unverified"
+        if (
+            plan.decision.tied_to_answer
+            and answer.result is None
+            and head is not None
+            and not per.states.vouches(answer.upstream, head.latest)
+        ):
+            return answer, "behind_head"  # "not mined" from a node behind: it may be in a block it lacks
+        # A block the same node showed in the same batch outranks what the proxy last saw of its head
+        # (a load balancer's members differ: its head may be one member's, the answer another's).
+        doubt, shown = batch_doubt(net, plan, proof, answer, end_answer)
+        if doubt == "unproven" and not per.states.vouches(answer.upstream, plan.need):
+            doubt = "lagging"  # without the block, as its head said
+        if doubt is not None:
+            return answer, doubt  # an error from a node behind (a range error) is not served either
+        if (shown is None or plan.need is None or shown < plan.need) and not per.states.vouches(
+            answer.upstream, plan.need
+        ):
+            if plan.need is not None and head is not None and plan.need > head.latest:
+                if not per.states.vouches(answer.upstream, head.latest):
+                    return answer, "below_head"  # a node short of the head itself: asked elsewhere (ask_pinned)
+                return answer, "beyond_head"  # no upstream is known to have it: served, never stored
+            return answer, "lagging"  # an error from it may be just that, too
+        if answer.is_error:
+            return answer, None
+        if plan.check_end is not None and head is not None and not pinning.logs_on_chain(answer.result, head.hashes):
+            return answer, "fork"
+        return answer, None
+
+    async def caught_up(self, per: PerUpstream, index: int, need: int | None) -> bool:
+        """Ask upstream `index` for its head now: has it reached block `need`? (It may have passed
+        the proxy's last look at it, e.g. a block just mined and not polled yet.)"""
+        if need is None or index < 0:
+            return False
+        try:
+            answer = await per.ask(index, "eth_blockNumber", [], timeout=self._settings.upstream_timeout)
+            number = int(answer.result, 16) if isinstance(answer.result, str) else -1
+        except (JsonRpcError, ValueError):
+            return False
+        per.states.observe_head(index, number)
+        return number >= need
+
+    async def canonical(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> bool:
+        """A hash-addressed answer for a hash outside the tracker's window: is its block canonical?
+        The node that gave it shows its block at that height and its finalized block, in one batch."""
+        per, head, block_hash = net.per_upstream, plan.head, plan.unvouched_hash
+        if per is None or head is None or block_hash is None or answer.upstream < 0:
+            return per is None  # without per-upstream state nothing is proven, and nothing asked
+        if not head.final_hash:
+            return False
+        number = proofs.answer_block_number(answer.result)
+        try:
+            if number is None:  # a count, an empty list: the block's number from the same node first
+                block = await per.ask(
+                    answer.upstream, "eth_getBlockByHash", [block_hash, False], timeout=self._settings.upstream_timeout
+                )
+                number = proofs.answer_block_number(block.result)
+                if number is None:
+                    return False
+            header = await per.proven(
+                "eth_getBlockByNumber",
+                [hex(number), False],
+                hex(head.finalized),
+                index=answer.upstream,
+                timeout=self._settings.upstream_timeout,
+            )
+        except JsonRpcError:
+            return False
+        found = header.result.get("hash") if isinstance(header.result, dict) else None
+        return header.proof == head.final_hash and isinstance(found, str) and found.lower() == block_hash
+
+    def refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> NoReturn:
+        self._metrics.uncached_answers.labels(net.name, reason).inc()
+        block = f"block {need}" if need is not None else "the block"
+        raise JsonRpcError(
+            UPSTREAM_UNAVAILABLE,
+            f"upstream unavailable: network '{net.name}' (no upstream could answer for {block} of the network's chain)",
+            http_status=502,
+        )
+
+
+def batch_doubt(
+    net: NetworkRuntime,
+    plan: Plan,
+    proof: proofs.Proof | None,
+    answer: Answer,
+    end_answer: Answer | None,
+) -> tuple[str | None, int | None]:
+    """What the block asked beside the call says (a doubt, or None), and the highest block number
+    the node showed it has on the network's chain (None when it showed none)."""
+    per = net.per_upstream
+    assert per is not None
+    if proof is not None:
+        head = net.tracker.head
+        if (
+            answer.proof is None
+            and plan.proof_pinned
+            and head is not None
+            and head.source == answer.upstream
+            and not per.states.went_back(answer.upstream)
+        ):
+            return None, None  # the head's own node, not seen steady yet, that takes no batches: as if deferred
+        if answer.proof is None:
+            return "unverified", None  # no header came with it (it failed, or the call went alone): never kept
+        doubt = proofs.proof_doubt(proof, answer.proof, final=not plan.proof_pinned)
+        if doubt == "off_chain":
+            per.states.off_chain(answer.upstream)  # checked again at once (identity.py)
+        if doubt is not None:
+            return doubt, None
+        return None, int(proof[0], 16) if proof[2] and proof[0].startswith("0x") else None
+    if plan.check_end is not None:
+        if end_answer is None:
+            # Asked alone (the node refuses batches): a block asked alone would show nothing of the
+            # logs' node (a load balancer's members differ), so nothing does: served, never kept.
+            return "unverified", None
+        end = end_answer.result
+        same_node = end_answer.upstream == answer.upstream
+        if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != plan.check_end[1]:
+            # An error from a node without the range's last block (a range error) is not served either.
+            return "unproven" if answer.is_error else "fork", None
+        return None, plan.check_end[0]
+    return None, None
