@@ -24,7 +24,7 @@ from proxy.credits.ledger_storage import check_ledger_storage
 from proxy.gateway.gateway import Gateway
 from proxy.http.admin import start_admin
 from proxy.http.aiohttp_routes import fallback, guarded, healthz, metrics_route, readyz, rpc_route
-from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
+from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
 from proxy.http.cors import Cors
 from proxy.http.endpoint import RpcEndpoint
 from proxy.http.front_routes import Exposition, FrontRoutes
@@ -45,6 +45,7 @@ from proxy.workers.context import WorkerContext
 from proxy.workers.credit_handover import WorkerLedger
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
 from proxy.workers.shared_polls import ShownRelay
+from proxy.workers.shared_table import SharedCounts, SharedTables, held_counts
 
 
 class SystemClock:
@@ -104,6 +105,7 @@ def _stores(
     clock: Clock,
     redis: RedisClient | None,
     ledger: Ledger | None,
+    worker: WorkerContext | None,
 ) -> _Stores:
     client = (
         redis
@@ -112,7 +114,11 @@ def _stores(
     )
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
     share = settings.cache_key_bytes_per_minute
-    admission = Admission(settings.cache_memory_bytes // 16 if share is None else share, clock.monotonic)
+    admission = Admission(
+        settings.cache_memory_bytes // 16 if share is None else share,
+        clock.monotonic,
+        shared=SharedTables(worker.run_dir, "admission") if worker is not None else None,
+    )
     cache = TieredCache(
         MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics, admission
     )
@@ -273,7 +279,7 @@ def create_app(
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     clock = clock or SystemClock()
     factory = upstream_factory or _http_upstream(settings)
-    stores = _stores(settings, metrics, clock, redis, ledger)
+    stores = _stores(settings, metrics, clock, redis, ledger, worker)
     if stores.link is None:  # no Redis configured: no rpc_proxy_redis_up to say it is down
         metrics.registry.unregister(metrics.redis_up)
     if worker is not None and stores.leased is not None:
@@ -284,7 +290,10 @@ def create_app(
     builder = PartsBuilder(
         settings,
         factory,
-        KeySlots(settings.upstream_key_concurrency),
+        KeySlots(
+            settings.upstream_key_concurrency,
+            SharedCounts(worker.run_dir, "upstream-per-key") if worker is not None else None,
+        ),
         metrics,
         RedisEpochs(stores.link) if stores.link is not None else None,
         worker.run_dir if worker is not None else None,
@@ -292,7 +301,8 @@ def create_app(
     )
     networks = NetworkSet(builder, settings.networks, runtimes)
     service = Service(settings, networks.runtimes, stores.cache, metrics)
-    gateway = Gateway(settings, service, stores.ledger, metrics, clock.time)
+    run_dir = worker.run_dir if worker is not None else None
+    gateway = Gateway(settings, service, stores.ledger, metrics, clock.time, run_dir=run_dir)
     networks.on_reload.append(gateway.router.reload)
 
     app = web.Application(client_max_size=settings.max_body_bytes)
@@ -302,6 +312,7 @@ def create_app(
     app[GATEWAY] = gateway
     app[LEDGER] = stores.ledger
     app[WEBSOCKETS] = set()
+    app[WS_HELD] = held_counts(run_dir, "ws-per-key")
     gateway.reloaded.append(lambda: recheck_websockets(app[WEBSOCKETS]))
     app[STREAMS] = Streams(networks.feeds, networks.relays)
     if stores.link is not None:

@@ -44,6 +44,7 @@ class Gateway:
         ledger: Ledger,
         metrics: Metrics,
         wall_clock: Callable[[], float],
+        run_dir: str | None = None,
     ) -> None:
         self._settings = settings
         self._service = service
@@ -74,7 +75,8 @@ class Gateway:
         self.tabs = self.hits.tabs  # secret -> Tab: the endpoint reads it
         self.load_keys(settings.api_keys)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
-        self.filters = Filters(settings, service.prepare, service.execute)
+        # With workers, the filters are a table in the run directory they share (MAX_FILTERS_PER_KEY per host).
+        self.filters = Filters(settings, service.prepare, service.execute, run_dir=run_dir)
 
     # --- auth ---------------------------------------------------------------------------
 
