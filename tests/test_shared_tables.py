@@ -1,0 +1,104 @@
+"""The tables the workers of one host share (workers/shared_table.py): held counts that hold across
+processes and give back what a dead process held, and the filter table two workers' Filters share,
+with an injected clock so FILTER_TIMEOUT passes in a test."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+
+from proxy.gateway.filters import FILTER_TIMEOUT, Filters
+from proxy.rpc.jsonrpc import Call
+from proxy.values import Answer
+from proxy.workers.shared_table import LocalCounts, SharedCounts
+from tests.support import settings_for
+
+
+def _take_and_die(directory: str) -> None:
+    assert SharedCounts(directory, "held").take("k1", 5, 3)
+
+
+def test_a_held_count_is_one_number_for_every_process_of_the_host(tmp_path: Path) -> None:
+    first, second = SharedCounts(str(tmp_path), "held"), SharedCounts(str(tmp_path), "held")
+    second._pid = "1"  # another worker's entries (pid 1 is alive: never reaped)
+    assert first.take("k1", 3) and second.take("k1", 3, 2)
+    assert not first.take("k1", 3) and not second.take("k1", 3)
+    assert first.take("k2", 3)  # another key counts apart
+    second.release("k1")
+    assert first.take("k1", 3) and first.count("k1") == 3
+
+
+def test_what_a_dead_worker_held_is_given_back_when_it_stands_in_the_way(tmp_path: Path) -> None:
+    dying = multiprocessing.get_context("spawn").Process(target=_take_and_die, args=(str(tmp_path),))
+    dying.start()
+    dying.join(30)
+    counts = SharedCounts(str(tmp_path), "held")
+    assert counts.count("k1") == 3
+    assert counts.take("k1", 5, 5) and counts.count("k1") == 5
+
+
+def test_settling_tells_the_table_what_this_process_holds_now(tmp_path: Path) -> None:
+    counts = SharedCounts(str(tmp_path), "held")
+    assert counts.take("10.0.0.1", 4, 4)
+    counts.settle({"10.0.0.1": 1})
+    assert counts.count("10.0.0.1") == 1
+    counts.settle({"10.0.0.1": 0})
+    assert counts.count("10.0.0.1") == 0
+
+
+def test_local_counts_hold_the_same_cap_in_one_process() -> None:
+    counts = LocalCounts()
+    assert counts.take("k1", 2) and counts.take("k1", 2) and not counts.take("k1", 2)
+    counts.release("k1")
+    assert counts.count("k1") == 1
+
+
+class _Node:
+    """A node's filter methods: ids 0x1, 0x2, ...; what was asked, in order."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+        self.asked.append(method)
+        result: Any = [] if method == "eth_getFilterChanges" else True
+        if method.startswith("eth_new"):
+            result = hex(sum(m.startswith("eth_new") for m in self.asked))
+        return Answer(orjson.dumps(result), result)
+
+
+async def _unused(*_args: Any) -> Any:
+    raise AssertionError("not asked in these tests")
+
+
+def _prepared(network: Any, method: str, params: list[Any]) -> Any:
+    return SimpleNamespace(call=Call(method, params, 1), network=network, params=params)
+
+
+async def test_a_filter_polled_through_another_worker_stays_counted_and_alive(tmp_path: Path) -> None:
+    settings = settings_for(EVM_UPSTREAM="http://127.0.0.1:1", API_KEYS="k1", MAX_FILTERS_PER_KEY="2")
+    now = [1000.0]
+    workers = [Filters(settings, _unused, _unused, lambda: now[0], run_dir=str(tmp_path)) for _ in range(2)]
+    network = SimpleNamespace(name="evm", upstream=_Node())
+    made = [
+        orjson.loads((await workers[0].execute(_prepared(network, "eth_newBlockFilter", []), "k1")).payload)
+        for _ in range(2)
+    ]
+    refused = await workers[1].execute(_prepared(network, "eth_newBlockFilter", []), "k1")
+    assert refused.is_error and b"MAX_FILTERS_PER_KEY" in refused.payload  # the cap is the host's
+    for _ in range(3):  # polled through the second worker only, each time within FILTER_TIMEOUT
+        now[0] += FILTER_TIMEOUT * 0.8
+        for own_id in made:
+            polled = await workers[1].execute(_prepared(network, "eth_getFilterChanges", [own_id]), "k1")
+            assert polled.payload == b"[]"
+    # The first worker, which made them, still counts them: the node keeps them alive.
+    assert (await workers[0].execute(_prepared(network, "eth_newBlockFilter", []), "k1")).is_error
+    assert (await workers[0].execute(_prepared(network, "eth_uninstallFilter", [made[0]]), "k1")).payload == b"true"
+    assert not (await workers[1].execute(_prepared(network, "eth_newBlockFilter", []), "k1")).is_error
+    now[0] += FILTER_TIMEOUT + 1  # unpolled past the node's deadline: gone for every worker
+    assert not (await workers[0].execute(_prepared(network, "eth_newBlockFilter", []), "k1")).is_error
+    assert network.upstream.asked.count("eth_newBlockFilter") == 4
