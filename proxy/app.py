@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -44,8 +44,9 @@ from proxy.upstream.pool import HttpUpstream, Upstream, routing_of
 from proxy.workers.context import WorkerContext
 from proxy.workers.credit_handover import WorkerLedger
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
+from proxy.workers.replica_counts import ReplicaCounts
 from proxy.workers.shared_polls import ShownRelay
-from proxy.workers.shared_table import SharedCounts, SharedTables, held_counts
+from proxy.workers.shared_table import SharedTables, held_counts
 
 
 class SystemClock:
@@ -97,6 +98,14 @@ class _Stores:
     owned_ledger_link: bool
     leased: LeasedLedger | None
     shared_ledger: WorkerLedger | None = None  # with workers: refusals told to siblings, leases handed over
+    counts: list[ReplicaCounts] = field(default_factory=list)  # per-key limits counted in Redis: renewed
+
+    def held(self, run_dir: str | None, kind: str) -> ReplicaCounts:
+        """Held counts of `kind` for the deployment: in Redis when the cache has it, else for the host."""
+        counts = ReplicaCounts(self.link, kind, held_counts(run_dir, kind))
+        if self.link is not None:
+            self.counts.append(counts)
+        return counts
 
 
 def _stores(
@@ -223,6 +232,8 @@ class _Lifecycle:
             tasks.append(asyncio.create_task(self.stores.leased.run(self.clock.time), name="credit-leases"))
         if self.stores.shared_ledger is not None:
             tasks.append(asyncio.create_task(self.stores.shared_ledger.run(self.clock.time), name="lease-handover"))
+        for counts in self.stores.counts:
+            tasks.append(asyncio.create_task(counts.run(), name="held-counts"))
         return tasks
 
     async def _close(self) -> None:
@@ -286,14 +297,14 @@ def create_app(
         stores.shared_ledger = WorkerLedger(worker.run_dir, worker.index, stores.leased, settings.credits_journal_dir)
     runtimes: dict[str, NetworkRuntime] = {}
     shown_relay = _shown_relay(runtimes, worker)
+    run_dir = worker.run_dir if worker is not None else None
+    # UPSTREAM_KEY_CONCURRENCY: the worker's own slots, and across workers and replicas when there are.
+    shared_slots = stores.held(run_dir, "upstream-per-key") if run_dir or stores.link else None
     # The networks' epochs live beside the entries they name (in Redis, when the cache has it).
     builder = PartsBuilder(
         settings,
         factory,
-        KeySlots(
-            settings.upstream_key_concurrency,
-            SharedCounts(worker.run_dir, "upstream-per-key") if worker is not None else None,
-        ),
+        KeySlots(settings.upstream_key_concurrency, shared_slots),
         metrics,
         RedisEpochs(stores.link) if stores.link is not None else None,
         worker.run_dir if worker is not None else None,
@@ -301,7 +312,6 @@ def create_app(
     )
     networks = NetworkSet(builder, settings.networks, runtimes)
     service = Service(settings, networks.runtimes, stores.cache, metrics)
-    run_dir = worker.run_dir if worker is not None else None
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time, run_dir=run_dir)
     networks.on_reload.append(gateway.router.reload)
 
@@ -312,7 +322,7 @@ def create_app(
     app[GATEWAY] = gateway
     app[LEDGER] = stores.ledger
     app[WEBSOCKETS] = set()
-    app[WS_HELD] = held_counts(run_dir, "ws-per-key")
+    app[WS_HELD] = stores.held(run_dir, "ws-per-key")
     gateway.reloaded.append(lambda: recheck_websockets(app[WEBSOCKETS]))
     app[STREAMS] = Streams(networks.feeds, networks.relays)
     if stores.link is not None:

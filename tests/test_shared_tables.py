@@ -1,6 +1,7 @@
 """The tables the workers of one host share (workers/shared_table.py): held counts that hold across
 processes and give back what a dead process held, and the filter table two workers' Filters share,
-with an injected clock so FILTER_TIMEOUT passes in a test."""
+with an injected clock so FILTER_TIMEOUT passes in a test. The counts replicas share through a real
+redis-server (workers/replica_counts.py): one cap for all, a dead replica's entries lapse."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
+from prometheus_client import CollectorRegistry
 
 from proxy.gateway.filters import FILTER_TIMEOUT, Filters
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, connect
 from proxy.rpc.jsonrpc import Call
 from proxy.values import Answer
+from proxy.workers.replica_counts import ReplicaCounts
 from proxy.workers.shared_table import LocalCounts, SharedCounts
 from tests.support import settings_for
 
@@ -102,3 +107,40 @@ async def test_a_filter_polled_through_another_worker_stays_counted_and_alive(tm
     now[0] += FILTER_TIMEOUT + 1  # unpolled past the node's deadline: gone for every worker
     assert not (await workers[0].execute(_prepared(network, "eth_newBlockFilter", []), "k1")).is_error
     assert network.upstream.asked.count("eth_newBlockFilter") == 4
+
+
+def _link(url: str) -> RedisLink:
+    return RedisLink(connect(url, 2.0), timeout=2.0, metrics=Metrics(CollectorRegistry()))
+
+
+async def test_replicas_sharing_redis_hold_one_count_and_a_dead_ones_lapses(redis_url: str) -> None:
+    links = [_link(redis_url) for _ in range(2)]
+    now = [1000.0]
+    replicas = [ReplicaCounts(link, "ws", LocalCounts(), ttl=10.0, clock=lambda: now[0]) for link in links]
+    try:
+        assert await replicas[0].take("k1", 5, 3) == "redis"
+        assert await replicas[1].take("k1", 5, 2) == "redis"
+        assert await replicas[1].take("k1", 5) is None  # 3 + 2: the cap is the deployment's
+        await replicas[1].release("k1", "redis")
+        assert await replicas[1].take("k1", 5) == "redis"
+        now[0] += 6
+        await replicas[1].renew()  # the second keeps renewing; the first has died
+        now[0] += 6
+        assert await replicas[1].take("k1", 5, 3) == "redis"  # the dead one's 3 are given back
+        assert await replicas[1].take("k1", 5) is None
+    finally:
+        for link in links:
+            await link.close()
+
+
+async def test_without_redis_a_take_is_counted_for_the_host_and_given_back_there() -> None:
+    link = _link("redis://127.0.0.1:1/0")
+    local = LocalCounts()
+    counts = ReplicaCounts(link, "ws", local)
+    try:
+        hold = await counts.take("k1", 2)
+        assert hold == "host" and local.count("k1") == 1
+        await counts.release("k1", hold)
+        assert local.count("k1") == 0
+    finally:
+        await link.close()

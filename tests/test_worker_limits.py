@@ -241,3 +241,33 @@ async def test_cache_key_bytes_per_minute_is_what_all_workers_store_for_the_key(
         assert not_kept == 40
     finally:
         await _stop(running)
+
+
+async def test_two_replicas_sharing_redis_hold_one_count_per_key(relay: CountingRelay, redis_url: str) -> None:
+    limits = {"WS_MAX_CONNECTIONS_PER_KEY": "5", "UPSTREAM_KEY_CONCURRENCY": "4"}
+    replicas = [await _keyed(relay, redis_url, **limits) for _ in range(2)]
+    relay.slow["eth_getBalance"] = 0.4
+    try:
+        async with aiohttp.ClientSession() as session:
+            opened, refused = [], 0
+            for i in range(20):  # alternating replicas, each with its two workers
+                try:
+                    opened.append(await session.ws_connect(f"ws://127.0.0.1:{replicas[i % 2].port}/ws/v3/{KEY}"))
+                except aiohttp.WSServerHandshakeError as error:
+                    assert error.status == 429
+                    refused += 1
+            assert (len(opened), refused) == (5, 15)
+            for ws in opened:
+                await ws.close()
+        addresses = ["0x" + os.urandom(20).hex() for _ in range(16)]
+        replies = await asyncio.gather(
+            *(
+                _one_connection(replicas[i % 2], _call("eth_getBalance", [a, "latest"], i))
+                for i, a in enumerate(addresses)
+            )
+        )
+        assert all(r.get("result") == "0x0" for r in replies), replies
+        assert relay.most["eth_getBalance"] == 4
+    finally:
+        for running in replicas:
+            await _stop(running)

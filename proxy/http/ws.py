@@ -43,10 +43,11 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     refused = _refusal(request, account)
     if refused is not None:
         return refused
-    # WS_MAX_CONNECTIONS_PER_KEY counts across the workers of a host (a held count in the run directory).
+    # WS_MAX_CONNECTIONS_PER_KEY counts across the workers of a host and the replicas sharing Redis.
     cap, held = settings.ws_max_connections_per_key, app[WS_HELD]
     counted = bool(cap) and account != OPEN_ACCOUNT  # open mode: every client is one account
-    if counted and not held.take(account, cap):
+    hold = await held.take(account, cap) if counted else None
+    if counted and hold is None:
         # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
         error = JsonRpcError(
             LIMIT_EXCEEDED,
@@ -57,8 +58,8 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     try:
         return await _open(request, account)
     finally:
-        if counted:
-            held.release(account)
+        if hold is not None:
+            await held.release(account, hold)
 
 
 async def _open(request: web.Request, account: str) -> web.StreamResponse:

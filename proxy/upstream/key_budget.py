@@ -23,7 +23,7 @@ from proxy.key_context import CALLER
 from proxy.upstream.pool import Upstream
 from proxy.upstream.standing import UpstreamStates
 from proxy.values import Answer
-from proxy.workers.shared_table import SharedCounts
+from proxy.workers.replica_counts import Hold, ReplicaCounts
 
 SHARED_RETRY = 0.002  # seconds before a call whose key's places are all held elsewhere tries again
 SHARED_RETRY_MAX = 0.05  # ...doubling up to this
@@ -41,7 +41,7 @@ class KeySlots:
     """Per-key concurrency caps, each key queued apart. `per_key` 0: no cap. `shared`: the places
     counted across the workers of a host."""
 
-    def __init__(self, per_key: int, shared: SharedCounts | None = None) -> None:
+    def __init__(self, per_key: int, shared: ReplicaCounts | None = None) -> None:
         self.per_key = per_key
         self.shared = shared
         self._queues: dict[str, _Queue] = {}
@@ -88,12 +88,13 @@ UNBUDGETED = _Unbudgeted()
 class _Held:
     """One call of `key` holding a slot of its queue while the block runs."""
 
-    __slots__ = ("_key", "_owner", "_queue")
+    __slots__ = ("_hold", "_key", "_owner", "_queue")
 
     def __init__(self, owner: KeySlots, key: str) -> None:
         self._owner = owner
         self._key = key
         self._queue: _Queue | None = None
+        self._hold: Hold | None = None
 
     async def __aenter__(self) -> None:
         owner = self._owner
@@ -105,7 +106,7 @@ class _Held:
             raise
         if owner.shared is not None:
             try:
-                await _shared_place(owner.shared, self._key, owner.per_key)
+                self._hold = await _shared_place(owner.shared, self._key, owner.per_key)
             except BaseException:
                 queue.slots.release()
                 owner._left(self._key, queue)
@@ -116,16 +117,20 @@ class _Held:
         queue = self._queue
         if queue is not None:
             self._queue = None
-            if self._owner.shared is not None:
-                self._owner.shared.release(self._key)
+            if self._owner.shared is not None and self._hold is not None:
+                hold, self._hold = self._hold, None
+                await self._owner.shared.release(self._key, hold)
             queue.slots.release()
             self._owner._left(self._key, queue)
 
 
-async def _shared_place(shared: SharedCounts, key: str, cap: int) -> None:
-    """One of `key`'s places across the workers, once one is free."""
+async def _shared_place(shared: ReplicaCounts, key: str, cap: int) -> Hold:
+    """One of `key`'s places across the workers and replicas, once one is free."""
     delay = SHARED_RETRY
-    while not shared.take(key, cap):
+    while True:
+        hold = await shared.take(key, cap)
+        if hold is not None:
+            return hold
         await asyncio.sleep(delay)
         delay = min(2 * delay, SHARED_RETRY_MAX)
 
