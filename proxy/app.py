@@ -312,7 +312,7 @@ def create_app(
     )
     networks = NetworkSet(builder, settings.networks, runtimes)
     service = Service(settings, networks.runtimes, stores.cache, metrics)
-    gateway = Gateway(settings, service, stores.ledger, metrics, clock.time, run_dir=run_dir)
+    gateway = Gateway(settings, service, stores.ledger, metrics, clock.time, run_dir=run_dir, link=stores.link)
     networks.on_reload.append(gateway.router.reload)
 
     app = web.Application(client_max_size=settings.max_body_bytes)

@@ -244,7 +244,7 @@ async def test_cache_key_bytes_per_minute_is_what_all_workers_store_for_the_key(
 
 
 async def test_two_replicas_sharing_redis_hold_one_count_per_key(relay: CountingRelay, redis_url: str) -> None:
-    limits = {"WS_MAX_CONNECTIONS_PER_KEY": "5", "UPSTREAM_KEY_CONCURRENCY": "4"}
+    limits = {"WS_MAX_CONNECTIONS_PER_KEY": "5", "UPSTREAM_KEY_CONCURRENCY": "4", "MAX_FILTERS_PER_KEY": "5"}
     replicas = [await _keyed(relay, redis_url, **limits) for _ in range(2)]
     relay.slow["eth_getBalance"] = 0.4
     try:
@@ -268,6 +268,15 @@ async def test_two_replicas_sharing_redis_hold_one_count_per_key(relay: Counting
         )
         assert all(r.get("result") == "0x0" for r in replies), replies
         assert relay.most["eth_getBalance"] == 4
+        made = [await _one_connection(replicas[i % 2], _call("eth_newBlockFilter", [])) for i in range(12)]
+        ids = [r["result"] for r in made if "result" in r]
+        assert len(ids) == 5 and relay.calls["eth_newBlockFilter"] == 5
+        for i, own_id in enumerate(ids):  # polled through the replica that did not make it, too
+            polled = await _one_connection(replicas[i % 2], _call("eth_getFilterChanges", [own_id]))
+            assert isinstance(polled.get("result"), list), polled
+        assert (await _one_connection(replicas[1], _call("eth_uninstallFilter", [ids[0]])))["result"] is True
+        assert "result" in await _one_connection(replicas[0], _call("eth_newBlockFilter", []))
+        assert "error" in await _one_connection(replicas[1], _call("eth_newBlockFilter", []))
     finally:
         for running in replicas:
             await _stop(running)

@@ -13,7 +13,8 @@ The live filters are a table: in the process (WORKERS=1), or in the run director
 workers of a host (workers/shared_table.py). So a filter made through one worker and polled or
 uninstalled through another is one filter, polled and uninstalled, and the key's count is one number
 for the host. A filter being made holds its place from before the node is asked until the node
-answers: two workers making a key's last filter at once cannot both pass the cap.
+answers: two workers making a key's last filter at once cannot both pass the cap. With Redis the
+key's filters of every replica are counted there too (filter_places.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import asyncio
 import hashlib
 import hmac
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,8 +32,10 @@ from typing import Any
 from proxy.cache.log_chunks import block_of
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT
+from proxy.gateway.filter_places import FilterPlaces
 from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
+from proxy.redis_link import RedisLink
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, Call, JsonRpcError
 from proxy.values import BYPASS, Answer, Outcome
@@ -73,6 +77,7 @@ class Filters:
         execute: Execute,
         clock: Callable[[], float] = time.monotonic,
         run_dir: str | None = None,
+        link: RedisLink | None = None,
     ) -> None:
         self._settings = settings
         digests = sorted(k.sha256 for k in (settings.api_keys or {}).values())
@@ -86,6 +91,8 @@ class Filters:
         )
         self._pid = os.getpid()
         self._made = 0
+        self._origin = secrets.token_hex(4)  # places are unique across replicas, whose pids may coincide
+        self._places = FilterPlaces(link, FILTER_TIMEOUT)  # across replicas, with Redis
 
     async def execute(self, prepared: Prepared, account: str) -> Outcome:
         """One filter call of `account` (validated and paid for by the gateway)."""
@@ -111,13 +118,17 @@ class Filters:
         if method == "eth_uninstallFilter":
             with self._table.edit() as table:
                 table.pop(own_id, None)
+            await self._places.dropped(account, own_id)
             return Outcome.answered(await net.upstream.request(method, [node_id]), BYPASS)
         if method == "eth_getFilterLogs" and entry is not None:
             if entry.criteria is None:
                 raise JsonRpcError(NOT_FOUND, "filter not found")  # geth: only log filters have logs
             # eth_getLogs over the filter's criteria: its limits, its -32005s, its cache.
             return await self._execute(self._prepare(Call("eth_getLogs", [entry.criteria], prepared.call.id), net))
-        return Outcome.answered(await self._limited(net, method, node_id), BYPASS)
+        answer = await self._limited(net, method, node_id)
+        if method == "eth_getFilterChanges" and not answer.is_error:
+            await self._places.polled(account, own_id)
+        return Outcome.answered(answer, BYPASS)
 
     def _entry(self, own_id: str, network: str, *, polled: bool) -> _Filter | None:
         """The filter behind `own_id` if this host made it; a poll on its network renews it."""
@@ -139,6 +150,9 @@ class Filters:
         place = self._hold_place(account, net.name)
         made: tuple[str, _Filter] | None = None
         try:
+            cap = self._settings.max_filters_per_key
+            if account != OPEN_ACCOUNT and not await self._places.hold(account, place, cap):
+                raise _too_many(cap)  # the key's filters made through the other replicas fill the cap
             answer = await net.upstream.request(method, raw)
             if answer.is_error or not isinstance(answer.result, str):
                 return Outcome.answered(answer, BYPASS)
@@ -153,20 +167,18 @@ class Filters:
                 table.pop(place, None)
                 if made is not None:
                     table[made[0]] = _record(made[1])
+            if account != OPEN_ACCOUNT:
+                await self._places.settle(account, place, made[0] if made is not None else None)
 
     def _hold_place(self, account: str, network: str) -> str:
         """A place among the account's filters while the node is asked; LIMIT_EXCEEDED when none is left
         (open mode: every client is one account, uncounted)."""
         cap = self._settings.max_filters_per_key
         self._made += 1
-        place = f"pending:{self._pid}:{self._made}"
+        place = f"pending:{self._pid}:{self._origin}:{self._made}"
         with self._table.edit() as table:
             if account != OPEN_ACCOUNT and self._live(table, account) >= cap:
-                raise JsonRpcError(
-                    LIMIT_EXCEEDED,
-                    f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); "
-                    "uninstall one with eth_uninstallFilter",
-                )
+                raise _too_many(cap)
             table[place] = _record(_Filter(account, network, "", None, self._clock(), self._pid))
         return place
 
@@ -209,6 +221,13 @@ class Filters:
             data = {"fromBlock": hex(min(blocks)), "toBlock": hex(max(blocks))} if blocks else None
             raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results", data=data)
         return answer
+
+
+def _too_many(cap: int) -> JsonRpcError:
+    return JsonRpcError(
+        LIMIT_EXCEEDED,
+        f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); uninstall one with eth_uninstallFilter",
+    )
 
 
 def _record(entry: _Filter) -> list[Any]:
