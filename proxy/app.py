@@ -7,13 +7,15 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy.cache.admission import Admission
+from proxy.cache.admission import WINDOW, Admission
+from proxy.cache.admission_sync import DeploymentSpend
 from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
 from proxy.chain.epochs import RedisEpochs
 from proxy.chain.heads import EvmHeadTracker
@@ -98,13 +100,14 @@ class _Stores:
     owned_ledger_link: bool
     leased: LeasedLedger | None
     shared_ledger: WorkerLedger | None = None  # with workers: refusals told to siblings, leases handed over
-    counts: list[ReplicaCounts] = field(default_factory=list)  # per-key limits counted in Redis: renewed
+    # Per-key limits counted in Redis: renewed, or synced, in the background.
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
 
     def held(self, run_dir: str | None, kind: str) -> ReplicaCounts:
         """Held counts of `kind` for the deployment: in Redis when the cache has it, else for the host."""
         counts = ReplicaCounts(self.link, kind, held_counts(run_dir, kind))
         if self.link is not None:
-            self.counts.append(counts)
+            self.background.append(counts.run)
         return counts
 
 
@@ -123,10 +126,13 @@ def _stores(
     )
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
     share = settings.cache_key_bytes_per_minute
+    per_window = settings.cache_memory_bytes // 16 if share is None else share
+    deployment = DeploymentSpend(link, per_window, WINDOW) if link is not None and per_window > 0 else None
     admission = Admission(
-        settings.cache_memory_bytes // 16 if share is None else share,
+        per_window,
         clock.monotonic,
         shared=SharedTables(worker.run_dir, "admission") if worker is not None else None,
+        deployment=deployment,
     )
     cache = TieredCache(
         MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics, admission
@@ -162,7 +168,10 @@ def _stores(
     if ledger is None:
         ledger = leased or MemoryLedger()
     owned = redis is None and settings.redis_url is not None
-    return _Stores(cache, ledger, link, owned, ledger_link, bool(ledger_url), leased)
+    stores = _Stores(cache, ledger, link, owned, ledger_link, bool(ledger_url), leased)
+    if deployment is not None:
+        stores.background.append(deployment.run)
+    return stores
 
 
 @dataclass(slots=True)
@@ -232,8 +241,8 @@ class _Lifecycle:
             tasks.append(asyncio.create_task(self.stores.leased.run(self.clock.time), name="credit-leases"))
         if self.stores.shared_ledger is not None:
             tasks.append(asyncio.create_task(self.stores.shared_ledger.run(self.clock.time), name="lease-handover"))
-        for counts in self.stores.counts:
-            tasks.append(asyncio.create_task(counts.run(), name="held-counts"))
+        for run in self.stores.background:
+            tasks.append(asyncio.create_task(run(), name="per-key-limits"))
         return tasks
 
     async def _close(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry
 
+from proxy.cache.admission_sync import DeploymentSpend
 from proxy.gateway.filters import FILTER_TIMEOUT, Filters
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, connect
@@ -144,3 +145,26 @@ async def test_without_redis_a_take_is_counted_for_the_host_and_given_back_there
         assert local.count("k1") == 0
     finally:
         await link.close()
+
+
+async def test_what_one_replica_stored_for_a_key_this_minute_counts_in_the_others(redis_url: str) -> None:
+    links = [_link(redis_url) for _ in range(2)]
+    now = [6000.0]
+    first, second = (DeploymentSpend(link, 100, 60.0, lambda: now[0]) for link in links)
+    try:
+        for _ in range(12):
+            assert first.allows("k1", 5)
+            first.spent("k1", 5)
+        await first.sync()
+        assert second.allows("k1", 5)  # not read yet this minute: blind until its next sync
+        await second.sync()
+        assert not second.allows("k1", 45) and second.allows("k1", 40)
+        second.spent("k1", 40)
+        await second.sync()
+        await first.sync()
+        assert not first.allows("k1", 1) and not second.allows("k1", 1)
+        now[0] += 60  # the next minute: a new count
+        assert first.allows("k1", 100)
+    finally:
+        for link in links:
+            await link.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -280,3 +281,33 @@ async def test_two_replicas_sharing_redis_hold_one_count_per_key(relay: Counting
     finally:
         for running in replicas:
             await _stop(running)
+
+
+async def test_what_one_replica_stored_for_a_key_this_minute_fills_the_others_share(
+    relay: CountingRelay, redis_url: str
+) -> None:
+    first, second = [await _keyed(relay, redis_url, CACHE_KEY_BYTES_PER_MINUTE="1000") for _ in range(2)]
+    try:
+        minute = int(time.time() // 60)
+        for _ in range(2):  # 200 answers of 5 bytes: the key's 1000 bytes this minute, all stored by the first
+            batch = [_call("eth_getBalance", ["0x" + os.urandom(20).hex(), "0x0"], i) for i in range(100)]
+            async with aiohttp.ClientSession() as session, session.post(first.url, json=batch) as response:
+                assert all(r["result"] == "0x0" for r in await response.json())
+        asked = [0]
+
+        async def second_refuses() -> bool:
+            asked[0] += 1
+            address = "0x" + os.urandom(20).hex()
+            assert (await _one_connection(second, _call("eth_getBalance", [address, "0x0"])))["result"] == "0x0"
+            async with aiohttp.ClientSession() as session:
+                text = await _scrape(session, second)
+            return _sample(text, "rpc_proxy_uncached_answers_total", network="any", reason="key_cache_share") > 0
+
+        await eventually(second_refuses, 30, "the second replica to refuse the key's answers")
+        if int(time.time() // 60) == minute:  # else a new minute began: a new count
+            # Refused once its workers read the deployment's total (each stores blind for at most
+            # SYNC_SECONDS), long before its own host count alone (200 answers) would have.
+            assert asked[0] < 100
+    finally:
+        await _stop(first)
+        await _stop(second)

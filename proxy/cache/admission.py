@@ -11,7 +11,8 @@ The proxy's own stores (no key) and open mode are not bounded. Pure but for the 
 With workers (WORKERS > 1) a key's window is the host's: its start and bytes live in a table in the
 run directory (workers/shared_table.py) that every worker's store reads and writes under a file lock,
 so the workers together place at most `per_window` bytes of a key per window. Only stores pay for
-that (microseconds); hits store nothing.
+that (microseconds); hits store nothing. With Redis the replicas' count is kept beside it
+(admission_sync.py), within that module's tolerance.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from proxy.cache.admission_sync import DeploymentSpend
 from proxy.workers.shared_table import SharedTables
 
 WINDOW = 60.0  # seconds: CACHE_KEY_BYTES_PER_MINUTE
@@ -31,21 +33,30 @@ class Admission:
         clock: Callable[[], float],
         window: float = WINDOW,
         shared: SharedTables | None = None,
+        deployment: DeploymentSpend | None = None,
     ) -> None:
         self.per_window = per_window
         self._clock = clock  # CLOCK_MONOTONIC when shared: one clock for every worker of a host
         self._window = window
         self._spent: dict[str, Any] = {}  # key -> [its window's start, bytes stored in it]
         self._shared = shared
+        self._deployment = deployment  # with Redis: the replicas' count beside the host's
 
     def admit(self, key: str | None, size: int) -> bool:
         """Whether `key` may store `size` more bytes now (counted when it may)."""
         if key is None or self.per_window <= 0:
             return True
+        deployment = self._deployment
+        if deployment is not None and not deployment.allows(key, size):
+            return False
         if self._shared is None:
-            return self._admitted(self._spent, key, size)
-        with self._shared.edit(key) as table:
-            return self._admitted(table, key, size)
+            admitted = self._admitted(self._spent, key, size)
+        else:
+            with self._shared.edit(key) as table:
+                admitted = self._admitted(table, key, size)
+        if admitted and deployment is not None:
+            deployment.spent(key, size)
+        return admitted
 
     def _admitted(self, spent: dict[str, Any], key: str, size: int) -> bool:
         now = self._clock()
