@@ -7,10 +7,11 @@ a wide eth_getLogs batch of one key delays another key's miss only by what the n
 to answer at most `per_key` extra calls. The proxy's own calls (head polls, identity probes) and
 open mode (no keys) are not budgeted.
 
-With workers (WORKERS > 1) the cap is the host's: a call holding its worker's slot also takes one of
-the key's places counted in the run directory (workers/shared_table.py), and waits, trying again
-every few milliseconds, while the key's calls in the other workers hold them all. Any one worker may
-use the whole cap. Only calls to the upstream pay for this (a file lock, microseconds); hits do not.
+With workers (WORKERS > 1) or Redis the cap is the deployment's: a call holding its worker's slot
+also takes one of the key's places, counted in Redis across replicas or else in the run directory
+across the host's workers (workers/replica_counts.py), and waits, trying again every few
+milliseconds, while the key's calls elsewhere hold them all. Any one worker may use the whole cap.
+Only calls to the upstream pay for this (a Redis round trip each way, or a file lock); hits do not.
 """
 
 from __future__ import annotations
