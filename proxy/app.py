@@ -7,13 +7,15 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy.cache.admission import Admission
+from proxy.cache.admission import WINDOW, Admission
+from proxy.cache.admission_sync import DeploymentSpend
 from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
 from proxy.chain.epochs import RedisEpochs
 from proxy.chain.heads import EvmHeadTracker
@@ -24,7 +26,7 @@ from proxy.credits.ledger_storage import check_ledger_storage
 from proxy.gateway.gateway import Gateway
 from proxy.http.admin import start_admin
 from proxy.http.aiohttp_routes import fallback, guarded, healthz, metrics_route, readyz, request_ids, rpc_route
-from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS
+from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
 from proxy.http.cors import Cors
 from proxy.http.endpoint import RpcEndpoint
 from proxy.http.front_routes import Exposition, FrontRoutes
@@ -45,7 +47,9 @@ from proxy.upstream.pool import HttpUpstream, Upstream, routing_of
 from proxy.workers.context import WorkerContext
 from proxy.workers.credit_handover import WorkerLedger
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
+from proxy.workers.replica_counts import ReplicaCounts
 from proxy.workers.shared_polls import ShownRelay
+from proxy.workers.shared_table import SharedTables, held_counts
 
 
 class SystemClock:
@@ -97,6 +101,15 @@ class _Stores:
     owned_ledger_link: bool
     leased: LeasedLedger | None
     shared_ledger: WorkerLedger | None = None  # with workers: refusals told to siblings, leases handed over
+    # Per-key limits counted in Redis: renewed, or synced, in the background.
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
+
+    def held(self, run_dir: str | None, kind: str) -> ReplicaCounts:
+        """Held counts of `kind` for the deployment: in Redis when the cache has it, else for the host."""
+        counts = ReplicaCounts(self.link, kind, held_counts(run_dir, kind))
+        if self.link is not None:
+            self.background.append(counts.run)
+        return counts
 
 
 def _stores(
@@ -105,6 +118,7 @@ def _stores(
     clock: Clock,
     redis: RedisClient | None,
     ledger: Ledger | None,
+    worker: WorkerContext | None,
 ) -> _Stores:
     client = (
         redis
@@ -113,7 +127,14 @@ def _stores(
     )
     link = RedisLink(client, timeout=settings.redis_timeout, metrics=metrics) if client is not None else None
     share = settings.cache_key_bytes_per_minute
-    admission = Admission(settings.cache_memory_bytes // 16 if share is None else share, clock.monotonic)
+    per_window = settings.cache_memory_bytes // 16 if share is None else share
+    deployment = DeploymentSpend(link, per_window, WINDOW) if link is not None and per_window > 0 else None
+    admission = Admission(
+        per_window,
+        clock.monotonic,
+        shared=SharedTables(worker.run_dir, "admission") if worker is not None else None,
+        deployment=deployment,
+    )
     cache = TieredCache(
         MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics, admission
     )
@@ -148,7 +169,10 @@ def _stores(
     if ledger is None:
         ledger = leased or MemoryLedger()
     owned = redis is None and settings.redis_url is not None
-    return _Stores(cache, ledger, link, owned, ledger_link, bool(ledger_url), leased)
+    stores = _Stores(cache, ledger, link, owned, ledger_link, bool(ledger_url), leased)
+    if deployment is not None:
+        stores.background.append(deployment.run)
+    return stores
 
 
 @dataclass(slots=True)
@@ -218,6 +242,8 @@ class _Lifecycle:
             tasks.append(asyncio.create_task(self.stores.leased.run(self.clock.time), name="credit-leases"))
         if self.stores.shared_ledger is not None:
             tasks.append(asyncio.create_task(self.stores.shared_ledger.run(self.clock.time), name="lease-handover"))
+        for run in self.stores.background:
+            tasks.append(asyncio.create_task(run(), name="per-key-limits"))
         return tasks
 
     async def _close(self) -> None:
@@ -278,18 +304,21 @@ def create_app(
     metrics.memory_limit.set(cgroup_memory_limit() or 0)
     clock = clock or SystemClock()
     factory = upstream_factory or _http_upstream(settings)
-    stores = _stores(settings, metrics, clock, redis, ledger)
+    stores = _stores(settings, metrics, clock, redis, ledger, worker)
     if stores.link is None:  # no Redis configured: no rpc_proxy_redis_up to say it is down
         metrics.registry.unregister(metrics.redis_up)
     if worker is not None and stores.leased is not None:
         stores.shared_ledger = WorkerLedger(worker.run_dir, worker.index, stores.leased, settings.credits_journal_dir)
     runtimes: dict[str, NetworkRuntime] = {}
     shown_relay = _shown_relay(runtimes, worker)
+    run_dir = worker.run_dir if worker is not None else None
+    # UPSTREAM_KEY_CONCURRENCY: the worker's own slots, and across workers and replicas when there are.
+    shared_slots = stores.held(run_dir, "upstream-per-key") if run_dir or stores.link else None
     # The networks' epochs live beside the entries they name (in Redis, when the cache has it).
     builder = PartsBuilder(
         settings,
         factory,
-        KeySlots(settings.upstream_key_concurrency),
+        KeySlots(settings.upstream_key_concurrency, shared_slots),
         metrics,
         RedisEpochs(stores.link) if stores.link is not None else None,
         worker.run_dir if worker is not None else None,
@@ -297,7 +326,7 @@ def create_app(
     )
     networks = NetworkSet(builder, settings.networks, runtimes)
     service = Service(settings, networks.runtimes, stores.cache, metrics)
-    gateway = Gateway(settings, service, stores.ledger, metrics, clock.time)
+    gateway = Gateway(settings, service, stores.ledger, metrics, clock.time, run_dir=run_dir, link=stores.link)
     networks.on_reload.append(gateway.router.reload)
 
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[request_ids])
@@ -307,6 +336,7 @@ def create_app(
     app[GATEWAY] = gateway
     app[LEDGER] = stores.ledger
     app[WEBSOCKETS] = set()
+    app[WS_HELD] = stores.held(run_dir, "ws-per-key")
     gateway.reloaded.append(lambda: recheck_websockets(app[WEBSOCKETS]))
     app[STREAMS] = Streams(networks.feeds, networks.relays)
     if stores.link is not None:

@@ -29,6 +29,7 @@ def run_server(settings: Settings, *, on_listening: Callable[[], None], worker: 
                 shutdown_timeout=settings.shutdown_timeout,
                 on_listening=on_listening,
                 reuse_port=worker is not None,
+                run_dir=worker.run_dir if worker is not None else None,
             ),
             settings.event_loop,
         )

@@ -1,14 +1,20 @@
 """Node-side filters (eth_newFilter and friends), owned by the key that made them and bounded.
 
 The proxy issues its own filter ids, so an id means nothing to another key ("filter not found", as
-geth says of an unknown id), and counts each key's live filters (MAX_FILTERS_PER_KEY, per process).
-An id is the node's id behind an HMAC of the key's name and that id, keyed by a digest of every
-configured API key: another worker or replica with the same keys reads it without shared state,
-and no tenant can forge one for another key. eth_newFilter's criteria pass eth_getLogs' validator (GETLOGS_MAX_PARAMS);
+geth says of an unknown id), and counts each key's live filters (MAX_FILTERS_PER_KEY). An id is the
+node's id behind an HMAC of the key's name and that id, keyed by a digest of every configured API key:
+another worker or replica with the same keys reads it without shared state, and no tenant can forge
+one for another key. eth_newFilter's criteria pass eth_getLogs' validator (GETLOGS_MAX_PARAMS);
 eth_getFilterLogs is eth_getLogs over the filter's criteria, served by the read-through flow with
 its limits, cache and chunks; eth_getFilterChanges is the node's, under eth_getLogs' time and
-result limits (issue 19, item 5). A filter the client has not polled for FILTER_TIMEOUT seconds is
-gone, as on geth.
+result limits. A filter the client has not polled for FILTER_TIMEOUT seconds is gone, as on geth.
+
+The live filters are a table: in the process (WORKERS=1), or in the run directory shared by the
+workers of a host (workers/shared_table.py). So a filter made through one worker and polled or
+uninstalled through another is one filter, polled and uninstalled, and the key's count is one number
+for the host. A filter being made holds its place from before the node is asked until the node
+answers: two workers making a key's last filter at once cannot both pass the cap. With Redis the
+key's filters of every replica are counted there too (filter_places.py).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,11 +32,14 @@ from typing import Any
 from proxy.cache.log_chunks import block_of
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT
+from proxy.gateway.filter_places import FilterPlaces
 from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
+from proxy.redis_link import RedisLink
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, Call, JsonRpcError
 from proxy.values import BYPASS, Answer, Outcome
+from proxy.workers.shared_table import LocalTable, SharedTable, alive
 
 FILTER_METHODS = frozenset(
     {
@@ -55,19 +66,33 @@ class _Filter:
     node_id: str  # the node's own id
     criteria: dict[str, Any] | None  # eth_newFilter's filter object; None for block/pending filters
     polled: float  # monotonic time of creation or the last eth_getFilterChanges
+    pid: int  # the process that made it (a place held while the node is asked: dropped if it died)
 
 
 class Filters:
     def __init__(
-        self, settings: Settings, prepare: Prepare, execute: Execute, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: Settings,
+        prepare: Prepare,
+        execute: Execute,
+        clock: Callable[[], float] = time.monotonic,
+        run_dir: str | None = None,
+        link: RedisLink | None = None,
     ) -> None:
         self._settings = settings
         digests = sorted(k.sha256 for k in (settings.api_keys or {}).values())
         self._secret = hashlib.sha256("filter ids\0".join(["", *digests]).encode()).digest()
         self._prepare = prepare
         self._execute = execute
-        self._clock = clock
-        self._filters: dict[str, _Filter] = {}
+        self._clock = clock  # CLOCK_MONOTONIC: one clock for every worker of a host
+        # own id -> _Filter's fields, in order; a place held while the node is asked: "pending:<pid>:<n>"
+        self._table: SharedTable | LocalTable = (
+            SharedTable(os.path.join(run_dir, "filters.json")) if run_dir is not None else LocalTable()
+        )
+        self._pid = os.getpid()
+        self._made = 0
+        self._origin = secrets.token_hex(4)  # places are unique across replicas, whose pids may coincide
+        self._places = FilterPlaces(link, FILTER_TIMEOUT)  # across replicas, with Redis
 
     async def execute(self, prepared: Prepared, account: str) -> Outcome:
         """One filter call of `account` (validated and paid for by the gateway)."""
@@ -86,44 +111,76 @@ class Filters:
             if method == "eth_uninstallFilter":
                 return _result(False)  # geth's answer to an unknown id
             raise JsonRpcError(NOT_FOUND, "filter not found")
-        # Made here: its criteria and last poll are known. Else another worker or replica made it.
-        entry = self._filters.get(own_id)
+        # Made on this host: its criteria and last poll are known. Else another replica made it.
+        entry = self._entry(own_id, net.name, polled=method == "eth_getFilterChanges")
         if entry is not None and entry.network != net.name:
             raise JsonRpcError(NOT_FOUND, "filter not found")
         if method == "eth_uninstallFilter":
-            self._filters.pop(own_id, None)
+            with self._table.edit() as table:
+                table.pop(own_id, None)
+            await self._places.dropped(account, own_id)
             return Outcome.answered(await net.upstream.request(method, [node_id]), BYPASS)
         if method == "eth_getFilterLogs" and entry is not None:
             if entry.criteria is None:
                 raise JsonRpcError(NOT_FOUND, "filter not found")  # geth: only log filters have logs
             # eth_getLogs over the filter's criteria: its limits, its -32005s, its cache.
             return await self._execute(self._prepare(Call("eth_getLogs", [entry.criteria], prepared.call.id), net))
-        if entry is not None and method == "eth_getFilterChanges":
-            entry.polled = self._clock()
-        return Outcome.answered(await self._limited(net, method, node_id), BYPASS)
+        answer = await self._limited(net, method, node_id)
+        if method == "eth_getFilterChanges" and not answer.is_error:
+            await self._places.polled(account, own_id)
+        return Outcome.answered(answer, BYPASS)
+
+    def _entry(self, own_id: str, network: str, *, polled: bool) -> _Filter | None:
+        """The filter behind `own_id` if this host made it; a poll on its network renews it."""
+        with self._table.edit() as table:
+            record = table.get(own_id)
+            if record is None:
+                return None
+            entry = _Filter(*record)
+            if polled and entry.network == network:
+                record[4] = entry.polled = self._clock()
+            return entry
 
     async def _install(self, prepared: Prepared, account: str) -> Outcome:
-        cap = self._settings.max_filters_per_key
-        if account != OPEN_ACCOUNT and self._live(account) >= cap:  # open mode: every client is one account
-            raise JsonRpcError(
-                LIMIT_EXCEEDED,
-                f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); "
-                "uninstall one with eth_uninstallFilter",
-            )
         net, method = prepared.network, prepared.call.method
         raw = prepared.call.params
         assert isinstance(raw, list)  # the gateway validated it: positional params
         criteria = raw[0] if method == "eth_newFilter" else None  # validated as eth_getLogs' filter
-        answer = await net.upstream.request(method, raw)
-        if answer.is_error or not isinstance(answer.result, str):
-            return Outcome.answered(answer, BYPASS)
-        node_id = answer.result.lower()
-        if not node_id.startswith("0x"):
-            return Outcome.answered(answer, BYPASS)
-        own_id = "0x" + self._tag(account, node_id) + node_id[2:]
         assert isinstance(criteria, dict) or criteria is None
-        self._filters[own_id] = _Filter(account, net.name, node_id, criteria, self._clock())
-        return _result(own_id)
+        place = self._hold_place(account, net.name)
+        made: tuple[str, _Filter] | None = None
+        try:
+            cap = self._settings.max_filters_per_key
+            if account != OPEN_ACCOUNT and not await self._places.hold(account, place, cap):
+                raise _too_many(cap)  # the key's filters made through the other replicas fill the cap
+            answer = await net.upstream.request(method, raw)
+            if answer.is_error or not isinstance(answer.result, str):
+                return Outcome.answered(answer, BYPASS)
+            node_id = answer.result.lower()
+            if not node_id.startswith("0x"):
+                return Outcome.answered(answer, BYPASS)
+            own_id = "0x" + self._tag(account, node_id) + node_id[2:]
+            made = own_id, _Filter(account, net.name, node_id, criteria, self._clock(), self._pid)
+            return _result(own_id)
+        finally:
+            with self._table.edit() as table:  # the place becomes the filter, or is given back
+                table.pop(place, None)
+                if made is not None:
+                    table[made[0]] = _record(made[1])
+            if account != OPEN_ACCOUNT:
+                await self._places.settle(account, place, made[0] if made is not None else None)
+
+    def _hold_place(self, account: str, network: str) -> str:
+        """A place among the account's filters while the node is asked; LIMIT_EXCEEDED when none is left
+        (open mode: every client is one account, uncounted)."""
+        cap = self._settings.max_filters_per_key
+        self._made += 1
+        place = f"pending:{self._pid}:{self._origin}:{self._made}"
+        with self._table.edit() as table:
+            if account != OPEN_ACCOUNT and self._live(table, account) >= cap:
+                raise _too_many(cap)
+            table[place] = _record(_Filter(account, network, "", None, self._clock(), self._pid))
+        return place
 
     def _tag(self, account: str, node_id: str) -> str:
         return hmac.new(self._secret, f"{account}\0{node_id}".encode(), hashlib.sha256).hexdigest()[:_TAG]
@@ -135,13 +192,18 @@ class Filters:
             return None
         return node_id
 
-    def _live(self, account: str) -> int:
-        """The account's filters, forgetting those past FILTER_TIMEOUT (the node has dropped them)."""
+    def _live(self, table: dict[str, Any], account: str) -> int:
+        """The account's filters, forgetting those past FILTER_TIMEOUT (the node has dropped them) and
+        the places held by processes that died asking the node."""
         now = self._clock()
-        expired = [k for k, f in self._filters.items() if now - f.polled > FILTER_TIMEOUT]
-        for own_id in expired:
-            del self._filters[own_id]
-        return sum(f.account == account for f in self._filters.values())
+        gone = [
+            own_id
+            for own_id, record in table.items()
+            if now - record[4] > FILTER_TIMEOUT or (own_id.startswith("pending:") and not alive(record[5]))
+        ]
+        for own_id in gone:
+            del table[own_id]
+        return sum(record[0] == account for record in table.values())
 
     async def _limited(self, net: NetworkRuntime, method: str, node_id: str) -> Answer:
         """The node's logs or changes of a filter, under eth_getLogs' time and result limits."""
@@ -159,6 +221,17 @@ class Filters:
             data = {"fromBlock": hex(min(blocks)), "toBlock": hex(max(blocks))} if blocks else None
             raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results", data=data)
         return answer
+
+
+def _too_many(cap: int) -> JsonRpcError:
+    return JsonRpcError(
+        LIMIT_EXCEEDED,
+        f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); uninstall one with eth_uninstallFilter",
+    )
+
+
+def _record(entry: _Filter) -> list[Any]:
+    return [entry.account, entry.network, entry.node_id, entry.criteria, entry.polled, entry.pid]
 
 
 def _result(value: Any) -> Outcome:

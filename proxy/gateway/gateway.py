@@ -22,6 +22,7 @@ from proxy.key_context import CALLER
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
+from proxy.redis_link import RedisLink
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_API_KEY, Body, Call, Invalid, JsonRpcError
 from proxy.service import MemoryHit, Service
@@ -44,6 +45,8 @@ class Gateway:
         ledger: Ledger,
         metrics: Metrics,
         wall_clock: Callable[[], float],
+        run_dir: str | None = None,
+        link: RedisLink | None = None,
     ) -> None:
         self._settings = settings
         self._service = service
@@ -74,7 +77,8 @@ class Gateway:
         self.tabs = self.hits.tabs  # secret -> Tab: the endpoint reads it
         self.load_keys(settings.api_keys)
         self.open_hit_headers: Mapping[str, str] = self._reply(None, 200, 0, None, HIT).headers
-        self.filters = Filters(settings, service.prepare, service.execute)
+        # With workers, the filters are a table in the run directory they share; with Redis, counted there too.
+        self.filters = Filters(settings, service.prepare, service.execute, run_dir=run_dir, link=link)
 
     # --- auth ---------------------------------------------------------------------------
 

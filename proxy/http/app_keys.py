@@ -13,6 +13,7 @@ from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink
 from proxy.service import Service
 from proxy.streams.subscriptions import Streams
+from proxy.workers.replica_counts import ReplicaCounts
 
 SETTINGS = web.AppKey("settings", Settings)
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -20,6 +21,7 @@ METRICS = web.AppKey("metrics", Metrics)
 SERVICE = web.AppKey("service", Service)
 REDIS = web.AppKey("redis", RedisLink)
 WEBSOCKETS = web.AppKey("websockets", set[Connection])
+WS_HELD = web.AppKey("ws_held", ReplicaCounts)  # open WebSockets per key (WS_MAX_CONNECTIONS_PER_KEY)
 LEDGER = web.AppKey("ledger", Ledger)
 STREAMS = web.AppKey("streams", Streams)
 FRONT = web.AppKey("front", FrontRoutes)  # what the fast server (front.py) answers with

@@ -19,8 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from proxy.http.app_keys import FRONT
 from proxy.http.front import Front
 from proxy.http.front_routes import Exposition
+from proxy.http.peer_counts import SETTLE_SECONDS, PeerCounts
 from proxy.http.pipeline import KEEPALIVE_TIMEOUT
 from proxy.logs import Throttled
+from proxy.workers.shared_table import SharedCounts
 
 log = logging.getLogger("proxy.listeners")
 throttled = Throttled(log)
@@ -41,39 +43,6 @@ class _Refused(asyncio.Protocol):
         writer = cast(asyncio.WriteTransport, transport)  # uvloop's transports are no asyncio subclass
         writer.write(BUSY_RESPONSE)
         writer.close()
-
-
-class PeerCounts:
-    """Open connections per client address (MAX_CONNECTIONS_PER_IP; 0: no cap), so one client
-    cannot fill MAX_CONNECTIONS. A connection counts until its handler's transport is gone: closed
-    ones are swept from an address when it reaches the cap, and from all of them whenever the table
-    has doubled since the last sweep."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self._open: dict[str, list[Any]] = {}
-        self._held = 0
-        self._sweep_at = 1024
-
-    def admits(self, peer: str) -> bool:
-        held = self._open.get(peer)
-        if not self.cap or held is None or len(held) < self.cap:
-            return True
-        held[:] = [h for h in held if h.transport is not None]
-        return len(held) < self.cap
-
-    def add(self, peer: str, handler: Any) -> None:
-        if not self.cap:
-            return
-        self._open.setdefault(peer, []).append(handler)
-        self._held += 1
-        if self._held > self._sweep_at:
-            for address, held in list(self._open.items()):
-                held[:] = [h for h in held if h.transport is not None]
-                if not held:
-                    del self._open[address]
-            self._held = sum(len(held) for held in self._open.values())
-            self._sweep_at = max(1024, 2 * self._held)
 
 
 class _Admission(asyncio.Protocol):
@@ -119,10 +88,13 @@ class CappedSite(web.TCPSite):
         reuse_port: bool = False,
         per_ip: int = 0,
         shutdown_timeout: float | None = None,
+        run_dir: str | None = None,
     ) -> None:
         super().__init__(runner, host, port, reuse_port=reuse_port)
         self._max_connections = max_connections
-        self._peers = PeerCounts(per_ip)
+        # With workers, MAX_CONNECTIONS_PER_IP is the host's: each worker's count is in the run directory.
+        self._peers = PeerCounts(per_ip, SharedCounts(run_dir, "connections-per-ip") if run_dir and per_ip else None)
+        self._settling: asyncio.Task[None] | None = None
         self._shutdown_timeout = shutdown_timeout
         self._front: Front | None = None
 
@@ -164,6 +136,14 @@ class CappedSite(web.TCPSite):
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
         )
+        if self._peers.shared is not None:
+            self._settling = loop.create_task(self._settle())
+
+    async def _settle(self) -> None:
+        """The connections this worker closed leave the shared count within SETTLE_SECONDS."""
+        while True:
+            await asyncio.sleep(SETTLE_SECONDS)
+            self._peers.settle()
 
     @property
     def front(self) -> Front | None:
@@ -175,6 +155,8 @@ class CappedSite(web.TCPSite):
         return len(self._front.connections) if self._front is not None else 0
 
     async def stop(self) -> None:
+        if self._settling is not None:
+            self._settling.cancel()
         await super().stop()  # no new connections
         if self._front is not None:
             timeout = self._shutdown_timeout
@@ -277,6 +259,7 @@ async def serve(
     on_listening: Callable[[], None],
     reuse_port: bool = False,
     per_ip: int = 0,
+    run_dir: str | None = None,
 ) -> None:
     """Run `app` until SIGTERM or SIGINT, then drain it (in-flight requests get `shutdown_timeout`)."""
     loop = asyncio.get_running_loop()
@@ -304,6 +287,7 @@ async def serve(
             reuse_port=reuse_port,
             per_ip=per_ip,
             shutdown_timeout=shutdown_timeout,
+            run_dir=run_dir,
         )
         await site.start()
         # What was built until now (modules, tables, the app) lives as long as the process: frozen, the

@@ -12,7 +12,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
-from proxy.http.app_keys import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
+from proxy.http.app_keys import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.ws_connections import Connection
@@ -36,7 +36,7 @@ _closing: set[asyncio.Task[None]] = set()  # revoked sockets being closed (the l
 
 async def websocket_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
-    gateway, metrics, settings = app[GATEWAY], app[METRICS], app[SETTINGS]
+    gateway, settings = app[GATEWAY], app[SETTINGS]
     account = gateway.account(api_key(request))
     if account is None:
         # The upgrade is refused the same way as HTTP: 401 with a JSON-RPC error body.
@@ -44,6 +44,29 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     refused = _refusal(request, account)
     if refused is not None:
         return refused
+    # WS_MAX_CONNECTIONS_PER_KEY counts across the workers of a host and the replicas sharing Redis.
+    cap, held = settings.ws_max_connections_per_key, app[WS_HELD]
+    counted = bool(cap) and account != OPEN_ACCOUNT  # open mode: every client is one account
+    hold = await held.take(account, cap) if counted else None
+    if counted and hold is None:
+        # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
+        error = JsonRpcError(
+            LIMIT_EXCEEDED,
+            f"too many WebSocket connections for this key: at most {cap} (WS_MAX_CONNECTIONS_PER_KEY)",
+            http_status=429,
+        )
+        return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
+    try:
+        return await _open(request, account)
+    finally:
+        if hold is not None:
+            await held.release(account, hold)
+
+
+async def _open(request: web.Request, account: str) -> web.StreamResponse:
+    """The socket of `account`, admitted: served until either side closes it."""
+    app = request.app
+    gateway, metrics, settings = app[GATEWAY], app[METRICS], app[SETTINGS]
     network = gateway.router.network_for(request.host, request.match_info.get("network"))
     # aiohttp refuses a message of max_msg_size bytes itself; WS_MAX_MESSAGE_BYTES is the largest one served.
     ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes + 1, heartbeat=30.0)
@@ -124,21 +147,9 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
 
 
 def _refusal(request: web.Request, account: str) -> web.Response | None:
-    """An origin the key does not allow, or a key holding WS_MAX_CONNECTIONS_PER_KEY already."""
-    app = request.app
-    refusal = origin_check(app[GATEWAY], account, request)  # a browser's handshake carries its page's Origin
-    if refusal is not None:
-        return error_response(refusal, {"X-Credits-Charged": "0"})
-    cap = app[SETTINGS].ws_max_connections_per_key
-    if cap and account != OPEN_ACCOUNT and sum(c.account == account for c in app[WEBSOCKETS]) >= cap:
-        # One key cannot hold the connection slots every key shares (MAX_CONNECTIONS); refused unread.
-        error = JsonRpcError(
-            LIMIT_EXCEEDED,
-            f"too many WebSocket connections for this key: at most {cap} (WS_MAX_CONNECTIONS_PER_KEY)",
-            http_status=429,
-        )
-        return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
-    return None
+    """An origin the key does not allow."""
+    refusal = origin_check(request.app[GATEWAY], account, request)  # a browser's handshake carries its page's Origin
+    return error_response(refusal, {"X-Credits-Charged": "0"}) if refusal is not None else None
 
 
 def _rechecker(

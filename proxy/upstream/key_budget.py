@@ -6,6 +6,12 @@ that key's own queue (first come, first served); no key ever waits behind anothe
 a wide eth_getLogs batch of one key delays another key's miss only by what the node itself takes
 to answer at most `per_key` extra calls. The proxy's own calls (head polls, identity probes) and
 open mode (no keys) are not budgeted.
+
+With workers (WORKERS > 1) or Redis the cap is the deployment's: a call holding its worker's slot
+also takes one of the key's places, counted in Redis across replicas or else in the run directory
+across the host's workers (workers/replica_counts.py), and waits, trying again every few
+milliseconds, while the key's calls elsewhere hold them all. Any one worker may use the whole cap.
+Only calls to the upstream pay for this (a Redis round trip each way, or a file lock); hits do not.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from proxy.key_context import CALLER
 from proxy.upstream.pool import Upstream
 from proxy.upstream.standing import UpstreamStates
 from proxy.values import Answer
+from proxy.workers.replica_counts import Hold, ReplicaCounts
+
+SHARED_RETRY = 0.002  # seconds before a call whose key's places are all held elsewhere tries again
+SHARED_RETRY_MAX = 0.05  # ...doubling up to this
 
 
 class _Queue:
@@ -29,10 +39,12 @@ class _Queue:
 
 
 class KeySlots:
-    """Per-key concurrency caps, each key queued apart. `per_key` 0: no cap."""
+    """Per-key concurrency caps, each key queued apart. `per_key` 0: no cap. `shared`: the places
+    counted across the workers of a host."""
 
-    def __init__(self, per_key: int) -> None:
+    def __init__(self, per_key: int, shared: ReplicaCounts | None = None) -> None:
         self.per_key = per_key
+        self.shared = shared
         self._queues: dict[str, _Queue] = {}
 
     def in_use(self, key: str) -> int:
@@ -77,28 +89,51 @@ UNBUDGETED = _Unbudgeted()
 class _Held:
     """One call of `key` holding a slot of its queue while the block runs."""
 
-    __slots__ = ("_key", "_owner", "_queue")
+    __slots__ = ("_hold", "_key", "_owner", "_queue")
 
     def __init__(self, owner: KeySlots, key: str) -> None:
         self._owner = owner
         self._key = key
         self._queue: _Queue | None = None
+        self._hold: Hold | None = None
 
     async def __aenter__(self) -> None:
-        queue = self._owner._queue(self._key)
+        owner = self._owner
+        queue = owner._queue(self._key)
         try:
             await queue.slots.acquire()
         except BaseException:
-            self._owner._left(self._key, queue)  # cancelled while queued: it holds no slot
+            owner._left(self._key, queue)  # cancelled while queued: it holds no slot
             raise
+        if owner.shared is not None:
+            try:
+                self._hold = await _shared_place(owner.shared, self._key, owner.per_key)
+            except BaseException:
+                queue.slots.release()
+                owner._left(self._key, queue)
+                raise
         self._queue = queue
 
     async def __aexit__(self, *_exc: object) -> None:
         queue = self._queue
         if queue is not None:
             self._queue = None
+            if self._owner.shared is not None and self._hold is not None:
+                hold, self._hold = self._hold, None
+                await self._owner.shared.release(self._key, hold)
             queue.slots.release()
             self._owner._left(self._key, queue)
+
+
+async def _shared_place(shared: ReplicaCounts, key: str, cap: int) -> Hold:
+    """One of `key`'s places across the workers and replicas, once one is free."""
+    delay = SHARED_RETRY
+    while True:
+        hold = await shared.take(key, cap)
+        if hold is not None:
+            return hold
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, SHARED_RETRY_MAX)
 
 
 class KeyedUpstream:
