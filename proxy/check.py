@@ -21,6 +21,7 @@ import aiohttp
 
 from proxy.config import Network, Settings
 from proxy.credits.prices import METHOD_CREDITS
+from proxy.upstream.scrubbing import scrub_text, secrets_of
 
 # A path segment shown as it is: a word, a version, a short number; anything else may be a key.
 _PLAIN_SEGMENT = re.compile(r"v\d{1,3}|[A-Za-z_-]{1,15}|\d{1,6}")
@@ -157,6 +158,15 @@ def _result(answer: Any, what: str) -> Any:
 
 
 async def probe_http(session: aiohttp.ClientSession, network: Network, index: int) -> Probe:
+    """One HTTP upstream tried; its problems with the secrets it was configured with scrubbed (a
+    provider's error may echo its key or token)."""
+    url = network.upstreams[index]
+    probe = await _probe_http(session, network, index)
+    secrets = secrets_of(url, network.headers_of(index))
+    return dataclasses.replace(probe, problems=tuple(scrub_text(p, secrets) for p in probe.problems))
+
+
+async def _probe_http(session: aiohttp.ClientSession, network: Network, index: int) -> Probe:
     url = network.upstreams[index]
     label = f"upstream #{index} {redact_url(url)}"
     headers = dict(network.headers_of(index))
