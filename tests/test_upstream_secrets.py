@@ -252,3 +252,14 @@ class TestScrubbing:
         reply = [{"id": 1, "result": "key abcdef123456"}, {"id": 2, "error": {"message": "bad abcdef123456"}}]
         scrub_reply(reply, ("abcdef123456",))
         assert reply == [{"id": 1, "result": "key abcdef123456"}, {"id": 2, "error": {"message": f"bad {REDACTED}"}}]
+
+
+def test_headers_that_would_change_how_a_body_is_sent_or_read_are_refused_by_name(tmp_path: Path) -> None:
+    # spec: the upstream client sends identity bodies and reads only identity answers, without 100-continue.
+    for name in ("Accept-Encoding", "content-encoding", "Expect"):
+        path = networks_file(
+            tmp_path,
+            f'[networks.evm]\nfamily = "evm"\nupstreams = [{{url = "http://127.0.0.1:1", headers = {{{name} = "gzip"}}}}]\n',
+        )
+        with pytest.raises(ConfigError, match=f"header {name} is the proxy's own to send"):
+            build_settings({"NETWORKS_FILE": path})
