@@ -47,6 +47,16 @@ class TestExpansion:
             expand({"keys": {"sk-live-secret": {"daily_credits": "${NOPE}"}}}, "API_KEYS_FILE", {}, trace=False)
         assert "sk-live-secret" not in str(error.value) and "NOPE" in str(error.value)
 
+    def test_a_reference_inside_a_default_is_refused_naming_the_variable_set_or_not(self) -> None:
+        # spec: nested defaults are not expanded; `Bearer abc}` or a literal `${DEFAULT_TOKEN}` never goes out.
+        for env in ({"TOKEN": "abc", "DEFAULT_TOKEN": "d"}, {"DEFAULT_TOKEN": "d"}):
+            with pytest.raises(ConfigError) as error:
+                expand({"h": "Bearer ${TOKEN:-${DEFAULT_TOKEN}}"}, "NETWORKS_FILE", env)
+            assert str(error.value) == (
+                "NETWORKS_FILE h: the default of ${TOKEN:-...} holds '${': a default is plain text "
+                "(nested references are not expanded)"
+            )
+
     def test_a_malformed_reference_is_refused(self) -> None:
         with pytest.raises(ConfigError, match="must start"):
             expand({"a": "${1BAD}"}, "NETWORKS_FILE", {})
