@@ -269,7 +269,8 @@ def test_headers_that_would_change_how_a_body_is_sent_or_read_are_refused_by_nam
     for name in ("Accept-Encoding", "content-encoding", "Expect"):
         path = networks_file(
             tmp_path,
-            f'[networks.evm]\nfamily = "evm"\nupstreams = [{{url = "http://127.0.0.1:1", headers = {{{name} = "gzip"}}}}]\n',
+            '[networks.evm]\nfamily = "evm"\n'
+            f'upstreams = [{{url = "http://127.0.0.1:1", headers = {{{name} = "gzip"}}}}]\n',
         )
         with pytest.raises(ConfigError, match=f"header {name} is the proxy's own to send"):
             build_settings({"NETWORKS_FILE": path})
