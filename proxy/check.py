@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -26,14 +25,13 @@ from proxy.rpc import jsonrpc
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.scrubbing import scrub_text, secrets_of
 
-# A path segment shown as it is: a word, a version, a short number; anything else may be a key.
-_PLAIN_SEGMENT = re.compile(r"v\d{1,3}|[A-Za-z_-]{1,15}|\d{1,6}")
 REDACTED = "<redacted>"
 
 
 def redact_url(url: str) -> str:
-    """A URL fit to print: scheme, host and port; credentials, key-like path segments and query
-    values replaced (providers put the key in any of them)."""
+    """A URL fit to print: scheme, host and port; its credentials, every path segment and the whole
+    query replaced (providers put the key in any of them, and a short one, `/v2/abc123` or a bare
+    `?KEY`, is a key all the same)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -45,9 +43,8 @@ def redact_url(url: str) -> str:
         + (f"[{host}]" if ":" in host else host)
         + (f":{port}" if port else "")
     )
-    path = "/".join(s if not s or _PLAIN_SEGMENT.fullmatch(s) else REDACTED for s in parts.path.split("/"))
-    query = "&".join(f"{name}={REDACTED}" for name, _ in parse_qsl(parts.query, keep_blank_values=True))
-    return f"{parts.scheme}://{netloc}{path}" + (f"?{query}" if query else "")
+    path = "/".join(REDACTED if s else s for s in parts.path.split("/"))
+    return f"{parts.scheme}://{netloc}{path}" + (f"?{REDACTED}" if parts.query else "")
 
 
 def _shown(name: str, value: Any) -> Any:

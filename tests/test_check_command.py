@@ -34,14 +34,15 @@ def check(tmp_path: Path, *args: str, **settings: str) -> subprocess.CompletedPr
 
 
 class TestRedaction:
-    def test_keys_in_a_urls_path_query_and_credentials_are_redacted(self) -> None:
-        assert redact_url(f"https://eth.example.io/v2/{SECRET}") == "https://eth.example.io/v2/<redacted>"
-        assert (
-            redact_url(f"https://rpc.example/?apikey={SECRET}&x=1")
-            == "https://rpc.example/?apikey=<redacted>&x=<redacted>"
-        )
-        assert redact_url(f"https://user:{SECRET}@host:8443/rpc") == "https://<credentials>@host:8443/rpc"
+    def test_every_path_segment_the_whole_query_and_credentials_are_redacted(self) -> None:
+        # spec: keys are short (`/v2/abc123`), bare (`?SECRETKEY`) or anywhere: only scheme, host and port show.
+        assert redact_url(f"https://eth.example.io/v2/{SECRET}") == "https://eth.example.io/<redacted>/<redacted>"
+        assert redact_url(f"https://rpc.example/?apikey={SECRET}&x=1") == "https://rpc.example/?<redacted>"
+        assert redact_url("https://rpc.example/rpc?SECRETKEY") == "https://rpc.example/<redacted>?<redacted>"
+        assert redact_url("https://rpc.example/abcdefgh/123456/") == "https://rpc.example/<redacted>/<redacted>/"
+        assert redact_url(f"https://user:{SECRET}@host:8443/rpc") == "https://<credentials>@host:8443/<redacted>"
         assert redact_url("http://127.0.0.1:8545") == "http://127.0.0.1:8545"
+        assert redact_url("http://[::1]:8545/") == "http://[::1]:8545/"
 
 
 def test_a_reachable_anvil_checks_ok_and_secrets_are_never_printed(anvil: Anvil, tmp_path: Path) -> None:
