@@ -204,3 +204,14 @@ def test_a_logged_path_shows_no_key_nor_a_long_segment_that_may_be_one() -> None
     assert shown_path("/evm/ws/v3/sk-live-secret") == "/evm/ws/v3/<key>"
     assert shown_path("/sk-live-0123456789abcdef/x") == "/<redacted>/x"
     assert shown_path("/healthz") == "/healthz" and shown_path("") is None
+
+
+async def test_eth_accounts_answered_by_the_proxy_costs_an_identity_reads_price(anvil: Anvil) -> None:
+    # spec (keys-and-credits.md): answered locally as eth_chainId is, it is priced as one (5), not the default.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="test-key"))
+    try:
+        for call in (ACCOUNTS, CHAIN_ID):
+            status, body, headers = await proxy.post(call)
+            assert status == 200 and "result" in body and headers["X-Credits-Charged"] == "5", (call, headers)
+    finally:
+        await proxy.close()
