@@ -24,6 +24,7 @@ from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
 from proxy.gateway.gateway import Gateway
+from proxy.http.access_log import access_logged
 from proxy.http.admin import start_admin
 from proxy.http.aiohttp_routes import fallback, guarded, healthz, metrics_route, readyz, request_ids, rpc_route
 from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
@@ -329,7 +330,8 @@ def create_app(
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time, run_dir=run_dir, link=stores.link)
     networks.on_reload.append(gateway.router.reload)
 
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[request_ids])
+    logging_all = [access_logged(gateway, settings.trusted_proxy_header)] if settings.access_log else []
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[request_ids, *logging_all])
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[SERVICE] = service

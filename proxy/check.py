@@ -2,34 +2,36 @@
 effective configuration printed with its secrets redacted. Exit 0: all is well; 1: a problem, each
 named; 2: a configuration error (as `serve` exits). `--offline` checks the settings and files only.
 
-Per upstream (HTTP): it answers, its chain id (EVM) and genesis hash, both equal to the other
-upstreams' of its network, a chain id equal to a declared `chain_id`, and a batch of two calls
-accepted (the proxy batches calls to upstreams). A WebSocket upstream: its handshake.
+Per upstream (HTTP), asked with serve's own client (no redirect followed, no compressed answer read):
+it answers, its chain id (EVM) and genesis hash, both equal to the other upstreams' of its network,
+a chain id equal to a declared `chain_id`, and a batch of two calls accepted (the proxy batches calls
+to upstreams). A WebSocket upstream: its handshake.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from proxy.config import Network, Settings
 from proxy.credits.prices import METHOD_CREDITS
+from proxy.rpc import jsonrpc
+from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
+from proxy.upstream.scrubbing import scrub_text, secrets_of
 
-# A path segment shown as it is: a word, a version, a short number; anything else may be a key.
-_PLAIN_SEGMENT = re.compile(r"v\d{1,3}|[A-Za-z_-]{1,15}|\d{1,6}")
 REDACTED = "<redacted>"
 
 
 def redact_url(url: str) -> str:
-    """A URL fit to print: scheme, host and port; credentials, key-like path segments and query
-    values replaced (providers put the key in any of them)."""
+    """A URL fit to print: scheme, host and port; its credentials, every path segment and the whole
+    query replaced (providers put the key in any of them, and a short one, `/v2/abc123` or a bare
+    `?KEY`, is a key all the same)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -41,9 +43,8 @@ def redact_url(url: str) -> str:
         + (f"[{host}]" if ":" in host else host)
         + (f":{port}" if port else "")
     )
-    path = "/".join(s if not s or _PLAIN_SEGMENT.fullmatch(s) else REDACTED for s in parts.path.split("/"))
-    query = "&".join(f"{name}={REDACTED}" for name, _ in parse_qsl(parts.query, keep_blank_values=True))
-    return f"{parts.scheme}://{netloc}{path}" + (f"?{query}" if query else "")
+    path = "/".join(REDACTED if s else s for s in parts.path.split("/"))
+    return f"{parts.scheme}://{netloc}{path}" + (f"?{REDACTED}" if parts.query else "")
 
 
 def _shown(name: str, value: Any) -> Any:
@@ -141,11 +142,20 @@ def _calls(family: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, 
     )
 
 
-async def _post(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str], body: Any) -> Any:
-    async with session.post(url, json=body, headers=dict(headers)) as response:
-        if response.status != 200:
-            raise ValueError(f"HTTP {response.status}")
-        return await response.json(content_type=None)
+async def _post(pool: HostPool, body: Any, timeout: float, limit: int) -> Any:
+    """One call as serve posts it (proxy/upstream/http_client.py): no redirect followed, only an
+    identity body read, under the reply bound. What serve could not use is a ValueError saying why."""
+    try:
+        response = await pool.post(jsonrpc.dumps(body), timeout, limit)
+    except (Unreadable, TooLarge) as exc:
+        raise ValueError(str(exc) if isinstance(exc, Unreadable) else f"a reply over {limit} bytes") from None
+    if response.status != 200:
+        where = " (a redirect: the proxy follows none; configure its target)" if 300 <= response.status < 400 else ""
+        raise ValueError(f"HTTP {response.status}{where}")
+    try:
+        return jsonrpc.loads(response.body)
+    except jsonrpc.JSONDecodeError:
+        raise ValueError("reply is not JSON") from None
 
 
 def _result(answer: Any, what: str) -> Any:
@@ -156,28 +166,40 @@ def _result(answer: Any, what: str) -> Any:
     return answer["result"]
 
 
-async def probe_http(session: aiohttp.ClientSession, network: Network, index: int) -> Probe:
+async def probe_http(network: Network, index: int, timeout: float, limit: int) -> Probe:
+    """One HTTP upstream tried with serve's own client; its problems with the secrets it was configured
+    with scrubbed (a provider's error may echo its key or token)."""
     url = network.upstreams[index]
-    label = f"upstream #{index} {redact_url(url)}"
-    headers = dict(network.headers_of(index))
+    headers = network.headers_of(index)
+    pool = HostPool(url, limit=1, idle_timeout=timeout, on_connect=lambda alone: None, headers=headers)
+    try:
+        probe = await _probe_http(pool, network, index, timeout, limit)
+    finally:
+        pool.close()
+    secrets = secrets_of(url, headers)
+    return dataclasses.replace(probe, problems=tuple(scrub_text(p, secrets) for p in probe.problems))
+
+
+async def _probe_http(pool: HostPool, network: Network, index: int, timeout: float, limit: int) -> Probe:
+    label = f"upstream #{index} {redact_url(network.upstreams[index])}"
     chain_call, genesis_call, batch = _calls(network.family)
     problems: list[str] = []
     chain_id = genesis = None
     try:
         if chain_call:
-            chain_id = int(_result(await _post(session, url, headers, chain_call), "eth_chainId"), 16)
-        found = _result(await _post(session, url, headers, genesis_call), "genesis")
+            chain_id = int(_result(await _post(pool, chain_call, timeout, limit), "eth_chainId"), 16)
+        found = _result(await _post(pool, genesis_call, timeout, limit), "genesis")
         genesis = found.get("hash") if isinstance(found, dict) else found
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
-        reason = str(exc) if isinstance(exc, ValueError) else f"unreachable ({type(exc).__name__})"
+    except (ClientFault, TimeoutError, ValueError) as exc:
+        reason = str(exc) if isinstance(exc, ValueError) else f"unreachable ({exc or type(exc).__name__})"
         return Probe(network.name, label, problems=(reason,))
     if network.chain_id is not None and chain_id is not None and chain_id != network.chain_id:
         problems.append(f"chain id {chain_id}, but the network declares chain_id = {network.chain_id}")
     try:
-        answers = await _post(session, url, headers, batch)
+        answers = await _post(pool, batch, timeout, limit)
         if not isinstance(answers, list) or len(answers) != 2 or any("result" not in a for a in answers):
             problems.append("a batch of two calls was not answered with two results (set UPSTREAM_BATCH_MAX=1)")
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+    except (ClientFault, TimeoutError, ValueError) as exc:
         problems.append(f"a batch of two calls failed ({exc or type(exc).__name__}; set UPSTREAM_BATCH_MAX=1)")
     return Probe(network.name, label, chain_id, genesis, tuple(problems))
 
@@ -195,11 +217,13 @@ async def probe_ws(session: aiohttp.ClientSession, network: Network, index: int,
 
 
 async def probe_all(settings: Settings) -> list[Probe]:
-    timeout = aiohttp.ClientTimeout(total=min(settings.upstream_timeout, 10.0))  # a silent host: not 30 s
+    seconds = min(settings.upstream_timeout, 10.0)  # a silent host: not 30 s
+    timeout = aiohttp.ClientTimeout(total=seconds)
+    limit = settings.max_response_bytes
     async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
         tasks = []
         for network in settings.networks:
-            tasks += [probe_http(session, network, i) for i in range(len(network.upstreams))]
+            tasks += [probe_http(network, i, seconds, limit) for i in range(len(network.upstreams))]
             tasks += [probe_ws(session, network, i, timeout.total or 5.0) for i in range(len(network.ws_upstreams))]
         probes = list(await asyncio.gather(*tasks))
     return agreement(probes)

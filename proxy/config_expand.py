@@ -3,7 +3,8 @@ environment, so a provider's key or token lives in a secret store and not in a f
 
 As Docker Compose and eRPC read them: `${VAR:-default}` takes the default when VAR is unset or
 empty; `$${` is a literal `${`; a `$` not followed by `{` is itself. A variable that is unset with no
-default is a configuration error naming the variable and where it is used, never a value.
+default is a configuration error naming the variable and where it is used, never a value. Unlike
+Compose, a default is plain text: `${` inside one (`${A:-${B}}`) is a configuration error.
 
 The process environment is read here (and in cli.py) only: the files are read again on SIGHUP and
 on a networks reload, with the environment the process has.
@@ -32,6 +33,13 @@ def expand_text(text: str, where: str, environ: Mapping[str, str]) -> str:
             return "${"
         if name is None:
             raise ConfigError(f"{where}: '${{' must start ${{NAME}} or ${{NAME:-default}} (NAME: letters, digits, '_')")
+        if default is not None and "${" in default:
+            # Read by the regular expression, `${A:-${B}}` would end at the first `}` and leave one
+            # behind (`abc}`), or give `${B` as text: refused whether A is set or not.
+            raise ConfigError(
+                f"{where}: the default of ${{{name}:-...}} holds '${{': a default is plain text "
+                "(nested references are not expanded)"
+            )
         value = environ.get(name)
         if value:
             return value

@@ -109,6 +109,9 @@ _OWN_HEADERS = frozenset(
         "trailer",
         "keep-alive",
         "proxy-connection",
+        "accept-encoding",  # answers are read as identity bodies only (http_client.py)
+        "content-encoding",
+        "expect",
     }
 )
 

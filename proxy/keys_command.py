@@ -28,10 +28,31 @@ from proxy.file_trust import check_trusted
 _UNUSED_UPSTREAM = {"EVM_UPSTREAM": "http://unused.invalid"}  # the key commands need no network
 
 
+# Credits are counted as doubles in Redis' Lua scripts: past 2**53 a count is rounded.
+MAX_CREDITS = 2**53
+
+
 def _positive(name: str, value: int | None) -> int | None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{name} must be a positive whole number")
+    if value is not None and not 0 < value <= MAX_CREDITS:
+        raise ConfigError(f"{name} must be a whole number from 1 to 2**53")
     return value
+
+
+def _open_for_append(path: str) -> int:
+    """API_KEYS_FILE opened to append (created 0600 if absent), or a ConfigError saying in one line
+    why it cannot be: a directory, a directory that does not exist, no permission."""
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"API_KEYS_FILE {path} is a directory, not a file: nothing written")
+    if not file.parent.is_dir():
+        raise ConfigError(f"API_KEYS_FILE {path}: its directory does not exist (keys new creates no directory)")
+    if file.exists():
+        check_trusted("API_KEYS_FILE", file)
+    try:
+        # O_APPEND keeps an existing file's mode; a new one is the proxy user's alone (it names accounts).
+        return os.open(file, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot open API_KEYS_FILE {path}: {exc.strerror}") from None
 
 
 def key_table(name: str, secret: str, daily: int | None, per_second: int | None) -> str:
@@ -63,12 +84,8 @@ def keys_new(raw: Mapping[str, str], name: str, daily: int | None, per_second: i
         raise ConfigError("a key name is 1-64 letters, digits, '_', '.' or '-'")
     _positive("--daily-credits", daily)
     _positive("--credits-per-second", per_second)
-    file = Path(path)
-    if file.exists():
-        check_trusted("API_KEYS_FILE", file)
+    fd = _open_for_append(path)
     secret = secrets.token_urlsafe(32)
-    # O_APPEND keeps an existing file's mode; a new one is the proxy user's alone (it names accounts).
-    fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "r+", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # two `keys new` at once: one after the other
         handle.seek(0)
@@ -78,7 +95,13 @@ def keys_new(raw: Mapping[str, str], name: str, daily: int | None, per_second: i
             return 1
         addition = ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "")
         addition += key_table(name, secret, daily, per_second)
-        tomllib.loads(text + addition)  # never leaves the file unreadable
+        try:
+            tomllib.loads(text + addition)  # never leaves the file unreadable
+        except tomllib.TOMLDecodeError:
+            raise ConfigError(
+                f"API_KEYS_FILE {path} cannot take a [keys.{name}] table after its own (keys = {{...}} as an "
+                "inline table?): write its keys as [keys.NAME] tables; nothing written"
+            ) from None
         handle.write(addition)
     print(secret)
     print(

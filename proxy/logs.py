@@ -13,7 +13,19 @@ from typing import Any
 
 import orjson
 
-FIELDS = ("request_id", "key", "client", "status", "network", "method", "outcome", "cache", "total_ms", "upstream_ms")
+FIELDS = (
+    "request_id",
+    "key",
+    "client",
+    "status",
+    "network",
+    "method",
+    "path",
+    "outcome",
+    "cache",
+    "total_ms",
+    "upstream_ms",
+)
 # An API key is the path segment after /v3/; it is cut from every line written, whoever wrote it
 # (aiohttp quotes a malformed request line, key included, in its own error).
 _KEY_SEGMENT = re.compile(r"(/v3/)[^/\s'\"\\?#]+")

@@ -338,7 +338,7 @@ class Metrics:
         )
         self.head_updated = Gauge(
             "rpc_proxy_head_last_poll_timestamp_seconds",
-            "Unix time of the tracker's last successful poll.",
+            "Unix time of the tracker's last successful poll (of its start until one succeeds).",
             ["network"],
             registry=r,
         )

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +163,7 @@ class PartsBuilder:
         interval = self.settings.head_poll_interval
         for parts in started:
             name, runtime = parts.name, parts.runtime
+            _poll_clock_starts(self.metrics, name)
             if parts.guard is not None:
                 parts.tasks.append(asyncio.create_task(parts.guard.run(), name=f"identity-{name}"))
             first: asyncio.Event | None = None
@@ -213,6 +215,15 @@ class PartsBuilder:
         await parts.runtime.upstream.close()
         if parts.polls is not None:
             parts.polls.close()
+
+
+def _poll_clock_starts(metrics: Metrics, network: str) -> None:
+    """The last-poll gauge exists from the tracker's start, not from its first good poll: a network whose
+    polls all fail (a revoked token answering every call with an error) still ages, so RpcProxyHeadStale
+    fires. A network a reload rebuilds keeps the time it had."""
+    gauge = metrics.head_updated
+    if not any(s.labels.get("network") == network for family in gauge.collect() for s in family.samples):
+        gauge.labels(network).set(time.time())
 
 
 async def _after(first: asyncio.Event | None, wait: float, run: Coroutine[Any, Any, None]) -> None:

@@ -3,9 +3,17 @@ effective configuration printed with its secrets redacted."""
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from proxy.check import redact_url
 from tests.support import Anvil, free_port
@@ -26,14 +34,15 @@ def check(tmp_path: Path, *args: str, **settings: str) -> subprocess.CompletedPr
 
 
 class TestRedaction:
-    def test_keys_in_a_urls_path_query_and_credentials_are_redacted(self) -> None:
-        assert redact_url(f"https://eth.example.io/v2/{SECRET}") == "https://eth.example.io/v2/<redacted>"
-        assert (
-            redact_url(f"https://rpc.example/?apikey={SECRET}&x=1")
-            == "https://rpc.example/?apikey=<redacted>&x=<redacted>"
-        )
-        assert redact_url(f"https://user:{SECRET}@host:8443/rpc") == "https://<credentials>@host:8443/rpc"
+    def test_every_path_segment_the_whole_query_and_credentials_are_redacted(self) -> None:
+        # spec: keys are short (`/v2/abc123`), bare (`?SECRETKEY`) or anywhere: only scheme, host and port show.
+        assert redact_url(f"https://eth.example.io/v2/{SECRET}") == "https://eth.example.io/<redacted>/<redacted>"
+        assert redact_url(f"https://rpc.example/?apikey={SECRET}&x=1") == "https://rpc.example/?<redacted>"
+        assert redact_url("https://rpc.example/rpc?SECRETKEY") == "https://rpc.example/<redacted>?<redacted>"
+        assert redact_url("https://rpc.example/abcdefgh/123456/") == "https://rpc.example/<redacted>/<redacted>/"
+        assert redact_url(f"https://user:{SECRET}@host:8443/rpc") == "https://<credentials>@host:8443/<redacted>"
         assert redact_url("http://127.0.0.1:8545") == "http://127.0.0.1:8545"
+        assert redact_url("http://[::1]:8545/") == "http://[::1]:8545/"
 
 
 def test_a_reachable_anvil_checks_ok_and_secrets_are_never_printed(anvil: Anvil, tmp_path: Path) -> None:
@@ -85,3 +94,43 @@ def test_a_misspelt_field_exits_2_naming_it_as_serve_does(tmp_path: Path) -> Non
 def test_offline_checks_the_files_alone(tmp_path: Path) -> None:
     result = check(tmp_path, "--offline", EVM_UPSTREAM=f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 0 and "upstreams not tried" in result.stdout and "FAIL" not in result.stdout
+
+
+@pytest.fixture
+async def bent_upstream(anvil: Anvil) -> AsyncIterator[str]:
+    """In front of Anvil: `/moved` redirects every call to it (307), `/gzip` relays its answers
+    gzip-compressed whatever Accept-Encoding asked. aiohttp follows and inflates both; serve does not."""
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(anvil.url)
+
+    async def gzipped(request: web.Request) -> web.Response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(anvil.url, data=await request.read(), headers={"Content-Type": "application/json"}) as node,
+        ):
+            body = await node.read()
+        return web.Response(
+            body=gzip.compress(body), headers={"Content-Encoding": "gzip"}, content_type="application/json"
+        )
+
+    app = web.Application()
+    app.router.add_post("/moved", moved)
+    app.router.add_post("/gzip", gzipped)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        await server.close()
+
+
+async def test_check_refuses_what_serve_cannot_use_a_redirect_or_a_compressed_answer(
+    bent_upstream: str, tmp_path: Path
+) -> None:
+    # spec: check's requests are serve's (no redirect followed, Accept-Encoding: identity, no Content-Encoding).
+    upstreams = f"{bent_upstream}/moved,{bent_upstream}/gzip"
+    result = await asyncio.to_thread(check, tmp_path, EVM_UPSTREAM=upstreams)
+    assert result.returncode == 1, result.stdout
+    assert "FAIL network evm upstream #0" in result.stdout and "HTTP 307" in result.stdout
+    assert "FAIL network evm upstream #1" in result.stdout and "Content-Encoding 'gzip'" in result.stdout

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from web3 import AsyncHTTPProvider, AsyncWeb3
 
+from proxy.http.access_log import shown_path
 from proxy.request_ids import IDS, RequestIds
 from tests.support import Anvil, Proxy, settings_for, start_proxy
 from tests.test_front import exchange
@@ -154,5 +155,63 @@ async def test_paid_hits_carry_a_request_id_new_or_the_clients(anvil: Anvil) -> 
         assert [(s, h["X-Cache"]) for s, _, h in answers] == [(200, "MISS"), (200, "HIT"), (200, "HIT")]
         assert NEW_ID.fullmatch(answers[1][2]["X-Request-Id"]) and answers[2][2]["X-Request-Id"] == "paid-7"
         assert int(answers[1][2]["X-Credits-Charged"]) > 0
+    finally:
+        await proxy.close()
+
+
+async def test_the_access_log_has_a_request_line_for_every_http_answer(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture
+) -> None:
+    # spec (operations.md): ACCESS_LOG writes the request line of each HTTP request: method, path
+    # without the key, status and request id, whatever answered it.
+    secret = "sk-live-0123456789abcdef"
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS=secret, ACCESS_LOG="true"))
+    answered: list[tuple[str, str, int, str]] = []
+    try:
+        with caplog.at_level(logging.INFO, logger="proxy.access"):
+            for method, path in (("POST", "/"), ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/nope")):
+                async with proxy.session.request(method, proxy.base + path, json=CHAIN_ID) as resp:
+                    answered.append((method, path, resp.status, resp.headers["X-Request-Id"]))
+            async with proxy.session.options(proxy.base + f"/v3/{secret}") as resp:
+                answered.append(("OPTIONS", "/v3/<key>", resp.status, resp.headers["X-Request-Id"]))
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await proxy.session.ws_connect(f"ws://127.0.0.1:{proxy.server.port}/ws/v3/wrong-{secret}")
+            assert refused.value.headers is not None
+            answered.append(("GET", "/ws/v3/<key>", refused.value.status, refused.value.headers["X-Request-Id"]))
+            ((status, headers, _),) = await exchange(proxy.server.port, b"NOT HTTP\r\n\r\n")
+            answered.append(("", "", status, headers["x-request-id"]))
+        lines = [
+            (
+                getattr(r, "method", ""),
+                getattr(r, "path", ""),
+                getattr(r, "status", None),
+                getattr(r, "request_id", None),
+            )
+            for r in caplog.records
+            if r.name == "proxy.access" and r.getMessage() == "request"
+        ]
+        assert {a[2] for a in answered} >= {404, 200, 401, 400}
+        for line in answered:
+            assert (line[0] or None, line[1] or None, line[2], line[3]) in [
+                (m or None, p or None, s, i) for m, p, s, i in lines
+            ], (line, lines)
+        assert secret not in caplog.text
+    finally:
+        await proxy.close()
+
+
+def test_a_logged_path_shows_no_key_nor_a_long_segment_that_may_be_one() -> None:
+    assert shown_path("/evm/ws/v3/sk-live-secret") == "/evm/ws/v3/<key>"
+    assert shown_path("/sk-live-0123456789abcdef/x") == "/<redacted>/x"
+    assert shown_path("/healthz") == "/healthz" and shown_path("") is None
+
+
+async def test_eth_accounts_answered_by_the_proxy_costs_an_identity_reads_price(anvil: Anvil) -> None:
+    # spec (keys-and-credits.md): answered locally as eth_chainId is, it is priced as one (5), not the default.
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="test-key"))
+    try:
+        for call in (ACCOUNTS, CHAIN_ID):
+            status, body, headers = await proxy.post(call)
+            assert status == 200 and "result" in body and headers["X-Credits-Charged"] == "5", (call, headers)
     finally:
         await proxy.close()

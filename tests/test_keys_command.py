@@ -106,3 +106,29 @@ async def test_keys_usage_reads_a_running_proxys_metrics_without_redis(anvil: An
 def test_keys_new_output_is_a_bare_secret_for_scripts(tmp_path: Path) -> None:
     made = keys(tmp_path, "new", "ci", API_KEYS_FILE=str(tmp_path / "k.toml"))
     assert len(made.stdout.splitlines()) == 1 and json.dumps(made.stdout.strip()).isascii()
+
+
+def test_keys_new_refuses_a_keys_file_it_cannot_append_to_in_one_line_writing_nothing(tmp_path: Path) -> None:
+    # spec: bad input is a clear one-line configuration error (exit 2), never a traceback.
+    inline = tmp_path / "inline.toml"
+    inline.write_text('keys = { carol = { key_sha256 = "' + "ab" * 32 + '" } }\n')
+    inline.chmod(0o600)
+    before = inline.read_text()
+    for path, problem in (
+        (tmp_path, "is a directory"),
+        (tmp_path / "missing" / "keys.toml", "does not exist"),
+        (inline, "inline table"),
+    ):
+        result = keys(tmp_path, "new", "dave", API_KEYS_FILE=str(path))
+        assert result.returncode == 2 and problem in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert result.stdout == ""  # no secret printed for a key that was not written
+    assert inline.read_text() == before and not (tmp_path / "missing").exists()
+
+
+def test_keys_new_refuses_credits_past_2_to_the_53(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    for flag in ("--daily-credits", "--credits-per-second"):
+        result = keys(tmp_path, "new", "erin", flag, str(2**53 + 1), API_KEYS_FILE=str(path))
+        assert result.returncode == 2 and f"{flag} must be" in result.stderr and not path.exists()
+    assert keys(tmp_path, "new", "erin", "--daily-credits", str(2**53), API_KEYS_FILE=str(path)).returncode == 0

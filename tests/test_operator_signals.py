@@ -121,8 +121,10 @@ async def test_access_log_line_has_key_client_status_and_times_but_never_the_sec
                     await resp.read()
     finally:
         lines = _stop(proc)
-    requests = [line for line in lines if line.get("msg") == "request"]
+    # (the start-up's /readyz polls have their lines too)
+    requests = [line for line in lines if line.get("msg") == "request" and line.get("path") == "/v3"]
     ok, refused = requests[0], requests[1]
+    assert ok["method"] == "POST"
     assert ok["key"].startswith("key-") and ok["client"] == "203.0.113.7" and ok["status"] == 200  # type: ignore[union-attr]
     assert ok["cache"] == "MISS" and isinstance(ok["total_ms"], float) and isinstance(ok["upstream_ms"], float)
     assert refused["key"] == "invalid" and refused["status"] == 401

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -122,7 +123,7 @@ async def test_connections_over_max_connections_get_503_and_established_clients_
         async with client.post(url, data=CHAIN_ID) as resp:
             assert resp.status == 200  # this client's connection is now established and kept alive
         idle = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(10)))
-        reads = [asyncio.create_task(reader.read(200)) for reader, _ in idle]
+        reads = [asyncio.create_task(reader.read()) for reader, _ in idle]  # a refusal: to its close
         try:
 
             async def seven_answered() -> bool:
@@ -132,6 +133,9 @@ async def test_connections_over_max_connections_get_503_and_established_clients_
             # Three fit beside the client; the other seven were answered 503 and closed at once.
             answers = [r.result() for r in reads if r.done()]
             assert len(answers) == 7 and all(a.startswith(b"HTTP/1.1 503") for a in answers)
+            # Every answer names its request, a refusal too: each its own X-Request-Id.
+            ids = {re.search(rb"\r\nX-Request-Id: ([^\r]+)\r\n", a.split(b"\r\n\r\n")[0] + b"\r\n") for a in answers}
+            assert None not in ids and len({m.group(1) for m in ids if m}) == 7
             async with client.post(url, data=CHAIN_ID) as resp:
                 assert resp.status == 200
         finally:

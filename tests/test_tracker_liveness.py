@@ -5,7 +5,9 @@ degraded. /readyz answers from the trackers' state, never with an upstream's tex
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -97,3 +99,20 @@ def test_the_alert_rules_pass_promtool_and_watch_the_last_head_poll() -> None:
     result = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rpc_proxy_head_last_poll_timestamp_seconds" in rules.read_text()
+
+
+async def test_a_network_whose_upstream_answers_only_errors_exports_a_head_poll_time_that_ages(
+    relay: FaultRelay, make_proxy: ProxyFactory
+) -> None:
+    # spec: RpcProxyHeadStale fires on time() - rpc_proxy_head_last_poll_timestamp_seconds; without a
+    # series (no poll ever succeeded, e.g. a revoked token answering every call -32000) it cannot fire.
+    relay.inject("error", times=None)
+    before = time.time()
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url)
+    status, body, _ = await readyz(proxy)
+    assert status == 503 and body["networks"]["evm"] == "degraded: no successful head poll yet"
+    async with proxy.session.get(proxy.base + "/metrics") as resp:
+        text = await resp.text()
+    found = re.search(r'^rpc_proxy_head_last_poll_timestamp_seconds\{network="evm"\} (\S+)$', text, re.MULTILINE)
+    assert found is not None, "no head-poll series for a network that never polled"
+    assert before - 1 <= float(found.group(1)) <= time.time()  # the tracker's start: time() - it grows

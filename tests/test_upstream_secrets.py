@@ -3,6 +3,7 @@ sent on every request and WebSocket handshake, never shown."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.config import ConfigError, build_settings
 from proxy.config_expand import expand
+from proxy.upstream.scrubbing import REDACTED, scrub_reply, scrub_text, secrets_of
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, eventually, free_port, settings_for, start_proxy
 
@@ -44,6 +46,16 @@ class TestExpansion:
         with pytest.raises(ConfigError) as error:
             expand({"keys": {"sk-live-secret": {"daily_credits": "${NOPE}"}}}, "API_KEYS_FILE", {}, trace=False)
         assert "sk-live-secret" not in str(error.value) and "NOPE" in str(error.value)
+
+    def test_a_reference_inside_a_default_is_refused_naming_the_variable_set_or_not(self) -> None:
+        # spec: nested defaults are not expanded; `Bearer abc}` or a literal `${DEFAULT_TOKEN}` never goes out.
+        for env in ({"TOKEN": "abc", "DEFAULT_TOKEN": "d"}, {"DEFAULT_TOKEN": "d"}):
+            with pytest.raises(ConfigError) as error:
+                expand({"h": "Bearer ${TOKEN:-${DEFAULT_TOKEN}}"}, "NETWORKS_FILE", env)
+            assert str(error.value) == (
+                "NETWORKS_FILE h: the default of ${TOKEN:-...} holds '${': a default is plain text "
+                "(nested references are not expanded)"
+            )
 
     def test_a_malformed_reference_is_refused(self) -> None:
         with pytest.raises(ConfigError, match="must start"):
@@ -161,3 +173,104 @@ upstreams = [
         assert TOKEN not in caplog.text and TOKEN not in repr(proxy.app)
     finally:
         await proxy.close()
+
+
+PROV_TOKEN = "TOKENzzz999"
+PROV_KEY = "SECRETKEY4f1a2b"
+ECHOED = "invalid token <redacted> for /v2/<redacted>?<redacted>"  # the header whole, each URL part
+
+
+@pytest.fixture
+async def echoing_upstream() -> AsyncIterator[str]:
+    """A node that answers every call with an error echoing its Authorization header and path, as a
+    provider refusing a revoked token may (HTTP 200, code -32000)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        calls: Any = await request.json()
+        text = f"invalid token {request.headers.get('Authorization')} for {request.path_qs}"
+
+        def error(call: dict[str, Any]) -> dict[str, Any]:
+            return {"jsonrpc": "2.0", "id": call.get("id"), "error": {"code": -32000, "message": text, "data": text}}
+
+        return web.json_response([error(c) for c in calls] if isinstance(calls, list) else error(calls))
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handle)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        await server.close()
+
+
+def echoing_networks(tmp_path: Path, url: str) -> str:
+    return networks_file(
+        tmp_path,
+        f'[networks.evm]\nfamily = "evm"\nupstreams = [{{url = "{url}/v2/${{PROV_KEY}}?apikey=${{PROV_KEY}}", '
+        'headers = {Authorization = "Bearer ${PROV_TOKEN}"}}]\n',
+    )
+
+
+async def test_an_upstream_error_echoing_its_secrets_reaches_no_client_or_log_line(
+    echoing_upstream: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("PROV_TOKEN", PROV_TOKEN)
+    monkeypatch.setenv("PROV_KEY", PROV_KEY)
+    caplog.set_level(logging.DEBUG)
+    proxy = await start_proxy(
+        settings_for(NETWORKS_FILE=echoing_networks(tmp_path, echoing_upstream), LOG_LEVEL="DEBUG")
+    )
+    try:
+        _, body, _ = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x" + "11" * 20, "0x1"]}
+        )
+        error = body["error"]
+        assert error == {"code": -32000, "message": ECHOED, "data": ECHOED}
+        shown = json.dumps(body) + "".join(r.getMessage() for r in caplog.records if r.name.startswith("proxy"))
+        assert PROV_TOKEN not in shown and PROV_KEY not in shown
+    finally:
+        await proxy.close()
+
+
+async def test_check_prints_an_upstream_error_without_the_secrets_it_echoes(
+    echoing_upstream: str, tmp_path: Path
+) -> None:
+    from tests.test_check_command import check
+
+    result = await asyncio.to_thread(  # the upstream answers on this test's loop
+        check,
+        tmp_path,
+        NETWORKS_FILE=echoing_networks(tmp_path, echoing_upstream),
+        PROV_TOKEN=PROV_TOKEN,
+        PROV_KEY=PROV_KEY,
+    )
+    assert result.returncode == 1 and ECHOED[:40] in result.stdout, result.stdout
+    assert PROV_TOKEN not in result.stdout + result.stderr and PROV_KEY not in result.stdout + result.stderr
+
+
+class TestScrubbing:
+    def test_every_configured_secret_is_scrubbed_and_short_url_words_are_kept(self) -> None:
+        secrets = secrets_of(
+            "https://user:pa55word@host/v2/abcdef123456?apikey=qwerty7890&LONEKEY99",
+            (("Authorization", "Bearer tok-123456"), ("X-Api-Version", "2")),
+        )
+        text = "pa55word abcdef123456 qwerty7890 LONEKEY99 tok-123456 Bearer tok-123456 v2 eth_call 2"
+        assert scrub_text(text, secrets) == " ".join([REDACTED] * 6 + ["v2 eth_call 2"])
+
+    def test_only_errors_are_scrubbed_in_a_batch(self) -> None:
+        reply = [{"id": 1, "result": "key abcdef123456"}, {"id": 2, "error": {"message": "bad abcdef123456"}}]
+        scrub_reply(reply, ("abcdef123456",))
+        assert reply == [{"id": 1, "result": "key abcdef123456"}, {"id": 2, "error": {"message": f"bad {REDACTED}"}}]
+
+
+def test_headers_that_would_change_how_a_body_is_sent_or_read_are_refused_by_name(tmp_path: Path) -> None:
+    # spec: the upstream client sends identity bodies and reads only identity answers, without 100-continue.
+    for name in ("Accept-Encoding", "content-encoding", "Expect"):
+        path = networks_file(
+            tmp_path,
+            '[networks.evm]\nfamily = "evm"\n'
+            f'upstreams = [{{url = "http://127.0.0.1:1", headers = {{{name} = "gzip"}}}}]\n',
+        )
+        with pytest.raises(ConfigError, match=f"header {name} is the proxy's own to send"):
+            build_settings({"NETWORKS_FILE": path})

@@ -30,6 +30,7 @@ METHOD_CREDITS: Mapping[str, int] = MappingProxyType(
         "eth_syncing": 5,
         "web3_clientVersion": 80,
         "eth_protocolVersion": 5,
+        "eth_accounts": 5,  # answered by the proxy itself (an empty list), as eth_chainId is
         # Head and fees.
         "eth_blockNumber": 80,
         "eth_gasPrice": 80,

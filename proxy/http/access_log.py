@@ -1,15 +1,18 @@
-"""ACCESS_LOG's line per HTTP request: key name (never the secret), client IP, HTTP status, total ms,
-cache outcome and upstream ms; the calls inside it have their own lines (gateway.py) as before.
+"""ACCESS_LOG's line per HTTP answer, whoever gave it (the fast server, aiohttp: a WebSocket's
+handshake, a health check, an unknown path, a parser's 400): HTTP method, path without the key, key
+name (never the secret), client IP, HTTP status, total ms, cache outcome and upstream ms; the calls
+inside it have their own lines (gateway.py) as before.
 
-Only wrapped around the JSON-RPC route when ACCESS_LOG is on: off (the default), a cache hit pays
-nothing for it. The client IP is the peer's, or, behind a proxy named by TRUSTED_PROXY_HEADER, what
-that proxy wrote: the last X-Forwarded-For entry (the one the trusted proxy appended; entries before
-it are the client's to forge) or X-Real-IP.
+Only written when ACCESS_LOG is on: off (the default), a cache hit pays nothing for it. The client
+IP is the peer's, or, behind a proxy named by TRUSTED_PROXY_HEADER, what that proxy wrote: the last
+X-Forwarded-For entry (the one the trusted proxy appended; entries before it are the client's to
+forge) or X-Real-IP.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -19,6 +22,7 @@ from proxy.gateway.gateway import Gateway
 from proxy.http.endpoint import key_of
 from proxy.http.request_key import api_key
 from proxy.http.wire import Request
+from proxy.logs import redacted
 from proxy.request_ids import REQUEST_ID
 from proxy.values import Reply
 
@@ -27,6 +31,17 @@ log = logging.getLogger("proxy.access")
 UPSTREAM_SECONDS = web.ResponseKey("upstream_seconds", float)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A path segment this long that is no /v3/ key may still be one (a key sent to the wrong path).
+_LONG_SEGMENT = re.compile(r"(?<=/)[^/]{16,}")
+MAX_PATH = 128
+
+
+def shown_path(path: str) -> str | None:
+    """A request's path fit for its line (pure): the key after /v3/ as `<key>`, any other segment of
+    16 characters or more `<redacted>`, at most 128 characters; None for none (a parser's 400)."""
+    if not path:
+        return None
+    return _LONG_SEGMENT.sub("<redacted>", redacted(path))[:MAX_PATH]
 
 
 def client_ip(request: web.Request, trusted_header: str | None) -> str | None:
@@ -38,18 +53,22 @@ def client_ip(request: web.Request, trusted_header: str | None) -> str | None:
 
 
 def log_request(
-    key: str,
+    key: str | None,
     client: str | None,
     status: int,
     started: float,
     cache: str | None,
     upstream: float | None,
     request_id: str | None,
+    method: str | None = None,
+    path: str | None = None,
 ) -> None:
     log.info(
         "request",
         extra={
             "request_id": request_id,
+            "method": method or None,
+            "path": shown_path(path or ""),
             "key": key,
             "client": client,
             "status": status,
@@ -68,31 +87,49 @@ def log_front_request(
     forwarded = headers.get(trusted_header) if trusted_header else None
     client = forwarded.rsplit(",", 1)[-1].strip()[:64] if forwarded else peer
     target = request.target
-    account = gateway.account(key_of(target[1] if target else None, headers))
+    # A JSON-RPC path names a key or is refused for its lack; no other path is served for one.
+    account = gateway.account(key_of(target[1], headers)) or "invalid" if target else None
     log_request(
-        account or "invalid",
+        account,
         client,
         reply.status,
-        request.started,
+        request.started or time.perf_counter(),  # 0: refused before its head was read whole
         reply.headers.get("X-Cache"),
         reply.upstream_seconds,
         request_id,
+        request.method,
+        request.path,
     )
 
 
-def logged(handler: Handler, gateway: Gateway, trusted_header: str | None) -> Handler:
-    async def run(request: web.Request) -> web.StreamResponse:
-        started = time.perf_counter()
-        response = await handler(request)
-        log_request(
-            gateway.account(api_key(request)) or "invalid",
-            client_ip(request, trusted_header),
-            response.status,
-            started,
-            response.headers.get("X-Cache"),
-            response.get(UPSTREAM_SECONDS),
-            REQUEST_ID.get(),
-        )
-        return response
+def access_logged(gateway: Gateway, trusted_header: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The middleware writing the line of each answer aiohttp gives (after request_ids, whose id it
+    names): a WebSocket's handshake (refused, or accepted: its line when the socket closes) and what
+    the fast server hands over."""
 
-    return run
+    @web.middleware
+    async def log_answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        status, cache, upstream = 500, None, None
+        try:
+            response = await handler(request)
+            status, cache, upstream = response.status, response.headers.get("X-Cache"), response.get(UPSTREAM_SECONDS)
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            keyed = "api_key" in request.match_info or "/v3" in request.path
+            log_request(
+                gateway.account(api_key(request)) or "invalid" if keyed else None,
+                client_ip(request, trusted_header),
+                status,
+                started,
+                cache,
+                upstream,
+                REQUEST_ID.get(),
+                request.method,
+                request.path,
+            )
+
+    return log_answer

@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
-from proxy.http.access_log import UPSTREAM_SECONDS, logged
+from proxy.http.access_log import UPSTREAM_SECONDS
 from proxy.http.app_keys import SERVICE
 from proxy.http.endpoint import (
     BUSY_BODIES,
@@ -121,7 +121,7 @@ def rpc_route(endpoint: RpcEndpoint, settings: Settings) -> Handler:
             response[UPSTREAM_SECONDS] = reply.upstream_seconds
         return response
 
-    return logged(rpc_handler, endpoint.gateway, settings.trusted_proxy_header) if settings.access_log else rpc_handler
+    return rpc_handler  # its ACCESS_LOG line: the app's middleware (access_log.access_logged)
 
 
 @web.middleware

@@ -465,7 +465,7 @@ class FrontProtocol(asyncio.Protocol):
     def encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it."""
         rid = REQUEST_ID.get() or IDS.of(request.headers.get("x-request-id"))
-        if request.kind == RPC and self._routes.access_log:
+        if self._routes.access_log:  # every answer's line, not only JSON-RPC's
             log_front_request(self._endpoint.gateway, self._routes.trusted_header, self._peer, request, reply, rid)
         return encoded_answer(reply, request, self._front.date(self._loop.time()), rid)
 

@@ -22,15 +22,19 @@ from proxy.http.front_routes import Exposition
 from proxy.http.peer_counts import SETTLE_SECONDS, PeerCounts
 from proxy.http.pipeline import KEEPALIVE_TIMEOUT
 from proxy.logs import Throttled
+from proxy.request_ids import IDS
 from proxy.workers.shared_table import SharedCounts
 
 log = logging.getLogger("proxy.listeners")
 throttled = Throttled(log)
 
 _BUSY_BODY = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"server busy: too many open connections"}}'
-BUSY_RESPONSE = (
+BUSY_RESPONSE = (  # X-Request-Id: each refusal a new one (%s)
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nX-Credits-Charged: 0\r\n"
-    b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+    b"X-Request-Id: %s\r\nConnection: close\r\nContent-Length: "
+    + str(len(_BUSY_BODY)).encode()
+    + b"\r\n\r\n"
+    + _BUSY_BODY.replace(b"%", b"%%")
 )
 # Errors accept() meets when the process or the system is out of descriptors or buffers.
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -41,7 +45,7 @@ class _Refused(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         writer = cast(asyncio.WriteTransport, transport)  # uvloop's transports are no asyncio subclass
-        writer.write(BUSY_RESPONSE)
+        writer.write(BUSY_RESPONSE % IDS.new().encode())
         writer.close()
 
 

@@ -14,6 +14,7 @@ from proxy.rpc.jsonrpc import INVALID_REQUEST
 from proxy.upstream.budget import Slot
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.replies import REQUEST_FAULT_STATUSES, retry_after
+from proxy.upstream.scrubbing import scrub_reply, secrets_of
 from proxy.upstream.standing import UpstreamStates
 
 log = logging.getLogger("proxy.upstream")
@@ -43,6 +44,8 @@ class UpstreamLinks:
         self._urls = urls
         self.states = states
         self._headers = headers  # per upstream: NETWORKS_FILE `headers` (secrets: never logged)
+        # ... and what of them and of its URL an error it sends back may echo (scrubbed from it).
+        self._secrets = [secrets_of(url, headers[i] if i < len(headers) else ()) for i, url in enumerate(urls)]
         self._unreachable = [False] * len(urls)  # its last attempt could not reach it (INFO when back)
         self._inflight = [0] * len(urls)  # calls being posted, per upstream
         self._pools: list[HostPool] | None = None
@@ -132,9 +135,12 @@ class UpstreamLinks:
                 self._unreachable[index] = False
                 log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
             try:
-                return jsonrpc.loads(response.body)
+                reply = jsonrpc.loads(response.body)
             except jsonrpc.JSONDecodeError:
                 raise Failed("invalid", "reply is not JSON") from None
+            if self._secrets[index]:  # an error echoing a key reaches no client, log line or check
+                scrub_reply(reply, self._secrets[index])
+            return reply
         finally:
             self._inflight[index] -= 1
             slot.budget.release(slot, answered=answered)

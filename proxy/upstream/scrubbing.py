@@ -1,0 +1,60 @@
+"""An upstream's configured secrets kept out of the error text it sends back (pure). A provider may
+echo what it was sent ("invalid token Bearer ... for /v2/<key>"); that text is relayed to clients,
+written to logs and printed by `rpc-proxy check`, so each secret is replaced by `<redacted>` first.
+Only errors are read: a result is the node's data and is passed on untouched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+REDACTED = "<redacted>"
+# Parts shorter than this are words of the URL's shape (`v2`, `rpc`, `eth`), not keys: replacing them
+# would maim the text (every `eth_call` in it) and hide nothing a guess would not find.
+MIN_SECRET = 6
+
+
+def secrets_of(url: str, headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """What an upstream is configured with that may be a secret: each header value (and its
+    credentials, the part after an `Authorization` scheme), the URL's user and password, path
+    segments and query values, raw and percent-decoded; longest first (a key inside a longer one)."""
+    found: set[str] = set()
+    for _, value in headers:
+        found.add(value)
+        found.update(value.split()[1:])  # "Bearer <token>": the token alone may be echoed
+    try:
+        parts = urlsplit(url)
+        found.update(p for p in (parts.username, parts.password) if p)
+    except ValueError:
+        return tuple(sorted((s for s in found if len(s) >= MIN_SECRET), key=len, reverse=True))
+    found.update(parts.path.split("/"))
+    found.update(v for _, v in parse_qsl(parts.query, keep_blank_values=True))
+    found.update(parts.query.split("&"))  # `?KEY` with no `=`, and each `name=value` whole
+    found.update({unquote(s) for s in found})
+    return tuple(sorted((s for s in found if len(s) >= MIN_SECRET), key=len, reverse=True))
+
+
+def scrub_text(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def _scrubbed(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return scrub_text(value, secrets)
+    if isinstance(value, dict):
+        return {k: _scrubbed(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrubbed(v, secrets) for v in value]
+    return value
+
+
+def scrub_reply(reply: Any, secrets: tuple[str, ...]) -> None:
+    """Replace `secrets` in the error objects of a decoded reply, a single answer or a batch, in
+    place. A reply without errors costs a key lookup per answer."""
+    for item in reply if isinstance(reply, list) else (reply,):
+        if type(item) is dict and item.get("error") is not None:
+            item["error"] = _scrubbed(item["error"], secrets)
