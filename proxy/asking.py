@@ -19,7 +19,7 @@ from proxy.rpc.jsonrpc import (
 from proxy.rpc.methods import CacheClass, MethodPolicy
 from proxy.upstream.replies import state_gone
 from proxy.upstream.sending import too_large
-from proxy.upstream_reads import Reads
+from proxy.upstream_reads import Read, Reads
 from proxy.values import Answer, Plan
 
 # Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
@@ -42,19 +42,15 @@ class Asker:
 
     async def ask_pinned(
         self,
-        net: NetworkRuntime,
-        method: str,
-        forward: Any,
-        policy: MethodPolicy,
-        plan: Plan,
-        deadline: float | None,
+        read: Read,
     ) -> tuple[Answer, str | None]:
         """The upstream's answer, and why it cannot be tied to its key (None when it can). An upstream
         that lacks a block the answer depends on is replaced by one that has it, when one does; if
         none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
-        answer, doubt = await self._first_answer(net, method, forward, policy, plan, deadline)
+        net, policy, plan = read.net, read.policy, read.plan
+        answer, doubt = await self._first_answer(read)
         if answer.is_error and plan.need is not None and policy.cache is CacheClass.BLOCK and state_gone(answer.error):
-            answer, doubt = await self._state_elsewhere(net, method, forward, policy, plan, deadline, answer, doubt)
+            answer, doubt = await self._state_elsewhere(read, answer, doubt)
             if doubt == "state_gone":
                 return answer, doubt  # every upstream that might hold it was asked: served, never kept
         per, head = net.per_upstream, net.tracker.head
@@ -68,7 +64,7 @@ class Asker:
         ):
             # README "A node behind the head": a read at the head (fees, a range past it) from a node
             # that has not reached the tracker's head is never the answer.
-            return await self._at_head(net, method, forward, policy, plan, deadline, answer.upstream, head.latest)
+            return await self._at_head(read, answer.upstream, head.latest)
         if doubt == "unverified" and answer.unbatched and not _not_found(answer):
             # Its node refused the batch that would have shown its chain: served as the node gave it,
             # never kept, and not asked elsewhere. (A null or an error is asked again below.)
@@ -83,28 +79,24 @@ class Asker:
             else None
         )
         if shown_at is not None:
-            answer, doubt = await self._shown_at_need(net, method, forward, policy, plan, deadline, answer, shown_at)
+            answer, doubt = await self._shown_at_need(read, answer, shown_at)
             if doubt in REFUSED:
                 self._reads.refuse(net, doubt, plan.need)
             return answer, doubt
         if doubt is None and plan.by_hash and _not_found(answer) and not orphan:
             doubt = "unknown_hash"  # that node may not know the block: another may
-        return await self._elsewhere(net, method, forward, policy, plan, deadline, answer, doubt, orphan)
+        return await self._elsewhere(read, answer, doubt, orphan)
 
     async def _elsewhere(
         self,
-        net: NetworkRuntime,
-        method: str,
-        forward: Any,
-        policy: MethodPolicy,
-        plan: Plan,
-        deadline: float | None,
+        read: Read,
         answer: Answer,
         doubt: str | None,
         orphan: bool,
     ) -> tuple[Answer, str | None]:
         """An answer in doubt asked again of another upstream that has the block (or of the pool once
         more), then what its doubt means for the call: kept, served only, or refused."""
+        net, plan = read.net, read.plan
         per = net.per_upstream
         if doubt is not None and doubt != "other_head" and per is not None:
             other = per.states.other_with(answer.upstream, plan.need)
@@ -114,7 +106,7 @@ class Asker:
                 plan.need is not None and not plan.tags_resolved and doubt in ("unknown_hash", "unproven", "lagging")
             ):
                 try:
-                    retried, again = await self._reads.checked(net, method, forward, policy, plan, deadline, other)
+                    retried, again = await self._reads.checked(read, other)
                 except JsonRpcError:
                     if doubt == "unknown_hash":
                         raise  # a node that may not know the block said not-found; the one that may is down
@@ -141,9 +133,7 @@ class Asker:
             if shown_at is None:
                 doubt = "late_head"
             else:
-                answer, doubt = await self._shown_at_need(
-                    net, method, forward, policy, plan, deadline, answer, shown_at
-                )
+                answer, doubt = await self._shown_at_need(read, answer, shown_at)
         if doubt == "unproven" and plan.tags_resolved and _not_found(answer):
             # No block came with a null or an error at a tag the tracker resolved: the node may lag
             # the tracker; asked again with the caller's tag instead (service.py), never kept.
@@ -154,15 +144,11 @@ class Asker:
 
     async def _first_answer(
         self,
-        net: NetworkRuntime,
-        method: str,
-        forward: Any,
-        policy: MethodPolicy,
-        plan: Plan,
-        deadline: float | None,
+        read: Read,
     ) -> tuple[Answer, str | None]:
         """The pool's answer; for state older than some upstream keeps (a pruned node), the answer of
         the first upstream known to hold it, asked alone (the pool when that one fails)."""
+        net, policy, plan = read.net, read.policy, read.plan
         per, need = net.per_upstream, plan.need
         if per is not None and need is not None and policy.cache is CacheClass.BLOCK:
             states = per.states
@@ -170,25 +156,21 @@ class Asker:
                 holder = states.other_with_state((), need)
                 if holder is not None:
                     try:
-                        return await self._reads.checked(net, method, forward, policy, plan, deadline, holder)
+                        return await self._reads.checked(read, holder)
                     except JsonRpcError:
                         pass  # down now: the pool's order decides, and a pruned node's error is asked again
-        return await self._reads.checked(net, method, forward, policy, plan, deadline, None)
+        return await self._reads.checked(read, None)
 
     async def _state_elsewhere(
         self,
-        net: NetworkRuntime,
-        method: str,
-        forward: Any,
-        policy: MethodPolicy,
-        plan: Plan,
-        deadline: float | None,
+        read: Read,
         answer: Answer,
         doubt: str | None,
     ) -> tuple[Answer, str | None]:
         """A node said it no longer has the state at the block asked (a pruned node's error): it is
         noted as keeping recent state only, and the call goes to each upstream that may still hold it
         until one answers. The error is served only when none can (`state_gone`: never kept)."""
+        net, plan = read.net, read.plan
         per, need = net.per_upstream, plan.need
         if per is None or need is None:
             return answer, doubt
@@ -197,7 +179,7 @@ class Asker:
         while (other := per.states.other_with_state(tried, need)) is not None:
             tried.add(other)
             try:
-                retried, again = await self._reads.checked(net, method, forward, policy, plan, deadline, other)
+                retried, again = await self._reads.checked(read, other)
             except JsonRpcError:
                 continue
             if retried.is_error and state_gone(retried.error):
@@ -208,12 +190,7 @@ class Asker:
 
     async def _shown_at_need(
         self,
-        net: NetworkRuntime,
-        method: str,
-        forward: Any,
-        policy: MethodPolicy,
-        plan: Plan,
-        deadline: float | None,
+        read: Read,
         answer: Answer,
         proof: proofs.Proof,
     ) -> tuple[Answer, str | None]:
@@ -222,6 +199,14 @@ class Asker:
         member: a range error, a null for a hash it never saw)? Asked again with the node's header at
         that height in the same batch, ASK_AGAIN times at most; served only from a node that shows the
         block (a null by hash is still never stored: `unknown_hash`), else refused as `lagging`."""
+        net, method, forward, policy, plan, deadline = (
+            read.net,
+            read.method,
+            read.forward,
+            read.policy,
+            read.plan,
+            read.deadline,
+        )
         per = net.per_upstream
         assert per is not None
         index = per.states.other_with(answer.upstream, plan.need)
@@ -248,12 +233,7 @@ class Asker:
 
     async def _at_head(
         self,
-        net: NetworkRuntime,
-        method: str,
-        forward: Any,
-        policy: MethodPolicy,
-        plan: Plan,
-        deadline: float | None,
+        read: Read,
         behind: int,
         latest: int,
     ) -> tuple[Answer, str | None]:
@@ -261,12 +241,13 @@ class Asker:
         `behind` answered from an older block: another upstream that has reached it first, then the
         pool (a load balancer may send it to a member at the head), ASK_AGAIN tries in all; else the
         call fails (-32002, `lagging`)."""
+        net = read.net
         per = net.per_upstream
         assert per is not None
         index = per.states.other_with(behind, latest)
         for _ in range(ASK_AGAIN):
             try:
-                retried, again = await self._reads.checked(net, method, forward, policy, plan, deadline, index)
+                retried, again = await self._reads.checked(read, index)
             except JsonRpcError:
                 retried, again = None, "failed"
             index = None

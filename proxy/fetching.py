@@ -15,7 +15,7 @@ from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import loads
 from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
-from proxy.upstream_reads import Reads
+from proxy.upstream_reads import Read, Reads
 from proxy.values import Answer, Plan
 
 
@@ -43,7 +43,7 @@ class Fetcher:
         """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
         False when the answer could not be tied to the key's block (it is served as BYPASS)."""
         deadline = self._reads.deadline(policy)
-        answer, doubt = await self._asker.ask_pinned(net, plan.method, plan.forward, policy, plan, deadline)
+        answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if plan.tags_resolved and kind in ("null", "error"):
             # The node may not know the resolved block yet (it lags the tracker): ask again

@@ -49,7 +49,7 @@ from proxy.rpc.methods import (
 )
 from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.key_budget import KeySlots
-from proxy.upstream_reads import Reads
+from proxy.upstream_reads import Read, Reads
 from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan, new_record
 
 log = logging.getLogger("proxy.service")
@@ -252,9 +252,8 @@ class Service:
             if not plan.decision.cacheable:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
-                answer, _ = await self._asker.ask_pinned(
-                    net, plan.method, plan.forward, policy, plan, self._reads.deadline(policy)
-                )
+                read = Read(net, plan.method, plan.forward, policy, plan, self._reads.deadline(policy))
+                answer, _ = await self._asker.ask_pinned(read)
                 return Outcome.answered(shown(net.tracker, method, answer, refs), BYPASS)
             if prepared.fingerprint:
                 # The head fixes everything a plan depends on (tags, finality, hashes, gas limit, identity).

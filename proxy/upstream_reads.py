@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from proxy.chain import pinning, proofs
 from proxy.config import Settings
@@ -19,6 +19,18 @@ from proxy.upstream.pool import PerUpstream
 from proxy.values import Answer, Plan
 
 CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
+
+
+class Read(NamedTuple):
+    """One read as the flow asks it of upstreams: its network, the method and params that go
+    upstream, its policy, its plan for the head, and when it must be answered (eth_getLogs' deadline)."""
+
+    net: NetworkRuntime
+    method: str
+    forward: Any
+    policy: MethodPolicy
+    plan: Plan
+    deadline: float | None
 
 
 class Reads:
@@ -119,15 +131,18 @@ class Reads:
 
     async def checked(
         self,
-        net: NetworkRuntime,
-        method: str,
-        forward: Any,
-        policy: MethodPolicy,
-        plan: Plan,
-        deadline: float | None,
+        read: Read,
         index: int | None,
     ) -> tuple[Answer, str | None]:
         """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
+        net, method, forward, policy, plan, deadline = (
+            read.net,
+            read.method,
+            read.forward,
+            read.policy,
+            read.plan,
+            read.deadline,
+        )
         end_answer = None
         per = net.per_upstream
         proof = plan.proof if plan.check_end is None and per is not None else None
