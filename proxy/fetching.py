@@ -16,12 +16,22 @@ from proxy.rpc.jsonrpc import loads
 from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
 from proxy.values import Answer, Plan
+from proxy.verifying import NOT_APPLICABLE, PROVEN, Verifier
 
 
 class Fetcher:
-    def __init__(self, asker: Asker, integrity: Integrity, cache: TieredCache, metrics: Metrics, ttls: cp.Ttls) -> None:
+    def __init__(
+        self,
+        asker: Asker,
+        integrity: Integrity,
+        cache: TieredCache,
+        metrics: Metrics,
+        ttls: cp.Ttls,
+        verifier: Verifier,
+    ) -> None:
         self._asker = asker
         self._integrity = integrity
+        self._verifier = verifier
         self._cache = cache
         self._metrics = metrics
         self._ttls = ttls
@@ -67,7 +77,16 @@ class Fetcher:
                 if not isinstance(now_head, Head) or plan.head is not now_head:
                     return answer, False
                 key = unmined_key(key, now_head)
-        if ttl == cp.FOREVER and self._integrity.checks(net):
+        verdict = NOT_APPLICABLE
+        if ttl == cp.FOREVER and kind == "ok":
+            # Verified answers (verifying.py): a refuted or unproven answer is served, never kept.
+            verdict, answer = await self._verifier.settle(net, plan, answer)
+            if verdict not in (PROVEN, NOT_APPLICABLE, "off"):
+                self._metrics.uncached_answers.labels(net.name, verdict).inc()
+                return answer, False
+            if verdict == NOT_APPLICABLE and net.config.verify == "required":
+                ttl = self._ttls.unfinalized  # nothing unproven is kept forever
+        if ttl == cp.FOREVER and verdict != PROVEN and self._integrity.checks(net):  # a proof beats a vote
             doubt, answer = await self._integrity.doubt(net, plan, params, answer)
             if doubt is not None:  # served, never stored
                 self._metrics.uncached_answers.labels(net.name, doubt).inc()

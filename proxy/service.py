@@ -50,6 +50,7 @@ from proxy.rpc.methods import (
 from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.key_budget import KeySlots
 from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan, new_record
+from proxy.verifying import Verifier
 
 log = logging.getLogger("proxy.service")
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
@@ -123,7 +124,12 @@ class Service:
         )
         self._asker = Asker(settings, metrics, self._logs.check_results)
         self._fetcher = Fetcher(
-            self._asker, Integrity(metrics, settings.upstream_timeout, cache), cache, metrics, self._ttls
+            self._asker,
+            Integrity(metrics, settings.upstream_timeout, cache),
+            cache,
+            metrics,
+            self._ttls,
+            Verifier(metrics, settings.upstream_timeout),
         )
 
     # --- before anything is charged or forwarded ------------------------------------------

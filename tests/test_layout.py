@@ -18,7 +18,7 @@ FLOORS: list[list[str]] = [
     ["http/"],
     ["gateway/"],
     ["service.py"],
-    ["fetching.py", "asking.py"],
+    ["fetching.py", "asking.py", "verifying.py"],
     ["network_set.py"],
     ["network_parts.py"],
     ["cache/"],

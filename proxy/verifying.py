@@ -1,0 +1,217 @@
+"""Verified answers: an answer about a final block is kept forever only when proven against the
+block's header (per network, NETWORKS_FILE `verify`; the proofs per method: chain/answer_proofs.py,
+the headers believed: chain/header_chain.py).
+
+- `auto` (the default): a provable answer is kept forever only when proven; an answer no proof
+  covers (eth_call, Solana's) is kept as without verification, marked not-applicable;
+- `required`: nothing unproven is kept forever (kept for the unfinalized TTL instead), and a call no
+  upstream gives a proven answer to fails (-32002, naming why);
+- `off`: answers are kept as the node gave them.
+
+An answer its proofs refute is never kept: its upstream cools down and is counted
+(rpc_proxy_verifications_total{outcome="refuted"}, a log line naming it by index), and the call goes
+to the next upstream; the first proven answer is served. When none is proven, `auto` serves the first
+answer uncached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from proxy.cache import log_chunks
+from proxy.chain import answer_proofs as ap
+from proxy.chain import bloom
+from proxy.chain.header_chain import HeaderChain, Unverifiable
+from proxy.chain.heads import Head
+from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
+from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.methods import metric_label
+from proxy.upstream.pool import http_pool
+from proxy.values import Answer, Plan
+
+log = logging.getLogger("proxy.verify")
+
+PROVEN, UNPROVEN, REFUTED, NOT_APPLICABLE, OFF = "proven", "unproven", "refuted", "not-applicable", "off"
+LOGS_MAX_BLOCKS = 2000  # headers read to check one eth_getLogs answer (a chunk of the default 1000 fits)
+LOGS_MAX_CHECKED = 32  # blocks whose receipts are asked to check one eth_getLogs answer
+
+
+class Verifier:
+    def __init__(self, metrics: Metrics, timeout: float) -> None:
+        self._metrics = metrics
+        self._timeout = timeout
+        self._chains: dict[str, tuple[object, HeaderChain]] = {}
+
+    def chain(self, net: NetworkRuntime) -> HeaderChain:
+        """The network's header chain (a new one when a reload gave the network new upstreams)."""
+        held = self._chains.get(net.name)
+        if held is not None and held[0] is net.upstream:
+            return held[1]
+        config = net.config
+        gauge = self._metrics.unverifiable.labels(net.name)
+        gauge.set(0)
+        chain = HeaderChain(
+            net.name,
+            net.upstream,
+            net.per_upstream,
+            quorum=config.checkpoint_quorum,
+            trusted=config.trusted_checkpoint,
+            timeout=self._timeout,
+            on_unverifiable=lambda _why: gauge.set(1),
+        )
+        self._chains[net.name] = (net.upstream, chain)
+        return chain
+
+    def unverifiable(self, name: str) -> str | None:
+        """Why network `name`'s answers cannot be proven (for /readyz), or None."""
+        held = self._chains.get(name)
+        return held[1].unverifiable if held is not None else None
+
+    @staticmethod
+    def applies(net: NetworkRuntime, method: str) -> bool:
+        return net.config.verify != OFF and net.config.family == "evm" and method in ap.PROVABLE
+
+    async def settle(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> tuple[str, Answer]:
+        """For an answer about to be kept forever: its verdict (proven, unproven, not-applicable, off)
+        and the answer to serve (a proven one from another upstream when this one's was refuted)."""
+        if net.config.verify == OFF:
+            return OFF, answer
+        if not self.applies(net, plan.method):
+            return NOT_APPLICABLE, answer
+        first, tried, refuted = answer, {answer.upstream}, False
+        per = net.per_upstream
+        while True:
+            outcome = await self._prove(net, plan, answer)
+            self._metrics.verifications.labels(net.name, metric_label(plan.method), outcome).inc()
+            if outcome == PROVEN:
+                return PROVEN, answer
+            if outcome == REFUTED:
+                refuted = True
+                self._refuted(net, plan.method, answer.upstream)
+            nxt = _next_upstream(net, plan, tried) if outcome == REFUTED and per is not None else None
+            while nxt is not None and per is not None:
+                tried.add(nxt)
+                try:
+                    answer = await per.ask(nxt, plan.method, plan.forward, timeout=self._timeout)
+                    break
+                except JsonRpcError:
+                    nxt = _next_upstream(net, plan, tried)
+            if nxt is None:
+                break
+        if net.config.verify == "required":
+            why = "every upstream's answer was refuted by its proofs" if refuted else "no proof could be had"
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE,
+                f"upstream unavailable: network '{net.name}' (no proven answer for {plan.method}: {why})",
+                http_status=502,
+            )
+        return (REFUTED if refuted else UNPROVEN), first
+
+    def _refuted(self, net: NetworkRuntime, method: str, index: int) -> None:
+        pool = http_pool(net.upstream)
+        if pool is not None:
+            pool.cool_down(index)
+        log.warning("network %s: upstream #%d gave a %s answer its block's proofs refute", net.name, index, method)
+
+    async def _prove(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> str:
+        if answer.is_error or answer.upstream < 0:
+            return UNPROVEN
+        head = net.tracker.head
+        head = head if isinstance(head, Head) else None
+        chain = self.chain(net)
+        try:
+            if plan.method == "eth_getLogs":
+                return await self._prove_logs(net, chain, head, plan, answer)
+            block = ap.answer_block(plan.method, plan.forward, answer.result)
+            number = block if isinstance(block, int) else plan.need
+            if number is None:
+                return UNPROVEN
+            header, _fields = await chain.header(number, head)
+            if isinstance(block, str) and header.hash.hex() != block[2:]:
+                return UNPROVEN  # a hash the chain does not hold at the block the plan names
+            calls = ap.extra_calls(plan.method, plan.forward, answer.result, number)
+            extras = await self._extras(net, answer.upstream, calls)
+            if extras is None:
+                return UNPROVEN
+            ap.prove(plan.method, plan.forward, answer.result, header, extras)
+        except (Unverifiable, ap.Unprovable):
+            return UNPROVEN
+        except ap.AnswerError:
+            return REFUTED
+        return PROVEN
+
+    async def _prove_logs(
+        self, net: NetworkRuntime, chain: HeaderChain, head: Head | None, plan: Plan, answer: Answer
+    ) -> str:
+        """Every log returned is in its block's proven receipts; with verify_logs = "complete", none
+        is missing from a block whose logsBloom may match the filter."""
+        log_filter = plan.forward[0]
+        try:
+            first, last = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
+        except (KeyError, TypeError, ValueError):
+            return UNPROVEN  # a blockHash filter
+        if last - first + 1 > LOGS_MAX_BLOCKS:
+            return UNPROVEN
+        shown = ap.logs_by_block(answer.result)
+        if any(not first <= n <= last for n in shown):
+            return REFUTED
+        complete = net.config.verify_logs == "complete"
+        numbers = list(range(first, last + 1)) if complete else sorted(shown)
+        headers = await chain.headers(numbers, head)
+        addresses, topics = log_filter.get("address"), log_filter.get("topics")
+        addresses = [addresses] if isinstance(addresses, str) else addresses
+        checked = set(shown)
+        if complete:
+            for n, (_header, fields) in headers.items():
+                filled = bloom.parse(fields.get("logsBloom"))
+                if filled is None or bloom.may_match(filled, addresses, topics):
+                    checked.add(n)
+        if len(checked) > LOGS_MAX_CHECKED:
+            return UNPROVEN
+        order = sorted(checked)
+        calls = [
+            c for n in order for c in (("eth_getBlockByNumber", [hex(n), True]), ("eth_getBlockReceipts", [hex(n)]))
+        ]
+        extras = await self._extras(net, answer.upstream, calls)
+        if extras is None:
+            return UNPROVEN
+        for i, n in enumerate(order):
+            full, receipts = extras[2 * i], extras[2 * i + 1]
+            ap.prove_receipts(full, receipts, headers[n][0])
+            expected = log_chunks.logs_from_receipts([receipts], log_filter)
+            if expected is None:
+                return UNPROVEN
+            ap.prove_block_logs(shown.get(n, []), expected, complete=complete)
+        return PROVEN
+
+    async def _extras(self, net: NetworkRuntime, index: int, calls: list[ap.Call]) -> list[Any] | None:
+        """The answers of the calls that prove an answer, asked of the node that gave it (None when
+        any failed: nothing to prove it with)."""
+        if not calls:
+            return []
+        per = net.per_upstream
+        try:
+            if per is not None:
+                answers = await asyncio.gather(*(per.ask(index, m, p, timeout=self._timeout) for m, p in calls))
+            else:
+                answers = await net.upstream.batch(calls)
+        except JsonRpcError:
+            return None
+        if any(a.is_error for a in answers):
+            return None
+        return [a.result for a in answers]
+
+
+def _next_upstream(net: NetworkRuntime, plan: Plan, tried: set[int]) -> int | None:
+    """An upstream not yet asked that vouches for the block the answer needs."""
+    per = net.per_upstream
+    if per is None:
+        return None
+    states = per.states
+    for index in range(states.size):
+        if index not in tried and states.in_rotation(index) and states.vouches(index, plan.need):
+            return index
+    return None
