@@ -16,7 +16,7 @@ from proxy.rpc.jsonrpc import loads
 from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
 from proxy.values import Answer, Plan
-from proxy.verifying import NOT_APPLICABLE, PROVEN, Verifier
+from proxy.verifying import NOT_APPLICABLE, OFF, PROVEN, UNFINAL, Verifier, shown_as
 
 
 class Fetcher:
@@ -37,6 +37,22 @@ class Fetcher:
         self._ttls = ttls
 
     async def fetch(
+        self,
+        net: NetworkRuntime,
+        policy: MethodPolicy,
+        method: str,
+        params: Any,
+        refs: list[BlockRef],
+        plan: Plan,
+        lock: FillLock,
+    ) -> tuple[Answer, bool]:
+        """A miss: ask upstream and keep the answer if it belongs to its key (X-Verified told on it)."""
+        answer, tied = await self._fetch(net, policy, method, params, refs, plan, lock)
+        if not answer.verified:
+            answer.verified = shown_as(net, plan.method, "")
+        return answer, tied
+
+    async def _fetch(
         self,
         net: NetworkRuntime,
         policy: MethodPolicy,
@@ -81,10 +97,11 @@ class Fetcher:
         if ttl == cp.FOREVER and kind == "ok":
             # Verified answers (verifying.py): a refuted or unproven answer is served, never kept.
             verdict, answer = await self._verifier.settle(net, plan, answer)
-            if verdict not in (PROVEN, NOT_APPLICABLE, "off"):
+            answer.verified = shown_as(net, plan.method, verdict)
+            if verdict not in (PROVEN, NOT_APPLICABLE, UNFINAL, OFF):
                 self._metrics.uncached_answers.labels(net.name, verdict).inc()
                 return answer, False
-            if verdict == NOT_APPLICABLE and net.config.verify == "required":
+            if verdict in (NOT_APPLICABLE, UNFINAL) and net.config.verify == "required":
                 ttl = self._ttls.unfinalized  # nothing unproven is kept forever
         if ttl == cp.FOREVER and verdict != PROVEN and self._integrity.checks(net):  # a proof beats a vote
             doubt, answer = await self._integrity.doubt(net, plan, params, answer)

@@ -30,11 +30,15 @@ from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import metric_label
 from proxy.upstream.pool import http_pool
-from proxy.values import Answer, Plan
+from proxy.values import FOREVER, Answer, Plan
 
 log = logging.getLogger("proxy.verify")
 
 PROVEN, UNPROVEN, REFUTED, NOT_APPLICABLE, OFF = "proven", "unproven", "refuted", "not-applicable", "off"
+# Kept as without verification, told unproven: its key names a block hash above finality
+# (content-addressed: no final block, so no proof the trusted chain of final blocks could give), or
+# it is about block 0 and unproven (a dev node's genesis stateRoot is not its state's).
+UNFINAL = "unfinal"
 LOGS_MAX_BLOCKS = 2000  # headers read to check one eth_getLogs answer (a chunk of the default 1000 fits)
 LOGS_MAX_CHECKED = 32  # blocks whose receipts are asked to check one eth_getLogs answer
 
@@ -81,10 +85,17 @@ class Verifier:
             return OFF, answer
         if not self.applies(net, plan.method):
             return NOT_APPLICABLE, answer
+        number = _final_block(net, plan, answer)
+        if number is None:
+            return UNFINAL, answer
         first, tried, refuted = answer, {answer.upstream}, False
         per = net.per_upstream
         while True:
             outcome = await self._prove(net, plan, answer)
+            if outcome != PROVEN and number == 0:
+                # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot:
+                # answers about block 0 are kept as without verification, told unproven.
+                return UNFINAL, answer
             self._metrics.verifications.labels(net.name, metric_label(plan.method), outcome).inc()
             if outcome == PROVEN:
                 return PROVEN, answer
@@ -203,6 +214,46 @@ class Verifier:
         if any(a.is_error for a in answers):
             return None
         return [a.result for a in answers]
+
+
+def shown_as(net: NetworkRuntime, method: str, verdict: str) -> str:
+    """X-Verified for a verdict: proven, not-applicable (no proof covers the method), else unproven."""
+    if verdict == PROVEN:
+        return "proven"
+    if verdict == NOT_APPLICABLE or net.config.family != "evm" or method not in ap.PROVABLE:
+        return "not-applicable"
+    return "unproven"
+
+
+def stored_as(net: NetworkRuntime, plan: Plan) -> str:
+    """X-Verified for an answer found in the cache: proven when it is one kept forever about a final
+    block under verification (nothing else is kept so: settle()); an answer by hash is told unproven
+    (it may have been kept before its block was final)."""
+    method = plan.method
+    if net.config.family != "evm" or method not in ap.PROVABLE:
+        return "not-applicable"
+    head = net.tracker.head
+    decision = plan.decision
+    if net.config.verify == OFF or plan.by_hash or decision.tied_to_answer or decision.ttl != FOREVER:
+        return "unproven"  # a transaction or receipt may have been kept for a while before its block was final
+    number = plan.need
+    final = isinstance(head, Head) and number is not None and 0 < number <= head.finalized
+    return "proven" if final else "unproven"  # block 0: kept unproven on a dev node (settle)
+
+
+def _final_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> int | None:
+    """The final block the answer is about (by its number, else the plan's); None when it is not
+    about a block the tracker holds final."""
+    head = net.tracker.head
+    if not isinstance(head, Head) or not head.final_hash:
+        return None
+    if plan.method == "eth_getLogs":
+        last = plan.forward[0].get("toBlock") if isinstance(plan.forward[0], dict) else None
+        number = int(last, 16) if isinstance(last, str) and last.startswith("0x") else plan.need
+    else:
+        block = ap.answer_block(plan.method, plan.forward, answer.result)
+        number = block if isinstance(block, int) else plan.need
+    return number if number is not None and number <= head.finalized else None
 
 
 def _next_upstream(net: NetworkRuntime, plan: Plan, tried: set[int]) -> int | None:

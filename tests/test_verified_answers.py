@@ -81,12 +81,12 @@ async def _lie_alone_is_never_kept(anvil: Anvil, tmp_path: Path, lie: str) -> No
         async with _proxy(tmp_path, [liar.url]) as proxy:
             await _final(anvil, proxy, n)
             told, cache, verified = await _ask(proxy, method, params(store, n))
-            assert told != truth and cache != "HIT"  # served (nothing better to serve), not kept
+            # served (nothing better to serve), told unproven, not kept
+            assert told != truth and cache != "HIT" and verified == "unproven"
             assert (await _ask(proxy, method, params(store, n)))[1] != "HIT"
             liar.lie = None  # honest now: the next answer is the truth, proven and kept
-            answer, cache, verified = await _ask(proxy, method, params(store, n))
-            assert answer == truth and cache != "HIT"
-            assert (await _ask(proxy, method, params(store, n)))[:2] == (truth, "HIT")
+            assert await _ask(proxy, method, params(store, n)) == (truth, "MISS", "proven")
+            assert await _ask(proxy, method, params(store, n)) == (truth, "HIT", "proven")
     finally:
         await liar.close()
 
@@ -155,10 +155,16 @@ async def test_the_honest_path_is_proven_and_a_repeat_is_a_hit(anvil: Anvil, tmp
         await _final(anvil, proxy, n)
         for method, params in calls:
             truth = anvil.rpc(method, *params)
-            answer, cache, _verified = await _ask(proxy, method, params)
-            assert answer == truth, method
+            assert await _ask(proxy, method, params) == (truth, "MISS", "proven"), method
             assert _verifications(proxy, method, "proven") >= 1, method
-            assert (await _ask(proxy, method, params))[:2] == (truth, "HIT"), method
+            # A transaction or receipt found in the cache is told unproven: it may have been kept a
+            # while before its block was final.
+            found = "unproven" if method in ("eth_getTransactionReceipt", "eth_getTransactionByHash") else "proven"
+            assert await _ask(proxy, method, params) == (truth, "HIT", found), method
+        # No proof covers eth_call: kept as without verification, and told so.
+        call = [{"to": store, "data": selector("x()")}, hex(n)]
+        assert (await _ask(proxy, "eth_call", call))[1:] == ("MISS", "not-applicable")
+        assert (await _ask(proxy, "eth_call", call))[1:] == ("HIT", "not-applicable")
 
 
 async def test_verify_off_keeps_the_liars_answer_as_before(anvil: Anvil, tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ class Hits:
         if hit is None:
             return Lookup(parsed=plain_body(body, plain))
         answer = self.answer_of(hit, self._calls.request_id() if self._access_log else 0, started)
-        return Lookup(new_record(PaidHit, (0, 0, len(answer), answer)))
+        return Lookup(new_record(PaidHit, (0, 0, hit.verified, len(answer), answer)))
 
     def keyed(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None
@@ -127,7 +127,9 @@ class Hits:
         hit.cells.charged.value += credits
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
         answer = self.answer_of(hit, request_id, started)
-        return Lookup(new_record(PaidHit, (credits, remaining if remaining > 0 else 0, len(answer), answer)))
+        return Lookup(
+            new_record(PaidHit, (credits, remaining if remaining > 0 else 0, hit.verified, len(answer), answer))
+        )
 
     def _found(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
         """A hit found and left for the general path to pay for, or the parsed miss."""
@@ -139,7 +141,7 @@ class Hits:
 
     def answer_of(self, hit: MemoryHit, request_id: int, started: float) -> bytes:
         """A hit's encoded answer, counted (the counts execute() and the accounting make for a call)."""
-        rid, method, runtime, payload, is_error, credits, cells = hit
+        rid, method, runtime, payload, is_error, credits, cells, _verified = hit
         cells.record(credits, time.perf_counter() - started)
         if request_id:
             self._calls.log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
