@@ -4,8 +4,8 @@ a block already believed names it as its parent. A header's fields are believed 
 node says about the block.
 
 It starts from a checkpoint: a `trusted_checkpoint` hash set for the network in NETWORKS_FILE, else
-the tracker's finalized block once `checkpoint_quorum` upstreams (0: every one in rotation) give that
-hash at that height. From there it follows the tracker: a newer finalized block is linked back to the
+the tracker's finalized block once `checkpoint_quorum` upstreams (0: every one in rotation that has
+reached it) give that hash at that height. From there it follows the tracker: a newer finalized block is linked back to the
 chain, header by header through parent hashes, before any block between is believed; an older block
 is reached by walking back from the lowest block held. One range of consecutive heights is held,
 at most CHAIN_MAX hashes (32 bytes each); a walk goes at most WALK_MAX blocks per call, and what it
@@ -138,8 +138,8 @@ class HeaderChain:
             for a in answers
             if isinstance(a.result, dict) and str(a.result.get("hash", "")).lower() == head.final_hash
         ]
-        asked = self._per.states.size if self._per is not None else 1
-        needed = self._quorum or sum(1 for i in range(asked) if self._in_rotation(i))
+        # 0: every upstream in rotation that has reached the block (a backup behind it has no say).
+        needed = self._quorum or self._reached(head.finalized)
         if len(votes) < max(needed, 1):
             raise Unverifiable(f"{len(votes)} of {needed} upstreams agree on the finalized block")
         for answer in votes:
@@ -254,8 +254,11 @@ class HeaderChain:
         while len(self._headers) > HEADERS_KEPT:
             self._headers.popitem(last=False)
 
-    def _in_rotation(self, index: int) -> bool:
-        return self._per is None or self._per.states.in_rotation(index)
+    def _reached(self, number: int) -> int:
+        if self._per is None:
+            return 1
+        states = self._per.states
+        return sum(1 for i in range(states.size) if states.in_rotation(i) and states.vouches(i, number))
 
     async def _everyone(self, method: str, params: Any) -> list[Answer]:
         """Each upstream in rotation asked alone (the pool once without per-upstream access)."""
