@@ -124,14 +124,19 @@ class Service:
             timeout=settings.getlogs_timeout,
         )
         self._asker = Asker(settings, metrics, self._logs.check_results)
+        self._verifier = Verifier(metrics, settings.upstream_timeout)
         self._fetcher = Fetcher(
             self._asker,
             Integrity(metrics, settings.upstream_timeout, cache),
             cache,
             metrics,
             self._ttls,
-            Verifier(metrics, settings.upstream_timeout),
+            self._verifier,
         )
+
+    def unverifiable(self) -> dict[str, str]:
+        """Networks whose answers cannot be proven (a header field the proxy does not know), and why."""
+        return {name: why for name in self.networks if (why := self._verifier.unverifiable(name)) is not None}
 
     # --- before anything is charged or forwarded ------------------------------------------
 

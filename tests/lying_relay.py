@@ -5,7 +5,9 @@ changed answer. Each lie is one a node could tell without breaking the JSON form
 - "storage": eth_getStorageAt's word has its last bit flipped, and so has every eth_getProof value;
 - "droplog": the last log of eth_getLogs is left out, and the last log of eth_getBlockReceipts;
 - "gas": a receipt's gasUsed is one more (eth_getBlockReceipts, eth_getTransactionReceipt);
-- "timestamp": a block's timestamp is one more (eth_getBlockByNumber, eth_getBlockByHash).
+- "timestamp": a block's timestamp is one more (eth_getBlockByNumber, eth_getBlockByHash);
+- "proofnode": eth_getProof's last account proof node has a byte changed (the values left true);
+- "newfield": a block shows a header field no fork has (`futureRoot`).
 
 `lie = None` relays honestly. Tags ("latest", "finalized") are never lied about, so the tracker
 follows the real chain.
@@ -23,7 +25,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
 
-LIES = ("storage", "droplog", "gas", "timestamp")
+LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield")
 _BLOCK_PARAM = {
     "eth_getStorageAt": 2,
     "eth_getProof": 2,
@@ -74,6 +76,11 @@ def _lie(lie: str, method: str, result: Any) -> Any:
             receipt["gasUsed"] = hex(int(receipt["gasUsed"], 16) + 1)
     if lie == "timestamp" and method in ("eth_getBlockByNumber", "eth_getBlockByHash") and isinstance(result, dict):
         result["timestamp"] = hex(int(result["timestamp"], 16) + 1)
+    if lie == "proofnode" and method == "eth_getProof" and isinstance(result, dict) and result["accountProof"]:
+        node = result["accountProof"][-1]
+        result["accountProof"][-1] = node[:-2] + format(int(node[-2:], 16) ^ 1, "02x")
+    if lie == "newfield" and method in ("eth_getBlockByNumber", "eth_getBlockByHash") and isinstance(result, dict):
+        result["futureRoot"] = "0x" + "00" * 32
     return result
 
 

@@ -64,21 +64,23 @@ def _verifications(proxy: Proxy, method: str, outcome: str) -> float:
 
 
 CASES = {
-    # lie: (method, params of block N, how the truth and the lie are told apart)
-    "storage": ("eth_getStorageAt", lambda store, n: [store, "0x0", hex(n)]),
-    "droplog": ("eth_getBlockReceipts", lambda store, n: [hex(n)]),
-    "gas": ("eth_getBlockReceipts", lambda store, n: [hex(n)]),
-    "timestamp": ("eth_getBlockByNumber", lambda store, n: [hex(n), False]),
+    # case: (the lie, the method lied about, its params at block N)
+    "storage": ("storage", "eth_getStorageAt", lambda store, n: [store, "0x0", hex(n)]),
+    "proof": ("storage", "eth_getProof", lambda store, n: [store, ["0x" + "00" * 32], hex(n)]),
+    "droplog": ("droplog", "eth_getBlockReceipts", lambda store, n: [hex(n)]),
+    "logs": ("droplog", "eth_getLogs", lambda store, n: [{"address": store, "fromBlock": hex(n), "toBlock": hex(n)}]),
+    "gas": ("gas", "eth_getBlockReceipts", lambda store, n: [hex(n)]),
+    "timestamp": ("timestamp", "eth_getBlockByNumber", lambda store, n: [hex(n), False]),
 }
 
 
-async def _lie_alone_is_never_kept(anvil: Anvil, tmp_path: Path, lie: str) -> None:
+async def _lie_alone_is_never_kept(anvil: Anvil, tmp_path: Path, case: str, **fields: Any) -> None:
     store, n = _store_with_logs(anvil)
-    method, params = CASES[lie]
+    lie, method, params = CASES[case]
     truth = anvil.rpc(method, *params(store, n))
     liar = await LyingRelay(anvil.url, lie, below=n).start()
     try:
-        async with _proxy(tmp_path, [liar.url]) as proxy:
+        async with _proxy(tmp_path, [liar.url], **fields) as proxy:
             await _final(anvil, proxy, n)
             told, cache, verified = await _ask(proxy, method, params(store, n))
             # served (nothing better to serve), told unproven, not kept
@@ -93,6 +95,20 @@ async def _lie_alone_is_never_kept(anvil: Anvil, tmp_path: Path, lie: str) -> No
 
 async def test_a_flipped_storage_word_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
     await _lie_alone_is_never_kept(anvil, tmp_path, "storage")
+
+
+async def test_a_flipped_proof_value_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    await _lie_alone_is_never_kept(anvil, tmp_path, "proof")
+
+
+async def test_a_log_dropped_from_get_logs_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    await _lie_alone_is_never_kept(anvil, tmp_path, "logs")
+
+
+async def test_inclusion_only_still_refuses_a_log_list_its_receipts_do_not_prove(anvil: Anvil, tmp_path: Path) -> None:
+    """verify_logs = "inclusion": the block with logs is checked against its receipts (the liar's
+    receipts drop the same log, and no longer hash to receiptsRoot)."""
+    await _lie_alone_is_never_kept(anvil, tmp_path, "logs", verify_logs="inclusion")
 
 
 async def test_a_log_dropped_from_block_receipts_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
@@ -190,5 +206,45 @@ async def test_verify_required_refuses_what_no_upstream_proves(anvil: Anvil, tmp
             )
             assert body["error"]["code"] == -32002 and "refuted" in body["error"]["message"], body
             assert status == 502
+    finally:
+        await liar.close()
+
+
+async def test_a_tampered_proof_is_refused_and_its_answer_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    """The storage word is true but the account proof beside it is not: nothing proves the word,
+    so it is served unproven and not kept; the upstream is counted."""
+    store, n = _store_with_logs(anvil)
+    params = [store, "0x0", hex(n)]
+    truth = anvil.rpc("eth_getStorageAt", *params)
+    liar = await LyingRelay(anvil.url, "proofnode", below=n).start()
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            await _final(anvil, proxy, n)
+            assert await _ask(proxy, "eth_getStorageAt", params) == (truth, "BYPASS", "unproven")
+            assert (await _ask(proxy, "eth_getStorageAt", params))[1] == "BYPASS"
+            assert _verifications(proxy, "eth_getStorageAt", "refuted") == 2
+            liar.lie = None
+            assert await _ask(proxy, "eth_getStorageAt", params) == (truth, "MISS", "proven")
+    finally:
+        await liar.close()
+
+
+async def test_a_header_field_the_proxy_does_not_know_makes_the_network_unverifiable(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """Fail safe: such a header is never believed, so nothing final is kept; /readyz and the metric
+    say so, and answers are still served."""
+    store, n = _store_with_logs(anvil)
+    params = [store, "0x0", hex(n)]
+    liar = await LyingRelay(anvil.url, "newfield", below=n).start()
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            await _final(anvil, proxy, n)
+            for _ in range(2):
+                assert (await _ask(proxy, "eth_getStorageAt", params))[1:] == ("BYPASS", "unproven")
+            assert proxy.metric("rpc_proxy_network_unverifiable", network="evm") == 1
+            async with proxy.session.get(f"{proxy.base}/readyz") as resp:
+                ready = await resp.json()
+            assert "futureRoot" in ready["unverifiable"]["evm"]
     finally:
         await liar.close()

@@ -5,12 +5,13 @@ node says about the block.
 
 It starts from a checkpoint: a `trusted_checkpoint` hash set for the network in NETWORKS_FILE, else
 the tracker's finalized block once `checkpoint_quorum` upstreams (0: every one in rotation that has
-reached it) give that hash at that height. From there it follows the tracker: a newer finalized block is linked back to the
-chain, header by header through parent hashes, before any block between is believed; an older block
-is reached by walking back from the lowest block held. One range of consecutive heights is held,
-at most CHAIN_MAX hashes (32 bytes each); a walk goes at most WALK_MAX blocks per call, and what it
-proved is kept for the next. A header with a field the proxy does not know is never believed: the
-network is then unverifiable (one log line, `unverifiable` for /readyz and the metric).
+reached it) give that hash at that height. From there it follows the tracker: a newer finalized
+block is linked back to the chain, header by header through parent hashes, before any block between
+is believed; an older block is reached by walking back from the lowest block held. One range of
+consecutive heights is held, at most CHAIN_MAX hashes (32 bytes each); a walk goes at most WALK_MAX
+blocks per call, and what it proved is kept for the next. A header with a field the proxy does not
+know is never believed: the network is then unverifiable (one log line, `unverifiable` for /readyz
+and the metric).
 """
 
 from __future__ import annotations
