@@ -90,7 +90,7 @@ class LyingRelay:
     lie: str | None = None
     below: int = 0  # lies about blocks up to this number
     lies_told: int = 0
-    calls: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
     url: str = ""
     _server: TestServer | None = None
     _session: aiohttp.ClientSession | None = None
@@ -115,7 +115,7 @@ class LyingRelay:
         body = await request.read()
         payload = json.loads(body)
         calls = payload if isinstance(payload, list) else [payload]
-        self.calls.extend(str(c.get("method")) for c in calls)
+        self.calls.extend(c for c in calls if isinstance(c, dict))
         async with self._session.post(self.target, data=body, headers={"Content-Type": "application/json"}) as resp:
             reply = json.loads(await resp.read())
         items = reply if isinstance(reply, list) else [reply]
