@@ -85,13 +85,14 @@ class Verifier:
             return OFF, answer
         if not self.applies(net, plan.method):
             return NOT_APPLICABLE, answer
-        number = _final_block(net, plan, answer)
-        if number is None:
+        number = await self._block_number(net, plan, answer)
+        head = net.tracker.head
+        if number is None or not isinstance(head, Head) or not head.final_hash or number > head.finalized:
             return UNFINAL, answer
         first, tried, refuted = answer, {answer.upstream}, False
         per = net.per_upstream
         while True:
-            outcome = await self._prove(net, plan, answer)
+            outcome = await self._prove(net, plan, answer, number)
             if outcome != PROVEN and number == 0:
                 # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot:
                 # answers about block 0 are kept as without verification, told unproven.
@@ -127,7 +128,29 @@ class Verifier:
             pool.cool_down(index)
         log.warning("network %s: upstream #%d gave a %s answer its block's proofs refute", net.name, index, method)
 
-    async def _prove(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> str:
+    async def _block_number(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> int | None:
+        """The block the answer is about: by its number, else the plan's; for a hash outside the
+        tracker's window, the number the answering node gives that hash (its header is then proven
+        to have that hash at that height, or nothing is)."""
+        if plan.method == "eth_getLogs":
+            log_filter = plan.forward[0] if isinstance(plan.forward[0], dict) else {}
+            last, named = log_filter.get("toBlock"), log_filter.get("blockHash")
+            block: int | str | None = int(last, 16) if isinstance(last, str) and last.startswith("0x") else named
+        else:
+            block = ap.answer_block(plan.method, plan.forward, answer.result)
+        if isinstance(block, int) or plan.need is not None:
+            return block if isinstance(block, int) else plan.need
+        if not isinstance(block, str) or answer.upstream < 0:
+            return None
+        found = await self._extras(net, answer.upstream, [("eth_getBlockByHash", [block, False])])
+        item = found[0] if found else None
+        number = item.get("number") if isinstance(item, dict) else None
+        try:
+            return int(number, 16) if isinstance(number, str) else None
+        except ValueError:
+            return None
+
+    async def _prove(self, net: NetworkRuntime, plan: Plan, answer: Answer, number: int) -> str:
         if answer.is_error or answer.upstream < 0:
             return UNPROVEN
         head = net.tracker.head
@@ -135,11 +158,8 @@ class Verifier:
         chain = self.chain(net)
         try:
             if plan.method == "eth_getLogs":
-                return await self._prove_logs(net, chain, head, plan, answer)
+                return await self._prove_logs(net, chain, head, plan, answer, number)
             block = ap.answer_block(plan.method, plan.forward, answer.result)
-            number = block if isinstance(block, int) else plan.need
-            if number is None:
-                return UNPROVEN
             header, _fields = await chain.header(number, head)
             if isinstance(block, str) and header.hash.hex() != block[2:]:
                 return UNPROVEN  # a hash the chain does not hold at the block the plan names
@@ -155,23 +175,29 @@ class Verifier:
         return PROVEN
 
     async def _prove_logs(
-        self, net: NetworkRuntime, chain: HeaderChain, head: Head | None, plan: Plan, answer: Answer
+        self, net: NetworkRuntime, chain: HeaderChain, head: Head | None, plan: Plan, answer: Answer, number: int
     ) -> str:
         """Every log returned is in its block's proven receipts; with verify_logs = "complete", none
         is missing from a block whose logsBloom may match the filter."""
         log_filter = plan.forward[0]
+        named = log_filter.get("blockHash")
         try:
-            first, last = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
+            if isinstance(named, str):
+                first = last = number  # the block the hash names, whose header must have that hash
+            else:
+                first, last = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
         except (KeyError, TypeError, ValueError):
-            return UNPROVEN  # a blockHash filter
+            return UNPROVEN
         if last - first + 1 > LOGS_MAX_BLOCKS:
             return UNPROVEN
         shown = ap.logs_by_block(answer.result)
         if any(not first <= n <= last for n in shown):
             return REFUTED
         complete = net.config.verify_logs == "complete"
-        numbers = list(range(first, last + 1)) if complete else sorted(shown)
+        numbers = list(range(first, last + 1)) if complete or isinstance(named, str) else sorted(shown)
         headers = await chain.headers(numbers, head)
+        if isinstance(named, str) and "0x" + headers[first][0].hash.hex() != named.lower():
+            return UNPROVEN  # the hash is not the chain's block at that height
         addresses, topics = log_filter.get("address"), log_filter.get("topics")
         addresses = [addresses] if isinstance(addresses, str) else addresses
         checked = set(shown)
@@ -239,21 +265,6 @@ def stored_as(net: NetworkRuntime, plan: Plan) -> str:
     number = plan.need
     final = isinstance(head, Head) and number is not None and 0 < number <= head.finalized
     return "proven" if final else "unproven"  # block 0: kept unproven on a dev node (settle)
-
-
-def _final_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> int | None:
-    """The final block the answer is about (by its number, else the plan's); None when it is not
-    about a block the tracker holds final."""
-    head = net.tracker.head
-    if not isinstance(head, Head) or not head.final_hash:
-        return None
-    if plan.method == "eth_getLogs":
-        last = plan.forward[0].get("toBlock") if isinstance(plan.forward[0], dict) else None
-        number = int(last, 16) if isinstance(last, str) and last.startswith("0x") else plan.need
-    else:
-        block = ap.answer_block(plan.method, plan.forward, answer.result)
-        number = block if isinstance(block, int) else plan.need
-    return number if number is not None and number <= head.finalized else None
 
 
 def _next_upstream(net: NetworkRuntime, plan: Plan, tried: set[int]) -> int | None:

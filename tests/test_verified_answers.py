@@ -153,7 +153,8 @@ async def test_beside_an_honest_node_no_lie_about_final_data_is_served(anvil: An
 
 async def test_the_honest_path_is_proven_and_a_repeat_is_a_hit(anvil: Anvil, tmp_path: Path) -> None:
     store, n = _store_with_logs(anvil)
-    receipt_hash = anvil.rpc("eth_getBlockByNumber", hex(n), False)["transactions"][0]
+    block = anvil.rpc("eth_getBlockByNumber", hex(n), False)
+    receipt_hash, block_hash = block["transactions"][0], block["hash"]
     calls = [
         ("eth_getStorageAt", [store, "0x0", hex(n)]),
         ("eth_getBalance", [store, hex(n)]),
@@ -166,6 +167,7 @@ async def test_the_honest_path_is_proven_and_a_repeat_is_a_hit(anvil: Anvil, tmp
         ("eth_getBlockByNumber", [hex(n), False]),
         ("eth_getBlockByNumber", [hex(n), True]),
         ("eth_getLogs", [{"address": store, "fromBlock": hex(n - 2), "toBlock": hex(n)}]),
+        ("eth_getLogs", [{"address": store, "blockHash": block_hash}]),
     ]
     async with _proxy(tmp_path, [anvil.url]) as proxy:
         await _final(anvil, proxy, n)
@@ -173,9 +175,10 @@ async def test_the_honest_path_is_proven_and_a_repeat_is_a_hit(anvil: Anvil, tmp
             truth = anvil.rpc(method, *params)
             assert await _ask(proxy, method, params) == (truth, "MISS", "proven"), method
             assert _verifications(proxy, method, "proven") >= 1, method
-            # A transaction or receipt found in the cache is told unproven: it may have been kept a
-            # while before its block was final.
-            found = "unproven" if method in ("eth_getTransactionReceipt", "eth_getTransactionByHash") else "proven"
+            # A transaction, a receipt or an answer by block hash found in the cache is told
+            # unproven: it may have been kept a while before its block was final.
+            by_hash = method in ("eth_getTransactionReceipt", "eth_getTransactionByHash") or "blockHash" in str(params)
+            found = "unproven" if by_hash else "proven"
             assert await _ask(proxy, method, params) == (truth, "HIT", found), method
         # No proof covers eth_call: kept as without verification, and told so.
         call = [{"to": store, "data": selector("x()")}, hex(n)]
