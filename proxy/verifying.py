@@ -25,6 +25,7 @@ from proxy.chain import answer_proofs as ap
 from proxy.chain import bloom
 from proxy.chain.header_chain import HeaderChain, Unverifiable
 from proxy.chain.heads import Head
+from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
@@ -48,6 +49,7 @@ class Verifier:
         self._metrics = metrics
         self._timeout = timeout
         self._chains: dict[str, tuple[object, HeaderChain]] = {}
+        self._throttled = Throttled(log)  # a lying node fails every proof: one line per interval says so
 
     def chain(self, net: NetworkRuntime) -> HeaderChain:
         """The network's header chain (a new one when a reload gave the network new upstreams)."""
@@ -126,7 +128,13 @@ class Verifier:
         pool = http_pool(net.upstream)
         if pool is not None:
             pool.cool_down(index)
-        log.warning("network %s: upstream #%d gave a %s answer its block's proofs refute", net.name, index, method)
+        self._throttled.warning(
+            f"{net.name}#{index}",
+            "network %s: upstream #%d gave a %s answer its block's proofs refute",
+            net.name,
+            index,
+            method,
+        )
 
     async def _block_number(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> int | None:
         """The block the answer is about: by its number, else the plan's; for a hash outside the

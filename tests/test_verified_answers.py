@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from proxy.http.app_keys import SERVICE
 from tests.lying_relay import LyingRelay
 from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
@@ -123,8 +125,11 @@ async def test_a_headers_timestamp_changed_by_one_alone_is_never_kept(anvil: Anv
     await _lie_alone_is_never_kept(anvil, tmp_path, "timestamp")
 
 
-async def test_beside_an_honest_node_no_lie_about_final_data_is_served(anvil: Anvil, tmp_path: Path) -> None:
-    """The liar first in NETWORKS_FILE, an honest node second: every answer served is the truth."""
+async def test_beside_an_honest_node_no_lie_about_final_data_is_served(
+    anvil: Anvil, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The liar first in NETWORKS_FILE, an honest node second: every answer served is the truth, and
+    the liar is named in the log by its index, never its URL."""
     store, n = _store_with_logs(anvil)
     log_filter = {"address": store, "fromBlock": hex(n), "toBlock": hex(n)}
     calls = [
@@ -147,6 +152,9 @@ async def test_beside_an_honest_node_no_lie_about_final_data_is_served(anvil: An
                     assert answer == truth, (lie, method)
                 assert liar.lies_told > 0
             assert sum(_verifications(proxy, m, "refuted") for _, m, _ in calls) >= 1
+            lines = [r.getMessage() for r in caplog.records if r.name == "proxy.verify"]
+            assert any("upstream #0 gave" in line for line in lines), lines
+            assert not any(liar.url in line or anvil.url in line for line in caplog.messages)
     finally:
         await liar.close()
 
