@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from proxy.config_files import VERIFY_MODES, _credits_file, _keys, _networks_from_file
 from proxy.config_files import KeyConfig as KeyConfig
 from proxy.config_files import Network as Network
-from proxy.config_files import _credits_file, _keys, _networks_from_file
 from proxy.credits.prices import METHOD_CREDITS
 from proxy.options import _SCALARS, SUBSCRIPTION_CREDITS, _csv, _upstream_urls, _ws_urls
 from proxy.options import OPTION_NAMES as OPTION_NAMES
@@ -187,11 +187,20 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     raw = {k: v for k, v in raw.items() if k in OPTION_NAMES and v is not None and v != ""}
     networks: list[Network] = []
     defaults_from_env: tuple[tuple[str, Family], ...] = (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana"))
+    verify = raw.get("VERIFY_ANSWERS", "auto").strip().lower()
+    if verify not in VERIFY_MODES:
+        raise ConfigError(f"VERIFY_ANSWERS must be one of {', '.join(VERIFY_MODES)}")
     for env, family in defaults_from_env:
         if env in raw:
             ws = _ws_urls(f"{env}_WS", raw[f"{env}_WS"]) if f"{env}_WS" in raw else ()
             networks.append(
-                Network(name=family, family=family, upstreams=_upstream_urls(env, raw[env]), ws_upstreams=ws)
+                Network(
+                    name=family,
+                    family=family,
+                    upstreams=_upstream_urls(env, raw[env]),
+                    ws_upstreams=ws,
+                    verify=verify if family == "evm" else "auto",
+                )
             )
         elif f"{env}_WS" in raw:
             raise ConfigError(f"{env}_WS needs {env}: the WebSocket serves the same network")

@@ -44,6 +44,13 @@ class Network:
     upstream_options: tuple[UpstreamOptions, ...] = ()
     confirm_immutable: int = 1  # upstreams that must agree before an answer is kept forever
     confirm_logs_bloom: bool = False  # eth_getLogs answers checked against logsBloom before kept forever
+    # Verified answers (verifying.py): "auto", "required" or "off"; the checkpoint the trusted header
+    # chain starts from (upstreams that must agree on it, 0: all; or a block hash set here); eth_getLogs
+    # checked "complete" (no log missing) or for "inclusion" only.
+    verify: str = "auto"
+    checkpoint_quorum: int = 0
+    trusted_checkpoint: str | None = None
+    verify_logs: str = "complete"
     # Per upstream, in the order of `upstreams` and of `ws_upstreams`: header fields sent to it.
     upstream_headers: tuple[UpstreamHeaders, ...] = field(default=(), repr=False)
     ws_headers: tuple[UpstreamHeaders, ...] = field(default=(), repr=False)
@@ -210,6 +217,28 @@ def _integrity(where: str, entry: dict[str, Any]) -> tuple[int, bool]:
     return count, bloom
 
 
+VERIFY_MODES = ("auto", "required", "off")
+VERIFY_LOGS = ("complete", "inclusion")
+_BLOCK_HASH = re.compile(r"0x[0-9a-f]{64}")
+
+
+def _verification(where: str, entry: dict[str, Any], upstreams: int) -> tuple[str, int, str | None, str]:
+    """A network's verify mode, checkpoint_quorum, trusted_checkpoint and verify_logs."""
+    mode = entry.get("verify", "auto")
+    if mode not in VERIFY_MODES:
+        raise ConfigError(f"{where}: verify must be one of {', '.join(VERIFY_MODES)}")
+    quorum = _positive_number(where, "checkpoint_quorum", entry.get("checkpoint_quorum"), whole=True) or 0
+    if upstreams and quorum > upstreams:
+        raise ConfigError(f"{where}: checkpoint_quorum cannot exceed the number of http(s) upstreams")
+    trusted = entry.get("trusted_checkpoint")
+    if trusted is not None and not (isinstance(trusted, str) and _BLOCK_HASH.fullmatch(trusted.lower())):
+        raise ConfigError(f"{where}: trusted_checkpoint must be a block hash (0x and 64 hex digits)")
+    logs = entry.get("verify_logs", "complete")
+    if logs not in VERIFY_LOGS:
+        raise ConfigError(f"{where}: verify_logs must be one of {', '.join(VERIFY_LOGS)}")
+    return mode, quorum, trusted.lower() if trusted is not None else None, logs
+
+
 def _selection(where: str, entry: dict[str, Any]) -> tuple[str, float | None]:
     """A network's selection policy and hedging delay (seconds)."""
     selection = entry.get("selection", "priority")
@@ -277,6 +306,10 @@ _NETWORK_FIELDS = (
     "hedge_after_ms",
     "confirm_immutable",
     "confirm_logs_bloom",
+    "verify",
+    "checkpoint_quorum",
+    "trusted_checkpoint",
+    "verify_logs",
 )
 
 
@@ -317,6 +350,9 @@ def _networks_from_file(path: str) -> list[Network]:
         confirm_immutable, confirm_logs_bloom = _integrity(where, entry)
         if isinstance(http_urls, list) and confirm_immutable > len(http_urls):
             raise ConfigError(f"{where}: confirm_immutable cannot exceed the number of http(s) upstreams")
+        verify, quorum, trusted, verify_logs = _verification(
+            where, entry, len(http_urls) if isinstance(http_urls, list) else 0
+        )
         networks.append(
             Network(
                 name=str(name),
@@ -331,6 +367,10 @@ def _networks_from_file(path: str) -> list[Network]:
                 upstream_options=options,
                 confirm_immutable=confirm_immutable,
                 confirm_logs_bloom=confirm_logs_bloom,
+                verify=verify,
+                checkpoint_quorum=quorum,
+                trusted_checkpoint=trusted,
+                verify_logs=verify_logs,
                 upstream_headers=http_headers if any(http_headers) else (),
                 ws_headers=ws_headers if any(ws_headers) else (),
             )

@@ -17,20 +17,45 @@ from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
 from proxy.upstream_reads import Read, Reads
 from proxy.values import Answer, Plan
+from proxy.verifying import NOT_APPLICABLE, OFF, PROVEN, UNFINAL, Verifier, shown_as
 
 
 class Fetcher:
     def __init__(
-        self, asker: Asker, reads: Reads, integrity: Integrity, cache: TieredCache, metrics: Metrics, ttls: cp.Ttls
+        self,
+        asker: Asker,
+        reads: Reads,
+        integrity: Integrity,
+        cache: TieredCache,
+        metrics: Metrics,
+        ttls: cp.Ttls,
+        verifier: Verifier,
     ) -> None:
         self._asker = asker
         self._reads = reads
         self._integrity = integrity
+        self._verifier = verifier
         self._cache = cache
         self._metrics = metrics
         self._ttls = ttls
 
     async def fetch(
+        self,
+        net: NetworkRuntime,
+        policy: MethodPolicy,
+        method: str,
+        params: Any,
+        refs: list[BlockRef],
+        plan: Plan,
+        lock: FillLock,
+    ) -> tuple[Answer, bool]:
+        """A miss: ask upstream and keep the answer if it belongs to its key (X-Verified told on it)."""
+        answer, tied = await self._fetch(net, policy, method, params, refs, plan, lock)
+        if not answer.verified:
+            answer.verified = shown_as(net, plan.method, "")
+        return answer, tied
+
+    async def _fetch(
         self,
         net: NetworkRuntime,
         policy: MethodPolicy,
@@ -71,7 +96,17 @@ class Fetcher:
                 if not isinstance(now_head, Head) or plan.head is not now_head:
                     return answer, False
                 key = unmined_key(key, now_head)
-        if ttl == cp.FOREVER and self._integrity.checks(net):
+        verdict = NOT_APPLICABLE
+        if ttl == cp.FOREVER and kind == "ok":
+            # Verified answers (verifying.py): a refuted or unproven answer is served, never kept.
+            verdict, answer = await self._verifier.settle(net, plan, answer)
+            answer.verified = shown_as(net, plan.method, verdict)
+            if verdict not in (PROVEN, NOT_APPLICABLE, UNFINAL, OFF):
+                self._metrics.uncached_answers.labels(net.name, verdict).inc()
+                return answer, False
+            if verdict in (NOT_APPLICABLE, UNFINAL) and net.config.verify == "required":
+                ttl = self._ttls.unfinalized  # nothing unproven is kept forever
+        if ttl == cp.FOREVER and verdict != PROVEN and self._integrity.checks(net):  # a proof beats a vote
             doubt, answer = await self._integrity.doubt(net, plan, params, answer)
             if doubt is not None:  # served, never stored
                 self._metrics.uncached_answers.labels(net.name, doubt).inc()

@@ -370,6 +370,20 @@ class Metrics:
             ["network", "reason"],
             registry=r,
         )
+        self.verifications = Counter(
+            "rpc_proxy_verifications",
+            "Answers about a final block checked against its header before being kept forever (verify): "
+            "proven, refuted (the proofs show otherwise: its upstream cools down) or unproven (no proof to be had).",
+            ["network", "method", "outcome"],
+            registry=r,
+        )
+        self.unverifiable = Gauge(
+            "rpc_proxy_network_unverifiable",
+            "1 while no header of the network can be believed (a field the proxy does not know): "
+            "nothing of it is proven, so nothing is kept forever under verify = auto or required.",
+            ["network"],
+            registry=r,
+        )
 
     def _add_connection_metrics(self, r: CollectorRegistry) -> None:
         """Requests in flight, WebSocket connections and subscriptions, Redis health."""

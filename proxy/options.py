@@ -51,6 +51,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("EVM_UPSTREAM", "comma-separated upstream URLs of the default EVM network; first is primary"),
     Option("SOLANA_UPSTREAM", "comma-separated upstream URLs of the default Solana network"),
     Option("NETWORKS_FILE", "optional TOML file declaring more networks"),
+    Option(
+        "VERIFY_ANSWERS",
+        "verified answers of the EVM_UPSTREAM network: auto, required or off (default auto; "
+        "NETWORKS_FILE networks set their own `verify`)",
+    ),
     Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
     Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
     Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),

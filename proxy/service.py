@@ -51,6 +51,7 @@ from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.key_budget import KeySlots
 from proxy.upstream_reads import Read, Reads
 from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan, new_record
+from proxy.verifying import Verifier, stored_as
 
 log = logging.getLogger("proxy.service")
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
@@ -81,6 +82,7 @@ class MemoryHit(NamedTuple):
     is_error: bool
     credits: int
     cells: HitCells  # the metric cells a hit updates
+    verified: bytes  # X-Verified
 
 
 class Service:
@@ -125,8 +127,13 @@ class Service:
         reads = Reads(settings, metrics, self._logs.check_results)
         self._asker = Asker(reads)
         self._reads = reads
+        self._verifier = Verifier(metrics, settings.upstream_timeout)
         integrity = Integrity(metrics, settings.upstream_timeout, cache)
-        self._fetcher = Fetcher(self._asker, reads, integrity, cache, metrics, self._ttls)
+        self._fetcher = Fetcher(self._asker, reads, integrity, cache, metrics, self._ttls, self._verifier)
+
+    def unverifiable(self) -> dict[str, str]:
+        """Networks whose answers cannot be proven (a header field the proxy does not know), and why."""
+        return {name: why for name in self.networks if (why := self._verifier.unverifiable(name)) is not None}
 
     # --- before anything is charged or forwarded ------------------------------------------
 
@@ -196,7 +203,12 @@ class Service:
         payload, is_error = stored
         if len(payload) > self._max_response:
             return None  # the general path answers with the size error (response_size.py)
-        return new_record(MemoryHit, (rid, method, net, payload, is_error, plan.credits, plan.hit_cells[is_error]))
+        verified = plan.verified_as
+        if not verified:  # once per plan (one head): what its key's entries were kept as
+            verified = plan.verified_as = stored_as(net, plan).encode()
+        return new_record(
+            MemoryHit, (rid, method, net, payload, is_error, plan.credits, plan.hit_cells[is_error], verified)
+        )
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()
@@ -315,7 +327,7 @@ class Service:
             stored = await self._logs.from_receipts(tracker, params, plan, policy)
         if stored is not None:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
-            return Outcome(*stored, HIT)
+            return Outcome(*stored, HIT, verified=stored_as(net, plan))
 
         async def fill() -> tuple[Answer, bool, bool]:
             """(answer, tied to its key, found in Redis)."""
@@ -342,7 +354,7 @@ class Service:
         (answer, tied, found), joined = await self._coalescer.run(key, fill)
         if found:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
-            return Outcome(answer.payload, answer.is_error, HIT)
+            return Outcome(answer.payload, answer.is_error, HIT, verified=stored_as(net, plan))
         if joined:
             self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
         return Outcome.answered(shown(net.tracker, method, answer, refs), MISS if tied else BYPASS)

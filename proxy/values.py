@@ -55,6 +55,8 @@ class Answer:
     unbatched: bool = False
     # The number of that proof block as the same node gave it (None: not given, or no proof asked).
     proof_number: int | None = None
+    # What its block's proofs said of it (X-Verified: proven, unproven, not-applicable; "" not judged).
+    verified: str = ""
 
     @property
     def is_error(self) -> bool:
@@ -68,7 +70,17 @@ class Answer:
     def with_proof(self, proof: str | None, number: int | None = None) -> Answer:
         """This answer with the hash (and number) its node gave for the proof block (not
         dataclasses.replace: per miss)."""
-        return Answer(self.payload, self.result, self.error, self.seconds, self.upstream, proof, self.unbatched, number)
+        return Answer(
+            self.payload,
+            self.result,
+            self.error,
+            self.seconds,
+            self.upstream,
+            proof,
+            self.unbatched,
+            number,
+            self.verified,
+        )
 
     @classmethod
     def stored(cls, payload: bytes, is_error: bool) -> Answer:
@@ -93,6 +105,7 @@ class Outcome:
     cache: str
     error: JsonRpcError | None = None  # the proxy's own error (it carries the HTTP status)
     upstream_seconds: float | None = None
+    verified: str | None = None  # X-Verified: proven, unproven or not-applicable (None: no header)
 
     @classmethod
     def failed(cls, error: JsonRpcError, cache: str = BYPASS) -> Outcome:
@@ -100,7 +113,7 @@ class Outcome:
 
     @classmethod
     def answered(cls, answer: Answer, cache: str) -> Outcome:
-        return cls(answer.payload, answer.is_error, cache, None, answer.seconds)
+        return cls(answer.payload, answer.is_error, cache, None, answer.seconds, answer.verified or None)
 
 
 @dataclass(slots=True)  # not frozen: built per miss (sixteen fields); never changed once built
@@ -127,6 +140,8 @@ class Plan:
     # The proof is the block the call is pinned to or names (of the tracker's window, not final): asked
     # only of an upstream other than the head's source, or of one whose head went back (asking.py).
     proof_pinned: bool = False
+    # X-Verified of a memory hit of this plan's key, worked out at its first hit (b"": not yet).
+    verified_as: bytes = b""
 
 
 @dataclass(slots=True)
@@ -141,14 +156,15 @@ class Reply:
 
 
 class PaidHit(NamedTuple):
-    """A memory hit paid without awaiting: the fast server writes these four after a pre-built head."""
+    """A memory hit paid without awaiting: the fast server writes these after a pre-built head."""
 
     charged: int  # credits
     remaining: int  # credits left today (>= 0)
+    verified: bytes  # X-Verified: b"proven", b"unproven" or b"not-applicable"
     length: int  # of the body
     body: bytes
 
 
 # A record made on the hot path without NamedTuple's Python-level __new__ (a call per hit):
-# new_record(PaidHit, (charged, remaining, length, body)).
+# new_record(PaidHit, (charged, remaining, verified, length, body)).
 new_record = tuple.__new__

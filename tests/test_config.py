@@ -71,6 +71,9 @@ def test_networks_file_declares_networks_with_hosts(tmp_path: Path) -> None:
     assert [n.name for n in settings.networks] == ["mainnet", "sol"]
     assert settings.networks[0].hosts == ("eth.example",)
     assert settings.default_network == {"evm": "mainnet", "solana": "sol"}
+    # Verified answers by default: auto, every upstream that reached the checkpoint, complete logs.
+    assert (settings.networks[0].verify, settings.networks[0].checkpoint_quorum) == ("auto", 0)
+    assert settings.networks[0].verify_logs == "complete" and settings.networks[0].trusted_checkpoint is None
 
 
 @pytest.mark.parametrize(
@@ -86,6 +89,11 @@ def test_networks_file_declares_networks_with_hosts(tmp_path: Path) -> None:
             "unknown field 'selectoin'",
         ),
         ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nmax_rps = 5\n', "unknown field 'max_rps'"),
+        # Verified answers' fields.
+        ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nverify = "yes"\n', "verify must be one of"),
+        ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\ncheckpoint_quorum = 2\n', "cannot exceed"),
+        ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\ntrusted_checkpoint = "0x12"\n', "block hash"),
+        ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nverify_logs = "some"\n', "verify_logs must be"),
     ],
 )
 def test_a_bad_networks_file_is_one_clear_line(tmp_path: Path, text: str, fragment: str) -> None:

@@ -51,6 +51,8 @@ class TestBloom:
 
 
 def _networks(tmp_path: Path, urls: list[str], **fields: Any) -> str:
+    """The votes and the bloom check on their own: verify = "off" (a proof would settle the answer first)."""
+    fields.setdefault("verify", "off")
     extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
     path = tmp_path / "networks.toml"
     path.write_text(f'[networks.evm]\nfamily = "evm"\n{extra}upstreams = {json.dumps(urls)}\n')
@@ -206,3 +208,48 @@ async def test_the_bloom_check_takes_the_headers_another_replica_kept_in_redis(
         assert (await _get_logs(second, wider))[1] == "HIT"  # checked, and kept
     finally:
         await relay.close()
+
+
+async def test_a_tie_is_broken_by_a_third_upstream_and_the_disputed_answer_is_never_kept(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """confirm_immutable = 2, a log-dropping upstream first, two honest ones after it: the 1-1 tie
+    is settled by asking the third; the agreed answer is served, but a disputed answer is never kept."""
+    liar = await FaultRelay(anvil.url).start()
+    honest = await FaultRelay(anvil.url).start()
+    proxy = await start_proxy(
+        settings_for(NETWORKS_FILE=_networks(tmp_path, [liar.url, anvil.url, honest.url], confirm_immutable=2))
+    )
+    try:
+        log_filter = await _final_logs(anvil, proxy)
+        liar.inject("droplog", method="eth_getLogs", times=None)
+        for _ in range(2):
+            logs, cache = await _get_logs(proxy, log_filter)
+            assert len(logs) == 3 and cache != "HIT"
+        assert any(c.get("method") == "eth_getLogs" for c in honest.calls)  # asked to break the tie
+        assert proxy.metric("rpc_proxy_upstream_disagreements_total", network="evm", upstream="0") >= 2
+    finally:
+        await proxy.close()
+        await liar.close()
+        await honest.close()
+
+
+async def test_a_proof_beats_a_vote(anvil: Anvil, tmp_path: Path) -> None:
+    """verify = "auto" with confirm_immutable = 2: the liar's answer is refuted by its block's
+    receipts, the honest one proven, served and kept, with no vote taken."""
+    liar = await FaultRelay(anvil.url).start()
+    proxy = await start_proxy(
+        settings_for(NETWORKS_FILE=_networks(tmp_path, [liar.url, anvil.url], confirm_immutable=2, verify="auto"))
+    )
+    try:
+        log_filter = await _final_logs(anvil, proxy)
+        liar.inject("droplog", method="eth_getLogs", times=None)
+        logs, _ = await _get_logs(proxy, log_filter)
+        assert len(logs) == 3
+        assert (await _get_logs(proxy, log_filter)) == (logs, "HIT")
+        assert (
+            proxy.metric("rpc_proxy_verifications_total", network="evm", method="eth_getLogs", outcome="refuted") >= 1
+        )
+    finally:
+        await proxy.close()
+        await liar.close()

@@ -20,7 +20,7 @@ FLOORS: list[list[str]] = [
     ["http/"],
     ["gateway/"],
     ["service.py"],
-    ["fetching.py", "asking.py"],
+    ["fetching.py", "asking.py", "verifying.py"],
     ["upstream_reads.py"],
     ["network_set.py"],
     ["network_parts.py"],

@@ -3,9 +3,11 @@ kept forever can be confirmed first, at an upstream cost README "Upstreams" stat
 
 - `confirm_immutable = N` (2 or more): N-1 other upstreams that vouch for the answer's block are
   asked the same call; the answer is kept only when all N agree (as parsed JSON: nodes order fields
-  differently). On a disagreement the call is served uncached with the majority's answer (the first
-  one's on a tie), logged, and each upstream outside the majority is counted
-  (rpc_proxy_upstream_disagreements_total). Too few upstreams to ask: served uncached.
+  differently). A disagreement is settled by asking further upstreams until N agree on one answer,
+  which is served, uncached (a disputed answer is never kept); with no N in agreement, the majority's
+  (the first one's on a tie). Either way it is logged, and each upstream outside the answer served
+  is counted (rpc_proxy_upstream_disagreements_total). Too few upstreams to ask: served uncached.
+  An answer proven against its block's header (verifying.py) is not put to a vote: a proof beats it.
 - `confirm_logs_bloom = true`: an eth_getLogs answer over final blocks is checked against their
   headers' logsBloom, read from the cache tiers where they are (a final header never changes) and
   else from the node (then kept forever, proven as the service proves a final block). Every log
@@ -119,20 +121,23 @@ class Integrity:
             if i != answer.upstream and per.states.in_rotation(i) and per.states.vouches(i, plan.need)
         ]
         answers = [answer]
-        for index in others[: count - 1]:
+        forms: list[bytes] = [_form(answer)]
+        for index in others:
+            # N-1 others first; on a disagreement, further upstreams until N agree on one answer.
+            if len(answers) >= count and (len(set(forms)) == 1 or Counter(forms).most_common(1)[0][1] >= count):
+                break
             try:
-                answers.append(await per.ask(index, plan.method, plan.forward, timeout=self._timeout))
+                other = await per.ask(index, plan.method, plan.forward, timeout=self._timeout)
             except JsonRpcError:
                 continue
-        if len(answers) < count:
-            return "unconfirmed", answer
-        forms = [dumps_canonical(a.result if not a.is_error else {"error": a.error}) for a in answers]
+            answers.append(other)
+            forms.append(_form(other))
         tally = Counter(forms)
         if len(tally) == 1:
-            return None, answer
-        majority, _ = tally.most_common(1)[0]
-        if list(tally.values()).count(tally[majority]) > 1:
-            majority = forms[0]  # a tie: the first answer, as without confirmation
+            return (None if len(answers) >= count else "unconfirmed"), answer
+        majority, votes = tally.most_common(1)[0]
+        if votes < count and list(tally.values()).count(votes) > 1:
+            majority = forms[0]  # a tie no further upstream broke: the first answer, as without confirmation
         for form, other in zip(forms, answers, strict=True):
             if form != majority:
                 self._disagreed(net, other.upstream)
@@ -191,3 +196,8 @@ class Integrity:
             )
             return "logs_missing"
         return None
+
+
+def _form(answer: Answer) -> bytes:
+    """An answer as compared with others' (parsed JSON, keys sorted: nodes order fields differently)."""
+    return dumps_canonical(answer.result if not answer.is_error else {"error": answer.error})

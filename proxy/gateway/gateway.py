@@ -235,6 +235,8 @@ class Gateway:
         outcome = results[0]
         status = outcome.error.http_status if outcome.error is not None else 200
         extra = outcome.error.headers if outcome.error is not None else {}
+        if outcome.verified is not None:
+            extra = {**extra, "X-Verified": outcome.verified}
         reply = self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
         reply.upstream_seconds = outcome.upstream_seconds
         return reply
@@ -263,7 +265,7 @@ class Gateway:
         request_id: int,
         started: float,
     ) -> Reply:
-        rid, method, runtime, _payload, _is_error, credits, _cells = hit
+        rid, method, runtime, _payload, _is_error, credits, _cells, verified = hit
         refusal, remaining = charge
         if refusal is not None:  # nothing was debited, nothing is served
             self._calls.call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
@@ -272,11 +274,13 @@ class Gateway:
             )
         self._terms[account].charged.value += credits
         hit.cells.charged.value += credits
-        return self._reply(self.hits.answer_of(hit, request_id, started), 200, credits, remaining, HIT)
+        answer = self.hits.answer_of(hit, request_id, started)
+        return self._reply(answer, 200, credits, remaining, HIT, {"X-Verified": verified.decode()})
 
     @staticmethod
     def paid_hit_headers(hit: PaidHit) -> dict[str, str]:
-        """A paid memory hit's headers (as _reply writes them; the fast server pre-builds the same bytes)."""
+        """A paid memory hit's headers but X-Verified (as _reply writes them; the fast server pre-builds
+        the same bytes, with a place for X-Verified after them)."""
         return {"X-Credits-Charged": str(hit.charged), "X-Credits-Remaining": str(hit.remaining), "X-Cache": HIT}
 
     def _reply(

@@ -89,7 +89,7 @@ class Hits:
         if hit is None:
             return new_record(Lookup, (None, None, plain_body(body, plain)))
         answer = self.answer_of(hit, self._calls.request_id() if self._access_log else 0, started)
-        return new_record(Lookup, (new_record(PaidHit, (0, 0, len(answer), answer)), None, None))
+        return new_record(Lookup, (new_record(PaidHit, (0, 0, hit.verified, len(answer), answer)), None, None))
 
     def keyed(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None
@@ -128,7 +128,7 @@ class Hits:
         hit.cells.charged.value += credits
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
         answer = self.answer_of(hit, request_id, started)
-        paid = new_record(PaidHit, (credits, remaining if remaining > 0 else 0, len(answer), answer))
+        paid = new_record(PaidHit, (credits, remaining if remaining > 0 else 0, hit.verified, len(answer), answer))
         return new_record(Lookup, (paid, None, None))
 
     def _found(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
@@ -143,7 +143,7 @@ class Hits:
 
     def answer_of(self, hit: MemoryHit, request_id: int, started: float) -> bytes:
         """A hit's encoded answer, counted (the counts execute() and the accounting make for a call)."""
-        rid, method, runtime, payload, is_error, credits, cells = hit
+        rid, method, runtime, payload, is_error, credits, cells, _verified = hit
         cells.record(credits, time.perf_counter() - started)
         if request_id:
             self._calls.log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)

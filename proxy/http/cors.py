@@ -16,7 +16,7 @@ from aiohttp import web
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Headers a page may read from an answer (Fetch: only CORS-safelisted ones otherwise).
-EXPOSED = "X-Cache, X-Credits-Charged, X-Credits-Remaining, Retry-After, X-Request-Id"
+EXPOSED = "X-Cache, X-Verified, X-Credits-Charged, X-Credits-Remaining, Retry-After, X-Request-Id"
 ALLOWED_HEADERS = "Content-Type, Authorization, X-Api-Key"
 ALLOWED_METHODS = "POST, GET, OPTIONS"
 PREFLIGHT_MAX_AGE = "86400"  # seconds a browser may keep a preflight's answer (Chromium caps it at 2 h)

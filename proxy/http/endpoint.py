@@ -79,6 +79,7 @@ def paid_reply(hit: PaidHit) -> Reply:
     """A paid memory hit as a Reply (for aiohttp, gzip, CORS or the access log)."""
     headers = Gateway.paid_hit_headers(hit)
     headers["Content-Type"] = JSON_CONTENT_TYPE
+    headers["X-Verified"] = hit.verified.decode()
     return Reply(hit.body, 200, headers)
 
 
@@ -197,7 +198,9 @@ class RpcEndpoint:
 
     def hit_reply(self, hit: PaidHit) -> Reply:
         """A memory hit as a Reply (for aiohttp, gzip, CORS or the access log)."""
-        return Reply(hit.body, 200, self.open_headers) if self.open_mode else paid_reply(hit)  # shared, never changed
+        if self.open_mode:
+            return Reply(hit.body, 200, {**self.open_headers, "X-Verified": hit.verified.decode()})
+        return paid_reply(hit)
 
     async def _awaited(
         self,

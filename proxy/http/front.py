@@ -97,8 +97,10 @@ class Front:
         # fixed, paid hits' differ only in their credit figures (rebuilt each second, with the Date);
         # the request id comes first, so a hit's values are `(id, *figures)`.
         endpoint = routes.endpoint
-        self._open_fields = header_template(endpoint.open_headers)
-        self._paid_fields = header_template(paid_reply(PaidHit(0, 0, 0, b"")).headers, PAID_NUMBERS)
+        # X-Verified comes last of them, its value a hit's own (%b).
+        self._open_fields = header_template(endpoint.open_headers) + b"X-Verified: %b\r\n"
+        paid = {k: v for k, v in paid_reply(PaidHit(0, 0, b"", 0, b"")).headers.items() if k != "X-Verified"}
+        self._paid_fields = header_template(paid, PAID_NUMBERS) + b"X-Verified: %b\r\n"
         self.open_answer = self.paid_answer = self.open_answer_sent = self.paid_answer_sent = b""
         self.limit_digits = len(str(endpoint.max_body_bytes))
         wanted = [*READ_HEADERS, *([routes.trusted_header] if routes.trusted_header else [])]

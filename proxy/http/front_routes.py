@@ -50,6 +50,10 @@ def readiness(service: Service) -> tuple[int, dict[str, object]]:
     catching_up = {name: lagging for name, runtime in service.networks.items() if (lagging := runtime.catching_up())}
     if catching_up:
         answer["catching_up"] = catching_up
+    # Served, but nothing of it proven, so nothing kept forever (verify = auto or required).
+    unverifiable = service.unverifiable()
+    if unverifiable:
+        answer["unverifiable"] = unverifiable
     return (200 if ready else 503), answer
 
 

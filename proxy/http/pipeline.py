@@ -58,8 +58,8 @@ class Server(Protocol):
 
     stopping: bool
     renew_at: float  # the loop time at which its Date line and hit heads are made again
-    open_answer: bytes  # an open hit's answer as a %-format of (id number, length, body)
-    paid_answer: bytes  # a paid hit's: (id number, charged, remaining, length, body)
+    open_answer: bytes  # an open hit's answer as a %-format of (id number, verified, length, body)
+    paid_answer: bytes  # a paid hit's: (id number, charged, remaining, verified, length, body)
     open_answer_sent: bytes  # as open_answer, with the client's own id (bytes) for the number
     paid_answer_sent: bytes
 
@@ -267,9 +267,13 @@ class Pipeline:
         if now >= front.renew_at:
             front.date(now)
         if type(rid) is int:  # a new id's number
-            data = front.open_answer % (rid, hit.length, hit.body) if open_mode else front.paid_answer % (rid, *hit)
+            data = (
+                front.open_answer % (rid, hit.verified, hit.length, hit.body)
+                if open_mode
+                else front.paid_answer % (rid, *hit)
+            )
         elif open_mode:  # the client's own id
-            data = front.open_answer_sent % (rid, hit.length, hit.body)
+            data = front.open_answer_sent % (rid, hit.verified, hit.length, hit.body)
         else:
             data = front.paid_answer_sent % (rid, *hit)
         transport = self.transport

@@ -166,6 +166,12 @@ class Sender:
             reached=True,
         )
 
+    def cool_down(self, index: int) -> None:
+        """Upstream `index` gave an answer its block's proofs refute (verifying.py): it cools down as
+        after a failure, so the next calls go to the others first."""
+        if 0 <= index < len(self._down_until):
+            self._down_until[index] = time.monotonic() + self._cooldown
+
     def _cool(self, index: int, failure: Failed) -> None:
         """Upstream `index` failed: it cools down (for a rate limit's Retry-After, if given). A rate
         limit also rests its head polls (upstream_heads.py) until then: the provider asked for quiet."""

@@ -1,0 +1,201 @@
+"""What proves a node's answer about a final block, per method, given the block's proven header. Pure.
+
+A call's answer is proven from its block's header (header_chain.py) and, where the answer itself does
+not carry its proof, from further calls (`extra_calls`) whose answers are proven against the same
+header first: an eth_getProof for a state read, the block with its full transactions for a receipt,
+a transaction or a block with hashes, the block's receipts for a single receipt. `prove` raises
+AnswerError when the answer is not what the proofs show (a lie, or a node on another chain), and
+Unprovable when no proof can be had here (an uncle's header, an error answer): that answer is not
+refuted, only not proven.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from proxy.chain.block_body import BlockError, verify_block
+from proxy.chain.fields import FieldError, data, quantity
+from proxy.chain.headers import Header
+from proxy.chain.receipts_root import ReceiptError, verify_receipts
+from proxy.chain.trie_proof import ProofError, slot_key, verify_account, verify_code
+from proxy.rpc.jsonrpc import dumps_canonical
+
+# State reads: the position of their block parameter.
+STATE = {"eth_getStorageAt": 2, "eth_getBalance": 1, "eth_getCode": 1, "eth_getTransactionCount": 1, "eth_getProof": 2}
+TRANSACTIONS = frozenset(
+    {"eth_getTransactionByHash", "eth_getTransactionByBlockNumberAndIndex", "eth_getTransactionByBlockHashAndIndex"}
+)
+BLOCKS = frozenset({"eth_getBlockByNumber", "eth_getBlockByHash"})
+RECEIPTS = frozenset({"eth_getBlockReceipts", "eth_getTransactionReceipt"})
+PROVABLE = frozenset(STATE) | TRANSACTIONS | BLOCKS | RECEIPTS | {"eth_getLogs"}
+
+Call = tuple[str, Any]
+
+
+class AnswerError(ValueError):
+    """The answer is not what the block's proofs show."""
+
+
+class Unprovable(ValueError):
+    """No proof of the answer can be had: neither proven nor refuted."""
+
+
+def _block_param(value: Any) -> int | str | None:
+    """A block parameter as a number, or a hash (EIP-1898 `{"blockHash": H}`); None for a tag."""
+    if isinstance(value, dict):
+        value = value.get("blockNumber", value.get("blockHash"))
+    if not isinstance(value, str) or not value.startswith("0x"):
+        return None
+    if len(value) == 66:
+        return value.lower()
+    try:
+        return int(value, 16)
+    except ValueError:
+        return None
+
+
+def answer_block(method: str, params: Any, result: Any) -> int | str | None:
+    """The block an answer is about: its number, else its hash; None when neither is known."""
+    params = params if isinstance(params, list) else []
+    if method in STATE:
+        return _block_param(params[STATE[method]]) if len(params) > STATE[method] else None
+    if method in ("eth_getBlockReceipts", "eth_getBlockByNumber", "eth_getTransactionByBlockNumberAndIndex"):
+        return _block_param(params[0]) if params else None
+    item = result[0] if isinstance(result, list) and result else result
+    if not isinstance(item, dict):
+        return None
+    return _block_param(item.get("blockNumber", item.get("number")))
+
+
+def extra_calls(method: str, params: Any, result: Any, number: int) -> list[Call]:
+    """The calls whose answers, with the header, prove this answer (asked of the same node)."""
+    block = hex(number)
+    if method in STATE and method != "eth_getProof":
+        keys = [_slot(params[1])] if method == "eth_getStorageAt" else []
+        return [("eth_getProof", [params[0], keys, block])]
+    if method in BLOCKS:
+        shown = result.get("transactions") if isinstance(result, dict) else None
+        hashes = isinstance(shown, list) and any(isinstance(tx, str) for tx in shown)
+        return [("eth_getBlockByNumber", [block, True])] if hashes else []
+    if method == "eth_getTransactionReceipt":
+        return [("eth_getBlockByNumber", [block, True]), ("eth_getBlockReceipts", [block])]
+    if method in TRANSACTIONS or method == "eth_getBlockReceipts":
+        return [("eth_getBlockByNumber", [block, True])]
+    return []
+
+
+def _slot(value: Any) -> str:
+    """A storage slot as the 32 bytes of hex eth_getProof takes (Anvil takes no shorter key)."""
+    try:
+        return "0x" + slot_key(value).hex()
+    except ProofError as exc:
+        raise Unprovable(str(exc)) from exc
+
+
+def prove(method: str, params: Any, result: Any, header: Header, extras: Sequence[Any]) -> None:
+    """Return when `result` is proven by `header` and the `extras` answers (extra_calls' order);
+    AnswerError when it is refuted, Unprovable when it cannot be told."""
+    try:
+        if method in STATE:
+            _prove_state(method, params, result, header, extras)
+        elif method in BLOCKS:
+            _prove_block(result, header, extras[0] if extras else None)
+        else:
+            _prove_from_block(method, result, header, extras)
+    except (ProofError, BlockError, ReceiptError, FieldError) as exc:
+        raise AnswerError(str(exc)) from exc
+
+
+def _prove_state(method: str, params: Any, result: Any, header: Header, extras: Sequence[Any]) -> None:
+    if method == "eth_getProof":
+        keys = params[1] if isinstance(params[1], list) else []
+        verify_account(header.state_root, result, params[0], keys)
+        return
+    account = verify_account(header.state_root, extras[0], params[0], [_slot(params[1])] if len(params) > 2 else [])
+    if method == "eth_getStorageAt":
+        if int.from_bytes(data(result, "storage word", 32), "big") != account.storage[slot_key(params[1])]:
+            raise AnswerError("the storage word is not the proven one")
+    elif method == "eth_getBalance":
+        if quantity(result, "balance") != account.balance:
+            raise AnswerError("the balance is not the proven one")
+    elif method == "eth_getTransactionCount":
+        if quantity(result, "nonce") != account.nonce:
+            raise AnswerError("the nonce is not the proven one")
+    else:
+        verify_code(result, account.code_hash)
+
+
+def _proven_block(block: Any, header: Header, transactions: Sequence[Mapping[str, Any]] | None = None) -> None:
+    if isinstance(block, dict) and block.get("uncles"):
+        raise Unprovable("a block with uncles: their headers are not asked")
+    proven = verify_block(block, transactions=transactions)
+    if proven.header.hash != header.hash:
+        raise AnswerError("the block is not the chain's block at its height")
+
+
+def _prove_block(result: Any, header: Header, full: Any) -> None:
+    if result is None:
+        raise AnswerError("no block at a final height")
+    transactions = full.get("transactions") if isinstance(full, dict) else None
+    if full is not None:
+        _proven_block(full, header)
+    _proven_block(result, header, transactions)
+
+
+def prove_receipts(full: Any, receipts: Any, header: Header) -> None:
+    """A block's receipts against its header, with its full transactions (proven first)."""
+    try:
+        _proven_block(full, header)
+        verify_receipts(receipts, header, full["transactions"])
+    except (BlockError, ReceiptError, FieldError) as exc:
+        raise AnswerError(str(exc)) from exc
+
+
+def _prove_from_block(method: str, result: Any, header: Header, extras: Sequence[Any]) -> None:
+    """Receipts and transactions: the block's full transactions proven first, then the answer."""
+    full = extras[0]
+    _proven_block(full, header)
+    transactions = full["transactions"]
+    if method in TRANSACTIONS:
+        _same_item(result, transactions, "transaction")
+        return
+    receipts = extras[1] if method == "eth_getTransactionReceipt" else result
+    verify_receipts(receipts, header, transactions)
+    if method == "eth_getTransactionReceipt":
+        _same_item(result, receipts, "receipt")
+
+
+def _same_item(result: Any, items: Sequence[Any], what: str) -> None:
+    """`result` is the proven list's item at its transactionIndex, field for field."""
+    if not isinstance(result, dict):
+        raise Unprovable(f"a {what} that is not an object")
+    index = quantity(result.get("transactionIndex"), "transactionIndex")
+    if index >= len(items) or dumps_canonical(items[index]) != dumps_canonical(result):
+        raise AnswerError(f"the {what} is not the block's at its index")
+
+
+def logs_by_block(logs: Any) -> dict[int, list[Any]]:
+    """An eth_getLogs answer's logs by block number; AnswerError when it is not a list of logs."""
+    if not isinstance(logs, list):
+        raise AnswerError("logs are not a list")
+    found: dict[int, list[Any]] = {}
+    for entry in logs:
+        if not isinstance(entry, dict) or entry.get("removed", False) is not False:
+            raise AnswerError("a log that is not a final block's")
+        try:
+            found.setdefault(quantity(entry.get("blockNumber"), "blockNumber"), []).append(entry)
+        except FieldError as exc:
+            raise AnswerError(str(exc)) from exc
+    return found
+
+
+def prove_block_logs(shown: Sequence[Any], expected: Sequence[Any], *, complete: bool) -> None:
+    """One block's logs in an answer against the logs of its proven receipts that match the filter:
+    the same list (`complete`), or each one among them (inclusion only)."""
+    proven = [dumps_canonical({k: v for k, v in e.items() if k != "removed"}) for e in expected]
+    given = [dumps_canonical({k: v for k, v in e.items() if k != "removed"}) for e in shown]
+    if complete and given != proven:
+        raise AnswerError("the logs are not the block's proven logs")
+    if not complete and not set(given) <= set(proven):
+        raise AnswerError("a log that is in none of the block's proven receipts")

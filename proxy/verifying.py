@@ -1,0 +1,287 @@
+"""Verified answers: an answer about a final block is kept forever only when proven against the
+block's header (per network, NETWORKS_FILE `verify`; the proofs per method: chain/answer_proofs.py,
+the headers believed: chain/header_chain.py).
+
+- `auto` (the default): a provable answer is kept forever only when proven; an answer no proof
+  covers (eth_call, Solana's) is kept as without verification, marked not-applicable;
+- `required`: nothing unproven is kept forever (kept for the unfinalized TTL instead), and a call no
+  upstream gives a proven answer to fails (-32002, naming why);
+- `off`: answers are kept as the node gave them.
+
+An answer its proofs refute is never kept: its upstream cools down and is counted
+(rpc_proxy_verifications_total{outcome="refuted"}, a log line naming it by index), and the call goes
+to the next upstream; the first proven answer is served. When none is proven, `auto` serves the first
+answer uncached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from proxy.cache import log_chunks
+from proxy.chain import answer_proofs as ap
+from proxy.chain import bloom
+from proxy.chain.header_chain import HeaderChain, Unverifiable
+from proxy.chain.heads import Head
+from proxy.logs import Throttled
+from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
+from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.methods import metric_label
+from proxy.upstream.pool import http_pool
+from proxy.values import FOREVER, Answer, Plan
+
+log = logging.getLogger("proxy.verify")
+
+PROVEN, UNPROVEN, REFUTED, NOT_APPLICABLE, OFF = "proven", "unproven", "refuted", "not-applicable", "off"
+# Kept as without verification, told unproven: its key names a block hash above finality
+# (content-addressed: no final block, so no proof the trusted chain of final blocks could give), or
+# it is about block 0 and unproven (a dev node's genesis stateRoot is not its state's).
+UNFINAL = "unfinal"
+LOGS_MAX_BLOCKS = 2000  # headers read to check one eth_getLogs answer (a chunk of the default 1000 fits)
+LOGS_MAX_CHECKED = 32  # blocks whose receipts are asked to check one eth_getLogs answer
+
+
+class Verifier:
+    def __init__(self, metrics: Metrics, timeout: float) -> None:
+        self._metrics = metrics
+        self._timeout = timeout
+        self._chains: dict[str, tuple[object, HeaderChain]] = {}
+        self._throttled = Throttled(log)  # a lying node fails every proof: one line per interval says so
+
+    def chain(self, net: NetworkRuntime) -> HeaderChain:
+        """The network's header chain (a new one when a reload gave the network new upstreams)."""
+        held = self._chains.get(net.name)
+        if held is not None and held[0] is net.upstream:
+            return held[1]
+        config = net.config
+        gauge = self._metrics.unverifiable.labels(net.name)
+        gauge.set(0)
+        chain = HeaderChain(
+            net.name,
+            net.upstream,
+            net.per_upstream,
+            quorum=config.checkpoint_quorum,
+            trusted=config.trusted_checkpoint,
+            timeout=self._timeout,
+            on_unverifiable=lambda _why: gauge.set(1),
+        )
+        self._chains[net.name] = (net.upstream, chain)
+        return chain
+
+    def unverifiable(self, name: str) -> str | None:
+        """Why network `name`'s answers cannot be proven (for /readyz), or None."""
+        held = self._chains.get(name)
+        return held[1].unverifiable if held is not None else None
+
+    @staticmethod
+    def applies(net: NetworkRuntime, method: str) -> bool:
+        return net.config.verify != OFF and net.config.family == "evm" and method in ap.PROVABLE
+
+    async def settle(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> tuple[str, Answer]:
+        """For an answer about to be kept forever: its verdict (proven, unproven, not-applicable, off)
+        and the answer to serve (a proven one from another upstream when this one's was refuted)."""
+        if net.config.verify == OFF:
+            return OFF, answer
+        if not self.applies(net, plan.method):
+            return NOT_APPLICABLE, answer
+        number = await self._block_number(net, plan, answer)
+        head = net.tracker.head
+        if number is None or not isinstance(head, Head) or not head.final_hash or number > head.finalized:
+            return UNFINAL, answer
+        first, tried, refuted = answer, {answer.upstream}, False
+        per = net.per_upstream
+        while True:
+            outcome = await self._prove(net, plan, answer, number)
+            if outcome != PROVEN and number == 0:
+                # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot:
+                # answers about block 0 are kept as without verification, told unproven.
+                return UNFINAL, answer
+            self._metrics.verifications.labels(net.name, metric_label(plan.method), outcome).inc()
+            if outcome == PROVEN:
+                return PROVEN, answer
+            if outcome == REFUTED:
+                refuted = True
+                self._refuted(net, plan.method, answer.upstream)
+            nxt = _next_upstream(net, plan, tried) if outcome == REFUTED and per is not None else None
+            while nxt is not None and per is not None:
+                tried.add(nxt)
+                try:
+                    answer = await per.ask(nxt, plan.method, plan.forward, timeout=self._timeout)
+                    break
+                except JsonRpcError:
+                    nxt = _next_upstream(net, plan, tried)
+            if nxt is None:
+                break
+        if net.config.verify == "required":
+            why = "every upstream's answer was refuted by its proofs" if refuted else "no proof could be had"
+            raise JsonRpcError(
+                UPSTREAM_UNAVAILABLE,
+                f"upstream unavailable: network '{net.name}' (no proven answer for {plan.method}: {why})",
+                http_status=502,
+            )
+        return (REFUTED if refuted else UNPROVEN), first
+
+    def _refuted(self, net: NetworkRuntime, method: str, index: int) -> None:
+        pool = http_pool(net.upstream)
+        if pool is not None:
+            pool.cool_down(index)
+        self._throttled.warning(
+            f"{net.name}#{index}",
+            "network %s: upstream #%d gave a %s answer its block's proofs refute",
+            net.name,
+            index,
+            method,
+        )
+
+    async def _block_number(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> int | None:
+        """The block the answer is about: by its number, else the plan's; for a hash outside the
+        tracker's window, the number the answering node gives that hash (its header is then proven
+        to have that hash at that height, or nothing is)."""
+        if plan.method == "eth_getLogs":
+            log_filter = plan.forward[0] if isinstance(plan.forward[0], dict) else {}
+            last, named = log_filter.get("toBlock"), log_filter.get("blockHash")
+            block: int | str | None = int(last, 16) if isinstance(last, str) and last.startswith("0x") else named
+        else:
+            block = ap.answer_block(plan.method, plan.forward, answer.result)
+        if isinstance(block, int) or plan.need is not None:
+            return block if isinstance(block, int) else plan.need
+        if not isinstance(block, str) or answer.upstream < 0:
+            return None
+        found = await self._extras(net, answer.upstream, [("eth_getBlockByHash", [block, False])])
+        item = found[0] if found else None
+        number = item.get("number") if isinstance(item, dict) else None
+        try:
+            return int(number, 16) if isinstance(number, str) else None
+        except ValueError:
+            return None
+
+    async def _prove(self, net: NetworkRuntime, plan: Plan, answer: Answer, number: int) -> str:
+        if answer.is_error or answer.upstream < 0:
+            return UNPROVEN
+        head = net.tracker.head
+        head = head if isinstance(head, Head) else None
+        chain = self.chain(net)
+        try:
+            if plan.method == "eth_getLogs":
+                return await self._prove_logs(net, chain, head, plan, answer, number)
+            block = ap.answer_block(plan.method, plan.forward, answer.result)
+            header, _fields = await chain.header(number, head)
+            if isinstance(block, str) and header.hash.hex() != block[2:]:
+                return UNPROVEN  # a hash the chain does not hold at the block the plan names
+            calls = ap.extra_calls(plan.method, plan.forward, answer.result, number)
+            extras = await self._extras(net, answer.upstream, calls)
+            if extras is None:
+                return UNPROVEN
+            ap.prove(plan.method, plan.forward, answer.result, header, extras)
+        except (Unverifiable, ap.Unprovable):
+            return UNPROVEN
+        except ap.AnswerError:
+            return REFUTED
+        return PROVEN
+
+    async def _prove_logs(
+        self, net: NetworkRuntime, chain: HeaderChain, head: Head | None, plan: Plan, answer: Answer, number: int
+    ) -> str:
+        """Every log returned is in its block's proven receipts; with verify_logs = "complete", none
+        is missing from a block whose logsBloom may match the filter."""
+        log_filter = plan.forward[0]
+        named = log_filter.get("blockHash")
+        try:
+            if isinstance(named, str):
+                first = last = number  # the block the hash names, whose header must have that hash
+            else:
+                first, last = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
+        except (KeyError, TypeError, ValueError):
+            return UNPROVEN
+        if last - first + 1 > LOGS_MAX_BLOCKS:
+            return UNPROVEN
+        shown = ap.logs_by_block(answer.result)
+        if any(not first <= n <= last for n in shown):
+            return REFUTED
+        complete = net.config.verify_logs == "complete"
+        numbers = list(range(first, last + 1)) if complete or isinstance(named, str) else sorted(shown)
+        headers = await chain.headers(numbers, head)
+        if isinstance(named, str) and "0x" + headers[first][0].hash.hex() != named.lower():
+            return UNPROVEN  # the hash is not the chain's block at that height
+        addresses, topics = log_filter.get("address"), log_filter.get("topics")
+        addresses = [addresses] if isinstance(addresses, str) else addresses
+        checked = set(shown)
+        if complete:
+            for n, (_header, fields) in headers.items():
+                filled = bloom.parse(fields.get("logsBloom"))
+                if filled is None or bloom.may_match(filled, addresses, topics):
+                    checked.add(n)
+        if len(checked) > LOGS_MAX_CHECKED:
+            return UNPROVEN
+        order = sorted(checked)
+        calls = [
+            c for n in order for c in (("eth_getBlockByNumber", [hex(n), True]), ("eth_getBlockReceipts", [hex(n)]))
+        ]
+        extras = await self._extras(net, answer.upstream, calls)
+        if extras is None:
+            return UNPROVEN
+        for i, n in enumerate(order):
+            full, receipts = extras[2 * i], extras[2 * i + 1]
+            ap.prove_receipts(full, receipts, headers[n][0])
+            expected = log_chunks.logs_from_receipts([receipts], log_filter)
+            if expected is None:
+                return UNPROVEN
+            ap.prove_block_logs(shown.get(n, []), expected, complete=complete)
+        return PROVEN
+
+    async def _extras(self, net: NetworkRuntime, index: int, calls: list[ap.Call]) -> list[Any] | None:
+        """The answers of the calls that prove an answer, asked of the node that gave it (None when
+        any failed: nothing to prove it with)."""
+        if not calls:
+            return []
+        per = net.per_upstream
+        try:
+            if per is not None:
+                answers = await asyncio.gather(*(per.ask(index, m, p, timeout=self._timeout) for m, p in calls))
+            else:
+                answers = await net.upstream.batch(calls)
+        except JsonRpcError:
+            return None
+        if any(a.is_error for a in answers):
+            return None
+        return [a.result for a in answers]
+
+
+def shown_as(net: NetworkRuntime, method: str, verdict: str) -> str:
+    """X-Verified for a verdict: proven, not-applicable (no proof covers the method), else unproven."""
+    if verdict == PROVEN:
+        return "proven"
+    if verdict == NOT_APPLICABLE or net.config.family != "evm" or method not in ap.PROVABLE:
+        return "not-applicable"
+    return "unproven"
+
+
+def stored_as(net: NetworkRuntime, plan: Plan) -> str:
+    """X-Verified for an answer found in the cache: proven when it is one kept forever about a final
+    block under verification (nothing else is kept so: settle()); an answer by hash is told unproven
+    (it may have been kept before its block was final)."""
+    method = plan.method
+    if net.config.family != "evm" or method not in ap.PROVABLE:
+        return "not-applicable"
+    head = net.tracker.head
+    decision = plan.decision
+    if net.config.verify == OFF or plan.by_hash or decision.tied_to_answer or decision.ttl != FOREVER:
+        return "unproven"  # a transaction or receipt may have been kept for a while before its block was final
+    number = plan.need
+    final = isinstance(head, Head) and number is not None and 0 < number <= head.finalized
+    return "proven" if final else "unproven"  # block 0: kept unproven on a dev node (settle)
+
+
+def _next_upstream(net: NetworkRuntime, plan: Plan, tried: set[int]) -> int | None:
+    """An upstream not yet asked that vouches for the block the answer needs."""
+    per = net.per_upstream
+    if per is None:
+        return None
+    states = per.states
+    for index in range(states.size):
+        if index not in tried and states.in_rotation(index) and states.vouches(index, plan.need):
+            return index
+    return None

@@ -1,0 +1,130 @@
+"""A relay in front of a real node that lies about final blocks while its head polls stay honest: a
+call that names a block at or below `below` by number (or whose answer is about such a block) gets a
+changed answer. Each lie is one a node could tell without breaking the JSON form:
+
+- "storage": eth_getStorageAt's word has its last bit flipped, and so has every eth_getProof value;
+- "droplog": the last log of eth_getLogs is left out, and the last log of eth_getBlockReceipts;
+- "gas": a receipt's gasUsed is one more (eth_getBlockReceipts, eth_getTransactionReceipt);
+- "timestamp": a block's timestamp is one more (eth_getBlockByNumber, eth_getBlockByHash);
+- "proofnode": eth_getProof's last account proof node has a byte changed (the values left true);
+- "newfield": a block shows a header field no fork has (`futureRoot`).
+
+`lie = None` relays honestly. Tags ("latest", "finalized") are never lied about, so the tracker
+follows the real chain.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.support import free_port
+
+LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield")
+_BLOCK_PARAM = {
+    "eth_getStorageAt": 2,
+    "eth_getProof": 2,
+    "eth_getBalance": 1,
+    "eth_getCode": 1,
+    "eth_getBlockReceipts": 0,
+    "eth_getBlockByNumber": 0,
+}
+
+
+def _number(value: Any) -> int | None:
+    if isinstance(value, str) and value.startswith("0x") and len(value) < 20:
+        return int(value, 16)
+    return None
+
+
+def _about(call: dict[str, Any], result: Any) -> int | None:
+    """The block number a call (or its answer) is about; None for a tag."""
+    method, params = call.get("method"), call.get("params") or []
+    if method in _BLOCK_PARAM and len(params) > _BLOCK_PARAM[method]:
+        return _number(params[_BLOCK_PARAM[method]])
+    if method == "eth_getLogs" and params and isinstance(params[0], dict):
+        return _number(params[0].get("toBlock"))
+    item = result[0] if isinstance(result, list) and result else result
+    if isinstance(item, dict):
+        return _number(item.get("blockNumber", item.get("number")))
+    return None
+
+
+def _flip_word(word: str) -> str:
+    return word[:-1] + format(int(word[-1], 16) ^ 1, "x")
+
+
+def _lie(lie: str, method: str, result: Any) -> Any:
+    if lie == "storage" and method == "eth_getStorageAt" and isinstance(result, str):
+        return _flip_word(result)
+    if lie == "storage" and method == "eth_getProof" and isinstance(result, dict):
+        for entry in result.get("storageProof", []):
+            entry["value"] = hex(int(entry["value"], 16) ^ 1)
+    if lie == "droplog" and method == "eth_getLogs" and isinstance(result, list) and result:
+        return result[:-1]
+    if lie == "droplog" and method == "eth_getBlockReceipts" and isinstance(result, list):
+        with_logs = [r for r in result if r.get("logs")]
+        if with_logs:
+            with_logs[-1]["logs"] = with_logs[-1]["logs"][:-1]
+    if lie == "gas" and method in ("eth_getBlockReceipts", "eth_getTransactionReceipt"):
+        for receipt in result if isinstance(result, list) else [result] if isinstance(result, dict) else []:
+            receipt["gasUsed"] = hex(int(receipt["gasUsed"], 16) + 1)
+    if lie == "timestamp" and method in ("eth_getBlockByNumber", "eth_getBlockByHash") and isinstance(result, dict):
+        result["timestamp"] = hex(int(result["timestamp"], 16) + 1)
+    if lie == "proofnode" and method == "eth_getProof" and isinstance(result, dict) and result["accountProof"]:
+        node = result["accountProof"][-1]
+        result["accountProof"][-1] = node[:-2] + format(int(node[-2:], 16) ^ 1, "02x")
+    if lie == "newfield" and method in ("eth_getBlockByNumber", "eth_getBlockByHash") and isinstance(result, dict):
+        result["futureRoot"] = "0x" + "00" * 32
+    return result
+
+
+@dataclass
+class LyingRelay:
+    target: str
+    lie: str | None = None
+    below: int = 0  # lies about blocks up to this number
+    lies_told: int = 0
+    calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
+    url: str = ""
+    _server: TestServer | None = None
+    _session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> LyingRelay:
+        self._session = aiohttp.ClientSession()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/", self._handle)
+        self._server = TestServer(app, host="127.0.0.1", port=free_port())
+        await self._server.start_server()
+        self.url = f"http://127.0.0.1:{self._server.port}/"
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.close()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        assert self._session is not None
+        body = await request.read()
+        payload = json.loads(body)
+        calls = payload if isinstance(payload, list) else [payload]
+        self.calls.extend(c for c in calls if isinstance(c, dict))
+        async with self._session.post(self.target, data=body, headers={"Content-Type": "application/json"}) as resp:
+            reply = json.loads(await resp.read())
+        items = reply if isinstance(reply, list) else [reply]
+        by_id = {c.get("id"): c for c in calls}
+        for item in items:
+            call = by_id.get(item.get("id"), {})
+            result = item.get("result")
+            number = _about(call, result)
+            if self.lie is not None and number is not None and number <= self.below and result is not None:
+                item["result"] = _lie(self.lie, str(call.get("method")), result)
+                self.lies_told += 1
+        return web.json_response(reply)

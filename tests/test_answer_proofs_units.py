@@ -1,0 +1,53 @@
+"""The pure rules of verified answers (chain/answer_proofs.py): which block an answer is about,
+which calls prove it, and an eth_getLogs answer against a block's proven logs (complete, or
+inclusion only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.chain import answer_proofs as ap
+
+STORE = "0x" + "11" * 20
+HASH = "0x" + "ab" * 32
+
+
+def _log(index: int, block: str = "0x5") -> dict[str, object]:
+    return {"address": STORE, "blockNumber": block, "logIndex": hex(index), "topics": [], "removed": False}
+
+
+def test_an_answer_is_about_the_block_its_params_or_its_result_name() -> None:
+    assert ap.answer_block("eth_getStorageAt", [STORE, "0x0", "0x10"], "0x" + "00" * 32) == 16
+    assert ap.answer_block("eth_getBalance", [STORE, {"blockHash": HASH}], "0x1") == HASH
+    assert ap.answer_block("eth_getTransactionReceipt", [HASH], {"blockNumber": "0x7"}) == 7
+    assert ap.answer_block("eth_getBlockByHash", [HASH, False], {"number": "0x9"}) == 9
+    assert ap.answer_block("eth_getBalance", [STORE, "latest"], "0x1") is None  # a tag: no block
+
+
+def test_a_state_read_is_proven_by_an_eth_get_proof_with_a_32_byte_slot() -> None:
+    assert ap.extra_calls("eth_getStorageAt", [STORE, "0x1", "0x10"], "0x", 16) == [
+        ("eth_getProof", [STORE, ["0x" + "00" * 31 + "01"], "0x10"])
+    ]
+    assert ap.extra_calls("eth_getProof", [STORE, [], "0x10"], {}, 16) == []
+    assert ap.extra_calls("eth_getBlockByNumber", ["0x10", False], {"transactions": [HASH]}, 16) == [
+        ("eth_getBlockByNumber", ["0x10", True])
+    ]
+    assert ap.extra_calls("eth_getBlockByNumber", ["0x10", False], {"transactions": []}, 16) == []
+
+
+def test_a_log_list_must_be_the_blocks_proven_logs_or_within_them() -> None:
+    proven = [_log(0), _log(1)]
+    ap.prove_block_logs([_log(0), _log(1)], proven, complete=True)
+    with pytest.raises(ap.AnswerError):
+        ap.prove_block_logs([_log(0)], proven, complete=True)  # a log left out
+    ap.prove_block_logs([_log(0)], proven, complete=False)  # inclusion only: a subset passes
+    with pytest.raises(ap.AnswerError):
+        ap.prove_block_logs([_log(2)], proven, complete=False)  # made up
+
+
+def test_a_removed_log_is_no_final_blocks_log() -> None:
+    assert ap.logs_by_block([_log(0), _log(0, "0x6")]) == {5: [_log(0)], 6: [_log(0, "0x6")]}
+    with pytest.raises(ap.AnswerError):
+        ap.logs_by_block([{**_log(0), "removed": True}])
+    with pytest.raises(ap.AnswerError):
+        ap.logs_by_block({"not": "a list"})

@@ -1,0 +1,261 @@
+"""Verified answers: nothing a node says about a final block is kept forever unless it is proven
+against the block's header (verifying.py, chain/header_chain.py, chain/answer_proofs.py). A relay
+in front of real Anvil lies about final blocks while its head polls stay honest (tests/lying_relay.py):
+alone, its lie is never kept (once it turns honest, the next answer is the truth); beside an honest
+node, its lie is never served."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.http.app_keys import SERVICE
+from tests.lying_relay import LyingRelay
+from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+
+
+def _networks(tmp_path: Path, urls: list[str], **fields: Any) -> str:
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
+    path = tmp_path / "networks.toml"
+    path.write_text(f'[networks.evm]\nfamily = "evm"\n{extra}upstreams = {json.dumps(urls)}\n')
+    return str(path)
+
+
+@asynccontextmanager
+async def _proxy(tmp_path: Path, urls: list[str], **fields: Any) -> AsyncIterator[Proxy]:
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=_networks(tmp_path, urls, **fields)))
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+async def _final(anvil: Anvil, proxy: Proxy, number: int) -> None:
+    """Mine until block `number` is final as the proxy's tracker sees it."""
+    anvil.mine(100)
+    await proxy.head_at(anvil.block_number())
+
+    async def final() -> bool:
+        head = proxy.app[SERVICE].networks["evm"].tracker.head
+        return head is not None and head.finalized >= number and bool(head.final_hash)
+
+    await eventually(final, 10.0, f"block {number} final")
+
+
+async def _ask(proxy: Proxy, method: str, params: list[Any]) -> tuple[Any, str, str]:
+    status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    assert status == 200 and "result" in body, body
+    return body["result"], headers.get("X-Cache", ""), headers.get("X-Verified", "")
+
+
+def _store_with_logs(anvil: Anvil) -> tuple[str, int]:
+    """A store contract with x = 5 and three logs in one block: (address, that block)."""
+    store = anvil.deploy_store()
+    anvil.send(store, selector("setX(uint256)") + word(5))
+    receipt = anvil.send(store, selector("emitMany(uint256)") + word(3))
+    return store, int(receipt["blockNumber"], 16)
+
+
+def _verifications(proxy: Proxy, method: str, outcome: str) -> float:
+    return proxy.metric("rpc_proxy_verifications_total", network="evm", method=method, outcome=outcome)
+
+
+CASES = {
+    # case: (the lie, the method lied about, its params at block N)
+    "storage": ("storage", "eth_getStorageAt", lambda store, n: [store, "0x0", hex(n)]),
+    "proof": ("storage", "eth_getProof", lambda store, n: [store, ["0x" + "00" * 32], hex(n)]),
+    "droplog": ("droplog", "eth_getBlockReceipts", lambda store, n: [hex(n)]),
+    "logs": ("droplog", "eth_getLogs", lambda store, n: [{"address": store, "fromBlock": hex(n), "toBlock": hex(n)}]),
+    "gas": ("gas", "eth_getBlockReceipts", lambda store, n: [hex(n)]),
+    "timestamp": ("timestamp", "eth_getBlockByNumber", lambda store, n: [hex(n), False]),
+}
+
+
+async def _lie_alone_is_never_kept(anvil: Anvil, tmp_path: Path, case: str, **fields: Any) -> None:
+    store, n = _store_with_logs(anvil)
+    lie, method, params = CASES[case]
+    truth = anvil.rpc(method, *params(store, n))
+    liar = await LyingRelay(anvil.url, lie, below=n).start()
+    try:
+        async with _proxy(tmp_path, [liar.url], **fields) as proxy:
+            await _final(anvil, proxy, n)
+            told, cache, verified = await _ask(proxy, method, params(store, n))
+            # served (nothing better to serve), told unproven, not kept
+            assert told != truth and cache != "HIT" and verified == "unproven"
+            assert (await _ask(proxy, method, params(store, n)))[1] != "HIT"
+            liar.lie = None  # honest now: the next answer is the truth, proven and kept
+            assert await _ask(proxy, method, params(store, n)) == (truth, "MISS", "proven")
+            assert await _ask(proxy, method, params(store, n)) == (truth, "HIT", "proven")
+    finally:
+        await liar.close()
+
+
+async def test_a_flipped_storage_word_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    await _lie_alone_is_never_kept(anvil, tmp_path, "storage")
+
+
+async def test_a_flipped_proof_value_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    await _lie_alone_is_never_kept(anvil, tmp_path, "proof")
+
+
+async def test_a_log_dropped_from_get_logs_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    await _lie_alone_is_never_kept(anvil, tmp_path, "logs")
+
+
+async def test_inclusion_only_still_refuses_a_log_list_its_receipts_do_not_prove(anvil: Anvil, tmp_path: Path) -> None:
+    """verify_logs = "inclusion": the block with logs is checked against its receipts (the liar's
+    receipts drop the same log, and no longer hash to receiptsRoot)."""
+    await _lie_alone_is_never_kept(anvil, tmp_path, "logs", verify_logs="inclusion")
+
+
+async def test_a_log_dropped_from_block_receipts_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    await _lie_alone_is_never_kept(anvil, tmp_path, "droplog")
+
+
+async def test_a_receipts_gas_changed_by_one_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    await _lie_alone_is_never_kept(anvil, tmp_path, "gas")
+
+
+async def test_a_headers_timestamp_changed_by_one_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    await _lie_alone_is_never_kept(anvil, tmp_path, "timestamp")
+
+
+async def test_beside_an_honest_node_no_lie_about_final_data_is_served(
+    anvil: Anvil, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The liar first in NETWORKS_FILE, an honest node second: every answer served is the truth, and
+    the liar is named in the log by its index, never its URL."""
+    store, n = _store_with_logs(anvil)
+    log_filter = {"address": store, "fromBlock": hex(n), "toBlock": hex(n)}
+    calls = [
+        ("storage", "eth_getStorageAt", [store, "0x0", hex(n)]),
+        ("storage", "eth_getProof", [store, ["0x" + "00" * 32], hex(n)]),
+        ("droplog", "eth_getLogs", [log_filter]),
+        ("droplog", "eth_getBlockReceipts", [hex(n)]),
+        ("gas", "eth_getBlockReceipts", [hex(n)]),
+        ("timestamp", "eth_getBlockByNumber", [hex(n), False]),
+    ]
+    liar = await LyingRelay(anvil.url, below=n).start()
+    try:
+        async with _proxy(tmp_path, [liar.url, anvil.url]) as proxy:
+            await _final(anvil, proxy, n)
+            for lie, method, params in calls:
+                liar.lie = lie
+                truth = anvil.rpc(method, *params)
+                for _ in range(3):
+                    answer, _cache, _verified = await _ask(proxy, method, params)
+                    assert answer == truth, (lie, method)
+                assert liar.lies_told > 0
+            assert sum(_verifications(proxy, m, "refuted") for _, m, _ in calls) >= 1
+            lines = [r.getMessage() for r in caplog.records if r.name == "proxy.verify"]
+            assert any("upstream #0 gave" in line for line in lines), lines
+            assert not any(liar.url in line or anvil.url in line for line in caplog.messages)
+    finally:
+        await liar.close()
+
+
+async def test_the_honest_path_is_proven_and_a_repeat_is_a_hit(anvil: Anvil, tmp_path: Path) -> None:
+    store, n = _store_with_logs(anvil)
+    block = anvil.rpc("eth_getBlockByNumber", hex(n), False)
+    receipt_hash, block_hash = block["transactions"][0], block["hash"]
+    calls = [
+        ("eth_getStorageAt", [store, "0x0", hex(n)]),
+        ("eth_getBalance", [store, hex(n)]),
+        ("eth_getTransactionCount", [store, hex(n)]),
+        ("eth_getCode", [store, hex(n)]),
+        ("eth_getProof", [store, ["0x" + "00" * 32], hex(n)]),
+        ("eth_getBlockReceipts", [hex(n)]),
+        ("eth_getTransactionReceipt", [receipt_hash]),
+        ("eth_getTransactionByHash", [receipt_hash]),
+        ("eth_getBlockByNumber", [hex(n), False]),
+        ("eth_getBlockByNumber", [hex(n), True]),
+        ("eth_getLogs", [{"address": store, "fromBlock": hex(n - 2), "toBlock": hex(n)}]),
+        ("eth_getLogs", [{"address": store, "blockHash": block_hash}]),
+    ]
+    async with _proxy(tmp_path, [anvil.url]) as proxy:
+        await _final(anvil, proxy, n)
+        for method, params in calls:
+            truth = anvil.rpc(method, *params)
+            assert await _ask(proxy, method, params) == (truth, "MISS", "proven"), method
+            assert _verifications(proxy, method, "proven") >= 1, method
+            # A transaction, a receipt or an answer by block hash found in the cache is told
+            # unproven: it may have been kept a while before its block was final.
+            by_hash = method in ("eth_getTransactionReceipt", "eth_getTransactionByHash") or "blockHash" in str(params)
+            found = "unproven" if by_hash else "proven"
+            assert await _ask(proxy, method, params) == (truth, "HIT", found), method
+        # No proof covers eth_call: kept as without verification, and told so.
+        call = [{"to": store, "data": selector("x()")}, hex(n)]
+        assert (await _ask(proxy, "eth_call", call))[1:] == ("MISS", "not-applicable")
+        assert (await _ask(proxy, "eth_call", call))[1:] == ("HIT", "not-applicable")
+
+
+async def test_verify_off_keeps_the_liars_answer_as_before(anvil: Anvil, tmp_path: Path) -> None:
+    store, n = _store_with_logs(anvil)
+    liar = await LyingRelay(anvil.url, "storage", below=n).start()
+    try:
+        async with _proxy(tmp_path, [liar.url], verify="off") as proxy:
+            await _final(anvil, proxy, n)
+            told, _, _ = await _ask(proxy, "eth_getStorageAt", [store, "0x0", hex(n)])
+            assert (await _ask(proxy, "eth_getStorageAt", [store, "0x0", hex(n)]))[:2] == (told, "HIT")
+    finally:
+        await liar.close()
+
+
+async def test_verify_required_refuses_what_no_upstream_proves(anvil: Anvil, tmp_path: Path) -> None:
+    store, n = _store_with_logs(anvil)
+    liar = await LyingRelay(anvil.url, "storage", below=n).start()
+    try:
+        async with _proxy(tmp_path, [liar.url], verify="required") as proxy:
+            await _final(anvil, proxy, n)
+            status, body, _ = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", hex(n)]}
+            )
+            assert body["error"]["code"] == -32002 and "refuted" in body["error"]["message"], body
+            assert status == 502
+    finally:
+        await liar.close()
+
+
+async def test_a_tampered_proof_is_refused_and_its_answer_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    """The storage word is true but the account proof beside it is not: nothing proves the word,
+    so it is served unproven and not kept; the upstream is counted."""
+    store, n = _store_with_logs(anvil)
+    params = [store, "0x0", hex(n)]
+    truth = anvil.rpc("eth_getStorageAt", *params)
+    liar = await LyingRelay(anvil.url, "proofnode", below=n).start()
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            await _final(anvil, proxy, n)
+            assert await _ask(proxy, "eth_getStorageAt", params) == (truth, "BYPASS", "unproven")
+            assert (await _ask(proxy, "eth_getStorageAt", params))[1] == "BYPASS"
+            assert _verifications(proxy, "eth_getStorageAt", "refuted") == 2
+            liar.lie = None
+            assert await _ask(proxy, "eth_getStorageAt", params) == (truth, "MISS", "proven")
+    finally:
+        await liar.close()
+
+
+async def test_a_header_field_the_proxy_does_not_know_makes_the_network_unverifiable(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """Fail safe: such a header is never believed, so nothing final is kept; /readyz and the metric
+    say so, and answers are still served."""
+    store, n = _store_with_logs(anvil)
+    params = [store, "0x0", hex(n)]
+    liar = await LyingRelay(anvil.url, "newfield", below=n).start()
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            await _final(anvil, proxy, n)
+            for _ in range(2):
+                assert (await _ask(proxy, "eth_getStorageAt", params))[1:] == ("BYPASS", "unproven")
+            assert proxy.metric("rpc_proxy_network_unverifiable", network="evm") == 1
+            async with proxy.session.get(f"{proxy.base}/readyz") as resp:
+                ready = await resp.json()
+            assert "futureRoot" in ready["unverifiable"]["evm"]
+    finally:
+        await liar.close()
