@@ -15,9 +15,14 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
+from proxy.cache import policy as cp
+from proxy.cache import sharing
+from proxy.cache.tiers import decode_value, encode_value, final_at
 from proxy.chain.forks import ForkGuard, MemoryTrails
+from proxy.chain.heads import Head
 from proxy.http.app_keys import SERVICE
 from proxy.metrics import Metrics
+from proxy.values import Decision, Mode, Plan
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
 
 FORK_AT = 30
@@ -74,6 +79,40 @@ class TestForkGuard:
             assert second.space("s") is None
             await second.check("s", (10 + poll, f"0x{10 + poll}"), {}, ahead)
         assert second.space("s") == "s/12"
+
+
+def _plan(finalized: int, *, unvouched: str | None = None, tied: bool = False) -> Plan:
+    head = Head(finalized + 10, finalized + 5, finalized, "0xtop", 0, 0)
+    decision = Decision(Mode.TTL, 12.0, tied_to_answer=True) if tied else cp.IMMUTABLE
+    nothing: Any = None
+    return Plan(head, decision, "k", "m", [], False, None, None, True, 1, nothing, unvouched_hash=unvouched)
+
+
+class TestSharing:
+    def test_an_answer_for_a_hash_outside_the_window_is_tagged_with_the_writers_finalized_height(self) -> None:
+        block = {"number": hex(40), "hash": "0xh"}
+        assert sharing.share(_plan(50, unvouched="0xh"), "ok", block) == sharing.Share(True, 50)
+        assert sharing.share(_plan(30, unvouched="0xh"), "ok", block) == sharing.Share(True, None)  # not final there
+        assert sharing.share(_plan(50, unvouched="0xh"), "ok", "0x01") == sharing.Share(True, None)  # no block named
+
+    def test_a_null_for_a_hash_outside_the_window_stays_in_the_writers_memory(self) -> None:
+        assert sharing.share(_plan(50, unvouched="0xh"), "null", None) == sharing.Share(False, None)
+
+    def test_a_transaction_goes_to_redis_only_once_its_block_is_final_for_the_writer(self) -> None:
+        tx = {"blockNumber": hex(40), "blockHash": "0xh"}
+        assert sharing.share(_plan(50, tied=True), "ok", tx).shared
+        assert not sharing.share(_plan(30, tied=True), "ok", tx).shared
+
+    def test_a_replica_takes_a_hash_outside_its_window_only_from_a_writer_final_below_its_own(self) -> None:
+        vet = sharing.vet(_plan(50, unvouched="0xh"))
+        assert vet is not None and vet(50) and vet(12)
+        assert not vet(51) and not vet(None)
+        assert sharing.vet(_plan(50)) is None  # numbered, or a hash of its own window
+
+    def test_a_tagged_value_decodes_as_an_untagged_one(self) -> None:
+        value = encode_value((b'{"a":1}', False), 77)
+        assert decode_value(value) == (b'{"a":1}', False) and final_at(value) == 77
+        assert final_at(encode_value((b"3", True))) is None and decode_value(encode_value((b"3", True))) == (b"3", True)
 
 
 # --- real nodes: two forks of one chain behind two replicas sharing Redis ------------------------
@@ -223,3 +262,33 @@ async def test_a_replica_started_on_an_already_diverged_fork_serves_its_own_node
             await proxy.close()
         for node in (*nodes, origin):
             node.stop()
+
+
+async def test_a_block_or_transaction_of_another_fork_is_never_served_by_its_hash(forks: Any) -> None:
+    _origin, store, nodes, proxies = forks
+    sent = [node.send(store, selector("setX(uint256)") + word(v)) for v, node in zip((111, 222), nodes, strict=True)]
+    for proxy, node in zip(proxies, nodes, strict=True):
+        await proxy.head_at(node.block_number())
+    calls: list[tuple[str, list[Any]]] = []
+    for receipt in sent:
+        calls += [
+            ("eth_getBlockByHash", [receipt["blockHash"], False]),
+            ("eth_getBlockReceipts", [receipt["blockHash"]]),
+            ("eth_getTransactionByHash", [receipt["transactionHash"]]),
+            ("eth_getTransactionReceipt", [receipt["transactionHash"]]),
+            ("eth_getStorageAt", [store, "0x0", {"blockHash": receipt["blockHash"]}]),
+        ]
+    tally: Counter[str] = Counter()
+    wrong: list[str] = []
+    for i in (0, 1):  # each replica reads the blocks of both forks while both share one key space
+        for method, params in calls:
+            await _compare(proxies[i], nodes[i], method, params, tally, wrong)
+    for proxy, node in zip(proxies, nodes, strict=True):  # the first finalizes past the fork first
+        node.mine(MINED)
+        await proxy.head_at(node.block_number(), timeout=20)
+    for _ in range(2):
+        for i in (1, 0):
+            for method, params in calls:
+                await _compare(proxies[i], nodes[i], method, params, tally, wrong)
+    assert wrong == [], "\n".join(wrong[:10])
+    assert tally["HIT"] > 0, dict(tally)
