@@ -43,7 +43,8 @@ return {top[1] or false, top[2] or false, above[1] or false, above[2] or false}
 """
 
 Mark = tuple[int, str]  # a finalized block: (height, hash)
-OwnHash = Callable[[int], Awaitable[str | None]]  # this replica's block hash at a height (None: none yet)
+# This replica's block hash at a height below its finalized block (raising when its node fails to say).
+OwnHash = Callable[[int], Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +150,10 @@ class ForkGuard:
             del self._own[min(self._own)]
 
         async def known(height: int) -> str | None:
+            """Its chain's hash at `height`; None above its head (a mark it cannot check yet)."""
             found = window.get(height) or self._own.get(height)
             if found is None and height < final[0]:
-                found = await own_hash(height)
-                if found is not None:
-                    self._own[height] = found
+                found = self._own[height] = await own_hash(height)
             return found
 
         for _ in range(2):  # the shared space, then (after a disagreement) this replica's own
@@ -171,7 +171,7 @@ class ForkGuard:
                     return
             self._split(space, final, verdict)
 
-    async def _judge(self, space: str, final: Mark, known: OwnHash) -> str | None:
+    async def _judge(self, space: str, final: Mark, known: Callable[[int], Awaitable[str | None]]) -> str | None:
         """ "agrees", "unknown" (no mark this replica can check), a disagreement's description, or None."""
         trail = await self._store.mark(space, None, final, final[0])
         for _ in range(3):  # another replica may add its mark between a read and an addition

@@ -346,9 +346,12 @@ class EvmHeadTracker:
         if base is not None:
             self.forks.fresh(base)  # only this replica's entries are in it yet
 
-    async def _own_hash(self, number: int) -> str | None:
+    async def _own_hash(self, number: int) -> str:
+        """This chain's block hash at a height below its finalized block (forks.py's trail check)."""
         header = _header((await self._asker.ask([_get_block(hex(number))]))[0])
-        return header.hash if header is not None and header.number == number else None
+        if header is None or header.number != number:  # a failed answer: this poll fails, the head stays
+            raise TrackerError(f"no block {number} in the node's answer (the key space's trail is checked there)")
+        return header.hash
 
     def _reissue(self, **changes: Any) -> None:
         """The same head as a new object: plans memoized against the old one are made again."""
