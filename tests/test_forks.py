@@ -18,10 +18,11 @@ from prometheus_client import CollectorRegistry
 from proxy.cache import policy as cp
 from proxy.cache import sharing
 from proxy.cache.tiers import decode_value, encode_value, final_at
-from proxy.chain.forks import ForkGuard, MemoryTrails
+from proxy.chain.forks import TRAIL_MARKS, ForkGuard, MemoryTrails, RedisTrails, Trail, TrailStore
 from proxy.chain.heads import Head
 from proxy.http.app_keys import SERVICE
 from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, connect
 from proxy.values import Decision, Mode, Plan
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
 
@@ -76,6 +77,35 @@ class TestForkGuard:
             assert second.space("s") is None
             await second.check("s", (10 + poll, f"0x{10 + poll}"), {}, _never)
         assert second.space("s") == "s/12"
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def trails(request: pytest.FixtureRequest) -> Any:
+    if request.param == "memory":
+        yield MemoryTrails()
+        return
+    url = request.getfixturevalue("redis_url")
+    link = RedisLink(connect(url, 1.0), timeout=1.0, metrics=Metrics(CollectorRegistry()))
+    yield RedisTrails(link)
+    await link.close()
+
+
+class TestTrails:
+    async def test_a_mark_is_added_only_on_top_of_the_mark_its_replica_found(self, trails: TrailStore) -> None:
+        assert await trails.mark("s", None, (5, "0x05"), 5) == Trail(None, None)  # only read: nothing added
+        assert await trails.mark("s", "", (5, "0x05"), 5) == Trail((5, "0x05"), (5, "0x05"))
+        assert await trails.mark("s", "0xother", (6, "0x06"), 6) == Trail((5, "0x05"), None)  # another top
+        assert await trails.mark("s", "0x05", (4, "0x04"), 4) == Trail((5, "0x05"), (5, "0x05"))  # never lower
+        assert await trails.mark("s", "0x05", (9, "0x09"), 6) == Trail((9, "0x09"), (9, "0x09"))
+        assert await trails.mark("s", None, (0, ""), 0) == Trail((9, "0x09"), (5, "0x05"))  # the lowest at or above
+        assert await trails.mark("other", None, (0, ""), 0) == Trail(None, None)  # one trail per key space
+
+    async def test_a_trail_keeps_its_last_marks_only(self, trails: TrailStore) -> None:
+        top = ""
+        for height in range(1, TRAIL_MARKS + 11):
+            await trails.mark("s", top, (height, f"0x{height:x}"), height)
+            top = f"0x{height:x}"
+        assert await trails.mark("s", None, (0, ""), 0) == Trail((TRAIL_MARKS + 10, top), (11, "0xb"))
 
 
 def _plan(finalized: int, *, unvouched: str | None = None, tied: bool = False) -> Plan:
