@@ -7,6 +7,7 @@ from typing import Any
 
 from proxy.asking import Asker
 from proxy.cache import policy as cp
+from proxy.cache import sharing
 from proxy.cache.integrity import Integrity
 from proxy.cache.tiers import FillLock, TieredCache
 from proxy.chain.heads import EvmHeadTracker, Head
@@ -114,7 +115,9 @@ class Fetcher:
         if ttl is not None and self._cache.shared is None:
             self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
         elif ttl is not None:
-            await self._cache.set(key, (answer.payload, answer.is_error), ttl, lock)  # the lock released too
+            shared, final_at = sharing.share(plan, kind, answer.result)  # which replicas may take it
+            stored = (answer.payload, answer.is_error)
+            await self._cache.set(key, stored, ttl, lock, shared=shared, final_at=final_at)  # the lock released too
         return answer, True
 
 

@@ -362,6 +362,13 @@ class Metrics:
             ["network"],
             registry=r,
         )
+        self.fork_disagreements = Counter(
+            "rpc_proxy_fork_disagreements",
+            "Times this replica's chain disagreed with the chain of the shared cache's key space (another "
+            "fork behind the same Redis): it uses a key space of its own from then on.",
+            ["network"],
+            registry=r,
+        )
         self.uncached_answers = Counter(
             "rpc_proxy_uncached_answers",
             "Answers the proxy could not tie to their block: served uncached "

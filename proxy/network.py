@@ -30,6 +30,10 @@ class NetworkRuntime:
             return "degraded: every upstream is still syncing (see rpc_proxy_upstream_catching_up)"
         return self.tracker.health(now)
 
+    def fork_note(self) -> str | None:
+        """Why this replica uses a key space of its own (its chain is not the shared cache's), or None."""
+        return self.tracker.forks.note if isinstance(self.tracker, EvmHeadTracker) else None
+
     def catching_up(self) -> dict[str, str]:
         """Upstreams (by index, never URL) still syncing or far behind, and how far: for /readyz."""
         states = self.per_upstream.states if self.per_upstream is not None else None

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from proxy.asking import Asker
 from proxy.cache import policy as cp
+from proxy.cache import sharing
 from proxy.cache.chunked_logs import ChunkedLogs
 from proxy.cache.integrity import Integrity
 from proxy.cache.log_reads import LogReads, Pieces
@@ -316,7 +317,8 @@ class Service:
         key = plan.key
         # A plain key asks Redis inside the fill, with the fill lock in the same round trip.
         plain = not plan.decision.tied_to_answer and not policy.limits_logs
-        stored = self._cache.get_memory(key) if plain else await self._cache.get(key)
+        vet = sharing.vet(plan)  # a hash outside this replica's window: only another's final block is taken
+        stored = self._cache.get_memory(key) if plain else await self._cache.get(key, vet)
         if plan.decision.tied_to_answer:
             if stored is not None and not still_tied(net, stored[0]):
                 stored = None  # its block was replaced (or is no longer known): ask again
@@ -335,13 +337,13 @@ class Service:
             hold = self._settings.upstream_timeout + 1
             lock = FillLock(key)
             if plain:
-                found = await self._cache.get_or_claim(lock, hold if wait else None)
+                found = await self._cache.get_or_claim(lock, hold if wait else None, vet)
                 if found is not None:
                     return Answer.stored(*found), True, True
             elif wait:
                 lock.token = await self._cache.claim(key, hold)
             if lock.token is None:  # another replica is fetching this very key: take its answer
-                found = await self._cache.await_fill(key, wait)
+                found = await self._cache.await_fill(key, wait, vet)
                 if found is not None:
                     self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
                     return Answer.stored(*found), True, False

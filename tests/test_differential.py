@@ -10,7 +10,9 @@ More configurations (issue 25), each in a shorter run: a backup that diverged (m
 own), a stalled backup across the canonical node's shallow reorgs, a load balancer in front of the
 canonical node and a lagging member (fee reads and tag reads go to the lagging one), a devnet
 restarted with the same genesis and other transactions, and both replicas restarted on the same Redis
-after a reorg below finality.
+after a reorg below finality. And replicas on diverged forks (issue "Nodes as they are"): the second
+replica in front of the fork alone, both forks finalizing blocks of their own past the fork point;
+each replica's answers are compared with its own node's.
 
 Soak mode: DIFFERENTIAL_ROUNDS=300 DIFFERENTIAL_SEED=<n> pytest tests/test_differential.py -s
 """
@@ -56,7 +58,7 @@ CONFIG_ROUNDS = int(os.environ.get("DIFFERENTIAL_CONFIG_ROUNDS", "4"))  # each i
 # The load balancer's, at least: its lagging member's unproven answers (a batch that failed, the call
 # then sent alone) come in most runs only after round 4; 4c1e84a served one in every run of 12 rounds.
 BALANCER_ROUNDS = int(os.environ.get("DIFFERENTIAL_BALANCER_ROUNDS", "12"))
-CONFIGS = ("diverged_backup", "stalled_backup", "balancer", "devnet_restart", "proxy_restart")
+CONFIGS = ("diverged_backup", "stalled_backup", "balancer", "devnet_restart", "proxy_restart", "forked_replicas")
 FIXED_GENESIS = ("--timestamp", "1700000000")  # a devnet restarted with the same genesis
 
 
@@ -86,7 +88,7 @@ async def mutate(world: World, rng: random.Random, round_number: int) -> None:
     """Mine blocks with writes, or reorg the canonical node's tip (blocks the fork may hold too);
     in the issue-25 configurations, their event on round 2."""
     node = world.node
-    if world.config == "diverged_backup":
+    if world.config in ("diverged_backup", "forked_replicas"):
         world.lagging.send(world.store, selector("setX(uint256)") + word(rng.randint(1, 10**6)))
     if round_number == 2 and world.config == "devnet_restart":
         restart_devnet(world, rng)
@@ -97,6 +99,9 @@ async def mutate(world: World, rng: random.Random, round_number: int) -> None:
             await proxy.close()
         # Inline, not make_proxy: the replicas are closed and restarted mid-test.
         world.proxies = [await start_proxy(world.settings), await start_proxy(world.settings)]
+    if round_number == 1 and world.config == "forked_replicas":  # both forks final past the fork point
+        node.mine(70)
+        world.lagging.mine(70)
     if rng.random() < 0.4:
         node.rpc("anvil_reorg", rng.randint(1, 4), [])
     for _ in range(rng.randint(1, 3)):
@@ -107,6 +112,11 @@ async def mutate(world: World, rng: random.Random, round_number: int) -> None:
     top = node.block_number()
     recent = range(max(0, top - 6), top + 1)
     world.hashes.extend(node.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in recent)
+    if world.config == "forked_replicas":  # the fork's own blocks, read by hash on both replicas
+        top = world.lagging.block_number()
+        world.hashes.extend(
+            world.lagging.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in range(top - 6, top + 1)
+        )
 
 
 def restart_devnet(world: World, rng: random.Random) -> None:
@@ -130,11 +140,12 @@ async def finality_violated(world: World) -> None:
 
 async def synced(world: World) -> None:
     """Both replicas' trackers at the canonical head (answers within a poll interval are documented stale)."""
-    latest = world.node.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+    nodes = [world.node, world.lagging if world.config == "forked_replicas" else world.node]
+    latest = [n.rpc("eth_getBlockByNumber", "latest", False)["hash"] for n in nodes]
 
     async def both() -> bool:
         heads = [p.app[SERVICE].networks["evm"].tracker.head for p in world.proxies]
-        return all(h is not None and h.latest_hash == latest and not h.stale for h in heads)
+        return all(h is not None and h.latest_hash == top and not h.stale for h, top in zip(heads, latest, strict=True))
 
     await eventually(both, 20, "both replicas to follow the canonical head")
 
@@ -189,23 +200,34 @@ def random_call(world: World, rng: random.Random) -> tuple[str, list[Any]]:
     return method, [{"commitment": "finalized"}]
 
 
-async def expected(world: World, method: str, params: list[Any]) -> dict[str, Any]:
-    """The canonical node's answer (for Solana, the fake's value; its slot moves on every call)."""
+async def expected(world: World, method: str, params: list[Any], index: int = 0) -> dict[str, Any]:
+    """The canonical node's answer (for Solana, the fake's value; its slot moves on every call); the
+    fork's for the second replica of forked_replicas."""
     if method in ("getTokenAccountBalance", "getLargestAccounts"):
         reply = await direct(world.session, world.solana.url, method, params)
         return {"result": reply["result"]["value"]}
-    return await direct(world.session, world.node.url, method, params)
+    own = world.lagging if world.config == "forked_replicas" and index % 2 == 1 else world.node
+    return await direct(world.session, own.url, method, params)
 
 
 async def check(world: World, rng: random.Random, index: int) -> None:
     method, params = random_call(world, rng)
     world.relay.inject_random(rng, FAULT_RATE)
-    proxy = world.proxies[index % len(world.proxies)]
+    if world.config != "forked_replicas":
+        await compare(world, method, params, index % len(world.proxies))
+        return
+    for replica in (index % 2, 1 - index % 2):  # the other replica's answer is in the shared cache by now
+        await compare(world, method, params, replica)
+
+
+async def compare(world: World, method: str, params: list[Any], index: int) -> None:
+    """One replica's answer to the call against its own node's."""
+    proxy = world.proxies[index]
     network = "solana" if method in ("getTokenAccountBalance", "getLargestAccounts") else "evm"
     _, reply, headers = await proxy.post(
         {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, network=network
     )
-    truth = await expected(world, method, params)
+    truth = await expected(world, method, params, index)
     got = reply.get("result")
     if method in ("getTokenAccountBalance", "getLargestAccounts") and isinstance(got, dict):
         got = got.get("value")
@@ -265,13 +287,18 @@ async def world(request: pytest.FixtureRequest, redis_url: str, solana: FakeSola
                 return lagging.url if fees or next(turn) % 3 == 2 else relay.url
 
             upstreams = await stack.enter_async_context(balancer(route))
-        elif config in ("devnet_restart", "proxy_restart"):
+        elif config in ("devnet_restart", "proxy_restart", "forked_replicas"):
             upstreams = relay.url
         settings = settings_for(
             EVM_UPSTREAM=upstreams, SOLANA_UPSTREAM=solana.url, REDIS_URL=redis_url, UPSTREAM_TIMEOUT="5"
         )
         # Inline, not make_proxy: the world's replicas are replaced mid-test (proxy_restart).
         proxies = [await start_proxy(settings), await start_proxy(settings)]
+        if config == "forked_replicas":  # the second replica in front of the fork alone
+            await proxies[1].close()
+            proxies[1] = await start_proxy(
+                settings_for(EVM_UPSTREAM=lagging.url, SOLANA_UPSTREAM=solana.url, REDIS_URL=redis_url)
+            )
         session = aiohttp.ClientSession()
         hashes = [node.rpc("eth_getBlockByNumber", hex(n), False)["hash"] for n in range(node.block_number() + 1)]
         world = World(node, lagging, relay, solana, proxies, store, session, hashes, config=config, settings=settings)

@@ -241,7 +241,8 @@ async def test_after_a_failover_pipelined_reads_alone_find_the_promoted_replica(
 
         async def found() -> bool:
             with contextlib.suppress(RedisUnavailable):
-                return await tier.get(key) == (stored, math.inf)
+                found = await tier.get(key)
+                return found is not None and (found.stored, found.ttl) == (stored, math.inf)
             return False
 
         await eventually(found, 20, "the read to reach the promoted replica")

@@ -6,7 +6,8 @@ object keys sorted and block parameters replaced by `{"n": number}` (final),
 `{"n": number, "h": hash}` (unfinalized, pinned to its block hash) or `{"h": hash}`. Keys longer
 than 200 bytes become `v1#` + the SHA-256 of that text. An answer is held as `Stored`: the JSON
 that is spliced into the response and whether it is an error object. Redis holds it as one kind
-byte (`r` result, `e` error object) followed by that JSON; memory holds the pair (the JSON copied
+byte (`r` result, `e` error object) followed by that JSON, after `f<height>:` for a hash-addressed
+answer its writer tagged with its finalized height (sharing.py); memory holds the pair (the JSON copied
 once, when stored, into bytes of its own length), so a hit neither decodes nor copies it.
 """
 
@@ -23,7 +24,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from proxy.cache.admission import Admission
 from proxy.key_context import CALLER
@@ -71,12 +72,31 @@ def shared_keys(key: str) -> tuple[str, str]:
     return REDIS_PREFIX + tag + key, LOCK_PREFIX + tag + key
 
 
-def encode_value(stored: Stored) -> bytes:
-    return (b"e" if stored[1] else b"r") + stored[0]
+def encode_value(stored: Stored, final_at: int | None = None) -> bytes:
+    kind = b"e" if stored[1] else b"r"
+    return (kind if final_at is None else b"f%d:%s" % (final_at, kind)) + stored[0]
 
 
 def decode_value(value: bytes) -> Stored:
+    if value[:1] == b"f":
+        value = value[value.index(b":") + 1 :]
     return value[1:], value[:1] == b"e"
+
+
+def final_at(value: bytes) -> int | None:
+    """The writer's finalized height a value is tagged with (sharing.py), None when it has none."""
+    return int(value[1 : value.index(b":")]) if value[:1] == b"f" else None
+
+
+Vet = Callable[[int | None], bool]  # may this replica take a Redis value with this tag (sharing.py)?
+
+
+class Found(NamedTuple):
+    """A Redis entry as a fill's first round trip finds it."""
+
+    stored: Stored
+    ttl: float  # its remaining seconds (math.inf when immutable)
+    final_at: int | None  # its writer's finalized height, for a hash-addressed answer (sharing.py)
 
 
 @dataclass(slots=True)
@@ -195,9 +215,9 @@ class RedisTier:
         lock = shared_keys(key)[1]
         await self._link.run("fill_unlock", lambda _c: self._release(keys=[lock], args=[token]))
 
-    async def get_or_lock(self, key: str, token: str, hold: float) -> tuple[tuple[Stored, float] | None, bool]:
-        """The answer and its remaining seconds if stored; else whether the fill lock was taken for
-        `token` ("": not asked for). One round trip, where a get and a lock took two."""
+    async def get_or_lock(self, key: str, token: str, hold: float) -> tuple[Found | None, bool]:
+        """The answer, its remaining seconds and its tag if stored; else whether the fill lock was taken
+        for `token` ("": not asked for). One round trip, where a get and a lock took two."""
         name, lock = shared_keys(key)
         hold_ms = str(max(1, int(hold * 1000)))
         value, pttl, taken = await self._link.run(
@@ -206,15 +226,17 @@ class RedisTier:
         if value is None:
             return None, bool(taken)
         pttl = int(pttl)
-        return (decode_value(bytes(value)), math.inf if pttl < 0 else pttl / 1000), False
+        value = bytes(value)
+        return Found(decode_value(value), math.inf if pttl < 0 else pttl / 1000, final_at(value)), False
 
-    async def set_and_unlock(self, key: str, stored: Stored, ttl: float, token: str) -> None:
+    async def set_and_unlock(
+        self, key: str, stored: Stored, ttl: float, token: str, final_at: int | None = None
+    ) -> None:
         """set() and unlock() in one round trip."""
         name, lock = shared_keys(key)
         px = "" if ttl == math.inf else str(max(1, int(ttl * 1000)))
-        await self._link.run(
-            "cache_set", lambda c: c.eval(SET_AND_UNLOCK_SCRIPT, 2, name, lock, encode_value(stored), px, token)
-        )
+        value = encode_value(stored, final_at)
+        await self._link.run("cache_set", lambda c: c.eval(SET_AND_UNLOCK_SCRIPT, 2, name, lock, value, px, token))
 
     async def _get_and(self, operation: str, name: str, also: Callable[[Any], Any]) -> tuple[Any, Any]:
         """GET the value and one more command of the same slot in a single round trip. Not a
@@ -229,19 +251,22 @@ class RedisTier:
         value, other = await self._link.run(operation, command)
         return value, other
 
-    async def poll(self, key: str) -> tuple[Stored | None, bool]:
-        """The answer if stored, and whether a replica still holds the fill lock."""
+    async def poll(self, key: str, vet: Vet | None = None) -> tuple[Stored | None, bool]:
+        """The answer if stored (and `vet` takes its tag), and whether a replica still holds the fill lock."""
         name, lock = shared_keys(key)
         value, locked = await self._get_and("fill_poll", name, lambda pipe: pipe.exists(lock))
-        return (decode_value(bytes(value)) if value is not None else None), bool(locked)
+        if value is None or (vet is not None and not vet(final_at(bytes(value)))):
+            return None, bool(locked)
+        return decode_value(bytes(value)), bool(locked)
 
-    async def get(self, key: str) -> tuple[Stored, float] | None:
-        """The answer and its remaining seconds (math.inf when immutable)."""
+    async def get(self, key: str) -> Found | None:
+        """The answer, its remaining seconds (math.inf when immutable) and its tag."""
         name = shared_keys(key)[0]
         value, pttl = await self._get_and("cache_get", name, lambda pipe: pipe.pttl(name))
         if value is None:
             return None
-        return decode_value(bytes(value)), (math.inf if pttl is None or pttl < 0 else pttl / 1000)
+        value = bytes(value)
+        return Found(decode_value(value), math.inf if pttl is None or pttl < 0 else pttl / 1000, final_at(value))
 
     async def get_many(self, keys: Sequence[str]) -> list[Stored | None]:
         """Many answers in one round trip (a pipeline of GETs, not a transaction: any slots)."""
@@ -255,8 +280,8 @@ class RedisTier:
         values = await self._link.run("cache_get_many", command)
         return [decode_value(bytes(v)) if v is not None else None for v in values]
 
-    async def set(self, key: str, stored: Stored, ttl: float) -> None:
-        value, name = encode_value(stored), shared_keys(key)[0]
+    async def set(self, key: str, stored: Stored, ttl: float, final_at: int | None = None) -> None:
+        value, name = encode_value(stored, final_at), shared_keys(key)[0]
         if ttl == math.inf:
             await self._link.run("cache_set", lambda c: c.set(name, value))
         else:
@@ -295,7 +320,8 @@ class TieredCache:
         self._lookups["memory", "miss"].inc()
         return None
 
-    async def get(self, key: str) -> Stored | None:
+    async def get(self, key: str, vet: Vet | None = None) -> Stored | None:
+        """Memory's answer, else Redis's if `vet` takes its tag (memory keeps it)."""
         stored = self.get_memory(key)
         if stored is not None or self.shared is None:
             return stored
@@ -303,12 +329,12 @@ class TieredCache:
             found = await self.shared.get(key)
         except RedisUnavailable:
             found = None
-        if found is None:
+        if found is None or (vet is not None and not vet(found.final_at)):
             self._lookups["redis", "miss"].inc()
             return None
         self._lookups["redis", "hit"].inc()
-        self.memory.set(key, found[0], found[1])
-        return found[0]
+        self.memory.set(key, found.stored, found.ttl)
+        return found.stored
 
     async def get_many(self, keys: Sequence[str]) -> dict[str, Stored]:
         """The answers memory or Redis holds for `keys` (one Redis round trip for memory's misses)."""
@@ -329,10 +355,10 @@ class TieredCache:
 
     # --- coalescing across replicas (a Redis lock per key while one replica fills it) ------
 
-    async def get_or_claim(self, lock: FillLock, hold: float | None) -> Stored | None:
-        """For a key memory lacks: Redis's answer (memory keeps it), else the fill lock claimed as
-        claim() does, in the same round trip (hold None: no lock wanted). The lock's token: "" when
-        no lock is needed; None when another replica is fetching the key."""
+    async def get_or_claim(self, lock: FillLock, hold: float | None, vet: Vet | None = None) -> Stored | None:
+        """For a key memory lacks: Redis's answer (memory keeps it) if `vet` takes it, else the fill lock
+        claimed as claim() does, in the same round trip (hold None: no lock wanted). The lock's token:
+        "" when no lock is needed; None when another replica is fetching the key."""
         if self.shared is None:
             return None
         token = secrets.token_hex(8) if hold is not None else ""
@@ -340,13 +366,17 @@ class TieredCache:
             found, taken = await self.shared.get_or_lock(lock.key, token, hold or 0.0)
         except RedisUnavailable:
             return None
+        if found is not None and vet is not None and not vet(found.final_at):
+            lock.token = ""  # not this replica's to serve (sharing.py): fetched from its own node, unlocked
+            self._lookups["redis", "miss"].inc()
+            return None
         if found is None:
             self._lookups["redis", "miss"].inc()
             lock.token = token if taken or not token else None
             return None
         self._lookups["redis", "hit"].inc()
-        self.memory.set(lock.key, found[0], found[1])
-        return found[0]
+        self.memory.set(lock.key, found.stored, found.ttl)
+        return found.stored
 
     async def claim(self, key: str, hold: float) -> str | None:
         """A token when this replica should fetch the key ("" if no lock is needed); None if another is."""
@@ -363,7 +393,7 @@ class TieredCache:
             with contextlib.suppress(RedisUnavailable):
                 await self.shared.unlock(key, token)
 
-    async def await_fill(self, key: str, wait: float) -> Stored | None:
+    async def await_fill(self, key: str, wait: float, vet: Vet | None = None) -> Stored | None:
         """Wait up to `wait` seconds for another replica's fill; None if it gave up or stored nothing."""
         if self.shared is None:
             return None
@@ -372,7 +402,7 @@ class TieredCache:
         while time.monotonic() < deadline:
             await asyncio.sleep(pause)
             try:
-                value, locked = await self.shared.poll(key)
+                value, locked = await self.shared.poll(key, vet)
             except RedisUnavailable:
                 return None
             if value is not None:
@@ -393,15 +423,25 @@ class TieredCache:
         self.memory.set(key, stored, ttl)
         return True
 
-    async def set(self, key: str, stored: Stored, ttl: float, lock: FillLock | None = None) -> None:
-        """Kept in memory and Redis; `lock`, the fill lock on this key, released in the same round trip."""
-        if self.keep(key, stored, ttl) and self.shared is not None:
+    async def set(
+        self,
+        key: str,
+        stored: Stored,
+        ttl: float,
+        lock: FillLock | None = None,
+        *,
+        shared: bool = True,
+        final_at: int | None = None,
+    ) -> None:
+        """Kept in memory and (`shared`) Redis, tagged with `final_at` (sharing.py); `lock`, the fill
+        lock on this key, released in the same round trip."""
+        if self.keep(key, stored, ttl) and self.shared is not None and shared:
             with contextlib.suppress(RedisUnavailable):
                 if lock is not None and lock.token and lock.key == key:
-                    await self.shared.set_and_unlock(key, stored, ttl, lock.token)
+                    await self.shared.set_and_unlock(key, stored, ttl, lock.token, final_at)
                     lock.token = ""
                 else:
-                    await self.shared.set(key, stored, ttl)
+                    await self.shared.set(key, stored, ttl, final_at)
 
 
 class _Left(Exception):

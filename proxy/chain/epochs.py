@@ -3,8 +3,8 @@
 An epoch is the part of a network's cache keys moved on when entries may no longer belong to the
 chain: a finality violation, a devnet restarted with the same genesis, a dev node's state changed
 through the proxy. With Redis the record lives there (`rcp:e:<network>@<identity>`), so a restarted
-proxy or a new replica starts in the epoch in force, and checks the record's checkpoint (a finalized
-block of that epoch's chain) against the chain before it serves or stores anything. Records are
+proxy or a new replica starts in the epoch in force; before it serves or stores anything its chain
+is found to be the one the epoch's key space holds entries of (the space's trail, forks.py). Records are
 changed by compare-and-set on the epoch, so replicas that see the same change agree on one epoch.
 """
 
@@ -15,6 +15,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from proxy.chain.forks import MemoryTrails, RedisTrails, TrailStore
 from proxy.redis_link import RedisLink, RedisUnavailable
 
 NONE = "-"  # the expected epoch of a record that does not exist yet
@@ -52,6 +53,8 @@ def record_key(base: str) -> str:
 
 
 class EpochStore(Protocol):
+    trails: TrailStore  # each key space's trail of finalized blocks, in the same store (forks.py)
+
     async def advance(self, base: str, expected: str, new: Checkpoint) -> Checkpoint | None:
         """Write `new` if the record's epoch is `expected` (NONE: no record); the record in force
         after, or None when the store cannot be read now."""
@@ -63,6 +66,7 @@ class MemoryEpochs:
 
     def __init__(self) -> None:
         self._records: dict[str, Checkpoint] = {}
+        self.trails: TrailStore = MemoryTrails()
 
     async def advance(self, base: str, expected: str, new: Checkpoint) -> Checkpoint | None:
         current = self._records.get(base)
@@ -77,6 +81,7 @@ class RedisEpochs:
     def __init__(self, link: RedisLink) -> None:
         self._link = link
         self._script: Any = link.client.register_script(ADVANCE_SCRIPT)
+        self.trails: TrailStore = RedisTrails(link)
 
     async def advance(self, base: str, expected: str, new: Checkpoint) -> Checkpoint | None:
         args = [expected, new.epoch, str(new.number), new.hash]
@@ -107,8 +112,6 @@ class EpochKeeper:
         self.epoch = ""
         self.loaded = False  # the record was read and its checkpoint found on the chain: keys can be named
         self.keyed = asyncio.Event()  # keys were first named
-        # A stored checkpoint (number, hash) the next poll must find on the chain, once taken.
-        self.to_check: tuple[int, str] | None = None
         self._record = NONE
 
     def forget(self) -> None:
@@ -138,11 +141,11 @@ class EpochKeeper:
         self._named()
 
     def _adopt(self, stored: Checkpoint, *, proven: bool) -> None:
-        """Take a stored epoch; unless this poll's finalized block is its very checkpoint, the next poll
-        checks that on the chain, and until then no key is named (an epoch whose chain is gone is
-        never served)."""
+        """Take a stored epoch; unless this poll's finalized block is its very checkpoint, keys are named
+        from the next poll on, once this replica's checkpoint is in the record too. Whether this chain
+        is the one the epoch's entries are of is the space's trail's to show (forks.py): a checkpoint
+        another replica wrote may be of another fork, which is no violation of this chain's finality."""
         self.epoch, self._record, self.loaded = stored.epoch, stored.epoch, False
-        self.to_check = (stored.number, stored.hash)
         if proven:
             self._named()
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.chain.epochs import EpochKeeper, EpochStore
+from proxy.chain.forks import ForkGuard
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
@@ -283,6 +284,7 @@ class EvmHeadTracker:
         self._final: Header | None = None  # the finalized block of the last poll (or of the epoch's record)
         # The epoch (moved on by a finality violation, a replaced chain, a dev node's state change).
         self._epochs = EpochKeeper(epochs)
+        self.forks = ForkGuard(network, self._epochs.store.trails, metrics)  # is its chain the shared space's?
         self.keyed = self._epochs.keyed  # keys were first named (identity and epoch known)
         self._rewound = False  # a dev node's state changed: the next poll may take a shorter chain
 
@@ -321,16 +323,35 @@ class EvmHeadTracker:
         epoch at once, so no entry of the old state is served, and a poll now, which may find the chain
         rolled back (its subscribers get the removed logs without waiting for a block)."""
         self._epochs.move_on()
+        self._fresh_epoch()
         self._rewound = True
         self._asker.fresh_from = time.time()
         self._wake.set()
         self._reissue()
 
-    def _space(self) -> str | None:
+    def _base(self) -> str | None:
+        """The shared key space: network, chain identity, epoch (None: not known yet)."""
         if self._identity is None or not self._epochs.loaded:
             return None
         epoch = self._epochs.epoch
         return f"{self.network}@{self._identity}" + (f"~{epoch}" if epoch else "")
+
+    def _space(self) -> str | None:
+        """The shared space once this replica's chain is found to be its chain's, or one of its own."""
+        base = self._base()
+        return self.forks.space(base) if base is not None else None
+
+    def _fresh_epoch(self) -> None:
+        base = self._base()
+        if base is not None:
+            self.forks.fresh(base)  # only this replica's entries are in it yet
+
+    async def _own_hash(self, number: int) -> str:
+        """This chain's block hash at a height below its finalized block (forks.py's trail check)."""
+        header = _header((await self._asker.ask([_get_block(hex(number))]))[0])
+        if header is None or header.number != number:  # a failed answer: this poll fails, the head stays
+            raise TrackerError(f"no block {number} in the node's answer (the key space's trail is checked there)")
+        return header.hash
 
     def _reissue(self, **changes: Any) -> None:
         """The same head as a new object: plans memoized against the old one are made again."""
@@ -464,6 +485,7 @@ class EvmHeadTracker:
         )
         if violated:
             self._epochs.move_on()
+            self._fresh_epoch()
             self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
         rewound, self._rewound = self._rewound, False
         if old_head is not None and latest.number < old_head.latest and not (violated or rewound):
@@ -482,6 +504,9 @@ class EvmHeadTracker:
         final_hash = final_h.hash if final_h else hashes.get(finalized, "")
         if self._identity is not None and final_hash:
             await self._epochs.sync(f"{self.network}@{self._identity}", finalized, final_hash, violated)
+            base = self._base()
+            if base is not None:  # before a head names it: is this chain the one its entries are of?
+                await self.forks.check(base, (finalized, final_hash), hashes, self._own_hash)
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
         head = Head(
@@ -500,11 +525,9 @@ class EvmHeadTracker:
         if old_head is not None and not reorged and _same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
-        to_check, self._epochs.to_check = self._epochs.to_check, None
-        if to_check is not None:  # a stored checkpoint: the next poll checks it on the chain
-            self._final = Header(to_check[0], to_check[1], "", 0, 0)
-        else:
-            self._final = final_h or Header(finalized, final_hash, "", 0, 0) if final_hash else final_h
+        # This replica's own finalized block only: a stored checkpoint another replica wrote may be of
+        # another fork, which is no violation of this chain's finality (forks.py checks the space's trail).
+        self._final = final_h or Header(finalized, final_hash, "", 0, 0) if final_hash else final_h
         if self._states is not None:
             self._states.final_mark = self._final.number if self._final is not None else None
         self.last_poll = time.time()

@@ -54,6 +54,10 @@ def readiness(service: Service) -> tuple[int, dict[str, object]]:
     unverifiable = service.unverifiable()
     if unverifiable:
         answer["unverifiable"] = unverifiable
+    # Networks whose chain is another fork than the shared cache's: served, from a key space of their own.
+    forks = {name: note for name, runtime in service.networks.items() if (note := runtime.fork_note())}
+    if forks:
+        answer["forks"] = forks
     return (200 if ready else 503), answer
 
 

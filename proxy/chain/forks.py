@@ -1,0 +1,200 @@
+"""Whether this replica may read its network's shared key space: its own chain agrees with the chain
+of the replicas that filled it (replicas sharing one Redis whose nodes are on diverged forks).
+
+Every key space (`Head.space`) has a trail beside its entries: the finalized blocks (height, hash)
+its replicas reached, one mark per poll, the last TRAIL_MARKS kept. A replica adds its own finalized
+block only on top of a mark it found on its own chain, so the trail is one chain. Before a head
+names the space, the replica finds on its own chain the lowest mark at or above its finalized block
+(or the top one, under which it then adds its own): each block names its parent, so every block at
+or below its finalized block is then the trail's, and every final entry of the space (written by a
+replica whose finalized block the trail holds) is this replica's chain's. A replica whose chain
+has another block at a mark's height is on another fork: it logs it, counts it
+(`rpc_proxy_fork_disagreements_total`), says so on /readyz, and from then on names a key space of
+its own (`<space>/<its finalized block's hash>`), which replicas at that very block share.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, RedisUnavailable
+
+log = logging.getLogger("proxy.chain")
+
+TRAIL_MARKS = 1024  # marks kept per key space: a replica further behind than this cannot check
+OWN_MARKS = 4096  # this replica's own finalized blocks remembered per key space
+DOUBT_POLLS = 3  # polls in a row without a mark it can check before a replica uses its own space
+# KEYS[1] a space's trail (a sorted set: score a height, member its hash). ARGV[1] the hash expected on
+# top ("" an empty trail, "-" only read), ARGV[2..3] the mark added when it is, ARGV[4] the floor, ARGV[5]
+# how many marks are kept. The top and the lowest mark at or above the floor.
+TRAIL_SCRIPT = """
+local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if ARGV[1] ~= '-' and ARGV[1] == (top[1] or '') and (top[2] == nil or tonumber(top[2]) < tonumber(ARGV[2])) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[5]) - 1)
+  top = {ARGV[3], ARGV[2]}
+end
+local above = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[4], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+return {top[1] or false, top[2] or false, above[1] or false, above[2] or false}
+"""
+
+Mark = tuple[int, str]  # a finalized block: (height, hash)
+# This replica's block hash at a height below its finalized block (raising when its node fails to say).
+OwnHash = Callable[[int], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Trail:
+    """What one exchange with a trail shows: its top mark, and its lowest mark at or above the floor."""
+
+    top: Mark | None
+    above: Mark | None
+
+
+def trail_key(space: str) -> str:
+    return f"rcp:e:{space}:t"
+
+
+class TrailStore(Protocol):
+    async def mark(self, space: str, expected: str | None, new: Mark, floor: int) -> Trail | None:
+        """Add `new` if the top mark's hash is `expected` ("" none; None: only read); the trail then,
+        or None when it cannot be read now."""
+        ...
+
+
+class MemoryTrails:
+    """One process's trails: without Redis no other replica shares the space."""
+
+    def __init__(self) -> None:
+        self._trails: dict[str, dict[int, str]] = {}
+
+    async def mark(self, space: str, expected: str | None, new: Mark, floor: int) -> Trail | None:
+        trail = self._trails.setdefault(space, {})
+        top = max(trail.items(), default=None)
+        if expected is not None and expected == (top[1] if top else "") and (top is None or top[0] < new[0]):
+            trail[new[0]] = new[1]
+            while len(trail) > TRAIL_MARKS:
+                del trail[min(trail)]
+            top = new
+        above = min(((n, h) for n, h in trail.items() if n >= floor), default=None)
+        return Trail(top, above)
+
+
+class RedisTrails:
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+        self._script: Any = link.client.register_script(TRAIL_SCRIPT)
+
+    async def mark(self, space: str, expected: str | None, new: Mark, floor: int) -> Trail | None:
+        args = ["-" if expected is None else expected, str(new[0]), new[1], str(floor), str(TRAIL_MARKS)]
+        try:
+            reply = await self._link.run("fork_trail", lambda _c: self._script(keys=[trail_key(space)], args=args))
+        except RedisUnavailable:
+            return None
+        return parse_trail(reply)
+
+
+def parse_trail(reply: Any) -> Trail | None:
+    """The script's reply (bytes or str fields, None where there is no mark)."""
+    if not isinstance(reply, list) or len(reply) != 4:
+        return None
+    fields = [v.decode() if isinstance(v, bytes) else v for v in reply]
+    try:
+        top = (int(float(fields[1])), str(fields[0])) if fields[0] is not None else None
+        above = (int(float(fields[3])), str(fields[2])) if fields[2] is not None else None
+    except (TypeError, ValueError):
+        return None
+    return Trail(top, above)
+
+
+class ForkGuard:
+    """One network's standing against its shared key space: the space its heads may name."""
+
+    def __init__(self, network: str, store: TrailStore, metrics: Metrics) -> None:
+        self.network = network
+        self.note: str | None = None  # for /readyz: why this replica uses a key space of its own
+        self._store = store
+        self._disagreements = metrics.fork_disagreements.labels(network)
+        self._base = ""  # the shared space this standing is for
+        self._fork = ""  # "": the shared space; else the hash naming this replica's own
+        self._checked = False  # the current head's final blocks are the space's chain's
+        self._doubts = 0
+        self._own: dict[int, str] = {}
+
+    def space(self, base: str) -> str | None:
+        """The space a head may name for `base` (network, identity, epoch); None: not checked yet."""
+        if base != self._base or not self._checked:
+            return None
+        return f"{base}/{self._fork}" if self._fork else base
+
+    def fresh(self, base: str) -> None:
+        """A space this replica just made (a new epoch): no other replica's entries are in it yet."""
+        self._reset(base)
+        self._checked = True
+
+    def _reset(self, base: str) -> None:
+        self._base, self._fork, self._checked, self._doubts, self._own = base, "", False, 0, {}
+        self.note = None
+
+    async def check(self, base: str, final: Mark, window: Mapping[int, str], own_hash: OwnHash) -> None:
+        """Before a head with finalized block `final` names `base`: is its chain the space's? (`window`:
+        the head's unfinalized hashes; `own_hash` asks this replica's node for an older one.)"""
+        if base != self._base:
+            self._reset(base)
+        self._own[final[0]] = final[1]
+        while len(self._own) > OWN_MARKS:
+            del self._own[min(self._own)]
+
+        async def known(height: int) -> str | None:
+            """Its chain's hash at `height`; None above its head (a mark it cannot check yet)."""
+            found = window.get(height) or self._own.get(height)
+            if found is None and height < final[0]:
+                found = self._own[height] = await own_hash(height)
+            return found
+
+        for _ in range(2):  # the shared space, then (after a disagreement) this replica's own
+            space = f"{base}/{self._fork}" if self._fork else base
+            verdict = await self._judge(space, final, known)
+            if verdict is None:  # the trail cannot be read now: the standing stays as it is
+                return
+            if verdict == "agrees":
+                self._checked, self._doubts = True, 0
+                return
+            if verdict == "unknown":
+                self._doubts += 1
+                self._checked = False
+                if self._doubts < DOUBT_POLLS:
+                    return
+            self._split(space, final, verdict)
+
+    async def _judge(self, space: str, final: Mark, known: Callable[[int], Awaitable[str | None]]) -> str | None:
+        """ "agrees", "unknown" (no mark this replica can check), a disagreement's description, or None."""
+        trail = await self._store.mark(space, None, final, final[0])
+        for _ in range(3):  # another replica may add its mark between a read and an addition
+            if trail is None:
+                return None
+            mark = trail.above or trail.top
+            if mark is None:  # an empty trail: this replica's mark starts it
+                trail = await self._store.mark(space, "", final, final[0])
+                continue
+            mine = await known(mark[0])
+            if mine is None:
+                return "unknown"
+            if mine != mark[1]:
+                return f"block {mark[0]} is {mark[1][:18]} in the shared cache's chain, {mine[:18]} on this node's"
+            if mark[0] >= final[0]:
+                return "agrees"
+            trail = await self._store.mark(space, mark[1], final, final[0])  # on top of a mark of this chain
+        return "unknown"
+
+    def _split(self, space: str, final: Mark, why: str) -> None:
+        if why == "unknown":
+            why = f"no mark of the shared cache's chain this node can check for {DOUBT_POLLS} polls"
+        self._fork, self._checked, self._doubts = final[1][2:18], False, 0
+        self.note = f"on another chain than the shared cache ({why}): uses its own key space"
+        log.error("head tracker %s: key space %s: %s", self.network, space, self.note)
+        self._disagreements.inc()

@@ -1,0 +1,323 @@
+"""Replicas sharing one Redis whose nodes are on diverged forks of one chain (same genesis, each
+finalizing its own blocks at the same heights): every answer a replica gives is its own node's, by
+number, by hash, final or not; the replica whose chain is not the shared space's says so (a log line,
+rpc_proxy_fork_disagreements_total, /readyz) and uses a key space of its own (forks.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy.cache import policy as cp
+from proxy.cache import sharing
+from proxy.cache.tiers import decode_value, encode_value, final_at
+from proxy.chain.forks import TRAIL_MARKS, ForkGuard, MemoryTrails, RedisTrails, Trail, TrailStore
+from proxy.chain.heads import Head
+from proxy.http.app_keys import SERVICE
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, connect
+from proxy.values import Decision, Mode, Plan
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+
+FORK_AT = 30
+MINED = 120  # blocks each fork mines past the fork point: Anvil finalizes latest - 64
+
+
+def _guard() -> tuple[ForkGuard, MemoryTrails]:
+    trails = MemoryTrails()
+    return ForkGuard("evm", trails, Metrics(CollectorRegistry())), trails
+
+
+async def _never(_height: int) -> str:
+    raise AssertionError("no node asked")
+
+
+class TestForkGuard:
+    async def test_a_space_is_named_only_once_its_trail_is_found_on_the_replicas_chain(self) -> None:
+        guard, _ = _guard()
+        assert guard.space("evm@1:aa") is None
+        await guard.check("evm@1:aa", (10, "0x10"), {}, _never)
+        assert guard.space("evm@1:aa") == "evm@1:aa"
+
+    async def test_replicas_on_one_chain_share_the_space(self) -> None:
+        first, trails = _guard()
+        second = ForkGuard("evm", trails, Metrics(CollectorRegistry()))
+        await first.check("s", (10, "0x10"), {11: "0x11"}, _never)
+        await second.check("s", (9, "0x09"), {10: "0x10", 11: "0x11"}, _never)  # behind: finds 10 in its window
+        await first.check("s", (11, "0x11"), {}, _never)  # ahead: adds its mark on top of its own
+        assert (first.space("s"), second.space("s")) == ("s", "s")
+        assert first.note is None and second.note is None
+
+    async def test_a_replica_on_another_fork_uses_a_space_of_its_own_and_says_why(self) -> None:
+        first, trails = _guard()
+        second = ForkGuard("evm", trails, Metrics(CollectorRegistry()))
+        await first.check("s", (10, "0x" + "b" * 64), {}, _never)
+
+        async def own(height: int) -> str:
+            return {5: "0x05"}[height]
+
+        await second.check("s", (10, "0x" + "c" * 64), {}, own)
+        assert first.space("s") == "s"
+        assert second.space("s") == "s/" + "c" * 16
+        assert second.note is not None and "own key space" in second.note
+
+    async def test_a_mark_it_cannot_check_for_a_few_polls_moves_it_to_its_own_space(self) -> None:
+        first, trails = _guard()
+        second = ForkGuard("evm", trails, Metrics(CollectorRegistry()))
+        await first.check("s", (500, "0x500"), {}, _never)
+
+        for poll in range(3):  # the mark is above this node's head
+            assert second.space("s") is None
+            await second.check("s", (10 + poll, f"0x{10 + poll}"), {}, _never)
+        assert second.space("s") == "s/12"
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def trails(request: pytest.FixtureRequest) -> Any:
+    if request.param == "memory":
+        yield MemoryTrails()
+        return
+    url = request.getfixturevalue("redis_url")
+    link = RedisLink(connect(url, 1.0), timeout=1.0, metrics=Metrics(CollectorRegistry()))
+    yield RedisTrails(link)
+    await link.close()
+
+
+class TestTrails:
+    async def test_a_mark_is_added_only_on_top_of_the_mark_its_replica_found(self, trails: TrailStore) -> None:
+        assert await trails.mark("s", None, (5, "0x05"), 5) == Trail(None, None)  # only read: nothing added
+        assert await trails.mark("s", "", (5, "0x05"), 5) == Trail((5, "0x05"), (5, "0x05"))
+        assert await trails.mark("s", "0xother", (6, "0x06"), 6) == Trail((5, "0x05"), None)  # another top
+        assert await trails.mark("s", "0x05", (4, "0x04"), 4) == Trail((5, "0x05"), (5, "0x05"))  # never lower
+        assert await trails.mark("s", "0x05", (9, "0x09"), 6) == Trail((9, "0x09"), (9, "0x09"))
+        assert await trails.mark("s", None, (0, ""), 0) == Trail((9, "0x09"), (5, "0x05"))  # the lowest at or above
+        assert await trails.mark("other", None, (0, ""), 0) == Trail(None, None)  # one trail per key space
+
+    async def test_a_trail_keeps_its_last_marks_only(self, trails: TrailStore) -> None:
+        top = ""
+        for height in range(1, TRAIL_MARKS + 11):
+            await trails.mark("s", top, (height, f"0x{height:x}"), height)
+            top = f"0x{height:x}"
+        assert await trails.mark("s", None, (0, ""), 0) == Trail((TRAIL_MARKS + 10, top), (11, "0xb"))
+
+
+def _plan(finalized: int, *, unvouched: str | None = None, tied: bool = False) -> Plan:
+    head = Head(finalized + 10, finalized + 5, finalized, "0xtop", 0, 0)
+    decision = Decision(Mode.TTL, 12.0, tied_to_answer=True) if tied else cp.IMMUTABLE
+    nothing: Any = None
+    return Plan(head, decision, "k", "m", [], False, None, None, True, 1, nothing, unvouched_hash=unvouched)
+
+
+class TestSharing:
+    def test_an_answer_for_a_hash_outside_the_window_is_tagged_with_the_writers_finalized_height(self) -> None:
+        block = {"number": hex(40), "hash": "0xh"}
+        assert sharing.share(_plan(50, unvouched="0xh"), "ok", block) == sharing.Share(True, 50)
+        assert sharing.share(_plan(30, unvouched="0xh"), "ok", block) == sharing.Share(True, None)  # not final there
+        assert sharing.share(_plan(50, unvouched="0xh"), "ok", "0x01") == sharing.Share(True, None)  # no block named
+
+    def test_a_null_for_a_hash_outside_the_window_stays_in_the_writers_memory(self) -> None:
+        assert sharing.share(_plan(50, unvouched="0xh"), "null", None) == sharing.Share(False, None)
+
+    def test_a_transaction_goes_to_redis_only_once_its_block_is_final_for_the_writer(self) -> None:
+        tx = {"blockNumber": hex(40), "blockHash": "0xh"}
+        assert sharing.share(_plan(50, tied=True), "ok", tx).shared
+        assert not sharing.share(_plan(30, tied=True), "ok", tx).shared
+
+    def test_a_replica_takes_a_hash_outside_its_window_only_from_a_writer_final_below_its_own(self) -> None:
+        vet = sharing.vet(_plan(50, unvouched="0xh"))
+        assert vet is not None and vet(50) and vet(12)
+        assert not vet(51) and not vet(None)
+        assert sharing.vet(_plan(50)) is None  # numbered, or a hash of its own window
+
+    def test_a_tagged_value_decodes_as_an_untagged_one(self) -> None:
+        value = encode_value((b'{"a":1}', False), 77)
+        assert decode_value(value) == (b'{"a":1}', False) and final_at(value) == 77
+        assert final_at(encode_value((b"3", True))) is None and decode_value(encode_value((b"3", True))) == (b"3", True)
+
+
+# --- real nodes: two forks of one chain behind two replicas sharing Redis ------------------------
+
+
+def _diverge(node: Anvil, store: str, value: int) -> None:
+    node.send(store, selector("setX(uint256)") + word(value))  # the first block of its own differs
+    for i in range(3):
+        node.send(store, selector("emitMany(uint256)") + word(i + value % 2))
+    node.mine(MINED)
+
+
+def _hashes(node: Anvil, first: int) -> tuple[list[str], list[str]]:
+    blocks, transactions = [], []
+    for n in range(first, node.block_number() + 1):
+        block = node.rpc("eth_getBlockByNumber", hex(n), False)
+        blocks.append(block["hash"])
+        transactions.extend(block["transactions"])
+    return blocks, transactions
+
+
+def _calls(rng: random.Random, store: str, top: int, blocks: list[str], txs: list[str]) -> list[tuple[str, list[Any]]]:
+    """First-class reads at numbers (final and not) and by hashes of both forks' blocks and transactions."""
+    calls: list[tuple[str, list[Any]]] = []
+    for _ in range(60):
+        n = hex(rng.randint(0, top))
+        calls += [
+            rng.choice(
+                [
+                    ("eth_getBlockByNumber", [n, rng.random() < 0.5]),
+                    ("eth_getBlockByHash", [rng.choice(blocks), False]),
+                    ("eth_getTransactionByHash", [rng.choice(txs)]),
+                    ("eth_getTransactionReceipt", [rng.choice(txs)]),
+                    ("eth_getBlockReceipts", [n]),
+                    ("eth_getStorageAt", [store, "0x0", n]),
+                    ("eth_call", [{"from": DEV_ACCOUNT, "to": store, "data": selector("x()")}, n]),
+                    (
+                        "eth_getLogs",
+                        [{"address": store, "fromBlock": hex(FORK_AT), "toBlock": hex(rng.randint(FORK_AT, top))}],
+                    ),
+                    ("eth_getBlockTransactionCountByNumber", [n]),
+                    ("eth_getBalance", [DEV_ACCOUNT, n]),
+                ]
+            )
+        ]
+    return calls
+
+
+async def _direct(session: aiohttp.ClientSession, url: str, method: str, params: Any) -> dict[str, Any]:
+    async with session.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}) as resp:
+        return dict(await resp.json())
+
+
+async def _compare(proxy: Proxy, node: Anvil, method: str, params: Any, tally: Counter[str], wrong: list[str]) -> None:
+    _, reply, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    truth = await _direct(proxy.session, node.url, method, params)
+    error = reply.get("error")
+    if error is not None and error.get("code") == -32002:
+        tally["unavailable"] += 1
+        return
+    tally[headers.get("X-Cache", "none")] += 1
+    same = (error is None and "result" in truth and reply.get("result") == truth["result"]) or (
+        error is not None and "error" in truth and error.get("code") == truth["error"].get("code")
+    )
+    if not same:
+        wrong.append(json.dumps({"method": method, "params": params, "cache": headers.get("X-Cache")})[:400])
+
+
+@pytest.fixture
+async def forks(redis_url: str) -> Any:
+    origin = Anvil()
+    store = origin.deploy_store()
+    origin.mine(FORK_AT - origin.block_number())
+    nodes = [Anvil("--fork-url", origin.url, "--fork-block-number", str(FORK_AT)) for _ in range(2)]
+    proxies = [await start_proxy(settings_for(EVM_UPSTREAM=n.url, REDIS_URL=redis_url)) for n in nodes]
+    try:
+        for proxy in proxies:
+            await proxy.head_at(FORK_AT)  # both replicas in one epoch before their chains part
+        yield origin, store, nodes, proxies
+    finally:
+        for proxy in proxies:
+            await proxy.close()
+        for node in (*nodes, origin):
+            node.stop()
+
+
+async def test_replicas_on_diverged_forks_serve_only_their_own_nodes_answers(
+    forks: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="proxy.chain")
+    _origin, store, nodes, proxies = forks
+    for value, node in zip((111, 222), nodes, strict=True):
+        _diverge(node, store, value)
+    for proxy, node in zip(proxies, nodes, strict=True):
+        await proxy.head_at(node.block_number(), timeout=20)
+    found = [_hashes(node, FORK_AT - 2) for node in nodes]
+    blocks = found[0][0] + found[1][0]
+    txs = found[0][1] + found[1][1]
+    top = max(node.block_number() for node in nodes)
+    rng = random.Random(7)
+    tally: Counter[str] = Counter()
+    wrong: list[str] = []
+    for method, params in _calls(rng, store, top, blocks, txs):
+        order = [0, 1] if rng.random() < 0.5 else [1, 0]
+        for _ in range(2):  # the other replica's answer is in the shared cache by now
+            for i in order:
+                await _compare(proxies[i], nodes[i], method, params, tally, wrong)
+    assert wrong == [], "\n".join(wrong[:10])
+    assert tally["HIT"] > 0 and tally["MISS"] > 0, dict(tally)
+    disagreements = [p.metric("rpc_proxy_fork_disagreements_total", network="evm") for p in proxies]
+    assert sum(disagreements) >= 1, disagreements
+    assert any("uses its own key space" in r.getMessage() for r in caplog.records)
+    forked = proxies[disagreements.index(max(disagreements))]
+    async with forked.session.get(f"{forked.base}/readyz") as resp:
+        ready = await resp.json()
+    assert resp.status == 200 and "own key space" in ready["forks"]["evm"], ready
+    assert all(p.metric("rpc_proxy_finality_violations_total", network="evm") == 0 for p in proxies)
+
+
+async def test_a_replica_started_on_an_already_diverged_fork_serves_its_own_nodes_answers(redis_url: str) -> None:
+    origin = Anvil()
+    store = origin.deploy_store()
+    origin.mine(FORK_AT - origin.block_number())
+    nodes = [Anvil("--fork-url", origin.url, "--fork-block-number", str(FORK_AT)) for _ in range(2)]
+    for value, node in zip((111, 222), nodes, strict=True):
+        _diverge(node, store, value)
+    proxies: list[Proxy] = []
+    try:
+        for node in nodes:  # the second starts on a space the first's chain filled
+            proxies.append(await start_proxy(settings_for(EVM_UPSTREAM=node.url, REDIS_URL=redis_url)))
+            await proxies[-1].head_at(node.block_number(), timeout=20)
+        height = hex(nodes[0].block_number() - 70)  # final on both, a block of each fork's own
+        truths = [n.rpc("eth_getBlockByNumber", height, False)["hash"] for n in nodes]
+        assert truths[0] != truths[1]
+        for _ in range(2):
+            for proxy, truth in zip(proxies, truths, strict=True):
+                assert (await proxy.result("eth_getBlockByNumber", [height, False]))["hash"] == truth
+
+        async def settled() -> bool:  # no epoch tug of war between the two: one disagreement, then quiet
+            return sum(p.metric("rpc_proxy_fork_disagreements_total", network="evm") for p in proxies) >= 1
+
+        await eventually(settled, 10, "the second replica to see it is on another fork")
+        spaces = {p.app[SERVICE].networks["evm"].tracker.head.space for p in proxies}
+        assert len(spaces) == 2, spaces
+        # Another fork's checkpoint is no violation of this chain's finality: no epoch moves back and forth.
+        assert all(p.metric("rpc_proxy_finality_violations_total", network="evm") == 0 for p in proxies)
+    finally:
+        for proxy in proxies:
+            await proxy.close()
+        for node in (*nodes, origin):
+            node.stop()
+
+
+async def test_a_block_or_transaction_of_another_fork_is_never_served_by_its_hash(forks: Any) -> None:
+    _origin, store, nodes, proxies = forks
+    sent = [node.send(store, selector("setX(uint256)") + word(v)) for v, node in zip((111, 222), nodes, strict=True)]
+    for proxy, node in zip(proxies, nodes, strict=True):
+        await proxy.head_at(node.block_number())
+    calls: list[tuple[str, list[Any]]] = []
+    for receipt in sent:
+        calls += [
+            ("eth_getBlockByHash", [receipt["blockHash"], False]),
+            ("eth_getBlockReceipts", [receipt["blockHash"]]),
+            ("eth_getTransactionByHash", [receipt["transactionHash"]]),
+            ("eth_getTransactionReceipt", [receipt["transactionHash"]]),
+            ("eth_getStorageAt", [store, "0x0", {"blockHash": receipt["blockHash"]}]),
+        ]
+    tally: Counter[str] = Counter()
+    wrong: list[str] = []
+    for i in (0, 1):  # each replica reads the blocks of both forks while both share one key space
+        for method, params in calls:
+            await _compare(proxies[i], nodes[i], method, params, tally, wrong)
+    for proxy, node in zip(proxies, nodes, strict=True):  # the first finalizes past the fork first
+        node.mine(MINED)
+        await proxy.head_at(node.block_number(), timeout=20)
+    for _ in range(2):
+        for i in (1, 0):
+            for method, params in calls:
+                await _compare(proxies[i], nodes[i], method, params, tally, wrong)
+    assert wrong == [], "\n".join(wrong[:10])
+    assert tally["HIT"] > 0, dict(tally)
