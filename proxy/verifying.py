@@ -239,7 +239,9 @@ class Verifier:
             return []
         per = net.per_upstream
         try:
-            if per is not None:
+            if per is not None and len(calls) == 1:  # the usual proof (eth_getProof): no task of its own
+                answers = [await per.ask(index, calls[0][0], calls[0][1], timeout=self._timeout)]
+            elif per is not None:
                 answers = await asyncio.gather(*(per.ask(index, m, p, timeout=self._timeout) for m, p in calls))
             else:
                 answers = await net.upstream.batch(calls)

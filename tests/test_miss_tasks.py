@@ -9,7 +9,10 @@ import json
 import socket
 from typing import Any
 
-from tests.support import Anvil, ProxyFactory
+import pytest
+
+from proxy.http.app_keys import SERVICE
+from tests.support import Anvil, ProxyFactory, eventually
 
 
 def _post(port: int, body: bytes) -> bytes:
@@ -25,9 +28,20 @@ def _post(port: int, body: bytes) -> bytes:
     return b"".join(chunks)
 
 
-async def test_a_miss_at_concurrency_one_runs_in_one_task(anvil: Anvil, make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="3600")
+@pytest.mark.parametrize("block", ["latest", "final"])  # above finality, and a final block (its answer proven)
+async def test_a_miss_at_concurrency_one_runs_in_one_task(anvil: Anvil, make_proxy: ProxyFactory, block: str) -> None:
+    store = anvil.deploy_store()
+    deployed = anvil.block_number()
+    at = "latest" if block == "latest" else hex(deployed)
+    anvil.mine(70)  # its block final (Anvil finalizes 64 blocks below its head)
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="0.5")
     await proxy.head_at(anvil.block_number())
+
+    async def final() -> bool:  # the tracker holds the finalized block's hash: final answers can be proven
+        head = proxy.app[SERVICE].networks["evm"].tracker.head
+        return head is not None and head.finalized >= deployed and bool(head.final_hash)
+
+    await eventually(final, 10.0, "the store's block final")
     loop = asyncio.get_running_loop()
     made: list[Any] = []
     factory = loop.get_task_factory()
@@ -38,16 +52,17 @@ async def test_a_miss_at_concurrency_one_runs_in_one_task(anvil: Anvil, make_pro
 
     loop.set_task_factory(counting)  # type: ignore[arg-type]
     try:
-        for slot in range(3):  # each a storage position not read before: a miss that goes to the node
+        for slot in range(3):  # each a storage slot not read before: a miss that goes to the node
             call = {
                 "jsonrpc": "2.0",
                 "id": slot,
                 "method": "eth_getStorageAt",
-                "params": [f"0x{slot + 1:040x}", "0x0", "latest"],
+                "params": [store, hex(slot), at],
             }
             made.clear()
             reply = await loop.run_in_executor(None, _post, proxy.server.port, json.dumps(call).encode())
-            assert b"X-Cache: MISS" in reply or b"X-Cache: BYPASS" in reply, reply[:300]
+            assert b"X-Cache: MISS" in reply, reply[:300]
+            assert (b"X-Verified: proven" in reply) == (block != "latest"), reply[:400]  # a final one, proven
             assert made == ["Pipeline._awaited"], made
     finally:
         loop.set_task_factory(factory)
