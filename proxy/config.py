@@ -182,9 +182,8 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
     return defaults
 
 
-def build_settings(raw: Mapping[str, str]) -> Settings:
-    """Parse every setting from a flat mapping of raw strings; raise ConfigError on the first problem."""
-    raw = {k: v for k, v in raw.items() if k in OPTION_NAMES and v is not None and v != ""}
+def _networks(raw: Mapping[str, str]) -> list[Network]:
+    """The networks of EVM_UPSTREAM and SOLANA_UPSTREAM (named evm and solana), then NETWORKS_FILE's."""
     networks: list[Network] = []
     defaults_from_env: tuple[tuple[str, Family], ...] = (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana"))
     verify = raw.get("VERIFY_ANSWERS", "auto").strip().lower()
@@ -208,6 +207,13 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         networks.extend(_networks_from_file(raw["NETWORKS_FILE"]))
     if not networks:
         raise ConfigError("no upstream configured: set EVM_UPSTREAM, SOLANA_UPSTREAM or NETWORKS_FILE")
+    return networks
+
+
+def build_settings(raw: Mapping[str, str]) -> Settings:
+    """Parse every setting from a flat mapping of raw strings; raise ConfigError on the first problem."""
+    raw = {k: v for k, v in raw.items() if k in OPTION_NAMES and v is not None and v != ""}
+    networks = _networks(raw)
     defaults = checked_networks(networks)
 
     values: dict[str, Any] = {"networks_file": raw.get("NETWORKS_FILE")}

@@ -132,6 +132,16 @@ class HitCells:
     saved: _Cell
     charged: _Cell  # rpc_proxy_credits_charged for the method: a keyed hit adds its credits
 
+    @classmethod
+    def of(cls, metrics: Metrics, network: str, method: str, is_error: bool) -> HitCells:
+        return cls(
+            requests=metrics.requests.labels(network, method, "error" if is_error else "ok"),
+            seconds=metrics.request_seconds.labels(network, method, "HIT"),
+            memory_hit=metrics.cache_lookups.labels("memory", "hit"),
+            saved=metrics.credits_saved.labels(network, method),
+            charged=metrics.credits_charged.labels(method),  # cached methods are their own label
+        )
+
     def record(self, credits: int, seconds: float) -> None:
         self.requests.value += 1
         self.memory_hit.value += 1
@@ -430,19 +440,10 @@ class Metrics:
         pair = self._hit_cells.get((network, method))
         if pair is None:
             pair = self._hit_cells[network, method] = (
-                self._new_hit_cells(network, method, False),
-                self._new_hit_cells(network, method, True),
+                HitCells.of(self, network, method, False),
+                HitCells.of(self, network, method, True),
             )
         return pair
-
-    def _new_hit_cells(self, network: str, method: str, is_error: bool) -> HitCells:
-        return HitCells(
-            requests=self.requests.labels(network, method, "error" if is_error else "ok"),
-            seconds=self.request_seconds.labels(network, method, "HIT"),
-            memory_hit=self.cache_lookups.labels("memory", "hit"),
-            saved=self.credits_saved.labels(network, method),
-            charged=self.credits_charged.labels(method),  # cached methods are their own label
-        )
 
     def child(self, metric: Any, *labels: str) -> Any:
         """metric.labels(*labels), looked up once per label set: the hot path calls this per request."""

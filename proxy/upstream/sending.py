@@ -116,10 +116,8 @@ class Sender:
 
     @property
     def batch_room(self) -> int | None:
-        """The most calls an auto-batch may carry: the smallest upstream budget's (a batch larger than a
-        budget could only go once its window is empty, and would pass it then)."""
-        rooms = [r for r in (b.room for b in self.budgets) if r is not None]
-        return min(rooms) if rooms else None
+        """The most calls an auto-batch may carry: the smallest upstream budget's (no batch outgrows one)."""
+        return min((r for r in (b.room for b in self.budgets) if r is not None), default=None)
 
     @property
     def carrying(self) -> int:
