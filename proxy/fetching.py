@@ -10,7 +10,8 @@ from proxy.cache import policy as cp
 from proxy.cache import sharing
 from proxy.cache.integrity import Integrity
 from proxy.cache.tiers import FillLock, TieredCache
-from proxy.chain.heads import EvmHeadTracker, Head
+from proxy.chain.head_polls import Head
+from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import loads

@@ -19,7 +19,8 @@ from proxy.cache.log_reads import LogReads, Pieces
 from proxy.cache.planning import plan_call
 from proxy.cache.tiers import Coalescer, FillLock, TieredCache
 from proxy.chain import from_trackers
-from proxy.chain.heads import EvmHeadTracker, Head
+from proxy.chain.head_polls import Head
+from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.shown import shown
 from proxy.config import Settings
 from proxy.credits.prices import credits_of

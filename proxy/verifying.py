@@ -23,8 +23,8 @@ from typing import Any
 from proxy.cache import log_chunks
 from proxy.chain import answer_proofs as ap
 from proxy.chain import bloom
+from proxy.chain.head_polls import Head
 from proxy.chain.header_chain import HeaderChain, Unverifiable
-from proxy.chain.heads import Head
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime

@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
-from proxy.chain.heads import EvmHeadTracker, Head, Resolved
+from proxy.chain.head_polls import Head, Resolved
+from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.rpc.methods import CacheClass
 from proxy.rpc.params import BlockRef

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from proxy.cache.policy import Decision, Mode
-from proxy.chain.heads import EvmHeadTracker, Head
+from proxy.chain.head_polls import Head
+from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.proofs import NOT_PROVABLE, answer_block_number, plan_proof, proof_doubt
 from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay

@@ -19,7 +19,7 @@ from proxy.cache import policy as cp
 from proxy.cache import sharing
 from proxy.cache.tiers import decode_value, encode_value, final_at
 from proxy.chain.forks import TRAIL_MARKS, ForkGuard, MemoryTrails, RedisTrails, Trail, TrailStore
-from proxy.chain.heads import Head
+from proxy.chain.head_polls import Head
 from proxy.http.app_keys import SERVICE
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, connect

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.chain import pinning
-from proxy.chain.heads import Head, Resolved
+from proxy.chain.head_polls import Head, Resolved
 from proxy.chain.identity import judge, parse_identity
 from proxy.rpc.params import BlockRef
 from proxy.upstream.standing import ChainIdentity, UpstreamStates

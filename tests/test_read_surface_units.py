@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
 from proxy.chain import from_trackers
-from proxy.chain.heads import EvmHeadTracker, Head, Resolved
+from proxy.chain.head_polls import Head, Resolved
+from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.slots import SolanaSlotTracker
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS, credits_of
 from proxy.metrics import Metrics

@@ -29,7 +29,7 @@ from proxy.cache import policy as cp
 from proxy.cache.planning import final_block_key
 from proxy.cache.tiers import TieredCache
 from proxy.chain import bloom
-from proxy.chain.heads import Head
+from proxy.chain.head_polls import Head
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import JsonRpcError, dumps_canonical, loads

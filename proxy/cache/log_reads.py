@@ -13,7 +13,8 @@ from proxy.cache import log_chunks
 from proxy.cache import policy as cp
 from proxy.cache.chunked_logs import ChunkedLogs
 from proxy.cache.tiers import TieredCache, cache_key
-from proxy.chain.heads import EvmHeadTracker, Head, Resolved
+from proxy.chain.head_polls import Head, Resolved
+from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.prepared import Prepared
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError, invalid_params, loads

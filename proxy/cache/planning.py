@@ -10,7 +10,8 @@ from proxy.cache import policy as cp
 from proxy.cache.log_reads import LogReads
 from proxy.cache.tiers import cache_key
 from proxy.chain import pinning, proofs
-from proxy.chain.heads import EvmHeadTracker, Resolved
+from proxy.chain.head_polls import Resolved
+from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.prepared import Prepared
 from proxy.rpc.methods import CacheClass, MethodPolicy

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.chain.heads import Head, Resolved
+from proxy.chain.head_polls import Head, Resolved
 from proxy.rpc.jsonrpc import EXECUTION_REVERTED
 from proxy.rpc.methods import CacheClass
 from proxy.values import FOREVER as FOREVER

@@ -22,8 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from proxy.chain.head_polls import Head
 from proxy.chain.headers import Header, HeaderError, verify_header
-from proxy.chain.heads import Head
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import PerUpstream, Upstream
 from proxy.values import Answer

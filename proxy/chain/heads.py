@@ -12,232 +12,39 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from proxy.chain.epochs import EpochKeeper, EpochStore
+from proxy.chain.finality import FinalityWatch
 from proxy.chain.forks import ForkGuard
-from proxy.logs import Throttled
+from proxy.chain.head_polls import (
+    Head,
+    Header,
+    PollAsker,
+    Resolved,
+    TrackerError,
+    get_block,
+    header_of,
+    note_orphans,
+    poll_forever,
+    poll_health,
+    publish,
+    resolve_ref,
+    same_head,
+    synced_window,
+)
 from proxy.metrics import Metrics
-from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import BlockRef
 from proxy.upstream.pool import Upstream
-from proxy.upstream.sending import too_large
 from proxy.upstream.standing import ChainIdentity, UpstreamStates
 from proxy.values import Answer
-from proxy.workers.shared_polls import SharedPolls, aligned_delay
+from proxy.workers.shared_polls import SharedPolls
 
 log = logging.getLogger("proxy.chain")
 
-HEADER_CHUNK = 32  # headers fetched per batch while walking back through the window
-ORPHANS_MAX = 4096  # reorged-out block hashes remembered per network
 WRITE_SETTLE = 0.02  # seconds a node may take to seal the block of a write it has answered
-
-
-class TrackerError(Exception):
-    """A poll could not produce a consistent head; the previous head stays in force."""
-
-
-@dataclass(frozen=True, slots=True)
-class Header:
-    number: int
-    hash: str
-    parent_hash: str
-    gas_limit: int
-    timestamp: int
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    latest: int
-    safe: int
-    finalized: int
-    latest_hash: str
-    gas_limit: int
-    timestamp: int
-    hashes: Mapping[int, str] = field(default_factory=dict)  # the unfinalized window, latest included
-    numbers: Mapping[str, int] = field(default_factory=dict)  # the same window, hash -> number
-    # The last successful poll is older than the staleness bound: tags are not resolved from this
-    # head, and nothing above finalized is pinned to its (possibly outdated) window.
-    stale: bool = False
-    # The network's cache-key space: name, chain identity and epoch (moved on by a finality
-    # violation). None until the chain identity is known: nothing is cached without it.
-    space: str | None = None
-    # The finalized block's hash: a node whose block at `finalized` has it is on the network's chain
-    # up to there (every block names its parent). "" when not known: nothing final is proven.
-    final_hash: str = ""
-    # The upstream whose latest block this is (-1: not known): an answer pinned to a hash of this
-    # window from another upstream is shown with that block's header first (asking.py).
-    source: int = -1
-
-
-@dataclass(slots=True)  # not frozen: one per block parameter of a miss
-class Resolved:
-    """A block parameter after resolution: a number (and its hash when the tracker knows it) or a hash."""
-
-    number: int | None
-    hash: str | None
-
-
-async def poll_forever(
-    poll: Callable[[], Awaitable[object]],
-    interval: float,
-    what: str,
-    *,
-    limit: float | None = None,
-    failed: Callable[[], None] | None = None,
-    attempted: asyncio.Event | None = None,
-    wake: asyncio.Event | None = None,
-    aligned: bool = False,
-) -> None:
-    """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll.
-
-    `limit` bounds one poll (a hung node must not freeze the loop); `failed` runs after a poll failed;
-    `attempted` is set once the first poll has finished, well or not; `wake` starts the next poll now;
-    `aligned` waits for the next wall-clock multiple of `interval` (workers sharing polls poll together).
-    """
-    throttled = Throttled(log)  # this loop's own: a node that is down fails every poll
-    while True:
-        try:
-            async with asyncio.timeout(limit):
-                await poll()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # One line per interval says so, with a count.
-            throttled.warning(what, "%s: poll failed: %s", what, str(exc) or type(exc).__name__)
-            if failed is not None:
-                failed()
-        if attempted is not None:
-            attempted.set()
-        pause = aligned_delay(interval, time.time()) if aligned else interval
-        if wake is None:
-            await asyncio.sleep(pause)
-            continue
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(pause):
-                await wake.wait()
-        wake.clear()
-
-
-def poll_health(polled: bool, last_poll: float, stale_after: float, now: float) -> str | None:
-    """Why a tracker's view cannot be trusted (for /readyz), or None when it is fresh."""
-    if not polled:
-        return "degraded: no successful head poll yet"
-    age = now - last_poll
-    if age > stale_after:
-        return f"degraded: head is stale (last successful poll {age:.1f}s ago, bound {stale_after:g}s)"
-    return None
-
-
-class Asker:
-    """Sends a tracker's calls as one batch, or one by one to a node that refuses batches
-    (an error reply or an HTTP failure to the batch); after a refusal, singles for a while."""
-
-    SINGLES_FOR = 30  # polls before batches are tried again
-
-    def __init__(self, upstream: Upstream, shared: SharedPolls | None = None) -> None:
-        self._upstream = upstream
-        self._singles_left = 0
-        self._shared = shared
-        self.fresh_from = 0.0  # answers fetched before this (a read-your-writes wake-up) are not taken
-
-    async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
-        shared = self._shared
-        if shared is None:
-            return await self._ask(calls)
-        since = max(time.time() - shared.interval / 2, self.fresh_from)
-        return await shared.ask("tracker", calls, self._ask, since=since)
-
-    async def _ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
-        if self._singles_left <= 0:
-            try:
-                return await self._upstream.batch(calls)
-            except JsonRpcError as error:
-                if too_large(error):
-                    raise  # the node would send the same answers again, one by one: this poll fails
-                self._singles_left = self.SINGLES_FOR
-        self._singles_left -= 1
-        return list(await asyncio.gather(*(self._upstream.request(m, p) for m, p in calls)))
-
-
-def _header(answer: Answer) -> Header | None:
-    block = answer.result
-    if answer.is_error or not isinstance(block, dict):
-        return None
-    try:
-        return Header(
-            number=int(block["number"], 16),
-            hash=str(block["hash"]).lower(),
-            parent_hash=str(block["parentHash"]).lower(),
-            gas_limit=int(block.get("gasLimit", "0x0"), 16),
-            timestamp=int(block.get("timestamp", "0x0"), 16),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _same_head(a: Head, b: Head) -> bool:
-    return (
-        not a.stale
-        and not b.stale
-        and (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit, a.space)
-        == (b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit, b.space)
-    )
-
-
-def _get_block(tag_or_number: str) -> tuple[str, list[Any]]:
-    return ("eth_getBlockByNumber", [tag_or_number, False])
-
-
-async def synced_window(
-    asker: Asker,
-    window: int,
-    latest: Header,
-    finalized: int,
-    old: dict[int, str],
-) -> dict[int, str]:
-    """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
-    lower = max(finalized + 1, latest.number - window + 1)
-    chain = {latest.number: latest.hash}
-    expected = latest.parent_hash
-    height = latest.number - 1
-    while height >= lower:
-        if old.get(height) == expected:
-            chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
-            break
-        low = max(lower, height - HEADER_CHUNK + 1)
-        answers = await asker.ask([_get_block(hex(h)) for h in range(height, low - 1, -1)])
-        for answer in answers:
-            header = _header(answer)
-            if header is None or header.hash != expected:
-                # The chain moved while we read it; keep the previous head and try again next poll.
-                raise TrackerError("chain changed during the window walk")
-            chain[header.number] = header.hash
-            expected = header.parent_hash
-            if old.get(header.number - 1) == expected:
-                chain.update({h: old[h] for h in range(lower, header.number) if h in old})
-                return chain
-        height = low - 1
-    return chain
-
-
-# Heads seen in a row below the finalized block (the tracker's and the per-upstream polls, every
-# upstream) before the chain counts as restarted shorter: one answer, or a few, may be a load
-# balancer's member far behind, whose answers come between its other members'. 12 in a row from a
-# member that gets one request in five: about 4 in a billion.
-RESTART_EVIDENCE = 12
-
-
-def finality_violation(known: Header, now: Header | None, latest: Header, furthest: bool) -> str | None:
-    """How the finalized block `known` was violated, as the chain now reports it (None: it was not).
-    `furthest`: the upstream that answered is the one furthest ahead, so a shorter chain is real."""
-    if now is not None and now.number == known.number and now.hash != known.hash:
-        return f"changed hash from {known.hash} to {now.hash} (a reorg below finality)"
-    if now is None and latest.number < known.number and furthest:
-        return f"({known.hash}) is gone: the chain is at block {latest.number} (a restarted chain)"
-    return None
 
 
 class EvmHeadTracker:
@@ -272,13 +79,14 @@ class EvmHeadTracker:
         self._caught_up = asyncio.Event()
         self._wake = asyncio.Event()
         self._upstream = upstream
-        self._asker = Asker(upstream, shared)
+        self._asker = PollAsker(upstream, shared)
         self._aligned = shared is not None
         self._interval = interval
         self._depth = finality_depth
         self._metrics = metrics
         self._window = window
         self._states = states
+        self._finality = FinalityWatch(network, states, metrics)
         self._identity: str | None = None  # the chain identity's key space; None: not known yet
         self.identity: ChainIdentity | None = None  # the network's chain (eth_chainId is answered from it)
         self._final: Header | None = None  # the finalized block of the last poll (or of the epoch's record)
@@ -348,7 +156,7 @@ class EvmHeadTracker:
 
     async def _own_hash(self, number: int) -> str:
         """This chain's block hash at a height below its finalized block (forks.py's trail check)."""
-        header = _header((await self._asker.ask([_get_block(hex(number))]))[0])
+        header = header_of((await self._asker.ask([get_block(hex(number))]))[0])
         if header is None or header.number != number:  # a failed answer: this poll fails, the head stays
             raise TrackerError(f"no block {number} in the node's answer (the key space's trail is checked there)")
         return header.hash
@@ -402,31 +210,7 @@ class EvmHeadTracker:
 
     def resolve(self, ref: BlockRef) -> Resolved | None:
         """Turn a block parameter into a number (or hash); None when it cannot be pinned (pending, no head)."""
-        head = self.head
-        if head is not None and head.stale and (ref.tag is not None or (ref.number or 0) > head.finalized):
-            return None  # spec of this proxy: a stale head resolves no tag and pins no unfinalized block
-        if ref.hash is not None:
-            if ref.hash in self.orphans:
-                # A block the tracker saw replaced: whatever was cached for it, the node may now know
-                # nothing of it (or hold it as a side block). Asked upstream, uncached.
-                return None
-            if ref.require_canonical:
-                # EIP-1898 requireCanonical: only a hash the tracker knows is canonical (its unfinalized
-                # window) is pinned to its number; any other hash cannot be vouched for: not cached.
-                number = head.numbers.get(ref.hash) if head is not None else None
-                return Resolved(number, ref.hash) if number is not None else None
-            return Resolved(None, ref.hash)
-        if head is None or ref.tag == "pending":
-            return None
-        if ref.tag == "latest" and self.behind():
-            return None  # the head trails a block a client has seen: `latest` goes upstream as a tag
-        if ref.number is not None:
-            number = ref.number
-        else:
-            number = {"latest": head.latest, "safe": head.safe, "finalized": head.finalized, "earliest": 0}[
-                str(ref.tag)
-            ]
-        return Resolved(number, head.hashes.get(number))
+        return resolve_ref(ref, self.head, self.orphans, self.behind)
 
     async def run(self) -> None:
         await poll_forever(
@@ -457,44 +241,20 @@ class EvmHeadTracker:
             self.head = replace(head, stale=True)
 
     async def poll(self) -> Head:
-        calls = [_get_block("latest"), _get_block("safe"), _get_block("finalized")]
+        calls = [get_block("latest"), get_block("safe"), get_block("finalized")]
         started = time.monotonic()
         known_final = self._final
         if known_final is not None:
-            calls.append(_get_block(hex(known_final.number)))  # is the finalized block still final?
+            calls.append(get_block(hex(known_final.number)))  # is the finalized block still final?
         answers = await self._asker.ask(calls)
         latest_a, safe_a, final_a = answers[:3]
-        latest = _header(latest_a)
-        if latest is None:
-            raise TrackerError("upstream returned no latest block")
-        if self._states is not None:
-            self._states.observe_head(latest_a.upstream, latest.number)
         old_head = self.head
-        if self._states is not None and self._states.catching_up(latest_a.upstream):
-            # A node still syncing (or stalled) answered while the others did not: its head is an old
-            # block, never the network's, even before the tracker had one. The head goes stale instead.
-            if old_head is not None and latest.number < old_head.latest:
-                self._refuse_going_back(old_head, latest, latest_a.upstream)
-            raise TrackerError(
-                f"upstream #{latest_a.upstream} is still syncing or far behind the others (at block {latest.number})"
-            )
-        if old_head is not None and latest.number < old_head.latest and self._states is not None:
-            self._states.suspect.set()  # going back may be another chain (a restarted devnet)
-        violated = known_final is not None and self._violates(
-            known_final, _header(answers[3]), latest, latest_a.upstream
-        )
-        if violated:
-            self._epochs.move_on()
-            self._fresh_epoch()
-            self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
-        rewound, self._rewound = self._rewound, False
-        if old_head is not None and latest.number < old_head.latest and not (violated or rewound):
-            self._refuse_going_back(old_head, latest, latest_a.upstream)
+        latest, violated = self._judged(latest_a, old_head, known_final, answers[3] if known_final else None)
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
-        final_h = _header(final_a)
+        final_h = header_of(final_a)
         finalized = final_h.number if final_h else max(0, latest.number - self._depth)
         finalized = min(finalized, latest.number)
-        safe_h = _header(safe_a)
+        safe_h = header_of(safe_a)
         safe = safe_h.number if safe_h else max(finalized, latest.number - self._depth // 2)
         safe = max(finalized, min(safe, latest.number))
 
@@ -522,7 +282,7 @@ class EvmHeadTracker:
             final_hash=final_hash,
             source=latest_a.upstream,
         )
-        if old_head is not None and not reorged and _same_head(old_head, head):
+        if old_head is not None and not reorged and same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
         self.head = head
         # This replica's own finalized block only: a stored checkpoint another replica wrote may be of
@@ -536,7 +296,7 @@ class EvmHeadTracker:
         self._polled_after = max(self._polled_after, started - WRITE_SETTLE)
         if self._wrote_at > self._polled_after:
             asyncio.get_running_loop().call_later(WRITE_SETTLE, self._wake.set)
-        self._publish(head)
+        publish(self._metrics, self.network, head, self.last_poll)
         if not self.behind():
             self._caught_up.set()
         for head_listener in self.on_head:
@@ -545,65 +305,43 @@ class EvmHeadTracker:
             self._reorged(reorged, old, hashes)
         return head
 
-    def _refuse_going_back(self, old_head: Head, latest: Header, upstream: int) -> None:
-        if not self._furthest(upstream) or not old_head.stale:
-            # An upstream behind the network (or on a shorter fork) answered: `latest` never goes
-            # backwards for it; if only such answers come, the head goes stale and then the shorter
-            # chain is taken from the upstream furthest ahead (a reorg to a shorter chain, a rollback).
-            # Not before: one URL may be a load balancer whose lagging member is on a fork the
-            # network left, and its answers come between the others'.
-            raise TrackerError(f"upstream #{upstream} is behind the network head ({latest.number} < {old_head.latest})")
-
     def _reorged(self, reorged: list[int], old: dict[int, str], hashes: dict[int, str]) -> None:
         """Blocks replaced by a reorg: their hashes become orphans; the metric, the log and listeners hear."""
-        for height in reorged:
-            if height in old and hashes.get(height) != old[height]:
-                self.orphans[old[height]] = height
-        while len(self.orphans) > ORPHANS_MAX:
-            del self.orphans[next(iter(self.orphans))]
+        note_orphans(self.orphans, reorged, old, hashes)
         depth_from = min(reorged)
         log.warning("head tracker %s: reorg detected from block %d", self.network, depth_from)
         self._metrics.reorgs.labels(self.network).inc()
         for listener in self.on_reorg:
             listener(depth_from)
 
-    def _furthest(self, index: int) -> bool:
-        """No other upstream serving the network is known to be further ahead than `index`."""
-        states = self._states
-        if states is None or not 0 <= index < states.size:
-            return states is None
-        ahead = [states.latest[i] for i in range(states.size) if states.verified[i] and states.in_rotation(i)]
-        return states.latest[index] >= max(ahead, default=states.latest[index])
-
-    def _violates(self, known: Header, now: Header | None, latest: Header, upstream: int) -> bool:
-        """A finalized block whose hash changed, or that the chain no longer reaches (a devnet
-        restarted with the same genesis): every entry of the network may be wrong."""
-        what = finality_violation(known, now, latest, self._furthest(upstream))
-        if what is None:
-            return False
-        states = self._states
-        if now is None and states is not None and states.below_final < RESTART_EVIDENCE:
-            # Gone on this answer only so far: the head neither goes back nor moves to a new epoch
-            # until every head seen for RESTART_EVIDENCE answers in a row agrees.
-            raise TrackerError(
-                f"upstream #{upstream} is at block {latest.number}, below the finalized block "
-                f"{known.number} ({states.below_final} such heads in a row; a restarted chain "
-                f"after {RESTART_EVIDENCE})"
-            )
-        log.error(
-            "head tracker %s: finalized block %d %s; the network's cache entries are invalidated",
-            self.network,
-            known.number,
-            what,
-        )
-        self._metrics.finality_violations.labels(self.network).inc()
+    def _judged(
+        self, latest_a: Answer, old_head: Head | None, known_final: Header | None, final_again: Answer | None
+    ) -> tuple[Header, bool]:
+        """A poll's latest block as the tracker may take it, and whether the finalized block it knew
+        was violated (a new epoch begun); TrackerError when the poll's answer is not the network's."""
+        latest = header_of(latest_a)
+        if latest is None:
+            raise TrackerError("upstream returned no latest block")
         if self._states is not None:
-            self._states.suspect.set()  # a restarted devnet looks like this: its identity is checked now
-            self._states.below_final = 0
-        return True
-
-    def _publish(self, head: Head) -> None:
-        for tag, value in (("latest", head.latest), ("safe", head.safe), ("finalized", head.finalized)):
-            self._metrics.head_block.labels(self.network, tag).set(value)
-        self._metrics.head_timestamp.labels(self.network).set(head.timestamp)
-        self._metrics.head_updated.labels(self.network).set(self.last_poll)
+            self._states.observe_head(latest_a.upstream, latest.number)
+        if self._states is not None and self._states.catching_up(latest_a.upstream):
+            # A node still syncing (or stalled) answered while the others did not: its head is an old
+            # block, never the network's, even before the tracker had one. The head goes stale instead.
+            if old_head is not None and latest.number < old_head.latest:
+                self._finality.refuse_going_back(old_head, latest, latest_a.upstream)
+            raise TrackerError(
+                f"upstream #{latest_a.upstream} is still syncing or far behind the others (at block {latest.number})"
+            )
+        if old_head is not None and latest.number < old_head.latest and self._states is not None:
+            self._states.suspect.set()  # going back may be another chain (a restarted devnet)
+        violated = known_final is not None and self._finality.violates(
+            known_final, header_of(final_again) if final_again is not None else None, latest, latest_a.upstream
+        )
+        if violated:
+            self._epochs.move_on()
+            self._fresh_epoch()
+            self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
+        rewound, self._rewound = self._rewound, False
+        if old_head is not None and latest.number < old_head.latest and not (violated or rewound):
+            self._finality.refuse_going_back(old_head, latest, latest_a.upstream)
+        return latest, violated

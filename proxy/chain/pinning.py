@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.chain.heads import Head, Resolved
+from proxy.chain.head_polls import Head, Resolved
 from proxy.rpc.params import BlockRef, substitute
 
 

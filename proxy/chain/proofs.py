@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.chain.heads import Head
+from proxy.chain.head_polls import Head
 from proxy.values import Decision, Mode
 
 Proof = tuple[str, str, bool]  # (the block asked beside the call, the hash it must (not) have, must have)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from proxy.chain.heads import Asker, TrackerError, poll_forever, poll_health
+from proxy.chain.head_polls import PollAsker, TrackerError, poll_forever, poll_health
 from proxy.metrics import Metrics
 from proxy.rpc.params import COMMITMENTS
 from proxy.upstream.pool import Upstream
@@ -35,7 +35,7 @@ class SolanaSlotTracker:
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
         self._upstream = upstream
-        self._asker = Asker(upstream, shared)
+        self._asker = PollAsker(upstream, shared)
         self._aligned = shared is not None
         self._interval = interval
         self._metrics = metrics

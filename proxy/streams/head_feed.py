@@ -14,7 +14,8 @@ import asyncio
 import logging
 from typing import Any
 
-from proxy.chain.heads import EvmHeadTracker, Head
+from proxy.chain.head_polls import Head
+from proxy.chain.heads import EvmHeadTracker
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.streams.fanout import LogBatch

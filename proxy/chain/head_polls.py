@@ -1,0 +1,280 @@
+"""What a head poll is made of: the header and head records, the batch asker of a tracker, the walk
+that syncs the window of unfinalized hashes, the rule of a finality violation, and the poll loop
+that outlives any one bad poll (heads.py, slots.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.logs import Throttled
+from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import JsonRpcError
+from proxy.rpc.params import BlockRef
+from proxy.upstream.pool import Upstream
+from proxy.upstream.sending import too_large
+from proxy.values import Answer
+from proxy.workers.shared_polls import SharedPolls, aligned_delay
+
+log = logging.getLogger("proxy.chain")
+
+HEADER_CHUNK = 32  # headers fetched per batch while walking back through the window
+ORPHANS_MAX = 4096  # reorged-out block hashes remembered per network
+
+
+class TrackerError(Exception):
+    """A poll could not produce a consistent head; the previous head stays in force."""
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    number: int
+    hash: str
+    parent_hash: str
+    gas_limit: int
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    latest: int
+    safe: int
+    finalized: int
+    latest_hash: str
+    gas_limit: int
+    timestamp: int
+    hashes: Mapping[int, str] = field(default_factory=dict)  # the unfinalized window, latest included
+    numbers: Mapping[str, int] = field(default_factory=dict)  # the same window, hash -> number
+    # The last successful poll is older than the staleness bound: tags are not resolved from this
+    # head, and nothing above finalized is pinned to its (possibly outdated) window.
+    stale: bool = False
+    # The network's cache-key space: name, chain identity and epoch (moved on by a finality
+    # violation). None until the chain identity is known: nothing is cached without it.
+    space: str | None = None
+    # The finalized block's hash: a node whose block at `finalized` has it is on the network's chain
+    # up to there (every block names its parent). "" when not known: nothing final is proven.
+    final_hash: str = ""
+    # The upstream whose latest block this is (-1: not known): an answer pinned to a hash of this
+    # window from another upstream is shown with that block's header first (asking.py).
+    source: int = -1
+
+
+@dataclass(slots=True)  # not frozen: one per block parameter of a miss
+class Resolved:
+    """A block parameter after resolution: a number (and its hash when the tracker knows it) or a hash."""
+
+    number: int | None
+    hash: str | None
+
+
+async def poll_forever(
+    poll: Callable[[], Awaitable[object]],
+    interval: float,
+    what: str,
+    *,
+    limit: float | None = None,
+    failed: Callable[[], None] | None = None,
+    attempted: asyncio.Event | None = None,
+    wake: asyncio.Event | None = None,
+    aligned: bool = False,
+) -> None:
+    """Call `poll` every `interval` seconds until cancelled; the loop outlives any one bad poll.
+
+    `limit` bounds one poll (a hung node must not freeze the loop); `failed` runs after a poll failed;
+    `attempted` is set once the first poll has finished, well or not; `wake` starts the next poll now;
+    `aligned` waits for the next wall-clock multiple of `interval` (workers sharing polls poll together).
+    """
+    throttled = Throttled(log)  # this loop's own: a node that is down fails every poll
+    while True:
+        try:
+            async with asyncio.timeout(limit):
+                await poll()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # One line per interval says so, with a count.
+            throttled.warning(what, "%s: poll failed: %s", what, str(exc) or type(exc).__name__)
+            if failed is not None:
+                failed()
+        if attempted is not None:
+            attempted.set()
+        pause = aligned_delay(interval, time.time()) if aligned else interval
+        if wake is None:
+            await asyncio.sleep(pause)
+            continue
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(pause):
+                await wake.wait()
+        wake.clear()
+
+
+def poll_health(polled: bool, last_poll: float, stale_after: float, now: float) -> str | None:
+    """Why a tracker's view cannot be trusted (for /readyz), or None when it is fresh."""
+    if not polled:
+        return "degraded: no successful head poll yet"
+    age = now - last_poll
+    if age > stale_after:
+        return f"degraded: head is stale (last successful poll {age:.1f}s ago, bound {stale_after:g}s)"
+    return None
+
+
+class PollAsker:
+    """Sends a tracker's calls as one batch, or one by one to a node that refuses batches
+    (an error reply or an HTTP failure to the batch); after a refusal, singles for a while."""
+
+    SINGLES_FOR = 30  # polls before batches are tried again
+
+    def __init__(self, upstream: Upstream, shared: SharedPolls | None = None) -> None:
+        self._upstream = upstream
+        self._singles_left = 0
+        self._shared = shared
+        self.fresh_from = 0.0  # answers fetched before this (a read-your-writes wake-up) are not taken
+
+    async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        shared = self._shared
+        if shared is None:
+            return await self._ask(calls)
+        since = max(time.time() - shared.interval / 2, self.fresh_from)
+        return await shared.ask("tracker", calls, self._ask, since=since)
+
+    async def _ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        if self._singles_left <= 0:
+            try:
+                return await self._upstream.batch(calls)
+            except JsonRpcError as error:
+                if too_large(error):
+                    raise  # the node would send the same answers again, one by one: this poll fails
+                self._singles_left = self.SINGLES_FOR
+        self._singles_left -= 1
+        return list(await asyncio.gather(*(self._upstream.request(m, p) for m, p in calls)))
+
+
+def header_of(answer: Answer) -> Header | None:
+    block = answer.result
+    if answer.is_error or not isinstance(block, dict):
+        return None
+    try:
+        return Header(
+            number=int(block["number"], 16),
+            hash=str(block["hash"]).lower(),
+            parent_hash=str(block["parentHash"]).lower(),
+            gas_limit=int(block.get("gasLimit", "0x0"), 16),
+            timestamp=int(block.get("timestamp", "0x0"), 16),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def same_head(a: Head, b: Head) -> bool:
+    return (
+        not a.stale
+        and not b.stale
+        and (a.latest, a.latest_hash, a.safe, a.finalized, a.gas_limit, a.space)
+        == (b.latest, b.latest_hash, b.safe, b.finalized, b.gas_limit, b.space)
+    )
+
+
+def get_block(tag_or_number: str) -> tuple[str, list[Any]]:
+    return ("eth_getBlockByNumber", [tag_or_number, False])
+
+
+async def synced_window(
+    asker: PollAsker,
+    window: int,
+    latest: Header,
+    finalized: int,
+    old: dict[int, str],
+) -> dict[int, str]:
+    """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
+    lower = max(finalized + 1, latest.number - window + 1)
+    chain = {latest.number: latest.hash}
+    expected = latest.parent_hash
+    height = latest.number - 1
+    while height >= lower:
+        if old.get(height) == expected:
+            chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
+            break
+        low = max(lower, height - HEADER_CHUNK + 1)
+        answers = await asker.ask([get_block(hex(h)) for h in range(height, low - 1, -1)])
+        for answer in answers:
+            header = header_of(answer)
+            if header is None or header.hash != expected:
+                # The chain moved while we read it; keep the previous head and try again next poll.
+                raise TrackerError("chain changed during the window walk")
+            chain[header.number] = header.hash
+            expected = header.parent_hash
+            if old.get(header.number - 1) == expected:
+                chain.update({h: old[h] for h in range(lower, header.number) if h in old})
+                return chain
+        height = low - 1
+    return chain
+
+
+# Heads seen in a row below the finalized block (the tracker's and the per-upstream polls, every
+# upstream) before the chain counts as restarted shorter: one answer, or a few, may be a load
+# balancer's member far behind, whose answers come between its other members'. 12 in a row from a
+# member that gets one request in five: about 4 in a billion.
+RESTART_EVIDENCE = 12
+
+
+def finality_violation(known: Header, now: Header | None, latest: Header, furthest: bool) -> str | None:
+    """How the finalized block `known` was violated, as the chain now reports it (None: it was not).
+    `furthest`: the upstream that answered is the one furthest ahead, so a shorter chain is real."""
+    if now is not None and now.number == known.number and now.hash != known.hash:
+        return f"changed hash from {known.hash} to {now.hash} (a reorg below finality)"
+    if now is None and latest.number < known.number and furthest:
+        return f"({known.hash}) is gone: the chain is at block {latest.number} (a restarted chain)"
+    return None
+
+
+def resolve_ref(
+    ref: BlockRef, head: Head | None, orphans: Mapping[str, int], behind: Callable[[], bool]
+) -> Resolved | None:
+    """Pure: a block parameter as a number (or hash) for `head`; None when it cannot be pinned (pending, no
+    head, a stale head's tag, an orphan's hash). `behind`: whether `latest` trails a block a client has seen."""
+    if head is not None and head.stale and (ref.tag is not None or (ref.number or 0) > head.finalized):
+        return None  # spec of this proxy: a stale head resolves no tag and pins no unfinalized block
+    if ref.hash is not None:
+        if ref.hash in orphans:
+            # A block the tracker saw replaced: whatever was cached for it, the node may now know
+            # nothing of it (or hold it as a side block). Asked upstream, uncached.
+            return None
+        if ref.require_canonical:
+            # EIP-1898 requireCanonical: only a hash the tracker knows is canonical (its unfinalized
+            # window) is pinned to its number; any other hash cannot be vouched for: not cached.
+            number = head.numbers.get(ref.hash) if head is not None else None
+            return Resolved(number, ref.hash) if number is not None else None
+        return Resolved(None, ref.hash)
+    if head is None or ref.tag == "pending":
+        return None
+    if ref.tag == "latest" and behind():
+        return None  # the head trails a block a client has seen: `latest` goes upstream as a tag
+    if ref.number is not None:
+        number = ref.number
+    else:
+        number = {"latest": head.latest, "safe": head.safe, "finalized": head.finalized, "earliest": 0}[str(ref.tag)]
+    return Resolved(number, head.hashes.get(number))
+
+
+def note_orphans(
+    orphans: dict[str, int], reorged: list[int], old: Mapping[int, str], hashes: Mapping[int, str]
+) -> None:
+    """Blocks a reorg replaced: their hashes become orphans (hash -> number), the oldest forgotten first."""
+    for height in reorged:
+        if height in old and hashes.get(height) != old[height]:
+            orphans[old[height]] = height
+    while len(orphans) > ORPHANS_MAX:
+        del orphans[next(iter(orphans))]
+
+
+def publish(metrics: Metrics, network: str, head: Head, polled_at: float) -> None:
+    """A head's gauges: its blocks by tag, its timestamp, when it was polled."""
+    for tag, value in (("latest", head.latest), ("safe", head.safe), ("finalized", head.finalized)):
+        metrics.head_block.labels(network, tag).set(value)
+    metrics.head_timestamp.labels(network).set(head.timestamp)
+    metrics.head_updated.labels(network).set(polled_at)
