@@ -31,6 +31,7 @@ from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import metric_label
 from proxy.upstream.pool import http_pool
+from proxy.upstream.sending import too_large
 from proxy.values import FOREVER, Answer, Plan
 
 log = logging.getLogger("proxy.verify")
@@ -241,8 +242,14 @@ class Verifier:
         try:
             if per is not None and len(calls) == 1:  # the usual proof (eth_getProof): no task of its own
                 answers = [await per.ask(index, calls[0][0], calls[0][1], timeout=self._timeout)]
-            elif per is not None:
-                answers = await asyncio.gather(*(per.ask(index, m, p, timeout=self._timeout) for m, p in calls))
+            elif per is not None:  # one batch: one more call to the node, whatever the proof needs
+                try:
+                    answers = await per.ask_all(index, calls, timeout=self._timeout)
+                except JsonRpcError as error:
+                    if too_large(error):
+                        raise  # every part asked alone would be sent again: nothing to prove it with
+                    # A node that takes no batches: each part asked of it alone.
+                    answers = await asyncio.gather(*(per.ask(index, m, p, timeout=self._timeout) for m, p in calls))
             else:
                 answers = await net.upstream.batch(calls)
         except JsonRpcError:

@@ -250,6 +250,12 @@ class CountingUpstream:
         self.asked[method] += 1
         return await self.inner.ask(index, method, params, timeout=timeout)
 
+    async def ask_all(self, index: int, calls: Sequence[tuple[str, Any]], *, timeout: float) -> list[Answer]:
+        """One batch to one upstream alone (a proof's parts): each call counted apart, as `ask`."""
+        for method, _ in calls:
+            self.asked[method] += 1
+        return await self.inner.ask_all(index, calls, timeout=timeout)
+
     async def proven(
         self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
     ) -> Answer:

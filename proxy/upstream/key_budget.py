@@ -167,6 +167,11 @@ class KeyedUpstream:
         async with self._slots.held():
             return await self.inner.together(calls)
 
+    async def ask_all(self, index: int, calls: Sequence[tuple[str, Any]], *, timeout: float) -> list[Answer]:
+        async with self._slots.held():
+            answers: list[Answer] = await self.inner.ask_all(index, calls, timeout=timeout)  # type: ignore[attr-defined]
+            return answers
+
     async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
         async with self._slots.held():
             answer: Answer = await self.inner.ask(index, method, params, timeout=timeout)  # type: ignore[attr-defined]

@@ -78,6 +78,8 @@ class PerUpstream(Protocol):
         self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
     ) -> Awaitable[Answer]: ...
 
+    async def ask_all(self, index: int, calls: Sequence[tuple[str, Any]], *, timeout: float) -> list[Answer]: ...
+
 
 def http_pool(upstream: object) -> HttpUpstream | None:
     """The HttpUpstream inside an upstream's wrappers (the per-key budget's, a test's counter), if any."""
@@ -288,6 +290,10 @@ class HttpUpstream(Sender):
         if index is None and timeout is None and self._batch_max > 1 and method in BATCHABLE:
             return self._batcher.enqueue(method, params, block)
         return self._proven_to(method, params, block, index, timeout)
+
+    async def ask_all(self, index: int, calls: Sequence[tuple[str, Any]], *, timeout: float) -> list[Answer]:
+        """The calls in one batch to upstream `index` alone: one node answers them all (a proof's parts)."""
+        return await self._with_proofs([(m, p, None) for m, p in calls], index=index, timeout=timeout)
 
     async def _proven_to(
         self, method: str, params: Any, block: str, index: int | None, timeout: float | None
