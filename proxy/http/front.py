@@ -89,6 +89,7 @@ class Front:
         self.connections: set[FrontProtocol] = set()
         self.orphans: set[asyncio.Task[None]] = set()  # answers whose client left
         self.stopping = False
+        self.answer_bytes = routes.endpoint.answer_bytes
         self._date = b""
         self.date_at = 0  # the wall-clock second of the Date line and hit heads
         self.renew_at = 0.0  # the loop time (monotonic) at which that second ends
@@ -417,8 +418,8 @@ class FrontProtocol(asyncio.Protocol):
         if self._front.stopping:
             request.keep_alive = False
         self._kept_alive = request.keep_alive
-        if self._pipeline.holds():
-            self._pipeline.held.append(request)
+        if self._pipeline.holds(request):
+            self._pipeline.hold(request)
             return
         self._dispatch(request)
 

@@ -14,6 +14,7 @@ import termios
 from collections import deque
 from typing import Any, Protocol
 
+from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, error_reply
 from proxy.http.wire import Request
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
@@ -23,6 +24,7 @@ log = logging.getLogger("proxy.front")
 
 KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
 MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
+COUNTED_HIT = 64 * 1024  # a memory hit written at once is counted in its connection's bytes from this size
 
 # An answer in request order: its bytes and whether the connection closes after them, or (until its
 # task writes them in) the task making them.
@@ -62,6 +64,7 @@ class Server(Protocol):
     paid_answer: bytes  # a paid hit's: (id number, charged, remaining, length, body)
     open_answer_sent: bytes  # as open_answer, with the client's own id (bytes) for the number
     paid_answer_sent: bytes
+    answer_bytes: AnswerBytes  # answers made and not yet taken, every connection's
 
     def date(self, loop_now: float) -> bytes: ...
 
@@ -97,6 +100,7 @@ class Pipeline:
         self.write_paused = False
         self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
+        self.account = Account(front.answer_bytes, loop, self._unsent_now, self._room_made)
 
     def opened(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -118,7 +122,8 @@ class Pipeline:
                 orphans.add(item)
                 item.add_done_callback(orphans.discard)
         self.waiting.clear()
-        self.held.clear()
+        self._clear_held()
+        self.account.close()
 
     def handed_over(self) -> tuple[asyncio.Transport | None, bytes]:
         """Its transport and the upgrade's bytes, for aiohttp: nothing more is answered here."""
@@ -127,6 +132,7 @@ class Pipeline:
         self.done = True
         if self.idle is not None:
             self.idle.cancel()
+        self.account.close()
         return self.transport, data
 
     def pause_writing(self) -> None:
@@ -152,18 +158,45 @@ class Pipeline:
             return False
         return True
 
-    def holds(self) -> bool:
+    def holds(self, request: Request) -> bool:
         """Whether a request read now waits to be made: its client reads none of the answers already
-        written (the transport's buffer is full), MAX_WAITING are being made, or others wait before it.
+        written (the transport's buffer is full), MAX_WAITING are being made, others wait before it,
+        or its connection, key or process has no room for its answer's bytes (answer_bytes.py).
         Reading is paused then, but llhttp goes on through the rest of the read: without this, one
         read of small requests for a large answer made thousands of answers nobody read."""
-        return bool(self.held) or self.write_paused or len(self.waiting) >= MAX_WAITING
+        account = self.account
+        account.keyed(request.target)
+        if self.held or self.write_paused or len(self.waiting) >= MAX_WAITING:
+            return True
+        if account.room():
+            return False
+        self.pause()
+        account.wait()
+        return True
+
+    def hold(self, request: Request) -> None:
+        self.held.append(request)
+        self._front.answer_bytes.waiting += 1
+
+    def _clear_held(self) -> None:
+        self._front.answer_bytes.waiting -= sum(1 for item in self.held if isinstance(item, Request))
+        self.held.clear()
+
+    def _unsent_now(self) -> int:
+        transport = self.transport
+        return unsent_bytes(transport) if transport is not None else 0
+
+    def _room_made(self) -> None:
+        """Bytes were taken somewhere (answer_bytes.AnswerBytes.wait): the requests held go on if they fit."""
+        if self.held and not self.write_paused and not self.waiting and self._go_on():
+            self.resume()
 
     def _run_held(self) -> None:
         """The requests held back, made in order while their answers can go out."""
         held = self.held
         transport = self.transport
         # Not `_done`: that is also a last answer decided (a refusal queued behind these), not yet sent.
+        account = self.account
         while (
             held
             and not self.write_paused
@@ -171,13 +204,19 @@ class Pipeline:
             and transport is not None
             and not transport.is_closing()
         ):
-            item = held.popleft()
+            item = held[0]
             if isinstance(item, Request):
+                if not account.room():
+                    account.wait()
+                    break
+                held.popleft()
+                self._front.answer_bytes.waiting -= 1
                 self._reader.make_held(item)
             else:
+                held.popleft()
                 self.send(*item)
         if transport is None or transport.is_closing():
-            held.clear()
+            self._clear_held()
 
     def pause(self) -> None:
         if not self.read_paused and self.transport is not None:
@@ -226,7 +265,7 @@ class Pipeline:
         self.idle = None
         if transport is not None and unsent:
             self.done = True
-            self.held.clear()
+            self._clear_held()
             drop(transport)
         else:
             self.abort()
@@ -238,6 +277,7 @@ class Pipeline:
         entry: Waiting = [None, False]
         entry[0] = self._loop.create_task(self._awaited(request, reply, entry))
         self.waiting.append(entry)
+        self.account.making_one()
         if len(self.waiting) >= MAX_WAITING:
             self.pause()
 
@@ -256,6 +296,8 @@ class Pipeline:
                 if reply is None:
                     reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
                 entry[0], entry[1] = self._reader.encoded(request, reply)
+                if self.transport is not None:  # counted once, here, where it is encoded
+                    self.account.made(len(entry[0]), True)
                 waiting = self.waiting
                 if waiting and waiting[0] is entry:
                     self._flush()
@@ -277,6 +319,8 @@ class Pipeline:
             self.send(data, False)
             return
         transport.write(data)
+        if hit.length >= COUNTED_HIT:
+            self.account.wrote(len(data))
         if front.stopping and not self.held:
             self.abort()
         else:
@@ -299,11 +343,13 @@ class Pipeline:
         """An answer, written now when nothing before it waits, else queued behind."""
         if self.waiting:
             self.waiting.append([data, close])
+            self.account.enqueued(len(data))
             return
         transport = self.transport
         if transport is None:
             return
         transport.write(data)
+        self.account.wrote(len(data))
         if close:
             self.done = True
             transport.close()
@@ -320,6 +366,7 @@ class Pipeline:
                 return  # still being made: its task writes it, and those after it
             waiting.popleft()
             transport.write(item)
+            self.account.wrote(len(item), dequeued=True)
             if close:
                 self.done = True
                 waiting.clear()

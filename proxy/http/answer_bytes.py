@@ -1,0 +1,183 @@
+"""Bytes of answers made and not yet taken by their clients, bounded per connection, per API key and
+per process (MAX_PENDING_ANSWER_BYTES, ..._PER_KEY, ..._PER_PROCESS): a request is made only while
+its connection, its key and the process have room for its answer, else it waits, unmade, in order,
+until what its clients take makes room. Without it a client that reads nothing held as many answers
+as it sent requests: a count of answers bounded nothing when one answer is 4 MB."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+SIZES_KEPT = 8  # a connection's estimate of its next answer: the largest of its last answers
+UNKNOWN_SHARE = 2  # before any answer, one is reckoned at half the connection's bound (2 made at once)
+FLOOR_SHARE = 16  # and never under a sixteenth of it: at most 16 answers of unknown size are made at once
+
+
+class AnswerBytes:
+    """The process's count, shared by every transport of a serving process: bytes of answers made
+    and not yet taken (being made: reckoned at their connection's estimate; encoded and waiting; and
+    written but not yet taken by the client, in the transport's buffer or the kernel's), in all and per
+    key, and the connections whose requests wait for room, woken in turn as bytes are taken."""
+
+    def __init__(self, per_connection: int, per_key: int, per_process: int) -> None:
+        self.per_connection = per_connection
+        self.per_key = per_key
+        self.per_process = per_process
+        self.held = 0  # bytes, all connections together
+        self.keys: dict[str, int] = {}  # bytes per API key (those with any)
+        self.waiting = 0  # requests held, unmade, for want of room (all connections)
+        self._waiters: dict[Callable[[], None], None] = {}  # in the order they began to wait
+        self._wake_soon: asyncio.Handle | None = None
+
+    def charge(self, key: str | None, delta: int) -> None:
+        """A connection's bytes changed by `delta`; bytes taken wake those waiting for room."""
+        self.held += delta
+        if key is not None:
+            left = self.keys.get(key, 0) + delta
+            if left > 0:
+                self.keys[key] = left
+            else:
+                self.keys.pop(key, None)
+        if delta < 0 and self._waiters and self._wake_soon is None:
+            self._wake_soon = asyncio.get_running_loop().call_soon(self._wake)
+
+    def room(self, key: str | None, own: int, more: int) -> bool:
+        """Whether an answer reckoned at `more` bytes may be made for a connection holding `own`:
+        within every bound, or the first of its bound's holders (an answer larger than a bound is
+        made alone: nothing is refused for its size here)."""
+        if own and own + more > self.per_connection:
+            return False
+        if self.held and self.held + more > self.per_process:
+            return False
+        if key is not None:
+            held = self.keys.get(key, 0)
+            if held and held + more > self.per_key:
+                return False
+        return True
+
+    def wait(self, retry: Callable[[], None]) -> None:
+        """`retry` is called once, after the next bytes taken anywhere (it waits again if still short)."""
+        self._waiters[retry] = None
+
+    def forget(self, retry: Callable[[], None]) -> None:
+        self._waiters.pop(retry, None)
+
+    def _wake(self) -> None:
+        self._wake_soon = None
+        waiters, self._waiters = self._waiters, {}
+        for retry in waiters:
+            retry()
+
+
+class Estimate:
+    """A connection's reckoning of its next answer's size, before it is made: the largest of its last
+    SIZES_KEPT answers, and never under a FLOOR_SHARE of its bound (pure: fed sizes, read as an int)."""
+
+    def __init__(self, bound: int) -> None:
+        self._floor = max(1, bound // FLOOR_SHARE)
+        self._sizes: deque[int] = deque(maxlen=SIZES_KEPT)
+        self.size = max(self._floor, bound // UNKNOWN_SHARE)
+
+    def saw(self, size: int) -> None:
+        self._sizes.append(size)
+        self.size = max(self._floor, max(self._sizes))
+
+
+POLL_SECONDS = 0.02  # how often bytes written and not yet taken are measured again, while any are
+POLL_FROM = 64 * 1024  # written bytes below this are measured with the next (the kernel takes them at once)
+
+
+class Account:
+    """One connection's bytes in the process's count: answers being made (at its Estimate), encoded
+    and waiting their turn, and written but not yet taken (measured by `unsent`, again every
+    POLL_SECONDS while any are: the kernel's queue drains with no event to tell)."""
+
+    def __init__(
+        self,
+        budget: AnswerBytes,
+        loop: asyncio.AbstractEventLoop,
+        unsent: Callable[[], int],
+        retry: Callable[[], None],
+    ) -> None:
+        self._budget = budget
+        self._loop = loop
+        self._unsent = unsent
+        self._retry = retry
+        self.key: str | None = None  # the API key of its first request that names one
+        self.estimate = Estimate(budget.per_connection)
+        self.making = 0  # answers being made
+        self.queued = 0  # bytes encoded, waiting for the answers before them
+        self.written = 0  # bytes written, not yet known to be taken
+        self.charged = 0  # what the process's count holds for it
+        self._poll: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def keyed(self, target: tuple[str | None, str | None] | None) -> None:
+        if self.key is None and not self.charged and target is not None:
+            self.key = target[1]
+
+    def room(self) -> bool:
+        return self._budget.room(self.key, self.charged, self.estimate.size)
+
+    def wait(self) -> None:
+        """Its next request waits for room: retried after the next bytes taken anywhere."""
+        self._budget.wait(self._retry)
+        if self.written:
+            self._polling()
+
+    def making_one(self) -> None:
+        self.making += 1
+        self._recount()
+
+    def made(self, size: int, queued: bool) -> None:
+        """An answer being made is encoded: `size` bytes, waiting their turn or `queued` False: written."""
+        self.making -= 1
+        self.estimate.saw(size)
+        if queued:
+            self.queued += size
+            self._recount()
+        else:
+            self.wrote(size)
+
+    def enqueued(self, size: int) -> None:
+        self.queued += size
+        self._recount()
+
+    def wrote(self, size: int, dequeued: bool = False) -> None:
+        if dequeued:
+            self.queued -= size
+        self.written += size
+        self._recount()
+        if self.written >= POLL_FROM:
+            self._polling()
+
+    def close(self) -> None:
+        """The connection is gone: its bytes leave the count (answers still being made are not written)."""
+        self.closed = True
+        self._budget.forget(self._retry)
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
+        self._budget.charge(self.key, -self.charged)
+        self.charged = self.making = self.queued = self.written = 0
+
+    def _recount(self) -> None:
+        if self.closed:
+            return
+        charged = self.making * self.estimate.size + self.queued + self.written
+        if charged != self.charged:
+            self._budget.charge(self.key, charged - self.charged)
+            self.charged = charged
+
+    def _polling(self) -> None:
+        if self._poll is None and not self.closed:
+            self._poll = self._loop.call_later(POLL_SECONDS, self._measure)
+
+    def _measure(self) -> None:
+        self._poll = None
+        self.written = self._unsent()
+        self._recount()
+        if self.written:
+            self._polling()

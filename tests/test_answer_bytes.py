@@ -1,0 +1,162 @@
+"""Answers made and not yet taken by their clients are bounded in bytes: per connection
+(MAX_PENDING_ANSWER_BYTES), per API key (..._PER_KEY) and per process (..._PER_PROCESS). A request
+beyond a bound waits, unmade, in order, and is made as the bytes before it are taken; nothing is
+dropped. Each attacked from outside with raw sockets that read nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from proxy.http.answer_bytes import AnswerBytes, Estimate
+from tests.fake_evm import FakeEvm
+from tests.memory_fill import big_call
+from tests.support import Proxy, ProxyFactory
+from tests.test_front import post
+from tests.test_front_backpressure import read_answers, unread_socket, until_async
+
+ANSWER = 1_000_000  # bytes of an eth_call's result (hex)
+
+
+@pytest.fixture
+async def big_node() -> AsyncIterator[FakeEvm]:
+    node = await FakeEvm(call_result_bytes=ANSWER).start()
+    yield node
+    await node.close()
+
+
+def upstream_calls(proxy: Proxy) -> int:
+    return sum(upstream.calls["eth_call"] for upstream in proxy.upstreams.values())
+
+
+def pending(proxy: Proxy) -> float:
+    return proxy.registry.get_sample_value("rpc_proxy_answer_bytes_pending") or 0.0
+
+
+def waiting(proxy: Proxy) -> float:
+    return proxy.registry.get_sample_value("rpc_proxy_requests_waiting_for_room") or 0.0
+
+
+def misses(first: int, count: int, key: str = "k") -> bytes:
+    """`count` pipelined requests, each a distinct miss for a large answer."""
+    return b"".join(post(json.dumps(big_call(i)).encode(), path=f"/v3/{key}") for i in range(first, first + count))
+
+
+async def holds_for(check: Callable[[], bool], what: str, seconds: float = 1.0) -> None:
+    """`check` stays true for `seconds` (a bound that must not be crossed while nothing is read)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert check(), what
+        await asyncio.sleep(0.02)
+
+
+async def attack(proxy: Proxy, data: bytes, connections: int) -> list[socket.socket]:
+    """`connections` raw sockets, each sent `data` and reading nothing."""
+    loop = asyncio.get_running_loop()
+    socks = [unread_socket(proxy.server.port) for _ in range(connections)]
+    await asyncio.gather(*(loop.run_in_executor(None, sock.sendall, data) for sock in socks))
+    return socks
+
+
+async def test_a_connection_makes_answers_only_within_its_bytes_and_all_as_its_client_reads(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES: 40 pipelined misses of 1 MB from a client that reads nothing. Before,
+    # all 40 were made at once (the bound was 64 answers, whatever their size): 40 MB held for it.
+    bound = 3_000_000
+    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, MAX_PENDING_ANSWER_BYTES=str(bound))
+    [sock] = await attack(proxy, misses(0, 40), 1)
+    try:
+        await until_async(lambda: waiting(proxy) > 0, "requests to wait for room")
+        # What the kernel and the transport hold counts: a few answers, not 40.
+        await holds_for(lambda: upstream_calls(proxy) <= bound // ANSWER + 1, "answers made past the bound")
+        assert pending(proxy) <= bound + ANSWER
+        bodies = await asyncio.get_running_loop().run_in_executor(None, read_answers, sock, 40)
+    finally:
+        sock.close()
+    assert [json.loads(b)["id"] for b in bodies] == list(range(40))  # nothing dropped, in order
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+
+
+async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_meanwhile(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_KEY: four connections of one key, none reading, hold its bound in
+    # all; another key's calls are answered at once all the while (its own bound is untouched).
+    per_key = 5_000_000
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker,victim",
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
+    )
+    socks = await attack(proxy, misses(0, 20, "attacker"), 4)
+    try:
+        await until_async(lambda: waiting(proxy) >= 4, "every attacking connection to wait")
+        # The first answers of each connection are reckoned before any is made: a few past the bound.
+        assert upstream_calls(proxy) <= per_key // ANSWER + 4
+        latencies = []
+        for i in range(20):
+            started = time.monotonic()
+            status, body, _ = await proxy.post(big_call(1000 + i), key="victim")
+            latencies.append(time.monotonic() - started)
+            assert status == 200 and len(body.get("result", "")) >= ANSWER, body
+        assert sorted(latencies)[18] < 1.0  # p95
+        assert upstream_calls(proxy) <= per_key // ANSWER + 4 + 20
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
+
+
+async def test_a_request_waits_while_the_process_is_full_and_is_made_when_bytes_are_taken(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_PROCESS: a connection with nothing of its own waits while others
+    # hold the process's bound, and is answered once they are gone (woken, not polled by its client).
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="3000000",
+    )
+    [sock] = await attack(proxy, misses(0, 20), 1)
+    try:
+        await until_async(lambda: pending(proxy) >= 2_000_000 and waiting(proxy) > 0, "the process to fill")
+        answer = asyncio.ensure_future(proxy.post(big_call(500)))
+        await until_async(lambda: waiting(proxy) > 1, "the second client's request to wait")
+        assert not answer.done()
+    finally:
+        sock.close()
+    status, body, _ = await asyncio.wait_for(answer, 30)
+    assert status == 200 and body["id"] == 500
+
+
+# --- the pure parts ---------------------------------------------------------------------------
+
+
+def test_room_lets_the_first_answer_of_a_bound_through_whatever_its_size() -> None:
+    bytes_ = AnswerBytes(per_connection=100, per_key=200, per_process=300)
+    assert bytes_.room("a", own=0, more=10_000)  # alone: made, whatever its size
+    assert bytes_.room("a", own=50, more=50) and not bytes_.room("a", own=51, more=50)
+    bytes_.charge("a", 190)
+    assert not bytes_.room("a", own=0, more=20)  # the key's bound, though this connection holds none
+    assert bytes_.room("b", own=0, more=20)
+    bytes_.charge("b", 100)
+    assert not bytes_.room("c", own=0, more=20)  # the process's
+    bytes_.charge("a", -190)
+    assert bytes_.keys == {"b": 100} and bytes_.held == 100
+
+
+def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() -> None:
+    estimate = Estimate(1600)
+    assert estimate.size == 800  # nothing seen: half the bound
+    estimate.saw(1000)
+    assert estimate.size == 1000
+    for _ in range(8):
+        estimate.saw(1)
+    assert estimate.size == 100  # the large one forgotten; the floor, a sixteenth of the bound
