@@ -19,6 +19,7 @@ from tests.memory_fill import big_call
 from tests.support import Proxy, ProxyFactory
 from tests.test_front import post
 from tests.test_front_backpressure import read_answers, unread_socket, until_async
+from tests.ws_client import frame
 
 ANSWER = 1_000_000  # bytes of an eth_call's result (hex)
 
@@ -160,3 +161,36 @@ def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() ->
     for _ in range(8):
         estimate.saw(1)
     assert estimate.size == 100  # the large one forgotten; the floor, a sixteenth of the bound
+
+
+async def silent_websocket(port: int, calls: list[bytes]) -> socket.socket:
+    """A raw WebSocket with a tiny receive window that sends `calls`, then never reads."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(
+        sock,
+        b"GET /ws/v3/k HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    assert b" 101 " in await loop.sock_recv(sock, 1024)
+    await loop.sock_sendall(sock, b"".join(frame(call) for call in calls))
+    return sock
+
+
+async def test_a_websocket_call_waits_for_room_before_its_answer_is_made(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # WS_SEND_BUFFER_BYTES counts calls' answers before they are made: 30 calls of 1 MB from a socket
+    # that reads nothing. Before, every call was made at once and its answer waited, made, for room
+    # (30 MB held for one socket until WS_MAX_LAG closed it).
+    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="3000000", WS_MAX_LAG="30")
+    sock = await silent_websocket(proxy.server.port, [json.dumps(big_call(i)).encode() for i in range(30)])
+    try:
+        await until_async(lambda: upstream_calls(proxy) >= 2, "the first answers to be made")
+        # The bound, and what the kernel's queue took of the first answers unseen.
+        await holds_for(lambda: upstream_calls(proxy) <= 8, "answers made past WS_SEND_BUFFER_BYTES")
+    finally:
+        sock.close()

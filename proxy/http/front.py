@@ -30,7 +30,7 @@ from proxy.http.endpoint import (
     paid_reply,
 )
 from proxy.http.front_routes import FrontRoutes, request_path
-from proxy.http.pipeline import Pipeline
+from proxy.http.pipeline import Pipeline, closing
 from proxy.http.wire import (
     MAX_HEADERS,
     MAX_LINE,
@@ -389,7 +389,7 @@ class FrontProtocol(asyncio.Protocol):
             and declared.isdigit()
             and int(declared) > self._endpoint.max_body_bytes
         ):
-            raise Refused(Pipeline.closing(self._endpoint.too_large()))
+            raise Refused(closing(self._endpoint.too_large()))
         if "expect" in headers and headers["expect"].lower() == "100-continue":
             self._pipeline.after_held(
                 _CONTINUE, False
@@ -403,7 +403,7 @@ class FrontProtocol(asyncio.Protocol):
         self._body_read += len(body)
         request.size += len(body)
         if request.size > self._endpoint.max_body_bytes:
-            raise Refused(Pipeline.closing(self._endpoint.too_large()))
+            raise Refused(closing(self._endpoint.too_large()))
         request.parts.append(body)
 
     def on_message_complete(self) -> None:

@@ -55,6 +55,11 @@ def drop(transport: asyncio.Transport) -> None:
     transport.abort()
 
 
+def closing(reply: Reply) -> Reply:
+    reply.close = True
+    return reply
+
+
 class Server(Protocol):
     """What a connection reads of its server (front.Front)."""
 
@@ -100,7 +105,8 @@ class Pipeline:
         self.write_paused = False
         self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
-        self.account = Account(front.answer_bytes, loop, self._unsent_now, self._room_made)
+        unsent = lambda: unsent_bytes(self.transport) if self.transport is not None else 0  # noqa: E731
+        self.account = Account(front.answer_bytes, loop, unsent, self._room_made)
 
     def opened(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -181,10 +187,6 @@ class Pipeline:
     def _clear_held(self) -> None:
         self._front.answer_bytes.waiting -= sum(1 for item in self.held if isinstance(item, Request))
         self.held.clear()
-
-    def _unsent_now(self) -> int:
-        transport = self.transport
-        return unsent_bytes(transport) if transport is not None else 0
 
     def _room_made(self) -> None:
         """Bytes were taken somewhere (answer_bytes.AnswerBytes.wait): the requests held go on if they fit."""
@@ -383,8 +385,3 @@ class Pipeline:
             self.abort()
         else:
             self.active_at = self._loop.time()
-
-    @staticmethod
-    def closing(reply: Reply) -> Reply:
-        reply.close = True
-        return reply

@@ -12,6 +12,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
+from proxy.http.answer_bytes import Estimate
 from proxy.http.app_keys import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
@@ -65,6 +66,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     connection.recheck = _rechecker(connection, session, gateway, api_key(request), request.headers.get("Origin"))
     idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
     corked = Corked(ws, request.transport, loop, session.room)
+    estimate = Estimate(settings.ws_send_buffer_bytes)  # a call's answer, reckoned before it is made
 
     async def serve(data: str | bytes, lookup: Lookup) -> None:
         metrics.inflight.inc()
@@ -73,7 +75,16 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
                 return
-            reply = await gateway.handle(data, account, network, lookup)
+            reserved = estimate.size
+            if not await session.room(reserved):
+                return  # closed, or a slow consumer closed for it
+            session.making += reserved
+            try:
+                reply = await gateway.handle(data, account, network, lookup)
+            finally:
+                session.making -= reserved
+            if reply.body is not None:
+                estimate.saw(len(reply.body))
             if reply.body is not None and not ws.closed and await session.room():
                 await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
         except ConnectionResetError:
