@@ -131,15 +131,14 @@ class Account:
         self.making += 1
         self._recount()
 
-    def made(self, size: int, queued: bool) -> None:
-        """An answer being made is encoded: `size` bytes, waiting their turn or `queued` False: written."""
-        self.making -= 1
-        self.estimate.saw(size)
-        if queued:
-            self.queued += size
-            self._recount()
-        else:
-            self.wrote(size)
+    def made(self, size: int, reckoned: bool) -> None:
+        """An answer is encoded: `size` bytes waiting their turn, no longer reckoned at the estimate
+        (`reckoned`: it was, as a JSON-RPC answer being made)."""
+        if reckoned:
+            self.making -= 1
+            self.estimate.saw(size)
+        self.queued += size
+        self._recount()
 
     def enqueued(self, size: int) -> None:
         self.queued += size

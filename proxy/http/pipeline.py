@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, error_reply
-from proxy.http.wire import Request
+from proxy.http.wire import RPC, Request
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
 from proxy.values import PaidHit, Reply
 
@@ -279,7 +279,8 @@ class Pipeline:
         entry: Waiting = [None, False]
         entry[0] = self._loop.create_task(self._awaited(request, reply, entry))
         self.waiting.append(entry)
-        self.account.making_one()
+        if request.kind == RPC:  # reckoned while made (a scrape of /metrics does not see its own answer)
+            self.account.making_one()
         if len(self.waiting) >= MAX_WAITING:
             self.pause()
 
@@ -299,7 +300,7 @@ class Pipeline:
                     reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
                 entry[0], entry[1] = self._reader.encoded(request, reply)
                 if self.transport is not None:  # counted once, here, where it is encoded
-                    self.account.made(len(entry[0]), True)
+                    self.account.made(len(entry[0]), request.kind == RPC)
                 waiting = self.waiting
                 if waiting and waiting[0] is entry:
                     self._flush()
