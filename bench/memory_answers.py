@@ -12,15 +12,23 @@ the process's RSS before, at its peak, and after the attacker's sockets close; t
 process counts as made and not taken (rpc_proxy_answer_bytes_pending, at the peak); RSS per MB of
 answer in flight (the peak's growth over that count); and the victim's median and p95 latency.
 --set passes a setting to the proxy (e.g. --set MAX_PENDING_ANSWER_BYTES=16777216).
+
+With --copies, instead: one miss of --answer-mb MB through a proxy in this process (the node is
+Anvil, the client a socket that reads nothing), traced with tracemalloc: the peak of the bytes
+allocated from the upstream's socket to the client's, and those still held once it is written (its
+cache entry, and what the transport holds), each in answers' sizes (S).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import json
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,14 +38,18 @@ sys.path.insert(0, str(ROOT))
 from tests.answer_attack import (  # noqa: E402
     http_attack,
     p95,
+    post,
     rss,
+    silent,
     start_node,
     start_proxy,
     victim_latencies,
     ws_attack,
+    zero_call,
 )
 from tests.memory_fill import ProxyProcess  # noqa: E402
-from tests.support import Anvil  # noqa: E402
+from tests.support import Anvil, settings_for  # noqa: E402
+from tests.support import start_proxy as start_in_process  # noqa: E402
 
 MB = 1_000_000
 MIB = 2**20
@@ -87,6 +99,31 @@ async def settled(proxy: ProxyProcess, seconds: float = 10.0) -> int:
     return last
 
 
+async def copies(node: Anvil, size: int, runs: int = 3) -> None:
+    proxy = await start_in_process(settings_for(EVM_UPSTREAM=node.url, API_KEYS="attacker,victim"))
+    loop = asyncio.get_running_loop()
+    try:
+        await proxy.post(zero_call(1, 1000), key="victim")  # warm: the head known, the pools open
+        for run in range(runs):
+            gc.collect()
+            tracemalloc.start()
+            sock = silent(proxy.server.port)
+            request = post(json.dumps(zero_call(100 + run, size)).encode(), "attacker")
+            await loop.run_in_executor(None, sock.sendall, request)
+            deadline = time.monotonic() + 30
+            while (proxy.registry.get_sample_value("rpc_proxy_answer_bytes_pending") or 0) < size:
+                assert time.monotonic() < deadline, "the answer was never made"
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.2)
+            held, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            sock.close()
+            print(f"answer of {size / MB:g} MB: peak {peak / size:.2f} S, held once written {held / size:.2f} S")
+    finally:
+        await proxy.session.close()
+        await proxy.server.close()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--answer-mb", type=float, default=4.0)
@@ -96,11 +133,15 @@ async def main() -> None:
     parser.add_argument("--ws-requests", type=int, default=30)
     parser.add_argument("--hold", type=float, default=10.0)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--copies", action="store_true")
     args = parser.parse_args()
     settings = dict(item.split("=", 1) for item in args.set)
     size = int(args.answer_mb * MB)
     node = start_node()
     try:
+        if args.copies:
+            await copies(node, size)
+            return
         print(
             f"answers of {args.answer_mb:g} MB; settings {settings or 'defaults'}\n"
             f"{'attack':10} {'RSS MiB':>8} {'peak':>8} {'growth':>8} {'closed':>8} {'left':>8} "
