@@ -163,7 +163,7 @@ def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() ->
     assert estimate.size == 100  # the large one forgotten; the floor, a sixteenth of the bound
 
 
-async def silent_websocket(port: int, calls: list[bytes]) -> socket.socket:
+async def silent_websocket(port: int, calls: list[bytes], key: str = "k") -> socket.socket:
     """A raw WebSocket with a tiny receive window that sends `calls`, then never reads."""
     loop = asyncio.get_running_loop()
     sock = socket.socket()
@@ -172,8 +172,8 @@ async def silent_websocket(port: int, calls: list[bytes]) -> socket.socket:
     await loop.sock_connect(sock, ("127.0.0.1", port))
     await loop.sock_sendall(
         sock,
-        b"GET /ws/v3/k HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        b"GET /ws/v3/%s HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % key.encode(),
     )
     assert b" 101 " in await loop.sock_recv(sock, 1024)
     await loop.sock_sendall(sock, b"".join(frame(call) for call in calls))
@@ -194,3 +194,29 @@ async def test_a_websocket_call_waits_for_room_before_its_answer_is_made(
         await holds_for(lambda: upstream_calls(proxy) <= 8, "answers made past WS_SEND_BUFFER_BYTES")
     finally:
         sock.close()
+
+
+async def test_websockets_of_one_key_are_bounded_by_its_bytes_and_another_key_is_served(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_KEY holds for WebSocket calls too: three sockets of one key, each
+    # within a generous WS_SEND_BUFFER_BYTES, reading nothing, hold about the key's bound in all.
+    per_key = 4_000_000
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker,victim",
+        WS_SEND_BUFFER_BYTES="50000000",
+        WS_MAX_LAG="30",
+        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
+    )
+    calls = [json.dumps(big_call(i)).encode() for i in range(20)]
+    socks = [await silent_websocket(proxy.server.port, calls, "attacker") for _ in range(3)]
+    try:
+        await until_async(lambda: pending(proxy) >= per_key // 2, "the key's bytes to grow")
+        await holds_for(lambda: upstream_calls(proxy) <= per_key // ANSWER + 3 * 2, "answers made past the key's bound")
+        status, body, _ = await proxy.post(big_call(700), key="victim")
+        assert status == 200 and len(body.get("result", "")) >= ANSWER
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0, "closed sockets to leave the count")

@@ -144,6 +144,11 @@ class Account:
         self.queued += size
         self._recount()
 
+    def dropped(self, size: int) -> None:
+        """An answer waiting its turn was not written (its connection closed, or fell behind)."""
+        self.queued -= size
+        self._recount()
+
     def wrote(self, size: int, dequeued: bool = False) -> None:
         if dequeued:
             self.queued -= size
