@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from aiohttp import web
 
 from proxy.http.answer_bytes import AnswerBytes, Estimate
 from tests.fake_evm import FakeEvm
@@ -82,6 +83,47 @@ async def test_a_connection_makes_answers_only_within_its_bytes_and_all_as_its_c
         sock.close()
     assert [json.loads(b)["id"] for b in bodies] == list(range(40))  # nothing dropped, in order
     await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+
+
+class GatedEvm(FakeEvm):
+    """A FakeEvm whose eth_call answers wait for `gate`: answers are being made, none yet made."""
+
+    def __init__(self) -> None:
+        super().__init__(call_result_bytes=ANSWER)
+        self.gate = asyncio.Event()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if b"eth_call" in await request.read():
+            await self.gate.wait()
+        return await super()._handle(request)
+
+
+async def test_requests_sent_one_per_write_wait_for_room_too(make_proxy: ProxyFactory) -> None:
+    # A request that arrives alone in a read, with a head the connection sent before, is answered
+    # without the parser (Front.learn): it waits for room as a parsed one does. Before, each such
+    # request was sent on to the node while the answers before it were still being made.
+    node = await GatedEvm().start()
+    try:
+        bound = 3_000_000
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES=str(bound))
+        loop = asyncio.get_running_loop()
+        sock = unread_socket(proxy.server.port)
+        try:
+            for i in range(10, 40):  # ids of two digits: every request has the same head
+                calls = upstream_calls(proxy)
+                await loop.run_in_executor(None, sock.sendall, misses(i, 1))
+                if not waiting(proxy):
+                    await until_async(lambda c=calls: upstream_calls(proxy) > c or waiting(proxy) > 0, "a read")
+            # Reckoned at half the bound each before any is made: two at once.
+            assert upstream_calls(proxy) <= 2
+            node.gate.set()
+            bodies = await loop.run_in_executor(None, read_answers, sock, 30)
+        finally:
+            sock.close()
+        assert [json.loads(b)["id"] for b in bodies] == list(range(10, 40))
+    finally:
+        node.gate.set()
+        await node.close()
 
 
 async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_meanwhile(

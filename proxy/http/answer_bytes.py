@@ -101,7 +101,7 @@ class Account:
         unsent: Callable[[], int],
         retry: Callable[[], None],
     ) -> None:
-        self._budget = budget
+        self.budget = budget
         self._loop = loop
         self._unsent = unsent
         self._retry = retry
@@ -119,11 +119,11 @@ class Account:
             self.key = target[1]
 
     def room(self) -> bool:
-        return self._budget.room(self.key, self.charged, self.estimate.size)
+        return self.budget.room(self.key, self.charged, self.estimate.size)
 
     def wait(self) -> None:
         """Its next request waits for room: retried after the next bytes taken anywhere."""
-        self._budget.wait(self._retry)
+        self.budget.wait(self._retry)
         if self.written:
             self._polling()
 
@@ -160,11 +160,11 @@ class Account:
     def close(self) -> None:
         """The connection is gone: its bytes leave the count (answers still being made are not written)."""
         self.closed = True
-        self._budget.forget(self._retry)
+        self.budget.forget(self._retry)
         if self._poll is not None:
             self._poll.cancel()
             self._poll = None
-        self._budget.charge(self.key, -self.charged)
+        self.budget.charge(self.key, -self.charged)
         self.charged = self.making = self.queued = self.written = 0
 
     def _recount(self) -> None:
@@ -172,7 +172,7 @@ class Account:
             return
         charged = self.making * self.estimate.size + self.queued + self.written
         if charged != self.charged:
-            self._budget.charge(self.key, charged - self.charged)
+            self.budget.charge(self.key, charged - self.charged)
             self.charged = charged
 
     def _polling(self) -> None:

@@ -218,6 +218,7 @@ class FrontProtocol(asyncio.Protocol):
         self._body_read = 0  # body bytes of RPC requests in the read being fed
         self._field_bytes = 0  # the header fields' bytes of the request being read
         self._pipeline = Pipeline(self, front, self._loop)
+        self._counted = front.answer_bytes  # answers made and not yet taken (answer_bytes.py)
 
     def pause_writing(self) -> None:
         self._pipeline.pause_writing()
@@ -267,7 +268,12 @@ class FrontProtocol(asyncio.Protocol):
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
                 end = head_end(data)
                 known = self._front.request_heads.get(data[:end])
-                if known is not None and len(data) - end == known.size:
+                # Not when it must wait for room (answer_bytes.py; one look while no answer is held).
+                if (
+                    known is not None
+                    and len(data) - end == known.size
+                    and (not self._counted.held or not self._pipeline.holds(known))
+                ):
                     self._rpc(known, data[end:])  # the head llhttp accepted before, and its whole body
                     return
             self._begun = begun = 0

@@ -34,9 +34,11 @@ Waiting = list[Any]
 Held = Request | tuple[bytes, bool]
 
 
-def unsent_bytes(transport: asyncio.Transport) -> int:
+def unsent_bytes(transport: asyncio.Transport | None) -> int:
     """Bytes written to the connection that its client has not yet taken: the transport's buffer and
     the kernel's send queue (SIOCOUTQ), which holds megabytes before the transport's buffer moves."""
+    if transport is None:
+        return 0
     unsent = int(transport.get_write_buffer_size())
     sock = transport.get_extra_info("socket")
     if sock is not None:
@@ -105,8 +107,7 @@ class Pipeline:
         self.write_paused = False
         self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
-        unsent = lambda: unsent_bytes(self.transport) if self.transport is not None else 0  # noqa: E731
-        self.account = Account(front.answer_bytes, loop, unsent, self._room_made)
+        self.account = Account(front.answer_bytes, loop, lambda: unsent_bytes(self.transport), self._room_made)
 
     def opened(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -165,15 +166,15 @@ class Pipeline:
         return True
 
     def holds(self, request: Request) -> bool:
-        """Whether a request read now waits to be made: its client reads none of the answers already
-        written (the transport's buffer is full), MAX_WAITING are being made, others wait before it,
-        or its connection, key or process has no room for its answer's bytes (answer_bytes.py).
-        Reading is paused then, but llhttp goes on through the rest of the read: without this, one
-        read of small requests for a large answer made thousands of answers nobody read."""
-        account = self.account
-        account.keyed(request.target)
+        """Whether a request read now waits, unmade: its client reads nothing (the transport's buffer is
+        full), MAX_WAITING are being made, others wait before it, or there is no room for its answer's
+        bytes (answer_bytes.py). Reading is paused, but llhttp goes on through the rest of a read."""
         if self.held or self.write_paused or len(self.waiting) >= MAX_WAITING:
             return True
+        if not self.account.budget.held:  # no answer is held anywhere (a hit's common case: one look)
+            return False
+        account = self.account
+        account.keyed(request.target)
         if account.room():
             return False
         self.pause()
@@ -182,10 +183,10 @@ class Pipeline:
 
     def hold(self, request: Request) -> None:
         self.held.append(request)
-        self._front.answer_bytes.waiting += 1
+        self.account.budget.waiting += 1
 
     def _clear_held(self) -> None:
-        self._front.answer_bytes.waiting -= sum(1 for item in self.held if isinstance(item, Request))
+        self.account.budget.waiting -= sum(1 for item in self.held if isinstance(item, Request))
         self.held.clear()
 
     def _room_made(self) -> None:
@@ -212,7 +213,7 @@ class Pipeline:
                     account.wait()
                     break
                 held.popleft()
-                self._front.answer_bytes.waiting -= 1
+                self.account.budget.waiting -= 1
                 self._reader.make_held(item)
             else:
                 held.popleft()
@@ -279,6 +280,7 @@ class Pipeline:
         entry: Waiting = [None, False]
         entry[0] = self._loop.create_task(self._awaited(request, reply, entry))
         self.waiting.append(entry)
+        self.account.keyed(request.target)
         if request.kind == RPC:  # reckoned while made (a scrape of /metrics does not see its own answer)
             self.account.making_one()
         if len(self.waiting) >= MAX_WAITING:

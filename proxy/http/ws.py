@@ -70,7 +70,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     corked = Corked(ws, request.transport, loop, session.room)
     # Its calls' answers in the process's count of answers not yet taken (per key, per process).
     transport = request.transport
-    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_bytes(transport) if transport else 0, _no_op)
+    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_bytes(transport), _no_op)
     owed.keyed((None, api_key(request)))
 
     async def serve(data: str | bytes, lookup: Lookup) -> None:
