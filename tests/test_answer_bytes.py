@@ -88,8 +88,8 @@ async def test_a_connection_makes_answers_only_within_its_bytes_and_all_as_its_c
 class GatedEvm(FakeEvm):
     """A FakeEvm whose eth_call answers wait for `gate`: answers are being made, none yet made."""
 
-    def __init__(self) -> None:
-        super().__init__(call_result_bytes=ANSWER)
+    def __init__(self, answer: int = ANSWER) -> None:
+        super().__init__(call_result_bytes=answer)
         self.gate = asyncio.Event()
 
     async def _handle(self, request: web.Request) -> web.Response:
@@ -202,7 +202,7 @@ def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() ->
     assert estimate.size == 1000
     for _ in range(8):
         estimate.saw(1)
-    assert estimate.size == 100  # the large one forgotten; the floor, a sixteenth of the bound
+    assert estimate.size == 25  # the large one forgotten; the floor, a 64th of the bound
 
 
 async def silent_websocket(port: int, calls: list[bytes], key: str = "k") -> socket.socket:
@@ -262,3 +262,25 @@ async def test_websockets_of_one_key_are_bounded_by_its_bytes_and_another_key_is
         for sock in socks:
             sock.close()
     await until_async(lambda: pending(proxy) == 0, "closed sockets to leave the count")
+
+
+async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(make_proxy: ProxyFactory) -> None:
+    # The other side: once a socket's answers are known to be small, its calls are all made at once
+    # (WS_MAX_INFLIGHT), as before the byte bounds, not a few at a time.
+    node = await GatedEvm(answer=100).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url)
+        async with proxy.session.ws_connect(proxy.ws_url()) as ws:
+            node.gate.set()
+            await ws.send_str(json.dumps(big_call(0)))
+            assert json.loads((await ws.receive(timeout=30)).data)["id"] == 0
+            node.gate.clear()
+            for i in range(1, 51):
+                await ws.send_str(json.dumps(big_call(i)))
+            await until_async(lambda: upstream_calls(proxy) == 51, "every call to be sent on at once")
+            node.gate.set()
+            ids = sorted([json.loads((await ws.receive(timeout=30)).data)["id"] for _ in range(50)])
+        assert ids == list(range(1, 51))
+    finally:
+        node.gate.set()
+        await node.close()

@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 SIZES_KEPT = 8  # a connection's estimate of its next answer: the largest of its last answers
 UNKNOWN_SHARE = 2  # before any answer, one is reckoned at half the connection's bound (2 made at once)
-FLOOR_SHARE = 16  # and never under a sixteenth of it: at most 16 answers of unknown size are made at once
+# And never under a 64th of it: as many answers as a connection may have made at once (MAX_WAITING,
+# WS_MAX_INFLIGHT), once its answers are known to be small.
+FLOOR_SHARE = 64
 
 
 class AnswerBytes:

@@ -12,7 +12,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
-from proxy.http.answer_bytes import Account
+from proxy.http.answer_bytes import Account, Estimate
 from proxy.http.app_keys import FRONT, GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
 from proxy.http.pipeline import unsent_bytes
 from proxy.http.request_key import api_key, origin_check
@@ -71,6 +71,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     # Its calls' answers in the process's count of answers not yet taken (per key, per process).
     transport = request.transport
     owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_bytes(transport), _no_op)
+    sized = Estimate(settings.ws_send_buffer_bytes)  # its next answer, against the socket's own bound
     owed.keyed((None, api_key(request)))
 
     async def serve(data: str | bytes, lookup: Lookup) -> None:
@@ -80,7 +81,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
                 return
-            reply = await _made_in_room(owed, session, lambda: gateway.handle(data, account, network, lookup))
+            reply = await _made_in_room(owed, sized, session, lambda: gateway.handle(data, account, network, lookup))
             if reply is None or reply.body is None:
                 return  # closed, or a slow consumer closed for it
             unsent = len(reply.body)
@@ -143,7 +144,9 @@ def _no_op() -> None:
     """A socket's calls look for room again on a timer (_made_in_room), not when woken."""
 
 
-async def _made_in_room(owed: Account, session: Session, make: Callable[[], Awaitable[Reply]]) -> Reply | None:
+async def _made_in_room(
+    owed: Account, sized: Estimate, session: Session, make: Callable[[], Awaitable[Reply]]
+) -> Reply | None:
     """A call's answer, made once its key and the process (MAX_PENDING_ANSWER_BYTES_PER_KEY,
     _PER_PROCESS) and its socket (WS_SEND_BUFFER_BYTES) have room for it, reckoned at the socket's
     largest recent answer while it is made: an answer made and unsent held memory no bound saw.
@@ -153,7 +156,7 @@ async def _made_in_room(owed: Account, session: Session, make: Callable[[], Awai
             return None
         owed.wait()
         await asyncio.sleep(ROOM_POLL)
-    reserved = owed.estimate.size
+    reserved = sized.size
     if not await session.room(reserved):
         return None
     session.making += reserved
@@ -163,7 +166,9 @@ async def _made_in_room(owed: Account, session: Session, make: Callable[[], Awai
         reply = await make()
     finally:
         session.making -= reserved
-        owed.made(len(reply.body) if reply is not None and reply.body is not None else 0, True)
+        size = len(reply.body) if reply is not None and reply.body is not None else 0
+        sized.saw(size)
+        owed.made(size, True)
     return reply
 
 
