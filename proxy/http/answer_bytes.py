@@ -88,6 +88,7 @@ class Estimate:
 
 
 POLL_SECONDS = 0.02  # how often bytes written and not yet taken are measured again, while any are
+POLL_MAX_SECONDS = 0.64  # doubling up to this while none are taken (a client that reads nothing costs little)
 POLL_FROM = 64 * 1024  # written bytes below this are measured with the next (the kernel takes them at once)
 
 
@@ -114,6 +115,7 @@ class Account:
         self.written = 0  # bytes written, not yet known to be taken
         self.charged = 0  # what the process's count holds for it
         self._poll: asyncio.TimerHandle | None = None
+        self._every = POLL_SECONDS
         self.closed = False
 
     def keyed(self, target: tuple[str | None, str | None] | None) -> None:
@@ -179,11 +181,12 @@ class Account:
 
     def _polling(self) -> None:
         if self._poll is None and not self.closed:
-            self._poll = self._loop.call_later(POLL_SECONDS, self._measure)
+            self._poll = self._loop.call_later(self._every, self._measure)
 
     def _measure(self) -> None:
         self._poll = None
-        self.written = self._unsent()
+        written, self.written = self.written, self._unsent()
+        self._every = min(2 * self._every, POLL_MAX_SECONDS) if self.written >= written else POLL_SECONDS
         self._recount()
         if self.written:
             self._polling()
