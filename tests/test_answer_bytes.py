@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiohttp import web
 
-from proxy.http.answer_bytes import AnswerBytes, Estimate
+from proxy.http.answer_bytes import Account, AnswerBytes, Estimate
 from tests.fake_evm import FakeEvm
 from tests.memory_fill import big_call
 from tests.support import Proxy, ProxyFactory
@@ -284,3 +284,18 @@ async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(make_prox
     finally:
         node.gate.set()
         await node.close()
+
+
+async def test_bytes_held_before_a_connection_names_its_key_count_for_the_key_once_it_does() -> None:
+    # A large memory hit first (counted, no key read for it), then a key's requests: what the
+    # connection holds counts for the key, and leaves it when the connection closes.
+    budget = AnswerBytes(per_connection=100, per_key=1000, per_process=10_000)
+    account = Account(budget, asyncio.get_running_loop(), lambda: 0, lambda: None)
+    account.wrote(50)
+    account.keyed((None, None))  # open mode, or a path with no key: nothing to count it for
+    account.keyed(("evm", "k"))
+    assert budget.keys == {"k": 50} and budget.held == 50
+    account.making_one()
+    assert budget.keys == {"k": 50 + account.estimate.size}
+    account.close()
+    assert budget.keys == {} and budget.held == 0

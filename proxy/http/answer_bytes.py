@@ -119,8 +119,11 @@ class Account:
         self.closed = False
 
     def keyed(self, target: tuple[str | None, str | None] | None) -> None:
-        if self.key is None and not self.charged and target is not None:
+        """Its key: that of the first request that names one (what it holds already counts for it)."""
+        if self.key is None and target is not None and target[1] is not None:
             self.key = target[1]
+            if self.charged and not self.closed:
+                self.budget.keys[self.key] = self.budget.keys.get(self.key, 0) + self.charged
 
     def room(self) -> bool:
         return self.budget.room(self.key, self.charged, self.estimate.size)
