@@ -128,6 +128,11 @@ class Account:
     def room(self) -> bool:
         return self.budget.room(self.key, self.charged, self.estimate.size)
 
+    def others_hold(self, held: object) -> bool:
+        """Whether requests are `held` for want of room that others' bytes take (its own would fit):
+        not its client's idleness (those bytes' own connections have deadlines)."""
+        return bool(held) and self.charged + self.estimate.size <= self.budget.per_connection
+
     def wait(self) -> None:
         """Its next request waits for room: retried after the next bytes taken anywhere."""
         self.budget.wait(self._retry)

@@ -189,8 +189,7 @@ class Pipeline:
         self.account.budget.waiting -= sum(1 for item in self.held if isinstance(item, Request))
         self.held.clear()
 
-    def _room_made(self) -> None:
-        """Bytes were taken somewhere (answer_bytes.AnswerBytes.wait): the requests held go on if they fit."""
+    def _room_made(self) -> None:  # bytes were taken somewhere (AnswerBytes.wait): held requests go on if they fit
         if self.held and not self.write_paused and not self.waiting and self._go_on():
             self.resume()
 
@@ -260,8 +259,9 @@ class Pipeline:
             self.active_at = self._loop.time()
         self._unsent = unsent
         left = self.active_at + KEEPALIVE_TIMEOUT - self._loop.time()
-        if not self.write_paused and (self.waiting or (request is not None and request.kind)):
-            left = KEEPALIVE_TIMEOUT  # busy: its body and its answers have deadlines of their own
+        busy = self.waiting or (request and request.kind) or self.account.others_hold(self.held)
+        if not self.write_paused and busy:  # its body, its answers, others' bytes have deadlines of their own
+            left = KEEPALIVE_TIMEOUT
         if left > 0:
             self.idle = self._loop.call_later(left, self.idle_out)
             return
