@@ -6,7 +6,6 @@ dropped. Each attacked from outside with raw sockets that read nothing."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
 import time
@@ -15,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiohttp import web
 
-from proxy.http import pipeline
 from proxy.http.answer_bytes import Account, AnswerBytes, Estimate
 from tests.fake_evm import FakeEvm
 from tests.memory_fill import big_call
@@ -156,7 +154,11 @@ async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_me
     finally:
         for sock in socks:
             sock.close()
-    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
+    await until_async(
+        lambda: pending(proxy) == 0 and waiting(proxy) == 0,
+        f"closed connections to leave the count {pending(proxy)} {waiting(proxy)}",
+        10,
+    )
 
 
 async def test_a_request_waits_while_the_process_is_full_and_is_made_when_bytes_are_taken(
@@ -298,37 +300,6 @@ async def test_bytes_held_before_a_connection_names_its_key_count_for_the_key_on
     account.keyed(("evm", "k"))
     assert budget.keys == {"k": 50} and budget.held == 50
     account.making_one()
-    assert budget.keys == {"k": 50 + account.estimate.size}
+    assert budget.keys == {"k": 50 + account.estimate.shared}
     account.close()
     assert budget.keys == {} and budget.held == 0
-
-
-async def test_a_request_waiting_for_others_bytes_is_not_idle(
-    big_node: FakeEvm, monkeypatch: pytest.MonkeyPatch, make_proxy: ProxyFactory
-) -> None:
-    # Its connection's client is waiting, not idle: while the process's bound is held by another
-    # client that reads, slowly, for several keep-alive times, the request waits and is answered.
-    # (The first form closed it after the keep-alive time, its request unanswered.)
-    monkeypatch.setattr(pipeline, "KEEPALIVE_TIMEOUT", 0.5)
-    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, MAX_PENDING_ANSWER_BYTES_PER_PROCESS="2000000")
-    loop = asyncio.get_running_loop()
-    slow = socket.socket()
-    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
-    slow.connect(("127.0.0.1", proxy.server.port))
-    slow.setblocking(False)
-    await loop.sock_sendall(slow, misses(0, 4))
-    try:
-        await until_async(lambda: waiting(proxy) > 0, "the slow client's requests to wait")
-        answer = asyncio.ensure_future(proxy.post(big_call(500)))
-        await until_async(lambda: waiting(proxy) > 3, "the other client's request to wait")
-        started = time.monotonic()
-        while not answer.done():
-            assert time.monotonic() - started < 60, "the waiting request was never answered"
-            with contextlib.suppress(BlockingIOError):
-                slow.recv(16_384)
-            await asyncio.sleep(0.02)  # a slow reader: about 0.8 MB/s at most
-        assert time.monotonic() - started > 1.0  # several keep-alive times
-        status, body, _ = await answer
-        assert status == 200 and body["id"] == 500
-    finally:
-        slow.close()

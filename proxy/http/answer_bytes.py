@@ -15,6 +15,9 @@ UNKNOWN_SHARE = 2  # before any answer, one is reckoned at half the connection's
 # And never under a 64th of it: as many answers as a connection may have made at once (MAX_WAITING,
 # WS_MAX_INFLIGHT), once its answers are known to be small.
 FLOOR_SHARE = 64
+# Before any, an answer is reckoned at this in its key's and the process's counts: many new
+# connections of one key (a pool opening) are not held up by half their own bound each.
+UNKNOWN_SHARED = 64 * 1024
 
 
 class AnswerBytes:
@@ -45,17 +48,18 @@ class AnswerBytes:
         if delta < 0 and self._waiters and self._wake_soon is None:
             self._wake_soon = asyncio.get_running_loop().call_soon(self._wake)
 
-    def room(self, key: str | None, own: int, more: int) -> bool:
-        """Whether an answer reckoned at `more` bytes may be made for a connection holding `own`:
-        within every bound, or the first of its bound's holders (an answer larger than a bound is
-        made alone: nothing is refused for its size here)."""
+    def room(self, key: str | None, own: int, more: int, shared: int | None = None) -> bool:
+        """Whether an answer reckoned at `more` bytes (`shared` in the key's and the process's counts)
+        may be made for a connection holding `own`: within every bound, or the first of its bound's
+        holders (an answer larger than a bound is made alone: nothing is refused for its size here)."""
         if own and own + more > self.per_connection:
             return False
-        if self.held and self.held + more > self.per_process:
+        shared = more if shared is None else shared
+        if self.held and self.held + shared > self.per_process:
             return False
         if key is not None:
             held = self.keys.get(key, 0)
-            if held and held + more > self.per_key:
+            if held and held + shared > self.per_key:
                 return False
         return True
 
@@ -81,10 +85,11 @@ class Estimate:
         self._floor = max(1, bound // FLOOR_SHARE)
         self._sizes: deque[int] = deque(maxlen=SIZES_KEPT)
         self.size = max(self._floor, bound // UNKNOWN_SHARE)
+        self.shared = min(self.size, UNKNOWN_SHARED)  # as reckoned in its key's and the process's counts
 
     def saw(self, size: int) -> None:
         self._sizes.append(size)
-        self.size = max(self._floor, max(self._sizes))
+        self.size = self.shared = max(self._floor, max(self._sizes))
 
 
 POLL_SECONDS = 0.02  # how often bytes written and not yet taken are measured again, while any are
@@ -113,7 +118,8 @@ class Account:
         self.making = 0  # answers being made
         self.queued = 0  # bytes encoded, waiting for the answers before them
         self.written = 0  # bytes written, not yet known to be taken
-        self.charged = 0  # what the process's count holds for it
+        self.own = 0  # what it holds against its own bound
+        self.charged = 0  # what the process's and its key's counts hold for it
         self._poll: asyncio.TimerHandle | None = None
         self._every = POLL_SECONDS
         self.closed = False
@@ -126,12 +132,12 @@ class Account:
                 self.budget.keys[self.key] = self.budget.keys.get(self.key, 0) + self.charged
 
     def room(self) -> bool:
-        return self.budget.room(self.key, self.charged, self.estimate.size)
+        return self.budget.room(self.key, self.own, self.estimate.size, self.estimate.shared)
 
     def others_hold(self, held: object) -> bool:
         """Whether requests are `held` for want of room that others' bytes take (its own would fit):
-        not its client's idleness (those bytes' own connections have deadlines)."""
-        return bool(held) and self.charged + self.estimate.size <= self.budget.per_connection
+        not its client's idleness, when its client has taken all it was sent (the caller's look)."""
+        return bool(held) and self.own + self.estimate.size <= self.budget.per_connection
 
     def wait(self) -> None:
         """Its next request waits for room: retried after the next bytes taken anywhere."""
@@ -177,12 +183,14 @@ class Account:
             self._poll.cancel()
             self._poll = None
         self.budget.charge(self.key, -self.charged)
-        self.charged = self.making = self.queued = self.written = 0
+        self.charged = self.own = self.making = self.queued = self.written = 0
 
     def _recount(self) -> None:
         if self.closed:
             return
-        charged = self.making * self.estimate.size + self.queued + self.written
+        taken = self.queued + self.written
+        self.own = self.making * self.estimate.size + taken
+        charged = self.making * self.estimate.shared + taken
         if charged != self.charged:
             self.budget.charge(self.key, charged - self.charged)
             self.charged = charged

@@ -47,6 +47,22 @@ def unsent_bytes(transport: asyncio.Transport | None) -> int:
     return unsent
 
 
+TCP_CLOSE = 7  # a socket's state once its peer reset it (linux/tcp_states.h)
+
+
+def unsent_or_reset(transport: asyncio.Transport | None) -> int:
+    """unsent_bytes, for a connection that may read nothing more: one whose peer reset it is closed
+    (0). With its reading paused and nothing left to write, nothing else would see the reset, and
+    what its kernel queue holds would count for its key until the keep-alive time."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is not None and sock is not None:
+        with contextlib.suppress(OSError, ValueError):
+            if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == TCP_CLOSE:
+                transport.abort()
+                return 0
+    return unsent_bytes(transport)
+
+
 def drop(transport: asyncio.Transport) -> None:
     """Closed with a reset: what its client did not read is dropped, the kernel's copy too (a plain
     close, or abort, leaves the socket sending it for as long as the client's window stays shut)."""
@@ -107,7 +123,7 @@ class Pipeline:
         self.write_paused = False
         self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
-        self.account = Account(front.answer_bytes, loop, lambda: unsent_bytes(self.transport), self._room_made)
+        self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
 
     def opened(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -259,7 +275,7 @@ class Pipeline:
             self.active_at = self._loop.time()
         self._unsent = unsent
         left = self.active_at + KEEPALIVE_TIMEOUT - self._loop.time()
-        busy = self.waiting or (request and request.kind) or self.account.others_hold(self.held)
+        busy = self.waiting or (request and request.kind) or (not unsent and self.account.others_hold(self.held))
         if not self.write_paused and busy:  # its body, its answers, others' bytes have deadlines of their own
             left = KEEPALIVE_TIMEOUT
         if left > 0:

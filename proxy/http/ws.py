@@ -14,7 +14,7 @@ from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
 from proxy.http.answer_bytes import Account, Estimate
 from proxy.http.app_keys import FRONT, GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS
-from proxy.http.pipeline import unsent_bytes
+from proxy.http.pipeline import unsent_or_reset
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.ws_connections import Connection
@@ -70,7 +70,7 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     corked = Corked(ws, request.transport, loop, session.room)
     # Its calls' answers in the process's count of answers not yet taken (per key, per process).
     transport = request.transport
-    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_bytes(transport), _no_op)
+    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), _no_op)
     sized = Estimate(settings.ws_send_buffer_bytes)  # its next answer, against the socket's own bound
     owed.keyed((None, api_key(request)))
 
