@@ -76,6 +76,9 @@ class Settings:
     body_timeout: float = 30.0
     max_connections: int = 4096
     max_inflight_body_bytes: int = 128 * 1024 * 1024
+    max_pending_answer_bytes: int = 8 * 1024 * 1024
+    max_pending_answer_bytes_per_key: int = 64 * 1024 * 1024
+    max_pending_answer_bytes_per_process: int = 256 * 1024 * 1024
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: /metrics on the public listener
     networks_file: str | None = None  # read again by the admin listener's reload

@@ -202,6 +202,18 @@ class Metrics:
             registry=r,
         )
         self.cache_entries = Gauge("rpc_proxy_cache_entries", "Entries in the in-process cache tier.", registry=r)
+        self.answer_bytes_pending = Gauge(
+            "rpc_proxy_answer_bytes_pending",
+            "Bytes of answers made and not yet taken by their clients (those being made at their "
+            "connection's estimate), all connections together (bounded by MAX_PENDING_ANSWER_BYTES_PER_PROCESS).",
+            registry=r,
+        )
+        self.requests_waiting_for_room = Gauge(
+            "rpc_proxy_requests_waiting_for_room",
+            "Requests read and not yet made because their connection, key or process holds its bound "
+            "of answer bytes not yet taken.",
+            registry=r,
+        )
 
     def _add_upstream_metrics(self, r: CollectorRegistry) -> None:
         """Upstream latency, failures, failovers and coalesced calls."""

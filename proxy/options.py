@@ -148,6 +148,19 @@ OPTIONS: tuple[Option, ...] = (
         "MAX_INFLIGHT_BODY_BYTES",
         "request-body bytes being received at once, all clients together; beyond it 503 (default 134217728)",
     ),
+    Option(
+        "MAX_PENDING_ANSWER_BYTES",
+        "bytes of answers one connection may have made and not yet taken by its client; its next "
+        "request waits, unmade, until it takes some (default 8388608)",
+    ),
+    Option(
+        "MAX_PENDING_ANSWER_BYTES_PER_KEY",
+        "as MAX_PENDING_ANSWER_BYTES, all connections of one API key together (default 67108864)",
+    ),
+    Option(
+        "MAX_PENDING_ANSWER_BYTES_PER_PROCESS",
+        "as MAX_PENDING_ANSWER_BYTES, all connections of a serving process together (default 268435456)",
+    ),
     Option("METRICS_HOST", "address of the internal /metrics listener (default 127.0.0.1)"),
     Option(
         "METRICS_PORT",
@@ -435,6 +448,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "BODY_TIMEOUT": ("body_timeout", _positive_float),
     "MAX_CONNECTIONS": ("max_connections", _positive_int),
     "MAX_INFLIGHT_BODY_BYTES": ("max_inflight_body_bytes", _positive_int),
+    "MAX_PENDING_ANSWER_BYTES": ("max_pending_answer_bytes", _positive_int),
+    "MAX_PENDING_ANSWER_BYTES_PER_KEY": ("max_pending_answer_bytes_per_key", _positive_int),
+    "MAX_PENDING_ANSWER_BYTES_PER_PROCESS": ("max_pending_answer_bytes_per_process", _positive_int),
     "METRICS_HOST": ("metrics_host", lambda _n, v: v),
     "METRICS_PORT": ("metrics_port", _port),
     "ADMIN_HOST": ("admin_host", lambda _n, v: v),

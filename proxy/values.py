@@ -93,7 +93,7 @@ class Answer:
             error = obj["error"] if isinstance(obj["error"], dict) else {"code": -32603, "message": str(obj["error"])}
             return cls(jsonrpc.dumps(error), None, error, seconds, upstream)
         result = obj.get("result")
-        return cls(jsonrpc.dumps(result), result, None, seconds, upstream)
+        return cls(jsonrpc.dumps_result(result), result, None, seconds, upstream)
 
 
 @dataclass(slots=True)  # not frozen: built per call, and frozen init costs 3x

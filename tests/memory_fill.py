@@ -54,9 +54,10 @@ class Reading:
 
 
 class ProxyProcess:
-    """`python -m proxy` in front of `upstream`, open mode, memory tier only, bounded at `cache_bytes`."""
+    """`python -m proxy` in front of `upstream`, open mode (unless `settings` name keys), memory tier
+    only, bounded at `cache_bytes`; `settings`: more of its environment."""
 
-    def __init__(self, upstream: str, cache_bytes: int) -> None:
+    def __init__(self, upstream: str, cache_bytes: int, **settings: str) -> None:
         self.port = free_port()
         env = {
             k: v
@@ -73,6 +74,7 @@ class ProxyProcess:
             VERIFY_ANSWERS="off",
             PYTHONPATH=str(ROOT),
         )
+        env.update(settings)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

@@ -18,6 +18,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
+from proxy.http.answer_bytes import AnswerBytes
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.cors import Cors
 from proxy.logs import redacted
@@ -125,6 +126,13 @@ class RpcEndpoint:
         self.max_body_bytes = settings.max_body_bytes
         self.body_timeout = settings.body_timeout
         self.receiving = BodyBudget(settings.max_inflight_body_bytes)  # shared by every transport
+        self.answer_bytes = AnswerBytes(  # so is this
+            settings.max_pending_answer_bytes,
+            settings.max_pending_answer_bytes_per_key,
+            settings.max_pending_answer_bytes_per_process,
+        )
+        metrics.answer_bytes_pending.set_function(lambda: self.answer_bytes.held)
+        metrics.requests_waiting_for_room.set_function(lambda: self.answer_bytes.waiting)
         self.compressor = Compressor(settings.compress_min_bytes, settings.compress_cache_bytes)
         self.compress_from = settings.compress_min_bytes or sys.maxsize  # one comparison per small answer
 

@@ -30,7 +30,7 @@ from proxy.http.endpoint import (
     paid_reply,
 )
 from proxy.http.front_routes import FrontRoutes, request_path
-from proxy.http.pipeline import Pipeline
+from proxy.http.pipeline import Pipeline, closing
 from proxy.http.wire import (
     MAX_HEADERS,
     MAX_LINE,
@@ -90,6 +90,7 @@ class Front:
         self.connections: set[FrontProtocol] = set()
         self.orphans: set[asyncio.Task[None]] = set()  # answers whose client left
         self.stopping = False
+        self.answer_bytes = routes.endpoint.answer_bytes
         self._date = b""
         self.date_at = 0  # the wall-clock second of the Date line and hit heads
         self.renew_at = 0.0  # the loop time (monotonic) at which that second ends
@@ -220,6 +221,7 @@ class FrontProtocol(asyncio.Protocol):
         self._body_read = 0  # body bytes of RPC requests in the read being fed
         self._field_bytes = 0  # the header fields' bytes of the request being read
         self.pipeline = Pipeline(self, front, self._loop)
+        self._counted = front.answer_bytes  # answers made and not yet taken (answer_bytes.py)
 
     def pause_writing(self) -> None:
         self.pipeline.pause_writing()
@@ -262,7 +264,12 @@ class FrontProtocol(asyncio.Protocol):
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
                 end = head_end(data)
                 known = self._front.request_heads.get(data[:end])
-                if known is not None and len(data) - end == known.size:
+                # Not when it must wait for room (answer_bytes.py; one look while no answer is held).
+                if (
+                    known is not None
+                    and len(data) - end == known.size
+                    and (not self._counted.held or not self.pipeline.holds(known))
+                ):
                     self._rpc(known, data[end:])  # the head llhttp accepted before, and its whole body
                     return
             self._begun = begun = 0
@@ -384,7 +391,7 @@ class FrontProtocol(asyncio.Protocol):
             and declared.isdigit()
             and int(declared) > self._endpoint.max_body_bytes
         ):
-            raise Refused(Pipeline.closing(self._endpoint.too_large()))
+            raise Refused(closing(self._endpoint.too_large()))
         if "expect" in headers and headers["expect"].lower() == "100-continue":
             self.pipeline.after_held(
                 _CONTINUE, False
@@ -398,7 +405,7 @@ class FrontProtocol(asyncio.Protocol):
         self._body_read += len(body)
         request.size += len(body)
         if request.size > self._endpoint.max_body_bytes:
-            raise Refused(Pipeline.closing(self._endpoint.too_large()))
+            raise Refused(closing(self._endpoint.too_large()))
         request.parts.append(body)
 
     def on_message_complete(self) -> None:
@@ -413,8 +420,8 @@ class FrontProtocol(asyncio.Protocol):
         if self._front.stopping:
             request.keep_alive = False
         self._kept_alive = request.keep_alive
-        if self.pipeline.holds():
-            self.pipeline.held.append(request)
+        if self.pipeline.holds(request):
+            self.pipeline.hold(request)
             return
         self._dispatch(request)
 

@@ -14,8 +14,9 @@ import termios
 from collections import deque
 from typing import Any, Protocol
 
+from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, error_reply
-from proxy.http.wire import Request
+from proxy.http.wire import RPC, Request
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
 from proxy.values import PaidHit, Reply
 
@@ -23,6 +24,7 @@ log = logging.getLogger("proxy.front")
 
 KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
 MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
+COUNTED_HIT = 64 * 1024  # a memory hit written at once is counted in its connection's bytes from this size
 
 # An answer in request order: its bytes and whether the connection closes after them, or (until its
 # task writes them in) the task making them.
@@ -32,15 +34,33 @@ Waiting = list[Any]
 Held = Request | tuple[bytes, bool]
 
 
-def unsent_bytes(transport: asyncio.Transport) -> int:
+def unsent_bytes(transport: asyncio.Transport | None) -> int:
     """Bytes written to the connection that its client has not yet taken: the transport's buffer and
     the kernel's send queue (SIOCOUTQ), which holds megabytes before the transport's buffer moves."""
+    if transport is None:
+        return 0
     unsent = int(transport.get_write_buffer_size())
     sock = transport.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError, ValueError):
             unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
     return unsent
+
+
+TCP_CLOSE = 7  # a socket's state once its peer reset it (linux/tcp_states.h)
+
+
+def unsent_or_reset(transport: asyncio.Transport | None) -> int:
+    """unsent_bytes, for a connection that may read nothing more: one whose peer reset it is closed
+    (0). With its reading paused and nothing left to write, nothing else would see the reset, and
+    what its kernel queue holds would count for its key until the keep-alive time."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is not None and sock is not None:
+        with contextlib.suppress(OSError, ValueError):
+            if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == TCP_CLOSE:
+                transport.abort()
+                return 0
+    return unsent_bytes(transport)
 
 
 def drop(transport: asyncio.Transport) -> None:
@@ -53,6 +73,11 @@ def drop(transport: asyncio.Transport) -> None:
     transport.abort()
 
 
+def closing(reply: Reply) -> Reply:
+    reply.close = True
+    return reply
+
+
 class Server(Protocol):
     """What a connection reads of its server (front.Front)."""
 
@@ -62,6 +87,7 @@ class Server(Protocol):
     paid_answer: bytes  # a paid hit's: (id number, charged, remaining, verified, length, body)
     open_answer_sent: bytes  # as open_answer, with the client's own id (bytes) for the number
     paid_answer_sent: bytes
+    answer_bytes: AnswerBytes  # answers made and not yet taken, every connection's
 
     def date(self, loop_now: float) -> bytes: ...
 
@@ -97,6 +123,7 @@ class Pipeline:
         self.write_paused = False
         self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
+        self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
 
     def opened(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -118,7 +145,8 @@ class Pipeline:
                 orphans.add(item)
                 item.add_done_callback(orphans.discard)
         self.waiting.clear()
-        self.held.clear()
+        self._clear_held()
+        self.account.close()
 
     def handed_over(self) -> tuple[asyncio.Transport | None, bytes]:
         """Its transport and the upgrade's bytes, for aiohttp: nothing more is answered here."""
@@ -127,6 +155,7 @@ class Pipeline:
         self.done = True
         if self.idle is not None:
             self.idle.cancel()
+        self.account.close()
         return self.transport, data
 
     def pause_writing(self) -> None:
@@ -152,18 +181,40 @@ class Pipeline:
             return False
         return True
 
-    def holds(self) -> bool:
-        """Whether a request read now waits to be made: its client reads none of the answers already
-        written (the transport's buffer is full), MAX_WAITING are being made, or others wait before it.
-        Reading is paused then, but llhttp goes on through the rest of the read: without this, one
-        read of small requests for a large answer made thousands of answers nobody read."""
-        return bool(self.held) or self.write_paused or len(self.waiting) >= MAX_WAITING
+    def holds(self, request: Request) -> bool:
+        """Whether a request read now waits, unmade: its client reads nothing (the transport's buffer is
+        full), MAX_WAITING are being made, others wait before it, or there is no room for its answer's
+        bytes (answer_bytes.py). Reading is paused, but llhttp goes on through the rest of a read."""
+        if self.held or self.write_paused or len(self.waiting) >= MAX_WAITING:
+            return True
+        if not self.account.budget.held:  # no answer is held anywhere (a hit's common case: one look)
+            return False
+        account = self.account
+        account.keyed(request.target)
+        if account.room():
+            return False
+        self.pause()
+        account.wait()
+        return True
+
+    def hold(self, request: Request) -> None:
+        self.held.append(request)
+        self.account.budget.waiting += 1
+
+    def _clear_held(self) -> None:
+        self.account.budget.waiting -= sum(1 for item in self.held if isinstance(item, Request))
+        self.held.clear()
+
+    def _room_made(self) -> None:  # bytes were taken somewhere (AnswerBytes.wait): held requests go on if they fit
+        if self.held and not self.write_paused and not self.waiting and self._go_on():
+            self.resume()
 
     def _run_held(self) -> None:
         """The requests held back, made in order while their answers can go out."""
         held = self.held
         transport = self.transport
         # Not `_done`: that is also a last answer decided (a refusal queued behind these), not yet sent.
+        account = self.account
         while (
             held
             and not self.write_paused
@@ -171,13 +222,19 @@ class Pipeline:
             and transport is not None
             and not transport.is_closing()
         ):
-            item = held.popleft()
+            item = held[0]
             if isinstance(item, Request):
+                if not account.room():
+                    account.wait()
+                    break
+                held.popleft()
+                self.account.budget.waiting -= 1
                 self._reader.make_held(item)
             else:
+                held.popleft()
                 self.send(*item)
         if transport is None or transport.is_closing():
-            held.clear()
+            self._clear_held()
 
     def pause(self) -> None:
         if not self.read_paused and self.transport is not None:
@@ -218,15 +275,16 @@ class Pipeline:
             self.active_at = self._loop.time()
         self._unsent = unsent
         left = self.active_at + KEEPALIVE_TIMEOUT - self._loop.time()
-        if not self.write_paused and (self.waiting or (request is not None and request.kind)):
-            left = KEEPALIVE_TIMEOUT  # busy: its body and its answers have deadlines of their own
+        busy = self.waiting or (request and request.kind) or (not unsent and self.account.others_hold(self.held))
+        if not self.write_paused and busy:  # its body, its answers, others' bytes have deadlines of their own
+            left = KEEPALIVE_TIMEOUT
         if left > 0:
             self.idle = self._loop.call_later(left, self.idle_out)
             return
         self.idle = None
         if transport is not None and unsent:
             self.done = True
-            self.held.clear()
+            self._clear_held()
             drop(transport)
         else:
             self.abort()
@@ -238,6 +296,9 @@ class Pipeline:
         entry: Waiting = [None, False]
         entry[0] = self._loop.create_task(self._awaited(request, reply, entry))
         self.waiting.append(entry)
+        self.account.keyed(request.target)
+        if request.kind == RPC:  # reckoned while made (a scrape of /metrics does not see its own answer)
+            self.account.making_one()
         if len(self.waiting) >= MAX_WAITING:
             self.pause()
 
@@ -256,6 +317,8 @@ class Pipeline:
                 if reply is None:
                     reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
                 entry[0], entry[1] = self._reader.encoded(request, reply)
+                if self.transport is not None:  # counted once, here, where it is encoded
+                    self.account.made(len(entry[0]), request.kind == RPC)
                 waiting = self.waiting
                 if waiting and waiting[0] is entry:
                     self._flush()
@@ -281,6 +344,8 @@ class Pipeline:
             self.send(data, False)
             return
         transport.write(data)
+        if hit.length >= COUNTED_HIT:
+            self.account.wrote(len(data))
         if front.stopping and not self.held:
             self.abort()
         else:
@@ -303,11 +368,13 @@ class Pipeline:
         """An answer, written now when nothing before it waits, else queued behind."""
         if self.waiting:
             self.waiting.append([data, close])
+            self.account.enqueued(len(data))
             return
         transport = self.transport
         if transport is None:
             return
         transport.write(data)
+        self.account.wrote(len(data))
         if close:
             self.done = True
             transport.close()
@@ -324,6 +391,7 @@ class Pipeline:
                 return  # still being made: its task writes it, and those after it
             waiting.popleft()
             transport.write(item)
+            self.account.wrote(len(item), dequeued=True)
             if close:
                 self.done = True
                 waiting.clear()
@@ -340,8 +408,3 @@ class Pipeline:
             self.abort()
         else:
             self.active_at = self._loop.time()
-
-    @staticmethod
-    def closing(reply: Reply) -> Reply:
-        reply.close = True
-        return reply

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -12,7 +12,9 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
-from proxy.http.app_keys import GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
+from proxy.http.answer_bytes import Account, Estimate
+from proxy.http.app_keys import FRONT, GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
+from proxy.http.pipeline import unsent_or_reset
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.ws_connections import Connection
@@ -21,7 +23,8 @@ from proxy.network import NetworkRuntime
 from proxy.request_ids import HEADER, IDS, REQUEST_ID
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
-from proxy.streams.subscriptions import CLOSE_TIMEOUT, Session, spawn, subscription_call
+from proxy.streams.subscriptions import CLOSE_TIMEOUT, ROOM_POLL, Session, spawn, subscription_call
+from proxy.values import Reply
 
 log = logging.getLogger("proxy.ws")
 
@@ -88,6 +91,11 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     connection.recheck = _rechecker(connection, session, gateway, api_key(request), request.headers.get("Origin"))
     idle = asyncio.create_task(_close_when_idle(connection, session, settings.ws_idle_timeout))
     corked = Corked(ws, request.transport, loop, session.room)
+    # Its calls' answers in the process's count of answers not yet taken (per key, per process).
+    transport = request.transport
+    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), _no_op)
+    sized = Estimate(settings.ws_send_buffer_bytes)  # its next answer, against the socket's own bound
+    owed.keyed((None, api_key(request)))
 
     async def serve(data: str | bytes, lookup: Lookup) -> None:
         metrics.inflight.inc()
@@ -96,9 +104,17 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
                 return
-            reply = await gateway.handle(data, account, network, lookup)
-            if reply.body is not None and not ws.closed and await session.room():
-                await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
+            reply = await _made_in_room(owed, sized, session, lambda: gateway.handle(data, account, network, lookup))
+            if reply is None or reply.body is None:
+                return  # closed, or a slow consumer closed for it
+            unsent = len(reply.body)
+            try:
+                if not ws.closed and await session.room():
+                    await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
+                    owed.wrote(unsent, dequeued=True)
+                    unsent = 0
+            finally:
+                owed.dropped(unsent)
         except ConnectionResetError:
             pass
         except Exception:
@@ -137,6 +153,7 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     finally:
         corked.flush()
         idle.cancel()
+        owed.close()
         await session.close()
         if not connection.draining:
             for task in list(connection.tasks):
@@ -144,6 +161,38 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
         app[WEBSOCKETS].discard(connection)
         metrics.ws_connections.dec()
     return ws
+
+
+def _no_op() -> None:
+    """A socket's calls look for room again on a timer (_made_in_room), not when woken."""
+
+
+async def _made_in_room(
+    owed: Account, sized: Estimate, session: Session, make: Callable[[], Awaitable[Reply]]
+) -> Reply | None:
+    """A call's answer, made once its key and the process (MAX_PENDING_ANSWER_BYTES_PER_KEY,
+    _PER_PROCESS) and its socket (WS_SEND_BUFFER_BYTES) have room for it, reckoned at the socket's
+    largest recent answer while it is made: an answer made and unsent held memory no bound saw.
+    None: the socket closed meanwhile."""
+    while not owed.room():
+        if session.closed:
+            return None
+        owed.wait()
+        await asyncio.sleep(ROOM_POLL)
+    reserved = sized.size
+    if not await session.room(reserved):
+        return None
+    session.making += reserved
+    owed.making_one()
+    reply: Reply | None = None
+    try:
+        reply = await make()
+    finally:
+        session.making -= reserved
+        size = len(reply.body) if reply is not None and reply.body is not None else 0
+        sized.saw(size)
+        owed.made(size, True)
+    return reply
 
 
 def _refusal(request: web.Request, account: str) -> web.Response | None:

@@ -211,6 +211,7 @@ class Session:
     subs: dict[str | int, Subscription] = field(default_factory=dict)
     _outbox: deque[_Item] = field(default_factory=deque)
     _pending_bytes: int = 0
+    making: int = 0  # bytes reckoned for calls' answers being made (http/ws.py): a call waits for room
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _writer: asyncio.Task[None] | None = None
     _sending: float | None = None  # queued time of the item being written
@@ -390,17 +391,27 @@ class Session:
         self._wake.set()
         self._check_behind(now)
 
-    async def room(self) -> bool:
-        """Whether a call's answer may be sent: once no more than WS_SEND_BUFFER_BYTES wait for the
-        client (the queue and the socket's buffer), within WS_MAX_LAG. A client that reads none of its
-        answers for as long is closed (1008) as a slow consumer, the answer dropped (without this, each
-        answer waited in the socket's buffer); one that reads, however large its answers, is served."""
+    async def room(self, more: int | None = None) -> bool:
+        """Whether a call's answer may be sent (or, `more`: its estimate, made, with `making`): once it
+        fits in WS_SEND_BUFFER_BYTES with what waits for the client (the queue and the socket's buffer),
+        or nothing waits, within WS_MAX_LAG: a client that reads none of its answers for as long is
+        closed (1008) as a slow consumer; one that reads, however large its answers, is served."""
         limit = self.settings.ws_send_buffer_bytes
-        if self._pending_bytes + self._buffered() <= limit and not self.closed:
+
+        def short() -> bool:
+            held = self._pending_bytes + self._buffered() + (0 if more is None else self.making)
+            return held > limit if more is None else held > 0 and held + more > limit
+
+        if not short() and not self.closed:
             return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.ws_max_lag
-        while not self.closed and self._pending_bytes + self._buffered() > limit:
+        behind = self._pending_bytes + self._buffered()
+        while not self.closed and short():
+            now_behind = self._pending_bytes + self._buffered()
+            if more is not None and (now_behind < behind or not now_behind):  # it takes bytes: not lag
+                deadline = loop.time() + self.settings.ws_max_lag
+            behind = now_behind
             if loop.time() >= deadline:
                 self._overflow(f"fell behind by more than {limit} bytes for {self.settings.ws_max_lag:g}s")
                 return False

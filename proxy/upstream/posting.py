@@ -11,6 +11,7 @@ from typing import Any
 
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_REQUEST
+from proxy.rpc.large_replies import loads_reply
 from proxy.upstream.budget import Slot
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.replies import REQUEST_FAULT_STATUSES, retry_after
@@ -135,7 +136,7 @@ class UpstreamLinks:
                 self._unreachable[index] = False
                 log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
             try:
-                reply = jsonrpc.loads(response.body)
+                reply = loads_reply(response.body)
             except jsonrpc.JSONDecodeError:
                 raise Failed("invalid", "reply is not JSON") from None
             if self._secrets[index]:  # an error echoing a key reaches no client, log line or check

@@ -1,0 +1,208 @@
+"""Bytes of answers made and not yet taken by their clients, bounded per connection, per API key and
+per process (MAX_PENDING_ANSWER_BYTES, ..._PER_KEY, ..._PER_PROCESS): a request is made only while
+its connection, its key and the process have room for its answer, else it waits, unmade, in order,
+until what its clients take makes room. Without it a client that reads nothing held as many answers
+as it sent requests: a count of answers bounded nothing when one answer is 4 MB."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+SIZES_KEPT = 8  # a connection's estimate of its next answer: the largest of its last answers
+UNKNOWN_SHARE = 2  # before any answer, one is reckoned at half the connection's bound (2 made at once)
+# And never under a 64th of it: as many answers as a connection may have made at once (MAX_WAITING,
+# WS_MAX_INFLIGHT), once its answers are known to be small.
+FLOOR_SHARE = 64
+# Before any, an answer is reckoned at this in its key's and the process's counts: many new
+# connections of one key (a pool opening) are not held up by half their own bound each.
+UNKNOWN_SHARED = 64 * 1024
+
+
+class AnswerBytes:
+    """The process's count, shared by every transport of a serving process: bytes of answers made
+    and not yet taken (being made: reckoned at their connection's estimate; encoded and waiting; and
+    written but not yet taken by the client, in the transport's buffer or the kernel's), in all and per
+    key, and the connections whose requests wait for room, woken in turn as bytes are taken."""
+
+    def __init__(self, per_connection: int, per_key: int, per_process: int) -> None:
+        self.per_connection = per_connection
+        self.per_key = per_key
+        self.per_process = per_process
+        self.held = 0  # bytes, all connections together
+        self.keys: dict[str, int] = {}  # bytes per API key (those with any)
+        self.waiting = 0  # requests held, unmade, for want of room (all connections)
+        self._waiters: dict[Callable[[], None], None] = {}  # in the order they began to wait
+        self._wake_soon: asyncio.Handle | None = None
+
+    def charge(self, key: str | None, delta: int) -> None:
+        """A connection's bytes changed by `delta`; bytes taken wake those waiting for room."""
+        self.held += delta
+        if key is not None:
+            left = self.keys.get(key, 0) + delta
+            if left > 0:
+                self.keys[key] = left
+            else:
+                self.keys.pop(key, None)
+        if delta < 0 and self._waiters and self._wake_soon is None:
+            self._wake_soon = asyncio.get_running_loop().call_soon(self._wake)
+
+    def room(self, key: str | None, own: int, more: int, shared: int | None = None) -> bool:
+        """Whether an answer reckoned at `more` bytes (`shared` in the key's and the process's counts)
+        may be made for a connection holding `own`: within every bound, or the first of its bound's
+        holders (an answer larger than a bound is made alone: nothing is refused for its size here)."""
+        if own and own + more > self.per_connection:
+            return False
+        shared = more if shared is None else shared
+        if self.held and self.held + shared > self.per_process:
+            return False
+        if key is not None:
+            held = self.keys.get(key, 0)
+            if held and held + shared > self.per_key:
+                return False
+        return True
+
+    def wait(self, retry: Callable[[], None]) -> None:
+        """`retry` is called once, after the next bytes taken anywhere (it waits again if still short)."""
+        self._waiters[retry] = None
+
+    def forget(self, retry: Callable[[], None]) -> None:
+        self._waiters.pop(retry, None)
+
+    def _wake(self) -> None:
+        self._wake_soon = None
+        waiters, self._waiters = self._waiters, {}
+        for retry in waiters:
+            retry()
+
+
+class Estimate:
+    """A connection's reckoning of its next answer's size, before it is made: the largest of its last
+    SIZES_KEPT answers, and never under a FLOOR_SHARE of its bound (pure: fed sizes, read as an int)."""
+
+    def __init__(self, bound: int) -> None:
+        self._floor = max(1, bound // FLOOR_SHARE)
+        self._sizes: deque[int] = deque(maxlen=SIZES_KEPT)
+        self.size = max(self._floor, bound // UNKNOWN_SHARE)
+        self.shared = min(self.size, UNKNOWN_SHARED)  # as reckoned in its key's and the process's counts
+
+    def saw(self, size: int) -> None:
+        self._sizes.append(size)
+        self.size = self.shared = max(self._floor, max(self._sizes))
+
+
+POLL_SECONDS = 0.02  # how often bytes written and not yet taken are measured again, while any are
+POLL_MAX_SECONDS = 0.64  # doubling up to this while none are taken (a client that reads nothing costs little)
+POLL_FROM = 64 * 1024  # written bytes below this are measured with the next (the kernel takes them at once)
+
+
+class Account:
+    """One connection's bytes in the process's count: answers being made (at its Estimate), encoded
+    and waiting their turn, and written but not yet taken (measured by `unsent`, again every
+    POLL_SECONDS while any are: the kernel's queue drains with no event to tell)."""
+
+    def __init__(
+        self,
+        budget: AnswerBytes,
+        loop: asyncio.AbstractEventLoop,
+        unsent: Callable[[], int],
+        retry: Callable[[], None],
+    ) -> None:
+        self.budget = budget
+        self._loop = loop
+        self._unsent = unsent
+        self._retry = retry
+        self.key: str | None = None  # the API key of its first request that names one
+        self.estimate = Estimate(budget.per_connection)
+        self.making = 0  # answers being made
+        self.queued = 0  # bytes encoded, waiting for the answers before them
+        self.written = 0  # bytes written, not yet known to be taken
+        self.own = 0  # what it holds against its own bound
+        self.charged = 0  # what the process's and its key's counts hold for it
+        self._poll: asyncio.TimerHandle | None = None
+        self._every = POLL_SECONDS
+        self.closed = False
+
+    def keyed(self, target: tuple[str | None, str | None] | None) -> None:
+        """Its key: that of the first request that names one (what it holds already counts for it)."""
+        if self.key is None and target is not None and target[1] is not None:
+            self.key = target[1]
+            if self.charged and not self.closed:
+                self.budget.keys[self.key] = self.budget.keys.get(self.key, 0) + self.charged
+
+    def room(self) -> bool:
+        return self.budget.room(self.key, self.own, self.estimate.size, self.estimate.shared)
+
+    def others_hold(self, held: object) -> bool:
+        """Whether requests are `held` for want of room that others' bytes take (its own would fit):
+        not its client's idleness, when its client has taken all it was sent (the caller's look)."""
+        return bool(held) and self.own + self.estimate.size <= self.budget.per_connection
+
+    def wait(self) -> None:
+        """Its next request waits for room: retried after the next bytes taken anywhere."""
+        self.budget.wait(self._retry)
+        if self.written:
+            self._polling()
+
+    def making_one(self) -> None:
+        self.making += 1
+        self._recount()
+
+    def made(self, size: int, reckoned: bool) -> None:
+        """An answer is encoded: `size` bytes waiting their turn, no longer reckoned at the estimate
+        (`reckoned`: it was, as a JSON-RPC answer being made)."""
+        if reckoned:
+            self.making -= 1
+            self.estimate.saw(size)
+        self.queued += size
+        self._recount()
+
+    def enqueued(self, size: int) -> None:
+        self.queued += size
+        self._recount()
+
+    def dropped(self, size: int) -> None:
+        """An answer waiting its turn was not written (its connection closed, or fell behind)."""
+        self.queued -= size
+        self._recount()
+
+    def wrote(self, size: int, dequeued: bool = False) -> None:
+        if dequeued:
+            self.queued -= size
+        self.written += size
+        self._recount()
+        if self.written >= POLL_FROM:
+            self._polling()
+
+    def close(self) -> None:
+        """The connection is gone: its bytes leave the count (answers still being made are not written)."""
+        self.closed = True
+        self.budget.forget(self._retry)
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
+        self.budget.charge(self.key, -self.charged)
+        self.charged = self.own = self.making = self.queued = self.written = 0
+
+    def _recount(self) -> None:
+        if self.closed:
+            return
+        taken = self.queued + self.written
+        self.own = self.making * self.estimate.size + taken
+        charged = self.making * self.estimate.shared + taken
+        if charged != self.charged:
+            self.budget.charge(self.key, charged - self.charged)
+            self.charged = charged
+
+    def _polling(self) -> None:
+        if self._poll is None and not self.closed:
+            self._poll = self._loop.call_later(self._every, self._measure)
+
+    def _measure(self) -> None:
+        self._poll = None
+        written, self.written = self.written, self._unsent()
+        self._every = min(2 * self._every, POLL_MAX_SECONDS) if self.written >= written else POLL_SECONDS
+        self._recount()
+        if self.written:
+            self._polling()

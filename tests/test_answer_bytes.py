@@ -1,0 +1,305 @@
+"""Answers made and not yet taken by their clients are bounded in bytes: per connection
+(MAX_PENDING_ANSWER_BYTES), per API key (..._PER_KEY) and per process (..._PER_PROCESS). A request
+beyond a bound waits, unmade, in order, and is made as the bytes before it are taken; nothing is
+dropped. Each attacked from outside with raw sockets that read nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from aiohttp import web
+
+from proxy.http.answer_bytes import Account, AnswerBytes, Estimate
+from tests.fake_evm import FakeEvm
+from tests.memory_fill import big_call
+from tests.support import Proxy, ProxyFactory
+from tests.test_front import post
+from tests.test_front_backpressure import read_answers, unread_socket, until_async
+from tests.ws_client import frame
+
+ANSWER = 1_000_000  # bytes of an eth_call's result (hex)
+
+
+@pytest.fixture
+async def big_node() -> AsyncIterator[FakeEvm]:
+    node = await FakeEvm(call_result_bytes=ANSWER).start()
+    yield node
+    await node.close()
+
+
+def upstream_calls(proxy: Proxy) -> int:
+    return sum(upstream.calls["eth_call"] for upstream in proxy.upstreams.values())
+
+
+def pending(proxy: Proxy) -> float:
+    return proxy.registry.get_sample_value("rpc_proxy_answer_bytes_pending") or 0.0
+
+
+def waiting(proxy: Proxy) -> float:
+    return proxy.registry.get_sample_value("rpc_proxy_requests_waiting_for_room") or 0.0
+
+
+def misses(first: int, count: int, key: str = "k") -> bytes:
+    """`count` pipelined requests, each a distinct miss for a large answer."""
+    return b"".join(post(json.dumps(big_call(i)).encode(), path=f"/v3/{key}") for i in range(first, first + count))
+
+
+async def holds_for(check: Callable[[], bool], what: str, seconds: float = 1.0) -> None:
+    """`check` stays true for `seconds` (a bound that must not be crossed while nothing is read)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert check(), what
+        await asyncio.sleep(0.02)
+
+
+async def attack(proxy: Proxy, data: bytes, connections: int) -> list[socket.socket]:
+    """`connections` raw sockets, each sent `data` and reading nothing."""
+    loop = asyncio.get_running_loop()
+    socks = [unread_socket(proxy.server.port) for _ in range(connections)]
+    await asyncio.gather(*(loop.run_in_executor(None, sock.sendall, data) for sock in socks))
+    return socks
+
+
+async def test_a_connection_makes_answers_only_within_its_bytes_and_all_as_its_client_reads(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES: 40 pipelined misses of 1 MB from a client that reads nothing. Before,
+    # all 40 were made at once (the bound was 64 answers, whatever their size): 40 MB held for it.
+    bound = 3_000_000
+    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, MAX_PENDING_ANSWER_BYTES=str(bound))
+    [sock] = await attack(proxy, misses(0, 40), 1)
+    try:
+        await until_async(lambda: waiting(proxy) > 0, "requests to wait for room")
+        # What the kernel and the transport hold counts: a few answers, not 40.
+        await holds_for(lambda: upstream_calls(proxy) <= bound // ANSWER + 1, "answers made past the bound")
+        assert pending(proxy) <= bound + ANSWER
+        bodies = await asyncio.get_running_loop().run_in_executor(None, read_answers, sock, 40)
+    finally:
+        sock.close()
+    assert [json.loads(b)["id"] for b in bodies] == list(range(40))  # nothing dropped, in order
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+
+
+class GatedEvm(FakeEvm):
+    """A FakeEvm whose eth_call answers wait for `gate`: answers are being made, none yet made."""
+
+    def __init__(self, answer: int = ANSWER) -> None:
+        super().__init__(call_result_bytes=answer)
+        self.gate = asyncio.Event()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if b"eth_call" in await request.read():
+            await self.gate.wait()
+        return await super()._handle(request)
+
+
+async def test_requests_sent_one_per_write_wait_for_room_too(make_proxy: ProxyFactory) -> None:
+    # A request that arrives alone in a read, with a head the connection sent before, is answered
+    # without the parser (Front.learn): it waits for room as a parsed one does. Before, each such
+    # request was sent on to the node while the answers before it were still being made.
+    node = await GatedEvm().start()
+    try:
+        bound = 3_000_000
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES=str(bound))
+        loop = asyncio.get_running_loop()
+        sock = unread_socket(proxy.server.port)
+        try:
+            for i in range(10, 40):  # ids of two digits: every request has the same head
+                calls = upstream_calls(proxy)
+                await loop.run_in_executor(None, sock.sendall, misses(i, 1))
+                if not waiting(proxy):
+                    await until_async(lambda c=calls: upstream_calls(proxy) > c or waiting(proxy) > 0, "a read")
+            # Reckoned at half the bound each before any is made: two at once.
+            assert upstream_calls(proxy) <= 2
+            node.gate.set()
+            bodies = await loop.run_in_executor(None, read_answers, sock, 30)
+        finally:
+            sock.close()
+        assert [json.loads(b)["id"] for b in bodies] == list(range(10, 40))
+    finally:
+        node.gate.set()
+        await node.close()
+
+
+async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_meanwhile(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_KEY: four connections of one key, none reading, hold its bound in
+    # all; another key's calls are answered at once all the while (its own bound is untouched).
+    per_key = 5_000_000
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker,victim",
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
+    )
+    socks = await attack(proxy, misses(0, 20, "attacker"), 4)
+    try:
+        await until_async(lambda: waiting(proxy) >= 4, "every attacking connection to wait")
+        # The first answers of each connection are reckoned before any is made: a few past the bound.
+        assert upstream_calls(proxy) <= per_key // ANSWER + 4
+        latencies = []
+        for i in range(20):
+            started = time.monotonic()
+            status, body, _ = await proxy.post(big_call(1000 + i), key="victim")
+            latencies.append(time.monotonic() - started)
+            assert status == 200 and len(body.get("result", "")) >= ANSWER, body
+        assert sorted(latencies)[18] < 1.0  # p95
+        assert upstream_calls(proxy) <= per_key // ANSWER + 4 + 20
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(
+        lambda: pending(proxy) == 0 and waiting(proxy) == 0,
+        f"closed connections to leave the count {pending(proxy)} {waiting(proxy)}",
+        10,
+    )
+
+
+async def test_a_request_waits_while_the_process_is_full_and_is_made_when_bytes_are_taken(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_PROCESS: a connection with nothing of its own waits while others
+    # hold the process's bound, and is answered once they are gone (woken, not polled by its client).
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="3000000",
+    )
+    [sock] = await attack(proxy, misses(0, 20), 1)
+    try:
+        await until_async(lambda: pending(proxy) >= 2_000_000 and waiting(proxy) > 0, "the process to fill")
+        answer = asyncio.ensure_future(proxy.post(big_call(500)))
+        await until_async(lambda: waiting(proxy) > 1, "the second client's request to wait")
+        assert not answer.done()
+    finally:
+        sock.close()
+    status, body, _ = await asyncio.wait_for(answer, 30)
+    assert status == 200 and body["id"] == 500
+
+
+# --- the pure parts ---------------------------------------------------------------------------
+
+
+def test_room_lets_the_first_answer_of_a_bound_through_whatever_its_size() -> None:
+    bytes_ = AnswerBytes(per_connection=100, per_key=200, per_process=300)
+    assert bytes_.room("a", own=0, more=10_000)  # alone: made, whatever its size
+    assert bytes_.room("a", own=50, more=50) and not bytes_.room("a", own=51, more=50)
+    bytes_.charge("a", 190)
+    assert not bytes_.room("a", own=0, more=20)  # the key's bound, though this connection holds none
+    assert bytes_.room("b", own=0, more=20)
+    bytes_.charge("b", 100)
+    assert not bytes_.room("c", own=0, more=20)  # the process's
+    bytes_.charge("a", -190)
+    assert bytes_.keys == {"b": 100} and bytes_.held == 100
+
+
+def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() -> None:
+    estimate = Estimate(1600)
+    assert estimate.size == 800  # nothing seen: half the bound
+    estimate.saw(1000)
+    assert estimate.size == 1000
+    for _ in range(8):
+        estimate.saw(1)
+    assert estimate.size == 25  # the large one forgotten; the floor, a 64th of the bound
+
+
+async def silent_websocket(port: int, calls: list[bytes], key: str = "k") -> socket.socket:
+    """A raw WebSocket with a tiny receive window that sends `calls`, then never reads."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(
+        sock,
+        b"GET /ws/v3/%s HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % key.encode(),
+    )
+    assert b" 101 " in await loop.sock_recv(sock, 1024)
+    await loop.sock_sendall(sock, b"".join(frame(call) for call in calls))
+    return sock
+
+
+async def test_a_websocket_call_waits_for_room_before_its_answer_is_made(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # WS_SEND_BUFFER_BYTES counts calls' answers before they are made: 30 calls of 1 MB from a socket
+    # that reads nothing. Before, every call was made at once and its answer waited, made, for room
+    # (30 MB held for one socket until WS_MAX_LAG closed it).
+    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, WS_SEND_BUFFER_BYTES="3000000", WS_MAX_LAG="30")
+    sock = await silent_websocket(proxy.server.port, [json.dumps(big_call(i)).encode() for i in range(30)])
+    try:
+        await until_async(lambda: upstream_calls(proxy) >= 2, "the first answers to be made")
+        # The bound, and what the kernel's queue took of the first answers unseen.
+        await holds_for(lambda: upstream_calls(proxy) <= 8, "answers made past WS_SEND_BUFFER_BYTES")
+    finally:
+        sock.close()
+
+
+async def test_websockets_of_one_key_are_bounded_by_its_bytes_and_another_key_is_served(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_KEY holds for WebSocket calls too: three sockets of one key, each
+    # within a generous WS_SEND_BUFFER_BYTES, reading nothing, hold about the key's bound in all.
+    per_key = 4_000_000
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker,victim",
+        WS_SEND_BUFFER_BYTES="50000000",
+        WS_MAX_LAG="30",
+        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
+    )
+    calls = [json.dumps(big_call(i)).encode() for i in range(20)]
+    socks = [await silent_websocket(proxy.server.port, calls, "attacker") for _ in range(3)]
+    try:
+        await until_async(lambda: pending(proxy) >= per_key // 2, "the key's bytes to grow")
+        await holds_for(lambda: upstream_calls(proxy) <= per_key // ANSWER + 3 * 2, "answers made past the key's bound")
+        status, body, _ = await proxy.post(big_call(700), key="victim")
+        assert status == 200 and len(body.get("result", "")) >= ANSWER
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0, "closed sockets to leave the count")
+
+
+async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(make_proxy: ProxyFactory) -> None:
+    # The other side: once a socket's answers are known to be small, its calls are all made at once
+    # (WS_MAX_INFLIGHT), as before the byte bounds, not a few at a time.
+    node = await GatedEvm(answer=100).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url)
+        async with proxy.session.ws_connect(proxy.ws_url()) as ws:
+            node.gate.set()
+            await ws.send_str(json.dumps(big_call(0)))
+            assert json.loads((await ws.receive(timeout=30)).data)["id"] == 0
+            node.gate.clear()
+            for i in range(1, 51):
+                await ws.send_str(json.dumps(big_call(i)))
+            await until_async(lambda: upstream_calls(proxy) == 51, "every call to be sent on at once")
+            node.gate.set()
+            ids = sorted([json.loads((await ws.receive(timeout=30)).data)["id"] for _ in range(50)])
+        assert ids == list(range(1, 51))
+    finally:
+        node.gate.set()
+        await node.close()
+
+
+async def test_bytes_held_before_a_connection_names_its_key_count_for_the_key_once_it_does() -> None:
+    # A large memory hit first (counted, no key read for it), then a key's requests: what the
+    # connection holds counts for the key, and leaves it when the connection closes.
+    budget = AnswerBytes(per_connection=100, per_key=1000, per_process=10_000)
+    account = Account(budget, asyncio.get_running_loop(), lambda: 0, lambda: None)
+    account.wrote(50)
+    account.keyed((None, None))  # open mode, or a path with no key: nothing to count it for
+    account.keyed(("evm", "k"))
+    assert budget.keys == {"k": 50} and budget.held == 50
+    account.making_one()
+    assert budget.keys == {"k": 50 + account.estimate.shared}
+    account.close()
+    assert budget.keys == {} and budget.held == 0
