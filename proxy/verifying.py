@@ -41,6 +41,10 @@ PROVEN, UNPROVEN, REFUTED, NOT_APPLICABLE, OFF = "proven", "unproven", "refuted"
 # (content-addressed: no final block, so no proof the trusted chain of final blocks could give), or
 # it is about block 0 and unproven (a dev node's genesis stateRoot is not its state's).
 UNFINAL = "unfinal"
+# A proof past its budget (an eth_getLogs range of too many blocks to check): kept as without
+# verification (told unproven) under auto, as an answer no proof covers; nothing unproven is kept
+# forever under required.
+UNCHECKED = "unchecked"
 LOGS_MAX_BLOCKS = 2000  # headers read to check one eth_getLogs answer (a chunk of the default 1000 fits)
 LOGS_MAX_CHECKED = 32  # blocks whose receipts are asked to check one eth_getLogs answer
 
@@ -96,6 +100,9 @@ class Verifier:
         per = net.per_upstream
         while True:
             outcome = await self._prove(net, plan, answer, number)
+            if outcome == UNCHECKED:
+                self._metrics.verifications.labels(net.name, metric_label(plan.method), outcome).inc()
+                return UNFINAL, answer  # kept as without verification (required: for a short TTL)
             if outcome != PROVEN and number == 0:
                 # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot:
                 # answers about block 0 are kept as without verification, told unproven.
@@ -198,7 +205,7 @@ class Verifier:
         except (KeyError, TypeError, ValueError):
             return UNPROVEN
         if last - first + 1 > LOGS_MAX_BLOCKS:
-            return UNPROVEN
+            return UNCHECKED
         shown = ap.logs_by_block(answer.result)
         if any(not first <= n <= last for n in shown):
             return REFUTED
@@ -216,7 +223,7 @@ class Verifier:
                 if filled is None or bloom.may_match(filled, addresses, topics):
                     checked.add(n)
         if len(checked) > LOGS_MAX_CHECKED:
-            return UNPROVEN
+            return UNCHECKED
         order = sorted(checked)
         calls = [
             c for n in order for c in (("eth_getBlockByNumber", [hex(n), True]), ("eth_getBlockReceipts", [hex(n)]))
