@@ -77,7 +77,11 @@ class Fetcher:
             # with the caller's tag, and keep nothing, since that answer has no fixed block.
             original = substitute(params, {id(r): r.encode() for r in refs})
             return await self._asker.ask_as_tag(net, method, original, policy, deadline, plan.need), False
-        if doubt is not None:  # served, never stored
+        # A null about a block hash (its node may lack the block) that a proof can show is the block's.
+        provable_null = (
+            kind == "null" and plan.decision.mode is cp.Mode.IMMUTABLE and self._verifier.proves_null(net, plan.method)
+        )
+        if doubt is not None and not (doubt == "unknown_hash" and provable_null):  # served, never stored
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
             return answer, False
         if plan.unvouched_hash is not None and kind == "ok" and not await self._reads.canonical(net, plan, answer):
@@ -98,14 +102,21 @@ class Fetcher:
                 if not isinstance(now_head, Head) or plan.head is not now_head:
                     return answer, False
                 key = unmined_key(key, now_head)
-        verdict = NOT_APPLICABLE
-        if ttl == cp.FOREVER and kind == "ok":
+        verdict, null_ttl = NOT_APPLICABLE, None
+        if provable_null and ttl is not None:
+            null_ttl, ttl = ttl, cp.FOREVER  # no uncle at that index of a final block: as final as the block
+        if ttl == cp.FOREVER and (kind == "ok" or null_ttl is not None):
             # Verified answers (verifying.py): a refuted or unproven answer is served, never kept.
             verdict, answer = await self._verifier.settle(net, plan, answer)
             answer.verified = shown_as(net, plan.method, verdict)
             if verdict not in (PROVEN, NOT_APPLICABLE, UNFINAL, OFF):
                 self._metrics.uncached_answers.labels(net.name, verdict).inc()
                 return answer, False
+            if null_ttl is not None and verdict != PROVEN:
+                if doubt is not None:  # its node may lack the block, and no proof says otherwise
+                    self._metrics.uncached_answers.labels(net.name, doubt).inc()
+                    return answer, False
+                ttl = null_ttl  # a null not proven (a block above finality): kept no longer than before
             if verdict in (NOT_APPLICABLE, UNFINAL) and net.config.verify == "required":
                 ttl = self._ttls.unfinalized  # nothing unproven is kept forever
         if ttl == cp.FOREVER and verdict != PROVEN and self._integrity.checks(net):  # a proof beats a vote

@@ -85,6 +85,11 @@ class Verifier:
     def applies(net: NetworkRuntime, method: str) -> bool:
         return net.config.verify != OFF and net.config.family == "evm" and method in ap.PROVABLE
 
+    @staticmethod
+    def proves_null(net: NetworkRuntime, method: str) -> bool:
+        """A null of this method about a final block is proven like any answer (then kept forever)."""
+        return Verifier.applies(net, method) and method in ap.NULL_PROVABLE
+
     async def settle(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> tuple[str, Answer]:
         """For an answer about to be kept forever: its verdict (proven, unproven, not-applicable, off)
         and the answer to serve (a proven one from another upstream when this one's was refuted)."""
@@ -183,7 +188,10 @@ class Verifier:
             extras = await self._extras(net, answer.upstream, calls)
             if extras is None:
                 return UNPROVEN
-            ap.prove(plan.method, plan.forward, answer.result, header, extras)
+            more = await self._extras(net, answer.upstream, ap.follow_up_calls(plan.method, plan.forward, extras))
+            if more is None:
+                return UNPROVEN
+            ap.prove(plan.method, plan.forward, answer.result, header, [*extras, *more])
         except (Unverifiable, ap.Unprovable):
             return UNPROVEN
         except ap.AnswerError:

@@ -7,7 +7,8 @@ changed answer. Each lie is one a node could tell without breaking the JSON form
 - "gas": a receipt's gasUsed is one more (eth_getBlockReceipts, eth_getTransactionReceipt);
 - "timestamp": a block's timestamp is one more (eth_getBlockByNumber, eth_getBlockByHash);
 - "proofnode": eth_getProof's last account proof node has a byte changed (the values left true);
-- "newfield": a block shows a header field no fork has (`futureRoot`).
+- "newfield": a block shows a header field no fork has (`futureRoot`);
+- "uncle": eth_getUncleByBlockHashAndIndex answers `uncle` (a real block's header) instead of null.
 
 `lie = None` relays honestly. Tags ("latest", "finalized") are never lied about, so the tracker
 follows the real chain.
@@ -25,7 +26,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
 
-LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield")
+LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield", "uncle")
 _BLOCK_PARAM = {
     "eth_getStorageAt": 2,
     "eth_getProof": 2,
@@ -90,6 +91,7 @@ class LyingRelay:
     lie: str | None = None
     below: int = 0  # lies about blocks up to this number
     lies_told: int = 0
+    uncle: dict[str, Any] | None = None  # what the "uncle" lie answers
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
     url: str = ""
     _server: TestServer | None = None
@@ -124,6 +126,9 @@ class LyingRelay:
             call = by_id.get(item.get("id"), {})
             result = item.get("result")
             number = _about(call, result)
+            if self.lie == "uncle" and call.get("method") == "eth_getUncleByBlockHashAndIndex" and result is None:
+                item["result"] = dict(self.uncle or {})  # by hash: no tag to keep honest
+                self.lies_told += 1
             if self.lie is not None and number is not None and number <= self.below and result is not None:
                 item["result"] = _lie(self.lie, str(call.get("method")), result)
                 self.lies_told += 1

@@ -3,10 +3,11 @@
 A call's answer is proven from its block's header (header_chain.py) and, where the answer itself does
 not carry its proof, from further calls (`extra_calls`) whose answers are proven against the same
 header first: an eth_getProof for a state read, the block with its full transactions for a receipt,
-a transaction or a block with hashes, the block's receipts for a single receipt. `prove` raises
+a transaction or a block with hashes, the block's receipts for a single receipt, the block with its
+uncle hashes (and then, `follow_up_calls`, its uncle headers) for an uncle. `prove` raises
 AnswerError when the answer is not what the proofs show (a lie, or a node on another chain), and
-Unprovable when no proof can be had here (an uncle's header, an error answer): that answer is not
-refuted, only not proven.
+Unprovable when no proof can be had here (a block answer with uncles, an error answer): that answer
+is not refuted, only not proven.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.chain.block_body import BlockError, verify_block
+from proxy.chain.block_body import BlockError, verify_block, verify_uncles
 from proxy.chain.fields import FieldError, data, quantity
-from proxy.chain.headers import Header
+from proxy.chain.headers import Header, HeaderError, header_rlp, verify_header
 from proxy.chain.receipts_root import ReceiptError, verify_receipts
+from proxy.chain.rlp import wrap_list
 from proxy.chain.trie_proof import ProofError, slot_key, verify_account, verify_code
 from proxy.rpc.jsonrpc import dumps_canonical
 
@@ -28,7 +30,11 @@ TRANSACTIONS = frozenset(
 )
 BLOCKS = frozenset({"eth_getBlockByNumber", "eth_getBlockByHash"})
 RECEIPTS = frozenset({"eth_getBlockReceipts", "eth_getTransactionReceipt"})
-PROVABLE = frozenset(STATE) | TRANSACTIONS | BLOCKS | RECEIPTS | {"eth_getLogs"}
+UNCLE = "eth_getUncleByBlockHashAndIndex"
+PROVABLE = frozenset(STATE) | TRANSACTIONS | BLOCKS | RECEIPTS | {"eth_getLogs", UNCLE}
+# Methods whose null is proven too (no uncle at that index of a final block): as final as the block.
+NULL_PROVABLE = frozenset({UNCLE})
+MAX_UNCLES = 16  # uncle headers asked to prove one answer (Ethereum allowed 2 a block)
 
 Call = tuple[str, Any]
 
@@ -60,8 +66,8 @@ def answer_block(method: str, params: Any, result: Any) -> int | str | None:
     params = params if isinstance(params, list) else []
     if method in STATE:
         return _block_param(params[STATE[method]]) if len(params) > STATE[method] else None
-    if method in ("eth_getBlockReceipts", "eth_getBlockByNumber", "eth_getTransactionByBlockNumberAndIndex"):
-        return _block_param(params[0]) if params else None
+    if method in ("eth_getBlockReceipts", "eth_getBlockByNumber", "eth_getTransactionByBlockNumberAndIndex", UNCLE):
+        return _block_param(params[0]) if params else None  # an uncle's own number is not its block's
     item = result[0] if isinstance(result, list) and result else result
     if not isinstance(item, dict):
         return None
@@ -82,7 +88,21 @@ def extra_calls(method: str, params: Any, result: Any, number: int) -> list[Call
         return [("eth_getBlockByNumber", [block, True]), ("eth_getBlockReceipts", [block])]
     if method in TRANSACTIONS or method == "eth_getBlockReceipts":
         return [("eth_getBlockByNumber", [block, True])]
+    if method == UNCLE:
+        return [("eth_getBlockByHash", [params[0], False])]
     return []
+
+
+def follow_up_calls(method: str, params: Any, extras: Sequence[Any]) -> list[Call]:
+    """Calls that the extra calls' answers show are needed too: an uncle's proof needs every uncle
+    header of its block (sha3Uncles commits to them all), as many as the block lists."""
+    block = extras[0] if method == UNCLE and extras else None
+    shown = block.get("uncles") if isinstance(block, dict) else None
+    if not isinstance(shown, list) or not shown:
+        return []
+    if len(shown) > MAX_UNCLES:
+        raise Unprovable(f"a block listing {len(shown)} uncles")
+    return [(UNCLE, [params[0], hex(j)]) for j in range(len(shown))]
 
 
 def _slot(value: Any) -> str:
@@ -101,9 +121,11 @@ def prove(method: str, params: Any, result: Any, header: Header, extras: Sequenc
             _prove_state(method, params, result, header, extras)
         elif method in BLOCKS:
             _prove_block(result, header, extras[0] if extras else None)
+        elif method == UNCLE:
+            _prove_uncle(params, result, header, extras)
         else:
             _prove_from_block(method, result, header, extras)
-    except (ProofError, BlockError, ReceiptError, FieldError) as exc:
+    except (ProofError, BlockError, ReceiptError, FieldError, HeaderError) as exc:
         raise AnswerError(str(exc)) from exc
 
 
@@ -141,6 +163,29 @@ def _prove_block(result: Any, header: Header, full: Any) -> None:
     if full is not None:
         _proven_block(full, header)
     _proven_block(result, header, transactions)
+
+
+def _prove_uncle(params: Any, result: Any, header: Header, extras: Sequence[Any]) -> None:
+    """The block (with uncle hashes) proven by the header's hash and its uncles by sha3Uncles with
+    their headers; then a null is proven by no uncle at the index, an uncle by its header's hash."""
+    block, uncles = extras[0], extras[1:]
+    if not isinstance(block, dict):
+        raise AnswerError("no block for a final block's hash")
+    if verify_header(block).hash != header.hash:
+        raise AnswerError("the block is not the chain's block at its height")
+    verify_uncles(block, uncles)
+    shown, index = block["uncles"], quantity(params[1], "index")
+    if result is None:
+        if index < len(shown):
+            raise AnswerError("null for an uncle the block has")
+        return
+    if index >= len(shown):
+        raise AnswerError("an uncle the block does not have")
+    if not isinstance(result, dict) or "0x" + verify_header(result).hash.hex() != str(shown[index]).lower():
+        raise AnswerError("an uncle header that is not the block's uncle at its index")
+    # The size of an uncle answer: its header's block with no body (geth); other reckonings not proven.
+    if "size" in result and quantity(result["size"], "size") != len(wrap_list(header_rlp(result) + b"\xc0\xc0")):
+        raise Unprovable("an uncle's size that is not its header's bare block")
 
 
 def prove_receipts(full: Any, receipts: Any, header: Header) -> None:

@@ -93,6 +93,15 @@ def _uncles(block: Mapping[str, Any], uncles: Sequence[Mapping[str, Any]]) -> li
     return encodings
 
 
+def verify_uncles(block: Mapping[str, Any], uncles: Sequence[Mapping[str, Any]]) -> None:
+    """The block's `uncles` hashes, proven by its sha3Uncles with the uncle headers in their order
+    (none for an empty list); BlockError otherwise. The block's own header is proven by the caller."""
+    try:
+        _uncles(block, uncles)
+    except (HeaderError, FieldError) as exc:
+        raise BlockError(str(exc)) from exc
+
+
 def _sizes(parts: list[bytes]) -> set[int]:
     """The block's RLP size: of [header, transactions, uncles, withdrawals] (geth, reth), or without
     the withdrawals (Anvil, whose block type holds none)."""
