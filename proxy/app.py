@@ -41,7 +41,7 @@ from proxy.network_set import NetworkSet
 from proxy.redis_link import RedisClient, RedisLink, connect
 from proxy.reload import reload_keys
 from proxy.service import Service
-from proxy.streams.subscriptions import Streams
+from proxy.streams.subscription import Streams
 from proxy.tasks import stop_tasks
 from proxy.upstream.key_budget import KeySlots
 from proxy.upstream.pool import HttpUpstream, Upstream, routing_of

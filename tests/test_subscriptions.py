@@ -16,7 +16,7 @@ from proxy.config import Settings
 from proxy.credits.accounts import derived_name
 from proxy.http.app_keys import STREAMS
 from proxy.rpc.params import Rules
-from proxy.streams.subscriptions import LogFilter, subscription_call
+from proxy.streams.subscription import LogFilter, subscription_call
 from tests.support import Anvil, Proxy, ProxyFactory, eventually, selector, settings_for, word
 from tests.ws_client import Client, connect
 

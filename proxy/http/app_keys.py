@@ -12,7 +12,7 @@ from proxy.http.ws_connections import Connection
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink
 from proxy.service import Service
-from proxy.streams.subscriptions import Streams
+from proxy.streams.subscription import Streams
 from proxy.workers.replica_counts import ReplicaCounts
 
 SETTINGS = web.AppKey("settings", Settings)

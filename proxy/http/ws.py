@@ -23,7 +23,8 @@ from proxy.network import NetworkRuntime
 from proxy.request_ids import HEADER, IDS, REQUEST_ID
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
-from proxy.streams.subscriptions import CLOSE_TIMEOUT, ROOM_POLL, Session, spawn, subscription_call
+from proxy.streams.subscription import spawn, subscription_call
+from proxy.streams.subscriptions import CLOSE_TIMEOUT, ROOM_POLL, Session
 from proxy.values import Reply
 
 log = logging.getLogger("proxy.ws")

@@ -19,7 +19,7 @@ from proxy.chain.heads import EvmHeadTracker
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.streams.fanout import LogBatch
-from proxy.streams.subscriptions import Relay, Relayed, Session, Subscription, spawn
+from proxy.streams.subscription import Relay, Relayed, Session, Subscription, spawn
 from proxy.upstream.pool import Upstream
 from proxy.upstream.sending import too_large
 from proxy.values import Answer
