@@ -85,6 +85,18 @@ class Asker:
             return answer, doubt
         if doubt is None and plan.by_hash and _not_found(answer) and not orphan:
             doubt = "unknown_hash"  # that node may not know the block: another may
+        elif (
+            doubt == "unverified"
+            and not answer.unbatched
+            and plan.need is not None
+            and not plan.tags_resolved
+            and _not_found(answer)
+        ):
+            # Its batch failed (a 500, a partial reply) and it went alone, with no header the tracker
+            # still holds to show it with (or for a block a reorg replaced): a load balancer's lagging
+            # member answers that way. Asked again; served only when shown with the chain, else refused
+            # (-32002).
+            doubt = "unproven"
         return await self._elsewhere(read, answer, doubt, orphan)
 
     async def _elsewhere(
@@ -199,14 +211,7 @@ class Asker:
         member: a range error, a null for a hash it never saw)? Asked again with the node's header at
         that height in the same batch, ASK_AGAIN times at most; served only from a node that shows the
         block (a null by hash is still never stored: `unknown_hash`), else refused as `lagging`."""
-        net, method, forward, policy, plan, deadline = (
-            read.net,
-            read.method,
-            read.forward,
-            read.policy,
-            read.plan,
-            read.deadline,
-        )
+        net, method, forward, policy, plan, deadline = read
         per = net.per_upstream
         assert per is not None
         index = per.states.other_with(answer.upstream, plan.need)

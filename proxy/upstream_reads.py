@@ -135,14 +135,7 @@ class Reads:
         index: int | None,
     ) -> tuple[Answer, str | None]:
         """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
-        net, method, forward, policy, plan, deadline = (
-            read.net,
-            read.method,
-            read.forward,
-            read.policy,
-            read.plan,
-            read.deadline,
-        )
+        net, method, forward, policy, plan, deadline = read
         end_answer = None
         per = net.per_upstream
         proof = plan.proof if plan.check_end is None and per is not None else None

@@ -23,6 +23,7 @@ from array import array
 from collections.abc import Iterator
 
 from proxy.upstream.window import Limits, hold_place
+from proxy.workers.shared_table import alive
 
 _HEADER = struct.Struct("<II")  # processes with requests in flight, places held
 _PROCESS = struct.Struct("<ii")  # pid, its requests in flight
@@ -87,18 +88,8 @@ class SharedWindow:
 
 def _reap(flying: dict[int, int], held: list[float], until: float, own: int) -> bool:
     """The requests in flight of processes that are gone, held until `until` instead; True if any."""
-    gone = [pid for pid in flying if pid != own and not _alive(pid)]
+    gone = [pid for pid in flying if pid != own and not alive(pid)]
     for pid in gone:
         for _ in range(flying.pop(pid)):
             bisect.insort(held, until)
     return bool(gone)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
