@@ -89,6 +89,8 @@ class Asker:
             doubt == "unverified"
             and not answer.unbatched
             and plan.need is not None
+            and head is not None
+            and plan.need <= head.latest
             and not plan.tags_resolved
             and _not_found(answer)
         ):
