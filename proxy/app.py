@@ -59,7 +59,7 @@ class SystemClock:
     time = staticmethod(time.time)
 
 
-def _http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]:
+def http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]:
     def build(network: Network, metrics: Metrics) -> Upstream:
         return HttpUpstream(
             network.name,
@@ -304,7 +304,7 @@ def create_app(
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     metrics.memory_limit.set(cgroup_memory_limit() or 0)
     clock = clock or SystemClock()
-    factory = upstream_factory or _http_upstream(settings)
+    factory = upstream_factory or http_upstream(settings)
     stores = _stores(settings, metrics, clock, redis, ledger, worker)
     if stores.link is None:  # no Redis configured: no rpc_proxy_redis_up to say it is down
         metrics.registry.unregister(metrics.redis_up)

@@ -22,12 +22,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
-from proxy.app import create_app
+from proxy.app import create_app, http_upstream
 from proxy.config import Network, Settings, build_settings
 from proxy.http.app_keys import SERVICE, SETTINGS
 from proxy.http.listeners import CappedSite
 from proxy.metrics import Metrics
-from proxy.upstream.pool import HttpUpstream, routing_of
+from proxy.upstream.pool import HttpUpstream
 from proxy.values import Answer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -429,17 +429,8 @@ async def start_proxy(
     upstreams: dict[str, CountingUpstream] = {}
 
     def counting(network: Network, metrics: Metrics) -> CountingUpstream:
-        inner = HttpUpstream(
-            network.name,
-            network.upstreams,
-            timeout=settings.upstream_timeout,
-            metrics=metrics,
-            batch_max=settings.upstream_batch_max,
-            batch_max_bytes=settings.upstream_batch_max_bytes,
-            attempt_timeout=settings.upstream_attempt_timeout,
-            max_reply_bytes=settings.max_response_bytes,
-            routing=routing_of(network),
-        )
+        inner = http_upstream(settings)(network, metrics)
+        assert isinstance(inner, HttpUpstream)
         upstreams[network.name] = upstream_class(inner)
         return upstreams[network.name]
 
