@@ -1,6 +1,6 @@
 """A relay in a process of its own that writes each request's arrival and departure times
-(CLOCK_MONOTONIC, the same clock in every process), its JSON-RPC calls (a batch's length, else 1)
-and their methods to a file, one request a line: what a provider's
+(CLOCK_MONOTONIC, the same clock in every process), its JSON-RPC calls (a batch's length, else 1),
+their methods and the sender's port (which of the proxy's connections) to a file, one request a line: what a provider's
 meter sees, undisturbed by the test's own event loop. `DELAY` (seconds, default 0) holds each
 request that long before it is answered. `python -m tests.arrivals_relay TARGET PORT FILE [DELAY]`."""
 
@@ -22,6 +22,7 @@ def main(target: str, port: int, path: str, delay: float) -> None:
     async def relay(request: web.Request) -> web.Response:
         nonlocal session
         arrived = time.monotonic()
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
         body = await request.read()
         if session is None:
             session = aiohttp.ClientSession()
@@ -30,7 +31,7 @@ def main(target: str, port: int, path: str, delay: float) -> None:
             answer = await response.read()
         parsed = json.loads(body)
         methods = [c.get("method", "?") for c in (parsed if isinstance(parsed, list) else [parsed])]
-        log.write(f"{arrived} {time.monotonic()} {len(methods)} {','.join(methods)}\n")
+        log.write(f"{arrived} {time.monotonic()} {len(methods)} {','.join(methods)} {peer[1] if peer else 0}\n")
         return web.Response(body=answer, content_type="application/json")
 
     app = web.Application()

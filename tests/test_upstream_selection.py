@@ -266,7 +266,18 @@ class Meter:
     def methods(self) -> list[tuple[float, float, list[str]]]:
         """Each request answered so far: (arrival, departure, its calls' methods)."""
         text = self._file.read_text() if self._file.exists() else ""
-        return [(float(a), float(d), m.split(",")) for a, d, _n, m in (line.split() for line in text.splitlines())]
+        rows = (line.split() for line in text.splitlines())
+        return [(float(a), float(d), m.split(",")) for a, d, _n, m, _port in rows]
+
+    def busiest(self) -> str:
+        """The requests in flight at the instant most calls were (arrival, departure, methods, sender's
+        port), for a failure's message."""
+        lines = [line.split() for line in self._file.read_text().splitlines()] if self._file.exists() else []
+        spans = [(float(a), float(d), int(n), line) for line in lines for a, d, n in [line[:3]]]
+        if not spans:
+            return "no requests"
+        _, start = max((sum(n for a, d, n, _ in spans if a <= s < d), s) for s, _, _, _ in spans)
+        return "\n".join(" ".join(line) for a, d, _, line in spans if a <= start < d)
 
     def arrivals(self) -> list[float]:
         return [a for a, _ in self.spans()]
@@ -352,7 +363,7 @@ async def test_a_budget_counts_calls_not_requests_under_a_batched_burst_from_two
         assert sum(n for _, _, n in requests) >= 100
         assert any(n > 1 for _, _, n in requests)  # batches went: the budget is in calls, not requests
         assert _most_calls_in_one_second(requests) <= budget.get("max_rps", 10**6)
-        assert _most_calls_in_flight(requests) <= budget.get("max_concurrency", 10**6)
+        assert _most_calls_in_flight(requests) <= budget.get("max_concurrency", 10**6), meter.busiest()
     finally:
         code, log = await _stop(running)
         meter.stop()
