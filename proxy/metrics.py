@@ -158,8 +158,7 @@ class Metrics:
         # Registration order is exposition order: calls and cache, upstreams, credits and limits,
         # chain heads, then connections and Redis.
         self._add_call_metrics(registry)
-        self._add_upstream_metrics(registry)
-        self._add_selection_metrics(registry)
+        self.upstreams = UpstreamMetrics(registry)
         self._add_credit_metrics(registry)
         self._add_chain_metrics(registry)
         self._add_connection_metrics(registry)
@@ -212,99 +211,6 @@ class Metrics:
             "rpc_proxy_requests_waiting_for_room",
             "Requests read and not yet made because their connection, key or process holds its bound "
             "of answer bytes not yet taken.",
-            registry=r,
-        )
-
-    def _add_upstream_metrics(self, r: CollectorRegistry) -> None:
-        """Upstream latency, failures, failovers and coalesced calls."""
-        # Per upstream call (every miss): plain numbers, as the per-call metrics above.
-        self.upstream_seconds = _Local(
-            "histogram",
-            "rpc_proxy_upstream_request_duration_seconds",
-            "Upstream request latency.",
-            ["network", "method", "upstream"],
-            r,
-            LATENCY_BUCKETS,
-        )
-        self.upstream_errors = Counter(
-            "rpc_proxy_upstream_errors",
-            "Upstream failures by kind (connect, timeout, http, rate_limited, invalid, mismatch).",
-            ["network", "upstream", "kind"],
-            registry=r,
-        )
-        self.upstream_failovers = Counter(
-            "rpc_proxy_upstream_failovers",
-            "Requests passed on to the next upstream after a failure.",
-            ["network"],
-            registry=r,
-        )
-        self.coalesced = Counter(
-            "rpc_proxy_coalesced_requests",
-            "Calls answered by joining an identical in-flight upstream call.",
-            ["network", "method"],
-            registry=r,
-        )
-
-    def _add_selection_metrics(self, r: CollectorRegistry) -> None:
-        """Which upstream was asked, hedged reads, provider budgets and rate limits, head lag."""
-        self.upstream_selected = _Local(
-            "counter",
-            "rpc_proxy_upstream_selected",
-            "Attempts sent to each upstream (the selection policy's choices, failovers and hedges included).",
-            ["network", "upstream"],
-            r,
-        )
-        self.upstream_hedged = Counter(
-            "rpc_proxy_upstream_hedged",
-            "Reads also sent to a second upstream after hedge_after_ms without an answer.",
-            ["network"],
-            registry=r,
-        )
-        self.upstream_hedge_wins = Counter(
-            "rpc_proxy_upstream_hedge_wins",
-            "Hedged reads, by the upstream whose answer won.",
-            ["network", "upstream"],
-            registry=r,
-        )
-        self.upstream_budget_waits = Counter(
-            "rpc_proxy_upstream_budget_waits",
-            "Attempts that waited for an upstream's max_rps/max_concurrency "
-            "budget (no upstream in the order had budget at once).",
-            ["network", "upstream"],
-            registry=r,
-        )
-        self.upstream_rate_limited = Counter(
-            "rpc_proxy_upstream_rate_limited",
-            "Upstream rate-limit answers (HTTP 429 or a provider's rate-limit "
-            "error): that upstream alone cools down, for Retry-After when given.",
-            ["network", "upstream"],
-            registry=r,
-        )
-        self.upstream_disagreements = Counter(
-            "rpc_proxy_upstream_disagreements",
-            "Answers about to be kept forever that an upstream got wrong: "
-            "outside the majority (confirm_immutable) or failing the logsBloom check (confirm_logs_bloom).",
-            ["network", "upstream"],
-            registry=r,
-        )
-        self.upstream_catching_up = Gauge(
-            "rpc_proxy_upstream_catching_up",
-            "1 while an upstream is still syncing (its eth_syncing says so) or its "
-            "head is far behind the others: out of head tracking and asked last.",
-            ["network", "upstream"],
-            registry=r,
-        )
-        self.upstream_up = Gauge(
-            "rpc_proxy_upstream_up",
-            "1 while an upstream is in rotation and not cooling down after a failure; "
-            "0 while calls skip it. Every upstream of a network at 0: the network is down.",
-            ["network", "upstream"],
-            registry=r,
-        )
-        self.upstream_head_lag = Gauge(
-            "rpc_proxy_upstream_head_lag_blocks",
-            "Blocks an upstream's own head is behind the furthest upstream's.",
-            ["network", "upstream"],
             registry=r,
         )
 
@@ -464,3 +370,105 @@ class Metrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+
+class UpstreamMetrics:
+    """The upstreams' metrics, held by Metrics as `metrics.upstreams`: every call sent upstream and
+    what is known of each upstream (selection, hedging, budgets, rate limits, lag)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._add_call_metrics(registry)
+        self._add_selection_metrics(registry)
+
+    def _add_call_metrics(self, r: CollectorRegistry) -> None:
+        """Upstream latency, failures, failovers and coalesced calls."""
+        # Per upstream call (every miss): plain numbers, as Metrics' per-call metrics.
+        self.seconds = _Local(
+            "histogram",
+            "rpc_proxy_upstream_request_duration_seconds",
+            "Upstream request latency.",
+            ["network", "method", "upstream"],
+            r,
+            LATENCY_BUCKETS,
+        )
+        self.errors = Counter(
+            "rpc_proxy_upstream_errors",
+            "Upstream failures by kind (connect, timeout, http, rate_limited, invalid, mismatch).",
+            ["network", "upstream", "kind"],
+            registry=r,
+        )
+        self.failovers = Counter(
+            "rpc_proxy_upstream_failovers",
+            "Requests passed on to the next upstream after a failure.",
+            ["network"],
+            registry=r,
+        )
+        self.coalesced = Counter(
+            "rpc_proxy_coalesced_requests",
+            "Calls answered by joining an identical in-flight upstream call.",
+            ["network", "method"],
+            registry=r,
+        )
+
+    def _add_selection_metrics(self, r: CollectorRegistry) -> None:
+        """Which upstream was asked, hedged reads, provider budgets and rate limits, head lag."""
+        self.selected = _Local(
+            "counter",
+            "rpc_proxy_upstream_selected",
+            "Attempts sent to each upstream (the selection policy's choices, failovers and hedges included).",
+            ["network", "upstream"],
+            r,
+        )
+        self.hedged = Counter(
+            "rpc_proxy_upstream_hedged",
+            "Reads also sent to a second upstream after hedge_after_ms without an answer.",
+            ["network"],
+            registry=r,
+        )
+        self.hedge_wins = Counter(
+            "rpc_proxy_upstream_hedge_wins",
+            "Hedged reads, by the upstream whose answer won.",
+            ["network", "upstream"],
+            registry=r,
+        )
+        self.budget_waits = Counter(
+            "rpc_proxy_upstream_budget_waits",
+            "Attempts that waited for an upstream's max_rps/max_concurrency "
+            "budget (no upstream in the order had budget at once).",
+            ["network", "upstream"],
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "rpc_proxy_upstream_rate_limited",
+            "Upstream rate-limit answers (HTTP 429 or a provider's rate-limit "
+            "error): that upstream alone cools down, for Retry-After when given.",
+            ["network", "upstream"],
+            registry=r,
+        )
+        self.disagreements = Counter(
+            "rpc_proxy_upstream_disagreements",
+            "Answers about to be kept forever that an upstream got wrong: "
+            "outside the majority (confirm_immutable) or failing the logsBloom check (confirm_logs_bloom).",
+            ["network", "upstream"],
+            registry=r,
+        )
+        self.catching_up = Gauge(
+            "rpc_proxy_upstream_catching_up",
+            "1 while an upstream is still syncing (its eth_syncing says so) or its "
+            "head is far behind the others: out of head tracking and asked last.",
+            ["network", "upstream"],
+            registry=r,
+        )
+        self.up = Gauge(
+            "rpc_proxy_upstream_up",
+            "1 while an upstream is in rotation and not cooling down after a failure; "
+            "0 while calls skip it. Every upstream of a network at 0: the network is down.",
+            ["network", "upstream"],
+            registry=r,
+        )
+        self.head_lag = Gauge(
+            "rpc_proxy_upstream_head_lag_blocks",
+            "Blocks an upstream's own head is behind the furthest upstream's.",
+            ["network", "upstream"],
+            registry=r,
+        )

@@ -194,7 +194,7 @@ def _forget_gauges(metrics: Metrics, network: str, upstreams: int | None) -> Non
     alert on a head that no longer moves): a removed network's (`upstreams` None), or the upstream
     indexes a replaced pool no longer has."""
     per_network = [] if upstreams is not None else [metrics.head_block, metrics.head_timestamp, metrics.head_updated]
-    per_upstream = [metrics.upstream_head_lag, metrics.upstream_catching_up, metrics.identity_mismatch]
+    per_upstream = [metrics.upstreams.head_lag, metrics.upstreams.catching_up, metrics.identity_mismatch]
     for gauge in (*per_network, *per_upstream):
         samples = [sample for family in gauge.collect() for sample in family.samples]
         for sample in samples:

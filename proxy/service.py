@@ -346,7 +346,7 @@ class Service:
             if lock.token is None:  # another replica is fetching this very key: take its answer
                 found = await self._cache.await_fill(key, wait, vet)
                 if found is not None:
-                    self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
+                    self._metrics.child(self._metrics.upstreams.coalesced, net.name, metric_label(method)).inc()
                     return Answer.stored(*found), True, False
             try:
                 return *await self._fetcher.fetch(net, policy, method, params, refs, plan, lock), False
@@ -359,7 +359,7 @@ class Service:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(answer.payload, answer.is_error, HIT, verified=stored_as(net, plan))
         if joined:
-            self._metrics.child(self._metrics.coalesced, net.name, metric_label(method)).inc()
+            self._metrics.child(self._metrics.upstreams.coalesced, net.name, metric_label(method)).inc()
         return Outcome.answered(shown(net.tracker, method, answer, refs), MISS if tied else BYPASS)
 
     async def _from_trackers(self, prepared: Prepared) -> Outcome:

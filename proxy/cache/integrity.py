@@ -110,7 +110,7 @@ class Integrity:
         return headers
 
     def _disagreed(self, net: NetworkRuntime, index: int) -> None:
-        self._metrics.upstream_disagreements.labels(net.name, str(index)).inc()
+        self._metrics.upstreams.disagreements.labels(net.name, str(index)).inc()
 
     async def _confirm(self, net: NetworkRuntime, plan: Plan, answer: Answer, count: int) -> tuple[str | None, Answer]:
         per = net.per_upstream

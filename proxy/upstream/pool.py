@@ -198,7 +198,7 @@ class HttpUpstream(Sender):
             if failure.kind == "rate_limited":
                 self._cool(index, failure)  # a head poll's 429 rests them too
             self.selector.scores.observe(index, None, time.monotonic())
-            self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+            self._metrics.upstreams.errors.labels(self.network, str(index), failure.kind).inc()
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE,
                 f"upstream unavailable: network '{self.network}' (upstream #{index}: {failure.detail})",
@@ -322,7 +322,7 @@ class HttpUpstream(Sender):
         except Failed as failure:
             if failure.kind == "too_large":
                 raise self.too_large_error(failure.detail) from None
-            self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+            self._metrics.upstreams.errors.labels(self.network, str(index), failure.kind).inc()
             raise JsonRpcError(
                 UPSTREAM_UNAVAILABLE,
                 f"upstream unavailable: network '{self.network}' (upstream #{index}: {failure.detail})",
@@ -371,7 +371,7 @@ class HttpUpstream(Sender):
         if auto:
             for method, _ in calls[:observed]:
                 self._metrics.child(
-                    self._metrics.upstream_seconds, self.network, metric_label(method), str(index)
+                    self._metrics.upstreams.seconds, self.network, metric_label(method), str(index)
                 ).observe(seconds)
         return _in_order(reply, ids), seconds, index
 

@@ -97,9 +97,9 @@ class Sender:
         self.reroute(routing)
         for index in range(len(self._urls)):  # gauges read when scraped, per upstream
             for gauge, read in (
-                (metrics.upstream_head_lag, self.states.head_lag),
-                (metrics.upstream_catching_up, self.states.catching_up),
-                (metrics.upstream_up, self._up),
+                (metrics.upstreams.head_lag, self.states.head_lag),
+                (metrics.upstreams.catching_up, self.states.catching_up),
+                (metrics.upstreams.up, self._up),
             ):
                 gauge.labels(network, str(index)).set_function(partial(read, index))
 
@@ -177,7 +177,7 @@ class Sender:
         self._down_until[index] = until
         if failure.kind == "rate_limited":
             self.states.rest(index, until)
-            self._metrics.upstream_rate_limited.labels(self.network, str(index)).inc()
+            self._metrics.upstreams.rate_limited.labels(self.network, str(index)).inc()
 
     def _failed(self, index: int, failure: Failed, attempts: Attempts) -> None:
         """Note a failed try: that upstream cools down (for a rate limit's Retry-After, if given),
@@ -189,7 +189,7 @@ class Sender:
         if failure.kind != "refused":  # a request too large or malformed cools no upstream down
             self._cool(index, failure)
             self.selector.scores.observe(index, None, time.monotonic())
-        self._metrics.upstream_errors.labels(self.network, str(index), failure.kind).inc()
+        self._metrics.upstreams.errors.labels(self.network, str(index), failure.kind).inc()
         throttled.warning(f"{self.network}#{index}", "upstream %s#%d failed: %s", self.network, index, failure.detail)
         attempts.failures.append(f"upstream #{index}: {failure.detail}")
         attempts.last_kind = failure.kind
@@ -206,7 +206,7 @@ class Sender:
         max_reply: int,
     ) -> tuple[Any, float]:
         """One upstream's try in the budget `slot` taken for it: the reply and its latency, or Failed (noted)."""
-        self._metrics.child(self._metrics.upstream_selected, self.network, str(index)).inc()
+        self._metrics.child(self._metrics.upstreams.selected, self.network, str(index)).inc()
         started = time.perf_counter()
         try:
             reply = await self.links.post(slot, index, body, timeout, max_reply)
@@ -238,7 +238,7 @@ class Sender:
         """No upstream in `pending` has budget now: wait for the first one's budget within the
         deadline. Removed from `pending`; None if no budget came in time."""
         index = pending.pop(0)
-        self._metrics.upstream_budget_waits.labels(self.network, str(index)).inc()
+        self._metrics.upstreams.budget_waits.labels(self.network, str(index)).inc()
         loop = asyncio.get_running_loop()
         waited = await self._budgeted(index, loop.time() + deadline - time.monotonic(), methods)
         return (index, waited) if waited is not None else None
@@ -270,7 +270,7 @@ class Sender:
                     )
                     if second is not None:
                         pending.remove(second[0])
-                        self._metrics.upstream_hedged.labels(self.network).inc()
+                        self._metrics.upstreams.hedged.labels(self.network).inc()
                         tried = self._try(second[0], second[1], body, timeout, check, attempts, max_reply)
                         tasks[asyncio.create_task(tried)] = second[0]
                     continue
@@ -284,7 +284,7 @@ class Sender:
                         won = (*task.result(), index)
                 if won is not None:
                     if hedged:
-                        self._metrics.upstream_hedge_wins.labels(self.network, str(won[2])).inc()
+                        self._metrics.upstreams.hedge_wins.labels(self.network, str(won[2])).inc()
                     return won
             return None
         finally:
@@ -323,7 +323,7 @@ class Sender:
                 break
             index, slot = chosen
             if tried:
-                self._metrics.upstream_failovers.labels(self.network).inc()
+                self._metrics.upstreams.failovers.labels(self.network).inc()
             tried += 1
             share = self._attempt_budget(deadline - time.monotonic(), len(pending) + 1)
             try:
@@ -342,7 +342,7 @@ class Sender:
                     break  # the node may have taken the transaction: never send it to another
                 continue
             if method_label is not None:
-                self._metrics.child(self._metrics.upstream_seconds, self.network, method_label, str(index)).observe(
+                self._metrics.child(self._metrics.upstreams.seconds, self.network, method_label, str(index)).observe(
                     seconds
                 )
             return reply, seconds, index
