@@ -1,6 +1,6 @@
 """One subscription: its record and its log filter, the call that makes one, its label for credits,
 and what feeds it (the network's head feed, an upstream WebSocket relay) and charges it (the gateway).
-A connection's subscriptions and their outgoing queue are subscriptions.py's (Session)."""
+A connection's subscriptions are subscriptions.py's (Session), their outgoing queue outbox.py's."""
 
 from __future__ import annotations
 

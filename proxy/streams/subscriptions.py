@@ -3,11 +3,11 @@
 A `Session` belongs to one WebSocket connection. It answers eth_subscribe/eth_unsubscribe and the
 Solana pubsub methods before the gateway sees them, hands each subscription to its source (the
 network's shared head feed, `head_feed.py`, or the upstream WebSocket relay, `upstream_ws.py`),
-and sends what they deliver through one bounded queue: a consumer that falls behind by more than
-WS_SEND_BUFFER_BYTES, or by more than WS_MAX_LAG seconds, is disconnected (1008) rather than allowed
-to grow the proxy's memory. Every notification is charged before it is sent; a key that cannot pay
-gets an error on each of its subscriptions, which are then closed. A block's logs arrive as one
-shared batch, expanded by this connection's writer (fanout.py).
+and sends what they deliver through one bounded queue (its `Outbox`, outbox.py): a consumer that
+falls behind by more than WS_SEND_BUFFER_BYTES, or by more than WS_MAX_LAG seconds, is disconnected
+(1008) rather than allowed to grow the proxy's memory. Every notification is charged before it is
+sent; a key that cannot pay gets an error on each of its subscriptions, which are then closed. A
+block's logs arrive as one shared batch, expanded by this connection's writer (fanout.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,8 @@ from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
 from proxy.rpc.methods import SOLANA_PUBSUB, SOLANA_PUBSUB_METHODS
-from proxy.streams.fanout import LogBatch, expand
+from proxy.streams.fanout import LogBatch
+from proxy.streams.outbox import Outbox, Outgoing
 from proxy.streams.subscription import (
     EVM_NOTIFICATION,
     Charger,
@@ -47,19 +47,6 @@ ROOM_POLL = 0.01  # seconds between looks at a full socket buffer while a call's
 CLOSE_TIMEOUT = 2.0  # seconds a slow consumer's close frame may take before the socket is dropped
 
 
-# --- pure parts ---------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Item:
-    payload: bytes
-    sub: Subscription | None = None  # None: a reply, never charged
-    cost: int = 0
-    queued: float = 0.0  # monotonic time it was queued: how far behind its consumer is
-    logs: LogBatch | None = None  # a shared batch for `subs`, expanded by the writer (payload is b"")
-    subs: tuple[Subscription, ...] = ()
-
-
 @dataclass(eq=False)
 class Session:
     """One WebSocket connection's subscriptions and outgoing queue."""
@@ -74,18 +61,17 @@ class Session:
     settings: Settings
     metrics: Metrics
     subs: dict[str | int, Subscription] = field(default_factory=dict)
-    _outbox: deque[_Item] = field(default_factory=deque)
-    _pending_bytes: int = 0
+    outbox: Outbox = field(init=False)  # what is owed to the client, in order, and its writer
     making: int = 0  # bytes reckoned for calls' answers being made (http/ws.py): a call waits for room
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _writer: asyncio.Task[None] | None = None
-    _sending: float | None = None  # queued time of the item being written
     _next_solana_id: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     closed: bool = False
 
+    def __post_init__(self) -> None:
+        self.outbox = Outbox(self.ws, self.transport, self.settings.subscription_credits, self._paid)
+
     def start(self) -> None:
-        self._writer = asyncio.create_task(self._write(), name="ws-subscription-writer")
+        self.outbox.start()
 
     # --- requests ---------------------------------------------------------------------
 
@@ -101,11 +87,11 @@ class Session:
                 await self._subscribe(call)
         except JsonRpcError as error:
             if not call.notification:
-                self._queue(_Item(jsonrpc.encode_error(call.id, error)))
+                self._queue(Outgoing(jsonrpc.encode_error(call.id, error)))
 
     def _reply(self, call: Call, result: bytes) -> None:
         if not call.notification:
-            self._queue(_Item(jsonrpc.encode_result(call.id, result)))
+            self._queue(Outgoing(jsonrpc.encode_result(call.id, result)))
 
     async def _subscribe(self, call: Call) -> None:
         params = call.params if isinstance(call.params, list) else [call.params]
@@ -207,7 +193,7 @@ class Session:
         if not sub.active or self.closed:
             return
         cost = self.settings.subscription_credits.get(sub.label, 0)
-        self._queue(_Item(jsonrpc.encode_notification(sub.method, sub.id, result), sub, cost))
+        self._queue(Outgoing(jsonrpc.encode_notification(sub.method, sub.id, result), sub, cost))
 
     def push_logs(self, subs: tuple[Subscription, ...], batch: LogBatch) -> None:
         """Queue a block's logs for this connection's `subs`: matched and sent by the writer. A block
@@ -215,18 +201,15 @@ class Session:
         if self.closed:
             return
         if batch.entries:
-            self._queue(_Item(b"", logs=batch, subs=subs))
+            self._queue(Outgoing(b"", logs=batch, subs=subs))
         else:
             self._check_behind(time.monotonic())
 
-    def _queue(self, item: _Item) -> None:
+    def _queue(self, item: Outgoing) -> None:
         if self.closed:
             return
         now = time.monotonic()
-        item.queued = now
-        self._outbox.append(item)
-        self._pending_bytes += len(item.payload)
-        self._wake.set()
+        self.outbox.put(item, now)
         self._check_behind(now)
 
     async def room(self, more: int | None = None) -> bool:
@@ -237,16 +220,16 @@ class Session:
         limit = self.settings.ws_send_buffer_bytes
 
         def short() -> bool:
-            held = self._pending_bytes + self._buffered() + (0 if more is None else self.making)
+            held = self.outbox.owed() + (0 if more is None else self.making)
             return held > limit if more is None else held > 0 and held + more > limit
 
         if not short() and not self.closed:
             return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.ws_max_lag
-        behind = self._pending_bytes + self._buffered()
+        behind = self.outbox.owed()
         while not self.closed and short():
-            now_behind = self._pending_bytes + self._buffered()
+            now_behind = self.outbox.owed()
             if more is not None and (now_behind < behind or not now_behind):  # it takes bytes: not lag
                 deadline = loop.time() + self.settings.ws_max_lag
             behind = now_behind
@@ -257,25 +240,20 @@ class Session:
         return not self.closed
 
     def _check_behind(self, now: float) -> None:
-        if self._pending_bytes + self._buffered() > self.settings.ws_send_buffer_bytes:
+        if self.outbox.owed() > self.settings.ws_send_buffer_bytes:
             self._overflow(f"fell behind by more than {self.settings.ws_send_buffer_bytes} bytes")
-        elif now - self._oldest > self.settings.ws_max_lag:
+        elif now - self.outbox.oldest > self.settings.ws_max_lag:
             self._overflow(f"fell behind by more than {self.settings.ws_max_lag:g}s (WS_MAX_LAG)")
 
     def _overflow(self, why: str) -> None:
         self.closed = True
         spawn(self._tasks, self._evict(why))
 
-    def _buffered(self) -> int:
-        transport = self.transport
-        return int(transport.get_write_buffer_size()) if transport is not None else 0
-
     async def _evict(self, why: str) -> None:
         """A consumer that does not read: drop what waits for it and close (1008)."""
         log.warning("closing a WebSocket whose consumer %s", why)
         self.metrics.slow_consumers.inc()
-        self._outbox.clear()
-        self._pending_bytes = 0
+        self.outbox.clear()
         await self.close()
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT):
@@ -283,48 +261,6 @@ class Session:
         except (TimeoutError, ConnectionError):
             if self.transport is not None:
                 self.transport.abort()  # its buffers are full: no close frame can get through
-
-    async def _write(self) -> None:
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake.clear()
-                while self._outbox:
-                    item = self._outbox.popleft()
-                    self._pending_bytes -= len(item.payload)
-                    self._sending = item.queued
-                    if item.logs is not None:
-                        await expand(item.logs, item.subs, self._send_log)
-                        continue
-                    sub = item.sub
-                    if sub is not None and not await self._paid(sub, item.cost):
-                        continue
-                    if self.ws.closed:
-                        return
-                    await self.ws.send_frame(item.payload, web.WSMsgType.TEXT)
-                self._sending = None
-        except ConnectionError:
-            return  # the peer is gone; the handler's close() ends the subscriptions
-        except Exception:
-            log.exception("internal error writing subscription messages")
-            await self.ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
-
-    @property
-    def _oldest(self) -> float:
-        """When the oldest message still owed to the client was queued (now if none is)."""
-        if self._sending is not None:
-            return self._sending
-        return self._outbox[0].queued if self._outbox else time.monotonic()
-
-    async def _send_log(self, sub: Subscription, payload: bytes) -> bool:
-        """One log of a shared batch to one subscription (fanout.expand); False: the socket is gone.
-        send_frame waits while the client's socket is full: this writer alone."""
-        if not await self._paid(sub, self.settings.subscription_credits.get("logs", 0)):
-            return True
-        if self.ws.closed:
-            return False
-        await self.ws.send_frame(jsonrpc.encode_notification(sub.method, sub.id, payload), web.WSMsgType.TEXT)
-        return True
 
     async def _paid(self, sub: Subscription, cost: int) -> bool:
         """Charge one notification; a key out of credits ends every subscription of this connection."""
@@ -346,9 +282,8 @@ class Session:
         """Tell the client a subscription is over, with why, and let go of it."""
         if not self._forget(sub):
             return
-        self._outbox = deque(i for i in self._outbox if i.sub is not sub)
-        self._pending_bytes = sum(len(i.payload) for i in self._outbox)
-        self._queue(_Item(jsonrpc.encode_notification(sub.method, sub.id, error.encode(), error=True)))
+        self.outbox.discard(sub)
+        self._queue(Outgoing(jsonrpc.encode_notification(sub.method, sub.id, error.encode(), error=True)))
         if sub.detach is not None:
             spawn(self._tasks, sub.detach())
 
@@ -366,7 +301,7 @@ class Session:
             self.end(sub, error)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CLOSE_TIMEOUT
-        while (self._outbox or self._sending is not None) and not self.ws.closed and loop.time() < deadline:
+        while self.outbox.busy and not self.ws.closed and loop.time() < deadline:
             await asyncio.sleep(ROOM_POLL)
         await self.close()
 
@@ -393,7 +328,4 @@ class Session:
         for sub in list(self.subs.values()):
             with contextlib.suppress(Exception):
                 await self._drop(sub)
-        if self._writer is not None and self._writer is not asyncio.current_task():
-            self._writer.cancel()
-            with contextlib.suppress(BaseException):
-                await self._writer
+        await self.outbox.stop()

@@ -1,0 +1,139 @@
+"""One WebSocket connection's outgoing queue and its writer (subscriptions.Session owns one).
+
+Replies, notifications and a block's shared log batches wait here in order, and one writer task
+sends them: each notification is charged as it is written, a log batch is expanded for this
+connection's subscriptions (fanout.py). How far behind the consumer may fall is the Session's
+decision, from what this queue owes the client (`owed`, `oldest`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import WSCloseCode, web
+
+from proxy.rpc import jsonrpc
+from proxy.streams.fanout import LogBatch, expand
+from proxy.streams.subscription import Subscription
+
+log = logging.getLogger("proxy.subscriptions")  # the Session's logger: one name for a connection's streams
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One message owed to the client."""
+
+    payload: bytes
+    sub: Subscription | None = None  # None: a reply, never charged
+    cost: int = 0
+    queued: float = 0.0  # monotonic time it was queued: how far behind its consumer is
+    logs: LogBatch | None = None  # a shared batch for `subs`, expanded by the writer (payload is b"")
+    subs: tuple[Subscription, ...] = ()
+
+
+class Outbox:
+    """A connection's messages in the order they are owed, sent by one writer task."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        transport: Any,
+        credits: Mapping[str, int],
+        paid: Callable[[Subscription, int], Awaitable[bool]],
+    ) -> None:
+        self.ws = ws
+        self.transport = transport  # asyncio transport of the connection: its write buffer is owed too
+        self._credits = credits  # SUBSCRIPTION_CREDITS: what one log costs
+        self._paid = paid  # charges one notification (Session._paid); False: do not send it
+        self._items: deque[Outgoing] = deque()
+        self._pending_bytes = 0
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._sending: float | None = None  # queued time of the item being written
+
+    def start(self) -> None:
+        self._writer = asyncio.create_task(self._write(), name="ws-subscription-writer")
+
+    def put(self, item: Outgoing, now: float) -> None:
+        item.queued = now
+        self._items.append(item)
+        self._pending_bytes += len(item.payload)
+        self._wake.set()
+
+    def discard(self, sub: Subscription) -> None:
+        """Drop what waits for `sub` (a subscription that ended)."""
+        self._items = deque(i for i in self._items if i.sub is not sub)
+        self._pending_bytes = sum(len(i.payload) for i in self._items)
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._pending_bytes = 0
+
+    def owed(self) -> int:
+        """Bytes that wait for the client: queued here and in the socket's buffer."""
+        return self._pending_bytes + self._buffered()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a message is queued or being written."""
+        return bool(self._items) or self._sending is not None
+
+    @property
+    def oldest(self) -> float:
+        """When the oldest message still owed to the client was queued (now if none is)."""
+        if self._sending is not None:
+            return self._sending
+        return self._items[0].queued if self._items else time.monotonic()
+
+    def _buffered(self) -> int:
+        transport = self.transport
+        return int(transport.get_write_buffer_size()) if transport is not None else 0
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._items:
+                    item = self._items.popleft()
+                    self._pending_bytes -= len(item.payload)
+                    self._sending = item.queued
+                    if item.logs is not None:
+                        await expand(item.logs, item.subs, self._send_log)
+                        continue
+                    sub = item.sub
+                    if sub is not None and not await self._paid(sub, item.cost):
+                        continue
+                    if self.ws.closed:
+                        return
+                    await self.ws.send_frame(item.payload, web.WSMsgType.TEXT)
+                self._sending = None
+        except ConnectionError:
+            return  # the peer is gone; the handler's close() ends the subscriptions
+        except Exception:
+            log.exception("internal error writing subscription messages")
+            await self.ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
+
+    async def _send_log(self, sub: Subscription, payload: bytes) -> bool:
+        """One log of a shared batch to one subscription (fanout.expand); False: the socket is gone.
+        send_frame waits while the client's socket is full: this writer alone."""
+        if not await self._paid(sub, self._credits.get("logs", 0)):
+            return True
+        if self.ws.closed:
+            return False
+        await self.ws.send_frame(jsonrpc.encode_notification(sub.method, sub.id, payload), web.WSMsgType.TEXT)
+        return True
+
+    async def stop(self) -> None:
+        """Stop writing (not from the writer itself)."""
+        if self._writer is not None and self._writer is not asyncio.current_task():
+            self._writer.cancel()
+            with contextlib.suppress(BaseException):
+                await self._writer
