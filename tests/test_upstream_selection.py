@@ -145,8 +145,8 @@ async def test_a_429_cools_only_that_upstream_and_for_its_retry_after(
         await proxy.post(_balance_call())
     assert _asked(relays[0], "eth_getBalance") == 1 and _asked(relays[1], "eth_getBalance") == 6
     pool = _pool(proxy)
-    assert pool._down_until[0] - time.monotonic() > 30  # Retry-After 60, not the 5 s cooldown
-    assert pool._down_until[1] == 0.0
+    assert pool.ordering.down_until[0] - time.monotonic() > 30  # Retry-After 60, not the 5 s cooldown
+    assert pool.ordering.down_until[1] == 0.0
     assert proxy.metric("rpc_proxy_upstream_rate_limited_total", network="evm", upstream="0") == 1
 
 

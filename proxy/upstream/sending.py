@@ -66,6 +66,47 @@ class Routing:
 DEFAULT_ROUTING = Routing()  # priority order, no budgets, no hedging
 
 
+class UpstreamOrder:
+    """The order a call's tries take through a network's upstreams, and each one's cool-down after
+    a failure: healthy upstreams in the selection policy's order, then those cooling down (the
+    soonest back first), then those catching up."""
+
+    def __init__(self, states: UpstreamStates, cooldown: float) -> None:
+        self.states = states
+        self._cooldown = cooldown
+        self.down_until = [0.0] * states.size
+
+    def up(self, index: int) -> bool:
+        """In rotation and not cooling down (rpc_proxy_upstream_up): what `tries` puts first."""
+        return self.states.in_rotation(index) and self.down_until[index] <= time.monotonic()
+
+    def tries(self, selector: Selector) -> list[int]:
+        """Healthy upstreams in the selection policy's order, then those cooling down; never one that
+        serves another chain or is cordoned."""
+        if len(self.down_until) == 1:  # one upstream: its order whatever its state
+            return [0] if self.states.in_rotation(0) else []
+        now = time.monotonic()
+        states = self.states
+        serving = [i for i in range(len(self.down_until)) if states.in_rotation(i)]
+        # One still syncing or far behind comes last: its `latest` is an old block, its state old state.
+        catching_up = [i for i in serving if states.catching_up(i)]
+        if catching_up:
+            serving = [i for i in serving if i not in catching_up]
+        healthy = selector.order([i for i in serving if self.down_until[i] <= now], states.latest, now)
+        cooling = sorted((i for i in serving if self.down_until[i] > now), key=lambda i: self.down_until[i])
+        return healthy + cooling + catching_up if catching_up else healthy + cooling
+
+    def cool(self, index: int, wait: float | None = None) -> float:
+        """Upstream `index` cools down for `wait` seconds (None: the network's cooldown); when it ends."""
+        until = time.monotonic() + (wait if wait is not None else self._cooldown)
+        self.down_until[index] = until
+        return until
+
+    def answered(self, index: int) -> None:
+        """Upstream `index` answered: it is asked in the policy's order again."""
+        self.down_until[index] = 0.0
+
+
 class Sender:
     """The sending half of a network's upstream pool (pool.HttpUpstream adds calls, batches and proofs)."""
 
@@ -90,8 +131,7 @@ class Sender:
         self._attempt_timeout = attempt_timeout
         self.states = UpstreamStates(len(self._urls))
         self._metrics = metrics
-        self._cooldown = cooldown
-        self._down_until = [0.0] * len(self._urls)
+        self.ordering = UpstreamOrder(self.states, cooldown)
         self._waiting = 0  # calls waiting for a place in an upstream's budget
         self.links = UpstreamLinks(network, urls, self.states, routing.headers)
         self.reroute(routing)
@@ -99,7 +139,7 @@ class Sender:
             for gauge, read in (
                 (metrics.upstreams.head_lag, self.states.head_lag),
                 (metrics.upstreams.catching_up, self.states.catching_up),
-                (metrics.upstreams.up, self._up),
+                (metrics.upstreams.up, self.ordering.up),
             ):
                 gauge.labels(network, str(index)).set_function(partial(read, index))
 
@@ -127,26 +167,6 @@ class Sender:
     async def close(self) -> None:
         await self.links.close()
 
-    def _up(self, index: int) -> bool:
-        """In rotation and not cooling down (rpc_proxy_upstream_up): what _order puts first."""
-        return self.states.in_rotation(index) and self._down_until[index] <= time.monotonic()
-
-    def _order(self) -> list[int]:
-        """Healthy upstreams in the selection policy's order, then those cooling down; never one that
-        serves another chain or is cordoned."""
-        if len(self._urls) == 1:  # one upstream: its order whatever its state
-            return [0] if self.states.in_rotation(0) else []
-        now = time.monotonic()
-        states = self.states
-        serving = [i for i in range(len(self._urls)) if states.in_rotation(i)]
-        # One still syncing or far behind comes last: its `latest` is an old block, its state old state.
-        catching_up = [i for i in serving if states.catching_up(i)]
-        if catching_up:
-            serving = [i for i in serving if i not in catching_up]
-        healthy = self.selector.order([i for i in serving if self._down_until[i] <= now], states.latest, now)
-        cooling = sorted((i for i in serving if self._down_until[i] > now), key=lambda i: self._down_until[i])
-        return healthy + cooling + catching_up if catching_up else healthy + cooling
-
     async def _budgeted(self, index: int, deadline: float, methods: Sequence[str] = ONE_CALL) -> Slot | None:
         """Places for a request of `methods` (one a JSON-RPC call) in upstream `index`'s budget by
         loop time `deadline`: a call the pool carries meanwhile."""
@@ -167,14 +187,13 @@ class Sender:
     def cool_down(self, index: int) -> None:
         """Upstream `index` gave an answer its block's proofs refute (verifying.py): it cools down as
         after a failure, so the next calls go to the others first."""
-        if 0 <= index < len(self._down_until):
-            self._down_until[index] = time.monotonic() + self._cooldown
+        if 0 <= index < len(self._urls):
+            self.ordering.cool(index)
 
     def _cool(self, index: int, failure: Failed) -> None:
         """Upstream `index` failed: it cools down (for a rate limit's Retry-After, if given). A rate
         limit also rests its head polls (upstream_heads.py) until then: the provider asked for quiet."""
-        until = time.monotonic() + (failure.wait if failure.wait is not None else self._cooldown)
-        self._down_until[index] = until
+        until = self.ordering.cool(index, failure.wait)
         if failure.kind == "rate_limited":
             self.states.rest(index, until)
             self._metrics.upstreams.rate_limited.labels(self.network, str(index)).inc()
@@ -221,7 +240,7 @@ class Sender:
             self._failed(index, failure, attempts)
             raise
         seconds = time.perf_counter() - started
-        self._down_until[index] = 0.0
+        self.ordering.answered(index)
         self.selector.scores.observe(index, seconds, time.monotonic())
         return reply, seconds
 
@@ -310,7 +329,7 @@ class Sender:
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         attempts = Attempts()
-        pending = self._order()
+        pending = self.ordering.tries(self.selector)
         tried = 0
         while pending:
             remaining = deadline - time.monotonic()
