@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -19,6 +20,7 @@ from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.ws_connections import Connection
 from proxy.http.ws_frames import Corked
+from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.request_ids import HEADER, IDS, REQUEST_ID
 from proxy.rpc import jsonrpc
@@ -97,56 +99,13 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), _no_op)
     sized = Estimate(settings.ws_send_buffer_bytes)  # its next answer, against the socket's own bound
     owed.keyed((None, api_key(request)))
-
-    async def serve(data: str | bytes, lookup: Lookup) -> None:
-        metrics.inflight.inc()
-        try:
-            call = subscription_call(data)
-            if call is not None:  # subscriptions are this connection's, never the gateway's
-                await session.handle(call)
-                return
-            reply = await _made_in_room(owed, sized, session, lambda: gateway.handle(data, account, network, lookup))
-            if reply is None or reply.body is None:
-                return  # closed, or a slow consumer closed for it
-            unsent = len(reply.body)
-            try:
-                if not ws.closed and await session.room():
-                    await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
-                    owed.wrote(unsent, dequeued=True)
-                    unsent = 0
-            finally:
-                owed.dropped(unsent)
-        except ConnectionResetError:
-            pass
-        except Exception:
-            log.exception("internal error serving a WebSocket message")
-            if not ws.closed:
-                error = JsonRpcError(INTERNAL_ERROR, "internal error")
-                await ws.send_str(jsonrpc.encode_error(None, error).decode())
-        finally:
-            metrics.inflight.dec()
-            slots.release()
+    calls = _Calls(ws, connection, session, gateway, account, network, metrics, corked, owed, sized, slots, loop)
 
     try:
         async for message in ws:
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue  # ERROR (e.g. a message over the size limit) ends the loop as aiohttp closes
-            if connection.draining:
-                error = JsonRpcError(INVALID_REQUEST, "server is shutting down")
-                await ws.send_str(jsonrpc.encode_error(None, error).decode())
-                continue
-            if connection.revoked:  # closing: a removed key never falls back to another's terms
-                await ws.send_str(jsonrpc.encode_error(None, REVOKED).decode())
-                continue
-            connection.active_at = loop.time()
-            lookup = memory_lookup(gateway, message.data, account, network)
-            if lookup.paid is not None:  # answered now: no task, no slot
-                await corked.send(lookup.paid.body)
-                continue
-            await slots.acquire()
-            task = asyncio.create_task(serve(message.data, lookup))
-            connection.tasks.add(task)
-            task.add_done_callback(connection.tasks.discard)
+            await calls.take(message.data)
         if connection.draining:
             # close() from the shutdown hook woke this loop; returning now would drop the
             # connection before the close frame is written.
@@ -166,6 +125,78 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
 
 def _no_op() -> None:
     """A socket's calls look for room again on a timer (_made_in_room), not when woken."""
+
+
+@dataclass(eq=False)
+class _Calls:
+    """One socket's messages: refused while it drains or once its key is revoked; a hit the hot path
+    pays for sent at once (corked with its burst); any other served as a task, at most WS_MAX_INFLIGHT
+    at once, its answer made in room (_made_in_room) and sent as the gateway encoded it."""
+
+    ws: web.WebSocketResponse
+    connection: Connection
+    session: Session
+    gateway: Gateway
+    account: str
+    network: NetworkRuntime | None
+    metrics: Metrics
+    corked: Corked
+    owed: Account  # its calls' answers in the process's count of answers not yet taken
+    sized: Estimate  # its next answer, against the socket's own bound
+    slots: asyncio.Semaphore  # WS_MAX_INFLIGHT
+    loop: asyncio.AbstractEventLoop
+
+    async def take(self, data: str | bytes) -> None:
+        """One text or binary message read from the socket."""
+        connection, ws = self.connection, self.ws
+        if connection.draining:
+            error = JsonRpcError(INVALID_REQUEST, "server is shutting down")
+            await ws.send_str(jsonrpc.encode_error(None, error).decode())
+            return
+        if connection.revoked:  # closing: a removed key never falls back to another's terms
+            await ws.send_str(jsonrpc.encode_error(None, REVOKED).decode())
+            return
+        connection.active_at = self.loop.time()
+        lookup = memory_lookup(self.gateway, data, self.account, self.network)
+        if lookup.paid is not None:  # answered now: no task, no slot
+            await self.corked.send(lookup.paid.body)
+            return
+        await self.slots.acquire()
+        task = asyncio.create_task(self._serve(data, lookup))
+        connection.tasks.add(task)
+        task.add_done_callback(connection.tasks.discard)
+
+    async def _serve(self, data: str | bytes, lookup: Lookup) -> None:
+        ws, session, owed = self.ws, self.session, self.owed
+        self.metrics.inflight.inc()
+        try:
+            call = subscription_call(data)
+            if call is not None:  # subscriptions are this connection's, never the gateway's
+                await session.handle(call)
+                return
+            reply = await _made_in_room(
+                owed, self.sized, session, lambda: self.gateway.handle(data, self.account, self.network, lookup)
+            )
+            if reply is None or reply.body is None:
+                return  # closed, or a slow consumer closed for it
+            unsent = len(reply.body)
+            try:
+                if not ws.closed and await session.room():
+                    await ws.send_frame(reply.body, WSMsgType.TEXT)  # the encoded answer, never decoded
+                    owed.wrote(unsent, dequeued=True)
+                    unsent = 0
+            finally:
+                owed.dropped(unsent)
+        except ConnectionResetError:
+            pass
+        except Exception:
+            log.exception("internal error serving a WebSocket message")
+            if not ws.closed:
+                error = JsonRpcError(INTERNAL_ERROR, "internal error")
+                await ws.send_str(jsonrpc.encode_error(None, error).decode())
+        finally:
+            self.metrics.inflight.dec()
+            self.slots.release()
 
 
 async def _made_in_room(
