@@ -247,12 +247,13 @@ class Meter:
     """The provider's meter in a process of its own (tests/arrivals_relay.py): the test's loop, busy
     sending a burst, would otherwise note arrivals late and bunch them up."""
 
-    def __init__(self, anvil: Anvil, tmp_path: Path, delay: float = 0.0) -> None:
+    def __init__(self, anvil: Anvil, tmp_path: Path, delay: float = 0.0, slow: str | None = None) -> None:
+        """`delay`: each request held that long; with `slow` (methods, comma separated) only those."""
         port, self._file = free_port(), tmp_path / f"arrivals-{free_port()}"
         self.url = f"http://127.0.0.1:{port}/"
+        args = [anvil.url, str(port), str(self._file), str(delay), *([slow] if slow else [])]
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.arrivals_relay", anvil.url, str(port), str(self._file), str(delay)],
-            cwd=Path(__file__).resolve().parents[1],
+            [sys.executable, "-m", "tests.arrivals_relay", *args], cwd=Path(__file__).resolve().parents[1]
         )
 
     def spans(self) -> list[tuple[float, float]]:
@@ -364,6 +365,46 @@ async def test_a_budget_counts_calls_not_requests_under_a_batched_burst_from_two
         assert any(n > 1 for _, _, n in requests)  # batches went: the budget is in calls, not requests
         assert _most_calls_in_one_second(requests) <= budget.get("max_rps", 10**6)
         assert _most_calls_in_flight(requests) <= budget.get("max_concurrency", 10**6), meter.busiest()
+    finally:
+        code, log = await _stop(running)
+        meter.stop()
+        assert code == 0, log
+
+
+async def test_a_call_given_up_once_sent_holds_its_max_concurrency_place_until_the_node_answers(
+    anvil: Anvil,
+    relays: list[FaultRelay],
+    tmp_path: Path,
+) -> None:
+    """max_concurrency counts what the node works on: an eth_getLogs past GETLOGS_TIMEOUT is given up
+    (-32005 to its client) while the node still works on it, so no other call reaches the node until
+    the node has answered it; a cancel never frees the place early (two workers: the shared window)."""
+    meter = Meter(anvil, tmp_path, delay=1.0, slow="eth_getLogs")  # the node slow on this query alone
+    networks = _networks_file(tmp_path, [{"url": meter.url, "max_concurrency": 1}], name="main")
+    running: Running = _start(
+        relays[1].url, 2, NETWORKS_FILE=networks, GETLOGS_TIMEOUT="0.4", HEAD_POLL_INTERVAL="60", UPSTREAM_TIMEOUT="30"
+    )
+    url = f"http://127.0.0.1:{running.port}/main/v3/any-key"
+    balance = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [f"0x{7:040x}", "0x0"]}
+    logs = {"jsonrpc": "2.0", "id": 2, "method": "eth_getLogs", "params": [{"fromBlock": "0x0", "toBlock": "0x0"}]}
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+            answer = await _answers(session, url, balance)
+            assert answer is not None and answer.get("result") == "0x0", answer
+            given_up = await _answers(session, url, logs)
+            assert given_up is not None and given_up.get("error", {}).get("code") == -32005, given_up
+            answer = await _answers(session, url, {**balance, "params": [f"0x{8:040x}", "0x0"]})
+            assert answer is not None and answer.get("result") == "0x0", answer
+
+        async def node_done() -> bool:
+            return any("eth_getLogs" in methods for _, _, methods in meter.methods())
+
+        await eventually(node_done, 10, "the node to answer the given-up query")
+        spans = meter.methods()
+        [(sent, answered, _)] = [s for s in spans if "eth_getLogs" in s[2]]
+        overlapping = [s for s in spans if sent < s[0] < answered]
+        assert overlapping == [], f"calls reached the node while it worked on the given-up one: {overlapping}"
     finally:
         code, log = await _stop(running)
         meter.stop()

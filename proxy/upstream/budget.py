@@ -9,7 +9,11 @@ in the same second, twice the rate as a provider counts it. And a request holds 
 window from the moment it is sent until one window after its answer came back: the provider saw it
 arrive somewhere in between, so however late the network or a busy host delivered it, no window of
 the provider's holds more than the budget. A request given up without an answer (timed out, or
-cancelled) may still reach the node after that: it holds its place one window longer.
+cancelled) may still reach the node after that: it holds its place one window longer. A request
+cancelled once sent (a hedge's loser, a head poll or a query past its time limit) is still being
+worked on by the node: it stays in flight until its answer is read (and dropped) or its own
+timeout passes (posting.py), so a cancel never lets more calls reach the node at once than
+`max_concurrency`.
 
 A budget's window lives in one place per host: in the process (LocalWindow), or with WORKERS > 1 in
 a file all the workers take from (shared_window.py), so their requests together never pass it and

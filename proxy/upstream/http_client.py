@@ -24,6 +24,7 @@ import base64
 import ssl
 import time
 from collections.abc import Callable
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import httptools
@@ -188,6 +189,14 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
 
 
+class Late(Protocol):
+    """Told when a cancelled post's answer came or its deadline passed (HostPool.post)."""
+
+    waits: bool
+
+    def __call__(self, answered: bool) -> None: ...
+
+
 def _expire(waiter: asyncio.Future[Response]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
@@ -232,11 +241,15 @@ class HostPool:
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
         self._closed = False
 
-    async def post(self, body: bytes, timeout: float, limit: int) -> Response:
+    async def post(self, body: bytes, timeout: float, limit: int, late: Late | None = None) -> Response:
         """The node's answer to one POST within `timeout` seconds (TimeoutError, connecting included),
         ClientFault when none came, TooLarge when its body passes `limit` bytes (read no further),
         Unreadable when it comes in a Content-Encoding. The deadline is one timer
-        on the answer's future (no timeout scope per call); an idle connection is taken without awaiting."""
+        on the answer's future (no timeout scope per call); an idle connection is taken without awaiting.
+
+        `late`: a post cancelled once its request is sent is still being worked on by the node, so its
+        answer is read (and dropped) until it comes or the deadline passes; `late` is told then,
+        and `late.waits` set at the cancel (a provider's budget counts the call until its answer)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         connection = self._idle_one()
@@ -254,6 +267,12 @@ class HostPool:
             transport.write(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
             try:
                 return await waiter
+            except asyncio.CancelledError:
+                # (A waiter done with its answer: it came whole as the cancel did.)
+                if late is not None and connection.transport is not None and waiter.cancelled():
+                    self._read_late(connection, deadline, late)
+                    connection = None  # checked in once its answer is read
+                raise
             finally:
                 timer.cancel()
         finally:
@@ -261,6 +280,24 @@ class HostPool:
             if connection is not None:
                 connection.waiter = None
                 self._checkin(connection)  # closed unless its answer was read whole
+
+    def _read_late(self, connection: _Connection, deadline: float, late: Late) -> None:
+        """A cancelled post's answer, read on (and dropped) until it comes or `deadline` passes; then
+        `late` is told whether it came, and the connection checked in (closed unless read whole)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Response] = loop.create_future()
+        connection.waiter = waiter  # the answer's reading goes on where it was
+        timer = loop.call_at(deadline, _expire, waiter)
+        late.waits = True
+
+        def done(future: asyncio.Future[Response]) -> None:
+            timer.cancel()
+            answered = not future.cancelled() and future.exception() is None
+            connection.waiter = None
+            self._checkin(connection)
+            late(answered)
+
+        waiter.add_done_callback(done)
 
     def _idle_one(self) -> _Connection | None:
         """The newest idle connection still fresh, or None (the older ones past idle_timeout are closed)."""

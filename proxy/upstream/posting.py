@@ -33,6 +33,21 @@ class Failed(Exception):
         self.wait = wait  # Retry-After of a rate limit
 
 
+class _Late:
+    """A post cancelled once sent (a hedge's loser, a poll or a query past its time limit): the node
+    still works on it, so its budget places are held until its answer is read, or its deadline
+    passes (then held as unanswered), not freed at the cancel."""
+
+    __slots__ = ("slot", "waits")
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        self.waits = False
+
+    def __call__(self, answered: bool) -> None:
+        self.slot.budget.release(self.slot, answered=answered)
+
+
 class UpstreamLinks:
     def __init__(
         self,
@@ -94,12 +109,15 @@ class UpstreamLinks:
     async def post(self, slot: Slot, index: int, body: bytes, timeout: float, max_reply: int) -> Any:
         """The node's reply to `body` (its JSON), within `timeout`, in the budget place `slot`, released
         when it ends: held one window longer if no answer came (timed out, cancelled), as the node may
-        still get the request after that. Its failures are Failed, and only here is a client fault one."""
+        still get the request after that; a post cancelled once sent keeps its place until the node's
+        answer is read or `timeout` passes (_Late). Its failures are Failed, and only here is a client
+        fault one."""
         answered = False
+        late = _Late(slot)
         self._inflight[index] += 1
         try:
             try:
-                response = await self._pool(index).post(body, timeout, max_reply)
+                response = await self._pool(index).post(body, timeout, max_reply, late)
             except TimeoutError:
                 raise Failed("timeout", "timed out") from None
             except TooLarge as exc:
@@ -144,4 +162,5 @@ class UpstreamLinks:
             return reply
         finally:
             self._inflight[index] -= 1
-            slot.budget.release(slot, answered=answered)
+            if not late.waits:  # else released once the node's answer to a cancelled post is read
+                slot.budget.release(slot, answered=answered)
