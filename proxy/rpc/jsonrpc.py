@@ -342,7 +342,7 @@ def dumps_canonical(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | bytearray | str) -> Any:
     return orjson.loads(data)
 
 
