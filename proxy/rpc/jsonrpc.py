@@ -333,7 +333,8 @@ def dumps_result(value: Any) -> bytes:
         and '"' not in value
         and "\\" not in value
     ):
-        return b'"%b"' % value.encode("ascii")
+        # Joined, not %-formatted: bytes formatting reserves a quarter more while it writes.
+        return b"".join((b'"', value.encode("ascii"), b'"'))
     return orjson.dumps(value)
 
 
