@@ -1,7 +1,8 @@
 """A node's reply with a long hex result is read from its bytes, not parsed by orjson (which peaks at
 about 13 times a long string's size): whatever the reply, the value read is the one a whole parse
 gives, and the encoded result is the one orjson makes. From a real node's socket (Anvil), a reply of
-S bytes is read into one buffer (about S)."""
+S bytes is read into one buffer (about S), and once its result is read it is gone: what stays is the
+result's text and its encoding (2 S)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from typing import Any, TypeVar
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
+from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import dumps_result
 from proxy.rpc.large_replies import LONG, loads_reply
 from proxy.upstream.http_client import HostPool
+from proxy.upstream.pool import HttpUpstream
 from tests.answer_attack import start_node, zero_call
 from tests.support import Anvil
 
@@ -98,3 +102,18 @@ async def test_a_reply_in_many_reads_is_read_into_one_buffer_not_joined_from_its
         pool.close()
     assert orjson.loads(response.body)["result"] == "0x" + "0" * SIZE
     assert peak < 1.3, peak  # the buffer (grown by an eighth at most) and a read or two
+
+
+async def test_a_long_result_once_read_holds_its_text_and_encoding_not_the_reply_it_came_in(node: Anvil) -> None:
+    """From the node's socket to an answer: the reply's bytes are gone once its result is read (the
+    future that brought them is held until the caller's step ends), and the result is encoded in one
+    copy besides its quoted one."""
+    pool = HttpUpstream("evm", [node.url], timeout=30, metrics=Metrics(CollectorRegistry()))
+    try:
+        await pool.ask(0, "eth_chainId", [], timeout=10)  # warm: its connection open
+        answer, held, peak = await traced(pool.ask(0, "eth_call", zero_call(1, SIZE)["params"], timeout=30))
+    finally:
+        await pool.close()
+    assert answer.result == "0x" + "0" * SIZE and answer.payload == b'"%s"' % answer.result.encode()
+    assert held < 2.2, held  # its text and its encoding (3 S with the reply's bytes)
+    assert peak < 3.3, peak  # its text, its bytes and their quoted copy

@@ -59,6 +59,12 @@ class Response:
         self.headers = headers  # lower-case names: those in READ_FIELDS
         self.body = body  # bytes when it came in one read, else the one buffer it was read into
 
+    def take_body(self) -> bytes | bytearray:
+        """The body, no longer held here: the future that brought this response is held until its
+        reader's turn of the loop ends, and with it the body, after the reply is read from it."""
+        body, self.body = self.body, b""
+        return body
+
 
 # Bytes an answer may take on the wire beyond its body's bound: its head and trailers (httptools holds
 # a field's value whole until it ends) and chunked framing; a node that sends more is cut off too.
