@@ -27,6 +27,14 @@ class TestParse:
     def test_result_bytes_are_spliced_with_the_callers_id(self) -> None:
         assert jsonrpc.encode_result("x", b'"0x1"') == b'{"jsonrpc":"2.0","id":"x","result":"0x1"}'
 
+    def test_a_batch_is_its_answers_between_brackets_and_commas(self) -> None:
+        assert [jsonrpc.encode_batch([b"1", b"22", b"333"][:n]) for n in range(4)] == [
+            b"[]",
+            b"[1]",
+            b"[1,22]",
+            b"[1,22,333]",
+        ]
+
 
 @pytest.mark.parametrize("rid", [7, "seven", None, 1.5])
 async def test_id_is_echoed_as_given(evm_proxy: Proxy, rid: Any) -> None:

@@ -303,8 +303,8 @@ class Pipeline:
             self.pause()
 
     async def _awaited(self, request: Request, pending: Any, entry: Waiting) -> None:
-        """The answer's bytes, written into its `entry`, and written out at once when every answer
-        before it is out: from the task itself, not from a done callback a loop turn later."""
+        """The answer's bytes, written into its `entry` (the reply let go: not held while they are written),
+        and out at once when every answer before it is: from the task, not a done callback a turn later."""
         reply: Reply | None = None
         try:
             reply = await pending
@@ -316,7 +316,7 @@ class Pipeline:
             if reply is not None or self.transport is not None:
                 if reply is None:
                     reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
-                entry[0], entry[1] = self._reader.encoded(request, reply)
+                entry[0], entry[1], reply = *self._reader.encoded(request, reply), None
                 if self.transport is not None:  # counted once, here, where it is encoded
                     self.account.made(len(entry[0]), request.kind == RPC)
                 waiting = self.waiting

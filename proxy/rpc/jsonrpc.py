@@ -312,7 +312,14 @@ def encode_notification(method: str, subscription: str | int, result: bytes, *, 
 
 
 def encode_batch(parts: list[bytes]) -> bytes:
-    return b"[" + b",".join(parts) + b"]"
+    # One join of the brackets, the answers and the commas between them: each answer is copied once
+    # ("[" + a join + "]" copied them three times).
+    if not parts:
+        return b"[]"
+    framed = [b","] * (2 * len(parts) + 1)
+    framed[1::2] = parts
+    framed[0], framed[-1] = b"[", b"]"
+    return b"".join(framed)
 
 
 # orjson's own function, not a wrapper: the cache-hit path calls it twice per request.
@@ -333,7 +340,8 @@ def dumps_result(value: Any) -> bytes:
         and '"' not in value
         and "\\" not in value
     ):
-        return b'"%b"' % value.encode("ascii")
+        # Joined, not %-formatted: bytes formatting reserves a quarter more while it writes.
+        return b"".join((b'"', value.encode("ascii"), b'"'))
     return orjson.dumps(value)
 
 
@@ -342,7 +350,7 @@ def dumps_canonical(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | bytearray | str) -> Any:
     return orjson.loads(data)
 
 

@@ -24,7 +24,7 @@ _PREFIX = "\x00" + secrets.token_hex(8) + ":"
 _serials = count()
 
 
-def loads_reply(data: bytes) -> Any:
+def loads_reply(data: bytes | bytearray) -> Any:
     """`data` parsed as JSON (one reply, or a batch's list of replies), as jsonrpc.loads would,
     each long hex "result" of a reply read from its bytes. Anything else (a long result nested
     deeper than a reply's own member, a placeholder not found where it was put) is parsed whole."""
@@ -34,7 +34,7 @@ def loads_reply(data: bytes) -> Any:
     if not spans:
         return jsonrpc.loads(data)
     mark = f"{_PREFIX}{next(_serials)}:"
-    parts: list[bytes] = []
+    parts: list[bytes | bytearray] = []
     at = 0
     for index, (start, end) in enumerate(spans):
         parts += (data[at:start], b"\\u0000", mark[1:].encode(), b"%d" % index)

@@ -55,10 +55,16 @@ class Unreadable(Exception):
 class Response:
     __slots__ = ("body", "headers", "status")
 
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes | bytearray) -> None:
         self.status = status
         self.headers = headers  # lower-case names: those in READ_FIELDS
-        self.body = body
+        self.body = body  # bytes when it came in one read, else the one buffer it was read into
+
+    def take_body(self) -> bytes | bytearray:
+        """The body, no longer held here: the future that brought this response is held until its
+        reader's turn of the loop ends, and with it the body, after the reply is read from it."""
+        body, self.body = self.body, b""
+        return body
 
 
 # Bytes an answer may take on the wire beyond its body's bound: its head and trailers (httptools holds
@@ -82,7 +88,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[Response] | None = None
         self.headers: dict[str, str] = {}
-        self.parts: list[bytes] = []
+        self.body: bytes | bytearray = b""
         self.size = 0
         self.received = 0  # bytes of this answer off the wire, head and framing included
         self.limit = 0
@@ -107,7 +113,7 @@ class _Connection(asyncio.Protocol):
                 self._complete(False)  # a body that ends with the connection (HTTP/1.0 style)
             else:
                 waiter.set_exception(ClientFault("the node closed the connection before its answer was complete"))
-        self.parts = []  # a partial answer's bytes go with the connection (see _fail)
+        self.body = b""  # a partial answer's bytes go with the connection (see _fail)
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
@@ -128,14 +134,14 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(exc)
         # Freed now: the parser and this protocol hold each other, so the bytes read so far (up to
         # the bound) would otherwise wait for the cyclic collector, which bytes never prompt.
-        self.parts = []
+        self.body = b""
         self.reusable = False
         if self.transport is not None:
             self.transport.abort()  # at once: what the node still sends is never read nor buffered
             self.transport = None
 
     def close(self) -> None:
-        self.parts = []  # an answer left unread (a timeout, a cancelled hedge) is dropped with it
+        self.body = b""  # an answer left unread (a timeout, a cancelled hedge) is dropped with it
         self.reusable = False
         if self.transport is not None:
             self.transport.close()
@@ -164,15 +170,25 @@ class _Connection(asyncio.Protocol):
         self.size += len(body)
         if self.size > self.limit:
             raise TooLarge(self.size)
-        self.parts.append(body)
+        read = self.body
+        if not read:
+            self.body = body  # a body in one read is kept as it came
+        elif type(read) is bytearray:
+            read += body
+        else:
+            # Then one buffer, grown as reads come: reads kept in a list and joined at the end
+            # cost twice the body. Not made at the declared length: a node that declares the
+            # bound and sends little would cost the bound.
+            buffer = bytearray(read)
+            buffer += body
+            self.body = buffer
 
     def on_message_complete(self) -> None:
         self._complete(self.parser.should_keep_alive())
 
     def _complete(self, keep_alive: bool) -> None:
         waiter = self.waiter
-        parts, self.parts = self.parts, []  # an idle connection holds no answer's bytes
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        body, self.body = self.body, b""  # an idle connection holds no answer's bytes
         self.reusable = keep_alive and self.transport is not None
         if waiter is not None and not waiter.done():
             waiter.set_result(Response(self.parser.get_status_code(), self.headers, body))
@@ -180,7 +196,7 @@ class _Connection(asyncio.Protocol):
     def begin(self, waiter: asyncio.Future[Response], limit: int) -> None:
         self.waiter = waiter
         self.headers = {}
-        self.parts = []
+        self.body = b""
         self.size = 0
         self.received = 0
         self.limit = limit

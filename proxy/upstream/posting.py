@@ -154,7 +154,7 @@ class UpstreamLinks:
                 self._unreachable[index] = False
                 log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
             try:
-                reply = loads_reply(response.body)
+                reply = loads_reply(response.take_body())  # freed once read: the response lives to the end of this step
             except jsonrpc.JSONDecodeError:
                 raise Failed("invalid", "reply is not JSON") from None
             if self._secrets[index]:  # an error echoing a key reaches no client, log line or check
