@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
+from tests.support import eventually
 
 Answer = Callable[[bytes], bytes]  # a request's bytes -> the raw answer (b"" closes at once)
 BODY = b'{"jsonrpc":"2.0","id":1,"result":"0x1"}'
@@ -172,3 +173,76 @@ async def test_a_connection_begun_beside_a_post_in_flight_is_not_alone_though_th
     assert (await second).body == BODY
     assert alone == [True, False]
     client.close()
+
+
+class _Told:
+    """A post's `late`: told whether a cancelled post's answer came."""
+
+    def __init__(self) -> None:
+        self.waits = False
+        self.told: list[bool] = []
+
+    def __call__(self, answered: bool) -> None:
+        self.told.append(answered)
+
+
+async def test_a_post_cancelled_once_sent_reads_its_answer_on_and_a_closed_pool_leaves_it() -> None:
+    """A node works on a call whatever became of its caller: a post cancelled once sent keeps reading
+    its answer (late.waits), tells `late` when it came and keeps the connection for the next post;
+    a pool closed meanwhile drops such a read at once (told unanswered), its connection closed."""
+    release = asyncio.Event()
+    sent: list[int] = []
+    connections: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+                sent.append(1)
+                await release.wait()
+                writer.write(framed())
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    hosts = pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/")
+    try:
+        late = _Told()
+        task = asyncio.create_task(hosts.post(b"{}", 5.0, LIMIT, late))
+        await eventually(_at_least(sent, 1), 5, "the call to reach the node")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert late.waits and late.told == []  # still read: the node works on it
+        release.set()
+        await eventually(_at_least(late.told, 1), 5, "the late answer")
+        assert late.told == [True]
+        assert (await hosts.post(b"{}", 5.0, LIMIT)).body == BODY
+        assert len(connections) == 1  # the late read left its connection reusable
+
+        release.clear()
+        closed = _Told()
+        task = asyncio.create_task(hosts.post(b"{}", 5.0, LIMIT, closed))
+        await eventually(_at_least(sent, 3), 5, "the second call to reach the node")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        hosts.close()
+        await eventually(_at_least(closed.told, 1), 5, "the closed pool to drop the late read")
+        assert closed.told == [False]
+    finally:
+        release.set()
+        hosts.close()
+        server.close()
+        await server.wait_closed()
+
+
+def _at_least(items: list[Any], n: int) -> Callable[[], Any]:
+    async def check() -> bool:
+        return len(items) >= n
+
+    return check

@@ -256,6 +256,7 @@ class HostPool:
         self._queue: list[asyncio.Future[None]] = []
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
         self._closed = False
+        self._late: set[_Connection] = set()  # cancelled posts whose answers are still read (_read_late)
 
     async def post(self, body: bytes, timeout: float, limit: int, late: Late | None = None) -> Response:
         """The node's answer to one POST within `timeout` seconds (TimeoutError, connecting included),
@@ -305,9 +306,11 @@ class HostPool:
         connection.waiter = waiter  # the answer's reading goes on where it was
         timer = loop.call_at(deadline, _expire, waiter)
         late.waits = True
+        self._late.add(connection)
 
         def done(future: asyncio.Future[Response]) -> None:
             timer.cancel()
+            self._late.discard(connection)
             answered = not future.cancelled() and future.exception() is None
             connection.waiter = None
             self._checkin(connection)
@@ -380,3 +383,8 @@ class HostPool:
         for connection in self._idle:
             self._dropped(connection)
         self._idle.clear()
+        for connection in list(self._late):  # their answers are read no longer: the node is left
+            waiter = connection.waiter
+            connection.close()
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(ClientFault("the pool is closed"))
