@@ -226,13 +226,13 @@ async def test_a_post_cancelled_once_sent_reads_its_answer_on_and_a_closed_pool_
 
         release.clear()
         closed = _Told()
-        task = asyncio.create_task(hosts.post(b"{}", 5.0, LIMIT, closed))
+        task = asyncio.create_task(hosts.post(b"{}", 60.0, LIMIT, closed))  # its deadline far off
         await eventually(_at_least(sent, 3), 5, "the second call to reach the node")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         hosts.close()
-        await eventually(_at_least(closed.told, 1), 5, "the closed pool to drop the late read")
+        await eventually(_at_least(closed.told, 1), 3, "the closed pool to drop the late read")
         assert closed.told == [False]
     finally:
         release.set()
