@@ -5,6 +5,7 @@ the call fails (-32002) rather than serve what a lagging node or another fork sa
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from proxy.chain import proofs
@@ -99,6 +100,8 @@ class Asker:
             # member answers that way. Asked again; served only when shown with the chain, else refused
             # (-32002).
             doubt = "unproven"
+        if doubt is None:
+            return answer, doubt  # tied to its key: nothing to ask elsewhere (_elsewhere keeps it so)
         return await self._elsewhere(read, answer, doubt, orphan)
 
     async def _elsewhere(
@@ -156,23 +159,28 @@ class Asker:
             self._reads.refuse(net, doubt, plan.need)
         return answer, doubt
 
-    async def _first_answer(
+    def _first_answer(
         self,
         read: Read,
-    ) -> tuple[Answer, str | None]:
+    ) -> Awaitable[tuple[Answer, str | None]]:
         """The pool's answer; for state older than some upstream keeps (a pruned node), the answer of
-        the first upstream known to hold it, asked alone (the pool when that one fails)."""
-        net, policy, plan = read.net, read.policy, read.plan
-        per, need = net.per_upstream, plan.need
-        if per is not None and need is not None and policy.cache is CacheClass.BLOCK:
+        the first upstream known to hold it, asked alone (the pool when that one fails). The pool's
+        own call is returned, not wrapped: every miss passes here, most to archive nodes."""
+        per, need = read.net.per_upstream, read.plan.need
+        if per is not None and need is not None and read.policy.cache is CacheClass.BLOCK and per.states.windowed():
             states = per.states
             if any(states.in_rotation(i) and not states.holds_state(i, need) for i in range(states.size)):
                 holder = states.other_with_state((), need)
                 if holder is not None:
-                    try:
-                        return await self._reads.checked(read, holder)
-                    except JsonRpcError:
-                        pass  # down now: the pool's order decides, and a pruned node's error is asked again
+                    return self._holder_first(read, holder)
+        return self._reads.checked(read, None)
+
+    async def _holder_first(self, read: Read, holder: int) -> tuple[Answer, str | None]:
+        """Upstream `holder`'s answer, asked alone; the pool's when it fails."""
+        try:
+            return await self._reads.checked(read, holder)
+        except JsonRpcError:
+            pass  # down now: the pool's order decides, and a pruned node's error is asked again
         return await self._reads.checked(read, None)
 
     async def _state_elsewhere(

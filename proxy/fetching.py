@@ -51,24 +51,9 @@ class Fetcher:
         plan: Plan,
         lock: FillLock,
     ) -> tuple[Answer, bool]:
-        """A miss: ask upstream and keep the answer if it belongs to its key (X-Verified told on it)."""
-        answer, tied = await self._fetch(net, policy, method, params, refs, plan, lock)
-        if not answer.verified:
-            answer.verified = shown_as(net, plan.method, "")
-        return answer, tied
-
-    async def _fetch(
-        self,
-        net: NetworkRuntime,
-        policy: MethodPolicy,
-        method: str,
-        params: Any,
-        refs: list[BlockRef],
-        plan: Plan,
-        lock: FillLock,
-    ) -> tuple[Answer, bool]:
-        """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` is
-        False when the answer could not be tied to the key's block (it is served as BYPASS)."""
+        """A miss: ask upstream and keep the answer if it belongs to its key, X-Verified told on it.
+        (answer, tied): `tied` is False when the answer could not be tied to the key's block (it is
+        served as BYPASS). Every return tells X-Verified (_told): no layer of its own around this."""
         deadline = self._reads.deadline(policy)
         answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
@@ -76,17 +61,18 @@ class Fetcher:
             # The node may not know the resolved block yet (it lags the tracker): ask again
             # with the caller's tag, and keep nothing, since that answer has no fixed block.
             original = substitute(params, {id(r): r.encode() for r in refs})
-            return await self._asker.ask_as_tag(net, method, original, policy, deadline, plan.need), False
+            tagged = await self._asker.ask_as_tag(net, method, original, policy, deadline, plan.need)
+            return _told(net, plan, tagged), False
         # A null about a block hash (its node may lack the block) that a proof can show is the block's.
         provable_null = (
             kind == "null" and plan.decision.mode is cp.Mode.IMMUTABLE and self._verifier.proves_null(net, plan.method)
         )
         if doubt is not None and not (doubt == "unknown_hash" and provable_null):  # served, never stored
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
-            return answer, False
+            return _told(net, plan, answer), False
         if plan.unvouched_hash is not None and kind == "ok" and not await self._reads.canonical(net, plan, answer):
             self._metrics.uncached_answers.labels(net.name, "unverified").inc()
-            return answer, False  # a block hash not shown canonical: served, not kept
+            return _told(net, plan, answer), False  # a block hash not shown canonical: served, not kept
         ttl = cp.store_ttl(plan.decision, policy.cache, kind, self._ttls)
         key = plan.key
         if plan.decision.tied_to_answer and kind in ("ok", "null"):
@@ -94,13 +80,13 @@ class Fetcher:
             orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
             ttl = cp.transaction_ttl(answer.result, tracker.head, orphans, self._ttls)
             if ttl is None:
-                return answer, False  # its block is not one the tracker vouches for: served, not kept
+                return _told(net, plan, answer), False  # its block is not one the tracker vouches for: served, not kept
             if cp.answer_block(answer.result) is None:
                 # Not yet mined: true of this head only. Kept under the head's key, so the next block
                 # (which may hold it) is asked again at once, whatever is left of the negative TTL.
                 now_head = tracker.head
                 if not isinstance(now_head, Head) or plan.head is not now_head:
-                    return answer, False
+                    return _told(net, plan, answer), False
                 key = unmined_key(key, now_head)
         verdict, null_ttl = NOT_APPLICABLE, None
         if provable_null and ttl is not None:
@@ -111,11 +97,11 @@ class Fetcher:
             answer.verified = shown_as(net, plan.method, verdict)
             if verdict not in (PROVEN, NOT_APPLICABLE, UNFINAL, OFF):
                 self._metrics.uncached_answers.labels(net.name, verdict).inc()
-                return answer, False
+                return _told(net, plan, answer), False
             if null_ttl is not None and verdict != PROVEN:
                 if doubt is not None:  # its node may lack the block, and no proof says otherwise
                     self._metrics.uncached_answers.labels(net.name, doubt).inc()
-                    return answer, False
+                    return _told(net, plan, answer), False
                 ttl = null_ttl  # a null not proven (a block above finality): kept no longer than before
             if verdict in (NOT_APPLICABLE, UNFINAL) and net.config.verify == "required":
                 ttl = self._ttls.unfinalized  # nothing unproven is kept forever
@@ -123,14 +109,14 @@ class Fetcher:
             doubt, answer = await self._integrity.doubt(net, plan, params, answer)
             if doubt is not None:  # served, never stored
                 self._metrics.uncached_answers.labels(net.name, doubt).inc()
-                return answer, False
+                return _told(net, plan, answer), False
         if ttl is not None and self._cache.shared is None:
             self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
         elif ttl is not None:
             shared, final_at = sharing.share(plan, kind, answer.result)  # which replicas may take it
             stored = (answer.payload, answer.is_error)
             await self._cache.set(key, stored, ttl, lock, shared=shared, final_at=final_at)  # the lock released too
-        return answer, True
+        return _told(net, plan, answer), True
 
 
 def still_tied(net: NetworkRuntime, payload: bytes) -> bool:
@@ -139,6 +125,13 @@ def still_tied(net: NetworkRuntime, payload: bytes) -> bool:
     if not isinstance(tracker, EvmHeadTracker):
         return False
     return cp.transaction_servable(loads(payload), tracker.head, tracker.orphans)
+
+
+def _told(net: NetworkRuntime, plan: Plan, answer: Answer) -> Answer:
+    """The answer with X-Verified told (settle() tells it of an answer it judged)."""
+    if not answer.verified:
+        answer.verified = shown_as(net, plan.method, "")
+    return answer
 
 
 def unmined_key(key: str, head: Head) -> str:

@@ -113,6 +113,12 @@ class UpstreamStates:
             self.recent_declared[index] = windows[index] if index < len(windows) else None
             self.recent_learned[index] = None
 
+    def windowed(self) -> bool:
+        """Some upstream keeps recent state only, as declared or learned (else every one is an archive
+        node as far as is known, and holds_state is true of all: nothing to look at per call)."""
+        size = self.size
+        return self.recent_declared.count(None) != size or self.recent_learned.count(None) != size
+
     def state_window(self, index: int) -> int | None:
         """How many of its last blocks' state upstream `index` keeps (None: all, as far as is known)."""
         known = [w for w in (self.recent_declared[index], self.recent_learned[index]) if w is not None]
