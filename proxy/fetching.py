@@ -54,7 +54,7 @@ class Fetcher:
         """A miss: ask upstream and keep the answer if it belongs to its key, X-Verified told on it.
         (answer, tied): `tied` is False when the answer could not be tied to the key's block (it is
         served as BYPASS). Every return tells X-Verified (_told): no layer of its own around this."""
-        deadline = self._reads.deadline(policy)
+        deadline = self._reads.deadline(policy) if policy.limits_logs else None  # eth_getLogs' alone
         answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if plan.tags_resolved and kind in ("null", "error"):

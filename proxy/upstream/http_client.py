@@ -366,7 +366,8 @@ class HostPool:
         else:
             connection.close()
             self._open -= 1
-        self._wake()
+        if self._queue:  # callers waiting for a connection (past `limit`): most posts find none
+            self._wake()
 
     def _dropped(self, connection: _Connection) -> None:
         connection.close()

@@ -275,8 +275,9 @@ class HttpUpstream(Sender):
         numbers: dict[str, int | None] = {}
         for block, item in zip(blocks, items[count:], strict=True):
             failed = item.get("error") is not None
-            hashes[block] = proof_hash(item.get("result"), failed)
-            numbers[block] = proof_number(item.get("result"), failed)
+            header = item.get("result")
+            hashes[block] = proof_hash(header, failed)
+            numbers[block] = proof_number(header, failed)
         for i, (_, _, block) in enumerate(calls):
             if block is not None:
                 answers[i] = answers[i].with_proof(hashes[block], numbers[block])
@@ -386,7 +387,10 @@ class HttpUpstream(Sender):
 
 def _in_order(reply: list[Any], ids: range) -> list[Any]:
     """A batch reply's items in the order of the ids asked (batch_problem checked each is there once)."""
-    if all(item["id"] == i for item, i in zip(reply, ids, strict=True)):
+    for item, i in zip(reply, ids, strict=True):  # a loop, not a generator: every auto-batch passes here
+        if item["id"] != i:
+            break
+    else:
         return reply
     by_id = {item["id"]: item for item in reply}
     return [by_id[i] for i in ids]

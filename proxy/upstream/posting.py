@@ -117,7 +117,9 @@ class UpstreamLinks:
         self._inflight[index] += 1
         try:
             try:
-                response = await self._pool(index).post(body, timeout, max_reply, late)
+                pools = self._pools  # built on the first post (_pool), dropped at close
+                pool = pools[index] if pools is not None and not self._closed else self._pool(index)
+                response = await pool.post(body, timeout, max_reply, late)
             except TimeoutError:
                 raise Failed("timeout", "timed out") from None
             except TooLarge as exc:
