@@ -7,7 +7,8 @@ own task, so a lone call costs one loop turn and nothing else."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import types
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, cast
 
 from proxy.rpc import jsonrpc
@@ -19,6 +20,13 @@ Single = Callable[[str, Any, float | None], Awaitable[Answer]]
 Alone = Callable[[str, Any, str | None], Awaitable[Answer]]  # one call, with its proof block if any
 Together = Callable[[Sequence[tuple[str, Any, str | None]]], Awaitable[list[Answer]]]  # calls and proofs, one node
 Queued = tuple[str, Any, "asyncio.Future[Answer | None]", str | None]  # method, params, waiter, proof block
+
+
+@types.coroutine
+def _one_turn() -> Generator[None, None, None]:
+    """One turn of the loop yielded, as asyncio.sleep(0) yields it, without its coroutine around it
+    (every lone read passes here)."""
+    yield
 
 
 class AutoBatcher:
@@ -57,7 +65,7 @@ class AutoBatcher:
         self._leading = True
         self._queue.append((method, params, cast("asyncio.Future[Answer | None]", None), proof))  # one if others join
         try:
-            await asyncio.sleep(0)
+            await _one_turn()
         except BaseException:
             self._leading = False
             queue, self._queue = self._queue, []
