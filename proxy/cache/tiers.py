@@ -184,7 +184,8 @@ class MemoryTier:
         cost = entry_cost(key, payload, expiring)
         if cost > self._max:  # larger than the whole tier: not kept in memory
             return
-        self._remove(key)
+        if key in self._entries:  # a new key (a miss's) has nothing to replace
+            self._remove(key)
         self._entries[key] = (payload, stored[1])
         if expiring:
             self._expiries[key] = self._clock.monotonic() + ttl
