@@ -165,4 +165,4 @@ class UpstreamLinks:
         finally:
             self._inflight[index] -= 1
             if not late.waits:  # else released once the node's answer to a cancelled post is read
-                slot.budget.release(slot, answered=answered)
+                late(answered)

@@ -133,7 +133,6 @@ class Sender:
         self._metrics = metrics
         self.ordering = UpstreamOrder(self.states, cooldown)
         self._waiting = 0  # calls waiting for a place in an upstream's budget
-        self._selected: list[Any] = [None] * len(urls)  # per upstream: its selections' counter, once used
         self.links = UpstreamLinks(network, urls, self.states, routing.headers)
         self.reroute(routing)
         for index in range(len(self._urls)):  # gauges read when scraped, per upstream
@@ -226,12 +225,7 @@ class Sender:
         max_reply: int,
     ) -> tuple[Any, float]:
         """One upstream's try in the budget `slot` taken for it: the reply and its latency, or Failed (noted)."""
-        selected = self._selected[index]
-        if selected is None:  # looked up on its first try (a series shows once it counts)
-            selected = self._selected[index] = self._metrics.child(
-                self._metrics.upstreams.selected, self.network, str(index)
-            )
-        selected.inc()
+        self._metrics.child(self._metrics.upstreams.selected, self.network, str(index)).inc()
         started = time.perf_counter()
         try:
             reply = await self.links.post(slot, index, body, timeout, max_reply)
