@@ -57,6 +57,9 @@ class Answer:
     proof_number: int | None = None
     # What its block's proofs said of it (X-Verified: proven, unproven, not-applicable; "" not judged).
     verified: str = ""
+    # The call that proves it (an eth_getProof for a state read about a final block), asked of the
+    # same node in the same batch, and that call's result: verifying.py needs no call of its own.
+    state_proof: tuple[tuple[str, Any], Any] | None = None
 
     @property
     def is_error(self) -> bool:
@@ -80,6 +83,7 @@ class Answer:
             self.unbatched,
             number,
             self.verified,
+            self.state_proof,
         )
 
     @classmethod

@@ -185,7 +185,11 @@ class Verifier:
             if isinstance(block, str) and header.hash.hex() != block[2:]:
                 return UNPROVEN  # a hash the chain does not hold at the block the plan names
             calls = ap.extra_calls(plan.method, plan.forward, answer.result, number)
-            extras = await self._extras(net, answer.upstream, calls)
+            rode = answer.state_proof  # asked beside the read, of the same node (pool.py)
+            if rode is not None and len(calls) == 1 and rode[0] == calls[0]:
+                extras: list[Any] | None = [rode[1]]
+            else:
+                extras = await self._extras(net, answer.upstream, calls)
             if extras is None:
                 return UNPROVEN
             more = await self._extras(net, answer.upstream, ap.follow_up_calls(plan.method, plan.forward, extras))

@@ -35,6 +35,21 @@ def test_a_state_read_is_proven_by_an_eth_get_proof_with_a_32_byte_slot() -> Non
     assert ap.extra_calls("eth_getBlockByNumber", ["0x10", False], {"transactions": []}, 16) == []
 
 
+def test_only_a_state_read_about_a_final_block_past_genesis_has_its_proof_asked_beside_it() -> None:
+    proof = ("eth_getProof", [STORE, ["0x" + "00" * 31 + "01"], "0x10"])
+    assert ap.proof_beside("eth_getStorageAt", [STORE, "0x1", "0x10"], 16) == proof
+    assert ap.proof_beside("eth_getBalance", [STORE, "0x10"], 20) == ("eth_getProof", [STORE, [], "0x10"])
+    assert ap.proof_beside("eth_getCode", [STORE, "0x10"], 20) == ("eth_getProof", [STORE, [], "0x10"])
+    assert ap.proof_beside("eth_getStorageAt", [STORE, "0x1", "0x10"], 15) is None  # not final yet
+    assert ap.proof_beside("eth_getStorageAt", [STORE, "0x1", "0x10"], None) is None  # no finality known
+    assert ap.proof_beside("eth_getBalance", [STORE, "0x0"], 20) is None  # genesis: never proven
+    assert ap.proof_beside("eth_getBalance", [STORE, "latest"], 20) is None  # a tag: no block to prove it at
+    assert ap.proof_beside("eth_getBalance", [STORE, {"blockHash": HASH}], 20) is None  # by hash
+    assert ap.proof_beside("eth_getProof", [STORE, [], "0x10"], 20) is None  # carries its own proof
+    assert ap.proof_beside("eth_call", [{"to": STORE}, "0x10"], 20) is None
+    assert ap.proof_beside("eth_getStorageAt", [STORE, "0x" + "1" * 70, "0x10"], 20) is None  # no such slot
+
+
 def test_a_log_list_must_be_the_blocks_proven_logs_or_within_them() -> None:
     proven = [_log(0), _log(1)]
     ap.prove_block_logs([_log(0), _log(1)], proven, complete=True)

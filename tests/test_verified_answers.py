@@ -194,6 +194,68 @@ async def test_the_honest_path_is_proven_and_a_repeat_is_a_hit(anvil: Anvil, tmp
         assert (await _ask(proxy, "eth_call", call))[1:] == ("HIT", "not-applicable")
 
 
+def _round_trips(relay: LyingRelay, method: str) -> list[list[str]]:
+    """The requests that reached the node with `method` or an eth_getProof in them."""
+    return [post for post in relay.posts if method in post or "eth_getProof" in post]
+
+
+async def test_a_final_blocks_state_read_and_its_proof_reach_the_node_in_one_round_trip(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """The eth_getProof that proves a state read about a final block goes in the read's own batch, to
+    the same node: a verified miss waits for one answer of the node, not two. A read about a block
+    not final yet (nothing would prove it) asks no proof at all."""
+    store, n = _store_with_logs(anvil)
+    relay = await LyingRelay(anvil.url).start()
+    try:
+        async with _proxy(tmp_path, [relay.url]) as proxy:
+            await _final(anvil, proxy, n)
+            for method, params in [
+                ("eth_getStorageAt", [store, "0x0", hex(n)]),
+                ("eth_getBalance", [store, hex(n)]),
+                ("eth_getTransactionCount", [store, hex(n)]),
+                ("eth_getCode", [store, hex(n)]),
+            ]:
+                relay.posts.clear()
+                assert await _ask(proxy, method, params) == (anvil.rpc(method, *params), "MISS", "proven"), method
+                assert _round_trips(relay, method) == [[method, "eth_getBlockByNumber", "eth_getProof"]], relay.posts
+            relay.posts.clear()
+            unfinal = [store, "0x0", hex(anvil.block_number())]
+            assert (await _ask(proxy, "eth_getStorageAt", unfinal))[0] == anvil.rpc("eth_getStorageAt", *unfinal)
+            assert [post for post in relay.posts if "eth_getProof" in post] == [], relay.posts
+    finally:
+        await relay.close()
+
+
+async def test_a_budget_with_no_room_for_the_proof_beside_the_read_still_proves_it_with_a_second_call(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """max_concurrency = 2 leaves room for the read and its header only: the proof is asked after
+    the read, of the same node, and the answer is proven all the same (no call waits for places its
+    budget can never give)."""
+    store, n = _store_with_logs(anvil)
+    relay = await LyingRelay(anvil.url).start()
+    path = tmp_path / "networks.toml"
+    path.write_text(f'[networks.evm]\nfamily = "evm"\nupstreams = [{{url = "{relay.url}", max_concurrency = 2}}]\n')
+    try:
+        proxy = await start_proxy(settings_for(NETWORKS_FILE=str(path)))
+        try:
+            await _final(anvil, proxy, n)
+            relay.posts.clear()
+            params = [store, "0x0", hex(n)]
+            assert await _ask(proxy, "eth_getStorageAt", params) == (
+                anvil.rpc("eth_getStorageAt", *params),
+                "MISS",
+                "proven",
+            )
+            trips = _round_trips(relay, "eth_getStorageAt")
+            assert trips == [["eth_getStorageAt", "eth_getBlockByNumber"], ["eth_getProof"]], relay.posts
+        finally:
+            await proxy.close()
+    finally:
+        await relay.close()
+
+
 async def test_verify_off_keeps_the_liars_answer_as_before(anvil: Anvil, tmp_path: Path) -> None:
     store, n = _store_with_logs(anvil)
     liar = await LyingRelay(anvil.url, "storage", below=n).start()

@@ -93,6 +93,22 @@ def extra_calls(method: str, params: Any, result: Any, number: int) -> list[Call
     return []
 
 
+def proof_beside(method: str, params: Any, finalized: int | None) -> Call | None:
+    """The eth_getProof that proves a state read (eth_getStorageAt, eth_getBalance,
+    eth_getTransactionCount, eth_getCode) about a final block other than genesis, to ask in the
+    read's own batch of the same node (pool.py), so proving it costs no second round trip; None for
+    any other read (nothing asked that its answer could not use)."""
+    if finalized is None or method not in STATE or method == "eth_getProof":
+        return None
+    block = answer_block(method, params, None)
+    if not isinstance(block, int) or not 0 < block <= finalized:
+        return None
+    try:
+        return extra_calls(method, params, None, block)[0]
+    except Unprovable:
+        return None  # a slot no eth_getProof takes: the read goes alone, and stays unproven
+
+
 def follow_up_calls(method: str, params: Any, extras: Sequence[Any]) -> list[Call]:
     """Calls that the extra calls' answers show are needed too: an uncle's proof needs every uncle
     header of its block (sha3Uncles commits to them all), as many as the block lists."""
