@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.chain import trie_proof
 from proxy.chain.fields import keccak256
 from proxy.chain.headers import verify_header
 from proxy.chain.rlp import encode
@@ -150,6 +151,26 @@ class TestRefused:
         del reply["codeHash"]
         _refused(chain, reply)
         _refused(chain, dict(chain.reply, accountProof="0x00"))
+
+    def test_nodes_known_from_an_earlier_proof_stay_within_their_byte_bound_and_prove_nothing_elsewhere(
+        self, chain: Chain, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(trie_proof, "KNOWN_NODE_BYTES", 600)
+        monkeypatch.setattr(trie_proof, "_known", {})
+        monkeypatch.setattr(trie_proof, "_known_bytes", 0)
+        verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
+        verify_account(chain.state_root, chain.reply, chain.store, chain.keys)  # met again: from memory
+        held = trie_proof._known
+        assert held and trie_proof._known_bytes == sum(map(len, held)) <= 600
+        monkeypatch.setattr(trie_proof, "KNOWN_NODE_BYTES", 1024 * 1024)
+        verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
+        nodes = chain.reply["accountProof"]
+        assert all(bytes.fromhex(node[2:]) in trie_proof._known for node in nodes)
+        # A node already known proves nothing but its own place: out of order, or under another root.
+        _refused(chain, dict(chain.reply, accountProof=nodes[::-1]))
+        _refused(chain, dict(chain.reply, accountProof=[nodes[0], *nodes]))
+        later = verify_header(chain.node.rpc("eth_getBlockByNumber", "latest", False))
+        _refused(chain, chain.reply, later.state_root)
 
     @settings(max_examples=150, deadline=None)
     @given(which=st.integers(0, 20), at=st.integers(0, 10_000), bit=st.integers(0, 7))

@@ -29,6 +29,56 @@ class ProofError(ValueError):
     """A proof that does not prove what it is said to: tampered, malformed, or for another root or key."""
 
 
+# Nodes already checked, by their bytes: (their keccak-256, their decoded RLP). Both are pure functions
+# of the bytes, so a node met again (a trie's upper levels are in every proof at its root; the same
+# account's path in every read of its storage at one block) is neither hashed nor decoded again. At
+# most KNOWN_NODE_BYTES of node bytes (a decoded node takes some three times its bytes), the oldest
+# forgotten first; a node enters only once it hashed to the reference that led to it.
+KNOWN_NODE_BYTES = 1024 * 1024
+_known: dict[bytes, tuple[bytes, Item]] = {}
+_known_bytes = 0
+
+
+def _checked_node(raw: bytes, ref: bytes) -> Item:
+    """The decoded node when `raw` hashes to `ref`; ProofError otherwise."""
+    global _known_bytes
+    known = _known.get(raw)
+    if known is not None:
+        if known[0] != ref:
+            raise ProofError("a node does not hash to its parent's reference")
+        return known[1]
+    digest = keccak256(raw)
+    if digest != ref:
+        raise ProofError("a node does not hash to its parent's reference")
+    try:
+        node = decode(raw)
+    except RlpError as exc:
+        raise ProofError(f"a node is not RLP: {exc}") from exc
+    if len(raw) <= KNOWN_NODE_BYTES:
+        while _known and _known_bytes + len(raw) > KNOWN_NODE_BYTES:
+            oldest = next(iter(_known))
+            del _known[oldest]
+            _known_bytes -= len(oldest)
+        _known[raw] = (digest, node)
+        _known_bytes += len(raw)
+    return node
+
+
+# The trie keys of addresses and slots (their keccak-256), as many as KNOWN_KEYS, the oldest forgotten first.
+KNOWN_KEYS = 4096
+_known_keys: dict[bytes, bytes] = {}
+
+
+def _trie_key(key: bytes) -> bytes:
+    hashed = _known_keys.get(key)
+    if hashed is None:
+        hashed = keccak256(key)
+        if len(_known_keys) >= KNOWN_KEYS:
+            del _known_keys[next(iter(_known_keys))]
+        _known_keys[key] = hashed
+    return hashed
+
+
 def _nibbles(key: bytes) -> bytes:
     """The key's nibbles, one a byte: its hex digits mapped to 0-15."""
     return key.hex().encode().translate(_NIBBLE)
@@ -77,12 +127,7 @@ def prove(root: bytes, key: bytes, proof: Sequence[bytes]) -> bytes | None:
                 raise ProofError("the proof ends before the path does")
             raw = proof[used]
             used += 1
-            if keccak256(raw) != ref:
-                raise ProofError("a node does not hash to its parent's reference")
-            try:
-                node = decode(raw)
-            except RlpError as exc:
-                raise ProofError(f"a node is not RLP: {exc}") from exc
+            node = _checked_node(raw, ref)
             if node == b"" and used == 1:  # the empty trie's root node: RLP("")
                 value = None
                 break
@@ -192,7 +237,7 @@ def verify_account(state_root: bytes, reply: Mapping[str, Any], address: str, ke
         if data(reply.get("address"), "address", 20) != asked:
             raise ProofError("the proof is for another address")
         exists, nonce, balance, storage_hash, code_hash = _account(
-            prove(state_root, keccak256(asked), _nodes(reply.get("accountProof")))
+            prove(state_root, _trie_key(asked), _nodes(reply.get("accountProof")))
         )
         claimed = (
             quantity(reply.get("nonce"), "nonce"),
@@ -210,7 +255,7 @@ def verify_account(state_root: bytes, reply: Mapping[str, Any], address: str, ke
             slot = slot_key(wanted)
             if not isinstance(entry, Mapping) or slot_key(entry.get("key")) != slot:
                 raise ProofError("a storage proof for another key")
-            value = _storage_value(prove(storage_hash, keccak256(slot), _nodes(entry.get("proof"))))
+            value = _storage_value(prove(storage_hash, _trie_key(slot), _nodes(entry.get("proof"))))
             if quantity(entry.get("value"), "storage value") != value:
                 raise ProofError("a storage value is not the proven one")
             storage[slot] = value
