@@ -8,8 +8,9 @@ over its own relay to the same Anvil (tests/lying_relay.py, honest), which count
 relays. For each method the proxy is asked once per block (each a miss: another block, another
 key), after one warm-up call at another block (the header chain's checkpoint). Printed per method
 and mode: this process's CPU time per miss (the proxy and its test client: the client's share is the
-same in both modes, so the difference is the proof's) and the upstream calls per miss, head polls
-left out (calls with a block tag, eth_blockNumber, eth_chainId, eth_syncing).
+same in both modes, so the difference is the proof's), the upstream calls per miss, head polls
+left out (calls with a block tag, eth_blockNumber, eth_chainId, eth_syncing), and the round trips to
+the node they took (a batch is one).
 """
 
 from __future__ import annotations
@@ -48,13 +49,16 @@ def calls_of(store: str) -> dict[str, Any]:
     }
 
 
-def counted(relay: LyingRelay) -> int:
-    """The calls relayed but head polls."""
-    return sum(
-        1
-        for c in relay.calls
-        if c.get("method") not in POLLS and not any(p in TAGS for p in c.get("params") or [] if isinstance(p, str))
+def _counted(call: dict[str, Any]) -> bool:
+    """A call of the miss's own: not a head poll."""
+    return call.get("method") not in POLLS and not any(
+        p in TAGS for p in call.get("params") or [] if isinstance(p, str)
     )
+
+
+def counted(relay: LyingRelay) -> tuple[int, int]:
+    """The calls relayed but head polls, and the requests (round trips to the node) they went in."""
+    return sum(1 for c in relay.calls if _counted(c)), sum(1 for post in relay.posts if any(map(_counted, post)))
 
 
 async def start(anvil: Anvil, mode: str, folder: Path, final: int) -> tuple[Proxy, LyingRelay]:
@@ -71,16 +75,20 @@ async def start(anvil: Anvil, mode: str, folder: Path, final: int) -> tuple[Prox
     return proxy, relay
 
 
-async def measure(proxy: Proxy, relay: LyingRelay, method: str, params: Any, blocks: list[int]) -> tuple[float, float]:
-    """(CPU µs per miss, upstream calls per miss)."""
+async def measure(
+    proxy: Proxy, relay: LyingRelay, method: str, params: Any, blocks: list[int]
+) -> tuple[float, float, float]:
+    """(CPU µs per miss, upstream calls per miss, round trips to the node per miss)."""
     await proxy.post({"jsonrpc": "2.0", "id": 0, "method": method, "params": params(blocks[0] - 1)})  # warm-up
     relay.calls.clear()
+    relay.posts.clear()
     cpu = time.process_time()
     for block in blocks:
         _, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params(block)})
         assert "result" in body and headers["X-Cache"] == "MISS", (method, body, dict(headers))
     spent = time.process_time() - cpu
-    return spent / len(blocks) * 1e6, counted(relay) / len(blocks)
+    calls, trips = counted(relay)
+    return spent / len(blocks) * 1e6, calls / len(blocks), trips / len(blocks)
 
 
 async def main(blocks: int) -> None:
@@ -99,18 +107,22 @@ async def main(blocks: int) -> None:
                 proxy, relay = await start(anvil, mode, Path(folder), numbers[-1])
                 try:
                     for method, params in calls_of(store).items():
-                        cpu, upstream = await measure(proxy, relay, method, params, numbers)
+                        cpu, upstream, trips = await measure(proxy, relay, method, params, numbers)
                         results.setdefault(method, Counter())[f"{mode}_cpu"] = round(cpu)
                         results[method][f"{mode}_calls"] = round(upstream, 2)  # type: ignore[assignment]
+                        results[method][f"{mode}_trips"] = round(trips, 2)  # type: ignore[assignment]
                 finally:
                     await proxy.close()
                     await relay.close()
-        print(f"{'method':<26} {'off µs':>8} {'auto µs':>8} {'extra µs':>9} {'off calls':>10} {'auto calls':>11}")
+        print(
+            f"{'method':<26} {'off µs':>8} {'auto µs':>8} {'extra µs':>9} {'off calls':>10} {'auto calls':>11} "
+            f"{'off trips':>10} {'auto trips':>11}"
+        )
         for method, row in results.items():
             extra = row["auto_cpu"] - row["off_cpu"]
             print(
                 f"{method:<26} {row['off_cpu']:>8} {row['auto_cpu']:>8} {extra:>9} "
-                f"{row['off_calls']:>10} {row['auto_calls']:>11}"
+                f"{row['off_calls']:>10} {row['auto_calls']:>11} {row['off_trips']:>10} {row['auto_trips']:>11}"
             )
     finally:
         anvil.stop()

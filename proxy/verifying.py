@@ -106,13 +106,13 @@ class Verifier:
         while True:
             outcome = await self._prove(net, plan, answer, number)
             if outcome == UNCHECKED:
-                self._metrics.verifications.labels(net.name, metric_label(plan.method), outcome).inc()
+                self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
                 return UNFINAL, answer  # kept as without verification (required: for a short TTL)
             if outcome != PROVEN and number == 0:
                 # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot:
                 # answers about block 0 are kept as without verification, told unproven.
                 return UNFINAL, answer
-            self._metrics.verifications.labels(net.name, metric_label(plan.method), outcome).inc()
+            self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
             if outcome == PROVEN:
                 return PROVEN, answer
             if outcome == REFUTED:

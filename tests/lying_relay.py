@@ -93,7 +93,7 @@ class LyingRelay:
     lies_told: int = 0
     uncle: dict[str, Any] | None = None  # what the "uncle" lie answers
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
-    posts: list[list[str]] = field(default_factory=list)  # each request's methods: one round trip each
+    posts: list[list[dict[str, Any]]] = field(default_factory=list)  # each request's calls: a round trip each
     url: str = ""
     _server: TestServer | None = None
     _session: aiohttp.ClientSession | None = None
@@ -119,7 +119,7 @@ class LyingRelay:
         payload = json.loads(body)
         calls = payload if isinstance(payload, list) else [payload]
         self.calls.extend(c for c in calls if isinstance(c, dict))
-        self.posts.append([str(c.get("method")) for c in calls if isinstance(c, dict)])
+        self.posts.append([c for c in calls if isinstance(c, dict)])
         async with self._session.post(self.target, data=body, headers={"Content-Type": "application/json"}) as resp:
             reply = json.loads(await resp.read())
         items = reply if isinstance(reply, list) else [reply]
