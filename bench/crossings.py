@@ -1,7 +1,8 @@
 """Benchmark: how many times one cache miss crosses from one package of the proxy into another, followed
 call by call from the request's bytes reaching the front to the answer's bytes leaving it.
 
-    .venv/bin/python -m bench.crossings [--misses 5] [--verify off|auto] [--tree DIR] [--show]
+    .venv/bin/python -m bench.crossings [--misses 5] [--verify off|auto] [--rooms package|module]
+                                        [--tree DIR] [--show]
 
 The proxy runs in a child process under `sys.setprofile` (EVENT_LOOP=asyncio, whose transports'
 writes are Python calls). A marked request (an eth_getStorageAt of a position never read, so the
@@ -16,9 +17,9 @@ folder of `proxy/` (`http`, `gateway`, `cache`, `chain`, `upstream`, ...); the m
 Two figures: the request's walk counts the crossings that go on (a call into another package whose
 code crosses again before it returns: the request handed further), with their returns; "with
 detours" counts every crossing, the detours included (a call that comes back without crossing
-again: a validator, a price, a metric). `--tree DIR` counts another checkout's proxy (this script
-and its Anvil stay this checkout's), so two trees compare in one session. `--show` lists the last
-miss's crossings.
+again: a validator, a price, a metric). `--rooms module` counts a crossing between any two modules
+instead. `--tree DIR` counts another checkout's proxy (this script and its Anvil stay this
+checkout's), so two trees compare in one session. `--show` lists the last miss's crossings.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ _COROUTINE_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable
 class Tracer:
     """The child's profile function: crossings of the one armed request, written to `out` per request."""
 
-    def __init__(self, package: str, out: str) -> None:
+    def __init__(self, package: str, out: str, by_module: bool = False) -> None:
         self.package = package.rstrip("/") + "/"
         self.out = out
         self.armed = False
@@ -60,6 +61,7 @@ class Tracer:
         self.calls: list[list[Any]] = []
         self.open: dict[int, int] = {}
         self.module_moves = 0
+        self.side = 1 if by_module else 0  # what a room is: a module, or a package
 
     def room(self, frame: FrameType) -> tuple[str, str] | None:
         """(package, module) of a frame's code, or None outside the proxy."""
@@ -140,7 +142,7 @@ class Tracer:
         """One call (or return) from one frame to another; counted when it changes package."""
         if source_room[1] != target_room[1]:
             self.module_moves += 1
-        if source_room[0] == target_room[0]:
+        if source_room[self.side] == target_room[self.side]:
             return
         if not call:
             at = self.open.pop(id(source), None)
@@ -159,7 +161,7 @@ class Tracer:
             [
                 f"{source_room[1]}:{source.f_code.co_qualname}",
                 f"{target_room[1]}:{target.f_code.co_qualname}",
-                f"{source_room[0]}->{target_room[0]}",
+                f"{source_room[self.side]}->{target_room[self.side]}",
                 True,
                 False,
             ]
@@ -186,7 +188,9 @@ def child() -> None:
     import proxy
     from proxy.cli import main as cli_main
 
-    tracer = Tracer(os.path.dirname(proxy.__file__), os.environ["CROSSINGS_OUT"])
+    tracer = Tracer(
+        os.path.dirname(proxy.__file__), os.environ["CROSSINGS_OUT"], os.environ["CROSSINGS_BY"] == "module"
+    )
     sys.setprofile(tracer)
     cli_main([])
 
@@ -201,6 +205,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--misses", type=int, default=5, help="marked misses counted")
     parser.add_argument("--verify", choices=["off", "auto"], default="auto", help="VERIFY_ANSWERS")
+    parser.add_argument("--rooms", choices=["package", "module"], default="package", help="what a crossing leaves")
     parser.add_argument("--tree", default=str(ROOT), help="the checkout whose proxy is counted (default: this one)")
     parser.add_argument("--show", action="store_true", help="print the crossings of the last miss")
     args = parser.parse_args()
@@ -224,6 +229,7 @@ def main() -> int:
                 "VERIFY_ANSWERS": args.verify,
                 "EVENT_LOOP": "asyncio",  # its transports' writes are Python calls the profiler sees
                 "CROSSINGS_OUT": out,
+                "CROSSINGS_BY": args.rooms,
                 "PYTHONPATH": args.tree,
             }
             proc = subprocess.Popen(
@@ -271,7 +277,7 @@ def main() -> int:
         anvil.stop()
     if len(rows) < args.misses:
         raise SystemExit(f"only {len(rows)} of {args.misses} misses were counted")
-    report(rows, args.verify, args.show)
+    report(rows, args.verify, args.rooms, args.show)
     return 0
 
 
@@ -285,12 +291,12 @@ def median(values: list[int]) -> int:
     return sorted(values)[len(values) // 2]
 
 
-def report(rows: list[dict[str, Any]], verify: str, show: bool) -> None:
+def report(rows: list[dict[str, Any]], verify: str, rooms: str, show: bool) -> None:
     every = [sum(1 + row_call[4] for row_call in row["calls"]) for row in rows]
     walks = [walk(row["calls"]) for row in rows]
     last = rows[-1]["calls"]
     print(f"one miss (VERIFY_ANSWERS={verify}), median of {len(rows)}:")
-    print(f"  the request's walk: {median(walks)} crossings between packages (range {min(walks)}-{max(walks)})")
+    print(f"  the request's walk: {median(walks)} crossings between {rooms}s (range {min(walks)}-{max(walks)})")
     print(
         f"  with detours: {median(every)} crossings (range {min(every)}-{max(every)}), "
         f"{median([row['module_moves'] for row in rows])} moves between modules"
