@@ -127,7 +127,8 @@ class PrunedRelay:
 
     target: str
     words: str = "geth"
-    refused: list[int] = field(default_factory=list)  # the blocks it refused state for
+    # The blocks it refused state for, once a request (a read and its proof in one batch are one refusal).
+    refused: list[int] = field(default_factory=list)
     url: str = ""
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -142,16 +143,19 @@ class PrunedRelay:
                 head = int((await resp.json())["result"], 16)
         items = reply if isinstance(reply, list) else [reply]
         by_id = {item.get("id"): item for item in items}
+        refused: list[int] = []
         for call in calls:
             at = STATE_BLOCK_AT.get(call.get("method", ""))
             params = call.get("params") or []
             block = params[at] if at is not None and len(params) > at else None
             if isinstance(block, str) and block.startswith("0x") and head - int(block, 16) >= KEPT:
                 number = int(block, 16)
-                self.refused.append(number)
+                if number not in refused:
+                    refused.append(number)
                 item = by_id[call.get("id")]
                 item.pop("result", None)
                 item["error"] = GETH if self.words == "geth" else anvil_error(head, number)
+        self.refused.extend(refused)
         return web.json_response(reply)
 
 
