@@ -26,6 +26,8 @@ from proxy.values import Answer, Plan
 # Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
 # serve another chain's (or a node behind's) view of the block.
 REFUSED = frozenset({"lagging", "fork", "off_chain", "unproven", "orphaned"})
+# A read at a tag the tracker resolved whose node could not show the block: asked again as the tag.
+TAG_UNPROVEN = "tag_unproven"
 # Errors that are a node's answer to the call whatever blocks it holds: a revert, the request's own faults.
 ANSWERS_TO_THE_REQUEST = frozenset({EXECUTION_REVERTED, INVALID_REQUEST, PARSE_ERROR})
 
@@ -151,10 +153,13 @@ class Asker:
                 doubt = "late_head"
             else:
                 answer, doubt = await self._shown_at_need(read, answer, shown_at)
-        if doubt == "unproven" and plan.tags_resolved and _not_found(answer):
-            # No block came with a null or an error at a tag the tracker resolved: the node may lag
-            # the tracker; asked again with the caller's tag instead (service.py), never kept.
-            doubt = "tag_unproven"
+        if doubt in ("unproven", "lagging") and plan.tags_resolved:
+            # At a tag the tracker resolved, its node showed no block the tracker holds beside the
+            # answer, or a head short of it: it may lag the tracker (a load balancer's stalled member
+            # may have answered both the call and the look at its head). Asked again with the
+            # caller's tag instead (fetching.py), never kept, rather than refused for a block the
+            # chain has; the tag's answer is served only from a node at the tracker's head.
+            doubt = TAG_UNPROVEN
         if doubt in REFUSED:
             self._reads.refuse(net, doubt, plan.need)
         return answer, doubt

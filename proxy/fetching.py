@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.asking import Asker
+from proxy.asking import TAG_UNPROVEN, Asker
 from proxy.cache import policy as cp
 from proxy.cache import sharing
 from proxy.cache.integrity import Integrity
@@ -57,7 +57,7 @@ class Fetcher:
         deadline = self._reads.deadline(policy) if policy.limits_logs else None  # eth_getLogs' alone
         answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
-        if plan.tags_resolved and kind in ("null", "error"):
+        if plan.tags_resolved and (kind in ("null", "error") or doubt == TAG_UNPROVEN):
             # The node may not know the resolved block yet (it lags the tracker): ask again
             # with the caller's tag, and keep nothing, since that answer has no fixed block.
             original = substitute(params, {id(r): r.encode() for r in refs})

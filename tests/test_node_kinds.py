@@ -452,6 +452,56 @@ async def test_a_balancer_member_stalled_behind_finality_never_takes_the_head_ba
             await proxy.close()
 
 
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("eth_getStorageAt", ["STORE", "0x0", "finalized"]),
+        ("eth_getBlockByNumber", ["finalized", False]),
+        ("eth_getBlockByNumber", ["safe", False]),
+        ("eth_getBlockByNumber", ["latest", False]),
+        ("eth_getBalance", [DEV_ACCOUNT, "latest"]),
+    ],
+)
+async def test_a_tag_read_a_stalled_member_answers_is_asked_again_as_the_tag_rather_than_refused(
+    live_and_stalled: tuple[Anvil, Anvil, str], method: str, params: list[Any]
+) -> None:
+    """A balancer whose stalled member answers every look at the node's head (so the proxy sees that
+    upstream far behind) and the first request of a read at a tag (`latest`, `safe`, `finalized`,
+    which the tracker turned into a block it holds): the member lacks the block and shows none of
+    the chain beside its answer. The read is asked again with the caller's tag, answered by a member
+    at the tracker's head and never kept; it is not refused with -32002 for a block the chain has."""
+    live, stalled, address = live_and_stalled
+    params = [address if p == "STORE" else p for p in params]
+    trap = {"left": 0}
+
+    def route(calls: list[dict[str, Any]]) -> str:
+        if trap["left"] > 0:
+            trap["left"] -= 1
+            return stalled.url
+        head_look = len(calls) == 1 and calls[0].get("method") == "eth_blockNumber"
+        return stalled.url if head_look else live.url
+
+    async with balancer(route) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, HEAD_POLL_INTERVAL="0.2"))
+        try:
+            await proxy.head_at(BALANCED_HEAD)
+
+            per = proxy.app[SERVICE].networks["evm"].per_upstream
+            assert per is not None
+
+            async def seen_behind() -> bool:
+                return per.states.latest[0] == STALLED_AT
+
+            await eventually(seen_behind, 15, "the upstream's own head seen at the stalled member's")
+            trap["left"] = 1  # the read's first request
+            status, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+            assert trap["left"] == 0  # it reached the stalled member
+            assert status == 200 and body.get("result") == live.rpc(method, *params), body
+            assert headers["X-Cache"] != "HIT"
+        finally:
+            await proxy.close()
+
+
 # --- a lagging backup and reads at the head -------------------------------------------------------
 
 LOGS_HEAD = 200
