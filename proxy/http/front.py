@@ -81,6 +81,19 @@ def head_end(data: bytes) -> int:
     return data.find(b"\r\n\r\n") + 4
 
 
+def parse_failure(exc: httptools.HttpParserError, peer: str | None) -> Reply:
+    """The connection's last answer when llhttp stops: a callback's refusal (431, 413...), a fault of
+    ours (500, logged), or a request that is not HTTP/1.1 (400)."""
+    if isinstance(exc, httptools.HttpParserCallbackError):
+        refused = exc.__context__
+        if isinstance(refused, Refused):
+            return refused.reply
+        log.error("internal error parsing a request", exc_info=refused)
+        return error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
+    log.debug("bad request from %s: %s", peer, exc)  # llhttp's reason names no part of the request
+    return error_reply(JsonRpcError(INVALID_REQUEST, "bad request: not valid HTTP/1.1", http_status=400), NO_CHARGE)
+
+
 class Front:
     """The server's side of every fast connection: what it answers with, the open ones, the drain."""
 
@@ -281,21 +294,8 @@ class FrontProtocol(asyncio.Protocol):
             if self._upgrading is not None:  # else a CONNECT, answered as any other request and closed after it
                 self._upgrade(data[upgrade.args[0] :])
             return
-        except httptools.HttpParserCallbackError as exc:
-            refused = exc.__context__
-            if isinstance(refused, Refused):
-                self._last(refused.reply)
-            else:
-                log.error("internal error parsing a request", exc_info=refused)
-                self._last(error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE))
-            return
         except httptools.HttpParserError as exc:
-            log.debug("bad request from %s: %s", self._peer, exc)  # llhttp's reason names no part of the request
-            self._last(
-                error_reply(
-                    JsonRpcError(INVALID_REQUEST, "bad request: not valid HTTP/1.1", http_status=400), NO_CHARGE
-                )
-            )
+            self._last(parse_failure(exc, self._peer))
             return
         request = self.request
         learnable, self._learnable = self._learnable, None  # held no longer than the read that answered it
