@@ -257,6 +257,47 @@ async def test_a_budget_with_no_room_for_the_proof_beside_the_read_still_proves_
         await relay.close()
 
 
+async def test_reads_of_one_account_share_one_proof_and_a_batch_keeps_within_upstream_batch_max(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """A client's batch of an account's balance, nonce and code at a final block reaches the node as
+    one batch with one eth_getProof for the three; and a batch never grows past UPSTREAM_BATCH_MAX
+    calls beside its header for the proofs (a provider's cap on a batch): the proofs that do not fit
+    are asked after the answers, and every answer is proven all the same."""
+    store, n = _store_with_logs(anvil)
+    relay = await LyingRelay(anvil.url).start()
+    path = tmp_path / "networks.toml"
+    path.write_text(f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relay.url}"]\n')
+    try:
+        proxy = await start_proxy(settings_for(NETWORKS_FILE=str(path), UPSTREAM_BATCH_MAX="4"))
+        try:
+            await _final(anvil, proxy, n)
+            relay.posts.clear()
+            alike = [("eth_getBalance", [store, hex(n)]), ("eth_getTransactionCount", [store, hex(n)])]
+            batch = [{"jsonrpc": "2.0", "id": i, "method": m, "params": p} for i, (m, p) in enumerate(alike)]
+            status, body, _ = await proxy.post(batch)
+            assert status == 200 and [item["result"] for item in body] == [anvil.rpc(m, *p) for m, p in alike]
+            assert _round_trips(relay, "eth_getBalance") == [
+                ["eth_getBalance", "eth_getTransactionCount", "eth_getBlockByNumber", "eth_getProof"]
+            ], relay.posts
+            relay.posts.clear()
+            slots = [[store, hex(slot), hex(n)] for slot in range(1, 7)]
+            batch = [
+                {"jsonrpc": "2.0", "id": i, "method": "eth_getStorageAt", "params": p} for i, p in enumerate(slots)
+            ]
+            status, body, _ = await proxy.post(batch)
+            assert status == 200 and [item["result"] for item in body] == [
+                anvil.rpc("eth_getStorageAt", *p) for p in slots
+            ]
+            assert max(len(post) for post in relay.posts) <= 4 + 1, relay.posts  # the reads' header beside them
+            for params in slots:  # each kept as proven
+                assert (await _ask(proxy, "eth_getStorageAt", params))[1:] == ("HIT", "proven")
+        finally:
+            await proxy.close()
+    finally:
+        await relay.close()
+
+
 async def test_verify_off_keeps_the_liars_answer_as_before(anvil: Anvil, tmp_path: Path) -> None:
     store, n = _store_with_logs(anvil)
     liar = await LyingRelay(anvil.url, "storage", below=n).start()

@@ -248,8 +248,9 @@ class HttpUpstream(Sender):
         """The calls and one header per distinct proof block in one batch, so one node answers all; each
         answer carries the hash that node gave for its proof block (a header is read for its hash
         alone: never encoded again, nor observed as a call of its own), or none if batches are refused.
-        A read whose proof `proof_beside` names has it asked in the same batch too, while the budget's
-        room allows (answer.state_proof), so proving it costs no second round trip."""
+        A read whose proof `proof_beside` names has it asked in the same batch too (one for the reads
+        it proves alike), while the batch stays within UPSTREAM_BATCH_MAX calls and the budget's room
+        (answer.state_proof), so proving it costs no second round trip."""
         # Loops, not comprehensions (a frame each): every proven miss passes here, most alone.
         sent: list[tuple[str, Any]] = []
         blocks: list[str] = []
@@ -260,18 +261,14 @@ class HttpUpstream(Sender):
         count = len(calls)
         for block in blocks:
             sent.append(proof_call(block))
-        proved: list[int] = []  # the calls whose proofs follow the headers, in that order
-        beside = self.proof_beside
-        if beside is not None:
+        proved: list[tuple[int, int]] = []  # (a call, where its proof is in `sent`)
+        if self.proof_beside is not None:
             room = self.batch_room
-            for i, (method, params, block) in enumerate(calls):
-                if block is None or (room is not None and len(sent) >= room):
-                    continue
-                extra = beside(method, params)
-                if extra is not None:
-                    sent.append(extra)
-                    proved.append(i)
-        bound = self._max_reply + (len(blocks) + len(proved)) * PROOF_HEADER_BYTES  # the batch counted whole
+            # Within UPSTREAM_BATCH_MAX calls in all (a provider's cap on a batch), and the budget's room.
+            most = self._batch_max if room is None else min(room, self._batch_max)
+            proved = _proofs_beside(calls, sent, self.proof_beside, most)
+        extras = len(sent) - count - len(blocks)
+        bound = self._max_reply + (len(blocks) + extras) * PROOF_HEADER_BYTES  # the batch counted whole
         if index is None:
             items, seconds, index = await self._batch_items(
                 sent, auto=True, timeout=timeout, observed=count, bound=bound
@@ -298,12 +295,10 @@ class HttpUpstream(Sender):
         for i, (_, _, block) in enumerate(calls):
             if block is not None:
                 answers[i] = answers[i].with_proof(hashes[block], numbers[block])
-        at = count + len(blocks)
-        for i in proved:
+        for i, at in proved:
             item = items[at]
             if item.get("error") is None:  # a node that could not prove it: verifying.py asks again
                 answers[i].state_proof = (sent[at], item.get("result"))
-            at += 1
         return answers
 
     def proven(
@@ -406,6 +401,32 @@ class HttpUpstream(Sender):
             [{"jsonrpc": "2.0", "id": base + i, "method": m, "params": prm} for i, (m, prm) in enumerate(calls)]
         )
         return body, range(base, base + len(calls))
+
+
+def _proofs_beside(
+    calls: Sequence[tuple[str, Any, str | None]],
+    sent: list[tuple[str, Any]],
+    beside: Callable[[str, Any], tuple[str, Any] | None],
+    most: int,
+) -> list[tuple[int, int]]:
+    """The proofs of the proven calls added to `sent` while it holds fewer than `most` calls, one for
+    the reads it proves alike (an account's balance, nonce and code at one block): (a call, where its
+    proof is in `sent`)."""
+    proved: list[tuple[int, int]] = []
+    asked: dict[bytes, int] = {}
+    for i, (method, params, block) in enumerate(calls):
+        extra = beside(method, params) if block is not None else None
+        if extra is None:
+            continue
+        same = jsonrpc.dumps(extra)
+        at = asked.get(same)
+        if at is None:
+            if len(sent) >= most:
+                continue
+            at = asked[same] = len(sent)
+            sent.append(extra)
+        proved.append((i, at))
+    return proved
 
 
 def _in_order(reply: list[Any], ids: range) -> list[Any]:
