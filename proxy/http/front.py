@@ -30,9 +30,10 @@ from proxy.http.endpoint import (
     paid_reply,
 )
 from proxy.http.front_routes import FrontRoutes, request_path
+from proxy.http.head_limit import MAX_HEAD_BYTES as MAX_HEAD_BYTES  # re-exported: the limit is the front's
+from proxy.http.head_limit import HeadLimit
 from proxy.http.pipeline import Pipeline, closing
 from proxy.http.wire import (
-    MAX_HEADERS,
     MAX_LINE,
     OTHER,
     RPC,
@@ -51,7 +52,6 @@ from proxy.values import PaidHit, Reply
 
 log = logging.getLogger("proxy.front")
 
-MAX_HEAD_BYTES = 64 * 1024  # a request head in all
 # The header fields anything reads (lower-case); the others are kept raw, for a WebSocket handover only.
 READ_HEADERS = (
     "host",
@@ -230,9 +230,7 @@ class FrontProtocol(asyncio.Protocol):
         self._kept_alive = True  # every request so far keeps the connection open
         self._learnable: Request | None = None  # ...and the one answered as a memory hit or a miss (Front.learn)
         self._upgrading: Request | None = None
-        self._head_bytes = 0
-        self._body_read = 0  # body bytes of RPC requests in the read being fed
-        self._field_bytes = 0  # the header fields' bytes of the request being read
+        self._limit = HeadLimit()
         self.pipeline = Pipeline(self, front, self._loop)
         self._counted = front.answer_bytes  # answers made and not yet taken (answer_bytes.py)
 
@@ -287,7 +285,7 @@ class FrontProtocol(asyncio.Protocol):
                     return
             self._begun = begun = 0
             self._learnable = None
-        self._body_read = 0
+        self._limit.body_read = 0
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -304,15 +302,7 @@ class FrontProtocol(asyncio.Protocol):
                 self._front.learn(data, learnable)
             return
         if not request.kind:  # its head is still arriving
-            if self._begun == begun:  # begun in an earlier read: all of this one is head
-                self._head_bytes += len(data)
-            else:
-                # Begun in this read, after the requests it completed: after the read's last empty line
-                # (a head holds none) and after every body byte of the read.
-                last_empty = data.rfind(b"\r\n\r\n")
-                start = max(last_empty + 4 if last_empty >= 0 else 0, self._body_read)
-                self._head_bytes += len(data) - start  # never less than the head's bytes in it
-            if self._head_bytes > MAX_HEAD_BYTES:
+            if self._limit.over(data, self._begun != begun):
                 self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
         elif request.kind == RPC and request.timer is None:
             self._receiving(request)
@@ -339,7 +329,7 @@ class FrontProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         # From its first byte, which leaves no doubt whether a request is under way (data_received).
         self.request = Request()
-        self._head_bytes = self._field_bytes = 0
+        self._limit.begin()
         self._begun += 1
 
     def on_url(self, url: bytes) -> None:
@@ -351,15 +341,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         raw = self.request.raw  # type: ignore[union-attr]
-        # The fields' own bytes hold the head to its limit also when it arrives whole in one read.
-        self._field_bytes += len(name) + len(value)
-        if (
-            len(value) > MAX_LINE
-            or len(name) > MAX_LINE
-            or len(raw) >= MAX_HEADERS
-            or self._field_bytes > MAX_HEAD_BYTES
-        ):
-            raise refusal(INVALID_REQUEST, "request header fields too large", 431)
+        self._limit.field(name, value, len(raw))
         raw.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -402,7 +384,7 @@ class FrontProtocol(asyncio.Protocol):
         assert request is not None
         if request.kind != RPC:
             return  # nothing else reads a body
-        self._body_read += len(body)
+        self._limit.body_read += len(body)
         request.size += len(body)
         if request.size > self._endpoint.max_body_bytes:
             raise Refused(closing(self._endpoint.too_large()))

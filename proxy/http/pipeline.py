@@ -129,12 +129,11 @@ class Pipeline:
         self.transport: asyncio.Transport | None = None
         self.waiting: deque[Waiting] = deque()
         self.held: deque[Held] = deque()
-        self.idle: asyncio.TimerHandle | None = None
+        self.deadline = IdleDeadline(self, reader, loop)
         self.active_at = 0.0
         self.done = False  # answered for the last time: nothing more is read
         self.read_paused = False
         self.write_paused = False
-        self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
         self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
 
@@ -144,21 +143,20 @@ class Pipeline:
             transport.close()
             return
         self.active_at = self._loop.time()
-        self.idle = self._loop.call_later(KEEPALIVE_TIMEOUT, self.idle_out)
+        self.deadline.start()
 
     def lost(self, orphans: set[asyncio.Task[None]]) -> None:
         """The connection is gone: answers still being made finish unwritten (Front.shutdown waits for
         them as `orphans`), and nothing more is held."""
         self.transport = None
         self.done = True
-        if self.idle is not None:
-            self.idle.cancel()
+        self.deadline.cancel()
         for item, _close in self.waiting:
             if not isinstance(item, bytes) and not item.done():
                 orphans.add(item)
                 item.add_done_callback(orphans.discard)
         self.waiting.clear()
-        self._clear_held()
+        self.clear_held()
         self.account.close()
 
     def handed_over(self) -> tuple[asyncio.Transport | None, bytes]:
@@ -166,8 +164,7 @@ class Pipeline:
         data = self.handover
         assert data is not None
         self.done = True
-        if self.idle is not None:
-            self.idle.cancel()
+        self.deadline.cancel()
         self.account.close()
         return self.transport, data
 
@@ -214,7 +211,7 @@ class Pipeline:
         self.held.append(request)
         self.account.budget.waiting += 1
 
-    def _clear_held(self) -> None:
+    def clear_held(self) -> None:
         self.account.budget.waiting -= sum(1 for item in self.held if isinstance(item, Request))
         self.held.clear()
 
@@ -247,7 +244,7 @@ class Pipeline:
                 held.popleft()
                 self.send(*item)
         if transport is None or transport.is_closing():
-            self._clear_held()
+            self.clear_held()
 
     def pause(self) -> None:
         if not self.read_paused and self.transport is not None:
@@ -275,32 +272,6 @@ class Pipeline:
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-    def idle_out(self) -> None:
-        """KEEPALIVE_TIMEOUT after the last head completed or answer was written (or its client last
-        read), with no request in progress: closed. A client that reads none of its answers for as
-        long is dropped with what it was not sent, whatever waits: a close would keep those bytes
-        until it reads them, which it may never do. One timer per connection, moved on when it fires."""
-        request = self._reader.request
-        transport = self.transport
-        unsent = unsent_bytes(transport) if transport is not None else 0
-        if unsent and unsent < self._unsent:  # its client reads, slowly (a large answer): not idle
-            self.active_at = self._loop.time()
-        self._unsent = unsent
-        left = self.active_at + KEEPALIVE_TIMEOUT - self._loop.time()
-        busy = self.waiting or (request and request.kind) or (not unsent and self.account.others_hold(self.held))
-        if not self.write_paused and busy:  # its body, its answers, others' bytes have deadlines of their own
-            left = KEEPALIVE_TIMEOUT
-        if left > 0:
-            self.idle = self._loop.call_later(left, self.idle_out)
-            return
-        self.idle = None
-        if transport is not None and unsent:
-            self.done = True
-            self._clear_held()
-            drop(transport)
-        else:
-            self.abort()
 
     def answer(self, request: Request, reply: Reply | Any) -> None:
         if isinstance(reply, Reply):
@@ -410,3 +381,52 @@ class Pipeline:
             self.abort()
         else:
             self.active_at = self._loop.time()
+
+
+class IdleDeadline:
+    """A connection's one keep-alive timer (KEEPALIVE_TIMEOUT): its Pipeline's idle deadline."""
+
+    def __init__(self, pipeline: Pipeline, reader: Reader, loop: asyncio.AbstractEventLoop) -> None:
+        self._pipeline = pipeline
+        self._reader = reader
+        self._loop = loop
+        self.timer: asyncio.TimerHandle | None = None
+        self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
+
+    def start(self) -> None:
+        self.timer = self._loop.call_later(KEEPALIVE_TIMEOUT, self.fire)
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def fire(self) -> None:
+        """KEEPALIVE_TIMEOUT after the last head completed or answer was written (or its client last
+        read), with no request in progress: closed. A client that reads none of its answers for as
+        long is dropped with what it was not sent, whatever waits: a close would keep those bytes
+        until it reads them, which it may never do. One timer per connection, moved on when it fires."""
+        pipeline = self._pipeline
+        request = self._reader.request
+        transport = pipeline.transport
+        unsent = unsent_bytes(transport) if transport is not None else 0
+        if unsent and unsent < self._unsent:  # its client reads, slowly (a large answer): not idle
+            pipeline.active_at = self._loop.time()
+        self._unsent = unsent
+        left = pipeline.active_at + KEEPALIVE_TIMEOUT - self._loop.time()
+        busy = (
+            pipeline.waiting
+            or (request and request.kind)
+            or (not unsent and pipeline.account.others_hold(pipeline.held))
+        )
+        if not pipeline.write_paused and busy:  # its body, its answers, others' bytes have deadlines of their own
+            left = KEEPALIVE_TIMEOUT
+        if left > 0:
+            self.timer = self._loop.call_later(left, self.fire)
+            return
+        self.timer = None
+        if transport is not None and unsent:
+            pipeline.done = True
+            pipeline.clear_held()
+            drop(transport)
+        else:
+            pipeline.abort()

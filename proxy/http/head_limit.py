@@ -1,0 +1,42 @@
+"""A request head's size limit on the fast front (front.py): MAX_HEAD_BYTES, held also when the head
+arrives over many reads or whole in one."""
+
+from __future__ import annotations
+
+from proxy.http.wire import MAX_HEADERS, MAX_LINE, refusal
+from proxy.rpc.jsonrpc import INVALID_REQUEST
+
+MAX_HEAD_BYTES = 64 * 1024  # a request head in all
+
+
+class HeadLimit:
+    """The bytes of the head being read, counted against MAX_HEAD_BYTES (one per connection)."""
+
+    __slots__ = ("body_read", "field_bytes", "head_bytes")
+
+    def __init__(self) -> None:
+        self.head_bytes = 0
+        self.body_read = 0  # body bytes of RPC requests in the read being fed
+        self.field_bytes = 0  # the header fields' bytes of the request being read
+
+    def begin(self) -> None:
+        self.head_bytes = self.field_bytes = 0
+
+    def field(self, name: bytes, value: bytes, fields: int) -> None:
+        """A header field, after `fields` others: refused (431) when it or the head is too large."""
+        # The fields' own bytes hold the head to its limit also when it arrives whole in one read.
+        self.field_bytes += len(name) + len(value)
+        if len(value) > MAX_LINE or len(name) > MAX_LINE or fields >= MAX_HEADERS or self.field_bytes > MAX_HEAD_BYTES:
+            raise refusal(INVALID_REQUEST, "request header fields too large", 431)
+
+    def over(self, data: bytes, begun_here: bool) -> bool:
+        """A read that leaves a head still arriving: whether the head is now over MAX_HEAD_BYTES."""
+        if not begun_here:  # begun in an earlier read: all of this one is head
+            self.head_bytes += len(data)
+        else:
+            # Begun in this read, after the requests it completed: after the read's last empty line
+            # (a head holds none) and after every body byte of the read.
+            last_empty = data.rfind(b"\r\n\r\n")
+            start = max(last_empty + 4 if last_empty >= 0 else 0, self.body_read)
+            self.head_bytes += len(data) - start  # never less than the head's bytes in it
+        return self.head_bytes > MAX_HEAD_BYTES
