@@ -22,10 +22,10 @@ from proxy.values import HIT, PaidHit, new_record
 
 
 class Lookup(NamedTuple):
-    """What the hot path made of one body for one key; at most one field is set. Made per request
-    with new_record (values.py), in field order."""
+    """What the hot path made of one body for one key that it did not answer (a hit answered and paid
+    for is its PaidHit, sent as it is); at most one field is set. Made with new_record (values.py),
+    in field order."""
 
-    paid: PaidHit | None = None  # a hit answered and paid for: sent as it is
     unpaid: MemoryHit | None = None  # a hit whose charge awaits the ledger (no lease, a per-second limit)
     parsed: Body | None = None  # a plain single call the memory tier does not hold, as parsed here
 
@@ -79,7 +79,7 @@ class Hits:
         self.key_lists, self.restricted = key_lists, restricted
         self.tabs.clear()  # a tab holds what these keys and their terms were
 
-    def open(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
+    def open(self, body: bytes | str, network: NetworkRuntime | None) -> PaidHit | Lookup:
         """Open mode: nothing to charge, so a hit is always answered here (0 credits, 0 remaining)."""
         started = time.perf_counter()
         plain = plain_call(body)  # the lookup of _found, written out: a call fewer on every hit
@@ -87,13 +87,19 @@ class Hits:
             return NOT_LOOKED
         hit = self._service.memory_hit(plain, network, self._default_routes)
         if hit is None:
-            return new_record(Lookup, (None, None, plain_body(body, plain)))
-        answer = self.answer_of(hit, self._calls.request_id() if self._access_log else 0, started)
-        return new_record(Lookup, (new_record(PaidHit, (0, 0, hit.verified, len(answer), answer)), None, None))
+            return new_record(Lookup, (None, plain_body(body, plain)))
+        # answer_of, written out: every open hit passes here.
+        rid, method, runtime, payload, is_error, credits, cells, verified = hit
+        cells.record(credits, time.perf_counter() - started)
+        if self._access_log:
+            outcome = "error" if is_error else "ok"
+            self._calls.log_call(self._calls.request_id(), runtime.name, method, outcome, HIT, None)
+        answer = jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
+        return new_record(PaidHit, (0, 0, verified, len(answer), answer))
 
     def keyed(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None
-    ) -> Lookup:
+    ) -> PaidHit | Lookup:
         """A key's hit, paid from its lease where it can be. `secret`: the key the account was found
         by; it keeps the tab made here unless the account has allow-lists."""
         if account in self.restricted:
@@ -106,7 +112,7 @@ class Hits:
             self.tabs[secret] = tab
         return self.by_tab(body, tab, network)
 
-    def by_tab(self, body: bytes | str, tab: Tab, network: NetworkRuntime | None) -> Lookup:
+    def by_tab(self, body: bytes | str, tab: Tab, network: NetworkRuntime | None) -> PaidHit | Lookup:
         """keyed() with the key's checks made (its tab): the lease spent from directly down to its
         low-water mark; past it (a top-up due, another day, no lease) the ledger decides."""
         started = time.perf_counter()
@@ -115,21 +121,20 @@ class Hits:
             return NOT_LOOKED
         hit = self._service.memory_hit(plain, network, self._default_routes)
         if hit is None:
-            return new_record(Lookup, (None, None, plain_body(body, plain)))
+            return new_record(Lookup, (None, plain_body(body, plain)))
         credits, now = hit.credits, self._now()
         remaining = tab.lease.spend(credits, tab.daily, now)
         if remaining is None:  # the ledger decides at the same instant
             remaining = self._ledger.spend(tab.account, credits, tab.daily, now)
             if remaining is None:
-                return new_record(Lookup, (None, hit, None))
+                return new_record(Lookup, (hit, None))
             tab.lease = self._ledger.purse(tab.account, now) or NO_LEASE  # today's, once the ledger has it
         # What Gateway's paid reply does for a paid hit, written out: this is the path every keyed hit takes.
         tab.charged.value += credits
         hit.cells.charged.value += credits
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
         answer = self.answer_of(hit, request_id, started)
-        paid = new_record(PaidHit, (credits, remaining if remaining > 0 else 0, hit.verified, len(answer), answer))
-        return new_record(Lookup, (paid, None, None))
+        return new_record(PaidHit, (credits, remaining if remaining > 0 else 0, hit.verified, len(answer), answer))
 
     def _found(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
         """The memory tier's hit, not yet paid for (`unpaid`), or the parsed miss, or NOT_LOOKED."""
@@ -138,8 +143,8 @@ class Hits:
             return NOT_LOOKED
         hit = self._service.memory_hit(plain, network, self._default_routes)
         if hit is None:
-            return new_record(Lookup, (None, None, plain_body(body, plain)))
-        return new_record(Lookup, (None, hit, None))
+            return new_record(Lookup, (None, plain_body(body, plain)))
+        return new_record(Lookup, (hit, None))
 
     def answer_of(self, hit: MemoryHit, request_id: int, started: float) -> bytes:
         """A hit's encoded answer, counted (the counts execute() and the accounting make for a call)."""

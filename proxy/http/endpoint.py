@@ -195,12 +195,11 @@ class RpcEndpoint:
                 lookup = hits.by_tab(body, tab, network)
             else:
                 lookup = hits.keyed(body, account, network, key)
-            paid = lookup.paid
-            if paid is None:
-                return self._awaited(body, account, network, lookup, headers, path)
-            if paid.length < self.compress_from and "origin" not in headers:
-                return paid
-            return self.finish(self.hit_reply(paid), headers)
+            if type(lookup) is not PaidHit:
+                return self._awaited(body, account, network, lookup, headers, path)  # type: ignore[arg-type]
+            if lookup.length < self.compress_from and "origin" not in headers:
+                return lookup
+            return self.finish(self.hit_reply(lookup), headers)
         except Exception as exc:
             return self.finish(failure_reply(exc, path), headers)
 

@@ -104,19 +104,6 @@ class Reader(Protocol):
     def make_held(self, request: Request) -> None: ...
 
 
-def hit_answer(front: Server, now: float, hit: PaidHit, open_mode: bool, rid: int | bytes) -> bytes:
-    """A memory hit's whole answer: its pre-built head (renewed each second) with its id and figures."""
-    if now >= front.renew_at:
-        front.date(now)
-    if type(rid) is int:  # a new id's number
-        if open_mode:
-            return front.open_answer % (rid, hit.verified, hit.length, hit.body)
-        return front.paid_answer % (rid, *hit)
-    if open_mode:  # the client's own id
-        return front.open_answer_sent % (rid, hit.verified, hit.length, hit.body)
-    return front.paid_answer_sent % (rid, *hit)
-
-
 class Pipeline:
     """A connection's answers, written in request order (HTTP/1.1 pipelining), its reading paused
     while too many wait or while the transport's buffer is full, the requests read meanwhile held
@@ -311,7 +298,18 @@ class Pipeline:
         """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
         front = self._front
         now = self._loop.time()
-        data = hit_answer(front, now, hit, open_mode, rid)
+        if now >= front.renew_at:
+            front.date(now)
+        if type(rid) is int:  # a new id's number
+            data = (
+                front.open_answer % (rid, hit.verified, hit.length, hit.body)
+                if open_mode
+                else front.paid_answer % (rid, *hit)
+            )
+        elif open_mode:  # the client's own id
+            data = front.open_answer_sent % (rid, hit.verified, hit.length, hit.body)
+        else:
+            data = front.paid_answer_sent % (rid, *hit)
         transport = self.transport
         if self.waiting or transport is None:
             self.send(data, False)

@@ -27,7 +27,7 @@ from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
 from proxy.streams.subscription import spawn, subscription_call
 from proxy.streams.subscriptions import CLOSE_TIMEOUT, ROOM_POLL, Session
-from proxy.values import Reply
+from proxy.values import PaidHit, Reply
 
 log = logging.getLogger("proxy.ws")
 
@@ -158,8 +158,8 @@ class _Calls:
             return
         connection.active_at = self.loop.time()
         lookup = memory_lookup(self.gateway, data, self.account, self.network)
-        if lookup.paid is not None:  # answered now: no task, no slot
-            await self.corked.send(lookup.paid.body)
+        if isinstance(lookup, PaidHit):  # answered now: no task, no slot
+            await self.corked.send(lookup.body)
             return
         await self.slots.acquire()
         task = asyncio.create_task(self._serve(data, lookup))
@@ -280,7 +280,9 @@ def recheck_websockets(connections: set[Connection]) -> None:
             connection.recheck()
 
 
-def memory_lookup(gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None) -> Lookup:
+def memory_lookup(
+    gateway: Gateway, data: str | bytes, account: str, network: NetworkRuntime | None
+) -> PaidHit | Lookup:
     """The hot path's answer to one message (open mode; a keyed hit its lease pays for), as the HTTP
     endpoint makes it: a PaidHit to send now, else what the general path takes (Hits)."""
     hits = gateway.hits
