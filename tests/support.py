@@ -245,10 +245,12 @@ class CountingUpstream:
         self.batches: list[list[tuple[str, Any]]] = []
         self.proofs = 0  # calls asked with a proof header beside them
 
-    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
+    async def ask(
+        self, index: int, method: str, params: Any, *, timeout: float, budget_wait: float | None = None
+    ) -> Answer:
         """One upstream alone (identity probes, per-upstream heads, retries): counted apart."""
         self.asked[method] += 1
-        return await self.inner.ask(index, method, params, timeout=timeout)
+        return await self.inner.ask(index, method, params, timeout=timeout, budget_wait=budget_wait)
 
     async def ask_all(self, index: int, calls: Sequence[tuple[str, Any]], *, timeout: float) -> list[Answer]:
         """One batch to one upstream alone (a proof's parts): each call counted apart, as `ask`."""

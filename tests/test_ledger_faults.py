@@ -362,9 +362,11 @@ class FailsAcrossMidnight(CountingUpstream):
         await self._cross_midnight(method, params)
         return await super().request(method, params, timeout=timeout)
 
-    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
+    async def ask(
+        self, index: int, method: str, params: Any, *, timeout: float, budget_wait: float | None = None
+    ) -> Answer:
         await self._cross_midnight(method, params)
-        return await super().ask(index, method, params, timeout=timeout)
+        return await super().ask(index, method, params, timeout=timeout, budget_wait=budget_wait)
 
     async def proven(
         self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None

@@ -10,6 +10,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from proxy.upstream.pool import HttpUpstream, http_pool
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port
 from tests.test_workers import Running, _answers, _ready, _start, _stop
+
+HUNG = 30.0  # seconds a hung node takes to answer
 
 
 def _networks_file(tmp_path: Path, upstreams: list[Any], name: str = "evm", **fields: Any) -> str:
@@ -223,6 +226,33 @@ async def test_max_concurrency_bounds_the_calls_an_upstream_has_in_flight(
     bodies = await asyncio.gather(*(proxy.post([_balance_call()]) for _ in range(12)))
     assert all(status == 200 and "result" in body[0] for status, body, _ in bodies)
     assert relays[0].most_in_flight <= 2
+
+
+async def test_reads_go_to_an_upstream_with_room_while_a_hung_one_holds_its_max_concurrency_places(
+    anvil: Anvil,
+    relays: list[FaultRelay],
+    tmp_path: Path,
+    make_proxy: ProxyFactory,
+) -> None:
+    """A hung node keeps the places of the calls it has not answered (a hedge's loser included): reads
+    go to an upstream that has room, or frees it first, and their proofs wait for no vote of the hung
+    one, so every read is answered long before the hung node would answer; the healthy node gets the
+    reads and their proofs, no storm of calls."""
+    upstreams = [{"url": relay.url, "max_concurrency": 2} for relay in relays]
+    networks = _networks_file(tmp_path, upstreams, hedge_after_ms=100)
+    proxy = await make_proxy(NETWORKS_FILE=networks, HEAD_POLL_INTERVAL="1")
+    anvil.mine(100)  # blocks 1 to 3 final: their answers are verified before they are kept
+    await proxy.head_at(100)
+    relays[0].inject("slow", method="eth_getBalance", times=None, delay=HUNG)
+    before = len(relays[1].calls)
+    blocks = ["latest", "0x1", "latest", "0x2", "latest", "0x3"]
+    reads = [{**_balance_call(), "params": ["0x" + secrets.token_hex(20), block]} for block in blocks]
+    async with asyncio.timeout(HUNG / 3):  # the hung node answers after HUNG seconds
+        answers = await asyncio.gather(*(proxy.post(read) for read in reads))
+    assert all(status == 200 and body.get("result") == "0x0" for status, body, _ in answers), answers
+    assert relays[0].in_flight > 0  # the hung node still holds what it got
+    assert len(relays[1].calls) - before <= 10 * len(reads), Counter(c.get("method") for c in relays[1].calls[before:])
+    assert relays[1].most_in_flight <= 2  # its max_concurrency (a request holds a place per call)
 
 
 def _most_in_one_second(arrivals: list[float]) -> int:

@@ -34,6 +34,11 @@ CHAIN_MAX = 1 << 17  # block hashes held per network (4 MiB of hashes)
 WALK_MAX = 4096  # blocks linked by one call, forwards or back; the rest on later calls
 WALK_BATCH = 128  # headers asked in one batch
 HEADERS_KEPT = 1024  # proven headers' fields kept, most recently used
+# Seconds an upstream's vote (a checkpoint's header, a header the pool did not give) waits for a place
+# in its budget (max_rps, max_concurrency). A node whose places are all held by calls it has not
+# answered (hung: a hedge's loser keeps its place until the node answers) has no say meanwhile, so the
+# read it would prove is served unproven at once rather than after the node's timeout.
+VOTE_BUDGET_WAIT = 1.0
 
 
 class Unverifiable(Exception):
@@ -67,6 +72,8 @@ class HeaderChain:
         self._low_parent = b""  # the parent hash of block `low`: where a walk back goes on from
         self._headers: OrderedDict[int, Proven] = OrderedDict()
         self._lock = asyncio.Lock()
+        self._checkpoint_failures = 0  # checkpoints not agreed, and why the last one was not
+        self._checkpoint_failed = ""
         self.unverifiable: str | None = None  # why no header of this network can be believed
 
     def held(self) -> tuple[int, int]:
@@ -111,9 +118,19 @@ class HeaderChain:
             raise Unverifiable(self.unverifiable)
         if low in self._hashes and high in self._hashes:
             return
+        failures = self._checkpoint_failures
         async with self._lock:  # one walk at a time: a second caller finds its blocks linked
             if self._high < 0:
-                await self._checkpoint(head)
+                if self._checkpoint_failures != failures:
+                    # One failed while this call waited: its verdict holds (callers waiting together
+                    # are not held up once each, one after another, by an upstream with no say now).
+                    raise Unverifiable(self._checkpoint_failed)
+                try:
+                    await self._checkpoint(head)
+                except Unverifiable as exc:
+                    self._checkpoint_failures += 1
+                    self._checkpoint_failed = str(exc)
+                    raise
             if high > self._high:
                 await self._forward(high, head)
             if low < self._low:
@@ -272,10 +289,11 @@ class HeaderChain:
         indices = [i for i in range(per.states.size) if per.states.in_rotation(i)]
         if len(indices) == 1:  # one upstream: asked in the caller's own task
             try:
-                return [await per.ask(indices[0], method, params, timeout=self._timeout)]
+                return [await per.ask(indices[0], method, params, timeout=self._timeout, budget_wait=VOTE_BUDGET_WAIT)]
             except JsonRpcError:
                 return []
         replies = await asyncio.gather(
-            *(per.ask(i, method, params, timeout=self._timeout) for i in indices), return_exceptions=True
+            *(per.ask(i, method, params, timeout=self._timeout, budget_wait=VOTE_BUDGET_WAIT) for i in indices),
+            return_exceptions=True,
         )
         return [r for r in replies if isinstance(r, Answer)]

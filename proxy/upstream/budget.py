@@ -82,7 +82,7 @@ class Budget:
         # The compute units' window: one place a unit, apart from the calls' (max_concurrency counts calls).
         self._units_window: Window = units_window if units_window is not None else LocalWindow()
         self._clock = clock
-        self._freed = asyncio.Event()
+        self._waiters: set[asyncio.Future[None]] = set()  # take_first's, woken when a place frees
         self.retune(max_rps, max_concurrency, units)
 
     def retune(self, max_rps: float | None, max_concurrency: int | None, units: UnitRate | None = None) -> None:
@@ -93,7 +93,7 @@ class Budget:
         self.limits = Limits.of(max_rps, max_concurrency)
         self.units = units
         self.unit_limits = Limits.of(units.per_second, None) if units is not None else None
-        self._freed.set()
+        self._wake()
 
     @property
     def limited(self) -> bool:
@@ -144,26 +144,59 @@ class Budget:
         if slot.units:
             limits = self.unit_limits or Limits.of(1.0, None)  # retuned away: held one window all the same
             self._units_window.release(now, limits.hold(answered), slot.units)
-        self._freed.set()
+        self._wake()
+
+    def give_back(self, slot: Slot) -> None:
+        """A slot taken but never sent (its call was answered elsewhere first): its places go back at
+        once, not held in the window (the provider never saw it)."""
+        now = self._clock()
+        self._window.release(now, 0.0, slot.calls)
+        if slot.units:
+            self._units_window.release(now, 0.0, slot.units)
+        self._wake()
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
 
     async def take(self, deadline: float, methods: Sequence[str] = ONE_CALL) -> Slot | None:
         """Wait (until loop time `deadline`) for a request's places; None if they did not come in time."""
-        loop = asyncio.get_running_loop()
-        while True:
-            slot, wait = self._take(methods)
+        taken = await take_first((self,), deadline, methods)
+        return taken[1] if taken is not None else None
+
+
+async def take_first(
+    budgets: Sequence[Budget], deadline: float, methods: Sequence[str] = ONE_CALL
+) -> tuple[int, Slot] | None:
+    """Wait (until loop time `deadline`) for a request's places in whichever of `budgets` has them
+    first (the earliest in the sequence when several do): its position and slot; None if none came
+    in time. A call never waits on one budget while another it may use frees a place."""
+    loop = asyncio.get_running_loop()
+    while True:
+        pause = deadline - loop.time()
+        for position, budget in enumerate(budgets):
+            slot, wait = budget._take(methods)
             if slot is not None:
-                return slot
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
-            if self.shared and not wait:  # a place in flight: a sibling's answer would wake no one here
+                return position, slot
+            if budget.shared and not wait:  # a place in flight: a sibling's answer would wake no one here
                 wait = SHARED_POLL
-            self._freed.clear()
-            try:
-                async with asyncio.timeout(min(remaining, wait or remaining)):
-                    await self._freed.wait()
-            except TimeoutError:
-                pass
+            if wait:  # a held place leaves the window then (0: when a place in flight is released)
+                pause = min(pause, wait)
+        if deadline - loop.time() <= 0:
+            return None
+        freed: asyncio.Future[None] = loop.create_future()
+        for budget in budgets:
+            budget._waiters.add(freed)
+        try:
+            async with asyncio.timeout(pause):
+                await freed
+        except TimeoutError:
+            pass
+        finally:
+            for budget in budgets:
+                budget._waiters.discard(freed)
 
 
 class BudgetBook:

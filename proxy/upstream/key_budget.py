@@ -172,9 +172,13 @@ class KeyedUpstream:
             answers: list[Answer] = await self.inner.ask_all(index, calls, timeout=timeout)  # type: ignore[attr-defined]
             return answers
 
-    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
+    async def ask(
+        self, index: int, method: str, params: Any, *, timeout: float, budget_wait: float | None = None
+    ) -> Answer:
         async with self._slots.held():
-            answer: Answer = await self.inner.ask(index, method, params, timeout=timeout)  # type: ignore[attr-defined]
+            answer: Answer = await self.inner.ask(  # type: ignore[attr-defined]
+                index, method, params, timeout=timeout, budget_wait=budget_wait
+            )
             return answer
 
     def proven(

@@ -72,7 +72,9 @@ class PerUpstream(Protocol):
 
     states: UpstreamStates
 
-    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer: ...
+    async def ask(
+        self, index: int, method: str, params: Any, *, timeout: float, budget_wait: float | None = None
+    ) -> Answer: ...
 
     def proven(
         self, method: str, params: Any, block: str, *, index: int | None = None, timeout: float | None = None
@@ -181,14 +183,17 @@ class HttpUpstream(Sender):
         )
         return Answer.from_response(reply, seconds, index)
 
-    async def ask(self, index: int, method: str, params: Any, *, timeout: float) -> Answer:
-        """One call to upstream `index` alone, whatever its rotation state or budget (identity probes,
-        head polls, retries)."""
+    async def ask(
+        self, index: int, method: str, params: Any, *, timeout: float, budget_wait: float | None = None
+    ) -> Answer:
+        """One call to upstream `index` alone, whatever its rotation state (identity probes, head polls,
+        retries), once its budget has a place: within `budget_wait` seconds if given, else `timeout`."""
         self._next_id += 1
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
         started = time.perf_counter()
-        slot = await self._place(index, timeout, (method,))  # a provider counts these too
+        # A provider counts these too: a place in the budget first.
+        slot = await self._place(index, timeout if budget_wait is None else budget_wait, (method,))
         try:
             reply = await self.links.post(slot, index, body, timeout, self._max_reply)
             problem = single_problem(reply, sent)

@@ -16,7 +16,7 @@ from typing import Any
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
-from proxy.upstream.budget import ONE_CALL, Budget, Slot
+from proxy.upstream.budget import ONE_CALL, Budget, Slot, take_first
 from proxy.upstream.posting import Failed, UpstreamLinks
 from proxy.upstream.replies import REACHED_KINDS, rate_limited
 from proxy.upstream.selection import Selector
@@ -105,6 +105,30 @@ class UpstreamOrder:
     def answered(self, index: int) -> None:
         """Upstream `index` answered: it is asked in the policy's order again."""
         self.down_until[index] = 0.0
+
+
+def _winner(tries: dict[asyncio.Task[tuple[Any, float]], int], done: set[Any]) -> tuple[Any, float, int] | None:
+    """The first valid answer among the finished tries (each removed from `tries`), or None. Every
+    finished try is looked at, so no failure goes unretrieved."""
+    won = None
+    for task in done:
+        index = tries.pop(task, None)
+        if index is None:
+            continue  # the hedge's place, not a try
+        failure = task.exception()
+        if isinstance(failure, Failed) and failure.kind == "too_large":
+            raise failure  # the call's own answer is too large, whoever gives it
+        if failure is None and won is None:
+            won = (*task.result(), index)
+    return won
+
+
+def _drop_place(placing: asyncio.Task[tuple[int, Slot] | None]) -> None:
+    """A hedge's place no longer needed (the call was answered first): never sent, so given back."""
+    if not placing.done():
+        placing.cancel()
+    elif not placing.cancelled() and (taken := placing.result()) is not None:
+        taken[1].budget.give_back(taken[1])
 
 
 class Sender:
@@ -254,13 +278,27 @@ class Sender:
         return None
 
     async def _next(self, pending: list[int], deadline: float, methods: Sequence[str]) -> tuple[int, Slot] | None:
-        """No upstream in `pending` has budget now: wait for the first one's budget within the
-        deadline. Removed from `pending`; None if no budget came in time."""
-        index = pending.pop(0)
-        self._metrics.upstreams.budget_waits.labels(self.network, str(index)).inc()
+        """No upstream in `pending` has budget now: wait, within the deadline, for whichever frees a
+        place first (a node whose places are all held by calls it has not answered must not hold up
+        a call another upstream could take). Removed from `pending`; None if no budget came in time."""
+        for index in pending:
+            self._metrics.upstreams.budget_waits.labels(self.network, str(index)).inc()
         loop = asyncio.get_running_loop()
-        waited = await self._budgeted(index, loop.time() + deadline - time.monotonic(), methods)
-        return (index, waited) if waited is not None else None
+        return await self._first_place(pending, loop.time() + deadline - time.monotonic(), methods)
+
+    async def _first_place(
+        self, pending: list[int], deadline: float, methods: Sequence[str]
+    ) -> tuple[int, Slot] | None:
+        """Places in the budget of whichever upstream in `pending` has them first, by loop time
+        `deadline` (removed from `pending`); None if none came in time. A call the pool carries meanwhile."""
+        self._waiting += 1
+        try:
+            taken = await take_first([self.budgets[i] for i in pending], deadline, methods)
+        finally:
+            self._waiting -= 1
+        if taken is None:
+            return None
+        return pending.pop(taken[0]), taken[1]
 
     async def _hedged(
         self,
@@ -274,41 +312,39 @@ class Sender:
         max_reply: int,
         methods: Sequence[str] = ONE_CALL,
     ) -> tuple[Any, float, int] | None:
-        """Ask `first`; without an answer after hedge_after, also the next upstream that has budget at
-        once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
-        tasks = {asyncio.create_task(self._try(first, slot, body, timeout, check, attempts, max_reply)): first}
+        """Ask `first`; without an answer after hedge_after, also the next upstream that has budget,
+        waiting (while `first` may still answer) for the first of them to free a place when none has
+        one at once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
+        tries = {asyncio.create_task(self._try(first, slot, body, timeout, check, attempts, max_reply)): first}
+        placing: asyncio.Task[tuple[int, Slot] | None] | None = None
         hedged = False
         try:
-            while tasks:
+            while tries:
+                waiting: set[asyncio.Future[Any]] = {*tries, placing} if placing is not None else set(tries)
                 wait = self._hedge_after if not hedged and pending else None
-                done, _ = await asyncio.wait(tasks, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                if not done:
+                done, _ = await asyncio.wait(waiting, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # hedge_after passed: a place for the hedge, in whichever upstream frees one first
                     hedged = True
-                    second = next(
-                        ((i, s) for i in pending if (s := self.budgets[i].try_take(methods)) is not None), None
-                    )
-                    if second is not None:
-                        pending.remove(second[0])
-                        self._metrics.upstreams.hedged.labels(self.network).inc()
-                        tried = self._try(second[0], second[1], body, timeout, check, attempts, max_reply)
-                        tasks[asyncio.create_task(tried)] = second[0]
+                    deadline = asyncio.get_running_loop().time() + timeout
+                    placing = asyncio.create_task(self._first_place(pending, deadline, methods))
                     continue
-                won = None
-                for task in done:  # every finished try is looked at, so no failure goes unretrieved
-                    index = tasks.pop(task)
-                    failure = task.exception()
-                    if isinstance(failure, Failed) and failure.kind == "too_large":
-                        raise failure  # the call's own answer is too large, whoever gives it
-                    if failure is None and won is None:
-                        won = (*task.result(), index)
+                won = _winner(tries, done)
                 if won is not None:
                     if hedged:
                         self._metrics.upstreams.hedge_wins.labels(self.network, str(won[2])).inc()
-                    return won
+                    return won  # a place the hedge got meanwhile is given back (finally)
+                if placing is not None and placing in done:
+                    second, placing = placing.result(), None
+                    if second is not None:
+                        self._metrics.upstreams.hedged.labels(self.network).inc()
+                        tried = self._try(second[0], second[1], body, timeout, check, attempts, max_reply)
+                        tries[asyncio.create_task(tried)] = second[0]
             return None
         finally:
-            for task in tasks:
+            for task in tries:
                 task.cancel()
+            if placing is not None:
+                _drop_place(placing)
 
     async def _send(
         self,
