@@ -88,14 +88,8 @@ class Hits:
         hit = self._service.memory_hit(plain, network, self._default_routes)
         if hit is None:
             return new_record(Lookup, (None, plain_body(body, plain)))
-        # answer_of, written out: every open hit passes here.
-        rid, method, runtime, payload, is_error, credits, cells, verified = hit
-        cells.record(credits, time.perf_counter() - started)
-        if self._access_log:
-            outcome = "error" if is_error else "ok"
-            self._calls.log_call(self._calls.request_id(), runtime.name, method, outcome, HIT, None)
-        answer = jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
-        return new_record(PaidHit, (0, 0, verified, len(answer), answer))
+        answer = self.answer_of(hit, self._calls.request_id() if self._access_log else 0, started)
+        return new_record(PaidHit, (0, 0, hit.verified, len(answer), answer))
 
     def keyed(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None

@@ -194,11 +194,8 @@ class Sender:
     async def _budgeted(self, index: int, deadline: float, methods: Sequence[str] = ONE_CALL) -> Slot | None:
         """Places for a request of `methods` (one a JSON-RPC call) in upstream `index`'s budget by
         loop time `deadline`: a call the pool carries meanwhile."""
-        self._waiting += 1
-        try:
-            return await self.budgets[index].take(deadline, methods)
-        finally:
-            self._waiting -= 1
+        taken = await self._first_place([index], deadline, methods)
+        return taken[1] if taken is not None else None
 
     def too_large_error(self, detail: str) -> JsonRpcError:
         """The call's answer passed its bound: refused unread past it, whoever would give it."""
