@@ -22,7 +22,6 @@ from typing import Any
 
 from proxy.chain import answer_proofs
 from proxy.chain.epochs import EpochStore, MemoryEpochs
-from proxy.chain.head_polls import Head
 from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.identity import IdentityGuard
 from proxy.chain.slots import SolanaSlotTracker
@@ -153,7 +152,7 @@ class PartsBuilder:
             )
         pool = http_pool(upstream)
         if pool is not None and net.verify != "off":  # a final block's state read carries its proof
-            pool.proof_beside = functools.partial(_proof_beside, evm)
+            pool.proof_beside = functools.partial(answer_proofs.proof_beside_head, evm)
         if self.on_shown is not None:
             evm.on_shown.append(functools.partial(self.on_shown, net.name))
         feed = EvmFeed(net.name, upstream, evm, push=relay)
@@ -239,11 +238,3 @@ async def _after(first: asyncio.Event | None, wait: float, run: Coroutine[Any, A
             async with asyncio.timeout(wait):
                 await first.wait()
     await run
-
-
-def _proof_beside(tracker: EvmHeadTracker, method: str, params: Any) -> tuple[str, Any] | None:
-    """The proof to ask beside a read: only for a block final by the tracker's head (verifying.py
-    proves only those), so nothing is asked that the read's verification would not use."""
-    head = tracker.head
-    final = head.finalized if isinstance(head, Head) and head.final_hash else None
-    return answer_proofs.proof_beside(method, params, final)

@@ -17,7 +17,7 @@ from proxy.cache.chunked_logs import ChunkedLogs
 from proxy.cache.integrity import Integrity
 from proxy.cache.log_reads import LogReads, Pieces
 from proxy.cache.planning import plan_call
-from proxy.cache.tiers import Coalescer, FillLock, TieredCache
+from proxy.cache.tiers import Coalescer, FillLock, TieredCache, trimmed
 from proxy.chain import from_trackers
 from proxy.chain.head_polls import Head
 from proxy.chain.heads import EvmHeadTracker
@@ -37,7 +37,6 @@ from proxy.rpc.jsonrpc import (
     JsonRpcError,
     dumps,
     invalid_params,
-    trimmed,
 )
 from proxy.rpc.methods import (
     POLICIES,

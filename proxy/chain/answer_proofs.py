@@ -13,7 +13,7 @@ is not refuted, only not proven.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.chain.block_body import BlockError, verify_block, verify_uncles
 from proxy.chain.fields import FieldError, data, quantity
@@ -107,6 +107,21 @@ def proof_beside(method: str, params: Any, finalized: int | None) -> Call | None
         return extra_calls(method, params, None, block)[0]
     except Unprovable:
         return None  # a slot no eth_getProof takes: the read goes alone, and stays unproven
+
+
+class _Heads(Protocol):
+    """A head tracker (heads.EvmHeadTracker): its head, None before the first."""
+
+    @property
+    def head(self) -> Any: ...
+
+
+def proof_beside_head(tracker: _Heads, method: str, params: Any) -> Call | None:
+    """proof_beside for the tracker's head now: only a block final by it (verifying.py proves only
+    those), so nothing is asked that the read's verification would not use; none before the head's
+    finalized block's hash is known."""
+    head = tracker.head
+    return proof_beside(method, params, head.finalized if head is not None and head.final_hash else None)
 
 
 def follow_up_calls(method: str, params: Any, extras: Sequence[Any]) -> list[Call]:

@@ -355,10 +355,3 @@ def loads(data: bytes | bytearray | str) -> Any:
 
 
 JSONDecodeError = orjson.JSONDecodeError
-
-
-def trimmed(data: bytes) -> bytes:
-    """`data` copied into bytes of its own length, for what is held long. orjson's dumps returns bytes
-    over a buffer of at least 4 KiB, about ten times the text for large texts (measured with orjson
-    3.13 and tracemalloc; see README, "What the bound covers")."""
-    return bytes(memoryview(data))
