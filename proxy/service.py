@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from proxy.asking import Asker
 from proxy.cache import policy as cp
@@ -26,7 +26,7 @@ from proxy.config import Settings
 from proxy.credits.prices import credits_of
 from proxy.fetching import Fetcher, still_tied, unmined_key
 from proxy.memo import Memo
-from proxy.metrics import HitCells, Metrics
+from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
 from proxy.rpc.gas_cap import cap_gas
@@ -51,7 +51,7 @@ from proxy.rpc.methods import (
 from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.key_budget import KeySlots
 from proxy.upstream_reads import Read, Reads
-from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan, new_record
+from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan
 from proxy.verifying import Verifier, stored_as
 
 log = logging.getLogger("proxy.service")
@@ -73,17 +73,10 @@ def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, st
     return (net.name, method, raw)
 
 
-class MemoryHit(NamedTuple):
-    """A plain single call found in the memory tier for this head (Service.memory_hit)."""
-
-    rid: int | str
-    method: str
-    network: NetworkRuntime
-    payload: bytes
-    is_error: bool
-    credits: int
-    cells: HitCells  # the metric cells a hit updates
-    verified: bytes  # X-Verified
+# A plain single call found in the memory tier for this head (Service.memory_hit): (the plan of its
+# params, whose credits, hit_cells and verified_as a hit reads; its network; the stored answer's
+# payload, and whether it is an error object). A plain tuple: built and taken apart on every hit.
+MemoryFind = tuple[Plan, NetworkRuntime, bytes, bool]
 
 
 class Service:
@@ -181,11 +174,11 @@ class Service:
         plain: tuple[int | str, str, list[Any]],
         network: NetworkRuntime | None,
         default_routes: Mapping[str, NetworkRuntime | None],
-    ) -> MemoryHit | None:
+    ) -> MemoryFind | None:
         """The hot path: a plain single call (jsonrpc.plain_call) answered from memory for this head
         (`network`, else the method's default route); None: the general path judges it. Only params
         validated on this network have a plan. Nothing is counted: the caller counts a hit once paid for."""
-        rid, method, params = plain
+        _, method, params = plain
         # .get, not [..]: a name not routed before (so not yet judged) is not remembered from here.
         net = network or default_routes.get(method)
         if net is None or self.networks.get(net.name) is not net:
@@ -204,12 +197,9 @@ class Service:
         payload, is_error = stored
         if len(payload) > self._max_response:
             return None  # the general path answers with the size error (response_size.py)
-        verified = plan.verified_as
-        if not verified:  # once per plan (one head): what its key's entries were kept as
-            verified = plan.verified_as = stored_as(net, plan).encode()
-        return new_record(
-            MemoryHit, (rid, method, net, payload, is_error, plan.credits, plan.hit_cells[is_error], verified)
-        )
+        if not plan.verified_as:  # once per plan (one head): what its key's entries were kept as
+            plan.verified_as = stored_as(net, plan).encode()
+        return plan, net, payload, is_error
 
     async def execute(self, prepared: Prepared) -> Outcome:
         started = time.perf_counter()

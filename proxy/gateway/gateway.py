@@ -15,7 +15,7 @@ from proxy.credits.ledger import Ledger
 from proxy.gateway.accounting import REFUSED_STATUSES, CallAccounting
 from proxy.gateway.cashier import Cashier
 from proxy.gateway.filters import FILTER_METHODS, Filters
-from proxy.gateway.hits import Hits, Lookup
+from proxy.gateway.hits import Hits, Lookup, MemoryHit
 from proxy.gateway.network_routing import Router
 from proxy.gateway.response_size import ResponseBudget
 from proxy.key_context import CALLER
@@ -25,7 +25,7 @@ from proxy.prepared import Prepared
 from proxy.redis_link import RedisLink
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_API_KEY, Body, Call, Invalid, JsonRpcError
-from proxy.service import MemoryHit, Service
+from proxy.service import Service
 from proxy.values import BYPASS, HIT, Outcome, PaidHit, Reply
 
 
@@ -252,9 +252,10 @@ class Gateway:
         return budget.take(await self._execute(prepared, account))
 
     async def _paid_hit(self, hit: MemoryHit, account: str, request_id: int, started: float) -> Reply:
-        charge = self.cashier.charge_now(account, hit.credits)
+        credits = hit.found[0].credits
+        charge = self.cashier.charge_now(account, credits)
         if charge is None:
-            charge = await self.cashier.charge(account, hit.credits)
+            charge = await self.cashier.charge(account, credits)
         return self._paid_reply(hit, account, charge, request_id, started)
 
     def _paid_reply(
@@ -265,7 +266,8 @@ class Gateway:
         request_id: int,
         started: float,
     ) -> Reply:
-        rid, method, runtime, _payload, _is_error, credits, _cells, verified = hit
+        (rid, method, _), (plan, runtime, _, is_error) = hit
+        credits = plan.credits
         refusal, remaining = charge
         if refusal is not None:  # nothing was debited, nothing is served
             self._calls.call(runtime.name, method, Outcome.failed(refusal), 0, request_id)
@@ -273,9 +275,9 @@ class Gateway:
                 jsonrpc.encode_error(rid, refusal), refusal.http_status, 0, remaining, BYPASS, refusal.headers
             )
         self._terms[account].charged.value += credits
-        hit.cells.charged.value += credits
-        answer = self.hits.answer_of(hit, request_id, started)
-        return self._reply(answer, 200, credits, remaining, HIT, {"X-Verified": verified.decode()})
+        plan.hit_cells[is_error].charged.value += credits
+        answer = self.hits.answer_of(hit.call, hit.found, request_id, started)
+        return self._reply(answer, 200, credits, remaining, HIT, {"X-Verified": plan.verified_as.decode()})
 
     @staticmethod
     def paid_hit_headers(hit: PaidHit) -> dict[str, str]:

@@ -17,8 +17,15 @@ from proxy.memo import Memo
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import Body, plain_body, plain_call
-from proxy.service import MemoryHit, Service
+from proxy.service import MemoryFind, Service
 from proxy.values import HIT, PaidHit, new_record
+
+
+class MemoryHit(NamedTuple):
+    """A memory hit whose charge awaits the ledger (Lookup.unpaid): its call and what memory held."""
+
+    call: tuple[int | str, str, Any]  # (id, method, params), as jsonrpc.plain_call made it
+    found: MemoryFind
 
 
 class Lookup(NamedTuple):
@@ -85,11 +92,11 @@ class Hits:
         plain = plain_call(body)  # the lookup of _found, written out: a call fewer on every hit
         if plain is None:
             return NOT_LOOKED
-        hit = self._service.memory_hit(plain, network, self._default_routes)
-        if hit is None:
+        found = self._service.memory_hit(plain, network, self._default_routes)
+        if found is None:
             return new_record(Lookup, (None, plain_body(body, plain)))
-        answer = self.answer_of(hit, self._calls.request_id() if self._access_log else 0, started)
-        return new_record(PaidHit, (0, 0, hit.verified, len(answer), answer))
+        answer = self.answer_of(plain, found, self._calls.request_id() if self._access_log else 0, started)
+        return new_record(PaidHit, (0, 0, found[0].verified_as, len(answer), answer))
 
     def keyed(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None
@@ -113,37 +120,39 @@ class Hits:
         plain = plain_call(body)  # the lookup of _found, written out: a call fewer on every keyed hit
         if plain is None:
             return NOT_LOOKED
-        hit = self._service.memory_hit(plain, network, self._default_routes)
-        if hit is None:
+        found = self._service.memory_hit(plain, network, self._default_routes)
+        if found is None:
             return new_record(Lookup, (None, plain_body(body, plain)))
-        credits, now = hit.credits, self._now()
+        plan, _, _, is_error = found
+        credits, now = plan.credits, self._now()
         remaining = tab.lease.spend(credits, tab.daily, now)
         if remaining is None:  # the ledger decides at the same instant
             remaining = self._ledger.spend(tab.account, credits, tab.daily, now)
             if remaining is None:
-                return new_record(Lookup, (hit, None))
+                return new_record(Lookup, (new_record(MemoryHit, (plain, found)), None))
             tab.lease = self._ledger.purse(tab.account, now) or NO_LEASE  # today's, once the ledger has it
         # What Gateway's paid reply does for a paid hit, written out: this is the path every keyed hit takes.
         tab.charged.value += credits
-        hit.cells.charged.value += credits
+        plan.hit_cells[is_error].charged.value += credits
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
-        answer = self.answer_of(hit, request_id, started)
-        return new_record(PaidHit, (credits, remaining if remaining > 0 else 0, hit.verified, len(answer), answer))
+        answer = self.answer_of(plain, found, request_id, started)
+        return new_record(PaidHit, (credits, remaining if remaining > 0 else 0, plan.verified_as, len(answer), answer))
 
     def _found(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
         """The memory tier's hit, not yet paid for (`unpaid`), or the parsed miss, or NOT_LOOKED."""
         plain = plain_call(body)
         if plain is None:
             return NOT_LOOKED
-        hit = self._service.memory_hit(plain, network, self._default_routes)
-        if hit is None:
+        found = self._service.memory_hit(plain, network, self._default_routes)
+        if found is None:
             return new_record(Lookup, (None, plain_body(body, plain)))
-        return new_record(Lookup, (hit, None))
+        return new_record(Lookup, (new_record(MemoryHit, (plain, found)), None))
 
-    def answer_of(self, hit: MemoryHit, request_id: int, started: float) -> bytes:
+    def answer_of(self, call: tuple[int | str, str, Any], found: MemoryFind, request_id: int, started: float) -> bytes:
         """A hit's encoded answer, counted (the counts execute() and the accounting make for a call)."""
-        rid, method, runtime, payload, is_error, credits, cells, _verified = hit
-        cells.record(credits, time.perf_counter() - started)
+        rid, method, _ = call
+        plan, runtime, payload, is_error = found
+        plan.hit_cells[is_error].record(plan.credits, time.perf_counter() - started)
         if request_id:
             self._calls.log_call(request_id, runtime.name, method, "error" if is_error else "ok", HIT, None)
         return jsonrpc.encode_error_object(rid, payload) if is_error else jsonrpc.encode_result(rid, payload)
