@@ -300,23 +300,22 @@ class Pipeline:
         now = self._loop.time()
         if now >= front.renew_at:
             front.date(now)
-        charged, remaining, verified, length, body = hit  # once: a NamedTuple's field read is a lookup
         if type(rid) is int:  # a new id's number
             data = (
-                front.open_answer % (rid, verified, length, body)
+                front.open_answer % (rid, hit.verified, hit.length, hit.body)
                 if open_mode
-                else front.paid_answer % (rid, charged, remaining, verified, length, body)
+                else front.paid_answer % (rid, hit.charged, hit.remaining, hit.verified, hit.length, hit.body)
             )
         elif open_mode:  # the client's own id
-            data = front.open_answer_sent % (rid, verified, length, body)
+            data = front.open_answer_sent % (rid, hit.verified, hit.length, hit.body)
         else:
-            data = front.paid_answer_sent % (rid, charged, remaining, verified, length, body)
+            data = front.paid_answer_sent % (rid, hit.charged, hit.remaining, hit.verified, hit.length, hit.body)
         transport = self.transport
         if self.waiting or transport is None:
             self.send(data, False)
             return
         transport.write(data)
-        if length >= COUNTED_HIT:
+        if hit.length >= COUNTED_HIT:
             self.account.wrote(len(data))
         if front.stopping and not self.held:
             self.abort()
