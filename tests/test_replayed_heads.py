@@ -21,6 +21,7 @@ from proxy.rpc.jsonrpc import JsonRpcError
 from tests.support import Anvil, MemoryTransport, Proxy, ProxyFactory, eventually, word
 from tests.test_cache import finalized_store, storage
 from tests.test_front import Answer, call, post, read_answer
+from tests.test_front_door import NEW_ID
 from tests.test_keyed_hits import ALICE, keyed, reload
 
 
@@ -333,3 +334,19 @@ async def test_a_cancelled_answer_is_written_only_while_its_client_is_there(anvi
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert encoded == [] and transport.written == b"" and task not in front.orphans
+
+
+async def test_a_replayed_hit_head_echoes_a_sane_request_id_and_gives_a_new_one_for_any_other(
+    anvil: Anvil,
+    evm_proxy: Proxy,
+) -> None:
+    # spec (front door): every answer names its request, the client's own X-Request-Id when it is
+    # sane, else a new one; a head answered without the parser (read once: wire.Request.sent_id) too.
+    hit = await hit_request(anvil, evm_proxy)
+    sane_head, insane_head = post(hit, "X-Request-Id: trace-7.a:b_c"), post(hit, "X-Request-Id: bad id <x>")
+    replayed = await one_by_one(evm_proxy.server.port, [sane_head] * 3 + [insane_head] * 3)
+    assert [a[1]["x-cache"] for a in replayed] == ["HIT"] * 6
+    assert [a[1]["x-request-id"] for a in replayed[:3]] == ["trace-7.a:b_c"] * 3
+    new_ids = [a[1]["x-request-id"] for a in replayed[3:]]
+    assert len(set(new_ids)) == 3 and all(NEW_ID.fullmatch(rid) for rid in new_ids)
+    assert set(front_of(evm_proxy).request_heads) == {sane_head[: -len(hit)], insane_head[: -len(hit)]}

@@ -46,7 +46,7 @@ from proxy.http.wire import (
     request_head,
     take_over,
 )
-from proxy.request_ids import IDS, REQUEST_ID, identified
+from proxy.request_ids import IDS, REQUEST_ID, identified, sane
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from proxy.values import PaidHit, Reply
 
@@ -354,6 +354,9 @@ class FrontProtocol(asyncio.Protocol):
             request.started = time.perf_counter()
         request.keep_alive = parser.should_keep_alive()
         request.http10 = parser.get_http_version() == "1.0"
+        request.prebuildable = not self._access_log and ("connection" not in headers or not request.http10)
+        sent = headers.get("x-request-id")
+        request.sent_id = sent.encode() if sent is not None and sane(sent) else None
         request.method = parser.get_method().decode("ascii")
         if parser.should_upgrade():
             if request.method != "CONNECT":  # handed to aiohttp (llhttp reads no body after such a head)
@@ -429,9 +432,7 @@ class FrontProtocol(asyncio.Protocol):
         headers = request.headers
         endpoint = self._endpoint
         # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
-        prebuilt = (
-            request.keep_alive and not self._routes.access_log and ("connection" not in headers or not request.http10)
-        )
+        prebuilt = request.keep_alive and request.prebuildable
         if "content-encoding" in headers:
             decoded = self._routes.decoded(request, body)
             if isinstance(decoded, Reply):
@@ -442,10 +443,8 @@ class FrontProtocol(asyncio.Protocol):
         answer = endpoint.serve(key, network, headers, body, request.path)
         if type(answer) is PaidHit:  # a memory hit, needing neither gzip nor CORS headers
             if prebuilt:
-                # Its id: a number after this process's prefix, or the client's own (request_ids.py).
-                sent = headers.get("x-request-id")
-                rid: int | bytes = IDS.count() if sent is None else IDS.of(sent).encode()
-                self.pipeline.prebuilt(answer, endpoint.open_mode, rid)
+                # Its id: the client's own, or a number after this process's prefix (request_ids.py).
+                self.pipeline.prebuilt(answer, endpoint.open_mode, request.sent_id or IDS.count())
                 self._learnable = request
                 return
             answer = endpoint.hit_reply(answer)

@@ -40,7 +40,9 @@ class Request:
         "method",
         "parts",
         "path",
+        "prebuildable",
         "raw",
+        "sent_id",
         "size",
         "started",
         "target",
@@ -60,6 +62,11 @@ class Request:
         self.method = ""
         self.keep_alive = True
         self.http10 = False  # HTTP/1.0: a kept-alive answer says so (read once its head is complete)
+        # Read once its head is complete, for a memory hit's pre-built head (front.py): whether its
+        # answer may have one while it is kept alive (no access log, no Connection line to write),
+        # and the client's own X-Request-Id when it sent a sane one (None: each answer a new id).
+        self.prebuildable = False
+        self.sent_id: bytes | None = None
         self.started = 0.0
         self.held = 0  # bytes of the body budget it holds
         self.timer: asyncio.TimerHandle | None = None  # BODY_TIMEOUT's, while its body arrives
