@@ -52,7 +52,7 @@ from proxy.rpc.params import BlockRef, Rules, block_refs, substitute
 from proxy.upstream.key_budget import KeySlots
 from proxy.upstream_reads import Read, Reads
 from proxy.values import BYPASS, HIT, MISS, Answer, Outcome, Plan
-from proxy.verifying import Verifier, stored_as
+from proxy.verifying import Verifier, shown_as, stored_as
 
 log = logging.getLogger("proxy.service")
 MEMO_SIZE = 10_000  # raw requests whose validation and plan are remembered
@@ -211,6 +211,8 @@ class Service:
             # A fault of ours fails this call alone; its details go to the log, never to the caller.
             log.exception("internal error executing %s on %s", prepared.call.method, prepared.network.name)
             outcome = Outcome.failed(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500))
+        if outcome.verified is None and outcome.error is None:  # the trackers', a merge of log pieces
+            outcome.verified = shown_as(prepared.network, prepared.call.method, "")
         metrics = self._metrics
         label = metric_label(prepared.call.method)
         metrics.child(metrics.request_seconds, prepared.network.name, label, outcome.cache).observe(

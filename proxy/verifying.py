@@ -298,9 +298,24 @@ def stored_as(net: NetworkRuntime, plan: Plan) -> str:
     decision = plan.decision
     if net.config.verify == OFF or plan.by_hash or decision.tied_to_answer or decision.ttl != FOREVER:
         return "unproven"  # a transaction or receipt may have been kept for a while before its block was final
+    if method == "eth_getLogs" and not _logs_always_checked(plan.forward):
+        return "unproven"  # it may have been kept unchecked (past LOGS_MAX_CHECKED blocks): settle()
     number = plan.need
-    final = isinstance(head, Head) and number is not None and 0 < number <= head.finalized
+    final = isinstance(head, Head) and bool(head.final_hash) and number is not None and 0 < number <= head.finalized
     return "proven" if final else "unproven"  # block 0: kept unproven on a dev node (settle)
+
+
+def _logs_always_checked(forward: Any) -> bool:
+    """Whether an eth_getLogs answer kept forever for these params was proven, whatever it held: a
+    block hash, or a range of at most LOGS_MAX_CHECKED blocks (a wider one is kept unchecked when
+    more of its blocks than that have logs, or blooms that may match)."""
+    log_filter = forward[0] if isinstance(forward, list) and forward and isinstance(forward[0], dict) else {}
+    if isinstance(log_filter.get("blockHash"), str):
+        return True
+    try:
+        return int(log_filter["toBlock"], 16) - int(log_filter["fromBlock"], 16) < LOGS_MAX_CHECKED
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _next_upstream(net: NetworkRuntime, plan: Plan, tried: set[int]) -> int | None:

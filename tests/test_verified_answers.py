@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.http.app_keys import SERVICE
+from proxy.verifying import LOGS_MAX_CHECKED
 from tests.lying_relay import LyingRelay
 from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
 
@@ -363,3 +364,38 @@ async def test_a_header_field_the_proxy_does_not_know_makes_the_network_unverifi
             assert "futureRoot" in ready["unverifiable"]["evm"]
     finally:
         await liar.close()
+
+
+@pytest.mark.parametrize("chunk_blocks", ["0", "1000"])
+async def test_a_wide_final_log_range_kept_unchecked_is_told_unproven_on_the_miss_and_every_hit(
+    anvil: Anvil, tmp_path: Path, chunk_blocks: str
+) -> None:
+    # spec (caching.md, Verified answers): an eth_getLogs range with more than 32 blocks to check is
+    # kept as without verification and told X-Verified: unproven, on a repeat too (never "proven").
+    store = anvil.deploy_store()
+    emit = selector("emitMany(uint256)") + word(1)
+    blocks = [int(anvil.send(store, emit)["blockNumber"], 16) for _ in range(LOGS_MAX_CHECKED + 4)]
+    params = [{"address": store, "fromBlock": hex(blocks[0]), "toBlock": hex(blocks[-1])}]
+    networks = _networks(tmp_path, [anvil.url])
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=networks, GETLOGS_CHUNK_BLOCKS=chunk_blocks))
+    try:
+        await _final(anvil, proxy, blocks[-1])
+        truth = anvil.rpc("eth_getLogs", *params)
+        assert len(truth) == len(blocks)
+        answers = [await _ask(proxy, "eth_getLogs", params) for _ in range(3)]
+        assert answers == [(truth, "MISS", "unproven"), (truth, "HIT", "unproven"), (truth, "HIT", "unproven")]
+        assert _verifications(proxy, "eth_getLogs", "unchecked") >= 1
+    finally:
+        await proxy.close()
+
+
+async def test_every_single_answer_says_x_verified_the_trackers_and_the_proxys_own_errors_too(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    # spec (caching.md): every single (non-batch) answer says proven, unproven or not-applicable.
+    async with _proxy(tmp_path, [anvil.url]) as proxy:
+        for method in ("eth_chainId", "eth_blockNumber", "eth_chainId"):  # the last from the tracker
+            assert (await _ask(proxy, method, []))[2] == "not-applicable", method
+        bad = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x12", "latest"]}
+        _, body, headers = await proxy.post(bad)
+        assert "error" in body and headers["X-Verified"] == "not-applicable"

@@ -27,6 +27,7 @@ from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_API_KEY, Body, Call, Invalid, JsonRpcError
 from proxy.service import Service
 from proxy.values import BYPASS, HIT, Outcome, PaidHit, Reply
+from proxy.verifying import NOT_APPLICABLE
 
 
 def invalid_key_error() -> JsonRpcError:
@@ -235,8 +236,8 @@ class Gateway:
         outcome = results[0]
         status = outcome.error.http_status if outcome.error is not None else 200
         extra = outcome.error.headers if outcome.error is not None else {}
-        if outcome.verified is not None:
-            extra = {**extra, "X-Verified": outcome.verified}
+        # Every single answer says it; nothing of the proxy's own (a refusal, an invalid call) is proven.
+        extra = {**extra, "X-Verified": outcome.verified or NOT_APPLICABLE}
         reply = self._reply(parts[0], status, cost, remaining, outcome.cache, extra)
         reply.upstream_seconds = outcome.upstream_seconds
         return reply
