@@ -24,8 +24,8 @@ class Router:
         self._by_host = {h: rt for rt in networks.values() for h in rt.config.hosts}
         # Host header -> network, and method -> default network, remembered: a deployment sees a
         # handful of each. Bounded, since both are the client's to choose.
-        self.host_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._route_host)
-        self.label_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._route_label)
+        # A Host header's routes: (the network declaring its name, the network its first label names).
+        self.host_routes: Memo[str, tuple[NetworkRuntime | None, NetworkRuntime | None]] = Memo(1024, self._host)
         self.default_routes: Memo[str, NetworkRuntime | None] = Memo(1024, self._default_for)
 
     def reload(self, defaults: Mapping[str, str]) -> None:
@@ -34,7 +34,6 @@ class Router:
         self._defaults = defaults
         self._by_host = {h: rt for rt in self._networks.values() for h in rt.config.hosts}
         self.host_routes.clear()
-        self.label_routes.clear()
         self.default_routes.clear()
 
     def current(self, network: NetworkRuntime | None) -> NetworkRuntime | None:
@@ -51,8 +50,9 @@ class Router:
         """A host name declared in a network's `hosts`, then the path's network, then a network named
         by the Host header's first label; None: route by method family. The path is the client's
         explicit choice: a first label is only a guess (any Host may be sent), so it never overrides it."""
+        label = None
         if host:
-            declared = self.host_routes[host]
+            declared, label = self.host_routes[host]
             if declared is not None:
                 return declared
         if path_network is not None:
@@ -60,16 +60,14 @@ class Router:
             if chosen is None:
                 raise unknown_network(path_network)
             return chosen
-        return self.label_routes[host] if host else None
+        return label
 
-    def _route_host(self, host: str) -> NetworkRuntime | None:
-        """The network whose `hosts` declares this Host header's name, if any."""
-        return self._by_host.get(_hostname(host))
-
-    def _route_label(self, host: str) -> NetworkRuntime | None:
-        """The network a Host header's first label names, if any (`evm.rpc.example` -> evm)."""
-        first, dot, _ = _hostname(host).partition(".")
-        return self._networks.get(first) if dot else None
+    def _host(self, host: str) -> tuple[NetworkRuntime | None, NetworkRuntime | None]:
+        """The network whose `hosts` declares this Host header's name, and the network its first
+        label names (`evm.rpc.example` -> evm), each if any."""
+        name = _hostname(host)
+        first, dot, _ = name.partition(".")
+        return self._by_host.get(name), self._networks.get(first) if dot else None
 
     def _default_for(self, method: str) -> NetworkRuntime | None:
         name = self._defaults.get(family_of(method))
