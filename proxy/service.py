@@ -291,7 +291,11 @@ class Service:
         async def merge() -> Outcome:
             outcome = await self._logs.chunked(prepared, planned, self._execute)
             if not outcome.is_error and outcome.cache != BYPASS:  # every piece kept: so is their merge
-                await self._cache.set(plan.key, (outcome.payload, False), cp.FOREVER)
+                # Its pieces' proofs are not told apart here: a merge is kept unproven (required: for
+                # the unfinalized TTL, as nothing unproven is kept forever), and its hits say so.
+                ttl = self._ttls.unfinalized if prepared.network.config.verify == "required" else cp.FOREVER
+                await self._cache.set(plan.key, (outcome.payload, False), ttl)
+                plan.verified_as = b"unproven"
                 if prepared.fingerprint:
                     self._plans[prepared.fingerprint] = plan
             return outcome

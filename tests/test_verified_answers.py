@@ -366,25 +366,58 @@ async def test_a_header_field_the_proxy_does_not_know_makes_the_network_unverifi
         await liar.close()
 
 
-@pytest.mark.parametrize("chunk_blocks", ["0", "1000"])
-async def test_a_wide_final_log_range_kept_unchecked_is_told_unproven_on_the_miss_and_every_hit(
-    anvil: Anvil, tmp_path: Path, chunk_blocks: str
-) -> None:
-    # spec (caching.md, Verified answers): an eth_getLogs range with more than 32 blocks to check is
-    # kept as without verification and told X-Verified: unproven, on a repeat too (never "proven").
+def _blocks_with_logs(anvil: Anvil, count: int) -> tuple[str, list[int]]:
+    """A store contract that emitted one log in each of `count` blocks: (address, those blocks)."""
     store = anvil.deploy_store()
     emit = selector("emitMany(uint256)") + word(1)
-    blocks = [int(anvil.send(store, emit)["blockNumber"], 16) for _ in range(LOGS_MAX_CHECKED + 4)]
-    params = [{"address": store, "fromBlock": hex(blocks[0]), "toBlock": hex(blocks[-1])}]
+    return store, [int(anvil.send(store, emit)["blockNumber"], 16) for _ in range(count)]
+
+
+@pytest.mark.parametrize(("chunk_blocks", "width"), [("0", "wide"), ("1000", "wide"), ("1000", "one")])
+async def test_a_final_log_range_kept_unchecked_or_merged_is_told_unproven_on_the_miss_and_every_hit(
+    anvil: Anvil, tmp_path: Path, chunk_blocks: str, width: str
+) -> None:
+    # spec (caching.md, Verified answers): an eth_getLogs range with more than 32 blocks to check is
+    # kept as without verification and told X-Verified: unproven, on a repeat too (never "proven");
+    # so is a merge of pieces (GETLOGS_CHUNK_BLOCKS), even of one block, whose pieces may be unchecked.
+    store, blocks = _blocks_with_logs(anvil, LOGS_MAX_CHECKED + 4)
+    last = blocks[-1] if width == "wide" else blocks[5]
+    params = [{"address": store, "fromBlock": hex(blocks[5] if width == "one" else blocks[0]), "toBlock": hex(last)}]
     networks = _networks(tmp_path, [anvil.url])
     proxy = await start_proxy(settings_for(NETWORKS_FILE=networks, GETLOGS_CHUNK_BLOCKS=chunk_blocks))
     try:
-        await _final(anvil, proxy, blocks[-1])
+        if width == "one":  # its whole chunk (blocks 0-999, every log block in it) final: a piece to cut it from
+            anvil.mine(1100 - anvil.block_number())
+        await _final(anvil, proxy, 999 if width == "one" else blocks[-1])
         truth = anvil.rpc("eth_getLogs", *params)
-        assert len(truth) == len(blocks)
+        assert len(truth) == (len(blocks) if width == "wide" else 1)
         answers = [await _ask(proxy, "eth_getLogs", params) for _ in range(3)]
         assert answers == [(truth, "MISS", "unproven"), (truth, "HIT", "unproven"), (truth, "HIT", "unproven")]
         assert _verifications(proxy, "eth_getLogs", "unchecked") >= 1
+    finally:
+        await proxy.close()
+
+
+async def test_under_verify_required_a_merge_of_log_pieces_is_kept_no_longer_than_the_unfinalized_ttl(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    # spec (caching.md): with verify = "required" nothing unproven is kept forever; a merge of pieces
+    # is not told proven, so it is kept for the unfinalized TTL and then asked again.
+    store, blocks = _blocks_with_logs(anvil, LOGS_MAX_CHECKED + 4)
+    params = [{"address": store, "fromBlock": hex(blocks[5]), "toBlock": hex(blocks[5])}]
+    networks = _networks(tmp_path, [anvil.url], verify="required")
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=networks, CACHE_UNFINALIZED_TTL="1"))
+    try:
+        anvil.mine(1100 - anvil.block_number())  # the whole chunk (blocks 0-999) final: its piece is unchecked
+        await _final(anvil, proxy, 999)
+        truth = anvil.rpc("eth_getLogs", *params)
+        assert await _ask(proxy, "eth_getLogs", params) == (truth, "MISS", "unproven")
+        assert (await _ask(proxy, "eth_getLogs", params))[2] == "unproven"
+
+        async def asked_again() -> bool:
+            return (await _ask(proxy, "eth_getLogs", params))[1] == "MISS"
+
+        await eventually(asked_again, 10.0, "the merge to leave the cache")
     finally:
         await proxy.close()
 
