@@ -16,7 +16,7 @@ from proxy.cache import sharing
 from proxy.cache.chunked_logs import ChunkedLogs
 from proxy.cache.integrity import Integrity
 from proxy.cache.log_reads import LogReads, Pieces
-from proxy.cache.planning import plan_call
+from proxy.cache.planning import key_space, plan_call
 from proxy.cache.tiers import Coalescer, FillLock, TieredCache, trimmed
 from proxy.chain import from_trackers
 from proxy.chain.head_polls import Head
@@ -322,7 +322,8 @@ class Service:
             if stored is None and isinstance(now_head, Head) and plan.head is now_head:
                 stored = await self._cache.get(unmined_key(key, now_head))
         if stored is None and policy.limits_logs and isinstance(tracker, EvmHeadTracker):
-            stored = await self._logs.from_receipts(tracker, params, plan, policy)
+            space = key_space(net, plan.head)
+            stored = await self._logs.from_receipts(tracker, params, plan, policy, space) if space else None
         if stored is not None:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(*stored, HIT, verified=stored_as(net, plan))

@@ -17,7 +17,8 @@ import pytest
 from proxy.http.app_keys import SERVICE
 from proxy.verifying import LOGS_MAX_CHECKED
 from tests.lying_relay import LyingRelay
-from tests.support import Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, selector, settings_for, start_proxy, word
+from tests.test_upstream_selection import TOKEN, _admin
 
 
 def _networks(tmp_path: Path, urls: list[str], **fields: Any) -> str:
@@ -432,3 +433,33 @@ async def test_every_single_answer_says_x_verified_the_trackers_and_the_proxys_o
         bad = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x12", "latest"]}
         _, body, headers = await proxy.post(bad)
         assert "error" in body and headers["X-Verified"] == "not-applicable"
+
+
+async def test_answers_kept_unverified_are_not_told_proven_once_a_reload_turns_verification_on(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # spec (caching.md, X-Verified): proven is said only of what was proven. Answers kept with
+    # verify = "off" have a key space of their own: once a reload sets "auto", they are not found.
+    store, n = _store_with_logs(anvil)
+    port = free_port()
+    proxy = await make_proxy(
+        NETWORKS_FILE=_networks(tmp_path, [anvil.url], verify="off"), ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN
+    )
+    await _final(anvil, proxy, n)
+    calls = [("eth_getBalance", [store, hex(n)]), ("eth_getStorageAt", [store, "0x0", hex(n)])]
+    for method, params in calls:
+        truth = anvil.rpc(method, *params)
+        assert [await _ask(proxy, method, params) for _ in range(2)] == [
+            (truth, "MISS", "unproven"),
+            (truth, "HIT", "unproven"),
+        ]
+    _networks(tmp_path, [anvil.url], verify="auto")
+    assert (await _admin(proxy.session, port, "/reload", method="POST"))[0] == 200
+    anvil.mine(1)  # a new head: every plan is made again
+    await proxy.head_at(anvil.block_number())
+    for method, params in calls:
+        truth = anvil.rpc(method, *params)
+        assert [await _ask(proxy, method, params) for _ in range(2)] == [
+            (truth, "MISS", "proven"),
+            (truth, "HIT", "proven"),
+        ]

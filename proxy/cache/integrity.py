@@ -26,7 +26,7 @@ from typing import Any
 
 from proxy.cache import log_chunks
 from proxy.cache import policy as cp
-from proxy.cache.planning import final_block_key
+from proxy.cache.planning import final_block_key, key_space
 from proxy.cache.tiers import TieredCache
 from proxy.chain import bloom
 from proxy.chain.head_polls import Head
@@ -69,7 +69,7 @@ class Integrity:
         """The final blocks' headers: from the cache tiers where they are (a final block is immutable),
         the rest from the node in one batch, kept forever when the node that gave them showed in the
         same batch that it is on the network's chain (the network's finalized block: its hash)."""
-        space = head.space if head is not None else None
+        space = key_space(net, head)
         keys = {n: final_block_key(space, n) for n in numbers} if space is not None else {}
         found = await self._cache.get_many(list(keys.values())) if keys else {}
         headers: dict[int, dict[str, Any]] = {}

@@ -131,12 +131,14 @@ class LogReads:
         params: Any,
         plan: Plan,
         policy: MethodPolicy,
+        space: str,
     ) -> tuple[bytes, bool] | None:
         """An eth_getLogs miss over a few blocks whose eth_getBlockReceipts answers this process holds
         in memory, answered (and stored) from them without the upstream; None otherwise.
 
         A receipts entry is found under the key the same head gives it (by number when final, by
-        number and hash above), so it is of the very blocks the range names."""
+        number and hash above), so it is of the very blocks the range names. `space`: the plan's key
+        space (planning.key_space)."""
         head = tracker.head
         if head is not plan.head:
             return None  # the head moved while the cache was asked: the plan's key may name another fork
@@ -153,7 +155,7 @@ class LogReads:
             if number > head.finalized and block_hash is None:
                 return None
             form = {"n": number} if number <= head.finalized else {"n": number, "h": block_hash}
-            held = self._cache.memory.get(cache_key(head.space, "eth_getBlockReceipts", [form]))
+            held = self._cache.memory.get(cache_key(space, "eth_getBlockReceipts", [form]))
             if held is None or held[1]:
                 return None
             blocks.append(loads(held[0]))

@@ -13,10 +13,21 @@ from proxy.chain import pinning, proofs
 from proxy.chain.head_polls import Resolved
 from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
+from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
 from proxy.rpc.methods import CacheClass, MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
 from proxy.values import Plan
+
+
+def key_space(net: NetworkRuntime, head: Any) -> str | None:
+    """The space a network's cache keys name for this head (None: no key yet): an EVM head's (network,
+    chain identity, epoch), of its own for a network that keeps answers unverified (verify = "off"),
+    so that no verifying proxy (after a reload, or a replica sharing Redis) finds them as proven."""
+    if net.config.family != "evm":
+        return net.name
+    space: str | None = head.space if head is not None else None
+    return space + "|unverified" if space is not None and net.config.verify == "off" else space
 
 
 def plan_call(
@@ -39,7 +50,7 @@ def plan_call(
         logs.check_range(params[0], resolved)
     client_state = policy.client_state is not None and len(params) > policy.client_state
     decision = cp.decide(policy.cache, blocks, head, ttls, params, client_state=client_state)
-    space = (head.space if head is not None else None) if evm else net.name
+    space = key_space(net, head)
     if space is None:
         decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
     forward = pinning.forward_params(params, refs, resolved, decision.pin_hashes, policy.limits_logs)
