@@ -209,13 +209,11 @@ class Verifier:
         is missing from a block whose logsBloom may match the filter."""
         log_filter = plan.forward[0]
         named = log_filter.get("blockHash")
-        try:
-            if isinstance(named, str):
-                first = last = number  # the block the hash names, whose header must have that hash
-            else:
-                first, last = int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
-        except (KeyError, TypeError, ValueError):
+        # By hash: the block the hash names, whose header must have that hash.
+        numbered = (number, number) if isinstance(named, str) else _range_of(log_filter)
+        if numbered is None:
             return UNPROVEN
+        first, last = numbered
         if last - first + 1 > LOGS_MAX_BLOCKS:
             return UNCHECKED
         shown = ap.logs_by_block(answer.result)
@@ -298,24 +296,23 @@ def stored_as(net: NetworkRuntime, plan: Plan) -> str:
     decision = plan.decision
     if net.config.verify == OFF or plan.by_hash or decision.tied_to_answer or decision.ttl != FOREVER:
         return "unproven"  # a transaction or receipt may have been kept for a while before its block was final
-    if method == "eth_getLogs" and not _logs_always_checked(plan.forward):
-        return "unproven"  # it may have been kept unchecked (past LOGS_MAX_CHECKED blocks): settle()
+    if method == "eth_getLogs":
+        numbered = _range_of(plan.forward[0])
+        if numbered is None or numbered[1] - numbered[0] >= LOGS_MAX_CHECKED:
+            # Kept unchecked when more of its blocks than LOGS_MAX_CHECKED have logs, or blooms that
+            # may match (settle()); a range no wider is always checked whole.
+            return "unproven"
     number = plan.need
     final = isinstance(head, Head) and bool(head.final_hash) and number is not None and 0 < number <= head.finalized
     return "proven" if final else "unproven"  # block 0: kept unproven on a dev node (settle)
 
 
-def _logs_always_checked(forward: Any) -> bool:
-    """Whether an eth_getLogs answer kept forever for these params was proven, whatever it held: a
-    block hash, or a range of at most LOGS_MAX_CHECKED blocks (a wider one is kept unchecked when
-    more of its blocks than that have logs, or blooms that may match)."""
-    log_filter = forward[0] if isinstance(forward, list) and forward and isinstance(forward[0], dict) else {}
-    if isinstance(log_filter.get("blockHash"), str):
-        return True
+def _range_of(log_filter: Any) -> tuple[int, int] | None:
+    """An eth_getLogs filter's numbered range (fromBlock, toBlock); None when it names none."""
     try:
-        return int(log_filter["toBlock"], 16) - int(log_filter["fromBlock"], 16) < LOGS_MAX_CHECKED
+        return int(log_filter["fromBlock"], 16), int(log_filter["toBlock"], 16)
     except (KeyError, TypeError, ValueError):
-        return False
+        return None
 
 
 def _next_upstream(net: NetworkRuntime, plan: Plan, tried: set[int]) -> int | None:
