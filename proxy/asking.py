@@ -337,10 +337,10 @@ def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None, number: i
     """The node showed the block a proof asks for; for `latest`, a head at or past the tracker's (not
     an older block of its window, nor one it saw replaced, nor one below it: `number`, the number
     the node gave with that hash, when it gave one: a load balancer's member far behind)."""
-    if proof[0] != "latest":
-        return proofs.proof_doubt(proof, seen, final=False) is None
     tracker = net.tracker
     head = tracker.head
+    if proof[0] != "latest":
+        return proofs.proof_doubt(proof, seen, final=False, latest=head.latest if head is not None else None) is None
     orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
     return (
         bool(seen)

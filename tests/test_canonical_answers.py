@@ -70,6 +70,13 @@ class TestProofDecisions:
         proof = plan_proof(Decision(Mode.IMMUTABLE), False, self.HEAD, ["0xold"], {"0xold": 99})
         assert proof == ("0x63", "0xold", False)
         assert proof_doubt(proof, "0xold") == "orphaned" and proof_doubt(proof, "0xnew") is None
+        assert proof_doubt(proof, "", latest=200) == "unproven"  # no block 99 on a chain at 200: behind
+
+    def test_a_hash_rolled_back_above_the_head_is_answered_by_a_node_without_its_height(self) -> None:
+        proof = plan_proof(Decision(Mode.IMMUTABLE), False, self.HEAD, ["0xgone"], {"0xgone": 203})
+        assert proof_doubt(proof, "", latest=200) is None  # the chain is at 200: no block 203 is its answer
+        assert proof_doubt(proof, "0xgone", latest=200) == "orphaned"
+        assert proof_doubt(proof, "", latest=203) == "unproven"
 
     def test_an_answer_pinned_to_an_unfinalized_hash_is_proven_at_that_block(self) -> None:
         pinned = Decision(Mode.TTL, 1, pin_hashes=True)
@@ -371,3 +378,26 @@ async def test_a_rollback_through_the_proxy_sends_removed_logs_without_a_new_blo
     assert anvil.block_number() == top - 1
     removed = [r for r in client.results(logs) if r["removed"]]
     assert [r["blockHash"] for r in removed] == [receipt["blockHash"]]
+
+
+async def test_a_rollback_through_the_proxy_takes_the_shorter_chain_for_block_numbers_and_rolled_back_hashes(
+    anvil: Anvil, dev_proxy: Proxy
+) -> None:
+    """A client shown the blocks a rollback removed is not held to them: `eth_blockNumber` follows the
+    node down, and a removed block's hash is answered as the node answers it (null), not refused."""
+    anvil.mine(3)
+    top = anvil.block_number()
+    await dev_proxy.head_at(top)
+    gone = anvil.rpc("eth_getBlockByNumber", hex(top), False)["hash"]
+    assert (await dev_proxy.result("eth_getBlockByHash", [gone, False]))["hash"] == gone  # block `top` shown
+    assert await dev_proxy.result("eth_blockNumber", []) == hex(top)
+    assert await dev_proxy.result("anvil_rollback", [2]) is None
+    assert anvil.block_number() == top - 2
+
+    async def followed() -> bool:
+        return bool(await dev_proxy.result("eth_blockNumber", []) == hex(top - 2))
+
+    await eventually(followed, what="eth_blockNumber at the shorter chain's head")  # no block is mined
+    assert await dev_proxy.result("eth_getBlockByHash", [gone, False]) is None
+    assert await dev_proxy.result("eth_getBlockReceipts", [gone]) is None
+    assert anvil.rpc("eth_getBlockByHash", gone, False) is None  # as the node answers

@@ -4,6 +4,7 @@ sent on every request and WebSocket handshake, never shown."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -233,6 +234,25 @@ async def test_an_upstream_error_echoing_its_secrets_reaches_no_client_or_log_li
         await proxy.close()
 
 
+async def test_an_echoed_basic_authorization_from_a_urls_user_and_password_reaches_no_client_or_log_line(
+    echoing_upstream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # spec: upstream URLs may carry a provider key; `user:password@` travels as Basic credentials.
+    caplog.set_level(logging.DEBUG)
+    sent = base64.b64encode(f"provuser:{PROV_KEY}".encode()).decode()
+    url = echoing_upstream.replace("http://", f"http://provuser:{PROV_KEY}@")
+    proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, LOG_LEVEL="DEBUG"))
+    try:
+        _, body, _ = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x" + "11" * 20, "0x1"]}
+        )
+        assert body["error"]["message"] == f"invalid token Basic {REDACTED} for /", body
+        shown = json.dumps(body) + "".join(r.getMessage() for r in caplog.records if r.name.startswith("proxy"))
+        assert sent not in shown and PROV_KEY not in shown
+    finally:
+        await proxy.close()
+
+
 async def test_check_prints_an_upstream_error_without_the_secrets_it_echoes(
     echoing_upstream: str, tmp_path: Path
 ) -> None:
@@ -257,6 +277,12 @@ class TestScrubbing:
         )
         text = "pa55word abcdef123456 qwerty7890 LONEKEY99 tok-123456 Bearer tok-123456 v2 eth_call 2"
         assert scrub_text(text, secrets) == " ".join([REDACTED] * 6 + ["v2 eth_call 2"])
+
+    def test_the_basic_credentials_a_urls_user_and_password_are_sent_as_are_scrubbed(self) -> None:
+        # An echoed Authorization header shows them only as base64 ("user:pa55word").
+        sent = base64.b64encode(b"user:pa55word").decode()
+        secrets = secrets_of("http://user:pa55word@host/", ())
+        assert scrub_text(f"auth=Basic {sent}", secrets) == f"auth=Basic {REDACTED}"
 
     def test_only_errors_are_scrubbed_in_a_batch(self) -> None:
         reply = [{"id": 1, "result": "key abcdef123456"}, {"id": 2, "error": {"message": "bad abcdef123456"}}]

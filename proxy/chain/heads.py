@@ -284,6 +284,10 @@ class EvmHeadTracker:
         )
         if old_head is not None and not reorged and same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
+        if old_head is not None and head.latest < old_head.latest:
+            # A shorter chain taken (a rollback, a reorg to fewer blocks): the blocks a client was
+            # shown above its head are gone, so `latest` no longer waits for them.
+            self.shown = min(self.shown, head.latest)
         self.head = head
         # This replica's own finalized block only: a stored checkpoint another replica wrote may be of
         # another fork, which is no violation of this chain's finality (forks.py checks the space's trail).

@@ -20,14 +20,15 @@ checks its identity again).
 from __future__ import annotations
 
 import asyncio
-import base64
 import ssl
 import time
 from collections.abc import Callable
 from typing import Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import httptools
+
+from proxy.upstream.scrubbing import basic_credentials
 
 
 class ClientFault(Exception):
@@ -236,10 +237,8 @@ class HostPool:
         self._port = parts.port or (443 if self._tls else 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host_field = parts.netloc.rpartition("@")[2]
-        auth = ""
-        if parts.username is not None:  # user:password@host, as aiohttp sends it: Basic authorization
-            secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-            auth = f"Authorization: Basic {base64.b64encode(secret).decode()}\r\n"
+        credentials = basic_credentials(parts)  # user:password@host, as aiohttp sends it
+        auth = f"Authorization: Basic {credentials}\r\n" if credentials is not None else ""
         # NETWORKS_FILE `headers` (checked there: field names, one line of ASCII each).
         auth += "".join(f"{name}: {value}\r\n" for name, value in headers)
         self._head = (

@@ -5,9 +5,10 @@ Only errors are read: a result is the node's data and is passed on untouched."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 REDACTED = "<redacted>"
 # Parts shorter than this are words of the URL's shape (`v2`, `rpc`, `eth`), not keys: replacing them
@@ -15,17 +16,25 @@ REDACTED = "<redacted>"
 MIN_SECRET = 6
 
 
+def basic_credentials(parts: SplitResult) -> str | None:
+    """The Basic authorization a URL's `user:password@` is sent as (as aiohttp sends it), or None."""
+    if parts.username is None:
+        return None
+    return base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+
+
 def secrets_of(url: str, headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
     """What an upstream is configured with that may be a secret: each header value (and its
-    credentials, the part after an `Authorization` scheme), the URL's user and password, path
-    segments and query values, raw and percent-decoded; longest first (a key inside a longer one)."""
+    credentials, the part after an `Authorization` scheme), the URL's user and password and the
+    Basic credentials they are sent as, path segments and query values, raw and percent-decoded;
+    longest first (a key inside a longer one)."""
     found: set[str] = set()
     for _, value in headers:
         found.add(value)
         found.update(value.split()[1:])  # "Bearer <token>": the token alone may be echoed
     try:
         parts = urlsplit(url)
-        found.update(p for p in (parts.username, parts.password) if p)
+        found.update(p for p in (parts.username, parts.password, basic_credentials(parts)) if p)
     except ValueError:
         return tuple(sorted((s for s in found if len(s) >= MIN_SECRET), key=len, reverse=True))
     found.update(parts.path.split("/"))
