@@ -14,6 +14,7 @@ import pytest
 
 from proxy.credits.accounts import derived_name
 from proxy.credits.ledger import MemoryLedger, Verdict
+from proxy.credits.rate_window import NO_WINDOW, window_after, window_held
 from tests.support import ROOT, Anvil, FakeClock, Proxy, ProxyFactory, free_port, settings_for, start_proxy
 
 
@@ -184,6 +185,37 @@ async def test_credits_per_second_limit_is_429_with_retry_after(
     assert (await proxy.post(storage(3), key="carol"))[0] == 200
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["in-process", "redis"])
+async def test_a_batch_dearer_than_the_per_second_limit_fills_the_seconds_after_it_and_each_key_has_its_own_window(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory, request: pytest.FixtureRequest, shared: bool
+) -> None:
+    # The per-second limit holds on average: one call of any size is admitted in an empty window,
+    # and what it passes the limit by is refused in the seconds after it, not forgotten.
+    path = keys_file(tmp_path, carol={"credits_per_second": 100}, dave={"credits_per_second": 100})
+    clock = FakeClock()
+    extra = {"REDIS_URL": request.getfixturevalue("redis_url")} if shared else {}
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, clock=clock, **extra)
+    assert (await proxy.post(storage(1), key="carol"))[0] == 200
+    assert (await proxy.post(storage(2), key="dave"))[0] == 200  # dave's spending leaves carol's window as it is
+    assert (await proxy.post(storage(3), key="carol"))[0] == 429
+    clock.advance(1)
+    status, replies, headers = await proxy.post([storage(i, hex(i)) for i in range(5)], key="carol")
+    assert status == 200 and len(replies) == 5 and headers["X-Credits-Charged"] == "400"  # 4 seconds' worth
+    for _ in range(4):  # this second and the three after it are spent
+        status, reply, headers = await proxy.post(storage(9), key="carol")
+        assert status == 429 and headers["Retry-After"] == "1", reply
+        clock.advance(1)
+    assert (await proxy.post(storage(9), key="carol"))[0] == 200
+
+
+def test_a_per_second_window_carries_a_dearer_calls_excess_into_the_seconds_after_it() -> None:
+    assert window_after(NO_WINDOW, 10, 80, 100) == (10, 80)
+    assert window_after((10, 80), 10, 20, 100) == (10, 100)  # the second filled exactly
+    assert window_after(NO_WINDOW, 10, 400, 100) == (13, 100)  # seconds 10 to 13
+    assert window_after(NO_WINDOW, 10, 450, 100) == (14, 50)
+    assert [window_held((14, 50), second, 100) for second in (9, 10, 13, 14, 15)] == [100, 100, 100, 50, 0]
+
+
 async def test_balances_reset_at_midnight_utc(anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory) -> None:
     path = keys_file(tmp_path, alice={"daily_credits": 100})
     clock = FakeClock(calendar.timegm((2026, 11, 21, 23, 59, 59)))
@@ -217,6 +249,24 @@ async def test_concurrent_debits_on_two_replicas_never_overdraw(
     assert statuses.count(200) == 40 and statuses.count(402) == 60
     _, _, headers = await first.post(storage(), key="alice")
     assert headers["X-Credits-Remaining"] == "0"
+
+
+async def test_a_replica_whose_lease_cannot_pay_is_served_from_credit_another_replica_holds(
+    anvil: Anvil, redis_url: str, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # "replicas share the balance exactly": a call is refused 402 only when the key's balance cannot
+    # pay it, never because another replica (a worker, a host) holds the rest in its lease.
+    path = keys_file(tmp_path, alice={"daily_credits": 80 * 4})  # exactly 4 storage reads
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url)
+    first, second = await make_proxy(settings), await make_proxy(settings)
+    await first.head_at(0)
+    await second.head_at(0)
+    # The first replica's lease holds a second call's credit; the second replica spends the rest.
+    order = [first, second, second, second]
+    statuses = [(await proxy.post(storage(i, hex(i)), key="alice"))[0] for i, proxy in enumerate(order)]
+    assert statuses == [200, 200, 200, 200]
+    status, reply, _ = await first.post(storage(9, hex(9)), key="alice")
+    assert status == 402 and "0 left today" in reply["error"]["message"], reply
 
 
 def test_operator_cli_shows_a_keys_usage_from_redis(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+from proxy.credits.rate_window import NO_WINDOW, Window
+
 
 class _Term:
     """A figure KeyLease.spend compares with through the two it makes of it: setting one renews them."""
@@ -39,6 +41,7 @@ class KeyLease:
         "_shown",
         "active",
         "api_key",
+        "asked_back",
         "ceiling",
         "consumed",
         "day_end",
@@ -55,8 +58,8 @@ class KeyLease:
         "reported_at",
         "returning",
         "swept",
-        "window_second",
-        "window_used",
+        "wanted",
+        "window",
     )
 
     def __init__(
@@ -91,8 +94,9 @@ class KeyLease:
         self.idle_since = 0.0
         self.journaled = False  # debits Redis has not seen yet
         self.returning = False  # a give-back that has not reached Redis yet
-        self.window_second = -1  # the per-second window while Redis is unreachable
-        self.window_used = 0
+        self.wanted = 0  # when a replica last found the key's credit held elsewhere, as last heard (s)
+        self.asked_back = False  # another replica wants what this one holds: given back at the next sweep
+        self.window: Window = NO_WINDOW  # the per-second window while Redis is unreachable (ledger.py)
         self.lock = asyncio.Lock()
 
     allowance = _Term()

@@ -18,8 +18,17 @@ from proxy.redis_topology import slot_tag
 
 log = logging.getLogger("proxy.credits")
 
-_VERDICTS = {1: Verdict.OK, 0: Verdict.EXHAUSTED, -1: Verdict.RATE_LIMITED, -2: Verdict.UNAVAILABLE}
+_VERDICTS = {
+    1: Verdict.OK,
+    0: Verdict.EXHAUSTED,
+    -1: Verdict.RATE_LIMITED,
+    -2: Verdict.UNAVAILABLE,
+    -3: Verdict.HELD,
+}
 CREDIT, GIVE_BACK, TOP_UP = 0, 1, 2  # the script's modes
+# Seconds a replica's finding that the key's credit is held elsewhere stays news to the others: they
+# hear it at their next report (every REPORT_INTERVAL while they hold a lease), never an old one.
+WANTED_FOR = 3
 
 
 def ledger_key(api_key: str, day: int) -> str:
@@ -39,8 +48,9 @@ def exhausted_key(day: int) -> str:
     return f"rcp:exhausted:{day_of(day * 86400)}"
 
 
-def rate_key(api_key: str, second: int) -> str:
-    return f"rcp:rate:{slot_tag(api_key)}:{second}"
+def rate_key(api_key: str) -> str:
+    """The key's per-second window (a hash: the last second its spending fills, and what it holds of it)."""
+    return f"rcp:rate:{slot_tag(api_key)}:window"
 
 
 class LeaseExchange:
@@ -100,7 +110,7 @@ class LeaseExchange:
             DAY_TTL,
             *lease.peers,
         ]
-        keys = [lease.key, rate_key(lease.api_key, int(now))]
+        keys = [lease.key, rate_key(lease.api_key)]
         if not self._link.is_cluster:  # no cluster held the untagged names: its keys need one slot
             keys.append(untagged_ledger_key(lease.api_key, int(now) // 86400))
         sent_consumed, sent_net, daily = lease.consumed, lease.net, lease.daily
@@ -128,6 +138,13 @@ class LeaseExchange:
             if not self._any_journaled():
                 self._journal.clear()
         verdict = _VERDICTS[reply.verdict]
+        if mode == GIVE_BACK:
+            lease.asked_back = False
+        elif reply.wanted > lease.wanted and reply.wanted >= int(now) - WANTED_FOR:
+            # Another replica found the key's credit held elsewhere since: what is free here goes
+            # back at the next sweep (a replica's own want is its own: it gives back as it is refused).
+            lease.asked_back = verdict is not Verdict.HELD and lease.free > 0
+        lease.wanted = max(lease.wanted, reply.wanted)
         if verdict is Verdict.OK and cost:
             self._exhausted.forget(int(now) // 86400, lease.api_key)
         return verdict
@@ -152,7 +169,7 @@ class LeaseExchange:
             0,
             DAY_TTL,
         ]
-        keys = [key, rate_key(api_key, int(now))]
+        keys = [key, rate_key(api_key)]
         try:
             await self._link.run("credits_lease", lambda _c: self._script(keys=keys, args=args))
         except RedisUnavailable:

@@ -30,9 +30,10 @@ from typing import Any, NamedTuple
 #   balance, largest lease, now (s), active window (s), per-second limit (0: none), the replica's
 #   allowance, whether it had a reply for the key today (1/0), entry TTL, then what it last saw of each
 #   other replica: name, allowance, consumed, refunded, last asked (5 values each).
-# Returns {verdict (1 ok, 0 exhausted, -1 rate limited, -2 held: a rebuilt entry unconfirmed),
-#   allowance, used, active replicas, restored,
-#   spent by all replicas, then the other replicas as the same 5 values each}.
+# Returns {verdict (1 ok, 0 exhausted, -1 rate limited, -2 held: a rebuilt entry unconfirmed, -3 held
+#   elsewhere: the balance can pay the call but other replicas' leases hold it), allowance, used,
+#   active replicas, restored, spent by all replicas, when a replica last found credit held elsewhere
+#   (`w`, s; 0: never), then the other replicas as the same 5 values each}.
 LEASE_SCRIPT = """
 local key, me = KEYS[1], ARGV[1]
 local seq, consumed, refunded = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -104,14 +105,28 @@ if fresh then
     if unconfirmed and (need > 0 or top_up) then
       if need > 0 then verdict = -2 end
     elseif need > free then
-      verdict = 0
+      if cost <= daily - spent then
+        -- Not spent yet, but held in other replicas' leases: they are asked for it back (`w`, read
+        -- at their next exchange) and this replica asks again (verdict -3: held elsewhere).
+        verdict = -3
+        redis.call('HSET', key, 'w', now)
+      else
+        verdict = 0
+      end
     elseif per_second > 0 then
-      local second = tonumber(redis.call('GET', KEYS[2]) or '0')
-      if second > 0 and second + cost > per_second then
+      -- The key's window (rate_window.py, its twin): the last second its spending fills, and what
+      -- it holds of that one; every second before it is full (a call dearer than the limit).
+      local w = redis.call('HMGET', KEYS[2], 'last', 'used')
+      local last, held = tonumber(w[1] or '-1'), 0
+      if now < last then held = per_second elseif now == last then held = tonumber(w[2] or '0') end
+      if held > 0 and held + cost > per_second then
         verdict = -1
       else
-        redis.call('INCRBY', KEYS[2], cost)
-        redis.call('EXPIRE', KEYS[2], 2)
+        local full = math.floor((held + cost) / per_second)
+        local rest = held + cost - full * per_second
+        if rest == 0 and full > 0 then full, rest = full - 1, per_second end
+        redis.call('HSET', KEYS[2], 'last', now + full, 'used', rest)
+        redis.call('EXPIRE', KEYS[2], full + 2)
         a = a + need
       end
     elseif need > 0 or top_up then
@@ -123,7 +138,8 @@ if fresh then
 end
 redis.call('HSET', key, 'used', others + a, 'a:' .. me, a, 'c:' .. me, consumed, 'f:' .. me, refunded, 't:' .. me, now)
 redis.call('EXPIRE', key, tonumber(ARGV[14]))
-local reply = {verdict, a, others + a, active, restored, spent}
+local reply = {verdict, a, others + a, active, restored, spent, tonumber(h['w'] or '0')}
+if verdict == -3 then reply[7] = now end
 for i = 1, #peers do reply[#reply + 1] = peers[i] end
 return reply
 """
@@ -132,16 +148,17 @@ PEER_FIELDS = 5  # name, allowance, consumed, refunded, last asked
 
 
 class LeaseReply(NamedTuple):
-    verdict: int  # 1 ok, 0 exhausted, -1 rate limited
+    verdict: int  # 1 ok, 0 exhausted, -1 rate limited, -2 held (unconfirmed), -3 held elsewhere
     allowance: int
     used: int  # every replica's allowance: what the balance is judged against
     active: int
     restored: bool
     spent: int  # every replica's debits less refunds: what was served
+    wanted: int  # when a replica last found the key's credit held elsewhere (s; 0: never)
     peers: tuple[Any, ...]  # the other replicas, flat, as ARGV takes them back
 
 
 def parse_reply(reply: list[Any]) -> LeaseReply:
-    verdict, allowance, used, active, restored, spent = (int(v) for v in reply[:6])
-    peers = tuple(v.decode() if isinstance(v, bytes) else int(v) for v in reply[6:])
-    return LeaseReply(verdict, allowance, used, active, bool(restored), spent, peers)
+    verdict, allowance, used, active, restored, spent, wanted = (int(v) for v in reply[:7])
+    peers = tuple(v.decode() if isinstance(v, bytes) else int(v) for v in reply[7:])
+    return LeaseReply(verdict, allowance, used, active, bool(restored), spent, wanted, peers)

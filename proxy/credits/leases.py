@@ -40,6 +40,7 @@ from proxy.credits.journal import Journal
 from proxy.credits.key_lease import KeyLease
 from proxy.credits.lease_exchange import CREDIT, GIVE_BACK, TOP_UP, LeaseExchange, exhausted_key, ledger_key
 from proxy.credits.ledger import DAY_TTL, Debit, Verdict, _judge
+from proxy.credits.rate_window import window_after, window_held
 from proxy.logs import Throttled
 from proxy.redis_link import RedisLink, RedisUnavailable
 
@@ -49,6 +50,10 @@ throttled = Throttled(log, interval=10.0)
 
 _OK = Verdict.OK  # read once: an enum member read through its class costs more than the debit
 REPORT_INTERVAL = 1.0  # seconds: a replica that spends reports it at least this often (the shown balance)
+# A call whose credit other replicas hold is asked again every HELD_RETRY seconds, for at most
+# HELD_WAIT: they hear of it at their next report and give it back at the sweep after it.
+HELD_RETRY = 0.1
+HELD_WAIT = 2 * REPORT_INTERVAL + 1.0
 EXHAUSTED_READ_INTERVAL = 1.0  # seconds between reads of the day's exhausted keys
 STALE_GRACE = 3600  # seconds a past day's leases are kept for refunds of calls that crossed midnight
 
@@ -78,8 +83,8 @@ def outage_verdict(
         return Verdict.EXHAUSTED
     if lease.ceiling is None or lease.net + amount > lease.ceiling:
         return Verdict.UNAVAILABLE
-    window = lease.window_used if lease.window_second == int(now) else 0
-    return _judge(0, window, amount, daily, per_second)
+    held = window_held(lease.window, int(now), per_second) if per_second is not None else 0
+    return _judge(0, held, amount, daily, per_second)
 
 
 async def _acquire(lease: KeyLease, deadline: float) -> bool:
@@ -179,6 +184,7 @@ class LeasedLedger:
         # Whatever this call awaits (another call's exchange, its own, a retry) ends by this deadline;
         # past it the outage rule decides, so a stalled Redis delays no call longer.
         deadline = time.monotonic() + self._link.timeout
+        held_until: float | None = None  # asked again until then while other replicas hold the credit
         while True:
             quick = self.try_debit(api_key, amount, daily=daily, per_second=per_second, now=now)
             if quick is not None:
@@ -206,12 +212,21 @@ class LeasedLedger:
                         await self._exchange(
                             lease, 0, mode=GIVE_BACK, per_second=None, now=now, budget=deadline - time.monotonic()
                         )
-                    return Debit(verdict, lease.remaining(daily))
-                if lease.free >= amount:
+                    if verdict is not Verdict.HELD:
+                        return Debit(verdict, lease.remaining(daily))
+                    # The balance can pay, other replicas hold it: they give it back once they hear
+                    # (their next report); past HELD_WAIT the call is refused as the balance's end.
+                    held_until = held_until or time.monotonic() + HELD_WAIT
+                    if time.monotonic() >= held_until:
+                        return Debit(Verdict.EXHAUSTED, lease.remaining(daily))
+                elif lease.free >= amount:
                     lease.consumed += amount
                     return Debit(Verdict.OK, lease.remaining(daily))
             finally:
                 lease.lock.release()
+            if held_until is not None:
+                await asyncio.sleep(HELD_RETRY)
+                deadline = time.monotonic() + self._link.timeout  # each ask has its own bound
 
     def _cut_off(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         """Redis did not answer within the call's bound: the outage rule decides."""
@@ -237,9 +252,7 @@ class LeasedLedger:
         if verdict is Verdict.OK:
             lease.consumed += amount
             if per_second is not None:
-                if lease.window_second != int(now):
-                    lease.window_second, lease.window_used = int(now), 0
-                lease.window_used += amount
+                lease.window = window_after(lease.window, int(now), amount, per_second)
             # Every outage debit is journaled: a worker that dies now leaves its counters to its successor.
             lease.journaled = True
             self._journal.record(self.replica, lease)
@@ -329,14 +342,18 @@ class LeasedLedger:
             # here: the balance shown trails the ledger by about that much of the other replicas' spending.
             recent = lease.net != lease.reported or (not stale and mono - lease.idle_since < self._lease_seconds)
             unreported = recent and lease.known and (stale or mono - lease.reported_at >= REPORT_INTERVAL)
-            if not (lease.journaled or lease.ceiling is not None or lease.returning or old or unreported):
+            wanted = lease.asked_back and lease.free > 0  # another replica was refused for want of it
+            if not (lease.journaled or lease.ceiling is not None or lease.returning or old or wanted or unreported):
                 if stale and now >= (day + 1) * 86400 + STALE_GRACE:
                     del self._leases[(day, _key)]  # no refund of that day can still come
                 continue
             if not self._link.up:
                 return
             await self._locked_exchange(
-                lease, 0, GIVE_BACK if old or lease.returning else CREDIT, day * 86400 + 43200 if stale else now
+                lease,
+                0,
+                GIVE_BACK if old or wanted or lease.returning else CREDIT,
+                day * 86400 + 43200 if stale else now,
             )
 
     async def run(self, clock: Callable[[], float], interval: float = 0.25) -> None:

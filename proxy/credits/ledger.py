@@ -6,11 +6,11 @@ ledger protocol and the in-process ledger. With Redis, replicas share balances t
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from enum import Enum
 from typing import NamedTuple, Protocol
 
 from proxy.credits.key_lease import KeyLease
+from proxy.credits.rate_window import NO_WINDOW, Window, window_after, window_held
 
 DAY_TTL = 2 * 86400  # ledger entries outlive their day a little, for the operator CLI
 
@@ -20,6 +20,7 @@ class Verdict(Enum):
     EXHAUSTED = "exhausted"
     RATE_LIMITED = "rate"
     UNAVAILABLE = "unavailable"  # the ledger cannot be reached and this replica may not decide alone
+    HELD = "held"  # the balance can pay, but other replicas' leases hold it (asked again: leases.py)
 
 
 class Debit(NamedTuple):
@@ -70,8 +71,9 @@ def _judge(used: int, window: int, amount: int, daily: int, per_second: int | No
     """The rule both ledgers apply; leases.py's script is its twin."""
     if used + amount > daily:
         return Verdict.EXHAUSTED
-    # A window already in use may not go over the limit; an empty one admits one call of any size,
-    # so a call dearer than the per-second limit is slowed, not refused forever.
+    # A window already in use may not go over the limit; an empty one admits one call of any size
+    # (a batch dearer than the limit), whose excess fills the seconds after it (window_after): such
+    # a call is slowed, not refused forever, and the key's average stays within the limit.
     if per_second is not None and window > 0 and window + amount > per_second:
         return Verdict.RATE_LIMITED
     return Verdict.OK
@@ -84,7 +86,7 @@ class MemoryLedger:
     def __init__(self) -> None:
         self._leases: dict[tuple[int, str], KeyLease] = {}  # (UTC day, key): the latest day's and the one before
         self._day = 0  # the latest UTC day a lease was made for
-        self._window: dict[str, int] = defaultdict(int)
+        self._windows: dict[str, Window] = {}  # per key with a per-second limit
 
     def _lease(self, api_key: str, daily: int, now: float) -> KeyLease:
         """The key's lease for `now`'s day, under `daily`: a reload's new balance holds from now on,
@@ -116,13 +118,14 @@ class MemoryLedger:
 
     def try_debit(self, api_key: str, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         lease = self._lease(api_key, daily, now)
-        rate_key = f"{api_key}:{int(now)}"
-        verdict = _judge(lease.net, self._window[rate_key], amount, daily, per_second)
+        second = int(now)
+        window = self._windows.get(api_key, NO_WINDOW)
+        held = window_held(window, second, per_second) if per_second is not None else 0
+        verdict = _judge(lease.net, held, amount, daily, per_second)
         if verdict is Verdict.OK:
             lease.consumed += amount
             if per_second is not None:
-                self._window = defaultdict(int, {k: v for k, v in self._window.items() if k == rate_key})
-                self._window[rate_key] += amount
+                self._windows[api_key] = window_after(window, second, amount, per_second)
         return Debit(verdict, lease.remaining(daily))
 
     async def debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit:

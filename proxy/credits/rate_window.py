@@ -1,0 +1,26 @@
+"""A key's per-second credit window (pure): the in-process ledger, a replica cut off from Redis and
+the lease script in Redis (lease_script.py, its twin) keep it alike. A window already in use may not
+go over the limit; an empty one admits one call of any size (a batch dearer than the limit), and
+what that call passes the limit by fills the seconds after it, so the key's average stays within it.
+"""
+
+from __future__ import annotations
+
+# `(last, used)`: the last second the key's spending fills, and what it holds of that second; every
+# second before `last` is full.
+Window = tuple[int, int]
+NO_WINDOW: Window = (-1, 0)
+
+
+def window_held(window: Window, second: int, per_second: int) -> int:
+    """What the window holds of `second`: all of it while a dearer call's excess still fills it."""
+    last, used = window
+    return 0 if second > last else used if second == last else per_second
+
+
+def window_after(window: Window, second: int, amount: int, per_second: int) -> Window:
+    """The window once `amount` is spent at `second`: what passes the limit carried into the next seconds."""
+    full, rest = divmod(window_held(window, second, per_second) + amount, per_second)
+    if rest == 0 and full > 0:  # ends exactly at a second's end: that second is the last one filled
+        full, rest = full - 1, per_second
+    return (second + full, rest)
