@@ -238,12 +238,19 @@ async def test_upstream_failures_are_not_charged(tmp_path: Path, make_proxy: Pro
 # --- shared by replicas through Redis --------------------------------------------------------
 
 
+async def two_replicas(
+    anvil: Anvil, redis_url: str, tmp_path: Path, make_proxy: ProxyFactory, *, reads: int
+) -> tuple[Proxy, Proxy]:
+    """Two replicas on one Redis, and a key `alice` whose balance pays exactly `reads` storage reads."""
+    path = keys_file(tmp_path, alice={"daily_credits": 80 * reads})
+    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url)
+    return await make_proxy(settings), await make_proxy(settings)
+
+
 async def test_concurrent_debits_on_two_replicas_never_overdraw(
     anvil: Anvil, redis_url: str, tmp_path: Path, make_proxy: ProxyFactory
 ) -> None:
-    path = keys_file(tmp_path, alice={"daily_credits": 80 * 40})  # exactly 40 storage reads
-    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url)
-    first, second = await make_proxy(settings), await make_proxy(settings)
+    first, second = await two_replicas(anvil, redis_url, tmp_path, make_proxy, reads=40)
     requests = [(first if i % 2 else second).post(storage(i, hex(i)), key="alice") for i in range(100)]
     statuses = [status for status, _, _ in await asyncio.gather(*requests)]
     assert statuses.count(200) == 40 and statuses.count(402) == 60
@@ -256,9 +263,7 @@ async def test_a_replica_whose_lease_cannot_pay_is_served_from_credit_another_re
 ) -> None:
     # "replicas share the balance exactly": a call is refused 402 only when the key's balance cannot
     # pay it, never because another replica (a worker, a host) holds the rest in its lease.
-    path = keys_file(tmp_path, alice={"daily_credits": 80 * 4})  # exactly 4 storage reads
-    settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS_FILE=path, REDIS_URL=redis_url)
-    first, second = await make_proxy(settings), await make_proxy(settings)
+    first, second = await two_replicas(anvil, redis_url, tmp_path, make_proxy, reads=4)
     await first.head_at(0)
     await second.head_at(0)
     # The first replica's lease holds a second call's credit; the second replica spends the rest.

@@ -150,8 +150,7 @@ class EvmHeadTracker:
         return self.forks.space(base) if base is not None else None
 
     def _fresh_epoch(self) -> None:
-        base = self._base()
-        if base is not None:
+        if (base := self._base()) is not None:
             self.forks.fresh(base)  # only this replica's entries are in it yet
 
     async def _own_hash(self, number: int) -> str:
@@ -284,9 +283,7 @@ class EvmHeadTracker:
         )
         if old_head is not None and not reorged and same_head(old_head, head):
             head = old_head  # unchanged: keep the object, so plans memoized against it stay valid
-        if old_head is not None and head.latest < old_head.latest:
-            # A shorter chain taken (a rollback, a reorg to fewer blocks): the blocks a client was
-            # shown above its head are gone, so `latest` no longer waits for them.
+        if old_head is not None and head.latest < old_head.latest:  # a shorter chain: what was shown above is gone
             self.shown = min(self.shown, head.latest)
         self.head = head
         # This replica's own finalized block only: a stored checkpoint another replica wrote may be of
