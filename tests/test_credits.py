@@ -11,11 +11,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from proxy.credits.accounts import derived_name
 from proxy.credits.ledger import MemoryLedger, Verdict
 from proxy.credits.rate_window import NO_WINDOW, window_after, window_held
-from tests.support import ROOT, Anvil, FakeClock, Proxy, ProxyFactory, free_port, settings_for, start_proxy
+from proxy.http.app_keys import GATEWAY, SETTINGS
+from proxy.reload import reload_keys
+from tests.support import (
+    ROOT,
+    Anvil,
+    FakeClock,
+    Proxy,
+    ProxyFactory,
+    eventually,
+    free_port,
+    settings_for,
+    start_proxy,
+)
 
 
 def keys_file(tmp_path: Path, **keys: dict[str, int]) -> str:
@@ -214,6 +227,7 @@ def test_a_per_second_window_carries_a_dearer_calls_excess_into_the_seconds_afte
     assert window_after(NO_WINDOW, 10, 400, 100) == (13, 100)  # seconds 10 to 13
     assert window_after(NO_WINDOW, 10, 450, 100) == (14, 50)
     assert [window_held((14, 50), second, 100) for second in (9, 10, 13, 14, 15)] == [100, 100, 100, 50, 0]
+    assert window_after((13, 100), 10, 0, 100) == (13, 100)  # a free call keeps what a dearer one carried
 
 
 async def test_balances_reset_at_midnight_utc(anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory) -> None:
@@ -272,6 +286,28 @@ async def test_a_replica_whose_lease_cannot_pay_is_served_from_credit_another_re
     assert statuses == [200, 200, 200, 200]
     status, reply, _ = await first.post(storage(9, hex(9)), key="alice")
     assert status == 402 and "0 left today" in reply["error"]["message"], reply
+
+
+async def test_a_call_waiting_for_credit_another_replica_holds_is_judged_under_a_reload_that_lands_meanwhile(
+    anvil: Anvil, redis_url: str, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # "a call still in flight for it when the reload lands is refused (402)": asking again for credit
+    # held elsewhere asks under the key's terms then in force, not those the call came with.
+    first, second = await two_replicas(anvil, redis_url, tmp_path, make_proxy, reads=4)
+    for i, proxy in enumerate([first, second, second]):
+        assert (await proxy.post(storage(i, hex(i)), key="alice"))[0] == 200
+    waiting = asyncio.create_task(second.post(storage(9, hex(9)), key="alice"))  # the first replica holds it
+    ledger = redis.Redis.from_url(redis_url)
+
+    async def wanted() -> bool:
+        return any(ledger.hexists(name, "w") for name in ledger.scan_iter("rcp:credits:*"))
+
+    await eventually(wanted, timeout=5, what="the second replica to find the credit held elsewhere")
+    Path(tmp_path / "keys.toml").write_text("[keys.bob]\n")  # alice removed
+    for proxy in (first, second):
+        reload_keys(proxy.app[SETTINGS], proxy.app[GATEWAY])
+    status, reply, _ = await waiting
+    assert status == 402 and reply["error"]["code"] == -32005, reply
 
 
 def test_operator_cli_shows_a_keys_usage_from_redis(anvil: Anvil, redis_url: str, tmp_path: Path) -> None:

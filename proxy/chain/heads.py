@@ -129,13 +129,13 @@ class EvmHeadTracker:
     def state_changed(self) -> None:
         """A dev node's state was changed through the proxy (anvil_setStorageAt, evm_revert...): a new
         epoch at once, so no entry of the old state is served, and a poll now, which may find the chain
-        rolled back (its subscribers get the removed logs without waiting for a block)."""
+        rolled back (its subscribers get the removed logs without waiting for a block); until it is
+        done, `latest` and eth_blockNumber go to the node, with no block shown before as their floor."""
         self._epochs.move_on()
         self._fresh_epoch()
         self._rewound = True
-        self._asker.fresh_from = time.time()
-        self._wake.set()
-        self._reissue()
+        self.shown = 0
+        self.wrote()
 
     def _base(self) -> str | None:
         """The shared key space: network, chain identity, epoch (None: not known yet)."""

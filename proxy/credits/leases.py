@@ -50,10 +50,6 @@ throttled = Throttled(log, interval=10.0)
 
 _OK = Verdict.OK  # read once: an enum member read through its class costs more than the debit
 REPORT_INTERVAL = 1.0  # seconds: a replica that spends reports it at least this often (the shown balance)
-# A call whose credit other replicas hold is asked again every HELD_RETRY seconds, for at most
-# HELD_WAIT: they hear of it at their next report and give it back at the sweep after it.
-HELD_RETRY = 0.1
-HELD_WAIT = 2 * REPORT_INTERVAL + 1.0
 EXHAUSTED_READ_INTERVAL = 1.0  # seconds between reads of the day's exhausted keys
 STALE_GRACE = 3600  # seconds a past day's leases are kept for refunds of calls that crossed midnight
 
@@ -184,7 +180,6 @@ class LeasedLedger:
         # Whatever this call awaits (another call's exchange, its own, a retry) ends by this deadline;
         # past it the outage rule decides, so a stalled Redis delays no call longer.
         deadline = time.monotonic() + self._link.timeout
-        held_until: float | None = None  # asked again until then while other replicas hold the credit
         while True:
             quick = self.try_debit(api_key, amount, daily=daily, per_second=per_second, now=now)
             if quick is not None:
@@ -212,21 +207,12 @@ class LeasedLedger:
                         await self._exchange(
                             lease, 0, mode=GIVE_BACK, per_second=None, now=now, budget=deadline - time.monotonic()
                         )
-                    if verdict is not Verdict.HELD:
-                        return Debit(verdict, lease.remaining(daily))
-                    # The balance can pay, other replicas hold it: they give it back once they hear
-                    # (their next report); past HELD_WAIT the call is refused as the balance's end.
-                    held_until = held_until or time.monotonic() + HELD_WAIT
-                    if time.monotonic() >= held_until:
-                        return Debit(Verdict.EXHAUSTED, lease.remaining(daily))
-                elif lease.free >= amount:
+                    return Debit(verdict, lease.remaining(daily))  # HELD: the caller asks again (Cashier)
+                if lease.free >= amount:
                     lease.consumed += amount
                     return Debit(Verdict.OK, lease.remaining(daily))
             finally:
                 lease.lock.release()
-            if held_until is not None:
-                await asyncio.sleep(HELD_RETRY)
-                deadline = time.monotonic() + self._link.timeout  # each ask has its own bound
 
     def _cut_off(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         """Redis did not answer within the call's bound: the outage rule decides."""

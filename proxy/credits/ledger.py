@@ -20,7 +20,14 @@ class Verdict(Enum):
     EXHAUSTED = "exhausted"
     RATE_LIMITED = "rate"
     UNAVAILABLE = "unavailable"  # the ledger cannot be reached and this replica may not decide alone
-    HELD = "held"  # the balance can pay, but other replicas' leases hold it (asked again: leases.py)
+    HELD = "held"  # the balance can pay, but other replicas' leases hold it: asked again (HELD_RETRY)
+
+
+# A debit whose credit other replicas' leases hold (leases.py) is asked again every HELD_RETRY seconds,
+# under the key's terms then in force, for at most HELD_WAIT: the holders hear of it at their next
+# report (every second while they hold a lease) and give it back at the sweep after it.
+HELD_RETRY = 0.1
+HELD_WAIT = 3.0
 
 
 class Debit(NamedTuple):

@@ -20,6 +20,8 @@ def window_held(window: Window, second: int, per_second: int) -> int:
 
 def window_after(window: Window, second: int, amount: int, per_second: int) -> Window:
     """The window once `amount` is spent at `second`: what passes the limit carried into the next seconds."""
+    if amount <= 0:
+        return window  # a free call takes nothing, and gives back none of what a dearer one carried
     full, rest = divmod(window_held(window, second, per_second) + amount, per_second)
     if rest == 0 and full > 0:  # ends exactly at a second's end: that second is the last one filled
         full, rest = full - 1, per_second

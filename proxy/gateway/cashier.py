@@ -3,12 +3,14 @@ error a client sees (402 exhausted, 429 rate limited, 503 ledger unreachable), a
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from proxy.config import Settings
-from proxy.credits.ledger import Debit, Ledger, Verdict
+from proxy.credits.ledger import HELD_RETRY, HELD_WAIT, Debit, Ledger, Verdict
 from proxy.memo import Memo
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, JsonRpcError
@@ -72,12 +74,22 @@ class Cashier:
         charge = self.charge_now(account, cost, now)
         if charge is not None:
             return charge
-        terms = self.terms[account]
-        try:
-            debit = await self._ledger.debit(account, cost, daily=terms.daily, per_second=terms.per_second, now=now)
-        except Exception:  # no fault of the ledger becomes an HTTP 500: the call is refused, not charged
-            log.exception("credits: the ledger failed to decide a debit; the call is refused with 503")
-            debit = Debit(Verdict.UNAVAILABLE, 0)
+        held_until = None
+        while True:
+            terms = self.terms[account]  # asked again: a reload's terms meanwhile
+            try:
+                debit = await self._ledger.debit(account, cost, daily=terms.daily, per_second=terms.per_second, now=now)
+            except Exception:  # no fault of the ledger becomes an HTTP 500: the call is refused, not charged
+                log.exception("credits: the ledger failed to decide a debit; the call is refused with 503")
+                debit = Debit(Verdict.UNAVAILABLE, 0)
+            if debit.verdict is not Verdict.HELD:
+                break
+            # The balance can pay, other replicas' leases hold it: asked again while they give it back.
+            held_until = held_until or time.monotonic() + HELD_WAIT
+            if time.monotonic() >= held_until:
+                debit = Debit(Verdict.EXHAUSTED, debit.remaining)  # they keep spending it: the balance's end
+                break
+            await asyncio.sleep(HELD_RETRY)
         return self.verdict(debit, cost, terms.per_second)
 
     def verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int]:
