@@ -222,12 +222,14 @@ async def test_a_batch_dearer_than_the_per_second_limit_fills_the_seconds_after_
 
 
 def test_a_per_second_window_carries_a_dearer_calls_excess_into_the_seconds_after_it() -> None:
-    assert window_after(NO_WINDOW, 10, 80, 100) == (10, 80)
-    assert window_after((10, 80), 10, 20, 100) == (10, 100)  # the second filled exactly
-    assert window_after(NO_WINDOW, 10, 400, 100) == (13, 100)  # seconds 10 to 13
-    assert window_after(NO_WINDOW, 10, 450, 100) == (14, 50)
-    assert [window_held((14, 50), second, 100) for second in (9, 10, 13, 14, 15)] == [100, 100, 100, 50, 0]
-    assert window_after((13, 100), 10, 0, 100) == (13, 100)  # a free call keeps what a dearer one carried
+    assert window_after(NO_WINDOW, 10, 80, 100) == (10, 10, 80)
+    assert window_after((10, 10, 80), 10, 20, 100) == (10, 10, 100)  # the second filled exactly
+    assert window_after(NO_WINDOW, 10, 400, 100) == (10, 13, 100)  # seconds 10 to 13
+    assert window_after(NO_WINDOW, 10, 450, 100) == (10, 14, 50)
+    assert [window_held((10, 14, 50), second, 100) for second in (9, 10, 13, 14, 15)] == [100, 100, 100, 50, 0]
+    assert window_after((10, 13, 100), 11, 0, 100) == (10, 13, 100)  # a free call keeps what a dearer one carried
+    # A call judged late (another replica's, out of order) counts in the newest second, never as full.
+    assert window_held((11, 11, 30), 10, 100) == 30 and window_after((11, 11, 30), 10, 50, 100) == (11, 11, 80)
 
 
 async def test_balances_reset_at_midnight_utc(anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory) -> None:

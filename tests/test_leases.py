@@ -115,6 +115,20 @@ async def background_done(*ledgers: LeasedLedger) -> None:
 
 
 class TestLeaseScript:
+    async def test_a_per_second_debit_reaching_redis_after_a_later_seconds_counts_in_that_second(
+        self, link: RedisLink, ledger: Ledgers
+    ) -> None:
+        # Replicas' calls reach Redis out of order: one decided at second s after one at s + 1 is
+        # counted in s + 1's window (rate_window.py), never judged against a full window.
+        first, second = ledger(), ledger()
+
+        async def at(replica: LeasedLedger, now: float, amount: int) -> Verdict:
+            return (await replica.debit("k", amount, daily=80_000, per_second=100, now=now)).verdict
+
+        assert await at(first, NOW + 1, 40) is Verdict.OK
+        assert await at(second, NOW, 40) is Verdict.OK
+        assert await at(second, NOW, 40) is Verdict.RATE_LIMITED  # 120 in second NOW + 1
+
     async def test_a_lease_covers_later_debits_without_a_round_trip(self, link: RedisLink, ledger: Ledgers) -> None:
         replica = ledger()
         assert await debit(replica, 80, 80_000) is Verdict.OK

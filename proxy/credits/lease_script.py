@@ -114,19 +114,21 @@ if fresh then
         verdict = 0
       end
     elseif per_second > 0 then
-      -- The key's window (rate_window.py, its twin): the last second its spending fills, and what
-      -- it holds of that one; every second before it is full (a call dearer than the limit).
-      local w = redis.call('HMGET', KEYS[2], 'last', 'used')
-      local last, held = tonumber(w[1] or '-1'), 0
-      if now < last then held = per_second elseif now == last then held = tonumber(w[2] or '0') end
+      -- The key's window (rate_window.py, its twin): the second of its latest spending (a call
+      -- judged late counts in it), the last second it fills and what it holds of that one; every
+      -- second before `last` is full (a call dearer than the limit).
+      local w = redis.call('HMGET', KEYS[2], 'start', 'last', 'used')
+      local second = math.max(now, tonumber(w[1] or '-1'))
+      local last, held = tonumber(w[2] or '-1'), 0
+      if second < last then held = per_second elseif second == last then held = tonumber(w[3] or '0') end
       if held > 0 and held + cost > per_second then
         verdict = -1
       else
         local full = math.floor((held + cost) / per_second)
         local rest = held + cost - full * per_second
         if rest == 0 and full > 0 then full, rest = full - 1, per_second end
-        redis.call('HSET', KEYS[2], 'last', now + full, 'used', rest)
-        redis.call('EXPIRE', KEYS[2], full + 2)
+        redis.call('HSET', KEYS[2], 'start', second, 'last', second + full, 'used', rest)
+        redis.call('EXPIRE', KEYS[2], second + full - now + 2)
         a = a + need
       end
     elseif need > 0 or top_up then
