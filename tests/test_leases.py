@@ -115,6 +115,20 @@ async def background_done(*ledgers: LeasedLedger) -> None:
 
 
 class TestLeaseScript:
+    @pytest.mark.parametrize(("later", "verdict"), [(1, Verdict.HELD), (100, Verdict.EXHAUSTED)])
+    async def test_credit_an_active_replica_holds_is_asked_back_and_a_gone_ones_is_not(
+        self, link: RedisLink, ledger: Ledgers, later: int, verdict: Verdict
+    ) -> None:
+        # A call the balance could pay but other replicas' leases hold is asked again (HELD) only
+        # while a holder is active (it reported within 3 x CREDITS_LEASE_SECONDS); else it is the end.
+        holder, spender = ledger(), ledger()
+
+        async def at(replica: LeasedLedger, now: float) -> Verdict:
+            return (await replica.debit("k", 80, daily=320, per_second=None, now=now)).verdict
+
+        assert await at(holder, NOW) is Verdict.OK  # leased 160: one more call's credit
+        assert [await at(spender, NOW + later) for _ in range(3)] == [Verdict.OK, Verdict.OK, verdict]
+
     async def test_a_per_second_debit_reaching_redis_after_a_later_seconds_counts_in_that_second(
         self, link: RedisLink, ledger: Ledgers
     ) -> None:
