@@ -340,7 +340,7 @@ def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None, number: i
     tracker = net.tracker
     head = tracker.head
     if proof[0] != "latest":
-        return proofs.proof_doubt(proof, seen, final=False, latest=head.latest if head is not None else None) is None
+        return proofs.proof_doubt(proof, seen, final=False, head=head) is None
     orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
     return (
         bool(seen)

@@ -270,9 +270,7 @@ def batch_doubt(
             return None, None  # the head's own node, not seen steady yet, that takes no batches: as if deferred
         if answer.proof is None:
             return "unverified", None  # no header came with it (it failed, or the call went alone): never kept
-        doubt = proofs.proof_doubt(
-            proof, answer.proof, final=not plan.proof_pinned, latest=head.latest if head is not None else None
-        )
+        doubt = proofs.proof_doubt(proof, answer.proof, final=not plan.proof_pinned, head=head)
         if doubt == "off_chain":
             per.states.off_chain(answer.upstream)  # checked again at once (identity.py)
         if doubt is not None:

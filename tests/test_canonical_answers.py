@@ -4,6 +4,7 @@ changes. Real Anvil nodes, real redis-server, the proxy on a real port."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -70,13 +71,13 @@ class TestProofDecisions:
         proof = plan_proof(Decision(Mode.IMMUTABLE), False, self.HEAD, ["0xold"], {"0xold": 99})
         assert proof == ("0x63", "0xold", False)
         assert proof_doubt(proof, "0xold") == "orphaned" and proof_doubt(proof, "0xnew") is None
-        assert proof_doubt(proof, "", latest=200) == "unproven"  # no block 99 on a chain at 200: behind
+        assert proof_doubt(proof, "", head=self.HEAD) == "unproven"  # no block 99 on a chain at 200: behind
 
     def test_a_hash_rolled_back_above_the_head_is_answered_by_a_node_without_its_height(self) -> None:
         proof = plan_proof(Decision(Mode.IMMUTABLE), False, self.HEAD, ["0xgone"], {"0xgone": 203})
-        assert proof_doubt(proof, "", latest=200) is None  # the chain is at 200: no block 203 is its answer
-        assert proof_doubt(proof, "0xgone", latest=200) == "orphaned"
-        assert proof_doubt(proof, "", latest=203) == "unproven"
+        assert proof_doubt(proof, "", head=self.HEAD) is None  # the chain is at 200: no block 203 is its answer
+        assert proof_doubt(proof, "0xgone", head=self.HEAD) == "orphaned"
+        assert proof_doubt(proof, "", head=replace(self.HEAD, latest=203)) == "unproven"
 
     def test_an_answer_pinned_to_an_unfinalized_hash_is_proven_at_that_block(self) -> None:
         pinned = Decision(Mode.TTL, 1, pin_hashes=True)

@@ -55,20 +55,20 @@ def plan_proof(
     return None
 
 
-def proof_doubt(proof: Proof, seen: str | None, *, final: bool = True, latest: int | None = None) -> str | None:
+def proof_doubt(proof: Proof, seen: str | None, *, final: bool = True, head: Head | None = None) -> str | None:
     """Why an answer whose node gave `seen` for the proof block cannot be kept, or None.
 
     `other_head`: at another head than the tracker's (served, not kept); `off_chain`: another block at
     the network's finalized height (`final`); `fork`: another block at an unfinalized height the
     answer was pinned to; `unproven`: no such block (behind); `orphaned`: the node still has the
-    reorged-out block as canonical. `latest`: the tracker's head, if any.
+    reorged-out block as canonical. `head`: the tracker's, if any.
     """
     block, expected, same = proof
     if not same:  # the node must have another block there: one without any is behind, not the chain
         if seen == expected:
             return "orphaned"
         # No block there is the chain's own answer once the chain was rolled back below that height.
-        return None if seen or (latest is not None and int(block, 16) > latest) else "unproven"
+        return None if seen or (head is not None and int(block, 16) > head.latest) else "unproven"
     if seen == expected:
         return None
     if block == "latest":

@@ -49,7 +49,7 @@ def exhausted_key(day: int) -> str:
 
 
 def rate_key(api_key: str) -> str:
-    """The key's per-second window (a hash: the last second its spending fills, and what it holds of it)."""
+    """The key's per-second window: a hash of rate_window.py's (start, last, used)."""
     return f"rcp:rate:{slot_tag(api_key)}:window"
 
 
@@ -143,7 +143,7 @@ class LeaseExchange:
         elif reply.wanted > lease.wanted and reply.wanted >= int(now) - WANTED_FOR:
             # Another replica found the key's credit held elsewhere since: what is free here goes
             # back at the next sweep (a replica's own want is its own: it gives back as it is refused).
-            lease.asked_back = verdict is not Verdict.HELD and lease.free > 0
+            lease.asked_back = verdict is not Verdict.HELD
         lease.wanted = max(lease.wanted, reply.wanted)
         if verdict is Verdict.OK and cost:
             self._exhausted.forget(int(now) // 86400, lease.api_key)

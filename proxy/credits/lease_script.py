@@ -73,7 +73,7 @@ consumed = math.max(consumed, tonumber(h['c:' .. me] or '0'))
 refunded = math.max(refunded, tonumber(h['f:' .. me] or '0'))
 local net = consumed - refunded
 if net > a then a = net end  -- spent while Redis was unreachable (journaled): counted now
-local others, spent, active, peers, unconfirmed, held = 0, net, 1, {}, false, 0
+local others, spent, active, peers, unconfirmed, held_elsewhere = 0, net, 1, {}, false, 0
 for name, value in pairs(h) do
   local kind, who = string.sub(name, 1, 2), string.sub(name, 3)
   if who ~= me then
@@ -82,7 +82,7 @@ for name, value in pairs(h) do
       others = others + tonumber(value)
       spent = spent + c - f
       if tonumber(h['t:' .. who] or '0') > now - window then
-        held = held + math.max(tonumber(value) - c + f, 0)  -- unspent in a lease an active replica holds
+        held_elsewhere = held_elsewhere + math.max(tonumber(value) - c + f, 0)  -- unspent, an active replica's
       end
       peers[#peers + 1] = who
       peers[#peers + 1] = tonumber(value)
@@ -108,7 +108,7 @@ if fresh then
     if unconfirmed and (need > 0 or top_up) then
       if need > 0 then verdict = -2 end
     elseif need > free then
-      if need <= free + held then
+      if need <= free + held_elsewhere then
         -- Not spent yet, but held in active replicas' leases: they are asked for it back (`w`, read
         -- at their next exchange) and this replica asks again (verdict -3: held elsewhere). A
         -- replica gone without giving its lease back (not active) is asked nothing.

@@ -40,7 +40,7 @@ from proxy.credits.journal import Journal
 from proxy.credits.key_lease import KeyLease
 from proxy.credits.lease_exchange import CREDIT, GIVE_BACK, TOP_UP, LeaseExchange, exhausted_key, ledger_key
 from proxy.credits.ledger import DAY_TTL, Debit, Verdict, _judge
-from proxy.credits.rate_window import window_after, window_held
+from proxy.credits.rate_window import window_after
 from proxy.logs import Throttled
 from proxy.redis_link import RedisLink, RedisUnavailable
 
@@ -79,8 +79,7 @@ def outage_verdict(
         return Verdict.EXHAUSTED
     if lease.ceiling is None or lease.net + amount > lease.ceiling:
         return Verdict.UNAVAILABLE
-    held = window_held(lease.window, int(now), per_second) if per_second is not None else 0
-    return _judge(0, held, amount, daily, per_second)
+    return _judge(0, lease.window, int(now), amount, daily, per_second)
 
 
 async def _acquire(lease: KeyLease, deadline: float) -> bool:

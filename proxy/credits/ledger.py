@@ -74,15 +74,17 @@ class Ledger(Protocol):
     async def used(self, api_key: str, *, now: float) -> int: ...
 
 
-def _judge(used: int, window: int, amount: int, daily: int, per_second: int | None) -> Verdict:
+def _judge(used: int, window: Window, second: int, amount: int, daily: int, per_second: int | None) -> Verdict:
     """The rule both ledgers apply; leases.py's script is its twin."""
     if used + amount > daily:
         return Verdict.EXHAUSTED
     # A window already in use may not go over the limit; an empty one admits one call of any size
     # (a batch dearer than the limit), whose excess fills the seconds after it (window_after): such
     # a call is slowed, not refused forever, and the key's average stays within the limit.
-    if per_second is not None and window > 0 and window + amount > per_second:
-        return Verdict.RATE_LIMITED
+    if per_second is not None:
+        held = window_held(window, second, per_second)
+        if held > 0 and held + amount > per_second:
+            return Verdict.RATE_LIMITED
     return Verdict.OK
 
 
@@ -127,8 +129,7 @@ class MemoryLedger:
         lease = self._lease(api_key, daily, now)
         second = int(now)
         window = self._windows.get(api_key, NO_WINDOW)
-        held = window_held(window, second, per_second) if per_second is not None else 0
-        verdict = _judge(lease.net, held, amount, daily, per_second)
+        verdict = _judge(lease.net, window, second, amount, daily, per_second)
         if verdict is Verdict.OK:
             lease.consumed += amount
             if per_second is not None:
