@@ -18,12 +18,13 @@ from prometheus_client import CollectorRegistry
 from proxy.cache import policy as cp
 from proxy.cache import sharing
 from proxy.cache.tiers import decode_value, encode_value, final_at
-from proxy.chain.forks import TRAIL_MARKS, ForkGuard, MemoryTrails, RedisTrails, Trail, TrailStore
+from proxy.chain.forks import TRAIL_MARKS, ForkGuard, Mark, MemoryTrails, RedisTrails, Trail, TrailStore
 from proxy.chain.head_polls import Head
 from proxy.http.app_keys import SERVICE
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, connect
 from proxy.values import Decision, Mode, Plan
+from tests.redis_relay import TrailStallingRelay
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
 
 FORK_AT = 30
@@ -77,6 +78,60 @@ class TestForkGuard:
             assert second.space("s") is None
             await second.check("s", (10 + poll, f"0x{10 + poll}"), {}, _never)
         assert second.space("s") == "s/12"
+
+
+class StallingTrails(MemoryTrails):
+    """Trails Redis would give, but for the polls during which it does not answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = False
+
+    async def mark(self, space: str, expected: str | None, new: Mark, floor: int) -> Trail | None:
+        return None if self.stalled else await super().mark(space, expected, new, floor)
+
+
+class TestForkGuardWithoutTrail:
+    """A poll that cannot read the trail keeps the standing only up to the finalized block a check found on
+    the trail's chain; past it, until a check passes, the head names a space of this process's own."""
+
+    async def test_replicas_parting_while_their_trail_cannot_be_read_share_no_final_entries(self) -> None:
+        trails = StallingTrails()
+        first, second = (ForkGuard("evm", trails, Metrics(CollectorRegistry())) for _ in range(2))
+        await first.check("s", (10, "0x" + "a" * 64), {}, _never)
+        await second.check("s", (10, "0x" + "a" * 64), {}, _never)
+        assert first.space("s") == second.space("s") == "s"
+        trails.stalled = True  # Redis stalls as their chains part above block 10
+        await first.check("s", (10, "0x" + "a" * 64), {}, _never)  # nothing final past the checked block
+        assert first.space("s") == "s" and first.note is None
+        await first.check("s", (20, "0x" + "b" * 64), {}, _never)
+        await second.check("s", (20, "0x" + "c" * 64), {}, _never)
+        spaces = {first.space("s"), second.space("s")}
+        assert len(spaces) == 2 and "s" not in spaces, spaces
+        assert all(space is not None and space.startswith("s/") for space in spaces), spaces
+        assert second.note is not None and "cannot read the shared cache's trail past block 10" in second.note
+        await second.check("s", (21, "0x" + "d" * 64), {}, _never)  # still stalled: the same space of its own
+        assert second.space("s") in spaces
+
+        trails.stalled = False  # the first poll that reads the trail decides
+
+        async def seconds_chain(height: int) -> str:
+            return {10: "0x" + "a" * 64}[height]
+
+        await first.check("s", (22, "0x" + "e" * 64), {}, _never)
+        await second.check("s", (22, "0x" + "f" * 64), {}, seconds_chain)
+        assert first.space("s") == "s" and first.note is None
+        assert second.space("s") == "s/" + "f" * 16
+        assert second.note is not None and "on another chain than the shared cache" in second.note
+
+    async def test_a_replica_that_never_read_its_trail_names_no_shared_space(self) -> None:
+        trails = StallingTrails()
+        trails.stalled = True
+        guard = ForkGuard("evm", trails, Metrics(CollectorRegistry()))
+        await guard.check("s", (10, "0x10" + "0" * 62), {}, _never)
+        space = guard.space("s")
+        assert space is not None and space.startswith("s/") and space != "s"
+        assert guard.note == "cannot read the shared cache's trail: uses its own key space until it can"
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -210,46 +265,60 @@ async def _compare(proxy: Proxy, node: Anvil, method: str, params: Any, tally: C
 
 @pytest.fixture
 async def forks(redis_url: str) -> Any:
+    """Two forks of one chain (not parted yet) behind two replicas, each reaching Redis through a relay
+    that can keep it from reading the trail."""
     origin = Anvil()
     store = origin.deploy_store()
     origin.mine(FORK_AT - origin.block_number())
     nodes = [Anvil("--fork-url", origin.url, "--fork-block-number", str(FORK_AT)) for _ in range(2)]
-    # Redis given time to answer on a busy machine: a trail read that times out keeps the standing of
-    # the last check (a gap known while the chains part), which is not what these tests check.
-    settings = [settings_for(EVM_UPSTREAM=n.url, REDIS_URL=redis_url, REDIS_TIMEOUT="2") for n in nodes]
+    relays = [await TrailStallingRelay(redis_url).start() for _ in nodes]
+    # Redis given time to answer on a busy machine: a stall these tests do not make is not theirs to see.
+    settings = [
+        settings_for(EVM_UPSTREAM=n.url, REDIS_URL=r.url, REDIS_TIMEOUT="2") for n, r in zip(nodes, relays, strict=True)
+    ]
     proxies = [await start_proxy(s) for s in settings]
     try:
         for proxy in proxies:
             await proxy.head_at(FORK_AT)  # both replicas in one epoch before their chains part
-        yield origin, store, nodes, proxies
+        yield origin, store, nodes, proxies, relays
     finally:
         for proxy in proxies:
             await proxy.close()
+        for relay in relays:
+            await relay.close()
         for node in (*nodes, origin):
             node.stop()
+
+
+async def _compare_both(
+    proxies: list[Proxy], nodes: list[Anvil], store: str, seed: int, tally: Counter[str], wrong: list[str]
+) -> None:
+    """Reads over both forks' numbers and hashes, each asked twice of each replica in a random order:
+    the other replica's answer is in the shared cache by the second time, were it shared."""
+    found = [_hashes(node, FORK_AT - 2) for node in nodes]
+    blocks = found[0][0] + found[1][0]
+    txs = found[0][1] + found[1][1]
+    top = max(node.block_number() for node in nodes)
+    rng = random.Random(seed)
+    for method, params in _calls(rng, store, top, blocks, txs):
+        order = [0, 1] if rng.random() < 0.5 else [1, 0]
+        for _ in range(2):
+            for i in order:
+                await _compare(proxies[i], nodes[i], method, params, tally, wrong)
 
 
 async def test_replicas_on_diverged_forks_serve_only_their_own_nodes_answers(
     forks: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="proxy.chain")
-    _origin, store, nodes, proxies = forks
+    _origin, store, nodes, proxies, _relays = forks
     for value, node in zip((111, 222), nodes, strict=True):
         _diverge(node, store, value)
     for proxy, node in zip(proxies, nodes, strict=True):
         await proxy.head_at(node.block_number(), timeout=20)
-    found = [_hashes(node, FORK_AT - 2) for node in nodes]
-    blocks = found[0][0] + found[1][0]
-    txs = found[0][1] + found[1][1]
-    top = max(node.block_number() for node in nodes)
-    rng = random.Random(7)
     tally: Counter[str] = Counter()
     wrong: list[str] = []
-    for method, params in _calls(rng, store, top, blocks, txs):
-        order = [0, 1] if rng.random() < 0.5 else [1, 0]
-        for _ in range(2):  # the other replica's answer is in the shared cache by now
-            for i in order:
-                await _compare(proxies[i], nodes[i], method, params, tally, wrong)
+    await _compare_both(proxies, nodes, store, 7, tally, wrong)
     assert wrong == [], "\n".join(wrong[:10])
     assert tally["HIT"] > 0 and tally["MISS"] > 0, dict(tally)
     disagreements = [p.metric("rpc_proxy_fork_disagreements_total", network="evm") for p in proxies]
@@ -260,6 +329,40 @@ async def test_replicas_on_diverged_forks_serve_only_their_own_nodes_answers(
         ready = await resp.json()
     assert resp.status == 200 and "own key space" in ready["forks"]["evm"], ready
     assert all(p.metric("rpc_proxy_finality_violations_total", network="evm") == 0 for p in proxies)
+
+
+async def test_replicas_whose_chains_part_while_redis_keeps_their_trail_unread_share_no_final_answers(
+    forks: Any,
+) -> None:
+    _origin, store, nodes, proxies, relays = forks
+    for relay in relays:
+        relay.stalled = True  # Redis answers everything but the trail reads, for both replicas
+    for value, node in zip((111, 222), nodes, strict=True):
+        _diverge(node, store, value)  # each finalizes its own blocks past the fork
+    for proxy, node in zip(proxies, nodes, strict=True):
+        await proxy.head_at(node.block_number(), timeout=20)
+    for proxy in proxies:
+
+        async def aside(proxy: Proxy = proxy) -> bool:
+            async with proxy.session.get(f"{proxy.base}/readyz") as resp:
+                note = (await resp.json()).get("forks", {}).get("evm", "")
+            return resp.status == 200 and "cannot read the shared cache's trail" in note
+
+        await eventually(aside, 10, "a replica that cannot read its trail past its checked block says so")
+    tally: Counter[str] = Counter()
+    wrong: list[str] = []
+    await _compare_both(proxies, nodes, store, 11, tally, wrong)
+    assert all(relay.cut > 0 for relay in relays), [relay.cut for relay in relays]
+    for relay in relays:
+        relay.stalled = False  # the trail is read again: the fork is found, and still nothing is shared
+
+    async def found() -> bool:
+        return sum(p.metric("rpc_proxy_fork_disagreements_total", network="evm") for p in proxies) >= 1
+
+    await eventually(found, 10, "a replica on the other fork than the trail's, once it reads the trail")
+    await _compare_both(proxies, nodes, store, 12, tally, wrong)
+    assert wrong == [], "\n".join(wrong[:10])
+    assert tally["HIT"] > 0 and tally["MISS"] > 0, dict(tally)
 
 
 async def test_a_replica_started_on_an_already_diverged_fork_serves_its_own_nodes_answers(redis_url: str) -> None:
@@ -297,7 +400,7 @@ async def test_a_replica_started_on_an_already_diverged_fork_serves_its_own_node
 
 
 async def test_a_block_or_transaction_of_another_fork_is_never_served_by_its_hash(forks: Any) -> None:
-    _origin, store, nodes, proxies = forks
+    _origin, store, nodes, proxies, _relays = forks
     sent = [node.send(store, selector("setX(uint256)") + word(v)) for v, node in zip((111, 222), nodes, strict=True)]
     for proxy, node in zip(proxies, nodes, strict=True):
         await proxy.head_at(node.block_number())

@@ -11,11 +11,19 @@ replica whose finalized block the trail holds) is this replica's chain's. A repl
 has another block at a mark's height is on another fork: it logs it, counts it
 (`rpc_proxy_fork_disagreements_total`), says so on /readyz, and from then on names a key space of
 its own (`<space>/<its finalized block's hash>`), which replicas at that very block share.
+
+A poll that cannot read the trail (Redis down or slow) keeps the standing only while its finalized
+block is one a check found on the trail's chain: final entries up to there are the space's chain's.
+Past it, another replica's chain may have parted from this one's since, and a shared space would take
+either's final entries as the other's; so until a check passes, the head names a space of this
+process's own (`<space>/<its finalized block's hash>~<process token>`), which no other replica or
+worker reads, and the memory tier keeps serving this node's answers through the outage.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,6 +36,7 @@ log = logging.getLogger("proxy.chain")
 TRAIL_MARKS = 1024  # marks kept per key space: a replica further behind than this cannot check
 OWN_MARKS = 4096  # this replica's own finalized blocks remembered per key space
 DOUBT_POLLS = 3  # polls in a row without a mark it can check before a replica uses its own space
+PROCESS_TOKEN = secrets.token_hex(4)  # names the space a process uses while it cannot read a trail
 # KEYS[1] a space's trail (a sorted set: score a height, member its hash). ARGV[1] the hash expected on
 # top ("" an empty trail, "-" only read), ARGV[2..3] the mark added when it is, ARGV[4] the floor, ARGV[5]
 # how many marks are kept. The top and the lowest mark at or above the floor.
@@ -116,7 +125,6 @@ class ForkGuard:
 
     def __init__(self, network: str, store: TrailStore, metrics: Metrics) -> None:
         self.network = network
-        self.note: str | None = None  # for /readyz: why this replica uses a key space of its own
         self._store = store
         self._disagreements = metrics.fork_disagreements.labels(network)
         self._base = ""  # the shared space this standing is for
@@ -124,12 +132,24 @@ class ForkGuard:
         self._checked = False  # the current head's final blocks are the space's chain's
         self._doubts = 0
         self._own: dict[int, str] = {}
+        self._agreed: int | None = None  # the highest finalized block a check found on the trail's chain
+        self._aside = ""  # while the trail cannot be read past `_agreed`: names this process's own space
+        self._fork_note: str | None = None
+
+    @property
+    def note(self) -> str | None:
+        """For /readyz: why this replica uses a key space of its own (None: it shares the space)."""
+        if self._aside:
+            past = "" if self._agreed is None else f" past block {self._agreed}"
+            return f"cannot read the shared cache's trail{past}: uses its own key space until it can"
+        return self._fork_note
 
     def space(self, base: str) -> str | None:
         """The space a head may name for `base` (network, identity, epoch); None: not checked yet."""
         if base != self._base or not self._checked:
             return None
-        return f"{base}/{self._fork}" if self._fork else base
+        space = f"{base}/{self._fork}" if self._fork else base
+        return f"{space}/{self._aside}" if self._aside else space
 
     def fresh(self, base: str) -> None:
         """A space this replica just made (a new epoch): no other replica's entries are in it yet."""
@@ -138,7 +158,7 @@ class ForkGuard:
 
     def _reset(self, base: str) -> None:
         self._base, self._fork, self._checked, self._doubts, self._own = base, "", False, 0, {}
-        self.note = None
+        self._agreed, self._aside, self._fork_note = None, "", None
 
     async def check(self, base: str, final: Mark, window: Mapping[int, str], own_hash: OwnHash) -> None:
         """Before a head with finalized block `final` names `base`: is its chain the space's? (`window`:
@@ -159,10 +179,13 @@ class ForkGuard:
         for _ in range(2):  # the shared space, then (after a disagreement) this replica's own
             space = f"{base}/{self._fork}" if self._fork else base
             verdict = await self._judge(space, final, known)
-            if verdict is None:  # the trail cannot be read now: the standing stays as it is
-                return
+            if verdict is None:  # the trail cannot be read now
+                if self._agreed is None or final[0] > self._agreed:
+                    self._step_aside(final)
+                return  # else the standing stays: its final blocks are the trail's chain's
+            self._come_back()
             if verdict == "agrees":
-                self._checked, self._doubts = True, 0
+                self._checked, self._doubts, self._agreed = True, 0, final[0]
                 return
             if verdict == "unknown":
                 self._doubts += 1
@@ -194,7 +217,20 @@ class ForkGuard:
     def _split(self, space: str, final: Mark, why: str) -> None:
         if why == "unknown":
             why = f"no mark of the shared cache's chain this node can check for {DOUBT_POLLS} polls"
-        self._fork, self._checked, self._doubts = final[1][2:18], False, 0
-        self.note = f"on another chain than the shared cache ({why}): uses its own key space"
-        log.error("head tracker %s: key space %s: %s", self.network, space, self.note)
+        self._fork, self._checked, self._doubts, self._agreed = final[1][2:18], False, 0, None
+        self._fork_note = f"on another chain than the shared cache ({why}): uses its own key space"
+        log.error("head tracker %s: key space %s: %s", self.network, space, self._fork_note)
         self._disagreements.inc()
+
+    def _step_aside(self, final: Mark) -> None:
+        """No check reaches this head's finalized block: a space no other replica or worker reads."""
+        if not self._aside:
+            self._aside = f"{final[1][2:18]}~{PROCESS_TOKEN}"
+            log.warning("head tracker %s: %s", self.network, self.note)
+        self._checked = True
+
+    def _come_back(self) -> None:
+        """The trail is read again: its check decides the space from here."""
+        if self._aside:
+            self._aside = ""
+            log.warning("head tracker %s: the shared cache's trail is read again", self.network)
