@@ -1,6 +1,7 @@
 """A TCP relay in front of a redis-server that can keep one replica from reading its key spaces' trails
 (forks.py): while `stalled`, a connection that sends a command naming a trail key is cut before the
-command reaches Redis, as a Redis that stops answering would; every other command passes."""
+command reaches Redis, as a Redis that goes away would (or, while `hanging`, the command is held
+unanswered, as a Redis that stops answering would); every other command passes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ class TrailStallingRelay:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.stalled = False
-        self.cut = 0  # trail reads cut while stalled
+        self.hanging = False
+        self.cut = 0  # trail reads cut or held
+        self._closing = asyncio.Event()
         self.url = ""
 
     async def start(self) -> TrailStallingRelay:
@@ -29,6 +32,7 @@ class TrailStallingRelay:
         return self
 
     async def close(self) -> None:
+        self._closing.set()
         if self._server is not None:
             self._server.close()
             for writer in list(self._writers):
@@ -50,8 +54,10 @@ class TrailStallingRelay:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, inspect: bool = False) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while chunk := await reader.read(65536):
-                if inspect and self.stalled and TRAIL_KEY.search(chunk):
+                if inspect and (self.stalled or self.hanging) and TRAIL_KEY.search(chunk):
                     self.cut += 1
+                    if self.hanging:
+                        await self._closing.wait()
                     break
                 writer.write(chunk)
                 await writer.drain()

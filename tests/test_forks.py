@@ -104,8 +104,9 @@ class TestForkGuardWithoutTrail:
         trails.stalled = True  # Redis stalls as their chains part above block 10
         await first.check("s", (10, "0x" + "a" * 64), {}, _never)  # nothing final past the checked block
         assert first.space("s") == "s" and first.note is None
-        await first.check("s", (20, "0x" + "b" * 64), {}, _never)
-        await second.check("s", (20, "0x" + "c" * 64), {}, _never)
+        for guard, parted in ((first, "0x" + "b" * 64), (second, "0x" + "c" * 64)):
+            await guard.check("s", (15, "0x" + "9" * 64), {}, _never)  # aside at one block of both chains
+            await guard.check("s", (20, parted), {}, _never)
         spaces = {first.space("s"), second.space("s")}
         assert len(spaces) == 2 and "s" not in spaces, spaces
         assert all(space is not None and space.startswith("s/") for space in spaces), spaces
@@ -123,6 +124,25 @@ class TestForkGuardWithoutTrail:
         assert first.space("s") == "s" and first.note is None
         assert second.space("s") == "s/" + "f" * 16
         assert second.note is not None and "on another chain than the shared cache" in second.note
+
+    async def test_a_space_just_made_is_named_aside_until_its_first_check_marks_the_trail(self) -> None:
+        trails = StallingTrails()
+        maker, taker = (ForkGuard("evm", trails, Metrics(CollectorRegistry())) for _ in range(2))
+        maker.fresh("s~2")  # a new epoch (a dev node's state changed through it)
+        made = maker.space("s~2")
+        assert made is not None and made.startswith("s~2/") and maker.note is None
+        trails.stalled = True  # its first check cannot read the trail
+        await maker.check("s~2", (40, "0x" + "a" * 64), {}, _never)
+        assert maker.space("s~2") == made
+        trails.stalled = False  # another replica takes the epoch and starts the trail with its own chain
+        await taker.check("s~2", (40, "0x" + "b" * 64), {}, _never)
+        assert taker.space("s~2") == "s~2"  # the shared space: none of the maker's entries are in it
+
+        async def makers_chain(height: int) -> str:
+            raise AssertionError(f"block {height} is in the window")
+
+        await maker.check("s~2", (41, "0x" + "c" * 64), {40: "0x" + "a" * 64}, makers_chain)
+        assert maker.space("s~2") == "s~2/" + "c" * 16  # the trail is the other chain's: a fork space
 
     async def test_a_replica_that_never_read_its_trail_names_no_shared_space(self) -> None:
         trails = StallingTrails()
@@ -274,7 +294,8 @@ async def forks(redis_url: str) -> Any:
     relays = [await TrailStallingRelay(redis_url).start() for _ in nodes]
     # Redis given time to answer on a busy machine: a stall these tests do not make is not theirs to see.
     settings = [
-        settings_for(EVM_UPSTREAM=n.url, REDIS_URL=r.url, REDIS_TIMEOUT="2") for n, r in zip(nodes, relays, strict=True)
+        settings_for(EVM_UPSTREAM=n.url, REDIS_URL=r.url, REDIS_TIMEOUT="2", ALLOW_NAMESPACES="anvil")
+        for n, r in zip(nodes, relays, strict=True)
     ]
     proxies = [await start_proxy(s) for s in settings]
     try:
@@ -363,6 +384,47 @@ async def test_replicas_whose_chains_part_while_redis_keeps_their_trail_unread_s
     await _compare_both(proxies, nodes, store, 12, tally, wrong)
     assert wrong == [], "\n".join(wrong[:10])
     assert tally["HIT"] > 0 and tally["MISS"] > 0, dict(tally)
+
+
+async def test_a_new_epoch_made_while_redis_holds_the_trail_read_shares_nothing_with_a_replica_that_takes_it(
+    forks: Any,
+) -> None:
+    _origin, store, nodes, proxies, relays = forks
+    for value, node in zip((111, 222), nodes, strict=True):
+        _diverge(node, store, value)
+    for proxy, node in zip(proxies, nodes, strict=True):
+        await proxy.head_at(node.block_number(), timeout=20)
+    trackers = [p.app[SERVICE].networks["evm"].tracker for p in proxies]
+
+    async def parted() -> bool:
+        return sum(p.metric("rpc_proxy_fork_disagreements_total", network="evm") for p in proxies) >= 1
+
+    await eventually(parted, 10, "one replica on the other fork than the trail's")
+    maker, taker = (0, 1) if proxies[1].metric("rpc_proxy_fork_disagreements_total", network="evm") else (1, 0)
+    relays[maker].hanging = True  # Redis holds its trail reads unanswered
+    # A state change through it: a new epoch, a space it just made, its finalized blocks read at once.
+    await proxies[maker].result("anvil_setStorageAt", [store, "0x5", "0x" + "07".rjust(64, "0")])
+    tally: Counter[str] = Counter()
+    wrong: list[str] = []
+    final = range(FORK_AT + 1, FORK_AT + 41)  # final on both forks, and each fork's own
+    for height in final:
+        await _compare(proxies[maker], nodes[maker], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+
+    async def taken() -> bool:  # the other replica polls the maker's epoch from Redis, and names it
+        made, took = trackers[maker].head, trackers[taker].head
+        return (
+            made is not None
+            and took is not None
+            and None not in (made.space, took.space)
+            and (made.space.split("/")[0] == took.space.split("/")[0])
+        )
+
+    await eventually(taken, 15, "the other replica taking the new epoch")
+    for _ in range(2):
+        for height in final:
+            await _compare(proxies[taker], nodes[taker], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+    assert wrong == [], "\n".join(wrong[:10])
+    assert relays[maker].cut > 0 and tally["HIT"] > 0, (relays[maker].cut, dict(tally))
 
 
 async def test_a_replica_started_on_an_already_diverged_fork_serves_its_own_nodes_answers(redis_url: str) -> None:

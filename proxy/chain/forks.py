@@ -16,8 +16,10 @@ A poll that cannot read the trail (Redis down or slow) keeps the standing only w
 block is one a check found on the trail's chain: final entries up to there are the space's chain's.
 Past it, another replica's chain may have parted from this one's since, and a shared space would take
 either's final entries as the other's; so until a check passes, the head names a space of this
-process's own (`<space>/<its finalized block's hash>~<process token>`), which no other replica or
-worker reads, and the memory tier keeps serving this node's answers through the outage.
+guard's own (`<space>/~<a token drawn for the guard>`), which no other replica or worker reads, and
+the memory tier keeps serving this node's answers through the outage. So does a space this replica
+just made (a new epoch) until its first check: the trail is empty, and another replica that takes the
+epoch and starts the trail with its own chain's mark would otherwise find this one's entries there.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ log = logging.getLogger("proxy.chain")
 TRAIL_MARKS = 1024  # marks kept per key space: a replica further behind than this cannot check
 OWN_MARKS = 4096  # this replica's own finalized blocks remembered per key space
 DOUBT_POLLS = 3  # polls in a row without a mark it can check before a replica uses its own space
-PROCESS_TOKEN = secrets.token_hex(4)  # names the space a process uses while it cannot read a trail
 # KEYS[1] a space's trail (a sorted set: score a height, member its hash). ARGV[1] the hash expected on
 # top ("" an empty trail, "-" only read), ARGV[2..3] the mark added when it is, ARGV[4] the floor, ARGV[5]
 # how many marks are kept. The top and the lowest mark at or above the floor.
@@ -133,13 +134,17 @@ class ForkGuard:
         self._doubts = 0
         self._own: dict[int, str] = {}
         self._agreed: int | None = None  # the highest finalized block a check found on the trail's chain
-        self._aside = ""  # while the trail cannot be read past `_agreed`: names this process's own space
+        # Until a check passes (the trail unread past `_agreed`, or a space just made): names a space of
+        # this guard's own, read by no other replica or worker.
+        self._aside = ""
+        self._unread = False  # it is aside for a trail it cannot read (said on /readyz)
+        self._token = secrets.token_hex(4)
         self._fork_note: str | None = None
 
     @property
     def note(self) -> str | None:
         """For /readyz: why this replica uses a key space of its own (None: it shares the space)."""
-        if self._aside:
+        if self._unread:
             past = "" if self._agreed is None else f" past block {self._agreed}"
             return f"cannot read the shared cache's trail{past}: uses its own key space until it can"
         return self._fork_note
@@ -152,13 +157,14 @@ class ForkGuard:
         return f"{space}/{self._aside}" if self._aside else space
 
     def fresh(self, base: str) -> None:
-        """A space this replica just made (a new epoch): no other replica's entries are in it yet."""
+        """A space this replica just made (a new epoch): named, aside, until its first check has put
+        this chain's mark on the empty trail (another replica may take the epoch and start it first)."""
         self._reset(base)
-        self._checked = True
+        self._checked, self._aside = True, f"~{self._token}"
 
     def _reset(self, base: str) -> None:
         self._base, self._fork, self._checked, self._doubts, self._own = base, "", False, 0, {}
-        self._agreed, self._aside, self._fork_note = None, "", None
+        self._agreed, self._aside, self._unread, self._fork_note = None, "", False, None
 
     async def check(self, base: str, final: Mark, window: Mapping[int, str], own_hash: OwnHash) -> None:
         """Before a head with finalized block `final` names `base`: is its chain the space's? (`window`:
@@ -181,7 +187,7 @@ class ForkGuard:
             verdict = await self._judge(space, final, known)
             if verdict is None:  # the trail cannot be read now
                 if self._agreed is None or final[0] > self._agreed:
-                    self._step_aside(final)
+                    self._step_aside()
                 return  # else the standing stays: its final blocks are the trail's chain's
             self._come_back()
             if verdict == "agrees":
@@ -222,15 +228,15 @@ class ForkGuard:
         log.error("head tracker %s: key space %s: %s", self.network, space, self._fork_note)
         self._disagreements.inc()
 
-    def _step_aside(self, final: Mark) -> None:
+    def _step_aside(self) -> None:
         """No check reaches this head's finalized block: a space no other replica or worker reads."""
-        if not self._aside:
-            self._aside = f"{final[1][2:18]}~{PROCESS_TOKEN}"
+        self._checked, self._aside = True, f"~{self._token}"
+        if not self._unread:
+            self._unread = True
             log.warning("head tracker %s: %s", self.network, self.note)
-        self._checked = True
 
     def _come_back(self) -> None:
-        """The trail is read again: its check decides the space from here."""
-        if self._aside:
-            self._aside = ""
+        """The trail is read: its check decides the space from here."""
+        if self._unread:
             log.warning("head tracker %s: the shared cache's trail is read again", self.network)
+        self._aside, self._unread = "", False
