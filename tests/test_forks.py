@@ -81,7 +81,9 @@ class TestForkGuard:
 
 
 class StallingTrails(MemoryTrails):
-    """Trails Redis would give, but for the polls during which it does not answer."""
+    """Trails Redis would give (shared by replicas), but for the polls during which it does not answer."""
+
+    shared = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -143,6 +145,11 @@ class TestForkGuardWithoutTrail:
 
         await maker.check("s~2", (41, "0x" + "c" * 64), {40: "0x" + "a" * 64}, makers_chain)
         assert maker.space("s~2") == "s~2/" + "c" * 16  # the trail is the other chain's: a fork space
+
+    async def test_a_space_just_made_without_redis_is_named_at_once(self) -> None:
+        guard, _ = _guard()  # no other replica reads it
+        guard.fresh("s~2")
+        assert guard.space("s~2") == "s~2"
 
     async def test_a_replica_that_never_read_its_trail_names_no_shared_space(self) -> None:
         trails = StallingTrails()

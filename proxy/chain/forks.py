@@ -18,7 +18,7 @@ Past it, another replica's chain may have parted from this one's since, and a sh
 either's final entries as the other's; so until a check passes, the head names a space of this
 guard's own (`<space>/~<a token drawn for the guard>`), which no other replica or worker reads, and
 the memory tier keeps serving this node's answers through the outage. So does a space this replica
-just made (a new epoch) until its first check: the trail is empty, and another replica that takes the
+just made (a new epoch), with Redis, until its first check: the trail is empty, and another replica that takes the
 epoch and starts the trail with its own chain's mark would otherwise find this one's entries there.
 """
 
@@ -70,6 +70,8 @@ def trail_key(space: str) -> str:
 
 
 class TrailStore(Protocol):
+    shared: bool  # other replicas read the spaces too (Redis): a space just made is not this one's alone
+
     async def mark(self, space: str, expected: str | None, new: Mark, floor: int) -> Trail | None:
         """Add `new` if the top mark's hash is `expected` ("" none; None: only read); the trail then,
         or None when it cannot be read now."""
@@ -78,6 +80,8 @@ class TrailStore(Protocol):
 
 class MemoryTrails:
     """One process's trails: without Redis no other replica shares the space."""
+
+    shared = False
 
     def __init__(self) -> None:
         self._trails: dict[str, dict[int, str]] = {}
@@ -95,6 +99,8 @@ class MemoryTrails:
 
 
 class RedisTrails:
+    shared = True
+
     def __init__(self, link: RedisLink) -> None:
         self._link = link
         self._script: Any = link.client.register_script(TRAIL_SCRIPT)
@@ -160,7 +166,9 @@ class ForkGuard:
         """A space this replica just made (a new epoch): named, aside, until its first check has put
         this chain's mark on the empty trail (another replica may take the epoch and start it first)."""
         self._reset(base)
-        self._checked, self._aside = True, f"~{self._token}"
+        self._checked = True
+        if self._store.shared:
+            self._aside = f"~{self._token}"
 
     def _reset(self, base: str) -> None:
         self._base, self._fork, self._checked, self._doubts, self._own = base, "", False, 0, {}
