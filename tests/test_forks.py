@@ -25,7 +25,7 @@ from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, connect
 from proxy.values import Decision, Mode, Plan
 from tests.redis_relay import TrailStallingRelay
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, eventually, selector, settings_for, start_proxy, word
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, RedisServer, eventually, selector, settings_for, start_proxy, word
 
 FORK_AT = 30
 MINED = 120  # blocks each fork mines past the fork point: Anvil finalizes latest - 64
@@ -318,6 +318,21 @@ async def forks(redis_url: str) -> Any:
             node.stop()
 
 
+async def _part(store: str, nodes: list[Anvil], proxies: list[Proxy]) -> int:
+    """Each node finalizes its own blocks past the fork; once one replica has found its chain is not
+    the trail's, its index (the other keeps the shared space)."""
+    for value, node in zip((111, 222), nodes, strict=True):
+        _diverge(node, store, value)
+    for proxy, node in zip(proxies, nodes, strict=True):
+        await proxy.head_at(node.block_number(), timeout=20)
+
+    async def parted() -> bool:
+        return sum(p.metric("rpc_proxy_fork_disagreements_total", network="evm") for p in proxies) >= 1
+
+    await eventually(parted, 10, "one replica on the other fork than the trail's")
+    return 1 if proxies[1].metric("rpc_proxy_fork_disagreements_total", network="evm") else 0
+
+
 async def _compare_both(
     proxies: list[Proxy], nodes: list[Anvil], store: str, seed: int, tally: Counter[str], wrong: list[str]
 ) -> None:
@@ -397,17 +412,9 @@ async def test_a_new_epoch_made_while_redis_holds_the_trail_read_shares_nothing_
     forks: Any,
 ) -> None:
     _origin, store, nodes, proxies, relays = forks
-    for value, node in zip((111, 222), nodes, strict=True):
-        _diverge(node, store, value)
-    for proxy, node in zip(proxies, nodes, strict=True):
-        await proxy.head_at(node.block_number(), timeout=20)
+    taker = await _part(store, nodes, proxies)
+    maker = 1 - taker
     trackers = [p.app[SERVICE].networks["evm"].tracker for p in proxies]
-
-    async def parted() -> bool:
-        return sum(p.metric("rpc_proxy_fork_disagreements_total", network="evm") for p in proxies) >= 1
-
-    await eventually(parted, 10, "one replica on the other fork than the trail's")
-    maker, taker = (0, 1) if proxies[1].metric("rpc_proxy_fork_disagreements_total", network="evm") else (1, 0)
     relays[maker].hanging = True  # Redis holds its trail reads unanswered
     # A state change through it: a new epoch, a space it just made, its finalized blocks read at once.
     await proxies[maker].result("anvil_setStorageAt", [store, "0x5", "0x" + "07".rjust(64, "0")])
@@ -432,6 +439,36 @@ async def test_a_new_epoch_made_while_redis_holds_the_trail_read_shares_nothing_
             await _compare(proxies[taker], nodes[taker], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
     assert wrong == [], "\n".join(wrong[:10])
     assert relays[maker].cut > 0 and tally["HIT"] > 0, (relays[maker].cut, dict(tally))
+
+
+async def test_a_replica_restarted_after_redis_is_flushed_takes_no_final_answer_written_where_the_trail_went(
+    forks: Any, redis_server: RedisServer
+) -> None:
+    _origin, store, nodes, proxies, relays = forks
+    other = await _part(store, nodes, proxies)
+    owner = 1 - other  # the trail's chain: it keeps the shared space while its finalized block stays put
+    relays[owner].stalled = True
+    redis_server.flush()  # the epoch record and the trail go
+    tally: Counter[str] = Counter()
+    wrong: list[str] = []
+    final = range(FORK_AT + 1, FORK_AT + 41)  # final on both forks, and each fork's own
+    for height in final:  # written again by the owner, which cannot mark the trail
+        await _compare(proxies[owner], nodes[owner], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+    await proxies[other].close()
+    proxies[other] = await start_proxy(
+        settings_for(EVM_UPSTREAM=nodes[other].url, REDIS_URL=relays[other].url, ALLOW_NAMESPACES="anvil")
+    )
+    tracker = proxies[other].app[SERVICE].networks["evm"].tracker
+
+    async def named() -> bool:
+        return tracker.head is not None and tracker.head.space is not None
+
+    await eventually(named, 20, "the restarted replica naming a key space")
+    for _ in range(2):
+        for height in final:
+            await _compare(proxies[other], nodes[other], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+    assert wrong == [], "\n".join(wrong[:10])
+    assert tally["HIT"] > 0, dict(tally)
 
 
 async def test_a_replica_started_on_an_already_diverged_fork_serves_its_own_nodes_answers(redis_url: str) -> None:

@@ -6,6 +6,11 @@ through the proxy. With Redis the record lives there (`rcp:e:<network>@<identity
 proxy or a new replica starts in the epoch in force; before it serves or stores anything its chain
 is found to be the one the epoch's key space holds entries of (the space's trail, forks.py). Records are
 changed by compare-and-set on the epoch, so replicas that see the same change agree on one epoch.
+
+A record Redis no longer holds (flushed, or its key evicted) may have lost its space's trail with it
+while entries of that space are still written: a replica whose record is gone moves on to a new
+epoch, and a record made in Redis anew always names a new epoch, so no replica takes up (or goes
+back to) a space it cannot check, nor one whose entries are of a state it has left.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ class Checkpoint:
     hash: str
 
 
+MISSING = Checkpoint(NONE, 0, "")  # what a store answers where it holds no record
+
+
 def new_epoch() -> str:
     """A name no earlier epoch had (replicas agree on it through the store, not by deriving it)."""
     return secrets.token_hex(6)
@@ -57,7 +65,7 @@ class EpochStore(Protocol):
 
     async def advance(self, base: str, expected: str, new: Checkpoint) -> Checkpoint | None:
         """Write `new` if the record's epoch is `expected` (NONE: no record); the record in force
-        after, or None when the store cannot be read now."""
+        after (MISSING: there is none), or None when the store cannot be read now."""
         ...
 
 
@@ -74,7 +82,7 @@ class MemoryEpochs:
             if current is not None and current.epoch == new.epoch and current.number > new.number:
                 new = current
             self._records[base] = new
-        return self._records.get(base)
+        return self._records.get(base, MISSING)
 
 
 class RedisEpochs:
@@ -93,7 +101,10 @@ class RedisEpochs:
 
 
 def parse_record(reply: Any) -> Checkpoint | None:
-    """A record as HMGET returns it (bytes or str fields), or None when it holds none."""
+    """A record as HMGET returns it (bytes or str fields): MISSING when there is none, None when the
+    reply cannot be read."""
+    if isinstance(reply, list) and reply and all(v is None for v in reply):
+        return MISSING
     if not isinstance(reply, list) or len(reply) != 3 or any(v is None for v in reply):
         return None
     epoch, number, block_hash = (v.decode() if isinstance(v, bytes) else str(v) for v in reply)
@@ -128,12 +139,17 @@ class EpochKeeper:
         if not self.loaded and not violated and self._record == NONE:
             # Only read (an impossible expected epoch writes nothing): is there an epoch in force?
             stored = await self.store.advance(base, "?", Checkpoint("", 0, ""))
-            if stored is not None:
+            if stored is not None and stored is not MISSING:
                 self._adopt(stored, proven=(stored.number, stored.hash) == mine)
                 return
+        if self._record == NONE and not self.epoch and self.store.trails.shared:
+            self.epoch = new_epoch()  # a record made anew: never the name of a space it may have held
         stored = await self.store.advance(base, self._record, Checkpoint(self.epoch, finalized, final_hash))
         if stored is None:
             return  # the store cannot be read now: keys stay as they are (or unnamed) until it can
+        if stored is MISSING:  # the record kept is gone (flushed, evicted), and its space's trail may be
+            self.epoch, self._record, self.loaded = new_epoch(), NONE, False  # made anew on the next poll
+            return
         if stored.epoch != self.epoch:
             self._adopt(stored, proven=(stored.number, stored.hash) == mine)  # another replica moved first
             return

@@ -1,0 +1,107 @@
+"""A network's epoch record in Redis (proxy/chain/epochs.py): a record Redis no longer holds (flushed,
+or its key evicted) is never made again under an epoch a replica has held, so no replica takes up a
+space whose trail is gone, nor goes back to a state it has left."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.chain.epochs import MISSING, Checkpoint, EpochKeeper, MemoryEpochs
+from proxy.chain.forks import MemoryTrails
+from proxy.http.app_keys import SERVICE
+from tests.support import DEV_ACCOUNT, Anvil, RedisServer, eventually, settings_for, start_proxy
+
+
+class SharedTrails(MemoryTrails):
+    shared = True
+
+
+class SharedEpochs(MemoryEpochs):
+    """Records as Redis keeps them for every replica, which an operator may flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trails = SharedTrails()
+
+    def flush(self) -> None:
+        self._records.clear()
+
+
+async def _synced(keeper: EpochKeeper, base: str = "evm@1:aa", final: tuple[int, str] = (10, "0x10")) -> str:
+    await keeper.sync(base, *final, violated=False)
+    return keeper.epoch
+
+
+class TestEpochRecords:
+    async def test_a_record_made_in_redis_names_an_epoch_of_its_own(self) -> None:
+        store = SharedEpochs()
+        keeper = EpochKeeper(store)
+        epoch = await _synced(keeper)
+        assert epoch != "" and keeper.loaded
+        assert await store.advance("evm@1:aa", "?", Checkpoint("", 0, "")) == Checkpoint(epoch, 10, "0x10")
+
+    async def test_without_redis_the_first_epoch_is_unnamed(self) -> None:
+        keeper = EpochKeeper(MemoryEpochs())
+        assert await _synced(keeper) == "" and keeper.loaded
+
+    async def test_a_replica_whose_record_is_gone_moves_on_and_never_goes_back(self) -> None:
+        store = SharedEpochs()
+        first = EpochKeeper(store)
+        held = {await _synced(first)}
+        first.move_on()  # a state change through it
+        held.add(await _synced(first))
+        store.flush()
+        await _synced(first)
+        assert not first.loaded and first.epoch not in held  # no key named until a record is made anew
+        second = EpochKeeper(store)  # a replica started meanwhile makes the record
+        made = await _synced(second)
+        assert made not in held | {""}
+        await _synced(first)
+        await _synced(first)
+        assert first.epoch == made and first.loaded
+
+    async def test_a_record_made_again_by_the_replica_that_lost_it_is_a_new_epoch(self) -> None:
+        store = SharedEpochs()
+        keeper = EpochKeeper(store)
+        old = await _synced(keeper)
+        store.flush()
+        await _synced(keeper)
+        new = await _synced(keeper)
+        assert new != old and keeper.loaded
+        assert await store.advance("evm@1:aa", "?", Checkpoint("", 0, "")) not in (None, MISSING)
+
+
+async def test_a_flushed_epoch_record_never_brings_back_a_state_the_replicas_left(
+    anvil: Anvil, redis_server: RedisServer
+) -> None:
+    if redis_server.proc is None:
+        redis_server.start()
+    redis_server.flush()
+    settings = settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_server.url, ALLOW_NAMESPACES="anvil")
+    first = await start_proxy(settings)
+    second = None
+    try:
+        await first.head_at(anvil.block_number())
+        read = ("eth_getStorageAt", [DEV_ACCOUNT, "0x5", "latest"])
+        before = anvil.rpc(read[0], *read[1])
+        assert await first.result(*read) == before and await first.result(*read) == before  # kept
+        changed = "0x" + "07".rjust(64, "0")
+        await first.result("anvil_setStorageAt", [DEV_ACCOUNT, "0x5", changed])
+        assert await first.result(*read) == changed
+        trackers: list[Any] = [first.app[SERVICE].networks["evm"].tracker]
+        redis_server.flush()  # the epoch record, the trail and the entries go
+        second = await start_proxy(settings)  # it makes the record anew
+        trackers.append(second.app[SERVICE].networks["evm"].tracker)
+        await second.head_at(anvil.block_number())
+
+        async def one_epoch() -> bool:
+            spaces = [t.head.space if t.head is not None else None for t in trackers]
+            return None not in spaces and len({s.split("/")[0] for s in spaces}) == 1
+
+        await eventually(one_epoch, 15, "both replicas in the epoch made after the flush")
+        for proxy in (first, second, first, second):
+            assert await proxy.result(*read) == changed
+    finally:
+        await first.close()
+        if second is not None:
+            await second.close()
