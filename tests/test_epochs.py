@@ -70,6 +70,16 @@ class TestEpochRecords:
         assert new != old and keeper.loaded
         assert await store.advance("evm@1:aa", "?", Checkpoint("", 0, "")) not in (None, MISSING)
 
+    async def test_a_chain_come_back_to_after_its_record_went_gets_a_new_epoch(self) -> None:
+        store = SharedEpochs()
+        keeper = EpochKeeper(store)
+        left = await _synced(keeper, "evm@1:aa")
+        keeper.forget()  # another chain on the same upstreams (a devnet restarted)
+        await _synced(keeper, "evm@1:bb")
+        store.flush()
+        keeper.forget()  # the first chain again
+        assert await _synced(keeper, "evm@1:aa") not in (left, "")
+
 
 async def test_a_flushed_epoch_record_never_brings_back_a_state_the_replicas_left(
     anvil: Anvil, redis_server: RedisServer

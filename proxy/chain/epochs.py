@@ -142,7 +142,7 @@ class EpochKeeper:
             if stored is not None and stored is not MISSING:
                 self._adopt(stored, proven=(stored.number, stored.hash) == mine)
                 return
-        if self._record == NONE and not self.epoch and self.store.trails.shared:
+        if self._record == NONE and self.store.trails.shared:
             self.epoch = new_epoch()  # a record made anew: never the name of a space it may have held
         stored = await self.store.advance(base, self._record, Checkpoint(self.epoch, finalized, final_hash))
         if stored is None:
