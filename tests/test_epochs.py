@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.chain.epochs import MISSING, Checkpoint, EpochKeeper, MemoryEpochs
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy.chain.epochs import MISSING, Checkpoint, EpochKeeper, MemoryEpochs, RedisEpochs, parse_record, record_key
 from proxy.chain.forks import MemoryTrails
 from proxy.http.app_keys import SERVICE
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, connect
 from tests.support import DEV_ACCOUNT, Anvil, RedisServer, eventually, settings_for, start_proxy
 
 
@@ -79,6 +84,33 @@ class TestEpochRecords:
         store.flush()
         keeper.forget()  # the first chain again
         assert await _synced(keeper, "evm@1:aa") not in (left, "")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"epoch": "abc"},
+        {"epoch": "abc", "number": "x1", "hash": "0x10"},
+        {"epoch": "abc", "number": "0x10", "hash": "h"},
+    ],
+)
+async def test_an_epoch_record_not_whole_is_made_anew_not_read_forever_as_unreadable(
+    redis_url: str, fields: dict[str, str]
+) -> None:
+    # An operator's hand-made record (or one cut short): read as none, and replaced by a whole one.
+    link = RedisLink(connect(redis_url, 1.0), timeout=1.0, metrics=Metrics(CollectorRegistry()))
+    try:
+        await link.client.hset(record_key("evm@1:aa"), mapping=fields)
+        keeper = EpochKeeper(RedisEpochs(link))
+        for _ in range(3):
+            await _synced(keeper)
+        assert keeper.loaded and keeper.epoch not in ("", "abc")
+        assert parse_record(await link.client.hmget(record_key("evm@1:aa"), "epoch", "number", "hash")) == (
+            Checkpoint(keeper.epoch, 10, "0x10")
+        )
+        assert link.up  # no script error opened the breaker
+    finally:
+        await link.close()
 
 
 async def test_a_flushed_epoch_record_never_brings_back_a_state_the_replicas_left(

@@ -26,11 +26,16 @@ from proxy.redis_link import RedisLink, RedisUnavailable
 NONE = "-"  # the expected epoch of a record that does not exist yet
 
 # spec of this proxy: the checkpoint moves only forward within an epoch; another epoch replaces it.
+# A record without all three fields, or with a number that is not decimal digits, is no record (this
+# proxy writes them whole): it is replaced as a missing one would be, and read as missing (parse_record).
 ADVANCE_SCRIPT = """
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'number', 'hash')
+if cur[1] == false or cur[3] == false or cur[2] == false or not string.match(cur[2], '^%d+$') then
+  cur = {false, false, false}
+end
 if (cur[1] == false and ARGV[1] == '-') or cur[1] == ARGV[1] then
   local number, hash = ARGV[3], ARGV[4]
-  if cur[1] == ARGV[2] and cur[2] and tonumber(cur[2]) > tonumber(number) then
+  if cur[1] == ARGV[2] and tonumber(cur[2]) > tonumber(number) then
     number, hash = cur[2], cur[3]
   end
   redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'number', number, 'hash', hash)
@@ -101,17 +106,16 @@ class RedisEpochs:
 
 
 def parse_record(reply: Any) -> Checkpoint | None:
-    """A record as HMGET returns it (bytes or str fields): MISSING when there is none, None when the
-    reply cannot be read."""
-    if isinstance(reply, list) and reply and all(v is None for v in reply):
+    """A record as HMGET returns it (bytes or str fields): MISSING when there is none (or none whole:
+    ADVANCE_SCRIPT), None when the reply cannot be read."""
+    if not isinstance(reply, list) or len(reply) != 3:
+        return None
+    if any(v is None for v in reply):
         return MISSING
-    if not isinstance(reply, list) or len(reply) != 3 or any(v is None for v in reply):
-        return None
     epoch, number, block_hash = (v.decode() if isinstance(v, bytes) else str(v) for v in reply)
-    try:
-        return Checkpoint(epoch, int(number), block_hash)
-    except ValueError:
-        return None
+    if not (number.isascii() and number.isdigit()):
+        return MISSING
+    return Checkpoint(epoch, int(number), block_hash)
 
 
 class EpochKeeper:
