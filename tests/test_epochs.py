@@ -75,6 +75,22 @@ class TestEpochRecords:
         assert new != old and keeper.loaded
         assert await store.advance("evm@1:aa", "?", Checkpoint("", 0, "")) not in (None, MISSING)
 
+    async def test_a_state_change_here_supersedes_an_epoch_another_replica_wrote_before_this_one_polled(
+        self,
+    ) -> None:
+        store = SharedEpochs()
+        first, second = EpochKeeper(store), EpochKeeper(store)
+        await _synced(first)
+        await _synced(second)
+        await _synced(second)
+        first.move_on()  # a state change through the first replica
+        after_first = await _synced(first)
+        second.move_on()  # another through the second, before its next poll read the first's epoch
+        after_second = second.epoch
+        assert await _synced(second) == after_second and second.loaded  # written over the first's
+        await _synced(first)
+        assert first.epoch == after_second != after_first  # both in the epoch after the later change
+
     async def test_a_chain_come_back_to_after_its_record_went_gets_a_new_epoch(self) -> None:
         store = SharedEpochs()
         keeper = EpochKeeper(store)

@@ -128,19 +128,22 @@ class EpochKeeper:
         self.loaded = False  # the record was read and its checkpoint found on the chain: keys can be named
         self.keyed = asyncio.Event()  # keys were first named
         self._record = NONE
+        self._moved = False  # moved on since the record was last written with this epoch
 
     def forget(self) -> None:
         """Another chain identity: its own record is read next."""
         self.loaded, self._record = False, NONE
 
     def move_on(self) -> None:
-        self.epoch = new_epoch()
+        """A state change or a finality violation here: a new epoch, which supersedes whatever epoch the
+        record names when it is next written (another replica's may be of the state before this one)."""
+        self.epoch, self._moved = new_epoch(), True
 
     async def sync(self, base: str, finalized: int, final_hash: str, violated: bool) -> None:
         """Read and move on the record: adopt another replica's epoch, check a stored checkpoint on
         the chain before naming keys, and advance the checkpoint."""
         mine = (finalized, final_hash)
-        if not self.loaded and not violated and self._record == NONE:
+        if not self.loaded and not violated and not self._moved and self._record == NONE:
             # Only read (an impossible expected epoch writes nothing): is there an epoch in force?
             stored = await self.store.advance(base, "?", Checkpoint("", 0, ""))
             if stored is not None and stored is not MISSING:
@@ -148,17 +151,31 @@ class EpochKeeper:
                 return
         if self._record == NONE and self.store.trails.shared:
             self.epoch = new_epoch()  # a record made anew: never the name of a space it may have held
-        stored = await self.store.advance(base, self._record, Checkpoint(self.epoch, finalized, final_hash))
+        stored = await self._written(base, Checkpoint(self.epoch, finalized, final_hash))
         if stored is None:
             return  # the store cannot be read now: keys stay as they are (or unnamed) until it can
         if stored is MISSING:  # the record kept is gone (flushed, evicted), and its space's trail may be
             self.epoch, self._record, self.loaded = new_epoch(), NONE, False  # made anew on the next poll
             return
         if stored.epoch != self.epoch:
-            self._adopt(stored, proven=(stored.number, stored.hash) == mine)  # another replica moved first
+            if self._moved:  # yet another replica wrote meanwhile: over it on the next poll
+                self._record = stored.epoch
+            else:
+                self._adopt(stored, proven=(stored.number, stored.hash) == mine)  # another replica moved first
             return
-        self._record = stored.epoch
+        self._record, self._moved = stored.epoch, False
         self._named()
+
+    async def _written(self, base: str, mine: Checkpoint) -> Checkpoint | None:
+        """The record after this replica's checkpoint is written: over another replica's epoch too when
+        this replica moved on since the record it knew (that epoch may be of the state before its move)."""
+        expected = self._record
+        for _ in range(2):
+            stored = await self.store.advance(base, expected, mine)
+            if stored is None or stored is MISSING or stored.epoch == mine.epoch or not self._moved:
+                return stored
+            expected = stored.epoch
+        return stored
 
     def _adopt(self, stored: Checkpoint, *, proven: bool) -> None:
         """Take a stored epoch; unless this poll's finalized block is its very checkpoint, keys are named
