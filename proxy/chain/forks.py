@@ -18,8 +18,9 @@ Past it, another replica's chain may have parted from this one's since, and a sh
 either's final entries as the other's; so until a check passes, the head names a space of this
 guard's own (`<space>/~<a token drawn for the guard>`), which no other replica or worker reads, and
 the memory tier keeps serving this node's answers through the outage. So does a space this replica
-just made (a new epoch), with Redis, until its first check: the trail is empty, and another replica that takes the
-epoch and starts the trail with its own chain's mark would otherwise find this one's entries there.
+just made (a new epoch), with Redis, until its first check: the trail is empty, and another replica
+that takes the epoch and starts the trail with its own chain's mark would otherwise find this one's
+entries there.
 """
 
 from __future__ import annotations
@@ -140,9 +141,9 @@ class ForkGuard:
         self._doubts = 0
         self._own: dict[int, str] = {}
         self._agreed: int | None = None  # the highest finalized block a check found on the trail's chain
-        # Until a check passes (the trail unread past `_agreed`, or a space just made): names a space of
-        # this guard's own, read by no other replica or worker.
-        self._aside = ""
+        # Until a check passes (the trail unread past `_agreed`, or a space just made): the head names a
+        # space of this guard's own (`/~<token>`), read by no other replica or worker.
+        self._aside = False
         self._unread = False  # it is aside for a trail it cannot read (said on /readyz)
         self._token = secrets.token_hex(4)
         self._fork_note: str | None = None
@@ -159,20 +160,22 @@ class ForkGuard:
         """The space a head may name for `base` (network, identity, epoch); None: not checked yet."""
         if base != self._base or not self._checked:
             return None
-        space = f"{base}/{self._fork}" if self._fork else base
-        return f"{space}/{self._aside}" if self._aside else space
+        space = self._judged(base)
+        return f"{space}/~{self._token}" if self._aside else space
+
+    def _judged(self, base: str) -> str:
+        """The space whose trail this replica's chain is checked against: the shared one, or its fork's."""
+        return f"{base}/{self._fork}" if self._fork else base
 
     def fresh(self, base: str) -> None:
         """A space this replica just made (a new epoch): named, aside, until its first check has put
         this chain's mark on the empty trail (another replica may take the epoch and start it first)."""
         self._reset(base)
-        self._checked = True
-        if self._store.shared:
-            self._aside = f"~{self._token}"
+        self._checked, self._aside = True, self._store.shared
 
     def _reset(self, base: str) -> None:
         self._base, self._fork, self._checked, self._doubts, self._own = base, "", False, 0, {}
-        self._agreed, self._aside, self._unread, self._fork_note = None, "", False, None
+        self._agreed, self._aside, self._unread, self._fork_note = None, False, False, None
 
     async def check(self, base: str, final: Mark, window: Mapping[int, str], own_hash: OwnHash) -> None:
         """Before a head with finalized block `final` names `base`: is its chain the space's? (`window`:
@@ -191,7 +194,7 @@ class ForkGuard:
             return found
 
         for _ in range(2):  # the shared space, then (after a disagreement) this replica's own
-            space = f"{base}/{self._fork}" if self._fork else base
+            space = self._judged(base)
             verdict = await self._judge(space, final, known)
             if verdict is None:  # the trail cannot be read now
                 if self._agreed is None or final[0] > self._agreed:
@@ -238,7 +241,7 @@ class ForkGuard:
 
     def _step_aside(self) -> None:
         """No check reaches this head's finalized block: a space no other replica or worker reads."""
-        self._checked, self._aside = True, f"~{self._token}"
+        self._checked, self._aside = True, True
         if not self._unread:
             self._unread = True
             log.warning("head tracker %s: %s", self.network, self.note)
@@ -247,4 +250,4 @@ class ForkGuard:
         """The trail is read: its check decides the space from here."""
         if self._unread:
             log.warning("head tracker %s: the shared cache's trail is read again", self.network)
-        self._aside, self._unread = "", False
+        self._aside, self._unread = False, False
