@@ -333,6 +333,12 @@ async def _part(store: str, nodes: list[Anvil], proxies: list[Proxy]) -> int:
     return 1 if proxies[1].metric("rpc_proxy_fork_disagreements_total", network="evm") else 0
 
 
+async def _read_final_blocks(proxy: Proxy, node: Anvil, tally: Counter[str], wrong: list[str]) -> None:
+    """Blocks final on both forks past the fork point (each fork's own), read by number through `proxy`."""
+    for height in range(FORK_AT + 1, FORK_AT + 41):
+        await _compare(proxy, node, "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+
+
 async def _compare_both(
     proxies: list[Proxy], nodes: list[Anvil], store: str, seed: int, tally: Counter[str], wrong: list[str]
 ) -> None:
@@ -420,9 +426,7 @@ async def test_a_new_epoch_made_while_redis_holds_the_trail_read_shares_nothing_
     await proxies[maker].result("anvil_setStorageAt", [store, "0x5", "0x" + "07".rjust(64, "0")])
     tally: Counter[str] = Counter()
     wrong: list[str] = []
-    final = range(FORK_AT + 1, FORK_AT + 41)  # final on both forks, and each fork's own
-    for height in final:
-        await _compare(proxies[maker], nodes[maker], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+    await _read_final_blocks(proxies[maker], nodes[maker], tally, wrong)
 
     async def taken() -> bool:  # the other replica polls the maker's epoch from Redis, and names it
         made, took = trackers[maker].head, trackers[taker].head
@@ -435,8 +439,7 @@ async def test_a_new_epoch_made_while_redis_holds_the_trail_read_shares_nothing_
 
     await eventually(taken, 15, "the other replica taking the new epoch")
     for _ in range(2):
-        for height in final:
-            await _compare(proxies[taker], nodes[taker], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+        await _read_final_blocks(proxies[taker], nodes[taker], tally, wrong)
     assert wrong == [], "\n".join(wrong[:10])
     assert relays[maker].cut > 0 and tally["HIT"] > 0, (relays[maker].cut, dict(tally))
 
@@ -451,9 +454,7 @@ async def test_a_replica_restarted_after_redis_is_flushed_takes_no_final_answer_
     redis_server.flush()  # the epoch record and the trail go
     tally: Counter[str] = Counter()
     wrong: list[str] = []
-    final = range(FORK_AT + 1, FORK_AT + 41)  # final on both forks, and each fork's own
-    for height in final:  # written again by the owner, which cannot mark the trail
-        await _compare(proxies[owner], nodes[owner], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+    await _read_final_blocks(proxies[owner], nodes[owner], tally, wrong)  # written again; it cannot mark the trail
     await proxies[other].close()
     proxies[other] = await start_proxy(
         settings_for(EVM_UPSTREAM=nodes[other].url, REDIS_URL=relays[other].url, ALLOW_NAMESPACES="anvil")
@@ -465,8 +466,7 @@ async def test_a_replica_restarted_after_redis_is_flushed_takes_no_final_answer_
 
     await eventually(named, 20, "the restarted replica naming a key space")
     for _ in range(2):
-        for height in final:
-            await _compare(proxies[other], nodes[other], "eth_getBlockByNumber", [hex(height), False], tally, wrong)
+        await _read_final_blocks(proxies[other], nodes[other], tally, wrong)
     assert wrong == [], "\n".join(wrong[:10])
     assert tally["HIT"] > 0, dict(tally)
 
