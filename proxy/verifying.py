@@ -101,6 +101,10 @@ class Verifier:
         head = net.tracker.head
         if number is None or not isinstance(head, Head) or not head.final_hash or number > head.finalized:
             return UNFINAL, answer
+        if number == 0 and plan.method in ap.STATE:
+            # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot: block 0's
+            # state is kept as without verification and told unproven, on the miss as on every hit.
+            return UNFINAL, answer
         first, tried, refuted = answer, {answer.upstream}, False
         per = net.per_upstream
         while True:
@@ -108,10 +112,6 @@ class Verifier:
             if outcome == UNCHECKED:
                 self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
                 return UNFINAL, answer  # kept as without verification (required: for a short TTL)
-            if outcome != PROVEN and number == 0:
-                # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot:
-                # answers about block 0 are kept as without verification, told unproven.
-                return UNFINAL, answer
             self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
             if outcome == PROVEN:
                 return PROVEN, answer
@@ -303,8 +303,9 @@ def stored_as(net: NetworkRuntime, plan: Plan) -> str:
             # may match (settle()); a range no wider is always checked whole.
             return "unproven"
     number = plan.need
-    final = isinstance(head, Head) and bool(head.final_hash) and number is not None and 0 < number <= head.finalized
-    return "proven" if final else "unproven"  # block 0: kept unproven on a dev node (settle)
+    final = isinstance(head, Head) and bool(head.final_hash) and number is not None and number <= head.finalized
+    # Block 0's state: kept unproven (settle).
+    return "proven" if final and (number or method not in ap.STATE) else "unproven"
 
 
 def _range_of(log_filter: Any) -> tuple[int, int] | None:

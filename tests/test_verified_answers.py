@@ -463,3 +463,24 @@ async def test_answers_kept_unverified_are_not_told_proven_once_a_reload_turns_v
             (truth, "MISS", "proven"),
             (truth, "HIT", "proven"),
         ]
+
+
+async def test_block_zeros_answers_say_on_every_hit_what_their_miss_said(anvil: Anvil, tmp_path: Path) -> None:
+    # spec (caching.md, Verified answers): a hit says what its miss said. Block 0's header is proven by
+    # its hash like any final block's; its state is told unproven, on the miss too, since a dev node
+    # does not commit its genesis state to the genesis stateRoot (so its proof cannot be relied on).
+    rich = anvil.rpc("eth_accounts")[0]
+    async with _proxy(tmp_path, [anvil.url]) as proxy:
+        await _final(anvil, proxy, 1)
+        for method, params, told in (
+            ("eth_getBlockByNumber", ["0x0", True], "proven"),
+            ("eth_getBlockReceipts", ["0x0"], "proven"),
+            ("eth_getLogs", [{"fromBlock": "0x0", "toBlock": "0x0"}], "proven"),
+            ("eth_getBalance", [rich, "0x0"], "unproven"),
+            ("eth_getStorageAt", [rich, "0x0", "0x0"], "unproven"),
+        ):
+            truth = anvil.rpc(method, *params)
+            answers = [await _ask(proxy, method, params) for _ in range(3)]
+            # (The logs of block 0 may come from its receipts, asked just before.)
+            assert [(result, verified) for result, _, verified in answers] == [(truth, told)] * 3, method
+            assert [cache for _, cache, _ in answers][1:] == ["HIT", "HIT"], method
