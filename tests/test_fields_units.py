@@ -50,7 +50,11 @@ class TestData:
         with pytest.raises(FieldError):
             data("0x00", size=2)
 
-    @pytest.mark.parametrize("text", ["0x0", "0x00 11", "0x 0011", "00", "0X00", "0x0g", None, b"0x00", 0])
+    @pytest.mark.parametrize(
+        "text",
+        ["0x0", "0x00 11", "0x 0011", "0x0011 ", "0x00\t", "0x\x0b00", "0x\uff10\uff10", "0x\u0660\u0660"]
+        + ["00", "0X00", "0x0g", "0x0G", None, b"0x00", 0],
+    )
     def test_malformed_data_is_refused(self, text: Any) -> None:
         with pytest.raises(FieldError):
             data(text)

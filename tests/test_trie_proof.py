@@ -158,6 +158,8 @@ class TestRefused:
         monkeypatch.setattr(trie_proof, "KNOWN_NODE_BYTES", 600)
         monkeypatch.setattr(trie_proof, "_known", {})
         monkeypatch.setattr(trie_proof, "_known_bytes", 0)
+        monkeypatch.setattr(trie_proof, "KNOWN_ACCOUNT_BYTES", 0)  # every account's proof walked node by node
+        monkeypatch.setattr(trie_proof, "_known_accounts", {})
         verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
         verify_account(chain.state_root, chain.reply, chain.store, chain.keys)  # met again: from memory
         held = trie_proof._known
@@ -171,6 +173,55 @@ class TestRefused:
         _refused(chain, dict(chain.reply, accountProof=[nodes[0], *nodes]))
         later = verify_header(chain.node.rpc("eth_getBlockByNumber", "latest", False))
         _refused(chain, chain.reply, later.state_root)
+
+    def test_an_account_proven_once_is_not_walked_again_but_any_change_to_its_part_is_checked_anew(
+        self, chain: Chain, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # The account's part of a reply (its proof's nodes and four fields) proven at a state root is
+        # remembered as proven for exactly that text: the same text is the same pure check.
+        monkeypatch.setattr(trie_proof, "_known_accounts", {})
+        monkeypatch.setattr(trie_proof, "_known_account_bytes", 0)
+        walked: list[bytes] = []
+        prove = trie_proof.prove
+        monkeypatch.setattr(trie_proof, "prove", lambda root, *rest: walked.append(root) or prove(root, *rest))
+        first = verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
+        assert walked.count(chain.state_root) == 1
+        again = verify_account(chain.state_root, copy.deepcopy(chain.reply), chain.store, chain.keys)
+        assert again == first and walked.count(chain.state_root) == 1  # its storage proven again, not the account
+        nonce = hex(int(chain.reply["nonce"], 16) + 1)
+        balance = hex(int(chain.reply["balance"], 16) + 1)
+        storage_hash = "0x" + "00" * 32
+        nodes = chain.reply["accountProof"]
+        for changed in (
+            {"nonce": nonce},
+            {"balance": balance},
+            {"storageHash": storage_hash},
+            {"codeHash": chain.reply["storageHash"]},
+            {"accountProof": [*nodes[:-1], _flip(nodes[-1], 7)]},
+            {"accountProof": nodes[:-1]},
+        ):
+            _refused(chain, dict(chain.reply, **changed))
+        _refused(chain, chain.reply, verify_header(chain.node.rpc("eth_getBlockByNumber", "latest", False)).state_root)
+        assert verify_account(chain.state_root, chain.reply, chain.store, chain.keys) == first
+
+    def test_accounts_known_as_proven_stay_within_their_byte_bound(
+        self, chain: Chain, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        size = sum(map(len, chain.reply["accountProof"]))
+        monkeypatch.setattr(trie_proof, "KNOWN_ACCOUNT_BYTES", size + 1)
+        monkeypatch.setattr(trie_proof, "_known_accounts", {})
+        monkeypatch.setattr(trie_proof, "_known_account_bytes", 0)
+        verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
+        absent = chain.node.rpc("eth_getProof", ABSENT, [], hex(chain.number))
+        verify_account(chain.state_root, absent, ABSENT, [])  # the first one forgotten to make room
+        known = trie_proof._known_accounts
+        assert [address for _, address in known] == [bytes.fromhex(ABSENT[2:])]
+        assert trie_proof._known_account_bytes == sum(entry[3] for entry in known.values()) <= size + 1
+        monkeypatch.setattr(trie_proof, "KNOWN_ACCOUNT_BYTES", 10)  # a proof larger than the bound is not kept
+        monkeypatch.setattr(trie_proof, "_known_accounts", {})
+        monkeypatch.setattr(trie_proof, "_known_account_bytes", 0)
+        verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
+        assert trie_proof._known_accounts == {} and trie_proof._known_account_bytes == 0
 
     @settings(max_examples=150, deadline=None)
     @given(which=st.integers(0, 20), at=st.integers(0, 10_000), bit=st.integers(0, 7))

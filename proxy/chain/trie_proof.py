@@ -227,6 +227,45 @@ def _storage_value(value: bytes | None) -> int:
     return number
 
 
+# Accounts proven, by (state root, address): the account's part of the reply as the node wrote it (its
+# proof's nodes, its four fields) and what it proved. That part proven again is the same pure check of
+# the same text, so a read of one account's storage slot by slot at one block proves the account once.
+# At most KNOWN_ACCOUNT_BYTES of proof text, the oldest forgotten first.
+KNOWN_ACCOUNT_BYTES = 512 * 1024
+_known_accounts: dict[tuple[bytes, bytes], tuple[Any, tuple[Any, ...], tuple[bool, int, int, bytes, bytes], int]] = {}
+_known_account_bytes = 0
+
+
+def _proven_account(state_root: bytes, address: bytes, reply: Mapping[str, Any]) -> tuple[bool, int, int, bytes, bytes]:
+    """The account's fields (exists, nonce, balance, storage hash, code hash), each of the reply's
+    checked against what its account proof shows at `state_root`; ProofError otherwise."""
+    global _known_account_bytes
+    nodes: Any = reply.get("accountProof")
+    texts = (reply.get("nonce"), reply.get("balance"), reply.get("storageHash"), reply.get("codeHash"))
+    known = _known_accounts.get((state_root, address))
+    if known is not None and known[0] == nodes and known[1] == texts:
+        return known[2]
+    account = _account(prove(state_root, _trie_key(address), _nodes(nodes)))
+    claimed = (
+        quantity(texts[0], "nonce"),
+        quantity(texts[1], "balance"),
+        data(texts[2], "storageHash", _HASH),
+        data(texts[3], "codeHash", _HASH),
+    )
+    if claimed != account[1:]:
+        raise ProofError("the account's fields are not the proven ones")
+    size = sum(len(node) for node in nodes)  # strings, or _nodes would have refused them
+    replaced = _known_accounts.pop((state_root, address), None)
+    if replaced is not None:
+        _known_account_bytes -= replaced[3]
+    if size <= KNOWN_ACCOUNT_BYTES:
+        while _known_accounts and _known_account_bytes + size > KNOWN_ACCOUNT_BYTES:
+            _known_account_bytes -= _known_accounts.pop(next(iter(_known_accounts)))[3]
+        _known_accounts[(state_root, address)] = (list(nodes), texts, account, size)
+        _known_account_bytes += size
+    return account
+
+
 def verify_account(state_root: bytes, reply: Mapping[str, Any], address: str, keys: Sequence[str]) -> ProvenAccount:
     """An eth_getProof reply for `address` and storage `keys`, every field of it checked against
     `state_root`; ProofError when any field is not what the proofs show."""
@@ -236,17 +275,7 @@ def verify_account(state_root: bytes, reply: Mapping[str, Any], address: str, ke
         asked = data(address, "address", 20)
         if data(reply.get("address"), "address", 20) != asked:
             raise ProofError("the proof is for another address")
-        exists, nonce, balance, storage_hash, code_hash = _account(
-            prove(state_root, _trie_key(asked), _nodes(reply.get("accountProof")))
-        )
-        claimed = (
-            quantity(reply.get("nonce"), "nonce"),
-            quantity(reply.get("balance"), "balance"),
-            data(reply.get("storageHash"), "storageHash", _HASH),
-            data(reply.get("codeHash"), "codeHash", _HASH),
-        )
-        if claimed != (nonce, balance, storage_hash, code_hash):
-            raise ProofError("the account's fields are not the proven ones")
+        exists, nonce, balance, storage_hash, code_hash = _proven_account(state_root, asked, reply)
         entries = reply.get("storageProof")
         if not isinstance(entries, list) or len(entries) != len(keys):
             raise ProofError("not one storage proof per key asked")
