@@ -97,13 +97,14 @@ class Verifier:
             return OFF, answer
         if not self.applies(net, plan.method):
             return NOT_APPLICABLE, answer
-        number = await self._block_number(net, plan, answer)
+        number, asked = await self._block_number(net, plan, answer)
         head = net.tracker.head
         if number is None or not isinstance(head, Head) or not head.final_hash or number > head.finalized:
             return UNFINAL, answer
-        if number == 0 and plan.method in ap.STATE:
-            # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot: block 0's
-            # state is kept as without verification and told unproven, on the miss as on every hit.
+        if number == 0 and not asked and plan.method in ap.STATE:
+            # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot: the state
+            # of block 0, named by its number, is kept as without verification and told unproven. A
+            # hash the node says is block 0's is proven as any other (its header must have that hash).
             return UNFINAL, answer
         first, tried, refuted = answer, {answer.upstream}, False
         per = net.per_upstream
@@ -114,7 +115,10 @@ class Verifier:
                 return UNFINAL, answer  # kept as without verification (required: for a short TTL)
             self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
             if outcome == PROVEN:
-                return PROVEN, answer
+                # Block 0's answers are told unproven, on the miss as on every hit: releases before
+                # this one kept them unproven (refuted ones too) under the same keys, so a hit about
+                # block 0 cannot tell a proven entry from those (stored_as).
+                return (UNFINAL if number == 0 else PROVEN), answer
             if outcome == REFUTED:
                 refuted = True
                 self._refuted(net, plan.method, answer.upstream)
@@ -149,10 +153,10 @@ class Verifier:
             method,
         )
 
-    async def _block_number(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> int | None:
+    async def _block_number(self, net: NetworkRuntime, plan: Plan, answer: Answer) -> tuple[int | None, bool]:
         """The block the answer is about: by its number, else the plan's; for a hash outside the
         tracker's window, the number the answering node gives that hash (its header is then proven
-        to have that hash at that height, or nothing is)."""
+        to have that hash at that height, or nothing is), with True: the node's word, not the call's."""
         if plan.method == "eth_getLogs":
             log_filter = plan.forward[0] if isinstance(plan.forward[0], dict) else {}
             last, named = log_filter.get("toBlock"), log_filter.get("blockHash")
@@ -160,16 +164,16 @@ class Verifier:
         else:
             block = ap.answer_block(plan.method, plan.forward, answer.result)
         if isinstance(block, int) or plan.need is not None:
-            return block if isinstance(block, int) else plan.need
+            return (block if isinstance(block, int) else plan.need), False
         if not isinstance(block, str) or answer.upstream < 0:
-            return None
+            return None, False
         found = await self._extras(net, answer.upstream, [("eth_getBlockByHash", [block, False])])
         item = found[0] if found else None
         number = item.get("number") if isinstance(item, dict) else None
         try:
-            return int(number, 16) if isinstance(number, str) else None
+            return (int(number, 16) if isinstance(number, str) else None), True
         except ValueError:
-            return None
+            return None, True
 
     async def _prove(self, net: NetworkRuntime, plan: Plan, answer: Answer, number: int) -> str:
         if answer.is_error or answer.upstream < 0:
@@ -303,9 +307,8 @@ def stored_as(net: NetworkRuntime, plan: Plan) -> str:
             # may match (settle()); a range no wider is always checked whole.
             return "unproven"
     number = plan.need
-    final = isinstance(head, Head) and bool(head.final_hash) and number is not None and number <= head.finalized
-    # Block 0's state: kept unproven (settle).
-    return "proven" if final and (number or method not in ap.STATE) else "unproven"
+    final = isinstance(head, Head) and bool(head.final_hash) and number is not None and 0 < number <= head.finalized
+    return "proven" if final else "unproven"  # block 0: told unproven (settle)
 
 
 def _range_of(log_filter: Any) -> tuple[int, int] | None:

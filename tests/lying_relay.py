@@ -8,7 +8,10 @@ changed answer. Each lie is one a node could tell without breaking the JSON form
 - "timestamp": a block's timestamp is one more (eth_getBlockByNumber, eth_getBlockByHash);
 - "proofnode": eth_getProof's last account proof node has a byte changed (the values left true);
 - "newfield": a block shows a header field no fork has (`futureRoot`);
-- "uncle": eth_getUncleByBlockHashAndIndex answers `uncle` (a real block's header) instead of null.
+- "uncle": eth_getUncleByBlockHashAndIndex answers `uncle` (a real block's header) instead of null;
+- "genesis": a balance read by a block hash (EIP-1898) is one more, and eth_getBlockByHash of a block
+  at or below `below` says it is block 0 from the second time that hash is asked on (the first, the
+  proxy's own check of the hash, is answered honestly).
 
 `lie = None` relays honestly. Tags ("latest", "finalized") are never lied about, so the tracker
 follows the real chain.
@@ -26,7 +29,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
 
-LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield", "uncle")
+LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield", "uncle", "genesis")
 _BLOCK_PARAM = {
     "eth_getStorageAt": 2,
     "eth_getProof": 2,
@@ -93,6 +96,7 @@ class LyingRelay:
     lies_told: int = 0
     uncle: dict[str, Any] | None = None  # what the "uncle" lie answers
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
+    hashes_asked: dict[str, int] = field(default_factory=dict)  # eth_getBlockByHash: times each hash was asked
     posts: list[list[dict[str, Any]]] = field(default_factory=list)  # each request's calls: a round trip each
     url: str = ""
     _server: TestServer | None = None
@@ -131,7 +135,21 @@ class LyingRelay:
             if self.lie == "uncle" and call.get("method") == "eth_getUncleByBlockHashAndIndex" and result is None:
                 item["result"] = dict(self.uncle or {})  # by hash: no tag to keep honest
                 self.lies_told += 1
-            if self.lie is not None and number is not None and number <= self.below and result is not None:
+            if self.lie == "genesis" and result is not None:
+                item["result"] = self._genesis(call, result, number)
+            elif self.lie is not None and number is not None and number <= self.below and result is not None:
                 item["result"] = _lie(self.lie, str(call.get("method")), result)
                 self.lies_told += 1
         return web.json_response(reply)
+
+    def _genesis(self, call: dict[str, Any], result: Any, number: int | None) -> Any:
+        method, params = call.get("method"), call.get("params") or []
+        if method == "eth_getBalance" and len(params) > 1 and isinstance(params[1], dict) and "blockHash" in params[1]:
+            self.lies_told += 1
+            return hex(int(result, 16) + 1)
+        if method == "eth_getBlockByHash" and params and number is not None and 0 < number <= self.below:
+            asked = self.hashes_asked[params[0]] = self.hashes_asked.get(params[0], 0) + 1
+            if asked > 1:
+                self.lies_told += 1
+                return {**result, "number": "0x0"}
+        return result

@@ -52,8 +52,10 @@ class TestData:
 
     @pytest.mark.parametrize(
         "text",
-        ["0x0", "0x00 11", "0x 0011", "0x0011 ", "0x00\t", "0x\x0b00", "0x\uff10\uff10", "0x\u0660\u0660"]
-        + ["00", "0X00", "0x0g", "0x0G", None, b"0x00", 0],
+        [
+            *("0x0", "0x00 11", "0x 0011", "0x0011 ", "0x00\t", "0x\x0b00", "0x\uff10\uff10", "0x\u0660\u0660"),
+            *("00", "0X00", "0x0g", "0x0G", None, b"0x00", 0),
+        ],
     )
     def test_malformed_data_is_refused(self, text: Any) -> None:
         with pytest.raises(FieldError):

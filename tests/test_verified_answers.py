@@ -465,22 +465,58 @@ async def test_answers_kept_unverified_are_not_told_proven_once_a_reload_turns_v
         ]
 
 
-async def test_block_zeros_answers_say_on_every_hit_what_their_miss_said(anvil: Anvil, tmp_path: Path) -> None:
-    # spec (caching.md, Verified answers): a hit says what its miss said. Block 0's header is proven by
-    # its hash like any final block's; its state is told unproven, on the miss too, since a dev node
-    # does not commit its genesis state to the genesis stateRoot (so its proof cannot be relied on).
+async def test_block_zeros_answers_are_told_unproven_on_the_miss_and_every_hit(anvil: Anvil, tmp_path: Path) -> None:
+    # spec (caching.md, Verified answers): a hit says what its miss said. Block 0's answers are told
+    # unproven on both: earlier releases kept them unproven (refuted ones too) under the same keys in a
+    # shared cache, so a hit about block 0 cannot tell a proven entry from those; and a dev node does
+    # not commit its genesis state to the genesis stateRoot.
     rich = anvil.rpc("eth_accounts")[0]
     async with _proxy(tmp_path, [anvil.url]) as proxy:
         await _final(anvil, proxy, 1)
-        for method, params, told in (
-            ("eth_getBlockByNumber", ["0x0", True], "proven"),
-            ("eth_getBlockReceipts", ["0x0"], "proven"),
-            ("eth_getLogs", [{"fromBlock": "0x0", "toBlock": "0x0"}], "proven"),
-            ("eth_getBalance", [rich, "0x0"], "unproven"),
-            ("eth_getStorageAt", [rich, "0x0", "0x0"], "unproven"),
+        for method, params in (
+            ("eth_getBlockByNumber", ["0x0", True]),
+            ("eth_getBlockReceipts", ["0x0"]),
+            ("eth_getLogs", [{"fromBlock": "0x0", "toBlock": "0x0"}]),
+            ("eth_getBalance", [rich, "0x0"]),
+            ("eth_getStorageAt", [rich, "0x0", "0x0"]),
         ):
             truth = anvil.rpc(method, *params)
             answers = [await _ask(proxy, method, params) for _ in range(3)]
             # (The logs of block 0 may come from its receipts, asked just before.)
-            assert [(result, verified) for result, _, verified in answers] == [(truth, told)] * 3, method
+            assert [(result, verified) for result, _, verified in answers] == [(truth, "unproven")] * 3, method
             assert [cache for _, cache, _ in answers][1:] == ["HIT", "HIT"], method
+
+
+async def test_a_lie_about_block_zeros_header_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    # "nothing a node says about a final block is kept forever unless it is proven": block 0 too.
+    liar = await LyingRelay(anvil.url, "timestamp", below=0).start()
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            await _final(anvil, proxy, 1)
+            for _ in range(2):
+                _, cache, verified = await _ask(proxy, "eth_getBlockByNumber", ["0x0", False])
+                assert (cache, verified) == ("BYPASS", "unproven")
+            assert liar.lies_told >= 2
+    finally:
+        await liar.close()
+
+
+async def test_a_hash_the_node_says_is_block_zeros_is_proven_as_any_other(anvil: Anvil, tmp_path: Path) -> None:
+    # Block 0's state is kept unproven only when the call names block 0; a final block's hash that
+    # the node claims is block 0's must be proven (its header there has another hash): never kept.
+    rich = anvil.rpc("eth_accounts")[0]
+    anvil.mine(3)
+    number = anvil.block_number()
+    block_hash = anvil.rpc("eth_getBlockByNumber", hex(number), False)["hash"]
+    truth = anvil.rpc("eth_getBalance", rich, hex(number))
+    liar = await LyingRelay(anvil.url, "genesis", below=number).start()
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            anvil.mine(300)  # the block far below the tracker's window: its hash is asked of the node
+            await _final(anvil, proxy, anvil.block_number() - 100)
+            for _ in range(3):
+                told, cache, verified = await _ask(proxy, "eth_getBalance", [rich, {"blockHash": block_hash}])
+                assert (cache, verified) == ("BYPASS", "unproven") and told != truth
+            assert liar.hashes_asked.get(block_hash, 0) >= 2
+    finally:
+        await liar.close()
