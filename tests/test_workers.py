@@ -211,12 +211,28 @@ async def relay(anvil: Anvil) -> AsyncIterator[FaultRelay]:
 async def _ready(session: aiohttp.ClientSession, running: Running, workers: int) -> None:
     """Every worker listening (the supervisor's gauge), or the single process answering."""
 
-    async def up() -> bool:
-        if await _answers(session, running.url, CHAIN_ID) is None:
-            return False
-        return workers == 0 or _sample(await _scrape(session, running), "rpc_proxy_workers") == workers
+    seen: list[str] = ["no answer yet"]
 
-    await eventually(up, 30, "the workers to answer")
+    async def up() -> bool:
+        if running.proc.poll() is not None:
+            raise TimeoutError("the proxy exited")  # it will never answer
+        answer = await _answers(session, running.url, CHAIN_ID)
+        if answer is None:
+            return False
+        if workers == 0:
+            return True
+        listening = _sample(await _scrape(session, running), "rpc_proxy_workers")
+        seen[0] = f"eth_chainId answered {answer}, rpc_proxy_workers {listening}"
+        return listening == workers
+
+    try:
+        await eventually(up, 30, "the workers to answer")
+    except TimeoutError:
+        # What the proxy said, for a failure seen once on a busy machine: _stop removes its log.
+        state = f"exit code {running.proc.poll()}" if running.proc.poll() is not None else "running"
+        raise TimeoutError(
+            f"the workers did not answer ({state}; {seen[0]}):\n{running.log.read_text()[-4000:]}"
+        ) from None
 
 
 async def _stop(running: Running) -> tuple[int, str]:
