@@ -31,3 +31,33 @@ class Memo(dict[K, V]):
             raise KeyError(key)
         value = self[key] = self._compute(key)
         return value
+
+
+class ByteBoundMemo(dict[K, V]):
+    """Pure results kept while their sizes add up to at most `bound` bytes, the oldest forgotten first.
+
+    Reads are plain dict lookups; `keep` is the only way in, so the count of bytes held stays exact.
+    An entry larger than the whole bound is not kept.
+    """
+
+    def __init__(self, bound: int) -> None:
+        super().__init__()
+        self.bound = bound
+        self.held = 0
+        self._sizes: dict[K, int] = {}
+
+    def keep(self, key: K, value: V, size: int) -> None:
+        self.forget(key)
+        if size > self.bound:
+            return
+        while self.held + size > self.bound:
+            self.forget(next(iter(self)))
+        dict.__setitem__(self, key, value)
+        self._sizes[key] = size
+        self.held += size
+
+    def forget(self, key: K) -> None:
+        size = self._sizes.pop(key, None)
+        if size is not None:
+            dict.__delitem__(self, key)
+            self.held -= size

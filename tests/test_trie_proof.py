@@ -25,6 +25,7 @@ from proxy.chain.trie_proof import (
     verify_code,
 )
 from proxy.chain.trie_root import ordered_trie_root, trie_proof_nodes, trie_root
+from proxy.memo import ByteBoundMemo
 from tests.support import DEV_ACCOUNT, Anvil, mapping_slot, word
 
 ABSENT = "0x" + "12" * 20
@@ -155,16 +156,14 @@ class TestRefused:
     def test_nodes_known_from_an_earlier_proof_stay_within_their_byte_bound_and_prove_nothing_elsewhere(
         self, chain: Chain, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(trie_proof, "KNOWN_NODE_BYTES", 600)
-        monkeypatch.setattr(trie_proof, "_known", {})
-        monkeypatch.setattr(trie_proof, "_known_bytes", 0)
-        monkeypatch.setattr(trie_proof, "KNOWN_ACCOUNT_BYTES", 0)  # every account's proof walked node by node
-        monkeypatch.setattr(trie_proof, "_known_accounts", {})
+        monkeypatch.setattr(trie_proof, "_known", ByteBoundMemo(600))
+        # Every account's proof walked node by node:
+        monkeypatch.setattr(trie_proof, "_known_accounts", ByteBoundMemo(0))
         verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
         verify_account(chain.state_root, chain.reply, chain.store, chain.keys)  # met again: from memory
         held = trie_proof._known
-        assert held and trie_proof._known_bytes == sum(map(len, held)) <= 600
-        monkeypatch.setattr(trie_proof, "KNOWN_NODE_BYTES", 1024 * 1024)
+        assert held and held.held == sum(map(len, held)) <= 600
+        held.bound = 1024 * 1024
         verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
         nodes = chain.reply["accountProof"]
         assert all(bytes.fromhex(node[2:]) in trie_proof._known for node in nodes)
@@ -179,8 +178,7 @@ class TestRefused:
     ) -> None:
         # The account's part of a reply (its proof's nodes and four fields) proven at a state root is
         # remembered as proven for exactly that text: the same text is the same pure check.
-        monkeypatch.setattr(trie_proof, "_known_accounts", {})
-        monkeypatch.setattr(trie_proof, "_known_account_bytes", 0)
+        monkeypatch.setattr(trie_proof, "_known_accounts", ByteBoundMemo(trie_proof.KNOWN_ACCOUNT_BYTES))
         walked: list[bytes] = []
         prove = trie_proof.prove
         monkeypatch.setattr(trie_proof, "prove", lambda root, *rest: walked.append(root) or prove(root, *rest))
@@ -208,20 +206,18 @@ class TestRefused:
         self, chain: Chain, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         size = sum(map(len, chain.reply["accountProof"]))
-        monkeypatch.setattr(trie_proof, "KNOWN_ACCOUNT_BYTES", size + 1)
-        monkeypatch.setattr(trie_proof, "_known_accounts", {})
-        monkeypatch.setattr(trie_proof, "_known_account_bytes", 0)
+        known = ByteBoundMemo[Any, Any](size + 1)
+        monkeypatch.setattr(trie_proof, "_known_accounts", known)
         verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
         absent = chain.node.rpc("eth_getProof", ABSENT, [], hex(chain.number))
+        absent_size = sum(map(len, absent["accountProof"]))
         verify_account(chain.state_root, absent, ABSENT, [])  # the first one forgotten to make room
-        known = trie_proof._known_accounts
         assert [address for _, address in known] == [bytes.fromhex(ABSENT[2:])]
-        assert trie_proof._known_account_bytes == sum(entry[3] for entry in known.values()) <= size + 1
-        monkeypatch.setattr(trie_proof, "KNOWN_ACCOUNT_BYTES", 10)  # a proof larger than the bound is not kept
-        monkeypatch.setattr(trie_proof, "_known_accounts", {})
-        monkeypatch.setattr(trie_proof, "_known_account_bytes", 0)
+        assert known.held == absent_size <= size + 1
+        too_small = ByteBoundMemo[Any, Any](10)  # a proof larger than the bound is not kept
+        monkeypatch.setattr(trie_proof, "_known_accounts", too_small)
         verify_account(chain.state_root, chain.reply, chain.store, chain.keys)
-        assert trie_proof._known_accounts == {} and trie_proof._known_account_bytes == 0
+        assert too_small == {} and too_small.held == 0
 
     @settings(max_examples=150, deadline=None)
     @given(which=st.integers(0, 20), at=st.integers(0, 10_000), bit=st.integers(0, 7))

@@ -17,6 +17,7 @@ from typing import Any
 
 from proxy.chain.fields import FieldError, data, keccak256, quantity
 from proxy.chain.rlp import Item, RlpError, decode, decode_int, encode
+from proxy.memo import ByteBoundMemo
 
 EMPTY_ROOT = keccak256(b"\x80")  # the root of the empty trie: keccak-256 of RLP("")
 EMPTY_CODE_HASH = keccak256(b"")
@@ -35,13 +36,11 @@ class ProofError(ValueError):
 # most KNOWN_NODE_BYTES of node bytes (a decoded node takes some three times its bytes), the oldest
 # forgotten first; a node enters only once it hashed to the reference that led to it.
 KNOWN_NODE_BYTES = 1024 * 1024
-_known: dict[bytes, tuple[bytes, Item]] = {}
-_known_bytes = 0
+_known: ByteBoundMemo[bytes, tuple[bytes, Item]] = ByteBoundMemo(KNOWN_NODE_BYTES)
 
 
 def _checked_node(raw: bytes, ref: bytes) -> Item:
     """The decoded node when `raw` hashes to `ref`; ProofError otherwise."""
-    global _known_bytes
     known = _known.get(raw)
     if known is not None:
         if known[0] != ref:
@@ -54,13 +53,7 @@ def _checked_node(raw: bytes, ref: bytes) -> Item:
         node = decode(raw)
     except RlpError as exc:
         raise ProofError(f"a node is not RLP: {exc}") from exc
-    if len(raw) <= KNOWN_NODE_BYTES:
-        while _known and _known_bytes + len(raw) > KNOWN_NODE_BYTES:
-            oldest = next(iter(_known))
-            del _known[oldest]
-            _known_bytes -= len(oldest)
-        _known[raw] = (digest, node)
-        _known_bytes += len(raw)
+    _known.keep(raw, (digest, node), len(raw))
     return node
 
 
@@ -232,14 +225,15 @@ def _storage_value(value: bytes | None) -> int:
 # the same text, so a read of one account's storage slot by slot at one block proves the account once.
 # At most KNOWN_ACCOUNT_BYTES of proof text, the oldest forgotten first.
 KNOWN_ACCOUNT_BYTES = 512 * 1024
-_known_accounts: dict[tuple[bytes, bytes], tuple[Any, tuple[Any, ...], tuple[bool, int, int, bytes, bytes], int]] = {}
-_known_account_bytes = 0
+_Fields = tuple[bool, int, int, bytes, bytes]  # exists, nonce, balance, storage hash, code hash
+_known_accounts: ByteBoundMemo[tuple[bytes, bytes], tuple[Any, tuple[Any, ...], _Fields]] = ByteBoundMemo(
+    KNOWN_ACCOUNT_BYTES
+)
 
 
 def _proven_account(state_root: bytes, address: bytes, reply: Mapping[str, Any]) -> tuple[bool, int, int, bytes, bytes]:
     """The account's fields (exists, nonce, balance, storage hash, code hash), each of the reply's
     checked against what its account proof shows at `state_root`; ProofError otherwise."""
-    global _known_account_bytes
     nodes: Any = reply.get("accountProof")
     texts = (reply.get("nonce"), reply.get("balance"), reply.get("storageHash"), reply.get("codeHash"))
     known = _known_accounts.get((state_root, address))
@@ -255,14 +249,7 @@ def _proven_account(state_root: bytes, address: bytes, reply: Mapping[str, Any])
     if claimed != account[1:]:
         raise ProofError("the account's fields are not the proven ones")
     size = sum(len(node) for node in nodes)  # strings, or _nodes would have refused them
-    replaced = _known_accounts.pop((state_root, address), None)
-    if replaced is not None:
-        _known_account_bytes -= replaced[3]
-    if size <= KNOWN_ACCOUNT_BYTES:
-        while _known_accounts and _known_account_bytes + size > KNOWN_ACCOUNT_BYTES:
-            _known_account_bytes -= _known_accounts.pop(next(iter(_known_accounts)))[3]
-        _known_accounts[(state_root, address)] = (list(nodes), texts, account, size)
-        _known_account_bytes += size
+    _known_accounts.keep((state_root, address), (list(nodes), texts, account), size)
     return account
 
 
