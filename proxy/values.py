@@ -159,15 +159,17 @@ class Reply:
     close: bool = False  # the connection is closed after it (the rest of a body is never read)
 
 
-@dataclass(slots=True)  # not a NamedTuple: built on every hit, where its construction and field reads cost more
-class PaidHit:
-    """A memory hit paid without awaiting: the fast server writes these after a pre-built head."""
-
-    charged: int  # credits
-    remaining: int  # credits left today (>= 0)
-    verified: bytes  # X-Verified: b"proven", b"unproven" or b"not-applicable"
-    length: int  # of the body
-    body: bytes
+# A memory hit paid without awaiting, which the fast server writes after a pre-built head: a plain
+# tuple, always read by unpacking it into these names, in this order:
+#   charged     credits
+#   remaining   credits left today (>= 0)
+#   verified    X-Verified: b"proven", b"unproven" or b"not-applicable"
+#   length      of the body
+#   body        the encoded answer
+# Not a class: one is made and dropped on every hit, and a dataclass's or NamedTuple's construction
+# and deallocation cost about 1,100 instructions a hit that a tuple's display does not
+# (bench.hit_path). A Lookup is a NamedTuple, so `type(x) is tuple` tells a PaidHit from any record.
+PaidHit = tuple[int, int, bytes, int, bytes]
 
 
 # A record made on the hot path without NamedTuple's Python-level __new__ (a call per hit):

@@ -284,7 +284,8 @@ class Gateway:
     def paid_hit_headers(hit: PaidHit) -> dict[str, str]:
         """A paid memory hit's headers but X-Verified (as _reply writes them; the fast server pre-builds
         the same bytes, with a place for X-Verified after them)."""
-        return {"X-Credits-Charged": str(hit.charged), "X-Credits-Remaining": str(hit.remaining), "X-Cache": HIT}
+        charged, remaining, _, _, _ = hit
+        return {"X-Credits-Charged": str(charged), "X-Credits-Remaining": str(remaining), "X-Cache": HIT}
 
     def _reply(
         self,

@@ -96,7 +96,7 @@ class Hits:
         if found is None:
             return new_record(Lookup, (None, plain_body(body, plain)))
         answer = self.answer_of(plain, found, self._calls.request_id() if self._access_log else 0, started)
-        return PaidHit(0, 0, found[0].verified_as, len(answer), answer)
+        return 0, 0, found[0].verified_as, len(answer), answer
 
     def keyed(
         self, body: bytes | str, account: str, network: NetworkRuntime | None, secret: str | None = None
@@ -136,7 +136,7 @@ class Hits:
         plan.hit_cells[is_error].charged.value += credits
         request_id = self._calls.request_id() if self._access_log else 0  # a read, not a call, with no log lines
         answer = self.answer_of(plain, found, request_id, started)
-        return PaidHit(credits, remaining if remaining > 0 else 0, plan.verified_as, len(answer), answer)
+        return credits, remaining if remaining > 0 else 0, plan.verified_as, len(answer), answer
 
     def _found(self, body: bytes | str, network: NetworkRuntime | None) -> Lookup:
         """The memory tier's hit, not yet paid for (`unpaid`), or the parsed miss, or NOT_LOOKED."""

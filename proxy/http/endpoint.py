@@ -78,10 +78,11 @@ PAID_NUMBERS = ("X-Credits-Charged", "X-Credits-Remaining")  # a paid hit's figu
 
 def paid_reply(hit: PaidHit) -> Reply:
     """A paid memory hit as a Reply (for aiohttp, gzip, CORS or the access log)."""
+    _, _, verified, _, body = hit
     headers = Gateway.paid_hit_headers(hit)
     headers["Content-Type"] = JSON_CONTENT_TYPE
-    headers["X-Verified"] = hit.verified.decode()
-    return Reply(hit.body, 200, headers)
+    headers["X-Verified"] = verified.decode()
+    return Reply(body, 200, headers)
 
 
 def key_of(in_path: str | None, headers: Headers) -> str:
@@ -161,7 +162,7 @@ class RpcEndpoint:
         """The answer to a whole body: a Reply when nothing needs awaiting (a cache hit, a refusal),
         else the coroutine that makes it (counted in flight while it runs)."""
         answer = self.serve(key, path_network, headers, body, path)
-        return self.hit_reply(answer) if isinstance(answer, PaidHit) else answer
+        return self.hit_reply(answer) if isinstance(answer, tuple) else answer
 
     def serve(
         self, key: str | None, path_network: str | None, headers: Headers, body: bytes, path: str
@@ -195,9 +196,10 @@ class RpcEndpoint:
                 lookup = hits.by_tab(body, tab, network)
             else:
                 lookup = hits.keyed(body, account, network, key)
-            if type(lookup) is not PaidHit:
-                return self._awaited(body, account, network, lookup, headers, path)  # type: ignore[arg-type]
-            if lookup.length < self.compress_from and "origin" not in headers:
+            if isinstance(lookup, Lookup):
+                return self._awaited(body, account, network, lookup, headers, path)
+            _, _, _, length, _ = lookup  # a PaidHit (values.py)
+            if length < self.compress_from and "origin" not in headers:
                 return lookup
             return self.finish(self.hit_reply(lookup), headers)
         except Exception as exc:
@@ -206,7 +208,8 @@ class RpcEndpoint:
     def hit_reply(self, hit: PaidHit) -> Reply:
         """A memory hit as a Reply (for aiohttp, gzip, CORS or the access log)."""
         if self.open_mode:
-            return Reply(hit.body, 200, {**self.open_headers, "X-Verified": hit.verified.decode()})
+            _, _, verified, _, body = hit
+            return Reply(body, 200, {**self.open_headers, "X-Verified": verified.decode()})
         return paid_reply(hit)
 
     async def _awaited(

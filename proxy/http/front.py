@@ -48,7 +48,7 @@ from proxy.http.wire import (
 )
 from proxy.request_ids import IDS, REQUEST_ID, identified, sane
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
-from proxy.values import PaidHit, Reply
+from proxy.values import Reply
 
 log = logging.getLogger("proxy.front")
 
@@ -113,7 +113,7 @@ class Front:
         endpoint = routes.endpoint
         # X-Verified comes last of them, its value a hit's own (%b).
         self._open_fields = header_template(endpoint.open_headers) + b"X-Verified: %b\r\n"
-        paid = {k: v for k, v in paid_reply(PaidHit(0, 0, b"", 0, b"")).headers.items() if k != "X-Verified"}
+        paid = {k: v for k, v in paid_reply((0, 0, b"", 0, b"")).headers.items() if k != "X-Verified"}
         self._paid_fields = header_template(paid, PAID_NUMBERS) + b"X-Verified: %b\r\n"
         self.open_answer = self.paid_answer = self.open_answer_sent = self.paid_answer_sent = b""
         self.limit_digits = len(str(endpoint.max_body_bytes))
@@ -441,7 +441,7 @@ class FrontProtocol(asyncio.Protocol):
             body = decoded
         network, key = request.target  # type: ignore[misc]
         answer = endpoint.serve(key, network, headers, body, request.path)
-        if type(answer) is PaidHit:  # a memory hit, needing neither gzip nor CORS headers
+        if type(answer) is tuple:  # a memory hit (values.PaidHit), needing neither gzip nor CORS headers
             if prebuilt:
                 # Its id: the client's own, or a number after this process's prefix (request_ids.py).
                 self.pipeline.prebuilt(answer, endpoint.open_mode, request.sent_id or IDS.count())

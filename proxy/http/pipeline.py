@@ -300,22 +300,23 @@ class Pipeline:
         now = self._loop.time()
         if now >= front.renew_at:
             front.date(now)
+        charged, remaining, verified, length, body = hit
         if type(rid) is int:  # a new id's number
             data = (
-                front.open_answer % (rid, hit.verified, hit.length, hit.body)
+                front.open_answer % (rid, verified, length, body)
                 if open_mode
-                else front.paid_answer % (rid, hit.charged, hit.remaining, hit.verified, hit.length, hit.body)
+                else front.paid_answer % (rid, charged, remaining, verified, length, body)
             )
         elif open_mode:  # the client's own id
-            data = front.open_answer_sent % (rid, hit.verified, hit.length, hit.body)
+            data = front.open_answer_sent % (rid, verified, length, body)
         else:
-            data = front.paid_answer_sent % (rid, hit.charged, hit.remaining, hit.verified, hit.length, hit.body)
+            data = front.paid_answer_sent % (rid, charged, remaining, verified, length, body)
         transport = self.transport
         if self.waiting or transport is None:
             self.send(data, False)
             return
         transport.write(data)
-        if hit.length >= COUNTED_HIT:
+        if length >= COUNTED_HIT:
             self.account.wrote(len(data))
         if front.stopping and not self.held:
             self.abort()

@@ -158,8 +158,9 @@ class _Calls:
             return
         connection.active_at = self.loop.time()
         lookup = memory_lookup(self.gateway, data, self.account, self.network)
-        if isinstance(lookup, PaidHit):  # answered now: no task, no slot
-            await self.corked.send(lookup.body)
+        if not isinstance(lookup, Lookup):  # a PaidHit (values.py), answered now: no task, no slot
+            _, _, _, _, body = lookup
+            await self.corked.send(body)
             return
         await self.slots.acquire()
         task = asyncio.create_task(self._serve(data, lookup))
