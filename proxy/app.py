@@ -289,6 +289,12 @@ def _add_routes(
     app.router.add_route("*", "/{tail:.*}", cors.wrap(fallback))
 
 
+async def _unversioned_server(_request: web.Request, response: web.StreamResponse) -> None:
+    """aiohttp's answers (WebSocket handshakes, a connection handed to it after an upgrade) name no
+    library or interpreter version in `Server`; the fast server sends no `Server` at all."""
+    response.headers["Server"] = "rpc-cache-proxy"
+
+
 def create_app(
     settings: Settings,
     *,
@@ -332,6 +338,7 @@ def create_app(
 
     logging_all = [access_logged(gateway, settings.trusted_proxy_header)] if settings.access_log else []
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[request_ids, *logging_all])
+    app.on_response_prepare.append(_unversioned_server)
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[SERVICE] = service

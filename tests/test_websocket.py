@@ -109,3 +109,15 @@ def test_a_text_frame_carries_its_length_in_the_form_rfc_6455_gives_it() -> None
     assert text_frame(b"x" * 125)[:2] == b"\x81\x7d"
     assert text_frame(b"x" * 126)[:4] == b"\x81\x7e\x00\x7e"
     assert text_frame(b"x" * 70000)[:10] == b"\x81\x7f" + (70000).to_bytes(8, "big")
+
+
+async def test_the_handshake_and_aiohttps_answers_name_no_library_or_interpreter_version(evm_proxy: Proxy) -> None:
+    # Server: a version invites attacks aimed at it; the fast server sends none, aiohttp's answers no version.
+    async with evm_proxy.session.ws_connect(evm_proxy.ws_url()) as ws:
+        await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []})
+        assert "result" in await ws.receive_json()
+        server = ws._response.headers.get("Server", "")
+    assert "aiohttp" not in server and "Python" not in server, server
+    async with evm_proxy.session.get(evm_proxy.base + "/healthz") as response:
+        server = response.headers.get("Server", "")
+    assert "aiohttp" not in server and "Python" not in server, server
