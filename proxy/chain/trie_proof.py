@@ -191,7 +191,10 @@ def _nodes(value: Any) -> list[bytes]:
     return [data(node, "proof node") for node in value]
 
 
-def _account(value: bytes | None) -> tuple[bool, int, int, bytes, bytes]:
+_Fields = tuple[bool, int, int, bytes, bytes]  # an account's: exists, nonce, balance, storage hash, code hash
+
+
+def _account(value: bytes | None) -> _Fields:
     """The state trie's value for an account: RLP([nonce, balance, storageRoot, codeHash])."""
     if value is None:
         return False, 0, 0, EMPTY_ROOT, EMPTY_CODE_HASH
@@ -225,13 +228,12 @@ def _storage_value(value: bytes | None) -> int:
 # the same text, so a read of one account's storage slot by slot at one block proves the account once.
 # At most KNOWN_ACCOUNT_BYTES of proof text, the oldest forgotten first.
 KNOWN_ACCOUNT_BYTES = 512 * 1024
-_Fields = tuple[bool, int, int, bytes, bytes]  # exists, nonce, balance, storage hash, code hash
 _known_accounts: ByteBoundMemo[tuple[bytes, bytes], tuple[Any, tuple[Any, ...], _Fields]] = ByteBoundMemo(
     KNOWN_ACCOUNT_BYTES
 )
 
 
-def _proven_account(state_root: bytes, address: bytes, reply: Mapping[str, Any]) -> tuple[bool, int, int, bytes, bytes]:
+def _proven_account(state_root: bytes, address: bytes, reply: Mapping[str, Any]) -> _Fields:
     """The account's fields (exists, nonce, balance, storage hash, code hash), each of the reply's
     checked against what its account proof shows at `state_root`; ProofError otherwise."""
     nodes: Any = reply.get("accountProof")
