@@ -21,6 +21,7 @@ from proxy.chain.trie_proof import (
     EMPTY_ROOT,
     ProofError,
     prove,
+    slot_key,
     verify_account,
     verify_code,
 )
@@ -238,6 +239,17 @@ class TestProveUnits:
         assert prove(EMPTY_ROOT, keccak256(b"k"), [b"\x80"]) is None
         with pytest.raises(ProofError):
             prove(EMPTY_ROOT, keccak256(b"k"), [b"\x80", b"\x80"])
+
+    @pytest.mark.parametrize("key", ["0x1", "0x01", "0x" + "0" * 63 + "1", "0xA", "0x" + "f" * 64])
+    def test_a_storage_key_is_its_number_as_32_bytes_in_any_length_of_hex(self, key: str) -> None:
+        assert slot_key(key) == int(key, 16).to_bytes(32, "big")
+
+    @pytest.mark.parametrize(
+        "key", ["0x", "1", "0x" + "1" * 65, "0x1_0", "0x+1", "0x 1", "0x1 ", "0x00 11", "0xg", "0x-1", 1, None]
+    )
+    def test_a_storage_key_not_plain_hex_of_up_to_32_bytes_is_refused(self, key: object) -> None:
+        with pytest.raises(ProofError):
+            slot_key(key)
 
 
 class TestProofsOfBuiltTries:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from Crypto.Hash import keccak
+from proxy.chain.fields import keccak256
 
 BLOOM_BYTES = 256
 
 
 def _bits(value: bytes) -> list[int]:
-    digest = keccak.new(data=value, digest_bits=256).digest()
+    digest = keccak256(value)
     return [((digest[i] << 8) | digest[i + 1]) & 2047 for i in (0, 2, 4)]
 
 

@@ -180,9 +180,15 @@ def slot_key(value: Any) -> bytes:
     if not isinstance(value, str) or not value.startswith("0x") or not 2 < len(value) <= 66:
         raise ProofError("a storage key is not up to 32 bytes of hex")
     try:
-        return int(value[2:], 16).to_bytes(32, "big")
+        # bytes.fromhex, not int(): a 64-digit key read as a number costs more than the rest of
+        # the key's check (several per verified storage read). Whitespace between digit pairs,
+        # which fromhex skips, leaves fewer than 32 bytes; underscores and signs it refuses.
+        key = bytes.fromhex(value[2:].rjust(64, "0"))
     except ValueError:
         raise ProofError("a storage key is not up to 32 bytes of hex") from None
+    if len(key) != 32:
+        raise ProofError("a storage key is not up to 32 bytes of hex")
+    return key
 
 
 def _nodes(value: Any) -> list[bytes]:
