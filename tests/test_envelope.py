@@ -201,6 +201,21 @@ async def test_wrong_http_method_and_unknown_paths_get_json_errors(evm_proxy: Pr
         assert resp.status == 404 and "error" in await resp.json()
 
 
+@pytest.mark.parametrize("path", ["/ws/v3/test-key", "/evm/ws/v3/test-key", "/ws/v3"])
+async def test_a_post_to_a_websocket_path_is_405_naming_the_upgrade_and_the_http_path(
+    evm_proxy: Proxy, path: str
+) -> None:
+    """Rule: a wrong HTTP method is 405 with Allow (RFC 9110 15.5.6), and its message says where
+    JSON-RPC goes; /ws/v3 is no network called "ws"."""
+    call = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+    async with evm_proxy.session.post(evm_proxy.base + path, json=call) as resp:
+        error = (await resp.json())["error"]
+        assert resp.status == 405 and resp.headers["Allow"] == "GET", (resp.status, error)
+        assert error["code"] == -32600 and "WebSocket" in error["message"] and "POST /v3/" in error["message"]
+    async with evm_proxy.session.get(evm_proxy.url()) as resp:
+        assert resp.status == 405 and resp.headers["Allow"] == "POST"
+
+
 async def test_health_and_readiness(evm_proxy: Proxy) -> None:
     async with evm_proxy.session.get(evm_proxy.base + "/healthz") as resp:
         assert resp.status == 200

@@ -4,6 +4,7 @@ reorgs; limits; credits. Real Anvil, the proxy on a real port, a plain WebSocket
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import socket
@@ -273,6 +274,45 @@ async def test_an_exhausted_key_gets_an_error_on_each_subscription_and_they_clos
     assert sorted(e["subscription"] for e in errors) == sorted([heads, logs])
     assert all(e["error"]["code"] == -32005 and "daily credit limit" in e["error"]["message"] for e in errors)
     assert (await client.call("eth_unsubscribe", heads))["result"] is False  # already closed
+    assert not proxy.app[STREAMS].feeds["evm"].active
+
+
+async def test_notifications_held_past_ws_max_lag_by_the_keys_per_second_limit_end_its_subscriptions_not_the_connection(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a client that reads is never closed as a slow consumer for what its key's per-second
+    limit holds back; past WS_MAX_LAG its subscriptions end with the limit's error (-32005) and the
+    connection stays."""
+    proxy = await make_proxy(
+        _keyed(anvil, CREDITS_PER_SECOND="100", SUBSCRIPTION_CREDITS="subscribe=1,newHeads=50", WS_MAX_LAG="1")
+    )
+    await proxy.head_at(0)
+    client = await connect(proxy, "alice")
+    subs = [await client.subscribe("newHeads") for _ in range(4)]  # 200 credits a block, 100 a second
+    reader = asyncio.create_task(client.notes_until(10**6, timeout=120))  # it reads all it is sent
+
+    def ended() -> set[str]:
+        return {n["params"]["subscription"] for n in client.notes if "error" in n["params"]}
+
+    async def all_ended() -> bool:
+        assert not reader.done(), reader  # closed (1008 slow consumer) instead
+        if ended() == set(subs):
+            return True
+        anvil.mine(1)
+        return False
+
+    try:
+        await eventually(all_ended, 60, "every subscription to end with the limit's error")
+        errors = [n["params"]["error"] for n in client.notes if "error" in n["params"]]
+        assert len(errors) == len(subs)
+        assert all(e["code"] == -32005 and "WS_MAX_LAG" in e["message"] for e in errors), errors
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+    assert not client.ws.closed
+    assert (await client.call("eth_unsubscribe", subs[0]))["result"] is False  # already ended
+    assert proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 0
     assert not proxy.app[STREAMS].feeds["evm"].active
 
 

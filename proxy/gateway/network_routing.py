@@ -12,7 +12,20 @@ from proxy.rpc.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, Call, JsonRpcEr
 from proxy.rpc.methods import family_of, refusal
 
 
+def websocket_only() -> JsonRpcError:
+    """A WebSocket path (`/ws/v3/<key>`, `/<network>/ws/v3/<key>`) asked with another HTTP method."""
+    return JsonRpcError(
+        INVALID_REQUEST,
+        "method not allowed: this is a WebSocket endpoint (GET with Upgrade: websocket); "
+        "send JSON-RPC over HTTP with POST /v3/<API_KEY>",
+        http_status=405,
+        headers={"Allow": "GET"},
+    )
+
+
 def unknown_network(name: str) -> JsonRpcError:
+    if name == "ws":  # no network has that name: a POST to the WebSocket path /ws/v3/<key>
+        return websocket_only()
     return JsonRpcError(INVALID_REQUEST, f"unknown network '{name}'", http_status=404)
 
 

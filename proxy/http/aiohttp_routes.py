@@ -16,7 +16,6 @@ from proxy.http.app_keys import SERVICE
 from proxy.http.endpoint import (
     BUSY_BODIES,
     NO_CHARGE,
-    RPC_PATH,
     RpcEndpoint,
     body_timeout_error,
     error_reply,
@@ -34,7 +33,6 @@ log = logging.getLogger("proxy.app")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 __all__ = [
-    "RPC_PATH",
     "fallback",
     "guarded",
     "healthz",
@@ -62,7 +60,7 @@ def guarded(handler: Handler) -> Handler:
 
 async def fallback(request: web.Request) -> web.StreamResponse:
     """Any other path or HTTP method: a JSON-RPC error, not aiohttp's text page."""
-    return json_response(fallback_reply(RPC_PATH.match(request.path) is not None))
+    return json_response(fallback_reply(request.path))
 
 
 class BodyReader:

@@ -18,6 +18,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
+from proxy.gateway.network_routing import websocket_only
 from proxy.http.answer_bytes import AnswerBytes
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.cors import Cors
@@ -67,10 +68,15 @@ def failure_reply(exc: Exception, path: str) -> Reply:
     return error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
 
 
-def fallback_reply(rpc_path: bool) -> Reply:
-    """Any other path or HTTP method: a JSON-RPC error, not a framework's text page."""
-    status = 405 if rpc_path else 404
-    return error_reply(JsonRpcError(INVALID_REQUEST, HTTP_ERRORS[status], http_status=status), NO_CHARGE)
+def fallback_reply(path: str, root_rpc: bool = False) -> Reply:
+    """Any other path or HTTP method: a JSON-RPC error, not a framework's text page. `root_rpc`: "/"
+    is a JSON-RPC path too (open mode)."""
+    match = RPC_PATH.match(path)
+    if match is not None and match[2]:
+        return error_reply(websocket_only(), NO_CHARGE)
+    if match is None and not (root_rpc and path == "/"):
+        return error_reply(JsonRpcError(INVALID_REQUEST, HTTP_ERRORS[404], http_status=404), NO_CHARGE)
+    return error_reply(JsonRpcError(INVALID_REQUEST, HTTP_ERRORS[405], http_status=405), {**NO_CHARGE, "Allow": "POST"})
 
 
 PAID_NUMBERS = ("X-Credits-Charged", "X-Credits-Remaining")  # a paid hit's figures, in its headers' order

@@ -17,7 +17,6 @@ from proxy.config import Settings
 from proxy.http.compression import decoded_body
 from proxy.http.endpoint import (
     NO_CHARGE,
-    RPC_PATH,
     Headers,
     Pending,
     RpcEndpoint,
@@ -130,8 +129,7 @@ class FrontRoutes:
                 return self.with_cors(self._not_upgraded(ws[1], ws[2], headers, path), headers)
             if path == "/" and self.root_rpc:
                 return self.with_cors(self._not_upgraded(None, None, headers, path), headers)
-        rpc_path = RPC_PATH.match(path) is not None or (path == "/" and self.root_rpc)
-        return self.with_cors(fallback_reply(rpc_path), headers)
+        return self.with_cors(fallback_reply(path, self.root_rpc), headers)
 
     def _not_upgraded(self, network: str | None, key: str | None, headers: Headers, path: str) -> Reply:
         """A GET of a WebSocket path without the upgrade: refused as the WebSocket handler refuses it."""
