@@ -9,6 +9,8 @@ changed answer. Each lie is one a node could tell without breaking the JSON form
 - "proofnode": eth_getProof's last account proof node has a byte changed (the values left true);
 - "newfield": a block shows a header field no fork has (`futureRoot`);
 - "uncle": eth_getUncleByBlockHashAndIndex answers `uncle` (a real block's header) instead of null;
+- "swap": a call whose method `swap` names is answered with the item given there (another final
+  transaction or receipt, true of its own block) in place of the one asked for;
 - "genesis": a balance read by a block hash (EIP-1898) is one more, and eth_getBlockByHash of a block
   at or below `below` says it is block 0 from the second time that hash is asked on (the first, the
   proxy's own check of the hash, is answered honestly).
@@ -29,7 +31,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
 
-LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield", "uncle", "genesis")
+LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield", "uncle", "swap", "genesis")
 _BLOCK_PARAM = {
     "eth_getStorageAt": 2,
     "eth_getProof": 2,
@@ -95,6 +97,7 @@ class LyingRelay:
     below: int = 0  # lies about blocks up to this number
     lies_told: int = 0
     uncle: dict[str, Any] | None = None  # what the "uncle" lie answers
+    swap: dict[str, Any] = field(default_factory=dict)  # method -> what the "swap" lie answers
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
     hashes_asked: dict[str, int] = field(default_factory=dict)  # eth_getBlockByHash: times each hash was asked
     posts: list[list[dict[str, Any]]] = field(default_factory=list)  # each request's calls: a round trip each
@@ -135,7 +138,11 @@ class LyingRelay:
             if self.lie == "uncle" and call.get("method") == "eth_getUncleByBlockHashAndIndex" and result is None:
                 item["result"] = dict(self.uncle or {})  # by hash: no tag to keep honest
                 self.lies_told += 1
-            if self.lie == "genesis" and result is not None:
+            method = call.get("method")
+            if self.lie == "swap" and method in self.swap and number is not None and number <= self.below:
+                item["result"] = json.loads(json.dumps(self.swap[method]))
+                self.lies_told += 1
+            elif self.lie == "genesis" and result is not None:
                 item["result"] = self._genesis(call, result, number)
             elif self.lie is not None and number is not None and number <= self.below and result is not None:
                 item["result"] = _lie(self.lie, str(call.get("method")), result)

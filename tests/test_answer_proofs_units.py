@@ -4,6 +4,8 @@ inclusion only)."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
 from proxy.chain import answer_proofs as ap
@@ -66,3 +68,28 @@ def test_a_removed_log_is_no_final_blocks_log() -> None:
         ap.logs_by_block([{**_log(0), "removed": True}])
     with pytest.raises(ap.AnswerError):
         ap.logs_by_block({"not": "a list"})
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "result"),
+    [
+        ("eth_getTransactionByHash", [HASH], {"hash": "0x" + "cd" * 32, "blockNumber": "0x5"}),
+        ("eth_getTransactionReceipt", [HASH], {"transactionHash": "0x" + "cd" * 32, "blockNumber": "0x5"}),
+        ("eth_getTransactionByBlockNumberAndIndex", ["0x5", "0x0"], {"blockNumber": "0x5", "transactionIndex": "0x1"}),
+        ("eth_getTransactionByBlockNumberAndIndex", ["0x5", "0x0"], {"blockNumber": "0x6", "transactionIndex": "0x0"}),
+        ("eth_getTransactionByBlockHashAndIndex", [HASH, "0x0"], {"blockHash": HASH, "transactionIndex": "0x1"}),
+        (
+            "eth_getTransactionByBlockHashAndIndex",
+            [HASH, "0x0"],
+            {"blockHash": "0x" + "cd" * 32, "transactionIndex": "0x0"},
+        ),
+        ("eth_getTransactionByHash", [HASH], {"blockNumber": "0x5"}),  # no hash at all
+    ],
+)
+def test_a_transaction_or_receipt_other_than_the_one_asked_for_is_refuted_before_its_block_is_read(
+    method: str, params: list[str], result: dict[str, str]
+) -> None:
+    """Rule: a block's proofs prove each of its items, so an item is proven only as the one its call
+    names (refuted here before the header or the block, which are not given, would be read)."""
+    with pytest.raises(ap.AnswerError, match="not the item asked for"):
+        ap.prove(method, params, result, cast(Any, None), [])

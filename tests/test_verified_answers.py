@@ -17,7 +17,18 @@ import pytest
 from proxy.http.app_keys import SERVICE
 from proxy.verifying import LOGS_MAX_CHECKED
 from tests.lying_relay import LyingRelay
-from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, selector, settings_for, start_proxy, word
+from tests.support import (
+    DEV_ACCOUNT,
+    Anvil,
+    Proxy,
+    ProxyFactory,
+    eventually,
+    free_port,
+    selector,
+    settings_for,
+    start_proxy,
+    word,
+)
 from tests.test_upstream_selection import TOKEN, _admin
 
 
@@ -125,6 +136,64 @@ async def test_a_receipts_gas_changed_by_one_alone_is_never_kept(anvil: Anvil, t
 
 async def test_a_headers_timestamp_changed_by_one_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
     await _lie_alone_is_never_kept(anvil, tmp_path, "timestamp")
+
+
+def _two_transactions_in_one_block(anvil: Anvil) -> tuple[str, str, dict[str, Any]]:
+    """Two value transfers mined in one block, at indexes 0 and 1: (first hash, second hash, first receipt)."""
+    anvil.rpc("evm_setAutomine", False)
+    try:
+        sent = [
+            anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": "0x" + f"{n}" * 40, "value": hex(n)})
+            for n in (1, 2)
+        ]
+        anvil.mine(1)
+    finally:
+        anvil.rpc("evm_setAutomine", True)
+    return sent[0], sent[1], anvil.rpc("eth_getTransactionReceipt", sent[0])
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "eth_getTransactionByHash",
+        "eth_getTransactionReceipt",
+        "eth_getTransactionByBlockNumberAndIndex",
+        "eth_getTransactionByBlockHashAndIndex",
+    ],
+)
+async def test_another_final_item_in_place_of_the_transaction_or_receipt_asked_for_is_never_kept(
+    anvil: Anvil, tmp_path: Path, method: str
+) -> None:
+    """Rule: an answer is proven only as the item its call names. The liar answers with the block's
+    other transaction (or its receipt), which the block's proofs prove as that one."""
+    first, second, receipt = _two_transactions_in_one_block(anvil)
+    n, block_hash = int(receipt["blockNumber"], 16), receipt["blockHash"]
+    asked = {
+        "eth_getTransactionByHash": ([first], [second]),
+        "eth_getTransactionReceipt": ([first], [second]),
+        "eth_getTransactionByBlockNumberAndIndex": ([hex(n), "0x0"], [hex(n), "0x1"]),
+        "eth_getTransactionByBlockHashAndIndex": ([block_hash, "0x0"], [block_hash, "0x1"]),
+    }
+    params, others = asked[method]
+    truth, other = anvil.rpc(method, *params), anvil.rpc(method, *others)
+    assert truth != other
+    liar = await LyingRelay(anvil.url, "swap", below=n, swap={method: other}).start()
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            await _final(anvil, proxy, n)
+            told, cache, verified = await _ask(proxy, method, params)
+            # served (nothing better to serve), told unproven, refuted, not kept
+            assert told == other and cache != "HIT" and verified == "unproven"
+            assert _verifications(proxy, method, "refuted") >= 1
+            assert (await _ask(proxy, method, params))[1] != "HIT"
+            liar.lie = None  # honest now: the next answer is the truth, proven and kept
+            assert await _ask(proxy, method, params) == (truth, "MISS", "proven")
+            # A hit by hash is told unproven (as on the honest path: it may have been kept a while
+            # before its block was final); by number, proven.
+            found = "proven" if method == "eth_getTransactionByBlockNumberAndIndex" else "unproven"
+            assert await _ask(proxy, method, params) == (truth, "HIT", found)
+    finally:
+        await liar.close()
 
 
 async def test_beside_an_honest_node_no_lie_about_final_data_is_served(

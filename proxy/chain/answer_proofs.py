@@ -155,6 +155,7 @@ def prove(method: str, params: Any, result: Any, header: Header, extras: Sequenc
         elif method == UNCLE:
             _prove_uncle(params, result, header, extras)
         else:
+            _asked_for(method, params, result)
             _prove_from_block(method, result, header, extras)
     except (ProofError, BlockError, ReceiptError, FieldError, HeaderError) as exc:
         raise AnswerError(str(exc)) from exc
@@ -240,6 +241,29 @@ def _prove_from_block(method: str, result: Any, header: Header, extras: Sequence
     verify_receipts(receipts, header, transactions)
     if method == "eth_getTransactionReceipt":
         _same_item(result, receipts, "receipt")
+
+
+# What names the one transaction or receipt a call asks for: (the answer's field, the param's
+# position). A block's proofs prove each of its items, so an item is proven only as the one asked for.
+_ASKED = {
+    "eth_getTransactionByHash": (("hash", 0),),
+    "eth_getTransactionReceipt": (("transactionHash", 0),),
+    "eth_getTransactionByBlockNumberAndIndex": (("blockNumber", 0), ("transactionIndex", 1)),
+    "eth_getTransactionByBlockHashAndIndex": (("blockHash", 0), ("transactionIndex", 1)),
+}
+
+
+def _asked_for(method: str, params: Any, result: Any) -> None:
+    """A transaction or receipt is the one its call names (its hash, or its block and index): another
+    final block's item, or another index's, would be proven by its own block's proofs."""
+    if not isinstance(result, dict):
+        return  # not an item: _same_item says so
+    for name, position in _ASKED.get(method, ()):
+        asked = _block_param(params[position]) if isinstance(params, list) and len(params) > position else None
+        if asked is None:
+            raise Unprovable(f"{method}'s param {position} names no item")
+        if _block_param(result.get(name)) != asked:
+            raise AnswerError(f"the answer is not the item asked for: its {name} is not the call's")
 
 
 def _same_item(result: Any, items: Sequence[Any], what: str) -> None:
