@@ -10,6 +10,7 @@ from proxy.cache import policy as cp
 from proxy.cache import sharing
 from proxy.cache.integrity import Integrity
 from proxy.cache.tiers import FillLock, TieredCache
+from proxy.chain import answer_proofs as ap
 from proxy.chain.head_polls import Head
 from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
@@ -110,6 +111,15 @@ class Fetcher:
             if doubt is not None:  # served, never stored
                 self._metrics.uncached_answers.labels(net.name, doubt).inc()
                 return _told(net, plan, answer), False
+        if (
+            ttl is not None
+            and plan.method in ap.ITEM_FIELDS
+            and ap.other_item(plan.method, plan.forward, answer.result) is not None
+        ):
+            # Another transaction or receipt than the one asked for, unproven (a proven one is the
+            # item asked for: settle() refutes another): served as the node gave it, never kept.
+            self._metrics.uncached_answers.labels(net.name, "other_item").inc()
+            return _told(net, plan, answer), False
         if ttl is not None and self._cache.shared is None:
             self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
         elif ttl is not None:

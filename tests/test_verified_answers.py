@@ -196,6 +196,35 @@ async def test_another_final_item_in_place_of_the_transaction_or_receipt_asked_f
         await liar.close()
 
 
+@pytest.mark.parametrize("case", ["verify off, final", "unfinalized"])
+async def test_another_item_in_place_of_the_transaction_asked_for_is_never_kept_where_no_proof_runs(
+    anvil: Anvil, tmp_path: Path, case: str
+) -> None:
+    """Rule: what no proof checks is still the item asked for before it is kept: with verify = "off",
+    or about a block not yet final, another transaction in its place is served, never kept."""
+    first, second, receipt = _two_transactions_in_one_block(anvil)
+    n = int(receipt["blockNumber"], 16)
+    method = "eth_getTransactionByHash"
+    truth, other = anvil.rpc(method, first), anvil.rpc(method, second)
+    liar = await LyingRelay(anvil.url, "swap", below=n, swap={method: other}).start()
+    fields = {"verify": "off"} if case.startswith("verify off") else {}
+    try:
+        async with _proxy(tmp_path, [liar.url], **fields) as proxy:
+            if fields:
+                await _final(anvil, proxy, n)
+            else:
+                await proxy.head_at(anvil.block_number())
+            told, cache, _ = await _ask(proxy, method, [first])
+            assert told == other and cache != "HIT"
+            assert (await _ask(proxy, method, [first]))[1] != "HIT"
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="other_item") == 2
+            liar.lie = None
+            assert (await _ask(proxy, method, [first]))[:2] == (truth, "MISS")
+            assert (await _ask(proxy, method, [first]))[:2] == (truth, "HIT")
+    finally:
+        await liar.close()
+
+
 async def test_beside_an_honest_node_no_lie_about_final_data_is_served(
     anvil: Anvil, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

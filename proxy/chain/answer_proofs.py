@@ -245,7 +245,7 @@ def _prove_from_block(method: str, result: Any, header: Header, extras: Sequence
 
 # What names the one transaction or receipt a call asks for: (the answer's field, the param's
 # position). A block's proofs prove each of its items, so an item is proven only as the one asked for.
-_ASKED = {
+ITEM_FIELDS = {
     "eth_getTransactionByHash": (("hash", 0),),
     "eth_getTransactionReceipt": (("transactionHash", 0),),
     "eth_getTransactionByBlockNumberAndIndex": (("blockNumber", 0), ("transactionIndex", 1)),
@@ -253,17 +253,23 @@ _ASKED = {
 }
 
 
-def _asked_for(method: str, params: Any, result: Any) -> None:
-    """A transaction or receipt is the one its call names (its hash, or its block and index): another
-    final block's item, or another index's, would be proven by its own block's proofs."""
+def other_item(method: str, params: Any, result: Any) -> str | None:
+    """The field by which a transaction or receipt is not the one its call names (its hash, or its
+    block and index), or None: a node may answer with another item, whole and true of its own block."""
     if not isinstance(result, dict):
-        return  # not an item: _same_item says so
-    for name, position in _ASKED.get(method, ()):
+        return None  # null, or not an item (_same_item says so when it is to be proven)
+    for name, position in ITEM_FIELDS.get(method, ()):
         asked = _block_param(params[position]) if isinstance(params, list) and len(params) > position else None
-        if asked is None:
-            raise Unprovable(f"{method}'s param {position} names no item")
-        if _block_param(result.get(name)) != asked:
-            raise AnswerError(f"the answer is not the item asked for: its {name} is not the call's")
+        if asked is None or _block_param(result.get(name)) != asked:
+            return name
+    return None
+
+
+def _asked_for(method: str, params: Any, result: Any) -> None:
+    """Another final block's item, or another index's, would be proven by its own block's proofs."""
+    name = other_item(method, params, result)
+    if name is not None:
+        raise AnswerError(f"the answer is not the item asked for: its {name} is not the call's")
 
 
 def _same_item(result: Any, items: Sequence[Any], what: str) -> None:
