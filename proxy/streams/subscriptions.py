@@ -66,10 +66,7 @@ class Session:
     _next_solana_id: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     closed: bool = False
-    # The refusal the writer is waiting out (the per-second limit, an unreachable ledger): while it
-    # is, what waits is held by the key's limit, not by a client that does not read.
-    _held: JsonRpcError | None = None
-    _ending_held: bool = False
+    _held: JsonRpcError | None = None  # the refusal (per-second limit, ledger down) the writer waits out
 
     def __post_init__(self) -> None:
         self.outbox = Outbox(self.ws, self.transport, self.settings.subscription_credits, self._paid)
@@ -244,44 +241,18 @@ class Session:
         return not self.closed
 
     def _check_behind(self, now: float) -> None:
-        over_bytes = self.outbox.owed() > self.settings.ws_send_buffer_bytes
-        if not over_bytes and now - self.outbox.oldest <= self.settings.ws_max_lag:
+        settings = self.settings
+        over_bytes = self.outbox.owed() > settings.ws_send_buffer_bytes
+        if not over_bytes and now - self.outbox.oldest <= settings.ws_max_lag:
             return
-        if self._held is not None:
-            self._end_held(self._held, over_bytes)
-        elif over_bytes:
-            self._overflow(f"fell behind by more than {self.settings.ws_send_buffer_bytes} bytes")
-        else:
-            self._overflow(f"fell behind by more than {self.settings.ws_max_lag:g}s (WS_MAX_LAG)")
-
-    def _end_held(self, refusal: JsonRpcError, over_bytes: bool) -> None:
-        """Notifications held past the bound by the key's own limit, not by its client: every
-        subscription ends with the limit's error (what waits for them is dropped), and the
-        connection stays, its calls answered as before."""
-        if self._ending_held or not self.subs:
-            return
-        bound = (
-            f"{self.settings.ws_send_buffer_bytes} bytes (WS_SEND_BUFFER_BYTES)"
-            if over_bytes
-            else f"{self.settings.ws_max_lag:g}s (WS_MAX_LAG)"
-        )
-        error = JsonRpcError(
-            refusal.code,
-            f"{refusal.message}: notifications waiting for it passed {bound}; subscription ended",
-            http_status=refusal.http_status,
-        )
-        log.warning(
-            "ending %d subscriptions of a WebSocket whose notifications waited past %s: %s",
-            len(self.subs),
-            bound,
-            refusal.message,
-        )
-        self._ending_held = True  # each end() queues its error: not a new reckoning of the lag
-        try:
+        bound = f"{settings.ws_send_buffer_bytes} bytes" if over_bytes else f"{settings.ws_max_lag:g}s (WS_MAX_LAG)"
+        if self._held is None:
+            self._overflow(f"fell behind by more than {bound}")
+        elif self.subs:  # held back by the key's own limit, not by its client: its subscriptions end
+            message = f"{self._held.message}: notifications held past {bound}; subscription ended"
+            log.warning("ending %d subscriptions of a WebSocket: %s", len(self.subs), message)
             for sub in list(self.subs.values()):
-                self.end(sub, error)
-        finally:
-            self._ending_held = False
+                self.end(sub, JsonRpcError(self._held.code, message))  # the connection stays
 
     def _overflow(self, why: str) -> None:
         self.closed = True
@@ -311,9 +282,7 @@ class Session:
                     return True
                 if refusal.http_status not in (429, 503):
                     break
-                # Over the per-second limit, or the ledger is unreachable: deliver later, within the
-                # send bounds (past them, the subscriptions end with this refusal: _end_held).
-                self._held = refusal
+                self._held = refusal  # deliver later, within the send bounds (past them: _check_behind)
                 await asyncio.sleep(float(refusal.headers.get("Retry-After", "1")))
         finally:
             self._held = None
@@ -326,7 +295,10 @@ class Session:
         if not self._forget(sub):
             return
         self.outbox.discard(sub)
-        self._queue(Outgoing(jsonrpc.encode_notification(sub.method, sub.id, error.encode(), error=True)))
+        if not self.closed:  # no reckoning of the lag: _check_behind ends several at once
+            self.outbox.put(
+                Outgoing(jsonrpc.encode_notification(sub.method, sub.id, error.encode(), error=True)), time.monotonic()
+            )
         if sub.detach is not None:
             spawn(self._tasks, sub.detach())
 
