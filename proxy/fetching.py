@@ -112,7 +112,7 @@ class Fetcher:
                 self._metrics.uncached_answers.labels(net.name, doubt).inc()
                 return _told(net, plan, answer), False
         if ttl is not None and ap.other_item(plan.method, plan.forward, answer.result) is not None:
-            self._metrics.uncached_answers.labels(net.name, "other_item").inc()  # unproven (settle() refutes it)
+            self._metrics.uncached_answers.labels(net.name, "other_item").inc()  # a proven one is the item asked for
             return _told(net, plan, answer), False  # another transaction or receipt than asked for: never kept
         if ttl is not None and self._cache.shared is None:
             self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await

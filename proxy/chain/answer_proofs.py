@@ -266,7 +266,8 @@ def other_item(method: str, params: Any, result: Any) -> str | None:
 
 
 def _asked_for(method: str, params: Any, result: Any) -> None:
-    """Another final block's item, or another index's, would be proven by its own block's proofs."""
+    """Refute an answer that is not the item its call names: another final block's item, or another
+    index's, would be proven by its own block's proofs."""
     name = other_item(method, params, result)
     if name is not None:
         raise AnswerError(f"the answer is not the item asked for: its {name} is not the call's")
