@@ -10,7 +10,8 @@ changed answer. Each lie is one a node could tell without breaking the JSON form
 - "newfield": a block shows a header field no fork has (`futureRoot`);
 - "uncle": eth_getUncleByBlockHashAndIndex answers `uncle` (a real block's header) instead of null;
 - "swap": a call whose method `swap` names is answered with the item given there (another final
-  transaction or receipt, true of its own block) in place of the one asked for;
+  block, transaction or receipt, true of its own block) in place of the one asked for; with
+  `swap_first` set, only a call whose first param is that one (the proxy's own calls stay honest);
 - "genesis": a balance read by a block hash (EIP-1898) is one more, and eth_getBlockByHash of a block
   at or below `below` says it is block 0 from the second time that hash is asked on (the first, the
   proxy's own check of the hash, is answered honestly).
@@ -98,6 +99,7 @@ class LyingRelay:
     lies_told: int = 0
     uncle: dict[str, Any] | None = None  # what the "uncle" lie answers
     swap: dict[str, Any] = field(default_factory=dict)  # method -> what the "swap" lie answers
+    swap_first: Any = None  # the "swap" lie only for calls with this first param (None: every call)
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
     hashes_asked: dict[str, int] = field(default_factory=dict)  # eth_getBlockByHash: times each hash was asked
     posts: list[list[dict[str, Any]]] = field(default_factory=list)  # each request's calls: a round trip each
@@ -139,7 +141,11 @@ class LyingRelay:
                 item["result"] = dict(self.uncle or {})  # by hash: no tag to keep honest
                 self.lies_told += 1
             method = call.get("method")
-            if self.lie == "swap" and method in self.swap and number is not None and number <= self.below:
+            first = (call.get("params") or [None])[0]
+            first = first.get("blockHash", first.get("blockNumber")) if isinstance(first, dict) else first
+            swapped = method in self.swap and (self.swap_first is None or first == self.swap_first)
+            about_below = number is not None and number <= self.below
+            if self.lie == "swap" and swapped and (self.swap_first is not None or about_below):
                 item["result"] = json.loads(json.dumps(self.swap[method]))
                 self.lies_told += 1
             elif self.lie == "genesis" and result is not None:

@@ -212,6 +212,8 @@ async def test_a_post_to_a_websocket_path_is_405_naming_the_upgrade_and_the_http
         error = (await resp.json())["error"]
         assert resp.status == 405 and resp.headers["Allow"] == "GET", (resp.status, error)
         assert error["code"] == -32600 and "WebSocket" in error["message"] and "POST /v3/" in error["message"]
+    async with evm_proxy.session.put(evm_proxy.base + path, json=call) as resp:
+        assert resp.status == 405 and resp.headers["Allow"] == "GET"
     async with evm_proxy.session.get(evm_proxy.url()) as resp:
         assert resp.status == 405 and resp.headers["Allow"] == "POST"
 

@@ -225,6 +225,45 @@ async def test_another_item_in_place_of_the_transaction_asked_for_is_never_kept_
         await liar.close()
 
 
+@pytest.mark.parametrize(
+    ("method", "case"),
+    [
+        ("eth_getBlockByHash", "not yet final, by hash"),
+        ("eth_getBlockReceipts", "not yet final, by hash"),
+        ("eth_getBlockByNumber", "final, by number, verify off"),
+        ("eth_getBlockReceipts", "final, by number, verify off"),
+    ],
+)
+async def test_another_block_in_place_of_the_block_asked_for_is_never_kept_nor_told_proven(
+    anvil: Anvil, tmp_path: Path, method: str, case: str
+) -> None:
+    """Rule: an answer is the block its call names (each receipt's block too). The liar answers with
+    another block, whole and true of its own header: a final one for a block asked by hash before it
+    is final (proven by its own header), or another final one where no proof runs."""
+    other = _two_transactions_in_one_block(anvil)[2]
+    asked = _two_transactions_in_one_block(anvil)[2]
+    by_hash = case.endswith("by hash")
+    liar = await LyingRelay(anvil.url, "swap", below=10**9).start()
+    try:
+        async with _proxy(tmp_path, [liar.url], **({} if by_hash else {"verify": "off"})) as proxy:
+            await _final(anvil, proxy, int(asked["blockNumber"], 16))
+            if by_hash:
+                asked = anvil.send(None, "0x00")  # a block with a receipt, not yet final
+                await proxy.head_at(anvil.block_number())
+            field = "blockHash" if by_hash else "blockNumber"
+            params = [asked[field], True] if method != "eth_getBlockReceipts" else [asked[field]]
+            truth, lie = anvil.rpc(method, *params), anvil.rpc(method, other[field], *params[1:])
+            liar.swap, liar.swap_first = {method: lie}, asked[field]
+            told, cache, verified = await _ask(proxy, method, params)
+            assert told == lie and cache != "HIT" and verified != "proven"
+            assert (await _ask(proxy, method, params))[1] != "HIT"
+            liar.lie = None
+            assert (await _ask(proxy, method, params))[:2] == (truth, "MISS")
+            assert (await _ask(proxy, method, params))[:2] == (truth, "HIT")
+    finally:
+        await liar.close()
+
+
 async def test_beside_an_honest_node_no_lie_about_final_data_is_served(
     anvil: Anvil, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

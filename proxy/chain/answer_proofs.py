@@ -148,6 +148,7 @@ def prove(method: str, params: Any, result: Any, header: Header, extras: Sequenc
     """Return when `result` is proven by `header` and the `extras` answers (extra_calls' order);
     AnswerError when it is refuted, Unprovable when it cannot be told."""
     try:
+        _asked_for(method, params, result)
         if method in STATE:
             _prove_state(method, params, result, header, extras)
         elif method in BLOCKS:
@@ -155,7 +156,6 @@ def prove(method: str, params: Any, result: Any, header: Header, extras: Sequenc
         elif method == UNCLE:
             _prove_uncle(params, result, header, extras)
         else:
-            _asked_for(method, params, result)
             _prove_from_block(method, result, header, extras)
     except (ProofError, BlockError, ReceiptError, FieldError, HeaderError) as exc:
         raise AnswerError(str(exc)) from exc
@@ -251,23 +251,40 @@ ITEM_FIELDS = {
     "eth_getTransactionByBlockNumberAndIndex": (("blockNumber", 0), ("transactionIndex", 1)),
     "eth_getTransactionByBlockHashAndIndex": (("blockHash", 0), ("transactionIndex", 1)),
 }
+# A block, or each of a block's receipts, names its block in these fields (by hash, by number): the
+# block the call's first param names, or the answer is another block's, proven by its own header.
+BLOCK_FIELDS = {
+    "eth_getBlockByHash": ("hash", "number"),
+    "eth_getBlockByNumber": ("hash", "number"),
+    "eth_getBlockReceipts": ("blockHash", "blockNumber"),
+}
 
 
 def other_item(method: str, params: Any, result: Any) -> str | None:
-    """The field by which a transaction or receipt is not the one its call names (its hash, or its
-    block and index), or None: a node may answer with another item, whole and true of its own block."""
+    """The field by which an answer is not the block, transaction or receipt its call names (by hash,
+    number or index), or None: a node may answer with another one, whole and true of its own block.
+    A param that names nothing to compare (a tag) is not compared."""
+    params = params if isinstance(params, list) else []
+    fields = BLOCK_FIELDS.get(method)
+    if fields is not None:
+        asked = _block_param(params[0]) if params else None
+        name = fields[0] if isinstance(asked, str) else fields[1]
+        for item in result if isinstance(result, list) else [result]:
+            if asked is not None and isinstance(item, dict) and _block_param(item.get(name)) != asked:
+                return name
+        return None
     if not isinstance(result, dict):
         return None  # null, or not an item (_same_item says so when it is to be proven)
     for name, position in ITEM_FIELDS.get(method, ()):
-        asked = _block_param(params[position]) if isinstance(params, list) and len(params) > position else None
-        if asked is None or _block_param(result.get(name)) != asked:
+        asked = _block_param(params[position]) if len(params) > position else None
+        if asked is not None and _block_param(result.get(name)) != asked:
             return name
     return None
 
 
 def _asked_for(method: str, params: Any, result: Any) -> None:
-    """Refute an answer that is not the item its call names: another final block's item, or another
-    index's, would be proven by its own block's proofs."""
+    """Refute an answer that is not what its call names: another final block, or another block's or
+    index's item, would be proven by its own block's proofs."""
     name = other_item(method, params, result)
     if name is not None:
         raise AnswerError(f"the answer is not the item asked for: its {name} is not the call's")

@@ -72,7 +72,7 @@ def fallback_reply(path: str, root_rpc: bool = False) -> Reply:
     """Any other path or HTTP method: a JSON-RPC error, not a framework's text page. `root_rpc`: "/"
     is a JSON-RPC path too (open mode)."""
     match = RPC_PATH.match(path)
-    if match is not None and match[2]:
+    if match is not None and (match[2] or match[1] == "/ws"):  # /<network>/ws/v3/..., /ws/v3/...
         return error_reply(websocket_only(), NO_CHARGE)
     if match is None and not (root_rpc and path == "/"):
         return error_reply(JsonRpcError(INVALID_REQUEST, HTTP_ERRORS[404], http_status=404), NO_CHARGE)
