@@ -2,10 +2,11 @@
 
     .venv/bin/python -m bench.verify_primitives [--receipts 5,50,200] [--seconds 0.5]
 
-Prints µs per call, the median of five runs, for: keccak-256 of 32 and 532 bytes (the proxy's, safe-pysha3;
-pycryptodome and eth_hash where installed, for comparison), a Prague header's hash from its JSON fields, an account and
-three storage slots checked from an eth_getProof reply, receiptsRoot (and transactionsRoot) of
-blocks of N receipts, and one transaction's sender recovered from its signature. Needs Anvil
+Prints µs per call, the median of five runs, for: keccak-256 of 32 and 532 bytes (the proxy's,
+safe-pysha3; pycryptodome and eth_hash where installed, for comparison), a Prague header's hash from
+its JSON fields, an account and three storage slots checked from an eth_getProof reply,
+receiptsRoot (and transactionsRoot) of blocks of N receipts, and one transaction's sender recovered
+from its signature. Needs Anvil
 (`bash scripts/test.sh` installs it under .tools/) for the proofs and the receipts; the header comes
 from tests/fixtures/anvil_headers.json.
 """

@@ -111,9 +111,9 @@ class Fetcher:
             if doubt is not None:  # served, never stored
                 self._metrics.uncached_answers.labels(net.name, doubt).inc()
                 return _told(net, plan, answer), False
-        if ttl is not None and ap.other_item(plan.method, plan.forward, answer.result) is not None:
-            self._metrics.uncached_answers.labels(net.name, "other_item").inc()  # a proven one is the item asked for
-            return _told(net, plan, answer), False  # another transaction or receipt than asked for: never kept
+        if ttl is not None and verdict != PROVEN and ap.other_item(plan.method, plan.forward, answer.result):
+            self._metrics.uncached_answers.labels(net.name, "other_item").inc()  # unproven: prove() refutes it
+            return _told(net, plan, answer), False  # another block, transaction or receipt than asked for: never kept
         if ttl is not None and self._cache.shared is None:
             self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
         elif ttl is not None:

@@ -268,9 +268,11 @@ def other_item(method: str, params: Any, result: Any) -> str | None:
     fields = BLOCK_FIELDS.get(method)
     if fields is not None:
         asked = _block_param(params[0]) if params else None
+        if asked is None:
+            return None
         name = fields[0] if isinstance(asked, str) else fields[1]
         for item in result if isinstance(result, list) else [result]:
-            if asked is not None and isinstance(item, dict) and _block_param(item.get(name)) != asked:
+            if isinstance(item, dict) and _block_param(item.get(name)) != asked:
                 return name
         return None
     if not isinstance(result, dict):

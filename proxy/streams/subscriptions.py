@@ -249,10 +249,12 @@ class Session:
         if self._held is None:
             self._overflow(f"fell behind by more than {bound}")
         elif self.subs:  # held back by the key's own limit, not by its client: its subscriptions end
-            message = f"{self._held.message}: notifications held past {bound}; subscription ended"
-            log.warning("ending %d subscriptions of a WebSocket: %s", len(self.subs), message)
+            error = JsonRpcError(
+                self._held.code, f"{self._held.message}: notifications held past {bound}; subscription ended"
+            )
+            log.warning("ending %d subscriptions of a WebSocket: %s", len(self.subs), error.message)
             for sub in list(self.subs.values()):
-                self.end(sub, JsonRpcError(self._held.code, message))  # the connection stays
+                self.end(sub, error)  # the connection stays
 
     def _overflow(self, why: str) -> None:
         self.closed = True
