@@ -24,7 +24,8 @@ from proxy.cache import log_chunks
 from proxy.chain import answer_proofs as ap
 from proxy.chain import bloom
 from proxy.chain.head_polls import Head
-from proxy.chain.header_chain import HeaderChain, Unverifiable
+from proxy.chain.header_chain import HeaderChain, Proven, Unverifiable
+from proxy.chain.headers import HeaderError, verify_header
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
@@ -37,14 +38,18 @@ from proxy.values import FOREVER, Answer, Plan
 log = logging.getLogger("proxy.verify")
 
 PROVEN, UNPROVEN, REFUTED, NOT_APPLICABLE, OFF = "proven", "unproven", "refuted", "not-applicable", "off"
-# Kept as without verification, told unproven: its key names a block hash above finality
-# (content-addressed: no final block, so no proof the trusted chain of final blocks could give), or
-# it is about block 0 and unproven (a dev node's genesis stateRoot is not its state's).
+# Kept as without verification, told unproven: an answer about no block the proxy can tell, or about
+# block 0 and unproven (a dev node's genesis stateRoot is not its state's). An answer by the hash of
+# a block above finality is proven against the header that hash names (no final block vouches for
+# it, and none need: the hash names that content alone), else kept BRIEF.
 UNFINAL = "unfinal"
 # A proof past its budget (an eth_getLogs range of too many blocks to check): kept as without
 # verification (told unproven) under auto, as an answer no proof covers; nothing unproven is kept
 # forever under required.
 UNCHECKED = "unchecked"
+# Kept for the unfinalized TTL only, told unproven: an answer by the hash of a block above finality
+# that its proofs (against the header that hashes to that hash) neither proved nor refuted.
+BRIEF = "brief"
 LOGS_MAX_BLOCKS = 2000  # headers read to check one eth_getLogs answer (a chunk of the default 1000 fits)
 LOGS_MAX_CHECKED = 32  # blocks whose receipts are asked to check one eth_getLogs answer
 
@@ -99,8 +104,12 @@ class Verifier:
             return NOT_APPLICABLE, answer
         number, asked = await self._block_number(net, plan, answer)
         head = net.tracker.head
-        if number is None or not isinstance(head, Head) or not head.final_hash or number > head.finalized:
-            return UNFINAL, answer
+        final = isinstance(head, Head) and bool(head.final_hash) and number is not None and number <= head.finalized
+        # Above finality, an answer by a block's hash is proven against the header that hashes to it
+        # (no final block vouches for it, and none need: the hash names that content alone).
+        pinned = None if final else ap.named_hash(plan.method, plan.forward)
+        if number is None or (not final and pinned is None):
+            return (UNFINAL if pinned is None else BRIEF), answer
         if number == 0 and not asked and plan.method in ap.STATE:
             # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot: the state
             # of block 0, named by its number, is kept as without verification and told unproven. A
@@ -109,10 +118,12 @@ class Verifier:
         first, tried, refuted = answer, {answer.upstream}, False
         per = net.per_upstream
         while True:
-            outcome = await self._prove(net, plan, answer, number)
+            outcome = await self._prove(net, plan, answer, number, pinned)
             if outcome == UNCHECKED:
                 self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
-                return UNFINAL, answer  # kept as without verification (required: for a short TTL)
+                return (
+                    UNFINAL if pinned is None else BRIEF
+                ), answer  # kept as without verification (required: for a short TTL)
             self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
             if outcome == PROVEN:
                 # Block 0's answers are told unproven, on the miss as on every hit: releases before
@@ -132,6 +143,8 @@ class Verifier:
                     nxt = _next_upstream(net, plan, tried)
             if nxt is None:
                 break
+        if pinned is not None and not refuted:
+            return BRIEF, first  # neither proven nor refuted: kept no longer than an unfinalized answer
         if net.config.verify == "required":
             why = "every upstream's answer was refuted by its proofs" if refuted else "no proof could be had"
             raise JsonRpcError(
@@ -175,7 +188,9 @@ class Verifier:
         except ValueError:
             return None, True
 
-    async def _prove(self, net: NetworkRuntime, plan: Plan, answer: Answer, number: int) -> str:
+    async def _prove(self, net: NetworkRuntime, plan: Plan, answer: Answer, number: int, pinned: str | None) -> str:
+        """`pinned`: the hash of a block above finality the call names (its header and the proof's
+        calls are asked by that hash); None: a final block, whose header the header chain holds."""
         if answer.is_error or answer.upstream < 0:
             return UNPROVEN
         head = net.tracker.head
@@ -183,12 +198,17 @@ class Verifier:
         chain = self.chain(net)
         try:
             if plan.method == "eth_getLogs":
-                return await self._prove_logs(net, chain, head, plan, answer, number)
+                return await self._prove_logs(net, chain, head, plan, answer, number, pinned)
             block = ap.answer_block(plan.method, plan.forward, answer.result)
-            header, _fields = await chain.header(number, head)
+            if pinned is None:
+                header, _fields = await chain.header(number, head)
+            else:
+                header, _fields = await self._pinned(net, answer, plan.method, pinned)
             if isinstance(block, str) and header.hash.hex() != block[2:]:
                 return UNPROVEN  # a hash the chain does not hold at the block the plan names
             calls = ap.extra_calls(plan.method, plan.forward, answer.result, number)
+            if pinned is not None:
+                calls = ap.by_hash(calls, number, pinned)
             rode = answer.state_proof  # asked beside the read, of the same node (pool.py)
             if rode is not None and len(calls) == 1 and rode[0] == calls[0]:
                 extras: list[Any] | None = [rode[1]]
@@ -206,8 +226,35 @@ class Verifier:
             return REFUTED
         return PROVEN
 
+    async def _pinned(self, net: NetworkRuntime, answer: Answer, method: str, block_hash: str) -> Proven:
+        """The header of the block a hash names: one whose fields hash to it, so true whichever node
+        gives it (a block answer's own, else the answering node's). AnswerError when the node's header
+        for that hash is not one; Unprovable when it has none, or a field the proxy does not know."""
+        found = [answer.result] if method in ap.BLOCKS else []
+        if not (found and isinstance(found[0], dict) and str(found[0].get("hash")).lower() == block_hash):
+            found = await self._extras(net, answer.upstream, [("eth_getBlockByHash", [block_hash, False])]) or []
+        block = found[0] if found else None
+        if not isinstance(block, dict):
+            raise ap.Unprovable("no header for the block's hash")
+        try:
+            header = verify_header(block)
+        except HeaderError as exc:
+            if str(exc).startswith("unknown header field"):
+                raise ap.Unprovable(str(exc)) from exc
+            raise ap.AnswerError(str(exc)) from exc
+        if "0x" + header.hash.hex() != block_hash:
+            raise ap.AnswerError("the header is not the one its hash names")
+        return header, block
+
     async def _prove_logs(
-        self, net: NetworkRuntime, chain: HeaderChain, head: Head | None, plan: Plan, answer: Answer, number: int
+        self,
+        net: NetworkRuntime,
+        chain: HeaderChain,
+        head: Head | None,
+        plan: Plan,
+        answer: Answer,
+        number: int,
+        pinned: str | None,
     ) -> str:
         """Every log returned is in its block's proven receipts; with verify_logs = "complete", none
         is missing from a block whose logsBloom may match the filter."""
@@ -225,7 +272,11 @@ class Verifier:
             return REFUTED
         complete = net.config.verify_logs == "complete"
         numbers = list(range(first, last + 1)) if complete or isinstance(named, str) else sorted(shown)
-        headers = await chain.headers(numbers, head)
+        headers = (
+            {number: await self._pinned(net, answer, plan.method, pinned)}
+            if pinned
+            else await chain.headers(numbers, head)
+        )
         if isinstance(named, str) and "0x" + headers[first][0].hash.hex() != named.lower():
             return UNPROVEN  # the hash is not the chain's block at that height
         addresses, topics = log_filter.get("address"), log_filter.get("topics")
@@ -242,6 +293,8 @@ class Verifier:
         calls = [
             c for n in order for c in (("eth_getBlockByNumber", [hex(n), True]), ("eth_getBlockReceipts", [hex(n)]))
         ]
+        if pinned is not None:
+            calls = ap.by_hash(calls, number, pinned)
         extras = await self._extras(net, answer.upstream, calls)
         if extras is None:
             return UNPROVEN

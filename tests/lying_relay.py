@@ -49,13 +49,22 @@ def _number(value: Any) -> int | None:
     return None
 
 
+def _hash(param: Any) -> bool:
+    """Whether a block param names its block by hash (EIP-1898 `{"blockHash": H}` too)."""
+    return (isinstance(param, dict) and "blockHash" in param) or (isinstance(param, str) and len(param) == 66)
+
+
 def _about(call: dict[str, Any], result: Any) -> int | None:
-    """The block number a call (or its answer) is about; None for a tag."""
+    """The block number a call (or, for a block named by hash, its answer) is about; None for a tag."""
     method, params = call.get("method"), call.get("params") or []
+    param: Any = None
     if method in _BLOCK_PARAM and len(params) > _BLOCK_PARAM[method]:
-        return _number(params[_BLOCK_PARAM[method]])
-    if method == "eth_getLogs" and params and isinstance(params[0], dict):
-        return _number(params[0].get("toBlock"))
+        param = params[_BLOCK_PARAM[method]]
+    elif method == "eth_getLogs" and params and isinstance(params[0], dict):
+        log_filter = params[0]
+        param = log_filter["blockHash"] if "blockHash" in log_filter else log_filter.get("toBlock", "latest")
+    if param is not None and not _hash(param):
+        return _number(param)  # a number, or a tag (None)
     item = result[0] if isinstance(result, list) and result else result
     if isinstance(item, dict):
         return _number(item.get("blockNumber", item.get("number")))

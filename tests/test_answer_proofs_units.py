@@ -93,3 +93,34 @@ def test_a_transaction_or_receipt_other_than_the_one_asked_for_is_refuted_before
     names (refuted here before the header or the block, which are not given, would be read)."""
     with pytest.raises(ap.AnswerError, match="not the item asked for"):
         ap.prove(method, params, result, cast(Any, None), [])
+
+
+def test_a_call_names_its_block_by_hash_only_where_its_block_param_is_one() -> None:
+    upper = "0x" + "AB" * 32
+    assert ap.named_hash("eth_getStorageAt", [STORE, "0x0", {"blockHash": upper}]) == HASH  # lower-cased
+    assert ap.named_hash("eth_getBalance", [STORE, HASH]) == HASH
+    assert ap.named_hash("eth_getLogs", [{"blockHash": HASH}]) == HASH
+    assert ap.named_hash("eth_getBlockReceipts", [HASH]) == HASH
+    assert ap.named_hash("eth_getUncleByBlockHashAndIndex", [HASH, "0x0"]) == HASH
+    assert ap.named_hash("eth_getBlockReceipts", ["0x10"]) is None  # by number
+    assert ap.named_hash("eth_getLogs", [{"fromBlock": "0x1", "toBlock": "0x2"}]) is None
+    assert ap.named_hash("eth_getTransactionByHash", [HASH]) is None  # a transaction's hash, not a block's
+    assert ap.named_hash("eth_getBalance", [STORE, "latest"]) is None
+    assert ap.named_hash("eth_getStorageAt", [STORE]) is None  # too few params: nothing named
+
+
+def test_the_proofs_calls_for_a_block_above_finality_name_it_by_its_hash() -> None:
+    """Rule: a block above finality is asked for by hash, so a reorg between the answer and its proof
+    cannot put another block's parts in the proof."""
+    calls: list[ap.Call] = [
+        ("eth_getBlockByNumber", ["0x10", True]),
+        ("eth_getBlockReceipts", ["0x10"]),
+        ("eth_getProof", [STORE, [], "0x10"]),
+        ("eth_getBlockByHash", [HASH, False]),  # already by hash
+    ]
+    assert ap.by_hash(calls, 16, HASH) == [
+        ("eth_getBlockByHash", [HASH, True]),
+        ("eth_getBlockReceipts", [HASH]),
+        ("eth_getProof", [STORE, [], {"blockHash": HASH}]),
+        ("eth_getBlockByHash", [HASH, False]),
+    ]

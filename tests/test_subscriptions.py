@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -278,18 +279,27 @@ async def test_an_exhausted_key_gets_an_error_on_each_subscription_and_they_clos
 
 
 async def test_notifications_held_past_ws_max_lag_by_the_keys_per_second_limit_end_its_subscriptions_not_the_connection(
-    anvil: Anvil, make_proxy: ProxyFactory
+    anvil: Anvil, make_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
     """Rule: a client that reads is never closed as a slow consumer for what its key's per-second
     limit holds back; past WS_MAX_LAG its subscriptions end with the limit's error (-32005) and the
-    connection stays."""
+    connection stays. Another key's subscriptions on the same proxy go on being served."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys.alice]\nkey = "alice"\ncredits_per_second = 100\n\n[keys.bob]\nkey = "bob"\n')
     proxy = await make_proxy(
-        _keyed(anvil, CREDITS_PER_SECOND="100", SUBSCRIPTION_CREDITS="subscribe=1,newHeads=50", WS_MAX_LAG="1")
+        settings_for(
+            EVM_UPSTREAM=anvil.url,
+            API_KEYS_FILE=str(keys),
+            SUBSCRIPTION_CREDITS="subscribe=1,newHeads=50",
+            WS_MAX_LAG="1",
+        )
     )
     await proxy.head_at(0)
-    client = await connect(proxy, "alice")
+    client, other = await connect(proxy, "alice"), await connect(proxy, "bob")
     subs = [await client.subscribe("newHeads") for _ in range(4)]  # 200 credits a block, 100 a second
+    others = await other.subscribe("newHeads")  # bob's key has no per-second limit
     reader = asyncio.create_task(client.notes_until(10**6, timeout=120))  # it reads all it is sent
+    other_reader = asyncio.create_task(other.notes_until(10**6, timeout=120))
 
     def ended() -> set[str]:
         return {n["params"]["subscription"] for n in client.notes if "error" in n["params"]}
@@ -306,13 +316,24 @@ async def test_notifications_held_past_ws_max_lag_by_the_keys_per_second_limit_e
         errors = [n["params"]["error"] for n in client.notes if "error" in n["params"]]
         assert len(errors) == len(subs)
         assert all(e["code"] == -32005 and "WS_MAX_LAG" in e["message"] for e in errors), errors
+        top = anvil.block_number() + 1
+        anvil.mine(1)
+
+        async def other_got_it() -> bool:
+            assert not other_reader.done(), other_reader
+            return any(int(head["number"], 16) >= top for head in other.results(others))
+
+        await eventually(other_got_it, 30, "the other key's subscription to go on")
+        assert not any("error" in n["params"] for n in other.notes)
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        for task in (reader, other_reader):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     assert not client.ws.closed
     assert (await client.call("eth_unsubscribe", subs[0]))["result"] is False  # already ended
     assert proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 0
+    assert (await other.call("eth_unsubscribe", others))["result"] is True
     assert not proxy.app[STREAMS].feeds["evm"].active
 
 

@@ -264,6 +264,88 @@ async def test_another_block_in_place_of_the_block_asked_for_is_never_kept_nor_t
         await liar.close()
 
 
+# Calls that name a block by its hash: (method, params for the block's hash H, a store's address S)
+BY_HASH = {
+    "eth_getBlockByHash": lambda h, s: [h, False],
+    "eth_getBlockReceipts": lambda h, s: [h],
+    "eth_getTransactionByBlockHashAndIndex": lambda h, s: [h, "0x0"],
+    "eth_getStorageAt": lambda h, s: [s, "0x0", {"blockHash": h}],
+    "eth_getLogs": lambda h, s: [{"address": s, "blockHash": h}],
+}
+
+
+async def _above_finality(anvil: Anvil, proxy: Proxy) -> tuple[str, str]:
+    """A store and the hash of its block with three logs, mined above the finality the proxy knows."""
+    await _final(anvil, proxy, anvil.block_number())
+    store, n = _store_with_logs(anvil)
+    await proxy.head_at(n)
+    return store, anvil.rpc("eth_getBlockByNumber", hex(n), False)["hash"]
+
+
+@pytest.mark.parametrize("method", sorted(BY_HASH))
+async def test_an_answer_by_the_hash_of_a_block_not_yet_final_is_proven_by_the_header_that_hash_names(
+    anvil: Anvil, tmp_path: Path, method: str
+) -> None:
+    """Rule: an answer kept forever because its key is a block's hash is proven first, against the
+    header whose fields hash to that hash (no final block vouches for it, and none is needed)."""
+    async with _proxy(tmp_path, [anvil.url]) as proxy:
+        store, block_hash = await _above_finality(anvil, proxy)
+        params = BY_HASH[method](block_hash, store)
+        truth = anvil.rpc(method, *params)
+        assert await _ask(proxy, method, params) == (truth, "MISS", "proven")
+        assert (await _ask(proxy, method, params))[:2] == (truth, "HIT")
+        assert _verifications(proxy, method, "proven") == 1
+
+
+@pytest.mark.parametrize(
+    ("lie", "method"),
+    [("timestamp", "eth_getBlockByHash"), ("gas", "eth_getBlockReceipts"), ("droplog", "eth_getLogs")],
+)
+async def test_a_lie_about_a_block_not_yet_final_asked_by_its_hash_is_never_kept(
+    anvil: Anvil, tmp_path: Path, lie: str, method: str
+) -> None:
+    """Rule: what a node says of a block named by hash above finality is refuted by the header that
+    hash names, and never kept (it was kept forever, its key being the hash)."""
+    liar = await LyingRelay(anvil.url, lie, below=10**9).start()  # every block's, tags left honest
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            store, block_hash = await _above_finality(anvil, proxy)
+            params = BY_HASH[method](block_hash, store)
+            truth = anvil.rpc(method, *params)
+            told, cache, verified = await _ask(proxy, method, params)
+            assert told != truth and cache != "HIT" and verified == "unproven"
+            assert (await _ask(proxy, method, params))[1] != "HIT"
+            assert _verifications(proxy, method, "refuted") >= 1
+            liar.lie = None  # honest now: the truth is proven and kept
+            assert await _ask(proxy, method, params) == (truth, "MISS", "proven")
+            assert (await _ask(proxy, method, params))[:2] == (truth, "HIT")
+    finally:
+        await liar.close()
+
+
+async def test_an_answer_by_hash_above_finality_that_no_header_can_prove_is_kept_no_longer_than_the_unfinalized_ttl(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """Rule: neither proven nor refuted (a header field the proxy does not know), an answer by the hash
+    of a block above finality is kept as an unfinalized answer is, never forever."""
+    liar = await LyingRelay(anvil.url, "newfield", below=10**9).start()
+    networks = _networks(tmp_path, [liar.url])
+    proxy = await start_proxy(settings_for(NETWORKS_FILE=networks, CACHE_UNFINALIZED_TTL="5"))
+    try:
+        _store, block_hash = await _above_finality(anvil, proxy)
+        first = await _ask(proxy, "eth_getBlockByHash", [block_hash, False])
+        assert first[1:] == ("MISS", "unproven") and "futureRoot" in first[0]
+        assert (await _ask(proxy, "eth_getBlockByHash", [block_hash, False]))[1] == "HIT"
+
+        async def expired() -> bool:
+            return (await _ask(proxy, "eth_getBlockByHash", [block_hash, False]))[1] == "MISS"
+
+        await eventually(expired, 30, "the entry to expire with the unfinalized TTL")
+    finally:
+        await proxy.close()
+        await liar.close()
+
+
 async def test_beside_an_honest_node_no_lie_about_final_data_is_served(
     anvil: Anvil, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

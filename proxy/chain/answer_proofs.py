@@ -74,6 +74,41 @@ def answer_block(method: str, params: Any, result: Any) -> int | str | None:
     return _block_param(item.get("blockNumber", item.get("number")))
 
 
+# Calls that name their block by hash in their first param (the block's hash, not an item's).
+BY_BLOCK_HASH = frozenset(
+    {"eth_getBlockByHash", "eth_getBlockReceipts", "eth_getTransactionByBlockHashAndIndex", UNCLE}
+)
+
+
+def named_hash(method: str, params: Any) -> str | None:
+    """The block hash a call names (lower-case), where it names its block by hash: EIP-1898
+    `{"blockHash": H}`, an eth_getLogs `blockHash` filter, the by-hash block methods; else None."""
+    params = params if isinstance(params, list) else []
+    if method in STATE:
+        named = _block_param(params[STATE[method]]) if len(params) > STATE[method] else None
+    elif method == "eth_getLogs":
+        named = _block_param(params[0].get("blockHash")) if params and isinstance(params[0], dict) else None
+    else:
+        named = _block_param(params[0]) if method in BY_BLOCK_HASH and params else None
+    return named if isinstance(named, str) else None
+
+
+def by_hash(calls: Sequence[Call], number: int, block_hash: str) -> list[Call]:
+    """The proof's calls with the block named by its hash instead of its number: for a block above
+    finality, whose number another block may take by a reorg while the proof is asked."""
+    block = hex(number)
+    pinned: list[Call] = []
+    for method, params in calls:
+        if method == "eth_getBlockByNumber" and params[0] == block:
+            method, params = "eth_getBlockByHash", [block_hash, *params[1:]]
+        elif method == "eth_getBlockReceipts" and params[0] == block:
+            params = [block_hash]
+        elif method == "eth_getProof" and params[2] == block:
+            params = [*params[:2], {"blockHash": block_hash}]
+        pinned.append((method, params))
+    return pinned
+
+
 def extra_calls(method: str, params: Any, result: Any, number: int) -> list[Call]:
     """The calls whose answers, with the header, prove this answer (asked of the same node)."""
     block = hex(number)
