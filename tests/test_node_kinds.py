@@ -4,6 +4,7 @@ answer while another upstream can give one. Every answer is counted against the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -387,6 +388,104 @@ async def test_readyz_says_degraded_when_every_upstream_is_still_syncing(
 
             await eventually(degraded, 10, "/readyz to say every upstream is syncing")
         finally:
+            await proxy.close()
+
+
+# --- a node a few blocks behind on the head's own chain ----------------------------------------
+
+LIVE_HEAD = 300
+LAGGING_AT = 290  # a few blocks behind: not "catching up" (CATCH_UP_BLOCKS), the same chain
+
+
+@pytest.fixture(scope="module")
+def live_and_lagging() -> Iterator[tuple[Anvil, Anvil]]:
+    live = Anvil()
+    live.mine(LAGGING_AT - live.block_number())
+    lagging = Anvil("--fork-url", live.url, "--fork-block-number", str(LAGGING_AT))  # its blocks are live's
+    live.mine(LIVE_HEAD - live.block_number())
+    yield live, lagging
+    lagging.stop()
+    live.stop()
+
+
+def _a_poll(calls: list[dict[str, Any]]) -> bool:
+    """A head tracker's poll: its batch asks for the latest block first."""
+    return len(calls) > 1 and calls[0].get("method") == "eth_getBlockByNumber" and calls[0]["params"][0] == "latest"
+
+
+async def test_a_balancer_member_a_few_blocks_behind_never_takes_the_head_back(
+    live_and_lagging: tuple[Anvil, Anvil],
+) -> None:
+    """Rule: a node behind on the head's own chain (its latest block is one the head holds, with that
+    hash) never takes the head back, however long the head has been stale: it is behind, not on a
+    shorter chain; and the poll it answered is asked once more (a balancer sends it to another
+    member). Here the balancer sends every other request to its lagging member."""
+    live, lagging = live_and_lagging
+    top = live.block_number()
+    turn = itertools.count()
+    polls = {"lagging": 0, "on": False}
+
+    def route(calls: list[dict[str, Any]]) -> str:
+        if not polls["on"] or next(turn) % 2 == 0:
+            return live.url
+        polls["lagging"] += _a_poll(calls)
+        return lagging.url
+
+    async with balancer(route) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, HEAD_POLL_INTERVAL="0.2"))
+        try:
+            await proxy.head_at(top)
+            tracker = proxy.app[SERVICE].networks["evm"].tracker
+            polls["on"] = True
+
+            async def polled_on() -> bool:
+                head = tracker.head
+                assert head is not None and head.latest == top, head  # never back to the member's block
+                return polls["lagging"] >= 15
+
+            await eventually(polled_on, 60, "polls to reach the lagging member")
+            assert proxy.metric("rpc_proxy_reorgs_total", network="evm") == 0
+            since = tracker.last_poll
+
+            async def fresh() -> bool:
+                head = tracker.head
+                return head is not None and not head.stale and tracker.last_poll > since
+
+            await eventually(fresh, 30, "a fresh head beside the lagging member")
+        finally:
+            await proxy.close()
+
+
+async def test_a_primary_a_few_blocks_behind_leaves_the_head_to_the_upstream_ahead_of_it(
+    live_and_lagging: tuple[Anvil, Anvil], tmp_path: Path
+) -> None:
+    """Rule: a poll answered by a node behind the head is asked once more, of the upstream furthest
+    ahead, so a primary that fell a few blocks behind (not far enough to count as catching up) leaves
+    the head fresh and following the chain, instead of stale for as long as it lags."""
+    live, lagging = live_and_lagging
+    behind = {"now": False}
+
+    def route(calls: list[dict[str, Any]]) -> str:
+        return lagging.url if behind["now"] else live.url  # the primary: in step, then a few blocks behind
+
+    async with balancer(route) as primary:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{primary},{live.url}", HEAD_POLL_INTERVAL="0.1"))
+        try:
+            await proxy.head_at(live.block_number())
+            tracker = proxy.app[SERVICE].networks["evm"].tracker
+            behind["now"] = True
+            top = live.mine(1)  # only the upstream ahead has it
+            await proxy.head_at(top, timeout=30)
+            since = tracker.last_poll
+
+            async def fresh() -> bool:
+                head = tracker.head
+                return head is not None and not head.stale and tracker.last_poll > since
+
+            await eventually(fresh, 30, "a fresh head while the primary lags")
+            assert proxy.metric("rpc_proxy_reorgs_total", network="evm") == 0
+        finally:
+            behind["now"] = False
             await proxy.close()
 
 

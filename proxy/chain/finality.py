@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from proxy.chain.head_polls import RESTART_EVIDENCE, Head, Header, TrackerError, finality_violation
+from proxy.chain.head_polls import RESTART_EVIDENCE, Behind, Head, Header, TrackerError, finality_violation
 from proxy.metrics import Metrics
 from proxy.upstream.standing import UpstreamStates
 
@@ -22,13 +22,17 @@ class FinalityWatch:
         self._metrics = metrics
 
     def refuse_going_back(self, old_head: Head, latest: Header, upstream: int) -> None:
+        if old_head.hashes.get(latest.number) == latest.hash:
+            # A block of the head's own chain: the node is behind on it, never on a shorter chain (a
+            # rollback or a shorter fork shows another hash there), stale head or not.
+            raise Behind(f"upstream #{upstream} is behind the network head ({latest.number} < {old_head.latest})")
         if not self.furthest(upstream) or not old_head.stale:
             # An upstream behind the network (or on a shorter fork) answered: `latest` never goes
             # backwards for it; if only such answers come, the head goes stale and then the shorter
             # chain is taken from the upstream furthest ahead (a reorg to a shorter chain, a rollback).
             # Not before: one URL may be a load balancer whose lagging member is on a fork the
             # network left, and its answers come between the others'.
-            raise TrackerError(f"upstream #{upstream} is behind the network head ({latest.number} < {old_head.latest})")
+            raise Behind(f"upstream #{upstream} is behind the network head ({latest.number} < {old_head.latest})")
 
     def furthest(self, index: int) -> bool:
         """No other upstream serving the network is known to be further ahead than `index`."""

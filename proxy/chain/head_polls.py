@@ -31,6 +31,11 @@ class TrackerError(Exception):
     """A poll could not produce a consistent head; the previous head stays in force."""
 
 
+class Behind(TrackerError):
+    """The poll's answer came from a node behind the network's head (a primary a few blocks behind, a
+    load balancer's lagging member, a node still syncing): the poll asks once more, elsewhere."""
+
+
 @dataclass(frozen=True, slots=True)
 class Header:
     number: int
@@ -141,6 +146,10 @@ class PollAsker:
             return await self._ask(calls)
         since = max(time.time() - shared.interval / 2, self.fresh_from)
         return await shared.ask("tracker", calls, self._ask, since=since)
+
+    async def direct(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        """Asked of the upstream now, whatever a sibling worker's poll fetched."""
+        return await self._ask(calls)
 
     async def _ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
         if self._singles_left <= 0:

@@ -20,6 +20,7 @@ from proxy.chain.epochs import EpochKeeper, EpochStore
 from proxy.chain.finality import FinalityWatch
 from proxy.chain.forks import ForkGuard
 from proxy.chain.head_polls import (
+    Behind,
     Head,
     Header,
     PollAsker,
@@ -36,8 +37,9 @@ from proxy.chain.head_polls import (
     synced_window,
 )
 from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import BlockRef
-from proxy.upstream.pool import Upstream
+from proxy.upstream.pool import Upstream, http_pool
 from proxy.upstream.standing import ChainIdentity, UpstreamStates
 from proxy.values import Answer
 from proxy.workers.shared_polls import SharedPolls
@@ -246,9 +248,19 @@ class EvmHeadTracker:
         if known_final is not None:
             calls.append(get_block(hex(known_final.number)))  # is the finalized block still final?
         answers = await self._asker.ask(calls)
-        latest_a, safe_a, final_a = answers[:3]
         old_head = self.head
-        latest, violated = self._judged(latest_a, old_head, known_final, answers[3] if known_final else None)
+        try:
+            latest, violated = self._judged(answers[0], old_head, known_final, answers[3] if known_final else None)
+        except Behind as behind:
+            # Once more, of the upstream furthest ahead (the pool again when none is known: a load
+            # balancer may send it to another member); else the head would wait for the next poll, and
+            # go stale while every poll reaches the node behind (a primary a few blocks behind).
+            try:
+                answers = await self._ask_ahead(calls, answers[0].upstream)
+            except JsonRpcError:
+                raise behind from None  # the poll's failure is the node behind, not the one that failed
+            latest, violated = self._judged(answers[0], old_head, known_final, answers[3] if known_final else None)
+        latest_a, safe_a, final_a = answers[:3]
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
         final_h = header_of(final_a)
         finalized = final_h.number if final_h else max(0, latest.number - self._depth)
@@ -306,6 +318,14 @@ class EvmHeadTracker:
             self._reorged(reorged, old, hashes)
         return head
 
+    async def _ask_ahead(self, calls: list[tuple[str, Any]], behind: int) -> list[Answer]:
+        """The poll's calls asked of the upstream furthest ahead of `behind` alone, or of the pool."""
+        ahead = self._states.ahead_of(behind) if self._states is not None else None
+        pool = http_pool(self._upstream) if ahead is not None else None
+        if ahead is None or pool is None:
+            return await self._asker.direct(calls)
+        return await pool.ask_all(ahead, calls, timeout=max(self._interval, 1.0))
+
     def _reorged(self, reorged: list[int], old: dict[int, str], hashes: dict[int, str]) -> None:
         """Blocks replaced by a reorg: their hashes become orphans; the metric, the log and listeners hear."""
         note_orphans(self.orphans, reorged, old, hashes)
@@ -330,7 +350,7 @@ class EvmHeadTracker:
             # block, never the network's, even before the tracker had one. The head goes stale instead.
             if old_head is not None and latest.number < old_head.latest:
                 self._finality.refuse_going_back(old_head, latest, latest_a.upstream)
-            raise TrackerError(
+            raise Behind(
                 f"upstream #{latest_a.upstream} is still syncing or far behind the others (at block {latest.number})"
             )
         if old_head is not None and latest.number < old_head.latest and self._states is not None:
