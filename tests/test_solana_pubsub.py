@@ -142,3 +142,25 @@ async def test_solana_subscriptions_are_charged_by_their_subscribe_method(
         return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 2 + 2 * 3
 
     await eventually(charged, 5, "the subscription and its two notifications to be charged")
+
+
+async def test_an_unsubscribe_with_a_boolean_id_is_refused_and_ends_nothing(
+    solana: FakeSolana, relay_proxy: Proxy
+) -> None:
+    """Rule: a subscription id is a number (Agave's u64) or a string (geth's), never a boolean (True == 1)."""
+    client = await connect(relay_proxy)
+    ours = (await client.call("slotSubscribe"))["result"]
+    assert ours == 1  # the id `true` would equal
+    for method in (
+        "slotUnsubscribe",
+        "accountUnsubscribe",
+        "logsUnsubscribe",
+        "signatureUnsubscribe",
+        "eth_unsubscribe",
+    ):
+        reply = await client.call(method, True)
+        assert reply["error"]["code"] == -32602 and "boolean" in reply["error"]["message"], (method, reply)
+    assert len(solana.subscriptions) == 1
+    await solana.advance_slot()
+    (note,) = await client.notes_until(1)
+    assert note["params"]["subscription"] == ours and "result" in note["params"]

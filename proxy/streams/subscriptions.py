@@ -175,6 +175,8 @@ class Session:
         if len(params) != 1:
             raise invalid_params("subscription", "expected one subscription id")
         target = params[0]
+        if type(target) is bool:  # True == 1 in Python: Agave reads a u64, geth a string; neither a bool
+            raise invalid_params("subscription", "expected a subscription id, not a boolean")
         sub = self.subs.get(target) if isinstance(target, (str, int)) else None
         solana = call.method != "eth_unsubscribe"
         if sub is None or (sub.method == EVM_NOTIFICATION) == solana:
