@@ -122,6 +122,7 @@ class PartsBuilder:
                 metrics=metrics,
                 stale_after=settings.head_stale_bound,
                 shared=polls,
+                identity_interval=settings.identity_check_interval,
             )
             return Parts(NetworkRuntime(net, upstream, tracker), relay=relay, polls=polls)
         # EVM upstreams are watched one by one (head, chain identity); Solana answers carry their slot.

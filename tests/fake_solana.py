@@ -68,6 +68,8 @@ class FakeSolana(FakeNode):
         self.sockets: set[web.WebSocketResponse] = set()
         self.refuse_sockets = False
         self._next_sub = 5000  # far from the proxy's own ids, so a test sees they are rewritten
+        self.genesis: str | None = GENESIS_HASH  # another cluster's, or None: getGenesisHash fails
+        self.largest = LARGEST
         super().__init__()
 
     @property
@@ -107,7 +109,9 @@ class FakeSolana(FakeNode):
         if method == "getBlockHeight":
             return {"jsonrpc": "2.0", "id": rid, "result": self.slot - lag - 100}
         if method == "getGenesisHash":
-            return {"jsonrpc": "2.0", "id": rid, "result": GENESIS_HASH}
+            if self.genesis is None:
+                return _error(rid, -32603, "Internal error")
+            return {"jsonrpc": "2.0", "id": rid, "result": self.genesis}
         if method == "getEpochSchedule":
             return {"jsonrpc": "2.0", "id": rid, "result": EPOCH_SCHEDULE}
         if method in ("getBalance", "getAccountInfo", "getMultipleAccounts"):
@@ -132,9 +136,9 @@ class FakeSolana(FakeNode):
             value = {"amount": amount, "decimals": decimals, "uiAmount": ui, "uiAmountString": json.dumps(ui)}
             return {"jsonrpc": "2.0", "id": rid, "result": {"context": self._context(), "value": value}}
         if method == "getLargestAccounts":
-            accounts = LARGEST
+            accounts = self.largest
             if config.get("filter") == "nonCirculating":
-                accounts = LARGEST[:5]
+                accounts = self.largest[:5]
             return {"jsonrpc": "2.0", "id": rid, "result": {"context": self._context(), "value": accounts}}
         return _error(rid, -32601, "Method not found")
 

@@ -3,6 +3,8 @@ with the proxy's own subscription ids, the same per-connection limits, and a cle
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from proxy.credits.accounts import derived_name
@@ -142,3 +144,51 @@ async def test_solana_subscriptions_are_charged_by_their_subscribe_method(
         return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 2 + 2 * 3
 
     await eventually(charged, 5, "the subscription and its two notifications to be charged")
+
+
+async def test_an_unsubscribe_with_a_boolean_id_is_refused_and_ends_nothing(
+    solana: FakeSolana, relay_proxy: Proxy
+) -> None:
+    """Rule: a subscription id is a number (Agave's u64) or a string (geth's), never a boolean (True == 1)."""
+    client = await connect(relay_proxy)
+    ours = (await client.call("slotSubscribe"))["result"]
+    assert ours == 1  # the id `true` would equal
+    for method in (
+        "slotUnsubscribe",
+        "accountUnsubscribe",
+        "logsUnsubscribe",
+        "signatureUnsubscribe",
+        "eth_unsubscribe",
+    ):
+        reply = await client.call(method, True)
+        assert reply["error"]["code"] == -32602 and "boolean" in reply["error"]["message"], (method, reply)
+    assert len(solana.subscriptions) == 1
+    await solana.advance_slot()
+    (note,) = await client.notes_until(1)
+    assert note["params"]["subscription"] == ours and "result" in note["params"]
+
+
+async def test_a_subscribe_sent_as_a_notification_opens_nothing_and_charges_nothing(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a notification gets no reply (JSON-RPC 2.0), so a subscribe without an id opens and charges nothing."""
+    proxy = await make_proxy(
+        SOLANA_UPSTREAM=solana.url,
+        SOLANA_UPSTREAM_WS=solana.ws_url,
+        API_KEYS="alice",
+        SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3",
+    )
+    client = await connect(proxy, "alice")
+    for method in ("slotSubscribe", "eth_subscribe"):
+        await client.ws.send_str(json.dumps({"jsonrpc": "2.0", "method": method, "params": []}))
+    ours = (await client.call("slotSubscribe"))["result"]  # after them, on the same socket
+    await solana.advance_slot()
+    (note,) = await client.notes_until(1)
+    assert note["params"]["subscription"] == ours
+    assert len(solana.subscriptions) == 1 and solana.ws_calls["slotSubscribe"] == 1
+
+    async def charged() -> bool:
+        return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 2 + 3
+
+    await eventually(charged, 5, "one subscription and its one notification to be charged")
+    assert client.replies == {} and client.notes == [note]

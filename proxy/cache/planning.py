@@ -12,6 +12,7 @@ from proxy.cache.tiers import cache_key
 from proxy.chain import pinning, proofs
 from proxy.chain.head_polls import Resolved
 from proxy.chain.heads import EvmHeadTracker
+from proxy.chain.slots import SolanaSlotTracker
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
@@ -23,9 +24,11 @@ from proxy.values import Plan
 def key_space(net: NetworkRuntime, head: Any) -> str | None:
     """The space a network's cache keys name for this head (None: no key yet): an EVM head's (network,
     chain identity, epoch), of its own for a network that keeps answers unverified (verify = "off"),
-    so that no verifying proxy (after a reload, or a replica sharing Redis) finds them as proven."""
-    if net.config.family != "evm":
-        return net.name
+    so that no verifying proxy (after a reload, or a replica sharing Redis) finds them as proven; a
+    Solana cluster's (network, genesis hash), so no other cluster behind the same Redis shares it."""
+    tracker = net.tracker
+    if isinstance(tracker, SolanaSlotTracker):
+        return tracker.space
     space: str | None = head.space if head is not None else None
     return space + "|unverified" if space is not None and net.config.verify == "off" else space
 

@@ -1,16 +1,36 @@
 """Solana's slot tracker: the slot at each commitment, polled with getSlot, and the newest value
-forwarded answers showed (from_trackers.py serves getSlot and getBlockHeight from it)."""
+forwarded answers showed (from_trackers.py serves getSlot and getBlockHeight from it).
+
+It also holds the cluster's identity, its genesis hash (getGenesisHash, asked at the first poll and
+then every IDENTITY_CHECK_INTERVAL seconds), which names the network's cache-key space (`space`) as
+the chain identity does an EVM network's: two clusters behind one Redis (two deployments, or one
+whose SOLANA_UPSTREAM moved from devnet to mainnet) share no entry. Until it is known nothing of the
+network is cached; a cluster whose genesis hash changes (a restarted test validator) gets a new space
+at once, with an ERROR line.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from proxy.chain.head_polls import PollAsker, TrackerError, poll_forever, poll_health
 from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import COMMITMENTS
 from proxy.upstream.pool import Upstream
 from proxy.workers.shared_polls import SharedPolls
+
+log = logging.getLogger("proxy.identity")
+_BASE58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
+
+
+def genesis_of(result: object) -> str | None:
+    """The genesis hash in a getGenesisHash answer (32 bytes in base58), or None if it holds none."""
+    if isinstance(result, str) and 32 <= len(result) <= 44 and _BASE58.issuperset(result):
+        return result
+    return None
 
 
 class SolanaSlotTracker:
@@ -25,8 +45,14 @@ class SolanaSlotTracker:
         metrics: Metrics,
         stale_after: float = 6.0,
         shared: SharedPolls | None = None,
+        identity_interval: float = 30.0,
     ) -> None:
         self.network = network
+        # The cluster's genesis hash, and the cache-key space it names (None: not known, nothing cached).
+        self.genesis: str | None = None
+        self.space: str | None = None
+        self._identity_interval = identity_interval
+        self._identity_due = 0.0  # time.monotonic() of the next getGenesisHash
         self.slots: dict[str, int] = {}
         # The newest value seen per (method, commitment) and when: getSlot from the polls, getSlot and
         # getBlockHeight from forwarded answers too. Served while younger than the max age.
@@ -58,6 +84,8 @@ class SolanaSlotTracker:
         return poll_health(bool(self.slots), self.last_poll, self.stale_after, now)
 
     async def poll(self) -> dict[str, int]:
+        if time.monotonic() >= self._identity_due:
+            await self.check_identity()
         answers = await self._asker.ask([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])
         slots = {}
         for commitment, answer in zip(COMMITMENTS, answers, strict=True):
@@ -72,6 +100,32 @@ class SolanaSlotTracker:
             self.observe("getSlot", commitment, slot, self.last_poll)
         self._metrics.head_updated.labels(self.network).set(self.last_poll)
         return slots
+
+    async def check_identity(self) -> None:
+        """Ask the cluster's genesis hash; a new one names a new key space (entries of the old cluster
+        are never served). No answer: asked again at the next poll, the space left as it was."""
+        try:
+            answer = await self._upstream.request("getGenesisHash", [])
+        except JsonRpcError:
+            return
+        genesis = None if answer.is_error else genesis_of(answer.result)
+        if genesis is None:
+            return
+        self._identity_due = time.monotonic() + self._identity_interval
+        if genesis == self.genesis:
+            return
+        if self.genesis is None:
+            log.info("network %s: cluster genesis hash is %s", self.network, genesis)
+        else:
+            log.error(
+                "network %s: the upstream now serves the cluster with genesis hash %s, not %s: a new cache "
+                "namespace; entries of the old cluster are never served",
+                self.network,
+                genesis,
+                self.genesis,
+            )
+        self.genesis = genesis
+        self.space = f"{self.network}@{genesis}"
 
     def observe(self, method: str, commitment: str, value: int, now: float) -> int:
         """Note a slot or block height seen at `now`; returns the value to show, which never goes

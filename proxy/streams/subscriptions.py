@@ -47,6 +47,17 @@ ROOM_POLL = 0.01  # seconds between looks at a full socket buffer while a call's
 CLOSE_TIMEOUT = 2.0  # seconds a slow consumer's close frame may take before the socket is dropped
 
 
+def unsubscribed(call: Call) -> Any:
+    """The one subscription id an unsubscribe names. A boolean is none: `True == 1` in Python, but
+    Agave reads the id as a u64 and geth as a string, so `[true]` is invalid params, not id 1."""
+    params = call.params if isinstance(call.params, list) else [call.params]
+    if len(params) != 1:
+        raise invalid_params("subscription", "expected one subscription id")
+    if type(params[0]) is bool:
+        raise invalid_params("subscription", "expected a subscription id, not a boolean")
+    return params[0]
+
+
 @dataclass(eq=False)
 class Session:
     """One WebSocket connection's subscriptions and outgoing queue."""
@@ -84,7 +95,7 @@ class Session:
             ):
                 result = await self._unsubscribe(call)
                 self._reply(call, jsonrpc.dumps(result))
-            else:
+            elif not call.notification:  # a notification's subscription has an id no one learns: none made
                 await self._subscribe(call)
         except JsonRpcError as error:
             if not call.notification:
@@ -171,10 +182,7 @@ class Session:
             await relayed.cancel()
 
     async def _unsubscribe(self, call: Call) -> bool:
-        params = call.params if isinstance(call.params, list) else [call.params]
-        if len(params) != 1:
-            raise invalid_params("subscription", "expected one subscription id")
-        target = params[0]
+        target = unsubscribed(call)
         sub = self.subs.get(target) if isinstance(target, (str, int)) else None
         solana = call.method != "eth_unsubscribe"
         if sub is None or (sub.method == EVM_NOTIFICATION) == solana:

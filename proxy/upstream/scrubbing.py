@@ -6,14 +6,16 @@ Only errors are read: a result is the node's data and is passed on untouched."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit
 
 REDACTED = "<redacted>"
 # Parts shorter than this are words of the URL's shape (`v2`, `rpc`, `eth`), not keys: replacing them
 # would maim the text (every `eth_call` in it) and hide nothing a guess would not find.
 MIN_SECRET = 6
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
 def basic_credentials(parts: SplitResult) -> str | None:
@@ -26,7 +28,7 @@ def basic_credentials(parts: SplitResult) -> str | None:
 def secrets_of(url: str, headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
     """What an upstream is configured with that may be a secret: each header value (and its
     credentials, the part after an `Authorization` scheme), the URL's user and password and the
-    Basic credentials they are sent as, path segments and query values, raw and percent-decoded;
+    Basic credentials they are sent as, path segments, query values and each `name=value` whole;
     longest first (a key inside a longer one)."""
     found: set[str] = set()
     for _, value in headers:
@@ -36,11 +38,26 @@ def secrets_of(url: str, headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
         parts = urlsplit(url)
         found.update(p for p in (parts.username, parts.password, basic_credentials(parts)) if p)
     except ValueError:
-        return tuple(sorted((s for s in found if len(s) >= MIN_SECRET), key=len, reverse=True))
+        return _longest_first(found)
     found.update(parts.path.split("/"))
-    found.update(v for _, v in parse_qsl(parts.query, keep_blank_values=True))
-    found.update(parts.query.split("&"))  # `?KEY` with no `=`, and each `name=value` whole
-    found.update({unquote(s) for s in found})
+    for piece in parts.query.split("&"):  # `?KEY` with no `=`, each `name=value` whole, and its value
+        found.update((piece, piece.partition("=")[2]))
+    return _longest_first({form for secret in found for form in _forms(secret)})
+
+
+def _forms(secret: str) -> tuple[str, ...]:
+    """Each form a URL's part may be echoed in: as written (what goes on the wire), percent-decoded,
+    plus-decoded (a query value as a form decoder reads it), and with its escapes in either case."""
+    return (
+        secret,
+        unquote(secret),
+        unquote_plus(secret),
+        _ESCAPE.sub(lambda m: m[0].upper(), secret),
+        _ESCAPE.sub(lambda m: m[0].lower(), secret),
+    )
+
+
+def _longest_first(found: set[str]) -> tuple[str, ...]:
     return tuple(sorted((s for s in found if len(s) >= MIN_SECRET), key=len, reverse=True))
 
 

@@ -24,6 +24,7 @@ import aiohttp
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import SOLANA_PUBSUB
+from proxy.upstream.scrubbing import scrub_reply, secrets_of
 
 log = logging.getLogger("proxy.upstream_ws")
 
@@ -67,6 +68,10 @@ class UpstreamSocket:
         self._max_message = max_message
         self._urls = tuple(urls)
         self._headers = tuple(headers)  # per URL: NETWORKS_FILE `headers`, sent with the handshake
+        # ... and what of them and of its URL an error the node sends back may echo (scrubbed from it).
+        self._secrets = [
+            secrets_of(url, self._headers[i] if i < len(self._headers) else ()) for i, url in enumerate(urls)
+        ]
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -216,6 +221,8 @@ class UpstreamSocket:
                 return
             error = data.get("error")
             if error is not None:
+                scrub_reply(data, self._secrets[self._current])  # a key it echoes reaches no client
+                error = data["error"]
                 error = error if isinstance(error, dict) else {"code": -32603, "message": str(error)}
                 route.waiter.set_exception(
                     JsonRpcError(int(error.get("code", -32603)), str(error.get("message", "")), error.get("data"))
