@@ -17,9 +17,15 @@ class NetworkRuntime:
     tracker: EvmHeadTracker | SolanaSlotTracker
     per_upstream: PerUpstream | None = None  # each upstream on its own: its head, identity, a retry
     name: str = field(init=False)  # config.name, as a plain attribute: the hot path reads it per call
+    # The name its memoized plans are held under: the network's, and a Solana cluster's key space once
+    # known (rescope): a plan names its cluster's keys, and no head changes with the cluster to retire it.
+    scope: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.name = self.config.name
+        self.name = self.scope = self.config.name
+
+    def rescope(self, space: str) -> None:
+        self.scope = space
 
     def health(self, now: float) -> str | None:
         """Why this network cannot be trusted to answer right now (for /readyz), or None."""

@@ -124,7 +124,9 @@ class PartsBuilder:
                 shared=polls,
                 identity_interval=settings.identity_check_interval,
             )
-            return Parts(NetworkRuntime(net, upstream, tracker), relay=relay, polls=polls)
+            runtime = NetworkRuntime(net, upstream, tracker)
+            tracker.on_space.append(runtime.rescope)
+            return Parts(runtime, relay=relay, polls=polls)
         # EVM upstreams are watched one by one (head, chain identity); Solana answers carry their slot.
         per_upstream = upstream if isinstance(upstream, PerUpstream) else None
         evm = EvmHeadTracker(

@@ -22,7 +22,6 @@ from proxy.chain import from_trackers
 from proxy.chain.head_polls import Head
 from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.shown import shown
-from proxy.chain.slots import SolanaSlotTracker
 from proxy.config import Settings
 from proxy.credits.prices import credits_of
 from proxy.fetching import Fetcher, still_tied, unmined_key
@@ -62,13 +61,6 @@ MEMO_MAX_PARAMS = 512  # bytes: larger params are validated every time rather th
 MERGES_PER_KEY = 2  # chunked eth_getLogs merges one API key may have in flight (each parses its pieces)
 
 
-def _scope(net: NetworkRuntime) -> str:
-    """The name a network's memoized plans are held under: a Solana cluster's key space (a plan names
-    its cluster's keys, and no head changes with the cluster to retire it), else the network's name."""
-    tracker = net.tracker
-    return (tracker.space or net.name) if isinstance(tracker, SolanaSlotTracker) else net.name
-
-
 def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, str, bytes] | None:
     """The memo key of a request as it arrived; None for params too large to be worth remembering."""
     try:
@@ -78,7 +70,7 @@ def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, st
     if len(raw) > MEMO_MAX_PARAMS or raw.count(b"{") + raw.count(b"[") > MEMO_MAX_CONTAINERS:
         # Parsed params cost many times their JSON (an object ~24x for `{}`): only plain calls are held.
         return None
-    return (_scope(net), method, raw)
+    return (net.scope, method, raw)
 
 
 # A plain single call found in the memory tier for this head (Service.memory_hit): (the plan of its
@@ -196,7 +188,7 @@ class Service:
         except TypeError:  # nested past orjson's limit (never held either)
             return None
         # .get, not [..]: a Memo's missing key raises in Python (__missing__), ten times a lookup's cost.
-        plan = self._plans.get((_scope(net), method, raw))
+        plan = self._plans.get((net.scope, method, raw))
         if plan is None or plan.head is not net.tracker.head or plan.decision.tied_to_answer:
             return None  # tied to the answer's block: checked on the general path
         stored = self._cache.memory.get(plan.key)

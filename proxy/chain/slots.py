@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from proxy.chain.head_polls import PollAsker, TrackerError, poll_forever, poll_health
 from proxy.metrics import Metrics
@@ -51,6 +52,7 @@ class SolanaSlotTracker:
         # The cluster's genesis hash, and the cache-key space it names (None: not known, nothing cached).
         self.genesis: str | None = None
         self.space: str | None = None
+        self.on_space: list[Callable[[str], None]] = []  # told each new space (NetworkRuntime.rescope)
         self._identity_interval = identity_interval
         self._identity_due = 0.0  # time.monotonic() of the next getGenesisHash
         self.slots: dict[str, int] = {}
@@ -125,7 +127,9 @@ class SolanaSlotTracker:
                 self.genesis,
             )
         self.genesis = genesis
-        self.space = f"{self.network}@{genesis}"
+        self.space = space = f"{self.network}@{genesis}"
+        for listener in self.on_space:
+            listener(space)
 
     def observe(self, method: str, commitment: str, value: int, now: float) -> int:
         """Note a slot or block height seen at `now`; returns the value to show, which never goes
