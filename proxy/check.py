@@ -5,7 +5,8 @@ named; 2: a configuration error (as `serve` exits). `--offline` checks the setti
 Per upstream (HTTP), asked with serve's own client (no redirect followed, no compressed answer read):
 it answers, its chain id (EVM) and genesis hash, both equal to the other upstreams' of its network,
 a chain id equal to a declared `chain_id`, and a batch of two calls accepted (the proxy batches calls
-to upstreams). A WebSocket upstream: its handshake.
+to upstreams). A WebSocket upstream: its handshake. Redis (REDIS_URL, CREDITS_REDIS_URL): a PING
+answered, its password taken.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from proxy.config import Network, Settings
 from proxy.credits.prices import METHOD_CREDITS
+from proxy.redis_link import connect
 from proxy.rpc import jsonrpc
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.scrubbing import scrub_text, secrets_of
@@ -251,6 +254,32 @@ def agreement(probes: list[Probe]) -> list[Probe]:
     return checked
 
 
+async def probe_redis(url: str, timeout: float) -> str | None:
+    """What keeps the proxy from the Redis a URL names (None: it answered PING, its password taken):
+    a wrong password only shows once a command is sent, so `serve` starts and then bypasses it."""
+    client = connect(url, timeout)
+    try:
+        await client.ping()
+    except AuthenticationError:
+        return "authentication refused (the URL's user or password)"
+    except ResponseError as exc:  # NOAUTH, WRONGPASS...: the server's words, never the URL's
+        return f"refused: {str(exc)[:80]}"
+    except (RedisError, OSError) as exc:
+        return f"unreachable ({type(exc).__name__})"
+    finally:
+        await client.aclose()
+    return None
+
+
+async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]:
+    """(setting, redacted URL, problem or None) for REDIS_URL and a CREDITS_REDIS_URL of its own."""
+    seconds = min(settings.upstream_timeout, 10.0)
+    named = [("REDIS_URL", settings.redis_url), ("CREDITS_REDIS_URL", settings.credits_redis_url)]
+    urls = [(name, url) for name, url in named if url and (name == "REDIS_URL" or url != settings.redis_url)]
+    problems = await asyncio.gather(*(probe_redis(url, seconds) for _, url in urls))
+    return [(name, redact_url(url), problem) for (name, url), problem in zip(urls, problems, strict=True)]
+
+
 def run_check(settings: Settings, *, offline: bool) -> int:
     """Print the effective configuration and, online, each upstream's result; the exit status."""
     print("effective configuration (secrets redacted):")
@@ -261,6 +290,9 @@ def run_check(settings: Settings, *, offline: bool) -> int:
         return 0
     probes = asyncio.run(probe_all(settings))
     problems = 0
+    for name, shown, problem in asyncio.run(probe_redises(settings)):
+        problems += problem is not None
+        print(f"FAIL redis {name} {shown}: {problem}" if problem else f"ok   redis {name} {shown}: PONG")
     for probe in probes:
         if probe.problems:
             problems += len(probe.problems)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -16,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.check import redact_url
-from tests.support import Anvil, free_port
+from tests.support import Anvil, RedisServer, free_port
 from tests.test_cli_and_logs import clean_env
 
 SECRET = "k3yABCDEFGHIJKLMNOPQRSTUVWXYZ0123"
@@ -45,7 +46,20 @@ class TestRedaction:
         assert redact_url("http://[::1]:8545/") == "http://[::1]:8545/"
 
 
-def test_a_reachable_anvil_checks_ok_and_secrets_are_never_printed(anvil: Anvil, tmp_path: Path) -> None:
+@pytest.fixture
+def locked_redis() -> Iterator[RedisServer]:
+    """A private redis-server that asks for the password SECRET."""
+    redis = RedisServer()
+    with socket.create_connection(("127.0.0.1", redis.port), timeout=5) as sock:
+        sock.sendall(f"CONFIG SET requirepass {SECRET}\r\n".encode())
+        assert sock.recv(16).startswith(b"+OK")
+    yield redis
+    redis.stop()
+
+
+def test_a_reachable_anvil_checks_ok_and_secrets_are_never_printed(
+    anvil: Anvil, tmp_path: Path, locked_redis: RedisServer
+) -> None:
     networks = tmp_path / "networks.toml"
     networks.write_text(
         '[networks.main]\nfamily = "evm"\nchain_id = 31337\n'
@@ -59,7 +73,7 @@ def test_a_reachable_anvil_checks_ok_and_secrets_are_never_printed(anvil: Anvil,
         ADMIN_PORT="9100",
         ADMIN_TOKEN=SECRET,
         API_KEYS=f"{SECRET}-api",
-        REDIS_URL=f"redis://:{SECRET}@127.0.0.1:1/0",
+        REDIS_URL=f"redis://:{SECRET}@127.0.0.1:{locked_redis.port}/0",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok   network main upstream #0" in result.stdout and "ok   network main upstream #1" in result.stdout
@@ -134,3 +148,22 @@ async def test_check_refuses_what_serve_cannot_use_a_redirect_or_a_compressed_an
     assert result.returncode == 1, result.stdout
     assert "FAIL network evm upstream #0" in result.stdout and "HTTP 307" in result.stdout
     assert "FAIL network evm upstream #1" in result.stdout and "Content-Encoding 'gzip'" in result.stdout
+
+
+def test_redis_is_tried_a_wrong_password_is_a_problem_and_no_password_is_printed(
+    anvil: Anvil, tmp_path: Path, locked_redis: RedisServer
+) -> None:
+    """Rule: check tries REDIS_URL as serve will use it (a wrong password only shows once a command
+    is sent: serve starts and bypasses Redis), and prints neither the password nor the URL's path."""
+    base = f"127.0.0.1:{locked_redis.port}"
+    good = check(tmp_path, EVM_UPSTREAM=anvil.url, REDIS_URL=f"redis://:{SECRET}@{base}/0")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert f"ok   redis REDIS_URL redis://<credentials>@{base}/<redacted>: PONG" in good.stdout
+    wrong = check(tmp_path, EVM_UPSTREAM=anvil.url, REDIS_URL=f"redis://:wrong-{SECRET}@{base}/0")
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    assert f"FAIL redis REDIS_URL redis://<credentials>@{base}/<redacted>: " in wrong.stdout
+    assert "authentication" in wrong.stdout or "WRONGPASS" in wrong.stdout, wrong.stdout
+    dead = check(tmp_path, EVM_UPSTREAM=anvil.url, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    assert dead.returncode == 1 and "unreachable" in dead.stdout, dead.stdout
+    for result in (good, wrong, dead):
+        assert SECRET not in result.stdout + result.stderr
