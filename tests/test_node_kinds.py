@@ -416,10 +416,9 @@ def _a_poll(calls: list[dict[str, Any]]) -> bool:
 async def test_a_balancer_member_a_few_blocks_behind_never_takes_the_head_back(
     live_and_lagging: tuple[Anvil, Anvil],
 ) -> None:
-    """Rule: a node behind on the head's own chain (its latest block is one the head holds, with that
-    hash) never takes the head back, however long the head has been stale: it is behind, not on a
-    shorter chain; and the poll it answered is asked once more (a balancer sends it to another
-    member). Here the balancer sends every other request to its lagging member."""
+    """Rule: a poll a balancer's lagging member answers below the head is asked once more (the
+    balancer sends it to another member), so the head neither goes stale nor, once stale, back to the
+    member's block as a shorter chain. Here the balancer sends every other request to that member."""
     live, lagging = live_and_lagging
     top = live.block_number()
     turn = itertools.count()
@@ -487,6 +486,34 @@ async def test_a_primary_a_few_blocks_behind_leaves_the_head_to_the_upstream_ahe
         finally:
             behind["now"] = False
             await proxy.close()
+
+
+async def test_a_rollback_made_on_the_node_directly_is_taken_once_the_head_is_stale() -> None:
+    """Rule: a node whose every answer is below the head, on the head's own chain (a rollback made on
+    it directly, not through the proxy), is taken once the head is stale: the poll asked once more
+    finds no upstream ahead, and `latest` follows the node rather than a block it no longer has."""
+    node = Anvil()
+    try:
+        node.mine(20)
+        snapshot = node.rpc("evm_snapshot")
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="0.2"))
+        try:
+            top = node.mine(3)
+            await proxy.head_at(top)
+            assert node.rpc("evm_revert", snapshot) is True
+            back = node.block_number()
+            assert back == top - 3
+            tracker = proxy.app[SERVICE].networks["evm"].tracker
+
+            async def taken() -> bool:
+                return tracker.head is not None and tracker.head.latest == back and not tracker.head.stale
+
+            await eventually(taken, 30, "the rolled-back chain to be taken")
+            assert int(await proxy.result("eth_blockNumber", []), 16) == back
+        finally:
+            await proxy.close()
+    finally:
+        node.stop()
 
 
 # --- a load balancer with a member stalled far behind -----------------------------------------

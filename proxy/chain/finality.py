@@ -22,10 +22,6 @@ class FinalityWatch:
         self._metrics = metrics
 
     def refuse_going_back(self, old_head: Head, latest: Header, upstream: int) -> None:
-        if old_head.hashes.get(latest.number) == latest.hash:
-            # A block of the head's own chain: the node is behind on it, never on a shorter chain (a
-            # rollback or a shorter fork shows another hash there), stale head or not.
-            raise Behind(f"upstream #{upstream} is behind the network head ({latest.number} < {old_head.latest})")
         if not self.furthest(upstream) or not old_head.stale:
             # An upstream behind the network (or on a shorter fork) answered: `latest` never goes
             # backwards for it; if only such answers come, the head goes stale and then the shorter
