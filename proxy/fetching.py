@@ -20,7 +20,7 @@ from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
 from proxy.upstream_reads import Read, Reads
 from proxy.values import Answer, Plan
-from proxy.verifying import BRIEF, NOT_APPLICABLE, OFF, PROVEN, UNFINAL, Verifier, shown_as
+from proxy.verifying import NOT_APPLICABLE, OFF, PROVEN, UNFINAL, Verifier, shown_as
 
 
 class Fetcher:
@@ -96,7 +96,7 @@ class Fetcher:
             # Verified answers (verifying.py): a refuted or unproven answer is served, never kept.
             verdict, answer = await self._verifier.settle(net, plan, answer)
             answer.verified = shown_as(net, plan.method, verdict)
-            if verdict not in (PROVEN, NOT_APPLICABLE, UNFINAL, BRIEF, OFF):
+            if verdict not in (PROVEN, NOT_APPLICABLE, UNFINAL, OFF):
                 self._metrics.uncached_answers.labels(net.name, verdict).inc()
                 return _told(net, plan, answer), False
             if null_ttl is not None and verdict != PROVEN:
@@ -104,7 +104,7 @@ class Fetcher:
                     self._metrics.uncached_answers.labels(net.name, doubt).inc()
                     return _told(net, plan, answer), False
                 ttl = null_ttl  # a null not proven (a block above finality): kept no longer than before
-            if verdict == BRIEF or (verdict in (NOT_APPLICABLE, UNFINAL) and net.config.verify == "required"):
+            if verdict in (NOT_APPLICABLE, UNFINAL) and net.config.verify == "required":
                 ttl = self._ttls.unfinalized  # nothing unproven is kept forever
         if ttl == cp.FOREVER and verdict != PROVEN and self._integrity.checks(net):  # a proof beats a vote
             doubt, answer = await self._integrity.doubt(net, plan, params, answer)

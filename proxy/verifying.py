@@ -41,15 +41,12 @@ PROVEN, UNPROVEN, REFUTED, NOT_APPLICABLE, OFF = "proven", "unproven", "refuted"
 # Kept as without verification, told unproven: an answer about no block the proxy can tell, or about
 # block 0 and unproven (a dev node's genesis stateRoot is not its state's). An answer by the hash of
 # a block above finality is proven against the header that hash names (no final block vouches for
-# it, and none need: the hash names that content alone), else kept BRIEF.
+# it, and none need: the hash names that content alone), else served uncached.
 UNFINAL = "unfinal"
 # A proof past its budget (an eth_getLogs range of too many blocks to check): kept as without
 # verification (told unproven) under auto, as an answer no proof covers; nothing unproven is kept
 # forever under required.
 UNCHECKED = "unchecked"
-# Kept for the unfinalized TTL only, told unproven: an answer by the hash of a block above finality
-# that its proofs (against the header that hashes to that hash) neither proved nor refuted.
-BRIEF = "brief"
 LOGS_MAX_BLOCKS = 2000  # headers read to check one eth_getLogs answer (a chunk of the default 1000 fits)
 LOGS_MAX_CHECKED = 32  # blocks whose receipts are asked to check one eth_getLogs answer
 
@@ -109,7 +106,7 @@ class Verifier:
         # (no final block vouches for it, and none need: the hash names that content alone).
         pinned = None if final else ap.named_hash(plan.method, plan.forward)
         if number is None or (not final and pinned is None):
-            return (UNFINAL if pinned is None else BRIEF), answer
+            return (UNFINAL if pinned is None else UNPROVEN), answer
         if number == 0 and not asked and plan.method in ap.STATE:
             # A dev node (Anvil) does not commit its genesis state to the genesis stateRoot: the state
             # of block 0, named by its number, is kept as without verification and told unproven. A
@@ -121,9 +118,8 @@ class Verifier:
             outcome = await self._prove(net, plan, answer, number, pinned)
             if outcome == UNCHECKED:
                 self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
-                return (
-                    UNFINAL if pinned is None else BRIEF
-                ), answer  # kept as without verification (required: for a short TTL)
+                # Kept as without verification (required: for a short TTL); above finality, uncached.
+                return (UNFINAL if pinned is None else UNPROVEN), answer
             self._metrics.child(self._metrics.verifications, net.name, metric_label(plan.method), outcome).inc()
             if outcome == PROVEN:
                 # Block 0's answers are told unproven, on the miss as on every hit: releases before
@@ -144,7 +140,7 @@ class Verifier:
             if nxt is None:
                 break
         if pinned is not None and not refuted:
-            return BRIEF, first  # neither proven nor refuted: kept no longer than an unfinalized answer
+            return UNPROVEN, first  # neither proven nor refuted: served uncached (required too: not final)
         if net.config.verify == "required":
             why = "every upstream's answer was refuted by its proofs" if refuted else "no proof could be had"
             raise JsonRpcError(

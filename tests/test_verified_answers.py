@@ -323,26 +323,21 @@ async def test_a_lie_about_a_block_not_yet_final_asked_by_its_hash_is_never_kept
         await liar.close()
 
 
-async def test_an_answer_by_hash_above_finality_that_no_header_can_prove_is_kept_no_longer_than_the_unfinalized_ttl(
+async def test_an_answer_by_hash_above_finality_that_no_header_can_prove_is_served_and_never_kept(
     anvil: Anvil, tmp_path: Path
 ) -> None:
-    """Rule: neither proven nor refuted (a header field the proxy does not know), an answer by the hash
-    of a block above finality is kept as an unfinalized answer is, never forever."""
+    """Rule: neither proven nor refuted (here a header field the proxy does not know; a node that
+    answers the header's hash with null alike), an answer by the hash of a block above finality is
+    served uncached, as an unproven answer about a final block is: a liar gains nothing by it."""
     liar = await LyingRelay(anvil.url, "newfield", below=10**9).start()
-    networks = _networks(tmp_path, [liar.url])
-    proxy = await start_proxy(settings_for(NETWORKS_FILE=networks, CACHE_UNFINALIZED_TTL="5"))
     try:
-        _store, block_hash = await _above_finality(anvil, proxy)
-        first = await _ask(proxy, "eth_getBlockByHash", [block_hash, False])
-        assert first[1:] == ("MISS", "unproven") and "futureRoot" in first[0]
-        assert (await _ask(proxy, "eth_getBlockByHash", [block_hash, False]))[1] == "HIT"
-
-        async def expired() -> bool:
-            return (await _ask(proxy, "eth_getBlockByHash", [block_hash, False]))[1] == "MISS"
-
-        await eventually(expired, 30, "the entry to expire with the unfinalized TTL")
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            _store, block_hash = await _above_finality(anvil, proxy)
+            first = await _ask(proxy, "eth_getBlockByHash", [block_hash, False])
+            assert first[1:] != ("HIT", "proven") and first[2] == "unproven" and "futureRoot" in first[0]
+            assert (await _ask(proxy, "eth_getBlockByHash", [block_hash, False]))[1] != "HIT"
+            assert _verifications(proxy, "eth_getBlockByHash", "unproven") >= 1
     finally:
-        await proxy.close()
         await liar.close()
 
 
