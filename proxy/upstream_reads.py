@@ -110,16 +110,21 @@ class Reads:
         deadline: float | None,
         *,
         check: bool = True,
+        index: int | None = None,
     ) -> tuple[Answer, Answer | None]:
-        """eth_getLogs and the range's last block in one batch (one node answers both); the logs alone
-        and no block (None) from a node that refuses batches."""
+        """eth_getLogs and the range's last block in one batch (one node answers both: upstream `index`
+        alone if given, else the pool's); the logs alone and no block (None) from a node that refuses
+        batches."""
         if deadline is None:
             deadline = self.deadline(policy)
         end_answer: Answer | None = None
+        calls = [(method, params), ("eth_getBlockByNumber", [hex(end), False])]
+        per = net.per_upstream if index is not None else None
         try:
             async with asyncio.timeout_at(deadline):
-                both = await net.upstream.together([(method, params), ("eth_getBlockByNumber", [hex(end), False])])
-                if both is None:
+                if per is not None and index is not None:
+                    answer, end_answer = await per.ask_all(index, calls, timeout=self._settings.getlogs_timeout + 1)
+                elif (both := await net.upstream.together(calls)) is None:
                     answer = await net.upstream.request(method, params)
                 else:
                     answer, end_answer = both
@@ -148,10 +153,10 @@ class Reads:
             answer = await self.ask(
                 net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
             )
-        elif plan.check_end is not None and index is None:
+        elif plan.check_end is not None:
             # A range above finalized: the node reports the range's last block in the same batch.
             answer, end_answer = await self._with_range_end(
-                net, method, forward, policy, plan.check_end[0], deadline, check=plan.check_results
+                net, method, forward, policy, plan.check_end[0], deadline, check=plan.check_results, index=index
             )
         elif index is not None and net.per_upstream is not None:
             answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
@@ -283,6 +288,11 @@ def batch_doubt(
             return "unverified", None
         end = end_answer.result
         same_node = end_answer.upstream == answer.upstream
+        if same_node and end is None and not plan.tags_resolved:
+            # No block there (a node behind, a balancer's lagging member): asked again, elsewhere. (A
+            # range the caller named by tags is refused, as another fork's: asked as the tag, an answer
+            # the node's head cannot be shown beside would be judged by its head as last polled.)
+            return "unproven", None
         if not same_node or not isinstance(end, dict) or str(end.get("hash", "")).lower() != plan.check_end[1]:
             # An error from a node without the range's last block (a range error) is not served either.
             return "unproven" if answer.is_error else "fork", None

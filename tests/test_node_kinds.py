@@ -488,6 +488,35 @@ async def test_a_primary_a_few_blocks_behind_leaves_the_head_to_the_upstream_ahe
             await proxy.close()
 
 
+@pytest.mark.parametrize("upstreams", ["a balancer", "the lagging node first, then the live one"])
+async def test_a_recent_blocks_logs_a_lagging_node_lacks_are_asked_again_not_refused(
+    live_and_lagging: tuple[Anvil, Anvil], upstreams: str
+) -> None:
+    """Rule: an eth_getLogs range above finality that a node answers without the range's last block
+    beside it (it lacks the block: a balancer's lagging member, a backup behind) is asked again and
+    served from a node that shows the block; it was refused as another fork (-32002)."""
+    live, lagging = live_and_lagging
+    turn = itertools.count()
+
+    def route(calls: list[dict[str, Any]]) -> str:  # logs alternate, the lagging member first
+        if any(c.get("method") == "eth_getLogs" for c in calls):
+            return lagging.url if next(turn) % 2 == 0 else live.url
+        return live.url
+
+    async with balancer(route) as url:
+        both = url if upstreams == "a balancer" else f"{lagging.url},{live.url}"
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=both))
+        try:
+            top = live.block_number()
+            await proxy.head_at(top)
+            for n in range(LAGGING_AT + 1, min(top, LAGGING_AT + 5) + 1):
+                log_filter = {"fromBlock": hex(n), "toBlock": hex(n)}
+                reply = await proxy.call("eth_getLogs", [log_filter])
+                assert reply.get("result") == live.rpc("eth_getLogs", log_filter), (n, reply)
+        finally:
+            await proxy.close()
+
+
 async def test_a_rollback_made_on_the_node_directly_is_taken_once_the_head_is_stale() -> None:
     """Rule: a node whose every answer is below the head, on the head's own chain (a rollback made on
     it directly, not through the proxy), is taken once the head is stale: the poll asked once more

@@ -9,8 +9,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
@@ -128,6 +128,12 @@ def poll_health(polled: bool, last_poll: float, stale_after: float, now: float) 
     return None
 
 
+class Asks(Protocol):
+    """What asks a poll's calls: a tracker's PollAsker, or one upstream alone (heads.Pinned)."""
+
+    async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]: ...
+
+
 class PollAsker:
     """Sends a tracker's calls as one batch, or one by one to a node that refuses batches
     (an error reply or an HTTP failure to the batch); after a refusal, singles for a while."""
@@ -163,6 +169,17 @@ class PollAsker:
         return list(await asyncio.gather(*(self._upstream.request(m, p) for m, p in calls)))
 
 
+def gone_stale(network: str, head: Head | None, age: float, bound: float) -> Head | None:
+    """The head, marked stale once its last good poll is `age` seconds old, past `bound` (a new head
+    object, so plans memoized against the fresh one are not used)."""
+    if head is None or head.stale or age <= bound:
+        return head
+    log.warning(
+        "head tracker %s: head is stale (no successful poll for %.1fs); tags are forwarded uncached", network, age
+    )
+    return replace(head, stale=True)
+
+
 def header_of(answer: Answer) -> Header | None:
     block = answer.result
     if answer.is_error or not isinstance(block, dict):
@@ -193,7 +210,7 @@ def get_block(tag_or_number: str) -> tuple[str, list[Any]]:
 
 
 async def synced_window(
-    asker: PollAsker,
+    asker: Asks,
     window: int,
     latest: Header,
     finalized: int,

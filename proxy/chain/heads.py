@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from proxy.chain.head_polls import (
     Resolved,
     TrackerError,
     get_block,
+    gone_stale,
     header_of,
     note_orphans,
     poll_forever,
@@ -36,15 +38,16 @@ from proxy.chain.head_polls import (
     same_head,
     synced_window,
 )
+from proxy.chain.poll_source import answered
 from proxy.metrics import Metrics
-from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import BlockRef
-from proxy.upstream.pool import Upstream, http_pool
+from proxy.upstream.pool import Upstream
 from proxy.upstream.standing import ChainIdentity, UpstreamStates
 from proxy.values import Answer
 from proxy.workers.shared_polls import SharedPolls
 
 log = logging.getLogger("proxy.chain")
+
 
 WRITE_SETTLE = 0.02  # seconds a node may take to seal the block of a write it has answered
 
@@ -232,14 +235,7 @@ class EvmHeadTracker:
     def check_staleness(self) -> None:
         """After a failed poll: once the last good one is older than the bound, mark the head stale
         (a new head object, so plans memoized against the fresh one are not used)."""
-        head = self.head
-        if head is not None and not head.stale and time.time() - self.last_poll > self.stale_after:
-            log.warning(
-                "head tracker %s: head is stale (no successful poll for %.1fs); tags are forwarded uncached",
-                self.network,
-                time.time() - self.last_poll,
-            )
-            self.head = replace(head, stale=True)
+        self.head = gone_stale(self.network, self.head, time.time() - self.last_poll, self.stale_after)
 
     async def poll(self) -> Head:
         calls = [get_block("latest"), get_block("safe"), get_block("finalized")]
@@ -247,19 +243,11 @@ class EvmHeadTracker:
         known_final = self._final
         if known_final is not None:
             calls.append(get_block(hex(known_final.number)))  # is the finalized block still final?
-        answers = await self._asker.ask(calls)
         old_head = self.head
-        try:
-            latest, violated = self._judged(answers[0], old_head, known_final, answers[3] if known_final else None)
-        except Behind as behind:
-            # Once more, of the upstream furthest ahead (the pool again when none is known: a load
-            # balancer may send it to another member); else the head would wait for the next poll, and
-            # go stale while every poll reaches the node behind (a primary a few blocks behind).
-            try:
-                answers = await self._ask_ahead(calls, answers[0].upstream)
-            except JsonRpcError:
-                raise behind from None  # the poll's failure is the node behind, not the one that failed
-            latest, violated = self._judged(answers[0], old_head, known_final, answers[3] if known_final else None)
+        judge = functools.partial(self._judged, old_head=old_head, known_final=known_final)
+        answers, asker, latest, violated = await answered(
+            self._asker, self._upstream, self._states, calls, judge, max(self._interval, 1.0)
+        )
         latest_a, safe_a, final_a = answers[:3]
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
         final_h = header_of(final_a)
@@ -271,7 +259,7 @@ class EvmHeadTracker:
 
         old = dict(old_head.hashes) if old_head else {}
         # Without the finalized tag the window reaches down to the finalized block, for its hash.
-        hashes = await synced_window(self._asker, self._window, latest, finalized - (0 if final_h else 1), old)
+        hashes = await synced_window(asker, self._window, latest, finalized - (0 if final_h else 1), old)
         final_hash = final_h.hash if final_h else hashes.get(finalized, "")
         if self._identity is not None and final_hash:
             await self._epochs.sync(f"{self.network}@{self._identity}", finalized, final_hash, violated)
@@ -318,14 +306,6 @@ class EvmHeadTracker:
             self._reorged(reorged, old, hashes)
         return head
 
-    async def _ask_ahead(self, calls: list[tuple[str, Any]], behind: int) -> list[Answer]:
-        """The poll's calls asked of the upstream furthest ahead of `behind` alone, or of the pool."""
-        ahead = self._states.ahead_of(behind) if self._states is not None else None
-        pool = http_pool(self._upstream) if ahead is not None else None
-        if ahead is None or pool is None:
-            return await self._asker.direct(calls)
-        return await pool.ask_all(ahead, calls, timeout=max(self._interval, 1.0))
-
     def _reorged(self, reorged: list[int], old: dict[int, str], hashes: dict[int, str]) -> None:
         """Blocks replaced by a reorg: their hashes become orphans; the metric, the log and listeners hear."""
         note_orphans(self.orphans, reorged, old, hashes)
@@ -336,10 +316,11 @@ class EvmHeadTracker:
             listener(depth_from)
 
     def _judged(
-        self, latest_a: Answer, old_head: Head | None, known_final: Header | None, final_again: Answer | None
+        self, answers: list[Answer], *, old_head: Head | None, known_final: Header | None
     ) -> tuple[Header, bool]:
         """A poll's latest block as the tracker may take it, and whether the finalized block it knew
         was violated (a new epoch begun); TrackerError when the poll's answer is not the network's."""
+        latest_a, final_again = answers[0], answers[3] if known_final is not None else None
         latest = header_of(latest_a)
         if latest is None:
             raise TrackerError("upstream returned no latest block")
