@@ -447,7 +447,11 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
 def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
     """Accounts by name; a name is never the secret (plain API_KEYS entries get a derived name)."""
     keys: dict[str, KeyConfig] = {}
-    for secret in _csv(raw.get("API_KEYS", "")):
+    secrets = _csv(raw.get("API_KEYS", ""))
+    if raw.get("API_KEYS") and not secrets:
+        # `API_KEYS=${K1},${K2}` with both unset: running open would accept any key and charge nothing.
+        raise ConfigError("API_KEYS names no key (only commas and spaces): set comma-separated keys, or unset it")
+    for secret in secrets:
         keys[derived_name(secret)] = KeyConfig(sha256=digest(secret))
     path = raw.get("API_KEYS_FILE")
     if path:

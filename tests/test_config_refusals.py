@@ -1,0 +1,38 @@
+"""Settings refused at start (exit 2, one line naming the setting and what is allowed), as
+`rpc-proxy check` refuses them: values that would run open, flap, overflow or collide."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.cli import main
+from proxy.config import ConfigError, build_settings
+
+UPSTREAM = {"EVM_UPSTREAM": "http://127.0.0.1:1"}
+
+
+def refused(**raw: str) -> str:
+    """The one-line ConfigError the settings raise."""
+    with pytest.raises(ConfigError) as caught:
+        build_settings({**UPSTREAM, **raw})
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("value", [",", " , ", ",,", " "])
+def test_api_keys_that_name_no_key_are_refused_never_open(value: str) -> None:
+    """Rule: a non-empty API_KEYS that names no key is a configuration error, not open mode."""
+    assert "API_KEYS names no key" in refused(API_KEYS=value)
+
+
+def test_an_empty_api_keys_counts_as_unset() -> None:
+    """Rule: `API_KEYS=` is unset, as every empty value is: the proxy runs open and says so."""
+    assert build_settings({**UPSTREAM, "API_KEYS": ""}).open_mode
+
+
+def test_check_refuses_api_keys_naming_no_key_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rule: `rpc-proxy check` refuses what serve refuses (the same build_settings): exit 2, one line."""
+    assert main(["check", "--offline"], environ={**UPSTREAM, "API_KEYS": " , "}) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "configuration error: API_KEYS names no key" in line
