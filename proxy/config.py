@@ -25,6 +25,7 @@ from proxy.rpc.methods import FAMILIES
 from proxy.rpc.methods import Family as Family
 
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+HEAD_POLL_INTERVAL = 2.0  # seconds between head polls (default)
 HEAD_STALE_POLLS = 3  # a head older than this many poll intervals is stale...
 HEAD_STALE_MIN = 1.0  # ...and never sooner than this many seconds
 
@@ -49,7 +50,7 @@ class Settings:
     upstream_timeout: float = 30.0
     upstream_batch_max: int = 50
     coalesce_wait: float = 2.0
-    head_poll_interval: float = 2.0
+    head_poll_interval: float = HEAD_POLL_INTERVAL
     finality_depth: int = 64
     cache_memory_bytes: int = 256 * 1024 * 1024
     cache_unfinalized_ttl: float = 12.0
@@ -253,6 +254,11 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     # spec: getLargestAccounts results may be cached up to two hours.
     if values.get("solana_largest_accounts_ttl", 0) > 7200:
         raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")
+    stale, poll = values.get("head_stale_after"), values.get("head_poll_interval", HEAD_POLL_INTERVAL)
+    if stale is not None and stale <= poll:
+        # A head is stale only once a poll interval has passed without a successful poll; at or
+        # under one interval every head goes stale between two polls and /readyz flaps.
+        raise ConfigError(f"HEAD_STALE_AFTER must be greater than HEAD_POLL_INTERVAL ({poll:g}s), got {stale:g}")
     if values.get("admin_port") is not None:
         weak = admin_token_problem(values.get("admin_token"))
         if weak is not None:  # never the value: it is a secret, even a bad one

@@ -189,7 +189,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "HEAD_STALE_AFTER",
         "seconds after the last successful head poll when tags stop being resolved and "
-        "/readyz reports the network degraded (default 3 poll intervals, at least 1)",
+        "/readyz reports the network degraded; more than HEAD_POLL_INTERVAL (default 3 poll intervals, at least 1)",
     ),
     Option(
         "HEAD_CATCH_UP_WAIT",

@@ -36,3 +36,21 @@ def test_check_refuses_api_keys_naming_no_key_with_exit_2(capsys: pytest.Capture
     assert main(["check", "--offline"], environ={**UPSTREAM, "API_KEYS": " , "}) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "configuration error: API_KEYS names no key" in line
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"HEAD_STALE_AFTER": "1", "HEAD_POLL_INTERVAL": "2"},
+        {"HEAD_STALE_AFTER": "2", "HEAD_POLL_INTERVAL": "2"},
+        {"HEAD_STALE_AFTER": "0.001"},
+    ],
+)
+def test_a_head_stale_bound_within_one_poll_interval_is_refused(raw: dict[str, str]) -> None:
+    """Rule: HEAD_STALE_AFTER must exceed HEAD_POLL_INTERVAL: a head is stale only after a missed poll."""
+    assert "HEAD_STALE_AFTER must be greater than HEAD_POLL_INTERVAL" in refused(**raw)
+
+
+def test_a_head_stale_bound_past_one_poll_interval_is_kept() -> None:
+    settings = build_settings({**UPSTREAM, "HEAD_STALE_AFTER": "2.5", "HEAD_POLL_INTERVAL": "2"})
+    assert settings.head_stale_bound == 2.5
