@@ -54,3 +54,28 @@ def test_a_head_stale_bound_within_one_poll_interval_is_refused(raw: dict[str, s
 def test_a_head_stale_bound_past_one_poll_interval_is_kept() -> None:
     settings = build_settings({**UPSTREAM, "HEAD_STALE_AFTER": "2.5", "HEAD_POLL_INTERVAL": "2"})
     assert settings.head_stale_bound == 2.5
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"PROXY_PORT": "9000", "METRICS_PORT": "9000"}, "METRICS_PORT 9000 is also PROXY_PORT"),
+        ({"ADMIN_PORT": "8545", "ADMIN_TOKEN": "Adm1n-T0ken-For-Tests"}, "ADMIN_PORT 8545 is also PROXY_PORT"),
+        (
+            {"METRICS_PORT": "9100", "ADMIN_PORT": "9100", "ADMIN_TOKEN": "Adm1n-T0ken-For-Tests"},
+            "ADMIN_PORT 9100 is also METRICS_PORT",
+        ),
+        ({"PROXY_HOST": "0.0.0.0", "METRICS_PORT": "8545"}, "METRICS_PORT 8545 is also PROXY_PORT"),
+    ],
+)
+def test_two_listeners_on_one_port_of_one_host_are_refused(raw: dict[str, str], fragment: str) -> None:
+    """Rule: METRICS_PORT and ADMIN_PORT each need a port of their own on their host (a wildcard host: any)."""
+    assert fragment in refused(**raw)
+
+
+def test_one_port_on_two_distinct_hosts_is_kept() -> None:
+    settings = build_settings({**UPSTREAM, "METRICS_HOST": "127.0.0.2", "METRICS_PORT": "8545"})
+    assert [str(listener) for listener in settings.listeners] == [
+        "127.0.0.1:8545 (PROXY_PORT)",
+        "127.0.0.2:8545 (METRICS_PORT)",
+    ]
