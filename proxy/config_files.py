@@ -17,7 +17,7 @@ from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, diges
 from proxy.credits.allow_lists import NO_LISTS, AllowLists
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
 from proxy.file_trust import check_trusted
-from proxy.options import ConfigError, _csv, _upstream_urls
+from proxy.options import MAX_CREDITS, ConfigError, _csv, _upstream_urls
 from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.methods import FAMILIES, Family
 
@@ -438,8 +438,11 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
     values: dict[str, int | None] = {}
     for field_name in ("daily_credits", "credits_per_second"):
         value = entry.get(field_name)
-        if value is not None and (not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{where}: {field_name} must be a positive integer")
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_CREDITS
+        ):
+            # Credits are counted as doubles in Redis: past 2**53 a count is rounded.
+            raise ConfigError(f"{where}: {field_name} must be a whole number from 1 to 2**53")
         values[field_name] = value
     return name, KeyConfig(**values, sha256=sha, lists=_allow_lists(where, entry))
 

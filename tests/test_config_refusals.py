@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from proxy.cli import main
@@ -79,3 +81,62 @@ def test_one_port_on_two_distinct_hosts_is_kept() -> None:
         "127.0.0.1:8545 (PROXY_PORT)",
         "127.0.0.2:8545 (METRICS_PORT)",
     ]
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "0.00", "-0", "0e0"])
+def test_a_zero_written_any_way_disables_where_zero_is_allowed(value: str) -> None:
+    """Rule: settings documented as "0 disables" take any number equal to 0."""
+    assert build_settings({**UPSTREAM, "COALESCE_WAIT": value, "HEAD_CATCH_UP_WAIT": value}).coalesce_wait == 0
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "MAX_CONNECTIONS_PER_IP",
+        "WS_MAX_CONNECTIONS_PER_KEY",
+        "UPSTREAM_KEY_CONCURRENCY",
+        "COMPRESS_MIN_BYTES",
+        "DEFAULT_CREDITS",
+        "COALESCE_WAIT",
+    ],
+)
+def test_a_negative_where_zero_is_allowed_says_0_or_greater(setting: str) -> None:
+    """Rule: the refusal of a setting that takes 0 says "0 or greater", not "greater than 0"."""
+    assert f"{setting} must be 0 or greater, got '-1'" in refused(**{setting: "-1"})
+
+
+@pytest.mark.parametrize(
+    "setting", ["UPSTREAM_TIMEOUT", "HEAD_POLL_INTERVAL", "REDIS_TIMEOUT", "COALESCE_WAIT", "WS_IDLE_TIMEOUT"]
+)
+@pytest.mark.parametrize("value", ["1e300", "86401", "inf"])
+def test_durations_are_at_most_one_day(setting: str, value: str) -> None:
+    """Rule: a duration setting is at most 86400 seconds (a huge timeout overflows, a huge interval never fires)."""
+    assert f"{setting} must be at most 86400 seconds (one day)" in refused(**{setting: value})
+
+
+def test_a_duration_of_one_day_is_kept() -> None:
+    assert build_settings({**UPSTREAM, "UPSTREAM_TIMEOUT": "86400"}).upstream_timeout == 86400
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("DAILY_CREDITS", "99999999999999999999999999"),
+        ("CREDITS_PER_SECOND", str(2**53 + 1)),
+        ("CREDITS_LEASE_MAX", str(2**53 + 1)),
+        ("DEFAULT_CREDITS", str(2**53 + 1)),
+        ("SUBSCRIPTION_CREDITS", f"logs={2**53 + 1}"),
+    ],
+)
+def test_credits_are_at_most_2_to_the_53(setting: str, value: str) -> None:
+    """Rule: credits are counted as doubles in Redis: every credit setting is at most 2**53."""
+    assert "must be at most 2**53" in refused(**{setting: value})
+
+
+def test_a_keys_file_daily_credits_past_2_to_the_53_are_refused(tmp_path: Path) -> None:
+    """Rule: a keys file's daily_credits and credits_per_second are at most 2**53, as `keys new` says."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[keys.alice]\nkey = "s3cret-alice"\ndaily_credits = {2**53 + 1}\n')
+    assert "daily_credits must be a whole number from 1 to 2**53" in refused(API_KEYS_FILE=str(keys))
+    keys.write_text(f'[keys.alice]\nkey = "s3cret-alice"\ndaily_credits = {2**53}\n')
+    assert build_settings({**UPSTREAM, "API_KEYS_FILE": str(keys)}).daily_credits_for("alice") == 2**53
