@@ -347,6 +347,8 @@ def _networks_from_file(path: str) -> list[Network]:
         http_headers = tuple(h for ws, h in zip(is_ws, headers, strict=True) if not ws)
         ws_headers = tuple(h for ws, h in zip(is_ws, headers, strict=True) if ws)
         selection, hedge_after = _selection(where, entry)
+        if isinstance(http_urls, list) and not http_urls:  # before the checks that count them
+            raise ConfigError(f"{where}: no http(s) upstream (upstreams lists none)")
         confirm_immutable, confirm_logs_bloom = _integrity(where, entry)
         if isinstance(http_urls, list) and confirm_immutable > len(http_urls):
             raise ConfigError(f"{where}: confirm_immutable cannot exceed the number of http(s) upstreams")

@@ -14,6 +14,7 @@ from urllib.parse import SplitResult, urlsplit
 from redis.connection import parse_url
 
 from proxy.redis_topology import BadRedisUrl, topology_of
+from proxy.rpc.methods import SOLANA_PUBSUB
 
 # Credits of WebSocket subscriptions, by what is charged: `subscribe` for each eth_subscribe (or
 # Solana *Subscribe) accepted, then each notification by its kind; `other` for kinds not listed.
@@ -430,12 +431,21 @@ def _ws_urls(name: str, urls: Any) -> tuple[str, ...]:
     return tuple(urls)
 
 
+# The kinds SUBSCRIPTION_CREDITS may price: its own rows, EVM's relayed `syncing`, and Solana's
+# subscribe methods (a notification is charged by the method that made it).
+SUBSCRIPTION_KINDS = (*SUBSCRIPTION_CREDITS, "syncing", *SOLANA_PUBSUB)
+
+
 def _credit_table(name: str, raw: str) -> dict[str, int]:
     table = dict(SUBSCRIPTION_CREDITS)
     for part in _csv(raw):
         kind, eq, value = part.partition("=")
         if not eq or not kind.strip():
             raise ConfigError(f"{name} must be kind=credits pairs, got {part!r}")
+        if kind.strip() not in SUBSCRIPTION_KINDS:  # a misspelt kind (newheads) would price nothing
+            raise ConfigError(
+                f"{name}: unknown kind {kind.strip()[:40]!r} (expected one of {', '.join(SUBSCRIPTION_KINDS)})"
+            )
         table[kind.strip()] = _zero_or_credits(f"{name} {kind.strip()}", value.strip())
     return table
 

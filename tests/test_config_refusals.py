@@ -140,3 +140,24 @@ def test_a_keys_file_daily_credits_past_2_to_the_53_are_refused(tmp_path: Path) 
     assert "daily_credits must be a whole number from 1 to 2**53" in refused(API_KEYS_FILE=str(keys))
     keys.write_text(f'[keys.alice]\nkey = "s3cret-alice"\ndaily_credits = {2**53}\n')
     assert build_settings({**UPSTREAM, "API_KEYS_FILE": str(keys)}).daily_credits_for("alice") == 2**53
+
+
+@pytest.mark.parametrize("value", ["newheads=0", "log=10", "blocks=5"])
+def test_an_unknown_subscription_credits_kind_is_refused_naming_the_known_ones(value: str) -> None:
+    """Rule: SUBSCRIPTION_CREDITS prices known kinds only: a misspelt one would silently price nothing."""
+    message = refused(SUBSCRIPTION_CREDITS=value)
+    assert "SUBSCRIPTION_CREDITS: unknown kind" in message and "newHeads" in message and "slotSubscribe" in message
+
+
+def test_solana_and_syncing_kinds_are_priced() -> None:
+    settings = build_settings({**UPSTREAM, "SUBSCRIPTION_CREDITS": "slotSubscribe=10,syncing=1,other=0"})
+    assert settings.subscription_credits["slotSubscribe"] == 10 and settings.subscription_credits["other"] == 0
+
+
+@pytest.mark.parametrize("upstreams", ["[]", '["wss://node.example/ws"]'])
+def test_a_network_with_no_http_upstream_says_so(upstreams: str, tmp_path: Path) -> None:
+    """Rule: a NETWORKS_FILE network with no http(s) upstream is named as such, not as a confirm_immutable excess."""
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = {upstreams}\n')
+    message = refused(NETWORKS_FILE=str(networks))
+    assert "network 'main': no http(s) upstream" in message and "confirm_immutable" not in message
