@@ -1,6 +1,7 @@
 """`rpc-proxy check`: every setting and file read as `serve` reads them, each upstream tried, and the
 effective configuration printed with its secrets redacted. Exit 0: all is well; 1: a problem, each
-named; 2: a configuration error (as `serve` exits). `--offline` checks the settings and files only.
+named (a name in ./.env that is no setting, which serve ignores, among them); 2: a configuration
+error (as `serve` exits). `--offline` checks the settings and files only.
 
 Per upstream (HTTP), asked with serve's own client (no redirect followed, no compressed answer read):
 it answers, its chain id (EVM) and genesis hash, both equal to the other upstreams' of its network,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -280,16 +281,20 @@ async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]
     return [(name, redact_url(url), problem) for (name, url), problem in zip(urls, problems, strict=True)]
 
 
-def run_check(settings: Settings, *, offline: bool) -> int:
-    """Print the effective configuration and, online, each upstream's result; the exit status."""
+def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = ()) -> int:
+    """Print the effective configuration and, online, each upstream's result; the exit status.
+    `ignored`: names in ./.env that are no setting (serve logs and ignores them: most are typos)."""
     print("effective configuration (secrets redacted):")
     for line in effective(settings):
         print(f"  {line}")
-    if offline:
-        print("offline: settings and files are valid; upstreams not tried")
-        return 0
-    probes = asyncio.run(probe_all(settings))
     problems = 0
+    if ignored:
+        problems += 1
+        print(f"FAIL .env: not settings, serve ignores them: {', '.join(ignored)}")
+    if offline:
+        print("offline: settings and files are valid; upstreams not tried" if not problems else "1 problem(s)")
+        return 1 if problems else 0
+    probes = asyncio.run(probe_all(settings))
     for name, shown, problem in asyncio.run(probe_redises(settings)):
         problems += problem is not None
         print(f"FAIL redis {name} {shown}: {problem}" if problem else f"ok   redis {name} {shown}: PONG")

@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.command == "check":
         from proxy.check import run_check
 
-        return run_check(settings, offline=args.offline)
+        return run_check(settings, offline=args.offline, ignored=unknown)
     if from_dotenv or unknown:
         logs.setup(settings.log_format, settings.log_level, settings.access_log)
         used = sorted(k for k in from_dotenv if k not in os.environ and k not in vars(args))

@@ -6,11 +6,12 @@ ConfigError, the options table, Network, KeyConfig and Family are re-exported: i
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from proxy.config_files import VERIFY_MODES, _credits_file, _keys, _networks_from_file
 from proxy.config_files import KeyConfig as KeyConfig
@@ -25,8 +26,37 @@ from proxy.rpc.methods import FAMILIES
 from proxy.rpc.methods import Family as Family
 
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+HEAD_POLL_INTERVAL = 2.0  # seconds between head polls (default)
 HEAD_STALE_POLLS = 3  # a head older than this many poll intervals is stale...
 HEAD_STALE_MIN = 1.0  # ...and never sooner than this many seconds
+
+
+class Listener(NamedTuple):
+    """One TCP listener: the setting of its port, its host and port."""
+
+    setting: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port} ({self.setting})"
+
+
+_ANY_ADDRESS = frozenset({"", "0.0.0.0", "::"})  # a wildcard host takes the port on every address
+
+
+def listener_conflict(listeners: Sequence[Listener]) -> str | None:
+    """Why two listeners cannot both bind (one port on one host, or on a wildcard host), or None."""
+    for index, one in enumerate(listeners):
+        for other in listeners[:index]:
+            shared = one.host == other.host or one.host in _ANY_ADDRESS or other.host in _ANY_ADDRESS
+            if one.port == other.port and shared:
+                return (
+                    f"{one.setting} {one.port} is also {other.setting} on {one.host} and {other.host}: "
+                    "each listener needs a port of its own"
+                )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +79,7 @@ class Settings:
     upstream_timeout: float = 30.0
     upstream_batch_max: int = 50
     coalesce_wait: float = 2.0
-    head_poll_interval: float = 2.0
+    head_poll_interval: float = HEAD_POLL_INTERVAL
     finality_depth: int = 64
     cache_memory_bytes: int = 256 * 1024 * 1024
     cache_unfinalized_ttl: float = 12.0
@@ -123,6 +153,16 @@ class Settings:
     subscription_credits: Mapping[str, int] = field(default_factory=lambda: dict(SUBSCRIPTION_CREDITS))
     # Credits per call of methods outside the spec's seven (prices.py), with CREDITS_FILE applied.
     method_credits: Mapping[str, int] = field(default_factory=lambda: dict(METHOD_CREDITS))
+
+    @property
+    def listeners(self) -> tuple[Listener, ...]:
+        """The TCP addresses the proxy binds: the public port, then METRICS_PORT and ADMIN_PORT if set."""
+        found = [Listener("PROXY_PORT", self.host, self.port)]
+        if self.metrics_port is not None:
+            found.append(Listener("METRICS_PORT", self.metrics_host, self.metrics_port))
+        if self.admin_port is not None:
+            found.append(Listener("ADMIN_PORT", self.admin_host, self.admin_port))
+        return tuple(found)
 
     @property
     def ledger_redis_url(self) -> str | None:
@@ -253,10 +293,19 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     # spec: getLargestAccounts results may be cached up to two hours.
     if values.get("solana_largest_accounts_ttl", 0) > 7200:
         raise ConfigError("SOLANA_LARGEST_ACCOUNTS_TTL must be at most 7200 seconds (spec: two hours)")
+    stale, poll = values.get("head_stale_after"), values.get("head_poll_interval", HEAD_POLL_INTERVAL)
+    if stale is not None and stale <= poll:
+        # A head is stale only once a poll interval has passed without a successful poll; at or
+        # under one interval every head goes stale between two polls and /readyz flaps.
+        raise ConfigError(f"HEAD_STALE_AFTER must be greater than HEAD_POLL_INTERVAL ({poll:g}s), got {stale:g}")
     if values.get("admin_port") is not None:
         weak = admin_token_problem(values.get("admin_token"))
         if weak is not None:  # never the value: it is a secret, even a bad one
             raise ConfigError(f"ADMIN_PORT needs ADMIN_TOKEN, the admin listener's bearer token: {weak}")
+    settings = Settings(networks=tuple(networks), default_network=defaults, **values)
+    conflict = listener_conflict(settings.listeners)
+    if conflict is not None:
+        raise ConfigError(conflict)
     api_keys = _keys(raw)
     if (
         values.get("workers", 1) > 1
@@ -269,6 +318,4 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
             "CREDITS_REDIS_URL (workers lease credits from it as replicas do)"
         )
     keys_source: dict[str, str] = {k: raw[k] for k in ("API_KEYS", "API_KEYS_FILE") if k in raw}
-    return Settings(
-        networks=tuple(networks), default_network=defaults, api_keys=api_keys, keys_source=keys_source, **values
-    )
+    return dataclasses.replace(settings, api_keys=api_keys, keys_source=keys_source)

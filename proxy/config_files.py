@@ -17,7 +17,7 @@ from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, diges
 from proxy.credits.allow_lists import NO_LISTS, AllowLists
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
 from proxy.file_trust import check_trusted
-from proxy.options import ConfigError, _csv, _upstream_urls
+from proxy.options import MAX_CREDITS, ConfigError, _csv, _upstream_urls
 from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.methods import FAMILIES, Family
 
@@ -347,6 +347,8 @@ def _networks_from_file(path: str) -> list[Network]:
         http_headers = tuple(h for ws, h in zip(is_ws, headers, strict=True) if not ws)
         ws_headers = tuple(h for ws, h in zip(is_ws, headers, strict=True) if ws)
         selection, hedge_after = _selection(where, entry)
+        if isinstance(http_urls, list) and not http_urls:  # before the checks that count them
+            raise ConfigError(f"{where}: no http(s) upstream (upstreams lists none)")
         confirm_immutable, confirm_logs_bloom = _integrity(where, entry)
         if isinstance(http_urls, list) and confirm_immutable > len(http_urls):
             raise ConfigError(f"{where}: confirm_immutable cannot exceed the number of http(s) upstreams")
@@ -438,8 +440,11 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
     values: dict[str, int | None] = {}
     for field_name in ("daily_credits", "credits_per_second"):
         value = entry.get(field_name)
-        if value is not None and (not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{where}: {field_name} must be a positive integer")
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_CREDITS
+        ):
+            # Credits are counted as doubles in Redis: past 2**53 a count is rounded.
+            raise ConfigError(f"{where}: {field_name} must be a whole number from 1 to 2**53")
         values[field_name] = value
     return name, KeyConfig(**values, sha256=sha, lists=_allow_lists(where, entry))
 
@@ -447,7 +452,11 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
 def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
     """Accounts by name; a name is never the secret (plain API_KEYS entries get a derived name)."""
     keys: dict[str, KeyConfig] = {}
-    for secret in _csv(raw.get("API_KEYS", "")):
+    secrets = _csv(raw.get("API_KEYS", ""))
+    if raw.get("API_KEYS") and not secrets:
+        # `API_KEYS=${K1},${K2}` with both unset: running open would accept any key and charge nothing.
+        raise ConfigError("API_KEYS names no key (only commas and spaces): set comma-separated keys, or unset it")
+    for secret in secrets:
         keys[derived_name(secret)] = KeyConfig(sha256=digest(secret))
     path = raw.get("API_KEYS_FILE")
     if path:

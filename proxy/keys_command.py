@@ -24,12 +24,9 @@ from proxy.config import ConfigError, build_settings
 from proxy.config_files import _key_entry
 from proxy.credits.accounts import ACCOUNT_NAME, digest
 from proxy.file_trust import check_trusted
+from proxy.options import MAX_CREDITS
 
 _UNUSED_UPSTREAM = {"EVM_UPSTREAM": "http://unused.invalid"}  # the key commands need no network
-
-
-# Credits are counted as doubles in Redis' Lua scripts: past 2**53 a count is rounded.
-MAX_CREDITS = 2**53
 
 
 def _positive(name: str, value: int | None) -> int | None:

@@ -14,6 +14,7 @@ from urllib.parse import SplitResult, urlsplit
 from redis.connection import parse_url
 
 from proxy.redis_topology import BadRedisUrl, topology_of
+from proxy.rpc.methods import SOLANA_PUBSUB
 
 # Credits of WebSocket subscriptions, by what is charged: `subscribe` for each eth_subscribe (or
 # Solana *Subscribe) accepted, then each notification by its kind; `other` for kinds not listed.
@@ -189,7 +190,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "HEAD_STALE_AFTER",
         "seconds after the last successful head poll when tags stop being resolved and "
-        "/readyz reports the network degraded (default 3 poll intervals, at least 1)",
+        "/readyz reports the network degraded; more than HEAD_POLL_INTERVAL (default 3 poll intervals, at least 1)",
     ),
     Option(
         "HEAD_CATCH_UP_WAIT",
@@ -281,34 +282,65 @@ OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 # --- parsing --------------------------------------------------------------------------
 
 
-def _positive_int(name: str, raw: str) -> int:
+# Durations (timeouts, intervals, TTLs) are at most a day: past it a timeout overflows where it is
+# handed on (a Redis socket timeout) or a check never comes round (HEAD_POLL_INTERVAL=1e300).
+MAX_SECONDS = 86_400.0
+# Credits are counted as doubles in Redis' Lua scripts: past 2**53 a count is rounded.
+MAX_CREDITS = 2**53
+
+
+def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: str = "") -> int:
+    """A whole number from `low` (0 or 1) to `high` (None: no bound)."""
     try:
         value = int(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be greater than 0, got {raw!r}")
+    if value < low:
+        raise ConfigError(f"{name} must be {'0 or greater' if low == 0 else 'greater than 0'}, got {raw!r}")
+    if high is not None and value > high:
+        raise ConfigError(f"{name} must be at most {high_text or high}, got {raw!r}")
     return value
 
 
-def _positive_float(name: str, raw: str) -> float:
+def _seconds(name: str, raw: str, *, zero: bool = False) -> float:
+    """A duration: greater than 0 (or any number equal to 0 with `zero`: 0, 0.00, -0) up to a day."""
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{name} must be greater than 0, got {raw!r}")
+    if zero and value == 0:
+        return 0.0
+    if not value > 0:  # NaN too
+        raise ConfigError(f"{name} must be {'0 or greater' if zero else 'greater than 0'}, got {raw!r}")
+    if value > MAX_SECONDS:
+        raise ConfigError(f"{name} must be at most {MAX_SECONDS:g} seconds (one day), got {raw!r}")
     return value
 
 
+def _positive_int(name: str, raw: str) -> int:
+    return _whole(name, raw, 1)
+
+
 def _zero_or_positive_int(name: str, raw: str) -> int:
-    """0 (off, or free) or a positive whole number."""
-    return 0 if raw.strip() == "0" else _positive_int(name, raw)
+    """0 (off, no cap, or free) or a positive whole number."""
+    return _whole(name, raw, 0)
+
+
+def _credits(name: str, raw: str) -> int:
+    return _whole(name, raw, 1, MAX_CREDITS, "2**53 (credits are counted as doubles in Redis)")
+
+
+def _zero_or_credits(name: str, raw: str) -> int:
+    return _whole(name, raw, 0, MAX_CREDITS, "2**53 (credits are counted as doubles in Redis)")
+
+
+def _positive_float(name: str, raw: str) -> float:
+    return _seconds(name, raw)
 
 
 def _zero_or_positive_float(name: str, raw: str) -> float:
-    """0 (off) or a positive number."""
-    return 0.0 if raw.strip() in ("0", "0.0") else _positive_float(name, raw)
+    """0 (off), written any way that equals 0, or a positive number of seconds."""
+    return _seconds(name, raw, zero=True)
 
 
 def _bool(name: str, raw: str) -> bool:
@@ -399,13 +431,22 @@ def _ws_urls(name: str, urls: Any) -> tuple[str, ...]:
     return tuple(urls)
 
 
+# The kinds SUBSCRIPTION_CREDITS may price: its own rows, EVM's relayed `syncing`, and Solana's
+# subscribe methods (a notification is charged by the method that made it).
+SUBSCRIPTION_KINDS = (*SUBSCRIPTION_CREDITS, "syncing", *SOLANA_PUBSUB)
+
+
 def _credit_table(name: str, raw: str) -> dict[str, int]:
     table = dict(SUBSCRIPTION_CREDITS)
     for part in _csv(raw):
         kind, eq, value = part.partition("=")
         if not eq or not kind.strip():
             raise ConfigError(f"{name} must be kind=credits pairs, got {part!r}")
-        table[kind.strip()] = _zero_or_positive_int(f"{name} {kind.strip()}", value.strip())
+        if kind.strip() not in SUBSCRIPTION_KINDS:  # a misspelt kind (newheads) would price nothing
+            raise ConfigError(
+                f"{name}: unknown kind {kind.strip()[:40]!r} (expected one of {', '.join(SUBSCRIPTION_KINDS)})"
+            )
+        table[kind.strip()] = _zero_or_credits(f"{name} {kind.strip()}", value.strip())
     return table
 
 
@@ -416,9 +457,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PROXY_PORT": ("port", _port),
     "REDIS_URL": ("redis_url", _redis_url),
     "REDIS_TIMEOUT": ("redis_timeout", _positive_float),
-    "DAILY_CREDITS": ("daily_credits", _positive_int),
-    "CREDITS_PER_SECOND": ("credits_per_second", _positive_int),
-    "DEFAULT_CREDITS": ("default_credits", _zero_or_positive_int),
+    "DAILY_CREDITS": ("daily_credits", _credits),
+    "CREDITS_PER_SECOND": ("credits_per_second", _credits),
+    "DEFAULT_CREDITS": ("default_credits", _zero_or_credits),
     "MAX_BATCH_SIZE": ("max_batch_size", _positive_int),
     "MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
     "WS_MAX_MESSAGE_BYTES": ("ws_max_message_bytes", _positive_int),
@@ -467,7 +508,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CREDITS_REDIS_FAILURES": ("credits_redis_failures", _positive_int),
     "CREDITS_REQUIRE_NOEVICTION": ("credits_require_noeviction", _bool),
     "CREDITS_FAIL_OPEN": ("credits_fail_open", _bool),
-    "CREDITS_LEASE_MAX": ("credits_lease_max", _positive_int),
+    "CREDITS_LEASE_MAX": ("credits_lease_max", _credits),
     "CREDITS_LEASE_SECONDS": ("credits_lease_seconds", _positive_float),
     "CREDITS_JOURNAL_DIR": ("credits_journal_dir", lambda _n, v: v),
     "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),

@@ -9,6 +9,7 @@ from proxy.app import create_app
 from proxy.config import Settings
 from proxy.credits.ledger_storage import LedgerStorageError
 from proxy.http import listeners
+from proxy.http.listeners import CannotListen
 from proxy.workers import event_loop
 from proxy.workers.context import WorkerContext
 
@@ -33,8 +34,8 @@ def run_server(settings: Settings, *, on_listening: Callable[[], None], worker: 
             ),
             settings.event_loop,
         )
-    except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror)
+    except CannotListen as exc:  # names the listener that failed: public, metrics or admin
+        log.error("%s", exc)
         return 1
     except LedgerStorageError as exc:
         log.error("configuration error: %s", exc)

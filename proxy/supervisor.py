@@ -248,10 +248,11 @@ def port_free(host: str, port: int) -> OSError | None:
 
 
 def supervise(settings: Settings) -> int:
-    problem = port_free(settings.host, settings.port)
-    if problem is not None:
-        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, problem.strerror)
-        return 1
+    for listener in settings.listeners:  # each worker binds them all: a taken one fails here, named
+        problem = port_free(listener.host, listener.port)
+        if problem is not None:
+            log.error("cannot listen on %s: %s", listener, problem.strerror)
+            return 1
     run_dir = tempfile.mkdtemp(prefix="rpc-proxy-")
     try:
         return asyncio.run(Supervisor(settings, run_dir).run())

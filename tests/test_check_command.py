@@ -167,3 +167,13 @@ def test_redis_is_tried_a_wrong_password_is_a_problem_and_no_password_is_printed
     assert dead.returncode == 1 and "unreachable" in dead.stdout, dead.stdout
     for result in (good, wrong, dead):
         assert SECRET not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_names_in_dotenv_that_are_no_setting_are_a_problem(offline: bool, tmp_path: Path) -> None:
+    """Rule: check reports the .env names serve ignores (a misspelt setting would keep its default)."""
+    (tmp_path / ".env").write_text("PROXY_PROT=9000\nREDIS_URLL=redis://127.0.0.1:1\nLOG_FORMAT=text\n")
+    args = ("--offline",) if offline else ()
+    result = check(tmp_path, *args, EVM_UPSTREAM=f"http://127.0.0.1:{free_port()}")
+    assert result.returncode == 1, result.stderr
+    assert "FAIL .env: not settings, serve ignores them: PROXY_PROT, REDIS_URLL" in result.stdout

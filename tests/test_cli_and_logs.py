@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -276,3 +277,42 @@ def test_keys_usage_help_lists_its_own_options_only() -> None:
     assert flags == {o.flag for o in OPTIONS if o.env in KEYS_USAGE_OPTIONS} | {"--metrics-url"}
     serve = subprocess.run([script, "serve", "--help"], capture_output=True, text=True, timeout=30)
     assert {o.flag for o in OPTIONS} <= set(re.findall(r"--[a-z][a-z0-9-]+", serve.stdout))
+
+
+def bound_in(sock: socket.socket, ports: range) -> int:
+    """Bind `sock` on 127.0.0.1 to a free port of `ports`, from a random start; the port."""
+    start = random.randrange(len(ports))
+    for offset in range(len(ports)):
+        port = ports[(start + offset) % len(ports)]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return port
+    raise OSError("no free port in range")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("setting", ["METRICS_PORT", "ADMIN_PORT"])
+def test_a_taken_internal_port_is_named_not_the_public_one(setting: str, workers: str, tmp_path: Path) -> None:
+    """Rule: a bind error names the listener and address that failed (METRICS_PORT, ADMIN_PORT)."""
+    with socket.socket() as taken, socket.socket() as public:
+        port, proxy_port = (bound_in(sock, range(52000, 53000)) for sock in (taken, public))
+        taken.listen()
+        public.close()  # free again for the proxy: only the internal port is taken
+        env = clean_env(
+            LOG_FORMAT="json",
+            WORKERS=workers,
+            EVM_UPSTREAM="http://127.0.0.1:1",
+            PROXY_PORT=str(proxy_port),
+            ADMIN_TOKEN="Adm1n-T0ken-For-Tests",
+            **{setting: str(port)},
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+    assert result.returncode == 1, result.stderr
+    errors = [
+        r["msg"] for r in map(lambda line: parsed(line, "json"), result.stderr.splitlines()) if r["level"] == "error"
+    ]
+    assert f"cannot listen on 127.0.0.1:{port} ({setting}): Address already in use" in errors, errors

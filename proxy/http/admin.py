@@ -32,7 +32,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from proxy.config import Settings
+from proxy.config import Listener, Settings
+from proxy.http.listeners import bind
 from proxy.logs import Throttled
 from proxy.network import NetworkRuntime
 from proxy.network_parts import STARTUP_WAIT
@@ -223,7 +224,8 @@ async def start_admin(
     runners = []
     public = web.AppRunner(admin_app(runtimes, reload_networks, cordons, settings.admin_token), access_log=None)
     await public.setup()
-    await web.TCPSite(public, settings.admin_host, settings.admin_port, reuse_port=run_dir is not None).start()
+    site = web.TCPSite(public, settings.admin_host, settings.admin_port, reuse_port=run_dir is not None)
+    await bind(site, Listener("ADMIN_PORT", settings.admin_host, settings.admin_port))
     runners.append(public)
     if run_dir is not None:
         own = web.AppRunner(admin_app(runtimes, reload_networks, cordons, None), access_log=None)

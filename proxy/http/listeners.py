@@ -16,6 +16,7 @@ from typing import Any, cast
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from proxy.config import Listener
 from proxy.http.app_keys import FRONT
 from proxy.http.front import Front
 from proxy.http.front_routes import Exposition
@@ -236,12 +237,27 @@ def metrics_app(exposition: Exposition) -> web.Application:
     return app
 
 
+class CannotListen(Exception):
+    """A listener could not bind: its message names the setting, the address and the reason."""
+
+
+async def bind(site: web.BaseSite, listener: Listener) -> None:
+    """Start a listener's site; a failed bind (a taken port, an address not here) is CannotListen
+    naming that listener, not the public port."""
+    try:
+        await site.start()
+    except OSError as exc:
+        # uvloop's error has no strerror, only an errno and its own sentence: the system's words for both loops.
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise CannotListen(f"cannot listen on {listener}: {reason}") from exc
+
+
 async def start_metrics_listener(
     exposition: Exposition, host: str, port: int, *, reuse_port: bool = False
 ) -> web.AppRunner:
     runner = web.AppRunner(metrics_app(exposition), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+    await bind(web.TCPSite(runner, host, port, reuse_port=reuse_port), Listener("METRICS_PORT", host, port))
     return runner
 
 
@@ -293,7 +309,7 @@ async def serve(
             shutdown_timeout=shutdown_timeout,
             run_dir=run_dir,
         )
-        await site.start()
+        await bind(site, Listener("PROXY_PORT", host, port))
         # What was built until now (modules, tables, the app) lives as long as the process: frozen, the
         # collector's full passes no longer walk it (46 -> about 10 ms each; README "Benchmark"). The
         # startup's garbage is collected first, so none of it is kept forever.

@@ -1,0 +1,163 @@
+"""Settings refused at start (exit 2, one line naming the setting and what is allowed), as
+`rpc-proxy check` refuses them: values that would run open, flap, overflow or collide."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from proxy.config import ConfigError, build_settings
+
+UPSTREAM = {"EVM_UPSTREAM": "http://127.0.0.1:1"}
+
+
+def refused(**raw: str) -> str:
+    """The one-line ConfigError the settings raise."""
+    with pytest.raises(ConfigError) as caught:
+        build_settings({**UPSTREAM, **raw})
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("value", [",", " , ", ",,", " "])
+def test_api_keys_that_name_no_key_are_refused_never_open(value: str) -> None:
+    """Rule: a non-empty API_KEYS that names no key is a configuration error, not open mode."""
+    assert "API_KEYS names no key" in refused(API_KEYS=value)
+
+
+def test_an_empty_api_keys_counts_as_unset() -> None:
+    """Rule: `API_KEYS=` is unset, as every empty value is: the proxy runs open and says so."""
+    assert build_settings({**UPSTREAM, "API_KEYS": ""}).open_mode
+
+
+def test_check_refuses_api_keys_naming_no_key_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rule: `rpc-proxy check` refuses what serve refuses (the same build_settings): exit 2, one line."""
+    assert main(["check", "--offline"], environ={**UPSTREAM, "API_KEYS": " , "}) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "configuration error: API_KEYS names no key" in line
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"HEAD_STALE_AFTER": "1", "HEAD_POLL_INTERVAL": "2"},
+        {"HEAD_STALE_AFTER": "2", "HEAD_POLL_INTERVAL": "2"},
+        {"HEAD_STALE_AFTER": "0.001"},
+    ],
+)
+def test_a_head_stale_bound_within_one_poll_interval_is_refused(raw: dict[str, str]) -> None:
+    """Rule: HEAD_STALE_AFTER must exceed HEAD_POLL_INTERVAL: a head is stale only after a missed poll."""
+    assert "HEAD_STALE_AFTER must be greater than HEAD_POLL_INTERVAL" in refused(**raw)
+
+
+def test_a_head_stale_bound_past_one_poll_interval_is_kept() -> None:
+    settings = build_settings({**UPSTREAM, "HEAD_STALE_AFTER": "2.5", "HEAD_POLL_INTERVAL": "2"})
+    assert settings.head_stale_bound == 2.5
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"PROXY_PORT": "9000", "METRICS_PORT": "9000"}, "METRICS_PORT 9000 is also PROXY_PORT"),
+        ({"ADMIN_PORT": "8545", "ADMIN_TOKEN": "Adm1n-T0ken-For-Tests"}, "ADMIN_PORT 8545 is also PROXY_PORT"),
+        (
+            {"METRICS_PORT": "9100", "ADMIN_PORT": "9100", "ADMIN_TOKEN": "Adm1n-T0ken-For-Tests"},
+            "ADMIN_PORT 9100 is also METRICS_PORT",
+        ),
+        ({"PROXY_HOST": "0.0.0.0", "METRICS_PORT": "8545"}, "METRICS_PORT 8545 is also PROXY_PORT"),
+    ],
+)
+def test_two_listeners_on_one_port_of_one_host_are_refused(raw: dict[str, str], fragment: str) -> None:
+    """Rule: METRICS_PORT and ADMIN_PORT each need a port of their own on their host (a wildcard host: any)."""
+    assert fragment in refused(**raw)
+
+
+def test_one_port_on_two_distinct_hosts_is_kept() -> None:
+    settings = build_settings({**UPSTREAM, "METRICS_HOST": "127.0.0.2", "METRICS_PORT": "8545"})
+    assert [str(listener) for listener in settings.listeners] == [
+        "127.0.0.1:8545 (PROXY_PORT)",
+        "127.0.0.2:8545 (METRICS_PORT)",
+    ]
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "0.00", "-0", "0e0"])
+def test_a_zero_written_any_way_disables_where_zero_is_allowed(value: str) -> None:
+    """Rule: settings documented as "0 disables" take any number equal to 0."""
+    assert build_settings({**UPSTREAM, "COALESCE_WAIT": value, "HEAD_CATCH_UP_WAIT": value}).coalesce_wait == 0
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "MAX_CONNECTIONS_PER_IP",
+        "WS_MAX_CONNECTIONS_PER_KEY",
+        "UPSTREAM_KEY_CONCURRENCY",
+        "COMPRESS_MIN_BYTES",
+        "DEFAULT_CREDITS",
+        "COALESCE_WAIT",
+    ],
+)
+def test_a_negative_where_zero_is_allowed_says_0_or_greater(setting: str) -> None:
+    """Rule: the refusal of a setting that takes 0 says "0 or greater", not "greater than 0"."""
+    assert f"{setting} must be 0 or greater, got '-1'" in refused(**{setting: "-1"})
+
+
+@pytest.mark.parametrize(
+    "setting", ["UPSTREAM_TIMEOUT", "HEAD_POLL_INTERVAL", "REDIS_TIMEOUT", "COALESCE_WAIT", "WS_IDLE_TIMEOUT"]
+)
+@pytest.mark.parametrize("value", ["1e300", "86401", "inf"])
+def test_durations_are_at_most_one_day(setting: str, value: str) -> None:
+    """Rule: a duration setting is at most 86400 seconds (a huge timeout overflows, a huge interval never fires)."""
+    assert f"{setting} must be at most 86400 seconds (one day)" in refused(**{setting: value})
+
+
+def test_a_duration_of_one_day_is_kept() -> None:
+    assert build_settings({**UPSTREAM, "UPSTREAM_TIMEOUT": "86400"}).upstream_timeout == 86400
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("DAILY_CREDITS", "99999999999999999999999999"),
+        ("CREDITS_PER_SECOND", str(2**53 + 1)),
+        ("CREDITS_LEASE_MAX", str(2**53 + 1)),
+        ("DEFAULT_CREDITS", str(2**53 + 1)),
+        ("SUBSCRIPTION_CREDITS", f"logs={2**53 + 1}"),
+    ],
+)
+def test_credits_are_at_most_2_to_the_53(setting: str, value: str) -> None:
+    """Rule: credits are counted as doubles in Redis: every credit setting is at most 2**53."""
+    assert "must be at most 2**53" in refused(**{setting: value})
+
+
+def test_a_keys_file_daily_credits_past_2_to_the_53_are_refused(tmp_path: Path) -> None:
+    """Rule: a keys file's daily_credits and credits_per_second are at most 2**53, as `keys new` says."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[keys.alice]\nkey = "s3cret-alice"\ndaily_credits = {2**53 + 1}\n')
+    assert "daily_credits must be a whole number from 1 to 2**53" in refused(API_KEYS_FILE=str(keys))
+    keys.write_text(f'[keys.alice]\nkey = "s3cret-alice"\ndaily_credits = {2**53}\n')
+    assert build_settings({**UPSTREAM, "API_KEYS_FILE": str(keys)}).daily_credits_for("alice") == 2**53
+
+
+@pytest.mark.parametrize("value", ["newheads=0", "log=10", "blocks=5"])
+def test_an_unknown_subscription_credits_kind_is_refused_naming_the_known_ones(value: str) -> None:
+    """Rule: SUBSCRIPTION_CREDITS prices known kinds only: a misspelt one would silently price nothing."""
+    message = refused(SUBSCRIPTION_CREDITS=value)
+    assert "SUBSCRIPTION_CREDITS: unknown kind" in message and "newHeads" in message and "slotSubscribe" in message
+
+
+def test_solana_and_syncing_kinds_are_priced() -> None:
+    settings = build_settings({**UPSTREAM, "SUBSCRIPTION_CREDITS": "slotSubscribe=10,syncing=1,other=0"})
+    assert settings.subscription_credits["slotSubscribe"] == 10 and settings.subscription_credits["other"] == 0
+
+
+@pytest.mark.parametrize("upstreams", ["[]", '["wss://node.example/ws"]'])
+def test_a_network_with_no_http_upstream_says_so(upstreams: str, tmp_path: Path) -> None:
+    """Rule: a NETWORKS_FILE network with no http(s) upstream is named as such, not as a confirm_immutable excess."""
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = {upstreams}\n')
+    message = refused(NETWORKS_FILE=str(networks))
+    assert "network 'main': no http(s) upstream" in message and "confirm_immutable" not in message
