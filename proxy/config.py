@@ -44,14 +44,20 @@ class Listener(NamedTuple):
 
 
 _ANY_ADDRESS = frozenset({"", "0.0.0.0", "::"})  # a wildcard host takes the port on every address
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})  # `localhost` binds the loopback addresses
+
+
+def _same_host(one: str, other: str) -> bool:
+    if one == other or one in _ANY_ADDRESS or other in _ANY_ADDRESS:
+        return True
+    return "localhost" in (one, other) and one in _LOOPBACK and other in _LOOPBACK
 
 
 def listener_conflict(listeners: Sequence[Listener]) -> str | None:
     """Why two listeners cannot both bind (one port on one host, or on a wildcard host), or None."""
     for index, one in enumerate(listeners):
         for other in listeners[:index]:
-            shared = one.host == other.host or one.host in _ANY_ADDRESS or other.host in _ANY_ADDRESS
-            if one.port == other.port and shared:
+            if one.port == other.port and _same_host(one.host.lower(), other.host.lower()):
                 return (
                     f"{one.setting} {one.port} is also {other.setting} on {one.host} and {other.host}: "
                     "each listener needs a port of its own"

@@ -68,6 +68,7 @@ def test_a_head_stale_bound_past_one_poll_interval_is_kept() -> None:
             "ADMIN_PORT 9100 is also METRICS_PORT",
         ),
         ({"PROXY_HOST": "0.0.0.0", "METRICS_PORT": "8545"}, "METRICS_PORT 8545 is also PROXY_PORT"),
+        ({"PROXY_HOST": "localhost", "METRICS_PORT": "8545"}, "METRICS_PORT 8545 is also PROXY_PORT"),
     ],
 )
 def test_two_listeners_on_one_port_of_one_host_are_refused(raw: dict[str, str], fragment: str) -> None:

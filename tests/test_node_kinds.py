@@ -28,6 +28,7 @@ from tests.support import (
     Proxy,
     balancer,
     eventually,
+    free_port,
     selector,
     serving,
     settings_for,
@@ -515,6 +516,49 @@ async def test_a_recent_blocks_logs_a_lagging_node_lacks_are_asked_again_not_ref
                 assert reply.get("result") == live.rpc("eth_getLogs", log_filter), (n, reply)
         finally:
             await proxy.close()
+
+
+async def test_a_backup_ahead_on_another_fork_is_not_followed_while_the_primary_lags() -> None:
+    """Rule: a poll answered by a lagging primary is asked of an upstream ahead only when that
+    upstream's chain holds both the primary's latest block and the head's own: a backup that parted
+    above the primary's block (another fork, further ahead) is passed over for the one on the head's
+    chain, and the head never moves to its fork."""
+    live = Anvil()
+    live.mine(140 - live.block_number())
+    lagging = Anvil("--fork-url", live.url, "--fork-block-number", "140")  # the primary, stopped at 140
+    live.mine(12)
+    forked_port = free_port()
+    forked: Anvil | None = None
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=f"{lagging.url},{live.url},http://127.0.0.1:{forked_port}", HEAD_POLL_INTERVAL="0.2")
+    )
+    try:
+        await proxy.head_at(live.block_number())
+        forked = Anvil("--fork-url", live.url, "--fork-block-number", "140", port=forked_port)
+        forked.send("0x" + "22" * 20, "0x")  # its own blocks from 141 on
+        forked.mine(30)
+        states = proxy.app[SERVICE].networks["evm"].per_upstream
+        assert states is not None
+        await eventually(
+            lambda: _known(states.states, 2, forked.block_number()), 30, "the forked backup's head to be known"
+        )
+        top = live.mine(1)
+        await proxy.head_at(top, timeout=30)
+        tracker = proxy.app[SERVICE].networks["evm"].tracker
+        assert (
+            tracker.head is not None
+            and tracker.head.latest_hash == live.rpc("eth_getBlockByNumber", hex(top), False)["hash"]
+        )
+        assert proxy.metric("rpc_proxy_reorgs_total", network="evm") == 0
+    finally:
+        await proxy.close()
+        for node in (forked, lagging, live):
+            if node is not None:
+                node.stop()
+
+
+async def _known(states: UpstreamStates, index: int, number: int) -> bool:
+    return states.latest[index] == number and states.verified[index]
 
 
 async def test_a_rollback_made_on_the_node_directly_is_taken_once_the_head_is_stale() -> None:

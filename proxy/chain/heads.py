@@ -246,7 +246,7 @@ class EvmHeadTracker:
         old_head = self.head
         judge = functools.partial(self._judged, old_head=old_head, known_final=known_final)
         answers, asker, latest, violated = await answered(
-            self._asker, self._upstream, self._states, calls, judge, max(self._interval, 1.0)
+            self._asker, self._upstream, self._states, calls, judge, max(self._interval, 1.0), old_head
         )
         latest_a, safe_a, final_a = answers[:3]
         # A node without the finalized/safe tags: a configured depth below latest counts as final.

@@ -1,18 +1,18 @@
 """Which node a head poll's answers come from: the pool's (the tracker's PollAsker), unless an
 upstream is known AHEAD_BY blocks or more ahead of the node that answered (a primary that lags
-without failing), or the answer is below the head (Behind): then it is asked once more, of the
-upstream furthest ahead alone when its chain holds the answering node's latest block (never a node
-ahead on another fork), or of the pool again when none is known (a load balancer may send it to
-another member). The window's blocks are then asked of the same node as the latest block."""
+without failing), or the answer is below the head (Behind): then it is asked once more, of
+the first upstream ahead (furthest first, alone) whose chain holds both the answering node's latest
+block and the tracker's (never one ahead on another fork), or of the pool again when none is known
+ahead (a load balancer may send it to another member). The window's blocks are then asked of the
+same node as the latest block."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from proxy.chain.head_polls import Asks, Behind, Header, PollAsker, get_block, header_of
-from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.chain.head_polls import Asks, Behind, Head, Header, PollAsker, get_block, header_of
+from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import HttpUpstream, Upstream, http_pool
 from proxy.upstream.standing import UpstreamStates
 from proxy.values import Answer
@@ -36,54 +36,80 @@ class Pinned(NamedTuple):
         return await self.pool.ask_all(self.upstream, calls, timeout=self.timeout)
 
 
-def pinned(upstream: Upstream, index: int | None, timeout: float) -> Pinned | None:
-    """An asker of upstream `index` alone (None: no index, or no pool of upstreams to ask it of)."""
-    pool = http_pool(upstream) if index is not None else None
-    return Pinned(pool, index, timeout) if pool is not None and index is not None else None
+def pinned(upstream: Upstream, index: int, timeout: float) -> Pinned | None:
+    """An asker of upstream `index` alone (None: no pool of upstreams to ask it of)."""
+    pool = http_pool(upstream)
+    return Pinned(pool, index, timeout) if pool is not None else None
 
 
-def further(states: UpstreamStates | None, latest_a: Answer) -> int | None:
-    """An upstream in rotation known AHEAD_BY blocks or more ahead of the latest block a poll's node
-    gave, or None."""
+def further(states: UpstreamStates | None, latest_a: Answer) -> list[int]:
+    """The upstreams in rotation known AHEAD_BY blocks or more ahead of the latest block a poll's node
+    gave, furthest first."""
     latest = header_of(latest_a)
-    ahead = states.ahead_of(latest_a.upstream) if states is not None and latest is not None else None
-    if states is None or latest is None or ahead is None:
-        return None
-    return ahead if states.latest[ahead] >= latest.number + AHEAD_BY else None
+    if states is None or latest is None:
+        return []
+    return states.ahead_of(latest_a.upstream, latest.number + AHEAD_BY - 1)  # ahead of this answer
 
 
 async def answered(
-    asker: PollAsker, upstream: Upstream, states: UpstreamStates | None, calls: Calls, judge: Judge, timeout: float
+    asker: PollAsker,
+    upstream: Upstream,
+    states: UpstreamStates | None,
+    calls: Calls,
+    judge: Judge,
+    timeout: float,
+    old_head: Head | None,
 ) -> tuple[list[Answer], Asks, Header, bool]:
     """A poll's answers, the asker of the node that gave them, and the tracker's judgment of them
-    (its latest block, whether finality was violated); TrackerError as `judge` raises it."""
+    (its latest block, whether finality was violated); TrackerError as `judge` raises it. An
+    upstream ahead is followed only when it holds the tracker's latest block (`old_head`'s)."""
+    head = (old_head.latest, old_head.latest_hash) if old_head is not None else None
     answers = await asker.ask(calls)
     source: Asks = asker
-    ahead = pinned(upstream, further(states, answers[0]), timeout)
-    if ahead is not None:
-        with contextlib.suppress(JsonRpcError):  # else this poll's own answers
-            answers, source = await on_the_same_chain(ahead, calls, answers), ahead
+    taken = await from_ahead(upstream, further(states, answers[0]), calls, answers, head, timeout)
+    if taken is not None:
+        answers, source = taken
     try:
         return answers, source, *judge(answers)
     except Behind as behind:
-        ahead = pinned(upstream, states.ahead_of(answers[0].upstream) if states is not None else None, timeout)
-        try:
-            answers = await (on_the_same_chain(ahead, calls, answers) if ahead is not None else asker.direct(calls))
-        except JsonRpcError:
-            raise behind from None  # the poll's failure is the node behind, not the one that failed
-        return answers, ahead or asker, *judge(answers)
+        candidates = states.ahead_of(answers[0].upstream) if states is not None else []
+        if not candidates:  # none known ahead (one URL): the pool again, which may pick another member
+            try:
+                answers, source = await asker.direct(calls), asker
+            except JsonRpcError:
+                raise behind from None  # the poll's failure is the node behind, not the one that failed
+        elif (taken := await from_ahead(upstream, candidates, calls, answers, head, timeout)) is not None:
+            answers, source = taken
+        else:
+            raise
+        return answers, source, *judge(answers)
 
 
-async def on_the_same_chain(ahead: Pinned, calls: Calls, behind: list[Answer]) -> list[Answer]:
-    """The poll's answers from the upstream ahead, when its chain holds the latest block the node
-    behind gave, with that hash: that node is behind on it. An upstream ahead on another fork (a
-    backup on a minority fork) is not followed for being ahead: JsonRpcError, and the poll keeps the
-    answers it had."""
+async def from_ahead(
+    upstream: Upstream,
+    candidates: list[int],
+    calls: Calls,
+    behind: list[Answer],
+    head: tuple[int, str] | None,
+    timeout: float,
+) -> tuple[list[Answer], Pinned] | None:
+    """The poll's answers from the first upstream ahead (furthest first) whose chain holds the latest
+    block the node behind gave and the tracker's own latest block, each with its hash: one that
+    extends the chain the head follows. One ahead on another fork (a backup on a minority fork,
+    parted below either block) is never followed for being ahead; None when none is taken."""
     latest = header_of(behind[0])
     if latest is None:
-        raise JsonRpcError(UPSTREAM_UNAVAILABLE, "no latest block to compare")
-    answers = await ahead.ask([*calls, get_block(hex(latest.number))])
-    shown = header_of(answers[-1])
-    if shown is None or shown.hash != latest.hash:
-        raise JsonRpcError(UPSTREAM_UNAVAILABLE, f"upstream #{ahead.upstream} is on another chain at {latest.number}")
-    return answers[:-1]
+        return None
+    held = dict([(latest.number, latest.hash), *([head] if head is not None else [])])
+    for index in candidates:
+        ahead = pinned(upstream, index, timeout)
+        if ahead is None:
+            return None
+        try:
+            answers = await ahead.ask([*calls, *(get_block(hex(number)) for number in held)])
+        except JsonRpcError:
+            continue
+        shown = [header_of(answer) for answer in answers[len(calls) :]]
+        if all(s is not None and s.hash == h for s, h in zip(shown, held.values(), strict=True)):
+            return answers[: len(calls)], ahead
+    return None

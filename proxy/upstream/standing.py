@@ -107,13 +107,17 @@ class UpstreamStates:
     def _lagging(self, index: int) -> bool:
         return self.syncing[index] or self.behind_by(index) > CATCH_UP_BLOCKS
 
-    def ahead_of(self, index: int) -> int | None:
-        """The upstream in rotation, not syncing, whose head is furthest ahead of upstream `index`'s,
-        or None when none is known to be ahead of it."""
-        ahead = [i for i in range(self.size) if i != index and self.in_rotation(i) and not self.syncing[i]]
-        best = max(ahead, key=lambda i: self.latest[i], default=None)
-        mine = self.latest[index] if 0 <= index < self.size else UNKNOWN
-        return best if best is not None and self.latest[best] > mine else None
+    def ahead_of(self, index: int, number: int | None = None) -> list[int]:
+        """The upstreams other than `index` in rotation, not syncing, whose heads are above block
+        `number` (default: upstream `index`'s own head), furthest first."""
+        if number is None:
+            number = self.latest[index] if 0 <= index < self.size else UNKNOWN
+        ahead = [
+            i
+            for i in range(self.size)
+            if i != index and self.in_rotation(i) and not self.syncing[i] and self.latest[i] > number
+        ]
+        return sorted(ahead, key=lambda i: -self.latest[i])
 
     def declare_recent(self, windows: tuple[int | None, ...]) -> None:
         """NETWORKS_FILE's state windows (start-up, a reload); what was learned from errors starts over."""
