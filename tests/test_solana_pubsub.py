@@ -11,7 +11,7 @@ from proxy.credits.accounts import derived_name
 from proxy.http.app_keys import STREAMS
 from tests.fake_solana import FakeSolana
 from tests.support import Proxy, ProxyFactory, eventually
-from tests.ws_client import connect
+from tests.ws_client import Client, connect
 
 KEY = "7fUAJdStEuGbc3sM84cKRL6yYaaSstyLSU4ve5oovLS7"
 SIGNATURE = "5" * 88
@@ -125,16 +125,21 @@ async def test_without_an_upstream_websocket_pubsub_gets_a_clear_error(
     assert http["error"]["code"] == -32601 and "WebSocket" in http["error"]["message"]
 
 
-async def test_solana_subscriptions_are_charged_by_their_subscribe_method(
-    solana: FakeSolana, make_proxy: ProxyFactory
-) -> None:
+async def _charging(solana: FakeSolana, make_proxy: ProxyFactory) -> tuple[Proxy, Client]:
+    """A keyed proxy over the fake node (2 credits a subscribe, 3 a slot notification), and alice's socket."""
     proxy = await make_proxy(
         SOLANA_UPSTREAM=solana.url,
         SOLANA_UPSTREAM_WS=solana.ws_url,
         API_KEYS="alice",
         SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3",
     )
-    client = await connect(proxy, "alice")
+    return proxy, await connect(proxy, "alice")
+
+
+async def test_solana_subscriptions_are_charged_by_their_subscribe_method(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    proxy, client = await _charging(solana, make_proxy)
     await client.call("slotSubscribe")
     await solana.advance_slot()
     await solana.advance_slot()
@@ -172,13 +177,7 @@ async def test_a_subscribe_sent_as_a_notification_opens_nothing_and_charges_noth
     solana: FakeSolana, make_proxy: ProxyFactory
 ) -> None:
     """Rule: a notification gets no reply (JSON-RPC 2.0), so a subscribe without an id opens and charges nothing."""
-    proxy = await make_proxy(
-        SOLANA_UPSTREAM=solana.url,
-        SOLANA_UPSTREAM_WS=solana.ws_url,
-        API_KEYS="alice",
-        SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3",
-    )
-    client = await connect(proxy, "alice")
+    proxy, client = await _charging(solana, make_proxy)
     for method in ("slotSubscribe", "eth_subscribe"):
         await client.ws.send_str(json.dumps({"jsonrpc": "2.0", "method": method, "params": []}))
     ours = (await client.call("slotSubscribe"))["result"]  # after them, on the same socket
