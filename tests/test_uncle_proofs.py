@@ -130,6 +130,29 @@ async def test_an_uncle_made_up_for_a_final_block_alone_is_never_kept(anvil: Anv
         await liar.close()
 
 
+async def test_an_uncle_made_up_for_a_block_not_yet_final_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
+    """Rule: an uncle asked by the hash of a block above finality is proven against the header that
+    hash names, so a made-up one is refuted and never kept (its key being the hash, it was kept forever)."""
+    anvil.mine(1)
+    some_header = anvil.rpc("eth_getBlockByNumber", "0x1", False)
+    liar = await LyingRelay(anvil.url, "uncle", below=10**9, uncle=some_header).start()
+    try:
+        async with _proxy(tmp_path, [liar.url]) as proxy:
+            await _final(anvil, proxy, anvil.block_number())
+            top = anvil.mine(1)  # above finality
+            await proxy.head_at(top)
+            params = [anvil.rpc("eth_getBlockByNumber", hex(top), False)["hash"], "0x0"]
+            told, cache, verified = await _ask(proxy, UNCLE, params)
+            assert told == some_header and cache != "HIT" and verified == "unproven"
+            assert (await _ask(proxy, UNCLE, params))[1] != "HIT"
+            assert _verifications(proxy, UNCLE, "refuted") >= 1
+            liar.lie = None  # honest now: the null is proven and kept
+            assert await _ask(proxy, UNCLE, params) == (None, "MISS", "proven")
+            assert (await _ask(proxy, UNCLE, params))[:2] == (None, "HIT")
+    finally:
+        await liar.close()
+
+
 async def test_beside_an_honest_node_a_made_up_uncle_is_never_served(anvil: Anvil, tmp_path: Path) -> None:
     block_hash, n = _final_block(anvil)
     liar = await LyingRelay(anvil.url, "uncle", below=n, uncle=anvil.rpc("eth_getBlockByNumber", "0x1", False)).start()
