@@ -48,7 +48,6 @@ from proxy.workers.shared_polls import SharedPolls
 
 log = logging.getLogger("proxy.chain")
 
-
 WRITE_SETTLE = 0.02  # seconds a node may take to seal the block of a write it has answered
 
 

@@ -36,12 +36,6 @@ class Pinned(NamedTuple):
         return await self.pool.ask_all(self.upstream, calls, timeout=self.timeout)
 
 
-def pinned(upstream: Upstream, index: int, timeout: float) -> Pinned | None:
-    """An asker of upstream `index` alone (None: no pool of upstreams to ask it of)."""
-    pool = http_pool(upstream)
-    return Pinned(pool, index, timeout) if pool is not None else None
-
-
 def further(states: UpstreamStates | None, latest_a: Answer) -> list[int]:
     """The upstreams in rotation known AHEAD_BY blocks or more ahead of the latest block a poll's node
     gave, furthest first."""
@@ -97,14 +91,12 @@ async def from_ahead(
     block the node behind gave and the tracker's own latest block, each with its hash: one that
     extends the chain the head follows. One ahead on another fork (a backup on a minority fork,
     parted below either block) is never followed for being ahead; None when none is taken."""
-    latest = header_of(behind[0])
-    if latest is None:
+    latest, pool = header_of(behind[0]), http_pool(upstream)
+    if latest is None or pool is None:
         return None
     held = dict([(latest.number, latest.hash), *([head] if head is not None else [])])
     for index in candidates:
-        ahead = pinned(upstream, index, timeout)
-        if ahead is None:
-            return None
+        ahead = Pinned(pool, index, timeout)
         try:
             answers = await ahead.ask([*calls, *(get_block(hex(number)) for number in held)])
         except JsonRpcError:
