@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.cache import log_chunks
@@ -196,11 +197,9 @@ class Verifier:
             if plan.method == "eth_getLogs":
                 return await self._prove_logs(net, chain, head, plan, answer, number, pinned)
             block = ap.answer_block(plan.method, plan.forward, answer.result)
-            if pinned is None:
-                header, _fields = await chain.header(number, head)
-            else:
-                header, _fields = await self._pinned(net, answer, plan.method, pinned)
-            if isinstance(block, str) and header.hash.hex() != block[2:]:
+            # Above finality the header comes after the proof's calls: a full block among them is its own.
+            header = None if pinned is not None else (await chain.header(number, head))[0]
+            if header is not None and isinstance(block, str) and header.hash.hex() != block[2:]:
                 return UNPROVEN  # a hash the chain does not hold at the block the plan names
             calls = ap.extra_calls(plan.method, plan.forward, answer.result, number)
             if pinned is not None:
@@ -212,6 +211,8 @@ class Verifier:
                 extras = await self._extras(net, answer.upstream, calls)
             if extras is None:
                 return UNPROVEN
+            if header is None:  # pinned: a block above finality
+                header = (await self._pinned(net, answer, plan.method, pinned or "", extras))[0]
             more = await self._extras(net, answer.upstream, ap.follow_up_calls(plan.method, plan.forward, extras))
             if more is None:
                 return UNPROVEN
@@ -222,12 +223,16 @@ class Verifier:
             return REFUTED
         return PROVEN
 
-    async def _pinned(self, net: NetworkRuntime, answer: Answer, method: str, block_hash: str) -> Proven:
+    async def _pinned(
+        self, net: NetworkRuntime, answer: Answer, method: str, block_hash: str, extras: Sequence[Any] = ()
+    ) -> Proven:
         """The header of the block a hash names: one whose fields hash to it, so true whichever node
-        gives it (a block answer's own, else the answering node's). AnswerError when the node's header
-        for that hash is not one; Unprovable when it has none, or a field the proxy does not know."""
-        found = [answer.result] if method in ap.BLOCKS else []
-        if not (found and isinstance(found[0], dict) and str(found[0].get("hash")).lower() == block_hash):
+        gives it (a block answer's own, or a block among the proof's `extras`, else the answering
+        node's, asked). AnswerError when the node's header for that hash is not one; Unprovable when
+        it has none, or a field the proxy does not know."""
+        given = [answer.result] if method in ap.BLOCKS else []
+        found = [b for b in (*given, *extras) if isinstance(b, dict) and str(b.get("hash")).lower() == block_hash]
+        if not found:
             found = await self._extras(net, answer.upstream, [("eth_getBlockByHash", [block_hash, False])]) or []
         block = found[0] if found else None
         if not isinstance(block, dict):
