@@ -1,7 +1,7 @@
 """Request heads the fast server remembers (Front.learn): a read that starts at a message boundary
 and is a head llhttp accepted before, followed by exactly as many body bytes, is answered without
 the parser; it must be answered exactly as the parser's road answers it, and nothing else may be
-taken for such a request."""
+taken for such a request. A head is remembered without the empty line that ends it."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ async def test_a_known_head_with_any_body_of_its_length_is_answered_as_the_parse
     requests = [post(hit), *(post(body) for body in bodies)]
     front = front_of(evm_proxy)
     replayed = await one_by_one(evm_proxy.server.port, requests)
-    assert list(front.request_heads) == [post(hit)[:-length]]  # learned from the first request alone
+    assert list(front.request_heads) == [post(hit)[: -length - 4]]  # learned from the first request alone
     parsed = []
     for data in requests:  # each on a connection of its own with nothing remembered: the parser's road
         front.request_heads.clear()
@@ -282,7 +282,7 @@ async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order
         protocol._parser = parser = CountedParser(protocol._parser)
         for body in bodies:  # each a read of its own, from a message boundary, none answered yet
             protocol.data_received(post(body))
-        assert parser.fed == 1 and list(front.request_heads) == [post(bodies[0])[: -len(bodies[0])]]
+        assert parser.fed == 1 and list(front.request_heads) == [post(bodies[0])[: -len(bodies[0]) - 4]]
 
         async def answered() -> bool:
             return transport.written.count(b"HTTP/1.1 200 OK\r\n") == 1 + len(bodies)
@@ -349,4 +349,4 @@ async def test_a_replayed_hit_head_echoes_a_sane_request_id_and_gives_a_new_one_
     assert [a[1]["x-request-id"] for a in replayed[:3]] == ["trace-7.a:b_c"] * 3
     new_ids = [a[1]["x-request-id"] for a in replayed[3:]]
     assert len(set(new_ids)) == 3 and all(NEW_ID.fullmatch(rid) for rid in new_ids)
-    assert set(front_of(evm_proxy).request_heads) == {sane_head[: -len(hit)], insane_head[: -len(hit)]}
+    assert set(front_of(evm_proxy).request_heads) == {sane_head[: -len(hit) - 4], insane_head[: -len(hit) - 4]}

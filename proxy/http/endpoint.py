@@ -179,9 +179,13 @@ class RpcEndpoint:
         made once: Hits) is not authorized again."""
         gateway = self.gateway
         try:
-            tab = None
             if self.open_mode:
-                account = OPEN_ACCOUNT
+                network = gateway.router.network_for(headers.get("host"), path_network)
+                if len(body) > self.max_body_bytes:
+                    return self.finish(self.too_large(), headers)
+                lookup = gateway.hits.open(body, network)
+                if isinstance(lookup, Lookup):
+                    return self._awaited(body, OPEN_ACCOUNT, network, lookup, headers, path)
             else:
                 key = key or key_of(key, headers)
                 tab = gateway.tabs.get(key)
@@ -192,20 +196,16 @@ class RpcEndpoint:
                     account = authorized
                 else:
                     account = tab.account
-            network = gateway.router.network_for(headers.get("host"), path_network)
-            if len(body) > self.max_body_bytes:
-                return self.finish(self.too_large(), headers)
-            hits = gateway.hits
-            if self.open_mode:
-                lookup = hits.open(body, network)
-            elif tab is not None:
-                lookup = hits.by_tab(body, tab, network)
-            else:
-                lookup = hits.keyed(body, account, network, key)
-            if isinstance(lookup, Lookup):
-                return self._awaited(body, account, network, lookup, headers, path)
-            _, _, _, length, _ = lookup  # a PaidHit (values.py)
-            if length < self.compress_from and "origin" not in headers:
+                network = gateway.router.network_for(headers.get("host"), path_network)
+                if len(body) > self.max_body_bytes:
+                    return self.finish(self.too_large(), headers)
+                if tab is not None:
+                    lookup = gateway.hits.by_tab(body, tab, network)
+                else:
+                    lookup = gateway.hits.keyed(body, account, network, key)
+                if isinstance(lookup, Lookup):
+                    return self._awaited(body, account, network, lookup, headers, path)
+            if lookup[3] < self.compress_from and "origin" not in headers:  # its length
                 return lookup
             return self.finish(self.hit_reply(lookup), headers)
         except Exception as exc:

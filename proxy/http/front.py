@@ -75,10 +75,9 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HIT_HEAD = b"%bX-Request-Id: %b\r\n%b%bContent-Length: %%d\r\n\r\n%%b"  # status, id, fields, Date
 
 
-def head_end(data: bytes) -> int:
-    """Where a head would end: after the first empty line (3 when there is none). One rule for the
-    heads learned and those looked up (Front.learn)."""
-    return data.find(b"\r\n\r\n") + 4
+# A head ends at the first empty line; partitioned there, the same way for the heads learned and
+# those looked up (Front.learn), it is remembered and looked up without that line.
+HEAD_END = b"\r\n\r\n"
 
 
 def parse_failure(exc: httptools.HttpParserError, peer: str | None) -> Reply:
@@ -164,15 +163,15 @@ class Front:
         answers it without the parser (clients send the same head again and again on a connection).
         A head is remembered only when it ends at the first empty line and the rest of `data` is the
         body as llhttp gave it (no chunks, nothing after it), and never with Expect (its 100 Continue)."""
-        end = head_end(data)
-        if end < 4 or len(data) > MAX_REPLAY_BYTES or "expect" in request.headers:
+        head, end, body = data.partition(HEAD_END)
+        if not end or len(data) > MAX_REPLAY_BYTES or "expect" in request.headers:
             return
-        if len(data) - end != request.size or data[end:] != b"".join(request.parts):
+        if len(body) != request.size or body != b"".join(request.parts):
             return
         if len(self.request_heads) >= MAX_HEADS:
             self.request_heads.clear()
         request.parts, request.raw = [], []  # the body is each replay's own; raw fields serve a handover only
-        self.request_heads[data[:end]] = request
+        self.request_heads[head] = request
 
     def date(self, loop_now: float) -> bytes:
         """The Date header's line, made once a second (with the hit heads that carry it). `loop_now`:
@@ -270,21 +269,23 @@ class FrontProtocol(asyncio.Protocol):
         # At a message boundary of a connection kept alive: `data` starts a request (after one that
         # closes the connection, llhttp takes no more, and nor does a replay).
         fresh = self.request is None and self._kept_alive
-        begun = self._begun
         if fresh:
             if len(data) <= MAX_REPLAY_BYTES and not self._front.stopping:
-                end = head_end(data)
-                known = self._front.request_heads.get(data[:end])
+                head, end, body = data.partition(HEAD_END)
+                known = self._front.request_heads.get(head)
                 # Not when it must wait for room (answer_bytes.py; one look while no answer is held).
                 if (
                     known is not None
-                    and len(data) - end == known.size
+                    and end  # else `head` is all of `data`, a head not yet whole
+                    and len(body) == known.size
                     and (not self._counted.held or not self.pipeline.holds(known))
                 ):
-                    self._rpc(known, data[end:])  # the head llhttp accepted before, and its whole body
+                    self._rpc(known, body)  # the head llhttp accepted before, and its whole body
                     return
             self._begun = begun = 0
             self._learnable = None
+        else:
+            begun = self._begun
         self._limit.body_read = 0
         try:
             self._parser.feed_data(data)
