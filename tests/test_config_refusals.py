@@ -162,3 +162,22 @@ def test_a_network_with_no_http_upstream_says_so(upstreams: str, tmp_path: Path)
     networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = {upstreams}\n')
     message = refused(NETWORKS_FILE=str(networks))
     assert "network 'main': no http(s) upstream" in message and "confirm_immutable" not in message
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "floor"),
+    [
+        ("HEAD_POLL_INTERVAL", "1e-9", "0.05"),
+        ("HEAD_POLL_INTERVAL", "0.049", "0.05"),
+        ("IDENTITY_CHECK_INTERVAL", "1e-9", "1"),
+        ("IDENTITY_CHECK_INTERVAL", "0.5", "1"),
+    ],
+)
+def test_a_poll_interval_under_its_floor_is_refused(setting: str, value: str, floor: str) -> None:
+    """Rule: a poll interval has a floor: a tiny one would ask the nodes back to back, a hot loop."""
+    assert f"{setting} must be at least {floor} seconds" in refused(**{setting: value})
+
+
+def test_a_poll_interval_at_its_floor_is_kept() -> None:
+    settings = build_settings({**UPSTREAM, "HEAD_POLL_INTERVAL": "0.05", "IDENTITY_CHECK_INTERVAL": "1"})
+    assert (settings.head_poll_interval, settings.identity_check_interval) == (0.05, 1.0)
