@@ -273,7 +273,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "SUBSCRIPTION_CREDITS",
-        "per-kind subscription credits, e.g. subscribe=5,newHeads=50,logs=300 "
+        "per-kind subscription credits, each kind once, e.g. subscribe=5,newHeads=50,logs=300 "
         "(defaults: subscribe 5, newHeads 50, logs 300, newPendingTransactions 200, other 50)",
     ),
 )
@@ -453,16 +453,18 @@ SUBSCRIPTION_KINDS = (*SUBSCRIPTION_CREDITS, "syncing", *SOLANA_PUBSUB)
 
 
 def _credit_table(name: str, raw: str) -> dict[str, int]:
-    table = dict(SUBSCRIPTION_CREDITS)
+    table, given = dict(SUBSCRIPTION_CREDITS), set[str]()
     for part in _csv(raw):
         kind, eq, value = part.partition("=")
         if not eq or not kind.strip():
             raise ConfigError(f"{name} must be kind=credits pairs, got {part!r}")
-        if kind.strip() not in SUBSCRIPTION_KINDS:  # a misspelt kind (newheads) would price nothing
-            raise ConfigError(
-                f"{name}: unknown kind {kind.strip()[:40]!r} (expected one of {', '.join(SUBSCRIPTION_KINDS)})"
-            )
-        table[kind.strip()] = _zero_or_credits(f"{name} {kind.strip()}", value.strip())
+        kind = kind.strip()
+        if kind not in SUBSCRIPTION_KINDS:  # a misspelt kind (newheads) would price nothing
+            raise ConfigError(f"{name}: unknown kind {kind[:40]!r} (expected one of {', '.join(SUBSCRIPTION_KINDS)})")
+        if kind in given:  # the last would win, silently: which of the two was meant is unknown
+            raise ConfigError(f"{name}: {kind} is given twice (give each kind once)")
+        given.add(kind)
+        table[kind] = _zero_or_credits(f"{name} {kind}", value.strip())
     return table
 
 

@@ -181,3 +181,10 @@ def test_a_poll_interval_under_its_floor_is_refused(setting: str, value: str, fl
 def test_a_poll_interval_at_its_floor_is_kept() -> None:
     settings = build_settings({**UPSTREAM, "HEAD_POLL_INTERVAL": "0.05", "IDENTITY_CHECK_INTERVAL": "1"})
     assert (settings.head_poll_interval, settings.identity_check_interval) == (0.05, 1.0)
+
+
+@pytest.mark.parametrize("value", ["newHeads=5,newHeads=9", "logs=1, subscribe=2 ,logs=1"])
+def test_a_subscription_credits_kind_given_twice_is_refused_naming_it(value: str) -> None:
+    """Rule: each SUBSCRIPTION_CREDITS kind is priced once: with two, the last won silently."""
+    kind = value.partition("=")[0]
+    assert f"SUBSCRIPTION_CREDITS: {kind} is given twice" in refused(SUBSCRIPTION_CREDITS=value)
