@@ -188,3 +188,41 @@ def test_a_subscription_credits_kind_given_twice_is_refused_naming_it(value: str
     """Rule: each SUBSCRIPTION_CREDITS kind is priced once: with two, the last won silently."""
     kind = value.partition("=")[0]
     assert f"SUBSCRIPTION_CREDITS: {kind} is given twice" in refused(SUBSCRIPTION_CREDITS=value)
+
+
+HIDDEN = ["\u200b", "\ufeff", "\t", " ", "\u00a0", "\x07", "\u2028"]  # zero-width space, BOM, tab, ...
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_an_api_key_with_whitespace_control_or_invisible_characters_is_refused_by_position(hidden: str) -> None:
+    """Rule: a key no client can type or paste reliably is refused; the message names its position, never it."""
+    message = refused(API_KEYS=f"sk-first-key,sk-SECRET{hidden}123")
+    assert "API_KEYS: key 2 contains whitespace, a control or an invisible character" in message
+    assert "SECRET" not in message and "first" not in message
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        '[keys.alice]\nkey = "sk-SECRET\u200b123"\n',
+        '[keys."sk-SECRET\ufeff123"]\n',
+        '[keys.alice]\nkey = "sk SECRET"\n',
+    ],
+)
+def test_a_keys_file_key_with_invisible_characters_is_refused_by_name(table: str, tmp_path: Path) -> None:
+    """Rule: API_KEYS_FILE refuses such a key as API_KEYS does, naming the key's name (derived for the older form)."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(table)
+    message = refused(API_KEYS_FILE=str(keys))
+    assert "API_KEYS_FILE: key '" in message and "contains whitespace, a control or an invisible character" in message
+    assert "SECRET" not in message
+
+
+@pytest.mark.parametrize("command", [["check", "--offline"], ["keys", "list"]])
+def test_check_and_keys_list_refuse_an_invisible_key_never_printing_it(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule: `rpc-proxy check` and `rpc-proxy keys list` refuse the key as serve does (exit 2), showing no secret."""
+    assert main(command, environ={**UPSTREAM, "API_KEYS": "sk-SECRET\u200b123"}) == 2
+    out, err = capsys.readouterr()
+    assert "configuration error: API_KEYS: key 1 contains" in err and "SECRET" not in out + err
