@@ -447,6 +447,10 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
         secret = entry.get("key", table_name)
         if not isinstance(secret, str) or not secret:
             raise ConfigError(f"{where}: key must be a non-empty string")
+        if not declared and "${" in secret:
+            raise ConfigError(
+                f"{where}: its table name holds '${{': table names are not expanded (set key = \"${{VAR}}\")"
+            )
         if unsendable(secret):
             raise ConfigError(f"{where}: the key {_UNSENDABLE}")
         sha = digest(secret)
@@ -470,6 +474,13 @@ def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
         # `API_KEYS=${K1},${K2}` with both unset: running open would accept any key and charge nothing.
         raise ConfigError("API_KEYS names no key (only commas and spaces): set comma-separated keys, or unset it")
     for position, secret in enumerate(secrets, 1):  # by position: a message never shows a key
+        if "${" in secret:
+            # ./.env is read as written, as `docker run --env-file` reads it, and the environment is
+            # what the shell or Compose made of it: a `${K1}` left here is a key literally named so.
+            raise ConfigError(
+                f"API_KEYS: key {position} holds '${{': variables are not expanded in API_KEYS (set the "
+                'keys themselves, or use API_KEYS_FILE, whose key = "${VAR}" is expanded)'
+            )
         if unsendable(secret):
             raise ConfigError(f"API_KEYS: key {position} {_UNSENDABLE}")
         keys[derived_name(secret)] = KeyConfig(sha256=digest(secret))

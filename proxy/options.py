@@ -59,7 +59,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
     Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
-    Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
+    Option("API_KEYS", "comma-separated API keys, as written (${VAR} is not expanded); none: the proxy runs open"),
     Option(
         "API_KEYS_FILE",
         "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second, "

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from proxy.cli import main
 from proxy.config import ConfigError, build_settings
+from tests.test_cli_and_logs import clean_env
 
 UPSTREAM = {"EVM_UPSTREAM": "http://127.0.0.1:1"}
 
@@ -226,3 +229,33 @@ def test_check_and_keys_list_refuse_an_invisible_key_never_printing_it(
     assert main(command, environ={**UPSTREAM, "API_KEYS": "sk-SECRET\u200b123"}) == 2
     out, err = capsys.readouterr()
     assert "configuration error: API_KEYS: key 1 contains" in err and "SECRET" not in out + err
+
+
+@pytest.mark.parametrize("value", ["${K1},${K2}", "sk-live,${API_KEY:-sk-default}"])
+def test_api_keys_holding_an_unexpanded_variable_is_refused(value: str) -> None:
+    """Rule: API_KEYS is taken as written: a `${` in it is a reference nobody expanded, not a key."""
+    message = refused(API_KEYS=value)
+    assert "holds '${': variables are not expanded in API_KEYS" in message and "sk-" not in message
+
+
+def test_api_keys_in_dotenv_are_not_expanded_from_the_environment(tmp_path: Path) -> None:
+    """Rule: ./.env values are read as written, so `API_KEYS=${K1},${K2}` there is refused even with K1 and K2 set."""
+    (tmp_path / ".env").write_text("EVM_UPSTREAM=http://127.0.0.1:1\nAPI_KEYS=${K1},${K2}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "check", "--offline"],
+        env=clean_env(K1="sk-SECRET-one", K2="sk-SECRET-two"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "API_KEYS: key 1 holds '${': variables are not expanded in API_KEYS" in result.stderr
+    assert "SECRET" not in result.stdout + result.stderr
+
+
+def test_a_keys_file_table_name_holding_a_variable_is_refused(tmp_path: Path) -> None:
+    """Rule: table names are not expanded: an older-form `[keys."${K1}"]` would be a key literally named so."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys."${K1}"]\n')
+    assert "its table name holds '${': table names are not expanded" in refused(API_KEYS_FILE=str(keys))
