@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -412,6 +413,16 @@ def _allow_lists(where: str, entry: Mapping[str, Any]) -> AllowLists:
     return AllowLists(**values)
 
 
+def unsendable(secret: str) -> bool:
+    """Whether a key holds whitespace, a control character or an invisible one (Unicode's C and Z
+    categories: a zero-width space, a BOM, a tab, a non-breaking space): no client types or pastes
+    it reliably, and it hides a copy-paste mistake. Pure; the messages never show the key."""
+    return any(c.isspace() or unicodedata.category(c)[0] in "CZ" for c in secret)
+
+
+_UNSENDABLE = "contains whitespace, a control or an invisible character (a client cannot send it as written)"
+
+
 def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
     """One [keys.X] table: X names the account when `key` or `key_sha256` holds the secret;
     otherwise X is the secret itself (the older form) and the account gets a derived name."""
@@ -436,6 +447,12 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
         secret = entry.get("key", table_name)
         if not isinstance(secret, str) or not secret:
             raise ConfigError(f"{where}: key must be a non-empty string")
+        if not declared and "${" in secret:
+            raise ConfigError(
+                f"{where}: its table name holds '${{': table names are not expanded (set key = \"${{VAR}}\")"
+            )
+        if unsendable(secret):
+            raise ConfigError(f"{where}: the key {_UNSENDABLE}")
         sha = digest(secret)
     values: dict[str, int | None] = {}
     for field_name in ("daily_credits", "credits_per_second"):
@@ -456,7 +473,16 @@ def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
     if raw.get("API_KEYS") and not secrets:
         # `API_KEYS=${K1},${K2}` with both unset: running open would accept any key and charge nothing.
         raise ConfigError("API_KEYS names no key (only commas and spaces): set comma-separated keys, or unset it")
-    for secret in secrets:
+    for position, secret in enumerate(secrets, 1):  # by position: a message never shows a key
+        if "${" in secret:
+            # ./.env is read as written, as `docker run --env-file` reads it, and the environment is
+            # what the shell or Compose made of it: a `${K1}` left here is a key literally named so.
+            raise ConfigError(
+                f"API_KEYS: key {position} holds '${{': variables are not expanded in API_KEYS (set the "
+                'keys themselves, or use API_KEYS_FILE, whose key = "${VAR}" is expanded)'
+            )
+        if unsendable(secret):
+            raise ConfigError(f"API_KEYS: key {position} {_UNSENDABLE}")
         keys[derived_name(secret)] = KeyConfig(sha256=digest(secret))
     path = raw.get("API_KEYS_FILE")
     if path:

@@ -59,7 +59,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("REDIS_URL", "optional Redis URL for the shared cache tier and credit ledger"),
     Option("REDIS_TIMEOUT", "seconds before a Redis command is abandoned (default 0.25)"),
-    Option("API_KEYS", "comma-separated API keys; with no key setting the proxy runs open"),
+    Option("API_KEYS", "comma-separated API keys, as written (${VAR} is not expanded); none: the proxy runs open"),
     Option(
         "API_KEYS_FILE",
         "TOML file of keys: [keys.NAME] key_sha256 (or key), daily_credits, credits_per_second, "
@@ -87,7 +87,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a replica waits for another replica's identical miss via Redis; 0 disables (default 2)",
     ),
     Option("UPSTREAM_BATCH_MAX", "most cache-miss reads sent upstream as one JSON-RPC batch; 1 disables (default 50)"),
-    Option("HEAD_POLL_INTERVAL", "seconds between head-tracker polls, fractions allowed (default 2)"),
+    Option("HEAD_POLL_INTERVAL", "seconds between head-tracker polls, fractions allowed, at least 0.05 (default 2)"),
     Option("FINALITY_DEPTH", "blocks below latest counted final when a node has no finalized tag (default 64)"),
     Option("CACHE_MEMORY_BYTES", "size bound of the in-process cache tier in bytes (default 268435456)"),
     Option("CACHE_UNFINALIZED_TTL", "seconds an answer for an unfinalized block is kept (default 12)"),
@@ -198,7 +198,8 @@ OPTIONS: tuple[Option, ...] = (
         "already shown; then it goes upstream uncached (default 0.3)",
     ),
     Option(
-        "IDENTITY_CHECK_INTERVAL", "seconds between checks of each upstream's chain id and genesis hash (default 30)"
+        "IDENTITY_CHECK_INTERVAL",
+        "seconds between checks of each upstream's chain id and genesis hash, at least 1 (default 30)",
     ),
     Option("CREDITS_REDIS_URL", "Redis URL of the credit ledger, ideally a noeviction one (default REDIS_URL)"),
     Option("CREDITS_REDIS_TIMEOUT", "seconds before a ledger Redis command is abandoned (default 2)"),
@@ -272,7 +273,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "SUBSCRIPTION_CREDITS",
-        "per-kind subscription credits, e.g. subscribe=5,newHeads=50,logs=300 "
+        "per-kind subscription credits, each kind once, e.g. subscribe=5,newHeads=50,logs=300 "
         "(defaults: subscribe 5, newHeads 50, logs 300, newPendingTransactions 200, other 50)",
     ),
 )
@@ -314,6 +315,21 @@ def _seconds(name: str, raw: str, *, zero: bool = False) -> float:
         raise ConfigError(f"{name} must be {'0 or greater' if zero else 'greater than 0'}, got {raw!r}")
     if value > MAX_SECONDS:
         raise ConfigError(f"{name} must be at most {MAX_SECONDS:g} seconds (one day), got {raw!r}")
+    return value
+
+
+# Poll intervals' floors: shorter, the proxy asks its nodes back to back, a hot loop for both
+# (HEAD_POLL_INTERVAL=1e-9). 0.05 s: 20 polls a second, faster than any chain makes blocks (Solana's
+# slots: 0.4 s), the shortest the tests use. An identity check asks each upstream two calls, and one
+# whose connection was lost is checked at once anyway: more than once a second finds nothing sooner.
+MIN_INTERVALS = {"HEAD_POLL_INTERVAL": 0.05, "IDENTITY_CHECK_INTERVAL": 1.0}
+
+
+def _poll_interval(name: str, raw: str) -> float:
+    value = _seconds(name, raw)
+    if value < MIN_INTERVALS[name]:
+        why = "a shorter interval polls the nodes in a hot loop"
+        raise ConfigError(f"{name} must be at least {MIN_INTERVALS[name]:g} seconds ({why}), got {raw!r}")
     return value
 
 
@@ -437,16 +453,18 @@ SUBSCRIPTION_KINDS = (*SUBSCRIPTION_CREDITS, "syncing", *SOLANA_PUBSUB)
 
 
 def _credit_table(name: str, raw: str) -> dict[str, int]:
-    table = dict(SUBSCRIPTION_CREDITS)
+    table, given = dict(SUBSCRIPTION_CREDITS), set[str]()
     for part in _csv(raw):
         kind, eq, value = part.partition("=")
         if not eq or not kind.strip():
             raise ConfigError(f"{name} must be kind=credits pairs, got {part!r}")
-        if kind.strip() not in SUBSCRIPTION_KINDS:  # a misspelt kind (newheads) would price nothing
-            raise ConfigError(
-                f"{name}: unknown kind {kind.strip()[:40]!r} (expected one of {', '.join(SUBSCRIPTION_KINDS)})"
-            )
-        table[kind.strip()] = _zero_or_credits(f"{name} {kind.strip()}", value.strip())
+        kind = kind.strip()
+        if kind not in SUBSCRIPTION_KINDS:  # a misspelt kind (newheads) would price nothing
+            raise ConfigError(f"{name}: unknown kind {kind[:40]!r} (expected one of {', '.join(SUBSCRIPTION_KINDS)})")
+        if kind in given:  # the last would win, silently: which of the two was meant is unknown
+            raise ConfigError(f"{name}: {kind} is given twice (give each kind once)")
+        given.add(kind)
+        table[kind] = _zero_or_credits(f"{name} {kind}", value.strip())
     return table
 
 
@@ -467,7 +485,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "UPSTREAM_TIMEOUT": ("upstream_timeout", _positive_float),
     "UPSTREAM_BATCH_MAX": ("upstream_batch_max", _positive_int),
     "COALESCE_WAIT": ("coalesce_wait", _zero_or_positive_float),
-    "HEAD_POLL_INTERVAL": ("head_poll_interval", _positive_float),
+    "HEAD_POLL_INTERVAL": ("head_poll_interval", _poll_interval),
     "FINALITY_DEPTH": ("finality_depth", _positive_int),
     "CACHE_MEMORY_BYTES": ("cache_memory_bytes", _positive_int),
     "CACHE_UNFINALIZED_TTL": ("cache_unfinalized_ttl", _positive_float),
@@ -502,7 +520,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
     "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),
     "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", _zero_or_positive_float),
-    "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _positive_float),
+    "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _poll_interval),
     "CREDITS_REDIS_URL": ("credits_redis_url", _redis_url),
     "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _positive_float),
     "CREDITS_REDIS_FAILURES": ("credits_redis_failures", _positive_int),

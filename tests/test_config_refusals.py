@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from proxy.cli import main
 from proxy.config import ConfigError, build_settings
+from tests.test_cli_and_logs import clean_env
 
 UPSTREAM = {"EVM_UPSTREAM": "http://127.0.0.1:1"}
 
@@ -162,3 +165,97 @@ def test_a_network_with_no_http_upstream_says_so(upstreams: str, tmp_path: Path)
     networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = {upstreams}\n')
     message = refused(NETWORKS_FILE=str(networks))
     assert "network 'main': no http(s) upstream" in message and "confirm_immutable" not in message
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "floor"),
+    [
+        ("HEAD_POLL_INTERVAL", "1e-9", "0.05"),
+        ("HEAD_POLL_INTERVAL", "0.049", "0.05"),
+        ("IDENTITY_CHECK_INTERVAL", "1e-9", "1"),
+        ("IDENTITY_CHECK_INTERVAL", "0.5", "1"),
+    ],
+)
+def test_a_poll_interval_under_its_floor_is_refused(setting: str, value: str, floor: str) -> None:
+    """Rule: a poll interval has a floor: a tiny one would ask the nodes back to back, a hot loop."""
+    assert f"{setting} must be at least {floor} seconds" in refused(**{setting: value})
+
+
+def test_a_poll_interval_at_its_floor_is_kept() -> None:
+    settings = build_settings({**UPSTREAM, "HEAD_POLL_INTERVAL": "0.05", "IDENTITY_CHECK_INTERVAL": "1"})
+    assert (settings.head_poll_interval, settings.identity_check_interval) == (0.05, 1.0)
+
+
+@pytest.mark.parametrize("value", ["newHeads=5,newHeads=9", "logs=1, subscribe=2 ,logs=1"])
+def test_a_subscription_credits_kind_given_twice_is_refused_naming_it(value: str) -> None:
+    """Rule: each SUBSCRIPTION_CREDITS kind is priced once: with two, the last won silently."""
+    kind = value.partition("=")[0]
+    assert f"SUBSCRIPTION_CREDITS: {kind} is given twice" in refused(SUBSCRIPTION_CREDITS=value)
+
+
+HIDDEN = ["\u200b", "\ufeff", "\t", " ", "\u00a0", "\x07", "\u2028"]  # zero-width space, BOM, tab, ...
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_an_api_key_with_whitespace_control_or_invisible_characters_is_refused_by_position(hidden: str) -> None:
+    """Rule: a key no client can type or paste reliably is refused; the message names its position, never it."""
+    message = refused(API_KEYS=f"sk-first-key,sk-SECRET{hidden}123")
+    assert "API_KEYS: key 2 contains whitespace, a control or an invisible character" in message
+    assert "SECRET" not in message and "first" not in message
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        '[keys.alice]\nkey = "sk-SECRET\u200b123"\n',
+        '[keys."sk-SECRET\ufeff123"]\n',
+        '[keys.alice]\nkey = "sk SECRET"\n',
+    ],
+)
+def test_a_keys_file_key_with_invisible_characters_is_refused_by_name(table: str, tmp_path: Path) -> None:
+    """Rule: API_KEYS_FILE refuses such a key as API_KEYS does, naming the key's name (derived for the older form)."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(table)
+    message = refused(API_KEYS_FILE=str(keys))
+    assert "API_KEYS_FILE: key '" in message and "contains whitespace, a control or an invisible character" in message
+    assert "SECRET" not in message
+
+
+@pytest.mark.parametrize("command", [["check", "--offline"], ["keys", "list"]])
+def test_check_and_keys_list_refuse_an_invisible_key_never_printing_it(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule: `rpc-proxy check` and `rpc-proxy keys list` refuse the key as serve does (exit 2), showing no secret."""
+    assert main(command, environ={**UPSTREAM, "API_KEYS": "sk-SECRET\u200b123"}) == 2
+    out, err = capsys.readouterr()
+    assert "configuration error: API_KEYS: key 1 contains" in err and "SECRET" not in out + err
+
+
+@pytest.mark.parametrize("value", ["${K1},${K2}", "sk-live,${API_KEY:-sk-default}"])
+def test_api_keys_holding_an_unexpanded_variable_is_refused(value: str) -> None:
+    """Rule: API_KEYS is taken as written: a `${` in it is a reference nobody expanded, not a key."""
+    message = refused(API_KEYS=value)
+    assert "holds '${': variables are not expanded in API_KEYS" in message and "sk-" not in message
+
+
+def test_api_keys_in_dotenv_are_not_expanded_from_the_environment(tmp_path: Path) -> None:
+    """Rule: ./.env values are read as written, so `API_KEYS=${K1},${K2}` there is refused even with K1 and K2 set."""
+    (tmp_path / ".env").write_text("EVM_UPSTREAM=http://127.0.0.1:1\nAPI_KEYS=${K1},${K2}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "check", "--offline"],
+        env=clean_env(K1="sk-SECRET-one", K2="sk-SECRET-two"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "API_KEYS: key 1 holds '${': variables are not expanded in API_KEYS" in result.stderr
+    assert "SECRET" not in result.stdout + result.stderr
+
+
+def test_a_keys_file_table_name_holding_a_variable_is_refused(tmp_path: Path) -> None:
+    """Rule: table names are not expanded: an older-form `[keys."${K1}"]` would be a key literally named so."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys."${K1}"]\n')
+    assert "its table name holds '${': table names are not expanded" in refused(API_KEYS_FILE=str(keys))

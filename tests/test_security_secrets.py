@@ -89,6 +89,8 @@ async def test_the_ledger_in_redis_is_keyed_by_account_name(anvil: Anvil, redis_
         ('[keys."sk-live-SECRET123"]\ndaily_credit = 5\n', "unknown field"),
         ('[keys.alice]\nkey = "sk-dup-77"\n[keys.bob]\nkey = "sk-dup-77"\n', "share the same secret"),
         ('[keys."sk-live-SECRET123"]\ndaily_credits = -1\n', "whole number from 1 to 2**53"),
+        ('[keys."sk-live-SECRET123\u200b"]\n', "an invisible character"),
+        ('[keys.alice]\nkey = "sk-live-SECRET123\\t"\n', "an invisible character"),
     ],
 )
 def test_key_file_errors_never_echo_a_secret(tmp_path: Path, text: str, fragment: str) -> None:
