@@ -310,6 +310,27 @@ async def test_old_state_no_upstream_has_is_served_as_bypass_and_counted_as_stat
             await proxy.close()
 
 
+async def test_a_pruned_nodes_error_for_an_uncacheable_read_is_counted_as_state_gone(
+    archive: tuple[Anvil, str, list[int]],
+) -> None:
+    """An eth_call with a state override is never cached: its pruned-state error is counted all the same."""
+    node, address, marks = archive
+    relay = PrunedRelay(node.url)
+    async with serving(relay.handle) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+            await proxy.head_at(HEAD)
+            call = {"to": address, "data": selector("x()")}
+            override = {DEV_ACCOUNT: {"balance": "0x1"}}
+            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [call, hex(marks[0]), override]}
+            status, body, headers = await proxy.post(read)
+            assert status == 200 and "missing trie node" in body["error"]["message"]
+            assert headers["X-Cache"] == "BYPASS"
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 1
+        finally:
+            await proxy.close()
+
+
 async def test_a_null_for_old_state_is_never_kept_as_the_final_blocks_answer(
     archive: tuple[Anvil, str, list[int]],
 ) -> None:
