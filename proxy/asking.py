@@ -18,10 +18,10 @@ from proxy.rpc.jsonrpc import (
     JsonRpcError,
 )
 from proxy.rpc.methods import CacheClass, MethodPolicy
-from proxy.upstream.replies import state_gone
+from proxy.upstream.replies import block_unknown, state_gone
 from proxy.upstream.sending import too_large
 from proxy.upstream_reads import Read, Reads
-from proxy.values import Answer, Plan
+from proxy.values import Answer, Mode, Plan
 
 # Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
 # serve another chain's (or a node behind's) view of the block.
@@ -52,7 +52,7 @@ class Asker:
         none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
         net, policy, plan = read.net, read.policy, read.plan
         answer, doubt = await self._first_answer(read)
-        if answer.is_error and plan.need is not None and policy.cache is CacheClass.BLOCK and state_gone(answer.error):
+        if plan.need is not None and policy.cache is CacheClass.BLOCK and _lacks_state(read, answer, doubt):
             answer, doubt = await self._state_elsewhere(read, answer, doubt)
             if doubt == "state_gone":
                 return answer, doubt  # every upstream that might hold it was asked: served, never kept
@@ -194,14 +194,16 @@ class Asker:
         answer: Answer,
         doubt: str | None,
     ) -> tuple[Answer, str | None]:
-        """A node said it no longer has the state at the block asked (a pruned node's error): it is
-        noted as keeping recent state only, and the call goes to each upstream that may still hold it
-        until one answers. The error is served only when none can (`state_gone`: never kept)."""
+        """A node said it has no state at the block asked (a pruned node's error; a null or "header not
+        found" for a final block: _lacks_state): a pruned node is noted as keeping recent state only,
+        and the call goes to each upstream that may still hold it until one answers. When none can,
+        the first node's answer is served (`state_gone`: never kept, X-Cache BYPASS, counted)."""
         net, plan = read.net, read.plan
         per, need = net.per_upstream, plan.need
         if per is None or need is None:
             return answer, doubt
-        per.states.state_gone(answer.upstream, need)
+        if answer.is_error and state_gone(answer.error):
+            per.states.state_gone(answer.upstream, need)  # a null or a missing block teaches no window
         tried = {answer.upstream}
         while (other := per.states.other_with_state(tried, need)) is not None:
             tried.add(other)
@@ -212,6 +214,8 @@ class Asker:
             if retried.is_error and state_gone(retried.error):
                 per.states.state_gone(other, need)
                 continue
+            if _lacks_state(read, retried, again):
+                continue  # an archive node without that block's history: no answer either
             return retried, again
         return answer, "state_gone"
 
@@ -350,6 +354,18 @@ def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None, number: i
             or (seen not in head.numbers and seen not in orphans and (number is None or number >= head.latest))
         )
     )
+
+
+def _lacks_state(read: Read, answer: Answer, doubt: str | None) -> bool:
+    """The node's answer says it cannot give the state at the block asked: a pruned-state error; or,
+    for a state read of a final block its node showed it has (no doubt: the finalized header came
+    beside it), a null (a state read never answers null) or an unknown-block error (a node without
+    that block's history). Its answer is never kept as the final block's."""
+    if answer.is_error and state_gone(answer.error):
+        return True
+    if not read.policy.reads_state or doubt is not None or read.plan.decision.mode is not Mode.IMMUTABLE:
+        return False
+    return block_unknown(answer.error) if answer.is_error else answer.result is None
 
 
 def _not_found(answer: Answer) -> bool:

@@ -258,7 +258,9 @@ class Service:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
                 read = Read(net, plan.method, plan.forward, policy, plan, self._reads.deadline(policy))
-                answer, _ = await self._asker.ask_pinned(read)
+                answer, doubt = await self._asker.ask_pinned(read)
+                if doubt == "state_gone":  # no upstream keeps that state: counted as on a cached read's miss
+                    self._metrics.uncached_answers.labels(net.name, doubt).inc()
                 return Outcome.answered(shown(net.tracker, method, answer, refs), BYPASS)
             if prepared.fingerprint:
                 # The head fixes everything a plan depends on (tags, finality, hashes, gas limit, identity).

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from proxy.config_files import ConfigError, _networks_from_file
 from proxy.http.app_keys import SERVICE
-from proxy.upstream.replies import state_gone
+from proxy.upstream.replies import block_unknown, state_gone
 from proxy.upstream.standing import UpstreamStates
 from tests.fault_relay import FaultRelay
 from tests.support import (
@@ -52,6 +52,9 @@ GETH = {
     "message": "missing trie node 3b70737ce08bd905749df6103fbc21548427951dcf373c32aaaa9cffa1aa034a (path )",
 }
 
+# What a node without an old block's history answers a state read at it (geth's words), beside null.
+HEADER_NOT_FOUND = {"code": -32000, "message": "header not found"}
+
 
 def anvil_error(head: int, number: int) -> dict[str, Any]:
     """What anvil --prune-history answers for state it no longer keeps (anvil 1.7.1's words)."""
@@ -73,6 +76,12 @@ class TestStateGoneRule:
         )
         assert not state_gone({"code": 3, "message": "execution reverted"})
         assert not state_gone(None)
+
+    def test_a_nodes_error_for_a_block_it_lacks_is_known_and_is_not_a_revert(self) -> None:
+        assert block_unknown(HEADER_NOT_FOUND) and not state_gone(HEADER_NOT_FOUND)
+        assert block_unknown({"code": -32001, "message": "Block 0x10 could not be found"})
+        assert not block_unknown({"code": 3, "message": "execution reverted"})
+        assert not block_unknown({"code": -32000, "message": "out of gas"}) and not block_unknown(None)
 
     def test_a_pruned_nodes_window_is_learned_from_its_error(self) -> None:
         states = UpstreamStates(2)
@@ -125,7 +134,8 @@ def archive() -> Iterator[tuple[Anvil, str, list[int]]]:
 @dataclass
 class PrunedRelay:
     """A pruned node in front of the archive one: state older than its last KEPT blocks is answered
-    with a client's pruned-state error (geth's or anvil's words); everything else is the node's."""
+    with a client's pruned-state error (geth's or anvil's words), or as a node that lacks the block
+    ("header": geth's header not found, "null"); everything else is the node's."""
 
     target: str
     words: str = "geth"
@@ -156,7 +166,12 @@ class PrunedRelay:
                     refused.append(number)
                 item = by_id[call.get("id")]
                 item.pop("result", None)
-                item["error"] = GETH if self.words == "geth" else anvil_error(head, number)
+                item.pop("error", None)
+                if self.words == "null":
+                    item["result"] = None
+                else:
+                    words = {"geth": GETH, "header": HEADER_NOT_FOUND}
+                    item["error"] = words.get(self.words) or anvil_error(head, number)
         self.refused.extend(refused)
         return web.json_response(reply)
 
@@ -265,8 +280,74 @@ async def test_a_pruned_nodes_error_is_served_when_no_upstream_keeps_the_state(
             for _ in range(2):
                 status, body, headers = await proxy.post(read)
                 assert status == 200 and "missing trie node" in body["error"]["message"]
-                assert headers["X-Cache"] != "HIT"  # never kept: an archive node added later answers
+                assert headers["X-Cache"] == "BYPASS"  # never kept: an archive node added later answers
             assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 2
+        finally:
+            await proxy.close()
+
+
+@pytest.mark.parametrize("lacking", ["header", "null"])
+async def test_old_state_no_upstream_has_is_served_as_bypass_and_counted_as_state_gone(
+    archive: tuple[Anvil, str, list[int]],
+    lacking: str,
+) -> None:
+    """The pruned primary's error, then the other upstream's "header not found" or null for the same
+    old block (it lacks that block's history too): no upstream can answer, so the answer is never
+    kept (BYPASS, every call asked again) and each is counted as state_gone."""
+    node, address, marks = archive
+    pruned, without = PrunedRelay(node.url), PrunedRelay(node.url, lacking)
+    async with serving(pruned.handle) as pruned.url, serving(without.handle) as without.url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{pruned.url},{without.url}"))
+        try:
+            await both_heads_known(proxy)
+            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
+            for _ in range(3):
+                status, body, headers = await proxy.post(read)
+                assert status == 200 and body.get("result") is None and headers["X-Cache"] == "BYPASS", body
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 3
+            assert len(without.refused) == 3  # asked every time: nothing was kept
+        finally:
+            await proxy.close()
+
+
+async def test_a_pruned_nodes_error_for_an_uncacheable_read_is_counted_as_state_gone(
+    archive: tuple[Anvil, str, list[int]],
+) -> None:
+    """An eth_call with a state override is never cached: its pruned-state error is counted all the same."""
+    node, address, marks = archive
+    relay = PrunedRelay(node.url)
+    async with serving(relay.handle) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+            await proxy.head_at(HEAD)
+            call = {"to": address, "data": selector("x()")}
+            override = {DEV_ACCOUNT: {"balance": "0x1"}}
+            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [call, hex(marks[0]), override]}
+            status, body, headers = await proxy.post(read)
+            assert status == 200 and "missing trie node" in body["error"]["message"]
+            assert headers["X-Cache"] == "BYPASS"
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 1
+        finally:
+            await proxy.close()
+
+
+async def test_a_null_for_old_state_is_never_kept_as_the_final_blocks_answer(
+    archive: tuple[Anvil, str, list[int]],
+) -> None:
+    """A state read never answers null: a lone node's null for a final block is a node without its
+    history, served uncached (BYPASS) and counted as state_gone, never a HIT."""
+    node, _, marks = archive
+    relay = PrunedRelay(node.url, "null")
+    async with serving(relay.handle) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+            await proxy.head_at(HEAD)
+            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [DEV_ACCOUNT, hex(marks[0])]}
+            for _ in range(2):
+                status, body, headers = await proxy.post(read)
+                assert status == 200 and body["result"] is None and headers["X-Cache"] == "BYPASS"
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 2
+            assert len(relay.refused) == 2
         finally:
             await proxy.close()
 

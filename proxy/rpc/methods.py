@@ -51,13 +51,16 @@ class MethodPolicy:
     # Canonical params from this position on are code or state the client supplies (state and block
     # overrides): an answer that depends on them is never cached (cache/policy.py decide).
     client_state: int | None = None
+    # A read of the state at one block (balance, storage, code, nonce, a call, a proof): its answer is
+    # never null, so a null from a node shown to have the block is that node lacking its state.
+    reads_state: bool = False
 
 
 POLICIES: dict[str, MethodPolicy] = {
     policy.name: policy
     for policy in (
         # spec "Limits / Credits per call".
-        MethodPolicy("eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, 80),
+        MethodPolicy("eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, 80, reads_state=True),
         MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, 255, limits_logs=True),
         MethodPolicy(
             "eth_getUncleByBlockHashAndIndex",
@@ -75,6 +78,7 @@ POLICIES: dict[str, MethodPolicy] = {
             gas_cap=True,
             caches_reverts=True,
             client_state=2,
+            reads_state=True,
         ),
         MethodPolicy(
             "eth_getBlockReceipts",
@@ -156,10 +160,10 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_getTransactionByHash", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
         MethodPolicy("eth_getTransactionReceipt", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
         # State at a block: like eth_getStorageAt (EIP-1898 objects, pinned to the hash above finalized).
-        MethodPolicy("eth_getBalance", "evm", p.address_at_block, CacheClass.BLOCK, None),
-        MethodPolicy("eth_getCode", "evm", p.address_at_block, CacheClass.BLOCK, None),
-        MethodPolicy("eth_getTransactionCount", "evm", p.address_at_block, CacheClass.BLOCK, None),
-        MethodPolicy("eth_getProof", "evm", p.eth_get_proof, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getBalance", "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True),
+        MethodPolicy("eth_getCode", "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True),
+        MethodPolicy("eth_getTransactionCount", "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True),
+        MethodPolicy("eth_getProof", "evm", p.eth_get_proof, CacheClass.BLOCK, None, reads_state=True),
         # Fees: for the current head only.
         MethodPolicy("eth_gasPrice", "evm", p.no_params, CacheClass.HEAD, None),
         MethodPolicy("eth_maxPriorityFeePerGas", "evm", p.no_params, CacheClass.HEAD, None),

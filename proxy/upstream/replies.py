@@ -57,6 +57,20 @@ def state_gone(error: dict[str, Any] | None) -> bool:
     return any(phrase in text for phrase in STATE_GONE_PHRASES)
 
 
+# Phrases of a node's error for a block it does not have at all (geth's "header not found" and
+# "unknown block", Erigon's and Besu's "block not found", Nethermind's "could not be found"): for a
+# block its node showed the chain has (a final one), that node lacks its history, as a pruned one would.
+BLOCK_UNKNOWN_PHRASES = ("header not found", "unknown block", "block not found", "could not be found")
+
+
+def block_unknown(error: dict[str, Any] | None) -> bool:
+    """A node's error saying it has no such block (not a revert, nor a fault of the request)."""
+    if not error:
+        return False
+    text = f"{error.get('message', '')} {error.get('data', '')}".lower()
+    return any(phrase in text for phrase in BLOCK_UNKNOWN_PHRASES)
+
+
 def proof_call(block: str) -> tuple[str, list[Any]]:
     """The header asked beside a call, in the same batch, to show which chain the answering node is on."""
     return ("eth_getBlockByNumber", [block, False])
