@@ -81,6 +81,10 @@ class TestStateGoneRule:
         assert block_unknown(HEADER_NOT_FOUND) and not state_gone(HEADER_NOT_FOUND)
         assert block_unknown({"code": -32001, "message": "Block 0x10 could not be found"})
         assert not block_unknown({"code": 3, "message": "execution reverted"})
+        # A revert's reason is the contract's words, whatever they say.
+        for code in (3, -32000):
+            revert = {"code": code, "message": "execution reverted: block not found; missing trie node"}
+            assert not block_unknown(revert) and not state_gone(revert)
         assert not block_unknown({"code": -32000, "message": "out of gas"}) and not block_unknown(None)
 
     def test_a_pruned_nodes_window_is_learned_from_its_error(self) -> None:

@@ -45,12 +45,23 @@ STATE_GONE_PHRASES = (
 _OUT_OF_RANGE = re.compile(r"block height is (\d+) but requested was (\d+)")
 
 
+def _node_words(error: dict[str, Any] | None) -> str | None:
+    """An error's words as the node wrote them, lower-cased; None for none, and for a revert, whose
+    reason is the contract's to word ("execution reverted: block not found" is a contract's answer)."""
+    if not error or error.get("code") == 3:
+        return None
+    message = str(error.get("message", ""))
+    if message.startswith("execution reverted"):
+        return None
+    return f"{message} {error.get('data', '')}".lower()
+
+
 def state_gone(error: dict[str, Any] | None) -> bool:
     """A node's error saying it lacks the state (or history) at the block asked: another node may
     have it. Not a node behind saying the block is past its head (that is the lagging rule's)."""
-    if not error:
+    text = _node_words(error)
+    if text is None:
         return False
-    text = f"{error.get('message', '')} {error.get('data', '')}".lower()
     heights = _OUT_OF_RANGE.search(text)
     if heights is not None:
         return int(heights.group(2)) < int(heights.group(1))
@@ -65,10 +76,8 @@ BLOCK_UNKNOWN_PHRASES = ("header not found", "unknown block", "block not found",
 
 def block_unknown(error: dict[str, Any] | None) -> bool:
     """A node's error saying it has no such block (not a revert, nor a fault of the request)."""
-    if not error:
-        return False
-    text = f"{error.get('message', '')} {error.get('data', '')}".lower()
-    return any(phrase in text for phrase in BLOCK_UNKNOWN_PHRASES)
+    text = _node_words(error)
+    return text is not None and any(phrase in text for phrase in BLOCK_UNKNOWN_PHRASES)
 
 
 def proof_call(block: str) -> tuple[str, list[Any]]:
