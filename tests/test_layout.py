@@ -1,6 +1,6 @@
 """The house's floors (docs/architecture.md): every module imports only modules on its own floor or
-below, and no modules import each other in a circle. Read from the source, so a move that breaks
-either fails here before anyone draws the house."""
+below, and no modules import each other in a circle; no module, class or function reaches its size
+bound. Read from the source, so a move that breaks one fails here before anyone draws the house."""
 
 from __future__ import annotations
 
@@ -105,3 +105,23 @@ def test_no_import_circle() -> None:
         if node not in state:
             walk(node, [node])
     assert circles == []
+
+
+# The house's bounds: a module, a class or a function past them is split before it grows further.
+MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 550, 300, 80
+
+
+def test_no_module_class_or_function_reaches_the_house_bounds() -> None:
+    over = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(ROOT)
+        if len(text.splitlines()) >= MODULE_LINES:
+            over.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            bound = CLASS_LINES if isinstance(node, ast.ClassDef) else FUNCTION_LINES
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size >= bound:
+                    over.append(f"{name}: {node.name} {size} lines")
+    assert over == []
