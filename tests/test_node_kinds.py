@@ -4,6 +4,7 @@ answer while another upstream can give one. Every answer is counted against the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import random
@@ -188,6 +189,18 @@ async def pruned(request: pytest.FixtureRequest, archive: tuple[Anvil, str, list
         yield relay
 
 
+@contextlib.asynccontextmanager
+async def alone_behind(relay: PrunedRelay) -> AsyncIterator[Proxy]:
+    """A proxy whose one upstream is `relay`, its head at HEAD."""
+    async with serving(relay.handle) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+            await proxy.head_at(HEAD)
+            yield proxy
+        finally:
+            await proxy.close()
+
+
 async def both_heads_known(proxy: Proxy) -> None:
     per = proxy.app[SERVICE].networks["evm"].per_upstream
     assert per is not None
@@ -271,25 +284,6 @@ async def test_a_declared_state_window_sends_old_state_to_the_archive_node_first
             await proxy.close()
 
 
-async def test_a_pruned_nodes_error_is_served_when_no_upstream_keeps_the_state(
-    archive: tuple[Anvil, str, list[int]],
-) -> None:
-    node, address, marks = archive
-    relay = PrunedRelay(node.url)
-    async with serving(relay.handle) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
-        try:
-            await proxy.head_at(HEAD)
-            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
-            for _ in range(2):
-                status, body, headers = await proxy.post(read)
-                assert status == 200 and "missing trie node" in body["error"]["message"]
-                assert headers["X-Cache"] == "BYPASS"  # never kept: an archive node added later answers
-            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 2
-        finally:
-            await proxy.close()
-
-
 @pytest.mark.parametrize("lacking", ["header", "null"])
 async def test_old_state_no_upstream_has_is_served_as_bypass_and_counted_as_state_gone(
     archive: tuple[Anvil, str, list[int]],
@@ -314,25 +308,25 @@ async def test_old_state_no_upstream_has_is_served_as_bypass_and_counted_as_stat
             await proxy.close()
 
 
-async def test_a_pruned_nodes_error_for_an_uncacheable_read_is_counted_as_state_gone(
+@pytest.mark.parametrize("cacheable", [True, False])
+async def test_a_pruned_nodes_error_is_served_uncached_and_counted_when_no_upstream_keeps_the_state(
     archive: tuple[Anvil, str, list[int]],
+    cacheable: bool,
 ) -> None:
-    """An eth_call with a state override is never cached: its pruned-state error is counted all the same."""
+    """Never kept: an archive node added later answers. A read never cached at all (an eth_call with
+    a state override) is counted as state_gone all the same."""
     node, address, marks = archive
-    relay = PrunedRelay(node.url)
-    async with serving(relay.handle) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
-        try:
-            await proxy.head_at(HEAD)
-            call = {"to": address, "data": selector("x()")}
-            override = {DEV_ACCOUNT: {"balance": "0x1"}}
-            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [call, hex(marks[0]), override]}
+    if cacheable:
+        read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
+    else:
+        call, override = {"to": address, "data": selector("x()")}, {DEV_ACCOUNT: {"balance": "0x1"}}
+        read = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [call, hex(marks[0]), override]}
+    async with alone_behind(PrunedRelay(node.url)) as proxy:
+        for _ in range(2):
             status, body, headers = await proxy.post(read)
             assert status == 200 and "missing trie node" in body["error"]["message"]
             assert headers["X-Cache"] == "BYPASS"
-            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 1
-        finally:
-            await proxy.close()
+        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 2
 
 
 async def test_a_null_for_old_state_is_never_kept_as_the_final_blocks_answer(
@@ -342,18 +336,13 @@ async def test_a_null_for_old_state_is_never_kept_as_the_final_blocks_answer(
     history, served uncached (BYPASS) and counted as state_gone, never a HIT."""
     node, _, marks = archive
     relay = PrunedRelay(node.url, "null")
-    async with serving(relay.handle) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
-        try:
-            await proxy.head_at(HEAD)
-            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [DEV_ACCOUNT, hex(marks[0])]}
-            for _ in range(2):
-                status, body, headers = await proxy.post(read)
-                assert status == 200 and body["result"] is None and headers["X-Cache"] == "BYPASS"
-            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 2
-            assert len(relay.refused) == 2
-        finally:
-            await proxy.close()
+    async with alone_behind(relay) as proxy:
+        read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [DEV_ACCOUNT, hex(marks[0])]}
+        for _ in range(2):
+            status, body, headers = await proxy.post(read)
+            assert status == 200 and body["result"] is None and headers["X-Cache"] == "BYPASS"
+        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 2
+        assert len(relay.refused) == 2
 
 
 # --- a node still syncing beside a synced one --------------------------------------------------
