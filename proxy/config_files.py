@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import tomllib
-import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -414,13 +413,19 @@ def _allow_lists(where: str, entry: Mapping[str, Any]) -> AllowLists:
 
 
 def unsendable(secret: str) -> bool:
-    """Whether a key holds whitespace, a control character or an invisible one (Unicode's C and Z
-    categories: a zero-width space, a BOM, a tab, a non-breaking space): no client types or pastes
-    it reliably, and it hides a copy-paste mistake. Pure; the messages never show the key."""
-    return any(c.isspace() or unicodedata.category(c)[0] in "CZ" for c in secret)
+    """Whether a key holds anything but visible ASCII: whitespace, a control character, an invisible
+    one (a zero-width space, a BOM, U+3164's blank letter, a variation selector) or any other outside
+    ASCII. No client types or pastes it reliably, a URL path carries it only percent-encoded, and it
+    hides a copy-paste mistake. Pure; the messages never show the key."""
+    return not all("!" <= c <= "~" for c in secret)
 
 
-_UNSENDABLE = "contains whitespace, a control or an invisible character (a client cannot send it as written)"
+_UNSENDABLE = (
+    "contains whitespace, a control or an invisible character, or one outside ASCII "
+    "(a client cannot send it as written)"
+)
+# A variable reference nobody expanded: `${K1}`, `$K1` (Compose and shells expand both).
+UNEXPANDED = re.compile(r"\$(?:\{|[A-Za-z_])")
 
 
 def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
@@ -474,12 +479,12 @@ def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
         # `API_KEYS=${K1},${K2}` with both unset: running open would accept any key and charge nothing.
         raise ConfigError("API_KEYS names no key (only commas and spaces): set comma-separated keys, or unset it")
     for position, secret in enumerate(secrets, 1):  # by position: a message never shows a key
-        if "${" in secret:
+        if UNEXPANDED.search(secret):
             # ./.env is read as written, as `docker run --env-file` reads it, and the environment is
-            # what the shell or Compose made of it: a `${K1}` left here is a key literally named so.
+            # what the shell or Compose made of it: a `${K1}` or `$K1` left here is a key literally named so.
             raise ConfigError(
-                f"API_KEYS: key {position} holds '${{': variables are not expanded in API_KEYS (set the "
-                'keys themselves, or use API_KEYS_FILE, whose key = "${VAR}" is expanded)'
+                f"API_KEYS: key {position} holds '${{' or '$NAME': variables are not expanded in API_KEYS "
+                '(set the keys themselves, or use API_KEYS_FILE, whose key = "${VAR}" is expanded)'
             )
         if unsendable(secret):
             raise ConfigError(f"API_KEYS: key {position} {_UNSENDABLE}")

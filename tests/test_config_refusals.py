@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -193,7 +194,10 @@ def test_a_subscription_credits_kind_given_twice_is_refused_naming_it(value: str
     assert f"SUBSCRIPTION_CREDITS: {kind} is given twice" in refused(SUBSCRIPTION_CREDITS=value)
 
 
-HIDDEN = ["\u200b", "\ufeff", "\t", " ", "\u00a0", "\x07", "\u2028"]  # zero-width space, BOM, tab, ...
+# Zero-width space, BOM, tab, space, no-break space, bell, line separator; the Hangul filler, a
+# combining grapheme joiner, a variation selector and the braille blank (letters and marks, yet
+# invisible); any other character outside ASCII.
+HIDDEN = ["\u200b", "\ufeff", "\t", " ", "\u00a0", "\x07", "\u2028", "\u3164", "\u034f", "\ufe0f", "\u2800", "\u00e9"]
 
 
 @pytest.mark.parametrize("hidden", HIDDEN)
@@ -231,11 +235,18 @@ def test_check_and_keys_list_refuse_an_invisible_key_never_printing_it(
     assert "configuration error: API_KEYS: key 1 contains" in err and "SECRET" not in out + err
 
 
-@pytest.mark.parametrize("value", ["${K1},${K2}", "sk-live,${API_KEY:-sk-default}"])
+@pytest.mark.parametrize("value", ["${K1},${K2}", "sk-live,${API_KEY:-sk-default}", "$K1,$K2", "sk-live,$_KEY"])
 def test_api_keys_holding_an_unexpanded_variable_is_refused(value: str) -> None:
-    """Rule: API_KEYS is taken as written: a `${` in it is a reference nobody expanded, not a key."""
+    """Rule: API_KEYS is taken as written: a `${` or `$NAME` in it is a reference nobody expanded, not a key."""
     message = refused(API_KEYS=value)
-    assert "holds '${': variables are not expanded in API_KEYS" in message and "sk-" not in message
+    assert "holds '${' or '$NAME': variables are not expanded in API_KEYS" in message and "sk-" not in message
+
+
+def test_an_api_key_with_a_dollar_sign_not_before_a_name_is_kept() -> None:
+    """Rule: only a reference is refused: a `$` before a digit, a sign or the end is part of a key."""
+    keys = build_settings({**UPSTREAM, "API_KEYS": "sk-$9x,sk-live-2$"}).api_keys
+    digests = {hashlib.sha256(key.encode()).hexdigest() for key in ("sk-$9x", "sk-live-2$")}
+    assert {key.sha256 for key in keys.values()} == digests
 
 
 def test_api_keys_in_dotenv_are_not_expanded_from_the_environment(tmp_path: Path) -> None:
@@ -250,7 +261,7 @@ def test_api_keys_in_dotenv_are_not_expanded_from_the_environment(tmp_path: Path
         timeout=30,
     )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "API_KEYS: key 1 holds '${': variables are not expanded in API_KEYS" in result.stderr
+    assert "API_KEYS: key 1 holds '${' or '$NAME': variables are not expanded in API_KEYS" in result.stderr
     assert "SECRET" not in result.stdout + result.stderr
 
 

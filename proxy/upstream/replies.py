@@ -50,10 +50,8 @@ def _node_words(error: dict[str, Any] | None) -> str | None:
     reason is the contract's to word ("execution reverted: block not found" is a contract's answer)."""
     if not error or error.get("code") == 3:
         return None
-    message = str(error.get("message", ""))
-    if message.startswith("execution reverted"):
-        return None
-    return f"{message} {error.get('data', '')}".lower()
+    text = f"{error.get('message', '')} {error.get('data', '')}".lower()
+    return None if text.startswith("execution reverted") else text  # geth's words; Besu's, capitalised
 
 
 def state_gone(error: dict[str, Any] | None) -> bool:
