@@ -52,9 +52,13 @@ class Asker:
         none does, the call fails (-32002) rather than serve what a lagging node or another fork said."""
         net, policy, plan = read.net, read.policy, read.plan
         answer, doubt = await self._first_answer(read)
-        if plan.need is not None and policy.cache is CacheClass.BLOCK and _lacks_state(read, answer, doubt):
+        if (
+            (plan.need is not None or plan.by_hash)
+            and policy.cache is CacheClass.BLOCK
+            and _lacks_state(read, answer, doubt)
+        ):
             answer, doubt = await self._state_elsewhere(read, answer, doubt)
-            if doubt == "state_gone":
+            if doubt in ("state_gone", "unknown_hash"):
                 return answer, doubt  # every upstream that might hold it was asked: served, never kept
         per, head = net.per_upstream, net.tracker.head
         if (
@@ -197,13 +201,17 @@ class Asker:
         """A node said it has no state at the block asked (a pruned node's error; a null or "header not
         found" for a final block: _lacks_state): a pruned node is noted as keeping recent state only,
         and the call goes to each upstream that may still hold it until one answers. When none can,
-        the first node's answer is served (`state_gone`: never kept, X-Cache BYPASS, counted)."""
+        the first node's answer is served (`state_gone`: never kept, X-Cache BYPASS, counted), or, for
+        a block named by hash alone that no node called pruned, `unknown_hash` (a hash none knows)."""
         net, plan = read.net, read.plan
         per, need = net.per_upstream, plan.need
-        if per is None or need is None:
+        if per is None:
             return answer, doubt
-        if answer.is_error and state_gone(answer.error):
-            per.states.state_gone(answer.upstream, need)  # a null or a missing block teaches no window
+        # A read by hash alone (need None: a block older than the tracker's window) is asked of every
+        # other upstream; a number teaches a pruned node's window, a null or a missing block none.
+        pruned = answer.is_error and state_gone(answer.error)
+        if need is not None and pruned:
+            per.states.state_gone(answer.upstream, need)
         tried = {answer.upstream}
         while (other := per.states.other_with_state(tried, need)) is not None:
             tried.add(other)
@@ -212,12 +220,14 @@ class Asker:
             except JsonRpcError:
                 continue
             if retried.is_error and state_gone(retried.error):
-                per.states.state_gone(other, need)
+                pruned = True
+                if need is not None:
+                    per.states.state_gone(other, need)
                 continue
             if _lacks_state(read, retried, again):
                 continue  # an archive node without that block's history: no answer either
             return retried, again
-        return answer, "state_gone"
+        return answer, "state_gone" if need is not None or pruned else "unknown_hash"
 
     async def _shown_at_need(
         self,

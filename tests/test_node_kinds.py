@@ -154,19 +154,13 @@ class PrunedRelay:
         async with aiohttp.ClientSession() as session:
             async with session.post(self.target, json=payload) as resp:
                 reply = await resp.json()
-            async with session.post(
-                self.target, json={"jsonrpc": "2.0", "id": 0, "method": "eth_blockNumber", "params": []}
-            ) as resp:
-                head = int((await resp.json())["result"], 16)
+            head = int((await self._ask(session, "eth_blockNumber", []))["result"], 16)
+            numbers = [await self._block_of(session, call) for call in calls]
         items = reply if isinstance(reply, list) else [reply]
         by_id = {item.get("id"): item for item in items}
         refused: list[int] = []
-        for call in calls:
-            at = STATE_BLOCK_AT.get(call.get("method", ""))
-            params = call.get("params") or []
-            block = params[at] if at is not None and len(params) > at else None
-            if isinstance(block, str) and block.startswith("0x") and head - int(block, 16) >= KEPT:
-                number = int(block, 16)
+        for call, number in zip(calls, numbers, strict=True):
+            if number is not None and head - number >= KEPT:
                 if number not in refused:
                     refused.append(number)
                 item = by_id[call.get("id")]
@@ -179,6 +173,23 @@ class PrunedRelay:
                     item["error"] = words.get(self.words) or anvil_error(head, number)
         self.refused.extend(refused)
         return web.json_response(reply)
+
+    async def _ask(self, session: aiohttp.ClientSession, method: str, params: list[Any]) -> dict[str, Any]:
+        call = {"jsonrpc": "2.0", "id": 0, "method": method, "params": params}
+        async with session.post(self.target, json=call) as resp:
+            answer: dict[str, Any] = await resp.json()
+            return answer
+
+    async def _block_of(self, session: aiohttp.ClientSession, call: dict[str, Any]) -> int | None:
+        """The number of the block a state read names: a number, or an EIP-1898 object (by hash too)."""
+        at = STATE_BLOCK_AT.get(call.get("method", ""))
+        params = call.get("params") or []
+        block = params[at] if at is not None and len(params) > at else None
+        if isinstance(block, dict) and "blockHash" in block:
+            block = (await self._ask(session, "eth_getBlockByHash", [block["blockHash"], False]))["result"]["number"]
+        elif isinstance(block, dict):
+            block = block.get("blockNumber")
+        return int(block, 16) if isinstance(block, str) and block.startswith("0x") else None
 
 
 @pytest.fixture(params=["geth", "anvil"])
@@ -304,6 +315,48 @@ async def test_old_state_no_upstream_has_is_served_as_bypass_and_counted_as_stat
                 assert status == 200 and body.get("result") is None and headers["X-Cache"] == "BYPASS", body
             assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 3
             assert len(without.refused) == 3  # asked every time: nothing was kept
+        finally:
+            await proxy.close()
+
+
+@pytest.mark.parametrize("lacking", ["header", "null"])
+@pytest.mark.parametrize("beside", ["archive", "pruned", "lacking"])
+async def test_old_state_named_by_hash_is_asked_of_every_upstream_until_one_holds_it(
+    archive: tuple[Anvil, str, list[int]],
+    lacking: str,
+    beside: str,
+) -> None:
+    """An EIP-1898 read by block hash names no number the proxy knows (the block is older than its
+    window): a node's null or "header not found" is asked again of every other upstream, a pruned
+    one's error passed over, until one answers with the state, kept as the by-number read is. When
+    none can, the first node's answer is served, never kept, and counted as state_gone when a node
+    said its state is pruned, else as unknown_hash (a hash no node knows)."""
+    node, address, marks = archive
+    block_hash = node.rpc("eth_getBlockByNumber", hex(marks[0]), False)["hash"]
+    first, second = PrunedRelay(node.url, lacking), PrunedRelay(node.url, lacking if beside == "lacking" else "geth")
+    async with serving(first.handle) as first.url, serving(second.handle) as second.url:
+        upstreams = [first.url, second.url, *([node.url] if beside == "archive" else [])]
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=",".join(upstreams)))
+        try:
+            await both_heads_known(proxy)
+            at = {"blockHash": block_hash}
+            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", at]}
+            seen = [await proxy.post(read) for _ in range(2)]
+            counted = {
+                reason: proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason=reason)
+                for reason in ("state_gone", "unknown_hash")
+            }
+            if beside == "archive":
+                assert [body.get("result") for _, body, _ in seen] == ["0x" + word(1)] * 2, seen
+                assert [headers["X-Cache"] for _, _, headers in seen] == ["MISS", "HIT"]
+                assert counted == {"state_gone": 0, "unknown_hash": 0}
+            else:
+                assert all(body.get("result") is None and headers["X-Cache"] == "BYPASS" for _, body, headers in seen)
+                assert counted == {
+                    "state_gone": 2 if beside == "pruned" else 0,
+                    "unknown_hash": 2 if beside == "lacking" else 0,
+                }
+            assert len(second.refused) == (1 if beside == "archive" else 2)  # asked on each miss: nothing kept
         finally:
             await proxy.close()
 

@@ -136,10 +136,11 @@ class UpstreamStates:
         known = [w for w in (self.recent_declared[index], self.recent_learned[index]) if w is not None]
         return min(known) if known else None
 
-    def holds_state(self, index: int, number: int) -> bool:
+    def holds_state(self, index: int, number: int | None) -> bool:
         """Upstream `index` can answer for the state at block `number` as far as is known: an archive
-        node, or one whose kept window (behind its own head) reaches that block."""
-        if not 0 <= index < self.size:
+        node, or one whose kept window (behind its own head) reaches that block. None (a block named
+        by hash alone): no window rules it out."""
+        if number is None or not 0 <= index < self.size:
             return True
         window = self.state_window(index)
         return window is None or self.latest[index] < 0 or self.latest[index] - number < window
@@ -153,7 +154,7 @@ class UpstreamStates:
         learned = self.recent_learned[index]
         self.recent_learned[index] = depth if learned is None else min(learned, depth)
 
-    def other_with_state(self, tried: Collection[int], number: int) -> int | None:
+    def other_with_state(self, tried: Collection[int], number: int | None) -> int | None:
         """An upstream not in `tried`, in rotation, verified, with block `number` and its state: the
         first declared."""
         for i in range(self.size):
