@@ -23,6 +23,11 @@ from proxy.upstream.sending import too_large
 from proxy.upstream_reads import Read, Reads
 from proxy.values import Answer, Mode, Plan
 
+# A state read by block hash alone that this many upstreams answer as not knowing the block (null,
+# "header not found"), none saying its state was pruned, is a hash no node knows: asked no further,
+# so a made-up hash costs what it did before every upstream was walked (the first node and one other).
+UNKNOWN_ENOUGH = 2
+
 # Doubts that fail the call (-32002) when no other upstream could answer: serving the answer would
 # serve another chain's (or a node behind's) view of the block.
 REFUSED = frozenset({"lagging", "fork", "off_chain", "unproven", "orphaned"})
@@ -213,7 +218,10 @@ class Asker:
         if need is not None and pruned:
             per.states.state_gone(answer.upstream, need)
         tried = {answer.upstream}
+        unknown = 0 if pruned else 1  # nodes that know no such block (by hash alone, and none said pruned)
         while (other := per.states.other_with_state(tried, need)) is not None:
+            if need is None and not pruned and unknown >= UNKNOWN_ENOUGH:
+                break  # a hash no node knows (made up, another fork's): not every upstream is asked
             tried.add(other)
             try:
                 retried, again = await self._reads.checked(read, other)
@@ -225,6 +233,7 @@ class Asker:
                     per.states.state_gone(other, need)
                 continue
             if _lacks_state(read, retried, again):
+                unknown += 1
                 continue  # an archive node without that block's history: no answer either
             return retried, again
         return answer, "state_gone" if need is not None or pruned else "unknown_hash"
@@ -373,7 +382,13 @@ def _lacks_state(read: Read, answer: Answer, doubt: str | None) -> bool:
     that block's history). Its answer is never kept as the final block's."""
     if answer.is_error and state_gone(answer.error):
         return True
-    if not read.policy.reads_state or doubt is not None or read.plan.decision.mode is not Mode.IMMUTABLE:
+    plan = read.plan
+    # A block named by hash alone past the tracker's window: an old block (or one no node knows),
+    # also when the read is never cached (requireCanonical: true), so no mode or doubt to wait for.
+    old_by_hash = plan.by_hash and plan.need is None
+    if not read.policy.reads_state or (
+        not old_by_hash and (doubt is not None or plan.decision.mode is not Mode.IMMUTABLE)
+    ):
         return False
     return block_unknown(answer.error) if answer.is_error else answer.result is None
 

@@ -330,12 +330,18 @@ async def test_old_state_named_by_hash_is_asked_of_every_upstream_until_one_hold
     window): a node's null or "header not found" is asked again of every other upstream, a pruned
     one's error passed over, until one answers with the state, kept as the by-number read is. When
     none can, the first node's answer is served, never kept, and counted as state_gone when a node
-    said its state is pruned, else as unknown_hash (a hash no node knows)."""
+    said its state is pruned, else as unknown_hash (a hash no node knows: two nodes saying so end
+    the walk, so a made-up hash is not asked of every upstream)."""
     node, address, marks = archive
     block_hash = node.rpc("eth_getBlockByNumber", hex(marks[0]), False)["hash"]
     first, second = PrunedRelay(node.url, lacking), PrunedRelay(node.url, lacking if beside == "lacking" else "geth")
-    async with serving(first.handle) as first.url, serving(second.handle) as second.url:
-        upstreams = [first.url, second.url, *([node.url] if beside == "archive" else [])]
+    third = PrunedRelay(node.url, lacking)
+    async with (
+        serving(first.handle) as first.url,
+        serving(second.handle) as second.url,
+        serving(third.handle) as third.url,
+    ):
+        upstreams = [first.url, second.url, node.url if beside == "archive" else third.url]
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=",".join(upstreams)))
         try:
             await both_heads_known(proxy)
@@ -357,6 +363,29 @@ async def test_old_state_named_by_hash_is_asked_of_every_upstream_until_one_hold
                     "unknown_hash": 2 if beside == "lacking" else 0,
                 }
             assert len(second.refused) == (1 if beside == "archive" else 2)  # asked on each miss: nothing kept
+            assert len(third.refused) == (2 if beside == "pruned" else 0)
+        finally:
+            await proxy.close()
+
+
+async def test_old_state_named_by_hash_with_require_canonical_is_asked_until_an_upstream_holds_it(
+    archive: tuple[Anvil, str, list[int]],
+) -> None:
+    """`requireCanonical: true` makes the read uncached (BYPASS), not a read that gives up on the
+    archive: a pruned node's error and another's "header not found" are passed over as without it."""
+    node, address, marks = archive
+    block_hash = node.rpc("eth_getBlockByNumber", hex(marks[0]), False)["hash"]
+    pruned, without = PrunedRelay(node.url), PrunedRelay(node.url, "header")
+    async with serving(pruned.handle) as pruned.url, serving(without.handle) as without.url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{pruned.url},{without.url},{node.url}"))
+        try:
+            await both_heads_known(proxy)
+            at = {"blockHash": block_hash, "requireCanonical": True}
+            read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", at]}
+            for _ in range(2):
+                status, body, headers = await proxy.post(read)
+                assert status == 200 and body.get("result") == "0x" + word(1), body
+                assert headers["X-Cache"] == "BYPASS"
         finally:
             await proxy.close()
 
