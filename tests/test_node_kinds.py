@@ -570,12 +570,16 @@ def _a_poll(calls: list[dict[str, Any]]) -> bool:
     return len(calls) > 1 and calls[0].get("method") == "eth_getBlockByNumber" and calls[0]["params"][0] == "latest"
 
 
+@pytest.mark.parametrize("stale_after", [None, "0.25"])
 async def test_a_balancer_member_a_few_blocks_behind_never_takes_the_head_back(
     live_and_lagging: tuple[Anvil, Anvil],
+    stale_after: str | None,
 ) -> None:
     """Rule: a poll a balancer's lagging member answers below the head is asked once more (the
     balancer sends it to another member), so the head neither goes stale nor, once stale, back to the
-    member's block as a shorter chain. Here the balancer sends every other request to that member."""
+    member's block as a shorter chain. Here the balancer sends every other request to that member;
+    with HEAD_STALE_AFTER just over the poll interval the head is stale at almost every poll (as on
+    a machine too busy to poll on time), when a lower block alone would be taken as a rollback."""
     live, lagging = live_and_lagging
     top = live.block_number()
     turn = itertools.count()
@@ -588,7 +592,8 @@ async def test_a_balancer_member_a_few_blocks_behind_never_takes_the_head_back(
         return lagging.url
 
     async with balancer(route) as url:
-        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, HEAD_POLL_INTERVAL="0.2"))
+        stale = {"HEAD_STALE_AFTER": stale_after} if stale_after is not None else {}
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, HEAD_POLL_INTERVAL="0.2", **stale))
         try:
             await proxy.head_at(top)
             tracker = proxy.app[SERVICE].networks["evm"].tracker

@@ -1,10 +1,10 @@
 """Which node a head poll's answers come from: the pool's (the tracker's PollAsker), unless an
 upstream is known AHEAD_BY blocks or more ahead of the node that answered (a primary that lags
-without failing), or the answer is below the head (Behind): then it is asked once more, of
-the first upstream ahead (furthest first, alone) whose chain holds both the answering node's latest
-block and the tracker's (never one ahead on another fork), or of the pool again when none is known
-ahead (a load balancer may send it to another member). The window's blocks are then asked of the
-same node as the latest block."""
+without failing), or the answer is below the head (Behind, or a lower block once the head is
+stale): then it is asked once more, of the first upstream ahead (furthest first, alone) whose chain
+holds both the answering node's latest block and the tracker's (never one ahead on another fork), or
+of the pool again when none is known ahead (a load balancer may send it to another member). The
+window's blocks are then asked of the same node as the latest block."""
 
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ async def answered(
     if taken is not None:
         answers, source = taken
     try:
+        below = _below(answers[0], old_head) if taken is None else None
+        if below is not None:
+            # Asked once more before it is judged, also once the head is stale (when a lower block
+            # is taken as a rollback): a balancer's lagging member answers below the head too.
+            raise below
         return answers, source, *judge(answers)
     except Behind as behind:
         candidates = states.ahead_of(answers[0].upstream) if states is not None else []
@@ -77,6 +82,14 @@ async def answered(
         else:
             raise
         return answers, source, *judge(answers)
+
+
+def _below(latest_a: Answer, old_head: Head | None) -> Behind | None:
+    """A poll's latest block below the tracker's head, as the failure it is if no other answer comes."""
+    latest = header_of(latest_a)
+    if old_head is None or latest is None or latest.number >= old_head.latest:
+        return None
+    return Behind(f"upstream #{latest_a.upstream} is behind the network head ({latest.number} < {old_head.latest})")
 
 
 async def from_ahead(
