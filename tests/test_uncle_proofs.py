@@ -18,7 +18,7 @@ from proxy.chain.headers import header_hash, header_rlp, verify_header
 from proxy.chain.rlp import wrap_list
 from tests.lying_relay import LyingRelay
 from tests.support import Anvil
-from tests.test_verified_answers import _ask, _final, _proxy, _verifications
+from tests.test_verified_answers import _ask, _final, _proxy, _refuted_then_proven, _verifications
 
 UNCLE = "eth_getUncleByBlockHashAndIndex"
 
@@ -142,13 +142,7 @@ async def test_an_uncle_made_up_for_a_block_not_yet_final_is_never_kept(anvil: A
             top = anvil.mine(1)  # above finality
             await proxy.head_at(top)
             params = [anvil.rpc("eth_getBlockByNumber", hex(top), False)["hash"], "0x0"]
-            told, cache, verified = await _ask(proxy, UNCLE, params)
-            assert told == some_header and cache != "HIT" and verified == "unproven"
-            assert (await _ask(proxy, UNCLE, params))[1] != "HIT"
-            assert _verifications(proxy, UNCLE, "refuted") >= 1
-            liar.lie = None  # honest now: the null is proven and kept
-            assert await _ask(proxy, UNCLE, params) == (None, "MISS", "proven")
-            assert (await _ask(proxy, UNCLE, params))[:2] == (None, "HIT")
+            assert await _refuted_then_proven(proxy, liar, UNCLE, params, None) == some_header
     finally:
         await liar.close()
 

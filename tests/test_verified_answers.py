@@ -78,6 +78,19 @@ def _verifications(proxy: Proxy, method: str, outcome: str) -> float:
     return proxy.metric("rpc_proxy_verifications_total", network="evm", method=method, outcome=outcome)
 
 
+async def _refuted_then_proven(proxy: Proxy, liar: LyingRelay, method: str, params: list[Any], truth: Any) -> Any:
+    """A lie served unproven and never kept (counted refuted); then, its node honest, the truth proven
+    and kept. What the lie told."""
+    told, cache, verified = await _ask(proxy, method, params)
+    assert told != truth and cache != "HIT" and verified == "unproven"
+    assert (await _ask(proxy, method, params))[1] != "HIT"
+    assert _verifications(proxy, method, "refuted") >= 1
+    liar.lie = None  # honest now: the truth is proven and kept
+    assert await _ask(proxy, method, params) == (truth, "MISS", "proven")
+    assert (await _ask(proxy, method, params))[:2] == (truth, "HIT")
+    return told
+
+
 CASES = {
     # case: (the lie, the method lied about, its params at block N)
     "storage": ("storage", "eth_getStorageAt", lambda store, n: [store, "0x0", hex(n)]),
@@ -311,14 +324,7 @@ async def test_a_lie_about_a_block_not_yet_final_asked_by_its_hash_is_never_kept
         async with _proxy(tmp_path, [liar.url]) as proxy:
             store, block_hash = await _above_finality(anvil, proxy)
             params = BY_HASH[method](block_hash, store)
-            truth = anvil.rpc(method, *params)
-            told, cache, verified = await _ask(proxy, method, params)
-            assert told != truth and cache != "HIT" and verified == "unproven"
-            assert (await _ask(proxy, method, params))[1] != "HIT"
-            assert _verifications(proxy, method, "refuted") >= 1
-            liar.lie = None  # honest now: the truth is proven and kept
-            assert await _ask(proxy, method, params) == (truth, "MISS", "proven")
-            assert (await _ask(proxy, method, params))[:2] == (truth, "HIT")
+            await _refuted_then_proven(proxy, liar, method, params, anvil.rpc(method, *params))
     finally:
         await liar.close()
 
