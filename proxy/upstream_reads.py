@@ -119,10 +119,10 @@ class Reads:
             deadline = self.deadline(policy)
         end_answer: Answer | None = None
         calls = [(method, params), ("eth_getBlockByNumber", [hex(end), False])]
-        per = net.per_upstream if index is not None else None
+        per = net.per_upstream
         try:
             async with asyncio.timeout_at(deadline):
-                if per is not None and index is not None:
+                if index is not None and per is not None:
                     answer, end_answer = await per.ask_all(index, calls, timeout=self._settings.getlogs_timeout + 1)
                 elif (both := await net.upstream.together(calls)) is None:
                     answer = await net.upstream.request(method, params)
