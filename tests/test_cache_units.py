@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,6 +17,7 @@ from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.rpc.methods import CacheClass
 from proxy.rpc.params import BlockRef
+from proxy.values import Answer
 from tests.fake_chain import FakeChain
 from tests.support import FakeClock
 
@@ -211,6 +214,21 @@ class TestCoalescer:
         assert all(isinstance(r, ValueError) for r in results) and coalescer.inflight == 0
 
 
+class Alternating(FakeChain):
+    """A load balancer over two nodes of one chain, the second `behind` blocks behind: each batch
+    goes to the other node in turn (a batch is never split)."""
+
+    def __init__(self, latest: int, behind: int) -> None:
+        super().__init__(latest)
+        self.lagging = FakeChain(latest - behind)
+        self.turns = 0
+
+    async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        self.turns += 1
+        node = self.lagging if self.turns % 2 == 0 else super()
+        return [node.answer(m, p) for m, p in calls]
+
+
 class TestHeadTracker:
     def tracker(self, chain: FakeChain, depth: int = 64) -> tuple[EvmHeadTracker, Metrics]:
         metrics = Metrics(CollectorRegistry())
@@ -248,6 +266,17 @@ class TestHeadTracker:
         head = await tracker.poll()
         assert seen == [98] and head.hashes[98] == chain.block_hash(98) != old
         assert metrics.registry.get_sample_value("rpc_proxy_reorgs_total", {"network": "evm"}) == 1
+
+    async def test_the_window_walk_is_asked_again_until_a_node_shows_the_polls_latest_block(self) -> None:
+        """Rule: the window's blocks are asked beside the poll's latest block, and asked again when the
+        node that answers does not show it (a balancer's member behind answers null for blocks it
+        lacks): the head is the member ahead's, its window whole (before, every walk failed)."""
+        chain = Alternating(100, behind=10)
+        tracker, metrics = self.tracker(chain)
+        head = await tracker.poll()
+        assert head.latest == 100 and set(head.hashes) == set(range(37, 101))
+        assert all(head.hashes[n] == chain.block_hash(n) for n in head.hashes)
+        assert metrics.registry.get_sample_value("rpc_proxy_reorgs_total", {"network": "evm"}) in (None, 0)
 
     async def test_advancing_without_a_reorg_reports_none_and_reuses_known_hashes(self) -> None:
         chain = FakeChain(100)

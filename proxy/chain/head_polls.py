@@ -24,6 +24,10 @@ from proxy.workers.shared_polls import SharedPolls, aligned_delay
 log = logging.getLogger("proxy.chain")
 
 HEADER_CHUNK = 32  # headers fetched per batch while walking back through the window
+# Tries for a chunk of the window from a node that shows the poll's latest block beside it (a load
+# balancer's member behind the poll's node answers null for the blocks it lacks; the next try may
+# reach another member).
+WINDOW_TRIES = 5
 ORPHANS_MAX = 4096  # reorged-out block hashes remembered per network
 
 
@@ -133,6 +137,10 @@ class Asks(Protocol):
 
     async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]: ...
 
+    async def direct(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        """Asked of the node now (never a sibling worker's answers)."""
+        ...
+
 
 class PollAsker:
     """Sends a tracker's calls as one batch, or one by one to a node that refuses batches
@@ -226,7 +234,7 @@ async def synced_window(
             chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
             break
         low = max(lower, height - HEADER_CHUNK + 1)
-        answers = await asker.ask([get_block(hex(h)) for h in range(height, low - 1, -1)])
+        answers = await _beside_latest(asker, [get_block(hex(h)) for h in range(height, low - 1, -1)], latest)
         for answer in answers:
             header = header_of(answer)
             if header is None or header.hash != expected:
@@ -239,6 +247,21 @@ async def synced_window(
                 return chain
         height = low - 1
     return chain
+
+
+async def _beside_latest(asker: Asks, calls: list[tuple[str, Any]], latest: Header) -> list[Answer]:
+    """The window's `calls` answered in one batch with the poll's latest block, by a node that shows
+    that block (its hash): a load balancer's member behind the node the poll reached answers null for
+    the blocks it lacks, and its answers never break the walk. Asked again, of the node directly,
+    WINDOW_TRIES times in all: the balancer may send the next try to another member."""
+    check = [*calls, get_block(hex(latest.number))]
+    answers = await asker.ask(check)
+    for _ in range(WINDOW_TRIES - 1):
+        shown = header_of(answers[-1])
+        if shown is not None and shown.hash == latest.hash:
+            break
+        answers = await asker.direct(check)
+    return answers[:-1]  # still not shown: judged block by block (the chain moved, or a node lags)
 
 
 # Heads seen in a row below the finalized block (the tracker's and the per-upstream polls, every

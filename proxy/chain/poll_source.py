@@ -35,6 +35,9 @@ class Pinned(NamedTuple):
     async def ask(self, calls: Calls) -> list[Answer]:
         return await self.pool.ask_all(self.upstream, calls, timeout=self.timeout)
 
+    async def direct(self, calls: Calls) -> list[Answer]:
+        return await self.ask(calls)  # one upstream: no sibling's answers to go past
+
 
 def further(states: UpstreamStates | None, latest_a: Answer) -> list[int]:
     """The upstreams in rotation known AHEAD_BY blocks or more ahead of the latest block a poll's node
