@@ -182,6 +182,9 @@ class Reads:
         # A block the same node showed in the same batch outranks what the proxy last saw of its head
         # (a load balancer's members differ: its head may be one member's, the answer another's).
         doubt, shown = batch_doubt(net, plan, proof, answer, end_answer)
+        past_head = plan.need is not None and head is not None and plan.need > head.latest
+        if past_head and doubt in ("unproven", "fork") and plan.check_end is not None:
+            return answer, "below_head"  # a range past the head whose node lacks the head's block: elsewhere
         if doubt == "unproven" and not per.states.vouches(answer.upstream, plan.need):
             doubt = "lagging"  # without the block, as its head said
         if doubt is not None:
@@ -189,8 +192,8 @@ class Reads:
         if (shown is None or plan.need is None or shown < plan.need) and not per.states.vouches(
             answer.upstream, plan.need
         ):
-            if plan.need is not None and head is not None and plan.need > head.latest:
-                if not per.states.vouches(answer.upstream, head.latest):
+            if past_head and head is not None:
+                if (shown is None or shown < head.latest) and not per.states.vouches(answer.upstream, head.latest):
                     return answer, "below_head"  # a node short of the head itself: asked elsewhere (ask_pinned)
                 return answer, "beyond_head"  # no upstream is known to have it: served, never stored
             return answer, "lagging"  # an error from it may be just that, too

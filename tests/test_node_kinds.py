@@ -683,6 +683,56 @@ async def test_a_recent_blocks_logs_a_lagging_node_lacks_are_asked_again_not_ref
             await proxy.close()
 
 
+@pytest.fixture(scope="module")
+def logs_above_a_lagging_member() -> Iterator[tuple[Anvil, Anvil, str]]:
+    """A live node with logs in blocks 141-144 (two a block), and a member of its chain stopped at 140."""
+    live = Anvil()
+    store = live.deploy_store()
+    live.mine(140 - live.block_number())
+    lagging = Anvil("--fork-url", live.url, "--fork-block-number", "140")
+    for _ in range(4):
+        live.send(store, selector("emitMany(uint256)") + word(2))
+    yield live, lagging, store
+    lagging.stop()
+    live.stop()
+
+
+@pytest.mark.parametrize("first", [139, 141])
+async def test_a_log_range_past_the_head_is_served_only_from_a_node_that_shows_the_head(
+    logs_above_a_lagging_member: tuple[Anvil, Anvil, str], first: int
+) -> None:
+    """Rule: an eth_getLogs range that ends past the head is asked beside the head's own block, and
+    served (never kept) only from a node that shows it: a balancer's member behind answered short of
+    blocks the chain has (no logs of 141-144, or its range error), and that answer was served. A
+    balancer whose logs all reach the member behind gets -32002, never a short answer."""
+    live, lagging, store = logs_above_a_lagging_member
+    turn = itertools.count()
+    only_lagging = {"on": False}
+
+    def route(calls: list[dict[str, Any]]) -> str:  # logs alternate, the lagging member first
+        if any(c.get("method") == "eth_getLogs" for c in calls):
+            return lagging.url if only_lagging["on"] or next(turn) % 2 == 0 else live.url
+        return live.url
+
+    async with balancer(route) as url:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=url))
+        try:
+            top = live.block_number()
+            await proxy.head_at(top)
+            log_filter = {"address": store, "fromBlock": hex(first), "toBlock": hex(top + 3)}
+            truth = live.rpc("eth_getLogs", log_filter)
+            assert len(truth) == 8
+            call = {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [log_filter]}
+            for _ in range(4):
+                status, reply, headers = await proxy.post(call)
+                assert (status, reply.get("result"), headers["X-Cache"]) == (200, truth, "BYPASS"), reply
+            only_lagging["on"] = True
+            status, reply, _headers = await proxy.post(call)
+            assert status == 502 and reply["error"]["code"] == -32002, reply
+        finally:
+            await proxy.close()
+
+
 async def test_a_backup_ahead_on_another_fork_is_not_followed_while_the_primary_lags() -> None:
     """Rule: a poll answered by a lagging primary is asked of an upstream ahead only when that
     upstream's chain holds both the primary's latest block and the head's own: a backup that parted
