@@ -351,6 +351,13 @@ class Metrics:
             "WebSocket connections closed because their consumer fell behind.",
             registry=r,
         )
+        self.ws_protocol_closes = Counter(
+            "rpc_proxy_websocket_protocol_closes",
+            "WebSocket connections the proxy closed with 1002 (protocol error), by reason "
+            "(unmasked: a client frame without a mask, RFC 6455 section 5.1).",
+            ["reason"],
+            registry=r,
+        )
 
     def hit_cells(self, network: str, method: str) -> tuple[HitCells, HitCells]:
         """The cells one memory hit updates, for a result and for an error (a plan holds both), found

@@ -20,6 +20,7 @@ from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
 from proxy.http.ws_connections import Connection
 from proxy.http.ws_frames import Corked
+from proxy.http.ws_masks import MaskedOnly
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.request_ids import HEADER, IDS, REQUEST_ID
@@ -79,6 +80,7 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
     ws.headers[HEADER] = REQUEST_ID.get() or IDS.of(request.headers.get(HEADER))
+    masks = _masked_only(request, metrics)
     await ws.prepare(request)
 
     loop = asyncio.get_running_loop()
@@ -102,10 +104,11 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     calls = _Calls(ws, connection, session, gateway, account, network, metrics, corked, owed, sized, slots, loop)
 
     try:
-        async for message in ws:
-            if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                continue  # ERROR (e.g. a message over the size limit) ends the loop as aiohttp closes
-            await calls.take(message.data)
+        if masks is None or masks.opened():  # else closed with 1002: what it sent is never read
+            async for message in ws:
+                if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    continue  # ERROR (e.g. a message over the size limit) ends the loop as aiohttp closes
+                await calls.take(message.data)
         if connection.draining:
             # close() from the shutdown hook woke this loop; returning now would drop the
             # connection before the close frame is written.
@@ -121,6 +124,18 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
         app[WEBSOCKETS].discard(connection)
         metrics.ws_connections.dec()
     return ws
+
+
+def _masked_only(request: web.Request, metrics: Metrics) -> MaskedOnly | None:
+    """RFC 6455 section 5.1: a client's frame not masked closes its connection with 1002 (ws_masks.py).
+    None: the connection is gone already (aiohttp's prepare says so)."""
+    transport, peer = request.transport, request.remote
+
+    def unmasked() -> None:
+        metrics.ws_protocol_closes.labels("unmasked").inc()
+        log.debug("closing a WebSocket from %s with 1002: a frame it sent was not masked", peer)
+
+    return None if transport is None else MaskedOnly.install(request.protocol, transport, unmasked)
 
 
 def _no_op() -> None:
