@@ -62,7 +62,7 @@ class Asker:
             and policy.cache is CacheClass.BLOCK
             and _lacks_state(read, answer, doubt)
         ):
-            answer, doubt = await self._state_elsewhere(read, answer, doubt)
+            answer, doubt = await _state_elsewhere(self._reads, read, answer, doubt)
             if doubt in ("state_gone", "unknown_hash"):
                 return answer, doubt  # every upstream that might hold it was asked: served, never kept
         per, head = net.per_upstream, net.tracker.head
@@ -197,47 +197,6 @@ class Asker:
             pass  # down now: the pool's order decides, and a pruned node's error is asked again
         return await self._reads.checked(read, None)
 
-    async def _state_elsewhere(
-        self,
-        read: Read,
-        answer: Answer,
-        doubt: str | None,
-    ) -> tuple[Answer, str | None]:
-        """A node said it has no state at the block asked (a pruned node's error; a null or "header not
-        found" for a final block: _lacks_state): a pruned node is noted as keeping recent state only,
-        and the call goes to each upstream that may still hold it until one answers. When none can,
-        the first node's answer is served (`state_gone`: never kept, X-Cache BYPASS, counted), or, for
-        a block named by hash alone that no node called pruned, `unknown_hash` (a hash none knows)."""
-        net, plan = read.net, read.plan
-        per, need = net.per_upstream, plan.need
-        if per is None:
-            return answer, doubt
-        # A read by hash alone (need None: a block older than the tracker's window) is asked of every
-        # other upstream; a number teaches a pruned node's window, a null or a missing block none.
-        pruned = answer.is_error and state_gone(answer.error)
-        if need is not None and pruned:
-            per.states.state_gone(answer.upstream, need)
-        tried = {answer.upstream}
-        unknown = 0 if pruned else 1  # nodes that know no such block (by hash alone, and none said pruned)
-        while (other := per.states.other_with_state(tried, need)) is not None:
-            if need is None and not pruned and unknown >= UNKNOWN_ENOUGH:
-                break  # a hash no node knows (made up, another fork's): not every upstream is asked
-            tried.add(other)
-            try:
-                retried, again = await self._reads.checked(read, other)
-            except JsonRpcError:
-                continue
-            if retried.is_error and state_gone(retried.error):
-                pruned = True
-                if need is not None:
-                    per.states.state_gone(other, need)
-                continue
-            if _lacks_state(read, retried, again):
-                unknown += 1
-                continue  # an archive node without that block's history: no answer either
-            return retried, again
-        return answer, "state_gone" if need is not None or pruned else "unknown_hash"
-
     async def _shown_at_need(
         self,
         read: Read,
@@ -337,6 +296,48 @@ class Asker:
             # alone): a load balancer's lagging member answers a tag with its own older head. Asked
             # again: the balancer may send it to a member at the head.
         self._reads.refuse(net, "lagging", need)
+
+
+async def _state_elsewhere(
+    reads: Reads,
+    read: Read,
+    answer: Answer,
+    doubt: str | None,
+) -> tuple[Answer, str | None]:
+    """A node said it has no state at the block asked (a pruned node's error; a null or "header not
+    found" for a final block: _lacks_state): a pruned node is noted as keeping recent state only,
+    and the call goes to each upstream that may still hold it until one answers. When none can,
+    the first node's answer is served (`state_gone`: never kept, X-Cache BYPASS, counted), or, for
+    a block named by hash alone that no node called pruned, `unknown_hash` (a hash none knows)."""
+    net, plan = read.net, read.plan
+    per, need = net.per_upstream, plan.need
+    if per is None:
+        return answer, doubt
+    # A read by hash alone (need None: a block older than the tracker's window) is asked of every
+    # other upstream; a number teaches a pruned node's window, a null or a missing block none.
+    pruned = answer.is_error and state_gone(answer.error)
+    if need is not None and pruned:
+        per.states.state_gone(answer.upstream, need)
+    tried = {answer.upstream}
+    unknown = 0 if pruned else 1  # nodes that know no such block (by hash alone, and none said pruned)
+    while (other := per.states.other_with_state(tried, need)) is not None:
+        if need is None and not pruned and unknown >= UNKNOWN_ENOUGH:
+            break  # a hash no node knows (made up, another fork's): not every upstream is asked
+        tried.add(other)
+        try:
+            retried, again = await reads.checked(read, other)
+        except JsonRpcError:
+            continue
+        if retried.is_error and state_gone(retried.error):
+            pruned = True
+            if need is not None:
+                per.states.state_gone(other, need)
+            continue
+        if _lacks_state(read, retried, again):
+            unknown += 1
+            continue  # an archive node without that block's history: no answer either
+        return retried, again
+    return answer, "state_gone" if need is not None or pruned else "unknown_hash"
 
 
 def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.Proof | None:
