@@ -1,12 +1,12 @@
 """Asking upstreams for an answer that can be tied to its cache key: pinned to an upstream that has
-the blocks the answer depends on (per-upstream heads), checked for the fork it comes from, and under
-eth_getLogs' time limit. An upstream that lacks a block is replaced by one that has it; if none does,
-the call fails (-32002) rather than serve what a lagging node or another fork said."""
+the blocks the answer depends on (per-upstream heads), checked for the fork it comes from, and within
+the call's time (one UPSTREAM_TIMEOUT, each upstream asked its share: Reads.share; eth_getLogs' own
+limit). An upstream that lacks a block is replaced by one that has it; if none does, the call fails
+(-32002) rather than serve what a lagging node or another fork said."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
 
 from proxy.chain import proofs
 from proxy.chain.heads import EvmHeadTracker
@@ -17,7 +17,7 @@ from proxy.rpc.jsonrpc import (
     PARSE_ERROR,
     JsonRpcError,
 )
-from proxy.rpc.methods import CacheClass, MethodPolicy
+from proxy.rpc.methods import CacheClass
 from proxy.upstream.replies import block_unknown, state_gone
 from proxy.upstream.sending import too_large
 from proxy.upstream_reads import Read, Reads
@@ -62,7 +62,7 @@ class Asker:
             and policy.cache is CacheClass.BLOCK
             and _lacks_state(read, answer, doubt)
         ):
-            answer, doubt = await self._state_elsewhere(read, answer, doubt)
+            answer, doubt = await _state_elsewhere(self._reads, read, answer, doubt)
             if doubt in ("state_gone", "unknown_hash"):
                 return answer, doubt  # every upstream that might hold it was asked: served, never kept
         per, head = net.per_upstream, net.tracker.head
@@ -130,11 +130,17 @@ class Asker:
             other = per.states.other_with(answer.upstream, plan.need)
             # No other upstream: the pool once more when the tracker knows the block (a load balancer
             # may send it to a member that has it).
-            if other is not None or (
-                plan.need is not None and not plan.tags_resolved and doubt in ("unknown_hash", "unproven", "lagging")
+            timeout = self._reads.share(read, 1)  # None: the call's time is up, nothing asked again
+            if timeout is not None and (
+                other is not None
+                or (
+                    plan.need is not None
+                    and not plan.tags_resolved
+                    and doubt in ("unknown_hash", "unproven", "lagging")
+                )
             ):
                 try:
-                    retried, again = await self._reads.checked(read, other)
+                    retried, again = await self._reads.checked(read, other, timeout)
                 except JsonRpcError:
                     if doubt == "unknown_hash":
                         raise  # a node that may not know the block said not-found; the one that may is down
@@ -153,7 +159,11 @@ class Asker:
             # (A node whose head has the block means its null: no uncle, no transaction at that index.
             # A tag the tracker resolved is asked again as the tag instead: service.py.)
             doubt = "unproven"
-        if doubt == "lagging" and per is not None and await self._reads.caught_up(per, answer.upstream, plan.need):
+        if (
+            doubt == "lagging"
+            and per is not None
+            and await self._reads.caught_up(per, answer.upstream, plan.need, self._reads.share(read, 1))
+        ):
             # Its head had not been seen at the block yet. Asked again beside that block's header
             # when the tracker holds its hash (the head and the answer may be two members' of a load
             # balancer), else served, never stored.
@@ -190,53 +200,14 @@ class Asker:
         return self._reads.checked(read, None)
 
     async def _holder_first(self, read: Read, holder: int) -> tuple[Answer, str | None]:
-        """Upstream `holder`'s answer, asked alone; the pool's when it fails."""
+        """Upstream `holder`'s answer, asked alone; the pool's when it fails (each half the call's time)."""
         try:
-            return await self._reads.checked(read, holder)
+            return await self._reads.checked(read, holder, self._reads.share(read, 2))
         except JsonRpcError:
-            pass  # down now: the pool's order decides, and a pruned node's error is asked again
-        return await self._reads.checked(read, None)
-
-    async def _state_elsewhere(
-        self,
-        read: Read,
-        answer: Answer,
-        doubt: str | None,
-    ) -> tuple[Answer, str | None]:
-        """A node said it has no state at the block asked (a pruned node's error; a null or "header not
-        found" for a final block: _lacks_state): a pruned node is noted as keeping recent state only,
-        and the call goes to each upstream that may still hold it until one answers. When none can,
-        the first node's answer is served (`state_gone`: never kept, X-Cache BYPASS, counted), or, for
-        a block named by hash alone that no node called pruned, `unknown_hash` (a hash none knows)."""
-        net, plan = read.net, read.plan
-        per, need = net.per_upstream, plan.need
-        if per is None:
-            return answer, doubt
-        # A read by hash alone (need None: a block older than the tracker's window) is asked of every
-        # other upstream; a number teaches a pruned node's window, a null or a missing block none.
-        pruned = answer.is_error and state_gone(answer.error)
-        if need is not None and pruned:
-            per.states.state_gone(answer.upstream, need)
-        tried = {answer.upstream}
-        unknown = 0 if pruned else 1  # nodes that know no such block (by hash alone, and none said pruned)
-        while (other := per.states.other_with_state(tried, need)) is not None:
-            if need is None and not pruned and unknown >= UNKNOWN_ENOUGH:
-                break  # a hash no node knows (made up, another fork's): not every upstream is asked
-            tried.add(other)
-            try:
-                retried, again = await self._reads.checked(read, other)
-            except JsonRpcError:
-                continue
-            if retried.is_error and state_gone(retried.error):
-                pruned = True
-                if need is not None:
-                    per.states.state_gone(other, need)
-                continue
-            if _lacks_state(read, retried, again):
-                unknown += 1
-                continue  # an archive node without that block's history: no answer either
-            return retried, again
-        return answer, "state_gone" if need is not None or pruned else "unknown_hash"
+            # Down now: the pool's order decides, and a pruned node's error is asked again.
+            if (timeout := self._reads.share(read, 1)) is None:
+                raise  # the call's time is up
+        return await self._reads.checked(read, None, timeout)
 
     async def _shown_at_need(
         self,
@@ -253,10 +224,20 @@ class Asker:
         per = net.per_upstream
         assert per is not None
         index = per.states.other_with(answer.upstream, plan.need)
-        for _ in range(ASK_AGAIN):
+        for tries_left in range(ASK_AGAIN, 0, -1):
+            if (timeout := self._reads.share(read, tries_left)) is None:
+                break  # the call's time is up: as when no try showed the block
             try:
                 retried = await self._reads.ask(
-                    net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
+                    net,
+                    method,
+                    forward,
+                    policy,
+                    deadline,
+                    ask=index,
+                    check=plan.check_results,
+                    proof=proof[0],
+                    timeout=timeout,
                 )
             except JsonRpcError as error:
                 if too_large(error):
@@ -288,9 +269,11 @@ class Asker:
         per = net.per_upstream
         assert per is not None
         index = per.states.other_with(behind, latest)
-        for _ in range(ASK_AGAIN):
+        for tries_left in range(ASK_AGAIN, 0, -1):
+            if (timeout := self._reads.share(read, tries_left)) is None:
+                break  # the call's time is up: as when no try reached the head
             try:
-                retried, again = await self._reads.checked(read, index)
+                retried, again = await self._reads.checked(read, index, timeout)
             except JsonRpcError:
                 retried, again = None, "failed"
             index = None
@@ -302,24 +285,20 @@ class Asker:
                 return retried, again
         self._reads.refuse(net, "lagging", latest)
 
-    async def ask_as_tag(
-        self,
-        net: NetworkRuntime,
-        method: str,
-        params: Any,
-        policy: MethodPolicy,
-        deadline: float | None,
-        need: int | None,
-    ) -> Answer:
-        """A call asked with the caller's tag (its resolved block was not shown), beside the node's
-        latest block in the same batch. Refused when that node is behind the block the tag stood for
-        (so `latest` never goes backwards for a client) or its latest block is an older one of the
-        tracker's window, or one the tracker saw replaced (a load balancer's lagging member)."""
-        head = net.tracker.head
-        per = net.per_upstream
+    async def ask_as_tag(self, read: Read) -> Answer:
+        """A call asked with the caller's tag (its resolved block was not shown: `read` holds the
+        caller's params), beside the node's latest block in the same batch. Refused when that node is
+        behind the block the tag stood for (so `latest` never goes backwards for a client) or its
+        latest block is an older one of the tracker's window, or one the tracker saw replaced (a load
+        balancer's lagging member), or when the call's time is up first."""
+        net, method, params, policy, plan, deadline = read
+        need, head, per = plan.need, net.tracker.head, net.per_upstream
         proof = ("latest", head.latest_hash, True) if head is not None and per is not None else None
-        for _ in range(ASK_AGAIN):
-            answer = await self._reads.ask(net, method, params, policy, deadline, proof=proof[0] if proof else None)
+        for tries_left in range(ASK_AGAIN, 0, -1):
+            if (timeout := self._reads.share(read, tries_left)) is None:
+                break
+            block = proof[0] if proof else None
+            answer = await self._reads.ask(net, method, params, policy, deadline, proof=block, timeout=timeout)
             if proof is None or answer.unbatched:
                 # No block can come beside it: judged by the node's head as last polled.
                 if (
@@ -337,6 +316,52 @@ class Asker:
             # alone): a load balancer's lagging member answers a tag with its own older head. Asked
             # again: the balancer may send it to a member at the head.
         self._reads.refuse(net, "lagging", need)
+
+
+async def _state_elsewhere(
+    reads: Reads,
+    read: Read,
+    answer: Answer,
+    doubt: str | None,
+) -> tuple[Answer, str | None]:
+    """A node said it has no state at the block asked (a pruned node's error; a null or "header not
+    found" for a final block: _lacks_state): a pruned node is noted as keeping recent state only,
+    and the call goes to each upstream that may still hold it until one answers. When none can,
+    the first node's answer is served (`state_gone`: never kept, X-Cache BYPASS, counted), or, for
+    a block named by hash alone that no node called pruned, `unknown_hash` (a hash none knows)."""
+    net, plan = read.net, read.plan
+    per, need = net.per_upstream, plan.need
+    if per is None:
+        return answer, doubt
+    # A read by hash alone (need None: a block older than the tracker's window) is asked of every
+    # other upstream; a number teaches a pruned node's window, a null or a missing block none.
+    pruned = answer.is_error and state_gone(answer.error)
+    if need is not None and pruned:
+        per.states.state_gone(answer.upstream, need)
+    tried = {answer.upstream}
+    unknown = 0 if pruned else 1  # nodes that know no such block (by hash alone, and none said pruned)
+    while others := per.states.others_with_state(tried, need):
+        if need is None and not pruned and unknown >= UNKNOWN_ENOUGH:
+            break  # a hash no node knows (made up, another fork's): not every upstream is asked
+        # Each its share of what is left of the call's time, so stalled nodes leave time for the rest.
+        if (timeout := reads.share(read, len(others))) is None:
+            break  # the call's time is up: as when none could answer
+        other = others[0]
+        tried.add(other)
+        try:
+            retried, again = await reads.checked(read, other, timeout)
+        except JsonRpcError:
+            continue
+        if retried.is_error and state_gone(retried.error):
+            pruned = True
+            if need is not None:
+                per.states.state_gone(other, need)
+            continue
+        if _lacks_state(read, retried, again):
+            unknown += 1
+            continue  # an archive node without that block's history: no answer either
+        return retried, again
+    return answer, "state_gone" if need is not None or pruned else "unknown_hash"
 
 
 def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.Proof | None:

@@ -55,14 +55,14 @@ class Fetcher:
         """A miss: ask upstream and keep the answer if it belongs to its key, X-Verified told on it.
         (answer, tied): `tied` is False when the answer could not be tied to the key's block (it is
         served as BYPASS). Every return tells X-Verified (_told): no layer of its own around this."""
-        deadline = self._reads.deadline(policy) if policy.limits_logs else None  # eth_getLogs' alone
+        deadline = self._reads.deadline(policy)  # the whole call's: asked again as the tag included
         answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if plan.tags_resolved and (kind in ("null", "error") or doubt == TAG_UNPROVEN):
             # The node may not know the resolved block yet (it lags the tracker): ask again
             # with the caller's tag, and keep nothing, since that answer has no fixed block.
             original = substitute(params, {id(r): r.encode() for r in refs})
-            tagged = await self._asker.ask_as_tag(net, method, original, policy, deadline, plan.need)
+            tagged = await self._asker.ask_as_tag(Read(net, method, original, policy, plan, deadline))
             return _told(net, plan, tagged), False
         # A null about a block hash (its node may lack the block) that a proof can show is the block's.
         provable_null = (

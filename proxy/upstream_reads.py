@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, NamedTuple, NoReturn
 
 from proxy.chain import pinning, proofs
@@ -16,6 +17,7 @@ from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import MethodPolicy
 from proxy.upstream.pool import PerUpstream
+from proxy.upstream.sending import attempt_share
 from proxy.values import Answer, Plan
 
 CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
@@ -23,14 +25,14 @@ CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on a
 
 class Read(NamedTuple):
     """One read as the flow asks it of upstreams: its network, the method and params that go
-    upstream, its policy, its plan for the head, and when it must be answered (eth_getLogs' deadline)."""
+    upstream, its policy, its plan for the head, and when it must be answered (loop time: Reads.deadline)."""
 
     net: NetworkRuntime
     method: str
     forward: Any
     policy: MethodPolicy
     plan: Plan
-    deadline: float | None
+    deadline: float
 
 
 class Reads:
@@ -39,9 +41,23 @@ class Reads:
         self._metrics = metrics
         self._check_results = check_results
 
-    def deadline(self, policy: MethodPolicy) -> float | None:
-        """When the call must have its answer (loop time): eth_getLogs' limit holds per call, retries included."""
-        return asyncio.get_running_loop().time() + self._settings.getlogs_timeout if policy.limits_logs else None
+    def deadline(self, policy: MethodPolicy) -> float:
+        """When the call must have its answer (loop time), every upstream asked and asked again included:
+        UPSTREAM_TIMEOUT from now, or eth_getLogs' own limit (GETLOGS_TIMEOUT)."""
+        limit = self._settings.getlogs_timeout if policy.limits_logs else self._settings.upstream_timeout
+        return asyncio.get_running_loop().time() + limit
+
+    def share(self, read: Read, attempts_left: int) -> float | None:
+        """The next upstream call's timeout: its share of what is left of the read's time, split evenly
+        over the `attempts_left` calls it may still make, or UPSTREAM_ATTEMPT_TIMEOUT (docs/caching.md
+        "Failover within budget"); None once the time has passed: no upstream is asked again. An
+        eth_getLogs call is bounded by its own deadline instead (_ask_logs: -32005 once it passes)."""
+        if read.policy.limits_logs:
+            return self._settings.getlogs_timeout + 1  # as _ask_logs': the deadline decides
+        remaining = read.deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return None
+        return attempt_share(remaining, attempts_left, self._settings.upstream_attempt_timeout)
 
     def ask(
         self,
@@ -54,19 +70,24 @@ class Reads:
         ask: int | None = None,
         check: bool = True,
         proof: str | None = None,
+        timeout: float | None = None,
     ) -> Awaitable[Answer]:
         """One call upstream (to upstream `ask` alone if given), under eth_getLogs' limits. `check` is
         False for a piece of a chunked call: the result limit holds over the merged answer instead.
-        `proof`: the block whose hash the same node reports beside the answer (proofs.py). Without
-        eth_getLogs' limits, the upstream's own call is returned: no layer of its own around it."""
+        `proof`: the block whose hash the same node reports beside the answer (proofs.py). `timeout`:
+        the call's share of the read's time (share()), else UPSTREAM_TIMEOUT (eth_getLogs: its
+        deadline). Without eth_getLogs' limits, the upstream's own call is returned: no layer of its
+        own around it."""
         per = net.per_upstream
         if not policy.limits_logs:
-            if proof is not None and per is not None:
-                timeout = self._settings.upstream_timeout if ask is not None else None
-                return per.proven(method, params, proof, index=ask, timeout=timeout)
             if ask is not None and per is not None:
-                return per.ask(ask, method, params, timeout=self._settings.upstream_timeout)
-            return net.upstream.request(method, params)
+                alone = self._settings.upstream_timeout if timeout is None else timeout
+                if proof is not None:
+                    return per.proven(method, params, proof, index=ask, timeout=alone)
+                return per.ask(ask, method, params, timeout=alone)
+            if proof is not None and per is not None:
+                return per.proven(method, params, proof, timeout=timeout)  # the pool's: auto-batched without one
+            return net.upstream.request(method, params, timeout=timeout)
         return self._ask_logs(net, method, params, policy, deadline, ask, check, proof)
 
     async def _ask_logs(
@@ -138,8 +159,10 @@ class Reads:
         self,
         read: Read,
         index: int | None,
+        timeout: float | None = None,
     ) -> tuple[Answer, str | None]:
-        """Ask (upstream `index` alone, or the pool) and judge whether the answer belongs to the plan's key."""
+        """Ask (upstream `index` alone, or the pool; within `timeout` seconds if given: share()) and
+        judge whether the answer belongs to the plan's key."""
         net, method, forward, policy, plan, deadline = read
         end_answer = None
         per = net.per_upstream
@@ -149,25 +172,22 @@ class Reads:
             # The pinned block's header costs a call: asked only of an upstream other than the one
             # the tracker took the block from (a backup, which may be on another fork).
             deferred, proof = proof, None
+        asked = partial(self.ask, net, method, forward, policy, deadline, check=plan.check_results, timeout=timeout)
         if proof is not None:
-            answer = await self.ask(
-                net, method, forward, policy, deadline, ask=index, check=plan.check_results, proof=proof[0]
-            )
+            answer = await asked(ask=index, proof=proof[0])
         elif plan.check_end is not None:
             # A range above finalized: the node reports the range's last block in the same batch.
             answer, end_answer = await self._with_range_end(
                 net, method, forward, policy, plan.check_end[0], deadline, check=plan.check_results, index=index
             )
         elif index is not None and net.per_upstream is not None:
-            answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=plan.check_results)
+            answer = await asked(ask=index)
         else:
-            answer = await self.ask(net, method, forward, policy, deadline, check=plan.check_results)
+            answer = await asked()
         head = net.tracker.head
         if deferred is not None and answer.upstream >= 0 and (head is None or head.source != answer.upstream):
             proof = deferred
-            answer = await self.ask(
-                net, method, forward, policy, deadline, ask=answer.upstream, check=plan.check_results, proof=proof[0]
-            )
+            answer = await asked(ask=answer.upstream, proof=proof[0])
         if per is None or answer.upstream < 0:
             return answer, None
         if not per.states.vouches(answer.upstream, None):
@@ -203,13 +223,14 @@ class Reads:
             return answer, "fork"
         return answer, None
 
-    async def caught_up(self, per: PerUpstream, index: int, need: int | None) -> bool:
-        """Ask upstream `index` for its head now: has it reached block `need`? (It may have passed
-        the proxy's last look at it, e.g. a block just mined and not polled yet.)"""
-        if need is None or index < 0:
+    async def caught_up(self, per: PerUpstream, index: int, need: int | None, timeout: float | None) -> bool:
+        """Ask upstream `index` for its head now, within `timeout` (share(); None: no time is left): has
+        it reached block `need`? (It may have passed the proxy's last look at it, e.g. a block just
+        mined and not polled yet.)"""
+        if need is None or index < 0 or timeout is None:
             return False
         try:
-            answer = await per.ask(index, "eth_blockNumber", [], timeout=self._settings.upstream_timeout)
+            answer = await per.ask(index, "eth_blockNumber", [], timeout=timeout)
             number = int(answer.result, 16) if isinstance(answer.result, str) else -1
         except (JsonRpcError, ValueError):
             return False

@@ -4,6 +4,7 @@ answer while another upstream can give one. Every answer is counted against the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -427,6 +428,105 @@ async def test_a_null_for_old_state_is_never_kept_as_the_final_blocks_answer(
         assert len(relay.refused) == 2
 
 
+@dataclass
+class StalledRelay:
+    """A node that takes a state read and never answers it (a stalled node, a hung load balancer);
+    everything else (head polls, identity probes) is the node's. Answered once `release` is set."""
+
+    target: str
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    stalled: int = 0  # state reads taken and held
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        payload = json.loads(await request.read())
+        calls = payload if isinstance(payload, list) else [payload]
+        if any(call.get("method") in STATE_BLOCK_AT for call in calls):
+            self.stalled += 1
+            await self.release.wait()
+        async with aiohttp.ClientSession() as session, session.post(self.target, json=payload) as resp:
+            return web.json_response(await resp.json())
+
+
+@contextlib.asynccontextmanager
+async def stalled_beside(
+    node: Anvil, first: PrunedRelay, count: int, archive_last: bool
+) -> AsyncIterator[tuple[Proxy, list[StalledRelay]]]:
+    """A proxy whose upstreams are `first`, `count` stalled nodes and (if `archive_last`) the archive
+    node, every head known, UPSTREAM_TIMEOUT=2."""
+    stalled = [StalledRelay(node.url) for _ in range(count)]
+    async with contextlib.AsyncExitStack() as stack:
+        first.url = await stack.enter_async_context(serving(first.handle))
+        for relay in stalled:
+            relay.url = await stack.enter_async_context(serving(relay.handle))
+            stack.callback(relay.release.set)  # before its server closes: nothing is left held
+        urls = [first.url, *(r.url for r in stalled), *([node.url] if archive_last else [])]
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=",".join(urls), UPSTREAM_TIMEOUT=str(DEADLINE)))
+        stack.push_async_callback(proxy.close)
+        per = proxy.app[SERVICE].networks["evm"].per_upstream
+        assert per is not None
+
+        async def known() -> bool:
+            return all(per.states.latest[i] >= HEAD and per.states.verified[i] for i in range(len(urls)))
+
+        await eventually(known, 15, "every upstream's head to be known")
+        yield proxy, stalled
+
+
+DEADLINE = 2.0  # UPSTREAM_TIMEOUT in the tests below
+# Within one UPSTREAM_TIMEOUT, with room for a busy machine; a walk at a whole UPSTREAM_TIMEOUT per
+# stalled node (three of them) takes three.
+WITHIN_BUDGET = 1.5 * DEADLINE + 1
+
+
+@pytest.mark.parametrize("words", ["geth", "null"])
+async def test_the_walk_for_old_state_past_stalled_upstreams_ends_within_one_upstream_timeout(
+    archive: tuple[Anvil, str, list[int]],
+    words: str,
+) -> None:
+    """Failover within budget: a pruned node's error (or a null) for a final block's state sends the
+    call on to each upstream that may hold it, each attempt its share of what is left of one
+    UPSTREAM_TIMEOUT, so three stalled nodes still leave time for the archive node: the call ends
+    within the budget, with the archive's answer (or, had its share run out, the first node's,
+    served as state_gone)."""
+    node, address, marks = archive
+    read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
+    async with stalled_beside(node, PrunedRelay(node.url, words), 3, archive_last=True) as (proxy, stalled):
+        started = time.monotonic()
+        status, body, headers = await proxy.post(read)
+        elapsed = time.monotonic() - started
+        assert elapsed < WITHIN_BUDGET, elapsed
+        assert status == 200, body
+        if body.get("result") != node.rpc("eth_getStorageAt", address, "0x0", hex(marks[0])):
+            assert headers["X-Cache"] == "BYPASS", body  # no share left for the archive: the first node's
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 1
+        assert sum(r.stalled for r in stalled) >= 1
+
+
+@pytest.mark.parametrize("words", ["geth", "null"])
+async def test_old_state_no_upstream_answers_in_time_is_served_as_state_gone_within_one_upstream_timeout(
+    archive: tuple[Anvil, str, list[int]],
+    words: str,
+) -> None:
+    """When the call's UPSTREAM_TIMEOUT passes with no upstream's answer (every other one stalled),
+    the rule for none answering holds: the first node's answer, served uncached (BYPASS) and counted
+    as state_gone, within the budget: never a hang nor a 500."""
+    node, address, marks = archive
+    read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
+    async with stalled_beside(node, PrunedRelay(node.url, words), 3, archive_last=False) as (proxy, stalled):
+        started = time.monotonic()
+        status, body, headers = await proxy.post(read)
+        elapsed = time.monotonic() - started
+        assert elapsed < WITHIN_BUDGET, elapsed
+        assert status == 200 and headers["X-Cache"] == "BYPASS", body
+        if words == "null":
+            assert body.get("result") is None and "error" not in body, body
+        else:
+            assert "missing trie node" in body["error"]["message"], body
+        assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 1
+        assert sum(r.stalled for r in stalled) >= 1
+
+
 # --- a node still syncing beside a synced one --------------------------------------------------
 
 LIVE_HEAD = 751
@@ -731,6 +831,45 @@ async def test_a_log_range_past_the_head_is_served_only_from_a_node_that_shows_t
             assert status == 502 and reply["error"]["code"] == -32002, reply
         finally:
             await proxy.close()
+
+
+async def test_a_fee_read_asked_again_past_a_stalled_balancer_member_is_refused_within_one_upstream_timeout(
+    live_and_lagging: tuple[Anvil, Anvil],
+) -> None:
+    """Failover within budget: a balancer's lagging member answers a fee read beside a head below the
+    tracker's, and every try asked again for a node at the head (5 at most) reaches a stalled member:
+    each try has its share of one UPSTREAM_TIMEOUT, not one each, and the call fails with -32002 (the
+    rule when no node at the head answers) within it."""
+    live, lagging = live_and_lagging
+    release = asyncio.Event()
+    asked = {"armed": False, "fees": 0}
+
+    async def stall(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({})
+
+    async with serving(stall) as stalled:
+
+        def route(calls: list[dict[str, Any]]) -> str:
+            if asked["armed"] and any(c.get("method") == "eth_gasPrice" for c in calls):
+                asked["fees"] += 1
+                return lagging.url if asked["fees"] == 1 else stalled
+            return live.url
+
+        async with balancer(route) as url:
+            proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, UPSTREAM_TIMEOUT=str(DEADLINE)))
+            try:
+                await proxy.head_at(live.block_number())
+                asked["armed"] = True
+                started = time.monotonic()
+                status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_gasPrice", "params": []})
+                elapsed = time.monotonic() - started
+                assert elapsed < WITHIN_BUDGET, (elapsed, asked)
+                assert status == 502 and body["error"]["code"] == -32002, body
+                assert asked["fees"] >= 2  # asked again, of the stalled member
+            finally:
+                release.set()
+                await proxy.close()
 
 
 async def test_a_backup_ahead_on_another_fork_is_not_followed_while_the_primary_lags() -> None:

@@ -283,7 +283,8 @@ class HttpUpstream(Sender):
         if items is None:
             # A node that does not take batches: each call asked alone, unproven (proof None). A header
             # asked alone would prove nothing of the call: a load balancer may send them to different members.
-            alone = await asyncio.gather(*(self._single(m, p, None) for m, p in sent[:count]))
+            # Within the call's own timeout (a share of a read's time) if it has one.
+            alone = await asyncio.gather(*(self._single(m, p, timeout) for m, p in sent[:count]))
             for answer in alone:
                 answer.unbatched = True
             return alone

@@ -41,6 +41,14 @@ def too_large(error: JsonRpcError) -> bool:
     return error.code == LIMIT_EXCEEDED and error.message.startswith(TOO_LARGE)
 
 
+def attempt_share(remaining: float, attempts_left: int, attempt_timeout: float | None) -> float:
+    """One attempt's share of what is left of a call's budget (UPSTREAM_TIMEOUT): split evenly over the
+    attempts left to make, or UPSTREAM_ATTEMPT_TIMEOUT, so a slow primary still leaves time for the backup."""
+    if attempt_timeout is not None:
+        return min(remaining, attempt_timeout)
+    return max(remaining, 0.001) / max(attempts_left, 1)
+
+
 @dataclass(slots=True)
 class Attempts:
     """One call's tries across upstreams: what failed, and whether any node got the call."""
@@ -377,7 +385,7 @@ class Sender:
             if tried:
                 self._metrics.upstreams.failovers.labels(self.network).inc()
             tried += 1
-            share = self._attempt_budget(deadline - time.monotonic(), len(pending) + 1)
+            share = attempt_share(deadline - time.monotonic(), len(pending) + 1, self._attempt_timeout)
             try:
                 if hedge and self._hedge_after is not None and pending:
                     won = await self._hedged(index, slot, pending, body, share, check, attempts, max_reply, methods)
@@ -412,9 +420,3 @@ class Sender:
             http_status=502,
             reached=attempts.reached,
         )
-
-    def _attempt_budget(self, remaining: float, upstreams_left: int) -> float:
-        """One attempt's share of the call's budget: a slow primary still leaves time for the backup."""
-        if self._attempt_timeout is not None:
-            return min(remaining, self._attempt_timeout)
-        return max(remaining, 0.001) / upstreams_left

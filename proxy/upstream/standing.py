@@ -158,9 +158,16 @@ class UpstreamStates:
         """An upstream not in `tried`, in rotation, verified, with block `number` and its state: the
         first declared."""
         for i in range(self.size):
-            if i not in tried and self.in_rotation(i) and self.vouches(i, number) and self.holds_state(i, number):
+            if i not in tried and self._has_state(i, number):
                 return i
         return None
+
+    def others_with_state(self, tried: Collection[int], number: int | None) -> list[int]:
+        """Every upstream other_with_state could give, in declared order."""
+        return [i for i in range(self.size) if i not in tried and self._has_state(i, number)]
+
+    def _has_state(self, index: int, number: int | None) -> bool:
+        return self.in_rotation(index) and self.vouches(index, number) and self.holds_state(index, number)
 
     def went_back(self, index: int) -> bool:
         """Its head was once seen lower than before (not merely not yet seen steady)."""
