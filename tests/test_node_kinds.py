@@ -479,6 +479,24 @@ DEADLINE = 2.0  # UPSTREAM_TIMEOUT in the tests below
 WITHIN_BUDGET = 1.5 * DEADLINE + 1
 
 
+@contextlib.asynccontextmanager
+async def _old_state_within_budget(
+    archive: tuple[Anvil, str, list[int]], words: str, *, archive_last: bool
+) -> AsyncIterator[tuple[Proxy, int, Any, Any]]:
+    """The archive's final-block storage read through a pruned (or null) node, three stalled ones and
+    (`archive_last`) the archive, timed from outside: it ends within WITHIN_BUDGET, a stalled node
+    asked. Yields the proxy and the answer (status, body, headers)."""
+    node, address, marks = archive
+    read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
+    async with stalled_beside(node, PrunedRelay(node.url, words), 3, archive_last=archive_last) as (proxy, stalled):
+        started = time.monotonic()
+        status, body, headers = await proxy.post(read)
+        elapsed = time.monotonic() - started
+        assert elapsed < WITHIN_BUDGET, elapsed
+        assert sum(r.stalled for r in stalled) >= 1
+        yield proxy, status, body, headers
+
+
 @pytest.mark.parametrize("words", ["geth", "null"])
 async def test_the_walk_for_old_state_past_stalled_upstreams_ends_within_one_upstream_timeout(
     archive: tuple[Anvil, str, list[int]],
@@ -490,17 +508,11 @@ async def test_the_walk_for_old_state_past_stalled_upstreams_ends_within_one_ups
     within the budget, with the archive's answer (or, had its share run out, the first node's,
     served as state_gone)."""
     node, address, marks = archive
-    read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
-    async with stalled_beside(node, PrunedRelay(node.url, words), 3, archive_last=True) as (proxy, stalled):
-        started = time.monotonic()
-        status, body, headers = await proxy.post(read)
-        elapsed = time.monotonic() - started
-        assert elapsed < WITHIN_BUDGET, elapsed
+    async with _old_state_within_budget(archive, words, archive_last=True) as (proxy, status, body, headers):
         assert status == 200, body
         if body.get("result") != node.rpc("eth_getStorageAt", address, "0x0", hex(marks[0])):
             assert headers["X-Cache"] == "BYPASS", body  # no share left for the archive: the first node's
             assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 1
-        assert sum(r.stalled for r in stalled) >= 1
 
 
 @pytest.mark.parametrize("words", ["geth", "null"])
@@ -511,20 +523,13 @@ async def test_old_state_no_upstream_answers_in_time_is_served_as_state_gone_wit
     """When the call's UPSTREAM_TIMEOUT passes with no upstream's answer (every other one stalled),
     the rule for none answering holds: the first node's answer, served uncached (BYPASS) and counted
     as state_gone, within the budget: never a hang nor a 500."""
-    node, address, marks = archive
-    read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
-    async with stalled_beside(node, PrunedRelay(node.url, words), 3, archive_last=False) as (proxy, stalled):
-        started = time.monotonic()
-        status, body, headers = await proxy.post(read)
-        elapsed = time.monotonic() - started
-        assert elapsed < WITHIN_BUDGET, elapsed
+    async with _old_state_within_budget(archive, words, archive_last=False) as (proxy, status, body, headers):
         assert status == 200 and headers["X-Cache"] == "BYPASS", body
         if words == "null":
             assert body.get("result") is None and "error" not in body, body
         else:
             assert "missing trie node" in body["error"]["message"], body
         assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 1
-        assert sum(r.stalled for r in stalled) >= 1
 
 
 # --- a node still syncing beside a synced one --------------------------------------------------
