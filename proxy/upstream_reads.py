@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any, NamedTuple, NoReturn
 
 from proxy.chain import pinning, proofs
@@ -172,22 +171,26 @@ class Reads:
             # The pinned block's header costs a call: asked only of an upstream other than the one
             # the tracker took the block from (a backup, which may be on another fork).
             deferred, proof = proof, None
-        asked = partial(self.ask, net, method, forward, policy, deadline, check=plan.check_results, timeout=timeout)
+        check = plan.check_results
         if proof is not None:
-            answer = await asked(ask=index, proof=proof[0])
+            answer = await self.ask(
+                net, method, forward, policy, deadline, ask=index, check=check, proof=proof[0], timeout=timeout
+            )
         elif plan.check_end is not None:
             # A range above finalized: the node reports the range's last block in the same batch.
             answer, end_answer = await self._with_range_end(
                 net, method, forward, policy, plan.check_end[0], deadline, check=plan.check_results, index=index
             )
         elif index is not None and net.per_upstream is not None:
-            answer = await asked(ask=index)
+            answer = await self.ask(net, method, forward, policy, deadline, ask=index, check=check, timeout=timeout)
         else:
-            answer = await asked()
+            answer = await self.ask(net, method, forward, policy, deadline, check=check, timeout=timeout)
         head = net.tracker.head
         if deferred is not None and answer.upstream >= 0 and (head is None or head.source != answer.upstream):
-            proof = deferred
-            answer = await asked(ask=answer.upstream, proof=proof[0])
+            index, proof = answer.upstream, deferred
+            answer = await self.ask(
+                net, method, forward, policy, deadline, ask=index, check=check, proof=proof[0], timeout=timeout
+            )
         if per is None or answer.upstream < 0:
             return answer, None
         if not per.states.vouches(answer.upstream, None):
