@@ -10,11 +10,13 @@ from collections.abc import Awaitable
 
 from proxy.chain import proofs
 from proxy.chain.heads import EvmHeadTracker
+from proxy.hedging import Walk
 from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import (
     EXECUTION_REVERTED,
     INVALID_REQUEST,
     PARSE_ERROR,
+    UPSTREAM_UNAVAILABLE,
     JsonRpcError,
 )
 from proxy.rpc.methods import CacheClass
@@ -38,6 +40,8 @@ ANSWERS_TO_THE_REQUEST = frozenset({EXECUTION_REVERTED, INVALID_REQUEST, PARSE_E
 
 # Tries for an answer shown at the block it needs when a node behind answered first (one URL may be a
 # load balancer whose member far behind takes a share of the calls: each try may reach another member).
+# Each try may take what is left of the call's time: a slow member at the head still answers, and a
+# stalled one ends the call at its deadline.
 ASK_AGAIN = 5
 
 
@@ -200,14 +204,34 @@ class Asker:
         return self._reads.checked(read, None)
 
     async def _holder_first(self, read: Read, holder: int) -> tuple[Answer, str | None]:
-        """Upstream `holder`'s answer, asked alone; the pool's when it fails (each half the call's time)."""
-        try:
-            return await self._reads.checked(read, holder, self._reads.share(read, 2))
-        except JsonRpcError:
-            # Down now: the pool's order decides, and a pruned node's error is asked again.
-            if (timeout := self._reads.share(read, 1)) is None:
-                raise  # the call's time is up
-        return await self._reads.checked(read, None, timeout)
+        """Upstream `holder`'s answer, asked alone; the pool's (whose order decides, and which asks a
+        pruned node's error again) when it fails, or beside it once it has had half the call's time
+        (hedging.py): a stalled holder leaves time for the rest, a slow one is not cut off."""
+        attempts: list[int | None] = [holder, None]
+        failed: list[JsonRpcError] = []
+
+        def start(timeout: float) -> Awaitable[tuple[Answer, str | None]] | None:
+            return self._reads.checked(read, attempts.pop(0), timeout) if attempts else None
+
+        def judge(outcome: tuple[Answer, str | None] | BaseException) -> tuple[Answer, str | None] | None:
+            if isinstance(outcome, JsonRpcError):
+                failed.append(outcome)
+                return None
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        found = await Walk(start, lambda: len(attempts), judge, read.deadline).run()
+        if found is not None:
+            return found
+        if failed:
+            raise failed[-1]  # the pool's failure (or the holder's, when the time was up before the pool's)
+        budget = self._reads.budget(read.policy)
+        raise JsonRpcError(
+            UPSTREAM_UNAVAILABLE,
+            f"upstream timeout: network '{read.net.name}' did not answer in {budget:g}s",
+            http_status=504,
+        )
 
     async def _shown_at_need(
         self,
@@ -224,8 +248,8 @@ class Asker:
         per = net.per_upstream
         assert per is not None
         index = per.states.other_with(answer.upstream, plan.need)
-        for tries_left in range(ASK_AGAIN, 0, -1):
-            if (timeout := self._reads.share(read, tries_left)) is None:
+        for _ in range(ASK_AGAIN):
+            if (timeout := self._reads.share(read, 1)) is None:
                 break  # the call's time is up: as when no try showed the block
             try:
                 retried = await self._reads.ask(
@@ -269,8 +293,8 @@ class Asker:
         per = net.per_upstream
         assert per is not None
         index = per.states.other_with(behind, latest)
-        for tries_left in range(ASK_AGAIN, 0, -1):
-            if (timeout := self._reads.share(read, tries_left)) is None:
+        for _ in range(ASK_AGAIN):
+            if (timeout := self._reads.share(read, 1)) is None:
                 break  # the call's time is up: as when no try reached the head
             try:
                 retried, again = await self._reads.checked(read, index, timeout)
@@ -294,8 +318,8 @@ class Asker:
         net, method, params, policy, plan, deadline = read
         need, head, per = plan.need, net.tracker.head, net.per_upstream
         proof = ("latest", head.latest_hash, True) if head is not None and per is not None else None
-        for tries_left in range(ASK_AGAIN, 0, -1):
-            if (timeout := self._reads.share(read, tries_left)) is None:
+        for _ in range(ASK_AGAIN):
+            if (timeout := self._reads.share(read, 1)) is None:
                 break
             block = proof[0] if proof else None
             answer = await self._reads.ask(net, method, params, policy, deadline, proof=block, timeout=timeout)
@@ -338,29 +362,43 @@ async def _state_elsewhere(
     pruned = answer.is_error and state_gone(answer.error)
     if need is not None and pruned:
         per.states.state_gone(answer.upstream, need)
-    tried = {answer.upstream}
+    states, tried = per.states, {answer.upstream}
     unknown = 0 if pruned else 1  # nodes that know no such block (by hash alone, and none said pruned)
-    while others := per.states.others_with_state(tried, need):
+
+    def others() -> list[int]:
         if need is None and not pruned and unknown >= UNKNOWN_ENOUGH:
-            break  # a hash no node knows (made up, another fork's): not every upstream is asked
-        # Each its share of what is left of the call's time, so stalled nodes leave time for the rest.
-        if (timeout := reads.share(read, len(others))) is None:
-            break  # the call's time is up: as when none could answer
-        other = others[0]
-        tried.add(other)
-        try:
-            retried, again = await reads.checked(read, other, timeout)
-        except JsonRpcError:
-            continue
+            return []  # a hash no node knows (made up, another fork's): not every upstream is asked
+        return states.others_with_state(tried, need)
+
+    def start(timeout: float) -> Awaitable[tuple[Answer, str | None]] | None:
+        left = others()
+        if not left:
+            return None
+        tried.add(left[0])
+        return reads.checked(read, left[0], timeout)
+
+    def judge(outcome: tuple[Answer, str | None] | BaseException) -> tuple[Answer, str | None] | None:
+        nonlocal pruned, unknown
+        if isinstance(outcome, JsonRpcError):
+            return None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        retried, again = outcome
         if retried.is_error and state_gone(retried.error):
             pruned = True
             if need is not None:
-                per.states.state_gone(other, need)
-            continue
+                states.state_gone(retried.upstream, need)
+            return None
         if _lacks_state(read, retried, again):
             unknown += 1
-            continue  # an archive node without that block's history: no answer either
+            return None  # an archive node without that block's history: no answer either
         return retried, again
+
+    # Each node may take until the call's deadline, and once it has had its share of the time left the
+    # next starts beside it: stalled nodes leave time for the rest, a slow archive is not cut off.
+    found = await Walk(start, lambda: len(others()), judge, read.deadline).run()
+    if found is not None:
+        return found
     return answer, "state_gone" if need is not None or pruned else "unknown_hash"
 
 

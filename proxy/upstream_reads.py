@@ -43,8 +43,11 @@ class Reads:
     def deadline(self, policy: MethodPolicy) -> float:
         """When the call must have its answer (loop time), every upstream asked and asked again included:
         UPSTREAM_TIMEOUT from now, or eth_getLogs' own limit (GETLOGS_TIMEOUT)."""
-        limit = self._settings.getlogs_timeout if policy.limits_logs else self._settings.upstream_timeout
-        return asyncio.get_running_loop().time() + limit
+        return asyncio.get_running_loop().time() + self.budget(policy)
+
+    def budget(self, policy: MethodPolicy) -> float:
+        """The seconds one call has: UPSTREAM_TIMEOUT, or eth_getLogs' own limit (GETLOGS_TIMEOUT)."""
+        return self._settings.getlogs_timeout if policy.limits_logs else self._settings.upstream_timeout
 
     def share(self, read: Read, attempts_left: int) -> float | None:
         """The next upstream call's timeout: its share of what is left of the read's time, split evenly

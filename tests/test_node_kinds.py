@@ -431,36 +431,41 @@ async def test_a_null_for_old_state_is_never_kept_as_the_final_blocks_answer(
 @dataclass
 class StalledRelay:
     """A node that takes a state read and never answers it (a stalled node, a hung load balancer);
-    everything else (head polls, identity probes) is the node's. Answered once `release` is set."""
+    everything else (head polls, identity probes) is the node's. Answered once `release` is set, or
+    (`delay`) after that many seconds: a slow node."""
 
     target: str
     release: asyncio.Event = field(default_factory=asyncio.Event)
     stalled: int = 0  # state reads taken and held
     url: str = ""
+    delay: float | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         payload = json.loads(await request.read())
         calls = payload if isinstance(payload, list) else [payload]
         if any(call.get("method") in STATE_BLOCK_AT for call in calls):
             self.stalled += 1
-            await self.release.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.release.wait(), self.delay)
         async with aiohttp.ClientSession() as session, session.post(self.target, json=payload) as resp:
             return web.json_response(await resp.json())
 
 
 @contextlib.asynccontextmanager
 async def stalled_beside(
-    node: Anvil, first: PrunedRelay, count: int, archive_last: bool
+    node: Anvil, first: PrunedRelay, count: int, archive_last: bool, slow_archive: float | None = None
 ) -> AsyncIterator[tuple[Proxy, list[StalledRelay]]]:
-    """A proxy whose upstreams are `first`, `count` stalled nodes and (if `archive_last`) the archive
-    node, every head known, UPSTREAM_TIMEOUT=2."""
+    """A proxy whose upstreams are `first`, (`slow_archive`) the archive answering state reads that
+    many seconds late, `count` stalled nodes and (if `archive_last`) the archive node, every head
+    known, UPSTREAM_TIMEOUT=2."""
     stalled = [StalledRelay(node.url) for _ in range(count)]
+    slow = [StalledRelay(node.url, delay=slow_archive)] if slow_archive is not None else []
     async with contextlib.AsyncExitStack() as stack:
         first.url = await stack.enter_async_context(serving(first.handle))
-        for relay in stalled:
+        for relay in [*slow, *stalled]:
             relay.url = await stack.enter_async_context(serving(relay.handle))
             stack.callback(relay.release.set)  # before its server closes: nothing is left held
-        urls = [first.url, *(r.url for r in stalled), *([node.url] if archive_last else [])]
+        urls = [first.url, *(r.url for r in [*slow, *stalled]), *([node.url] if archive_last else [])]
         proxy = await start_proxy(settings_for(EVM_UPSTREAM=",".join(urls), UPSTREAM_TIMEOUT=str(DEADLINE)))
         stack.push_async_callback(proxy.close)
         per = proxy.app[SERVICE].networks["evm"].per_upstream
@@ -513,6 +518,27 @@ async def test_the_walk_for_old_state_past_stalled_upstreams_ends_within_one_ups
         if body.get("result") != node.rpc("eth_getStorageAt", address, "0x0", hex(marks[0])):
             assert headers["X-Cache"] == "BYPASS", body  # no share left for the archive: the first node's
             assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="state_gone") == 1
+
+
+async def test_a_slow_archive_asked_after_a_pruned_node_answers_though_a_stalled_node_is_next(
+    archive: tuple[Anvil, str, list[int]],
+) -> None:
+    """Failover within budget: a node of the walk for old state may run until the call's deadline,
+    and the next one is asked beside it once it has had its share of what is left. An archive that
+    answers in 0.6 UPSTREAM_TIMEOUT, asked after the pruned node's error with a stalled node still
+    to try, gives the answer (an even split cut it off at half the time left, and served the pruned
+    node's error)."""
+    node, address, marks = archive
+    read = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(marks[0])]}
+    truth = node.rpc("eth_getStorageAt", address, "0x0", hex(marks[0]))
+    lineup = stalled_beside(node, PrunedRelay(node.url, "geth"), 1, archive_last=False, slow_archive=0.6 * DEADLINE)
+    async with lineup as (proxy, stalled):
+        started = time.monotonic()
+        status, body, _headers = await proxy.post(read)
+        elapsed = time.monotonic() - started
+        assert elapsed < WITHIN_BUDGET, elapsed
+        assert status == 200 and body.get("result") == truth, body
+        assert stalled[0].stalled == 1  # asked beside the slow archive once its share was spent
 
 
 @pytest.mark.parametrize("words", ["geth", "null"])
@@ -836,6 +862,42 @@ async def test_a_log_range_past_the_head_is_served_only_from_a_node_that_shows_t
             assert status == 502 and reply["error"]["code"] == -32002, reply
         finally:
             await proxy.close()
+
+
+async def test_a_fee_read_asked_again_reaches_a_slow_member_at_the_head(live_and_lagging: tuple[Anvil, Anvil]) -> None:
+    """Failover within budget: a try asked again for a node at the head may take all that is left of
+    the call's time. A balancer whose lagging member answers a fee read first, and whose member at
+    the head answers in 0.3 UPSTREAM_TIMEOUT, gives the head's price (a fifth of the time left per
+    try cut that member off every time, and the call failed with -32002)."""
+    live, lagging = live_and_lagging
+    asked = {"armed": False, "fees": 0}
+
+    async def slow_live(request: web.Request) -> web.Response:
+        body = await request.read()
+        if asked["armed"] and b"eth_gasPrice" in body:
+            await asyncio.sleep(0.3 * DEADLINE)  # the member's own slowness, not a wait for state
+        headers = {"Content-Type": "application/json"}
+        async with aiohttp.ClientSession() as session, session.post(live.url, data=body, headers=headers) as resp:
+            return web.Response(body=await resp.read(), content_type="application/json")
+
+    async with serving(slow_live) as slow:
+
+        def route(calls: list[dict[str, Any]]) -> str:
+            if asked["armed"] and any(c.get("method") == "eth_gasPrice" for c in calls):
+                asked["fees"] += 1
+                return lagging.url if asked["fees"] == 1 else slow
+            return live.url
+
+        async with balancer(route) as url:
+            proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, UPSTREAM_TIMEOUT=str(DEADLINE)))
+            try:
+                await proxy.head_at(live.block_number())
+                asked["armed"] = True
+                status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_gasPrice", "params": []})
+                assert status == 200 and body.get("result") == live.rpc("eth_gasPrice"), body
+                assert asked["fees"] >= 2  # asked again, of the member at the head
+            finally:
+                await proxy.close()
 
 
 async def test_a_fee_read_asked_again_past_a_stalled_balancer_member_is_refused_within_one_upstream_timeout(
