@@ -208,9 +208,10 @@ class Reads:
         # A block the same node showed in the same batch outranks what the proxy last saw of its head
         # (a load balancer's members differ: its head may be one member's, the answer another's).
         doubt, shown = batch_doubt(net, plan, proof, answer, end_answer)
-        past_head = plan.need is not None and head is not None and plan.need > head.latest
-        if past_head and doubt in ("unproven", "fork") and plan.check_end is not None:
-            return answer, "below_head"  # a range past the head whose node lacks the head's block: elsewhere
+        # The head's own block beside a range past it (or to `pending`): a node without it answers short.
+        past_head = plan.check_end is not None and not plan.decision.pin_hashes
+        if past_head and doubt in ("unproven", "fork"):
+            return answer, "below_head"  # asked of a node at the head (ask_pinned)
         if doubt == "unproven" and not per.states.vouches(answer.upstream, plan.need):
             doubt = "lagging"  # without the block, as its head said
         if doubt is not None:
@@ -218,7 +219,7 @@ class Reads:
         if (shown is None or plan.need is None or shown < plan.need) and not per.states.vouches(
             answer.upstream, plan.need
         ):
-            if past_head and head is not None:
+            if plan.need is not None and head is not None and plan.need > head.latest:
                 if (shown is None or shown < head.latest) and not per.states.vouches(answer.upstream, head.latest):
                     return answer, "below_head"  # a node short of the head itself: asked elsewhere (ask_pinned)
                 return answer, "beyond_head"  # no upstream is known to have it: served, never stored

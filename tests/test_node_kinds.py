@@ -828,14 +828,15 @@ def logs_above_a_lagging_member() -> Iterator[tuple[Anvil, Anvil, str]]:
     live.stop()
 
 
-@pytest.mark.parametrize("first", [139, 141])
+@pytest.mark.parametrize(("first", "last"), [("0x8b", "past"), ("0x8d", "past"), ("0x8b", "pending")])
 async def test_a_log_range_past_the_head_is_served_only_from_a_node_that_shows_the_head(
-    logs_above_a_lagging_member: tuple[Anvil, Anvil, str], first: int
+    logs_above_a_lagging_member: tuple[Anvil, Anvil, str], first: str, last: str
 ) -> None:
-    """Rule: an eth_getLogs range that ends past the head is asked beside the head's own block, and
-    served (never kept) only from a node that shows it: a balancer's member behind answered short of
-    blocks the chain has (no logs of 141-144, or its range error), and that answer was served. A
-    balancer whose logs all reach the member behind gets -32002, never a short answer."""
+    """Rule: an eth_getLogs range that ends past the head (or at `pending`) is asked beside the
+    head's own block, and served (never kept) only from a node that shows it: a balancer's member
+    behind answered short of blocks the chain has (no logs of 141-144, or its range error), and that
+    answer was served. A balancer whose logs all reach the member behind gets -32002, never a short
+    answer."""
     live, lagging, store = logs_above_a_lagging_member
     turn = itertools.count()
     only_lagging = {"on": False}
@@ -850,7 +851,7 @@ async def test_a_log_range_past_the_head_is_served_only_from_a_node_that_shows_t
         try:
             top = live.block_number()
             await proxy.head_at(top)
-            log_filter = {"address": store, "fromBlock": hex(first), "toBlock": hex(top + 3)}
+            log_filter = {"address": store, "fromBlock": first, "toBlock": hex(top + 3) if last == "past" else last}
             truth = live.rpc("eth_getLogs", log_filter)
             assert len(truth) == 8
             call = {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [log_filter]}

@@ -57,7 +57,7 @@ def plan_call(
     if space is None:
         decision = cp.BYPASS  # the chain's identity is not known yet: no key can name it
     forward = pinning.forward_params(params, refs, resolved, decision.pin_hashes, policy.limits_logs)
-    check_end = _range_check(pinning.range_end(params[0], resolved), decision, head) if policy.limits_logs else None
+    check_end = _range_check(params[0], resolved, decision, head) if policy.limits_logs else None
     # Hashes the call names: its block hash refs, or a content-addressed method's block hash.
     if policy.cache is CacheClass.CONTENT and params and isinstance(params[0], str):
         named.append(params[0])
@@ -135,15 +135,20 @@ def _resolve(tracker: EvmHeadTracker | None, refs: list[BlockRef]) -> _Refs:
     return resolved, named, explicit, unresolved_tags, tags_resolved
 
 
-def _range_check(end: Resolved | None, decision: cp.Decision, head: Any) -> tuple[int, str] | None:
+def _range_check(
+    log_filter: dict[str, Any], resolved: dict[int, Resolved | None], decision: cp.Decision, head: Any
+) -> tuple[int, str] | None:
     """The block an eth_getLogs answer's node shows beside it, in the same batch: the range's last
-    block when the answer is pinned by hash; for a range past the head, the head's own block (a node
-    without it, such as a load balancer's lagging member, answers short of blocks the chain has)."""
-    if end is None or end.number is None:
-        return None
+    block when the answer is pinned by hash; for a range past the head or to `pending`, the head's own
+    block (a node without it, such as a load balancer's lagging member, answers short of blocks the
+    chain has)."""
+    last = log_filter.get("toBlock")
+    end = pinning.range_end(log_filter, resolved)
     if decision.pin_hashes:
-        return (end.number, end.hash) if end.hash is not None else None
-    if head is not None and not head.stale and end.number > head.latest and head.latest_hash:
+        return (end.number, end.hash) if end is not None and end.number is not None and end.hash is not None else None
+    past = end.number > head.latest if end is not None and end.number is not None and head is not None else False
+    pending = end is None and isinstance(last, BlockRef) and last.tag == "pending"
+    if (past or pending) and head is not None and not head.stale and head.latest_hash:
         return head.latest, head.latest_hash
     return None
 
