@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -12,9 +13,10 @@ from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
-from proxy.chain.head_polls import Head, Resolved
+from proxy.chain.head_polls import Head, Resolved, TrackerError
 from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
+from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.rpc.methods import CacheClass
 from proxy.rpc.params import BlockRef
 from proxy.values import Answer
@@ -229,6 +231,17 @@ class Alternating(FakeChain):
         return [node.answer(m, p) for m, p in calls]
 
 
+class AlternatingSingles(Alternating):
+    """The same balancer refusing batches: the tracker asks call by call, each call to the next node."""
+
+    async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
+        raise JsonRpcError(INVALID_REQUEST, "batches are not accepted")
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = None) -> Answer:
+        self.turns += 1
+        return (self.lagging if self.turns % 2 == 0 else super()).answer(method, params)
+
+
 class TestHeadTracker:
     def tracker(self, chain: FakeChain, depth: int = 64) -> tuple[EvmHeadTracker, Metrics]:
         metrics = Metrics(CollectorRegistry())
@@ -277,6 +290,19 @@ class TestHeadTracker:
         assert head.latest == 100 and set(head.hashes) == set(range(37, 101))
         assert all(head.hashes[n] == chain.block_hash(n) for n in head.hashes)
         assert metrics.registry.get_sample_value("rpc_proxy_reorgs_total", {"network": "evm"}) in (None, 0)
+
+    async def test_a_window_block_a_member_lacks_is_asked_again_alone_when_batches_are_refused(self) -> None:
+        """Rule: a node that takes no batches is asked call by call, so the window's blocks may reach a
+        balancer's member that lacks them (null): such a block is asked again alone until a node has
+        it, and the head is the member ahead's (before, every walk failed and the head never came)."""
+        chain = AlternatingSingles(100, behind=10)
+        tracker, _ = self.tracker(chain)
+        for _ in range(6):  # a poll whose `latest` reaches the member behind fails (Behind): the next
+            with contextlib.suppress(TrackerError):
+                await tracker.poll()
+        head = tracker.head
+        assert head is not None and head.latest == 100 and set(head.hashes) == set(range(37, 101))
+        assert all(head.hashes[n] == chain.block_hash(n) for n in head.hashes)
 
     async def test_advancing_without_a_reorg_reports_none_and_reuses_known_hashes(self) -> None:
         chain = FakeChain(100)

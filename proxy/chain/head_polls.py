@@ -234,9 +234,10 @@ async def synced_window(
             chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
             break
         low = max(lower, height - HEADER_CHUNK + 1)
-        answers = await _beside_latest(asker, [get_block(hex(h)) for h in range(height, low - 1, -1)], latest)
-        for answer in answers:
-            header = header_of(answer)
+        heights = range(height, low - 1, -1)
+        answers = await _beside_latest(asker, [get_block(hex(h)) for h in heights], latest)
+        for number, answer in zip(heights, answers, strict=True):
+            header = header_of(answer) or await _held(asker, number)
             if header is None or header.hash != expected:
                 # The chain moved while we read it; keep the previous head and try again next poll.
                 raise TrackerError("chain changed during the window walk")
@@ -262,6 +263,17 @@ async def _beside_latest(asker: Asks, calls: list[tuple[str, Any]], latest: Head
             break
         answers = await asker.direct(check)
     return answers[:-1]  # still not shown: judged block by block (the chain moved, or a node lags)
+
+
+async def _held(asker: Asks, number: int) -> Header | None:
+    """Block `number` of the window from a node that has it, asked alone, WINDOW_TRIES times at most:
+    a null from a member without it (a node that takes no batches is asked call by call, so the
+    window's blocks and the latest block may reach different members of a load balancer)."""
+    for _ in range(WINDOW_TRIES):
+        header = header_of((await asker.direct([get_block(hex(number))]))[0])
+        if header is not None:
+            return header
+    return None
 
 
 # Heads seen in a row below the finalized block (the tracker's and the per-upstream polls, every
