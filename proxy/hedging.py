@@ -2,8 +2,9 @@
 or cutting off a slow one that would answer: each attempt may run until the call's deadline, and
 once it has had its share of the time left (split over the attempts still possible) the next one
 starts beside it. Outcomes are judged in the order they come; the first the judge takes is the
-call's, and the attempts still running are cancelled. Only failover walks pass here (a read whose
-first node had no answer for it), never a plain miss."""
+call's, and the attempts still running are cancelled. Only reads asked past the pool's own order
+pass here (a walk after a node had no answer, old state asked first of a node known to hold it),
+never a plain miss: each attempt is a task of its own."""
 
 from __future__ import annotations
 
