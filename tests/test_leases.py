@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from proxy.credits.journal import read_journals
 from proxy.credits.key_lease import KeyLease
 from proxy.credits.lease_exchange import ledger_key, untagged_ledger_key
-from proxy.credits.leases import LeasedLedger, outage_ceiling, outage_verdict
+from proxy.credits.leases import LeasedLedger, outage_ceiling, outage_shown, outage_verdict
 from proxy.credits.ledger import Verdict
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink
@@ -80,6 +80,17 @@ class TestOutageRules:
         lease = KeyLease("k", "rcp:k", ceiling=10_000)  # never seen here: failing open
         assert outage_verdict(lease, 80, 1000, None, NOW) is Verdict.OK
         assert outage_verdict(lease, 80, 1000, None, NOW, exhausted=True) is Verdict.EXHAUSTED
+
+    def test_through_an_outage_the_balance_shown_is_the_last_view_less_spending_since_or_unknown(self) -> None:
+        """docs/keys-and-credits.md: never more than before the outage, never more than a refusal implies."""
+        seen = KeyLease("k", "rcp:k", allowance=100, consumed=30, others_spent=880, known=True)
+        assert outage_shown(seen, 20, 1000, Verdict.OK, current=True) == 90  # 1000 - 880 - 30
+        assert outage_shown(seen, 80, 1000, Verdict.EXHAUSTED, current=True) is None  # 90 would pay 80
+        assert outage_shown(seen, 100, 1000, Verdict.EXHAUSTED, current=True) == 90
+        assert outage_shown(seen, 20, 1000, Verdict.OK, current=False) is None  # older than the ledger's last word
+        unseen = KeyLease("k", "rcp:k", consumed=80, ceiling=10_000)  # never answered for here: no view
+        assert outage_shown(unseen, 80, 1000, Verdict.OK, current=True) is None
+        assert outage_shown(unseen, 80, 1000, Verdict.EXHAUSTED, current=True) is None
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -473,6 +474,72 @@ async def test_every_replica_shows_the_spent_balance_and_keys_usage_bills_from_i
     )
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1 and "unreachable" in result.stderr
+
+
+async def shown_through(session: aiohttp.ClientSession, url: str, rid: int) -> tuple[int, str, str]:
+    """(status, X-Credits-Remaining, error message or "") of one call on a new connection."""
+    async with session.post(url, json=storage(rid, hex(rid))) as response:
+        reply = await response.json(content_type=None)
+        return response.status, response.headers["X-Credits-Remaining"], reply.get("error", {}).get("message", "")
+
+
+def at_most(shown: str, balance: int) -> bool:
+    """The figure a replica shows is the balance it knew (never more) or, knowing none, `unknown`."""
+    return shown == "unknown" or int(shown) <= balance
+
+
+async def test_through_a_stall_no_replica_shows_more_than_the_balance_before_it(
+    anvil: Anvil,
+    ledger_redis: RedisServer,
+    tmp_path: Path,
+) -> None:
+    """docs/keys-and-credits.md "Credits during a Redis outage": X-Credits-Remaining never shows more
+    than before the outage, and a 402 never says more is left than the call needs; a replica that never
+    saw the key (here two workers: exhausted on the other replica, and spent there) says `unknown`."""
+    _path, env = keyed(
+        anvil,
+        ledger_redis,
+        tmp_path,
+        ex={"daily_credits": 100},
+        sub={"daily_credits": 10 * STORAGE_PRICE},
+    )
+    env.update(CREDITS_REDIS_TIMEOUT="0.5", CREDITS_REDIS_FAILURES="2")
+    replica = await start_proxy(settings_for(**env))
+    try:
+        await replica.head_at(0)
+        async with two_workers(env) as workers, fresh_connections() as session:
+            statuses = [(await replica.post(storage(i), key="ex"))[0] for i in range(2)]
+            assert statuses == [200, 402]  # 80 spent, 20 left: the second call cannot be paid
+            assert [(await replica.post(storage(i), key="sub"))[0] for i in range(8)] == [200] * 8
+            client = sync_redis.Redis.from_url(ledger_redis.url)
+            day = int(time.time()) // 86400
+
+            async def told() -> bool:
+                return bool(client.sismember(exhausted_key(day), derived_name("ex")))
+
+            await eventually(told, 10, "the exhausted key in the shared set")
+            reads = int(client.info("commandstats").get("cmdstat_smembers", {}).get("calls", 0))
+
+            async def read_by_all() -> bool:
+                stats = client.info("commandstats").get("cmdstat_smembers", {})
+                return int(stats.get("calls", 0)) >= reads + 9
+
+            await eventually(read_by_all, 20, "every process to read the exhausted keys")
+            client.close()
+            async with stalled(ledger_redis):
+                refused = [await shown_through(session, workers.url("ex"), i) for i in range(6)]
+                served = [await shown_through(session, workers.url("sub"), i) for i in range(4)]
+    finally:
+        await replica.close()
+    assert all(status == 402 for status, _, _ in refused), refused
+    for _, shown, message in refused:
+        assert at_most(shown, 20), refused  # 20 was left when the ledger stalled
+        left = re.search(r"(\d+) left", message)
+        assert left is None or int(left[1]) <= 20, refused  # never more than the refusal implies
+    served_ok = [s for s in served if s[0] == 200]
+    assert served_ok, served  # a key no worker had seen is served its share (fail open)
+    for _, shown, _ in served_ok:
+        assert at_most(shown, 2 * STORAGE_PRICE), served  # 160 was left when the ledger stalled
 
 
 # --- a worker that dies strands no lease (issue 19) --------------------------------------------------

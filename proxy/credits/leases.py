@@ -22,7 +22,9 @@ usage afterwards equals what was served. A key this process has not seen today i
 
 The balance a client is shown is the key's spent usage (debits less refunds of every replica), not
 what is leased: each replica reports its spending at least every `REPORT_INTERVAL` while it spends,
-and learns the others' with every reply.
+and learns the others' with every reply. While Redis cannot be reached it is the last view less this
+replica's spending since, and only a view current when the ledger last answered (`outage_shown`):
+none, or an older one, is no balance at all (shown as `unknown`), never the full daily balance.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ throttled = Throttled(log, interval=10.0)
 _OK = Verdict.OK  # read once: an enum member read through its class costs more than the debit
 REPORT_INTERVAL = 1.0  # seconds: a replica that spends reports it at least this often (the shown balance)
 EXHAUSTED_READ_INTERVAL = 1.0  # seconds between reads of the day's exhausted keys
+# A lease's view of the other replicas is current if it was taken within this many seconds of the
+# ledger's last answer to this replica: a lease in use reports every REPORT_INTERVAL.
+CURRENT_VIEW = 3 * REPORT_INTERVAL
 STALE_GRACE = 3600  # seconds a past day's leases are kept for refunds of calls that crossed midnight
 
 
@@ -80,6 +85,18 @@ def outage_verdict(
     if lease.ceiling is None or lease.net + amount > lease.ceiling:
         return Verdict.UNAVAILABLE
     return _judge(0, lease.window, int(now), amount, daily, per_second)
+
+
+def outage_shown(lease: KeyLease, amount: int, daily: int, verdict: Verdict, *, current: bool) -> int | None:
+    """The balance an outage decision shows (pure): the last view less this replica's spending since,
+    which never shows more than before the outage; None (unknown) when there is no such view (the key
+    unseen today, or a view older than the ledger's last answer: `current`) or when the view says the
+    call could be paid while it is refused for exhaustion (known exhausted elsewhere since): a 402
+    never says more is left than the call needs (docs/keys-and-credits.md, the balance shown)."""
+    if not (lease.known and current):
+        return None
+    remaining = lease.remaining(daily)
+    return None if verdict is Verdict.EXHAUSTED and remaining >= amount else remaining
 
 
 async def _acquire(lease: KeyLease, deadline: float) -> bool:
@@ -126,6 +143,7 @@ class LeasedLedger:
         self._tasks: set[asyncio.Task[None]] = set()
         self._today: dict[str, KeyLease] = {}  # the current day's leases, for the hot path
         self._day_start, self._day_end = 0.0, 0.0  # the hot path's day, as floats: compared with a float clock
+        self._answered_at = 0.0  # monotonic time of the ledger's last answer to a read of the exhausted keys
         self.exhausted = ExhaustedKeys(link, self._background, day_ttl=DAY_TTL, key_of=exhausted_key)
         self.exchanges = LeaseExchange(
             link,
@@ -244,7 +262,11 @@ class LeasedLedger:
             throttled.warning("outage", "credits: redis unavailable, debits decided in process and journaled")
         elif verdict is Verdict.EXHAUSTED:
             self.exhausted.mark(day, lease.api_key, tell=True)
-        return Debit(verdict, lease.remaining(daily))
+        return Debit(verdict, outage_shown(lease, amount, daily, verdict, current=self._current(lease)))
+
+    def _current(self, lease: KeyLease) -> bool:
+        """Whether the lease's view of the others was current when the ledger last answered."""
+        return lease.reported_at >= self._answered_at - CURRENT_VIEW
 
     async def refund(self, api_key: str, amount: int, *, now: float) -> None:
         """`now`: when the refunded debit was made. The credits go back to that day's lease, whatever
@@ -255,10 +277,13 @@ class LeasedLedger:
             if lease.journaled:
                 self._journal.record(self.replica, lease)
 
-    async def used(self, api_key: str, *, now: float) -> int:
-        """The key's spent usage today (debits less refunds of every replica)."""
+    async def used(self, api_key: str, *, now: float) -> int | None:
+        """The key's spent usage today (debits less refunds of every replica); None: not known here
+        while Redis cannot be reached (outage_shown)."""
         lease = self._leases.get((int(now) // 86400, api_key))
-        if lease is not None and (lease.known or lease.ceiling is not None):
+        if lease is not None and lease.ceiling is not None:  # Redis unreachable: the last view, if current
+            return lease.others_spent + lease.net if lease.known and self._current(lease) else None
+        if lease is not None and lease.known:
             return lease.others_spent + lease.net
         day = int(now) // 86400
         entry = await self._link.run("credits_read", lambda c: c.hgetall(ledger_key(api_key, day)))
@@ -312,6 +337,7 @@ class LeasedLedger:
             self.exhausted.read_at = mono
             with contextlib.suppress(RedisUnavailable):
                 await self.exhausted.read(now)
+                self._answered_at = mono
         for (day, _key), lease in list(self._leases.items()):
             if lease.lock.locked():
                 continue

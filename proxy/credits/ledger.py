@@ -32,7 +32,7 @@ HELD_WAIT = 3.0
 
 class Debit(NamedTuple):
     verdict: Verdict
-    remaining: int
+    remaining: int | None  # the balance to show; None: this replica does not know it (leases.outage_shown)
 
 
 def day_of(now: float) -> str:
@@ -71,7 +71,9 @@ class Ledger(Protocol):
         """Give back a debit made at `now` (its time, not the refund's: both belong to one UTC day)."""
         ...
 
-    async def used(self, api_key: str, *, now: float) -> int: ...
+    async def used(self, api_key: str, *, now: float) -> int | None:
+        """The key's spent usage today; None: this replica does not know it (leases.outage_shown)."""
+        ...
 
 
 def _judge(used: int, window: Window, second: int, amount: int, daily: int, per_second: int | None) -> Verdict:

@@ -60,7 +60,9 @@ class Cashier:
             self._metrics.key_credits_charged.labels(account),
         )
 
-    def charge_now(self, account: str, cost: int, now: float | None = None) -> tuple[JsonRpcError | None, int] | None:
+    def charge_now(
+        self, account: str, cost: int, now: float | None = None
+    ) -> tuple[JsonRpcError | None, int | None] | None:
         """A charge the ledger decides without a round trip (a lease covers it), or None."""
         terms = self.terms[account]
         debit = self._ledger.try_debit(
@@ -68,8 +70,9 @@ class Cashier:
         )
         return None if debit is None else self.verdict(debit, cost, terms.per_second)
 
-    async def charge(self, account: str, cost: int, now: float | None = None) -> tuple[JsonRpcError | None, int]:
-        """`now`: the charge's time, which a refund of it must name too (its UTC day)."""
+    async def charge(self, account: str, cost: int, now: float | None = None) -> tuple[JsonRpcError | None, int | None]:
+        """`now`: the charge's time, which a refund of it must name too (its UTC day); the balance left
+        is None when the replica does not know it (the ledger unreachable: leases.outage_shown)."""
         now = self._now() if now is None else now
         charge = self.charge_now(account, cost, now)
         if charge is not None:
@@ -92,7 +95,7 @@ class Cashier:
             await asyncio.sleep(HELD_RETRY)
         return self.verdict(debit, cost, terms.per_second)
 
-    def verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int]:
+    def verdict(self, debit: Debit, cost: int, per_second: int | None) -> tuple[JsonRpcError | None, int | None]:
         if debit.verdict is Verdict.OK:
             return None, debit.remaining
         if debit.verdict is Verdict.UNAVAILABLE:
@@ -105,10 +108,14 @@ class Cashier:
             ), debit.remaining
         if debit.verdict is Verdict.EXHAUSTED:
             self._metrics.credit_rejections.labels("exhausted").inc()
+            left = (
+                "the balance left unknown while the credit ledger cannot be reached"
+                if debit.remaining is None
+                else f"{max(debit.remaining, 0)} left today"
+            )
             return JsonRpcError(
                 LIMIT_EXCEEDED,
-                f"daily credit limit reached: {cost} credits needed, {max(debit.remaining, 0)} left "
-                "today; balances reset at 00:00 UTC",
+                f"daily credit limit reached: {cost} credits needed, {left}; balances reset at 00:00 UTC",
                 http_status=402,
             ), debit.remaining
         if debit.verdict is Verdict.RATE_LIMITED:
@@ -122,7 +129,7 @@ class Cashier:
         return None, debit.remaining
 
     async def remaining(self, account: str) -> int | None:
-        """Today's remaining balance, for responses that charged nothing."""
+        """Today's remaining balance, for responses that charged nothing; None: not known here."""
         if self.open_mode:
             return None
         daily = self._settings.daily_credits_for(account)
@@ -130,4 +137,4 @@ class Cashier:
             used = await self._ledger.used(account, now=self._now())
         except Exception:
             return None
-        return daily - used
+        return None if used is None else daily - used

@@ -154,6 +154,7 @@ class Gateway:
         remaining: int | None = None
         credit_refusal: Outcome | None = None
         charged_at = self._now()  # a refund goes back to the day of its charge, whatever the clock says then
+        charging = bool(cost)
         if cost:
             refusal, remaining = await self.cashier.charge(account, cost, charged_at)
             if refusal is not None:
@@ -192,8 +193,8 @@ class Gateway:
         self._calls.count(parsed.entries, slots, results, keyed, request_id)
         if keyed:
             self._terms[account].charged.value += cost
-        if remaining is None and not self.open_mode:
-            remaining = await self.cashier.remaining(account)
+        if remaining is None and not self.open_mode and not charging:
+            remaining = await self.cashier.remaining(account)  # a charge's own None: the ledger knows none
 
         return self._answer(parsed, results, cost, remaining)
 
@@ -263,7 +264,7 @@ class Gateway:
         self,
         hit: MemoryHit,
         account: str,
-        charge: tuple[JsonRpcError | None, int],
+        charge: tuple[JsonRpcError | None, int | None],
         request_id: int,
         started: float,
     ) -> Reply:
