@@ -248,3 +248,61 @@ async def test_other_routes_answer_on_a_connection_that_posted(evm_proxy: Proxy)
     assert [status for status, _, _ in answers] == [200, 200, 204, 404, 405]
     assert answers[1][2] == b'{"status": "ok"}'
     assert answers[2][1]["access-control-allow-origin"] == "*"
+
+
+_WS_UPGRADE = (
+    "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
+_NOT_ONE_HOST = {
+    "missing": "",
+    "two field lines": "Host: a.example\r\nHost: b.example\r\n",
+    "a list": "Host: a.example, b.example\r\n",
+}
+
+
+@pytest.mark.parametrize("hosts", list(_NOT_ONE_HOST.values()), ids=list(_NOT_ONE_HOST))
+async def test_an_http_1_1_request_without_exactly_one_valid_host_is_400_on_every_path(
+    evm_proxy: Proxy, hosts: str
+) -> None:
+    """RFC 9112 section 3.2: a server MUST answer 400 (Bad Request) to an HTTP/1.1 request that lacks a
+    Host field, and to any request with more than one Host field line or an invalid Host value."""
+    body = call("eth_chainId", [], 1).decode()
+    heads = [
+        f"POST /v3/k HTTP/1.1\r\n{hosts}Content-Length: {len(body)}\r\n\r\n{body}",
+        f"GET /ws/v3/k HTTP/1.1\r\n{hosts}{_WS_UPGRADE}\r\n",
+        f"GET /healthz HTTP/1.1\r\n{hosts}\r\n",
+    ]
+    for data in heads:
+        [(status, headers, answer)] = await exchange(evm_proxy.server.port, data.encode())
+        error = json.loads(answer)["error"]
+        assert (status, headers["connection"], error["code"]) == (400, "close", -32600), data
+        assert "Host" in error["message"] and "RFC 9112" in error["message"]
+
+
+async def test_an_http_1_0_request_may_omit_host_but_not_repeat_it(evm_proxy: Proxy) -> None:
+    """RFC 9112 section 3.2: Host is required of HTTP/1.1 only; more than one Host line is 400 in any version."""
+    body = call("eth_chainId", [], 1)
+    [(status, _, answer)] = await exchange(
+        evm_proxy.server.port, b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+    twice = b"POST /v3/k HTTP/1.0\r\nHost: a\r\nHost: b\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    [(status, _, answer)] = await exchange(evm_proxy.server.port, twice)
+    assert status == 400 and json.loads(answer)["error"]["code"] == -32600
+
+
+async def test_a_request_with_exactly_one_host_is_still_a_fast_path_hit(anvil: Anvil, evm_proxy: Proxy) -> None:
+    """RFC 9112 section 3.2's check leaves a well-formed request's hit as it was: answered from memory,
+    its head replayed without the parser on the same connection."""
+    store, block = await finalized_store(anvil, evm_proxy)
+    hit = json.dumps(storage(store, "0x0", hex(block), rid=0)).encode()
+    await evm_proxy.post(hit)  # now in memory
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    try:
+        for _ in range(3):  # one at a time: the second and third heads are replays of the first
+            writer.write(post(hit))
+            status, headers, _ = await read_answer(reader)
+            assert (status, headers["x-cache"]) == (200, "HIT")
+    finally:
+        writer.close()
