@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.http.compression import decoded_body
+from proxy.http.compression import UnsupportedCoding, decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
 from tests.support import Anvil, Proxy, ProxyFactory
 from tests.test_cache import finalized_store, storage
@@ -85,6 +85,14 @@ class TestPureParts:
         for broken in (packed[:-4], packed[:-1], packed + b"trailing", packed + gzip.compress(b"[]")):
             with pytest.raises(zlib.error):
                 decoded_body(broken, "gzip", 100)
+
+    def test_stacked_codings_are_decoded_last_applied_first_and_others_are_unsupported(self) -> None:
+        body = b'{"jsonrpc":"2.0"}'
+        assert decoded_body(zlib.compress(gzip.compress(body)), "gzip, identity, deflate", 100) == body
+        assert decoded_body(gzip.compress(gzip.compress(b" " * 10_000)), "gzip, gzip", 1000) is None
+        for unsupported in ("br", "gzip, zstd", ", ".join(["gzip"] * 6)):
+            with pytest.raises(UnsupportedCoding):
+                decoded_body(body, unsupported, 100)
 
 
 async def test_pipelined_hits_and_misses_are_answered_in_request_order(anvil: Anvil, evm_proxy: Proxy) -> None:
@@ -306,3 +314,43 @@ async def test_a_request_with_exactly_one_host_is_still_a_fast_path_hit(anvil: A
             assert (status, headers["x-cache"]) == (200, "HIT")
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd", "compress", "gzip, br", "x-unknown"])
+async def test_a_body_in_a_content_coding_the_proxy_does_not_decode_is_415(evm_proxy: Proxy, coding: str) -> None:
+    """RFC 9110 section 15.5.16: content in an unsupported content coding gets 415 (Unsupported Media
+    Type), with Accept-Encoding naming the codings that would have been accepted (section 12.5.3)."""
+    body = call("eth_chainId", [], 1)  # plain JSON under a coding it is not in: never parsed as sent
+    [(status, headers, answer)] = await exchange(evm_proxy.server.port, post(body, f"Content-Encoding: {coding}"))
+    error = json.loads(answer)["error"]
+    assert (status, error["code"], headers["accept-encoding"]) == (415, -32600, "gzip, deflate"), answer
+    assert "Content-Encoding" in error["message"]
+
+
+async def test_a_body_in_stacked_codings_is_decoded_layer_by_layer_within_the_limit(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """RFC 9110 section 8.4: codings are listed in the order applied, and one Content-Encoding may be
+    given over several field lines; every layer is decoded, each held to MAX_BODY_BYTES."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000")
+    twice = gzip.compress(gzip.compress(call("eth_chainId", [], 1)))
+    for fields in (("Content-Encoding: gzip, gzip",), ("Content-Encoding: gzip", "Content-Encoding: gzip")):
+        [(status, _, answer)] = await exchange(proxy.server.port, post(twice, *fields))
+        assert status == 200 and json.loads(answer)["result"] == "0x7a69", answer
+    identity = call("eth_chainId", [], 2)
+    [(status, _, answer)] = await exchange(proxy.server.port, post(identity, "Content-Encoding: identity"))
+    assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+    bomb = gzip.compress(gzip.compress(b" " * 10_000_000))  # small outside, 10 MB inside
+    [(status, _, answer)] = await exchange(proxy.server.port, post(bomb, "Content-Encoding: gzip, gzip"))
+    assert status == 413 and json.loads(answer)["error"]["code"] == -32600
+
+
+async def test_a_connection_handed_to_aiohttp_decodes_bodies_by_the_same_rules(evm_proxy: Proxy) -> None:
+    """RFC 9110 sections 8.4 and 15.5.16 after an upgrade aiohttp refused (aiohttp serves the rest of
+    the connection): stacked codings are decoded, an unsupported one is 415."""
+    refused = f"GET /ws/v3/k HTTP/1.1\r\nHost: x\r\n{_WS_UPGRADE.replace('dGhlIHNhbXBsZSBub25jZQ==', 'bad')}\r\n"
+    twice = gzip.compress(gzip.compress(call("eth_chainId", [], 1)))
+    data = refused.encode() + post(twice, "Content-Encoding: gzip, gzip") + post(b"{}", "Content-Encoding: br")
+    [(upgrade, _, _), (status, _, answer), (unsupported, headers, _)] = await exchange(evm_proxy.server.port, data, 3)
+    assert upgrade == 400 and status == 200 and json.loads(answer)["result"] == "0x7a69", answer
+    assert (unsupported, headers["accept-encoding"]) == (415, "gzip, deflate")

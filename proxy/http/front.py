@@ -127,7 +127,8 @@ class Front:
 
     def read_fields(self, request: Request) -> bool:
         """A head's fields into `request.headers`: only those something reads (lower-case), and the
-        first of repeated ones, as aiohttp; whether Host was repeated (only a repeat costs a look)."""
+        first of repeated ones, as aiohttp, but Content-Encoding's lines joined as one list; whether
+        Host was repeated (only a repeat costs a look)."""
         names, headers = self.header_names, request.headers
         repeated_host = False
         for name, value in request.raw:
@@ -139,6 +140,8 @@ class Front:
                     headers[key] = value.decode("latin-1")
                 elif key == "host":
                     repeated_host = True
+                elif key == "content-encoding":  # RFC 9110 section 5.3: one list over its field lines
+                    headers[key] += ", " + value.decode("latin-1")
         return repeated_host
 
     def target(self, url: bytes) -> tuple[str, tuple[str | None, str | None] | None]:
