@@ -340,7 +340,7 @@ class Served:
     """The app served as `rpc-proxy` serves it (the fast server in front, aiohttp behind), on a free port."""
 
     def __init__(self, app: web.Application) -> None:
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, access_log=None, auto_decompress=False)  # as listeners.serve
         self.port = free_port()
         self.site: CappedSite | None = None
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.http.compression import decoded_body
+from proxy.http.compression import UnsupportedCoding, decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
 from tests.support import Anvil, Proxy, ProxyFactory
 from tests.test_cache import finalized_store, storage
@@ -85,6 +85,14 @@ class TestPureParts:
         for broken in (packed[:-4], packed[:-1], packed + b"trailing", packed + gzip.compress(b"[]")):
             with pytest.raises(zlib.error):
                 decoded_body(broken, "gzip", 100)
+
+    def test_stacked_codings_are_decoded_last_applied_first_and_others_are_unsupported(self) -> None:
+        body = b'{"jsonrpc":"2.0"}'
+        assert decoded_body(zlib.compress(gzip.compress(body)), "gzip, identity, deflate", 100) == body
+        assert decoded_body(gzip.compress(gzip.compress(b" " * 10_000)), "gzip, gzip", 1000) is None
+        for unsupported in ("br", "gzip, zstd", ", ".join(["gzip"] * 6)):
+            with pytest.raises(UnsupportedCoding):
+                decoded_body(body, unsupported, 100)
 
 
 async def test_pipelined_hits_and_misses_are_answered_in_request_order(anvil: Anvil, evm_proxy: Proxy) -> None:
@@ -248,3 +256,101 @@ async def test_other_routes_answer_on_a_connection_that_posted(evm_proxy: Proxy)
     assert [status for status, _, _ in answers] == [200, 200, 204, 404, 405]
     assert answers[1][2] == b'{"status": "ok"}'
     assert answers[2][1]["access-control-allow-origin"] == "*"
+
+
+_WS_UPGRADE = (
+    "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
+_NOT_ONE_HOST = {
+    "missing": "",
+    "two field lines": "Host: a.example\r\nHost: b.example\r\n",
+    "a list": "Host: a.example, b.example\r\n",
+}
+
+
+@pytest.mark.parametrize("hosts", list(_NOT_ONE_HOST.values()), ids=list(_NOT_ONE_HOST))
+async def test_an_http_1_1_request_without_exactly_one_valid_host_is_400_on_every_path(
+    evm_proxy: Proxy, hosts: str
+) -> None:
+    """RFC 9112 section 3.2: a server MUST answer 400 (Bad Request) to an HTTP/1.1 request that lacks a
+    Host field, and to any request with more than one Host field line or an invalid Host value."""
+    body = call("eth_chainId", [], 1).decode()
+    heads = [
+        f"POST /v3/k HTTP/1.1\r\n{hosts}Content-Length: {len(body)}\r\n\r\n{body}",
+        f"GET /ws/v3/k HTTP/1.1\r\n{hosts}{_WS_UPGRADE}\r\n",
+        f"GET /healthz HTTP/1.1\r\n{hosts}\r\n",
+    ]
+    for data in heads:
+        [(status, headers, answer)] = await exchange(evm_proxy.server.port, data.encode())
+        error = json.loads(answer)["error"]
+        assert (status, headers["connection"], error["code"]) == (400, "close", -32600), data
+        assert "Host" in error["message"] and "RFC 9112" in error["message"]
+
+
+async def test_an_http_1_0_request_may_omit_host_but_not_repeat_it(evm_proxy: Proxy) -> None:
+    """RFC 9112 section 3.2: Host is required of HTTP/1.1 only; more than one Host line is 400 in any version."""
+    body = call("eth_chainId", [], 1)
+    [(status, _, answer)] = await exchange(
+        evm_proxy.server.port, b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+    twice = b"POST /v3/k HTTP/1.0\r\nHost: a\r\nHost: b\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    [(status, _, answer)] = await exchange(evm_proxy.server.port, twice)
+    assert status == 400 and json.loads(answer)["error"]["code"] == -32600
+
+
+async def test_a_request_with_exactly_one_host_is_still_a_fast_path_hit(anvil: Anvil, evm_proxy: Proxy) -> None:
+    """RFC 9112 section 3.2's check leaves a well-formed request's hit as it was: answered from memory,
+    its head replayed without the parser on the same connection."""
+    store, block = await finalized_store(anvil, evm_proxy)
+    hit = json.dumps(storage(store, "0x0", hex(block), rid=0)).encode()
+    await evm_proxy.post(hit)  # now in memory
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    try:
+        for _ in range(3):  # one at a time: the second and third heads are replays of the first
+            writer.write(post(hit))
+            status, headers, _ = await read_answer(reader)
+            assert (status, headers["x-cache"]) == (200, "HIT")
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd", "compress", "gzip, br", "x-unknown"])
+async def test_a_body_in_a_content_coding_the_proxy_does_not_decode_is_415(evm_proxy: Proxy, coding: str) -> None:
+    """RFC 9110 section 15.5.16: content in an unsupported content coding gets 415 (Unsupported Media
+    Type), with Accept-Encoding naming the codings that would have been accepted (section 12.5.3)."""
+    body = call("eth_chainId", [], 1)  # plain JSON under a coding it is not in: never parsed as sent
+    [(status, headers, answer)] = await exchange(evm_proxy.server.port, post(body, f"Content-Encoding: {coding}"))
+    error = json.loads(answer)["error"]
+    assert (status, error["code"], headers["accept-encoding"]) == (415, -32600, "gzip, deflate"), answer
+    assert "Content-Encoding" in error["message"]
+
+
+async def test_a_body_in_stacked_codings_is_decoded_layer_by_layer_within_the_limit(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """RFC 9110 section 8.4: codings are listed in the order applied, and one Content-Encoding may be
+    given over several field lines; every layer is decoded, each held to MAX_BODY_BYTES."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000")
+    twice = gzip.compress(gzip.compress(call("eth_chainId", [], 1)))
+    for fields in (("Content-Encoding: gzip, gzip",), ("Content-Encoding: gzip", "Content-Encoding: gzip")):
+        [(status, _, answer)] = await exchange(proxy.server.port, post(twice, *fields))
+        assert status == 200 and json.loads(answer)["result"] == "0x7a69", answer
+    identity = call("eth_chainId", [], 2)
+    [(status, _, answer)] = await exchange(proxy.server.port, post(identity, "Content-Encoding: identity"))
+    assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+    bomb = gzip.compress(gzip.compress(b" " * 10_000_000))  # small outside, 10 MB inside
+    [(status, _, answer)] = await exchange(proxy.server.port, post(bomb, "Content-Encoding: gzip, gzip"))
+    assert status == 413 and json.loads(answer)["error"]["code"] == -32600
+
+
+async def test_a_connection_handed_to_aiohttp_decodes_bodies_by_the_same_rules(evm_proxy: Proxy) -> None:
+    """RFC 9110 sections 8.4 and 15.5.16 after an upgrade aiohttp refused (aiohttp serves the rest of
+    the connection): stacked codings are decoded, an unsupported one is 415."""
+    refused = f"GET /ws/v3/k HTTP/1.1\r\nHost: x\r\n{_WS_UPGRADE.replace('dGhlIHNhbXBsZSBub25jZQ==', 'bad')}\r\n"
+    twice = gzip.compress(gzip.compress(call("eth_chainId", [], 1)))
+    data = refused.encode() + post(twice, "Content-Encoding: gzip, gzip") + post(b"{}", "Content-Encoding: br")
+    [(upgrade, _, _), (status, _, answer), (unsupported, headers, _)] = await exchange(evm_proxy.server.port, data, 3)
+    assert upgrade == 400 and status == 200 and json.loads(answer)["result"] == "0x7a69", answer
+    assert (unsupported, headers["accept-encoding"]) == (415, "gzip, deflate")

@@ -198,6 +198,16 @@ class TestEvmRules:
             code=LIMIT_EXCEEDED,
         )
 
+    def test_every_given_address_and_topic_counts_toward_5000_before_dedupe(self) -> None:
+        """spec (Limits): at most 5,000 parameters in one request: values given, repeats and other
+        spellings of one value included; the canonical filter is still the sorted set."""
+        method, mixed = p.eth_get_logs, [ADDR if i % 2 else ADDR.lower() for i in range(5001)]
+        rejects(method, [{"address": mixed}], "5001 parameters", code=LIMIT_EXCEEDED)
+        rejects(method, [{"topics": [[HASH] * 5001]}], "5001 parameters", code=LIMIT_EXCEEDED)
+        rejects(method, [{"address": mixed[:2500], "topics": [HASH, [HASH] * 2500]}], "5001", code=LIMIT_EXCEEDED)
+        [canonical] = method([{"address": mixed[:5000]}], RULES)
+        assert canonical["address"] == [ADDR.lower()]
+
 
 class TestSolanaRules:
     @pytest.mark.parametrize("bad", ["short", "0OIl" * 11, PUBKEY + "1", 123, "1" * 44])

@@ -148,3 +148,19 @@ async def test_override_spellings_of_one_account_are_keyed_as_the_node_reads_the
     assert reply["error"]["code"] == -32602 and "Balance" in reply["error"]["message"]
     reply = await proxy.call("eth_call", [tx, block, None, {"time": "0x1", "Time": "0x2"}], "key-a")
     assert reply["error"]["code"] == -32602 and "duplicates 'time'" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("method", ["eth_getLogs", "eth_newFilter"])
+async def test_5001_given_log_filter_values_are_refused_though_they_spell_one_address_and_one_topic(
+    evm_proxy: Proxy, method: str
+) -> None:
+    """spec (Limits): eth_getLogs takes at most 5,000 parameters in one request; every value given
+    counts (addresses plus topic values, before dedupe), for eth_newFilter's criteria too."""
+    mixed_case = [ADDRESS if i % 2 else ADDRESS.upper().replace("0X", "0x") for i in range(5001)]
+    topic = "0x" + "ab" * 32
+    for criteria in ({"address": mixed_case}, {"topics": [[topic] * 5001]}):
+        reply = await evm_proxy.call(method, [{"fromBlock": "0x0", "toBlock": "0x0", **criteria}])
+        assert reply["error"]["code"] == -32005 and "5001 parameters" in reply["error"]["message"], reply
+    assert evm_proxy.upstreams["evm"].calls[method] == 0
+    reply = await evm_proxy.call(method, [{"fromBlock": "0x0", "toBlock": "0x0", "address": mixed_case[:5000]}])
+    assert "result" in reply, reply  # 5,000 given values are within the limit

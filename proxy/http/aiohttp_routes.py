@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
@@ -22,7 +22,7 @@ from proxy.http.endpoint import (
     failure_reply,
     fallback_reply,
 )
-from proxy.http.front_routes import Exposition, readiness
+from proxy.http.front_routes import Exposition, decoded_or_refused, readiness
 from proxy.http.request_key import api_key
 from proxy.http.responses import json_response
 from proxy.request_ids import HEADER, IDS, REQUEST_ID
@@ -109,6 +109,12 @@ def rpc_route(endpoint: RpcEndpoint, settings: Settings) -> Handler:
             if isinstance(read, Reply):
                 return json_response(endpoint.finish(read, request.headers))
             body = read
+        codings = request.headers.getall(hdrs.CONTENT_ENCODING, ())
+        if codings:  # left coded by aiohttp (auto_decompress=False): decoded as the front decodes it
+            decoded = decoded_or_refused(endpoint, body, ", ".join(codings))
+            if isinstance(decoded, Reply):
+                return json_response(endpoint.finish(decoded, request.headers))
+            body = decoded
         reply = endpoint.respond(
             api_key(request), request.match_info.get("network"), request.headers, body, request.path
         )

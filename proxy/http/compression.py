@@ -5,7 +5,8 @@ between clients. So the payload is deflated once (a sync flush leaves it byte-al
 and kept by content, and each answer is spliced: the gzip header, the prefix as a stored block, the
 kept deflate of the payload, the closing `}` as the final stored block, then CRC-32 and length. A hit
 then costs a CRC-32 and a copy of the body, not a compression. Batches and errors are compressed
-whole. Only gzip: Python 3.11 has no zstd or brotli of its own, and neither is a dependency here.
+whole. Only gzip: Python 3.11 has no zstd or brotli of its own, and neither is a dependency here;
+for the same reason a request body is decoded from gzip and deflate only (any other coding: 415).
 """
 
 from __future__ import annotations
@@ -79,16 +80,49 @@ class Compressor:
         return deflated
 
 
+class UnsupportedCoding(Exception):
+    """A request body in a content coding the proxy does not decode: RFC 9110 section 15.5.16, 415."""
+
+    def __init__(self, coding: str) -> None:
+        super().__init__(coding)
+        self.coding = coding
+
+
+DECODED_CODINGS = "gzip, deflate"  # the request codings decoded (x-gzip is gzip): a 415's Accept-Encoding
+MAX_CODINGS = 5  # codings stacked on one body: each layer is inflated up to the limit (urllib3's bound too)
+
+
+def codings_of(encoding: str | None) -> list[str]:
+    """A Content-Encoding value's codings in the order they were applied (RFC 9110 section 8.4), with
+    identity (no coding) and empty list elements (section 5.6.1) left out."""
+    codings = [item.strip().lower() for item in (encoding or "").split(",")]
+    return [coding for coding in codings if coding and coding != "identity"]
+
+
 def decoded_body(body: bytes, encoding: str | None, limit: int) -> bytes | None:
-    """A request body decoded from its Content-Encoding (gzip or deflate; others are left as sent);
-    None when it decodes to more than `limit` bytes, which is never held. zlib.error: not decodable."""
-    coding = (encoding or "").strip().lower()
-    if coding in ("gzip", "x-gzip"):
-        wbits = 16 + zlib.MAX_WBITS
-    elif coding == "deflate":  # zlib-wrapped, or raw as some clients send it
+    """A request body decoded from its Content-Encoding, every layer of it, the last applied first;
+    None when a layer decodes to more than `limit` bytes, which is never held. UnsupportedCoding: a
+    coding other than gzip or deflate, or more than MAX_CODINGS (nothing is inflated then);
+    zlib.error: not decodable."""
+    codings = codings_of(encoding)
+    if len(codings) > MAX_CODINGS:
+        raise UnsupportedCoding(f"{len(codings)} codings stacked (at most {MAX_CODINGS})")
+    for coding in codings:
+        if coding not in ("gzip", "x-gzip", "deflate"):
+            raise UnsupportedCoding(coding)
+    for coding in reversed(codings):
+        inflated = _inflated(body, coding, limit)
+        if inflated is None:
+            return None
+        body = inflated
+    return body
+
+
+def _inflated(body: bytes, coding: str, limit: int) -> bytes | None:
+    """One layer: gzip or deflate; None past `limit` bytes."""
+    wbits = 16 + zlib.MAX_WBITS  # gzip
+    if coding == "deflate":  # zlib-wrapped, or raw as some clients send it
         wbits = zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS
-    else:
-        return body
     inflater = zlib.decompressobj(wbits)
     plain = inflater.decompress(body, limit + 1)
     if len(plain) > limit:

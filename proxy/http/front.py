@@ -31,7 +31,7 @@ from proxy.http.endpoint import (
 )
 from proxy.http.front_routes import FrontRoutes, request_path
 from proxy.http.head_limit import MAX_HEAD_BYTES as MAX_HEAD_BYTES  # re-exported: the limit is the front's
-from proxy.http.head_limit import HeadLimit
+from proxy.http.head_limit import HeadLimit, host_fault_of
 from proxy.http.pipeline import Pipeline, closing
 from proxy.http.wire import (
     MAX_LINE,
@@ -125,16 +125,24 @@ class Front:
         self.request_heads: dict[bytes, Request] = {}  # Front.learn (a key in a head: forgotten with the keys)
         endpoint.gateway.forget_keys.append(self.request_heads.clear)
 
-    def read_fields(self, request: Request) -> None:
+    def read_fields(self, request: Request) -> bool:
         """A head's fields into `request.headers`: only those something reads (lower-case), and the
-        first of repeated ones, as aiohttp."""
+        first of repeated ones, as aiohttp, but Content-Encoding's lines joined as one list; whether
+        Host was repeated (only a repeat costs a look)."""
         names, headers = self.header_names, request.headers
+        repeated_host = False
         for name, value in request.raw:
             key = names.get(name)
             if key is None:
                 key = self.header_name(name)
-            if key and key not in headers:
-                headers[key] = value.decode("latin-1")
+            if key:
+                if key not in headers:
+                    headers[key] = value.decode("latin-1")
+                elif key == "host":
+                    repeated_host = True
+                elif key == "content-encoding":  # RFC 9110 section 5.3: one list over its field lines
+                    headers[key] += ", " + value.decode("latin-1")
+        return repeated_host
 
     def target(self, url: bytes) -> tuple[str, tuple[str | None, str | None] | None]:
         """A request target's path, and its (network, key) when it is a JSON-RPC path (remembered)."""
@@ -348,13 +356,16 @@ class FrontProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request = self.request
         assert request is not None
-        self._front.read_fields(request)
+        repeated_host = self._front.read_fields(request)
         headers = request.headers
         parser = self._parser
         if self._access_log:
             request.started = time.perf_counter()
         request.keep_alive = parser.should_keep_alive()
         request.http10 = parser.get_http_version() == "1.0"
+        host_fault = host_fault_of(headers.get("host"), repeated_host, request.http10)
+        if host_fault:
+            raise refusal(INVALID_REQUEST, host_fault, 400)
         request.prebuildable = not self._access_log and ("connection" not in headers or not request.http10)
         sent = headers.get("x-request-id")
         request.sent_id = sent.encode() if sent is not None and sane(sent) else None

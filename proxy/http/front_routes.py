@@ -14,7 +14,7 @@ from urllib.parse import unquote
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
-from proxy.http.compression import decoded_body
+from proxy.http.compression import DECODED_CODINGS, UnsupportedCoding, decoded_body
 from proxy.http.endpoint import (
     NO_CHARGE,
     Headers,
@@ -60,6 +60,26 @@ def readiness(service: Service) -> tuple[int, dict[str, object]]:
     return (200 if ready else 503), answer
 
 
+def decoded_or_refused(endpoint: RpcEndpoint, body: bytes, encoding: str) -> bytes | Reply:
+    """A body decoded from its Content-Encoding (all its field lines, joined), or the answer that
+    refuses it: 415 for a coding not decoded, 400 for one not decodable, 413 past the body limit."""
+    try:
+        plain = decoded_body(body, encoding, endpoint.max_body_bytes)
+    except UnsupportedCoding as exc:
+        # RFC 9110 section 15.5.16: 415, and Accept-Encoding says which codings would do (12.5.3).
+        refused = f"request body: Content-Encoding {exc.coding} is not decoded (only {DECODED_CODINGS})"
+        error = JsonRpcError(INVALID_REQUEST, refused, http_status=415, headers={"Accept-Encoding": DECODED_CODINGS})
+        return error_reply(error, NO_CHARGE)
+    except zlib.error:
+        refused = "request body: not valid in its Content-Encoding"
+        return error_reply(JsonRpcError(INVALID_REQUEST, refused, http_status=400), NO_CHARGE)
+    if plain is None:
+        reply = endpoint.too_large()
+        reply.close = True
+        return reply
+    return plain
+
+
 def request_path(url: bytes) -> str:
     """The decoded path of a request target (origin form, or absolute form as a proxy sends it)."""
     if not url.startswith(b"/"):
@@ -94,17 +114,7 @@ class FrontRoutes:
 
     def decoded(self, request: Request, body: bytes) -> bytes | Reply:
         """A JSON-RPC POST's body decoded from its Content-Encoding, or the answer that refuses it."""
-        endpoint = self.endpoint
-        try:
-            plain = decoded_body(body, request.headers["content-encoding"], endpoint.max_body_bytes)
-        except zlib.error:
-            refused = "request body: not valid in its Content-Encoding"
-            return error_reply(JsonRpcError(INVALID_REQUEST, refused, http_status=400), NO_CHARGE)
-        if plain is None:
-            reply = endpoint.too_large()
-            reply.close = True
-            return reply
-        return plain
+        return decoded_or_refused(self.endpoint, body, request.headers["content-encoding"])
 
     def answer(self, method: str, path: str, headers: Headers) -> Reply | Pending:
         """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves)."""

@@ -1,12 +1,32 @@
-"""A request head's size limit on the fast front (front.py): MAX_HEAD_BYTES, held also when the head
-arrives over many reads or whole in one."""
+"""What a request head must be on the fast front (front.py) before anything reads it: within
+MAX_HEAD_BYTES, held also when the head arrives over many reads or whole in one, and with the one Host
+field RFC 9112 section 3.2 asks for."""
 
 from __future__ import annotations
+
+import re
 
 from proxy.http.wire import MAX_HEADERS, MAX_LINE, refusal
 from proxy.rpc.jsonrpc import INVALID_REQUEST
 
 MAX_HEAD_BYTES = 64 * 1024  # a request head in all
+# RFC 9110 section 7.2: Host = uri-host [ ":" port ], uri-host from RFC 3986 section 3.2.2 (an IP
+# literal in brackets, or a reg-name). A comma is no part of a host name here: Host is a singleton
+# field, and "a, b" is two values (RFC 9110 section 5.3), as repeated field lines are.
+_HOST = re.compile(r"(?:\[[0-9A-Za-z:.]+\]|[0-9A-Za-z\-._~%!$&'()*+;=]*)(?::[0-9]*)?")
+
+
+def host_fault_of(host: str | None, repeated: bool, http10: bool) -> str:
+    """Why a head's Host refuses it (RFC 9112 section 3.2: 400), or "" when it is as the rule asks: a
+    request with more than one Host field line or an invalid Host value, and an HTTP/1.1 request with
+    none, MUST be answered 400. An HTTP/1.0 request may lack it."""
+    if host is None:
+        return "" if http10 else "bad request: no Host header field (RFC 9112 section 3.2)"
+    if repeated:
+        return "bad request: more than one Host header field (RFC 9112 section 3.2)"
+    if _HOST.fullmatch(host) is None:
+        return "bad request: the Host header field is not one host and port (RFC 9112 section 3.2)"
+    return ""
 
 
 class HeadLimit:

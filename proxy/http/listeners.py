@@ -295,7 +295,14 @@ async def serve(
         loop.add_signal_handler(sig, stopping, sig)
     # keepalive_timeout as web.run_app sets it: an idle connection, or one whose request headers
     # never complete, is closed after 75 s (aiohttp's own default is an hour).
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=KEEPALIVE_TIMEOUT)
+    # auto_decompress off: a body is decoded by the proxy's own rules on either server (front_routes.py).
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        keepalive_timeout=KEEPALIVE_TIMEOUT,
+        auto_decompress=False,
+    )
     await runner.setup()
     watcher: asyncio.Task[None] | None = None
     try:

@@ -167,7 +167,14 @@ def log_filter(value: Any, rules: Rules) -> dict[str, Any]:
             out[field_name] = (
                 BlockRef(tag="latest") if raw is None else block_param(f"filter.{field_name}", raw, allow_object=False)
             )
-    count = 0
+    # spec: at most 5,000 parameters (addresses plus topic values) in one request: every value given
+    # counts, before the sets below fold repeats and spellings of one value (checked before any is).
+    count = _given_values(obj.get("address"), obj.get("topics"))
+    if count > rules.getlogs_max_params:
+        raise JsonRpcError(
+            LIMIT_EXCEEDED,
+            f"query has {count} parameters (addresses plus topic values); the limit is {rules.getlogs_max_params}",
+        )
     raw_address = obj.get("address")
     if raw_address is not None:
         if isinstance(raw_address, str):
@@ -178,7 +185,6 @@ def log_filter(value: Any, rules: Rules) -> dict[str, Any]:
             raise invalid_params("filter.address", "expected an address or an array of addresses")
         if addresses:
             out["address"] = addresses
-            count += len(addresses)
     raw_topics = obj.get("topics")
     if raw_topics is not None:
         if not isinstance(raw_topics, list):
@@ -190,14 +196,20 @@ def log_filter(value: Any, rules: Rules) -> dict[str, Any]:
         # positions, so [A, null] and [A] differ there (other nodes may read them alike).
         if topics:
             out["topics"] = topics
-            count += sum(len(t) for t in topics if t)
-    # spec: at most 5,000 parameters (addresses plus topic values) in one request.
-    if count > rules.getlogs_max_params:
-        raise JsonRpcError(
-            LIMIT_EXCEEDED,
-            f"query has {count} parameters (addresses plus topic values); the limit is {rules.getlogs_max_params}",
-        )
     return out
+
+
+def _given_values(raw_address: Any, raw_topics: Any) -> int:
+    """The addresses and topic values a filter gives, repeats included (a wildcard null is none);
+    a field of the wrong type counts nothing here and is refused by its own check."""
+    count = 1 if isinstance(raw_address, str) else len(raw_address) if isinstance(raw_address, list) else 0
+    if isinstance(raw_topics, list):
+        for position in raw_topics:
+            if isinstance(position, str):
+                count += 1
+            elif isinstance(position, list):
+                count += len(position) - position.count(None)
+    return count
 
 
 def eth_get_logs(params: list[Any], rules: Rules) -> list[Any]:
