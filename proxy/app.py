@@ -279,7 +279,7 @@ def _add_routes(
     app.router.add_get("/readyz", cors.wrap(readyz))
     if settings.metrics_port is None:  # else /metrics is served by the internal listener only
         app.router.add_get("/metrics", cors.wrap(metrics_route(exposition)))
-    # MAX_INFLIGHT_BODY_BYTES and MAX_PENDING_ANSWER_BYTES_PER_KEY are the host's, whatever WORKERS is.
+    # MAX_INFLIGHT_BODY_BYTES is the host's, whatever WORKERS is (every worker's bodies in one count).
     host = HostBytes(worker.run_dir, worker.index, settings.workers) if worker is not None else None
     endpoint = RpcEndpoint(gateway, metrics, settings, cors, host)
     app[FRONT] = FrontRoutes(endpoint, app[SERVICE], exposition if settings.metrics_port is None else None, settings)

@@ -157,8 +157,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "MAX_PENDING_ANSWER_BYTES_PER_KEY",
-        "as MAX_PENDING_ANSWER_BYTES, all connections of one API key on the host together (every worker's) "
-        "(default 67108864)",
+        "as MAX_PENDING_ANSWER_BYTES, all connections of one API key on the host together, split evenly: "
+        "each of N workers holds a key to 1/N of it, rounded up (default 67108864)",
     ),
     Option(
         "MAX_PENDING_ANSWER_BYTES_PER_PROCESS",

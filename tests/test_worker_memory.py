@@ -93,9 +93,9 @@ async def test_max_pending_answer_bytes_per_key_is_what_the_key_holds_in_every_w
     big_node: FakeEvm, redis_url: str
 ) -> None:
     # MAX_PENDING_ANSWER_BYTES_PER_KEY: six connections of one key, each pipelining 40 distinct 1 MB
-    # answers and reading none. The host holds the key's 24 MB (plus the first answers of its
-    # connections, reckoned before their size is known: two each); each of two workers counting
-    # alone held 24 MB of its own.
+    # answers and reading none. Each of two workers holds the key to half its 24 MB, so the host holds
+    # the key's 24 MB (plus the first answers of its connections, reckoned before their size is known:
+    # two each); each of two workers holding the whole bound held 24 MB of its own.
     per_key, connections = 24 * MB, 6
     running = await _two_workers(
         big_node,
@@ -119,13 +119,6 @@ async def test_max_pending_answer_bytes_per_key_is_what_the_key_holds_in_every_w
             held_until = time.monotonic() + 1
             while time.monotonic() < held_until:  # and the host stays within the key's bound meanwhile
                 pending, _ = await _pending(session, running)
-                import subprocess
-
-                print(
-                    subprocess.run(
-                        ["ss", "-tnp", "sport", "=", str(running.port)], capture_output=True, text=True
-                    ).stdout
-                )
                 assert pending <= bound, f"{pending:,.0f} bytes pending for one key, bound {per_key:,}"
                 await asyncio.sleep(0.05)
             for sock in socks:

@@ -2,16 +2,14 @@
 per process (MAX_PENDING_ANSWER_BYTES, ..._PER_KEY, ..._PER_PROCESS): a request is made only while
 its connection, its key and the process have room for its answer, else it waits, unmade, in order,
 until what its clients take makes room. Without it a client that reads nothing held as many answers
-as it sent requests: a count of answers bounded nothing when one answer is 4 MB. With WORKERS > 1 a
-key's bound is the host's: its bytes in every worker count (proxy/workers/host_bytes.py)."""
+as it sent requests: a count of answers bounded nothing when one answer is 4 MB. With WORKERS=N each
+worker holds a key to its share of the key's bound (key_share): no count shared on the answers' path."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
 from collections.abc import Callable
-
-from proxy.workers.host_bytes import HostBytes
 
 SIZES_KEPT = 8  # a connection's estimate of its next answer: the largest of its last answers
 UNKNOWN_SHARE = 2  # before any answer, one is reckoned at half the connection's bound (2 made at once)
@@ -21,9 +19,13 @@ FLOOR_SHARE = 64
 # Before any, an answer is reckoned at this in its key's and the process's counts: many new
 # connections of one key (a pool opening) are not held up by half their own bound each.
 UNKNOWN_SHARED = 64 * 1024
-# With workers, how often requests waiting for room look again: bytes a sibling's clients take wake
-# nothing here.
-HOST_LOOK_SECONDS = 0.02
+
+
+def key_share(per_key: int, workers: int) -> int:
+    """A worker's part of MAX_PENDING_ANSWER_BYTES_PER_KEY, the host's: an even split, rounded up (the
+    kernel spreads connections over the workers; a key's first answer in a worker is made whatever it
+    is, so a key with all its connections on one worker still gets answers)."""
+    return -(-per_key // workers)
 
 
 class AnswerBytes:
@@ -32,7 +34,7 @@ class AnswerBytes:
     written but not yet taken by the client, in the transport's buffer or the kernel's), in all and per
     key, and the connections whose requests wait for room, woken in turn as bytes are taken."""
 
-    def __init__(self, per_connection: int, per_key: int, per_process: int, host: HostBytes | None = None) -> None:
+    def __init__(self, per_connection: int, per_key: int, per_process: int) -> None:
         self.per_connection = per_connection
         self.per_key = per_key
         self.per_process = per_process
@@ -41,25 +43,18 @@ class AnswerBytes:
         self.waiting = 0  # requests held, unmade, for want of room (all connections)
         self._waiters: dict[Callable[[], None], None] = {}  # in the order they began to wait
         self._wake_soon: asyncio.Handle | None = None
-        self.host = host  # with workers: every worker's bytes per key (MAX_PENDING_ANSWER_BYTES_PER_KEY)
-        self._host_look: asyncio.TimerHandle | None = None
 
     def charge(self, key: str | None, delta: int) -> None:
         """A connection's bytes changed by `delta`; bytes taken wake those waiting for room."""
         self.held += delta
         if key is not None:
-            self.charge_key(key, delta)
+            left = self.keys.get(key, 0) + delta
+            if left > 0:
+                self.keys[key] = left
+            else:
+                self.keys.pop(key, None)
         if delta < 0 and self._waiters and self._wake_soon is None:
             self._wake_soon = asyncio.get_running_loop().call_soon(self._wake)
-
-    def charge_key(self, key: str, delta: int) -> None:
-        left = self.keys.get(key, 0) + delta
-        if left > 0:
-            self.keys[key] = left
-        else:
-            self.keys.pop(key, None)
-        if self.host is not None:
-            self.host.add(self.host.slot(key), delta)
 
     def room(self, key: str | None, own: int, more: int, shared: int | None = None) -> bool:
         """Whether an answer reckoned at `more` bytes (`shared` in the key's and the process's counts)
@@ -72,8 +67,6 @@ class AnswerBytes:
             return False
         if key is not None:
             held = self.keys.get(key, 0)
-            if self.host is not None:
-                held += self.host.others(self.host.slot(key))
             if held and held + shared > self.per_key:
                 return False
         return True
@@ -81,16 +74,9 @@ class AnswerBytes:
     def wait(self, retry: Callable[[], None]) -> None:
         """`retry` is called once, after the next bytes taken anywhere (it waits again if still short)."""
         self._waiters[retry] = None
-        if self.host is not None and self._host_look is None:
-            self._host_look = asyncio.get_running_loop().call_later(HOST_LOOK_SECONDS, self._look_again)
 
     def forget(self, retry: Callable[[], None]) -> None:
         self._waiters.pop(retry, None)
-
-    def _look_again(self) -> None:
-        self._host_look = None
-        if self._wake_soon is None:
-            self._wake()
 
     def _wake(self) -> None:
         self._wake_soon = None
@@ -151,7 +137,7 @@ class Account:
         if self.key is None and target is not None and target[1] is not None:
             self.key = target[1]
             if self.charged and not self.closed:
-                self.budget.charge_key(self.key, self.charged)
+                self.budget.keys[self.key] = self.budget.keys.get(self.key, 0) + self.charged
 
     def room(self) -> bool:
         return self.budget.room(self.key, self.own, self.estimate.size, self.estimate.shared)

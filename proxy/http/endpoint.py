@@ -19,7 +19,7 @@ from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
 from proxy.gateway.network_routing import websocket_only
-from proxy.http.answer_bytes import AnswerBytes
+from proxy.http.answer_bytes import AnswerBytes, key_share
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.cors import Cors
 from proxy.logs import redacted
@@ -150,13 +150,13 @@ class RpcEndpoint:
         self.open_headers: dict[str, str] = {**gateway.open_hit_headers, "Content-Type": JSON_CONTENT_TYPE}
         self.max_body_bytes = settings.max_body_bytes
         self.body_timeout = settings.body_timeout
-        # Shared by every transport; with workers, the host-wide bounds are counted for the host.
+        # Shared by every transport; with workers, the bodies are counted for the host (one flock per
+        # body not received in its first read) and a key's answers split evenly (nothing shared on a hit).
         self.receiving = BodyBudget(settings.max_inflight_body_bytes, host)
         self.answer_bytes = AnswerBytes(
             settings.max_pending_answer_bytes,
-            settings.max_pending_answer_bytes_per_key,
+            key_share(settings.max_pending_answer_bytes_per_key, settings.workers),
             settings.max_pending_answer_bytes_per_process,
-            host,
         )
         metrics.answer_bytes_pending.set_function(lambda: self.answer_bytes.held)
         metrics.requests_waiting_for_room.set_function(lambda: self.answer_bytes.waiting)

@@ -1,14 +1,13 @@
-"""Bytes held against the host's memory bounds by every worker of one host (WORKERS > 1): request
-bodies being received (MAX_INFLIGHT_BODY_BYTES) and each API key's answers made and not yet taken
-(MAX_PENDING_ANSWER_BYTES_PER_KEY). Each worker enforcing its own copy let the host hold N times either.
+"""Bytes of request bodies being received by every worker of one host (WORKERS > 1), held against
+MAX_INFLIGHT_BODY_BYTES: each worker enforcing its own copy let the host receive N times the bound.
 
-One file in the run directory, mapped into every worker: a row of 8-byte counts per worker, written by
-that worker alone (so no count is ever torn between writers), read by the others straight from memory.
-A bound is checked against the worker's own count plus its siblings' rows: a read of N-1 words, no
-system call, on the answers' path. A body's admission (rare: only a body that does not arrive in the
-read that began it) is also taken under an flock on the file, so two workers cannot both pass the
-body bound at once. A key's counts sit at a slot chosen by a hash of the key (KEY_SLOTS of them):
-keys sharing a slot share their siblings' part of the bound (stricter, never looser).
+One file in the run directory, mapped into every worker: a row of one 8-byte count per worker, written
+by that worker alone (so no count is ever torn between writers), read by the others straight from
+memory. A body's admission (rare: only a body that does not arrive in the read that began it) checks
+the worker's own count plus its siblings' rows and adds its length under an flock on the file, so two
+workers cannot both pass the bound at once. (MAX_PENDING_ANSWER_BYTES_PER_KEY is not counted here: each
+worker holds a key to its even share of it, proxy/http/answer_bytes.py, so no shared count sits on the
+answers' path.)
 
 A worker zeroes its row when it starts: what its predecessor in that place held died with it.
 """
@@ -20,21 +19,11 @@ import fcntl
 import mmap
 import os
 import weakref
-import zlib
 from collections.abc import Iterator
 
 BODIES = 0  # the slot of bytes of bodies being received
-KEY_SLOTS = 16384  # slots for keys' answer bytes, after BODIES
-ROW = 1 + KEY_SLOTS  # counts per worker
+ROW = 1  # counts per worker
 WORD = 8
-
-
-SLOTS_KEPT = 4096  # keys whose slot a worker remembers (then it forgets them all and starts again)
-
-
-def key_slot(key: str) -> int:
-    """The slot of a key's answer bytes: the same in every worker (crc32, not Python's salted hash)."""
-    return 1 + zlib.crc32(key.encode()) % KEY_SLOTS
 
 
 class HostBytes:
@@ -50,7 +39,6 @@ class HostBytes:
         self._counts = memoryview(self._map).cast("q")
         self._own = index * ROW
         self._siblings = [worker * ROW for worker in range(workers) if worker != index]
-        self._slots: dict[str, int] = {}
         self._map[self._own * WORD : (self._own + ROW) * WORD] = bytes(ROW * WORD)
 
     def others(self, slot: int) -> int:
@@ -59,15 +47,6 @@ class HostBytes:
         for row in self._siblings:
             total += counts[row + slot]
         return total
-
-    def slot(self, key: str) -> int:
-        """key_slot(key), remembered: it is asked for on every answer of a key."""
-        slot = self._slots.get(key)
-        if slot is None:
-            if len(self._slots) >= SLOTS_KEPT:
-                self._slots.clear()
-            slot = self._slots[key] = key_slot(key)
-        return slot
 
     def add(self, slot: int, delta: int) -> None:
         self._counts[self._own + slot] += delta
