@@ -47,6 +47,7 @@ from proxy.upstream.key_budget import KeySlots
 from proxy.upstream.pool import HttpUpstream, Upstream, routing_of
 from proxy.workers.context import WorkerContext
 from proxy.workers.credit_handover import WorkerLedger
+from proxy.workers.host_bytes import HostBytes
 from proxy.workers.metrics_merge import metrics_socket, scrape_all
 from proxy.workers.replica_counts import ReplicaCounts
 from proxy.workers.shared_polls import ShownRelay
@@ -265,7 +266,12 @@ class _Lifecycle:
 
 
 def _add_routes(
-    app: web.Application, settings: Settings, gateway: Gateway, metrics: Metrics, exposition: Exposition
+    app: web.Application,
+    settings: Settings,
+    gateway: Gateway,
+    metrics: Metrics,
+    exposition: Exposition,
+    worker: WorkerContext | None,
 ) -> None:
     cors = Cors(settings.cors_allow_origins)
     app.router.add_route("OPTIONS", "/{tail:.*}", cors.preflight)
@@ -273,7 +279,9 @@ def _add_routes(
     app.router.add_get("/readyz", cors.wrap(readyz))
     if settings.metrics_port is None:  # else /metrics is served by the internal listener only
         app.router.add_get("/metrics", cors.wrap(metrics_route(exposition)))
-    endpoint = RpcEndpoint(gateway, metrics, settings, cors)
+    # MAX_INFLIGHT_BODY_BYTES is the host's, whatever WORKERS is (every worker's bodies in one count).
+    host = HostBytes(worker.run_dir, worker.index, settings.workers) if worker is not None else None
+    endpoint = RpcEndpoint(gateway, metrics, settings, cors, host)
     app[FRONT] = FrontRoutes(endpoint, app[SERVICE], exposition if settings.metrics_port is None else None, settings)
     rpc_handler = rpc_route(endpoint, settings)  # adds CORS headers itself
     ws_handler = cors.wrap(guarded(websocket_handler))
@@ -356,5 +364,5 @@ def create_app(
     lifecycle = _Lifecycle(settings, clock, worker, networks, shown_relay, stores, own_exposition, exposition)
     app.cleanup_ctx.append(lifecycle.run)
     app.on_shutdown.append(close_websockets)
-    _add_routes(app, settings, gateway, metrics, exposition)
+    _add_routes(app, settings, gateway, metrics, exposition, worker)
     return app

@@ -144,10 +144,11 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
     Option("BODY_TIMEOUT", "seconds a client has to send a request body once its headers arrived (default 30)"),
-    Option("MAX_CONNECTIONS", "open client connections; more are answered 503 and closed at once (default 4096)"),
+    Option("MAX_CONNECTIONS", "open client connections per worker; more are answered 503 and closed (default 4096)"),
     Option(
         "MAX_INFLIGHT_BODY_BYTES",
-        "request-body bytes being received at once, all clients together; beyond it 503 (default 134217728)",
+        "request-body bytes being received at once, all clients of the host together (every worker's); beyond "
+        "it 503 (default 134217728)",
     ),
     Option(
         "MAX_PENDING_ANSWER_BYTES",
@@ -156,11 +157,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "MAX_PENDING_ANSWER_BYTES_PER_KEY",
-        "as MAX_PENDING_ANSWER_BYTES, all connections of one API key together (default 67108864)",
+        "as MAX_PENDING_ANSWER_BYTES, all connections of one API key on the host together, split evenly: "
+        "each of N workers holds a key to 1/N of it, rounded up (default 67108864)",
     ),
     Option(
         "MAX_PENDING_ANSWER_BYTES_PER_PROCESS",
-        "as MAX_PENDING_ANSWER_BYTES, all connections of a serving process together (default 268435456)",
+        "as MAX_PENDING_ANSWER_BYTES, all connections of a serving process (one worker) together (default 268435456)",
     ),
     Option("METRICS_HOST", "address of the internal /metrics listener (default 127.0.0.1)"),
     Option(

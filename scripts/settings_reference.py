@@ -35,6 +35,8 @@ SEE_ALSO = {
     "CACHE_MEMORY_BYTES": "../caching.md#what-the-in-process-bound-covers",
     "GETLOGS_CHUNK_BLOCKS": "../caching.md#chunked-eth_getlogs",
     "WORKERS": "../scaling.md",
+    "MAX_INFLIGHT_BODY_BYTES": "../scaling.md#host-wide-memory-bounds",
+    "MAX_PENDING_ANSWER_BYTES_PER_KEY": "../scaling.md#host-wide-memory-bounds",
     "EVENT_LOOP": "../scaling.md#uvloop",
     "ADMIN_PORT": "../networks.md#admin-listener",
     "EVM_UPSTREAM_WS": "../subscriptions.md",

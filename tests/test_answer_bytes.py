@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
-from proxy.http.answer_bytes import Account, AnswerBytes, Estimate
+from proxy.config import build_settings
+from proxy.http.answer_bytes import Account, AnswerBytes, Estimate, key_share
+from proxy.http.endpoint import RpcEndpoint
+from proxy.metrics import Metrics
 from tests.fake_evm import FakeEvm
 from tests.memory_fill import big_call
 from tests.support import Proxy, ProxyFactory
@@ -197,6 +203,20 @@ def test_room_lets_the_first_answer_of_a_bound_through_whatever_its_size() -> No
     assert not bytes_.room("c", own=0, more=20)  # the process's
     bytes_.charge("a", -190)
     assert bytes_.keys == {"b": 100} and bytes_.held == 100
+
+
+@pytest.mark.parametrize(("workers", "share"), [("1", 24_000_000), ("2", 12_000_000), ("7", 3_428_572), ("auto", None)])
+def test_each_worker_holds_a_key_to_its_even_share_of_the_per_key_bound(workers: str, share: int | None) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_KEY is the host's: with WORKERS=N each worker enforces
+    # ceil(bound / N) (nothing shared on the answers' path); WORKERS=1 keeps the whole bound.
+    settings = build_settings(
+        {"EVM_UPSTREAM": "http://127.0.0.1:1", "WORKERS": workers, "MAX_PENDING_ANSWER_BYTES_PER_KEY": "24000000"}
+    )
+    gateway = SimpleNamespace(open_mode=True, open_hit_headers={})
+    endpoint = RpcEndpoint(gateway, Metrics(CollectorRegistry()), settings, None)  # type: ignore[arg-type]
+    expected = share if share is not None else -(-24_000_000 // (os.cpu_count() or 1))
+    assert endpoint.answer_bytes.per_key == key_share(24_000_000, settings.workers) == expected
+    assert key_share(10, 3) == 4 and key_share(10, 4) == 3 and key_share(1, 16) == 1  # rounded up
 
 
 def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() -> None:

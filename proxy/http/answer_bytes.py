@@ -2,7 +2,8 @@
 per process (MAX_PENDING_ANSWER_BYTES, ..._PER_KEY, ..._PER_PROCESS): a request is made only while
 its connection, its key and the process have room for its answer, else it waits, unmade, in order,
 until what its clients take makes room. Without it a client that reads nothing held as many answers
-as it sent requests: a count of answers bounded nothing when one answer is 4 MB."""
+as it sent requests: a count of answers bounded nothing when one answer is 4 MB. With WORKERS=N each
+worker holds a key to its share of the key's bound (key_share): no count shared on the answers' path."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ FLOOR_SHARE = 64
 # Before any, an answer is reckoned at this in its key's and the process's counts: many new
 # connections of one key (a pool opening) are not held up by half their own bound each.
 UNKNOWN_SHARED = 64 * 1024
+
+
+def key_share(per_key: int, workers: int) -> int:
+    """A worker's part of MAX_PENDING_ANSWER_BYTES_PER_KEY, the host's: an even split, rounded up (the
+    kernel spreads connections over the workers; a key's first answer in a worker is made whatever it
+    is, so a key with all its connections on one worker still gets answers)."""
+    return -(-per_key // workers)
 
 
 class AnswerBytes:

@@ -19,7 +19,7 @@ from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
 from proxy.gateway.network_routing import websocket_only
-from proxy.http.answer_bytes import AnswerBytes
+from proxy.http.answer_bytes import AnswerBytes, key_share
 from proxy.http.compression import Compressor, accepts_gzip
 from proxy.http.cors import Cors
 from proxy.logs import redacted
@@ -28,6 +28,7 @@ from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from proxy.values import PaidHit, Reply
+from proxy.workers.host_bytes import BODIES, HostBytes
 
 log = logging.getLogger("proxy.app")
 
@@ -105,26 +106,43 @@ def key_of(in_path: str | None, headers: Headers) -> str:
 
 
 class BodyBudget:
-    """Bytes that request bodies being received may hold, all clients together."""
+    """Bytes that request bodies being received may hold, all clients together: those of the host's
+    every worker when `host` is given (WORKERS > 1), else of this process."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, host: HostBytes | None = None) -> None:
         self.limit = limit
-        self.held = 0
+        self.held = 0  # this process's
+        self.host = host
 
     def take(self, size: int) -> bool:
+        if self.host is not None:
+            return self._take_on_host(self.host, size)
         if self.held and self.held + size > self.limit:  # one body of any allowed size always fits
             return False
         self.held += size
         return True
 
+    def _take_on_host(self, host: HostBytes, size: int) -> bool:
+        with host.locked():  # two workers cannot both take the last room
+            held = self.held + host.others(BODIES)
+            if held and held + size > self.limit:  # one body of any allowed size always fits the host
+                return False
+            self.held += size
+            host.add(BODIES, size)
+        return True
+
     def give(self, size: int) -> None:
         self.held -= size
+        if self.host is not None:
+            self.host.add(BODIES, -size)
 
 
 class RpcEndpoint:
     """Authorization, routing, the hit paths and the awaited path of one JSON-RPC POST body."""
 
-    def __init__(self, gateway: Gateway, metrics: Metrics, settings: Settings, cors: Cors | None) -> None:
+    def __init__(
+        self, gateway: Gateway, metrics: Metrics, settings: Settings, cors: Cors | None, host: HostBytes | None = None
+    ) -> None:
         self.gateway = gateway
         self.cors = cors
         self.inflight = metrics.inflight
@@ -132,10 +150,12 @@ class RpcEndpoint:
         self.open_headers: dict[str, str] = {**gateway.open_hit_headers, "Content-Type": JSON_CONTENT_TYPE}
         self.max_body_bytes = settings.max_body_bytes
         self.body_timeout = settings.body_timeout
-        self.receiving = BodyBudget(settings.max_inflight_body_bytes)  # shared by every transport
-        self.answer_bytes = AnswerBytes(  # so is this
+        # Shared by every transport; with workers, the bodies are counted for the host (one flock per
+        # body not received in its first read) and a key's answers split evenly (nothing shared on a hit).
+        self.receiving = BodyBudget(settings.max_inflight_body_bytes, host)
+        self.answer_bytes = AnswerBytes(
             settings.max_pending_answer_bytes,
-            settings.max_pending_answer_bytes_per_key,
+            key_share(settings.max_pending_answer_bytes_per_key, settings.workers),
             settings.max_pending_answer_bytes_per_process,
         )
         metrics.answer_bytes_pending.set_function(lambda: self.answer_bytes.held)
