@@ -26,7 +26,16 @@ from proxy.credits.ledger_storage import check_ledger_storage
 from proxy.gateway.gateway import Gateway
 from proxy.http.access_log import access_logged
 from proxy.http.admin import start_admin
-from proxy.http.aiohttp_routes import fallback, guarded, healthz, metrics_route, readyz, request_ids, rpc_route
+from proxy.http.aiohttp_routes import (
+    fallback,
+    guarded,
+    healthz,
+    host_rule,
+    metrics_route,
+    readyz,
+    request_ids,
+    rpc_route,
+)
 from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
 from proxy.http.cors import Cors
 from proxy.http.endpoint import RpcEndpoint
@@ -345,7 +354,7 @@ def create_app(
     networks.on_reload.append(gateway.router.reload)
 
     logging_all = [access_logged(gateway, settings.trusted_proxy_header)] if settings.access_log else []
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[request_ids, *logging_all])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[request_ids, *logging_all, host_rule])
     app.on_response_prepare.append(_unversioned_server)
     app[SETTINGS] = settings
     app[METRICS] = metrics

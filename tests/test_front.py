@@ -262,6 +262,8 @@ _WS_UPGRADE = (
     "Upgrade: websocket\r\nConnection: Upgrade\r\n"
     "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
 )
+# An upgrade the route does not make (no key to answer): the head is handed to aiohttp all the same.
+_NO_KEY = "Upgrade: websocket\r\nConnection: Upgrade\r\n"
 _NOT_ONE_HOST = {
     "missing": "",
     "two field lines": "Host: a.example\r\nHost: b.example\r\n",
@@ -286,6 +288,31 @@ async def test_an_http_1_1_request_without_exactly_one_valid_host_is_400_on_ever
         error = json.loads(answer)["error"]
         assert (status, headers["connection"], error["code"]) == (400, "close", -32600), data
         assert "Host" in error["message"] and "RFC 9112" in error["message"]
+
+
+async def test_the_host_rule_holds_on_a_connection_handed_to_aiohttp(evm_proxy: Proxy) -> None:
+    """RFC 9112 section 3.2 on every path: a head asking for an upgrade the route does not make is
+    handed to aiohttp, which serves that connection from then on; a later request there whose Host is
+    a list or not a host gets the front's 400 -32600, and the connection is closed (it was served)."""
+    body = call("eth_chainId", [], 1).decode()
+    handed = f"GET /healthz HTTP/1.1\r\nHost: a\r\n{_NO_KEY}\r\n"
+    for host in ("a.example, b.example", "a b c"):
+        then = f"POST /v3/k HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+        answers = await exchange(evm_proxy.server.port, (handed + then).encode(), 2)
+        (first, _, _), (status, headers, answer) = answers
+        error = json.loads(answer)["error"]
+        assert (first, status, headers["connection"], error["code"]) == (200, 400, "close", -32600), answers
+        assert "RFC 9112" in error["message"]
+
+
+async def test_whitespace_around_a_host_value_is_not_part_of_it(evm_proxy: Proxy) -> None:
+    """RFC 9110 section 5.5: a field value's leading and trailing whitespace is not part of it, so a
+    Host of one host with a space or a tab after it is served."""
+    body = call("eth_chainId", [], 1)
+    for host in (b"rpc.example ", b"rpc.example\t", b" rpc.example"):
+        data = b"POST /v3/k HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s" % (host, len(body), body)
+        [(status, _, answer)] = await exchange(evm_proxy.server.port, data)
+        assert status == 200 and json.loads(answer)["result"] == "0x7a69", (host, answer)
 
 
 async def test_an_http_1_0_request_may_omit_host_but_not_repeat_it(evm_proxy: Proxy) -> None:

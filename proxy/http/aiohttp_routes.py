@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
@@ -23,8 +23,9 @@ from proxy.http.endpoint import (
     fallback_reply,
 )
 from proxy.http.front_routes import Exposition, decoded_or_refused, readiness
+from proxy.http.head_limit import host_fault_of
 from proxy.http.request_key import api_key
-from proxy.http.responses import json_response
+from proxy.http.responses import error_response, json_response
 from proxy.request_ids import HEADER, IDS, REQUEST_ID
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.values import Reply
@@ -136,6 +137,20 @@ async def request_ids(request: web.Request, handler: Handler) -> web.StreamRespo
     response = await handler(request)
     if not response.prepared:  # a WebSocket's handshake carries it already (ws.py)
         response.headers[HEADER] = rid
+    return response
+
+
+@web.middleware
+async def host_rule(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """RFC 9112 section 3.2 on a connection aiohttp serves (a head the front handed over, and every
+    request after it there): the front's rule (head_limit.host_fault_of) and answer, 400 -32600 and
+    the connection closed. (A missing or repeated Host aiohttp's own parser refuses first: 400.)"""
+    hosts = request.headers.getall(hdrs.HOST, ())
+    fault = host_fault_of(hosts[0] if hosts else None, len(hosts) > 1, request.version < HttpVersion11)
+    if not fault:
+        return await handler(request)
+    response = error_response(JsonRpcError(INVALID_REQUEST, fault, http_status=400))
+    response.force_close()
     return response
 
 

@@ -24,7 +24,7 @@ def host_fault_of(host: str | None, repeated: bool, http10: bool) -> str:
         return "" if http10 else "bad request: no Host header field (RFC 9112 section 3.2)"
     if repeated:
         return "bad request: more than one Host header field (RFC 9112 section 3.2)"
-    if _HOST.fullmatch(host) is None:
+    if _HOST.fullmatch(host.strip(" \t")) is None:  # whitespace around a field value is not part of it
         return "bad request: the Host header field is not one host and port (RFC 9112 section 3.2)"
     return ""
 
