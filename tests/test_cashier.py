@@ -63,3 +63,16 @@ async def test_credit_held_elsewhere_past_the_wait_is_the_balances_end(monkeypat
     refusal, remaining = await asyncio.wait_for(_cashier(ledger).charge("held", 10), 10)
     assert refusal is not None and refusal.http_status == 402 and "daily credit limit reached" in refusal.message
     assert remaining == 500 and ledger.asked["held"] >= 2  # asked again, every HELD_RETRY, until the wait ran out
+    # The message never says a balance that could pay was simply "left": it says who holds it.
+    assert "500 left today, held by other replicas" in refusal.message
+
+
+class BrokenLedger(HeldLedger):
+    async def debit(self, api_key: str, amount: int, *, daily: int, per_second: int | None, now: float) -> Debit:
+        raise RuntimeError("a fault of the ledger's own")
+
+
+async def test_a_ledger_that_fails_is_a_503_whose_balance_is_not_known() -> None:
+    """Rule: a debit the ledger fails to decide is refused with 503 and shows no balance (unknown), never 0."""
+    refusal, remaining = await _cashier(BrokenLedger()).charge("held", 10)
+    assert refusal is not None and refusal.http_status == 503 and remaining is None

@@ -84,7 +84,7 @@ class Cashier:
                 debit = await self._ledger.debit(account, cost, daily=terms.daily, per_second=terms.per_second, now=now)
             except Exception:  # no fault of the ledger becomes an HTTP 500: the call is refused, not charged
                 log.exception("credits: the ledger failed to decide a debit; the call is refused with 503")
-                debit = Debit(Verdict.UNAVAILABLE, 0)
+                debit = Debit(Verdict.UNAVAILABLE, None)  # the balance not known here either
             if debit.verdict is not Verdict.HELD:
                 break
             # The balance can pay, other replicas' leases hold it: asked again while they give it back.
@@ -108,11 +108,12 @@ class Cashier:
             ), debit.remaining
         if debit.verdict is Verdict.EXHAUSTED:
             self._metrics.credit_rejections.labels("exhausted").inc()
-            left = (
-                "the balance left unknown while the credit ledger cannot be reached"
-                if debit.remaining is None
-                else f"{max(debit.remaining, 0)} left today"
-            )
+            if debit.remaining is None:
+                left = "the balance left unknown while the credit ledger cannot be reached"
+            elif debit.remaining >= cost:  # the balance could pay: other replicas' leases kept it (HELD_WAIT)
+                left = f"{debit.remaining} left today, held by other replicas of the proxy"
+            else:
+                left = f"{max(debit.remaining, 0)} left today"
             return JsonRpcError(
                 LIMIT_EXCEEDED,
                 f"daily credit limit reached: {cost} credits needed, {left}; balances reset at 00:00 UTC",
