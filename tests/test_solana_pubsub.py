@@ -4,11 +4,12 @@ with the proxy's own subscription ids, the same per-connection limits, and a cle
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from proxy.credits.accounts import derived_name
-from proxy.http.app_keys import STREAMS
+from proxy.http.app_keys import LEDGER, STREAMS
 from tests.fake_solana import FakeSolana
 from tests.support import Proxy, ProxyFactory, eventually
 from tests.ws_client import Client, connect
@@ -149,6 +150,24 @@ async def test_solana_subscriptions_are_charged_by_their_subscribe_method(
         return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 2 + 2 * 3
 
     await eventually(charged, 5, "the subscription and its two notifications to be charged")
+
+
+async def test_a_subscribe_the_node_refuses_is_not_charged(solana: FakeSolana, make_proxy: ProxyFactory) -> None:
+    """Rule (docs/subscriptions.md, Credits): only an accepted subscription costs `subscribe`. One the
+    node refuses (its -32602 passed through) is given back and never counted; an accepted one is."""
+    proxy, client = await _charging(solana, make_proxy)
+    for _ in range(3):
+        refused = await client.call("accountSubscribe", "not-a-key")
+        assert refused["error"] == {"code": -32602, "message": "Invalid param: Invalid"}
+    assert "result" in await client.call("slotSubscribe")
+
+    async def charged() -> bool:
+        return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 2
+
+    await eventually(charged, 5, "the accepted subscription alone to be charged")
+    assert proxy.metric("rpc_proxy_credits_charged_total", method="accountSubscribe") == 0
+    used = await proxy.app[LEDGER].used(derived_name("alice"), now=time.time())
+    assert used == 2, used  # the ledger's own count: the refused three given back
 
 
 async def test_an_unsubscribe_with_a_boolean_id_is_refused_and_ends_nothing(

@@ -40,17 +40,33 @@ class Cashier:
         self._settings = settings
         self.terms.clear()
 
-    async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
+    async def charge_stream(
+        self, account: str, label: str, cost: int, now: float | None = None, *, counted: bool = True
+    ) -> JsonRpcError | None:
         """Charge one subscription event (a subscribe, a notification) through the ledger; the
-        refusal if the key cannot pay. Open mode and free kinds charge nothing."""
+        refusal if the key cannot pay. Open mode and free kinds charge nothing. `counted`: False for
+        a subscribe the node has yet to accept (count_stream once it does, refund_stream if not)."""
         if self.open_mode or cost <= 0:
             return None
-        refusal, _remaining = await self.charge(account, cost)
-        if refusal is None:
-            metrics = self._metrics
-            metrics.child(metrics.key_credits_charged, account).inc(cost)
-            metrics.child(metrics.credits_charged, label).inc(cost)
+        refusal, _remaining = await self.charge(account, cost, now)
+        if refusal is None and counted:
+            self.count_stream(account, label, cost)
         return refusal
+
+    def count_stream(self, account: str, label: str, cost: int) -> None:
+        if self.open_mode or cost <= 0:
+            return
+        metrics = self._metrics
+        metrics.child(metrics.key_credits_charged, account).inc(cost)
+        metrics.child(metrics.credits_charged, label).inc(cost)
+
+    async def refund_stream(self, account: str, cost: int, charged_at: float) -> None:
+        """A subscribe charged (uncounted) that the node refused: given back, to the day of its charge."""
+        if not self.open_mode and cost > 0:
+            await self._ledger.refund(account, cost, now=charged_at)
+
+    def now(self) -> float:
+        return self._now()
 
     def _key_terms(self, account: str) -> KeyTerms:
         settings = self._settings

@@ -123,8 +123,19 @@ class Gateway:
     def route_method(self, method: str, network: NetworkRuntime | None) -> NetworkRuntime:
         return self.router.route_method(method, network)
 
-    async def charge_stream(self, account: str, label: str, cost: int) -> JsonRpcError | None:
-        return await self.cashier.charge_stream(account, label, cost)
+    async def charge_stream(
+        self, account: str, label: str, cost: int, now: float | None = None, *, counted: bool = True
+    ) -> JsonRpcError | None:
+        return await self.cashier.charge_stream(account, label, cost, now, counted=counted)
+
+    def count_stream(self, account: str, label: str, cost: int) -> None:
+        self.cashier.count_stream(account, label, cost)
+
+    async def refund_stream(self, account: str, cost: int, charged_at: float) -> None:
+        await self.cashier.refund_stream(account, cost, charged_at)
+
+    def now(self) -> float:
+        return self.cashier.now()
 
     # --- one body -----------------------------------------------------------------------
 

@@ -58,6 +58,19 @@ def unsubscribed(call: Call) -> Any:
     return params[0]
 
 
+def _join_feed(sub: Subscription, feed: HeadSource) -> None:
+    """A head subscription served from its network's own head feed, active at once."""
+    sub.active = True
+    sub.source = feed
+    feed.add(sub)
+
+    async def leave_feed() -> None:
+        if sub.source is not None:
+            sub.source.discard(sub)
+
+    sub.detach = leave_feed
+
+
 @dataclass(eq=False)
 class Session:
     """One WebSocket connection's subscriptions and outgoing queue."""
@@ -132,29 +145,27 @@ class Session:
         if feed is None and relay is None:
             raise unrelayable(call.method, kind, family)
 
-        refusal = await self.gateway.charge_stream(self.account, call.method, credits.get("subscribe", 0))
+        # Only an accepted subscription costs its credits: a node's (a relay's) is counted once it
+        # accepts, and given back if it refuses or the socket went meanwhile.
+        cost, charged_at = credits.get("subscribe", 0), self.gateway.now()
+        refusal = await self.gateway.charge_stream(self.account, call.method, cost, charged_at, counted=bool(feed))
         if refusal is not None:
             raise refusal
-        if self.closed:
-            return  # the socket went while this was charged: nothing to attach
+        if self.closed:  # the socket went while this was charged: nothing to attach
+            if feed is None:
+                await self.gateway.refund_stream(self.account, cost, charged_at)
+            return
         self._register(sub)
         if feed is not None:
             self._reply(call, jsonrpc.dumps(sub.id))
-            sub.active = True
-            sub.source = feed
-            feed.add(sub)
-
-            async def leave_feed() -> None:
-                if sub.source is not None:
-                    sub.source.discard(sub)
-
-            sub.detach = leave_feed
+            _join_feed(sub, feed)
             return
         assert relay is not None
 
         def on_ok() -> None:  # called by the relay's reader before any notification of it
             self._reply(call, jsonrpc.dumps(sub.id))
             sub.active = True
+            self.gateway.count_stream(self.account, call.method, cost)
 
         def on_notify(_method: str, result: Any) -> None:
             sub.notify(jsonrpc.dumps(result))
@@ -174,8 +185,10 @@ class Session:
             relayed = await relay.subscribe(
                 call.method, params if solana else call.params, on_ok=on_ok, on_notify=on_notify, on_lost=on_lost
             )
-        except BaseException:
+        except BaseException as error:
             self._forget(sub)
+            if isinstance(error, JsonRpcError) and not sub.active:
+                await self.gateway.refund_stream(self.account, cost, charged_at)  # never accepted: free
             raise
         sub.detach = relayed.cancel
         if self.closed or sub.id not in self.subs:
