@@ -16,12 +16,11 @@ from proxy.rpc.jsonrpc import (
     EXECUTION_REVERTED,
     INVALID_REQUEST,
     PARSE_ERROR,
-    UPSTREAM_UNAVAILABLE,
     JsonRpcError,
 )
 from proxy.rpc.methods import CacheClass
 from proxy.upstream.replies import block_unknown, state_gone
-from proxy.upstream.sending import too_large
+from proxy.upstream.sending import too_large, upstream_timeout
 from proxy.upstream_reads import Read, Reads
 from proxy.values import Answer, Mode, Plan
 
@@ -134,7 +133,7 @@ class Asker:
             other = per.states.other_with(answer.upstream, plan.need)
             # No other upstream: the pool once more when the tracker knows the block (a load balancer
             # may send it to a member that has it).
-            timeout = self._reads.share(read, 1)  # None: the call's time is up, nothing asked again
+            timeout = self._reads.share(read)  # None: the call's time is up, nothing asked again
             if timeout is not None and (
                 other is not None
                 or (
@@ -166,7 +165,7 @@ class Asker:
         if (
             doubt == "lagging"
             and per is not None
-            and await self._reads.caught_up(per, answer.upstream, plan.need, self._reads.share(read, 1))
+            and await self._reads.caught_up(per, answer.upstream, plan.need, self._reads.share(read))
         ):
             # Its head had not been seen at the block yet. Asked again beside that block's header
             # when the tracker holds its hash (the head and the answer may be two members' of a load
@@ -208,30 +207,17 @@ class Asker:
         pruned node's error again) when it fails, or beside it once it has had half the call's time
         (hedging.py): a stalled holder leaves time for the rest, a slow one is not cut off."""
         attempts: list[int | None] = [holder, None]
-        failed: list[JsonRpcError] = []
 
         def start(timeout: float) -> Awaitable[tuple[Answer, str | None]] | None:
             return self._reads.checked(read, attempts.pop(0), timeout) if attempts else None
 
-        def judge(outcome: tuple[Answer, str | None] | BaseException) -> tuple[Answer, str | None] | None:
-            if isinstance(outcome, JsonRpcError):
-                failed.append(outcome)
-                return None
-            if isinstance(outcome, BaseException):
-                raise outcome
-            return outcome
-
-        found = await Walk(start, lambda: len(attempts), judge, read.deadline).run()
+        walk = Walk(start, lambda: len(attempts), _taken, read.deadline, JsonRpcError)
+        found = await walk.run()
         if found is not None:
             return found
-        if failed:
-            raise failed[-1]  # the pool's failure (or the holder's, when the time was up before the pool's)
-        budget = self._reads.budget(read.policy)
-        raise JsonRpcError(
-            UPSTREAM_UNAVAILABLE,
-            f"upstream timeout: network '{read.net.name}' did not answer in {budget:g}s",
-            http_status=504,
-        )
+        if walk.failures:
+            raise walk.failures[-1]  # the pool's failure (or the holder's, when the time was up before the pool's)
+        raise upstream_timeout(read.net.name, self._reads.budget(read.policy))
 
     async def _shown_at_need(
         self,
@@ -249,7 +235,7 @@ class Asker:
         assert per is not None
         index = per.states.other_with(answer.upstream, plan.need)
         for _ in range(ASK_AGAIN):
-            if (timeout := self._reads.share(read, 1)) is None:
+            if (timeout := self._reads.share(read)) is None:
                 break  # the call's time is up: as when no try showed the block
             try:
                 retried = await self._reads.ask(
@@ -294,7 +280,7 @@ class Asker:
         assert per is not None
         index = per.states.other_with(behind, latest)
         for _ in range(ASK_AGAIN):
-            if (timeout := self._reads.share(read, 1)) is None:
+            if (timeout := self._reads.share(read)) is None:
                 break  # the call's time is up: as when no try reached the head
             try:
                 retried, again = await self._reads.checked(read, index, timeout)
@@ -319,7 +305,7 @@ class Asker:
         need, head, per = plan.need, net.tracker.head, net.per_upstream
         proof = ("latest", head.latest_hash, True) if head is not None and per is not None else None
         for _ in range(ASK_AGAIN):
-            if (timeout := self._reads.share(read, 1)) is None:
+            if (timeout := self._reads.share(read)) is None:
                 break
             block = proof[0] if proof else None
             answer = await self._reads.ask(net, method, params, policy, deadline, proof=block, timeout=timeout)
@@ -377,12 +363,8 @@ async def _state_elsewhere(
         tried.add(left[0])
         return reads.checked(read, left[0], timeout)
 
-    def judge(outcome: tuple[Answer, str | None] | BaseException) -> tuple[Answer, str | None] | None:
+    def judge(outcome: tuple[Answer, str | None]) -> tuple[Answer, str | None] | None:
         nonlocal pruned, unknown
-        if isinstance(outcome, JsonRpcError):
-            return None
-        if isinstance(outcome, BaseException):
-            raise outcome
         retried, again = outcome
         if retried.is_error and state_gone(retried.error):
             pruned = True
@@ -396,10 +378,15 @@ async def _state_elsewhere(
 
     # Each node may take until the call's deadline, and once it has had its share of the time left the
     # next starts beside it: stalled nodes leave time for the rest, a slow archive is not cut off.
-    found = await Walk(start, lambda: len(others()), judge, read.deadline).run()
+    found = await Walk(start, lambda: len(others()), judge, read.deadline, JsonRpcError).run()
     if found is not None:
         return found
     return answer, "state_gone" if need is not None or pruned else "unknown_hash"
+
+
+def _taken(outcome: tuple[Answer, str | None]) -> tuple[Answer, str | None]:
+    """A walk's judge that takes the first answer that comes."""
+    return outcome
 
 
 def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.Proof | None:

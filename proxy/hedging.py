@@ -18,20 +18,24 @@ R = TypeVar("R")
 
 class Walk(Generic[T, R]):
     """One walk: `start(timeout)` begins the next attempt (None when there is none left to start),
-    `remaining()` is how many could still start (itself included), `judge(outcome)` gives the walk's
-    result or None to go on; an outcome is the attempt's value or the exception it raised."""
+    `remaining()` is how many could still start (itself included), `judge(value)` gives the walk's
+    result or None to go on. An attempt that raises `failure` (an upstream's failure) ended without an
+    answer and is kept in `failures`; any other exception ends the walk with it."""
 
     def __init__(
         self,
         start: Callable[[float], Awaitable[T] | None],
         remaining: Callable[[], int],
-        judge: Callable[[T | BaseException], R | None],
+        judge: Callable[[T], R | None],
         deadline: float,
+        failure: type[BaseException],
     ) -> None:
         self._start = start
         self._remaining = remaining
         self._judge = judge
         self._deadline = deadline
+        self._failure = failure
+        self.failures: list[BaseException] = []
 
     async def run(self) -> R | None:
         """The first result the judge takes, or None when every attempt ended without one or the
@@ -57,9 +61,15 @@ class Walk(Generic[T, R]):
                 start_next = True  # its share is spent, or an attempt ended: the next may start
                 for task in done:
                     running.discard(task)
-                    result = self._judge(task.exception() or task.result())
-                    if result is not None:
-                        return result
+                    error = task.exception()
+                    if error is None:
+                        result = self._judge(task.result())
+                        if result is not None:
+                            return result
+                    elif isinstance(error, self._failure):
+                        self.failures.append(error)
+                    else:
+                        raise error
         finally:
             for task in running:
                 task.cancel()

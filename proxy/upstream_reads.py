@@ -49,17 +49,17 @@ class Reads:
         """The seconds one call has: UPSTREAM_TIMEOUT, or eth_getLogs' own limit (GETLOGS_TIMEOUT)."""
         return self._settings.getlogs_timeout if policy.limits_logs else self._settings.upstream_timeout
 
-    def share(self, read: Read, attempts_left: int) -> float | None:
-        """The next upstream call's timeout: its share of what is left of the read's time, split evenly
-        over the `attempts_left` calls it may still make, or UPSTREAM_ATTEMPT_TIMEOUT (docs/caching.md
-        "Failover within budget"); None once the time has passed: no upstream is asked again. An
-        eth_getLogs call is bounded by its own deadline instead (_ask_logs: -32005 once it passes)."""
+    def share(self, read: Read) -> float | None:
+        """The next upstream call's timeout: what is left of the read's time, or UPSTREAM_ATTEMPT_TIMEOUT
+        if less (docs/caching.md "Failover within budget"); None once the time has passed: no upstream
+        is asked again. An eth_getLogs call is bounded by its own deadline instead (_ask_logs: -32005
+        once it passes)."""
         if read.policy.limits_logs:
             return self._settings.getlogs_timeout + 1  # as _ask_logs': the deadline decides
         remaining = read.deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             return None
-        return attempt_share(remaining, attempts_left, self._settings.upstream_attempt_timeout)
+        return attempt_share(remaining, 1, self._settings.upstream_attempt_timeout)
 
     def ask(
         self,

@@ -40,11 +40,12 @@ class Attempts:
         return len(self.scripts)
 
 
-def taken(outcome: str | BaseException) -> str | None:
-    """Takes any answer but "no"; an exception is no answer."""
-    if isinstance(outcome, BaseException) or outcome == "no":
-        return None
-    return outcome
+def taken(outcome: str) -> str | None:
+    """Takes any answer but "no"."""
+    return None if outcome == "no" else outcome
+
+
+DOWN = RuntimeError  # an upstream's failure here: no answer, the walk goes on
 
 
 async def cancelled(attempts: Attempts, which: list[int]) -> None:
@@ -80,7 +81,7 @@ async def test_a_slow_attempt_past_its_share_still_answers_beside_the_next_one()
 
     attempts = Attempts(slow, stalled)
     helper = asyncio.ensure_future(answer_once_the_second_started())
-    result = await Walk(attempts.start, attempts.remaining, taken, deadline_in(2)).run()
+    result = await Walk(attempts.start, attempts.remaining, taken, deadline_in(2), DOWN).run()
     await helper
     assert result == "archive"
     await cancelled(attempts, [1])
@@ -101,8 +102,10 @@ async def test_an_attempt_without_an_answer_starts_the_next_at_once() -> None:
         return "answer"
 
     attempts = Attempts(fails, says_no, answers)
-    result = await asyncio.wait_for(Walk(attempts.start, attempts.remaining, taken, deadline_in(60)).run(), 10)
+    walk = Walk(attempts.start, attempts.remaining, taken, deadline_in(60), DOWN)
+    result = await asyncio.wait_for(walk.run(), 10)
     assert result == "answer" and attempts.started == [0, 1, 2]
+    assert [str(error) for error in walk.failures] == ["down"]  # kept, for the caller to raise
 
 
 async def test_past_the_deadline_nothing_is_taken_and_every_attempt_is_cancelled() -> None:
@@ -113,13 +116,13 @@ async def test_past_the_deadline_nothing_is_taken_and_every_attempt_is_cancelled
         return "never"
 
     attempts = Attempts(stalled, stalled)
-    assert await Walk(attempts.start, attempts.remaining, taken, deadline_in(0.3)).run() is None
+    assert await Walk(attempts.start, attempts.remaining, taken, deadline_in(0.3), DOWN).run() is None
     await cancelled(attempts, [0, 1])
     assert attempts.started == [0, 1]
 
 
-async def test_a_judge_that_raises_ends_the_walk_with_its_error_and_cancels_the_rest() -> None:
-    """Rule: an outcome the judge will not pass over (not an upstream's failure) ends the walk with it."""
+async def test_an_error_that_is_no_upstreams_failure_ends_the_walk_with_it_and_cancels_the_rest() -> None:
+    """Rule: an attempt's exception other than an upstream's failure (a bug) ends the walk with it."""
 
     async def stalled() -> str:
         await asyncio.Event().wait()
@@ -128,12 +131,7 @@ async def test_a_judge_that_raises_ends_the_walk_with_its_error_and_cancels_the_
     async def breaks() -> str:
         raise KeyError("a bug")
 
-    def judge(outcome: str | BaseException) -> str | None:
-        if isinstance(outcome, KeyError):
-            raise outcome
-        return taken(outcome)
-
     attempts = Attempts(stalled, breaks)
     with pytest.raises(KeyError):
-        await Walk(attempts.start, attempts.remaining, judge, deadline_in(0.5)).run()
+        await Walk(attempts.start, attempts.remaining, taken, deadline_in(0.5), DOWN).run()
     await cancelled(attempts, [0])

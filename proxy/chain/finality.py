@@ -28,7 +28,7 @@ class FinalityWatch:
             # chain is taken from the upstream furthest ahead (a reorg to a shorter chain, a rollback).
             # Not before: one URL may be a load balancer whose lagging member is on a fork the
             # network left, and its answers come between the others'.
-            raise Behind(f"upstream #{upstream} is behind the network head ({latest.number} < {old_head.latest})")
+            raise Behind.at(upstream, latest.number, old_head.latest)
 
     def furthest(self, index: int) -> bool:
         """No other upstream serving the network is known to be further ahead than `index`."""

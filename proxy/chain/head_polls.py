@@ -39,6 +39,10 @@ class Behind(TrackerError):
     """The poll's answer came from a node behind the network's head (a primary a few blocks behind, a
     load balancer's lagging member, a node still syncing): the poll asks once more, elsewhere."""
 
+    @classmethod
+    def at(cls, upstream: int, number: int, head: int) -> Behind:
+        return cls(f"upstream #{upstream} is behind the network head ({number} < {head})")
+
 
 @dataclass(frozen=True, slots=True)
 class Header:

@@ -28,7 +28,7 @@ from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
 from proxy.values import PaidHit, Reply
-from proxy.workers.host_bytes import BODIES, HostBytes
+from proxy.workers.host_bytes import HostBytes
 
 log = logging.getLogger("proxy.app")
 
@@ -124,17 +124,17 @@ class BodyBudget:
 
     def _take_on_host(self, host: HostBytes, size: int) -> bool:
         with host.locked():  # two workers cannot both take the last room
-            held = self.held + host.others(BODIES)
+            held = self.held + host.others()
             if held and held + size > self.limit:  # one body of any allowed size always fits the host
                 return False
             self.held += size
-            host.add(BODIES, size)
+            host.add(size)
         return True
 
     def give(self, size: int) -> None:
         self.held -= size
         if self.host is not None:
-            self.host.add(BODIES, -size)
+            self.host.add(-size)
 
 
 class RpcEndpoint:

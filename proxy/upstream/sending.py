@@ -41,6 +41,16 @@ def too_large(error: JsonRpcError) -> bool:
     return error.code == LIMIT_EXCEEDED and error.message.startswith(TOO_LARGE)
 
 
+def upstream_timeout(network: str, budget: float, *, reached: bool = False) -> JsonRpcError:
+    """A call no upstream answered within its budget (UPSTREAM_TIMEOUT): 504, -32002."""
+    return JsonRpcError(
+        UPSTREAM_UNAVAILABLE,
+        f"upstream timeout: network '{network}' did not answer in {budget:g}s",
+        http_status=504,
+        reached=reached,
+    )
+
+
 def attempt_share(remaining: float, attempts_left: int, attempt_timeout: float | None) -> float:
     """One attempt's share of what is left of a call's budget (UPSTREAM_TIMEOUT): split evenly over the
     attempts left to make, or UPSTREAM_ATTEMPT_TIMEOUT, so a slow primary still leaves time for the backup."""
@@ -407,12 +417,7 @@ class Sender:
                 )
             return reply, seconds, index
         if attempts.last_kind == "timeout":
-            raise JsonRpcError(
-                UPSTREAM_UNAVAILABLE,
-                f"upstream timeout: network '{self.network}' did not answer in {budget:g}s",
-                http_status=504,
-                reached=attempts.reached,
-            )
+            raise upstream_timeout(self.network, budget, reached=attempts.reached)
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
             f"upstream unavailable: network '{self.network}' "
