@@ -82,9 +82,17 @@ class TestPureParts:
 
     def test_a_compressed_body_cut_short_or_with_bytes_after_its_end_is_not_decodable(self) -> None:
         packed = gzip.compress(b'{"jsonrpc":"2.0"}')
-        for broken in (packed[:-4], packed[:-1], packed + b"trailing", packed + gzip.compress(b"[]")):
+        for broken in (packed[:-4], packed[:-1], packed + b"trailing", packed + gzip.compress(b"[]")[:-1]):
             with pytest.raises(zlib.error):
                 decoded_body(broken, "gzip", 100)
+        with pytest.raises(zlib.error):  # a deflate stream has one end
+            decoded_body(zlib.compress(b"[]") + zlib.compress(b"[]"), "deflate", 100)
+
+    def test_a_gzip_body_of_several_members_is_their_bodies_in_order_within_the_limit_together(self) -> None:
+        # RFC 1952 section 2.2: a gzip file is a series of members (as `gzip -c a b` writes them).
+        assert decoded_body(gzip.compress(b'{"a":') + gzip.compress(b"1}"), "gzip", 100) == b'{"a":1}'
+        assert decoded_body(gzip.compress(b" " * 600) + gzip.compress(b" " * 600), "gzip", 1000) is None
+        assert decoded_body(gzip.compress(b" " * 500) + gzip.compress(b" " * 500), "gzip", 1000) == b" " * 1000
 
     def test_stacked_codings_are_decoded_last_applied_first_and_others_are_unsupported(self) -> None:
         body = b'{"jsonrpc":"2.0"}'
@@ -187,6 +195,14 @@ async def test_a_gzip_body_is_decoded_and_one_inflating_past_the_limit_is_413(
     assert status == 200 and json.loads(body)["result"] == "0x7a69"
     bomb = gzip.compress(b" " * 100_000)
     [(status, _, _)] = await exchange(proxy.server.port, post(bomb, "Content-Encoding: gzip"))
+    assert status == 413
+    # A body of two gzip members (RFC 1952 2.2) is both, in order; members past the limit together, 413.
+    whole = call("eth_chainId", [], 2)
+    members = gzip.compress(whole[:9]) + gzip.compress(whole[9:])
+    [(status, _, body)] = await exchange(proxy.server.port, post(members, "Content-Encoding: gzip"))
+    assert status == 200 and json.loads(body) == {"jsonrpc": "2.0", "id": 2, "result": "0x7a69"}
+    members = gzip.compress(whole + b" " * 600) + gzip.compress(b" " * 600)
+    [(status, _, _)] = await exchange(proxy.server.port, post(members, "Content-Encoding: gzip"))
     assert status == 413
 
 

@@ -119,14 +119,25 @@ def decoded_body(body: bytes, encoding: str | None, limit: int) -> bytes | None:
 
 
 def _inflated(body: bytes, coding: str, limit: int) -> bytes | None:
-    """One layer: gzip or deflate; None past `limit` bytes."""
+    """One layer: gzip (a series of members, RFC 1952 section 2.2, decoded one after another) or
+    deflate; None past `limit` bytes, the members' together."""
     wbits = 16 + zlib.MAX_WBITS  # gzip
     if coding == "deflate":  # zlib-wrapped, or raw as some clients send it
         wbits = zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    plain = inflater.decompress(body, limit + 1)
-    if len(plain) > limit:
-        return None
-    if not inflater.eof or inflater.unused_data:  # cut short, or bytes after its end: not the body sent
-        raise zlib.error("the encoded body is truncated or has data after its end")
-    return plain
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        part = inflater.decompress(rest, limit + 1 - size)  # at least 1: size never passes limit here
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
+        if not inflater.eof:  # cut short: not the body sent
+            raise zlib.error("the encoded body is truncated")
+        rest = inflater.unused_data
+        if not rest:
+            return b"".join(parts)
+        if wbits != 16 + zlib.MAX_WBITS or rest[:2] != GZIP_HEADER[:2]:  # bytes after its end: not the body sent
+            raise zlib.error("the encoded body has data after its end")
