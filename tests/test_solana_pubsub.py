@@ -3,6 +3,7 @@ with the proxy's own subscription ids, the same per-connection limits, and a cle
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -168,6 +169,31 @@ async def test_a_subscribe_the_node_refuses_is_not_charged(solana: FakeSolana, m
     assert proxy.metric("rpc_proxy_credits_charged_total", method="accountSubscribe") == 0
     used = await proxy.app[LEDGER].used(derived_name("alice"), now=time.time())
     assert used == 2, used  # the ledger's own count: the refused three given back
+
+
+async def test_a_refused_subscribe_gives_back_to_its_own_key_only(solana: FakeSolana, make_proxy: ProxyFactory) -> None:
+    """Rule (docs/subscriptions.md, Credits): a refused subscribe is given back to the key that paid
+    for it. Two keys interleaved on their own sockets: bob's accepted subscriptions stay charged while
+    alice's refused ones come back, and neither key's count moves the other's."""
+    proxy = await make_proxy(
+        SOLANA_UPSTREAM=solana.url,
+        SOLANA_UPSTREAM_WS=solana.ws_url,
+        API_KEYS="alice,bob",
+        SUBSCRIPTION_CREDITS="subscribe=2,slotSubscribe=3",
+    )
+    alice, bob = await connect(proxy, "alice"), await connect(proxy, "bob")
+    for _ in range(3):
+        refused, accepted = await asyncio.gather(alice.call("accountSubscribe", "not-a-key"), bob.call("slotSubscribe"))
+        assert refused["error"]["code"] == -32602 and "result" in accepted
+    ledger = proxy.app[LEDGER]
+    assert await ledger.used(derived_name("alice"), now=time.time()) == 0
+    assert await ledger.used(derived_name("bob"), now=time.time()) == 3 * 2
+
+    async def counted() -> bool:
+        return proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("bob")) == 3 * 2
+
+    await eventually(counted, 5, "bob's accepted subscriptions to be counted")
+    assert proxy.metric("rpc_proxy_key_credits_charged_total", key=derived_name("alice")) == 0
 
 
 async def test_an_unsubscribe_with_a_boolean_id_is_refused_and_ends_nothing(
