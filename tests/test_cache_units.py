@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
+from proxy.chain.finality import FinalityWatch
 from proxy.chain.head_polls import Head, Resolved, TrackerError
 from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
@@ -253,6 +254,20 @@ class TestHeadTracker:
         assert (head.latest, head.safe, head.finalized, head.gas_limit) == (100, 68, 36, 30_000_000)
         assert set(head.hashes) == set(range(37, 101))
         assert metrics.registry.get_sample_value("rpc_proxy_head_block", {"network": "evm", "tag": "finalized"}) == 36
+
+    def test_a_poll_below_the_head_that_shows_a_window_block_with_another_hash_makes_the_head_stale(self) -> None:
+        # Rule (README: a replaced block is never served once a poll has seen it): a node behind on the
+        # head's own chain leaves the head as it is; one showing another hash at a window height does not.
+        watch = FinalityWatch("evm", None, Metrics(CollectorRegistry()))
+        head = Head(105, 100, 90, "0xe", 1, 0, {103: "0xc", 104: "0xd", 105: "0xe"}, {})
+        assert watch.doubted(head, head, (104, "0xd")) is head  # lagging on the same chain
+        assert watch.doubted(head, head, (80, "0xf")) is head  # below the window: finality's to judge
+        assert watch.doubted(head, head, None) is head  # no block shown (a node still syncing)
+        doubted = watch.doubted(head, head, (104, "0xother"))
+        assert doubted is not None and doubted.stale and doubted.hashes == head.hashes
+        assert watch.doubted(doubted, doubted, (104, "0xother")) is doubted  # stale already
+        newer = Head(106, 100, 90, "0xg", 1, 0, {})
+        assert watch.doubted(head, newer, (104, "0xother")) is newer  # another poll moved the head since
 
     async def test_without_a_finalized_tag_a_depth_below_latest_is_final(self) -> None:
         tracker, _ = self.tracker(FakeChain(100, finalized_tag=False), depth=10)

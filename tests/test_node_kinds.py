@@ -1006,6 +1006,54 @@ async def test_a_rollback_made_on_the_node_directly_is_taken_once_the_head_is_st
         node.stop()
 
 
+async def test_a_reorg_to_a_shorter_chain_is_never_served_from_the_replaced_blocks_once_a_poll_shows_it() -> None:
+    """Rule (README: an answer for a replaced block is never served once the head tracker has seen the
+    reorg, within one poll interval): a poll whose answers show a block of the head's window with
+    another hash (the chain above it replaced by a shorter one, made on the node directly) makes the
+    head stale at once, so a read by number above finalized is no longer served from the replaced
+    block's entry, rather than for HEAD_STALE_AFTER (60 s here); the next poll takes the shorter chain."""
+    node = Anvil()
+    try:
+        store = node.deploy_store()
+        node.mine(20)
+        snapshot = node.rpc("evm_snapshot")
+        start = node.block_number()
+        node.send(store, selector("setX(uint256)") + word(1))
+        top = node.mine(4)
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="0.2", HEAD_STALE_AFTER="60"))
+        try:
+            await proxy.head_at(top)
+            read = [store, "0x0", hex(start + 2)]
+            assert await proxy.result("eth_getStorageAt", read) == "0x" + word(1)
+            status, _, headers = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": read}
+            )
+            assert (status, headers["X-Cache"]) == (200, "HIT")
+            assert node.rpc("evm_revert", snapshot) is True
+            node.send(store, selector("setX(uint256)") + word(2))
+            shorter = node.mine(2)
+            assert shorter == start + 3 < top
+
+            async def served_as_the_node() -> bool:
+                reply = await proxy.call("eth_getStorageAt", read)  # -32002 while the tracker sorts it out
+                return reply.get("result") == node.rpc("eth_getStorageAt", *read)
+
+            await eventually(served_as_the_node, 20, "the replaced block's entry to be left (not 60 s later)")
+            tracker = proxy.app[SERVICE].networks["evm"].tracker
+
+            async def taken() -> bool:
+                head = tracker.head
+                return head is not None and head.latest == shorter and not head.stale
+
+            await eventually(taken, 20, "the shorter chain to be taken")
+            assert await proxy.result("eth_getStorageAt", read) == "0x" + word(2)
+            assert await proxy.result("eth_getStorageAt", [store, "0x0", "latest"]) == "0x" + word(2)
+        finally:
+            await proxy.close()
+    finally:
+        node.stop()
+
+
 # --- a load balancer with a member stalled far behind -----------------------------------------
 
 BALANCED_HEAD = 300

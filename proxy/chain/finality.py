@@ -7,6 +7,7 @@ behind answers between the others')."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from proxy.chain.head_polls import RESTART_EVIDENCE, Behind, Head, Header, TrackerError, finality_violation
 from proxy.metrics import Metrics
@@ -28,7 +29,30 @@ class FinalityWatch:
             # chain is taken from the upstream furthest ahead (a reorg to a shorter chain, a rollback).
             # Not before: one URL may be a load balancer whose lagging member is on a fork the
             # network left, and its answers come between the others'.
-            raise Behind.at(upstream, latest.number, old_head.latest)
+            raise Behind.at(upstream, latest, old_head.latest)
+
+    def doubted(self, old_head: Head | None, head: Head | None, shown: tuple[int, str] | None) -> Head | None:
+        """The tracker's `head`, made stale when a poll whose every answer was below it (`shown`: the block its node
+        gave as latest) shows a block of its window with another hash: the chain above that block was
+        replaced (a reorg to a shorter chain), or the node is on another fork. Either way the window is
+        no longer sure, so no tag resolves to it and nothing above finalized is pinned to its hashes
+        (README: a replaced block is never served once a poll has seen it); the next poll that shows the
+        same takes the shorter chain (refuse_going_back), one that shows the head again makes it fresh.
+        Unchanged when the node is behind on the head's own chain (a lagging node) or below the window,
+        when the head is stale already, or when it is no longer the one the poll began with."""
+        if old_head is None or head is not old_head or shown is None or old_head.stale:
+            return head
+        number, block_hash = shown
+        held = old_head.hashes.get(number)
+        if held is None or held == block_hash:
+            return head
+        log.warning(
+            "head tracker %s: a poll shows block %d with another hash than the head's chain (a reorg to a "
+            "shorter chain, or a node on another fork): the head is stale until a poll agrees",
+            self.network,
+            number,
+        )
+        return replace(old_head, stale=True)
 
     def furthest(self, index: int) -> bool:
         """No other upstream serving the network is known to be further ahead than `index`."""

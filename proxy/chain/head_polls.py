@@ -37,11 +37,16 @@ class TrackerError(Exception):
 
 class Behind(TrackerError):
     """The poll's answer came from a node behind the network's head (a primary a few blocks behind, a
-    load balancer's lagging member, a node still syncing): the poll asks once more, elsewhere."""
+    load balancer's lagging member, a node still syncing): the poll asks once more, elsewhere.
+    `shown`: the block (number, hash) the node gave as its latest, when it gave one."""
+
+    shown: tuple[int, str] | None = None
 
     @classmethod
-    def at(cls, upstream: int, number: int, head: int) -> Behind:
-        return cls(f"upstream #{upstream} is behind the network head ({number} < {head})")
+    def at(cls, upstream: int, latest: Header, head: int) -> Behind:
+        behind = cls(f"upstream #{upstream} is behind the network head ({latest.number} < {head})")
+        behind.shown = (latest.number, latest.hash)
+        return behind
 
 
 @dataclass(frozen=True, slots=True)

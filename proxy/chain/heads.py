@@ -244,9 +244,13 @@ class EvmHeadTracker:
             calls.append(get_block(hex(known_final.number)))  # is the finalized block still final?
         old_head = self.head
         judge = functools.partial(self._judged, old_head=old_head, known_final=known_final)
-        answers, asker, latest, violated = await answered(
-            self._asker, self._upstream, self._states, calls, judge, max(self._interval, 1.0), old_head
-        )
+        try:
+            answers, asker, latest, violated = await answered(
+                self._asker, self._upstream, self._states, calls, judge, max(self._interval, 1.0), old_head
+            )
+        except Behind as behind:
+            self.head = self._finality.doubted(old_head, self.head, behind.shown)  # a replaced block's: stale
+            raise
         latest_a, safe_a, final_a = answers[:3]
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
         final_h = header_of(final_a)

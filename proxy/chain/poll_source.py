@@ -92,7 +92,7 @@ def _below(latest_a: Answer, old_head: Head | None) -> Behind | None:
     latest = header_of(latest_a)
     if old_head is None or latest is None or latest.number >= old_head.latest:
         return None
-    return Behind.at(latest_a.upstream, latest.number, old_head.latest)
+    return Behind.at(latest_a.upstream, latest, old_head.latest)
 
 
 async def from_ahead(
