@@ -191,7 +191,8 @@ async def echoing_upstream() -> AsyncIterator[str]:
         text = f"invalid token {request.headers.get('Authorization')} for {request.path_qs}"
 
         def error(call: dict[str, Any]) -> dict[str, Any]:
-            return {"jsonrpc": "2.0", "id": call.get("id"), "error": {"code": -32000, "message": text, "data": text}}
+            data = {"echo": text, text: [{request.path_qs: 1}]}  # in values and in object keys, nested
+            return {"jsonrpc": "2.0", "id": call.get("id"), "error": {"code": -32000, "message": text, "data": data}}
 
         return web.json_response([error(c) for c in calls] if isinstance(calls, list) else error(calls))
 
@@ -227,7 +228,8 @@ async def test_an_upstream_error_echoing_its_secrets_reaches_no_client_or_log_li
             {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x" + "11" * 20, "0x1"]}
         )
         error = body["error"]
-        assert error == {"code": -32000, "message": ECHOED, "data": ECHOED}
+        echoed_path = ECHOED.rpartition(" ")[2]
+        assert error == {"code": -32000, "message": ECHOED, "data": {"echo": ECHOED, ECHOED: [{echoed_path: 1}]}}
         shown = json.dumps(body) + "".join(r.getMessage() for r in caplog.records if r.name.startswith("proxy"))
         assert PROV_TOKEN not in shown and PROV_KEY not in shown
     finally:
@@ -283,6 +285,11 @@ class TestScrubbing:
         sent = base64.b64encode(b"user:pa55word").decode()
         secrets = secrets_of("http://user:pa55word@host/", ())
         assert scrub_text(f"auth=Basic {sent}", secrets) == f"auth=Basic {REDACTED}"
+
+    def test_object_keys_in_an_error_are_scrubbed_too(self) -> None:
+        reply = {"id": 1, "error": {"message": "m", "data": {"abcdef123456": {"k abcdef123456": "v"}}}}
+        scrub_reply(reply, ("abcdef123456",))
+        assert reply == {"id": 1, "error": {"message": "m", "data": {REDACTED: {f"k {REDACTED}": "v"}}}}
 
     def test_only_errors_are_scrubbed_in_a_batch(self) -> None:
         reply = [{"id": 1, "result": "key abcdef123456"}, {"id": 2, "error": {"message": "bad abcdef123456"}}]

@@ -72,7 +72,7 @@ def _scrubbed(value: Any, secrets: tuple[str, ...]) -> Any:
     if isinstance(value, str):
         return scrub_text(value, secrets)
     if isinstance(value, dict):
-        return {k: _scrubbed(v, secrets) for k, v in value.items()}
+        return {scrub_text(k, secrets) if isinstance(k, str) else k: _scrubbed(v, secrets) for k, v in value.items()}
     if isinstance(value, list):
         return [_scrubbed(v, secrets) for v in value]
     return value
