@@ -13,6 +13,7 @@ answered, its password taken.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 
 from proxy.config import Network, Settings
 from proxy.credits.prices import METHOD_CREDITS
@@ -261,15 +262,24 @@ async def probe_redis(url: str, timeout: float) -> str | None:
     client = connect(url, timeout)
     try:
         await client.ping()
-    except AuthenticationError:
-        return "authentication refused (the URL's user or password)"
-    except ResponseError as exc:  # NOAUTH, WRONGPASS...: the server's words, never the URL's
-        return f"refused: {str(exc)[:80]}"
+    except RedisClusterException as exc:  # redis+cluster://: no node reached; why is its cause
+        if "cluster mode is not enabled" in str(exc).lower():
+            return "refused: cluster mode is not enabled on this server (redis+cluster:// needs a Redis Cluster)"
+        return _redis_problem(exc.__cause__ or exc)
     except (RedisError, OSError) as exc:
-        return f"unreachable ({type(exc).__name__})"
+        return _redis_problem(exc)
     finally:
-        await client.aclose()
+        with contextlib.suppress(RedisError, RedisClusterException, OSError):
+            await client.aclose()
     return None
+
+
+def _redis_problem(exc: BaseException) -> str:
+    if isinstance(exc, AuthenticationError):
+        return "authentication refused (the URL's user or password)"
+    if isinstance(exc, ResponseError):  # NOAUTH, WRONGPASS...: the server's words, never the URL's
+        return f"refused: {str(exc)[:80]}"
+    return f"unreachable ({type(exc).__name__})"
 
 
 async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]:

@@ -169,6 +169,23 @@ def test_redis_is_tried_a_wrong_password_is_a_problem_and_no_password_is_printed
         assert SECRET not in result.stdout + result.stderr
 
 
+def test_a_cluster_url_check_cannot_use_is_a_problem_line_not_a_traceback(
+    anvil: Anvil, tmp_path: Path, locked_redis: RedisServer
+) -> None:
+    """Rule: check reports a `redis+cluster://` URL it cannot use (a wrong password, a server without
+    cluster mode, nothing listening) as a FAIL line, then the upstreams, exit 1: never a traceback."""
+    base = f"127.0.0.1:{locked_redis.port}"
+    for url, why in (
+        (f"redis+cluster://:wrong-{SECRET}@{base}", "authentication refused"),
+        (f"redis+cluster://:{SECRET}@{base}", "cluster mode is not enabled"),
+        (f"redis+cluster://127.0.0.1:{free_port()}", "unreachable"),
+    ):
+        result = check(tmp_path, EVM_UPSTREAM=anvil.url, REDIS_URL=url)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+        assert "FAIL redis REDIS_URL redis+cluster://" in result.stdout and why in result.stdout, result.stdout
+        assert "ok   network evm upstream #0" in result.stdout and SECRET not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("offline", [True, False])
 def test_names_in_dotenv_that_are_no_setting_are_a_problem(offline: bool, tmp_path: Path) -> None:
     """Rule: check reports the .env names serve ignores (a misspelt setting would keep its default)."""
