@@ -38,6 +38,6 @@ export ANVIL_BIN="$PWD/.tools/node_modules/.bin/anvil"
 .venv/bin/mypy
 # The documentation site: a broken link or anchor fails here (mkdocs.yml turns them into warnings, --strict into errors).
 site_dir=$(mktemp -d)
-.venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"
+.venv/bin/mkdocs build --strict --site-dir "$site_dir"  # not --quiet: it hides the warnings --strict counts
 rm -rf "$site_dir"
 .venv/bin/pytest "$@"
