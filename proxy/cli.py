@@ -92,9 +92,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def raw_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
-    """Environment first, CLI flags over it."""
-    raw = {o.env: environ[o.env] for o in OPTIONS if o.env in environ}
-    raw.update({o.env: getattr(args, o.env) for o in OPTIONS if getattr(args, o.env, None) is not None})
+    """Environment first, CLI flags over it; an empty value (`NAME=`, `--flag=`) is one left unset,
+    so the source below it (the environment, ./.env, the default) gives the setting."""
+    raw = {o.env: environ[o.env] for o in OPTIONS if environ.get(o.env, "").strip()}
+    raw.update({o.env: value for o in OPTIONS if (value := getattr(args, o.env, None)) is not None and value.strip()})
     return raw
 
 
@@ -148,7 +149,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except ConfigError as exc:
             _error(os.environ, f"configuration error: {exc}")
             return 2
-        environ = {**from_dotenv, **os.environ}
+        environ = {**from_dotenv, **{name: value for name, value in os.environ.items() if value.strip()}}
     raw = raw_settings(args, environ)
     try:
         if args.command == "keys":
@@ -170,7 +171,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return run_check(settings, offline=args.offline, ignored=unknown)
     if from_dotenv or unknown:
         logs.setup(settings.log_format, settings.log_level, settings.access_log)
-        used = sorted(k for k in from_dotenv if k not in os.environ and k not in vars(args))
+        over = {**os.environ, **vars(args)}  # what the environment and the flags set (empty: unset)
+        used = sorted(k for k in from_dotenv if from_dotenv[k].strip() and not str(over.get(k) or "").strip())
         log.info("settings from %s: %s (the environment and flags override it)", DOTENV, ", ".join(used) or "none")
         if unknown:
             log.warning("ignored in %s, not settings: %s", DOTENV, ", ".join(unknown))

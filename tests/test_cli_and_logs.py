@@ -197,6 +197,30 @@ def test_settings_come_from_dotenv_under_the_environment(tmp_path: Path) -> None
     assert not any(r["msg"].startswith("ignored in .env") for r in records)  # every name in it is a setting
 
 
+def test_an_empty_value_is_a_setting_left_unset_in_the_environment_and_in_a_flag(tmp_path: Path) -> None:
+    """Rule (docs/configuration/index.md): a setting given an empty value, in the environment or a
+    flag, is the same as one left unset: the source below it gives the setting (.env, the environment)."""
+    (tmp_path / ".env").write_text("PROXY_PORT=59512\nEVM_UPSTREAM=http://127.0.0.1:1\n")
+
+    def port(*flags: str, **environment: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", *flags, "check", "--offline"],
+            env=clean_env(**environment),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        (line,) = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("port = ")]
+        return line
+
+    assert port(PROXY_PORT="") == "port = 59512"  # .env's, not the default 8545
+    assert port(PROXY_PORT=" ") == "port = 59512"
+    assert port("--proxy-port=", PROXY_PORT="59513") == "port = 59513"  # the environment's
+    assert port("--proxy-port=59514", PROXY_PORT="59513") == "port = 59514"  # a flag still wins
+
+
 def test_no_dotenv_reads_nothing(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy"], env=clean_env(), cwd=tmp_path, capture_output=True, text=True, timeout=30
