@@ -297,12 +297,21 @@ def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: st
     try:
         value = int(raw)
     except ValueError:
+        if low == 0 and _zero(raw):
+            return 0  # "0 disables": any number equal to 0 (0.00, 0e0) is 0
         raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
     if value < low:
         raise ConfigError(f"{name} must be {'0 or greater' if low == 0 else 'greater than 0'}, got {raw!r}")
     if high is not None and value > high:
         raise ConfigError(f"{name} must be at most {high_text or high}, got {raw!r}")
     return value
+
+
+def _zero(raw: str) -> bool:
+    try:
+        return float(raw) == 0
+    except ValueError:
+        return False
 
 
 def _seconds(name: str, raw: str, *, zero: bool = False) -> float:

@@ -92,6 +92,9 @@ def test_one_port_on_two_distinct_hosts_is_kept() -> None:
 def test_a_zero_written_any_way_disables_where_zero_is_allowed(value: str) -> None:
     """Rule: settings documented as "0 disables" take any number equal to 0."""
     assert build_settings({**UPSTREAM, "COALESCE_WAIT": value, "HEAD_CATCH_UP_WAIT": value}).coalesce_wait == 0
+    whole = {"GETLOGS_CHUNK_BLOCKS": value, "MAX_CONNECTIONS_PER_IP": value, "DEFAULT_CREDITS": value}
+    settings = build_settings({**UPSTREAM, **whole})  # whole-number settings too
+    assert (settings.getlogs_chunk_blocks, settings.max_connections_per_ip, settings.default_credits) == (0, 0, 0)
 
 
 @pytest.mark.parametrize(
