@@ -26,6 +26,9 @@ from proxy.rpc.methods import FAMILIES
 from proxy.rpc.methods import Family as Family
 
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# Names the paths themselves use: a network `ws` would make `/ws/v3/<key>` both a POST to it and the
+# default network's WebSocket, and `v3` would make `/v3/v3` both its path and a key named v3.
+RESERVED_NETWORK_NAMES = ("ws", "v3")
 HEAD_POLL_INTERVAL = 2.0  # seconds between head polls (default)
 HEAD_STALE_POLLS = 3  # a head older than this many poll intervals is stale...
 HEAD_STALE_MIN = 1.0  # ...and never sooner than this many seconds
@@ -220,6 +223,10 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
     for net in networks:
         if not NETWORK_NAME.fullmatch(net.name):
             raise ConfigError(f"network name {net.name!r} must be lower-case letters, digits and '-'")
+        if net.name in RESERVED_NETWORK_NAMES:
+            raise ConfigError(
+                f"network name {net.name!r} is a word of the proxy's paths (/ws/v3/<key>, /v3/<key>): choose another"
+            )
         if net.name in seen:
             raise ConfigError(f"network {net.name!r} is declared twice")
         seen.add(net.name)

@@ -83,6 +83,9 @@ def test_networks_file_declares_networks_with_hosts(tmp_path: Path) -> None:
         ('[networks.x]\nfamily = "btc"\nupstreams = ["http://a"]\n', "family must be"),
         ('[networks.x]\nfamily = "evm"\n', "must be a list of URLs"),
         ('[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://a"]\n', "lower-case"),
+        # A word of the paths: /ws/v3/<key> would be both its POSTs and the default network's WebSocket.
+        ('[networks.ws]\nfamily = "evm"\nupstreams = ["http://a"]\n', "'ws' is a word of the proxy's paths"),
+        ('[networks.v3]\nfamily = "evm"\nupstreams = ["http://a"]\n', "'v3' is a word of the proxy's paths"),
         # A misspelt or misplaced field would do nothing: refused, naming it.
         (
             '[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nselectoin = "weighted"\n',
