@@ -412,12 +412,18 @@ def _allow_lists(where: str, entry: Mapping[str, Any]) -> AllowLists:
     return AllowLists(**values)
 
 
-def unsendable(secret: str) -> bool:
-    """Whether a key holds anything but visible ASCII: whitespace, a control character, an invisible
-    one (a zero-width space, a BOM, U+3164's blank letter, a variation selector) or any other outside
-    ASCII. No client types or pastes it reliably, a URL path carries it only percent-encoded, and it
-    hides a copy-paste mistake. Pure; the messages never show the key."""
-    return not all("!" <= c <= "~" for c in secret)
+def unsendable(secret: str) -> str | None:
+    """Why a key cannot be sent as written, or None. Anything but visible ASCII: whitespace, a control
+    character, an invisible one (a zero-width space, a BOM, U+3164's blank letter, a variation
+    selector) or any other outside ASCII; no client types or pastes it reliably, a URL path carries it
+    only percent-encoded, and it hides a copy-paste mistake. Or `/`, `%`, `?`, `#`, which a URL path
+    does not carry as written (a segment's end, an escape, the query, the fragment: `/v3/<key>`
+    never reaches the key). Pure; the messages never show the key."""
+    if not all("!" <= c <= "~" for c in secret):
+        return _UNSENDABLE
+    if any(c in secret for c in "/%?#"):
+        return "holds '/', '%', '?' or '#', which a URL path does not carry as written (/v3/<key>)"
+    return None
 
 
 _UNSENDABLE = (
@@ -456,8 +462,8 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
             raise ConfigError(
                 f"{where}: its table name holds '${{': table names are not expanded (set key = \"${{VAR}}\")"
             )
-        if unsendable(secret):
-            raise ConfigError(f"{where}: the key {_UNSENDABLE}")
+        if (why := unsendable(secret)) is not None:
+            raise ConfigError(f"{where}: the key {why}")
         sha = digest(secret)
     values: dict[str, int | None] = {}
     for field_name in ("daily_credits", "credits_per_second"):
@@ -486,8 +492,8 @@ def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:
                 f"API_KEYS: key {position} holds '${{' or '$NAME': variables are not expanded in API_KEYS "
                 '(set the keys themselves, or use API_KEYS_FILE, whose key = "${VAR}" is expanded)'
             )
-        if unsendable(secret):
-            raise ConfigError(f"API_KEYS: key {position} {_UNSENDABLE}")
+        if (why := unsendable(secret)) is not None:
+            raise ConfigError(f"API_KEYS: key {position} {why}")
         keys[derived_name(secret)] = KeyConfig(sha256=digest(secret))
     path = raw.get("API_KEYS_FILE")
     if path:

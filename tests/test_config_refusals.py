@@ -211,6 +211,20 @@ def test_an_api_key_with_whitespace_control_or_invisible_characters_is_refused_b
     assert "SECRET" not in message and "first" not in message
 
 
+@pytest.mark.parametrize("breaking", ["/", "%41", "?", "#"])
+def test_an_api_key_a_url_path_does_not_carry_as_written_is_refused_by_position(breaking: str, tmp_path: Path) -> None:
+    """Rule: the key travels in the path (/v3/<key>): one holding '/', '%', '?' or '#' could never be
+    sent there as written, so it is refused (API_KEYS by position, the file by name), never shown."""
+    message = refused(API_KEYS=f"sk-first-key,sk-SECRET{breaking}123")
+    assert "API_KEYS: key 2 holds '/', '%', '?' or '#', which a URL path does not carry" in message
+    assert "SECRET" not in message
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[keys.alice]\nkey = "sk-SECRET{breaking}123"\n')
+    message = refused(API_KEYS_FILE=str(keys))
+    assert "API_KEYS_FILE: key 'alice'" in message and "which a URL path does not carry" in message
+    assert "SECRET" not in message
+
+
 @pytest.mark.parametrize(
     "table",
     [
