@@ -291,16 +291,22 @@ async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]
     return [(name, redact_url(url), problem) for (name, url), problem in zip(urls, problems, strict=True)]
 
 
-def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = ()) -> int:
+def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (), misspelt: Sequence[str] = ()) -> int:
     """Print the effective configuration and, online, each upstream's result; the exit status.
-    `ignored`: names in ./.env that are no setting (serve logs and ignores them: most are typos)."""
+    `ignored`: names in ./.env that are no setting (serve logs and ignores them: most are typos);
+    `misspelt`: names in the environment that are a setting's near twin (`API_KEY (API_KEYS?)`)."""
     print("effective configuration (secrets redacted):")
     for line in effective(settings):
         print(f"  {line}")
+    if settings.api_keys is None:
+        print("note open mode: neither API_KEYS nor API_KEYS_FILE is set: any key is accepted, nothing is charged")
     problems = 0
     if ignored:
         problems += 1
         print(f"FAIL .env: not settings, serve ignores them: {', '.join(ignored)}")
+    if misspelt:
+        problems += 1
+        print(f"FAIL environment: not settings (misspelt?), serve ignores them: {', '.join(misspelt)}")
     if offline:
         print("offline: settings and files are valid; upstreams not tried" if not problems else "1 problem(s)")
         return 1 if problems else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import logging
 import os
 import re
@@ -130,6 +131,17 @@ def dotenv_settings(path: Path) -> tuple[dict[str, str], list[str]]:
     return {k: v for k, v in values.items() if k in OPTION_NAMES}, sorted(set(values) - OPTION_NAMES)
 
 
+def misspelt(names: Iterable[str]) -> list[str]:
+    """The names among `names` (the environment's) that are no setting but one's near twin
+    (`API_KEY` for API_KEYS), each as `NAME (SETTING?)`: a typo there would leave the setting unset
+    (a misspelt API_KEYS runs the proxy open). Names only, never values."""
+    found = []
+    for name in sorted(names):
+        if name not in OPTION_NAMES and (near := difflib.get_close_matches(name, OPTION_NAMES, 1, 0.85)):
+            found.append(f"{name} ({near[0]}?)")
+    return found
+
+
 def _error(raw: Mapping[str, str], message: str) -> None:
     """One error line in LOG_FORMAT (text when LOG_FORMAT itself is what is wrong)."""
     fmt = "json" if raw.get("LOG_FORMAT", "").strip().lower() == "json" else "text"
@@ -143,7 +155,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = _parser().parse_args(argv)
     from_dotenv: dict[str, str] = {}
     unknown: list[str] = []
+    near: list[str] = []
     if environ is None:
+        near = misspelt(os.environ)
         try:
             from_dotenv, unknown = dotenv_settings(DOTENV)
         except ConfigError as exc:
@@ -168,7 +182,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.command == "check":
         from proxy.check import run_check
 
-        return run_check(settings, offline=args.offline, ignored=unknown)
+        return run_check(settings, offline=args.offline, ignored=unknown, misspelt=near)
+    if near:
+        logs.setup(settings.log_format, settings.log_level, settings.access_log)
+        log.warning("in the environment, not settings (misspelt?), ignored: %s", ", ".join(near))
     if from_dotenv or unknown:
         logs.setup(settings.log_format, settings.log_level, settings.access_log)
         over = {**os.environ, **vars(args)}  # what the environment and the flags set (empty: unset)

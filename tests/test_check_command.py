@@ -186,6 +186,19 @@ def test_a_cluster_url_check_cannot_use_is_a_problem_line_not_a_traceback(
         assert "ok   network evm upstream #0" in result.stdout and SECRET not in result.stdout + result.stderr
 
 
+def test_a_misspelt_setting_in_the_environment_is_a_problem_and_open_mode_is_said(tmp_path: Path) -> None:
+    """Rule: a name in the environment that is a setting's near twin (API_KEY for API_KEYS, as
+    Compose's env_file or Kubernetes' envFrom deliver it) is a problem: serve would ignore it and, here,
+    run open. check names it (never its value) and says the proxy runs open; other names pass."""
+    upstream = f"http://127.0.0.1:{free_port()}"
+    result = check(tmp_path, "--offline", EVM_UPSTREAM=upstream, API_KEY=SECRET, HOSTNAME="box", REDIS_HOST="r")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL environment: not settings (misspelt?), serve ignores them: API_KEY (API_KEYS?)" in result.stdout
+    assert "note open mode:" in result.stdout and SECRET not in result.stdout + result.stderr
+    keyed = check(tmp_path, "--offline", EVM_UPSTREAM=upstream, API_KEYS=SECRET, HOSTNAME="box")
+    assert keyed.returncode == 0 and "open mode" not in keyed.stdout and "FAIL" not in keyed.stdout, keyed.stdout
+
+
 @pytest.mark.parametrize("offline", [True, False])
 def test_names_in_dotenv_that_are_no_setting_are_a_problem(offline: bool, tmp_path: Path) -> None:
     """Rule: check reports the .env names serve ignores (a misspelt setting would keep its default)."""

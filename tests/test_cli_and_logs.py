@@ -174,7 +174,7 @@ def test_settings_come_from_dotenv_under_the_environment(tmp_path: Path) -> None
     # The shipped .env.example, copied to .env as docs/configuration/index.md says; the environment overrides two of it.
     shutil.copy(ROOT / ".env.example", tmp_path / ".env")
     port = free_port()
-    env = clean_env(PROXY_PORT=str(port), LOG_FORMAT="json")  # .env says 8545 and text
+    env = clean_env(PROXY_PORT=str(port), LOG_FORMAT="json", WORKER="2")  # .env says 8545 and text; WORKER: a typo
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy"],
         env=env,
@@ -195,6 +195,8 @@ def test_settings_come_from_dotenv_under_the_environment(tmp_path: Path) -> None
     named = set(note.split(": ", 1)[1].split(" (")[0].split(", "))
     assert "EVM_UPSTREAM" in named and "PROXY_PORT" not in named and "LOG_FORMAT" not in named
     assert not any(r["msg"].startswith("ignored in .env") for r in records)  # every name in it is a setting
+    # A setting's near twin in the environment is named (never its value) and ignored.
+    assert "in the environment, not settings (misspelt?), ignored: WORKER (WORKERS?)" in [r["msg"] for r in records]
 
 
 def test_an_empty_value_is_a_setting_left_unset_in_the_environment_and_in_a_flag(tmp_path: Path) -> None:
