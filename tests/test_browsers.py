@@ -55,6 +55,15 @@ class TestAllowListDecisions:
         assert call_refusal(lists, "eth_blockNumber", []) is None  # names no address
         assert targets("eth_subscribe", ["logs", {"address": STORE}]) == [STORE]
 
+    def test_addresses_list_refuses_solana_reads_that_name_accounts(self) -> None:
+        # Rule: allowed_addresses holds EVM addresses, so a Solana read of named accounts is refused
+        # (fail-closed, as an EVM call naming no address); a Solana call naming none is not restricted.
+        lists = AllowLists(addresses=frozenset({STORE}))
+        for method in ("getTokenAccountBalance", "getBalance", "getMultipleAccounts", "accountSubscribe"):
+            error = call_refusal(lists, method, ["4Nd1mBQtrMJVYVfKf2PJy9NZUZdTAsp7D4xWLs4gDB4T"])
+            assert error is not None and "Solana accounts" in error.message and error.http_status == 403
+        assert call_refusal(lists, "getSlot", []) is None and call_refusal(AllowLists(), "getBalance", ["x"]) is None
+
     def test_origins_list_refuses_other_origins_and_none(self) -> None:
         lists = AllowLists(origins=frozenset({PAGE}))
         assert origin_refusal(lists, PAGE + "/") is None

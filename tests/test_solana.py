@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.fake_solana import MISSING_ACCOUNT, SYSTEM_ACCOUNT, TOKEN_ACCOUNT, FakeSolana
@@ -58,3 +60,23 @@ async def test_solana_params_are_validated_before_upstream(
 async def test_other_solana_methods_are_forwarded_to_the_solana_network(sol_proxy: Proxy) -> None:
     assert await sol_proxy.result("getHealth", []) == "ok"
     assert (await sol_proxy.result("getVersion", []))["solana-core"]
+
+
+async def test_a_key_with_allowed_addresses_is_refused_solana_reads_of_named_accounts(
+    solana: FakeSolana, make_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """Rule (docs/clients.md, allow-lists): allowed_addresses holds EVM addresses, so a key with the list
+    is refused the Solana reads that name accounts (403, -32001, uncharged) rather than read any
+    account; a Solana call naming none (getLargestAccounts) is served. A key without lists reads them."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        '[keys.dave]\nkey = "dave-key-1"\nallowed_addresses = ["0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266"]\n'
+        '[keys.erin]\nkey = "erin-key-1"\n'
+    )
+    keys.chmod(0o600)
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, API_KEYS_FILE=str(keys))
+    call = {"jsonrpc": "2.0", "id": 1, "method": "getTokenAccountBalance", "params": [TOKEN_ACCOUNT]}
+    status, body, _ = await proxy.post(call, "dave-key-1")
+    assert (status, body["error"]["code"]) == (403, -32001) and "Solana accounts" in body["error"]["message"]
+    assert "result" in await proxy.call("getLargestAccounts", [], "dave-key-1")
+    assert (await proxy.result("getTokenAccountBalance", [TOKEN_ACCOUNT], "erin-key-1"))["value"]["amount"] == "9864"

@@ -28,6 +28,27 @@ _UNCHECKABLE = frozenset(
         "debug_executionWitness",
     }
 )
+# Solana methods that read accounts they name (a pubkey, a list of them, a program's or an owner's
+# accounts, a logs subscription's `mentions`): allowed_addresses holds EVM addresses only, so a key with
+# the list is refused them, fail-closed as an EVM call that names no address is.
+_SOLANA_ACCOUNTS = frozenset(
+    {
+        "getAccountInfo",
+        "getBalance",
+        "getMultipleAccounts",
+        "getProgramAccounts",
+        "getSignaturesForAddress",
+        "getTokenAccountBalance",
+        "getTokenAccountsByDelegate",
+        "getTokenAccountsByOwner",
+        "getTokenLargestAccounts",
+        "getTokenSupply",
+        "getInflationReward",
+        "accountSubscribe",
+        "programSubscribe",
+        "logsSubscribe",
+    }
+)
 # Where executing methods take client-supplied code or state: the param positions past the block
 # (eth_call: stateOverrides, blockOverrides; eth_estimateGas: stateOverrides), and the keys of
 # debug_traceCall's config and eth_simulateV1's blocks that carry them.
@@ -124,6 +145,8 @@ def call_refusal(lists: AllowLists, method: str, params: Any) -> JsonRpcError | 
     if lists.addresses:
         if method in _UNCHECKABLE:
             return refused(f"{method} runs calls the key's allowed_addresses list cannot check")
+        if method in _SOLANA_ACCOUNTS:
+            return refused(f"{method} reads Solana accounts, and the key's allowed_addresses lists EVM addresses only")
         if overrides(method, params):
             return refused(
                 f"{method} with state or block overrides: they run code of the caller's choosing, "
