@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
 from proxy.cache import sharing
-from proxy.cache.tiers import decode_value, encode_value, final_at
+from proxy.cache.redis_format import decode_value, encode_value, final_at
 from proxy.chain.forks import TRAIL_MARKS, ForkGuard, Mark, MemoryTrails, RedisTrails, Trail, TrailStore
 from proxy.chain.head_polls import Head
 from proxy.http.app_keys import SERVICE

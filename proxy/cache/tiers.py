@@ -5,10 +5,9 @@ space names the network, its chain identity and epoch: `Head.space`) with
 object keys sorted and block parameters replaced by `{"n": number}` (final),
 `{"n": number, "h": hash}` (unfinalized, pinned to its block hash) or `{"h": hash}`. Keys longer
 than 200 bytes become `v1#` + the SHA-256 of that text. An answer is held as `Stored`: the JSON
-that is spliced into the response and whether it is an error object. Redis holds it as one kind
-byte (`r` result, `e` error object) followed by that JSON, after `f<height>:` for a hash-addressed
-answer its writer tagged with its finalized height (sharing.py); memory holds the pair (the JSON copied
-once, when stored, into bytes of its own length), so a hit neither decodes nor copies it.
+that is spliced into the response and whether it is an error object. Redis holds it as
+redis_format.py writes it; memory holds the pair (the JSON copied once, when stored, into bytes of
+its own length), so a hit neither decodes nor copies it.
 """
 
 from __future__ import annotations
@@ -27,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from proxy.cache.admission import Admission
+from proxy.cache.redis_format import Stored, decode_value, encode_value, final_at
 from proxy.key_context import CALLER
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable
 from proxy.rpc.jsonrpc import dumps_canonical
 
 T = TypeVar("T")
-Stored = tuple[bytes, bool]  # an answer as the cache holds it: (payload JSON, is an error object)
 MAX_PLAIN_KEY = 200
 REDIS_PREFIX = "rcp:c:"
 LOCK_PREFIX = "rcp:l:"
@@ -77,22 +76,6 @@ def shared_keys(key: str) -> tuple[str, str]:
     answers spread over every slot; the key itself contains braces, which cannot be the tag."""
     tag = f"{{{zlib.crc32(key.encode()):08x}}}"
     return REDIS_PREFIX + tag + key, LOCK_PREFIX + tag + key
-
-
-def encode_value(stored: Stored, final_at: int | None = None) -> bytes:
-    kind = b"e" if stored[1] else b"r"
-    return (kind if final_at is None else b"f%d:%s" % (final_at, kind)) + stored[0]
-
-
-def decode_value(value: bytes) -> Stored:
-    if value[:1] == b"f":
-        value = value[value.index(b":") + 1 :]
-    return value[1:], value[:1] == b"e"
-
-
-def final_at(value: bytes) -> int | None:
-    """The writer's finalized height a value is tagged with (sharing.py), None when it has none."""
-    return int(value[1 : value.index(b":")]) if value[:1] == b"f" else None
 
 
 Vet = Callable[[int | None], bool]  # may this replica take a Redis value with this tag (sharing.py)?
