@@ -147,7 +147,7 @@ def _stores(
         deployment=deployment,
     )
     cache = TieredCache(
-        MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link) if link else None, metrics, admission
+        MemoryTier(settings.cache_memory_bytes, clock), RedisTier(link, metrics) if link else None, metrics, admission
     )
     # The ledger has a Redis client and breaker of its own: its own URL if set, its own timeout.
     ledger_url = settings.credits_redis_url or (settings.redis_url if redis is None else None)

@@ -333,6 +333,12 @@ class Metrics:
             registry=r,
         )
         self.redis_up = Gauge("rpc_proxy_redis_up", "1 while Redis answers, 0 while it is skipped.", registry=r)
+        self.redis_invalid_values = Counter(
+            "rpc_proxy_redis_invalid_values",
+            "Values read from the Redis cache that are not as the proxy writes them: taken as misses.",
+            ["operation"],
+            registry=r,
+        )
         self.memory_limit = Gauge(
             "rpc_proxy_memory_limit_bytes",
             "The memory limit of the proxy's cgroup (its container); 0: none. "

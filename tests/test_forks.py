@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
 from proxy.cache import sharing
-from proxy.cache.tiers import decode_value, encode_value, final_at
+from proxy.cache.redis_format import Entry, decode_value, encode_value
 from proxy.chain.forks import TRAIL_MARKS, ForkGuard, Mark, MemoryTrails, RedisTrails, Trail, TrailStore
 from proxy.chain.head_polls import Head
 from proxy.http.app_keys import SERVICE
@@ -219,9 +219,9 @@ class TestSharing:
         assert sharing.vet(_plan(50)) is None  # numbered, or a hash of its own window
 
     def test_a_tagged_value_decodes_as_an_untagged_one(self) -> None:
-        value = encode_value((b'{"a":1}', False), 77)
-        assert decode_value(value) == (b'{"a":1}', False) and final_at(value) == 77
-        assert final_at(encode_value((b"3", True))) is None and decode_value(encode_value((b"3", True))) == (b"3", True)
+        assert decode_value(encode_value((b'{"a":1}', False), 77)) == Entry((b'{"a":1}', False), 77)
+        revert = b'{"code":3,"message":"execution reverted"}'
+        assert decode_value(encode_value((revert, True))) == Entry((revert, True), None)
 
 
 # --- real nodes: two forks of one chain behind two replicas sharing Redis ------------------------

@@ -222,14 +222,15 @@ async def test_after_a_failover_pipelined_reads_alone_find_the_promoted_replica(
     # Every cache lookup is a pipeline (GET + PTTL), and redis-py re-reads the slot map after a
     # failed command but not after a failed pipeline: without the link's own rediscovery, a
     # replica that only reads would ask the dead primary forever.
+    metrics = Metrics(CollectorRegistry())
     link = RedisLink(
         connect(replicated_cluster.url, 0.5),
         timeout=0.5,
-        metrics=Metrics(CollectorRegistry()),
+        metrics=metrics,
         min_backoff=0.05,
         max_backoff=0.2,
     )
-    tier = RedisTier(link)
+    tier = RedisTier(link, metrics)
     stored = (b'"0x01"', False)
     key = "v1|lookup"
     try:

@@ -5,10 +5,9 @@ space names the network, its chain identity and epoch: `Head.space`) with
 object keys sorted and block parameters replaced by `{"n": number}` (final),
 `{"n": number, "h": hash}` (unfinalized, pinned to its block hash) or `{"h": hash}`. Keys longer
 than 200 bytes become `v1#` + the SHA-256 of that text. An answer is held as `Stored`: the JSON
-that is spliced into the response and whether it is an error object. Redis holds it as one kind
-byte (`r` result, `e` error object) followed by that JSON, after `f<height>:` for a hash-addressed
-answer its writer tagged with its finalized height (sharing.py); memory holds the pair (the JSON copied
-once, when stored, into bytes of its own length), so a hit neither decodes nor copies it.
+that is spliced into the response and whether it is an error object. Redis holds it as
+redis_format.py writes it; memory holds the pair (the JSON copied once, when stored, into bytes of
+its own length), so a hit neither decodes nor copies it.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import math
 import secrets
 import sys
@@ -27,13 +27,16 @@ from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from proxy.cache.admission import Admission
+from proxy.cache.redis_format import Entry, Stored, decode_value, encode_value
 from proxy.key_context import CALLER
+from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable
 from proxy.rpc.jsonrpc import dumps_canonical
 
+log = logging.getLogger("proxy.cache")
+throttled = Throttled(log)  # a Redis full of values of another program's would otherwise log every read
 T = TypeVar("T")
-Stored = tuple[bytes, bool]  # an answer as the cache holds it: (payload JSON, is an error object)
 MAX_PLAIN_KEY = 200
 REDIS_PREFIX = "rcp:c:"
 LOCK_PREFIX = "rcp:l:"
@@ -79,29 +82,13 @@ def shared_keys(key: str) -> tuple[str, str]:
     return REDIS_PREFIX + tag + key, LOCK_PREFIX + tag + key
 
 
-def encode_value(stored: Stored, final_at: int | None = None) -> bytes:
-    kind = b"e" if stored[1] else b"r"
-    return (kind if final_at is None else b"f%d:%s" % (final_at, kind)) + stored[0]
-
-
-def decode_value(value: bytes) -> Stored:
-    if value[:1] == b"f":
-        value = value[value.index(b":") + 1 :]
-    return value[1:], value[:1] == b"e"
-
-
-def final_at(value: bytes) -> int | None:
-    """The writer's finalized height a value is tagged with (sharing.py), None when it has none."""
-    return int(value[1 : value.index(b":")]) if value[:1] == b"f" else None
-
-
 Vet = Callable[[int | None], bool]  # may this replica take a Redis value with this tag (sharing.py)?
 
 
 class Found(NamedTuple):
     """A Redis entry as a fill's first round trip finds it."""
 
-    stored: Stored
+    stored: Stored | None  # None: a value this proxy did not write (redis_format.py), a miss
     ttl: float  # its remaining seconds (math.inf when immutable)
     final_at: int | None  # its writer's finalized height, for a hash-addressed answer (sharing.py)
 
@@ -209,9 +196,23 @@ class MemoryTier:
 
 
 class RedisTier:
-    def __init__(self, link: RedisLink) -> None:
+    def __init__(self, link: RedisLink, metrics: Metrics) -> None:
         self._link = link
         self._release: Any = link.client.register_script(RELEASE_SCRIPT)
+        self._invalid = metrics.redis_invalid_values
+
+    def _entry(self, operation: str, value: Any) -> Entry | None:
+        """A value read from Redis, decoded; None (counted, logged without its bytes) when this proxy did
+        not write it: never served nor kept in memory, but asked of the node and written over."""
+        entry = decode_value(bytes(value))
+        if entry is None:
+            self._invalid.labels(operation).inc()
+            throttled.warning(
+                f"invalid {operation}",
+                "a value in the Redis cache is not one this proxy writes (%s): taken as a miss and written over",
+                operation,
+            )
+        return entry
 
     async def lock(self, key: str, token: str, hold: float) -> bool:
         """Take the replicas' fill lock on a key for `hold` seconds; False if another replica has it."""
@@ -234,8 +235,10 @@ class RedisTier:
         if value is None:
             return None, bool(taken)
         pttl = int(pttl)
-        value = bytes(value)
-        return Found(decode_value(value), math.inf if pttl < 0 else pttl / 1000, final_at(value)), False
+        entry = self._entry("cache_get", value)
+        if entry is None:
+            return Found(None, 0.0, None), False
+        return Found(entry.stored, math.inf if pttl < 0 else pttl / 1000, entry.final_at), False
 
     async def set_and_unlock(
         self, key: str, stored: Stored, ttl: float, token: str, final_at: int | None = None
@@ -263,9 +266,10 @@ class RedisTier:
         """The answer if stored (and `vet` takes its tag), and whether a replica still holds the fill lock."""
         name, lock = shared_keys(key)
         value, locked = await self._get_and("fill_poll", name, lambda pipe: pipe.exists(lock))
-        if value is None or (vet is not None and not vet(final_at(bytes(value)))):
+        entry = self._entry("fill_poll", value) if value is not None else None
+        if entry is None or (vet is not None and not vet(entry.final_at)):
             return None, bool(locked)
-        return decode_value(bytes(value)), bool(locked)
+        return entry.stored, bool(locked)
 
     async def get(self, key: str) -> Found | None:
         """The answer, its remaining seconds (math.inf when immutable) and its tag."""
@@ -273,8 +277,10 @@ class RedisTier:
         value, pttl = await self._get_and("cache_get", name, lambda pipe: pipe.pttl(name))
         if value is None:
             return None
-        value = bytes(value)
-        return Found(decode_value(value), math.inf if pttl is None or pttl < 0 else pttl / 1000, final_at(value))
+        entry = self._entry("cache_get", value)
+        if entry is None:
+            return Found(None, 0.0, None)
+        return Found(entry.stored, math.inf if pttl is None or pttl < 0 else pttl / 1000, entry.final_at)
 
     async def get_many(self, keys: Sequence[str]) -> list[Stored | None]:
         """Many answers in one round trip (a pipeline of GETs, not a transaction: any slots)."""
@@ -286,7 +292,8 @@ class RedisTier:
                 return await pipe.execute()
 
         values = await self._link.run("cache_get_many", command)
-        return [decode_value(bytes(v)) if v is not None else None for v in values]
+        entries = [self._entry("cache_get_many", v) if v is not None else None for v in values]
+        return [entry.stored if entry is not None else None for entry in entries]
 
     async def set(self, key: str, stored: Stored, ttl: float, final_at: int | None = None) -> None:
         value, name = encode_value(stored, final_at), shared_keys(key)[0]
@@ -337,7 +344,7 @@ class TieredCache:
             found = await self.shared.get(key)
         except RedisUnavailable:
             found = None
-        if found is None or (vet is not None and not vet(found.final_at)):
+        if found is None or found.stored is None or (vet is not None and not vet(found.final_at)):
             self._lookups["redis", "miss"].inc()
             return None
         self._lookups["redis", "hit"].inc()
@@ -374,17 +381,20 @@ class TieredCache:
             found, taken = await self.shared.get_or_lock(lock.key, token, hold or 0.0)
         except RedisUnavailable:
             return None
-        if found is not None and vet is not None and not vet(found.final_at):
-            lock.token = ""  # not this replica's to serve (sharing.py): fetched from its own node, unlocked
-            self._lookups["redis", "miss"].inc()
-            return None
         if found is None:
             self._lookups["redis", "miss"].inc()
             lock.token = token if taken or not token else None
             return None
+        stored = found.stored
+        if stored is None or (vet is not None and not vet(found.final_at)):
+            # Not a value this proxy writes (redis_format.py), or not this replica's to serve
+            # (sharing.py): fetched from its own node, unlocked, and written over.
+            lock.token = ""
+            self._lookups["redis", "miss"].inc()
+            return None
         self._lookups["redis", "hit"].inc()
-        self.memory.set(lock.key, found.stored, found.ttl)
-        return found.stored
+        self.memory.set(lock.key, stored, found.ttl)
+        return stored
 
     async def claim(self, key: str, hold: float) -> str | None:
         """A token when this replica should fetch the key ("" if no lock is needed); None if another is."""
