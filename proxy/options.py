@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -297,21 +298,15 @@ def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: st
     try:
         value = int(raw)
     except ValueError:
-        if low == 0 and _zero(raw):
-            return 0  # "0 disables": any number equal to 0 (0.00, 0e0) is 0
+        with contextlib.suppress(ValueError):
+            if low == 0 and float(raw) == 0:
+                return 0  # "0 disables": any number equal to 0 (0.00, 0e0) is 0
         raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
     if value < low:
         raise ConfigError(f"{name} must be {'0 or greater' if low == 0 else 'greater than 0'}, got {raw!r}")
     if high is not None and value > high:
         raise ConfigError(f"{name} must be at most {high_text or high}, got {raw!r}")
     return value
-
-
-def _zero(raw: str) -> bool:
-    try:
-        return float(raw) == 0
-    except ValueError:
-        return False
 
 
 def _seconds(name: str, raw: str, *, zero: bool = False) -> float:
@@ -359,10 +354,6 @@ def _credits(name: str, raw: str) -> int:
 
 def _zero_or_credits(name: str, raw: str) -> int:
     return _whole(name, raw, 0, MAX_CREDITS, "2**53 (credits are counted as doubles in Redis)")
-
-
-def _positive_float(name: str, raw: str) -> float:
-    return _seconds(name, raw)
 
 
 def _zero_or_positive_float(name: str, raw: str) -> float:
@@ -485,7 +476,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PROXY_HOST": ("host", lambda _n, v: v),
     "PROXY_PORT": ("port", _port),
     "REDIS_URL": ("redis_url", _redis_url),
-    "REDIS_TIMEOUT": ("redis_timeout", _positive_float),
+    "REDIS_TIMEOUT": ("redis_timeout", _seconds),
     "DAILY_CREDITS": ("daily_credits", _credits),
     "CREDITS_PER_SECOND": ("credits_per_second", _credits),
     "DEFAULT_CREDITS": ("default_credits", _zero_or_credits),
@@ -493,18 +484,18 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
     "WS_MAX_MESSAGE_BYTES": ("ws_max_message_bytes", _positive_int),
     "WS_MAX_INFLIGHT": ("ws_max_inflight", _positive_int),
-    "UPSTREAM_TIMEOUT": ("upstream_timeout", _positive_float),
+    "UPSTREAM_TIMEOUT": ("upstream_timeout", _seconds),
     "UPSTREAM_BATCH_MAX": ("upstream_batch_max", _positive_int),
     "COALESCE_WAIT": ("coalesce_wait", _zero_or_positive_float),
     "HEAD_POLL_INTERVAL": ("head_poll_interval", _poll_interval),
     "FINALITY_DEPTH": ("finality_depth", _positive_int),
     "CACHE_MEMORY_BYTES": ("cache_memory_bytes", _positive_int),
-    "CACHE_UNFINALIZED_TTL": ("cache_unfinalized_ttl", _positive_float),
-    "CACHE_NEGATIVE_TTL": ("cache_negative_ttl", _positive_float),
-    "SOLANA_BALANCE_MAX_AGE": ("solana_balance_max_age", _positive_float),
-    "SOLANA_LARGEST_ACCOUNTS_TTL": ("solana_largest_accounts_ttl", _positive_float),
+    "CACHE_UNFINALIZED_TTL": ("cache_unfinalized_ttl", _seconds),
+    "CACHE_NEGATIVE_TTL": ("cache_negative_ttl", _seconds),
+    "SOLANA_BALANCE_MAX_AGE": ("solana_balance_max_age", _seconds),
+    "SOLANA_LARGEST_ACCOUNTS_TTL": ("solana_largest_accounts_ttl", _seconds),
     "GETLOGS_MAX_RESULTS": ("getlogs_max_results", _positive_int),
-    "GETLOGS_TIMEOUT": ("getlogs_timeout", _positive_float),
+    "GETLOGS_TIMEOUT": ("getlogs_timeout", _seconds),
     "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
     "GETLOGS_CHUNK_BLOCKS": ("getlogs_chunk_blocks", _zero_or_positive_int),
     "GETLOGS_CHUNK_CONCURRENCY": ("getlogs_chunk_concurrency", _positive_int),
@@ -514,9 +505,9 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
     "ETH_CALL_REQUIRE_FROM": ("eth_call_require_from", _bool),
     "ACCESS_LOG": ("access_log", _bool),
-    "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _positive_float),
+    "SHUTDOWN_TIMEOUT": ("shutdown_timeout", _seconds),
     "WORKERS": ("workers", _workers),
-    "BODY_TIMEOUT": ("body_timeout", _positive_float),
+    "BODY_TIMEOUT": ("body_timeout", _seconds),
     "MAX_CONNECTIONS": ("max_connections", _positive_int),
     "MAX_INFLIGHT_BODY_BYTES": ("max_inflight_body_bytes", _positive_int),
     "MAX_PENDING_ANSWER_BYTES": ("max_pending_answer_bytes", _positive_int),
@@ -528,29 +519,29 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "ADMIN_PORT": ("admin_port", _port),
     "ADMIN_TOKEN": ("admin_token", lambda _n, v: v),
     "UPSTREAM_BATCH_MAX_BYTES": ("upstream_batch_max_bytes", _positive_int),
-    "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _positive_float),
-    "HEAD_STALE_AFTER": ("head_stale_after", _positive_float),
+    "UPSTREAM_ATTEMPT_TIMEOUT": ("upstream_attempt_timeout", _seconds),
+    "HEAD_STALE_AFTER": ("head_stale_after", _seconds),
     "HEAD_CATCH_UP_WAIT": ("head_catch_up_wait", _zero_or_positive_float),
     "IDENTITY_CHECK_INTERVAL": ("identity_check_interval", _poll_interval),
     "CREDITS_REDIS_URL": ("credits_redis_url", _redis_url),
-    "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _positive_float),
+    "CREDITS_REDIS_TIMEOUT": ("credits_redis_timeout", _seconds),
     "CREDITS_REDIS_FAILURES": ("credits_redis_failures", _positive_int),
     "CREDITS_REQUIRE_NOEVICTION": ("credits_require_noeviction", _bool),
     "CREDITS_FAIL_OPEN": ("credits_fail_open", _bool),
     "CREDITS_LEASE_MAX": ("credits_lease_max", _credits),
-    "CREDITS_LEASE_SECONDS": ("credits_lease_seconds", _positive_float),
+    "CREDITS_LEASE_SECONDS": ("credits_lease_seconds", _seconds),
     "CREDITS_JOURNAL_DIR": ("credits_journal_dir", lambda _n, v: v),
     "WS_MAX_SUBSCRIPTIONS": ("ws_max_subscriptions", _positive_int),
     "WS_SEND_BUFFER_BYTES": ("ws_send_buffer_bytes", _positive_int),
-    "WS_MAX_LAG": ("ws_max_lag", _positive_float),
+    "WS_MAX_LAG": ("ws_max_lag", _seconds),
     "WS_MAX_CONNECTIONS_PER_KEY": ("ws_max_connections_per_key", _zero_or_positive_int),
     "MAX_CONNECTIONS_PER_IP": ("max_connections_per_ip", _zero_or_positive_int),
-    "WS_IDLE_TIMEOUT": ("ws_idle_timeout", _positive_float),
+    "WS_IDLE_TIMEOUT": ("ws_idle_timeout", _seconds),
     "MAX_FILTERS_PER_KEY": ("max_filters_per_key", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
     "CORS_ALLOW_ORIGINS": ("cors_allow_origins", lambda _n, v: _csv(v)),
     "COMPRESS_MIN_BYTES": ("compress_min_bytes", _zero_or_positive_int),
     "COMPRESS_CACHE_BYTES": ("compress_cache_bytes", _positive_int),
     "TRUSTED_PROXY_HEADER": ("trusted_proxy_header", lambda _n, v: v.strip()),
-    "UNMINED_TTL": ("unmined_ttl", _positive_float),
+    "UNMINED_TTL": ("unmined_ttl", _seconds),
 }
