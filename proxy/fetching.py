@@ -18,6 +18,7 @@ from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import loads
 from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
+from proxy.upstream.replies import block_unknown
 from proxy.upstream_reads import Read, Reads
 from proxy.values import Answer, Plan
 from proxy.verifying import NOT_APPLICABLE, OFF, PROVEN, UNFINAL, Verifier, shown_as
@@ -57,6 +58,10 @@ class Fetcher:
         served as BYPASS). Every return tells X-Verified (_told): no layer of its own around this."""
         deadline = self._reads.deadline(policy)  # the whole call's: asked again as the tag included
         answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
+        if answer.is_error and plan.method == ap.UNCLE and block_unknown(answer.error):
+            # The interface: "a block object, or null when no block is found"; a node's "no such
+            # block" error (Anvil's -32001, which is also this proxy's code for a refused key) is null.
+            answer = Answer(b"null", None, None, answer.seconds, answer.upstream)
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if plan.tags_resolved and (kind in ("null", "error") or doubt == TAG_UNPROVEN):
             # The node may not know the resolved block yet (it lags the tracker): ask again

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
+from typing import Any
+
 import pytest
 
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, mapping_slot, selector, word
@@ -93,6 +97,27 @@ async def test_uncle_by_block_hash_and_index_is_null_when_there_is_no_uncle(anvi
     anvil.mine(1)
     block_hash = anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
     assert await evm_proxy.result("eth_getUncleByBlockHashAndIndex", [block_hash, "0x0"]) is None
+
+
+async def test_uncle_by_block_hash_of_a_block_no_node_has_is_null_not_the_nodes_error(
+    anvil: Anvil, evm_proxy: Proxy
+) -> None:
+    # The interface: "a block object, or null when no block is found". Anvil answers -32001 "Resource
+    # not found" (EIP-1474), which is also this proxy's code for a refused key; geth answers null.
+    unknown = "0x" + "ab" * 32
+    assert "error" in anvil_reply(anvil, "eth_getUncleByBlockHashAndIndex", [unknown, "0x0"])
+    for _ in range(2):  # never kept: a node may only lack the block so far
+        status, body, headers = await evm_proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getUncleByBlockHashAndIndex", "params": [unknown, "0x0"]}
+        )
+        assert (status, body, headers["X-Cache"]) == (200, {"jsonrpc": "2.0", "id": 1, "result": None}, "BYPASS")
+
+
+def anvil_reply(anvil: Anvil, method: str, params: list[Any]) -> dict[str, Any]:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+    request = urllib.request.Request(anvil.url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return dict(json.loads(response.read()))
 
 
 async def test_everyday_methods_are_forwarded(anvil: Anvil, evm_proxy: Proxy) -> None:

@@ -69,7 +69,14 @@ def state_gone(error: dict[str, Any] | None) -> bool:
 # Phrases of a node's error for a block it does not have at all (geth's "header not found" and
 # "unknown block", Erigon's and Besu's "block not found", Nethermind's "could not be found"): for a
 # block its node showed the chain has (a final one), that node lacks its history, as a pruned one would.
-BLOCK_UNKNOWN_PHRASES = ("header not found", "unknown block", "block not found", "could not be found")
+# EIP-1474's -32001 "Resource not found" too: Anvil's answer for an uncle of a block it does not have.
+BLOCK_UNKNOWN_PHRASES = (
+    "header not found",
+    "unknown block",
+    "block not found",
+    "could not be found",
+    "resource not found",
+)
 
 
 def block_unknown(error: dict[str, Any] | None) -> bool:
