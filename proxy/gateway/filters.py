@@ -9,6 +9,11 @@ eth_getFilterLogs is eth_getLogs over the filter's criteria, served by the read-
 its limits, cache and chunks; eth_getFilterChanges is the node's, under eth_getLogs' time and
 result limits. A filter the client has not polled for FILTER_TIMEOUT seconds is gone, as on geth.
 
+A log filter's changes past GETLOGS_MAX_RESULTS are paged: the poll delivers the first `limit` logs
+and leaves a cursor in the filter's entry, from which the next polls read the rest with eth_getLogs
+before newer changes (filter_backlog.py). A filter made through another replica has no entry here:
+its changes past the limit are -32005, as the node has moved past them (`data` names their blocks).
+
 The live filters are a table: in the process (WORKERS=1), or in the run directory shared by the
 workers of a host (workers/shared_table.py). So a filter made through one worker and polled or
 uninstalled through another is one filter, polled and uninstalled, and the key's count is one number
@@ -32,12 +37,13 @@ from typing import Any
 from proxy.cache.log_chunks import block_of
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT
+from proxy.gateway.filter_backlog import Backlog, after, behind, first_page, loaded, merged
 from proxy.gateway.filter_places import FilterPlaces
 from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
 from proxy.redis_link import RedisLink
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, Call, JsonRpcError
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, Call, JsonRpcError
 from proxy.values import BYPASS, Answer, Outcome
 from proxy.workers.shared_table import LocalTable, SharedTable, alive
 
@@ -67,6 +73,7 @@ class _Filter:
     criteria: dict[str, Any] | None  # eth_newFilter's filter object; None for block/pending filters
     polled: float  # monotonic time of creation or the last eth_getFilterChanges
     pid: int  # the process that made it (a place held while the node is asked: dropped if it died)
+    backlog: Backlog | None = None  # a log filter's changes past the limit, left to read
 
 
 class Filters:
@@ -125,7 +132,10 @@ class Filters:
                 raise JsonRpcError(NOT_FOUND, "filter not found")  # geth: only log filters have logs
             # eth_getLogs over the filter's criteria: its limits, its -32005s, its cache.
             return await self._execute(self._prepare(Call("eth_getLogs", [entry.criteria], prepared.call.id), net))
-        answer = await self._limited(net, method, node_id)
+        if method == "eth_getFilterChanges" and entry is not None and entry.criteria is not None:
+            answer = await self._log_changes(net, own_id, node_id, entry.criteria, entry.backlog)
+        else:
+            answer = await self._limited(net, method, node_id)
         if method == "eth_getFilterChanges" and not answer.is_error:
             await self._places.polled(account, own_id)
         return Outcome.answered(answer, BYPASS)
@@ -136,7 +146,7 @@ class Filters:
             record = table.get(own_id)
             if record is None:
                 return None
-            entry = _Filter(*record)
+            entry = _loaded(record)
             if polled and entry.network == network:
                 record[4] = entry.polled = self._clock()
             return entry
@@ -207,13 +217,8 @@ class Filters:
 
     async def _limited(self, net: NetworkRuntime, method: str, node_id: str) -> Answer:
         """The node's logs or changes of a filter, under eth_getLogs' time and result limits."""
-        settings = self._settings
-        try:
-            async with asyncio.timeout(settings.getlogs_timeout):
-                answer = await net.upstream.request(method, [node_id], timeout=settings.getlogs_timeout + 1)
-        except TimeoutError:
-            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
-        changes, limit = answer.result, settings.getlogs_max_results
+        answer = await self._asked(net, method, node_id)
+        changes, limit = answer.result, self._settings.getlogs_max_results
         if isinstance(changes, list) and len(changes) > limit:
             # The node has moved the filter past these changes: `data` names the blocks they span,
             # to be read with eth_getLogs in narrower ranges.
@@ -221,6 +226,86 @@ class Filters:
             data = {"fromBlock": hex(min(blocks)), "toBlock": hex(max(blocks))} if blocks else None
             raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results", data=data)
         return answer
+
+    async def _asked(self, net: NetworkRuntime, method: str, node_id: str) -> Answer:
+        """The node's answer to a filter call, under eth_getLogs' time limit."""
+        timeout = self._settings.getlogs_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                return await net.upstream.request(method, [node_id], timeout=timeout + 1)
+        except TimeoutError:
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+
+    async def _log_changes(
+        self, net: NetworkRuntime, own_id: str, node_id: str, criteria: dict[str, Any], before: Backlog | None
+    ) -> Answer:
+        """A log filter's changes, GETLOGS_MAX_RESULTS at most: those past it are left as the entry's
+        backlog, which the next polls read before newer changes (filter_backlog.py)."""
+        answer = await self._asked(net, "eth_getFilterChanges", node_id)
+        changes, limit = answer.result, self._settings.getlogs_max_results
+        if answer.is_error or not isinstance(changes, list) or (before is None and len(changes) <= limit):
+            return answer
+        if before is None:
+            page = first_page(changes, limit)
+            self._keep(own_id, before, page.backlog)
+            return _logs(page.logs)
+        now, backlog = behind(changes, before)
+        try:
+            more, left = await self._backlog(net, criteria, backlog, limit - len(now))
+        except JsonRpcError:
+            self._keep(own_id, before, backlog)  # the node's changes are in it: read at the next poll
+            if now:
+                return _logs(now)
+            raise
+        self._keep(own_id, before, left)
+        return _logs(now + more)
+
+    async def _backlog(
+        self, net: NetworkRuntime, criteria: dict[str, Any], backlog: Backlog, room: int
+    ) -> tuple[list[Any], Backlog | None]:
+        """Up to `room` logs of a backlog, read with eth_getLogs over the filter's criteria, and the
+        backlog they leave. A range the node refuses is halved, down to one block, whose logs are paged
+        by logIndex; all under eth_getLogs' time limit."""
+        logs: list[Any] = []
+        at, start, upto = backlog.after, backlog.after[0], backlog.upto
+        try:
+            async with asyncio.timeout(self._settings.getlogs_timeout):
+                while len(logs) < room and start <= upto:
+                    end = upto
+                    while (answer := await self._read(net, criteria, start, end)).is_error:
+                        if end == start:
+                            raise _refused(answer)
+                        end = start + (end - start) // 2
+                    page, last = after(answer.result, at, room - len(logs))
+                    logs += page
+                    if last is not None:  # more in this range than there is room for
+                        return logs, Backlog(last, upto)
+                    start, at = end + 1, (end + 1, -1)
+        except TimeoutError:
+            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+        return logs, (Backlog(at, upto) if start <= upto else None)
+
+    async def _read(self, net: NetworkRuntime, criteria: dict[str, Any], start: int, end: int) -> Answer:
+        """eth_getLogs over the filter's criteria from block `start` to `end`; an error unless a list."""
+        query = {k: v for k, v in criteria.items() if k not in ("fromBlock", "toBlock", "blockHash")}
+        query.update(fromBlock=hex(start), toBlock=hex(end))
+        answer = await net.upstream.request("eth_getLogs", [query], timeout=self._settings.getlogs_timeout + 1)
+        if not answer.is_error and not isinstance(answer.result, list):
+            return Answer(answer.payload, None, {"code": INTERNAL_ERROR, "message": "eth_getLogs gave no list"})
+        return answer
+
+    def _keep(self, own_id: str, before: Backlog | None, left: Backlog | None) -> None:
+        """The filter's backlog is now `left`, read from `before`: merged with what another poll of the
+        same filter left meanwhile (nothing is lost; a page may come twice)."""
+        with self._table.edit() as table:
+            record = table.get(own_id)
+            if record is None:
+                return  # uninstalled meanwhile
+            stored = loaded(record[6]) if len(record) > 6 else None
+            kept = left if stored == before else merged(stored, left)
+            del record[6:]
+            if kept is not None:  # an entry without one is as it was before backlogs existed
+                record.append(kept.stored())
 
 
 def _too_many(cap: int) -> JsonRpcError:
@@ -231,7 +316,24 @@ def _too_many(cap: int) -> JsonRpcError:
 
 
 def _record(entry: _Filter) -> list[Any]:
-    return [entry.account, entry.network, entry.node_id, entry.criteria, entry.polled, entry.pid]
+    record = [entry.account, entry.network, entry.node_id, entry.criteria, entry.polled, entry.pid]
+    return record if entry.backlog is None else [*record, entry.backlog.stored()]
+
+
+def _loaded(record: list[Any]) -> _Filter:
+    """A table entry; one written before backlogs existed has six fields."""
+    account, network, node_id, criteria, polled, pid = record[:6]
+    return _Filter(account, network, node_id, criteria, polled, pid, loaded(record[6]) if len(record) > 6 else None)
+
+
+def _logs(logs: list[Any]) -> Answer:
+    return Answer(jsonrpc.dumps(logs), logs)
+
+
+def _refused(answer: Answer) -> JsonRpcError:
+    """The node's refusal of a backlog's one block, as the client's error."""
+    error = answer.error or {}
+    return JsonRpcError(answer.error_code or INTERNAL_ERROR, str(error.get("message", "")), error.get("data"))
 
 
 def _result(value: Any) -> Outcome:
