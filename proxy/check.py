@@ -103,6 +103,7 @@ def _network(network: Network) -> dict[str, Any]:
         ],
         "hosts": list(network.hosts),
         "selection": network.selection,
+        **({"verify": network.verify} if network.family == "evm" else {}),  # VERIFY_ANSWERS, or the file's
     }
 
 

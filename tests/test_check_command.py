@@ -207,3 +207,12 @@ def test_names_in_dotenv_that_are_no_setting_are_a_problem(offline: bool, tmp_pa
     result = check(tmp_path, *args, EVM_UPSTREAM=f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 1, result.stderr
     assert "FAIL .env: not settings, serve ignores them: PROXY_PROT, REDIS_URLL" in result.stdout
+
+
+def test_check_prints_each_evm_networks_verify_mode(tmp_path: Path) -> None:
+    """Rule: the effective configuration shows what VERIFY_ANSWERS (or a networks file's `verify`)
+    made of each EVM network, so `off` and the default `auto` do not print alike."""
+    upstream = f"http://127.0.0.1:{free_port()}"
+    off = check(tmp_path, "--offline", EVM_UPSTREAM=upstream, VERIFY_ANSWERS="off")
+    default = check(tmp_path, "--offline", EVM_UPSTREAM=upstream)
+    assert "'verify': 'off'" in off.stdout and "'verify': 'auto'" in default.stdout, off.stdout + default.stdout
