@@ -1,14 +1,18 @@
-"""What a node's reply says, judged purely: whether it answers the call or batch it was sent for,
-whether it is a provider's rate limit, its Retry-After, and the proof header asked beside a call."""
+"""What a node's reply says, judged purely: whether it answers the call or batch it was sent for (its
+ids, and each result's shape for its method), whether it is a provider's rate limit, its Retry-After,
+and the proof header asked beside a call."""
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 from proxy.rpc.jsonrpc import EXECUTION_REVERTED
+from proxy.rpc.methods import POLICIES
+from proxy.rpc.result_shapes import Shape
 
 RETRY_AFTER_MAX = 300.0  # seconds: the longest Retry-After honoured (a provider's bad header cannot park it)
 # Phrases of providers' rate-limit errors (Infura, Alchemy, QuickNode...) in an HTTP 200 reply.
@@ -105,8 +109,26 @@ def _is_response(reply: Any) -> bool:
     return isinstance(reply, dict) and ("result" in reply or "error" in reply)
 
 
-def single_problem(reply: Any, sent: int) -> str | None:
-    """Why a reply does not answer the single call with id `sent`, or None when it does.
+# The shape each method's result must have (methods.py): a result of another shape (a node that
+# lies, a broken proxy in front of it) answers no call of that method.
+SHAPES: dict[str, Shape] = {name: policy.result for name, policy in POLICIES.items() if policy.result is not None}
+
+
+def _misshapen(item: dict[str, Any], shape: Shape) -> bool:
+    """An answer whose result is not of its method's shape: not an error, nor a null (judged as nodes
+    mean it: asking.py)."""
+    result = item.get("result")
+    return result is not None and not shape.fits(result) and item.get("error") is None
+
+
+def _shape_problem(item: dict[str, Any], shape: Shape, method: str) -> str:
+    """What a misshapen answer is: its method and JSON type, never the node's bytes (they may be large)."""
+    kind = type(item.get("result")).__name__
+    return f"malformed result: {method} answered with {kind} that is not {shape.name}"
+
+
+def single_problem(reply: Any, sent: int, method: str) -> str | None:
+    """Why a reply does not answer the single call of `method` with id `sent`, or None when it does.
 
     An error object with `id: null` is the node saying it could not read the call (JSON-RPC 2.0
     section 5: the id is null when it could not be determined): its answer to this request, about
@@ -117,11 +139,13 @@ def single_problem(reply: Any, sent: int) -> str | None:
         return None
     if reply.get("id") != sent or isinstance(reply.get("id"), bool):
         return "reply id differs from the request id"
-    return None
+    shape = SHAPES.get(method)
+    return _shape_problem(reply, shape, method) if shape is not None and _misshapen(reply, shape) else None
 
 
-def batch_problem(reply: Any, ids: range) -> str | None:
-    """Why a batch reply does not answer the batch `ids` (each id exactly once, nothing else), or None.
+def batch_problem(reply: Any, ids: range, methods: Sequence[str]) -> str | None:
+    """Why a batch reply does not answer the batch `ids` (each id exactly once, nothing else; each
+    result of its call's method's shape: `methods`, in the ids' order), or None.
 
     A single error object instead of a list is a node refusing batches: not a fault here.
     """
@@ -130,6 +154,7 @@ def batch_problem(reply: Any, ids: range) -> str | None:
     if not isinstance(reply, list):
         return "malformed batch reply"
     seen = set()
+    first = ids.start
     for item in reply:  # a loop, not generators: every auto-batch and proof passes here
         if not _is_response(item):
             return "malformed batch reply"
@@ -137,6 +162,11 @@ def batch_problem(reply: Any, ids: range) -> str | None:
         if isinstance(rid, bool) or rid not in ids or rid in seen:
             return "batch reply ids differ from the request ids"
         seen.add(rid)
+        shape = SHAPES.get(methods[rid - first])
+        if shape is not None:  # inline, not _misshapen(): every read of a shaped method passes here
+            result = item.get("result")
+            if result is not None and not shape.fits(result) and item.get("error") is None:
+                return _shape_problem(item, shape, methods[rid - first])
     if len(seen) != len(ids):
         return "batch reply ids differ from the request ids"
     return None
