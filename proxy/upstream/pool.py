@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.config_files import Network, UpstreamOptions
@@ -176,7 +177,7 @@ class HttpUpstream(Sender):
             body,
             metric_label(method),
             timeout,
-            lambda reply, seconds, index: single_answer(reply, sent, method, seconds, index),
+            partial(single_answer, sent, method),
             self._max_reply,
             hedge=method in HEDGEABLE,
             write=method in WRITES,
@@ -197,7 +198,7 @@ class HttpUpstream(Sender):
         slot = await self._place(index, timeout if budget_wait is None else budget_wait, (method,))
         try:
             reply = await self.links.post(slot, index, body, timeout, self._max_reply)
-            answer = single_answer(reply, sent, method, time.perf_counter() - started, index)
+            answer = single_answer(sent, method, reply, time.perf_counter() - started, index)
         except Failed as failure:
             if failure.kind == "too_large":
                 raise self.too_large_error(failure.detail) from None  # the call's fault, not the node's
@@ -338,7 +339,7 @@ class HttpUpstream(Sender):
         slot = await self._place(index, timeout, methods)
         try:
             reply = await self.links.post(slot, index, body, timeout, bound)
-            judged = batch_answers(reply, ids, methods, answered, time.perf_counter() - started, index)
+            judged = batch_answers(ids, methods, answered, reply, time.perf_counter() - started, index)
             if judged is None:
                 raise Failed("mismatch", "batch refused")
         except Failed as failure:
@@ -383,7 +384,7 @@ class HttpUpstream(Sender):
             body,
             None if auto else "batch",
             timeout,
-            lambda reply, seconds, index: batch_answers(reply, ids, methods, observed, seconds, index),
+            partial(batch_answers, ids, methods, observed),
             bound,
             hedge=auto,
             methods=methods,

@@ -1,12 +1,11 @@
 """What a node's reply says, judged purely: whether it answers the call or batch it was sent for (its
-ids, and each result's shape for its method), whether it is a provider's rate limit, its Retry-After,
-and the proof header asked beside a call."""
+ids; the shape each method's result must have), whether it is a provider's rate limit, its
+Retry-After, and the proof header asked beside a call."""
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -105,70 +104,34 @@ def proof_number(block: Any, is_error: bool) -> int | None:
         return None
 
 
-def _is_response(reply: Any) -> bool:
+def is_response(reply: Any) -> bool:
+    """A JSON-RPC response object: a result or an error."""
     return isinstance(reply, dict) and ("result" in reply or "error" in reply)
 
 
 # The shape each method's result must have (methods.py): a result of another shape (a node that
-# lies, a broken proxy in front of it) answers no call of that method.
+# lies, a broken proxy in front of it) answers no call of that method. Judged on each answer a caller
+# takes (judging.py), a null aside (judged as nodes mean it: asking.py).
 SHAPES: dict[str, Shape] = {name: policy.result for name, policy in POLICIES.items() if policy.result is not None}
 
 
-def _misshapen(item: dict[str, Any], shape: Shape) -> bool:
-    """An answer whose result is not of its method's shape: not an error, nor a null (judged as nodes
-    mean it: asking.py)."""
-    result = item.get("result")
-    return result is not None and not shape.fits(result) and item.get("error") is None
+def shape_problem(method: str, shape: Shape, result: Any) -> str:
+    """What a misshapen result is: its method and JSON type, never the node's bytes (they may be large)."""
+    return f"malformed result: {method} answered with {type(result).__name__} that is not {shape.name}"
 
 
-def _shape_problem(item: dict[str, Any], shape: Shape, method: str) -> str:
-    """What a misshapen answer is: its method and JSON type, never the node's bytes (they may be large)."""
-    kind = type(item.get("result")).__name__
-    return f"malformed result: {method} answered with {kind} that is not {shape.name}"
-
-
-def single_problem(reply: Any, sent: int, method: str) -> str | None:
-    """Why a reply does not answer the single call of `method` with id `sent`, or None when it does.
+def single_problem(reply: Any, sent: int) -> str | None:
+    """Why a reply does not answer the single call with id `sent`, or None when it does.
 
     An error object with `id: null` is the node saying it could not read the call (JSON-RPC 2.0
     section 5: the id is null when it could not be determined): its answer to this request, about
     the request, not a fault of the node."""
-    if not _is_response(reply):
+    if not is_response(reply):
         return "malformed reply"
     if reply.get("id") is None and reply.get("error") is not None:
         return None
     if reply.get("id") != sent or isinstance(reply.get("id"), bool):
         return "reply id differs from the request id"
-    shape = SHAPES.get(method)
-    return _shape_problem(reply, shape, method) if shape is not None and _misshapen(reply, shape) else None
-
-
-def batch_problem(reply: Any, ids: range, methods: Sequence[str]) -> str | None:
-    """Why a batch reply does not answer the batch `ids` (each id exactly once, nothing else; each
-    result of its call's method's shape: `methods`, in the ids' order), or None.
-
-    A single error object instead of a list is a node refusing batches: not a fault here.
-    """
-    if isinstance(reply, dict):
-        return None if "error" in reply else "malformed batch reply"
-    if not isinstance(reply, list):
-        return "malformed batch reply"
-    seen = set()
-    first = ids.start
-    for item in reply:  # a loop, not generators: every auto-batch and proof passes here
-        if not _is_response(item):
-            return "malformed batch reply"
-        rid = item.get("id")
-        if isinstance(rid, bool) or rid not in ids or rid in seen:
-            return "batch reply ids differ from the request ids"
-        seen.add(rid)
-        shape = SHAPES.get(methods[rid - first])
-        if shape is not None:  # inline, not _misshapen(): every read of a shaped method passes here
-            result = item.get("result")
-            if result is not None and not shape.fits(result) and item.get("error") is None:
-                return _shape_problem(item, shape, methods[rid - first])
-    if len(seen) != len(ids):
-        return "batch reply ids differ from the request ids"
     return None
 
 
