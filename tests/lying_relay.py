@@ -15,6 +15,9 @@ changed answer. Each lie is one a node could tell without breaking the JSON form
 - "genesis": a balance read by a block hash (EIP-1898) is one more, and eth_getBlockByHash of a block
   at or below `below` says it is block 0 from the second time that hash is asked on (the first, the
   proxy's own check of the hash, is answered honestly).
+- "result": every answer (not an error) to a call of a method `results` names is that result instead,
+  whatever block it is about: any JSON value, of the wrong shape for its method or nested deeper than
+  orjson writes (the node's JSON valid all the same).
 
 `lie = None` relays honestly. Tags ("latest", "finalized") are never lied about, so the tracker
 follows the real chain.
@@ -32,7 +35,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
 
-LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield", "uncle", "swap", "genesis")
+LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield", "uncle", "swap", "genesis", "result")
 _BLOCK_PARAM = {
     "eth_getStorageAt": 2,
     "eth_getProof": 2,
@@ -69,6 +72,14 @@ def _about(call: dict[str, Any], result: Any) -> int | None:
     if isinstance(item, dict):
         return _number(item.get("blockNumber", item.get("number")))
     return None
+
+
+def nested(depth: int) -> Any:
+    """`[[...]]`, `depth` arrays deep: valid JSON past the 255 levels orjson writes, for the "result" lie."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 def _flip_word(word: str) -> str:
@@ -109,6 +120,7 @@ class LyingRelay:
     uncle: dict[str, Any] | None = None  # what the "uncle" lie answers
     swap: dict[str, Any] = field(default_factory=dict)  # method -> what the "swap" lie answers
     swap_first: Any = None  # the "swap" lie only for calls with this first param (None: every call)
+    results: dict[str, Any] = field(default_factory=dict)  # method -> what the "result" lie answers
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
     hashes_asked: dict[str, int] = field(default_factory=dict)  # eth_getBlockByHash: times each hash was asked
     posts: list[list[dict[str, Any]]] = field(default_factory=list)  # each request's calls: a round trip each
@@ -154,7 +166,10 @@ class LyingRelay:
             first = first.get("blockHash", first.get("blockNumber")) if isinstance(first, dict) else first
             swapped = method in self.swap and (self.swap_first is None or first == self.swap_first)
             about_below = number is not None and number <= self.below
-            if self.lie == "swap" and swapped and (self.swap_first is not None or about_below):
+            if self.lie == "result" and method in self.results and "result" in item:
+                item["result"] = json.loads(json.dumps(self.results[method]))
+                self.lies_told += 1
+            elif self.lie == "swap" and swapped and (self.swap_first is not None or about_below):
                 item["result"] = json.loads(json.dumps(self.swap[method]))
                 self.lies_told += 1
             elif self.lie == "genesis" and result is not None:

@@ -358,3 +358,5 @@ def loads(data: bytes | bytearray | str) -> Any:
 
 
 JSONDecodeError = orjson.JSONDecodeError
+# What `dumps` raises for a value it cannot encode (a TypeError): a node's JSON nested past 255 levels.
+JSONEncodeError = orjson.JSONEncodeError

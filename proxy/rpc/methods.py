@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from proxy.rpc import params as p
+from proxy.rpc import result_shapes as shapes
 
 
 class CacheClass(Enum):
@@ -54,13 +55,18 @@ class MethodPolicy:
     # A read of the state at one block (balance, storage, code, nonce, a call, a proof): its answer is
     # never null, so a null from a node shown to have the block is that node lacking its state.
     reads_state: bool = False
+    # The shape its result must have (a null aside): a reply of another shape is a bad node reply,
+    # never served nor kept (upstream/replies.py).
+    result: shapes.Shape | None = None
 
 
 POLICIES: dict[str, MethodPolicy] = {
     policy.name: policy
     for policy in (
         # spec "Limits / Credits per call".
-        MethodPolicy("eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, 80, reads_state=True),
+        MethodPolicy(
+            "eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, 80, reads_state=True, result=shapes.WORD
+        ),
         MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, 255, limits_logs=True),
         MethodPolicy(
             "eth_getUncleByBlockHashAndIndex",
@@ -79,6 +85,7 @@ POLICIES: dict[str, MethodPolicy] = {
             caches_reverts=True,
             client_state=2,
             reads_state=True,
+            result=shapes.DATA,
         ),
         MethodPolicy(
             "eth_getBlockReceipts",
@@ -107,9 +114,9 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_createAccessList", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
         # --- the common read surface (README "Caching"); costs from prices.py ---
         # Chain identity and head: no upstream call per request.
-        MethodPolicy("eth_chainId", "evm", p.no_params, CacheClass.TRACKER, None),
+        MethodPolicy("eth_chainId", "evm", p.no_params, CacheClass.TRACKER, None, result=shapes.QUANTITY),
         MethodPolicy("net_version", "evm", p.no_params, CacheClass.IDENTITY, None),
-        MethodPolicy("eth_blockNumber", "evm", p.no_params, CacheClass.TRACKER, None),
+        MethodPolicy("eth_blockNumber", "evm", p.no_params, CacheClass.TRACKER, None, result=shapes.QUANTITY),
         MethodPolicy("eth_accounts", "evm", p.no_params, CacheClass.TRACKER, None),
         # Blocks: by number like eth_getBlockReceipts (pinned to the hash above finalized), by hash immutable.
         MethodPolicy(
@@ -160,9 +167,27 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_getTransactionByHash", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
         MethodPolicy("eth_getTransactionReceipt", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
         # State at a block: like eth_getStorageAt (EIP-1898 objects, pinned to the hash above finalized).
-        MethodPolicy("eth_getBalance", "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True),
-        MethodPolicy("eth_getCode", "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True),
-        MethodPolicy("eth_getTransactionCount", "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True),
+        MethodPolicy(
+            "eth_getBalance",
+            "evm",
+            p.address_at_block,
+            CacheClass.BLOCK,
+            None,
+            reads_state=True,
+            result=shapes.QUANTITY,
+        ),
+        MethodPolicy(
+            "eth_getCode", "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True, result=shapes.DATA
+        ),
+        MethodPolicy(
+            "eth_getTransactionCount",
+            "evm",
+            p.address_at_block,
+            CacheClass.BLOCK,
+            None,
+            reads_state=True,
+            result=shapes.QUANTITY,
+        ),
         MethodPolicy("eth_getProof", "evm", p.eth_get_proof, CacheClass.BLOCK, None, reads_state=True),
         # Fees: for the current head only.
         MethodPolicy("eth_gasPrice", "evm", p.no_params, CacheClass.HEAD, None),

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.config_files import Network, UpstreamOptions
@@ -20,8 +21,9 @@ from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass, metric_label
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.budget import Budget, BudgetBook, Slot, UnitRate
+from proxy.upstream.judging import BatchReply, batch_answers, single_answer
 from proxy.upstream.posting import Failed
-from proxy.upstream.replies import batch_problem, proof_call, proof_hash, proof_number, single_problem
+from proxy.upstream.replies import proof_call, proof_hash, proof_number
 from proxy.upstream.selection import Selector
 from proxy.upstream.sending import (
     DEFAULT_MAX_REPLY,
@@ -171,17 +173,17 @@ class HttpUpstream(Sender):
         sent = self._next_id
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": sent, "method": method, "params": params})
         # One call's reply only: an auto-batch holds several callers' answers, none too large alone.
-        reply, seconds, index = await self._send(
+        answer, _, _ = await self._send(
             body,
             metric_label(method),
             timeout,
-            lambda r: single_problem(r, sent),
+            partial(single_answer, sent, method),
             self._max_reply,
             hedge=method in HEDGEABLE,
             write=method in WRITES,
             methods=(method,),
         )
-        return Answer.from_response(reply, seconds, index)
+        return answer
 
     async def ask(
         self, index: int, method: str, params: Any, *, timeout: float, budget_wait: float | None = None
@@ -196,9 +198,7 @@ class HttpUpstream(Sender):
         slot = await self._place(index, timeout if budget_wait is None else budget_wait, (method,))
         try:
             reply = await self.links.post(slot, index, body, timeout, self._max_reply)
-            problem = single_problem(reply, sent)
-            if problem is not None:
-                raise Failed("mismatch", problem)
+            answer = single_answer(sent, method, reply, time.perf_counter() - started, index)
         except Failed as failure:
             if failure.kind == "too_large":
                 raise self.too_large_error(failure.detail) from None  # the call's fault, not the node's
@@ -213,9 +213,8 @@ class HttpUpstream(Sender):
                 f"upstream unavailable: network '{self.network}' (upstream #{index}: {failure.detail})",
                 http_status=502,
             ) from None
-        seconds = time.perf_counter() - started
-        self.selector.scores.observe(index, seconds, time.monotonic())
-        return Answer.from_response(reply, seconds, index)
+        self.selector.scores.observe(index, answer.seconds, time.monotonic())
+        return answer
 
     async def _place(self, index: int, timeout: float, methods: Sequence[str]) -> Slot:
         """Places for a request of `methods` in upstream `index`'s budget within `timeout` seconds, or
@@ -275,12 +274,10 @@ class HttpUpstream(Sender):
         extras = len(sent) - count - len(blocks)
         bound = self._max_reply + (len(blocks) + extras) * PROOF_HEADER_BYTES  # the batch counted whole
         if index is None:
-            items, seconds, index = await self._batch_items(
-                sent, auto=True, timeout=timeout, observed=count, bound=bound
-            )
+            judged = await self._batch_items(sent, auto=True, timeout=timeout, observed=count, bound=bound)
         else:
-            items, seconds = await self._batch_to(index, sent, timeout or self._timeout, bound)
-        if items is None:
+            judged = await self._batch_to(index, sent, timeout or self._timeout, bound, count)
+        if judged is None:
             # A node that does not take batches: each call asked alone, unproven (proof None). A header
             # asked alone would prove nothing of the call: a load balancer may send them to different members.
             # Within the call's own timeout (a share of a read's time) if it has one.
@@ -288,10 +285,8 @@ class HttpUpstream(Sender):
             for answer in alone:
                 answer.unbatched = True
             return alone
+        items, answers = judged
         hashes: dict[str, str] = {}
-        answers: list[Answer] = []
-        for item in items[:count]:
-            answers.append(Answer.from_response(item, seconds, index))
         numbers: dict[str, int | None] = {}
         for block, item in zip(blocks, items[count : count + len(blocks)], strict=True):
             failed = item.get("error") is not None
@@ -332,18 +327,21 @@ class HttpUpstream(Sender):
         calls: Sequence[tuple[str, Any]],
         timeout: float,
         bound: int,
-    ) -> tuple[list[Any], float]:
+        answered: int,
+    ) -> BatchReply:
         """One batch to upstream `index` alone (a retry elsewhere must still be one node's answers):
-        its reply items in the calls' order, and its latency; its reply read under `bound` bytes."""
+        its reply items in the calls' order, with the first `answered` made answers; its reply read
+        under `bound` bytes."""
         body, ids = self._batch_body(calls)
         started = time.perf_counter()
+        methods = [m for m, _ in calls]
         # Each call a place, as the provider meters them.
-        slot = await self._place(index, timeout, [m for m, _ in calls])
+        slot = await self._place(index, timeout, methods)
         try:
             reply = await self.links.post(slot, index, body, timeout, bound)
-            problem = batch_problem(reply, ids)
-            if problem is not None or not isinstance(reply, list):
-                raise Failed("mismatch", problem or "batch refused")
+            judged = batch_answers(ids, methods, answered, reply, time.perf_counter() - started, index)
+            if judged is None:
+                raise Failed("mismatch", "batch refused")
         except Failed as failure:
             if failure.kind == "too_large":
                 raise self.too_large_error(failure.detail) from None
@@ -353,7 +351,7 @@ class HttpUpstream(Sender):
                 f"upstream unavailable: network '{self.network}' (upstream #{index}: {failure.detail})",
                 http_status=502,
             ) from None
-        return _in_order(reply, ids), time.perf_counter() - started
+        return judged
 
     async def batch(self, calls: Sequence[tuple[str, Any]]) -> list[Answer]:
         """One JSON-RPC batch (the tracker's, the feed's), or its calls one by one from a node that
@@ -364,10 +362,8 @@ class HttpUpstream(Sender):
         return answers
 
     async def together(self, calls: Sequence[tuple[str, Any]]) -> list[Answer] | None:
-        items, seconds, index = await self._batch_items(
-            calls, auto=False, timeout=None, observed=len(calls), bound=self._max_reply
-        )
-        return None if items is None else [Answer.from_response(item, seconds, index) for item in items]
+        judged = await self._batch_items(calls, auto=False, timeout=None, observed=len(calls), bound=self._max_reply)
+        return None if judged is None else judged.answers
 
     async def _batch_items(
         self,
@@ -377,28 +373,30 @@ class HttpUpstream(Sender):
         timeout: float | None,
         observed: int,
         bound: int,
-    ) -> tuple[list[Any] | None, float, int]:
-        """One batch's reply items in the calls' order (None: the node refused batches), its latency
-        and the upstream that answered; its reply read under `bound` bytes, counted whole. `auto`: each
-        of the first `observed` calls is observed under its own method, with its batch's latency."""
+    ) -> BatchReply | None:
+        """One batch's reply items in the calls' order, with the first `observed` calls' answers made
+        (None: the node refused batches), from whichever upstream answered; its reply read under `bound`
+        bytes, counted whole. `auto`: each of the first `observed` calls is observed under its own
+        method, with its batch's latency."""
         body, ids = self._batch_body(calls)
-        reply, seconds, index = await self._send(
+        methods = [m for m, _ in calls]
+        judged, seconds, index = await self._send(
             body,
             None if auto else "batch",
             timeout,
-            lambda r: batch_problem(r, ids),
+            partial(batch_answers, ids, methods, observed),
             bound,
             hedge=auto,
-            methods=[m for m, _ in calls],
+            methods=methods,
         )
-        if not isinstance(reply, list):
-            return None, seconds, index
+        if judged is None:
+            return None
         if auto:
-            for method, _ in calls[:observed]:
+            for method in methods[:observed]:
                 self._metrics.child(
                     self._metrics.upstreams.seconds, self.network, metric_label(method), str(index)
                 ).observe(seconds)
-        return _in_order(reply, ids), seconds, index
+        return judged
 
     def _batch_body(self, calls: Sequence[tuple[str, Any]]) -> tuple[bytes, range]:
         base = self._next_id + 1
@@ -433,14 +431,3 @@ def _proofs_beside(
             sent.append(extra)
         proved.append((i, at))
     return proved
-
-
-def _in_order(reply: list[Any], ids: range) -> list[Any]:
-    """A batch reply's items in the order of the ids asked (batch_problem checked each is there once)."""
-    for item, i in zip(reply, ids, strict=True):  # a loop, not a generator: every auto-batch passes here
-        if item["id"] != i:
-            break
-    else:
-        return reply
-    by_id = {item["id"]: item for item in reply}
-    return [by_id[i] for i in ids]

@@ -141,7 +141,7 @@ class UpstreamLinks:
             if status in REQUEST_FAULT_STATUSES:
                 if body[:1] == b"[":
                     # A node that takes no batches may say so with an HTTP error (400, 413): the batch
-                    # is refused as by one error object (replies.batch_problem), and its calls go alone.
+                    # is refused as by one error object (judging.batch_answers), and its calls go alone.
                     return {
                         "jsonrpc": "2.0",
                         "id": None,

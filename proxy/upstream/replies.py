@@ -1,5 +1,6 @@
-"""What a node's reply says, judged purely: whether it answers the call or batch it was sent for,
-whether it is a provider's rate limit, its Retry-After, and the proof header asked beside a call."""
+"""What a node's reply says, judged purely: whether it answers the call or batch it was sent for (its
+ids; the shape each method's result must have), whether it is a provider's rate limit, its
+Retry-After, and the proof header asked beside a call."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from proxy.rpc.jsonrpc import EXECUTION_REVERTED
+from proxy.rpc.methods import POLICIES
+from proxy.rpc.result_shapes import Shape
 
 RETRY_AFTER_MAX = 300.0  # seconds: the longest Retry-After honoured (a provider's bad header cannot park it)
 # Phrases of providers' rate-limit errors (Infura, Alchemy, QuickNode...) in an HTTP 200 reply.
@@ -108,8 +111,20 @@ def proof_number(block: Any, is_error: bool) -> int | None:
         return None
 
 
-def _is_response(reply: Any) -> bool:
+def is_response(reply: Any) -> bool:
+    """A JSON-RPC response object: a result or an error."""
     return isinstance(reply, dict) and ("result" in reply or "error" in reply)
+
+
+# The shape each method's result must have (methods.py): a result of another shape (a node that
+# lies, a broken proxy in front of it) answers no call of that method. Judged on each answer a caller
+# takes (judging.py), a null aside (judged as nodes mean it: asking.py).
+SHAPES: dict[str, Shape] = {name: policy.result for name, policy in POLICIES.items() if policy.result is not None}
+
+
+def shape_problem(method: str, shape: Shape, result: Any) -> str:
+    """What a misshapen result is: its method and JSON type, never the node's bytes (they may be large)."""
+    return f"malformed result: {method} answered with {type(result).__name__} that is not {shape.name}"
 
 
 def single_problem(reply: Any, sent: int) -> str | None:
@@ -118,34 +133,12 @@ def single_problem(reply: Any, sent: int) -> str | None:
     An error object with `id: null` is the node saying it could not read the call (JSON-RPC 2.0
     section 5: the id is null when it could not be determined): its answer to this request, about
     the request, not a fault of the node."""
-    if not _is_response(reply):
+    if not is_response(reply):
         return "malformed reply"
     if reply.get("id") is None and reply.get("error") is not None:
         return None
     if reply.get("id") != sent or isinstance(reply.get("id"), bool):
         return "reply id differs from the request id"
-    return None
-
-
-def batch_problem(reply: Any, ids: range) -> str | None:
-    """Why a batch reply does not answer the batch `ids` (each id exactly once, nothing else), or None.
-
-    A single error object instead of a list is a node refusing batches: not a fault here.
-    """
-    if isinstance(reply, dict):
-        return None if "error" in reply else "malformed batch reply"
-    if not isinstance(reply, list):
-        return "malformed batch reply"
-    seen = set()
-    for item in reply:  # a loop, not generators: every auto-batch and proof passes here
-        if not _is_response(item):
-            return "malformed batch reply"
-        rid = item.get("id")
-        if isinstance(rid, bool) or rid not in ids or rid in seen:
-            return "batch reply ids differ from the request ids"
-        seen.add(rid)
-    if len(seen) != len(ids):
-        return "batch reply ids differ from the request ids"
     return None
 
 

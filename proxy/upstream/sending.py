@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
@@ -24,7 +24,10 @@ from proxy.upstream.standing import UpstreamStates
 
 log = logging.getLogger("proxy.upstream")
 throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so
-Check = Callable[[Any], str | None]  # why a reply does not answer its request, or None
+T = TypeVar("T")
+# A reply made into what its caller takes, given its latency and the upstream that sent it; Failed
+# (kind "mismatch") when it does not answer its request: that try fails, as a node's failure (judging.py).
+Judge = Callable[[Any, float, int], T]
 DEFAULT_MAX_REPLY = 32 * 1024 * 1024  # MAX_RESPONSE_BYTES' default: a pool built without settings is bounded too
 # A proof header (eth_getBlockByNumber, transaction hashes only) beside a call: room for one in its
 # batch's bound, beyond the call's own. A header of 1 MiB lists some 15,000 transactions.
@@ -125,7 +128,7 @@ class UpstreamOrder:
         self.down_until[index] = 0.0
 
 
-def _winner(tries: dict[asyncio.Task[tuple[Any, float]], int], done: set[Any]) -> tuple[Any, float, int] | None:
+def _winner(tries: dict[asyncio.Task[tuple[T, float]], int], done: set[Any]) -> tuple[T, float, int] | None:
     """The first valid answer among the finished tries (each removed from `tries`), or None. Every
     finished try is looked at, so no failure goes unretrieved."""
     won = None
@@ -259,29 +262,28 @@ class Sender:
         slot: Slot,
         body: bytes,
         timeout: float,
-        check: Check,
+        judge: Judge[T],
         attempts: Attempts,
         max_reply: int,
-    ) -> tuple[Any, float]:
-        """One upstream's try in the budget `slot` taken for it: the reply and its latency, or Failed (noted)."""
+    ) -> tuple[T, float]:
+        """One upstream's try in the budget `slot` taken for it: the reply as `judge` makes it and its
+        latency, or Failed (noted)."""
         self._metrics.child(self._metrics.upstreams.selected, self.network, str(index)).inc()
         started = time.perf_counter()
         try:
             reply = await self.links.post(slot, index, body, timeout, max_reply)
-            problem = check(reply)
-            if problem is not None:
-                # A reply that does not answer what was asked is a fault of that node.
-                raise Failed("mismatch", problem)
+            seconds = time.perf_counter() - started
+            # A reply that does not answer what was asked is a fault of that node (Failed here).
+            judged = judge(reply, seconds, index)
             limited = rate_limited(reply)
             if limited is not None:
                 raise Failed("rate_limited", limited)
         except Failed as failure:
             self._failed(index, failure, attempts)
             raise
-        seconds = time.perf_counter() - started
         self.ordering.answered(index)
         self.selector.scores.observe(index, seconds, time.monotonic())
-        return reply, seconds
+        return judged, seconds
 
     def _now(self, pending: list[int], methods: Sequence[str]) -> tuple[int, Slot] | None:
         """The first upstream in `pending` with budget for `methods` now, and its slot (removed from `pending`)."""
@@ -322,15 +324,15 @@ class Sender:
         pending: list[int],
         body: bytes,
         timeout: float,
-        check: Check,
+        judge: Judge[T],
         attempts: Attempts,
         max_reply: int,
         methods: Sequence[str] = ONE_CALL,
-    ) -> tuple[Any, float, int] | None:
+    ) -> tuple[T, float, int] | None:
         """Ask `first`; without an answer after hedge_after, also the next upstream that has budget,
         waiting (while `first` may still answer) for the first of them to free a place when none has
         one at once. The first valid answer wins and the other is cancelled; None if every one asked failed."""
-        tries = {asyncio.create_task(self._try(first, slot, body, timeout, check, attempts, max_reply)): first}
+        tries = {asyncio.create_task(self._try(first, slot, body, timeout, judge, attempts, max_reply)): first}
         placing: asyncio.Task[tuple[int, Slot] | None] | None = None
         hedged = False
         try:
@@ -352,7 +354,7 @@ class Sender:
                     second, placing = placing.result(), None
                     if second is not None:
                         self._metrics.upstreams.hedged.labels(self.network).inc()
-                        tried = self._try(second[0], second[1], body, timeout, check, attempts, max_reply)
+                        tried = self._try(second[0], second[1], body, timeout, judge, attempts, max_reply)
                         tries[asyncio.create_task(tried)] = second[0]
             return None
         finally:
@@ -366,14 +368,14 @@ class Sender:
         body: bytes,
         method_label: str | None,
         timeout: float | None,
-        check: Check,
+        judge: Judge[T],
         max_reply: int,
         *,
         hedge: bool = False,
         write: bool = False,
         methods: Sequence[str] = ONE_CALL,
-    ) -> tuple[Any, float, int]:
-        """Post to upstreams in order until a reply passes `check`, read under `max_reply` bytes; observe
+    ) -> tuple[T, float, int]:
+        """Post to upstreams in order until `judge` takes a reply, read under `max_reply` bytes; observe
         its latency under `method_label`. `hedge`: a slow read is also sent to the next upstream. `write`: another
         upstream is tried only when the first provably never got the call. `methods`: those of the
         JSON-RPC calls in `body`, each a place in an upstream's budget as the provider meters them."""
@@ -398,12 +400,12 @@ class Sender:
             share = attempt_share(deadline - time.monotonic(), len(pending) + 1, self._attempt_timeout)
             try:
                 if hedge and self._hedge_after is not None and pending:
-                    won = await self._hedged(index, slot, pending, body, share, check, attempts, max_reply, methods)
+                    won = await self._hedged(index, slot, pending, body, share, judge, attempts, max_reply, methods)
                     if won is None:
                         continue
-                    reply, seconds, index = won
+                    judged, seconds, index = won
                 else:
-                    reply, seconds = await self._try(index, slot, body, share, check, attempts, max_reply)
+                    judged, seconds = await self._try(index, slot, body, share, judge, attempts, max_reply)
             except Failed as failure:
                 if failure.kind == "too_large":
                     # The answer the caller asked for is too large to send: every node would give it.
@@ -415,7 +417,7 @@ class Sender:
                 self._metrics.child(self._metrics.upstreams.seconds, self.network, method_label, str(index)).observe(
                     seconds
                 )
-            return reply, seconds, index
+            return judged, seconds, index
         if attempts.last_kind == "timeout":
             raise upstream_timeout(self.network, budget, reached=attempts.reached)
         raise JsonRpcError(

@@ -1,0 +1,149 @@
+"""A node's answer must be one the proxy can serve: a result of the shape its method has (spec: hex
+strings) and JSON the proxy can encode again (orjson writes 255 levels of nesting at most). Any other
+reply is a bad node reply: asked of the next upstream, else -32002 (HTTP 502) for that call alone,
+never kept and never served as an answer. A null is judged as before."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.lying_relay import LyingRelay, nested
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory, selector, word
+
+# What a lying (or broken) node answers eth_call with: valid JSON, of no shape eth_call has.
+MISSHAPEN_CALLS = {
+    "not_hex": "aaaaaaaaaa",
+    "nul": "\u0000",
+    "odd_digits": "0x123",
+    "float": 1.5,
+    "object": {"a": 2},
+    "arrays": [["0x01"]],
+    "deep": nested(300),
+}
+
+
+@pytest.fixture
+async def liar(anvil: Anvil) -> AsyncIterator[LyingRelay]:
+    relay = await LyingRelay(anvil.url, "result").start()
+    yield relay
+    await relay.close()
+
+
+async def final_store(anvil: Anvil, proxy: Proxy) -> tuple[str, int]:
+    """A Store contract at a final block (its x() is 7), and that block."""
+    address = anvil.deploy_store()
+    block = anvil.block_number()
+    anvil.mine(70)
+    await proxy.head_at(block + 70)
+    return address, block
+
+
+def call(method: str, params: list[Any], rid: int = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+
+
+def reads(address: str, block: int) -> dict[str, list[Any]]:
+    """A final read of each shape-checked method, by method."""
+    return {
+        "eth_call": [{"from": DEV_ACCOUNT, "to": address, "data": selector("x()")}, hex(block)],
+        "eth_getStorageAt": [address, "0x0", hex(block)],
+        "eth_getBalance": [DEV_ACCOUNT, hex(block)],
+        "eth_getCode": [address, hex(block)],
+    }
+
+
+def asked(liar: LyingRelay, method: str) -> int:
+    return sum(1 for c in liar.calls if c.get("method") == method)
+
+
+async def assert_bad_node_reply_never_kept(proxy: Proxy, liar: LyingRelay, method: str, params: list[Any]) -> None:
+    """-32002 (502), naming a malformed reply; asked of the node again the next time; once the node tells
+    the truth, its answer is a miss (nothing was kept)."""
+    for _ in range(2):
+        before = asked(liar, method)
+        status, body, _ = await proxy.post(call(method, params))
+        assert status == 502 and body["error"]["code"] == -32002, body
+        assert "malformed" in body["error"]["message"] and "aaaa" not in body["error"]["message"]
+        assert asked(liar, method) > before  # never served from the cache
+    liar.results.clear()
+    status, body, headers = await proxy.post(call(method, params))
+    assert status == 200 and "result" in body and headers["X-Cache"] == "MISS", body
+
+
+@pytest.mark.parametrize("form", list(MISSHAPEN_CALLS))
+async def test_an_eth_call_result_of_no_hex_shape_is_a_bad_node_reply_never_kept(
+    anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory, form: str
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=liar.url)
+    address, block = await final_store(anvil, proxy)
+    liar.results["eth_call"] = MISSHAPEN_CALLS[form]
+    await assert_bad_node_reply_never_kept(proxy, liar, "eth_call", reads(address, block)["eth_call"])
+
+
+@pytest.mark.parametrize(
+    ("method", "result"),
+    [
+        ("eth_getStorageAt", [["0x" + word(7)]]),  # VERIFY_ANSWERS=auto served this, uncached
+        ("eth_getStorageAt", "0x7"),  # not padded to 32 bytes
+        ("eth_getBalance", "1000"),
+        ("eth_getBalance", 1.5),
+        ("eth_getCode", "0xabc"),
+    ],
+)
+async def test_a_state_read_of_the_wrong_shape_is_a_bad_node_reply_never_kept(
+    anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory, method: str, result: Any
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=liar.url, VERIFY_ANSWERS="auto")
+    address, block = await final_store(anvil, proxy)
+    liar.results[method] = result
+    await assert_bad_node_reply_never_kept(proxy, liar, method, reads(address, block)[method])
+
+
+@pytest.mark.parametrize(
+    ("method", "result"),
+    [("eth_call", "aaaaaaaaaa"), ("eth_call", nested(300)), ("eth_getStorageAt", [[]]), ("eth_getBalance", 1.5)],
+)
+async def test_a_bad_node_reply_is_asked_of_the_next_upstream(
+    anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory, method: str, result: Any
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=f"{liar.url},{anvil.url}")
+    address, block = await final_store(anvil, proxy)
+    params = reads(address, block)[method]
+    truth = anvil.rpc(method, *params)
+    liar.results[method] = result
+    status, body, _ = await proxy.post(call(method, params))
+    assert status == 200 and body["result"] == truth, body
+    assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="mismatch") >= 1
+
+
+async def test_a_reply_nested_past_what_orjson_writes_fails_only_its_own_call_in_a_batch(
+    anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=liar.url)
+    address, block = await final_store(anvil, proxy)
+    params = {**reads(address, block), "eth_getTransactionByBlockNumberAndIndex": [hex(block), "0x0"]}
+    # eth_call has a shape; a transaction has none the reply is judged by: only its nesting.
+    liar.results.update({"eth_call": nested(300), "eth_getTransactionByBlockNumberAndIndex": nested(300)})
+    methods = ["eth_call", "eth_getTransactionByBlockNumberAndIndex", "eth_getStorageAt", "eth_getBalance"]
+    status, body, _ = await proxy.post([call(m, params[m], rid) for rid, m in enumerate(methods, 1)])
+    assert status == 200
+    by_id = {item["id"]: item for item in body}
+    assert by_id[1]["error"]["code"] == -32002 and "malformed" in by_id[1]["error"]["message"]
+    assert by_id[2]["error"]["code"] == -32002 and "nested too deep" in by_id[2]["error"]["message"]
+    assert by_id[3]["result"] == "0x" + word(7)
+    assert by_id[4]["result"] == anvil.rpc("eth_getBalance", *params["eth_getBalance"])
+
+
+async def test_a_forwarded_result_254_levels_deep_is_served_and_255_is_a_bad_node_reply(
+    anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=liar.url)
+    liar.results["eth_syncing"] = nested(254)
+    status, body, _ = await proxy.post(call("eth_syncing", []))
+    assert status == 200 and body["result"] == nested(254)
+    liar.results["eth_syncing"] = nested(255)
+    status, body, _ = await proxy.post(call("eth_syncing", []))
+    assert status == 502 and body["error"]["code"] == -32002 and "nested too deep" in body["error"]["message"]
