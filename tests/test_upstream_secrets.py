@@ -291,6 +291,14 @@ class TestScrubbing:
         scrub_reply(reply, ("abcdef123456",))
         assert reply == {"id": 1, "error": {"message": "m", "data": {REDACTED: {f"k {REDACTED}": "v"}}}}
 
+    def test_an_error_nested_past_any_encodable_depth_is_scrubbed_without_recursing_past_the_limit(self) -> None:
+        nested: Any = "abcdef123456"
+        for _ in range(5000):  # a node's crafted nesting, deeper than Python's recursion limit
+            nested = [nested]
+        reply = {"id": 1, "error": {"message": "m abcdef123456", "data": nested}}
+        scrub_reply(reply, ("abcdef123456",))
+        assert reply["error"]["message"] == f"m {REDACTED}" and "abcdef123456" not in repr(reply)[:10_000]
+
     def test_only_errors_are_scrubbed_in_a_batch(self) -> None:
         reply = [{"id": 1, "result": "key abcdef123456"}, {"id": 2, "error": {"message": "bad abcdef123456"}}]
         scrub_reply(reply, ("abcdef123456",))

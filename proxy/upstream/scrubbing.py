@@ -68,13 +68,24 @@ def scrub_text(text: str, secrets: tuple[str, ...]) -> str:
     return text
 
 
-def _scrubbed(value: Any, secrets: tuple[str, ...]) -> Any:
+# Deeper than this, an error's content is replaced whole: no reply that deep can be encoded again
+# (orjson writes 255 levels; such a reply is a bad node reply, judging.py), and recursing further
+# would reach Python's recursion limit on a node's crafted nesting.
+MAX_DEPTH = 256
+
+
+def _scrubbed(value: Any, secrets: tuple[str, ...], depth: int = 0) -> Any:
     if isinstance(value, str):
         return scrub_text(value, secrets)
+    if depth >= MAX_DEPTH and isinstance(value, (dict, list)):
+        return REDACTED
     if isinstance(value, dict):
-        return {scrub_text(k, secrets) if isinstance(k, str) else k: _scrubbed(v, secrets) for k, v in value.items()}
+        return {
+            scrub_text(k, secrets) if isinstance(k, str) else k: _scrubbed(v, secrets, depth + 1)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_scrubbed(v, secrets) for v in value]
+        return [_scrubbed(v, secrets, depth + 1) for v in value]
     return value
 
 
