@@ -12,6 +12,7 @@ import pytest
 
 from tests.lying_relay import LyingRelay, nested
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory, selector, word
+from tests.test_cache import finalized_store
 
 # What a lying (or broken) node answers eth_call with: valid JSON, of no shape eth_call has.
 MISSHAPEN_CALLS = {
@@ -30,15 +31,6 @@ async def liar(anvil: Anvil) -> AsyncIterator[LyingRelay]:
     relay = await LyingRelay(anvil.url, "result").start()
     yield relay
     await relay.close()
-
-
-async def final_store(anvil: Anvil, proxy: Proxy) -> tuple[str, int]:
-    """A Store contract at a final block (its x() is 7), and that block."""
-    address = anvil.deploy_store()
-    block = anvil.block_number()
-    anvil.mine(70)
-    await proxy.head_at(block + 70)
-    return address, block
 
 
 def call(method: str, params: list[Any], rid: int = 1) -> dict[str, Any]:
@@ -78,7 +70,7 @@ async def test_an_eth_call_result_of_no_hex_shape_is_a_bad_node_reply_never_kept
     anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory, form: str
 ) -> None:
     proxy = await make_proxy(EVM_UPSTREAM=liar.url)
-    address, block = await final_store(anvil, proxy)
+    address, block = await finalized_store(anvil, proxy)
     liar.results["eth_call"] = MISSHAPEN_CALLS[form]
     await assert_bad_node_reply_never_kept(proxy, liar, "eth_call", reads(address, block)["eth_call"])
 
@@ -97,7 +89,7 @@ async def test_a_state_read_of_the_wrong_shape_is_a_bad_node_reply_never_kept(
     anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory, method: str, result: Any
 ) -> None:
     proxy = await make_proxy(EVM_UPSTREAM=liar.url, VERIFY_ANSWERS="auto")
-    address, block = await final_store(anvil, proxy)
+    address, block = await finalized_store(anvil, proxy)
     liar.results[method] = result
     await assert_bad_node_reply_never_kept(proxy, liar, method, reads(address, block)[method])
 
@@ -110,7 +102,7 @@ async def test_a_bad_node_reply_is_asked_of_the_next_upstream(
     anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory, method: str, result: Any
 ) -> None:
     proxy = await make_proxy(EVM_UPSTREAM=f"{liar.url},{anvil.url}")
-    address, block = await final_store(anvil, proxy)
+    address, block = await finalized_store(anvil, proxy)
     params = reads(address, block)[method]
     truth = anvil.rpc(method, *params)
     liar.results[method] = result
@@ -123,7 +115,7 @@ async def test_a_reply_nested_past_what_orjson_writes_fails_only_its_own_call_in
     anvil: Anvil, liar: LyingRelay, make_proxy: ProxyFactory
 ) -> None:
     proxy = await make_proxy(EVM_UPSTREAM=liar.url)
-    address, block = await final_store(anvil, proxy)
+    address, block = await finalized_store(anvil, proxy)
     params = {**reads(address, block), "eth_getTransactionByBlockNumberAndIndex": [hex(block), "0x0"]}
     # eth_call has a shape; a transaction has none the reply is judged by: only its nesting.
     liar.results.update({"eth_call": nested(300), "eth_getTransactionByBlockNumberAndIndex": nested(300)})
