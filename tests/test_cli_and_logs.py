@@ -136,6 +136,23 @@ def test_a_taken_port_is_one_line_in_log_format_with_or_without_workers(workers:
     assert any(r["level"] == "error" and r["msg"].startswith("cannot listen on 127.0.0.1:") for r in records)
 
 
+def test_a_proxy_host_that_does_not_resolve_is_named_with_why_not_an_unknown_error(tmp_path: Path) -> None:
+    """Rule: a failed bind names the listener and the reason in words: getaddrinfo's negative codes
+    are no errno (os.strerror(-2) is "Unknown error -2")."""
+    env = clean_env(
+        LOG_FORMAT="json", EVM_UPSTREAM="http://127.0.0.1:1", PROXY_HOST="no-such-host.invalid", PROXY_PORT="8545"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    errors = [r["msg"] for r in (parsed(line, "json") for line in result.stderr.splitlines()) if r["level"] == "error"]
+    assert any(
+        m.startswith("cannot listen on no-such-host.invalid:8545") and "does not resolve" in m for m in errors
+    ), errors
+    assert not any("Unknown error" in m for m in errors), errors
+
+
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_keys_usage_with_an_unusable_ledger_redis_speaks_in_log_format(
     fmt: str,

@@ -10,6 +10,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -249,6 +250,8 @@ async def bind(site: web.BaseSite, listener: Listener) -> None:
     except OSError as exc:
         # uvloop's error has no strerror, only an errno and its own sentence: the system's words for both loops.
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        if isinstance(exc, socket.gaierror) or (exc.errno or 0) < 0:  # getaddrinfo's codes are negative
+            reason = f"the host does not resolve to an address here ({exc.strerror or exc.errno})"
         raise CannotListen(f"cannot listen on {listener}: {reason}") from exc
 
 
