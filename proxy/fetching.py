@@ -18,7 +18,6 @@ from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import loads
 from proxy.rpc.methods import MethodPolicy
 from proxy.rpc.params import BlockRef, substitute
-from proxy.upstream.replies import block_unknown
 from proxy.upstream_reads import Read, Reads
 from proxy.values import Answer, Plan
 from proxy.verifying import NOT_APPLICABLE, OFF, PROVEN, UNFINAL, Verifier, shown_as
@@ -53,11 +52,11 @@ class Fetcher:
         plan: Plan,
         lock: FillLock,
     ) -> tuple[Answer, bool]:
-        """A miss: ask upstream and keep the answer if it belongs to its key, X-Verified told on it. (answer,
-        tied): `tied` False when it could not be tied to the key's block (served as BYPASS); X-Verified told."""
+        """A miss: ask upstream and keep the answer if it belongs to its key, X-Verified told on it.
+        (answer, tied): `tied` is False when the answer could not be tied to the key's block (it is
+        served as BYPASS). Every return tells X-Verified (_told): no layer of its own around this."""
         deadline = self._reads.deadline(policy)  # the whole call's: asked again as the tag included
-        read = Read(net, plan.method, plan.forward, policy, plan, deadline)
-        answer, doubt = _no_block_is_null(plan, *await self._asker.ask_pinned(read))
+        answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if plan.tags_resolved and (kind in ("null", "error") or doubt == TAG_UNPROVEN):
             # The node may not know the resolved block yet (it lags the tracker): ask again
@@ -122,14 +121,6 @@ class Fetcher:
             stored = (answer.payload, answer.is_error)
             await self._cache.set(key, stored, ttl, lock, shared=shared, final_at=final_at)  # the lock released too
         return _told(net, plan, answer), True
-
-
-def _no_block_is_null(plan: Plan, answer: Answer, doubt: str | None) -> tuple[Answer, str | None]:
-    """The interface: an uncle is "a block object, or null when no block is found"; a node's "no such
-    block" error (Anvil's -32001, which is also this proxy's code for a refused key) is that null."""
-    if answer.is_error and plan.method == ap.UNCLE and block_unknown(answer.error):
-        return Answer(b"null", None, None, answer.seconds, answer.upstream), doubt
-    return answer, doubt
 
 
 def still_tied(net: NetworkRuntime, payload: bytes) -> bool:

@@ -12,8 +12,10 @@ from typing import Any, NamedTuple
 
 from proxy.rpc.jsonrpc import JSONEncodeError
 from proxy.upstream.posting import Failed
-from proxy.upstream.replies import SHAPES, is_response, shape_problem, single_problem
+from proxy.upstream.replies import SHAPES, block_unknown, is_response, shape_problem, single_problem
 from proxy.values import Answer, new_record
+
+UNCLE = "eth_getUncleByBlockHashAndIndex"
 
 UNENCODABLE = "malformed reply: nested too deep to encode again"
 
@@ -34,9 +36,17 @@ def single_answer(sent: int, method: str, reply: Any, seconds: float, index: int
         shape = SHAPES.get(method)
         result = answer.result  # None for an error, and for a null (judged as before)
         if shape is None or result is None or shape.fits(result):
-            return answer
+            return no_block_is_null(method, answer) if answer.error is not None else answer
         problem = shape_problem(method, shape, result)
     raise Failed("mismatch", problem)
+
+
+def no_block_is_null(method: str, answer: Answer) -> Answer:
+    """The interface: an uncle is "a block object, or null when no block is found"; a node's "no such
+    block" error (Anvil's -32001, which is also this proxy's code for a refused key) is that null."""
+    if method == UNCLE and block_unknown(answer.error):
+        return Answer(b"null", None, None, answer.seconds, answer.upstream)
+    return answer
 
 
 def batch_answers(
@@ -67,6 +77,8 @@ def batch_answers(
     try:
         for i in range(answered):  # a loop, not a comprehension: every auto-batch passes here
             answer = Answer.from_response(items[i], seconds, index)
+            if answer.error is not None:
+                answer = no_block_is_null(methods[i], answer)
             shape = SHAPES.get(methods[i])
             if shape is not None and answer.result is not None and not shape.fits(answer.result):
                 raise Failed("mismatch", shape_problem(methods[i], shape, answer.result))
