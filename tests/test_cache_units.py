@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
+from proxy.cache.planning import _doubted
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
 from proxy.chain.finality import FinalityWatch
 from proxy.chain.head_polls import Head, Resolved, TrackerError
@@ -264,7 +266,11 @@ class TestHeadTracker:
         assert watch.doubted(head, head, (80, "0xf")) is head  # below the window: finality's to judge
         assert watch.doubted(head, head, None) is head  # no block shown (a node still syncing)
         doubted = watch.doubted(head, head, (104, "0xother"))
-        assert doubted is not None and doubted.stale and doubted.hashes == head.hashes
+        assert doubted is not None and doubted.stale and doubted.hashes == head.hashes and doubted.doubted == 104
+        # A call naming a hash of the window from that height up is not cached (asked as is); below it is.
+        doubted = replace(doubted, numbers={"0xc": 103, "0xd": 104, "0xe": 105})
+        assert _doubted(["0xd"], doubted) and _doubted(["0xzz", "0xe"], doubted)
+        assert not _doubted(["0xc"], doubted) and not _doubted(["0xzz"], doubted)
         assert watch.doubted(doubted, doubted, (104, "0xother")) is doubted  # stale already
         newer = Head(106, 100, 90, "0xg", 1, 0, {})
         assert watch.doubted(head, newer, (104, "0xother")) is newer  # another poll moved the head since

@@ -78,6 +78,8 @@ def plan_call(
             decision = cp.BYPASS  # a reorged-out hash: answered as the canonical chain does, never kept
         elif decision.mode is cp.Mode.IMMUTABLE and not numbered and head is not None:
             unvouched = next((h for h in named if h not in head.numbers), None)
+        if head is not None and head.doubted is not None and _doubted(named, head):
+            decision, proof = cp.BYPASS, None  # a block a poll showed replaced, maybe: asked as is, uncached
     cells = metrics.hit_cells(net.name, method)
     key = ""
     if decision.cacheable and space is not None:
@@ -187,6 +189,12 @@ def _pinned_block(resolved: Any, named: list[str], head: Any) -> tuple[int, str]
     if named:
         known += [(head.numbers[h], h) for h in named if h in head.numbers]
     return max(known) if known else None
+
+
+def _doubted(named: list[str], head: Any) -> bool:
+    """A hash the call names is of the doubted head's window from the height a poll showed another
+    hash at (Head.doubted): that block may be replaced."""
+    return any(head.numbers.get(h, -1) >= head.doubted for h in named)
 
 
 def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -> Any:

@@ -52,7 +52,7 @@ class FinalityWatch:
             self.network,
             number,
         )
-        return replace(old_head, stale=True)
+        return replace(old_head, stale=True, doubted=number)
 
     def furthest(self, index: int) -> bool:
         """No other upstream serving the network is known to be further ahead than `index`."""

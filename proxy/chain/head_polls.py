@@ -80,6 +80,10 @@ class Head:
     # The upstream whose latest block this is (-1: not known): an answer pinned to a hash of this
     # window from another upstream is shown with that block's header first (asking.py).
     source: int = -1
+    # A stale head made so by a poll that showed its window's block at this height with another hash
+    # (FinalityWatch.doubted): the window's blocks from here up may be replaced, so a hash of one of
+    # them is not cached either (asked upstream as is: cache/planning.py) until a poll settles it.
+    doubted: int | None = None
 
 
 @dataclass(slots=True)  # not frozen: one per block parameter of a miss
