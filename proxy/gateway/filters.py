@@ -43,7 +43,7 @@ from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
 from proxy.redis_link import RedisLink
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, Call, JsonRpcError
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, Call, JsonRpcError
 from proxy.values import BYPASS, Answer, Outcome
 from proxy.workers.shared_table import LocalTable, SharedTable, alive
 
@@ -59,6 +59,7 @@ FILTER_METHODS = frozenset(
 )
 FILTER_TIMEOUT = 300.0  # geth's filter deadline: 5 minutes without a poll
 NOT_FOUND = -32000  # geth's code and message for an unknown filter id
+READ_TRIES = 5  # a backlog's range asked again until a node shows its last block (asking.ASK_AGAIN's count)
 _TAG = 32  # hex digits of the HMAC that bind an id to its key
 
 Prepare = Callable[[Call, NetworkRuntime], Prepared]
@@ -286,10 +287,24 @@ class Filters:
         return logs, (Backlog(at, upto) if start <= upto else None)
 
     async def _read(self, net: NetworkRuntime, criteria: dict[str, Any], start: int, end: int) -> Answer:
-        """eth_getLogs over the filter's criteria from block `start` to `end`; an error unless a list."""
+        """eth_getLogs over the filter's criteria from block `start` to `end`, from a node that shows
+        block `end` in the same batch: a node behind (a load balancer's lagging member) answers short of
+        the blocks it lacks, which would be read as done. Asked again (another member may answer), else
+        -32002, and the backlog waits for the next poll. An error unless a list."""
         query = {k: v for k, v in criteria.items() if k not in ("fromBlock", "toBlock", "blockHash")}
         query.update(fromBlock=hex(start), toBlock=hex(end))
-        answer = await net.upstream.request("eth_getLogs", [query], timeout=self._settings.getlogs_timeout + 1)
+        calls = [("eth_getLogs", [query]), ("eth_getBlockByNumber", [hex(end), False])]
+        for _ in range(READ_TRIES):
+            both = await net.upstream.together(calls)
+            if both is None:  # batches refused: the logs alone, as the node gives them
+                answer = await net.upstream.request("eth_getLogs", [query], timeout=self._settings.getlogs_timeout + 1)
+                break
+            answer, shown = both
+            if answer.is_error or (isinstance(shown.result, dict) and shown.result.get("number") == hex(end)):
+                break
+        else:
+            message = f"upstream unavailable: no upstream showed block {end} beside its logs (asked again next poll)"
+            return Answer(b"", None, {"code": UPSTREAM_UNAVAILABLE, "message": message})
         if not answer.is_error and not isinstance(answer.result, list):
             return Answer(answer.payload, None, {"code": INTERNAL_ERROR, "message": "eth_getLogs gave no list"})
         return answer
