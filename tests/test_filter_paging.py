@@ -50,11 +50,14 @@ class TestBacklog:
         assert after(read, (5, 1), 3) == ([_log(5, 2), _log(5, 3), _log(6, 0)], None)
         assert after(read, (6, 0), 3) == ([], None)
 
-    def test_changes_behind_a_backlog_move_its_end_or_are_delivered_at_once(self) -> None:
-        # A reorg's log at or before the cursor (the client has read that block) and a removed log go now.
+    def test_changes_behind_a_backlog_move_its_end_or_take_it_back_to_a_replaced_block(self) -> None:
+        # A removed log goes now; a reorg's new log at or before the cursor (a block the client read,
+        # replaced) takes the backlog back before that block, read and paged again: never past the limit.
         changes = [_log(7, 0), _log(4, 0, data="0x01"), _log(4, 9, removed=True), _log(5, 2)]
         now, backlog = behind(changes, Backlog((4, 3), 6))
-        assert now == [_log(4, 9, removed=True), _log(4, 0, data="0x01")] and backlog == Backlog((4, 3), 7)
+        assert now == [_log(4, 9, removed=True)] and backlog == Backlog((4, -1), 7)
+        now, backlog = behind([_log(7, 0)], Backlog((4, 3), 6))
+        assert now == [] and backlog == Backlog((4, 3), 7)
 
     def test_two_polls_of_one_backlog_merge_forward(self) -> None:
         assert merged(Backlog((3, 4), 9), Backlog((5, 0), 8)) == Backlog((5, 0), 9)
@@ -262,3 +265,24 @@ async def test_two_workers_polling_one_filter_in_turn_page_it_each_log_once(
     pages = await _drain(lambda: call("eth_getFilterChanges", [own_id]))
     assert [len(p) for p in pages] == [10, 10, 10, 5, 0]
     assert [int(log["logIndex"], 16) for page in pages for log in page] == list(range(35))
+
+
+async def test_a_reorg_under_a_backlog_pages_the_new_chains_logs_within_the_limit(anvil: Anvil, proxy: Proxy) -> None:
+    # The chain under a filter's backlog is replaced (evm_revert, then other blocks): the new chain's
+    # logs at or before the cursor were one answer past the limit (51 with limit 20); now each is
+    # read and paged, and every one comes exactly once.
+    store = anvil.deploy_store()
+    own_id = await proxy.result("eth_newFilter", [{"address": store}])
+    snapshot = anvil.rpc("evm_snapshot")
+    for count in (45, 30, 30):
+        anvil.send(store, selector("emitMany(uint256)") + word(count))
+    assert [len(await proxy.result("eth_getFilterChanges", [own_id])) for _ in range(3)] == [20, 20, 20]
+    assert anvil.rpc("evm_revert", snapshot) is True
+    first = anvil.send(store, selector("emitMany(uint256)") + word(50))["blockNumber"]
+    last = anvil.send(store, selector("emitMany(uint256)") + word(1))["blockNumber"]
+    pages = await _drain(lambda: proxy.result("eth_getFilterChanges", [own_id]))
+    kept = [[log for log in page if not log.get("removed")] for page in pages]
+    assert all(len(page) <= LIMIT for page in kept), [len(page) for page in pages]
+    expected = anvil.rpc("eth_getLogs", {"address": store, "fromBlock": first, "toBlock": last})
+    assert sorted(_key(log) for page in kept for log in page) == sorted(_key(log) for log in expected)
+    assert len(expected) == 51

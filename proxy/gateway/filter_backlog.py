@@ -12,7 +12,8 @@ only move the backlog's last block on).
 Removed logs (`removed: true`, a reorg) and logs without a position cannot be read again with
 eth_getLogs: a poll delivers those it receives at once, first (so a reorg that removes more than
 `limit` matching logs in one poll is the one answer past the limit). A log of the node's changes at
-or before the position is a reorg's new log in a block the client has read: delivered at once too.
+or before the position is a reorg's new log in a block the client has read (and been told removed):
+the backlog goes back to that block, whose new logs are then read and paged like the rest.
 """
 
 from __future__ import annotations
@@ -81,11 +82,14 @@ def first_page(changes: list[Any], limit: int) -> Page:
 
 
 def behind(changes: list[Any], backlog: Backlog) -> tuple[list[Any], Backlog]:
-    """The node's changes while a backlog is left: those to deliver at once (removed, without a
-    position, or at or before the backlog's position), and the backlog reaching their last block."""
+    """The node's changes while a backlog is left: those to deliver at once (removed, or without a
+    position), and the backlog reaching their last block. A log at or before the backlog's position
+    is a reorg's new log in a replaced block (a reorg replaces every block from its fork up): the
+    backlog goes back to before that block, so its new logs are read and paged, never past the limit."""
     placed = _in_order(log for log in changes if not _at_once(log))
-    now = [log for log in changes if _at_once(log)] + [log for p, log in placed if p <= backlog.after]
-    return now, Backlog(backlog.after, max([backlog.upto, *(p[0] for p, _log in placed)]))
+    again = [p for p, _log in placed if p <= backlog.after]
+    start = (again[0][0], -1) if again else backlog.after
+    return [log for log in changes if _at_once(log)], Backlog(start, max([backlog.upto, *(p[0] for p, _ in placed)]))
 
 
 def after(logs: list[Any], at: Position, room: int) -> tuple[list[Any], Position | None]:

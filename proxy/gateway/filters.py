@@ -43,7 +43,7 @@ from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
 from proxy.redis_link import RedisLink
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, Call, JsonRpcError
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, LIMIT_EXCEEDED, Call, JsonRpcError
 from proxy.values import BYPASS, Answer, Outcome
 from proxy.workers.shared_table import LocalTable, SharedTable, alive
 
@@ -273,8 +273,10 @@ class Filters:
             async with asyncio.timeout(self._settings.getlogs_timeout):
                 while len(logs) < room and start <= upto:
                     end = upto
-                    while (answer := await self._read(net, criteria, start, end)).is_error:
+                    while (answer := await self._read(net, criteria, start, end)) is None or answer.is_error:
                         if end == start:
+                            if answer is None:  # no node shows the block yet (a shorter chain, nodes behind)
+                                return logs, Backlog(at, upto)  # read on at the next poll
                             raise _refused(answer)
                         end = start + (end - start) // 2
                     page, last = after(answer.result, at, room - len(logs))
@@ -286,11 +288,11 @@ class Filters:
             raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
         return logs, (Backlog(at, upto) if start <= upto else None)
 
-    async def _read(self, net: NetworkRuntime, criteria: dict[str, Any], start: int, end: int) -> Answer:
+    async def _read(self, net: NetworkRuntime, criteria: dict[str, Any], start: int, end: int) -> Answer | None:
         """eth_getLogs over the filter's criteria from block `start` to `end`, from a node that shows
         block `end` in the same batch: a node behind (a load balancer's lagging member) answers short of
-        the blocks it lacks, which would be read as done. Asked again (another member may answer), else
-        -32002, and the backlog waits for the next poll. An error unless a list."""
+        the blocks it lacks, which would be read as done. Asked again (another member may answer);
+        None when no node showed the block. An error unless a list."""
         query = {k: v for k, v in criteria.items() if k not in ("fromBlock", "toBlock", "blockHash")}
         query.update(fromBlock=hex(start), toBlock=hex(end))
         calls = [("eth_getLogs", [query]), ("eth_getBlockByNumber", [hex(end), False])]
@@ -300,11 +302,10 @@ class Filters:
                 answer = await net.upstream.request("eth_getLogs", [query], timeout=self._settings.getlogs_timeout + 1)
                 break
             answer, shown = both
-            if answer.is_error or (isinstance(shown.result, dict) and shown.result.get("number") == hex(end)):
+            if isinstance(shown.result, dict) and shown.result.get("number") == hex(end):
                 break
         else:
-            message = f"upstream unavailable: no upstream showed block {end} beside its logs (asked again next poll)"
-            return Answer(b"", None, {"code": UPSTREAM_UNAVAILABLE, "message": message})
+            return None
         if not answer.is_error and not isinstance(answer.result, list):
             return Answer(answer.payload, None, {"code": INTERNAL_ERROR, "message": "eth_getLogs gave no list"})
         return answer
