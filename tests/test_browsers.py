@@ -59,7 +59,15 @@ class TestAllowListDecisions:
         # Rule: allowed_addresses holds EVM addresses, so a Solana read of named accounts is refused
         # (fail-closed, as an EVM call naming no address); a Solana call naming none is not restricted.
         lists = AllowLists(addresses=frozenset({STORE}))
-        for method in ("getTokenAccountBalance", "getBalance", "getMultipleAccounts", "accountSubscribe"):
+        for method in (
+            "getTokenAccountBalance",
+            "getBalance",
+            "getMultipleAccounts",
+            "accountSubscribe",
+            "simulateTransaction",
+            "getVoteAccounts",
+            "getRecentPrioritizationFees",
+        ):
             error = call_refusal(lists, method, ["4Nd1mBQtrMJVYVfKf2PJy9NZUZdTAsp7D4xWLs4gDB4T"])
             assert error is not None and "Solana accounts" in error.message and error.http_status == 403
         assert call_refusal(lists, "getSlot", []) is None and call_refusal(AllowLists(), "getBalance", ["x"]) is None

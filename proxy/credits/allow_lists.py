@@ -28,9 +28,10 @@ _UNCHECKABLE = frozenset(
         "debug_executionWitness",
     }
 )
-# Solana methods that read accounts they name (a pubkey, a list of them, a program's or an owner's
-# accounts, a logs subscription's `mentions`): allowed_addresses holds EVM addresses only, so a key with
-# the list is refused them, fail-closed as an EVM call that names no address is.
+# Solana methods that read accounts they name, or can name (a pubkey, a list of them, a program's or
+# an owner's accounts, a logs subscription's `mentions`, a config's account keys): allowed_addresses
+# holds EVM addresses only, so a key with the list is refused them, fail-closed as an EVM call that
+# names no address is.
 _SOLANA_ACCOUNTS = frozenset(
     {
         "getAccountInfo",
@@ -44,6 +45,14 @@ _SOLANA_ACCOUNTS = frozenset(
         "getTokenLargestAccounts",
         "getTokenSupply",
         "getInflationReward",
+        # Calls that take account keys among their params or config: a transaction run on the node
+        # (simulateTransaction's `accounts` returns their data), vote accounts, leaders, fees by account.
+        "simulateTransaction",
+        "getVoteAccounts",
+        "getLeaderSchedule",
+        "getBlockProduction",
+        "getRecentPrioritizationFees",
+        "getStakeActivation",
         "accountSubscribe",
         "programSubscribe",
         "logsSubscribe",
