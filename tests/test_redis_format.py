@@ -50,6 +50,8 @@ class TestDecodeValue:
             b"enull",
             b'e{"message":"no code"}',
             b'e{"code":true,"message":"a bool is not an integer"}',
+            b'e{"code":1}',  # JSON-RPC 2.0 5.1: an error object has a message
+            b'e{"code":1,"message":7}',
             b"x1",
         ],
     )

@@ -54,3 +54,17 @@ class TestShapes:
         deep_second = [{"id": 1, "result": "0x1"}, {"id": 2, "result": nested(300)}]
         with pytest.raises(Failed):
             batch_answers(range(1, 3), ["eth_syncing", "eth_syncing"], 2, deep_second, 0, 0)
+
+    def test_an_error_without_an_integer_code_fails_its_try_and_an_uncles_no_block_is_null(self) -> None:
+        # JSON-RPC 2.0 5.1: an error's code is an integer; a string one is a malformed reply.
+        for code in ("-32000 server error", None, True, 1.5):
+            with pytest.raises(Failed) as failed:
+                single_answer(2, "eth_call", {"id": 2, "error": {"code": code, "message": "x"}}, 0, 0)
+            assert "integer code" in failed.value.detail
+        with pytest.raises(Failed):
+            batch_answers(range(2, 3), ["eth_call"], 1, [{"id": 2, "error": {"code": "1", "message": "x"}}], 0, 0)
+        # The interface: an uncle of a block no node has is null (Anvil: -32001 "Resource not found").
+        missing = {"id": 2, "error": {"code": -32001, "message": "Resource not found"}}
+        uncle = single_answer(2, "eth_getUncleByBlockHashAndIndex", missing, 0, 0)
+        assert (uncle.payload, uncle.is_error) == (b"null", False)
+        assert single_answer(2, "eth_getBlockByHash", missing, 0, 0).is_error  # only the uncle's null is so specified

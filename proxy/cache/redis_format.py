@@ -6,9 +6,9 @@ Redis is shared: what it holds may have been written by something other than thi
 program, an older format, a hand, a truncated write). Its bytes are spliced into responses as they
 are, so a value is taken only when it is exactly what `encode_value` writes: a known prefix, and a
 payload that is one JSON value (RFC 8259 section 2: `"0x01","id":9` is not one, and spliced it would
-forge the envelope's fields), an error payload an object with an integer `code` (JSON-RPC 2.0 section
-5.1). Anything else decodes to None: a miss. Checked only on a value read from Redis (never on a
-memory hit), at the cost of one parse of the payload.
+forge the envelope's fields), an error payload an object with an integer `code` and a string
+`message` (JSON-RPC 2.0 section 5.1). Anything else decodes to None: a miss. Checked only on a value
+read from Redis (never on a memory hit), at the cost of one parse of the payload.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def decode_value(value: bytes) -> Entry | None:
         parsed = loads(payload)  # exactly one JSON value, nothing after it
     except JSONDecodeError:
         return None
-    if kind == b"e" and not (isinstance(parsed, dict) and type(parsed.get("code")) is int):
+    if kind == b"e" and not (
+        isinstance(parsed, dict) and type(parsed.get("code")) is int and isinstance(parsed.get("message"), str)
+    ):
         return None  # the proxy keeps a node's error object (a revert), never a bare value
     return Entry((payload, kind == b"e"), height)

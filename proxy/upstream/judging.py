@@ -36,14 +36,18 @@ def single_answer(sent: int, method: str, reply: Any, seconds: float, index: int
         shape = SHAPES.get(method)
         result = answer.result  # None for an error, and for a null (judged as before)
         if shape is None or result is None or shape.fits(result):
-            return no_block_is_null(method, answer) if answer.error is not None else answer
+            return errored(method, answer) if answer.error is not None else answer
         problem = shape_problem(method, shape, result)
     raise Failed("mismatch", problem)
 
 
-def no_block_is_null(method: str, answer: Answer) -> Answer:
-    """The interface: an uncle is "a block object, or null when no block is found"; a node's "no such
-    block" error (Anvil's -32001, which is also this proxy's code for a refused key) is that null."""
+def errored(method: str, answer: Answer) -> Answer:
+    """A node's error answer as the caller takes it, or Failed: an error object's code is an integer
+    (JSON-RPC 2.0 section 5.1; a string code is a malformed reply). The interface: an uncle is "a block
+    object, or null when no block is found"; a node's "no such block" error (Anvil's -32001, which is
+    also this proxy's code for a refused key) is that null."""
+    if type(answer.error_code) is not int:
+        raise Failed("mismatch", "malformed reply: an error object without an integer code")
     if method == UNCLE and block_unknown(answer.error):
         return Answer(b"null", None, None, answer.seconds, answer.upstream)
     return answer
@@ -78,7 +82,7 @@ def batch_answers(
         for i in range(answered):  # a loop, not a comprehension: every auto-batch passes here
             answer = Answer.from_response(items[i], seconds, index)
             if answer.error is not None:
-                answer = no_block_is_null(methods[i], answer)
+                answer = errored(methods[i], answer)
             shape = SHAPES.get(methods[i])
             if shape is not None and answer.result is not None and not shape.fits(answer.result):
                 raise Failed("mismatch", shape_problem(methods[i], shape, answer.result))
