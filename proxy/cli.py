@@ -137,7 +137,7 @@ def misspelt(names: Iterable[str]) -> list[str]:
     (a misspelt API_KEYS runs the proxy open). Names only, never values."""
     found = []
     for name in sorted(names):
-        if name not in OPTION_NAMES and (near := difflib.get_close_matches(name, OPTION_NAMES, 1, 0.85)):
+        if name not in OPTION_NAMES and (near := difflib.get_close_matches(name.upper(), OPTION_NAMES, 1, 0.85)):
             found.append(f"{name} ({near[0]}?)")
     return found
 

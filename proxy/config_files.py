@@ -421,8 +421,11 @@ def unsendable(secret: str) -> str | None:
     never reaches the key). Pure; the messages never show the key."""
     if not all("!" <= c <= "~" for c in secret):
         return _UNSENDABLE
-    if any(c in secret for c in "/%?#"):
-        return "holds '/', '%', '?' or '#', which a URL path does not carry as written (/v3/<key>)"
+    if any(c in secret for c in "/%?#\\") or secret in (".", ".."):
+        return (
+            "holds '/', '%', '?', '#' or '\\', or is '.' or '..', which a URL path does not carry as written "
+            "(/v3/<key>)"
+        )
     return None
 
 

@@ -296,7 +296,7 @@ MAX_CREDITS = 2**53
 def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: str = "") -> int:
     """A whole number from `low` (0 or 1) to `high` (None: no bound)."""
     try:
-        value = int(raw)
+        value = int(raw.replace("_", "!"))  # int() takes 1_0 as 10: no setting is written so
     except ValueError:
         with contextlib.suppress(ValueError):
             if low == 0 and float(raw) == 0:
@@ -312,7 +312,7 @@ def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: st
 def _seconds(name: str, raw: str, *, zero: bool = False) -> float:
     """A duration: greater than 0 (or any number equal to 0 with `zero`: 0, 0.00, -0) up to a day."""
     try:
-        value = float(raw)
+        value = float(raw.replace("_", "!"))  # float() takes 1_0 as 10 too
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
     if zero and value == 0:

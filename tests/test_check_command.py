@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.check import redact_url
+from proxy.cli import misspelt
 from tests.support import Anvil, RedisServer, free_port
 from tests.test_cli_and_logs import clean_env
 
@@ -195,6 +196,7 @@ def test_a_misspelt_setting_in_the_environment_is_a_problem_and_open_mode_is_sai
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAIL environment: not settings (misspelt?), serve ignores them: API_KEY (API_KEYS?)" in result.stdout
     assert "note open mode:" in result.stdout and SECRET not in result.stdout + result.stderr
+    assert misspelt(["api_keys", "Redis_Url", "HOSTNAME", "PATH"]) == ["Redis_Url (REDIS_URL?)", "api_keys (API_KEYS?)"]
     keyed = check(tmp_path, "--offline", EVM_UPSTREAM=upstream, API_KEYS=SECRET, HOSTNAME="box")
     assert keyed.returncode == 0 and "open mode" not in keyed.stdout and "FAIL" not in keyed.stdout, keyed.stdout
 

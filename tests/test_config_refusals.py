@@ -88,6 +88,18 @@ def test_one_port_on_two_distinct_hosts_is_kept() -> None:
     ]
 
 
+def test_a_key_that_is_a_dot_segment_is_refused() -> None:
+    """Rule: `/v3/.` and `/v3/..` are dot segments a URL parser removes (WHATWG, RFC 3986 5.2.4)."""
+    for key in (".", ".."):
+        assert "API_KEYS: key 2 holds" in refused(API_KEYS=f"sk-first-key,{key}")
+
+
+@pytest.mark.parametrize(("setting", "value"), [("GETLOGS_CHUNK_BLOCKS", "1_0"), ("UPSTREAM_TIMEOUT", "1_0")])
+def test_a_number_with_underscores_is_refused(setting: str, value: str) -> None:
+    """Rule: Python's int() and float() read 1_0 as 10; no setting is written so (a typo, not ten)."""
+    assert f"{setting} must be" in refused(**{setting: value})
+
+
 @pytest.mark.parametrize("value", ["0", "0.0", "0.00", "-0", "0e0"])
 def test_a_zero_written_any_way_disables_where_zero_is_allowed(value: str) -> None:
     """Rule: settings documented as "0 disables" take any number equal to 0."""
@@ -211,15 +223,15 @@ def test_an_api_key_with_whitespace_control_or_invisible_characters_is_refused_b
     assert "SECRET" not in message and "first" not in message
 
 
-@pytest.mark.parametrize("breaking", ["/", "%41", "?", "#"])
+@pytest.mark.parametrize("breaking", ["/", "%41", "?", "#", "\\"])
 def test_an_api_key_a_url_path_does_not_carry_as_written_is_refused_by_position(breaking: str, tmp_path: Path) -> None:
     """Rule: the key travels in the path (/v3/<key>): one holding '/', '%', '?' or '#' could never be
     sent there as written, so it is refused (API_KEYS by position, the file by name), never shown."""
     message = refused(API_KEYS=f"sk-first-key,sk-SECRET{breaking}123")
-    assert "API_KEYS: key 2 holds '/', '%', '?' or '#', which a URL path does not carry" in message
+    assert "API_KEYS: key 2 holds '/', '%', '?', '#' or '\\', or is '.' or '..', which a URL path" in message
     assert "SECRET" not in message
     keys = tmp_path / "keys.toml"
-    keys.write_text(f'[keys.alice]\nkey = "sk-SECRET{breaking}123"\n')
+    keys.write_text(f"[keys.alice]\nkey = 'sk-SECRET{breaking}123'\n")  # a literal string: a backslash as written
     message = refused(API_KEYS_FILE=str(keys))
     assert "API_KEYS_FILE: key 'alice'" in message and "which a URL path does not carry" in message
     assert "SECRET" not in message

@@ -286,6 +286,15 @@ class TestScrubbing:
         secrets = secrets_of("http://user:pa55word@host/", ())
         assert scrub_text(f"auth=Basic {sent}", secrets) == f"auth=Basic {REDACTED}"
 
+    def test_a_secret_in_another_letter_case_or_percent_encoded_is_scrubbed(self) -> None:
+        secrets = ("SuperSecretKey123",)
+        assert (
+            scrub_text("bad key SUPERSECRETKEY123 and supersecretkey123", secrets)
+            == f"bad key {REDACTED} and {REDACTED}"
+        )
+        assert scrub_text("for /v2/%53uperSecretKey123", secrets) == REDACTED  # an unreserved letter escaped
+        assert scrub_text("100% fine", secrets) == "100% fine"
+
     def test_object_keys_in_an_error_are_scrubbed_too(self) -> None:
         reply = {"id": 1, "error": {"message": "m", "data": {"abcdef123456": {"k abcdef123456": "v"}}}}
         scrub_reply(reply, ("abcdef123456",))
