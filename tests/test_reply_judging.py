@@ -57,10 +57,12 @@ class TestShapes:
 
     def test_an_error_without_an_integer_code_fails_its_try_and_an_uncles_no_block_is_null(self) -> None:
         # JSON-RPC 2.0 5.1: an error's code is an integer; a string one is a malformed reply.
-        for code in ("-32000 server error", None, True, 1.5):
+        bad = [{"code": code, "message": "x"} for code in ("-32000 server error", None, True, 1.5)]
+        bad += [{"code": -32000}, {"code": -32000, "message": ["x"]}, "upstream says: boom", 123, [1], False]
+        for error in bad:
             with pytest.raises(Failed) as failed:
-                single_answer(2, "eth_call", {"id": 2, "error": {"code": code, "message": "x"}}, 0, 0)
-            assert "integer code" in failed.value.detail
+                single_answer(2, "eth_call", {"id": 2, "result": "0x00", "error": error}, 0, 0)
+            assert "integer code and a message" in failed.value.detail, error
         with pytest.raises(Failed):
             batch_answers(range(2, 3), ["eth_call"], 1, [{"id": 2, "error": {"code": "1", "message": "x"}}], 0, 0)
         # The interface: an uncle of a block no node has is null (Anvil: -32001 "Resource not found").
@@ -68,3 +70,6 @@ class TestShapes:
         uncle = single_answer(2, "eth_getUncleByBlockHashAndIndex", missing, 0, 0)
         assert (uncle.payload, uncle.is_error) == (b"null", False)
         assert single_answer(2, "eth_getBlockByHash", missing, 0, 0).is_error  # only the uncle's null is so specified
+        for code, message in ((-32601, "the method could not be found"), (-32005, "resource not found in quota")):
+            other = {"id": 2, "error": {"code": code, "message": message}}
+            assert single_answer(2, "eth_getUncleByBlockHashAndIndex", other, 0, 0).is_error  # not "no such block"

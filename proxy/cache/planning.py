@@ -79,7 +79,10 @@ def plan_call(
         elif decision.mode is cp.Mode.IMMUTABLE and not numbered and head is not None:
             unvouched = next((h for h in named if h not in head.numbers), None)
         if head is not None and head.doubted is not None and _doubted(named, head):
-            decision, proof = cp.BYPASS, None  # a block a poll showed replaced, maybe: asked as is, uncached
+            # A block a poll showed replaced, maybe: asked as is, uncached, and answered as the node
+            # answers it (null for a block it no longer has), not held to the window's height.
+            decision, proof = cp.BYPASS, None
+            need = _needed(blocks, [], explicit, unresolved_tags, head, decision.per_head)
     cells = metrics.hit_cells(net.name, method)
     key = ""
     if decision.cacheable and space is not None:
@@ -192,9 +195,9 @@ def _pinned_block(resolved: Any, named: list[str], head: Any) -> tuple[int, str]
 
 
 def _doubted(named: list[str], head: Any) -> bool:
-    """A hash the call names is of the doubted head's window from the height a poll showed another
-    hash at (Head.doubted): that block may be replaced."""
-    return any(head.numbers.get(h, -1) >= head.doubted for h in named)
+    """A hash the call names is of the doubted head's window (Head.doubted): the poll showed another
+    hash at one height, and the fork may lie lower, so any block of the window may be replaced."""
+    return any(h in head.numbers for h in named)
 
 
 def _key_form(ref: BlockRef, resolved: Resolved | None, decision: cp.Decision) -> Any:

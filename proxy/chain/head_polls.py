@@ -81,8 +81,8 @@ class Head:
     # window from another upstream is shown with that block's header first (asking.py).
     source: int = -1
     # A stale head made so by a poll that showed its window's block at this height with another hash
-    # (FinalityWatch.doubted): the window's blocks from here up may be replaced, so a hash of one of
-    # them is not cached either (asked upstream as is: cache/planning.py) until a poll settles it.
+    # (FinalityWatch.doubted): the fork may lie lower, so any of the window's blocks may be replaced and a
+    # hash of one of them is not cached either (asked upstream as is: cache/planning.py) until a poll settles it.
     doubted: int | None = None
 
 

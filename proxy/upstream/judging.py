@@ -16,6 +16,7 @@ from proxy.upstream.replies import SHAPES, block_unknown, is_response, shape_pro
 from proxy.values import Answer, new_record
 
 UNCLE = "eth_getUncleByBlockHashAndIndex"
+NO_BLOCK_CODES = (-32001, -32000)  # EIP-1474's "Resource not found"; geth's and most nodes' server error
 
 UNENCODABLE = "malformed reply: nested too deep to encode again"
 
@@ -27,7 +28,7 @@ class BatchReply(NamedTuple):
 
 def single_answer(sent: int, method: str, reply: Any, seconds: float, index: int) -> Answer:
     """The answer in a reply to the single call of `method` with id `sent`, or Failed."""
-    problem = single_problem(reply, sent)
+    problem = single_problem(reply, sent) or _error_problem(reply)
     if problem is None:
         try:
             answer = Answer.from_response(reply, seconds, index)
@@ -41,14 +42,23 @@ def single_answer(sent: int, method: str, reply: Any, seconds: float, index: int
     raise Failed("mismatch", problem)
 
 
+def _error_problem(item: dict[str, Any]) -> str | None:
+    """Why an answer's error member is not a JSON-RPC 2.0 error object (section 5.1: an integer code
+    and a string message), or None; an error that is not one is a malformed reply, not the node's answer."""
+    error = item.get("error")
+    if error is None:
+        return None
+    if type(error) is not dict or type(error.get("code")) is not int or type(error.get("message")) is not str:
+        return "malformed reply: an error that is not an object with an integer code and a message"
+    return None
+
+
 def errored(method: str, answer: Answer) -> Answer:
-    """A node's error answer as the caller takes it, or Failed: an error object's code is an integer
-    (JSON-RPC 2.0 section 5.1; a string code is a malformed reply). The interface: an uncle is "a block
-    object, or null when no block is found"; a node's "no such block" error (Anvil's -32001, which is
-    also this proxy's code for a refused key) is that null."""
-    if type(answer.error_code) is not int:
-        raise Failed("mismatch", "malformed reply: an error object without an integer code")
-    if method == UNCLE and block_unknown(answer.error):
+    """A node's error answer as the caller takes it. The interface: an uncle is "a block object, or
+    null when no block is found"; a node's "no such block" error (EIP-1474's -32001 "Resource not
+    found" on Anvil, which is also this proxy's code for a refused key, or -32000 "header not found")
+    is that null; another error (a missing method, an internal or a quota error) stays one."""
+    if method == UNCLE and answer.error_code in NO_BLOCK_CODES and block_unknown(answer.error):
         return Answer(b"null", None, None, answer.seconds, answer.upstream)
     return answer
 
@@ -80,6 +90,9 @@ def batch_answers(
     answers: list[Answer] = []
     try:
         for i in range(answered):  # a loop, not a comprehension: every auto-batch passes here
+            problem = _error_problem(items[i])
+            if problem is not None:
+                raise Failed("mismatch", problem)
             answer = Answer.from_response(items[i], seconds, index)
             if answer.error is not None:
                 answer = errored(methods[i], answer)
