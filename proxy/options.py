@@ -296,10 +296,10 @@ MAX_CREDITS = 2**53
 def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: str = "") -> int:
     """A whole number from `low` (0 or 1) to `high` (None: no bound)."""
     try:
-        value = int(raw.replace("_", "!"))  # int() takes 1_0 as 10: no setting is written so
+        value = int(_ascii_digits(raw))
     except ValueError:
         with contextlib.suppress(ValueError):
-            if low == 0 and float(raw) == 0:
+            if low == 0 and float(_ascii_digits(raw)) == 0:
                 return 0  # "0 disables": any number equal to 0 (0.00, 0e0) is 0
         raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
     if value < low:
@@ -309,10 +309,14 @@ def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: st
     return value
 
 
+def _ascii_digits(raw: str) -> str:  # int() and float() take 1_0 as 10, and １０: no setting is written so
+    return raw if raw.isascii() and "_" not in raw else "!"
+
+
 def _seconds(name: str, raw: str, *, zero: bool = False) -> float:
     """A duration: greater than 0 (or any number equal to 0 with `zero`: 0, 0.00, -0) up to a day."""
     try:
-        value = float(raw.replace("_", "!"))  # float() takes 1_0 as 10 too
+        value = float(_ascii_digits(raw))
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
     if zero and value == 0:
@@ -343,8 +347,7 @@ def _positive_int(name: str, raw: str) -> int:
     return _whole(name, raw, 1)
 
 
-def _zero_or_positive_int(name: str, raw: str) -> int:
-    """0 (off, no cap, or free) or a positive whole number."""
+def _zero_or_positive_int(name: str, raw: str) -> int:  # 0: off, no cap, or free
     return _whole(name, raw, 0)
 
 
@@ -356,8 +359,7 @@ def _zero_or_credits(name: str, raw: str) -> int:
     return _whole(name, raw, 0, MAX_CREDITS, "2**53 (credits are counted as doubles in Redis)")
 
 
-def _zero_or_positive_float(name: str, raw: str) -> float:
-    """0 (off), written any way that equals 0, or a positive number of seconds."""
+def _zero_or_positive_float(name: str, raw: str) -> float:  # 0 (off), written any way, or seconds
     return _seconds(name, raw, zero=True)
 
 

@@ -94,9 +94,19 @@ def test_a_key_that_is_a_dot_segment_is_refused() -> None:
         assert "API_KEYS: key 2 holds" in refused(API_KEYS=f"sk-first-key,{key}")
 
 
-@pytest.mark.parametrize(("setting", "value"), [("GETLOGS_CHUNK_BLOCKS", "1_0"), ("UPSTREAM_TIMEOUT", "1_0")])
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("GETLOGS_CHUNK_BLOCKS", "1_0"),
+        ("UPSTREAM_TIMEOUT", "1_0"),
+        ("CACHE_KEY_BYTES_PER_MINUTE", "0_0"),
+        ("MAX_BATCH_SIZE", "\uff11\uff10"),
+        ("HEAD_POLL_INTERVAL", "\uff12"),
+    ],
+)
 def test_a_number_with_underscores_is_refused(setting: str, value: str) -> None:
-    """Rule: Python's int() and float() read 1_0 as 10; no setting is written so (a typo, not ten)."""
+    """Rule: Python's int() and float() read 1_0 as 10 and fullwidth digits as ASCII ones; no setting
+    is written so (a typo, not ten)."""
     assert f"{setting} must be" in refused(**{setting: value})
 
 

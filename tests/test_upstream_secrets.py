@@ -293,6 +293,7 @@ class TestScrubbing:
             == f"bad key {REDACTED} and {REDACTED}"
         )
         assert scrub_text("for /v2/%53uperSecretKey123", secrets) == REDACTED  # an unreserved letter escaped
+        assert scrub_text("for /v2/%2553%2575perSecretKey123", secrets) == REDACTED  # and escaped again
         assert scrub_text("100% fine", secrets) == "100% fine"
 
     def test_object_keys_in_an_error_are_scrubbed_too(self) -> None:

@@ -63,15 +63,18 @@ def _longest_first(found: set[str]) -> tuple[str, ...]:
 
 def scrub_text(text: str, secrets: tuple[str, ...]) -> str:
     """`text` with each secret replaced, in any letter case; a text that still holds one once its
-    percent-escapes are decoded (`%4B` for `K`: one form of many) is replaced whole."""
+    percent-escapes are decoded, up to three times (`%4B` or `%254B` for `K`), is replaced whole."""
     folded = text.lower()
     for secret in secrets:
         if secret.lower() in folded:
             text = re.sub(re.escape(secret), REDACTED, text, flags=re.IGNORECASE)
             folded = text.lower()
-    if "%" in text:
-        plain = unquote_plus(text).lower()
-        if any(secret.lower() in plain for secret in secrets):
+    plain = text
+    for _ in range(3):  # escaped once, or its escapes escaped again (`%2553` for `S`)
+        if "%" not in plain:
+            break
+        plain = unquote_plus(plain)
+        if any(secret.lower() in plain.lower() for secret in secrets):
             return REDACTED
     return text
 
