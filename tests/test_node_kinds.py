@@ -1054,6 +1054,42 @@ async def test_a_reorg_to_a_shorter_chain_is_never_served_from_the_replaced_bloc
         node.stop()
 
 
+async def test_latest_asked_as_the_tag_is_never_answered_below_a_block_shown_by_a_balancers_member_behind() -> None:
+    """Rule (docs/caching.md, read-your-writes: once shown block N, `latest` is at least N): when the
+    head trails a block a client was shown, `latest` goes upstream as the tag, beside the node's latest
+    block, and is taken only from a node at or past the shown block; a balancer's member behind (whose
+    own head the pool cannot tell from the balancer's) answered it with an older block, served."""
+    live = Anvil()
+    try:
+        live.mine(LAGGING_AT - live.block_number())
+        lagging = Anvil("--fork-url", live.url, "--fork-block-number", str(LAGGING_AT))
+        try:
+            live.mine(10)
+            turn = itertools.count()
+            alternate = {"on": False}
+
+            def route(calls: list[dict[str, Any]]) -> str:
+                return lagging.url if alternate["on"] and next(turn) % 2 else live.url
+
+            async with balancer(route) as url:
+                proxy = await start_proxy(settings_for(EVM_UPSTREAM=url, HEAD_POLL_INTERVAL="30"))
+                try:
+                    await proxy.head_at(live.block_number())
+                    alternate["on"] = True
+                    top = live.mine(1)  # past the tracker's head until its next poll, 30 s away
+                    shown = await proxy.result("eth_getBlockByNumber", [hex(top), False])
+                    assert int(shown["number"], 16) == top
+                    for _ in range(8):
+                        reply = await proxy.call("eth_getBlockByNumber", ["latest", False])
+                        assert int(reply["result"]["number"], 16) >= top, reply
+                finally:
+                    await proxy.close()
+        finally:
+            lagging.stop()
+    finally:
+        live.stop()
+
+
 # --- a load balancer with a member stalled far behind -----------------------------------------
 
 BALANCED_HEAD = 300
