@@ -167,26 +167,13 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_getTransactionByHash", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
         MethodPolicy("eth_getTransactionReceipt", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
         # State at a block: like eth_getStorageAt (EIP-1898 objects, pinned to the hash above finalized).
-        MethodPolicy(
-            "eth_getBalance",
-            "evm",
-            p.address_at_block,
-            CacheClass.BLOCK,
-            None,
-            reads_state=True,
-            result=shapes.QUANTITY,
-        ),
-        MethodPolicy(
-            "eth_getCode", "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True, result=shapes.DATA
-        ),
-        MethodPolicy(
-            "eth_getTransactionCount",
-            "evm",
-            p.address_at_block,
-            CacheClass.BLOCK,
-            None,
-            reads_state=True,
-            result=shapes.QUANTITY,
+        *(
+            MethodPolicy(name, "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True, result=shape)
+            for name, shape in (
+                ("eth_getBalance", shapes.QUANTITY),
+                ("eth_getCode", shapes.DATA),
+                ("eth_getTransactionCount", shapes.QUANTITY),
+            )
         ),
         MethodPolicy("eth_getProof", "evm", p.eth_get_proof, CacheClass.BLOCK, None, reads_state=True),
         # Fees: for the current head only.
