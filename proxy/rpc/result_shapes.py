@@ -1,10 +1,11 @@
 """The shape a method's result must have (spec "Conventions": binary values and quantities are strings
 starting with `0x`), judged on every reply from a node (upstream/replies.py) before it is served or
-kept. A few string operations and one match in C over the digits in place: nothing per character in Python."""
+kept. A few string operations and one hex decode (or match) in C: nothing per character in Python."""
 
 from __future__ import annotations
 
 import re
+from binascii import unhexlify
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -14,14 +15,27 @@ class Shape(NamedTuple):
     fits: Callable[[Any], bool]
 
 
-# Each check below matches its hex digits in place, from position 2 (no slice, no decoded copy: an
-# eth_call's result may be megabytes, and a copy of it would pass the bound a long reply is held to).
+# Short values are decoded with unhexlify (C), which refuses anything but an even number of hex digits
+# (odd length, whitespace, a sign, `_`, non-ASCII); long ones are matched in place from position 2
+# (no slice, no decoded copy: an eth_call's result may be megabytes, held to a bound: large_replies.py).
 _HEX = re.compile(r"[0-9a-fA-F]*")
+_SHORT = 4096
+
+
+def _hex_digits(value: str) -> bool:
+    """`value`'s characters after `0x` are hex digits, an even number of them."""
+    if len(value) > _SHORT:
+        return len(value) % 2 == 0 and _HEX.fullmatch(value, 2) is not None
+    try:
+        unhexlify(value[2:])
+    except ValueError:  # binascii.Error is one
+        return False
+    return True
 
 
 def is_data(value: Any) -> bool:
     """Hex data: `0x` and whole bytes, two hex digits each (`0x` alone: no bytes)."""
-    return type(value) is str and value[:2] == "0x" and len(value) % 2 == 0 and _HEX.fullmatch(value, 2) is not None
+    return type(value) is str and value[:2] == "0x" and _hex_digits(value)
 
 
 # A 256-bit word: `0x` and 64 hex digits. geth, Erigon, Nethermind, Besu and Anvil pad eth_getStorageAt's
@@ -30,20 +44,21 @@ WORD_LENGTH = 66
 
 
 def is_word(value: Any) -> bool:
-    """A 32-byte word: `0x` and 64 hex digits."""
-    return (
-        type(value) is str and len(value) == WORD_LENGTH and value[:2] == "0x" and _HEX.fullmatch(value, 2) is not None
-    )
+    """A 32-byte word: `0x` and 64 hex digits (inline: every storage read's answer passes here)."""
+    if type(value) is not str or len(value) != WORD_LENGTH or value[:2] != "0x":
+        return False
+    try:
+        unhexlify(value[2:])
+    except ValueError:
+        return False
+    return True
 
 
 def is_quantity(value: Any) -> bool:
     """A quantity: `0x` and 1 to 64 hex digits (a 256-bit number at most)."""
-    return (
-        type(value) is str
-        and 2 < len(value) <= WORD_LENGTH
-        and value[:2] == "0x"
-        and _HEX.fullmatch(value, 2) is not None
-    )
+    if type(value) is not str or not 2 < len(value) <= WORD_LENGTH or value[:2] != "0x":
+        return False
+    return _hex_digits(value if len(value) % 2 == 0 else "0x0" + value[2:])  # an odd count: one nibble padded
 
 
 DATA = Shape("hex data", is_data)
