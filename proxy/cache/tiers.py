@@ -214,6 +214,14 @@ class RedisTier:
             )
         return entry
 
+    def _found(self, value: Any, pttl: Any) -> Found:
+        """A value read with its remaining milliseconds (negative or None: no expiry); a value this proxy
+        did not write is Found with nothing stored (a miss)."""
+        entry = self._entry("cache_get", value)
+        if entry is None:
+            return Found(None, 0.0, None)
+        return Found(entry.stored, math.inf if pttl is None or int(pttl) < 0 else int(pttl) / 1000, entry.final_at)
+
     async def lock(self, key: str, token: str, hold: float) -> bool:
         """Take the replicas' fill lock on a key for `hold` seconds; False if another replica has it."""
         lock = shared_keys(key)[1]
@@ -234,11 +242,7 @@ class RedisTier:
         )
         if value is None:
             return None, bool(taken)
-        pttl = int(pttl)
-        entry = self._entry("cache_get", value)
-        if entry is None:
-            return Found(None, 0.0, None), False
-        return Found(entry.stored, math.inf if pttl < 0 else pttl / 1000, entry.final_at), False
+        return self._found(value, pttl), False
 
     async def set_and_unlock(
         self, key: str, stored: Stored, ttl: float, token: str, final_at: int | None = None
@@ -277,10 +281,7 @@ class RedisTier:
         value, pttl = await self._get_and("cache_get", name, lambda pipe: pipe.pttl(name))
         if value is None:
             return None
-        entry = self._entry("cache_get", value)
-        if entry is None:
-            return Found(None, 0.0, None)
-        return Found(entry.stored, math.inf if pttl is None or pttl < 0 else pttl / 1000, entry.final_at)
+        return self._found(value, pttl)
 
     async def get_many(self, keys: Sequence[str]) -> list[Stored | None]:
         """Many answers in one round trip (a pipeline of GETs, not a transaction: any slots)."""

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.asking import ASK_AGAIN
 from proxy.cache.log_chunks import block_of
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT
@@ -59,7 +60,6 @@ FILTER_METHODS = frozenset(
 )
 FILTER_TIMEOUT = 300.0  # geth's filter deadline: 5 minutes without a poll
 NOT_FOUND = -32000  # geth's code and message for an unknown filter id
-READ_TRIES = 5  # a backlog's range asked again until a node shows its last block (asking.ASK_AGAIN's count)
 _TAG = 32  # hex digits of the HMAC that bind an id to its key
 
 Prepare = Callable[[Call, NetworkRuntime], Prepared]
@@ -296,7 +296,7 @@ class Filters:
         query = {k: v for k, v in criteria.items() if k not in ("fromBlock", "toBlock", "blockHash")}
         query.update(fromBlock=hex(start), toBlock=hex(end))
         calls = [("eth_getLogs", [query]), ("eth_getBlockByNumber", [hex(end), False])]
-        for _ in range(READ_TRIES):
+        for _ in range(ASK_AGAIN):  # asked again until a node shows the range's last block
             both = await net.upstream.together(calls)
             if both is None:  # batches refused: the logs alone, as the node gives them
                 answer = await net.upstream.request("eth_getLogs", [query], timeout=self._settings.getlogs_timeout + 1)

@@ -74,7 +74,8 @@ def scrub_text(text: str, secrets: tuple[str, ...]) -> str:
         if "%" not in plain:
             break
         plain = unquote_plus(plain)
-        if any(secret.lower() in plain.lower() for secret in secrets):
+        lowered = plain.lower()
+        if any(secret.lower() in lowered for secret in secrets):
             return REDACTED
     return text
 
