@@ -5,6 +5,9 @@ changed answer. Each lie is one a node could tell without breaking the JSON form
 - "storage": eth_getStorageAt's word has its last bit flipped, and so has every eth_getProof value;
 - "droplog": the last log of eth_getLogs is left out, and the last log of eth_getBlockReceipts;
 - "gas": a receipt's gasUsed is one more (eth_getBlockReceipts, eth_getTransactionReceipt);
+- "nofields": eth_getBlockReceipts' receipts leave out from, to, transactionHash and
+  effectiveGasPrice, and their logs transactionHash, blockHash, blockNumber and transactionIndex;
+- "blobprice": eth_getBlockReceipts' receipts show a blobGasPrice of 0xdeadbeef;
 - "timestamp": a block's timestamp is one more (eth_getBlockByNumber, eth_getBlockByHash);
 - "proofnode": eth_getProof's last account proof node has a byte changed (the values left true);
 - "newfield": a block shows a header field no fork has (`futureRoot`);
@@ -35,7 +38,20 @@ from aiohttp.test_utils import TestServer
 
 from tests.support import free_port
 
-LIES = ("storage", "droplog", "gas", "timestamp", "proofnode", "newfield", "uncle", "swap", "genesis", "result")
+LIES = (
+    "storage",
+    "droplog",
+    "gas",
+    "nofields",
+    "blobprice",
+    "timestamp",
+    "proofnode",
+    "newfield",
+    "uncle",
+    "swap",
+    "genesis",
+    "result",
+)
 _BLOCK_PARAM = {
     "eth_getStorageAt": 2,
     "eth_getProof": 2,
@@ -101,6 +117,16 @@ def _lie(lie: str, method: str, result: Any) -> Any:
     if lie == "gas" and method in ("eth_getBlockReceipts", "eth_getTransactionReceipt"):
         for receipt in result if isinstance(result, list) else [result] if isinstance(result, dict) else []:
             receipt["gasUsed"] = hex(int(receipt["gasUsed"], 16) + 1)
+    if lie == "nofields" and method == "eth_getBlockReceipts" and isinstance(result, list):
+        for receipt in result:
+            for name in ("from", "to", "transactionHash", "effectiveGasPrice"):
+                receipt.pop(name, None)
+            for log in receipt.get("logs", ()):
+                for name in ("transactionHash", "blockHash", "blockNumber", "transactionIndex"):
+                    log.pop(name, None)
+    if lie == "blobprice" and method == "eth_getBlockReceipts" and isinstance(result, list):
+        for receipt in result:
+            receipt["blobGasPrice"] = "0xdeadbeef"
     if lie == "timestamp" and method in ("eth_getBlockByNumber", "eth_getBlockByHash") and isinstance(result, dict):
         result["timestamp"] = hex(int(result["timestamp"], 16) + 1)
     if lie == "proofnode" and method == "eth_getProof" and isinstance(result, dict) and result["accountProof"]:

@@ -5,13 +5,15 @@ a dropped log, a changed gas figure, status, order or place is refused."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pytest
 
 from proxy.chain.headers import Header, verify_header
-from proxy.chain.receipts_root import ReceiptError, receipts_root, verify_receipts
+from proxy.chain.receipts_root import RECEIPT_FIELDS, ReceiptError, blob_base_fee, receipts_root, verify_receipts
 from proxy.chain.trie_root import trie_root
 from tests.support import CONTRACTS, DEV_ACCOUNT, Anvil, selector, word
 
@@ -160,9 +162,11 @@ class TestEncodingUnits:
 
 class TestFromTransactions:
     def test_fields_copied_from_the_proven_transactions_follow(self, block: Block) -> None:
-        assert verify_receipts(block.receipts, block.header, block.transactions) == {"blobGasPrice"}
+        # Anvil's blocks have no excess blob gas: their blob gas price is settled (the minimum, 1).
+        assert {r["blobGasPrice"] for r in block.receipts} == {"0x1"} and block.header.excess_blob_gas == 0
+        assert verify_receipts(block.receipts, block.header, block.transactions) == frozenset()
         left = verify_receipts(block.receipts, block.header)
-        assert {"transactionHash", "from", "effectiveGasPrice", "blobGasPrice"} <= left
+        assert left == {"transactionHash", "from", "to", "contractAddress", "effectiveGasPrice"}
         assert any(r["contractAddress"] for r in block.receipts)  # the deploy's address is computed
 
     @pytest.mark.parametrize(
@@ -190,3 +194,45 @@ class TestFromTransactions:
         receipts[0]["contractAddress"] = created
         with pytest.raises(ReceiptError, match="contractAddress"):
             verify_receipts(receipts, block.header, block.transactions)
+
+
+class TestCompleteness:
+    @pytest.mark.parametrize("field", sorted(RECEIPT_FIELDS - {"logs", "logsBloom", "cumulativeGasUsed"}))
+    def test_a_receipt_without_a_field_of_the_interfaces_receipt_is_refused(self, block: Block, field: str) -> None:
+        receipts = copy.deepcopy(block.receipts)
+        del receipts[0][field]
+        with pytest.raises(ReceiptError, match=field):
+            verify_receipts(receipts, block.header, block.transactions)
+
+    @pytest.mark.parametrize(
+        "field", ["transactionHash", "blockHash", "blockNumber", "transactionIndex", "logIndex", "removed"]
+    )
+    def test_a_log_without_a_field_of_the_interfaces_log_is_refused(self, block: Block, field: str) -> None:
+        receipts = copy.deepcopy(block.receipts)
+        del next(r for r in receipts if r["logs"])["logs"][0][field]
+        with pytest.raises(ReceiptError, match=field):
+            verify_receipts(receipts, block.header, block.transactions)
+
+
+class TestBlobGasPrice:
+    def test_another_price_than_the_one_the_header_settles_is_left_unproven(self, block: Block) -> None:
+        receipts = copy.deepcopy(block.receipts)
+        receipts[0]["blobGasPrice"] = "0x2"
+        assert verify_receipts(receipts, block.header, block.transactions) == {"blobGasPrice"}
+        receipts = copy.deepcopy(block.receipts)
+        for receipt in receipts:
+            receipt["blobGasPrice"] = "0x01"  # not a quantity's one form
+        with pytest.raises(ReceiptError):
+            verify_receipts(receipts, block.header, block.transactions)
+
+    def test_the_header_settles_the_price_at_no_excess_and_before_prague_only(self, block: Block) -> None:
+        """EIP-4844: fake_exponential(1, excess, 3338477); Prague (EIP-7691) and the blob-parameter-only
+        forks change the fraction, which the header does not name."""
+        cancun = dataclasses.replace(block.header, requests=False)
+        assert blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=0)) == 1
+        assert blob_base_fee(dataclasses.replace(block.header, excess_blob_gas=0)) == 1
+        for excess in (3_338_477, 10 * 3_338_477, 123_456_789):
+            price = blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=excess))
+            assert price is not None and abs(price - math.exp(excess / 3_338_477)) <= 1 + price * 1e-6
+        assert blob_base_fee(dataclasses.replace(block.header, excess_blob_gas=1)) is None  # Prague on
+        assert blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=None)) is None  # before Cancun

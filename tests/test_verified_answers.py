@@ -98,6 +98,8 @@ CASES = {
     "droplog": ("droplog", "eth_getBlockReceipts", lambda store, n: [hex(n)]),
     "logs": ("droplog", "eth_getLogs", lambda store, n: [{"address": store, "fromBlock": hex(n), "toBlock": hex(n)}]),
     "gas": ("gas", "eth_getBlockReceipts", lambda store, n: [hex(n)]),
+    "nofields": ("nofields", "eth_getBlockReceipts", lambda store, n: [hex(n)]),
+    "blobprice": ("blobprice", "eth_getBlockReceipts", lambda store, n: [hex(n)]),
     "timestamp": ("timestamp", "eth_getBlockByNumber", lambda store, n: [hex(n), False]),
 }
 
@@ -145,6 +147,37 @@ async def test_a_log_dropped_from_block_receipts_alone_is_never_kept(anvil: Anvi
 
 async def test_a_receipts_gas_changed_by_one_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:
     await _lie_alone_is_never_kept(anvil, tmp_path, "gas")
+
+
+async def test_receipts_and_logs_without_fields_of_the_interface_alone_are_never_kept(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """The root proves what it commits to; the fields it does not (a receipt's from, to, hash, price,
+    a log's block and transaction) must be there and follow, or the answer is refuted."""
+    await _lie_alone_is_never_kept(anvil, tmp_path, "nofields")
+
+
+async def test_a_blob_gas_price_the_header_does_not_settle_is_never_kept_nor_told_proven(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """Anvil's blocks have no excess blob gas: EIP-4844 settles their blob gas price at 1. Another is
+    unproven (a chain's own blob schedule may differ), served, never kept."""
+    await _lie_alone_is_never_kept(anvil, tmp_path, "blobprice")
+
+
+async def test_a_slot_written_back_to_zero_is_proven_as_the_zero_its_nodes_trie_commits_to(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """Anvil keeps a leaf holding zero for a slot written back to zero (geth drops it): the root commits
+    to that leaf, so the honest node's zero is proven, never refuted."""
+    store, _ = _store_with_logs(anvil)
+    n = int(anvil.send(store, selector("setX(uint256)") + word(0))["blockNumber"], 16)
+    async with _proxy(tmp_path, [anvil.url], verify="required") as proxy:
+        await _final(anvil, proxy, n)
+        zero = "0x" + word(0)
+        assert await _ask(proxy, "eth_getStorageAt", [store, "0x0", hex(n)]) == (zero, "MISS", "proven")
+        assert await _ask(proxy, "eth_getStorageAt", [store, "0x0", hex(n)]) == (zero, "HIT", "proven")
+        assert _verifications(proxy, "eth_getStorageAt", "refuted") == 0
 
 
 async def test_a_headers_timestamp_changed_by_one_alone_is_never_kept(anvil: Anvil, tmp_path: Path) -> None:

@@ -259,9 +259,17 @@ def prove_receipts(full: Any, receipts: Any, header: Header) -> None:
     """A block's receipts against its header, with its full transactions (proven first)."""
     try:
         _proven_block(full, header)
-        verify_receipts(receipts, header, full["transactions"])
+        verify_receipts(receipts, header, full["transactions"])  # the logs need none of the fields left
     except (BlockError, ReceiptError, FieldError) as exc:
         raise AnswerError(str(exc)) from exc
+
+
+def _receipts_proven(receipts: Any, header: Header, transactions: Sequence[Mapping[str, Any]]) -> None:
+    """Receipts proven by the header and the block's proven transactions, every field of them: one the
+    header does not settle (a blobGasPrice of a blob schedule not EIP-4844's own) leaves them unproven."""
+    left = verify_receipts(receipts, header, transactions)
+    if left:
+        raise Unprovable(f"a receipt's {sorted(left)[0]}, which the header does not settle")
 
 
 def _prove_from_block(method: str, result: Any, header: Header, extras: Sequence[Any]) -> None:
@@ -273,7 +281,7 @@ def _prove_from_block(method: str, result: Any, header: Header, extras: Sequence
         _same_item(result, transactions, "transaction")
         return
     receipts = extras[1] if method == "eth_getTransactionReceipt" else result
-    verify_receipts(receipts, header, transactions)
+    _receipts_proven(receipts, header, transactions)
     if method == "eth_getTransactionReceipt":
         _same_item(result, receipts, "receipt")
 

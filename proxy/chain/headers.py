@@ -73,6 +73,8 @@ class Header:
     receipts_root: bytes
     withdrawals_root: bytes | None
     base_fee: int | None  # London on
+    excess_blob_gas: int | None = None  # Cancun on
+    requests: bool = False  # Prague on: the header has requestsHash
 
 
 def _field(block: Mapping[str, Any], name: str, form: int | str) -> bytes:
@@ -123,6 +125,7 @@ def verify_header(block: Mapping[str, Any]) -> Header:
     # Every field below was read when the header was encoded: none can fail now.
     withdrawals = block.get("withdrawalsRoot")
     base_fee = block.get("baseFeePerGas")
+    excess = block.get("excessBlobGas")
     return Header(
         hash=computed,
         number=quantity(block["number"], "number"),
@@ -133,4 +136,6 @@ def verify_header(block: Mapping[str, Any]) -> Header:
         receipts_root=data(block["receiptsRoot"], size=32),
         withdrawals_root=None if withdrawals is None else data(withdrawals, size=32),
         base_fee=None if base_fee is None else quantity(base_fee),
+        excess_blob_gas=None if excess is None else quantity(excess),
+        requests="requestsHash" in block,
     )

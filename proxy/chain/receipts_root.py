@@ -10,8 +10,10 @@ Fail safe: a receipt of an unknown type, or with a field this module does not kn
 
 What comes from the transactions (transactionHash, from, to, contractAddress, effectiveGasPrice,
 blobGasUsed) is checked against the block's transactions when the caller has proven them
-(transactions_root.verify_transactions, senders.verify_senders); blobGasPrice, which depends on the
-chain's blob schedule, never is. `verify_receipts` returns the fields it left unproven.
+(transactions_root.verify_transactions, senders.verify_senders). blobGasPrice depends on the chain's
+blob schedule, which the header does not name: it is proven only where EIP-4844's own constants
+settle it (`blob_base_fee`). `verify_receipts` returns the fields it left unproven. Every field of
+the interface's receipt and log objects must be there: an answer without one is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +32,26 @@ DERIVED = frozenset({"gasUsed", "transactionIndex", "blockHash", "blockNumber"})
 FROM_TRANSACTIONS = frozenset({"transactionHash", "from", "to", "contractAddress", "effectiveGasPrice", "blobGasUsed"})
 UNPROVEN = frozenset({"blobGasPrice"})
 _BLOB_GAS = 2**17  # gas per blob (EIP-4844 GAS_PER_BLOB)
+_MIN_BLOB_BASE_FEE = 1  # EIP-4844 MIN_BASE_FEE_PER_BLOB_GAS
+_CANCUN_BLOB_FRACTION = 3_338_477  # EIP-4844 BLOB_BASE_FEE_UPDATE_FRACTION; Prague (EIP-7691) on: per fork
+# A receipt's and a log's fields every node shows (the interface's receipt and log objects; status or
+# root, and type, are checked where the receipt is encoded).
+RECEIPT_FIELDS = frozenset(
+    {
+        "blockHash",
+        "blockNumber",
+        "contractAddress",
+        "cumulativeGasUsed",
+        "from",
+        "to",
+        "gasUsed",
+        "effectiveGasPrice",
+        "logs",
+        "logsBloom",
+        "transactionHash",
+        "transactionIndex",
+    }
+)
 _KNOWN = PROVEN | DERIVED | FROM_TRANSACTIONS | UNPROVEN | {"blockTimestamp"}
 _LOG_FIELDS = frozenset(
     {
@@ -45,6 +67,8 @@ _LOG_FIELDS = frozenset(
         "removed",
     }
 )
+_LOG_REQUIRED = _LOG_FIELDS - {"blockTimestamp"}
+_FROM_RECEIPT = ("transactionHash", "blockHash", "blockNumber", "transactionIndex")  # a log's, as its receipt's
 
 
 class ReceiptError(ValueError):
@@ -113,6 +137,9 @@ def _derived(receipts: Sequence[Mapping[str, Any]], header: Header) -> None:
     previous = 0
     log_index = 0
     for index, receipt in enumerate(receipts):
+        missing = RECEIPT_FIELDS - receipt.keys()
+        if missing:
+            raise ReceiptError(f"a receipt without {sorted(missing)[0]}")
         cumulative = quantity(receipt["cumulativeGasUsed"], "cumulativeGasUsed")
         if quantity(receipt.get("gasUsed"), "gasUsed") != cumulative - previous:
             raise ReceiptError("gasUsed is not the step in cumulativeGasUsed")
@@ -124,11 +151,10 @@ def _derived(receipts: Sequence[Mapping[str, Any]], header: Header) -> None:
         if "blockTimestamp" in receipt and block_time(receipt["blockTimestamp"]) != header.timestamp:
             raise ReceiptError("a receipt's blockTimestamp is not the header's timestamp")
         for log in receipt["logs"]:
-            same = all(
-                log.get(name) == receipt.get(name)
-                for name in ("transactionHash", "blockHash", "blockNumber", "transactionIndex")
-                if name in log
-            )
+            missing = _LOG_REQUIRED - log.keys()
+            if missing:
+                raise ReceiptError(f"a log without {sorted(missing)[0]}")
+            same = all(log[name] == receipt[name] for name in _FROM_RECEIPT)
             if "blockTimestamp" in log and block_time(log["blockTimestamp"]) != header.timestamp:
                 same = False
             if log.get("removed", False) is not False:  # a final block's logs are never removed
@@ -171,6 +197,32 @@ def _from_transactions(receipts: Sequence[Mapping[str, Any]], transactions: Sequ
                 raise ReceiptError("a receipt's blobGasUsed is not its transaction's blobs")
 
 
+def blob_base_fee(header: Header) -> int | None:
+    """The blob gas price of the header's block where EIP-4844's constants settle it, else None: with
+    no excess blob gas it is the minimum; with some, Cancun's update fraction gives it before Prague,
+    whose fraction (EIP-7691) and later ones (blob-parameter-only forks) the header does not name."""
+    excess = header.excess_blob_gas
+    if excess is None or (excess and header.requests):
+        return None
+    # fake_exponential(MIN_BASE_FEE_PER_BLOB_GAS, excess, fraction) of EIP-4844.
+    fraction = _CANCUN_BLOB_FRACTION
+    total, term, step = 0, _MIN_BLOB_BASE_FEE * fraction, 1
+    while term > 0:
+        total += term
+        term = term * excess // (fraction * step)
+        step += 1
+    return total // fraction
+
+
+def _blob_prices(receipts: Sequence[Mapping[str, Any]], header: Header) -> bool:
+    """Whether every receipt's blobGasPrice (those that show one) is the one the header settles."""
+    shown = [quantity(receipt["blobGasPrice"], "blobGasPrice") for receipt in receipts if "blobGasPrice" in receipt]
+    if not shown:
+        return True
+    settled = blob_base_fee(header)
+    return all(price == settled for price in shown)
+
+
 def verify_receipts(
     receipts: Any, header: Header, transactions: Sequence[Mapping[str, Any]] | None = None
 ) -> frozenset[str]:
@@ -185,7 +237,10 @@ def verify_receipts(
         _derived(receipts, header)
         if transactions is not None:
             _from_transactions(receipts, transactions)
+        blob_prices = _blob_prices(receipts, header)
     except FieldError as exc:
         raise ReceiptError(str(exc)) from exc
-    unproven = UNPROVEN if transactions is not None else UNPROVEN | FROM_TRANSACTIONS
+    unproven = (UNPROVEN - {"blobGasPrice"} if blob_prices else UNPROVEN) | (
+        frozenset() if transactions is not None else FROM_TRANSACTIONS
+    )
     return frozenset(name for receipt in receipts for name in receipt if name in unproven)
