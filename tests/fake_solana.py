@@ -45,9 +45,7 @@ def b58(data: bytes) -> str:
 SIGNATURE = b58(bytes(range(1, 65)))  # a transaction the node knows, in slot 900
 UNKNOWN_SIGNATURE = b58(bytes(range(2, 66)))
 FINALIZED_LAG = 32  # the finalized slot trails the processed one by this much
-LARGEST = [
-    {"address": f"{i + 1}1111111111111111111111111111111111111111"[:44], "lamports": 10**15 - i} for i in range(20)
-]
+LARGEST = [{"address": b58(bytes((i + 1,)) * 32), "lamports": 10**15 - i} for i in range(20)]
 
 
 def _error(rid: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
@@ -70,6 +68,7 @@ class FakeSolana(FakeNode):
         self._next_sub = 5000  # far from the proxy's own ids, so a test sees they are rewritten
         self.genesis: str | None = GENESIS_HASH  # another cluster's, or None: getGenesisHash fails
         self.largest = LARGEST
+        self.results: dict[str, Any] = {}  # a method named here is answered with that result instead
         super().__init__()
 
     @property
@@ -104,6 +103,8 @@ class FakeSolana(FakeNode):
         if commitment not in ("finalized", "confirmed", "processed"):
             return _error(rid, -32602, f"Invalid params: unknown variant `{commitment}`.")
         lag = {"processed": 0, "confirmed": 1, "finalized": FINALIZED_LAG}[commitment]
+        if method in self.results:
+            return {"jsonrpc": "2.0", "id": rid, "result": self.results[method]}
         if method == "getSlot":
             return {"jsonrpc": "2.0", "id": rid, "result": self.slot - lag}
         if method == "getBlockHeight":

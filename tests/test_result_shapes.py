@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.fake_solana import TOKEN_ACCOUNT, FakeSolana
 from tests.lying_relay import LyingRelay, nested
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory, selector, word
 from tests.test_cache import finalized_store
@@ -139,3 +140,49 @@ async def test_a_forwarded_result_254_levels_deep_is_served_and_255_is_a_bad_nod
     liar.results["eth_syncing"] = nested(255)
     status, body, _ = await proxy.post(call("eth_syncing", []))
     assert status == 502 and body["error"]["code"] == -32002 and "nested too deep" in body["error"]["message"]
+
+
+SOLANA_READS = {
+    "getTokenAccountBalance": [TOKEN_ACCOUNT],
+    "getLargestAccounts": [],
+}
+_CONTEXT = {"slot": 5, "apiVersion": "2.2.0"}
+MISSHAPEN_SOLANA = [
+    ("getLargestAccounts", "oops"),
+    ("getLargestAccounts", 123),
+    ("getLargestAccounts", None),
+    ("getLargestAccounts", {"value": []}),
+    ("getLargestAccounts", {"context": {"slot": -1}, "value": []}),
+    ("getLargestAccounts", {"context": {"slot": 5.0}, "value": []}),
+    ("getLargestAccounts", {"context": _CONTEXT, "value": [{"address": "0OIl" * 9, "lamports": 1}]}),
+    ("getLargestAccounts", {"context": _CONTEXT, "value": [{"address": TOKEN_ACCOUNT, "lamports": -1}]}),
+    ("getLargestAccounts", {"context": _CONTEXT, "value": [{"address": TOKEN_ACCOUNT, "lamports": True}]}),
+    ("getTokenAccountBalance", "oops"),
+    ("getTokenAccountBalance", None),
+    ("getTokenAccountBalance", {"context": _CONTEXT, "value": None}),
+    ("getTokenAccountBalance", {"context": _CONTEXT, "value": {"amount": 5, "decimals": 2}}),
+    (
+        "getTokenAccountBalance",
+        {"context": _CONTEXT, "value": {"amount": "-5", "decimals": 2, "uiAmount": 0.05, "uiAmountString": "0.05"}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "result"), MISSHAPEN_SOLANA)
+async def test_a_solana_result_not_of_its_methods_rpc_response_form_is_a_bad_node_reply_never_kept(
+    solana: FakeSolana, make_proxy: ProxyFactory, method: str, result: Any
+) -> None:
+    """Spec "Token account balance", "Largest-account entry": context.slot an integer, the value of the
+    method's form; Agave answers a missing account with an error, never null."""
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url)
+    solana.results[method] = result
+    for _ in range(2):
+        before = solana.calls[method]
+        status, body, _ = await proxy.post(call(method, SOLANA_READS[method]))
+        assert status == 502 and body["error"]["code"] == -32002 and "malformed" in body["error"]["message"], body
+        assert solana.calls[method] > before  # never served from the cache
+    solana.results.clear()
+    status, body, headers = await proxy.post(call(method, SOLANA_READS[method]))
+    assert status == 200 and "context" in body["result"] and headers["X-Cache"] == "MISS", body
+    status, again, headers = await proxy.post(call(method, SOLANA_READS[method]))
+    assert again == body and headers["X-Cache"] == "HIT"

@@ -100,6 +100,7 @@ POLICIES: dict[str, MethodPolicy] = {
             p.get_token_account_balance,
             CacheClass.TOKEN_BALANCE,
             160,
+            result=shapes.TOKEN_AMOUNT,
         ),
         MethodPolicy(
             "getLargestAccounts",
@@ -107,6 +108,7 @@ POLICIES: dict[str, MethodPolicy] = {
             p.get_largest_accounts,
             CacheClass.LARGEST_ACCOUNTS,
             160,
+            result=shapes.LARGEST_ACCOUNTS,
         ),
         # Forwarded, uncached, but under a spec rule.
         MethodPolicy("eth_estimateGas", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),

@@ -1,6 +1,7 @@
 """The shape a method's result must have (spec "Conventions": binary values and quantities are strings
-starting with `0x`), judged on every reply from a node (upstream/replies.py) before it is served or
-kept. A few string operations and one hex decode (or match) in C: nothing per character in Python."""
+starting with `0x`; the Solana results' tables), judged on every reply from a node
+(upstream/replies.py) before it is served or kept. A few string operations and one hex decode (or
+match) in C: nothing per character in Python."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, NamedTuple
 class Shape(NamedTuple):
     name: str  # what the message says the result is not
     fits: Callable[[Any], bool]
+    null: bool = True  # a null result is the node's answer (judged as nodes mean it), else misshapen
 
 
 # Short values are decoded with unhexlify (C), which refuses anything but an even number of hex digits
@@ -64,3 +66,51 @@ def is_quantity(value: Any) -> bool:
 DATA = Shape("hex data", is_data)
 WORD = Shape("a 32-byte hex word", is_word)
 QUANTITY = Shape("a hex quantity", is_quantity)
+
+
+# Solana (spec "Token account balance", "Largest-account entry"): an RpcResponse, context.slot an
+# integer, the value of the method's form. Agave answers a missing account with an error, never null.
+_B58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
+_U64 = 2**64
+
+
+def _count(value: Any) -> bool:
+    """A JSON integer of 0 to 2**64 - 1 (not a bool, not a float)."""
+    return type(value) is int and 0 <= value < _U64
+
+
+def _rpc_response(result: Any) -> bool:
+    if type(result) is not dict or type(result.get("context")) is not dict:
+        return False
+    return _count(result["context"].get("slot")) and "value" in result
+
+
+def _token_amount(result: Any) -> bool:
+    if not _rpc_response(result) or type(value := result["value"]) is not dict:
+        return False
+    amount, ui = value.get("amount"), value.get("uiAmount")
+    return (
+        type(amount) is str
+        and amount.isascii()
+        and amount.isdigit()
+        and int(amount) < _U64
+        and _count(value.get("decimals"))
+        and (ui is None or type(ui) in (int, float))
+        and type(value.get("uiAmountString")) is str
+    )
+
+
+def _account_entry(entry: Any) -> bool:
+    if type(entry) is not dict:
+        return False
+    address = entry.get("address")
+    named = type(address) is str and 32 <= len(address) <= 44 and _B58.issuperset(address)
+    return named and _count(entry.get("lamports"))
+
+
+def _largest_accounts(result: Any) -> bool:
+    return _rpc_response(result) and type(result["value"]) is list and all(map(_account_entry, result["value"]))
+
+
+TOKEN_AMOUNT = Shape("an RpcResponse of a token amount", _token_amount, null=False)
+LARGEST_ACCOUNTS = Shape("an RpcResponse of accounts and lamports", _largest_accounts, null=False)

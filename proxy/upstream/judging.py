@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from proxy.rpc.jsonrpc import JSONEncodeError
+from proxy.rpc.result_shapes import Shape
 from proxy.upstream.posting import Failed
 from proxy.upstream.replies import SHAPES, block_unknown, is_response, shape_problem, single_problem
 from proxy.values import Answer, new_record
@@ -35,11 +36,17 @@ def single_answer(sent: int, method: str, reply: Any, seconds: float, index: int
         except JSONEncodeError:
             raise Failed("mismatch", UNENCODABLE) from None
         shape = SHAPES.get(method)
-        result = answer.result  # None for an error, and for a null (judged as before)
-        if shape is None or result is None or shape.fits(result):
+        if shape is None or _shaped(shape, answer):
             return errored(method, answer) if answer.error is not None else answer
-        problem = shape_problem(method, shape, result)
+        problem = shape_problem(method, shape, answer.result)
     raise Failed("mismatch", problem)
+
+
+def _shaped(shape: Shape, answer: Answer) -> bool:
+    """Whether an answer is of its method's shape: an error is (judged by _error_problem), a null is
+    where the shape takes one (judged as nodes mean it: asking.py)."""
+    result = answer.result  # None for an error, and for a null
+    return shape.fits(result) if result is not None else answer.error is not None or shape.null
 
 
 def _error_problem(item: dict[str, Any]) -> str | None:
@@ -97,7 +104,7 @@ def batch_answers(
             if answer.error is not None:
                 answer = errored(methods[i], answer)
             shape = SHAPES.get(methods[i])
-            if shape is not None and answer.result is not None and not shape.fits(answer.result):
+            if shape is not None and not _shaped(shape, answer):
                 raise Failed("mismatch", shape_problem(methods[i], shape, answer.result))
             answers.append(answer)
     except JSONEncodeError:
