@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.slots import SolanaSlotTracker
 from proxy.config import Network
-from proxy.upstream.pool import PerUpstream, Upstream
+from proxy.upstream.pool import PerUpstream, Upstream, http_pool
 
 
 @dataclass(slots=True)
@@ -42,7 +42,9 @@ class NetworkRuntime:
 
     def catching_up(self) -> dict[str, str]:
         """Upstreams (by index, never URL) still syncing or far behind, and how far: for /readyz."""
-        states = self.per_upstream.states if self.per_upstream is not None else None
+        # A Solana pool's states too: its upstreams' slots are polled one by one (network_parts.py).
+        pool = self.per_upstream or http_pool(self.upstream)
+        states = pool.states if pool is not None else None
         if states is None:
             return {}
         return {

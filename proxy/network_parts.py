@@ -1,12 +1,12 @@
 """One network's moving parts, built, started and retired in one place: at start-up and on a reload.
 
 A network runs on its upstream pool, its head tracker (EVM) or slot tracker (Solana), an identity
-guard and a per-upstream head watcher (EVM pools), a newHeads/logs feed (EVM), an upstream WebSocket
-relay (when it has ws upstreams) and, with WORKERS > 1, the head polls its workers share. `Parts`
-holds them with the tasks they run; `PartsBuilder` makes them from a `Network`, starts them (serving
-once the first identity check and head poll are done, bounded like start-up) and retires them: tasks
-stopped, then the pool closed once the calls it carries (those waiting for budget too) have had
-their chance.
+guard (EVM pools), a per-upstream watcher (each upstream's own head, or slot), a newHeads/logs feed
+(EVM), an upstream WebSocket relay (when it has ws upstreams) and, with WORKERS > 1, the head polls
+its workers share. `Parts` holds them with the tasks they run; `PartsBuilder` makes them from a
+`Network`, starts them (serving once the first identity check and head poll are done, bounded like
+start-up) and retires them: tasks stopped, then the pool closed once the calls it carries (those
+waiting for budget too) have had their chance.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class Parts:
     feed: EvmFeed | None = None
     relay: UpstreamSocket | None = None
     polls: SharedPolls | None = None
+    # A Solana pool, its upstreams' own slots polled one by one (an EVM pool's heads: runtime.per_upstream).
+    slot_polls: PerUpstream | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -126,8 +128,9 @@ class PartsBuilder:
             )
             runtime = NetworkRuntime(net, upstream, tracker)
             tracker.on_space.append(runtime.rescope)
-            return Parts(runtime, relay=relay, polls=polls)
-        # EVM upstreams are watched one by one (head, chain identity); Solana answers carry their slot.
+            slot_polls = upstream if isinstance(upstream, PerUpstream) else None
+            return Parts(runtime, relay=relay, polls=polls, slot_polls=slot_polls)
+        # EVM upstreams are watched one by one (head, chain identity); Solana upstreams by their slot.
         per_upstream = upstream if isinstance(upstream, PerUpstream) else None
         evm = EvmHeadTracker(
             net.name,
@@ -174,11 +177,13 @@ class PartsBuilder:
             if parts.guard is not None:
                 parts.tasks.append(asyncio.create_task(parts.guard.run(), name=f"identity-{name}"))
             first: asyncio.Event | None = None
-            if runtime.per_upstream is not None:
+            watched = runtime.per_upstream or parts.slot_polls
+            if watched is not None:
                 first = asyncio.Event()
+                solana = runtime.per_upstream is None
                 parts.tasks.append(
                     asyncio.create_task(
-                        watch_upstream_heads(runtime.per_upstream, interval, parts.polls, first),
+                        watch_upstream_heads(watched, interval, parts.polls, first, solana=solana),
                         name=f"upstream-heads-{name}",
                     )
                 )

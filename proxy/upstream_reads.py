@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, NoReturn
 
 from proxy.chain import pinning, proofs
+from proxy.chain.slots import SolanaSlotTracker
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
@@ -17,8 +18,11 @@ from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import MethodPolicy
 from proxy.upstream.pool import PerUpstream
 from proxy.upstream.sending import attempt_share
+from proxy.upstream.standing import CATCH_UP_BLOCKS
 from proxy.values import Answer, Plan
 
+# Tries for a Solana answer in step with the slot already shown at its commitment (Reads.at_slot_shown).
+SLOT_TRIES = 3
 CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
 
 
@@ -195,7 +199,8 @@ class Reads:
                 net, method, forward, policy, deadline, ask=index, check=check, proof=proof[0], timeout=timeout
             )
         if per is None or answer.upstream < 0:
-            return answer, None
+            solana = net.tracker if isinstance(net.tracker, SolanaSlotTracker) else None
+            return (answer if solana is None else await self.at_slot_shown(read, solana, answer)), None
         if not per.states.vouches(answer.upstream, None):
             return answer, "unverified"
         if (
@@ -273,9 +278,39 @@ class Reads:
         found = header.result.get("hash") if isinstance(header.result, dict) else None
         return header.proof == head.final_hash and isinstance(found, str) and found.lower() == block_hash
 
-    def refuse(self, net: NetworkRuntime, reason: str, need: int | None) -> NoReturn:
+    async def at_slot_shown(self, read: Read, tracker: SolanaSlotTracker, answer: Answer) -> Answer:
+        """A Solana answer whose context.slot is more than CATCH_UP_BLOCKS below a slot already shown at
+        its commitment (a node behind: restarted from an old snapshot, a balancer's member behind) is
+        never the answer: asked of each other upstream in rotation (the furthest polled first), then of
+        the pool, SLOT_TRIES in all, within the call's time; else the call fails (-32002, `lagging`)."""
+        shown = tracker.behind(read.forward, answer.result, CATCH_UP_BLOCKS)
+        if shown is None:
+            return answer
+        upstream = read.net.upstream
+        per = upstream if isinstance(upstream, PerUpstream) else None
+        others: list[int | None] = []
+        if per is not None:  # its own slot a poll behind the one shown, maybe: every other, furthest first
+            states = per.states
+            ranked = sorted(range(states.size), key=lambda i: -states.latest[i])
+            others = [i for i in ranked if i != answer.upstream and states.in_rotation(i)]
+        tries = (others + [None] * SLOT_TRIES)[:SLOT_TRIES]
+        for index in tries:
+            if (timeout := self.share(read)) is None:
+                break  # the call's time is up
+            try:
+                if index is not None and per is not None:
+                    retried = await per.ask(index, read.method, read.forward, timeout=timeout)
+                else:
+                    retried = await upstream.request(read.method, read.forward, timeout=timeout)
+            except JsonRpcError:
+                continue
+            if tracker.behind(read.forward, retried.result, CATCH_UP_BLOCKS) is None:
+                return retried
+        self.refuse(read.net, "lagging", shown, "slot")
+
+    def refuse(self, net: NetworkRuntime, reason: str, need: int | None, unit: str = "block") -> NoReturn:
         self._metrics.uncached_answers.labels(net.name, reason).inc()
-        block = f"block {need}" if need is not None else "the block"
+        block = f"{unit} {need}" if need is not None else f"the {unit}"
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
             f"upstream unavailable: network '{net.name}' (no upstream could answer for {block} of the network's chain)",

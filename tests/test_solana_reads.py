@@ -158,5 +158,6 @@ async def test_solana_read_params_are_validated_before_upstream(
 ) -> None:
     body, _ = await call(sol, method, params)
     assert body["error"]["code"] == -32602 and name in body["error"]["message"], body
-    # The tracker's first poll: three getSlot and one getGenesisHash (the cluster's identity).
-    assert solana.calls[method] == {"getSlot": 3, "getGenesisHash": 1}.get(method, 0)
+    # The first polls: the upstream's own slot, the tracker's three getSlot and one getGenesisHash
+    # (the cluster's identity).
+    assert solana.calls[method] == {"getSlot": 4, "getGenesisHash": 1}.get(method, 0)

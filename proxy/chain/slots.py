@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from proxy.chain.head_polls import PollAsker, TrackerError, poll_forever, poll_health
 from proxy.metrics import Metrics
@@ -32,6 +33,14 @@ def genesis_of(result: object) -> str | None:
     if isinstance(result, str) and 32 <= len(result) <= 44 and _BASE58.issuperset(result):
         return result
     return None
+
+
+def commitment_of(params: Any) -> str:
+    """A Solana call's commitment: its config object's, else Agave's default (finalized)."""
+    for param in params if isinstance(params, list) else ():
+        if isinstance(param, dict) and isinstance(param.get("commitment"), str):
+            return str(param["commitment"])
+    return "finalized"
 
 
 class SolanaSlotTracker:
@@ -89,13 +98,22 @@ class SolanaSlotTracker:
         if time.monotonic() >= self._identity_due:
             await self.check_identity()
         answers = await self._asker.ask([("getSlot", [{"commitment": c}]) for c in COMMITMENTS])
-        slots = {}
-        for commitment, answer in zip(COMMITMENTS, answers, strict=True):
-            if not answer.is_error and isinstance(answer.result, int):
-                slots[commitment] = answer.result
-                self._metrics.head_block.labels(self.network, commitment).set(answer.result)
-        if not slots:
+        answered = {
+            commitment: answer.result
+            for commitment, answer in zip(COMMITMENTS, answers, strict=True)
+            if not answer.is_error and type(answer.result) is int
+        }
+        if not answered:
             raise TrackerError("upstream returned no slot")
+        held = self.slots
+        if held and all(slot < held.get(commitment, -1) for commitment, slot in answered.items()):
+            # Never back (caching.md "Solana slots"): a node behind (restarted from an old snapshot)
+            # fails the poll; the slots stay, and go stale if no poll reaches them again.
+            raise TrackerError(f"upstream is behind the slots already shown ({answered} < {held})")
+        slots = dict(held)
+        for commitment, slot in answered.items():
+            slots[commitment] = slot = max(slot, held.get(commitment, slot))
+            self._metrics.head_block.labels(self.network, commitment).set(slot)
         self.slots = slots
         self.last_poll = time.time()
         for commitment, slot in slots.items():
@@ -126,6 +144,9 @@ class SolanaSlotTracker:
                 genesis,
                 self.genesis,
             )
+        if self.genesis is not None:
+            # Another cluster (a restarted test validator): its slots start anew, so do the ones shown.
+            self.slots, self.recent = {}, {}
         self.genesis = genesis
         self.space = space = f"{self.network}@{genesis}"
         for listener in self.on_space:
@@ -139,6 +160,22 @@ class SolanaSlotTracker:
             return held[0]
         self.recent[(method, commitment)] = (value, now)
         return value
+
+    def shown(self, commitment: str) -> int:
+        """The highest slot shown at `commitment` (polled, or a forwarded getSlot's); -1 when none."""
+        held = self.recent.get(("getSlot", commitment))
+        return held[0] if held is not None else -1
+
+    def behind(self, params: Any, result: Any, slack: int) -> int | None:
+        """The slot already shown at the call's commitment when the answer's context.slot is more than
+        `slack` slots below it (a node behind answered: never kept, caching.md "Solana slots"), else
+        None. Nodes in step differ by a slot or two at `processed`: within the slack is in step."""
+        context = result.get("context") if isinstance(result, dict) else None
+        slot = context.get("slot") if isinstance(context, dict) else None
+        if type(slot) is not int:
+            return None
+        shown = self.shown(commitment_of(params))
+        return shown if slot < shown - slack else None
 
     def fresh(self, method: str, commitment: str, now: float, max_age: float) -> int | None:
         """The value seen for (method, commitment) if it is at most `max_age` seconds old."""

@@ -1,0 +1,114 @@
+"""A Solana upstream that goes back (a node restarted from an old snapshot): each upstream's own slot is
+polled, a lagging one is neither followed nor asked first, the network's slots never go back, and an
+answer whose context.slot is below a slot already shown at its commitment is never kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from proxy.chain.slots import SolanaSlotTracker
+from proxy.http.app_keys import SERVICE
+from tests.fake_solana import TOKEN_ACCOUNT, FakeSolana
+from tests.support import Proxy, ProxyFactory, eventually, free_port
+
+ADMIN_TOKEN = "Adm1n-T0ken-For-Tests"
+PROCESSED = {"commitment": "processed"}
+
+
+async def call(proxy: Proxy, method: str, params: list[Any]) -> tuple[dict[str, Any], str]:
+    _, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    return body, headers["X-Cache"]
+
+
+async def slots_at(proxy: Proxy, slot: int) -> SolanaSlotTracker:
+    tracker = proxy.app[SERVICE].networks["solana"].tracker
+    assert isinstance(tracker, SolanaSlotTracker)
+
+    async def reached() -> bool:
+        return tracker.slots.get("processed", -1) >= slot
+
+    await eventually(reached, 10, f"the processed slot at {slot}")
+    return tracker
+
+
+async def test_a_lagging_solana_upstream_is_not_followed_and_its_answers_are_never_kept(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a Solana upstream whose own slot falls behind is not asked first, its answers below a slot
+    already shown are asked elsewhere and never kept, and its head and lag show in metrics and the admin listing."""
+    backup = await FakeSolana().start()
+    try:
+        solana.slot = backup.slot = 5000
+        admin = free_port()
+        proxy = await make_proxy(
+            SOLANA_UPSTREAM=f"{solana.url},{backup.url}", ADMIN_PORT=str(admin), ADMIN_TOKEN=ADMIN_TOKEN
+        )
+        await slots_at(proxy, 5000)
+        # The primary is restarted from an old snapshot; the backup keeps going (the fake's slot moves
+        # per request, and the primary took the tracker's polls).
+        backup.slot, solana.slot = solana.slot + 10, 500
+        first, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
+        assert cache == "MISS" and first["result"]["context"]["slot"] >= 5000, first
+        again, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
+        assert cache == "HIT" and again["result"] == first["result"]
+
+        async def lag_seen() -> bool:
+            return proxy.metric("rpc_proxy_upstream_head_lag_blocks", network="solana", upstream="0") > 4000
+
+        await eventually(lag_seen, 10, "the primary's lag")
+        largest, cache = await call(proxy, "getLargestAccounts", [PROCESSED])
+        assert cache == "MISS" and largest["result"]["context"]["slot"] >= 5000, largest
+        assert proxy.metric("rpc_proxy_upstream_head_lag_blocks", network="solana", upstream="1") == 0
+        assert proxy.metric("rpc_proxy_head_block", network="solana", tag="processed") >= 5000
+        async with aiohttp.ClientSession() as session:
+            headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with session.get(f"http://127.0.0.1:{admin}/upstreams", headers=headers) as resp:
+                listing = (await resp.json())["solana"]
+            async with session.get(f"{proxy.base}/readyz") as resp:
+                ready = await resp.json()
+        assert 500 <= listing[0]["head"] < 1000 and listing[0]["head_lag"] > 4000, listing
+        assert listing[1]["head"] >= 5000 and listing[1]["head_lag"] == 0, listing
+        assert list(ready["catching_up"]["solana"]) == ["0"], ready
+    finally:
+        await backup.close()
+
+
+async def test_a_solana_answer_below_a_slot_already_shown_is_refused_never_kept(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule: with no upstream at the slot already shown, an answer from below it fails (-32002), is
+    never kept, and the network's slot and getSlot never go back."""
+    solana.slot = 5000
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url)
+    await slots_at(proxy, 5000)
+    solana.slot = 500  # the only upstream goes back
+    for _ in range(2):
+        body, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
+        assert body["error"]["code"] == -32002 and cache == "BYPASS", body
+    assert proxy.metric("rpc_proxy_uncached_answers_total", network="solana", reason="lagging") == 2
+    slot, _ = await call(proxy, "getSlot", [PROCESSED])
+    assert slot["result"] >= 5000
+    assert proxy.metric("rpc_proxy_head_block", network="solana", tag="processed") >= 5000
+    solana.slot = 6000  # caught up
+    body, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
+    assert cache == "MISS" and body["result"]["context"]["slot"] > 6000, body
+
+
+async def test_a_solana_answer_a_few_slots_below_the_one_shown_is_in_step_and_kept(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule: nodes in step differ by a slot or two at processed (a balancer's members): an answer within
+    32 slots of the slot shown is the answer, kept; one further below is refused."""
+    solana.slot = 5000
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url)
+    await slots_at(proxy, 5000)
+    solana.slot = 5000 - 20  # a member of the balancer a few slots behind
+    body, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
+    assert cache == "MISS" and 4980 <= body["result"]["context"]["slot"] < 5000, body
+    again, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
+    assert cache == "HIT" and again == body
+    solana.slot = 5000 - 40
+    body, cache = await call(proxy, "getLargestAccounts", [PROCESSED])
+    assert body["error"]["code"] == -32002 and cache == "BYPASS", body
