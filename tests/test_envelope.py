@@ -64,6 +64,25 @@ async def test_malformed_request_is_invalid_request(evm_proxy: Proxy, request_bo
     assert status == 400 and body["error"]["code"] == -32600
 
 
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        {"jsonrpc": "1.0", "id": 7, "method": "eth_chainId"},
+        {"id": 7, "method": "eth_chainId"},
+        {"jsonrpc": "2.0", "id": 7, "method": 1},
+        {"jsonrpc": "2.0", "id": "seven", "method": "eth_chainId", "params": "x"},
+    ],
+)
+async def test_an_invalid_request_with_a_valid_id_is_answered_with_that_id(evm_proxy: Proxy, request_body: Any) -> None:
+    # spec: the response id is the request's id; it is echoed whenever the id itself is valid, as in a batch.
+    status, body, _ = await evm_proxy.post(request_body)
+    assert status == 400 and body["error"]["code"] == -32600 and body["id"] == request_body["id"]
+    async with evm_proxy.session.ws_connect(evm_proxy.ws_url("test-key")) as ws:
+        await ws.send_str(orjson.dumps(request_body).decode())
+        reply = orjson.loads((await ws.receive(timeout=10)).data)
+    assert reply["error"]["code"] == -32600 and reply["id"] == request_body["id"]
+
+
 async def test_batch_answers_in_order_with_invalid_elements_answered_in_place(evm_proxy: Proxy) -> None:
     batch = [
         {**CHAIN_ID, "id": "a"},

@@ -8,6 +8,7 @@ import pytest
 
 from tests.fake_upstream import bad_upstream
 from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory, selector, word
+from tests.ws_client import connect
 
 GAS_LIMIT = 30_000_000  # anvil's default block gas limit
 
@@ -27,12 +28,32 @@ async def test_more_than_10000_logs_is_an_exact_minus_32005_with_nothing_partial
         assert status == 200 and "result" not in reply
         assert reply["error"]["code"] == -32005
         assert reply["error"]["message"] == "query returned more than 10000 results"
-        # A narrower range that ends before the block holding result 10,001.
-        assert reply["error"]["data"] == {"fromBlock": first["blockNumber"], "toBlock": first["blockNumber"]}
+        assert "data" not in reply["error"]  # spec: data only on revert errors
     assert evm_proxy.upstreams["evm"].calls["eth_getLogs"] == 2
     assert evm_proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="results") == 2
     one_block = await evm_proxy.result("eth_getLogs", [{**log_filter, "toBlock": first["blockNumber"]}])
     assert len(one_block) == 6000
+
+
+async def test_the_result_limit_error_carries_no_data_only_a_revert_does(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    # spec (Errors): `data` is on revert errors only, even when a narrower range than the one asked exists.
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, GETLOGS_MAX_RESULTS="2")
+    store = anvil.deploy_store()
+    first = anvil.send(store, selector("emitMany(uint256)") + word(2))
+    second = anvil.send(store, selector("emitMany(uint256)") + word(3))
+    await proxy.head_at(int(second["blockNumber"], 16))
+    expected = {"code": -32005, "message": "query returned more than 2 results"}
+    for start in (first, second):  # a narrower range exists; none does (the first block alone is over)
+        log_filter = {"address": store, "fromBlock": start["blockNumber"], "toBlock": second["blockNumber"]}
+        status, reply, _ = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [log_filter]}
+        )
+        assert status == 200 and reply["error"] == expected, reply
+        client = await connect(proxy)
+        assert (await client.call("eth_getLogs", log_filter))["error"] == expected
+        await client.ws.close()
 
 
 async def test_the_result_limit_is_configurable(anvil: Anvil, make_proxy: ProxyFactory) -> None:

@@ -17,7 +17,6 @@ from proxy.cache.log_chunks import (
     logs_from_receipts,
     matches,
     merge,
-    narrower_range,
     plan,
     well_formed,
 )
@@ -83,15 +82,6 @@ class TestMerge:
         assert not well_formed([log(21)], Piece(10, 20, 10, 20))
         assert not well_formed([{"blockNumber": None}], Piece(10, 20, 10, 20))
         assert not well_formed(None, Piece(10, 20, 10, 20))
-
-
-class TestLimit:
-    def test_the_narrower_range_ends_before_the_block_of_the_result_past_the_limit(self) -> None:
-        logs = [log(10), log(11), log(12), log(12, 1)]
-        assert narrower_range(logs, first=10, limit=2) == {"fromBlock": hex(10), "toBlock": hex(11)}
-
-    def test_no_narrower_range_when_the_first_block_alone_is_over_the_limit(self) -> None:
-        assert narrower_range([log(10), log(10, 1), log(10, 2)], first=10, limit=2) is None
 
 
 class TestCacheResult:

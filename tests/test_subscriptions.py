@@ -85,6 +85,51 @@ async def test_logs_are_filtered_by_address_and_topics_in_the_proxy(anvil: Anvil
     assert all(r["removed"] is False for r in client.results(every))
 
 
+async def test_logs_are_delivered_only_within_the_filters_block_bounds(anvil: Anvil, evm_proxy: Proxy) -> None:
+    # geth's filterLogs: a log is sent only when fromBlock <= its block <= toBlock, for bounds that are numbers.
+    store, other = anvil.deploy_store(), anvil.deploy_store()
+    head = anvil.block_number()
+    await evm_proxy.head_at(head)
+    client = await connect(evm_proxy)
+    sentinel = await client.subscribe("logs", {"address": other})
+    past = await client.subscribe("logs", {"address": store, "fromBlock": "0x0", "toBlock": hex(head)})
+    one = await client.subscribe("logs", {"address": store, "fromBlock": hex(head + 1), "toBlock": hex(head + 1)})
+    onward = await client.subscribe("logs", {"address": store, "fromBlock": hex(head + 2), "toBlock": "latest"})
+    every = await client.subscribe("logs", {"address": store})
+    for _ in range(3):  # one log in each of blocks head+1, head+2, head+3
+        anvil.send(store, selector("emitMany(uint256)") + word(1))
+    anvil.send(other, selector("emitMany(uint256)") + word(1))
+    # A connection's blocks are matched in order: the sentinel's log comes after every earlier block's.
+    await client.notes_until(1 + 2 + 3 + 1)
+    assert client.notes[-1]["params"]["subscription"] == sentinel
+
+    def blocks(sub: str) -> list[int]:
+        return [int(r["blockNumber"], 16) for r in client.results(sub)]
+
+    assert blocks(every) == [head + 1, head + 2, head + 3]
+    assert (blocks(past), blocks(one), blocks(onward)) == ([], [head + 1], [head + 2, head + 3])
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"fromBlock": "0x5", "toBlock": "0x2"},
+        {"fromBlock": "latest", "toBlock": "0x2"},
+        {"toBlock": "0x2"},
+        {"fromBlock": "finalized"},
+        {"fromBlock": "pending"},
+        {"fromBlock": "0x1", "toBlock": "pending"},
+    ],
+)
+async def test_a_logs_subscription_refuses_block_bounds_geth_refuses(evm_proxy: Proxy, bounds: dict[str, str]) -> None:
+    # geth's SubscribeLogs: no pending logs; numbers with to >= from, or from a number to latest, else refused.
+    client = await connect(evm_proxy)
+    refused = await client.call("eth_subscribe", "logs", bounds)
+    assert refused["error"]["code"] == -32602 and "filter" in refused["error"]["message"], refused
+    for accepted in ({"fromBlock": "0x2", "toBlock": "0x2"}, {"fromBlock": "0x2"}, {"toBlock": "latest"}):
+        assert "result" in await client.call("eth_subscribe", "logs", accepted)
+
+
 async def test_a_reorg_delivers_the_replacement_heads_and_removed_logs(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
     await evm_proxy.head_at(anvil.block_number())

@@ -136,19 +136,16 @@ class ChunkedLogs:
         finally:
             for task in tasks:  # the call has its answer: pieces not started yet are not asked
                 task.cancel()
-        return self._merged([answer for answer in answers if answer is not None], first, asking.bypassed)
+        return self._merged([answer for answer in answers if answer is not None], asking.bypassed)
 
-    def _merged(self, done: list[tuple[bytes, list[int | None], bool]], first: int, bypassed: bool) -> Merged:
+    def _merged(self, done: list[tuple[bytes, list[int | None], bool]], bypassed: bool) -> Merged:
         """The pieces' answers spliced in order, within the result limit over the whole range."""
         blocks = [b for _, part, _ in done for b in part]
         if len(blocks) > self._max_results:
-            # spec: more than 10,000 results over the whole range fails with -32005; nothing partial.
+            # spec: more than 10,000 results over the whole range fails with -32005 (no `data`: only a
+            # revert has one); nothing partial.
             self._metrics.getlogs_rejections.labels("results").inc()
-            raise JsonRpcError(
-                LIMIT_EXCEEDED,
-                f"query returned more than {self._max_results} results",
-                data=lc.narrower_before(blocks[self._max_results], first),
-            )
+            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {self._max_results} results")
         return Merged(
             lc.splice([payload for payload, _, _ in done]),
             False,

@@ -114,20 +114,6 @@ def splice(parts: Sequence[bytes]) -> bytes:
     return b"[" + b",".join(part[1:-1] for part in parts if len(part) > 2) + b"]"
 
 
-def narrower_range(logs: list[Any], first: int, limit: int) -> dict[str, str] | None:
-    """For a merged answer over the limit: a range from `first` that ends before the block holding
-    the (limit+1)-th log (the hint providers give in -32005's `data`), or None when that block is
-    the range's first (no narrower range exists)."""
-    return narrower_before(block_of(logs[limit]) if len(logs) > limit else None, first)
-
-
-def narrower_before(cut_at: int | None, first: int) -> dict[str, str] | None:
-    """A range from `first` that ends before block `cut_at`, or None when none does."""
-    if cut_at is None or cut_at <= first:
-        return None
-    return {"fromBlock": hex(first), "toBlock": hex(cut_at - 1)}
-
-
 def cache_result(upstream: Sequence[bool], bypassed: bool = False) -> str:
     """X-Cache of a chunked call: BYPASS when a piece's answer could not be kept (so the merge is not
     either), HIT when no piece went upstream, MISS when all did, else PARTIAL."""

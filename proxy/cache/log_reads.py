@@ -48,13 +48,10 @@ class LogReads:
         results = answer.result
         limit = self._max_results
         if isinstance(results, list) and len(results) > limit:
-            # spec: more than 10,000 results fails with -32005; nothing partial is returned.
+            # spec: more than 10,000 results fails with -32005, its message fixed and no `data` (only
+            # a revert has one); nothing partial is returned.
             self._metrics.getlogs_rejections.labels("results").inc()
-            raise JsonRpcError(
-                LIMIT_EXCEEDED,
-                f"query returned more than {limit} results",
-                data=narrower_range(params[0], results, limit),
-            )
+            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results")
         return answer
 
     def check_range(self, log_filter: dict[str, Any], resolved: dict[int, Resolved | None]) -> None:
@@ -181,12 +178,3 @@ def numbered_range(tracker: EvmHeadTracker, head: Head | None, log_filter: dict[
     if a is None or b is None or a.number is None or b.number is None:
         return None
     return a.number, b.number
-
-
-def narrower_range(log_filter: Any, logs: list[Any], limit: int) -> dict[str, str] | None:
-    """A range that ends before the block holding the (limit+1)-th log: a hint, as providers give."""
-    try:
-        start = int(log_filter["fromBlock"], 16)
-    except (KeyError, TypeError, ValueError):
-        return None
-    return log_chunks.narrower_range(logs, start, limit)

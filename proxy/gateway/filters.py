@@ -221,11 +221,12 @@ class Filters:
         answer = await self._asked(net, method, node_id)
         changes, limit = answer.result, self._settings.getlogs_max_results
         if isinstance(changes, list) and len(changes) > limit:
-            # The node has moved the filter past these changes: `data` names the blocks they span,
-            # to be read with eth_getLogs in narrower ranges.
+            # The node has moved the filter past these changes: the message names the blocks they
+            # span (Infura's form), to be read with eth_getLogs in narrower ranges. Not in `data`:
+            # spec, only a revert has one (the spec fixes eth_getLogs' message, not this one's).
             blocks = [b for b in (block_of(c) for c in changes) if b is not None]
-            data = {"fromBlock": hex(min(blocks)), "toBlock": hex(max(blocks))} if blocks else None
-            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results", data=data)
+            hint = f". Try with this block range [{hex(min(blocks))}, {hex(max(blocks))}]." if blocks else ""
+            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results{hint}")
         return answer
 
     async def _asked(self, net: NetworkRuntime, method: str, node_id: str) -> Answer:

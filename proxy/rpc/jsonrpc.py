@@ -233,8 +233,10 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
             )
         return Body([_entry(item) for item in data], batch=True)
     entry = _entry(data)
-    if isinstance(entry, Invalid) and entry.error.code != INVALID_PARAMS:  # a params error keeps its id
-        raise JsonRpcError(entry.error.code, entry.error.message, http_status=400)
+    if isinstance(entry, Invalid) and entry.error.code != INVALID_PARAMS:
+        # spec: the response id is the request's: an invalid request whose id is valid is answered
+        # with it, as a batch element is (an invalid id is None here); the status stays 400.
+        entry = Invalid(JsonRpcError(entry.error.code, entry.error.message, http_status=400), entry.id)
     return Body([entry], batch=False)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
 from proxy.rpc.methods import SUBSCRIPTION_METHODS
-from proxy.rpc.params import Rules, log_filter
+from proxy.rpc.params import BlockRef, Rules, log_filter
 from proxy.streams.fanout import LogBatch
 
 EVM_NOTIFICATION = "eth_subscription"
@@ -31,24 +31,28 @@ class Session(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class LogFilter:
-    """A logs subscription's filter: an address set and topic positions (None matches anything)."""
+    """A logs subscription's filter: an address set, topic positions (None matches anything) and
+    block bounds (None: latest, no bound)."""
 
     addresses: frozenset[str] | None = None
     topics: tuple[frozenset[str] | None, ...] = ()
+    from_block: int | None = None
+    to_block: int | None = None
 
     @classmethod
     def parse(cls, value: Any, rules: Rules) -> LogFilter:
-        """geth's logs criteria: address and topics; block bounds mean nothing for a stream."""
+        """geth's logs criteria (eth/filters SubscribeLogs): address, topics and block bounds."""
         if value is None:
             return cls()
         if not isinstance(value, dict):
             raise invalid_params("filter", "expected an object")
-        checked = log_filter({k: v for k, v in value.items() if k not in ("fromBlock", "toBlock")}, rules)
+        checked = log_filter(value, rules)
         if "blockHash" in checked:
             raise invalid_params("filter.blockHash", "not allowed in a logs subscription")
         addresses = checked.get("address")
         topics = tuple(None if t is None else frozenset(t) for t in checked.get("topics", []))
-        return cls(frozenset(addresses) if addresses else None, topics)
+        first, last = _bounds(checked["fromBlock"], checked["toBlock"])
+        return cls(frozenset(addresses) if addresses else None, topics, first, last)
 
     def matches(self, entry: Mapping[str, Any]) -> bool:
         if self.addresses is not None and str(entry.get("address", "")).lower() not in self.addresses:
@@ -59,7 +63,34 @@ class LogFilter:
                 continue
             if position >= len(topics) or str(topics[position]).lower() not in wanted:
                 return False
-        return True
+        if self.from_block is None and self.to_block is None:
+            return True
+        return self._within(entry.get("blockNumber"))
+
+    def _within(self, raw: Any) -> bool:
+        """geth's filterLogs: fromBlock <= the log's block <= toBlock, for the bounds that are numbers."""
+        try:
+            number = int(raw, 16)
+        except (TypeError, ValueError):
+            return False
+        return (self.from_block is None or self.from_block <= number) and (
+            self.to_block is None or number <= self.to_block
+        )
+
+
+def _bounds(start: BlockRef, end: BlockRef) -> tuple[int | None, int | None]:
+    """A stream's block bounds (None: latest, no bound) as geth's SubscribeLogs takes them: latest to
+    latest, a number to latest, or numbers with to >= from; pending is refused, and so is the rest."""
+    if start.tag == "pending" or end.tag == "pending":
+        raise invalid_params("filter", "pending logs are not supported")
+    first, last = start.number, end.number  # None for a tag
+    if start.tag == "latest" and end.tag == "latest":
+        return None, None
+    if first is not None and end.tag == "latest":
+        return first, None
+    if first is not None and last is not None and last >= first:
+        return first, last
+    raise invalid_params("filter", "invalid from and to block combination")
 
 
 def subscription_call(data: str | bytes) -> Call | None:
