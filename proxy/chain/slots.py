@@ -96,8 +96,14 @@ class SolanaSlotTracker:
                 self._metrics.head_block.labels(self.network, commitment).set(answer.result)
         if not slots:
             raise TrackerError("upstream returned no slot")
+        now = time.time()
+        # The latest block's time, with no getBlockTime asked (a call more per poll): when a poll first
+        # saw the processed slot pass the previous poll's, at most a poll interval after the block.
+        processed, before = slots.get("processed"), self.slots.get("processed")
+        if processed is not None and before is not None and processed > before:
+            self._metrics.head_timestamp.labels(self.network).set(now)
         self.slots = slots
-        self.last_poll = time.time()
+        self.last_poll = now
         for commitment, slot in slots.items():
             self.observe("getSlot", commitment, slot, self.last_poll)
         self._metrics.head_updated.labels(self.network).set(self.last_poll)
