@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import threading
 import time
@@ -24,16 +25,15 @@ from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
 from proxy.gateway.gateway import Gateway
-from proxy.http.access_log import access_logged
 from proxy.http.admin import start_admin
 from proxy.http.aiohttp_routes import (
+    answering_app,
     fallback,
     guarded,
     healthz,
     host_rule,
     metrics_route,
     readyz,
-    request_ids,
     rpc_route,
 )
 from proxy.http.app_keys import FRONT, GATEWAY, LEDGER, METRICS, REDIS, SERVICE, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
@@ -198,6 +198,7 @@ class _Lifecycle:
     stores: _Stores
     own_exposition: Exposition
     exposition: Exposition
+    answering: Callable[[], web.Application]  # the internal listeners' application, answering as the public one
 
     async def run(self, app: web.Application) -> AsyncIterator[None]:
         settings, worker = self.settings, self.worker
@@ -208,13 +209,18 @@ class _Lifecycle:
             await self.shown_relay.start()
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(
-                self.exposition, settings.metrics_host, settings.metrics_port, reuse_port=worker is not None
+                self.exposition,
+                self.answering(),
+                settings.metrics_host,
+                settings.metrics_port,
+                reuse_port=worker is not None,
             )
         admin = (
             await start_admin(
                 self.networks.runtimes,
                 self.networks.reload,
                 settings,
+                self.answering(),
                 run_dir=worker.run_dir if worker else None,
                 index=worker.index if worker else None,
             )
@@ -306,12 +312,6 @@ def _add_routes(
     app.router.add_route("*", "/{tail:.*}", cors.wrap(fallback))
 
 
-async def _unversioned_server(_request: web.Request, response: web.StreamResponse) -> None:
-    """aiohttp's answers (WebSocket handshakes, a connection handed to it after an upgrade) name no
-    library or interpreter version in `Server`; the fast server sends no `Server` at all."""
-    response.headers["Server"] = "rpc-cache-proxy"
-
-
 def create_app(
     settings: Settings,
     *,
@@ -353,9 +353,7 @@ def create_app(
     gateway = Gateway(settings, service, stores.ledger, metrics, clock.time, run_dir=run_dir, link=stores.link)
     networks.on_reload.append(gateway.router.reload)
 
-    logging_all = [access_logged(gateway, settings.trusted_proxy_header)] if settings.access_log else []
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[request_ids, *logging_all, host_rule])
-    app.on_response_prepare.append(_unversioned_server)
+    app = answering_app(gateway, settings, host_rule, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[SERVICE] = service
@@ -370,7 +368,10 @@ def create_app(
 
     own_exposition = registry_exposition(metrics.registry)
     exposition = own_exposition if worker is None else (lambda: scrape_all(worker.run_dir))
-    lifecycle = _Lifecycle(settings, clock, worker, networks, shown_relay, stores, own_exposition, exposition)
+    answering = functools.partial(answering_app, gateway, settings)
+    lifecycle = _Lifecycle(
+        settings, clock, worker, networks, shown_relay, stores, own_exposition, exposition, answering
+    )
     app.cleanup_ctx.append(lifecycle.run)
     app.on_shutdown.append(close_websockets)
     _add_routes(app, settings, gateway, metrics, exposition, worker)

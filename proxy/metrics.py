@@ -260,7 +260,8 @@ class Metrics:
         )
         self.head_timestamp = Gauge(
             "rpc_proxy_head_block_timestamp_seconds",
-            "Unix time of the latest block the tracker saw.",
+            "Unix time of the latest block the tracker saw: its timestamp (EVM), when a poll first saw the "
+            "processed slot advance (Solana).",
             ["network"],
             registry=r,
         )

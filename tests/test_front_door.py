@@ -12,7 +12,7 @@ from web3 import AsyncHTTPProvider, AsyncWeb3
 
 from proxy.http.access_log import shown_path
 from proxy.request_ids import IDS, RequestIds
-from tests.support import Anvil, Proxy, settings_for, start_proxy
+from tests.support import Anvil, Proxy, free_port, settings_for, start_proxy
 from tests.test_front import exchange
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
@@ -196,6 +196,48 @@ async def test_the_access_log_has_a_request_line_for_every_http_answer(
                 (m or None, p or None, s, i) for m, p, s, i in lines
             ], (line, lines)
         assert secret not in caplog.text
+    finally:
+        await proxy.close()
+
+
+async def test_the_metrics_and_admin_ports_answer_with_a_request_id_a_request_line_and_no_version(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture
+) -> None:
+    # spec (operations.md): every HTTP answer carries X-Request-Id and, with ACCESS_LOG, logs one
+    # request line, /metrics included; security.md: no answer names a library or interpreter version.
+    metrics, admin, token = free_port(), free_port(), "s3cret-admin-token-0123456789"
+    settings = settings_for(
+        EVM_UPSTREAM=anvil.url, ACCESS_LOG="true", METRICS_PORT=str(metrics), ADMIN_PORT=str(admin), ADMIN_TOKEN=token
+    )
+    proxy = await start_proxy(settings)
+    bearer = {"Authorization": f"Bearer {token}"}
+    asked = [
+        ("GET", metrics, "/metrics", {}, 200),
+        ("GET", metrics, "/nope", {}, 404),
+        ("POST", metrics, "/metrics", {}, 405),
+        ("GET", admin, "/upstreams", bearer, 200),
+        ("GET", admin, "/upstreams", {}, 401),  # the auth refusal
+        ("GET", admin, "/nope", bearer, 404),
+        ("GET", admin, "/reload", bearer, 405),
+    ]
+    answered: list[tuple[str, str, int, str]] = []
+    try:
+        with caplog.at_level(logging.INFO, logger="proxy.access"):
+            for n, (method, port, path, headers, status) in enumerate(asked):
+                sent = {**headers, "X-Request-Id": f"ops-{n}"} if n % 2 else headers  # the client's own, or a new one
+                async with proxy.session.request(method, f"http://127.0.0.1:{port}{path}", headers=sent) as resp:
+                    assert resp.status == status, (method, port, path, resp.status)
+                    rid, server = resp.headers.get("X-Request-Id", ""), resp.headers.get("Server", "")
+                    assert (rid == sent.get("X-Request-Id")) if n % 2 else NEW_ID.fullmatch(rid), (path, rid)
+                    assert "aiohttp" not in server and "Python" not in server, (path, server)
+                    answered.append((method, path, status, rid))
+        lines = [
+            (r.method, r.path, r.status, r.request_id)  # type: ignore[attr-defined]
+            for r in caplog.records
+            if r.name == "proxy.access" and r.getMessage() == "request"
+        ]
+        assert sorted(lines) == sorted(answered), lines
+        assert token not in caplog.text
     finally:
         await proxy.close()
 

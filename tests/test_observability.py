@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import yaml
@@ -21,8 +24,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.logs import JsonFormatter
 from proxy.metrics import Metrics
+from tests.fake_solana import FakeSolana
 from tests.fake_upstream import bad_upstream
-from tests.support import ROOT, Anvil, Proxy, eventually, free_port
+from tests.support import ROOT, Anvil, Proxy, ProxyFactory, eventually, free_port
 
 DASHBOARD = ROOT / "grafana/dashboards/rpc-cache-proxy.json"
 
@@ -136,13 +140,15 @@ def test_prometheus_config_passes_promtool_check_config() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-async def test_a_real_prometheus_scrapes_the_running_proxy(anvil: Anvil, evm_proxy: Proxy, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def prometheus_scraping(proxy: Proxy, tmp_path: Path) -> AsyncIterator[Callable[[str], Awaitable[list[Any]]]]:
+    """A real Prometheus scraping `proxy` each second with deploy/prometheus.yml; yields a query:
+    an instant query's series ([] while it has none, or Prometheus is not up yet)."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus missing: bash scripts/test.sh installs it"
-    await exercise(anvil, evm_proxy)
     config = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
     config["global"]["scrape_interval"] = "1s"
-    config["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{evm_proxy.server.port}"]
+    config["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{proxy.server.port}"]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     proc = subprocess.Popen(
@@ -155,24 +161,60 @@ async def test_a_real_prometheus_scrapes_the_running_proxy(anvil: Anvil, evm_pro
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    query = f"http://127.0.0.1:{port}/api/v1/query?query=rpc_proxy_requests_total"
-    found: list[dict[str, object]] = []
 
-    async def scraped() -> bool:
+    async def query(expr: str) -> list[Any]:
         try:
-            async with evm_proxy.session.get(query) as resp:
+            async with proxy.session.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": expr}) as resp:
                 body = await resp.json()
         except aiohttp.ClientError:
-            return False
-        found[:] = body.get("data", {}).get("result", [])
-        return bool(found)
+            return []
+        return list(body.get("data", {}).get("result", []))
 
     try:
-        await eventually(scraped, 30, "Prometheus to scrape the proxy")
+        yield query
     finally:
         proc.terminate()
         proc.wait(10)
-    assert any(s["metric"].get("method") == "eth_getStorageAt" for s in found)  # type: ignore[union-attr]
+
+
+async def test_a_real_prometheus_scrapes_the_running_proxy(anvil: Anvil, evm_proxy: Proxy, tmp_path: Path) -> None:
+    await exercise(anvil, evm_proxy)
+    found: list[Any] = []
+    async with prometheus_scraping(evm_proxy, tmp_path) as query:
+
+        async def scraped() -> bool:
+            found[:] = await query("rpc_proxy_requests_total")
+            return bool(found)
+
+        await eventually(scraped, 30, "Prometheus to scrape the proxy")
+    assert any(s["metric"].get("method") == "eth_getStorageAt" for s in found)
+
+
+async def test_the_head_panels_show_an_evm_and_a_solana_network_from_a_real_scrape(
+    anvil: Anvil, solana: FakeSolana, make_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    # spec (operations.md, the dashboard): "Head lag" and "Blocks to finality" have a figure for each
+    # network the $network variable offers, Solana's too. Counters (reorgs) have no series before their first event.
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, SOLANA_UPSTREAM=solana.url)
+    anvil.mine(70)  # a finalized block below the latest
+    dashboard = json.loads(DASHBOARD.read_text())
+    gauges = [
+        (p["title"], t["expr"].replace("$network", ".*").replace("$instance", ".*"))
+        for p in dashboard["panels"]
+        if p["title"] in ("Head lag", "Blocks to finality")
+        for t in p["targets"]
+        if "increase(" not in t["expr"]
+    ]
+    assert len(gauges) == 3, gauges
+    async with prometheus_scraping(proxy, tmp_path) as query:
+        for title, expr in gauges:
+            shown: set[str] = set()
+
+            async def both(expr: str = expr, shown: set[str] = shown) -> bool:
+                shown.update(s["metric"].get("network") for s in await query(expr))
+                return shown >= {"evm", "solana"}
+
+            await eventually(both, 30, f"{title}: {expr} for evm and solana")
 
 
 def test_json_log_lines_carry_the_call_fields() -> None:

@@ -1,7 +1,8 @@
 """ACCESS_LOG's line per HTTP answer, whoever gave it (the fast server, aiohttp: a WebSocket's
-handshake, a health check, an unknown path, a parser's 400): HTTP method, path without the key, key
-name (never the secret), client IP, HTTP status, total ms, cache outcome and upstream ms; the calls
-inside it have their own lines (gateway.py) as before.
+handshake, a health check, an unknown path, a parser's 400, the METRICS_PORT and ADMIN_PORT
+listeners): HTTP method, path without the key, key name (never the secret), client IP, HTTP status,
+total ms, cache outcome and upstream ms; the calls inside it have their own lines (gateway.py) as
+before.
 
 Only written when ACCESS_LOG is on: off (the default), a cache hit pays nothing for it. The client
 IP is the peer's, or, behind a proxy named by TRUSTED_PROXY_HEADER, what that proxy wrote: the last

@@ -147,8 +147,9 @@ def admin_app(
     reload_networks: Reload,
     cordons: Cordons,
     token: str | None,
+    app: web.Application,
 ) -> web.Application:
-    """The admin routes; `token` None: a worker's own unix socket, which only its siblings reach."""
+    """The admin routes, on `app`; `token` None: a worker's own unix socket, which only its siblings reach."""
     # A flood of bad tokens (a scanner, a guesser) costs a line a minute, not one per request.
     refusals = Throttled(log)
 
@@ -202,7 +203,6 @@ def admin_app(
                 await cordons.tell_siblings(request.path)
         return web.json_response(answer, status=status)
 
-    app = web.Application()
     app.router.add_post("/reload", reload)
     app.router.add_get("/upstreams", listing)
     app.router.add_post("/upstreams/{network}/{index}/{action:cordon|uncordon}", cordon)
@@ -213,22 +213,24 @@ async def start_admin(
     runtimes: Mapping[str, NetworkRuntime],
     reload_networks: Reload,
     settings: Settings,
+    app: web.Application,
     *,
     run_dir: str | None = None,
     index: int | None = None,
 ) -> list[web.AppRunner]:
-    """The public admin listener (ADMIN_PORT) and, with workers, this worker's own socket for its siblings."""
+    """The public admin listener (ADMIN_PORT), served by `app` (one that answers as the public port
+    does: aiohttp_routes.answering_app), and, with workers, this worker's own socket for its siblings."""
     assert settings.admin_port is not None and settings.admin_token is not None
     cordons = Cordons(runtimes, run_dir, index)
     cordons.load()
     runners = []
-    public = web.AppRunner(admin_app(runtimes, reload_networks, cordons, settings.admin_token), access_log=None)
+    public = web.AppRunner(admin_app(runtimes, reload_networks, cordons, settings.admin_token, app), access_log=None)
     await public.setup()
     site = web.TCPSite(public, settings.admin_host, settings.admin_port, reuse_port=run_dir is not None)
     await bind(site, Listener("ADMIN_PORT", settings.admin_host, settings.admin_port))
     runners.append(public)
     if run_dir is not None:
-        own = web.AppRunner(admin_app(runtimes, reload_networks, cordons, None), access_log=None)
+        own = web.AppRunner(admin_app(runtimes, reload_networks, cordons, None, web.Application()), access_log=None)
         await own.setup()
         await web.UnixSite(own, os.path.join(run_dir, f"admin-{index}.sock")).start()
         runners.append(own)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.config import Settings
-from proxy.http.access_log import UPSTREAM_SECONDS
+from proxy.gateway.gateway import Gateway
+from proxy.http.access_log import UPSTREAM_SECONDS, access_logged
 from proxy.http.app_keys import SERVICE
 from proxy.http.endpoint import (
     BUSY_BODIES,
@@ -34,13 +37,13 @@ log = logging.getLogger("proxy.app")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 __all__ = [
+    "answering_app",
     "fallback",
     "guarded",
     "healthz",
     "metrics_route",
     "readiness",
     "readyz",
-    "request_ids",
     "rpc_route",
 ]
 
@@ -131,13 +134,28 @@ def rpc_route(endpoint: RpcEndpoint, settings: Settings) -> Handler:
 
 @web.middleware
 async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """X-Request-Id on every answer aiohttp serves (request_ids.py), and the id of its log lines."""
-    rid = IDS.of(request.headers.get(HEADER))
-    REQUEST_ID.set(rid)  # this request's own task: its context ends with it
-    response = await handler(request)
-    if not response.prepared:  # a WebSocket's handshake carries it already (ws.py)
-        response.headers[HEADER] = rid
-    return response
+    """The id of a request aiohttp serves (request_ids.py): of its log lines, and of its answer
+    (answer_headers writes it there)."""
+    REQUEST_ID.set(IDS.of(request.headers.get(HEADER)))  # this request's own task: its context ends with it
+    return await handler(request)
+
+
+async def answer_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every answer aiohttp writes, a handler's or its own (a 404 or 405 it raised,
+    the 500 of a failed handler, in that request's task as well), carries X-Request-Id and names no
+    library or interpreter version in `Server` (the fast server sends no `Server` at all)."""
+    response.headers[HEADER] = REQUEST_ID.get() or IDS.of(request.headers.get(HEADER))
+    response.headers[hdrs.SERVER] = "rpc-cache-proxy"
+
+
+def answering_app(gateway: Gateway, settings: Settings, *inner: Middleware, **options: Any) -> web.Application:
+    """An aiohttp application answering as the public port does: X-Request-Id and `Server`
+    (answer_headers) and, with ACCESS_LOG, the `request` line (access_log.py) on every answer. The
+    public port's application and the internal listeners' (METRICS_PORT, ADMIN_PORT) are made here."""
+    logged = [access_logged(gateway, settings.trusted_proxy_header)] if settings.access_log else []
+    app = web.Application(middlewares=[request_ids, *logged, *inner], **options)
+    app.on_response_prepare.append(answer_headers)
+    return app
 
 
 @web.middleware

@@ -227,13 +227,12 @@ def registry_exposition(registry: CollectorRegistry) -> Exposition:
     return exposition
 
 
-def metrics_app(exposition: Exposition) -> web.Application:
-    """The internal listener's application: /metrics and nothing else."""
+def metrics_app(exposition: Exposition, app: web.Application) -> web.Application:
+    """`app` as the internal listener's application: /metrics and nothing else."""
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(body=await exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
     app.router.add_get("/metrics", metrics)
     return app
 
@@ -256,9 +255,10 @@ async def bind(site: web.BaseSite, listener: Listener) -> None:
 
 
 async def start_metrics_listener(
-    exposition: Exposition, host: str, port: int, *, reuse_port: bool = False
+    exposition: Exposition, app: web.Application, host: str, port: int, *, reuse_port: bool = False
 ) -> web.AppRunner:
-    runner = web.AppRunner(metrics_app(exposition), access_log=None)
+    """METRICS_PORT, served by `app`: one that answers as the public port does (aiohttp_routes.answering_app)."""
+    runner = web.AppRunner(metrics_app(exposition, app), access_log=None)
     await runner.setup()
     await bind(web.TCPSite(runner, host, port, reuse_port=reuse_port), Listener("METRICS_PORT", host, port))
     return runner
@@ -266,7 +266,7 @@ async def start_metrics_listener(
 
 async def start_unix_metrics(exposition: Exposition, path: str) -> web.AppRunner:
     """A worker's own registry, for the sibling that merges a scrape (WORKERS > 1)."""
-    runner = web.AppRunner(metrics_app(exposition), access_log=None)
+    runner = web.AppRunner(metrics_app(exposition, web.Application()), access_log=None)
     await runner.setup()
     await web.UnixSite(runner, path).start()
     return runner

@@ -23,7 +23,6 @@ from proxy.http.ws_frames import Corked
 from proxy.http.ws_masks import MaskedOnly
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
-from proxy.request_ids import HEADER, IDS, REQUEST_ID
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
 from proxy.streams.subscription import spawn, subscription_call
@@ -79,7 +78,6 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes + 1, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
-    ws.headers[HEADER] = REQUEST_ID.get() or IDS.of(request.headers.get(HEADER))
     masks = _masked_only(request, metrics)
     await ws.prepare(request)
 
