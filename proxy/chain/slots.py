@@ -105,7 +105,6 @@ class SolanaSlotTracker:
         }
         if not answered:
             raise TrackerError("upstream returned no slot")
-<<<<<<< HEAD
         held = self.slots
         if held and all(slot < held.get(commitment, -1) for commitment, slot in answered.items()):
             # Never back (caching.md "Solana slots"): a node behind (restarted from an old snapshot)
@@ -115,14 +114,12 @@ class SolanaSlotTracker:
         for commitment, slot in answered.items():
             slots[commitment] = slot = max(slot, held.get(commitment, slot))
             self._metrics.head_block.labels(self.network, commitment).set(slot)
-=======
         now = time.time()
         # The latest block's time, with no getBlockTime asked (a call more per poll): when a poll first
         # saw the processed slot pass the previous poll's, at most a poll interval after the block.
-        processed, before = slots.get("processed"), self.slots.get("processed")
+        processed, before = slots.get("processed"), held.get("processed")
         if processed is not None and before is not None and processed > before:
             self._metrics.head_timestamp.labels(self.network).set(now)
->>>>>>> fix-ops-ports
         self.slots = slots
         self.last_poll = now
         for commitment, slot in slots.items():
