@@ -112,7 +112,7 @@ async def _unused(*_args: Any) -> Any:
 def _workers(tmp_path: Path, node: _Node, limit: int) -> tuple[list[Filters], Any]:
     settings = settings_for(EVM_UPSTREAM="http://127.0.0.1:1", GETLOGS_MAX_RESULTS=str(limit))
     workers = [Filters(settings, _unused, _unused, run_dir=str(tmp_path)) for _ in range(2)]
-    return workers, SimpleNamespace(name="evm", upstream=node)
+    return workers, SimpleNamespace(name="evm", upstream=node, tracker=None)  # no head to tell of blocks shown
 
 
 async def _ask(worker: Filters, network: Any, method: str, params: list[Any]) -> Any:

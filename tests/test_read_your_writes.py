@@ -1,7 +1,7 @@
 """Monotonic reads for clients: once the proxy has shown a block (a receipt, a transaction, a block,
-eth_blockNumber), `latest` resolves to at least that block for every later request; eth_blockNumber
-through the proxy never goes backwards. Checked with raw calls, web3.py and ethers v6 at the default
-HEAD_POLL_INTERVAL."""
+eth_blockNumber, a list of logs or receipts), `latest` resolves to at least that block for every
+later request; eth_blockNumber through the proxy never goes backwards. Checked with raw calls,
+web3.py and ethers v6 at the default HEAD_POLL_INTERVAL."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from typing import Any
 
+import pytest
 from web3 import AsyncHTTPProvider, AsyncWeb3
 
 from tests.support import (
@@ -68,6 +69,31 @@ async def test_latest_reaches_a_block_the_proxy_has_shown_a_client(anvil: Anvil,
         call = {"from": DEV_ACCOUNT, "to": address, "data": selector("x()")}
         assert await proxy.result("eth_call", [call, "latest"]) == "0x" + word(value)
         assert int(await proxy.result("eth_blockNumber", []), 16) >= int(receipt["blockNumber"], 16)
+
+
+@pytest.mark.parametrize("shown_by", ["eth_getLogs", "eth_getFilterChanges", "eth_getBlockReceipts"])
+async def test_latest_reaches_the_block_of_logs_or_receipts_the_proxy_has_shown_a_client(
+    anvil: Anvil, make_proxy: ProxyFactory, shown_by: str
+) -> None:
+    """Rule (docs/caching.md, read-your-writes): a list of logs or receipts shows its blocks, as a receipt
+    does: an app that reads state in its event handler (viem's watchContractEvent) sees that block's."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60")
+    address = await deployed(anvil, proxy)
+    call = ["eth_call", [{"from": DEV_ACCOUNT, "to": address, "data": selector("x()")}, "latest"]]
+    assert await proxy.result(*call) == "0x" + word(7)  # kept at the head the tracker holds
+    criteria = {"address": address, "fromBlock": "latest"}
+    watch = await proxy.result("eth_newFilter", [criteria]) if shown_by == "eth_getFilterChanges" else None
+    anvil.send(address, selector("setX(uint256)") + word(99))  # another app's writes, not through the proxy
+    block = int(anvil.send(address, selector("emitMany(uint256)") + word(1))["blockNumber"], 16)
+    if shown_by == "eth_getLogs":
+        numbered = {"address": address, "fromBlock": hex(block), "toBlock": hex(block)}
+        shown = await proxy.result("eth_getLogs", [numbered])
+    elif shown_by == "eth_getFilterChanges":
+        shown = await proxy.result("eth_getFilterChanges", [watch])
+    else:
+        shown = [r for r in await proxy.result("eth_getBlockReceipts", [hex(block)]) if r["logs"]]
+    assert [int(entry["blockNumber"], 16) for entry in shown] == [block], shown
+    assert await proxy.result(*call) == "0x" + word(99)
 
 
 async def test_web3py_write_then_read_sequences_see_no_stale_reads(anvil: Anvil, make_proxy: ProxyFactory) -> None:

@@ -91,19 +91,34 @@ SHOWS_BLOCK = frozenset(
         "eth_getBlockByHash",
         "eth_getTransactionByBlockHashAndIndex",
         "eth_getTransactionByBlockNumberAndIndex",
+        # Lists of logs or receipts, each naming its block (spec: the log object's blockNumber).
+        "eth_getLogs",
+        "eth_getFilterChanges",
+        "eth_getBlockReceipts",
     }
 )
 
 
 def shown_block(method: str, result: Any) -> int | None:
-    """The block number an answer shows a client, if any."""
+    """The block number an answer shows a client, if any: a list's, the higher of its first and last
+    entries' (logs come in chain order; a log a reorg removed shows no block of the chain)."""
     if method not in SHOWS_BLOCK or result is None:
         return None
-    value = (
-        result
-        if method == "eth_blockNumber"
-        else (result.get("blockNumber") or result.get("number") if isinstance(result, dict) else None)
-    )
+    if method == "eth_blockNumber":
+        return _number(result)
+    if isinstance(result, list):
+        ends = [_listed(entry) for entry in (result[:1] + result[-1:])]
+        return max((n for n in ends if n is not None), default=None)
+    return _number(result.get("blockNumber") or result.get("number")) if isinstance(result, dict) else None
+
+
+def _listed(entry: Any) -> int | None:
+    if not isinstance(entry, dict) or entry.get("removed") is True:
+        return None
+    return _number(entry.get("blockNumber"))
+
+
+def _number(value: Any) -> int | None:
     if not isinstance(value, str):
         return None
     try:

@@ -36,6 +36,7 @@ from typing import Any
 
 from proxy.asking import ASK_AGAIN
 from proxy.cache.log_chunks import block_of
+from proxy.chain.shown import shown
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.gateway.filter_backlog import Backlog, after, behind, first_page, loaded, merged
@@ -139,7 +140,7 @@ class Filters:
             answer = await self._limited(net, method, node_id)
         if method == "eth_getFilterChanges" and not answer.is_error:
             await self._places.polled(account, own_id)
-        return Outcome.answered(answer, BYPASS)
+        return Outcome.answered(shown(net.tracker, method, answer, []), BYPASS)  # latest: at least its logs' block
 
     def _entry(self, own_id: str, network: str, *, polled: bool) -> _Filter | None:
         """The filter behind `own_id` if this host made it; a poll on its network renews it."""
