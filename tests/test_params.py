@@ -142,8 +142,9 @@ class TestEvmRules:
             ref = p.eth_call(params, RULES)[1]
             assert ref.tag == "latest" and ref.encode() == "latest"
 
-    def test_storage_block_defaults_to_latest_as_on_anvil(self) -> None:
-        assert p.eth_get_storage_at([ADDR, "0x0"], RULES)[2].tag == "latest"
+    def test_storage_block_is_required_as_the_spec_and_nodes_say_and_null_is_latest_as_on_anvil(self) -> None:
+        rejects(p.eth_get_storage_at, [ADDR, "0x0"], "block: missing required parameter")
+        assert p.eth_get_storage_at([ADDR, "0x0", None], RULES)[2].tag == "latest"
 
     def test_eth_call_takes_geths_blob_fields(self) -> None:
         out = p.eth_call([{"to": ADDR, "blobs": ["0x00"], "commitments": [], "proofs": []}], RULES)[0]

@@ -30,13 +30,13 @@ PROOF_MAX_KEYS = 1024  # eth_getProof storage keys in one call: a proof of each 
 
 
 def _block_or_latest(params: list[Any], index: int) -> BlockRef:
-    """A block parameter that nodes (Anvil, and geth for eth_call) default to latest when absent or null."""
+    """A block parameter that nodes default to latest when null (Anvil), or absent (eth_call: geth, Anvil)."""
     value = params[index] if len(params) > index else None
     return BlockRef(tag="latest") if value is None else block_param("block", value)
 
 
 def eth_get_storage_at(params: list[Any], rules: Rules) -> list[Any]:
-    _arity(params, ("address", "position", "block"), 2)
+    _arity(params, ("address", "position", "block"), 3)  # spec: required (geth, Anvil); null is latest (Anvil)
     return [
         address("address", params[0]),
         storage_word("position", params[1]),
