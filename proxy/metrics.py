@@ -407,7 +407,7 @@ class UpstreamMetrics:
         )
         self.errors = Counter(
             "rpc_proxy_upstream_errors",
-            "Upstream failures by kind (connect, timeout, http, rate_limited, invalid, mismatch).",
+            "Upstream failures by kind (connect, timeout, http, rate_limited, unhealthy, invalid, mismatch).",
             ["network", "upstream", "kind"],
             registry=r,
         )

@@ -69,6 +69,7 @@ class FakeSolana(FakeNode):
         self.genesis: str | None = GENESIS_HASH  # another cluster's, or None: getGenesisHash fails
         self.largest = LARGEST
         self.results: dict[str, Any] = {}  # a method named here is answered with that result instead
+        self.unhealthy: str | None = None  # Agave's -32005 message, given to every call but getSlot
         super().__init__()
 
     @property
@@ -103,6 +104,8 @@ class FakeSolana(FakeNode):
         if commitment not in ("finalized", "confirmed", "processed"):
             return _error(rid, -32602, f"Invalid params: unknown variant `{commitment}`.")
         lag = {"processed": 0, "confirmed": 1, "finalized": FINALIZED_LAG}[commitment]
+        if self.unhealthy is not None and method not in ("getSlot", "getGenesisHash"):
+            return _error(rid, -32005, self.unhealthy, {"numSlotsBehind": 42})
         if method in self.results:
             return {"jsonrpc": "2.0", "id": rid, "result": self.results[method]}
         if method == "getSlot":

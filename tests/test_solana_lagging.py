@@ -112,3 +112,24 @@ async def test_a_solana_answer_a_few_slots_below_the_one_shown_is_in_step_and_ke
     solana.slot = 5000 - 40
     body, cache = await call(proxy, "getLargestAccounts", [PROCESSED])
     assert body["error"]["code"] == -32002 and cache == "BYPASS", body
+
+
+async def test_a_solana_node_that_says_it_is_unhealthy_has_given_no_answer_and_the_next_is_asked(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/networks.md): Agave's -32005 "Node is unhealthy" / "Node is behind by N slots" is the
+    node's state, not an answer: the next upstream is asked; with none left, -32002 naming it."""
+    backup = await FakeSolana().start()
+    try:
+        backup.slot = solana.slot
+        proxy = await make_proxy(SOLANA_UPSTREAM=f"{solana.url},{backup.url}")
+        await slots_at(proxy, 1000)
+        solana.unhealthy = "Node is behind by 42 slots"
+        body, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
+        assert cache == "MISS" and body["result"]["value"]["amount"] == "9864", body
+        assert proxy.metric("rpc_proxy_upstream_errors_total", network="solana", upstream="0", kind="unhealthy") >= 1
+        backup.unhealthy = "Node is unhealthy"
+        body, cache = await call(proxy, "getLargestAccounts", [PROCESSED])
+        assert body["error"]["code"] == -32002 and "unhealthy" in body["error"]["message"], body
+    finally:
+        await backup.close()

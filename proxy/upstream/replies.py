@@ -149,6 +149,25 @@ REACHED_KINDS = frozenset({"timeout", "invalid", "mismatch"})
 REQUEST_FAULT_STATUSES = frozenset({400, 413, 414, 431})
 
 
+# Agave's -32005 (JSON_RPC_SERVER_ERROR_NODE_UNHEALTHY): "Node is unhealthy", "Node is behind by 42
+# slots". The node's state, not an answer: the next upstream is asked.
+NODE_UNHEALTHY_CODE = -32005
+NODE_UNHEALTHY_WORDS = "node is "
+
+
+def unhealthy(reply: Any) -> str | None:
+    """A reply that is a node's word that it is unhealthy or behind rather than an answer, or None; a
+    batch is when any of its answers is."""
+    items = reply if isinstance(reply, list) else (reply,)
+    for item in items:
+        error = item.get("error") if type(item) is dict else None
+        if type(error) is dict and error.get("code") == NODE_UNHEALTHY_CODE:
+            message = str(error.get("message", ""))
+            if message.lower().startswith(NODE_UNHEALTHY_WORDS):
+                return f"node unhealthy: {message[:80]}"
+    return None
+
+
 def rate_limited(reply: Any) -> str | None:
     """A reply that is a provider's rate-limit error rather than an answer, or None; a batch is when
     any of its answers is (it is asked again as a whole elsewhere)."""

@@ -18,7 +18,7 @@ from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.upstream.budget import ONE_CALL, Budget, Slot, take_first
 from proxy.upstream.posting import Failed, UpstreamLinks
-from proxy.upstream.replies import REACHED_KINDS, rate_limited
+from proxy.upstream.replies import REACHED_KINDS, rate_limited, unhealthy
 from proxy.upstream.selection import Selector
 from proxy.upstream.standing import UpstreamStates
 
@@ -278,6 +278,10 @@ class Sender:
             limited = rate_limited(reply)
             if limited is not None:
                 raise Failed("rate_limited", limited)
+            if type(reply) is not dict or "error" in reply:  # a result is no node's word on its health
+                sick = unhealthy(reply)
+                if sick is not None:
+                    raise Failed("unhealthy", sick)
         except Failed as failure:
             self._failed(index, failure, attempts)
             raise
