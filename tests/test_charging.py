@@ -7,15 +7,16 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.credits.charging import refunded
+from proxy.credits.charging import refunded, refunded_unanswered
 from proxy.credits.prices import METHOD_CREDITS
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, UPSTREAM_UNAVAILABLE, JsonRpcError
-from tests.support import Anvil, ProxyFactory, free_port, serving
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, serving
 from tests.test_credits import keys_file, storage
 
 
@@ -29,6 +30,10 @@ class TestChargingRule:
     def test_answers_and_other_errors_are_charged(self) -> None:
         assert not refunded(None)
         assert not refunded(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500))
+
+    def test_a_call_left_before_its_answer_is_given_back_only_if_nothing_was_sent_for_it(self) -> None:
+        assert refunded_unanswered(sent=False)
+        assert not refunded_unanswered(sent=True)
 
 
 @asynccontextmanager
@@ -96,3 +101,166 @@ async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Pat
     finally:
         release.set()
         await node.close()
+
+
+# --- calls whose caller left before their answer ---------------------------------------------
+
+DAILY = 10_000
+STORAGE = 80  # eth_getStorageAt, as the interface contract fixes it
+FREE_PROBE = {"jsonrpc": "2.0", "id": 0, "method": "eth_getStorageAt", "params": ["not an address"]}  # invalid: free
+
+
+class HoldingNode:
+    """Anvil behind a relay that holds every request carrying an eth_getStorageAt until `release` is
+    set, and counts the storage reads that reached it."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.release = asyncio.Event()
+        self.storage_reads = 0
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        payload = json.loads(await request.read())
+        calls = payload if isinstance(payload, list) else [payload]
+        reads = sum(call["method"] == "eth_getStorageAt" for call in calls)
+        if reads:
+            self.storage_reads += reads
+            await self.release.wait()
+        async with aiohttp.ClientSession() as session, session.post(self.target, json=payload) as resp:
+            return web.json_response(await resp.json())
+
+
+@asynccontextmanager
+async def holding_node(target: str) -> AsyncIterator[HoldingNode]:
+    node = HoldingNode(target)
+    async with serving(node.handle) as url:
+        node.url = url
+        try:
+            yield node
+        finally:
+            node.release.set()  # before the server closes: it waits for the requests it holds
+
+
+async def spent(proxy: Proxy, key: str) -> int:
+    """The key's credits spent today, from outside: a free call's X-Credits-Remaining."""
+    _, _, headers = await proxy.post(FREE_PROBE, key=key)
+    assert headers["X-Credits-Charged"] == "0"
+    return DAILY - int(headers["X-Credits-Remaining"])
+
+
+async def spending_reaches(proxy: Proxy, key: str, credits: int) -> None:
+    seen: list[int] = []
+
+    async def reached() -> bool:
+        seen.append(await spent(proxy, key))
+        return seen[-1] == credits
+
+    try:
+        await eventually(reached, 5, f"{key}'s spending at {credits} credits")
+    except TimeoutError as exc:
+        raise AssertionError(f"{key} spent {seen[-1]} credits, not {credits}") from exc
+
+
+async def node_reads(node: HoldingNode, count: int) -> None:
+    async def reached() -> bool:
+        return node.storage_reads == count
+
+    await eventually(reached, 5, f"{count} storage reads with the node")
+
+
+async def unsent_calls_of_a_closed_socket_are_given_back(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory, **ledger: str
+) -> None:
+    path = keys_file(tmp_path, alice={"daily_credits": DAILY})
+    async with holding_node(anvil.url) as node:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path, UPSTREAM_KEY_CONCURRENCY="1", **ledger)
+        await proxy.head_at(0)
+        async with proxy.session.ws_connect(proxy.ws_url("alice")) as ws:
+            for i in range(2):  # (a socket makes two answers at once while it knows none's size)
+                await ws.send_str(json.dumps(storage(i, hex(100 + i))))  # two misses: 160 credits
+            await spending_reaches(proxy, "alice", 2 * STORAGE)
+            await node_reads(node, 1)  # one with the node; the other waits for the key's one upstream slot
+        # The socket closed: the read the node works on stays charged, the one never sent is free.
+        await spending_reaches(proxy, "alice", STORAGE)
+        assert node.storage_reads == 1
+
+
+async def test_calls_a_closed_websocket_left_unsent_are_given_back_and_the_one_sent_is_charged(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # "A call is charged when it was forwarded to a node or served from cache" (charging.py): the
+    # calls still waiting for the key's upstream slot when the socket closed were neither.
+    await unsent_calls_of_a_closed_socket_are_given_back(anvil, tmp_path, make_proxy)
+
+
+async def test_calls_a_closed_websocket_left_unsent_are_given_back_with_the_ledger_in_redis(
+    anvil: Anvil, redis_url: str, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    await unsent_calls_of_a_closed_socket_are_given_back(anvil, tmp_path, make_proxy, REDIS_URL=redis_url)
+
+
+async def test_calls_sent_in_one_upstream_batch_stay_charged_when_their_socket_closes(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # Auto-batching sends several callers' reads from one task: each read in it was forwarded.
+    path = keys_file(tmp_path, alice={"daily_credits": DAILY})
+    async with holding_node(anvil.url) as node:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path, UPSTREAM_KEY_CONCURRENCY="2")
+        await proxy.head_at(0)
+        async with proxy.session.ws_connect(proxy.ws_url("alice")) as ws:
+            await ws.send_str(json.dumps([storage(i, hex(300 + i)) for i in range(3)]))
+            await spending_reaches(proxy, "alice", 3 * STORAGE)
+            await node_reads(node, 2)  # two in one upstream batch; the third waits for a slot
+        await spending_reaches(proxy, "alice", 2 * STORAGE)
+        assert node.storage_reads == 2
+
+
+async def test_a_call_that_left_while_sharing_another_callers_request_is_given_back(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # A coalesced call that leaves before the answer was neither forwarded nor served: the node's
+    # work is charged to the call that sent the request, which stays charged.
+    path = keys_file(tmp_path, alice={"daily_credits": DAILY}, bob={"daily_credits": DAILY})
+    async with holding_node(anvil.url) as node:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path)
+        await proxy.head_at(0)
+        read: dict[str, Any] = storage(1, "0x7")
+        async with proxy.session.ws_connect(proxy.ws_url("alice")) as sender:
+            await sender.send_str(json.dumps(read))
+            await node_reads(node, 1)
+            async with proxy.session.ws_connect(proxy.ws_url("bob")) as joiner:
+                await joiner.send_str(json.dumps(read))  # the same read: it waits for alice's answer
+                await spending_reaches(proxy, "bob", STORAGE)
+            await spending_reaches(proxy, "bob", 0)
+            node.release.set()
+            assert json.loads((await sender.receive(timeout=5)).data)["result"] == "0x" + "0" * 64
+        assert node.storage_reads == 1
+        assert await spent(proxy, "alice") == STORAGE
+
+
+async def test_http_calls_whose_client_disconnected_are_still_forwarded_and_charged(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # Over HTTP a client that goes away does not cancel its calls: each is forwarded, and charged.
+    path = keys_file(tmp_path, alice={"daily_credits": DAILY})
+    async with holding_node(anvil.url) as node:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path, UPSTREAM_KEY_CONCURRENCY="1")
+        await proxy.head_at(0)
+        clients = [aiohttp.ClientSession() for _ in range(2)]
+        try:
+            posts = [
+                asyncio.create_task(client.post(proxy.url("alice"), json=storage(i, hex(200 + i))))
+                for i, client in enumerate(clients)
+            ]
+            await spending_reaches(proxy, "alice", 2 * STORAGE)
+            await node_reads(node, 1)
+            for post in posts:
+                post.cancel()
+            await asyncio.gather(*posts, return_exceptions=True)
+        finally:
+            for client in clients:
+                await client.close()  # the connections close with them
+        node.release.set()
+        await node_reads(node, 2)  # the call that waited for the key's slot went on to the node
+        await spending_reaches(proxy, "alice", 2 * STORAGE)

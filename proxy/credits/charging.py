@@ -13,6 +13,14 @@ given away, so failing part-way is no free amplification (chunked_logs.py marks 
 `reached`). A call cut by the response size limit (MAX_RESPONSE_BYTES), or answered by a node with
 an `id: null` error (it could not read the call), was served: charged. One that every node refused
 with HTTP 400/413/414/431 was run by none: free, like any other -32002 of unreachable nodes.
+
+A call whose caller left before its answer was made (a WebSocket closed while the call waited: the
+body's task is cancelled) is charged only if a request made for it was sent to a node: the node
+does the work whether or not anyone reads its answer. One still waiting, for the key's upstream slot
+(UPSTREAM_KEY_CONCURRENCY), a connection, or another caller's identical request (coalesced, in the
+process or across replicas), is given back: nothing was forwarded for it and nothing served to it;
+the node's work on a shared request is charged to the call that sent it. Over HTTP a client that
+disconnects does not cancel its calls: they are forwarded, answered and charged.
 """
 
 from __future__ import annotations
@@ -23,3 +31,9 @@ from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 def refunded(error: JsonRpcError | None) -> bool:
     """True when a debited call must be given back: no node was reached."""
     return error is not None and error.code == UPSTREAM_UNAVAILABLE and not error.reached
+
+
+def refunded_unanswered(sent: bool) -> bool:
+    """True when a debited call whose caller left before its answer (cancelled) must be given back:
+    no request made for it was sent to a node (`sent`: forwarded.py's mark)."""
+    return not sent

@@ -18,6 +18,7 @@ from proxy.gateway.filters import FILTER_METHODS, Filters
 from proxy.gateway.hits import Hits, Lookup, MemoryHit
 from proxy.gateway.network_routing import Router
 from proxy.gateway.response_size import ResponseBudget
+from proxy.gateway.running import BodyRun
 from proxy.key_context import CALLER
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
@@ -174,21 +175,14 @@ class Gateway:
                 prepared, cost = [], 0
 
         budget = ResponseBudget(self._settings.max_response_bytes)
+        run = BodyRun(self._execute, prepared, account, budget, charged=bool(cost))
         # Everything below runs as this key: its upstream slots, its cache admission (caller.py).
         caller = CALLER.set(None if self.open_mode else account)
         try:
-            if len(slots) == 1 and prepared:  # the common case: one call, no task, no iterator
-                results = [budget.take(await self._execute(prepared[0], account))]
-            else:
-                outcomes = iter(await asyncio.gather(*(self._bounded(p, account, budget) for p in prepared)))
-                results = [
-                    s
-                    if not isinstance(s, Prepared)
-                    else credit_refusal
-                    if credit_refusal is not None
-                    else next(outcomes)
-                    for s in slots
-                ]
+            results = await run.outcomes(slots, credit_refusal)
+        except asyncio.CancelledError:
+            await self._left(account, run, charged_at)
+            raise
         finally:
             CALLER.reset(caller)
 
@@ -254,15 +248,20 @@ class Gateway:
         reply.upstream_seconds = outcome.upstream_seconds
         return reply
 
+    async def _left(self, account: str, run: BodyRun, charged_at: float) -> None:
+        """The body's task cancelled before its answers were made (its client gone: a WebSocket that
+        closed): what its calls sent to no node cost is given back (running.py, charging.py)."""
+        left = run.left()
+        if left.given_back:
+            await self._ledger.refund(account, left.given_back, now=charged_at)
+        if left.kept:
+            self._terms[account].charged.value += left.kept
+
     def _execute(self, prepared: Prepared, account: str) -> Awaitable[Outcome]:
         """A node-side filter belongs to the key that made it (filters.py); every other call is the service's."""
         if prepared.call.method in FILTER_METHODS:
             return self.filters.execute(prepared, account)
         return self._service.execute(prepared)
-
-    async def _bounded(self, prepared: Prepared, account: str, budget: ResponseBudget) -> Outcome:
-        """A batch member's outcome, its answer dropped at once if the batch's answers outgrow the limit."""
-        return budget.take(await self._execute(prepared, account))
 
     async def _paid_hit(self, hit: MemoryHit, account: str, request_id: int, started: float) -> Reply:
         credits = hit.found[0].credits

@@ -7,10 +7,12 @@ own task, so a lone call costs one loop turn and nothing else."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import types
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, cast
 
+from proxy.forwarded import FORWARDED, Forwarded
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.upstream.sending import too_large
@@ -19,7 +21,8 @@ from proxy.values import Answer
 Single = Callable[[str, Any, float | None], Awaitable[Answer]]
 Alone = Callable[[str, Any, str | None], Awaitable[Answer]]  # one call, with its proof block if any
 Together = Callable[[Sequence[tuple[str, Any, str | None]]], Awaitable[list[Answer]]]  # calls and proofs, one node
-Queued = tuple[str, Any, "asyncio.Future[Answer | None]", str | None]  # method, params, waiter, proof block
+# method, params, waiter, proof block, and the caller's mark (forwarded.py): set when its batch is sent
+Queued = tuple[str, Any, "asyncio.Future[Answer | None]", str | None, Forwarded | None]
 
 
 @types.coroutine
@@ -55,7 +58,7 @@ class AutoBatcher:
     async def enqueue(self, method: str, params: Any, proof: str | None = None) -> Answer:
         if self._leading:  # a call of this turn leads: this one goes with it
             waiter: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
-            self._queue.append((method, params, waiter, proof))
+            self._queue.append((method, params, waiter, proof, FORWARDED.get()))
             answer = await waiter
             if answer is None:  # alone after all (its leader was cancelled): sent from this task
                 return await self._alone(method, params, proof)
@@ -63,7 +66,10 @@ class AutoBatcher:
         # The turn's first call leads: it yields once, so the calls made in this turn join it, then
         # takes the queue. Alone, it is sent from its own task: no future, no callback, no task.
         self._leading = True
-        self._queue.append((method, params, cast("asyncio.Future[Answer | None]", None), proof))  # one if others join
+        leader = FORWARDED.get()
+        self._queue.append(
+            (method, params, cast("asyncio.Future[Answer | None]", None), proof, leader)
+        )  # one if others join
         try:
             await _one_turn()
         except BaseException:
@@ -76,7 +82,7 @@ class AutoBatcher:
         if len(queue) == 1:
             return await self._alone(method, params, proof)
         waiter = asyncio.get_running_loop().create_future()
-        queue[0] = (method, params, waiter, proof)
+        queue[0] = (method, params, waiter, proof, leader)
         self._dispatch(queue)
         answer = await waiter
         assert answer is not None  # a leader is never alone in a queue of two or more
@@ -107,7 +113,10 @@ class AutoBatcher:
             self._start(group)
 
     def _start(self, group: list[Queued]) -> None:
-        task = asyncio.create_task(self._deliver(group))
+        # Sent from a task of its own: whatever it sends for the group marks each caller sent.
+        context = contextvars.copy_context()
+        context.run(FORWARDED.set, Forwarded.together(call[4] for call in group))
+        task = asyncio.create_task(self._deliver(group), context=context)
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
@@ -118,11 +127,11 @@ class AutoBatcher:
         )
         try:
             if len(group) == 1:  # alone: a failure is its own, not the batch's
-                method, params, _, block = group[0]
+                method, params, _, block, _ = group[0]
                 answers = [await self._alone(method, params, block)]
             else:
                 try:
-                    answers = await self._together([(m, p, b) for m, p, _, b in group])
+                    answers = await self._together([(m, p, b) for m, p, _, b, _ in group])
                 except JsonRpcError as error:
                     if error.http_status == 504 or too_large(error):
                         # Timed out: asking again, one by one, would only wait longer. Too large as a
@@ -132,20 +141,20 @@ class AutoBatcher:
                     # alone, so only a call that fails by itself fails.
                     await self._resend_singly(group)
                     return
-            for (_, _, waiter, _), answer in zip(group, answers, strict=True):
+            for (_, _, waiter, _, _), answer in zip(group, answers, strict=True):
                 if not waiter.done():
                     waiter.set_result(answer)
         except Exception as error:  # the upstream's JsonRpcError, or a fault of ours: each caller hears it
             failure = error
         finally:
-            for _, _, waiter, _ in group:
+            for _, _, waiter, _, _ in group:
                 if not waiter.done():
                     waiter.set_exception(failure)
 
     async def _resend_singly(self, group: list[Queued]) -> None:
         # Alone means alone: a node that fails a call inside batches answers it, unproven (proof None).
-        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _, _ in group), return_exceptions=True)
-        for (_, _, waiter, _), result in zip(group, results, strict=True):
+        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _, _, _ in group), return_exceptions=True)
+        for (_, _, waiter, _, _), result in zip(group, results, strict=True):
             if waiter.done():
                 continue
             if isinstance(result, BaseException):

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from proxy.forwarded import forwarding
 from proxy.upstream.scrubbing import basic_credentials
 
 
@@ -280,6 +281,7 @@ class HostPool:
             waiter: asyncio.Future[Response] = loop.create_future()
             timer = loop.call_at(deadline, _expire, waiter)
             connection.begin(waiter, limit)
+            forwarding()  # from here the node may work on it: a caller that leaves now is charged (charging.py)
             transport.write(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
             try:
                 return await waiter

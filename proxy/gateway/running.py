@@ -1,0 +1,78 @@
+"""One body's calls while they run: each charged call with its mark (forwarded.py), the outcomes of
+those answered so far, and what a body cancelled midway (its client gone) still owes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
+
+from proxy.credits.charging import refunded, refunded_unanswered
+from proxy.forwarded import FORWARDED, Forwarded
+from proxy.gateway.response_size import ResponseBudget
+from proxy.prepared import Prepared
+from proxy.values import Outcome
+
+Execute = Callable[[Prepared, str], Awaitable[Outcome]]
+
+
+class Left(NamedTuple):
+    """What a body cancelled midway owes: its credits split into those given back and those kept."""
+
+    given_back: int
+    kept: int
+
+
+class BodyRun:
+    """The prepared calls of one body, run for `account`. `charged`: their credits were debited, so
+    each gets a mark that says whether a request made for it was sent to a node."""
+
+    __slots__ = ("_account", "_budget", "_execute", "_finished", "_marks", "_prepared")
+
+    def __init__(
+        self, execute: Execute, prepared: list[Prepared], account: str, budget: ResponseBudget, *, charged: bool
+    ) -> None:
+        self._execute = execute
+        self._prepared = prepared
+        self._account = account
+        self._budget = budget
+        self._marks = [Forwarded() for _ in prepared] if charged else []
+        self._finished: dict[int, Outcome] = {}  # by index: the calls answered so far
+
+    async def outcomes(self, slots: list[Prepared | Outcome], refusal: Outcome | None) -> list[Outcome]:
+        """Each slot's outcome: its call's, run now, or the error that answers it (`refusal`: every
+        call's, the body refused for credits)."""
+        prepared = self._prepared
+        if len(slots) == 1 and prepared:  # the common case: one call, no task, no iterator
+            if not self._marks:  # open mode, a free call: nothing to give back
+                return [self._budget.take(await self._execute(prepared[0], self._account))]
+            forwarded = FORWARDED.set(self._marks[0])
+            try:
+                return [self._budget.take(await self._execute(prepared[0], self._account))]
+            finally:
+                FORWARDED.reset(forwarded)
+        outcomes = iter(await asyncio.gather(*(self._member(i, p) for i, p in enumerate(prepared))))
+        return [s if not isinstance(s, Prepared) else refusal if refusal is not None else next(outcomes) for s in slots]
+
+    async def _member(self, index: int, prepared: Prepared) -> Outcome:
+        """A batch member's outcome (in a task of its own, with its own mark), its answer dropped at once
+        if the batch's answers outgrow the limit."""
+        if self._marks:
+            FORWARDED.set(self._marks[index])
+        outcome = self._finished[index] = self._budget.take(await self._execute(prepared, self._account))
+        return outcome
+
+    def left(self) -> Left:
+        """The body's credits when its task is cancelled before its answers are made: a call that got
+        no answer and was sent to no node, wherever it waited (the key's upstream slot, a connection,
+        another caller's identical request), is given back; one sent, or answered, is charged as any
+        answer is (charging.py)."""
+        if not self._marks:
+            return Left(0, 0)
+        finished = self._finished
+        refund = sum(
+            p.credits
+            for i, p in enumerate(self._prepared)
+            if (refunded(finished[i].error) if i in finished else refunded_unanswered(self._marks[i].sent))
+        )
+        return Left(refund, sum(p.credits for p in self._prepared) - refund)
