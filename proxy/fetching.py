@@ -104,8 +104,8 @@ class Fetcher:
                     self._metrics.uncached_answers.labels(net.name, doubt).inc()
                     return _told(net, plan, answer), False
                 ttl = null_ttl  # a null not proven (a block above finality): kept no longer than before
-            if verdict in (NOT_APPLICABLE, UNFINAL) and net.config.verify == "required":
-                ttl = self._ttls.unfinalized  # nothing unproven is kept forever
+        if ttl == cp.FOREVER and verdict != PROVEN and net.config.verify == "required":
+            ttl = self._ttls.unfinalized  # nothing unproven is kept forever (a revert, no proof covers, too)
         if ttl == cp.FOREVER and verdict != PROVEN and self._integrity.checks(net):  # a proof beats a vote
             doubt, answer = await self._integrity.doubt(net, plan, params, answer)
             if doubt is not None:  # served, never stored
@@ -118,8 +118,8 @@ class Fetcher:
             self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
         elif ttl is not None:
             shared, final_at = sharing.share(plan, kind, answer.result)  # which replicas may take it
-            stored = (answer.payload, answer.is_error)
-            await self._cache.set(key, stored, ttl, lock, shared=shared, final_at=final_at)  # the lock released too
+            stored = (answer.payload, answer.is_error)  # marked proven or not: tiers.may_serve
+            await self._cache.set(key, stored, ttl, lock, shared=shared, final_at=final_at, proven=verdict == PROVEN)
         return _told(net, plan, answer), True
 
 

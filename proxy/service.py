@@ -283,7 +283,8 @@ class Service:
             plan = plan_call(prepared, policy, params, head, self._ttls, self._logs, self._metrics)
         if plan.decision.mode is not cp.Mode.IMMUTABLE or not plan.key:
             return await self._logs.chunked(prepared, planned, self._execute)
-        stored = await self._cache.get(plan.key)
+        # required: a merge an `auto` replica kept forever (unproven) is merged again (tiers.may_serve).
+        stored = await self._cache.get(plan.key, proven_forever=prepared.network.config.verify == "required")
         if stored is not None:
             self._metrics.child(self._metrics.credits_saved, prepared.network.name, prepared.call.method).inc(
                 prepared.credits
@@ -316,7 +317,9 @@ class Service:
         # A plain key asks Redis inside the fill, with the fill lock in the same round trip.
         plain = not plan.decision.tied_to_answer and not policy.limits_logs
         vet = sharing.vet(plan)  # a hash outside this replica's window: only another's final block is taken
-        stored = self._cache.get_memory(key) if plain else await self._cache.get(key, vet)
+        # required: an entry kept forever is served only when its writer proved it (tiers.may_serve).
+        strict = net.config.verify == "required"
+        stored = self._cache.get_memory(key) if plain else await self._cache.get(key, vet, strict)
         if plan.decision.tied_to_answer:
             if stored is not None and not still_tied(net, stored[0]):
                 stored = None  # its block was replaced (or is no longer known): ask again
@@ -336,13 +339,13 @@ class Service:
             hold = self._settings.upstream_timeout + 1
             lock = FillLock(key)
             if plain:
-                found = await self._cache.get_or_claim(lock, hold if wait else None, vet)
+                found = await self._cache.get_or_claim(lock, hold if wait else None, vet, strict)
                 if found is not None:
                     return Answer.stored(*found), True, True
             elif wait:
                 lock.token = await self._cache.claim(key, hold)
             if lock.token is None:  # another replica is fetching this very key: take its answer
-                found = await self._cache.await_fill(key, wait, vet)
+                found = await self._cache.await_fill(key, wait, vet, strict)
                 if found is not None:
                     self._metrics.child(self._metrics.upstreams.coalesced, net.name, metric_label(method)).inc()
                     return Answer.stored(*found), True, False

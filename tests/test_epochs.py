@@ -4,9 +4,11 @@ space whose trail is gone, nor goes back to a state it has left."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from proxy.chain.epochs import MISSING, Checkpoint, EpochKeeper, MemoryEpochs, RedisEpochs, parse_record, record_key
@@ -14,7 +16,16 @@ from proxy.chain.forks import MemoryTrails
 from proxy.http.app_keys import SERVICE
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, connect
-from tests.support import DEV_ACCOUNT, Anvil, RedisServer, eventually, settings_for, start_proxy
+from tests.support import (
+    DEV_ACCOUNT,
+    Anvil,
+    Proxy,
+    ProxyFactory,
+    RedisServer,
+    eventually,
+    settings_for,
+    start_proxy,
+)
 
 
 class SharedTrails(MemoryTrails):
@@ -163,3 +174,75 @@ async def test_a_flushed_epoch_record_never_brings_back_a_state_the_replicas_lef
         await first.close()
         if second is not None:
             await second.close()
+
+
+FINALITY = 64  # anvil: finalized = latest - 64
+
+
+async def _final_read(proxy: Proxy, block: int) -> str:
+    """X-Cache of a read of a final block's state."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [DEV_ACCOUNT, "0x0", hex(block)]}
+    status, reply, headers = await proxy.post(body)
+    assert status == 200 and "result" in reply, reply
+    return str(headers.get("X-Cache"))
+
+
+async def _forks_note(proxy: Proxy) -> str:
+    async with proxy.session.get(f"{proxy.base}/readyz") as resp:
+        ready = await resp.json()
+    assert resp.status == 200, ready
+    return str(ready.get("forks", {}).get("evm", ""))
+
+
+async def _aside_until_redis_answers(proxy: Proxy, answers: Callable[[], Awaitable[None]]) -> None:
+    """A replica that could not read its epoch's record since it started: its memory tier serves in a
+    space of its own (said on /readyz), and the shared space is named once Redis answers."""
+    tracker = proxy.app[SERVICE].networks["evm"].tracker
+    assert [await _final_read(proxy, 1) for _ in range(3)] == ["MISS", "HIT", "HIT"]
+    assert "cannot read the shared cache's trail" in await _forks_note(proxy)
+    assert tracker.head is not None and tracker.head.space is not None and "/~" in tracker.head.space
+    await answers()
+
+    async def shared() -> bool:
+        space = tracker.head.space if tracker.head is not None else None
+        return space is not None and "/~" not in space and await _forks_note(proxy) == ""
+
+    await eventually(shared, 15, "the shared key space named once Redis answers")
+    assert [await _final_read(proxy, 2) for _ in range(2)] == ["MISS", "HIT"]
+
+
+async def test_a_replica_started_while_redis_is_down_caches_in_a_space_of_its_own_until_redis_answers(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    redis = RedisServer()
+    try:
+        redis.stop()
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, REDIS_URL=redis.url)
+        await proxy.head_at(anvil.mine(FINALITY + 4))
+
+        async def answers() -> None:
+            redis.start()
+
+        await _aside_until_redis_answers(proxy, answers)
+    finally:
+        redis.stop()
+
+
+async def test_a_replica_started_on_a_full_noeviction_redis_caches_in_a_space_of_its_own_until_it_has_room(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    redis = RedisServer("--maxmemory-policy", "noeviction")
+    client = aioredis.from_url(redis.url)
+    try:
+        await client.set("filler", "x" * 100_000)
+        await client.config_set("maxmemory", "1")  # every write refused (OOM); reads still answered
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, REDIS_URL=redis.url)
+        await proxy.head_at(anvil.mine(FINALITY + 4))
+
+        async def answers() -> None:
+            await client.config_set("maxmemory", "0")
+
+        await _aside_until_redis_answers(proxy, answers)
+    finally:
+        await client.aclose()
+        redis.stop()

@@ -70,6 +70,7 @@ class TestDecodeValue:
     )
     def test_what_encode_writes_decodes_to_itself(self, stored: tuple[bytes, bool], final_at: int | None) -> None:
         assert decode_value(encode_value(stored, final_at)) == Entry(stored, final_at)
+        assert decode_value(encode_value(stored, final_at, proven=True)) == Entry(stored, final_at, proven=True)
 
 
 # --- through HTTP, two replicas on one Redis ---------------------------------------------------
@@ -112,7 +113,8 @@ async def test_a_redis_value_the_proxy_did_not_write_is_a_miss_answered_by_the_n
     status, reply, headers = await second.post(storage(store, "0x0", hex(block), rid=4))
     assert status == 200 and reply == {"jsonrpc": "2.0", "id": 4, "result": "0x" + word(7)}
     assert headers["X-Cache"] == "MISS" and second.upstreams["evm"].calls["eth_getStorageAt"] == 1
-    assert await redis_client.get(key) == encode_value((b'"0x' + word(7).encode() + b'"', False))
+    proven = encode_value((b'"0x' + word(7).encode() + b'"', False), proven=True)  # proven against its header
+    assert await redis_client.get(key) == proven
     assert second.metric("rpc_proxy_redis_invalid_values_total", operation="cache_get") == 1
     # The bad value was never kept in memory: what memory serves now is the node's answer.
     await redis_client.delete(key)

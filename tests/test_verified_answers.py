@@ -773,3 +773,48 @@ async def test_a_hash_the_node_says_is_block_zeros_is_proven_as_any_other(anvil:
             assert liar.hashes_asked.get(block_hash, 0) >= 2
     finally:
         await liar.close()
+
+
+@pytest.mark.parametrize("kind", ["logs", "logs_merged", "call"])
+async def test_under_verify_required_nothing_an_auto_replica_kept_forever_unproven_is_served_from_redis(
+    anvil: Anvil, tmp_path: Path, redis_url: str, kind: str
+) -> None:
+    # spec (caching.md): with verify = "required" nothing unproven is kept forever. A replica with
+    # `auto` beside it in one Redis keeps, forever, a wide final log range it could not check and an
+    # eth_call no proof covers, here as its lying node told them: the required replica takes neither.
+    store, blocks = _blocks_with_logs(anvil, LOGS_MAX_CHECKED + 4)
+    if kind == "call":
+        method, params = "eth_call", [{"to": store, "data": selector("x()")}, hex(blocks[-1])]
+        liar = await LyingRelay(anvil.url, "result", results={"eth_call": "0x" + word(9)}).start()
+    else:
+        method, params = "eth_getLogs", [{"address": store, "fromBlock": hex(blocks[0]), "toBlock": hex(blocks[-1])}]
+        liar = await LyingRelay(anvil.url, "droplog", below=10**6).start()
+    chunks = "1000" if kind == "logs_merged" else "0"
+    if kind == "logs_merged":  # its whole chunk (blocks 0-999) final: the piece it is cut from is kept too
+        anvil.mine(1100 - anvil.block_number())
+    replicas: list[Proxy] = []
+    try:
+        for name, url, verify in (("auto", liar.url, "auto"), ("required", anvil.url, "required")):
+            (tmp_path / name).mkdir()
+            networks = _networks(tmp_path / name, [url], verify=verify)
+            settings = settings_for(NETWORKS_FILE=networks, REDIS_URL=redis_url, GETLOGS_CHUNK_BLOCKS=chunks)
+            replicas.append(await start_proxy(settings))
+        auto, required = replicas
+        for proxy in replicas:
+            await _final(anvil, proxy, blocks[-1])
+
+        async def one_space() -> bool:
+            spaces = {p.app[SERVICE].networks["evm"].tracker.head.space for p in replicas}
+            return len(spaces) == 1 and None not in spaces and "/~" not in str(spaces)
+
+        await eventually(one_space, 10.0, "both replicas in one shared key space")
+        truth = anvil.rpc(method, *params)
+        lie, cache, _ = await _ask(auto, method, params)
+        assert lie != truth and cache == "MISS"
+        assert (await _ask(auto, method, params))[:2] == (lie, "HIT")  # kept by the auto replica
+        assert (await _ask(required, method, params))[:2] == (truth, "MISS")
+        assert (await _ask(required, method, params))[:2] == (truth, "HIT")
+    finally:
+        for proxy in replicas:
+            await proxy.close()
+        await liar.close()

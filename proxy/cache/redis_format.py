@@ -1,6 +1,8 @@
 """An answer as the Redis tier holds it: one kind byte (`r` result, `e` error object) followed by its
 JSON, after `f<height>:` for a hash-addressed answer its writer tagged with its finalized height
-(sharing.py).
+(sharing.py), after `p` for an answer its writer proved (verifying.py): a replica with
+VERIFY_ANSWERS=required takes an entry with no expiry only when it is so marked, since an `auto`
+replica keeps some answers forever unproven under the same key.
 
 Redis is shared: what it holds may have been written by something other than this proxy (another
 program, an older format, a hand, a truncated write). Its bytes are spliced into responses as they
@@ -26,19 +28,22 @@ class Entry(NamedTuple):
 
     stored: Stored
     final_at: int | None  # its writer's finalized height, for a hash-addressed answer (sharing.py)
+    proven: bool = False  # its writer proved it against its block's header (verifying.py)
 
 
-def encode_value(stored: Stored, final_at: int | None = None) -> bytes:
+def encode_value(stored: Stored, final_at: int | None = None, proven: bool = False) -> bytes:
     kind = b"e" if stored[1] else b"r"
-    return (kind if final_at is None else b"f%d:%s" % (final_at, kind)) + stored[0]
+    tagged = kind if final_at is None else b"f%d:%s" % (final_at, kind)
+    return (b"p" + tagged if proven else tagged) + stored[0]
 
 
 def decode_value(value: bytes) -> Entry | None:
     """What `encode_value` wrote, else None (a value this proxy did not write). Never raises."""
-    height, start = None, 0
-    if value[:1] == b"f":
-        end = value.find(b":", 1, MAX_HEIGHT_DIGITS + 2)
-        digits = value[1:end]
+    proven = value[:1] == b"p"
+    height, start = None, 1 if proven else 0
+    if value[start : start + 1] == b"f":
+        end = value.find(b":", start + 1, start + MAX_HEIGHT_DIGITS + 2)
+        digits = value[start + 1 : end]
         if end < 0 or not digits.isdigit() or b"%d" % int(digits) != digits:  # as %d writes it: no sign, no 0-padding
             return None
         height, start = int(digits), end + 1
@@ -53,4 +58,4 @@ def decode_value(value: bytes) -> Entry | None:
         isinstance(parsed, dict) and type(parsed.get("code")) is int and isinstance(parsed.get("message"), str)
     ):
         return None  # the proxy keeps a node's error object (a revert), never a bare value
-    return Entry((payload, kind == b"e"), height)
+    return Entry((payload, kind == b"e"), height, proven)

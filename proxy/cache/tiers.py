@@ -91,6 +91,16 @@ class Found(NamedTuple):
     stored: Stored | None  # None: a value this proxy did not write (redis_format.py), a miss
     ttl: float  # its remaining seconds (math.inf when immutable)
     final_at: int | None  # its writer's finalized height, for a hash-addressed answer (sharing.py)
+    proven: bool = False  # its writer proved it (redis_format.py)
+
+
+def may_serve(found: Found, vet: Vet | None, proven_forever: bool) -> bool:
+    """May this replica serve a Redis entry: one this proxy wrote, whose tag `vet` takes (sharing.py),
+    and, with `proven_forever` (VERIFY_ANSWERS=required: nothing unproven is kept forever), one with
+    no expiry only when its writer proved it (an `auto` replica keeps some answers forever unproven)."""
+    if found.stored is None or (vet is not None and not vet(found.final_at)):
+        return False
+    return not proven_forever or found.proven or found.ttl != math.inf
 
 
 @dataclass(slots=True)
@@ -214,13 +224,14 @@ class RedisTier:
             )
         return entry
 
-    def _found(self, value: Any, pttl: Any) -> Found:
+    def _found(self, value: Any, pttl: Any, operation: str = "cache_get") -> Found:
         """A value read with its remaining milliseconds (negative or None: no expiry); a value this proxy
         did not write is Found with nothing stored (a miss)."""
-        entry = self._entry("cache_get", value)
+        entry = self._entry(operation, value)
         if entry is None:
             return Found(None, 0.0, None)
-        return Found(entry.stored, math.inf if pttl is None or int(pttl) < 0 else int(pttl) / 1000, entry.final_at)
+        ttl = math.inf if pttl is None or int(pttl) < 0 else int(pttl) / 1000
+        return Found(entry.stored, ttl, entry.final_at, entry.proven)
 
     async def lock(self, key: str, token: str, hold: float) -> bool:
         """Take the replicas' fill lock on a key for `hold` seconds; False if another replica has it."""
@@ -245,16 +256,16 @@ class RedisTier:
         return self._found(value, pttl), False
 
     async def set_and_unlock(
-        self, key: str, stored: Stored, ttl: float, token: str, final_at: int | None = None
+        self, key: str, stored: Stored, ttl: float, token: str, final_at: int | None = None, proven: bool = False
     ) -> None:
         """set() and unlock() in one round trip."""
         name, lock = shared_keys(key)
         px = "" if ttl == math.inf else str(max(1, int(ttl * 1000)))
-        value = encode_value(stored, final_at)
+        value = encode_value(stored, final_at, proven)
         await self._link.run("cache_set", lambda c: c.eval(SET_AND_UNLOCK_SCRIPT, 2, name, lock, value, px, token))
 
-    async def _get_and(self, operation: str, name: str, also: Callable[[Any], Any]) -> tuple[Any, Any]:
-        """GET the value and one more command of the same slot in a single round trip. Not a
+    async def _get_and(self, operation: str, name: str, also: Callable[[Any], Any]) -> list[Any]:
+        """GET the value and more commands of the same slot in a single round trip. Not a
         transaction: a cluster runs no transaction across nodes, and none is needed here."""
 
         async def command(client: Any) -> Any:
@@ -263,17 +274,13 @@ class RedisTier:
                 also(pipe)
                 return await pipe.execute()
 
-        value, other = await self._link.run(operation, command)
-        return value, other
+        return list(await self._link.run(operation, command))
 
-    async def poll(self, key: str, vet: Vet | None = None) -> tuple[Stored | None, bool]:
-        """The answer if stored (and `vet` takes its tag), and whether a replica still holds the fill lock."""
+    async def poll(self, key: str) -> tuple[Found | None, bool]:
+        """The answer if stored, and whether a replica still holds the fill lock."""
         name, lock = shared_keys(key)
-        value, locked = await self._get_and("fill_poll", name, lambda pipe: pipe.exists(lock))
-        entry = self._entry("fill_poll", value) if value is not None else None
-        if entry is None or (vet is not None and not vet(entry.final_at)):
-            return None, bool(locked)
-        return entry.stored, bool(locked)
+        value, pttl, locked = await self._get_and("fill_poll", name, lambda pipe: pipe.pttl(name).exists(lock))
+        return (self._found(value, pttl, "fill_poll") if value is not None else None), bool(locked)
 
     async def get(self, key: str) -> Found | None:
         """The answer, its remaining seconds (math.inf when immutable) and its tag."""
@@ -296,8 +303,10 @@ class RedisTier:
         entries = [self._entry("cache_get_many", v) if v is not None else None for v in values]
         return [entry.stored if entry is not None else None for entry in entries]
 
-    async def set(self, key: str, stored: Stored, ttl: float, final_at: int | None = None) -> None:
-        value, name = encode_value(stored, final_at), shared_keys(key)[0]
+    async def set(
+        self, key: str, stored: Stored, ttl: float, final_at: int | None = None, proven: bool = False
+    ) -> None:
+        value, name = encode_value(stored, final_at, proven), shared_keys(key)[0]
         if ttl == math.inf:
             await self._link.run("cache_set", lambda c: c.set(name, value))
         else:
@@ -336,8 +345,8 @@ class TieredCache:
         self._lookups["memory", "miss"].inc()
         return None
 
-    async def get(self, key: str, vet: Vet | None = None) -> Stored | None:
-        """Memory's answer, else Redis's if `vet` takes its tag (memory keeps it)."""
+    async def get(self, key: str, vet: Vet | None = None, proven_forever: bool = False) -> Stored | None:
+        """Memory's answer, else Redis's where `may_serve` (memory keeps it)."""
         stored = self.get_memory(key)
         if stored is not None or self.shared is None:
             return stored
@@ -345,7 +354,7 @@ class TieredCache:
             found = await self.shared.get(key)
         except RedisUnavailable:
             found = None
-        if found is None or found.stored is None or (vet is not None and not vet(found.final_at)):
+        if found is None or found.stored is None or not may_serve(found, vet, proven_forever):
             self._lookups["redis", "miss"].inc()
             return None
         self._lookups["redis", "hit"].inc()
@@ -371,8 +380,10 @@ class TieredCache:
 
     # --- coalescing across replicas (a Redis lock per key while one replica fills it) ------
 
-    async def get_or_claim(self, lock: FillLock, hold: float | None, vet: Vet | None = None) -> Stored | None:
-        """For a key memory lacks: Redis's answer (memory keeps it) if `vet` takes it, else the fill lock
+    async def get_or_claim(
+        self, lock: FillLock, hold: float | None, vet: Vet | None = None, proven_forever: bool = False
+    ) -> Stored | None:
+        """For a key memory lacks: Redis's answer (memory keeps it) where `may_serve`, else the fill lock
         claimed as claim() does, in the same round trip (hold None: no lock wanted). The lock's token:
         "" when no lock is needed; None when another replica is fetching the key."""
         if self.shared is None:
@@ -387,9 +398,10 @@ class TieredCache:
             lock.token = token if taken or not token else None
             return None
         stored = found.stored
-        if stored is None or (vet is not None and not vet(found.final_at)):
+        if stored is None or not may_serve(found, vet, proven_forever):
             # Not a value this proxy writes (redis_format.py), or not this replica's to serve
-            # (sharing.py): fetched from its own node, unlocked, and written over.
+            # (sharing.py, or unproven for good under required): fetched from its own node, unlocked,
+            # and written over.
             lock.token = ""
             self._lookups["redis", "miss"].inc()
             return None
@@ -412,7 +424,9 @@ class TieredCache:
             with contextlib.suppress(RedisUnavailable):
                 await self.shared.unlock(key, token)
 
-    async def await_fill(self, key: str, wait: float, vet: Vet | None = None) -> Stored | None:
+    async def await_fill(
+        self, key: str, wait: float, vet: Vet | None = None, proven_forever: bool = False
+    ) -> Stored | None:
         """Wait up to `wait` seconds for another replica's fill; None if it gave up or stored nothing."""
         if self.shared is None:
             return None
@@ -421,12 +435,12 @@ class TieredCache:
         while time.monotonic() < deadline:
             await asyncio.sleep(pause)
             try:
-                value, locked = await self.shared.poll(key, vet)
+                found, locked = await self.shared.poll(key)
             except RedisUnavailable:
                 return None
-            if value is not None:
+            if found is not None and found.stored is not None and may_serve(found, vet, proven_forever):
                 self._lookups["redis", "hit"].inc()
-                return value
+                return found.stored
             if not locked:
                 return None  # the filler finished without storing (an error, say): fetch it ourselves
             pause = min(pause * 2, 0.05)
@@ -451,16 +465,17 @@ class TieredCache:
         *,
         shared: bool = True,
         final_at: int | None = None,
+        proven: bool = False,
     ) -> None:
-        """Kept in memory and (`shared`) Redis, tagged with `final_at` (sharing.py); `lock`, the fill
-        lock on this key, released in the same round trip."""
+        """Kept in memory and (`shared`) Redis, tagged with `final_at` (sharing.py) and `proven`
+        (redis_format.py); `lock`, the fill lock on this key, released in the same round trip."""
         if self.keep(key, stored, ttl) and self.shared is not None and shared:
             with contextlib.suppress(RedisUnavailable):
                 if lock is not None and lock.token and lock.key == key:
-                    await self.shared.set_and_unlock(key, stored, ttl, lock.token, final_at)
+                    await self.shared.set_and_unlock(key, stored, ttl, lock.token, final_at, proven)
                     lock.token = ""
                 else:
-                    await self.shared.set(key, stored, ttl, final_at)
+                    await self.shared.set(key, stored, ttl, final_at, proven)
 
 
 class _Left(Exception):

@@ -126,6 +126,9 @@ class EpochKeeper:
         self.store = store if store is not None else MemoryEpochs()
         self.epoch = ""
         self.loaded = False  # the record was read and its checkpoint found on the chain: keys can be named
+        # Not loaded, and the store could not be read or written (Redis down, or full under noeviction)
+        # since this keeper last named keys: the tracker names a space of its own meanwhile (forks.py).
+        self.unread = False
         self.keyed = asyncio.Event()  # keys were first named
         self._record = NONE
         self._moved = False  # moved on since the record was last written with this epoch
@@ -152,8 +155,11 @@ class EpochKeeper:
         if self._record == NONE and self.store.trails.shared:
             self.epoch = new_epoch()  # a record made anew: never the name of a space it may have held
         stored = await self._written(base, Checkpoint(self.epoch, finalized, final_hash))
-        if stored is None:
-            return  # the store cannot be read now: keys stay as they are (or unnamed) until it can
+        if stored is None:  # the store cannot be read now: keys stay as they are until it can, or
+            self.unread = self.unread or not self.loaded  # unnamed ones are named aside meanwhile
+            if self.unread:
+                self.keyed.set()  # named, in a space of the tracker's own (forks.py)
+            return
         if stored is MISSING:  # the record kept is gone (flushed, evicted), and its space's trail may be
             self.epoch, self._record, self.loaded = new_epoch(), NONE, False  # made anew on the next poll
             return
@@ -187,5 +193,5 @@ class EpochKeeper:
             self._named()
 
     def _named(self) -> None:
-        self.loaded = True
+        self.loaded, self.unread = True, False
         self.keyed.set()

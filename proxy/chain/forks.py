@@ -20,7 +20,9 @@ guard's own (`<space>/~<a token drawn for the guard>`), which no other replica o
 the memory tier keeps serving this node's answers through the outage. So does a space this replica
 just made (a new epoch), with Redis, until its first check: the trail is empty, and another replica
 that takes the epoch and starts the trail with its own chain's mark would otherwise find this one's
-entries there.
+entries there. So does a replica that cannot read its epoch's record at all (started while Redis is
+down, or full under noeviction, which refuses the record's write): until it can, its head names a
+space of its own under the network and identity alone (`<network>@<identity>/~<token>`).
 """
 
 from __future__ import annotations
@@ -167,11 +169,23 @@ class ForkGuard:
         """The space whose trail this replica's chain is checked against: the shared one, or its fork's."""
         return f"{base}/{self._fork}" if self._fork else base
 
-    def fresh(self, base: str) -> None:
+    def fresh(self, base: str | None) -> None:
         """A space this replica just made (a new epoch): named, aside, until its first check has put
-        this chain's mark on the empty trail (another replica may take the epoch and start it first)."""
+        this chain's mark on the empty trail (another replica may take the epoch and start it first).
+        None: made before the epoch's record could be read: the space of its own so far is left behind."""
+        if base is None:
+            self._token = secrets.token_hex(4)
+            return
         self._reset(base)
         self._checked, self._aside = True, self._store.shared
+
+    def unrecorded(self, base: str) -> None:
+        """The epoch in force cannot be read from the store (Redis down, or full under noeviction, since
+        this replica started): `base` names no epoch, and the head names a space of this guard's own
+        under it until the record is read (a start during an outage keeps its memory tier)."""
+        if base != self._base:
+            self._reset(base)
+        self._step_aside()
 
     def _reset(self, base: str) -> None:
         self._base, self._fork, self._checked, self._doubts, self._own = base, "", False, 0, {}

@@ -136,7 +136,7 @@ class EvmHeadTracker:
         rolled back (its subscribers get the removed logs without waiting for a block); until it is
         done, `latest` and eth_blockNumber go to the node, with no block shown before as their floor."""
         self._epochs.move_on()
-        self._fresh_epoch()
+        self.forks.fresh(self._base())  # only this replica's entries are in it yet
         self._rewound = True
         self.shown = 0
         self.wrote()
@@ -149,13 +149,10 @@ class EvmHeadTracker:
         return f"{self.network}@{self._identity}" + (f"~{epoch}" if epoch else "")
 
     def _space(self) -> str | None:
-        """The shared space once this replica's chain is found to be its chain's, or one of its own."""
-        base = self._base()
+        """The shared space once this replica's chain is found to be its chain's, or one of its own
+        (under network and identity alone while the epoch's record cannot be read: forks.py)."""
+        base = self._base() or (f"{self.network}@{self._identity}" if self._epochs.unread else None)
         return self.forks.space(base) if base is not None else None
-
-    def _fresh_epoch(self) -> None:
-        if (base := self._base()) is not None:
-            self.forks.fresh(base)  # only this replica's entries are in it yet
 
     async def _own_hash(self, number: int) -> str:
         """This chain's block hash at a height below its finalized block (forks.py's trail check)."""
@@ -269,6 +266,8 @@ class EvmHeadTracker:
             base = self._base()
             if base is not None:  # before a head names it: is this chain the one its entries are of?
                 await self.forks.check(base, (finalized, final_hash), hashes, self._own_hash)
+            elif self._epochs.unread:  # no epoch can be read: a space of its own (forks.py)
+                self.forks.unrecorded(f"{self.network}@{self._identity}")
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
         head = Head(
@@ -344,7 +343,7 @@ class EvmHeadTracker:
         )
         if violated:
             self._epochs.move_on()
-            self._fresh_epoch()
+            self.forks.fresh(self._base())  # only this replica's entries are in it yet
             self._reissue()  # at once: nothing of the old epoch is served while this poll goes on
         rewound, self._rewound = self._rewound, False
         if old_head is not None and latest.number < old_head.latest and not (violated or rewound):
