@@ -18,7 +18,18 @@ from proxy.metrics import Metrics
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.pool import HttpUpstream
 from proxy.values import Answer
-from tests.support import Anvil, Proxy, balancer, selector, serving, settings_for, start_proxy, word
+from tests.fault_relay import FaultRelay
+from tests.support import (
+    Anvil,
+    Proxy,
+    ProxyFactory,
+    balancer,
+    selector,
+    serving,
+    settings_for,
+    start_proxy,
+    word,
+)
 
 STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
 
@@ -156,6 +167,32 @@ async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: An
             await proxy.close()
     assert [r["id"] for r in replies] == list(range(5))
     assert all(r["error"]["code"] == -32002 for r in replies)
+
+
+async def test_a_slow_call_never_fails_the_reads_that_arrived_with_it(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    """The rule: only a call that fails by itself fails. A call that runs code (eth_call) may take any
+    time, so it never shares a batch: a node holding it past UPSTREAM_TIMEOUT fails that call alone,
+    not the cheap reads of other clients that missed the cache in the same turn."""
+    store = anvil.deploy_store()
+    relay = await FaultRelay(anvil.url).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=relay.url, UPSTREAM_TIMEOUT="1", VERIFY_ANSWERS="off")
+        await proxy.head_at(anvil.block_number())
+        relay.inject("slow", method="eth_call", delay=2.0, times=None)  # held past UPSTREAM_TIMEOUT
+        slow = {"jsonrpc": "2.0", "id": 0, "method": "eth_call", "params": [{"to": store, "data": "0x"}, "latest"]}
+        reads = [
+            {"jsonrpc": "2.0", "id": i, "method": "eth_getStorageAt", "params": [store, hex(i - 1), "latest"]}
+            for i in range(1, 6)
+        ]
+        # One client batch: its calls miss the cache in the same turn, as concurrent clients' may.
+        _, replies, _ = await proxy.post([slow, *reads])
+        together = [methods for _, methods in relay.timeline if {"eth_call", "eth_getStorageAt"} <= set(methods)]
+    finally:
+        await relay.close()
+    by_id = {reply["id"]: reply for reply in replies}
+    assert by_id[0]["error"]["code"] == -32002  # the slow call fails by itself ...
+    assert [by_id[i].get("result") for i in range(1, 6)] == ["0x" + word(7)] + ["0x" + word(0)] * 4  # ... alone
+    assert together == []  # they never shared an HTTP request
 
 
 class FaultyBatches(HttpUpstream):

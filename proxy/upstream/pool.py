@@ -40,9 +40,14 @@ log = logging.getLogger("proxy.upstream")
 throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so
 
 # Reads the cache fills, cheap and side-effect free: the calls worth sharing an HTTP round trip.
-# eth_getLogs goes alone (its own deadline), as does everything forwarded.
+# eth_getLogs goes alone (its own deadline), as does everything forwarded. So does a call that runs
+# code (gas-capped: eth_call): it takes as long as its code does, and a batch is answered whole, so one
+# held past UPSTREAM_TIMEOUT would fail every read beside it (docs/caching.md: only a call that fails
+# by itself fails).
 BATCHABLE = frozenset(
-    name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE and not policy.limits_logs
+    name
+    for name, policy in POLICIES.items()
+    if policy.cache is not CacheClass.NONE and not policy.limits_logs and not policy.gas_cap
 )
 # Reads worth hedging (sent to a second upstream when the first is slow): every cacheable read.
 HEDGEABLE = frozenset(name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE)
