@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import signal
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy import hangup
 from proxy.cache.admission import WINDOW, Admission
 from proxy.cache.admission_sync import DeploymentSpend
 from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
@@ -61,6 +63,8 @@ from proxy.workers.metrics_merge import metrics_socket, scrape_all
 from proxy.workers.replica_counts import ReplicaCounts
 from proxy.workers.shared_polls import ShownRelay
 from proxy.workers.shared_table import SharedTables, held_counts
+
+log = logging.getLogger("proxy.reload")
 
 
 class SystemClock:
@@ -238,9 +242,13 @@ class _Lifecycle:
         on_main = threading.current_thread() is threading.main_thread()
         if on_main:
             loop.add_signal_handler(signal.SIGHUP, self._reload, app)
+            if hangup.received():  # sent while the process started (hangup.py): the reload it asked for
+                log.info("SIGHUP received while starting: the keys are read again now that the proxy serves")
+                self._reload(app)
         yield
         if on_main:
             loop.remove_signal_handler(signal.SIGHUP)
+            hangup.hold()  # not its default action (exit) while the process stops
         for runner in (internal, own, *admin):
             if runner is not None:
                 await runner.cleanup()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from proxy import __version__, logs
+from proxy import __version__, hangup, logs
 from proxy.config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings
 from proxy.file_trust import check_trusted
 
@@ -206,6 +206,7 @@ def _check_journal_dir(settings: Settings) -> None:
 
 
 def serve(settings: Settings) -> int:
+    hangup.hold()  # rpc-proxy as a console script: from here (python -m proxy: from its first line)
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
     if settings.open_mode:
         log.warning("running open: no API_KEYS or API_KEYS_FILE set, any API key is accepted and nothing is charged")

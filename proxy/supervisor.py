@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from proxy import hangup
 from proxy.workers.context import WorkerContext
 
 if TYPE_CHECKING:
@@ -78,9 +79,10 @@ def _die_with_parent() -> None:
 
 
 def worker_main(settings: Settings, context: WorkerContext, ready: Connection) -> None:
-    from proxy import logs
+    from proxy import hangup, logs
     from proxy.server import run_server
 
+    hangup.hold()  # started with SIGHUP blocked (Supervisor._start): one sent meanwhile is remembered
     _die_with_parent()
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
     code = run_server(settings, worker=context, on_listening=lambda: ready.send(os.getpid()))
@@ -132,10 +134,14 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
+        held = hangup.received()  # before now: forwarded once the workers run (each reloads once it serves)
         own = await start_unix_metrics(registry_exposition(self.registry), metrics_socket(self.run_dir, "supervisor"))
         try:
             for slot in self._slots:
                 self._start(slot)
+            if held:
+                log.info("SIGHUP received while starting: the workers read the keys again once they serve")
+                self._reload()
             waiting = asyncio.create_task(self._all_listening.wait())
             stopped = asyncio.create_task(self._stop.wait())
             await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -164,7 +170,8 @@ class Supervisor:
             args=(self.settings, WorkerContext(slot.index, self.run_dir), writer),
             name=f"rpc-proxy-worker-{slot.index}",
         )
-        process.start()
+        with hangup.Blocked():  # until the worker runs hangup.hold, a SIGHUP waits instead of killing it
+            process.start()
         writer.close()
         slot.process, slot.ready, slot.started, slot.listened = process, reader, time.monotonic(), False
         loop.add_reader(reader.fileno(), self._on_ready, slot)
@@ -257,4 +264,5 @@ def supervise(settings: Settings) -> int:
     try:
         return asyncio.run(Supervisor(settings, run_dir).run())
     finally:
+        hangup.hold()  # the loop's handlers are gone: a SIGHUP now is not an exit code of -1
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -72,6 +72,7 @@ MAX_REPLAY_BYTES = 4096
 _OK = b"HTTP/1.1 200 OK\r\n"
 CLOCK_STEP = 0.002  # seconds: twice the resolution of uvloop's loop.time() (libuv's uv_now)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+CUT_OFF_SECONDS = 0.5  # what answers cut off at SHUTDOWN_TIMEOUT get to write their 503
 _HIT_HEAD = b"%bX-Request-Id: %b\r\n%b%bContent-Length: %%d\r\n\r\n%%b"  # status, id, fields, Date
 
 
@@ -205,7 +206,9 @@ class Front:
         return FrontProtocol(self)
 
     async def shutdown(self, timeout: float) -> None:
-        """No new requests; answers in progress get `timeout` seconds to be written, then connections close."""
+        """Requests already read are answered, the last answer of each connection saying Connection:
+        close (RFC 9112 9.6), within `timeout` seconds; answers still being made then are cut off,
+        each answered 503 (Pipeline.cut_off), and every connection closes."""
         self.stopping = True
         for connection in list(self.connections):
             connection.pipeline.stop()  # closed now when idle, else once its answers are written
@@ -213,6 +216,9 @@ class Front:
         deadline = loop.time() + timeout
         while self.connections and loop.time() < deadline:
             await asyncio.sleep(0.02)
+        cut = [task for connection in list(self.connections) for task in connection.pipeline.cut_off()]
+        if cut:  # each writes its 503 as it ends (Pipeline._awaited)
+            await asyncio.wait(cut, timeout=CUT_OFF_SECONDS)
         for connection in list(self.connections):
             connection.pipeline.abort()
         for task in list(self.orphans):
@@ -414,9 +420,13 @@ class FrontProtocol(asyncio.Protocol):
         if request.kind == UPGRADE:
             self._upgrading = request  # handed over when feed_data raises HttpParserUpgrade
             return
-        if self._front.stopping:
-            request.keep_alive = False
         self._kept_alive = request.keep_alive
+        if self._front.stopping:
+            # Draining: the requests of this read are made once it is read whole, so the last one's
+            # answer is known as the last (Pipeline.last_of_drain: it says Connection: close).
+            self.pipeline.hold(request)
+            self._loop.call_soon(self.pipeline.run_held)
+            return
         if self.pipeline.holds(request):
             self.pipeline.hold(request)
             return
@@ -444,7 +454,7 @@ class FrontProtocol(asyncio.Protocol):
         headers = request.headers
         endpoint = self._endpoint
         # A hit's head is pre-built for a keep-alive answer with no Connection header and no log line.
-        prebuilt = request.keep_alive and request.prebuildable
+        prebuilt = request.keep_alive and request.prebuildable and not self._front.stopping
         if "content-encoding" in headers:
             decoded = self._routes.decoded(request, body)
             if isinstance(decoded, Reply):
@@ -464,12 +474,12 @@ class FrontProtocol(asyncio.Protocol):
             self._learnable = request  # a miss: its head, kept alive with no log line, is as a hit's
         self.pipeline.answer(request, answer)
 
-    def encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]:
-        """The answer's bytes, and whether the connection closes after it."""
+    def encoded(self, request: Request, reply: Reply, last: bool = False) -> tuple[bytes, bool]:
+        """The answer's bytes, and whether the connection closes after it (`last`: of a drain)."""
         rid = REQUEST_ID.get() or IDS.of(request.headers.get("x-request-id"))
         if self._routes.access_log:  # every answer's line, not only JSON-RPC's
             log_front_request(self._endpoint.gateway, self._routes.trusted_header, self._peer, request, reply, rid)
-        return encoded_answer(reply, request, self._front.date(self._loop.time()), rid)
+        return encoded_answer(reply, request, self._front.date(self._loop.time()), rid, last)
 
     def _last(self, reply: Reply) -> None:
         """The connection's last answer: nothing more is read from it."""

@@ -23,6 +23,7 @@ from proxy.http.front import Front
 from proxy.http.front_routes import Exposition
 from proxy.http.peer_counts import SETTLE_SECONDS, PeerCounts
 from proxy.http.pipeline import KEEPALIVE_TIMEOUT
+from proxy.http.ws import close_websockets
 from proxy.logs import Throttled
 from proxy.request_ids import IDS
 from proxy.workers.shared_table import SharedCounts
@@ -168,7 +169,10 @@ class CappedSite(web.TCPSite):
             timeout = self._shutdown_timeout
             if timeout is None:
                 timeout = getattr(self._runner, "_shutdown_timeout", 60.0)
-            await self._front.shutdown(timeout)
+            # One drain within SHUTDOWN_TIMEOUT, the fast connections and the WebSockets together: the
+            # runner's own on_shutdown (close_websockets again) then finds every socket drained.
+            app = cast(web.AppRunner, self._runner).app
+            await asyncio.gather(self._front.shutdown(timeout), close_websockets(app, timeout))
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -182,6 +186,7 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
     loop.default_exception_handler(context)
 
 
+AFTER_DRAIN = 1.0  # seconds aiohttp's handlers (WebSockets, closed by the drain) get to end after it
 DESCRIPTOR_CHECK_SECONDS = 1.0
 DESCRIPTOR_MARGIN = 8  # descriptors below the soft limit that count as out of them (libuv keeps one in reserve)
 
@@ -299,10 +304,11 @@ async def serve(
     # keepalive_timeout as web.run_app sets it: an idle connection, or one whose request headers
     # never complete, is closed after 75 s (aiohttp's own default is an hour).
     # auto_decompress off: a body is decoded by the proxy's own rules on either server (front_routes.py).
+    # shutdown_timeout: what aiohttp's handlers get after the one drain (CappedSite.stop), which closed them.
     runner = web.AppRunner(
         app,
         access_log=None,
-        shutdown_timeout=shutdown_timeout,
+        shutdown_timeout=AFTER_DRAIN,
         keepalive_timeout=KEEPALIVE_TIMEOUT,
         auto_decompress=False,
     )

@@ -22,6 +22,10 @@ from proxy.values import PaidHit, Reply
 
 log = logging.getLogger("proxy.front")
 
+INTERNAL = JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500)
+CUT_OFF = JsonRpcError(  # an answer still being made when the drain ends (Front.shutdown)
+    INTERNAL_ERROR, "server shutting down: SHUTDOWN_TIMEOUT reached before this answer was ready", http_status=503
+)
 KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
 MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
 COUNTED_HIT = 64 * 1024  # a memory hit written at once is counted in its connection's bytes from this size
@@ -97,7 +101,7 @@ class Reader(Protocol):
 
     request: Request | None  # the request being read, from its first byte to its last
 
-    def encoded(self, request: Request, reply: Reply) -> tuple[bytes, bool]: ...
+    def encoded(self, request: Request, reply: Reply, last: bool = False) -> tuple[bytes, bool]: ...
 
     def hand_over(self) -> None: ...
 
@@ -122,6 +126,7 @@ class Pipeline:
         self.read_paused = False
         self.write_paused = False
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
+        self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
         self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
 
     def opened(self, transport: asyncio.Transport) -> None:
@@ -251,6 +256,27 @@ class Pipeline:
             self.read_paused = False
             self.transport.resume_reading()
 
+    def run_held(self) -> None:
+        """Draining: the requests held while a read was parsed (front.on_message_complete), made in order."""
+        if not self.done:
+            self._run_held()
+
+    def last_of_drain(self, entry: Waiting | None) -> bool:
+        """Draining: whether an answer (`entry`, or None: one added now) is the connection's last, which
+        says Connection: close, the connection closing after it and reading no more (RFC 9112 9.6)."""
+        if not self._front.stopping or self.held or self._reader.request is not None:
+            return False
+        if entry is not None and (not self.waiting or self.waiting[-1] is not entry):
+            return False
+        self.done = True
+        return True
+
+    def cut_off(self) -> list[asyncio.Task[None]]:
+        """SHUTDOWN_TIMEOUT reached: the answers still being made, cancelled; each is answered 503 (_awaited)."""
+        self.cut = True
+        tasks = [item for item, _close in self.waiting if isinstance(item, asyncio.Task) and item.cancel()]
+        return tasks
+
     def stop(self) -> None:
         """Shutting down: closed now when idle, else once its answers are written."""
         if (self._reader.request is None or not self._reader.request.kind) and not self.waiting and not self.held:
@@ -262,7 +288,7 @@ class Pipeline:
 
     def answer(self, request: Request, reply: Reply | Any) -> None:
         if isinstance(reply, Reply):
-            self.send(*self._reader.encoded(request, reply))
+            self.send(*self._reader.encoded(request, reply, self.last_of_drain(None)))
             return
         entry: Waiting = [None, False]
         entry[0] = self._loop.create_task(self._awaited(request, reply, entry))
@@ -282,12 +308,13 @@ class Pipeline:
         except Exception:
             log.exception("internal error serving %s", request.method)
         finally:
-            # Cancelled: Front.shutdown cancels only the answers of clients gone, and those are not
-            # written (nor logged); one cancelled otherwise still answers, so none behind it waits forever.
+            # Cancelled: an answer whose client left is not written (nor logged); one cut off at
+            # SHUTDOWN_TIMEOUT is answered 503, any other 500, so none behind it waits forever.
             if reply is not None or self.transport is not None:
                 if reply is None:
-                    reply = error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
-                entry[0], entry[1], reply = *self._reader.encoded(request, reply), None
+                    reply = error_reply(CUT_OFF if self.cut else INTERNAL, NO_CHARGE)
+                last = self.last_of_drain(entry)
+                entry[0], entry[1], reply = *self._reader.encoded(request, reply, last), None
                 if self.transport is not None:  # counted once, here, where it is encoded
                     self.account.made(len(entry[0]), request.kind == RPC)
                 waiting = self.waiting

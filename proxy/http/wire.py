@@ -92,10 +92,13 @@ class Request:
         return True
 
 
-def encoded_answer(reply: Reply, request: Request, date: bytes, request_id: str) -> tuple[bytes, bool]:
+def encoded_answer(
+    reply: Reply, request: Request, date: bytes, request_id: str, last: bool = False
+) -> tuple[bytes, bool]:
     """An answer's bytes, and whether the connection closes after it. `request_id`: its X-Request-Id
-    (a line of its own: an answer's headers may be a dict shared by many answers)."""
-    close = reply.close or not request.keep_alive
+    (a line of its own: an answer's headers may be a dict shared by many answers); `last`: the
+    connection's last answer of a drain (Pipeline.last_of_drain)."""
+    close = last or reply.close or not request.keep_alive
     status = reply.status
     body = reply.body or b""
     # "name: value" joined in C (no Python frame per field): every answer but a pre-built hit's comes here.

@@ -178,7 +178,9 @@ class _Calls:
         await self.slots.acquire()
         task = asyncio.create_task(self._serve(data, lookup))
         connection.tasks.add(task)
+        connection.messages[task] = data
         task.add_done_callback(connection.tasks.discard)
+        task.add_done_callback(connection.messages.pop)
 
     async def _serve(self, data: str | bytes, lookup: Lookup) -> None:
         ws, session, owed = self.ws, self.session, self.owed
@@ -318,18 +320,47 @@ async def _close_when_idle(connection: Connection, session: Session, timeout: fl
             return
 
 
-async def close_websockets(app: web.Application) -> None:
-    """On shutdown: answer what is in flight, then close each connection with a close frame (1001)."""
-    timeout = app[SETTINGS].shutdown_timeout
+CUT_OFF = JsonRpcError(INTERNAL_ERROR, "server shutting down: SHUTDOWN_TIMEOUT reached before this answer was ready")
+
+
+def cut_off_answer(data: str | bytes) -> bytes | None:
+    """The error answer of a message whose calls the drain cut off: one per id (a batch's as one),
+    None for notifications only or a message that is no JSON-RPC."""
+    try:
+        message = jsonrpc.loads(data)
+    except ValueError:
+        return None
+    calls = message if isinstance(message, list) else [message]
+    errors = [jsonrpc.encode_error(c["id"], CUT_OFF) for c in calls if isinstance(c, dict) and "id" in c]
+    if not errors:
+        return None
+    return jsonrpc.encode_batch(errors) if isinstance(message, list) else errors[0]
+
+
+async def close_websockets(app: web.Application, timeout: float | None = None) -> None:
+    """On shutdown: answer what is in flight within `timeout` (SHUTDOWN_TIMEOUT), each call still
+    being made then with an error (CUT_OFF), then close each connection with a close frame (1001).
+    A connection already drained (CappedSite.stop drains them with the fast connections) is skipped."""
+    if timeout is None:
+        timeout = app[SETTINGS].shutdown_timeout
 
     async def drain(connection: Connection) -> None:
         connection.draining = True
         if connection.tasks:
             await asyncio.wait(list(connection.tasks), timeout=timeout)
         try:
-            await connection.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+            for task, data in list(connection.messages.items()):
+                task.cancel()
+                answer = cut_off_answer(data)
+                if answer is not None and not connection.ws.closed:
+                    async with asyncio.timeout(CLOSE_TIMEOUT):
+                        await connection.ws.send_frame(answer, WSMsgType.TEXT)
+            async with asyncio.timeout(CLOSE_TIMEOUT):  # a peer that never answers the close is not waited for
+                await connection.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        except (TimeoutError, ConnectionError):
+            pass
         finally:
             connection.closed.set()
 
     connections: set[Connection] = app[WEBSOCKETS]
-    await asyncio.gather(*(drain(c) for c in list(connections)), return_exceptions=True)
+    await asyncio.gather(*(drain(c) for c in list(connections) if not c.draining), return_exceptions=True)
