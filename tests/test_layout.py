@@ -36,11 +36,16 @@ FLOORS: list[list[str]] = [
     ["config_expand.py", "options.py"],
     ["credits/"],
     ["rpc/", "values.py", "redis_link.py", "redis_topology.py", "metrics.py", "logs.py", "memo.py"],
-<<<<<<< HEAD
-    ["key_context.py", "forwarded.py", "tasks.py", "hedging.py", "request_ids.py", "memory_limit.py", "__init__.py"],
-=======
-    ["key_context.py", "tasks.py", "hangup.py", "hedging.py", "request_ids.py", "memory_limit.py", "__init__.py"],
->>>>>>> fix-lifecycle
+    [
+        "key_context.py",
+        "forwarded.py",
+        "tasks.py",
+        "hangup.py",
+        "hedging.py",
+        "request_ids.py",
+        "memory_limit.py",
+        "__init__.py",
+    ],
 ]
 
 
