@@ -142,6 +142,18 @@ async def holding_node(target: str) -> AsyncIterator[HoldingNode]:
             node.release.set()  # before the server closes: it waits for the requests it holds
 
 
+@asynccontextmanager
+async def keyed_behind_holding_node(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory, keys: tuple[str, ...] = ("alice",), **settings: str
+) -> AsyncIterator[tuple[HoldingNode, Proxy]]:
+    """A proxy with `keys` (DAILY credits each) in front of a node that holds storage reads; its head known."""
+    path = keys_file(tmp_path, **{key: {"daily_credits": DAILY} for key in keys})
+    async with holding_node(anvil.url) as node:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path, **settings)
+        await proxy.head_at(0)
+        yield node, proxy
+
+
 async def spent(proxy: Proxy, key: str) -> int:
     """The key's credits spent today, from outside: a free call's X-Credits-Remaining."""
     _, _, headers = await proxy.post(FREE_PROBE, key=key)
@@ -172,10 +184,10 @@ async def node_reads(node: HoldingNode, count: int) -> None:
 async def unsent_calls_of_a_closed_socket_are_given_back(
     anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory, **ledger: str
 ) -> None:
-    path = keys_file(tmp_path, alice={"daily_credits": DAILY})
-    async with holding_node(anvil.url) as node:
-        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path, UPSTREAM_KEY_CONCURRENCY="1", **ledger)
-        await proxy.head_at(0)
+    async with keyed_behind_holding_node(anvil, tmp_path, make_proxy, UPSTREAM_KEY_CONCURRENCY="1", **ledger) as (
+        node,
+        proxy,
+    ):
         async with proxy.session.ws_connect(proxy.ws_url("alice")) as ws:
             for i in range(2):  # (a socket makes two answers at once while it knows none's size)
                 await ws.send_str(json.dumps(storage(i, hex(100 + i))))  # two misses: 160 credits
@@ -204,10 +216,7 @@ async def test_calls_sent_in_one_upstream_batch_stay_charged_when_their_socket_c
     anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
 ) -> None:
     # Auto-batching sends several callers' reads from one task: each read in it was forwarded.
-    path = keys_file(tmp_path, alice={"daily_credits": DAILY})
-    async with holding_node(anvil.url) as node:
-        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path, UPSTREAM_KEY_CONCURRENCY="2")
-        await proxy.head_at(0)
+    async with keyed_behind_holding_node(anvil, tmp_path, make_proxy, UPSTREAM_KEY_CONCURRENCY="2") as (node, proxy):
         async with proxy.session.ws_connect(proxy.ws_url("alice")) as ws:
             await ws.send_str(json.dumps([storage(i, hex(300 + i)) for i in range(3)]))
             await spending_reaches(proxy, "alice", 3 * STORAGE)
@@ -221,10 +230,7 @@ async def test_a_call_that_left_while_sharing_another_callers_request_is_given_b
 ) -> None:
     # A coalesced call that leaves before the answer was neither forwarded nor served: the node's
     # work is charged to the call that sent the request, which stays charged.
-    path = keys_file(tmp_path, alice={"daily_credits": DAILY}, bob={"daily_credits": DAILY})
-    async with holding_node(anvil.url) as node:
-        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path)
-        await proxy.head_at(0)
+    async with keyed_behind_holding_node(anvil, tmp_path, make_proxy, ("alice", "bob")) as (node, proxy):
         read: dict[str, Any] = storage(1, "0x7")
         async with proxy.session.ws_connect(proxy.ws_url("alice")) as sender:
             await sender.send_str(json.dumps(read))
@@ -243,10 +249,7 @@ async def test_http_calls_whose_client_disconnected_are_still_forwarded_and_char
     anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
 ) -> None:
     # Over HTTP a client that goes away does not cancel its calls: each is forwarded, and charged.
-    path = keys_file(tmp_path, alice={"daily_credits": DAILY})
-    async with holding_node(anvil.url) as node:
-        proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=path, UPSTREAM_KEY_CONCURRENCY="1")
-        await proxy.head_at(0)
+    async with keyed_behind_holding_node(anvil, tmp_path, make_proxy, UPSTREAM_KEY_CONCURRENCY="1") as (node, proxy):
         clients = [aiohttp.ClientSession() for _ in range(2)]
         try:
             posts = [
