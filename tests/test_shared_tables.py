@@ -89,7 +89,7 @@ async def test_a_filter_polled_through_another_worker_stays_counted_and_alive(tm
     settings = settings_for(EVM_UPSTREAM="http://127.0.0.1:1", API_KEYS="k1", MAX_FILTERS_PER_KEY="2")
     now = [1000.0]
     workers = [Filters(settings, _unused, _unused, lambda: now[0], run_dir=str(tmp_path)) for _ in range(2)]
-    network = SimpleNamespace(name="evm", upstream=_Node())
+    network = SimpleNamespace(name="evm", upstream=_Node(), tracker=None)  # no head to tell of blocks shown
     made = [
         orjson.loads((await workers[0].execute(_prepared(network, "eth_newBlockFilter", []), "k1")).payload)
         for _ in range(2)
