@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from proxy.cache import policy as cp
 from proxy.cache.planning import _doubted
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
+from proxy.chain import heads
 from proxy.chain.finality import FinalityWatch
 from proxy.chain.head_polls import Head, Resolved, TrackerError
 from proxy.chain.heads import EvmHeadTracker
@@ -274,6 +275,23 @@ class TestHeadTracker:
         assert watch.doubted(doubted, doubted, (104, "0xother")) is doubted  # stale already
         newer = Head(106, 100, 90, "0xg", 1, 0, {})
         assert watch.doubted(head, newer, (104, "0xother")) is newer  # another poll moved the head since
+
+    async def test_a_block_shown_far_past_the_head_or_unreached_for_long_holds_latest_back_no_more(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Rule (docs/caching.md, read-your-writes, against a lying node): a block shown more than
+        # SHOWN_AHEAD_MAX past the head is no floor; one the head has not reached in SHOWN_HOLD seconds
+        # no longer makes `latest` wait.
+        tracker, _ = self.tracker(FakeChain(100))
+        await tracker.poll()
+        tracker.hint(100 + heads.SHOWN_AHEAD_MAX + 1)
+        assert tracker.shown == 0 and not tracker.behind()
+        now = [1000.0]
+        monkeypatch.setattr(heads.time, "monotonic", lambda: now[0])
+        tracker.hint(105)
+        assert tracker.shown == 105 and tracker.behind()
+        now[0] += heads.SHOWN_HOLD
+        assert not tracker.behind()
 
     async def test_without_a_finalized_tag_a_depth_below_latest_is_final(self) -> None:
         tracker, _ = self.tracker(FakeChain(100, finalized_tag=False), depth=10)

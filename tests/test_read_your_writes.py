@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from web3 import AsyncHTTPProvider, AsyncWeb3
 
+from tests.lying_relay import LyingRelay
 from tests.support import (
     CONTRACTS,
     DEV_ACCOUNT,
@@ -94,6 +95,28 @@ async def test_latest_reaches_the_block_of_logs_or_receipts_the_proxy_has_shown_
         shown = [r for r in await proxy.result("eth_getBlockReceipts", [hex(block)]) if r["logs"]]
     assert [int(entry["blockNumber"], 16) for entry in shown] == [block], shown
     assert await proxy.result(*call) == "0x" + word(99)
+
+
+async def test_a_lying_nodes_log_of_a_block_far_past_the_head_holds_latest_back_never(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/caching.md, read-your-writes): a block shown more than 64 past the head is no floor:
+    one forged log must not make every later `latest` call wait, nor eth_blockNumber show it."""
+    liar = await LyingRelay(anvil.url, "result").start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=liar.url, HEAD_POLL_INTERVAL="60")
+        head = anvil.block_number()
+        await proxy.head_at(head)
+        forged = {"address": DEV_ACCOUNT, "topics": [], "data": "0x", "blockNumber": hex(head + 10_000)}
+        liar.results["eth_getLogs"] = [forged]
+        assert await proxy.result("eth_getLogs", [{"fromBlock": "latest", "toBlock": "latest"}]) == [forged]
+        liar.results.clear()
+        balance = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [DEV_ACCOUNT, "latest"]}
+        caches = [(await proxy.post(balance))[2]["X-Cache"] for _ in range(3)]
+        assert caches[1:] == ["HIT", "HIT"], caches
+        assert int(await proxy.result("eth_blockNumber", []), 16) == head
+    finally:
+        await liar.close()
 
 
 async def test_web3py_write_then_read_sequences_see_no_stale_reads(anvil: Anvil, make_proxy: ProxyFactory) -> None:

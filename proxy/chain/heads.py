@@ -49,6 +49,11 @@ from proxy.workers.shared_polls import SharedPolls
 log = logging.getLogger("proxy.chain")
 
 WRITE_SETTLE = 0.02  # seconds a node may take to seal the block of a write it has answered
+# Read-your-writes' bounds against a node that shows a block no chain has: a block shown more than
+# SHOWN_AHEAD_MAX past the head is no floor, and one the head has not reached SHOWN_HOLD seconds on
+# no longer holds `latest` back (each call would wait HEAD_CATCH_UP_WAIT for it, for ever).
+SHOWN_AHEAD_MAX = 64
+SHOWN_HOLD = 10.0
 
 
 class EvmHeadTracker:
@@ -71,13 +76,13 @@ class EvmHeadTracker:
         self.on_reorg: list[Callable[[int], None]] = []
         self.on_head: list[Callable[[Head], None]] = []  # called after every successful poll
         self.on_shown: list[Callable[[int], None]] = []  # a newly shown block (told to sibling workers)
-        # Hashes of blocks a reorg replaced (hash -> number), newest last (bounded): never answered
-        # from the cache.
+        # Hashes of blocks a reorg replaced (hash -> number), newest last, bounded: never answered from cache.
         self.orphans: dict[str, int] = {}
         self.last_poll = 0.0
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
-        self.shown = 0  # the highest block the proxy has shown a client (read-your-writes)
+        self.shown = 0  # the highest block the proxy has shown a client (read-your-writes)...
+        self._shown_at = 0.0  # ...when (monotonic)
         self._wrote_at = 0.0  # monotonic time of the last write forwarded...
         self._polled_after = 0.0  # ...and the time up to which a successful poll covers writes
         self._caught_up = asyncio.Event()
@@ -171,13 +176,13 @@ class EvmHeadTracker:
     def hint(self, number: int, *, relayed: bool = False) -> None:
         """The proxy showed a client block `number`: poll now if the head has not reached it.
         `relayed`: a sibling worker showed it (not told on again)."""
-        if number <= self.shown:
-            return
-        self.shown = number
+        head = self.head
+        if number <= self.shown or (head is not None and number > head.latest + SHOWN_AHEAD_MAX):
+            return  # (far past every node's poll: a lying node's number is no floor; a real one is polled)
+        self.shown, self._shown_at = number, time.monotonic()
         if not relayed:
             for tell in self.on_shown:
                 tell(number)
-        head = self.head
         if head is not None and number > head.latest:
             self._caught_up.clear()
             self._asker.fresh_from = time.time()  # the wake-up poll takes no answer a sibling fetched before
@@ -195,8 +200,9 @@ class EvmHeadTracker:
 
     def behind(self) -> bool:
         """`latest` may trail what a client knows: a block it was shown, or a write not polled since."""
-        head = self.head
-        return head is not None and (self.shown > head.latest or self._wrote_at > self._polled_after)
+        head, now = self.head, time.monotonic()
+        shown = self.shown > head.latest and now - self._shown_at < SHOWN_HOLD if head is not None else False
+        return head is not None and (shown or self._wrote_at > self._polled_after)
 
     async def catch_up(self, wait: float) -> None:
         """Wait up to `wait` seconds for the head to reach the highest block shown to a client."""
