@@ -21,6 +21,9 @@ from proxy.upstream.sending import attempt_share
 from proxy.upstream.standing import CATCH_UP_BLOCKS
 from proxy.values import Answer, Plan
 
+# Solana methods a node answers from a cache of its own, with that cache's slot in context.slot: an
+# in-step node's answer may be far below the slot shown (Agave keeps getLargestAccounts for 2 hours).
+NODE_CACHED = frozenset({"getLargestAccounts"})
 # Tries for a Solana answer in step with the slot already shown at its commitment (Reads.at_slot_shown).
 SLOT_TRIES = 3
 CheckResults = Callable[[Any, Answer], Answer]  # eth_getLogs' result limit on an answer (log_reads.py)
@@ -283,7 +286,7 @@ class Reads:
         its commitment (a node behind: restarted from an old snapshot, a balancer's member behind) is
         never the answer: asked of each other upstream in rotation (the furthest polled first), then of
         the pool, SLOT_TRIES in all, within the call's time; else the call fails (-32002, `lagging`)."""
-        shown = tracker.behind(read.forward, answer.result, CATCH_UP_BLOCKS)
+        shown = None if read.method in NODE_CACHED else tracker.behind(read.forward, answer.result, CATCH_UP_BLOCKS)
         if shown is None:
             return answer
         upstream = read.net.upstream

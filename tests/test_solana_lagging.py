@@ -10,7 +10,7 @@ import aiohttp
 
 from proxy.chain.slots import SolanaSlotTracker
 from proxy.http.app_keys import SERVICE
-from tests.fake_solana import TOKEN_ACCOUNT, FakeSolana
+from tests.fake_solana import LARGEST, TOKEN_ACCOUNT, FakeSolana, b58
 from tests.support import Proxy, ProxyFactory, eventually, free_port
 
 ADMIN_TOKEN = "Adm1n-T0ken-For-Tests"
@@ -110,7 +110,7 @@ async def test_a_solana_answer_a_few_slots_below_the_one_shown_is_in_step_and_ke
     again, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
     assert cache == "HIT" and again == body
     solana.slot = 5000 - 40
-    body, cache = await call(proxy, "getLargestAccounts", [PROCESSED])
+    body, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, {"commitment": "confirmed"}])
     assert body["error"]["code"] == -32002 and cache == "BYPASS", body
 
 
@@ -133,3 +133,35 @@ async def test_a_solana_node_that_says_it_is_unhealthy_has_given_no_answer_and_t
         assert body["error"]["code"] == -32002 and "unhealthy" in body["error"]["message"], body
     finally:
         await backup.close()
+
+
+async def test_a_reset_cluster_is_taken_at_the_poll_that_finds_its_slots_below(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/caching.md, Solana slots): a poll whose every slot is below the held ones asks the
+    genesis hash at once; a new cluster starts its slots anew then, not at the next identity check."""
+    solana.slot = 500_000
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, IDENTITY_CHECK_INTERVAL="3600")
+    await slots_at(proxy, 500_000)
+    solana.genesis, solana.slot = b58(bytes(range(32))), 10  # a restarted test validator
+    answers: list[dict[str, Any]] = []
+
+    async def served() -> bool:
+        answers.append((await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED]))[0])
+        return "result" in answers[-1]
+
+    await eventually(served, 10, "an answer of the new cluster")
+    assert answers[-1]["result"]["context"]["slot"] < 1000, answers[-1]
+
+
+async def test_largest_accounts_a_node_keeps_in_its_own_cache_are_in_step_whatever_their_slot(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule: Agave answers getLargestAccounts from a cache of its own (2 hours) with that cache's slot:
+    an answer far below the slot shown is the in-step node's answer, served and kept."""
+    solana.slot = 5000
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url)
+    await slots_at(proxy, 5000)
+    solana.results["getLargestAccounts"] = {"context": {"slot": 1000}, "value": LARGEST}
+    body, cache = await call(proxy, "getLargestAccounts", [PROCESSED])
+    assert cache == "MISS" and body["result"]["context"]["slot"] == 1000, body

@@ -107,6 +107,11 @@ class SolanaSlotTracker:
             raise TrackerError("upstream returned no slot")
         held = self.slots
         if held and all(slot < held.get(commitment, -1) for commitment, slot in answered.items()):
+            # A cluster reset (a restarted test validator) looks so too: its genesis hash is asked now,
+            # and a new one starts the slots anew (check_identity).
+            await self.check_identity()
+            held = self.slots
+        if held and all(slot < held.get(commitment, -1) for commitment, slot in answered.items()):
             # Never back (caching.md "Solana slots"): a node behind (restarted from an old snapshot)
             # fails the poll; the slots stay, and go stale if no poll reaches them again.
             raise TrackerError(f"upstream is behind the slots already shown ({answered} < {held})")
