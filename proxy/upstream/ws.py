@@ -27,6 +27,7 @@ from proxy.rpc.methods import SOLANA_PUBSUB
 from proxy.upstream.scrubbing import scrub_reply, secrets_of
 
 log = logging.getLogger("proxy.upstream_ws")
+SIGNATURE_NOTE = "signatureNotification"  # a signatureSubscribe's one notification (Agave then ends it)
 
 
 @dataclass(slots=True)
@@ -237,9 +238,12 @@ class UpstreamSocket:
             return
         params = data.get("params")
         if isinstance(params, dict) and "subscription" in params:
-            target = self._routes.get(params["subscription"])
+            method = str(data.get("method"))
+            # Agave ends a signature subscription with its one notification: not opened again after a drop.
+            target = self._routes.pop(params["subscription"], None) if method == SIGNATURE_NOTE else None
+            target = target or self._routes.get(params["subscription"])
             if target is not None:
-                target.on_notify(str(data.get("method")), params.get("result"))
+                target.on_notify(method, params.get("result"))
 
     def _lost(self) -> None:
         """The node's socket closed: subscriptions being opened fail; those it carried are opened
