@@ -125,6 +125,37 @@ async def test_a_write_goes_to_exactly_one_upstream_slow_or_failing(
     assert _asked(relays[1], "eth_sendRawTransaction") == 0  # never hedged, never retried elsewhere
 
 
+@pytest.mark.parametrize("method", ["eth_sendRawTransactionSync", "eth_sendTransactionSync", "anvil_mine"])
+async def test_a_method_the_proxy_knows_no_read_of_goes_to_exactly_one_upstream_when_it_fails_after_sending(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory, method: str
+) -> None:
+    """Rule (docs/networks.md, Hedging): only the reads the proxy knows are asked of another upstream
+    after one may have got them; a method ALLOW_METHODS opens (a write it does not name) is not."""
+    networks = _networks_file(tmp_path, [relays[0].url, relays[1].url])
+    proxy = await make_proxy(NETWORKS_FILE=networks, ALLOW_METHODS=method)
+    await proxy.head_at(0)
+    relays[0].inject("http500", method=method)  # it got the call, then failed
+    status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": []})
+    assert status == 502 and body["error"]["code"] == -32002, body
+    assert (_asked(relays[0], method), _asked(relays[1], method)) == (1, 0)
+
+
+async def test_a_write_has_the_whole_upstream_timeout_whatever_the_number_of_upstreams(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a write is tried once, so its try is not given a share of UPSTREAM_TIMEOUT kept for the
+    next upstream (with two upstreams it got half, and a transaction that ran was told it failed)."""
+    networks = _networks_file(tmp_path, [relays[0].url, relays[1].url])
+    proxy = await make_proxy(NETWORKS_FILE=networks, UPSTREAM_TIMEOUT="2")
+    await proxy.head_at(0)
+    relays[0].inject("slow", method="eth_sendRawTransaction", delay=1.3)
+    status, body, _ = await proxy.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": ["0x00"]}
+    )
+    assert status == 200 and body["error"]["code"] != -32002, body  # Anvil's own refusal of the bytes
+    assert _asked(relays[1], "eth_sendRawTransaction") == 0
+
+
 async def test_a_write_goes_to_the_next_upstream_only_when_the_first_refused_the_connection(
     relays: list[FaultRelay],
     tmp_path: Path,

@@ -401,7 +401,9 @@ class Sender:
             if tried:
                 self._metrics.upstreams.failovers.labels(self.network).inc()
             tried += 1
-            share = attempt_share(deadline - time.monotonic(), len(pending) + 1, self._attempt_timeout)
+            # A write is tried once: the whole budget is its (a share would fail it at a second node's turn).
+            left = deadline - time.monotonic()
+            share = left if write else attempt_share(left, len(pending) + 1, self._attempt_timeout)
             try:
                 if hedge and self._hedge_after is not None and pending:
                     won = await self._hedged(index, slot, pending, body, share, judge, attempts, max_reply, methods)
