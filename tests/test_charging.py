@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -112,17 +113,19 @@ FREE_PROBE = {"jsonrpc": "2.0", "id": 0, "method": "eth_getStorageAt", "params":
 
 class HoldingNode:
     """Anvil behind a relay that holds every request carrying an eth_getStorageAt until `release` is
-    set, and counts the storage reads that reached it."""
+    set, and counts the storage reads that reached it (and every method's calls, in `seen`)."""
 
     def __init__(self, target: str) -> None:
         self.target = target
         self.release = asyncio.Event()
         self.storage_reads = 0
+        self.seen: Counter[str] = Counter()
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
         payload = json.loads(await request.read())
         calls = payload if isinstance(payload, list) else [payload]
+        self.seen.update(call["method"] for call in calls)
         reads = sum(call["method"] == "eth_getStorageAt" for call in calls)
         if reads:
             self.storage_reads += reads
@@ -223,6 +226,37 @@ async def test_calls_sent_in_one_upstream_batch_stay_charged_when_their_socket_c
             await node_reads(node, 2)  # two in one upstream batch; the third waits for a slot
         await spending_reaches(proxy, "alice", 2 * STORAGE)
         assert node.storage_reads == 2
+
+
+async def test_calls_a_closed_websocket_left_in_an_upstream_batch_waiting_for_the_providers_budget_are_never_sent(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # "Charged only if a request made for it was written to a node": an auto-batch waiting for the
+    # upstream's max_concurrency places when its callers leave is sent without them, so never here.
+    async with holding_node(anvil.url) as node:
+        networks = tmp_path / "networks.toml"
+        upstream = f'{{url = "{node.url}", max_concurrency = 4}}'
+        networks.write_text(f'[networks.evm]\nfamily = "evm"\nupstreams = [{upstream}]\n')
+        path = keys_file(tmp_path, alice={"daily_credits": DAILY}, bob={"daily_credits": DAILY})
+        proxy = await make_proxy(NETWORKS_FILE=str(networks), API_KEYS_FILE=path)
+        await proxy.head_at(0)
+        held = asyncio.create_task(proxy.post([storage(1, "0x1"), storage(2, "0x2")], key="bob"))
+        await node_reads(node, 2)  # bob's two reads and their header: three of the node's four places
+        balances = [
+            {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": [f"0x{i + 1:040x}", "0x0"]}
+            for i in range(4)
+        ]
+        async with proxy.session.ws_connect(proxy.ws_url("alice")) as ws:
+            await ws.send_str(json.dumps(balances))  # upstream batches of two, each waiting for three places
+            await spending_reaches(proxy, "alice", 4 * METHOD_CREDITS["eth_getBalance"])
+        await spending_reaches(proxy, "alice", 0)  # closed: none was sent, all given back
+        node.release.set()
+        status, _, _ = await held
+        assert status == 200
+        # A later read takes the places after whatever the proxy still had to send.
+        assert await proxy.result("eth_getBalance", [f"0x{99:040x}", "0x0"], key="bob") == "0x0"
+        assert node.seen["eth_getBalance"] == 1
+        assert await spent(proxy, "alice") == 0
 
 
 async def test_a_call_that_left_while_sharing_another_callers_request_is_given_back(

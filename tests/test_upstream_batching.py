@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.forwarded import FORWARDED, Forwarded, forwarding
 from proxy.metrics import Metrics
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.pool import HttpUpstream
@@ -169,24 +171,36 @@ async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: An
     assert all(r["error"]["code"] == -32002 for r in replies)
 
 
-async def test_a_slow_call_never_fails_the_reads_that_arrived_with_it(anvil: Anvil, make_proxy: ProxyFactory) -> None:
-    """The rule: only a call that fails by itself fails. A call that runs code (eth_call) may take any
-    time, so it never shares a batch: a node holding it past UPSTREAM_TIMEOUT fails that call alone,
-    not the cheap reads of other clients that missed the cache in the same turn."""
+def slow_params(method: str, store: str) -> list[Any]:
+    return {
+        "eth_call": [{"to": store, "data": "0x"}, "latest"],
+        "eth_getBlockReceipts": ["latest"],
+        "eth_getProof": [store, ["0x" + word(0)], "latest"],
+    }[method]
+
+
+@pytest.mark.parametrize("method", ["eth_call", "eth_getBlockReceipts", "eth_getProof"])
+async def test_a_slow_call_never_fails_the_reads_that_arrived_with_it(
+    anvil: Anvil, make_proxy: ProxyFactory, method: str
+) -> None:
+    """The rule: only a call that fails by itself fails. A call whose cost its params do not bound
+    (code run by eth_call, a block's receipts, a client's proof of many slots) may take any time, so
+    it never shares a batch: a node holding it past UPSTREAM_TIMEOUT fails that call alone, not the
+    cheap reads of other clients that missed the cache in the same turn."""
     store = anvil.deploy_store()
     relay = await FaultRelay(anvil.url).start()
     try:
         proxy = await make_proxy(EVM_UPSTREAM=relay.url, UPSTREAM_TIMEOUT="1", VERIFY_ANSWERS="off")
         await proxy.head_at(anvil.block_number())
-        relay.inject("slow", method="eth_call", delay=2.0, times=None)  # held past UPSTREAM_TIMEOUT
-        slow = {"jsonrpc": "2.0", "id": 0, "method": "eth_call", "params": [{"to": store, "data": "0x"}, "latest"]}
+        relay.inject("slow", method=method, delay=2.0, times=None)  # held past UPSTREAM_TIMEOUT
+        slow = {"jsonrpc": "2.0", "id": 0, "method": method, "params": slow_params(method, store)}
         reads = [
             {"jsonrpc": "2.0", "id": i, "method": "eth_getStorageAt", "params": [store, hex(i - 1), "latest"]}
             for i in range(1, 6)
         ]
         # One client batch: its calls miss the cache in the same turn, as concurrent clients' may.
         _, replies, _ = await proxy.post([slow, *reads])
-        together = [methods for _, methods in relay.timeline if {"eth_call", "eth_getStorageAt"} <= set(methods)]
+        together = [methods for _, methods in relay.timeline if {method, "eth_getStorageAt"} <= set(methods)]
     finally:
         await relay.close()
     by_id = {reply["id"]: reply for reply in replies}
@@ -283,6 +297,49 @@ async def test_a_leader_cancelled_in_its_turn_leaves_the_others_to_go() -> None:
         assert all("leader" not in c for c in recorder.together)
         later = await batcher.enqueue("eth_getStorageAt", ["next"])  # the batcher is not stuck leading
         assert later.result == ["alone", ["next"], None]
+
+
+class Holding(Recorder):
+    """A Recorder whose batches wait (for a budget, a connection) until `go` is set, then are written
+    as HostPool.post writes a request: forwarding() first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def with_others(self, calls: Any) -> list[Answer]:
+        self.waiting.set()
+        await self.go.wait()
+        forwarding()
+        return await super().with_others(calls)
+
+
+async def test_a_call_whose_caller_left_while_its_batch_waited_is_never_written() -> None:
+    """The rule (docs/keys-and-credits.md): a caller that left before a request made for it was
+    written is given its credits back, so its call is never written afterwards; the others in its
+    batch go without it, and a batch whose callers all left sends nothing."""
+    for leaving in ({1}, {0, 1, 2}):
+        recorder = Holding()
+        batcher = recorder.batcher()
+        marks = [Forwarded() for _ in range(3)]
+        calls = []
+        for i, mark in enumerate(marks):
+            context = contextvars.copy_context()
+            context.run(FORWARDED.set, mark)
+            calls.append(asyncio.create_task(batcher.enqueue("eth_getStorageAt", [i]), context=context))
+        await asyncio.wait_for(recorder.waiting.wait(), 5)  # the three in one batch, waiting
+        for i in leaving:
+            calls[i].cancel()
+        outcomes = await asyncio.gather(*(calls[i] for i in leaving), return_exceptions=True)
+        assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
+        recorder.go.set()
+        staying = [i for i in range(3) if i not in leaving]
+        answers = await asyncio.wait_for(asyncio.gather(*(calls[i] for i in staying)), 5)
+        await asyncio.wait_for(asyncio.gather(*batcher._deliveries), 5)
+        assert [a.result for a in answers] == [["together", [i], None] for i in staying]
+        assert recorder.together == ([[[i] for i in staying]] if staying else [])
+        assert [mark.sent for mark in marks] == [i not in leaving for i in range(3)]
 
 
 async def asked_twice_behind_a_balancer(

@@ -58,6 +58,11 @@ class MethodPolicy:
     # The shape its result must have (a null aside): a reply of another shape is a bad node reply,
     # never served nor kept (upstream/replies.py).
     result: shapes.Shape | None = None
+    # Small, bounded work for a node (a slot, an account, a header, one transaction): its miss may
+    # share an upstream auto-batch with other callers' reads. A call whose params do not bound its cost
+    # (code run, a block's receipts, a proof of many slots, a range) goes alone, so it times out alone
+    # (docs/caching.md "Upstream batching"; a block joins as a header only: upstream/pool.py).
+    batches: bool = False
 
 
 POLICIES: dict[str, MethodPolicy] = {
@@ -65,7 +70,14 @@ POLICIES: dict[str, MethodPolicy] = {
     for policy in (
         # spec "Limits / Credits per call".
         MethodPolicy(
-            "eth_getStorageAt", "evm", p.eth_get_storage_at, CacheClass.BLOCK, 80, reads_state=True, result=shapes.WORD
+            "eth_getStorageAt",
+            "evm",
+            p.eth_get_storage_at,
+            CacheClass.BLOCK,
+            80,
+            reads_state=True,
+            result=shapes.WORD,
+            batches=True,
         ),
         MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, 255, limits_logs=True),
         MethodPolicy(
@@ -74,6 +86,7 @@ POLICIES: dict[str, MethodPolicy] = {
             p.eth_get_uncle_by_block_hash_and_index,
             CacheClass.CONTENT,
             150,
+            batches=True,
         ),
         MethodPolicy(
             "eth_call",
@@ -101,6 +114,7 @@ POLICIES: dict[str, MethodPolicy] = {
             CacheClass.TOKEN_BALANCE,
             160,
             result=shapes.TOKEN_AMOUNT,
+            batches=True,
         ),
         MethodPolicy(
             "getLargestAccounts",
@@ -116,10 +130,12 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_createAccessList", "evm", p.eth_estimate_gas, CacheClass.NONE, None, gas_cap=True),
         # --- the common read surface (README "Caching"); costs from prices.py ---
         # Chain identity and head: no upstream call per request.
-        MethodPolicy("eth_chainId", "evm", p.no_params, CacheClass.TRACKER, None, result=shapes.QUANTITY),
-        MethodPolicy("net_version", "evm", p.no_params, CacheClass.IDENTITY, None),
-        MethodPolicy("eth_blockNumber", "evm", p.no_params, CacheClass.TRACKER, None, result=shapes.QUANTITY),
-        MethodPolicy("eth_accounts", "evm", p.no_params, CacheClass.TRACKER, None),
+        MethodPolicy("eth_chainId", "evm", p.no_params, CacheClass.TRACKER, None, result=shapes.QUANTITY, batches=True),
+        MethodPolicy("net_version", "evm", p.no_params, CacheClass.IDENTITY, None, batches=True),
+        MethodPolicy(
+            "eth_blockNumber", "evm", p.no_params, CacheClass.TRACKER, None, result=shapes.QUANTITY, batches=True
+        ),
+        MethodPolicy("eth_accounts", "evm", p.no_params, CacheClass.TRACKER, None, batches=True),
         # Blocks: by number like eth_getBlockReceipts (pinned to the hash above finalized), by hash immutable.
         MethodPolicy(
             "eth_getBlockByNumber",
@@ -128,8 +144,9 @@ POLICIES: dict[str, MethodPolicy] = {
             CacheClass.BLOCK,
             None,
             by_hash="eth_getBlockByHash",
+            batches=True,
         ),
-        MethodPolicy("eth_getBlockByHash", "evm", p.eth_get_block_by_hash, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getBlockByHash", "evm", p.eth_get_block_by_hash, CacheClass.BLOCK, None, batches=True),
         MethodPolicy(
             "eth_getBlockTransactionCountByNumber",
             "evm",
@@ -137,8 +154,11 @@ POLICIES: dict[str, MethodPolicy] = {
             CacheClass.BLOCK,
             None,
             by_hash="eth_getBlockTransactionCountByHash",
+            batches=True,
         ),
-        MethodPolicy("eth_getBlockTransactionCountByHash", "evm", p.block_hash_only, CacheClass.BLOCK, None),
+        MethodPolicy(
+            "eth_getBlockTransactionCountByHash", "evm", p.block_hash_only, CacheClass.BLOCK, None, batches=True
+        ),
         MethodPolicy(
             "eth_getUncleCountByBlockNumber",
             "evm",
@@ -146,8 +166,9 @@ POLICIES: dict[str, MethodPolicy] = {
             CacheClass.BLOCK,
             None,
             by_hash="eth_getUncleCountByBlockHash",
+            batches=True,
         ),
-        MethodPolicy("eth_getUncleCountByBlockHash", "evm", p.block_hash_only, CacheClass.BLOCK, None),
+        MethodPolicy("eth_getUncleCountByBlockHash", "evm", p.block_hash_only, CacheClass.BLOCK, None, batches=True),
         MethodPolicy(
             "eth_getUncleByBlockNumberAndIndex",
             "evm",
@@ -155,6 +176,7 @@ POLICIES: dict[str, MethodPolicy] = {
             CacheClass.BLOCK,
             None,
             by_hash="eth_getUncleByBlockHashAndIndex",
+            batches=True,
         ),
         # Transactions: by block like blocks; by transaction hash tied to the block the answer names.
         MethodPolicy(
@@ -164,13 +186,20 @@ POLICIES: dict[str, MethodPolicy] = {
             CacheClass.BLOCK,
             None,
             by_hash="eth_getTransactionByBlockHashAndIndex",
+            batches=True,
         ),
-        MethodPolicy("eth_getTransactionByBlockHashAndIndex", "evm", p.block_hash_and_index, CacheClass.BLOCK, None),
-        MethodPolicy("eth_getTransactionByHash", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
-        MethodPolicy("eth_getTransactionReceipt", "evm", p.transaction_hash, CacheClass.TRANSACTION, None),
+        MethodPolicy(
+            "eth_getTransactionByBlockHashAndIndex", "evm", p.block_hash_and_index, CacheClass.BLOCK, None, batches=True
+        ),
+        MethodPolicy("eth_getTransactionByHash", "evm", p.transaction_hash, CacheClass.TRANSACTION, None, batches=True),
+        MethodPolicy(
+            "eth_getTransactionReceipt", "evm", p.transaction_hash, CacheClass.TRANSACTION, None, batches=True
+        ),
         # State at a block: like eth_getStorageAt (EIP-1898 objects, pinned to the hash above finalized).
         *(
-            MethodPolicy(name, "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True, result=shape)
+            MethodPolicy(
+                name, "evm", p.address_at_block, CacheClass.BLOCK, None, reads_state=True, result=shape, batches=True
+            )
             for name, shape in (
                 ("eth_getBalance", shapes.QUANTITY),
                 ("eth_getCode", shapes.DATA),
@@ -179,9 +208,9 @@ POLICIES: dict[str, MethodPolicy] = {
         ),
         MethodPolicy("eth_getProof", "evm", p.eth_get_proof, CacheClass.BLOCK, None, reads_state=True),
         # Fees: for the current head only.
-        MethodPolicy("eth_gasPrice", "evm", p.no_params, CacheClass.HEAD, None),
-        MethodPolicy("eth_maxPriorityFeePerGas", "evm", p.no_params, CacheClass.HEAD, None),
-        MethodPolicy("eth_blobBaseFee", "evm", p.no_params, CacheClass.HEAD, None),
+        MethodPolicy("eth_gasPrice", "evm", p.no_params, CacheClass.HEAD, None, batches=True),
+        MethodPolicy("eth_maxPriorityFeePerGas", "evm", p.no_params, CacheClass.HEAD, None, batches=True),
+        MethodPolicy("eth_blobBaseFee", "evm", p.no_params, CacheClass.HEAD, None, batches=True),
         MethodPolicy("eth_feeHistory", "evm", p.eth_fee_history, CacheClass.FEE_HISTORY, None),
         # Node-side filters, served per key by upstream/filters.py: criteria under eth_getLogs' rules.
         MethodPolicy("eth_newFilter", "evm", p.eth_get_logs, CacheClass.NONE, None),
@@ -191,16 +220,16 @@ POLICIES: dict[str, MethodPolicy] = {
         MethodPolicy("eth_getFilterLogs", "evm", p.filter_id, CacheClass.NONE, None),
         MethodPolicy("eth_uninstallFilter", "evm", p.filter_id, CacheClass.NONE, None),
         # Solana.
-        MethodPolicy("getSlot", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
-        MethodPolicy("getBlockHeight", "solana", p.solana_commitment_only, CacheClass.TRACKER, None),
-        MethodPolicy("getBalance", "solana", p.solana_balance, CacheClass.TOKEN_BALANCE, None),
-        MethodPolicy("getAccountInfo", "solana", p.solana_account, CacheClass.TOKEN_BALANCE, None),
+        MethodPolicy("getSlot", "solana", p.solana_commitment_only, CacheClass.TRACKER, None, batches=True),
+        MethodPolicy("getBlockHeight", "solana", p.solana_commitment_only, CacheClass.TRACKER, None, batches=True),
+        MethodPolicy("getBalance", "solana", p.solana_balance, CacheClass.TOKEN_BALANCE, None, batches=True),
+        MethodPolicy("getAccountInfo", "solana", p.solana_account, CacheClass.TOKEN_BALANCE, None, batches=True),
         MethodPolicy("getMultipleAccounts", "solana", p.get_multiple_accounts, CacheClass.TOKEN_BALANCE, None),
         MethodPolicy("getBlock", "solana", p.get_block, CacheClass.SOLANA_FINAL, None),
-        MethodPolicy("getTransaction", "solana", p.get_transaction, CacheClass.SOLANA_FINAL, None),
-        MethodPolicy("getGenesisHash", "solana", p.no_params, CacheClass.IDENTITY, None),
-        MethodPolicy("getVersion", "solana", p.no_params, CacheClass.IDENTITY, None),
-        MethodPolicy("getEpochSchedule", "solana", p.no_params, CacheClass.IDENTITY, None),
+        MethodPolicy("getTransaction", "solana", p.get_transaction, CacheClass.SOLANA_FINAL, None, batches=True),
+        MethodPolicy("getGenesisHash", "solana", p.no_params, CacheClass.IDENTITY, None, batches=True),
+        MethodPolicy("getVersion", "solana", p.no_params, CacheClass.IDENTITY, None, batches=True),
+        MethodPolicy("getEpochSchedule", "solana", p.no_params, CacheClass.IDENTITY, None, batches=True),
     )
 }
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import types
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from functools import partial
 from typing import Any, cast
 
-from proxy.forwarded import FORWARDED, Forwarded
+from proxy.forwarded import FORWARDED, Abandoned, Forwarded
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.upstream.sending import too_large
 from proxy.values import Answer
 
-Single = Callable[[str, Any, float | None], Awaitable[Answer]]
+Single = Callable[[str, Any, float | None], Coroutine[Any, Any, Answer]]
 Alone = Callable[[str, Any, str | None], Awaitable[Answer]]  # one call, with its proof block if any
 Together = Callable[[Sequence[tuple[str, Any, str | None]]], Awaitable[list[Answer]]]  # calls and proofs, one node
 # method, params, waiter, proof block, and the caller's mark (forwarded.py): set when its batch is sent
@@ -114,9 +115,7 @@ class AutoBatcher:
 
     def _start(self, group: list[Queued]) -> None:
         # Sent from a task of its own: whatever it sends for the group marks each caller sent.
-        context = contextvars.copy_context()
-        context.run(FORWARDED.set, Forwarded.together(call[4] for call in group))
-        task = asyncio.create_task(self._deliver(group), context=context)
+        task = asyncio.create_task(self._deliver(group), context=_marked(group))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
@@ -144,6 +143,11 @@ class AutoBatcher:
             for (_, _, waiter, _, _), answer in zip(group, answers, strict=True):
                 if not waiter.done():
                     waiter.set_result(answer)
+        except Abandoned:
+            # A caller left while the group waited (a budget, a connection) and was given its credits
+            # back: nothing was written, and the others go without it (docs/keys-and-credits.md).
+            waiting, group = [call for call in group if not call[2].done()], []
+            self._dispatch(waiting)
         except Exception as error:  # the upstream's JsonRpcError, or a fault of ours: each caller hears it
             failure = error
         finally:
@@ -152,12 +156,26 @@ class AutoBatcher:
                     waiter.set_exception(failure)
 
     async def _resend_singly(self, group: list[Queued]) -> None:
-        # Alone means alone: a node that fails a call inside batches answers it, unproven (proof None).
-        results = await asyncio.gather(*(self._single(m, p, None) for m, p, _, _, _ in group), return_exceptions=True)
+        # Alone means alone: a node that fails a call inside batches answers it, unproven (proof None),
+        # each under its caller's mark alone (one that leaves holds back its own call only).
+        singles = [asyncio.create_task(self._single(c[0], c[1], None), context=_marked([c])) for c in group]
+        results = await asyncio.gather(*singles, return_exceptions=True)
         for (_, _, waiter, _, _), result in zip(group, results, strict=True):
-            if waiter.done():
+            if waiter.done():  # answered, or left (its call then never written: Abandoned)
                 continue
             if isinstance(result, BaseException):
                 waiter.set_exception(result)
             else:
                 waiter.set_result(result)
+
+
+def _marked(group: list[Queued]) -> contextvars.Context:
+    """A context whose requests mark the group's callers sent as they are written, and are not written
+    once one of those callers has left before any was (its waiter cancelled: forwarded.py)."""
+    context = contextvars.copy_context()
+    context.run(FORWARDED.set, Forwarded.together((call[4] for call in group), partial(_left, group)))
+    return context
+
+
+def _left(group: list[Queued]) -> bool:
+    return any(call[2].cancelled() for call in group)

@@ -278,10 +278,12 @@ class HostPool:
             transport = connection.transport
             if transport is None:
                 raise ClientFault("the node closed the connection")
+            # From here the node may work on it: a caller that leaves now is charged (charging.py); one
+            # that left while it waited (a budget, a connection) is not, and it is not written (Abandoned).
+            forwarding()
             waiter: asyncio.Future[Response] = loop.create_future()
             timer = loop.call_at(deadline, _expire, waiter)
             connection.begin(waiter, limit)
-            forwarding()  # from here the node may work on it: a caller that leaves now is charged (charging.py)
             transport.write(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
             try:
                 return await waiter

@@ -39,16 +39,15 @@ from proxy.values import Answer
 log = logging.getLogger("proxy.upstream")
 throttled = Throttled(log)  # a node that is down fails every call: one line per interval says so
 
-# Reads the cache fills, cheap and side-effect free: the calls worth sharing an HTTP round trip.
-# eth_getLogs goes alone (its own deadline), as does everything forwarded. So does a call that runs
-# code (gas-capped: eth_call): it takes as long as its code does, and a batch is answered whole, so one
-# held past UPSTREAM_TIMEOUT would fail every read beside it (docs/caching.md: only a call that fails
-# by itself fails).
-BATCHABLE = frozenset(
-    name
-    for name, policy in POLICIES.items()
-    if policy.cache is not CacheClass.NONE and not policy.limits_logs and not policy.gas_cap
-)
+# Reads whose cost is small and bounded (policy.batches: a slot, an account, a header, one
+# transaction): the calls worth sharing an HTTP round trip. A batch is answered whole, so a call held
+# past UPSTREAM_TIMEOUT would fail every read beside it: one whose cost its params do not bound (code
+# run by eth_call, a block's receipts, a client's eth_getProof, eth_getLogs) goes alone, as does
+# everything forwarded (docs/caching.md: only a call that fails by itself fails). The proxy's own proof
+# calls ride in a read's batch (_with_proofs), never through this.
+BATCHABLE = frozenset(name for name, policy in POLICIES.items() if policy.batches)
+# ... and a block as a header only: with its full transactions it is as large as their data.
+BLOCKS = frozenset({"eth_getBlockByNumber", "eth_getBlockByHash"})
 # Reads worth hedging (sent to a second upstream when the first is slow): every cacheable read.
 HEDGEABLE = frozenset(name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE)
 # Calls another upstream may be asked after one may have got them: the reads the proxy knows. Any
@@ -172,7 +171,12 @@ class HttpUpstream(Sender):
     def request(self, method: str, params: Any, *, timeout: float | None = None) -> Awaitable[Answer]:
         # The coroutine that answers, returned rather than awaited here: a miss passes through no
         # layer that only hands on its call (so in the per-key budget and the asker too).
-        if self._batch_max > 1 and timeout is None and method in BATCHABLE:
+        if (
+            self._batch_max > 1
+            and timeout is None
+            and method in BATCHABLE
+            and (method not in BLOCKS or params[-1] is not True)
+        ):
             return self._batcher.enqueue(method, params)
         return self._single(method, params, timeout)
 
@@ -315,7 +319,13 @@ class HttpUpstream(Sender):
     ) -> Awaitable[Answer]:
         """A call and the header of `block` (a number or "latest") in one batch to one node: its answer,
         with `proof` the hash that node has for `block`. Auto-batched with other reads when it can be."""
-        if index is None and timeout is None and self._batch_max > 1 and method in BATCHABLE:
+        if (
+            index is None
+            and timeout is None
+            and self._batch_max > 1
+            and method in BATCHABLE
+            and (method not in BLOCKS or params[-1] is not True)
+        ):
             return self._batcher.enqueue(method, params, block)
         return self._proven_to(method, params, block, index, timeout)
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.forwarded import Abandoned
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_REQUEST
 from proxy.rpc.large_replies import loads_reply
@@ -110,16 +111,19 @@ class UpstreamLinks:
         """The node's reply to `body` (its JSON), within `timeout`, in the budget place `slot`, released
         when it ends: held one window longer if no answer came (timed out, cancelled), as the node may
         still get the request after that; a post cancelled once sent keeps its place until the node's
-        answer is read or `timeout` passes (_Late). Its failures are Failed, and only here is a client
-        fault one."""
+        answer is read or `timeout` passes (_Late); one never written (Abandoned) gives it back at once.
+        Its failures are Failed, and only here is a client fault one."""
         answered = False
-        late = _Late(slot)
+        late: _Late | None = _Late(slot)
         self._inflight[index] += 1
         try:
             try:
                 pools = self._pools  # built on the first post (_pool), dropped at close
                 pool = pools[index] if pools is not None and not self._closed else self._pool(index)
                 response = await pool.post(body, timeout, max_reply, late)
+            except Abandoned:
+                late = None  # never written: its places go back at once, the provider never saw it
+                raise
             except TimeoutError:
                 raise Failed("timeout", "timed out") from None
             except TooLarge as exc:
@@ -164,5 +168,7 @@ class UpstreamLinks:
             return reply
         finally:
             self._inflight[index] -= 1
-            if not late.waits:  # else released once the node's answer to a cancelled post is read
+            if late is None:
+                slot.budget.give_back(slot)
+            elif not late.waits:  # else released once the node's answer to a cancelled post is read
                 late(answered)

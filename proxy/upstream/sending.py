@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
+from proxy.forwarded import Abandoned
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
@@ -139,6 +140,8 @@ def _winner(tries: dict[asyncio.Task[tuple[T, float]], int], done: set[Any]) -> 
         failure = task.exception()
         if isinstance(failure, Failed) and failure.kind == "too_large":
             raise failure  # the call's own answer is too large, whoever gives it
+        if isinstance(failure, Abandoned):
+            raise failure  # a caller left before it was written: made again without it (batching.py)
         if failure is None and won is None:
             won = (*task.result(), index)
     return won
