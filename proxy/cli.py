@@ -206,7 +206,7 @@ def _check_journal_dir(settings: Settings) -> None:
 
 
 def serve(settings: Settings) -> int:
-    hangup.hold()  # rpc-proxy as a console script: from here (python -m proxy: from its first line)
+    hangup.hold()  # held already (proxy.__main__.main); again for a caller of cli.main itself
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
     if settings.open_mode:
         log.warning("running open: no API_KEYS or API_KEYS_FILE set, any API key is accepted and nothing is charged")

@@ -329,6 +329,9 @@ class MemoryTransport(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def can_write_eof(self) -> bool:
+        return False  # no write side to shut: a last answer closes it at once
+
     def pause_reading(self) -> None:
         pass
 

@@ -6,14 +6,18 @@ SIGHUP while the proxy starts is held until it serves, not its default action (e
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
+import tomllib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ from aiohttp import web
 from tests.support import Anvil, eventually, free_port, healthy, serving
 
 SHUTDOWN_TIMEOUT = 2.0
+TCP_CLOSE = 7  # a socket's state once its peer reset it (linux/tcp_states.h)
 
 
 @dataclass
@@ -68,7 +73,7 @@ class Running:
         return text in self.log.read_text()
 
 
-def _start(relay: HeldRelay, **env: str) -> Running:
+def _start(relay: HeldRelay, argv: tuple[str, ...] = ("-m", "proxy"), **env: str) -> Running:
     port = free_port()
     environ = {
         **os.environ,
@@ -80,7 +85,7 @@ def _start(relay: HeldRelay, **env: str) -> Running:
     }
     log = Path(tempfile.mkstemp(prefix="rpc-proxy-drain-", suffix=".log")[1])
     with log.open("wb") as handle:  # a file: a pipe nobody reads could fill and block the proxy
-        proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=environ, stdout=subprocess.DEVNULL, stderr=handle)
+        proc = subprocess.Popen([sys.executable, *argv], env=environ, stdout=subprocess.DEVNULL, stderr=handle)
     return Running(proc, port, log)
 
 
@@ -195,6 +200,113 @@ async def test_during_the_drain_a_request_read_is_answered_and_the_last_answer_s
         assert one[1]["id"] == 1 and b"Connection: close" not in one[0]  # another answer follows it
         assert three[1] == {"jsonrpc": "2.0", "id": 3, "result": "0x"} and b"Connection: close" in three[0]
         assert two[1]["id"] == 2 and b"Connection: close" in two[0]
+        assert await _exit_code(running) == 0
+    finally:
+        _end(running)
+
+
+def _chain_id(rid: int) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "eth_chainId", "params": []}).encode()
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes written to `sock` its peer has not yet taken (SIOCOUTQ): 0 once they are in its kernel."""
+    return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+
+
+def _reset(sock: socket.socket) -> bool:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == TCP_CLOSE
+
+
+@pytest.mark.parametrize("cut_off", [False, True])
+async def test_a_request_sent_before_the_last_answer_of_a_drain_is_answered_last_and_the_close_is_staged(
+    relay: HeldRelay, cut_off: bool
+) -> None:
+    # Three requests ahead of it: the third waits, unmade, for room for its answer (answer_bytes.py),
+    # reading paused, so the one sent during the drain lies unread in the kernel when the third is made.
+    running = _start(relay, SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT if cut_off else 10))
+    try:
+        await _serving(running)
+        with socket.create_connection(("127.0.0.1", running.port)) as sock:
+            sock.sendall(_post(_call(1)) + _post(_chain_id(2)) + _post(_chain_id(3)))
+
+            async def held() -> bool:
+                return relay.held == 1
+
+            await eventually(held, 10, "the call to reach the upstream")
+            running.proc.send_signal(signal.SIGTERM)
+            await eventually(lambda: asyncio.to_thread(running.said, "SIGTERM received"), 10, "the drain to begin")
+            sock.sendall(_post(_chain_id(99)))  # while request 1 is still being answered
+
+            async def taken() -> bool:
+                return _unsent(sock) == 0
+
+            await eventually(taken, 10, "the request to reach the proxy's side of the connection")
+            if not cut_off:
+                relay.released.set()
+            answers = _answers(await asyncio.to_thread(_to_the_end, sock))
+            if not cut_off:  # after the last answer what the client still sends is read and dropped: no reset
+                sock.sendall(_post(_chain_id(100)))
+                assert not _reset(sock) and sock.recv(65536) == b""
+        # Cut off at SHUTDOWN_TIMEOUT, a request not yet made is answered with the cut-off error, in order.
+        for (_, answer), rid in zip(answers, [1, 2, 3, 99], strict=True):
+            assert answer["id"] == rid or (cut_off and answer["error"]["code"] == -32603), answer
+        assert [b"Connection: close" in lines for lines, _ in answers] == [False, False, False, True]
+        assert await _exit_code(running) == 0
+    finally:
+        _end(running)
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+async def test_at_shutdown_timeout_a_batch_answers_what_it_made_and_cuts_off_only_the_calls_being_made(
+    relay: HeldRelay, transport: str, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys.alice]\nkey = "alicekey"\ndaily_credits = 100000\n')
+    running = _start(relay, API_KEYS_FILE=str(keys))
+    batch = b"[" + _call(1) + b"," + _chain_id(2) + b"]"  # eth_call 80 credits (held), eth_chainId 5
+    try:
+        await _serving(running)
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{running.port}/v3/alicekey"
+            ws = await session.ws_connect(f"ws://127.0.0.1:{running.port}/ws/v3/alicekey")
+            if transport == "http":
+                posted = asyncio.create_task(session.post(url, data=batch))
+            else:
+                await ws.send_bytes(batch)
+
+            async def held() -> bool:
+                return relay.held == 1
+
+            await eventually(held, 10, "the eth_call to reach the upstream")
+            running.proc.send_signal(signal.SIGTERM)
+            if transport == "http":
+                response = await posted
+                answers, charged = await response.json(), response.headers["X-Credits-Charged"]
+                # Charged as a call whose caller left: the eth_call's request was written to the node.
+                assert charged == "85"
+            else:
+                message = await ws.receive(timeout=10)
+                assert message.type == aiohttp.WSMsgType.TEXT, message
+                answers = json.loads(message.data)
+        assert answers[0]["id"] == 1 and "SHUTDOWN_TIMEOUT" in answers[0]["error"]["message"]
+        assert answers[1] == {"jsonrpc": "2.0", "id": 2, "result": "0x7a69"}
+        assert await _exit_code(running) == 0
+    finally:
+        _end(running)
+
+
+@pytest.mark.parametrize("after", [0.1, 0.15])  # past the interpreter's own start (~0.05 s), which nothing holds
+async def test_a_sighup_in_the_console_scripts_first_moment_is_held(relay: HeldRelay, after: float) -> None:
+    # The entry point pyproject.toml names for rpc-proxy (the Docker image's ENTRYPOINT), run as its script runs it.
+    scripts = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    module, function = scripts["rpc-proxy"].split(":")
+    running = _start(relay, argv=("-c", f"import sys; from {module} import {function}; sys.exit({function}())"))
+    try:
+        await asyncio.sleep(after)  # the moment under test, not a wait for state
+        running.proc.send_signal(signal.SIGHUP)
+        await _serving(running)
+        running.proc.send_signal(signal.SIGTERM)
         assert await _exit_code(running) == 0
     finally:
         _end(running)

@@ -186,7 +186,7 @@ class Gateway:
         finally:
             CALLER.reset(caller)
 
-        refund = cost and sum(
+        refund = cost and run.cut_given_back + sum(
             s.credits for s, o in zip(slots, results, strict=True) if isinstance(s, Prepared) and refunded(o.error)
         )
         if refund:

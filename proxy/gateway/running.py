@@ -11,9 +11,17 @@ from proxy.credits.charging import refunded, refunded_unanswered
 from proxy.forwarded import FORWARDED, Forwarded
 from proxy.gateway.response_size import ResponseBudget
 from proxy.prepared import Prepared
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
 from proxy.values import Outcome
 
 Execute = Callable[[Prepared, str], Awaitable[Outcome]]
+
+# A body's task cancelled with this message (task.cancel(CUT_OFF_REASON)) is cut off at SHUTDOWN_TIMEOUT:
+# a batch's calls still being made answer CUT_OFF, those already made their own answers.
+CUT_OFF_REASON = "SHUTDOWN_TIMEOUT"
+CUT_OFF = JsonRpcError(
+    INTERNAL_ERROR, "server shutting down: SHUTDOWN_TIMEOUT reached before this answer was ready", http_status=503
+)
 
 
 class Left(NamedTuple):
@@ -27,7 +35,7 @@ class BodyRun:
     """The prepared calls of one body, run for `account`. `charged`: their credits were debited, so
     each gets a mark that says whether a request made for it was sent to a node."""
 
-    __slots__ = ("_account", "_budget", "_execute", "_finished", "_marks", "_prepared")
+    __slots__ = ("_account", "_budget", "_execute", "_finished", "_marks", "_prepared", "cut_given_back")
 
     def __init__(
         self, execute: Execute, prepared: list[Prepared], account: str, budget: ResponseBudget, *, charged: bool
@@ -38,6 +46,7 @@ class BodyRun:
         self._budget = budget
         self._marks = [Forwarded() for _ in prepared] if charged else []
         self._finished: dict[int, Outcome] = {}  # by index: the calls answered so far
+        self.cut_given_back = 0  # credits of calls cut off before a request made for them was sent
 
     async def outcomes(self, slots: list[Prepared | Outcome], refusal: Outcome | None) -> list[Outcome]:
         """Each slot's outcome: its call's, run now, or the error that answers it (`refusal`: every
@@ -51,7 +60,12 @@ class BodyRun:
                 return [self._budget.take(await self._execute(prepared[0], self._account))]
             finally:
                 FORWARDED.reset(forwarded)
-        outcomes = iter(await asyncio.gather(*(self._member(i, p) for i, p in enumerate(prepared))))
+        try:
+            outcomes = iter(await asyncio.gather(*(self._member(i, p) for i, p in enumerate(prepared))))
+        except asyncio.CancelledError as cancel:
+            if cancel.args != (CUT_OFF_REASON,):
+                raise  # its client left: nothing is answered (left)
+            outcomes = iter(self._cut())
         return [s if not isinstance(s, Prepared) else refusal if refusal is not None else next(outcomes) for s in slots]
 
     async def _member(self, index: int, prepared: Prepared) -> Outcome:
@@ -61,6 +75,22 @@ class BodyRun:
             FORWARDED.set(self._marks[index])
         outcome = self._finished[index] = self._budget.take(await self._execute(prepared, self._account))
         return outcome
+
+    def _cut(self) -> list[Outcome]:
+        """SHUTDOWN_TIMEOUT reached: the answers made, and CUT_OFF for each call still being made,
+        charged as a call whose caller left is (left). The batch is answered: its task goes on."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        outcomes = []
+        for i, p in enumerate(self._prepared):
+            if i in self._finished:
+                outcomes.append(self._finished[i])
+                continue
+            outcomes.append(Outcome.failed(CUT_OFF))
+            if self._marks and refunded_unanswered(self._marks[i].sent):
+                self.cut_given_back += p.credits
+        return outcomes
 
     def left(self) -> Left:
         """The body's credits when its task is cancelled before its answers are made: a call that got

@@ -14,6 +14,7 @@ import termios
 from collections import deque
 from typing import Any, Protocol
 
+from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, error_reply
 from proxy.http.wire import RPC, Request
@@ -23,10 +24,8 @@ from proxy.values import PaidHit, Reply
 log = logging.getLogger("proxy.front")
 
 INTERNAL = JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500)
-CUT_OFF = JsonRpcError(  # an answer still being made when the drain ends (Front.shutdown)
-    INTERNAL_ERROR, "server shutting down: SHUTDOWN_TIMEOUT reached before this answer was ready", http_status=503
-)
 KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
+LINGER_SECONDS = 1.0  # after the last answer: what its client still sends is read and dropped this long
 MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
 COUNTED_HIT = 64 * 1024  # a memory hit written at once is counted in its connection's bytes from this size
 
@@ -49,6 +48,17 @@ def unsent_bytes(transport: asyncio.Transport | None) -> int:
         with contextlib.suppress(OSError, ValueError):
             unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
     return unsent
+
+
+def unread_bytes(transport: asyncio.Transport | None) -> int:
+    """Bytes its client sent that nothing has read yet (FIONREAD): the kernel keeps them while reading
+    is paused. A drain's last answer is not decided while any wait (Pipeline.last_of_drain)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return 0
+    with contextlib.suppress(OSError, ValueError):
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
+    return 0
 
 
 TCP_CLOSE = 7  # a socket's state once its peer reset it (linux/tcp_states.h)
@@ -138,8 +148,7 @@ class Pipeline:
         self.deadline.start()
 
     def lost(self, orphans: set[asyncio.Task[None]]) -> None:
-        """The connection is gone: answers still being made finish unwritten (Front.shutdown waits for
-        them as `orphans`), and nothing more is held."""
+        """The connection is gone: answers being made finish unwritten (Front.shutdown waits: `orphans`)."""
         self.transport = None
         self.done = True
         self.deadline.cancel()
@@ -262,20 +271,19 @@ class Pipeline:
             self._run_held()
 
     def last_of_drain(self, entry: Waiting | None) -> bool:
-        """Draining: whether an answer (`entry`, or None: one added now) is the connection's last, which
-        says Connection: close, the connection closing after it and reading no more (RFC 9112 9.6)."""
+        """Draining: whether an answer (`entry`, or None: one added now) is the last, Connection: close (9112 9.6)."""
         if not self._front.stopping or self.held or self._reader.request is not None:
             return False
-        if entry is not None and (not self.waiting or self.waiting[-1] is not entry):
+        # Not while its client's bytes lie unread: a request sent before this answer is answered last.
+        if (entry is not None and (not self.waiting or self.waiting[-1] is not entry)) or unread_bytes(self.transport):
             return False
         self.done = True
         return True
 
     def cut_off(self) -> list[asyncio.Task[None]]:
-        """SHUTDOWN_TIMEOUT reached: the answers still being made, cancelled; each is answered 503 (_awaited)."""
+        """SHUTDOWN_TIMEOUT: answers being made cancelled, each answered 503 (a batch: BodyRun._cut)."""
         self.cut = True
-        tasks = [item for item, _close in self.waiting if isinstance(item, asyncio.Task) and item.cancel()]
-        return tasks
+        return [item for item, _ in self.waiting if isinstance(item, asyncio.Task) and item.cancel(CUT_OFF_REASON)]
 
     def stop(self) -> None:
         """Shutting down: closed now when idle, else once its answers are written."""
@@ -287,6 +295,9 @@ class Pipeline:
             self.transport.close()
 
     def answer(self, request: Request, reply: Reply | Any) -> None:
+        if self.cut and not isinstance(reply, Reply):  # read after SHUTDOWN_TIMEOUT: cut off unmade
+            reply.close()
+            reply = error_reply(CUT_OFF, NO_CHARGE)
         if isinstance(reply, Reply):
             self.send(*self._reader.encoded(request, reply, self.last_of_drain(None)))
             return
@@ -375,8 +386,7 @@ class Pipeline:
         transport.write(data)
         self.account.wrote(len(data))
         if close:
-            self.done = True
-            transport.close()
+            self.deadline.linger(transport)
         elif self._reader.request is None:
             self._idle_or_stop()
 
@@ -392,9 +402,8 @@ class Pipeline:
             transport.write(item)
             self.account.wrote(len(item), dequeued=True)
             if close:
-                self.done = True
                 waiting.clear()
-                transport.close()
+                self.deadline.linger(transport)
                 return
         if not self._go_on():
             return
@@ -403,10 +412,11 @@ class Pipeline:
             self._idle_or_stop()
 
     def _idle_or_stop(self) -> None:
-        if self._front.stopping and not self.held:
+        if self._front.stopping and not self.held and not unread_bytes(self.transport):
             self.abort()
-        else:
+        else:  # draining with bytes unread: read (resume), they are answered before it closes
             self.active_at = self._loop.time()
+            self.resume()
 
 
 class IdleDeadline:
@@ -425,6 +435,21 @@ class IdleDeadline:
     def cancel(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
+
+    def linger(self, transport: asyncio.Transport) -> None:
+        """The connection's last answer is written; it closes in stages (RFC 9112 9.6): the write side
+        shut after it (a FIN once it is out), what the client still sends read and dropped (nothing is
+        read once `done`) until its own end (the transport closes on it) or LINGER_SECONDS, then closed.
+        A close with unread bytes would reset the connection, and a reset can wipe answers not yet read."""
+        self._pipeline.done = True
+        self._pipeline.read_paused = False
+        self.cancel()
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        transport.resume_reading()
+        self.timer = self._loop.call_later(LINGER_SECONDS, transport.close)
 
     def fire(self) -> None:
         """KEEPALIVE_TIMEOUT after the last head completed or answer was written (or its client last

@@ -13,6 +13,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
+from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, Estimate
 from proxy.http.app_keys import FRONT, GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
 from proxy.http.pipeline import unsent_or_reset
@@ -320,9 +321,6 @@ async def _close_when_idle(connection: Connection, session: Session, timeout: fl
             return
 
 
-CUT_OFF = JsonRpcError(INTERNAL_ERROR, "server shutting down: SHUTDOWN_TIMEOUT reached before this answer was ready")
-
-
 def cut_off_answer(data: str | bytes) -> bytes | None:
     """The error answer of a message whose calls the drain cut off: one per id (a batch's as one),
     None for notifications only or a message that is no JSON-RPC."""
@@ -349,8 +347,17 @@ async def close_websockets(app: web.Application, timeout: float | None = None) -
         if connection.tasks:
             await asyncio.wait(list(connection.tasks), timeout=timeout)
         try:
-            for task, data in list(connection.messages.items()):
-                task.cancel()
+            # A batch cut off answers what it made so far (running.BodyRun); any other message, the error.
+            cut = dict(connection.messages)
+            for task in cut:
+                task.cancel(CUT_OFF_REASON)
+            if cut:
+                await asyncio.wait(list(cut), timeout=CLOSE_TIMEOUT)
+            for task, data in cut.items():
+                if not task.done():
+                    task.cancel()
+                elif not task.cancelled():
+                    continue  # answered
                 answer = cut_off_answer(data)
                 if answer is not None and not connection.ws.closed:
                     async with asyncio.timeout(CLOSE_TIMEOUT):
