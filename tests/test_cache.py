@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from proxy.http.app_keys import SERVICE
 from proxy.values import Answer
 from tests.fake_solana import SYSTEM_ACCOUNT, TOKEN_ACCOUNT, FakeSolana
 from tests.support import (
@@ -223,6 +224,18 @@ async def replicas(
 @pytest.fixture
 async def two_replicas(anvil: Anvil, redis_url: str, make_proxy: ProxyFactory) -> tuple[Proxy, Proxy]:
     return await replicas(make_proxy, anvil, redis_url)
+
+
+async def one_space(*proxies: Proxy) -> None:
+    """Every replica names the shared key space (on a busy machine a replica's first read of the
+    space's records may come late: until then it keeps a space of its own, and shares nothing)."""
+
+    async def shared() -> bool:
+        heads = [proxy.app[SERVICE].networks["evm"].tracker.head for proxy in proxies]
+        spaces = {head.space if head is not None else None for head in heads}
+        return len(spaces) == 1 and None not in spaces
+
+    await eventually(shared, 20, "the replicas in one key space")
 
 
 async def shared_through_redis(anvil: Anvil, first: Proxy, second: Proxy) -> tuple[str, int]:

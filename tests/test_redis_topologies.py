@@ -28,7 +28,7 @@ from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable, connect
 from tests.redis_cluster import LocalCluster, LocalSentinel, command
 from tests.support import ROOT, Anvil, Proxy, ProxyFactory, eventually, settings_for, start_proxy, wait_until, word
-from tests.test_cache import SlowUpstream, finalized_store, replicas, shared_through_redis, storage
+from tests.test_cache import SlowUpstream, finalized_store, one_space, replicas, shared_through_redis, storage
 from tests.test_credits import keys_file
 
 
@@ -71,6 +71,7 @@ async def test_identical_misses_on_two_replicas_on_a_cluster_make_one_upstream_c
     first, second = await replicas(make_proxy, anvil, cluster_url, SlowUpstream)
     store, block = await finalized_store(anvil, first)
     await second.head_at(anvil.block_number())
+    await one_space(first, second)
     replies = await asyncio.gather(
         *((first if i % 2 else second).post(storage(store, "0x0", hex(block), rid=i)) for i in range(20))
     )
