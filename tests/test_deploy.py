@@ -529,7 +529,7 @@ def test_dockerfile_command_ports_and_healthcheck_match_the_proxy_settings() -> 
     docker = Dockerfile.read()
     settings = build_settings({**docker.env(), "EVM_UPSTREAM": "http://node.invalid:8546"})
     command = docker.exec_form("ENTRYPOINT") + docker.exec_form("CMD")
-    assert command[0] == "rpc-proxy" and 'rpc-proxy = "proxy.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert command[0] == "rpc-proxy" and 'rpc-proxy = "proxy.__main__:main"' in (ROOT / "pyproject.toml").read_text()
     assert _parser().parse_args(command[1:]).command == "serve"
     exposed = {int(p) for arg in docker.all("EXPOSE") for p in arg.split()}
     assert exposed == {settings.port, settings.metrics_port}

@@ -97,6 +97,23 @@ async def test_latest_reaches_the_block_of_logs_or_receipts_the_proxy_has_shown_
     assert await proxy.result(*call) == "0x" + word(99)
 
 
+async def test_a_real_block_far_past_the_trackers_head_is_polled_at_once_and_latest_reaches_it(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a block shown more than 64 past the head is no floor, but it is polled at once and the
+    next `latest` call waits for that poll: a burst of blocks mined on the node (anvil_mine 100)
+    before a write is no stale read."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="60")
+    address = await deployed(anvil, proxy)
+    call = ["eth_call", [{"from": DEV_ACCOUNT, "to": address, "data": selector("x()")}, "latest"]]
+    assert await proxy.result(*call) == "0x" + word(7)
+    anvil.mine(100)
+    tx = anvil.send(address, selector("setX(uint256)") + word(42))["transactionHash"]  # not through the proxy
+    receipt = await proxy.result("eth_getTransactionReceipt", [tx])
+    assert await proxy.result(*call) == "0x" + word(42)
+    assert int(await proxy.result("eth_blockNumber", []), 16) >= int(receipt["blockNumber"], 16)
+
+
 async def test_a_lying_nodes_log_of_a_block_far_past_the_head_holds_latest_back_never(
     anvil: Anvil, make_proxy: ProxyFactory
 ) -> None:

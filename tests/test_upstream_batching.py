@@ -342,6 +342,22 @@ async def test_a_call_whose_caller_left_while_its_batch_waited_is_never_written(
         assert [mark.sent for mark in marks] == [i not in leaving for i in range(3)]
 
 
+async def test_a_leader_left_alone_by_callers_that_left_while_its_batch_waited_is_sent_alone() -> None:
+    """The rule: the others go without the callers that left, also when only the batch's first caller
+    (its leader) stays: its call is sent alone and answered (it failed with an internal error)."""
+    recorder = Holding()
+    batcher = recorder.batcher()
+    calls = [asyncio.create_task(batcher.enqueue("eth_getStorageAt", [i])) for i in range(3)]
+    await asyncio.wait_for(recorder.waiting.wait(), 5)
+    for call in calls[1:]:
+        call.cancel()
+    await asyncio.gather(*calls[1:], return_exceptions=True)
+    recorder.go.set()
+    answer = await asyncio.wait_for(calls[0], 5)
+    assert answer.result == ["alone", [0], None]
+    assert recorder.together == [] and [params for _, params, _ in recorder.alone] == [[0]]
+
+
 async def asked_twice_behind_a_balancer(
     node: Anvil,
     member: Anvil,

@@ -140,6 +140,17 @@ async def test_a_method_the_proxy_knows_no_read_of_goes_to_exactly_one_upstream_
     assert (_asked(relays[0], method), _asked(relays[1], method)) == (1, 0)
 
 
+@pytest.mark.parametrize("method", ["net_listening", "net_peerCount", "web3_clientVersion"])
+async def test_a_read_served_by_default_is_asked_of_the_next_upstream_when_the_first_fails(
+    relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory, method: str
+) -> None:
+    proxy = await _proxy(make_proxy, tmp_path, [relays[0].url, relays[1].url])
+    relays[0].inject("http500", method=method)
+    status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": []})
+    assert status == 200 and ("result" in body or body["error"]["code"] == -32601), body  # the node's answer
+    assert (_asked(relays[0], method), _asked(relays[1], method)) == (1, 1)
+
+
 async def test_a_write_has_the_whole_upstream_timeout_whatever_the_number_of_upstreams(
     relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
 ) -> None:

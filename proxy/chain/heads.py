@@ -81,8 +81,7 @@ class EvmHeadTracker:
         self.last_poll = 0.0
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
-        self.shown = 0  # the highest block the proxy has shown a client (read-your-writes)...
-        self._shown_at = 0.0  # ...when (monotonic)
+        self.shown, self._shown_at = 0, 0.0  # the highest block shown a client (read-your-writes), when
         self._wrote_at = 0.0  # monotonic time of the last write forwarded...
         self._polled_after = 0.0  # ...and the time up to which a successful poll covers writes
         self._caught_up = asyncio.Event()
@@ -174,11 +173,12 @@ class EvmHeadTracker:
     # --- read-your-writes: `latest` never trails a block the proxy has shown -----------------
 
     def hint(self, number: int, *, relayed: bool = False) -> None:
-        """The proxy showed a client block `number`: poll now if the head has not reached it.
-        `relayed`: a sibling worker showed it (not told on again)."""
+        """The proxy showed a client block `number` (`relayed`: a sibling worker did): poll now if the head lacks it."""
         head = self.head
-        if number <= self.shown or (head is not None and number > head.latest + SHOWN_AHEAD_MAX):
-            return  # (far past every node's poll: a lying node's number is no floor; a real one is polled)
+        if head is not None and number > head.latest + SHOWN_AHEAD_MAX:
+            return self.wrote()  # too far past the head to be a floor (a lying node's?): a poll `latest` waits for
+        if number <= self.shown:
+            return None
         self.shown, self._shown_at = number, time.monotonic()
         if not relayed:
             for tell in self.on_shown:
@@ -190,8 +190,8 @@ class EvmHeadTracker:
             self._reissue()  # memory hits at `latest` take the general path until the head catches up
 
     def wrote(self) -> None:
-        """A client's transaction was forwarded: poll now, and `latest` waits for that poll (bounded by
-        HEAD_CATCH_UP_WAIT, as for a shown block): on an automining devnet its block is already out."""
+        """A write was forwarded (its block may be out already: automining) or a block shown too far
+        ahead to be a floor: poll now, and `latest` waits for that poll, HEAD_CATCH_UP_WAIT at most."""
         self._wrote_at = time.monotonic()
         self._caught_up.clear()
         self._asker.fresh_from = time.time()

@@ -86,7 +86,8 @@ class AutoBatcher:
         queue[0] = (method, params, waiter, proof, leader)
         self._dispatch(queue)
         answer = await waiter
-        assert answer is not None  # a leader is never alone in a queue of two or more
+        if answer is None:  # alone after all (the others left while the batch waited): sent from this task
+            return await self._alone(method, params, proof)
         return answer
 
     def _dispatch(self, queue: list[Queued]) -> None:

@@ -18,7 +18,7 @@ from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
-from proxy.rpc.methods import DEFAULT_ALLOWED_METHODS, POLICIES, CacheClass, metric_label
+from proxy.rpc.methods import DEFAULT_ALLOWED_METHODS, DEFAULT_ALLOWED_NAMESPACES, POLICIES, CacheClass, metric_label
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.budget import Budget, BudgetBook, Slot, UnitRate
 from proxy.upstream.judging import BatchReply, batch_answers, single_answer
@@ -50,7 +50,8 @@ BATCHABLE = frozenset(name for name, policy in POLICIES.items() if policy.batche
 BLOCKS = frozenset({"eth_getBlockByNumber", "eth_getBlockByHash"})
 # Reads worth hedging (sent to a second upstream when the first is slow): every cacheable read.
 HEDGEABLE = frozenset(name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE)
-# Calls another upstream may be asked after one may have got them: the reads the proxy knows. Any
+# Calls another upstream may be asked after one may have got them: the reads the proxy knows (those it
+# serves by default, `net_` too). Any
 # other method (a write, one ALLOW_METHODS opens: eth_sendRawTransactionSync, anvil_mine, a chain's
 # own) goes to exactly one upstream, with the whole UPSTREAM_TIMEOUT: another is tried only when the
 # first provably never got the call (its connection was refused), so a transaction is never sent twice.
@@ -192,7 +193,7 @@ class HttpUpstream(Sender):
             partial(single_answer, sent, method),
             self._max_reply,
             hedge=method in HEDGEABLE,
-            write=method not in RETRIABLE,
+            write=method not in RETRIABLE and method.partition("_")[0] not in DEFAULT_ALLOWED_NAMESPACES,
             methods=(method,),
         )
         return answer
