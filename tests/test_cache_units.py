@@ -280,18 +280,25 @@ class TestHeadTracker:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         # Rule (docs/caching.md, read-your-writes, against a lying node): a block shown more than
-        # SHOWN_AHEAD_MAX past the head is no floor; one the head has not reached in SHOWN_HOLD seconds
-        # no longer makes `latest` wait.
+        # SHOWN_AHEAD_MAX past the head is no floor (a poll, once an interval at most); one the head has
+        # not reached in SHOWN_HOLD seconds, however many higher ones follow, no longer makes `latest` wait.
         tracker, _ = self.tracker(FakeChain(100))
         await tracker.poll()
         now = [heads.time.monotonic() + 1.0]
         monkeypatch.setattr(heads.time, "monotonic", lambda: now[0])
         tracker.hint(105)
         assert tracker.shown == 105 and tracker.behind()
-        now[0] += heads.SHOWN_HOLD
+        now[0] += heads.SHOWN_HOLD / 2
+        tracker.hint(110)  # a higher number while the first is unreached: the hold runs on from the first
+        assert tracker.shown == 110 and tracker.behind()
+        now[0] += heads.SHOWN_HOLD / 2
         assert not tracker.behind()
         tracker.hint(100 + heads.SHOWN_AHEAD_MAX + 1)  # no floor: a poll now, which `latest` waits for
-        assert tracker.shown == 105 and tracker.behind()
+        assert tracker.shown == 110 and tracker.behind()
+        asked = tracker._wrote_at
+        now[0] += 0.5  # within one poll interval: no other poll for another far number
+        tracker.hint(100 + heads.SHOWN_AHEAD_MAX + 2)
+        assert tracker._wrote_at == asked
 
     async def test_without_a_finalized_tag_a_depth_below_latest_is_final(self) -> None:
         tracker, _ = self.tracker(FakeChain(100, finalized_tag=False), depth=10)

@@ -81,7 +81,7 @@ class EvmHeadTracker:
         self.last_poll = 0.0
         self.stale_after = stale_after
         self.attempted = asyncio.Event()  # the first poll has finished, well or not
-        self.shown, self._shown_at = 0, 0.0  # the highest block shown a client (read-your-writes), when
+        self.shown, self._shown_at, self._far_at = 0, 0.0, -SHOWN_HOLD  # the highest block shown a client, when
         self._wrote_at = 0.0  # monotonic time of the last write forwarded...
         self._polled_after = 0.0  # ...and the time up to which a successful poll covers writes
         self._caught_up = asyncio.Event()
@@ -115,8 +115,7 @@ class EvmHeadTracker:
         self._reissue()
 
     def adopt(self, identity: ChainIdentity) -> None:
-        """Another chain on the same upstreams (identity.py's adoption rule): what was known of the old
-        one (head, block hashes, blocks shown, the finalized block) goes, and polling starts over."""
+        """Another chain on the same upstreams (identity.py): what was known goes; polling starts over."""
         self.head = None
         self.orphans.clear()
         self.shown = 0
@@ -135,10 +134,8 @@ class EvmHeadTracker:
         return (head.finalized, head.final_hash)
 
     def state_changed(self) -> None:
-        """A dev node's state was changed through the proxy (anvil_setStorageAt, evm_revert...): a new
-        epoch at once, so no entry of the old state is served, and a poll now, which may find the chain
-        rolled back (its subscribers get the removed logs without waiting for a block); until it is
-        done, `latest` and eth_blockNumber go to the node, with no block shown before as their floor."""
+        """A dev node's state was changed through the proxy (anvil_setStorageAt, evm_revert...): a new epoch now,
+        no block shown as a floor, and a poll `latest` waits for (it may find the chain rolled back)."""
         self._epochs.move_on()
         self.forks.fresh(self._base())  # only this replica's entries are in it yet
         self._rewound = True
@@ -153,8 +150,7 @@ class EvmHeadTracker:
         return f"{self.network}@{self._identity}" + (f"~{epoch}" if epoch else "")
 
     def _space(self) -> str | None:
-        """The shared space once this replica's chain is found to be its chain's, or one of its own
-        (under network and identity alone while the epoch's record cannot be read: forks.py)."""
+        """The shared space once this replica's chain is found to be its chain's, else one of its own (forks.py)."""
         base = self._base() or (f"{self.network}@{self._identity}" if self._epochs.unread else None)
         return self.forks.space(base) if base is not None else None
 
@@ -174,12 +170,17 @@ class EvmHeadTracker:
 
     def hint(self, number: int, *, relayed: bool = False) -> None:
         """The proxy showed a client block `number` (`relayed`: a sibling worker did): poll now if the head lacks it."""
-        head = self.head
-        if head is not None and number > head.latest + SHOWN_AHEAD_MAX:
-            return self.wrote()  # too far past the head to be a floor (a lying node's?): a poll `latest` waits for
+        head, now = self.head, time.monotonic()
+        if head is not None and number > head.latest + SHOWN_AHEAD_MAX:  # no floor (a lying node's number?)
+            if now - self._far_at >= self._interval:  # a poll `latest` waits for, once an interval at most
+                self._far_at = now
+                self.wrote()
+            return None
         if number <= self.shown:
             return None
-        self.shown, self._shown_at = number, time.monotonic()
+        if head is None or self.shown <= head.latest:  # the hold runs from the first floor no poll reached
+            self._shown_at = now
+        self.shown = number
         if not relayed:
             for tell in self.on_shown:
                 tell(number)
@@ -235,8 +236,7 @@ class EvmHeadTracker:
         return poll_health(self.head is not None, self.last_poll, self.stale_after, now)
 
     def check_staleness(self) -> None:
-        """After a failed poll: once the last good one is older than the bound, mark the head stale
-        (a new head object, so plans memoized against the fresh one are not used)."""
+        """After a failed poll: past the bound since the last good one, the head is stale (a new object)."""
         self.head = gone_stale(self.network, self.head, time.time() - self.last_poll, self.stale_after)
 
     async def poll(self) -> Head:
