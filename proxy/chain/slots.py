@@ -43,6 +43,11 @@ def commitment_of(params: Any) -> str:
     return "finalized"
 
 
+def _below(answered: dict[str, int], held: dict[str, int]) -> bool:
+    """Every slot a poll answered is below the one held at its commitment (none held: not below)."""
+    return bool(held) and all(slot < held.get(commitment, -1) for commitment, slot in answered.items())
+
+
 class SolanaSlotTracker:
     """The slot at each commitment, polled with getSlot."""
 
@@ -105,13 +110,12 @@ class SolanaSlotTracker:
         }
         if not answered:
             raise TrackerError("upstream returned no slot")
-        held = self.slots
-        if held and all(slot < held.get(commitment, -1) for commitment, slot in answered.items()):
+        if _below(answered, self.slots):
             # A cluster reset (a restarted test validator) looks so too: its genesis hash is asked now,
             # and a new one starts the slots anew (check_identity).
             await self.check_identity()
-            held = self.slots
-        if held and all(slot < held.get(commitment, -1) for commitment, slot in answered.items()):
+        held = self.slots
+        if _below(answered, held):
             # Never back (caching.md "Solana slots"): a node behind (restarted from an old snapshot)
             # fails the poll; the slots stay, and go stale if no poll reaches them again.
             raise TrackerError(f"upstream is behind the slots already shown ({answered} < {held})")

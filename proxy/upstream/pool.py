@@ -51,14 +51,24 @@ BLOCKS = frozenset({"eth_getBlockByNumber", "eth_getBlockByHash"})
 # Reads worth hedging (sent to a second upstream when the first is slow): every cacheable read.
 HEDGEABLE = frozenset(name for name, policy in POLICIES.items() if policy.cache is not CacheClass.NONE)
 # Calls another upstream may be asked after one may have got them: the reads the proxy knows (those it
-# serves by default, `net_` too). Any
-# other method (a write, one ALLOW_METHODS opens: eth_sendRawTransactionSync, anvil_mine, a chain's
-# own) goes to exactly one upstream, with the whole UPSTREAM_TIMEOUT: another is tried only when the
-# first provably never got the call (its connection was refused), so a transaction is never sent twice.
+# serves by default, `net_` too). Any other method (a write, one ALLOW_METHODS opens:
+# eth_sendRawTransactionSync, anvil_mine, a chain's own) goes to exactly one upstream, with the whole
+# UPSTREAM_TIMEOUT: another is tried only when the first provably never got the call (its connection
+# was refused), so a transaction is never sent twice.
 WRITES = frozenset(
     {"eth_sendRawTransaction", "eth_sendTransaction", "eth_sendRawTransactionConditional", "sendTransaction"}
 )
 RETRIABLE = frozenset((DEFAULT_ALLOWED_METHODS | POLICIES.keys()) - WRITES - {"requestAirdrop"})
+
+
+def _batchable(method: str, params: Any) -> bool:
+    """A read that may share an upstream auto-batch: a bounded one, a block as a header only."""
+    return method in BATCHABLE and (method not in BLOCKS or params[-1] is not True)
+
+
+def _one_try(method: str) -> bool:
+    """A call no other upstream is asked after one may have got it (RETRIABLE's rule)."""
+    return method not in RETRIABLE and method.partition("_")[0] not in DEFAULT_ALLOWED_NAMESPACES
 
 
 class Upstream(Protocol):
@@ -172,12 +182,7 @@ class HttpUpstream(Sender):
     def request(self, method: str, params: Any, *, timeout: float | None = None) -> Awaitable[Answer]:
         # The coroutine that answers, returned rather than awaited here: a miss passes through no
         # layer that only hands on its call (so in the per-key budget and the asker too).
-        if (
-            self._batch_max > 1
-            and timeout is None
-            and method in BATCHABLE
-            and (method not in BLOCKS or params[-1] is not True)
-        ):
+        if self._batch_max > 1 and timeout is None and _batchable(method, params):
             return self._batcher.enqueue(method, params)
         return self._single(method, params, timeout)
 
@@ -193,7 +198,7 @@ class HttpUpstream(Sender):
             partial(single_answer, sent, method),
             self._max_reply,
             hedge=method in HEDGEABLE,
-            write=method not in RETRIABLE and method.partition("_")[0] not in DEFAULT_ALLOWED_NAMESPACES,
+            write=_one_try(method),
             methods=(method,),
         )
         return answer
@@ -320,13 +325,7 @@ class HttpUpstream(Sender):
     ) -> Awaitable[Answer]:
         """A call and the header of `block` (a number or "latest") in one batch to one node: its answer,
         with `proof` the hash that node has for `block`. Auto-batched with other reads when it can be."""
-        if (
-            index is None
-            and timeout is None
-            and self._batch_max > 1
-            and method in BATCHABLE
-            and (method not in BLOCKS or params[-1] is not True)
-        ):
+        if index is None and timeout is None and self._batch_max > 1 and _batchable(method, params):
             return self._batcher.enqueue(method, params, block)
         return self._proven_to(method, params, block, index, timeout)
 
