@@ -27,6 +27,7 @@ from proxy.chain import bloom
 from proxy.chain.head_polls import Head
 from proxy.chain.header_chain import HeaderChain, Proven, Unverifiable
 from proxy.chain.headers import HeaderError, verify_header
+from proxy.chain.heads import EvmHeadTracker
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
@@ -216,7 +217,8 @@ class Verifier:
             more = await self._extras(net, answer.upstream, ap.follow_up_calls(plan.method, plan.forward, extras))
             if more is None:
                 return UNPROVEN
-            ap.prove(plan.method, plan.forward, answer.result, header, [*extras, *more])
+            identity = net.tracker.identity if isinstance(net.tracker, EvmHeadTracker) else None
+            ap.prove(plan.method, plan.forward, answer.result, header, [*extras, *more], identity)
         except (Unverifiable, ap.Unprovable):
             return UNPROVEN
         except ap.AnswerError:

@@ -12,10 +12,14 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from proxy.chain.blob_schedule import SCHEDULES, blob_base_fee, update_fraction
 from proxy.chain.headers import Header, verify_header
-from proxy.chain.receipts_root import RECEIPT_FIELDS, ReceiptError, blob_base_fee, receipts_root, verify_receipts
+from proxy.chain.receipts_root import RECEIPT_FIELDS, ReceiptError, receipts_root, verify_receipts
 from proxy.chain.trie_root import trie_root
+from proxy.upstream.standing import ChainIdentity
 from tests.support import CONTRACTS, DEV_ACCOUNT, Anvil, selector, word
+
+MAINNET = ChainIdentity(1, "0xd4e56740f876aef8c010b86a40d5f56745a118d0906a34e69aec8c0db1cb8fa3")
 
 OTHER = "0x" + "44" * 20
 STORE_BIN = "0x" + (CONTRACTS / "Store.bin").read_text().strip()
@@ -225,14 +229,87 @@ class TestBlobGasPrice:
         with pytest.raises(ReceiptError):
             verify_receipts(receipts, block.header, block.transactions)
 
-    def test_the_header_settles_the_price_at_no_excess_and_before_prague_only(self, block: Block) -> None:
+    def test_on_an_unknown_chain_the_header_settles_the_price_at_no_excess_and_before_prague_only(
+        self, block: Block
+    ) -> None:
         """EIP-4844: fake_exponential(1, excess, 3338477); Prague (EIP-7691) and the blob-parameter-only
         forks change the fraction, which the header does not name."""
         cancun = dataclasses.replace(block.header, requests=False)
         assert blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=0)) == 1
         assert blob_base_fee(dataclasses.replace(block.header, excess_blob_gas=0)) == 1
+        for excess in (2_314_057, 2_314_058, 10 * 1024 * 1024):  # go-ethereum's TestCalcBlobFee: 1, 2, 23
+            assert (
+                blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=excess))
+                == {
+                    2_314_057: 1,
+                    2_314_058: 2,
+                    10 * 1024 * 1024: 23,
+                }[excess]
+            )
         for excess in (3_338_477, 10 * 3_338_477, 123_456_789):
             price = blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=excess))
             assert price is not None and abs(price - math.exp(excess / 3_338_477)) <= 1 + price * 1e-6
         assert blob_base_fee(dataclasses.replace(block.header, excess_blob_gas=1)) is None  # Prague on
         assert blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=None)) is None  # before Cancun
+
+    @pytest.mark.parametrize(
+        ("moment", "fraction"),
+        [
+            (1_710_338_135 - 1, None),  # before Cancun: no blob gas price at all
+            (1_710_338_135, 3_338_477),  # Cancun
+            (1_746_612_311 - 1, 3_338_477),
+            (1_746_612_311, 5_007_716),  # Prague (EIP-7691); Osaka kept it
+            (1_765_290_071 - 1, 5_007_716),
+            (1_765_290_071, 8_346_193),  # BPO1
+            (1_767_747_671 - 1, 8_346_193),
+            (1_767_747_671, 11_684_671),  # BPO2
+            (1_800_000_000, 11_684_671),
+        ],
+    )
+    def test_on_mainnet_the_fraction_is_its_fork_at_the_blocks_time(
+        self, block: Block, moment: int, fraction: int | None
+    ) -> None:
+        header = dataclasses.replace(block.header, timestamp=moment, requests=moment >= 1_746_612_311)
+        assert update_fraction(MAINNET, header) == fraction
+        price = blob_base_fee(dataclasses.replace(header, excess_blob_gas=50_000_000), MAINNET)
+        if fraction is None:
+            assert price is None
+        else:
+            assert price is not None and abs(price - math.exp(50_000_000 / fraction)) <= 1 + price * 1e-6
+
+    def test_a_chain_is_known_by_its_id_and_genesis_both(self, block: Block) -> None:
+        """A devnet of chain id 1 with its own genesis (or mainnet's genesis under another id) is not
+        mainnet: from Prague's layout on, its price is not settled here."""
+        header = dataclasses.replace(block.header, timestamp=1_770_000_000, requests=True, excess_blob_gas=1)
+        assert update_fraction(MAINNET, header) == 11_684_671
+        assert update_fraction(ChainIdentity(1, "0x" + "ab" * 32), header) is None
+        assert update_fraction(ChainIdentity(5, MAINNET.genesis), header) is None
+        assert update_fraction(ChainIdentity(1, MAINNET.genesis.upper().replace("0X", "0x")), header) == 11_684_671
+        for chain_id, first in ((11155111, 1_706_655_072), (17000, 1_707_305_664), (560048, 0)):
+            known = next(c for c in SCHEDULES if c[0] == chain_id)
+            assert update_fraction(ChainIdentity(*known), dataclasses.replace(header, timestamp=first)) == 3_338_477
+
+    def test_a_mainnet_blob_receipts_price_is_proven_by_its_schedule_and_another_is_left_unproven(
+        self, block: Block
+    ) -> None:
+        """A Prague-layout block with excess blob gas: proven on mainnet by the fork's fraction, left
+        unproven (never refuted) on a chain whose schedule is not known, or at another price."""
+        header = dataclasses.replace(block.header, timestamp=1_770_000_000, requests=True, excess_blob_gas=90_000_000)
+        price = blob_base_fee(header, MAINNET)
+        assert price is not None and price > 1
+        receipts = copy.deepcopy(block.receipts)
+        for receipt in receipts:
+            receipt["blobGasPrice"] = hex(price)
+            for item in (receipt, *receipt["logs"]):
+                if "blockTimestamp" in item:
+                    item["blockTimestamp"] = hex(header.timestamp)
+        assert verify_receipts(receipts, header, block.transactions, MAINNET) == frozenset()
+        assert verify_receipts(receipts, header, block.transactions) == {"blobGasPrice"}
+        receipts[0]["blobGasPrice"] = hex(price + 1)
+        assert verify_receipts(receipts, header, block.transactions, MAINNET) == {"blobGasPrice"}
+
+    def test_an_excess_past_any_chains_price_is_left_unproven_at_once(self, block: Block) -> None:
+        """The series takes about excess/fraction terms: a header claiming 2**200 would sum for ever."""
+        cancun = dataclasses.replace(block.header, requests=False)
+        assert blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=2**200)) is None
+        assert blob_base_fee(dataclasses.replace(cancun, excess_blob_gas=400 * 3_338_477)) is not None

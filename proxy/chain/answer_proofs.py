@@ -22,6 +22,7 @@ from proxy.chain.receipts_root import ReceiptError, verify_receipts
 from proxy.chain.rlp import wrap_list
 from proxy.chain.trie_proof import ProofError, slot_key, verify_account, verify_code
 from proxy.rpc.jsonrpc import dumps_canonical
+from proxy.upstream.standing import ChainIdentity
 
 # State reads: the position of their block parameter.
 STATE = {"eth_getStorageAt": 2, "eth_getBalance": 1, "eth_getCode": 1, "eth_getTransactionCount": 1, "eth_getProof": 2}
@@ -179,9 +180,12 @@ def _slot(value: Any) -> str:
         raise Unprovable(str(exc)) from exc
 
 
-def prove(method: str, params: Any, result: Any, header: Header, extras: Sequence[Any]) -> None:
+def prove(
+    method: str, params: Any, result: Any, header: Header, extras: Sequence[Any], chain: ChainIdentity | None = None
+) -> None:
     """Return when `result` is proven by `header` and the `extras` answers (extra_calls' order);
-    AnswerError when it is refuted, Unprovable when it cannot be told."""
+    AnswerError when it is refuted, Unprovable when it cannot be told. `chain`: the network's
+    identity, which names its blob schedule (a receipt's blobGasPrice)."""
     try:
         _asked_for(method, params, result)
         if method in STATE:
@@ -191,7 +195,7 @@ def prove(method: str, params: Any, result: Any, header: Header, extras: Sequenc
         elif method == UNCLE:
             _prove_uncle(params, result, header, extras)
         else:
-            _prove_from_block(method, result, header, extras)
+            _prove_from_block(method, result, header, extras, chain)
     except (ProofError, BlockError, ReceiptError, FieldError, HeaderError) as exc:
         raise AnswerError(str(exc)) from exc
 
@@ -264,15 +268,19 @@ def prove_receipts(full: Any, receipts: Any, header: Header) -> None:
         raise AnswerError(str(exc)) from exc
 
 
-def _receipts_proven(receipts: Any, header: Header, transactions: Sequence[Mapping[str, Any]]) -> None:
+def _receipts_proven(
+    receipts: Any, header: Header, transactions: Sequence[Mapping[str, Any]], chain: ChainIdentity | None
+) -> None:
     """Receipts proven by the header and the block's proven transactions, every field of them: one the
-    header does not settle (a blobGasPrice of a blob schedule not EIP-4844's own) leaves them unproven."""
-    left = verify_receipts(receipts, header, transactions)
+    header does not settle (a blobGasPrice of a blob schedule not known here) leaves them unproven."""
+    left = verify_receipts(receipts, header, transactions, chain)
     if left:
         raise Unprovable(f"a receipt's {sorted(left)[0]}, which the header does not settle")
 
 
-def _prove_from_block(method: str, result: Any, header: Header, extras: Sequence[Any]) -> None:
+def _prove_from_block(
+    method: str, result: Any, header: Header, extras: Sequence[Any], chain: ChainIdentity | None
+) -> None:
     """Receipts and transactions: the block's full transactions proven first, then the answer."""
     full = extras[0]
     _proven_block(full, header)
@@ -281,7 +289,7 @@ def _prove_from_block(method: str, result: Any, header: Header, extras: Sequence
         _same_item(result, transactions, "transaction")
         return
     receipts = extras[1] if method == "eth_getTransactionReceipt" else result
-    _receipts_proven(receipts, header, transactions)
+    _receipts_proven(receipts, header, transactions, chain)
     if method == "eth_getTransactionReceipt":
         _same_item(result, receipts, "receipt")
 

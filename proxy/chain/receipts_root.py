@@ -11,8 +11,8 @@ Fail safe: a receipt of an unknown type, or with a field this module does not kn
 What comes from the transactions (transactionHash, from, to, contractAddress, effectiveGasPrice,
 blobGasUsed) is checked against the block's transactions when the caller has proven them
 (transactions_root.verify_transactions, senders.verify_senders). blobGasPrice depends on the chain's
-blob schedule, which the header does not name: it is proven only where EIP-4844's own constants
-settle it (`blob_base_fee`). `verify_receipts` returns the fields it left unproven. Every field of
+blob schedule, which the header does not name: it is proven only where the chain's schedule is known
+(blob_schedule.py). `verify_receipts` returns the fields it left unproven. Every field of
 the interface's receipt and log objects must be there: an answer without one is refused.
 """
 
@@ -21,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from proxy.chain.blob_schedule import blob_base_fee
 from proxy.chain.fields import FieldError, block_time, data, keccak256, quantity
 from proxy.chain.headers import Header
 from proxy.chain.rlp import encode_bytes, encode_int, wrap_list
 from proxy.chain.trie_root import ordered_trie_root
+from proxy.upstream.standing import ChainIdentity
 
 TYPES = frozenset({0, 1, 2, 3, 4})
 PROVEN = frozenset({"type", "status", "root", "cumulativeGasUsed", "logsBloom", "logs"})
@@ -32,8 +34,6 @@ DERIVED = frozenset({"gasUsed", "transactionIndex", "blockHash", "blockNumber"})
 FROM_TRANSACTIONS = frozenset({"transactionHash", "from", "to", "contractAddress", "effectiveGasPrice", "blobGasUsed"})
 UNPROVEN = frozenset({"blobGasPrice"})
 _BLOB_GAS = 2**17  # gas per blob (EIP-4844 GAS_PER_BLOB)
-_MIN_BLOB_BASE_FEE = 1  # EIP-4844 MIN_BASE_FEE_PER_BLOB_GAS
-_CANCUN_BLOB_FRACTION = 3_338_477  # EIP-4844 BLOB_BASE_FEE_UPDATE_FRACTION; Prague (EIP-7691) on: per fork
 # A receipt's and a log's fields every node shows (the interface's receipt and log objects; status or
 # root, and type, are checked where the receipt is encoded).
 RECEIPT_FIELDS = frozenset(
@@ -197,38 +197,25 @@ def _from_transactions(receipts: Sequence[Mapping[str, Any]], transactions: Sequ
                 raise ReceiptError("a receipt's blobGasUsed is not its transaction's blobs")
 
 
-def blob_base_fee(header: Header) -> int | None:
-    """The blob gas price of the header's block where EIP-4844's constants settle it, else None: with
-    no excess blob gas it is the minimum; with some, Cancun's update fraction gives it before Prague,
-    whose fraction (EIP-7691) and later ones (blob-parameter-only forks) the header does not name."""
-    excess = header.excess_blob_gas
-    if excess is None or (excess and header.requests):
-        return None
-    # fake_exponential(MIN_BASE_FEE_PER_BLOB_GAS, excess, fraction) of EIP-4844.
-    fraction = _CANCUN_BLOB_FRACTION
-    total, term, step = 0, _MIN_BLOB_BASE_FEE * fraction, 1
-    while term > 0:
-        total += term
-        term = term * excess // (fraction * step)
-        step += 1
-    return total // fraction
-
-
-def _blob_prices(receipts: Sequence[Mapping[str, Any]], header: Header) -> bool:
+def _blob_prices(receipts: Sequence[Mapping[str, Any]], header: Header, chain: ChainIdentity | None) -> bool:
     """Whether every receipt's blobGasPrice (those that show one) is the one the header settles."""
     shown = [quantity(receipt["blobGasPrice"], "blobGasPrice") for receipt in receipts if "blobGasPrice" in receipt]
     if not shown:
         return True
-    settled = blob_base_fee(header)
+    settled = blob_base_fee(header, chain)
     return all(price == settled for price in shown)
 
 
 def verify_receipts(
-    receipts: Any, header: Header, transactions: Sequence[Mapping[str, Any]] | None = None
+    receipts: Any,
+    header: Header,
+    transactions: Sequence[Mapping[str, Any]] | None = None,
+    chain: ChainIdentity | None = None,
 ) -> frozenset[str]:
     """eth_getBlockReceipts' answer for a block whose header is proven: ReceiptError unless the
     header's receiptsRoot proves every receipt and the derived fields follow. With the block's proven
-    transactions, the fields taken from them are checked too. Returns the fields present but unproven."""
+    transactions, the fields taken from them are checked too; with the chain's identity, the blob gas
+    price by its schedule (blob_schedule.py). Returns the fields present but unproven."""
     if not isinstance(receipts, list) or not all(isinstance(receipt, Mapping) for receipt in receipts):
         raise ReceiptError("receipts are not a list of objects")
     if receipts_root(receipts) != header.receipts_root:
@@ -237,7 +224,7 @@ def verify_receipts(
         _derived(receipts, header)
         if transactions is not None:
             _from_transactions(receipts, transactions)
-        blob_prices = _blob_prices(receipts, header)
+        blob_prices = _blob_prices(receipts, header, chain)
     except FieldError as exc:
         raise ReceiptError(str(exc)) from exc
     unproven = (UNPROVEN - {"blobGasPrice"} if blob_prices else UNPROVEN) | (
