@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -266,11 +267,27 @@ def _load_toml(name: str, path: str) -> dict[str, Any]:
         raise ConfigError(f"{name}: {path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{name}: {path} is not UTF-8 text") from None
+    if (where := _non_finite(data)) is not None:
+        # TOML writes inf, nan and 1e400 (read as inf): no limit, weight or delay is infinite.
+        field_name = where if name != "API_KEYS_FILE" else where.rpartition(".")[2]  # table names may be keys
+        raise ConfigError(f"{name}: {field_name} must be a finite number (not inf or nan)")
     if name == "CREDITS_FILE":
         return data
     # ${VAR} from the environment (config_expand.py); API_KEYS_FILE's table names may be secrets.
     expanded: dict[str, Any] = expand(data, name, trace=name != "API_KEYS_FILE")
     return expanded
+
+
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The dotted path of the first float in a TOML document that is inf or nan, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip("."))
+        if found is not None:
+            return found
+    return None
 
 
 def _credits_file(path: str) -> dict[str, int]:

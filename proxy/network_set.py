@@ -37,6 +37,7 @@ from proxy.network import NetworkRuntime
 from proxy.network_parts import Parts, PartsBuilder
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.streams.head_feed import EvmFeed
+from proxy.upstream.pool import routing_of
 from proxy.upstream.ws import UpstreamSocket
 
 # What a network's pool is built from: a change of one of these builds new parts.
@@ -102,6 +103,7 @@ class NetworkSet:
             try:
                 listed = [*self._fixed, *_networks_from_file(settings.networks_file)]
                 defaults = checked_networks(listed)
+                _rehearse(listed)
             except ConfigError as exc:  # its messages never echo a URL
                 return 400, {"error": str(exc)}
             new = {n.name: n for n in listed}
@@ -182,6 +184,16 @@ class NetworkSet:
         task = asyncio.create_task(retire(), name=f"retire-{parts.name}")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+
+
+def _rehearse(networks: Sequence[Network]) -> None:
+    """Every network's routing worked out on throwaway budgets before anything is applied: what the
+    swap computes cannot fail halfway through it, with some networks changed and others not."""
+    for net in networks:
+        try:
+            routing_of(net)
+        except (ValueError, ArithmeticError) as exc:
+            raise ConfigError(f"NETWORKS_FILE: network {net.name!r}: its upstream options cannot be applied") from exc
 
 
 def _identity(parts: Parts) -> object:

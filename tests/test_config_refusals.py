@@ -194,6 +194,31 @@ def test_a_network_with_no_http_upstream_says_so(upstreams: str, tmp_path: Path)
 
 
 @pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ('upstreams = [{url = "http://127.0.0.1:1", max_rps = inf}]', "networks.main.upstreams[0].max_rps"),
+        ('upstreams = [{url = "http://127.0.0.1:1", max_units_per_second = 1e400}]', "max_units_per_second"),
+        ('upstreams = [{url = "http://127.0.0.1:1", weight = inf}]', "networks.main.upstreams[0].weight"),
+        ('upstreams = ["http://127.0.0.1:1"]\nhedge_after_ms = nan', "networks.main.hedge_after_ms"),
+    ],
+)
+def test_a_number_in_a_networks_file_must_be_finite(entry: str, field: str, tmp_path: Path) -> None:
+    """Rule: inf, nan and 1e400 (read as inf) are no limit, weight or delay: refused naming the field."""
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.main]\nfamily = "evm"\n{entry}\n')
+    message = refused(NETWORKS_FILE=str(networks))
+    assert field in message and "must be a finite number" in message, message
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "check", "--offline"],
+        env=clean_env(NETWORKS_FILE=str(networks)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "must be a finite number" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
     ("setting", "value", "floor"),
     [
         ("HEAD_POLL_INTERVAL", "1e-9", "0.05"),

@@ -198,6 +198,26 @@ async def test_an_invalid_networks_file_is_400_and_nothing_is_applied(
     assert answer["result"] == "0x0" and _asked(relays[1], "eth_getBalance") == 0
 
 
+async def test_a_number_that_is_not_finite_is_400_naming_it_and_no_network_is_changed(
+    relays: list[FaultRelay],
+    tmp_path: Path,
+    make_proxy: ProxyFactory,
+) -> None:
+    """Rule: inf, nan and 1e400 are refused before anything is applied, never half of a reload."""
+    port = free_port()
+    path = tmp_path / "networks.toml"
+    table = '[networks.{}]\nfamily = "evm"\nupstreams = [{{url = "{}", max_rps = {}}}]\n'
+    path.write_text(table.format("a", relays[0].url, 5) + table.format("b", relays[1].url, 5))
+    proxy = await make_proxy(NETWORKS_FILE=str(path), ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    for value in ("inf", "nan", "1e400"):
+        path.write_text(table.format("a", relays[0].url, 7) + table.format("b", relays[1].url, value))
+        status, body = await _reload(proxy, port)
+        assert status == 400 and "networks.b.upstreams[0].max_rps must be a finite number" in body["error"], body
+        status, listing = await _admin(proxy.session, port, "/upstreams")
+        assert status == 200 and "Infinity" not in json.dumps(listing)
+        assert [u["max_rps"] for n in ("a", "b") for u in listing[n]] == [5, 5], listing
+
+
 async def _queued_for_budget(
     make_proxy: ProxyFactory, relay: FaultRelay, tmp_path: Path, count: int
 ) -> tuple[Proxy, int, list[Any]]:

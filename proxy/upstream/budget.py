@@ -87,12 +87,11 @@ class Budget:
 
     def retune(self, max_rps: float | None, max_concurrency: int | None, units: UnitRate | None = None) -> None:
         """New limits (a reload) from the next take on, the requests in the window still counted;
-        calls waiting look again at once."""
-        self.max_rps = max_rps
-        self.max_concurrency = max_concurrency
-        self.limits = Limits.of(max_rps, max_concurrency)
-        self.units = units
-        self.unit_limits = Limits.of(units.per_second, None) if units is not None else None
+        calls waiting look again at once. All of them or none: the limits are worked out first."""
+        limits = Limits.of(max_rps, max_concurrency)
+        unit_limits = Limits.of(units.per_second, None) if units is not None else None
+        self.max_rps, self.max_concurrency, self.limits = max_rps, max_concurrency, limits
+        self.units, self.unit_limits = units, unit_limits
         self._wake()
 
     @property
