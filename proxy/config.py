@@ -230,6 +230,11 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
         if net.name in seen:
             raise ConfigError(f"network {net.name!r} is declared twice")
         seen.add(net.name)
+    claimed: dict[str, str] = {}  # host -> the network declaring it: a Host header routes to one network
+    for net in networks:
+        for host in net.hosts:
+            if claimed.setdefault(host, net.name) != net.name:
+                raise ConfigError(f"host {host!r} is claimed by networks {claimed[host]!r} and {net.name!r}")
     defaults: dict[str, str] = {}
     for family in FAMILIES:
         first = next((n for n in networks if n.family == family), None)

@@ -209,6 +209,25 @@ def _recent_blocks(at: str, entry: dict[str, Any]) -> int | None:
     return int(recent) if recent is not None else None
 
 
+def _hosts(where: str, hosts: Any) -> tuple[str, ...]:
+    """A network's `hosts`: Host header names, lower-cased. A Host header is matched by its name alone
+    (gateway/network_routing.py drops its port), so a URL or a name with a port would never match."""
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        raise ConfigError(f"{where}: hosts must be a list of host names")
+    for host in hosts:
+        shown = host[:60]
+        if "/" in host:
+            raise ConfigError(f"{where}: hosts entry {shown!r} is a URL: write the host name alone (rpc.example)")
+        if ":" in host and not host.startswith("["):
+            raise ConfigError(
+                f"{where}: hosts entry {shown!r} has a port: a Host header is matched by its name on any port, "
+                "write the name alone"
+            )
+        if not host or any(c.isspace() for c in host):
+            raise ConfigError(f"{where}: hosts entry {shown!r} is not a host name")
+    return tuple(h.lower() for h in hosts)
+
+
 def _integrity(where: str, entry: dict[str, Any]) -> tuple[int, bool]:
     """A network's confirm_immutable (upstreams that must agree) and confirm_logs_bloom."""
     count = _positive_number(where, "confirm_immutable", entry.get("confirm_immutable", 1), whole=True)
@@ -346,9 +365,7 @@ def _networks_from_file(path: str) -> list[Network]:
         family = entry.get("family")
         if family not in FAMILIES:
             raise ConfigError(f"{where}: family must be 'evm' or 'solana'")
-        hosts = entry.get("hosts", [])
-        if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
-            raise ConfigError(f"{where}: hosts must be a list of host names")
+        hosts = _hosts(where, entry.get("hosts", []))
         depth = entry.get("finality_depth")
         if depth is not None and (not isinstance(depth, int) or depth <= 0):
             raise ConfigError(f"{where}: finality_depth must be a positive integer")
@@ -377,7 +394,7 @@ def _networks_from_file(path: str) -> list[Network]:
                 name=str(name),
                 family=family,
                 upstreams=_upstream_urls(where + " upstreams", http_urls),
-                hosts=tuple(h.lower() for h in hosts),
+                hosts=hosts,
                 finality_depth=depth,
                 chain_id=chain_id,
                 ws_upstreams=ws_urls,

@@ -193,6 +193,26 @@ def test_a_network_with_no_http_upstream_says_so(upstreams: str, tmp_path: Path)
     assert "network 'main': no http(s) upstream" in message and "confirm_immutable" not in message
 
 
+def test_a_host_claimed_by_two_networks_is_refused_naming_both(tmp_path: Path) -> None:
+    """Rule: a Host header routes to one network: two networks declaring it is no silent last-wins."""
+    networks = tmp_path / "networks.toml"
+    table = '[networks.{}]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{}"]\n'
+    networks.write_text(table.format("one", "rpc.example") + table.format("two", "RPC.example"))
+    assert "host 'rpc.example' is claimed by networks 'one' and 'two'" in refused(NETWORKS_FILE=str(networks))
+
+
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [("https://rpc.example", "is a URL"), ("rpc.example/v1", "is a URL"), ("rpc.example:8545", "has a port")],
+)
+def test_a_host_that_no_host_header_can_match_is_refused(host: str, why: str, tmp_path: Path) -> None:
+    """Rule: `hosts` holds Host header names, matched without the port: a URL or a port never matches."""
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{host}"]\n')
+    message = refused(NETWORKS_FILE=str(networks))
+    assert f"hosts entry {host!r} {why}" in message, message
+
+
 @pytest.mark.parametrize(
     ("entry", "field"),
     [

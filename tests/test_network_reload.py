@@ -188,6 +188,8 @@ async def test_an_invalid_networks_file_is_400_and_nothing_is_applied(
         '[networks.evm]\nfamily = "evm"\nupstreams = [\n',  # not TOML
         f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\n'
         '[networks.Bad_Name]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\n',
+        f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\nhosts = ["a.example"]\n'
+        '[networks.two]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["a.example"]\n',
     ):
         path.write_text(text)
         status, body = await _reload(proxy, port)
