@@ -197,8 +197,7 @@ async def _probe_http(pool: HostPool, network: Network, index: int, timeout: flo
         found = _result(await _post(pool, genesis_call, timeout, limit), "genesis")
         genesis = found.get("hash") if isinstance(found, dict) else found
     except (ClientFault, TimeoutError, ValueError) as exc:
-        reason = str(exc) if isinstance(exc, ValueError) else f"unreachable ({exc or type(exc).__name__})"
-        return Probe(network.name, label, problems=(reason,))
+        return Probe(network.name, label, problems=(_failure(exc, timeout),))
     if network.chain_id is not None and chain_id is not None and chain_id != network.chain_id:
         problems.append(f"chain id {chain_id}, but the network declares chain_id = {network.chain_id}")
     try:
@@ -206,8 +205,17 @@ async def _probe_http(pool: HostPool, network: Network, index: int, timeout: flo
         if not isinstance(answers, list) or len(answers) != 2 or any("result" not in a for a in answers):
             problems.append("a batch of two calls was not answered with two results (set UPSTREAM_BATCH_MAX=1)")
     except (ClientFault, TimeoutError, ValueError) as exc:
-        problems.append(f"a batch of two calls failed ({exc or type(exc).__name__}; set UPSTREAM_BATCH_MAX=1)")
+        problems.append(f"a batch of two calls failed ({_failure(exc, timeout)}; set UPSTREAM_BATCH_MAX=1)")
     return Probe(network.name, label, chain_id, genesis, tuple(problems))
+
+
+def _failure(exc: Exception, timeout: float) -> str:
+    """Why a post failed, in words: a silent upstream's timeout says so (its message is empty)."""
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {timeout:g}s (UPSTREAM_TIMEOUT)"
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return f"unreachable ({str(exc) or type(exc).__name__})"
 
 
 async def probe_ws(session: aiohttp.ClientSession, network: Network, index: int, timeout: float) -> Probe:
@@ -292,6 +300,23 @@ async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]
     return [(name, redact_url(url), problem) for (name, url), problem in zip(urls, problems, strict=True)]
 
 
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
+def own_address(settings: Settings) -> list[tuple[Network, int]]:
+    """The http(s) upstreams at this proxy's own HOST and PROXY_PORT (pure): serve would send every
+    call to itself, and refuse it (via.py)."""
+    hosts = {settings.host, *(_LOOPBACK if settings.host in (*_LOOPBACK, "0.0.0.0", "::") else ())}
+    found = []
+    for network in settings.networks:
+        for index, url in enumerate(network.upstreams):
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            if port == settings.port and parts.hostname in hosts:
+                found.append((network, index))
+    return found
+
+
 def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (), misspelt: Sequence[str] = ()) -> int:
     """Print the effective configuration and, online, each upstream's result; the exit status.
     `ignored`: names in ./.env that are no setting (serve logs and ignores them: most are typos);
@@ -308,8 +333,14 @@ def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (),
     if misspelt:
         problems += 1
         print(f"FAIL environment: not settings (misspelt?), serve ignores them: {', '.join(misspelt)}")
+    for network, index in own_address(settings):
+        problems += 1
+        shown = redact_url(network.upstreams[index])
+        print(f"FAIL network {network.name} upstream #{index} {shown}: this proxy's own address (a loop, via.py)")
     if offline:
-        print("offline: settings and files are valid; upstreams not tried" if not problems else "1 problem(s)")
+        print(
+            "offline: settings and files are valid; upstreams not tried" if not problems else f"{problems} problem(s)"
+        )
         return 1 if problems else 0
     probes = asyncio.run(probe_all(settings))
     for name, shown, problem in asyncio.run(probe_redises(settings)):

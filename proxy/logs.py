@@ -180,6 +180,12 @@ class Throttled:
         self._suppressed: dict[str, int] = {}
 
     def warning(self, key: str, msg: str, *args: Any) -> None:
+        self.log(logging.WARNING, key, msg, *args)
+
+    def error(self, key: str, msg: str, *args: Any) -> None:
+        self.log(logging.ERROR, key, msg, *args)
+
+    def log(self, level: int, key: str, msg: str, *args: Any) -> None:
         now = self._clock()
         if now < self._next.get(key, 0.0):
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
@@ -189,4 +195,4 @@ class Throttled:
         if suppressed:
             msg += " (%d more like this in the last %gs)"
             args = (*args, suppressed, self._interval)
-        self._logger.warning(msg, *args)
+        self._logger.log(level, msg, *args)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from proxy import hangup
+from proxy import hangup, via
 from proxy.workers.context import WorkerContext
 
 if TYPE_CHECKING:
@@ -84,6 +84,8 @@ def worker_main(settings: Settings, context: WorkerContext, ready: Connection) -
 
     hangup.hold()  # started with SIGHUP blocked (Supervisor._start): one sent meanwhile is remembered
     _die_with_parent()
+    if context.via:
+        via.adopt(context.via)
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
     code = run_server(settings, worker=context, on_listening=lambda: ready.send(os.getpid()))
     sys.exit(code)
@@ -167,7 +169,7 @@ class Supervisor:
         reader, writer = self._context.Pipe(duplex=False)
         process = self._context.Process(
             target=worker_main,
-            args=(self.settings, WorkerContext(slot.index, self.run_dir), writer),
+            args=(self.settings, WorkerContext(slot.index, self.run_dir, via.pseudonym()), writer),
             name=f"rpc-proxy-worker-{slot.index}",
         )
         with hangup.Blocked():  # until the worker runs hangup.hold, a SIGHUP waits instead of killing it

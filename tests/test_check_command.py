@@ -218,3 +218,22 @@ def test_check_prints_each_evm_networks_verify_mode(tmp_path: Path) -> None:
     off = check(tmp_path, "--offline", EVM_UPSTREAM=upstream, VERIFY_ANSWERS="off")
     default = check(tmp_path, "--offline", EVM_UPSTREAM=upstream)
     assert "'verify': 'off'" in off.stdout and "'verify': 'auto'" in default.stdout, off.stdout + default.stdout
+
+
+def test_a_silent_upstream_is_said_to_have_timed_out_naming_the_setting(tmp_path: Path) -> None:
+    """Rule: a timeout is no empty `unreachable ()`: it says how long and which setting bounds it."""
+    with socket.socket() as silent:  # accepts (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        result = check(tmp_path, EVM_UPSTREAM=url, UPSTREAM_TIMEOUT="1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"FAIL network evm upstream #0 {url}: timed out after 1s (UPSTREAM_TIMEOUT)" in result.stdout
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_an_upstream_at_the_proxys_own_address_is_a_loop(offline: bool, tmp_path: Path) -> None:
+    port = free_port()
+    args = ("--offline",) if offline else ()
+    result = check(tmp_path, *args, PROXY_PORT=str(port), EVM_UPSTREAM=f"http://localhost:{port}", UPSTREAM_TIMEOUT="1")
+    assert result.returncode == 1 and f"upstream #0 http://localhost:{port}: this proxy's own address" in result.stdout

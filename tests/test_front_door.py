@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -12,7 +20,7 @@ from web3 import AsyncHTTPProvider, AsyncWeb3
 
 from proxy.http.access_log import shown_path
 from proxy.request_ids import IDS, RequestIds
-from tests.support import Anvil, Proxy, free_port, settings_for, start_proxy
+from tests.support import Anvil, Proxy, eventually, free_port, settings_for, start_proxy
 from tests.test_front import exchange
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
@@ -257,3 +265,63 @@ async def test_eth_accounts_answered_by_the_proxy_costs_an_identity_reads_price(
             assert status == 200 and "result" in body and headers["X-Credits-Charged"] == "5", (call, headers)
     finally:
         await proxy.close()
+
+
+def _serving(port: int, upstream: str, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """`python -m proxy` on `port` with `upstream` as EVM_UPSTREAM, its log in `log`."""
+    environ = {**os.environ, "PROXY_PORT": str(port), "EVM_UPSTREAM": upstream, "UPSTREAM_TIMEOUT": "20", **env}
+    with log.open("wb") as handle:  # a file, not a pipe nobody reads
+        return subprocess.Popen([sys.executable, "-m", "proxy"], env=environ, stdout=subprocess.DEVNULL, stderr=handle)
+
+
+async def _first_answer(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    """The first answer of a proxy still starting (its port refuses connections until it listens)."""
+    answered: list[tuple[int, Any]] = []
+
+    async def answers() -> bool:
+        try:
+            async with session.post(url, json=body) as response:
+                answered.append((response.status, await response.json()))
+        except aiohttp.ClientConnectionError:
+            return False
+        return True
+
+    await eventually(answers, 30, "the proxy to answer")
+    return answered[0]
+
+
+async def test_an_upstream_that_is_the_proxy_itself_is_refused_at_once_as_a_loop(tmp_path: Path) -> None:
+    """Rule (RFC 9110 7.6.3 Via): a request this proxy sent that comes back to it is refused, not forwarded."""
+    port = free_port()
+    log = tmp_path / "proxy.log"
+    proc = _serving(port, f"http://127.0.0.1:{port}", log)
+    try:
+        async with aiohttp.ClientSession() as session:
+            started = time.monotonic()
+            status, answer = await _first_answer(session, f"http://127.0.0.1:{port}/v3/k", CHAIN_ID)
+            assert time.monotonic() - started < 15  # not an upstream timeout after a fan-out to itself
+            assert status == 502 and answer["error"]["code"] == -32002, answer
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 30)
+    text = log.read_text()
+    assert "level=error" in text and "an upstream of this proxy is this proxy itself" in text, text
+
+
+async def test_a_chain_of_two_proxies_is_no_loop(anvil: Anvil, tmp_path: Path) -> None:
+    """Rule: another proxy's Via is not this one's: proxy -> proxy -> node answers."""
+    port = free_port()
+    inner = _serving(port, anvil.url, tmp_path / "inner.log")
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, answer = await _first_answer(session, f"http://127.0.0.1:{port}/v3/k", CHAIN_ID)
+        assert status == 200 and answer["result"] == "0x7a69", answer
+        outer = await start_proxy(settings_for(EVM_UPSTREAM=f"http://127.0.0.1:{port}"))
+        try:
+            status, answer, _ = await outer.post(GENESIS)
+            assert status == 200 and answer["result"]["number"] == "0x0", answer
+        finally:
+            await outer.close()
+    finally:
+        inner.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(inner.wait, 30)

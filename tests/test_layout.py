@@ -39,6 +39,7 @@ FLOORS: list[list[str]] = [
     [
         "key_context.py",
         "forwarded.py",
+        "via.py",
         "tasks.py",
         "hangup.py",
         "hedging.py",

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import httptools
 
+from proxy import via
 from proxy.http.access_log import log_front_request
 from proxy.http.endpoint import (
     BUSY_BODIES,
@@ -46,8 +47,9 @@ from proxy.http.wire import (
     request_head,
     take_over,
 )
+from proxy.logs import Throttled
 from proxy.request_ids import IDS, REQUEST_ID, identified, sane
-from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.values import Reply
 
 log = logging.getLogger("proxy.front")
@@ -65,6 +67,7 @@ READ_HEADERS = (
     "access-control-request-headers",
     "connection",
     "x-request-id",
+    "via",
 )
 MAX_TARGETS = 1024  # request targets remembered with their path and route (clients reuse a few)
 MAX_HEADS = 512  # request heads remembered for Front.learn, each in a read of at most MAX_REPLAY_BYTES
@@ -92,6 +95,16 @@ def parse_failure(exc: httptools.HttpParserError, peer: str | None) -> Reply:
         return error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
     log.debug("bad request from %s: %s", peer, exc)  # llhttp's reason names no part of the request
     return error_reply(JsonRpcError(INVALID_REQUEST, "bad request: not valid HTTP/1.1", http_status=400), NO_CHARGE)
+
+
+looping = Throttled(log)
+
+
+def looped() -> Refused:
+    """A request this proxy sent upstream came back to it (via.py): refused at once, never forwarded
+    again, as a failed upstream (508 Loop Detected, RFC 5842 7.2)."""
+    looping.error("via", "an upstream of this proxy is this proxy itself (its own Via came back): fix the upstream URL")
+    return refusal(UPSTREAM_UNAVAILABLE, "loop detected: the upstream is this proxy itself", 508)
 
 
 class Front:
@@ -372,6 +385,8 @@ class FrontProtocol(asyncio.Protocol):
         host_fault = host_fault_of(headers.get("host"), repeated_host, request.http10)
         if host_fault:
             raise refusal(INVALID_REQUEST, host_fault, 400)
+        if "via" in headers and via.looped(headers["via"]):
+            raise looped()
         request.prebuildable = not self._access_log and ("connection" not in headers or not request.http10)
         sent = headers.get("x-request-id")
         request.sent_id = sent.encode() if sent is not None and sane(sent) else None

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from proxy import via
 from proxy.forwarded import forwarding
 from proxy.upstream.scrubbing import basic_credentials
 
@@ -245,6 +246,7 @@ class HostPool:
         self._head = (
             f"POST {target} HTTP/1.1\r\nHost: {host_field}\r\n{auth}Content-Type: application/json\r\n"
             "Accept: */*\r\nAccept-Encoding: identity\r\nUser-Agent: rpc-cache-proxy\r\n"
+            f"Via: {via.field()}\r\n"  # an upstream that is this proxy refuses it (via.py)
             "Content-Length: "
         ).encode("latin-1")
         self._limit = limit
