@@ -50,6 +50,10 @@ def topology_of(url: str) -> RedisTopology:
     """The topology a URL names; a plain redis:// URL is `single` and is left to redis-py to read."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme not in _SCHEMES:
+        # redis-py reads a path that is no number (`/db5`) as database 0, silently.
+        path = url.partition("://")[2].partition("?")[0].partition("#")[0].partition("/")[2]
+        if scheme in ("redis", "rediss") and path and not (path.isascii() and path.isdigit()):
+            raise BadRedisUrl("has a path other than /DB, a database number (redis://host:6379/0)")
         return RedisTopology("single")
     kind, tls = _SCHEMES[scheme]
     rest = url.split("://", 1)[1]

@@ -58,6 +58,8 @@ def test_a_sentinel_url_names_its_sentinels_service_and_database() -> None:
         ("redis+sentinel://s1:26379/svc?password=x", "does not take: password"),
         ("redis+sentinel://s1:26379/svc#frag", "fragment"),
         ("redis+clusterx://h:7000", "is not a valid"),
+        ("redis://h:6379/db5", "a database number"),  # redis-py would read it as database 0
+        ("rediss://h:6379/0/1", "a database number"),
     ],
 )
 def test_malformed_topology_urls_are_one_line_config_errors_that_never_echo_them(url: str, fragment: str) -> None:
@@ -68,6 +70,11 @@ def test_malformed_topology_urls_are_one_line_config_errors_that_never_echo_them
         message = str(caught.value)
         assert message.startswith(name) and fragment in message, message
         assert SECRET not in message and "s3cr" not in message
+
+
+def test_a_single_server_url_with_a_numbered_database_or_none_is_accepted() -> None:
+    for url in ("redis://h:6379/5", "redis://h:6379/", "redis://h:6379", "unix:///run/redis.sock?db=2"):
+        assert build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": url}).redis_url == url
 
 
 def test_valid_topology_urls_are_accepted_as_written() -> None:
