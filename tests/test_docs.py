@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import tomllib
+from pathlib import Path
 from types import ModuleType
 
-from proxy.config import OPTIONS
+import pytest
+
+from proxy.config import OPTIONS, ConfigError, build_settings
 from tests.support import ROOT
 
 SETTINGS_PAGE = ROOT / "docs/configuration/settings.md"
@@ -43,3 +47,53 @@ def test_every_docs_page_is_in_the_site_navigation() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     for page in (ROOT / "docs").rglob("*.md"):
         assert str(page.relative_to(ROOT / "docs")) in nav, page
+
+
+def _toml_blocks() -> list[tuple[str, str]]:
+    """(where, text) of every ```toml block of README.md and docs/, and of each commented-out TOML
+    example inside one (`# upstreams = [` ... up to its closing bracket)."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text()
+        for block in re.finditer(r"```toml\n(.*?)```", text, re.S):
+            where = f"{page.relative_to(ROOT)}:{text[: block.start()].count(chr(10)) + 1}"
+            found.append((where, block.group(1)))
+            lines = block.group(1).splitlines()
+            for start, line in enumerate(lines):
+                if not re.match(r"\s*# [a-z_]+ = ", line):
+                    continue
+                run, depth = [], 0
+                for part in lines[start:]:
+                    run.append(part.split("#", 1)[1][1:])
+                    depth += sum(part.count(c) for c in "[{") - sum(part.count(c) for c in "]}")
+                    if depth <= 0:
+                        break
+                found.append((f"{where} (commented: {line.strip()[:30]})", "\n".join(run)))
+    return found
+
+
+def test_every_toml_example_in_the_docs_parses_and_a_whole_networks_file_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule: a TOML example is valid TOML 1.0 (an inline table on one line), and one that is a whole
+    NETWORKS_FILE is one the proxy loads."""
+    blocks = _toml_blocks()
+    assert len(blocks) > 5 and any("commented" in where for where, _ in blocks)
+    loaded = 0
+    for where, text in blocks:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise AssertionError(f"{where}: not valid TOML: {exc}") from None
+        if set(data) != {"networks"}:
+            continue
+        for name in re.findall(r"\$\{([A-Z_]+)\}", text):
+            monkeypatch.setenv(name, "x")
+        path = tmp_path / "networks.toml"
+        path.write_text(text)
+        try:
+            build_settings({"NETWORKS_FILE": str(path)})
+        except ConfigError as exc:
+            raise AssertionError(f"{where}: the proxy refuses it: {exc}") from None
+        loaded += 1
+    assert loaded >= 3
