@@ -97,3 +97,15 @@ def test_every_toml_example_in_the_docs_parses_and_a_whole_networks_file_loads(
             raise AssertionError(f"{where}: the proxy refuses it: {exc}") from None
         loaded += 1
     assert loaded >= 3
+
+
+def test_every_section_env_example_cites_exists() -> None:
+    """Rule: `README "Section"`, `docs/page.md` and `docs/page.md "Section"` in .env.example resolve."""
+    text = (ROOT / ".env.example").read_text()
+    cited = re.findall(r'(README|docs/[\w/-]+\.md)(?: "([^"]+)")?', text)
+    assert cited
+    for page, section in cited:
+        path = ROOT / ("README.md" if page == "README" else page)
+        assert path.exists(), f".env.example cites {page}, which does not exist"
+        headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+        assert not section or section in headings, f'.env.example cites {page} "{section}", no heading of it'
