@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 
-from proxy.config import Network, Settings
+from proxy.config import Network, Settings, doubts
 from proxy.credits.prices import METHOD_CREDITS
 from proxy.redis_link import connect
 from proxy.rpc import jsonrpc
@@ -326,6 +326,8 @@ def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (),
         print(f"  {line}")
     if settings.api_keys is None:
         print("note open mode: neither API_KEYS nor API_KEYS_FILE is set: any key is accepted, nothing is charged")
+    for line in doubts(settings):  # serve logs each as a WARNING, and starts
+        print(f"warn {line}")
     problems = 0
     if ignored:
         problems += 1

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from proxy import __version__, hangup, logs
-from proxy.config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings
+from proxy.config import OPTION_NAMES, OPTIONS, ConfigError, Settings, build_settings, doubts
 from proxy.file_trust import check_trusted
 
 log = logging.getLogger("proxy")
@@ -183,6 +183,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from proxy.check import run_check
 
         return run_check(settings, offline=args.offline, ignored=unknown, misspelt=near)
+    if doubtful := doubts(settings):
+        logs.setup(settings.log_format, settings.log_level, settings.access_log)
+        for line in doubtful:
+            log.warning("%s", line)
     if near:
         logs.setup(settings.log_format, settings.log_level, settings.access_log)
         log.warning("in the environment, not settings (misspelt?), ignored: %s", ", ".join(near))

@@ -7,6 +7,7 @@ ConfigError, the options table, Network, KeyConfig and Family are re-exported: i
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import re
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ from proxy.options import OPTION_NAMES as OPTION_NAMES
 from proxy.options import OPTIONS as OPTIONS
 from proxy.options import ConfigError as ConfigError
 from proxy.rpc.jsonrpc import METHOD_NAME
-from proxy.rpc.methods import FAMILIES
+from proxy.rpc.methods import FAMILIES, POLICIES
 from proxy.rpc.methods import Family as Family
 
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -243,6 +244,26 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
     return defaults
 
 
+_NAMESPACE = re.compile(r"[A-Za-z][A-Za-z0-9]*_?")  # a method name's part before its `_`
+_CLIENT_IP_HEADERS = ("X-Forwarded-For", "X-Real-IP")
+
+
+def doubts(settings: Settings) -> list[str]:
+    """Settings that are valid but look like typos (pure): an allowed_methods entry that is no method
+    the proxy knows but one's near twin (`eth_cal`), a TRUSTED_PROXY_HEADER near one it reads
+    (`X-Forwarded-Fro`). Warnings, not errors: a method unknown here may be the node's own."""
+    found = []
+    for name, key in (settings.api_keys or {}).items():
+        for method in sorted(key.lists.methods - POLICIES.keys()):
+            if near := difflib.get_close_matches(method, POLICIES, 1, 0.85):
+                found.append(f"API_KEYS_FILE: key {name!r}: allowed_methods {method!r} is no known method ({near[0]}?)")
+    header = settings.trusted_proxy_header
+    known = {h.lower(): h for h in _CLIENT_IP_HEADERS}
+    if header and header.lower() not in known and (near := difflib.get_close_matches(header.lower(), known, 1, 0.8)):
+        found.append(f"TRUSTED_PROXY_HEADER {header[:40]!r} is not {known[near[0]]}, which it resembles (a typo?)")
+    return found
+
+
 def _networks(raw: Mapping[str, str]) -> list[Network]:
     """The networks of EVM_UPSTREAM and SOLANA_UPSTREAM (named evm and solana), then NETWORKS_FILE's."""
     networks: list[Network] = []
@@ -281,10 +302,10 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
     for env, (attr, parse) in _SCALARS.items():
         if env in raw:
             values[attr] = parse(env, raw[env])
-    if "LOG_FORMAT" in raw:
-        if raw["LOG_FORMAT"] not in ("text", "json"):
+    if "LOG_FORMAT" in raw:  # any case, as LOG_LEVEL: `JSON` is json
+        if raw["LOG_FORMAT"].strip().lower() not in ("text", "json"):
             raise ConfigError(f"LOG_FORMAT must be 'text' or 'json', got {raw['LOG_FORMAT']!r}")
-        values["log_format"] = raw["LOG_FORMAT"]
+        values["log_format"] = raw["LOG_FORMAT"].strip().lower()
     # uvloop, a default dependency where it builds, unless EVENT_LOOP=asyncio says otherwise.
     values["event_loop"] = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
     if "EVENT_LOOP" in raw:
@@ -299,7 +320,10 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
             raise ConfigError(f"LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {raw['LOG_LEVEL']!r}")
         values["log_level"] = level
     if "ALLOW_NAMESPACES" in raw:
-        values["allowed_namespaces"] = frozenset(ns.rstrip("_") for ns in _csv(raw["ALLOW_NAMESPACES"]))
+        spaces = _csv(raw["ALLOW_NAMESPACES"])
+        if bad := [ns for ns in spaces if not _NAMESPACE.fullmatch(ns)]:  # `debug;txpool`: another separator
+            raise ConfigError(f"ALLOW_NAMESPACES: {bad[0][:40]!r} is not a namespace (comma-separated: debug,txpool)")
+        values["allowed_namespaces"] = frozenset(ns.rstrip("_") for ns in spaces)
     if "ALLOW_METHODS" in raw:
         methods = _csv(raw["ALLOW_METHODS"])
         for method in methods:

@@ -125,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
         "require `from` in eth_call as the spec's table does (default false: "
         "the node's own default sender applies, as with geth and Anvil)",
     ),
-    Option("LOG_FORMAT", "text or json (JSON lines)"),
+    Option("LOG_FORMAT", "text or json (JSON lines), in any case"),
     Option("LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR (default INFO)"),
     Option(
         "ACCESS_LOG",

@@ -237,3 +237,21 @@ def test_an_upstream_at_the_proxys_own_address_is_a_loop(offline: bool, tmp_path
     args = ("--offline",) if offline else ()
     result = check(tmp_path, *args, PROXY_PORT=str(port), EVM_UPSTREAM=f"http://localhost:{port}", UPSTREAM_TIMEOUT="1")
     assert result.returncode == 1 and f"upstream #0 http://localhost:{port}: this proxy's own address" in result.stdout
+
+
+def test_a_near_miss_of_a_known_method_or_client_ip_header_is_a_warning_not_an_error(tmp_path: Path) -> None:
+    """Rule: allowed_methods `eth_cal` and TRUSTED_PROXY_HEADER `X-Forwarded-Fro` look like typos:
+    said, naming the near twin; an unknown method unlike any stays silent (it may be the node's own)."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        '[keys.alice]\nkey = "alice-secret-1"\nallowed_methods = ["eth_cal", "eth_chainId", "acme_quote"]\n'
+    )
+    keys.chmod(0o600)
+    settings = {"API_KEYS_FILE": str(keys), "TRUSTED_PROXY_HEADER": "X-Forwarded-Fro"}
+    result = check(tmp_path, "--offline", EVM_UPSTREAM="http://127.0.0.1:1", **settings)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warn ")]
+    assert warnings == [
+        "warn API_KEYS_FILE: key 'alice': allowed_methods 'eth_cal' is no known method (eth_call?)",
+        "warn TRUSTED_PROXY_HEADER 'X-Forwarded-Fro' is not X-Forwarded-For, which it resembles (a typo?)",
+    ]

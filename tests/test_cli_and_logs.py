@@ -359,3 +359,15 @@ def test_a_taken_internal_port_is_named_not_the_public_one(setting: str, workers
         r["msg"] for r in map(lambda line: parsed(line, "json"), result.stderr.splitlines()) if r["level"] == "error"
     ]
     assert f"cannot listen on 127.0.0.1:{port} ({setting}): Address already in use" in errors, errors
+
+
+def test_serve_logs_a_trusted_proxy_header_near_a_known_one_as_a_warning_and_starts(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """Rule: what `rpc-proxy check` says as `warn` (config.doubts) serve logs at WARNING, then serves."""
+    port = free_port()
+    env = clean_env(EVM_UPSTREAM=anvil.url, PROXY_PORT=str(port), LOG_FORMAT="json", TRUSTED_PROXY_HEADER="X-Real-Ip2")
+    code, lines = run_then_sigterm(env, tmp_path, port)
+    assert code == 0
+    records = [json.loads(line) for line in lines]
+    assert any(r["level"] == "warning" and "is not X-Real-IP, which it resembles" in r["msg"] for r in records)

@@ -354,3 +354,15 @@ def test_a_keys_file_table_name_holding_a_variable_is_refused(tmp_path: Path) ->
     keys = tmp_path / "keys.toml"
     keys.write_text('[keys."${K1}"]\n')
     assert "its table name holds '${': table names are not expanded" in refused(API_KEYS_FILE=str(keys))
+
+
+@pytest.mark.parametrize("value", ["debug;txpool", "debug txpool", "debug|txpool"])
+def test_allow_namespaces_with_another_separator_than_a_comma_is_refused(value: str) -> None:
+    """Rule: ALLOW_NAMESPACES is comma-separated; `debug;txpool` is no namespace, never silently none."""
+    assert "ALLOW_NAMESPACES" in refused(ALLOW_NAMESPACES=value)
+
+
+def test_log_format_is_read_in_any_case() -> None:
+    """Rule: LOG_FORMAT=JSON is json, as LOG_LEVEL=info is INFO (it was refused, the refusal in JSON)."""
+    assert build_settings({**UPSTREAM, "LOG_FORMAT": "JSON"}).log_format == "json"
+    assert build_settings({**UPSTREAM, "LOG_FORMAT": " Text "}).log_format == "text"
