@@ -41,6 +41,7 @@ KINDS = (
     "droplog",
     "fork",
     "crowded",
+    "both",
 )
 CROWD = 400_000  # "crowded": each result an array of this many `{}` (1.2 MB, one container per 3 bytes)
 
@@ -179,6 +180,9 @@ class FaultRelay:
             reply = [reply, dict(reply)]
         elif kind == "partial" and isinstance(reply, list) and reply:
             reply = reply[:-1]
+        elif kind == "both":  # a result and an error in one answer (JSON-RPC 2.0 allows one of them)
+            for item in reply if isinstance(reply, list) else [reply]:
+                item["error"] = {"code": 3, "message": "injected"}  # an execution error: not asked again
         elif kind == "crowded":
             for item in reply if isinstance(reply, list) else [reply]:
                 item["result"] = [{}] * CROWD

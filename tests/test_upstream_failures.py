@@ -15,6 +15,7 @@ from tests.fake_upstream import bad_upstream
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, CountingUpstream, ProxyFactory, eventually, free_port
 
+ADDRESS = "0x" + "ab" * 20
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
 
@@ -66,6 +67,20 @@ async def test_a_reply_crowded_with_objects_fails_its_try_unparsed_and_the_next_
 
         await eventually(refused, 10, "the head poll's crowded reply to be refused")
         await proxy.head_at(anvil.mine(1))
+    finally:
+        await relay.close()
+
+
+async def test_an_answer_with_both_a_result_and_an_error_fails_its_try(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    relay = await FaultRelay(anvil.url).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{anvil.url}")
+        relay.inject("both", method="eth_getTransactionCount")
+        status, body, _ = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getTransactionCount", "params": [ADDRESS, "latest"]}
+        )
+        assert status == 200 and body.get("result") == "0x0" and relay.applied == ["both"]
+        assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="mismatch") == 1
     finally:
         await relay.close()
 
