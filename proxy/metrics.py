@@ -291,6 +291,13 @@ class Metrics:
             ["network"],
             registry=r,
         )
+        self.finality_contradictions = Counter(
+            "rpc_proxy_finality_contradictions",
+            "Times an upstream showed the finalized block with another hash, then with the known one again "
+            "(no violation believed; it is out of head tracking for a while).",
+            ["network", "upstream"],
+            registry=r,
+        )
         self.fork_disagreements = Counter(
             "rpc_proxy_fork_disagreements",
             "Times this replica's chain disagreed with the chain of the shared cache's key space (another "

@@ -1,6 +1,7 @@
 """A fault-injecting HTTP relay in front of a real node: wrong ids, duplicate ids, partial batches,
-HTTP 500/413/429, slow answers, injected errors. Faults are queued and each applies to the next
-requests that match it (by method, by batch or not), then runs out; `times=None` never runs out.
+HTTP 500/413/429, slow answers, injected errors, answers from another node (a URL over two forks).
+Faults are queued and each applies to the next requests that match it (by method, by batch or not),
+then runs out; `times=None` never runs out.
 
 BombRelay is its hostile sibling on a raw socket (aiohttp's server cannot frame an answer that ends
 with the connection): it relays like FaultRelay, and a bomb armed for matching requests answers
@@ -38,7 +39,11 @@ KINDS = (
     "error",
     "ratelimit",
     "droplog",
+    "fork",
+    "crowded",
+    "both",
 )
+CROWD = 400_000  # "crowded": each result an array of this many `{}` (1.2 MB, one container per 3 bytes)
 
 
 @dataclass
@@ -49,11 +54,20 @@ class Fault:
     times: int | None = 1  # None: forever
     delay: float = 0.0
     retry_after: str | None = None  # an HTTP fault's Retry-After header
+    target: str | None = None  # "fork": the node that answers instead
+    every: int = 1  # applies to every `every`-th matching request only
+    only: bool = False  # matches only requests whose every call is of `method`
+    _matched: int = 0
 
     def matches(self, calls: list[dict[str, Any]], is_batch: bool) -> bool:
         if self.batches_only and not is_batch:
             return False
-        return self.method is None or any(c.get("method") == self.method for c in calls)
+        if self.only and not all(c.get("method") == self.method for c in calls):
+            return False
+        if self.method is not None and not any(c.get("method") == self.method for c in calls):
+            return False
+        self._matched += 1
+        return self._matched % self.every == 0
 
 
 @dataclass
@@ -112,9 +126,11 @@ class FaultRelay:
                 return fault
         return None
 
-    async def _forward(self, body: bytes) -> Any:
+    async def _forward(self, body: bytes, target: str | None = None) -> Any:
         assert self._session is not None
-        async with self._session.post(self.target, data=body, headers={"Content-Type": "application/json"}) as resp:
+        async with self._session.post(
+            target or self.target, data=body, headers={"Content-Type": "application/json"}
+        ) as resp:
             return json.loads(await resp.read())
 
     async def _handle(self, request: web.Request) -> web.Response:
@@ -154,7 +170,7 @@ class FaultRelay:
                     e if c.get("method") == fault.method else a for c, e, a in zip(calls, errors, answered, strict=True)
                 ]
             return web.json_response(errors if is_batch else errors[0])
-        reply = await self._forward(body)
+        reply = await self._forward(body, fault.target if fault is not None and kind == "fork" else None)
         if kind == "wrong_id":
             items = reply if isinstance(reply, list) else [reply]
             items[-1]["id"] = (items[-1].get("id") or 0) + 1000
@@ -164,6 +180,12 @@ class FaultRelay:
             reply = [reply, dict(reply)]
         elif kind == "partial" and isinstance(reply, list) and reply:
             reply = reply[:-1]
+        elif kind == "both":  # a result and an error in one answer (JSON-RPC 2.0 allows one of them)
+            for item in reply if isinstance(reply, list) else [reply]:
+                item["error"] = {"code": 3, "message": "injected"}  # an execution error: not asked again
+        elif kind == "crowded":
+            for item in reply if isinstance(reply, list) else [reply]:
+                item["result"] = [{}] * CROWD
         elif kind == "droplog":  # a lying node: the last log of every eth_getLogs answer left out
             for item in reply if isinstance(reply, list) else [reply]:
                 call = next((c for c in calls if c.get("id") == item.get("id")), {})

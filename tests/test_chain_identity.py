@@ -10,7 +10,7 @@ import pytest
 
 from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, ProxyFactory, eventually, selector, settings_for, start_proxy, word
+from tests.support import DEV_ACCOUNT, Anvil, ProxyFactory, eventually, selector, settings_for, start_proxy, word
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
@@ -131,3 +131,46 @@ async def test_a_finalized_block_whose_hash_changes_is_an_error_that_invalidates
     assert tracker.head is not None and tracker.head.space != space
     _, _, headers = await proxy.post(request)
     assert headers["X-Cache"] != "HIT"  # the old entry is left behind with the old epoch
+
+
+async def test_an_upstream_that_shows_two_forks_in_turn_invalidates_nothing_and_leaves_head_tracking(
+    caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
+) -> None:
+    # Two nodes with one genesis, each with its own blocks: block 136 is final on both, with other hashes.
+    first, second = Anvil("--timestamp", "1700000000"), Anvil("--timestamp", "1700000000")
+    relay = await FaultRelay(first.url).start()
+    try:
+        first.rpc("anvil_mine", "0xc8", "0xc")
+        second.rpc("anvil_mine", "0xc8", "0xd")
+        proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{first.url}")
+        await proxy.head_at(200)
+        balance = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [DEV_ACCOUNT, "0x40"]}
+        assert (await proxy.post(balance))[0] == 200
+        # Every second head poll the relay answers from the other fork.
+        relay.inject(
+            "fork", method="eth_getBlockByNumber", batches_only=True, only=True, times=None, every=2, target=second.url
+        )
+
+        async def contradicted() -> bool:
+            status, _, headers = await proxy.post(balance)
+            assert status == 200 and headers["X-Cache"] == "HIT"  # final reads keep being served
+            return proxy.metric("rpc_proxy_finality_contradictions_total", network="evm", upstream="0") >= 1
+
+        await eventually(contradicted, 15, "the relay to be caught contradicting itself")
+        for _ in range(20):  # polls go on; the relay, out of head tracking, moves nothing
+            status, _, headers = await proxy.post(balance)
+            assert status == 200 and headers["X-Cache"] == "HIT"
+        await proxy.head_at(first.mine(3))
+        assert proxy.metric("rpc_proxy_finality_violations_total", network="evm") == 0
+        assert not any(r.levelno == logging.ERROR and "changed hash" in r.getMessage() for r in caplog.records)
+
+        first.rpc("anvil_reorg", 150, [])  # a real reorg below finality, shown by every poll: believed
+
+        async def violation() -> bool:
+            return proxy.metric("rpc_proxy_finality_violations_total", network="evm") >= 1
+
+        await eventually(violation, 15, "the finality violation to be seen")
+    finally:
+        await relay.close()
+        first.stop()
+        second.stop()

@@ -18,7 +18,17 @@ from prometheus_client import CollectorRegistry
 from proxy.cache import policy as cp
 from proxy.cache import sharing
 from proxy.cache.redis_format import Entry, decode_value, encode_value
-from proxy.chain.forks import TRAIL_MARKS, ForkGuard, Mark, MemoryTrails, RedisTrails, Trail, TrailStore
+from proxy.chain.forks import (
+    TRAIL_MARKS,
+    TRAIL_TTL_MS,
+    ForkGuard,
+    Mark,
+    MemoryTrails,
+    RedisTrails,
+    Trail,
+    TrailStore,
+    trail_key,
+)
 from proxy.chain.head_polls import Head
 from proxy.http.app_keys import SERVICE
 from proxy.metrics import Metrics
@@ -188,6 +198,16 @@ class TestTrails:
             await trails.mark("s", top, (height, f"0x{height:x}"), height)
             top = f"0x{height:x}"
         assert await trails.mark("s", None, (0, ""), 0) == Trail((TRAIL_MARKS + 10, top), (11, "0xb"))
+
+
+async def test_a_trail_in_redis_expires_once_no_replica_exchanges_with_it(redis_url: str) -> None:
+    link = RedisLink(connect(redis_url, 1.0), timeout=1.0, metrics=Metrics(CollectorRegistry()))
+    try:
+        await RedisTrails(link).mark("dead", "", (5, "0x05"), 5)  # a space whose epoch then moved on
+        ttl = await link.client.pttl(trail_key("dead"))
+        assert 0 < ttl <= TRAIL_TTL_MS  # dead epochs' trails cannot pile up
+    finally:
+        await link.close()
 
 
 def _plan(finalized: int, *, unvouched: str | None = None, tied: bool = False) -> Plan:

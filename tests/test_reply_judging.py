@@ -34,6 +34,16 @@ class TestShapes:
         assert single_answer(4, "eth_call", {"id": 4, "error": {"code": 3, "message": "x"}}, 0, 0).is_error
         assert single_answer(4, "eth_syncing", {"id": 4, "result": [1]}, 0, 0).result == [1]  # no shape: any JSON
 
+    def test_an_answer_with_both_a_result_and_an_error_fails_its_try_and_jsonrpc_may_be_left_out(self) -> None:
+        both = {"id": 4, "result": "0x1", "error": {"code": -32000, "message": "x"}}
+        with pytest.raises(Failed) as failed:
+            single_answer(4, "eth_blockNumber", both, 0, 0)
+        assert failed.value.kind == "mismatch" and failed.value.detail == "malformed reply: both a result and an error"
+        with pytest.raises(Failed):
+            batch_answers(range(4, 5), ["eth_blockNumber"], 1, [both], 0, 0)
+        assert single_answer(4, "eth_blockNumber", {"id": 4, "result": "0x1"}, 0, 0).result == "0x1"  # no "jsonrpc"
+        assert single_answer(4, "eth_blockNumber", {"id": 4, "result": "0x1", "error": None}, 0, 0).result == "0x1"
+
     def test_a_batch_answer_is_judged_against_its_own_calls_method(self) -> None:
         reply = [{"id": 8, "result": "0x" + word(1)}, {"id": 7, "result": "0x1"}]
         judged = batch_answers(range(7, 9), ["eth_blockNumber", "eth_getStorageAt"], 2, reply, 0, 0)
@@ -61,7 +71,7 @@ class TestShapes:
         bad += [{"code": -32000}, {"code": -32000, "message": ["x"]}, "upstream says: boom", 123, [1], False]
         for error in bad:
             with pytest.raises(Failed) as failed:
-                single_answer(2, "eth_call", {"id": 2, "result": "0x00", "error": error}, 0, 0)
+                single_answer(2, "eth_call", {"id": 2, "error": error}, 0, 0)
             assert "integer code and a message" in failed.value.detail, error
         with pytest.raises(Failed):
             batch_answers(range(2, 3), ["eth_call"], 1, [{"id": 2, "error": {"code": "1", "message": "x"}}], 0, 0)

@@ -12,8 +12,10 @@ from prometheus_client import generate_latest
 
 from proxy.values import Answer
 from tests.fake_upstream import bad_upstream
-from tests.support import Anvil, CountingUpstream, ProxyFactory, free_port
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, CountingUpstream, ProxyFactory, eventually, free_port
 
+ADDRESS = "0x" + "ab" * 20
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
 
@@ -44,6 +46,43 @@ async def test_a_broken_primary_fails_over_to_the_next(anvil: Anvil, make_proxy:
     async with bad_upstream(status=500) as url:
         proxy = await make_proxy(EVM_UPSTREAM=f"{url},{anvil.url}")
         assert (await proxy.result("eth_chainId", [])) == "0x7a69"
+
+
+async def test_a_reply_crowded_with_objects_fails_its_try_unparsed_and_the_next_upstream_answers(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    relay = await FaultRelay(anvil.url).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{anvil.url}")
+        relay.inject("crowded", method="eth_getLogs")  # 1.2 MB of `{}`: ~110 MB once parsed
+        logs = {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [{"fromBlock": "0x0", "toBlock": "0x0"}]}
+        status, body, _ = await proxy.post(logs)
+        assert status == 200 and body["result"] == [] and relay.applied == ["crowded"]
+        assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="invalid") == 1
+
+        relay.inject("crowded", method="eth_getBlockByNumber", batches_only=True)  # the head poll's reply too
+
+        async def refused() -> bool:
+            return proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="invalid") == 2
+
+        await eventually(refused, 10, "the head poll's crowded reply to be refused")
+        await proxy.head_at(anvil.mine(1))
+    finally:
+        await relay.close()
+
+
+async def test_an_answer_with_both_a_result_and_an_error_fails_its_try(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    relay = await FaultRelay(anvil.url).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{anvil.url}")
+        relay.inject("both", method="eth_getTransactionCount")
+        status, body, _ = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getTransactionCount", "params": [ADDRESS, "latest"]}
+        )
+        assert status == 200 and body.get("result") == "0x0" and relay.applied == ["both"]
+        assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="mismatch") == 1
+    finally:
+        await relay.close()
 
 
 async def test_a_slow_upstream_times_out_with_504(make_proxy: ProxyFactory) -> None:

@@ -1,12 +1,15 @@
 """What a head tracker holds against its upstreams' answers: `latest` never goes back for a node
-behind the network; a finalized block whose hash changed, or that the chain no longer reaches, is a
-violation only when the upstream furthest ahead shows it, and a chain counts as restarted shorter
-only after RESTART_EVIDENCE heads in a row below its finalized block (a load balancer's member far
-behind answers between the others')."""
+behind the network; a finalized block whose hash changed is a violation only once FINALITY_EVIDENCE
+polls in a row show the same new hash (an upstream that then shows the known hash again contradicts
+itself: it leaves head tracking for FLIP_COOL seconds); one that the chain no longer reaches only
+when the upstream furthest ahead shows it, and a chain counts as restarted shorter only after
+RESTART_EVIDENCE heads in a row below its finalized block (a load balancer's member far behind
+answers between the others')."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 
 from proxy.chain.head_polls import RESTART_EVIDENCE, Behind, Head, Header, TrackerError, finality_violation
@@ -15,12 +18,21 @@ from proxy.upstream.standing import UpstreamStates
 
 log = logging.getLogger("proxy.chain")
 
+# Polls in a row that must show a finalized block's same new hash before it is believed: one node that
+# answers from two forks in turn (a load balancer over both, a relay) would otherwise move the network
+# to a new epoch, and back, on every poll. A real reorg below finality is shown by every poll after it.
+FINALITY_EVIDENCE = 3
+FLIP_COOL = 300.0  # seconds an upstream that contradicted itself on a finalized block is not followed
+
 
 class FinalityWatch:
     def __init__(self, network: str, states: UpstreamStates | None, metrics: Metrics) -> None:
         self.network = network
         self._states = states
         self._metrics = metrics
+        # A new hash of the finalized block not yet believed: (its height, the hash, the upstream that
+        # showed it first, polls in a row that showed it).
+        self._changed: tuple[int, str, int, int] | None = None
 
     def refuse_going_back(self, old_head: Head, latest: Header, upstream: int) -> None:
         if not self.furthest(upstream) or not old_head.stale:
@@ -66,6 +78,7 @@ class FinalityWatch:
         """A finalized block whose hash changed, or that the chain no longer reaches (a devnet
         restarted with the same genesis): every entry of the network may be wrong."""
         what = finality_violation(known, now, latest, self.furthest(upstream))
+        self._corroborate(known, now, upstream)
         if what is None:
             return False
         states = self._states
@@ -84,7 +97,43 @@ class FinalityWatch:
             what,
         )
         self._metrics.finality_violations.labels(self.network).inc()
+        self._changed = None
         if self._states is not None:
             self._states.suspect.set()  # a restarted devnet looks like this: its identity is checked now
             self._states.below_final = 0
         return True
+
+    def _corroborate(self, known: Header, now: Header | None, upstream: int) -> None:
+        """Count the polls in a row that show the finalized block `known` with one new hash; TrackerError
+        until FINALITY_EVIDENCE have. An upstream that showed a new hash and now shows `known`'s again
+        contradicts itself (two forks behind one URL): it leaves head tracking for FLIP_COOL seconds."""
+        if now is None or now.number != known.number:
+            return
+        changed = self._changed
+        if now.hash == known.hash:
+            self._changed = None
+            if changed is not None and changed[2] == upstream:
+                self._contradicted(known, changed[1], upstream)
+            return
+        seen = changed[3] + 1 if changed is not None and changed[:2] == (now.number, now.hash) else 1
+        self._changed = (now.number, now.hash, changed[2] if changed and seen > 1 else upstream, seen)
+        if seen < FINALITY_EVIDENCE:
+            raise TrackerError(
+                f"upstream #{upstream} shows the finalized block {known.number} with another hash {now.hash} "
+                f"({seen} such polls in a row; a reorg below finality after {FINALITY_EVIDENCE})"
+            )
+
+    def _contradicted(self, known: Header, other: str, upstream: int) -> None:
+        log.warning(
+            "head tracker %s: upstream #%d showed the finalized block %d as %s, then as %s again (two forks "
+            "behind one upstream?): no violation; it is out of head tracking for %gs",
+            self.network,
+            upstream,
+            known.number,
+            other,
+            known.hash,
+            FLIP_COOL,
+        )
+        self._metrics.finality_contradictions.labels(self.network, str(upstream)).inc()
+        if self._states is not None:
+            self._states.flipped(upstream, time.monotonic() + FLIP_COOL)

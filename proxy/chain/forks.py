@@ -41,9 +41,12 @@ log = logging.getLogger("proxy.chain")
 TRAIL_MARKS = 1024  # marks kept per key space: a replica further behind than this cannot check
 OWN_MARKS = 4096  # this replica's own finalized blocks remembered per key space
 DOUBT_POLLS = 3  # polls in a row without a mark it can check before a replica uses its own space
+# A trail lives this long after its last exchange (every poll of a replica in its space has one): the
+# trail of a space no replica names any more (an epoch moved on) goes, instead of piling up.
+TRAIL_TTL_MS = 7 * 24 * 3600 * 1000
 # KEYS[1] a space's trail (a sorted set: score a height, member its hash). ARGV[1] the hash expected on
 # top ("" an empty trail, "-" only read), ARGV[2..3] the mark added when it is, ARGV[4] the floor, ARGV[5]
-# how many marks are kept. The top and the lowest mark at or above the floor.
+# how many marks are kept, ARGV[6] its time to live (ms). The top and the lowest mark at or above the floor.
 TRAIL_SCRIPT = """
 local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if ARGV[1] ~= '-' and ARGV[1] == (top[1] or '') and (top[2] == nil or tonumber(top[2]) < tonumber(ARGV[2])) then
@@ -51,6 +54,7 @@ if ARGV[1] ~= '-' and ARGV[1] == (top[1] or '') and (top[2] == nil or tonumber(t
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[5]) - 1)
   top = {ARGV[3], ARGV[2]}
 end
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
 local above = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[4], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 return {top[1] or false, top[2] or false, above[1] or false, above[2] or false}
 """
@@ -109,7 +113,14 @@ class RedisTrails:
         self._script: Any = link.client.register_script(TRAIL_SCRIPT)
 
     async def mark(self, space: str, expected: str | None, new: Mark, floor: int) -> Trail | None:
-        args = ["-" if expected is None else expected, str(new[0]), new[1], str(floor), str(TRAIL_MARKS)]
+        args = [
+            "-" if expected is None else expected,
+            str(new[0]),
+            new[1],
+            str(floor),
+            str(TRAIL_MARKS),
+            str(TRAIL_TTL_MS),
+        ]
         try:
             reply = await self._link.run("fork_trail", lambda _c: self._script(keys=[trail_key(space)], args=args))
         except RedisUnavailable:

@@ -23,6 +23,21 @@ _LONG_RESULT = re.compile(rb'"result"\s*:\s*"(0x[0-9a-fA-F]{%d,})"' % LONG)
 _PREFIX = "\x00" + secrets.token_hex(8) + ":"
 _serials = count()
 
+# A reply's objects and arrays are bounded before it is parsed: orjson builds each one (about 90 bytes
+# for `{}`), so 30 MB of `[{},{},...]` held ~900 MB and parsed for a second with the event loop
+# stopped. Real replies are sparse (a 32 MB eth_getLogs answer: ~1 container per 280 bytes; a geth
+# structLogs trace: ~1 per 22); braces inside strings count too, which only errs on the safe side.
+CROWDED_FROM = 64 * 1024  # a shorter reply is parsed whatever it holds
+BYTES_PER_CONTAINER = 16
+
+
+def crowded(data: bytes | bytearray | str) -> bool:
+    """More than one object or array per BYTES_PER_CONTAINER bytes in a reply past CROWDED_FROM (C-speed)."""
+    if len(data) < CROWDED_FROM:
+        return False
+    containers = data.count("{") + data.count("[") if isinstance(data, str) else data.count(b"{") + data.count(b"[")
+    return containers > len(data) // BYTES_PER_CONTAINER
+
 
 def loads_reply(data: bytes | bytearray) -> Any:
     """`data` parsed as JSON (one reply, or a batch's list of replies), as jsonrpc.loads would,

@@ -12,7 +12,7 @@ from typing import Any
 from proxy.forwarded import Abandoned
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_REQUEST
-from proxy.rpc.large_replies import loads_reply
+from proxy.rpc.large_replies import BYTES_PER_CONTAINER, crowded, loads_reply
 from proxy.upstream.budget import Slot
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.replies import REQUEST_FAULT_STATUSES, retry_after
@@ -159,8 +159,14 @@ class UpstreamLinks:
             if self._unreachable[index]:
                 self._unreachable[index] = False
                 log.info("upstream %s#%d is reachable again", self.network, index)  # by index: a URL may hold a key
+            data = response.take_body()  # freed once read: the response lives to the end of this step
+            if crowded(data):  # refused before orjson builds its objects (large_replies.py)
+                raise Failed(
+                    "invalid",
+                    f"a reply of {len(data)} bytes with over one JSON object or array per {BYTES_PER_CONTAINER}",
+                )
             try:
-                reply = loads_reply(response.take_body())  # freed once read: the response lives to the end of this step
+                reply = loads_reply(data)
             except jsonrpc.JSONDecodeError:
                 raise Failed("invalid", "reply is not JSON") from None
             if self._secrets[index]:  # an error echoing a key reaches no client, log line or check

@@ -112,8 +112,10 @@ def proof_number(block: Any, is_error: bool) -> int | None:
 
 
 def is_response(reply: Any) -> bool:
-    """A JSON-RPC response object: a result or an error."""
-    return isinstance(reply, dict) and ("result" in reply or "error" in reply)
+    """A JSON-RPC response object: a result or an error, never both (JSON-RPC 2.0 section 5: "Either the
+    result member or error member MUST be included, but both members MUST NOT be included"). An
+    `"error": null` beside a result is read as no error, as a missing "jsonrpc" member is tolerated."""
+    return isinstance(reply, dict) and ("result" in reply) != (reply.get("error") is not None)
 
 
 # The shape each method's result must have (methods.py): a result of another shape (a node that
@@ -134,7 +136,8 @@ def single_problem(reply: Any, sent: int) -> str | None:
     section 5: the id is null when it could not be determined): its answer to this request, about
     the request, not a fault of the node."""
     if not is_response(reply):
-        return "malformed reply"
+        both = isinstance(reply, dict) and "result" in reply
+        return "malformed reply: both a result and an error" if both else "malformed reply"
     if reply.get("id") is None and reply.get("error") is not None:
         return None
     if reply.get("id") != sent or isinstance(reply.get("id"), bool):

@@ -11,6 +11,7 @@ an error, so a lagging upstream's answer is never stored.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -76,6 +77,9 @@ class UpstreamStates:
         # is behind shows them between its other members' (heads.py).
         self.final_mark: int | None = None
         self.below_final = 0
+        # It showed the network's finalized block with another hash, then with the known one again (a
+        # node that contradicts itself: finality.py): out of head tracking until then (time.monotonic()).
+        self.flipped_until = [0.0] * size
 
     def observe_syncing(self, index: int, result: object) -> None:
         """An eth_syncing answer: false when synced, else an object (currentBlock, highestBlock). An
@@ -98,14 +102,21 @@ class UpstreamStates:
         return max(best - self.latest[index], 0)
 
     def catching_up(self, index: int) -> bool:
-        """Still syncing (its eth_syncing says so) or far behind the others: not followed by the head
-        tracker nor asked first, while another upstream in rotation is not catching up."""
-        if not 0 <= index < self.size or not (self.syncing[index] or self.behind_by(index) > CATCH_UP_BLOCKS):
+        """Still syncing (its eth_syncing says so), far behind the others, or lately contradicting itself
+        on the finalized block: not followed by the head tracker nor asked first, while another upstream
+        in rotation is not catching up."""
+        if not 0 <= index < self.size or not self._lagging(index):
             return False
         return any(i != index and self.in_rotation(i) and not self._lagging(i) for i in range(self.size))
 
     def _lagging(self, index: int) -> bool:
-        return self.syncing[index] or self.behind_by(index) > CATCH_UP_BLOCKS
+        flipped = self.flipped_until[index] > time.monotonic()
+        return self.syncing[index] or flipped or self.behind_by(index) > CATCH_UP_BLOCKS
+
+    def flipped(self, index: int, until: float) -> None:
+        """Upstream `index` showed two hashes for one finalized block: out of head tracking until `until`."""
+        if 0 <= index < self.size:
+            self.flipped_until[index] = until
 
     def ahead_of(self, index: int, number: int | None = None) -> list[int]:
         """The upstreams other than `index` in rotation, not syncing, whose heads are above block

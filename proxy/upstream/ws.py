@@ -23,6 +23,7 @@ import aiohttp
 
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.large_replies import crowded
 from proxy.rpc.methods import SOLANA_PUBSUB
 from proxy.upstream.scrubbing import scrub_reply, secrets_of
 
@@ -204,8 +205,8 @@ class UpstreamSocket:
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         try:
             async for message in ws:
-                if message.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
-                    continue
+                if message.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY) or crowded(message.data):
+                    continue  # a crowded message is dropped unparsed, as one that is not JSON (large_replies.py)
                 try:
                     data = jsonrpc.loads(message.data)
                 except jsonrpc.JSONDecodeError:
