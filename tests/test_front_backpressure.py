@@ -314,6 +314,31 @@ async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_b
         assert ws.close_code in (1008, 1006)  # 1006: its close frame could not get through either
 
 
+async def test_a_websocket_that_takes_nothing_for_ws_max_lag_is_closed_within_ws_send_buffer_bytes(
+    make_proxy: ProxyFactory,
+) -> None:
+    # WS_MAX_LAG is a time rule: 64 answers of 40 kB (WS_MAX_INFLIGHT) wait unread, within
+    # WS_SEND_BUFFER_BYTES. Before, nothing looked at the time while sends were blocked: the socket
+    # kept its slot, its tasks and its answers' bytes for ever (found by an outside attack).
+    node = await FakeEvm(call_result_bytes=40_000).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, WS_MAX_LAG="1")
+        async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
+            for i in range(200):
+                await ws.send_str(json.dumps({**big_call(i), "id": i}))
+
+            def evicted() -> bool:
+                closed = proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 1
+                return closed and proxy.metric("rpc_proxy_websocket_connections") == 0
+
+            await until_async(evicted, "the socket that takes nothing to be closed")
+            async for _ in ws:  # what was written before the close, then the close
+                pass
+            assert ws.close_code in (1008, 1006)  # 1006: its close frame could not get through either
+    finally:
+        await node.close()
+
+
 async def test_connect_is_a_json_rpc_error_and_the_connection_closes(proxy: Proxy) -> None:
     # llhttp reads CONNECT as an upgrade: it was handed to aiohttp, which answered a plain-text 404.
     for target in (b"rpc.example:443", b"/v3/k"):
