@@ -306,6 +306,19 @@ async def test_largest_accounts_are_cached_within_their_ttl_and_not_beyond(
     assert solana.calls["getLargestAccounts"] == 3
 
 
+async def test_largest_accounts_with_a_second_param_not_a_filter_name_is_refused_by_its_arity(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    # Its one config object, or solana-py's filter name second: `[{}, {}]` was refused as a bad
+    # `config.filter`, a field the client never sent.
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url)
+    error = (await proxy.call("getLargestAccounts", [{}, {}]))["error"]
+    assert error["code"] == -32602 and error["message"].startswith("invalid params: params: expected at most 1 ")
+    assert "config.filter" not in error["message"]
+    assert "result" in await proxy.call("getLargestAccounts", [{}, "circulating"])  # solana-py's form
+    assert solana.calls["getLargestAccounts"] == 1
+
+
 async def test_token_balance_has_bounded_staleness_and_keeps_its_context_slot(
     solana: FakeSolana, make_proxy: ProxyFactory
 ) -> None:

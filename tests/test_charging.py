@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestServer
 
 from proxy.credits.charging import refunded, refunded_unanswered
 from proxy.credits.prices import METHOD_CREDITS
-from proxy.rpc.jsonrpc import INTERNAL_ERROR, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, UPSTREAM_UNAVAILABLE, JsonRpcError
+from tests.fake_evm import FakeEvm
 from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, serving
 from tests.test_credits import keys_file, storage
 
@@ -27,6 +28,11 @@ class TestChargingRule:
 
     def test_a_node_reached_that_then_timed_out_is_charged(self) -> None:
         assert not refunded(JsonRpcError(UPSTREAM_UNAVAILABLE, "timeout", http_status=504, reached=True))
+
+    def test_the_proxys_own_refusal_of_a_call_after_its_debit_is_refunded(self) -> None:
+        assert refunded(
+            JsonRpcError(INVALID_PARAMS, "invalid params: filter: fromBlock 0x10 is greater than toBlock 0x5")
+        )
 
     def test_answers_and_other_errors_are_charged(self) -> None:
         assert not refunded(None)
@@ -101,6 +107,43 @@ async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Pat
         assert proxy.metric("rpc_proxy_credits_charged_total", method="eth_estimateGas") == cost
     finally:
         release.set()
+        await node.close()
+
+
+REVERSED = (  # reversed once their tags are resolved, after the debit: FakeEvm's head 100, safe 99, finalized 98
+    {"fromBlock": "0x10", "toBlock": "0x5"},
+    {"fromBlock": "latest", "toBlock": "0x5"},
+    {"fromBlock": "0x5", "toBlock": "earliest"},
+    {"fromBlock": "safe", "toBlock": "finalized"},
+)
+
+
+async def test_an_eth_get_logs_range_refused_as_reversed_before_forwarding_is_free_over_http_batch_and_websocket(
+    tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    # Refused locally (-32602), never forwarded, yet it was charged its 255 credits: the reversed
+    # check runs once the tags are resolved, after the debit, and only -32002 was given back.
+    node = await FakeEvm().start()
+    proxy = await make_proxy(EVM_UPSTREAM=node.url, API_KEYS_FILE=keys_file(tmp_path, alice={"daily_credits": 10_000}))
+    try:
+        await proxy.head_at(100)
+        calls = [{"jsonrpc": "2.0", "id": i, "method": "eth_getLogs", "params": [f]} for i, f in enumerate(REVERSED)]
+        for call in calls:
+            _, reply, headers = await proxy.post(call, key="alice")
+            assert reply["error"]["code"] == -32602 and "greater than toBlock" in reply["error"]["message"], reply
+            assert headers["X-Credits-Charged"] == "0" and headers["X-Credits-Remaining"] == "10000"
+        number = {"jsonrpc": "2.0", "id": 9, "method": "eth_blockNumber", "params": []}
+        _, replies, headers = await proxy.post([*calls, number], key="alice")
+        assert [r["error"]["code"] for r in replies[:-1]] == [-32602] * len(calls) and "result" in replies[-1]
+        assert headers["X-Credits-Charged"] == str(METHOD_CREDITS["eth_blockNumber"])
+        async with proxy.session.ws_connect(proxy.ws_url("alice")) as ws:
+            for call in calls:
+                await ws.send_json(call)
+                assert (await ws.receive_json(timeout=10))["error"]["code"] == -32602
+        _, _, headers = await proxy.post(number, key="alice")
+        assert headers["X-Credits-Remaining"] == str(10_000 - 2 * METHOD_CREDITS["eth_blockNumber"])
+        assert proxy.metric("rpc_proxy_credits_charged_total", method="eth_getLogs") == 0
+    finally:
         await node.close()
 
 

@@ -113,3 +113,29 @@ async def test_silent_clients_with_wildcard_subscriptions_neither_stall_the_work
         stop.set()
         for sock in sockets:
             sock.close()
+
+
+async def test_a_silent_client_is_closed_ws_max_lag_after_it_took_nothing_without_a_later_block(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    # WS_MAX_LAG is a time rule: before, a socket blocked on one busy block's notifications was only
+    # found behind when a later block queued more, and held its slot and writer until then.
+    store = anvil.deploy_store()
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="key-a", DAILY_CREDITS=DAILY, WS_MAX_LAG="1")
+    await proxy.head_at(anvil.block_number())
+    sock = await silent_socket(proxy.server.port, "key-a", 100)
+    try:
+
+        async def subscribed() -> bool:
+            return await logs_subscriptions(proxy) == 100
+
+        await eventually(subscribed, 30, "100 subscriptions")
+        await asyncio.to_thread(anvil.send, store, selector("emitMany(uint256)") + word(300))
+
+        async def evicted() -> bool:
+            closed = proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 1
+            return closed and proxy.metric("rpc_proxy_websocket_connections") == 0
+
+        await eventually(evicted, 30, "the silent client to be closed (1008) with no later block, its slot freed")
+    finally:
+        sock.close()

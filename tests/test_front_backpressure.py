@@ -7,8 +7,11 @@ an answer is still sent. Each found by an outside attack on the fast server."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -19,6 +22,7 @@ from tests.fake_evm import FakeEvm
 from tests.memory_fill import big_call
 from tests.support import Proxy, ProxyFactory
 from tests.test_front import call, exchange, post, read_answer
+from tests.ws_client import frame
 
 ANSWER_BYTES = 1_000_000  # an eth_call result of 1 MB (hex): a quarter of what a socket's buffer may hold
 
@@ -312,6 +316,59 @@ async def test_a_websocket_that_reads_no_answers_is_closed_past_ws_send_buffer_b
         async for _ in ws:  # what was written before the close, then the close
             pass
         assert ws.close_code in (1008, 1006)  # 1006: its close frame could not get through either
+
+
+async def test_a_websocket_that_takes_nothing_for_ws_max_lag_is_closed_within_ws_send_buffer_bytes(
+    make_proxy: ProxyFactory,
+) -> None:
+    # WS_MAX_LAG is a time rule: 64 answers of 40 kB (WS_MAX_INFLIGHT) wait unread, within
+    # WS_SEND_BUFFER_BYTES. Before, nothing looked at the time while sends were blocked: the socket
+    # kept its slot, its tasks and its answers' bytes for ever (found by an outside attack).
+    node = await FakeEvm(call_result_bytes=40_000).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, WS_MAX_LAG="1")
+        async with proxy.session.ws_connect(proxy.ws_url(), max_msg_size=0) as ws:
+            for i in range(200):
+                await ws.send_str(json.dumps({**big_call(i), "id": i}))
+
+            def evicted() -> bool:
+                closed = proxy.metric("rpc_proxy_slow_consumer_disconnects_total") == 1
+                return closed and proxy.metric("rpc_proxy_websocket_connections") == 0
+
+            await until_async(evicted, "the socket that takes nothing to be closed")
+            async for _ in ws:  # what was written before the close, then the close
+                pass
+            assert ws.close_code in (1008, 1006)  # 1006: its close frame could not get through either
+    finally:
+        await node.close()
+
+
+async def test_a_websocket_client_reset_mid_answer_is_no_internal_error(
+    proxy: Proxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A client going away is not an internal error: aiohttp's drain raises a plain ConnectionError
+    # ("Connection lost"), which was logged with its traceback, then escaped the task answering it
+    # (found by an outside attack resetting sockets mid-answer).
+    loop = asyncio.get_running_loop()
+    for _ in range(3):
+        sock = unread_socket(proxy.server.port)
+        sock.setblocking(False)
+        await loop.sock_sendall(
+            sock,
+            b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        assert b" 101 " in await loop.sock_recv(sock, 1024)
+        before = made(proxy)
+        await loop.sock_sendall(sock, b"".join(frame(json.dumps(big_call(i)).encode()) for i in range(10)))
+        await until_async(lambda: made(proxy) >= before + 4, "answers being written")  # noqa: B023
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset, with answers half written
+        await until_async(lambda: proxy.metric("rpc_proxy_websocket_connections") == 0, "the socket to be gone")
+    await asyncio.sleep(0)
+    gc.collect()  # a task whose exception nobody retrieved says so when collected
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 async def test_connect_is_a_json_rpc_error_and_the_connection_closes(proxy: Proxy) -> None:

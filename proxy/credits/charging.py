@@ -1,8 +1,9 @@
 """Which calls are charged: the one place the rule lives.
 
 A call is charged when it was forwarded to a node or served from cache. It is free when it was
-refused before forwarding (invalid, unknown method, refused for credits: those are never debited)
-or when no node could be reached at all. A call that reached a node and then failed (a timeout, a
+refused before forwarding (invalid, unknown method, refused for credits: most are never debited;
+one found only once its block tags are resolved, a reversed eth_getLogs range, is given back) or
+when no node could be reached at all. A call that reached a node and then failed (a timeout, a
 garbled reply) is charged: the node may have done the work, as a slow eth_estimateGas does. A
 call a node left out of its batch reply was never answered by any node, so it is free like any
 other -32002 of a node that could not be reached.
@@ -25,12 +26,20 @@ disconnects does not cancel its calls: they are forwarded, answered and charged.
 
 from __future__ import annotations
 
-from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, UPSTREAM_UNAVAILABLE, JsonRpcError
+
+# The proxy's own refusals of the call itself: a node's error is its answer, relayed as its payload
+# (values.Outcome.error is the proxy's own), never one of these.
+REFUSALS = frozenset({INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
 
 
 def refunded(error: JsonRpcError | None) -> bool:
-    """True when a debited call must be given back: no node was reached."""
-    return error is not None and error.code == UPSTREAM_UNAVAILABLE and not error.reached
+    """True when a debited call must be given back: no node was reached, or the proxy refused it
+    before forwarding once it was debited (an eth_getLogs range found reversed only once its tags
+    are resolved against the head: `{"fromBlock": "latest", "toBlock": "0x5"}`)."""
+    if error is None or error.reached:
+        return False
+    return error.code == UPSTREAM_UNAVAILABLE or error.code in REFUSALS
 
 
 def refunded_unanswered(sent: bool) -> bool:

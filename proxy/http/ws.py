@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -104,10 +105,13 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
 
     try:
         if masks is None or masks.opened():  # else closed with 1002: what it sent is never read
-            async for message in ws:
-                if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    continue  # ERROR (e.g. a message over the size limit) ends the loop as aiohttp closes
-                await calls.take(message.data)
+            try:
+                async for message in ws:
+                    if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                        continue  # ERROR (e.g. a message over the size limit) ends the loop as aiohttp closes
+                    await calls.take(message.data)
+            except ConnectionError:  # a client going away is no internal error
+                log.debug("a WebSocket closed while its messages were answered")
         if connection.draining:
             # close() from the shutdown hook woke this loop; returning now would drop the
             # connection before the close frame is written.
@@ -204,13 +208,14 @@ class _Calls:
                     unsent = 0
             finally:
                 owed.dropped(unsent)
-        except ConnectionResetError:
-            pass
+        except ConnectionError:  # the peer left: aiohttp's drain raises a plain one ("Connection lost")
+            log.debug("a WebSocket closed before its answer was written")
         except Exception:
             log.exception("internal error serving a WebSocket message")
             if not ws.closed:
                 error = JsonRpcError(INTERNAL_ERROR, "internal error")
-                await ws.send_str(jsonrpc.encode_error(None, error).decode())
+                with contextlib.suppress(ConnectionError):  # the peer may be gone as well
+                    await ws.send_str(jsonrpc.encode_error(None, error).decode())
         finally:
             self.metrics.inflight.dec()
             self.slots.release()

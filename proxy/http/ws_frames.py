@@ -43,7 +43,9 @@ class Corked:
         """Queued for the burst's write, or sent through aiohttp's writer (add) once the client has room
         for it (WS_SEND_BUFFER_BYTES within WS_MAX_LAG: else it is closed as a slow consumer)."""
         if not self.add(payload) and await self._room():
-            with contextlib.suppress(ConnectionResetError):  # the peer left: the reading loop ends too
+            with contextlib.suppress(
+                ConnectionError
+            ):  # the peer left (reset, "Connection lost"): the reading loop ends too
                 await self._ws.send_frame(payload, WSMsgType.TEXT)
 
     def add(self, payload: bytes) -> bool:

@@ -3,7 +3,8 @@
 Replies, notifications and a block's shared log batches wait here in order, and one writer task
 sends them: each notification is charged as it is written, a log batch is expanded for this
 connection's subscriptions (fanout.py). How far behind the consumer may fall is the Session's
-decision, from what this queue owes the client (`owed`, `oldest`).
+decision, from what this queue owes the client (`owed`, `oldest`), asked again by a timer while
+anything waits for the client (`watch`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class Outbox:
         transport: Any,
         credits: Mapping[str, int],
         paid: Callable[[Subscription, int], Awaitable[bool]],
+        lag: float,
+        behind: Callable[[float, bool], None],
     ) -> None:
         self.ws = ws
         self.transport = transport  # asyncio transport of the connection: its write buffer is owed too
@@ -57,6 +60,12 @@ class Outbox:
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._sending: float | None = None  # queued time of the item being written
+        self._lag = lag  # WS_MAX_LAG
+        self._behind = behind  # the Session's decision (now, whether the socket took nothing for `lag`)
+        self._timer: asyncio.TimerHandle | None = None
+        self._taken_at = 0.0  # when the client last took bytes from the socket's buffer
+        self._last_buffered = 0
+        self._stopped = False
 
     def start(self) -> None:
         self._writer = asyncio.create_task(self._write(), name="ws-subscription-writer")
@@ -66,6 +75,7 @@ class Outbox:
         self._items.append(item)
         self._pending_bytes += len(item.payload)
         self._wake.set()
+        self.watch()
 
     def discard(self, sub: Subscription) -> None:
         """Drop what waits for `sub` (a subscription that ended)."""
@@ -91,6 +101,25 @@ class Outbox:
         if self._sending is not None:
             return self._sending
         return self._items[0].queued if self._items else time.monotonic()
+
+    def watch(self) -> None:
+        """WS_MAX_LAG by time, not only when output is made or queued: while anything waits for the
+        client, one timer per connection (no task per message) asks the Session every quarter of it.
+        A client that reads nothing blocks a send for ever, and may never be sent more."""
+        if self._timer is None and not self._stopped:
+            self._taken_at, self._last_buffered = time.monotonic(), self._buffered()
+            self._timer = asyncio.get_running_loop().call_later(self._lag / 4, self._look)
+
+    def _look(self) -> None:
+        now, buffered = time.monotonic(), self._buffered()
+        if buffered < self._last_buffered or not buffered:
+            self._taken_at = now  # the client took bytes, or none wait in the socket: not stalled
+        self._last_buffered = buffered
+        if not buffered and not self.busy:
+            self._timer = None  # nothing waits: the next output (put, Session.room) arms it again
+            return
+        self._timer = asyncio.get_running_loop().call_later(self._lag / 4, self._look)
+        self._behind(now, now - self._taken_at >= self._lag)
 
     def _buffered(self) -> int:
         transport = self.transport
@@ -133,6 +162,9 @@ class Outbox:
 
     async def stop(self) -> None:
         """Stop writing (not from the writer itself)."""
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
         if self._writer is not None and self._writer is not asyncio.current_task():
             self._writer.cancel()
             with contextlib.suppress(BaseException):

@@ -93,7 +93,8 @@ class Session:
     _held: JsonRpcError | None = None  # the refusal (per-second limit, ledger down) the writer waits out
 
     def __post_init__(self) -> None:
-        self.outbox = Outbox(self.ws, self.transport, self.settings.subscription_credits, self._paid)
+        credits, lag = self.settings.subscription_credits, self.settings.ws_max_lag
+        self.outbox = Outbox(self.ws, self.transport, credits, self._paid, lag, self._check_behind)
 
     def start(self) -> None:
         self.outbox.start()
@@ -240,6 +241,7 @@ class Session:
         or nothing waits, within WS_MAX_LAG: a client that reads none of its answers for as long is
         closed (1008) as a slow consumer; one that reads, however large its answers, is served."""
         limit = self.settings.ws_send_buffer_bytes
+        self.outbox.watch()  # a send that blocks for WS_MAX_LAG closes it too (_check_behind)
 
         def short() -> bool:
             held = self.outbox.owed() + (0 if more is None else self.making)
@@ -261,14 +263,15 @@ class Session:
             await asyncio.sleep(ROOM_POLL)
         return not self.closed
 
-    def _check_behind(self, now: float) -> None:
+    def _check_behind(self, now: float, stalled: bool = False) -> None:
+        """Also the outbox's timer's: `stalled`, its socket took no byte for WS_MAX_LAG (Outbox.watch)."""
         settings = self.settings
-        over_bytes = self.outbox.owed() > settings.ws_send_buffer_bytes
-        if not over_bytes and now - self.outbox.oldest <= settings.ws_max_lag:
+        over_bytes = self.outbox.owed() > settings.ws_send_buffer_bytes and not stalled
+        if self.closed or not (stalled or over_bytes or now - self.outbox.oldest > settings.ws_max_lag):
             return
         bound = f"{settings.ws_send_buffer_bytes} bytes" if over_bytes else f"{settings.ws_max_lag:g}s (WS_MAX_LAG)"
-        if self._held is None:
-            self._overflow(f"fell behind by more than {bound}")
+        if stalled or self._held is None:
+            self._overflow(f"took nothing for {bound}" if stalled else f"fell behind by more than {bound}")
         elif self.subs:  # held back by the key's own limit, not by its client: its subscriptions end
             error = JsonRpcError(
                 self._held.code, f"{self._held.message}: notifications held past {bound}; subscription ended"
@@ -287,12 +290,13 @@ class Session:
         self.metrics.slow_consumers.inc()
         self.outbox.clear()
         await self.close()
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=f"slow consumer: {why}".encode()[:120])
-        except (TimeoutError, ConnectionError):
-            if self.transport is not None:
-                self.transport.abort()  # its buffers are full: no close frame can get through
+        message = f"slow consumer: {why}".encode()[:120]
+        closing = asyncio.ensure_future(self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=message))
+        closing.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.wait({closing}, timeout=CLOSE_TIMEOUT)  # not cancelled: aiohttp closes, not aborts
+        if self.transport is not None and self.transport.get_write_buffer_size():
+            # Its buffers are full: no close frame gets through, and closed (not aborted) it waits for ever.
+            self.transport.abort()
 
     async def _paid(self, sub: Subscription, cost: int) -> bool:
         """Charge one notification; a key out of credits ends every subscription of this connection."""

@@ -67,6 +67,8 @@ def get_largest_accounts(params: list[Any], rules: Rules) -> list[Any]:
     # spec: with an empty params array, defaults apply.
     _arity(params, ("config", "filter"), 0)
     config = params[0] if params else None
+    if len(params) > 1 and not isinstance(params[1], (str, type(None))):  # not solana-py's filter name
+        raise invalid_params("params", f"expected at most 1 parameter (a config object), got {len(params)}")
     if len(params) > 1 and params[1] is not None:
         if not isinstance(config, (dict, type(None))) or (config or {}).get("filter", params[1]) != params[1]:
             raise invalid_params("filter", "given twice with different values")
