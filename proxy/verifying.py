@@ -57,14 +57,22 @@ class Verifier:
     def __init__(self, metrics: Metrics, timeout: float) -> None:
         self._metrics = metrics
         self._timeout = timeout
-        self._chains: dict[str, tuple[object, HeaderChain]] = {}
+        # Per network: the upstream pool and the key space (its epoch) the header chain was begun under.
+        self._chains: dict[str, tuple[object, str | None, HeaderChain]] = {}
         self._throttled = Throttled(log)  # a lying node fails every proof: one line per interval says so
 
     def chain(self, net: NetworkRuntime) -> HeaderChain:
-        """The network's header chain (a new one when a reload gave the network new upstreams)."""
+        """The network's header chain: a new one when a reload gave the network new upstreams, or when
+        the tracker moved to a new epoch (a reorg below finality, a dev node's state changed): the
+        hashes held are the old chain's, against which the new chain's true answers would be refuted
+        and its final blocks never proven again."""
+        head = net.tracker.head
+        space = head.space if isinstance(head, Head) else None
         held = self._chains.get(net.name)
-        if held is not None and held[0] is net.upstream:
-            return held[1]
+        if held is not None and held[0] is net.upstream and (held[1] is None or space is None or held[1] == space):
+            if held[1] is None and space is not None:
+                self._chains[net.name] = (net.upstream, space, held[2])
+            return held[2]
         config = net.config
         gauge = self._metrics.unverifiable.labels(net.name)
         gauge.set(0)
@@ -77,13 +85,13 @@ class Verifier:
             timeout=self._timeout,
             on_unverifiable=lambda _why: gauge.set(1),
         )
-        self._chains[net.name] = (net.upstream, chain)
+        self._chains[net.name] = (net.upstream, space, chain)
         return chain
 
     def unverifiable(self, name: str) -> str | None:
         """Why network `name`'s answers cannot be proven (for /readyz), or None."""
         held = self._chains.get(name)
-        return held[1].unverifiable if held is not None else None
+        return held[2].unverifiable if held is not None else None
 
     @staticmethod
     def applies(net: NetworkRuntime, method: str) -> bool:

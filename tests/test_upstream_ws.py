@@ -5,6 +5,8 @@ pushed heads reach subscribers without waiting for a poll, and kinds the proxy d
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -98,8 +100,9 @@ class WsRelay:
     """A WebSocket relay to the node's WebSocket that a test can cut: every connection it holds is
     closed and no new one is taken."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, rewrite: Callable[[str], str] | None = None) -> None:
         self.target = target
+        self.rewrite = rewrite  # applied to each of the node's messages on its way to the proxy
         self.sockets: list[web.WebSocketResponse] = []
         self.cut = False
         self._server: TestServer | None = None
@@ -123,7 +126,7 @@ class WsRelay:
 
             async def to_client() -> None:
                 async for message in node:
-                    await client.send_str(message.data)
+                    await client.send_str(self.rewrite(message.data) if self.rewrite else message.data)
 
             forward = asyncio.create_task(to_client())
             async for message in client:
@@ -201,5 +204,30 @@ async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_so
         await client.notes_until(2 * len(expected) + 2)
         assert [int(h["number"], 16) for h in client.results(heads)] == [*expected, start + 9]
         assert len(client.notes) == 2 * len(expected) + 2
+    finally:
+        await relay.close()
+
+
+async def test_a_subscribe_reply_with_both_a_result_and_an_error_is_no_answer(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """JSON-RPC 2.0 allows a result or an error, never both (replies.py): the node's WebSocket reply
+    with both is a failed subscription (-32002), neither its error nor its result passed on."""
+
+    armed = False  # the proxy's own newHeads subscription (made at start) is answered as the node did
+
+    def both(text: str) -> str:
+        message = json.loads(text)
+        if armed and "id" in message and "result" in message:
+            message["error"] = {"code": -32000, "message": "BOTH a result and an error"}
+        return json.dumps(message)
+
+    relay = await WsRelay(ws_of(anvil), rewrite=both).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url)
+        client = await connect(proxy)
+        armed = True
+        answer = await client.call("eth_subscribe", "newPendingTransactions")
+        assert answer["error"]["code"] == -32002 and "both a result and an error" in answer["error"]["message"]
     finally:
         await relay.close()

@@ -818,3 +818,41 @@ async def test_under_verify_required_nothing_an_auto_replica_kept_forever_unprov
         for proxy in replicas:
             await proxy.close()
         await liar.close()
+
+
+async def test_after_a_reorg_below_finality_the_new_chains_final_answers_are_proven_and_kept_again(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """A reorg below finality moves the network to a new epoch, and the header chain begun on the old
+    chain goes with it: the new chain's true answers about its final blocks are proven and kept, not
+    refuted against the old chain's hashes (and their node cooled down) for ever."""
+    async with _proxy(tmp_path, [anvil.url]) as proxy:
+        await _final(anvil, proxy, 16)
+        params = [hex(16), False]
+        before, _, verified = await _ask(proxy, "eth_getBlockByNumber", params)
+        assert verified == "proven" and (await _ask(proxy, "eth_getBlockByNumber", params))[1] == "HIT"
+        tracker = proxy.app[SERVICE].networks["evm"].tracker
+        space = tracker.head.space if tracker.head else None
+
+        anvil.rpc("anvil_reorg", anvil.block_number() - 8, [])  # blocks 9 on replaced: 16 was final
+        truth = anvil.rpc("eth_getBlockByNumber", *params)
+        assert truth["hash"] != before["hash"]
+
+        async def new_epoch() -> bool:
+            return tracker.head is not None and tracker.head.space not in (None, space)
+
+        await eventually(new_epoch, 20.0, "the reorg below finality to move the epoch")
+
+        async def proven() -> bool:  # an answer may fail while the new epoch's first polls are made
+            status, body, headers = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": params}
+            )
+            return status == 200 and (body.get("result"), headers.get("X-Cache"), headers.get("X-Verified")) == (
+                truth,
+                "MISS",
+                "proven",
+            )
+
+        await eventually(proven, 20.0, "the new chain's block to be proven")
+        assert await _ask(proxy, "eth_getBlockByNumber", params) == (truth, "HIT", "proven")
+        assert _verifications(proxy, "eth_getBlockByNumber", "refuted") == 0

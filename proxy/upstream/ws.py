@@ -25,6 +25,7 @@ from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.large_replies import crowded
 from proxy.rpc.methods import SOLANA_PUBSUB
+from proxy.upstream.replies import is_response
 from proxy.upstream.scrubbing import scrub_reply, secrets_of
 
 log = logging.getLogger("proxy.upstream_ws")
@@ -220,6 +221,9 @@ class UpstreamSocket:
         route = self._pending.pop(data["id"], None) if isinstance(data.get("id"), int) else None
         if route is not None:
             if route.waiter.done():
+                return
+            if not is_response(data):  # both a result and an error: no answer (replies.py)
+                route.waiter.set_exception(self._unavailable("malformed reply: both a result and an error"))
                 return
             error = data.get("error")
             if error is not None:
