@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import urllib.request
 from typing import Any
 
 import pytest
@@ -69,6 +70,28 @@ async def test_a_reply_crowded_with_objects_fails_its_try_unparsed_and_the_next_
         await proxy.head_at(anvil.mine(1))
     finally:
         await relay.close()
+
+
+def brace_revert(length: int) -> str:
+    """Initcode that writes `length` `{` bytes to memory and reverts with them as its Error(string)."""
+    fill = f"5b7f{'7b' * 32}815260200180 62{0x60 + length:06x} 1160025750"  # MSTORE 32 `{` a time from 0x60
+    revert = f"6308c379a0600052602060205262{length:06x}60405262{68 + length:06x}601cfd"  # Error(string)
+    return "0x6060" + (fill + revert).replace(" ", "")
+
+
+async def test_a_reply_dense_in_braces_inside_its_strings_is_served_as_the_node_answers(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url)
+    call = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [{"data": brace_revert(30_000)}, "latest"]}
+    request = urllib.request.Request(anvil.url, json.dumps(call).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        direct = response.read()  # 90 KB, a `{` per 3 bytes, all inside its strings
+    assert direct.count(b"{") > len(direct) // 16
+    status, body, _ = await proxy.post(call)
+    assert status == 200 and body == json.loads(direct)
+    assert body["error"]["message"] == "execution reverted: " + "{" * 30_000
+    assert proxy.metric("rpc_proxy_upstream_errors_total", network="evm", upstream="0", kind="invalid") == 0
 
 
 async def test_an_answer_with_both_a_result_and_an_error_fails_its_try(anvil: Anvil, make_proxy: ProxyFactory) -> None:
