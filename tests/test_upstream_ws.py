@@ -230,4 +230,5 @@ async def test_a_subscribe_reply_with_both_a_result_and_an_error_is_no_answer(
         answer = await client.call("eth_subscribe", "newPendingTransactions")
         assert answer["error"]["code"] == -32002 and "both a result and an error" in answer["error"]["message"]
     finally:
+        await relay.cut_all()  # its sockets closed first: a server closing with them open waits for them
         await relay.close()
