@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config_expand import expand
-from proxy.config_numbers import Place, dotted, non_finite, positive_number
+from proxy.config_numbers import Place, dotted, in_range, non_finite
 from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from proxy.credits.allow_lists import NO_LISTS, AllowLists
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
@@ -158,12 +158,12 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
         unknown = sorted(set(entry) - set(_UPSTREAM_FIELDS))
         if unknown:
             raise ConfigError(f"{at}: unknown field {unknown[0]!r} (expected {', '.join(_UPSTREAM_FIELDS)})")
-        weight = positive_number(at, "weight", entry.get("weight", 1.0))
+        weight = in_range(at, "weight", entry.get("weight", 1.0))
         options.append(
             UpstreamOptions(
                 float(weight),
-                positive_number(at, "max_rps", entry.get("max_rps")),
-                positive_number(at, "max_concurrency", entry.get("max_concurrency"), whole=True),
+                in_range(at, "max_rps", entry.get("max_rps")),
+                in_range(at, "max_concurrency", entry.get("max_concurrency")),
                 *_unit_rate(at, entry),
                 _recent_blocks(at, entry),
             )
@@ -176,12 +176,12 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
 def _unit_rate(at: str, entry: dict[str, Any]) -> tuple[float | None, tuple[tuple[str, int], ...], int]:
     """An upstream's compute-unit rate: max_units_per_second, method_costs {method = units} and
     default_cost (units of a method not listed, 1 if not given)."""
-    rate = positive_number(at, "max_units_per_second", entry.get("max_units_per_second"))
+    rate = in_range(at, "max_units_per_second", entry.get("max_units_per_second"))
     costs = entry.get("method_costs", {})
     if not isinstance(costs, dict):
         raise ConfigError(f"{at}: method_costs must be a table of method = compute units")
-    checked = {str(m): positive_number(at, f"method_costs.{str(m)[:40]}", c, whole=True) for m, c in costs.items()}
-    default = positive_number(at, "default_cost", entry.get("default_cost", 1), whole=True)
+    checked = {str(m): in_range(at, f"method_costs.{str(m)[:40]}", c) for m, c in costs.items()}
+    default = in_range(at, "default_cost", entry.get("default_cost", 1))
     if rate is None and (checked or "default_cost" in entry):
         raise ConfigError(f"{at}: method_costs and default_cost need max_units_per_second (the budget in those units)")
     return rate, tuple(sorted(checked.items())), default
@@ -192,7 +192,7 @@ def _recent_blocks(at: str, entry: dict[str, Any]) -> int | None:
     archive = entry.get("archive")
     if archive is not None and not isinstance(archive, bool):
         raise ConfigError(f"{at}: archive must be true or false")
-    recent = positive_number(at, "recent_blocks", entry.get("recent_blocks"), whole=True)
+    recent = in_range(at, "recent_blocks", entry.get("recent_blocks"))
     if archive and recent is not None:
         raise ConfigError(f"{at}: an archive upstream has no recent_blocks (set archive = false, or drop it)")
     if archive is False and recent is None:
@@ -221,7 +221,7 @@ def _hosts(where: str, hosts: Any) -> tuple[str, ...]:
 
 def _integrity(where: str, entry: dict[str, Any]) -> tuple[int, bool]:
     """A network's confirm_immutable (upstreams that must agree) and confirm_logs_bloom."""
-    count = positive_number(where, "confirm_immutable", entry.get("confirm_immutable", 1), whole=True)
+    count = in_range(where, "confirm_immutable", entry.get("confirm_immutable", 1))
     bloom = entry.get("confirm_logs_bloom", False)
     if not isinstance(bloom, bool):
         raise ConfigError(f"{where}: confirm_logs_bloom must be true or false")
@@ -238,7 +238,7 @@ def _verification(where: str, entry: dict[str, Any], upstreams: int) -> tuple[st
     mode = entry.get("verify", "auto")
     if mode not in VERIFY_MODES:
         raise ConfigError(f"{where}: verify must be one of {', '.join(VERIFY_MODES)}")
-    quorum = positive_number(where, "checkpoint_quorum", entry.get("checkpoint_quorum"), whole=True) or 0
+    quorum = in_range(where, "checkpoint_quorum", entry.get("checkpoint_quorum")) or 0
     if upstreams and quorum > upstreams:
         raise ConfigError(f"{where}: checkpoint_quorum cannot exceed the number of http(s) upstreams")
     trusted = entry.get("trusted_checkpoint")
@@ -255,7 +255,7 @@ def _selection(where: str, entry: dict[str, Any]) -> tuple[str, float | None]:
     selection = entry.get("selection", "priority")
     if selection not in SELECTION_POLICIES:
         raise ConfigError(f"{where}: selection must be one of {', '.join(SELECTION_POLICIES)}")
-    hedge_ms = positive_number(where, "hedge_after_ms", entry.get("hedge_after_ms"))
+    hedge_ms = in_range(where, "hedge_after_ms", entry.get("hedge_after_ms"))
     return selection, hedge_ms / 1000 if hedge_ms is not None else None
 
 
@@ -345,12 +345,8 @@ def _networks_from_file(path: str) -> list[Network]:
         if family not in FAMILIES:
             raise ConfigError(f"{where}: family must be 'evm' or 'solana'")
         hosts = _hosts(where, entry.get("hosts", []))
-        depth = entry.get("finality_depth")
-        if depth is not None and (not isinstance(depth, int) or depth <= 0):
-            raise ConfigError(f"{where}: finality_depth must be a positive integer")
-        chain_id = entry.get("chain_id")
-        if chain_id is not None and (not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0):
-            raise ConfigError(f"{where}: chain_id must be a positive integer")
+        depth = in_range(where, "finality_depth", entry.get("finality_depth"))
+        chain_id = in_range(where, "chain_id", entry.get("chain_id"))
         entries, options, headers = _upstream_entries(where + " upstreams", entry.get("upstreams"))
         is_ws = [isinstance(u, str) and u.startswith(("ws://", "wss://")) for u in entries] if options else []
         if any(ws and o != UpstreamOptions() for ws, o in zip(is_ws, options, strict=True)):

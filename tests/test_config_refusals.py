@@ -238,6 +238,40 @@ def test_a_number_in_a_networks_file_must_be_finite(entry: str, field: str, tmp_
     assert result.returncode == 2 and "must be a finite number" in result.stderr, result.stderr
 
 
+HUGE = "1" + "0" * 400  # a TOML integer no float holds
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ('upstreams = [{url = "http://127.0.0.1:1", max_rps = 1e-320}]', "max_rps"),
+        (f'upstreams = [{{url = "http://127.0.0.1:1", max_rps = {HUGE}}}]', "max_rps"),
+        ('upstreams = [{url = "http://127.0.0.1:1", max_units_per_second = 5e-324}]', "max_units_per_second"),
+        (f'upstreams = [{{url = "http://127.0.0.1:1", weight = {HUGE}}}]', "weight"),
+        (f'upstreams = ["http://127.0.0.1:1"]\nhedge_after_ms = {HUGE}', "hedge_after_ms"),
+        (f'upstreams = ["http://127.0.0.1:1"]\nfinality_depth = {HUGE}', "finality_depth"),
+        (f'upstreams = [{{url = "http://127.0.0.1:1", recent_blocks = {HUGE}}}]', "recent_blocks"),
+    ],
+)
+def test_a_number_in_a_networks_file_must_lie_in_its_range(entry: str, field: str, tmp_path: Path) -> None:
+    """Rule: every number in NETWORKS_FILE has a range (config_numbers.RANGES): one past it, which would
+    overflow where it is applied, is refused by serve and check alike naming the field, no traceback."""
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.main]\nfamily = "evm"\n{entry}\n')
+    message = refused(NETWORKS_FILE=str(networks))
+    assert f"{field} must be a positive" in message and HUGE not in message, message
+    for command in (["check", "--offline"], ["serve"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", *command],
+            env=clean_env(NETWORKS_FILE=str(networks), PROXY_PORT="63977"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2 and f"{field} must be a positive" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "floor"),
     [
