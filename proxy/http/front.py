@@ -385,8 +385,11 @@ class FrontProtocol(asyncio.Protocol):
         host_fault = host_fault_of(headers.get("host"), repeated_host, request.http10)
         if host_fault:
             raise refusal(INVALID_REQUEST, host_fault, 400)
-        if "via" in headers and via.looped(headers["via"]):
-            raise looped()
+        if "via" in headers:
+            if via.looped(headers["via"]):
+                raise looped()
+            if via.too_many(headers["via"]):
+                raise refusal(UPSTREAM_UNAVAILABLE, f"loop detected: Via names over {via.MAX_PROXIES} proxies", 508)
         request.prebuildable = not self._access_log and ("connection" not in headers or not request.http10)
         sent = headers.get("x-request-id")
         request.sent_id = sent.encode() if sent is not None and sane(sent) else None
