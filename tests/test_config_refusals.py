@@ -202,8 +202,43 @@ def test_a_host_claimed_by_two_networks_is_refused_naming_both(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
+    ("written", "normal"),
+    [
+        ("::1", "[::1]"),
+        ("[0:0:0:0:0:0:0:1]", "[::1]"),
+        ("[::FFFF:7F00:1]", "[::ffff:7f00:1]"),
+        ("W.Example.", "w.example"),
+        ("v.example", "v.example"),
+    ],
+)
+def test_a_host_is_kept_in_the_one_form_routing_compares(written: str, normal: str, tmp_path: Path) -> None:
+    """Rule: `hosts` entries are normalised as Host headers are (host_names.py): lower-case, one trailing
+    dot dropped, an IPv6 address bracketed and canonical; a bare IPv6 address is no "port"."""
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{written}"]\n')
+    assert build_settings({"NETWORKS_FILE": str(networks)}).networks[0].hosts == (normal,)
+
+
+@pytest.mark.parametrize(("one", "two"), [("x.example.", "x.example"), ("[::1]", "::1"), ("[0::1]", "[::1]")])
+def test_one_host_written_two_ways_is_claimed_once(one: str, two: str, tmp_path: Path) -> None:
+    """Rule: two networks cannot claim one host by writing it differently: compared once normalised."""
+    networks = tmp_path / "networks.toml"
+    table = '[networks.{}]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{}"]\n'
+    networks.write_text(table.format("one", one) + table.format("two", two))
+    assert "is claimed by networks 'one' and 'two'" in refused(NETWORKS_FILE=str(networks))
+
+
+@pytest.mark.parametrize(
     ("host", "why"),
-    [("https://rpc.example", "is a URL"), ("rpc.example/v1", "is a URL"), ("rpc.example:8545", "has a port")],
+    [
+        ("https://rpc.example", "is a URL"),
+        ("rpc.example/v1", "is a URL"),
+        ("rpc.example:8545", "has a port"),
+        ("[::1]:8545", "has a port"),
+        ("[::1", "is not a host name"),
+        ("[nope]", "is not a host name"),
+        (".", "is not a host name"),
+    ],
 )
 def test_a_host_that_no_host_header_can_match_is_refused(host: str, why: str, tmp_path: Path) -> None:
     """Rule: `hosts` holds Host header names, matched without the port: a URL or a port never matches."""
