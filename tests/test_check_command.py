@@ -231,6 +231,32 @@ def test_a_silent_upstream_is_said_to_have_timed_out_naming_the_setting(tmp_path
     assert f"FAIL network evm upstream #0 {url}: timed out after 1s (UPSTREAM_TIMEOUT)" in result.stdout
 
 
+def test_a_websocket_upstream_at_the_proxys_own_address_is_a_loop(tmp_path: Path) -> None:
+    """Rule: a ws(s) upstream at this proxy's own HOST and PROXY_PORT is named a loop, as an http(s) one."""
+    port = free_port()
+    result = check(
+        tmp_path,
+        "--offline",
+        PROXY_PORT=str(port),
+        EVM_UPSTREAM="http://127.0.0.1:1",
+        EVM_UPSTREAM_WS=f"ws://localhost:{port}",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"WebSocket upstream #0 ws://localhost:{port}: this proxy's own address" in result.stdout
+
+
+def test_a_silent_websocket_upstream_is_said_to_have_timed_out_naming_the_setting(tmp_path: Path) -> None:
+    """Rule: a WebSocket handshake that times out says how long and which setting bounds it."""
+    with socket.socket() as silent:  # accepts (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"ws://127.0.0.1:{silent.getsockname()[1]}"
+        result = check(tmp_path, EVM_UPSTREAM="http://127.0.0.1:1", EVM_UPSTREAM_WS=url, UPSTREAM_TIMEOUT="1")
+    assert f"WebSocket upstream #0 {url}: handshake timed out after 1s (UPSTREAM_TIMEOUT)" in result.stdout, (
+        result.stdout
+    )
+
+
 @pytest.mark.parametrize("offline", [True, False])
 def test_an_upstream_at_the_proxys_own_address_is_a_loop(offline: bool, tmp_path: Path) -> None:
     port = free_port()

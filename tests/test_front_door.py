@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 from web3 import AsyncHTTPProvider, AsyncWeb3
 
+from proxy import via
 from proxy.http.access_log import shown_path
 from proxy.request_ids import IDS, RequestIds
 from tests.fault_relay import FaultRelay
@@ -433,3 +434,19 @@ async def test_a_request_whose_via_names_more_than_eight_proxies_is_refused_as_a
     assert status == 200 and answer["result"] == "0x7a69", answer
     status, answer, _ = await evm_proxy.post(CHAIN_ID, headers={"Via": eight + ", 1.1 p8"})
     assert status == 508 and "Via names over 8 proxies" in answer["error"]["message"], answer
+
+
+@pytest.mark.parametrize("upgrade", [False, True])
+async def test_this_proxys_mark_in_any_via_line_is_a_loop(evm_proxy: Proxy, upgrade: bool) -> None:
+    """Rule (RFC 9110 5.3, 7.6.3): repeated Via lines are one list: the own mark in a second line is a
+    loop as in the first, for a POST and for a WebSocket handshake alike."""
+    body = json.dumps(CHAIN_ID).encode()
+    head = (
+        "GET /ws/v3/k HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        if upgrade
+        else f"POST /v3/k HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    )
+    request = f"{head}Host: rpc.example\r\nVia: 1.1 edge\r\nVia: {via.field()}\r\n\r\n".encode()
+    ((status, _, answer),) = await exchange(evm_proxy.server.port, request + (b"" if upgrade else body))
+    assert status == 508 and b"loop detected" in answer, answer

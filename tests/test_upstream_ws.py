@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy import via
 from proxy.config import ConfigError, build_settings
 from proxy.http.app_keys import STREAMS
 from tests.support import (
@@ -101,6 +102,7 @@ class WsRelay:
     def __init__(self, target: str) -> None:
         self.target = target
         self.sockets: list[web.WebSocketResponse] = []
+        self.via: list[str | None] = []  # each handshake's Via
         self.cut = False
         self._server: TestServer | None = None
         self.url = ""
@@ -114,6 +116,7 @@ class WsRelay:
         return self
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.via.append(request.headers.get("Via"))
         if self.cut:
             return web.Response(status=503)
         client = web.WebSocketResponse()
@@ -201,5 +204,25 @@ async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_so
         await client.notes_until(2 * len(expected) + 2)
         assert [int(h["number"], 16) for h in client.results(heads)] == [*expected, start + 9]
         assert len(client.notes) == 2 * len(expected) + 2
+    finally:
+        await relay.close()
+
+
+async def test_the_handshake_to_a_websocket_upstream_carries_this_proxys_via(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule (RFC 9110 7.6.3): a WebSocket upstream's handshake is marked as every upstream request is,
+    so a WebSocket upstream that is this proxy refuses it (a loop) rather than serve itself."""
+    relay = await WsRelay(ws_of(anvil)).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url)
+        client = await connect(proxy)
+        await client.subscribe("newPendingTransactions")  # relayed to the node's WebSocket
+
+        async def handshaken() -> bool:
+            return bool(relay.via)
+
+        await eventually(handshaken, 10, "the feed's handshake")
+        assert relay.via[0] == via.field(), relay.via
     finally:
         await relay.close()
