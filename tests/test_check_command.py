@@ -281,3 +281,21 @@ def test_a_near_miss_of_a_known_method_or_client_ip_header_is_a_warning_not_an_e
         "warn API_KEYS_FILE: key 'alice': allowed_methods 'eth_cal' is no known method (eth_call?)",
         "warn TRUSTED_PROXY_HEADER 'X-Forwarded-Fro' is not X-Forwarded-For, which it resembles (a typo?)",
     ]
+
+
+def test_a_real_method_the_proxy_has_no_policy_for_is_never_a_near_miss(tmp_path: Path) -> None:
+    """Rule: allowed_methods names that nodes serve (Solana's getBlocks, getTransactionCount, the
+    execution API's eth_getRawTransactionByHash, debug_ and trace_ names) are no typo of another; a
+    near miss of such a name is."""
+    real = ["getBlocks", "getTokenLargestAccounts", "getTransactionCount", "eth_getRawTransactionByHash"]
+    real += ["debug_traceTransaction", "trace_block", "txpool_status", "engine_newPayloadV3", "slotSubscribe"]
+    keys = tmp_path / "keys.toml"
+    listed = ", ".join(f'"{m}"' for m in [*real, "getTokenLargestAcounts"])
+    keys.write_text(f'[keys.alice]\nkey = "alice-secret-1"\nallowed_methods = [{listed}]\n')
+    keys.chmod(0o600)
+    result = check(tmp_path, "--offline", EVM_UPSTREAM="http://127.0.0.1:1", API_KEYS_FILE=str(keys))
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warn ")]
+    assert warnings == [
+        "warn API_KEYS_FILE: key 'alice': allowed_methods 'getTokenLargestAcounts' is no known method "
+        "(getTokenLargestAccounts?)"
+    ], result.stdout
