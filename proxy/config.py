@@ -325,7 +325,8 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         spaces = _csv(raw["ALLOW_NAMESPACES"])
         if bad := [ns for ns in spaces if not _NAMESPACE.fullmatch(ns)]:  # `debug;txpool`: another separator
             raise ConfigError(f"ALLOW_NAMESPACES: {bad[0][:40]!r} is not a namespace (comma-separated: debug,txpool)")
-        values["allowed_namespaces"] = frozenset(ns.rstrip("_") for ns in spaces)
+        # In any case, as LOG_FORMAT: method namespaces are lower-case (`Debug` opens debug_*).
+        values["allowed_namespaces"] = frozenset(ns.lower().rstrip("_") for ns in spaces)
     if "ALLOW_METHODS" in raw:
         methods = _csv(raw["ALLOW_METHODS"])
         for method in methods:

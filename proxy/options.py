@@ -72,7 +72,7 @@ OPTIONS: tuple[Option, ...] = (
         "optional TOML file whose [credits] table sets per-method costs (method = credits) of "
         "methods outside the spec's seven; unlisted methods keep the built-in table, else DEFAULT_CREDITS",
     ),
-    Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
+    Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...); any case"),
     Option(
         "MAX_BATCH_SIZE",
         "maximum calls in one batch, each counted and charged (default 1000, as geth and viem's batch: true)",

@@ -445,6 +445,12 @@ def test_allow_namespaces_with_another_separator_than_a_comma_is_refused(value: 
     assert "ALLOW_NAMESPACES" in refused(ALLOW_NAMESPACES=value)
 
 
+def test_allow_namespaces_is_read_in_any_case() -> None:
+    """Rule: ALLOW_NAMESPACES=Debug opens debug_* (it was accepted and matched nothing), as LOG_FORMAT=JSON is json."""
+    settings = build_settings({**UPSTREAM, "ALLOW_NAMESPACES": "Debug, TXPOOL_"})
+    assert settings.allowed_namespaces == frozenset({"debug", "txpool"})
+
+
 def test_log_format_is_read_in_any_case() -> None:
     """Rule: LOG_FORMAT=JSON is json, as LOG_LEVEL=info is INFO (it was refused, the refusal in JSON)."""
     assert build_settings({**UPSTREAM, "LOG_FORMAT": "JSON"}).log_format == "json"
