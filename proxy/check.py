@@ -226,7 +226,9 @@ async def probe_ws(session: aiohttp.ClientSession, network: Network, index: int,
             url, headers=dict(network.ws_headers_of(index)), timeout=aiohttp.ClientWSTimeout(ws_close=timeout)
         ):
             return Probe(network.name, label)
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+    except TimeoutError:  # a silent upstream: how long, and the setting that bounds it (as _failure)
+        return Probe(network.name, label, problems=(f"handshake timed out after {timeout:g}s (UPSTREAM_TIMEOUT)",))
+    except (aiohttp.ClientError, OSError) as exc:
         return Probe(network.name, label, problems=(f"handshake failed ({type(exc).__name__})",))
 
 
@@ -303,17 +305,19 @@ async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
-def own_address(settings: Settings) -> list[tuple[Network, int]]:
-    """The http(s) upstreams at this proxy's own HOST and PROXY_PORT (pure): serve would send every
-    call to itself, and refuse it (via.py)."""
+def own_address(settings: Settings) -> list[tuple[Network, str, str]]:
+    """The upstreams, http(s) and ws(s), at this proxy's own HOST and PROXY_PORT (pure), each as its
+    network, its label and its URL: serve would send every call (or handshake) to itself, and refuse
+    it (via.py)."""
     hosts = {settings.host, *(_LOOPBACK if settings.host in (*_LOOPBACK, "0.0.0.0", "::") else ())}
     found = []
     for network in settings.networks:
-        for index, url in enumerate(network.upstreams):
-            parts = urlsplit(url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            if port == settings.port and parts.hostname in hosts:
-                found.append((network, index))
+        for kind, urls in (("upstream", network.upstreams), ("WebSocket upstream", network.ws_upstreams)):
+            for index, url in enumerate(urls):
+                parts = urlsplit(url)
+                port = parts.port or (443 if parts.scheme in ("https", "wss") else 80)
+                if port == settings.port and parts.hostname in hosts:
+                    found.append((network, f"{kind} #{index}", url))
     return found
 
 
@@ -335,10 +339,9 @@ def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (),
     if misspelt:
         problems += 1
         print(f"FAIL environment: not settings (misspelt?), serve ignores them: {', '.join(misspelt)}")
-    for network, index in own_address(settings):
+    for network, label, url in own_address(settings):
         problems += 1
-        shown = redact_url(network.upstreams[index])
-        print(f"FAIL network {network.name} upstream #{index} {shown}: this proxy's own address (a loop, via.py)")
+        print(f"FAIL network {network.name} {label} {redact_url(url)}: this proxy's own address (a loop, via.py)")
     if offline:
         print(
             "offline: settings and files are valid; upstreams not tried" if not problems else f"{problems} problem(s)"

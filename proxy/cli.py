@@ -176,6 +176,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return asyncio.run(_keys_usage(raw, args.key, args.metrics_url))
         settings = build_settings(raw)
         _check_journal_dir(settings)
+        _rehearse(settings)
     except ConfigError as exc:
         _error(raw, f"configuration error: {exc}")
         return 2
@@ -207,6 +208,13 @@ def _check_journal_dir(settings: Settings) -> None:
     problem = settings.credits_journal_dir and journal_dir_problem(settings.credits_journal_dir)
     if problem:
         raise ConfigError(problem)
+
+
+def _rehearse(settings: Settings) -> None:
+    """The networks' routing worked out as a reload would (network_set.rehearse), before serving."""
+    from proxy.network_set import rehearse
+
+    rehearse(settings.networks)
 
 
 def serve(settings: Settings) -> int:

@@ -23,6 +23,7 @@ from proxy.options import OPTION_NAMES as OPTION_NAMES
 from proxy.options import OPTIONS as OPTIONS
 from proxy.options import ConfigError as ConfigError
 from proxy.rpc.jsonrpc import METHOD_NAME
+from proxy.rpc.known_methods import KNOWN_METHODS
 from proxy.rpc.methods import FAMILIES, POLICIES
 from proxy.rpc.methods import Family as Family
 
@@ -253,9 +254,10 @@ def doubts(settings: Settings) -> list[str]:
     the proxy knows but one's near twin (`eth_cal`), a TRUSTED_PROXY_HEADER near one it reads
     (`X-Forwarded-Fro`). Warnings, not errors: a method unknown here may be the node's own."""
     found = []
+    methods = POLICIES.keys() | KNOWN_METHODS  # a node's real method is never a typo
     for name, key in (settings.api_keys or {}).items():
-        for method in sorted(key.lists.methods - POLICIES.keys()):
-            if near := difflib.get_close_matches(method, POLICIES, 1, 0.85):
+        for method in sorted(key.lists.methods - methods):
+            if near := difflib.get_close_matches(method, methods, 1, 0.85):
                 found.append(f"API_KEYS_FILE: key {name!r}: allowed_methods {method!r} is no known method ({near[0]}?)")
     header = settings.trusted_proxy_header
     known = {h.lower(): h for h in _CLIENT_IP_HEADERS}
@@ -323,7 +325,8 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         spaces = _csv(raw["ALLOW_NAMESPACES"])
         if bad := [ns for ns in spaces if not _NAMESPACE.fullmatch(ns)]:  # `debug;txpool`: another separator
             raise ConfigError(f"ALLOW_NAMESPACES: {bad[0][:40]!r} is not a namespace (comma-separated: debug,txpool)")
-        values["allowed_namespaces"] = frozenset(ns.rstrip("_") for ns in spaces)
+        # In any case, as LOG_FORMAT: method namespaces are lower-case (`Debug` opens debug_*).
+        values["allowed_namespaces"] = frozenset(ns.lower().rstrip("_") for ns in spaces)
     if "ALLOW_METHODS" in raw:
         methods = _csv(raw["ALLOW_METHODS"])
         for method in methods:

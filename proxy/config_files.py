@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -14,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config_expand import expand
+from proxy.config_numbers import Place, dotted, in_range, non_finite
 from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, digest
 from proxy.credits.allow_lists import NO_LISTS, AllowLists
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
 from proxy.file_trust import check_trusted
+from proxy.host_names import host_name
 from proxy.options import MAX_CREDITS, ConfigError, _csv, _upstream_urls
 from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.methods import FAMILIES, Family
@@ -124,15 +125,6 @@ _OWN_HEADERS = frozenset(
 )
 
 
-def _positive_number(where: str, name: str, value: Any, *, whole: bool = False) -> Any:
-    kinds = (int,) if whole else (int, float)
-    if value is None:
-        return None
-    if not isinstance(value, kinds) or isinstance(value, bool) or not value > 0:
-        raise ConfigError(f"{where}: {name} must be a positive {'whole ' if whole else ''}number")
-    return value
-
-
 def _headers(at: str, table: Any) -> UpstreamHeaders:
     """An upstream's `headers = {Name = "value"}`: checked by name, never echoing a value."""
     if not isinstance(table, dict):
@@ -167,12 +159,12 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
         unknown = sorted(set(entry) - set(_UPSTREAM_FIELDS))
         if unknown:
             raise ConfigError(f"{at}: unknown field {unknown[0]!r} (expected {', '.join(_UPSTREAM_FIELDS)})")
-        weight = _positive_number(at, "weight", entry.get("weight", 1.0))
+        weight = in_range(at, "weight", entry.get("weight", 1.0))
         options.append(
             UpstreamOptions(
                 float(weight),
-                _positive_number(at, "max_rps", entry.get("max_rps")),
-                _positive_number(at, "max_concurrency", entry.get("max_concurrency"), whole=True),
+                in_range(at, "max_rps", entry.get("max_rps")),
+                in_range(at, "max_concurrency", entry.get("max_concurrency")),
                 *_unit_rate(at, entry),
                 _recent_blocks(at, entry),
             )
@@ -185,14 +177,17 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
 def _unit_rate(at: str, entry: dict[str, Any]) -> tuple[float | None, tuple[tuple[str, int], ...], int]:
     """An upstream's compute-unit rate: max_units_per_second, method_costs {method = units} and
     default_cost (units of a method not listed, 1 if not given)."""
-    rate = _positive_number(at, "max_units_per_second", entry.get("max_units_per_second"))
+    rate = in_range(at, "max_units_per_second", entry.get("max_units_per_second"))
     costs = entry.get("method_costs", {})
     if not isinstance(costs, dict):
         raise ConfigError(f"{at}: method_costs must be a table of method = compute units")
-    checked = {str(m): _positive_number(at, f"method_costs.{str(m)[:40]}", c, whole=True) for m, c in costs.items()}
-    default = _positive_number(at, "default_cost", entry.get("default_cost", 1), whole=True)
+    checked = {str(m): in_range(at, f"method_costs.{str(m)[:40]}", c) for m, c in costs.items()}
+    default = in_range(at, "default_cost", entry.get("default_cost", 1))
     if rate is None and (checked or "default_cost" in entry):
         raise ConfigError(f"{at}: method_costs and default_cost need max_units_per_second (the budget in those units)")
+    for field_name, cost in (("default_cost", default), *((f"method_costs.{m[:40]}", c) for m, c in checked.items())):
+        if rate is not None and cost > max(1, rate):  # one window's units (window.Limits.of) could never hold it
+            raise ConfigError(f"{at}: {field_name} is more than max_units_per_second: such a call could never be sent")
     return rate, tuple(sorted(checked.items())), default
 
 
@@ -201,7 +196,7 @@ def _recent_blocks(at: str, entry: dict[str, Any]) -> int | None:
     archive = entry.get("archive")
     if archive is not None and not isinstance(archive, bool):
         raise ConfigError(f"{at}: archive must be true or false")
-    recent = _positive_number(at, "recent_blocks", entry.get("recent_blocks"), whole=True)
+    recent = in_range(at, "recent_blocks", entry.get("recent_blocks"))
     if archive and recent is not None:
         raise ConfigError(f"{at}: an archive upstream has no recent_blocks (set archive = false, or drop it)")
     if archive is False and recent is None:
@@ -210,27 +205,31 @@ def _recent_blocks(at: str, entry: dict[str, Any]) -> int | None:
 
 
 def _hosts(where: str, hosts: Any) -> tuple[str, ...]:
-    """A network's `hosts`: Host header names, lower-cased. A Host header is matched by its name alone
-    (gateway/network_routing.py drops its port), so a URL or a name with a port would never match."""
+    """A network's `hosts`: Host header names in the form routing compares (host_names.py: lower-case,
+    no trailing dot, an IPv6 address bracketed and canonical). A Host header is matched by its name
+    alone (gateway/network_routing.py drops its port), so a URL or a name with a port would never match."""
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         raise ConfigError(f"{where}: hosts must be a list of host names")
+    names = []
     for host in hosts:
         shown = host[:60]
         if "/" in host:
             raise ConfigError(f"{where}: hosts entry {shown!r} is a URL: write the host name alone (rpc.example)")
-        if ":" in host and not host.startswith("["):
+        parts = host_name(host)
+        if parts is None or any(c.isspace() for c in host):
+            raise ConfigError(f"{where}: hosts entry {shown!r} is not a host name")
+        if parts.port or host.rstrip().endswith(":"):
             raise ConfigError(
                 f"{where}: hosts entry {shown!r} has a port: a Host header is matched by its name on any port, "
                 "write the name alone"
             )
-        if not host or any(c.isspace() for c in host):
-            raise ConfigError(f"{where}: hosts entry {shown!r} is not a host name")
-    return tuple(h.lower() for h in hosts)
+        names.append(parts.name)
+    return tuple(names)
 
 
 def _integrity(where: str, entry: dict[str, Any]) -> tuple[int, bool]:
     """A network's confirm_immutable (upstreams that must agree) and confirm_logs_bloom."""
-    count = _positive_number(where, "confirm_immutable", entry.get("confirm_immutable", 1), whole=True)
+    count = in_range(where, "confirm_immutable", entry.get("confirm_immutable", 1))
     bloom = entry.get("confirm_logs_bloom", False)
     if not isinstance(bloom, bool):
         raise ConfigError(f"{where}: confirm_logs_bloom must be true or false")
@@ -247,7 +246,7 @@ def _verification(where: str, entry: dict[str, Any], upstreams: int) -> tuple[st
     mode = entry.get("verify", "auto")
     if mode not in VERIFY_MODES:
         raise ConfigError(f"{where}: verify must be one of {', '.join(VERIFY_MODES)}")
-    quorum = _positive_number(where, "checkpoint_quorum", entry.get("checkpoint_quorum"), whole=True) or 0
+    quorum = in_range(where, "checkpoint_quorum", entry.get("checkpoint_quorum")) or 0
     if upstreams and quorum > upstreams:
         raise ConfigError(f"{where}: checkpoint_quorum cannot exceed the number of http(s) upstreams")
     trusted = entry.get("trusted_checkpoint")
@@ -264,7 +263,7 @@ def _selection(where: str, entry: dict[str, Any]) -> tuple[str, float | None]:
     selection = entry.get("selection", "priority")
     if selection not in SELECTION_POLICIES:
         raise ConfigError(f"{where}: selection must be one of {', '.join(SELECTION_POLICIES)}")
-    hedge_ms = _positive_number(where, "hedge_after_ms", entry.get("hedge_after_ms"))
+    hedge_ms = in_range(where, "hedge_after_ms", entry.get("hedge_after_ms"))
     return selection, hedge_ms / 1000 if hedge_ms is not None else None
 
 
@@ -286,27 +285,15 @@ def _load_toml(name: str, path: str) -> dict[str, Any]:
         raise ConfigError(f"{name}: {path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{name}: {path} is not UTF-8 text") from None
-    if (where := _non_finite(data)) is not None:
+    if (where := non_finite(data)) is not None:
         # TOML writes inf, nan and 1e400 (read as inf): no limit, weight or delay is infinite.
-        field_name = where if name != "API_KEYS_FILE" else where.rpartition(".")[2]  # table names may be keys
-        raise ConfigError(f"{name}: {field_name} must be a finite number (not inf or nan)")
+        shown = dotted(where) if name != "API_KEYS_FILE" else _key_place(data, where)
+        raise ConfigError(f"{name}: {shown} must be a finite number (not inf or nan)")
     if name == "CREDITS_FILE":
         return data
     # ${VAR} from the environment (config_expand.py); API_KEYS_FILE's table names may be secrets.
     expanded: dict[str, Any] = expand(data, name, trace=name != "API_KEYS_FILE")
     return expanded
-
-
-def _non_finite(value: Any, where: str = "") -> str | None:
-    """The dotted path of the first float in a TOML document that is inf or nan, or None."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else where
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _non_finite(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip("."))
-        if found is not None:
-            return found
-    return None
 
 
 def _credits_file(path: str) -> dict[str, int]:
@@ -366,12 +353,8 @@ def _networks_from_file(path: str) -> list[Network]:
         if family not in FAMILIES:
             raise ConfigError(f"{where}: family must be 'evm' or 'solana'")
         hosts = _hosts(where, entry.get("hosts", []))
-        depth = entry.get("finality_depth")
-        if depth is not None and (not isinstance(depth, int) or depth <= 0):
-            raise ConfigError(f"{where}: finality_depth must be a positive integer")
-        chain_id = entry.get("chain_id")
-        if chain_id is not None and (not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0):
-            raise ConfigError(f"{where}: chain_id must be a positive integer")
+        depth = in_range(where, "finality_depth", entry.get("finality_depth"))
+        chain_id = in_range(where, "chain_id", entry.get("chain_id"))
         entries, options, headers = _upstream_entries(where + " upstreams", entry.get("upstreams"))
         is_ws = [isinstance(u, str) and u.startswith(("ws://", "wss://")) for u in entries] if options else []
         if any(ws and o != UpstreamOptions() for ws, o in zip(is_ws, options, strict=True)):
@@ -512,6 +495,19 @@ def _key_entry(table_name: str, entry: Any) -> tuple[str, KeyConfig]:
             raise ConfigError(f"{where}: {field_name} must be a whole number from 1 to 2**53")
         values[field_name] = value
     return name, KeyConfig(**values, sha256=sha, lists=_allow_lists(where, entry))
+
+
+def _key_place(data: dict[str, Any], where: Place) -> str:
+    """A place in API_KEYS_FILE shown without any part that may be a key: an older form's table name
+    (`[keys.SECRET]`, or `SECRET = ...` in `[keys]`) is the secret, so the key is named as elsewhere
+    (derived_name) and a field only when it is one of a key's fields."""
+    if len(where) < 2 or where[0] != "keys" or not isinstance(data.get("keys"), dict):
+        return "a value outside [keys.NAME]"
+    table = str(where[1])
+    entry = data["keys"][where[1]]
+    declared = isinstance(entry, dict) and ("key" in entry or "key_sha256" in entry) and ACCOUNT_NAME.fullmatch(table)
+    shown = f"key {table if declared else derived_name(table)!r}"
+    return f"{shown}: {where[2]}" if len(where) > 2 and where[2] in _KEY_FIELDS else shown
 
 
 def _keys(raw: Mapping[str, str]) -> dict[str, KeyConfig] | None:

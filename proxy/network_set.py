@@ -103,7 +103,7 @@ class NetworkSet:
             try:
                 listed = [*self._fixed, *_networks_from_file(settings.networks_file)]
                 defaults = checked_networks(listed)
-                _rehearse(listed)
+                rehearse(listed)
             except ConfigError as exc:  # its messages never echo a URL
                 return 400, {"error": str(exc)}
             new = {n.name: n for n in listed}
@@ -186,9 +186,10 @@ class NetworkSet:
         task.add_done_callback(self._retiring.discard)
 
 
-def _rehearse(networks: Sequence[Network]) -> None:
+def rehearse(networks: Sequence[Network]) -> None:
     """Every network's routing worked out on throwaway budgets before anything is applied: what the
-    swap computes cannot fail halfway through it, with some networks changed and others not."""
+    swap computes cannot fail halfway through it, with some networks changed and others not. Start-up
+    and `rpc-proxy check` run it too (cli.py): a value that cannot be applied is a configuration error."""
     for net in networks:
         try:
             routing_of(net)

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-from redis.connection import parse_url
-
-from proxy.redis_topology import BadRedisUrl, topology_of
+from proxy.redis_topology import BadRedisUrl, single_url, topology_of
 from proxy.rpc.methods import SOLANA_PUBSUB
 
 # Credits of WebSocket subscriptions, by what is charged: `subscribe` for each eth_subscribe (or
@@ -74,7 +72,7 @@ OPTIONS: tuple[Option, ...] = (
         "optional TOML file whose [credits] table sets per-method costs (method = credits) of "
         "methods outside the spec's seven; unlisted methods keep the built-in table, else DEFAULT_CREDITS",
     ),
-    Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...)"),
+    Option("ALLOW_NAMESPACES", "comma-separated namespaces whose every method is served (debug,txpool,...); any case"),
     Option(
         "MAX_BATCH_SIZE",
         "maximum calls in one batch, each counted and charged (default 1000, as geth and viem's batch: true)",
@@ -414,30 +412,11 @@ def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
 
 def _redis_url(name: str, raw: str) -> str:
     """A URL redis-py can connect to; the error never echoes it (it may hold a password)."""
-    expected = f"{name} is not a valid redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL"
     try:
-        topology = topology_of(raw)
+        if topology_of(raw).kind == "single":
+            single_url(raw)
     except BadRedisUrl as exc:
         raise ConfigError(f"{name} {exc}") from None
-    if topology.kind != "single":
-        return raw
-    try:
-        parts = urlsplit(raw)
-        port = parts.port  # raises on a bad port
-    except ValueError:
-        raise ConfigError(expected) from None
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(expected)
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ConfigError(f"{name} names no host")
-    if port == 0:
-        raise ConfigError(f"{name} has port 0")
-    if parts.scheme == "unix" and not parts.path:
-        raise ConfigError(f"{name} names no socket path")
-    try:  # redis-py's own reading: query options such as db=x or socket_timeout=abc
-        parse_url(raw)  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError):
-        raise ConfigError(f"{name} has an invalid option in its query string") from None
     return raw
 
 

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from redis.asyncio.connection import ConnectionPool
+from redis.connection import parse_url
+
 Kind = Literal["single", "cluster", "sentinel"]
 _SCHEMES: dict[str, tuple[Kind, bool]] = {
     "redis+cluster": ("cluster", False),
@@ -86,6 +89,38 @@ def topology_of(url: str) -> RedisTopology:
         options.get("sentinel_username"),
         options.get("sentinel_password"),
     )
+
+
+def single_url(url: str) -> None:
+    """A single server's URL (redis://, rediss://, unix://) checked as redis-py will read it."""
+    expected = "is not a valid redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a bad port
+    except ValueError:
+        raise BadRedisUrl(expected) from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise BadRedisUrl(expected)
+    if parts.scheme != "unix" and not parts.hostname:
+        raise BadRedisUrl("names no host")
+    if port == 0:
+        raise BadRedisUrl("has port 0")
+    if parts.scheme == "unix" and not parts.path:
+        raise BadRedisUrl("names no socket path")
+    try:  # redis-py's own reading: query options such as db=x or socket_timeout=abc
+        options = parse_url(url)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError):
+        raise BadRedisUrl("has an invalid option in its query string") from None
+    if parts.query:
+        # An option its connections do not take (x=y) would fail every connect, for ever: one is made
+        # here (no connection is opened), refused naming the option.
+        try:
+            ConnectionPool.from_url(url).make_connection()  # type: ignore[no-untyped-call]
+        except (ValueError, TypeError) as exc:
+            named = next((k for k in options if f"'{k}'" in str(exc)), None)
+            raise BadRedisUrl(
+                "has a query option redis-py does not take" + (f": {named[:40]}" if named is not None else "")
+            ) from None
 
 
 def _credentials(userinfo: str) -> tuple[str | None, str | None]:

@@ -4,14 +4,25 @@ proxy's requests from another's). A request that arrives carrying it came from t
 upstream is this proxy (EVM_UPSTREAM at its own port), and forwarding it would ask itself for ever.
 
 The workers of one deployment share their supervisor's pseudonym (`adopt`): a call forwarded to the
-port may reach any of them. Another proxy's Via (a chain of two proxies) is not this one's, and passes.
+port may reach any of them. Another proxy's Via (a chain of two proxies) is not this one's, and passes,
+and what a request for a call sends upstream carries that Via with this proxy's mark appended (RFC 9110
+7.6.3: a proxy appends): two proxies that are each other's upstream see their own mark come back on the
+second hop, whoever sent the call first. The transport sets RECEIVED for the calls of a request that
+arrived with a Via; the HTTP client reads it as it writes (http_client.py). A call carrying it is never
+auto-batched with others (batching.py): its request is its own. Coalesced calls share the request of the
+call that runs it, marks and all; a joiner sends nothing, so it adds no hop. A request whose Via already
+names more than MAX_PROXIES proxies is refused as a loop too (proxies that do not mark their requests).
 """
 
 from __future__ import annotations
 
 import secrets
+from contextvars import ContextVar
 
 _own = [f"rpc-proxy-{secrets.token_hex(8)}"]
+MAX_PROXIES = 8  # a request that already passed more proxies than this is refused (508)
+# The Via a call's request arrived with (None: none, the common case), for the requests made for it.
+RECEIVED: ContextVar[str | None] = ContextVar("rpc_proxy_via", default=None)
 
 
 def pseudonym() -> str:
@@ -32,3 +43,13 @@ def field() -> str:
 def looped(via: str | None) -> bool:
     """Whether a request's Via field names this proxy: it was sent by this proxy, to itself."""
     return via is not None and any(entry.split()[1:2] == [_own[0]] for entry in via.split(","))
+
+
+def too_many(via: str) -> bool:
+    """Whether a request's Via names more than MAX_PROXIES proxies (empty list elements not counted)."""
+    return sum(1 for entry in via.split(",") if entry.strip()) > MAX_PROXIES
+
+
+def forwarded(received: str) -> str:
+    """The Via field of a request sent upstream for a call that arrived with `received`."""
+    return f"{received}, {field()}"

@@ -51,6 +51,37 @@ async def test_open_mode_accepts_any_key(anvil: Anvil, make_proxy: ProxyFactory)
     assert (await proxy.post(CHAIN_ID, key="anything"))[0] == 200
 
 
+async def test_a_declared_host_routes_however_the_host_header_writes_it(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a Host header matches `hosts` in one normal form (host_names.py): its port dropped, IPv6
+    addresses canonical, case and one trailing dot ignored, on either side."""
+    side_node = Anvil("--chain-id", "5")
+    networks = tmp_path / "networks.toml"
+    networks.write_text(
+        f'[networks.first]\nfamily = "evm"\nupstreams = ["{anvil.url}"]\n'
+        f'[networks.second]\nfamily = "evm"\nupstreams = ["{side_node.url}"]\n'
+        'hosts = ["[::1]", "v.example", "w.example."]\n'
+    )
+    proxy = await make_proxy(NETWORKS_FILE=str(networks))
+    try:
+        for host in (
+            "[::1]:80",
+            "[0:0:0:0:0:0:0:1]",
+            "[::1]",
+            "v.example.",
+            "V.Example:8545",
+            "w.example",
+            "w.example.",
+        ):
+            status, body, _ = await proxy.post(CHAIN_ID, headers={"Host": host})
+            assert status == 200 and body["result"] == "0x5", (host, body)
+        _, body, _ = await proxy.post(CHAIN_ID, headers={"Host": "x.example"})
+        assert body["result"] == "0x7a69"
+    finally:
+        side_node.stop()
+
+
 async def test_network_is_chosen_by_declared_host_then_path_then_host_label_then_method_family(
     tmp_path: Path, solana: FakeSolana, make_proxy: ProxyFactory
 ) -> None:

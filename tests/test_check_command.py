@@ -231,6 +231,32 @@ def test_a_silent_upstream_is_said_to_have_timed_out_naming_the_setting(tmp_path
     assert f"FAIL network evm upstream #0 {url}: timed out after 1s (UPSTREAM_TIMEOUT)" in result.stdout
 
 
+def test_a_websocket_upstream_at_the_proxys_own_address_is_a_loop(tmp_path: Path) -> None:
+    """Rule: a ws(s) upstream at this proxy's own HOST and PROXY_PORT is named a loop, as an http(s) one."""
+    port = free_port()
+    result = check(
+        tmp_path,
+        "--offline",
+        PROXY_PORT=str(port),
+        EVM_UPSTREAM="http://127.0.0.1:1",
+        EVM_UPSTREAM_WS=f"ws://localhost:{port}",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"WebSocket upstream #0 ws://localhost:{port}: this proxy's own address" in result.stdout
+
+
+def test_a_silent_websocket_upstream_is_said_to_have_timed_out_naming_the_setting(tmp_path: Path) -> None:
+    """Rule: a WebSocket handshake that times out says how long and which setting bounds it."""
+    with socket.socket() as silent:  # accepts (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"ws://127.0.0.1:{silent.getsockname()[1]}"
+        result = check(tmp_path, EVM_UPSTREAM="http://127.0.0.1:1", EVM_UPSTREAM_WS=url, UPSTREAM_TIMEOUT="1")
+    assert f"WebSocket upstream #0 {url}: handshake timed out after 1s (UPSTREAM_TIMEOUT)" in result.stdout, (
+        result.stdout
+    )
+
+
 @pytest.mark.parametrize("offline", [True, False])
 def test_an_upstream_at_the_proxys_own_address_is_a_loop(offline: bool, tmp_path: Path) -> None:
     port = free_port()
@@ -255,3 +281,21 @@ def test_a_near_miss_of_a_known_method_or_client_ip_header_is_a_warning_not_an_e
         "warn API_KEYS_FILE: key 'alice': allowed_methods 'eth_cal' is no known method (eth_call?)",
         "warn TRUSTED_PROXY_HEADER 'X-Forwarded-Fro' is not X-Forwarded-For, which it resembles (a typo?)",
     ]
+
+
+def test_a_real_method_the_proxy_has_no_policy_for_is_never_a_near_miss(tmp_path: Path) -> None:
+    """Rule: allowed_methods names that nodes serve (Solana's getBlocks, getTransactionCount, the
+    execution API's eth_getRawTransactionByHash, debug_ and trace_ names) are no typo of another; a
+    near miss of such a name is."""
+    real = ["getBlocks", "getTokenLargestAccounts", "getTransactionCount", "eth_getRawTransactionByHash"]
+    real += ["debug_traceTransaction", "trace_block", "txpool_status", "engine_newPayloadV3", "slotSubscribe"]
+    keys = tmp_path / "keys.toml"
+    listed = ", ".join(f'"{m}"' for m in [*real, "getTokenLargestAcounts"])
+    keys.write_text(f'[keys.alice]\nkey = "alice-secret-1"\nallowed_methods = [{listed}]\n')
+    keys.chmod(0o600)
+    result = check(tmp_path, "--offline", EVM_UPSTREAM="http://127.0.0.1:1", API_KEYS_FILE=str(keys))
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warn ")]
+    assert warnings == [
+        "warn API_KEYS_FILE: key 'alice': allowed_methods 'getTokenLargestAcounts' is no known method "
+        "(getTokenLargestAccounts?)"
+    ], result.stdout

@@ -202,8 +202,43 @@ def test_a_host_claimed_by_two_networks_is_refused_naming_both(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
+    ("written", "normal"),
+    [
+        ("::1", "[::1]"),
+        ("[0:0:0:0:0:0:0:1]", "[::1]"),
+        ("[::FFFF:7F00:1]", "[::ffff:7f00:1]"),
+        ("W.Example.", "w.example"),
+        ("v.example", "v.example"),
+    ],
+)
+def test_a_host_is_kept_in_the_one_form_routing_compares(written: str, normal: str, tmp_path: Path) -> None:
+    """Rule: `hosts` entries are normalised as Host headers are (host_names.py): lower-case, one trailing
+    dot dropped, an IPv6 address bracketed and canonical; a bare IPv6 address is no "port"."""
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{written}"]\n')
+    assert build_settings({"NETWORKS_FILE": str(networks)}).networks[0].hosts == (normal,)
+
+
+@pytest.mark.parametrize(("one", "two"), [("x.example.", "x.example"), ("[::1]", "::1"), ("[0::1]", "[::1]")])
+def test_one_host_written_two_ways_is_claimed_once(one: str, two: str, tmp_path: Path) -> None:
+    """Rule: two networks cannot claim one host by writing it differently: compared once normalised."""
+    networks = tmp_path / "networks.toml"
+    table = '[networks.{}]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{}"]\n'
+    networks.write_text(table.format("one", one) + table.format("two", two))
+    assert "is claimed by networks 'one' and 'two'" in refused(NETWORKS_FILE=str(networks))
+
+
+@pytest.mark.parametrize(
     ("host", "why"),
-    [("https://rpc.example", "is a URL"), ("rpc.example/v1", "is a URL"), ("rpc.example:8545", "has a port")],
+    [
+        ("https://rpc.example", "is a URL"),
+        ("rpc.example/v1", "is a URL"),
+        ("rpc.example:8545", "has a port"),
+        ("[::1]:8545", "has a port"),
+        ("[::1", "is not a host name"),
+        ("[nope]", "is not a host name"),
+        (".", "is not a host name"),
+    ],
 )
 def test_a_host_that_no_host_header_can_match_is_refused(host: str, why: str, tmp_path: Path) -> None:
     """Rule: `hosts` holds Host header names, matched without the port: a URL or a port never matches."""
@@ -236,6 +271,54 @@ def test_a_number_in_a_networks_file_must_be_finite(entry: str, field: str, tmp_
         timeout=60,
     )
     assert result.returncode == 2 and "must be a finite number" in result.stderr, result.stderr
+
+
+HUGE = "1" + "0" * 400  # a TOML integer no float holds
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ('upstreams = [{url = "http://127.0.0.1:1", max_rps = 1e-320}]', "max_rps"),
+        (f'upstreams = [{{url = "http://127.0.0.1:1", max_rps = {HUGE}}}]', "max_rps"),
+        ('upstreams = [{url = "http://127.0.0.1:1", max_units_per_second = 5e-324}]', "max_units_per_second"),
+        (f'upstreams = [{{url = "http://127.0.0.1:1", weight = {HUGE}}}]', "weight"),
+        (f'upstreams = ["http://127.0.0.1:1"]\nhedge_after_ms = {HUGE}', "hedge_after_ms"),
+        (f'upstreams = ["http://127.0.0.1:1"]\nfinality_depth = {HUGE}', "finality_depth"),
+        (f'upstreams = [{{url = "http://127.0.0.1:1", recent_blocks = {HUGE}}}]', "recent_blocks"),
+    ],
+)
+def test_a_number_in_a_networks_file_must_lie_in_its_range(entry: str, field: str, tmp_path: Path) -> None:
+    """Rule: every number in NETWORKS_FILE has a range (config_numbers.RANGES): one past it, which would
+    overflow where it is applied, is refused by serve and check alike naming the field, no traceback."""
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.main]\nfamily = "evm"\n{entry}\n')
+    message = refused(NETWORKS_FILE=str(networks))
+    assert f"{field} must be a positive" in message and HUGE not in message, message
+    for command in (["check", "--offline"], ["serve"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", *command],
+            env=clean_env(NETWORKS_FILE=str(networks), PROXY_PORT="63977"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2 and f"{field} must be a positive" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("costs", "field"),
+    [("default_cost = 11", "default_cost"), ("method_costs = {eth_call = 11}", "method_costs.eth_call")],
+)
+def test_a_call_cost_above_the_unit_budget_of_one_second_is_refused(costs: str, field: str, tmp_path: Path) -> None:
+    """Rule: a method cost above max_units_per_second could never be sent within the budget: refused."""
+    networks = tmp_path / "networks.toml"
+    upstream = f'{{url = "http://127.0.0.1:1", max_units_per_second = 10, {costs}}}'
+    networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = [{upstream}]\n')
+    assert f"{field} is more than max_units_per_second" in refused(NETWORKS_FILE=str(networks))
+    networks.write_text(networks.read_text().replace("11", "10"))
+    assert build_settings({"NETWORKS_FILE": str(networks)}).networks[0].options_of(0).max_units_per_second == 10
 
 
 @pytest.mark.parametrize(
@@ -360,6 +443,12 @@ def test_a_keys_file_table_name_holding_a_variable_is_refused(tmp_path: Path) ->
 def test_allow_namespaces_with_another_separator_than_a_comma_is_refused(value: str) -> None:
     """Rule: ALLOW_NAMESPACES is comma-separated; `debug;txpool` is no namespace, never silently none."""
     assert "ALLOW_NAMESPACES" in refused(ALLOW_NAMESPACES=value)
+
+
+def test_allow_namespaces_is_read_in_any_case() -> None:
+    """Rule: ALLOW_NAMESPACES=Debug opens debug_* (it was accepted and matched nothing), as LOG_FORMAT=JSON is json."""
+    settings = build_settings({**UPSTREAM, "ALLOW_NAMESPACES": "Debug, TXPOOL_"})
+    assert settings.allowed_namespaces == frozenset({"debug", "txpool"})
 
 
 def test_log_format_is_read_in_any_case() -> None:

@@ -16,11 +16,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from web3 import AsyncHTTPProvider, AsyncWeb3
 
+from proxy import via
 from proxy.http.access_log import shown_path
 from proxy.request_ids import IDS, RequestIds
-from tests.support import Anvil, Proxy, eventually, free_port, settings_for, start_proxy
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, settings_for, start_proxy
 from tests.test_front import exchange
 
 CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
@@ -325,3 +328,125 @@ async def test_a_chain_of_two_proxies_is_no_loop(anvil: Anvil, tmp_path: Path) -
     finally:
         inner.send_signal(signal.SIGTERM)
         await asyncio.to_thread(inner.wait, 30)
+
+
+class _Hop:
+    """A hop in front of `target` that counts the calls it passes and keeps their Via, as a plain TCP
+    forwarder would: what one proxy sends the other, seen on the wire."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.methods: list[str] = []
+        self.port = free_port()
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._relay)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return f"http://127.0.0.1:{self.port}/"
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _relay(self, request: web.Request) -> web.Response:
+        assert self._session is not None
+        body = await request.read()
+        payload = json.loads(body)
+        self.methods += [str(c.get("method")) for c in (payload if isinstance(payload, list) else [payload])]
+        headers = {"Content-Type": "application/json"}
+        if "Via" in request.headers:
+            headers["Via"] = ", ".join(request.headers.getall("Via"))
+        try:
+            async with self._session.post(self.target, data=body, headers=headers) as answer:
+                return web.Response(body=await answer.read(), status=answer.status, content_type="application/json")
+        except aiohttp.ClientError:
+            return web.Response(status=502)
+
+
+async def test_two_proxies_that_are_each_others_upstream_refuse_a_call_at_once_and_stop_calling(
+    tmp_path: Path,
+) -> None:
+    """Rule (RFC 9110 7.6.3): a proxy appends its Via to the one it received, so two proxies that are
+    each other's upstream see their own mark on the second hop: the call fails fast and the two
+    stop calling each other (the calls between them, counted on the wire, stop growing)."""
+    ports = free_port(), free_port()
+    hops = [_Hop(f"http://127.0.0.1:{port}/") for port in ports]
+    urls = [await hop.start() for hop in hops]
+    procs = [_serving(ports[0], urls[1], tmp_path / "a.log"), _serving(ports[1], urls[0], tmp_path / "b.log")]
+    try:
+        async with aiohttp.ClientSession() as session:
+            for port in ports:
+                await _first_answer(session, f"http://127.0.0.1:{port}/", CHAIN_ID)  # both listening
+            started = time.monotonic()
+            call = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x" + "ab" * 20, "latest"]}
+            status, answer = await _first_answer(session, f"http://127.0.0.1:{ports[0]}/", call)
+            assert time.monotonic() - started < 15 and status >= 500 and "error" in answer, (status, answer)
+        seen: list[int] = []
+
+        async def stopped() -> bool:
+            seen.append(sum(m == "eth_getBalance" for hop in hops for m in hop.methods))
+            return len(seen) > 100 and seen[-1] == seen[-101]  # unchanged over 100 polls (2 s and more)
+
+        await eventually(stopped, 60, "the proxies to stop calling each other")
+        assert seen[-1] <= 8, seen[-1]
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            await asyncio.to_thread(proc.wait, 30)
+        for hop in hops:
+            await hop.close()
+    assert "an upstream of this proxy is this proxy itself" in (tmp_path / "a.log").read_text()
+
+
+async def test_a_call_that_came_through_other_proxies_goes_upstream_with_their_via_and_this_ones(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (RFC 9110 7.6.3): the marks a request arrived with travel on, this proxy's appended, alone
+    or in a batch (a call with other proxies' marks is never auto-batched with others' calls)."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    calls = [
+        {"jsonrpc": "2.0", "id": n, "method": "eth_getBalance", "params": [f"0x{n + 1:040x}", "latest"]}
+        for n in range(3)
+    ]
+    status, answers, _ = await proxy.post(calls, headers={"Via": "1.1 edge-a, 1.0 edge-b"})
+    assert status == 200 and [a["result"] for a in answers] == ["0x0"] * 3, answers
+    marked = [
+        h.get("Via", "")
+        for h, (_, methods) in zip(relays[0].request_headers, relays[0].timeline, strict=True)
+        if "eth_getBalance" in methods
+    ]
+    assert len(marked) == 3 and all(re.fullmatch(r"1\.1 edge-a, 1\.0 edge-b, 1\.1 rpc-proxy-\w+", v) for v in marked)
+
+
+async def test_a_request_whose_via_names_more_than_eight_proxies_is_refused_as_a_loop(evm_proxy: Proxy) -> None:
+    """Rule: a request that already passed more than 8 proxies is a loop of proxies (508), not forwarded."""
+    eight = ", ".join(f"1.1 p{n}" for n in range(8))
+    status, answer, _ = await evm_proxy.post(CHAIN_ID, headers={"Via": eight})
+    assert status == 200 and answer["result"] == "0x7a69", answer
+    status, answer, _ = await evm_proxy.post(CHAIN_ID, headers={"Via": eight + ", 1.1 p8"})
+    assert status == 508 and "Via names over 8 proxies" in answer["error"]["message"], answer
+
+
+@pytest.mark.parametrize("upgrade", [False, True])
+async def test_this_proxys_mark_in_any_via_line_is_a_loop(evm_proxy: Proxy, upgrade: bool) -> None:
+    """Rule (RFC 9110 5.3, 7.6.3): repeated Via lines are one list: the own mark in a second line is a
+    loop as in the first, for a POST and for a WebSocket handshake alike."""
+    body = json.dumps(CHAIN_ID).encode()
+    head = (
+        "GET /ws/v3/k HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        if upgrade
+        else f"POST /v3/k HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    )
+    request = f"{head}Host: rpc.example\r\nVia: 1.1 edge\r\nVia: {via.field()}\r\n\r\n".encode()
+    ((status, _, answer),) = await exchange(evm_proxy.server.port, request + (b"" if upgrade else body))
+    assert status == 508 and b"loop detected" in answer, answer

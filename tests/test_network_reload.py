@@ -220,6 +220,33 @@ async def test_a_number_that_is_not_finite_is_400_naming_it_and_no_network_is_ch
         assert [u["max_rps"] for n in ("a", "b") for u in listing[n]] == [5, 5], listing
 
 
+async def test_a_number_out_of_its_range_is_400_naming_it_and_no_network_is_changed(
+    relays: list[FaultRelay],
+    tmp_path: Path,
+    make_proxy: ProxyFactory,
+) -> None:
+    """Rule: a number past its documented range (one that would overflow when applied) is a 400 naming
+    the field, never a 500 with a traceback, and nothing is applied."""
+    port = free_port()
+    path = tmp_path / "networks.toml"
+    table = '[networks.{}]\nfamily = "evm"\nupstreams = [{{url = "{}", max_rps = 5{}}}]\n'
+    path.write_text(table.format("a", relays[0].url, "") + table.format("b", relays[1].url, ""))
+    proxy = await make_proxy(NETWORKS_FILE=str(path), ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    huge = "1" + "0" * 400
+    for extra, field in [
+        (", max_units_per_second = 5e-324", "max_units_per_second"),
+        (f", weight = {huge}", "weight"),
+        (f", max_concurrency = {huge}", "max_concurrency"),
+        (f", max_units_per_second = 10, default_cost = {huge}", "default_cost"),
+        (", max_units_per_second = 10, default_cost = 11", "default_cost"),
+    ]:
+        path.write_text(table.format("a", relays[0].url, "") + table.format("b", relays[1].url, extra))
+        status, body = await _reload(proxy, port)
+        assert status == 400 and f"upstream #0: {field} " in body["error"], body
+        status, listing = await _admin(proxy.session, port, "/upstreams")
+        assert status == 200 and [u["max_rps"] for n in ("a", "b") for u in listing[n]] == [5, 5], listing
+
+
 async def _queued_for_budget(
     make_proxy: ProxyFactory, relay: FaultRelay, tmp_path: Path, count: int
 ) -> tuple[Proxy, int, list[Any]]:

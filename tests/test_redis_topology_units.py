@@ -9,6 +9,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from proxy.cache.tiers import cache_key, shared_keys
+from proxy.cli import main
 from proxy.config import ConfigError, build_settings
 from proxy.credits.lease_exchange import ledger_key, rate_key
 from proxy.logs import redacted
@@ -70,6 +71,31 @@ def test_malformed_topology_urls_are_one_line_config_errors_that_never_echo_them
         message = str(caught.value)
         assert message.startswith(name) and fragment in message, message
         assert SECRET not in message and "s3cr" not in message
+
+
+@pytest.mark.parametrize(
+    ("url", "option"),
+    [("redis://127.0.0.1:6379/1?x=y", "x"), ("redis://h:6379/0?ssl_ca_certs=/ca.pem", "ssl_ca_certs")],
+)
+def test_a_query_option_redis_py_does_not_take_is_refused_by_serve_and_check_naming_it(
+    url: str, option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule: an unknown option in a single server's URL (which every connect would fail on, for ever)
+    is a configuration error naming the setting and the option, never the URL; check exits 2 alike."""
+    for name in ("REDIS_URL", "CREDITS_REDIS_URL"):
+        with_secret = url.replace("://", f"://:{SECRET}@", 1)
+        with pytest.raises(ConfigError) as caught:
+            build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret})
+        message = str(caught.value)
+        assert message == f"{name} has a query option redis-py does not take: {option}", message
+        assert main(["check", "--offline"], environ={"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret}) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert f"{name} has a query option" in line and SECRET not in line
+
+
+def test_a_single_server_url_with_options_redis_py_takes_is_accepted() -> None:
+    for url in ("redis://h:6379/0?socket_timeout=2&client_name=p", "rediss://h:6379/0?ssl_ca_certs=/ca.pem"):
+        assert build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": url}).redis_url == url
 
 
 def test_a_single_server_url_with_a_numbered_database_or_none_is_accepted() -> None:

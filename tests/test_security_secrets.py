@@ -82,6 +82,30 @@ async def test_the_ledger_in_redis_is_keyed_by_account_name(anvil: Anvil, redis_
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        "[keys]\nsk-live-SECRET123 = nan\n",
+        '[keys]\n"sk.live.SECRET123" = inf\n',
+        '[keys."sk-live-SECRET123"]\ndaily_credits = nan\n',
+        '[keys."sk.live.SECRET123"]\ncredits_per_second = -inf\n',
+        '[keys."sk-live-SECRET123"]\nallowed_methods = [nan]\n',
+        '[keys."sk-live-SECRET123".SECRET123]\nx = nan\n',
+        '[keys.alice]\nkey = "sk-live-SECRET123"\ndaily_credits = nan\n',
+        "sk-live-SECRET123 = nan\n",
+    ],
+)
+def test_a_non_finite_number_in_a_key_file_is_refused_without_the_key(tmp_path: Path, text: str) -> None:
+    """Rule: a key file's inf or nan is refused naming the key by its name (derived for the older form,
+    whose table name is the secret) and never any part of the path that may be a key."""
+    from proxy.config import ConfigError, build_settings
+
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"EVM_UPSTREAM": "http://x", "API_KEYS_FILE": keys_toml(tmp_path, text)})
+    message = str(caught.value)
+    assert "must be a finite number" in message and "SECRET123" not in message and "sk-live" not in message, message
+
+
+@pytest.mark.parametrize(
     ("text", "fragment"),
     [
         ('[keys.alice]\nkey = "a"\nkey_sha256 = "' + "0" * 64 + '"\n', "not both"),

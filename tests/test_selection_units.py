@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import subprocess
+import tracemalloc
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -110,6 +111,27 @@ class TestBudget:
         for start in taken:
             assert sum(1 for t in taken if start <= t < start + 1.0 + WINDOW_MARGIN) <= 10
         assert len(taken) >= 30  # and the budget is used: about 10 per window
+
+    @pytest.mark.parametrize("shared", [False, True])
+    def test_a_window_holds_a_call_in_memory_independent_of_its_cost(self, shared: bool, tmp_path: Path) -> None:
+        """Rule: a window keeps one entry a request, not one a compute unit: a call of ten million units
+        takes no more memory than a call of one, and still fills the second's budget until it leaves."""
+        clock = Clock()
+        windows = (SharedWindow(str(tmp_path / "w")), SharedWindow(str(tmp_path / "u"))) if shared else (None, None)
+        units = UnitRate(10_000_000, {}, default=10_000_000)
+        budget = Budget(None, None, window=windows[0], units=units, units_window=windows[1], clock=clock)
+        tracemalloc.start()
+        try:
+            slot = budget.try_take(("eth_call",))
+            assert slot is not None
+            budget.release(slot)
+            assert budget.try_take(("eth_call",)) is None  # the second's budget is spent
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 100_000, peak
+        clock.now += 1.0 + WINDOW_MARGIN + 0.001
+        assert budget.try_take(("eth_call",)) is not None
 
     @pytest.mark.parametrize("shared", [False, True])
     def test_each_call_of_a_batch_is_a_place_as_the_provider_meters_it(self, shared: bool, tmp_path: Path) -> None:

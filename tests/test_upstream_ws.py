@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy import via
 from proxy.config import ConfigError, build_settings
 from proxy.http.app_keys import STREAMS
 from tests.support import (
@@ -104,6 +105,7 @@ class WsRelay:
         self.target = target
         self.rewrite = rewrite  # applied to each of the node's messages on its way to the proxy
         self.sockets: list[web.WebSocketResponse] = []
+        self.via: list[str | None] = []  # each handshake's Via
         self.cut = False
         self._server: TestServer | None = None
         self.url = ""
@@ -117,6 +119,7 @@ class WsRelay:
         return self
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.via.append(request.headers.get("Via"))
         if self.cut:
             return web.Response(status=503)
         client = web.WebSocketResponse()
@@ -229,6 +232,27 @@ async def test_a_subscribe_reply_with_both_a_result_and_an_error_is_no_answer(
         armed = True
         answer = await client.call("eth_subscribe", "newPendingTransactions")
         assert answer["error"]["code"] == -32002 and "both a result and an error" in answer["error"]["message"]
+    finally:
+        await relay.cut_all()  # its sockets closed first: a server closing with them open waits for them
+        await relay.close()
+
+
+async def test_the_handshake_to_a_websocket_upstream_carries_this_proxys_via(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule (RFC 9110 7.6.3): a WebSocket upstream's handshake is marked as every upstream request is,
+    so a WebSocket upstream that is this proxy refuses it (a loop) rather than serve itself."""
+    relay = await WsRelay(ws_of(anvil)).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url)
+        client = await connect(proxy)
+        await client.subscribe("newPendingTransactions")  # relayed to the node's WebSocket
+
+        async def handshaken() -> bool:
+            return bool(relay.via)
+
+        await eventually(handshaken, 10, "the feed's handshake")
+        assert relay.via[0] == via.field(), relay.via
     finally:
         await relay.cut_all()  # its sockets closed first: a server closing with them open waits for them
         await relay.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from proxy.config import Settings
+from proxy.host_names import host_name
 from proxy.memo import Memo
 from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, Call, JsonRpcError
@@ -103,5 +104,6 @@ class Router:
 
 
 def _hostname(host: str) -> str:
-    """A Host header's name, lowercased, without its port (an IPv6 literal as it is)."""
-    return host.rsplit(":", 1)[0].lower() if not host.startswith("[") else host
+    """A Host header's name as `hosts` holds it (host_names.py), without its port."""
+    parts = host_name(host)
+    return parts.name if parts is not None else host.lower()

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+from proxy import via
 from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
@@ -248,6 +249,8 @@ class RpcEndpoint:
         path: str,
     ) -> Reply:
         self.inflight.inc()
+        received = headers.get("via")  # other proxies' marks, forwarded with this one's (via.py)
+        marks = via.RECEIVED.set(received) if received is not None else None
         try:
             reply = await self.gateway.handle(body, account, network, lookup)
             if reply.body is not None:
@@ -257,6 +260,8 @@ class RpcEndpoint:
             return self.finish(failure_reply(exc, path), headers)
         finally:
             self.inflight.dec()
+            if marks is not None:
+                via.RECEIVED.reset(marks)
 
     def finish(self, reply: Reply, headers: Headers) -> Reply:
         """gzip for a large answer its client accepts, and CORS headers for a page's request."""

@@ -141,8 +141,8 @@ class Front:
 
     def read_fields(self, request: Request) -> bool:
         """A head's fields into `request.headers`: only those something reads (lower-case), and the
-        first of repeated ones, as aiohttp, but Content-Encoding's lines joined as one list; whether
-        Host was repeated (only a repeat costs a look)."""
+        first of repeated ones, as aiohttp, but Content-Encoding's and Via's lines joined as one list
+        (a Via mark in any line is seen: via.py); whether Host was repeated (only a repeat costs a look)."""
         names, headers = self.header_names, request.headers
         repeated_host = False
         for name, value in request.raw:
@@ -154,7 +154,7 @@ class Front:
                     headers[key] = value.decode("latin-1")
                 elif key == "host":
                     repeated_host = True
-                elif key == "content-encoding":  # RFC 9110 section 5.3: one list over its field lines
+                elif key in ("content-encoding", "via"):  # RFC 9110 section 5.3: one list over its field lines
                     headers[key] += ", " + value.decode("latin-1")
         return repeated_host
 
@@ -385,8 +385,11 @@ class FrontProtocol(asyncio.Protocol):
         host_fault = host_fault_of(headers.get("host"), repeated_host, request.http10)
         if host_fault:
             raise refusal(INVALID_REQUEST, host_fault, 400)
-        if "via" in headers and via.looped(headers["via"]):
-            raise looped()
+        if "via" in headers:
+            if via.looped(headers["via"]):
+                raise looped()
+            if via.too_many(headers["via"]):
+                raise refusal(UPSTREAM_UNAVAILABLE, f"loop detected: Via names over {via.MAX_PROXIES} proxies", 508)
         request.prebuildable = not self._access_log and ("connection" not in headers or not request.http10)
         sent = headers.get("x-request-id")
         request.sent_id = sent.encode() if sent is not None and sane(sent) else None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from proxy import via
 from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
@@ -64,9 +65,13 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             http_status=429,
         )
         return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
+    # Other proxies' marks, carried on by the socket's calls (via.py), every Via line read.
+    marks = via.RECEIVED.set(", ".join(request.headers.getall("Via"))) if "Via" in request.headers else None
     try:
         return await _open(request, account)
     finally:
+        if marks is not None:
+            via.RECEIVED.reset(marks)
         if hold is not None:
             await held.release(account, hold)
 

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from functools import partial
 from typing import Any, cast
 
+from proxy import via
 from proxy.forwarded import FORWARDED, Abandoned, Forwarded
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
@@ -57,6 +58,8 @@ class AutoBatcher:
         self._deliveries: set[asyncio.Task[None]] = set()
 
     async def enqueue(self, method: str, params: Any, proof: str | None = None) -> Answer:
+        if via.RECEIVED.get() is not None:  # its request carries other proxies' marks: its own (via.py)
+            return await self._alone(method, params, proof)
         if self._leading:  # a call of this turn leads: this one goes with it
             waiter: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
             self._queue.append((method, params, waiter, proof, FORWARDED.get()))

@@ -79,7 +79,8 @@ class Budget:
         units_window: Window | None = None,
     ) -> None:
         self._window: Window = window if window is not None else LocalWindow()
-        # The compute units' window: one place a unit, apart from the calls' (max_concurrency counts calls).
+        # The compute units' window: one place a unit (held as one entry a request), apart from the calls'
+        # (max_concurrency counts calls).
         self._units_window: Window = units_window if units_window is not None else LocalWindow()
         self._clock = clock
         self._waiters: set[asyncio.Future[None]] = set()  # take_first's, woken when a place frees

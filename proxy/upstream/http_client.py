@@ -243,12 +243,12 @@ class HostPool:
         auth = f"Authorization: Basic {credentials}\r\n" if credentials is not None else ""
         # NETWORKS_FILE `headers` (checked there: field names, one line of ASCII each).
         auth += "".join(f"{name}: {value}\r\n" for name, value in headers)
-        self._head = (
+        self._fields = (
             f"POST {target} HTTP/1.1\r\nHost: {host_field}\r\n{auth}Content-Type: application/json\r\n"
             "Accept: */*\r\nAccept-Encoding: identity\r\nUser-Agent: rpc-cache-proxy\r\n"
-            f"Via: {via.field()}\r\n"  # an upstream that is this proxy refuses it (via.py)
-            "Content-Length: "
-        ).encode("latin-1")
+        )
+        # An upstream that is this proxy refuses it (via.py); prebuilt for calls that came with no Via.
+        self._head = f"{self._fields}Via: {via.field()}\r\nContent-Length: ".encode("latin-1")
         self._limit = limit
         self._idle_timeout = idle_timeout
         self._on_connect = on_connect
@@ -259,6 +259,10 @@ class HostPool:
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
         self._closed = False
         self._late: set[_Connection] = set()  # cancelled posts whose answers are still read (_read_late)
+
+    def _marked(self, received: str) -> bytes:
+        """The head of a request made for a call that arrived with a Via: its marks, then this proxy's."""
+        return f"{self._fields}Via: {via.forwarded(received)}\r\nContent-Length: ".encode("latin-1", "replace")
 
     async def post(self, body: bytes, timeout: float, limit: int, late: Late | None = None) -> Response:
         """The node's answer to one POST within `timeout` seconds (TimeoutError, connecting included),
@@ -286,7 +290,9 @@ class HostPool:
             waiter: asyncio.Future[Response] = loop.create_future()
             timer = loop.call_at(deadline, _expire, waiter)
             connection.begin(waiter, limit)
-            transport.write(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
+            received = via.RECEIVED.get()
+            head = self._head if received is None else self._marked(received)
+            transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
             try:
                 return await waiter
             except asyncio.CancelledError:

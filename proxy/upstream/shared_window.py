@@ -13,7 +13,6 @@ still have got them).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import fcntl
 import os
@@ -22,10 +21,10 @@ import weakref
 from array import array
 from collections.abc import Iterator
 
-from proxy.upstream.window import Limits, hold_place
+from proxy.upstream.window import Held, Limits, expire, hold_place
 from proxy.workers.shared_table import alive
 
-_HEADER = struct.Struct("<II")  # processes with requests in flight, places held
+_HEADER = struct.Struct("<II")  # processes with requests in flight, held entries (when, how many)
 _PROCESS = struct.Struct("<ii")  # pid, its requests in flight
 
 
@@ -45,26 +44,26 @@ class SharedWindow:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _read(self) -> tuple[dict[int, int], list[float]]:
+    def _read(self) -> tuple[dict[int, int], Held]:
         data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
         if len(data) < _HEADER.size:
             return {}, []
         processes, held = _HEADER.unpack_from(data)
         flying = dict(_PROCESS.iter_unpack(data[_HEADER.size : _HEADER.size + processes * _PROCESS.size]))
         start = _HEADER.size + processes * _PROCESS.size
-        times = array("d")
-        times.frombytes(data[start : start + 8 * held])
-        return flying, times.tolist()
+        pairs = array("d")
+        pairs.frombytes(data[start : start + 16 * held])
+        return flying, [(pairs[i], int(pairs[i + 1])) for i in range(0, len(pairs), 2)]
 
-    def _write(self, flying: dict[int, int], held: list[float]) -> None:
+    def _write(self, flying: dict[int, int], held: Held) -> None:
         flying = {pid: n for pid, n in flying.items() if n > 0}
         data = _HEADER.pack(len(flying), len(held)) + b"".join(_PROCESS.pack(*item) for item in flying.items())
-        os.pwrite(self._fd, data + array("d", held).tobytes(), 0)
+        os.pwrite(self._fd, data + array("d", [x for pair in held for x in pair]).tobytes(), 0)
 
     def take(self, limits: Limits, now: float, calls: int = 1) -> float | None:
         with self._locked():
             flying, held = self._read()
-            del held[: bisect.bisect_right(held, now)]
+            expire(held, now)
             refused = limits.refusal(sum(flying.values()), held, now, calls)
             if refused is not None and _reap(flying, held, now + limits.window, self._pid):
                 refused = limits.refusal(sum(flying.values()), held, now, calls)
@@ -86,10 +85,9 @@ class SharedWindow:
             return sum(self._read()[0].values())
 
 
-def _reap(flying: dict[int, int], held: list[float], until: float, own: int) -> bool:
+def _reap(flying: dict[int, int], held: Held, until: float, own: int) -> bool:
     """The requests in flight of processes that are gone, held until `until` instead; True if any."""
     gone = [pid for pid in flying if pid != own and not alive(pid)]
     for pid in gone:
-        for _ in range(flying.pop(pid)):
-            bisect.insort(held, until)
+        hold_place(held, until, flying.pop(pid))
     return bool(gone)

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 WINDOW_MARGIN = 0.01  # seconds added to the one-second window: clock granularity
+# Answered requests' places, sorted: (when they leave the window, how many). One entry a request, not
+# one a call or a compute unit: memory does not grow with a request's cost.
+Held = list[tuple[float, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,21 +31,23 @@ class Limits:
         window = max(1.0, 1.0 / max_rps) + WINDOW_MARGIN
         return cls(max(1, math.floor(max_rps * (window - WINDOW_MARGIN))), window, max_concurrency)
 
-    def refusal(self, in_flight: int, held: list[float], now: float, calls: int = 1) -> float | None:
+    def refusal(self, in_flight: int, held: Held, now: float, calls: int = 1) -> float | None:
         """None if a request of `calls` JSON-RPC calls may be sent now, with `in_flight` calls sent and
-        unanswered and `held` the sorted times the answered ones leave the window (one entry a
-        call); else seconds until enough held places free (0: until a request in flight is answered).
-        A request of more calls than the limits allow at all goes once nothing else is counted."""
+        unanswered and `held` the places of answered ones; else seconds until enough held places
+        free (0: until a request in flight is answered). A request of more calls than the limits
+        allow at all goes once nothing else is counted."""
         if self.concurrency is not None and in_flight and in_flight + calls > self.concurrency:
             return 0.0
-        used = in_flight + len(held)
+        used = in_flight + sum(places for _, places in held)
         if self.count and used and used + calls > self.count:
             to_free = used + calls - self.count  # held places that must leave first, oldest first
-            if to_free <= len(held):
-                return max(0.001, held[to_free - 1] - now)
+            for until, places in held:
+                to_free -= places
+                if to_free <= 0:
+                    return max(0.001, until - now)
             if in_flight:
                 return 0.0
-            return max(0.001, held[-1] - now)  # a request larger than the budget: the window empties first
+            return max(0.001, held[-1][0] - now)  # a request larger than the budget: the window empties first
         return None
 
     @property
@@ -77,11 +82,10 @@ class LocalWindow:
 
     def __init__(self) -> None:
         self.flying = 0
-        self.held: list[float] = []  # sorted: when each answered call leaves the window
+        self.held: Held = []
 
     def take(self, limits: Limits, now: float, calls: int = 1) -> float | None:
-        if self.held and self.held[0] <= now:
-            del self.held[: bisect.bisect_right(self.held, now)]
+        expire(self.held, now)
         refused = limits.refusal(self.flying, self.held, now, calls)
         if refused is None:
             self.flying += calls
@@ -96,7 +100,12 @@ class LocalWindow:
         return self.flying
 
 
-def hold_place(held: list[float], until: float, calls: int) -> None:
-    """`calls` places held until `until`, `held` kept sorted."""
-    at = bisect.bisect_right(held, until)
-    held[at:at] = [until] * calls
+def hold_place(held: Held, until: float, calls: int) -> None:
+    """`calls` places held until `until`, one entry however many; `held` kept sorted."""
+    bisect.insort(held, (until, calls))
+
+
+def expire(held: Held, now: float) -> None:
+    """The places that left the window by `now` dropped."""
+    if held and held[0][0] <= now:
+        del held[: bisect.bisect_right(held, (now, math.inf))]

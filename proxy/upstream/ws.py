@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from proxy import via
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.large_replies import crowded
@@ -191,7 +192,11 @@ class UpstreamSocket:
                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self._timeout),
                         max_msg_size=self._max_message,
                         compress=0,  # no permessage-deflate: a message's size is its bytes on the wire
-                        headers=dict(self._headers[index]) if index < len(self._headers) else None,
+                        # Via: a WebSocket upstream that is this proxy refuses the handshake (via.py).
+                        headers={
+                            **dict(self._headers[index] if index < len(self._headers) else ()),
+                            "Via": via.field(),
+                        },
                     )
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     log.warning("upstream WebSocket %s#%d failed: %s", self.network, index, type(exc).__name__)
