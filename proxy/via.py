@@ -1,17 +1,20 @@
 """Loop detection as HTTP proxies do it (RFC 9110 7.6.3 Via): every request this proxy sends upstream
 names it in a Via field, by a pseudonym drawn at random per deployment (no secret: it only tells this
-proxy's requests from another's). A request that arrives carrying it came from this proxy itself: an
-upstream is this proxy (EVM_UPSTREAM at its own port), and forwarding it would ask itself for ever.
+proxy's requests from another's: `rpc-proxy-<16 hex>`). A request that arrives carrying it came from
+this proxy itself: an upstream is this proxy (EVM_UPSTREAM at its own port), and forwarding it would
+ask itself for ever.
 
 The workers of one deployment share their supervisor's pseudonym (`adopt`): a call forwarded to the
-port may reach any of them. Another proxy's Via (a chain of two proxies) is not this one's, and passes,
-and what a request for a call sends upstream carries that Via with this proxy's mark appended (RFC 9110
-7.6.3: a proxy appends): two proxies that are each other's upstream see their own mark come back on the
-second hop, whoever sent the call first. The transport sets RECEIVED for the calls of a request that
-arrived with a Via; the HTTP client reads it as it writes (http_client.py). A call carrying it is never
-auto-batched with others (batching.py): its request is its own. Coalesced calls share the request of the
-call that runs it, marks and all; a joiner sends nothing, so it adds no hop. A request whose Via already
-names more than MAX_PROXIES proxies is refused as a loop too (proxies that do not mark their requests).
+port may reach any of them. Another proxy's Via (a chain of two proxies) is not this one's, and passes.
+What a request for a call sends upstream carries the received Via's rpc-proxy marks (`marks`: another
+kind of proxy in front, a load balancer's `1.1 google`, a CDN's, is not carried and changes nothing)
+with this proxy's mark appended (RFC 9110 7.6.3: a proxy appends): two proxies that are each other's
+upstream see their own mark come back on the second hop, whoever sent the call first. The transport
+sets RECEIVED for the calls of a request that arrived with rpc-proxy marks; the HTTP client reads it
+as it writes (http_client.py). A call carrying it is never auto-batched with others (batching.py): its
+request is its own. Coalesced calls share the request of the call that runs it, marks and all; a
+joiner sends nothing, so it adds no hop. A request whose Via already names more than MAX_PROXIES
+proxies is refused as a loop too (proxies that do not mark their requests).
 """
 
 from __future__ import annotations
@@ -38,6 +41,20 @@ def adopt(name: str) -> None:
 def field() -> str:
     """The Via field value of a request sent upstream (HTTP/1.1, received by this proxy)."""
     return f"1.1 {_own[0]}"
+
+
+def marks(received: str | None) -> str | None:
+    """The entries of a received Via that are rpc-proxy marks (this proxy's kind), or None if none: the
+    only ones carried on. Another kind of proxy's entry (a load balancer's `1.1 google`, a CDN's) is no
+    loop of ours, and a call that came through it alone is batched and sent as any other."""
+    if received is None or "rpc-proxy-" not in received:
+        return None
+    found = [
+        entry.strip()
+        for entry in received.split(",")
+        if entry.split()[1:2] and entry.split()[1].startswith("rpc-proxy-")
+    ]
+    return ", ".join(found) or None
 
 
 def looped(via: str | None) -> bool:

@@ -410,21 +410,47 @@ async def test_two_proxies_that_are_each_others_upstream_refuse_a_call_at_once_a
 async def test_a_call_that_came_through_other_proxies_goes_upstream_with_their_via_and_this_ones(
     relays: list[FaultRelay], make_proxy: ProxyFactory
 ) -> None:
-    """Rule (RFC 9110 7.6.3): the marks a request arrived with travel on, this proxy's appended, alone
-    or in a batch (a call with other proxies' marks is never auto-batched with others' calls)."""
+    """Rule (RFC 9110 7.6.3): the rpc-proxy marks a request arrived with travel on, this proxy's
+    appended, alone or in a batch (a call with other proxies' marks is never auto-batched with others'
+    calls); another kind of proxy's entry (a load balancer's) is not carried."""
     proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
-    calls = [
-        {"jsonrpc": "2.0", "id": n, "method": "eth_getBalance", "params": [f"0x{n + 1:040x}", "latest"]}
+    status, answers, _ = await proxy.post(
+        _balances(1), headers={"Via": "1.1 google, 1.1 rpc-proxy-0123456789abcdef, 1.0 edge-b"}
+    )
+    assert status == 200 and [a["result"] for a in answers] == ["0x0"] * 3, answers
+    marked = _balance_vias(relays[0])
+    assert len(marked) == 3, marked
+    assert all(re.fullmatch(r"1\.1 rpc-proxy-0123456789abcdef, 1\.1 rpc-proxy-\w+", v) for v in marked), marked
+
+
+async def test_a_call_through_a_load_balancers_via_is_sent_as_any_other(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule: only rpc-proxy marks are carried on (via.py): a call that came through a load balancer
+    that writes Via (`1.1 google`) goes upstream as a call that came straight, batched the same."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    assert (await proxy.post(_balances(1)))[0] == 200
+    straight = len(_balance_vias(relays[0]))
+    assert (await proxy.post(_balances(10), headers={"Via": "1.1 google"}))[0] == 200
+    vias = _balance_vias(relays[0])
+    assert len(vias) == 2 * straight and set(vias) == {via.field()}, vias
+
+
+def _balances(first: int) -> list[dict[str, Any]]:
+    """Three balance reads of accounts no call asked before (from `first`): three misses."""
+    return [
+        {"jsonrpc": "2.0", "id": n, "method": "eth_getBalance", "params": [f"0x{first + n:040x}", "latest"]}
         for n in range(3)
     ]
-    status, answers, _ = await proxy.post(calls, headers={"Via": "1.1 edge-a, 1.0 edge-b"})
-    assert status == 200 and [a["result"] for a in answers] == ["0x0"] * 3, answers
-    marked = [
+
+
+def _balance_vias(relay: FaultRelay) -> list[str]:
+    """The Via of each request the relay was sent with a balance read in it."""
+    return [
         h.get("Via", "")
-        for h, (_, methods) in zip(relays[0].request_headers, relays[0].timeline, strict=True)
+        for h, (_, methods) in zip(relay.request_headers, relay.timeline, strict=True)
         if "eth_getBalance" in methods
     ]
-    assert len(marked) == 3 and all(re.fullmatch(r"1\.1 edge-a, 1\.0 edge-b, 1\.1 rpc-proxy-\w+", v) for v in marked)
 
 
 async def test_a_request_whose_via_names_more_than_eight_proxies_is_refused_as_a_loop(evm_proxy: Proxy) -> None:

@@ -249,7 +249,7 @@ class RpcEndpoint:
         path: str,
     ) -> Reply:
         self.inflight.inc()
-        received = headers.get("via")  # other proxies' marks, forwarded with this one's (via.py)
+        received = via.marks(headers.get("via"))  # other rpc-proxies' marks, forwarded with this one's (via.py)
         marks = via.RECEIVED.set(received) if received is not None else None
         try:
             reply = await self.gateway.handle(body, account, network, lookup)

@@ -65,8 +65,9 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             http_status=429,
         )
         return error_response(error, {"X-Credits-Charged": "0", "Retry-After": "5"})
-    # Other proxies' marks, carried on by the socket's calls (via.py), every Via line read.
-    marks = via.RECEIVED.set(", ".join(request.headers.getall("Via"))) if "Via" in request.headers else None
+    # Other rpc-proxies' marks, carried on by the socket's calls (via.py), every Via line read.
+    received = via.marks(", ".join(request.headers.getall("Via"))) if "Via" in request.headers else None
+    marks = via.RECEIVED.set(received) if received is not None else None
     try:
         return await _open(request, account)
     finally:
