@@ -308,20 +308,6 @@ def test_a_number_in_a_networks_file_must_lie_in_its_range(entry: str, field: st
 
 
 @pytest.mark.parametrize(
-    ("costs", "field"),
-    [("default_cost = 11", "default_cost"), ("method_costs = {eth_call = 11}", "method_costs.eth_call")],
-)
-def test_a_call_cost_above_the_unit_budget_of_one_second_is_refused(costs: str, field: str, tmp_path: Path) -> None:
-    """Rule: a method cost above max_units_per_second could never be sent within the budget: refused."""
-    networks = tmp_path / "networks.toml"
-    upstream = f'{{url = "http://127.0.0.1:1", max_units_per_second = 10, {costs}}}'
-    networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = [{upstream}]\n')
-    assert f"{field} is more than max_units_per_second" in refused(NETWORKS_FILE=str(networks))
-    networks.write_text(networks.read_text().replace("11", "10"))
-    assert build_settings({"NETWORKS_FILE": str(networks)}).networks[0].options_of(0).max_units_per_second == 10
-
-
-@pytest.mark.parametrize(
     ("setting", "value", "floor"),
     [
         ("HEAD_POLL_INTERVAL", "1e-9", "0.05"),

@@ -134,6 +134,26 @@ class TestBudget:
         assert budget.try_take(("eth_call",)) is not None
 
     @pytest.mark.parametrize("shared", [False, True])
+    def test_a_call_dearer_than_a_seconds_units_goes_alone_once_the_window_is_empty(
+        self, shared: bool, tmp_path: Path
+    ) -> None:
+        """Rule: a call costing more units than the budget allows in a second (a provider's dear method
+        on a small plan) is not refused for ever: it is sent once nothing else is counted, alone."""
+        clock = Clock()
+        windows = (SharedWindow(str(tmp_path / "w")), SharedWindow(str(tmp_path / "u"))) if shared else (None, None)
+        units = UnitRate(10, {"eth_getLogs": 75}, default=1)
+        budget = Budget(None, None, window=windows[0], units=units, units_window=windows[1], clock=clock)
+        cheap = budget.try_take(("eth_call",))
+        assert cheap is not None
+        assert budget.try_take(("eth_getLogs",)) is None  # not while a cheap call is counted
+        budget.release(cheap)
+        clock.now += 2 * (1.0 + WINDOW_MARGIN)
+        dear = budget.try_take(("eth_getLogs",))
+        assert dear is not None  # the window is empty: it goes, alone
+        assert budget.try_take(("eth_call",)) is None
+        budget.release(dear)
+
+    @pytest.mark.parametrize("shared", [False, True])
     def test_each_call_of_a_batch_is_a_place_as_the_provider_meters_it(self, shared: bool, tmp_path: Path) -> None:
         clock = Clock()
         window = SharedWindow(str(tmp_path / "budget.window")) if shared else None
