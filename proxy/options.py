@@ -226,9 +226,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "WS_MAX_LAG",
-        "seconds a WebSocket connection may fall behind (its oldest unsent message's age); past it "
-        "the connection is closed as a slow consumer with 1008 (default 10); notifications the key's "
-        "per-second limit holds that long end its subscriptions instead (-32005)",
+        "seconds a WebSocket connection may fall behind (its oldest unsent message's age) or take no "
+        "byte while output waits; past it the connection is closed as a slow consumer with 1008 (default "
+        "10); notifications the key's per-second limit holds that long end its subscriptions instead (-32005)",
     ),
     Option(
         "WS_MAX_CONNECTIONS_PER_KEY",

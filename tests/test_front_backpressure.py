@@ -343,6 +343,90 @@ async def test_a_websocket_that_takes_nothing_for_ws_max_lag_is_closed_within_ws
         await node.close()
 
 
+def server_frames(data: bytes) -> tuple[list[int], int]:
+    """The opcodes of the complete (unmasked) server frames at the start of `data`, and their bytes."""
+    opcodes, at = [], 0
+    while len(data) >= at + 2:
+        size, start = data[at + 1] & 0x7F, at + 2
+        if size >= 126:
+            width = 2 if size == 126 else 8
+            if len(data) < start + width:
+                break
+            size, start = int.from_bytes(data[start : start + width], "big"), start + width
+        if len(data) < start + size:
+            break
+        opcodes.append(data[at] & 0x0F)
+        at = start + size
+    return opcodes, at
+
+
+async def read_websocket_slowly(port: int, calls: list[dict[str, object]], rate: float) -> list[int]:
+    """The opcodes of the frames a raw WebSocket client with a small receive window, reading at most
+    `rate` bytes a second, gets for `calls` sent at once: until every answer came, a close or EOF."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(
+            sock,
+            b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        pending = await loop.sock_recv(sock, 1024)
+        assert b" 101 " in pending
+        pending = pending.split(b"\r\n\r\n", 1)[1]
+        await loop.sock_sendall(sock, b"".join(frame(json.dumps(c).encode()) for c in calls))
+        opcodes: list[int] = []
+        started, taken, deadline = time.monotonic(), 0, time.monotonic() + 60
+        while len(opcodes) < len(calls) and 8 not in opcodes:
+            assert time.monotonic() < deadline, "the answers never arrived"
+            async with asyncio.timeout(30):
+                chunk = await loop.sock_recv(sock, 16_384)
+            if not chunk:
+                break
+            taken += len(chunk)
+            more, used = server_frames(pending + chunk)
+            opcodes, pending = opcodes + more, (pending + chunk)[used:]
+            await asyncio.sleep(max(0.0, started + taken / rate - time.monotonic()))  # the reading rate
+        return opcodes
+    finally:
+        sock.close()
+
+
+async def test_a_websocket_reading_one_answer_slowly_is_served_it_whole(make_proxy: ProxyFactory) -> None:
+    # A reader making its way through one answer of 6 MB, more than the kernel's buffers and
+    # WS_SEND_BUFFER_BYTES hold, at 2 MB/s (three times WS_MAX_LAG) is not behind: one oversized answer
+    # goes out when nothing else waits, and only a socket that takes nothing is closed by time. The
+    # first timer closed it at its first look, the answer owed past the byte bound (found by an
+    # outside attack: 21.7 MB at 4 MB/s).
+    node = await FakeEvm(call_result_bytes=6_000_000).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, WS_SEND_BUFFER_BYTES="200000", WS_MAX_LAG="1")
+        assert await read_websocket_slowly(proxy.server.port, [big_call(1)], 2_000_000) == [1]
+        assert not proxy.metric("rpc_proxy_slow_consumer_disconnects_total")
+    finally:
+        await node.close()
+    assert not proxy.metric("rpc_proxy_slow_consumer_disconnects_total")
+
+
+async def test_a_websocket_reading_many_answers_slowly_is_served_them_all(make_proxy: ProxyFactory) -> None:
+    # A steady reader of 120 pipelined answers of 50 kB (more than the kernel's buffers hold) at 1 MB/s
+    # takes bytes out of the kernel's buffers while the transport's buffer stays the same size (the
+    # kernel wakes a writer only once a third of its buffer is free, here longer than WS_MAX_LAG): it
+    # takes bytes, so it is not closed as one that took nothing (found by an outside attack reading
+    # 100 answers at 0.1 MB/s).
+    node = await FakeEvm(call_result_bytes=50_000).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, WS_MAX_LAG="0.5")
+        calls = [{**big_call(i), "id": i} for i in range(120)]
+        assert await read_websocket_slowly(proxy.server.port, calls, 1_000_000) == [1] * 120
+        assert not proxy.metric("rpc_proxy_slow_consumer_disconnects_total")
+    finally:
+        await node.close()
+
+
 async def test_a_websocket_client_reset_mid_answer_is_no_internal_error(
     proxy: Proxy, caplog: pytest.LogCaptureFixture
 ) -> None:

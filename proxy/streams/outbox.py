@@ -3,15 +3,18 @@
 Replies, notifications and a block's shared log batches wait here in order, and one writer task
 sends them: each notification is charged as it is written, a log batch is expanded for this
 connection's subscriptions (fanout.py). How far behind the consumer may fall is the Session's
-decision, from what this queue owes the client (`owed`, `oldest`), asked again by a timer while
-anything waits for the client (`watch`).
+decision, from what this queue owes the client (`owed`, `oldest`), when output is made or queued;
+while anything waits for the client a timer looks whether it takes bytes at all (`watch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import struct
+import termios
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,6 +28,10 @@ from proxy.streams.fanout import LogBatch, expand
 from proxy.streams.subscription import Subscription
 
 log = logging.getLogger("proxy.subscriptions")  # the Session's logger: one name for a connection's streams
+
+# RFC 6455 5.5: a control frame (a ping, a pong) is at most 2 header bytes and 125 of payload; the
+# outstanding bytes growing by more is a message written after a drain, so the client took bytes.
+CONTROL_FRAME_BYTES = 127
 
 
 @dataclass(slots=True)
@@ -61,10 +68,10 @@ class Outbox:
         self._writer: asyncio.Task[None] | None = None
         self._sending: float | None = None  # queued time of the item being written
         self._lag = lag  # WS_MAX_LAG
-        self._behind = behind  # the Session's decision (now, whether the socket took nothing for `lag`)
+        self._behind = behind  # the Session's decision, asked (now, True) once the socket took no byte for `lag`
         self._timer: asyncio.TimerHandle | None = None
-        self._taken_at = 0.0  # when the client last took bytes from the socket's buffer
-        self._last_buffered = 0
+        self._taken_at = 0.0  # when the client last took bytes from the socket's buffers
+        self._last_outstanding = (0, 0)  # (the transport's buffer, the kernel's send queue) at the last look
         self._stopped = False
 
     def start(self) -> None:
@@ -103,23 +110,42 @@ class Outbox:
         return self._items[0].queued if self._items else time.monotonic()
 
     def watch(self) -> None:
-        """WS_MAX_LAG by time, not only when output is made or queued: while anything waits for the
-        client, one timer per connection (no task per message) asks the Session every quarter of it.
-        A client that reads nothing blocks a send for ever, and may never be sent more."""
+        """WS_MAX_LAG by time, for a client that takes nothing at all: while anything waits for the
+        client, one timer per connection (no task per message) looks every quarter of it whether the
+        client took bytes. A client that reads nothing blocks a send for ever, and may never be sent
+        more. How far behind a reader is, in bytes or age, the Session looks at only when output is made."""
         if self._timer is None and not self._stopped:
-            self._taken_at, self._last_buffered = time.monotonic(), self._buffered()
+            self._taken_at, self._last_outstanding = time.monotonic(), self._outstanding()
             self._timer = asyncio.get_running_loop().call_later(self._lag / 4, self._look)
 
     def _look(self) -> None:
-        now, buffered = time.monotonic(), self._buffered()
-        if buffered < self._last_buffered or not buffered:
+        now, outstanding = time.monotonic(), self._outstanding()
+        (buffered, queued), (last_buffered, last_queued) = outstanding, self._last_outstanding
+        self._last_outstanding = outstanding
+        taken = buffered < last_buffered or queued < last_queued  # it read: either part shrank
+        written = buffered + queued > last_buffered + last_queued + CONTROL_FRAME_BYTES  # after a drain
+        if taken or written or not buffered + queued:
             self._taken_at = now  # the client took bytes, or none wait in the socket: not stalled
-        self._last_buffered = buffered
-        if not buffered and not self.busy:
+        if not buffered + queued and not self.busy:
             self._timer = None  # nothing waits: the next output (put, Session.room) arms it again
             return
         self._timer = asyncio.get_running_loop().call_later(self._lag / 4, self._look)
-        self._behind(now, now - self._taken_at >= self._lag)
+        if now - self._taken_at >= self._lag:
+            self._behind(now, True)
+
+    def _outstanding(self) -> tuple[int, int]:
+        """Bytes the client has not taken: in the transport's buffer, and in the kernel's send queue
+        (unsent or unacknowledged: SIOCOUTQ, Linux's TIOCOUTQ on a TCP socket). The kernel's part
+        matters: a reader empties it while the transport's buffer stays put until a third of the
+        kernel's buffer is free (megabytes). Where the ioctl fails, the transport's buffer alone."""
+        transport = self.transport
+        if transport is None:
+            return 0, 0
+        queued, sock = 0, transport.get_extra_info("socket")
+        if sock is not None and not transport.is_closing():
+            with contextlib.suppress(OSError, ValueError):
+                (queued,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))
+        return int(transport.get_write_buffer_size()), queued
 
     def _buffered(self) -> int:
         transport = self.transport

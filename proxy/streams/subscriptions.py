@@ -264,7 +264,7 @@ class Session:
         return not self.closed
 
     def _check_behind(self, now: float, stalled: bool = False) -> None:
-        """Also the outbox's timer's: `stalled`, its socket took no byte for WS_MAX_LAG (Outbox.watch)."""
+        """Also the outbox's timer's, only `stalled`: its socket took no byte for WS_MAX_LAG (Outbox.watch)."""
         settings = self.settings
         over_bytes = self.outbox.owed() > settings.ws_send_buffer_bytes and not stalled
         if self.closed or not (stalled or over_bytes or now - self.outbox.oldest > settings.ws_max_lag):
