@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import dumps_result
-from proxy.rpc.large_replies import LONG, loads_reply
+from proxy.rpc.large_replies import LONG, STRING_TOKEN, TEXT_STRING_TOKEN, crowded, loads_reply
 from proxy.upstream.http_client import HostPool
 from proxy.upstream.pool import HttpUpstream
 from tests.answer_attack import start_node, zero_call
@@ -117,3 +117,22 @@ async def test_a_long_result_once_read_holds_its_text_and_encoding_not_the_reply
     assert answer.result == "0x" + "0" * SIZE and answer.payload == b'"%s"' % answer.result.encode()
     assert held < 2.2, held  # its text and its encoding (3 S with the reply's bytes)
     assert peak < 3.3, peak  # its text, its bytes and their quoted copy
+
+
+class TestCrowded:
+    """The crowded check (large_replies.crowded): containers outside strings, in one pass over any reply."""
+
+    def test_a_string_that_never_closes_is_one_token_to_the_replys_end(self) -> None:
+        """Rule: an unclosed string (a broken or hostile reply) is skipped to the end in one match; were it
+        no match, every later `"` would start a scan to the end again (quadratic: 120 KB took 18 s)."""
+        tail = b'"' + b'\\"{' * 40_000
+        for text in (tail, tail + b"\\"):
+            assert STRING_TOKEN.fullmatch(text) is not None
+            assert TEXT_STRING_TOKEN.fullmatch(text.decode()) is not None
+        reply = b'{"jsonrpc":"2.0","id":1,"result":' + tail
+        assert not crowded(reply) and not crowded(reply.decode())  # its braces are a string's: orjson refuses it
+
+    def test_braces_inside_strings_do_not_count_and_objects_outside_do(self) -> None:
+        dense_text = b'{"jsonrpc":"2.0","id":1,"error":{"code":3,"message":"' + b'{\\"[' * 60_000 + b'"}}'
+        assert not crowded(dense_text)
+        assert crowded(b"[" + b"{}," * 60_000 + b"{}]")

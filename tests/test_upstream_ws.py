@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -211,27 +212,44 @@ async def test_new_heads_and_logs_deliver_every_block_once_across_an_upstream_so
         await relay.close()
 
 
-async def test_a_subscribe_reply_with_both_a_result_and_an_error_is_no_answer(
-    anvil: Anvil, make_proxy: ProxyFactory
+@pytest.mark.parametrize(
+    ("reply", "problem"),
+    [
+        ({"error": {"code": -32000, "message": "BOTH a result and an error"}}, "both a result and an error"),
+        ({"result": None}, "a subscription id that is no string or integer"),
+        ({"result": {"a": 1}}, "a subscription id that is no string or integer"),
+        ({"result": True}, "a subscription id that is no string or integer"),
+    ],
+)
+async def test_a_subscribe_reply_that_is_no_answer_fails_that_call_alone(
+    anvil: Anvil, make_proxy: ProxyFactory, reply: dict[str, Any], problem: str
 ) -> None:
-    """JSON-RPC 2.0 allows a result or an error, never both (replies.py): the node's WebSocket reply
-    with both is a failed subscription (-32002), neither its error nor its result passed on."""
+    """JSON-RPC 2.0 allows a result or an error, never both (replies.py), and a subscription id must be
+    a key its notifications can be routed by: the node's WebSocket reply otherwise is a failed
+    subscription at once (-32002), neither its error nor its result passed on, and the socket's other
+    subscriptions go on (an object id crashed the socket's reader, stalling every subscription)."""
 
-    armed = False  # the proxy's own newHeads subscription (made at start) is answered as the node did
+    armed = False  # the proxy's own newHeads subscription and the first client's are answered as the node did
 
-    def both(text: str) -> str:
+    def rewritten(text: str) -> str:
         message = json.loads(text)
         if armed and "id" in message and "result" in message:
-            message["error"] = {"code": -32000, "message": "BOTH a result and an error"}
+            message.update(reply)
         return json.dumps(message)
 
-    relay = await WsRelay(ws_of(anvil), rewrite=both).start()
+    relay = await WsRelay(ws_of(anvil), rewrite=rewritten).start()
     try:
         proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url)
-        client = await connect(proxy)
+        first = await connect(proxy)
+        pending = await first.subscribe("newPendingTransactions")
         armed = True
+        client = await connect(proxy)
         answer = await client.call("eth_subscribe", "newPendingTransactions")
-        assert answer["error"]["code"] == -32002 and "both a result and an error" in answer["error"]["message"]
+        assert answer["error"]["code"] == -32002 and problem in answer["error"]["message"], answer
+        armed = False
+        tx_hash = anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
+        await first.notes_until(1)
+        assert first.results(pending) == [tx_hash]  # the first subscription went on
     finally:
         await relay.cut_all()  # its sockets closed first: a server closing with them open waits for them
         await relay.close()

@@ -56,6 +56,18 @@ class RelayedSubscription:
         await self._socket.forget(self._route)
 
 
+def _reply_problem(data: dict[str, Any]) -> str:
+    """What makes a node's reply to a subscribe no answer ("" when it is one): a result and an error
+    both or neither (JSON-RPC 2.0, replies.py), or a subscription id that is no string or integer (null
+    names nothing to unsubscribe, an object is no key its notifications could be routed by)."""
+    if not is_response(data):
+        return "both a result and an error" if "result" in data else "neither a result nor an error"
+    result = data.get("result")
+    if "result" in data and (isinstance(result, bool) or not isinstance(result, str | int)):
+        return "a subscription id that is no string or integer"
+    return ""
+
+
 class UpstreamSocket:
     def __init__(
         self,
@@ -227,8 +239,9 @@ class UpstreamSocket:
         if route is not None:
             if route.waiter.done():
                 return
-            if not is_response(data):  # both a result and an error: no answer (replies.py)
-                route.waiter.set_exception(self._unavailable("malformed reply: both a result and an error"))
+            problem = _reply_problem(data)
+            if problem:  # no answer: the call fails at once, the socket's other subscriptions go on
+                route.waiter.set_exception(self._unavailable(f"malformed reply: {problem}"))
                 return
             error = data.get("error")
             if error is not None:
