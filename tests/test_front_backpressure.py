@@ -7,6 +7,7 @@ an answer is still sent. Each found by an outside attack on the fast server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -424,6 +425,39 @@ async def test_a_websocket_reading_many_answers_slowly_is_served_them_all(make_p
         assert await read_websocket_slowly(proxy.server.port, calls, 1_000_000) == [1] * 120
         assert not proxy.metric("rpc_proxy_slow_consumer_disconnects_total")
     finally:
+        await node.close()
+
+
+async def test_a_websocket_that_reads_nothing_is_closed_however_many_pings_it_sends(
+    make_proxy: ProxyFactory,
+) -> None:
+    # The proxy's pongs to a client's own pings are no sign that it takes anything: a client that
+    # reads nothing and sends pings of 125 bytes four at a time kept its socket, slot and unread
+    # answers for ever, the pongs taken for data written after a drain (found by an outside attack).
+    node = await FakeEvm(call_result_bytes=40_000).start()
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, WS_MAX_LAG="1")
+        await loop.sock_connect(sock, ("127.0.0.1", proxy.server.port))
+        await loop.sock_sendall(
+            sock,
+            b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        calls = b"".join(frame(json.dumps({**big_call(i), "id": i}).encode()) for i in range(60))
+        await loop.sock_sendall(sock, calls)
+        ping = bytes([0x89, 0x80 | 125]) + b"\x00\x00\x00\x00" + b"p" * 125  # masked, key 0
+        deadline = time.monotonic() + 30
+        while proxy.metric("rpc_proxy_slow_consumer_disconnects_total") < 1:
+            assert time.monotonic() < deadline, "a client that reads nothing but pings was never closed"
+            with contextlib.suppress(OSError):  # the proxy may have closed it between two looks
+                await loop.sock_sendall(sock, ping * 4)
+            await asyncio.sleep(0.1)
+    finally:
+        sock.close()
         await node.close()
 
 

@@ -28,6 +28,7 @@ from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
+from proxy.streams.outbox import CountedSocket
 from proxy.streams.subscription import spawn, subscription_call
 from proxy.streams.subscriptions import CLOSE_TIMEOUT, ROOM_POLL, Session
 from proxy.values import PaidHit, Reply
@@ -83,7 +84,7 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     gateway, metrics, settings = app[GATEWAY], app[METRICS], app[SETTINGS]
     network = gateway.router.network_for(request.host, request.match_info.get("network"))
     # aiohttp refuses a message of max_msg_size bytes itself; WS_MAX_MESSAGE_BYTES is the largest one served.
-    ws = web.WebSocketResponse(max_msg_size=settings.ws_max_message_bytes + 1, heartbeat=30.0)
+    ws = CountedSocket(max_msg_size=settings.ws_max_message_bytes + 1, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
     masks = _masked_only(request, metrics)

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import WSMsgType, web
 
+from proxy.streams.outbox import CountedSocket
+
 MAX_CORKED = 4096  # larger answers go through aiohttp's writer, compressed when the client asked
 HIGH_WATER = 64 * 1024  # bytes waiting in the socket's buffer past which answers wait for it (flow control)
 
@@ -67,4 +69,7 @@ class Corked:
         self._frames = []
         transport = self._transport
         if transport is not None and not transport.is_closing() and not self._ws.closed:
-            transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            if isinstance(self._ws, CountedSocket):
+                self._ws.data_sent += len(data)  # data the client is sent (the slow-consumer timer's sign)
+            transport.write(data)

@@ -29,9 +29,23 @@ from proxy.streams.subscription import Subscription
 
 log = logging.getLogger("proxy.subscriptions")  # the Session's logger: one name for a connection's streams
 
-# RFC 6455 5.5: a control frame (a ping, a pong) is at most 2 header bytes and 125 of payload; the
-# outstanding bytes growing by more is a message written after a drain, so the client took bytes.
-CONTROL_FRAME_BYTES = 127
+
+class CountedSocket(web.WebSocketResponse):
+    """A client's WebSocket that counts the data it is sent (`data_sent`), not aiohttp's pongs: a data
+    frame written while the socket's buffers are full went out after a drain, so the client took
+    bytes (Outbox._look). Pongs answer the client's own pings: a client that never reads could make
+    them by the hundred, so they never count. The frames a connection writes itself (ws_frames.Corked)
+    count there."""
+
+    data_sent = 0
+
+    async def send_frame(self, message: bytes, opcode: web.WSMsgType, compress: int | None = None) -> None:
+        self.data_sent += len(message)
+        await super().send_frame(message, opcode, compress)
+
+    async def send_str(self, data: str, compress: int | None = None) -> None:
+        self.data_sent += len(data)
+        await super().send_str(data, compress)
 
 
 @dataclass(slots=True)
@@ -72,6 +86,7 @@ class Outbox:
         self._timer: asyncio.TimerHandle | None = None
         self._taken_at = 0.0  # when the client last took bytes from the socket's buffers
         self._last_outstanding = (0, 0)  # (the transport's buffer, the kernel's send queue) at the last look
+        self._last_sent = 0  # the data frames' bytes sent at the last look (CountedSocket)
         self._stopped = False
 
     def start(self) -> None:
@@ -115,15 +130,18 @@ class Outbox:
         client took bytes. A client that reads nothing blocks a send for ever, and may never be sent
         more. How far behind a reader is, in bytes or age, the Session looks at only when output is made."""
         if self._timer is None and not self._stopped:
-            self._taken_at, self._last_outstanding = time.monotonic(), self._outstanding()
+            self._taken_at, self._last_outstanding = time.monotonic(), self.outstanding()
+            self._last_sent = int(getattr(self.ws, "data_sent", 0))
             self._timer = asyncio.get_running_loop().call_later(self._lag / 4, self._look)
 
     def _look(self) -> None:
-        now, outstanding = time.monotonic(), self._outstanding()
+        now, outstanding = time.monotonic(), self.outstanding()
         (buffered, queued), (last_buffered, last_queued) = outstanding, self._last_outstanding
         self._last_outstanding = outstanding
+        sent, last_sent = int(getattr(self.ws, "data_sent", 0)), self._last_sent
+        self._last_sent = sent
         taken = buffered < last_buffered or queued < last_queued  # it read: either part shrank
-        written = buffered + queued > last_buffered + last_queued + CONTROL_FRAME_BYTES  # after a drain
+        written = sent > last_sent  # a data frame went out: after a drain, or into room the buffers had
         if taken or written or not buffered + queued:
             self._taken_at = now  # the client took bytes, or none wait in the socket: not stalled
         if not buffered + queued and not self.busy:
@@ -133,7 +151,7 @@ class Outbox:
         if now - self._taken_at >= self._lag:
             self._behind(now, True)
 
-    def _outstanding(self) -> tuple[int, int]:
+    def outstanding(self) -> tuple[int, int]:
         """Bytes the client has not taken: in the transport's buffer, and in the kernel's send queue
         (unsent or unacknowledged: SIOCOUTQ, Linux's TIOCOUTQ on a TCP socket). The kernel's part
         matters: a reader empties it while the transport's buffer stays put until a third of the

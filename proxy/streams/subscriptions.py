@@ -294,8 +294,8 @@ class Session:
         closing = asyncio.ensure_future(self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=message))
         closing.add_done_callback(lambda done: done.cancelled() or done.exception())
         await asyncio.wait({closing}, timeout=CLOSE_TIMEOUT)  # not cancelled: aiohttp closes, not aborts
-        if self.transport is not None and self.transport.get_write_buffer_size():
-            # Its buffers are full: no close frame gets through, and closed (not aborted) it waits for ever.
+        if self.transport is not None and any(self.outbox.outstanding()):
+            # Bytes still owed (its buffer, the kernel's): closed, not aborted, they wait for a reader.
             self.transport.abort()
 
     async def _paid(self, sub: Subscription, cost: int) -> bool:
