@@ -13,8 +13,12 @@ upstream see their own mark come back on the second hop, whoever sent the call f
 sets RECEIVED for the calls of a request that arrived with rpc-proxy marks; the HTTP client reads it
 as it writes (http_client.py). A call carrying it is never auto-batched with others (batching.py): its
 request is its own. Coalesced calls share the request of the call that runs it, marks and all; a
-joiner sends nothing, so it adds no hop. A request whose Via already names more than MAX_PROXIES
-proxies is refused as a loop too (proxies that do not mark their requests).
+joiner sends nothing, so it adds no hop; so only calls carrying the same marks are coalesced
+(`coalescing`): a forged Via whose request is refused upstream fails no other client's call. A request
+whose Via already names more than MAX_PROXIES proxies is refused as a loop too (proxies that do not
+mark their requests), and so is one that already carries MAX_PROXIES marks (`exhausted`): its upstream
+would refuse it for its count once this proxy's mark is appended. An upstream's 508 (Loop Detected)
+is the request's fault, never the node's: it fails that call and cools no upstream (posting.py).
 """
 
 from __future__ import annotations
@@ -65,6 +69,20 @@ def looped(via: str | None) -> bool:
 def too_many(via: str) -> bool:
     """Whether a request's Via names more than MAX_PROXIES proxies (empty list elements not counted)."""
     return sum(1 for entry in via.split(",") if entry.strip()) > MAX_PROXIES
+
+
+def exhausted(via: str) -> bool:
+    """Whether a request's Via already holds MAX_PROXIES rpc-proxy marks: with this proxy's appended, its
+    upstream would refuse it for its count (too_many), and that 508 is no fault of the upstream's."""
+    found = marks(via)
+    return found is not None and found.count(",") + 1 >= MAX_PROXIES
+
+
+def coalescing(key: str) -> str:
+    """The key under which a call is coalesced with identical ones: a call carrying marks shares a
+    request only with calls carrying the same marks (a joiner takes the runner's answer, refusal and all)."""
+    received = RECEIVED.get()
+    return key if received is None else f"{key}\nvia {received}"
 
 
 def forwarded(received: str) -> str:

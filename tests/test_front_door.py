@@ -476,3 +476,61 @@ async def test_this_proxys_mark_in_any_via_line_is_a_loop(evm_proxy: Proxy, upgr
     request = f"{head}Host: rpc.example\r\nVia: 1.1 edge\r\nVia: {via.field()}\r\n\r\n".encode()
     ((status, _, answer),) = await exchange(evm_proxy.server.port, request + (b"" if upgrade else body))
     assert status == 508 and b"loop detected" in answer, answer
+
+
+ERRORS = "rpc_proxy_upstream_errors_total"
+
+
+def _marks(count: int) -> str:
+    """A Via of `count` rpc-proxy marks of other deployments, in the form a proxy writes them."""
+    return ", ".join(f"1.1 rpc-proxy-{n:016x}" for n in range(count))
+
+
+async def test_a_request_carrying_max_proxies_marks_is_refused_at_this_front_never_sent_upstream(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (via.py): with its own mark appended, a request that arrived with MAX_PROXIES rpc-proxy
+    marks would be refused by its upstream for its count (and that upstream's 508 taken as the node's
+    fault): this proxy refuses it itself, and sends nothing."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    status, answer, _ = await proxy.post(_balances(1)[0], headers={"Via": _marks(via.MAX_PROXIES)})
+    assert status == 508 and "loop detected" in answer["error"]["message"], answer
+    assert _balance_vias(relays[0]) == []
+    status, answer, _ = await proxy.post(_balances(1)[0], headers={"Via": _marks(via.MAX_PROXIES - 1)})
+    assert status == 200 and answer["result"] == "0x0", answer
+
+
+async def test_an_upstreams_loop_refusal_fails_the_call_but_never_cools_the_upstream(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule: an upstream's HTTP 508 (Loop Detected) is the request's fault, not the node's: the call
+    fails, the upstream stays up, and the refusal is counted as kind="loop", not as the node's error."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    relays[0].inject("http508", method="eth_getBalance", times=None)
+    status, answer, _ = await proxy.post(_balances(1)[0])
+    assert status >= 500 and "HTTP 508" in answer["error"]["message"], answer
+    assert proxy.metric("rpc_proxy_upstream_up", network="evm", upstream="0") == 1
+    errors = [proxy.metric(ERRORS, network="evm", upstream="0", kind=kind) for kind in ("loop", "http")]
+    assert errors[0] >= 1 and errors[1] == 0, errors
+
+
+async def test_a_marked_call_never_leads_a_coalesced_call_of_unmarked_callers(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (via.py): coalesced calls share one request, marks and all, so only identically marked
+    calls share one: unmarked callers of a call a marked one is asking send their own request (a
+    forged Via that gets its request refused upstream fails no other client's call)."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    relays[0].inject("slow", method="eth_getBalance", delay=2)
+    call = _balances(1)[0]
+    marked = asyncio.create_task(proxy.post(call, headers={"Via": _marks(1)}))
+
+    async def sent() -> bool:
+        return relays[0].in_flight == 1
+
+    await eventually(sent, 10, "the marked call to reach the upstream")
+    answers = await asyncio.gather(*(proxy.post(call) for _ in range(5)))
+    assert all(status == 200 and answer["result"] == "0x0" for status, answer, _ in answers), answers
+    assert (await marked)[0] == 200
+    vias = _balance_vias(relays[0])
+    assert len(vias) == 2 and vias[0].startswith(_marks(1) + ", ") and vias[1] == via.field(), vias
