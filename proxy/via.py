@@ -11,8 +11,8 @@ kind of proxy in front, a load balancer's `1.1 google`, a CDN's, is not carried 
 with this proxy's mark appended (RFC 9110 7.6.3: a proxy appends): two proxies that are each other's
 upstream see their own mark come back on the second hop, whoever sent the call first. The transport
 sets RECEIVED for the calls of a request that arrived with rpc-proxy marks; the HTTP client reads it
-as it writes (http_client.py). A call carrying it is never auto-batched with others (batching.py): its
-request is its own. Coalesced calls share the request of the call that runs it, marks and all; a
+as it writes (http_client.py). A call carrying it is auto-batched only with calls carrying the same
+marks (batching.py): a request has one Via. Coalesced calls share the request of the call that runs it, marks and all; a
 joiner sends nothing, so it adds no hop; so only calls carrying the same marks are coalesced
 (`coalescing`): a forged Via whose request is refused upstream fails no other client's call. A request
 whose Via already names more than MAX_PROXIES proxies is refused as a loop too (proxies that do not
