@@ -23,11 +23,15 @@ is the request's fault, never the node's: it fails that call and cools no upstre
 
 from __future__ import annotations
 
+import re
 import secrets
 from contextvars import ContextVar
 
 _own = [f"rpc-proxy-{secrets.token_hex(8)}"]
 MAX_PROXIES = 8  # a request that already passed more proxies than this is refused (508)
+# A mark as `field` writes it: RFC 9110 7.6.3 received-protocol (a token, `name/` before it if
+# named), then `rpc-proxy-` and 16 lowercase hex digits, nothing else (no comment).
+_MARK = re.compile(r"(?:[A-Za-z0-9!#$%&'*+.^_`|~-]{1,16}/)?[A-Za-z0-9!#$%&'*+.^_`|~-]{1,16} rpc-proxy-[0-9a-f]{16}")
 # The Via a call's request arrived with (None: none, the common case), for the requests made for it.
 RECEIVED: ContextVar[str | None] = ContextVar("rpc_proxy_via", default=None)
 
@@ -49,16 +53,14 @@ def field() -> str:
 
 def marks(received: str | None) -> str | None:
     """The entries of a received Via that are rpc-proxy marks (this proxy's kind), or None if none: the
-    only ones carried on. Another kind of proxy's entry (a load balancer's `1.1 google`, a CDN's) is no
-    loop of ours, and a call that came through it alone is batched and sent as any other."""
+    only ones carried on, at most MAX_PROXIES. Another kind of proxy's entry (a load balancer's `1.1
+    google`, a CDN's) is no loop of ours, and a call that came through it alone is batched and sent as
+    any other. A mark is carried only in the form a proxy writes (`field`): an oversized, malformed or
+    non-ASCII one is a client's, and dropped (never a Via its upstream refuses for its size)."""
     if received is None or "rpc-proxy-" not in received:
         return None
-    found = [
-        entry.strip()
-        for entry in received.split(",")
-        if entry.split()[1:2] and entry.split()[1].startswith("rpc-proxy-")
-    ]
-    return ", ".join(found) or None
+    found = [entry.strip() for entry in received.split(",") if _MARK.fullmatch(entry.strip())]
+    return ", ".join(found[:MAX_PROXIES]) or None
 
 
 def looped(via: str | None) -> bool:

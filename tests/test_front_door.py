@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import MultiDict
 from web3 import AsyncHTTPProvider, AsyncWeb3
 
 from proxy import via
@@ -556,3 +557,28 @@ async def test_a_marked_client_batch_is_auto_batched_as_an_unmarked_one(
     )[0] == 200
     marked = _balance_vias(relays[0])[straight:]
     assert len(marked) == straight and set(marked) == {f"{_marks(1)}, {via.field()}"}, marked
+
+
+async def test_only_marks_in_the_form_this_proxy_writes_are_carried_upstream(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (via.py): a received entry is carried on only if it is `<protocol> rpc-proxy-<16 lowercase
+    hex>`, the form a proxy writes: an oversized, malformed or non-ASCII one is dropped, never forwarded."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    junk = [
+        "1.1 rpc-proxy-" + "a" * 8000,
+        "1.1 rpc-proxy-0123456789ABCDEF",
+        "1.1 rpc-proxy-0123456789abcdef (a comment)",
+        "1.1 rpc-proxy-\u00e90123456789abcde",
+        "1.1 rpc-proxy-0123456789abcdef0",
+    ]
+    headers = MultiDict([("Via", entry) for entry in [*junk, "HTTP/1.1 rpc-proxy-0000000000000007"]])
+    status, answer, _ = await proxy.post(_balances(1)[0], headers=headers)
+    assert status == 200 and answer["result"] == "0x0", answer
+    assert _balance_vias(relays[0]) == [f"HTTP/1.1 rpc-proxy-0000000000000007, {via.field()}"]
+
+
+def test_at_most_max_proxies_marks_are_carried() -> None:
+    """Rule (via.py): the marks carried on are bounded, whatever a client sends."""
+    carried = via.marks(_marks(3 * via.MAX_PROXIES))
+    assert carried == _marks(via.MAX_PROXIES), carried
