@@ -19,6 +19,12 @@ whose Via already names more than MAX_PROXIES proxies is refused as a loop too (
 mark their requests), and so is one that already carries MAX_PROXIES marks (`exhausted`): its upstream
 would refuse it for its count once this proxy's mark is appended. An upstream's 508 (Loop Detected)
 is the request's fault, never the node's: it fails that call and cools no upstream (posting.py).
+
+A subscription relayed over an upstream WebSocket travels on that shared socket, whose handshake
+carries this proxy's mark alone, not its subscriber's: a chain of proxies that are each other's
+WebSocket upstreams would relay it around for ever. So a relayed subscription passes at most two
+rpc-proxies: one that came with rpc-proxy marks is not relayed over an upstream socket that is an
+rpc-proxy itself (its handshake answer's Server is SERVER: upstream/ws.py).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import secrets
 from contextvars import ContextVar
 
 _own = [f"rpc-proxy-{secrets.token_hex(8)}"]
+SERVER = "rpc-cache-proxy"  # the Server field of this proxy's answers: a WebSocket upstream's tells it is one
 MAX_PROXIES = 8  # a request that already passed more proxies than this is refused (508)
 # A mark as `field` writes it: RFC 9110 7.6.3 received-protocol (a token, `name/` before it if
 # named), then `rpc-proxy-` and 16 lowercase hex digits, nothing else (no comment).
