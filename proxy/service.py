@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from proxy import via
 from proxy.asking import Asker
 from proxy.cache import policy as cp
 from proxy.cache import sharing
@@ -306,7 +307,7 @@ class Service:
         # A merge parses every piece: a key has at most MERGES_PER_KEY merges started or joined at
         # once (memory per key), each caller in its own key's queue, never in another key's.
         async with self._merge_slots.held():
-            outcome, _ = await self._merges.run(plan.key, merge)
+            outcome, _ = await self._merges.run(via.coalescing(plan.key), merge)
         return outcome
 
     async def _read_through(self, prepared: Prepared, policy: MethodPolicy, params: Any, plan: Plan) -> Outcome:
@@ -355,7 +356,7 @@ class Service:
                 if lock.token:  # not released with the answer's store (nothing stored, or another key)
                     await self._cache.release(key, lock.token)
 
-        (answer, tied, found), joined = await self._coalescer.run(key, fill)
+        (answer, tied, found), joined = await self._coalescer.run(via.coalescing(key), fill)
         if found:
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(answer.payload, answer.is_error, HIT, verified=stored_as(net, plan))

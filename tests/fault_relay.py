@@ -1,5 +1,5 @@
 """A fault-injecting HTTP relay in front of a real node: wrong ids, duplicate ids, partial batches,
-HTTP 500/413/429, slow answers, injected errors, answers from another node (a URL over two forks).
+HTTP 500/413/429/508, slow answers, injected errors, answers from another node (a URL over two forks).
 Faults are queued and each applies to the next requests that match it (by method, by batch or not),
 then runs out; `times=None` never runs out.
 
@@ -31,6 +31,7 @@ KINDS = (
     "http500",
     "http413",
     "http429",
+    "http508",
     "slow",
     "wrong_id",
     "duplicate_id",
@@ -156,7 +157,7 @@ class FaultRelay:
         kind = fault.kind if fault else None
         if fault is not None and fault.delay:
             await asyncio.sleep(fault.delay)  # "slow" is only this; any other fault may come late too
-        if kind in ("http500", "http413", "http429"):
+        if kind in ("http500", "http413", "http429", "http508"):
             headers = {"Retry-After": fault.retry_after} if fault is not None and fault.retry_after else None
             return web.Response(status=int(kind[4:]), text="injected", headers=headers)
         if kind in ("error3", "error", "ratelimit"):

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import MultiDict
 from web3 import AsyncHTTPProvider, AsyncWeb3
 
 from proxy import via
@@ -411,15 +412,15 @@ async def test_a_call_that_came_through_other_proxies_goes_upstream_with_their_v
     relays: list[FaultRelay], make_proxy: ProxyFactory
 ) -> None:
     """Rule (RFC 9110 7.6.3): the rpc-proxy marks a request arrived with travel on, this proxy's
-    appended, alone or in a batch (a call with other proxies' marks is never auto-batched with others'
-    calls); another kind of proxy's entry (a load balancer's) is not carried."""
+    appended, alone or in a batch (a call with other proxies' marks is auto-batched only with calls
+    carrying the same marks); another kind of proxy's entry (a load balancer's) is not carried."""
     proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
     status, answers, _ = await proxy.post(
         _balances(1), headers={"Via": "1.1 google, 1.1 rpc-proxy-0123456789abcdef, 1.0 edge-b"}
     )
     assert status == 200 and [a["result"] for a in answers] == ["0x0"] * 3, answers
     marked = _balance_vias(relays[0])
-    assert len(marked) == 3, marked
+    assert marked, marked
     assert all(re.fullmatch(r"1\.1 rpc-proxy-0123456789abcdef, 1\.1 rpc-proxy-\w+", v) for v in marked), marked
 
 
@@ -476,3 +477,108 @@ async def test_this_proxys_mark_in_any_via_line_is_a_loop(evm_proxy: Proxy, upgr
     request = f"{head}Host: rpc.example\r\nVia: 1.1 edge\r\nVia: {via.field()}\r\n\r\n".encode()
     ((status, _, answer),) = await exchange(evm_proxy.server.port, request + (b"" if upgrade else body))
     assert status == 508 and b"loop detected" in answer, answer
+
+
+ERRORS = "rpc_proxy_upstream_errors_total"
+
+
+def _marks(count: int) -> str:
+    """A Via of `count` rpc-proxy marks of other deployments, in the form a proxy writes them."""
+    return ", ".join(f"1.1 rpc-proxy-{n:016x}" for n in range(count))
+
+
+async def test_a_request_carrying_max_proxies_marks_is_refused_at_this_front_never_sent_upstream(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (via.py): with its own mark appended, a request that arrived with MAX_PROXIES rpc-proxy
+    marks would be refused by its upstream for its count (and that upstream's 508 taken as the node's
+    fault): this proxy refuses it itself, and sends nothing."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    status, answer, _ = await proxy.post(_balances(1)[0], headers={"Via": _marks(via.MAX_PROXIES)})
+    assert status == 508 and "loop detected" in answer["error"]["message"], answer
+    assert _balance_vias(relays[0]) == []
+    status, answer, _ = await proxy.post(_balances(1)[0], headers={"Via": _marks(via.MAX_PROXIES - 1)})
+    assert status == 200 and answer["result"] == "0x0", answer
+
+
+async def test_an_upstreams_loop_refusal_fails_the_call_but_never_cools_the_upstream(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule: an upstream's HTTP 508 (Loop Detected) is the request's fault, not the node's: the call
+    fails, the upstream stays up, and the refusal is counted as kind="loop", not as the node's error."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    relays[0].inject("http508", method="eth_getBalance", times=None)
+    status, answer, _ = await proxy.post(_balances(1)[0])
+    assert status >= 500 and "HTTP 508" in answer["error"]["message"], answer
+    assert proxy.metric("rpc_proxy_upstream_up", network="evm", upstream="0") == 1
+    errors = [proxy.metric(ERRORS, network="evm", upstream="0", kind=kind) for kind in ("loop", "http")]
+    assert errors[0] >= 1 and errors[1] == 0, errors
+
+
+async def test_a_marked_call_never_leads_a_coalesced_call_of_unmarked_callers(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (via.py): coalesced calls share one request, marks and all, so only identically marked
+    calls share one: unmarked callers of a call a marked one is asking send their own request (a
+    forged Via that gets its request refused upstream fails no other client's call)."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    relays[0].inject("slow", method="eth_getBalance", delay=2)
+    call = _balances(1)[0]
+    marked = asyncio.create_task(proxy.post(call, headers={"Via": _marks(1)}))
+
+    async def sent() -> bool:
+        return relays[0].in_flight == 1
+
+    await eventually(sent, 10, "the marked call to reach the upstream")
+    answers = await asyncio.gather(*(proxy.post(call) for _ in range(5)))
+    assert all(status == 200 and answer["result"] == "0x0" for status, answer, _ in answers), answers
+    assert (await marked)[0] == 200
+    vias = _balance_vias(relays[0])
+    assert len(vias) == 2 and vias[0].startswith(_marks(1) + ", ") and vias[1] == via.field(), vias
+
+
+async def test_a_marked_client_batch_is_auto_batched_as_an_unmarked_one(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (via.py, batching.py): calls carrying the same rpc-proxy marks go upstream together, as
+    unmarked calls do: a forged mark costs no more upstream requests, and a marked call never
+    travels in a request of unmarked calls (a request has one Via)."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    batch = [
+        {"jsonrpc": "2.0", "id": n, "method": "eth_getBalance", "params": [f"0x{n + 1000:040x}", "latest"]}
+        for n in range(100)
+    ]
+    assert (await proxy.post(batch))[0] == 200
+    straight = len(_balance_vias(relays[0]))
+    assert (
+        await proxy.post(
+            [{**c, "params": [f"0x{n + 2000:040x}", "latest"]} for n, c in enumerate(batch)], headers={"Via": _marks(1)}
+        )
+    )[0] == 200
+    marked = _balance_vias(relays[0])[straight:]
+    assert len(marked) == straight and set(marked) == {f"{_marks(1)}, {via.field()}"}, marked
+
+
+async def test_only_marks_in_the_form_this_proxy_writes_are_carried_upstream(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (via.py): a received entry is carried on only if it is `<protocol> rpc-proxy-<16 lowercase
+    hex>`, the form a proxy writes: an oversized, malformed or non-ASCII one is dropped, never forwarded."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    junk = [
+        "1.1 rpc-proxy-" + "a" * 8000,
+        "1.1 rpc-proxy-0123456789ABCDEF",
+        "1.1 rpc-proxy-0123456789abcdef (a comment)",
+        "1.1 rpc-proxy-\u00e90123456789abcde",
+        "1.1 rpc-proxy-0123456789abcdef0",
+    ]
+    headers = MultiDict([("Via", entry) for entry in [*junk, "HTTP/1.1 rpc-proxy-0000000000000007"]])
+    status, answer, _ = await proxy.post(_balances(1)[0], headers=headers)
+    assert status == 200 and answer["result"] == "0x0", answer
+    assert _balance_vias(relays[0]) == [f"HTTP/1.1 rpc-proxy-0000000000000007, {via.field()}"]
+
+
+def test_at_most_max_proxies_marks_are_carried() -> None:
+    """Rule (via.py): the marks carried on are bounded, whatever a client sends."""
+    carried = via.marks(_marks(3 * via.MAX_PROXIES))
+    assert carried == _marks(via.MAX_PROXIES), carried

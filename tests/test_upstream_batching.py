@@ -286,7 +286,7 @@ async def test_a_leader_cancelled_in_its_turn_leaves_the_others_to_go() -> None:
         leader = asyncio.create_task(batcher.enqueue("eth_getStorageAt", ["leader"]))
         others = [asyncio.create_task(batcher.enqueue("eth_getStorageAt", [i])) for i in range(joined)]
         await asyncio.sleep(0)  # the leader has queued itself and yielded its turn, and the others joined it
-        assert len(batcher._queue) == 1 + joined
+        assert len(batcher._turn.queue) == 1 + joined
         leader.cancel()
         answers = await asyncio.wait_for(asyncio.gather(*others), timeout=5)
         assert leader.cancelled()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,10 @@ from tests.support import (
     selector,
     word,
 )
+from tests.test_front_door import _first_answer, _serving
 from tests.ws_client import Client, connect
+
+CHAIN_ID = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
 
 
 def ws_of(anvil: Anvil) -> str:
@@ -108,6 +112,9 @@ class WsRelay:
         self.sockets: list[web.WebSocketResponse] = []
         self.via: list[str | None] = []  # each handshake's Via
         self.cut = False
+        self.methods: list[str] = []  # each call the proxy sent, by method
+        self.hold: str | None = None  # a subscription kind whose subscribe is held until `released`
+        self.released = asyncio.Event()
         self._server: TestServer | None = None
         self.url = ""
 
@@ -134,6 +141,10 @@ class WsRelay:
 
             forward = asyncio.create_task(to_client())
             async for message in client:
+                call = json.loads(message.data)
+                self.methods.append(str(call.get("method")))
+                if self.hold is not None and call.get("params", [None])[:1] == [self.hold]:
+                    await self.released.wait()
                 await node.send_str(message.data)
             forward.cancel()
         return client
@@ -273,4 +284,51 @@ async def test_the_handshake_to_a_websocket_upstream_carries_this_proxys_via(
         assert relay.via[0] == via.field(), relay.via
     finally:
         await relay.cut_all()  # its sockets closed first: a server closing with them open waits for them
+        await relay.close()
+
+
+async def test_a_relayed_subscription_passes_at_most_two_rpc_proxies(
+    anvil: Anvil, make_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """Rule (via.py): a relayed subscription travels on a shared upstream socket whose handshake carries
+    no subscriber's marks, so one that came through another rpc-proxy is refused at once (-32002, naming
+    why) rather than relayed to an upstream WebSocket that is an rpc-proxy too (a loop of proxies that
+    are each other's WebSocket upstreams held it for ever); one that came straight is relayed."""
+    port = free_port()
+    inner = _serving(port, anvil.url, tmp_path / "inner.log", EVM_UPSTREAM_WS=ws_of(anvil))
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _first_answer(
+                session, f"http://127.0.0.1:{port}/v3/k", {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"}
+            )
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=f"ws://127.0.0.1:{port}/ws/v3/k")
+        assert await (await connect(proxy)).subscribe("newPendingTransactions")  # two rpc-proxies: relayed
+        headers = {"Via": "1.1 rpc-proxy-0123456789abcdef"}
+        marked = Client(await proxy.session.ws_connect(proxy.ws_url("test-key"), headers=headers))
+        answer = await asyncio.wait_for(marked.call("eth_subscribe", "newPendingTransactions"), 10)
+        assert answer["error"]["code"] == -32002 and "at most two rpc-proxies" in answer["error"]["message"], answer
+    finally:
+        inner.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(inner.wait, 30)
+
+
+async def test_a_subscription_granted_after_its_caller_stopped_waiting_is_cancelled_on_the_node(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a relayed subscribe that got no answer in time fails, and what the node grants for it
+    later is nobody's: it is cancelled there, never held on the node (nor on an upstream proxy)."""
+    relay = await WsRelay(ws_of(anvil)).start()
+    relay.hold = "newPendingTransactions"
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=relay.url, UPSTREAM_TIMEOUT="2")
+        answer = await (await connect(proxy)).call("eth_subscribe", "newPendingTransactions")
+        assert answer["error"]["code"] == -32002, answer
+        relay.released.set()
+
+        async def cancelled() -> bool:
+            return "eth_unsubscribe" in relay.methods
+
+        await eventually(cancelled, 10, "the late subscription to be cancelled on the node")
+    finally:
+        await relay.cut_all()
         await relay.close()

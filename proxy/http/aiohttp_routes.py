@@ -12,6 +12,7 @@ from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from proxy import via
 from proxy.config import Settings
 from proxy.gateway.gateway import Gateway
 from proxy.http.access_log import UPSTREAM_SECONDS, access_logged
@@ -145,7 +146,7 @@ async def answer_headers(request: web.Request, response: web.StreamResponse) -> 
     the 500 of a failed handler, in that request's task as well), carries X-Request-Id and names no
     library or interpreter version in `Server` (the fast server sends no `Server` at all)."""
     response.headers[HEADER] = REQUEST_ID.get() or IDS.of(request.headers.get(HEADER))
-    response.headers[hdrs.SERVER] = "rpc-cache-proxy"
+    response.headers[hdrs.SERVER] = via.SERVER  # a proxy whose WebSocket upstream this is knows it (via.py)
 
 
 def answering_app(gateway: Gateway, settings: Settings, *inner: Middleware, **options: Any) -> web.Application:

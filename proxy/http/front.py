@@ -390,6 +390,8 @@ class FrontProtocol(asyncio.Protocol):
                 raise looped()
             if via.too_many(headers["via"]):
                 raise refusal(UPSTREAM_UNAVAILABLE, f"loop detected: Via names over {via.MAX_PROXIES} proxies", 508)
+            if via.exhausted(headers["via"]):  # its upstream would refuse it once this proxy's mark is added
+                raise refusal(UPSTREAM_UNAVAILABLE, f"loop detected: Via has {via.MAX_PROXIES} rpc-proxy marks", 508)
         request.prebuildable = not self._access_log and ("connection" not in headers or not request.http10)
         sent = headers.get("x-request-id")
         request.sent_id = sent.encode() if sent is not None and sane(sent) else None

@@ -153,6 +153,7 @@ class Relay(Protocol):
         on_ok: Callable[[], None],
         on_notify: Callable[[str, Any], None],
         on_lost: Callable[[], None],
+        marked: bool = False,
     ) -> Relayed: ...
 
 

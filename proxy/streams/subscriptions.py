@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, web
 
+from proxy import via
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
@@ -174,17 +175,14 @@ class Session:
                 self._forget(sub)
 
         def on_lost() -> None:
-            self.end(
-                sub,
-                JsonRpcError(
-                    -32002,
-                    f"upstream WebSocket of network '{runtime.name}' closed: subscription ended; subscribe again",
-                ),
-            )
+            ended = f"upstream WebSocket of network '{runtime.name}' closed: subscription ended; subscribe again"
+            self.end(sub, JsonRpcError(-32002, ended))
 
         try:
+            sent = params if solana else call.params
+            marked = via.RECEIVED.get() is not None  # the client's socket came through other rpc-proxies (via.py)
             relayed = await relay.subscribe(
-                call.method, params if solana else call.params, on_ok=on_ok, on_notify=on_notify, on_lost=on_lost
+                call.method, sent, on_ok=on_ok, on_notify=on_notify, on_lost=on_lost, marked=marked
             )
         except BaseException as error:
             self._forget(sub)

@@ -34,6 +34,17 @@ def _one_turn() -> Generator[None, None, None]:
     yield
 
 
+class _Turn:
+    """This turn's calls that may travel in one request: those carrying the same Via marks (via.py: a
+    request carries one Via), the first the leader's (its waiter None)."""
+
+    __slots__ = ("leading", "queue")
+
+    def __init__(self) -> None:
+        self.queue: list[Queued] = []
+        self.leading = False  # a call leads this turn's queue: it takes the queue a turn after its own
+
+
 class AutoBatcher:
     def __init__(
         self,
@@ -53,36 +64,33 @@ class AutoBatcher:
         self._together = together
         self._batch_max = batch_max
         self._batch_max_bytes = batch_max_bytes
-        self._queue: list[Queued] = []  # this turn's calls: the first is the leader's (its waiter None)
-        self._leading = False  # a call leads this turn's queue: it takes the queue a turn after its own
+        self._turn = _Turn()  # this turn's calls that came with no rpc-proxy marks (nearly all)
+        self._marked: dict[str, _Turn] = {}  # ... and those that came with some, by their marks
         self._deliveries: set[asyncio.Task[None]] = set()
 
     async def enqueue(self, method: str, params: Any, proof: str | None = None) -> Answer:
-        if via.RECEIVED.get() is not None:  # its request carries other proxies' marks: its own (via.py)
-            return await self._alone(method, params, proof)
-        if self._leading:  # a call of this turn leads: this one goes with it
+        received = via.RECEIVED.get()  # a call with other proxies' marks goes with the same marks only
+        turn = self._turn if received is None else self._marked.setdefault(received, _Turn())
+        if turn.leading:  # a call of this turn leads: this one goes with it
             waiter: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
-            self._queue.append((method, params, waiter, proof, FORWARDED.get()))
+            turn.queue.append((method, params, waiter, proof, FORWARDED.get()))
             answer = await waiter
             if answer is None:  # alone after all (its leader was cancelled): sent from this task
                 return await self._alone(method, params, proof)
             return answer
         # The turn's first call leads: it yields once, so the calls made in this turn join it, then
         # takes the queue. Alone, it is sent from its own task: no future, no callback, no task.
-        self._leading = True
+        turn.leading = True
         leader = FORWARDED.get()
-        self._queue.append(
+        turn.queue.append(
             (method, params, cast("asyncio.Future[Answer | None]", None), proof, leader)
         )  # one if others join
         try:
             await _one_turn()
         except BaseException:
-            self._leading = False
-            queue, self._queue = self._queue, []
-            self._dispatch(queue[1:])  # the others still go
+            self._dispatch(self._take(turn, received)[1:])  # the others still go
             raise
-        self._leading = False
-        queue, self._queue = self._queue, []
+        queue = self._take(turn, received)
         if len(queue) == 1:
             return await self._alone(method, params, proof)
         waiter = asyncio.get_running_loop().create_future()
@@ -92,6 +100,14 @@ class AutoBatcher:
         if answer is None:  # alone after all (the others left while the batch waited): sent from this task
             return await self._alone(method, params, proof)
         return answer
+
+    def _take(self, turn: _Turn, received: str | None) -> list[Queued]:
+        """The leader takes its turn's queue: later calls (with these marks) begin another."""
+        turn.leading = False
+        queue, turn.queue = turn.queue, []
+        if received is not None:
+            del self._marked[received]
+        return queue
 
     def _dispatch(self, queue: list[Queued]) -> None:
         """Groups of at most `batch_max` calls and `batch_max_bytes` of params: one client's large

@@ -154,6 +154,8 @@ class UpstreamLinks:
                 raise Failed("refused", f"HTTP {status}")
             if status == 429:
                 raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
+            if status == 508:  # Loop Detected (RFC 5842 7.2): the request's Via, not the node's health (via.py)
+                raise Failed("loop", "HTTP 508 (Loop Detected)")
             if status != 200:
                 raise Failed("http", f"HTTP {status}")
             if self._unreachable[index]:

@@ -245,12 +245,13 @@ class Sender:
 
     def _failed(self, index: int, failure: Failed, attempts: Attempts) -> None:
         """Note a failed try: that upstream cools down (for a rate limit's Retry-After, if given),
-        unless the request itself was at fault (too large or malformed for any node)."""
+        unless the request itself was at fault (too large or malformed for any node, or refused as a
+        loop of proxies by its Via: via.py)."""
         if failure.kind == "too_large":
             return  # the call fails as a whole (_send): no node is at fault
         if failure.kind == "connect":
             self.states.lost(index)
-        if failure.kind != "refused":  # a request too large or malformed cools no upstream down
+        if failure.kind not in ("refused", "loop"):  # a request too large, malformed or looping cools none down
             self._cool(index, failure)
             self.selector.scores.observe(index, None, time.monotonic())
         self._metrics.upstreams.errors.labels(self.network, str(index), failure.kind).inc()

@@ -43,6 +43,7 @@ class _Route:
     params: Any = None
     upstream_id: Any = None
     confirmed: bool = False  # its subscriber was answered (once: a re-opening is not answered again)
+    marked: bool = False  # its subscriber's socket came with rpc-proxy marks (via.py)
     cancelled: bool = False
     waiter: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -95,6 +96,11 @@ class UpstreamSocket:
         self._connecting = asyncio.Lock()
         self._next_id = 0
         self._pending: dict[int, _Route] = {}  # request id -> route waiting for its subscription id
+        # Request id -> the unsubscribe method of a subscribe whose caller stopped waiting (timed out,
+        # left): granted later, it is cancelled on the node, never held there for nobody.
+        self._unanswered: dict[int, str] = {}
+        self._sends: set[asyncio.Task[None]] = set()
+        self._proxied = False  # the connection's upstream is an rpc-proxy (its handshake's Server: via.py)
         self._routes: dict[Any, _Route] = {}  # the node's subscription id -> route
         self._current = -1  # the index of the upstream the connection is to
         self._resubscribing: asyncio.Task[None] | None = None
@@ -109,15 +115,23 @@ class UpstreamSocket:
         on_ok: Callable[[], None],
         on_notify: Callable[[str, Any], None],
         on_lost: Callable[[], None],
+        marked: bool = False,
     ) -> RelayedSubscription:
-        """Open a subscription on the node; its errors come back as they are, as JsonRpcError."""
+        """Open a subscription on the node; its errors come back as they are, as JsonRpcError. `marked`:
+        its subscriber's socket came through other rpc-proxies (via.py)."""
         ws = await self._connected()
         route = _Route(on_ok, on_notify, on_lost, SOLANA_PUBSUB.get(method, "eth_unsubscribe"), method, params)
+        route.marked = marked
         await self._open(ws, route)
         return RelayedSubscription(self, route)
 
     async def _open(self, ws: aiohttp.ClientWebSocketResponse, route: _Route) -> None:
         """Ask the node for the route's subscription and wait for its id."""
+        if route.marked and self._proxied:  # a chain of more than two rpc-proxies: a loop, maybe (via.py)
+            raise self._unavailable(
+                "the subscription came through another rpc-proxy and this upstream WebSocket is an rpc-proxy "
+                "too: a relayed subscription passes at most two rpc-proxies"
+            )
         rid = self._send_id()
         self._pending[rid] = route
         try:
@@ -135,24 +149,23 @@ class UpstreamSocket:
         except (aiohttp.ClientError, ConnectionError):
             raise self._unavailable("send failed") from None
         finally:
-            self._pending.pop(rid, None)
+            if self._pending.pop(rid, None) is not None:  # no answer yet, and none awaited: cancelled if one comes
+                self._unanswered[rid] = route.unsubscribe
 
     async def forget(self, route: _Route) -> None:
         """Stop routing a subscription and cancel it on the node (its answer is not awaited)."""
         route.cancelled = True  # not opened again, should its connection drop now
         if self._routes.pop(route.upstream_id, None) is None:
             return
+        await self._unsubscribe(route.unsubscribe, route.upstream_id)
+
+    async def _unsubscribe(self, method: str, upstream_id: Any) -> None:
         ws = self._ws
         if ws is not None and not ws.closed:
             with contextlib.suppress(Exception):
                 await ws.send_str(
                     jsonrpc.dumps(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": self._send_id(),
-                            "method": route.unsubscribe,
-                            "params": [route.upstream_id],
-                        }
+                        {"jsonrpc": "2.0", "id": self._send_id(), "method": method, "params": [upstream_id]}
                     ).decode()
                 )
 
@@ -216,6 +229,8 @@ class UpstreamSocket:
                     continue
                 self._ws = ws
                 self._current = index
+                # aiohttp keeps the handshake's answer private: its Server names an rpc-proxy (via.py).
+                self._proxied = ws._response.headers.get(aiohttp.hdrs.SERVER) == via.SERVER
                 self._reader = asyncio.create_task(self._read(ws), name=f"upstream-ws-{self.network}")
                 return ws
             raise self._unavailable("; ".join(failures) or "no upstream")
@@ -235,7 +250,16 @@ class UpstreamSocket:
             self._lost()
 
     def _dispatch(self, data: dict[str, Any]) -> None:
-        route = self._pending.pop(data["id"], None) if isinstance(data.get("id"), int) else None
+        rid = data.get("id")
+        route = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        if route is None and isinstance(rid, int) and rid in self._unanswered:
+            unsubscribe = self._unanswered.pop(rid)
+            if isinstance(data.get("result"), str | int) and not isinstance(data.get("result"), bool):
+                # Granted once its caller had stopped waiting: nobody's, so cancelled on the node.
+                send = asyncio.create_task(self._unsubscribe(unsubscribe, data["result"]))
+                self._sends.add(send)
+                send.add_done_callback(self._sends.discard)
+            return
         if route is not None:
             if route.waiter.done():
                 return
@@ -276,6 +300,7 @@ class UpstreamSocket:
             if not route.waiter.done():
                 route.waiter.set_exception(self._unavailable("connection closed"))
         self._pending.clear()
+        self._unanswered.clear()  # the node drops what the connection held
         routes, self._routes = list(self._routes.values()), {}
         if self._closed:  # closed for good (a reload retired it): each subscriber is told
             for route in routes:
