@@ -23,7 +23,7 @@ from proxy.options import OPTION_NAMES as OPTION_NAMES
 from proxy.options import OPTIONS as OPTIONS
 from proxy.options import ConfigError as ConfigError
 from proxy.rpc.jsonrpc import METHOD_NAME
-from proxy.rpc.known_methods import KNOWN_METHODS
+from proxy.rpc.known_methods import KNOWN_METHODS, near_miss
 from proxy.rpc.methods import FAMILIES, POLICIES
 from proxy.rpc.methods import Family as Family
 
@@ -257,8 +257,8 @@ def doubts(settings: Settings) -> list[str]:
     methods = POLICIES.keys() | KNOWN_METHODS  # a node's real method is never a typo
     for name, key in (settings.api_keys or {}).items():
         for method in sorted(key.lists.methods - methods):
-            if near := difflib.get_close_matches(method, methods, 1, 0.85):
-                found.append(f"API_KEYS_FILE: key {name!r}: allowed_methods {method!r} is no known method ({near[0]}?)")
+            if twin := near_miss(method, methods):
+                found.append(f"API_KEYS_FILE: key {name!r}: allowed_methods {method!r} is no known method ({twin}?)")
     header = settings.trusted_proxy_header
     known = {h.lower(): h for h in _CLIENT_IP_HEADERS}
     if header and header.lower() not in known and (near := difflib.get_close_matches(header.lower(), known, 1, 0.8)):

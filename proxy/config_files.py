@@ -18,7 +18,7 @@ from proxy.credits.accounts import ACCOUNT_NAME, SHA256_HEX, derived_name, diges
 from proxy.credits.allow_lists import NO_LISTS, AllowLists
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
 from proxy.file_trust import check_trusted
-from proxy.host_names import host_name
+from proxy.host_names import host_name, is_host_field
 from proxy.options import MAX_CREDITS, ConfigError, _csv, _upstream_urls
 from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.methods import FAMILIES, Family
@@ -203,8 +203,9 @@ def _recent_blocks(at: str, entry: dict[str, Any]) -> int | None:
 
 def _hosts(where: str, hosts: Any) -> tuple[str, ...]:
     """A network's `hosts`: Host header names in the form routing compares (host_names.py: lower-case,
-    no trailing dot, an IPv6 address bracketed and canonical). A Host header is matched by its name
-    alone (gateway/network_routing.py drops its port), so a URL or a name with a port would never match."""
+    no trailing dot, an IPv6 address bracketed and canonical, a Unicode name as its IDNA A-label). A
+    Host header is matched by its name alone (gateway/network_routing.py drops its port), so a URL or a
+    name with a port would never match, nor one the front refuses as a Host field."""
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         raise ConfigError(f"{where}: hosts must be a list of host names")
     names = []
@@ -212,9 +213,13 @@ def _hosts(where: str, hosts: Any) -> tuple[str, ...]:
         shown = host[:60]
         if "/" in host:
             raise ConfigError(f"{where}: hosts entry {shown!r} is a URL: write the host name alone (rpc.example)")
+        if "*" in host:  # a Host header is matched by its exact name: `*` would only match itself
+            raise ConfigError(f"{where}: hosts entry {shown!r} is a wildcard: list each host name")
         parts = host_name(host)
-        if parts is None or any(c.isspace() for c in host):
-            raise ConfigError(f"{where}: hosts entry {shown!r} is not a host name")
+        # The front refuses a Host field with userinfo, a zone id or spaces (http/head_limit.py): an
+        # entry only such a field could match is never matched.
+        if parts is None or any(c.isspace() for c in host) or not is_host_field(parts.name):
+            raise ConfigError(f"{where}: hosts entry {shown!r} is not a host name a Host header can carry")
         if parts.port or host.rstrip().endswith(":"):
             raise ConfigError(
                 f"{where}: hosts entry {shown!r} has a port: a Host header is matched by its name on any port, "

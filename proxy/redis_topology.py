@@ -19,7 +19,7 @@ from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio.connection import ConnectionPool
-from redis.connection import parse_url
+from redis.exceptions import RedisError
 
 Kind = Literal["single", "cluster", "sentinel"]
 _SCHEMES: dict[str, tuple[Kind, bool]] = {
@@ -107,20 +107,33 @@ def single_url(url: str) -> None:
         raise BadRedisUrl("has port 0")
     if parts.scheme == "unix" and not parts.path:
         raise BadRedisUrl("names no socket path")
-    try:  # redis-py's own reading: query options such as db=x or socket_timeout=abc
-        options = parse_url(url)  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError):
-        raise BadRedisUrl("has an invalid option in its query string") from None
-    if parts.query:
-        # An option its connections do not take (x=y) would fail every connect, for ever: one is made
-        # here (no connection is opened), refused naming the option.
-        try:
-            ConnectionPool.from_url(url).make_connection()  # type: ignore[no-untyped-call]
-        except (ValueError, TypeError) as exc:
-            named = next((k for k in options if f"'{k}'" in str(exc)), None)
-            raise BadRedisUrl(
-                "has a query option redis-py does not take" + (f": {named[:40]}" if named is not None else "")
-            ) from None
+    if _refused(url) is not None:
+        raise BadRedisUrl(_refusal(url))
+
+
+def _refused(url: str) -> Exception | None:
+    """What redis-py raises reading `url` and building its connection object (none is opened)."""
+    try:
+        ConnectionPool.from_url(url).make_connection()  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, RedisError) as exc:
+        return exc
+    return None
+
+
+def _refusal(url: str) -> str:
+    """Why redis-py refuses `url`, naming the query option it refuses (never its value).
+
+    An option its connections do not take (x=y), or a value they refuse (db=x, protocol=9,
+    ssl_cert_reqs=bogus), would fail every connect, for ever: each option is tried alone to name it."""
+    base, _, query = url.partition("?")
+    for pair in query.split("&") if query else ():
+        exc = _refused(f"{base}?{pair}")
+        if exc is not None:
+            name = unquote(pair.partition("=")[0])[:40]
+            if isinstance(exc, TypeError):  # an unexpected keyword argument
+                return f"has a query option redis-py does not take: {name}"
+            return f"has a query option whose value redis-py refuses: {name}"
+    return "has an invalid option in its query string"
 
 
 def _credentials(userinfo: str) -> tuple[str | None, str | None]:

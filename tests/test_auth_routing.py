@@ -55,13 +55,14 @@ async def test_a_declared_host_routes_however_the_host_header_writes_it(
     anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
 ) -> None:
     """Rule: a Host header matches `hosts` in one normal form (host_names.py): its port dropped, IPv6
-    addresses canonical, case and one trailing dot ignored, on either side."""
+    addresses canonical, case and one trailing dot ignored, on either side; a Unicode entry matches the
+    IDNA A-label clients send."""
     side_node = Anvil("--chain-id", "5")
     networks = tmp_path / "networks.toml"
     networks.write_text(
         f'[networks.first]\nfamily = "evm"\nupstreams = ["{anvil.url}"]\n'
         f'[networks.second]\nfamily = "evm"\nupstreams = ["{side_node.url}"]\n'
-        'hosts = ["[::1]", "v.example", "w.example."]\n'
+        'hosts = ["[::1]", "v.example", "w.example.", "bücher.example"]\n'
     )
     proxy = await make_proxy(NETWORKS_FILE=str(networks))
     try:
@@ -73,6 +74,7 @@ async def test_a_declared_host_routes_however_the_host_header_writes_it(
             "V.Example:8545",
             "w.example",
             "w.example.",
+            "xn--bcher-kva.example",
         ):
             status, body, _ = await proxy.post(CHAIN_ID, headers={"Host": host})
             assert status == 200 and body["result"] == "0x5", (host, body)

@@ -283,6 +283,26 @@ def test_a_near_miss_of_a_known_method_or_client_ip_header_is_a_warning_not_an_e
     ]
 
 
+def test_a_near_miss_is_suggested_only_within_the_names_family_and_namespace(tmp_path: Path) -> None:
+    """Rule: real names of clients' and providers' namespaces (Otterscan ots_, Arbitrum arbtrace_,
+    Alchemy's eth_getAccountInfo) are no typo; a name is compared only with its own kind: an `ns_`
+    name with its namespace's names (any EVM name when the namespace is unknown), a camelCase name
+    with Solana's. `eth_cal` and `eht_call` still warn."""
+    real = ["ots_getTransactionBySenderAndNonce", "arbtrace_block", "arbtrace_transaction", "eth_getAccountInfo"]
+    real += ["ots_getBlockDetails", "erigon_getHeaderByNumber", "bor_getAuthor", "alchemy_getAssetTransfers"]
+    other_kind = ["getBlockByNumber", "eth_getSignaturesForAddress"]  # near eth_getBlockByNumber, a Solana name
+    keys = tmp_path / "keys.toml"
+    listed = ", ".join(f'"{m}"' for m in [*real, *other_kind, "eth_cal", "eht_call"])
+    keys.write_text(f'[keys.alice]\nkey = "alice-secret-1"\nallowed_methods = [{listed}]\n')
+    keys.chmod(0o600)
+    result = check(tmp_path, "--offline", EVM_UPSTREAM="http://127.0.0.1:1", API_KEYS_FILE=str(keys))
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warn ")]
+    assert warnings == [
+        "warn API_KEYS_FILE: key 'alice': allowed_methods 'eht_call' is no known method (eth_call?)",
+        "warn API_KEYS_FILE: key 'alice': allowed_methods 'eth_cal' is no known method (eth_call?)",
+    ], result.stdout
+
+
 def test_a_real_method_the_proxy_has_no_policy_for_is_never_a_near_miss(tmp_path: Path) -> None:
     """Rule: allowed_methods names that nodes serve (Solana's getBlocks, getTransactionCount, the
     execution API's eth_getRawTransactionByHash, debug_ and trace_ names) are no typo of another; a

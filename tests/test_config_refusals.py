@@ -209,11 +209,15 @@ def test_a_host_claimed_by_two_networks_is_refused_naming_both(tmp_path: Path) -
         ("[::FFFF:7F00:1]", "[::ffff:7f00:1]"),
         ("W.Example.", "w.example"),
         ("v.example", "v.example"),
+        ("bücher.example", "xn--bcher-kva.example"),
+        ("BÜCHER.Example.", "xn--bcher-kva.example"),
+        ("xn--bcher-kva.example", "xn--bcher-kva.example"),
     ],
 )
 def test_a_host_is_kept_in_the_one_form_routing_compares(written: str, normal: str, tmp_path: Path) -> None:
     """Rule: `hosts` entries are normalised as Host headers are (host_names.py): lower-case, one trailing
-    dot dropped, an IPv6 address bracketed and canonical; a bare IPv6 address is no "port"."""
+    dot dropped, an IPv6 address bracketed and canonical, a Unicode name as its IDNA A-label (what clients
+    send); a bare IPv6 address is no "port"."""
     networks = tmp_path / "networks.toml"
     networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{written}"]\n')
     assert build_settings({"NETWORKS_FILE": str(networks)}).networks[0].hosts == (normal,)
@@ -238,10 +242,18 @@ def test_one_host_written_two_ways_is_claimed_once(one: str, two: str, tmp_path:
         ("[::1", "is not a host name"),
         ("[nope]", "is not a host name"),
         (".", "is not a host name"),
+        ("fe80::1%eth0", "is not a host name a Host header can carry"),
+        ("[fe80::1%25eth0]", "is not a host name a Host header can carry"),
+        ("user@u.example", "is not a host name a Host header can carry"),
+        ("a b.example", "is not a host name a Host header can carry"),
+        ("a,b.example", "is not a host name a Host header can carry"),
+        ("bü..example", "is not a host name a Host header can carry"),
+        ("*.v.example", "is a wildcard"),
     ],
 )
 def test_a_host_that_no_host_header_can_match_is_refused(host: str, why: str, tmp_path: Path) -> None:
-    """Rule: `hosts` holds Host header names, matched without the port: a URL or a port never matches."""
+    """Rule: `hosts` holds Host header names, matched without the port: a URL or a port never matches,
+    nor a name the front refuses in a Host field (userinfo, an IPv6 zone id, spaces) or a wildcard."""
     networks = tmp_path / "networks.toml"
     networks.write_text(f'[networks.main]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{host}"]\n')
     message = refused(NETWORKS_FILE=str(networks))

@@ -93,8 +93,41 @@ def test_a_query_option_redis_py_does_not_take_is_refused_by_serve_and_check_nam
         assert f"{name} has a query option" in line and SECRET not in line
 
 
+@pytest.mark.parametrize(
+    ("url", "option"),
+    [
+        ("rediss://h:6380/0?ssl_cert_reqs=bogus", "ssl_cert_reqs"),
+        ("rediss://h:6380/0?ssl_cert_reqs=CERT_NONE", "ssl_cert_reqs"),
+        ("redis://h:6379/0?protocol=9", "protocol"),
+        ("redis://h:6379/0?socket_timeout=1&db=x", "db"),
+        ("redis://h:6379/0?health_check_interval=soon", "health_check_interval"),
+    ],
+)
+def test_a_query_option_value_redis_py_refuses_is_a_config_error_naming_it_in_serve_and_check(
+    url: str, option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule: any error redis-py raises building a connection from the URL (a RedisError as much as a
+    ValueError) is a configuration error naming the setting and the option, never the URL, not a
+    traceback; cluster and Sentinel URLs refuse every option they do not take."""
+    for name in ("REDIS_URL", "CREDITS_REDIS_URL"):
+        with_secret = url.replace("://", f"://:{SECRET}@", 1)
+        with pytest.raises(ConfigError) as caught:
+            build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret})
+        message = str(caught.value)
+        assert message == f"{name} has a query option whose value redis-py refuses: {option}", message
+        assert main(["check", "--offline"], environ={"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret}) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert f"{name} has a query option" in line and SECRET not in line and "bogus" not in line
+    for url in ("rediss+cluster://h:7000?ssl_cert_reqs=bogus", "redis+sentinel://s:26379/svc?protocol=9"):
+        with pytest.raises(ConfigError, match="does not take"):
+            build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": url})
+
+
 def test_a_single_server_url_with_options_redis_py_takes_is_accepted() -> None:
-    for url in ("redis://h:6379/0?socket_timeout=2&client_name=p", "rediss://h:6379/0?ssl_ca_certs=/ca.pem"):
+    for url in (
+        "redis://h:6379/0?socket_timeout=2&client_name=p&protocol=3",
+        "rediss://h:6379/0?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none",
+    ):
         assert build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": url}).redis_url == url
 
 

@@ -4,16 +4,11 @@ field RFC 9112 section 3.2 asks for."""
 
 from __future__ import annotations
 
-import re
-
+from proxy.host_names import is_host_field
 from proxy.http.wire import MAX_HEADERS, MAX_LINE, refusal
 from proxy.rpc.jsonrpc import INVALID_REQUEST
 
 MAX_HEAD_BYTES = 64 * 1024  # a request head in all
-# RFC 9110 section 7.2: Host = uri-host [ ":" port ], uri-host from RFC 3986 section 3.2.2 (an IP
-# literal in brackets, or a reg-name). A comma is no part of a host name here: Host is a singleton
-# field, and "a, b" is two values (RFC 9110 section 5.3), as repeated field lines are.
-_HOST = re.compile(r"(?:\[[0-9A-Za-z:.]+\]|[0-9A-Za-z\-._~%!$&'()*+;=]*)(?::[0-9]*)?")
 
 
 def host_fault_of(host: str | None, repeated: bool, http10: bool) -> str:
@@ -24,7 +19,7 @@ def host_fault_of(host: str | None, repeated: bool, http10: bool) -> str:
         return "" if http10 else "bad request: no Host header field (RFC 9112 section 3.2)"
     if repeated:
         return "bad request: more than one Host header field (RFC 9112 section 3.2)"
-    if _HOST.fullmatch(host.strip(" \t")) is None:  # whitespace around a field value is not part of it
+    if not is_host_field(host.strip(" \t")):  # whitespace around a field value is not part of it
         return "bad request: the Host header field is not one host and port (RFC 9112 section 3.2)"
     return ""
 
