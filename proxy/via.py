@@ -87,6 +87,15 @@ def exhausted(via: str) -> bool:
     return found is not None and found.count(",") + 1 >= MAX_PROXIES
 
 
+LOOP_DETECTED = "HTTP 508 (Loop Detected)"  # how an upstream's loop refusal is told in the call's error
+
+
+def refused_as_loop(message: str) -> bool:
+    """Whether a failed call's error says an upstream refused its request as a loop (its Via's fault:
+    asked again, alone or in parts, it carries the same marks and is refused the same)."""
+    return LOOP_DETECTED in message
+
+
 def coalescing(key: str) -> str:
     """The key under which a call is coalesced with identical ones: a call carrying marks shares a
     request only with calls carrying the same marks (a joiner takes the runner's answer, refusal and all)."""

@@ -515,6 +515,20 @@ async def test_an_upstreams_loop_refusal_fails_the_call_but_never_cools_the_upst
     assert errors[0] >= 1 and errors[1] == 0, errors
 
 
+async def test_a_batch_refused_upstream_as_a_loop_is_not_asked_again_call_by_call(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (via.py): a loop refusal is the request's Via's fault, and each call alone carries the same
+    marks: a client batch whose upstream request is refused with 508 fails once, never resent call by
+    call (a forged Via turned one batch of 500 into 510 requests to the next proxy)."""
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    relays[0].inject("http508", method="eth_getBalance", times=None)
+    status, answers, _ = await proxy.post(_balances(1), headers={"Via": _marks(1)})
+    assert status == 200 and all("HTTP 508" in a["error"]["message"] for a in answers), answers
+    sent = [methods for _, methods in relays[0].timeline if "eth_getBalance" in methods]
+    assert len(sent) == 1 and sent[0].count("eth_getBalance") == 3, sent  # one request for the three, not 1 + 3
+
+
 async def test_a_marked_call_never_leads_a_coalesced_call_of_unmarked_callers(
     relays: list[FaultRelay], make_proxy: ProxyFactory
 ) -> None:

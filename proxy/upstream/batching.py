@@ -152,9 +152,10 @@ class AutoBatcher:
                 try:
                     answers = await self._together([(m, p, b) for m, p, _, b, _ in group])
                 except JsonRpcError as error:
-                    if error.http_status == 504 or too_large(error):
+                    if error.http_status == 504 or too_large(error) or via.refused_as_loop(error.message):
                         # Timed out: asking again, one by one, would only wait longer. Too large as a
-                        # whole (its bound is the batch's): the node would send it all again.
+                        # whole (its bound is the batch's): the node would send it all again. Refused
+                        # as a loop (its Via): each call alone carries the same marks.
                         raise
                     # The batch failed as a whole (a 413 for its size, a 5xx): each call is asked
                     # alone, so only a call that fails by itself fails.

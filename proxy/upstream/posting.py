@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from proxy import via
 from proxy.forwarded import Abandoned
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_REQUEST
@@ -155,7 +156,7 @@ class UpstreamLinks:
             if status == 429:
                 raise Failed("rate_limited", "HTTP 429", wait=retry_after(response.headers.get("retry-after")))
             if status == 508:  # Loop Detected (RFC 5842 7.2): the request's Via, not the node's health (via.py)
-                raise Failed("loop", "HTTP 508 (Loop Detected)")
+                raise Failed("loop", via.LOOP_DETECTED)
             if status != 200:
                 raise Failed("http", f"HTTP {status}")
             if self._unreachable[index]:
