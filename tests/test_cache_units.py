@@ -17,7 +17,7 @@ from proxy.cache.planning import _doubted
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
 from proxy.chain import heads
 from proxy.chain.finality import FinalityWatch
-from proxy.chain.head_polls import Head, Resolved, TrackerError, header_of, synced_window
+from proxy.chain.head_polls import Head, Resolved, TrackerError
 from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
@@ -246,24 +246,6 @@ class AlternatingSingles(Alternating):
         return (self.lagging if self.turns % 2 == 0 else super()).answer(method, params)
 
 
-class RoomAsker:
-    """A poll's asker within a budget of `room` calls a request, counting each request's calls; the
-    poll's time runs out (TimeoutError) after `stop_after` requests."""
-
-    def __init__(self, chain: FakeChain, room: int, stop_after: int | None) -> None:
-        self.chain, self.room, self.stop_after = chain, room, stop_after
-        self.sizes: list[int] = []
-
-    async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
-        if self.stop_after is not None and len(self.sizes) >= self.stop_after:
-            raise TimeoutError
-        self.sizes.append(len(calls))
-        return await self.chain.batch(calls)
-
-    async def direct(self, calls: list[tuple[str, Any]]) -> list[Answer]:
-        return await self.ask(calls)
-
-
 class TestHeadTracker:
     def tracker(self, chain: FakeChain, depth: int = 64) -> tuple[EvmHeadTracker, Metrics]:
         metrics = Metrics(CollectorRegistry())
@@ -275,26 +257,6 @@ class TestHeadTracker:
         assert (head.latest, head.safe, head.finalized, head.gas_limit) == (100, 68, 36, 30_000_000)
         assert set(head.hashes) == set(range(37, 101))
         assert metrics.registry.get_sample_value("rpc_proxy_head_block", {"network": "evm", "tag": "finalized"}) == 36
-
-    async def test_a_window_walk_keeps_within_the_budgets_room_and_an_unfinished_one_is_taken_up(self) -> None:
-        # Rule (docs/networks.md, budgets: head polls count): every request of the walk carries at most
-        # the budget's room of calls, the latest block beside its headers included; a walk stopped by
-        # its poll's time limit is taken up by the next poll where it linked, not begun again.
-        chain = FakeChain(100)
-        asker = RoomAsker(chain, room=10, stop_after=3)
-        latest = header_of(chain.answer("eth_getBlockByNumber", ["latest"]))
-        assert latest is not None
-        walked: dict[int, str] = {}
-        with pytest.raises(TimeoutError):
-            await synced_window(asker, 256, latest, 36, {}, walked)
-        assert asker.sizes == [10, 10, 10] and min(walked) == 99 - 27  # three chunks of nine read
-        chain.mine()
-        asker.stop_after, asker.sizes = None, []
-        latest = header_of(chain.answer("eth_getBlockByNumber", ["latest"]))
-        assert latest is not None
-        hashes = await synced_window(asker, 256, latest, 36, {}, walked)
-        assert hashes == {h: chain.block_hash(h) for h in range(37, 102)}
-        assert max(asker.sizes) <= 10 and sum(asker.sizes) == 40  # blocks 72 to 37 alone, each chunk with the latest
 
     def test_a_poll_below_the_head_that_shows_a_window_block_with_another_hash_makes_the_head_stale(self) -> None:
         # Rule (README: a replaced block is never served once a poll has seen it): a node behind on the

@@ -638,20 +638,3 @@ async def test_an_admin_reload_applies_new_routing_to_the_pool_in_force(
         assert _asked(relays[1], "eth_getBalance") >= 18
         assert _pool(proxy) is pool  # routing alone: the same pool, its cordons and scores kept
         assert (await _admin(session, port, "/reload", token=None, method="POST"))[0] == 401
-
-
-async def test_the_head_trackers_window_walk_keeps_within_max_rps_as_the_provider_sees_it(
-    anvil: Anvil, relays: list[FaultRelay], tmp_path: Path, make_proxy: ProxyFactory
-) -> None:
-    """Rule: head polls count against max_rps: the walk back through the unfinalized window asks its
-    headers in chunks within the budget's room, so no second carries more calls than the limit (33
-    in one batch were sent alone once the window was empty, three times the limit)."""
-    anvil.mine(100)  # Anvil finalizes 64 blocks back: a window of 63 headers to walk
-    networks = _networks_file(tmp_path, [{"url": relays[0].url, "max_rps": 10}])
-    # The default interval: a poll may last its staleness bound, 6 s; a walk longer than that is taken
-    # up by the next poll where it stopped.
-    proxy = await make_proxy(NETWORKS_FILE=networks, HEAD_POLL_INTERVAL="2")
-    await proxy.head_at(100, timeout=60)
-    arrivals = [(t, len(methods)) for t, methods in relays[0].timeline]
-    busiest = max(sum(n for u, n in arrivals if t <= u < t + 1.0) for t, _ in arrivals)
-    assert busiest <= 10, arrivals

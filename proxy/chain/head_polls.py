@@ -16,7 +16,7 @@ from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import BlockRef
-from proxy.upstream.pool import Upstream, http_pool
+from proxy.upstream.pool import Upstream
 from proxy.upstream.sending import too_large
 from proxy.values import Answer
 from proxy.workers.shared_polls import SharedPolls, aligned_delay
@@ -154,11 +154,6 @@ class Asks(Protocol):
         """Asked of the node now (never a sibling worker's answers)."""
         ...
 
-    @property
-    def room(self) -> int | None:
-        """The most calls one request may carry within the budgets of the nodes asked (None: no limit)."""
-        ...
-
 
 class PollAsker:
     """Sends a tracker's calls as one batch, or one by one to a node that refuses batches
@@ -182,11 +177,6 @@ class PollAsker:
     async def direct(self, calls: list[tuple[str, Any]]) -> list[Answer]:
         """Asked of the upstream now, whatever a sibling worker's poll fetched."""
         return await self._ask(calls)
-
-    @property
-    def room(self) -> int | None:
-        pool = http_pool(self._upstream)
-        return pool.batch_room if pool is not None else None
 
     async def _ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
         if self._singles_left <= 0:
@@ -246,20 +236,9 @@ async def synced_window(
     latest: Header,
     finalized: int,
     old: dict[int, str],
-    walked: dict[int, str] | None = None,
 ) -> dict[int, str]:
-    """Hashes of (finalized, latest], reusing what is still linked to the new latest block.
-
-    `walked` keeps an unfinished walk's progress for the next poll's: the hashes read so far, linked
-    down from their top, and at its lowest height the hash the block there must have. A walk within a
-    small budget may take longer than one poll may; the next takes it up where it linked."""
-    walked = {} if walked is None else walked
+    """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
     lower = max(finalized + 1, latest.number - window + 1)
-    # Each chunk is asked with the latest block beside it, within the budget's room: a request larger
-    # than max_rps or max_units_per_second allows would be sent alone once the budget's window is
-    # empty (Limits.refusal), all its calls in one second.
-    room = asker.room
-    chunk = HEADER_CHUNK if room is None else max(1, min(HEADER_CHUNK, room - 1))
     chain = {latest.number: latest.hash}
     expected = latest.parent_hash
     height = latest.number - 1
@@ -267,31 +246,20 @@ async def synced_window(
         if old.get(height) == expected:
             chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
             break
-        if walked.get(height) == expected and min(walked) < height:  # linked into the last walk's blocks
-            bottom = min(walked)
-            chain.update({h: walked[h] for h in range(max(lower, bottom + 1), height + 1)})
-            height, expected = bottom, walked[bottom]
-            continue
-        low = max(lower, height - chunk + 1)
+        low = max(lower, height - HEADER_CHUNK + 1)
         heights = range(height, low - 1, -1)
         answers = await _beside_latest(asker, [get_block(hex(h)) for h in heights], latest)
         for number, answer in zip(heights, answers, strict=True):
             header = header_of(answer) or await _held(asker, number)
             if header is None or header.hash != expected:
                 # The chain moved while we read it; keep the previous head and try again next poll.
-                walked.clear()
                 raise TrackerError("chain changed during the window walk")
             chain[header.number] = header.hash
             expected = header.parent_hash
             if old.get(header.number - 1) == expected:
                 chain.update({h: old[h] for h in range(lower, header.number) if h in old})
-                walked.clear()
                 return chain
         height = low - 1
-        walked.clear()
-        walked.update(chain)
-        walked[height] = expected
-    walked.clear()  # done: the next walk starts from the head's window
     return chain
 
 

@@ -89,10 +89,10 @@ class EvmHeadTracker:
         self._upstream = upstream
         self._asker = PollAsker(upstream, shared)
         self._aligned = shared is not None
-        self._interval, self._depth = interval, finality_depth
+        self._interval = interval
+        self._depth = finality_depth
         self._metrics = metrics
         self._window = window
-        self._walked: dict[int, str] = {}  # an unfinished window walk's blocks (head_polls.synced_window)
         self._states = states
         self._finality = FinalityWatch(network, states, metrics)
         self._identity: str | None = None  # the chain identity's key space; None: not known yet
@@ -265,7 +265,7 @@ class EvmHeadTracker:
 
         old = dict(old_head.hashes) if old_head else {}
         # Without the finalized tag the window reaches down to the finalized block, for its hash.
-        hashes = await synced_window(asker, self._window, latest, finalized - (0 if final_h else 1), old, self._walked)
+        hashes = await synced_window(asker, self._window, latest, finalized - (0 if final_h else 1), old)
         final_hash = final_h.hash if final_h else hashes.get(finalized, "")
         if self._identity is not None and final_hash:
             await self._epochs.sync(f"{self.network}@{self._identity}", finalized, final_hash, violated)

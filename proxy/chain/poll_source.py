@@ -38,10 +38,6 @@ class Pinned(NamedTuple):
     async def direct(self, calls: Calls) -> list[Answer]:
         return await self.ask(calls)  # one upstream: no sibling's answers to go past
 
-    @property
-    def room(self) -> int | None:
-        return self.pool.budgets[self.upstream].room
-
 
 def further(states: UpstreamStates | None, latest_a: Answer) -> list[int]:
     """The upstreams in rotation known AHEAD_BY blocks or more ahead of the latest block a poll's node
