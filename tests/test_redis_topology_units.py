@@ -82,15 +82,22 @@ def test_a_query_option_redis_py_does_not_take_is_refused_by_serve_and_check_nam
 ) -> None:
     """Rule: an unknown option in a single server's URL (which every connect would fail on, for ever)
     is a configuration error naming the setting and the option, never the URL; check exits 2 alike."""
+    _refused_in_serve_and_check(url, "has a query option redis-py does not take: " + option, capsys)
+
+
+def _refused_in_serve_and_check(url: str, refusal: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`url` with a password, as REDIS_URL and as CREDITS_REDIS_URL: a configuration error saying
+    `refusal` after the setting's name, and `check --offline` exits 2 on one line, neither with the
+    password nor the URL's query value."""
     for name in ("REDIS_URL", "CREDITS_REDIS_URL"):
         with_secret = url.replace("://", f"://:{SECRET}@", 1)
         with pytest.raises(ConfigError) as caught:
             build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret})
         message = str(caught.value)
-        assert message == f"{name} has a query option redis-py does not take: {option}", message
+        assert message == f"{name} {refusal}", message
         assert main(["check", "--offline"], environ={"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret}) == 2
         (line,) = capsys.readouterr().err.splitlines()
-        assert f"{name} has a query option" in line and SECRET not in line
+        assert f"{name} has a query option" in line and SECRET not in line and "bogus" not in line
 
 
 @pytest.mark.parametrize(
@@ -109,15 +116,7 @@ def test_a_query_option_value_redis_py_refuses_is_a_config_error_naming_it_in_se
     """Rule: any error redis-py raises building a connection from the URL (a RedisError as much as a
     ValueError) is a configuration error naming the setting and the option, never the URL, not a
     traceback; cluster and Sentinel URLs refuse every option they do not take."""
-    for name in ("REDIS_URL", "CREDITS_REDIS_URL"):
-        with_secret = url.replace("://", f"://:{SECRET}@", 1)
-        with pytest.raises(ConfigError) as caught:
-            build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret})
-        message = str(caught.value)
-        assert message == f"{name} has a query option whose value redis-py refuses: {option}", message
-        assert main(["check", "--offline"], environ={"EVM_UPSTREAM": "http://127.0.0.1:1", name: with_secret}) == 2
-        (line,) = capsys.readouterr().err.splitlines()
-        assert f"{name} has a query option" in line and SECRET not in line and "bogus" not in line
+    _refused_in_serve_and_check(url, "has a query option whose value redis-py refuses: " + option, capsys)
     for url in ("rediss+cluster://h:7000?ssl_cert_reqs=bogus", "redis+sentinel://s:26379/svc?protocol=9"):
         with pytest.raises(ConfigError, match="does not take"):
             build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "REDIS_URL": url})
