@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMsgType
 
 from proxy.streams.outbox import CountedSocket
 
@@ -30,7 +30,7 @@ def text_frame(payload: bytes) -> bytes:
 class Corked:
     def __init__(
         self,
-        ws: web.WebSocketResponse,
+        ws: CountedSocket,
         transport: asyncio.Transport | None,
         loop: asyncio.AbstractEventLoop,
         room: Callable[[], Awaitable[bool]],
@@ -45,9 +45,8 @@ class Corked:
         """Queued for the burst's write, or sent through aiohttp's writer (add) once the client has room
         for it (WS_SEND_BUFFER_BYTES within WS_MAX_LAG: else it is closed as a slow consumer)."""
         if not self.add(payload) and await self._room():
-            with contextlib.suppress(
-                ConnectionError
-            ):  # the peer left (reset, "Connection lost"): the reading loop ends too
+            # The peer left (a reset, aiohttp's "Connection lost"): the reading loop ends too.
+            with contextlib.suppress(ConnectionError):
                 await self._ws.send_frame(payload, WSMsgType.TEXT)
 
     def add(self, payload: bytes) -> bool:
@@ -70,6 +69,5 @@ class Corked:
         transport = self._transport
         if transport is not None and not transport.is_closing() and not self._ws.closed:
             data = frames[0] if len(frames) == 1 else b"".join(frames)
-            if isinstance(self._ws, CountedSocket):
-                self._ws.data_sent += len(data)  # data the client is sent (the slow-consumer timer's sign)
+            self._ws.data_sent += len(data)  # data the client is sent (the slow-consumer timer's sign)
             transport.write(data)
