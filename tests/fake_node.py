@@ -7,7 +7,7 @@ from typing import Self
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.support import free_port
+from tests.support import fake_server
 
 
 class FakeNode:
@@ -27,8 +27,7 @@ class FakeNode:
         app = web.Application(client_max_size=self.client_max_size)
         app.router.add_post("/", self._handle)
         self._routes(app)
-        self.server = TestServer(app, host="127.0.0.1", port=free_port())
-        await self.server.start_server()
+        self.server = await fake_server(app)
         return self
 
     def _routes(self, app: web.Application) -> None:

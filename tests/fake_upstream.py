@@ -9,9 +9,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from tests.support import free_port
+from tests.support import fake_server
 
 
 @asynccontextmanager
@@ -37,8 +36,7 @@ async def bad_upstream(
 
     app = web.Application()
     app.router.add_post(path, handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     try:
         yield f"http://127.0.0.1:{server.port}{path}"
     finally:

@@ -25,7 +25,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.support import free_port
+from tests.support import fake_server
 
 KINDS = (
     "http500",
@@ -105,8 +105,7 @@ class FaultRelay:
         self._session = aiohttp.ClientSession()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/", self._handle)
-        self._server = TestServer(app, host="127.0.0.1", port=free_port())
-        await self._server.start_server()
+        self._server = await fake_server(app)
         self.url = f"http://127.0.0.1:{self._server.port}/"
         return self
 

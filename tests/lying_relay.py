@@ -36,7 +36,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.support import free_port
+from tests.support import fake_server
 
 LIES = (
     "storage",
@@ -158,8 +158,7 @@ class LyingRelay:
         self._session = aiohttp.ClientSession()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/", self._handle)
-        self._server = TestServer(app, host="127.0.0.1", port=free_port())
-        await self._server.start_server()
+        self._server = await fake_server(app)
         self.url = f"http://127.0.0.1:{self._server.port}/"
         return self
 

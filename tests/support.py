@@ -157,13 +157,21 @@ class Anvil:
         self.proc.wait(10)
 
 
+async def fake_server(app: web.Application) -> TestServer:
+    """A test's own HTTP server (a fake node, a relay, a balancer) on a port the kernel picks as it binds
+    it (no free_port race with another process). Its close waits at most a second for handlers still
+    running: a node told to answer in 30 s, whose caller gave up long ago, holds no test for 30 s more."""
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server(shutdown_timeout=1.0)
+    return server
+
+
 @asynccontextmanager
 async def serving(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
     """`handle` as an HTTP server on a free port (POST /): yields its URL."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/", handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     try:
         yield f"http://127.0.0.1:{server.port}/"
     finally:

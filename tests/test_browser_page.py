@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.support import DEV_ACCOUNT, ROOT, Anvil, ProxyFactory, free_port
+from tests.support import DEV_ACCOUNT, ROOT, Anvil, ProxyFactory, fake_server
 from tests.test_read_your_writes import node_binary
 
 TOOLS = ROOT / ".tools"
@@ -91,8 +91,7 @@ async def _page_server() -> TestServer:
     app = web.Application()
     app.router.add_get("/page.html", index)
     app.router.add_static("/nm/", MODULES, follow_symlinks=True)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     return server
 
 

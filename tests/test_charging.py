@@ -12,13 +12,12 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.credits.charging import refunded, refunded_unanswered
 from proxy.credits.prices import METHOD_CREDITS
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, UPSTREAM_UNAVAILABLE, JsonRpcError
 from tests.fake_evm import FakeEvm
-from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, serving
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, fake_server, serving
 from tests.test_credits import keys_file, storage
 
 
@@ -95,8 +94,7 @@ async def test_a_call_that_reached_a_node_and_timed_out_is_charged(tmp_path: Pat
 
     app = web.Application()
     app.router.add_post("/", slow)
-    node = TestServer(app, host="127.0.0.1", port=free_port())
-    await node.start_server()
+    node = await fake_server(app)
     proxy = await make_proxy(EVM_UPSTREAM=f"http://127.0.0.1:{node.port}/", API_KEYS_FILE=path, UPSTREAM_TIMEOUT="0.3")
     try:
         call = {"jsonrpc": "2.0", "id": 7, "method": "eth_estimateGas", "params": [{"from": "0x" + "11" * 20}]}

@@ -14,11 +14,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.check import redact_url
 from proxy.cli import misspelt
-from tests.support import Anvil, RedisServer, free_port
+from tests.support import Anvil, RedisServer, fake_server, free_port
 from tests.test_cli_and_logs import clean_env
 
 SECRET = "k3yABCDEFGHIJKLMNOPQRSTUVWXYZ0123"
@@ -132,8 +131,7 @@ async def bent_upstream(anvil: Anvil) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/moved", moved)
     app.router.add_post("/gzip", gzipped)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     try:
         yield f"http://127.0.0.1:{server.port}"
     finally:

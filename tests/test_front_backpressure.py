@@ -469,20 +469,20 @@ async def test_a_websocket_client_reset_mid_answer_is_no_internal_error(
     # (found by an outside attack resetting sockets mid-answer).
     loop = asyncio.get_running_loop()
     for _ in range(3):
-        sock = unread_socket(proxy.server.port)
-        sock.setblocking(False)
-        await loop.sock_sendall(
-            sock,
-            b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        )
-        assert b" 101 " in await loop.sock_recv(sock, 1024)
-        before = made(proxy)
-        await loop.sock_sendall(sock, b"".join(frame(json.dumps(big_call(i)).encode()) for i in range(10)))
-        await until_async(lambda: made(proxy) >= before + 4, "answers being written")  # noqa: B023
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()  # a reset, with answers half written
-        await until_async(lambda: proxy.metric("rpc_proxy_websocket_connections") == 0, "the socket to be gone")
+        with unread_socket(proxy.server.port) as sock:  # closed however the test ends
+            sock.setblocking(False)
+            await loop.sock_sendall(
+                sock,
+                b"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            )
+            assert b" 101 " in await loop.sock_recv(sock, 1024)
+            before = made(proxy)
+            await loop.sock_sendall(sock, b"".join(frame(json.dumps(big_call(i)).encode()) for i in range(10)))
+            await until_async(lambda: made(proxy) >= before + 2, "answers being written")  # noqa: B023
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()  # a reset, with answers half written
+            await until_async(lambda: proxy.metric("rpc_proxy_websocket_connections") == 0, "the socket to be gone")
     await asyncio.sleep(0)
     gc.collect()  # a task whose exception nobody retrieved says so when collected
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -11,11 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.http.app_keys import SERVICE
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, selector, word
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, fake_server, selector, word
 
 FORK_AT = 120
 
@@ -201,8 +200,7 @@ async def test_data_from_one_fork_is_never_stored_under_another_forks_hash(
 
     app = web.Application()
     app.router.add_post("/", route)
-    balancer = TestServer(app, host="127.0.0.1", port=free_port())
-    await balancer.start_server()
+    balancer = await fake_server(app)
     proxy = await make_proxy(EVM_UPSTREAM=f"http://127.0.0.1:{balancer.port}/")
     try:
         anvil.send(address, selector("setX(uint256)") + word(1))  # this fork's block N+1

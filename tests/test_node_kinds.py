@@ -955,7 +955,11 @@ async def test_a_backup_ahead_on_another_fork_is_not_followed_while_the_primary_
     forked_port = free_port()
     forked: Anvil | None = None
     proxy = await start_proxy(
-        settings_for(EVM_UPSTREAM=f"{lagging.url},{live.url},http://127.0.0.1:{forked_port}", HEAD_POLL_INTERVAL="0.2")
+        settings_for(
+            EVM_UPSTREAM=f"{lagging.url},{live.url},http://127.0.0.1:{forked_port}",
+            HEAD_POLL_INTERVAL="0.2",
+            IDENTITY_CHECK_INTERVAL="1",  # the forked backup, down at start, is checked within a second of starting
+        )
     )
     try:
         await proxy.head_at(live.block_number())

@@ -10,12 +10,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.app import create_app
 from proxy.credits.accounts import derived_name
-from tests.support import ROOT, Anvil, ProxyFactory, free_port, settings_for, start_proxy
+from tests.support import ROOT, Anvil, ProxyFactory, fake_server, settings_for, start_proxy
 
 SECRET = "sk-live-SECRET123"
 STORAGE = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20, "0x0", "latest"]}
@@ -143,8 +142,7 @@ async def test_an_internal_error_logs_the_request_path_with_the_key_redacted(
 ) -> None:
     settings = settings_for(EVM_UPSTREAM=anvil.url, API_KEYS=SECRET)
     app = create_app(settings, ledger=BrokenLedger(), registry=CollectorRegistry())
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     try:
         url = f"http://127.0.0.1:{server.port}/evm/v3/{SECRET}"
         async with aiohttp.ClientSession() as session, session.post(url, json=STORAGE) as resp:

@@ -28,7 +28,6 @@ from typing import Any, cast
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from proxy.chain.heads import EvmHeadTracker
@@ -41,7 +40,7 @@ from proxy.values import Answer
 from tests.fake_evm import FakeEvm
 from tests.fault_relay import BOMB_BYTES, BOMBS, BombRelay, Calls, gzip_bomb
 from tests.memory_fill import ProxyProcess, rss_bytes
-from tests.support import free_port
+from tests.support import fake_server
 
 ADDRESS = "0x" + "ab" * 20
 FINAL = "0x1"  # final from the start on a FakeEvm
@@ -307,8 +306,7 @@ async def test_an_upstream_websocket_message_over_the_bound_is_not_read_and_the_
 
     app = web.Application()
     app.router.add_get("/", node)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     socket = UpstreamSocket("evm", [f"ws://127.0.0.1:{server.port}/"], timeout=5, max_message=64 * 1024)
     notes: list[Any] = []
     try:

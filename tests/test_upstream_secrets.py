@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 from aiohttp import WSMsgType, web
-from aiohttp.test_utils import TestServer
 
 from proxy.config import ConfigError, build_settings
 from proxy.config_expand import expand
 from proxy.upstream.scrubbing import REDACTED, scrub_reply, scrub_text, secrets_of
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, eventually, free_port, settings_for, start_proxy
+from tests.support import Anvil, eventually, fake_server, settings_for, start_proxy
 
 TOKEN = "s3cret-token-9f8e7d"
 
@@ -118,8 +117,7 @@ async def ws_upstream() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
 
     app = web.Application()
     app.router.add_get("/", handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     try:
         yield f"ws://127.0.0.1:{server.port}/", handshakes
     finally:
@@ -198,8 +196,7 @@ async def echoing_upstream() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     try:
         yield f"http://127.0.0.1:{server.port}"
     finally:

@@ -11,9 +11,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 from aiohttp import WSMsgType, web
-from aiohttp.test_utils import TestServer
 
-from tests.support import ProxyFactory, free_port
+from tests.support import ProxyFactory, fake_server
 from tests.ws_client import connect
 
 # Each secret part of the URL and every form a node may echo it in.
@@ -60,8 +59,7 @@ async def echoing_node() -> AsyncIterator[int]:
     app = web.Application()
     app[SOCKETS] = set()
     app.router.add_route("*", "/{tail:.*}", _handle)
-    server = TestServer(app, host="127.0.0.1", port=free_port())
-    await server.start_server()
+    server = await fake_server(app)
     try:
         yield server.port
     finally:

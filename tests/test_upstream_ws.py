@@ -25,6 +25,7 @@ from tests.support import (
     Proxy,
     ProxyFactory,
     eventually,
+    fake_server,
     free_port,
     selector,
     word,
@@ -121,8 +122,7 @@ class WsRelay:
     async def start(self) -> WsRelay:
         app = web.Application()
         app.router.add_get("/", self._handle)
-        self._server = TestServer(app, host="127.0.0.1", port=free_port())
-        await self._server.start_server()
+        self._server = await fake_server(app)
         self.url = f"ws://127.0.0.1:{self._server.port}/"
         return self
 

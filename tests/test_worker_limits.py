@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.support import Anvil, eventually, free_port
+from tests.support import Anvil, eventually, fake_server
 from tests.test_workers import Running, _sample, _scrape, _start, _stop
 
 KEY = "k1"
@@ -41,8 +41,7 @@ class CountingRelay:
         self._session = aiohttp.ClientSession()
         app = web.Application(client_max_size=16 * 2**20)
         app.router.add_post("/", self._handle)
-        self._server = TestServer(app, host="127.0.0.1", port=free_port())
-        await self._server.start_server()
+        self._server = await fake_server(app)
         self.url = f"http://127.0.0.1:{self._server.port}/"
         return self
 
