@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 
+import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -29,6 +30,7 @@ from tests.test_front_backpressure import read_answers, unread_socket, until_asy
 from tests.ws_client import frame
 
 ANSWER = 1_000_000  # bytes of an eth_call's result (hex)
+IDENTITY = {"Accept-Encoding": "identity"}  # answers as large on the wire as they are made
 
 
 @pytest.fixture
@@ -323,3 +325,25 @@ async def test_bytes_held_before_a_connection_names_its_key_count_for_the_key_on
     assert budget.keys == {"k": 50 + account.estimate.shared}
     account.close()
     assert budget.keys == {} and budget.held == 0
+
+
+async def test_bytes_taken_on_idle_keep_alive_connections_hold_no_room_for_their_key(make_proxy: ProxyFactory) -> None:
+    # Rule: bytes a client has taken leave the counts even when its connection then stays idle. An
+    # answer under 64 KiB was measured only with the connection's next write: a key whose pooled
+    # keep-alive connections had each last taken one such answer held its bound with bytes no client
+    # still owed, and its next request on another connection waited until one of them wrote again or
+    # closed (found measuring the suite: 3,330 bytes stayed counted 15 s after the last answer).
+    node = await FakeEvm(call_result_bytes=60_000).start()
+    sessions = [aiohttp.ClientSession() for _ in range(3)]
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES_PER_KEY="200000")
+        for i, session in enumerate(sessions):  # three connections, each taking a whole answer, then idle
+            async with session.post(proxy.url("k"), json=big_call(i), headers=IDENTITY) as resp:
+                assert resp.status == 200 and len((await resp.json())["result"]) >= 60_000
+        status, body, _ = await asyncio.wait_for(proxy.post(big_call(3), key="k", headers=IDENTITY), 10)
+        assert status == 200 and len(body["result"]) >= 60_000
+        await until_async(lambda: pending(proxy) == 0, "bytes every client took to leave the count")
+    finally:
+        for session in sessions:
+            await session.close()
+        await node.close()

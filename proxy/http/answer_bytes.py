@@ -43,6 +43,10 @@ class AnswerBytes:
         self.waiting = 0  # requests held, unmade, for want of room (all connections)
         self._waiters: dict[Callable[[], None], None] = {}  # in the order they began to wait
         self._wake_soon: asyncio.Handle | None = None
+        # Connections whose last bytes written (under POLL_FROM) are measured only with their next
+        # write: an idle keep-alive connection's would stay counted after its client took them. They
+        # are measured when a request waits for room and when the count is read (measured).
+        self.unmeasured: dict[Account, None] = {}
 
     def charge(self, key: str | None, delta: int) -> None:
         """A connection's bytes changed by `delta`; bytes taken wake those waiting for room."""
@@ -72,8 +76,21 @@ class AnswerBytes:
         return True
 
     def wait(self, retry: Callable[[], None]) -> None:
-        """`retry` is called once, after the next bytes taken anywhere (it waits again if still short)."""
+        """`retry` is called once, after the next bytes taken anywhere (it waits again if still short);
+        the bytes of idle connections are measured first (those their clients took wake it at once)."""
         self._waiters[retry] = None
+        self.measure()
+
+    def measure(self) -> None:
+        """The unmeasured connections' bytes, measured now (those still unsent are polled as any)."""
+        unmeasured, self.unmeasured = self.unmeasured, {}
+        for account in unmeasured:
+            account.measure()
+
+    def measured(self) -> int:
+        """`held`, with every connection's written bytes measured (the gauge's reading)."""
+        self.measure()
+        return self.held
 
     def forget(self, retry: Callable[[], None]) -> None:
         self._waiters.pop(retry, None)
@@ -182,11 +199,14 @@ class Account:
         self._recount()
         if self.written >= POLL_FROM:
             self._polling()
+        elif self._poll is None:
+            self.budget.unmeasured[self] = None
 
     def close(self) -> None:
         """The connection is gone: its bytes leave the count (answers still being made are not written)."""
         self.closed = True
         self.budget.forget(self._retry)
+        self.budget.unmeasured.pop(self, None)
         if self._poll is not None:
             self._poll.cancel()
             self._poll = None
@@ -205,10 +225,15 @@ class Account:
 
     def _polling(self) -> None:
         if self._poll is None and not self.closed:
-            self._poll = self._loop.call_later(self._every, self._measure)
+            self._poll = self._loop.call_later(self._every, self.measure)
 
-    def _measure(self) -> None:
+    def measure(self) -> None:
+        """Its written bytes the client has not taken yet, measured again (polled while any are)."""
+        if self._poll is not None:
+            self._poll.cancel()
         self._poll = None
+        if self.closed:
+            return
         written, self.written = self.written, self._unsent()
         self._every = min(2 * self._every, POLL_MAX_SECONDS) if self.written >= written else POLL_SECONDS
         self._recount()
