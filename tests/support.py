@@ -348,11 +348,12 @@ class MemoryTransport(asyncio.Transport):
 
 
 class Served:
-    """The app served as `rpc-proxy` serves it (the fast server in front, aiohttp behind), on a free port."""
+    """The app served as `rpc-proxy` serves it (the fast server in front, aiohttp behind), on a port the
+    kernel picks as it binds (`port`, once started: no free_port race with another process)."""
 
     def __init__(self, app: web.Application) -> None:
         self.runner = web.AppRunner(app, access_log=None, auto_decompress=False)  # as listeners.serve
-        self.port = free_port()
+        self.port = 0
         self.site: CappedSite | None = None
 
     async def start_server(self) -> None:
@@ -366,6 +367,7 @@ class Served:
             per_ip=settings.max_connections_per_ip,
         )
         await self.site.start()
+        self.port = int(self.runner.addresses[0][1])
 
     async def close(self) -> None:
         await self.runner.cleanup()
