@@ -175,12 +175,14 @@ class Asker:
                 doubt = "late_head"
             else:
                 answer, doubt = await self._shown_at_need(read, answer, shown_at)
-        if doubt in ("unproven", "lagging") and plan.tags_resolved:
+        if plan.tags_resolved and (doubt in ("unproven", "lagging") or (doubt == "fork" and _one_chain(net))):
             # At a tag the tracker resolved, its node showed no block the tracker holds beside the
             # answer, or a head short of it: it may lag the tracker (a load balancer's stalled member
             # may have answered both the call and the look at its head). Asked again with the
             # caller's tag instead (fetching.py), never kept, rather than refused for a block the
-            # chain has; the tag's answer is served only from a node at the tracker's head.
+            # chain has; the tag's answer is served only from a node at the tracker's head. So is
+            # a block another fork's when the network has one upstream: the tracker's chain is that
+            # node's, and it reorged since the last poll (every `latest` read was a 502 until then).
             doubt = TAG_UNPROVEN
         if doubt in REFUSED:
             self._reads.refuse(net, doubt, plan.need)
@@ -404,6 +406,12 @@ def _provable_block(net: NetworkRuntime, plan: Plan, answer: Answer) -> proofs.P
     proof = (hex(need or 0), expected, True)
     shown = answer.proof == expected and plan.proof is not None and plan.proof[:2] == proof[:2]
     return None if shown else proof
+
+
+def _one_chain(net: NetworkRuntime) -> bool:
+    """The network has one upstream: no other fork than the one its head tracker follows."""
+    per = net.per_upstream
+    return per is None or per.states.size == 1
 
 
 def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None, number: int | None = None) -> bool:

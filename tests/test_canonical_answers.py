@@ -311,6 +311,32 @@ async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_th
     node.stop()
 
 
+async def test_a_tag_read_after_a_reorg_the_tracker_has_not_polled_is_asked_as_the_tag_of_its_only_node(
+    make_proxy: ProxyFactory,
+) -> None:
+    """Rule: with one upstream, the head tracker's chain is that node's: a `latest` read pinned to a
+    block the node has since replaced (a reorg the tracker has not polled yet) is asked again as the
+    tag and served as the node answers it, never kept. It was a 502 (-32002 "no upstream could answer
+    for block N") for every `latest` read until the next poll (found by an outside attack reading
+    while reorging)."""
+    node = Anvil()
+    try:
+        node.mine(70)
+        node.send("0x" + "22" * 20, "0x")
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="30", HEAD_STALE_AFTER="120")
+        await proxy.head_at(node.block_number())
+        node.rpc("anvil_reorg", 1, [[{"from": DEV_ACCOUNT, "to": "0x" + "33" * 20, "value": "0x1"}, 0]])
+        for method, params in (
+            ("eth_getTransactionByBlockNumberAndIndex", ["latest", "0x0"]),
+            ("eth_getBlockByNumber", ["latest", False]),
+            ("eth_getBalance", ["0x" + "33" * 20, "latest"]),
+        ):
+            body, cache = await answer(proxy, method, params)
+            assert body.get("result") == node.rpc(method, *params) and cache == "BYPASS", (method, body, cache)
+    finally:
+        node.stop()
+
+
 # --- 6. connection loss is identity loss ---------------------------------------------------------
 
 

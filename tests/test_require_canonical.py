@@ -91,6 +91,8 @@ async def test_answers_addressed_by_a_reorged_out_hash_are_never_served_from_the
             "method": "eth_getLogs",
             "params": [{"address": address, "blockHash": block["hash"]}],
         },
+        storage_at(address, block["hash"]),  # a plain hash as a state read's block (geth, web3.py, ethers)
+        storage_at(address, {"blockHash": block["hash"]}),
     ]
     for call in calls:
         await evm_proxy.post(call)

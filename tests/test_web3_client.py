@@ -55,3 +55,36 @@ async def test_web3_over_websocket(anvil: Anvil, evm_proxy: Proxy) -> None:
         assert await store.functions.x().call({"from": SENDER}) == 7
         slot = await w3.eth.get_storage_at(address, 0)
         assert int.from_bytes(slot, "big") == 7
+
+
+async def test_web3_reads_state_at_a_block_named_by_its_hash_as_the_node_answers(
+    anvil: Anvil, evm_proxy: Proxy
+) -> None:
+    # Rule: a block parameter may be a plain 32-byte hash, as geth reads it (a block hash, the
+    # canonical chain not required): what web3.py sends for `block_identifier=<hash>` and ethers for
+    # `blockTag`. It was refused as "block number exceeds 64 bits" on the state reads (found by an
+    # outside attack: web3.py's get_balance, get_storage_at and call by hash failed through the proxy).
+    address = AsyncWeb3.to_checksum_address(anvil.deploy_store())
+    anvil.send(address, selector("setX(uint256)") + word(11))
+    block = anvil.rpc("eth_getBlockByNumber", "latest", False)
+    anvil.send(address, selector("setX(uint256)") + word(12))
+    await evm_proxy.head_at(anvil.block_number())
+    w3 = AsyncWeb3(AsyncHTTPProvider(evm_proxy.url()))
+    at = block["hash"]
+    store = w3.eth.contract(address=address, abi=ABI)
+    assert int.from_bytes(await w3.eth.get_storage_at(address, 0, block_identifier=at), "big") == 11
+    assert await store.functions.x().call({"from": SENDER}, block_identifier=at) == 11
+    assert await w3.eth.get_balance(SENDER, block_identifier=at) == int(
+        anvil.rpc("eth_getBalance", DEV_ACCOUNT, at), 16
+    )
+    assert await w3.eth.get_transaction_count(SENDER, block_identifier=at) == int(
+        anvil.rpc("eth_getTransactionCount", DEV_ACCOUNT, at), 16
+    )
+    assert (await w3.eth.get_code(address, block_identifier=at)).to_0x_hex() == anvil.rpc("eth_getCode", address, at)
+    for method, params in (
+        ("eth_getStorageAt", [address, "0x0", at]),
+        ("eth_getProof", [address, ["0x" + word(0)], at]),
+        ("eth_estimateGas", [{"from": DEV_ACCOUNT, "to": address, "data": selector("setX(uint256)") + word(5)}, at]),
+    ):
+        answer = await w3.provider.make_request(method, params)
+        assert answer.get("result") == anvil.rpc(method, *params), (method, answer)

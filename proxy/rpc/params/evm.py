@@ -30,9 +30,11 @@ PROOF_MAX_KEYS = 1024  # eth_getProof storage keys in one call: a proof of each 
 
 
 def _block_or_latest(params: list[Any], index: int) -> BlockRef:
-    """A block parameter that nodes default to latest when null (Anvil), or absent (eth_call: geth, Anvil)."""
+    """A state read's block parameter, as geth reads it: a number, a tag, an EIP-1898 object or a plain
+    32-byte block hash (web3.py's and ethers' `block_identifier`/`blockTag` by hash); nodes default it to
+    latest when null (Anvil), or absent (eth_call: geth, Anvil)."""
     value = params[index] if len(params) > index else None
-    return BlockRef(tag="latest") if value is None else block_param("block", value)
+    return BlockRef(tag="latest") if value is None else block_param("block", value, allow_hash=True)
 
 
 def eth_get_storage_at(params: list[Any], rules: Rules) -> list[Any]:
@@ -118,7 +120,7 @@ def eth_estimate_gas(params: list[Any], rules: Rules) -> list[Any]:
     block = params[1] if len(params) > 1 else None
     overrides = params[2] if len(params) > 2 else None
     if block is not None or overrides is not None:
-        out.append(BlockRef(tag="latest") if block is None else block_param("block", block))
+        out.append(BlockRef(tag="latest") if block is None else block_param("block", block, allow_hash=True))
     if overrides is not None:
         out.append(state_overrides("stateOverrides", overrides))
     return out
