@@ -112,9 +112,14 @@ class TestEvmRules:
     def test_index_must_be_a_hex_quantity(self, bad: Any) -> None:
         rejects(p.eth_get_uncle_by_block_hash_and_index, [HASH, bad], "index")
 
-    @pytest.mark.parametrize("bad", ["newest", "0x", 12, "12", HASH, {"blockNumber": "x"}, {"foo": 1}])
-    def test_block_param_is_a_hex_number_or_a_tag(self, bad: Any) -> None:
+    @pytest.mark.parametrize("bad", ["newest", "0x", 12, "12", "0x" + "ab" * 33, {"blockNumber": "x"}, {"foo": 1}])
+    def test_block_param_is_a_hex_number_a_tag_an_eip1898_object_or_a_block_hash(self, bad: Any) -> None:
         rejects(p.eth_get_storage_at, [ADDR, "0x0", bad], "block")
+
+    def test_a_plain_32_byte_hash_names_a_state_reads_block_as_geth_reads_it(self) -> None:
+        [_, _, ref] = p.eth_get_storage_at([ADDR, "0x0", HASH.upper().replace("0X", "0x")], RULES)
+        assert ref.hash == HASH.lower() and not ref.object_form and ref.encode() == HASH.lower()
+        rejects(p.eth_get_block_by_number, [HASH, False], "block")  # a by-number method takes none
 
     def test_storage_position_is_a_hex_string(self) -> None:
         rejects(p.eth_get_storage_at, [ADDR, "zero", "latest"], "position")
