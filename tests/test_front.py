@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.http.compression import UnsupportedCoding, decoded_body
+from proxy.http.compression import MAX_GZIP_MEMBERS, UnsupportedCoding, decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
 from tests.support import Anvil, Proxy, ProxyFactory
 from tests.test_cache import finalized_store, storage
@@ -93,6 +93,17 @@ class TestPureParts:
         assert decoded_body(gzip.compress(b'{"a":') + gzip.compress(b"1}"), "gzip", 100) == b'{"a":1}'
         assert decoded_body(gzip.compress(b" " * 600) + gzip.compress(b" " * 600), "gzip", 1000) is None
         assert decoded_body(gzip.compress(b" " * 500) + gzip.compress(b" " * 500), "gzip", 1000) == b" " * 1000
+
+    def test_a_gzip_body_of_more_members_than_max_gzip_members_is_not_decodable_and_costs_little(self) -> None:
+        # Each member's rest was copied once per member: 262,000 empty members (5 MB, under
+        # MAX_BODY_BYTES) stopped the event loop 15.6 s before any key was read (an outside attack).
+        empty = gzip.compress(b"")
+        allowed = empty * (MAX_GZIP_MEMBERS - 1) + gzip.compress(b"[]")
+        assert decoded_body(allowed, "gzip", 100) == b"[]"
+        with pytest.raises(zlib.error):
+            decoded_body(empty * MAX_GZIP_MEMBERS + gzip.compress(b"[]"), "gzip", 100)
+        with pytest.raises(zlib.error):  # refused after MAX_GZIP_MEMBERS members, the rest never decoded
+            decoded_body(empty * 262_000, "gzip", 10_000_000)
 
     def test_stacked_codings_are_decoded_last_applied_first_and_others_are_unsupported(self) -> None:
         body = b'{"jsonrpc":"2.0"}'
