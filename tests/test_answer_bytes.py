@@ -347,3 +347,34 @@ async def test_bytes_taken_on_idle_keep_alive_connections_hold_no_room_for_their
         for session in sessions:
             await session.close()
         await node.close()
+
+
+async def test_websocket_memory_hits_count_for_their_key_and_another_key_is_served(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # Rule: an answer the memory tier holds, sent over a WebSocket, counts in its key's and the
+    # process's bytes as a made answer does: it was sent where no bound saw it, and 120 sockets of one
+    # key asking a cached 2 MB answer and reading nothing held 341 MiB in the kernel's queues with
+    # rpc_proxy_answer_bytes_pending at 0 (an outside attack).
+    per_key = 4_000_000
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker,victim",
+        WS_SEND_BUFFER_BYTES="50000000",
+        WS_MAX_LAG="30",
+        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
+    )
+    hit = json.dumps(big_call(0)).encode()
+    # Cached through the victim's connection (a connection's bytes count for its first request's key).
+    assert (await proxy.post(big_call(0), key="victim"))[0] == 200
+    assert (await proxy.post(big_call(0), key="victim"))[2]["X-Cache"] == "HIT"
+    socks = [await silent_websocket(proxy.server.port, [hit] * 20, "attacker") for _ in range(3)]
+    try:
+        await until_async(lambda: pending(proxy) >= per_key // 2, "the key's bytes to count the hits")
+        await holds_for(lambda: pending(proxy) <= per_key + 3 * ANSWER, "hits sent past the key's bound")
+        status, body, _ = await proxy.post(big_call(700), key="victim")
+        assert status == 200 and len(body.get("result", "")) >= ANSWER
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0, "closed sockets to leave the count")

@@ -183,9 +183,8 @@ class _Calls:
             return
         connection.active_at = self.loop.time()
         lookup = memory_lookup(self.gateway, data, self.account, self.network)
-        if not isinstance(lookup, Lookup):  # a PaidHit (values.py), answered now: no task, no slot
-            _, _, _, _, body = lookup
-            await self.corked.send(body)
+        if not isinstance(lookup, Lookup) and self.owed.room():  # a PaidHit (values.py): now, no task
+            await self._sent(lookup[4])
             return
         await self.slots.acquire()
         task = asyncio.create_task(self._serve(data, lookup))
@@ -194,10 +193,24 @@ class _Calls:
         task.add_done_callback(connection.tasks.discard)
         task.add_done_callback(connection.messages.pop)
 
-    async def _serve(self, data: str | bytes, lookup: Lookup) -> None:
+    async def _sent(self, hit: bytes) -> None:
+        """A memory hit's answer sent, in its key's and the process's count as any answer (a hit sent
+        where no bound saw it let sockets that read nothing hold hundreds of MB in the kernel)."""
+        owed = self.owed
+        owed.enqueued(len(hit))
+        try:
+            await self.corked.send(hit)
+        finally:
+            owed.wrote(len(hit), dequeued=True)
+
+    async def _serve(self, data: str | bytes, lookup: Lookup | PaidHit) -> None:
         ws, session, owed = self.ws, self.session, self.owed
         self.metrics.inflight.inc()
         try:
+            if not isinstance(lookup, Lookup):  # a hit waiting for room, as a task: the socket is still read
+                if await _room_for(owed, session):
+                    await self._sent(lookup[4])
+                return
             call = subscription_call(data)
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
@@ -228,6 +241,17 @@ class _Calls:
             self.slots.release()
 
 
+async def _room_for(owed: Account, session: Session) -> bool:
+    """Whether its key and the process (MAX_PENDING_ANSWER_BYTES_PER_KEY, _PER_PROCESS) have room for
+    the socket's next answer, waited for; False: the socket closed meanwhile."""
+    while not owed.room():
+        if session.closed:
+            return False
+        owed.wait()
+        await asyncio.sleep(ROOM_POLL)
+    return True
+
+
 async def _made_in_room(
     owed: Account, sized: Estimate, session: Session, make: Callable[[], Awaitable[Reply]]
 ) -> Reply | None:
@@ -235,11 +259,8 @@ async def _made_in_room(
     _PER_PROCESS) and its socket (WS_SEND_BUFFER_BYTES) have room for it, reckoned at the socket's
     largest recent answer while it is made: an answer made and unsent held memory no bound saw.
     None: the socket closed meanwhile."""
-    while not owed.room():
-        if session.closed:
-            return None
-        owed.wait()
-        await asyncio.sleep(ROOM_POLL)
+    if not await _room_for(owed, session):
+        return None
     reserved = sized.size
     if not await session.room(reserved):
         return None
