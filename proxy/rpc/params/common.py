@@ -111,7 +111,7 @@ def block_param(
     if isinstance(value, str):
         if value in TAGS:
             return BlockRef(tag=value)
-        if allow_hash and _HEX.fullmatch(value) and len(value) == 66:
+        if allow_hash and len(value) == 66 and _HEX.fullmatch(value):
             return BlockRef(hash=value.lower())
         if allow_decimal and value.isascii() and value.isdigit():
             if not _DECIMAL.fullmatch(value) or int(value) >= 2**64:
