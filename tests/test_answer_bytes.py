@@ -371,10 +371,12 @@ async def test_websocket_memory_hits_count_for_their_key_and_another_key_is_serv
     socks = [await silent_websocket(proxy.server.port, [hit] * 20, "attacker") for _ in range(3)]
     try:
         await until_async(lambda: pending(proxy) >= per_key // 2, "the key's bytes to count the hits")
+        # The hits that wait are counted as waiting (woken as bytes are taken, not on a timer).
+        await until_async(lambda: waiting(proxy) > 0, "hits waiting for room to be counted")
         await holds_for(lambda: pending(proxy) <= per_key + 3 * ANSWER, "hits sent past the key's bound")
         status, body, _ = await proxy.post(big_call(700), key="victim")
         assert status == 200 and len(body.get("result", "")) >= ANSWER
     finally:
         for sock in socks:
             sock.close()
-    await until_async(lambda: pending(proxy) == 0, "closed sockets to leave the count")
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed sockets to leave the counts")

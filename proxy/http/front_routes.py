@@ -70,8 +70,8 @@ def decoded_or_refused(endpoint: RpcEndpoint, body: bytes, encoding: str) -> byt
         refused = f"request body: Content-Encoding {exc.coding} is not decoded (only {DECODED_CODINGS})"
         error = JsonRpcError(INVALID_REQUEST, refused, http_status=415, headers={"Accept-Encoding": DECODED_CODINGS})
         return error_reply(error, NO_CHARGE)
-    except zlib.error:
-        refused = "request body: not valid in its Content-Encoding"
+    except zlib.error as exc:
+        refused = f"request body: not valid in its Content-Encoding ({exc})"  # what zlib or the decoder found
         return error_reply(JsonRpcError(INVALID_REQUEST, refused, http_status=400), NO_CHARGE)
     if plain is None:
         reply = endpoint.too_large()

@@ -30,7 +30,7 @@ from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
 from proxy.streams.outbox import CountedSocket
 from proxy.streams.subscription import spawn, subscription_call
-from proxy.streams.subscriptions import CLOSE_TIMEOUT, ROOM_POLL, Session
+from proxy.streams.subscriptions import CLOSE_TIMEOUT, Session
 from proxy.values import PaidHit, Reply
 
 log = logging.getLogger("proxy.ws")
@@ -105,10 +105,11 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     corked = Corked(ws, request.transport, loop, session.room)
     # Its calls' answers in the process's count of answers not yet taken (per key, per process).
     transport = request.transport
-    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), _no_op)
+    room = asyncio.Event()  # set when bytes are taken anywhere: its calls waiting for room look again
+    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), room.set)
     sized = Estimate(settings.ws_send_buffer_bytes)  # its next answer, against the socket's own bound
     owed.keyed((None, api_key(request)))
-    calls = _Calls(ws, connection, session, gateway, account, network, metrics, corked, owed, sized, slots, loop)
+    calls = _Calls(ws, connection, session, gateway, account, network, metrics, corked, owed, sized, slots, loop, room)
 
     try:
         if masks is None or masks.opened():  # else closed with 1002: what it sent is never read
@@ -127,6 +128,7 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
         corked.flush()
         idle.cancel()
         owed.close()
+        room.set()  # its calls waiting for room see it closed
         await session.close()
         if not connection.draining:
             for task in list(connection.tasks):
@@ -148,8 +150,7 @@ def _masked_only(request: web.Request, metrics: Metrics) -> MaskedOnly | None:
     return None if transport is None else MaskedOnly.install(request.protocol, transport, unmasked)
 
 
-def _no_op() -> None:
-    """A socket's calls look for room again on a timer (_made_in_room), not when woken."""
+ROOM_WAIT_MAX = 1.0  # seconds a call waiting for room goes without a look at its socket (closed?)
 
 
 @dataclass(eq=False)
@@ -170,6 +171,7 @@ class _Calls:
     sized: Estimate  # its next answer, against the socket's own bound
     slots: asyncio.Semaphore  # WS_MAX_INFLIGHT
     loop: asyncio.AbstractEventLoop
+    room: asyncio.Event  # bytes were taken somewhere: a call waiting for room looks again
 
     async def take(self, data: str | bytes) -> None:
         """One text or binary message read from the socket."""
@@ -208,7 +210,7 @@ class _Calls:
         self.metrics.inflight.inc()
         try:
             if not isinstance(lookup, Lookup):  # a hit waiting for room, as a task: the socket is still read
-                if await _room_for(owed, session):
+                if await _room_for(owed, session, self.room):
                     await self._sent(lookup[4])
                 return
             call = subscription_call(data)
@@ -216,7 +218,11 @@ class _Calls:
                 await session.handle(call)
                 return
             reply = await _made_in_room(
-                owed, self.sized, session, lambda: self.gateway.handle(data, self.account, self.network, lookup)
+                owed,
+                self.sized,
+                session,
+                self.room,
+                lambda: self.gateway.handle(data, self.account, self.network, lookup),
             )
             if reply is None or reply.body is None:
                 return  # closed, or a slow consumer closed for it
@@ -241,25 +247,36 @@ class _Calls:
             self.slots.release()
 
 
-async def _room_for(owed: Account, session: Session) -> bool:
+async def _room_for(owed: Account, session: Session, room: asyncio.Event) -> bool:
     """Whether its key and the process (MAX_PENDING_ANSWER_BYTES_PER_KEY, _PER_PROCESS) have room for
-    the socket's next answer, waited for; False: the socket closed meanwhile."""
-    while not owed.room():
-        if session.closed:
-            return False
-        owed.wait()
-        await asyncio.sleep(ROOM_POLL)
-    return True
+    the socket's next answer, waited for (counted in rpc_proxy_requests_waiting_for_room) until bytes
+    are taken anywhere, not on a timer: thousands of waiting calls cost nothing while none are; a look
+    every ROOM_WAIT_MAX seconds at most sees the socket closed. False: the socket closed meanwhile."""
+    if owed.room():
+        return True
+    budget = owed.budget
+    budget.waiting += 1
+    try:
+        while not owed.room():
+            if session.closed:
+                return False
+            room.clear()
+            owed.wait()  # room.set once bytes are taken anywhere (its own measured meanwhile)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(room.wait(), ROOM_WAIT_MAX)
+        return True
+    finally:
+        budget.waiting -= 1
 
 
 async def _made_in_room(
-    owed: Account, sized: Estimate, session: Session, make: Callable[[], Awaitable[Reply]]
+    owed: Account, sized: Estimate, session: Session, room: asyncio.Event, make: Callable[[], Awaitable[Reply]]
 ) -> Reply | None:
     """A call's answer, made once its key and the process (MAX_PENDING_ANSWER_BYTES_PER_KEY,
     _PER_PROCESS) and its socket (WS_SEND_BUFFER_BYTES) have room for it, reckoned at the socket's
     largest recent answer while it is made: an answer made and unsent held memory no bound saw.
     None: the socket closed meanwhile."""
-    if not await _room_for(owed, session):
+    if not await _room_for(owed, session, room):
         return None
     reserved = sized.size
     if not await session.room(reserved):
