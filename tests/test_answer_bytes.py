@@ -264,11 +264,15 @@ async def test_a_websocket_call_waits_for_room_before_its_answer_is_made(
         sock.close()
 
 
+@pytest.mark.parametrize("hits", [False, True], ids=["misses", "memory_hits"])
 async def test_websockets_of_one_key_are_bounded_by_its_bytes_and_another_key_is_served(
-    big_node: FakeEvm, make_proxy: ProxyFactory
+    big_node: FakeEvm, make_proxy: ProxyFactory, hits: bool
 ) -> None:
     # MAX_PENDING_ANSWER_BYTES_PER_KEY holds for WebSocket calls too: three sockets of one key, each
     # within a generous WS_SEND_BUFFER_BYTES, reading nothing, hold about the key's bound in all.
+    # Answers the memory tier holds count as made ones do: they were sent where no bound saw them, and
+    # 120 sockets of one key asking a cached 2 MB answer and reading nothing held 341 MiB in the
+    # kernel's queues with rpc_proxy_answer_bytes_pending at 0 (an outside attack).
     per_key = 4_000_000
     proxy = await make_proxy(
         EVM_UPSTREAM=big_node.url,
@@ -278,16 +282,27 @@ async def test_websockets_of_one_key_are_bounded_by_its_bytes_and_another_key_is
         MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
     )
     calls = [json.dumps(big_call(i)).encode() for i in range(20)]
+    if hits:  # cached through the victim's connection (its bytes count for its first request's key)
+        assert (await proxy.post(big_call(0), key="victim"))[0] == 200
+        assert (await proxy.post(big_call(0), key="victim"))[2]["X-Cache"] == "HIT"
+        calls = [calls[0]] * 20
     socks = [await silent_websocket(proxy.server.port, calls, "attacker") for _ in range(3)]
     try:
         await until_async(lambda: pending(proxy) >= per_key // 2, "the key's bytes to grow")
-        await holds_for(lambda: upstream_calls(proxy) <= per_key // ANSWER + 3 * 2, "answers made past the key's bound")
+        # Calls that wait are counted as waiting (woken as bytes are taken, not on a timer).
+        await until_async(lambda: waiting(proxy) > 0, "calls waiting for room to be counted")
+        if hits:
+            await holds_for(lambda: pending(proxy) <= per_key + 3 * ANSWER, "hits sent past the key's bound")
+        else:
+            await holds_for(
+                lambda: upstream_calls(proxy) <= per_key // ANSWER + 3 * 2, "answers made past the key's bound"
+            )
         status, body, _ = await proxy.post(big_call(700), key="victim")
         assert status == 200 and len(body.get("result", "")) >= ANSWER
     finally:
         for sock in socks:
             sock.close()
-    await until_async(lambda: pending(proxy) == 0, "closed sockets to leave the count")
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed sockets to leave the counts")
 
 
 async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(make_proxy: ProxyFactory) -> None:
@@ -347,36 +362,3 @@ async def test_bytes_taken_on_idle_keep_alive_connections_hold_no_room_for_their
         for session in sessions:
             await session.close()
         await node.close()
-
-
-async def test_websocket_memory_hits_count_for_their_key_and_another_key_is_served(
-    big_node: FakeEvm, make_proxy: ProxyFactory
-) -> None:
-    # Rule: an answer the memory tier holds, sent over a WebSocket, counts in its key's and the
-    # process's bytes as a made answer does: it was sent where no bound saw it, and 120 sockets of one
-    # key asking a cached 2 MB answer and reading nothing held 341 MiB in the kernel's queues with
-    # rpc_proxy_answer_bytes_pending at 0 (an outside attack).
-    per_key = 4_000_000
-    proxy = await make_proxy(
-        EVM_UPSTREAM=big_node.url,
-        API_KEYS="attacker,victim",
-        WS_SEND_BUFFER_BYTES="50000000",
-        WS_MAX_LAG="30",
-        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
-    )
-    hit = json.dumps(big_call(0)).encode()
-    # Cached through the victim's connection (a connection's bytes count for its first request's key).
-    assert (await proxy.post(big_call(0), key="victim"))[0] == 200
-    assert (await proxy.post(big_call(0), key="victim"))[2]["X-Cache"] == "HIT"
-    socks = [await silent_websocket(proxy.server.port, [hit] * 20, "attacker") for _ in range(3)]
-    try:
-        await until_async(lambda: pending(proxy) >= per_key // 2, "the key's bytes to count the hits")
-        # The hits that wait are counted as waiting (woken as bytes are taken, not on a timer).
-        await until_async(lambda: waiting(proxy) > 0, "hits waiting for room to be counted")
-        await holds_for(lambda: pending(proxy) <= per_key + 3 * ANSWER, "hits sent past the key's bound")
-        status, body, _ = await proxy.post(big_call(700), key="victim")
-        assert status == 200 and len(body.get("result", "")) >= ANSWER
-    finally:
-        for sock in socks:
-            sock.close()
-    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed sockets to leave the counts")
