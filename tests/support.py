@@ -168,7 +168,7 @@ async def fake_server(app: web.Application) -> TestServer:
 
 @asynccontextmanager
 async def serving(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
-    """`handle` as an HTTP server on a free port (POST /): yields its URL."""
+    """`handle` as an HTTP server (fake_server, POST /): yields its URL."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/", handle)
     server = await fake_server(app)

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, Proxy, ProxyFactory, word
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, word
 
 
 @pytest.fixture
@@ -76,17 +75,19 @@ async def test_a_batch_reply_must_hold_each_id_exactly_once(
     # Asked again with new slots until a batch of them reached the relay: on a busy machine one may
     # not (the relay cooling after a slow answer in the set-up, or the calls sent apart). Every
     # answer is the node's either way.
-    deadline, first = time.monotonic() + 30, 0
-    while True:
-        slots = range(first, first + 3)
+    rounds: list[tuple[range, list[Any]]] = []
+
+    async def batch_reached_the_relay() -> bool:
+        slots = range(3 * len(rounds), 3 * len(rounds) + 3)
         expected = [anvil.rpc("eth_getStorageAt", address, hex(slot), hex(block)) for slot in slots]
+        rounds.append((slots, expected))
         status, body, _ = await proxy.post([storage(address, slot, block) for slot in slots])
         assert status == 200
         assert [item["result"] for item in sorted(body, key=lambda i: i["id"])] == expected
-        if relay.applied or time.monotonic() > deadline:
-            break
-        first += 3
-        await asyncio.sleep(0.1)
+        return bool(relay.applied)
+
+    await eventually(batch_reached_the_relay, 30, "a batch to reach the fault relay")
+    slots, expected = rounds[-1]
     assert relay.applied == [fault] and mismatches(proxy) == 1
     again = await asyncio.gather(*(proxy.post(storage(address, slot, block)) for slot in slots))
     assert [r[1]["result"] for r in again] == expected and {r[2]["X-Cache"] for r in again} == {"HIT"}
