@@ -57,6 +57,14 @@ def misses(first: int, count: int, key: str = "k") -> bytes:
     return b"".join(post(json.dumps(big_call(i)).encode(), path=f"/v3/{key}") for i in range(first, first + count))
 
 
+def batches(first: int, count: int, size: int, key: str = "k") -> bytes:
+    """`count` pipelined batches of `size` distinct misses for large answers, ids from `first` on."""
+    return b"".join(
+        post(json.dumps([big_call(first + b * size + i) for i in range(size)]).encode(), path=f"/v3/{key}")
+        for b in range(count)
+    )
+
+
 async def holds_for(check: Callable[[], bool], what: str, seconds: float = 1.0) -> None:
     """`check` stays true for `seconds` (a bound that must not be crossed while nothing is read)."""
     deadline = time.monotonic() + seconds
@@ -91,6 +99,55 @@ async def test_a_connection_makes_answers_only_within_its_bytes_and_all_as_its_c
         sock.close()
     assert [json.loads(b)["id"] for b in bodies] == list(range(40))  # nothing dropped, in order
     await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+
+
+async def test_pipelined_batches_are_made_one_at_a_time_once_they_pass_their_connections_bound(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # Rule: a batch's calls are made as its connection has room for their answers, and a batch past
+    # the bound only alone (the connection's oldest, its client having taken all it was sent). Before,
+    # a batch was reckoned at one answer while made: a connection whose answers were small so far
+    # had every batch it pipelined made at once (12 batches of 300 answers of 100 KB: RSS 54 to 534
+    # MB, an outside attack). Here 6 batches of 5 MB, the bound 3 MB, the client reading nothing.
+    bound = 3_000_000
+    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, MAX_PENDING_ANSWER_BYTES=str(bound))
+    loop = asyncio.get_running_loop()
+    sock = unread_socket(proxy.server.port)
+    try:
+        small = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+        await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode(), path="/v3/k"))
+        assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
+        await loop.run_in_executor(None, sock.sendall, batches(100, 6, 5))
+        await until_async(lambda: upstream_calls(proxy) >= 5 and waiting(proxy) > 0, "the next batch to wait")
+        await holds_for(lambda: upstream_calls(proxy) <= 5, "calls of a later batch made past the bound")
+        bodies = await loop.run_in_executor(None, read_answers, sock, 6)
+    finally:
+        sock.close()
+    answers = [json.loads(body) for body in bodies]
+    assert [[answer["id"] for answer in batch] for batch in answers] == [
+        list(range(100 + b * 5, 105 + b * 5)) for b in range(6)
+    ]  # nothing dropped, in order
+    assert all(len(answer["result"]) >= ANSWER for batch in answers for answer in batch)
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+
+
+async def test_batches_on_a_websocket_are_made_one_at_a_time_once_they_pass_its_bound(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # The same rule on a WebSocket, whose messages are made at once up to WS_MAX_INFLIGHT: 4 batches
+    # of 5 MB from a socket that reads nothing. Before, each made all its calls at once.
+    bound = 3_000_000
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url, MAX_PENDING_ANSWER_BYTES=str(bound), WS_SEND_BUFFER_BYTES="50000000", WS_MAX_LAG="30"
+    )
+    calls = [json.dumps([big_call(b * 5 + i) for i in range(5)]).encode() for b in range(4)]
+    sock = await silent_websocket(proxy.server.port, calls)
+    try:
+        await until_async(lambda: upstream_calls(proxy) >= 5 and waiting(proxy) > 0, "the next batch to wait")
+        await holds_for(lambda: upstream_calls(proxy) <= 5, "calls of a later batch made past the bound")
+    finally:
+        sock.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the closed socket to leave the counts")
 
 
 class GatedEvm(FakeEvm):
@@ -325,6 +382,70 @@ async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(make_prox
     finally:
         node.gate.set()
         await node.close()
+
+
+async def turns(count: int = 5) -> None:
+    """A few turns of the loop: what was woken has run."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def test_a_batch_past_its_connections_bound_is_made_alone_and_counted_until_its_answer_is() -> None:
+    budget = AnswerBytes(per_connection=100, per_key=1000, per_process=10_000)
+    unsent = [0]
+    account = Account(budget, asyncio.get_running_loop(), lambda: unsent[0], lambda: None)
+    first, second = account.batch(), account.batch()
+    for _ in range(3):  # the oldest batch, its client owing nothing: past the bound, alone
+        await first.member()
+        first.member_made(60)
+    assert budget.held == 180 and account.own > account.budget.per_connection
+    waiting = asyncio.ensure_future(second.member())  # behind it: waits
+    await turns()
+    assert not waiting.done() and budget.waiting == 1
+    first.end()  # its calls are made: counted, and first, until its answer is
+    await turns()
+    assert budget.held == 180 and not waiting.done()
+    account.made(200, reckoned=False)  # the batch's answer, in the batch's task: in place of its calls'
+    assert budget.held == 200
+    await turns()  # encoded, not yet written: behind it in HTTP/1.1's order, so the next goes on
+    assert waiting.done() and budget.waiting == 0
+    second.member_made(60)
+    third = account.batch()
+    account.wrote(200, dequeued=True)
+    unsent[0] = 200  # written and not taken: the oldest batch past the bound waits for its client
+    second.end()
+    account.made(10, reckoned=False)
+    blocked = asyncio.ensure_future(third.member())
+    await turns()
+    assert not blocked.done()
+    unsent[0] = 0
+    account.measure()  # the client took it: the oldest batch goes on alone
+    await turns()
+    assert blocked.done()
+    third.member_made(1)
+    third.end()
+    account.made(1, reckoned=False)
+    account.wrote(11, dequeued=True)
+    assert account.batches == [] and account.member_calls == 0 and account.members_made == 0
+
+
+async def test_a_closed_connections_batches_are_made_one_at_a_time() -> None:
+    # Over HTTP a client that leaves does not cancel its calls: its pipelined batches are made, in
+    # turn, not all at once (a client that pipelines and closes would make every batch at once).
+    budget = AnswerBytes(per_connection=100, per_key=1000, per_process=10_000)
+    account = Account(budget, asyncio.get_running_loop(), lambda: 0, lambda: None)
+    first, second = account.batch(), account.batch()
+    await first.member()
+    account.close()
+    waiting = asyncio.ensure_future(second.member())
+    await first.member()  # the oldest: on
+    await turns()
+    assert not waiting.done()
+    first.member_made(10)
+    first.member_made(10)
+    first.end()  # released at once: nothing of a closed connection's is written
+    await turns()
+    assert waiting.done() and account.batches == [second]
 
 
 async def test_bytes_held_before_a_connection_names_its_key_count_for_the_key_once_it_does() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from contextvars import ContextVar
+from typing import NamedTuple, Protocol
 
 from proxy.credits.charging import refunded, refunded_unanswered
 from proxy.forwarded import FORWARDED, Forwarded
@@ -24,6 +25,23 @@ CUT_OFF = JsonRpcError(
 )
 
 
+class BatchRoom(Protocol):
+    """A batch's calls in its connection's count of answers not yet taken (http/answer_bytes.Batch)."""
+
+    async def member(self) -> None: ...  # room for one more call's answer, waited for in order
+    def member_made(self, size: int) -> None: ...
+    def end(self) -> None: ...
+
+
+class AnswerRoom(Protocol):
+    def batch(self) -> BatchRoom: ...
+
+
+# The connection a body's answers go to, set by its transport in the body's task (http/answer_bytes.
+# Account): a batch's calls are made as it has room for their answers, not all at once.
+ANSWER_ROOM: ContextVar[AnswerRoom | None] = ContextVar("answer_room", default=None)
+
+
 class Left(NamedTuple):
     """What a body cancelled midway owes: its credits split into those given back and those kept."""
 
@@ -35,7 +53,7 @@ class BodyRun:
     """The prepared calls of one body, run for `account`. `charged`: their credits were debited, so
     each gets a mark that says whether a request made for it was sent to a node."""
 
-    __slots__ = ("_account", "_budget", "_execute", "_finished", "_marks", "_prepared", "cut_given_back")
+    __slots__ = ("_account", "_budget", "_execute", "_finished", "_marks", "_prepared", "_room", "cut_given_back")
 
     def __init__(
         self, execute: Execute, prepared: list[Prepared], account: str, budget: ResponseBudget, *, charged: bool
@@ -46,6 +64,7 @@ class BodyRun:
         self._budget = budget
         self._marks = [Forwarded() for _ in prepared] if charged else []
         self._finished: dict[int, Outcome] = {}  # by index: the calls answered so far
+        self._room: BatchRoom | None = None  # a batch's, while its calls are made
         self.cut_given_back = 0  # credits of calls cut off before a request made for them was sent
 
     async def outcomes(self, slots: list[Prepared | Outcome], refusal: Outcome | None) -> list[Outcome]:
@@ -60,20 +79,35 @@ class BodyRun:
                 return [self._budget.take(await self._execute(prepared[0], self._account))]
             finally:
                 FORWARDED.reset(forwarded)
+        room = ANSWER_ROOM.get()
+        self._room = room.batch() if room is not None and len(prepared) > 1 else None
         try:
             outcomes = iter(await asyncio.gather(*(self._member(i, p) for i, p in enumerate(prepared))))
         except asyncio.CancelledError as cancel:
             if cancel.args != (CUT_OFF_REASON,):
                 raise  # its client left: nothing is answered (left)
             outcomes = iter(self._cut())
+        finally:
+            if self._room is not None:
+                self._room.end()
         return [s if not isinstance(s, Prepared) else refusal if refusal is not None else next(outcomes) for s in slots]
 
     async def _member(self, index: int, prepared: Prepared) -> Outcome:
-        """A batch member's outcome (in a task of its own, with its own mark), its answer dropped at once
-        if the batch's answers outgrow the limit."""
+        """A batch member's outcome (in a task of its own, with its own mark), made once its connection
+        has room for its answer (ANSWER_ROOM), and dropped at once if the batch's answers outgrow the limit."""
         if self._marks:
             FORWARDED.set(self._marks[index])
-        outcome = self._finished[index] = self._budget.take(await self._execute(prepared, self._account))
+        room = self._room
+        if room is None:
+            outcome = self._finished[index] = self._budget.take(await self._execute(prepared, self._account))
+            return outcome
+        await room.member()
+        size = 0
+        try:
+            outcome = self._finished[index] = self._budget.take(await self._execute(prepared, self._account))
+            size = len(outcome.payload)
+        finally:
+            room.member_made(size)
         return outcome
 
     def _cut(self) -> list[Outcome]:

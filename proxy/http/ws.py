@@ -15,7 +15,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
-from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
+from proxy.gateway.running import ANSWER_ROOM, CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, Estimate
 from proxy.http.app_keys import FRONT, GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
 from proxy.http.pipeline import unsent_or_reset
@@ -106,7 +106,7 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     # Its calls' answers in the process's count of answers not yet taken (per key, per process).
     transport = request.transport
     room = asyncio.Event()  # set when bytes are taken anywhere: its calls waiting for room look again
-    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), room.set)
+    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), room.set, False)
     sized = Estimate(settings.ws_send_buffer_bytes)  # its next answer, against the socket's own bound
     owed.keyed((None, api_key(request)))
     calls = _Calls(ws, connection, session, gateway, account, network, metrics, corked, owed, sized, slots, loop, room)
@@ -213,6 +213,7 @@ class _Calls:
                 if await _room_for(owed, session, self.room):
                     await self._sent(lookup[4])
                 return
+            ANSWER_ROOM.set(owed)  # a batch's calls are made as the socket has room (answer_bytes.Batch)
             call = subscription_call(data)
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
