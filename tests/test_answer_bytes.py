@@ -191,6 +191,45 @@ async def test_requests_sent_one_per_write_wait_for_room_too(make_proxy: ProxyFa
         await node.close()
 
 
+def fat_call(i: int) -> bytes:
+    """A distinct eth_call whose calldata is 1 MB, as one request."""
+    call = {"from": "0x" + "11" * 20, "to": "0x" + "22" * 20, "data": "0x" + "ab" * 500_000 + format(i, "08x")}
+    return post(json.dumps({"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [call, "0x1"]}).encode())
+
+
+async def test_a_request_being_made_holds_its_bodys_bytes_in_its_connections_count(make_proxy: ProxyFactory) -> None:
+    # Rule: a request's body counts with its answer while the answer is made (its bytes are held till
+    # then), against its connection's, its key's and the process's bounds. Before, a body counted only
+    # while it was read (MAX_INFLIGHT_BODY_BYTES): 4 connections each pipelining 60 eth_calls of 1 MB
+    # calldata to a node answering in 20 s held 982 MB of RSS with the answer count at 30 MiB (an
+    # outside attack). Here 20 such calls on one connection, the node holding every answer.
+    node = await GatedEvm(answer=100).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES="8000000")
+        loop = asyncio.get_running_loop()
+        sock = unread_socket(proxy.server.port)
+        try:
+            small = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+            await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode()))
+            assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
+            # Sent as the proxy reads (it stops reading while the calls wait).
+            sending = loop.run_in_executor(None, sock.sendall, b"".join(fat_call(i) for i in range(10, 30)))
+            await until_async(lambda: upstream_calls(proxy) >= 5 and waiting(proxy) > 0, "the next calls to wait")
+            # Each reckoned at its 1 MB body and the answer's floor (8 MB / 64): 6 at once.
+            await holds_for(lambda: upstream_calls(proxy) <= 7, "calls made past the connection's bound")
+            assert pending(proxy) >= 5_000_000
+            node.gate.set()
+            bodies = await loop.run_in_executor(None, read_answers, sock, 20)
+            await sending
+        finally:
+            sock.close()
+        assert [json.loads(b)["id"] for b in bodies] == list(range(10, 30))
+        await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+    finally:
+        node.gate.set()
+        await node.close()
+
+
 async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_meanwhile(
     big_node: FakeEvm, make_proxy: ProxyFactory
 ) -> None:
@@ -280,7 +319,7 @@ def test_each_worker_holds_a_key_to_its_even_share_of_the_per_key_bound(workers:
 
 def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() -> None:
     estimate = Estimate(1600)
-    assert estimate.size == 800  # nothing seen: half the bound
+    assert estimate.size == 800 - 25  # nothing seen: half the bound, less room for the requests' bodies
     estimate.saw(1000)
     assert estimate.size == 1000
     for _ in range(8):

@@ -13,6 +13,9 @@ from collections.abc import Callable
 
 SIZES_KEPT = 8  # a connection's estimate of its next answer: the largest of its last answers
 UNKNOWN_SHARE = 2  # before any answer, one is reckoned at half the connection's bound (2 made at once)
+# ...less this (at most a FLOOR_SHARE of it): their requests' bodies count with them (Account.bodies), and
+# two with bodies under it together are still made at once.
+BODY_ALLOWANCE = 64 * 1024
 # And never under a 64th of it: as many answers as a connection may have made at once (MAX_WAITING,
 # WS_MAX_INFLIGHT), once its answers are known to be small.
 FLOOR_SHARE = 64
@@ -110,7 +113,7 @@ class Estimate:
     def __init__(self, bound: int) -> None:
         self._floor = max(1, bound // FLOOR_SHARE)
         self._sizes: deque[int] = deque(maxlen=SIZES_KEPT)
-        self.size = max(self._floor, bound // UNKNOWN_SHARE)
+        self.size = max(self._floor, bound // UNKNOWN_SHARE - min(BODY_ALLOWANCE, self._floor))
         self.shared = min(self.size, UNKNOWN_SHARED)  # as reckoned in its key's and the process's counts
 
     def saw(self, size: int) -> None:
@@ -152,6 +155,7 @@ class Account:
         self.batches_made = 0  # batches whose calls are all made, counted until their answer is (made)
         self._members_room: asyncio.Event | None = None  # set when a batch's call waiting for room may look again
         self.making = 0  # answers being made
+        self.bodies = 0  # bytes of their requests' bodies (held until each answer is made)
         self.queued = 0  # bytes encoded, waiting for the answers before them
         self.written = 0  # bytes written, not yet known to be taken
         self.own = 0  # what it holds against its own bound
@@ -167,8 +171,9 @@ class Account:
             if self.charged and not self.closed:
                 self.budget.keys[self.key] = self.budget.keys.get(self.key, 0) + self.charged
 
-    def room(self) -> bool:
-        return self.budget.room(self.key, self.own, self.estimate.size, self.estimate.shared)
+    def room(self, body: int = 0) -> bool:
+        """Whether a request whose body is `body` bytes may be made now (its answer at the estimate)."""
+        return self.budget.room(self.key, self.own, self.estimate.size + body, self.estimate.shared + body)
 
     def others_hold(self, held: object) -> bool:
         """Whether requests are `held` for want of room that others' bytes take (its own would fit):
@@ -181,15 +186,18 @@ class Account:
         if self.written:
             self._polling()
 
-    def making_one(self) -> None:
+    def making_one(self, body: int = 0) -> None:
+        """A request is being made: its answer reckoned at the estimate, and its `body` bytes held."""
         self.making += 1
+        self.bodies += body
         self.recount()
 
-    def made(self, size: int, reckoned: bool) -> None:
+    def made(self, size: int, reckoned: bool, body: int = 0) -> None:
         """An answer is encoded: `size` bytes waiting their turn, no longer reckoned at the estimate
-        (`reckoned`: it was, as a JSON-RPC answer being made)."""
+        (`reckoned`: it was, as a JSON-RPC answer being made), its request's `body` let go."""
         if reckoned:
             self.making -= 1
+            self.bodies -= body
             self.estimate.saw(size)
         self.queued += size
         if self.batches_made:
@@ -258,14 +266,15 @@ class Account:
             self._poll.cancel()
             self._poll = None
         self.budget.charge(self.key, -self.charged)
-        self.charged = self.own = self.making = self.queued = self.written = 0
+        self.charged = self.own = self.making = self.bodies = self.queued = self.written = 0
 
     def recount(self) -> None:
         if self.closed:
             return
         taken = self.queued + self.written
-        self.own = self.making * self.estimate.size + taken + self.members_made + self.member_calls * self.member.size
-        charged = self.making * self.estimate.shared + taken + self.members_made
+        held = taken + self.bodies + self.members_made
+        self.own = self.making * self.estimate.size + held + self.member_calls * self.member.size
+        charged = self.making * self.estimate.shared + held
         if charged != self.charged:
             self.budget.charge(self.key, charged - self.charged)
             self.charged = charged

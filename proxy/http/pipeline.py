@@ -202,7 +202,7 @@ class Pipeline:
             return False
         account = self.account
         account.keyed(request.target)
-        if account.room():
+        if account.room(request.size):
             return False
         self.pause()
         account.wait()
@@ -235,7 +235,7 @@ class Pipeline:
         ):
             item = held[0]
             if isinstance(item, Request):
-                if not account.room():
+                if not account.room(item.size):
                     account.wait()
                     break
                 held.popleft()
@@ -306,7 +306,7 @@ class Pipeline:
         self.waiting.append(entry)
         self.account.keyed(request.target)
         if request.kind == RPC:  # reckoned while made (a scrape of /metrics does not see its own answer)
-            self.account.making_one()
+            self.account.making_one(request.size)
         if len(self.waiting) >= MAX_WAITING:
             self.pause()
 
@@ -328,7 +328,7 @@ class Pipeline:
                 last = self.last_of_drain(entry)
                 entry[0], entry[1], reply = *self._reader.encoded(request, reply, last), None
                 if self.transport is not None:  # counted once, here, where it is encoded
-                    self.account.made(len(entry[0]), request.kind == RPC)
+                    self.account.made(len(entry[0]), request.kind == RPC, request.size)
                 waiting = self.waiting
                 if waiting and waiting[0] is entry:
                     self._flush()

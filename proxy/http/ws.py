@@ -210,7 +210,7 @@ class _Calls:
         self.metrics.inflight.inc()
         try:
             if not isinstance(lookup, Lookup):  # a hit waiting for room, as a task: the socket is still read
-                if await _room_for(owed, session, self.room):
+                if await _room_for(owed, session, self.room, 0):
                     await self._sent(lookup[4])
                 return
             ANSWER_ROOM.set(owed)  # a batch's calls are made as the socket has room (answer_bytes.Batch)
@@ -223,6 +223,7 @@ class _Calls:
                 self.sized,
                 session,
                 self.room,
+                len(data),
                 lambda: self.gateway.handle(data, self.account, self.network, lookup),
             )
             if reply is None or reply.body is None:
@@ -248,17 +249,18 @@ class _Calls:
             self.slots.release()
 
 
-async def _room_for(owed: Account, session: Session, room: asyncio.Event) -> bool:
+async def _room_for(owed: Account, session: Session, room: asyncio.Event, body: int) -> bool:
     """Whether its key and the process (MAX_PENDING_ANSWER_BYTES_PER_KEY, _PER_PROCESS) have room for
     the socket's next answer, waited for (counted in rpc_proxy_requests_waiting_for_room) until bytes
     are taken anywhere, not on a timer: thousands of waiting calls cost nothing while none are; a look
-    every ROOM_WAIT_MAX seconds at most sees the socket closed. False: the socket closed meanwhile."""
-    if owed.room():
+    every ROOM_WAIT_MAX seconds at most sees the socket closed. False: the socket closed meanwhile.
+    `body`: the bytes of the message that asks (held while its answer is made)."""
+    if owed.room(body):
         return True
     budget = owed.budget
     budget.waiting += 1
     try:
-        while not owed.room():
+        while not owed.room(body):
             if session.closed:
                 return False
             room.clear()
@@ -271,19 +273,24 @@ async def _room_for(owed: Account, session: Session, room: asyncio.Event) -> boo
 
 
 async def _made_in_room(
-    owed: Account, sized: Estimate, session: Session, room: asyncio.Event, make: Callable[[], Awaitable[Reply]]
+    owed: Account,
+    sized: Estimate,
+    session: Session,
+    room: asyncio.Event,
+    body: int,
+    make: Callable[[], Awaitable[Reply]],
 ) -> Reply | None:
     """A call's answer, made once its key and the process (MAX_PENDING_ANSWER_BYTES_PER_KEY,
     _PER_PROCESS) and its socket (WS_SEND_BUFFER_BYTES) have room for it, reckoned at the socket's
     largest recent answer while it is made: an answer made and unsent held memory no bound saw.
     None: the socket closed meanwhile."""
-    if not await _room_for(owed, session, room):
+    if not await _room_for(owed, session, room, body):
         return None
     reserved = sized.size
     if not await session.room(reserved):
         return None
     session.making += reserved
-    owed.making_one()
+    owed.making_one(body)
     reply: Reply | None = None
     try:
         reply = await make()
@@ -291,7 +298,7 @@ async def _made_in_room(
         session.making -= reserved
         size = len(reply.body) if reply is not None and reply.body is not None else 0
         sized.saw(size)
-        owed.made(size, True)
+        owed.made(size, True, body)
     return reply
 
 
