@@ -21,7 +21,7 @@ from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
 from proxy.gateway.network_routing import websocket_only
 from proxy.http.answer_bytes import AnswerBytes, key_share
-from proxy.http.compression import Compressor, accepts_gzip
+from proxy.http.compression import APART_BYTES, Compressor, accepts_gzip
 from proxy.http.cors import Cors
 from proxy.logs import redacted
 from proxy.metrics import Metrics
@@ -226,8 +226,11 @@ class RpcEndpoint:
                     lookup = gateway.hits.keyed(body, account, network, key)
                 if isinstance(lookup, Lookup):
                     return self._awaited(body, account, network, lookup, headers, path)
-            if lookup[3] < self.compress_from and "origin" not in headers:  # its length
+            length = lookup[3]
+            if length < self.compress_from and "origin" not in headers:
                 return lookup
+            if length >= APART_BYTES:
+                return self.finish_apart(self.hit_reply(lookup), headers)
             return self.finish(self.hit_reply(lookup), headers)
         except Exception as exc:
             return self.finish(failure_reply(exc, path), headers)
@@ -255,6 +258,8 @@ class RpcEndpoint:
             reply = await self.gateway.handle(body, account, network, lookup)
             if reply.body is not None:
                 reply.headers["Content-Type"] = JSON_CONTENT_TYPE
+                if len(reply.body) >= APART_BYTES:
+                    return await self.finish_apart(reply, headers)
             return self.finish(reply, headers)
         except Exception as exc:
             return self.finish(failure_reply(exc, path), headers)
@@ -265,10 +270,27 @@ class RpcEndpoint:
 
     def finish(self, reply: Reply, headers: Headers) -> Reply:
         """gzip for a large answer its client accepts, and CORS headers for a page's request."""
-        body = reply.body
-        if body is not None and len(body) >= self.compress_from and accepts_gzip(headers.get("accept-encoding")):
-            reply.headers = {**reply.headers, "Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+        body = self._gzipped(reply, headers)
+        if body is not None:
             reply.body = self.compressor.gzip(body)
+        return self._cors(reply, headers)
+
+    async def finish_apart(self, reply: Reply, headers: Headers) -> Reply:
+        """As `finish`, for an answer of APART_BYTES or more: compressed in a worker thread."""
+        body = self._gzipped(reply, headers)
+        if body is not None:
+            reply.body = await self.compressor.gzip_apart(body)
+        return self._cors(reply, headers)
+
+    def _gzipped(self, reply: Reply, headers: Headers) -> bytes | None:
+        """The body to compress, if it is large and its client accepts gzip (its headers say so now)."""
+        body = reply.body
+        if body is None or len(body) < self.compress_from or not accepts_gzip(headers.get("accept-encoding")):
+            return None
+        reply.headers = {**reply.headers, "Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+        return body
+
+    def _cors(self, reply: Reply, headers: Headers) -> Reply:
         origin = headers.get("origin")
         if origin is not None and self.cors is not None:
             reply.headers = dict(reply.headers)  # never the shared open-hit headers
