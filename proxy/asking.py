@@ -175,14 +175,15 @@ class Asker:
                 doubt = "late_head"
             else:
                 answer, doubt = await self._shown_at_need(read, answer, shown_at)
-        if plan.tags_resolved and (doubt in ("unproven", "lagging") or (doubt == "fork" and _one_chain(net))):
+        if (plan.tags_resolved and doubt in ("unproven", "lagging")) or (doubt == "fork" and _one_chain(net)):
             # At a tag the tracker resolved, its node showed no block the tracker holds beside the
             # answer, or a head short of it: it may lag the tracker (a load balancer's stalled member
             # may have answered both the call and the look at its head). Asked again with the
             # caller's tag instead (fetching.py), never kept, rather than refused for a block the
             # chain has; the tag's answer is served only from a node at the tracker's head. So is
-            # a block another fork's when the network has one upstream: the tracker's chain is that
-            # node's, and it reorged since the last poll (every `latest` read was a 502 until then).
+            # any read whose block is another fork's when the network has one upstream (a `latest`,
+            # a range to `pending`, a number of the unfinalized window): the tracker's chain is that
+            # node's, and it reorged since the last poll (every such read was a 502 until then).
             doubt = TAG_UNPROVEN
         if doubt in REFUSED:
             self._reads.refuse(net, doubt, plan.need)

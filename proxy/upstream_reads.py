@@ -217,8 +217,9 @@ class Reads:
         # (a load balancer's members differ: its head may be one member's, the answer another's).
         doubt, shown = batch_doubt(net, plan, proof, answer, end_answer)
         # The head's own block beside a range past it (or to `pending`): a node without it answers short.
+        # (A fork there with one upstream is its node's reorg since the last poll: ask_pinned.)
         past_head = plan.check_end is not None and not plan.decision.pin_hashes
-        if past_head and doubt in ("unproven", "fork"):
+        if past_head and (doubt == "unproven" or (doubt == "fork" and per.states.size > 1)):
             return answer, "below_head"  # asked of a node at the head (ask_pinned)
         if doubt == "unproven" and not per.states.vouches(answer.upstream, plan.need):
             doubt = "lagging"  # without the block, as its head said

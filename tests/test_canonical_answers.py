@@ -314,11 +314,11 @@ async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_th
 async def test_a_tag_read_after_a_reorg_the_tracker_has_not_polled_is_asked_as_the_tag_of_its_only_node(
     make_proxy: ProxyFactory,
 ) -> None:
-    """Rule: with one upstream, the head tracker's chain is that node's: a `latest` read pinned to a
-    block the node has since replaced (a reorg the tracker has not polled yet) is asked again as the
-    tag and served as the node answers it, never kept. It was a 502 (-32002 "no upstream could answer
-    for block N") for every `latest` read until the next poll (found by an outside attack reading
-    while reorging)."""
+    """Rule: with one upstream, the head tracker's chain is that node's: a read pinned to a block the
+    node has since replaced (a reorg the tracker has not polled yet), by a tag, a range to `pending`
+    or a number, is asked again as the caller sent it and served as the node answers it, never kept.
+    It was a 502 (-32002 "no upstream could answer for block N") for every such read until the next
+    poll (found by outside attacks reading while reorging)."""
     node = Anvil()
     try:
         node.mine(70)
@@ -330,6 +330,11 @@ async def test_a_tag_read_after_a_reorg_the_tracker_has_not_polled_is_asked_as_t
             ("eth_getTransactionByBlockNumberAndIndex", ["latest", "0x0"]),
             ("eth_getBlockByNumber", ["latest", False]),
             ("eth_getBalance", ["0x" + "33" * 20, "latest"]),
+            ("eth_getLogs", [{"fromBlock": "0x40", "toBlock": "pending"}]),
+            ("eth_getLogs", [{"fromBlock": "0x40", "toBlock": "latest"}]),
+            ("eth_getLogs", [{"fromBlock": "0x40", "toBlock": hex(node.block_number())}]),
+            ("eth_getBalance", ["0x" + "33" * 20, hex(node.block_number())]),
+            ("eth_getBlockByNumber", [hex(node.block_number()), False]),
         ):
             body, cache = await answer(proxy, method, params)
             assert body.get("result") == node.rpc(method, *params) and cache == "BYPASS", (method, body, cache)
