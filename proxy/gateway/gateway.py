@@ -18,7 +18,7 @@ from proxy.gateway.filters import FILTER_METHODS, Filters
 from proxy.gateway.hits import Hits, Lookup, MemoryHit
 from proxy.gateway.network_routing import Router
 from proxy.gateway.response_size import ResponseBudget
-from proxy.gateway.running import BodyRun
+from proxy.gateway.running import AnswerRoom, BodyRun
 from proxy.key_context import CALLER
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
@@ -146,8 +146,10 @@ class Gateway:
         account: str,
         network: NetworkRuntime | None,
         lookup: Lookup,
+        room: AnswerRoom | None = None,
     ) -> Reply:
-        """One body the hot path did not answer (`lookup`: what it made of the body, Hits)."""
+        """One body the hot path did not answer (`lookup`: what it made of the body, Hits; `room`: its
+        connection's count of answers not yet taken, which a batch's calls wait for room in)."""
         started = time.perf_counter()
         request_id = self._calls.request_id()
         if lookup.unpaid is not None:
@@ -175,7 +177,7 @@ class Gateway:
                 prepared, cost = [], 0
 
         budget = ResponseBudget(self._settings.max_response_bytes)
-        run = BodyRun(self._execute, prepared, account, budget, charged=bool(cost))
+        run = BodyRun(self._execute, prepared, account, budget, charged=bool(cost), room=room)
         # Everything below runs as this key: its upstream slots, its cache admission (caller.py).
         caller = CALLER.set(None if self.open_mode else account)
         try:

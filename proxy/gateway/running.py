@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from typing import NamedTuple, Protocol
 
 from proxy.credits.charging import refunded, refunded_unanswered
@@ -34,12 +33,10 @@ class BatchRoom(Protocol):
 
 
 class AnswerRoom(Protocol):
+    """The connection a body's answers go to (http/answer_bytes.Account): a batch's calls are made as
+    it has room for their answers, not all at once."""
+
     def batch(self) -> BatchRoom: ...
-
-
-# The connection a body's answers go to, set by its transport in the body's task (http/answer_bytes.
-# Account): a batch's calls are made as it has room for their answers, not all at once.
-ANSWER_ROOM: ContextVar[AnswerRoom | None] = ContextVar("answer_room", default=None)
 
 
 class Left(NamedTuple):
@@ -53,10 +50,27 @@ class BodyRun:
     """The prepared calls of one body, run for `account`. `charged`: their credits were debited, so
     each gets a mark that says whether a request made for it was sent to a node."""
 
-    __slots__ = ("_account", "_budget", "_execute", "_finished", "_marks", "_prepared", "_room", "cut_given_back")
+    __slots__ = (
+        "_account",
+        "_answers",
+        "_budget",
+        "_execute",
+        "_finished",
+        "_marks",
+        "_prepared",
+        "_room",
+        "cut_given_back",
+    )
 
     def __init__(
-        self, execute: Execute, prepared: list[Prepared], account: str, budget: ResponseBudget, *, charged: bool
+        self,
+        execute: Execute,
+        prepared: list[Prepared],
+        account: str,
+        budget: ResponseBudget,
+        *,
+        charged: bool,
+        room: AnswerRoom | None = None,
     ) -> None:
         self._execute = execute
         self._prepared = prepared
@@ -64,6 +78,7 @@ class BodyRun:
         self._budget = budget
         self._marks = [Forwarded() for _ in prepared] if charged else []
         self._finished: dict[int, Outcome] = {}  # by index: the calls answered so far
+        self._answers = room
         self._room: BatchRoom | None = None  # a batch's, while its calls are made
         self.cut_given_back = 0  # credits of calls cut off before a request made for them was sent
 
@@ -79,7 +94,7 @@ class BodyRun:
                 return [self._budget.take(await self._execute(prepared[0], self._account))]
             finally:
                 FORWARDED.reset(forwarded)
-        room = ANSWER_ROOM.get()
+        room = self._answers
         self._room = room.batch() if room is not None and len(prepared) > 1 else None
         try:
             outcomes = iter(await asyncio.gather(*(self._member(i, p) for i, p in enumerate(prepared))))
@@ -94,7 +109,7 @@ class BodyRun:
 
     async def _member(self, index: int, prepared: Prepared) -> Outcome:
         """A batch member's outcome (in a task of its own, with its own mark), made once its connection
-        has room for its answer (ANSWER_ROOM), and dropped at once if the batch's answers outgrow the limit."""
+        has room for its answer (AnswerRoom), and dropped at once if the batch's answers outgrow the limit."""
         if self._marks:
             FORWARDED.set(self._marks[index])
         room = self._room

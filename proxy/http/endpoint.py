@@ -20,6 +20,7 @@ from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
 from proxy.gateway.network_routing import websocket_only
+from proxy.gateway.running import AnswerRoom
 from proxy.http.answer_bytes import AnswerBytes, key_share
 from proxy.http.compression import APART_BYTES, Compressor, accepts_gzip
 from proxy.http.cors import Cors
@@ -192,12 +193,19 @@ class RpcEndpoint:
         return self.hit_reply(answer) if isinstance(answer, tuple) else answer
 
     def serve(
-        self, key: str | None, path_network: str | None, headers: Headers, body: bytes, path: str
+        self,
+        key: str | None,
+        path_network: str | None,
+        headers: Headers,
+        body: bytes,
+        path: str,
+        room: AnswerRoom | None = None,
     ) -> PaidHit | Reply | Pending:
         """As `respond`, but a memory hit that needs neither gzip nor CORS headers is its PaidHit,
         which the fast server writes after a pre-built head (no headers dict). `key`: the one in the
         path, if any (else the headers'). Open mode has no key to check; a key with a tab (its checks
-        made once: Hits) is not authorized again."""
+        made once: Hits) is not authorized again. `room`: the connection's count of answers not yet
+        taken, which a batch's calls wait for room in (gateway/running.py)."""
         gateway = self.gateway
         try:
             if self.open_mode:
@@ -206,7 +214,7 @@ class RpcEndpoint:
                     return self.finish(self.too_large(), headers)
                 lookup = gateway.hits.open(body, network)
                 if isinstance(lookup, Lookup):
-                    return self._awaited(body, OPEN_ACCOUNT, network, lookup, headers, path)
+                    return self._awaited(body, OPEN_ACCOUNT, network, lookup, headers, path, room)
             else:
                 key = key or key_of(key, headers)
                 tab = gateway.tabs.get(key)
@@ -225,7 +233,7 @@ class RpcEndpoint:
                 else:
                     lookup = gateway.hits.keyed(body, account, network, key)
                 if isinstance(lookup, Lookup):
-                    return self._awaited(body, account, network, lookup, headers, path)
+                    return self._awaited(body, account, network, lookup, headers, path, room)
             length = lookup[3]
             if length < self.compress_from and "origin" not in headers:
                 return lookup
@@ -250,12 +258,13 @@ class RpcEndpoint:
         lookup: Lookup,
         headers: Headers,
         path: str,
+        room: AnswerRoom | None,
     ) -> Reply:
         self.inflight.inc()
         received = via.marks(headers.get("via"))  # other rpc-proxies' marks, forwarded with this one's (via.py)
         marks = via.RECEIVED.set(received) if received is not None else None
         try:
-            reply = await self.gateway.handle(body, account, network, lookup)
+            reply = await self.gateway.handle(body, account, network, lookup, room)
             if reply.body is not None:
                 reply.headers["Content-Type"] = JSON_CONTENT_TYPE
                 if len(reply.body) >= APART_BYTES:

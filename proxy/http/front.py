@@ -482,7 +482,7 @@ class FrontProtocol(asyncio.Protocol):
                 return
             body = decoded
         network, key = request.target  # type: ignore[misc]
-        answer = endpoint.serve(key, network, headers, body, request.path)
+        answer = endpoint.serve(key, network, headers, body, request.path, self.pipeline.account)
         if type(answer) is tuple:  # a memory hit (values.PaidHit), needing neither gzip nor CORS headers
             if prebuilt:
                 # Its id: the client's own, or a number after this process's prefix (request_ids.py).

@@ -14,7 +14,7 @@ import termios
 from collections import deque
 from typing import Any, Protocol
 
-from proxy.gateway.running import ANSWER_ROOM, CUT_OFF, CUT_OFF_REASON
+from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, error_reply
 from proxy.http.wire import RPC, Request
@@ -314,7 +314,6 @@ class Pipeline:
         """The answer's bytes, written into its `entry` (the reply let go: not held while they are written),
         and out at once when every answer before it is: from the task, not a done callback a turn later."""
         reply: Reply | None = None
-        ANSWER_ROOM.set(self.account)  # its batch's calls are made as the connection has room (answer_bytes.Batch)
         try:
             reply = await pending
         except Exception:

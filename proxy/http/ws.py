@@ -15,7 +15,7 @@ from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.credits.allow_lists import origin_refusal
 from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
-from proxy.gateway.running import ANSWER_ROOM, CUT_OFF, CUT_OFF_REASON
+from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, Estimate
 from proxy.http.app_keys import FRONT, GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
 from proxy.http.pipeline import unsent_or_reset
@@ -213,7 +213,6 @@ class _Calls:
                 if await _room_for(owed, session, self.room, 0):
                     await self._sent(lookup[4])
                 return
-            ANSWER_ROOM.set(owed)  # a batch's calls are made as the socket has room (answer_bytes.Batch)
             call = subscription_call(data)
             if call is not None:  # subscriptions are this connection's, never the gateway's
                 await session.handle(call)
@@ -224,7 +223,7 @@ class _Calls:
                 session,
                 self.room,
                 len(data),
-                lambda: self.gateway.handle(data, self.account, self.network, lookup),
+                lambda: self.gateway.handle(data, self.account, self.network, lookup, owed),
             )
             if reply is None or reply.body is None:
                 return  # closed, or a slow consumer closed for it
