@@ -109,8 +109,16 @@ async def test_pipelined_batches_are_made_one_at_a_time_once_they_pass_their_con
     # a batch was reckoned at one answer while made: a connection whose answers were small so far
     # had every batch it pipelined made at once (12 batches of 300 answers of 100 KB: RSS 54 to 534
     # MB, an outside attack). Here 6 batches of 5 MB, the bound 3 MB, the client reading nothing.
+    # The batches waiting hold no room in the process's count (they were once reckoned at the
+    # connection's largest answer, the first batch's: one connection held the process's bound with
+    # bytes no answer took, and every other key waited 150 s): another key is served meanwhile.
     bound = 3_000_000
-    proxy = await make_proxy(EVM_UPSTREAM=big_node.url, MAX_PENDING_ANSWER_BYTES=str(bound))
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="k,other",
+        MAX_PENDING_ANSWER_BYTES=str(bound),
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="12000000",
+    )
     loop = asyncio.get_running_loop()
     sock = unread_socket(proxy.server.port)
     try:
@@ -120,6 +128,9 @@ async def test_pipelined_batches_are_made_one_at_a_time_once_they_pass_their_con
         await loop.run_in_executor(None, sock.sendall, batches(100, 6, 5))
         await until_async(lambda: upstream_calls(proxy) >= 5 and waiting(proxy) > 0, "the next batch to wait")
         await holds_for(lambda: upstream_calls(proxy) <= 5, "calls of a later batch made past the bound")
+        assert pending(proxy) <= 6 * ANSWER
+        status, body, _ = await asyncio.wait_for(proxy.post(big_call(900), key="other"), 10)
+        assert status == 200 and len(body["result"]) >= ANSWER
         bodies = await loop.run_in_executor(None, read_answers, sock, 6)
     finally:
         sock.close()
@@ -129,6 +140,54 @@ async def test_pipelined_batches_are_made_one_at_a_time_once_they_pass_their_con
     ]  # nothing dropped, in order
     assert all(len(answer["result"]) >= ANSWER for batch in answers for answer in batch)
     await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+
+
+class SlowFirstEvm(FakeEvm):
+    """A FakeEvm whose eth_call of data 0xdeadbeef waits for `gate` (an answer before others, slow)."""
+
+    def __init__(self) -> None:
+        super().__init__(call_result_bytes=ANSWER)
+        self.gate = asyncio.Event()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if b"0xdeadbeef" in await request.read():
+            await self.gate.wait()
+        return await super()._handle(request)
+
+
+async def test_batches_behind_a_slow_answer_wait_for_it_to_be_taken_before_passing_the_bound(
+    make_proxy: ProxyFactory,
+) -> None:
+    # A batch past the bound is made alone only once every answer before it is written and taken.
+    # Before, a batch was "alone" whenever nothing was written: behind one slow call, each batch's
+    # answer waited encoded, the next batch then counted as alone, and 10 of 12 pipelined batches of
+    # 30 MB were made (446 MB of RSS, an outside attack).
+    node = await SlowFirstEvm().start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES="3000000")
+        loop = asyncio.get_running_loop()
+        sock = unread_socket(proxy.server.port)
+        try:
+            small = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+            await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode(), path="/v3/k"))
+            assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
+            slow = {**big_call(0), "params": [{**big_call(0)["params"][0], "data": "0xdeadbeef"}, "0x1"]}
+            data = post(json.dumps(slow).encode(), path="/v3/k") + batches(100, 6, 5)
+            await loop.run_in_executor(None, sock.sendall, data)
+            await until_async(lambda: waiting(proxy) > 0, "batches to wait for room")
+            # The slow call, and the first batch's calls within the bound (1 MB answers, 3 MB).
+            await holds_for(lambda: upstream_calls(proxy) <= 1 + 3, "calls made past the bound behind the slow one")
+            node.gate.set()
+            bodies = await loop.run_in_executor(None, read_answers, sock, 7)
+        finally:
+            sock.close()
+        assert [json.loads(bodies[0])["id"]] + [[a["id"] for a in json.loads(b)] for b in bodies[1:]] == [0] + [
+            list(range(100 + b * 5, 105 + b * 5)) for b in range(6)
+        ]
+        await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+    finally:
+        node.gate.set()
+        await node.close()
 
 
 async def test_batches_on_a_websocket_are_made_one_at_a_time_once_they_pass_its_bound(
@@ -430,42 +489,47 @@ async def turns(count: int = 5) -> None:
 
 
 async def test_a_batch_past_its_connections_bound_is_made_alone_and_counted_until_its_answer_is() -> None:
+    # Batch's rules on a connection whose answers go out in order (HTTP/1.1), with a bound of 100.
     budget = AnswerBytes(per_connection=100, per_key=1000, per_process=10_000)
     unsent = [0]
-    account = Account(budget, asyncio.get_running_loop(), lambda: unsent[0], lambda: None)
+    first_answer: list[object] = [object()]  # what makes the first answer not yet written: another request
+    account = Account(budget, asyncio.get_running_loop(), lambda: unsent[0], lambda: None, lambda: first_answer[0])
+    account.making_one()
+    account.making_one()  # two bodies being made, reckoned at the estimate until they are found batches
     first, second = account.batch(), account.batch()
-    for _ in range(3):  # the oldest batch, its client owing nothing: past the bound, alone
-        await first.member()
-        first.member_made(60)
-    assert budget.held == 180 and account.own > account.budget.per_connection
+    assert account.making == 0 and budget.held == 0  # reckoned by their calls now, none begun
+    for _ in range(2):  # within the bound (each reckoned at the largest answer so far while made)
+        await asyncio.wait_for(first.member(), 5)
+        first.member_made(40)
+    blocked = asyncio.ensure_future(first.member())  # past it, an answer before the batch unwritten: waits
+    await turns()
+    assert not blocked.done() and budget.waiting == 1
+    first_answer[0] = asyncio.current_task()  # that answer written and taken: the batch is first
+    account.members_look()  # (Pipeline._flush)
+    await turns()
+    assert blocked.done()  # the oldest batch, its client owing nothing: past the bound, alone
     waiting = asyncio.ensure_future(second.member())  # behind it: waits
     await turns()
-    assert not waiting.done() and budget.waiting == 1
+    assert not waiting.done()
+    first.member_made(40)
     first.end()  # its calls are made: counted, and first, until its answer is
     await turns()
-    assert budget.held == 180 and not waiting.done()
-    account.made(200, reckoned=False)  # the batch's answer, in the batch's task: in place of its calls'
-    assert budget.held == 200
-    await turns()  # encoded, not yet written: behind it in HTTP/1.1's order, so the next goes on
-    assert waiting.done() and budget.waiting == 0
-    second.member_made(60)
-    third = account.batch()
+    assert budget.held == 120 and not waiting.done()
+    account.made(200, reckoned=True)  # the batch's answer, in the batch's task: in place of its calls'
     account.wrote(200, dequeued=True)
     unsent[0] = 200  # written and not taken: the oldest batch past the bound waits for its client
-    second.end()
-    account.made(10, reckoned=False)
-    blocked = asyncio.ensure_future(third.member())
     await turns()
-    assert not blocked.done()
+    # A batch waiting holds nothing but what it made, whatever the estimate (now 200) says.
+    assert budget.held == 200 and account.estimate.size == 200 and not waiting.done()
     unsent[0] = 0
     account.measure()  # the client took it: the oldest batch goes on alone
     await turns()
-    assert blocked.done()
-    third.member_made(1)
-    third.end()
-    account.made(1, reckoned=False)
-    account.wrote(11, dequeued=True)
-    assert account.batches == [] and account.member_calls == 0 and account.members_made == 0
+    assert waiting.done() and budget.waiting == 0
+    second.member_made(10)
+    second.end()
+    account.made(12, reckoned=True)
+    account.wrote(12, dequeued=True)
+    assert account.batches == [] and account.member_calls == account.members_made == account.making == 0
 
 
 async def test_a_closed_connections_batches_are_made_one_at_a_time() -> None:
@@ -473,6 +537,8 @@ async def test_a_closed_connections_batches_are_made_one_at_a_time() -> None:
     # turn, not all at once (a client that pipelines and closes would make every batch at once).
     budget = AnswerBytes(per_connection=100, per_key=1000, per_process=10_000)
     account = Account(budget, asyncio.get_running_loop(), lambda: 0, lambda: None)
+    account.making_one()
+    account.making_one()
     first, second = account.batch(), account.batch()
     await first.member()
     account.close()

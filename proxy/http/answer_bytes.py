@@ -137,12 +137,13 @@ class Account:
         loop: asyncio.AbstractEventLoop,
         unsent: Callable[[], int],
         retry: Callable[[], None],
-        in_order: bool = True,
+        first: Callable[[], object] | None = None,
     ) -> None:
         self.budget = budget
-        # Its answers are written in the order asked (HTTP/1.1): those encoded and waiting may be
-        # behind a batch being made, so they never hold it. Else (WebSocket) they are all ahead of it.
-        self.in_order = in_order
+        # The task making its first answer not yet written, when answers go out in the order asked
+        # (HTTP/1.1: those encoded and waiting may be behind a batch being made, never holding it).
+        # None: each goes out as it is made (WebSocket), so all that wait are ahead of a batch.
+        self.first = first
         self._loop = loop
         self._unsent = unsent
         self._retry = retry
@@ -316,14 +317,23 @@ class Batch:
         self.ended = False  # all its calls are made (or it was cancelled); it is counted until its answer is
         self.task = asyncio.current_task()  # the body's: where its answer is counted (Account.made)
         account.batches.append(self)
+        # No longer reckoned at the connection's estimate, but by its calls: a batch waiting for room
+        # held its key's and the process's counts at the estimate, which a 30 MB batch answer before
+        # it made 30 MB (11 waiting batches of a client that read nothing held 330 MB no answer took).
+        account.making -= 1
+        account.recount()
 
     def room(self) -> bool:
         account = self._account
-        if account.batches[0] is self and (
-            account.closed or not (account.written or (account.queued and not account.in_order))
-        ):
+        if account.batches[0] is self and (account.closed or (not account.written and self._first())):
             return True
         return not account.closed and account.own + account.member.size <= account.budget.per_connection
+
+    def _first(self) -> bool:
+        """Every answer before it is taken by its client: it is the connection's next to be written
+        (its answers in order), or nothing else waits to be (as they are made)."""
+        account = self._account
+        return account.first() is self.task if account.first is not None else not account.queued
 
     async def member(self) -> None:
         """Room for one more call's answer, waited for in the batch's order."""
@@ -366,6 +376,7 @@ class Batch:
 
     def release(self) -> None:
         account = self._account
+        account.making += 1  # its answer's count (Account.made) takes its reckoning off once more
         account.batches.remove(self)
         account.batches_made -= 1
         account.members_made -= self.made

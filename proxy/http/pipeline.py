@@ -137,7 +137,9 @@ class Pipeline:
         self.write_paused = False
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
         self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
-        self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
+        self.account = Account(
+            front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made, self._first_made
+        )
 
     def opened(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -215,6 +217,10 @@ class Pipeline:
     def clear_held(self) -> None:
         self.account.budget.waiting -= sum(1 for item in self.held if isinstance(item, Request))
         self.held.clear()
+
+    def _first_made(self) -> object:
+        """What makes its first answer not yet written (a task), if it is still being made."""
+        return self.waiting[0][0] if self.waiting else None
 
     def _room_made(self) -> None:  # bytes were taken somewhere (AnswerBytes.wait): held requests go on if they fit
         if self.held and not self.write_paused and not self.waiting and self._go_on():
@@ -401,6 +407,8 @@ class Pipeline:
             waiting.popleft()
             transport.write(item)
             self.account.wrote(len(item), dequeued=True)
+            if self.account.batches:
+                self.account.members_look()  # a batch may be first now (answer_bytes.Batch)
             if close:
                 waiting.clear()
                 self.deadline.linger(transport)

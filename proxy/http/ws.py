@@ -106,7 +106,7 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     # Its calls' answers in the process's count of answers not yet taken (per key, per process).
     transport = request.transport
     room = asyncio.Event()  # set when bytes are taken anywhere: its calls waiting for room look again
-    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), room.set, False)
+    owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), room.set)
     sized = Estimate(settings.ws_send_buffer_bytes)  # its next answer, against the socket's own bound
     owed.keyed((None, api_key(request)))
     calls = _Calls(ws, connection, session, gateway, account, network, metrics, corked, owed, sized, slots, loop, room)
