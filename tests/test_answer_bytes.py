@@ -6,6 +6,7 @@ dropped. Each attacked from outside with raw sockets that read nothing."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import socket
@@ -250,18 +251,30 @@ async def test_requests_sent_one_per_write_wait_for_room_too(make_proxy: ProxyFa
         await node.close()
 
 
-def fat_call(i: int) -> bytes:
-    """A distinct eth_call whose calldata is 1 MB, as one request."""
+def fat_body(i: int) -> bytes:
+    """A distinct eth_call whose calldata is 1 MB."""
     call = {"from": "0x" + "11" * 20, "to": "0x" + "22" * 20, "data": "0x" + "ab" * 500_000 + format(i, "08x")}
-    return post(json.dumps({"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [call, "0x1"]}).encode())
+    return json.dumps({"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [call, "0x1"]}).encode()
 
 
-async def test_a_request_being_made_holds_its_bodys_bytes_in_its_connections_count(make_proxy: ProxyFactory) -> None:
+def fat_call(i: int, coded: bool = False) -> bytes:
+    """fat_body(i) as one request, gzip-coded (1 MB in about 1 KB on the wire) if `coded`."""
+    if not coded:
+        return post(fat_body(i))
+    return post(gzip.compress(fat_body(i)), "Content-Encoding: gzip")
+
+
+@pytest.mark.parametrize("coded", [False, True], ids=["plain", "gzip"])
+async def test_a_request_being_made_holds_its_bodys_bytes_in_its_connections_count(
+    make_proxy: ProxyFactory, coded: bool
+) -> None:
     # Rule: a request's body counts with its answer while the answer is made (its bytes are held till
     # then), against its connection's, its key's and the process's bounds. Before, a body counted only
     # while it was read (MAX_INFLIGHT_BODY_BYTES): 4 connections each pipelining 60 eth_calls of 1 MB
     # calldata to a node answering in 20 s held 982 MB of RSS with the answer count at 30 MiB (an
-    # outside attack). Here 20 such calls on one connection, the node holding every answer.
+    # outside attack). Here 20 such calls on one connection, the node holding every answer. A coded
+    # body counts as decoded, and before it is, at the most it may decode to (MAX_BODY_BYTES): counted
+    # at its kilobyte on the wire, 4 connections of 60 held 1 GB.
     node = await GatedEvm(answer=100).start()
     try:
         proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES="8000000")
@@ -272,11 +285,12 @@ async def test_a_request_being_made_holds_its_bodys_bytes_in_its_connections_cou
             await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode()))
             assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
             # Sent as the proxy reads (it stops reading while the calls wait).
-            sending = loop.run_in_executor(None, sock.sendall, b"".join(fat_call(i) for i in range(10, 30)))
-            await until_async(lambda: upstream_calls(proxy) >= 5 and waiting(proxy) > 0, "the next calls to wait")
-            # Each reckoned at its 1 MB body and the answer's floor (8 MB / 64): 6 at once.
+            sending = loop.run_in_executor(None, sock.sendall, b"".join(fat_call(i, coded) for i in range(10, 30)))
+            await until_async(lambda: upstream_calls(proxy) >= 2 and waiting(proxy) > 0, "the next calls to wait")
+            # Each reckoned at its 1 MB body and the answer's floor (8 MB / 64): 6 at once (a coded
+            # one at 5 MiB, MAX_BODY_BYTES, until it is decoded: fewer).
             await holds_for(lambda: upstream_calls(proxy) <= 7, "calls made past the connection's bound")
-            assert pending(proxy) >= 5_000_000
+            assert pending(proxy) >= 2_000_000  # the bodies, as decoded
             node.gate.set()
             bodies = await loop.run_in_executor(None, read_answers, sock, 20)
             await sending
@@ -388,6 +402,15 @@ def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() ->
 
 async def silent_websocket(port: int, calls: list[bytes], key: str = "k") -> socket.socket:
     """A raw WebSocket with a tiny receive window that sends `calls`, then never reads."""
+    sock, sending = await sending_websocket(port, calls, key)
+    await sending
+    return sock
+
+
+async def sending_websocket(
+    port: int, calls: list[bytes], key: str = "k"
+) -> tuple[socket.socket, asyncio.Future[None]]:
+    """A raw WebSocket with a tiny receive window that never reads, and the sending of `calls` on it."""
     loop = asyncio.get_running_loop()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
@@ -399,8 +422,7 @@ async def silent_websocket(port: int, calls: list[bytes], key: str = "k") -> soc
         b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % key.encode(),
     )
     assert b" 101 " in await loop.sock_recv(sock, 1024)
-    await loop.sock_sendall(sock, b"".join(frame(call) for call in calls))
-    return sock
+    return sock, asyncio.ensure_future(loop.sock_sendall(sock, b"".join(frame(call) for call in calls)))
 
 
 async def test_a_websocket_call_waits_for_room_before_its_answer_is_made(
@@ -458,6 +480,28 @@ async def test_websockets_of_one_key_are_bounded_by_its_bytes_and_another_key_is
         for sock in socks:
             sock.close()
     await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed sockets to leave the counts")
+
+
+async def test_a_websockets_messages_waiting_to_be_made_are_bounded_by_its_bytes(make_proxy: ProxyFactory) -> None:
+    # Rule: the messages a socket's calls hold, from their reading to their answer, fit its bound
+    # (MAX_PENDING_ANSWER_BYTES); past it, the socket is not read. Before, up to WS_MAX_INFLIGHT (64)
+    # messages of up to WS_MAX_MESSAGE_BYTES waited for room, held where nothing counted them: 4
+    # sockets of 60 messages of 4 MB held 570 MB (an outside attack).
+    node = await GatedEvm(answer=100).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES="3000000")
+        sock, sending = await sending_websocket(proxy.server.port, [fat_body(i) for i in range(40)])
+        try:
+            await until_async(lambda: upstream_calls(proxy) >= 1, "the first call to be made")
+            # What the proxy does not read stays with the client: of 40 MB, at most the bound (and a
+            # message past it), aiohttp's buffer and the kernel's queues are taken.
+            await holds_for(lambda: not sending.done(), "messages read past the socket's bound")
+        finally:
+            sending.cancel()
+            sock.close()
+    finally:
+        node.gate.set()
+        await node.close()
 
 
 async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(make_proxy: ProxyFactory) -> None:

@@ -61,7 +61,12 @@ async def connect(proxy: Proxy, key: str = "test-key", session: aiohttp.ClientSe
 def frame(body: bytes) -> bytes:
     """A masked client text frame (mask key 0)."""
     size = len(body)
-    header = bytes([0x81, 0x80 | size]) if size < 126 else bytes([0x81, 0x80 | 126]) + size.to_bytes(2, "big")
+    if size < 126:
+        header = bytes([0x81, 0x80 | size])
+    elif size < 1 << 16:
+        header = bytes([0x81, 0x80 | 126]) + size.to_bytes(2, "big")
+    else:
+        header = bytes([0x81, 0x80 | 127]) + size.to_bytes(8, "big")
     return header + b"\x00\x00\x00\x00" + body
 
 

@@ -44,6 +44,9 @@ class AnswerBytes:
         self.held = 0  # bytes, all connections together
         self.keys: dict[str, int] = {}  # bytes per API key (those with any)
         self.waiting = 0  # requests held, unmade, for want of room (all connections)
+        # A coded (gzip) request body is reckoned at the most it may decode to (MAX_BODY_BYTES) until
+        # it is decoded: 1 KB on the wire may hold 1 MB.
+        self.coded_body = 0
         self._waiters: dict[Callable[[], None], None] = {}  # in the order they began to wait
         self._wake_soon: asyncio.Handle | None = None
         # Connections whose last bytes written (under POLL_FROM) are measured only with their next

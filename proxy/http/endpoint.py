@@ -160,6 +160,7 @@ class RpcEndpoint:
             key_share(settings.max_pending_answer_bytes_per_key, settings.workers),
             settings.max_pending_answer_bytes_per_process,
         )
+        self.answer_bytes.coded_body = settings.max_body_bytes
         metrics.answer_bytes_pending.set_function(self.answer_bytes.measured)
         metrics.requests_waiting_for_room.set_function(lambda: self.answer_bytes.waiting)
         self.compressor = Compressor(settings.compress_min_bytes, settings.compress_cache_bytes)

@@ -492,7 +492,7 @@ class FrontProtocol(asyncio.Protocol):
             answer = endpoint.hit_reply(answer)
         elif prebuilt and len(body) <= MAX_REPLAY_BYTES and not isinstance(answer, Reply):
             self._learnable = request  # a miss: its head, kept alive with no log line, is as a hit's
-        self.pipeline.answer(request, answer)
+        self.pipeline.answer(request, answer, len(body))
 
     def encoded(self, request: Request, reply: Reply, last: bool = False) -> tuple[bytes, bool]:
         """The answer's bytes, and whether the connection closes after it (`last`: of a drain)."""

@@ -204,11 +204,15 @@ class Pipeline:
             return False
         account = self.account
         account.keyed(request.target)
-        if account.room(request.size):
+        if account.room(self._body(request)):
             return False
         self.pause()
         account.wait()
         return True
+
+    def _body(self, request: Request) -> int:
+        """A request's body as it will hold memory while made: as decoded, at most MAX_BODY_BYTES."""
+        return request.size if "content-encoding" not in request.headers else self.account.budget.coded_body
 
     def hold(self, request: Request) -> None:
         self.held.append(request)
@@ -241,7 +245,7 @@ class Pipeline:
         ):
             item = held[0]
             if isinstance(item, Request):
-                if not account.room(item.size):
+                if not account.room(self._body(item)):
                     account.wait()
                     break
                 held.popleft()
@@ -300,7 +304,9 @@ class Pipeline:
         if self.transport is not None:
             self.transport.close()
 
-    def answer(self, request: Request, reply: Reply | Any) -> None:
+    def answer(self, request: Request, reply: Reply | Any, body: int = 0) -> None:
+        """`reply`, or what makes it; `body`: the bytes of the request's body it holds meanwhile (as
+        decoded: a gzip body of 1 KB on the wire may hold 1 MB)."""
         if self.cut and not isinstance(reply, Reply):  # read after SHUTDOWN_TIMEOUT: cut off unmade
             reply.close()
             reply = error_reply(CUT_OFF, NO_CHARGE)
@@ -308,15 +314,15 @@ class Pipeline:
             self.send(*self._reader.encoded(request, reply, self.last_of_drain(None)))
             return
         entry: Waiting = [None, False]
-        entry[0] = self._loop.create_task(self._awaited(request, reply, entry))
+        entry[0] = self._loop.create_task(self._awaited(request, reply, entry, body))
         self.waiting.append(entry)
         self.account.keyed(request.target)
         if request.kind == RPC:  # reckoned while made (a scrape of /metrics does not see its own answer)
-            self.account.making_one(request.size)
+            self.account.making_one(body)
         if len(self.waiting) >= MAX_WAITING:
             self.pause()
 
-    async def _awaited(self, request: Request, pending: Any, entry: Waiting) -> None:
+    async def _awaited(self, request: Request, pending: Any, entry: Waiting, body: int) -> None:
         """The answer's bytes, written into its `entry` (the reply let go: not held while they are written),
         and out at once when every answer before it is: from the task, not a done callback a turn later."""
         reply: Reply | None = None
@@ -333,7 +339,7 @@ class Pipeline:
                 last = self.last_of_drain(entry)
                 entry[0], entry[1], reply = *self._reader.encoded(request, reply, last), None
                 if self.transport is not None:  # counted once, here, where it is encoded
-                    self.account.made(len(entry[0]), request.kind == RPC, request.size)
+                    self.account.made(len(entry[0]), request.kind == RPC, body)
                 waiting = self.waiting
                 if waiting and waiting[0] is entry:
                     self._flush()

@@ -172,6 +172,7 @@ class _Calls:
     slots: asyncio.Semaphore  # WS_MAX_INFLIGHT
     loop: asyncio.AbstractEventLoop
     room: asyncio.Event  # bytes were taken somewhere: a call waiting for room looks again
+    messages: int = 0  # bytes of the messages its calls hold, from their reading to their end
 
     async def take(self, data: str | bytes) -> None:
         """One text or binary message read from the socket."""
@@ -188,12 +189,29 @@ class _Calls:
         if not isinstance(lookup, Lookup) and self.owed.room():  # a PaidHit (values.py): now, no task
             await self._sent(lookup[4])
             return
+        if not await self._messages_fit(len(data)):
+            return
         await self.slots.acquire()
+        self.messages += len(data)  # until its task ends (_serve)
         task = asyncio.create_task(self._serve(data, lookup))
         connection.tasks.add(task)
         connection.messages[task] = data
         task.add_done_callback(connection.tasks.discard)
         task.add_done_callback(connection.messages.pop)
+
+    async def _messages_fit(self, size: int) -> bool:
+        """Whether the messages its calls still hold, with one of `size` bytes, fit the socket's bound
+        (MAX_PENDING_ANSWER_BYTES), waited for with the socket unread (a call's ending looks again).
+        Up to WS_MAX_INFLIGHT messages of WS_MAX_MESSAGE_BYTES each waited for room, held where no
+        count saw them (4 sockets of 60 messages of 4 MB: 570 MB). False: the socket closed meanwhile.
+        (Not in the answer counts: a call waiting for room would wait for its own message.)"""
+        while self.messages and self.messages + size > self.owed.budget.per_connection:
+            if self.session.closed:
+                return False
+            self.room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.room.wait(), ROOM_WAIT_MAX)
+        return True
 
     async def _sent(self, hit: bytes) -> None:
         """A memory hit's answer sent, in its key's and the process's count as any answer (a hit sent
@@ -210,7 +228,7 @@ class _Calls:
         self.metrics.inflight.inc()
         try:
             if not isinstance(lookup, Lookup):  # a hit waiting for room, as a task: the socket is still read
-                if await _room_for(owed, session, self.room, 0):
+                if await _room_for(owed, session, self.room):
                     await self._sent(lookup[4])
                 return
             call = subscription_call(data)
@@ -244,22 +262,23 @@ class _Calls:
                 with contextlib.suppress(ConnectionError):  # the peer may be gone as well
                     await ws.send_str(jsonrpc.encode_error(None, error).decode())
         finally:
+            self.messages -= len(data)
+            self.room.set()  # a message waiting to be read may fit now (_messages_fit)
             self.metrics.inflight.dec()
             self.slots.release()
 
 
-async def _room_for(owed: Account, session: Session, room: asyncio.Event, body: int) -> bool:
+async def _room_for(owed: Account, session: Session, room: asyncio.Event) -> bool:
     """Whether its key and the process (MAX_PENDING_ANSWER_BYTES_PER_KEY, _PER_PROCESS) have room for
     the socket's next answer, waited for (counted in rpc_proxy_requests_waiting_for_room) until bytes
     are taken anywhere, not on a timer: thousands of waiting calls cost nothing while none are; a look
-    every ROOM_WAIT_MAX seconds at most sees the socket closed. False: the socket closed meanwhile.
-    `body`: the bytes of the message that asks (held while its answer is made)."""
-    if owed.room(body):
+    every ROOM_WAIT_MAX seconds at most sees the socket closed. False: the socket closed meanwhile."""
+    if owed.room():
         return True
     budget = owed.budget
     budget.waiting += 1
     try:
-        while not owed.room(body):
+        while not owed.room():
             if session.closed:
                 return False
             room.clear()
@@ -283,7 +302,7 @@ async def _made_in_room(
     _PER_PROCESS) and its socket (WS_SEND_BUFFER_BYTES) have room for it, reckoned at the socket's
     largest recent answer while it is made: an answer made and unsent held memory no bound saw.
     None: the socket closed meanwhile."""
-    if not await _room_for(owed, session, room, body):
+    if not await _room_for(owed, session, room):
         return None
     reserved = sized.size
     if not await session.room(reserved):
