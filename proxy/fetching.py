@@ -59,9 +59,8 @@ class Fetcher:
         answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if doubt == TAG_UNPROVEN or (plan.tags_resolved and kind in ("null", "error")):
-            # The node may not know the resolved block yet (it lags the tracker), or its only node
-            # reorged since the last poll: ask again with the caller's own params, and keep nothing,
-            # since that answer has no fixed block.
+            # The node may lag the tracker, or (its only node) reorged since the last poll: asked
+            # again with the caller's own params, nothing kept (that answer has no fixed block).
             original = substitute(params, {id(r): r.encode() for r in refs})
             tagged = await self._asker.ask_as_tag(Read(net, method, original, policy, plan, deadline))
             return _told(net, plan, tagged), False

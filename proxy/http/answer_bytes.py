@@ -222,6 +222,8 @@ class Account:
             self.queued -= size
         self.written += size
         self.recount()
+        if self.batches:
+            self.members_look()  # an answer before a batch written: it may be first now (Batch)
         if self.written >= POLL_FROM:
             self._polling()
         elif self._poll is None:

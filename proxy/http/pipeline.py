@@ -12,6 +12,7 @@ import socket
 import struct
 import termios
 from collections import deque
+from functools import partial
 from typing import Any, Protocol
 
 from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
@@ -137,9 +138,8 @@ class Pipeline:
         self.write_paused = False
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
         self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
-        self.account = Account(
-            front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made, self._first_made
-        )
+        self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
+        self.account.first = partial(_first_unwritten, self.waiting)  # a batch's turn (answer_bytes.Batch)
 
     def opened(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -152,24 +152,22 @@ class Pipeline:
     def lost(self, orphans: set[asyncio.Task[None]]) -> None:
         """The connection is gone: answers being made finish unwritten (Front.shutdown waits: `orphans`)."""
         self.transport = None
-        self.done = True
-        self.deadline.cancel()
-        for item, _close in self.waiting:
-            if not isinstance(item, bytes) and not item.done():
-                orphans.add(item)
-                item.add_done_callback(orphans.discard)
+        self._end()
+        _orphaned(self.waiting, orphans)
         self.waiting.clear()
         self.clear_held()
-        self.account.close()
 
     def handed_over(self) -> tuple[asyncio.Transport | None, bytes]:
         """Its transport and the upgrade's bytes, for aiohttp: nothing more is answered here."""
         data = self.handover
         assert data is not None
+        self._end()
+        return self.transport, data
+
+    def _end(self) -> None:
         self.done = True
         self.deadline.cancel()
         self.account.close()
-        return self.transport, data
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -204,15 +202,11 @@ class Pipeline:
             return False
         account = self.account
         account.keyed(request.target)
-        if account.room(self._body(request)):
+        if account.room(request.body_held(account.budget.coded_body)):
             return False
         self.pause()
         account.wait()
         return True
-
-    def _body(self, request: Request) -> int:
-        """A request's body as it will hold memory while made: as decoded, at most MAX_BODY_BYTES."""
-        return request.size if "content-encoding" not in request.headers else self.account.budget.coded_body
 
     def hold(self, request: Request) -> None:
         self.held.append(request)
@@ -221,10 +215,6 @@ class Pipeline:
     def clear_held(self) -> None:
         self.account.budget.waiting -= sum(1 for item in self.held if isinstance(item, Request))
         self.held.clear()
-
-    def _first_made(self) -> object:
-        """What makes its first answer not yet written (a task), if it is still being made."""
-        return self.waiting[0][0] if self.waiting else None
 
     def _room_made(self) -> None:  # bytes were taken somewhere (AnswerBytes.wait): held requests go on if they fit
         if self.held and not self.write_paused and not self.waiting and self._go_on():
@@ -245,7 +235,7 @@ class Pipeline:
         ):
             item = held[0]
             if isinstance(item, Request):
-                if not account.room(self._body(item)):
+                if not account.room(item.body_held(account.budget.coded_body)):
                     account.wait()
                     break
                 held.popleft()
@@ -305,8 +295,6 @@ class Pipeline:
             self.transport.close()
 
     def answer(self, request: Request, reply: Reply | Any, body: int = 0) -> None:
-        """`reply`, or what makes it; `body`: the bytes of the request's body it holds meanwhile (as
-        decoded: a gzip body of 1 KB on the wire may hold 1 MB)."""
         if self.cut and not isinstance(reply, Reply):  # read after SHUTDOWN_TIMEOUT: cut off unmade
             reply.close()
             reply = error_reply(CUT_OFF, NO_CHARGE)
@@ -413,8 +401,6 @@ class Pipeline:
             waiting.popleft()
             transport.write(item)
             self.account.wrote(len(item), dequeued=True)
-            if self.account.batches:
-                self.account.members_look()  # a batch may be first now (answer_bytes.Batch)
             if close:
                 waiting.clear()
                 self.deadline.linger(transport)
@@ -431,6 +417,19 @@ class Pipeline:
         else:  # draining with bytes unread: read (resume), they are answered before it closes
             self.active_at = self._loop.time()
             self.resume()
+
+
+def _first_unwritten(waiting: deque[Waiting]) -> object:
+    """What makes a connection's first answer not yet written: a task while it is made."""
+    return waiting[0][0] if waiting else None
+
+
+def _orphaned(waiting: deque[Waiting], orphans: set[asyncio.Task[None]]) -> None:
+    """A lost connection's answers still being made, left to finish unwritten (Front.shutdown waits)."""
+    for item, _close in waiting:
+        if not isinstance(item, bytes) and not item.done():
+            orphans.add(item)
+            item.add_done_callback(orphans.discard)
 
 
 class IdleDeadline:

@@ -80,6 +80,10 @@ class Request:
         self.held = held
         return True
 
+    def body_held(self, coded: int) -> int:
+        """Its body as it will hold memory while made: as decoded, at most `coded` (MAX_BODY_BYTES)."""
+        return self.size if "content-encoding" not in self.headers else coded
+
     def release_body(self, budget: BodyBudget) -> bool:
         """Its share given back and its timer stopped; whether a timer ran (it was counted in flight)."""
         if self.held:
