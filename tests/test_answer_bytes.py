@@ -66,6 +66,14 @@ def batches(first: int, count: int, size: int, key: str = "k") -> bytes:
     )
 
 
+async def answered_small(sock: socket.socket) -> None:
+    """A small call answered on `sock` and read: its connection's answers are known to be small."""
+    loop = asyncio.get_running_loop()
+    small = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+    await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode(), path="/v3/k"))
+    assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
+
+
 async def holds_for(check: Callable[[], bool], what: str, seconds: float = 1.0) -> None:
     """`check` stays true for `seconds` (a bound that must not be crossed while nothing is read)."""
     deadline = time.monotonic() + seconds
@@ -123,9 +131,7 @@ async def test_pipelined_batches_are_made_one_at_a_time_once_they_pass_their_con
     loop = asyncio.get_running_loop()
     sock = unread_socket(proxy.server.port)
     try:
-        small = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
-        await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode(), path="/v3/k"))
-        assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
+        await answered_small(sock)
         await loop.run_in_executor(None, sock.sendall, batches(100, 6, 5))
         await until_async(lambda: upstream_calls(proxy) >= 5 and waiting(proxy) > 0, "the next batch to wait")
         await holds_for(lambda: upstream_calls(proxy) <= 5, "calls of a later batch made past the bound")
@@ -169,9 +175,7 @@ async def test_batches_behind_a_slow_answer_wait_for_it_to_be_taken_before_passi
         loop = asyncio.get_running_loop()
         sock = unread_socket(proxy.server.port)
         try:
-            small = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
-            await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode(), path="/v3/k"))
-            assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
+            await answered_small(sock)
             slow = {**big_call(0), "params": [{**big_call(0)["params"][0], "data": "0xdeadbeef"}, "0x1"]}
             data = post(json.dumps(slow).encode(), path="/v3/k") + batches(100, 6, 5)
             await loop.run_in_executor(None, sock.sendall, data)
@@ -281,9 +285,7 @@ async def test_a_request_being_made_holds_its_bodys_bytes_in_its_connections_cou
         loop = asyncio.get_running_loop()
         sock = unread_socket(proxy.server.port)
         try:
-            small = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
-            await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode()))
-            assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
+            await answered_small(sock)
             # Sent as the proxy reads (it stops reading while the calls wait).
             sending = loop.run_in_executor(None, sock.sendall, b"".join(fat_call(i, coded) for i in range(10, 30)))
             await until_async(lambda: upstream_calls(proxy) >= 2 and waiting(proxy) > 0, "the next calls to wait")
