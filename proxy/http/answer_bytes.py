@@ -326,6 +326,8 @@ class Batch:
         # held its key's and the process's counts at the estimate, which a 30 MB batch answer before
         # it made 30 MB (11 waiting batches of a client that read nothing held 330 MB no answer took).
         account.making -= 1
+        if account.written:  # what its client took of the last answers (under POLL_FROM, unmeasured)
+            account.measure()  # may leave it alone: its calls then go on together (upstream batches)
         account.recount()
 
     def room(self) -> bool:
