@@ -177,7 +177,7 @@ class Gateway:
                 prepared, cost = [], 0
 
         budget = ResponseBudget(self._settings.max_response_bytes)
-        run = BodyRun(self._execute, prepared, account, budget, charged=bool(cost), room=room)
+        run = BodyRun(self._execute, prepared, account, budget, bool(cost), room)
         # Everything below runs as this key: its upstream slots, its cache admission (caller.py).
         caller = CALLER.set(None if self.open_mode else account)
         try:

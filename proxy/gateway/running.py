@@ -68,7 +68,6 @@ class BodyRun:
         prepared: list[Prepared],
         account: str,
         budget: ResponseBudget,
-        *,
         charged: bool,
         room: AnswerRoom | None = None,
     ) -> None:

@@ -279,11 +279,15 @@ class RpcEndpoint:
                 via.RECEIVED.reset(marks)
 
     def finish(self, reply: Reply, headers: Headers) -> Reply:
-        """gzip for a large answer its client accepts, and CORS headers for a page's request."""
-        body = self._gzipped(reply, headers)
-        if body is not None:
+        """gzip for a large answer its client accepts, and CORS headers for a page's request (every
+        miss passes here: inline, as `finish_apart` is not)."""
+        body = reply.body
+        if body is not None and len(body) >= self.compress_from and accepts_gzip(headers.get("accept-encoding")):
+            reply.headers = {**reply.headers, "Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
             reply.body = self.compressor.gzip(body)
-        return self._cors(reply, headers)
+        if "origin" in headers and self.cors is not None:
+            return self._cors(reply, headers)
+        return reply
 
     async def finish_apart(self, reply: Reply, headers: Headers) -> Reply:
         """As `finish`, for an answer of APART_BYTES or more: compressed in a worker thread."""

@@ -202,7 +202,8 @@ class Pipeline:
             return False
         account = self.account
         account.keyed(request.target)
-        if account.room(request.body_held(account.budget.coded_body)):
+        body = request.size if "content-encoding" not in request.headers else account.budget.coded_body
+        if account.room(body):
             return False
         self.pause()
         account.wait()
