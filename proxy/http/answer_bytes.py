@@ -327,8 +327,9 @@ class Batch:
         # it made 30 MB (11 waiting batches of a client that read nothing held 330 MB no answer took).
         account.making -= 1
         if account.written:  # what its client took of the last answers (under POLL_FROM, unmeasured)
-            account.measure()  # may leave it alone: its calls then go on together (upstream batches)
-        account.recount()
+            account.measure()  # (recounted) may leave it alone: its calls go on together (upstream batches)
+        else:
+            account.recount()
 
     def room(self) -> bool:
         account = self._account

@@ -202,8 +202,7 @@ class Pipeline:
             return False
         account = self.account
         account.keyed(request.target)
-        body = request.size if "content-encoding" not in request.headers else account.budget.coded_body
-        if account.room(body):
+        if account.room(request.body_held(account.budget.coded_body)):
             return False
         self.pause()
         account.wait()
