@@ -214,6 +214,47 @@ async def test_batches_on_a_websocket_are_made_one_at_a_time_once_they_pass_its_
     await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the closed socket to leave the counts")
 
 
+async def test_batches_of_many_connections_of_one_key_go_past_its_bound_one_connection_at_a_time(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_KEY with batches: 4 connections of one key, each sent one batch of
+    # 8 answers of 1 MB (past the connection's bound and the key's) and reading nothing. Before, each
+    # batch, alone on its connection, was made past every shared bound: all 32 calls, and 20 such
+    # connections held 600 MB against a 64 MiB bound. Another key is served meanwhile, and every
+    # client then reads its batch whole and in order.
+    per_key = 5_000_000
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker,victim",
+        MAX_PENDING_ANSWER_BYTES="3000000",
+        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
+    )
+    loop = asyncio.get_running_loop()
+    socks = [unread_socket(proxy.server.port) for _ in range(4)]
+    try:
+        for n, sock in enumerate(socks):  # each connection's batch calls known to answer 1 MB
+            await loop.run_in_executor(None, sock.sendall, batches(1000 + 2 * n, 1, 2, "attacker"))
+            assert len(json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])) == 2
+        warmed = upstream_calls(proxy)
+        for n, sock in enumerate(socks):
+            await loop.run_in_executor(None, sock.sendall, batches(100 + 8 * n, 1, 8, "attacker"))
+        await until_async(lambda: waiting(proxy) >= 3, "the other connections' batches to wait")
+        # One batch whole (8), the key's bound (5) shared by the others, a call each reckoned in flight.
+        made = per_key // ANSWER + 8 + 4
+        await holds_for(lambda: upstream_calls(proxy) - warmed <= made, "batch calls made past the key's bound")
+        status, body, _ = await asyncio.wait_for(proxy.post(big_call(900), key="victim"), 10)
+        assert status == 200 and len(body["result"]) >= ANSWER
+        bodies = await asyncio.gather(*(loop.run_in_executor(None, read_answers, sock, 1) for sock in socks))
+    finally:
+        for sock in socks:
+            sock.close()
+    for n, [answer] in enumerate(bodies):
+        batch = json.loads(answer)
+        assert [call["id"] for call in batch] == list(range(100 + 8 * n, 108 + 8 * n))  # nothing dropped
+        assert all(len(call["result"]) >= ANSWER for call in batch)
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+
+
 class GatedEvm(FakeEvm):
     """A FakeEvm whose eth_call answers wait for `gate`: answers are being made, none yet made."""
 
@@ -576,6 +617,67 @@ async def test_a_batch_past_its_connections_bound_is_made_alone_and_counted_unti
     account.made(12, reckoned=True)
     account.wrote(12, dequeued=True)
     assert account.batches == [] and account.member_calls == account.members_made == account.making == 0
+
+
+async def test_one_connection_of_a_key_at_a_time_makes_a_batch_past_the_keys_bound() -> None:
+    # Rule: a batch made alone goes past its key's bound only with the key's pass, one connection at
+    # a time, kept until its client has taken all it holds. Before, every connection's batch made
+    # alone went past every shared bound: 20 connections of one key, each sent one batch of 30 MB
+    # and reading nothing, held 600 MB against a 64 MiB bound (an outside attack).
+    budget = AnswerBytes(per_connection=100, per_key=150, per_process=10_000)
+    loop = asyncio.get_running_loop()
+    unsent = {"a": 0, "b": 0}
+    a, b = (Account(budget, loop, lambda name=name: unsent[name], lambda: None) for name in ("a", "b"))
+    for account in (a, b):
+        account.keyed(("evm", "k"))
+        account.making_one()
+    first, second = a.batch(), b.batch()
+    for _ in range(3):  # both alone, both within the key's bound: 2 x 3 x 50 = 300 on the key
+        await asyncio.wait_for(first.member(), 5)
+        first.member_made(50)
+    await asyncio.wait_for(second.member(), 5)  # the key holds 150 with it (its call reckoned at 50)
+    second.member_made(50)
+    assert budget.passes[next(iter(budget.passes))] is a  # the first past the bound took the key's pass
+    blocked = asyncio.ensure_future(second.member())  # past the key's bound, the pass taken: waits
+    await turns()
+    assert not blocked.done() and budget.keys == {"k": 200}
+    await asyncio.wait_for(first.member(), 5)  # the holder goes on
+    first.member_made(50)
+    first.end()
+    a.made(200, reckoned=True)  # its answer, in place of its calls'
+    a.wrote(200, dequeued=True)
+    unsent["a"] = 200
+    a.measure()
+    await turns()
+    assert not blocked.done() and a.passes == 1  # written, not yet taken: the pass stays
+    unsent["a"] = 0
+    a.measure()  # taken: the pass is free, and the key's count has room again
+    await turns()
+    assert blocked.done() and budget.passes == {} and a.passes == 0
+    b.close()
+    a.close()
+    assert budget.held == 0 and budget.keys == {}
+
+
+async def test_a_closed_connection_gives_back_its_pass() -> None:
+    budget = AnswerBytes(per_connection=100, per_key=100, per_process=100)
+    loop = asyncio.get_running_loop()
+    a, b = (Account(budget, loop, lambda: 0, lambda: None) for _ in range(2))
+    for account in (a, b):
+        account.keyed(("evm", "k"))
+        account.making_one()
+    first, second = a.batch(), b.batch()
+    for _ in range(3):
+        await asyncio.wait_for(first.member(), 5)
+        first.member_made(60)
+    assert a.passes == 2  # the key's and the process's
+    blocked = asyncio.ensure_future(second.member())
+    await turns()
+    assert not blocked.done()
+    a.close()
+    await turns()
+    assert blocked.done() and budget.passes == {}
+    b.close()
 
 
 async def test_a_closed_connections_batches_are_made_one_at_a_time() -> None:

@@ -22,6 +22,7 @@ FLOOR_SHARE = 64
 # Before any, an answer is reckoned at this in its key's and the process's counts: many new
 # connections of one key (a pool opening) are not held up by half their own bound each.
 UNKNOWN_SHARED = 64 * 1024
+PROCESS = object()  # the process's pass (AnswerBytes.passes), beside each key's
 
 
 def key_share(per_key: int, workers: int) -> int:
@@ -53,6 +54,11 @@ class AnswerBytes:
         # write: an idle keep-alive connection's would stay counted after its client took them. They
         # are measured when a request waits for room and when the count is read (measured).
         self.unmeasured: dict[Account, None] = {}
+        # The one connection per key (and one in the process, under PROCESS) whose batch made alone
+        # may go past that bound, until its client has taken all it holds (batch_room): each
+        # connection's batch was made alone past every shared bound, and 20 connections of one key,
+        # each sent one batch of 30 MB, held 600 MB against a bound of 64 MiB.
+        self.passes: dict[object, Account] = {}
 
     def charge(self, key: str | None, delta: int) -> None:
         """A connection's bytes changed by `delta`; bytes taken wake those waiting for room."""
@@ -63,7 +69,11 @@ class AnswerBytes:
                 self.keys[key] = left
             else:
                 self.keys.pop(key, None)
-        if delta < 0 and self._waiters and self._wake_soon is None:
+        if delta < 0:
+            self._wake_later()
+
+    def _wake_later(self) -> None:
+        if self._waiters and self._wake_soon is None:
             self._wake_soon = asyncio.get_running_loop().call_soon(self._wake)
 
     def room(self, key: str | None, own: int, more: int, shared: int | None = None) -> bool:
@@ -80,6 +90,33 @@ class AnswerBytes:
             if held and held + shared > self.per_key:
                 return False
         return True
+
+    def batch_room(self, account: Account, more: int, alone: bool) -> bool:
+        """Whether a batch's call reckoned at `more` bytes may be made for `account` in its key's and
+        the process's counts: within each bound, or past it holding that bound's pass, which a batch
+        made `alone` (Batch.room) takes when no other connection holds it."""
+        key = account.key
+        if key is not None and not self._fits(key, self.keys.get(key, 0), self.per_key, account, more, alone):
+            return False
+        return self._fits(PROCESS, self.held, self.per_process, account, more, alone)
+
+    def _fits(self, bound: object, held: int, limit: int, account: Account, more: int, alone: bool) -> bool:
+        holder = self.passes.get(bound)
+        if holder is account or not held or held + more <= limit:
+            return True
+        if alone and holder is None:
+            self.passes[bound] = account
+            account.passes += 1
+            return True
+        return False
+
+    def give_back(self, account: Account) -> None:
+        """`account`'s passes are free again (its client took all it held, or it closed)."""
+        for bound, holder in list(self.passes.items()):
+            if holder is account:
+                del self.passes[bound]
+        account.passes = 0
+        self._wake_later()
 
     def wait(self, retry: Callable[[], None]) -> None:
         """`retry` is called once, after the next bytes taken anywhere (it waits again if still short);
@@ -154,7 +191,7 @@ class Account:
         self.estimate = Estimate(budget.per_connection)
         self.member = Estimate(budget.per_connection)  # a batch's next call's answer (Batch)
         self.batches: list[Batch] = []  # its batches being made, oldest first
-        self.member_calls = 0  # its batches' calls being made (reckoned at `member`, against its own bound)
+        self.member_calls = 0  # its batches' calls being made (reckoned at `member`, in every count)
         self.members_made = 0  # bytes of its batches' answers made so far (counted as any bytes)
         self.batches_made = 0  # batches whose calls are all made, counted until their answer is (made)
         self._members_room: asyncio.Event | None = None  # set when a batch's call waiting for room may look again
@@ -167,6 +204,7 @@ class Account:
         self._poll: asyncio.TimerHandle | None = None
         self._every = POLL_SECONDS
         self.closed = False
+        self.passes = 0  # the shared bounds its batches may go past (AnswerBytes.passes)
 
     def keyed(self, target: tuple[str | None, str | None] | None) -> None:
         """Its key: that of the first request that names one (what it holds already counts for it)."""
@@ -271,6 +309,8 @@ class Account:
         if self._poll is not None:
             self._poll.cancel()
             self._poll = None
+        if self.passes:
+            self.budget.give_back(self)
         self.budget.charge(self.key, -self.charged)
         self.charged = self.own = self.making = self.bodies = self.queued = self.written = 0
 
@@ -280,10 +320,12 @@ class Account:
         taken = self.queued + self.written
         held = taken + self.bodies + self.members_made
         self.own = self.making * self.estimate.size + held + self.member_calls * self.member.size
-        charged = self.making * self.estimate.shared + held
+        charged = self.making * self.estimate.shared + held + self.member_calls * self.member.shared
         if charged != self.charged:
             self.budget.charge(self.key, charged - self.charged)
             self.charged = charged
+        if self.passes and not taken and not self.batches:
+            self.budget.give_back(self)  # its client took all it was sent past the bound
 
     def _polling(self) -> None:
         if self._poll is None and not self.closed:
@@ -306,11 +348,12 @@ class Account:
 class Batch:
     """One batch's calls while they are made, in its connection's count: each answer as it is made
     (in the key's and the process's counts too: others' requests wait for them), and each call being
-    made reckoned at the connection's `member` estimate (against its own bound only). A call is made
-    while its connection has room for it, or when its batch is the connection's oldest and its
-    client has taken all it was sent (made alone, as one answer larger than a bound is); a closed
-    connection's batches are made one at a time. Pipelined batches were each reckoned at one answer
-    and all made at once: 12 batches of 300 answers of 100 KB on one connection held 534 MB."""
+    made reckoned at the connection's `member` estimate. A call is made while its connection, its key
+    and the process have room for it, or when its batch is the connection's oldest and its client has
+    taken all it was sent (made alone, as one answer larger than a bound is: past its key's or the
+    process's bound only with that bound's pass, one connection at a time); a closed connection's
+    batches are made one at a time. Pipelined batches were each reckoned at one answer and all made
+    at once: 12 batches of 300 answers of 100 KB on one connection held 534 MB."""
 
     __slots__ = ("_account", "_turn", "ended", "made", "making", "task")
 
@@ -332,10 +375,16 @@ class Batch:
             account.recount()
 
     def room(self) -> bool:
+        """Room for its next call: in its connection's count, or made alone (past that bound, and past
+        its key's or the process's with their pass); in its key's and the process's counts too."""
         account = self._account
         if account.batches[0] is self and (account.closed or (not account.written and self._first())):
-            return True
-        return not account.closed and account.own + account.member.size <= account.budget.per_connection
+            alone = True
+        elif account.closed or account.own + account.member.size > account.budget.per_connection:
+            return False
+        else:
+            alone = False
+        return account.closed or account.budget.batch_room(account, account.member.size, alone)
 
     def _first(self) -> bool:
         """Every answer before it is taken by its client: it is the connection's next to be written
