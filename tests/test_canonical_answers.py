@@ -328,6 +328,8 @@ async def test_a_tag_read_after_a_reorg_the_tracker_has_not_polled_is_asked_as_t
         node.rpc("anvil_reorg", 1, [[{"from": DEV_ACCOUNT, "to": "0x" + "33" * 20, "value": "0x1"}, 0]])
         for method, params in (
             ("eth_getTransactionByBlockNumberAndIndex", ["latest", "0x0"]),
+            ("eth_getTransactionByBlockNumberAndIndex", ["latest", "0x1"]),  # a null: asked beside a header
+            ("eth_getTransactionByBlockNumberAndIndex", ["pending", "0x1"]),
             ("eth_getBlockByNumber", ["latest", False]),
             ("eth_getBalance", ["0x" + "33" * 20, "latest"]),
             ("eth_getLogs", [{"fromBlock": "0x40", "toBlock": "pending"}]),
