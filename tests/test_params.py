@@ -26,6 +26,12 @@ class TestCanonicalForms:
     def test_addresses_are_lower_cased_so_checksum_case_is_the_same_request(self) -> None:
         assert p.eth_get_storage_at([ADDR, "0x0", "0x1"], RULES)[0] == ADDR.lower()
 
+    def test_long_calldata_is_lower_cased_and_kept_as_it_is_when_already_lower(self) -> None:
+        # A call of megabytes of calldata held one more copy of it while made (bench/body_copies.py).
+        lower, upper = "0x" + "ab" * 5000, "0x" + "Ab" * 5000
+        assert p.eth_call([{"to": ADDR, "data": lower}, "latest"], RULES)[0]["data"] is lower
+        assert p.eth_call([{"to": ADDR, "data": upper}, "latest"], RULES)[0]["data"] == lower
+
     def test_storage_positions_are_32_byte_words(self) -> None:
         short = p.eth_get_storage_at([ADDR, "0x0", "latest"], RULES)[1]
         padded = p.eth_get_storage_at([ADDR, "0x" + "0" * 64, "latest"], RULES)[1]

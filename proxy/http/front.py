@@ -459,7 +459,11 @@ class FrontProtocol(asyncio.Protocol):
     def _dispatch(self, request: Request) -> None:
         if request.kind == RPC:
             parts = request.parts
-            body = parts[0] if len(parts) == 1 else b"".join(parts)
+            if len(parts) == 1:
+                body = parts[0]
+            else:
+                body = b"".join(parts)
+                request.parts = [body]  # the read's pieces let go (the request lives until its answer is written)
             if self._access_log:
                 identified(request.headers.get("x-request-id"), self._rpc, request, body)
             else:

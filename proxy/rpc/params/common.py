@@ -11,6 +11,8 @@ from proxy.rpc.jsonrpc import invalid_params
 TAGS = ("latest", "earliest", "pending", "safe", "finalized")
 # Used with fullmatch only: `$` would also accept a trailing newline ("0x...\n").
 _HEX = re.compile(r"0x[0-9a-fA-F]*")
+_UPPER = re.compile(r"[A-F]")
+LONG_HEX = 4096  # digits past which a lower-case hex string is kept as it is (hex_bytes)
 _DECIMAL = re.compile(r"[0-9]{1,20}")  # 2**64 has 20 digits; longer is never a block number
 UINT256_MAX = 2**256 - 1
 
@@ -69,6 +71,8 @@ def hex_bytes(name: str, value: Any, size: int | None = None) -> str:
         raise invalid_params(name, f"expected {size} bytes (0x followed by {size * 2} hex digits)")
     if digits % 2:
         raise invalid_params(name, "hex string has an odd number of digits")
+    if digits > LONG_HEX and not _UPPER.search(value):
+        return value  # calldata of megabytes: not copied again while its call is made
     return value.lower()
 
 
