@@ -632,13 +632,14 @@ async def test_one_connection_of_a_key_at_a_time_makes_a_batch_past_the_keys_bou
         account.keyed(("evm", "k"))
         account.making_one()
     first, second = a.batch(), b.batch()
-    for _ in range(3):  # both alone, both within the key's bound: 2 x 3 x 50 = 300 on the key
-        await asyncio.wait_for(first.member(), 5)
-        first.member_made(50)
-    await asyncio.wait_for(second.member(), 5)  # the key holds 150 with it (its call reckoned at 50)
-    second.member_made(50)
-    assert budget.passes[next(iter(budget.passes))] is a  # the first past the bound took the key's pass
-    blocked = asyncio.ensure_future(second.member())  # past the key's bound, the pass taken: waits
+    for batch in (first, first, second):  # both alone, within the key's bound: 3 x 50
+        await asyncio.wait_for(batch.member(), 5)
+        batch.member_made(50)
+    assert budget.keys == {"k": 150} and budget.passes == {}
+    await asyncio.wait_for(first.member(), 5)  # past the key's bound: the first to ask takes its pass
+    assert budget.passes == {"k": a} and a.passes == 1
+    first.member_made(50)
+    blocked = asyncio.ensure_future(second.member())  # past it too, the pass taken: waits
     await turns()
     assert not blocked.done() and budget.keys == {"k": 200}
     await asyncio.wait_for(first.member(), 5)  # the holder goes on
