@@ -1,10 +1,10 @@
 """Benchmark: how many copies of a request's body a proxy process holds while the request is made.
 
-    .venv/bin/python -m bench.body_copies [--connections 20] [--body-mb 4]
+    .venv/bin/python -m bench.body_copies [--connections 5] [--body-mb 4]
 
 A `python -m proxy` process (memory tier off) in front of a fake node (tests/fake_evm.py) that holds
 every eth_call 20 s. --connections clients each send one eth_call whose calldata is --body-mb MB of
-hex, and read nothing; printed: the process's peak RSS growth while the calls are made, and that
+hex, and read nothing (5 are all made at once; of more, some wait for room, holding fewer copies); printed: the process's peak RSS growth while the calls are made, and that
 growth per request in bodies (1.0: the body is held once). The baseline, in the same run: the same
 clients sending calls of 1 byte of calldata (what a request costs beside its body), subtracted.
 """
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fake_evm import FakeEvm  # noqa: E402
-from tests.memory_fill import ProxyProcess  # noqa: E402
+from tests.memory_fill import ProxyProcess, rss_bytes  # noqa: E402
 
 HELD_SECONDS = 20.0
 
@@ -36,14 +36,6 @@ class SlowEvm(FakeEvm):
         if b"eth_call" in await request.read():
             await asyncio.sleep(HELD_SECONDS)
         return await super()._handle(request)
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def request(i: int, data_bytes: int) -> bytes:
@@ -64,7 +56,7 @@ async def growth(upstream: str, connections: int, data_bytes: int) -> int:
     socks: list[socket.socket] = []
     try:
         await asyncio.sleep(1)
-        before = rss(proxy.proc.pid)
+        before = rss_bytes(proxy.proc.pid)
         loop = asyncio.get_running_loop()
         for i in range(connections):
             sock = socket.create_connection(("127.0.0.1", proxy.port))
@@ -73,7 +65,7 @@ async def growth(upstream: str, connections: int, data_bytes: int) -> int:
         peak = before
         for _ in range(40):
             await asyncio.sleep(0.25)
-            peak = max(peak, rss(proxy.proc.pid))
+            peak = max(peak, rss_bytes(proxy.proc.pid))
         return peak - before
     finally:
         for sock in socks:
@@ -98,7 +90,7 @@ async def main(connections: int, body_mb: float) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--connections", type=int, default=20)
+    parser.add_argument("--connections", type=int, default=5)
     parser.add_argument("--body-mb", type=float, default=4.0)
     args = parser.parse_args()
     asyncio.run(main(args.connections, args.body_mb))
