@@ -4,9 +4,10 @@
 
 A `python -m proxy` process (memory tier off) in front of a fake node (tests/fake_evm.py) that holds
 every eth_call 20 s. --connections clients each send one eth_call whose calldata is --body-mb MB of
-hex, and read nothing (5 are all made at once; of more, some wait for room, holding fewer copies); printed: the process's peak RSS growth while the calls are made, and that
-growth per request in bodies (1.0: the body is held once). The baseline, in the same run: the same
-clients sending calls of 1 byte of calldata (what a request costs beside its body), subtracted.
+hex, and read nothing (5 are all made at once; of more, some wait for room, holding fewer copies).
+Printed: the process's peak RSS growth while the calls are made, and that growth per request in
+bodies (1.0: the body is held once). The baseline, in the same run: the same clients sending calls
+of 1 byte of calldata (what a request costs beside its body), subtracted.
 """
 
 from __future__ import annotations
