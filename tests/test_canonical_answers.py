@@ -251,6 +251,50 @@ async def test_a_reorged_out_hash_is_answered_as_the_canonical_node_answers_it(m
         node.stop()
 
 
+async def test_a_reorg_the_chain_moved_past_finality_before_the_next_poll_leaves_nothing_of_it_served(
+    make_proxy: ProxyFactory,
+) -> None:
+    """Rule: a block a reorg replaced is never answered from cache, also when the chain had moved
+    far enough by the next poll that the replaced blocks are final and out of the tracker's window.
+    Before, the poll compared only the blocks still above the finalized one: a receipt, a block by
+    hash and a storage read by block hash of the dropped blocks were served as hits, the receipt
+    until its TTL ran out and the rest for good (an outside attack: anvil_reorg(2) then 70 blocks
+    mined within one poll)."""
+    node = Anvil()
+    try:
+        store = node.deploy_store()
+        node.mine(70)
+        receipt = node.send(store, selector("setX(uint256)") + word(7))
+        block = receipt["blockHash"]
+        proxy = await make_proxy(EVM_UPSTREAM=node.url, HEAD_POLL_INTERVAL="60", HEAD_STALE_AFTER="300")
+        await proxy.head_at(node.block_number())
+        reads = (
+            ("eth_getTransactionReceipt", [receipt["transactionHash"]]),
+            ("eth_getBlockByHash", [block, False]),
+            ("eth_getStorageAt", [store, "0x0", {"blockHash": block}]),
+        )
+        for method, params in reads:
+            await answer(proxy, method, params)
+            body, cache = await answer(proxy, method, params)
+            assert body.get("result") == node.rpc(method, *params) and cache == "HIT", (method, body, cache)
+        node.rpc("anvil_reorg", 2, [])  # the write's block and the one before it, replaced
+        node.mine(70)  # final before the tracker polls again
+        await tracker_of(proxy).poll()
+        for method, params in reads:
+            try:
+                truth: Any = node.rpc(method, *params)
+            except RuntimeError as error:  # the node's error for a block it no longer has
+                truth = error
+            body, cache = await answer(proxy, method, params)
+            assert cache != "HIT", (method, body)
+            if isinstance(truth, Exception):
+                assert "error" in body, (method, body)
+            else:
+                assert body.get("result") == truth, (method, body, truth)
+    finally:
+        node.stop()
+
+
 # --- 5. a load balancer in front of a lagging node -----------------------------------------------
 
 

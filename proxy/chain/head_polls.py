@@ -263,6 +263,34 @@ async def synced_window(
     return chain
 
 
+async def replaced_below(
+    asker: Asks, old: Mapping[int, str], hashes: Mapping[int, str], latest: Header, final: int | None
+) -> list[int]:
+    """Heights of the last window that have left the new one unseen (above `final`, the finalized
+    block the tracker knew, which the poll checks itself), whose blocks a reorg replaced. Nothing is
+    asked when the new window holds the last one's block at its bottom (the window is a hash chain,
+    so every block below is the last window's); else the last window's top block below the new one
+    is asked, and when it changed, each of them. A reorg that the chain had moved 64 blocks past by
+    the next poll left its replaced blocks final: by-hash answers and receipts of them were served."""
+    if not hashes or not old:
+        return []
+    bottom = min(hashes)
+    if old.get(bottom) == hashes[bottom]:
+        return []
+    gone = sorted((h for h in old if h < bottom and (final is None or h > final)), reverse=True)
+    replaced: list[int] = []
+    while gone:
+        heights, gone = gone[:HEADER_CHUNK], gone[HEADER_CHUNK:]
+        answers = await _beside_latest(asker, [get_block(hex(h)) for h in heights], latest)
+        for height, answer in zip(heights, answers, strict=True):
+            header = header_of(answer)
+            if header is None or header.hash != old[height]:
+                replaced.append(height)  # a null from a node that shows the head: not served from cache either
+            elif not replaced:
+                return []  # the top block below is the last window's: so is every block under it
+    return replaced
+
+
 async def _beside_latest(asker: Asks, calls: list[tuple[str, Any]], latest: Header) -> list[Answer]:
     """The window's `calls` answered in one batch with the poll's latest block, by a node that shows
     that block (its hash): a load balancer's member behind the node the poll reached answers null for

@@ -34,6 +34,7 @@ from proxy.chain.head_polls import (
     poll_forever,
     poll_health,
     publish,
+    replaced_below,
     resolve_ref,
     same_head,
     synced_window,
@@ -276,6 +277,7 @@ class EvmHeadTracker:
                 self.forks.unrecorded(f"{self.network}@{self._identity}")
         reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
         reorged += [h for h in old if h > latest.number]
+        reorged += await replaced_below(asker, old, hashes, latest, known_final.number if known_final else None)
         head = Head(
             latest.number,
             safe,
