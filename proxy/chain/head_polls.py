@@ -263,7 +263,17 @@ async def synced_window(
     return chain
 
 
-async def replaced_below(
+async def replaced(
+    asker: Asks, old: Mapping[int, str], hashes: Mapping[int, str], latest: Header, finalized: int, final: int | None
+) -> list[int]:
+    """Heights of the last window (`old`) whose blocks a reorg replaced: those the new window holds
+    with another hash above the finalized block, those above its latest block, and those below it."""
+    reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
+    reorged += [h for h in old if h > latest.number]
+    return reorged + await _replaced_below(asker, old, hashes, latest, final)
+
+
+async def _replaced_below(
     asker: Asks, old: Mapping[int, str], hashes: Mapping[int, str], latest: Header, final: int | None
 ) -> list[int]:
     """Heights of the last window that have left the new one unseen (above `final`, the finalized

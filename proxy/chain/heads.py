@@ -34,7 +34,7 @@ from proxy.chain.head_polls import (
     poll_forever,
     poll_health,
     publish,
-    replaced_below,
+    replaced,
     resolve_ref,
     same_head,
     synced_window,
@@ -275,9 +275,7 @@ class EvmHeadTracker:
                 await self.forks.check(base, (finalized, final_hash), hashes, self._own_hash)
             elif self._epochs.unread:  # no epoch can be read: a space of its own (forks.py)
                 self.forks.unrecorded(f"{self.network}@{self._identity}")
-        reorged = [h for h, old_hash in old.items() if h > finalized and hashes.get(h, old_hash) != old_hash]
-        reorged += [h for h in old if h > latest.number]
-        reorged += await replaced_below(asker, old, hashes, latest, known_final.number if known_final else None)
+        reorged = await replaced(asker, old, hashes, latest, finalized, known_final.number if known_final else None)
         head = Head(
             latest.number,
             safe,
