@@ -17,12 +17,13 @@ from proxy.cache.planning import _doubted
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
 from proxy.chain import heads
 from proxy.chain.finality import FinalityWatch
-from proxy.chain.head_polls import Head, Resolved, TrackerError
+from proxy.chain.head_polls import Behind, Head, Header, Resolved, TrackerError
 from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.rpc.methods import CacheClass
 from proxy.rpc.params import BlockRef
+from proxy.upstream.standing import UpstreamStates
 from proxy.values import Answer
 from tests.fake_chain import FakeChain
 from tests.support import FakeClock
@@ -220,6 +221,11 @@ class TestCoalescer:
         assert all(isinstance(r, ValueError) for r in results) and coalescer.inflight == 0
 
 
+def shown(number: int, block_hash: str, upstream: int = 0) -> Behind:
+    """What a poll answered below the head raises: the block its node `upstream` gave as latest."""
+    return Behind.at(upstream, Header(number, block_hash, "", 0, 0), 105)
+
+
 class Alternating(FakeChain):
     """A load balancer over two nodes of one chain, the second `behind` blocks behind: each batch
     goes to the other node in turn (a batch is never split)."""
@@ -263,18 +269,35 @@ class TestHeadTracker:
         # head's own chain leaves the head as it is; one showing another hash at a window height does not.
         watch = FinalityWatch("evm", None, Metrics(CollectorRegistry()))
         head = Head(105, 100, 90, "0xe", 1, 0, {103: "0xc", 104: "0xd", 105: "0xe"}, {})
-        assert watch.doubted(head, head, (104, "0xd")) is head  # lagging on the same chain
-        assert watch.doubted(head, head, (80, "0xf")) is head  # below the window: finality's to judge
-        assert watch.doubted(head, head, None) is head  # no block shown (a node still syncing)
-        doubted = watch.doubted(head, head, (104, "0xother"))
+        assert watch.doubted(head, head, shown(104, "0xd")) is head  # lagging on the same chain
+        assert watch.doubted(head, head, shown(80, "0xf")) is head  # below the window: finality's to judge
+        assert watch.doubted(head, head, Behind("syncing")) is head  # no block shown (a node still syncing)
+        doubted = watch.doubted(head, head, shown(104, "0xother"))
         assert doubted is not None and doubted.stale and doubted.hashes == head.hashes and doubted.doubted == 104
         # A call naming any hash of the window is not cached (asked as is): the fork may lie below 104.
         doubted = replace(doubted, numbers={"0xc": 103, "0xd": 104, "0xe": 105})
         assert _doubted(["0xd"], doubted) and _doubted(["0xzz", "0xe"], doubted) and _doubted(["0xc"], doubted)
         assert not _doubted(["0xzz"], doubted) and not _doubted([], doubted)
-        assert watch.doubted(doubted, doubted, (104, "0xother")) is doubted  # stale already
+        assert watch.doubted(doubted, doubted, shown(104, "0xother")) is doubted  # stale already
         newer = Head(106, 100, 90, "0xg", 1, 0, {})
-        assert watch.doubted(head, newer, (104, "0xother")) is newer  # another poll moved the head since
+        assert watch.doubted(head, newer, shown(104, "0xother")) is newer  # another poll moved the head since
+
+    def test_a_node_behind_another_upstream_on_another_fork_leaves_the_head_fresh(self) -> None:
+        # Rule (docs/caching.md, a backup on another fork): another hash shown by a node that another
+        # upstream is known to be ahead of is that node's fork, not the chain gone shorter. Before, each
+        # of its polls made the head stale, and reads went unpinned to whichever upstream was picked:
+        # the backup's blocks, balances and receipts were served for the network's (an outside attack).
+        states = UpstreamStates(2)
+        for index in (0, 1):
+            states.judged(index, True)
+        states.observe_head(0, 105)
+        states.observe_head(1, 104)
+        watch = FinalityWatch("evm", states, Metrics(CollectorRegistry()))
+        head = Head(105, 100, 90, "0xe", 1, 0, {103: "0xc", 104: "0xd", 105: "0xe"}, {})
+        assert watch.doubted(head, head, shown(104, "0xother", upstream=1)) is head
+        states.observe_head(0, 103)  # the network's furthest node went back too: the chain may be shorter
+        doubted = watch.doubted(head, head, shown(104, "0xother", upstream=1))
+        assert doubted is not None and doubted.stale
 
     async def test_a_block_shown_far_past_the_head_or_unreached_for_long_holds_latest_back_no_more(
         self, monkeypatch: pytest.MonkeyPatch

@@ -4,7 +4,9 @@ changes. Real Anvil nodes, real redis-server, the proxy on a real port."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -292,6 +294,55 @@ async def test_a_reorg_the_chain_moved_past_finality_before_the_next_poll_leaves
             else:
                 assert body.get("result") == truth, (method, body, truth)
     finally:
+        node.stop()
+
+
+async def test_a_backup_on_a_fork_the_network_left_never_answers_for_the_networks_blocks(
+    make_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """Rule (docs/caching.md, a backup on another fork): a node behind the network on a fork of its own
+    never answers for the network's blocks. Before, each head poll that reached it made the head stale
+    (its latest block had another hash than the head's window), and in the meantime every read went
+    unpinned to whichever upstream was picked: with `selection = "weighted"`, about a third of the
+    reads of blocks 101-106 got the backup's block, balances and receipts (an outside attack)."""
+    node = Anvil()
+    backup = relay = None
+    try:
+        node.mine(100)
+        backup = Anvil("--fork-url", node.url, "--fork-block-number", "100")
+        for chain, to in ((node, "aa"), (backup, "bb")):
+            for _ in range(6):  # blocks 101-106, one transfer each: another content on each fork
+                chain.send("0x" + to * 20, "0x")
+        node.mine(5)  # the network at 111, the backup at 106 on its own fork
+        relay = await FaultRelay(backup.url).start()  # counts the head polls that reach the backup
+        networks = tmp_path / "networks.toml"
+        networks.write_text(
+            f'[networks.evm]\nfamily = "evm"\nupstreams = ["{node.url}", "{relay.url}"]\nselection = "weighted"\n'
+        )
+        proxy = await make_proxy(NETWORKS_FILE=str(networks), HEAD_POLL_INTERVAL="0.1")
+        await proxy.head_at(111)
+        reads = [("eth_getBlockByNumber", [hex(n), False]) for n in (102, 106)] + [
+            ("eth_getBalance", ["0x" + "bb" * 20, hex(106)]),
+            ("eth_getBlockReceipts", [hex(104)]),
+            ("eth_getTransactionByBlockNumberAndIndex", [hex(103), "0x0"]),
+        ]
+        truths = [node.rpc(method, *params) for method, params in reads]
+
+        def polls_at_backup() -> int:  # the tracker's polls (the tags' batch) that the pool sent to it
+            return sum(1 for call in relay.calls if call.get("params", [None])[:1] == ["finalized"])
+
+        start = polls_at_backup()
+        deadline = time.monotonic() + 30
+        while polls_at_backup() < start + 5 and time.monotonic() < deadline:
+            for (method, params), truth in zip(reads, truths, strict=True):
+                body, cache = await answer(proxy, method, params)
+                assert body.get("result") == truth, (method, params, body, cache)
+        assert polls_at_backup() >= start + 5, "the head polls to reach the backup"
+    finally:
+        if relay is not None:
+            await relay.close()
+        if backup is not None:
+            backup.stop()
         node.stop()
 
 

@@ -43,16 +43,22 @@ class FinalityWatch:
             # network left, and its answers come between the others'.
             raise Behind.at(upstream, latest, old_head.latest)
 
-    def doubted(self, old_head: Head | None, head: Head | None, shown: tuple[int, str] | None) -> Head | None:
-        """The tracker's `head`, made stale when a poll whose every answer was below it (`shown`: the block its node
-        gave as latest) shows a block of its window with another hash: the chain above that block was
+    def doubted(self, old_head: Head | None, head: Head | None, behind: Behind) -> Head | None:
+        """The tracker's `head`, made stale when a poll whose every answer was below it (`behind.shown`: the block
+        its node gave as latest) shows a block of its window with another hash: the chain above that block was
         replaced (a reorg to a shorter chain), or the node is on another fork. Either way the window is
         no longer sure, so no tag resolves to it and nothing above finalized is pinned to its hashes
         (README: a replaced block is never served once a poll has seen it); the next poll that shows the
         same takes the shorter chain (refuse_going_back), one that shows the head again makes it fresh.
         Unchanged when the node is behind on the head's own chain (a lagging node) or below the window,
-        when the head is stale already, or when it is no longer the one the poll began with."""
+        when the head is stale already, when it is no longer the one the poll began with, or when
+        another upstream is known to be further ahead than the node: a backup on a fork the network
+        left, whose polls made the head stale in turn, and every read then went unpinned to whichever
+        upstream was picked (its fork's blocks, balances and receipts served for the network's)."""
+        shown = behind.shown
         if old_head is None or head is not old_head or shown is None or old_head.stale:
+            return head
+        if behind.upstream is not None and not self.furthest(behind.upstream):
             return head
         number, block_hash = shown
         held = old_head.hashes.get(number)

@@ -38,14 +38,17 @@ class TrackerError(Exception):
 class Behind(TrackerError):
     """The poll's answer came from a node behind the network's head (a primary a few blocks behind, a
     load balancer's lagging member, a node still syncing): the poll asks once more, elsewhere.
-    `shown`: the block (number, hash) the node gave as its latest, when it gave one."""
+    `shown`: the block (number, hash) the node gave as its latest, when it gave one, and `upstream`
+    the node's index."""
 
     shown: tuple[int, str] | None = None
+    upstream: int | None = None
 
     @classmethod
     def at(cls, upstream: int, latest: Header, head: int) -> Behind:
         behind = cls(f"upstream #{upstream} is behind the network head ({latest.number} < {head})")
         behind.shown = (latest.number, latest.hash)
+        behind.upstream = upstream
         return behind
 
 

@@ -253,7 +253,7 @@ class EvmHeadTracker:
                 self._asker, self._upstream, self._states, calls, judge, max(self._interval, 1.0), old_head
             )
         except Behind as behind:
-            self.head = self._finality.doubted(old_head, self.head, behind.shown)  # a replaced block's: stale
+            self.head = self._finality.doubted(old_head, self.head, behind)  # a replaced block's: stale
             raise
         latest_a, safe_a, final_a = answers[:3]
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
