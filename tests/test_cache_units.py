@@ -17,7 +17,7 @@ from proxy.cache.planning import _doubted
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
 from proxy.chain import heads
 from proxy.chain.finality import FinalityWatch
-from proxy.chain.head_polls import Behind, Head, Header, Resolved, TrackerError
+from proxy.chain.head_polls import Behind, Head, Header, Resolved, TrackerError, note_orphans
 from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
@@ -281,6 +281,17 @@ class TestHeadTracker:
         assert watch.doubted(doubted, doubted, shown(104, "0xother")) is doubted  # stale already
         newer = Head(106, 100, 90, "0xg", 1, 0, {})
         assert watch.doubted(head, newer, shown(104, "0xother")) is newer  # another poll moved the head since
+
+    def test_the_hashes_of_a_chain_that_comes_back_are_no_longer_orphans(self) -> None:
+        # Rule (docs/caching.md, a reorged-out hash): a hash is answered as the canonical node answers
+        # it once its block was replaced, until a reorg brings its block back. Before, two forks each
+        # the longest in turn left the returning chain's hashes orphans: reads naming them were
+        # answered by a node without them (null, another fork's state) (an outside attack).
+        orphans: dict[str, int] = {}
+        note_orphans(orphans, [101, 102], {101: "0xa1", 102: "0xa2"}, {101: "0xb1", 102: "0xb2", 103: "0xb3"})
+        assert orphans == {"0xa1": 101, "0xa2": 102}
+        note_orphans(orphans, [101, 102, 103], {101: "0xb1", 102: "0xb2", 103: "0xb3"}, {101: "0xa1", 102: "0xa2"})
+        assert orphans == {"0xb1": 101, "0xb2": 102, "0xb3": 103}
 
     def test_a_node_behind_another_upstream_on_another_fork_leaves_the_head_fresh(self) -> None:
         # Rule (docs/caching.md, a backup on another fork): another hash shown by a node that another

@@ -379,10 +379,14 @@ def resolve_ref(
 def note_orphans(
     orphans: dict[str, int], reorged: list[int], old: Mapping[int, str], hashes: Mapping[int, str]
 ) -> None:
-    """Blocks a reorg replaced: their hashes become orphans (hash -> number), the oldest forgotten first."""
+    """Blocks a reorg replaced: their hashes become orphans (hash -> number), the oldest forgotten first;
+    and the new window's are no longer orphans: a chain that comes back (two forks each the longest
+    in turn) had its own blocks' hashes answered as a node without them answers them (null)."""
     for height in reorged:
         if height in old and hashes.get(height) != old[height]:
             orphans[old[height]] = height
+    for block_hash in hashes.values():
+        orphans.pop(block_hash, None)
     while len(orphans) > ORPHANS_MAX:
         del orphans[next(iter(orphans))]
 

@@ -103,14 +103,17 @@ async def from_ahead(
     head: tuple[int, str] | None,
     timeout: float,
 ) -> tuple[list[Answer], Pinned] | None:
-    """The poll's answers from the first upstream ahead (furthest first) whose chain holds the latest
-    block the node behind gave and the tracker's own latest block, each with its hash: one that
-    extends the chain the head follows. One ahead on another fork (a backup on a minority fork,
-    parted below either block) is never followed for being ahead; None when none is taken."""
+    """The poll's answers from the first upstream ahead (furthest first) whose chain holds the
+    tracker's own latest block (before it has one, the latest block the node behind gave), with its
+    hash: one that extends the chain the head follows. One ahead on another fork (a backup on a
+    minority fork, parted below that block) is never followed for being ahead; None when none is
+    taken. Whatever chain the node behind is on: a backup on a fork the network left shows a block
+    the network's chain does not hold, and while its polls found no upstream ahead the head went
+    stale, every read then unpinned (the backup's blocks and state were served for the network's)."""
     latest, pool = header_of(behind[0]), http_pool(upstream)
     if latest is None or pool is None:
         return None
-    held = dict([(latest.number, latest.hash), *([head] if head is not None else [])])
+    held = dict([head if head is not None else (latest.number, latest.hash)])
     for index in candidates:
         ahead = Pinned(pool, index, timeout)
         try:
