@@ -90,6 +90,16 @@ async def attack(proxy: Proxy, data: bytes, connections: int) -> list[socket.soc
     return socks
 
 
+async def two_keys(make_proxy: ProxyFactory, node: FakeEvm, per_connection: int, per_key: int) -> Proxy:
+    """A proxy of the keys `attacker` and `victim`, its answers bounded per connection and per key."""
+    return await make_proxy(
+        EVM_UPSTREAM=node.url,
+        API_KEYS="attacker,victim",
+        MAX_PENDING_ANSWER_BYTES=str(per_connection),
+        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
+    )
+
+
 async def test_a_connection_makes_answers_only_within_its_bytes_and_all_as_its_client_reads(
     big_node: FakeEvm, make_proxy: ProxyFactory
 ) -> None:
@@ -223,12 +233,7 @@ async def test_batches_of_many_connections_of_one_key_go_past_its_bound_one_conn
     # connections held 600 MB against a 64 MiB bound. Another key is served meanwhile, and every
     # client then reads its batch whole and in order.
     per_key = 5_000_000
-    proxy = await make_proxy(
-        EVM_UPSTREAM=big_node.url,
-        API_KEYS="attacker,victim",
-        MAX_PENDING_ANSWER_BYTES="3000000",
-        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
-    )
+    proxy = await two_keys(make_proxy, big_node, 3_000_000, per_key)
     loop = asyncio.get_running_loop()
     socks = [unread_socket(proxy.server.port) for _ in range(4)]
     try:
@@ -352,12 +357,7 @@ async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_me
     # MAX_PENDING_ANSWER_BYTES_PER_KEY: four connections of one key, none reading, hold its bound in
     # all; another key's calls are answered at once all the while (its own bound is untouched).
     per_key = 5_000_000
-    proxy = await make_proxy(
-        EVM_UPSTREAM=big_node.url,
-        API_KEYS="attacker,victim",
-        MAX_PENDING_ANSWER_BYTES="4000000",
-        MAX_PENDING_ANSWER_BYTES_PER_KEY=str(per_key),
-    )
+    proxy = await two_keys(make_proxy, big_node, 4_000_000, per_key)
     socks = await attack(proxy, misses(0, 20, "attacker"), 4)
     try:
         await until_async(lambda: waiting(proxy) >= 4, "every attacking connection to wait")
