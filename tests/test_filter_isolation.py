@@ -27,8 +27,12 @@ async def test_a_filter_id_is_scoped_to_the_key_that_made_it(anvil: Anvil, proxy
     receipt = anvil.send(store, selector("emitMany(uint256)") + word(2))
     await proxy.head_at(int(receipt["blockNumber"], 16))  # eth_getFilterLogs' `latest` is the tracker's
     for method in ("eth_getFilterChanges", "eth_getFilterLogs"):
-        reply = await proxy.call(method, [own_id], "key-b")
+        # Refused by the proxy, no node asked: not charged (it was, at the method's price).
+        _, reply, headers = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": method, "params": [own_id]}, key="key-b"
+        )
         assert reply["error"] == {"code": -32000, "message": "filter not found"}, reply
+        assert headers["X-Credits-Charged"] == "0", (method, headers)
     assert await proxy.result("eth_uninstallFilter", [own_id], "key-b") is False
     started = time.perf_counter()
     changes = await proxy.result("eth_getFilterChanges", [own_id], "key-a")  # still there, still unread

@@ -39,7 +39,7 @@ def refunded(error: JsonRpcError | None) -> bool:
     are resolved against the head: `{"fromBlock": "latest", "toBlock": "0x5"}`)."""
     if error is None or error.reached:
         return False
-    return error.code == UPSTREAM_UNAVAILABLE or error.code in REFUSALS
+    return error.code == UPSTREAM_UNAVAILABLE or error.code in REFUSALS or error.local
 
 
 def refunded_unanswered(sent: bool) -> bool:

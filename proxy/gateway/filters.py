@@ -119,11 +119,11 @@ class Filters:
         if node_id is None:
             if method == "eth_uninstallFilter":
                 return _result(False)  # geth's answer to an unknown id
-            raise JsonRpcError(NOT_FOUND, "filter not found")
+            raise JsonRpcError(NOT_FOUND, "filter not found", local=True)
         # Made on this host: its criteria and last poll are known. Else another replica made it.
         entry = self._entry(own_id, net.name, polled=method == "eth_getFilterChanges")
         if entry is not None and entry.network != net.name:
-            raise JsonRpcError(NOT_FOUND, "filter not found")
+            raise JsonRpcError(NOT_FOUND, "filter not found", local=True)
         if method == "eth_uninstallFilter":
             with self._table.edit() as table:
                 table.pop(own_id, None)
@@ -131,7 +131,7 @@ class Filters:
             return Outcome.answered(await net.upstream.request(method, [node_id]), BYPASS)
         if method == "eth_getFilterLogs" and entry is not None:
             if entry.criteria is None:
-                raise JsonRpcError(NOT_FOUND, "filter not found")  # geth: only log filters have logs
+                raise JsonRpcError(NOT_FOUND, "filter not found", local=True)  # geth: only log filters have logs
             # eth_getLogs over the filter's criteria: its limits, its -32005s, its cache.
             return await self._execute(self._prepare(Call("eth_getLogs", [entry.criteria], prepared.call.id), net))
         if method == "eth_getFilterChanges" and entry is not None and entry.criteria is not None:

@@ -51,6 +51,7 @@ class JsonRpcError(Exception):
         http_status: int = 200,
         headers: dict[str, str] | None = None,
         reached: bool = False,
+        local: bool = False,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -61,6 +62,8 @@ class JsonRpcError(Exception):
         # An upstream failure after a node got the call (a timeout, a garbled reply): the node may
         # have done the work, so the call is charged (charging.py).
         self.reached = reached
+        # The proxy's own refusal, no node asked (a filter id unknown to the key): given back (charging.py).
+        self.local = local
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {"code": self.code, "message": self.message}
