@@ -69,8 +69,8 @@ class AnswerBytes:
                 self.keys[key] = left
             else:
                 self.keys.pop(key, None)
-        if delta < 0:
-            self._wake_later()
+        if delta < 0 and self._waiters and self._wake_soon is None:  # inline: every answer taken passes here
+            self._wake_soon = asyncio.get_running_loop().call_soon(self._wake)
 
     def _wake_later(self) -> None:
         if self._waiters and self._wake_soon is None:
@@ -193,6 +193,8 @@ class Account:
         self.batches: list[Batch] = []  # its batches being made, oldest first
         self.member_calls = 0  # its batches' calls being made (reckoned at `member`, in every count)
         self.members_made = 0  # bytes of its batches' answers made so far (counted as any bytes)
+        # Its batches' bytes in its own count and in the shared ones (batched(): off the hit path).
+        self.batch_own = self.batch_charged = 0
         self.batches_made = 0  # batches whose calls are all made, counted until their answer is (made)
         self._members_room: asyncio.Event | None = None  # set when a batch's call waiting for room may look again
         self.making = 0  # answers being made
@@ -318,14 +320,21 @@ class Account:
         if self.closed:
             return
         taken = self.queued + self.written
-        held = taken + self.bodies + self.members_made
-        self.own = self.making * self.estimate.size + held + self.member_calls * self.member.size
-        charged = self.making * self.estimate.shared + held + self.member_calls * self.member.shared
+        held = taken + self.bodies
+        self.own = self.making * self.estimate.size + held + self.batch_own
+        charged = self.making * self.estimate.shared + held + self.batch_charged
         if charged != self.charged:
             self.budget.charge(self.key, charged - self.charged)
             self.charged = charged
         if self.passes and not taken and not self.batches:
             self.budget.give_back(self)  # its client took all it was sent past the bound
+
+    def batched(self) -> None:
+        """Its batches' calls or answers changed: their bytes reckoned again, then its count."""
+        made, calls, member = self.members_made, self.member_calls, self.member
+        self.batch_own = made + calls * member.size
+        self.batch_charged = made + calls * member.shared
+        self.recount()
 
     def _polling(self) -> None:
         if self._poll is None and not self.closed:
@@ -372,7 +381,7 @@ class Batch:
         if account.written:  # what its client took of the last answers (under POLL_FROM, unmeasured)
             account.measure()  # (recounted) may leave it alone: its calls go on together (upstream batches)
         else:
-            account.recount()
+            account.batched()
 
     def room(self) -> bool:
         """Room for its next call: in its connection's count, or made alone (past that bound, and past
@@ -415,7 +424,7 @@ class Batch:
         account.member_calls -= 1
         account.members_made += size
         account.member.saw(size)
-        account.recount()
+        account.batched()
 
     def end(self) -> None:
         """Its calls are made (or it was cancelled). Their answers stay in the count, and the batch
@@ -429,7 +438,7 @@ class Batch:
         if account.closed:
             self.release()
         else:
-            account.recount()
+            account.batched()
 
     def release(self) -> None:
         account = self._account
@@ -438,11 +447,11 @@ class Batch:
         account.batches_made -= 1
         account.members_made -= self.made
         self.made = 0
-        account.recount()
+        account.batched()
         account.members_look()
 
     def _making(self) -> None:
         account = self._account
         self.making += 1
         account.member_calls += 1
-        account.recount()
+        account.batched()
