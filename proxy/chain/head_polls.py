@@ -291,17 +291,17 @@ async def _replaced_below(
     if old.get(bottom) == hashes[bottom]:
         return []
     gone = sorted((h for h in old if h < bottom and (final is None or h > final)), reverse=True)
-    replaced: list[int] = []
+    changed: list[int] = []
     while gone:
         heights, gone = gone[:HEADER_CHUNK], gone[HEADER_CHUNK:]
         answers = await _beside_latest(asker, [get_block(hex(h)) for h in heights], latest)
         for height, answer in zip(heights, answers, strict=True):
             header = header_of(answer)
             if header is None or header.hash != old[height]:
-                replaced.append(height)  # a null from a node that shows the head: not served from cache either
-            elif not replaced:
+                changed.append(height)  # a null from a node that shows the head: not served from cache either
+            elif not changed:
                 return []  # the top block below is the last window's: so is every block under it
-    return replaced
+    return changed
 
 
 async def _beside_latest(asker: Asks, calls: list[tuple[str, Any]], latest: Header) -> list[Answer]:

@@ -388,12 +388,10 @@ class Batch:
         its key's or the process's with their pass); in its key's and the process's counts too."""
         account = self._account
         if account.batches[0] is self and (account.closed or (not account.written and self._first())):
-            alone = True
-        elif account.closed or account.own + account.member.size > account.budget.per_connection:
+            return account.closed or account.budget.batch_room(account, account.member.size, True)
+        if account.closed or account.own + account.member.size > account.budget.per_connection:
             return False
-        else:
-            alone = False
-        return account.closed or account.budget.batch_room(account, account.member.size, alone)
+        return account.budget.batch_room(account, account.member.size, False)
 
     def _first(self) -> bool:
         """Every answer before it is taken by its client: it is the connection's next to be written
