@@ -110,6 +110,7 @@ class Outcome:
     error: JsonRpcError | None = None  # the proxy's own error (it carries the HTTP status)
     upstream_seconds: float | None = None
     verified: str | None = None  # X-Verified: proven, unproven or not-applicable (None: no header)
+    local: bool = False  # answered by the proxy itself, no node asked (charging.free)
 
     @classmethod
     def failed(cls, error: JsonRpcError, cache: str = BYPASS) -> Outcome:

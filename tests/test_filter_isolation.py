@@ -33,7 +33,10 @@ async def test_a_filter_id_is_scoped_to_the_key_that_made_it(anvil: Anvil, proxy
         )
         assert reply["error"] == {"code": -32000, "message": "filter not found"}, reply
         assert headers["X-Credits-Charged"] == "0", (method, headers)
-    assert await proxy.result("eth_uninstallFilter", [own_id], "key-b") is False
+    _, reply, headers = await proxy.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_uninstallFilter", "params": [own_id]}, key="key-b"
+    )
+    assert reply["result"] is False and headers["X-Credits-Charged"] == "0", (reply, headers)
     started = time.perf_counter()
     changes = await proxy.result("eth_getFilterChanges", [own_id], "key-a")  # still there, still unread
     assert time.perf_counter() - started < 2.0

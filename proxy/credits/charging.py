@@ -26,7 +26,12 @@ disconnects does not cancel its calls: they are forwarded, answered and charged.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from proxy.rpc.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, UPSTREAM_UNAVAILABLE, JsonRpcError
+
+if TYPE_CHECKING:
+    from proxy.values import Outcome
 
 # The proxy's own refusals of the call itself: a node's error is its answer, relayed as its payload
 # (values.Outcome.error is the proxy's own), never one of these.
@@ -40,6 +45,12 @@ def refunded(error: JsonRpcError | None) -> bool:
     if error is None or error.reached:
         return False
     return error.code == UPSTREAM_UNAVAILABLE or error.code in REFUSALS or error.local
+
+
+def free(outcome: Outcome) -> bool:
+    """True when a debited call that has its outcome must be given back: `refunded`, or answered by
+    the proxy itself with no node asked (an `eth_uninstallFilter` of an id the key does not hold)."""
+    return outcome.local or refunded(outcome.error)
 
 
 def refunded_unanswered(sent: bool) -> bool:

@@ -8,7 +8,7 @@ import logging
 import uuid
 
 from proxy.config import Settings
-from proxy.credits.charging import refunded
+from proxy.credits.charging import free
 from proxy.metrics import Metrics
 from proxy.prepared import Prepared
 from proxy.request_ids import REQUEST_ID
@@ -62,7 +62,7 @@ class CallAccounting:
             result = "upstream_error"
         else:
             result = "error"
-        if credits and result != "refused" and not refunded(outcome.error):
+        if credits and result != "refused" and not free(outcome):
             metrics.child(metrics.credits_charged, label).inc(credits)
         metrics.child(metrics.requests, network, label, result).inc()
         if request_id:

@@ -118,7 +118,7 @@ class Filters:
         node_id = self._node_id(account, own_id)
         if node_id is None:
             if method == "eth_uninstallFilter":
-                return _result(False)  # geth's answer to an unknown id
+                return Outcome(jsonrpc.dumps(False), False, BYPASS, local=True)  # geth's answer; free
             raise JsonRpcError(NOT_FOUND, "filter not found", local=True)
         # Made on this host: its criteria and last poll are known. Else another replica made it.
         entry = self._entry(own_id, net.name, polled=method == "eth_getFilterChanges")

@@ -10,7 +10,7 @@ from proxy.config import Settings
 from proxy.config_files import KeyConfig
 from proxy.credits.accounts import OPEN_ACCOUNT, Accounts
 from proxy.credits.allow_lists import AllowLists, call_refusal
-from proxy.credits.charging import refunded
+from proxy.credits.charging import free
 from proxy.credits.ledger import Ledger
 from proxy.gateway.accounting import REFUSED_STATUSES, CallAccounting
 from proxy.gateway.cashier import Cashier
@@ -189,7 +189,7 @@ class Gateway:
             CALLER.reset(caller)
 
         refund = cost and run.cut_given_back + sum(
-            s.credits for s, o in zip(slots, results, strict=True) if isinstance(s, Prepared) and refunded(o.error)
+            s.credits for s, o in zip(slots, results, strict=True) if isinstance(s, Prepared) and free(o)
         )
         if refund:
             # No node could be reached: the caller is not charged for our failure (charging.py).

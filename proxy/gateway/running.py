@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, Protocol
 
-from proxy.credits.charging import refunded, refunded_unanswered
+from proxy.credits.charging import free, refunded_unanswered
 from proxy.forwarded import FORWARDED, Forwarded
 from proxy.gateway.response_size import ResponseBudget
 from proxy.prepared import Prepared
@@ -151,6 +151,6 @@ class BodyRun:
         refund = sum(
             p.credits
             for i, p in enumerate(self._prepared)
-            if (refunded(finished[i].error) if i in finished else refunded_unanswered(self._marks[i].sent))
+            if (free(finished[i]) if i in finished else refunded_unanswered(self._marks[i].sent))
         )
         return Left(refund, sum(p.credits for p in self._prepared) - refund)
