@@ -1,19 +1,23 @@
 """Benchmark: how many copies of a request's body a proxy process holds while the request is made.
 
-    .venv/bin/python -m bench.body_copies [--connections 5] [--body-mb 4]
+    .venv/bin/python -m bench.body_copies [--connections 5] [--body-mb 4] [--pipelined 1]
 
 A `python -m proxy` process (memory tier off) in front of a fake node (tests/fake_evm.py) that holds
 every eth_call 20 s. --connections clients each send one eth_call whose calldata is --body-mb MB of
 hex, and read nothing (5 are all made at once; of more, some wait for room, holding fewer copies).
 Printed: the process's peak RSS growth while the calls are made, and that growth per request in
 bodies (1.0: the body is held once). The baseline, in the same run: the same clients sending calls
-of 1 byte of calldata (what a request costs beside its body), subtracted.
+of 1 byte of calldata (what a request costs beside its body), subtracted. With --pipelined N each
+client sends N such calls back to back on its connection: beside the RSS, the peak of
+`rpc_proxy_answer_bytes_pending` (what the proxy counts: answers and the bodies of calls being made)
+and the RSS growth over it (1.0: every byte held is counted).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import sys
@@ -28,6 +32,7 @@ from tests.fake_evm import FakeEvm  # noqa: E402
 from tests.memory_fill import ProxyProcess, rss_bytes  # noqa: E402
 
 HELD_SECONDS = 20.0
+SEND_SECONDS = 5.0
 
 
 class SlowEvm(FakeEvm):
@@ -39,7 +44,11 @@ class SlowEvm(FakeEvm):
         return await super()._handle(request)
 
 
-def request(i: int, data_bytes: int) -> bytes:
+def request(i: int, data_bytes: int, pipelined: int = 1) -> bytes:
+    return b"".join(one_request(i * pipelined + j, data_bytes) for j in range(pipelined))
+
+
+def one_request(i: int, data_bytes: int) -> bytes:
     call = {
         "jsonrpc": "2.0",
         "id": i,
@@ -51,47 +60,69 @@ def request(i: int, data_bytes: int) -> bytes:
     return head.encode() + b"\r\n\r\n" + body
 
 
-async def growth(upstream: str, connections: int, data_bytes: int) -> int:
-    """Peak RSS growth of a fresh proxy process while `connections` calls of `data_bytes` are made."""
+async def growth(upstream: str, connections: int, data_bytes: int, pipelined: int = 1) -> tuple[int, float]:
+    """Peak RSS growth of a fresh proxy process while `connections` x `pipelined` calls of
+    `data_bytes` are sent, and the peak of its answer-bytes gauge."""
     proxy = ProxyProcess(upstream, 1)
     socks: list[socket.socket] = []
     try:
         await asyncio.sleep(1)
         before = rss_bytes(proxy.proc.pid)
         loop = asyncio.get_running_loop()
-        for i in range(connections):
+        for _ in range(connections):
             sock = socket.create_connection(("127.0.0.1", proxy.port))
+            sock.setblocking(False)
             socks.append(sock)
-            await loop.run_in_executor(None, sock.sendall, request(i, data_bytes))
-        peak = before
+        # All at once, for at most SEND_SECONDS: what the proxy does not read stays with the kernel.
+        await asyncio.gather(
+            *(send_some(loop, sock, request(i, data_bytes, pipelined)) for i, sock in enumerate(socks))
+        )
+        peak, gauge = before, 0.0
         for _ in range(40):
             await asyncio.sleep(0.25)
             peak = max(peak, rss_bytes(proxy.proc.pid))
-        return peak - before
+            gauge = max(gauge, await loop.run_in_executor(None, pending, proxy))
+        return peak - before, gauge
     finally:
         for sock in socks:
             sock.close()
         proxy.stop()
 
 
-async def main(connections: int, body_mb: float) -> None:
+async def send_some(loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes) -> None:
+    """`data` sent while the proxy reads it, for at most SEND_SECONDS (a proxy that pauses reading
+    leaves the rest unsent: its client would wait)."""
+    with contextlib.suppress(TimeoutError, OSError):  # the proxy still reading, or it refused the rest (503)
+        await asyncio.wait_for(loop.sock_sendall(sock, data), SEND_SECONDS)
+
+
+def pending(proxy: ProxyProcess) -> float:
+    return proxy.metrics().get("rpc_proxy_answer_bytes_pending", 0.0)
+
+
+async def main(connections: int, body_mb: float, pipelined: int) -> None:
     node = await SlowEvm().start()
     try:
         data_bytes = int(body_mb * 1_000_000) // 2
-        base = await growth(node.url, connections, 1)
-        big = await growth(node.url, connections, data_bytes)
+        base, _ = await growth(node.url, connections, 1, pipelined)
+        big, gauge = await growth(node.url, connections, data_bytes, pipelined)
     finally:
         await node.close()
-    body = len(request(0, data_bytes))
-    print(f"{connections} calls of {body / 1e6:.1f} MB bodies, made at once (a node holding them {HELD_SECONDS:.0f} s)")
+    body = len(one_request(0, data_bytes))
+    print(
+        f"{connections} connections x {pipelined} calls of {body / 1e6:.1f} MB bodies"
+        f" (a node holding them {HELD_SECONDS:.0f} s)"
+    )
     print(f"  baseline (1-byte calldata): RSS +{base / 1e6:.1f} MB")
-    held = (big - base) / connections / body
-    print(f"  large bodies: RSS +{big / 1e6:.1f} MB; less the baseline, {held:.2f} bodies held per request")
+    held = (big - base) / connections / pipelined / body
+    print(f"  large bodies: RSS +{big / 1e6:.1f} MB; less the baseline, {held:.2f} bodies held per request sent")
+    print(f"  answer-bytes gauge peak {gauge / 1e6:.1f} MB; RSS growth over it {(big - base) / max(gauge, 1):.2f}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=5)
     parser.add_argument("--body-mb", type=float, default=4.0)
+    parser.add_argument("--pipelined", type=int, default=1)
     args = parser.parse_args()
-    asyncio.run(main(args.connections, args.body_mb))
+    asyncio.run(main(args.connections, args.body_mb, args.pipelined))

@@ -142,7 +142,11 @@ OPTIONS: tuple[Option, ...] = (
         "(default uvloop where installed, else asyncio)",
     ),
     Option("ALLOW_METHODS", "comma-separated methods to serve beyond the default allow-list (exact names)"),
-    Option("BODY_TIMEOUT", "seconds a client has to send a request body once its headers arrived (default 30)"),
+    Option(
+        "BODY_TIMEOUT",
+        "seconds a client has to send a request body once the proxy reads it (from its headers, or once "
+        "a body left unread for want of room is read on) (default 30)",
+    ),
     Option("MAX_CONNECTIONS", "open client connections per worker; more are answered 503 and closed (default 4096)"),
     Option(
         "MAX_INFLIGHT_BODY_BYTES",

@@ -332,23 +332,33 @@ class FrontProtocol(asyncio.Protocol):
         if not request.kind:  # its head is still arriving
             if self._limit.over(data, self._begun != begun):
                 self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
-        elif request.kind == RPC and request.timer is None:
+        elif request.kind == RPC and request.timer is None and request is not self.pipeline.body_waiting:
             self._receiving(request)
 
     def _receiving(self, request: Request) -> None:
-        """A body still arriving: it holds its share of the body budget, within BODY_TIMEOUT."""
+        """A body still arriving: read on once its connection, key and process have room for it (it is
+        reckoned in their answer bytes from then), holding its share of the body budget, within
+        BODY_TIMEOUT."""
         endpoint = self._endpoint
+        pipeline = self.pipeline
+        if pipeline.body_waits(request):
+            return
         if not request.hold_body(endpoint.receiving, endpoint.max_body_bytes):
             self._last(error_reply(BUSY_BODIES, NO_CHARGE, close=True))
             return
         request.timer = self._loop.call_later(endpoint.body_timeout, self._body_late, request)
         endpoint.inflight.inc()  # a request waiting for its body is being served
+        request.reading = request.body_coming(self._counted.coded_body)
+        pipeline.account.reading(request.reading)
 
     def _body_late(self, request: Request) -> None:
         if self.request is request:
             self._last(error_reply(body_timeout_error(self._endpoint.body_timeout), NO_CHARGE, close=True))
 
     def _release(self, request: Request) -> None:
+        if request.reading:
+            self.pipeline.account.reading(-request.reading)
+            request.reading = 0
         if request.release_body(self._endpoint.receiving):
             self._endpoint.inflight.dec()
 
@@ -435,6 +445,7 @@ class FrontProtocol(asyncio.Protocol):
         request = self.request
         assert request is not None
         self.request = None
+        self.pipeline.body_read(request)
         if request.timer is not None or request.held:
             self._release(request)
         if request.kind == UPGRADE:

@@ -137,6 +137,7 @@ class Pipeline:
         self.read_paused = False
         self.write_paused = False
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
+        self.body_waiting: Request | None = None  # a request whose body is left unread until it has room
         self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
         self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
         self.account.first = partial(_first_unwritten, self.waiting)  # a batch's turn (answer_bytes.Batch)
@@ -166,6 +167,7 @@ class Pipeline:
 
     def _end(self) -> None:
         self.done = True
+        self.body_read()
         self.deadline.cancel()
         self.account.close()
 
@@ -208,6 +210,34 @@ class Pipeline:
         account.wait()
         return True
 
+    def body_waits(self, request: Request) -> bool:
+        """Whether a request whose body is not whole in its first read leaves the rest unread for now:
+        reading is paused (answers wait to be written, requests are held), or there is no room for its
+        answer and its declared body. Read whole first, a body waited for room counted nowhere, and
+        bodies being read counted in no room either. Its BODY_TIMEOUT starts once its body is read on
+        (FrontProtocol._receiving)."""
+        self.account.keyed(request.target)  # its body counts for its key from now
+        if self.read_paused or (self.account.budget.held and not self._body_room(request)):
+            self.body_waiting = request
+            self.account.budget.waiting += 1  # a request waiting for room, as a held one
+            self.pause()
+            return True
+        return False
+
+    def body_read(self, request: Request | None = None) -> None:
+        """`request` (None: any) is read whole, or its body is read on, or its connection ends: its
+        body waits no more."""
+        if self.body_waiting is not None and (request is None or self.body_waiting is request):
+            self.body_waiting = None
+            self.account.budget.waiting -= 1
+
+    def _body_room(self, request: Request) -> bool:
+        account = self.account
+        if account.room(request.body_coming(account.budget.coded_body)):
+            return True
+        account.wait()
+        return False
+
     def hold(self, request: Request) -> None:
         self.held.append(request)
         self.account.budget.waiting += 1
@@ -217,8 +247,11 @@ class Pipeline:
         self.held.clear()
 
     def _room_made(self) -> None:  # bytes were taken somewhere (AnswerBytes.wait): held requests go on if they fit
-        if self.held and not self.write_paused and not self.waiting and self._go_on():
-            self.resume()
+        if self.held:
+            if not self.write_paused and not self.waiting and self._go_on():
+                self.resume()
+        elif self.body_waiting is not None:
+            self.resume()  # its body is read once it has room
 
     def _run_held(self) -> None:
         """The requests held back, made in order while their answers can go out."""
@@ -261,7 +294,9 @@ class Pipeline:
             and self.handover is None
             and not self.held
             and len(self.waiting) < MAX_WAITING // 2
+            and (self.body_waiting is None or self._body_room(self.body_waiting))
         ):
+            self.body_read()
             self.read_paused = False
             self.transport.resume_reading()
 
@@ -479,8 +514,8 @@ class IdleDeadline:
         left = pipeline.active_at + KEEPALIVE_TIMEOUT - self._loop.time()
         busy = (
             pipeline.waiting
-            or (request and request.kind)
-            or (not unsent and pipeline.account.others_hold(pipeline.held))
+            or (request and request.kind and request is not pipeline.body_waiting)
+            or (not unsent and pipeline.account.others_hold(pipeline.held or pipeline.body_waiting))
         )
         if not pipeline.write_paused and busy:  # its body, its answers, others' bytes have deadlines of their own
             left = KEEPALIVE_TIMEOUT

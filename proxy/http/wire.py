@@ -42,6 +42,7 @@ class Request:
         "path",
         "prebuildable",
         "raw",
+        "reading",
         "sent_id",
         "size",
         "started",
@@ -69,6 +70,7 @@ class Request:
         self.sent_id: bytes | None = None
         self.started = 0.0
         self.held = 0  # bytes of the body budget it holds
+        self.reading = 0  # bytes reckoned in its connection's answer bytes while its body arrives
         self.timer: asyncio.TimerHandle | None = None  # BODY_TIMEOUT's, while its body arrives
 
     def hold_body(self, budget: BodyBudget, limit: int) -> bool:
@@ -79,6 +81,14 @@ class Request:
             return False
         self.held = held
         return True
+
+    def body_coming(self, coded: int) -> int:
+        """body_held as its head tells it, before a byte of the body is read: its declared length (0
+        when it declares none: a chunked body is reckoned once read), `coded` for a coded one."""
+        if "content-encoding" in self.headers:
+            return coded
+        declared = self.headers.get("content-length")
+        return int(declared) if declared is not None and declared.isdigit() else 0
 
     def body_held(self, coded: int) -> int:
         """Its body as it will hold memory while made: as decoded, at most `coded` (MAX_BODY_BYTES)."""
