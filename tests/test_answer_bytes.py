@@ -470,6 +470,33 @@ async def test_a_request_waits_while_the_process_is_full_and_is_made_when_bytes_
     assert status == 200 and body["id"] == 500
 
 
+async def test_keys_that_read_nothing_hold_the_process_bound_and_another_key_is_served_meanwhile(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_PENDING_ANSWER_BYTES_PER_PROCESS, with keys: past it a key under its even share of it is
+    # made still (up to a quarter past it). Before, a key whose connections read nothing held the
+    # process's bound (at the defaults, four such keys) and every other key's calls waited until
+    # those connections were reset after the keep-alive time (an outside attack: 20 s and more).
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker,victim",
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="8000000",
+    )
+    socks = await attack(proxy, misses(0, 20, "attacker"), 4)
+    try:
+        await until_async(lambda: pending(proxy) >= 8_000_000 and waiting(proxy) >= 4, "the process to fill")
+        for i in range(5):
+            status, body, _ = await asyncio.wait_for(proxy.post(big_call(1000 + i), key="victim"), 30)
+            assert status == 200 and len(body.get("result", "")) >= ANSWER, body
+        assert pending(proxy) <= 8_000_000 * 1.25 + 2 * ANSWER  # the hard stop, and one answer past it
+        assert waiting(proxy) >= 4  # the attacker's connections still wait: its calls were not made
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
+
+
 # --- the pure parts ---------------------------------------------------------------------------
 
 
@@ -481,9 +508,23 @@ def test_room_lets_the_first_answer_of_a_bound_through_whatever_its_size() -> No
     assert not bytes_.room("a", own=0, more=20)  # the key's bound, though this connection holds none
     assert bytes_.room("b", own=0, more=20)
     bytes_.charge("b", 100)
-    assert not bytes_.room("c", own=0, more=20)  # the process's
+    assert not bytes_.room(None, own=0, more=20)  # the process's (open mode; keys: the next test)
     bytes_.charge("a", -190)
     assert bytes_.keys == {"b": 100} and bytes_.held == 100
+
+
+def test_past_the_process_bound_a_key_under_its_even_share_is_made_up_to_a_quarter_past_it() -> None:
+    bytes_ = AnswerBytes(per_connection=100, per_key=200, per_process=300)
+    bytes_.charge("a", 200)
+    bytes_.charge("b", 90)
+    assert bytes_.room("c", own=0, more=20)  # 3 keys with it: a share of 100 each; 310 <= 375
+    assert not bytes_.room("b", own=0, more=70) and bytes_.room("b", own=0, more=50)  # 2 keys hold: 150
+    assert not bytes_.room("a", own=0, more=1)  # its own bound
+    assert not bytes_.room(None, own=0, more=20)  # open mode: the bound is the bound
+    bytes_.charge("c", 40)
+    assert bytes_.room("c", own=0, more=40) and not bytes_.room("c", own=0, more=70)  # its share, 100
+    bytes_.charge("d", 40)
+    assert bytes_.held == 370 and not bytes_.room("e", own=0, more=10)  # 380 > 375: the hard stop
 
 
 @pytest.mark.parametrize(("workers", "share"), [("1", 24_000_000), ("2", 12_000_000), ("7", 3_428_572), ("auto", None)])

@@ -27,6 +27,8 @@ FLOOR_SHARE = 64
 # Before any, an answer is reckoned at this in its key's and the process's counts: many new
 # connections of one key (a pool opening) are not held up by half their own bound each.
 UNKNOWN_SHARED = 64 * 1024
+# Past the process's bound, a key under its even share of it is made still, up to this part past it.
+FAIR_OVER = 4
 PROCESS = object()  # the process's pass (AnswerBytes.passes), beside each key's
 
 
@@ -47,6 +49,7 @@ class AnswerBytes:
         self.per_connection = per_connection
         self.per_key = per_key
         self.per_process = per_process
+        self.fair_limit = per_process + per_process // FAIR_OVER  # AnswerBytes._fair
         self.held = 0  # bytes, all connections together
         self.keys: dict[str, int] = {}  # bytes per API key (those with any)
         self.waiting = 0  # requests held, unmade, for want of room (all connections)
@@ -88,13 +91,24 @@ class AnswerBytes:
         if own and own + more > self.per_connection:
             return False
         shared = more if shared is None else shared
-        if self.held and self.held + shared > self.per_process:
-            return False
+        held = 0
         if key is not None:
             held = self.keys.get(key, 0)
             if held and held + shared > self.per_key:
                 return False
+        if self.held and self.held + shared > self.per_process:
+            return self._fair(key, held, shared)
         return True
+
+    def _fair(self, key: str | None, held: int, shared: int) -> bool:
+        """Past the process's bound: whether a key holding under its even share of it (the bound over
+        the keys holding any, itself among them) is made still, up to a FAIR_OVER part past it. Four
+        keys whose clients read nothing held the whole bound at its defaults, and every other key's
+        calls waited until those were reset, 75 s."""
+        if key is None:
+            return False  # open mode: no keys to share among
+        keys = len(self.keys) + (not held)
+        return held + shared <= self.per_process // keys and self.held + shared <= self.fair_limit
 
     def batch_room(self, account: Account, more: int, alone: bool) -> bool:
         """Whether a batch's call reckoned at `more` bytes may be made for `account` in its key's and
