@@ -166,7 +166,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "MAX_PENDING_ANSWER_BYTES_PER_PROCESS",
         "as MAX_PENDING_ANSWER_BYTES, all connections of a serving process (one worker) together; past it a "
-        "key holding under its even share is still served, up to a quarter past it (default 268435456)",
+        "key holding nothing is still served one answer at a time, and one under its even share up to a "
+        "quarter past it (default 268435456)",
     ),
     Option("METRICS_HOST", "address of the internal /metrics listener (default 127.0.0.1)"),
     Option(

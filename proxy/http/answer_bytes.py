@@ -101,14 +101,16 @@ class AnswerBytes:
         return True
 
     def _fair(self, key: str | None, held: int, shared: int) -> bool:
-        """Past the process's bound: whether a key holding under its even share of it (the bound over
-        the keys holding any, itself among them) is made still, up to a FAIR_OVER part past it. Four
-        keys whose clients read nothing held the whole bound at its defaults, and every other key's
-        calls waited until those were reset, 75 s."""
+        """Past the process's bound: whether a key holding nothing (one answer at a time, as the first
+        of its own bound), or under its even share of the bound (over the keys holding any, itself
+        among them) up to a FAIR_OVER part past it, is made still. Four keys whose clients read nothing
+        held the whole bound at its defaults (and connections' first answers, reckoned before their
+        size is known, three times it), and every other key's calls waited until those were reset."""
         if key is None:
             return False  # open mode: no keys to share among
-        keys = len(self.keys) + (not held)
-        return held + shared <= self.per_process // keys and self.held + shared <= self.fair_limit
+        if not held:
+            return True
+        return held + shared <= self.per_process // len(self.keys) and self.held + shared <= self.fair_limit
 
     def batch_room(self, account: Account, more: int, alone: bool) -> bool:
         """Whether a batch's call reckoned at `more` bytes may be made for `account` in its key's and

@@ -82,13 +82,13 @@ class Request:
         self.held = held
         return True
 
-    def body_coming(self, coded: int) -> int:
-        """body_held as its head tells it, before a byte of the body is read: its declared length (0
-        when it declares none: a chunked body is reckoned once read), `coded` for a coded one."""
-        if "content-encoding" in self.headers:
-            return coded
+    def body_coming(self, limit: int) -> int:
+        """body_held as its head tells it, before the body is read: its declared length, else (a
+        chunked body, a coded one) the most it may hold, `limit` (MAX_BODY_BYTES)."""
         declared = self.headers.get("content-length")
-        return int(declared) if declared is not None and declared.isdigit() else 0
+        if "content-encoding" in self.headers or declared is None or not declared.isdigit():
+            return limit
+        return int(declared)
 
     def body_held(self, coded: int) -> int:
         """Its body as it will hold memory while made: as decoded, at most `coded` (MAX_BODY_BYTES)."""
