@@ -18,6 +18,8 @@ import pytest
 
 from proxy.http.compression import MAX_GZIP_MEMBERS, UnsupportedCoding, decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
+from proxy.http.wire import SPLIT_FROM, Request, encoded_answer, out_size
+from proxy.values import Reply
 from tests.support import Anvil, Proxy, ProxyFactory
 from tests.test_cache import finalized_store, storage
 
@@ -412,3 +414,19 @@ async def test_a_connection_handed_to_aiohttp_decodes_bodies_by_the_same_rules(e
     [(upgrade, _, _), (status, _, answer), (unsupported, headers, _)] = await exchange(evm_proxy.server.port, data, 3)
     assert upgrade == 400 and status == 200 and json.loads(answer)["result"] == "0x7a69", answer
     assert (unsupported, headers["accept-encoding"]) == (415, "gzip, deflate")
+
+
+def test_a_large_answer_is_written_after_its_head_and_never_copied_behind_it() -> None:
+    # Rule: from SPLIT_FROM bytes an answer's body is written as it is, after its head,
+    # not joined behind it: 20 keys each sent one batch of 30 MB answers, and reading none, made 818
+    # MB of RSS before, 678 MB after (an outside attack's script, the answers' count at 272 MB).
+    request = Request()
+    small, large = b"x" * (SPLIT_FROM - 1), b"y" * SPLIT_FROM
+    out, close = encoded_answer(Reply(small), request, b"Date: now\r\n", "id-1")
+    assert isinstance(out, bytes) and out.endswith(b"\r\n\r\n" + small) and not close
+    out, _ = encoded_answer(Reply(large), request, b"Date: now\r\n", "id-2")
+    assert isinstance(out, list) and out[1] is large and out_size(out) == len(out[0]) + len(large)
+    assert out[0].endswith(b"Content-Length: %d\r\nDate: now\r\n\r\n" % len(large)) and b"id-2" in out[0]
+    request.method = "HEAD"
+    out, _ = encoded_answer(Reply(large), request, b"Date: now\r\n", "id-3")
+    assert isinstance(out, bytes) and out.endswith(b"\r\n\r\n")  # a HEAD answer has no body

@@ -39,6 +39,7 @@ from proxy.http.wire import (
     OTHER,
     RPC,
     UPGRADE,
+    Out,
     Refused,
     Request,
     encoded_answer,
@@ -509,7 +510,7 @@ class FrontProtocol(asyncio.Protocol):
             self._learnable = request  # a miss: its head, kept alive with no log line, is as a hit's
         self.pipeline.answer(request, answer, len(body))
 
-    def encoded(self, request: Request, reply: Reply, last: bool = False) -> tuple[bytes, bool]:
+    def encoded(self, request: Request, reply: Reply, last: bool = False) -> tuple[Out, bool]:
         """The answer's bytes, and whether the connection closes after it (`last`: of a drain)."""
         rid = REQUEST_ID.get() or IDS.of(request.headers.get("x-request-id"))
         if self._routes.access_log:  # every answer's line, not only JSON-RPC's

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, error_reply
-from proxy.http.wire import RPC, Request
+from proxy.http.wire import RPC, SPLIT_FROM, Out, Request, out_size
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
 from proxy.values import PaidHit, Reply
 
@@ -35,7 +35,7 @@ COUNTED_HIT = 64 * 1024  # a memory hit written at once is counted in its connec
 Waiting = list[Any]
 # A request read while its connection's answers could not go out, made when they can (a Request), or
 # an answer that must follow theirs (its bytes and whether the connection closes after them).
-Held = Request | tuple[bytes, bool]
+Held = Request | tuple[Out, bool]
 
 
 def unsent_bytes(transport: asyncio.Transport | None) -> int:
@@ -112,7 +112,7 @@ class Reader(Protocol):
 
     request: Request | None  # the request being read, from its first byte to its last
 
-    def encoded(self, request: Request, reply: Reply, last: bool = False) -> tuple[bytes, bool]: ...
+    def encoded(self, request: Request, reply: Reply, last: bool = False) -> tuple[Out, bool]: ...
 
     def hand_over(self) -> None: ...
 
@@ -362,7 +362,7 @@ class Pipeline:
                 last = self.last_of_drain(entry)
                 entry[0], entry[1], reply = *self._reader.encoded(request, reply, last), None
                 if self.transport is not None:  # counted once, here, where it is encoded
-                    self.account.made(len(entry[0]), request.kind == RPC, body)
+                    self.account.made(out_size(entry[0]), request.kind == RPC, body)
                 waiting = self.waiting
                 if waiting and waiting[0] is entry:
                     self._flush()
@@ -374,52 +374,56 @@ class Pipeline:
         if now >= front.renew_at:
             front.date(now)
         charged, remaining, verified, length, body = hit
+        whole = length < SPLIT_FROM
+        tail = body if whole else b""  # a large body is written after its head, not copied behind it
         if type(rid) is int:  # a new id's number
             data = (
-                front.open_answer % (rid, verified, length, body)
+                front.open_answer % (rid, verified, length, tail)
                 if open_mode
-                else front.paid_answer % (rid, charged, remaining, verified, length, body)
+                else front.paid_answer % (rid, charged, remaining, verified, length, tail)
             )
         elif open_mode:  # the client's own id
-            data = front.open_answer_sent % (rid, verified, length, body)
+            data = front.open_answer_sent % (rid, verified, length, tail)
         else:
-            data = front.paid_answer_sent % (rid, charged, remaining, verified, length, body)
+            data = front.paid_answer_sent % (rid, charged, remaining, verified, length, tail)
         transport = self.transport
         if self.waiting or transport is None:
-            self.send(data, False)
+            self.send(data if whole else [data, body], False)
             return
-        transport.write(data)
-        if length >= COUNTED_HIT:
-            self.account.wrote(len(data))
+        if whole:
+            transport.write(data)
+            if length >= COUNTED_HIT:
+                self.account.wrote(len(data))
+        else:
+            self.account.wrote(written(transport, [data, body]))
         if front.stopping and not self.held:
             self.abort()
         else:
             self.active_at = now
 
-    def last(self, data: bytes, close: bool) -> None:
+    def last(self, data: Out, close: bool) -> None:
         """The connection's last answer (a refusal): nothing more is read, and it follows the others."""
         self.done = True
         self.pause()
         self.after_held(data, close)
 
-    def after_held(self, data: bytes, close: bool) -> None:
+    def after_held(self, data: Out, close: bool) -> None:
         """An answer made while reading (an interim 100, a refusal): behind the requests held back, if any."""
         if self.held:
             self.held.append((data, close))
         else:
             self.send(data, close)
 
-    def send(self, data: bytes, close: bool) -> None:
+    def send(self, data: Out, close: bool) -> None:
         """An answer, written now when nothing before it waits, else queued behind."""
         if self.waiting:
             self.waiting.append([data, close])
-            self.account.enqueued(len(data))
+            self.account.enqueued(out_size(data))
             return
         transport = self.transport
         if transport is None:
             return
-        transport.write(data)
-        self.account.wrote(len(data))
+        self.account.wrote(written(transport, data))
         if close:
             self.deadline.linger(transport)
         elif self._reader.request is None:
@@ -431,11 +435,10 @@ class Pipeline:
         transport = self.transport
         while waiting and transport is not None:
             item, close = waiting[0]
-            if not isinstance(item, bytes):
+            if isinstance(item, asyncio.Task):
                 return  # still being made: its task writes it, and those after it
             waiting.popleft()
-            transport.write(item)
-            self.account.wrote(len(item), dequeued=True)
+            self.account.wrote(written(transport, item), dequeued=True)
             if close:
                 waiting.clear()
                 self.deadline.linger(transport)
@@ -454,6 +457,16 @@ class Pipeline:
             self.resume()
 
 
+def written(transport: asyncio.Transport, out: Out) -> int:
+    """`out` written to `transport`; its size."""
+    if isinstance(out, bytes):
+        transport.write(out)
+        return len(out)
+    for piece in out:  # not writelines: asyncio's joins them (uvloop's would not)
+        transport.write(piece)
+    return out_size(out)
+
+
 def _first_unwritten(waiting: deque[Waiting]) -> object:
     """What makes a connection's first answer not yet written: a task while it is made."""
     return waiting[0][0] if waiting else None
@@ -462,7 +475,7 @@ def _first_unwritten(waiting: deque[Waiting]) -> object:
 def _orphaned(waiting: deque[Waiting], orphans: set[asyncio.Task[None]]) -> None:
     """A lost connection's answers still being made, left to finish unwritten (Front.shutdown waits)."""
     for item, _close in waiting:
-        if not isinstance(item, bytes) and not item.done():
+        if isinstance(item, asyncio.Task) and not item.done():
             orphans.add(item)
             item.add_done_callback(orphans.discard)
 
