@@ -273,6 +273,15 @@ class GatedEvm(FakeEvm):
         return await super()._handle(request)
 
 
+@pytest.fixture
+async def gated() -> AsyncIterator[GatedEvm]:
+    """A GatedEvm of small answers (100 bytes), its gate opened and it closed after the test."""
+    node = await GatedEvm(answer=100).start()
+    yield node
+    node.gate.set()
+    await node.close()
+
+
 async def test_requests_sent_one_per_write_wait_for_room_too(make_proxy: ProxyFactory) -> None:
     # A request that arrives alone in a read, with a head the connection sent before, is answered
     # without the parser (Front.learn): it waits for room as a parsed one does. Before, each such
@@ -316,7 +325,7 @@ def fat_call(i: int, coded: bool = False) -> bytes:
 
 @pytest.mark.parametrize("coded", [False, True], ids=["plain", "gzip"])
 async def test_a_request_being_made_holds_its_bodys_bytes_in_its_connections_count(
-    make_proxy: ProxyFactory, coded: bool
+    gated: GatedEvm, make_proxy: ProxyFactory, coded: bool
 ) -> None:
     # Rule: a request's body counts with its answer while the answer is made (its bytes are held till
     # then), against its connection's, its key's and the process's bounds. Before, a body counted only
@@ -325,32 +334,27 @@ async def test_a_request_being_made_holds_its_bodys_bytes_in_its_connections_cou
     # outside attack). Here 20 such calls on one connection, the node holding every answer. A coded
     # body counts as decoded, and before it is, at the most it may decode to (MAX_BODY_BYTES): counted
     # at its kilobyte on the wire, 4 connections of 60 held 1 GB.
-    node = await GatedEvm(answer=100).start()
+    proxy = await make_proxy(EVM_UPSTREAM=gated.url, MAX_PENDING_ANSWER_BYTES="8000000")
+    loop = asyncio.get_running_loop()
+    sock = unread_socket(proxy.server.port)
     try:
-        proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES="8000000")
-        loop = asyncio.get_running_loop()
-        sock = unread_socket(proxy.server.port)
-        try:
-            await answered_small(sock)
-            # Sent as the proxy reads (it stops reading while the calls wait).
-            sending = loop.run_in_executor(None, sock.sendall, b"".join(fat_call(i, coded) for i in range(10, 30)))
-            made = 1 if coded else 2
-            await until_async(lambda: upstream_calls(proxy) >= made and waiting(proxy) > 0, "the next calls to wait")
-            # Each reckoned at its 1 MB body three times over (BODY_COPIES) and the answer's floor
-            # (8 MB / 64): 2 at once (a coded one at 5 MiB, MAX_BODY_BYTES, until it is decoded:
-            # one). Reckoned once, 6 were, each holding its body 3.4 times over.
-            await holds_for(lambda: upstream_calls(proxy) <= made, "calls made past the connection's bound")
-            assert pending(proxy) >= 2_000_000  # the bodies, as decoded
-            node.gate.set()
-            bodies = await loop.run_in_executor(None, read_answers, sock, 20)
-            await sending
-        finally:
-            sock.close()
-        assert [json.loads(b)["id"] for b in bodies] == list(range(10, 30))
-        await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+        await answered_small(sock)
+        # Sent as the proxy reads (it stops reading while the calls wait).
+        sending = loop.run_in_executor(None, sock.sendall, b"".join(fat_call(i, coded) for i in range(10, 30)))
+        made = 1 if coded else 2
+        await until_async(lambda: upstream_calls(proxy) >= made and waiting(proxy) > 0, "the next calls to wait")
+        # Each reckoned at its 1 MB body three times over (BODY_COPIES) and the answer's floor
+        # (8 MB / 64): 2 at once (a coded one at 5 MiB, MAX_BODY_BYTES, until it is decoded:
+        # one). Reckoned once, 6 were, each holding its body 3.4 times over.
+        await holds_for(lambda: upstream_calls(proxy) <= made, "calls made past the connection's bound")
+        assert pending(proxy) >= 2_000_000  # the bodies, as decoded
+        gated.gate.set()
+        bodies = await loop.run_in_executor(None, read_answers, sock, 20)
+        await sending
     finally:
-        node.gate.set()
-        await node.close()
+        sock.close()
+    assert [json.loads(b)["id"] for b in bodies] == list(range(10, 30))
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
 
 
 def calldata_call(i: int, size: int, chunked: bool = False) -> bytes:
@@ -381,7 +385,7 @@ def sent_while_read(sock: socket.socket, data: bytes, seconds: float) -> int:
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
 async def test_a_body_is_counted_from_its_first_read_and_read_on_only_with_room_for_it(
-    make_proxy: ProxyFactory, chunked: bool
+    gated: GatedEvm, make_proxy: ProxyFactory, chunked: bool
 ) -> None:
     # Rule: a request body arriving over several reads is reckoned in its connection's, its key's and
     # the process's answer bytes from its first read, three times over (BODY_COPIES: the bytes, the
@@ -391,41 +395,36 @@ async def test_a_body_is_counted_from_its_first_read_and_read_on_only_with_room_
     # of 4 MB made 351 MB of RSS with 65 MB counted (bench/body_copies.py --pipelined 3). A chunked
     # body, which declares no length, is reckoned at MAX_BODY_BYTES until it is read (it was at 0:
     # 60 such connections of 4 MB held 284 MB with 60 MB counted, an outside attack).
-    node = await GatedEvm(answer=100).start()
+    proxy = await make_proxy(
+        EVM_UPSTREAM=gated.url,
+        API_KEYS="k",
+        BODY_TIMEOUT="2",
+        MAX_BODY_BYTES="20000000",
+        MAX_PENDING_ANSWER_BYTES_PER_KEY="4000000",
+    )
+    loop = asyncio.get_running_loop()
+    first, second = calldata_call(1, 1_000_000, chunked), calldata_call(2, 16_000_000)
+    one, other = socket.create_connection(("127.0.0.1", proxy.server.port)), unread_socket(proxy.server.port)
     try:
-        proxy = await make_proxy(
-            EVM_UPSTREAM=node.url,
-            API_KEYS="k",
-            BODY_TIMEOUT="2",
-            MAX_BODY_BYTES="20000000",
-            MAX_PENDING_ANSWER_BYTES_PER_KEY="4000000",
-        )
-        loop = asyncio.get_running_loop()
-        first, second = calldata_call(1, 1_000_000, chunked), calldata_call(2, 16_000_000)
-        one, other = socket.create_connection(("127.0.0.1", proxy.server.port)), unread_socket(proxy.server.port)
-        try:
-            one.sendall(first[:200_000])  # its head and a part of its body
-            await until_async(lambda: pending(proxy) >= 3 * 1_000_000, "the arriving body to be counted")
-            one.sendall(first[200_000:])
-            await until_async(lambda: upstream_calls(proxy) == 1, "the first call to be made")
-            # Its key holds 3 MB of its bound of 4: the other connection's 16 MB body waits, unread,
-            # past BODY_TIMEOUT (which starts once it is read on).
-            sent = await loop.run_in_executor(None, sent_while_read, other, second, 3.0)
-            assert waiting(proxy) == 1, waiting(proxy)
-            assert sent < len(second) - 4_000_000, f"the proxy read {sent} bytes of a body that has no room"
-            assert pending(proxy) < 4_000_000  # nothing of it counted: it is not being read
-            node.gate.set()
-            assert json.loads((await loop.run_in_executor(None, read_answers, one, 1))[0])["id"] == 1
-            # Its answer taken, the key has room: the rest of the waiting body is read, its call made.
-            await loop.run_in_executor(None, other.sendall, second[sent:])
-            assert json.loads((await loop.run_in_executor(None, read_answers, other, 1))[0])["id"] == 2
-        finally:
-            one.close()
-            other.close()
-        await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
+        one.sendall(first[:200_000])  # its head and a part of its body
+        await until_async(lambda: pending(proxy) >= 3 * 1_000_000, "the arriving body to be counted")
+        one.sendall(first[200_000:])
+        await until_async(lambda: upstream_calls(proxy) == 1, "the first call to be made")
+        # Its key holds 3 MB of its bound of 4: the other connection's 16 MB body waits, unread,
+        # past BODY_TIMEOUT (which starts once it is read on).
+        sent = await loop.run_in_executor(None, sent_while_read, other, second, 3.0)
+        assert waiting(proxy) == 1, waiting(proxy)
+        assert sent < len(second) - 4_000_000, f"the proxy read {sent} bytes of a body that has no room"
+        assert pending(proxy) < 4_000_000  # nothing of it counted: it is not being read
+        gated.gate.set()
+        assert json.loads((await loop.run_in_executor(None, read_answers, one, 1))[0])["id"] == 1
+        # Its answer taken, the key has room: the rest of the waiting body is read, its call made.
+        await loop.run_in_executor(None, other.sendall, second[sent:])
+        assert json.loads((await loop.run_in_executor(None, read_answers, other, 1))[0])["id"] == 2
     finally:
-        node.gate.set()
-        await node.close()
+        one.close()
+        other.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
 
 
 async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_meanwhile(
@@ -645,48 +644,42 @@ async def test_websockets_of_one_key_are_bounded_by_its_bytes_and_another_key_is
     await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed sockets to leave the counts")
 
 
-async def test_a_websockets_messages_waiting_to_be_made_are_bounded_by_its_bytes(make_proxy: ProxyFactory) -> None:
+async def test_a_websockets_messages_waiting_to_be_made_are_bounded_by_its_bytes(
+    gated: GatedEvm, make_proxy: ProxyFactory
+) -> None:
     # Rule: the messages a socket's calls hold, from their reading to their answer, fit its bound
     # (MAX_PENDING_ANSWER_BYTES); past it, the socket is not read. Before, up to WS_MAX_INFLIGHT (64)
     # messages of up to WS_MAX_MESSAGE_BYTES waited for room, held where nothing counted them: 4
     # sockets of 60 messages of 4 MB held 570 MB (an outside attack).
-    node = await GatedEvm(answer=100).start()
+    proxy = await make_proxy(EVM_UPSTREAM=gated.url, MAX_PENDING_ANSWER_BYTES="3000000")
+    sock, sending = await sending_websocket(proxy.server.port, [fat_body(i) for i in range(40)])
     try:
-        proxy = await make_proxy(EVM_UPSTREAM=node.url, MAX_PENDING_ANSWER_BYTES="3000000")
-        sock, sending = await sending_websocket(proxy.server.port, [fat_body(i) for i in range(40)])
-        try:
-            await until_async(lambda: upstream_calls(proxy) >= 1, "the first call to be made")
-            # What the proxy does not read stays with the client: of 40 MB, at most the bound (and a
-            # message past it), aiohttp's buffer and the kernel's queues are taken.
-            await holds_for(lambda: not sending.done(), "messages read past the socket's bound")
-        finally:
-            sending.cancel()
-            sock.close()
+        await until_async(lambda: upstream_calls(proxy) >= 1, "the first call to be made")
+        # What the proxy does not read stays with the client: of 40 MB, at most the bound (and a
+        # message past it), aiohttp's buffer and the kernel's queues are taken.
+        await holds_for(lambda: not sending.done(), "messages read past the socket's bound")
     finally:
-        node.gate.set()
-        await node.close()
+        sending.cancel()
+        sock.close()
 
 
-async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(make_proxy: ProxyFactory) -> None:
+async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(
+    gated: GatedEvm, make_proxy: ProxyFactory
+) -> None:
     # The other side: once a socket's answers are known to be small, its calls are all made at once
     # (WS_MAX_INFLIGHT), as before the byte bounds, not a few at a time.
-    node = await GatedEvm(answer=100).start()
-    try:
-        proxy = await make_proxy(EVM_UPSTREAM=node.url)
-        async with proxy.session.ws_connect(proxy.ws_url()) as ws:
-            node.gate.set()
-            await ws.send_str(json.dumps(big_call(0)))
-            assert json.loads((await ws.receive(timeout=30)).data)["id"] == 0
-            node.gate.clear()
-            for i in range(1, 51):
-                await ws.send_str(json.dumps(big_call(i)))
-            await until_async(lambda: upstream_calls(proxy) == 51, "every call to be sent on at once")
-            node.gate.set()
-            ids = sorted([json.loads((await ws.receive(timeout=30)).data)["id"] for _ in range(50)])
-        assert ids == list(range(1, 51))
-    finally:
-        node.gate.set()
-        await node.close()
+    proxy = await make_proxy(EVM_UPSTREAM=gated.url)
+    async with proxy.session.ws_connect(proxy.ws_url()) as ws:
+        gated.gate.set()
+        await ws.send_str(json.dumps(big_call(0)))
+        assert json.loads((await ws.receive(timeout=30)).data)["id"] == 0
+        gated.gate.clear()
+        for i in range(1, 51):
+            await ws.send_str(json.dumps(big_call(i)))
+        await until_async(lambda: upstream_calls(proxy) == 51, "every call to be sent on at once")
+        gated.gate.set()
+        ids = sorted([json.loads((await ws.receive(timeout=30)).data)["id"] for _ in range(50)])
+    assert ids == list(range(1, 51))
 
 
 async def turns(count: int = 5) -> None:
