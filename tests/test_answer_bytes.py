@@ -482,8 +482,8 @@ async def test_a_request_waits_while_the_process_is_full_and_is_made_when_bytes_
 async def test_keys_that_read_nothing_hold_the_process_bound_and_another_key_is_served_meanwhile(
     big_node: FakeEvm, make_proxy: ProxyFactory
 ) -> None:
-    # MAX_PENDING_ANSWER_BYTES_PER_PROCESS, with keys: past it a key under its even share of it is
-    # made still (up to a quarter past it). Before, a key whose connections read nothing held the
+    # MAX_PENDING_ANSWER_BYTES_PER_PROCESS, with keys: past it a key holding nothing is made still
+    # (one answer at a time), and one under its even share of it up to a quarter past it. Before, a key whose connections read nothing held the
     # process's bound (at the defaults, four such keys) and every other key's calls waited until
     # those connections were reset after the keep-alive time (an outside attack: 20 s and more).
     proxy = await make_proxy(
