@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
@@ -51,6 +52,17 @@ def pending(proxy: Proxy) -> float:
 
 def waiting(proxy: Proxy) -> float:
     return proxy.registry.get_sample_value("rpc_proxy_requests_waiting_for_room") or 0.0
+
+
+def sent_on(proxy: Proxy, ids: range) -> set[int]:
+    """Which of big_call(i) for `ids` reached the node."""
+    datas = {"0x" + format(i, "08x"): i for i in ids}
+    return {
+        datas[params[0]["data"]]
+        for upstream in proxy.upstreams.values()
+        for method, params in upstream.params
+        if method == "eth_call" and params[0].get("data") in datas
+    }
 
 
 def misses(first: int, count: int, key: str = "k") -> bytes:
@@ -479,13 +491,41 @@ async def test_a_request_waits_while_the_process_is_full_and_is_made_when_bytes_
     assert status == 200 and body["id"] == 500
 
 
+async def test_requests_a_reset_client_left_waiting_for_room_are_never_made(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # Rule: when room comes, a connection whose client reset it meanwhile is closed, and the requests
+    # it left waiting are not sent on. Its reading paused, nothing saw the reset: they were made for
+    # nobody once room came (an outside attack: 45 requests of reset clients still waiting 40 s on).
+    proxy = await two_keys(make_proxy, big_node, 8_000_000, 1_500_000)
+    [reader] = await attack(proxy, misses(0, 4, "attacker"), 1)
+    try:
+        await until_async(lambda: pending(proxy) >= 2_000_000 and waiting(proxy) >= 1, "the key's bound to fill")
+        [left] = await attack(proxy, misses(10, 3, "attacker"), 1)
+        await until_async(lambda: waiting(proxy) >= 2, "the second connection's requests to wait")
+        await holds_for(lambda: waiting(proxy) >= 2, "the second connection's requests to stay waiting", 0.3)
+        made = sent_on(proxy, range(10, 13))
+        assert not made  # all three wait: nothing of its own is being made or written
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        left.close()  # a reset, its requests still waiting
+        loop = asyncio.get_running_loop()
+        bodies = await loop.run_in_executor(None, read_answers, reader, 4)  # room, again and again
+        assert [json.loads(body)["id"] for body in bodies] == [0, 1, 2, 3]
+        await until_async(lambda: waiting(proxy) == 0, "the reset connection's requests to leave")
+        assert sent_on(proxy, range(10, 13)) == made, "a reset client's waiting requests were made"
+    finally:
+        reader.close()
+    await until_async(lambda: pending(proxy) == 0, "the count to drain")
+
+
 async def test_keys_that_read_nothing_hold_the_process_bound_and_another_key_is_served_meanwhile(
     big_node: FakeEvm, make_proxy: ProxyFactory
 ) -> None:
     # MAX_PENDING_ANSWER_BYTES_PER_PROCESS, with keys: past it a key holding nothing is made still
-    # (one answer at a time), and one under its even share of it up to a quarter past it. Before, a key whose connections read nothing held the
-    # process's bound (at the defaults, four such keys) and every other key's calls waited until
-    # those connections were reset after the keep-alive time (an outside attack: 20 s and more).
+    # (one answer at a time), and one under its even share of it up to a quarter past it. Before, a
+    # key whose connections read nothing held the process's bound (at the defaults, four such keys)
+    # and every other key's calls waited until those connections were reset after the keep-alive
+    # time (an outside attack: 20 s and more).
     proxy = await make_proxy(
         EVM_UPSTREAM=big_node.url,
         API_KEYS="attacker,victim",

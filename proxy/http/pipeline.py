@@ -65,17 +65,22 @@ def unread_bytes(transport: asyncio.Transport | None) -> int:
 TCP_CLOSE = 7  # a socket's state once its peer reset it (linux/tcp_states.h)
 
 
-def unsent_or_reset(transport: asyncio.Transport | None) -> int:
-    """unsent_bytes, for a connection that may read nothing more: one whose peer reset it is closed
-    (0). With its reading paused and nothing left to write, nothing else would see the reset, and
-    what its kernel queue holds would count for its key until the keep-alive time."""
+def aborted_if_reset(transport: asyncio.Transport | None) -> bool:
+    """Whether the connection's peer reset it; if so it is closed. With its reading paused, nothing
+    else would see the reset: what its kernel queue holds would count for its key until the
+    keep-alive time, and requests it left waiting for room would be made for nobody."""
     sock = transport.get_extra_info("socket") if transport is not None else None
     if transport is not None and sock is not None:
         with contextlib.suppress(OSError, ValueError):
             if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == TCP_CLOSE:
                 transport.abort()
-                return 0
-    return unsent_bytes(transport)
+                return True
+    return False
+
+
+def unsent_or_reset(transport: asyncio.Transport | None) -> int:
+    """unsent_bytes, for a connection that may read nothing more: one whose peer reset it is closed (0)."""
+    return 0 if aborted_if_reset(transport) else unsent_bytes(transport)
 
 
 def drop(transport: asyncio.Transport) -> None:
@@ -247,6 +252,8 @@ class Pipeline:
         self.held.clear()
 
     def _room_made(self) -> None:  # bytes were taken somewhere (AnswerBytes.wait): held requests go on if they fit
+        if aborted_if_reset(self.transport):  # its client left: nothing it waits with is made
+            return
         if self.held:
             if not self.write_paused and not self.waiting and self._go_on():
                 self.resume()
