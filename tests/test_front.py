@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import socket
 import time
 import zlib
@@ -251,6 +252,30 @@ async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy:
         assert await asyncio.wait_for(reader.read(), 30) == b""
     finally:
         writer.close()
+
+
+async def test_requests_after_one_that_closes_the_connection_are_dropped_quietly(
+    anvil: Anvil, evm_proxy: Proxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Rule: what follows a request that says Connection: close is not read as a request, and nothing
+    # is written after that request's answer. Answered at once (a memory hit), its answer shut the
+    # write side; llhttp's "Data after Connection: close" was then answered too, and the write after
+    # the shutdown raised, logged as a fatal transport error (an outside attack).
+    store, block = await finalized_store(anvil, evm_proxy)
+    body = json.dumps(storage(store, "0x0", hex(block), rid=1)).encode()
+    await evm_proxy.post(body)  # now in memory
+    data = post(body, "Connection: close") + post(call("eth_chainId", [], 2))
+    for _ in range(3):
+        reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+        try:
+            writer.write(data)
+            status, headers, answer = await read_answer(reader)
+            assert status == 200 and headers["connection"] == "close" and json.loads(answer)["id"] == 1
+            assert await asyncio.wait_for(reader.read(), 30) == b""
+        finally:
+            writer.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 async def test_an_http_1_0_keep_alive_hit_is_answered_with_its_connection_header(

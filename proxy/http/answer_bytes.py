@@ -252,6 +252,13 @@ class Account:
         if self.written:
             self._polling()
 
+    def room_or_wait(self, body: int) -> bool:
+        """room(body); without it, its next request waits for room (wait)."""
+        if self.room(body):
+            return True
+        self.wait()
+        return False
+
     def making_one(self, body: int = 0) -> None:
         """A request is being made: its answer reckoned at the estimate, and its `body` bytes held."""
         self.making += 1

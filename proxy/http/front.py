@@ -33,7 +33,7 @@ from proxy.http.endpoint import (
 from proxy.http.front_routes import FrontRoutes, request_path
 from proxy.http.head_limit import MAX_HEAD_BYTES as MAX_HEAD_BYTES  # re-exported: the limit is the front's
 from proxy.http.head_limit import HeadLimit, host_fault_of
-from proxy.http.pipeline import Pipeline, closing
+from proxy.http.pipeline import Pipeline, closing, write_hit
 from proxy.http.wire import (
     MAX_LINE,
     OTHER,
@@ -337,30 +337,23 @@ class FrontProtocol(asyncio.Protocol):
             self._receiving(request)
 
     def _receiving(self, request: Request) -> None:
-        """A body still arriving: read on once its connection, key and process have room for it (it is
-        reckoned in their answer bytes from then), holding its share of the body budget, within
-        BODY_TIMEOUT."""
+        """A body still arriving: read on once there is room for it (Pipeline.body_waits), holding its
+        share of the body budget and reckoned in its answer bytes, within BODY_TIMEOUT."""
         endpoint = self._endpoint
-        pipeline = self.pipeline
-        if pipeline.body_waits(request):
+        if self.pipeline.body_waits(request):
             return
-        if not request.hold_body(endpoint.receiving, endpoint.max_body_bytes):
+        if not request.hold_body(endpoint.receiving, endpoint.max_body_bytes, self.pipeline.account):
             self._last(error_reply(BUSY_BODIES, NO_CHARGE, close=True))
             return
         request.timer = self._loop.call_later(endpoint.body_timeout, self._body_late, request)
         endpoint.inflight.inc()  # a request waiting for its body is being served
-        request.reading = request.body_coming(self._counted.coded_body)
-        pipeline.account.reading(request.reading)
 
     def _body_late(self, request: Request) -> None:
         if self.request is request:
             self._last(error_reply(body_timeout_error(self._endpoint.body_timeout), NO_CHARGE, close=True))
 
     def _release(self, request: Request) -> None:
-        if request.reading:
-            self.pipeline.account.reading(-request.reading)
-            request.reading = 0
-        if request.release_body(self._endpoint.receiving):
+        if request.release_body(self._endpoint.receiving, self.pipeline.account):
             self._endpoint.inflight.dec()
 
     # --- parser callbacks (httptools) ---------------------------------------------------------
@@ -502,7 +495,7 @@ class FrontProtocol(asyncio.Protocol):
         if type(answer) is tuple:  # a memory hit (values.PaidHit), needing neither gzip nor CORS headers
             if prebuilt:
                 # Its id: the client's own, or a number after this process's prefix (request_ids.py).
-                self.pipeline.prebuilt(answer, endpoint.open_mode, request.sent_id or IDS.count())
+                write_hit(self.pipeline, answer, endpoint.open_mode, request.sent_id or IDS.count())
                 self._learnable = request
                 return
             answer = endpoint.hit_reply(answer)

@@ -5,12 +5,7 @@ meanwhile held back until then, and its idle deadline."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import logging
-import socket
-import struct
-import termios
 from collections import deque
 from functools import partial
 from typing import Any, Protocol
@@ -18,6 +13,7 @@ from typing import Any, Protocol
 from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, error_reply
+from proxy.http.sockets import aborted_if_reset, drop, unread_bytes, unsent_bytes, unsent_or_reset, written
 from proxy.http.wire import RPC, SPLIT_FROM, Out, Request, out_size
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
 from proxy.values import PaidHit, Reply
@@ -36,61 +32,6 @@ Waiting = list[Any]
 # A request read while its connection's answers could not go out, made when they can (a Request), or
 # an answer that must follow theirs (its bytes and whether the connection closes after them).
 Held = Request | tuple[Out, bool]
-
-
-def unsent_bytes(transport: asyncio.Transport | None) -> int:
-    """Bytes written to the connection that its client has not yet taken: the transport's buffer and
-    the kernel's send queue (SIOCOUTQ), which holds megabytes before the transport's buffer moves."""
-    if transport is None:
-        return 0
-    unsent = int(transport.get_write_buffer_size())
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError, ValueError):
-            unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-    return unsent
-
-
-def unread_bytes(transport: asyncio.Transport | None) -> int:
-    """Bytes its client sent that nothing has read yet (FIONREAD): the kernel keeps them while reading
-    is paused. A drain's last answer is not decided while any wait (Pipeline.last_of_drain)."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
-        return 0
-    with contextlib.suppress(OSError, ValueError):
-        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
-    return 0
-
-
-TCP_CLOSE = 7  # a socket's state once its peer reset it (linux/tcp_states.h)
-
-
-def aborted_if_reset(transport: asyncio.Transport | None) -> bool:
-    """Whether the connection's peer reset it; if so it is closed. With its reading paused, nothing
-    else would see the reset: what its kernel queue holds would count for its key until the
-    keep-alive time, and requests it left waiting for room would be made for nobody."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if transport is not None and sock is not None:
-        with contextlib.suppress(OSError, ValueError):
-            if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == TCP_CLOSE:
-                transport.abort()
-                return True
-    return False
-
-
-def unsent_or_reset(transport: asyncio.Transport | None) -> int:
-    """unsent_bytes, for a connection that may read nothing more: one whose peer reset it is closed (0)."""
-    return 0 if aborted_if_reset(transport) else unsent_bytes(transport)
-
-
-def drop(transport: asyncio.Transport) -> None:
-    """Closed with a reset: what its client did not read is dropped, the kernel's copy too (a plain
-    close, or abort, leaves the socket sending it for as long as the client's window stays shut)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
 
 
 def closing(reply: Reply) -> Reply:
@@ -131,8 +72,8 @@ class Pipeline:
 
     def __init__(self, reader: Reader, front: Server, loop: asyncio.AbstractEventLoop) -> None:
         self._reader = reader
-        self._front = front
-        self._loop = loop
+        self.front = front
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.waiting: deque[Waiting] = deque()
         self.held: deque[Held] = deque()
@@ -149,10 +90,10 @@ class Pipeline:
 
     def opened(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        if self._front.stopping:
+        if self.front.stopping:
             transport.close()
             return
-        self.active_at = self._loop.time()
+        self.active_at = self.loop.time()
         self.deadline.start()
 
     def lost(self, orphans: set[asyncio.Task[None]]) -> None:
@@ -182,7 +123,7 @@ class Pipeline:
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        self.active_at = self._loop.time()  # its client reads: the connection is not idle
+        self.active_at = self.loop.time()  # its client reads: the connection is not idle
         if self.waiting or self._go_on():  # with answers being made, the last one goes on (_flush)
             self.resume()
 
@@ -216,32 +157,24 @@ class Pipeline:
         return True
 
     def body_waits(self, request: Request) -> bool:
-        """Whether a request whose body is not whole in its first read leaves the rest unread for now:
-        reading is paused (answers wait to be written, requests are held), or there is no room for its
-        answer and its declared body. Read whole first, a body waited for room counted nowhere, and
-        bodies being read counted in no room either. Its BODY_TIMEOUT starts once its body is read on
-        (FrontProtocol._receiving)."""
-        self.account.keyed(request.target)  # its body counts for its key from now
-        if self.read_paused or (self.account.budget.held and not self._body_room(request)):
+        """Whether a request whose body is not whole in its first read leaves the rest unread, and its
+        BODY_TIMEOUT unstarted, for now: reading is paused, or there is no room for its answer and its
+        declared body. Read whole first, a body waiting for room counted nowhere."""
+        account = self.account
+        account.keyed(request.target)  # its body counts for its key from now
+        coming = request.body_coming(account.budget.coded_body)
+        if self.read_paused or (account.budget.held and not account.room_or_wait(coming)):
             self.body_waiting = request
-            self.account.budget.waiting += 1  # a request waiting for room, as a held one
+            account.budget.waiting += 1  # a request waiting for room, as a held one
             self.pause()
             return True
         return False
 
     def body_read(self, request: Request | None = None) -> None:
-        """`request` (None: any) is read whole, or its body is read on, or its connection ends: its
-        body waits no more."""
+        """`request` (None: any) is read whole, or read on, or its connection ends: it waits no more."""
         if self.body_waiting is not None and (request is None or self.body_waiting is request):
             self.body_waiting = None
             self.account.budget.waiting -= 1
-
-    def _body_room(self, request: Request) -> bool:
-        account = self.account
-        if account.room(request.body_coming(account.budget.coded_body)):
-            return True
-        account.wait()
-        return False
 
     def hold(self, request: Request) -> None:
         self.held.append(request)
@@ -293,6 +226,7 @@ class Pipeline:
             self.transport.pause_reading()
 
     def resume(self) -> None:
+        body = self.body_waiting  # read on only with room for it (body_waits)
         if (
             self.read_paused
             and self.transport is not None
@@ -301,7 +235,7 @@ class Pipeline:
             and self.handover is None
             and not self.held
             and len(self.waiting) < MAX_WAITING // 2
-            and (self.body_waiting is None or self._body_room(self.body_waiting))
+            and (body is None or self.account.room_or_wait(body.body_coming(self.account.budget.coded_body)))
         ):
             self.body_read()
             self.read_paused = False
@@ -314,7 +248,7 @@ class Pipeline:
 
     def last_of_drain(self, entry: Waiting | None) -> bool:
         """Draining: whether an answer (`entry`, or None: one added now) is the last, Connection: close (9112 9.6)."""
-        if not self._front.stopping or self.held or self._reader.request is not None:
+        if not self.front.stopping or self.held or self._reader.request is not None:
             return False
         # Not while its client's bytes lie unread: a request sent before this answer is answered last.
         if (entry is not None and (not self.waiting or self.waiting[-1] is not entry)) or unread_bytes(self.transport):
@@ -344,7 +278,7 @@ class Pipeline:
             self.send(*self._reader.encoded(request, reply, self.last_of_drain(None)))
             return
         entry: Waiting = [None, False]
-        entry[0] = self._loop.create_task(self._awaited(request, reply, entry, body))
+        entry[0] = self.loop.create_task(self._awaited(request, reply, entry, body))
         self.waiting.append(entry)
         self.account.keyed(request.target)
         if request.kind == RPC:  # reckoned while made (a scrape of /metrics does not see its own answer)
@@ -374,42 +308,10 @@ class Pipeline:
                 if waiting and waiting[0] is entry:
                     self._flush()
 
-    def prebuilt(self, hit: PaidHit, open_mode: bool, rid: int | bytes) -> None:
-        """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second)."""
-        front = self._front
-        now = self._loop.time()
-        if now >= front.renew_at:
-            front.date(now)
-        charged, remaining, verified, length, body = hit
-        whole = length < SPLIT_FROM
-        tail = body if whole else b""  # a large body is written after its head, not copied behind it
-        if type(rid) is int:  # a new id's number
-            data = (
-                front.open_answer % (rid, verified, length, tail)
-                if open_mode
-                else front.paid_answer % (rid, charged, remaining, verified, length, tail)
-            )
-        elif open_mode:  # the client's own id
-            data = front.open_answer_sent % (rid, verified, length, tail)
-        else:
-            data = front.paid_answer_sent % (rid, charged, remaining, verified, length, tail)
-        transport = self.transport
-        if self.waiting or transport is None:
-            self.send(data if whole else [data, body], False)
-            return
-        if whole:
-            transport.write(data)
-            if length >= COUNTED_HIT:
-                self.account.wrote(len(data))
-        else:
-            self.account.wrote(written(transport, [data, body]))
-        if front.stopping and not self.held:
-            self.abort()
-        else:
-            self.active_at = now
-
     def last(self, data: Out, close: bool) -> None:
         """The connection's last answer (a refusal): nothing more is read, and it follows the others."""
+        if self.done:  # decided already (Connection: close): what follows it is no request's
+            return
         self.done = True
         self.pause()
         self.after_held(data, close)
@@ -457,21 +359,47 @@ class Pipeline:
             self._idle_or_stop()
 
     def _idle_or_stop(self) -> None:
-        if self._front.stopping and not self.held and not unread_bytes(self.transport):
+        if self.front.stopping and not self.held and not unread_bytes(self.transport):
             self.abort()
         else:  # draining with bytes unread: read (resume), they are answered before it closes
-            self.active_at = self._loop.time()
+            self.active_at = self.loop.time()
             self.resume()
 
 
-def written(transport: asyncio.Transport, out: Out) -> int:
-    """`out` written to `transport`; its size."""
-    if isinstance(out, bytes):
-        transport.write(out)
-        return len(out)
-    for piece in out:  # not writelines: asyncio's joins them (uvloop's would not)
-        transport.write(piece)
-    return out_size(out)
+def write_hit(pipeline: Pipeline, hit: PaidHit, open_mode: bool, rid: int | bytes) -> None:
+    """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second), on
+    `pipeline`'s connection: now when nothing waits before it, else queued behind."""
+    front = pipeline.front
+    loop_now = pipeline.loop.time()
+    if loop_now >= front.renew_at:
+        front.date(loop_now)
+    charged, remaining, verified, length, body = hit
+    whole = length < SPLIT_FROM
+    tail = body if whole else b""  # a large body is written after its head, not copied behind it
+    if type(rid) is int:  # a new id's number
+        data = (
+            front.open_answer % (rid, verified, length, tail)
+            if open_mode
+            else front.paid_answer % (rid, charged, remaining, verified, length, tail)
+        )
+    elif open_mode:  # the client's own id
+        data = front.open_answer_sent % (rid, verified, length, tail)
+    else:
+        data = front.paid_answer_sent % (rid, charged, remaining, verified, length, tail)
+    transport = pipeline.transport
+    if pipeline.waiting or transport is None:
+        pipeline.send(data if whole else [data, body], False)
+        return
+    if whole:
+        transport.write(data)
+        if length >= COUNTED_HIT:
+            pipeline.account.wrote(len(data))
+    else:
+        pipeline.account.wrote(written(transport, [data, body]))
+    if front.stopping and not pipeline.held:
+        pipeline.abort()
+    else:
+        pipeline.active_at = loop_now
 
 
 def _first_unwritten(waiting: deque[Waiting]) -> object:
@@ -493,12 +421,12 @@ class IdleDeadline:
     def __init__(self, pipeline: Pipeline, reader: Reader, loop: asyncio.AbstractEventLoop) -> None:
         self._pipeline = pipeline
         self._reader = reader
-        self._loop = loop
+        self.loop = loop
         self.timer: asyncio.TimerHandle | None = None
         self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
 
     def start(self) -> None:
-        self.timer = self._loop.call_later(KEEPALIVE_TIMEOUT, self.fire)
+        self.timer = self.loop.call_later(KEEPALIVE_TIMEOUT, self.fire)
 
     def cancel(self) -> None:
         if self.timer is not None:
@@ -517,7 +445,7 @@ class IdleDeadline:
             return
         transport.write_eof()
         transport.resume_reading()
-        self.timer = self._loop.call_later(LINGER_SECONDS, transport.close)
+        self.timer = self.loop.call_later(LINGER_SECONDS, transport.close)
 
     def fire(self) -> None:
         """KEEPALIVE_TIMEOUT after the last head completed or answer was written (or its client last
@@ -529,9 +457,9 @@ class IdleDeadline:
         transport = pipeline.transport
         unsent = unsent_bytes(transport) if transport is not None else 0
         if unsent and unsent < self._unsent:  # its client reads, slowly (a large answer): not idle
-            pipeline.active_at = self._loop.time()
+            pipeline.active_at = self.loop.time()
         self._unsent = unsent
-        left = pipeline.active_at + KEEPALIVE_TIMEOUT - self._loop.time()
+        left = pipeline.active_at + KEEPALIVE_TIMEOUT - self.loop.time()
         busy = (
             pipeline.waiting
             or (request and request.kind and request is not pipeline.body_waiting)
@@ -540,7 +468,7 @@ class IdleDeadline:
         if not pipeline.write_paused and busy:  # its body, its answers, others' bytes have deadlines of their own
             left = KEEPALIVE_TIMEOUT
         if left > 0:
-            self.timer = self._loop.call_later(left, self.fire)
+            self.timer = self.loop.call_later(left, self.fire)
             return
         self.timer = None
         if transport is not None and unsent:

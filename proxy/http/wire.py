@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
+from proxy.http.answer_bytes import Account
 from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.values import Reply
@@ -73,13 +74,16 @@ class Request:
         self.reading = 0  # bytes reckoned in its connection's answer bytes while its body arrives
         self.timer: asyncio.TimerHandle | None = None  # BODY_TIMEOUT's, while its body arrives
 
-    def hold_body(self, budget: BodyBudget, limit: int) -> bool:
-        """Its share of the body budget while its body arrives: its declared length, else the limit."""
+    def hold_body(self, budget: BodyBudget, limit: int, account: Account) -> bool:
+        """Its share of the body budget while its body arrives (its declared length, else the limit),
+        and its body reckoned in its connection's answer bytes meanwhile (body_coming)."""
         declared = self.headers.get("content-length")
         held = int(declared) if declared is not None and declared.isdigit() else limit
         if not budget.take(held):
             return False
         self.held = held
+        self.reading = self.body_coming(limit)
+        account.reading(self.reading)
         return True
 
     def body_coming(self, limit: int) -> int:
@@ -94,8 +98,11 @@ class Request:
         """Its body as it will hold memory while made: as decoded, at most `coded` (MAX_BODY_BYTES)."""
         return self.size if "content-encoding" not in self.headers else coded
 
-    def release_body(self, budget: BodyBudget) -> bool:
-        """Its share given back and its timer stopped; whether a timer ran (it was counted in flight)."""
+    def release_body(self, budget: BodyBudget, account: Account) -> bool:
+        """Its shares given back and its timer stopped; whether a timer ran (it was counted in flight)."""
+        if self.reading:
+            account.reading(-self.reading)
+            self.reading = 0
         if self.held:
             budget.give(self.held)
             self.held = 0

@@ -18,9 +18,9 @@ from proxy.gateway.hits import Lookup
 from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, Estimate
 from proxy.http.app_keys import FRONT, GATEWAY, METRICS, SETTINGS, STREAMS, WEBSOCKETS, WS_HELD
-from proxy.http.pipeline import unsent_or_reset
 from proxy.http.request_key import api_key, origin_check
 from proxy.http.responses import error_response
+from proxy.http.sockets import unsent_or_reset
 from proxy.http.ws_connections import Connection
 from proxy.http.ws_frames import Corked
 from proxy.http.ws_masks import MaskedOnly
