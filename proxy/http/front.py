@@ -333,7 +333,7 @@ class FrontProtocol(asyncio.Protocol):
         if not request.kind:  # its head is still arriving
             if self._limit.over(data, self._begun != begun):
                 self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
-        elif request.kind == RPC and request.timer is None and request is not self.pipeline.body_waiting:
+        elif request.kind == RPC and request.timer is None and request is not self.pipeline.waiting_body.request:
             self._receiving(request)
 
     def _receiving(self, request: Request) -> None:
@@ -439,7 +439,8 @@ class FrontProtocol(asyncio.Protocol):
         request = self.request
         assert request is not None
         self.request = None
-        self.pipeline.body_read(request)
+        if self.pipeline.waiting_body.request is not None:
+            self.pipeline.waiting_body.end(request)
         if request.timer is not None or request.held:
             self._release(request)
         if request.kind == UPGRADE:
@@ -493,9 +494,8 @@ class FrontProtocol(asyncio.Protocol):
         network, key = request.target  # type: ignore[misc]
         answer = endpoint.serve(key, network, headers, body, request.path, self.pipeline.account)
         if type(answer) is tuple:  # a memory hit (values.PaidHit), needing neither gzip nor CORS headers
-            if prebuilt:
-                # Its id: the client's own, or a number after this process's prefix (request_ids.py).
-                write_hit(self.pipeline, answer, endpoint.open_mode, request.sent_id or IDS.count())
+            # Its id: the client's own, or a number after this process's prefix (request_ids.py).
+            if prebuilt and write_hit(self.pipeline, answer, endpoint.open_mode, request.sent_id or IDS.count()):
                 self._learnable = request
                 return
             answer = endpoint.hit_reply(answer)

@@ -83,9 +83,9 @@ class Pipeline:
         self.read_paused = False
         self.write_paused = False
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
-        self.body_waiting: Request | None = None  # a request whose body is left unread until it has room
         self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
         self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
+        self.waiting_body = WaitingBody(self.account)  # a request whose body is left unread until it has room
         self.account.first = partial(_first_unwritten, self.waiting)  # a batch's turn (answer_bytes.Batch)
 
     def opened(self, transport: asyncio.Transport) -> None:
@@ -113,7 +113,7 @@ class Pipeline:
 
     def _end(self) -> None:
         self.done = True
-        self.body_read()
+        self.waiting_body.end()
         self.deadline.cancel()
         self.account.close()
 
@@ -160,21 +160,12 @@ class Pipeline:
         """Whether a request whose body is not whole in its first read leaves the rest unread, and its
         BODY_TIMEOUT unstarted, for now: reading is paused, or there is no room for its answer and its
         declared body. Read whole first, a body waiting for room counted nowhere."""
-        account = self.account
-        account.keyed(request.target)  # its body counts for its key from now
-        coming = request.body_coming(account.budget.coded_body)
-        if self.read_paused or (account.budget.held and not account.room_or_wait(coming)):
-            self.body_waiting = request
-            account.budget.waiting += 1  # a request waiting for room, as a held one
+        self.account.keyed(request.target)  # its body counts for its key from now
+        if self.read_paused or (self.account.budget.held and not self.waiting_body.room(request)):
+            self.waiting_body.begin(request)
             self.pause()
             return True
         return False
-
-    def body_read(self, request: Request | None = None) -> None:
-        """`request` (None: any) is read whole, or read on, or its connection ends: it waits no more."""
-        if self.body_waiting is not None and (request is None or self.body_waiting is request):
-            self.body_waiting = None
-            self.account.budget.waiting -= 1
 
     def hold(self, request: Request) -> None:
         self.held.append(request)
@@ -190,7 +181,7 @@ class Pipeline:
         if self.held:
             if not self.write_paused and not self.waiting and self._go_on():
                 self.resume()
-        elif self.body_waiting is not None:
+        elif self.waiting_body.request is not None:
             self.resume()  # its body is read once it has room
 
     def _run_held(self) -> None:
@@ -226,7 +217,6 @@ class Pipeline:
             self.transport.pause_reading()
 
     def resume(self) -> None:
-        body = self.body_waiting  # read on only with room for it (body_waits)
         if (
             self.read_paused
             and self.transport is not None
@@ -235,9 +225,9 @@ class Pipeline:
             and self.handover is None
             and not self.held
             and len(self.waiting) < MAX_WAITING // 2
-            and (body is None or self.account.room_or_wait(body.body_coming(self.account.budget.coded_body)))
+            and self.waiting_body.read_on()
         ):
-            self.body_read()
+            self.waiting_body.end()
             self.read_paused = False
             self.transport.resume_reading()
 
@@ -327,12 +317,16 @@ class Pipeline:
         """An answer, written now when nothing before it waits, else queued behind."""
         if self.waiting:
             self.waiting.append([data, close])
-            self.account.enqueued(out_size(data))
+            self.account.enqueued(len(data) if isinstance(data, bytes) else out_size(data))
             return
         transport = self.transport
         if transport is None:
             return
-        self.account.wrote(written(transport, data))
+        if isinstance(data, bytes):  # inline: every answer but a pre-built hit's passes here
+            transport.write(data)
+            self.account.wrote(len(data))
+        else:
+            self.account.wrote(written(transport, data))
         if close:
             self.deadline.linger(transport)
         elif self._reader.request is None:
@@ -347,7 +341,11 @@ class Pipeline:
             if isinstance(item, asyncio.Task):
                 return  # still being made: its task writes it, and those after it
             waiting.popleft()
-            self.account.wrote(written(transport, item), dequeued=True)
+            if isinstance(item, bytes):
+                transport.write(item)
+                self.account.wrote(len(item), dequeued=True)
+            else:
+                self.account.wrote(written(transport, item), dequeued=True)
             if close:
                 waiting.clear()
                 self.deadline.linger(transport)
@@ -366,40 +364,68 @@ class Pipeline:
             self.resume()
 
 
-def write_hit(pipeline: Pipeline, hit: PaidHit, open_mode: bool, rid: int | bytes) -> None:
+class WaitingBody:
+    """A connection's request whose body is left unread until there is room for it (Pipeline.body_waits),
+    counted meanwhile as a request waiting for room."""
+
+    __slots__ = ("account", "request")
+
+    def __init__(self, account: Account) -> None:
+        self.account = account
+        self.request: Request | None = None
+
+    def room(self, request: Request) -> bool:
+        """Whether there is room for `request`'s answer and declared body; else it waits for room."""
+        return self.account.room_or_wait(request.body_coming(self.account.budget.coded_body))
+
+    def read_on(self) -> bool:
+        """Whether its connection may read on: no body waits, or there is room for it now."""
+        return self.request is None or self.room(self.request)
+
+    def begin(self, request: Request) -> None:
+        self.request = request
+        self.account.budget.waiting += 1
+
+    def end(self, request: Request | None = None) -> None:
+        """`request` (None: any) is read whole, or read on, or its connection ends: it waits no more."""
+        if self.request is not None and (request is None or self.request is request):
+            self.request = None
+            self.account.budget.waiting -= 1
+
+
+def write_hit(pipeline: Pipeline, hit: PaidHit, open_mode: bool, rid: int | bytes) -> bool:
     """A memory hit's answer after its pre-built head (`Front.date` renews the heads each second), on
-    `pipeline`'s connection: now when nothing waits before it, else queued behind."""
+    `pipeline`'s connection: now when nothing waits before it, else queued behind. False for a body
+    of SPLIT_FROM bytes or more: as a Reply, it is written after its head, not copied behind it."""
     front = pipeline.front
     loop_now = pipeline.loop.time()
     if loop_now >= front.renew_at:
         front.date(loop_now)
     charged, remaining, verified, length, body = hit
-    whole = length < SPLIT_FROM
-    tail = body if whole else b""  # a large body is written after its head, not copied behind it
+    if length >= SPLIT_FROM:
+        return False
     if type(rid) is int:  # a new id's number
         data = (
-            front.open_answer % (rid, verified, length, tail)
+            front.open_answer % (rid, verified, length, body)
             if open_mode
-            else front.paid_answer % (rid, charged, remaining, verified, length, tail)
+            else front.paid_answer % (rid, charged, remaining, verified, length, body)
         )
     elif open_mode:  # the client's own id
-        data = front.open_answer_sent % (rid, verified, length, tail)
+        data = front.open_answer_sent % (rid, verified, length, body)
     else:
-        data = front.paid_answer_sent % (rid, charged, remaining, verified, length, tail)
+        data = front.paid_answer_sent % (rid, charged, remaining, verified, length, body)
     transport = pipeline.transport
     if pipeline.waiting or transport is None:
-        pipeline.send(data if whole else [data, body], False)
-        return
-    if whole:
-        transport.write(data)
-        if length >= COUNTED_HIT:
-            pipeline.account.wrote(len(data))
-    else:
-        pipeline.account.wrote(written(transport, [data, body]))
+        pipeline.send(data, False)
+        return True
+    transport.write(data)
+    if length >= COUNTED_HIT:
+        pipeline.account.wrote(len(data))
     if front.stopping and not pipeline.held:
         pipeline.abort()
     else:
         pipeline.active_at = loop_now
+    return True
 
 
 def _first_unwritten(waiting: deque[Waiting]) -> object:
@@ -462,8 +488,8 @@ class IdleDeadline:
         left = pipeline.active_at + KEEPALIVE_TIMEOUT - self.loop.time()
         busy = (
             pipeline.waiting
-            or (request and request.kind and request is not pipeline.body_waiting)
-            or (not unsent and pipeline.account.others_hold(pipeline.held or pipeline.body_waiting))
+            or (request and request.kind and request is not pipeline.waiting_body.request)
+            or (not unsent and pipeline.account.others_hold(pipeline.held or pipeline.waiting_body.request))
         )
         if not pipeline.write_paused and busy:  # its body, its answers, others' bytes have deadlines of their own
             left = KEEPALIVE_TIMEOUT
