@@ -49,7 +49,6 @@ class AnswerBytes:
         self.per_connection = per_connection
         self.per_key = per_key
         self.per_process = per_process
-        self.fair_limit = per_process + per_process // FAIR_OVER  # AnswerBytes._fair
         self.held = 0  # bytes, all connections together
         self.keys: dict[str, int] = {}  # bytes per API key (those with any)
         self.waiting = 0  # requests held, unmade, for want of room (all connections)
@@ -110,7 +109,8 @@ class AnswerBytes:
             return False  # open mode: no keys to share among
         if not held:
             return True
-        return held + shared <= self.per_process // len(self.keys) and self.held + shared <= self.fair_limit
+        limit = self.per_process
+        return held + shared <= limit // len(self.keys) and self.held + shared <= limit + limit // FAIR_OVER
 
     def batch_room(self, account: Account, more: int, alone: bool) -> bool:
         """Whether a batch's call reckoned at `more` bytes may be made for `account` in its key's and

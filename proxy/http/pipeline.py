@@ -150,10 +150,9 @@ class Pipeline:
             return False
         account = self.account
         account.keyed(request.target)
-        if account.room(request.body_held(account.budget.coded_body)):
+        if account.room_or_wait(request.body_held(account.budget.coded_body)):
             return False
         self.pause()
-        account.wait()
         return True
 
     def body_waits(self, request: Request) -> bool:
@@ -199,8 +198,7 @@ class Pipeline:
         ):
             item = held[0]
             if isinstance(item, Request):
-                if not account.room(item.body_held(account.budget.coded_body)):
-                    account.wait()
+                if not account.room_or_wait(item.body_held(account.budget.coded_body)):
                     break
                 held.popleft()
                 self.account.budget.waiting -= 1
@@ -326,7 +324,7 @@ class Pipeline:
             transport.write(data)
             self.account.wrote(len(data))
         else:
-            self.account.wrote(written(transport, data))
+            self.account.wrote(written(transport, data))  # a large answer: its head, then its body
         if close:
             self.deadline.linger(transport)
         elif self._reader.request is None:

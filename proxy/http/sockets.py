@@ -10,7 +10,7 @@ import socket
 import struct
 import termios
 
-from proxy.http.wire import Out, out_size
+from proxy.http.wire import out_size
 
 
 def unsent_bytes(transport: asyncio.Transport | None) -> int:
@@ -68,11 +68,10 @@ def drop(transport: asyncio.Transport) -> None:
     transport.abort()
 
 
-def written(transport: asyncio.Transport, out: Out) -> int:
-    """`out` written to `transport`; its size."""
-    if isinstance(out, bytes):
-        transport.write(out)
-        return len(out)
-    for piece in out:  # not writelines: asyncio's joins them (uvloop's would not)
+def written(transport: asyncio.Transport, pieces: list[bytes]) -> int:
+    """An answer in pieces (wire.Out: a large one's head, then its body) written to `transport`, one
+    after the other (not writelines: asyncio's joins them); its size. One piece, the pipeline writes
+    itself (no call on a hit's path)."""
+    for piece in pieces:
         transport.write(piece)
-    return out_size(out)
+    return out_size(pieces)
