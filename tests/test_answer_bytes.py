@@ -546,6 +546,33 @@ async def test_keys_that_read_nothing_hold_the_process_bound_and_another_key_is_
     await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
 
 
+async def test_probes_and_scrapes_are_answered_while_the_process_is_past_its_bound(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # Rule: a request that is not a JSON-RPC call (/healthz, /readyz, /metrics) waits for its own
+    # connection's room only, never behind others' answers. Before, past the process's bound a keyed
+    # proxy's probes waited with the calls (an orchestrator restarts a process whose probes time out).
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker",
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="3000000",
+    )
+    socks = await attack(proxy, misses(0, 20, "attacker"), 2)
+    try:
+        await until_async(lambda: pending(proxy) >= 3_000_000 and waiting(proxy) >= 2, "the process to fill")
+        async with aiohttp.ClientSession() as session:
+            for path in ("/healthz", "/readyz", "/metrics"):
+                response = await asyncio.wait_for(session.get(f"{proxy.base}{path}"), 10)
+                assert response.status == 200, path
+                await response.read()
+        assert waiting(proxy) >= 2  # the calls still wait: the probes went past them, not through them
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
+
+
 # --- the pure parts ---------------------------------------------------------------------------
 
 

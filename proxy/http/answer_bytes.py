@@ -236,9 +236,14 @@ class Account:
             if self.charged and not self.closed:
                 self.budget.keys[self.key] = self.budget.keys.get(self.key, 0) + self.charged
 
-    def room(self, body: int = 0) -> bool:
-        """Whether a request whose body is `body` bytes may be made now (its answer at the estimate)."""
+    def room(self, body: int = 0, call: bool = True) -> bool:
+        """Whether a request whose body is `body` bytes may be made now (its answer at the estimate).
+        Not a JSON-RPC `call` (a health probe, a scrape of /metrics): within its connection's bound
+        only, never behind others' answers. Past the process's bound, a keyed proxy's /healthz waited
+        with the calls (an orchestrator restarts a process whose probes time out)."""
         body *= BODY_COPIES
+        if not call:
+            return not self.own or self.own + self.estimate.size + body <= self.budget.per_connection
         return self.budget.room(self.key, self.own, self.estimate.size + body, self.estimate.shared + body)
 
     def others_hold(self, held: object) -> bool:
@@ -252,9 +257,9 @@ class Account:
         if self.written:
             self._polling()
 
-    def room_or_wait(self, body: int) -> bool:
-        """room(body); without it, its next request waits for room (wait)."""
-        if self.room(body):
+    def room_or_wait(self, body: int, call: bool = True) -> bool:
+        """room(body, call); without it, its next request waits for room (wait)."""
+        if self.room(body, call):
             return True
         self.wait()
         return False

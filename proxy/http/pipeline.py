@@ -150,7 +150,7 @@ class Pipeline:
             return False
         account = self.account
         account.keyed(request.target)
-        if account.room_or_wait(request.body_held(account.budget.coded_body)):
+        if account.room_or_wait(request.body_held(account.budget.coded_body), request.kind == RPC):
             return False
         self.pause()
         return True
@@ -198,7 +198,7 @@ class Pipeline:
         ):
             item = held[0]
             if isinstance(item, Request):
-                if not account.room_or_wait(item.body_held(account.budget.coded_body)):
+                if not account.room_or_wait(item.body_held(account.budget.coded_body), item.kind == RPC):
                     break
                 held.popleft()
                 self.account.budget.waiting -= 1
@@ -374,7 +374,7 @@ class WaitingBody:
 
     def room(self, request: Request) -> bool:
         """Whether there is room for `request`'s answer and declared body; else it waits for room."""
-        return self.account.room_or_wait(request.body_coming(self.account.budget.coded_body))
+        return self.account.room_or_wait(request.body_coming(self.account.budget.coded_body), request.kind == RPC)
 
     def read_on(self) -> bool:
         """Whether its connection may read on: no body waits, or there is room for it now."""
