@@ -1,12 +1,12 @@
 """Benchmark: what answers waiting for clients that read nothing cost a proxy process, from outside.
 
-    .venv/bin/python -m bench.memory_answers [--answer-mb 4] [--connections 4] [--requests 40]
+    .venv/bin/python -m bench.memory_answers [--answer-mb 4] [--connections 4] [--requests 40] [--keys 1]
         [--ws-connections 3] [--ws-requests 30] [--hold 10] [--set NAME=VALUE ...]
 
 A `python -m proxy` process with two API keys (attacker, victim) in front of a real Anvil whose
 contract returns as many zero bytes as asked (tests/answer_attack.py). Two attacks, each on a fresh
 process: --connections raw HTTP sockets of the attacker's key, each pipelining --requests misses of
---answer-mb MB and reading nothing; then --ws-connections WebSockets sending --ws-requests each. For
+--answer-mb MB and reading nothing (spread over --keys keys of the attacker's, in turn); then --ws-connections WebSockets sending --ws-requests each (none: skipped). For
 --hold seconds the victim's key makes distinct small calls one after another. Printed per attack:
 the process's RSS before, at its peak, and after the attacker's sockets close; the answers' bytes the
 process counts as made and not taken (rpc_proxy_answer_bytes_pending, at the peak); RSS per MB of
@@ -56,9 +56,9 @@ MIB = 2**20
 
 
 async def attack_once(
-    node: Anvil, name: str, start: Callable[[int], list], hold: float, settings: dict[str, str]
+    node: Anvil, name: str, start: Callable[[int], list], hold: float, settings: dict[str, str], keys: int = 1
 ) -> None:
-    proxy = start_proxy(node, **settings)
+    proxy = start_proxy(node, keys, **settings)
     try:
         await victim_latencies(proxy, 0.5)  # warm: the head known, the connection pools open
         before = rss(proxy)
@@ -129,6 +129,7 @@ async def main() -> None:
     parser.add_argument("--answer-mb", type=float, default=4.0)
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--keys", type=int, default=1)
     parser.add_argument("--ws-connections", type=int, default=3)
     parser.add_argument("--ws-requests", type=int, default=30)
     parser.add_argument("--hold", type=float, default=10.0)
@@ -147,10 +148,12 @@ async def main() -> None:
             f"{'attack':10} {'RSS MiB':>8} {'peak':>8} {'growth':>8} {'closed':>8} {'left':>8} "
             f"{'held MiB':>10} {'RSS/MB':>9} {'p50 ms':>9} {'p95 ms':>9} {'calls':>6}"
         )
-        http = lambda port: http_attack(port, args.connections, args.requests, size)  # noqa: E731
+        http = lambda port: http_attack(port, args.connections, args.requests, size, args.keys)  # noqa: E731
         ws = lambda port: ws_attack(port, args.ws_connections, args.ws_requests, size)  # noqa: E731
-        await attack_once(node, f"http {args.connections}x{args.requests}", http, args.hold, settings)
-        await attack_once(node, f"ws {args.ws_connections}x{args.ws_requests}", ws, args.hold, settings)
+        name = f"http {args.connections}x{args.requests}" + (f"/{args.keys}k" if args.keys > 1 else "")
+        await attack_once(node, name, http, args.hold, settings, args.keys)
+        if args.ws_connections:
+            await attack_once(node, f"ws {args.ws_connections}x{args.ws_requests}", ws, args.hold, settings)
     finally:
         node.stop()
 

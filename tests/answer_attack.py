@@ -25,6 +25,11 @@ RETURNER_CODE = "0x60003560" + "00f3"
 KEYS = ("attacker", "victim")
 
 
+def attackers(keys: int) -> list[str]:
+    """The attacker's `keys` API keys: "attacker", then "attacker1", "attacker2", ..."""
+    return [KEYS[0]] + [f"{KEYS[0]}{i}" for i in range(1, keys)]
+
+
 def start_node() -> Anvil:
     """Anvil with the returning contract; a block gas limit that lets it return megabytes."""
     node = Anvil("--gas-limit", "1000000000", "--code-size-limit", "1000000")
@@ -38,8 +43,9 @@ def zero_call(i: int, answer_bytes: int) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [{"to": RETURNER, "data": data}, "latest"]}
 
 
-def start_proxy(node: Anvil, **settings: str) -> ProxyProcess:
-    return ProxyProcess(node.url, 64 * 1024 * 1024, API_KEYS=",".join(KEYS), **settings)
+def start_proxy(node: Anvil, keys: int = 1, **settings: str) -> ProxyProcess:
+    """A proxy process with the victim's key and `keys` of the attacker's."""
+    return ProxyProcess(node.url, 64 * 1024 * 1024, API_KEYS=",".join([*attackers(keys), KEYS[1]]), **settings)
 
 
 def post(body: bytes, key: str) -> bytes:
@@ -55,13 +61,17 @@ def silent(port: int) -> socket.socket:
     return sock
 
 
-def http_attack(port: int, connections: int, requests: int, answer_bytes: int) -> list[socket.socket]:
-    """`connections` sockets of the attacker's key, each pipelining `requests` misses, reading nothing."""
+def http_attack(port: int, connections: int, requests: int, answer_bytes: int, keys: int = 1) -> list[socket.socket]:
+    """`connections` sockets of the attacker's (spread over its `keys` keys in turn), each pipelining
+    `requests` misses, reading nothing."""
     socks = []
+    names = attackers(keys)
     for c in range(connections):
         sock = silent(port)
         first = (c + 1) * 1_000_000 + int(time.time() * 1000) % 1_000_000 * 1000  # distinct across runs
-        data = b"".join(post(json.dumps(zero_call(first + i, answer_bytes)).encode(), KEYS[0]) for i in range(requests))
+        data = b"".join(
+            post(json.dumps(zero_call(first + i, answer_bytes)).encode(), names[c % keys]) for i in range(requests)
+        )
         sock.sendall(data)
         socks.append(sock)
     return socks

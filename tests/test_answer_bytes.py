@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.config import build_settings
-from proxy.http.answer_bytes import Account, AnswerBytes, Estimate, key_share
+from proxy.http.answer_bytes import UNKNOWN_PER_KEY, Account, AnswerBytes, Estimate, key_share
 from proxy.http.endpoint import RpcEndpoint
 from proxy.metrics import Metrics
 from tests.fake_evm import FakeEvm
@@ -469,6 +469,41 @@ async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_me
     )
 
 
+@pytest.mark.parametrize(
+    ("keys", "per_process", "at_once"),
+    [(1, None, UNKNOWN_PER_KEY), (4, 8_000_000, 8 + 3)],  # 8 MB at 1 MB each, and each other key's first
+    ids=["per-key", "per-process"],
+)
+async def test_answers_of_new_connections_made_at_once_are_bounded_per_key_and_per_process(
+    gated: GatedEvm, make_proxy: ProxyFactory, keys: int, per_process: int | None, at_once: int
+) -> None:
+    # Rule: answers whose connections have had none, reckoned at 64 KiB in their key's and the
+    # process's counts, are made at most UNKNOWN_PER_KEY at once per key, and per process as many as
+    # its bound holds at half a connection's bound each (a key's first whatever others make). Before,
+    # 40 new connections that read nothing were all made at once (64 KiB each: an outside attack,
+    # 180 connections of 30 keys, held 1.28 GB of 4 MB answers against a process bound of 64 MiB).
+    names = [f"k{i}" for i in range(keys)]
+    settings = {"API_KEYS": ",".join([*names, "victim"]), "MAX_PENDING_ANSWER_BYTES": "2000000"}
+    if per_process is not None:
+        settings["MAX_PENDING_ANSWER_BYTES_PER_PROCESS"] = str(per_process)
+    proxy = await make_proxy(EVM_UPSTREAM=gated.url, **settings)
+    loop = asyncio.get_running_loop()
+    socks = [unread_socket(proxy.server.port) for _ in range(40)]
+    await asyncio.gather(
+        *(loop.run_in_executor(None, s.sendall, misses(i, 1, names[i % keys])) for i, s in enumerate(socks))
+    )
+    try:
+        await until_async(lambda: waiting(proxy) >= 40 - at_once, "the new connections past the bound to wait")
+        await holds_for(lambda: waiting(proxy) >= 40 - at_once, "answers of unknown size made past the bound")
+        assert (await proxy.call("eth_blockNumber", [], key="victim"))["result"]  # another key is served
+        gated.gate.set()
+        await until_async(lambda: waiting(proxy) == 0, "the others to be made as answers are")
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
+
+
 async def test_a_request_waits_while_the_process_is_full_and_is_made_when_bytes_are_taken(
     big_node: FakeEvm, make_proxy: ProxyFactory
 ) -> None:
@@ -617,6 +652,24 @@ def test_each_worker_holds_a_key_to_its_even_share_of_the_per_key_bound(workers:
     expected = share if share is not None else -(-24_000_000 // (os.cpu_count() or 1))
     assert endpoint.answer_bytes.per_key == key_share(24_000_000, settings.workers) == expected
     assert key_share(10, 3) == 4 and key_share(10, 4) == 3 and key_share(1, 16) == 1  # rounded up
+
+
+def test_answers_of_unknown_size_made_at_once_are_bounded_per_key_and_per_process() -> None:
+    bytes_ = AnswerBytes(per_connection=8_000_000, per_key=100_000_000, per_process=80_000_000)
+    assert bytes_.unknown_most == 20  # the process's bound at half a connection's bound each
+    bytes_.unknown_made("a", UNKNOWN_PER_KEY - 1)
+    assert bytes_.unknown_room("a") and bytes_.unknown_room("b")
+    bytes_.unknown_made("a", 1)
+    assert not bytes_.unknown_room("a") and bytes_.unknown_room("b")  # the key's bound, not another's
+    bytes_.unknown_made("b", 4)
+    assert not bytes_.unknown_room("b")  # the process's bound: 20 made at once
+    assert bytes_.unknown_room("c")  # a key's first, whatever the process makes
+    bytes_.unknown_made("a", -UNKNOWN_PER_KEY)
+    assert bytes_.unknown_room("b") and bytes_.unknown_keys == {"b": 4} and bytes_.unknown_making == 4
+    bytes_.unknown_made(None, 16)
+    assert not bytes_.unknown_room(None)  # without keys: the process's bound only (20 with b's)
+    bytes_.unknown_made(None, -1)
+    assert bytes_.unknown_room(None)
 
 
 def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() -> None:

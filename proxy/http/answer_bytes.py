@@ -25,8 +25,10 @@ BODY_COPIES = 3
 # WS_MAX_INFLIGHT), once its answers are known to be small.
 FLOOR_SHARE = 64
 # Before any, an answer is reckoned at this in its key's and the process's counts: many new
-# connections of one key (a pool opening) are not held up by half their own bound each.
+# connections of one key (a pool opening) are not held up by half their own bound each. So few bytes
+# bound few answers: how many such answers are made at once is bounded too (AnswerBytes.unknown_room).
 UNKNOWN_SHARED = 64 * 1024
+UNKNOWN_PER_KEY = 16  # answers of unknown size one key has made at once (twice UPSTREAM_KEY_CONCURRENCY's default)
 # Past the process's bound, a key under its even share of it is made still, up to this part past it.
 FAIR_OVER = 4
 PROCESS = object()  # the process's pass (AnswerBytes.passes), beside each key's
@@ -66,6 +68,33 @@ class AnswerBytes:
         # connection's batch was made alone past every shared bound, and 20 connections of one key,
         # each sent one batch of 30 MB, held 600 MB against a bound of 64 MiB.
         self.passes: dict[object, Account] = {}
+        # Answers being made whose connections have had none, in all and per key (unknown_room).
+        self.unknown_making = 0
+        self.unknown_keys: dict[str | None, int] = {}
+        self.unknown_most = max(1, per_process // max(1, per_connection // UNKNOWN_SHARE))
+
+    def unknown_room(self, key: str | None) -> bool:
+        """Whether one more answer of unknown size (its connection has had none) may be made for `key`:
+        the key makes none such, or fewer than UNKNOWN_PER_KEY while the process makes fewer than
+        `unknown_most`, as many as its bound holds at its connections' first reckoning (half their
+        own bound each). At UNKNOWN_SHARED each and no more bound, 180 new connections of 30 keys
+        that read nothing held 1.28 GB of 4 MB answers against a process bound of 64 MiB: all were
+        made before the first was answered. Without keys, the process's only."""
+        held = self.unknown_keys.get(key, 0)
+        if not held:
+            return True
+        return (key is None or held < UNKNOWN_PER_KEY) and self.unknown_making < self.unknown_most
+
+    def unknown_made(self, key: str | None, count: int) -> None:
+        """`count` answers of unknown size begin to be made for `key` (negative: are no longer)."""
+        self.unknown_making += count
+        left = self.unknown_keys.get(key, 0) + count
+        if left > 0:
+            self.unknown_keys[key] = left
+        else:
+            self.unknown_keys.pop(key, None)
+        if count < 0:
+            self._wake_later()
 
     def charge(self, key: str | None, delta: int) -> None:
         """A connection's bytes changed by `delta`; bytes taken wake those waiting for room."""
@@ -176,10 +205,12 @@ class Estimate:
         self._sizes: deque[int] = deque(maxlen=SIZES_KEPT)
         self.size = max(self._floor, bound // UNKNOWN_SHARE - min(BODY_ALLOWANCE, self._floor))
         self.shared = min(self.size, UNKNOWN_SHARED)  # as reckoned in its key's and the process's counts
+        self.unknown = True  # no answer seen yet (AnswerBytes.unknown_room)
 
     def saw(self, size: int) -> None:
         self._sizes.append(size)
         self.size = self.shared = max(self._floor, max(self._sizes))
+        self.unknown = False
 
 
 POLL_SECONDS = 0.02  # how often bytes written and not yet taken are measured again, while any are
@@ -219,6 +250,7 @@ class Account:
         self.batches_made = 0  # batches whose calls are all made, counted until their answer is (made)
         self._members_room: asyncio.Event | None = None  # set when a batch's call waiting for room may look again
         self.making = 0  # answers being made
+        self.unknown = 0  # of them, those made before any answer of its own was (AnswerBytes.unknown_room)
         self.bodies = 0  # its requests' bodies (BODY_COPIES each), from their first read until answered
         self.queued = 0  # bytes encoded, waiting for the answers before them
         self.written = 0  # bytes written, not yet known to be taken
@@ -232,6 +264,9 @@ class Account:
     def keyed(self, target: tuple[str | None, str | None] | None) -> None:
         """Its key: that of the first request that names one (what it holds already counts for it)."""
         if self.key is None and target is not None and target[1] is not None:
+            if self.unknown and not self.closed:
+                self.budget.unknown_made(None, -self.unknown)
+                self.budget.unknown_made(target[1], self.unknown)
             self.key = target[1]
             if self.charged and not self.closed:
                 self.budget.keys[self.key] = self.budget.keys.get(self.key, 0) + self.charged
@@ -242,9 +277,12 @@ class Account:
         only, never behind others' answers. Past the process's bound, a keyed proxy's /healthz waited
         with the calls (an orchestrator restarts a process whose probes time out)."""
         body *= BODY_COPIES
+        estimate = self.estimate
         if not call:
-            return not self.own or self.own + self.estimate.size + body <= self.budget.per_connection
-        return self.budget.room(self.key, self.own, self.estimate.size + body, self.estimate.shared + body)
+            return not self.own or self.own + estimate.size + body <= self.budget.per_connection
+        if estimate.unknown and not self.budget.unknown_room(self.key):
+            return False
+        return self.budget.room(self.key, self.own, estimate.size + body, estimate.shared + body)
 
     def others_hold(self, held: object) -> bool:
         """Whether requests are `held` for want of room that others' bytes take (its own would fit):
@@ -268,6 +306,9 @@ class Account:
         """A request is being made: its answer reckoned at the estimate, and its `body` bytes held."""
         self.making += 1
         self.bodies += body * BODY_COPIES
+        if self.estimate.unknown and not self.closed:
+            self.unknown += 1
+            self.budget.unknown_made(self.key, 1)
         self.recount()
 
     def reading(self, body: int) -> None:
@@ -284,6 +325,9 @@ class Account:
             self.making -= 1
             self.bodies -= body * BODY_COPIES
             self.estimate.saw(size)
+            if self.unknown:  # the others it makes are reckoned at this one's size now
+                self.budget.unknown_made(self.key, -self.unknown)
+                self.unknown = 0
         self.queued += size
         if self.batches_made:
             self._batch_answered(asyncio.current_task())
@@ -354,6 +398,9 @@ class Account:
             self._poll = None
         if self.passes:
             self.budget.give_back(self)
+        if self.unknown:
+            self.budget.unknown_made(self.key, -self.unknown)
+            self.unknown = 0
         self.budget.charge(self.key, -self.charged)
         self.charged = self.own = self.making = self.bodies = self.queued = self.written = 0
 
