@@ -273,13 +273,17 @@ class Account:
 
     def room(self, body: int = 0, call: bool = True) -> bool:
         """Whether a request whose body is `body` bytes may be made now (its answer at the estimate).
-        Not a JSON-RPC `call` (a health probe, a scrape of /metrics): within its connection's bound
-        only, never behind others' answers. Past the process's bound, a keyed proxy's /healthz waited
-        with the calls (an orchestrator restarts a process whose probes time out)."""
+        Not a JSON-RPC `call` (a health probe, a scrape of /metrics): at once while its connection
+        holds nothing, never behind others' answers (past the process's bound, a keyed proxy's
+        /healthz waited with the calls: an orchestrator restarts a process whose probes time out);
+        else as a call (a client pipelining scrapes and reading nothing holds one answer past it)."""
         body *= BODY_COPIES
         estimate = self.estimate
         if not call:
-            return not self.own or self.own + estimate.size + body <= self.budget.per_connection
+            if self.written:
+                self.measure()  # what its client took of the last answer (under POLL_FROM, unmeasured)
+            if not self.own:
+                return True
         if estimate.unknown and not self.budget.unknown_room(self.key):
             return False
         return self.budget.room(self.key, self.own, estimate.size + body, estimate.shared + body)
