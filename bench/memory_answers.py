@@ -6,8 +6,9 @@
 A `python -m proxy` process with two API keys (attacker, victim) in front of a real Anvil whose
 contract returns as many zero bytes as asked (tests/answer_attack.py). Two attacks, each on a fresh
 process: --connections raw HTTP sockets of the attacker's key, each pipelining --requests misses of
---answer-mb MB and reading nothing (spread over --keys keys of the attacker's, in turn); then --ws-connections WebSockets sending --ws-requests each (none: skipped). For
---hold seconds the victim's key makes distinct small calls one after another. Printed per attack:
+--answer-mb MB and reading nothing (spread over --keys keys of the attacker's, in turn); then
+--ws-connections WebSockets sending --ws-requests each (none: skipped). For --hold seconds the
+victim's key makes distinct small calls one after another. Printed per attack:
 the process's RSS before, at its peak, and after the attacker's sockets close; the answers' bytes the
 process counts as made and not taken (rpc_proxy_answer_bytes_pending, at the peak); RSS per MB of
 answer in flight (the peak's growth over that count); and the victim's median and p95 latency.

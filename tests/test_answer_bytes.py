@@ -21,8 +21,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.config import build_settings
-from proxy.http.answer_bytes import UNKNOWN_PER_KEY, Account, AnswerBytes, Estimate, key_share
+from proxy.http.answer_bytes import Account, AnswerBytes, Estimate, key_share
 from proxy.http.endpoint import RpcEndpoint
+from proxy.http.first_answers import PER_KEY, FirstAnswers, key_most
 from proxy.metrics import Metrics
 from tests.fake_evm import FakeEvm
 from tests.memory_fill import big_call
@@ -470,18 +471,24 @@ async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_me
 
 
 @pytest.mark.parametrize(
-    ("keys", "per_process", "at_once"),
-    [(1, None, UNKNOWN_PER_KEY), (4, 8_000_000, 8 + 3)],  # 8 MB at 1 MB each, and each other key's first
-    ids=["per-key", "per-process"],
+    ("keys", "per_process", "at_once", "made_up_first"),
+    [
+        (1, None, PER_KEY, False),
+        (1, None, PER_KEY, True),
+        (4, 8_000_000, 8 + 3, False),  # 8 MB at 1 MB each, and each other key's first
+    ],
+    ids=["per-key", "made-up-key-first", "per-process"],
 )
 async def test_answers_of_new_connections_made_at_once_are_bounded_per_key_and_per_process(
-    gated: GatedEvm, make_proxy: ProxyFactory, keys: int, per_process: int | None, at_once: int
+    gated: GatedEvm, make_proxy: ProxyFactory, keys: int, per_process: int | None, at_once: int, made_up_first: bool
 ) -> None:
     # Rule: answers whose connections have had none, reckoned at 64 KiB in their key's and the
-    # process's counts, are made at most UNKNOWN_PER_KEY at once per key, and per process as many as
+    # process's counts, are made at most PER_KEY at once per key, and per process as many as
     # its bound holds at half a connection's bound each (a key's first whatever others make). Before,
     # 40 new connections that read nothing were all made at once (64 KiB each: an outside attack,
-    # 180 connections of 30 keys, held 1.28 GB of 4 MB answers against a process bound of 64 MiB).
+    # 180 connections of 30 keys, held 1.28 GB of 4 MB answers against a process bound of 64 MiB). A
+    # connection counts for the account of the first key it names that opens one: a made-up key named
+    # first (refused) held its connection's calls of a real key where no bound of that key saw them.
     names = [f"k{i}" for i in range(keys)]
     settings = {"API_KEYS": ",".join([*names, "victim"]), "MAX_PENDING_ANSWER_BYTES": "2000000"}
     if per_process is not None:
@@ -489,9 +496,11 @@ async def test_answers_of_new_connections_made_at_once_are_bounded_per_key_and_p
     proxy = await make_proxy(EVM_UPSTREAM=gated.url, **settings)
     loop = asyncio.get_running_loop()
     socks = [unread_socket(proxy.server.port) for _ in range(40)]
-    await asyncio.gather(
-        *(loop.run_in_executor(None, s.sendall, misses(i, 1, names[i % keys])) for i, s in enumerate(socks))
-    )
+
+    def sent(i: int) -> bytes:  # after a refusal of a made-up key, its own (made up anew each time)
+        return (post(b"{}", path=f"/v3/made-up-{i}") if made_up_first else b"") + misses(i, 1, names[i % keys])
+
+    await asyncio.gather(*(loop.run_in_executor(None, s.sendall, sent(i)) for i, s in enumerate(socks)))
     try:
         await until_async(lambda: waiting(proxy) >= 40 - at_once, "the new connections past the bound to wait")
         await holds_for(lambda: waiting(proxy) >= 40 - at_once, "answers of unknown size made past the bound")
@@ -602,6 +611,11 @@ async def test_probes_and_scrapes_are_answered_while_the_process_is_past_its_bou
                 assert response.status == 200, path
                 await response.read()
         assert waiting(proxy) >= 2  # the calls still wait: the probes went past them, not through them
+        # A client pipelining scrapes and reading nothing: its first goes past the bounds, no more.
+        before = waiting(proxy)
+        [scraper] = await attack(proxy, b"".join(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" for _ in range(10)), 1)
+        socks.append(scraper)
+        await until_async(lambda: waiting(proxy) >= before + 9, "the scrapes behind the first to wait")
     finally:
         for sock in socks:
             sock.close()
@@ -655,21 +669,27 @@ def test_each_worker_holds_a_key_to_its_even_share_of_the_per_key_bound(workers:
 
 
 def test_answers_of_unknown_size_made_at_once_are_bounded_per_key_and_per_process() -> None:
-    bytes_ = AnswerBytes(per_connection=8_000_000, per_key=100_000_000, per_process=80_000_000)
-    assert bytes_.unknown_most == 20  # the process's bound at half a connection's bound each
-    bytes_.unknown_made("a", UNKNOWN_PER_KEY - 1)
-    assert bytes_.unknown_room("a") and bytes_.unknown_room("b")
-    bytes_.unknown_made("a", 1)
-    assert not bytes_.unknown_room("a") and bytes_.unknown_room("b")  # the key's bound, not another's
-    bytes_.unknown_made("b", 4)
-    assert not bytes_.unknown_room("b")  # the process's bound: 20 made at once
-    assert bytes_.unknown_room("c")  # a key's first, whatever the process makes
-    bytes_.unknown_made("a", -UNKNOWN_PER_KEY)
-    assert bytes_.unknown_room("b") and bytes_.unknown_keys == {"b": 4} and bytes_.unknown_making == 4
-    bytes_.unknown_made(None, 16)
-    assert not bytes_.unknown_room(None)  # without keys: the process's bound only (20 with b's)
-    bytes_.unknown_made(None, -1)
-    assert bytes_.unknown_room(None)
+    woken = []
+    first = FirstAnswers(20, lambda: woken.append(1))
+    first.made("a", PER_KEY - 1)
+    assert first.room("a") and first.room("b")
+    first.made("a", 1)
+    assert not first.room("a") and first.room("b")  # the key's bound, not another's
+    first.made("b", 4)
+    assert first.making == 20 and first.room("b")  # past the process's bound: under its even share (10)
+    assert first.room("c")  # a key's first, whatever the process makes
+    first.made("c", 4)
+    assert first.room("c")  # under its even share of 3 keys' (6)
+    first.made("b", 1)
+    assert first.making == 25 and not first.room("b") and not first.room("c")  # the hard stop: a quarter past
+    assert not woken
+    first.made("a", -PER_KEY)
+    assert woken and first.room("b") and first.keys == {"b": 5, "c": 4} and first.making == 9
+    first.made(None, 11)
+    assert not first.room(None)  # without keys: the process's bound only (20 with b's and c's)
+    first.made(None, -1)
+    assert first.room(None)
+    assert key_most(8, 64) == 16 and key_most(32, 64) == 64 and key_most(0, 100) == 100  # twice a key's calls
 
 
 def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() -> None:

@@ -11,6 +11,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from proxy.http.first_answers import FAIR_OVER, FirstAnswers
+
 SIZES_KEPT = 8  # a connection's estimate of its next answer: the largest of its last answers
 UNKNOWN_SHARE = 2  # before any answer, one is reckoned at half the connection's bound (2 made at once)
 # ...less this (at most a FLOOR_SHARE of it): their requests' bodies count with them (Account.bodies), and
@@ -25,13 +27,14 @@ BODY_COPIES = 3
 # WS_MAX_INFLIGHT), once its answers are known to be small.
 FLOOR_SHARE = 64
 # Before any, an answer is reckoned at this in its key's and the process's counts: many new
-# connections of one key (a pool opening) are not held up by half their own bound each. So few bytes
-# bound few answers: how many such answers are made at once is bounded too (AnswerBytes.unknown_room).
+# connections of one key (a pool opening) are not held up by half their own bound each (and how
+# many such answers are made at once is bounded: first_answers.py).
 UNKNOWN_SHARED = 64 * 1024
-UNKNOWN_PER_KEY = 16  # answers of unknown size one key has made at once (twice UPSTREAM_KEY_CONCURRENCY's default)
-# Past the process's bound, a key under its even share of it is made still, up to this part past it.
-FAIR_OVER = 4
 PROCESS = object()  # the process's pass (AnswerBytes.passes), beside each key's
+
+
+def no_account(key: str) -> None:
+    """Open mode's AnswerBytes.account_of: no key is bounded as one (the process's bound is all)."""
 
 
 def key_share(per_key: int, workers: int) -> int:
@@ -68,33 +71,12 @@ class AnswerBytes:
         # connection's batch was made alone past every shared bound, and 20 connections of one key,
         # each sent one batch of 30 MB, held 600 MB against a bound of 64 MiB.
         self.passes: dict[object, Account] = {}
-        # Answers being made whose connections have had none, in all and per key (unknown_room).
-        self.unknown_making = 0
-        self.unknown_keys: dict[str | None, int] = {}
-        self.unknown_most = max(1, per_process // max(1, per_connection // UNKNOWN_SHARE))
-
-    def unknown_room(self, key: str | None) -> bool:
-        """Whether one more answer of unknown size (its connection has had none) may be made for `key`:
-        the key makes none such, or fewer than UNKNOWN_PER_KEY while the process makes fewer than
-        `unknown_most`, as many as its bound holds at its connections' first reckoning (half their
-        own bound each). At UNKNOWN_SHARED each and no more bound, 180 new connections of 30 keys
-        that read nothing held 1.28 GB of 4 MB answers against a process bound of 64 MiB: all were
-        made before the first was answered. Without keys, the process's only."""
-        held = self.unknown_keys.get(key, 0)
-        if not held:
-            return True
-        return (key is None or held < UNKNOWN_PER_KEY) and self.unknown_making < self.unknown_most
-
-    def unknown_made(self, key: str | None, count: int) -> None:
-        """`count` answers of unknown size begin to be made for `key` (negative: are no longer)."""
-        self.unknown_making += count
-        left = self.unknown_keys.get(key, 0) + count
-        if left > 0:
-            self.unknown_keys[key] = left
-        else:
-            self.unknown_keys.pop(key, None)
-        if count < 0:
-            self._wake_later()
+        # Answers being made whose connections have had none: how many at once is bounded.
+        self.first = FirstAnswers(max(1, per_process // max(1, per_connection // UNKNOWN_SHARE)), self._wake_later)
+        # The account an API key opens (None: no account, its connection stays unkeyed); the key
+        # itself unless told (Gateway.account). A key taken from the path unchecked let a client
+        # name a made-up key first, then hold a real key's calls where no bound of it saw them.
+        self.account_of: Callable[[str], str | None] = lambda key: key
 
     def charge(self, key: str | None, delta: int) -> None:
         """A connection's bytes changed by `delta`; bytes taken wake those waiting for room."""
@@ -205,7 +187,7 @@ class Estimate:
         self._sizes: deque[int] = deque(maxlen=SIZES_KEPT)
         self.size = max(self._floor, bound // UNKNOWN_SHARE - min(BODY_ALLOWANCE, self._floor))
         self.shared = min(self.size, UNKNOWN_SHARED)  # as reckoned in its key's and the process's counts
-        self.unknown = True  # no answer seen yet (AnswerBytes.unknown_room)
+        self.unknown = True  # no answer seen yet (first_answers.py)
 
     def saw(self, size: int) -> None:
         self._sizes.append(size)
@@ -250,7 +232,7 @@ class Account:
         self.batches_made = 0  # batches whose calls are all made, counted until their answer is (made)
         self._members_room: asyncio.Event | None = None  # set when a batch's call waiting for room may look again
         self.making = 0  # answers being made
-        self.unknown = 0  # of them, those made before any answer of its own was (AnswerBytes.unknown_room)
+        self.unknown = 0  # of them, those made before any answer of its own was (first_answers.py)
         self.bodies = 0  # its requests' bodies (BODY_COPIES each), from their first read until answered
         self.queued = 0  # bytes encoded, waiting for the answers before them
         self.written = 0  # bytes written, not yet known to be taken
@@ -262,12 +244,16 @@ class Account:
         self.passes = 0  # the shared bounds its batches may go past (AnswerBytes.passes)
 
     def keyed(self, target: tuple[str | None, str | None] | None) -> None:
-        """Its key: that of the first request that names one (what it holds already counts for it)."""
+        """Its key: the account of the first request whose key opens one (what it holds already counts
+        for it); a made-up key counts for nothing."""
         if self.key is None and target is not None and target[1] is not None:
+            key = self.budget.account_of(target[1])
+            if key is None:
+                return
             if self.unknown and not self.closed:
-                self.budget.unknown_made(None, -self.unknown)
-                self.budget.unknown_made(target[1], self.unknown)
-            self.key = target[1]
+                self.budget.first.made(None, -self.unknown)
+                self.budget.first.made(key, self.unknown)
+            self.key = key
             if self.charged and not self.closed:
                 self.budget.keys[self.key] = self.budget.keys.get(self.key, 0) + self.charged
 
@@ -284,7 +270,7 @@ class Account:
                 self.measure()  # what its client took of the last answer (under POLL_FROM, unmeasured)
             if not self.own:
                 return True
-        if estimate.unknown and not self.budget.unknown_room(self.key):
+        if estimate.unknown and not self.budget.first.room(self.key):
             return False
         return self.budget.room(self.key, self.own, estimate.size + body, estimate.shared + body)
 
@@ -312,7 +298,7 @@ class Account:
         self.bodies += body * BODY_COPIES
         if self.estimate.unknown and not self.closed:
             self.unknown += 1
-            self.budget.unknown_made(self.key, 1)
+            self.budget.first.made(self.key, 1)
         self.recount()
 
     def reading(self, body: int) -> None:
@@ -330,7 +316,7 @@ class Account:
             self.bodies -= body * BODY_COPIES
             self.estimate.saw(size)
             if self.unknown:  # the others it makes are reckoned at this one's size now
-                self.budget.unknown_made(self.key, -self.unknown)
+                self.budget.first.made(self.key, -self.unknown)
                 self.unknown = 0
         self.queued += size
         if self.batches_made:
@@ -403,7 +389,7 @@ class Account:
         if self.passes:
             self.budget.give_back(self)
         if self.unknown:
-            self.budget.unknown_made(self.key, -self.unknown)
+            self.budget.first.made(self.key, -self.unknown)
             self.unknown = 0
         self.budget.charge(self.key, -self.charged)
         self.charged = self.own = self.making = self.bodies = self.queued = self.written = 0

@@ -143,14 +143,16 @@ class Pipeline:
     def holds(self, request: Request) -> bool:
         """Whether a request read now waits, unmade: its client reads nothing (the transport's buffer is
         full), MAX_WAITING are being made, others wait before it, or there is no room for its answer's
-        bytes (answer_bytes.py). Reading is paused, but llhttp goes on through the rest of a read."""
+        bytes (answer_bytes.py). Reading is paused, but llhttp goes on through the rest of a read. Not a
+        call, it waits as one only behind answers being made (a scrape's is not counted while made)."""
         if self.held or self.write_paused or len(self.waiting) >= MAX_WAITING:
             return True
         if not self.account.budget.held:  # no answer is held anywhere (a hit's common case: one look)
             return False
         account = self.account
         account.keyed(request.target)
-        if account.room_or_wait(request.body_held(account.budget.coded_body), request.kind == RPC):
+        call = request.kind == RPC or bool(self.waiting)
+        if account.room_or_wait(request.body_held(account.budget.coded_body), call):
             return False
         self.pause()
         return True
@@ -198,7 +200,8 @@ class Pipeline:
         ):
             item = held[0]
             if isinstance(item, Request):
-                if not account.room_or_wait(item.body_held(account.budget.coded_body), item.kind == RPC):
+                call = item.kind == RPC or bool(self.waiting)
+                if not account.room_or_wait(item.body_held(account.budget.coded_body), call):
                     break
                 held.popleft()
                 self.account.budget.waiting -= 1
@@ -374,7 +377,7 @@ class WaitingBody:
 
     def room(self, request: Request) -> bool:
         """Whether there is room for `request`'s answer and declared body; else it waits for room."""
-        return self.account.room_or_wait(request.body_coming(self.account.budget.coded_body), request.kind == RPC)
+        return self.account.room_or_wait(request.body_coming(self.account.budget.coded_body))
 
     def read_on(self) -> bool:
         """Whether its connection may read on: no body waits, or there is room for it now."""
