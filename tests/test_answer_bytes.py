@@ -6,6 +6,7 @@ dropped. Each attacked from outside with raw sockets that read nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -101,6 +102,30 @@ async def attack(proxy: Proxy, data: bytes, connections: int) -> list[socket.soc
     socks = [unread_socket(proxy.server.port) for _ in range(connections)]
     await asyncio.gather(*(loop.run_in_executor(None, sock.sendall, data) for sock in socks))
     return socks
+
+
+@contextlib.asynccontextmanager
+async def process_filled(
+    make_proxy: ProxyFactory, node: FakeEvm, keys: str, per_process: int, connections: int
+) -> AsyncIterator[tuple[Proxy, list[socket.socket]]]:
+    """A proxy of `keys` (4 MB per connection) whose process's bound the key `attacker`'s
+    `connections` hold, reading nothing; they are closed after, and the counts drained."""
+    proxy = await make_proxy(
+        EVM_UPSTREAM=node.url,
+        API_KEYS=keys,
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS=str(per_process),
+    )
+    socks = await attack(proxy, misses(0, 20, "attacker"), connections)
+    try:
+        await until_async(
+            lambda: pending(proxy) >= per_process and waiting(proxy) >= connections, "the process to fill"
+        )
+        yield proxy, socks
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
 
 
 async def two_keys(make_proxy: ProxyFactory, node: FakeEvm, per_connection: int, per_key: int) -> Proxy:
@@ -570,41 +595,22 @@ async def test_keys_that_read_nothing_hold_the_process_bound_and_another_key_is_
     # key whose connections read nothing held the process's bound (at the defaults, four such keys)
     # and every other key's calls waited until those connections were reset after the keep-alive
     # time (an outside attack: 20 s and more).
-    proxy = await make_proxy(
-        EVM_UPSTREAM=big_node.url,
-        API_KEYS="attacker,victim",
-        MAX_PENDING_ANSWER_BYTES="4000000",
-        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="8000000",
-    )
-    socks = await attack(proxy, misses(0, 20, "attacker"), 4)
-    try:
-        await until_async(lambda: pending(proxy) >= 8_000_000 and waiting(proxy) >= 4, "the process to fill")
+    async with process_filled(make_proxy, big_node, "attacker,victim", 8_000_000, 4) as (proxy, _):
         for i in range(5):
             status, body, _ = await asyncio.wait_for(proxy.post(big_call(1000 + i), key="victim"), 30)
             assert status == 200 and len(body.get("result", "")) >= ANSWER, body
         assert pending(proxy) <= 8_000_000 * 1.25 + 2 * ANSWER  # the hard stop, and one answer past it
         assert waiting(proxy) >= 4  # the attacker's connections still wait: its calls were not made
-    finally:
-        for sock in socks:
-            sock.close()
-    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
 
 
 async def test_probes_and_scrapes_are_answered_while_the_process_is_past_its_bound(
     big_node: FakeEvm, make_proxy: ProxyFactory
 ) -> None:
-    # Rule: a request that is not a JSON-RPC call (/healthz, /readyz, /metrics) waits for its own
-    # connection's room only, never behind others' answers. Before, past the process's bound a keyed
-    # proxy's probes waited with the calls (an orchestrator restarts a process whose probes time out).
-    proxy = await make_proxy(
-        EVM_UPSTREAM=big_node.url,
-        API_KEYS="attacker",
-        MAX_PENDING_ANSWER_BYTES="4000000",
-        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="3000000",
-    )
-    socks = await attack(proxy, misses(0, 20, "attacker"), 2)
-    try:
-        await until_async(lambda: pending(proxy) >= 3_000_000 and waiting(proxy) >= 2, "the process to fill")
+    # Rule: a request that is not a JSON-RPC call (/healthz, /readyz, /metrics) is made at once while
+    # its connection holds nothing and makes nothing, never behind others' answers; else it waits as a
+    # call. Before, past the process's bound a keyed proxy's probes waited with the calls (an
+    # orchestrator restarts a process whose probes time out).
+    async with process_filled(make_proxy, big_node, "attacker", 3_000_000, 2) as (proxy, socks):
         async with aiohttp.ClientSession() as session:
             for path in ("/healthz", "/readyz", "/metrics"):
                 response = await asyncio.wait_for(session.get(f"{proxy.base}{path}"), 10)
@@ -616,10 +622,6 @@ async def test_probes_and_scrapes_are_answered_while_the_process_is_past_its_bou
         [scraper] = await attack(proxy, b"".join(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" for _ in range(10)), 1)
         socks.append(scraper)
         await until_async(lambda: waiting(proxy) >= before + 9, "the scrapes behind the first to wait")
-    finally:
-        for sock in socks:
-            sock.close()
-    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
 
 
 # --- the pure parts ---------------------------------------------------------------------------
