@@ -496,16 +496,17 @@ async def test_a_key_of_many_connections_is_bounded_and_another_key_is_served_me
 
 
 @pytest.mark.parametrize(
-    ("keys", "per_process", "at_once", "made_up_first"),
+    ("keys", "per_process", "at_once", "sent_as"),
     [
-        (1, None, PER_KEY, False),
-        (1, None, PER_KEY, True),
-        (4, 8_000_000, 8 + 3, False),  # 8 MB at 1 MB each, and each other key's first
+        (1, None, PER_KEY, "path"),
+        (1, None, PER_KEY, "made-up-key-first"),
+        (1, None, PER_KEY, "key-in-header"),
+        (4, 8_000_000, 8 + 3, "path"),  # 8 MB at 1 MB each, and each other key's first
     ],
-    ids=["per-key", "made-up-key-first", "per-process"],
+    ids=["per-key", "made-up-key-first", "key-in-header", "per-process"],
 )
 async def test_answers_of_new_connections_made_at_once_are_bounded_per_key_and_per_process(
-    gated: GatedEvm, make_proxy: ProxyFactory, keys: int, per_process: int | None, at_once: int, made_up_first: bool
+    gated: GatedEvm, make_proxy: ProxyFactory, keys: int, per_process: int | None, at_once: int, sent_as: str
 ) -> None:
     # Rule: answers whose connections have had none, reckoned at 64 KiB in their key's and the
     # process's counts, are made at most PER_KEY at once per key, and per process as many as
@@ -513,7 +514,8 @@ async def test_answers_of_new_connections_made_at_once_are_bounded_per_key_and_p
     # 40 new connections that read nothing were all made at once (64 KiB each: an outside attack,
     # 180 connections of 30 keys, held 1.28 GB of 4 MB answers against a process bound of 64 MiB). A
     # connection counts for the account of the first key it names that opens one: a made-up key named
-    # first (refused) held its connection's calls of a real key where no bound of that key saw them.
+    # first (refused) held its connection's calls of a real key where no bound of that key saw them,
+    # and a key in a header counted for none.
     names = [f"k{i}" for i in range(keys)]
     settings = {"API_KEYS": ",".join([*names, "victim"]), "MAX_PENDING_ANSWER_BYTES": "2000000"}
     if per_process is not None:
@@ -522,8 +524,12 @@ async def test_answers_of_new_connections_made_at_once_are_bounded_per_key_and_p
     loop = asyncio.get_running_loop()
     socks = [unread_socket(proxy.server.port) for _ in range(40)]
 
-    def sent(i: int) -> bytes:  # after a refusal of a made-up key, its own (made up anew each time)
-        return (post(b"{}", path=f"/v3/made-up-{i}") if made_up_first else b"") + misses(i, 1, names[i % keys])
+    def sent(i: int) -> bytes:
+        key = names[i % keys]
+        if sent_as == "key-in-header":
+            return post(json.dumps(big_call(i)).encode(), f"X-Api-Key: {key}", path="/v3")
+        made_up = post(b"{}", path=f"/v3/made-up-{i}")  # refused: a key made up anew each time
+        return (made_up if sent_as == "made-up-key-first" else b"") + misses(i, 1, key)
 
     await asyncio.gather(*(loop.run_in_executor(None, s.sendall, sent(i)) for i, s in enumerate(socks)))
     try:

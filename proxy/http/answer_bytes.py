@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from proxy.http.first_answers import FAIR_OVER, FirstAnswers
 
@@ -77,6 +77,8 @@ class AnswerBytes:
         # itself unless told (Gateway.account). A key taken from the path unchecked let a client
         # name a made-up key first, then hold a real key's calls where no bound of it saw them.
         self.account_of: Callable[[str], str | None] = lambda key: key
+        # The key a request's headers present, where its path names none (endpoint.key_of).
+        self.secret_of: Callable[[Mapping[str, str]], str | None] = lambda headers: None
 
     def charge(self, key: str | None, delta: int) -> None:
         """A connection's bytes changed by `delta`; bytes taken wake those waiting for room."""
@@ -243,11 +245,12 @@ class Account:
         self.closed = False
         self.passes = 0  # the shared bounds its batches may go past (AnswerBytes.passes)
 
-    def keyed(self, target: tuple[str | None, str | None] | None) -> None:
-        """Its key: the account of the first request whose key opens one (what it holds already counts
-        for it); a made-up key counts for nothing."""
-        if self.key is None and target is not None and target[1] is not None:
-            key = self.budget.account_of(target[1])
+    def keyed(self, target: tuple[str | None, str | None] | None, headers: Mapping[str, str] | None = None) -> None:
+        """Its key: the account of the first request whose key (in its path, else its `headers`) opens
+        one (what it holds already counts for it); a made-up key counts for nothing."""
+        if self.key is None and target is not None:
+            secret = target[1] or (self.budget.secret_of(headers) if headers is not None else None)
+            key = self.budget.account_of(secret) if secret else None
             if key is None:
                 return
             if self.unknown and not self.closed:

@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 from collections.abc import Coroutine, Mapping
+from functools import partial
 from typing import Any
 
 from proxy import via
@@ -166,6 +167,7 @@ class RpcEndpoint:
         first.per_key = key_most(settings.upstream_key_concurrency, first.most)
         # Open mode has no keys to bound (whatever a path names); else a key's account is its count's.
         self.answer_bytes.account_of = no_account if gateway.open_mode else gateway.account
+        self.answer_bytes.secret_of = partial(key_of, None)
         metrics.answer_bytes_pending.set_function(self.answer_bytes.measured)
         metrics.requests_waiting_for_room.set_function(lambda: self.answer_bytes.waiting)
         self.compressor = Compressor(settings.compress_min_bytes, settings.compress_cache_bytes)

@@ -150,7 +150,7 @@ class Pipeline:
         if not self.account.budget.held:  # no answer is held anywhere (a hit's common case: one look)
             return False
         account = self.account
-        account.keyed(request.target)
+        account.keyed(request.target, request.headers)
         call = request.kind == RPC or bool(self.waiting)
         if account.room_or_wait(request.body_held(account.budget.coded_body), call):
             return False
@@ -161,7 +161,7 @@ class Pipeline:
         """Whether a request whose body is not whole in its first read leaves the rest unread, and its
         BODY_TIMEOUT unstarted, for now: reading is paused, or there is no room for its answer and its
         declared body. Read whole first, a body waiting for room counted nowhere."""
-        self.account.keyed(request.target)  # its body counts for its key from now
+        self.account.keyed(request.target, request.headers)  # its body counts for its key from now
         if self.read_paused or (self.account.budget.held and not self.waiting_body.room(request)):
             self.waiting_body.begin(request)
             self.pause()
@@ -271,7 +271,7 @@ class Pipeline:
         entry: Waiting = [None, False]
         entry[0] = self.loop.create_task(self._awaited(request, reply, entry, body))
         self.waiting.append(entry)
-        self.account.keyed(request.target)
+        self.account.keyed(request.target, request.headers)
         if request.kind == RPC:  # reckoned while made (a scrape of /metrics does not see its own answer)
             self.account.making_one(body)
         if len(self.waiting) >= MAX_WAITING:
