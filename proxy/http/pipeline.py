@@ -177,7 +177,7 @@ class Pipeline:
         self.held.clear()
 
     def _room_made(self) -> None:  # bytes were taken somewhere (AnswerBytes.wait): held requests go on if they fit
-        if aborted_if_reset(self.transport):  # its client left: nothing it waits with is made
+        if aborted_if_reset(self.transport, True):  # its client left (or closed): nothing it waits with is made
             return
         if self.held:
             if not self.write_paused and not self.waiting and self._go_on():
