@@ -688,19 +688,23 @@ def test_answers_of_unknown_size_made_at_once_are_bounded_per_key_and_per_proces
     assert not first.room("a") and first.room("b")  # the key's bound, not another's
     first.made("b", 4)
     assert first.making == 20 and first.room("b")  # past the process's bound: under its even share (10)
-    assert first.room("c")  # a key's first, whatever the process makes
+    assert first.room("c")  # a key making none: its share of 3 keys' (6)
     first.made("c", 4)
-    assert first.room("c")  # under its even share of 3 keys' (6)
+    assert first.room("c")
     first.made("b", 1)
-    assert first.making == 25 and not first.room("b") and not first.room("c")  # the hard stop: a quarter past
+    assert first.making == 25 and not first.room("b") and not first.room("d")  # the hard stop: a quarter past
     assert not woken
     first.made("a", -PER_KEY)
     assert woken and first.room("b") and first.keys == {"b": 5, "c": 4} and first.making == 9
+    assert first.room(None)  # no key's: one at a time
     first.made(None, 11)
-    assert not first.room(None)  # without keys: the process's bound only (20 with b's and c's)
-    first.made(None, -1)
-    assert first.room(None)
+    assert first.making == 20 and not first.room(None)
+    first.made(None, -11)
     assert key_most(8, 64) == 16 and key_most(32, 64) == 64 and key_most(0, 100) == 100  # twice a key's calls
+    many = FirstAnswers(4, lambda: None)
+    for key in ("k0", "k1", "k2", "k3"):
+        many.made(key, 1)
+    assert not many.room("k4")  # more keys than the bound: a new one waits for a share (made-up keys' firsts)
 
 
 def test_an_estimate_is_the_largest_recent_answer_and_never_under_its_floor() -> None:

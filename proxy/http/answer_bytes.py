@@ -33,10 +33,6 @@ UNKNOWN_SHARED = 64 * 1024
 PROCESS = object()  # the process's pass (AnswerBytes.passes), beside each key's
 
 
-def no_account(key: str) -> None:
-    """Open mode's AnswerBytes.account_of: no key is bounded as one (the process's bound is all)."""
-
-
 def key_share(per_key: int, workers: int) -> int:
     """A worker's part of MAX_PENDING_ANSWER_BYTES_PER_KEY, the host's: an even split, rounded up (the
     kernel spreads connections over the workers; a key's first answer in a worker is made whatever it
@@ -74,8 +70,9 @@ class AnswerBytes:
         # Answers being made whose connections have had none: how many at once is bounded.
         self.first = FirstAnswers(max(1, per_process // max(1, per_connection // UNKNOWN_SHARE)), self._wake_later)
         # The account an API key opens (None: no account, its connection stays unkeyed); the key
-        # itself unless told (Gateway.account). A key taken from the path unchecked let a client
-        # name a made-up key first, then hold a real key's calls where no bound of it saw them.
+        # itself unless told (Gateway.account; open mode's are any name). A key taken from the path
+        # unchecked let a client name a made-up key first, then hold a real key's calls where no
+        # bound of it saw them.
         self.account_of: Callable[[str], str | None] = lambda key: key
         # The key a request's headers present, where its path names none (endpoint.key_of).
         self.secret_of: Callable[[Mapping[str, str]], str | None] = lambda headers: None
@@ -119,7 +116,7 @@ class AnswerBytes:
         held the whole bound at its defaults (and connections' first answers, reckoned before their
         size is known, three times it), and every other key's calls waited until those were reset."""
         if key is None:
-            return False  # open mode: no keys to share among
+            return False  # no key (none presented that opens an account): no share of its own
         if not held:
             return True
         limit = self.per_process

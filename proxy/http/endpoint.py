@@ -22,7 +22,7 @@ from proxy.gateway.gateway import Gateway, invalid_key_error
 from proxy.gateway.hits import Lookup
 from proxy.gateway.network_routing import websocket_only
 from proxy.gateway.running import AnswerRoom
-from proxy.http.answer_bytes import AnswerBytes, key_share, no_account
+from proxy.http.answer_bytes import AnswerBytes, key_share
 from proxy.http.compression import APART_BYTES, Compressor, accepts_gzip
 from proxy.http.cors import Cors
 from proxy.http.first_answers import key_most
@@ -165,8 +165,10 @@ class RpcEndpoint:
         self.answer_bytes.coded_body = settings.max_body_bytes
         first = self.answer_bytes.first
         first.per_key = key_most(settings.upstream_key_concurrency, first.most)
-        # Open mode has no keys to bound (whatever a path names); else a key's account is its count's.
-        self.answer_bytes.account_of = no_account if gateway.open_mode else gateway.account
+        # A key's account is its count's; in open mode, whatever a path (or header) names: no account is
+        # refused, and with none, one client's connections that read nothing held every other's calls.
+        if not gateway.open_mode:
+            self.answer_bytes.account_of = gateway.account
         self.answer_bytes.secret_of = partial(key_of, None)
         metrics.answer_bytes_pending.set_function(self.answer_bytes.measured)
         metrics.requests_waiting_for_room.set_function(lambda: self.answer_bytes.waiting)

@@ -24,7 +24,7 @@ def key_most(key_concurrency: int, most: int) -> int:
 class FirstAnswers:
     """The answers of unknown size being made, in all and per key (None: no key's), and whether one
     more may be: `most` in the process (as many as its bound holds at half a connection's bound
-    each), `per_key` of one key, a key's first whatever the others make."""
+    each), `per_key` of one key."""
 
     def __init__(self, most: int, wake: Callable[[], None]) -> None:
         self.most = most
@@ -34,21 +34,22 @@ class FirstAnswers:
         self._wake = wake  # those waiting for room look again (AnswerBytes)
 
     def room(self, key: str | None) -> bool:
-        """Whether one more may be made for `key`: it makes none, or fewer than `per_key` while the
-        process makes fewer than `most`; past that, fewer than its even share of `most` (over the keys
-        making any) up to a FAIR_OVER part past it, as AnswerBytes._fair (one tenant's slow calls
-        held every other key's new connections). Without keys, the process's bound only."""
+        """Whether one more may be made for `key`: fewer than `per_key` of its own while the process
+        makes fewer than `most`; past that, fewer than its even share of `most` (over the keys making
+        any, itself among them) up to a FAIR_OVER part past it, as AnswerBytes._fair (one tenant's
+        slow calls held every other key's new connections, and a key's first made whatever the others
+        made let 180 connections of open mode's made-up keys make 180 at once). No key: one at a time."""
         held = self.keys.get(key, 0)
-        if not held:
-            return True
         if key is not None and held >= self.per_key:
             return False
         most = self.most
         if self.making < most:
             return True
-        if key is None:
+        if self.making >= most + most // FAIR_OVER:
             return False
-        return held < most // len(self.keys) and self.making < most + most // FAIR_OVER
+        if key is None:
+            return not held
+        return held < most // (len(self.keys) + (not held))
 
     def made(self, key: str | None, count: int) -> None:
         """`count` begin to be made for `key` (negative: are no longer, and room is looked at again)."""
