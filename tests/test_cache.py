@@ -195,7 +195,10 @@ class SlowUpstream(CountingUpstream):
 
 
 async def test_fifty_concurrent_identical_misses_make_one_upstream_call(anvil: Anvil, make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, upstream_class=SlowUpstream)
+    # Each on a new connection: a key's answers of connections that have had none are made at most
+    # twice UPSTREAM_KEY_CONCURRENCY at once (first_answers.py); past that they would wait for the
+    # first answer and be memory hits, not coalesced calls.
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, UPSTREAM_KEY_CONCURRENCY="25", upstream_class=SlowUpstream)
     store, block = await finalized_store(anvil, proxy)
     replies = await asyncio.gather(*(proxy.post(storage(store, "0x0", hex(block), rid=i)) for i in range(50)))
     assert sorted(body["id"] for _, body, _ in replies) == list(range(50))
