@@ -816,6 +816,7 @@ async def test_a_websockets_messages_waiting_to_be_made_are_bounded_by_its_bytes
     finally:
         sending.cancel()
         sock.close()
+        gated.gate.set()  # its call answered: the proxy closes without waiting for it (60 s)
 
 
 async def test_a_websocket_of_small_answers_has_its_calls_made_at_once(
