@@ -118,8 +118,9 @@ async def process_filled(
     )
     socks = await attack(proxy, misses(0, 20, "attacker"), connections)
     try:
+        # Full: no room for one more answer (the kernel's queues may have taken a few of its bytes).
         await until_async(
-            lambda: pending(proxy) >= per_process and waiting(proxy) >= connections, "the process to fill"
+            lambda: pending(proxy) >= per_process - ANSWER and waiting(proxy) >= connections, "the process to fill"
         )
         yield proxy, socks
     finally:
