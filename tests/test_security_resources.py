@@ -91,20 +91,22 @@ async def normal_call(port: int) -> float:
         writer.close()
 
 
-async def slow_body(port: int, declared: int, sent: int) -> None:
-    """Declare a body, send part of it, then stall until the proxy gives up on it."""
+async def slow_body(port: int, declared: int, sent: int) -> bytes:
+    """Declare a body, send part of it, then stall until the proxy gives up on it: its status line."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(
             b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % declared
         )
+        await writer.drain()  # its head alone in the proxy's first read: its body waits there for room
         chunk = b"[" + b" " * (256 * 1024)
         for _ in range(sent // len(chunk)):
             writer.write(chunk)
             await writer.drain()
-        await asyncio.wait_for(reader.read(), 60)  # 503 at once, or 408 at BODY_TIMEOUT; then closed
-    except (ConnectionError, TimeoutError):
-        pass
+        # 503 at once, or 408 at BODY_TIMEOUT (from when there is room for it); then closed
+        return (await asyncio.wait_for(reader.read(), 60)).partition(b"\r\n")[0]
+    except (ConnectionError, TimeoutError) as exc:
+        return type(exc).__name__.encode()
     finally:
         writer.close()
 
@@ -140,7 +142,10 @@ def test_slow_bodies_and_long_method_names_leave_memory_bounded_and_clients_serv
             await eventually(all_sent, 30, "the slow bodies to be sent or refused")
             peak = rss(proc.pid) - baseline
             latency = await normal_call(port)  # while the slow bodies still stall
-            await asyncio.gather(*stalled)
+            # Every one answered: a body left waiting for room was read a piece at each wake, until
+            # all of it was in and nothing more came to start its BODY_TIMEOUT (never answered).
+            answers = Counter(await asyncio.gather(*stalled))
+            assert set(answers) <= {b"HTTP/1.1 408 Request Timeout", b"HTTP/1.1 503 Service Unavailable"}, answers
             return max(peak, rss(proc.pid) - baseline), latency
 
         growth, latency = asyncio.run(attack())

@@ -302,7 +302,7 @@ class Account:
         self.recount()
 
     def reading(self, body: int) -> None:
-        """A request body of `body` bytes is read on, room found for it (FrontProtocol._receiving):
+        """A request body of `body` bytes is read on, room found for it (FrontProtocol.receive):
         reckoned as while it is made; -`body` once it is read (then made, or held for room)."""
         if not self.closed:
             self.bodies += body * BODY_COPIES

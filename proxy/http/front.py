@@ -284,8 +284,7 @@ class FrontProtocol(asyncio.Protocol):
         self._front.connections.discard(self)
         request = self.request
         if request is not None and request.kind == RPC:
-            # A client that goes away mid-body is routine on the internet: no traceback, no error line.
-            log.debug("client closed the connection before its request body arrived")
+            log.debug("client closed the connection before its request body arrived")  # routine: no error line
             self._release(request)
         self.pipeline.lost(self._front.orphans)
 
@@ -333,20 +332,24 @@ class FrontProtocol(asyncio.Protocol):
         if not request.kind:  # its head is still arriving
             if self._limit.over(data, self._begun != begun):
                 self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
-        elif request.kind == RPC and request.timer is None and request is not self.pipeline.waiting_body.request:
-            self._receiving(request)
+        elif (
+            request.kind == RPC
+            and request.timer is None
+            and request is not self.pipeline.waiting_body.request
+            and not self.pipeline.body_waits(request)  # else read on once there is room (WaitingBody.read_on)
+        ):
+            self.receive(request)
 
-    def _receiving(self, request: Request) -> None:
-        """A body still arriving: read on once there is room for it (Pipeline.body_waits), holding its
-        share of the body budget and reckoned in its answer bytes, within BODY_TIMEOUT."""
+    def receive(self, request: Request) -> bool:
+        """A body still arriving is read on, room found for it: it holds its share of the body budget
+        and is reckoned in its answer bytes, within BODY_TIMEOUT. False: refused, its last answer."""
         endpoint = self._endpoint
-        if self.pipeline.body_waits(request):
-            return
         if not request.hold_body(endpoint.receiving, endpoint.max_body_bytes, self.pipeline.account):
             self._last(error_reply(BUSY_BODIES, NO_CHARGE, close=True))
-            return
+            return False
         request.timer = self._loop.call_later(endpoint.body_timeout, self._body_late, request)
         endpoint.inflight.inc()  # a request waiting for its body is being served
+        return True
 
     def _body_late(self, request: Request) -> None:
         if self.request is request:
@@ -439,8 +442,7 @@ class FrontProtocol(asyncio.Protocol):
         request = self.request
         assert request is not None
         self.request = None
-        if self.pipeline.waiting_body.request is not None:
-            self.pipeline.waiting_body.end(request)
+        self.pipeline.waiting_body.end(request)  # if its body waited for room, read whole
         if request.timer is not None or request.held:
             self._release(request)
         if request.kind == UPGRADE:

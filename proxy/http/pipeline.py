@@ -64,6 +64,8 @@ class Reader(Protocol):
 
     def make_held(self, request: Request) -> None: ...
 
+    def receive(self, request: Request) -> bool: ...
+
 
 class Pipeline:
     """A connection's answers, written in request order (HTTP/1.1 pipelining), its reading paused
@@ -85,7 +87,7 @@ class Pipeline:
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
         self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
         self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
-        self.waiting_body = WaitingBody(self.account)  # a request whose body is left unread until it has room
+        self.waiting_body = WaitingBody(self.account, reader)  # a request whose body is left unread until it has room
         self.account.first = partial(_first_unwritten, self.waiting)  # a batch's turn (answer_bytes.Batch)
 
     def opened(self, transport: asyncio.Transport) -> None:
@@ -228,7 +230,6 @@ class Pipeline:
             and len(self.waiting) < MAX_WAITING // 2
             and self.waiting_body.read_on()
         ):
-            self.waiting_body.end()
             self.read_paused = False
             self.transport.resume_reading()
 
@@ -369,10 +370,11 @@ class WaitingBody:
     """A connection's request whose body is left unread until there is room for it (Pipeline.body_waits),
     counted meanwhile as a request waiting for room."""
 
-    __slots__ = ("account", "request")
+    __slots__ = ("account", "reader", "request")
 
-    def __init__(self, account: Account) -> None:
+    def __init__(self, account: Account, reader: Reader) -> None:
         self.account = account
+        self.reader = reader
         self.request: Request | None = None
 
     def room(self, request: Request) -> bool:
@@ -380,8 +382,18 @@ class WaitingBody:
         return self.account.room_or_wait(request.body_coming(self.account.budget.coded_body))
 
     def read_on(self) -> bool:
-        """Whether its connection may read on: no body waits, or there is room for it now."""
-        return self.request is None or self.room(self.request)
+        """Whether its connection may read on: no body waits, or there is room for it now, taken at
+        once (Reader.receive: its BODY_TIMEOUT starts). Looked at again when its next bytes came,
+        room found at a wake was gone (others woken with it took it): each wake read one more piece
+        of a body still waiting, uncounted, until the whole body was in and nothing more came to
+        start its timer (a client that sent its body and waited was never answered)."""
+        request = self.request
+        if request is None:
+            return True
+        if not self.room(request):
+            return False
+        self.end()
+        return self.reader.receive(request)
 
     def begin(self, request: Request) -> None:
         self.request = request
