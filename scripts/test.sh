@@ -40,4 +40,6 @@ export ANVIL_BIN="$PWD/.tools/node_modules/.bin/anvil"
 site_dir=$(mktemp -d)
 .venv/bin/mkdocs build --strict --site-dir "$site_dir"  # not --quiet: it hides the warnings --strict counts
 rm -rf "$site_dir"
-.venv/bin/pytest "$@"
+# TEST_WORKERS processes share the tests (pytest-xdist), each file whole on one of them: as many as
+# the CI machine's cores; TEST_WORKERS=0 runs them in this process.
+.venv/bin/pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

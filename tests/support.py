@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -44,10 +45,25 @@ def healthy(port: int) -> bool:
         return False
 
 
+# Listening ports are taken below the kernel's ephemeral range (32768 up), where outgoing connections
+# never take them, and under pytest-xdist each worker from its own slice: two workers never pick the
+# same port before one of them has bound it (bind(0) hands out odd ports only, so a parity split starves one).
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_SLICE = (32000 - 20000) // _WORKERS
+_PORTS = random.Random(os.getpid())
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    low = 20000 + _WORKER * _SLICE
+    while True:
+        port = _PORTS.randrange(low, low + _SLICE)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken
+            return port
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
