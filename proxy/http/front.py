@@ -282,7 +282,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._front.connections.discard(self)
-        request = self.request
+        request, self.request = self.request, None  # its body's pieces let go (PeerCounts keeps it until a sweep)
         if request is not None and request.kind == RPC:
             log.debug("client closed the connection before its request body arrived")  # routine: no error line
             self._release(request)
