@@ -67,6 +67,17 @@ def sent_on(proxy: Proxy, ids: range) -> set[int]:
     }
 
 
+def sent_on_calldata(proxy: Proxy, ids: range) -> set[int]:
+    """Which of calldata_call(i, ...) for `ids` reached the node."""
+    ends = {format(i, "08x"): i for i in ids}
+    return {
+        ends[data[-8:]]
+        for upstream in proxy.upstreams.values()
+        for method, params in upstream.params
+        if method == "eth_call" and isinstance(data := params[0].get("data"), str) and data[-8:] in ends
+    }
+
+
 def misses(first: int, count: int, key: str = "k") -> bytes:
     """`count` pipelined requests, each a distinct miss for a large answer."""
     return b"".join(post(json.dumps(big_call(i)).encode(), path=f"/v3/{key}") for i in range(first, first + count))
@@ -396,16 +407,16 @@ async def test_a_request_being_made_holds_its_bodys_bytes_in_its_connections_cou
     await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "the count to drain")
 
 
-def calldata_call(i: int, size: int, chunked: bool = False) -> bytes:
-    """A distinct eth_call whose calldata is `size` bytes of hex, as one request of the key `k`
-    (`chunked`: its body in chunks of 64 KiB, no length declared)."""
+def calldata_call(i: int, size: int, chunked: bool = False, path: str = "/v3/k") -> bytes:
+    """A distinct eth_call whose calldata is `size` bytes of hex, as one request to `path` (the key
+    `k`'s; `chunked`: its body in chunks of 64 KiB, no length declared)."""
     call = {"from": "0x" + "11" * 20, "to": "0x" + "22" * 20, "data": "0x" + "cd" * (size // 2) + format(i, "08x")}
     body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [call, "0x1"]}).encode()
     if not chunked:
-        return post(body)
+        return post(body, path=path)
     pieces = [body[at : at + 65536] for at in range(0, len(body), 65536)]
     chunks = b"".join(b"%x\r\n%b\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
-    head = "POST /v3/k HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     return (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + chunks
 
 
@@ -611,6 +622,38 @@ async def test_keys_that_read_nothing_hold_the_process_bound_and_another_key_is_
             assert status == 200 and len(body.get("result", "")) >= ANSWER, body
         assert pending(proxy) <= 8_000_000 * 1.25 + 2 * ANSWER  # the hard stop, and one answer past it
         assert waiting(proxy) >= 4  # the attacker's connections still wait: its calls were not made
+
+
+async def test_bodies_one_key_leaves_waiting_for_room_hold_up_no_other_keys_body_answer_or_charge(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # Rule: with keys, bodies one key leaves waiting for room (heads and a part of their bodies sent,
+    # then nothing, the process past its bound) hold up no other key: another key's body, arriving over
+    # several reads, is read on and its call made, charged its price once, its repeat answered alike
+    # and charged alike, while the waiting bodies stay unread and uncounted past their first read.
+    async with process_filled(make_proxy, big_node, "attacker,victim", 8_000_000, 4) as (proxy, socks):
+        loop = asyncio.get_running_loop()
+        stalled = [calldata_call(100 + i, 2_000_000, path="/v3/attacker") for i in range(10)]
+        for request in stalled:
+            sock = socket.create_connection(("127.0.0.1", proxy.server.port))
+            socks.append(sock)
+            await loop.run_in_executor(None, sock.sendall, request[:100_000])
+        await until_async(lambda: waiting(proxy) >= 4 + 10, "the attacker's bodies to wait for room")
+        held = pending(proxy)
+        victim = calldata_call(7, 1_000_000, path="/v3/victim")
+        body = victim[victim.index(b"\r\n\r\n") + 4 :]
+        answers = []
+        for _ in range(2):
+            status, answer, headers = await asyncio.wait_for(proxy.post(body, key="victim"), 30)
+            assert status == 200 and len(answer.get("result", "")) >= ANSWER, answer
+            answers.append((answer, headers["X-Credits-Charged"], int(headers["X-Credits-Remaining"])))
+        (first, charged, left), (second, charged_again, left_after) = answers
+        assert first == second and charged == charged_again and int(charged) > 0
+        assert left - left_after == int(charged)  # each call charged once, its price
+        # Nothing of the attacker's was made meanwhile, nor read on: its bodies still wait, uncounted.
+        assert waiting(proxy) >= 4 + 10
+        assert pending(proxy) <= held + 8_000_000 * 0.25 + 2 * ANSWER
+        assert not sent_on_calldata(proxy, range(100, 110))
 
 
 async def test_probes_and_scrapes_are_answered_while_the_process_is_past_its_bound(
