@@ -118,6 +118,7 @@ class Front:
         self.orphans: set[asyncio.Task[None]] = set()  # answers whose client left
         self.stopping = False
         self.answer_bytes = routes.endpoint.answer_bytes
+        self.bodies = routes.endpoint.receiving  # request bodies being read (MAX_INFLIGHT_BODY_BYTES)
         self._date = b""
         self.date_at = 0  # the wall-clock second of the Date line and hit heads
         self.renew_at = 0.0  # the loop time (monotonic) at which that second ends

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, AnswerBytes
-from proxy.http.endpoint import NO_CHARGE, error_reply
+from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
 from proxy.http.sockets import aborted_if_reset, drop, unread_bytes, unsent_bytes, unsent_or_reset, written
 from proxy.http.wire import RPC, SPLIT_FROM, Out, Request, out_size
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
@@ -49,6 +49,7 @@ class Server(Protocol):
     open_answer_sent: bytes  # as open_answer, with the client's own id (bytes) for the number
     paid_answer_sent: bytes
     answer_bytes: AnswerBytes  # answers made and not yet taken, every connection's
+    bodies: BodyBudget  # bytes of request bodies being read, every connection's
 
     def date(self, loop_now: float) -> bytes: ...
 
@@ -87,7 +88,7 @@ class Pipeline:
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
         self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
         self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
-        self.waiting_body = WaitingBody(self.account, reader)  # a request whose body is left unread until it has room
+        self.waiting_body = WaitingBody(self.account, reader, front.bodies)  # a body left unread until it has room
         self.account.first = partial(_first_unwritten, self.waiting)  # a batch's turn (answer_bytes.Batch)
 
     def opened(self, transport: asyncio.Transport) -> None:
@@ -162,10 +163,12 @@ class Pipeline:
     def body_waits(self, request: Request) -> bool:
         """Whether a request whose body is not whole in its first read leaves the rest unread, and its
         BODY_TIMEOUT unstarted, for now: reading is paused, or there is no room for its answer and its
-        declared body. Read whole first, a body waiting for room counted nowhere."""
+        declared body. What it read holds the body budget meanwhile; without room there, it does not
+        wait: it is read on, and refused as a body the budget has no room for is (Reader.receive)."""
         self.account.keyed(request.target, request.headers)  # its body counts for its key from now
         if self.read_paused or (self.account.budget.held and not self.waiting_body.room(request)):
-            self.waiting_body.begin(request)
+            if not self.waiting_body.begin(request):
+                return False
             self.pause()
             return True
         return False
@@ -368,13 +371,15 @@ class Pipeline:
 
 class WaitingBody:
     """A connection's request whose body is left unread until there is room for it (Pipeline.body_waits),
-    counted meanwhile as a request waiting for room."""
+    counted meanwhile as a request waiting for room, what it read of its body (its first read) held
+    in the body budget."""
 
-    __slots__ = ("account", "reader", "request")
+    __slots__ = ("account", "bodies", "reader", "request")
 
-    def __init__(self, account: Account, reader: Reader) -> None:
+    def __init__(self, account: Account, reader: Reader, bodies: BodyBudget) -> None:
         self.account = account
         self.reader = reader
+        self.bodies = bodies
         self.request: Request | None = None
 
     def room(self, request: Request) -> bool:
@@ -395,9 +400,14 @@ class WaitingBody:
         self.end()
         return self.reader.receive(request)
 
-    def begin(self, request: Request) -> None:
+    def begin(self, request: Request) -> bool:
+        """It waits, what it read held in the body budget; False: no room there, it does not wait.
+        Uncounted, 1,000 such bodies held 89 to 118 MB of RSS, up to one read (256 KB) each."""
+        if not request.hold_read(self.bodies):
+            return False
         self.request = request
         self.account.budget.waiting += 1
+        return True
 
     def end(self, request: Request | None = None) -> None:
         """`request` (None: any) is read whole, or read on, or its connection ends: it waits no more."""

@@ -74,11 +74,22 @@ class Request:
         self.reading = 0  # bytes reckoned in its connection's answer bytes while its body arrives
         self.timer: asyncio.TimerHandle | None = None  # BODY_TIMEOUT's, while its body arrives
 
+    def hold_read(self, budget: BodyBudget) -> bool:
+        """What it read of its body held in the body budget while the rest waits for room."""
+        if not budget.take(self.size):
+            return False
+        self.held = self.size
+        return True
+
     def hold_body(self, budget: BodyBudget, limit: int, account: Account) -> bool:
         """Its share of the body budget while its body arrives (its declared length, else the limit),
-        and its body reckoned in its connection's answer bytes meanwhile (body_coming)."""
+        in place of what it held while it waited, and its body reckoned in its connection's answer
+        bytes meanwhile (body_coming)."""
         declared = self.headers.get("content-length")
         held = int(declared) if declared is not None and declared.isdigit() else limit
+        if self.held:
+            budget.give(self.held)
+            self.held = 0
         if not budget.take(held):
             return False
         self.held = held
