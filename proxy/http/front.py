@@ -33,7 +33,7 @@ from proxy.http.endpoint import (
 from proxy.http.front_routes import FrontRoutes, request_path
 from proxy.http.head_limit import MAX_HEAD_BYTES as MAX_HEAD_BYTES  # re-exported: the limit is the front's
 from proxy.http.head_limit import HeadLimit, host_fault_of
-from proxy.http.pipeline import Pipeline, closing, write_hit
+from proxy.http.pipeline import Pipeline, body_waits, closing, write_hit
 from proxy.http.wire import (
     MAX_LINE,
     OTHER,
@@ -337,7 +337,7 @@ class FrontProtocol(asyncio.Protocol):
             request.kind == RPC
             and request.timer is None
             and request is not self.pipeline.waiting_body.request
-            and not self.pipeline.body_waits(request)  # else read on once there is room (WaitingBody.read_on)
+            and not body_waits(self.pipeline, request)  # else read on once there is room (WaitingBody.read_on)
         ):
             self.receive(request)
 

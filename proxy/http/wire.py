@@ -75,11 +75,17 @@ class Request:
         self.timer: asyncio.TimerHandle | None = None  # BODY_TIMEOUT's, while its body arrives
 
     def hold_read(self, budget: BodyBudget) -> bool:
-        """What it read of its body held in the body budget while the rest waits for room."""
+        """What it read of its body held in the body budget while it (or the rest of it) waits for room."""
         if not budget.take(self.size):
             return False
         self.held = self.size
         return True
+
+    def let_go(self, budget: BodyBudget) -> None:
+        """Its share of the body budget given back."""
+        if self.held:
+            budget.give(self.held)
+            self.held = 0
 
     def hold_body(self, budget: BodyBudget, limit: int, account: Account) -> bool:
         """Its share of the body budget while its body arrives (its declared length, else the limit),
@@ -87,9 +93,7 @@ class Request:
         bytes meanwhile (body_coming)."""
         declared = self.headers.get("content-length")
         held = int(declared) if declared is not None and declared.isdigit() else limit
-        if self.held:
-            budget.give(self.held)
-            self.held = 0
+        self.let_go(budget)
         if not budget.take(held):
             return False
         self.held = held
@@ -114,9 +118,7 @@ class Request:
         if self.reading:
             account.reading(-self.reading)
             self.reading = 0
-        if self.held:
-            budget.give(self.held)
-            self.held = 0
+        self.let_go(budget)
         timer, self.timer = self.timer, None
         if timer is None:
             return False
