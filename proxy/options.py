@@ -150,8 +150,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("MAX_CONNECTIONS", "open client connections per worker; more are answered 503 and closed (default 4096)"),
     Option(
         "MAX_INFLIGHT_BODY_BYTES",
-        "request-body bytes being received at once (a request waiting for room: what it read of its body), all "
-        "clients of the host together (every worker's); beyond it 503 (default 134217728)",
+        "request-body bytes being received at once (a request waiting for room: what it read of its body, a "
+        "key's at most a quarter), all clients of the host together (every worker's); beyond it 503 "
+        "(default 134217728)",
     ),
     Option(
         "MAX_PENDING_ANSWER_BYTES",

@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import json
 import os
+import select
 import socket
 import struct
 import time
@@ -31,6 +32,7 @@ from tests.memory_fill import big_call
 from tests.support import Proxy, ProxyFactory
 from tests.test_front import post
 from tests.test_front_backpressure import read_answers, unread_socket, until_async
+from tests.test_replayed_heads import front_of
 from tests.ws_client import frame
 
 ANSWER = 1_000_000  # bytes of an eth_call's result (hex)
@@ -91,11 +93,11 @@ def batches(first: int, count: int, size: int, key: str = "k") -> bytes:
     )
 
 
-async def answered_small(sock: socket.socket) -> None:
+async def answered_small(sock: socket.socket, key: str = "k") -> None:
     """A small call answered on `sock` and read: its connection's answers are known to be small."""
     loop = asyncio.get_running_loop()
     small = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
-    await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode(), path="/v3/k"))
+    await loop.run_in_executor(None, sock.sendall, post(json.dumps(small).encode(), path=f"/v3/{key}"))
     assert "result" in json.loads((await loop.run_in_executor(None, read_answers, sock, 1))[0])
 
 
@@ -654,6 +656,63 @@ async def test_bodies_one_key_leaves_waiting_for_room_hold_up_no_other_keys_body
         assert waiting(proxy) >= 4 + 10
         assert pending(proxy) <= held + 8_000_000 * 0.25 + 2 * ANSWER
         assert not sent_on_calldata(proxy, range(100, 110))
+
+
+async def test_one_keys_requests_waiting_for_room_hold_at_most_a_quarter_of_the_body_budget(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_INFLIGHT_BODY_BYTES, with keys: what one key's requests waiting for room read of their bodies
+    # holds at most a quarter of the budget (past it they are answered 503), so another key's body sent
+    # in many reads is still received. Before, one key's waiting bodies filled the budget and every
+    # other key's such body was answered 503 (an outside attack: 38 of 38 over 40 s).
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        API_KEYS="attacker,victim",
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="8000000",
+        MAX_INFLIGHT_BODY_BYTES="2000000",
+    )
+    # Connections whose answers are known (small): past the process's bound their bodies wait for room.
+    known = [socket.create_connection(("127.0.0.1", proxy.server.port)) for _ in range(40)]
+    socks = list(known)
+    try:
+        for sock in known:
+            await answered_small(sock, "attacker")
+        socks += await attack(proxy, misses(0, 20, "attacker"), 4)
+        await until_async(
+            lambda: pending(proxy) >= 8_000_000 - ANSWER, "the attacker's connections to fill the process"
+        )
+        refused = 0
+        for i, sock in enumerate(known):  # bodies that do not arrive whole: each waits for room, or is refused
+            await waits_or_is_refused(proxy, sock, calldata_call(200 + i, 1_000_000, path="/v3/attacker")[:64_000])
+            refused += answered(sock)
+        assert refused and max(front_of(proxy).bodies.waiting.values()) <= 2_000_000 // 4
+        victim = calldata_call(7, 1_000_000, path="/v3/victim")
+        status, answer, _ = await asyncio.wait_for(
+            proxy.post(victim[victim.index(b"\r\n\r\n") + 4 :], key="victim"), 30
+        )
+        assert status == 200 and len(answer.get("result", "")) >= ANSWER, answer
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
+
+
+async def waits_or_is_refused(proxy: Proxy, sock: socket.socket, data: bytes) -> None:
+    """`sock` sent `data` (a head and a part of its body), once its body waits for room or it is answered."""
+    before = bodies_waiting(proxy)
+    await asyncio.get_running_loop().run_in_executor(None, sock.sendall, data)
+    await until_async(lambda: bodies_waiting(proxy) > before or answered(sock), "the body to wait or be refused")
+
+
+def bodies_waiting(proxy: Proxy) -> int:
+    """Connections whose body is left unread until there is room for it."""
+    return sum(c.pipeline.waiting_body.request is not None for c in front_of(proxy).connections)
+
+
+def answered(sock: socket.socket) -> bool:
+    """Whether the proxy has answered `sock` (a 503 refusal: its bytes are there to read)."""
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 async def test_probes_and_scrapes_are_answered_while_the_process_is_past_its_bound(

@@ -19,7 +19,7 @@ import pytest
 
 from proxy.http.compression import MAX_GZIP_MEMBERS, UnsupportedCoding, decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
-from proxy.http.wire import SPLIT_FROM, Request, encoded_answer, out_size
+from proxy.http.wire import PIECE, SPLIT_FROM, Request, encoded_answer, out_size
 from proxy.values import Reply
 from tests.support import Anvil, Proxy, ProxyFactory
 from tests.test_cache import finalized_store, storage
@@ -455,3 +455,22 @@ def test_a_large_answer_is_written_after_its_head_and_never_copied_behind_it() -
     request.method = "HEAD"
     out, _ = encoded_answer(Reply(large), request, b"Date: now\r\n", "id-3")
     assert isinstance(out, bytes) and out.endswith(b"\r\n\r\n")  # a HEAD answer has no body
+
+
+def test_a_bodys_small_pieces_are_joined_as_they_come() -> None:
+    # Rule: a body's pieces under PIECE bytes are joined as they come, so its memory is about its bytes
+    # (kept apart, each a bytes object and a list slot: 600 bodies in 2-byte chunks held 203 MB with 8
+    # MiB counted, an outside attack); a large piece is kept as it came, never copied, and the body
+    # comes out whole and as bytes.
+    request = Request()
+    for i in range(100_000):
+        request.add(b"%02d" % (i % 100))
+    assert len(request.parts) <= 100_000 * 2 // PIECE + 1
+    big = b"x" * PIECE
+    request.add(big)
+    assert request.parts[-1] is big
+    body = request.body()
+    assert type(body) is bytes and body == b"".join(b"%02d" % (i % 100) for i in range(100_000)) + big
+    one = Request()
+    one.add(b'{"jsonrpc":"2.0"}')
+    assert one.body() == b'{"jsonrpc":"2.0"}' and type(one.body()) is bytes  # one piece: as it came

@@ -117,6 +117,25 @@ class BodyBudget:
         self.limit = limit
         self.held = 0  # this process's
         self.host = host
+        self.waiting: dict[str | None, int] = {}  # of it, by key: what its requests waiting for room hold
+
+    def take_waiting(self, key: str | None, size: int) -> bool:
+        """`size` bytes for a request of `key` waiting for room: each key's at most a quarter of the
+        budget in this process, so one key's requests left waiting (its connections read nothing)
+        cannot fill it (every other key's bodies were answered 503 until those were let go)."""
+        held = self.waiting.get(key, 0)
+        if (held and held + size > self.limit // 4) or not self.take(size):
+            return False
+        self.waiting[key] = held + size
+        return True
+
+    def give_waiting(self, key: str | None, size: int) -> None:
+        self.give(size)
+        left = self.waiting[key] - size
+        if left:
+            self.waiting[key] = left
+        else:
+            del self.waiting[key]
 
     def take(self, size: int) -> bool:
         if self.host is not None:

@@ -437,7 +437,7 @@ class FrontProtocol(asyncio.Protocol):
         request.size += len(body)
         if request.size > self._endpoint.max_body_bytes:
             raise Refused(closing(self._endpoint.too_large()))
-        request.parts.append(body)
+        request.add(body)
 
     def on_message_complete(self) -> None:
         request = self.request
@@ -467,12 +467,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def _dispatch(self, request: Request) -> None:
         if request.kind == RPC:
-            parts = request.parts
-            if len(parts) == 1:
-                body = parts[0]
-            else:
-                body = b"".join(parts)
-                request.parts = [body]  # the read's pieces let go (the request lives until its answer is written)
+            body = request.body()
             if self._access_log:
                 identified(request.headers.get("x-request-id"), self._rpc, request, body)
             else:

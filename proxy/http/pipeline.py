@@ -166,8 +166,9 @@ class Pipeline:
         last answer. Uncounted, 600 held requests of 60 KB bodies held 36 MB of RSS."""
         if self.done:
             return  # after the connection's last answer: no request's
-        if not request.hold_read(self.waiting_body.bodies):
-            self.last(*self._reader.encoded(request, error_reply(BUSY_BODIES, NO_CHARGE, close=True)))
+        self.account.keyed(request.target, request.headers)
+        if not request.hold_read(self.waiting_body.bodies, self.account.key):
+            busy(self, request)
             return
         self.held.append(request)
         self.account.budget.waiting += 1
@@ -402,7 +403,7 @@ class WaitingBody:
     def begin(self, request: Request) -> bool:
         """It waits, what it read held in the body budget; False: no room there, it does not wait.
         Uncounted, 1,000 such bodies held 89 to 118 MB of RSS, up to one read (256 KB) each."""
-        if not request.hold_read(self.bodies):
+        if not request.hold_read(self.bodies, self.account.key):
             return False
         self.request = request
         self.account.budget.waiting += 1
@@ -418,15 +419,23 @@ class WaitingBody:
 def body_waits(pipeline: Pipeline, request: Request) -> bool:
     """Whether a request whose body is not whole in its first read leaves the rest unread, and its
     BODY_TIMEOUT unstarted, for now: reading is paused, or there is no room for its answer and its
-    declared body. What it read holds the body budget meanwhile; without room there, it does not
-    wait: it is read on, and refused as a body the budget has no room for is (Reader.receive)."""
+    declared body. What it read holds the body budget meanwhile; without room there (or past its
+    key's share of it), it is answered 503: read on, it would take room it was not given."""
     pipeline.account.keyed(request.target, request.headers)  # its body counts for its key from now
     if pipeline.read_paused or (pipeline.account.budget.held and not pipeline.waiting_body.room(request)):
-        if not pipeline.waiting_body.begin(request):
-            return False
-        pipeline.pause()
+        if pipeline.waiting_body.begin(request):
+            pipeline.pause()
+        else:
+            busy(pipeline, request)
         return True
     return False
+
+
+def busy(pipeline: Pipeline, request: Request) -> None:
+    """No room in the body budget for what `request` read while it waits: answered 503 in its turn, its
+    connection's last answer, and what it read let go now (its connection lingers after that answer)."""
+    pipeline.last(*pipeline.waiting_body.reader.encoded(request, error_reply(BUSY_BODIES, NO_CHARGE, close=True)))
+    request.parts = []
 
 
 def write_hit(pipeline: Pipeline, hit: PaidHit, open_mode: bool, rid: int | bytes) -> bool:
