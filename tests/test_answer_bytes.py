@@ -26,6 +26,7 @@ from proxy.config import build_settings
 from proxy.http.answer_bytes import Account, AnswerBytes, Estimate, key_share
 from proxy.http.endpoint import RpcEndpoint
 from proxy.http.first_answers import PER_KEY, FirstAnswers, key_most
+from proxy.http.wire import REQUEST_BYTES
 from proxy.metrics import Metrics
 from tests.fake_evm import FakeEvm
 from tests.memory_fill import big_call
@@ -692,6 +693,46 @@ async def test_one_keys_requests_waiting_for_room_hold_at_most_a_quarter_of_the_
             proxy.post(victim[victim.index(b"\r\n\r\n") + 4 :], key="victim"), 30
         )
         assert status == 200 and len(answer.get("result", "")) >= ANSWER, answer
+    finally:
+        for sock in socks:
+            sock.close()
+    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
+
+
+async def test_requests_held_back_unmade_are_reckoned_with_their_heads(
+    big_node: FakeEvm, make_proxy: ProxyFactory
+) -> None:
+    # MAX_INFLIGHT_BODY_BYTES: a request read whole and held back for want of room holds its head and its
+    # own objects too, reckoned in the body budget (a key's at most a quarter), and past it is answered
+    # 503. Reckoned by its body alone, requests of no body were counted as nothing: 200 connections
+    # each pipelining 4,000 in one read held 421 MB (an outside attack).
+    proxy = await make_proxy(
+        EVM_UPSTREAM=big_node.url,
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="8000000",
+        MAX_INFLIGHT_BODY_BYTES="2000000",
+    )
+    socks = await attack(proxy, misses(0, 20), 4)
+    try:
+        await until_async(lambda: pending(proxy) >= 8_000_000 - ANSWER, "the process to fill")
+        empty = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" * 1000
+        clients = [socket.create_connection(("127.0.0.1", proxy.server.port)) for _ in range(20)]
+        socks += clients
+        for sock in clients:
+            sock.sendall(empty)
+        front = front_of(proxy)
+        ends = {sock.getsockname()[1]: sock for sock in clients}
+
+        def each_held_or_refused() -> bool:
+            mine = [c for c in front.connections if c.pipeline.transport.get_extra_info("peername")[1] in ends]
+            return len(mine) + sum(answered(sock) for sock in clients) >= len(clients) and all(
+                c.pipeline.read_paused or c.pipeline.done for c in mine
+            )
+
+        await until_async(each_held_or_refused, "every connection's requests to be held back or refused")
+        assert any(answered(sock) for sock in clients)  # past the key's quarter: 503
+        assert max(front.bodies.waiting.values()) <= 2_000_000 // 4
+        assert waiting(proxy) <= 2_000_000 // 4 // REQUEST_BYTES + 4 * 20  # the attack's own, and these
     finally:
         for sock in socks:
             sock.close()

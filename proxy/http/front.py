@@ -33,7 +33,8 @@ from proxy.http.endpoint import (
 from proxy.http.front_routes import FrontRoutes, request_path
 from proxy.http.head_limit import MAX_HEAD_BYTES as MAX_HEAD_BYTES  # re-exported: the limit is the front's
 from proxy.http.head_limit import HeadLimit, host_fault_of
-from proxy.http.pipeline import Pipeline, body_waits, closing, write_hit
+from proxy.http.pipeline import Pipeline, closing, write_hit
+from proxy.http.waiting_body import body_waits
 from proxy.http.wire import (
     MAX_LINE,
     OTHER,
