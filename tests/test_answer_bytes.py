@@ -666,17 +666,11 @@ async def test_one_keys_requests_waiting_for_room_hold_at_most_a_quarter_of_the_
     # holds at most a quarter of the budget (past it they are answered 503), so another key's body sent
     # in many reads is still received. Before, one key's waiting bodies filled the budget and every
     # other key's such body was answered 503 (an outside attack: 38 of 38 over 40 s).
-    proxy = await make_proxy(
-        EVM_UPSTREAM=big_node.url,
-        API_KEYS="attacker,victim",
-        MAX_PENDING_ANSWER_BYTES="4000000",
-        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="8000000",
-        MAX_INFLIGHT_BODY_BYTES="2000000",
-    )
+    proxy = await small_body_budget(make_proxy, big_node, API_KEYS="attacker,victim")
     # Connections whose answers are known (small): past the process's bound their bodies wait for room.
     known = [socket.create_connection(("127.0.0.1", proxy.server.port)) for _ in range(40)]
     socks = list(known)
-    try:
+    async with drained_after(proxy, socks):
         for sock in known:
             await answered_small(sock, "attacker")
         socks += await attack(proxy, misses(0, 20, "attacker"), 4)
@@ -693,10 +687,6 @@ async def test_one_keys_requests_waiting_for_room_hold_at_most_a_quarter_of_the_
             proxy.post(victim[victim.index(b"\r\n\r\n") + 4 :], key="victim"), 30
         )
         assert status == 200 and len(answer.get("result", "")) >= ANSWER, answer
-    finally:
-        for sock in socks:
-            sock.close()
-    await until_async(lambda: pending(proxy) == 0 and waiting(proxy) == 0, "closed connections to leave the count")
 
 
 async def test_requests_held_back_unmade_are_reckoned_with_their_heads(
@@ -706,14 +696,9 @@ async def test_requests_held_back_unmade_are_reckoned_with_their_heads(
     # own objects too, reckoned in the body budget (a key's at most a quarter), and past it is answered
     # 503. Reckoned by its body alone, requests of no body were counted as nothing: 200 connections
     # each pipelining 4,000 in one read held 421 MB (an outside attack).
-    proxy = await make_proxy(
-        EVM_UPSTREAM=big_node.url,
-        MAX_PENDING_ANSWER_BYTES="4000000",
-        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="8000000",
-        MAX_INFLIGHT_BODY_BYTES="2000000",
-    )
+    proxy = await small_body_budget(make_proxy, big_node)
     socks = await attack(proxy, misses(0, 20), 4)
-    try:
+    async with drained_after(proxy, socks):
         await until_async(lambda: pending(proxy) >= 8_000_000 - ANSWER, "the process to fill")
         empty = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" * 1000
         clients = [socket.create_connection(("127.0.0.1", proxy.server.port)) for _ in range(20)]
@@ -733,6 +718,24 @@ async def test_requests_held_back_unmade_are_reckoned_with_their_heads(
         assert any(answered(sock) for sock in clients)  # past the key's quarter: 503
         assert max(front.bodies.waiting.values()) <= 2_000_000 // 4
         assert waiting(proxy) <= 2_000_000 // 4 // REQUEST_BYTES + 4 * 20  # the attack's own, and these
+
+
+async def small_body_budget(make_proxy: ProxyFactory, node: FakeEvm, **settings: str) -> Proxy:
+    """A proxy whose process holds 8 MB of answers and whose body budget is 2 MB (a key's quarter 500 KB)."""
+    return await make_proxy(
+        EVM_UPSTREAM=node.url,
+        MAX_PENDING_ANSWER_BYTES="4000000",
+        MAX_PENDING_ANSWER_BYTES_PER_PROCESS="8000000",
+        MAX_INFLIGHT_BODY_BYTES="2000000",
+        **settings,
+    )
+
+
+@contextlib.asynccontextmanager
+async def drained_after(proxy: Proxy, socks: list[socket.socket]) -> AsyncIterator[None]:
+    """`socks` (the list as it grows) closed after the block, and the counts drained."""
+    try:
+        yield
     finally:
         for sock in socks:
             sock.close()
