@@ -204,7 +204,7 @@ def test_what_requests_waiting_for_room_read_is_held_within_the_body_budget(
     # MAX_INFLIGHT_BODY_BYTES: a request waiting for room (the process's answer bytes full) holds what
     # it read of its body in the body budget: a body that does not arrive whole in its first read, what
     # that read took (up to 256 KB), the rest left unread; a request read whole, held back unmade, its
-    # body. One the budget has no room for is answered 503 at once. Before, those bytes were counted
+    # body and head. One the budget has no room for is answered 503 at once. Before, those bytes were counted
     # nowhere: 1,000 waiting bodies held 89 to 118 MB of RSS against a bound of 48 MB (an outside
     # attack); here 400 such bodies held 37 to 43 MB, and 600 held requests of 60 KB bodies 39 MB. A
     # body's pieces are joined as they come: kept apart, 600 bodies in 2-byte chunks held 203 MB (8 MiB counted).
