@@ -5,6 +5,7 @@ a WebSocket upgrade handed to aiohttp in the middle of a connection."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import json
 import logging
@@ -12,6 +13,7 @@ import socket
 import time
 import zlib
 from email.utils import parsedate_to_datetime
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -19,9 +21,11 @@ import pytest
 
 from proxy.http.compression import MAX_GZIP_MEMBERS, UnsupportedCoding, decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
+from proxy.http.pipeline import IdleDeadline
 from proxy.http.wire import PIECE, SPLIT_FROM, Request, encoded_answer, out_size
 from proxy.values import Reply
-from tests.support import Anvil, Proxy, ProxyFactory
+from tests.fault_relay import FaultRelay
+from tests.support import Anvil, MemoryTransport, Proxy, ProxyFactory
 from tests.test_cache import finalized_store, storage
 
 Answer = tuple[int, dict[str, str], bytes]
@@ -252,6 +256,59 @@ async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy:
         assert await asyncio.wait_for(reader.read(), 30) == b""
     finally:
         writer.close()
+
+
+async def test_a_client_that_half_closes_after_its_requests_gets_every_answer_then_the_close(
+    relays: list[FaultRelay], make_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Rule (RFC 9112 9.6): a client that shuts down its sending side once its requests are out (as
+    # `nc -N` and socat do) is answered each request it sent whole, in order, and then the connection
+    # closes. Those still being made were dropped when its end was read: only an answer written at
+    # once (a memory hit) reached it. A request cut short by the end is not answered.
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    relays[0].inject("slow", method="eth_getBalance", delay=0.5)  # made after the client's end is read
+    balance = call("eth_getBalance", ["0x" + "11" * 20, "latest"], 1)
+    data = post(balance) + post(call("eth_chainId", [], 2)) + post(call("eth_blockNumber", [], 3))
+    for chunks in ([data], [data, post(call("eth_chainId", [], 4))[:-5]]):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+        try:
+            for chunk in chunks:
+                writer.write(chunk)
+            writer.write_eof()
+            answers = [await read_answer(reader) for _ in range(3)]
+            assert [(status, json.loads(body)["id"]) for status, _, body in answers] == [(200, 1), (200, 2), (200, 3)]
+            assert json.loads(answers[0][2])["result"] == "0x0"
+            assert await asyncio.wait_for(reader.read(), 30) == b""  # closed after the last
+        finally:
+            writer.close()
+    assert relays[0].applied == ["slow"]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+
+
+async def test_a_last_answers_linger_closes_a_connection_its_client_reset_meanwhile_and_raises_nothing() -> None:
+    # Rule: the write side is shut after a connection's last answer; where its client has reset it
+    # meanwhile, asyncio's transport raises ENOTCONN there (its uvloop twin does not), and the
+    # connection is closed at once instead. It was raised from the callback that woke the connection
+    # for room, logged as an error (found once the FIN of a client that closed no longer closed it).
+
+    class ResetTransport(MemoryTransport):
+        aborted = False
+
+        def can_write_eof(self) -> bool:
+            return True
+
+        def write_eof(self) -> None:
+            raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    pipeline = SimpleNamespace(done=False, read_paused=True)
+    deadline = IdleDeadline(pipeline, None, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport = ResetTransport()
+    deadline.linger(transport)
+    assert transport.aborted and pipeline.done and deadline.timer is None
 
 
 async def test_requests_after_one_that_closes_the_connection_are_dropped_quietly(

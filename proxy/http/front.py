@@ -33,7 +33,7 @@ from proxy.http.endpoint import (
 from proxy.http.front_routes import FrontRoutes, request_path
 from proxy.http.head_limit import MAX_HEAD_BYTES as MAX_HEAD_BYTES  # re-exported: the limit is the front's
 from proxy.http.head_limit import HeadLimit, host_fault_of
-from proxy.http.pipeline import Pipeline, closing, write_hit
+from proxy.http.pipeline import Pipeline, closing, cut_off, ended, write_hit
 from proxy.http.waiting_body import body_waits
 from proxy.http.wire import (
     MAX_LINE,
@@ -232,7 +232,7 @@ class Front:
         deadline = loop.time() + timeout
         while self.connections and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        cut = [task for connection in list(self.connections) for task in connection.pipeline.cut_off()]
+        cut = [task for connection in list(self.connections) for task in cut_off(connection.pipeline)]
         if cut:  # each writes its 503 as it ends (Pipeline._awaited)
             await asyncio.wait(cut, timeout=CUT_OFF_SECONDS)
         for connection in list(self.connections):
@@ -289,6 +289,11 @@ class FrontProtocol(asyncio.Protocol):
             log.debug("client closed the connection before its request body arrived")  # routine: no error line
             self._release(request)
         self.pipeline.lost(self._front.orphans)
+
+    def eof_received(self) -> bool:
+        """Its client sends nothing more: what it sent whole is answered, then it closes (pipeline.ended)."""
+        request, self.request = self.request, None
+        return ended(self.pipeline, request, self._release)
 
     # --- bytes in -----------------------------------------------------------------------------
 

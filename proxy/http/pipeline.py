@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
 from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
-from proxy.http.sockets import aborted_if_reset, drop, unread_bytes, unsent_bytes, unsent_or_reset, written
+from proxy.http.sockets import aborted_if_reset, drop, peer_state, unread_bytes, unsent_bytes, unsent_or_reset, written
 from proxy.http.waiting_body import Reader, WaitingBody, busy
 from proxy.http.wire import RPC, SPLIT_FROM, Out, Request, out_size
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
@@ -74,6 +75,7 @@ class Pipeline:
         self.write_paused = False
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
         self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
+        self.input_ended = False  # its client sends nothing more (a half-close): closed once answered
         self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
         self.waiting_body = WaitingBody(self.account, reader, front.bodies)  # a body left unread until it has room
         self.account.first = partial(_first_unwritten, self.waiting)  # a batch's turn (answer_bytes.Batch)
@@ -168,7 +170,7 @@ class Pipeline:
         self.held.clear()
 
     def _room_made(self) -> None:  # bytes were taken somewhere (AnswerBytes.wait): held requests go on if they fit
-        if aborted_if_reset(self.transport, True):  # its client left (or closed): nothing it waits with is made
+        if aborted_if_reset(self.transport):  # its client left: nothing it waits with is made
             return
         if self.held:
             if not self.write_paused and not self.waiting and self._go_on():
@@ -188,6 +190,7 @@ class Pipeline:
             and len(self.waiting) < MAX_WAITING
             and transport is not None
             and not transport.is_closing()
+            and not _one_at_a_time(self, transport)
         ):
             item = held[0]
             if isinstance(item, Request):
@@ -237,11 +240,6 @@ class Pipeline:
             return False
         self.done = True
         return True
-
-    def cut_off(self) -> list[asyncio.Task[None]]:
-        """SHUTDOWN_TIMEOUT: answers being made cancelled, each answered 503 (a batch: BodyRun._cut)."""
-        self.cut = True
-        return [item for item, _ in self.waiting if isinstance(item, asyncio.Task) and item.cancel(CUT_OFF_REASON)]
 
     def stop(self) -> None:
         """Shutting down: closed now when idle, else once its answers are written."""
@@ -349,11 +347,38 @@ class Pipeline:
             self._idle_or_stop()
 
     def _idle_or_stop(self) -> None:
-        if self.front.stopping and not self.held and not unread_bytes(self.transport):
+        if (self.front.stopping or self.input_ended) and not self.held and not unread_bytes(self.transport):
             self.abort()
         else:  # draining with bytes unread: read (resume), they are answered before it closes
             self.active_at = self.loop.time()
             self.resume()
+
+
+def cut_off(pipeline: Pipeline) -> list[asyncio.Task[None]]:
+    """SHUTDOWN_TIMEOUT: answers being made cancelled, each answered 503 (a batch: BodyRun._cut)."""
+    pipeline.cut = True
+    return [item for item, _ in pipeline.waiting if isinstance(item, asyncio.Task) and item.cancel(CUT_OFF_REASON)]
+
+
+def ended(pipeline: Pipeline, cut_short: Request | None, release: Callable[[Request], None]) -> bool:
+    """Its client sent its last byte (a half-close, RFC 9112 9.6): the request it cut short, if any,
+    dropped (`release` lets its shares go); whether answers to the others are still to come (the
+    connection then closes after the last, _idle_or_stop), else it closes now."""
+    if cut_short is not None:
+        pipeline.waiting_body.end(cut_short)
+        release(cut_short)
+    pipeline.input_ended = True
+    return bool(pipeline.waiting or pipeline.held) and pipeline.handover is None
+
+
+def _one_at_a_time(pipeline: Pipeline, transport: asyncio.Transport) -> bool:
+    """Whether a held request waits for the answers before it to be written, or for nothing (closed
+    now), as its client sent its last byte, read or not (its reading paused). One that half-closed
+    waits for its answers, and one that left cannot be told from it until an answer written to it draws
+    a reset: made all at once, its held requests all went to the node for nobody."""
+    if not pipeline.input_ended and not peer_state(transport):
+        return False
+    return bool(pipeline.waiting) or aborted_if_reset(transport)
 
 
 def write_hit(pipeline: Pipeline, hit: PaidHit, open_mode: bool, rid: int | bytes) -> bool:
@@ -432,7 +457,11 @@ class IdleDeadline:
         if not transport.can_write_eof():
             transport.close()
             return
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:  # its client reset it meanwhile (asyncio's transport raises ENOTCONN)
+            transport.abort()
+            return
         transport.resume_reading()
         self.timer = self.loop.call_later(LINGER_SECONDS, transport.close)
 
