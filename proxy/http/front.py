@@ -33,7 +33,7 @@ from proxy.http.endpoint import (
 from proxy.http.front_routes import FrontRoutes, request_path
 from proxy.http.head_limit import MAX_HEAD_BYTES as MAX_HEAD_BYTES  # re-exported: the limit is the front's
 from proxy.http.head_limit import HeadLimit, host_fault_of
-from proxy.http.pipeline import Pipeline, closing, cut_off, ended, write_hit
+from proxy.http.pipeline import Pipeline, closing, cut_off, cut_short, ended, write_hit
 from proxy.http.waiting_body import body_waits
 from proxy.http.wire import (
     MAX_LINE,
@@ -285,15 +285,14 @@ class FrontProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._front.connections.discard(self)
         request, self.request = self.request, None  # its body's pieces let go (PeerCounts keeps it until a sweep)
-        if request is not None and request.kind == RPC:
-            log.debug("client closed the connection before its request body arrived")  # routine: no error line
-            self._release(request)
+        cut_short(self.pipeline, request, self._release)
         self.pipeline.lost(self._front.orphans)
 
     def eof_received(self) -> bool:
         """Its client sends nothing more: what it sent whole is answered, then it closes (pipeline.ended)."""
         request, self.request = self.request, None
-        return ended(self.pipeline, request, self._release)
+        cut_short(self.pipeline, request, self._release)
+        return ended(self.pipeline)
 
     # --- bytes in -----------------------------------------------------------------------------
 

@@ -360,13 +360,19 @@ def cut_off(pipeline: Pipeline) -> list[asyncio.Task[None]]:
     return [item for item, _ in pipeline.waiting if isinstance(item, asyncio.Task) and item.cancel(CUT_OFF_REASON)]
 
 
-def ended(pipeline: Pipeline, cut_short: Request | None, release: Callable[[Request], None]) -> bool:
-    """Its client sent its last byte (a half-close, RFC 9112 9.6): the request it cut short, if any,
-    dropped (`release` lets its shares go); whether answers to the others are still to come (the
-    connection then closes after the last, _idle_or_stop), else it closes now."""
-    if cut_short is not None:
-        pipeline.waiting_body.end(cut_short)
-        release(cut_short)
+def cut_short(pipeline: Pipeline, request: Request | None, release: Callable[[Request], None]) -> None:
+    """The request being read when its client closed or sent its last byte: never whole, dropped
+    (`release` lets its shares go)."""
+    if request is not None and request.kind == RPC:
+        log.debug("client closed the connection before its request body arrived")  # routine: no error line
+        pipeline.waiting_body.end(request)
+        release(request)
+
+
+def ended(pipeline: Pipeline) -> bool:
+    """Its client sent its last byte (a half-close, RFC 9112 9.6): whether answers to what it sent
+    whole are still to come (the connection then closes after the last, _idle_or_stop), else it
+    closes now."""
     pipeline.input_ended = True
     return bool(pipeline.waiting or pipeline.held) and pipeline.handover is None
 
