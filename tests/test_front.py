@@ -286,6 +286,33 @@ async def test_a_client_that_half_closes_after_its_requests_gets_every_answer_th
     assert errors == [], [r.getMessage() for r in errors]
 
 
+async def test_a_half_closed_clients_held_requests_are_made_together_once_it_takes_an_answer(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    # Rule: requests held back (a new connection makes two at once until it knows its answers' size)
+    # are made one at a time once its client has sent its last byte, until an answer written after it
+    # is acknowledged: the client half-closed and waits, and the rest are made as any connection's.
+    # Made one at a time to the end, a client pipelining 100 calls to a node taking 0.3 s each waited
+    # 30 s for what took 0.9 s without its half-close (an outside attack).
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    relays[0].inject("slow", method="eth_getBalance", delay=0.5, times=None)  # one at a time: 0.5 s apart at least
+    count = 8
+    data = b"".join(post(call("eth_getBalance", [f"0x{i + 1:040x}", "latest"], i)) for i in range(count))
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+    try:
+        writer.write(data)
+        writer.write_eof()
+        answers = [await read_answer(reader) for _ in range(count)]
+        assert [json.loads(body)["id"] for _, _, body in answers] == list(range(count))
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+    finally:
+        writer.close()
+    arrivals = sorted(t for t, methods in relays[0].timeline for m in methods if m == "eth_getBalance")
+    assert len(arrivals) == count
+    # The first two are made at once; of the six held, the last ones go to the node together.
+    assert arrivals[-1] - arrivals[-2] < 0.5, [round(t - arrivals[0], 3) for t in arrivals]
+
+
 async def test_a_last_answers_linger_closes_a_connection_its_client_reset_meanwhile_and_raises_nothing() -> None:
     # Rule: the write side is shut after a connection's last answer; where its client has reset it
     # meanwhile, asyncio's transport raises ENOTCONN there (its uvloop twin does not), and the

@@ -14,7 +14,17 @@ from typing import Any, Protocol
 from proxy.gateway.running import CUT_OFF, CUT_OFF_REASON
 from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
-from proxy.http.sockets import aborted_if_reset, drop, peer_state, unread_bytes, unsent_bytes, unsent_or_reset, written
+from proxy.http.sockets import (
+    TCP_CLOSE,
+    aborted_if_reset,
+    drop,
+    peer_state,
+    tcp_info,
+    unread_bytes,
+    unsent_bytes,
+    unsent_or_reset,
+    written,
+)
 from proxy.http.waiting_body import Reader, WaitingBody, busy
 from proxy.http.wire import RPC, SPLIT_FROM, Out, Request, out_size
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
@@ -25,6 +35,7 @@ log = logging.getLogger("proxy.front")
 INTERNAL = JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500)
 KEEPALIVE_TIMEOUT = 75.0  # an idle connection, or a request head not complete, is closed after it
 LINGER_SECONDS = 1.0  # after the last answer: what its client still sends is read and dropped this long
+HALF_OPEN = 1 << 62  # Pipeline.ended_at once its client took an answer after its last byte: it waits for the rest
 MAX_WAITING = 64  # answers one connection may have waiting before its reading pauses
 COUNTED_HIT = 64 * 1024  # a memory hit written at once is counted in its connection's bytes from this size
 
@@ -76,6 +87,7 @@ class Pipeline:
         self.handover: bytes | None = None  # an upgrade's bytes, handed to aiohttp once its answers are out
         self.cut = False  # SHUTDOWN_TIMEOUT reached: answers still being made are cancelled, each answered 503
         self.input_ended = False  # its client sends nothing more (a half-close): closed once answered
+        self.ended_at = -1  # bytes its client had acknowledged when its end was seen (_one_at_a_time)
         self.account = Account(front.answer_bytes, loop, lambda: unsent_or_reset(self.transport), self._room_made)
         self.waiting_body = WaitingBody(self.account, reader, front.bodies)  # a body left unread until it has room
         self.account.first = partial(_first_unwritten, self.waiting)  # a batch's turn (answer_bytes.Batch)
@@ -379,12 +391,22 @@ def ended(pipeline: Pipeline) -> bool:
 
 def _one_at_a_time(pipeline: Pipeline, transport: asyncio.Transport) -> bool:
     """Whether a held request waits for the answers before it to be written, or for nothing (closed
-    now), as its client sent its last byte, read or not (its reading paused). One that half-closed
-    waits for its answers, and one that left cannot be told from it until an answer written to it draws
-    a reset: made all at once, its held requests all went to the node for nobody."""
-    if not pipeline.input_ended and not peer_state(transport):
+    now), as its client sent its last byte, read or not (its reading paused). One that left cannot be
+    told from one that half-closed and waits until an answer written after its last byte draws a
+    reset (it left: made all at once, its held requests all went to the node for nobody) or an
+    acknowledgement (it waits: made as any connection's from then on, not one round trip each)."""
+    if pipeline.ended_at == HALF_OPEN or (not pipeline.input_ended and not peer_state(transport)):
         return False
-    return bool(pipeline.waiting) or aborted_if_reset(transport)
+    state, acked = tcp_info(transport)
+    if state == TCP_CLOSE:
+        transport.abort()
+        return True
+    if pipeline.ended_at < 0:
+        pipeline.ended_at = acked
+    elif acked > pipeline.ended_at:
+        pipeline.ended_at = HALF_OPEN
+        return False
+    return bool(pipeline.waiting)
 
 
 def write_hit(pipeline: Pipeline, hit: PaidHit, open_mode: bool, rid: int | bytes) -> bool:

@@ -39,17 +39,26 @@ def unread_bytes(transport: asyncio.Transport | None) -> int:
 
 TCP_CLOSE = 7  # a socket's state once its peer reset it (linux/tcp_states.h)
 TCP_CLOSE_WAIT = 8  # ...once its peer closed its side: it sends nothing more
+TCP_INFO_BYTES = 128  # struct tcp_info read up to tcpi_bytes_acked (Linux 4.1 on)
+BYTES_ACKED_AT = 120
+
+
+def tcp_info(transport: asyncio.Transport | None) -> tuple[int, int]:
+    """The connection's TCP state and the bytes of it its peer has acknowledged (Linux's tcp_info:
+    tcpi_state, tcpi_bytes_acked); (0, 0) where they cannot be read."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError, struct.error):
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
+            return info[0], struct.unpack_from("Q", info, BYTES_ACKED_AT)[0]
+    return 0, 0
 
 
 def peer_state(transport: asyncio.Transport | None) -> int:
     """The connection's TCP state once its peer reset it (TCP_CLOSE) or closed its side (TCP_CLOSE_WAIT:
-    it left, or half-closed and waits for its answers, which no one can tell apart); else 0."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is not None:
-        with contextlib.suppress(OSError, ValueError):
-            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
-            return state if state in (TCP_CLOSE, TCP_CLOSE_WAIT) else 0
-    return 0
+    it left, or half-closed and waits for its answers); else 0."""
+    state = tcp_info(transport)[0]
+    return state if state in (TCP_CLOSE, TCP_CLOSE_WAIT) else 0
 
 
 def aborted_if_reset(transport: asyncio.Transport | None) -> bool:
