@@ -16,9 +16,9 @@ from proxy.http.answer_bytes import Account, AnswerBytes
 from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
 from proxy.http.sockets import (
     TCP_CLOSE,
+    TCP_CLOSE_WAIT,
     aborted_if_reset,
     drop,
-    peer_state,
     tcp_info,
     unread_bytes,
     unsent_bytes,
@@ -395,9 +395,11 @@ def _one_at_a_time(pipeline: Pipeline, transport: asyncio.Transport) -> bool:
     told from one that half-closed and waits until an answer written after its last byte draws a
     reset (it left: made all at once, its held requests all went to the node for nobody) or an
     acknowledgement (it waits: made as any connection's from then on, not one round trip each)."""
-    if pipeline.ended_at == HALF_OPEN or (not pipeline.input_ended and not peer_state(transport)):
+    if pipeline.ended_at == HALF_OPEN:
         return False
     state, acked = tcp_info(transport)
+    if not pipeline.input_ended and state != TCP_CLOSE_WAIT and state != TCP_CLOSE:
+        return False
     if state == TCP_CLOSE:
         transport.abort()
         return True

@@ -38,7 +38,7 @@ def unread_bytes(transport: asyncio.Transport | None) -> int:
 
 
 TCP_CLOSE = 7  # a socket's state once its peer reset it (linux/tcp_states.h)
-TCP_CLOSE_WAIT = 8  # ...once its peer closed its side: it sends nothing more
+TCP_CLOSE_WAIT = 8  # ...once its peer closed its side: it sends nothing more (it left, or half-closed and waits)
 TCP_INFO_BYTES = 128  # struct tcp_info read up to tcpi_bytes_acked (Linux 4.1 on)
 BYTES_ACKED_AT = 120
 
@@ -54,19 +54,12 @@ def tcp_info(transport: asyncio.Transport | None) -> tuple[int, int]:
     return 0, 0
 
 
-def peer_state(transport: asyncio.Transport | None) -> int:
-    """The connection's TCP state once its peer reset it (TCP_CLOSE) or closed its side (TCP_CLOSE_WAIT:
-    it left, or half-closed and waits for its answers); else 0."""
-    state = tcp_info(transport)[0]
-    return state if state in (TCP_CLOSE, TCP_CLOSE_WAIT) else 0
-
-
 def aborted_if_reset(transport: asyncio.Transport | None) -> bool:
     """Whether the connection's peer reset it; if so it is closed. With its reading paused, nothing
     else would see it: what its kernel queue holds would count for its key until the keep-alive time,
     and requests it left waiting for room would be made for nobody (outside attacks: 45 requests of
     reset clients still waiting 40 s on)."""
-    if transport is not None and peer_state(transport) == TCP_CLOSE:
+    if transport is not None and tcp_info(transport)[0] == TCP_CLOSE:
         transport.abort()
         return True
     return False
