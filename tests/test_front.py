@@ -21,7 +21,7 @@ import pytest
 
 from proxy.http.compression import MAX_GZIP_MEMBERS, UnsupportedCoding, decoded_body
 from proxy.http.front_routes import FrontRoutes, request_path
-from proxy.http.pipeline import IdleDeadline
+from proxy.http.pipeline import KEEPALIVE_TIMEOUT, IdleDeadline
 from proxy.http.wire import PIECE, SPLIT_FROM, Request, encoded_answer, out_size
 from proxy.values import Reply
 from tests.fault_relay import FaultRelay
@@ -311,6 +311,42 @@ async def test_a_half_closed_clients_held_requests_are_made_together_once_it_tak
     assert len(arrivals) == count
     # The first two are made at once; of the six held, the last ones go to the node together.
     assert arrivals[-1] - arrivals[-2] < 0.5, [round(t - arrivals[0], 3) for t in arrivals]
+
+
+def test_a_client_that_takes_nothing_after_its_writes_pause_is_dropped_at_the_first_idle_look() -> None:
+    # Rule: a connection whose client took nothing of what it was sent for the keep-alive time is
+    # dropped (reset). What waited unsent when its writes paused is the mark: before, the first look
+    # had no mark and counted as progress, and such a client was dropped only at the second, after
+    # twice the keep-alive time (150 s; an outside attack saw connections open at 120 s).
+
+    class Stuck(MemoryTransport):
+        aborted = False
+
+        def get_write_buffer_size(self) -> int:
+            return 3_866_624  # nothing of it taken
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    class Clock:
+        def __init__(self) -> None:
+            self.now = 0.0
+            self.later: list[float] = []
+
+        def time(self) -> float:
+            return self.now
+
+        def call_later(self, delay: float, callback: Any) -> None:
+            self.later.append(delay)
+
+    transport, clock = Stuck(), Clock()
+    pipeline = SimpleNamespace(transport=transport, active_at=0.0, write_paused=True, waiting=[], done=False, held=[])
+    pipeline.clear_held = pipeline.held.clear
+    deadline = IdleDeadline(pipeline, SimpleNamespace(request=None), clock)  # type: ignore[arg-type]
+    deadline.writes_paused()
+    clock.now = KEEPALIVE_TIMEOUT + 1  # the first look, nothing taken since the writes paused
+    deadline.fire()
+    assert transport.aborted and pipeline.done and clock.later == []
 
 
 async def test_a_last_answers_linger_closes_a_connection_its_client_reset_meanwhile_and_raises_nothing() -> None:

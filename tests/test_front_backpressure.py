@@ -20,9 +20,11 @@ import pytest
 
 from proxy.http import front, pipeline
 from tests.fake_evm import FakeEvm
+from tests.fault_relay import FaultRelay
 from tests.memory_fill import big_call
-from tests.support import Proxy, ProxyFactory
+from tests.support import MemoryTransport, Proxy, ProxyFactory, eventually
 from tests.test_front import call, exchange, post, read_answer
+from tests.test_replayed_heads import connection, front_of
 from tests.ws_client import frame
 
 ANSWER_BYTES = 1_000_000  # an eth_call result of 1 MB (hex): a quarter of what a socket's buffer may hold
@@ -543,3 +545,36 @@ async def test_a_websocket_upgrade_behind_a_large_answer_is_answered_after_it(
     finally:
         sock.close()
     assert "resume_writing" not in caplog.text
+
+
+async def test_answers_of_a_connection_whose_transport_is_closing_are_not_written(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    # Rule: once its transport is closing (its client reset it: asyncio closes it at the failed send,
+    # and connection_lost comes a loop turn later), no answer is written to it. They were: each write
+    # from the fifth logged asyncio's "socket.send() raised exception." warning, so clients that left
+    # with answers queued could fill the log at will (an outside attack: 171 lines for 20 clients).
+    proxy = await make_proxy(EVM_UPSTREAM=relays[0].url)
+    relays[0].inject("slow", method="eth_getBalance", delay=0.3, times=None)  # made together, answered together
+
+    class Gone(MemoryTransport):
+        after = 0  # writes once it was closing
+
+        def is_closing(self) -> bool:
+            return self.closed or bool(self.written)
+
+        def write(self, data: bytes | bytearray | memoryview) -> None:
+            self.after += self.is_closing()
+            super().write(data)
+
+    data = b"".join(post(call("eth_getBalance", [f"0x{i + 1:040x}", "latest"], i)) for i in range(8))
+    with connection(front_of(proxy), Gone(keep=True)) as (protocol, transport):
+        protocol.data_received(data)
+
+        async def answered() -> bool:
+            return not protocol.pipeline.waiting or not any(
+                isinstance(item, asyncio.Task) and not item.done() for item, _ in protocol.pipeline.waiting
+            )
+
+        await eventually(answered, 30, "the eight answers to be made")
+        assert transport.written.count(b"HTTP/1.1 200") >= 1 and transport.after == 0

@@ -26,9 +26,9 @@ from tests.test_keyed_hits import ALICE, keyed, reload
 
 
 @contextlib.contextmanager
-def connection(front: Front) -> Iterator[tuple[Any, MemoryTransport]]:
+def connection(front: Front, transport: MemoryTransport | None = None) -> Iterator[tuple[Any, MemoryTransport]]:
     """A fast connection fed by hand: each data_received call is one read, as the test cuts them."""
-    protocol, transport = front.protocol(), MemoryTransport()
+    protocol, transport = front.protocol(), transport or MemoryTransport()
     transport.protocol = protocol
     protocol.connection_made(transport)
     try:

@@ -123,6 +123,7 @@ class Pipeline:
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.deadline.writes_paused()
         self.pause()
 
     def resume_writing(self) -> None:
@@ -322,7 +323,7 @@ class Pipeline:
             self.account.enqueued(len(data) if isinstance(data, bytes) else out_size(data))
             return
         transport = self.transport
-        if transport is None:
+        if transport is None or transport.is_closing():  # its client is gone: nothing written reaches it
             return
         if isinstance(data, bytes):  # inline: every answer but a pre-built hit's passes here
             transport.write(data)
@@ -338,7 +339,8 @@ class Pipeline:
         """Answers that are ready, written in request order (by the task whose answer was first)."""
         waiting = self.waiting
         transport = self.transport
-        while waiting and transport is not None:
+        # Not once its client is gone (asyncio warned at each write from the fifth: a log filled at will).
+        while waiting and transport is not None and not transport.is_closing():
             item, close = waiting[0]
             if isinstance(item, asyncio.Task):
                 return  # still being made: its task writes it, and those after it
@@ -475,6 +477,12 @@ class IdleDeadline:
     def cancel(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
+
+    def writes_paused(self) -> None:
+        """Its client's window is shut, or nearly: what waits unsent now is what its next look measures
+        progress by. Unmeasured, that look counted as progress, so a client that took nothing was
+        dropped after twice the keep-alive time (150 s, an outside attack), not once."""
+        self._unsent = unsent_bytes(self._pipeline.transport)
 
     def linger(self, transport: asyncio.Transport) -> None:
         """The connection's last answer is written; it closes in stages (RFC 9112 9.6): the write side
