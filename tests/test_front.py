@@ -313,20 +313,52 @@ async def test_a_half_closed_clients_held_requests_are_made_together_once_it_tak
     assert arrivals[-1] - arrivals[-2] < 0.5, [round(t - arrivals[0], 3) for t in arrivals]
 
 
-def test_a_client_that_takes_nothing_after_its_writes_pause_is_dropped_at_the_first_idle_look() -> None:
+class TcpInfo:
+    """A socket's tcp_info as getsockopt gives it: ESTABLISHED, and `acked` bytes acknowledged."""
+
+    def __init__(self, acked: int) -> None:
+        self.acked = acked
+
+    def fileno(self) -> int:
+        return -1  # no send queue to ask the kernel for: the transport's buffer is all that waits
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        info = bytearray(size)
+        info[0] = 1
+        info[120:128] = self.acked.to_bytes(8, "little")
+        return bytes(info)
+
+    def setsockopt(self, level: int, option: int, value: bytes) -> None:
+        pass  # a drop's SO_LINGER
+
+
+class Stuck(MemoryTransport):
+    """A transport whose buffer never shrinks (answers written as fast as its client takes bytes)."""
+
+    aborted = False
+
+    def __init__(self, sock: TcpInfo | None = None) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.sock if name == "socket" else super().get_extra_info(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return 3_866_624
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+@pytest.mark.parametrize("reads", [False, True])
+def test_a_client_is_dropped_at_the_first_idle_look_unless_it_took_bytes_since_its_writes_paused(reads: bool) -> None:
     # Rule: a connection whose client took nothing of what it was sent for the keep-alive time is
-    # dropped (reset). What waited unsent when its writes paused is the mark: before, the first look
-    # had no mark and counted as progress, and such a client was dropped only at the second, after
-    # twice the keep-alive time (150 s; an outside attack saw connections open at 120 s).
-
-    class Stuck(MemoryTransport):
-        aborted = False
-
-        def get_write_buffer_size(self) -> int:
-            return 3_866_624  # nothing of it taken
-
-        def abort(self) -> None:
-            self.aborted = True
+    # dropped (reset); one whose client took bytes (TCP acknowledged them) is not, whatever waits
+    # unsent. The bytes acknowledged when its writes paused are the mark: without one, the first look
+    # counted as progress, and a client that took nothing was dropped at the second, after twice the
+    # keep-alive time (150 s); measured by fewer bytes waiting unsent, a client reading 20 KB/s while
+    # answers were written as it read looked idle and was dropped (both outside attacks).
 
     class Clock:
         def __init__(self) -> None:
@@ -339,14 +371,20 @@ def test_a_client_that_takes_nothing_after_its_writes_pause_is_dropped_at_the_fi
         def call_later(self, delay: float, callback: Any) -> None:
             self.later.append(delay)
 
-    transport, clock = Stuck(), Clock()
+    sock = TcpInfo(acked=1_000_000)
+    transport, clock = Stuck(sock), Clock()
     pipeline = SimpleNamespace(transport=transport, active_at=0.0, write_paused=True, waiting=[], done=False, held=[])
     pipeline.clear_held = pipeline.held.clear
     deadline = IdleDeadline(pipeline, SimpleNamespace(request=None), clock)  # type: ignore[arg-type]
     deadline.writes_paused()
-    clock.now = KEEPALIVE_TIMEOUT + 1  # the first look, nothing taken since the writes paused
+    clock.now = KEEPALIVE_TIMEOUT + 1  # the first look
+    sock.acked += 20_000 if reads else 0
     deadline.fire()
-    assert transport.aborted and pipeline.done and clock.later == []
+    if reads:
+        assert not transport.aborted and clock.later == [KEEPALIVE_TIMEOUT]
+        clock.now += KEEPALIVE_TIMEOUT  # the next look, nothing more taken
+        deadline.fire()
+    assert transport.aborted and pipeline.done
 
 
 async def test_a_last_answers_linger_closes_a_connection_its_client_reset_meanwhile_and_raises_nothing() -> None:

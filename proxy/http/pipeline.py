@@ -469,7 +469,7 @@ class IdleDeadline:
         self._reader = reader
         self.loop = loop
         self.timer: asyncio.TimerHandle | None = None
-        self._unsent = 1 << 62  # none measured yet: the first idle check with bytes unsent counts as progress
+        self._acked = -1  # bytes its client had acknowledged at the last look; none yet: the first counts as progress
 
     def start(self) -> None:
         self.timer = self.loop.call_later(KEEPALIVE_TIMEOUT, self.fire)
@@ -479,10 +479,10 @@ class IdleDeadline:
             self.timer.cancel()
 
     def writes_paused(self) -> None:
-        """Its client's window is shut, or nearly: what waits unsent now is what its next look measures
-        progress by. Unmeasured, that look counted as progress, so a client that took nothing was
-        dropped after twice the keep-alive time (150 s, an outside attack), not once."""
-        self._unsent = unsent_bytes(self._pipeline.transport)
+        """Its client's window is shut, or nearly: what it has acknowledged now is what its next look
+        measures progress by. Unmeasured, that look counted as progress, so a client that took nothing
+        was dropped after twice the keep-alive time (150 s, an outside attack), not once."""
+        self._acked = tcp_info(self._pipeline.transport)[1]
 
     def linger(self, transport: asyncio.Transport) -> None:
         """The connection's last answer is written; it closes in stages (RFC 9112 9.6): the write side
@@ -512,9 +512,13 @@ class IdleDeadline:
         request = self._reader.request
         transport = pipeline.transport
         unsent = unsent_bytes(transport) if transport is not None else 0
-        if unsent and unsent < self._unsent:  # its client reads, slowly (a large answer): not idle
+        acked = tcp_info(transport)[1]
+        # Its client took bytes since the last look (TCP acknowledged them): it reads, slowly, not idle.
+        # Not "fewer bytes wait unsent": answers written as it reads kept those as many, and a client
+        # reading 20 KB/s was dropped.
+        if unsent and acked > self._acked:
             pipeline.active_at = self.loop.time()
-        self._unsent = unsent
+        self._acked = acked
         left = pipeline.active_at + KEEPALIVE_TIMEOUT - self.loop.time()
         busy = (
             pipeline.waiting
