@@ -133,6 +133,35 @@ async def test_a_finalized_block_whose_hash_changes_is_an_error_that_invalidates
     assert headers["X-Cache"] != "HIT"  # the old entry is left behind with the old epoch
 
 
+async def test_a_poll_that_shows_the_finalized_block_with_another_hash_makes_the_window_unsure_before_it_is_believed(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
+) -> None:
+    # Polls a second apart: the violation is believed at the third poll that shows it, two seconds on.
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="1")
+    address = anvil.deploy_store()
+    anvil.mine(70)
+    anvil.send(address, selector("setX(uint256)") + word(9))
+    head = anvil.mine(10)
+    await proxy.head_at(head)
+    window = storage(address, head - 2)  # above the finalized block (head - 64)
+    latest = {**storage(address, 0), "params": [address, "0x0", "latest"]}
+    for request in (window, latest):
+        await proxy.post(request)
+        _, body, headers = await proxy.post(request)
+        assert headers["X-Cache"] == "HIT" and body["result"] == "0x" + word(9)
+
+    anvil.rpc("anvil_reorg", 66, [])  # the finalized block and the write's, replaced by empty blocks
+
+    async def shown() -> bool:
+        return any("such polls in a row" in r.getMessage() for r in caplog.records)
+
+    await eventually(shown, 10, "a poll to show the finalized block's new hash")
+    # From that poll on, no block of the old window is served: it is asked as it is, uncached.
+    for request in (window, latest):
+        _, body, headers = await proxy.post(request)
+        assert body["result"] == "0x" + word(7) and headers["X-Cache"] != "HIT", (request, body, headers)
+
+
 async def test_an_upstream_that_shows_two_forks_in_turn_invalidates_nothing_and_leaves_head_tracking(
     caplog: pytest.LogCaptureFixture, make_proxy: ProxyFactory
 ) -> None:

@@ -25,6 +25,10 @@ FINALITY_EVIDENCE = 3
 FLIP_COOL = 300.0  # seconds an upstream that contradicted itself on a finalized block is not followed
 
 
+class Contested(TrackerError):
+    """A poll showed the finalized block with a new hash, not yet believed (FinalityWatch._corroborate)."""
+
+
 class FinalityWatch:
     def __init__(self, network: str, states: UpstreamStates | None, metrics: Metrics) -> None:
         self.network = network
@@ -71,6 +75,16 @@ class FinalityWatch:
             number,
         )
         return replace(old_head, stale=True, doubted=number)
+
+    def contested(self, head: Head | None, final: int) -> Head | None:
+        """The tracker's `head` once a poll showed its finalized block `final` with another hash that is
+        not yet believed: stale and doubted from there (as `doubted` makes it), so the window's blocks,
+        its hashes and the tags are asked as they are, uncached, until a poll settles it. Its final
+        blocks' entries are still served: the poll may be a node on another fork, and a real reorg
+        below finality moves the network to a new epoch once FINALITY_EVIDENCE polls show it."""
+        if head is None or head.doubted is not None:
+            return head
+        return replace(head, stale=True, doubted=final)
 
     def furthest(self, index: int) -> bool:
         """No other upstream serving the network is known to be further ahead than `index`."""
@@ -124,7 +138,7 @@ class FinalityWatch:
         seen = changed[3] + 1 if changed is not None and changed[:2] == (now.number, now.hash) else 1
         self._changed = (now.number, now.hash, changed[2] if changed and seen > 1 else upstream, seen)
         if seen < FINALITY_EVIDENCE:
-            raise TrackerError(
+            raise Contested(
                 f"upstream #{upstream} shows the finalized block {known.number} with another hash {now.hash} "
                 f"({seen} such polls in a row; a reorg below finality after {FINALITY_EVIDENCE})"
             )

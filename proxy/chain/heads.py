@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.chain.epochs import EpochKeeper, EpochStore
-from proxy.chain.finality import FinalityWatch
+from proxy.chain.finality import Contested, FinalityWatch
 from proxy.chain.forks import ForkGuard
 from proxy.chain.head_polls import (
     Behind,
@@ -254,6 +254,10 @@ class EvmHeadTracker:
             )
         except Behind as behind:
             self.head = self._finality.doubted(old_head, self.head, behind)  # a replaced block's: stale
+            raise
+        except Contested:
+            if known_final is not None:  # the window above a finalized block in doubt is unsure too
+                self.head = self._finality.contested(self.head, known_final.number)
             raise
         latest_a, safe_a, final_a = answers[:3]
         # A node without the finalized/safe tags: a configured depth below latest counts as final.
