@@ -26,9 +26,10 @@ FIELDS = (
     "total_ms",
     "upstream_ms",
 )
-# An API key is the path segment after /v3/; it is cut from every line written, whoever wrote it
-# (aiohttp quotes a malformed request line, key included, in its own error).
-_KEY_SEGMENT = re.compile(r"(/v3/)[^/\s'\"\\?#]+")
+# An API key is the path segment after /v3/ (in any case, after any slashes); it is cut from every
+# value of a line before the line is written, whoever wrote it (aiohttp quotes a malformed request
+# line, key included, in its own error), up to the next `/`, space, `?` or `#`: a key may hold quotes.
+_KEY_SEGMENT = re.compile(r"(/v3/+)[^/\s?#]+", re.IGNORECASE)
 
 
 # A URL's credentials (`redis+sentinel://user:password@h1:26379,h2:26379/...`, whatever the scheme
@@ -39,7 +40,7 @@ _URL_CREDENTIALS = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s]*@")
 def redacted(text: str) -> str:
     """Text fit for a log line: every /v3/<key> segment and every URL's credentials replaced, so no
     secret is written."""
-    if "/v3/" in text:
+    if "/v3/" in text or "/V3/" in text:
         text = _KEY_SEGMENT.sub(r"\1<key>", text)
     if "@" in text and "://" in text:
         text = _URL_CREDENTIALS.sub(r"\1<credentials>@", text)
@@ -48,6 +49,12 @@ def redacted(text: str) -> str:
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {f: getattr(record, f) for f in FIELDS if getattr(record, f, None) is not None}
+
+
+def _redacted_values(fields: dict[str, Any]) -> dict[str, Any]:
+    """Each text value redacted before the line is written (a key in the written line, escaped, could
+    not be told from what follows it)."""
+    return {k: redacted(v) if type(v) is str else v for k, v in fields.items()}
 
 
 class JsonFormatter(logging.Formatter):
@@ -61,7 +68,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return redacted(printable(orjson.dumps(entry).decode()))
+        return printable(orjson.dumps(_redacted_values(entry)).decode())
 
 
 # A logfmt value that needs no quotes: printable ASCII but space, `"`, `=` and `\`.
@@ -107,7 +114,7 @@ class TextFormatter(logging.Formatter):
         }
         if record.exc_info:
             fields["exc"] = self.formatException(record.exc_info)
-        return redacted(" ".join(f"{k}={logfmt_value(v)}" for k, v in fields.items()))
+        return " ".join(f"{k}={logfmt_value(v)}" for k, v in _redacted_values(fields).items())
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))

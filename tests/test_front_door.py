@@ -22,6 +22,7 @@ from web3 import AsyncHTTPProvider, AsyncWeb3
 
 from proxy import via
 from proxy.http.access_log import shown_path
+from proxy.logs import redacted
 from proxy.request_ids import IDS, RequestIds
 from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, settings_for, start_proxy
@@ -181,9 +182,10 @@ async def test_the_access_log_has_a_request_line_for_every_http_answer(
     answered: list[tuple[str, str, int, str]] = []
     try:
         with caplog.at_level(logging.INFO, logger="proxy.access"):
-            for method, path in (("POST", "/"), ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/nope")):
+            sent = (("POST", "/", "/"), ("GET", "/healthz", "/healthz"), ("GET", "/readyz", "/readyz"))
+            for method, path, logged in (*sent, ("GET", "/nope", "/<redacted>")):  # a path no route names: the client's
                 async with proxy.session.request(method, proxy.base + path, json=CHAIN_ID) as resp:
-                    answered.append((method, path, resp.status, resp.headers["X-Request-Id"]))
+                    answered.append((method, logged, resp.status, resp.headers["X-Request-Id"]))
             async with proxy.session.options(proxy.base + f"/v3/{secret}") as resp:
                 answered.append(("OPTIONS", "/v3/<key>", resp.status, resp.headers["X-Request-Id"]))
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
@@ -242,7 +244,7 @@ async def test_the_metrics_and_admin_ports_answer_with_a_request_id_a_request_li
                     rid, server = resp.headers.get("X-Request-Id", ""), resp.headers.get("Server", "")
                     assert (rid == sent.get("X-Request-Id")) if n % 2 else NEW_ID.fullmatch(rid), (path, rid)
                     assert "aiohttp" not in server and "Python" not in server, (path, server)
-                    answered.append((method, path, status, rid))
+                    answered.append((method, path.replace("/nope", "/<redacted>"), status, rid))
         lines = [
             (r.method, r.path, r.status, r.request_id)  # type: ignore[attr-defined]
             for r in caplog.records
@@ -254,10 +256,18 @@ async def test_the_metrics_and_admin_ports_answer_with_a_request_id_a_request_li
         await proxy.close()
 
 
-def test_a_logged_path_shows_no_key_nor_a_long_segment_that_may_be_one() -> None:
-    assert shown_path("/evm/ws/v3/sk-live-secret") == "/evm/ws/v3/<key>"
-    assert shown_path("/sk-live-0123456789abcdef/x") == "/<redacted>/x"
+def test_a_logged_path_shows_no_key_nor_any_segment_no_route_names() -> None:
+    assert shown_path("/evm/ws/v3/sk-live-secret", {"evm"}) == "/evm/ws/v3/<key>"
+    assert shown_path("/sk-live-0123456789abcdef/x") == "/<redacted>/<redacted>"
     assert shown_path("/healthz") == "/healthz" and shown_path("") is None
+    # A short key on a path next to a served one (an outside attack found each logged whole).
+    assert shown_path("/v3//key123") == "/v3//<key>" and shown_path("/ws/v3//key123") == "/ws/v3//<key>"
+    assert shown_path("/V3/key123") == "/V3/<key>" and shown_path("/v3/./key123") == "/v3/<key>/<redacted>"
+    assert shown_path("/key123/v3/x", {"evm"}) == "/<redacted>/v3/<key>"
+    # A key may hold quotes: it is cut whole, as every /v3/ segment of every line is.
+    assert shown_path("/v3/" + "A" * 20 + "'x9Q") == "/v3/<key>"
+    assert redacted("""Bad request line 'GET /v3/ab"c'd HTTP/1.1'""") == "Bad request line 'GET /v3/<key> HTTP/1.1'"
+    assert redacted("/V3//key123?x") == "/V3//<key>?x"
 
 
 async def test_eth_accounts_answered_by_the_proxy_costs_an_identity_reads_price(anvil: Anvil) -> None:

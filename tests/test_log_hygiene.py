@@ -36,6 +36,15 @@ class TestEscaping:
         assert printable_ascii(written), written
         assert parsed(written, fmt)["msg"] == FORGED
 
+    @pytest.mark.parametrize("fmt", ["text", "json"])
+    def test_a_key_that_holds_quotes_is_cut_whole_and_the_line_still_parses(self, fmt: str) -> None:
+        # A key may be any visible ASCII but / % ? # \: cut on the written line, the part after an
+        # escaped quote was left in it (an outside attack).
+        secret = """ab"cd'ef<x>"""
+        written = line(fmt, logging.WARNING, f"POST /v3/{secret} and /V3//{secret}")
+        assert "cd" not in written and "ef" not in written, written
+        assert parsed(written, fmt)["msg"] == "POST /v3/<key> and /V3//<key>"
+
     def test_a_value_with_a_last_newline_is_quoted_not_bare(self) -> None:
         assert logfmt_value("abc\n") == '"abc\\n"'
         assert logfmt_value("plain-1.2") == "plain-1.2"

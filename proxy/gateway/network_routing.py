@@ -50,6 +50,11 @@ class Router:
         self.host_routes.clear()
         self.default_routes.clear()
 
+    @property
+    def networks(self) -> Mapping[str, NetworkRuntime]:
+        """The networks served, by name (a reload changes them in place)."""
+        return self._networks
+
     def current(self, network: NetworkRuntime | None) -> NetworkRuntime | None:
         """The runtime in force for a network a connection named when it opened: a reload may have
         replaced it (its successor) or removed it (the unknown-network error)."""

@@ -13,9 +13,8 @@ forge) or X-Real-IP.
 from __future__ import annotations
 
 import logging
-import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 
 from aiohttp import web
 
@@ -23,7 +22,6 @@ from proxy.gateway.gateway import Gateway
 from proxy.http.endpoint import key_of
 from proxy.http.request_key import api_key
 from proxy.http.wire import Request
-from proxy.logs import redacted
 from proxy.request_ids import REQUEST_ID
 from proxy.values import Reply
 
@@ -32,17 +30,29 @@ log = logging.getLogger("proxy.access")
 UPSTREAM_SECONDS = web.ResponseKey("upstream_seconds", float)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# A path segment this long that is no /v3/ key may still be one (a key sent to the wrong path).
-_LONG_SEGMENT = re.compile(r"(?<=/)[^/]{16,}")
+# The words of the paths the proxy serves: a path's other segments are the client's (a key sent to
+# the wrong path, or in the wrong case, may be any of them) and are not shown.
+ROUTE_WORDS = frozenset({"v3", "ws", "healthz", "readyz", "metrics", "reload", "upstreams", "cordon", "uncordon"})
 MAX_PATH = 128
 
 
-def shown_path(path: str) -> str | None:
-    """A request's path fit for its line (pure): the key after /v3/ as `<key>`, any other segment of
-    16 characters or more `<redacted>`, at most 128 characters; None for none (a parser's 400)."""
+def shown_path(path: str, served: Container[str] = ()) -> str | None:
+    """A request's path fit for its line (pure): the first segment after a `v3` as `<key>`, the route's
+    words and the `served` networks' names as they are, any other segment `<redacted>`, at most 128
+    characters; None for none (a parser's 400)."""
     if not path:
         return None
-    return _LONG_SEGMENT.sub("<redacted>", redacted(path))[:MAX_PATH]
+    shown: list[str] = []
+    key_next = False
+    for segment in path[: MAX_PATH * 8].split("/"):
+        if key_next and segment:
+            shown.append("<key>")
+            key_next = False
+            continue
+        word = segment.lower()
+        shown.append(segment if not segment or word in ROUTE_WORDS or segment in served else "<redacted>")
+        key_next = key_next or word == "v3"
+    return "/".join(shown)[:MAX_PATH]
 
 
 def client_ip(request: web.Request, trusted_header: str | None) -> str | None:
@@ -63,13 +73,14 @@ def log_request(
     request_id: str | None,
     method: str | None = None,
     path: str | None = None,
+    served: Container[str] = (),
 ) -> None:
     log.info(
         "request",
         extra={
             "request_id": request_id,
             "method": method or None,
-            "path": shown_path(path or ""),
+            "path": shown_path(path or "", served),
             "key": key,
             "client": client,
             "status": status,
@@ -100,6 +111,7 @@ def log_front_request(
         request_id,
         request.method,
         request.path,
+        gateway.router.networks,
     )
 
 
@@ -131,6 +143,7 @@ def access_logged(gateway: Gateway, trusted_header: str | None) -> Callable[...,
                 REQUEST_ID.get(),
                 request.method,
                 request.path,
+                gateway.router.networks,
             )
 
     return log_answer
