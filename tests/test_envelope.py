@@ -220,6 +220,19 @@ async def test_wrong_http_method_and_unknown_paths_get_json_errors(evm_proxy: Pr
         assert resp.status == 404 and "error" in await resp.json()
 
 
+@pytest.mark.parametrize("path", ["/nowhere/v3/test-key", "/WS/v3/test-key", "/nowhere/ws/v3/test-key"])
+async def test_a_path_naming_a_network_not_served_is_404_whatever_the_method(evm_proxy: Proxy, path: str) -> None:
+    """Rule (errors.md): an unknown network is 404, as a POST to it is, never 405 (an outside attack)."""
+    for method in ("GET", "POST", "PUT"):
+        async with evm_proxy.session.request(method, evm_proxy.base + path, json=CHAIN_ID) as resp:
+            body = await resp.json()
+            assert resp.status == 404 and body["error"]["code"] == -32600, (method, resp.status, body)
+    upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13"}
+    headers = {**upgrade, "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    async with evm_proxy.session.get(evm_proxy.base + path, headers=headers) as resp:
+        assert resp.status == 404, (path, resp.status)
+
+
 @pytest.mark.parametrize("path", ["/ws/v3/test-key", "/evm/ws/v3/test-key", "/ws/v3"])
 async def test_a_post_to_a_websocket_path_is_405_naming_the_upgrade_and_the_http_path(
     evm_proxy: Proxy, path: str

@@ -16,7 +16,7 @@ from proxy import via
 from proxy.config import Settings
 from proxy.gateway.gateway import Gateway
 from proxy.http.access_log import UPSTREAM_SECONDS, access_logged
-from proxy.http.app_keys import SERVICE
+from proxy.http.app_keys import GATEWAY, SERVICE
 from proxy.http.endpoint import (
     BUSY_BODIES,
     NO_CHARGE,
@@ -65,7 +65,7 @@ def guarded(handler: Handler) -> Handler:
 
 async def fallback(request: web.Request) -> web.StreamResponse:
     """Any other path or HTTP method: a JSON-RPC error, not aiohttp's text page."""
-    return json_response(fallback_reply(request.path))
+    return json_response(fallback_reply(request.path, served=request.app[GATEWAY].router.networks))
 
 
 class BodyReader:

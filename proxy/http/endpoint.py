@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Coroutine, Mapping
+from collections.abc import Container, Coroutine, Mapping
 from functools import partial
 from typing import Any
 
@@ -73,10 +73,13 @@ def failure_reply(exc: Exception, path: str) -> Reply:
     return error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
 
 
-def fallback_reply(path: str, root_rpc: bool = False) -> Reply:
+def fallback_reply(path: str, root_rpc: bool = False, served: Container[str] | None = None) -> Reply:
     """Any other path or HTTP method: a JSON-RPC error, not a framework's text page. `root_rpc`: "/"
-    is a JSON-RPC path too (open mode)."""
+    is a JSON-RPC path too (open mode). `served`: the networks' names, where a path's network that is
+    none of them is the unknown path it is (404), whatever the method."""
     match = RPC_PATH.match(path)
+    if match is not None and served is not None and match[1] not in (None, "/ws") and match[1][1:] not in served:
+        match = None  # /<unknown network>/v3/..., /WS/v3/...
     if match is not None and (match[2] or match[1] == "/ws"):  # /<network>/ws/v3/..., /ws/v3/...
         return error_reply(websocket_only(), NO_CHARGE)
     if match is None and not (root_rpc and path == "/"):

@@ -139,7 +139,7 @@ class FrontRoutes:
                 return self.with_cors(self._not_upgraded(ws[1], ws[2], headers, path), headers)
             if path == "/" and self.root_rpc:
                 return self.with_cors(self._not_upgraded(None, None, headers, path), headers)
-        return self.with_cors(fallback_reply(path, self.root_rpc), headers)
+        return self.with_cors(fallback_reply(path, self.root_rpc, self.endpoint.gateway.router.networks), headers)
 
     def _not_upgraded(self, network: str | None, key: str | None, headers: Headers, path: str) -> Reply:
         """A GET of a WebSocket path without the upgrade: refused as the WebSocket handler refuses it."""
