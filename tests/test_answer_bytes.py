@@ -612,6 +612,7 @@ async def test_requests_a_client_that_left_waiting_for_room_are_not_made_for_nob
         assert after in ([set()] if leaves == "reset" else [{10}, {10, 11}]), "waiting requests made after it left"
     finally:
         reader.close()
+        left.close()
 
 
 async def test_keys_that_read_nothing_hold_the_process_bound_and_another_key_is_served_meanwhile(

@@ -76,6 +76,14 @@ class FinalityWatch:
         )
         return replace(old_head, stale=True, doubted=number)
 
+    def unsure(
+        self, old_head: Head | None, head: Head | None, failed: TrackerError, final: Header | None
+    ) -> Head | None:
+        """The tracker's `head` after a poll that `failed` with a Behind (doubted) or a Contested (contested)."""
+        if isinstance(failed, Behind):
+            return self.doubted(old_head, head, failed)
+        return self.contested(head, final.number) if final is not None else head
+
     def contested(self, head: Head | None, final: int) -> Head | None:
         """The tracker's `head` once a poll showed its finalized block `final` with another hash that is
         not yet believed: stale and doubted from there (as `doubted` makes it), so the window's blocks,

@@ -252,12 +252,8 @@ class EvmHeadTracker:
             answers, asker, latest, violated = await answered(
                 self._asker, self._upstream, self._states, calls, judge, max(self._interval, 1.0), old_head
             )
-        except Behind as behind:
-            self.head = self._finality.doubted(old_head, self.head, behind)  # a replaced block's: stale
-            raise
-        except Contested:
-            if known_final is not None:  # the window above a finalized block in doubt is unsure too
-                self.head = self._finality.contested(self.head, known_final.number)
+        except (Behind, Contested) as unsure:  # a replaced block's, or a finalized one's: stale
+            self.head = self._finality.unsure(old_head, self.head, unsure, known_final)
             raise
         latest_a, safe_a, final_a = answers[:3]
         # A node without the finalized/safe tags: a configured depth below latest counts as final.

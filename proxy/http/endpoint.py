@@ -78,8 +78,9 @@ def fallback_reply(path: str, root_rpc: bool = False, served: Container[str] | N
     is a JSON-RPC path too (open mode). `served`: the networks' names, where a path's network that is
     none of them is the unknown path it is (404), whatever the method."""
     match = RPC_PATH.match(path)
-    if match is not None and served is not None and match[1] not in (None, "/ws") and match[1][1:] not in served:
-        match = None  # /<unknown network>/v3/..., /WS/v3/...
+    network = match[1] if match is not None and (match[2] or match[1] != "/ws") else None
+    if network is not None and served is not None and network[1:] not in served:
+        match = None  # /<unknown network>/v3/..., /WS/v3/..., /ws/ws/v3/...
     if match is not None and (match[2] or match[1] == "/ws"):  # /<network>/ws/v3/..., /ws/v3/...
         return error_reply(websocket_only(), NO_CHARGE)
     if match is None and not (root_rpc and path == "/"):
