@@ -256,6 +256,29 @@ async def test_the_metrics_and_admin_ports_answer_with_a_request_id_a_request_li
         await proxy.close()
 
 
+async def test_a_broken_gzip_body_to_the_metrics_or_admin_port_is_answered_without_a_traceback(
+    anvil: Anvil, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Rule: bad input gets an answer and no traceback. Neither port reads a body, so none is decoded:
+    # aiohttp decoded one anyway and logged "Unhandled exception" with its traceback (an outside attack).
+    metrics, admin, token = free_port(), free_port(), "s3cret-admin-token-0123456789"
+    settings = settings_for(EVM_UPSTREAM=anvil.url, METRICS_PORT=str(metrics), ADMIN_PORT=str(admin), ADMIN_TOKEN=token)
+    proxy = await start_proxy(settings)
+    broken = b"Content-Encoding: gzip\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+    try:
+        with caplog.at_level(logging.ERROR):
+            for port, path, auth, status in (
+                (metrics, b"/metrics", b"", 405),
+                (admin, b"/reload", b"Authorization: Bearer %s\r\n" % token.encode(), 409),  # no NETWORKS_FILE
+            ):
+                head = b"POST %s HTTP/1.1\r\nHost: proxy\r\n%s" % (path, auth)
+                ((answered, _, _),) = await exchange(port, head + broken)
+                assert answered == status, (path, answered)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    finally:
+        await proxy.close()
+
+
 def test_a_logged_path_shows_no_key_nor_any_segment_no_route_names() -> None:
     assert shown_path("/evm/ws/v3/sk-live-secret", {"evm"}) == "/evm/ws/v3/<key>"
     assert shown_path("/sk-live-0123456789abcdef/x") == "/<redacted>/<redacted>"

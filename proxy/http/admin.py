@@ -224,13 +224,19 @@ async def start_admin(
     cordons = Cordons(runtimes, run_dir, index)
     cordons.load()
     runners = []
-    public = web.AppRunner(admin_app(runtimes, reload_networks, cordons, settings.admin_token, app), access_log=None)
+    public = web.AppRunner(
+        admin_app(runtimes, reload_networks, cordons, settings.admin_token, app), access_log=None, auto_decompress=False
+    )
     await public.setup()
     site = web.TCPSite(public, settings.admin_host, settings.admin_port, reuse_port=run_dir is not None)
     await bind(site, Listener("ADMIN_PORT", settings.admin_host, settings.admin_port))
     runners.append(public)
     if run_dir is not None:
-        own = web.AppRunner(admin_app(runtimes, reload_networks, cordons, None, web.Application()), access_log=None)
+        own = web.AppRunner(
+            admin_app(runtimes, reload_networks, cordons, None, web.Application()),
+            access_log=None,
+            auto_decompress=False,
+        )
         await own.setup()
         await web.UnixSite(own, os.path.join(run_dir, f"admin-{index}.sock")).start()
         runners.append(own)

@@ -263,7 +263,7 @@ async def start_metrics_listener(
     exposition: Exposition, app: web.Application, host: str, port: int, *, reuse_port: bool = False
 ) -> web.AppRunner:
     """METRICS_PORT, served by `app`: one that answers as the public port does (aiohttp_routes.answering_app)."""
-    runner = web.AppRunner(metrics_app(exposition, app), access_log=None)
+    runner = web.AppRunner(metrics_app(exposition, app), access_log=None, auto_decompress=False)
     await runner.setup()
     await bind(web.TCPSite(runner, host, port, reuse_port=reuse_port), Listener("METRICS_PORT", host, port))
     return runner
@@ -271,7 +271,7 @@ async def start_metrics_listener(
 
 async def start_unix_metrics(exposition: Exposition, path: str) -> web.AppRunner:
     """A worker's own registry, for the sibling that merges a scrape (WORKERS > 1)."""
-    runner = web.AppRunner(metrics_app(exposition, web.Application()), access_log=None)
+    runner = web.AppRunner(metrics_app(exposition, web.Application()), access_log=None, auto_decompress=False)
     await runner.setup()
     await web.UnixSite(runner, path).start()
     return runner
