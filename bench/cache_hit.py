@@ -133,9 +133,11 @@ def listening(port: int) -> bool:
         return False
 
 
-def start(cmd: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    cmd: list[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(SERVER_CPUS)
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(SERVER_CPUS)
     )
     wait_until(lambda: listening(port), 20, " ".join(cmd[:3]))
     return proc
