@@ -20,6 +20,7 @@ from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
 from proxy.file_trust import check_trusted
 from proxy.host_names import host_name, is_host_field
 from proxy.options import MAX_CREDITS, ConfigError, _csv, _upstream_urls
+from proxy.origins import ORIGIN, origin_form
 from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.methods import FAMILIES, Family
 
@@ -409,12 +410,11 @@ _KEY_FIELDS = (
     "allowed_addresses",
 )
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
-_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s]+")
 
 
 # field -> (how one entry is written, its pattern once normalised, the normaliser)
 _LISTS: dict[str, tuple[str, re.Pattern[str], Callable[[str], str]]] = {
-    "allowed_origins": ("origins such as https://app.example", _ORIGIN, lambda i: i.rstrip("/").lower()),
+    "allowed_origins": ("origins such as https://app.example", ORIGIN, origin_form),
     "allowed_methods": ("method names", METHOD_NAME, lambda i: i),
     "allowed_addresses": ("20-byte 0x addresses", _ADDRESS, str.lower),
 }

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+from proxy import cpus
+from proxy.origins import not_an_origin
 from proxy.redis_topology import BadRedisUrl, single_url, topology_of
 from proxy.rpc.methods import SOLANA_PUBSUB
 
@@ -133,8 +134,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
     Option(
         "WORKERS",
-        "worker processes sharing the port, each with its own memory tier; auto: one per CPU "
-        "(default 1: one process, no supervisor)",
+        "worker processes sharing the port, each with its own memory tier; auto: one per CPU the "
+        "process may use (its affinity, at most its container's CPU limit) (default 1: one process, no supervisor)",
     ),
     Option(
         "EVENT_LOOP",
@@ -295,11 +296,12 @@ OPTION_NAMES = frozenset(o.env for o in OPTIONS)
 # handed on (a Redis socket timeout) or a check never comes round (HEAD_POLL_INTERVAL=1e300).
 MAX_SECONDS = 86_400.0
 # Credits are counted as doubles in Redis' Lua scripts: past 2**53 a count is rounded.
-MAX_CREDITS = 2**53
+MAX_CREDITS = MAX_WHOLE = 2**53  # MAX_WHOLE: any other count or size (each is a C integer somewhere)
+MAX_MESSAGE_BYTES = 2**31
 
 
-def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: str = "") -> int:
-    """A whole number from `low` (0 or 1) to `high` (None: no bound)."""
+def _whole(name: str, raw: str, low: int, high: int = MAX_WHOLE, high_text: str = "2**53") -> int:
+    """A whole number from `low` (0 or 1) to `high`."""
     try:
         value = int(_ascii_digits(raw))
     except ValueError:
@@ -309,8 +311,8 @@ def _whole(name: str, raw: str, low: int, high: int | None = None, high_text: st
         raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
     if value < low:
         raise ConfigError(f"{name} must be {'0 or greater' if low == 0 else 'greater than 0'}, got {raw!r}")
-    if high is not None and value > high:
-        raise ConfigError(f"{name} must be at most {high_text or high}, got {raw!r}")
+    if value > high:
+        raise ConfigError(f"{name} must be at most {high_text}, got {raw!r}")
     return value
 
 
@@ -352,6 +354,11 @@ def _positive_int(name: str, raw: str) -> int:
     return _whole(name, raw, 1)
 
 
+def _message_bytes(name: str, raw: str) -> int:  # aiohttp's WebSocket reader takes it as a C unsigned int
+
+    return _whole(name, raw, 1, MAX_MESSAGE_BYTES, "2**31 (aiohttp's WebSocket reader takes a 32-bit size)")
+
+
 def _zero_or_positive_int(name: str, raw: str) -> int:  # 0: off, no cap, or free
     return _whole(name, raw, 0)
 
@@ -386,12 +393,21 @@ def _port(name: str, raw: str) -> int:
 
 def _workers(name: str, raw: str) -> int:
     if raw.strip().lower() == "auto":
-        return os.cpu_count() or 1
+        return cpus.usable_cpus()
     return _positive_int(name, raw)
 
 
 def _csv(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _origins(name: str, raw: str) -> tuple[str, ...]:
+    """CORS_ALLOW_ORIGINS: `*`, or origins a browser sends (`https://app.example`); an entry that is
+    neither never matches (`app.example` has no scheme), so no page could call the proxy."""
+    origins = _csv(raw)
+    if (bad := not_an_origin(origins)) is not None:
+        raise ConfigError(f"{name} must be * or origins such as https://app.example, got {bad[:100]!r}")
+    return origins
 
 
 def _url_parts(name: str, index: int, url: str) -> SplitResult:
@@ -405,15 +421,19 @@ def _url_parts(name: str, index: int, url: str) -> SplitResult:
 
 
 def _upstream_urls(name: str, urls: Any) -> tuple[str, ...]:
+    return _urls(name, urls, ("http", "https"), "upstream #{} is not an http(s) URL")
+
+
+def _urls(name: str, urls: Any, schemes: tuple[str, str], refusal: str) -> tuple[str, ...]:
     if isinstance(urls, str):
         urls = _csv(urls)
     if not isinstance(urls, (list, tuple)) or not all(isinstance(u, str) for u in urls):
         raise ConfigError(f"{name} must be a list of URLs")
     for index, url in enumerate(urls):
         parts = _url_parts(name, index, url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in schemes or not parts.hostname:
             # Never echo the URL: it may carry a provider's secret key.
-            raise ConfigError(f"{name}: upstream #{index} is not an http(s) URL")
+            raise ConfigError(f"{name}: {refusal.format(index)}")
     return tuple(urls)
 
 
@@ -428,13 +448,7 @@ def _redis_url(name: str, raw: str) -> str:
 
 
 def _ws_urls(name: str, urls: Any) -> tuple[str, ...]:
-    if isinstance(urls, str):
-        urls = _csv(urls)
-    for index, url in enumerate(urls):
-        parts = _url_parts(name, index, url)
-        if parts.scheme not in ("ws", "wss") or not parts.hostname:
-            raise ConfigError(f"{name}: WebSocket upstream #{index} is not a ws(s) URL")
-    return tuple(urls)
+    return _urls(name, urls, ("ws", "wss"), "WebSocket upstream #{} is not a ws(s) URL")
 
 
 # The kinds SUBSCRIPTION_CREDITS may price: its own rows, EVM's relayed `syncing`, and Solana's
@@ -470,7 +484,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DEFAULT_CREDITS": ("default_credits", _zero_or_credits),
     "MAX_BATCH_SIZE": ("max_batch_size", _positive_int),
     "MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
-    "WS_MAX_MESSAGE_BYTES": ("ws_max_message_bytes", _positive_int),
+    "WS_MAX_MESSAGE_BYTES": ("ws_max_message_bytes", _message_bytes),
     "WS_MAX_INFLIGHT": ("ws_max_inflight", _positive_int),
     "UPSTREAM_TIMEOUT": ("upstream_timeout", _seconds),
     "UPSTREAM_BATCH_MAX": ("upstream_batch_max", _positive_int),
@@ -487,7 +501,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GETLOGS_MAX_PARAMS": ("getlogs_max_params", _positive_int),
     "GETLOGS_CHUNK_BLOCKS": ("getlogs_chunk_blocks", _zero_or_positive_int),
     "GETLOGS_CHUNK_CONCURRENCY": ("getlogs_chunk_concurrency", _positive_int),
-    "MAX_RESPONSE_BYTES": ("max_response_bytes", _positive_int),
+    "MAX_RESPONSE_BYTES": ("max_response_bytes", _message_bytes),
     "UPSTREAM_KEY_CONCURRENCY": ("upstream_key_concurrency", _zero_or_positive_int),
     "CACHE_KEY_BYTES_PER_MINUTE": ("cache_key_bytes_per_minute", _zero_or_positive_int),
     "GAS_CAP_MULTIPLIER": ("gas_cap_multiplier", _positive_int),
@@ -527,7 +541,7 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WS_IDLE_TIMEOUT": ("ws_idle_timeout", _seconds),
     "MAX_FILTERS_PER_KEY": ("max_filters_per_key", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
-    "CORS_ALLOW_ORIGINS": ("cors_allow_origins", lambda _n, v: _csv(v)),
+    "CORS_ALLOW_ORIGINS": ("cors_allow_origins", _origins),
     "COMPRESS_MIN_BYTES": ("compress_min_bytes", _zero_or_positive_int),
     "COMPRESS_CACHE_BYTES": ("compress_cache_bytes", _positive_int),
     "TRUSTED_PROXY_HEADER": ("trusted_proxy_header", lambda _n, v: v.strip()),

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import gzip
 import json
-import os
 import select
 import socket
 import struct
@@ -23,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.config import build_settings
+from proxy.cpus import usable_cpus
 from proxy.http.answer_bytes import Account, AnswerBytes, Estimate, key_share
 from proxy.http.endpoint import RpcEndpoint
 from proxy.http.first_answers import PER_KEY, FirstAnswers, key_most
@@ -825,7 +825,7 @@ def test_each_worker_holds_a_key_to_its_even_share_of_the_per_key_bound(workers:
     )
     gateway = SimpleNamespace(open_mode=True, open_hit_headers={})
     endpoint = RpcEndpoint(gateway, Metrics(CollectorRegistry()), settings, None)  # type: ignore[arg-type]
-    expected = share if share is not None else -(-24_000_000 // (os.cpu_count() or 1))
+    expected = share if share is not None else -(-24_000_000 // usable_cpus())
     assert endpoint.answer_bytes.per_key == key_share(24_000_000, settings.workers) == expected
     assert key_share(10, 3) == 4 and key_share(10, 4) == 3 and key_share(1, 16) == 1  # rounded up
 

@@ -12,6 +12,7 @@ import pytest
 
 from proxy.cli import main
 from proxy.config import ConfigError, build_settings
+from proxy.options import _SCALARS, _positive_int, _zero_or_positive_int
 from tests.test_cli_and_logs import clean_env
 
 UPSTREAM = {"EVM_UPSTREAM": "http://127.0.0.1:1"}
@@ -161,6 +162,51 @@ def test_a_duration_of_one_day_is_kept() -> None:
 def test_credits_are_at_most_2_to_the_53(setting: str, value: str) -> None:
     """Rule: credits are counted as doubles in Redis: every credit setting is at most 2**53."""
     assert "must be at most 2**53" in refused(**{setting: value})
+
+
+WHOLE_NUMBER_SETTINGS = sorted(
+    name for name, (_, parse) in _SCALARS.items() if parse in (_positive_int, _zero_or_positive_int)
+)
+
+
+@pytest.mark.parametrize("setting", WHOLE_NUMBER_SETTINGS)
+def test_every_whole_number_setting_is_at_most_2_to_the_53(setting: str) -> None:
+    """Rule: a count or size setting is at most 2**53: each is handed on as a C integer somewhere."""
+    assert len(WHOLE_NUMBER_SETTINGS) > 20
+    assert f"{setting} must be at most 2**53, got '{2**64}'" in refused(**{setting: str(2**64)})
+
+
+@pytest.mark.parametrize("setting", ["WS_MAX_MESSAGE_BYTES", "MAX_RESPONSE_BYTES"])
+def test_a_websocket_messages_bound_is_at_most_2_to_the_31(setting: str) -> None:
+    """Rule: the bounds aiohttp's WebSocket reader takes (ours, and an upstream WebSocket's) are at
+    most 2**31: WS_MAX_MESSAGE_BYTES=2**64 passed `check`, then every WebSocket closed at once with an
+    OverflowError and a traceback (an outside attack)."""
+    assert f"{setting} must be at most 2**31" in refused(**{setting: str(2**31 + 1)})
+    assert getattr(build_settings({**UPSTREAM, setting: str(2**31)}), setting.lower()) == 2**31
+
+
+def test_check_refuses_a_ws_max_message_bytes_past_its_bound_with_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "check", "--offline"],
+        env=clean_env(**UPSTREAM, WS_MAX_MESSAGE_BYTES=str(2**64)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "WS_MAX_MESSAGE_BYTES must be at most 2**31" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["app.example", "garbage", "None", "5,6", "https://ok.example,app.example"])
+def test_cors_origins_that_no_browser_sends_are_refused(value: str) -> None:
+    """Rule: CORS_ALLOW_ORIGINS takes `*` or origins as browsers send them (scheme://host[:port]), as
+    a keys file's allowed_origins does: `app.example` never matched, and no page could call the proxy."""
+    assert "CORS_ALLOW_ORIGINS must be * or origins such as https://app.example" in refused(CORS_ALLOW_ORIGINS=value)
+
+
+def test_cors_origins_as_browsers_send_them_are_kept() -> None:
+    settings = build_settings({**UPSTREAM, "CORS_ALLOW_ORIGINS": "https://app.example, http://localhost:3000/, *"})
+    assert settings.cors_allow_origins == ("https://app.example", "http://localhost:3000/", "*")
 
 
 def test_a_keys_file_daily_credits_past_2_to_the_53_are_refused(tmp_path: Path) -> None:

@@ -73,6 +73,18 @@ async def test_a_message_of_exactly_ws_max_message_bytes_is_served_and_one_byte_
                 assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
 
 
+async def test_the_largest_ws_max_message_bytes_allowed_still_serves_websockets(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    # Rule: WS_MAX_MESSAGE_BYTES is at most 2**31. 2**64 passed `check` and `serve` started, then
+    # every WebSocket closed at once: aiohttp's reader takes the limit as a C unsigned int (an
+    # OverflowError and a traceback per connection, an outside attack).
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, WS_MAX_MESSAGE_BYTES=str(2**31), MAX_RESPONSE_BYTES=str(2**31))
+    async with proxy.session.ws_connect(proxy.ws_url()) as ws:
+        await ws.send_str(json.dumps(CHAIN_ID))
+        assert json.loads((await ws.receive(timeout=5)).data)["result"] == "0x7a69"
+
+
 async def test_websocket_connections_are_counted_while_open(evm_proxy: Proxy) -> None:
     async with evm_proxy.session.ws_connect(evm_proxy.ws_url()) as ws:
         await ws.send_str(json.dumps(CHAIN_ID))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,12 +24,14 @@ from eth_utils import keccak
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from proxy.config import ConfigError, build_settings
+from proxy.cpus import cgroup_quota, usable_cpus
 from proxy.supervisor import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay
 from proxy.values import Answer
 from proxy.workers.metrics_merge import merged, render
 from proxy.workers.shared_polls import SharedPolls, aligned_delay, fresh_answers
 from tests.fault_relay import FaultRelay
 from tests.support import CONTRACTS, DEV_ACCOUNT, Anvil, eventually, free_port, word
+from tests.test_cli_and_logs import clean_env
 from tests.test_observability import promtool
 
 # --- pure decisions ----------------------------------------------------------------------
@@ -53,9 +57,9 @@ def test_a_start_up_error_stops_the_supervisor_instead_of_a_restart_loop() -> No
     assert exit_status(None) == 0 and exit_status(2) == 2
 
 
-def test_workers_auto_is_one_per_cpu_and_keyed_workers_need_a_shared_ledger() -> None:
+def test_workers_auto_is_one_per_usable_cpu_and_keyed_workers_need_a_shared_ledger() -> None:
     base = {"EVM_UPSTREAM": "http://127.0.0.1:1"}
-    assert build_settings({**base, "WORKERS": "auto"}).workers == (os.cpu_count() or 1)
+    assert build_settings({**base, "WORKERS": "auto"}).workers == usable_cpus()
     assert build_settings(base).workers == 1
     with pytest.raises(ConfigError, match="shared credit ledger"):
         build_settings({**base, "WORKERS": "2", "API_KEYS": "secret"})
@@ -462,3 +466,52 @@ async def test_event_loop_uvloop_serves_and_drains_through_the_real_cli(relay: F
     finally:
         returncode, log = await _stop(running)
     assert returncode == 0, log
+
+
+class TestUsableCpus:
+    """WORKERS=auto counts the CPUs the process may use, not the host's: a container allowed 2 CPUs on
+    a 64-core node starts 2 workers, not 64 (each with its own memory tier, past the pod's memory)."""
+
+    def test_a_cgroup_quota_is_cpus_and_none_is_no_quota(self) -> None:
+        assert cgroup_quota({"cpu.max": "200000 100000\n"}) == 2.0
+        assert cgroup_quota({"cpu.max": "150000 100000"}) == 1.5
+        assert cgroup_quota({"cpu.max": "max 100000\n"}) is None
+        assert cgroup_quota({"cpu.cfs_quota_us": "50000\n", "cpu.cfs_period_us": "100000\n"}) == 0.5
+        assert cgroup_quota({"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"}) is None
+        assert cgroup_quota({"cpu.max": "garbage"}) is None and cgroup_quota({"cpu.max": "5 0"}) is None
+        assert cgroup_quota({}) is None
+
+    def test_the_quota_of_its_own_cgroup_bounds_the_affinity_rounded_down_and_at_least_one(
+        self, tmp_path: Path
+    ) -> None:
+        affinity = len(os.sched_getaffinity(0))
+        own = tmp_path / "cgroup"
+        (tmp_path / "fs" / "kubepods" / "pod1").mkdir(parents=True)
+        own.write_text("0::/kubepods/pod1\n")
+        (tmp_path / "fs" / "kubepods" / "pod1" / "cpu.max").write_text("100000 100000\n")
+        assert usable_cpus(str(tmp_path / "fs"), str(own)) == 1
+        (tmp_path / "fs" / "kubepods" / "pod1" / "cpu.max").write_text("20000 100000\n")  # 0.2 CPU: still one
+        assert usable_cpus(str(tmp_path / "fs"), str(own)) == 1
+        (tmp_path / "fs" / "kubepods" / "pod1" / "cpu.max").write_text("max 100000\n")
+        assert usable_cpus(str(tmp_path / "fs"), str(own)) == affinity
+        # cgroup v1, seen from inside the container's namespace ("/"): the hierarchy's root files.
+        (tmp_path / "v1" / "cpu").mkdir(parents=True)
+        own.write_text("4:memory:/x\n1:cpu,cpuacct:/\n")
+        (tmp_path / "v1" / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+        (tmp_path / "v1" / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+        assert usable_cpus(str(tmp_path / "v1"), str(own)) == 1
+        assert usable_cpus(str(tmp_path / "none"), str(tmp_path / "missing")) == affinity
+
+    @pytest.mark.skipif(not shutil.which("taskset"), reason="taskset (util-linux) not installed")
+    def test_check_plans_one_worker_for_a_process_allowed_one_cpu(self, tmp_path: Path) -> None:
+        cpu = min(os.sched_getaffinity(0))
+        result = subprocess.run(
+            ["taskset", "-c", str(cpu), sys.executable, "-m", "proxy", "check", "--offline"],
+            env=clean_env(WORKERS="auto", EVM_UPSTREAM="http://127.0.0.1:1"),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert re.search(r"^\s*workers\s*=\s*1$", result.stdout, re.M), result.stdout
