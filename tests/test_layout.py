@@ -45,6 +45,8 @@ FLOORS: list[list[str]] = [
         "hedging.py",
         "request_ids.py",
         "memory_limit.py",
+        "cpus.py",
+        "origins.py",
         "__init__.py",
     ],
 ]
