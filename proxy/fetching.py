@@ -114,6 +114,9 @@ class Fetcher:
         if ttl is not None and verdict != PROVEN and ap.other_item(plan.method, plan.forward, answer.result):
             self._metrics.uncached_answers.labels(net.name, "other_item").inc()  # unproven: prove() refutes it
             return _told(net, plan, answer), False  # another block, transaction or receipt than asked for: never kept
+        if ttl is not None and self._reads.past_result_limit(policy, answer):
+            self._metrics.uncached_answers.labels(net.name, "too_many_results").inc()
+            return _told(net, plan, answer), True  # its key's: served to the merge, never kept
         if ttl is not None and self._cache.shared is None:
             self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
         elif ttl is not None:

@@ -152,6 +152,26 @@ async def test_more_than_the_limit_over_the_merged_answer_is_minus_32005_with_no
     assert 0 < len(logs) <= 30 and cache == "HIT"  # its chunks were held
 
 
+async def test_a_chunk_past_the_limit_is_never_kept_for_a_call_of_exactly_its_range(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a piece is asked without the result limit (the merged call counts its own), so one past
+    it is never kept: a later call of exactly its range was served it from the cache, 27,000 logs
+    past a 10,000 limit (an outside attack)."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_MAX_RESULTS="15")
+    chain = await build(anvil, proxy)  # 2 logs every 10 blocks: 20 in the chunk [0, 99]
+    assert len(chain.anvil.rpc("eth_getLogs", logs_filter(chain, 0, CHUNK - 1))) > 15
+    for first, last in ((0, 150), (0, CHUNK - 1), (0, CHUNK - 1)):  # a chunked call asks the chunk [0, 99] whole
+        call = {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [logs_filter(chain, first, last)]}
+        status, body, _ = await proxy.post(call)
+        assert status == 200 and body.get("error") == {"code": -32005, "message": "query returned more than 15 results"}
+    assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="too_many_results") >= 1
+    within = logs_filter(chain, 0, 49)  # a range within the limit, cut from that chunk: the node's answer
+    for _ in range(2):
+        logs, _ = await get_logs(chain, within)
+        assert logs == chain.anvil.rpc("eth_getLogs", within) and 0 < len(logs) <= 15
+
+
 async def test_a_slow_chunk_makes_the_whole_call_hit_the_time_limit(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     relay = await FaultRelay(anvil.url).start()
     proxy = await make_proxy(EVM_UPSTREAM=relay.url, GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_TIMEOUT="1")

@@ -271,6 +271,41 @@ async def test_another_item_in_place_of_the_transaction_asked_for_is_never_kept_
         await liar.close()
 
 
+@pytest.mark.parametrize("case", ["a block outside the range", "another address", "another block hash"])
+async def test_logs_outside_their_filter_are_never_kept_where_no_proof_runs(
+    anvil: Anvil, tmp_path: Path, case: str
+) -> None:
+    """Rule: an eth_getLogs answer is of its filter before it is kept, as an item is the one asked
+    for: with verify = "off", a node's logs of another block, address or block hash (its own, whole
+    and true) were kept forever and served as hits (an outside attack)."""
+    _, n = _store_with_logs(anvil)
+    anvil.mine(2)
+    logs = anvil.rpc("eth_getLogs", {"fromBlock": hex(n), "toBlock": hex(n)})
+    assert len(logs) == 3
+    log_filter = {
+        "a block outside the range": {"fromBlock": hex(n + 1), "toBlock": hex(n + 2)},
+        "another address": {"fromBlock": hex(n), "toBlock": hex(n), "address": "0x" + "11" * 20},
+        "another block hash": {"blockHash": anvil.rpc("eth_getBlockByNumber", hex(n + 1), False)["hash"]},
+    }[case]
+    truth = anvil.rpc("eth_getLogs", log_filter)
+    assert truth == []
+    liar = await LyingRelay(anvil.url, "result", results={"eth_getLogs": logs}).start()
+    try:
+        async with _proxy(tmp_path, [liar.url], verify="off") as proxy:
+            await _final(anvil, proxy, n + 2)
+            told, cache, _ = await _ask(proxy, "eth_getLogs", [log_filter])
+            assert told == logs and cache != "HIT"
+            assert (await _ask(proxy, "eth_getLogs", [log_filter]))[1] != "HIT"
+            # (by a block hash not shown canonical beside it, `unverified` comes first)
+            reason = "unverified" if "blockHash" in log_filter else "other_item"
+            assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason=reason) == 2
+            liar.lie = None
+            assert (await _ask(proxy, "eth_getLogs", [log_filter]))[:2] == (truth, "MISS")
+            assert (await _ask(proxy, "eth_getLogs", [log_filter]))[:2] == (truth, "HIT")
+    finally:
+        await liar.close()
+
+
 @pytest.mark.parametrize(
     ("method", "case"),
     [

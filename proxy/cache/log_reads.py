@@ -162,6 +162,8 @@ class LogReads:
         answer = Answer.from_response({"result": logs})
         if plan.check_results:
             self.check_results(plan.forward, answer)
+        elif len(logs) > self._max_results:
+            return answer.payload, False  # a chunked call's piece past the limit: never kept (Reads.past_result_limit)
         ttl = cp.store_ttl(plan.decision, policy.cache, "ok", self._ttls)
         if ttl is not None:
             await self._cache.set(plan.key, (answer.payload, False), ttl)

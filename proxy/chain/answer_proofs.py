@@ -316,6 +316,8 @@ def other_item(method: str, params: Any, result: Any) -> str | None:
     number or index), or None: a node may answer with another one, whole and true of its own block.
     A param that names nothing to compare (a tag) is not compared."""
     params = params if isinstance(params, list) else []
+    if method == "eth_getLogs":
+        return log_outside(params[0] if params else None, result)
     fields = BLOCK_FIELDS.get(method)
     if fields is not None:
         asked = _block_param(params[0]) if params else None
@@ -332,6 +334,53 @@ def other_item(method: str, params: Any, result: Any) -> str | None:
         asked = _block_param(params[position]) if len(params) > position else None
         if asked is not None and _block_param(result.get(name)) != asked:
             return name
+    return None
+
+
+def log_outside(log_filter: Any, logs: Any) -> str | None:
+    """The field by which a log of an eth_getLogs answer is outside its filter (a block before
+    `fromBlock` or past `toBlock`, another `blockHash`, an address or a topic not asked for), or None.
+    A node on another block or chain, or one that ignored the filter, answers so; no proof is needed
+    to see it. A tag (a bound not yet a number) is not compared."""
+    if not isinstance(log_filter, dict) or not isinstance(logs, list):
+        return None
+    by_hash = _block_param(log_filter.get("blockHash"))
+    low, high = _block_param(log_filter.get("fromBlock")), _block_param(log_filter.get("toBlock"))
+    addresses = _lowered(log_filter.get("address"))
+    topics = log_filter.get("topics")
+    wanted = [_lowered(t) for t in topics] if isinstance(topics, list) else []
+    for log in logs:
+        if not isinstance(log, dict):
+            return "log"
+        if isinstance(by_hash, str) and _block_param(log.get("blockHash")) != by_hash:
+            return "blockHash"
+        if isinstance(low, int) or isinstance(high, int):
+            number = _block_param(log.get("blockNumber"))
+            if (
+                not isinstance(number, int)
+                or (isinstance(low, int) and number < low)
+                or (isinstance(high, int) and number > high)
+            ):
+                return "blockNumber"
+        if addresses is not None and str(log.get("address", "")).lower() not in addresses:
+            return "address"
+        got = log.get("topics")
+        if not wanted:
+            continue
+        if not isinstance(got, list) or len(got) < len(wanted):
+            return "topics"
+        for position, allowed in enumerate(wanted):
+            if allowed is not None and str(got[position]).lower() not in allowed:
+                return "topics"
+    return None
+
+
+def _lowered(value: Any) -> frozenset[str] | None:
+    """A filter's address or topic position as the set of lower-cased values it allows; None: any."""
+    if isinstance(value, str):
+        return frozenset((value.lower(),))
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return frozenset(v.lower() for v in value)
     return None
 
 
