@@ -51,6 +51,7 @@ UNFINAL = "unfinal"
 UNCHECKED = "unchecked"
 LOGS_MAX_BLOCKS = 2000  # headers read to check one eth_getLogs answer (a chunk of the default 1000 fits)
 LOGS_MAX_CHECKED = 32  # blocks whose receipts are asked to check one eth_getLogs answer
+BLOOMS_PER_TURN = 100  # blooms checked against a filter in one turn of the event loop
 
 
 class Verifier:
@@ -290,14 +291,15 @@ class Verifier:
         )
         if isinstance(named, str) and "0x" + headers[first][0].hash.hex() != named.lower():
             return UNPROVEN  # the hash is not the chain's block at that height
-        addresses, topics = log_filter.get("address"), log_filter.get("topics")
-        addresses = [addresses] if isinstance(addresses, str) else addresses
         checked = set(shown)
         if complete:
-            for n, (_header, fields) in headers.items():
+            bits = bloom.FilterBits(log_filter.get("address"), log_filter.get("topics"))
+            for i, (n, (_header, fields)) in enumerate(headers.items(), 1):
                 filled = bloom.parse(fields.get("logsBloom"))
-                if filled is None or bloom.may_match(filled, addresses, topics):
+                if filled is None or bits.may_match(filled):
                     checked.add(n)
+                if i % BLOOMS_PER_TURN == 0:
+                    await asyncio.sleep(0)  # a filter of thousands of values: other calls go on between
         if len(checked) > LOGS_MAX_CHECKED:
             return UNCHECKED
         order = sorted(checked)

@@ -5,6 +5,7 @@ leaves a log out of eth_getLogs answers is the lying upstream; Anvil is the hone
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,12 @@ def _bloom_of(*values: str) -> bytes:
     return bytes(raw)
 
 
+def _one(filled: bytes, position: Any) -> bool:
+    """A filter's address or topic position against a bloom, each value looked up alone."""
+    position = [position] if isinstance(position, str) else position
+    return not position or any(bloom.contains(filled, v) for v in position)
+
+
 class TestBloom:
     ADDRESS = "0x" + "11" * 20
     TOPIC = "0x" + "22" * 32
@@ -34,9 +41,23 @@ class TestBloom:
 
     def test_a_filter_may_match_only_a_block_whose_bloom_has_its_address_and_topics(self) -> None:
         filled = _bloom_of(self.ADDRESS, self.TOPIC)
-        assert bloom.may_match(filled, [self.ADDRESS], [[self.TOPIC], None])
-        assert not bloom.may_match(filled, ["0x" + "33" * 20], None)
-        assert not bloom.may_match(filled, None, [["0x" + "44" * 32]])
+        assert bloom.FilterBits([self.ADDRESS], [[self.TOPIC], None]).may_match(filled)
+        assert not bloom.FilterBits(["0x" + "33" * 20], None).may_match(filled)
+        assert not bloom.FilterBits(None, [["0x" + "44" * 32]]).may_match(filled)
+
+    def test_a_filters_masks_match_as_each_value_looked_up_alone_does(self) -> None:
+        """Rule: FilterBits hashes each value once and decides as bloom.contains per value would: an
+        address among those asked, and for each topic position one of its values (a lone string is
+        one value; null, absent or empty allows any; a value not hex matches nothing)."""
+        rng = random.Random(7)
+        values = ["0x" + rng.randbytes(20 if i % 2 else 32).hex() for i in range(40)]
+        for _ in range(300):
+            filled = _bloom_of(*rng.sample(values, rng.randint(0, 6)))
+            addresses = rng.choice([None, [], rng.choice(values), rng.sample(values, 3), ["0xzz"]])
+            positions = rng.randint(0, 3)
+            topics = [rng.choice([None, [], rng.choice(values), rng.sample(values, 2)]) for _ in range(positions)]
+            expected = _one(filled, addresses) and all(_one(filled, position) for position in topics)
+            assert bloom.FilterBits(addresses, topics).may_match(filled) == expected, (addresses, topics)
 
     def test_a_log_outside_its_blocks_bloom_was_made_up(self) -> None:
         blooms = {5: _bloom_of(self.ADDRESS, self.TOPIC)}

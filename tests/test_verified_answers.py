@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from proxy.chain import bloom
+from proxy.chain.fields import keccak256
 from proxy.http.app_keys import SERVICE
 from proxy.verifying import LOGS_MAX_CHECKED
 from tests.lying_relay import LyingRelay
@@ -685,6 +687,33 @@ async def test_a_final_log_range_kept_unchecked_or_merged_is_told_unproven_on_th
         assert _verifications(proxy, "eth_getLogs", "unchecked") >= 1
     finally:
         await proxy.close()
+
+
+async def test_a_filter_of_thousands_of_addresses_over_a_final_chunk_hashes_each_address_once(
+    anvil: Anvil, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule: a filter within GETLOGS_MAX_PARAMS that its node answers at once gets its answer. Each
+    of the chunk's 1,000 blooms was checked by hashing every address again: 2,000 addresses were
+    -32005 "query timeout exceeded" after tens of seconds of the event loop's time, every other call
+    waiting (an outside attack). Now each value is hashed once (chain/bloom.py FilterBits)."""
+    hashed: list[bytes] = []
+
+    def counted(value: bytes) -> bytes:
+        hashed.append(value)
+        return keccak256(value)
+
+    monkeypatch.setattr(bloom, "keccak256", counted)
+    store, blocks = _blocks_with_logs(anvil, 1)
+    addresses = [store, *("0x" + (i + 1).to_bytes(20, "big").hex() for i in range(1999))]
+    params = [{"address": addresses, "fromBlock": hex(blocks[0]), "toBlock": hex(blocks[0])}]
+    anvil.mine(1100 - anvil.block_number())
+    async with _proxy(tmp_path, [anvil.url]) as proxy:
+        await _final(anvil, proxy, 999)  # the block's whole chunk (0-999) final: asked and checked whole
+        truth = anvil.rpc("eth_getLogs", *params)
+        assert len(truth) == 1
+        told, _, _ = await _ask(proxy, "eth_getLogs", params)
+        assert told == truth
+        assert 2000 <= len(hashed) <= 2 * 2000  # 2,000,000 before: each address once per bloom checked
 
 
 async def test_under_verify_required_a_merge_of_log_pieces_is_kept_no_longer_than_the_unfinalized_ttl(

@@ -173,8 +173,8 @@ class Integrity:
             self._disagreed(net, answer.upstream)
             return "bloom_mismatch"
         with_logs = {int(e["blockNumber"], 16) for e in logs}
-        addresses, topics = log_filter.get("address"), log_filter.get("topics")
-        suspects = [n for n, b in blooms.items() if n not in with_logs and bloom.may_match(b, addresses, topics)]
+        bits = bloom.FilterBits(log_filter.get("address"), log_filter.get("topics"))
+        suspects = [n for n, b in blooms.items() if n not in with_logs and bits.may_match(b)]
         if len(suspects) > BLOOM_MAX_SUSPECTS:
             return "unchecked"
         if not suspects:

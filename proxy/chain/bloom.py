@@ -37,12 +37,39 @@ def contains(bloom: bytes, value: str) -> bool:
     return all(bloom[BLOOM_BYTES - 1 - bit // 8] & (1 << (bit % 8)) for bit in _bits(raw))
 
 
-def may_match(bloom: bytes, addresses: Sequence[str] | None, topics: Sequence[Sequence[str] | None] | None) -> bool:
-    """Whether a block with this bloom may hold a log the filter matches (a bloom has false
-    positives, never false negatives)."""
-    if addresses and not any(contains(bloom, a) for a in addresses):
-        return False
-    return all(not position or any(contains(bloom, t) for t in position) for position in (topics or []))
+class FilterBits:
+    """A log filter's addresses and topics as bloom masks (the three bits each sets, as one 2048-bit
+    number), each value hashed once: a filter of 5,000 addresses checked against 1,000 blocks' blooms
+    hashed each address per block, five million keccaks on the event loop."""
+
+    def __init__(self, addresses: Sequence[str] | str | None, topics: Sequence[Sequence[str] | str | None] | None):
+        self._addresses = _masks(addresses)
+        self._topics = [masks for position in topics or [] if (masks := _masks(position)) is not None]
+
+    def may_match(self, bloom: bytes) -> bool:
+        """Whether a block with this bloom may hold a log the filter matches (a bloom has false
+        positives, never false negatives)."""
+        word = int.from_bytes(bloom, "big")
+        if self._addresses is not None and not any(word & mask == mask for mask in self._addresses):
+            return False
+        return all(any(word & mask == mask for mask in position) for position in self._topics)
+
+
+def _masks(values: Sequence[str] | str | None) -> tuple[int, ...] | None:
+    """The masks of a filter's address or topic position; None when it allows any (absent, null or
+    empty). A value that is not hex matches nothing."""
+    if isinstance(values, str):
+        values = [values]
+    if not values:
+        return None
+    masks = set()
+    for value in values:
+        try:
+            raw = bytes.fromhex(value[2:] if value.startswith("0x") else value)
+        except (AttributeError, ValueError):
+            continue
+        masks.add(sum(1 << bit for bit in set(_bits(raw))))  # bit i of the bloom is bit i of the number
+    return tuple(masks)
 
 
 def logs_in_blooms(logs: Sequence[Any], blooms: Mapping[int, bytes]) -> bool:
