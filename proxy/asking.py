@@ -37,6 +37,10 @@ TAG_UNPROVEN = "tag_unproven"
 # Errors that are a node's answer to the call whatever blocks it holds: a revert, the request's own faults.
 ANSWERS_TO_THE_REQUEST = frozenset({EXECUTION_REVERTED, INVALID_REQUEST, PARSE_ERROR})
 
+# Reads of a block's history rather than its state: a node that shows a final block yet answers null
+# for its receipts has dropped them (history expiry, EIP-4444), as a pruned node drops old state.
+HISTORY = frozenset({"eth_getBlockReceipts"})
+
 # Tries for an answer shown at the block it needs when a node behind answered first (one URL may be a
 # load balancer whose member far behind takes a share of the calls: each try may reach another member).
 # Each try may take what is left of the call's time: a slow member at the head still answers, and a
@@ -436,16 +440,17 @@ def _shown(net: NetworkRuntime, proof: proofs.Proof, seen: str | None, number: i
 
 def _lacks_state(read: Read, answer: Answer, doubt: str | None) -> bool:
     """The node's answer says it cannot give the state at the block asked: a pruned-state error; or,
-    for a state read of a final block its node showed it has (no doubt: the finalized header came
-    beside it), a null (a state read never answers null) or an unknown-block error (a node without
-    that block's history). Its answer is never kept as the final block's."""
+    for a state read or a history read (HISTORY) of a final block its node showed it has (no doubt:
+    the finalized header came beside it), a null (neither answers null for a block that exists) or
+    an unknown-block error (a node without that block's history). Its answer is never kept as the
+    final block's."""
     if answer.is_error and state_gone(answer.error):
         return True
     plan = read.plan
     # A block named by hash alone past the tracker's window: an old block (or one no node knows),
     # also when the read is never cached (requireCanonical: true), so no mode or doubt to wait for.
     old_by_hash = plan.by_hash and plan.need is None
-    if not read.policy.reads_state or (
+    if not (read.policy.reads_state or read.method in HISTORY) or (
         not old_by_hash and (doubt is not None or plan.decision.mode is not Mode.IMMUTABLE)
     ):
         return False

@@ -273,6 +273,49 @@ async def test_another_item_in_place_of_the_transaction_asked_for_is_never_kept_
         await liar.close()
 
 
+@pytest.mark.parametrize("verify", ["auto", "off"])
+@pytest.mark.parametrize("beside", ["alone", "beside an honest node"])
+async def test_a_null_for_a_final_blocks_receipts_or_logs_is_never_kept(
+    anvil: Anvil, tmp_path: Path, verify: str, beside: str
+) -> None:
+    """Rule: a final block that exists has receipts (a list, maybe empty) and eth_getLogs answers a
+    list: a node that answers null has dropped the block's history (or lies). Its null was kept for
+    CACHE_NEGATIVE_TTL and served as a hit told proven, and the honest node was never asked (an
+    outside attack). Now another upstream is asked; alone, the null receipts are served uncached and
+    the null logs are a malformed reply (-32002)."""
+    _, n = _store_with_logs(anvil)
+    receipts = anvil.rpc("eth_getBlockReceipts", hex(n))
+    logs_params = [{"fromBlock": hex(n), "toBlock": hex(n)}]
+    logs = anvil.rpc("eth_getLogs", *logs_params)
+    assert receipts and logs
+    liar = await LyingRelay(anvil.url, "result", results={"eth_getBlockReceipts": None, "eth_getLogs": None}).start()
+    urls = [liar.url] if beside == "alone" else [liar.url, anvil.url]
+    try:
+        async with _proxy(tmp_path, urls, verify=verify) as proxy:
+            await _final(anvil, proxy, n)
+            for _ in range(2):
+                status, body, headers = await proxy.post(
+                    {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockReceipts", "params": [hex(n)]}
+                )
+                if beside == "alone":
+                    assert body["result"] is None and headers["X-Cache"] == "BYPASS"
+                else:
+                    assert body["result"] == receipts and headers["X-Verified"] != "refuted"
+                status, body, headers = await proxy.post(
+                    {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": logs_params}
+                )
+                if beside == "alone":
+                    assert status == 502 and body["error"]["code"] == -32002
+                    assert "malformed result: eth_getLogs answered with NoneType" in body["error"]["message"]
+                else:
+                    assert body["result"] == logs
+            liar.lie = None  # honest now: the truth, and nothing of the null was kept
+            assert (await _ask(proxy, "eth_getBlockReceipts", [hex(n)]))[0] == receipts
+            assert (await _ask(proxy, "eth_getLogs", logs_params))[0] == logs
+    finally:
+        await liar.close()
+
+
 @pytest.mark.parametrize("case", ["a block outside the range", "another address", "another block hash"])
 async def test_logs_outside_their_filter_are_never_kept_where_no_proof_runs(
     anvil: Anvil, tmp_path: Path, case: str

@@ -79,7 +79,7 @@ POLICIES: dict[str, MethodPolicy] = {
             result=shapes.WORD,
             batches=True,
         ),
-        MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, 255, limits_logs=True),
+        MethodPolicy("eth_getLogs", "evm", p.eth_get_logs, CacheClass.LOGS, 255, limits_logs=True, result=shapes.LOGS),
         MethodPolicy(
             "eth_getUncleByBlockHashAndIndex",
             "evm",
@@ -106,6 +106,7 @@ POLICIES: dict[str, MethodPolicy] = {
             p.eth_get_block_receipts,
             CacheClass.BLOCK,
             1000,
+            result=shapes.RECEIPTS,
         ),
         MethodPolicy(
             "getTokenAccountBalance",

@@ -63,7 +63,16 @@ def is_quantity(value: Any) -> bool:
     return _hex_digits(value if len(value) % 2 == 0 else "0x0" + value[2:])  # an odd count: one nibble padded
 
 
+def _objects(value: Any) -> bool:
+    """A JSON array of objects (logs, receipts): each element's type alone, the fields are the proofs'."""
+    return type(value) is list and all(type(entry) is dict for entry in value)
+
+
 DATA = Shape("hex data", is_data)
+# eth_getLogs answers a list, empty when nothing matches, never null (a node without the blocks says
+# so with an error); eth_getBlockReceipts is null for a block its node does not have.
+LOGS = Shape("a list of logs", _objects, null=False)
+RECEIPTS = Shape("a list of receipts", _objects)
 WORD = Shape("a 32-byte hex word", is_word)
 QUANTITY = Shape("a hex quantity", is_quantity)
 
