@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -305,6 +306,24 @@ async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
+def unbindable(settings: Settings) -> list[tuple[str, str, str]]:
+    """The listen hosts serve could not bind, each as its setting, the host and why: no name this
+    machine resolves (`not a host`, `999.1.1.1`), or no address of this machine (`8.8.8.8`). Each is
+    bound on port 0 (any free port), so a proxy already listening there does not fail its own check."""
+    found = []
+    for listener in settings.listeners:
+        setting = listener.setting.replace("_PORT", "_HOST")
+        try:
+            for family, kind, proto, _, address in socket.getaddrinfo(
+                listener.host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            ):
+                with socket.socket(family, kind, proto) as sock:
+                    sock.bind(address)
+        except OSError as exc:
+            found.append((setting, listener.host, exc.strerror or type(exc).__name__))
+    return found
+
+
 def own_address(settings: Settings) -> list[tuple[Network, str, str]]:
     """The upstreams, http(s) and ws(s), at this proxy's own HOST and PROXY_PORT (pure), each as its
     network, its label and its URL: serve would send every call (or handshake) to itself, and refuse
@@ -342,6 +361,9 @@ def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (),
     for network, label, url in own_address(settings):
         problems += 1
         print(f"FAIL network {network.name} {label} {redact_url(url)}: this proxy's own address (a loop, via.py)")
+    for setting, host, why in unbindable(settings):
+        problems += 1
+        print(f"FAIL listen {setting} {host[:100]!r}: serve cannot listen there ({why})")
     if offline:
         print(
             "offline: settings and files are valid; upstreams not tried" if not problems else f"{problems} problem(s)"

@@ -102,10 +102,12 @@ def raw_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[s
 
 def parse_dotenv(text: str) -> dict[str, str]:
     """A .env file: NAME=value lines (an optional `export `, optional matching quotes around the
-    value), `#` comment lines and blank lines. The value is taken as written (no inline comments),
-    as `docker run --env-file` takes it, so one file serves both."""
+    value), `#` comment lines and blank lines, each name once. The value is taken as written (no
+    inline comments), as `docker run --env-file` takes it, so one file serves both."""
     values: dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
+    first: dict[str, int] = {}
+    # A leading byte-order mark (an editor's UTF-8 "with BOM"), which `docker run --env-file` drops too.
+    for number, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue
@@ -113,6 +115,9 @@ def parse_dotenv(text: str) -> dict[str, str]:
         if match is None:  # the line is not echoed: it may hold a secret
             raise ConfigError(f".env line {number} is not NAME=value")
         name, value = match.groups()
+        if name in first:  # the last would win, silently (`API_KEYS=` appended would run it open)
+            raise ConfigError(f".env lines {first[name]} and {number} both set {name}: give each setting once")
+        first[name] = number
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
         values[name] = value

@@ -52,9 +52,8 @@ class Fetcher:
         plan: Plan,
         lock: FillLock,
     ) -> tuple[Answer, bool]:
-        """A miss: ask upstream and keep the answer if it belongs to its key, X-Verified told on it.
-        (answer, tied): `tied` is False when the answer could not be tied to the key's block (it is
-        served as BYPASS). Every return tells X-Verified (_told): no layer of its own around this."""
+        """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` False when
+        it could not be tied to the key's block (served as BYPASS); every return tells X-Verified (_told)."""
         deadline = self._reads.deadline(policy)  # the whole call's: asked again as the tag included
         answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
@@ -64,10 +63,7 @@ class Fetcher:
             original = substitute(params, {id(r): r.encode() for r in refs})
             tagged = await self._asker.ask_as_tag(Read(net, method, original, policy, plan, deadline))
             return _told(net, plan, tagged), False
-        # A null about a block hash (its node may lack the block) that a proof can show is the block's.
-        provable_null = (
-            kind == "null" and plan.decision.mode is cp.Mode.IMMUTABLE and self._verifier.proves_null(net, plan.method)
-        )
+        provable_null = kind == "null" and self._provable_null(net, plan)
         if doubt is not None and not (doubt == "unknown_hash" and provable_null):  # served, never stored
             self._metrics.uncached_answers.labels(net.name, doubt).inc()
             return _told(net, plan, answer), False
@@ -114,8 +110,7 @@ class Fetcher:
         if ttl is not None and verdict != PROVEN and ap.other_item(plan.method, plan.forward, answer.result):
             self._metrics.uncached_answers.labels(net.name, "other_item").inc()  # unproven: prove() refutes it
             return _told(net, plan, answer), False  # another block, transaction or receipt than asked for: never kept
-        if ttl is not None and self._reads.past_result_limit(policy, answer):
-            self._metrics.uncached_answers.labels(net.name, "too_many_results").inc()
+        if ttl is not None and self._reads.past_result_limit(net, policy, answer):
             return _told(net, plan, answer), True  # its key's: served to the merge, never kept
         if ttl is not None and self._cache.shared is None:
             self._cache.keep(key, (answer.payload, answer.is_error), ttl)  # memory alone: nothing to await
@@ -124,6 +119,10 @@ class Fetcher:
             stored = (answer.payload, answer.is_error)  # marked proven or not: tiers.may_serve
             await self._cache.set(key, stored, ttl, lock, shared=shared, final_at=final_at, proven=verdict == PROVEN)
         return _told(net, plan, answer), True
+
+    def _provable_null(self, net: NetworkRuntime, plan: Plan) -> bool:
+        """A null about a block hash (its node may lack the block) that a proof can show is the block's."""
+        return plan.decision.mode is cp.Mode.IMMUTABLE and self._verifier.proves_null(net, plan.method)
 
 
 def still_tied(net: NetworkRuntime, payload: bytes) -> bool:

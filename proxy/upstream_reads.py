@@ -56,12 +56,15 @@ class Reads:
         """The seconds one call has: UPSTREAM_TIMEOUT, or eth_getLogs' own limit (GETLOGS_TIMEOUT)."""
         return self._settings.getlogs_timeout if policy.limits_logs else self._settings.upstream_timeout
 
-    def past_result_limit(self, policy: MethodPolicy, answer: Answer) -> bool:
-        """An eth_getLogs answer of more than GETLOGS_MAX_RESULTS logs: a chunked call's piece, asked
-        without the limit (the merged call counts its own). Never kept: a call of exactly the piece's
-        range would be served it from the cache, past the limit."""
+    def past_result_limit(self, net: NetworkRuntime, policy: MethodPolicy, answer: Answer) -> bool:
+        """An eth_getLogs answer of more than GETLOGS_MAX_RESULTS logs (counted): a chunked call's
+        piece, asked without the limit (the merged call counts its own). Never kept: a call of exactly
+        the piece's range would be served it from the cache, past the limit."""
         results = answer.result
-        return policy.limits_logs and isinstance(results, list) and len(results) > self._settings.getlogs_max_results
+        if policy.limits_logs and isinstance(results, list) and len(results) > self._settings.getlogs_max_results:
+            self._metrics.uncached_answers.labels(net.name, "too_many_results").inc()
+            return True
+        return False
 
     def share(self, read: Read) -> float | None:
         """The next upstream call's timeout: what is left of the read's time, or UPSTREAM_ATTEMPT_TIMEOUT

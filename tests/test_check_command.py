@@ -105,6 +105,34 @@ def test_a_misspelt_field_exits_2_naming_it_as_serve_does(tmp_path: Path) -> Non
     assert result.returncode == 2 and "unknown field 'upstream'" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("setting", "host", "why"),
+    [
+        ("PROXY_HOST", "8.8.8.8", "Cannot assign requested address"),
+        ("PROXY_HOST", "not a host!!", ""),
+        ("METRICS_HOST", "192.0.2.1", "Cannot assign requested address"),
+    ],
+)
+def test_a_listen_host_serve_cannot_bind_fails_the_check_offline_too(
+    tmp_path: Path, setting: str, host: str, why: str
+) -> None:
+    """Rule: check fails what serve cannot start with: a host that is no address of this machine, or
+    no name it resolves, passed `check` and then `serve` exited 1 (an outside attack)."""
+    ports = {"METRICS_PORT": str(free_port())} if setting == "METRICS_HOST" else {}
+    result = check(tmp_path, "--offline", EVM_UPSTREAM="http://127.0.0.1:1", **{setting: host}, **ports)
+    assert result.returncode == 1
+    assert f"FAIL listen {setting} {host!r}: serve cannot listen there ({why}" in result.stdout
+
+
+def test_a_listen_host_of_this_machine_passes_the_check_while_the_proxy_holds_its_port(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # a proxy already listening there: bound on port 0, the check is not its
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = check(tmp_path, "--offline", EVM_UPSTREAM="http://127.0.0.1:1", PROXY_PORT=port)
+    assert result.returncode == 0 and "FAIL" not in result.stdout, result.stdout
+
+
 def test_offline_checks_the_files_alone(tmp_path: Path) -> None:
     result = check(tmp_path, "--offline", EVM_UPSTREAM=f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 0 and "upstreams not tried" in result.stdout and "FAIL" not in result.stdout

@@ -311,6 +311,18 @@ class TestDotenvParsing:
         with pytest.raises(ConfigError, match=r"^\.env line 2 is not NAME=value$"):
             parse_dotenv("A=1\nsecret-sk-123 oops\n")
 
+    def test_a_setting_given_twice_is_refused_naming_both_lines_never_the_values(self) -> None:
+        """Rule: each name once: the last silently won, so an `API_KEYS=` appended ran the proxy open."""
+        with pytest.raises(ConfigError, match=r"^\.env lines 1 and 3 both set API_KEYS: give each setting once$"):
+            parse_dotenv("API_KEYS=sk-secret-1\n# later\nexport API_KEYS=\n")
+
+    def test_a_leading_byte_order_mark_is_dropped_as_docker_drops_it(self) -> None:
+        """Rule: a file saved as UTF-8 "with BOM" reads as without it (it was 'line 1 is not NAME=value')."""
+        assert parse_dotenv("\ufeffEVM_UPSTREAM=http://a:1\nLOG_FORMAT=json\n") == {
+            "EVM_UPSTREAM": "http://a:1",
+            "LOG_FORMAT": "json",
+        }
+
 
 def test_keys_usage_help_lists_its_own_options_only() -> None:
     script = Path(sys.executable).parent / "rpc-proxy"
