@@ -23,15 +23,13 @@ except ImportError:  # pragma: no cover - the floor is then asyncio's
     uvloop = None  # type: ignore[assignment]
 
 
-class Node(asyncio.Protocol):
-    """One kept-alive connection to the node; calls are pipelined on it, answered in order."""
+class _Bodies(asyncio.Protocol):
+    """One connection whose messages (requests or answers) httptools reads, each body handed to `whole`."""
 
-    def __init__(self, host: str) -> None:
-        self.head = f"POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: ".encode()
-        self.parser = httptools.HttpResponseParser(self)
+    def __init__(self, parser: type[httptools.HttpRequestParser] | type[httptools.HttpResponseParser]) -> None:
+        self.parser = parser(self)
         self.transport: asyncio.Transport | None = None
         self.body = bytearray()
-        self.waiters: deque[asyncio.Future[bytes]] = deque()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -44,6 +42,21 @@ class Node(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         body, self.body = bytes(self.body), bytearray()
+        self.whole(body)
+
+    def whole(self, body: bytes) -> None:
+        raise NotImplementedError
+
+
+class Node(_Bodies):
+    """One kept-alive connection to the node; calls are pipelined on it, answered in order."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(httptools.HttpResponseParser)
+        self.head = f"POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: ".encode()
+        self.waiters: deque[asyncio.Future[bytes]] = deque()
+
+    def whole(self, body: bytes) -> None:
         waiter = self.waiters.popleft()
         if not waiter.done():
             waiter.set_result(body)
@@ -56,24 +69,12 @@ class Node(asyncio.Protocol):
         return waiter
 
 
-class Front(asyncio.Protocol):
+class Front(_Bodies):
     def __init__(self, node: Node) -> None:
+        super().__init__(httptools.HttpRequestParser)
         self.node = node
-        self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.body = bytearray()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.feed_data(data)
-
-    def on_body(self, body: bytes) -> None:
-        self.body += body
-
-    def on_message_complete(self) -> None:
-        body, self.body = bytes(self.body), bytearray()
+    def whole(self, body: bytes) -> None:
         self.node.ask(body).add_done_callback(self._answer)
 
     def _answer(self, future: asyncio.Future[bytes]) -> None:
