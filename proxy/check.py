@@ -319,8 +319,8 @@ def unbindable(settings: Settings) -> list[tuple[str, str, str]]:
             ):
                 with socket.socket(family, kind, proto) as sock:
                     sock.bind(address)
-        except OSError as exc:
-            found.append((setting, listener.host, exc.strerror or type(exc).__name__))
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot encode (`a..b`)
+            found.append((setting, listener.host, getattr(exc, "strerror", None) or "not a host name"))
     return found
 
 

@@ -107,7 +107,9 @@ def parse_dotenv(text: str) -> dict[str, str]:
     values: dict[str, str] = {}
     first: dict[str, int] = {}
     # A leading byte-order mark (an editor's UTF-8 "with BOM"), which `docker run --env-file` drops too.
-    for number, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+    # Lines end at \n (and \r\n) alone, as Docker's reader splits them: splitlines() also splits at
+    # \x0c, \x85 or U+2028, which would make one Docker value two settings here.
+    for number, raw in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue

@@ -20,7 +20,7 @@ from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS
 from proxy.file_trust import check_trusted
 from proxy.host_names import host_name, is_host_field
 from proxy.options import MAX_CREDITS, ConfigError, _csv, _upstream_urls
-from proxy.origins import ORIGIN, origin_form
+from proxy.origins import is_origin, origin_form
 from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.methods import FAMILIES, Family
 
@@ -412,20 +412,20 @@ _KEY_FIELDS = (
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
 
 
-# field -> (how one entry is written, its pattern once normalised, the normaliser)
-_LISTS: dict[str, tuple[str, re.Pattern[str], Callable[[str], str]]] = {
-    "allowed_origins": ("origins such as https://app.example", ORIGIN, origin_form),
-    "allowed_methods": ("method names", METHOD_NAME, lambda i: i),
-    "allowed_addresses": ("20-byte 0x addresses", _ADDRESS, str.lower),
+# field -> (how one entry is written, whether one is once normalised, the normaliser)
+_LISTS: dict[str, tuple[str, Callable[[str], object], Callable[[str], str]]] = {
+    "allowed_origins": ("origins such as https://app.example", is_origin, origin_form),
+    "allowed_methods": ("method names", METHOD_NAME.fullmatch, lambda i: i),
+    "allowed_addresses": ("20-byte 0x addresses", _ADDRESS.fullmatch, str.lower),
 }
 
 
 def _allow_lists(where: str, entry: Mapping[str, Any]) -> AllowLists:
     """A key's allowed_origins (scheme://host[:port]), allowed_methods and allowed_addresses."""
     values: dict[str, frozenset[str]] = {}
-    for field_name, (kind, pattern, normal) in _LISTS.items():
+    for field_name, (kind, valid, normal) in _LISTS.items():
         items = entry.get(field_name, [])
-        if not isinstance(items, list) or not all(isinstance(i, str) and pattern.fullmatch(normal(i)) for i in items):
+        if not isinstance(items, list) or not all(isinstance(i, str) and valid(normal(i)) for i in items):
             raise ConfigError(f"{where}: {field_name} must be a list of {kind}")
         values[field_name.removeprefix("allowed_")] = frozenset(normal(i) for i in items)
     return AllowLists(**values)

@@ -284,6 +284,9 @@ class Verifier:
             return REFUTED
         complete = net.config.verify_logs == "complete"
         numbers = list(range(first, last + 1)) if complete or isinstance(named, str) else sorted(shown)
+        bits = bloom.FilterBits(log_filter.get("address"), log_filter.get("topics"))
+        if complete and bits.cost * len(numbers) > bloom.MASK_CHECKS_MAX:
+            return UNCHECKED  # a filter of thousands of values over a chunk: as a range of too many blocks
         headers = (
             {number: await self._pinned(net, answer, plan.method, pinned)}
             if pinned
@@ -293,7 +296,6 @@ class Verifier:
             return UNPROVEN  # the hash is not the chain's block at that height
         checked = set(shown)
         if complete:
-            bits = bloom.FilterBits(log_filter.get("address"), log_filter.get("topics"))
             for i, (n, (_header, fields)) in enumerate(headers.items(), 1):
                 filled = bloom.parse(fields.get("logsBloom"))
                 if filled is None or bits.may_match(filled):

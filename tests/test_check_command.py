@@ -110,6 +110,7 @@ def test_a_misspelt_field_exits_2_naming_it_as_serve_does(tmp_path: Path) -> Non
     [
         ("PROXY_HOST", "8.8.8.8", "Cannot assign requested address"),
         ("PROXY_HOST", "not a host!!", ""),
+        ("PROXY_HOST", "a..b", "not a host name"),  # IDNA cannot encode it: a traceback before
         ("METRICS_HOST", "192.0.2.1", "Cannot assign requested address"),
     ],
 )

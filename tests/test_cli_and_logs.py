@@ -316,6 +316,13 @@ class TestDotenvParsing:
         with pytest.raises(ConfigError, match=r"^\.env lines 1 and 3 both set API_KEYS: give each setting once$"):
             parse_dotenv("API_KEYS=sk-secret-1\n# later\nexport API_KEYS=\n")
 
+    def test_lines_end_at_newlines_alone_as_docker_splits_them(self) -> None:
+        """Rule: one physical line is one setting, as `docker run --env-file` reads it: splitlines()
+        also split at a form feed, so `API_KEYS=k1<FF>WORKERS=3` set WORKERS here alone."""
+        for odd in ("\x0c", "\x0b", "\x1c", "\x85", "\u2028"):
+            parsed = parse_dotenv(f"API_KEYS=k1{odd}WORKERS=3\r\nLOG_FORMAT=json\n")
+            assert parsed == {"API_KEYS": f"k1{odd}WORKERS=3", "LOG_FORMAT": "json"}
+
     def test_a_leading_byte_order_mark_is_dropped_as_docker_drops_it(self) -> None:
         """Rule: a file saved as UTF-8 "with BOM" reads as without it (it was 'line 1 is not NAME=value')."""
         assert parse_dotenv("\ufeffEVM_UPSTREAM=http://a:1\nLOG_FORMAT=json\n") == {

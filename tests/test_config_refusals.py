@@ -197,7 +197,27 @@ def test_check_refuses_a_ws_max_message_bytes_past_its_bound_with_exit_2(tmp_pat
     assert result.returncode == 2 and "WS_MAX_MESSAGE_BYTES must be at most 2**31" in result.stderr
 
 
-@pytest.mark.parametrize("value", ["app.example", "garbage", "None", "5,6", "https://ok.example,app.example"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "app.example",
+        "garbage",
+        "None",
+        "5,6",
+        "https://ok.example,app.example",
+        "https://a.example:443",  # the default port, which browsers leave out
+        "http://a.example:80",
+        "https://*.a.example",
+        "http://a.example:99999",
+        "https://a.example:0",
+        "https://user@a.example",
+        "https://a.example?x",
+        "https://a.example#",
+        "https://a..example",
+        "https://-a.example",
+        "https://a.example/path",
+    ],
+)
 def test_cors_origins_that_no_browser_sends_are_refused(value: str) -> None:
     """Rule: CORS_ALLOW_ORIGINS takes `*` or origins as browsers send them (scheme://host[:port]), as
     a keys file's allowed_origins does: `app.example` never matched, and no page could call the proxy."""
@@ -205,8 +225,15 @@ def test_cors_origins_that_no_browser_sends_are_refused(value: str) -> None:
 
 
 def test_cors_origins_as_browsers_send_them_are_kept() -> None:
-    settings = build_settings({**UPSTREAM, "CORS_ALLOW_ORIGINS": "https://app.example, http://localhost:3000/, *"})
-    assert settings.cors_allow_origins == ("https://app.example", "http://localhost:3000/", "*")
+    kept = "https://app.example, http://localhost:3000/, *, http://[::1]:8080, chrome-extension://abcdef"
+    settings = build_settings({**UPSTREAM, "CORS_ALLOW_ORIGINS": kept})
+    assert settings.cors_allow_origins == (
+        "https://app.example",
+        "http://localhost:3000/",
+        "*",
+        "http://[::1]:8080",
+        "chrome-extension://abcdef",
+    )
 
 
 def test_a_keys_file_daily_credits_past_2_to_the_53_are_refused(tmp_path: Path) -> None:

@@ -59,6 +59,16 @@ class TestBloom:
             expected = _one(filled, addresses) and all(_one(filled, position) for position in topics)
             assert bloom.FilterBits(addresses, topics).may_match(filled) == expected, (addresses, topics)
 
+    def test_a_filters_cost_is_its_masks_and_bounds_the_work_on_an_answer(self) -> None:
+        """Rule: a filter's values times the blooms checked is bounded (bloom.MASK_CHECKS_MAX): past it
+        the check is not made, as for a range of too many blocks (twenty calls of 5,000 addresses over
+        1,000 blocks held every other client for 12 s, an outside attack)."""
+        addresses = ["0x" + (i + 1).to_bytes(20, "big").hex() for i in range(5000)]
+        bits = bloom.FilterBits(addresses, [["0x" + "22" * 32, "0x" + "33" * 32], None])
+        assert bits.cost == 5002 and bits.cost * 1000 > bloom.MASK_CHECKS_MAX
+        assert not bits.may_match(bytes(BLOOM_BYTES))  # a block without logs: no filter's
+        assert bloom.FilterBits(None, None).may_match(bytes(BLOOM_BYTES))  # the empty filter: as before
+
     def test_a_log_outside_its_blocks_bloom_was_made_up(self) -> None:
         blooms = {5: _bloom_of(self.ADDRESS, self.TOPIC)}
         real = {"blockNumber": "0x5", "address": self.ADDRESS, "topics": [self.TOPIC]}

@@ -174,6 +174,8 @@ class Integrity:
             return "bloom_mismatch"
         with_logs = {int(e["blockNumber"], 16) for e in logs}
         bits = bloom.FilterBits(log_filter.get("address"), log_filter.get("topics"))
+        if bits.cost * len(blooms) > bloom.MASK_CHECKS_MAX:
+            return "unchecked"
         suspects = [n for n, b in blooms.items() if n not in with_logs and bits.may_match(b)]
         if len(suspects) > BLOOM_MAX_SUSPECTS:
             return "unchecked"
