@@ -196,8 +196,8 @@ class Service:
         if stored is None:
             return None
         payload, is_error = stored
-        if len(payload) > self._max_response:
-            return None  # the general path answers with the size error (response_size.py)
+        if len(payload) > self._max_response or (method == "eth_getLogs" and self._logs.past_limit(*stored)):
+            return None  # the general path answers with the size (response_size.py) or result limit error
         if not plan.verified_as:  # once per plan (one head): what its key's entries were kept as
             plan.verified_as = stored_as(net, plan).encode()
         return plan, net, payload, is_error
@@ -331,6 +331,7 @@ class Service:
             space = key_space(net, plan.head)
             stored = await self._logs.from_receipts(tracker, params, plan, policy, space) if space else None
         if stored is not None:
+            self._logs.check_stored(stored, policy, plan)  # kept by a replica with a higher limit
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(*stored, HIT, verified=stored_as(net, plan))
 
@@ -358,6 +359,7 @@ class Service:
 
         (answer, tied, found), joined = await self._coalescer.run(via.coalescing(key), fill)
         if found:
+            self._logs.check_stored((answer.payload, answer.is_error), policy, plan)  # another replica's fill
             self._metrics.child(self._metrics.credits_saved, net.name, method).inc(prepared.credits)
             return Outcome(answer.payload, answer.is_error, HIT, verified=stored_as(net, plan))
         if joined:

@@ -262,6 +262,33 @@ async def test_two_replicas_on_one_redis_share_entries(anvil: Anvil, two_replica
     assert second.metric("rpc_proxy_cache_lookups_total", tier="memory", result="hit") == 1
 
 
+async def test_a_logs_answer_another_replica_kept_past_this_ones_limit_is_refused_as_its_miss_would_be(
+    anvil: Anvil, redis_url: str, make_proxy: ProxyFactory
+) -> None:
+    """Rule: the result limit holds over a cached answer too: one kept by a replica with a higher
+    GETLOGS_MAX_RESULTS (or before the limit was lowered) was served past this one's (an outside attack)."""
+    store = anvil.deploy_store()
+    block = int(anvil.send(store, selector("emitMany(uint256)") + word(6))["blockNumber"], 16)
+    anvil.mine(70)
+    roomy = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url))
+    tight = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url, GETLOGS_MAX_RESULTS="4"))
+    for proxy in (roomy, tight):
+        await proxy.head_at(anvil.block_number())
+    await one_space(roomy, tight)
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "eth_getLogs",
+        "params": [{"fromBlock": hex(block), "toBlock": hex(block)}],
+    }
+    _, body, headers = await roomy.post(call)
+    assert len(body["result"]) == 6 and headers["X-Cache"] == "MISS"
+    for _ in range(2):
+        status, body, _ = await tight.post(call)
+        assert status == 200 and body.get("error") == {"code": -32005, "message": "query returned more than 4 results"}
+    assert tight.metric("rpc_proxy_getlogs_limit_rejections_total", reason="results") == 2
+
+
 async def test_requests_are_answered_while_redis_is_down_and_redis_is_used_again_after(
     anvil: Anvil, redis_server: RedisServer, two_replicas: tuple[Proxy, Proxy]
 ) -> None:

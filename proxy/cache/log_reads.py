@@ -48,11 +48,25 @@ class LogReads:
         results = answer.result
         limit = self._max_results
         if isinstance(results, list) and len(results) > limit:
-            # spec: more than 10,000 results fails with -32005, its message fixed and no `data` (only
-            # a revert has one); nothing partial is returned.
-            self._metrics.getlogs_rejections.labels("results").inc()
-            raise JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {limit} results")
+            raise self._too_many()
         return answer
+
+    def _too_many(self) -> JsonRpcError:
+        # spec: more than 10,000 results fails with -32005, its message fixed and no `data` (only a
+        # revert has one); nothing partial is returned.
+        self._metrics.getlogs_rejections.labels("results").inc()
+        return JsonRpcError(LIMIT_EXCEEDED, f"query returned more than {self._max_results} results")
+
+    def check_stored(self, stored: tuple[bytes, bool], policy: MethodPolicy, plan: Plan) -> None:
+        """A cached eth_getLogs answer within the result limit: one kept by a replica with a higher
+        GETLOGS_MAX_RESULTS (or before it was lowered) is refused as a miss of it would be. Its logs
+        are counted by their `"logIndex"` member, in C: every other member's value is hex or a bool."""
+        if policy.limits_logs and plan.check_results and self.past_limit(*stored):
+            raise self._too_many()
+
+    def past_limit(self, payload: bytes, is_error: bool) -> bool:
+        """Whether a cached eth_getLogs answer holds more logs than the limit (check_stored)."""
+        return not is_error and payload.count(b'"logIndex"') > self._max_results
 
     def check_range(self, log_filter: dict[str, Any], resolved: dict[int, Resolved | None]) -> None:
         start, end = log_filter.get("fromBlock"), log_filter.get("toBlock")
