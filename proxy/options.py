@@ -354,8 +354,8 @@ def _positive_int(name: str, raw: str) -> int:
     return _whole(name, raw, 1)
 
 
-def _message_bytes(name: str, raw: str) -> int:  # aiohttp's WebSocket reader takes it as a C unsigned int
-
+def _message_bytes(name: str, raw: str) -> int:
+    """A WebSocket message's bound (ours, and an upstream WebSocket's: MAX_RESPONSE_BYTES)."""
     return _whole(name, raw, 1, MAX_MESSAGE_BYTES, "2**31 (aiohttp's WebSocket reader takes a 32-bit size)")
 
 

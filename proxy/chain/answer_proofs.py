@@ -349,12 +349,13 @@ def log_outside(log_filter: Any, logs: Any) -> str | None:
     addresses = _lowered(log_filter.get("address"))
     topics = log_filter.get("topics")
     wanted = [_lowered(t) for t in topics] if isinstance(topics, list) else []
+    ranged = isinstance(low, int) or isinstance(high, int)
     for log in logs:
         if not isinstance(log, dict):
             return "log"
         if isinstance(by_hash, str) and _block_param(log.get("blockHash")) != by_hash:
             return "blockHash"
-        if isinstance(low, int) or isinstance(high, int):
+        if ranged:
             number = _block_param(log.get("blockNumber"))
             if (
                 not isinstance(number, int)
@@ -364,9 +365,9 @@ def log_outside(log_filter: Any, logs: Any) -> str | None:
                 return "blockNumber"
         if addresses is not None and str(log.get("address", "")).lower() not in addresses:
             return "address"
-        got = log.get("topics")
         if not wanted:
             continue
+        got = log.get("topics")
         if not isinstance(got, list) or len(got) < len(wanted):
             return "topics"
         for position, allowed in enumerate(wanted):

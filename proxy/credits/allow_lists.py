@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.origins import origin_form
 from proxy.rpc.jsonrpc import INVALID_API_KEY, JsonRpcError
 
 # Methods whose target is an address, and where it sits in their (validated) params.
@@ -96,7 +97,7 @@ def origin_refusal(lists: AllowLists, origin: str | None) -> JsonRpcError | None
         return None
     if origin is None:
         return refused("the request has no Origin header and the key has an allowed_origins list")
-    if origin.rstrip("/").lower() not in lists.origins:
+    if origin_form(origin) not in lists.origins:
         return refused(f"origin {origin[:100]!r} is not in the key's allowed_origins")
     return None
 

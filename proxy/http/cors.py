@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 
 from aiohttp import web
 
+from proxy.origins import origin_form
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Headers a page may read from an answer (Fetch: only CORS-safelisted ones otherwise).
@@ -26,13 +28,13 @@ class Cors:
     def __init__(self, allow_origins: tuple[str, ...] | None) -> None:
         """`allow_origins`: exact origins (`https://app.example`) or `*`; None: any origin."""
         self._any = allow_origins is None or "*" in allow_origins
-        self._origins = frozenset(o.rstrip("/").lower() for o in allow_origins or ())
+        self._origins = frozenset(origin_form(o) for o in allow_origins or ())
 
     def allow(self, origin: str) -> str | None:
         """The Access-Control-Allow-Origin value for a request from `origin`; None: not allowed."""
         if self._any:
             return "*"
-        return origin if origin.rstrip("/").lower() in self._origins else None
+        return origin if origin_form(origin) in self._origins else None
 
     def wrap(self, handler: Handler) -> Handler:
         async def run(request: web.Request) -> web.StreamResponse:
