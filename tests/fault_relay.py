@@ -1,5 +1,6 @@
 """A fault-injecting HTTP relay in front of a real node: wrong ids, duplicate ids, partial batches,
-HTTP 500/413/429/508, slow answers, injected errors, answers from another node (a URL over two forks).
+HTTP 500/413/429/508, slow answers, injected errors, answers from another node (a URL over two forks),
+a batch whose `latest` block and the block of another tag (`target`: "safe" or "finalized") trade places.
 Faults are queued and each applies to the next requests that match it (by method, by batch or not),
 then runs out; `times=None` never runs out.
 
@@ -43,6 +44,7 @@ KINDS = (
     "fork",
     "crowded",
     "both",
+    "tags",
 )
 CROWD = 400_000  # "crowded": each result an array of this many `{}` (1.2 MB, one container per 3 bytes)
 
@@ -55,7 +57,7 @@ class Fault:
     times: int | None = 1  # None: forever
     delay: float = 0.0
     retry_after: str | None = None  # an HTTP fault's Retry-After header
-    target: str | None = None  # "fork": the node that answers instead
+    target: str | None = None  # "fork": the node that answers instead; "tags": the tag traded with latest
     every: int = 1  # applies to every `every`-th matching request only
     only: bool = False  # matches only requests whose every call is of `method`
     _matched: int = 0
@@ -186,12 +188,26 @@ class FaultRelay:
         elif kind == "crowded":
             for item in reply if isinstance(reply, list) else [reply]:
                 item["result"] = [{}] * CROWD
+        elif kind == "tags" and fault is not None and isinstance(reply, list):
+            _trade_tags(calls, reply, fault.target or "finalized")
         elif kind == "droplog":  # a lying node: the last log of every eth_getLogs answer left out
             for item in reply if isinstance(reply, list) else [reply]:
                 call = next((c for c in calls if c.get("id") == item.get("id")), {})
                 if call.get("method") == "eth_getLogs" and isinstance(item.get("result"), list) and item["result"]:
                     item["result"] = item["result"][:-1]
         return web.json_response(reply)
+
+
+def _trade_tags(calls: list[dict[str, Any]], reply: list[dict[str, Any]], tag: str) -> None:
+    """The results of a batch's eth_getBlockByNumber("latest") and ("<tag>") swapped: a node (or a relay)
+    whose answers are each a true block, but not of the tags asked."""
+    by_tag = {
+        c["params"][0]: c.get("id") for c in calls if c.get("method") == "eth_getBlockByNumber" and c.get("params")
+    }
+    items = {item.get("id"): item for item in reply}
+    latest, other = items.get(by_tag.get("latest")), items.get(by_tag.get(tag))
+    if latest is not None and other is not None:
+        latest["result"], other["result"] = other.get("result"), latest.get("result")
 
 
 BOMBS = ("gzip", "chunked", "close", "declared")

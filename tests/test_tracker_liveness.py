@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from proxy.chain.head_polls import TrackerError
+from proxy.chain.poll_source import in_order
+from proxy.values import Answer
 from tests.fault_relay import FaultRelay
 from tests.support import ROOT, Anvil, Proxy, ProxyFactory, eventually, selector, word
 from tests.test_observability import promtool
@@ -116,3 +119,57 @@ async def test_a_network_whose_upstream_answers_only_errors_exports_a_head_poll_
     found = re.search(r'^rpc_proxy_head_last_poll_timestamp_seconds\{network="evm"\} (\S+)$', text, re.MULTILINE)
     assert found is not None, "no head-poll series for a network that never polled"
     assert before - 1 <= float(found.group(1)) <= time.time()  # the tracker's start: time() - it grows
+
+
+@pytest.mark.parametrize("tag", ["safe", "finalized"])
+async def test_a_poll_whose_safe_or_finalized_block_is_above_its_latest_is_refused(
+    tag: str, anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
+) -> None:
+    """One poll is one chain's view, finalized <= safe <= latest. A node (or a relay) that answers the
+    tags with each other's blocks is not followed: the head never goes back to the block given as
+    latest, no new epoch drops what is kept, and once the head is stale its tags go to the node."""
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, HEAD_STALE_AFTER="0.5")
+    address = anvil.deploy_store()
+    top = anvil.mine(100)
+    await proxy.head_at(top)
+    final = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [address, "0x0", hex(top - 80)]}
+    await proxy.post(final)
+    _, _, headers = await proxy.post(final)
+    assert headers["X-Cache"] == "HIT"
+
+    relay.inject("tags", target=tag, batches_only=True, times=None)
+    top = anvil.mine(3)
+    await readyz_becomes(proxy, 503)
+    traded = relay.applied.count("tags")
+
+    async def polled_on() -> bool:
+        return relay.applied.count("tags") >= traded + 5
+
+    await eventually(polled_on, 10, "five more polls with the tags traded")
+    _, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []})
+    assert int(body["result"], 16) == top, headers.get("X-Cache")
+    _, body, headers = await proxy.post(final)
+    assert body["result"] == "0x" + word(7) and headers["X-Cache"] == "HIT"
+
+    relay.clear()
+    await readyz_becomes(proxy, 200)
+    await proxy.head_at(top)
+
+
+def test_a_poll_is_in_order_only_when_finalized_safe_and_latest_are_one_chains_view() -> None:
+    def block(number: int, name: str = "a") -> Answer:
+        return Answer(b"", result={"number": hex(number), "hash": name, "parentHash": "p"}, upstream=0)
+
+    no_tag = Answer(b"", error={"code": -32602, "message": "unknown tag"}, upstream=0)
+    in_order([block(10), block(8), block(5)])
+    in_order([block(10), block(10), block(10)])
+    in_order([block(10), no_tag, no_tag])
+    in_order([block(10), no_tag, block(5)])
+    for disordered in (
+        [block(10), block(12), block(5)],
+        [block(10), block(8), block(9)],
+        [block(10), no_tag, block(11)],
+        [block(10), block(10, "b"), block(5)],
+    ):
+        with pytest.raises(TrackerError, match="not one chain's view"):
+            in_order(disordered)

@@ -8,10 +8,11 @@ window's blocks are then asked of the same node as the latest block."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from proxy.chain.head_polls import Asks, Behind, Head, Header, PollAsker, get_block, header_of
+from proxy.chain.head_polls import Asks, Behind, Head, Header, PollAsker, TrackerError, get_block, header_of
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import HttpUpstream, Upstream, http_pool
 from proxy.upstream.standing import UpstreamStates
@@ -67,6 +68,7 @@ async def answered(
     if taken is not None:
         answers, source = taken
     try:
+        in_order(answers)
         below = _below(answers[0], old_head) if taken is None else None
         if below is not None:
             # Asked once more before it is judged, also once the head is stale (when a lower block
@@ -84,7 +86,23 @@ async def answered(
             answers, source = taken
         else:
             raise
+        in_order(answers)
         return answers, source, *judge(answers)
+
+
+def in_order(answers: list[Answer]) -> None:
+    """TrackerError unless a poll's blocks are one chain's view: finalized <= safe <= latest, one hash
+    where two tags name one height. Each may be a true block and still not the tag's (a node or a relay
+    that trades them): taken, a finalized block above latest would move the head back and the final
+    mark up to a block the chain has not finalized."""
+    latest, safe, final = (header_of(answer) for answer in answers[:3])
+    ordered = [(tag, block) for tag, block in (("finalized", final), ("safe", safe), ("latest", latest)) if block]
+    for (low_tag, low), (high_tag, high) in itertools.pairwise(ordered):
+        if low.number > high.number or (low.number == high.number and low.hash != high.hash):
+            raise TrackerError(
+                f"upstream #{answers[0].upstream} gave as {low_tag} block {low.number} ({low.hash[:10]}) and as "
+                f"{high_tag} block {high.number} ({high.hash[:10]}): not one chain's view"
+            )
 
 
 def _below(latest_a: Answer, old_head: Head | None) -> Behind | None:
