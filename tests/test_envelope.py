@@ -220,7 +220,9 @@ async def test_wrong_http_method_and_unknown_paths_get_json_errors(evm_proxy: Pr
         assert resp.status == 404 and "error" in await resp.json()
 
 
-@pytest.mark.parametrize("path", ["/nowhere/v3/test-key", "/WS/v3/test-key", "/nowhere/ws/v3/test-key"])
+@pytest.mark.parametrize(
+    "path", ["/nowhere/v3/test-key", "/WS/v3/test-key", "/nowhere/ws/v3/test-key", "/ws/ws/v3/test-key"]
+)
 async def test_a_path_naming_a_network_not_served_is_404_whatever_the_method(evm_proxy: Proxy, path: str) -> None:
     """Rule (errors.md): an unknown network is 404, as a POST to it is, never 405 (an outside attack)."""
     for method in ("GET", "POST", "PUT"):

@@ -24,8 +24,10 @@ def websocket_only() -> JsonRpcError:
     )
 
 
-def unknown_network(name: str) -> JsonRpcError:
-    if name == "ws":  # no network has that name: a POST to the WebSocket path /ws/v3/<key>
+def unknown_network(name: str, websocket: bool = False) -> JsonRpcError:
+    """404; `ws` on a JSON-RPC path is the WebSocket path /ws/v3/<key> asked with POST (405), on a
+    WebSocket path (/ws/ws/v3/<key>) a network like any other."""
+    if name == "ws" and not websocket:
         return websocket_only()
     return JsonRpcError(INVALID_REQUEST, f"unknown network '{name}'", http_status=404)
 
@@ -65,7 +67,7 @@ class Router:
             raise unknown_network(network.name)
         return successor
 
-    def network_for(self, host: str | None, path_network: str | None) -> NetworkRuntime | None:
+    def network_for(self, host: str | None, path_network: str | None, websocket: bool = False) -> NetworkRuntime | None:
         """A host name declared in a network's `hosts`, then the path's network, then a network named
         by the Host header's first label; None: route by method family. The path is the client's
         explicit choice: a first label is only a guess (any Host may be sent), so it never overrides it."""
@@ -77,7 +79,7 @@ class Router:
         if path_network is not None:
             chosen = self._networks.get(path_network)
             if chosen is None:
-                raise unknown_network(path_network)
+                raise unknown_network(path_network, websocket)
             return chosen
         return label
 

@@ -148,7 +148,7 @@ class FrontRoutes:
             account = endpoint.authorize(key_of(key, headers), headers)
             if isinstance(account, Reply):
                 return account
-            endpoint.gateway.router.network_for(headers.get("host"), network)
+            endpoint.gateway.router.network_for(headers.get("host"), network, websocket=True)
         except Exception as exc:
             return failure_reply(exc, path)
         return error_reply(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))

@@ -82,7 +82,7 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     """The socket of `account`, admitted: served until either side closes it."""
     app = request.app
     gateway, metrics, settings = app[GATEWAY], app[METRICS], app[SETTINGS]
-    network = gateway.router.network_for(request.host, request.match_info.get("network"))
+    network = gateway.router.network_for(request.host, request.match_info.get("network"), websocket=True)
     # aiohttp refuses a message of max_msg_size bytes itself; WS_MAX_MESSAGE_BYTES is the largest one served.
     ws = CountedSocket(max_msg_size=settings.ws_max_message_bytes + 1, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
