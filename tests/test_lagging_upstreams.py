@@ -256,3 +256,40 @@ async def test_a_backups_not_mined_is_never_kept_for_a_transaction_in_a_block_it
     assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="behind_head") == 1
     _, body, headers = await proxy.post(request)
     assert body["result"] == node.rpc("eth_getTransactionReceipt", tx) and headers["X-Cache"] == "MISS"
+
+
+async def test_a_backup_ahead_on_another_fork_is_never_asked_for_blocks_the_heads_node_lacks(
+    make_proxy: ProxyFactory,
+) -> None:
+    """Rule: the proxy shows one chain, the one its head follows. A backup ahead of the primary on
+    another fork (parted above finality) is not followed, and a block past the primary's head is not
+    asked of it either: its block, balance or receipts at that height are another chain's, and
+    `latest` (read-your-writes' floor) would rise to a block the head's chain does not have."""
+    primary = Anvil()
+    primary.mine(150)
+    backup = Anvil("--fork-url", primary.url, "--fork-block-number", "150")
+    try:
+        top = primary.mine(3)
+        backup.mine(20)
+        proxy = await make_proxy(EVM_UPSTREAM=f"{primary.url},{backup.url}")
+        await proxy.head_at(top)
+        states = proxy.app[SERVICE].networks["evm"].per_upstream.states
+
+        async def parted() -> bool:
+            return states.parted[1] is not None and states.parted[1] <= top
+
+        await eventually(parted, 10, "a poll to find the backup on another fork")
+        past = hex(top + 7)
+        for method, params in (
+            ("eth_getBlockByNumber", [past, False]),
+            ("eth_getBalance", ["0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266", past]),
+            ("eth_getBlockReceipts", [past]),
+        ):
+            _, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+            assert body.get("result") is None and headers["X-Cache"] != "HIT", (method, body)
+        assert (await proxy.call("eth_blockNumber", []))["result"] == hex(top)
+        latest = (await proxy.call("eth_getBlockByNumber", ["latest", False]))["result"]
+        assert latest["hash"] == primary.rpc("eth_getBlockByNumber", hex(top), False)["hash"]
+    finally:
+        backup.stop()
+        primary.stop()

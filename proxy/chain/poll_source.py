@@ -64,7 +64,7 @@ async def answered(
     head = (old_head.latest, old_head.latest_hash) if old_head is not None else None
     answers = await asker.ask(calls)
     source: Asks = asker
-    taken = await from_ahead(upstream, further(states, answers[0]), calls, answers, head, timeout)
+    taken = await from_ahead(upstream, states, further(states, answers[0]), calls, answers, head, timeout)
     if taken is not None:
         answers, source = taken
     try:
@@ -82,7 +82,7 @@ async def answered(
                 answers, source = await asker.direct(calls), asker
             except JsonRpcError:
                 raise behind from None  # the poll's failure is the node behind, not the one that failed
-        elif (taken := await from_ahead(upstream, candidates, calls, answers, head, timeout)) is not None:
+        elif (taken := await from_ahead(upstream, states, candidates, calls, answers, head, timeout)) is not None:
             answers, source = taken
         else:
             raise
@@ -115,6 +115,7 @@ def _below(latest_a: Answer, old_head: Head | None) -> Behind | None:
 
 async def from_ahead(
     upstream: Upstream,
+    states: UpstreamStates | None,
     candidates: list[int],
     calls: Calls,
     behind: list[Answer],
@@ -139,6 +140,10 @@ async def from_ahead(
         except JsonRpcError:
             continue
         shown = [header_of(answer) for answer in answers[len(calls) :]]
-        if all(s is not None and s.hash == h for s, h in zip(shown, held.values(), strict=True)):
+        holds = all(s is not None and s.hash == h for s, h in zip(shown, held.values(), strict=True))
+        if states is not None and 0 <= index < states.size:
+            parted = [n for s, n in zip(shown, held, strict=True) if s is not None and s.hash != held[n]]
+            states.parted[index] = None if holds else min(parted, default=states.parted[index])
+        if holds:
             return answers[: len(calls)], ahead
     return None

@@ -80,6 +80,11 @@ class UpstreamStates:
         # It showed the network's finalized block with another hash, then with the known one again (a
         # node that contradicts itself: finality.py): out of head tracking until then (time.monotonic()).
         self.flipped_until = [0.0] * size
+        # Ahead of the tracker's head, it showed a block of the head's chain with another hash (a fork
+        # that parted below it, poll_source.from_ahead): that block's number, until a poll finds it
+        # holding the head. Its blocks from there on are another chain's: never asked for a block the
+        # tracker's node lacks (`other_with`), so no client is shown one (nor `latest` raised to it).
+        self.parted: list[int | None] = [None] * size
 
     def observe_syncing(self, index: int, result: object) -> None:
         """An eth_syncing answer: false when synced, else an object (currentBlock, highestBlock). An
@@ -231,6 +236,10 @@ class UpstreamStates:
         if matches:
             self.lost_since_verified[index] = False
 
+    def _parted_at(self, index: int, number: int | None) -> bool:
+        parted = self.parted[index]
+        return parted is not None and (number is None or number >= parted)
+
     def in_rotation(self, index: int) -> bool:
         """Serves the network's chain as far as is known. An upstream never verified (not reachable
         at start-up) stays in rotation, but none of its answers is cached."""
@@ -243,6 +252,11 @@ class UpstreamStates:
         return number is None or self.latest[index] >= number
 
     def other_with(self, index: int, number: int | None) -> int | None:
-        """Another verified upstream whose head has block `number`: the one furthest ahead."""
-        candidates = [i for i in range(self.size) if i != index and not self.cordoned[i] and self.vouches(i, number)]
+        """Another verified upstream whose head has block `number`, on the head's chain there: the one
+        furthest ahead."""
+        candidates = [
+            i
+            for i in range(self.size)
+            if i != index and not self.cordoned[i] and self.vouches(i, number) and not self._parted_at(i, number)
+        ]
         return max(candidates, key=lambda i: self.latest[i]) if candidates else None
