@@ -76,6 +76,10 @@ class TestStateGoneRule:
                 "data": "Nethermind.Trie.MissingTrieNodeException: Node A: P:2 H:0x99 is missing",
             }
         )
+        # Nethermind's, Reth's and Besu's words (a balancer's member may be any of them).
+        assert state_gone({"code": -32002, "message": "No state available for block 0x5f2e (12,345)"})
+        assert state_gone({"code": -32000, "message": "state at block #12345 is pruned"})
+        assert state_gone({"code": -32000, "message": "World state unavailable"})
         assert not state_gone({"code": 3, "message": "execution reverted"})
         assert not state_gone(None)
 

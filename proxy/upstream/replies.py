@@ -41,6 +41,9 @@ STATE_GONE_PHRASES = (
     "due to pruning",
     "blockoutofrangeerror",
     "block out of range",
+    "no state available",  # Nethermind: "No state available for block 0x..."
+    "is pruned",  # Reth: "state at block #N is pruned"
+    "world state unavailable",  # Besu
 )
 
 
