@@ -303,9 +303,13 @@ class Verifier:
                     checked.add(n)
                 if i % BLOOMS_PER_TURN == 0:
                     await asyncio.sleep(0)  # a filter of thousands of values: other calls go on between
-        if len(checked) > LOGS_MAX_CHECKED:
+        unchecked = len(checked) > LOGS_MAX_CHECKED
+        # Past the receipts one answer may cost, the blocks whose bloom may match and that show no log
+        # are checked (spread over the range): a pruned node's `[]`, a node that dropped logs. None
+        # refuted: unchecked, as before (the blocks that show logs are not checked).
+        order = _spread(sorted(checked.difference(shown)), LOGS_MAX_CHECKED) if unchecked else sorted(checked)
+        if not order and unchecked:
             return UNCHECKED
-        order = sorted(checked)
         calls = [
             c for n in order for c in (("eth_getBlockByNumber", [hex(n), True]), ("eth_getBlockReceipts", [hex(n)]))
         ]
@@ -321,7 +325,7 @@ class Verifier:
             if expected is None:
                 return UNPROVEN
             ap.prove_block_logs(shown.get(n, []), expected, complete=complete)
-        return PROVEN
+        return UNCHECKED if unchecked else PROVEN
 
     async def _extras(self, net: NetworkRuntime, index: int, calls: list[ap.Call]) -> list[Any] | None:
         """The answers of the calls that prove an answer, asked of the node that gave it (None when
@@ -378,6 +382,13 @@ def stored_as(net: NetworkRuntime, plan: Plan) -> str:
     number = plan.need
     final = isinstance(head, Head) and bool(head.final_hash) and number is not None and 0 < number <= head.finalized
     return "proven" if final else "unproven"  # block 0: told unproven (settle)
+
+
+def _spread(numbers: list[int], most: int) -> list[int]:
+    """At most `most` of `numbers`, evenly spread over them."""
+    if len(numbers) <= most:
+        return numbers
+    return [numbers[i * len(numbers) // most] for i in range(most)]
 
 
 def _range_of(log_filter: Any) -> tuple[int, int] | None:

@@ -732,6 +732,30 @@ async def test_a_final_log_range_kept_unchecked_or_merged_is_told_unproven_on_th
         await proxy.close()
 
 
+async def test_an_empty_log_answer_past_the_blocks_checked_is_refuted_by_a_block_its_bloom_names(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """Rule: an eth_getLogs answer with more than 32 blocks whose bloom may match is unchecked, but the
+    blocks whose bloom may match and that show no log are checked first (32 of them, spread): a
+    pruned node's `[]` over 36 blocks of logs was kept forever, and every range cut from it served
+    `[]` as a hit (an outside attack). Refuted, the next upstream's answer is served and kept."""
+    store, blocks = _blocks_with_logs(anvil, LOGS_MAX_CHECKED + 4)
+    params = [{"address": store, "fromBlock": hex(blocks[0]), "toBlock": hex(blocks[-1])}]
+    liar = await LyingRelay(anvil.url, "result", results={"eth_getLogs": []}).start()
+    try:
+        async with _proxy(tmp_path, [liar.url, anvil.url]) as proxy:
+            await _final(anvil, proxy, blocks[-1])
+            truth = anvil.rpc("eth_getLogs", *params)
+            assert len(truth) == len(blocks)
+            assert (await _ask(proxy, "eth_getLogs", params))[:2] == (truth, "MISS")
+            assert (await _ask(proxy, "eth_getLogs", params))[:2] == (truth, "HIT")
+            one = [{"address": store, "fromBlock": hex(blocks[3]), "toBlock": hex(blocks[3])}]
+            assert (await _ask(proxy, "eth_getLogs", one))[0] == anvil.rpc("eth_getLogs", *one)
+            assert _verifications(proxy, "eth_getLogs", "refuted") >= 1
+    finally:
+        await liar.close()
+
+
 @pytest.mark.parametrize(("count", "verdict"), [(150, "proven"), (2000, "unchecked")])
 async def test_a_filter_of_many_addresses_over_a_final_chunk_hashes_each_once_and_bounds_its_work(
     anvil: Anvil, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, verdict: str
