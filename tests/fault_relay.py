@@ -1,6 +1,7 @@
 """A fault-injecting HTTP relay in front of a real node: wrong ids, duplicate ids, partial batches,
 HTTP 500/413/429/508, slow answers, injected errors, answers from another node (a URL over two forks),
-a batch whose `latest` block and the block of another tag (`target`: "safe" or "finalized") trade places.
+a batch whose `latest` block and the block of another tag (`target`: "safe" or "finalized") trade places,
+a batch whose `latest` block is edited (`target` "hash": its hash made its parent's; "number": 1,000 higher).
 Faults are queued and each applies to the next requests that match it (by method, by batch or not),
 then runs out; `times=None` never runs out.
 
@@ -45,6 +46,7 @@ KINDS = (
     "crowded",
     "both",
     "tags",
+    "made_up",
 )
 CROWD = 400_000  # "crowded": each result an array of this many `{}` (1.2 MB, one container per 3 bytes)
 
@@ -57,7 +59,9 @@ class Fault:
     times: int | None = 1  # None: forever
     delay: float = 0.0
     retry_after: str | None = None  # an HTTP fault's Retry-After header
-    target: str | None = None  # "fork": the node that answers instead; "tags": the tag traded with latest
+    target: str | None = (
+        None  # "fork": the node that answers instead; "tags": the tag traded with latest; "made_up": what is edited
+    )
     every: int = 1  # applies to every `every`-th matching request only
     only: bool = False  # matches only requests whose every call is of `method`
     _matched: int = 0
@@ -190,6 +194,8 @@ class FaultRelay:
                 item["result"] = [{}] * CROWD
         elif kind == "tags" and fault is not None and isinstance(reply, list):
             _trade_tags(calls, reply, fault.target or "finalized")
+        elif kind == "made_up" and fault is not None and isinstance(reply, list):
+            _edit_latest(calls, reply, fault.target or "hash")
         elif kind == "droplog":  # a lying node: the last log of every eth_getLogs answer left out
             for item in reply if isinstance(reply, list) else [reply]:
                 call = next((c for c in calls if c.get("id") == item.get("id")), {})
@@ -208,6 +214,31 @@ def _trade_tags(calls: list[dict[str, Any]], reply: list[dict[str, Any]], tag: s
     latest, other = items.get(by_tag.get("latest")), items.get(by_tag.get(tag))
     if latest is not None and other is not None:
         latest["result"], other["result"] = other.get("result"), latest.get("result")
+
+
+def _edit_latest(calls: list[dict[str, Any]], reply: list[dict[str, Any]], what: str) -> None:
+    """A batch's eth_getBlockByNumber("latest") answered with a block no chain has: its hash its
+    parent's ("hash"), or its number 1,000 higher, given for "safe" and "finalized" too ("number")."""
+    tags = {
+        c.get("id"): c["params"][0]
+        for c in calls
+        if c.get("method") == "eth_getBlockByNumber"
+        and c.get("params")
+        and c["params"][0] in ("latest", "safe", "finalized")
+    }
+    items = {item.get("id"): item for item in reply}
+    latest = next((items[i] for i, tag in tags.items() if tag == "latest" and i in items), None)
+    if latest is None or not isinstance(latest.get("result"), dict):
+        return
+    block = dict(latest["result"])
+    if what == "hash":
+        block["hash"] = block["parentHash"]
+        latest["result"] = block
+        return
+    block["number"] = hex(int(block["number"], 16) + 1000)
+    for i in tags:
+        if i in items:
+            items[i]["result"] = block
 
 
 BOMBS = ("gzip", "chunked", "close", "declared")

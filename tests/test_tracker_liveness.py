@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.chain.head_polls import TrackerError
+from proxy.chain.head_polls import TrackerError, header_of, synced_window
 from proxy.chain.poll_source import in_order
 from proxy.values import Answer
 from tests.fault_relay import FaultRelay
@@ -158,7 +158,9 @@ async def test_a_poll_whose_safe_or_finalized_block_is_above_its_latest_is_refus
 
 def test_a_poll_is_in_order_only_when_finalized_safe_and_latest_are_one_chains_view() -> None:
     def block(number: int, name: str = "a") -> Answer:
-        return Answer(b"", result={"number": hex(number), "hash": name, "parentHash": "p"}, upstream=0)
+        return Answer(
+            b"", result={"number": hex(number), "hash": "0x" + name * 64, "parentHash": "0x" + "1" * 64}, upstream=0
+        )
 
     no_tag = Answer(b"", error={"code": -32602, "message": "unknown tag"}, upstream=0)
     in_order([block(10), block(8), block(5)])
@@ -170,6 +172,77 @@ def test_a_poll_is_in_order_only_when_finalized_safe_and_latest_are_one_chains_v
         [block(10), block(8), block(9)],
         [block(10), no_tag, block(11)],
         [block(10), block(10, "b"), block(5)],
+        [block(10), block(8, "ab"), block(5)],  # a hash that is no 32 bytes
+        [
+            Answer(b"", result={"number": "-0x1", "hash": "0x" + "a" * 64, "parentHash": "0x" + "1" * 64}),
+            no_tag,
+            no_tag,
+        ],
     ):
-        with pytest.raises(TrackerError, match="not one chain's view"):
+        with pytest.raises(TrackerError, match=r"not one chain's view|malformed or made up"):
             in_order(disordered)
+
+
+@pytest.mark.parametrize("edit", ["hash", "number"])
+async def test_a_latest_block_whose_fields_do_not_hash_to_its_hash_is_never_the_head(
+    edit: str, anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
+) -> None:
+    """Rule: on a network whose blocks hash from their fields, a poll's block that does not is made
+    up (a node's or a relay's edit) and the poll is refused. A latest block given its parent's hash
+    made `latest` answer the parent block, as hits; one given a number 1,000 ahead as every tag's
+    block moved eth_blockNumber there, then back (an outside attack)."""
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, HEAD_STALE_AFTER="0.5")
+    top = anvil.mine(80)
+    await proxy.head_at(top)
+    relay.inject("made_up", target=edit, batches_only=True, times=None)
+    top = anvil.mine(3)
+    await readyz_becomes(proxy, 503)
+    edited = relay.applied.count("made_up")
+
+    async def polled_on() -> bool:
+        return relay.applied.count("made_up") >= edited + 5
+
+    await eventually(polled_on, 10, "five more polls with the latest block edited")
+    assert (await proxy.call("eth_blockNumber", []))["result"] == hex(top)
+    block = (await proxy.call("eth_getBlockByNumber", ["latest", False]))["result"]
+    assert block["hash"] == anvil.rpc("eth_getBlockByNumber", hex(top), False)["hash"]
+
+    relay.clear()
+    await readyz_becomes(proxy, 200)
+    await proxy.head_at(top)
+
+
+async def test_a_window_block_asked_by_number_must_be_of_that_number() -> None:
+    """Rule: a block of the window is the block at the height asked. One lie in the first walk (block
+    70 answered with its number made 71) kept block 70's hash at height 71 until it was final: reads
+    of block 71 were answered from block 70, as hits (an outside attack)."""
+
+    def block(number: int, shown: int | None = None) -> dict[str, Any]:
+        return {
+            "number": hex(number if shown is None else shown),
+            "hash": f"0x{number:064x}",
+            "parentHash": f"0x{number - 1:064x}",
+        }
+
+    class Node:
+        def __init__(self, lie_at: int | None) -> None:
+            self.lie_at = lie_at
+
+        async def ask(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+            answers = []
+            for _method, params in calls:
+                number = int(params[0], 16)
+                answers.append(
+                    Answer(b"", result=block(number, number + 1 if number == self.lie_at else None), upstream=0)
+                )
+            return answers
+
+        async def direct(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+            return await self.ask(calls)
+
+    latest = header_of(Answer(b"", result=block(80), upstream=0))
+    assert latest is not None
+    window = await synced_window(Node(None), 256, latest, 60, {})
+    assert window == {n: f"0x{n:064x}" for n in range(61, 81)}
+    with pytest.raises(TrackerError, match="block 70"):
+        await synced_window(Node(70), 256, latest, 60, {})

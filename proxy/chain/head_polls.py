@@ -7,17 +7,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from proxy.chain.fields import FieldError, data
+from proxy.chain.headers import HeaderError, header_hash
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.params import BlockRef
 from proxy.upstream.pool import Upstream
 from proxy.upstream.sending import too_large
+from proxy.upstream.standing import UpstreamStates
 from proxy.values import Answer
 from proxy.workers.shared_polls import SharedPolls, aligned_delay
 
@@ -59,6 +63,9 @@ class Header:
     parent_hash: str
     gas_limit: int
     timestamp: int
+    # Whether its fields hash to its hash (chain/headers.py): None when they cannot be hashed (a
+    # chain whose headers have fields of their own, a fake node's bare block).
+    hashed: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,19 +212,50 @@ def gone_stale(network: str, head: Head | None, age: float, bound: float) -> Hea
 
 
 def header_of(answer: Answer) -> Header | None:
+    """A poll's block: None for an error, a null (a tag the node lacks) or a malformed block (a number
+    that is no 0x-quantity of at most 64 bits, a hash that is no 32 bytes of 0x-hex)."""
     block = answer.result
     if answer.is_error or not isinstance(block, dict):
         return None
     try:
         return Header(
-            number=int(block["number"], 16),
-            hash=str(block["hash"]).lower(),
-            parent_hash=str(block["parentHash"]).lower(),
-            gas_limit=int(block.get("gasLimit", "0x0"), 16),
-            timestamp=int(block.get("timestamp", "0x0"), 16),
+            number=_quantity(block["number"]),
+            hash="0x" + data(block["hash"], size=32).hex(),
+            parent_hash="0x" + data(block["parentHash"], size=32).hex(),
+            gas_limit=_quantity(block.get("gasLimit", "0x0")),
+            timestamp=_quantity(block.get("timestamp", "0x0")),
+            hashed=_hashed(block),
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, FieldError):
         return None
+
+
+_QUANTITY = re.compile(r"0x[0-9a-fA-F]{1,16}")
+
+
+def _quantity(value: Any) -> int:
+    if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
+        raise FieldError("not a quantity of at most 64 bits")
+    return int(value, 16)
+
+
+def _hashed(block: dict[str, Any]) -> bool | None:
+    try:
+        return "0x" + header_hash(block).hex() == block["hash"].lower()
+    except HeaderError:
+        return None
+
+
+def made_up(header: Header | None, states: UpstreamStates | None) -> bool:
+    """Whether a poll's block is one no chain has: its fields do not hash to its hash, on a network
+    whose blocks have been seen to (a chain whose headers hash otherwise is never told so). Such a
+    block (a relay's or a node's edit of its number or its hash) moved the head onto another block's
+    hash, or to a number the chain has not reached."""
+    if header is None or header.hashed is None or states is None:
+        return False
+    if header.hashed:
+        states.headers_hash = True
+    return not header.hashed and states.headers_hash
 
 
 def same_head(a: Head, b: Head) -> bool:
@@ -239,8 +277,11 @@ async def synced_window(
     latest: Header,
     finalized: int,
     old: dict[int, str],
+    states: UpstreamStates | None = None,
 ) -> dict[int, str]:
-    """Hashes of (finalized, latest], reusing what is still linked to the new latest block."""
+    """Hashes of (finalized, latest], reusing what is still linked to the new latest block. Each block
+    asked by number must be of that number and no made-up block (a lie kept a block's hash at the next
+    height until it was final: reads of that height were answered from the other block)."""
     lower = max(finalized + 1, latest.number - window + 1)
     chain = {latest.number: latest.hash}
     expected = latest.parent_hash
@@ -254,7 +295,9 @@ async def synced_window(
         answers = await _beside_latest(asker, [get_block(hex(h)) for h in heights], latest)
         for number, answer in zip(heights, answers, strict=True):
             header = header_of(answer) or await _held(asker, number)
-            if header is None or header.hash != expected:
+            if header is None or header.number != number or made_up(header, states):
+                raise TrackerError(f"block {number} was answered with a malformed or made-up block")
+            if header.hash != expected:
                 # The chain moved while we read it; keep the previous head and try again next poll.
                 raise TrackerError("chain changed during the window walk")
             chain[header.number] = header.hash

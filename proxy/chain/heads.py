@@ -266,7 +266,7 @@ class EvmHeadTracker:
 
         old = dict(old_head.hashes) if old_head else {}
         # Without the finalized tag the window reaches down to the finalized block, for its hash.
-        hashes = await synced_window(asker, self._window, latest, finalized - (0 if final_h else 1), old)
+        hashes = await synced_window(asker, self._window, latest, finalized - (0 if final_h else 1), old, self._states)
         final_hash = final_h.hash if final_h else hashes.get(finalized, "")
         if self._identity is not None and final_hash:
             await self._epochs.sync(f"{self.network}@{self._identity}", finalized, final_hash, violated)

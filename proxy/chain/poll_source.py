@@ -12,7 +12,17 @@ import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from proxy.chain.head_polls import Asks, Behind, Head, Header, PollAsker, TrackerError, get_block, header_of
+from proxy.chain.head_polls import (
+    Asks,
+    Behind,
+    Head,
+    Header,
+    PollAsker,
+    TrackerError,
+    get_block,
+    header_of,
+    made_up,
+)
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import HttpUpstream, Upstream, http_pool
 from proxy.upstream.standing import UpstreamStates
@@ -68,7 +78,7 @@ async def answered(
     if taken is not None:
         answers, source = taken
     try:
-        in_order(answers)
+        in_order(answers, states)
         below = _below(answers[0], old_head) if taken is None else None
         if below is not None:
             # Asked once more before it is judged, also once the head is stale (when a lower block
@@ -86,16 +96,25 @@ async def answered(
             answers, source = taken
         else:
             raise
-        in_order(answers)
+        in_order(answers, states)
         return answers, source, *judge(answers)
 
 
-def in_order(answers: list[Answer]) -> None:
+def in_order(answers: list[Answer], states: UpstreamStates | None = None) -> None:
     """TrackerError unless a poll's blocks are one chain's view: finalized <= safe <= latest, one hash
-    where two tags name one height. Each may be a true block and still not the tag's (a node or a relay
-    that trades them): taken, a finalized block above latest would move the head back and the final
-    mark up to a block the chain has not finalized."""
+    where two tags name one height, none a made-up block (head_polls.made_up). Each may be a true
+    block and still not the tag's (a node or a relay that trades them): taken, a finalized block above
+    latest would move the head back and the final mark up to a block the chain has not finalized."""
     latest, safe, final = (header_of(answer) for answer in answers[:3])
+    for tag, answer, block in (
+        ("latest", answers[0], latest),
+        ("safe", answers[1], safe),
+        ("finalized", answers[2], final),
+    ):
+        if (block is None and isinstance(answer.result, dict) and not answer.is_error) or made_up(block, states):
+            raise TrackerError(f"upstream #{answer.upstream} gave as {tag} a block that is malformed or made up")
+    if any(made_up(header_of(answer), states) for answer in answers[3:]):  # the finalized block it knew
+        raise TrackerError(f"upstream #{answers[0].upstream} gave a made-up block")
     ordered = [(tag, block) for tag, block in (("finalized", final), ("safe", safe), ("latest", latest)) if block]
     for (low_tag, low), (high_tag, high) in itertools.pairwise(ordered):
         if low.number > high.number or (low.number == high.number and low.hash != high.hash):

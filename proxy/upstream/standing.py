@@ -85,6 +85,9 @@ class UpstreamStates:
         # holding the head. Its blocks from there on are another chain's: never asked for a block the
         # tracker's node lacks (`other_with`), so no client is shown one (nor `latest` raised to it).
         self.parted: list[int | None] = [None] * size
+        # A head poll's block hashed from its fields (chain/head_polls.py made_up): from then on one
+        # that does not is a made-up block, never the head nor one of its window.
+        self.headers_hash = False
 
     def observe_syncing(self, index: int, result: object) -> None:
         """An eth_syncing answer: false when synced, else an object (currentBlock, highestBlock). An
