@@ -241,7 +241,7 @@ def _quantity(value: Any) -> int:
 
 def _hashed(block: dict[str, Any]) -> bool | None:
     try:
-        return "0x" + header_hash(block).hex() == block["hash"].lower()
+        return "0x" + header_hash(block).hex() == str(block["hash"]).lower()
     except HeaderError:
         return None
 
