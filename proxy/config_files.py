@@ -278,6 +278,9 @@ def _split_ws(urls: Any) -> tuple[Any, tuple[str, ...]]:
     return [u for u in urls if u not in ws], tuple(ws)
 
 
+_TABLES = {"CREDITS_FILE": "credits", "NETWORKS_FILE": "networks", "API_KEYS_FILE": "keys"}  # each file's only one
+
+
 def _load_toml(name: str, path: str) -> dict[str, Any]:
     check_trusted(name, Path(path))
     try:
@@ -292,19 +295,16 @@ def _load_toml(name: str, path: str) -> dict[str, Any]:
         # TOML writes inf, nan and 1e400 (read as inf): no limit, weight or delay is infinite.
         shown = dotted(where) if name != "API_KEYS_FILE" else _key_place(data, where)
         raise ConfigError(f"{name}: {shown} must be a finite number (not inf or nan)")
-    if name == "CREDITS_FILE":
-        return data
-    # ${VAR} from the environment (config_expand.py); API_KEYS_FILE's table names may be secrets.
-    expanded: dict[str, Any] = expand(data, name, trace=name != "API_KEYS_FILE")
-    return expanded
+    if (other := next((k for k in data if k != _TABLES[name]), None)) is not None:  # [network.x]: never read
+        shown = repr(other) if name != "API_KEYS_FILE" else "outside [keys]"  # its names may be secrets
+        raise ConfigError(f"{name}: unknown table or key {shown} (expected only [{_TABLES[name]}...])")
+    # ${VAR} from the environment (config_expand.py), not in CREDITS_FILE; API_KEYS_FILE's table names may be secrets.
+    return data if name == "CREDITS_FILE" else dict(expand(data, name, trace=name != "API_KEYS_FILE"))
 
 
 def _credits_file(path: str) -> dict[str, int]:
     """The built-in per-method credits with CREDITS_FILE's [credits] table applied."""
     data = _load_toml("CREDITS_FILE", path)
-    for section in data:
-        if section != "credits":
-            raise ConfigError(f"CREDITS_FILE: unknown table or key {section!r} (expected only [credits])")
     table = data.get("credits")
     if not isinstance(table, dict):
         raise ConfigError(f"CREDITS_FILE: {path} has no [credits] table")

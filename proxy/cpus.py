@@ -8,6 +8,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+# WORKERS' bound: each worker is a process with its own memory tier; past this, a typo (the
+# supervisor hung building 2**53 slots).
+WORKERS_MAX = 1024
+
 
 def usable_cpus(cgroups: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> int:
     """The CPUs this process may use (WORKERS=auto): those its affinity allows (taskset, cpusets),

@@ -38,6 +38,8 @@ def check_trusted(name: str, path: Path) -> None:
         return
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would hold `check` and `serve` forever
+        raise ConfigError(f"{name}: {path} is not a regular file")
     problem = trust_problem(
         info.st_mode, info.st_uid, info.st_gid, euid=os.geteuid(), egid=os.getegid(), read_only=read_only
     )

@@ -134,7 +134,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("SHUTDOWN_TIMEOUT", "seconds SIGTERM waits for in-flight requests (default 30)"),
     Option(
         "WORKERS",
-        "worker processes sharing the port, each with its own memory tier; auto: one per CPU the "
+        "worker processes (at most 1024) sharing the port, each with its own memory tier; auto: one per CPU the "
         "process may use (its affinity, at most its container's CPU limit) (default 1: one process, no supervisor)",
     ),
     Option(
@@ -393,8 +393,8 @@ def _port(name: str, raw: str) -> int:
 
 def _workers(name: str, raw: str) -> int:
     if raw.strip().lower() == "auto":
-        return cpus.usable_cpus()
-    return _positive_int(name, raw)
+        return min(cpus.usable_cpus(), cpus.WORKERS_MAX)
+    return _whole(name, raw, 1, cpus.WORKERS_MAX, f"{cpus.WORKERS_MAX} (or auto)")
 
 
 def _csv(raw: str) -> tuple[str, ...]:

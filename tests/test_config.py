@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -158,6 +159,44 @@ def test_credits_file_errors_are_one_clear_line(tmp_path: Path, text: str, fragm
     with pytest.raises(ConfigError) as caught:
         build_settings({"EVM_UPSTREAM": "http://x", "CREDITS_FILE": str(path)})
     assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("setting", "text", "fragment"),
+    [
+        (
+            "NETWORKS_FILE",
+            '[networks.main]\nfamily = "evm"\nupstreams = ["http://x"]\n[network.base]\nfamily = "evm"\n',
+            "unknown table or key 'network'",
+        ),
+        (
+            "NETWORKS_FILE",
+            'family = "evm"\n[networks.main]\nfamily = "evm"\nupstreams = ["http://x"]\n',
+            "unknown table or key 'family'",
+        ),
+        ("API_KEYS_FILE", '[keys.alice]\nkey = "k1"\n[key.bob]\nkey = "k2"\n', "unknown table or key outside [keys]"),
+        ("API_KEYS_FILE", 'daily_credits = 5\n[keys.alice]\nkey = "k1"\n', "unknown table or key outside [keys]"),
+    ],
+)
+def test_a_table_or_key_outside_a_files_own_table_is_refused(
+    tmp_path: Path, setting: str, text: str, fragment: str
+) -> None:
+    """Rule: each file is read from its own table only, and anything beside it is a configuration
+    error, as CREDITS_FILE's was: a misspelt [network.base] or [key.bob] was silently never served
+    (an outside attack). A keys file's names may be secrets: they are not echoed."""
+    path = tmp_path / "file.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"EVM_UPSTREAM": "http://x", setting: str(path)})
+    assert fragment in str(caught.value) and "k1" not in str(caught.value) and "bob" not in str(caught.value)
+
+
+def test_a_file_setting_naming_a_fifo_is_refused_not_read(tmp_path: Path) -> None:
+    """Rule: a file setting names a regular file: API_KEYS_FILE naming a FIFO held `check` forever."""
+    fifo = tmp_path / "keys.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        build_settings({"EVM_UPSTREAM": "http://x", "API_KEYS_FILE": str(fifo)})
 
 
 def test_credits_file_overrides_and_adds_to_the_built_in_table(tmp_path: Path) -> None:

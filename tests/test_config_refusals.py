@@ -176,6 +176,15 @@ def test_every_whole_number_setting_is_at_most_2_to_the_53(setting: str) -> None
     assert f"{setting} must be at most 2**53, got '{2**64}'" in refused(**{setting: str(2**64)})
 
 
+def test_workers_are_at_most_1024() -> None:
+    """Rule: WORKERS is at most 1024 (auto too): WORKERS=2**53 passed `check`, and `serve` hung
+    building a slot per worker (an outside attack)."""
+    assert "WORKERS must be at most 1024 (or auto), got '1025'" in refused(WORKERS="1025")
+    assert "WORKERS must be at most 1024" in refused(WORKERS=str(2**53))
+    assert build_settings({**UPSTREAM, "WORKERS": "1024"}).workers == 1024
+    assert 1 <= build_settings({**UPSTREAM, "WORKERS": "auto"}).workers <= 1024
+
+
 @pytest.mark.parametrize("setting", ["WS_MAX_MESSAGE_BYTES", "MAX_RESPONSE_BYTES"])
 def test_a_websocket_messages_bound_is_at_most_2_to_the_31(setting: str) -> None:
     """Rule: the bounds aiohttp's WebSocket reader takes (ours, and an upstream WebSocket's) are at
