@@ -25,8 +25,9 @@ import aiohttp
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 
 from proxy.config import Network, Settings, doubts
+from proxy.credits.ledger_storage import eviction_problem
 from proxy.credits.prices import METHOD_CREDITS
-from proxy.redis_link import connect
+from proxy.redis_link import connect, memory_policies
 from proxy.rpc import jsonrpc
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.scrubbing import scrub_text, secrets_of
@@ -303,6 +304,22 @@ async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]
     return [(name, redact_url(url), problem) for (name, url), problem in zip(urls, problems, strict=True)]
 
 
+async def ledger_eviction(settings: Settings) -> str | None:
+    """What `serve` says of the credit ledger's Redis policy (ledger_storage.py), when keys are
+    charged and it answers: CREDITS_REQUIRE_NOEVICTION refuses to start on it."""
+    url = settings.ledger_redis_url
+    if url is None or settings.open_mode:
+        return None
+    client = connect(url, min(settings.upstream_timeout, 10.0))
+    try:
+        return eviction_problem(await memory_policies(client))
+    except (RedisError, RedisClusterException, OSError):
+        return None  # unreachable or refused: its own FAIL line above
+    finally:
+        with contextlib.suppress(RedisError, RedisClusterException, OSError):
+            await client.aclose()
+
+
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
@@ -373,6 +390,13 @@ def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (),
     for name, shown, problem in asyncio.run(probe_redises(settings)):
         problems += problem is not None
         print(f"FAIL redis {name} {shown}: {problem}" if problem else f"ok   redis {name} {shown}: PONG")
+    if (evicts := asyncio.run(ledger_eviction(settings))) is not None:  # serve refuses it, or warns
+        problems += settings.credits_require_noeviction
+        print(
+            f"FAIL credits: {evicts} (CREDITS_REQUIRE_NOEVICTION is set)"
+            if settings.credits_require_noeviction
+            else f"warn credits: {evicts}"
+        )
     for probe in probes:
         if probe.problems:
             problems += len(probe.problems)

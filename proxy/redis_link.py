@@ -100,16 +100,17 @@ def _sentinel(topology: RedisTopology, options: dict[str, Any]) -> aioredis.Redi
     return client
 
 
-async def config_values(client: RedisClient, name: str) -> list[str]:
-    """A server setting as each node that holds data reports it: every primary of a cluster (by
-    default redis-py asks one node), else the one server."""
+async def memory_policies(client: RedisClient) -> list[str]:
+    """The maxmemory-policy of each node that holds data, from INFO memory (answered where a managed
+    Redis renames or blocks CONFIG): every primary of a cluster (by default redis-py asks one), else
+    the one server."""
     replies: list[Any]
-    if isinstance(client, RedisCluster):  # then the reply is {node name: {setting: value}}
-        per_node: Any = await client.config_get(name, target_nodes=RedisCluster.PRIMARIES)
-        replies = list(per_node.values())
+    if isinstance(client, RedisCluster):  # then the reply is {node name: {field: value}}
+        per_node: Any = await client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        replies = [per_node] if "maxmemory_policy" in per_node else list(per_node.values())
     else:
-        replies = [await client.config_get(name)]
-    values = [next(iter(reply.values()), "") for reply in replies]
+        replies = [await client.info("memory")]
+    values = [reply.get("maxmemory_policy", "") for reply in replies]
     return [value.decode() if isinstance(value, bytes) else str(value) for value in values]
 
 

@@ -319,6 +319,57 @@ def test_an_evicting_ledger_redis_is_refused_when_noeviction_is_required(anvil: 
         evicting.stop()
 
 
+def _run(anvil: Anvil, redis_url: str, *command: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "EVM_UPSTREAM": anvil.url,
+        "API_KEYS": "k1",
+        "REDIS_URL": redis_url,
+        "CREDITS_REQUIRE_NOEVICTION": "true",
+        "PROXY_PORT": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_check_fails_an_evicting_ledger_redis_that_serve_would_refuse(anvil: Anvil) -> None:
+    """Rule: `check` says what `serve` does of the ledger's policy: with CREDITS_REQUIRE_NOEVICTION,
+    `check` said ok and `serve` exited 2 (an outside attack)."""
+    evicting = RedisServer("--maxmemory", "30mb", "--maxmemory-policy", "allkeys-lru")
+    try:
+        result = _run(anvil, evicting.url, "check")
+        assert result.returncode == 1, result.stdout
+        assert "FAIL credits: the credit ledger's Redis has maxmemory-policy allkeys-lru" in result.stdout
+    finally:
+        evicting.stop()
+
+
+async def test_a_noeviction_ledger_whose_config_command_is_blocked_is_read_from_info(anvil: Anvil) -> None:
+    """Rule: the policy is read with INFO memory, which a managed Redis answers where it renames or
+    blocks CONFIG: CONFIG GET failed, and with CREDITS_REQUIRE_NOEVICTION `serve` exited 2 on a
+    noeviction Redis. One that cannot be asked at all (down at start) is warned of, never refused:
+    `serve` starts, as it does on a Redis that is down."""
+    blocked = RedisServer("--maxmemory-policy", "noeviction", "--rename-command", "CONFIG", "")
+    try:
+        assert "ok   redis REDIS_URL" in _run(anvil, blocked.url, "check").stdout
+        assert "FAIL credits" not in _run(anvil, blocked.url, "check").stdout
+        proxy = await start_proxy(
+            settings_for(
+                EVM_UPSTREAM=anvil.url, API_KEYS="k1", REDIS_URL=blocked.url, CREDITS_REQUIRE_NOEVICTION="true"
+            )
+        )
+        await proxy.close()
+    finally:
+        blocked.stop()
+    down = RedisServer()
+    down.stop()
+    proxy = await start_proxy(
+        settings_for(EVM_UPSTREAM=anvil.url, API_KEYS="k1", REDIS_URL=down.url, CREDITS_REQUIRE_NOEVICTION="true")
+    )
+    await proxy.close()
+
+
 # --- operator view --------------------------------------------------------------------------
 
 
