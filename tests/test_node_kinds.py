@@ -577,8 +577,11 @@ class SyncingRelay:
     live: str
     synced: bool = False
     asked_syncing: int = 0
+    requests: int = 0
+    stuck: bool = False  # eth_syncing false all the same (a node stalled far behind)
 
     async def handle(self, request: web.Request) -> web.Response:
+        self.requests += 1
         payload = json.loads(await request.read())
         calls = payload if isinstance(payload, list) else [payload]
         async with (
@@ -593,7 +596,7 @@ class SyncingRelay:
                 self.asked_syncing += 1
                 by_id[call.get("id")]["result"] = (
                     False
-                    if self.synced
+                    if self.synced or self.stuck
                     else {"startingBlock": "0x0", "currentBlock": hex(SYNCING_AT), "highestBlock": hex(LIVE_HEAD)}
                 )
         return web.json_response(reply)
@@ -681,6 +684,49 @@ async def test_readyz_says_degraded_when_every_upstream_is_still_syncing(
             await eventually(degraded, 10, "/readyz to say every upstream is syncing")
         finally:
             await proxy.close()
+
+
+@pytest.mark.parametrize("says", ["syncing", "synced"])
+async def test_a_node_far_behind_left_alone_below_finality_never_takes_the_head_nor_drops_the_cache(says: str) -> None:
+    """Rule: a node below the network's finalized block that never reached it (syncing, or stalled
+    and saying it is synced) is no evidence of a restarted chain, and one that says it is syncing is
+    never followed, even as the only upstream answering: the synced node going away made the proxy
+    take the other's head (eth_blockNumber back from 300 to 100, as hits) and drop the cache as "a
+    restarted chain" within seconds (an outside attack)."""
+    live = Anvil()
+    live.mine(300)
+    behind = Anvil("--fork-url", live.url, "--fork-block-number", "100")
+    synced = await FaultRelay(live.url).start()
+    relay = SyncingRelay(behind.url, live.url, stuck=says == "synced")
+    try:
+        async with serving(relay.handle) as url:
+            proxy = await start_proxy(settings_for(EVM_UPSTREAM=f"{url},{synced.url}", HEAD_STALE_AFTER="0.5"))
+            try:
+                await proxy.head_at(300)
+                number = {"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []}
+                assert (await proxy.post(number))[1]["result"] == hex(300)  # shown: never below it again
+                final = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": [hex(200), False]}
+                await proxy.post(final)
+                assert (await proxy.post(final))[2]["X-Cache"] == "HIT"
+                await synced.close()  # the synced node goes away: only the syncing one answers
+                asked = relay.requests
+
+                async def polled_on() -> bool:
+                    return relay.requests >= asked + 60  # 12 heads in a row below finality were a "restart"
+
+                await eventually(polled_on, 20, "sixty more requests to the syncing node")
+                head = proxy.app[SERVICE].networks["evm"].tracker.head
+                assert head is not None and head.latest >= 300
+                _, body, headers = await proxy.post(final)
+                assert headers["X-Cache"] == "HIT" and body["result"]["number"] == hex(200)
+                _, body, _ = await proxy.post(number)
+                assert "error" in body or int(body["result"], 16) >= 300, body
+            finally:
+                await proxy.close()
+    finally:
+        await synced.close()
+        behind.stop()
+        live.stop()
 
 
 # --- a node a few blocks behind on the head's own chain ----------------------------------------

@@ -77,6 +77,7 @@ class UpstreamStates:
         # is behind shows them between its other members' (heads.py).
         self.final_mark: int | None = None
         self.below_final = 0
+        self._reached_final = [False] * size  # its head was once at or above final_mark
         # It showed the network's finalized block with another hash, then with the known one again (a
         # node that contradicts itself: finality.py): out of head tracking until then (time.monotonic()).
         self.flipped_until = [0.0] * size
@@ -112,9 +113,11 @@ class UpstreamStates:
     def catching_up(self, index: int) -> bool:
         """Still syncing (its eth_syncing says so), far behind the others, or lately contradicting itself
         on the finalized block: not followed by the head tracker nor asked first, while another upstream
-        in rotation is not catching up."""
+        in rotation is not catching up (syncing below the finalized block: whatever the others)."""
         if not 0 <= index < self.size or not self._lagging(index):
             return False
+        if self.syncing[index] and self.final_mark is not None and self.latest[index] < self.final_mark:
+            return True  # syncing below the network's finalized block: never its head, even alone
         return any(i != index and self.in_rotation(i) and not self._lagging(i) for i in range(self.size))
 
     def _lagging(self, index: int) -> bool:
@@ -194,8 +197,13 @@ class UpstreamStates:
 
     def observe_head(self, index: int, number: int) -> None:
         if 0 <= index < self.size:
-            if self.final_mark is not None:
-                self.below_final = self.below_final + 1 if number < self.final_mark else 0
+            if self.final_mark is not None and number >= self.final_mark:
+                self.below_final, self._reached_final[index] = 0, True
+            elif self.final_mark is not None and self._reached_final[index] and not self.syncing[index]:
+                # Only a node that had reached the finalized block and went back says the chain
+                # restarted: one still syncing, or stuck below it all along, says nothing of the chain
+                # (it took over the head, and the cache was dropped, when the synced node went down).
+                self.below_final += 1
             if number < self.latest[index]:
                 self._went_back[index] = self.mixed[index] = True
             else:
