@@ -205,10 +205,15 @@ async def _probe_http(pool: HostPool, network: Network, index: int, timeout: flo
     try:
         answers = await _post(pool, batch, timeout, limit)
         if not isinstance(answers, list) or len(answers) != 2 or any("result" not in a for a in answers):
-            problems.append("a batch of two calls was not answered with two results (set UPSTREAM_BATCH_MAX=1)")
+            problems.append(f"a batch of two calls was not answered with two results: {UNBATCHED}")
     except (ClientFault, TimeoutError, ValueError) as exc:
-        problems.append(f"a batch of two calls failed ({_failure(exc, timeout)}; set UPSTREAM_BATCH_MAX=1)")
+        problems.append(f"a batch of two calls failed ({_failure(exc, timeout)}): {UNBATCHED}")
     return Probe(network.name, label, chain_id, genesis, tuple(problems))
+
+
+# What a node that refuses batches costs: UPSTREAM_BATCH_MAX=1 does not help, since an answer's proof
+# of its chain (the block's header) rides in its batch (pool.py _with_proofs).
+UNBATCHED = "its answers would be served but never cached; point it at a node (or a provider plan) that takes batches"
 
 
 def _failure(exc: Exception, timeout: float) -> str:

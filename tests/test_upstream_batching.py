@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +17,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.forwarded import FORWARDED, Forwarded, forwarding
+from proxy.logs import Throttled
 from proxy.metrics import Metrics
+from proxy.upstream import pool
 from proxy.upstream.batching import AutoBatcher
 from proxy.upstream.pool import HttpUpstream
 from proxy.values import Answer
@@ -32,6 +35,7 @@ from tests.support import (
     start_proxy,
     word,
 )
+from tests.test_check_command import check
 
 STORE_FINAL = 66  # blocks mined after deploying, so the deploy block is final
 
@@ -152,6 +156,27 @@ async def test_a_node_that_refuses_batches_gets_each_call_alone(anvil: Anvil) ->
     assert all("result" in r for r in replies)
     assert any(size < 0 for size in seen.sizes)  # a batch was refused ...
     assert sum(size for size in seen.sizes if size > 0) == 10  # ... and every call went alone
+
+
+async def test_a_node_that_refuses_batches_is_said_to_be_served_uncached_by_serve_and_check(
+    anvil: Anvil, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule: an upstream that refuses batches is never cached from (an answer is kept only beside its
+    block's header, in one batch), and the operator is told so: `serve` logs a WARNING, and `check`
+    says so rather than advising UPSTREAM_BATCH_MAX=1, which changed nothing (an outside attack: every
+    call BYPASS, /readyz ready, no warning, and `check` failing the same whatever was set)."""
+    monkeypatch.setattr(pool, "throttled", Throttled(pool.log))  # an earlier test's line does not hold this one back
+    async with relay(anvil.url, refuse_batches=("eth_getStorageAt", "eth_chainId", "eth_getBlockByNumber")) as seen:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url))
+        try:
+            await concurrent_storage_reads(anvil, proxy, 2)
+        finally:
+            await proxy.close()
+        result = await asyncio.to_thread(check, tmp_path, EVM_UPSTREAM=seen.url, UPSTREAM_BATCH_MAX="1")
+    warned = [r.getMessage() for r in caplog.records if "refused a JSON-RPC batch" in r.getMessage()]
+    assert warned and "never cached" in warned[0]
+    assert result.returncode == 1 and "served but never cached" in result.stdout, result.stdout
+    assert "set UPSTREAM_BATCH_MAX=1" not in result.stdout
 
 
 async def test_a_failed_batch_reaches_every_caller_as_a_json_rpc_error(anvil: Anvil) -> None:

@@ -299,6 +299,12 @@ class HttpUpstream(Sender):
             # A node that does not take batches: each call asked alone, unproven (proof None). A header
             # asked alone would prove nothing of the call: a load balancer may send them to different members.
             # Within the call's own timeout (a share of a read's time) if it has one.
+            throttled.warning(
+                f"batches {self.network}",
+                "network %s: an upstream refused a JSON-RPC batch: its answers are served but never cached (an "
+                "answer is kept only beside its block's header, in one batch); use a node that takes batches",
+                self.network,
+            )
             alone = await asyncio.gather(*(self._single(m, p, timeout) for m, p in sent[:count]))
             for answer in alone:
                 answer.unbatched = True
