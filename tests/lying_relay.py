@@ -23,7 +23,8 @@ changed answer. Each lie is one a node could tell without breaking the JSON form
   orjson writes (the node's JSON valid all the same).
 
 `lie = None` relays honestly. Tags ("latest", "finalized") are never lied about, so the tracker
-follows the real chain.
+follows the real chain; with `heads_honest`, neither is a batch of eth_getBlockByNumber calls alone
+(the tracker's window walk, whose blocks by number must hash to their hashes: head_polls.made_up).
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class LyingRelay:
     swap: dict[str, Any] = field(default_factory=dict)  # method -> what the "swap" lie answers
     swap_first: Any = None  # the "swap" lie only for calls with this first param (None: every call)
     results: dict[str, Any] = field(default_factory=dict)  # method -> what the "result" lie answers
+    heads_honest: bool = False  # a batch of eth_getBlockByNumber calls alone is relayed as it is
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call relayed, batches unrolled
     hashes_asked: dict[str, int] = field(default_factory=dict)  # eth_getBlockByHash: times each hash was asked
     posts: list[list[dict[str, Any]]] = field(default_factory=list)  # each request's calls: a round trip each
@@ -178,6 +180,12 @@ class LyingRelay:
         async with self._session.post(self.target, data=body, headers={"Content-Type": "application/json"}) as resp:
             reply = json.loads(await resp.read())
         items = reply if isinstance(reply, list) else [reply]
+        if (
+            self.heads_honest
+            and isinstance(payload, list)
+            and all(c.get("method") == "eth_getBlockByNumber" for c in calls)
+        ):
+            return web.json_response(reply)
         by_id = {c.get("id"): c for c in calls}
         for item in items:
             call = by_id.get(item.get("id"), {})

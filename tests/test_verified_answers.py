@@ -432,7 +432,7 @@ async def test_a_lie_about_a_block_not_yet_final_asked_by_its_hash_is_never_kept
 ) -> None:
     """Rule: what a node says of a block named by hash above finality is refuted by the header that
     hash names, and never kept (it was kept forever, its key being the hash)."""
-    liar = await LyingRelay(anvil.url, lie, below=10**9).start()  # every block's, tags left honest
+    liar = await LyingRelay(anvil.url, lie, below=10**9, heads_honest=True).start()  # every block's, tags left honest
     try:
         async with _proxy(tmp_path, [liar.url]) as proxy:
             store, block_hash = await _above_finality(anvil, proxy)
@@ -920,9 +920,11 @@ async def test_under_verify_required_nothing_an_auto_replica_kept_forever_unprov
     if kind == "call":
         method, params = "eth_call", [{"to": store, "data": selector("x()")}, hex(blocks[-1])]
         liar = await LyingRelay(anvil.url, "result", results={"eth_call": "0x" + word(9)}).start()
-    else:
+    else:  # a log's data changed: in a block that shows logs, which an unchecked range leaves unread
         method, params = "eth_getLogs", [{"address": store, "fromBlock": hex(blocks[0]), "toBlock": hex(blocks[-1])}]
-        liar = await LyingRelay(anvil.url, "droplog", below=10**6).start()
+        logs = anvil.rpc(method, *params)
+        forged = [*logs[:-1], {**logs[-1], "data": "0x" + word(9)}]
+        liar = await LyingRelay(anvil.url, "result", results={"eth_getLogs": forged}).start()
     chunks = "1000" if kind == "logs_merged" else "0"
     if kind == "logs_merged":  # its whole chunk (blocks 0-999) final: the piece it is cut from is kept too
         anvil.mine(1100 - anvil.block_number())

@@ -79,6 +79,7 @@ async def answered(
         answers, source = taken
     try:
         in_order(answers, states)
+        answers = unmade(answers, states)
         below = _below(answers[0], old_head) if taken is None else None
         if below is not None:
             # Asked once more before it is judged, also once the head is stale (when a lower block
@@ -97,7 +98,18 @@ async def answered(
         else:
             raise
         in_order(answers, states)
+        answers = unmade(answers, states)
         return answers, source, *judge(answers)
+
+
+def unmade(answers: list[Answer], states: UpstreamStates | None) -> list[Answer]:
+    """A poll's answers with a made-up block after its tags (the finalized block it knew, asked by
+    number) as none: it cannot start a new epoch (a relay's edit of an old block's timestamp or hash
+    dropped the cache), and a node that lies of old blocks does not stop the head."""
+    return [
+        Answer(b"null", upstream=answer.upstream) if i >= 3 and made_up(header_of(answer), states) else answer
+        for i, answer in enumerate(answers)
+    ]
 
 
 def in_order(answers: list[Answer], states: UpstreamStates | None = None) -> None:
@@ -113,8 +125,6 @@ def in_order(answers: list[Answer], states: UpstreamStates | None = None) -> Non
     ):
         if (block is None and isinstance(answer.result, dict) and not answer.is_error) or made_up(block, states):
             raise TrackerError(f"upstream #{answer.upstream} gave as {tag} a block that is malformed or made up")
-    if any(made_up(header_of(answer), states) for answer in answers[3:]):  # the finalized block it knew
-        raise TrackerError(f"upstream #{answers[0].upstream} gave a made-up block")
     ordered = [(tag, block) for tag, block in (("finalized", final), ("safe", safe), ("latest", latest)) if block]
     for (low_tag, low), (high_tag, high) in itertools.pairwise(ordered):
         if low.number > high.number or (low.number == high.number and low.hash != high.hash):
@@ -160,7 +170,9 @@ async def from_ahead(
             continue
         shown = [header_of(answer) for answer in answers[len(calls) :]]
         holds = all(s is not None and s.hash == h for s, h in zip(shown, held.values(), strict=True))
-        if states is not None and 0 <= index < states.size:
+        if (
+            states is not None and 0 <= index < states.size and head is not None
+        ):  # the head's chain, not the node behind's
             parted = [n for s, n in zip(shown, held, strict=True) if s is not None and s.hash != held[n]]
             states.parted[index] = None if holds else min(parted, default=states.parted[index])
         if holds:
