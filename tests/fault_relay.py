@@ -1,7 +1,8 @@
 """A fault-injecting HTTP relay in front of a real node: wrong ids, duplicate ids, partial batches,
 HTTP 500/413/429/508, slow answers, injected errors, answers from another node (a URL over two forks),
 a batch whose `latest` block and the block of another tag (`target`: "safe" or "finalized") trade places,
-a batch whose `latest` block is edited (`target` "hash": its hash made its parent's; "number": 1,000 higher).
+a batch whose `latest` block is edited (`target` "hash": its hash made its parent's; "number": 1,000 higher),
+a batch whose `safe` and `finalized` blocks are its `latest` block (a node that takes an unknown tag for latest).
 Faults are queued and each applies to the next requests that match it (by method, by batch or not),
 then runs out; `times=None` never runs out.
 
@@ -47,6 +48,7 @@ KINDS = (
     "both",
     "tags",
     "made_up",
+    "final_latest",
 )
 CROWD = 400_000  # "crowded": each result an array of this many `{}` (1.2 MB, one container per 3 bytes)
 
@@ -194,6 +196,9 @@ class FaultRelay:
                 item["result"] = [{}] * CROWD
         elif kind == "tags" and fault is not None and isinstance(reply, list):
             _trade_tags(calls, reply, fault.target or "finalized")
+        elif kind == "final_latest" and isinstance(reply, list):
+            _trade_tags(calls, reply, "safe", copy=True)
+            _trade_tags(calls, reply, "finalized", copy=True)
         elif kind == "made_up" and fault is not None and isinstance(reply, list):
             _edit_latest(calls, reply, fault.target or "hash")
         elif kind == "droplog":  # a lying node: the last log of every eth_getLogs answer left out
@@ -204,15 +209,17 @@ class FaultRelay:
         return web.json_response(reply)
 
 
-def _trade_tags(calls: list[dict[str, Any]], reply: list[dict[str, Any]], tag: str) -> None:
+def _trade_tags(calls: list[dict[str, Any]], reply: list[dict[str, Any]], tag: str, copy: bool = False) -> None:
     """The results of a batch's eth_getBlockByNumber("latest") and ("<tag>") swapped: a node (or a relay)
-    whose answers are each a true block, but not of the tags asked."""
+    whose answers are each a true block, but not of the tags asked; `copy`: the tag's is latest's."""
     by_tag = {
         c["params"][0]: c.get("id") for c in calls if c.get("method") == "eth_getBlockByNumber" and c.get("params")
     }
     items = {item.get("id"): item for item in reply}
     latest, other = items.get(by_tag.get("latest")), items.get(by_tag.get(tag))
-    if latest is not None and other is not None:
+    if latest is not None and other is not None and copy:
+        other["result"] = latest.get("result")
+    elif latest is not None and other is not None:
         latest["result"], other["result"] = other.get("result"), latest.get("result")
 
 

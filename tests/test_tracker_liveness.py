@@ -15,9 +15,10 @@ import pytest
 
 from proxy.chain.head_polls import TrackerError, header_of, synced_window
 from proxy.chain.poll_source import in_order
+from proxy.http.app_keys import SERVICE
 from proxy.values import Answer
 from tests.fault_relay import FaultRelay
-from tests.support import ROOT, Anvil, Proxy, ProxyFactory, eventually, selector, word
+from tests.support import DEV_ACCOUNT, ROOT, Anvil, Proxy, ProxyFactory, eventually, selector, word
 from tests.test_observability import promtool
 
 
@@ -246,3 +247,47 @@ async def test_a_window_block_asked_by_number_must_be_of_that_number() -> None:
     assert window == {n: f"0x{n:064x}" for n in range(61, 81)}
     with pytest.raises(TrackerError, match="block 70"):
         await synced_window(Node(70), 256, latest, 60, {})
+
+
+async def test_a_block_once_said_final_is_still_checked_after_the_node_takes_its_word_back(
+    anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
+) -> None:
+    """Rule: the finalized block the tracker checks never goes back but for a new epoch. A node that
+    gave its latest block for `finalized` (as one that takes an unknown tag for latest does), then its
+    true finalized block, had the proxy keep state it called final; a reorg of those blocks then went
+    unseen, and the old fork's balance was served as a hit for good (an outside attack)."""
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url)
+    top = anvil.mine(100)
+    await proxy.head_at(top)
+    tracker = proxy.app[SERVICE].networks["evm"].tracker
+    relay.inject("final_latest", batches_only=True, times=None)
+    fork = anvil.rpc("evm_snapshot")
+    to = "0x" + "bb" * 20
+    anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": to, "value": "0x1"})
+    moved = anvil.mine(2)
+
+    async def said_final() -> bool:
+        return tracker.head is not None and tracker.head.finalized == tracker.head.latest == moved
+
+    await eventually(said_final, 10, "the head to take the latest block as final")
+    balance = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [to, hex(top + 1)]}
+    assert (await proxy.post(balance))[1]["result"] == "0x1"
+    assert (await proxy.post(balance))[2]["X-Cache"] == "HIT"  # kept as a final block's
+
+    relay.clear()
+
+    async def honest() -> bool:
+        return tracker.head is not None and tracker.head.finalized < top
+
+    await eventually(honest, 10, "the node's true finalized block")
+    anvil.rpc("evm_revert", fork)  # blocks top+1.. replaced: never final, though once said so
+    anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": to, "value": "0x3e8"})
+    anvil.mine(80)  # final now, on the new chain
+    truth = anvil.rpc("eth_getBalance", to, hex(top + 1))
+    assert truth == "0x3e8"
+
+    async def served_truth() -> bool:
+        _, body, _ = await proxy.post(balance)
+        return body.get("result") == truth
+
+    await eventually(served_truth, 10, "the new chain's balance, not the old fork's kept one")

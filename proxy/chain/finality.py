@@ -29,6 +29,20 @@ class Contested(TrackerError):
     """A poll showed the finalized block with a new hash, not yet believed (FinalityWatch._corroborate)."""
 
 
+def kept_final(
+    known: Header | None, final: Header | None, number: int, final_hash: str, violated: bool
+) -> Header | None:
+    """The finalized block the next poll checks: this poll's (its tag's block, or `number` and
+    `final_hash` without the tag), never one below the last poll's but after a violation (a new
+    epoch). A finalized block that goes back (a balancer's lagging member, or a claim withdrawn: a
+    node that gave `latest` for an unknown tag) leaves the higher one checked, so a later reorg of a
+    block once said final is a violation, as it was not: the old fork's answers stayed kept forever."""
+    taken = final or (Header(number, final_hash, "", 0, 0) if final_hash else None)
+    if violated or known is None or taken is None or taken.number >= known.number:
+        return taken
+    return known
+
+
 class FinalityWatch:
     def __init__(self, network: str, states: UpstreamStates | None, metrics: Metrics) -> None:
         self.network = network

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.chain.epochs import EpochKeeper, EpochStore
-from proxy.chain.finality import Contested, FinalityWatch
+from proxy.chain.finality import Contested, FinalityWatch, kept_final
 from proxy.chain.forks import ForkGuard
 from proxy.chain.head_polls import (
     Behind,
@@ -296,7 +296,7 @@ class EvmHeadTracker:
         self.head = head
         # This replica's own finalized block only: a stored checkpoint another replica wrote may be of
         # another fork, which is no violation of this chain's finality (forks.py checks the space's trail).
-        self._final = final_h or Header(finalized, final_hash, "", 0, 0) if final_hash else final_h
+        self._final = kept_final(known_final, final_h, finalized, final_hash, violated)
         if self._states is not None:
             self._states.final_mark = self._final.number if self._final is not None else None
         self.last_poll = time.time()
