@@ -33,6 +33,7 @@ from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadab
 from proxy.upstream.scrubbing import scrub_text, secrets_of
 
 REDACTED = "<redacted>"
+CHECK_WAIT = 10.0  # seconds check waits for one upstream or Redis at most (UPSTREAM_TIMEOUT when less)
 
 
 def redact_url(url: str) -> str:
@@ -219,7 +220,7 @@ UNBATCHED = "its answers would be served but never cached; point it at a node (o
 def _failure(exc: Exception, timeout: float) -> str:
     """Why a post failed, in words: a silent upstream's timeout says so (its message is empty)."""
     if isinstance(exc, TimeoutError):
-        return f"timed out after {timeout:g}s (UPSTREAM_TIMEOUT)"
+        return f"timed out after {timeout:g}s (UPSTREAM_TIMEOUT, at most {CHECK_WAIT:g}s in check)"
     if isinstance(exc, ValueError):
         return str(exc)
     return f"unreachable ({str(exc) or type(exc).__name__})"
@@ -234,13 +235,17 @@ async def probe_ws(session: aiohttp.ClientSession, network: Network, index: int,
         ):
             return Probe(network.name, label)
     except TimeoutError:  # a silent upstream: how long, and the setting that bounds it (as _failure)
-        return Probe(network.name, label, problems=(f"handshake timed out after {timeout:g}s (UPSTREAM_TIMEOUT)",))
+        return Probe(
+            network.name,
+            label,
+            problems=(f"handshake timed out after {timeout:g}s (UPSTREAM_TIMEOUT, at most {CHECK_WAIT:g}s in check)",),
+        )
     except (aiohttp.ClientError, OSError) as exc:
         return Probe(network.name, label, problems=(f"handshake failed ({type(exc).__name__})",))
 
 
 async def probe_all(settings: Settings) -> list[Probe]:
-    seconds = min(settings.upstream_timeout, 10.0)  # a silent host: not 30 s
+    seconds = min(settings.upstream_timeout, CHECK_WAIT)  # a silent host: not 30 s
     timeout = aiohttp.ClientTimeout(total=seconds)
     limit = settings.max_response_bytes
     async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
@@ -302,7 +307,7 @@ def _redis_problem(exc: BaseException) -> str:
 
 async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]:
     """(setting, redacted URL, problem or None) for REDIS_URL and a CREDITS_REDIS_URL of its own."""
-    seconds = min(settings.upstream_timeout, 10.0)
+    seconds = min(settings.upstream_timeout, CHECK_WAIT)
     named = [("REDIS_URL", settings.redis_url), ("CREDITS_REDIS_URL", settings.credits_redis_url)]
     urls = [(name, url) for name, url in named if url and (name == "REDIS_URL" or url != settings.redis_url)]
     problems = await asyncio.gather(*(probe_redis(url, seconds) for _, url in urls))
@@ -315,7 +320,7 @@ async def ledger_eviction(settings: Settings) -> str | None:
     url = settings.ledger_redis_url
     if url is None or settings.open_mode:
         return None
-    client = connect(url, min(settings.upstream_timeout, 10.0))
+    client = connect(url, min(settings.upstream_timeout, CHECK_WAIT))
     try:
         return eviction_problem(await memory_policies(client))
     except (RedisError, RedisClusterException, OSError):

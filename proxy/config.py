@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from proxy.config_files import VERIFY_MODES, _credits_file, _keys, _networks_from_file
+from proxy.config_files import HEADER_NAME, VERIFY_MODES, _credits_file, _keys, _networks_from_file
 from proxy.config_files import KeyConfig as KeyConfig
 from proxy.config_files import Network as Network
 from proxy.credits.prices import METHOD_CREDITS
@@ -333,6 +333,8 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
             if not METHOD_NAME.fullmatch(method):
                 raise ConfigError(f"ALLOW_METHODS: {method[:40]!r} is not a method name (ASCII letters, digits, '_')")
         values["allowed_methods"] = frozenset(methods)
+    if (header := values.get("trusted_proxy_header")) and not HEADER_NAME.fullmatch(header):  # it never comes
+        raise ConfigError(f"TRUSTED_PROXY_HEADER must be a header name (letters, digits, '-'), got {header[:40]!r}")
     if "CREDITS_FILE" in raw:
         values["method_credits"] = _credits_file(raw["CREDITS_FILE"])
     # spec: getLargestAccounts results may be cached up to two hours.

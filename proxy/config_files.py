@@ -105,7 +105,7 @@ _UPSTREAM_FIELDS = (
     "headers",
 )
 RECENT_BLOCKS_DEFAULT = 128  # `archive = false` without recent_blocks: geth's default state window
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 5.1: a token
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 5.1: a token
 # Fields the proxy writes itself (framing, the connection, a WebSocket's handshake).
 _OWN_HEADERS = frozenset(
     {
@@ -132,7 +132,7 @@ def _headers(at: str, table: Any) -> UpstreamHeaders:
         raise ConfigError(f"{at}: headers must be a table of header names to string values")
     pairs = []
     for name, value in table.items():
-        if not _HEADER_NAME.fullmatch(name):
+        if not HEADER_NAME.fullmatch(name):
             raise ConfigError(f"{at}: header name {name[:40]!r} is not an HTTP field name")
         if name.lower() in _OWN_HEADERS or name.lower().startswith("sec-websocket-"):
             raise ConfigError(f"{at}: header {name} is the proxy's own to send")

@@ -405,7 +405,7 @@ def _origins(name: str, raw: str) -> tuple[str, ...]:
     """CORS_ALLOW_ORIGINS: `*`, or origins a browser sends (`https://app.example`); an entry that is
     neither never matches (`app.example` has no scheme), so no page could call the proxy."""
     origins = _csv(raw)
-    if (bad := not_an_origin(origins)) is not None:
+    if (bad := not_an_origin(origins) if origins else raw) is not None:  # "," names none: no page allowed
         raise ConfigError(f"{name} must be * or origins such as https://app.example, got {bad[:100]!r}")
     return origins
 

@@ -225,6 +225,8 @@ def test_check_refuses_a_ws_max_message_bytes_past_its_bound_with_exit_2(tmp_pat
         "https://a..example",
         "https://-a.example",
         "https://a.example/path",
+        ",",  # names no origin: no page allowed, where an empty value (unset) is "*"
+        " , ",
     ],
 )
 def test_cors_origins_that_no_browser_sends_are_refused(value: str) -> None:
@@ -535,3 +537,11 @@ def test_log_format_is_read_in_any_case() -> None:
     """Rule: LOG_FORMAT=JSON is json, as LOG_LEVEL=info is INFO (it was refused, the refusal in JSON)."""
     assert build_settings({**UPSTREAM, "LOG_FORMAT": "JSON"}).log_format == "json"
     assert build_settings({**UPSTREAM, "LOG_FORMAT": " Text "}).log_format == "text"
+
+
+@pytest.mark.parametrize("value", ["Bad Header", "X-Real-IP:", "X-Forwarded-For,"])
+def test_a_trusted_proxy_header_that_is_no_header_name_is_refused(value: str) -> None:
+    """Rule: TRUSTED_PROXY_HEADER names a header a request can carry: `Bad Header` was taken, and
+    never came, so every client was its proxy's address (an outside attack)."""
+    assert "TRUSTED_PROXY_HEADER must be a header name" in refused(TRUSTED_PROXY_HEADER=value)
+    assert build_settings({**UPSTREAM, "TRUSTED_PROXY_HEADER": "X-Real-IP"}).trusted_proxy_header == "X-Real-IP"
