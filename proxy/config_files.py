@@ -126,7 +126,7 @@ _OWN_HEADERS = frozenset(
 )
 
 
-def _headers(at: str, table: Any) -> UpstreamHeaders:
+def _headers(at: str, table: Any, url: Any = "") -> UpstreamHeaders:
     """An upstream's `headers = {Name = "value"}`: checked by name, never echoing a value."""
     if not isinstance(table, dict):
         raise ConfigError(f"{at}: headers must be a table of header names to string values")
@@ -139,6 +139,8 @@ def _headers(at: str, table: Any) -> UpstreamHeaders:
         if not isinstance(value, str) or any(c in value for c in "\r\n\0") or not value.isascii():
             raise ConfigError(f"{at}: header {name}'s value must be one line of ASCII text")
         pairs.append((name, value.strip()))
+    if "@" in str(url).split("//", 1)[-1].split("/", 1)[0] and any(n.lower() == "authorization" for n, _ in pairs):
+        raise ConfigError(f"{at}: both user:password@ in its URL (sent as Basic) and an Authorization header")
     return tuple(pairs)
 
 
@@ -170,7 +172,7 @@ def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOpti
                 _recent_blocks(at, entry),
             )
         )
-        headers.append(_headers(at, entry["headers"]) if "headers" in entry else ())
+        headers.append(_headers(at, entry["headers"], entry.get("url")) if "headers" in entry else ())
         urls.append(entry.get("url"))
     return urls, tuple(options), headers
 

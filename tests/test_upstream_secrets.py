@@ -83,6 +83,25 @@ def test_header_values_and_misuse_are_checked_by_name_never_echoing_a_value(tmp_
         assert "Bearer" not in str(error.value) and "evil" not in str(error.value)
 
 
+def test_credentials_in_the_url_beside_an_authorization_header_are_refused(tmp_path: Path) -> None:
+    """Rule: an upstream's credentials come one way: a URL's user:password@ was sent as Basic in
+    place of a configured Authorization header, silently (an outside attack). Neither is echoed."""
+    path = networks_file(
+        tmp_path,
+        '[networks.evm]\nfamily = "evm"\nupstreams = [{url = "https://user:pw-secret@rpc.example/v1", '
+        'headers = {authorization = "Bearer tok-secret"}}]\n',
+    )
+    with pytest.raises(ConfigError, match="both user:password@ in its URL") as error:
+        build_settings({"NETWORKS_FILE": path})
+    assert "secret" not in str(error.value)
+    alone = networks_file(
+        tmp_path,
+        '[networks.evm]\nfamily = "evm"\nupstreams = [{url = "https://rpc.example/a@b", '
+        'headers = {Authorization = "Bearer tok"}}]\n',
+    )
+    assert build_settings({"NETWORKS_FILE": alone}).networks[0].upstreams  # an "@" in the path is no user
+
+
 def test_an_unset_variable_is_a_configuration_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RPC_TOKEN_UNSET", raising=False)
     path = networks_file(tmp_path, '[networks.evm]\nfamily = "evm"\nupstreams = ["https://x/${RPC_TOKEN_UNSET}"]\n')
