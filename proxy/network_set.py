@@ -110,6 +110,11 @@ class NetworkSet:
             plan = plan_reload({name: r.config for name, r in self.runtimes.items()}, new)
             fresh = [self.builder.build(new[name]) for name in (*plan.added, *plan.replaced)]
             await self.builder.start(fresh)
+            if (wrong := await _another_chain(fresh, min(settings.upstream_timeout, RELOAD_CHECK_WAIT))) is not None:
+                await asyncio.gather(*(self.builder.retire(parts, 0) for parts in fresh))
+                return 409, {
+                    "error": f"network {wrong!r}: no upstream serves its chain (chain_id, genesis): not reloaded"
+                }
             # From here to the hand-over, nothing awaits: every holder sees the new networks at once.
             retired = [self._uninstall(name) for name in (*plan.removed, *plan.replaced)]
             for parts in fresh:
@@ -218,3 +223,21 @@ def _forget_gauges(metrics: Metrics, network: str, upstreams: int | None) -> Non
                 continue
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels.values())
+
+
+RELOAD_CHECK_WAIT = 10.0  # seconds a reload waits for its new networks' upstreams to be checked
+
+
+async def _another_chain(fresh: list[Parts], wait: float) -> str | None:
+    """The first new network whose every upstream serves another chain than it declares (its identity
+    checks' first round, waited for up to `wait` seconds): a reload that would leave it serving none
+    (it answered "replaced", and the network was dead). None when each has one that may serve it."""
+    for parts in fresh:
+        guard, per = parts.guard, parts.runtime.per_upstream
+        if guard is None or per is None:
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(guard.checked.wait(), wait)
+        if per.states.size and all(per.states.mismatch):
+            return parts.name
+    return None

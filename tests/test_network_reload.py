@@ -352,3 +352,21 @@ async def test_a_reload_reaches_every_worker(relays: list[FaultRelay], tmp_path:
     finally:
         code, log = await _stop(running)
         assert code == 0, log
+
+
+async def test_a_reload_whose_network_no_upstream_serves_is_refused_whole(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a reload that would leave a network with no upstream of the chain it declares (chain_id)
+    is refused (409), the networks in force kept: it answered 200 "replaced", and the network served
+    nothing (an outside attack)."""
+    proxy, port = await _admin_proxy(make_proxy, tmp_path, {"evm": [anvil.url]})
+    path = Path(_write(tmp_path, {"evm": [anvil.url]}))
+    path.write_text(path.read_text() + "chain_id = 4242\n")  # Anvil's is 31337
+    status, body = await _reload(proxy, port)
+    assert status == 409 and "network 'evm': no upstream serves its chain" in body["error"], body
+    status, answer, _ = await proxy.post(CHAIN_ID)
+    assert status == 200 and answer["result"] == hex(31337), answer
+    _write(tmp_path, {"evm": [anvil.url]})
+    status, body = await _reload(proxy, port)
+    assert status == 200 and body["replaced"] == [], body
