@@ -122,6 +122,21 @@ async def test_a_network_whose_upstream_answers_only_errors_exports_a_head_poll_
     assert before - 1 <= float(found.group(1)) <= time.time()  # the tracker's start: time() - it grows
 
 
+async def stale_under(proxy: Proxy, relay: FaultRelay, anvil: Anvil, kind: str, target: str) -> int:
+    """The head polls' batches edited by the relay's `kind` fault from now on, three blocks mined:
+    once the head is stale, five more polls made; the node's head."""
+    relay.inject(kind, target=target, batches_only=True, times=None)
+    top = anvil.mine(3)
+    await readyz_becomes(proxy, 503)
+    edited = relay.applied.count(kind)
+
+    async def polled_on() -> bool:
+        return relay.applied.count(kind) >= edited + 5
+
+    await eventually(polled_on, 10, f"five more polls with the {kind} fault")
+    return top
+
+
 @pytest.mark.parametrize("tag", ["safe", "finalized"])
 async def test_a_poll_whose_safe_or_finalized_block_is_above_its_latest_is_refused(
     tag: str, anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
@@ -138,15 +153,7 @@ async def test_a_poll_whose_safe_or_finalized_block_is_above_its_latest_is_refus
     _, _, headers = await proxy.post(final)
     assert headers["X-Cache"] == "HIT"
 
-    relay.inject("tags", target=tag, batches_only=True, times=None)
-    top = anvil.mine(3)
-    await readyz_becomes(proxy, 503)
-    traded = relay.applied.count("tags")
-
-    async def polled_on() -> bool:
-        return relay.applied.count("tags") >= traded + 5
-
-    await eventually(polled_on, 10, "five more polls with the tags traded")
+    top = await stale_under(proxy, relay, anvil, "tags", tag)
     _, body, headers = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []})
     assert int(body["result"], 16) == top, headers.get("X-Cache")
     _, body, headers = await proxy.post(final)
@@ -195,15 +202,7 @@ async def test_a_latest_block_whose_fields_do_not_hash_to_its_hash_is_never_the_
     proxy = await make_proxy(EVM_UPSTREAM=relay.url, HEAD_STALE_AFTER="0.5")
     top = anvil.mine(80)
     await proxy.head_at(top)
-    relay.inject("made_up", target=edit, batches_only=True, times=None)
-    top = anvil.mine(3)
-    await readyz_becomes(proxy, 503)
-    edited = relay.applied.count("made_up")
-
-    async def polled_on() -> bool:
-        return relay.applied.count("made_up") >= edited + 5
-
-    await eventually(polled_on, 10, "five more polls with the latest block edited")
+    top = await stale_under(proxy, relay, anvil, "made_up", edit)
     assert (await proxy.call("eth_blockNumber", []))["result"] == hex(top)
     block = (await proxy.call("eth_getBlockByNumber", ["latest", False]))["result"]
     assert block["hash"] == anvil.rpc("eth_getBlockByNumber", hex(top), False)["hash"]
