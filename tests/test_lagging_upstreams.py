@@ -293,3 +293,35 @@ async def test_a_backup_ahead_on_another_fork_is_never_asked_for_blocks_the_head
     finally:
         backup.stop()
         primary.stop()
+
+
+async def test_a_reorg_of_the_heads_own_node_is_no_fork_its_reads_are_still_answered(
+    make_proxy: ProxyFactory,
+) -> None:
+    """Rule: the upstream the head came from is never taken for one on another fork: a stalled
+    primary beside a backup ahead that the head followed, then a reorg of the backup's last blocks,
+    left every `latest` read refused (-32002) while the backup was marked parted (an outside attack
+    on the rule above)."""
+    ahead = Anvil()
+    ahead.mine(80)
+    stalled = Anvil("--fork-url", ahead.url, "--fork-block-number", "80")
+    try:
+        top = ahead.mine(10)  # the stalled node holds block 80: the head follows the node ahead
+        proxy = await make_proxy(EVM_UPSTREAM=f"{stalled.url},{ahead.url}")
+        await proxy.head_at(top)
+        ahead.rpc("anvil_reorg", 2, [])  # the head's block replaced on its own node
+        ahead.mine(1)
+
+        async def answered() -> bool:
+            _, body, _ = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": ["latest", False]}
+            )
+            latest = body.get("result")
+            return isinstance(latest, dict) and latest == ahead.rpc("eth_getBlockByNumber", latest["number"], False)
+
+        await eventually(answered, 10, "`latest` answered from the reorged node's chain")
+        states = proxy.app[SERVICE].networks["evm"].per_upstream.states
+        assert states.parted[1] is None
+    finally:
+        stalled.stop()
+        ahead.stop()

@@ -165,10 +165,9 @@ async def test_a_poll_whose_safe_or_finalized_block_is_above_its_latest_is_refus
 
 
 def test_a_poll_is_in_order_only_when_finalized_safe_and_latest_are_one_chains_view() -> None:
-    def block(number: int, name: str = "a") -> Answer:
-        return Answer(
-            b"", result={"number": hex(number), "hash": "0x" + name * 64, "parentHash": "0x" + "1" * 64}, upstream=0
-        )
+    def block(number: int, name: str = "") -> Answer:
+        hashed = "0x" + name * 64 if name else f"0x{number:064x}"
+        return Answer(b"", result={"number": hex(number), "hash": hashed, "parentHash": "0x" + "1" * 64}, upstream=0)
 
     no_tag = Answer(b"", error={"code": -32602, "message": "unknown tag"}, upstream=0)
     in_order([block(10), block(8), block(5)])
@@ -179,8 +178,9 @@ def test_a_poll_is_in_order_only_when_finalized_safe_and_latest_are_one_chains_v
         [block(10), block(12), block(5)],
         [block(10), block(8), block(9)],
         [block(10), no_tag, block(11)],
-        [block(10), block(10, "b"), block(5)],
+        [block(10), block(10, "b"), block(5)],  # two hashes at one height
         [block(10), block(8, "ab"), block(5)],  # a hash that is no 32 bytes
+        [block(10, "c"), no_tag, block(5, "c")],  # one hash at two heights: another block's
         [
             Answer(b"", result={"number": "-0x1", "hash": "0x" + "a" * 64, "parentHash": "0x" + "1" * 64}),
             no_tag,
@@ -191,7 +191,7 @@ def test_a_poll_is_in_order_only_when_finalized_safe_and_latest_are_one_chains_v
             in_order(disordered)
 
 
-@pytest.mark.parametrize("edit", ["hash", "number"])
+@pytest.mark.parametrize("edit", ["hash", "hash+field", "number"])
 async def test_a_latest_block_whose_fields_do_not_hash_to_its_hash_is_never_the_head(
     edit: str, anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
 ) -> None:

@@ -258,6 +258,13 @@ def made_up(header: Header | None, states: UpstreamStates | None) -> bool:
     return not header.hashed and states.headers_hash
 
 
+def unsure(header: Header | None, states: UpstreamStates | None) -> bool:
+    """Made up, or a block whose fields cannot be hashed on a network whose blocks have been (a relay
+    that adds a field, or leaves one out, so that no check can be made)."""
+    unhashed = header is not None and header.hashed is None and states is not None and states.headers_hash
+    return unhashed or made_up(header, states)
+
+
 def same_head(a: Head, b: Head) -> bool:
     return (
         not a.stale
@@ -283,6 +290,8 @@ async def synced_window(
     asked by number must be of that number and no made-up block (a lie kept a block's hash at the next
     height until it was final: reads of that height were answered from the other block)."""
     lower = max(finalized + 1, latest.number - window + 1)
+    if latest.hash == latest.parent_hash or any(v == latest.hash and h != latest.number for h, v in old.items()):
+        raise TrackerError(f"block {latest.number} was given the hash of another block")
     chain = {latest.number: latest.hash}
     expected = latest.parent_hash
     height = latest.number - 1

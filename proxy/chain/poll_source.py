@@ -22,6 +22,7 @@ from proxy.chain.head_polls import (
     get_block,
     header_of,
     made_up,
+    unsure,
 )
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import HttpUpstream, Upstream, http_pool
@@ -72,9 +73,11 @@ async def answered(
     (its latest block, whether finality was violated); TrackerError as `judge` raises it. An
     upstream ahead is followed only when it holds the tracker's latest block (`old_head`'s)."""
     head = (old_head.latest, old_head.latest_hash) if old_head is not None else None
+    # The upstream the head came from: one that no longer holds it was reorged, not parted (standing.py).
+    origin = old_head.source if old_head is not None else None
     answers = await asker.ask(calls)
     source: Asks = asker
-    taken = await from_ahead(upstream, states, further(states, answers[0]), calls, answers, head, timeout)
+    taken = await from_ahead(upstream, states, further(states, answers[0]), calls, answers, head, timeout, origin)
     if taken is not None:
         answers, source = taken
     try:
@@ -93,7 +96,9 @@ async def answered(
                 answers, source = await asker.direct(calls), asker
             except JsonRpcError:
                 raise behind from None  # the poll's failure is the node behind, not the one that failed
-        elif (taken := await from_ahead(upstream, states, candidates, calls, answers, head, timeout)) is not None:
+        elif (
+            taken := await from_ahead(upstream, states, candidates, calls, answers, head, timeout, origin)
+        ) is not None:
             answers, source = taken
         else:
             raise
@@ -105,9 +110,10 @@ async def answered(
 def unmade(answers: list[Answer], states: UpstreamStates | None) -> list[Answer]:
     """A poll's answers with a made-up block after its tags (the finalized block it knew, asked by
     number) as none: it cannot start a new epoch (a relay's edit of an old block's timestamp or hash
-    dropped the cache), and a node that lies of old blocks does not stop the head."""
+    dropped the cache), and a node that lies of old blocks does not stop the head. So is one that
+    cannot be hashed on a network whose blocks have been (a field added to hide the edit)."""
     return [
-        Answer(b"null", upstream=answer.upstream) if i >= 3 and made_up(header_of(answer), states) else answer
+        Answer(b"null", upstream=answer.upstream) if i >= 3 and unsure(header_of(answer), states) else answer
         for i, answer in enumerate(answers)
     ]
 
@@ -126,6 +132,8 @@ def in_order(answers: list[Answer], states: UpstreamStates | None = None) -> Non
         if (block is None and isinstance(answer.result, dict) and not answer.is_error) or made_up(block, states):
             raise TrackerError(f"upstream #{answer.upstream} gave as {tag} a block that is malformed or made up")
     ordered = [(tag, block) for tag, block in (("finalized", final), ("safe", safe), ("latest", latest)) if block]
+    if len({b.hash for _, b in ordered}) != len({b.number for _, b in ordered}):  # another block's hash
+        raise TrackerError(f"upstream #{answers[0].upstream} gave one hash for two heights: not one chain's view")
     for (low_tag, low), (high_tag, high) in itertools.pairwise(ordered):
         if low.number > high.number or (low.number == high.number and low.hash != high.hash):
             raise TrackerError(
@@ -150,6 +158,7 @@ async def from_ahead(
     behind: list[Answer],
     head: tuple[int, str] | None,
     timeout: float,
+    origin: int | None = None,
 ) -> tuple[list[Answer], Pinned] | None:
     """The poll's answers from the first upstream ahead (furthest first) whose chain holds the
     tracker's own latest block (before it has one, the latest block the node behind gave), with its
@@ -170,11 +179,11 @@ async def from_ahead(
             continue
         shown = [header_of(answer) for answer in answers[len(calls) :]]
         holds = all(s is not None and s.hash == h for s, h in zip(shown, held.values(), strict=True))
-        if (
-            states is not None and 0 <= index < states.size and head is not None
-        ):  # the head's chain, not the node behind's
+        # Against the head's chain (not the node behind's), and never the head's own node (reorged).
+        if states is not None and 0 <= index < states.size and head is not None:
             parted = [n for s, n in zip(shown, held, strict=True) if s is not None and s.hash != held[n]]
-            states.parted[index] = None if holds else min(parted, default=states.parted[index])
+            kept = None if holds or index == origin else min(parted, default=states.parted[index])
+            states.parted[index] = kept
         if holds:
             return answers[: len(calls)], ahead
     return None
