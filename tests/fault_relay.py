@@ -2,7 +2,7 @@
 HTTP 500/413/429/508, slow answers, injected errors, answers from another node (a URL over two forks),
 a batch whose `latest` block and the block of another tag (`target`: "safe" or "finalized") trade places,
 a batch whose `latest` block is edited (`target` "hash": its hash made its parent's, "hash+field": and a
-field no fork has; "number": 1,000 higher),
+field no fork has; "timestamp": one second later; "number": 1,000 higher),
 a batch whose `safe` and `finalized` blocks are its `latest` block (a node that takes an unknown tag for latest).
 Faults are queued and each applies to the next requests that match it (by method, by batch or not),
 then runs out; `times=None` never runs out.
@@ -239,6 +239,10 @@ def _edit_latest(calls: list[dict[str, Any]], reply: list[dict[str, Any]], what:
     if latest is None or not isinstance(latest.get("result"), dict):
         return
     block = dict(latest["result"])
+    if what == "timestamp":  # its hash kept: the fields no longer hash to it
+        block["timestamp"] = hex(int(block["timestamp"], 16) + 1)
+        latest["result"] = block
+        return
     if what.startswith("hash"):
         block["hash"] = block["parentHash"]
         if what == "hash+field":  # a field no fork has: its fields cannot be hashed to check it

@@ -290,3 +290,22 @@ async def test_a_block_once_said_final_is_still_checked_after_the_node_takes_its
         return body.get("result") == truth
 
     await eventually(served_truth, 10, "the new chain's balance, not the old fork's kept one")
+
+
+async def test_a_made_up_latest_block_is_refused_from_the_first_poll(
+    anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a poll's honest tags' blocks tell the network's blocks hash before its latest block is
+    judged, so a made-up latest block is refused on the proxy's first poll too (it was taken, then
+    served as hits until the head went stale: an outside attack)."""
+    anvil.mine(80)
+    relay.inject("made_up", target="timestamp", batches_only=True, times=None)
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url)
+
+    async def polled() -> bool:
+        return relay.applied.count("made_up") >= 5
+
+    await eventually(polled, 10, "five polls with the latest block edited")
+    assert proxy.app[SERVICE].networks["evm"].tracker.head is None
+    relay.clear()
+    await proxy.head_at(anvil.block_number())

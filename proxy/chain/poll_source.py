@@ -124,6 +124,8 @@ def in_order(answers: list[Answer], states: UpstreamStates | None = None) -> Non
     block and still not the tag's (a node or a relay that trades them): taken, a finalized block above
     latest would move the head back and the final mark up to a block the chain has not finalized."""
     latest, safe, final = (header_of(answer) for answer in answers[:3])
+    for block in (safe, final, latest):  # learnt first: on the first poll, an honest tag's block tells
+        made_up(block, states)  # that the network's blocks hash, and a made-up latest is refused
     for tag, answer, block in (
         ("latest", answers[0], latest),
         ("safe", answers[1], safe),
