@@ -146,6 +146,7 @@ class Settings:
     unmined_ttl: float = 0.25
     # API_KEYS and API_KEYS_FILE as given: SIGHUP reads the keys again from them (reload.py).
     keys_source: Mapping[str, str] = field(default_factory=dict)
+    from_environment: tuple[str, ...] = ()  # the networks of EVM_UPSTREAM, SOLANA_UPSTREAM: never reloaded
 
     @property
     def head_stale_bound(self) -> float:
@@ -334,7 +335,9 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
                 raise ConfigError(f"ALLOW_METHODS: {method[:40]!r} is not a method name (ASCII letters, digits, '_')")
         values["allowed_methods"] = frozenset(methods)
     if (header := values.get("trusted_proxy_header")) and not HEADER_NAME.fullmatch(header):  # it never comes
-        raise ConfigError(f"TRUSTED_PROXY_HEADER must be a header name (letters, digits, '-'), got {header[:40]!r}")
+        raise ConfigError(
+            f"TRUSTED_PROXY_HEADER must be a header name (no spaces, colons or commas), got {header[:40]!r}"
+        )
     if "CREDITS_FILE" in raw:
         values["method_credits"] = _credits_file(raw["CREDITS_FILE"])
     # spec: getLargestAccounts results may be cached up to two hours.
@@ -349,6 +352,9 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         weak = admin_token_problem(values.get("admin_token"))
         if weak is not None:  # never the value: it is a secret, even a bad one
             raise ConfigError(f"ADMIN_PORT needs ADMIN_TOKEN, the admin listener's bearer token: {weak}")
+    values["from_environment"] = tuple(
+        f for env, f in (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana")) if env in raw
+    )
     settings = Settings(networks=tuple(networks), default_network=defaults, **values)
     conflict = listener_conflict(settings.listeners)
     if conflict is not None:

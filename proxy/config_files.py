@@ -139,14 +139,14 @@ def _headers(at: str, table: Any, url: Any = "") -> UpstreamHeaders:
         if not isinstance(value, str) or any(c in value for c in "\r\n\0") or not value.isascii():
             raise ConfigError(f"{at}: header {name}'s value must be one line of ASCII text")
         pairs.append((name, value.strip()))
-    if "@" in str(url).split("//", 1)[-1].split("/", 1)[0] and any(n.lower() == "authorization" for n, _ in pairs):
+    authority = re.split(r"[/?#]", str(url).split("//", 1)[-1], maxsplit=1)[0]  # not an "@" of the path
+    if "@" in authority and any(n.lower() == "authorization" for n, _ in pairs):
         raise ConfigError(f"{at}: both user:password@ in its URL (sent as Basic) and an Authorization header")
     return tuple(pairs)
 
 
 def _upstream_entries(where: str, entries: Any) -> tuple[Any, tuple[UpstreamOptions, ...], list[UpstreamHeaders]]:
-    """NETWORKS_FILE upstreams: each a URL, or a table {url, weight, max_rps, max_concurrency, headers}.
-    The URLs (tables replaced by theirs), each one's options and each one's header fields."""
+    """NETWORKS_FILE upstreams, each a URL or a table: the URLs, each one's options and header fields."""
     if not isinstance(entries, list):
         return entries, (), []
     urls: list[Any] = []

@@ -37,7 +37,7 @@ from proxy.network import NetworkRuntime
 from proxy.network_parts import Parts, PartsBuilder
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.streams.head_feed import EvmFeed
-from proxy.upstream.pool import routing_of
+from proxy.upstream.pool import http_pool, routing_of
 from proxy.upstream.ws import UpstreamSocket
 
 # What a network's pool is built from: a change of one of these builds new parts.
@@ -85,8 +85,7 @@ class NetworkSet:
         for net in networks:
             self._install(builder.build(net))
         settings = builder.settings
-        file = set(n.name for n in _networks_from_file(settings.networks_file)) if settings.networks_file else set()
-        self._fixed = [n for n in settings.networks if n.name not in file]  # from the environment: never reloaded
+        self._fixed = [n for n in settings.networks if n.name in settings.from_environment]  # never reloaded
         self._reloading = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()  # shutdown: retiring pools close now
@@ -112,6 +111,8 @@ class NetworkSet:
             await self.builder.start(fresh)
             if (wrong := await _another_chain(fresh, min(settings.upstream_timeout, RELOAD_CHECK_WAIT))) is not None:
                 await asyncio.gather(*(self.builder.retire(parts, 0) for parts in fresh))
+                for parts in fresh:  # the gauges the refused pools took: back to the pools in force
+                    self._gauges_back(parts.name)
                 return 409, {
                     "error": f"network {wrong!r}: no upstream serves its chain (chain_id, genesis): not reloaded"
                 }
@@ -158,6 +159,19 @@ class NetworkSet:
     def _reroute(self, runtime: NetworkRuntime, network: Network) -> None:
         self.builder.reroute(runtime.upstream, network)
         runtime.config = network
+
+    def _gauges_back(self, name: str) -> None:
+        metrics = self.builder.metrics
+        live = self.parts.get(name)
+        if live is None:  # a network the reload would have added
+            _forget_gauges(metrics, name, None)
+            return
+        pool = http_pool(live.runtime.upstream)
+        if pool is not None:
+            _forget_gauges(metrics, name, pool.states.size)
+            pool.bind_gauges()
+            for index, mismatch in enumerate(pool.states.mismatch):
+                metrics.identity_mismatch.labels(name, str(index)).set(1 if mismatch else 0)
 
     def _hand_over(self, old: Parts, new: Parts | None) -> None:
         """The old feed's subscribers: to the new feed when it serves the same chain, else ended."""

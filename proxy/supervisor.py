@@ -80,6 +80,7 @@ def _die_with_parent() -> None:
 
 def worker_main(settings: Settings, context: WorkerContext, ready: Connection) -> None:
     from proxy import hangup, logs
+    from proxy.reload import as_files_are
     from proxy.server import run_server
 
     hangup.hold()  # started with SIGHUP blocked (Supervisor._start): one sent meanwhile is remembered
@@ -87,6 +88,7 @@ def worker_main(settings: Settings, context: WorkerContext, ready: Connection) -
     if context.via:
         via.adopt(context.via)
     logs.setup(settings.log_format, settings.log_level, settings.access_log)
+    settings = as_files_are(settings)
     code = run_server(settings, worker=context, on_listening=lambda: ready.send(os.getpid()))
     sys.exit(code)
 

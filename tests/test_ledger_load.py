@@ -411,3 +411,14 @@ async def test_keys_usage_lists_every_key_with_journaled_usage_not_yet_written_b
     assert f"key {ALICE}: 560 credits used, 9440 left of 10000" in result.stdout
     assert "0 leased to replicas and not spent; 400 journaled and not yet in the ledger" in result.stdout, result.stdout
     assert f"key {derived_name('bob')}: 0 credits used, 5000 left of 5000" in result.stdout
+
+
+def test_a_ledger_policy_info_memory_does_not_give_is_unknown_not_blank() -> None:
+    """Rule: a Redis-compatible server whose INFO memory has no maxmemory_policy is named as unknown
+    (it said "has maxmemory-policy :"), and, unknown, it is not taken for noeviction."""
+    from proxy.credits.ledger_storage import eviction_problem
+
+    assert eviction_problem(["noeviction", "noeviction"]) is None
+    problem = eviction_problem(["noeviction", ""])
+    assert problem is not None and "maxmemory-policy unknown (INFO memory does not say)" in problem
+    assert "allkeys-lru" in (eviction_problem(["allkeys-lru"]) or "")

@@ -367,6 +367,29 @@ async def test_a_reload_whose_network_no_upstream_serves_is_refused_whole(
     assert status == 409 and "network 'evm': no upstream serves its chain" in body["error"], body
     status, answer, _ = await proxy.post(CHAIN_ID)
     assert status == 200 and answer["result"] == hex(31337), answer
+    # The refused pool's gauges are not left in place of those in force (a false alert on a healthy network).
+    assert proxy.metric("rpc_proxy_upstream_up", network="evm", upstream="0") == 1
+    assert proxy.metric("rpc_proxy_upstream_identity_mismatch", network="evm", upstream="0") == 0
     _write(tmp_path, {"evm": [anvil.url]})
     status, body = await _reload(proxy, port)
     assert status == 200 and body["replaced"] == [], body
+
+
+def test_a_restarted_worker_reads_networks_file_as_it_is_and_keeps_the_environments(tmp_path: Path) -> None:
+    """Rule (a restarted worker reads NETWORKS_FILE as it is): the supervisor's start-up networks came
+    back with a restarted worker, undoing a reload on it (an outside attack). A file that no longer
+    loads leaves the start-up networks."""
+    from proxy.config import build_settings
+    from proxy.reload import as_files_are
+
+    path = Path(_write(tmp_path, {"main": ["http://127.0.0.1:1"]}))
+    started = build_settings({"EVM_UPSTREAM": "http://127.0.0.1:2", "NETWORKS_FILE": str(path)})
+    _write(tmp_path, {"main": ["http://127.0.0.1:3"], "side": ["http://127.0.0.1:4"]})
+    now = as_files_are(started)
+    assert {n.name: n.upstreams for n in now.networks} == {
+        "evm": ("http://127.0.0.1:2",),
+        "main": ("http://127.0.0.1:3",),
+        "side": ("http://127.0.0.1:4",),
+    }
+    path.write_text("[networks.main\n")
+    assert as_files_are(started).networks == started.networks

@@ -100,6 +100,13 @@ def test_credentials_in_the_url_beside_an_authorization_header_are_refused(tmp_p
         'headers = {Authorization = "Bearer tok"}}]\n',
     )
     assert build_settings({"NETWORKS_FILE": alone}).networks[0].upstreams  # an "@" in the path is no user
+    for tail in ("?key=a@b", "#a@b"):
+        query = networks_file(
+            tmp_path,
+            f'[networks.evm]\nfamily = "evm"\nupstreams = [{{url = "https://rpc.example{tail}", '
+            'headers = {Authorization = "Bearer tok"}}]\n',
+        )
+        assert build_settings({"NETWORKS_FILE": query}).networks[0].upstreams  # nor one in the query
 
 
 def test_an_unset_variable_is_a_configuration_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -515,3 +515,53 @@ class TestUsableCpus:
         )
         assert result.returncode == 0, result.stderr
         assert re.search(r"^\s*workers\s*=\s*1$", result.stdout, re.M), result.stdout
+
+
+async def test_a_restarted_worker_takes_the_keys_file_as_it_is_not_as_it_started(
+    relay: FaultRelay, redis_url: str, tmp_path: Path
+) -> None:
+    """Rule: a restarted worker reads the keys file (and NETWORKS_FILE) as it is: it took the
+    supervisor's start-up settings, so a key revoked by a SIGHUP worked again on it (an outside
+    attack: 6 of 12 calls of the revoked key answered)."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys.alice]\nkey = "alice-secret"\n')
+    running = _start(relay.url, 2, API_KEYS_FILE=str(keys), REDIS_URL=redis_url)
+    base = f"http://127.0.0.1:{running.port}/v3/"
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+
+            async def statuses(key: str) -> set[int]:
+                found = set()
+                for _ in range(40):  # new connections: the kernel spreads them over both workers
+                    try:
+                        async with session.post(base + key, json=CHAIN_ID) as response:
+                            found.add(response.status)
+                    except aiohttp.ClientError:
+                        found.add(0)  # not listening yet
+                return found
+
+            async def answered(key: str, status: int) -> bool:
+                return await statuses(key) == {status}
+
+            await eventually(lambda: answered("alice-secret", 200), 30, "both workers to serve alice")
+            keys.write_text('[keys.bob]\nkey = "bob-secret"\n')
+            running.proc.send_signal(signal.SIGHUP)
+            await eventually(lambda: answered("alice-secret", 401), 30, "alice revoked on both workers")
+            victim = min(running.workers())
+            os.kill(victim, signal.SIGKILL)
+
+            async def replaced() -> bool:
+                pids = running.workers()
+                return len(pids) == 2 and victim not in pids
+
+            await eventually(replaced, 30, "the killed worker to be replaced")
+
+            async def listening() -> bool:
+                return _sample(await _scrape(session, running), "rpc_proxy_workers") == 2
+
+            await eventually(listening, 30, "the restarted worker to listen")
+            assert await statuses("bob-secret") == {200}
+            assert await statuses("alice-secret") == {401}
+    finally:
+        returncode, _log = await _stop(running)
+    assert returncode == 0

@@ -15,7 +15,7 @@ class LedgerStorageError(Exception):
 def eviction_problem(policies: list[str]) -> str | None:
     """What a ledger Redis of these policies (one per primary) risks; None under noeviction. Every
     policy but noeviction evicts our keys (they carry a TTL), and evicting one gives a key its credits back."""
-    policy = next((p for p in policies if p != "noeviction"), "noeviction")
+    policy = next((p or "unknown (INFO memory does not say)" for p in policies if p != "noeviction"), "noeviction")
     if policy == "noeviction":
         return None
     return (

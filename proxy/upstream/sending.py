@@ -183,7 +183,13 @@ class Sender:
         self._waiting = 0  # calls waiting for a place in an upstream's budget
         self.links = UpstreamLinks(network, urls, self.states, routing.headers)
         self.reroute(routing)
-        for index in range(len(self._urls)):  # gauges read when scraped, per upstream
+        self.bind_gauges()
+
+    def bind_gauges(self) -> None:
+        """The per-upstream gauges read this pool's state when scraped (a pool built for a reload that
+        was refused had taken them: network_set.py binds the pool in force again)."""
+        metrics, network = self._metrics, self.network
+        for index in range(len(self._urls)):
             for gauge, read in (
                 (metrics.upstreams.head_lag, self.states.head_lag),
                 (metrics.upstreams.catching_up, self.states.catching_up),
