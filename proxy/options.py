@@ -86,7 +86,7 @@ OPTIONS: tuple[Option, ...] = (
         "COALESCE_WAIT",
         "seconds a replica waits for another replica's identical miss via Redis; 0 disables (default 2)",
     ),
-    Option("UPSTREAM_BATCH_MAX", "most cache-miss reads sent upstream as one JSON-RPC batch; 1 disables (default 50)"),
+    Option("UPSTREAM_BATCH_MAX", "most calls in one upstream JSON-RPC batch, headers too; 1 disables (default 50)"),
     Option("HEAD_POLL_INTERVAL", "seconds between head-tracker polls, fractions allowed, at least 0.05 (default 2)"),
     Option("FINALITY_DEPTH", "blocks below latest counted final when a node has no finalized tag (default 64)"),
     Option("CACHE_MEMORY_BYTES", "size bound of the in-process cache tier in bytes (default 268435456)"),

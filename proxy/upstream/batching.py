@@ -120,16 +120,22 @@ class AutoBatcher:
         group: list[Queued] = []
         size = calls = 0
         room = self._room()
+        blocks: set[str] = set()  # the group's proof blocks: a header each, in the batch (pool._with_proofs)
         for call in queue:
             cost = len(jsonrpc.dumps(call[1])) + len(call[0]) + 64  # params, method, envelope
             weight = 1 if call[3] is None else 2  # a call with its proof header is two calls upstream
-            over = len(group) >= self._batch_max or (room is not None and calls + weight > room)
+            headers = len(blocks) + (call[3] is not None and call[3] not in blocks)
+            # UPSTREAM_BATCH_MAX counts the headers too: a provider refuses a batch past its cap.
+            over = len(group) + 1 + headers > self._batch_max or (room is not None and calls + weight > room)
             if group and (over or size + cost > self._batch_max_bytes):
                 self._start(group)
                 group, size, calls = [], 0, 0
+                blocks.clear()
             group.append(call)
             size += cost
             calls += weight
+            if call[3] is not None:
+                blocks.add(call[3])
         if group:
             self._start(group)
 
