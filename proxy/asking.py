@@ -68,7 +68,7 @@ class Asker:
             (plan.need is not None or plan.by_hash)
             and policy.cache is CacheClass.BLOCK
             and _lacks_state(read, answer, doubt)
-        ):
+        ) or (answer.is_error and state_gone(answer.error)):  # any method: logs, a receipt by its hash
             answer, doubt = await _state_elsewhere(self._reads, read, answer, doubt)
             if doubt in ("state_gone", "unknown_hash"):
                 return answer, doubt  # every upstream that might hold it was asked: served, never kept

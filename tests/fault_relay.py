@@ -50,6 +50,7 @@ KINDS = (
     "tags",
     "made_up",
     "final_latest",
+    "pruned",
 )
 CROWD = 400_000  # "crowded": each result an array of this many `{}` (1.2 MB, one container per 3 bytes)
 
@@ -168,12 +169,14 @@ class FaultRelay:
         if kind in ("http500", "http413", "http429", "http508"):
             headers = {"Retry-After": fault.retry_after} if fault is not None and fault.retry_after else None
             return web.Response(status=int(kind[4:]), text="injected", headers=headers)
-        if kind in ("error3", "error", "ratelimit"):
-            code = {"error3": 3, "error": -32000, "ratelimit": -32005}[kind]
-            message = "project ID request rate exceeded" if kind == "ratelimit" else "injected"  # Infura's words
+        if kind in ("error3", "error", "ratelimit", "pruned"):
+            code = {"error3": 3, "error": -32000, "ratelimit": -32005, "pruned": 4444}[kind]
+            message = {"ratelimit": "project ID request rate exceeded", "pruned": "pruned history unavailable"}.get(
+                kind, "injected"
+            )  # Infura's words; geth's for history it no longer keeps (EIP-4444)
             errors = [{"jsonrpc": "2.0", "id": c.get("id"), "error": {"code": code, "message": message}} for c in calls]
-            if kind == "error3" and is_batch and fault is not None and fault.method is not None:
-                # An execution error is the call's own: the batch's other calls are answered.
+            if kind in ("error3", "pruned") and is_batch and fault is not None and fault.method is not None:
+                # An execution error (or pruned history) is the call's own: the batch's other calls are answered.
                 answered = await self._forward(body)
                 errors = [
                     e if c.get("method") == fault.method else a for c, e, a in zip(calls, errors, answered, strict=True)

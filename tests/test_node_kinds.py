@@ -28,6 +28,7 @@ from tests.support import (
     DEV_ACCOUNT,
     Anvil,
     Proxy,
+    ProxyFactory,
     balancer,
     eventually,
     free_port,
@@ -727,6 +728,34 @@ async def test_a_node_far_behind_left_alone_below_finality_never_takes_the_head_
         await synced.close()
         behind.stop()
         live.stop()
+
+
+@pytest.mark.parametrize("method", ["eth_getLogs", "eth_getTransactionReceipt"])
+async def test_a_pruned_history_error_of_any_method_is_asked_of_another_upstream(
+    anvil: Anvil, make_proxy: ProxyFactory, method: str
+) -> None:
+    """Rule: a node's error saying it no longer keeps the history asked (EIP-4444's code 4444,
+    "pruned history unavailable") sends the call to another upstream, whatever its method: eth_getLogs
+    and a receipt by its transaction's hash got the pruned node's error, the archive never asked (an
+    outside attack)."""
+    address = anvil.deploy_store()
+    receipt = anvil.send(address, selector("emitMany(uint256)") + word(2))
+    anvil.mine(1100)  # a range of more than one 1,000-block piece, all final: asked in pieces
+    pruned = await FaultRelay(anvil.url).start()
+    try:
+        pruned.inject("pruned", method=method, times=None)
+        proxy = await make_proxy(EVM_UPSTREAM=f"{pruned.url},{anvil.url}")
+        await proxy.head_at(anvil.block_number())
+        params: list[Any] = (
+            [{"address": address, "fromBlock": "0x0", "toBlock": hex(anvil.block_number() - 70)}]
+            if method == "eth_getLogs"
+            else [receipt["transactionHash"]]
+        )
+        _, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        assert body.get("result") == anvil.rpc(method, *params), body
+        assert "pruned" in pruned.applied
+    finally:
+        await pruned.close()
 
 
 # --- a node a few blocks behind on the head's own chain ----------------------------------------

@@ -29,6 +29,9 @@ RATE_LIMIT_PHRASES = (
 # them: geth ("missing trie node", "required historical state unavailable", "historical state ... is
 # not available"), Nethermind (MissingTrieNodeException), Erigon ("... is not available" for data
 # before its pruned step, "pruned"), Anvil with --prune-history ("BlockOutOfRangeError").
+# EIP-4444's error code for history a node no longer keeps ("pruned history unavailable": geth, and
+# Reth and Nethermind after it).
+PRUNED_HISTORY = 4444
 STATE_GONE_PHRASES = (
     "missing trie node",
     "missingtrienode",
@@ -66,6 +69,8 @@ def state_gone(error: dict[str, Any] | None) -> bool:
     text = _node_words(error)
     if text is None:
         return False
+    if error is not None and error.get("code") == PRUNED_HISTORY:
+        return True
     heights = _OUT_OF_RANGE.search(text)
     if heights is not None:
         return int(heights.group(2)) < int(heights.group(1))
