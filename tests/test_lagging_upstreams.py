@@ -301,7 +301,7 @@ async def test_a_reorg_of_the_heads_own_node_is_no_fork_its_reads_are_still_answ
     """Rule: the upstream the head came from is never taken for one on another fork: a stalled
     primary beside a backup ahead that the head followed, then a reorg of the backup's last blocks,
     left every `latest` read refused (-32002) while the backup was marked parted (an outside attack
-    on the rule above)."""
+    on the rule above), and the head follows the reorg."""
     ahead = Anvil()
     ahead.mine(80)
     stalled = Anvil("--fork-url", ahead.url, "--fork-block-number", "80")
@@ -322,6 +322,15 @@ async def test_a_reorg_of_the_heads_own_node_is_no_fork_its_reads_are_still_answ
         await eventually(answered, 10, "`latest` answered from the reorged node's chain")
         states = proxy.app[SERVICE].networks["evm"].per_upstream.states
         assert states.parted[1] is None
+        # And the head follows the reorg: the node ahead holds the stalled primary's latest block, which
+        # the head's chain holds too (no upstream holds the replaced head: it stayed stale for good).
+        tracker = proxy.app[SERVICE].networks["evm"].tracker
+
+        async def followed() -> bool:
+            head, tip = tracker.head, ahead.rpc("eth_getBlockByNumber", "latest", False)
+            return head is not None and not head.stale and head.latest_hash == tip["hash"]
+
+        await eventually(followed, 10, "the head to follow the reorged chain")
     finally:
         stalled.stop()
         ahead.stop()

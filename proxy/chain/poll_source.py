@@ -9,7 +9,7 @@ window's blocks are then asked of the same node as the latest block."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from proxy.chain.head_polls import (
@@ -75,9 +75,12 @@ async def answered(
     head = (old_head.latest, old_head.latest_hash) if old_head is not None else None
     # The upstream the head came from: one that no longer holds it was reorged, not parted (standing.py).
     origin = old_head.source if old_head is not None else None
+    window = old_head.hashes if old_head is not None else None
     answers = await asker.ask(calls)
     source: Asks = asker
-    taken = await from_ahead(upstream, states, further(states, answers[0]), calls, answers, head, timeout, origin)
+    taken = await from_ahead(
+        upstream, states, further(states, answers[0]), calls, answers, head, timeout, origin, window
+    )
     if taken is not None:
         answers, source = taken
     try:
@@ -97,7 +100,7 @@ async def answered(
             except JsonRpcError:
                 raise behind from None  # the poll's failure is the node behind, not the one that failed
         elif (
-            taken := await from_ahead(upstream, states, candidates, calls, answers, head, timeout, origin)
+            taken := await from_ahead(upstream, states, candidates, calls, answers, head, timeout, origin, window)
         ) is not None:
             answers, source = taken
         else:
@@ -161,6 +164,7 @@ async def from_ahead(
     head: tuple[int, str] | None,
     timeout: float,
     origin: int | None = None,
+    window: Mapping[int, str] | None = None,
 ) -> tuple[list[Answer], Pinned] | None:
     """The poll's answers from the first upstream ahead (furthest first) whose chain holds the
     tracker's own latest block (before it has one, the latest block the node behind gave), with its
@@ -173,6 +177,14 @@ async def from_ahead(
     if latest is None or pool is None:
         return None
     held = dict([head if head is not None else (latest.number, latest.hash)])
+    # The node behind's latest block, when the head's window holds it too: one ahead that holds it but
+    # not the head extends the head's chain below a reorg of its tip, which no upstream holds any more
+    # (the head stayed stale while the primary lagged: every `latest` read refused).
+    # One that holds the head is taken first, any of them (a fork parted between the two blocks is not).
+    below = head is not None and latest.number < head[0] and (window or {}).get(latest.number) == latest.hash
+    if below:
+        held[latest.number] = latest.hash
+    fallback: tuple[list[Answer], Pinned] | None = None
     for index in candidates:
         ahead = Pinned(pool, index, timeout)
         try:
@@ -180,12 +192,15 @@ async def from_ahead(
         except JsonRpcError:
             continue
         shown = [header_of(answer) for answer in answers[len(calls) :]]
-        holds = all(s is not None and s.hash == h for s, h in zip(shown, held.values(), strict=True))
+        matches = [s is not None and s.hash == h for s, h in zip(shown, held.values(), strict=True)]
+        holds = matches[0] or (below and matches[-1])
         # Against the head's chain (not the node behind's), and never the head's own node (reorged).
         if states is not None and 0 <= index < states.size and head is not None:
             parted = [n for s, n in zip(shown, held, strict=True) if s is not None and s.hash != held[n]]
             kept = None if holds or index == origin else min(parted, default=states.parted[index])
             states.parted[index] = kept
-        if holds:
+        if matches[0]:
             return answers[: len(calls)], ahead
-    return None
+        if holds and fallback is None:
+            fallback = answers[: len(calls)], ahead
+    return fallback
