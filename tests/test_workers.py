@@ -290,19 +290,25 @@ async def test_both_workers_answer_and_one_scrape_totals_their_calls(relay: Faul
     assert returncode == 0
 
 
+async def _kill_one(running: Running) -> int:
+    """One of two workers killed (SIGKILL), once the supervisor has started another: its pid."""
+    victim = min(running.workers())
+    os.kill(victim, signal.SIGKILL)
+
+    async def replaced() -> bool:
+        pids = running.workers()
+        return len(pids) == 2 and victim not in pids
+
+    await eventually(replaced, 30, "the killed worker to be replaced")
+    return victim
+
+
 async def test_a_killed_worker_is_restarted_logged_and_counted(relay: FaultRelay) -> None:
     running = _start(relay.url, 2)
     try:
         async with aiohttp.ClientSession() as session:
             await _ready(session, running, 2)
-            victim = min(running.workers())
-            os.kill(victim, signal.SIGKILL)
-
-            async def replaced() -> bool:
-                pids = running.workers()
-                return len(pids) == 2 and victim not in pids
-
-            await eventually(replaced, 30, "the killed worker to be replaced")
+            victim = await _kill_one(running)
             await _ready(session, running, 2)
             text = await _scrape(session, running)
             assert _sample(text, "rpc_proxy_worker_restarts_total") == 1
@@ -547,14 +553,7 @@ async def test_a_restarted_worker_takes_the_keys_file_as_it_is_not_as_it_started
             keys.write_text('[keys.bob]\nkey = "bob-secret"\n')
             running.proc.send_signal(signal.SIGHUP)
             await eventually(lambda: answered("alice-secret", 401), 30, "alice revoked on both workers")
-            victim = min(running.workers())
-            os.kill(victim, signal.SIGKILL)
-
-            async def replaced() -> bool:
-                pids = running.workers()
-                return len(pids) == 2 and victim not in pids
-
-            await eventually(replaced, 30, "the killed worker to be replaced")
+            await _kill_one(running)
 
             async def listening() -> bool:
                 return _sample(await _scrape(session, running), "rpc_proxy_workers") == 2
