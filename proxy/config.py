@@ -248,6 +248,8 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
 
 _NAMESPACE = re.compile(r"[A-Za-z][A-Za-z0-9]*_?")  # a method name's part before its `_`
 _CLIENT_IP_HEADERS = ("X-Forwarded-For", "X-Real-IP")
+# Fields every request carries that name no client: taken as its address, they pool clients' limits.
+_NO_ADDRESS = frozenset({"authorization", "host", "cookie", "content-length", "content-type", "user-agent", "origin"})
 
 
 def doubts(settings: Settings) -> list[str]:
@@ -264,6 +266,8 @@ def doubts(settings: Settings) -> list[str]:
     known = {h.lower(): h for h in _CLIENT_IP_HEADERS}
     if header and header.lower() not in known and (near := difflib.get_close_matches(header.lower(), known, 1, 0.8)):
         found.append(f"TRUSTED_PROXY_HEADER {header[:40]!r} is not {known[near[0]]}, which it resembles (a typo?)")
+    elif header and header.lower() in _NO_ADDRESS:  # every client of a key, or of a host, one address
+        found.append(f"TRUSTED_PROXY_HEADER {header[:40]!r} carries no client address (X-Forwarded-For, X-Real-IP do)")
     return found
 
 

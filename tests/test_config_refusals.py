@@ -545,3 +545,15 @@ def test_a_trusted_proxy_header_that_is_no_header_name_is_refused(value: str) ->
     never came, so every client was its proxy's address (an outside attack)."""
     assert "TRUSTED_PROXY_HEADER must be a header name" in refused(TRUSTED_PROXY_HEADER=value)
     assert build_settings({**UPSTREAM, "TRUSTED_PROXY_HEADER": "X-Real-IP"}).trusted_proxy_header == "X-Real-IP"
+
+
+@pytest.mark.parametrize("value", ["Authorization", "host", "Cookie"])
+def test_a_trusted_proxy_header_that_carries_no_client_address_is_a_doubt(value: str) -> None:
+    """Rule: TRUSTED_PROXY_HEADER naming a field every request carries and that names no client
+    (Authorization, Host) is warned of, as check and serve warn of a typo: taken as the client's
+    address, it put every client of a key or a host under one address's limits (an outside attack)."""
+    from proxy.config import doubts
+
+    settings = build_settings({**UPSTREAM, "TRUSTED_PROXY_HEADER": value})
+    assert any("carries no client address" in line for line in doubts(settings))
+    assert doubts(build_settings({**UPSTREAM, "TRUSTED_PROXY_HEADER": "X-Real-IP"})) == []
