@@ -271,8 +271,9 @@ def doubts(settings: Settings) -> list[str]:
     return found
 
 
-def _networks(raw: Mapping[str, str]) -> list[Network]:
-    """The networks of EVM_UPSTREAM and SOLANA_UPSTREAM (named evm and solana), then NETWORKS_FILE's."""
+def _networks(raw: Mapping[str, str]) -> tuple[list[Network], dict[str, str]]:
+    """The networks of EVM_UPSTREAM and SOLANA_UPSTREAM (named evm and solana), then NETWORKS_FILE's,
+    and each family's default network."""
     networks: list[Network] = []
     defaults_from_env: tuple[tuple[str, Family], ...] = (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana"))
     verify = raw.get("VERIFY_ANSWERS", "auto").strip().lower()
@@ -296,14 +297,16 @@ def _networks(raw: Mapping[str, str]) -> list[Network]:
         networks.extend(_networks_from_file(raw["NETWORKS_FILE"]))
     if not networks:
         raise ConfigError("no upstream configured: set EVM_UPSTREAM, SOLANA_UPSTREAM or NETWORKS_FILE")
-    return networks
+    try:
+        return networks, checked_networks(networks)
+    except ConfigError as exc:  # names, hosts, a network declared twice: the file's, when there is one
+        raise ConfigError(f"NETWORKS_FILE: {exc}" if "NETWORKS_FILE" in raw else str(exc)) from None
 
 
 def build_settings(raw: Mapping[str, str]) -> Settings:
     """Parse every setting from a flat mapping of raw strings; raise ConfigError on the first problem."""
     raw = {k: v for k, v in raw.items() if k in OPTION_NAMES and v is not None and v != ""}
-    networks = _networks(raw)
-    defaults = checked_networks(networks)
+    networks, defaults = _networks(raw)
 
     values: dict[str, Any] = {"networks_file": raw.get("NETWORKS_FILE")}
     for env, (attr, parse) in _SCALARS.items():

@@ -282,7 +282,9 @@ def test_a_host_claimed_by_two_networks_is_refused_naming_both(tmp_path: Path) -
     networks = tmp_path / "networks.toml"
     table = '[networks.{}]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\nhosts = ["{}"]\n'
     networks.write_text(table.format("one", "rpc.example") + table.format("two", "RPC.example"))
-    assert "host 'rpc.example' is claimed by networks 'one' and 'two'" in refused(NETWORKS_FILE=str(networks))
+    assert "NETWORKS_FILE: host 'rpc.example' is claimed by networks 'one' and 'two'" in refused(
+        NETWORKS_FILE=str(networks)
+    )  # the file named: a NETWORKS_FILE error said only "host ... is claimed" (an outside attack)
 
 
 @pytest.mark.parametrize(
