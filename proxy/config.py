@@ -271,15 +271,26 @@ def doubts(settings: Settings) -> list[str]:
     return found
 
 
+# The networks settings declare, each named after its family (never in NETWORKS_FILE, never reloaded).
+FROM_ENVIRONMENT: tuple[tuple[str, Family], ...] = (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana"))
+
+
+def file_networks(settings: Settings) -> tuple[list[Network], dict[str, str]]:
+    """The environment's networks and NETWORKS_FILE's as it is now, with each family's default (a
+    reload, a restarted worker); ConfigError when the file does not load or check."""
+    fixed = [n for n in settings.networks if n.name in settings.from_environment]
+    listed = [*fixed, *(_networks_from_file(settings.networks_file) if settings.networks_file else [])]
+    return listed, checked_networks(listed)
+
+
 def _networks(raw: Mapping[str, str]) -> tuple[list[Network], dict[str, str]]:
     """The networks of EVM_UPSTREAM and SOLANA_UPSTREAM (named evm and solana), then NETWORKS_FILE's,
     and each family's default network."""
     networks: list[Network] = []
-    defaults_from_env: tuple[tuple[str, Family], ...] = (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana"))
     verify = raw.get("VERIFY_ANSWERS", "auto").strip().lower()
     if verify not in VERIFY_MODES:
         raise ConfigError(f"VERIFY_ANSWERS must be one of {', '.join(VERIFY_MODES)}")
-    for env, family in defaults_from_env:
+    for env, family in FROM_ENVIRONMENT:
         if env in raw:
             ws = _ws_urls(f"{env}_WS", raw[f"{env}_WS"]) if f"{env}_WS" in raw else ()
             networks.append(
@@ -359,9 +370,7 @@ def build_settings(raw: Mapping[str, str]) -> Settings:
         weak = admin_token_problem(values.get("admin_token"))
         if weak is not None:  # never the value: it is a secret, even a bad one
             raise ConfigError(f"ADMIN_PORT needs ADMIN_TOKEN, the admin listener's bearer token: {weak}")
-    values["from_environment"] = tuple(
-        f for env, f in (("EVM_UPSTREAM", "evm"), ("SOLANA_UPSTREAM", "solana")) if env in raw
-    )
+    values["from_environment"] = tuple(family for env, family in FROM_ENVIRONMENT if env in raw)
     settings = Settings(networks=tuple(networks), default_network=defaults, **values)
     conflict = listener_conflict(settings.listeners)
     if conflict is not None:

@@ -30,8 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.chain.heads import EvmHeadTracker
-from proxy.config import ConfigError, Network, checked_networks
-from proxy.config_files import _networks_from_file
+from proxy.config import ConfigError, Network, file_networks
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.network_parts import Parts, PartsBuilder
@@ -84,8 +83,6 @@ class NetworkSet:
         self.on_reload: list[Callable[[Mapping[str, str]], None]] = []  # told each family's default network
         for net in networks:
             self._install(builder.build(net))
-        settings = builder.settings
-        self._fixed = [n for n in settings.networks if n.name in settings.from_environment]  # never reloaded
         self._reloading = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()  # shutdown: retiring pools close now
@@ -100,8 +97,7 @@ class NetworkSet:
             return 409, {"error": "no NETWORKS_FILE is set: nothing to reload"}
         async with self._reloading:
             try:
-                listed = [*self._fixed, *_networks_from_file(settings.networks_file)]
-                defaults = checked_networks(listed)
+                listed, defaults = file_networks(settings)
                 rehearse(listed)
             except ConfigError as exc:  # its messages never echo a URL
                 return 400, {"error": str(exc)}
@@ -128,7 +124,7 @@ class NetworkSet:
                 self._hand_over(parts, self.parts.get(parts.name))
                 self._retire(parts)
         return 200, {
-            "reloaded": sorted(n for n in new if n not in {f.name for f in self._fixed}),
+            "reloaded": sorted(n for n in new if n not in settings.from_environment),
             "added": sorted(plan.added),
             "removed": sorted(plan.removed),
             "replaced": sorted(plan.replaced),

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from proxy.config import ConfigError, Settings, checked_networks
-from proxy.config_files import _keys, _networks_from_file
+from proxy.config import ConfigError, Settings, file_networks
+from proxy.config_files import _keys
 from proxy.gateway.gateway import Gateway
 
 log = logging.getLogger("proxy.reload")
@@ -21,19 +21,14 @@ log = logging.getLogger("proxy.reload")
 
 def reload_keys(settings: Settings, gateway: Gateway) -> Settings:
     """The settings in force after a SIGHUP (the same object if nothing was reloaded)."""
-    try:
-        keys = _keys(settings.keys_source)
-    except ConfigError as exc:
-        log.error("SIGHUP: keys not reloaded, the ones in force stay: %s", exc)
+    reloaded = _with_keys_as_they_are(settings, "SIGHUP: keys not reloaded", ", the ones in force stay")
+    if reloaded is settings:
         return settings
-    if (keys is None) != settings.open_mode:
-        log.error("SIGHUP: keys not reloaded: a reload cannot switch between open mode and API keys; restart")
-        return settings
-    settings = dataclasses.replace(settings, api_keys=keys)
-    gateway.reload(settings)
-    limited = sum(1 for k in (keys or {}).values() if k.lists.any)
-    log.info("SIGHUP: %d key(s) reloaded (%d with allow-lists)", len(keys or {}), limited)
-    return settings
+    gateway.reload(reloaded)
+    keys = reloaded.api_keys or {}
+    limited = sum(1 for k in keys.values() if k.lists.any)
+    log.info("SIGHUP: %d key(s) reloaded (%d with allow-lists)", len(keys), limited)
+    return reloaded
 
 
 def as_files_are(settings: Settings) -> Settings:
@@ -41,19 +36,26 @@ def as_files_are(settings: Settings) -> Settings:
     SIGHUP or a reload left them (the supervisor's were read at start-up: a key revoked since worked
     again on a restarted worker, and a reloaded network came back as it started). A file that no
     longer loads leaves what the supervisor started with, with an ERROR line."""
-    try:
-        keys = _keys(settings.keys_source)
-        if (keys is None) == settings.open_mode:
-            settings = dataclasses.replace(settings, api_keys=keys)
-    except ConfigError as exc:
-        log.error("worker start: keys as started, the file does not load: %s", exc)
+    settings = _with_keys_as_they_are(settings, "worker start: keys as started", ", the file does not load")
     if settings.networks_file is None:
         return settings
     try:
-        fixed = [n for n in settings.networks if n.name in settings.from_environment]
-        listed = [*fixed, *_networks_from_file(settings.networks_file)]
-        defaults = checked_networks(listed)
+        listed, defaults = file_networks(settings)
     except ConfigError as exc:
         log.error("worker start: networks as started, NETWORKS_FILE does not load: %s", exc)
         return settings
     return dataclasses.replace(settings, networks=tuple(listed), default_network=defaults)
+
+
+def _with_keys_as_they_are(settings: Settings, refused: str, unloaded: str) -> Settings:
+    """`settings` with the keys read again (the same object when they cannot be: an ERROR line says
+    why, `refused` and then `unloaded` for a file that does not load)."""
+    try:
+        keys = _keys(settings.keys_source)
+    except ConfigError as exc:
+        log.error("%s%s: %s", refused, unloaded, exc)
+        return settings
+    if (keys is None) != settings.open_mode:
+        log.error("%s: a reload cannot switch between open mode and API keys; restart", refused)
+        return settings
+    return dataclasses.replace(settings, api_keys=keys)
