@@ -84,8 +84,7 @@ async def answered(
     if taken is not None:
         answers, source = taken
     try:
-        in_order(answers, states)
-        answers = unmade(answers, states)
+        answers = checked(answers, states)
         below = _below(answers[0], old_head) if taken is None else None
         if below is not None:
             # Asked once more before it is judged, also once the head is stale (when a lower block
@@ -105,9 +104,15 @@ async def answered(
             answers, source = taken
         else:
             raise
-        in_order(answers, states)
-        answers = unmade(answers, states)
+        answers = checked(answers, states)
         return answers, source, *judge(answers)
+
+
+def checked(answers: list[Answer], states: UpstreamStates | None) -> list[Answer]:
+    """A poll's answers as the tracker may judge them: its tags one chain's view (in_order), a made-up
+    block after them as none (unmade)."""
+    in_order(answers, states)
+    return unmade(answers, states)
 
 
 def unmade(answers: list[Answer], states: UpstreamStates | None) -> list[Answer]:
@@ -127,8 +132,8 @@ def in_order(answers: list[Answer], states: UpstreamStates | None = None) -> Non
     block and still not the tag's (a node or a relay that trades them): taken, a finalized block above
     latest would move the head back and the final mark up to a block the chain has not finalized."""
     latest, safe, final = (header_of(answer) for answer in answers[:3])
-    for block in (safe, final, latest):  # learnt first: on the first poll, an honest tag's block tells
-        made_up(block, states)  # that the network's blocks hash, and a made-up latest is refused
+    if states is not None and any(block is not None and block.hashed for block in (latest, safe, final)):
+        states.headers_hash = True  # learnt first: on the first poll, an honest tag's block refuses a made-up latest
     for tag, answer, block in (
         ("latest", answers[0], latest),
         ("safe", answers[1], safe),
