@@ -66,6 +66,20 @@ class TestUpstreamStates:
         assert states.other_with(1, 130) == 2
         assert states.other_with(0, 300) is None
 
+    def test_the_upstream_the_head_is_taken_from_is_parted_from_it_nowhere(self) -> None:
+        """Rule (docs/caching.md, a backup on another fork): a mark set while the head was a backup's
+        (its first poll reached a backup on a fork the network left) never keeps the node the head
+        then follows from the reads the backup is refuted for (a clean-clone CI run: 502 for block
+        106 of the network's chain, one start in five)."""
+        states = UpstreamStates(2)
+        for index, head in enumerate((111, 106)):
+            states.observe_head(index, head)
+            states.judged(index, True)
+        states.parted[0] = 101  # seen ahead of the backup's head, on another fork
+        assert states.other_with(1, 106) is None
+        states.followed(0, 40)
+        assert states.other_with(1, 106) == 0 and states.final_mark == 40
+
     def test_a_lost_connection_takes_a_verified_upstream_out_of_rotation_until_checked(self) -> None:
         states = UpstreamStates(1)
         states.lost(0)

@@ -298,7 +298,7 @@ class EvmHeadTracker:
         # another fork, which is no violation of this chain's finality (forks.py checks the space's trail).
         self._final = kept_final(known_final, final_h, finalized, final_hash, violated)
         if self._states is not None:
-            self._states.final_mark = self._final.number if self._final is not None else None
+            self._states.followed(latest_a.upstream, self._final.number if self._final is not None else None)
         self.last_poll = time.time()
         # A node answers a write before its miner has sealed the block (Anvil's automining): a poll
         # covers the writes made WRITE_SETTLE before it started; for later ones, another poll soon.

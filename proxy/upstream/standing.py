@@ -83,8 +83,9 @@ class UpstreamStates:
         self.flipped_until = [0.0] * size
         # Ahead of the tracker's head, it showed a block of the head's chain with another hash (a fork
         # that parted below it, poll_source.from_ahead): that block's number, until a poll finds it
-        # holding the head. Its blocks from there on are another chain's: never asked for a block the
-        # tracker's node lacks (`other_with`), so no client is shown one (nor `latest` raised to it).
+        # holding the head, or the head is taken from it (`followed`). Its blocks from there on are
+        # another chain's: never asked for a block the tracker's node lacks (`other_with`), so no
+        # client is shown one (nor `latest` raised to it).
         self.parted: list[int | None] = [None] * size
         # A head poll's block hashed from its fields (chain/head_polls.py made_up): from then on one
         # that does not is a made-up block, never the head nor one of its window.
@@ -246,6 +247,16 @@ class UpstreamStates:
         self.verified[index] = matches
         if matches:
             self.lost_since_verified[index] = False
+
+    def followed(self, index: int, final_mark: int | None) -> None:
+        """The tracker took its head from upstream `index`, whose finalized block it knows as
+        `final_mark`: that upstream's chain is the head's, parted from it nowhere. (The first poll may
+        reach a backup on a fork the network left, and the next the node the network follows: a mark
+        set while the head was the backup's kept that node, now the head's, from every read the
+        backup was refuted for.)"""
+        self.final_mark = final_mark
+        if 0 <= index < self.size:
+            self.parted[index] = None
 
     def _parted_at(self, index: int, number: int | None) -> bool:
         parted = self.parted[index]
