@@ -236,6 +236,17 @@ class TestSolanaRules:
         rejects(p.get_largest_accounts, [{"filter": "all"}], "config.filter")
         assert p.get_largest_accounts([{"filter": "nonCirculating"}], RULES)[0]["filter"] == "nonCirculating"
 
+    def test_sort_results_is_agaves_boolean_kept_as_given(self) -> None:
+        """Rule (docs/interface.md, getLargestAccounts): newer Agave's `sortResults` is taken (it was
+        refused as an unknown field) and kept in the key as given, a sorted and an unsorted list apart."""
+        assert p.get_largest_accounts([{"sortResults": False}], RULES)[0] == {
+            "commitment": "finalized",
+            "sortResults": False,
+        }
+        assert p.get_largest_accounts([{"sortResults": None}], RULES)[0] == {"commitment": "finalized"}
+        rejects(p.get_largest_accounts, [{"sortResults": "no"}], "config.sortResults")
+        rejects(p.get_largest_accounts, [{"sortResults": 0}], "config.sortResults")
+
     def test_unknown_config_fields_are_refused(self) -> None:
         rejects(p.get_largest_accounts, [{"encoding": "base64"}], "config.encoding: unknown field")
         rejects(p.get_token_account_balance, [PUBKEY, {"filter": "circulating"}], "config.filter: unknown field")

@@ -173,6 +173,18 @@ MISSHAPEN_SOLANA = [
         "getTokenAccountBalance",
         {"context": _CONTEXT, "value": {"amount": "-5", "decimals": 2, "uiAmount": 0.05, "uiAmountString": "0.05"}},
     ),
+    # A mint's decimals are a u8, and Agave writes a u64 amount with no leading zero (outside attack: both kept).
+    (
+        "getTokenAccountBalance",
+        {"context": _CONTEXT, "value": {"amount": "5", "decimals": 256, "uiAmount": 0.0, "uiAmountString": "0"}},
+    ),
+    (
+        "getTokenAccountBalance",
+        {
+            "context": _CONTEXT,
+            "value": {"amount": "0986", "decimals": 2, "uiAmount": 9.86, "uiAmountString": "9.86"},
+        },
+    ),
 ]
 
 

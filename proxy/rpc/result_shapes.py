@@ -97,13 +97,15 @@ def _rpc_response(result: Any) -> bool:
 def _token_amount(result: Any) -> bool:
     if not _rpc_response(result) or type(value := result["value"]) is not dict:
         return False
-    amount, ui = value.get("amount"), value.get("uiAmount")
+    amount, ui, decimals = value.get("amount"), value.get("uiAmount"), value.get("decimals")
     return (
         type(amount) is str
         and amount.isascii()
         and amount.isdigit()
+        and (amount[0] != "0" or amount == "0")  # a u64 as Agave writes it: no leading zero
         and int(amount) < _U64
-        and _count(value.get("decimals"))
+        and type(decimals) is int
+        and 0 <= decimals < 256  # a mint's decimals: a u8
         and (ui is None or type(ui) in (int, float))
         and type(value.get("uiAmountString")) is str
     )

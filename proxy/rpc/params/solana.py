@@ -61,7 +61,7 @@ def get_token_account_balance(params: list[Any], rules: Rules) -> list[Any]:
 
 def get_largest_accounts(params: list[Any], rules: Rules) -> list[Any]:
     """The forms clients send, one canonical config (so one cache key, and what is sent upstream):
-    `[]`, `[null]`, `[{commitment, filter}]` (Agave, @solana/web3.js, @solana/kit) and the filter as
+    `[]`, `[null]`, `[{commitment, filter, sortResults}]` (Agave, @solana/web3.js, @solana/kit) and the filter as
     a second positional param (solana-py: `[{"commitment": ...}, "nonCirculating"]`). A bare commitment
     string is refused, as Agave refuses it."""
     # spec: with an empty params array, defaults apply.
@@ -73,7 +73,14 @@ def get_largest_accounts(params: list[Any], rules: Rules) -> list[Any]:
         if not isinstance(config, (dict, type(None))) or (config or {}).get("filter", params[1]) != params[1]:
             raise invalid_params("filter", "given twice with different values")
         config = {**(config or {}), "filter": params[1]}
-    return [_solana_config("config", config, ("commitment", "filter"))]
+    out = _solana_config("config", config, ("commitment", "filter", "sortResults"))
+    # Agave's `sortResults` (newer releases): kept as given, so a sorted and an unsorted list are two keys.
+    sort = config.get("sortResults") if isinstance(config, dict) else None
+    if sort is not None:
+        if not isinstance(sort, bool):
+            raise invalid_params("config.sortResults", "expected true or false")
+        out["sortResults"] = sort
+    return [out]
 
 
 # --- the common read surface (issue 13): cached like the seven ---------------------------
