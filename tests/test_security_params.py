@@ -64,6 +64,26 @@ async def test_a_huge_decimal_or_deep_params_fail_their_own_batch_element_only(e
     assert "nested deeper" in by_id[3]["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("params", "limit"),
+    [("[" * 1100 + "]" * 1100, "nested deeper than 1024 levels"), ("[1e400]", "past a 64-bit float's range")],
+)
+async def test_json_past_the_parsers_limits_is_a_parse_error_that_names_the_limit(
+    evm_proxy: Proxy, params: str, limit: str
+) -> None:
+    """Rule (docs/errors.md -32700): JSON nested deeper than 1,024 levels, or with a number past a
+    64-bit float's range, is not read (RFC 8259 section 9): the whole body, a batch included, is
+    -32700 naming the limit. It was "body is not valid JSON", which it is (outside attack)."""
+    bad = '{"jsonrpc":"2.0","id":1,"method":"eth_getBlockReceipts","params":' + params + "}"
+    for body in (bad, "[" + bad + ',{"jsonrpc":"2.0","id":7,"method":"eth_chainId","params":[]}]'):
+        status, reply, _ = await evm_proxy.post(body)
+        assert status == 400 and reply["id"] is None and reply["error"]["code"] == -32700, reply
+        assert limit in reply["error"]["message"], reply
+    status, reply, _ = await evm_proxy.post('{"jsonrpc":"2.0","id":1,')
+    assert status == 400 and reply["error"]["message"] == "parse error: body is not valid JSON"
+    assert evm_proxy.upstreams["evm"].calls["eth_getBlockReceipts"] == 0
+
+
 async def test_deep_params_on_the_cache_hit_path_are_an_invalid_params_error(evm_proxy: Proxy) -> None:
     body = '{"jsonrpc":"2.0","id":1,"method":"eth_getStorageAt","params":' + "[" * 400 + "]" * 400 + "}"
     status, reply, _ = await evm_proxy.post(body)

@@ -204,6 +204,21 @@ def _containers(body: bytes | str) -> int:
     return body.count(b"{") + body.count(b"[")
 
 
+# JSON the parser does not read (RFC 8259 section 9 lets a parser limit nesting and numbers' range):
+# orjson's message opens with the limit, and the whole body is refused, as one that is no JSON.
+_PARSER_LIMITS = {
+    "depth limit exceeded": "parse error: JSON nested deeper than 1024 levels is not read",
+    "number is infinity": "parse error: a number past a 64-bit float's range is not read",
+}
+
+
+def _unread(reason: str) -> str:
+    """A -32700 message: the parser's limit that the body passed, else that it is not JSON."""
+    return next(
+        (m for start, m in _PARSER_LIMITS.items() if reason.startswith(start)), "parse error: body is not valid JSON"
+    )
+
+
 def parse_body(body: bytes | str, *, max_batch: int) -> Body:
     """Parse a request body; raise JsonRpcError for a body that cannot be answered element-wise."""
     if len(body) >= BATCH_SCAN_FROM and _longer_than(body, max_batch):
@@ -222,8 +237,8 @@ def parse_body(body: bytes | str, *, max_batch: int) -> Body:
         )
     try:
         data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise JsonRpcError(PARSE_ERROR, "parse error: body is not valid JSON", http_status=400) from None
+    except orjson.JSONDecodeError as error:
+        raise JsonRpcError(PARSE_ERROR, _unread(str(error)), http_status=400) from None
     if isinstance(data, list):
         if not data:
             # jsonrpc.org 6: an empty array gets a single Invalid Request.
