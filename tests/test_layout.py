@@ -5,6 +5,7 @@ bound. Read from the source, so a move that breaks one fails here before anyone 
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,3 +138,24 @@ def test_no_module_class_or_function_reaches_the_house_bounds() -> None:
                 if size >= bound:
                     over.append(f"{name}: {node.name} {size} lines")
     assert over == []
+
+
+# The repository's root: what a clone, a wheel's sdist and an image's build context hold beside the
+# folders. A scratch file (an attack's config, a pid, a script's output) committed there is caught here.
+ROOT_FILES = {
+    ".env.example",
+    ".gitignore",
+    "CHANGELOG.md",
+    "README.md",
+    "mkdocs.yml",
+    "pyproject.toml",
+}
+
+
+def test_the_repository_root_holds_only_the_projects_own_files() -> None:
+    """Rule (DEVELOPERS: never commit caches or scratch): the root's tracked files are the project's
+    (scratch files from outside attacks, a pid and two outputs, had been committed there)."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert {path for path in tracked if "/" not in path} == ROOT_FILES
