@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from proxy.redis_link import connect, memory_policies
 from proxy.rpc import jsonrpc
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.scrubbing import scrub_text, secrets_of
+from proxy.workers.context import NoRunDirectory, run_directory
 
 REDACTED = "<redacted>"
 CHECK_WAIT = 10.0  # seconds check waits for one upstream or Redis at most (UPSTREAM_TIMEOUT when less)
@@ -391,6 +393,12 @@ def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (),
     for setting, host, why in unbindable(settings):
         problems += 1
         print(f"FAIL listen {setting} {host[:100]!r}: serve cannot listen there ({why})")
+    if settings.workers > 1:
+        try:
+            os.rmdir(run_directory())  # serve makes one for its workers' sockets
+        except NoRunDirectory as exc:
+            problems += 1
+            print(f"FAIL workers WORKERS={settings.workers}: {exc}")
     if offline:
         print(
             "offline: settings and files are valid; upstreams not tried" if not problems else f"{problems} problem(s)"

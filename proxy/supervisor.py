@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy import hangup, via
-from proxy.workers.context import WorkerContext
+from proxy.workers.context import NoRunDirectory, WorkerContext, run_directory
 
 if TYPE_CHECKING:
     from proxy.config import Settings
@@ -264,7 +263,11 @@ def supervise(settings: Settings) -> int:
         if problem is not None:
             log.error("cannot listen on %s: %s", listener, problem.strerror)
             return 1
-    run_dir = tempfile.mkdtemp(prefix="rpc-proxy-")
+    try:
+        run_dir = run_directory()
+    except NoRunDirectory as exc:
+        log.error("cannot start WORKERS=%d: %s", settings.workers, exc)
+        return 1
     try:
         return asyncio.run(Supervisor(settings, run_dir).run())
     finally:

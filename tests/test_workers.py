@@ -23,9 +23,10 @@ import rlp
 from eth_utils import keccak
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from proxy.check import run_check
 from proxy.config import ConfigError, build_settings
 from proxy.cpus import cgroup_quota, usable_cpus
-from proxy.supervisor import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay
+from proxy.supervisor import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay, supervise
 from proxy.values import Answer
 from proxy.workers.metrics_merge import merged, render
 from proxy.workers.shared_polls import SharedPolls, aligned_delay, fresh_answers
@@ -66,6 +67,27 @@ def test_workers_auto_is_one_per_usable_cpu_and_keyed_workers_need_a_shared_ledg
     assert build_settings({**base, "WORKERS": "2", "API_KEYS": "secret", "REDIS_URL": "redis://h:1/0"}).workers == 2
     with pytest.raises(ConfigError):
         build_settings({**base, "WORKERS": "0"})
+
+
+def test_workers_without_a_writable_temporary_directory_are_a_clear_error_and_a_check_failure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule (docs/deployment.md, more cores per pod): WORKERS > 1 needs a directory for its workers'
+    sockets. Under the Kubernetes files' read-only root file system, with no /tmp mounted, `serve`
+    died with a traceback and `check` passed (outside attack): now `serve` says what to mount and
+    exits 1, and `check` fails the same way."""
+
+    def no_directory(*_: Any, **__: Any) -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp', '/var/tmp']")
+
+    settings = build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "PROXY_PORT": str(free_port()), "WORKERS": "2"})
+    monkeypatch.setattr(tempfile, "mkdtemp", no_directory)
+    assert run_check(settings, offline=True) == 1
+    out = capsys.readouterr().out
+    assert "FAIL workers WORKERS=2: no writable temporary directory" in out and "mount one at /tmp" in out
+    assert supervise(settings) == 1
+    monkeypatch.undo()
+    assert run_check(settings, offline=True) == 0 and "FAIL" not in capsys.readouterr().out
 
 
 def _worker_exposition(requests: float, head: float, redis_up: float, memory: float, seconds: float) -> str:
