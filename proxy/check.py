@@ -369,10 +369,18 @@ def own_address(settings: Settings) -> list[tuple[Network, str, str]]:
     return found
 
 
-def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (), misspelt: Sequence[str] = ()) -> int:
+def run_check(
+    settings: Settings,
+    *,
+    offline: bool,
+    ignored: Sequence[str] = (),
+    misspelt: Sequence[str] = (),
+    quoted: Sequence[str] = (),
+) -> int:
     """Print the effective configuration and, online, each upstream's result; the exit status.
     `ignored`: names in ./.env that are no setting (serve logs and ignores them: most are typos);
-    `misspelt`: names in the environment that are a setting's near twin (`API_KEY (API_KEYS?)`)."""
+    `misspelt`: names in the environment that are a setting's near twin (`API_KEY (API_KEYS?)`);
+    `quoted`: settings in the environment whose value is wrapped in quotes (`docker run --env-file`)."""
     print("effective configuration (secrets redacted):")
     for line in effective(settings):
         print(f"  {line}")
@@ -387,6 +395,12 @@ def run_check(settings: Settings, *, offline: bool, ignored: Sequence[str] = (),
     if misspelt:
         problems += 1
         print(f"FAIL environment: not settings (misspelt?), serve ignores them: {', '.join(misspelt)}")
+    if quoted:
+        problems += 1
+        print(
+            f"FAIL environment: values wrapped in quotes, which serve takes as part of them: {', '.join(quoted)}"
+            " (`docker run --env-file` keeps a .env line's quotes: write the values unquoted there)"
+        )
     for network, label, url in own_address(settings):
         problems += 1
         print(f"FAIL network {network.name} {label} {redact_url(url)}: this proxy's own address (a loop, via.py)")

@@ -149,6 +149,19 @@ def misspelt(names: Iterable[str]) -> list[str]:
     return found
 
 
+def quoted(environ: Mapping[str, str]) -> list[str]:
+    """The settings in `environ` (the environment's) whose value is wrapped in matching quotes:
+    `docker run --env-file` keeps a `.env` line's quotes as part of the value (compose's `env_file:`
+    and this proxy's own `.env` reading drop them), so `API_KEYS="k"` became the key `"k"`, quotes
+    included, and every client got 401. Names only, never values."""
+    found = []
+    for name, value in environ.items():
+        text = value.strip()
+        if name in OPTION_NAMES and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            found.append(name)
+    return sorted(found)
+
+
 def _error(raw: Mapping[str, str], message: str) -> None:
     """One error line in LOG_FORMAT (text when LOG_FORMAT itself is what is wrong)."""
     fmt = "json" if raw.get("LOG_FORMAT", "").strip().lower() == "json" else "text"
@@ -163,8 +176,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from_dotenv: dict[str, str] = {}
     unknown: list[str] = []
     near: list[str] = []
+    wrapped: list[str] = []
     if environ is None:
-        near = misspelt(os.environ)
+        near, wrapped = misspelt(os.environ), quoted(os.environ)
         try:
             from_dotenv, unknown = dotenv_settings(DOTENV)
         except ConfigError as exc:
@@ -190,7 +204,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.command == "check":
         from proxy.check import run_check
 
-        return run_check(settings, offline=args.offline, ignored=unknown, misspelt=near)
+        return run_check(settings, offline=args.offline, ignored=unknown, misspelt=near, quoted=wrapped)
     if doubtful := doubts(settings):
         logs.setup(settings.log_format, settings.log_level, settings.access_log)
         for line in doubtful:
@@ -198,6 +212,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if near:
         logs.setup(settings.log_format, settings.log_level, settings.access_log)
         log.warning("in the environment, not settings (misspelt?), ignored: %s", ", ".join(near))
+    if wrapped:
+        logs.setup(settings.log_format, settings.log_level, settings.access_log)
+        log.warning("in the environment, values wrapped in quotes, taken with them: %s", ", ".join(wrapped))
     if from_dotenv or unknown:
         logs.setup(settings.log_format, settings.log_level, settings.access_log)
         over = {**os.environ, **vars(args)}  # what the environment and the flags set (empty: unset)

@@ -228,6 +228,22 @@ def test_a_misspelt_setting_in_the_environment_is_a_problem_and_open_mode_is_sai
     assert keyed.returncode == 0 and "open mode" not in keyed.stdout and "FAIL" not in keyed.stdout, keyed.stdout
 
 
+def test_a_setting_in_the_environment_wrapped_in_quotes_is_a_problem_named_never_shown(tmp_path: Path) -> None:
+    """Rule (docs/configuration/index.md, `docker run --env-file`): docker keeps a .env line's quotes
+    as part of the value, so `API_KEYS="k"` served the key `"k"`, quotes included, and `check` passed
+    (outside attack). A setting wrapped in quotes is a problem for `check`, by name only; `.env`'s own
+    quotes, which the proxy drops, are not."""
+    upstream = f"http://127.0.0.1:{free_port()}"
+    result = check(tmp_path, "--offline", EVM_UPSTREAM=upstream, API_KEYS=f'"{SECRET}"', HOSTNAME="'box'")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL environment: values wrapped in quotes, which serve takes as part of them: API_KEYS (" in result.stdout
+    assert SECRET not in result.stdout + result.stderr and "HOSTNAME" not in result.stdout
+    (tmp_path / ".env").write_text(f'API_KEYS="{SECRET}"\n')
+    (tmp_path / ".env").chmod(0o600)
+    unquoted = check(tmp_path, "--offline", EVM_UPSTREAM=upstream)
+    assert unquoted.returncode == 0 and "FAIL" not in unquoted.stdout, unquoted.stdout
+
+
 @pytest.mark.parametrize("offline", [True, False])
 def test_names_in_dotenv_that_are_no_setting_are_a_problem(offline: bool, tmp_path: Path) -> None:
     """Rule: check reports the .env names serve ignores (a misspelt setting would keep its default)."""
