@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 from proxy.config_files import HEADER_NAME, VERIFY_MODES, _credits_file, _keys, _networks_from_file
 from proxy.config_files import KeyConfig as KeyConfig
@@ -220,6 +221,22 @@ def admin_token_problem(token: str | None) -> str | None:
     return None
 
 
+def _node_of(url: str) -> tuple[Any, ...]:
+    """What makes two upstream URLs one node's endpoint: all of it but the case of its scheme and host
+    and a trailing `/` (URLs checked already: options._urls)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme.lower() in ("https", "wss") else 80)
+    return (
+        parts.scheme.lower(),
+        parts.username,
+        parts.password,
+        parts.hostname,
+        port,
+        parts.path.rstrip("/"),
+        parts.query,
+    )
+
+
 def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
     """Check the networks' names (ConfigError); each family's default network: its first declared."""
     seen: set[str] = set()
@@ -233,6 +250,13 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
         if net.name in seen:
             raise ConfigError(f"network {net.name!r} is declared twice")
         seen.add(net.name)
+        for kind, urls in (("upstream", net.upstreams), ("WebSocket upstream", net.ws_upstreams)):
+            nodes = [_node_of(url) for url in urls]
+            if (twice := next((i for i, node in enumerate(nodes) if node in nodes[:i]), None)) is not None:
+                raise ConfigError(
+                    f"network {net.name!r}: {kind} #{twice} is #{nodes.index(nodes[twice])} again: one node would"
+                    " count as two (confirm_immutable, checkpoint_quorum, failover)"
+                )
     claimed: dict[str, str] = {}  # host -> the network declaring it: a Host header routes to one network
     for net in networks:
         for host in net.hosts:

@@ -286,7 +286,7 @@ _TABLES = {"CREDITS_FILE": "credits", "NETWORKS_FILE": "networks", "API_KEYS_FIL
 def _load_toml(name: str, path: str) -> dict[str, Any]:
     check_trusted(name, Path(path))
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # a leading BOM dropped, as in .env
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:

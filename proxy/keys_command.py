@@ -64,7 +64,7 @@ def key_table(name: str, secret: str, daily: int | None, per_second: int | None)
 def _declared_names(text: str) -> set[str]:
     """The key names a keys file declares (older-form tables by their derived names)."""
     try:
-        table = tomllib.loads(text).get("keys", {})
+        table = tomllib.loads(text.removeprefix("\ufeff")).get("keys", {})  # a leading BOM dropped, as serve does
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"API_KEYS_FILE is not valid TOML: {exc}") from None
     if not isinstance(table, dict):
@@ -93,7 +93,7 @@ def keys_new(raw: Mapping[str, str], name: str, daily: int | None, per_second: i
         addition = ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "")
         addition += key_table(name, secret, daily, per_second)
         try:
-            tomllib.loads(text + addition)  # never leaves the file unreadable
+            tomllib.loads(text.removeprefix("\ufeff") + addition)  # never leaves the file unreadable
         except tomllib.TOMLDecodeError:
             raise ConfigError(
                 f"API_KEYS_FILE {path} cannot take a [keys.{name}] table after its own (keys = {{...}} as an "

@@ -98,6 +98,15 @@ def test_networks_file_declares_networks_with_hosts(tmp_path: Path) -> None:
         ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\ncheckpoint_quorum = 2\n', "cannot exceed"),
         ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\ntrusted_checkpoint = "0x12"\n', "block hash"),
         ('[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\nverify_logs = "some"\n', "verify_logs must be"),
+        # One node twice would count as two: two of confirm_immutable = 2 "agreeing" were one node.
+        (
+            '[networks.x]\nfamily = "evm"\nupstreams = ["http://a:1/k", "HTTP://a:1/k/"]\nconfirm_immutable = 2\n',
+            "network 'x': upstream #1 is #0 again: one node would count as two",
+        ),
+        (
+            '[networks.x]\nfamily = "evm"\nupstreams = ["http://a", "ws://a/w", "ws://a/w"]\n',
+            "WebSocket upstream #1 is #0",
+        ),
     ],
 )
 def test_a_bad_networks_file_is_one_clear_line(tmp_path: Path, text: str, fragment: str) -> None:
@@ -106,6 +115,14 @@ def test_a_bad_networks_file_is_one_clear_line(tmp_path: Path, text: str, fragme
     with pytest.raises(ConfigError) as caught:
         build_settings({"NETWORKS_FILE": str(path)})
     assert fragment in str(caught.value)
+
+
+def test_a_settings_file_saved_with_a_byte_order_mark_is_read_as_dotenv_is(tmp_path: Path) -> None:
+    """Rule (docs/configuration/index.md): a leading UTF-8 byte-order mark is dropped, in the TOML
+    files as in .env (a Windows editor's BOM was "Invalid statement (at line 1, column 1)")."""
+    path = tmp_path / "networks.toml"
+    path.write_text('\ufeff[networks.x]\nfamily = "evm"\nupstreams = ["http://a"]\n', encoding="utf-8")
+    assert [n.name for n in build_settings({"NETWORKS_FILE": str(path)}).networks] == ["x"]
 
 
 def test_keys_file_sets_per_key_credits(tmp_path: Path) -> None:
