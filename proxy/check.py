@@ -403,7 +403,10 @@ def run_check(
         )
     for network, label, url in own_address(settings):
         problems += 1
-        print(f"FAIL network {network.name} {label} {redact_url(url)}: this proxy's own address (a loop, via.py)")
+        print(
+            f"FAIL network {network.name} {label} {redact_url(url)}: this proxy's own address (a loop, via.py;"
+            " a node already on PROXY_PORT fails serve first, `Address already in use`: move the node or PROXY_PORT)"
+        )
     for setting, host, why in unbindable(settings):
         problems += 1
         print(f"FAIL listen {setting} {host[:100]!r}: serve cannot listen there ({why})")

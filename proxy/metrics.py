@@ -190,7 +190,7 @@ class Metrics:
         self.cache_lookups = _Local(
             "counter",
             "rpc_proxy_cache_lookups",
-            "Cache lookups by tier (memory, redis, none) and result (hit, miss, bypass).",
+            "Cache lookups by tier (memory, redis, tracker, none) and result (hit, miss, bypass).",
             ["tier", "result"],
             r,
         )

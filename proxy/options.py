@@ -198,13 +198,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "HEAD_STALE_AFTER",
-        "seconds after the last successful head poll when tags stop being resolved and "
-        "/readyz reports the network degraded; more than HEAD_POLL_INTERVAL (default 3 poll intervals, at least 1)",
+        "seconds after the last good head poll when tags stop being resolved (calls with them go upstream "
+        "uncached), /readyz degraded; more than HEAD_POLL_INTERVAL (default 3 poll intervals, at least 1)",
     ),
     Option(
         "HEAD_CATCH_UP_WAIT",
         "seconds a `latest` call waits for the head to reach a block the proxy has "
-        "already shown; then it goes upstream uncached (default 0.3)",
+        "already shown; then it goes upstream uncached (default 0.3; 0: no wait)",
     ),
     Option(
         "IDENTITY_CHECK_INTERVAL",

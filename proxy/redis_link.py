@@ -193,7 +193,7 @@ class RedisLink:
             raise RedisUnavailable(operation) from exc
         self._failures = 0
         if self._skip_until:
-            log.info("%s is back", self._name)
+            throttled.log(logging.INFO, f"{self._name} back", "%s is back", self._name)  # flapping: as often as down
             self._skip_until = 0.0
             self._backoff = self._min_backoff
             if self._report_up:

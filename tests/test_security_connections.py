@@ -22,11 +22,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
 
 from proxy.app import create_app
 from proxy.config import Settings
 from proxy.http.listeners import CappedSite, PeerCounts
 from proxy.logs import Throttled
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, RedisUnavailable
 from tests.support import Anvil, ProxyFactory, eventually, free_port, settings_for, start_proxy
 
 CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
@@ -202,6 +205,30 @@ async def test_a_redis_outage_logs_a_few_lines_not_one_per_request(
     finally:
         await proxy.close()
     assert sum("credits: redis unavailable" in r.getMessage() for r in caplog.records) <= 1
+
+
+async def test_a_flapping_redis_logs_its_returns_as_seldom_as_its_outages(caplog: pytest.LogCaptureFixture) -> None:
+    """Rule (docs/operations.md, logs): an outage's WARNING is throttled, and so is the INFO saying
+    Redis is back: a Redis failing every other command (DEBUG SLEEP, a full noeviction Redis) logged
+    "redis is back" after each failure, a run of returns with no outage beside them (outside attack)."""
+    caplog.set_level(logging.INFO, logger="proxy.redis")
+    name = f"flapping-{time.monotonic_ns()}"  # its own throttle keys: none another test's line took
+    metrics = Metrics(CollectorRegistry())
+    link = RedisLink(object(), timeout=1.0, metrics=metrics, min_backoff=0.0, max_backoff=0.0, name=name)
+
+    async def fails(_: object) -> None:
+        raise RedisError("busy")
+
+    async def answers(_: object) -> str:
+        return "PONG"
+
+    for _ in range(20):
+        with pytest.raises(RedisUnavailable):
+            await link.run("get", fails)
+        assert await link.run("get", answers) == "PONG"
+    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.redis"]
+    assert sum(f"{name} is back" in line for line in lines) == 1, lines
+    assert sum(f"{name} unavailable" in line for line in lines) == 1, lines
 
 
 async def test_metrics_port_serves_metrics_on_an_internal_listener_and_the_public_port_does_not(

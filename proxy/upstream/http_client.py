@@ -20,6 +20,7 @@ checks its identity again).
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -366,7 +367,9 @@ class HostPool:
         except OSError as exc:
             self._open -= 1
             self._wake()
-            raise ClientFault(f"cannot connect: {type(exc).__name__}", unsent=True) from None
+            # The kind, not the message (which names the host): a name that does not resolve said so.
+            why = "the host name does not resolve" if isinstance(exc, socket.gaierror) else type(exc).__name__
+            raise ClientFault(f"cannot connect: {why}", unsent=True) from None
         self._on_connect(alone)
         return connection
 
