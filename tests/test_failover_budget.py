@@ -21,9 +21,9 @@ async def test_a_slow_primary_leaves_time_for_the_backup_within_the_upstream_tim
 
 
 async def test_an_explicit_attempt_timeout_bounds_each_attempt(anvil: Anvil, make_proxy: ProxyFactory) -> None:
-    async with bad_upstream(delay=3.0) as slow:
+    async with bad_upstream(delay=3.0) as slow, bad_upstream(delay=3.0) as slower:  # two nodes: one is refused twice
         proxy = await make_proxy(
-            EVM_UPSTREAM=f"{slow},{slow},{anvil.url}", UPSTREAM_TIMEOUT="2.5", UPSTREAM_ATTEMPT_TIMEOUT="0.5"
+            EVM_UPSTREAM=f"{slow},{slower},{anvil.url}", UPSTREAM_TIMEOUT="2.5", UPSTREAM_ATTEMPT_TIMEOUT="0.5"
         )
         status, body, _ = await proxy.post(CHAIN_ID)
         assert status == 200 and body["result"] == "0x7a69"
