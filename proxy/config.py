@@ -223,7 +223,7 @@ def admin_token_problem(token: str | None) -> str | None:
 
 def _node_of(url: str) -> tuple[Any, ...]:
     """What makes two upstream URLs one node's endpoint: all of it but the case of its scheme and host
-    and a trailing `/` (URLs checked already: options._urls)."""
+    and one trailing `/` (URLs checked already: options._urls)."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme.lower() in ("https", "wss") else 80)
     return (
@@ -232,7 +232,7 @@ def _node_of(url: str) -> tuple[Any, ...]:
         parts.password,
         parts.hostname,
         port,
-        parts.path.rstrip("/"),
+        parts.path.removesuffix("/"),
         parts.query,
     )
 
@@ -250,8 +250,11 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
         if net.name in seen:
             raise ConfigError(f"network {net.name!r} is declared twice")
         seen.add(net.name)
-        for kind, urls in (("upstream", net.upstreams), ("WebSocket upstream", net.ws_upstreams)):
-            nodes = [_node_of(url) for url in urls]
+        for kind, urls, headers in (
+            ("upstream", net.upstreams, net.upstream_headers),
+            ("WebSocket upstream", net.ws_upstreams, net.ws_headers),
+        ):  # one URL with other header fields (two keys of one provider) is two accounts: allowed
+            nodes = [(_node_of(url), headers[i] if i < len(headers) else ()) for i, url in enumerate(urls)]
             if (twice := next((i for i, node in enumerate(nodes) if node in nodes[:i]), None)) is not None:
                 raise ConfigError(
                     f"network {net.name!r}: {kind} #{twice} is #{nodes.index(nodes[twice])} again: one node would"

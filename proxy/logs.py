@@ -186,20 +186,22 @@ class Throttled:
         self._next: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def warning(self, key: str, msg: str, *args: Any) -> None:
-        self.log(logging.WARNING, key, msg, *args)
+    def warning(self, key: str, msg: str, *args: Any) -> bool:
+        return self.log(logging.WARNING, key, msg, *args)
 
-    def error(self, key: str, msg: str, *args: Any) -> None:
-        self.log(logging.ERROR, key, msg, *args)
+    def error(self, key: str, msg: str, *args: Any) -> bool:
+        return self.log(logging.ERROR, key, msg, *args)
 
-    def log(self, level: int, key: str, msg: str, *args: Any) -> None:
+    def log(self, level: int, key: str, msg: str, *args: Any) -> bool:
+        """Log it unless its key was logged less than the interval ago; whether it was logged."""
         now = self._clock()
         if now < self._next.get(key, 0.0):
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
+            return False
         suppressed = self._suppressed.pop(key, 0)
         self._next[key] = now + self._interval
         if suppressed:
             msg += " (%d more like this in the last %gs)"
             args = (*args, suppressed, self._interval)
         self._logger.log(level, msg, *args)
+        return True

@@ -142,6 +142,7 @@ class RedisLink:
         # the cache's, so one slow answer under CPU load does not count as an outage.
         self._failures_to_open = failures_to_open
         self._failures = 0
+        self._told_down = False  # an outage was logged whose end was not
         self._name = name
         self._report_up = report_up  # the cache's link drives rpc_proxy_redis_up
         if report_up:
@@ -180,7 +181,7 @@ class RedisLink:
                 if self._report_up:
                     self._metrics.redis_up.set(0)
                 if self._skip_until == 0.0:
-                    throttled.warning(
+                    self._told_down |= throttled.warning(
                         f"{self._name} unavailable",
                         "%s unavailable (%s): %s; skipping it for %.1fs",
                         self._name,
@@ -193,7 +194,9 @@ class RedisLink:
             raise RedisUnavailable(operation) from exc
         self._failures = 0
         if self._skip_until:
-            throttled.log(logging.INFO, f"{self._name} back", "%s is back", self._name)  # flapping: as often as down
+            if self._told_down:  # after each outage logged (once a minute at most), so the log's last word is true
+                log.info("%s is back", self._name)
+                self._told_down = False
             self._skip_until = 0.0
             self._backoff = self._min_backoff
             if self._report_up:

@@ -117,6 +117,19 @@ def test_a_bad_networks_file_is_one_clear_line(tmp_path: Path, text: str, fragme
     assert fragment in str(caught.value)
 
 
+def test_one_url_with_other_header_fields_is_two_upstreams_and_paths_differ_by_one_slash(tmp_path: Path) -> None:
+    """Rule (docs/networks.md): one URL is one node unless its header fields differ (two keys of one
+    provider are two accounts); only one trailing `/` is the same path (`/a//` is not `/a/`)."""
+    path = tmp_path / "networks.toml"
+    path.write_text(
+        '[networks.x]\nfamily = "evm"\nupstreams = [\n'
+        '  { url = "https://h.example/a", headers = { Authorization = "Bearer k1" } },\n'
+        '  { url = "https://h.example/a", headers = { Authorization = "Bearer k2" } },\n'
+        '  "https://h.example/a/", "https://h.example/a//",\n]\n'
+    )
+    assert len(build_settings({"NETWORKS_FILE": str(path)}).networks[0].upstreams) == 4
+
+
 def test_a_settings_file_saved_with_a_byte_order_mark_is_read_as_dotenv_is(tmp_path: Path) -> None:
     """Rule (docs/configuration/index.md): a leading UTF-8 byte-order mark is dropped, in the TOML
     files as in .env (a Windows editor's BOM was "Invalid statement (at line 1, column 1)")."""
