@@ -199,7 +199,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         _check_journal_dir(settings)
         _rehearse(settings)
     except ConfigError as exc:
-        _error(raw, f"configuration error: {exc}")
+        # A quoted value (docker run --env-file keeps quotes) is refused first as the setting's own error.
+        hint = f" (wrapped in quotes, taken as part of the value: {', '.join(wrapped)})" if wrapped else ""
+        _error(raw, f"configuration error: {exc}{hint}")
         return 2
     if args.command == "check":
         from proxy.check import run_check

@@ -242,6 +242,8 @@ def test_a_setting_in_the_environment_wrapped_in_quotes_is_a_problem_named_never
     (tmp_path / ".env").chmod(0o600)
     unquoted = check(tmp_path, "--offline", EVM_UPSTREAM=upstream)
     assert unquoted.returncode == 0 and "FAIL" not in unquoted.stdout, unquoted.stdout
+    refused = check(tmp_path, "--offline", EVM_UPSTREAM=f'"{upstream}"')  # refused first: said why
+    assert refused.returncode == 2 and "(wrapped in quotes, taken as part of the value: EVM_UPSTREAM)" in refused.stderr
 
 
 @pytest.mark.parametrize("offline", [True, False])

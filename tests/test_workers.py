@@ -90,6 +90,25 @@ def test_workers_without_a_writable_temporary_directory_are_a_clear_error_and_a_
     assert run_check(settings, offline=True) == 0 and "FAIL" not in capsys.readouterr().out
 
 
+def test_workers_under_a_temporary_directory_too_long_for_a_socket_path_are_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Rule (docs/deployment.md): a Unix socket's path is at most 107 bytes; under a TMPDIR too long
+    for the workers' sockets `serve` died with a traceback (`AF_UNIX path too long`) and `check`
+    passed (outside attack): both say so now, and leave no directory behind."""
+    long = tmp_path / ("d" * 110)
+    long.mkdir()
+    settings = build_settings({"EVM_UPSTREAM": "http://127.0.0.1:1", "PROXY_PORT": str(free_port()), "WORKERS": "2"})
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    assert run_check(settings, offline=True) == 1
+    assert "leaves no room for a socket's name" in capsys.readouterr().out
+    assert supervise(settings) == 1 and list(long.iterdir()) == []
+    fits = tmp_path / "t"
+    fits.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(fits))
+    assert run_check(settings, offline=True) == 0 and list(fits.iterdir()) == []
+
+
 def _worker_exposition(requests: float, head: float, redis_up: float, memory: float, seconds: float) -> str:
     registry = CollectorRegistry()
     Counter("rpc_proxy_requests", "calls", ["method"], registry=registry).labels("eth_call").inc(requests)
