@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
+from proxy.cache import policy as cp
 from proxy.chain import proofs
 from proxy.chain.heads import EvmHeadTracker
 from proxy.hedging import Walk
@@ -389,6 +390,33 @@ async def _state_elsewhere(
     if found is not None:
         return found
     return answer, "state_gone" if need is not None or pruned else "unknown_hash"
+
+
+async def from_heads_chain(reads: Reads, read: Read, answer: Answer) -> Answer | None:
+    """A transaction or receipt by hash whose block the tracker holds with another hash at its height,
+    or saw replaced, is another fork's: a backup on a fork the network left gave it (its receipt was
+    served where the network's node answers null). The answer of an upstream at the head on the head's
+    chain, when its block is on that chain too or it has none (null, pending); None when no such
+    upstream is known or it answers otherwise (one upstream: its own chain moved since the last poll)."""
+    net = read.net
+    per, head, tracker = net.per_upstream, net.tracker.head, net.tracker
+    block = cp.answer_block(answer.result)
+    if block is None or per is None or head is None or head.stale or not isinstance(tracker, EvmHeadTracker):
+        return None
+    number, block_hash = block
+    held = head.hashes.get(number)
+    if block_hash not in tracker.orphans and (held is None or held == block_hash):
+        return None
+    other, timeout = per.states.other_with(answer.upstream, head.latest), reads.share(read)
+    if other is None or timeout is None:
+        return None
+    try:
+        retried, doubt = await reads.checked(read, other, timeout)
+    except JsonRpcError:
+        return None
+    if doubt is not None or retried.is_error:
+        return None
+    return retried if cp.transaction_servable(retried.result, head, tracker.orphans) else None
 
 
 def _taken(outcome: tuple[Answer, str | None]) -> tuple[Answer, str | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.asking import TAG_UNPROVEN, Asker
+from proxy.asking import TAG_UNPROVEN, Asker, from_heads_chain
 from proxy.cache import policy as cp
 from proxy.cache import sharing
 from proxy.cache.integrity import Integrity
@@ -55,7 +55,8 @@ class Fetcher:
         """A miss: ask upstream and keep the answer if it belongs to its key. (answer, tied): `tied` False when
         it could not be tied to the key's block (served as BYPASS); every return tells X-Verified (_told)."""
         deadline = self._reads.deadline(policy)  # the whole call's: asked again as the tag included
-        answer, doubt = await self._asker.ask_pinned(Read(net, plan.method, plan.forward, policy, plan, deadline))
+        read = Read(net, plan.method, plan.forward, policy, plan, deadline)
+        answer, doubt = await self._asker.ask_pinned(read)
         kind = cp.answer_kind(answer.result, answer.error_code, answer.is_error, caches_reverts=policy.caches_reverts)
         if doubt == TAG_UNPROVEN or (plan.tags_resolved and kind in ("null", "error")):
             # The node may lag the tracker, or (its only node) reorged since the last poll: asked
@@ -76,8 +77,9 @@ class Fetcher:
             tracker = net.tracker
             orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
             ttl = cp.transaction_ttl(answer.result, tracker.head, orphans, self._ttls)
-            if ttl is None:
-                return _told(net, plan, answer), False  # its block is not one the tracker vouches for: served, not kept
+            if ttl is None:  # its block is not one the tracker vouches for: served, not kept
+                mined = await from_heads_chain(self._reads, read, answer)  # another fork's, when another has it
+                return _told(net, plan, answer if mined is None else mined), False
             if cp.answer_block(answer.result) is None:
                 # Not yet mined: true of this head only. Kept under the head's key, so the next block
                 # (which may hold it) is asked again at once, whatever is left of the negative TTL.

@@ -348,6 +348,44 @@ async def test_a_backup_on_a_fork_the_network_left_never_answers_for_the_network
         node.stop()
 
 
+async def test_a_transaction_only_a_backup_on_another_fork_mined_is_answered_as_the_networks_chain_has_it(
+    make_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """Rule (docs/caching.md, a backup on another fork): a receipt or transaction by hash whose block
+    the tracker holds with another hash is another fork's, and the network's node is asked instead.
+    Before, a backup on a fork the network left answered its own transaction's receipt (BYPASS) where
+    the network's node answers null (outside attack)."""
+    node = Anvil()
+    backup = relay = None
+    try:
+        node.mine(5)
+        backup = Anvil("--fork-url", node.url, "--fork-block-number", "5")
+        theirs = backup.send("0x" + "bb" * 20, "0x")  # block 6 of the backup's fork only
+        node.send("0x" + "aa" * 20, "0x")  # the network's block 6
+        node.mine(5)
+        relay = await FaultRelay(node.url).start()
+        networks = tmp_path / "networks.toml"
+        networks.write_text(f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relay.url}", "{backup.url}"]\n')
+        for method in ("eth_getTransactionReceipt", "eth_getTransactionByHash"):
+            proxy = await make_proxy(NETWORKS_FILE=str(networks))  # its own: the primary not cooling down
+            await proxy.head_at(11)
+            assert node.rpc(method, theirs["transactionHash"]) is None
+            relay.inject("http500", method=method)  # the primary fails once: the backup answers first
+            body, cache = await answer(proxy, method, [theirs["transactionHash"]])
+            assert body == {"jsonrpc": "2.0", "id": 1, "result": None}, (method, body, cache)
+            assert len(primary_calls(relay, method)) == 2, method  # the one that failed, then asked again
+    finally:
+        if relay is not None:
+            await relay.close()
+        if backup is not None:
+            backup.stop()
+        node.stop()
+
+
+def primary_calls(relay: FaultRelay, method: str) -> list[dict[str, Any]]:
+    return [c for c in relay.calls if c.get("method") == method]
+
+
 # --- 5. a load balancer in front of a lagging node -----------------------------------------------
 
 
