@@ -5,6 +5,8 @@ changes. Real Anvil nodes, real redis-server, the proxy on a real port."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -306,16 +308,7 @@ async def test_a_backup_on_a_fork_the_network_left_never_answers_for_the_network
     taken, as it does not hold the backup's block), and in the meantime every read went unpinned to
     whichever upstream was picked: with `selection = "weighted"`, up to a third of the reads of blocks
     101-106 got the backup's block, balances and receipts (outside attacks)."""
-    node = Anvil()
-    backup = relay = None
-    try:
-        node.mine(100)
-        backup = Anvil("--fork-url", node.url, "--fork-block-number", "100")
-        for chain, to in ((node, "aa"), (backup, "bb")):
-            for _ in range(6):  # blocks 101-106, one transfer each: another content on each fork
-                chain.send("0x" + to * 20, "0x")
-        node.mine(5)  # the network at 111, the backup at 106 on its own fork
-        relay = await FaultRelay(backup.url).start()  # counts the head polls that reach the backup
+    async with left_fork(100, 6, relayed="backup") as (node, _, relay):  # relay: counts the backup's polls
         networks = tmp_path / "networks.toml"
         networks.write_text(
             f'[networks.evm]\nfamily = "evm"\nupstreams = ["{node.url}", "{relay.url}"]\nselection = "weighted"\n'
@@ -340,12 +333,6 @@ async def test_a_backup_on_a_fork_the_network_left_never_answers_for_the_network
                 body, cache = await answer(proxy, method, params)
                 assert body.get("result") == truth, (method, params, body, cache)
         assert polls_at_backup() >= start + 10, "the head polls to reach the backup"
-    finally:
-        if relay is not None:
-            await relay.close()
-        if backup is not None:
-            backup.stop()
-        node.stop()
 
 
 async def test_a_transaction_only_a_backup_on_another_fork_mined_is_answered_as_the_networks_chain_has_it(
@@ -355,25 +342,36 @@ async def test_a_transaction_only_a_backup_on_another_fork_mined_is_answered_as_
     the tracker holds with another hash is another fork's, and the network's node is asked instead.
     Before, a backup on a fork the network left answered its own transaction's receipt (BYPASS) where
     the network's node answers null (outside attack)."""
-    node = Anvil()
-    backup = relay = None
-    try:
-        node.mine(5)
-        backup = Anvil("--fork-url", node.url, "--fork-block-number", "5")
-        theirs = backup.send("0x" + "bb" * 20, "0x")  # block 6 of the backup's fork only
-        node.send("0x" + "aa" * 20, "0x")  # the network's block 6
-        node.mine(5)
-        relay = await FaultRelay(node.url).start()
+    async with left_fork(5, 1, relayed="node") as (node, backup, relay):
+        theirs = backup.rpc("eth_getBlockByNumber", "0x6", True)["transactions"][0]  # on the backup's fork only
         networks = tmp_path / "networks.toml"
         networks.write_text(f'[networks.evm]\nfamily = "evm"\nupstreams = ["{relay.url}", "{backup.url}"]\n')
         for method in ("eth_getTransactionReceipt", "eth_getTransactionByHash"):
             proxy = await make_proxy(NETWORKS_FILE=str(networks))  # its own: the primary not cooling down
             await proxy.head_at(11)
-            assert node.rpc(method, theirs["transactionHash"]) is None
+            assert node.rpc(method, theirs["hash"]) is None
             relay.inject("http500", method=method)  # the primary fails once: the backup answers first
-            body, cache = await answer(proxy, method, [theirs["transactionHash"]])
+            body, cache = await answer(proxy, method, [theirs["hash"]])
             assert body == {"jsonrpc": "2.0", "id": 1, "result": None}, (method, body, cache)
             assert len(primary_calls(relay, method)) == 2, method  # the one that failed, then asked again
+
+
+@asynccontextmanager
+async def left_fork(at: int, blocks: int, relayed: str) -> AsyncIterator[tuple[Anvil, Anvil, FaultRelay]]:
+    """The network's node, and a backup forked from it at block `at`; `blocks` transfers on each
+    (another content on each fork: the network's to 0xaa.., the backup's to 0xbb..), then the network
+    5 blocks further; a FaultRelay in front of `relayed` ("node" or "backup"). All stopped after."""
+    node = Anvil()
+    backup = relay = None
+    try:
+        node.mine(at)
+        backup = Anvil("--fork-url", node.url, "--fork-block-number", str(at))
+        for chain, to in ((node, "aa"), (backup, "bb")):
+            for _ in range(blocks):
+                chain.send("0x" + to * 20, "0x")
+        node.mine(5)
+        relay = await FaultRelay((node if relayed == "node" else backup).url).start()
+        yield node, backup, relay
     finally:
         if relay is not None:
             await relay.close()
