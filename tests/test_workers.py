@@ -103,10 +103,12 @@ def test_workers_under_a_temporary_directory_too_long_for_a_socket_path_are_a_cl
     assert run_check(settings, offline=True) == 1
     assert "leaves no room for a socket's name" in capsys.readouterr().out
     assert supervise(settings) == 1 and list(long.iterdir()) == []
-    fits = tmp_path / "t"
-    fits.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(fits))
-    assert run_check(settings, offline=True) == 0 and list(fits.iterdir()) == []
+    fits = Path(tempfile.mkdtemp(dir="/tmp"))  # short: tmp_path under xdist is past the bound itself
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(fits))
+        assert run_check(settings, offline=True) == 0 and list(fits.iterdir()) == []
+    finally:
+        shutil.rmtree(fits)
 
 
 def _worker_exposition(requests: float, head: float, redis_up: float, memory: float, seconds: float) -> str:
