@@ -392,31 +392,37 @@ async def _state_elsewhere(
     return answer, "state_gone" if need is not None or pruned else "unknown_hash"
 
 
-async def from_heads_chain(reads: Reads, read: Read, answer: Answer) -> Answer | None:
-    """A transaction or receipt by hash whose block the tracker holds with another hash at its height,
-    or saw replaced, is another fork's: a backup on a fork the network left gave it (its receipt was
-    served where the network's node answers null). The answer of an upstream at the head on the head's
-    chain, when its block is on that chain too or it has none (null, pending); None when no such
-    upstream is known or it answers otherwise (one upstream: its own chain moved since the last poll)."""
+async def from_heads_chain(reads: Reads, read: Read, answer: Answer) -> Answer:
+    """What to serve for a transaction or receipt by hash that is not kept: `answer`, unless its block
+    is at a height where the fresh head holds another hash, or one the tracker saw replaced: another
+    fork's (a backup on a fork the network left gave it, where the network's node answers null). Then
+    the answer of an upstream at the head on the head's chain, when its block is on that chain too or
+    it has none (null, pending); -32002 when none gives one (the network's node cooling down, or its
+    own reorg not polled yet), never the other fork's. With one upstream, `answer`: its own chain moved
+    since the last poll."""
     net = read.net
     per, head, tracker = net.per_upstream, net.tracker.head, net.tracker
     block = cp.answer_block(answer.result)
     if block is None or per is None or head is None or head.stale or not isinstance(tracker, EvmHeadTracker):
-        return None
+        return answer
     number, block_hash = block
     held = head.hashes.get(number)
-    if block_hash not in tracker.orphans and (held is None or held == block_hash):
-        return None
+    if (block_hash not in tracker.orphans and (held is None or held == block_hash)) or _one_chain(net):
+        return answer
     other, timeout = per.states.other_with(answer.upstream, head.latest), reads.share(read)
-    if other is None or timeout is None:
-        return None
-    try:
-        retried, doubt = await reads.checked(read, other, timeout)
-    except JsonRpcError:
-        return None
-    if doubt is not None or retried.is_error:
-        return None
-    return retried if cp.transaction_servable(retried.result, head, tracker.orphans) else None
+    if other is not None and timeout is not None:
+        try:
+            retried, doubt = await reads.checked(read, other, timeout)
+        except JsonRpcError:
+            pass
+        else:
+            if (
+                doubt is None
+                and not retried.is_error
+                and cp.transaction_servable(retried.result, head, tracker.orphans)
+            ):
+                return retried
+    reads.refuse(net, "fork", number)
 
 
 def _taken(outcome: tuple[Answer, str | None]) -> tuple[Answer, str | None]:

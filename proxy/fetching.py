@@ -78,8 +78,8 @@ class Fetcher:
             orphans = tracker.orphans if isinstance(tracker, EvmHeadTracker) else {}
             ttl = cp.transaction_ttl(answer.result, tracker.head, orphans, self._ttls)
             if ttl is None:  # its block is not one the tracker vouches for: served, not kept
-                mined = await from_heads_chain(self._reads, read, answer)  # another fork's, when another has it
-                return _told(net, plan, answer if mined is None else mined), False
+                served = await from_heads_chain(self._reads, read, answer)  # the head's chain's, not another fork's
+                return _told(net, plan, served), False
             if cp.answer_block(answer.result) is None:
                 # Not yet mined: true of this head only. Kept under the head's key, so the next block
                 # (which may hold it) is asked again at once, whatever is left of the negative TTL.

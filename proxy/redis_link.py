@@ -180,8 +180,8 @@ class RedisLink:
             if self._failures >= self._failures_to_open:
                 if self._report_up:
                     self._metrics.redis_up.set(0)
-                if self._skip_until == 0.0:
-                    self._told_down |= throttled.warning(
+                if not self._told_down:  # tried on each failure of the outage until logged (throttled)
+                    self._told_down = throttled.warning(
                         f"{self._name} unavailable",
                         "%s unavailable (%s): %s; skipping it for %.1fs",
                         self._name,

@@ -339,9 +339,11 @@ async def test_a_transaction_only_a_backup_on_another_fork_mined_is_answered_as_
     make_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
     """Rule (docs/caching.md, a backup on another fork): a receipt or transaction by hash whose block
-    the tracker holds with another hash is another fork's, and the network's node is asked instead.
-    Before, a backup on a fork the network left answered its own transaction's receipt (BYPASS) where
-    the network's node answers null (outside attack)."""
+    the tracker holds with another hash is another fork's, and the network's node is asked instead;
+    when it cannot answer, the call fails (-32002), never with the other fork's answer. Before, a
+    backup on a fork the network left answered its own transaction's receipt (BYPASS) where the
+    network's node answers null, and, once the re-ask was added, still did while the network's node
+    failed or cooled down (outside attacks)."""
     async with left_fork(5, 1, relayed="node") as (node, backup, relay):
         theirs = backup.rpc("eth_getBlockByNumber", "0x6", True)["transactions"][0]  # on the backup's fork only
         networks = tmp_path / "networks.toml"
@@ -354,6 +356,12 @@ async def test_a_transaction_only_a_backup_on_another_fork_mined_is_answered_as_
             body, cache = await answer(proxy, method, [theirs["hash"]])
             assert body == {"jsonrpc": "2.0", "id": 1, "result": None}, (method, body, cache)
             assert len(primary_calls(relay, method)) == 2, method  # the one that failed, then asked again
+            relay.inject("http500", method=method, times=None)  # the network's node fails it from now on
+            status, body, _ = await proxy.post(
+                {"jsonrpc": "2.0", "id": 1, "method": method, "params": [theirs["hash"]]}
+            )
+            assert status == 502 and body["error"]["code"] == -32002, (method, body)
+            relay.clear()
 
 
 @asynccontextmanager

@@ -241,6 +241,19 @@ async def test_a_flapping_redis_logs_its_returns_as_seldom_as_its_outages_and_en
     assert await flap(70.0, 120.0) == ["redis unavailable", "redis is back"]  # an outage of 50 s
     # Down a minute after the last outage logged, but within a minute of the last return logged.
     assert await flap(132.0, 133.0) == ["redis unavailable", "redis is back"]
+    # Down again within the minute, and still down past it: logged then, once, and its return too.
+    assert await flap(150.0, 150.0) == []
+    now[0], tries = 150.0, []
+    for at in (151.0, 191.0, 193.0, 197.0):
+        now[0] = at
+        with pytest.raises(RedisUnavailable):
+            await link.run("get", fails)
+        tries += [r.getMessage().split(" (")[0] for r in caplog.records if r.name == "proxy.redis"]
+        caplog.clear()
+    assert tries == ["redis unavailable"]
+    now[0] = 198.0
+    assert await link.run("get", answers) == "PONG"
+    assert [r.getMessage() for r in caplog.records if r.name == "proxy.redis"] == ["redis is back"]
 
 
 async def test_metrics_port_serves_metrics_on_an_internal_listener_and_the_public_port_does_not(
