@@ -334,3 +334,40 @@ async def test_a_reorg_of_the_heads_own_node_is_no_fork_its_reads_are_still_answ
     finally:
         stalled.stop()
         ahead.stop()
+
+
+async def test_a_same_height_reorg_of_the_heads_node_is_followed_while_it_cools_down(
+    make_proxy: ProxyFactory,
+) -> None:
+    """Rule: a poll that reaches a backup behind (here on a fork of its own) asks the node ahead; when
+    that node is the head's own and no longer holds the head, it reorged, and its chain is taken as a
+    poll it answered directly would be. Before, while it cooled down (a rate limit's Retry-After),
+    polls reached only the backup, the reorg was never taken, and every `latest` read was refused
+    (-32002) until the cooldown ended (an outside attack: up to 26 s)."""
+    node = Anvil()
+    node.mine(5)
+    backup = Anvil("--fork-url", node.url, "--fork-block-number", "5")
+    relay = None
+    try:
+        backup.send("0x" + "bb" * 20, "0x")  # its latest block is its own: none the head's window holds
+        top = node.mine(5)
+        relay = await FaultRelay(node.url).start()
+        proxy = await make_proxy(EVM_UPSTREAM=f"{relay.url},{backup.url}", HEAD_POLL_INTERVAL="0.5")
+        await proxy.head_at(top)
+        relay.inject("http429", method="eth_getBalance", retry_after="600")  # the node cools down 10 min
+        assert "result" in await proxy.call("eth_getBalance", ["0x" + "aa" * 20, "latest"])
+        node.rpc("anvil_reorg", 3, [])  # the head's block replaced, at the same height
+        tracker = proxy.app[SERVICE].networks["evm"].tracker
+
+        async def followed() -> bool:
+            head, tip = tracker.head, node.rpc("eth_getBlockByNumber", "latest", False)
+            return head is not None and not head.stale and head.latest_hash == tip["hash"]
+
+        await eventually(followed, 20, "the head to follow its node's reorg")
+        body = await proxy.call("eth_getBlockByNumber", ["latest", False])
+        assert body["result"]["hash"] == node.rpc("eth_getBlockByNumber", "latest", False)["hash"], body
+    finally:
+        if relay is not None:
+            await relay.close()
+        backup.stop()
+        node.stop()

@@ -206,6 +206,8 @@ async def from_ahead(
             states.parted[index] = kept
         if matches[0]:
             return answers[: len(calls)], ahead
-        if holds and fallback is None:
+        if (holds or index == origin) and fallback is None:
+            # The head's own node without the head reorged it, as a poll it answered directly shows:
+            # taken so (it was not while it cooled down, and every read at the head was refused).
             fallback = answers[: len(calls)], ahead
     return fallback
