@@ -250,16 +250,18 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
         if net.name in seen:
             raise ConfigError(f"network {net.name!r} is declared twice")
         seen.add(net.name)
-        for kind, urls, headers in (
-            ("upstream", net.upstreams, net.upstream_headers),
-            ("WebSocket upstream", net.ws_upstreams, net.ws_headers),
+        for kind, urls, headers_of in (
+            ("upstream", net.upstreams, net.headers_of),
+            ("WebSocket upstream", net.ws_upstreams, net.ws_headers_of),
         ):  # one URL with other header fields (two keys of one provider) is two accounts: allowed
-            nodes = [(_node_of(url), headers[i] if i < len(headers) else ()) for i, url in enumerate(urls)]
-            if (twice := next((i for i, node in enumerate(nodes) if node in nodes[:i]), None)) is not None:
-                raise ConfigError(
-                    f"network {net.name!r}: {kind} #{twice} is #{nodes.index(nodes[twice])} again: one node would"
-                    " count as two (confirm_immutable, checkpoint_quorum, failover)"
-                )
+            places: dict[tuple[Any, ...], int] = {}
+            for index, url in enumerate(urls):
+                node = (_node_of(url), headers_of(index))
+                if (was := places.setdefault(node, index)) != index:
+                    raise ConfigError(
+                        f"network {net.name!r}: {kind} #{index} is #{was} again: one node would count as two"
+                        " (confirm_immutable, checkpoint_quorum, failover)"
+                    )
     claimed: dict[str, str] = {}  # host -> the network declaring it: a Host header routes to one network
     for net in networks:
         for host in net.hosts:
