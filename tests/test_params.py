@@ -128,8 +128,15 @@ class TestEvmRules:
         rejects(p.eth_get_block_by_number, [HASH, False], "block")  # a by-number method takes none
 
     def test_storage_position_is_a_hex_string(self) -> None:
-        rejects(p.eth_get_storage_at, [ADDR, "zero", "latest"], "position")
+        for bad in ("zero", "0x", "0X", "", "x0", "0x-1", " 0x1", 1):
+            rejects(p.eth_get_storage_at, [ADDR, bad, "latest"], "position")
         rejects(p.eth_get_storage_at, [ADDR, "0x1" + "0" * 64, "latest"], "exceeds 32 bytes")
+
+    @pytest.mark.parametrize("written", ["0x1", "0X1", "1", "01", "0x" + "0" * 63 + "1", "0" * 63 + "1"])
+    def test_a_storage_position_is_read_with_or_without_its_0x_as_geth_reads_it(self, written: str) -> None:
+        # geth's decodeHash and Anvil take "1", "0X1" and "0x1" alike: one position, one cache entry.
+        [_, position, _] = p.eth_get_storage_at([ADDR, written, "latest"], RULES)
+        assert position == "0x" + "0" * 63 + "1"
 
     def test_required_params_are_named_when_missing(self) -> None:
         rejects(p.eth_get_storage_at, [ADDR], "position: missing required parameter")

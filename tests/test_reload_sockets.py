@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from proxy.config_files import KeyConfig
+from proxy.http.ws import REVOKED, refusal
 from tests.support import Anvil, ProxyFactory, free_port, settings_for
 from tests.test_keyed_hits import ALICE, STORAGE, keyed, reload
 from tests.test_operator_signals import _start, _stop
@@ -94,9 +95,41 @@ async def test_calls_racing_a_revocation_are_refused_not_served_under_default_te
     reload(proxy, path, BOB)
     for rid in range(20):  # sent before the close frame can arrive: none is answered with a result
         await client.ws.send_str(json.dumps({**STORAGE, "id": 100 + rid}))
+    await client.ws.send_str(json.dumps([{**STORAGE, "id": 200}, {"jsonrpc": "2.0", "method": "eth_chainId"}]))
     seen, close = await closed_with(client)
     assert close.data == 1008
     assert not [m for m in seen if "result" in m], seen
+    # A refusal answers each call under its own id (JSON-RPC 2.0 section 5), a batch's in an array:
+    # a client pairs its refused calls by id (they were all answered "id": null).
+    replies = [r for m in seen for r in (m if isinstance(m, list) else [m]) if "params" not in r]
+    assert all(r["id"] in range(100, 120) or r["id"] == 200 for r in replies), replies
+    assert all(r["error"]["code"] == -32001 for r in replies), replies
+
+
+@pytest.mark.parametrize(
+    ("message", "answer"),
+    [
+        ('{"jsonrpc":"2.0","id":7,"method":"eth_chainId"}', {"id": 7, "code": -32001}),
+        ('{"jsonrpc":"2.0","id":"a","method":"eth_chainId"}', {"id": "a", "code": -32001}),
+        (
+            '[{"jsonrpc":"2.0","id":1,"method":"m"},{"jsonrpc":"2.0","method":"n"},{"id":2}]',
+            [
+                {"id": 1, "code": -32001},
+                {"id": 2, "code": -32600},
+            ],
+        ),
+        ('{"jsonrpc":"2.0","method":"eth_chainId"}', None),
+        ('[{"jsonrpc":"2.0","method":"eth_chainId"}]', None),
+        ("{not json", {"id": None, "code": -32700}),
+    ],
+)
+def test_a_refused_message_is_answered_under_each_calls_own_id(message: str, answer: object) -> None:
+    refused = refusal(message, REVOKED, max_batch=100)
+    seen = None if refused is None else json.loads(refused)
+    shown = [{"id": r["id"], "code": r["error"]["code"]} for r in seen] if isinstance(seen, list) else seen
+    if isinstance(seen, dict):
+        shown = {"id": seen["id"], "code": seen["error"]["code"]}
+    assert shown == answer
 
 
 def test_an_account_no_key_names_has_no_balance_not_the_default_one() -> None:

@@ -27,7 +27,14 @@ from proxy.http.ws_masks import MaskedOnly
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
-from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_API_KEY, INVALID_REQUEST, LIMIT_EXCEEDED, JsonRpcError
+from proxy.rpc.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_API_KEY,
+    INVALID_REQUEST,
+    LIMIT_EXCEEDED,
+    Invalid,
+    JsonRpcError,
+)
 from proxy.streams.outbox import CountedSocket
 from proxy.streams.subscription import spawn, subscription_call
 from proxy.streams.subscriptions import CLOSE_TIMEOUT, Session
@@ -41,6 +48,7 @@ REVOKED = JsonRpcError(
     "changed by a reload of the keys; reconnect with a valid key",
     http_status=401,
 )
+SHUTTING_DOWN = JsonRpcError(INVALID_REQUEST, "server is shutting down")
 _closing: set[asyncio.Task[None]] = set()  # revoked sockets being closed (the loop keeps weak references)
 
 
@@ -109,7 +117,22 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     owed = Account(app[FRONT].endpoint.answer_bytes, loop, lambda: unsent_or_reset(transport), room.set)
     sized = Estimate(settings.ws_send_buffer_bytes)  # its next answer, against the socket's own bound
     owed.keyed((None, api_key(request)))
-    calls = _Calls(ws, connection, session, gateway, account, network, metrics, corked, owed, sized, slots, loop, room)
+    calls = _Calls(
+        ws,
+        connection,
+        session,
+        gateway,
+        account,
+        network,
+        metrics,
+        corked,
+        owed,
+        sized,
+        slots,
+        loop,
+        room,
+        settings.max_batch_size,
+    )
 
     try:
         if masks is None or masks.opened():  # else closed with 1002: what it sent is never read
@@ -172,17 +195,16 @@ class _Calls:
     slots: asyncio.Semaphore  # WS_MAX_INFLIGHT
     loop: asyncio.AbstractEventLoop
     room: asyncio.Event  # bytes were taken somewhere: a call waiting for room looks again
+    max_batch: int  # MAX_BATCH_SIZE: a refused message is read as a served one is (refusal)
     messages: int = 0  # bytes of the messages its calls hold, from their reading to their end
 
     async def take(self, data: str | bytes) -> None:
         """One text or binary message read from the socket."""
         connection, ws = self.connection, self.ws
-        if connection.draining:
-            error = JsonRpcError(INVALID_REQUEST, "server is shutting down")
-            await ws.send_str(jsonrpc.encode_error(None, error).decode())
-            return
-        if connection.revoked:  # closing: a removed key never falls back to another's terms
-            await ws.send_str(jsonrpc.encode_error(None, REVOKED).decode())
+        if connection.draining or connection.revoked:  # a removed key never falls back to another's terms
+            answer = refusal(data, REVOKED if connection.revoked else SHUTTING_DOWN, self.max_batch)
+            if answer is not None:
+                await ws.send_frame(answer, WSMsgType.TEXT)
             return
         connection.active_at = self.loop.time()
         lookup = memory_lookup(self.gateway, data, self.account, self.network)
@@ -257,10 +279,10 @@ class _Calls:
             log.debug("a WebSocket closed before its answer was written")
         except Exception:
             log.exception("internal error serving a WebSocket message")
-            if not ws.closed:
-                error = JsonRpcError(INTERNAL_ERROR, "internal error")
+            answer = refusal(data, JsonRpcError(INTERNAL_ERROR, "internal error"), self.max_batch)
+            if answer is not None and not ws.closed:
                 with contextlib.suppress(ConnectionError):  # the peer may be gone as well
-                    await ws.send_str(jsonrpc.encode_error(None, error).decode())
+                    await ws.send_frame(answer, WSMsgType.TEXT)
         finally:
             self.messages -= len(data)
             self.room.set()  # a message waiting to be read may fit now (_messages_fit)
@@ -397,18 +419,23 @@ async def _close_when_idle(connection: Connection, session: Session, timeout: fl
             return
 
 
-def cut_off_answer(data: str | bytes) -> bytes | None:
-    """The error answer of a message whose calls the drain cut off: one per id (a batch's as one),
-    None for notifications only or a message that is no JSON-RPC."""
+def refusal(data: str | bytes, error: JsonRpcError, max_batch: int) -> bytes | None:
+    """The answer of a message refused whole (its key revoked, the socket draining, its calls cut off
+    or failed): `error` for each call with an id, under that id (a batch's in one array), an invalid
+    element answered as it would be served; None for notifications only. A message that cannot be
+    read at all is answered as when served (-32700 or -32600, id null)."""
     try:
-        message = jsonrpc.loads(data)
-    except ValueError:
-        return None
-    calls = message if isinstance(message, list) else [message]
-    errors = [jsonrpc.encode_error(c["id"], CUT_OFF) for c in calls if isinstance(c, dict) and "id" in c]
+        body = jsonrpc.parse_body(data, max_batch=max_batch)
+    except JsonRpcError as unread:
+        return jsonrpc.encode_error(None, unread)
+    errors = [
+        jsonrpc.encode_error(entry.id, entry.error if isinstance(entry, Invalid) else error)
+        for entry in body.entries
+        if not entry.notification
+    ]
     if not errors:
         return None
-    return jsonrpc.encode_batch(errors) if isinstance(message, list) else errors[0]
+    return jsonrpc.encode_batch(errors) if body.batch else errors[0]
 
 
 async def close_websockets(app: web.Application, timeout: float | None = None) -> None:
@@ -434,7 +461,7 @@ async def close_websockets(app: web.Application, timeout: float | None = None) -
                     task.cancel()
                 elif not task.cancelled():
                     continue  # answered
-                answer = cut_off_answer(data)
+                answer = refusal(data, CUT_OFF, max_batch)
                 if answer is not None and not connection.ws.closed:
                     async with asyncio.timeout(CLOSE_TIMEOUT):
                         await connection.ws.send_frame(answer, WSMsgType.TEXT)
@@ -446,4 +473,5 @@ async def close_websockets(app: web.Application, timeout: float | None = None) -
             connection.closed.set()
 
     connections: set[Connection] = app[WEBSOCKETS]
+    max_batch = app[SETTINGS].max_batch_size
     await asyncio.gather(*(drain(c) for c in list(connections) if not c.draining), return_exceptions=True)

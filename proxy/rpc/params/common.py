@@ -102,9 +102,17 @@ def quantity(name: str, value: Any) -> str:
     return hex(quantity_int(name, value))
 
 
+_SLOT = re.compile(r"(?:0[xX])?[0-9a-fA-F]+")
+
+
 def storage_word(name: str, value: Any) -> str:
-    """A storage position as a 32-byte word, so 0x0 and 0x00...00 are one position."""
-    number = _uint256(name, value, "expected a hex storage position such as 0x0", "storage position exceeds 32 bytes")
+    """A storage position as a 32-byte word, so 0x0 and 0x00...00 are one position. Hex digits with
+    or without 0x or 0X before them, as geth reads a position (decodeHash) and Anvil does."""
+    if not isinstance(value, str) or not _SLOT.fullmatch(value) or value in ("0x", "0X"):
+        raise invalid_params(name, "expected a hex storage position such as 0x0")
+    number = int(value, 16)  # int() takes the 0x or 0X itself
+    if number > UINT256_MAX:
+        raise invalid_params(name, "storage position exceeds 32 bytes")
     return "0x" + format(number, "064x")
 
 
