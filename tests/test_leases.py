@@ -35,6 +35,12 @@ class TestOutageRules:
         assert outage_ceiling(lease, 1000, fail_open=True, lease_max=300) == 300
         assert outage_ceiling(lease, 1000, fail_open=False, lease_max=300) == 0
 
+    def test_a_key_never_seen_is_shared_by_a_hosts_workers_up_to_its_balance(self) -> None:
+        # Each of two workers served an unseen key its whole balance (800) through a stall: 1,600.
+        lease = KeyLease("k", "rcp:k")
+        assert outage_ceiling(lease, 800, fail_open=True, lease_max=100_000, processes=2) == 400
+        assert outage_ceiling(lease, 10**9, fail_open=True, lease_max=300, processes=2) == 150
+
     def test_beyond_the_ceiling_the_ledger_is_unavailable_and_beyond_the_balance_exhausted(self) -> None:
         lease = KeyLease("k", "rcp:k", allowance=0, consumed=0, others=900, known=True, ceiling=50)
         assert outage_verdict(lease, 40, 1000, None, NOW) is Verdict.OK

@@ -250,7 +250,12 @@ async def test_a_key_exhausted_on_a_replica_stays_refused_on_every_worker_throug
     tmp_path: Path,
 ) -> None:
     _path, env = keyed(
-        anvil, ledger_redis, tmp_path, alice={"daily_credits": 10 * STORAGE_PRICE}, bob={"daily_credits": 10**6}
+        anvil,
+        ledger_redis,
+        tmp_path,
+        alice={"daily_credits": 10 * STORAGE_PRICE},
+        bob={"daily_credits": 10**6},
+        carol={"daily_credits": 4 * STORAGE_PRICE},
     )
     env.update(CREDITS_REDIS_TIMEOUT="0.5", CREDITS_REDIS_FAILURES="2", CREDITS_LEASE_MAX=str(10 * STORAGE_PRICE))
     # Inline, not make_proxy: closed before the spent usage is read (closing gives its lease back).
@@ -279,10 +284,13 @@ async def test_a_key_exhausted_on_a_replica_stays_refused_on_every_worker_throug
                 alice = [await post(session, workers.url("alice"), storage(i)) for i in range(20)]
                 bob = [await post(session, workers.url("bob"), storage(i)) for i in range(40)]
                 bob_replica = [await replica.post(storage(i), key="bob") for i in range(20)]
+                carol = [await post(session, workers.url("carol"), storage(i)) for i in range(20)]
         assert not [a for a in alice if a[0] == 200], alice  # the workers had never seen alice
         # A key no process had seen: one largest lease per host, whatever its number of workers.
         assert sum(charged for status, charged in bob if status == 200) <= 10 * STORAGE_PRICE
         assert sum(int(h["X-Credits-Charged"]) for s, _, h in bob_replica if s == 200) <= 10 * STORAGE_PRICE
+        # ... or of its balance where that is less: each worker served all of it (twice the balance).
+        assert 0 < sum(charged for status, charged in carol if status == 200) <= 4 * STORAGE_PRICE, carol
     finally:
         await replica.close()
     assert spent(ledger_redis.url, ALICE) == 10 * STORAGE_PRICE

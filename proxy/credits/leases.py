@@ -59,14 +59,15 @@ CURRENT_VIEW = 3 * REPORT_INTERVAL
 STALE_GRACE = 3600  # seconds a past day's leases are kept for refunds of calls that crossed midnight
 
 
-def outage_ceiling(lease: KeyLease, daily: int, *, fail_open: bool, lease_max: int) -> int:
+def outage_ceiling(lease: KeyLease, daily: int, *, fail_open: bool, lease_max: int, processes: int = 1) -> int:
     """The most a replica may have consumed of a key while Redis cannot be reached: its lease plus
     its share of what nobody held at the last reply (one outage lease); for a key it has not seen
-    today, `lease_max` (its share of one largest lease) if failing open, else nothing beyond what it holds."""
+    today, if failing open, its share of one largest lease or of the key's balance, whichever is less
+    (the host's `processes` workers share one), else nothing beyond what it holds."""
     if lease.known:
         unheld = max(0, daily - lease.others - lease.allowance)
         return lease.allowance + unheld // max(1, lease.active)
-    return lease.allowance + (min(lease_max, daily) if fail_open else 0)
+    return lease.allowance + (min(lease_max, daily) // max(1, processes) if fail_open else 0)
 
 
 def outage_verdict(
@@ -135,8 +136,7 @@ class LeasedLedger:
         self._lease_seconds = lease_seconds
         self._fail_open = fail_open
         self._mono = monotonic
-        # The workers of one host share one largest lease for keys none of them has seen.
-        self._fail_open_max = max(1, lease_max // max(1, processes))
+        self._processes = processes  # the workers of one host share one outage lease of a key none has seen
         self.replica = replica or uuid.uuid4().hex[:12]
         self._journal = Journal(journal_dir, self.replica)
         self._leases: dict[tuple[int, str], KeyLease] = {}
@@ -234,7 +234,9 @@ class LeasedLedger:
     def _cut_off(self, lease: KeyLease, amount: int, daily: int, per_second: int | None, now: float) -> Debit:
         """Redis did not answer within the call's bound: the outage rule decides."""
         if lease.ceiling is None:
-            lease.ceiling = outage_ceiling(lease, daily, fail_open=self._fail_open, lease_max=self._fail_open_max)
+            lease.ceiling = outage_ceiling(
+                lease, daily, fail_open=self._fail_open, lease_max=self._lease_max, processes=self._processes
+            )
         return self._outage_debit(lease, amount, daily, per_second, now)
 
     def _top_up(self, lease: KeyLease, amount: int, now: float) -> None:
