@@ -27,6 +27,7 @@ from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
 from proxy.credits.ledger_storage import check_ledger_storage
 from proxy.gateway.gateway import Gateway
+from proxy.held_bytes import HeldBytes
 from proxy.http.admin import start_admin
 from proxy.http.aiohttp_routes import (
     answering_app,
@@ -370,7 +371,7 @@ def create_app(
     app[WEBSOCKETS] = set()
     app[WS_HELD] = stores.held(run_dir, "ws-per-key")
     gateway.reloaded.append(lambda: recheck_websockets(app[WEBSOCKETS]))
-    app[STREAMS] = Streams(networks.feeds, networks.relays)
+    app[STREAMS] = Streams(networks.feeds, networks.relays, HeldBytes(settings.ws_max_subscription_bytes))
     if stores.link is not None:
         app[REDIS] = stores.link
 

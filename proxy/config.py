@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 from proxy.config_files import HEADER_NAME, VERIFY_MODES, _credits_file, _keys, _networks_from_file
 from proxy.config_files import KeyConfig as KeyConfig
 from proxy.config_files import Network as Network
-from proxy.credits.prices import METHOD_CREDITS
-from proxy.options import _SCALARS, SUBSCRIPTION_CREDITS, _csv, _upstream_urls, _ws_urls
+from proxy.credits.prices import METHOD_CREDITS, SUBSCRIPTION_CREDITS
+from proxy.options import _SCALARS, _csv, _upstream_urls, _ws_urls
 from proxy.options import OPTION_NAMES as OPTION_NAMES
 from proxy.options import OPTIONS as OPTIONS
 from proxy.options import ConfigError as ConfigError
@@ -157,12 +157,14 @@ class Settings:
         return max(HEAD_STALE_POLLS * self.head_poll_interval, HEAD_STALE_MIN)
 
     ws_max_subscriptions: int = 100
+    ws_max_subscription_bytes: int = 64 * 1024 * 1024
     ws_send_buffer_bytes: int = 4 * 1024 * 1024
     ws_max_lag: float = 10.0
     ws_max_connections_per_key: int = 512
     max_connections_per_ip: int = 1024
     ws_idle_timeout: float = 300.0
     max_filters_per_key: int = 100
+    max_filter_bytes: int = 64 * 1024 * 1024
     subscription_credits: Mapping[str, int] = field(default_factory=lambda: dict(SUBSCRIPTION_CREDITS))
     # Credits per call of methods outside the spec's seven (prices.py), with CREDITS_FILE applied.
     method_credits: Mapping[str, int] = field(default_factory=lambda: dict(METHOD_CREDITS))

@@ -367,8 +367,9 @@ class Metrics:
         )
         self.ws_protocol_closes = Counter(
             "rpc_proxy_websocket_protocol_closes",
-            "WebSocket connections the proxy closed with 1002 (protocol error), by reason "
-            "(unmasked: a client frame without a mask, RFC 6455 section 5.1).",
+            "WebSocket connections the proxy closed for what the client sent, by reason (unmasked: a client "
+            "frame without a mask, RFC 6455 section 5.1, 1002; unfinished: a message not whole within "
+            "BODY_TIMEOUT, 1008; no_room: a message the host had no room to receive, 1013).",
             ["reason"],
             registry=r,
         )

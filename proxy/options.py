@@ -6,34 +6,22 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from proxy import cpus
+from proxy.credits.prices import SUBSCRIPTION_CREDITS, SUBSCRIPTION_KINDS
 from proxy.origins import not_an_origin
 from proxy.redis_topology import BadRedisUrl, single_url, topology_of
-from proxy.rpc.methods import SOLANA_PUBSUB
-
-# Credits of WebSocket subscriptions, by what is charged: `subscribe` for each eth_subscribe (or
-# Solana *Subscribe) accepted, then each notification by its kind; `other` for kinds not listed.
-# SUBSCRIPTION_CREDITS overrides entries ("logs=100,newHeads=20").
-SUBSCRIPTION_CREDITS: Mapping[str, int] = {
-    "subscribe": 5,
-    "newHeads": 50,
-    "logs": 300,
-    "newPendingTransactions": 200,
-    "other": 50,
-}
 
 
 class ConfigError(Exception):
     """A setting is missing or invalid; the message is one line for the operator."""
 
 
-# --- the settings table: env name, CLI flag, help. cli.py builds flags from it; ---
-# --- .env.example and README.md document every entry (a test keeps them in step). ---
+# --- the settings table: env name, CLI flag, help; cli.py builds flags from it, the docs document it ---
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,14 +134,15 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "BODY_TIMEOUT",
         "seconds a client has to send a request body once the proxy reads it (from its headers, or once "
-        "a body left unread for want of room is read on) (default 30)",
+        "a body left unread for want of room is read on), and a WebSocket message from its first frame "
+        "(default 30)",
     ),
     Option("MAX_CONNECTIONS", "open client connections per worker; more are answered 503 and closed (default 4096)"),
     Option(
         "MAX_INFLIGHT_BODY_BYTES",
         "request-body bytes being received at once (a request waiting for room: what it read of its body, a "
-        "key's at most a quarter), all clients of the host together (every worker's); beyond it 503 "
-        "(default 134217728)",
+        "key's at most a quarter; a WebSocket message not yet whole: what its frames declare), all clients "
+        "of the host together (every worker's); beyond it 503, a WebSocket closed 1013 (default 134217728)",
     ),
     Option(
         "MAX_PENDING_ANSWER_BYTES",
@@ -228,6 +217,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("SOLANA_UPSTREAM_WS", "comma-separated WebSocket URLs of the default Solana network (pubsub relay)"),
     Option("WS_MAX_SUBSCRIPTIONS", "maximum subscriptions per WebSocket connection (default 100)"),
     Option(
+        "WS_MAX_SUBSCRIPTION_BYTES",
+        "bytes a worker's WebSocket subscriptions hold (their criteria), a key's at most a quarter, open "
+        "mode's the whole; more are -32005 (default 67108864)",
+    ),
+    Option(
         "WS_SEND_BUFFER_BYTES",
         "bytes a WebSocket connection may have waiting to be sent; past it the "
         "connection is closed as a slow consumer with 1008 (default 4194304)",
@@ -257,6 +251,11 @@ OPTIONS: tuple[Option, ...] = (
         "live node-side filters (eth_newFilter, eth_newBlockFilter, "
         "eth_newPendingTransactionFilter) per API key; more are -32005 until one is uninstalled or expires "
         "(default 100)",
+    ),
+    Option(
+        "MAX_FILTER_BYTES",
+        "bytes the host's node-side filters hold (their criteria), a key's at most a quarter, open mode's "
+        "the whole; more are -32005 (default 67108864)",
     ),
     Option(
         "CORS_ALLOW_ORIGINS",
@@ -451,11 +450,6 @@ def _ws_urls(name: str, urls: Any) -> tuple[str, ...]:
     return _urls(name, urls, ("ws", "wss"), "WebSocket upstream #{} is not a ws(s) URL")
 
 
-# The kinds SUBSCRIPTION_CREDITS may price: its own rows, EVM's relayed `syncing`, and Solana's
-# subscribe methods (a notification is charged by the method that made it).
-SUBSCRIPTION_KINDS = (*SUBSCRIPTION_CREDITS, "syncing", *SOLANA_PUBSUB)
-
-
 def _credit_table(name: str, raw: str) -> dict[str, int]:
     table, given = dict(SUBSCRIPTION_CREDITS), set[str]()
     for part in _csv(raw):
@@ -540,6 +534,8 @@ _SCALARS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_CONNECTIONS_PER_IP": ("max_connections_per_ip", _zero_or_positive_int),
     "WS_IDLE_TIMEOUT": ("ws_idle_timeout", _seconds),
     "MAX_FILTERS_PER_KEY": ("max_filters_per_key", _positive_int),
+    "MAX_FILTER_BYTES": ("max_filter_bytes", _positive_int),
+    "WS_MAX_SUBSCRIPTION_BYTES": ("ws_max_subscription_bytes", _positive_int),
     "SUBSCRIPTION_CREDITS": ("subscription_credits", _credit_table),
     "CORS_ALLOW_ORIGINS": ("cors_allow_origins", _origins),
     "COMPRESS_MIN_BYTES": ("compress_min_bytes", _zero_or_positive_int),

@@ -48,6 +48,7 @@ FLOORS: list[list[str]] = [
         "memory_limit.py",
         "cpus.py",
         "origins.py",
+        "held_bytes.py",
         "__init__.py",
     ],
 ]

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from proxy.http.ws_masks import MaskScan
-from tests.support import Proxy, eventually
+from tests.support import Anvil, Proxy, ProxyFactory, eventually
 
 CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
 ANSWER = {"jsonrpc": "2.0", "id": 1, "result": "0x7a69"}
@@ -23,8 +23,9 @@ KEY = b"\x37\xfa\x21\x3d"
 CLOSES = "rpc_proxy_websocket_protocol_closes_total"
 
 
-def client_frame(payload: bytes, *, masked: bool = True, opcode: int = 0x1) -> bytes:
-    """A final frame as a client sends it: masked with KEY (RFC 6455 section 5.3), or not."""
+def client_frame(payload: bytes, *, masked: bool = True, opcode: int = 0x1, fin: bool = True) -> bytes:
+    """A frame as a client sends it (final unless `fin` is False): masked with KEY (RFC 6455 section
+    5.3), or not."""
     size = len(payload)
     if size < 126:
         length = bytes((size,))
@@ -32,10 +33,11 @@ def client_frame(payload: bytes, *, masked: bool = True, opcode: int = 0x1) -> b
         length = b"\x7e" + size.to_bytes(2, "big")
     else:
         length = b"\x7f" + size.to_bytes(8, "big")
+    first = (0x80 if fin else 0) | opcode
     if not masked:
-        return bytes((0x80 | opcode,)) + length + payload
+        return bytes((first,)) + length + payload
     body = bytes(b ^ k for b, k in zip(payload, cycle(KEY), strict=False))
-    return bytes((0x80 | opcode, 0x80 | length[0])) + length[1:] + KEY + body
+    return bytes((first, 0x80 | length[0])) + length[1:] + KEY + body
 
 
 def handshake(port: int) -> bytes:
@@ -186,3 +188,79 @@ class TestMaskScan:
         frames = client_frame(b"z" * 200) + client_frame(CHAIN_ID)
         assert all(scan.feed(frames[i : i + 1]) for i in range(len(frames)))
         assert scan.feed(b"\x81") and not scan.feed(b"\x05")
+
+    def test_a_message_not_yet_whole_is_held_as_its_frames_declare_it_however_the_stream_is_split(self) -> None:
+        # A text message in two fragments with a ping between them, then a whole one.
+        first = client_frame(b"a" * 300, fin=False)
+        ping = client_frame(b"", opcode=0x9)
+        last = client_frame(b"b" * 70_000, opcode=0x0)
+        stream = first + ping + last + client_frame(CHAIN_ID)
+        # What the scan holds after each byte: the first fragment's 300 from its length on, both
+        # fragments' from the last one's length on, nothing once the last byte of the message came
+        # (then the next message's, once its length came).
+        starts_last = len(first) + len(ping)
+        for cut in (*range(0, 420), *range(len(stream) - 200, len(stream) + 1), starts_last + 9, starts_last + 10):
+            scan = MaskScan()
+            assert scan.feed(stream[:cut])
+            if cut < 4:  # its 16-bit length is whole at 4
+                expected = 0
+            elif cut < starts_last + 10:  # the last fragment's 64-bit length is whole at +10
+                expected = 300
+            elif cut < len(first) + len(ping) + len(last):
+                expected = 70_300
+            elif len(first) + len(ping) + len(last) + 2 <= cut < len(stream):
+                expected = len(CHAIN_ID)  # the next message, begun
+            else:
+                expected = 0
+            assert scan.message == expected, cut
+            assert scan.feed(stream[cut:]) and scan.message == 0, cut
+
+
+async def test_a_message_not_finished_within_body_timeout_closes_its_connection_with_1008(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """A frame declaring 5 MB that stops short: aiohttp held it as long as the socket stayed open
+    (250 such held 1.3 GB); BODY_TIMEOUT bounds it as it bounds an HTTP body."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, BODY_TIMEOUT="0.5")
+    async with upgraded(proxy) as (reader, writer):
+        writer.write(client_frame(b"x" * 5000)[:2000])
+        opcode, payload = await server_frame(reader)
+        assert opcode == 0x8 and int.from_bytes(payload[:2], "big") == aiohttp.WSCloseCode.POLICY_VIOLATION
+        assert b"BODY_TIMEOUT" in payload[2:], payload
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert proxy.metric(CLOSES, reason="unfinished") == 1
+    await no_socket_left(proxy)
+
+
+async def test_messages_not_yet_whole_hold_room_among_the_hosts_bodies_and_give_it_back(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """MAX_INFLIGHT_BODY_BYTES counts a WebSocket message not yet whole as the bytes its frames
+    declare: a second socket's frame past the room is closed 1013, and the room comes back when the
+    first message is whole or its socket closes."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_INFLIGHT_BODY_BYTES="100000")
+    padded = CHAIN_ID[:-1] + b',"pad":"' + b"p" * 80_000 + b'"}'
+    async with upgraded(proxy) as (reader, writer):
+        writer.write(client_frame(padded)[:1000])  # one message always fits a host holding none
+        await writer.drain()
+        async with upgraded(proxy) as (other, other_writer):
+            other_writer.write(client_frame(padded)[:1000])
+            opcode, payload = await server_frame(other)
+            assert opcode == 0x8 and int.from_bytes(payload[:2], "big") == aiohttp.WSCloseCode.TRY_AGAIN_LATER
+            assert b"MAX_INFLIGHT_BODY_BYTES" in payload[2:], payload
+        assert proxy.metric(CLOSES, reason="no_room") == 1
+        writer.write(client_frame(padded)[1000:])  # whole now: answered, and its room given back
+        opcode, payload = await server_frame(reader)
+        assert opcode == 0x1 and json.loads(payload)["id"] == 1, payload
+        async with upgraded(proxy) as (other, other_writer):
+            other_writer.write(client_frame(padded)[:1000])
+            await other_writer.drain()
+            async with upgraded(proxy) as (third, third_writer):
+                third_writer.write(client_frame(padded)[:1000])
+                opcode, _ = await server_frame(third)
+                assert opcode == 0x8  # the second socket holds the room now
+    async with upgraded(proxy) as (reader, writer):  # and gave it back as it closed
+        writer.write(client_frame(padded))
+        opcode, payload = await server_frame(reader)
+        assert opcode == 0x1 and json.loads(payload)["id"] == 1, payload
+    assert proxy.metric(CLOSES, reason="no_room") == 2

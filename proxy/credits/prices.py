@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from proxy.rpc.methods import POLICIES
+from proxy.rpc.methods import POLICIES, SOLANA_PUBSUB
 
 # spec "Limits / Credits per call": fixed, on the seven methods' rows of the policy table.
 SPEC_CREDITS: Mapping[str, int] = MappingProxyType(
@@ -88,3 +88,17 @@ def credits_of(method: str, table: Mapping[str, int], default: int) -> int:
     if spec is not None:
         return spec
     return table.get(method, default)
+
+
+# Credits of WebSocket subscriptions: `subscribe` for each eth_subscribe (or Solana *Subscribe) accepted,
+# then each notification by its kind; `other` for kinds not listed. SUBSCRIPTION_CREDITS overrides entries.
+SUBSCRIPTION_CREDITS: Mapping[str, int] = {
+    "subscribe": 5,
+    "newHeads": 50,
+    "logs": 300,
+    "newPendingTransactions": 200,
+    "other": 50,
+}
+# The kinds SUBSCRIPTION_CREDITS may price: its own rows, EVM's relayed `syncing`, and Solana's
+# subscribe methods (a notification is charged by the method that made it).
+SUBSCRIPTION_KINDS = (*SUBSCRIPTION_CREDITS, "syncing", *SOLANA_PUBSUB)

@@ -41,6 +41,7 @@ from proxy.config import Settings
 from proxy.credits.accounts import OPEN_ACCOUNT
 from proxy.gateway.filter_backlog import Backlog, after, behind, first_page, loaded, merged
 from proxy.gateway.filter_places import FilterPlaces
+from proxy.held_bytes import deep_size
 from proxy.network import NetworkRuntime
 from proxy.prepared import Prepared
 from proxy.redis_link import RedisLink
@@ -76,6 +77,7 @@ class _Filter:
     polled: float  # monotonic time of creation or the last eth_getFilterChanges
     pid: int  # the process that made it (a place held while the node is asked: dropped if it died)
     backlog: Backlog | None = None  # a log filter's changes past the limit, left to read
+    size: int = 0  # bytes its entry holds (its criteria), of MAX_FILTER_BYTES
 
 
 class Filters:
@@ -159,7 +161,7 @@ class Filters:
         assert isinstance(raw, list)  # the gateway validated it: positional params
         criteria = raw[0] if method == "eth_newFilter" else None  # validated as eth_getLogs' filter
         assert isinstance(criteria, dict) or criteria is None
-        place = self._hold_place(account, net.name)
+        place, size = self._hold_place(account, net.name, criteria)
         made: tuple[str, _Filter] | None = None
         try:
             cap = self._settings.max_filters_per_key
@@ -172,7 +174,7 @@ class Filters:
             if not node_id.startswith("0x"):
                 return Outcome.answered(answer, BYPASS)
             own_id = "0x" + self._tag(account, node_id) + node_id[2:]
-            made = own_id, _Filter(account, net.name, node_id, criteria, self._clock(), self._pid)
+            made = own_id, _Filter(account, net.name, node_id, criteria, self._clock(), self._pid, size=size)
             return _result(own_id)
         finally:
             with self._table.edit() as table:  # the place becomes the filter, or is given back
@@ -182,17 +184,33 @@ class Filters:
             if account != OPEN_ACCOUNT:
                 await self._places.settle(account, place, made[0] if made is not None else None)
 
-    def _hold_place(self, account: str, network: str) -> str:
-        """A place among the account's filters while the node is asked; LIMIT_EXCEEDED when none is left
-        (open mode: every client is one account, uncounted)."""
-        cap = self._settings.max_filters_per_key
+    def _hold_place(self, account: str, network: str, criteria: dict[str, Any] | None) -> tuple[str, int]:
+        """A place among the account's filters while the node is asked, and the bytes the filter will
+        hold; LIMIT_EXCEEDED when no place is left (open mode: every client is one account, uncounted)
+        or no room for its bytes among the host's filters (MAX_FILTER_BYTES, a key's a quarter)."""
+        cap, limit = self._settings.max_filters_per_key, self._settings.max_filter_bytes
         self._made += 1
         place = f"pending:{self._pid}:{self._origin}:{self._made}"
+        entry = _Filter(account, network, "0x" + "0" * 64, criteria, self._clock(), self._pid)
+        entry.size = deep_size(_record(entry))
         with self._table.edit() as table:
-            if account != OPEN_ACCOUNT and self._live(table, account) >= cap:
+            live = self._live(table, account)  # every install forgets the lapsed, open mode's too
+            if account != OPEN_ACCOUNT and live >= cap:
                 raise _too_many(cap)
-            table[place] = _record(_Filter(account, network, "", None, self._clock(), self._pid))
-        return place
+            held = mine = 0
+            for record in table.values():
+                size = record[7] if len(record) > 7 else 0
+                held += size
+                mine += size if record[0] == account else 0
+            if held + entry.size > limit or (account != OPEN_ACCOUNT and mine + entry.size > limit // 4):
+                raise JsonRpcError(
+                    LIMIT_EXCEEDED,
+                    f"filters hold too many bytes: at most {limit} on this host (MAX_FILTER_BYTES), a key's a "
+                    "quarter; uninstall some with eth_uninstallFilter, or ask for fewer addresses",
+                )
+            entry.node_id = ""
+            table[place] = _record(entry)
+        return place, entry.size
 
     def _tag(self, account: str, node_id: str) -> str:
         return hmac.new(self._secret, f"{account}\0{node_id}".encode(), hashlib.sha256).hexdigest()[:_TAG]
@@ -319,10 +337,11 @@ class Filters:
             record = table.get(own_id)
             if record is None:
                 return  # uninstalled meanwhile
-            stored = loaded(record[6]) if len(record) > 6 else None
+            stored = loaded(record[6]) if len(record) > 6 and record[6] is not None else None
             kept = left if stored == before else merged(stored, left)
-            del record[6:]
-            if kept is not None:  # an entry without one is as it was before backlogs existed
+            if len(record) > 6:
+                record[6] = None if kept is None else kept.stored()
+            elif kept is not None:  # an entry of six fields: one written before backlogs and sizes
                 record.append(kept.stored())
 
 
@@ -334,14 +353,15 @@ def _too_many(cap: int) -> JsonRpcError:
 
 
 def _record(entry: _Filter) -> list[Any]:
-    record = [entry.account, entry.network, entry.node_id, entry.criteria, entry.polled, entry.pid]
-    return record if entry.backlog is None else [*record, entry.backlog.stored()]
+    backlog = None if entry.backlog is None else entry.backlog.stored()
+    return [entry.account, entry.network, entry.node_id, entry.criteria, entry.polled, entry.pid, backlog, entry.size]
 
 
 def _loaded(record: list[Any]) -> _Filter:
-    """A table entry; one written before backlogs existed has six fields."""
+    """A table entry; one written before backlogs and sizes existed has six fields."""
     account, network, node_id, criteria, polled, pid = record[:6]
-    return _Filter(account, network, node_id, criteria, polled, pid, loaded(record[6]) if len(record) > 6 else None)
+    backlog = loaded(record[6]) if len(record) > 6 and record[6] is not None else None
+    return _Filter(account, network, node_id, criteria, polled, pid, backlog, record[7] if len(record) > 7 else 0)
 
 
 def _logs(logs: list[Any]) -> Answer:

@@ -23,7 +23,7 @@ from proxy.http.responses import error_response
 from proxy.http.sockets import unsent_or_reset
 from proxy.http.ws_connections import Connection
 from proxy.http.ws_frames import Corked
-from proxy.http.ws_masks import MaskedOnly
+from proxy.http.ws_masks import MaskedOnly, Unfinished
 from proxy.metrics import Metrics
 from proxy.network import NetworkRuntime
 from proxy.rpc import jsonrpc
@@ -105,7 +105,7 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     slots = asyncio.Semaphore(settings.ws_max_inflight)
     streams = app[STREAMS]
     session = Session(
-        ws, request.transport, account, network, gateway, streams.feeds, streams.relays, settings, metrics
+        ws, request.transport, account, network, gateway, streams.feeds, streams.relays, settings, metrics, streams.held
     )
     session.start()
     connection.recheck = _rechecker(connection, session, gateway, api_key(request), request.headers.get("Origin"))
@@ -162,15 +162,21 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
 
 
 def _masked_only(request: web.Request, metrics: Metrics) -> MaskedOnly | None:
-    """RFC 6455 section 5.1: a client's frame not masked closes its connection with 1002 (ws_masks.py).
+    """RFC 6455 section 5.1: a client's frame not masked closes its connection with 1002; a message
+    not yet whole holds room among the host's bodies and has BODY_TIMEOUT to finish (ws_masks.py).
     None: the connection is gone already (aiohttp's prepare says so)."""
-    transport, peer = request.transport, request.remote
+    transport, peer, app = request.transport, request.remote, request.app
+    settings = app[SETTINGS]
 
-    def unmasked() -> None:
-        metrics.ws_protocol_closes.labels("unmasked").inc()
-        log.debug("closing a WebSocket from %s with 1002: a frame it sent was not masked", peer)
+    def closed(reason: str) -> None:
+        metrics.ws_protocol_closes.labels(reason).inc()
+        log.debug("closing a WebSocket from %s for what it sent (%s)", peer, reason)
 
-    return None if transport is None else MaskedOnly.install(request.protocol, transport, unmasked)
+    if transport is None:
+        return None
+    # aiohttp refuses a larger message as its header comes: no more than that is ever held.
+    unfinished = Unfinished(app[FRONT].endpoint.receiving, settings.ws_max_message_bytes + 1, settings.body_timeout)
+    return MaskedOnly.install(request.protocol, transport, closed, unfinished)
 
 
 ROOM_WAIT_MAX = 1.0  # seconds a call waiting for room goes without a look at its socket (closed?)

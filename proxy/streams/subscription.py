@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from proxy.held_bytes import HeldBytes, deep_size
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
 from proxy.rpc.methods import SUBSCRIPTION_METHODS
@@ -182,6 +183,7 @@ class Streams:
 
     feeds: Mapping[str, HeadSource]
     relays: Mapping[str, Relay]
+    held: HeldBytes  # what this process's subscriptions hold (WS_MAX_SUBSCRIPTION_BYTES)
 
 
 @dataclass(eq=False, slots=True)
@@ -197,6 +199,7 @@ class Subscription:
     detach: Callable[[], Awaitable[None]] | None = None
     source: HeadSource | None = None  # the feed it is in (a reload may hand it to the network's next feed)
     params: Any = None  # its subscribe call's params: a reload's allow-lists are checked against them
+    size: int = 0  # bytes it holds (the call's params, its filter), taken from WS_MAX_SUBSCRIPTION_BYTES
 
     @property
     def call_method(self) -> str:
@@ -234,7 +237,7 @@ def new_subscription(
     checked: a kind for eth_subscribe, at most a filter for logs, none for newHeads."""
     if solana_id is not None:
         kind = call.method
-        return Subscription(
+        sub = Subscription(
             solana_id,
             kind,
             call.method.replace("Subscribe", "Notification"),
@@ -243,6 +246,8 @@ def new_subscription(
             once=kind == "signatureSubscribe",
             params=params,
         )
+        sub.size = deep_size(sub, params)
+        return sub
     if not params or not isinstance(params[0], str):
         raise invalid_params("subscription", "expected a subscription kind such as newHeads or logs")
     kind = params[0]
@@ -255,4 +260,7 @@ def new_subscription(
         sub.match = LogFilter.parse(params[1] if len(params) > 1 else None, Rules())
     elif kind == "newHeads" and len(params) > 1:
         raise invalid_params("params", "newHeads takes no filter")
+    sub.size = deep_size(
+        sub, params, sub.match, *(() if sub.match is None else (sub.match.addresses, sub.match.topics))
+    )
     return sub

@@ -24,6 +24,8 @@ from aiohttp import WSCloseCode, web
 
 from proxy import via
 from proxy.config import Settings
+from proxy.credits.accounts import OPEN_ACCOUNT
+from proxy.held_bytes import HeldBytes
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
@@ -72,6 +74,28 @@ def _join_feed(sub: Subscription, feed: HeadSource) -> None:
     sub.detach = leave_feed
 
 
+def _routed(gateway: Charger, account: str, call: Call, params: list[Any], network: Any) -> Any:
+    """The network a subscribe call of `account` goes to, its allow-lists and family checked."""
+    refusal = gateway.call_refusal(account, call.method, params)
+    if refusal is not None:
+        raise refusal
+    runtime = gateway.route_method(call.method, network)
+    family = runtime.config.family
+    if (family == "solana") != (call.method in SOLANA_PUBSUB):
+        raise JsonRpcError(
+            METHOD_NOT_FOUND, f"method not found: {call.method} is not available on {family} network '{runtime.name}'"
+        )
+    return runtime
+
+
+def _too_many_bytes(limit: int) -> JsonRpcError:
+    return JsonRpcError(
+        LIMIT_EXCEEDED,
+        f"subscriptions hold too many bytes: at most {limit} (WS_MAX_SUBSCRIPTION_BYTES), a key's a quarter; "
+        "unsubscribe some, or ask for fewer addresses",
+    )
+
+
 @dataclass(eq=False)
 class Session:
     """One WebSocket connection's subscriptions and outgoing queue."""
@@ -85,6 +109,7 @@ class Session:
     relays: Mapping[str, Relay]
     settings: Settings
     metrics: Metrics
+    held: HeldBytes  # bytes the process's subscriptions hold (WS_MAX_SUBSCRIPTION_BYTES)
     subs: dict[str | int, Subscription] = field(default_factory=dict)
     outbox: Outbox = field(init=False)  # what is owed to the client, in order, and its writer
     making: int = 0  # bytes reckoned for calls' answers being made (http/ws.py): a call waits for room
@@ -128,17 +153,8 @@ class Session:
                 f"too many subscriptions: at most {self.settings.ws_max_subscriptions} "
                 "per connection (WS_MAX_SUBSCRIPTIONS)",
             )
-        refusal = self.gateway.call_refusal(self.account, call.method, params)
-        if refusal is not None:
-            raise refusal
-        runtime = self.gateway.route_method(call.method, self.network)
-        family = runtime.config.family
-        solana = call.method in SOLANA_PUBSUB
-        if (family == "solana") != solana:
-            raise JsonRpcError(
-                METHOD_NOT_FOUND,
-                f"method not found: {call.method} is not available on {family} network '{runtime.name}'",
-            )
+        runtime = _routed(self.gateway, self.account, call, params, self.network)
+        family, solana = runtime.config.family, call.method in SOLANA_PUBSUB
         credits = self.settings.subscription_credits
         sub = new_subscription(call, params, self, credits, self._solana_id() if solana else None)
         kind = sub.kind
@@ -147,17 +163,24 @@ class Session:
         if feed is None and relay is None:
             raise unrelayable(call.method, kind, family)
 
+        if not self.held.take(self.account, sub.size, whole=self.account == OPEN_ACCOUNT):
+            raise _too_many_bytes(self.settings.ws_max_subscription_bytes)
         # Only an accepted subscription costs its credits: a node's (a relay's) is counted once it
         # accepts, and given back if it refuses or the socket went meanwhile.
-        cost, charged_at = credits.get("subscribe", 0), self.gateway.now()
-        refusal = await self.gateway.charge_stream(self.account, call.method, cost, charged_at, counted=bool(feed))
-        if refusal is not None:
-            raise refusal
-        if self.closed:  # the socket went while this was charged: nothing to attach
-            if feed is None:
-                await self.gateway.refund_stream(self.account, cost, charged_at)
-            return
-        self._register(sub)
+        cost, charged_at, registered = credits.get("subscribe", 0), self.gateway.now(), False
+        try:
+            refusal = await self.gateway.charge_stream(self.account, call.method, cost, charged_at, counted=bool(feed))
+            if refusal is not None:
+                raise refusal
+            if self.closed:  # the socket went while this was charged: nothing to attach
+                if feed is None:
+                    await self.gateway.refund_stream(self.account, cost, charged_at)
+                return
+            self._register(sub)
+            registered = True
+        finally:
+            if not registered:  # else _forget gives its bytes back
+                self.held.give(self.account, sub.size)
         if feed is not None:
             self._reply(call, jsonrpc.dumps(sub.id))
             _join_feed(sub, feed)
@@ -353,6 +376,7 @@ class Session:
         """Stop counting and delivering a subscription; False if it was already gone."""
         if self.subs.pop(sub.id, None) is None:
             return False
+        self.held.give(self.account, sub.size)
         sub.active = False
         self.metrics.child(self.metrics.subscriptions, sub.label).dec()
         return True
