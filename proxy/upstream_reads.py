@@ -17,6 +17,7 @@ from proxy.network import NetworkRuntime
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.methods import MethodPolicy
 from proxy.upstream.pool import PerUpstream
+from proxy.upstream.replies import rate_limited, unhealthy
 from proxy.upstream.sending import attempt_share
 from proxy.upstream.standing import CATCH_UP_BLOCKS
 from proxy.values import Answer, Plan
@@ -318,6 +319,8 @@ class Reads:
                     retried = await upstream.request(read.method, read.forward, timeout=timeout)
             except JsonRpcError:
                 continue
+            if retried.is_error and _no_answer({"error": retried.error}):
+                continue  # a node unhealthy or rate-limited (pool.ask hands its word back): no answer
             if tracker.behind(read.forward, retried.result, CATCH_UP_BLOCKS) is None:
                 return retried
         self.refuse(read.net, "lagging", shown, "slot")
@@ -378,3 +381,8 @@ def batch_doubt(
             return "unproven" if answer.is_error else "fork", None
         return None, plan.check_end[0]
     return None, None
+
+
+def _no_answer(reply: dict[str, Any]) -> bool:
+    """A node's word that it cannot answer now (Agave's -32005 unhealthy or behind, a rate limit)."""
+    return unhealthy(reply) is not None or rate_limited(reply) is not None

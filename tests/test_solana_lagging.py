@@ -165,3 +165,22 @@ async def test_largest_accounts_a_node_keeps_in_its_own_cache_are_in_step_whatev
     solana.results["getLargestAccounts"] = {"context": {"slot": 1000}, "value": LARGEST}
     body, cache = await call(proxy, "getLargestAccounts", [PROCESSED])
     assert cache == "MISS" and body["result"]["context"]["slot"] == 1000, body
+
+
+async def test_a_node_unhealthy_asked_again_for_a_lagging_answer_has_given_no_answer(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/networks.md, caching.md): with the primary unhealthy and the backup behind the slot
+    shown, the call fails -32002 (lagging): the primary's -32005, asked again for the backup's
+    lagging answer, was handed to the client as the answer."""
+    backup = await FakeSolana().start()
+    try:
+        solana.slot = backup.slot = 5000
+        proxy = await make_proxy(SOLANA_UPSTREAM=f"{solana.url},{backup.url}")
+        await slots_at(proxy, 5000)
+        backup.slot, solana.unhealthy = 500, "Node is unhealthy"
+        body, cache = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT, PROCESSED])
+        assert body["error"]["code"] == -32002 and cache == "BYPASS", body
+        assert body["error"]["message"].startswith("upstream unavailable: network 'solana'"), body
+    finally:
+        await backup.close()
