@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from decimal import Decimal
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -137,7 +138,8 @@ class FakeSolana(FakeNode):
                 return _error(rid, -32602, "Invalid param: could not find account")
             amount, decimals = self.balances[address]
             ui = int(amount) / 10**decimals
-            value = {"amount": amount, "decimals": decimals, "uiAmount": ui, "uiAmountString": json.dumps(ui)}
+            written = format(Decimal(amount).scaleb(-decimals).normalize(), "f")  # Agave's trimmed string
+            value = {"amount": amount, "decimals": decimals, "uiAmount": ui, "uiAmountString": written}
             return {"jsonrpc": "2.0", "id": rid, "result": {"context": self._context(), "value": value}}
         if method == "getLargestAccounts":
             accounts = self.largest

@@ -153,6 +153,8 @@ async def test_a_forwarded_result_254_levels_deep_is_served_and_255_is_a_bad_nod
 SOLANA_READS = {
     "getTokenAccountBalance": [TOKEN_ACCOUNT],
     "getLargestAccounts": [],
+    "getBalance": [TOKEN_ACCOUNT],
+    "getAccountInfo": [TOKEN_ACCOUNT],
 }
 _CONTEXT = {"slot": 5, "apiVersion": "2.2.0"}
 MISSHAPEN_SOLANA = [
@@ -185,6 +187,24 @@ MISSHAPEN_SOLANA = [
             "value": {"amount": "0986", "decimals": 2, "uiAmount": 9.86, "uiAmountString": "9.86"},
         },
     ),
+    # uiAmount and uiAmountString say what amount and decimals do, as Agave writes them (outside attack:
+    # -7.5 and "lots" for an amount of 5 were kept).
+    (
+        "getTokenAccountBalance",
+        {"context": _CONTEXT, "value": {"amount": "5", "decimals": 0, "uiAmount": -7.5, "uiAmountString": "5"}},
+    ),
+    (
+        "getTokenAccountBalance",
+        {"context": _CONTEXT, "value": {"amount": "5", "decimals": 0, "uiAmount": 5.0, "uiAmountString": "lots"}},
+    ),
+    (
+        "getTokenAccountBalance",
+        {"context": _CONTEXT, "value": {"amount": "1500", "decimals": 3, "uiAmount": 1.5, "uiAmountString": "1.500"}},
+    ),
+    ("getBalance", 12345),
+    ("getBalance", {"context": _CONTEXT, "value": -1}),
+    ("getAccountInfo", "hello"),
+    ("getAccountInfo", {"context": _CONTEXT, "value": {"lamports": 5}}),
 ]
 
 

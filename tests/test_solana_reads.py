@@ -102,6 +102,30 @@ async def test_finalized_blocks_and_transactions_are_immutable_other_commitments
         assert [(await call(sol, method, confirmed))[1] for _ in range(2)] == ["BYPASS", "BYPASS"]
 
 
+@pytest.mark.parametrize(
+    ("method", "result"),
+    [
+        ("getBlock", "garbage"),
+        ("getBlock", {"blockhash": "x", "parentSlot": -1, "previousBlockhash": "y"}),
+        ("getTransaction", {"slot": 5}),
+        ("getTransaction", [1, 2]),
+    ],
+)
+async def test_a_final_block_or_transaction_not_of_its_shape_is_a_bad_reply_never_kept(
+    sol: Proxy, solana: FakeSolana, method: str, result: Any
+) -> None:
+    # Outside attack: a final getBlock answered "garbage" once was served as a HIT for good.
+    slot = solana.slot - 200
+    slot -= 1 if slot % 7 == 0 else 0
+    params = [slot] if method == "getBlock" else [SIGNATURE]
+    solana.results[method] = result
+    for _ in range(2):
+        body, cache = await call(sol, method, params)
+        assert body["error"]["code"] == -32002 and "malformed" in body["error"]["message"] and cache != "HIT", body
+    solana.results.clear()
+    assert [(await call(sol, method, params))[1] for _ in range(2)] == ["MISS", "HIT"]
+
+
 async def test_agave_block_errors_are_passed_through_and_never_cached(sol: Proxy, solana: FakeSolana) -> None:
     skipped = (solana.slot - 200) // 7 * 7
     for _ in range(2):

@@ -106,9 +106,25 @@ def _token_amount(result: Any) -> bool:
         and int(amount) < _U64
         and type(decimals) is int
         and 0 <= decimals < 256  # a mint's decimals: a u8
-        and (ui is None or type(ui) in (int, float))
-        and type(value.get("uiAmountString")) is str
+        and value.get("uiAmountString") == ui_amount_string(amount, decimals)
+        and (ui is None or (type(ui) in (int, float) and _close(ui, value["uiAmountString"])))
     )
+
+
+def ui_amount_string(amount: str, decimals: int) -> str:
+    """Agave's uiAmountString (real_number_string_trimmed): the amount over 10**decimals in decimal,
+    trailing zeros and a trailing point dropped."""
+    if not decimals:
+        return amount
+    digits = amount.rjust(decimals + 1, "0")
+    fraction = digits[-decimals:].rstrip("0")
+    return digits[:-decimals] + ("." + fraction if fraction else "")
+
+
+def _close(ui: float, written: str) -> bool:
+    """uiAmount (a float Agave computes as amount / 10**decimals) says what uiAmountString does."""
+    exact = float(written)
+    return abs(ui - exact) <= 1e-9 * max(1.0, abs(exact))
 
 
 def _account_entry(entry: Any) -> bool:
@@ -125,3 +141,50 @@ def _largest_accounts(result: Any) -> bool:
 
 TOKEN_AMOUNT = Shape("an RpcResponse of a token amount", _token_amount, null=False)
 LARGEST_ACCOUNTS = Shape("an RpcResponse of accounts and lamports", _largest_accounts, null=False)
+
+
+# The read surface's Solana answers (Agave's shapes): an account, a block, a transaction.
+def _account(value: Any) -> bool:
+    return (
+        type(value) is dict
+        and _count(value.get("lamports"))
+        and type(value.get("owner")) is str
+        and type(value.get("executable")) is bool
+        and "data" in value
+    )
+
+
+def _balance(result: Any) -> bool:
+    return _rpc_response(result) and _count(result["value"])
+
+
+def _account_info(result: Any) -> bool:
+    return _rpc_response(result) and (result["value"] is None or _account(result["value"]))
+
+
+def _accounts(result: Any) -> bool:
+    return (
+        _rpc_response(result)
+        and type(value := result["value"]) is list
+        and all(entry is None or _account(entry) for entry in value)
+    )
+
+
+def _block(result: Any) -> bool:
+    return (
+        type(result) is dict
+        and _count(result.get("parentSlot"))
+        and type(result.get("blockhash")) is str
+        and type(result.get("previousBlockhash")) is str
+    )
+
+
+def _transaction(result: Any) -> bool:
+    return type(result) is dict and _count(result.get("slot")) and "transaction" in result and "meta" in result
+
+
+BALANCE = Shape("an RpcResponse of lamports", _balance, null=False)
+ACCOUNT_INFO = Shape("an RpcResponse of an account or null", _account_info, null=False)
+ACCOUNTS = Shape("an RpcResponse of accounts", _accounts, null=False)
+BLOCK = Shape("a block", _block)  # null: a slot its node has no block for (kept for CACHE_NEGATIVE_TTL)
+TRANSACTION = Shape("a transaction", _transaction)
