@@ -8,6 +8,7 @@ import pytest
 
 from proxy.rpc import params as p
 from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, JsonRpcError
+from tests.fake_solana import SIGNATURE
 
 RULES = p.Rules()
 ADDR = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
@@ -253,6 +254,18 @@ class TestSolanaRules:
         assert p.get_largest_accounts([{"sortResults": None}], RULES)[0] == {"commitment": "finalized"}
         rejects(p.get_largest_accounts, [{"sortResults": "no"}], "config.sortResults")
         rejects(p.get_largest_accounts, [{"sortResults": 0}], "config.sortResults")
+
+    def test_encodings_are_agaves_for_accounts_and_for_transactions_apart(self) -> None:
+        # One list let an account be asked in `json` and a block in base64+zstd; `binary` was refused.
+        assert p.solana_account([PUBKEY, {"encoding": "binary"}], RULES)[1]["encoding"] == "binary"
+        rejects(p.solana_account, [PUBKEY, {"encoding": "json"}], "config.encoding")
+        assert p.get_block([5, {"encoding": "json"}], RULES)[1]["encoding"] == "json"
+        rejects(p.get_block, [5, {"encoding": "base64+zstd"}], "config.encoding")
+
+    def test_a_block_or_transaction_config_written_as_its_encoding_alone_is_agaves_deprecated_form(self) -> None:
+        assert p.get_block([5, "base64"], RULES) == p.get_block([5, {"encoding": "base64"}], RULES)
+        assert p.get_transaction([SIGNATURE, "json"], RULES)[1] == {"commitment": "finalized", "encoding": "json"}
+        rejects(p.get_block, [5, "base64+zstd"], "config.encoding")
 
     def test_unknown_config_fields_are_refused(self) -> None:
         rejects(p.get_largest_accounts, [{"encoding": "base64"}], "config.encoding: unknown field")

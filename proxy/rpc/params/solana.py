@@ -89,10 +89,15 @@ def get_largest_accounts(params: list[Any], rules: Rules) -> list[Any]:
 # Solana: config fields each method takes (Agave's RpcXxxConfig). `minContextSlot` is accepted and
 # forwarded; a call that sets it is not cached (cache_policy.solana_bypass).
 _ACCOUNT_CONFIG = ("commitment", "encoding", "dataSlice", "minContextSlot")
-_SOLANA_ENCODINGS = ("base58", "base64", "base64+zstd", "jsonParsed", "json")
+# Agave's UiAccountEncoding and UiTransactionEncoding (`binary`: legacy base-58): one list let an
+# account be asked in `json` and a block in `base64+zstd`, which Agave refuses.
+_ACCOUNT_ENCODINGS = ("binary", "base58", "base64", "base64+zstd", "jsonParsed")
+_TRANSACTION_ENCODINGS = ("binary", "base58", "base64", "json", "jsonParsed")
 
 
-def _solana_options(name: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+def _solana_options(
+    name: str, value: Any, allowed: tuple[str, ...], encodings: tuple[str, ...] = _ACCOUNT_ENCODINGS
+) -> dict[str, Any]:
     """A Solana config object: commitment defaulted (spec: finalized), other known fields checked."""
     raw = {} if value is None else _object(name, value, allowed)
     out = _solana_config(name, {k: v for k, v in raw.items() if k == "commitment"}, ("commitment",))
@@ -101,8 +106,8 @@ def _solana_options(name: str, value: Any, allowed: tuple[str, ...]) -> dict[str
             continue
         where = f"{name}.{key}"
         if key == "encoding":
-            if item not in _SOLANA_ENCODINGS:
-                raise invalid_params(where, f"expected one of {', '.join(_SOLANA_ENCODINGS)}")
+            if item not in encodings:
+                raise invalid_params(where, f"expected one of {', '.join(encodings)}")
         elif key in ("minContextSlot", "maxSupportedTransactionVersion"):
             if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item < 2**64:
                 raise invalid_params(where, "expected a non-negative integer")
@@ -156,6 +161,13 @@ def get_multiple_accounts(params: list[Any], rules: Rules) -> list[Any]:
     ]
 
 
+def _encoding_config(params: list[Any]) -> Any:
+    """getBlock's and getTransaction's config, which Agave also takes as an encoding alone (its
+    deprecated form, RpcEncodingConfigWrapper): read as {"encoding": ...}, one key for both."""
+    config = params[1] if len(params) > 1 else None
+    return {"encoding": config} if isinstance(config, str) else config
+
+
 def get_block(params: list[Any], rules: Rules) -> list[Any]:
     _arity(params, ("slot", "config"), 1)
     slot = params[0]
@@ -163,8 +175,9 @@ def get_block(params: list[Any], rules: Rules) -> list[Any]:
         raise invalid_params("slot", "expected a slot number (a non-negative integer)")
     config = _solana_options(
         "config",
-        params[1] if len(params) > 1 else None,
+        _encoding_config(params),
         ("commitment", "encoding", "transactionDetails", "rewards", "maxSupportedTransactionVersion"),
+        _TRANSACTION_ENCODINGS,
     )
     if config["commitment"] == "processed":  # Agave: getBlock does not serve `processed`
         raise invalid_params("config.commitment", "getBlock takes finalized or confirmed")
@@ -184,7 +197,10 @@ def _signature(name: str, value: Any) -> str:
 def get_transaction(params: list[Any], rules: Rules) -> list[Any]:
     _arity(params, ("signature", "config"), 1)
     config = _solana_options(
-        "config", params[1] if len(params) > 1 else None, ("commitment", "encoding", "maxSupportedTransactionVersion")
+        "config",
+        _encoding_config(params),
+        ("commitment", "encoding", "maxSupportedTransactionVersion"),
+        _TRANSACTION_ENCODINGS,
     )
     if config["commitment"] == "processed":  # Agave: getTransaction does not serve `processed`
         raise invalid_params("config.commitment", "getTransaction takes finalized or confirmed")
