@@ -6,6 +6,7 @@ each; 100 subscriptions of 4,999 addresses held 145 MB on one connection). Real 
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -38,14 +39,21 @@ class TestHeldBytes:
         assert held.take("b", 250) and held.by_account == {OPEN_ACCOUNT: 700, "b": 250}
 
 
-async def _subscribe_until_refused(client: Client, limit: int = 200) -> tuple[list[str], dict[str, Any]]:
+async def _until_refused(
+    ask: Callable[[], Awaitable[dict[str, Any]]], limit: int = 200
+) -> tuple[list[Any], dict[str, Any]]:
+    """What `ask` made (a subscription's or filter's id each) until it was refused, and the refusal."""
     ids = []
     for _ in range(limit):
-        reply = await client.call("eth_subscribe", "logs", {"address": ADDRESSES})
+        reply = await ask()
         if "error" in reply:
             return ids, reply
         ids.append(reply["result"])
-    raise AssertionError(f"{limit} subscriptions of {len(ADDRESSES)} addresses were all taken")
+    raise AssertionError(f"{limit} of {len(ADDRESSES)} addresses each were all taken")
+
+
+async def _subscribe_until_refused(client: Client) -> tuple[list[Any], dict[str, Any]]:
+    return await _until_refused(lambda: client.call("eth_subscribe", "logs", {"address": ADDRESSES}))
 
 
 async def test_a_keys_subscriptions_hold_a_quarter_of_the_workers_bytes_and_give_them_back(
@@ -68,14 +76,8 @@ async def test_a_keys_subscriptions_hold_a_quarter_of_the_workers_bytes_and_give
     assert len((await _subscribe_until_refused(again))[0]) == len(taken)
 
 
-async def _filters_until_refused(proxy: Proxy, key: str, limit: int = 200) -> tuple[list[str], dict[str, Any]]:
-    ids = []
-    for _ in range(limit):
-        reply = await proxy.call("eth_newFilter", [{"address": ADDRESSES}], key)
-        if "error" in reply:
-            return ids, reply
-        ids.append(reply["result"])
-    raise AssertionError(f"{limit} filters of {len(ADDRESSES)} addresses were all made")
+async def _filters_until_refused(proxy: Proxy, key: str) -> tuple[list[Any], dict[str, Any]]:
+    return await _until_refused(lambda: proxy.call("eth_newFilter", [{"address": ADDRESSES}], key))
 
 
 async def test_a_keys_filters_hold_a_quarter_of_the_hosts_bytes_and_an_uninstall_gives_them_back(
