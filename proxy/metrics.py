@@ -415,7 +415,8 @@ class UpstreamMetrics:
         )
         self.errors = Counter(
             "rpc_proxy_upstream_errors",
-            "Upstream failures by kind (connect, timeout, http, rate_limited, unhealthy, invalid, mismatch).",
+            "Upstream failures by kind (connect, timeout, http, refused, rate_limited, unhealthy, invalid, "
+            "mismatch, loop).",
             ["network", "upstream", "kind"],
             registry=r,
         )

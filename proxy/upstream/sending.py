@@ -88,6 +88,14 @@ class Routing:
 DEFAULT_ROUTING = Routing()  # priority order, no budgets, no hedging
 
 
+# Why a call reached no upstream at all: every one was out of rotation (a connection lost is a restart,
+# maybe of another chain, until the identity check says otherwise: upstream/standing.py).
+NONE_IN_ROTATION = (
+    "no upstream in rotation: each is cooling down after a failure, catching up, or waiting for its "
+    "chain identity to be checked again after a lost connection"
+)
+
+
 class UpstreamOrder:
     """The order a call's tries take through a network's upstreams, and each one's cool-down after
     a failure: healthy upstreams in the selection policy's order, then those cooling down (the
@@ -438,8 +446,7 @@ class Sender:
             raise upstream_timeout(self.network, budget, reached=attempts.reached)
         raise JsonRpcError(
             UPSTREAM_UNAVAILABLE,
-            f"upstream unavailable: network '{self.network}' "
-            f"({'; '.join(attempts.failures) or 'no upstream serves the network chain'})",
+            f"upstream unavailable: network '{self.network}' ({'; '.join(attempts.failures) or NONE_IN_ROTATION})",
             http_status=502,
             reached=attempts.reached,
         )
