@@ -16,7 +16,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import AskError, ClusterError, RedisClusterException, RedisError, ResponseError, TryAgainError
 
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
@@ -114,6 +114,18 @@ async def memory_policies(client: RedisClient) -> list[str]:
     return [value.decode() if isinstance(value, bytes) else str(value) for value in values]
 
 
+def of_one_key(exc: BaseException) -> bool:
+    """A failure of one key or slot, not of Redis: a key holding another type than the command's
+    (WRONGTYPE: another program's, or tampered), a slot moving between cluster nodes (ASK and TRYAGAIN
+    until redis-py's redirections run out, as every slot does during a reshard). Each had opened the
+    breaker, so one such key took the shared tier from every other (and a value never written over)."""
+    if isinstance(exc, (AskError, TryAgainError)):
+        return True
+    if isinstance(exc, ResponseError):
+        return "WRONGTYPE" in str(exc)
+    return isinstance(exc, ClusterError) and "TTL exhausted" in str(exc)
+
+
 class RedisUnavailable(Exception):
     """Redis is down or skipped; callers fall back to in-process state."""
 
@@ -176,6 +188,8 @@ class RedisLink:
             self._metrics.redis_errors.labels(operation).inc()
             if isinstance(self.client, RedisCluster):
                 self._rediscover(self.client)
+            if of_one_key(exc):
+                raise RedisUnavailable(operation) from exc  # this key's: no outage for every other
             self._failures += 1
             if self._failures >= self._failures_to_open:
                 if self._report_up:

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from proxy.cache import tiers
 from proxy.cache.redis_format import Entry, decode_value, encode_value
 from proxy.logs import Throttled
-from tests.support import Anvil, Proxy, ProxyFactory, settings_for, word
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, settings_for, word
 from tests.test_cache import finalized_store, storage
 
 # Values the proxy never writes, each of a kind the outside tester's report showed spliced into answers.
@@ -158,3 +158,31 @@ async def test_values_the_proxy_did_not_write_are_logged_once_an_interval_withou
     lines = [r for r in caplog.records if r.name == "proxy.cache" and r.levelno == logging.WARNING]
     assert len(lines) == 1 and "not one this proxy writes" in lines[0].getMessage()
     assert "secret-ish" not in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["list", "hash"])
+async def test_a_key_of_another_type_is_a_miss_of_its_own_written_over_and_the_tier_stays_up(
+    anvil: Anvil, redis_url: str, make_proxy: ProxyFactory, redis_client: aioredis.Redis, kind: str
+) -> None:
+    """Rule (docs/caching.md): another program's value is a miss, written over, and Redis serves every
+    other key; a key of another type (WRONGTYPE) opened the breaker, so Redis was skipped for every
+    key, and that key, never written over, did so again on every replica and restart."""
+    second, store, block, key = await tampered_replicas(anvil, redis_url, make_proxy, redis_client, b"x")
+    await redis_client.delete(key)
+    await (redis_client.rpush(key, "a", "b") if kind == "list" else redis_client.hset(key, "a", "b"))
+    status, reply, headers = await second.post(storage(store, "0x0", hex(block), rid=4))
+    assert status == 200 and reply["result"] == "0x" + word(7) and headers["X-Cache"] == "MISS", reply
+    assert second.metric("rpc_proxy_redis_up") == 1
+
+    async def written_over() -> bool:
+        return bool(await redis_client.type(key) == b"string")
+
+    await eventually(written_over, 10, "the entry written over")
+    await redis_client.delete(key)  # so its next read can only be memory's or the node's
+    third = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=redis_url))
+    await third.head_at(anvil.block_number())
+    assert (await second.post(storage(store, "0x0", hex(block))))[2]["X-Cache"] == "HIT"  # from its memory
+    _, _, headers = await second.post(storage(store, "0x1", hex(block)))
+    assert headers["X-Cache"] == "MISS"  # a new entry, written to Redis by a tier that stayed up ...
+    _, _, headers = await third.post(storage(store, "0x1", hex(block)))
+    assert headers["X-Cache"] == "HIT" and third.upstreams["evm"].calls["eth_getStorageAt"] == 0  # ... and shared

@@ -378,3 +378,37 @@ async def test_a_cluster_url_naming_a_plain_server_is_an_outage_not_a_crash(redi
             await link.run("cache_get", lambda c: c.get("rcp:c:{x}"))
     finally:
         await link.close()
+
+
+async def test_a_slot_moving_between_primaries_is_a_miss_of_its_keys_and_the_tier_stays_up(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/scaling.md): a slot being resharded (MIGRATING/IMPORTING, its key moved: each
+    two-key lookup script answered TRYAGAIN until redis-py's redirections ran out) fails that key's
+    lookup, a miss; it opened the breaker, so every other key missed Redis through every reshard."""
+    local = LocalCluster(masters=3)  # its own: a slot is left moved
+    try:
+        first, second = await replicas(make_proxy, anvil, local.url)
+        store, block = await shared_through_redis(anvil, first, second)
+        before = set(_stored(local))
+        assert (await first.post(storage(store, "0x1", hex(block))))[2]["X-Cache"] == "MISS"
+        [key] = set(_stored(local)) - before
+        source = local.primary_of(key)
+        target = next(n for n in local.primaries() if n is not source)
+        slot = command(source.port, "CLUSTER", "KEYSLOT", key)
+        command(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", command(source.port, "CLUSTER", "MYID"))
+        command(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", command(target.port, "CLUSTER", "MYID"))
+        command(source.port, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", key)
+        third = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url))
+        await third.head_at(anvil.block_number())
+        _, reply, headers = await third.post(storage(store, "0x1", hex(block)))
+        assert reply["result"] == "0x" + word(0) and headers["X-Cache"] == "MISS", reply
+        _, reply, headers = await third.post(storage(store, "0x0", hex(block)))  # another slot's entry
+        assert reply["result"] == "0x" + word(7) and headers["X-Cache"] == "HIT", headers
+        assert third.metric("rpc_proxy_redis_up") == 1
+    finally:
+        local.stop()
+
+
+def _stored(cluster: LocalCluster) -> list[str]:
+    return [key for node in cluster.primaries() for key in command(node.port, "--scan", "--pattern", "rcp:c:*").split()]
