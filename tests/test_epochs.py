@@ -140,6 +140,25 @@ async def test_an_epoch_record_not_whole_is_made_anew_not_read_forever_as_unread
         await link.close()
 
 
+@pytest.mark.parametrize("kind", ["string", "list"])
+async def test_an_epoch_record_of_another_type_is_no_record_and_made_anew(redis_url: str, kind: str) -> None:
+    # Outside attack: a string at the record's key failed every exchange (WRONGTYPE): no replica
+    # shared its space until an operator deleted it by hand.
+    link = RedisLink(connect(redis_url, 1.0), timeout=1.0, metrics=Metrics(CollectorRegistry()))
+    try:
+        key = record_key("evm@1:aa")
+        await (link.client.set(key, "garbage") if kind == "string" else link.client.rpush(key, "a"))
+        keeper = EpochKeeper(RedisEpochs(link))
+        for _ in range(3):
+            await _synced(keeper)
+        assert keeper.loaded and keeper.epoch
+        assert parse_record(await link.client.hmget(key, "epoch", "number", "hash")) == (
+            Checkpoint(keeper.epoch, 10, "0x10")
+        )
+    finally:
+        await link.close()
+
+
 async def test_a_flushed_epoch_record_never_brings_back_a_state_the_replicas_left(
     anvil: Anvil, redis_server: RedisServer
 ) -> None:

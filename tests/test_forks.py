@@ -192,6 +192,18 @@ class TestTrails:
         assert await trails.mark("s", None, (0, ""), 0) == Trail((9, "0x09"), (5, "0x05"))  # the lowest at or above
         assert await trails.mark("other", None, (0, ""), 0) == Trail(None, None)  # one trail per key space
 
+    async def test_a_trail_key_of_another_type_is_no_trail_and_made_anew(self, redis_url: str) -> None:
+        # Outside attack: a string at a trail's key failed every exchange (WRONGTYPE): the replicas
+        # named their own spaces, sharing nothing, until an operator deleted it by hand.
+        link = RedisLink(connect(redis_url, 1.0), timeout=1.0, metrics=Metrics(CollectorRegistry()))
+        try:
+            await link.client.set(trail_key("s"), "garbage")
+            trails = RedisTrails(link)
+            assert await trails.mark("s", "", (5, "0x05"), 5) == Trail((5, "0x05"), (5, "0x05"))
+            assert link.up
+        finally:
+            await link.close()
+
     async def test_a_trail_keeps_its_last_marks_only(self, trails: TrailStore) -> None:
         top = ""
         for height in range(1, TRAIL_MARKS + 11):

@@ -27,8 +27,13 @@ NONE = "-"  # the expected epoch of a record that does not exist yet
 
 # spec of this proxy: the checkpoint moves only forward within an epoch; another epoch replaces it.
 # A record without all three fields, or with a number that is not decimal digits, is no record (this
-# proxy writes them whole): it is replaced as a missing one would be, and read as missing (parse_record).
+# proxy writes them whole): it is replaced as a missing one would be, and read as missing (parse_record);
+# so is a key of another type than a hash (it made every exchange fail: the space was never shared).
 ADVANCE_SCRIPT = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  redis.call('DEL', KEYS[1])
+end
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'number', 'hash')
 if cur[1] == false or cur[3] == false or cur[2] == false or not string.match(cur[2], '^%d+$') then
   cur = {false, false, false}

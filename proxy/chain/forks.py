@@ -47,7 +47,12 @@ TRAIL_TTL_MS = 7 * 24 * 3600 * 1000
 # KEYS[1] a space's trail (a sorted set: score a height, member its hash). ARGV[1] the hash expected on
 # top ("" an empty trail, "-" only read), ARGV[2..3] the mark added when it is, ARGV[4] the floor, ARGV[5]
 # how many marks are kept, ARGV[6] its time to live (ms). The top and the lowest mark at or above the floor.
+# A key of another type is no trail (another program's, or tampered): gone, as a flushed one is.
 TRAIL_SCRIPT = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'zset' then
+  redis.call('DEL', KEYS[1])
+end
 local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if ARGV[1] ~= '-' and ARGV[1] == (top[1] or '') and (top[2] == nil or tonumber(top[2]) < tonumber(ARGV[2])) then
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
