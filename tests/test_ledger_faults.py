@@ -241,6 +241,27 @@ async def test_a_lost_ledger_entry_is_rebuilt_from_what_was_spent_and_never_coun
     assert spent(ledger_redis.url, ALICE) == served  # recorded usage is what was served
 
 
+async def test_a_key_spent_whose_entry_was_lost_is_refused_as_spent_not_as_unavailable(
+    anvil: Anvil, ledger_redis: RedisServer, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/keys-and-credits.md, A lost ledger entry): while a rebuilt entry is unconfirmed no
+    credit is granted ("retry shortly"), but a balance that cannot pay a call even so is spent: 402,
+    as before the loss. It was 503 "the credit ledger cannot be reached" with Redis up."""
+    _path, env = keyed(anvil, ledger_redis, tmp_path, alice={"daily_credits": 5 * STORAGE_PRICE})
+    first, second = await make_proxy(settings_for(**env)), await make_proxy(settings_for(**env))
+    for proxy in (first, second):
+        await proxy.head_at(0)
+    statuses = [(await (first, second)[i % 2].post(storage(i), key="alice"))[0] for i in range(7)]
+    assert statuses.count(200) == 5 and statuses[-1] == 402, statuses
+    client = sync_redis.Redis.from_url(ledger_redis.url)
+    client.delete(ledger_key(ALICE, int(time.time()) // 86400))
+    client.close()
+    for i in range(4):
+        status, body, _ = await (first, second)[i % 2].post(storage(10 + i), key="alice")
+        assert status == 402 and "credits" in body["error"]["message"], (status, body)
+    assert spent(ledger_redis.url, ALICE) == 5 * STORAGE_PRICE
+
+
 # --- 3. the outage rule is per key: exhausted anywhere, refused everywhere -------------------------
 
 

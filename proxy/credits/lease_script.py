@@ -105,7 +105,9 @@ if fresh then
   if cost > 0 then
     local need = math.max(net + cost - a, 0)
     local free = daily - (others + a)
-    if unconfirmed and (need > 0 or top_up) then
+    if unconfirmed and (need > 0 or top_up) and need <= free + held_elsewhere then
+      -- (A rebuilt entry only ever shows less than was granted: a balance that cannot pay the call
+      -- even so is spent, refused as such below.)
       if need > 0 then verdict = -2 end
     elseif need > free then
       if need <= free + held_elsewhere then
