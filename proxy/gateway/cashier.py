@@ -118,7 +118,8 @@ class Cashier:
             self._metrics.credit_rejections.labels("unavailable").inc()
             return JsonRpcError(
                 LIMIT_EXCEEDED,
-                "credits unavailable: the credit ledger cannot be reached; retry shortly",
+                "credits unavailable: the credit ledger cannot be reached, or the key's entry in it is being "
+                "rebuilt; retry shortly",
                 http_status=503,
                 headers={"Retry-After": "5"},
             ), debit.remaining
