@@ -141,7 +141,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "MAX_INFLIGHT_BODY_BYTES",
         "request-body bytes being received at once (a request waiting for room: what it read of its body, a "
-        "key's at most a quarter; a WebSocket message not yet whole: what its frames declare), all clients "
+        "key's at most a quarter; a WebSocket message not yet whole: what has come of it), all clients "
         "of the host together (every worker's); beyond it 503, a WebSocket closed 1013 (default 134217728)",
     ),
     Option(

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from proxy.http.app_keys import FRONT
 from proxy.http.ws_masks import MaskScan
 from tests.support import Anvil, Proxy, ProxyFactory, eventually
 
@@ -189,31 +190,37 @@ class TestMaskScan:
         assert all(scan.feed(frames[i : i + 1]) for i in range(len(frames)))
         assert scan.feed(b"\x81") and not scan.feed(b"\x05")
 
-    def test_a_message_not_yet_whole_is_held_as_its_frames_declare_it_however_the_stream_is_split(self) -> None:
-        # A text message in two fragments with a ping between them, then a whole one.
-        first = client_frame(b"a" * 300, fin=False)
+    def test_a_message_not_yet_whole_holds_what_has_come_of_it_however_the_stream_is_split(self) -> None:
+        # A text message in two fragments with a ping between them, then a whole one. Counted as
+        # declared, a frame's header alone (14 bytes) took 5 MB of the host's room.
+        first = client_frame(b"a" * 300, fin=False)  # an 8-byte header: 2, a 16-bit length, the mask
         ping = client_frame(b"", opcode=0x9)
-        last = client_frame(b"b" * 70_000, opcode=0x0)
-        stream = first + ping + last + client_frame(CHAIN_ID)
-        # What the scan holds after each byte: the first fragment's 300 from its length on, both
-        # fragments' from the last one's length on, nothing once the last byte of the message came
-        # (then the next message's, once its length came).
-        starts_last = len(first) + len(ping)
-        for cut in (*range(0, 420), *range(len(stream) - 200, len(stream) + 1), starts_last + 9, starts_last + 10):
+        last = client_frame(b"b" * 70_000, opcode=0x0)  # a 14-byte header: a 64-bit length
+        stream = first + ping + last + client_frame(CHAIN_ID)  # a 6-byte header
+        ends_first, ends_last = len(first), len(first) + len(ping) + len(last)
+        starts_last = ends_last - len(last)
+        for cut in (*range(0, 420), *range(starts_last, starts_last + 40), *range(ends_last - 50, len(stream) + 1)):
             scan = MaskScan()
             assert scan.feed(stream[:cut])
-            if cut < 4:  # its 16-bit length is whole at 4
-                expected = 0
-            elif cut < starts_last + 10:  # the last fragment's 64-bit length is whole at +10
-                expected = 300
-            elif cut < len(first) + len(ping) + len(last):
-                expected = 70_300
-            elif len(first) + len(ping) + len(last) + 2 <= cut < len(stream):
-                expected = len(CHAIN_ID)  # the next message, begun
+            if cut < ends_first:
+                expected = max(0, cut - 8)
+            elif cut < ends_last:
+                expected = 300 + max(0, cut - starts_last - 14)
+            elif cut < len(stream):
+                expected = max(0, cut - ends_last - 6)  # the next message, begun
             else:
                 expected = 0
             assert scan.message == expected, cut
             assert scan.feed(stream[cut:]) and scan.message == 0, cut
+
+    def test_one_byte_at_a_time_holds_the_same(self) -> None:
+        stream = client_frame(b"a" * 300, fin=False) + client_frame(b"b" * 200, opcode=0x0)
+        scan = MaskScan()
+        held = []
+        for i in range(len(stream)):
+            assert scan.feed(stream[i : i + 1])
+            held.append(scan.message)
+        assert held[8 + 299] == 300 and held[-1] == 0 and max(held) == 499, max(held)
 
 
 async def test_a_message_not_finished_within_body_timeout_closes_its_connection_with_1008(
@@ -235,32 +242,45 @@ async def test_a_message_not_finished_within_body_timeout_closes_its_connection_
 async def test_messages_not_yet_whole_hold_room_among_the_hosts_bodies_and_give_it_back(
     anvil: Anvil, make_proxy: ProxyFactory
 ) -> None:
-    """MAX_INFLIGHT_BODY_BYTES counts a WebSocket message not yet whole as the bytes its frames
-    declare: a second socket's frame past the room is closed 1013, and the room comes back when the
-    first message is whole or its socket closes."""
+    """MAX_INFLIGHT_BODY_BYTES counts a WebSocket message not yet whole by what has come of it: a
+    second socket's read past the room is closed 1013, and the room comes back when the first
+    message is whole or its socket closes."""
     proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_INFLIGHT_BODY_BYTES="100000")
     padded = CHAIN_ID[:-1] + b',"pad":"' + b"p" * 80_000 + b'"}'
+    frame = client_frame(padded)
+    receiving = proxy.app[FRONT].endpoint.receiving
+
+    async def held(size: int) -> None:
+        async def read() -> bool:
+            return bool(receiving.held >= size)
+
+        await eventually(read, 10, f"{size} bytes of a message held")
+
     async with upgraded(proxy) as (reader, writer):
-        writer.write(client_frame(padded)[:1000])  # one message always fits a host holding none
-        await writer.drain()
+        writer.write(frame[:-10])  # one message always fits a host holding none
+        await held(80_000)
         async with upgraded(proxy) as (other, other_writer):
-            other_writer.write(client_frame(padded)[:1000])
+            other_writer.write(frame[:-10])
             opcode, payload = await server_frame(other)
             assert opcode == 0x8 and int.from_bytes(payload[:2], "big") == aiohttp.WSCloseCode.TRY_AGAIN_LATER
             assert b"MAX_INFLIGHT_BODY_BYTES" in payload[2:], payload
         assert proxy.metric(CLOSES, reason="no_room") == 1
-        writer.write(client_frame(padded)[1000:])  # whole now: answered, and its room given back
+        writer.write(frame[-10:])  # whole now: answered, and its room given back
         opcode, payload = await server_frame(reader)
         assert opcode == 0x1 and json.loads(payload)["id"] == 1, payload
+        assert receiving.held == 0
         async with upgraded(proxy) as (other, other_writer):
-            other_writer.write(client_frame(padded)[:1000])
-            await other_writer.drain()
+            other_writer.write(frame[:-10])
+            await held(80_000)
             async with upgraded(proxy) as (third, third_writer):
-                third_writer.write(client_frame(padded)[:1000])
+                third_writer.write(frame[:-10])
                 opcode, _ = await server_frame(third)
                 assert opcode == 0x8  # the second socket holds the room now
     async with upgraded(proxy) as (reader, writer):  # and gave it back as it closed
-        writer.write(client_frame(padded))
+        writer.write(frame)
         opcode, payload = await server_frame(reader)
         assert opcode == 0x1 and json.loads(payload)["id"] == 1, payload
+    # A header alone holds nothing of the host's room (sent with the upgrade, it is read before the 101).
+    async with upgraded(proxy, frame[:14] + padded[:5]):
+        assert receiving.held == 5
     assert proxy.metric(CLOSES, reason="no_room") == 2

@@ -1,8 +1,9 @@
 """What a WebSocket client sends, read frame by frame before aiohttp reads it: RFC 6455 section 5.1
 (every frame a client sends is masked; a connection that sends one that is not is closed with 1002,
 protocol error), and the bytes of a message not yet whole, held against MAX_INFLIGHT_BODY_BYTES with
-HTTP bodies (a connection whose next frame finds no room on the host is closed with 1013, try again
-later) and within BODY_TIMEOUT (closed with 1008): aiohttp holds a message's frames until its last,
+HTTP bodies as they arrive (a connection whose next read finds no room on the host is closed with
+1013, try again later; counted as declared, 26 headers of 5 MB frames took the host's room for
+nothing) and within BODY_TIMEOUT (closed with 1008): aiohttp holds a message's frames until its last,
 WS_MAX_MESSAGE_BYTES a connection, and 250 connections each stopping 100 bytes short of a 5 MB
 message held 1.3 GB.
 
@@ -42,16 +43,18 @@ _LAST_OF_MESSAGE = frozenset((0x80, 0x81, 0x82))
 
 class MaskScan:
     """Where the frames begin in a client's byte stream, fed one read at a time: each header's mask
-    bit is read, each payload skipped, and the payload lengths its data frames declare summed up to
-    the end of their message (`message`: what the message not yet whole holds and will)."""
+    bit is read, each payload skipped, and the payload bytes of the message not yet whole counted as
+    they come (`message`: what aiohttp holds of it, until its last frame is whole)."""
 
-    __slots__ = ("_head", "_last", "_skip", "message")
+    __slots__ = ("_data", "_head", "_header_left", "_last", "_skip", "message")
 
     def __init__(self) -> None:
         self._skip = 0  # bytes of the current frame still to come (its payload) before the next header
+        self._header_left = 0  # ... of them, what is left of its header (its mask key, cut by a read)
         self._head = b""  # the start of a header the last read ended in
-        self._last = False  # the current frame is its message's last
-        self.message = 0  # payload bytes the data frames of the message in progress declared
+        self._data = False  # the current frame is a data frame (text, binary, continuation)
+        self._last = False  # ... and its message's last
+        self.message = 0  # payload bytes received of the message in progress
 
     def feed(self, data: bytes) -> bool:
         """False once a frame's header shows it unmasked (the mask bit, its second byte's highest)."""
@@ -59,8 +62,12 @@ class MaskScan:
             data, self._head = self._head + data, b""
         end = len(data)
         at, last = self._skip, end - 1
-        if at and at <= end and self._last:
-            self.message = 0  # the message's last frame, begun in an earlier read, is whole
+        if at:  # the payload of a frame begun in an earlier read
+            if self._data:
+                self.message += max(0, min(at, end) - self._header_left)
+            self._header_left = max(0, self._header_left - end)
+            if self._last and at <= end:
+                self.message = 0  # the message's last frame is whole
         while at < last:  # the header's first two bytes are here
             second = data[at + 1]  # the mask bit, then the payload's length (or 126, 127: more bytes say it)
             if 0x80 <= second < 0xFE:
@@ -76,11 +83,11 @@ class MaskScan:
             else:
                 return False
             first = data[at]
-            if first & 0x0F < 8:  # a data frame (control frames are at most 125 bytes, never held)
-                self.message += length
-                self._last = first in _LAST_OF_MESSAGE
-            else:
-                self._last = False
+            self._data = first & 0x0F < 8  # control frames are at most 125 bytes, never held
+            self._last = first in _LAST_OF_MESSAGE
+            if self._data:
+                self.message += max(0, min(length, end - at - header))
+            self._header_left = max(0, at + header - end)
             at += header + length
             if self._last and at <= end:
                 self.message = 0
@@ -162,8 +169,8 @@ class MaskedOnly(asyncio.Protocol):
         return self.scan.message == self.held or self._held()
 
     def _held(self) -> bool:
-        """Room for the message in progress as its frames declare it (none once it is whole): False,
-        and the connection closed, when the host has none for its next frame."""
+        """Room for what has come of the message in progress (none once it is whole): False, and the
+        connection closed, when the host has none for its next read."""
         unfinished = self.unfinished
         if unfinished is None:
             return True
