@@ -249,8 +249,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "MAX_FILTERS_PER_KEY",
         "live node-side filters (eth_newFilter, eth_newBlockFilter, "
-        "eth_newPendingTransactionFilter) per API key; more are -32005 until one is uninstalled or expires "
-        "(default 100)",
+        "eth_newPendingTransactionFilter) per API key (open mode: the host's together); more are -32005 until "
+        "one is uninstalled or expires (default 100)",
     ),
     Option(
         "MAX_FILTER_BYTES",

@@ -94,9 +94,17 @@ async def test_a_keys_filters_hold_a_quarter_of_the_hosts_bytes_and_an_uninstall
     assert "result" in await proxy.call("eth_newFilter", [{"address": ADDRESSES}], "key-a")
 
 
-async def test_open_modes_filters_are_bounded_in_bytes_though_not_in_count(
-    anvil: Anvil, make_proxy: ProxyFactory
-) -> None:
+async def test_open_modes_filters_are_capped_as_one_keys_on_the_host(anvil: Anvil, make_proxy: ProxyFactory) -> None:
+    # Uncapped, 62,000 block filters were made, each install scanning the table: the loop held for seconds.
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_FILTERS_PER_KEY="3")
+    made = [await proxy.result("eth_newBlockFilter", [], "anyone") for _ in range(3)]
+    refused = await proxy.call("eth_newBlockFilter", [], "someone-else")
+    assert "at most 3 on this host in open mode (MAX_FILTERS_PER_KEY)" in refused["error"]["message"], refused
+    assert await proxy.result("eth_uninstallFilter", [made[0]], "anyone") is True
+    assert await proxy.result("eth_newBlockFilter", [], "someone-else")
+
+
+async def test_open_modes_filters_are_bounded_in_bytes(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy(EVM_UPSTREAM=anvil.url, MAX_FILTER_BYTES="4000000")
     taken, refused = await _filters_until_refused(proxy, "anyone")
     assert "MAX_FILTER_BYTES" in refused["error"]["message"], refused

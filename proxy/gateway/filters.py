@@ -166,7 +166,7 @@ class Filters:
         try:
             cap = self._settings.max_filters_per_key
             if account != OPEN_ACCOUNT and not await self._places.hold(account, place, cap):
-                raise _too_many(cap)  # the key's filters made through the other replicas fill the cap
+                raise _too_many(cap, account)  # the key's filters made through the other replicas fill the cap
             answer = await net.upstream.request(method, raw)
             if answer.is_error or not isinstance(answer.result, str):
                 return Outcome.answered(answer, BYPASS)
@@ -186,17 +186,19 @@ class Filters:
 
     def _hold_place(self, account: str, network: str, criteria: dict[str, Any] | None) -> tuple[str, int]:
         """A place among the account's filters while the node is asked, and the bytes the filter will
-        hold; LIMIT_EXCEEDED when no place is left (open mode: every client is one account, uncounted)
-        or no room for its bytes among the host's filters (MAX_FILTER_BYTES, a key's a quarter)."""
+        hold; LIMIT_EXCEEDED when no place is left (open mode: every client is one account, its places
+        the host's) or no room for its bytes among the host's filters (MAX_FILTER_BYTES, a key's a
+        quarter, the open account's the whole)."""
         cap, limit = self._settings.max_filters_per_key, self._settings.max_filter_bytes
         self._made += 1
         place = f"pending:{self._pid}:{self._origin}:{self._made}"
         entry = _Filter(account, network, "0x" + "0" * 64, criteria, self._clock(), self._pid)
         entry.size = deep_size(_record(entry))
         with self._table.edit() as table:
-            live = self._live(table, account)  # every install forgets the lapsed, open mode's too
-            if account != OPEN_ACCOUNT and live >= cap:
-                raise _too_many(cap)
+            # Open mode's clients are one account: its cap is the host's (uncapped, 62,000 block filters
+            # each scanned by the next install held the loop for seconds).
+            if self._live(table, account) >= cap:
+                raise _too_many(cap, account)
             held = mine = 0
             for record in table.values():
                 size = record[7] if len(record) > 7 else 0
@@ -345,10 +347,11 @@ class Filters:
                 record.append(kept.stored())
 
 
-def _too_many(cap: int) -> JsonRpcError:
+def _too_many(cap: int, account: str) -> JsonRpcError:
+    where = "on this host in open mode" if account == OPEN_ACCOUNT else "per key"
     return JsonRpcError(
         LIMIT_EXCEEDED,
-        f"too many filters: at most {cap} per key (MAX_FILTERS_PER_KEY); uninstall one with eth_uninstallFilter",
+        f"too many filters: at most {cap} {where} (MAX_FILTERS_PER_KEY); uninstall one with eth_uninstallFilter",
     )
 
 
