@@ -153,6 +153,21 @@ class ClientErrors(logging.Filter):
         return True
 
 
+class ClientProtocols(logging.Filter):
+    """aiohttp logs a WebSocket client's subprotocols word for word, at WARNING, whenever none is one
+    the server offers (this proxy offers none): a browser client may carry its token there, as a
+    browser cannot set a header on a WebSocket. A DEBUG line without them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("%s: Client protocols"):
+            return True
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            return False
+        record.msg, record.args = "a WebSocket client's subprotocols were not taken (none is offered)", None
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
 def setup(fmt: str, level: str, access_log: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
@@ -166,6 +181,9 @@ def setup(fmt: str, level: str, access_log: bool = False) -> None:
     server = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, ClientErrors) for f in server.filters):
         server.addFilter(ClientErrors())
+    websocket = logging.getLogger("aiohttp.websocket")
+    if not any(isinstance(f, ClientProtocols) for f in websocket.filters):
+        websocket.addFilter(ClientProtocols())
     # One line per call is opt-in: at thousands of calls a second it is the dearest thing we do.
     logging.getLogger("proxy.access").setLevel(logging.INFO if access_log else logging.WARNING)
 

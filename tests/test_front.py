@@ -192,6 +192,21 @@ async def test_a_chunked_body_over_max_body_bytes_is_413(anvil: Anvil, make_prox
     assert status == 200 and json.loads(body)["result"] == "0x7a69"
 
 
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate,chunked", b"gzip\r\nTransfer-Encoding: chunked"])
+async def test_a_transfer_coding_other_than_chunked_is_501_and_closed(evm_proxy: Proxy, coding: bytes) -> None:
+    # RFC 9112 6.1: llhttp framed `gzip, chunked` as chunked and the gzip was never undone (a plain
+    # body was served; a front that decoded it would have read another body than this proxy).
+    body = call("eth_chainId", [], 7)
+    data = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %s\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+        coding,
+        len(body),
+        body,
+    )
+    [(status, headers, answer)] = await exchange(evm_proxy.server.port, data)
+    assert status == 501 and headers["connection"] == "close", answer
+    assert "only chunked" in json.loads(answer)["error"]["message"]
+
+
 async def test_trailer_fields_after_a_chunked_body_are_not_read_as_headers(evm_proxy: Proxy) -> None:
     # RFC 9110 6.5.1: trailers are not header fields, so none may set the encoding, a key or an origin.
     body = call("eth_chainId", [], 7)

@@ -149,3 +149,28 @@ class TestAdminToken:
         message = json.loads(row)["msg"]
         assert message.startswith("configuration error:") and "ADMIN_TOKEN" in message
         assert token.strip() not in message or not token.strip()
+
+
+def test_a_websocket_clients_subprotocols_never_reach_the_log(anvil: Anvil, tmp_path: Path) -> None:
+    # A browser client may put its token in Sec-WebSocket-Protocol (it can set no header): aiohttp
+    # logged it word for word, twice per upgrade, at WARNING.
+    port = free_port()
+    env = clean_env(EVM_UPSTREAM=anvil.url, PROXY_PORT=str(port), API_KEYS="sekritKEY123456", LOG_LEVEL="DEBUG")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        wait_until(lambda: healthy(port) or proc.poll() is not None, 20, "the proxy to listen")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(
+                b"GET /ws/v3/sekritKEY123456 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                b"Sec-WebSocket-Protocol: sekritKEY123456, tokenTWO\r\n\r\n"
+            )
+            assert b" 101 " in sock.recv(4096)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=20)
+    text = err.decode("utf-8", "replace")
+    assert "sekritKEY123456" not in text and "tokenTWO" not in text, text
+    assert "subprotocols were not taken" in text  # at DEBUG, without them

@@ -284,3 +284,29 @@ async def test_messages_not_yet_whole_hold_room_among_the_hosts_bodies_and_give_
     async with upgraded(proxy, frame[:14] + padded[:5]):
         assert receiving.held == 5
     assert proxy.metric(CLOSES, reason="no_room") == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "status"),
+    [
+        ((b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 8"), 426),
+        ((b"HTTP/1.1", b"HTTP/1.0"), 400),
+        ((b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 13\r\nContent-Length: 5"), 400),
+    ],
+    ids=["version 8", "HTTP/1.0", "a body"],
+)
+async def test_an_upgrade_rfc_6455_does_not_allow_is_refused_not_opened(
+    evm_proxy: Proxy, change: tuple[bytes, bytes], status: int
+) -> None:
+    """RFC 6455 4.2.2 (version 13 only, else 426 naming it), RFC 9110 7.8 (an HTTP/1.0 request's
+    Upgrade is ignored), and no body: aiohttp opened each, and a body's bytes were read as frames."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    try:
+        writer.write(handshake(evm_proxy.server.port).replace(*change) + b"hello")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.split(b" ")[1] == str(status).encode(), head
+        if status == 426:
+            assert b"Sec-WebSocket-Version: 13" in head
+    finally:
+        writer.close()
+    await no_socket_left(evm_proxy)

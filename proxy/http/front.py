@@ -65,6 +65,7 @@ READ_HEADERS = (
     "accept-encoding",
     "content-encoding",
     "content-length",
+    "transfer-encoding",
     "expect",
     "access-control-request-headers",
     "connection",
@@ -144,8 +145,10 @@ class Front:
 
     def read_fields(self, request: Request) -> bool:
         """A head's fields into `request.headers`: only those something reads (lower-case), and the
-        first of repeated ones, as aiohttp, but Content-Encoding's and Via's lines joined as one list
-        (a Via mark in any line is seen: via.py); whether Host was repeated (only a repeat costs a look)."""
+        first of repeated ones, as aiohttp, but Content-Encoding's, Transfer-Encoding's and Via's lines
+        joined as one list (a Via mark in any line is seen: via.py); whether Host was repeated (only a
+        repeat costs a look). A transfer coding other than chunked alone is 501 (RFC 9112 section 6.1):
+        llhttp frames `gzip, chunked` as chunked and the gzip was never undone."""
         names, headers = self.header_names, request.headers
         repeated_host = False
         for name, value in request.raw:
@@ -157,8 +160,11 @@ class Front:
                     headers[key] = value.decode("latin-1")
                 elif key == "host":
                     repeated_host = True
-                elif key in ("content-encoding", "via"):  # RFC 9110 section 5.3: one list over its field lines
+                elif key in ("content-encoding", "transfer-encoding", "via"):  # RFC 9110 5.3: one list
                     headers[key] += ", " + value.decode("latin-1")
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            raise refusal(INVALID_REQUEST, f"bad request: transfer coding {coding[:40]!r} (only chunked is read)", 501)
         return repeated_host
 
     def target(self, url: bytes) -> tuple[str, tuple[str | None, str | None] | None]:

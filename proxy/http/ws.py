@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import HttpVersion11, WSCloseCode, WSMsgType, web
 
 from proxy import via
 from proxy.credits.accounts import OPEN_ACCOUNT
@@ -93,8 +93,9 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
     network = gateway.router.network_for(request.host, request.match_info.get("network"), websocket=True)
     # aiohttp refuses a message of max_msg_size bytes itself; WS_MAX_MESSAGE_BYTES is the largest one served.
     ws = CountedSocket(max_msg_size=settings.ws_max_message_bytes + 1, heartbeat=30.0)
-    if not ws.can_prepare(request).ok:
-        return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
+    refused = _not_an_upgrade(request)
+    if refused is not None or not ws.can_prepare(request).ok:
+        return refused or error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
     masks = _masked_only(request, metrics)
     await ws.prepare(request)
 
@@ -159,6 +160,22 @@ async def _open(request: web.Request, account: str) -> web.StreamResponse:
         app[WEBSOCKETS].discard(connection)
         metrics.ws_connections.dec()
     return ws
+
+
+def _not_an_upgrade(request: web.Request) -> web.Response | None:
+    """What aiohttp would upgrade but RFC 6455 and RFC 9110 do not: version 13 only (426 naming it;
+    aiohttp took 7 and 8 too), never an HTTP/1.0 request (RFC 9110 7.8: its Upgrade is ignored), never
+    one with a body (read as frames, its framing and the WebSocket's disagreed)."""
+    if request.headers.get("Sec-WebSocket-Version", "13") != "13":
+        error = JsonRpcError(INVALID_REQUEST, "expected WebSocket version 13", http_status=426)
+        return error_response(error, {"Sec-WebSocket-Version": "13"})
+    if (
+        request.version < HttpVersion11
+        or request.headers.get("Content-Length", "0") != "0"
+        or request.headers.get("Transfer-Encoding")
+    ):
+        return error_response(JsonRpcError(INVALID_REQUEST, "expected a WebSocket upgrade", http_status=400))
+    return None
 
 
 def _masked_only(request: web.Request, metrics: Metrics) -> MaskedOnly | None:
