@@ -8,6 +8,7 @@ from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.slots import SolanaSlotTracker
 from proxy.config import Network
 from proxy.upstream.pool import PerUpstream, Upstream, http_pool
+from proxy.upstream.sending import NONE_IN_ROTATION
 
 
 @dataclass(slots=True)
@@ -32,7 +33,10 @@ class NetworkRuntime:
         states = self.per_upstream.states if self.per_upstream is not None else None
         if states is not None and all(states.mismatch):
             return "degraded: no upstream serves the network's chain (see rpc_proxy_upstream_identity_mismatch)"
-        if states is not None and all(states.syncing[i] for i in range(states.size) if states.in_rotation(i)):
+        rotating = [i for i in range(states.size) if states.in_rotation(i)] if states is not None else [0]
+        if not rotating:  # (all() of none is true: it said syncing of a node down or cordoned)
+            return f"degraded: {NONE_IN_ROTATION} (see rpc_proxy_upstream_up)"
+        if states is not None and all(states.syncing[i] for i in rotating):
             return "degraded: every upstream is still syncing (see rpc_proxy_upstream_catching_up)"
         return self.tracker.health(now)
 

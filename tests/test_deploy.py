@@ -343,6 +343,12 @@ def test_the_redis_the_config_names_is_defined_with_the_right_eviction_policy(ov
         )
         redis = server["spec"]["template"]["spec"]["containers"][0]
         assert redis["command"][redis["command"].index("--maxmemory-policy") + 1] == policy
+        # A bound under the container's limit: refused writes (noeviction) or evictions, never an OOM kill.
+        bound = redis["command"][redis["command"].index("--maxmemory") + 1]
+        limit = redis["resources"]["limits"]["memory"]
+        assert int(bound.removesuffix("mb").removesuffix("gb")) * (1024 if bound.endswith("gb") else 1) < int(
+            limit.removesuffix("Mi")
+        ), (bound, limit)
         assert any(p["containerPort"] == url.port for p in redis["ports"])
     assert env["REDIS_URL"] != env["CREDITS_REDIS_URL"] and env["CREDITS_REQUIRE_NOEVICTION"] == "true"
     ledger = by_kind(docs, "StatefulSet")[urlsplit(env["CREDITS_REDIS_URL"]).hostname or ""]
@@ -376,6 +382,7 @@ def test_standalone_overlay_scales_the_proxy_with_an_hpa_and_a_disruption_budget
     target = hpa["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == (workload["kind"], workload["metadata"]["name"])
     assert hpa["spec"]["minReplicas"] >= 2
+    assert "replicas" not in workload["spec"]  # the HPA's: a count here would reset it on every apply
     assert container(workload, PROXY)["resources"]["requests"]["cpu"]  # the HPA's utilization needs a request
     (pdb,) = by_kind(docs, "PodDisruptionBudget").values()
     assert pdb["spec"]["selector"]["matchLabels"].items() <= workload["spec"]["template"]["metadata"]["labels"].items()
@@ -440,6 +447,9 @@ def _redis_command(docs: list[dict[str, Any]], url: str) -> list[str]:
 # --- docker compose and the Dockerfile ----------------------------------------------------------
 
 
+UPSTREAM_VARIABLES = ("ETH_MAINNET_URL", "ETH_MAINNET_BACKUP_URL", "BASE_MAINNET_URL", "SOLANA_MAINNET_URL")
+
+
 def compose_proxy_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The proxy service's environment: the image's ENV, then compose's environment over it."""
     service = compose()["services"]["proxy"]
@@ -469,6 +479,22 @@ def test_compose_uses_only_real_settings_and_mounts_every_file_it_names(tmp_path
             assert env[name] in mounts and mounts[env[name]].is_file(), f"{name} is not mounted"
     settings = settings_of(env, {path: host.read_bytes() for path, host in mounts.items()}, tmp_path)
     assert settings.api_keys is not None  # keys in force: the proxy does not run open
+
+
+def test_compose_serves_the_networks_file_alone_when_evm_upstream_is_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Compose required EVM_UPSTREAM, and set beside NETWORKS_FILE it is a network of its own (evm),
+    # the default of /v3/KEY ahead of the file's eth-mainnet.
+    environ = {"NETWORKS_FILE": "/etc/rpc-proxy/networks.toml"}
+    env = compose_proxy_env(environ)
+    assert "EVM_UPSTREAM" not in env
+    for i, name in enumerate(UPSTREAM_VARIABLES):  # deploy/upstreams.env, which compose passes on
+        monkeypatch.setenv(name, f"http://node{i}.invalid:8546")
+    mounts = compose_mounts(compose()["services"]["proxy"], environ)
+    settings = settings_of(env, {path: host.read_bytes() for path, host in mounts.items()}, tmp_path)
+    assert "evm" not in {network.name for network in settings.networks}
+    assert settings.default_network["evm"] == "eth-mainnet"
 
 
 def test_compose_publishes_the_public_port_only_and_prometheus_scrapes_the_metrics_port() -> None:

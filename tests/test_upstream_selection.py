@@ -638,3 +638,20 @@ async def test_an_admin_reload_applies_new_routing_to_the_pool_in_force(
         assert _asked(relays[1], "eth_getBalance") >= 18
         assert _pool(proxy) is pool  # routing alone: the same pool, its cordons and scores kept
         assert (await _admin(session, port, "/reload", token=None, method="POST"))[0] == 401
+
+
+async def test_readiness_with_every_upstream_cordoned_says_none_is_in_rotation_not_syncing(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    # Every upstream out of rotation made "every upstream in rotation is syncing" true of none: /readyz
+    # sent an operator whose node was down, or cordoned, to look at syncing.
+    port = free_port()
+    proxy = await make_proxy(EVM_UPSTREAM=f"{relays[0].url},{relays[1].url}", ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    await proxy.head_at(0)
+    async with aiohttp.ClientSession() as session:
+        for index in (0, 1):
+            assert (await _admin(session, port, f"/upstreams/evm/{index}/cordon", method="POST"))[0] == 200
+        async with session.get(f"{proxy.base}/readyz") as response:
+            status, body = response.status, await response.json()
+    assert status == 503 and body["networks"]["evm"].startswith("degraded: no upstream in rotation"), body
+    assert "cordoned" in body["networks"]["evm"]

@@ -91,8 +91,8 @@ DEFAULT_ROUTING = Routing()  # priority order, no budgets, no hedging
 # Why a call reached no upstream at all: every one was out of rotation (a connection lost is a restart,
 # maybe of another chain, until the identity check says otherwise: upstream/standing.py).
 NONE_IN_ROTATION = (
-    "no upstream in rotation: each is cooling down after a failure, catching up, or waiting for its "
-    "chain identity to be checked again after a lost connection"
+    "no upstream in rotation: each is cooling down after a failure, catching up, cordoned, or waiting "
+    "for its chain identity to be checked again after a lost connection"
 )
 
 
