@@ -401,7 +401,8 @@ def run_check(
             f"FAIL environment: values wrapped in quotes, which serve takes as part of them: {', '.join(quoted)}"
             " (`docker run --env-file` keeps a .env line's quotes: write the values unquoted there)"
         )
-    for network, label, url in own_address(settings):
+    looping = own_address(settings)
+    for network, label, url in looping:
         problems += 1
         print(
             f"FAIL network {network.name} {label} {redact_url(url)}: this proxy's own address (a loop, via.py;"
@@ -432,7 +433,10 @@ def run_check(
             if settings.credits_require_noeviction
             else f"warn credits: {evicts}"
         )
+    looped = {(network.name, f"{label} {redact_url(url)}") for network, label, url in looping}
     for probe in probes:
+        if (probe.network, probe.label) in looped:
+            continue  # its FAIL is above: an ok from itself would contradict it
         if probe.problems:
             problems += len(probe.problems)
             for problem in probe.problems:

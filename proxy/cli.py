@@ -115,7 +115,8 @@ def parse_dotenv(text: str) -> dict[str, str]:
             continue
         match = _DOTENV_LINE.match(stripped)
         if match is None:  # the line is not echoed: it may hold a secret
-            raise ConfigError(f".env line {number} is not NAME=value")
+            spaced = " (no spaces around =: docker run --env-file reads the name with them)" if " =" in stripped else ""
+            raise ConfigError(f".env line {number} is not NAME=value{spaced}")
         name, value = match.groups()
         if name in first:  # the last would win, silently (`API_KEYS=` appended would run it open)
             raise ConfigError(f".env lines {first[name]} and {number} both set {name}: give each setting once")
@@ -135,7 +136,8 @@ def dotenv_settings(path: Path) -> tuple[dict[str, str], list[str]]:
         return {}, []
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
-    return {k: v for k, v in values.items() if k in OPTION_NAMES}, sorted(set(values) - OPTION_NAMES)
+    unknown = sorted(set(values) - OPTION_NAMES)
+    return {k: v for k, v in values.items() if k in OPTION_NAMES}, [next(iter(misspelt([n])), n) for n in unknown]
 
 
 def misspelt(names: Iterable[str]) -> list[str]:

@@ -250,6 +250,12 @@ def checked_networks(networks: Sequence[Network]) -> dict[str, str]:
                 f"network name {net.name!r} is a word of the proxy's paths (/ws/v3/<key>, /v3/<key>): choose another"
             )
         if net.name in seen:
+            setting = next((env for env, family in FROM_ENVIRONMENT if family == net.name), None)
+            if setting is not None:  # (a TOML file holds no table twice: the other is the environment's)
+                raise ConfigError(
+                    f"network {net.name!r} is declared twice: by {setting} and in NETWORKS_FILE "
+                    f"(unset {setting}, or give the file's network another name)"
+                )
             raise ConfigError(f"network {net.name!r} is declared twice")
         seen.add(net.name)
         for kind, urls, headers_of in (

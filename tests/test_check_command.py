@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -249,11 +250,17 @@ def test_a_setting_in_the_environment_wrapped_in_quotes_is_a_problem_named_never
 @pytest.mark.parametrize("offline", [True, False])
 def test_names_in_dotenv_that_are_no_setting_are_a_problem(offline: bool, tmp_path: Path) -> None:
     """Rule: check reports the .env names serve ignores (a misspelt setting would keep its default)."""
-    (tmp_path / ".env").write_text("PROXY_PROT=9000\nREDIS_URLL=redis://127.0.0.1:1\nLOG_FORMAT=text\n")
+    (tmp_path / ".env").write_text(
+        "PROXY_PROT=9000\nREDIS_URLL=redis://127.0.0.1:1\nLOG_FORMAT=text\nbody_timeout=5\nMY_OWN=1\n"
+    )
     args = ("--offline",) if offline else ()
     result = check(tmp_path, *args, EVM_UPSTREAM=f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 1, result.stderr
-    assert "FAIL .env: not settings, serve ignores them: PROXY_PROT, REDIS_URLL" in result.stdout
+    # Each near twin named, as the environment's are (a .env typo got no hint).
+    assert (
+        "FAIL .env: not settings, serve ignores them: MY_OWN, PROXY_PROT (PROXY_PORT?), REDIS_URLL (REDIS_URL?), "
+        "body_timeout (BODY_TIMEOUT?)"
+    ) in result.stdout, result.stdout
 
 
 def test_check_prints_each_evm_networks_verify_mode(tmp_path: Path) -> None:
@@ -312,6 +319,14 @@ def test_an_upstream_at_the_proxys_own_address_is_a_loop(offline: bool, tmp_path
     args = ("--offline",) if offline else ()
     result = check(tmp_path, *args, PROXY_PORT=str(port), EVM_UPSTREAM=f"http://localhost:{port}", UPSTREAM_TIMEOUT="1")
     assert result.returncode == 1 and f"upstream #0 http://localhost:{port}: this proxy's own address" in result.stdout
+
+
+def test_a_node_on_the_proxys_own_port_is_one_fail_line_not_also_an_ok(anvil: Anvil, tmp_path: Path) -> None:
+    # The quickstart's clash (node and proxy on 8545): its FAIL line was followed by "ok ... batch accepted".
+    port = urlsplit(anvil.url).port
+    result = check(tmp_path, PROXY_PORT=str(port), EVM_UPSTREAM=anvil.url, UPSTREAM_TIMEOUT="2")
+    assert result.returncode == 1 and "this proxy's own address" in result.stdout, result.stdout
+    assert "ok   network evm upstream #0" not in result.stdout and "1 problem(s)" in result.stdout, result.stdout
 
 
 def test_a_near_miss_of_a_known_method_or_client_ip_header_is_a_warning_not_an_error(tmp_path: Path) -> None:

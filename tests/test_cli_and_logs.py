@@ -310,6 +310,8 @@ class TestDotenvParsing:
     def test_a_malformed_line_is_named_by_number_never_echoed(self) -> None:
         with pytest.raises(ConfigError, match=r"^\.env line 2 is not NAME=value$"):
             parse_dotenv("A=1\nsecret-sk-123 oops\n")
+        with pytest.raises(ConfigError, match=r"^\.env line 1 is not NAME=value \(no spaces around =: "):
+            parse_dotenv("BODY_TIMEOUT = 30\n")
 
     def test_a_setting_given_twice_is_refused_naming_both_lines_never_the_values(self) -> None:
         """Rule: each name once: the last silently won, so an `API_KEYS=` appended ran the proxy open."""

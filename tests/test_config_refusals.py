@@ -287,6 +287,15 @@ def test_a_host_claimed_by_two_networks_is_refused_naming_both(tmp_path: Path) -
     )  # the file named: a NETWORKS_FILE error said only "host ... is claimed" (an outside attack)
 
 
+def test_a_file_network_named_as_an_environment_one_names_the_setting_it_clashes_with(tmp_path: Path) -> None:
+    # "network 'evm' is declared twice" of a file that declares it once: the other is EVM_UPSTREAM's.
+    networks = tmp_path / "networks.toml"
+    networks.write_text('[networks.evm]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1"]\n')
+    assert "network 'evm' is declared twice: by EVM_UPSTREAM and in NETWORKS_FILE" in refused(
+        NETWORKS_FILE=str(networks), EVM_UPSTREAM="http://127.0.0.1:2"
+    )
+
+
 @pytest.mark.parametrize(
     ("written", "normal"),
     [

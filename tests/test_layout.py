@@ -145,6 +145,7 @@ def test_no_module_class_or_function_reaches_the_house_bounds() -> None:
 # folders. A scratch file (an attack's config, a pid, a script's output) committed there is caught here.
 ROOT_FILES = {
     ".env.example",
+    ".dockerignore",
     ".gitignore",
     "CHANGELOG.md",
     "README.md",
