@@ -102,13 +102,16 @@ def quantity(name: str, value: Any) -> str:
     return hex(quantity_int(name, value))
 
 
-_SLOT = re.compile(r"(?:0[xX])?[0-9a-fA-F]+")
+_SLOT = re.compile(r"0[xX][0-9a-fA-F]+")
 
 
 def storage_word(name: str, value: Any) -> str:
-    """A storage position as a 32-byte word, so 0x0 and 0x00...00 are one position. Hex digits with
-    or without 0x or 0X before them, as geth reads a position (decodeHash) and Anvil does."""
-    if not isinstance(value, str) or not _SLOT.fullmatch(value) or value in ("0x", "0X"):
+    """A storage position as a 32-byte word, so 0x0 and 0x00...00 are one position; 0X as 0x, as geth
+    and Anvil read it. Digits without either are refused: geth reads "10" as hex, Anvil as decimal,
+    so no answer could be the node's whichever the network runs."""
+    if not isinstance(value, str) or not _SLOT.fullmatch(value):
+        if isinstance(value, str) and value.isalnum() and value.isascii():
+            raise invalid_params(name, "write the position with 0x: geth reads bare digits as hex, Anvil as decimal")
         raise invalid_params(name, "expected a hex storage position such as 0x0")
     number = int(value, 16)  # int() takes the 0x or 0X itself
     if number > UINT256_MAX:
