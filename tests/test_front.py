@@ -192,6 +192,17 @@ async def test_a_chunked_body_over_max_body_bytes_is_413(anvil: Anvil, make_prox
     assert status == 200 and json.loads(body)["result"] == "0x7a69"
 
 
+async def test_an_http_1_0_request_with_a_transfer_encoding_is_400_and_closed(evm_proxy: Proxy) -> None:
+    # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (it was served).
+    body = call("eth_chainId", [], 7)
+    data = b"POST /v3/k HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+        len(body),
+        body,
+    )
+    [(status, _, answer)] = await exchange(evm_proxy.server.port, data)
+    assert status == 400 and "HTTP/1.0" in json.loads(answer)["error"]["message"], answer
+
+
 @pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate,chunked", b"gzip\r\nTransfer-Encoding: chunked"])
 async def test_a_transfer_coding_other_than_chunked_is_501_and_closed(evm_proxy: Proxy, coding: bytes) -> None:
     # RFC 9112 6.1: llhttp framed `gzip, chunked` as chunked and the gzip was never undone (a plain

@@ -131,13 +131,15 @@ class TestEvmRules:
     def test_storage_position_is_a_hex_string(self) -> None:
         for bad in ("zero", "0x", "0X", "", "x0", "0x-1", " 0x1", 1):
             rejects(p.eth_get_storage_at, [ADDR, bad, "latest"], "position")
-        for bare in ("10", "1", "a", "0b1"):  # geth reads "10" as 0x10, Anvil as 10: never one answer
+        for bare in ("10", "a", "0b1", "0010"):  # geth reads "10" as 0x10, Anvil as 10: never one answer
             rejects(p.eth_get_storage_at, [ADDR, bare, "latest"], "write the position with 0x")
         rejects(p.eth_get_storage_at, [ADDR, "0x1" + "0" * 64, "latest"], "exceeds 32 bytes")
 
-    @pytest.mark.parametrize("written", ["0x1", "0X1", "0x01", "0X" + "0" * 63 + "1", "0x" + "0" * 63 + "1"])
+    @pytest.mark.parametrize(
+        "written", ["0x1", "0X1", "0x01", "0X" + "0" * 63 + "1", "0x" + "0" * 63 + "1", "1", "001"]
+    )
     def test_a_storage_position_is_read_with_0x_or_0X_as_geth_and_anvil_read_it(self, written: str) -> None:
-        # geth and Anvil take "0X1" and "0x1" alike: one position, one cache entry.
+        # geth and Anvil take "0X1" and "0x1" alike, and "1" (hex and decimal agree): one position, one entry.
         [_, position, _] = p.eth_get_storage_at([ADDR, written, "latest"], RULES)
         assert position == "0x" + "0" * 63 + "1"
 

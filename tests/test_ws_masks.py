@@ -213,6 +213,18 @@ class TestMaskScan:
             assert scan.message == expected, cut
             assert scan.feed(stream[cut:]) and scan.message == 0, cut
 
+    def test_what_is_begun_and_not_whole_is_pending(self) -> None:
+        frame, ping = client_frame(b"a" * 300), client_frame(b"p", opcode=0x9)
+        for cut in range(len(frame) + 1):
+            scan = MaskScan()
+            scan.feed(frame[:cut])
+            assert scan.pending is (0 < cut < len(frame)), cut
+        scan = MaskScan()
+        scan.feed(ping[:3])
+        assert scan.pending  # a control frame cut by a read too
+        scan.feed(ping[3:])
+        assert not scan.pending
+
     def test_one_byte_at_a_time_holds_the_same(self) -> None:
         stream = client_frame(b"a" * 300, fin=False) + client_frame(b"b" * 200, opcode=0x0)
         scan = MaskScan()
@@ -223,14 +235,16 @@ class TestMaskScan:
         assert held[8 + 299] == 300 and held[-1] == 0 and max(held) == 499, max(held)
 
 
+@pytest.mark.parametrize("sent", [2000, 8, 3], ids=["part of its payload", "its header alone", "part of its header"])
 async def test_a_message_not_finished_within_body_timeout_closes_its_connection_with_1008(
-    anvil: Anvil, make_proxy: ProxyFactory
+    anvil: Anvil, make_proxy: ProxyFactory, sent: int
 ) -> None:
     """A frame declaring 5 MB that stops short: aiohttp held it as long as the socket stayed open
-    (250 such held 1.3 GB); BODY_TIMEOUT bounds it as it bounds an HTTP body."""
+    (250 such held 1.3 GB); BODY_TIMEOUT bounds it as it bounds an HTTP body, from its first byte (a
+    header alone, holding no room, started no clock: the socket was held until WS_IDLE_TIMEOUT)."""
     proxy = await make_proxy(EVM_UPSTREAM=anvil.url, BODY_TIMEOUT="0.5")
     async with upgraded(proxy) as (reader, writer):
-        writer.write(client_frame(b"x" * 5000)[:2000])
+        writer.write(client_frame(b"x" * 5000)[:sent])
         opcode, payload = await server_frame(reader)
         assert opcode == 0x8 and int.from_bytes(payload[:2], "big") == aiohttp.WSCloseCode.POLICY_VIOLATION
         assert b"BODY_TIMEOUT" in payload[2:], payload
@@ -290,10 +304,11 @@ async def test_messages_not_yet_whole_hold_room_among_the_hosts_bodies_and_give_
     ("change", "status"),
     [
         ((b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 8"), 426),
+        ((b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Version: 8"), 426),
         ((b"HTTP/1.1", b"HTTP/1.0"), 400),
         ((b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 13\r\nContent-Length: 5"), 400),
     ],
-    ids=["version 8", "HTTP/1.0", "a body"],
+    ids=["version 8", "versions 13 and 8", "HTTP/1.0", "a body"],
 )
 async def test_an_upgrade_rfc_6455_does_not_allow_is_refused_not_opened(
     evm_proxy: Proxy, change: tuple[bytes, bytes], status: int

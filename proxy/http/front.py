@@ -163,6 +163,8 @@ class Front:
                 elif key in ("content-encoding", "transfer-encoding", "via"):  # RFC 9110 5.3: one list
                     headers[key] += ", " + value.decode("latin-1")
         coding = headers.get("transfer-encoding")
+        if coding is not None and request.http10:  # RFC 9112 6.1: an HTTP/1.0 message so framed is faulty
+            raise refusal(INVALID_REQUEST, "bad request: Transfer-Encoding in an HTTP/1.0 request", 400)
         if coding is not None and coding.strip().lower() != "chunked":
             raise refusal(INVALID_REQUEST, f"bad request: transfer coding {coding[:40]!r} (only chunked is read)", 501)
         return repeated_host
@@ -392,15 +394,14 @@ class FrontProtocol(asyncio.Protocol):
         raw.append((name, value))
 
     def on_headers_complete(self) -> None:
-        request = self.request
+        request, parser = self.request, self._parser
         assert request is not None
+        request.http10 = parser.get_http_version() == "1.0"
         repeated_host = self._front.read_fields(request)
         headers = request.headers
-        parser = self._parser
         if self._access_log:
             request.started = time.perf_counter()
         request.keep_alive = parser.should_keep_alive()
-        request.http10 = parser.get_http_version() == "1.0"
         host_fault = host_fault_of(headers.get("host"), repeated_host, request.http10)
         if host_fault:
             raise refusal(INVALID_REQUEST, host_fault, 400)

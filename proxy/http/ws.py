@@ -166,7 +166,7 @@ def _not_an_upgrade(request: web.Request) -> web.Response | None:
     """What aiohttp would upgrade but RFC 6455 and RFC 9110 do not: version 13 only (426 naming it;
     aiohttp took 7 and 8 too), never an HTTP/1.0 request (RFC 9110 7.8: its Upgrade is ignored), never
     one with a body (read as frames, its framing and the WebSocket's disagreed)."""
-    if request.headers.get("Sec-WebSocket-Version", "13") != "13":
+    if request.headers.getall("Sec-WebSocket-Version", ["13"]) != ["13"]:  # aiohttp read the first of two
         error = JsonRpcError(INVALID_REQUEST, "expected WebSocket version 13", http_status=426)
         return error_response(error, {"Sec-WebSocket-Version": "13"})
     if (

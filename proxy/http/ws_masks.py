@@ -46,7 +46,7 @@ class MaskScan:
     bit is read, each payload skipped, and the payload bytes of the message not yet whole counted as
     they come (`message`: what aiohttp holds of it, until its last frame is whole)."""
 
-    __slots__ = ("_data", "_head", "_header_left", "_last", "_skip", "message")
+    __slots__ = ("_data", "_head", "_header_left", "_last", "_open", "_skip", "message")
 
     def __init__(self) -> None:
         self._skip = 0  # bytes of the current frame still to come (its payload) before the next header
@@ -54,7 +54,13 @@ class MaskScan:
         self._head = b""  # the start of a header the last read ended in
         self._data = False  # the current frame is a data frame (text, binary, continuation)
         self._last = False  # ... and its message's last
+        self._open = False  # a message begun (its first data frame's header read) is not whole yet
         self.message = 0  # payload bytes received of the message in progress
+
+    @property
+    def pending(self) -> bool:
+        """Something begun and not whole: a message, a frame's payload, or a header cut by a read."""
+        return self._open or self._skip > 0 or bool(self._head)
 
     def feed(self, data: bytes) -> bool:
         """False once a frame's header shows it unmasked (the mask bit, its second byte's highest)."""
@@ -67,7 +73,7 @@ class MaskScan:
                 self.message += max(0, min(at, end) - self._header_left)
             self._header_left = max(0, self._header_left - end)
             if self._last and at <= end:
-                self.message = 0  # the message's last frame is whole
+                self.message, self._open = 0, False  # the message's last frame is whole
         while at < last:  # the header's first two bytes are here
             second = data[at + 1]  # the mask bit, then the payload's length (or 126, 127: more bytes say it)
             if 0x80 <= second < 0xFE:
@@ -87,10 +93,11 @@ class MaskScan:
             self._last = first in _LAST_OF_MESSAGE
             if self._data:
                 self.message += max(0, min(length, end - at - header))
+                self._open = True
             self._header_left = max(0, at + header - end)
             at += header + length
             if self._last and at <= end:
-                self.message = 0
+                self.message, self._open = 0, False
         if at < end:  # a header not whole yet: kept for the next read
             self._head, self._skip = data[at:], 0
         else:
@@ -166,7 +173,8 @@ class MaskedOnly(asyncio.Protocol):
         if not self.scan.feed(data):
             self._fail("unmasked", WSCloseCode.PROTOCOL_ERROR, UNMASKED_REASON)
             return False
-        return self.scan.message == self.held or self._held()
+        scan = self.scan
+        return (scan.message == self.held and scan.pending == (self.timer is not None)) or self._held()
 
     def _held(self) -> bool:
         """Room for what has come of the message in progress (none once it is whole): False, and the
@@ -180,12 +188,15 @@ class MaskedOnly(asyncio.Protocol):
             return False
         if held < self.held:
             unfinished.budget.give(self.held - held)
-        if held and not self.held:
+        self.held = held
+        # BODY_TIMEOUT from the first byte of anything not whole: a frame's header alone holds no room,
+        # but it held the socket (until WS_IDLE_TIMEOUT).
+        pending = self.scan.pending
+        if pending and self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(unfinished.timeout, self._late, unfinished.timeout)
-        elif not held and self.timer is not None:
+        elif not pending and self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.held = held
         return True
 
     def _late(self, timeout: float) -> None:

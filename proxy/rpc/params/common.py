@@ -109,6 +109,8 @@ def storage_word(name: str, value: Any) -> str:
     """A storage position as a 32-byte word, so 0x0 and 0x00...00 are one position; 0X as 0x, as geth
     and Anvil read it. Digits without either are refused: geth reads "10" as hex, Anvil as decimal,
     so no answer could be the node's whichever the network runs."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and int(value, 10) == int(value, 16):
+        value = "0x" + value  # one digit (leading zeros aside): the same slot read either way
     if not isinstance(value, str) or not _SLOT.fullmatch(value):
         if isinstance(value, str) and value.isalnum() and value.isascii():
             raise invalid_params(name, "write the position with 0x: geth reads bare digits as hex, Anvil as decimal")
