@@ -134,7 +134,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "BODY_TIMEOUT",
         "seconds a client has to send a request body once the proxy reads it (from its headers, or once "
-        "a body left unread for want of room is read on), and a WebSocket message from its first frame "
+        "a body left unread for want of room is read on), and a WebSocket message from its first byte "
         "(default 30)",
     ),
     Option("MAX_CONNECTIONS", "open client connections per worker; more are answered 503 and closed (default 4096)"),
