@@ -221,8 +221,19 @@ def _forget_gauges(metrics: Metrics, network: str, upstreams: int | None) -> Non
     """Gauges of what a reload took away stop being exported rather than stay at their last value (an
     alert on a head that no longer moves): a removed network's (`upstreams` None), or the upstream
     indexes a replaced pool no longer has."""
-    per_network = [] if upstreams is not None else [metrics.head_block, metrics.head_timestamp, metrics.head_updated]
-    per_upstream = [metrics.upstreams.head_lag, metrics.upstreams.catching_up, metrics.identity_mismatch]
+    per_network = (
+        []
+        if upstreams is not None
+        else [metrics.head_block, metrics.head_timestamp, metrics.head_updated, metrics.unverifiable]
+    )
+    # rpc_proxy_upstream_up too: left, it read the retired pool (kept alive) and RpcProxyNetworkDown
+    # could fire for good of a network a reload removed.
+    per_upstream = [
+        metrics.upstreams.head_lag,
+        metrics.upstreams.catching_up,
+        metrics.upstreams.up,
+        metrics.identity_mismatch,
+    ]
     for gauge in (*per_network, *per_upstream):
         samples = [sample for family in gauge.collect() for sample in family.samples]
         for sample in samples:

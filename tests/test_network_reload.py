@@ -92,6 +92,7 @@ async def test_a_network_removed_by_a_reload_is_refused_and_its_polls_stop(
     proxy, port = await _admin_proxy(make_proxy, tmp_path, {"evm": [relays[0].url], "side": [relays[1].url]})
     polled = "rpc_proxy_head_last_poll_timestamp_seconds"
     assert proxy.registry.get_sample_value(polled, {"network": "side"}) is not None
+    assert proxy.registry.get_sample_value("rpc_proxy_upstream_up", {"network": "side", "upstream": "0"}) == 1
     client = await connect(proxy)
     heads = await client.subscribe("newHeads")  # on evm, the default: not touched by the reload
     side = aiohttp.ClientSession()
@@ -102,8 +103,15 @@ async def test_a_network_removed_by_a_reload_is_refused_and_its_polls_stop(
     status, body, _ = await proxy.post(CHAIN_ID, network="side")
     assert status == 404 and "unknown network 'side'" in body["error"]["message"]
 
-    async def gauges_gone() -> bool:  # an alert on its head would fire forever
-        return proxy.registry.get_sample_value(polled, {"network": "side"}) is None
+    async def gauges_gone() -> bool:  # an alert on its head (or on its upstreams being up) would fire forever
+        return all(
+            proxy.registry.get_sample_value(name, labels) is None
+            for name, labels in (
+                (polled, {"network": "side"}),
+                ("rpc_proxy_upstream_up", {"network": "side", "upstream": "0"}),
+                ("rpc_proxy_network_unverifiable", {"network": "side"}),
+            )
+        )
 
     await eventually(gauges_gone, 10, "the removed network's gauges to go")
     assert proxy.registry.get_sample_value(polled, {"network": "evm"}) is not None
