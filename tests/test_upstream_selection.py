@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,8 +19,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from proxy.config import ConfigError, build_settings
+from proxy.http.admin import Cordons
 from proxy.http.app_keys import SERVICE
 from proxy.upstream.pool import HttpUpstream, http_pool
 from tests.fault_relay import FaultRelay
@@ -606,6 +611,31 @@ async def test_an_admin_cordon_reaches_every_worker(relays: list[FaultRelay]) ->
         assert TOKEN not in log
 
 
+async def test_cordon_commands_crossing_on_two_workers_leave_both_with_the_last(relays: list[FaultRelay]) -> None:
+    # Each worker applied its own command, then its sibling's: crossing commands left the two workers
+    # disagreeing for good (an upstream cordoned by the operator still served by half of them).
+    port = free_port()
+    running = _start(f"{relays[0].url},{relays[1].url}", 2, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+
+            async def fresh(path: str, method: str = "GET") -> Any:  # a new connection: either worker
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as one:
+                    return await _admin(one, port, path, method=method)
+
+            for _ in range(6):
+                commands = ["cordon", "uncordon", "cordon", "uncordon"]
+                replies = await asyncio.gather(*(fresh(f"/upstreams/evm/0/{c}", "POST") for c in commands))
+                assert all(status == 200 for status, _ in replies), replies
+                views = await asyncio.gather(*(fresh("/upstreams") for _ in range(16)))
+                states = {body["evm"][0]["cordoned"] for _, body in views}
+                assert len(states) == 1, views  # every worker holds the host's one record
+    finally:
+        code, log = await _stop(running)
+        assert code == 0, log
+
+
 def test_an_admin_port_needs_a_long_token() -> None:
     base = {"EVM_UPSTREAM": "http://127.0.0.1:1", "ADMIN_PORT": "9101"}
     with pytest.raises(ConfigError, match="ADMIN_TOKEN"):
@@ -655,3 +685,23 @@ async def test_readiness_with_every_upstream_cordoned_says_none_is_in_rotation_n
             status, body = response.status, await response.json()
     assert status == 503 and body["networks"]["evm"].startswith("degraded: no upstream in rotation"), body
     assert "cordoned" in body["networks"]["evm"]
+
+
+@pytest.mark.parametrize(("status", "missed"), [(200, 0), (409, 1), (400, 1)])
+async def test_a_sibling_that_did_not_take_a_command_is_counted(status: int, missed: int) -> None:
+    # A reload answered 200 though a sibling refused it or had not finished (its answer was dropped).
+    run_dir = tempfile.mkdtemp(dir="/tmp")  # a unix socket's path must be short
+    app = web.Application()
+
+    async def answer(_request: web.Request) -> web.Response:
+        return web.json_response({}, status=status)
+
+    app.router.add_post("/reload", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.UnixSite(runner, os.path.join(run_dir, "admin-1.sock")).start()
+    try:
+        assert await Cordons({}, run_dir, 0).tell_siblings("/reload") == missed
+    finally:
+        await runner.cleanup()
+        shutil.rmtree(run_dir)

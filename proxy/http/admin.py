@@ -11,22 +11,26 @@
 
 Every request needs `Authorization: Bearer <ADMIN_TOKEN>` (compared in constant time); anything else
 is 401 and logged. With WORKERS=N the listener is in every worker (SO_REUSEPORT): the worker a
-command reaches applies it, writes the cordons to the run directory (where a restarted worker reads
-them) and tells its siblings through their own unix sockets there (a restarted worker reads
-NETWORKS_FILE as it is).
+command reaches writes it into the host's one record of cordons in the run directory, under its
+lock, takes that record as its own, and tells its siblings to take it too (through their own unix
+sockets there): commands crossing on two workers are ordered by the lock, and every worker ends
+with the last (each applying the other's command last had left two workers disagreeing for good).
+A restarted worker reads the record, and NETWORKS_FILE as it is. A reload answers 200 once every
+worker has applied it, else 502 naming how many did not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import glob
 import hmac
 import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -40,8 +44,10 @@ from proxy.network_parts import STARTUP_WAIT
 from proxy.upstream.pool import HttpUpstream, http_pool
 
 log = logging.getLogger("proxy.admin")
-# Seconds a worker waits for a sibling to take a command: a reload starts new pools (STARTUP_WAIT).
+# Seconds a worker waits for a sibling to take a command: a reload starts new pools (STARTUP_WAIT)
+# and waits for each new network's first identity check (RELOAD_CHECK_WAIT each, one after another).
 SIBLING_TIMEOUT = STARTUP_WAIT + 3.0
+RELOAD_SIBLING_TIMEOUT = 120.0
 
 
 def _pool(runtime: NetworkRuntime) -> HttpUpstream | None:
@@ -93,53 +99,95 @@ class Cordons:
         self._run_dir = run_dir
 
     def apply(self, network: str, index: int, cordoned: bool) -> bool:
-        """Set one upstream's cordon here; False if there is no such upstream."""
+        """One cordon or uncordon: in the host's record (under its lock), then this worker's pools made
+        to match the record; False if there is no such upstream."""
         runtime = self._runtimes.get(network)
         pool = _pool(runtime) if runtime is not None else None
         if pool is None or not 0 <= index < len(pool.urls):
             return False
-        pool.states.cordoned[index] = cordoned
+        if self._file is None:
+            pool.states.cordoned[index] = cordoned
+            return True
+        with self._locked():
+            held = self._read()
+            marks = set(held.get(network, ())) - {index} | ({index} if cordoned else set())
+            held[network] = sorted(marks)
+            self._write(held)
+            self._take(held)
         return True
 
     def load(self) -> None:
-        """A (re)started worker takes the cordons its siblings were given."""
-        if self._file is None:
-            return
-        with contextlib.suppress(OSError, ValueError), open(self._file) as handle:
-            for network, indexes in json.load(handle).items():
-                for index in indexes:
-                    self.apply(network, int(index), True)
+        """This worker's pools made to match the host's record (a restarted worker, a sibling told)."""
+        if self._file is not None:
+            with self._locked():
+                self._take(self._read())
 
     def save(self) -> None:
+        """The record made this worker's view (after a reload: a pool it replaced starts with none)."""
         if self._file is None:
             return
-        held = {
-            name: [i for i, c in enumerate(p.states.cordoned) if c]
-            for name, r in self._runtimes.items()
-            if (p := _pool(r)) is not None
-        }
+        with self._locked():
+            self._write(
+                {
+                    name: [i for i, c in enumerate(p.states.cordoned) if c]
+                    for name, r in self._runtimes.items()
+                    if (p := _pool(r)) is not None
+                }
+            )
+
+    def _take(self, held: dict[str, list[int]]) -> None:
+        for name, runtime in self._runtimes.items():
+            pool = _pool(runtime)
+            if pool is not None:
+                marks = set(held.get(name, ()))
+                for index in range(len(pool.states.cordoned)):
+                    pool.states.cordoned[index] = index in marks
+
+    def _read(self) -> dict[str, list[int]]:
+        assert self._file is not None
+        with contextlib.suppress(OSError, ValueError), open(self._file) as handle:
+            raw = json.load(handle)
+            return {str(k): [int(i) for i in v] for k, v in raw.items()} if isinstance(raw, dict) else {}
+        return {}
+
+    def _write(self, held: dict[str, list[int]]) -> None:
+        assert self._file is not None
         temporary = f"{self._file}.{os.getpid()}"
         with open(temporary, "w") as handle:
             json.dump(held, handle)
         os.replace(temporary, self._file)
 
-    async def tell_siblings(self, path: str) -> None:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The host's record, one worker at a time (never held across an await)."""
+        assert self._file is not None
+        fd = os.open(f"{self._file}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    async def tell_siblings(self, path: str, timeout: float = SIBLING_TIMEOUT) -> int:
+        """`path` posted to every sibling; how many did not answer 200 within `timeout`."""
         if self._run_dir is None:
-            return
+            return 0
         siblings = [p for p in glob.glob(os.path.join(self._run_dir, "admin-*.sock")) if p != self._own]
 
-        async def tell(socket: str) -> None:
+        async def tell(socket: str) -> bool:
             with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
                 async with (
                     aiohttp.ClientSession(
                         connector=aiohttp.UnixConnector(path=socket),
-                        timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT),
+                        timeout=aiohttp.ClientTimeout(total=timeout),
                     ) as session,
                     session.post(f"http://worker{path}") as response,
                 ):
                     await response.read()
+                    return response.status == 200
+            return False
 
-        await asyncio.gather(*(tell(s) for s in siblings))
+        return sum(not told for told in await asyncio.gather(*(tell(s) for s in siblings)))
 
 
 def admin_app(
@@ -181,13 +229,14 @@ def admin_app(
             index = int(request.match_info["index"])
         except ValueError:
             index = -1
-        if not cordons.apply(network, index, action == "cordon"):
+        if token is None:  # a sibling's word: the host's record holds the command, in its order
+            cordons.load()
+        elif not cordons.apply(network, index, action == "cordon"):
             return web.json_response(
                 {"error": f"no upstream #{request.match_info['index']} on network '{network[:64]}'"}, status=404
             )
-        if token is not None:  # the public listener: the command is this worker's to spread
+        else:  # the public listener: the command is this worker's to spread
             log.warning("admin: %sed upstream %s#%d", action, network, index)
-            cordons.save()
             await cordons.tell_siblings(request.path)
         return web.json_response({"network": network, "index": index, "cordoned": action == "cordon"})
 
@@ -200,7 +249,10 @@ def admin_app(
             log.warning("admin: reload of NETWORKS_FILE: %s", answer.get("reloaded") or answer.get("error"))
             if status == 200:
                 cordons.save()  # a pool the reload replaced starts with none
-                await cordons.tell_siblings(request.path)
+                missed = await cordons.tell_siblings(request.path, RELOAD_SIBLING_TIMEOUT)
+                if missed:  # the 200 says every worker serves the new file
+                    answer = {**answer, "error": f"applied here, but {missed} other worker(s) did not confirm it"}
+                    status = 502
         return web.json_response(answer, status=status)
 
     app.router.add_post("/reload", reload)
