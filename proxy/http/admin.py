@@ -225,10 +225,8 @@ def admin_app(
         if refusal is not None:
             return refusal
         network, action = request.match_info["network"], request.match_info["action"]
-        try:
-            index = int(request.match_info["index"])
-        except ValueError:
-            index = -1
+        written = request.match_info["index"]  # ASCII digits only: int() also took "+1" and "١"
+        index = int(written) if written.isascii() and written.isdigit() else -1
         if token is None:  # a sibling's word: the host's record holds the command, in its order
             cordons.load()
         elif not cordons.apply(network, index, action == "cordon"):
