@@ -205,6 +205,10 @@ MISSHAPEN_SOLANA = [
     ("getBalance", {"context": _CONTEXT, "value": -1}),
     ("getAccountInfo", "hello"),
     ("getAccountInfo", {"context": _CONTEXT, "value": {"lamports": 5}}),
+    (
+        "getAccountInfo",
+        {"context": _CONTEXT, "value": {"lamports": 5, "owner": TOKEN_ACCOUNT, "executable": False, "data": 5}},
+    ),
 ]
 
 

@@ -109,6 +109,9 @@ async def test_finalized_blocks_and_transactions_are_immutable_other_commitments
         ("getBlock", {"blockhash": "x", "parentSlot": -1, "previousBlockhash": "y"}),
         ("getTransaction", {"slot": 5}),
         ("getTransaction", [1, 2]),
+        ("getTransaction", {"slot": 900, "transaction": None, "meta": None}),  # outside attack: kept for good
+        ("getTransaction", {"slot": 900, "transaction": "abc", "meta": {}}),
+        ("getBlock", {"blockhash": "", "previousBlockhash": "", "parentSlot": 1}),
     ],
 )
 async def test_a_final_block_or_transaction_not_of_its_shape_is_a_bad_reply_never_kept(

@@ -150,8 +150,13 @@ def _account(value: Any) -> bool:
         and _count(value.get("lamports"))
         and type(value.get("owner")) is str
         and type(value.get("executable")) is bool
-        and "data" in value
+        and type(value.get("data")) in (list, str, dict)  # [data, encoding], base58, or jsonParsed
     )
+
+
+def _hash58(value: Any) -> bool:
+    """A base-58 block hash (32 bytes: 32 to 44 characters)."""
+    return type(value) is str and 32 <= len(value) <= 44 and _B58.issuperset(value)
 
 
 def _balance(result: Any) -> bool:
@@ -174,13 +179,20 @@ def _block(result: Any) -> bool:
     return (
         type(result) is dict
         and _count(result.get("parentSlot"))
-        and type(result.get("blockhash")) is str
-        and type(result.get("previousBlockhash")) is str
+        and _hash58(result.get("blockhash"))
+        and _hash58(result.get("previousBlockhash"))
     )
 
 
 def _transaction(result: Any) -> bool:
-    return type(result) is dict and _count(result.get("slot")) and "transaction" in result and "meta" in result
+    """An object with its slot, its transaction ({...} decoded, or [data, encoding]) and its meta."""
+    return (
+        type(result) is dict
+        and _count(result.get("slot"))
+        and type(result.get("transaction")) in (dict, list)
+        and (result.get("meta") is None or type(result["meta"]) is dict)
+        and "meta" in result
+    )
 
 
 BALANCE = Shape("an RpcResponse of lamports", _balance, null=False)
