@@ -638,6 +638,38 @@ async def test_cordon_commands_crossing_on_two_workers_leave_both_with_the_last(
         assert code == 0, log
 
 
+async def test_a_cordon_crossing_a_reload_on_the_other_worker_is_kept_by_both(
+    relays: list[FaultRelay], tmp_path: Path
+) -> None:
+    # The reloading worker wrote its own view over the record after its reload, erasing a cordon its
+    # sibling had just taken: the two workers disagreed for good, and the record had lost it.
+    port = free_port()
+    networks = tmp_path / "networks.toml"
+    networks.write_text(f'[networks.side]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\n')
+    running = _start(
+        f"{relays[0].url},{relays[1].url}", 2, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN, NETWORKS_FILE=str(networks)
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _ready(session, running, 2)
+
+            async def fresh(path: str, method: str = "GET") -> Any:  # a new connection: either worker
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as one:
+                    return await _admin(one, port, path, method=method)
+
+            for index in (0, 1, 0, 1):
+                replies = await asyncio.gather(
+                    fresh(f"/upstreams/evm/{index}/cordon", "POST"), fresh("/reload", "POST")
+                )
+                assert [status for status, _ in replies] == [200, 200], replies
+                views = await asyncio.gather(*(fresh("/upstreams") for _ in range(12)))
+                assert all(body["evm"][index]["cordoned"] for _, body in views), views
+                assert (await fresh(f"/upstreams/evm/{index}/uncordon", "POST"))[0] == 200
+    finally:
+        code, log = await _stop(running)
+        assert code == 0, log
+
+
 def test_an_admin_port_needs_a_long_token() -> None:
     base = {"EVM_UPSTREAM": "http://127.0.0.1:1", "ADMIN_PORT": "9101"}
     with pytest.raises(ConfigError, match="ADMIN_TOKEN"):

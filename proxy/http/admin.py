@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -122,18 +122,18 @@ class Cordons:
             with self._locked():
                 self._take(self._read())
 
-    def save(self) -> None:
-        """The record made this worker's view (after a reload: a pool it replaced starts with none)."""
+    def forget(self, networks: Iterable[str]) -> None:
+        """After a reload: the record drops what it held of the networks the reload replaced or removed
+        (a new pool starts with none), keeps every other cordon (a command crossing the reload on a
+        sibling included: this worker's own view, written over the record, had erased it), and this
+        worker takes it."""
         if self._file is None:
             return
+        gone = set(networks)
         with self._locked():
-            self._write(
-                {
-                    name: [i for i, c in enumerate(p.states.cordoned) if c]
-                    for name, r in self._runtimes.items()
-                    if (p := _pool(r)) is not None
-                }
-            )
+            held = {name: marks for name, marks in self._read().items() if name not in gone}
+            self._write(held)
+            self._take(held)
 
     def _take(self, held: dict[str, list[int]]) -> None:
         for name, runtime in self._runtimes.items():
@@ -226,7 +226,7 @@ def admin_app(
             return refusal
         network, action = request.match_info["network"], request.match_info["action"]
         written = request.match_info["index"]  # ASCII digits only: int() also took "+1" and "١"
-        index = int(written) if written.isascii() and written.isdigit() else -1
+        index = int(written) if written.isascii() and written.isdigit() and len(written) < 10 else -1
         if token is None:  # a sibling's word: the host's record holds the command, in its order
             cordons.load()
         elif not cordons.apply(network, index, action == "cordon"):
@@ -243,10 +243,13 @@ def admin_app(
         if refusal is not None:
             return refusal
         status, answer = await reload_networks()
+        if token is None and status == 200:
+            cordons.load()  # the record, as the worker that took the command left it
         if token is not None:
             log.warning("admin: reload of NETWORKS_FILE: %s", answer.get("reloaded") or answer.get("error"))
             if status == 200:
-                cordons.save()  # a pool the reload replaced starts with none
+                changed = (answer.get("replaced"), answer.get("removed"))
+                cordons.forget(str(name) for names in changed if isinstance(names, list) for name in names)
                 missed = await cordons.tell_siblings(request.path, RELOAD_SIBLING_TIMEOUT)
                 if missed:  # the 200 says every worker serves the new file
                     answer = {**answer, "error": f"applied here, but {missed} other worker(s) did not confirm it"}
