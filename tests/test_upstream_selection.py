@@ -581,7 +581,13 @@ async def test_an_admin_cordon_takes_an_upstream_out_within_one_call_and_needs_t
             await proxy.post(_balance_call())
         assert _asked(relays[0], "eth_getBalance") == 0
         assert (await _admin(session, port, "/upstreams/evm/7/cordon", method="POST"))[0] == 404
-        for written in ("+0", "%D9%A0", "0_0", "-0"):  # an index is ASCII digits, as it is listed
+        for written in (
+            "+0",
+            "%D9%A0",
+            "0_0",
+            "-0",
+            "1" * 4400,
+        ):  # ASCII digits, as listed (int() took +1; 4,400 digits: a 500)
             assert (await _admin(session, port, f"/upstreams/evm/{written}/cordon", method="POST"))[0] == 404
         await _admin(session, port, "/upstreams/evm/0/uncordon", method="POST")
         await proxy.post(_balance_call())
