@@ -619,6 +619,12 @@ async def test_an_admin_cordon_reaches_every_worker(relays: list[FaultRelay]) ->
         assert TOKEN not in log
 
 
+async def _fresh(port: int, path: str, method: str = "GET") -> Any:
+    """An admin call on a new connection: with workers, either one may take it."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as one:
+        return await _admin(one, port, path, method=method)
+
+
 async def test_cordon_commands_crossing_on_two_workers_leave_both_with_the_last(relays: list[FaultRelay]) -> None:
     # Each worker applied its own command, then its sibling's: crossing commands left the two workers
     # disagreeing for good (an upstream cordoned by the operator still served by half of them).
@@ -628,15 +634,11 @@ async def test_cordon_commands_crossing_on_two_workers_leave_both_with_the_last(
         async with aiohttp.ClientSession() as session:
             await _ready(session, running, 2)
 
-            async def fresh(path: str, method: str = "GET") -> Any:  # a new connection: either worker
-                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as one:
-                    return await _admin(one, port, path, method=method)
-
             for _ in range(6):
                 commands = ["cordon", "uncordon", "cordon", "uncordon"]
-                replies = await asyncio.gather(*(fresh(f"/upstreams/evm/0/{c}", "POST") for c in commands))
+                replies = await asyncio.gather(*(_fresh(port, f"/upstreams/evm/0/{c}", "POST") for c in commands))
                 assert all(status == 200 for status, _ in replies), replies
-                views = await asyncio.gather(*(fresh("/upstreams") for _ in range(16)))
+                views = await asyncio.gather(*(_fresh(port, "/upstreams") for _ in range(16)))
                 states = {body["evm"][0]["cordoned"] for _, body in views}
                 assert len(states) == 1, views  # every worker holds the host's one record
     finally:
@@ -659,18 +661,14 @@ async def test_a_cordon_crossing_a_reload_on_the_other_worker_is_kept_by_both(
         async with aiohttp.ClientSession() as session:
             await _ready(session, running, 2)
 
-            async def fresh(path: str, method: str = "GET") -> Any:  # a new connection: either worker
-                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as one:
-                    return await _admin(one, port, path, method=method)
-
             for index in (0, 1, 0, 1):
                 replies = await asyncio.gather(
-                    fresh(f"/upstreams/evm/{index}/cordon", "POST"), fresh("/reload", "POST")
+                    _fresh(port, f"/upstreams/evm/{index}/cordon", "POST"), _fresh(port, "/reload", "POST")
                 )
                 assert [status for status, _ in replies] == [200, 200], replies
-                views = await asyncio.gather(*(fresh("/upstreams") for _ in range(12)))
+                views = await asyncio.gather(*(_fresh(port, "/upstreams") for _ in range(12)))
                 assert all(body["evm"][index]["cordoned"] for _, body in views), views
-                assert (await fresh(f"/upstreams/evm/{index}/uncordon", "POST"))[0] == 200
+                assert (await _fresh(port, f"/upstreams/evm/{index}/uncordon", "POST"))[0] == 200
     finally:
         code, log = await _stop(running)
         assert code == 0, log
