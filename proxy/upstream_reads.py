@@ -214,6 +214,8 @@ class Reads:
             )
         if per is None or answer.upstream < 0:
             solana = net.tracker if isinstance(net.tracker, SolanaSlotTracker) else None
+            if solana is not None and method == "getMultipleAccounts":
+                _one_per_key(forward, answer)
             return (answer if solana is None else await self.at_slot_shown(read, solana, answer)), None
         if not per.states.vouches(answer.upstream, None):
             return answer, "unverified"
@@ -386,3 +388,16 @@ def batch_doubt(
 def _no_answer(reply: dict[str, Any]) -> bool:
     """A node's word that it cannot answer now (Agave's -32005 unhealthy or behind, a rate limit)."""
     return unhealthy(reply) is not None or rate_limited(reply) is not None
+
+
+def _one_per_key(forward: Any, answer: Answer) -> None:
+    """getMultipleAccounts answers one entry per key asked, in their order (Agave): a list of another
+    length pairs no entry with its key, so it is no answer to the call (-32002), never kept."""
+    result = answer.result
+    value = result.get("value") if isinstance(result, dict) else None
+    if isinstance(value, list) and isinstance(forward, list) and forward and len(value) != len(forward[0]):
+        raise JsonRpcError(
+            UPSTREAM_UNAVAILABLE,
+            f"malformed result: getMultipleAccounts answered {len(value)} accounts for {len(forward[0])} keys",
+            http_status=502,
+        )

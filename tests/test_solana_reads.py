@@ -129,6 +129,23 @@ async def test_a_final_block_or_transaction_not_of_its_shape_is_a_bad_reply_neve
     assert [(await call(sol, method, params))[1] for _ in range(2)] == ["MISS", "HIT"]
 
 
+@pytest.mark.parametrize("entries", [1, 3, 0])
+async def test_multiple_accounts_of_another_length_than_the_keys_asked_are_no_answer(
+    sol: Proxy, solana: FakeSolana, entries: int
+) -> None:
+    # Outside attack: one entry for two keys was served, then a HIT: entry i no longer matched key i.
+    keys = [TOKEN_ACCOUNT, MISSING_ACCOUNT]
+    account = {"data": ["", "base64"], "executable": False, "lamports": 1, "owner": "1" * 32, "rentEpoch": 0}
+    solana.results["getMultipleAccounts"] = {"context": {"slot": solana.slot}, "value": [account] * entries}
+    for _ in range(2):
+        body, cache = await call(sol, "getMultipleAccounts", [keys])
+        assert body["error"]["code"] == -32002 and f"{entries} accounts for 2 keys" in body["error"]["message"], body
+        assert cache != "HIT"
+    solana.results.clear()
+    body, cache = await call(sol, "getMultipleAccounts", [keys])
+    assert len(body["result"]["value"]) == 2 and cache == "MISS", body
+
+
 async def test_agave_block_errors_are_passed_through_and_never_cached(sol: Proxy, solana: FakeSolana) -> None:
     skipped = (solana.slot - 200) // 7 * 7
     for _ in range(2):
