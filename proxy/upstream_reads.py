@@ -300,7 +300,7 @@ class Reads:
         its commitment (a node behind: restarted from an old snapshot, a balancer's member behind) is
         never the answer: asked of each other upstream in rotation (the furthest polled first), then of
         the pool, SLOT_TRIES in all, within the call's time; else the call fails (-32002, `lagging`)."""
-        shown = None if read.method in NODE_CACHED else tracker.behind(read.forward, answer.result, CATCH_UP_BLOCKS)
+        shown = None if read.method in NODE_CACHED else _behind(read, tracker, answer)
         if shown is None:
             return answer
         upstream = read.net.upstream
@@ -323,7 +323,7 @@ class Reads:
                 continue
             if retried.is_error and _no_answer({"error": retried.error}):
                 continue  # a node unhealthy or rate-limited (pool.ask hands its word back): no answer
-            if tracker.behind(read.forward, retried.result, CATCH_UP_BLOCKS) is None:
+            if _behind(read, tracker, retried) is None:
                 return retried
         self.refuse(read.net, "lagging", shown, "slot")
 
@@ -401,3 +401,12 @@ def _one_per_key(forward: Any, answer: Answer) -> None:
             f"malformed result: getMultipleAccounts answered {len(value)} accounts for {len(forward[0])} keys",
             http_status=502,
         )
+
+
+def _behind(read: Read, tracker: SolanaSlotTracker, answer: Answer) -> int | None:
+    """The slot already shown that a Solana answer falls behind: its context.slot more than
+    CATCH_UP_BLOCKS below it, or getBlock's -32004 (not available) for a block at or below it (a
+    backup behind passed it through while the primary was unhealthy); else None."""
+    if answer.is_error:
+        return tracker.lacks(read.forward, answer.error_code) if read.method == "getBlock" else None
+    return tracker.behind(read.forward, answer.result, CATCH_UP_BLOCKS)

@@ -35,6 +35,9 @@ def genesis_of(result: object) -> str | None:
     return None
 
 
+BLOCK_NOT_AVAILABLE = -32004  # Agave's "Block not available for slot N": not produced yet, where it asked
+
+
 def commitment_of(params: Any) -> str:
     """A Solana call's commitment: its config object's, else Agave's default (finalized)."""
     for param in params if isinstance(params, list) else ():
@@ -191,6 +194,15 @@ class SolanaSlotTracker:
             return None
         shown = self.shown(commitment_of(params))
         return shown if slot < shown - slack else None
+
+    def lacks(self, params: Any, code: int | None) -> int | None:
+        """For getBlock's Agave -32004 (block not available) of a slot at or below the one shown at the
+        call's commitment: that slot shown (a node behind said it, not the network), else None."""
+        slot = params[0] if isinstance(params, list) and params else None
+        if code != BLOCK_NOT_AVAILABLE or type(slot) is not int:
+            return None
+        shown = self.shown(commitment_of(params))
+        return shown if 0 <= slot <= shown else None
 
     def fresh(self, method: str, commitment: str, now: float, max_age: float) -> int | None:
         """The value seen for (method, commitment) if it is at most `max_age` seconds old."""
