@@ -405,8 +405,8 @@ def _one_per_key(forward: Any, answer: Answer) -> None:
 
 def _behind(read: Read, tracker: SolanaSlotTracker, answer: Answer) -> int | None:
     """The slot already shown that a Solana answer falls behind: its context.slot more than
-    CATCH_UP_BLOCKS below it, or getBlock's -32004 (not available) for a block at or below it (a
-    backup behind passed it through while the primary was unhealthy); else None."""
+    CATCH_UP_BLOCKS below it, or getBlock's -32004 (not available) at `finalized` for a block more than
+    that below it (a backup behind passed it through while the primary was unhealthy); else None."""
     if answer.is_error:
-        return tracker.lacks(read.forward, answer.error_code) if read.method == "getBlock" else None
+        return tracker.lacks(read.forward, answer.error_code, CATCH_UP_BLOCKS) if read.method == "getBlock" else None
     return tracker.behind(read.forward, answer.result, CATCH_UP_BLOCKS)

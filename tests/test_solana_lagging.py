@@ -189,9 +189,10 @@ async def test_a_node_unhealthy_asked_again_for_a_lagging_answer_has_given_no_an
 async def test_a_block_a_backup_behind_does_not_have_yet_is_no_answer_of_the_networks(
     solana: FakeSolana, make_proxy: ProxyFactory
 ) -> None:
-    """Rule (docs/errors.md): a block at or below the slot shown that a backup behind has not reached
-    (Agave's -32004, "not available") fails -32002; the backup's -32004 was passed through, telling the
-    client the block was not produced yet."""
+    """Rule (docs/errors.md): a final block more than 32 slots below the finalized slot shown that a
+    backup behind has not reached (Agave's -32004, "not available") fails -32002; the backup's -32004
+    was passed through, telling the client the block was not produced yet. At `confirmed` Agave
+    answers -32004 for a skipped slot above the root too: there it is passed through."""
     backup = await FakeSolana().start()
     try:
         solana.slot = backup.slot = 5000
@@ -199,12 +200,14 @@ async def test_a_block_a_backup_behind_does_not_have_yet_is_no_answer_of_the_net
         tracker = await slots_at(proxy, 5000)
         backup.slot, solana.unhealthy = 3000, "Node is unhealthy"
         final = tracker.shown("finalized")
-        slot = final - 1 if (final - 1) % 7 else final - 2  # the fake skips every seventh slot
+        slot = final - 40 if (final - 40) % 7 else final - 41  # the fake skips every seventh slot
         assert slot > 3000
         body, cache = await call(proxy, "getBlock", [slot])
         assert body["error"]["code"] == -32002 and cache != "HIT", body
         assert body["error"]["message"].startswith("upstream unavailable: network 'solana'"), body
         body, _ = await call(proxy, "getBlock", [10 * final])  # a block not produced yet: the node's word
+        assert body["error"]["code"] == -32004, body
+        body, _ = await call(proxy, "getBlock", [slot, {"commitment": "confirmed"}])  # never read as a lag
         assert body["error"]["code"] == -32004, body
     finally:
         await backup.close()

@@ -195,14 +195,16 @@ class SolanaSlotTracker:
         shown = self.shown(commitment_of(params))
         return shown if slot < shown - slack else None
 
-    def lacks(self, params: Any, code: int | None) -> int | None:
-        """For getBlock's Agave -32004 (block not available) of a slot at or below the one shown at the
-        call's commitment: that slot shown (a node behind said it, not the network), else None."""
+    def lacks(self, params: Any, code: int | None, slack: int) -> int | None:
+        """For getBlock's Agave -32004 (block not available) at `finalized` of a slot more than `slack`
+        below the finalized slot shown: that slot shown (a node behind said it, not the network), else
+        None. At `confirmed` Agave answers -32004 for a skipped slot above the root too: the network's
+        word, never a lag."""
         slot = params[0] if isinstance(params, list) and params else None
-        if code != BLOCK_NOT_AVAILABLE or type(slot) is not int:
+        if code != BLOCK_NOT_AVAILABLE or type(slot) is not int or commitment_of(params) != "finalized":
             return None
-        shown = self.shown(commitment_of(params))
-        return shown if 0 <= slot <= shown else None
+        shown = self.shown("finalized")
+        return shown if 0 <= slot < shown - slack else None
 
     def fresh(self, method: str, commitment: str, now: float, max_age: float) -> int | None:
         """The value seen for (method, commitment) if it is at most `max_age` seconds old."""

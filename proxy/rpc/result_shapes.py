@@ -185,11 +185,12 @@ def _block(result: Any) -> bool:
 
 
 def _transaction(result: Any) -> bool:
-    """An object with its slot, its transaction ({...} decoded, or [data, encoding]) and its meta."""
+    """An object with its slot, its transaction ({...} decoded, [data, encoding], or the legacy
+    `binary` encoding's base-58 string) and its meta."""
     return (
         type(result) is dict
         and _count(result.get("slot"))
-        and type(result.get("transaction")) in (dict, list)
+        and type(result.get("transaction")) in (dict, list, str)
         and (result.get("meta") is None or type(result["meta"]) is dict)
         and "meta" in result
     )
