@@ -30,14 +30,15 @@ class NetworkRuntime:
 
     def health(self, now: float) -> str | None:
         """Why this network cannot be trusted to answer right now (for /readyz), or None."""
-        states = self.per_upstream.states if self.per_upstream is not None else None
-        if states is not None and all(states.mismatch):
-            return "degraded: no upstream serves the network's chain (see rpc_proxy_upstream_identity_mismatch)"
-        rotating = [i for i in range(states.size) if states.in_rotation(i)] if states is not None else [0]
-        if not rotating:  # (all() of none is true: it said syncing of a node down or cordoned)
-            return f"degraded: {NONE_IN_ROTATION} (see rpc_proxy_upstream_up)"
-        if states is not None and all(states.syncing[i] for i in rotating):
-            return "degraded: every upstream is still syncing (see rpc_proxy_upstream_catching_up)"
+        if self.per_upstream is not None:
+            states = self.per_upstream.states
+            if all(states.mismatch):
+                return "degraded: no upstream serves the network's chain (see rpc_proxy_upstream_identity_mismatch)"
+            rotating = [i for i in range(states.size) if states.in_rotation(i)]
+            if not rotating:  # (all() of none is true: it said syncing of a node down or cordoned)
+                return f"degraded: {NONE_IN_ROTATION} (see rpc_proxy_upstream_up)"
+            if all(states.syncing[i] for i in rotating):
+                return "degraded: every upstream is still syncing (see rpc_proxy_upstream_catching_up)"
         return self.tracker.health(now)
 
     def fork_note(self) -> str | None:

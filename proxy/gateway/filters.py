@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -192,25 +193,20 @@ class Filters:
         cap, limit = self._settings.max_filters_per_key, self._settings.max_filter_bytes
         self._made += 1
         place = f"pending:{self._pid}:{self._origin}:{self._made}"
-        entry = _Filter(account, network, "0x" + "0" * 64, criteria, self._clock(), self._pid)
-        entry.size = deep_size(_record(entry))
+        entry = _Filter(account, network, "", criteria, self._clock(), self._pid)
+        entry.size = deep_size(_record(entry)) + _NODE_ID_BYTES
         with self._table.edit() as table:
             # Open mode's clients are one account: its cap is the host's (uncapped, 62,000 block filters
             # each scanned by the next install held the loop for seconds).
-            if self._live(table, account) >= cap:
+            live, held, mine = self._live(table, account)
+            if live >= cap:
                 raise _too_many(cap, account)
-            held = mine = 0
-            for record in table.values():
-                size = record[7] if len(record) > 7 else 0
-                held += size
-                mine += size if record[0] == account else 0
             if held + entry.size > limit or (account != OPEN_ACCOUNT and mine + entry.size > limit // 4):
                 raise JsonRpcError(
                     LIMIT_EXCEEDED,
                     f"filters hold too many bytes: at most {limit} on this host (MAX_FILTER_BYTES), a key's a "
                     "quarter; uninstall some with eth_uninstallFilter, or ask for fewer addresses",
                 )
-            entry.node_id = ""
             table[place] = _record(entry)
         return place, entry.size
 
@@ -224,9 +220,10 @@ class Filters:
             return None
         return node_id
 
-    def _live(self, table: dict[str, Any], account: str) -> int:
-        """The account's filters, forgetting those past FILTER_TIMEOUT (the node has dropped them) and
-        the places held by processes that died asking the node."""
+    def _live(self, table: dict[str, Any], account: str) -> tuple[int, int, int]:
+        """The account's filters, and the bytes the host's and the account's hold, forgetting those past
+        FILTER_TIMEOUT (the node has dropped them) and the places held by processes that died asking
+        the node."""
         now = self._clock()
         gone = [
             own_id
@@ -235,7 +232,14 @@ class Filters:
         ]
         for own_id in gone:
             del table[own_id]
-        return sum(record[0] == account for record in table.values())
+        count = held = mine = 0
+        for record in table.values():  # one pass: each install reads the host's every filter
+            size = record[7] if len(record) > 7 else 0
+            held += size
+            if record[0] == account:
+                count += 1
+                mine += size
+        return count, held, mine
 
     async def _limited(self, net: NetworkRuntime, method: str, node_id: str) -> Answer:
         """The node's logs or changes of a filter, under eth_getLogs' time and result limits."""
@@ -345,6 +349,9 @@ class Filters:
                 record[6] = None if kept is None else kept.stored()
             elif kept is not None:  # an entry of six fields: one written before backlogs and sizes
                 record.append(kept.stored())
+
+
+_NODE_ID_BYTES = sys.getsizeof("0x" + "0" * 64)  # a filter's node id, set once the node answers
 
 
 def _too_many(cap: int, account: str) -> JsonRpcError:

@@ -127,12 +127,13 @@ def _close(ui: float, written: str) -> bool:
     return abs(ui - exact) <= 1e-9 * max(1.0, abs(exact))
 
 
+def _base58_32(value: Any) -> bool:
+    """32 bytes in base 58 (a public key, a block hash): 32 to 44 characters of its alphabet."""
+    return type(value) is str and 32 <= len(value) <= 44 and _B58.issuperset(value)
+
+
 def _account_entry(entry: Any) -> bool:
-    if type(entry) is not dict:
-        return False
-    address = entry.get("address")
-    named = type(address) is str and 32 <= len(address) <= 44 and _B58.issuperset(address)
-    return named and _count(entry.get("lamports"))
+    return type(entry) is dict and _base58_32(entry.get("address")) and _count(entry.get("lamports"))
 
 
 def _largest_accounts(result: Any) -> bool:
@@ -152,11 +153,6 @@ def _account(value: Any) -> bool:
         and type(value.get("executable")) is bool
         and type(value.get("data")) in (list, str, dict)  # [data, encoding], base58, or jsonParsed
     )
-
-
-def _hash58(value: Any) -> bool:
-    """A base-58 block hash (32 bytes: 32 to 44 characters)."""
-    return type(value) is str and 32 <= len(value) <= 44 and _B58.issuperset(value)
 
 
 def _balance(result: Any) -> bool:
@@ -179,8 +175,8 @@ def _block(result: Any) -> bool:
     return (
         type(result) is dict
         and _count(result.get("parentSlot"))
-        and _hash58(result.get("blockhash"))
-        and _hash58(result.get("previousBlockhash"))
+        and _base58_32(result.get("blockhash"))
+        and _base58_32(result.get("previousBlockhash"))
     )
 
 
