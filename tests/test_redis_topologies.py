@@ -388,7 +388,9 @@ async def test_a_slot_moving_between_primaries_is_a_miss_of_its_keys_and_the_tie
     lookup, a miss; it opened the breaker, so every other key missed Redis through every reshard."""
     local = LocalCluster(masters=3)  # its own: a slot is left moved
     try:
-        first, second = await replicas(make_proxy, anvil, local.url)
+        # REDIS_TIMEOUT past redis-py's own TRYAGAIN retries (50 ms sleeps among them): at 0.25 s, on a
+        # loaded host, the lookup timed out first, an outage to the breaker (named in the closing note).
+        first, second = await replicas(make_proxy, anvil, local.url, REDIS_TIMEOUT="2")
         store, block = await shared_through_redis(anvil, first, second)
         before = set(_stored(local))
         assert (await first.post(storage(store, "0x1", hex(block))))[2]["X-Cache"] == "MISS"
@@ -399,7 +401,7 @@ async def test_a_slot_moving_between_primaries_is_a_miss_of_its_keys_and_the_tie
         command(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", command(source.port, "CLUSTER", "MYID"))
         command(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", command(target.port, "CLUSTER", "MYID"))
         command(source.port, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", key)
-        third = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url))
+        third = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url, REDIS_TIMEOUT="2"))
         await third.head_at(anvil.block_number())
         _, reply, headers = await third.post(storage(store, "0x1", hex(block)))
         assert reply["result"] == "0x" + word(0) and headers["X-Cache"] == "MISS", reply
@@ -408,7 +410,7 @@ async def test_a_slot_moving_between_primaries_is_a_miss_of_its_keys_and_the_tie
         async def shared() -> bool:  # another slot's entry is a Redis hit on a replica with nothing in memory
             # (a fresh replica each try: the link reads the slot map again after the failed lookup, and a
             # lookup made while it does may miss once; a miss kept in memory would hide every later hit)
-            fresh = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url))
+            fresh = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url, REDIS_TIMEOUT="2"))
             await fresh.head_at(anvil.block_number())
             _, answer, seen = await fresh.post(storage(store, "0x0", hex(block)))
             assert answer["result"] == "0x" + word(7), answer
