@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
+from redis.exceptions import AskError, ClusterError, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from proxy.cache.tiers import cache_key, shared_keys
 from proxy.cli import main
 from proxy.config import ConfigError, build_settings
 from proxy.credits.lease_exchange import ledger_key, rate_key
 from proxy.logs import redacted
-from proxy.redis_link import SentinelManagedRedis, connect
+from proxy.metrics import Metrics
+from proxy.redis_link import RedisLink, RedisUnavailable, SentinelManagedRedis, connect, of_one_key
 from proxy.redis_topology import RedisTopology, slot_tag, topology_of
 
 SECRET = "s3cr%40t"  # percent-encoded "s3cr@t"
@@ -199,3 +203,30 @@ async def test_each_url_form_gets_the_client_of_its_topology_with_the_links_shor
     finally:
         for client in (single, cluster, sentinel):
             await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("failure", "one_key"),
+    [
+        (TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"), True),
+        (AskError("1234 127.0.0.1:7001"), True),
+        (ClusterError("TTL exhausted."), True),
+        (ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), True),
+        (ResponseError("OOM command not allowed when used memory > 'maxmemory'"), False),
+        (RedisConnectionError("Connection refused"), False),
+        (TimeoutError(), False),
+    ],
+)
+async def test_a_failure_of_one_key_or_slot_leaves_the_breaker_shut(failure: Exception, one_key: bool) -> None:
+    # Rule (docs/scaling.md): a key of another type, or a slot being resharded, fails that key's command
+    # alone; each had opened the breaker, and Redis was skipped for every key.
+    assert of_one_key(failure) is one_key
+    link = RedisLink(aioredis.Redis(), timeout=1.0, metrics=Metrics(CollectorRegistry()))
+
+    async def failing(_client: object) -> None:
+        raise failure
+
+    with pytest.raises(RedisUnavailable):
+        await link.run("cache_get", failing)
+    assert link.up is one_key
+    await link.close()
