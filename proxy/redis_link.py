@@ -52,17 +52,31 @@ def connect(url: str, timeout: float) -> RedisClient:
     return aioredis.Redis.from_url(url, **options)
 
 
+class BoundedCluster(RedisCluster):
+    """A cluster client whose redirections fit in one command's budget.
+
+    redis-py follows up to 16 redirections per command, sleeping 50 ms on each TRYAGAIN of the
+    second half: a key of a slot being resharded (ASK, then TRYAGAIN, then MOVED back, in a loop)
+    took longer than REDIS_TIMEOUT, a timeout the breaker reads as an outage of every key. Four
+    cover a stale slot map (MOVED), a migrating slot (ASK) and the command itself."""
+
+    RedisClusterRequestTTL = 4
+
+
 def _cluster(topology: RedisTopology, options: dict[str, Any]) -> RedisCluster:
     # A node that fails (a dead primary) makes the slot map be read again (by redis-py after a
     # failed command, by RedisLink after any failure), so commands then go to the promoted replica;
     # MOVED/ASK redirections are followed within a command. Reads go to primaries only: a replica
     # may lag, and a lagging read is a wrong miss at worst for the cache but a stale balance for the
-    # ledger.
-    return RedisCluster(
+    # ledger. reinitialize_steps=0: on every fifth MOVED redis-py closed every connection of every
+    # node, failing the other commands in flight (an outage to the breaker) while one slot moved; a
+    # MOVED now patches that slot, and RedisLink reads the whole map again after a failure.
+    return BoundedCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
         username=topology.username,
         password=topology.password,
         ssl=topology.tls,
+        reinitialize_steps=0,
         **options,
     )
 

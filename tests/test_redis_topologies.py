@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.cache.tiers import RedisTier, shared_keys
+from proxy.cache.tiers import GET_OR_LOCK_SCRIPT, RedisTier, shared_keys
 from proxy.credits.accounts import derived_name
 from proxy.credits.lease_exchange import ledger_key
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger_storage import LedgerStorageError, check_ledger_storage
 from proxy.http.app_keys import LEDGER
 from proxy.metrics import Metrics
-from proxy.redis_link import RedisLink, RedisUnavailable, connect
+from proxy.redis_link import RedisLink, RedisUnavailable, connect, of_one_key
 from tests.redis_cluster import LocalCluster, LocalSentinel, command
 from tests.support import ROOT, Anvil, Proxy, ProxyFactory, eventually, settings_for, start_proxy, wait_until, word
 from tests.test_cache import SlowUpstream, finalized_store, one_space, replicas, shared_through_redis, storage
@@ -388,20 +388,13 @@ async def test_a_slot_moving_between_primaries_is_a_miss_of_its_keys_and_the_tie
     lookup, a miss; it opened the breaker, so every other key missed Redis through every reshard."""
     local = LocalCluster(masters=3)  # its own: a slot is left moved
     try:
-        # REDIS_TIMEOUT past redis-py's own TRYAGAIN retries (50 ms sleeps among them): at 0.25 s, on a
-        # loaded host, the lookup timed out first, an outage to the breaker (named in the closing note).
-        first, second = await replicas(make_proxy, anvil, local.url, REDIS_TIMEOUT="2")
+        first, second = await replicas(make_proxy, anvil, local.url)
         store, block = await shared_through_redis(anvil, first, second)
         before = set(_stored(local))
         assert (await first.post(storage(store, "0x1", hex(block))))[2]["X-Cache"] == "MISS"
         [key] = set(_stored(local)) - before
-        source = local.primary_of(key)
-        target = next(n for n in local.primaries() if n is not source)
-        slot = command(source.port, "CLUSTER", "KEYSLOT", key)
-        command(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", command(source.port, "CLUSTER", "MYID"))
-        command(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", command(target.port, "CLUSTER", "MYID"))
-        command(source.port, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", key)
-        third = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url, REDIS_TIMEOUT="2"))
+        _start_moving(local, key)
+        third = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url))
         await third.head_at(anvil.block_number())
         _, reply, headers = await third.post(storage(store, "0x1", hex(block)))
         assert reply["result"] == "0x" + word(0) and headers["X-Cache"] == "MISS", reply
@@ -410,7 +403,7 @@ async def test_a_slot_moving_between_primaries_is_a_miss_of_its_keys_and_the_tie
         async def shared() -> bool:  # another slot's entry is a Redis hit on a replica with nothing in memory
             # (a fresh replica each try: the link reads the slot map again after the failed lookup, and a
             # lookup made while it does may miss once; a miss kept in memory would hide every later hit)
-            fresh = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url, REDIS_TIMEOUT="2"))
+            fresh = await make_proxy(settings_for(EVM_UPSTREAM=anvil.url, REDIS_URL=local.url))
             await fresh.head_at(anvil.block_number())
             _, answer, seen = await fresh.post(storage(store, "0x0", hex(block)))
             assert answer["result"] == "0x" + word(7), answer
@@ -419,6 +412,65 @@ async def test_a_slot_moving_between_primaries_is_a_miss_of_its_keys_and_the_tie
         await eventually(shared, 20, "another slot's entry served from Redis")
     finally:
         local.stop()
+
+
+async def test_a_key_of_a_slot_being_moved_fails_alone_within_the_timeout_and_spares_commands_in_flight() -> None:
+    """Rule (docs/scaling.md): a lookup of a key whose slot is half moved fails that key alone, within
+    REDIS_TIMEOUT. redis-py followed 16 redirections (ASK, TRYAGAIN, MOVED in a loop, sleeping 50 ms on
+    the later TRYAGAINs), past the default 0.25 s, and on every fifth MOVED closed every connection of
+    every node: another key's command in flight failed, and either failure opened the breaker."""
+    local = LocalCluster(masters=3)
+    link = RedisLink(connect(local.url, 2.0), timeout=2.0, metrics=Metrics(CollectorRegistry()))
+    try:
+        moving, lock = shared_keys("moving")
+        await link.run("cache_set", lambda c: c.set(moving, b"x"))
+        elsewhere = (f"rcp:wait:{{{n}}}" for n in range(1000))
+        waiting = next(key for key in elsewhere if local.primary_of(key) is not local.primary_of(moving))
+        _start_moving(local, moving)
+        blocked = asyncio.ensure_future(link.run("wait", lambda c: c.blpop([waiting], timeout=1)))
+        node = local.primary_of(waiting)
+        await asyncio.to_thread(
+            wait_until, lambda: "cmd=blpop" in command(node.port, "CLIENT", "LIST"), 10, "the BLPOP to be in flight"
+        )
+        sent_before = _evals_sent(local)
+        for _ in range(6):  # past redis-py's fifth MOVED (counted across commands)
+            with pytest.raises(RedisUnavailable) as failed:
+                await link.run(
+                    "cache_get",
+                    lambda c: c.eval(GET_OR_LOCK_SCRIPT, 2, moving, lock, "token", "1000"),
+                    timeout=0.25,
+                )
+            assert of_one_key(failed.value.__cause__), repr(failed.value.__cause__)
+        # Four tries each (ASK, TRYAGAIN, MOVED, ASK), none of redis-py's sleeps: timing them would
+        # prove nothing on a loaded host, counting them does.
+        assert _evals_sent(local) - sent_before <= 6 * 4
+        assert await blocked is None  # timed out as BLPOP does, not cut off
+        assert link.up
+    finally:
+        await link.close()
+        local.stop()
+
+
+def _start_moving(cluster: LocalCluster, key: str) -> None:
+    """Leave `key`'s slot half moved, as a reshard does: MIGRATING on its primary, IMPORTING on
+    another, the key itself already moved."""
+    source = cluster.primary_of(key)
+    target = next(n for n in cluster.primaries() if n is not source)
+    slot = command(source.port, "CLUSTER", "KEYSLOT", key)
+    command(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", command(source.port, "CLUSTER", "MYID"))
+    command(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", command(target.port, "CLUSTER", "MYID"))
+    command(source.port, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", key)
+
+
+def _evals_sent(cluster: LocalCluster) -> int:
+    """EVALs the cluster's primaries were sent: run, failed or refused with a redirection."""
+    total = 0
+    for node in cluster.primaries():
+        for line in command(node.port, "INFO", "commandstats").splitlines():
+            if line.startswith("cmdstat_eval:"):
+                fields = dict(field.split("=") for field in line.split(":", 1)[1].split(","))
+                total += sum(int(fields.get(name, 0)) for name in ("calls", "rejected_calls", "failed_calls"))
+    return total
 
 
 def _stored(cluster: LocalCluster) -> list[str]:
