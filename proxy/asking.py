@@ -10,6 +10,7 @@ from collections.abc import Awaitable
 
 from proxy.cache import policy as cp
 from proxy.chain import proofs
+from proxy.chain.answer_proofs import PROVABLE
 from proxy.chain.heads import EvmHeadTracker
 from proxy.hedging import Walk
 from proxy.network import NetworkRuntime
@@ -17,6 +18,7 @@ from proxy.rpc.jsonrpc import (
     EXECUTION_REVERTED,
     INVALID_REQUEST,
     PARSE_ERROR,
+    UPSTREAM_UNAVAILABLE,
     JsonRpcError,
 )
 from proxy.rpc.methods import CacheClass
@@ -39,8 +41,16 @@ TAG_UNPROVEN = "tag_unproven"
 ANSWERS_TO_THE_REQUEST = frozenset({EXECUTION_REVERTED, INVALID_REQUEST, PARSE_ERROR})
 
 # Reads of a block's history rather than its state: a node that shows a final block yet answers null
-# for its receipts has dropped them (history expiry, EIP-4444), as a pruned node drops old state.
-HISTORY = frozenset({"eth_getBlockReceipts"})
+# for its receipts, the block itself or its counts has dropped them (history expiry, EIP-4444), as a
+# pruned node drops old state. (A transaction or uncle at an index may be null: its null is proven.)
+HISTORY = frozenset(
+    {
+        "eth_getBlockReceipts",
+        "eth_getBlockByNumber",
+        "eth_getBlockTransactionCountByNumber",
+        "eth_getUncleCountByBlockNumber",
+    }
+)
 
 # Tries for an answer shown at the block it needs when a node behind answered first (one URL may be a
 # load balancer whose member far behind takes a share of the calls: each try may reach another member).
@@ -71,6 +81,8 @@ class Asker:
             and _lacks_state(read, answer, doubt)
         ) or (answer.is_error and state_gone(answer.error)):  # any method: logs, a receipt by its hash
             answer, doubt = await _state_elsewhere(self._reads, read, answer, doubt)
+            if doubt == "state_gone" and not answer.is_error:
+                _unless_required(read)
             if doubt in ("state_gone", "unknown_hash"):
                 return answer, doubt  # every upstream that might hold it was asked: served, never kept
         per, head = net.per_upstream, net.tracker.head
@@ -489,6 +501,19 @@ def _lacks_state(read: Read, answer: Answer, doubt: str | None) -> bool:
     ):
         return False
     return block_unknown(answer.error) if answer.is_error else answer.result is None
+
+
+def _unless_required(read: Read) -> None:
+    """A final block's null no upstream could replace: under `required`, -32002 for a read a proof
+    covers (no proof can show such a null: none was proven); else it is served, never kept."""
+    net = read.net
+    if net.config.verify == "required" and read.method in PROVABLE:
+        raise JsonRpcError(
+            UPSTREAM_UNAVAILABLE,
+            f"upstream unavailable: network '{net.name}' (no proven answer for {read.method}:"
+            " no upstream has the final block's state or history)",
+            http_status=502,
+        )
 
 
 def _not_found(answer: Answer) -> bool:

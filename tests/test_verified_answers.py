@@ -316,6 +316,63 @@ async def test_a_null_for_a_final_blocks_receipts_or_logs_is_never_kept(
         await liar.close()
 
 
+BLOCK_READS_BY_NUMBER = {
+    "eth_getBlockByNumber": [False],
+    "eth_getBlockTransactionCountByNumber": [],
+    "eth_getUncleCountByBlockNumber": [],
+    "eth_getTransactionByBlockNumberAndIndex": ["0x0"],
+}
+
+
+@pytest.mark.parametrize("method", list(BLOCK_READS_BY_NUMBER))
+@pytest.mark.parametrize("beside", ["alone", "alone, required", "beside an honest node"])
+async def test_a_null_for_a_final_block_read_by_number_is_never_kept(
+    anvil: Anvil, tmp_path: Path, method: str, beside: str
+) -> None:
+    """Rule: a final block exists, so a null for it, its counts or a transaction it has is a node
+    without its history (or a liar), as for its receipts. The null was kept for CACHE_NEGATIVE_TTL and
+    served as a hit told proven, and the archive node beside it never asked (an outside attack). Now
+    the next upstream is asked; alone, the null is served uncached (a transaction's is refuted by the
+    block's proven transactions), and under `required` a provable read's is -32002 (it was served)."""
+    _, n = _store_with_logs(anvil)
+    params = [hex(n), *BLOCK_READS_BY_NUMBER[method]]
+    truth = anvil.rpc(method, *params)
+    assert truth is not None
+    # Null for this block alone: the tracker's heads and the finalized header beside each read are true.
+    liar = await LyingRelay(anvil.url, "swap", swap={method: None}, swap_first=hex(n)).start()
+    urls = [liar.url, anvil.url] if beside.startswith("beside") else [liar.url]
+    fields = {"verify": "required"} if beside.endswith("required") else {}
+    try:
+        async with _proxy(tmp_path, urls, **fields) as proxy:
+            await _final(anvil, proxy, n)
+            for _ in range(2):
+                if fields and method in ("eth_getBlockByNumber", "eth_getTransactionByBlockNumberAndIndex"):
+                    status, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+                    assert status == 502 and body["error"]["code"] == -32002, body
+                    continue
+                result, cache, verified = await _ask(proxy, method, params)
+                if beside.startswith("alone"):
+                    assert result is None and cache != "HIT" and verified != "proven"
+                else:
+                    assert result == truth and verified != "refuted"
+            liar.lie = None  # honest now: the truth, and nothing of the null was kept
+            assert (await _ask(proxy, method, params))[0] == truth
+    finally:
+        await liar.close()
+
+
+async def test_a_transaction_index_past_a_final_blocks_last_is_a_proven_null(anvil: Anvil, tmp_path: Path) -> None:
+    """Rule: no transaction at an index of a final block is proven by the block's proven transactions,
+    then kept as final as the block, each hit told proven (it was kept for CACHE_NEGATIVE_TTL only)."""
+    _, n = _store_with_logs(anvil)
+    params = [hex(n), "0x9"]
+    async with _proxy(tmp_path, [anvil.url]) as proxy:
+        await _final(anvil, proxy, n)
+        assert await _ask(proxy, "eth_getTransactionByBlockNumberAndIndex", params) == (None, "MISS", "proven")
+        assert await _ask(proxy, "eth_getTransactionByBlockNumberAndIndex", params) == (None, "HIT", "proven")
+        assert _verifications(proxy, "eth_getTransactionByBlockNumberAndIndex", "proven") == 1
+
+
 @pytest.mark.parametrize("case", ["a block outside the range", "another address", "another block hash"])
 async def test_logs_outside_their_filter_are_never_kept_where_no_proof_runs(
     anvil: Anvil, tmp_path: Path, case: str

@@ -33,8 +33,9 @@ BLOCKS = frozenset({"eth_getBlockByNumber", "eth_getBlockByHash"})
 RECEIPTS = frozenset({"eth_getBlockReceipts", "eth_getTransactionReceipt"})
 UNCLE = "eth_getUncleByBlockHashAndIndex"
 PROVABLE = frozenset(STATE) | TRANSACTIONS | BLOCKS | RECEIPTS | {"eth_getLogs", UNCLE}
-# Methods whose null is proven too (no uncle at that index of a final block): as final as the block.
-NULL_PROVABLE = frozenset({UNCLE})
+# Methods whose null is proven too (no uncle or transaction at that index of a final block): as final
+# as the block.
+NULL_PROVABLE = frozenset({UNCLE, "eth_getTransactionByBlockNumberAndIndex"})
 MAX_UNCLES = 16  # uncle headers asked to prove one answer (Ethereum allowed 2 a block)
 
 Call = tuple[str, Any]
@@ -195,7 +196,7 @@ def prove(
         elif method == UNCLE:
             _prove_uncle(params, result, header, extras)
         else:
-            _prove_from_block(method, result, header, extras, chain)
+            _prove_from_block(method, params, result, header, extras, chain)
     except (ProofError, BlockError, ReceiptError, FieldError, HeaderError) as exc:
         raise AnswerError(str(exc)) from exc
 
@@ -279,13 +280,18 @@ def _receipts_proven(
 
 
 def _prove_from_block(
-    method: str, result: Any, header: Header, extras: Sequence[Any], chain: ChainIdentity | None
+    method: str, params: Any, result: Any, header: Header, extras: Sequence[Any], chain: ChainIdentity | None
 ) -> None:
-    """Receipts and transactions: the block's full transactions proven first, then the answer."""
+    """Receipts and transactions: the block's full transactions proven first, then the answer (a null
+    by index: no transaction there)."""
     full = extras[0]
     _proven_block(full, header)
     transactions = full["transactions"]
     if method in TRANSACTIONS:
+        if result is None and method in NULL_PROVABLE:
+            if quantity(params[1], "index") < len(transactions):
+                raise AnswerError("null for a transaction the block has")
+            return
         _same_item(result, transactions, "transaction")
         return
     receipts = extras[1] if method == "eth_getTransactionReceipt" else result
