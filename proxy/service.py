@@ -5,6 +5,7 @@ This is the only module that awaits the cache and the upstream together.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -279,11 +280,12 @@ class Service:
         """A chunked eth_getLogs. A range wholly final is merged once: the merged answer is kept under
         the range's own key, so the next call costs what a plain hit of its size costs (the hot path
         serves it from memory), and identical calls in flight share one merge."""
+        deadline = self._logs.deadline()  # from the call's arrival: a wait for a merge place counts
         plan = self._plans.get(prepared.fingerprint) if prepared.fingerprint else None
         if plan is None or plan.head is not head:
             plan = plan_call(prepared, policy, params, head, self._ttls, self._logs, self._metrics)
         if plan.decision.mode is not cp.Mode.IMMUTABLE or not plan.key:
-            return await self._logs.chunked(prepared, planned, self._execute)
+            return await self._logs.chunked(prepared, planned, self._execute, deadline)
         # required: a merge an `auto` replica kept forever (unproven) is merged again (tiers.may_serve).
         stored = await self._cache.get(plan.key, proven_forever=prepared.network.config.verify == "required")
         if stored is not None:
@@ -293,7 +295,7 @@ class Service:
             return Outcome(*stored, HIT)
 
         async def merge() -> Outcome:
-            outcome = await self._logs.chunked(prepared, planned, self._execute)
+            outcome = await self._logs.chunked(prepared, planned, self._execute, deadline)
             if not outcome.is_error and outcome.cache != BYPASS:  # every piece kept: so is their merge
                 # Its pieces' proofs are not told apart here: a merge is kept unproven (required: for
                 # the unfinalized TTL, as nothing unproven is kept forever), and its hits say so.
@@ -306,7 +308,12 @@ class Service:
 
         # A merge parses every piece: a key has at most MERGES_PER_KEY merges started or joined at
         # once (memory per key), each caller in its own key's queue, never in another key's.
+        # A place is free by the call's deadline at the latest (the merges holding them came first, each
+        # bounded by its own): one that comes after it is given back at once (outside attack: 12 calls
+        # of a key answered 10 s apart in pairs, the last after 60 s).
         async with self._merge_slots.held():
+            if asyncio.get_running_loop().time() >= deadline:
+                raise self._logs.timed_out()
             outcome, _ = await self._merges.run(via.coalescing(plan.key), merge)
         return outcome
 

@@ -4,6 +4,7 @@ spec's limits hold over the merged answer; X-Cache says whether any chunk went u
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +187,43 @@ async def test_a_slow_chunk_makes_the_whole_call_hit_the_time_limit(anvil: Anvil
         assert body["error"] == {"code": -32005, "message": "query timeout exceeded"}
         assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="timeout") == 1
     finally:
+        await relay.close()
+
+
+async def test_calls_of_one_key_waiting_for_a_merge_end_by_their_own_time_limit(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    """Rule (spec: an eth_getLogs query runs 10 s at most): the time a call waits for one of its key's
+    merges (two at once) counts. Each waiting call started its 10 s when it got one: 12 calls of a
+    key answered -32005 in pairs after 10, 20 ... 60 s (an outside attack). Here 8, limit 1 s: all by
+    about 1 s."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text("[keys.alice]\ndaily_credits = 100000\n")
+    relay = await FaultRelay(anvil.url).start()
+    proxy = await make_proxy(
+        EVM_UPSTREAM=relay.url, API_KEYS_FILE=str(keys), GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_TIMEOUT="1"
+    )
+    try:
+        chain = await build(anvil, proxy, events=3)
+        relay.inject("slow", method="eth_getLogs", delay=10.0, times=None)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        answers = await asyncio.gather(
+            *(
+                proxy.post(
+                    {"jsonrpc": "2.0", "id": i, "method": "eth_getLogs", "params": [logs_filter(chain, i, i)]},
+                    key="alice",
+                )
+                for i in range(8)  # one block each, of one final chunk: each its own merge
+            )
+        )
+        took = loop.time() - started
+        for status, body, _ in answers:
+            assert status == 200 and body["error"] == {"code": -32005, "message": "query timeout exceeded"}, body
+        assert took < 3, took  # the last pair after 4 s before (the load's margin: 2 s)
+        assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="timeout") == 8
+    finally:
+        relay.clear()
         await relay.close()
 
 

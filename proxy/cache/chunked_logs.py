@@ -92,6 +92,11 @@ class ChunkedLogs:
         self._max_results = max_results
         self._metrics = metrics
 
+    def timed_out(self) -> JsonRpcError:
+        """spec: a query that runs longer than 10 seconds fails with -32005 (counted)."""
+        self._metrics.getlogs_rejections.labels("timeout").inc()
+        return JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded")
+
     async def run(self, first: int, last: int, pieces: list[lc.Piece], ask: AskPiece, deadline: float) -> Merged:
         """The merged answer of range [first, last]; JsonRpcError -32005 past the limits."""
         asking = _Pieces(ask, self._concurrency)
@@ -129,8 +134,7 @@ class ChunkedLogs:
             # spec: a query that runs longer than 10 seconds fails with -32005, every piece and retry
             # included (pieces answered before the deadline are kept for the next call; those still
             # in flight end with this one).
-            self._metrics.getlogs_rejections.labels("timeout").inc()
-            raise JsonRpcError(LIMIT_EXCEEDED, "query timeout exceeded") from None
+            raise self.timed_out() from None
         except _PieceFailed as failed:
             return Merged(failed.payload, True, lc.MISS if failed.went_upstream else lc.HIT)
         finally:

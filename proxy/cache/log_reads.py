@@ -100,8 +100,16 @@ class LogReads:
             return None  # one piece, the range itself: the ordinary flow (and its memo) serves it
         return first, last, pieces
 
-    async def chunked(self, prepared: Prepared, planned: Pieces, execute: Execute) -> Outcome:
-        """A chunked call's merged answer, its pieces asked through the ordinary flow."""
+    def deadline(self) -> float:
+        """When a call that arrives now must be answered (spec: 10 s per call in total, every piece,
+        retry and wait for a merge included)."""
+        return asyncio.get_running_loop().time() + self._timeout
+
+    def timed_out(self) -> JsonRpcError:
+        return self._chunks.timed_out()
+
+    async def chunked(self, prepared: Prepared, planned: Pieces, execute: Execute, deadline: float) -> Outcome:
+        """A chunked call's merged answer by `deadline`, its pieces asked through the ordinary flow."""
         log_filter = prepared.params[0]
         first, last, pieces = planned
         start, end = log_filter["fromBlock"], log_filter["toBlock"]
@@ -127,8 +135,6 @@ class LogReads:
             outcome = await execute(piece)
             return outcome.payload, outcome.is_error, outcome.cache
 
-        # spec: 10 s per call in total, every piece and retry included.
-        deadline = asyncio.get_running_loop().time() + self._timeout
         merged = await self._chunks.run(first, last, pieces, ask, deadline)
         if merged.cache == HIT:
             self._metrics.child(self._metrics.credits_saved, prepared.network.name, prepared.call.method).inc(
