@@ -81,6 +81,11 @@ def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, st
 MemoryFind = tuple[Plan, NetworkRuntime, bytes, bool]
 
 
+def _at_pending(refs: list[BlockRef], tracker: Any) -> bool:
+    """An EVM read at `pending` (asked as the tag: the tracker cannot pin it)."""
+    return isinstance(tracker, EvmHeadTracker) and any(r.tag == "pending" for r in refs)
+
+
 class Service:
     def __init__(
         self,
@@ -260,6 +265,11 @@ class Service:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
                 read = Read(net, plan.method, plan.forward, policy, plan, self._reads.deadline(policy))
+                if _at_pending(refs, tracker):
+                    # The block after the head: from a node that shows the tracker's head beside it (a
+                    # balancer's member behind answered from its own: a nonce that went back).
+                    answer = await self._asker.ask_as_tag(read)
+                    return Outcome.answered(shown(net.tracker, method, answer, refs), BYPASS)
                 answer, doubt = await self._asker.ask_pinned(read)
                 if doubt == "state_gone":  # no upstream keeps that state: counted as on a cached read's miss
                     self._metrics.uncached_answers.labels(net.name, doubt).inc()

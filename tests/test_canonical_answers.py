@@ -4,6 +4,7 @@ changes. Real Anvil nodes, real redis-server, the proxy on a real port."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -415,6 +416,48 @@ async def test_a_fee_read_from_a_node_behind_the_head_is_never_served_nor_kept(m
             # Nor served: only it is asked, so the read fails (-32002) rather than give an old block's price.
             assert body.get("result") != stale_price and body["error"]["code"] == -32002, body
         assert proxy.metric("rpc_proxy_uncached_answers_total", network="evm", reason="lagging") >= 1
+    lagging.stop()
+    node.stop()
+
+
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("eth_getTransactionCount", [DEV_ACCOUNT, "pending"]),
+        ("eth_getBalance", [DEV_ACCOUNT, "pending"]),
+        ("eth_getBlockByNumber", ["pending", False]),
+    ],
+)
+async def test_a_pending_read_from_a_balancers_member_behind_the_head_is_never_served(
+    make_proxy: ProxyFactory, method: str, params: list[Any]
+) -> None:
+    """Rule: a read at `pending` stands for the block after the tracker's head, so it is answered by a
+    node that shows that head beside it. A load balancer's member behind answered it from its own
+    older head (a `pending` nonce that went back, so a wallet's next transaction reused a mined one:
+    an outside attack, 11 to 18 of 120 calls); now it is asked again, and -32002 when only that
+    member answers."""
+    node = Anvil()
+    node.mine(10)
+    lagging = Anvil("--fork-url", node.url, "--fork-block-number", "10")
+    store = node.deploy_store()
+    for i in range(3):
+        node.send(store, selector("setX(uint256)") + word(i))
+    node.mine(5)
+    stale = lagging.rpc(method, *params)
+    behind = [True]
+
+    def route(calls: list[dict[str, Any]]) -> str:  # reads at `pending` go to the member behind, or not
+        return lagging.url if behind[0] and "pending" in json.dumps([c.get("params") for c in calls]) else node.url
+
+    async with balancer(route) as url:
+        proxy = await make_proxy(EVM_UPSTREAM=url)
+        await proxy.head_at(node.block_number())
+        for _ in range(2):
+            body, cache = await answer(proxy, method, params)
+            assert body.get("result") != stale and body["error"]["code"] == -32002, body
+        behind[0] = False
+        body, cache = await answer(proxy, method, params)
+        assert body["result"] == node.rpc(method, *params) and cache == "BYPASS", body
     lagging.stop()
     node.stop()
 
