@@ -449,17 +449,19 @@ async def test_a_pending_read_from_a_balancers_member_behind_the_head_is_never_s
     def route(calls: list[dict[str, Any]]) -> str:  # reads at `pending` go to the member behind, or not
         return lagging.url if behind[0] and "pending" in json.dumps([c.get("params") for c in calls]) else node.url
 
-    async with balancer(route) as url:
-        proxy = await make_proxy(EVM_UPSTREAM=url)
-        await proxy.head_at(node.block_number())
-        for _ in range(2):
+    try:
+        async with balancer(route) as url:
+            proxy = await make_proxy(EVM_UPSTREAM=url)
+            await proxy.head_at(node.block_number())
+            for _ in range(2):
+                body, cache = await answer(proxy, method, params)
+                assert body.get("result") != stale and body["error"]["code"] == -32002, body
+            behind[0] = False
             body, cache = await answer(proxy, method, params)
-            assert body.get("result") != stale and body["error"]["code"] == -32002, body
-        behind[0] = False
-        body, cache = await answer(proxy, method, params)
-        assert body["result"] == node.rpc(method, *params) and cache == "BYPASS", body
-    lagging.stop()
-    node.stop()
+            assert body["result"] == node.rpc(method, *params) and cache == "BYPASS", body
+    finally:
+        lagging.stop()
+        node.stop()
 
 
 async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_the_head_back(
