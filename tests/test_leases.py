@@ -41,6 +41,16 @@ class TestOutageRules:
         assert outage_ceiling(lease, 800, fail_open=True, lease_max=100_000, processes=2) == 400
         assert outage_ceiling(lease, 10**9, fail_open=True, lease_max=300, processes=2) == 150
 
+    def test_a_hosts_workers_share_what_nobody_held_and_one_a_sibling_leased_gets_none_unseen(self) -> None:
+        # One worker of two saw the key, alone active at its last reply; the other had not seen it. The
+        # first took all that nobody held, the second half the balance: 1.5 times the balance a host
+        # (3,840 served of 2,000 by two such hosts, an outside attack).
+        lease = KeyLease("k", "rcp:k", allowance=300, consumed=100, others=0, known=True, active=1)
+        assert outage_ceiling(lease, 1000, fail_open=True, lease_max=10_000, processes=2) == 300 + 700 // 2
+        unseen = KeyLease("k", "rcp:k")
+        assert outage_ceiling(unseen, 1000, fail_open=True, lease_max=10_000, processes=2, host_saw=True) == 0
+        assert outage_ceiling(unseen, 1000, fail_open=True, lease_max=10_000, processes=2) == 500
+
     def test_beyond_the_ceiling_the_ledger_is_unavailable_and_beyond_the_balance_exhausted(self) -> None:
         lease = KeyLease("k", "rcp:k", allowance=0, consumed=0, others=900, known=True, ceiling=50)
         assert outage_verdict(lease, 40, 1000, None, NOW) is Verdict.OK

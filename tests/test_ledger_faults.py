@@ -317,6 +317,26 @@ async def test_a_key_exhausted_on_a_replica_stays_refused_on_every_worker_throug
     assert spent(ledger_redis.url, ALICE) == 10 * STORAGE_PRICE
 
 
+async def test_a_key_one_worker_saw_is_served_no_more_than_its_balance_by_the_host_through_a_stall(
+    anvil: Anvil, ledger_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Rule (docs/keys-and-credits.md, "Overdraw bound"): a key one worker of a host saw, alone active
+    at its last reply, is spent through a stall by that worker up to its lease and one worker's share
+    of what nobody held, and by its sibling, which never saw it, not at all beyond its own lease.
+    The first took all that nobody held and the second half the balance as a key never seen (an
+    outside attack: 3,840 served of 2,000 by two such hosts)."""
+    _path, env = keyed(anvil, ledger_redis, tmp_path, dave={"daily_credits": 20 * STORAGE_PRICE})
+    env.update(CREDITS_REDIS_TIMEOUT="0.5", CREDITS_REDIS_FAILURES="2")
+    async with two_workers(env) as workers:
+        async with aiohttp.ClientSession() as one:  # one keep-alive connection: one worker sees the key
+            for i in range(2):
+                assert (await post(one, workers.url("dave"), storage(i))) == (200, STORAGE_PRICE)
+        async with stalled(ledger_redis), fresh_connections() as session:
+            burst = await asyncio.gather(*(post(session, workers.url("dave"), storage(100 + i)) for i in range(60)))
+    served = 2 * STORAGE_PRICE + sum(charged for status, charged in burst if status == 200)
+    assert served <= 20 * STORAGE_PRICE, burst
+
+
 # --- 4. start-up refuses what cannot work; no ledger fault is a 500 -------------------------------
 
 

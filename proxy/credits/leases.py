@@ -14,11 +14,12 @@ a stalled Redis delays no call by more than that.
 
 While Redis cannot be reached, a replica keeps the last usage it saw for the key (never a full
 balance) and may spend, beyond its lease, its share of what was left: (balance - used) / active
-replicas, one "outage lease". A key known exhausted (by this replica, a sibling worker, or any replica
+replicas (at most one of the host's workers' share), one "outage lease". A key known exhausted (by this replica, a sibling worker, or any replica
 through the ledger's exhausted set, read every second) stays refused. Outage debits are journaled (in
 memory, and in `CREDITS_JOURNAL_DIR` when set) and reach Redis with the next exchange, so the day's
 usage afterwards equals what was served. A key this process has not seen today is served up to
-`CREDITS_LEASE_MAX` / WORKERS with `CREDITS_FAIL_OPEN=true` (the default) and refused otherwise.
+`CREDITS_LEASE_MAX` / WORKERS with `CREDITS_FAIL_OPEN=true` (the default) and refused otherwise, and
+not at all when a sibling worker of its host leased it today (that one holds the host's share).
 
 The balance a client is shown is the key's spent usage (debits less refunds of every replica), not
 what is leased: each replica reports its spending at least every `REPORT_INTERVAL` while it spends,
@@ -59,15 +60,19 @@ CURRENT_VIEW = 3 * REPORT_INTERVAL
 STALE_GRACE = 3600  # seconds a past day's leases are kept for refunds of calls that crossed midnight
 
 
-def outage_ceiling(lease: KeyLease, daily: int, *, fail_open: bool, lease_max: int, processes: int = 1) -> int:
+def outage_ceiling(
+    lease: KeyLease, daily: int, *, fail_open: bool, lease_max: int, processes: int = 1, host_saw: bool = False
+) -> int:
     """The most a replica may have consumed of a key while Redis cannot be reached: its lease plus
-    its share of what nobody held at the last reply (one outage lease); for a key it has not seen
-    today, if failing open, its share of one largest lease or of the key's balance, whichever is less
-    (the host's `processes` workers share one), else nothing beyond what it holds."""
+    its share of what nobody held at the last reply (one outage lease), a share of at most one of the
+    host's `processes` workers (a sibling idle at that reply may spend it now); for a key it has not
+    seen today, if failing open and no sibling worker leased it (`host_saw`: that one holds the host's
+    share), its share of one largest lease or of the key's balance, whichever is less (the host's
+    workers share one), else nothing beyond what it holds."""
     if lease.known:
         unheld = max(0, daily - lease.others - lease.allowance)
-        return lease.allowance + unheld // max(1, lease.active)
-    return lease.allowance + (min(lease_max, daily) // max(1, processes) if fail_open else 0)
+        return lease.allowance + unheld // max(1, lease.active, processes)
+    return lease.allowance + (min(lease_max, daily) // max(1, processes) if fail_open and not host_saw else 0)
 
 
 def outage_verdict(
@@ -157,6 +162,8 @@ class LeasedLedger:
         )
         self._exchange = self.exchanges.exchange
         self.on_new_lease: list[Callable[[KeyLease], None]] = []  # a key's first lease of a day here
+        # Whether a sibling worker of this host leased a key (its ledger key) today (credit_handover.py).
+        self.host_saw: Callable[[str], bool] = lambda _key: False
 
     # --- debits ---------------------------------------------------------------------------
 
@@ -235,7 +242,12 @@ class LeasedLedger:
         """Redis did not answer within the call's bound: the outage rule decides."""
         if lease.ceiling is None:
             lease.ceiling = outage_ceiling(
-                lease, daily, fail_open=self._fail_open, lease_max=self._lease_max, processes=self._processes
+                lease,
+                daily,
+                fail_open=self._fail_open,
+                lease_max=self._lease_max,
+                processes=self._processes,
+                host_saw=not lease.known and self.host_saw(lease.key),
             )
         return self._outage_debit(lease, amount, daily, per_second, now)
 

@@ -32,6 +32,7 @@ class Handover:
         self._ledger = ledger
         self._journal_dir = journal_dir
         ledger.on_new_lease.append(self._record)
+        ledger.host_saw = self.sibling_leased
 
     def _record(self, lease: KeyLease) -> None:
         line = jsonrpc.dumps({"k": lease.key, "a": lease.api_key})
@@ -40,6 +41,14 @@ class Handover:
                 handle.write(line + b"\n")
         except OSError as exc:
             log.warning("credits: cannot record a lease in %s: %s", self._own, exc.strerror)
+
+    def sibling_leased(self, key: str) -> bool:
+        """Whether another worker of this host (or a dead one's record) leased the ledger key `key`."""
+        return any(
+            any(k == key for k, _ in _leased(path))
+            for path in self._directory.glob("leases-*.jsonl")
+            if not path.name.startswith(self._prefix)
+        )
 
     def predecessors(self) -> list[Path]:
         return [p for p in self._directory.glob(self._prefix + "*.jsonl") if p != self._own]
