@@ -324,11 +324,14 @@ class Asker:
         net, method, params, policy, plan, deadline = read
         need, head, per = plan.need, net.tracker.head, net.per_upstream
         proof = ("latest", head.latest_hash, True) if head is not None and per is not None else None
+        index: int | None = None  # the pool's choice first, then an upstream known to have reached `need`
         for _ in range(ASK_AGAIN):
             if (timeout := self._reads.share(read)) is None:
                 break
             block = proof[0] if proof else None
-            answer = await self._reads.ask(net, method, params, policy, deadline, proof=block, timeout=timeout)
+            answer = await self._reads.ask(
+                net, method, params, policy, deadline, ask=index, proof=block, timeout=timeout
+            )
             if proof is None or answer.unbatched:
                 # No block can come beside it: judged by the node's head as last polled.
                 if (
@@ -343,8 +346,10 @@ class Asker:
             if answer.proof is not None and _shown(net, proof, answer.proof, answer.proof_number):
                 return answer  # the head the same node showed outranks its last polled one
             # Not shown at the tracker's head, or not shown at all (its batch failed and it went
-            # alone): a load balancer's lagging member answers a tag with its own older head. Asked
-            # again: the balancer may send it to a member at the head.
+            # alone): an upstream behind (the first by priority a few blocks back, a load balancer's
+            # lagging member) answers a tag with its own older head. Asked again of another upstream
+            # that has reached the head, else of the pool (the balancer may pick a member at the head).
+            index = per.states.other_with(answer.upstream, need) if per is not None else None
         self._reads.refuse(net, "lagging", need)
 
 

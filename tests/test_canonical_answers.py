@@ -464,6 +464,34 @@ async def test_a_pending_read_from_a_balancers_member_behind_the_head_is_never_s
         node.stop()
 
 
+async def test_a_pending_read_goes_to_an_upstream_at_the_head_when_the_first_is_behind(
+    make_proxy: ProxyFactory,
+) -> None:
+    """Rule: a read at `pending` shown behind the head is asked again of an upstream that has reached
+    it. The first upstream by priority a few blocks behind (still asked first) was asked five times,
+    then -32002: a wallet's send-then-`pending`-nonce got HTTP 502 (an outside re-attack)."""
+    node = Anvil()
+    node.mine(10)
+    lagging = Anvil("--fork-url", node.url, "--fork-block-number", "10")
+    try:
+        store = node.deploy_store()
+        for i in range(3):
+            node.send(store, selector("setX(uint256)") + word(i))
+        node.mine(5)
+        proxy = await make_proxy(EVM_UPSTREAM=f"{lagging.url},{node.url}")
+        await proxy.head_at(node.block_number())
+        for method, params in (
+            ("eth_getTransactionCount", [DEV_ACCOUNT, "pending"]),
+            ("eth_getBalance", [DEV_ACCOUNT, "pending"]),
+            ("eth_call", [{"to": store, "data": selector("x()")}, "pending"]),
+        ):
+            body, cache = await answer(proxy, method, params)
+            assert body.get("result") == node.rpc(method, *params) and cache == "BYPASS", (method, body)
+    finally:
+        lagging.stop()
+        node.stop()
+
+
 async def test_a_load_balancers_member_on_a_left_fork_never_answers_nor_moves_the_head_back(
     make_proxy: ProxyFactory,
 ) -> None:

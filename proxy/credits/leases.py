@@ -14,8 +14,9 @@ a stalled Redis delays no call by more than that.
 
 While Redis cannot be reached, a replica keeps the last usage it saw for the key (never a full
 balance) and may spend, beyond its lease, its share of what was left: (balance - used) / active
-replicas (at most one of the host's workers' share), one "outage lease". A key known exhausted (by this replica, a sibling worker, or any replica
-through the ledger's exhausted set, read every second) stays refused. Outage debits are journaled (in
+replicas (at most one of the host's workers' share), one "outage lease". A key known exhausted (by
+this replica, a sibling worker, or any replica through the ledger's exhausted set, read every second)
+stays refused. Outage debits are journaled (in
 memory, and in `CREDITS_JOURNAL_DIR` when set) and reach Redis with the next exchange, so the day's
 usage afterwards equals what was served. A key this process has not seen today is served up to
 `CREDITS_LEASE_MAX` / WORKERS with `CREDITS_FAIL_OPEN=true` (the default) and refused otherwise, and
