@@ -150,6 +150,43 @@ async def test_a_reorg_delivers_the_replacement_heads_and_removed_logs(anvil: An
     assert replacement["hash"] == anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
 
 
+async def head_with(client: Client, sub: str, block_hash: str) -> None:
+    """Notifications read until `sub` delivers the head `block_hash` (15 s at most)."""
+    async with asyncio.timeout(15):
+        while block_hash not in [h["hash"] for h in client.results(sub)]:
+            await client.notes_until(len(client.notes) + 1)
+
+
+async def test_a_reorg_below_the_trackers_window_still_delivers_the_new_chain(anvil: Anvil, evm_proxy: Proxy) -> None:
+    """Rule: every block is delivered once, in order, after a reorg too. One deeper than the tracker's
+    window (a dev node's snapshot, 70 blocks, revert, 75 new ones: past its finalized block) left the
+    delivered chain and the node's apart for good: no head or log reached any subscriber of the
+    network again, a new one included (an outside attack)."""
+    store = anvil.deploy_store()
+    await evm_proxy.head_at(anvil.block_number())
+    client = await connect(evm_proxy)
+    heads = await client.subscribe("newHeads")
+    logs = await client.subscribe("logs", {"address": store})
+    snapshot = anvil.rpc("evm_snapshot")
+    anvil.mine(9)
+    receipt = anvil.send(store, selector("emitMany(uint256)") + word(1))
+    anvil.mine(60)
+    await head_with(client, heads, anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"])
+    assert anvil.rpc("evm_revert", snapshot) is True
+    anvil.mine(75)
+    await head_with(client, heads, anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"])
+    removed = [r for r in client.results(logs) if r["removed"]]
+    assert [r["blockHash"] for r in removed] == [receipt["blockHash"]]
+    later = await connect(evm_proxy)
+    fresh = await later.subscribe("newHeads")
+    anvil.mine(1)
+    latest = anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+    await head_with(client, heads, latest)
+    await head_with(later, fresh, latest)
+    delivered = numbers(client.results(heads))
+    assert delivered[-1] == anvil.block_number()
+
+
 async def test_ids_are_unique_unknown_unsubscribe_is_false_and_unsubscribe_stops_delivery(
     anvil: Anvil,
     evm_proxy: Proxy,

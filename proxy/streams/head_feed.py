@@ -206,17 +206,15 @@ class EvmFeed:
             return  # nothing new (or a view that lags what was delivered)
         else:
             fork = top
-        start = max(fork + 1, head.latest - CATCH_UP + 1)
-        if start > fork + 1:
-            log.warning(
-                "head feed %s: skipped blocks %d-%d (more than %d at once)", self.network, fork + 1, start - 1, CATCH_UP
-            )
-        numbers = list(range(start, head.latest + 1))
-        headers = await self._headers(numbers, head) if numbers else []
+        numbers, headers = await self._from(fork, head)
+        if headers and numbers[0] == fork + 1 and fork in delivered and _parent(headers[0]) != delivered[fork]:
+            # A reorg below the tracker's window (a dev node's revert past its finalized block): the
+            # blocks delivered are compared with the node's chain down to where the two meet.
+            fork = await self._meeting(fork)
+            numbers, headers = await self._from(fork, head)
+            if headers and numbers[0] == fork + 1 and fork in delivered and _parent(headers[0]) != delivered[fork]:
+                raise FeedError(f"block {numbers[0]} does not extend the delivered chain")
         hashes = [str(h["hash"]).lower() for h in headers]
-        parent = delivered.get(start - 1)
-        if headers and parent is not None and str(headers[0]["parentHash"]).lower() != parent:
-            raise FeedError(f"block {start} does not extend the delivered chain")
         logs = await self._logs(hashes) if self.logs and hashes else [[] for _ in numbers]
         removed = sorted(n for n in delivered if n > fork)
         for n in removed:
@@ -225,6 +223,27 @@ class EvmFeed:
         for n, header, block_hash, block_logs in zip(numbers, headers, hashes, logs, strict=True):
             self._deliver(n, block_hash, header, block_logs)
         self._prune(head)
+
+    async def _from(self, fork: int, head: Head) -> tuple[list[int], list[dict[str, Any]]]:
+        """The numbers and headers of the blocks to deliver after `fork`, CATCH_UP at most."""
+        start = max(fork + 1, head.latest - CATCH_UP + 1)
+        if start > fork + 1:
+            log.warning(
+                "head feed %s: skipped blocks %d-%d (more than %d at once)", self.network, fork + 1, start - 1, CATCH_UP
+            )
+        numbers = list(range(start, head.latest + 1))
+        return numbers, (await self._headers(numbers, head) if numbers else [])
+
+    async def _meeting(self, below: int) -> int:
+        """The highest delivered block, at or under `below`, that the node's chain still has; under
+        every block delivered when it has none of them (their logs are all sent again as removed)."""
+        numbers = sorted((n for n in self._delivered if n <= below), reverse=True)
+        answers = await self._read([("eth_getBlockByNumber", [hex(n), False]) for n in numbers])
+        for n, answer in zip(numbers, answers, strict=True):
+            header = _result(answer)
+            if isinstance(header, dict) and str(header.get("hash", "")).lower() == self._delivered[n]:
+                return n
+        return numbers[-1] - 1 if numbers else below
 
     async def _deliver_pushed(self, header: dict[str, Any]) -> None:
         """A head the node pushed: delivered at once when it extends the delivered chain; anything
@@ -315,6 +334,10 @@ class EvmFeed:
                 raise FeedError(f"no logs for block {block_hash} from the node")
             out.append([entry for entry in logs if isinstance(entry, dict)])
         return out
+
+
+def _parent(header: dict[str, Any]) -> str:
+    return str(header.get("parentHash", "")).lower()
 
 
 def _result(answer: Answer) -> Any:
