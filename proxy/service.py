@@ -81,9 +81,33 @@ def _fingerprint(net: NetworkRuntime, method: str, params: Any) -> tuple[str, st
 MemoryFind = tuple[Plan, NetworkRuntime, bytes, bool]
 
 
-def _at_pending(refs: list[BlockRef], tracker: Any) -> bool:
-    """An EVM read at `pending` (asked as the tag: the tracker cannot pin it)."""
-    return isinstance(tracker, EvmHeadTracker) and any(r.tag == "pending" for r in refs)
+async def _uncached(asker: Asker, read: Read, refs: list[BlockRef]) -> tuple[Answer, str | None]:
+    """A read never cached, still asked of a node that has the blocks it names; an EVM one at
+    `pending` (the block after the head: the tracker cannot pin it) of a node that shows the tracker's
+    head beside it (a balancer's member behind answered from its own: a `pending` nonce that went back)."""
+    if isinstance(read.net.tracker, EvmHeadTracker) and any(r.tag == "pending" for r in refs):
+        return await asker.ask_as_tag(read), None
+    return await asker.ask_pinned(read)
+
+
+def _ttls(settings: Settings) -> cp.Ttls:
+    return cp.Ttls(
+        unfinalized=settings.cache_unfinalized_ttl,
+        negative=settings.cache_negative_ttl,
+        largest_accounts=settings.solana_largest_accounts_ttl,
+        token_balance=settings.solana_balance_max_age,
+        identity=settings.identity_check_interval,
+        unmined=settings.unmined_ttl,
+    )
+
+
+def _log_reads(settings: Settings, cache: TieredCache, metrics: Metrics, ttls: cp.Ttls) -> LogReads:
+    chunks = ChunkedLogs(
+        settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency, settings.getlogs_max_results, metrics
+    )
+    return LogReads(
+        cache, chunks, metrics, ttls, max_results=settings.getlogs_max_results, timeout=settings.getlogs_timeout
+    )
 
 
 class Service:
@@ -106,25 +130,8 @@ class Service:
         self._validated: Memo[tuple[str, str, bytes], tuple[Any, list[BlockRef]]] = Memo(MEMO_SIZE)
         self._plans: Memo[tuple[str, str, bytes], Plan] = Memo(MEMO_SIZE)
         self._rules = Rules(settings.eth_call_require_from, settings.getlogs_max_params)
-        self._ttls = cp.Ttls(
-            unfinalized=settings.cache_unfinalized_ttl,
-            negative=settings.cache_negative_ttl,
-            largest_accounts=settings.solana_largest_accounts_ttl,
-            token_balance=settings.solana_balance_max_age,
-            identity=settings.identity_check_interval,
-            unmined=settings.unmined_ttl,
-        )
-        chunks = ChunkedLogs(
-            settings.getlogs_chunk_blocks, settings.getlogs_chunk_concurrency, settings.getlogs_max_results, metrics
-        )
-        self._logs = LogReads(
-            cache,
-            chunks,
-            metrics,
-            self._ttls,
-            max_results=settings.getlogs_max_results,
-            timeout=settings.getlogs_timeout,
-        )
+        self._ttls = _ttls(settings)
+        self._logs = _log_reads(settings, cache, metrics, self._ttls)
         reads = Reads(settings, metrics, self._logs.check_results)
         self._asker = Asker(reads)
         self._reads = reads
@@ -265,12 +272,7 @@ class Service:
                 # Not cached, but still asked of a node that has the blocks it names.
                 self._metrics.child(self._metrics.cache_lookups, "none", "bypass").inc()
                 read = Read(net, plan.method, plan.forward, policy, plan, self._reads.deadline(policy))
-                if _at_pending(refs, tracker):
-                    # The block after the head: from a node that shows the tracker's head beside it (a
-                    # balancer's member behind answered from its own: a nonce that went back).
-                    answer = await self._asker.ask_as_tag(read)
-                    return Outcome.answered(shown(net.tracker, method, answer, refs), BYPASS)
-                answer, doubt = await self._asker.ask_pinned(read)
+                answer, doubt = await _uncached(self._asker, read, refs)
                 if doubt == "state_gone":  # no upstream keeps that state: counted as on a cached read's miss
                     self._metrics.uncached_answers.labels(net.name, doubt).inc()
                 return Outcome.answered(shown(net.tracker, method, answer, refs), BYPASS)
