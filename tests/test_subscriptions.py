@@ -157,34 +157,42 @@ async def head_with(client: Client, sub: str, block_hash: str) -> None:
             await client.notes_until(len(client.notes) + 1)
 
 
-async def test_a_reorg_below_the_trackers_window_still_delivers_the_new_chain(anvil: Anvil, evm_proxy: Proxy) -> None:
+@pytest.mark.parametrize("mined, again", [(70, 75), (100, 3)], ids=["longer", "shorter"])
+async def test_a_reorg_below_the_trackers_window_delivers_the_new_chain_from_where_they_meet(
+    anvil: Anvil, evm_proxy: Proxy, mined: int, again: int
+) -> None:
     """Rule: every block is delivered once, in order, after a reorg too. One deeper than the tracker's
-    window (a dev node's snapshot, 70 blocks, revert, 75 new ones: past its finalized block) left the
-    delivered chain and the node's apart for good: no head or log reached any subscriber of the
-    network again, a new one included (an outside attack)."""
+    window (a dev node's snapshot, `mined` blocks, revert, `again` new ones: past its finalized
+    block) left the delivered chain and the node's apart for good: no head or log reached any
+    subscriber of the network again, a new one included (an outside attack); then the new chain
+    came from 64 blocks down, the blocks under it left at their replaced hashes, or (a shorter
+    chain) not at all until it passed the old height (a re-attack)."""
     store = anvil.deploy_store()
     await evm_proxy.head_at(anvil.block_number())
     client = await connect(evm_proxy)
     heads = await client.subscribe("newHeads")
     logs = await client.subscribe("logs", {"address": store})
-    snapshot = anvil.rpc("evm_snapshot")
+    snapshot, meeting = anvil.rpc("evm_snapshot"), anvil.block_number()
+    anvil.mine(mined - 10)
+    receipt = anvil.send(store, selector("emitMany(uint256)") + word(1))  # unfinalized at the revert
     anvil.mine(9)
-    receipt = anvil.send(store, selector("emitMany(uint256)") + word(1))
-    anvil.mine(60)
     await head_with(client, heads, anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"])
     assert anvil.rpc("evm_revert", snapshot) is True
-    anvil.mine(75)
-    await head_with(client, heads, anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"])
-    removed = [r for r in client.results(logs) if r["removed"]]
-    assert [r["blockHash"] for r in removed] == [receipt["blockHash"]]
+    anvil.mine(again)
     later = await connect(evm_proxy)
     fresh = await later.subscribe("newHeads")
     anvil.mine(1)
-    latest = anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
-    await head_with(client, heads, latest)
-    await head_with(later, fresh, latest)
-    delivered = numbers(client.results(heads))
-    assert delivered[-1] == anvil.block_number()
+    latest = anvil.rpc("eth_getBlockByNumber", "latest", False)
+    await head_with(client, heads, latest["hash"])
+    await head_with(later, fresh, latest["hash"])
+    removed = [r for r in client.results(logs) if r["removed"]]
+    assert [r["blockHash"] for r in removed] == [receipt["blockHash"]]
+    delivered = client.results(heads)
+    # The new chain's first block: the last delivered at the height after where the chains meet.
+    first_new = max(i for i, h in enumerate(delivered) if int(h["number"], 16) == meeting + 1)
+    new_chain = delivered[first_new:]  # from where the chains meet, each block once, each the last's child
+    assert numbers(new_chain) == list(range(meeting + 1, anvil.block_number() + 1))
+    assert all(b["parentHash"] == a["hash"] for a, b in itertools.pairwise(new_chain))
 
 
 async def test_ids_are_unique_unknown_unsubscribe_is_false_and_unsubscribe_stops_delivery(

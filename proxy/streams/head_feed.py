@@ -285,10 +285,16 @@ class EvmFeed:
             session.push_logs(tuple(subs), batch)
 
     def _prune(self, head: Head) -> None:
-        """Only unfinalized blocks can be replaced: forget the rest, keeping the newest."""
-        floor = max(head.finalized, max(self._delivered) - KEEP)
-        for n in [n for n in self._delivered if n < floor and n != max(self._delivered)]:
-            self._block_logs.pop(self._delivered.pop(n), None)
+        """Only unfinalized blocks are replaced on a live chain: the logs of the rest are forgotten
+        (a block's logs may be megabytes). The hashes of the last KEEP blocks delivered are kept, so a
+        reorg past finality (a dev node's revert) still finds where the chains meet."""
+        top = max(self._delivered)
+        for n, block_hash in list(self._delivered.items()):
+            if n < top - KEEP:
+                del self._delivered[n]
+                self._block_logs.pop(block_hash, None)
+            elif n < head.finalized and n != top:
+                self._block_logs.pop(block_hash, None)
 
     # --- upstream reads (one each per block, whoever listens) ----------------------------------
 
