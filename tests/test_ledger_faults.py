@@ -325,16 +325,23 @@ async def test_a_key_one_worker_saw_is_served_no_more_than_its_balance_by_the_ho
     of what nobody held, and by its sibling, which never saw it, not at all beyond its own lease.
     The first took all that nobody held and the second half the balance as a key never seen (an
     outside attack: 3,840 served of 2,000 by two such hosts)."""
-    _path, env = keyed(anvil, ledger_redis, tmp_path, dave={"daily_credits": 20 * STORAGE_PRICE})
+    balance = {"daily_credits": 20 * STORAGE_PRICE}
+    _path, env = keyed(anvil, ledger_redis, tmp_path, dave=balance, erin=balance)
     env.update(CREDITS_REDIS_TIMEOUT="0.5", CREDITS_REDIS_FAILURES="2")
     async with two_workers(env) as workers:
         async with aiohttp.ClientSession() as one:  # one keep-alive connection: one worker sees the key
             for i in range(2):
                 assert (await post(one, workers.url("dave"), storage(i))) == (200, STORAGE_PRICE)
         async with stalled(ledger_redis), fresh_connections() as session:
-            burst = await asyncio.gather(*(post(session, workers.url("dave"), storage(100 + i)) for i in range(60)))
+            burst, unseen = await asyncio.gather(
+                asyncio.gather(*(post(session, workers.url("dave"), storage(100 + i)) for i in range(60))),
+                asyncio.gather(*(post(session, workers.url("erin"), storage(100 + i)) for i in range(60))),
+            )
     served = 2 * STORAGE_PRICE + sum(charged for status, charged in burst if status == 200)
     assert served <= 20 * STORAGE_PRICE, burst
+    # A key no worker had seen: each tried the ledger on its first call, and took the other's try for
+    # the ledger's word: none was served, fail-open as fail-closed (a re-attack).
+    assert 0 < sum(charged for status, charged in unseen if status == 200) <= 20 * STORAGE_PRICE, unseen
 
 
 # --- 4. start-up refuses what cannot work; no ledger fault is a 500 -------------------------------

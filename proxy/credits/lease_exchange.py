@@ -76,6 +76,7 @@ class LeaseExchange:
         self._lease_seconds = lease_seconds
         self._mono = monotonic
         self._seqs = itertools.count(1)
+        self.on_known: list[Callable[[KeyLease], None]] = []  # a key's first reply from the ledger here today
 
     async def exchange(
         self,
@@ -130,6 +131,9 @@ class LeaseExchange:
         lease.allowance, lease.others, lease.active = reply.allowance, reply.used - reply.allowance, reply.active
         lease.others_spent, lease.peers = reply.spent - sent_net, reply.peers
         lease.reported, lease.reported_at = sent_net, self._mono()
+        if not lease.known:
+            for callback in self.on_known:
+                callback(lease)
         lease.known, lease.ceiling, lease.returning = True, None, False
         if daily != lease.daily and mode != GIVE_BACK:  # granted under a balance a reload replaced meanwhile
             lease.allowance, lease.returning = lease.net, True

@@ -20,7 +20,8 @@ stays refused. Outage debits are journaled (in
 memory, and in `CREDITS_JOURNAL_DIR` when set) and reach Redis with the next exchange, so the day's
 usage afterwards equals what was served. A key this process has not seen today is served up to
 `CREDITS_LEASE_MAX` / WORKERS with `CREDITS_FAIL_OPEN=true` (the default) and refused otherwise, and
-not at all when a sibling worker of its host leased it today (that one holds the host's share).
+not at all when a sibling worker of its host had a lease of it from the ledger today (that one holds
+the host's share).
 
 The balance a client is shown is the key's spent usage (debits less refunds of every replica), not
 what is leased: each replica reports its spending at least every `REPORT_INTERVAL` while it spends,
@@ -67,9 +68,9 @@ def outage_ceiling(
     """The most a replica may have consumed of a key while Redis cannot be reached: its lease plus
     its share of what nobody held at the last reply (one outage lease), a share of at most one of the
     host's `processes` workers (a sibling idle at that reply may spend it now); for a key it has not
-    seen today, if failing open and no sibling worker leased it (`host_saw`: that one holds the host's
-    share), its share of one largest lease or of the key's balance, whichever is less (the host's
-    workers share one), else nothing beyond what it holds."""
+    seen today, if failing open and no sibling worker had a lease of it (`host_saw`: that one holds
+    the host's share), its share of one largest lease or of the key's balance, whichever is less (the
+    host's workers share one), else nothing beyond what it holds."""
     if lease.known:
         unheld = max(0, daily - lease.others - lease.allowance)
         return lease.allowance + unheld // max(1, lease.active, processes)
@@ -163,7 +164,7 @@ class LeasedLedger:
         )
         self._exchange = self.exchanges.exchange
         self.on_new_lease: list[Callable[[KeyLease], None]] = []  # a key's first lease of a day here
-        # Whether a sibling worker of this host leased a key (its ledger key) today (credit_handover.py).
+        # Whether a sibling worker of this host had a lease of a key (its ledger key) today (credit_handover.py).
         self.host_saw: Callable[[str], bool] = lambda _key: False
 
     # --- debits ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from proxy.credits.journal import read_journals
 from proxy.credits.key_lease import KeyLease
@@ -32,20 +33,27 @@ class Handover:
         self._ledger = ledger
         self._journal_dir = journal_dir
         ledger.on_new_lease.append(self._record)
+        ledger.exchanges.on_known.append(self._record_known)
         ledger.host_saw = self.sibling_leased
 
-    def _record(self, lease: KeyLease) -> None:
-        line = jsonrpc.dumps({"k": lease.key, "a": lease.api_key})
+    def _record(self, lease: KeyLease, known: bool = False) -> None:
+        entry = {"k": lease.key, "a": lease.api_key, "known": True} if known else {"k": lease.key, "a": lease.api_key}
+        line = jsonrpc.dumps(entry)
         try:
             with self._own.open("ab") as handle:
                 handle.write(line + b"\n")
         except OSError as exc:
             log.warning("credits: cannot record a lease in %s: %s", self._own, exc.strerror)
 
+    def _record_known(self, lease: KeyLease) -> None:
+        self._record(lease, known=True)
+
     def sibling_leased(self, key: str) -> bool:
-        """Whether another worker of this host (or a dead one's record) leased the ledger key `key`."""
+        """Whether another worker of this host (or a dead one's record) had the ledger's word on the
+        ledger key `key` (a lease granted, its view of the others): not one that only tried, as every
+        worker does on its first call during an outage."""
         return any(
-            any(k == key for k, _ in _leased(path))
+            key in _known(path)
             for path in self._directory.glob("leases-*.jsonl")
             if not path.name.startswith(self._prefix)
         )
@@ -80,19 +88,30 @@ class Handover:
             self._own.unlink(missing_ok=True)
 
 
-def _leased(path: Path) -> set[tuple[str, str]]:
-    found: set[tuple[str, str]] = set()
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """A worker's record, line by line (a line cut short by a crash is skipped)."""
     try:
         lines = path.read_bytes().splitlines()
     except OSError:
-        return found
+        return []
+    entries = []
     for line in lines:
         try:
             entry = jsonrpc.loads(line)
-            found.add((str(entry["k"]), str(entry["a"])))
-        except (jsonrpc.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut short by the crash
-    return found
+        except jsonrpc.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("k"), str) and isinstance(entry.get("a"), str):
+            entries.append(entry)
+    return entries
+
+
+def _known(path: Path) -> set[str]:
+    """The ledger keys a worker's record says the ledger answered it about."""
+    return {entry["k"] for entry in _entries(path) if entry.get("known") is True}
+
+
+def _leased(path: Path) -> set[tuple[str, str]]:
+    return {(entry["k"], entry["a"]) for entry in _entries(path)}
 
 
 class WorkerLedger:
