@@ -30,10 +30,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE, JsonRpcError
-from proxy.streams.head_feed import EvmFeed, FeedError
+from proxy.streams.head_feed import FeedError, FeedReads
 from proxy.upstream.pool import HttpUpstream, Upstream
 from proxy.upstream.ws import UpstreamSocket
 from proxy.values import Answer
@@ -340,10 +339,10 @@ class LogsOverTwoBlocks:
 
 async def test_the_feeds_catch_up_too_large_as_a_whole_is_read_in_halves_and_a_block_too_large_alone_fails() -> None:
     upstream = LogsOverTwoBlocks()
-    feed = EvmFeed("evm", cast(Upstream, upstream), cast(EvmHeadTracker, None))
+    reads = FeedReads(cast(Upstream, upstream))
     hashes = [f"0x{i}" for i in range(5)]
-    logs = await feed._logs(hashes)
+    logs = await reads.logs(hashes)
     assert [entries[0]["blockHash"] for entries in logs] == hashes  # in order, all of them
     assert upstream.batches == [hashes, hashes[:2], hashes[2:], hashes[2:3], hashes[3:]]
     with pytest.raises(FeedError, match="raise MAX_RESPONSE_BYTES"):
-        await feed._logs(["0xbad"])
+        await reads.logs(["0xbad"])

@@ -41,7 +41,7 @@ class EvmFeed:
         self.network = network
         self.heads: set[Subscription] = set()
         self.logs: set[Subscription] = set()
-        self._upstream = upstream
+        self._reads = FeedReads(upstream)
         self._tracker = tracker
         self._push = push
         self._pushing: Relayed | None = None
@@ -206,16 +206,16 @@ class EvmFeed:
             return  # nothing new (or a view that lags what was delivered)
         else:
             fork = top
-        numbers, headers = await self._from(fork, head)
+        numbers, headers = await self._from(fork, head, top)
         if headers and numbers[0] == fork + 1 and fork in delivered and _parent(headers[0]) != delivered[fork]:
             # A reorg below the tracker's window (a dev node's revert past its finalized block): the
             # blocks delivered are compared with the node's chain down to where the two meet.
             fork = await self._meeting(fork)
-            numbers, headers = await self._from(fork, head)
+            numbers, headers = await self._from(fork, head, top)
             if headers and numbers[0] == fork + 1 and fork in delivered and _parent(headers[0]) != delivered[fork]:
                 raise FeedError(f"block {numbers[0]} does not extend the delivered chain")
         hashes = [str(h["hash"]).lower() for h in headers]
-        logs = await self._logs(hashes) if self.logs and hashes else [[] for _ in numbers]
+        logs = await self._reads.logs(hashes) if self.logs and hashes else [[] for _ in numbers]
         removed = sorted(n for n in delivered if n > fork)
         for n in removed:
             gone = self._block_logs.pop(delivered.pop(n), [])
@@ -223,22 +223,38 @@ class EvmFeed:
         for n, header, block_hash, block_logs in zip(numbers, headers, hashes, logs, strict=True):
             self._deliver(n, block_hash, header, block_logs)
         self._prune(head)
+        if numbers and numbers[-1] < head.latest:  # the rest of a long reorg's new chain: next time
+            self._head = self._head or head
+            self._wake.set()
 
-    async def _from(self, fork: int, head: Head) -> tuple[list[int], list[dict[str, Any]]]:
-        """The numbers and headers of the blocks to deliver after `fork`, CATCH_UP at most."""
-        start = max(fork + 1, head.latest - CATCH_UP + 1)
-        if start > fork + 1:
-            log.warning(
-                "head feed %s: skipped blocks %d-%d (more than %d at once)", self.network, fork + 1, start - 1, CATCH_UP
-            )
-        numbers = list(range(start, head.latest + 1))
-        return numbers, (await self._headers(numbers, head) if numbers else [])
+    async def _from(self, fork: int, head: Head, top: int) -> tuple[list[int], list[dict[str, Any]]]:
+        """The numbers and headers of the blocks to deliver after `fork`. After a reorg (`fork` below
+        `top`, the last block delivered) every block from the fork up to `top`, so the client's chain
+        joins up, then CATCH_UP more at most (the rest next time); ahead of `top`, the last CATCH_UP
+        at most (older ones skipped, logged)."""
+        if fork < top:
+            start, end = fork + 1, min(head.latest, max(top, fork + CATCH_UP))
+        else:
+            start, end = max(fork + 1, head.latest - CATCH_UP + 1), head.latest
+            if start > fork + 1:
+                log.warning(
+                    "head feed %s: skipped blocks %d-%d (more than %d at once)",
+                    self.network,
+                    fork + 1,
+                    start - 1,
+                    CATCH_UP,
+                )
+        numbers = list(range(start, end + 1))
+        headers: list[dict[str, Any]] = []
+        for at in range(0, len(numbers), CATCH_UP):  # one batch of CATCH_UP blocks at most
+            headers += await self._reads.headers(numbers[at : at + CATCH_UP], head)
+        return numbers, headers
 
     async def _meeting(self, below: int) -> int:
         """The highest delivered block, at or under `below`, that the node's chain still has; under
         every block delivered when it has none of them (their logs are all sent again as removed)."""
         numbers = sorted((n for n in self._delivered if n <= below), reverse=True)
-        answers = await self._read([("eth_getBlockByNumber", [hex(n), False]) for n in numbers])
+        answers = await self._reads.read([("eth_getBlockByNumber", [hex(n), False]) for n in numbers])
         for n, answer in zip(numbers, answers, strict=True):
             header = _result(answer)
             if isinstance(header, dict) and str(header.get("hash", "")).lower() == self._delivered[n]:
@@ -258,7 +274,7 @@ class EvmFeed:
         top = max(self._delivered)
         if number != top + 1 or self._delivered[top] != parent:
             return
-        logs = (await self._logs([block_hash]))[0] if self.logs else []
+        logs = (await self._reads.logs([block_hash]))[0] if self.logs else []
         if max(self._delivered) == top:  # nothing delivered meanwhile
             self._deliver(number, block_hash, header, logs)
 
@@ -296,16 +312,21 @@ class EvmFeed:
             elif n < head.finalized and n != top:
                 self._block_logs.pop(block_hash, None)
 
-    # --- upstream reads (one each per block, whoever listens) ----------------------------------
 
-    async def _headers(self, numbers: list[int], head: Head) -> list[dict[str, Any]]:
+class FeedReads:
+    """A feed's upstream reads: one each per block, whoever listens."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self._upstream = upstream
+
+    async def headers(self, numbers: list[int], head: Head) -> list[dict[str, Any]]:
         calls: list[tuple[str, Any]] = [
             ("eth_getBlockByHash", [head.hashes[n], False])
             if n in head.hashes
             else ("eth_getBlockByNumber", [hex(n), False])
             for n in numbers
         ]
-        answers = await self._read(calls)
+        answers = await self.read(calls)
         headers = []
         for n, answer in zip(numbers, answers, strict=True):
             header = _result(answer)
@@ -317,7 +338,7 @@ class EvmFeed:
             headers.append(header)
         return headers
 
-    async def _read(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+    async def read(self, calls: list[tuple[str, Any]]) -> list[Answer]:
         """One batch, each reply read under MAX_RESPONSE_BYTES counted whole. A catch-up's batch (up to
         CATCH_UP blocks, their logs on a busy chain tens of MB) too large as a whole is read again in
         halves, each bounded alike; one block's own reply too large fails the read (FeedError, logged)."""
@@ -329,10 +350,12 @@ class EvmFeed:
             if len(calls) == 1:
                 raise FeedError(f"{error.message} (raise MAX_RESPONSE_BYTES to read it)") from None
         half = len(calls) // 2
-        return [*await self._read(calls[:half]), *await self._read(calls[half:])]
+        return [*await self.read(calls[:half]), *await self.read(calls[half:])]
 
-    async def _logs(self, hashes: list[str]) -> list[list[dict[str, Any]]]:
-        answers = await self._read([("eth_getLogs", [{"blockHash": h}]) for h in hashes])
+    async def logs(self, hashes: list[str]) -> list[list[dict[str, Any]]]:
+        answers: list[Answer] = []
+        for at in range(0, len(hashes), CATCH_UP):  # one batch of CATCH_UP blocks at most
+            answers += await self.read([("eth_getLogs", [{"blockHash": h}]) for h in hashes[at : at + CATCH_UP]])
         out = []
         for block_hash, answer in zip(hashes, answers, strict=True):
             logs = _result(answer)
