@@ -158,7 +158,9 @@ async def head_with(client: Client, sub: str, block_hash: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "mined, again", [(70, 75), (100, 3), (200, 250)], ids=["longer", "shorter", "more than a catch-up"]
+    "mined, again",
+    [(70, 75), (100, 3), (200, 250), (300, 1), (15, 200)],
+    ids=["longer", "shorter", "more than a catch-up", "far shorter", "then a jump"],
 )
 async def test_a_reorg_below_the_trackers_window_delivers_the_new_chain_from_where_they_meet(
     anvil: Anvil, evm_proxy: Proxy, mined: int, again: int
@@ -169,7 +171,8 @@ async def test_a_reorg_below_the_trackers_window_delivers_the_new_chain_from_whe
     subscriber of the network again, a new one included (an outside attack); then the new chain
     came from 64 blocks down, the blocks under it left at their replaced hashes, or (a shorter
     chain) not at all until it passed the old height, or (more than 128 blocks replaced) from 128
-    blocks down, skipping the rest (re-attacks)."""
+    blocks down, skipping the rest, or (far shorter, or a jump past the tracker's window right after)
+    never (re-attacks)."""
     store = anvil.deploy_store()
     await evm_proxy.head_at(anvil.block_number())
     client = await connect(evm_proxy)

@@ -198,12 +198,17 @@ class EvmFeed:
         top = max(delivered)
         conflicts = [n for n, h in delivered.items() if head.hashes.get(n, h) != h]
         rolled_back, self._rolled_back = self._rolled_back, None
-        if rolled_back is not None:
-            conflicts += [n for n in delivered if n >= rolled_back and n > head.latest]
+        if rolled_back is not None:  # the chain ends at its head now: nothing delivered above it is left
+            conflicts += [n for n in delivered if n > head.latest]
         if conflicts:
             fork = min(conflicts) - 1
+            if fork > head.latest:  # rolled back below every block it replaced: the highest one left
+                fork = await self._meeting(head.latest)
         elif head.latest <= top:
             return  # nothing new (or a view that lags what was delivered)
+        elif head.latest - top > CATCH_UP:
+            # A jump past the tracker's window: a reorg beneath it shows only on the node's chain.
+            fork = await self._meeting(top)
         else:
             fork = top
         numbers, headers = await self._from(fork, head, top)
@@ -254,12 +259,15 @@ class EvmFeed:
         """The highest delivered block, at or under `below`, that the node's chain still has; under
         every block delivered when it has none of them (their logs are all sent again as removed)."""
         numbers = sorted((n for n in self._delivered if n <= below), reverse=True)
-        answers = await self._reads.read([("eth_getBlockByNumber", [hex(n), False]) for n in numbers])
-        for n, answer in zip(numbers, answers, strict=True):
-            header = _result(answer)
-            if isinstance(header, dict) and str(header.get("hash", "")).lower() == self._delivered[n]:
-                return n
-        return numbers[-1] - 1 if numbers else below
+        if not numbers:
+            return below
+        for part in (numbers[:1], *(numbers[at : at + CATCH_UP] for at in range(1, len(numbers), CATCH_UP))):
+            answers = await self._reads.read([("eth_getBlockByNumber", [hex(n), False]) for n in part])
+            for n, answer in zip(part, answers, strict=True):
+                header = _result(answer)
+                if isinstance(header, dict) and str(header.get("hash", "")).lower() == self._delivered[n]:
+                    return n  # the highest first, alone: most often the chains meet there
+        return numbers[-1] - 1
 
     async def _deliver_pushed(self, header: dict[str, Any]) -> None:
         """A head the node pushed: delivered at once when it extends the delivered chain; anything
