@@ -16,7 +16,7 @@ import pytest
 
 from proxy.config import Settings
 from proxy.credits.accounts import derived_name
-from proxy.http.app_keys import STREAMS
+from proxy.http.app_keys import SERVICE, STREAMS
 from proxy.rpc.params import Rules
 from proxy.streams.subscription import LogFilter, subscription_call
 from tests.support import Anvil, Proxy, ProxyFactory, eventually, selector, settings_for, word
@@ -199,6 +199,37 @@ async def test_a_reorg_below_the_trackers_window_delivers_the_new_chain_from_whe
     new_chain = delivered[first_new:]  # from where the chains meet, each block once, each the last's child
     assert numbers(new_chain) == list(range(meeting + 1, anvil.block_number() + 1))
     assert all(b["parentHash"] == a["hash"] for a, b in itertools.pairwise(new_chain))
+
+
+async def test_a_revert_past_every_block_remembered_goes_on_from_the_nodes_head(anvil: Anvil, evm_proxy: Proxy) -> None:
+    """Rule: the feed remembers its last 512 blocks; a revert below all of them (a snapshot, 600
+    blocks, revert) goes on from the node's head, each block after it delivered, each the last one's
+    child. It failed one pass (`max()` of nothing) and dropped the next blocks and their logs (a
+    re-attack)."""
+    store = anvil.deploy_store()
+    await evm_proxy.head_at(anvil.block_number())
+    client = await connect(evm_proxy)
+    heads = await client.subscribe("newHeads")
+    logs = await client.subscribe("logs", {"address": store})
+    snapshot = anvil.rpc("evm_snapshot")
+    anvil.mine(600)
+    await head_with(client, heads, anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"])
+    assert anvil.rpc("evm_revert", snapshot) is True
+    reverted = anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"]
+    await eventually(lambda: _seen(evm_proxy, reverted), 15, "the tracker to take the reverted chain")
+    receipt = anvil.send(store, selector("emitMany(uint256)") + word(1))
+    anvil.mine(2)
+    await head_with(client, heads, anvil.rpc("eth_getBlockByNumber", "latest", False)["hash"])
+    after = [h for h in client.results(heads) if int(h["number"], 16) > int(receipt["blockNumber"], 16) - 1]
+    after = after[[h["hash"] for h in after].index(receipt["blockHash"]) :]
+    assert numbers(after) == list(range(int(receipt["blockNumber"], 16), anvil.block_number() + 1))
+    assert all(b["parentHash"] == a["hash"] for a, b in itertools.pairwise(after))
+    assert [r["blockHash"] for r in client.results(logs) if not r["removed"]] == [receipt["blockHash"]]
+
+
+async def _seen(proxy: Proxy, block_hash: str) -> bool:
+    head = proxy.app[SERVICE].networks["evm"].tracker.head
+    return head is not None and head.latest_hash == block_hash
 
 
 async def test_ids_are_unique_unknown_unsubscribe_is_false_and_unsubscribe_stops_delivery(

@@ -204,6 +204,9 @@ class EvmFeed:
             fork = min(conflicts) - 1
             if fork > head.latest:  # rolled back below every block it replaced: the highest one left
                 fork = await self._meeting(head.latest)
+                if fork == head.latest and fork not in delivered:
+                    # None left (a revert past the blocks remembered): the chain goes on from its head.
+                    delivered[fork] = head.latest_hash
         elif head.latest <= top:
             return  # nothing new (or a view that lags what was delivered)
         elif head.latest - top > CATCH_UP:
@@ -312,6 +315,8 @@ class EvmFeed:
         """Only unfinalized blocks are replaced on a live chain: the logs of the rest are forgotten
         (a block's logs may be megabytes). The hashes of the last KEEP blocks delivered are kept, so a
         reorg past finality (a dev node's revert) still finds where the chains meet."""
+        if not self._delivered:
+            return
         top = max(self._delivered)
         for n, block_hash in list(self._delivered.items()):
             if n < top - KEEP:
