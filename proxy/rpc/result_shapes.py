@@ -187,8 +187,8 @@ def _transaction(result: Any) -> bool:
         type(result) is dict
         and _count(result.get("slot"))
         and type(result.get("transaction")) in (dict, list, str)
-        and (result.get("meta") is None or type(result["meta"]) is dict)
         and "meta" in result
+        and (result["meta"] is None or type(result["meta"]) is dict)
     )
 
 

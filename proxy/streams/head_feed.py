@@ -215,12 +215,12 @@ class EvmFeed:
         else:
             fork = top
         numbers, headers = await self._from(fork, head, top)
-        if headers and numbers[0] == fork + 1 and fork in delivered and _parent(headers[0]) != delivered[fork]:
+        if self._breaks(fork, numbers, headers):
             # A reorg below the tracker's window (a dev node's revert past its finalized block): the
             # blocks delivered are compared with the node's chain down to where the two meet.
             fork = await self._meeting(fork)
             numbers, headers = await self._from(fork, head, top)
-            if headers and numbers[0] == fork + 1 and fork in delivered and _parent(headers[0]) != delivered[fork]:
+            if self._breaks(fork, numbers, headers):
                 raise FeedError(f"block {numbers[0]} does not extend the delivered chain")
         hashes = [str(h["hash"]).lower() for h in headers]
         logs = await self._reads.logs(hashes) if self.logs and hashes else [[] for _ in numbers]
@@ -234,6 +234,11 @@ class EvmFeed:
         if numbers and numbers[-1] < head.latest:  # the rest of a long reorg's new chain: next time
             self._head = self._head or head
             self._wake.set()
+
+    def _breaks(self, fork: int, numbers: list[int], headers: list[dict[str, Any]]) -> bool:
+        """The first block read right after `fork` is not the child of the block delivered there."""
+        delivered = self._delivered
+        return bool(headers) and numbers[0] == fork + 1 and fork in delivered and _parent(headers[0]) != delivered[fork]
 
     async def _from(self, fork: int, head: Head, top: int) -> tuple[list[int], list[dict[str, Any]]]:
         """The numbers and headers of the blocks to deliver after `fork`. After a reorg (`fork` below

@@ -37,7 +37,9 @@ class Handover:
         ledger.host_saw = self.sibling_leased
 
     def _record(self, lease: KeyLease, known: bool = False) -> None:
-        entry = {"k": lease.key, "a": lease.api_key, "known": True} if known else {"k": lease.key, "a": lease.api_key}
+        entry: dict[str, Any] = {"k": lease.key, "a": lease.api_key}
+        if known:
+            entry["known"] = True
         line = jsonrpc.dumps(entry)
         try:
             with self._own.open("ab") as handle:
