@@ -14,6 +14,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -594,29 +596,37 @@ async def test_an_admin_cordon_takes_an_upstream_out_within_one_call_and_needs_t
         assert _asked(relays[0], "eth_getBalance") == 1
 
 
-async def test_an_admin_cordon_reaches_every_worker(relays: list[FaultRelay]) -> None:
+@asynccontextmanager
+async def _admin_workers(relays: list[FaultRelay], **env: str) -> AsyncIterator[tuple[Running, int]]:
+    """Two workers over both relays with the admin listener, ready; stopped cleanly, the token in no
+    log line."""
     port = free_port()
-    running = _start(f"{relays[0].url},{relays[1].url}", 2, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
+    running = _start(f"{relays[0].url},{relays[1].url}", 2, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN, **env)
     try:
         async with aiohttp.ClientSession() as session:
             await _ready(session, running, 2)
-            status, _ = await _admin(session, port, "/upstreams/evm/0/cordon", method="POST")
-            assert status == 200
-            before = _asked(relays[0], "eth_getBalance")
-            sessions = [aiohttp.ClientSession() for _ in range(8)]  # connections spread over both workers
-            try:
-                answers = await asyncio.gather(
-                    *(_answers(sessions[i % 8], running.url, _balance_call()) for i in range(24))
-                )
-            finally:
-                for one in sessions:
-                    await one.close()
-            assert all(a is not None and "result" in a for a in answers)
-            assert _asked(relays[0], "eth_getBalance") == before, running.log.read_text()
+        yield running, port
     finally:
         code, log = await _stop(running)
         assert code == 0, log
         assert TOKEN not in log
+
+
+async def test_an_admin_cordon_reaches_every_worker(relays: list[FaultRelay]) -> None:
+    async with _admin_workers(relays) as (running, port), aiohttp.ClientSession() as session:
+        status, _ = await _admin(session, port, "/upstreams/evm/0/cordon", method="POST")
+        assert status == 200
+        before = _asked(relays[0], "eth_getBalance")
+        sessions = [aiohttp.ClientSession() for _ in range(8)]  # connections spread over both workers
+        try:
+            answers = await asyncio.gather(
+                *(_answers(sessions[i % 8], running.url, _balance_call()) for i in range(24))
+            )
+        finally:
+            for one in sessions:
+                await one.close()
+        assert all(a is not None and "result" in a for a in answers)
+        assert _asked(relays[0], "eth_getBalance") == before, running.log.read_text()
 
 
 async def _fresh(port: int, path: str, method: str = "GET") -> Any:
@@ -628,22 +638,14 @@ async def _fresh(port: int, path: str, method: str = "GET") -> Any:
 async def test_cordon_commands_crossing_on_two_workers_leave_both_with_the_last(relays: list[FaultRelay]) -> None:
     # Each worker applied its own command, then its sibling's: crossing commands left the two workers
     # disagreeing for good (an upstream cordoned by the operator still served by half of them).
-    port = free_port()
-    running = _start(f"{relays[0].url},{relays[1].url}", 2, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN)
-    try:
-        async with aiohttp.ClientSession() as session:
-            await _ready(session, running, 2)
-
-            for _ in range(6):
-                commands = ["cordon", "uncordon", "cordon", "uncordon"]
-                replies = await asyncio.gather(*(_fresh(port, f"/upstreams/evm/0/{c}", "POST") for c in commands))
-                assert all(status == 200 for status, _ in replies), replies
-                views = await asyncio.gather(*(_fresh(port, "/upstreams") for _ in range(16)))
-                states = {body["evm"][0]["cordoned"] for _, body in views}
-                assert len(states) == 1, views  # every worker holds the host's one record
-    finally:
-        code, log = await _stop(running)
-        assert code == 0, log
+    async with _admin_workers(relays) as (_, port):
+        for _ in range(6):
+            commands = ["cordon", "uncordon", "cordon", "uncordon"]
+            replies = await asyncio.gather(*(_fresh(port, f"/upstreams/evm/0/{c}", "POST") for c in commands))
+            assert all(status == 200 for status, _ in replies), replies
+            views = await asyncio.gather(*(_fresh(port, "/upstreams") for _ in range(16)))
+            states = {body["evm"][0]["cordoned"] for _, body in views}
+            assert len(states) == 1, views  # every worker holds the host's one record
 
 
 async def test_a_cordon_crossing_a_reload_on_the_other_worker_is_kept_by_both(
@@ -651,27 +653,17 @@ async def test_a_cordon_crossing_a_reload_on_the_other_worker_is_kept_by_both(
 ) -> None:
     # The reloading worker wrote its own view over the record after its reload, erasing a cordon its
     # sibling had just taken: the two workers disagreed for good, and the record had lost it.
-    port = free_port()
     networks = tmp_path / "networks.toml"
     networks.write_text(f'[networks.side]\nfamily = "evm"\nupstreams = ["{relays[1].url}"]\n')
-    running = _start(
-        f"{relays[0].url},{relays[1].url}", 2, ADMIN_PORT=str(port), ADMIN_TOKEN=TOKEN, NETWORKS_FILE=str(networks)
-    )
-    try:
-        async with aiohttp.ClientSession() as session:
-            await _ready(session, running, 2)
-
-            for index in (0, 1, 0, 1):
-                replies = await asyncio.gather(
-                    _fresh(port, f"/upstreams/evm/{index}/cordon", "POST"), _fresh(port, "/reload", "POST")
-                )
-                assert [status for status, _ in replies] == [200, 200], replies
-                views = await asyncio.gather(*(_fresh(port, "/upstreams") for _ in range(12)))
-                assert all(body["evm"][index]["cordoned"] for _, body in views), views
-                assert (await _fresh(port, f"/upstreams/evm/{index}/uncordon", "POST"))[0] == 200
-    finally:
-        code, log = await _stop(running)
-        assert code == 0, log
+    async with _admin_workers(relays, NETWORKS_FILE=str(networks)) as (_, port):
+        for index in (0, 1, 0, 1):
+            replies = await asyncio.gather(
+                _fresh(port, f"/upstreams/evm/{index}/cordon", "POST"), _fresh(port, "/reload", "POST")
+            )
+            assert [status for status, _ in replies] == [200, 200], replies
+            views = await asyncio.gather(*(_fresh(port, "/upstreams") for _ in range(12)))
+            assert all(body["evm"][index]["cordoned"] for _, body in views), views
+            assert (await _fresh(port, f"/upstreams/evm/{index}/uncordon", "POST"))[0] == 200
 
 
 def test_an_admin_port_needs_a_long_token() -> None:
