@@ -124,8 +124,8 @@ async def ledger(link: RedisLink) -> AsyncIterator[Ledgers]:
     (a top-up still running when the test's loop closed left its connection to the next test)."""
     made: list[LeasedLedger] = []
 
-    def make(lease_max: int = 100_000) -> LeasedLedger:
-        made.append(LeasedLedger(link, lease_max=lease_max, lease_seconds=10.0))
+    def make(lease_max: int = 100_000, **options: Any) -> LeasedLedger:
+        made.append(LeasedLedger(link, lease_max=lease_max, lease_seconds=10.0, **options))
         return made[-1]
 
     yield make
@@ -155,6 +155,36 @@ class TestLeaseScript:
 
         assert await at(holder, NOW) is Verdict.OK  # leased 160: one more call's credit
         assert [await at(spender, NOW + later) for _ in range(3)] == [Verdict.OK, Verdict.OK, verdict]
+
+    async def test_every_want_of_held_credit_asks_the_holders_again_within_the_same_second(
+        self, link: RedisLink, ledger: Ledgers
+    ) -> None:
+        # A holder heard a want as its second: a second replica refused in the second the holder already
+        # heard of went unheard, and with four replicas calls were refused 402 "held by other replicas"
+        # while the holders sat idle on the credit (an outside attack, 2 runs of 7).
+        mono = [0.0]
+        holder, first, second = ledger(monotonic=lambda: mono[0]), ledger(), ledger()
+
+        async def at(replica: LeasedLedger, amount: int) -> Verdict:
+            return (await replica.debit("k", amount, daily=2_000, per_second=None, now=NOW)).verdict
+
+        async def report() -> None:  # the holder's sweeps a report interval later: it reports, then gives back
+            for _ in range(2):
+                mono[0] += 1.0
+                await holder.sync(NOW)
+
+        assert await at(holder, 100) is Verdict.OK
+        await background_done(holder)
+        assert await at(first, 1_900) is Verdict.HELD  # the holder's lease holds what it needs
+        await report()
+        assert await at(first, 1_200) is Verdict.OK
+        assert await at(holder, 100) is Verdict.OK  # the holder leases again, the same second
+        await background_done(holder, first)
+        unleased = 2_000 - holder._today["k"].allowance - first._today["k"].allowance
+        assert holder._today["k"].free > 0 and await at(second, unleased + 1) is Verdict.HELD
+        await report()
+        assert holder._today["k"].free == 0  # the second want was heard: the holder gave its lease back
+        assert await at(second, unleased + 1) is Verdict.OK
 
     async def test_a_per_second_debit_reaching_redis_after_a_later_seconds_counts_in_that_second(
         self, link: RedisLink, ledger: Ledgers

@@ -59,6 +59,7 @@ class KeyLease:
         "returning",
         "swept",
         "wanted",
+        "wants",
         "window",
     )
 
@@ -95,6 +96,7 @@ class KeyLease:
         self.journaled = False  # debits Redis has not seen yet
         self.returning = False  # a give-back that has not reached Redis yet
         self.wanted = 0  # when a replica last found the key's credit held elsewhere, as last heard (s)
+        self.wants = 0  # how many times replicas found it so today, as last heard
         self.asked_back = False  # another replica wants what this one holds: given back at the next sweep
         self.window: Window = NO_WINDOW  # the per-second window while Redis is unreachable (ledger.py)
         self.lock = asyncio.Lock()

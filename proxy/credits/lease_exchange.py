@@ -144,11 +144,13 @@ class LeaseExchange:
         verdict = _VERDICTS[reply.verdict]
         if mode == GIVE_BACK:
             lease.asked_back = False
-        elif reply.wanted > lease.wanted and reply.wanted >= int(now) - WANTED_FOR:
-            # Another replica found the key's credit held elsewhere since: what is free here goes
-            # back at the next sweep (a replica's own want is its own: it gives back as it is refused).
+        elif (reply.wants > lease.wants or reply.wanted > lease.wanted) and reply.wanted >= int(now) - WANTED_FOR:
+            # Another replica found the key's credit held elsewhere since (a want told by its count, as
+            # two in one second are two; by its second too, as a replica of an older release counts none):
+            # what is free here goes back at the next sweep (a replica's own want is its own: it gives
+            # back as it is refused).
             lease.asked_back = verdict is not Verdict.HELD
-        lease.wanted = max(lease.wanted, reply.wanted)
+        lease.wanted, lease.wants = max(lease.wanted, reply.wanted), max(lease.wants, reply.wants)
         if verdict is Verdict.OK and cost:
             self._exhausted.forget(int(now) // 86400, lease.api_key)
         return verdict

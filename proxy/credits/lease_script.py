@@ -33,7 +33,8 @@ from typing import Any, NamedTuple
 # Returns {verdict (1 ok, 0 exhausted, -1 rate limited, -2 held: a rebuilt entry unconfirmed, -3 held
 #   elsewhere: the balance can pay the call but other replicas' leases hold it), allowance, used,
 #   active replicas, restored, spent by all replicas, when a replica last found credit held elsewhere
-#   (`w`, s; 0: never), then the other replicas as the same 5 values each}.
+#   (`w`, s; 0: never), how many times replicas found it so today (`n`: every want is told apart, two in
+#   one second too), then the other replicas as the same 5 values each}.
 LEASE_SCRIPT = """
 local key, me = KEYS[1], ARGV[1]
 local seq, consumed, refunded = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -116,6 +117,7 @@ if fresh then
         -- replica gone without giving its lease back (not active) is asked nothing.
         verdict = -3
         redis.call('HSET', key, 'w', now)
+        h['n'] = redis.call('HINCRBY', key, 'n', 1)
       else
         verdict = 0
       end
@@ -146,7 +148,7 @@ if fresh then
 end
 redis.call('HSET', key, 'used', others + a, 'a:' .. me, a, 'c:' .. me, consumed, 'f:' .. me, refunded, 't:' .. me, now)
 redis.call('EXPIRE', key, tonumber(ARGV[14]))
-local reply = {verdict, a, others + a, active, restored, spent, tonumber(h['w'] or '0')}
+local reply = {verdict, a, others + a, active, restored, spent, tonumber(h['w'] or '0'), tonumber(h['n'] or '0')}
 if verdict == -3 then reply[7] = now end
 for i = 1, #peers do reply[#reply + 1] = peers[i] end
 return reply
@@ -163,10 +165,11 @@ class LeaseReply(NamedTuple):
     restored: bool
     spent: int  # every replica's debits less refunds: what was served
     wanted: int  # when a replica last found the key's credit held elsewhere (s; 0: never)
+    wants: int  # how many times replicas found it so today
     peers: tuple[Any, ...]  # the other replicas, flat, as ARGV takes them back
 
 
 def parse_reply(reply: list[Any]) -> LeaseReply:
-    verdict, allowance, used, active, restored, spent, wanted = (int(v) for v in reply[:7])
-    peers = tuple(v.decode() if isinstance(v, bytes) else int(v) for v in reply[7:])
-    return LeaseReply(verdict, allowance, used, active, bool(restored), spent, wanted, peers)
+    verdict, allowance, used, active, restored, spent, wanted, wants = (int(v) for v in reply[:8])
+    peers = tuple(v.decode() if isinstance(v, bytes) else int(v) for v in reply[8:])
+    return LeaseReply(verdict, allowance, used, active, bool(restored), spent, wanted, wants, peers)
