@@ -68,6 +68,7 @@ class Fault:
     )
     every: int = 1  # applies to every `every`-th matching request only
     only: bool = False  # matches only requests whose every call is of `method`
+    where: Callable[[dict[str, Any]], bool] | None = None  # only requests holding a call it holds true of
     _matched: int = 0
 
     def matches(self, calls: list[dict[str, Any]], is_batch: bool) -> bool:
@@ -76,6 +77,8 @@ class Fault:
         if self.only and not all(c.get("method") == self.method for c in calls):
             return False
         if self.method is not None and not any(c.get("method") == self.method for c in calls):
+            return False
+        if self.where is not None and not any(self.where(c) for c in calls):
             return False
         self._matched += 1
         return self._matched % self.every == 0

@@ -5,7 +5,7 @@ spec's limits hold over the merged answer; X-Cache says whether any chunk went u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,6 +222,59 @@ async def test_calls_of_one_key_waiting_for_a_merge_end_by_their_own_time_limit(
             assert status == 200 and body["error"] == {"code": -32005, "message": "query timeout exceeded"}, body
         assert took < 3, took  # the last pair after 4 s before (the load's margin: 2 s)
         assert proxy.metric("rpc_proxy_getlogs_limit_rejections_total", reason="timeout") == 8
+    finally:
+        relay.clear()
+        await relay.close()
+
+
+async def test_a_keys_calls_filling_its_merge_places_never_delay_another_keys_merge(
+    anvil: Anvil, tmp_path: Path, make_proxy: ProxyFactory
+) -> None:
+    """Rule (spec: limits are per key): a key has two merge places (memory per key), and its calls that
+    wait for one wait in its own queue. Alice's two merges hang on a slow node and four more of hers
+    wait; Bob's merge, of another chunk, is answered meanwhile, equal to the node's."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text("[keys.alice]\ndaily_credits = 100000\n[keys.bob]\ndaily_credits = 100000\n")
+    relay = await FaultRelay(anvil.url).start()
+    proxy = await make_proxy(
+        EVM_UPSTREAM=relay.url, API_KEYS_FILE=str(keys), GETLOGS_CHUNK_BLOCKS=str(CHUNK), GETLOGS_TIMEOUT="5"
+    )
+    try:
+        chain = await build(anvil, proxy, events=20)
+        assert chain.finalized > 2 * CHUNK
+        bobs = logs_filter(chain, CHUNK + 50, CHUNK + 60)  # a final range of the second chunk
+        relay.inject(
+            "slow",
+            method="eth_getLogs",
+            delay=10.0,
+            times=None,
+            where=lambda call: call.get("method") == "eth_getLogs" and int(call["params"][0]["fromBlock"], 16) < CHUNK,
+        )
+
+        def alice(i: int) -> asyncio.Task[tuple[int, Any, Any]]:
+            payload = {"jsonrpc": "2.0", "id": i, "method": "eth_getLogs", "params": [logs_filter(chain, i, i)]}
+            return asyncio.create_task(proxy.post(payload, key="alice"))
+
+        queues = proxy.app[SERVICE]._merge_slots._queues  # one key's so far: alice's
+
+        def in_queue(held: int, users: int) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                queue = next(iter(queues.values()), None)
+                return queue is not None and 2 - queue.slots._value == held and queue.users == users
+
+            return check
+
+        alices = [alice(i) for i in range(2)]
+        await eventually(in_queue(2, 2), what="alice's two merges in flight")
+        alices += [alice(i) for i in range(2, 6)]
+        await eventually(in_queue(2, 6), what="four more of alice's calls waiting")
+        status, body, _ = await proxy.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [bobs]}, key="bob"
+        )
+        assert status == 200 and body.get("result") == anvil.rpc("eth_getLogs", bobs), body
+        assert not any(task.done() for task in alices)  # all six still waiting: bob waited behind none
+        for status, body, _ in await asyncio.gather(*alices):
+            assert status == 200 and body["error"]["code"] == -32005, body
     finally:
         relay.clear()
         await relay.close()
