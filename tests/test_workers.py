@@ -28,7 +28,7 @@ from proxy.config import ConfigError, build_settings
 from proxy.cpus import cgroup_quota, usable_cpus
 from proxy.supervisor import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay, supervise
 from proxy.values import Answer
-from proxy.workers.metrics_merge import merged, render
+from proxy.workers.metrics_merge import merged, render, with_retired
 from proxy.workers.shared_polls import SharedPolls, aligned_delay, fresh_answers
 from tests.fault_relay import FaultRelay
 from tests.support import CONTRACTS, DEV_ACCOUNT, Anvil, eventually, free_port, word
@@ -143,6 +143,47 @@ def test_the_merged_scrape_is_promtool_clean() -> None:
     text = render(merged([_worker_exposition(1, 5, 1, 1, 0.2), _worker_exposition(2, 5, 1, 1, 2.0)]))
     result = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True)
     assert result.returncode == 0, result.stderr.decode()
+
+
+def test_what_a_worker_counted_outlives_it_and_its_gauges_do_not() -> None:
+    # A dead worker's counts went with it: the host's totals stepped back, which rate() read as a reset
+    # (a spike of every surviving worker's total on the dashboards).
+    seen: dict[str, Any] = {}
+    dead: set[int] = set()
+
+    def scrape(*reads: tuple[str, int | None, str | None]) -> dict[str, float]:
+        families = merged(with_retired(seen, list(reads), lambda pid: pid not in dead))
+        return {f"{s.name}{sorted(s.labels.items()) if s.labels else ''}": s.value for f in families for s in f.samples}
+
+    first = scrape(
+        ("w0", 10, _worker_exposition(3, 100, 1, 10, 0.05)), ("w1", 11, _worker_exposition(4, 100, 1, 20, 0.5))
+    )
+    assert first["rpc_proxy_requests_total[('method', 'eth_call')]"] == 7
+    # Worker 0 does not answer in time but lives: its last counts stand, its gauges are left out.
+    late = scrape(("w0", None, None), ("w1", 11, _worker_exposition(5, 100, 1, 20, 0.5)))
+    assert late["rpc_proxy_requests_total[('method', 'eth_call')]"] == 8
+    assert late["rpc_proxy_cache_memory_bytes"] == 20
+    # It died (no answer, its pid gone), then its successor answers on its socket: counted from 0 on top.
+    dead.add(10)
+    gone = scrape(("w0", None, None), ("w1", 11, _worker_exposition(5, 100, 1, 20, 0.5)))
+    assert gone["rpc_proxy_requests_total[('method', 'eth_call')]"] == 8
+    reborn = scrape(
+        ("w0", 12, _worker_exposition(1, 101, 1, 5, 0.05)), ("w1", 11, _worker_exposition(6, 101, 1, 20, 0.5))
+    )
+    assert reborn["rpc_proxy_requests_total[('method', 'eth_call')]"] == 3 + 1 + 6
+    assert reborn["rpc_proxy_request_duration_seconds_count"] == 3
+    assert reborn["rpc_proxy_cache_memory_bytes"] == 25  # the living workers' alone
+    # A successor found on the socket at once (no scrape saw its predecessor gone) retires it too.
+    again = scrape(
+        ("w0", 13, _worker_exposition(0, 101, 1, 5, 0.05)), ("w1", 11, _worker_exposition(6, 101, 1, 20, 0.5))
+    )
+    assert again["rpc_proxy_requests_total[('method', 'eth_call')]"] == 3 + 1 + 6
+    check = subprocess.run(
+        [promtool(), "check", "metrics"],
+        input=render(merged(with_retired(seen, [], lambda _p: True))),
+        capture_output=True,
+    )
+    assert check.returncode == 0, check.stderr.decode()
 
 
 def test_polls_wake_on_the_same_wall_clock_tick_in_every_worker() -> None:
@@ -347,13 +388,24 @@ async def _kill_one(running: Running) -> int:
 
 
 async def test_a_killed_worker_is_restarted_logged_and_counted(relay: FaultRelay) -> None:
+    # What the killed worker counted stays in the host's totals: they never step back (a reset to rate()).
     running = _start(relay.url, 2)
+    version = {"jsonrpc": "2.0", "id": 1, "method": "net_version", "params": []}
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=24)) as session:
             await _ready(session, running, 2)
+            replies = await asyncio.gather(*(_answers(session, running.url, version) for _ in range(24)))
+            assert all(r is not None for r in replies)
+            held = _connections_by_process(running.port, running.workers())
+            assert len(held) == 2 and all(count > 0 for count in held.values()), held  # both served some
+            counted = {"network": "evm", "method": "net_version", "outcome": "ok"}
+            assert _sample(await _scrape(session, running), "rpc_proxy_requests_total", **counted) == 24
+        async with aiohttp.ClientSession() as session:
             victim = await _kill_one(running)
             await _ready(session, running, 2)
-            text = await _scrape(session, running)
+            for _ in range(3):  # whichever worker the scrape reaches
+                text = await _scrape(session, running)
+                assert _sample(text, "rpc_proxy_requests_total", **counted) == 24
             assert _sample(text, "rpc_proxy_worker_restarts_total") == 1
     finally:
         returncode, log = await _stop(running)

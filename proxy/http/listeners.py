@@ -26,6 +26,7 @@ from proxy.http.pipeline import KEEPALIVE_TIMEOUT
 from proxy.http.ws import close_websockets
 from proxy.logs import Throttled
 from proxy.request_ids import IDS
+from proxy.workers.metrics_merge import PROCESS_HEADER
 from proxy.workers.shared_table import SharedCounts
 
 log = logging.getLogger("proxy.listeners")
@@ -232,11 +233,15 @@ def registry_exposition(registry: CollectorRegistry) -> Exposition:
     return exposition
 
 
-def metrics_app(exposition: Exposition, app: web.Application) -> web.Application:
-    """`app` as the internal listener's application: /metrics and nothing else."""
+def metrics_app(exposition: Exposition, app: web.Application, *, own: bool = False) -> web.Application:
+    """`app` as the internal listener's application: /metrics and nothing else. `own`: a process's own
+    registry for the sibling that merges a scrape, its pid said (what it counted outlives it)."""
+    headers = {"Content-Type": CONTENT_TYPE_LATEST}
+    if own:
+        headers[PROCESS_HEADER] = str(os.getpid())
 
     async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=await exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=await exposition(), headers=headers)
 
     app.router.add_get("/metrics", metrics)
     return app
@@ -271,7 +276,7 @@ async def start_metrics_listener(
 
 async def start_unix_metrics(exposition: Exposition, path: str) -> web.AppRunner:
     """A worker's own registry, for the sibling that merges a scrape (WORKERS > 1)."""
-    runner = web.AppRunner(metrics_app(exposition, web.Application()), access_log=None, auto_decompress=False)
+    runner = web.AppRunner(metrics_app(exposition, web.Application(), own=True), access_log=None, auto_decompress=False)
     await runner.setup()
     await web.UnixSite(runner, path).start()
     return runner
