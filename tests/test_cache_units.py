@@ -16,7 +16,7 @@ from proxy.cache import policy as cp
 from proxy.cache.planning import _doubted
 from proxy.cache.tiers import Coalescer, MemoryTier, cache_key
 from proxy.chain import heads
-from proxy.chain.finality import FinalityWatch
+from proxy.chain.finality import Contested, FinalityWatch
 from proxy.chain.head_polls import Behind, Head, Header, Resolved, TrackerError, note_orphans
 from proxy.chain.heads import EvmHeadTracker
 from proxy.metrics import Metrics
@@ -292,6 +292,28 @@ class TestHeadTracker:
         assert orphans == {"0xa1": 101, "0xa2": 102}
         note_orphans(orphans, [101, 102, 103], {101: "0xb1", 102: "0xb2", 103: "0xb3"}, {101: "0xa1", 102: "0xa2"})
         assert orphans == {"0xb1": 101, "0xb2": 102, "0xb3": 103}
+
+    def test_a_new_finalized_hash_adopted_since_is_no_contradiction_when_shown_again(self) -> None:
+        # Rule (docs/caching.md: an upstream that showed a new hash of a finalized block, then the known
+        # one again, contradicts itself). A restarted devnet's new genesis, shown by one poll then adopted
+        # by the identity check, was shown again by the next poll and read as the upstream going back: it
+        # left head tracking for 300 s (an outside attack, anvil_reset).
+        states = UpstreamStates(1)
+        states.judged(0, True)
+        metrics = Metrics(CollectorRegistry())
+        watch = FinalityWatch("evm", states, metrics)
+        old, new, latest = Header(0, "0xold", "", 0, 0), Header(0, "0xnew", "", 0, 0), Header(5, "0x5", "", 0, 0)
+        with pytest.raises(Contested):
+            watch.violates(old, new, latest, 0)
+        assert not watch.violates(new, new, latest, 0)  # the new chain adopted meanwhile: its own hash
+        assert not states.flipped_until[0]  # still followed
+        contradictions = {"network": "evm", "upstream": "0"}
+        assert metrics.registry.get_sample_value("rpc_proxy_finality_contradictions_total", contradictions) in (None, 0)
+        with pytest.raises(Contested):  # the known hash shown again after another is still a contradiction
+            watch.violates(new, Header(0, "0xother", "", 0, 0), latest, 0)
+        assert not watch.violates(new, new, latest, 0)
+        assert states.flipped_until[0] > 0
+        assert metrics.registry.get_sample_value("rpc_proxy_finality_contradictions_total", contradictions) == 1
 
     def test_a_node_behind_another_upstream_on_another_fork_leaves_the_head_fresh(self) -> None:
         # Rule (docs/caching.md, a backup on another fork): another hash shown by a node that another

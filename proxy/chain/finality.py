@@ -154,7 +154,9 @@ class FinalityWatch:
         changed = self._changed
         if now.hash == known.hash:
             self._changed = None
-            if changed is not None and changed[2] == upstream:
+            # (A hash the block has since been known by is no going back: a restarted devnet's new
+            # chain, shown by one poll and adopted by the identity check before the next.)
+            if changed is not None and changed[2] == upstream and changed[1] != known.hash:
                 self._contradicted(known, changed[1], upstream)
             return
         seen = changed[3] + 1 if changed is not None and changed[:2] == (now.number, now.hash) else 1
