@@ -12,7 +12,7 @@ import pytest
 
 from tests.fake_solana import TOKEN_ACCOUNT, FakeSolana
 from tests.lying_relay import LyingRelay, nested
-from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory, selector, word
+from tests.support import DEV_ACCOUNT, Anvil, Proxy, ProxyFactory, eventually, selector, word
 from tests.test_cache import FINALITY, finalized_store
 
 # What a lying (or broken) node answers eth_call with: valid JSON, of no shape eth_call has.
@@ -160,7 +160,6 @@ _CONTEXT = {"slot": 5, "apiVersion": "2.2.0"}
 MISSHAPEN_SOLANA = [
     ("getLargestAccounts", "oops"),
     ("getLargestAccounts", 123),
-    ("getLargestAccounts", None),
     ("getLargestAccounts", {"value": []}),
     ("getLargestAccounts", {"context": {"slot": -1}, "value": []}),
     ("getLargestAccounts", {"context": {"slot": 5.0}, "value": []}),
@@ -169,6 +168,15 @@ MISSHAPEN_SOLANA = [
     ("getLargestAccounts", {"context": _CONTEXT, "value": [{"address": TOKEN_ACCOUNT, "lamports": True}]}),
     ("getTokenAccountBalance", "oops"),
     ("getTokenAccountBalance", None),
+    # context.apiVersion is a string (spec Versioning 3; outside attack: an integer was kept).
+    (
+        "getTokenAccountBalance",
+        {
+            "context": {"slot": 5, "apiVersion": 2},
+            "value": {"amount": "5", "decimals": 0, "uiAmount": 5.0, "uiAmountString": "5"},
+        },
+    ),
+    ("getLargestAccounts", {"context": {"slot": 5, "apiVersion": None}, "value": []}),
     ("getTokenAccountBalance", {"context": _CONTEXT, "value": None}),
     ("getTokenAccountBalance", {"context": _CONTEXT, "value": {"amount": 5, "decimals": 2}}),
     (
@@ -212,12 +220,31 @@ MISSHAPEN_SOLANA = [
 ]
 
 
+async def test_a_null_largest_accounts_answer_is_the_nodes_served_and_kept_no_longer_than_a_not_found(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Spec getLargestAccounts 3: the result may be null. It is served as the node said, 200, and kept
+    no longer than CACHE_NEGATIVE_TTL, never for the method's two hours; it was refused 502 before."""
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, CACHE_NEGATIVE_TTL="0.2")
+    solana.results["getLargestAccounts"] = None
+    status, body, headers = await proxy.post(call("getLargestAccounts", SOLANA_READS["getLargestAccounts"]))
+    assert status == 200 and body["result"] is None and headers["X-Cache"] == "MISS", body
+    solana.results.clear()
+
+    async def answered() -> bool:
+        _, body, _ = await proxy.post(call("getLargestAccounts", SOLANA_READS["getLargestAccounts"]))
+        return body["result"] is not None
+
+    await eventually(answered, 5, "the node's accounts once the null is no longer kept")
+
+
 @pytest.mark.parametrize(("method", "result"), MISSHAPEN_SOLANA)
 async def test_a_solana_result_not_of_its_methods_rpc_response_form_is_a_bad_node_reply_never_kept(
     solana: FakeSolana, make_proxy: ProxyFactory, method: str, result: Any
 ) -> None:
-    """Spec "Token account balance", "Largest-account entry": context.slot an integer, the value of the
-    method's form; Agave answers a missing account with an error, never null."""
+    """Spec "Token account balance", "Largest-account entry": context.slot an integer, context.apiVersion
+    a string, the value of the method's form; Agave answers a missing token account with an error,
+    never null."""
     proxy = await make_proxy(SOLANA_UPSTREAM=solana.url)
     solana.results[method] = result
     for _ in range(2):

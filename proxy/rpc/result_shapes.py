@@ -78,7 +78,9 @@ QUANTITY = Shape("a hex quantity", is_quantity)
 
 
 # Solana (spec "Token account balance", "Largest-account entry"): an RpcResponse, context.slot an
-# integer, the value of the method's form. Agave answers a missing account with an error, never null.
+# integer, context.apiVersion a string where there is one (spec Versioning 3), the value of the
+# method's form. Agave answers a missing token account with an error, never null; getLargestAccounts
+# may be null (spec getLargestAccounts 3: the node's answer, kept for CACHE_NEGATIVE_TTL at most).
 _B58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
 _U64 = 2**64
 
@@ -91,7 +93,8 @@ def _count(value: Any) -> bool:
 def _rpc_response(result: Any) -> bool:
     if type(result) is not dict or type(result.get("context")) is not dict:
         return False
-    return _count(result["context"].get("slot")) and "value" in result
+    context = result["context"]
+    return _count(context.get("slot")) and type(context.get("apiVersion", "")) is str and "value" in result
 
 
 def _token_amount(result: Any) -> bool:
@@ -141,7 +144,7 @@ def _largest_accounts(result: Any) -> bool:
 
 
 TOKEN_AMOUNT = Shape("an RpcResponse of a token amount", _token_amount, null=False)
-LARGEST_ACCOUNTS = Shape("an RpcResponse of accounts and lamports", _largest_accounts, null=False)
+LARGEST_ACCOUNTS = Shape("an RpcResponse of accounts and lamports", _largest_accounts)
 
 
 # The read surface's Solana answers (Agave's shapes): an account, a block, a transaction.
