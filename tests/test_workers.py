@@ -145,45 +145,67 @@ def test_the_merged_scrape_is_promtool_clean() -> None:
     assert result.returncode == 0, result.stderr.decode()
 
 
+def _parsed(text: str) -> list[Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return list(text_string_to_metric_families(text))
+
+
 def test_what_a_worker_counted_outlives_it_and_its_gauges_do_not() -> None:
     # A dead worker's counts went with it: the host's totals stepped back, which rate() read as a reset
     # (a spike of every surviving worker's total on the dashboards).
     seen: dict[str, Any] = {}
     dead: set[int] = set()
 
-    def scrape(*reads: tuple[str, int | None, str | None]) -> dict[str, float]:
-        families = merged(with_retired(seen, list(reads), lambda pid: pid not in dead))
-        return {f"{s.name}{sorted(s.labels.items()) if s.labels else ''}": s.value for f in families for s in f.samples}
+    def scrape(*reads: tuple[str, int | None, float | None, float]) -> dict[str, float]:
+        parsed = [
+            (n, p, None if r is None else _parsed(_worker_exposition(r, 100, 1, m, 0.05))) for n, p, r, m in reads
+        ]
+        families = merged(with_retired(seen, parsed, lambda pid: pid not in dead))
+        return {f"{s.name}{sorted(s.labels.items())}": s.value for f in families for s in f.samples}
 
-    first = scrape(
-        ("w0", 10, _worker_exposition(3, 100, 1, 10, 0.05)), ("w1", 11, _worker_exposition(4, 100, 1, 20, 0.5))
+    calls, memory, count = (
+        "rpc_proxy_requests_total[('method', 'eth_call')]",
+        "rpc_proxy_cache_memory_bytes[]",
+        ("rpc_proxy_request_duration_seconds_count[]"),
     )
-    assert first["rpc_proxy_requests_total[('method', 'eth_call')]"] == 7
+    assert scrape(("w0", 10, 3, 10), ("w1", 11, 4, 20))[calls] == 7
     # Worker 0 does not answer in time but lives: its last counts stand, its gauges are left out.
-    late = scrape(("w0", None, None), ("w1", 11, _worker_exposition(5, 100, 1, 20, 0.5)))
-    assert late["rpc_proxy_requests_total[('method', 'eth_call')]"] == 8
-    assert late["rpc_proxy_cache_memory_bytes"] == 20
+    late = scrape(("w0", None, None, 0), ("w1", 11, 5, 20))
+    assert late[calls] == 8 and late[memory] == 20
     # It died (no answer, its pid gone), then its successor answers on its socket: counted from 0 on top.
     dead.add(10)
-    gone = scrape(("w0", None, None), ("w1", 11, _worker_exposition(5, 100, 1, 20, 0.5)))
-    assert gone["rpc_proxy_requests_total[('method', 'eth_call')]"] == 8
-    reborn = scrape(
-        ("w0", 12, _worker_exposition(1, 101, 1, 5, 0.05)), ("w1", 11, _worker_exposition(6, 101, 1, 20, 0.5))
-    )
-    assert reborn["rpc_proxy_requests_total[('method', 'eth_call')]"] == 3 + 1 + 6
-    assert reborn["rpc_proxy_request_duration_seconds_count"] == 3
-    assert reborn["rpc_proxy_cache_memory_bytes"] == 25  # the living workers' alone
+    assert scrape(("w0", None, None, 0), ("w1", 11, 5, 20))[calls] == 8
+    reborn = scrape(("w0", 12, 1, 5), ("w1", 11, 6, 20))
+    assert reborn[calls] == 3 + 1 + 6 and reborn[count] == 3 and reborn[memory] == 25  # gauges: the living's
     # A successor found on the socket at once (no scrape saw its predecessor gone) retires it too.
-    again = scrape(
-        ("w0", 13, _worker_exposition(0, 101, 1, 5, 0.05)), ("w1", 11, _worker_exposition(6, 101, 1, 20, 0.5))
-    )
-    assert again["rpc_proxy_requests_total[('method', 'eth_call')]"] == 3 + 1 + 6
-    check = subprocess.run(
-        [promtool(), "check", "metrics"],
-        input=render(merged(with_retired(seen, [], lambda _p: True))),
-        capture_output=True,
-    )
+    assert scrape(("w0", 13, 0, 5), ("w1", 11, 6, 20))[calls] == 3 + 1 + 6
+    # A slower scrape's read of a worker found gone since reaches the record late: dropped, never its
+    # successor retired for it (the retired counts hold it; outside attack: counted twice, for good).
+    assert scrape(("w0", 12, 1, 5), ("w1", 11, 6, 20))[calls] == 3 + 1 + 6
+    assert scrape(("w0", 13, 0, 5), ("w1", 11, 6, 20))[calls] == 3 + 1 + 6
+    text = render(merged(with_retired(seen, [], lambda _pid: True)))
+    check = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True)
     assert check.returncode == 0, check.stderr.decode()
+
+
+async def test_a_scrape_whose_record_is_locked_by_a_stopped_worker_ends_by_its_deadline(tmp_path: Path) -> None:
+    # A worker stopped while it held the record's lock stalled every scrape of the host without end,
+    # each holding a thread of the default executor, which the gzip of large answers then waited for
+    # (an outside attack, SIGSTOP).
+    import fcntl
+
+    from proxy.workers import metrics_merge
+
+    read = ("metrics-0.sock", os.getpid(), _parsed(_worker_exposition(3, 100, 1, 10, 0.05)))
+    with open(tmp_path / (metrics_merge.SEEN_FILE + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held as by a stopped process
+        deadline = asyncio.get_running_loop().time() + 0.2
+        texts = await asyncio.wait_for(metrics_merge._recorded(str(tmp_path), [read], deadline), 10)
+        assert [s.value for f in merged(texts) for s in f.samples if s.name == "rpc_proxy_requests_total"] == [3]
+        assert not (tmp_path / metrics_merge.SEEN_FILE).exists()  # written by the lock's holder alone
+    await metrics_merge._recorded(str(tmp_path), [read], asyncio.get_running_loop().time() + 5)
+    assert (tmp_path / metrics_merge.SEEN_FILE).stat().st_mode & 0o777 == 0o600
 
 
 def test_polls_wake_on_the_same_wall_clock_tick_in_every_worker() -> None:

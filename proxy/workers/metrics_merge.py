@@ -72,12 +72,16 @@ def merge_rule(family: Metric, sample_name: str) -> Merge:
     return _sum
 
 
-def merged(expositions: Iterable[str], rule: Callable[[Metric, str], Merge] = merge_rule) -> list[Metric]:
-    """The families of several text expositions, samples of the same name and labels combined (pure)."""
+def merged(
+    expositions: Iterable[str | list[Metric]], rule: Callable[[Metric, str], Merge] = merge_rule
+) -> list[Metric]:
+    """The families of several expositions (text, or parsed), samples of the same name and labels
+    combined (pure)."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for text in expositions:
-        for family in text_string_to_metric_families(text):
+    for exposition in expositions:
+        parsed = text_string_to_metric_families(exposition) if isinstance(exposition, str) else exposition
+        for family in parsed:
             kept = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
             samples = values.setdefault(family.name, {})
             for sample in family.samples:
@@ -107,51 +111,90 @@ def metrics_socket(directory: str, name: str) -> str:
     return os.path.join(directory, f"metrics-{name}.sock")
 
 
-def counts_of(text: str) -> str:
-    """An exposition's counted families alone (counters, histograms), without their `_created` (pure)."""
-    families = [f for f in text_string_to_metric_families(text) if f.type in COUNTED]
+# A process's counts as recorded: {"types": {family: [type, help]}, "values": {sample: value}}, each
+# sample named by the JSON of [family, sample name, its labels sorted].
+Counts = dict[str, Any]
+GONE_KEPT = 16  # pids of a socket's processes found gone that are remembered (a late read of one is dropped)
+
+
+def counts_of(families: list[Metric]) -> Counts:
+    """A parsed exposition's counted families alone (counters, histograms), without `_created` (pure)."""
+    types, values = {}, {}
     for family in families:
-        family.samples = [s for s in family.samples if not s.name.endswith("_created")]
-    return render(families).decode()
-
-
-def _highest(_family: Metric, _name: str) -> Merge:
-    return max
-
-
-Read = tuple[str, int | None, str | None]  # a socket's name, the pid that answered, its exposition
-
-
-def with_retired(seen: dict[str, Any], reads: list[Read], alive: Callable[[int], bool]) -> list[str]:
-    """The expositions a scrape merges: those read, the last counts of a worker that did not answer
-    but lives, and the retired counts of every worker gone; `seen` (the record) updated (pure)."""
-    workers: dict[str, dict[str, Any]] = seen.setdefault("workers", {})
-    retired: list[str] = [seen["retired"]] if seen.get("retired") else []
-    texts, answered = [], set()
-    for name, pid, text in reads:
-        if text is None:
+        if family.type not in COUNTED:
             continue
-        texts.append(text)
+        types[family.name] = [family.type, family.documentation]
+        for sample in family.samples:
+            if not sample.name.endswith("_created"):
+                key = orjson.dumps([family.name, sample.name, sorted(sample.labels.items())]).decode()
+                values[key] = sample.value
+    return {"types": types, "values": values}
+
+
+def combined(counts: Iterable[Counts], merge: Merge) -> Counts:
+    types: dict[str, Any] = {}
+    values: dict[str, float] = {}
+    for one in counts:
+        types.update(one["types"])
+        for key, value in one["values"].items():
+            old = values.get(key)
+            values[key] = value if old is None else merge(old, value)
+    return {"types": types, "values": values}
+
+
+def families_of(counts: Counts) -> list[Metric]:
+    families = {name: Metric(name, help_, kind) for name, (kind, help_) in counts["types"].items()}
+    for key, value in counts["values"].items():
+        family, name, labels = orjson.loads(key)
+        if family in families:
+            families[family].samples.append(Sample(name, dict(labels), value))
+    return list(families.values())
+
+
+Read = tuple[str, int | None, list[Metric] | None]  # a socket's name, the pid that answered, its families
+
+
+def with_retired(seen: dict[str, Any], reads: list[Read], alive: Callable[[int], bool]) -> list[list[Metric]]:
+    """The expositions a scrape merges: those read, the last counts of a worker that did not answer
+    but lives, and the retired counts of every worker gone; `seen` (the record) updated (pure).
+
+    A worker is gone when its pid is dead or another pid answers on its socket; its last counts join
+    the retired ones once, and a read of it that reaches the record later (a slower scrape beside this
+    one) is dropped, as the retired counts hold it."""
+    workers: dict[str, dict[str, Any]] = seen.setdefault("workers", {})
+    gone: dict[str, list[int]] = seen.setdefault("gone", {})
+    retired: list[Counts] = [seen["retired"]] if seen.get("retired") else []
+    texts: list[list[Metric]] = []
+    answered = set()
+
+    def retire(name: str, last: dict[str, Any]) -> None:
+        retired.append(last["counts"])
+        gone[name] = [*gone.get(name, []), last["pid"]][-GONE_KEPT:]
+
+    for name, pid, families in reads:
+        if families is None or pid in gone.get(name, ()):
+            continue
+        texts.append(families)
         if pid is None:
             continue
         answered.add(name)
-        last, counts = workers.get(name), counts_of(text)
+        last, counts = workers.get(name), counts_of(families)
         if last is not None and last["pid"] != pid:  # restarted: what its predecessor counted is kept
-            retired.append(last["counts"])
+            retire(name, last)
         elif last is not None:  # a scrape beside this one may have recorded a later read
-            counts = render(merged([last["counts"], counts], _highest)).decode()
+            counts = combined([last["counts"], counts], max)
         workers[name] = {"pid": pid, "counts": counts}
     for name, last in list(workers.items()):
         if name in answered:
             continue
         if alive(last["pid"]):
-            texts.append(last["counts"])  # no answer in time: its last counts stand, never a step back
+            texts.append(families_of(last["counts"]))  # no answer in time: its last counts stand
         else:
-            retired.append(last["counts"])
+            retire(name, last)
             del workers[name]
     if retired:
-        seen["retired"] = render(merged(retired)).decode()
-        texts.append(seen["retired"])
+        seen["retired"] = combined(retired, _sum)
+        texts.append(families_of(seen["retired"]))
     return texts
 
 
@@ -165,18 +208,46 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _recorded(directory: str, reads: list[Read]) -> list[str]:
-    """with_retired on the run directory's record, under its lock (one scrape at a time per host)."""
+async def _locked(path: str, deadline: float) -> int | None:
+    """The record's lock, taken by `deadline` (loop time); None past it (its holder stopped or slow)."""
+    handle = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if loop.time() >= deadline:
+                os.close(handle)
+                return None
+            await asyncio.sleep(0.01)
+
+
+def _load(path: str) -> dict[str, Any]:
+    with contextlib.suppress(OSError, orjson.JSONDecodeError), open(path, "rb") as handle:
+        loaded = orjson.loads(handle.read())
+        if isinstance(loaded, dict):
+            return loaded
+    return {}
+
+
+async def _recorded(directory: str, reads: list[Read], deadline: float) -> list[list[Metric]]:
+    """with_retired on the run directory's record, under its lock (one scrape at a time per host;
+    nothing awaited while it is held). A lock not had by `deadline` (its holder stopped): this scrape
+    merges by the record as it stands and writes nothing."""
     path = os.path.join(directory, SEEN_FILE)
-    with open(path + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        seen: dict[str, Any] = {}
-        with contextlib.suppress(OSError, orjson.JSONDecodeError), open(path, "rb") as handle:
-            seen = orjson.loads(handle.read())
+    lock = await _locked(path + ".lock", deadline)
+    try:
+        seen = _load(path)
         texts = with_retired(seen, reads, _alive)
-        with open(path + ".new", "wb") as handle:
-            handle.write(orjson.dumps(seen))
-        os.replace(path + ".new", path)
+        if lock is not None:
+            fresh = os.open(path + ".new", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+            with open(fresh, "wb") as handle:
+                handle.write(orjson.dumps(seen))
+            os.replace(path + ".new", path)
+    finally:
+        if lock is not None:
+            os.close(lock)
     return texts
 
 
@@ -193,15 +264,16 @@ async def _read(path: str) -> Read:
             if response.status != 200:
                 return name, None, None
             pid = response.headers.get(PROCESS_HEADER)
-            return name, int(pid) if pid and pid.isdigit() else None, await response.text()
-    except (OSError, aiohttp.ClientError, TimeoutError):
+            families = list(text_string_to_metric_families(await response.text()))
+            return name, int(pid) if pid and pid.isdigit() else None, families
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError):
         return name, None, None  # a worker that just died (and is being restarted): its last counts stand
 
 
 async def scrape_all(directory: str) -> bytes:
     """The merged exposition of every worker and the supervisor serving in `directory`, with what
     workers gone had counted."""
+    deadline = asyncio.get_running_loop().time() + SCRAPE_TIMEOUT + 1.0
     paths = sorted(glob.glob(os.path.join(directory, SOCKET_PATTERN)))
     reads = list(await asyncio.gather(*(_read(p) for p in paths)))
-    texts = await asyncio.to_thread(_recorded, directory, reads)
-    return render(merged(texts))
+    return render(merged(await _recorded(directory, reads, deadline)))
