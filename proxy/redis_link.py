@@ -32,6 +32,7 @@ RedisClient = aioredis.Redis | RedisCluster
 # one more; under a burst that refusal would open the breaker and skip Redis for everyone. Redis's
 # own `maxclients` is the bound that matters.
 UNBOUNDED_CONNECTIONS = 2**31
+DISCOVERY_SECONDS = 5.0  # the least a cluster's slot map (and first command table) is read within, in the background
 
 
 def connect(url: str, timeout: float) -> RedisClient:
@@ -192,7 +193,7 @@ class RedisLink:
     ) -> T:
         """Run one command; raise RedisUnavailable (never a redis error) when it cannot be done now.
         `timeout`: a shorter budget than the link's (what is left of a caller's deadline)."""
-        if not self.up:
+        if not self.up or self._discovering():
             raise RedisUnavailable(operation)
         try:
             async with asyncio.timeout(self._timeout if timeout is None else min(timeout, self._timeout)):
@@ -236,14 +237,28 @@ class RedisLink:
 
         redis-py does so by itself after a failed command, but not after a failed pipeline, and
         every cache lookup is one: a replica that only reads would ask a dead primary forever. The
-        reading also gets a budget of its own, larger than one command's."""
+        reading also gets a budget of its own, larger than one command's: redis-py's first discovery
+        (the slot map, then the command table) runs within the first command, and cut off at its
+        budget its work was thrown away and begun again by the next, so a replica whose discovery
+        outlasted REDIS_TIMEOUT (seconds on a loaded machine) never reached the cluster. A first
+        discovery not yet made is made whole here: the slot map alone left redis-py with nodes but no
+        command table, and its next command failed with an AttributeError, no Redis error."""
         if self._rediscovery is None or self._rediscovery.done():
             self._rediscovery = asyncio.get_running_loop().create_task(self._read_slot_map(client))
 
+    def _discovering(self) -> bool:
+        """A cluster's first discovery runs in the background: a command now would find redis-py's
+        nodes without their command table (an AttributeError), or wait for it past its budget."""
+        task = self._rediscovery
+        return task is not None and not task.done() and getattr(self.client, "_initialize", False)
+
     async def _read_slot_map(self, client: RedisCluster) -> None:
         try:
-            async with asyncio.timeout(max(1.0, 4 * self._timeout)):
-                await client.nodes_manager.initialize()
+            async with asyncio.timeout(max(DISCOVERY_SECONDS, 4 * self._timeout)):
+                if getattr(client, "_initialize", False):  # never discovered yet (redis-py's own flag)
+                    await client.initialize()
+                else:
+                    await client.nodes_manager.initialize()
         except Exception as exc:  # the cluster is still unreachable: the next failure asks again
             log.debug("%s: reading the cluster's slot map failed: %s", self._name, type(exc).__name__)
 

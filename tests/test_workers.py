@@ -5,6 +5,7 @@ CLI (`python -m proxy`) in front of a real Anvil, through a relay that records e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -363,7 +364,10 @@ def _connections_by_process(port: int, pids: set[int]) -> dict[int, int]:
     held: dict[int, int] = {}
     for pid in pids:
         fds = Path(f"/proc/{pid}/fd")
-        links = [os.readlink(fds / fd) for fd in os.listdir(fds)]
+        links = []
+        for fd in os.listdir(fds):
+            with contextlib.suppress(FileNotFoundError):  # closed since the listing (a busy worker)
+                links.append(os.readlink(fds / fd))
         held[pid] = sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes)
     return held
 
