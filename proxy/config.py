@@ -19,9 +19,9 @@ from proxy.config_files import HEADER_NAME, VERIFY_MODES, _credits_file, _keys, 
 from proxy.config_files import KeyConfig as KeyConfig
 from proxy.config_files import Network as Network
 from proxy.credits.prices import METHOD_CREDITS, SUBSCRIPTION_CREDITS
+from proxy.option_table import OPTION_NAMES as OPTION_NAMES
+from proxy.option_table import OPTIONS as OPTIONS
 from proxy.options import _SCALARS, _csv, _upstream_urls, _ws_urls
-from proxy.options import OPTION_NAMES as OPTION_NAMES
-from proxy.options import OPTIONS as OPTIONS
 from proxy.options import ConfigError as ConfigError
 from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.known_methods import KNOWN_METHODS, near_miss
@@ -105,6 +105,7 @@ class Settings:
     getlogs_chunk_concurrency: int = 4
     max_response_bytes: int = 32 * 1024 * 1024
     upstream_key_concurrency: int = 8
+    max_calls_in_flight_per_key: int = 2000
     cache_key_bytes_per_minute: int | None = None  # None: CACHE_MEMORY_BYTES / 16 (admission.py)
     gas_cap_multiplier: int = 10
     eth_call_require_from: bool = False

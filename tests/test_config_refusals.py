@@ -126,6 +126,7 @@ def test_a_zero_written_any_way_disables_where_zero_is_allowed(value: str) -> No
         "MAX_CONNECTIONS_PER_IP",
         "WS_MAX_CONNECTIONS_PER_KEY",
         "UPSTREAM_KEY_CONCURRENCY",
+        "MAX_CALLS_IN_FLIGHT_PER_KEY",
         "COMPRESS_MIN_BYTES",
         "DEFAULT_CREDITS",
         "COALESCE_WAIT",

@@ -34,7 +34,7 @@ FLOORS: list[list[str]] = [
     ["workers/"],
     ["config.py"],
     ["config_files.py", "file_trust.py"],
-    ["config_expand.py", "config_numbers.py", "options.py"],
+    ["config_expand.py", "config_numbers.py", "options.py", "option_table.py"],
     ["credits/"],
     ["rpc/", "values.py", "redis_link.py", "redis_topology.py", "metrics.py", "logs.py", "memo.py", "host_names.py"],
     [
