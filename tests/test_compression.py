@@ -57,6 +57,7 @@ class TestSplicedGzip:
         assert accepts_gzip("deflate, *")
         assert not accepts_gzip("gzip;q=0, br")
         assert not accepts_gzip("identity") and not accepts_gzip(None)
+        assert accepts_gzip("x-gzip") and not accepts_gzip("x-gzip;q=0")  # x-gzip is gzip (RFC 9110 8.4.1.3)
 
 
 def _logs_request(address: str, block: int, rid: Any) -> dict[str, Any]:

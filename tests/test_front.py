@@ -203,6 +203,29 @@ async def test_an_http_1_0_request_with_a_transfer_encoding_is_400_and_closed(ev
     assert status == 400 and "HTTP/1.0" in json.loads(answer)["error"]["message"], answer
 
 
+async def test_a_major_http_version_but_1_is_505_and_closed(evm_proxy: Proxy) -> None:
+    # RFC 9110 15.6.6: llhttp reads an HTTP/2.0 head, which was answered as HTTP/1.1.
+    body = call("eth_chainId", [], 7)
+    data = b"POST /v3/k HTTP/2.0\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    [(status, headers, answer)] = await exchange(evm_proxy.server.port, data)
+    assert status == 505 and "HTTP/2.0" in json.loads(answer)["error"]["message"], answer
+    assert headers["connection"] == "close"
+
+
+@pytest.mark.parametrize("target", [b"*", b"v3/k", b"rpc.example:8545"])
+async def test_a_request_target_not_a_path_is_400_and_star_is_for_options_alone(
+    evm_proxy: Proxy, target: bytes
+) -> None:
+    # RFC 9112 3.2: origin form (a path) or absolute form; * for OPTIONS alone. Any other target was
+    # read as the root, a JSON-RPC endpoint in open mode (POST * was served).
+    body = call("eth_chainId", [], 7)
+    data = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (target, len(body), body)
+    [(status, _, answer)] = await exchange(evm_proxy.server.port, data)
+    assert status == 400 and "error" in json.loads(answer), answer  # llhttp refuses the last two itself
+    [(status, _, _)] = await exchange(evm_proxy.server.port, b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 204
+
+
 @pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate,chunked", b"gzip\r\nTransfer-Encoding: chunked"])
 async def test_a_transfer_coding_other_than_chunked_is_501_and_closed(evm_proxy: Proxy, coding: bytes) -> None:
     # RFC 9112 6.1: llhttp framed `gzip, chunked` as chunked and the gzip was never undone (a plain

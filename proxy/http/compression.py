@@ -32,7 +32,7 @@ def accepts_gzip(accepted: str | None) -> bool:
         return False
     for item in accepted.lower().split(","):
         coding, _, params = item.strip().partition(";")
-        if coding.strip() in ("gzip", "*"):
+        if coding.strip() in ("gzip", "x-gzip", "*"):  # x-gzip is gzip (RFC 9110 8.4.1.3)
             return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
     return False
 
