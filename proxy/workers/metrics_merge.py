@@ -37,6 +37,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from proxy.workers.shared_table import alive
+
 SOCKET_PATTERN = "metrics-*.sock"
 SCRAPE_TIMEOUT = 5.0
 PROCESS_HEADER = "X-Process-Id"  # a process's own registry says its pid: what it counted outlives it
@@ -198,16 +200,6 @@ def with_retired(seen: dict[str, Any], reads: list[Read], alive: Callable[[int],
     return texts
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def _locked(path: str, deadline: float) -> int | None:
     """The record's lock, taken by `deadline` (loop time); None past it (its holder stopped or slow)."""
     handle = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
@@ -239,7 +231,7 @@ async def _recorded(directory: str, reads: list[Read], deadline: float) -> list[
     lock = await _locked(path + ".lock", deadline)
     try:
         seen = _load(path)
-        texts = with_retired(seen, reads, _alive)
+        texts = with_retired(seen, reads, alive)
         if lock is not None:
             fresh = os.open(path + ".new", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
             with open(fresh, "wb") as handle:
