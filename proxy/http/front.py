@@ -47,6 +47,7 @@ from proxy.http.wire import (
     header_template,
     refusal,
     request_head,
+    served_target,
     take_over,
 )
 from proxy.logs import Throttled
@@ -396,10 +397,7 @@ class FrontProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request, parser = self.request, self._parser
         assert request is not None
-        version = parser.get_http_version()
-        if version[:2] != "1.":  # llhttp reads HTTP/2.0's head too: no major version but 1 is served
-            raise refusal(INVALID_REQUEST, f"HTTP/{version} is not supported: send HTTP/1.1", 505)
-        request.http10 = version == "1.0"
+        request.http10 = parser.get_http_version() == "1.0"
         repeated_host = self._front.read_fields(request)
         headers = request.headers
         if self._access_log:
@@ -424,12 +422,7 @@ class FrontProtocol(asyncio.Protocol):
                 request.kind = UPGRADE
                 return
             request.keep_alive = False  # answered as any other request (a JSON-RPC error), then closed
-        url = request.url
-        if url[:1] != b"/" and b"://" not in url and (url != b"*" or request.method != "OPTIONS"):
-            # Origin or absolute form; * (asterisk form) is OPTIONS' alone (RFC 9112 3.2.4): any other
-            # target was read as the root, a JSON-RPC endpoint in open mode.
-            raise refusal(INVALID_REQUEST, "bad request: the request target is a path (or * for OPTIONS)", 400)
-        request.path, target = self._front.target(url)
+        request.path, target = self._front.target(served_target(request.url, request.method, parser))
         if target is None or request.method != "POST":
             request.kind = OTHER
             return

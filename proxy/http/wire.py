@@ -10,7 +10,7 @@ from typing import Any
 
 from proxy.http.answer_bytes import Account
 from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
-from proxy.rpc.jsonrpc import JsonRpcError
+from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.values import Reply
 
 MAX_LINE = 8190  # bytes of a request target, and of a header value (aiohttp's limits)
@@ -29,6 +29,18 @@ class Refused(Exception):
 
 def refusal(code: int, message: str, status: int) -> Refused:
     return Refused(error_reply(JsonRpcError(code, message, http_status=status), NO_CHARGE, close=True))
+
+
+def served_target(url: bytes, method: str, parser: Any) -> bytes:
+    """A request target, if served: origin or absolute form, * (asterisk form) for OPTIONS alone (RFC
+    9112 3.2.4), any other target read as the root before (a JSON-RPC endpoint in open mode); and an
+    HTTP version of major 1 (llhttp reads HTTP/2.0's head too: answered as HTTP/1.1 before)."""
+    version = parser.get_http_version()
+    if version[:2] != "1.":
+        raise refusal(INVALID_REQUEST, f"HTTP/{version} is not supported: send HTTP/1.1", 505)
+    if url[:1] != b"/" and b"://" not in url and (url != b"*" or method != "OPTIONS"):
+        raise refusal(INVALID_REQUEST, "bad request: the request target is a path (or * for OPTIONS)", 400)
+    return url
 
 
 # Pieces of a body under this many bytes are joined as they come: each piece kept apart costs a bytes
