@@ -16,6 +16,7 @@ from aiohttp import web
 
 from proxy.http.app_keys import FRONT
 from proxy.http.ws_masks import MaskScan
+from tests.fault_relay import FaultRelay
 from tests.support import Anvil, Proxy, ProxyFactory, eventually
 
 CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
@@ -251,6 +252,39 @@ async def test_a_message_not_finished_within_body_timeout_closes_its_connection_
         assert await asyncio.wait_for(reader.read(), 5) == b""
     assert proxy.metric(CLOSES, reason="unfinished") == 1
     await no_socket_left(proxy)
+
+
+async def test_a_message_the_proxy_stopped_reading_is_not_late_for_body_timeout(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """BODY_TIMEOUT is the client's time to send a message, not the proxy's to read it: with its calls
+    in flight at WS_MAX_INFLIGHT the proxy stops reading, and a message it had read part of was closed
+    1008 as late, the client's earlier messages unanswered (an outside attack: 10 sockets of 64
+    pipelined thousand-call batches, 412 of 640 lost once MAX_CALLS_IN_FLIGHT_PER_KEY queued them)."""
+    relay = await FaultRelay(anvil.url).start()
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, BODY_TIMEOUT="0.5", WS_MAX_INFLIGHT="4")
+    try:
+        relay.inject("slow", method="eth_getBalance", delay=2.0, times=None)
+        slow = [
+            json.dumps(
+                {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": ["0x" + f"{i:040x}", "latest"]}
+            ).encode()
+            for i in range(4)
+        ]
+        padded = [CHAIN_ID[:-1] + b',"pad":"' + b"p" * 300_000 + b'"}' for _ in range(3)]
+        async with upgraded(proxy) as (reader, writer):
+            writer.write(b"".join(client_frame(m) for m in slow + padded))  # the last read in part, then paused
+            answers = []
+            for _ in range(len(slow) + len(padded)):
+                async with asyncio.timeout(30):
+                    opcode, payload = await server_frame(reader)
+                assert opcode == 0x1, payload  # never a Close
+                answers.append(json.loads(payload)["id"])
+            assert sorted(answers) == [0, 1, 1, 1, 1, 2, 3]
+        assert proxy.metric(CLOSES, reason="unfinished") == 0
+    finally:
+        relay.clear()
+        await relay.close()
 
 
 async def test_messages_not_yet_whole_hold_room_among_the_hosts_bodies_and_give_it_back(

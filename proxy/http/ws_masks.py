@@ -200,8 +200,14 @@ class MaskedOnly(asyncio.Protocol):
         return True
 
     def _late(self, timeout: float) -> None:
-        """BODY_TIMEOUT passed with a message not whole."""
+        """BODY_TIMEOUT passed with a message not whole: the client's fault unless the proxy stopped
+        reading meanwhile (its calls in flight at WS_MAX_INFLIGHT, or waiting their key's turn), when
+        the client gets the timeout again from now."""
         self.timer = None
+        is_reading = getattr(self.transport, "is_reading", None)
+        if is_reading is not None and not is_reading():
+            self.timer = asyncio.get_running_loop().call_later(timeout, self._late, timeout)
+            return
         reason = f"message not finished within {timeout:g}s (BODY_TIMEOUT)".encode()
         self._fail("unfinished", WSCloseCode.POLICY_VIOLATION, reason)
 
