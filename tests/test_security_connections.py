@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,11 +28,11 @@ from redis.exceptions import RedisError
 from proxy import redis_link
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.listeners import CappedSite, PeerCounts
+from proxy.http.listeners import BACKLOG, CappedSite, PeerCounts
 from proxy.logs import Throttled
 from proxy.metrics import Metrics
 from proxy.redis_link import RedisLink, RedisUnavailable
-from tests.support import Anvil, ProxyFactory, eventually, free_port, settings_for, start_proxy
+from tests.support import Anvil, Proxy, ProxyFactory, eventually, free_port, settings_for, start_proxy
 
 CHAIN_ID = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
 
@@ -383,3 +384,14 @@ class TestPeerCounts:
             handler.transport = None
         assert sum(len(held) for held in peers._open.values()) <= 1024
         assert PeerCounts(0).admits("10.0.0.1")  # 0: no cap
+
+
+async def test_the_public_listeners_accept_queue_is_the_kernels_not_aiohttps_128(evm_proxy: Proxy) -> None:
+    """A burst of 1,000 connections overflowed aiohttp's default accept queue of 128, and every client's
+    next connection waited for SYN retransmits (1, 3, 7 s; an outside attack). The queue is asked of
+    the kernel at BACKLOG (4096), which net.core.somaxconn caps; `ss` shows it as a listener's Send-Q."""
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    shown = subprocess.run(
+        ["ss", "-Hltn", f"sport = :{evm_proxy.server.port}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert int(shown[2]) == min(BACKLOG, somaxconn) > 128, shown

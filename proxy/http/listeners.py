@@ -76,6 +76,12 @@ class _Admission(asyncio.Protocol):
         handler.connection_made(transport)
 
 
+# Connections the kernel queues for accept (capped by net.core.somaxconn): aiohttp's default of 128
+# overflowed under a burst of connections (an outside attack: 1,000 at once), and every client's next
+# connection waited for SYN retransmits, 1, 3 and 7 s. uvicorn takes 2048, Go's net/http somaxconn.
+BACKLOG = 4096
+
+
 class CappedSite(web.TCPSite):
     """The public listener: the fast server (front.py) on each connection, which hands WebSocket
     upgrades to aiohttp's handler; a cap on open connections (MAX_CONNECTIONS) and per client
@@ -98,7 +104,7 @@ class CappedSite(web.TCPSite):
         shutdown_timeout: float | None = None,
         run_dir: str | None = None,
     ) -> None:
-        super().__init__(runner, host, port, reuse_port=reuse_port)
+        super().__init__(runner, host, port, reuse_port=reuse_port, backlog=BACKLOG)
         self._max_connections = max_connections
         # With workers, MAX_CONNECTIONS_PER_IP is the host's: each worker's count is in the run directory.
         self._peers = PeerCounts(per_ip, SharedCounts(run_dir, "connections-per-ip") if run_dir and per_ip else None)
