@@ -32,13 +32,14 @@ def refusal(code: int, message: str, status: int) -> Refused:
 
 
 def served_target(url: bytes, method: str, parser: Any) -> bytes:
-    """A request target, if served: origin or absolute form, * (asterisk form) for OPTIONS alone (RFC
-    9112 3.2.4), any other target read as the root before (a JSON-RPC endpoint in open mode); and an
+    """A request target, if served: origin or absolute form, * (asterisk form) for OPTIONS alone and
+    authority form for CONNECT (answered 405) (RFC 9112 3.2), any other target read as the root before
+    (a JSON-RPC endpoint in open mode); and an
     HTTP version of major 1 (llhttp reads HTTP/2.0's head too: answered as HTTP/1.1 before)."""
     version = parser.get_http_version()
     if version[:2] != "1.":
         raise refusal(INVALID_REQUEST, f"HTTP/{version} is not supported: send HTTP/1.1", 505)
-    if url[:1] != b"/" and b"://" not in url and (url != b"*" or method != "OPTIONS"):
+    if url[:1] != b"/" and b"://" not in url and (url != b"*" or method != "OPTIONS") and method != "CONNECT":
         raise refusal(INVALID_REQUEST, "bad request: the request target is a path (or * for OPTIONS)", 400)
     return url
 
