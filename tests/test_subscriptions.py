@@ -70,6 +70,32 @@ async def test_new_heads_arrive_once_each_in_order_including_a_jump(anvil: Anvil
     )
 
 
+async def test_a_new_subscription_is_sent_no_block_the_node_had_before_it(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """geth: a subscription is sent the heads and logs of blocks imported after it. A block the node
+    had before, which the proxy's head had not reached yet, came to a new subscription with its logs
+    (an outside check against Anvil: the node sent nothing, the proxy the block and its two logs)."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, HEAD_POLL_INTERVAL="3600")  # polled here alone
+    tracker = proxy.app[SERVICE].networks["evm"].tracker
+    store = anvil.deploy_store()
+    await tracker.poll()
+    early = await connect(proxy)
+    early_heads = await early.subscribe("newHeads")  # the feed runs
+    anvil.send(store, selector("emitMany(uint256)") + word(2))  # mined before `late` subscribes, unseen
+    before = anvil.block_number()
+    late = await connect(proxy)
+    heads = await late.subscribe("newHeads")
+    logs = await late.subscribe("logs", {"address": store})
+    anvil.send(store, selector("emitMany(uint256)") + word(1))
+    await tracker.poll()
+    await early.notes_until(2)
+    assert numbers(early.results(early_heads)) == [before, before + 1]  # the feed's own subscriber: both
+    await late.notes_until(2)
+    assert numbers(late.results(heads)) == [before + 1]
+    assert [int(entry["blockNumber"], 16) for entry in late.results(logs)] == [before + 1]
+
+
 async def test_logs_are_filtered_by_address_and_topics_in_the_proxy(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
     other = anvil.deploy_store()

@@ -11,6 +11,7 @@ geth does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -72,6 +73,11 @@ class EvmFeed:
         (self.logs if sub.kind == "logs" else self.heads).add(sub)
         if self._push is not None and self._pushing is None:
             spawn(self._tasks, self._subscribe_push())
+
+    async def node_head(self) -> int:
+        """The node's head block now (the tracker's if the node cannot say): a new subscription is sent
+        the blocks after it, as geth sends those imported after a subscription."""
+        return await self._reads.block_number(self._tracker.head.latest if self._tracker.head else -1)
 
     def discard(self, sub: Subscription) -> None:
         self.heads.discard(sub)
@@ -298,20 +304,21 @@ class EvmFeed:
         self._delivered[number] = block_hash
         if self.heads:
             payload = jsonrpc.dumps({k: v for k, v in header.items() if k not in _BODY_FIELDS})
-            for sub in tuple(self.heads):
+            for sub in _past(self.heads, number):
                 sub.notify(payload)
         if self.logs:
             self._block_logs[block_hash] = logs
-            self._send_logs(logs)
+            self._send_logs(logs, number)
 
-    def _send_logs(self, logs: list[dict[str, Any]]) -> None:
+    def _send_logs(self, logs: list[dict[str, Any]], number: int | None = None) -> None:
         """Each log encoded once, the batch handed to each connection: O(connections) here, the
-        matching and sending in each connection's own writer (subscriptions.Session.push_logs)."""
+        matching and sending in each connection's own writer (subscriptions.Session.push_logs).
+        `number`: the block's, new; None: removed logs, for subscriptions sent a block already."""
         if not self.logs:
             return
         batch = LogBatch.of(logs)
         by_session: dict[Session, list[Subscription]] = {}
-        for sub in self.logs:
+        for sub in _past(self.logs, number):
             by_session.setdefault(sub.session, []).append(sub)
         for session, subs in by_session.items():
             session.push_logs(tuple(subs), batch)
@@ -356,6 +363,15 @@ class FeedReads:
             headers.append(header)
         return headers
 
+    async def block_number(self, fallback: int) -> int:
+        """The node's head block number, or `fallback` when it gives none."""
+        with contextlib.suppress(FeedError, ValueError, TypeError):
+            [answer] = await self.read([("eth_blockNumber", [])])
+            value = _result(answer)
+            if isinstance(value, str) and value[:2] == "0x":
+                return int(value, 16)
+        return fallback
+
     async def read(self, calls: list[tuple[str, Any]]) -> list[Answer]:
         """One batch, each reply read under MAX_RESPONSE_BYTES counted whole. A catch-up's batch (up to
         CATCH_UP blocks, their logs on a busy chain tens of MB) too large as a whole is read again in
@@ -385,6 +401,20 @@ class FeedReads:
 
 def _parent(header: dict[str, Any]) -> str:
     return str(header.get("parentHash", "")).lower()
+
+
+def _past(subs: set[Subscription], number: int | None) -> list[Subscription]:
+    """The subscriptions a block is sent to: past the block each started after (the first block sent
+    to one ends its wait: a reorg's lower ones follow); removed logs (None) to those sent one."""
+    sent = []
+    for sub in subs:
+        if number is None and sub.after >= 0:
+            continue
+        if number is not None and number <= sub.after:
+            continue
+        sub.after = -1
+        sent.append(sub)
+    return sent
 
 
 def _result(answer: Answer) -> Any:

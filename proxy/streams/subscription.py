@@ -136,6 +136,8 @@ class HeadSource(Protocol):
 
     def discard(self, sub: Subscription) -> None: ...
 
+    async def node_head(self) -> int: ...
+
 
 class Relayed(Protocol):
     """A subscription held open on the network's upstream WebSocket."""
@@ -200,6 +202,7 @@ class Subscription:
     source: HeadSource | None = None  # the feed it is in (a reload may hand it to the network's next feed)
     params: Any = None  # its subscribe call's params: a reload's allow-lists are checked against them
     size: int = 0  # bytes it holds (the call's params, its filter), taken from WS_MAX_SUBSCRIPTION_BYTES
+    after: int = -1  # a head subscription: blocks to this one the node had before it are not sent (-1: none)
 
     @property
     def call_method(self) -> str:

@@ -162,6 +162,8 @@ class Session:
         feed = self.feeds.get(runtime.name) if kind in HEAD_KINDS else None
         if feed is None and relay is None:
             raise unrelayable(call.method, kind, family)
+        if feed is not None:
+            sub.after = await feed.node_head()
 
         if not self.held.take(self.account, sub.size, whole=self.account == OPEN_ACCOUNT):
             raise _too_many_bytes(self.settings.ws_max_subscription_bytes)
