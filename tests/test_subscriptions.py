@@ -96,6 +96,21 @@ async def test_a_new_subscription_is_sent_no_block_the_node_had_before_it(
     assert [int(entry["blockNumber"], 16) for entry in late.results(logs)] == [before + 1]
 
 
+async def test_a_burst_of_subscribes_asks_the_node_for_its_head_once_at_a_time(anvil: Anvil, evm_proxy: Proxy) -> None:
+    # Each new subscription is sent the blocks after the node's head: the subscribes made while one
+    # ask runs share it, so a burst of them is not one call to the node each.
+    await evm_proxy.head_at(0)
+    clients = await asyncio.gather(*(connect(evm_proxy) for _ in range(30)))
+    before = evm_proxy.upstreams["evm"].calls["eth_blockNumber"]
+    subs = await asyncio.gather(*(client.subscribe("newHeads") for client in clients))
+    assert evm_proxy.upstreams["evm"].calls["eth_blockNumber"] - before <= 5  # 30 before
+    start = anvil.block_number()
+    anvil.mine(1)
+    for client, sub in zip(clients, subs, strict=True):  # and every one is sent the next block
+        await client.notes_until(1)
+        assert numbers(client.results(sub)) == [start + 1]
+
+
 async def test_logs_are_filtered_by_address_and_topics_in_the_proxy(anvil: Anvil, evm_proxy: Proxy) -> None:
     store = anvil.deploy_store()
     other = anvil.deploy_store()

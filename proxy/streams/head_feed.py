@@ -343,6 +343,7 @@ class FeedReads:
 
     def __init__(self, upstream: Upstream) -> None:
         self._upstream = upstream
+        self._asking: asyncio.Future[int] | None = None  # the node's head, asked for the subscriptions made meanwhile
 
     async def headers(self, numbers: list[int], head: Head) -> list[dict[str, Any]]:
         calls: list[tuple[str, Any]] = [
@@ -364,7 +365,13 @@ class FeedReads:
         return headers
 
     async def block_number(self, fallback: int) -> int:
-        """The node's head block number, or `fallback` when it gives none."""
+        """The node's head block number, or `fallback` when it gives none: one ask at a time, shared by
+        the subscriptions made while it runs (a burst of subscribes is one call to the node)."""
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.ensure_future(self._block_number(fallback))
+        return await asyncio.shield(self._asking)
+
+    async def _block_number(self, fallback: int) -> int:
         with contextlib.suppress(FeedError, ValueError, TypeError):
             [answer] = await self.read([("eth_blockNumber", [])])
             value = _result(answer)
