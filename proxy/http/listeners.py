@@ -79,7 +79,13 @@ class _Admission(asyncio.Protocol):
 # Connections the kernel queues for accept (capped by net.core.somaxconn): aiohttp's default of 128
 # overflowed under a burst of connections (an outside attack: 1,000 at once), and every client's next
 # connection waited for SYN retransmits, 1, 3 and 7 s. uvicorn takes 2048, Go's net/http somaxconn.
+# On uvloop (the default) alone: asyncio's accept loop also runs `backlog` accepts a turn, and out of
+# descriptors each failed one scheduled a retry of its own (CPython 3.11), thousands of tracebacks.
 BACKLOG = 4096
+
+
+def backlog_for(loop: asyncio.AbstractEventLoop, default: int) -> int:
+    return BACKLOG if type(loop).__module__.startswith("uvloop") else default
 
 
 class CappedSite(web.TCPSite):
@@ -104,7 +110,7 @@ class CappedSite(web.TCPSite):
         shutdown_timeout: float | None = None,
         run_dir: str | None = None,
     ) -> None:
-        super().__init__(runner, host, port, reuse_port=reuse_port, backlog=BACKLOG)
+        super().__init__(runner, host, port, reuse_port=reuse_port)
         self._max_connections = max_connections
         # With workers, MAX_CONNECTIONS_PER_IP is the host's: each worker's count is in the run directory.
         self._peers = PeerCounts(per_ip, SharedCounts(run_dir, "connections-per-ip") if run_dir and per_ip else None)
@@ -146,7 +152,7 @@ class CappedSite(web.TCPSite):
             protocol,
             self._host,
             self._port,
-            backlog=self._backlog,
+            backlog=backlog_for(loop, self._backlog),
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
         )
