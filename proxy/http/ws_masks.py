@@ -204,8 +204,7 @@ class MaskedOnly(asyncio.Protocol):
         reading meanwhile (its calls in flight at WS_MAX_INFLIGHT, or waiting their key's turn), when
         the client gets the timeout again from now."""
         self.timer = None
-        is_reading = getattr(self.transport, "is_reading", None)
-        if is_reading is not None and not is_reading():
+        if not self.transport.is_reading():
             self.timer = asyncio.get_running_loop().call_later(timeout, self._late, timeout)
             return
         reason = f"message not finished within {timeout:g}s (BODY_TIMEOUT)".encode()

@@ -264,10 +264,7 @@ class EvmFeed:
                     CATCH_UP,
                 )
         numbers = list(range(start, end + 1))
-        headers: list[dict[str, Any]] = []
-        for at in range(0, len(numbers), CATCH_UP):  # one batch of CATCH_UP blocks at most
-            headers += await self._reads.headers(numbers[at : at + CATCH_UP], head)
-        return numbers, headers
+        return numbers, await self._reads.headers(numbers, head)
 
     async def _meeting(self, below: int) -> int:
         """The highest delivered block, at or under `below`, that the node's chain still has; under
@@ -380,6 +377,14 @@ class FeedReads:
         return fallback
 
     async def read(self, calls: list[tuple[str, Any]]) -> list[Answer]:
+        """The calls' answers, in batches of CATCH_UP calls at most (a long reorg's new chain is read
+        in several)."""
+        answers: list[Answer] = []
+        for at in range(0, len(calls), CATCH_UP):
+            answers += await self._batch(calls[at : at + CATCH_UP])
+        return answers
+
+    async def _batch(self, calls: list[tuple[str, Any]]) -> list[Answer]:
         """One batch, each reply read under MAX_RESPONSE_BYTES counted whole. A catch-up's batch (up to
         CATCH_UP blocks, their logs on a busy chain tens of MB) too large as a whole is read again in
         halves, each bounded alike; one block's own reply too large fails the read (FeedError, logged)."""
@@ -391,12 +396,10 @@ class FeedReads:
             if len(calls) == 1:
                 raise FeedError(f"{error.message} (raise MAX_RESPONSE_BYTES to read it)") from None
         half = len(calls) // 2
-        return [*await self.read(calls[:half]), *await self.read(calls[half:])]
+        return [*await self._batch(calls[:half]), *await self._batch(calls[half:])]
 
     async def logs(self, hashes: list[str]) -> list[list[dict[str, Any]]]:
-        answers: list[Answer] = []
-        for at in range(0, len(hashes), CATCH_UP):  # one batch of CATCH_UP blocks at most
-            answers += await self.read([("eth_getLogs", [{"blockHash": h}]) for h in hashes[at : at + CATCH_UP]])
+        answers = await self.read([("eth_getLogs", [{"blockHash": h}]) for h in hashes])
         out = []
         for block_hash, answer in zip(hashes, answers, strict=True):
             logs = _result(answer)

@@ -74,9 +74,7 @@ def merge_rule(family: Metric, sample_name: str) -> Merge:
     return _sum
 
 
-def merged(
-    expositions: Iterable[str | list[Metric]], rule: Callable[[Metric, str], Merge] = merge_rule
-) -> list[Metric]:
+def merged(expositions: Iterable[str | list[Metric]]) -> list[Metric]:
     """The families of several expositions (text, or parsed), samples of the same name and labels
     combined (pure)."""
     families: dict[str, Metric] = {}
@@ -89,7 +87,7 @@ def merged(
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 old = samples.get(key)
-                samples[key] = sample.value if old is None else rule(kept, sample.name)(old, sample.value)
+                samples[key] = sample.value if old is None else merge_rule(kept, sample.name)(old, sample.value)
     for name, family in families.items():
         family.samples = [Sample(n, dict(labels), value) for (n, labels), value in values[name].items()]
     return list(families.values())
