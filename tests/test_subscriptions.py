@@ -508,6 +508,8 @@ async def test_notifications_held_past_ws_max_lag_by_the_keys_per_second_limit_e
 async def test_a_subscription_the_key_cannot_pay_for_is_refused(anvil: Anvil, make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy(_keyed(anvil, DAILY_CREDITS="4"))  # eth_subscribe costs 5 by default
     client = await connect(proxy, "alice")
+    asked = proxy.upstreams["evm"].calls["eth_blockNumber"]
     refused = await client.call("eth_subscribe", "newHeads")
     assert refused["error"]["code"] == -32005 and "daily credit limit" in refused["error"]["message"]
     assert not proxy.app[STREAMS].feeds["evm"].active
+    assert proxy.upstreams["evm"].calls["eth_blockNumber"] == asked  # the node's head asked for none refused

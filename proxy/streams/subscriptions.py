@@ -162,8 +162,6 @@ class Session:
         feed = self.feeds.get(runtime.name) if kind in HEAD_KINDS else None
         if feed is None and relay is None:
             raise unrelayable(call.method, kind, family)
-        if feed is not None:
-            sub.after = await feed.node_head()
 
         if not self.held.take(self.account, sub.size, whole=self.account == OPEN_ACCOUNT):
             raise _too_many_bytes(self.settings.ws_max_subscription_bytes)
@@ -183,7 +181,10 @@ class Session:
         finally:
             if not registered:  # else _forget gives its bytes back
                 self.held.give(self.account, sub.size)
-        if feed is not None:
+        if feed is not None:  # sent the blocks after the node's head (asked once it is accepted)
+            sub.after = await feed.node_head()
+            if self.closed:  # the socket went meanwhile: its close forgot the subscription
+                return
             self._reply(call, jsonrpc.dumps(sub.id))
             _join_feed(sub, feed)
             return
