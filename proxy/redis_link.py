@@ -175,6 +175,7 @@ class RedisLink:
         if report_up:
             metrics.redis_up.set(1)
         self._rediscovery: asyncio.Task[None] | None = None
+        self._reached = False  # a command was answered once: a cluster's first discovery is made
 
     @property
     def up(self) -> bool:
@@ -222,6 +223,7 @@ class RedisLink:
                 self._backoff = min(self._backoff * 2, self._max_backoff)
             raise RedisUnavailable(operation) from exc
         self._failures = 0
+        self._reached = True
         if self._skip_until:
             if self._told_down:  # after each outage logged (once a minute at most), so the log's last word is true
                 log.info("%s is back", self._name)
@@ -250,12 +252,17 @@ class RedisLink:
         """A cluster's first discovery runs in the background: a command now would find redis-py's
         nodes without their command table (an AttributeError), or wait for it past its budget."""
         task = self._rediscovery
-        return task is not None and not task.done() and getattr(self.client, "_initialize", False)
+        return task is not None and not task.done() and self._first(self.client)
+
+    def _first(self, client: RedisClient) -> bool:
+        """A cluster never reached yet (redis-py's own flag, which a lost connection sets again later:
+        then the slot map alone is read, its command table kept, and no command waits on its lock)."""
+        return not self._reached and bool(getattr(client, "_initialize", False))
 
     async def _read_slot_map(self, client: RedisCluster) -> None:
         try:
             async with asyncio.timeout(max(DISCOVERY_SECONDS, 4 * self._timeout)):
-                if getattr(client, "_initialize", False):  # never discovered yet (redis-py's own flag)
+                if self._first(client):
                     await client.initialize()
                 else:
                     await client.nodes_manager.initialize()
