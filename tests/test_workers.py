@@ -677,7 +677,10 @@ async def test_a_restarted_worker_takes_the_keys_file_as_it_is_not_as_it_started
             await _kill_one(running)
 
             async def listening() -> bool:
-                return _sample(await _scrape(session, running), "rpc_proxy_workers") == 2
+                try:
+                    return _sample(await _scrape(session, running), "rpc_proxy_workers") == 2
+                except aiohttp.ClientError:  # a connection met the killed worker's closing socket: not yet
+                    return False
 
             await eventually(listening, 30, "the restarted worker to listen")
             assert await statuses("bob-secret") == {200}
