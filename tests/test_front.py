@@ -294,6 +294,36 @@ async def test_expect_100_continue_gets_its_interim_answer_before_the_body(evm_p
         writer.close()
 
 
+async def test_expect_100_continue_with_an_unknown_key_is_refused_before_its_body_is_asked_for(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """RFC 9110 10.1.1: a final answer instead of 100 Continue; a known key still gets its 100."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="alice")
+    body = call("eth_chainId", [], 1)
+    for path, extra in (("/v3/mallory", ()), ("/v3", ("X-Api-Key: mallory",)), ("/v3", ())):
+        data = post(body, "Expect: 100-continue", *extra, path=path)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+        try:
+            writer.write(data[: -len(body)])  # the head alone: the body waits for a 100 that never comes
+            await writer.drain()
+            status, headers, answer = await read_answer(reader)
+            assert status == 401 and json.loads(answer)["error"]["code"] == -32001, (path, answer)
+            assert headers["connection"] == "close" and await asyncio.wait_for(reader.read(), 30) == b""
+        finally:
+            writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+    try:
+        writer.write(post(body, "Expect: 100-continue", path="/v3/alice")[: -len(body)])
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
+        assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
+        writer.write(body)
+        status, _, answer = await read_answer(reader)
+        assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+    finally:
+        writer.close()
+
+
 async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy: Proxy) -> None:
     body = call("eth_chainId", [], 1)
     data = (b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body)) + body

@@ -219,6 +219,17 @@ class RpcEndpoint:
                 return error_reply(refusal, NO_CHARGE)
         return account
 
+    def refused_head(self, in_path: str | None, headers: Headers) -> Reply | None:
+        """The refusal a request's head alone earns (an unknown key, an origin its key does not allow),
+        answered instead of 100 Continue: a client is not asked for a body that would be refused."""
+        if self.open_mode:
+            return None
+        key = key_of(in_path, headers)
+        if key in self.gateway.tabs:
+            return None
+        authorized = self.authorize(key, headers)
+        return self.finish(authorized, headers) if isinstance(authorized, Reply) else None
+
     def respond(self, key: str, path_network: str | None, headers: Headers, body: bytes, path: str) -> Reply | Pending:
         """The answer to a whole body: a Reply when nothing needs awaiting (a cache hit, a refusal),
         else the coroutine that makes it (counted in flight while it runs)."""

@@ -437,9 +437,9 @@ class FrontProtocol(asyncio.Protocol):
         ):
             raise Refused(closing(self._endpoint.too_large()))
         if "expect" in headers and headers["expect"].lower() == "100-continue":
-            self.pipeline.after_held(
-                _CONTINUE, False
-            )  # after the answers before it (RFC 9110 10.1.1: a 100 or a final one)
+            if (refused := self._endpoint.refused_head(target[1], headers)) is not None:
+                raise Refused(closing(refused))  # a final answer, not 100 (RFC 9110 10.1.1)
+            self.pipeline.after_held(_CONTINUE, False)  # after the answers before it
 
     def on_body(self, body: bytes) -> None:
         request = self.request
