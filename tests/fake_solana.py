@@ -6,7 +6,7 @@ transaction (SIGNATURE) answer as Agave does.
 Its slot advances by one on every request, as a live cluster's would between calls, so a test can
 tell a cached `context.slot` from a fresh one. Its WebSocket (`ws_url`) speaks the pubsub methods
 (slot, account, signature and logs subscriptions); tests make it notify with `advance_slot`,
-`set_account`, `confirm` and `emit_logs`.
+`set_account`, `confirm` and `emit_logs`; identical subscriptions on one socket share an id, as Agave's do.
 """
 
 from __future__ import annotations
@@ -241,6 +241,9 @@ class FakeSolana(FakeNode):
         if method in ("slotSubscribe", "accountSubscribe", "signatureSubscribe", "logsSubscribe"):
             if method == "accountSubscribe" and (not params or params[0] == "not-a-key"):
                 return _error(rid, -32602, "Invalid param: Invalid")
+            for sub_id, held in self.subscriptions.items():  # Agave: identical ones on a socket share an id
+                if held == (method, params, ws):
+                    return {"jsonrpc": "2.0", "id": rid, "result": sub_id}
             self._next_sub += 1
             self.subscriptions[self._next_sub] = (method, params, ws)
             return {"jsonrpc": "2.0", "id": rid, "result": self._next_sub}

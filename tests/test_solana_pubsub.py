@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import time
 
 import pytest
 
 from proxy.credits.accounts import derived_name
 from proxy.http.app_keys import LEDGER, STREAMS
-from tests.fake_solana import FakeSolana
+from tests.fake_solana import FakeSolana, b58
 from tests.support import Proxy, ProxyFactory, eventually
-from tests.ws_client import Client, connect
+from tests.ws_client import Client, connect, frame
 
 KEY = "7fUAJdStEuGbc3sM84cKRL6yYaaSstyLSU4ve5oovLS7"
 SIGNATURE = "5" * 88
@@ -84,6 +86,93 @@ async def test_closing_the_socket_unsubscribes_on_the_node(solana: FakeSolana, r
         return not solana.subscriptions
 
     await eventually(gone, 5, "the node-side subscription to end")
+
+
+async def test_sockets_closed_while_their_subscribes_are_answered_leave_nothing_on_the_node(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/subscriptions.md: closing the socket ends its subscriptions, on the node too): a socket
+    reset while its subscribes are being answered leaves none of them on the node. A subscribe the node
+    had answered, whose caller went before it resumed, was routed for nobody and never cancelled
+    (hundreds held on the node, opened again after every drop)."""
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url)
+    loop = asyncio.get_running_loop()
+
+    async def reset_after(index: int) -> None:
+        sock = socket.socket()
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", proxy.server.port))
+        await loop.sock_sendall(sock, upgrade(proxy.server.port))
+        assert b" 101 " in await loop.sock_recv(sock, 1024)
+        frames = b"".join(
+            frame(json.dumps(account_subscribe(index, n)).encode()) for n in range(20)
+        )  # distinct accounts: an id each on the node
+        await loop.sock_sendall(sock, frames)
+        await asyncio.sleep(index % 10 / 1000)  # gone at once, or while the node answers
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset
+
+    for _ in range(3):
+        await asyncio.gather(*(reset_after(i) for i in range(40)))
+    subscribed = solana.ws_calls["accountSubscribe"]
+
+    async def nothing_held() -> bool:
+        return not solana.subscriptions and proxy.metric("rpc_proxy_subscriptions", kind="other") == 0
+
+    await eventually(nothing_held, 20, "no subscription left on the node")
+    assert subscribed > 0  # the node was asked: the sockets did not all go before their subscribes were read
+
+
+async def test_identical_subscriptions_sharing_the_nodes_id_are_each_notified_and_end_apart(
+    solana: FakeSolana, relay_proxy: Proxy
+) -> None:
+    """Rule (docs/subscriptions.md): a node gives identical subscribes on its socket one id (Agave does);
+    each subscriber gets every notification under its own id, one's unsubscribe ends its own alone, and
+    the node's subscription is cancelled when the last leaves. Before, the second took the first's
+    route: the first heard nothing, and the second's unsubscribe ended the first's on the node."""
+    alice, bob = await connect(relay_proxy), await connect(relay_proxy)
+    first, second = (await alice.call("slotSubscribe"))["result"], (await bob.call("slotSubscribe"))["result"]
+    assert len(solana.subscriptions) == 1  # one id on the node for both
+    await solana.advance_slot()
+    ((note_a,), (note_b,)) = await alice.notes_until(1), await bob.notes_until(1)
+    assert note_a["params"]["subscription"] == first and note_b["params"]["subscription"] == second
+    assert (await bob.call("slotUnsubscribe", second))["result"] is True
+    assert solana.ws_calls["slotUnsubscribe"] == 0 and len(solana.subscriptions) == 1  # alice's holds it
+    await solana.advance_slot()
+    assert len(await alice.notes_until(2)) == 2
+    assert (await alice.call("slotUnsubscribe", first))["result"] is True
+
+    async def cancelled() -> bool:
+        return not solana.subscriptions and solana.ws_calls["slotUnsubscribe"] == 1
+
+    await eventually(cancelled, 5, "the node's subscription to end with its last subscriber")
+
+
+async def test_an_escaped_subscribe_method_name_is_a_subscribe(solana: FakeSolana, relay_proxy: Proxy) -> None:
+    """JSON escapes in a method name name the same method: `slotS\\u0075bscribe` is slotSubscribe (it was
+    answered -32601 "needs a WebSocket", over one), and its escaped unsubscribe ends it."""
+    client = await connect(relay_proxy)
+    await client.ws.send_str('{"jsonrpc":"2.0","id":7,"method":"slotS\\u0075bscribe"}')
+    reply = await client.reply(7)
+    assert isinstance(reply.get("result"), int), reply
+    await client.ws.send_str(
+        '{"jsonrpc":"2.0","id":8,"method":"slotUns\\u0075bscribe","params":[' + str(reply["result"]) + "]}"
+    )
+    assert (await client.reply(8))["result"] is True
+    assert solana.ws_calls["slotSubscribe"] == 1 and solana.ws_calls["slotUnsubscribe"] == 1
+
+
+def upgrade(port: int) -> bytes:
+    return (
+        f"GET /ws/v3/test-key HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+
+
+def account_subscribe(socket_index: int, n: int) -> dict[str, object]:
+    account = b58(bytes((socket_index + 1, n + 1)) * 16)
+    return {"jsonrpc": "2.0", "id": n, "method": "accountSubscribe", "params": [account, {"encoding": "base64"}]}
 
 
 async def test_a_signature_subscription_ended_by_its_notification_is_never_opened_again(

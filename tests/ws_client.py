@@ -25,6 +25,10 @@ class Client:
         self._next += 1
         rid = self._next
         await self.ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": list(params)}))
+        return await self.reply(rid)
+
+    async def reply(self, rid: Any) -> dict[str, Any]:
+        """The reply to request `rid` (one `call` sent, or one sent by hand)."""
         while rid not in self.replies:
             await self._receive()
         return self.replies.pop(rid)

@@ -96,9 +96,12 @@ def _bounds(start: BlockRef, end: BlockRef) -> tuple[int | None, int | None]:
 
 def subscription_call(data: str | bytes) -> Call | None:
     """The frame as a subscription call if it is one (a single request), else None: the gateway
-    serves it. A cheap substring test first, so ordinary calls are not parsed twice."""
-    needle: str | bytes = b"ubscribe" if isinstance(data, bytes) else "ubscribe"
-    if needle not in data:  # type: ignore[operator]
+    serves it. A cheap substring test first, so ordinary calls are not parsed twice; a frame with a
+    JSON escape is parsed too (`"slotS\\u0075bscribe"` names slotSubscribe)."""
+    if isinstance(data, bytes):
+        if b"ubscribe" not in data and b"\\u" not in data:
+            return None
+    elif "ubscribe" not in data and "\\u" not in data:
         return None
     try:
         body = jsonrpc.parse_body(data, max_batch=1)

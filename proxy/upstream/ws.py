@@ -2,7 +2,9 @@
 Solana pubsub) and the node's pushed heads.
 
 One connection per network, opened when first needed and shared by every relayed subscription;
-each notification is routed by the node's subscription id to its subscriber. When the connection
+each notification is routed by the node's subscription id to its subscribers (a node may give one
+id to identical subscriptions on a connection, as Agave does: each is sent every notification, and the
+node's is cancelled when the last leaves). When the connection
 drops, the subscriptions it carried are opened again on the next upstream WebSocket (the one after
 the lost one first), each still delivered under its subscriber's id; a subscriber is told its
 subscription ended only when no upstream takes it back within the upstream timeout. aiohttp's
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +35,7 @@ log = logging.getLogger("proxy.upstream_ws")
 SIGNATURE_NOTE = "signatureNotification"  # a signatureSubscribe's one notification (Agave then ends it)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # one subscriber's: compared by identity
 class _Route:
     on_ok: Callable[[], None]
     on_notify: Callable[[str, Any], None]
@@ -101,7 +103,7 @@ class UpstreamSocket:
         self._unanswered: dict[int, str] = {}
         self._sends: set[asyncio.Task[None]] = set()
         self._proxied = False  # the connection's upstream is an rpc-proxy (its handshake's Server: via.py)
-        self._routes: dict[Any, _Route] = {}  # the node's subscription id -> route
+        self._routes = _RouteTable()
         self._current = -1  # the index of the upstream the connection is to
         self._resubscribing: asyncio.Task[None] | None = None
         self._closed = False
@@ -122,7 +124,13 @@ class UpstreamSocket:
         ws = await self._connected()
         route = _Route(on_ok, on_notify, on_lost, SOLANA_PUBSUB.get(method, "eth_unsubscribe"), method, params)
         route.marked = marked
-        await self._open(ws, route)
+        try:
+            await self._open(ws, route)
+        except BaseException:  # its caller left (a closed socket) once the node had granted it, maybe
+            route.cancelled = True
+            if self._routes.release(route, self._pending.values()):
+                self._spawn(self._unsubscribe(route.unsubscribe, route.upstream_id))
+            raise
         return RelayedSubscription(self, route)
 
     async def _open(self, ws: aiohttp.ClientWebSocketResponse, route: _Route) -> None:
@@ -155,9 +163,13 @@ class UpstreamSocket:
     async def forget(self, route: _Route) -> None:
         """Stop routing a subscription and cancel it on the node (its answer is not awaited)."""
         route.cancelled = True  # not opened again, should its connection drop now
-        if self._routes.pop(route.upstream_id, None) is None:
-            return
-        await self._unsubscribe(route.unsubscribe, route.upstream_id)
+        if self._routes.release(route, self._pending.values()):
+            await self._unsubscribe(route.unsubscribe, route.upstream_id)
+
+    def _spawn(self, work: Any) -> None:
+        send = asyncio.create_task(work)
+        self._sends.add(send)
+        send.add_done_callback(self._sends.discard)
 
     async def _unsubscribe(self, method: str, upstream_id: Any) -> None:
         ws = self._ws
@@ -253,44 +265,54 @@ class UpstreamSocket:
         rid = data.get("id")
         route = self._pending.pop(rid, None) if isinstance(rid, int) else None
         if route is None and isinstance(rid, int) and rid in self._unanswered:
-            unsubscribe = self._unanswered.pop(rid)
-            if isinstance(data.get("result"), str | int) and not isinstance(data.get("result"), bool):
-                # Granted once its caller had stopped waiting: nobody's, so cancelled on the node.
-                send = asyncio.create_task(self._unsubscribe(unsubscribe, data["result"]))
-                self._sends.add(send)
-                send.add_done_callback(self._sends.discard)
+            self._nobodys(data, self._unanswered.pop(rid))
             return
         if route is not None:
-            if route.waiter.done():
-                return
-            problem = _reply_problem(data)
-            if problem:  # no answer: the call fails at once, the socket's other subscriptions go on
-                route.waiter.set_exception(self._unavailable(f"malformed reply: {problem}"))
-                return
-            error = data.get("error")
-            if error is not None:
-                scrub_reply(data, self._secrets[self._current])  # a key it echoes reaches no client
-                error = data["error"]
-                error = error if isinstance(error, dict) else {"code": -32603, "message": str(error)}
-                route.waiter.set_exception(
-                    JsonRpcError(int(error.get("code", -32603)), str(error.get("message", "")), error.get("data"))
-                )
-                return
-            route.upstream_id = data.get("result")
-            self._routes[route.upstream_id] = route
-            if not route.confirmed:
-                route.confirmed = True
-                route.on_ok()  # before any notification of it is routed: the reply goes out first
-            route.waiter.set_result(route.upstream_id)
+            self._answered(route, data)
+            for unsubscribe, upstream_id in self._routes.settle(route, self._pending.values()):
+                self._spawn(self._unsubscribe(unsubscribe, upstream_id))
             return
         params = data.get("params")
         if isinstance(params, dict) and "subscription" in params:
             method = str(data.get("method"))
             # Agave ends a signature subscription with its one notification: not opened again after a drop.
-            target = self._routes.pop(params["subscription"], None) if method == SIGNATURE_NOTE else None
-            target = target or self._routes.get(params["subscription"])
-            if target is not None:
+            by_id = self._routes.by_id
+            shared = by_id.pop(params["subscription"], None) if method == SIGNATURE_NOTE else None
+            shared = shared or by_id.get(params["subscription"])
+            for target in list(shared or ()):
                 target.on_notify(method, params.get("result"))
+
+    def _nobodys(self, data: dict[str, Any], unsubscribe: str) -> None:
+        """A subscribe granted once its caller had stopped waiting: cancelled on the node (unless a
+        subscriber holds the same id: a node that gives identical subscribes one id)."""
+        granted = data.get("result")
+        if isinstance(granted, str | int) and not isinstance(granted, bool) and granted not in self._routes.by_id:
+            self._spawn(self._unsubscribe(unsubscribe, granted))
+
+    def _answered(self, route: _Route, data: dict[str, Any]) -> None:
+        """A subscribe's answer: its route routed by the node's id, or its caller told the error."""
+        if route.waiter.done():  # its caller left as the answer came (the future cancelled, not yet unwound)
+            self._nobodys(data, route.unsubscribe)
+            return
+        problem = _reply_problem(data)
+        if problem:  # no answer: the call fails at once, the socket's other subscriptions go on
+            route.waiter.set_exception(self._unavailable(f"malformed reply: {problem}"))
+            return
+        error = data.get("error")
+        if error is not None:
+            scrub_reply(data, self._secrets[self._current])  # a key it echoes reaches no client
+            error = data["error"]
+            error = error if isinstance(error, dict) else {"code": -32603, "message": str(error)}
+            route.waiter.set_exception(
+                JsonRpcError(int(error.get("code", -32603)), str(error.get("message", "")), error.get("data"))
+            )
+            return
+        route.upstream_id = data.get("result")
+        self._routes.add(route)
+        if not route.confirmed:
+            route.confirmed = True
+            route.on_ok()  # before any notification of it is routed: the reply goes out first
+        route.waiter.set_result(route.upstream_id)
 
     def _lost(self) -> None:
         """The node's socket closed: subscriptions being opened fail; those it carried are opened
@@ -301,7 +323,7 @@ class UpstreamSocket:
                 route.waiter.set_exception(self._unavailable("connection closed"))
         self._pending.clear()
         self._unanswered.clear()  # the node drops what the connection held
-        routes, self._routes = list(self._routes.values()), {}
+        routes = self._routes.clear()
         if self._closed:  # closed for good (a reload retired it): each subscriber is told
             for route in routes:
                 if not route.cancelled:
@@ -340,3 +362,53 @@ class UpstreamSocket:
         for route in left:
             if not route.cancelled:
                 route.on_lost()
+
+
+class _RouteTable:
+    """The routes of the node's subscription ids. A node may give identical subscribes on a connection
+    one id (Agave does): each of its routes is sent every notification, and the node's subscription is
+    cancelled when the last leaves, but not while an identical subscribe waits for its answer (the
+    node may give it that id again: it is parked until the answer names another)."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[Any, list[_Route]] = {}
+        self._parked: dict[Any, _Route] = {}
+
+    def add(self, route: _Route) -> None:
+        self._parked.pop(route.upstream_id, None)  # the node gave it the id a route left: its own now
+        self.by_id.setdefault(route.upstream_id, []).append(route)
+
+    def release(self, route: _Route, waiting: Iterable[_Route]) -> bool:
+        """Take the route off its id; True when the node's subscription is nobody's and can be cancelled."""
+        shared = self.by_id.get(route.upstream_id)
+        if shared is None or route not in shared:
+            return False
+        shared.remove(route)
+        if shared:
+            return False
+        del self.by_id[route.upstream_id]
+        if any(_alike(other, route) for other in waiting):
+            self._parked[route.upstream_id] = route
+            return False
+        return True
+
+    def settle(self, answered: _Route, waiting: Iterable[_Route]) -> list[tuple[str, Any]]:
+        """An identical subscribe was answered: (unsubscribe method, id) of the parked ids it did not
+        take, to cancel on the node once no other identical one waits."""
+        if not self._parked or any(_alike(other, answered) for other in waiting):
+            return []
+        done = [(upstream_id, r) for upstream_id, r in self._parked.items() if _alike(r, answered)]
+        for upstream_id, _ in done:
+            del self._parked[upstream_id]
+        return [(r.unsubscribe, upstream_id) for upstream_id, r in done]
+
+    def clear(self) -> list[_Route]:
+        """Every route (the node's socket closed: it dropped them all)."""
+        routes = [route for shared in self.by_id.values() for route in shared]
+        self.by_id, self._parked = {}, {}
+        return routes
+
+
+def _alike(one: _Route, other: _Route) -> bool:
+    """Two subscribes a node may answer with one id: the same method and params."""
+    return one.method == other.method and one.params == other.params
