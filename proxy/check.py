@@ -286,7 +286,10 @@ async def probe_redis(url: str, timeout: float) -> str | None:
     a wrong password only shows once a command is sent, so `serve` starts and then bypasses it."""
     client = connect(url, timeout)
     try:
-        await client.ping()
+        async with asyncio.timeout(timeout):  # the whole probe: a Sentinel's lookups are steps of their own
+            await client.ping()
+    except TimeoutError:
+        return f"unreachable (no answer in {timeout:g}s: UPSTREAM_TIMEOUT, at most {CHECK_WAIT:g}s in check)"
     except RedisClusterException as exc:  # redis+cluster://: no node reached; why is its cause
         if "cluster mode is not enabled" in str(exc).lower():
             return "refused: cluster mode is not enabled on this server (redis+cluster:// needs a Redis Cluster)"
@@ -318,14 +321,17 @@ async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]
 
 async def ledger_eviction(settings: Settings) -> str | None:
     """What `serve` says of the credit ledger's Redis policy (ledger_storage.py), when keys are
-    charged and it answers: CREDITS_REQUIRE_NOEVICTION refuses to start on it."""
+    charged and it answers: CREDITS_REQUIRE_NOEVICTION refuses to start on it. Asked only of a Redis
+    its probe reached (probe_redises)."""
     url = settings.ledger_redis_url
     if url is None or settings.open_mode:
         return None
-    client = connect(url, min(settings.upstream_timeout, CHECK_WAIT))
+    seconds = min(settings.upstream_timeout, CHECK_WAIT)
+    client = connect(url, seconds)
     try:
-        return eviction_problem(await memory_policies(client))
-    except (RedisError, RedisClusterException, OSError):
+        async with asyncio.timeout(seconds):
+            return eviction_problem(await memory_policies(client))
+    except (RedisError, RedisClusterException, OSError, TimeoutError):
         return None  # unreachable or refused: its own FAIL line above
     finally:
         with contextlib.suppress(RedisError, RedisClusterException, OSError):
@@ -423,10 +429,13 @@ def run_check(
         )
         return 1 if problems else 0
     probes = asyncio.run(probe_all(settings))
+    unreached = set()
     for name, shown, problem in asyncio.run(probe_redises(settings)):
         problems += problem is not None
+        unreached.update([name] if problem else [])
         print(f"FAIL redis {name} {shown}: {problem}" if problem else f"ok   redis {name} {shown}: PONG")
-    if (evicts := asyncio.run(ledger_eviction(settings))) is not None:  # serve refuses it, or warns
+    ledger = "CREDITS_REDIS_URL" if settings.credits_redis_url not in (None, settings.redis_url) else "REDIS_URL"
+    if ledger not in unreached and (evicts := asyncio.run(ledger_eviction(settings))) is not None:
         problems += settings.credits_require_noeviction
         print(
             f"FAIL credits: {evicts} (CREDITS_REQUIRE_NOEVICTION is set)"

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import importlib.util
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -53,7 +54,18 @@ _ANY_ADDRESS = frozenset({"", "0.0.0.0", "::"})  # a wildcard host takes the por
 _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})  # `localhost` binds the loopback addresses
 
 
+def _one_spelling(host: str) -> str:
+    """A numeric host in one spelling (`127.1` is 127.0.0.1, `0:0::1` is ::1, `0` is 0.0.0.0); a name
+    as it is (no lookup here)."""
+    try:
+        found = socket.getaddrinfo(host, None, flags=socket.AI_NUMERICHOST) if host else []
+    except (OSError, UnicodeError, ValueError):
+        return host
+    return str(found[0][4][0]) if found else host
+
+
 def _same_host(one: str, other: str) -> bool:
+    one, other = _one_spelling(one), _one_spelling(other)
     if one == other or one in _ANY_ADDRESS or other in _ANY_ADDRESS:
         return True
     return "localhost" in (one, other) and one in _LOOPBACK and other in _LOOPBACK

@@ -96,7 +96,9 @@ class SentinelManagedRedis(aioredis.Redis):
 
 def _sentinel(topology: RedisTopology, options: dict[str, Any]) -> aioredis.Redis:
     # Each new connection to the primary asks the Sentinels for its address: their pools too.
-    sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_") or k == "max_connections"}
+    # No retry either: redis-py's own retries multiplied a silent Sentinel's wait (about 12 timeouts).
+    shared = ("max_connections", "retry")
+    sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_") or k in shared}
     # rediss+sentinel: TLS to the Sentinels as to the data nodes.
     sentinel_options.update(username=topology.sentinel_username, password=topology.sentinel_password, ssl=topology.tls)
     sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]

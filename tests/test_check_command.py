@@ -4,10 +4,12 @@ effective configuration printed with its secrets redacted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -284,6 +286,34 @@ def test_a_silent_upstream_is_said_to_have_timed_out_naming_the_setting(tmp_path
         f"FAIL network evm upstream #0 {url}: timed out after 1s (UPSTREAM_TIMEOUT, at most 10s in check)"
         in result.stdout
     )
+
+
+@pytest.mark.parametrize("scheme", ["redis+sentinel", "redis"])
+def test_a_silent_redis_is_one_fail_line_within_the_timeout_not_minutes(
+    scheme: str, anvil: Anvil, tmp_path: Path
+) -> None:
+    """Rule (docs/commands.md: at most 10 s for each upstream or Redis): a Sentinel or server that takes
+    connections and never answers is one FAIL line, tried once. A silent Sentinel took about 12
+    timeouts (redis-py's retries, then its master lookup), nearly 2 minutes at the default; with keys
+    the ledger's policy was asked of it again after."""
+    with socket.socket() as silent:  # accepts (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        port = silent.getsockname()[1]
+        url = f"{scheme}://127.0.0.1:{port}" + ("/mymaster" if scheme == "redis+sentinel" else "")
+        started = time.monotonic()
+        result = check(tmp_path, EVM_UPSTREAM=anvil.url, REDIS_URL=url, UPSTREAM_TIMEOUT="1", API_KEYS=SECRET)
+        took = time.monotonic() - started
+        silent.setblocking(False)
+        tried = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                silent.accept()[0].close()
+                tried += 1
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL redis REDIS_URL" in result.stdout and "no answer in 1s" in result.stdout, result.stdout
+    assert tried == 1, f"{tried} connections to the silent Redis"
+    assert took < 8, f"{took:.1f}s"  # one 1 s wait and the start; it was 16 s at UPSTREAM_TIMEOUT=1
 
 
 def test_a_websocket_upstream_at_the_proxys_own_address_is_a_loop(tmp_path: Path) -> None:

@@ -74,10 +74,15 @@ def test_a_head_stale_bound_past_one_poll_interval_is_kept() -> None:
         ),
         ({"PROXY_HOST": "0.0.0.0", "METRICS_PORT": "8545"}, "METRICS_PORT 8545 is also PROXY_PORT"),
         ({"PROXY_HOST": "localhost", "METRICS_PORT": "8545"}, "METRICS_PORT 8545 is also PROXY_PORT"),
+        # One address spelled two ways (check passed them; serve then failed "Address already in use").
+        ({"METRICS_HOST": "127.1", "METRICS_PORT": "8545"}, "METRICS_PORT 8545 is also PROXY_PORT"),
+        ({"PROXY_HOST": "::1", "METRICS_HOST": "0:0:0:0:0:0:0:1", "METRICS_PORT": "8545"}, "is also PROXY_PORT"),
+        ({"METRICS_HOST": "0", "METRICS_PORT": "8545"}, "METRICS_PORT 8545 is also PROXY_PORT"),
     ],
 )
 def test_two_listeners_on_one_port_of_one_host_are_refused(raw: dict[str, str], fragment: str) -> None:
-    """Rule: METRICS_PORT and ADMIN_PORT each need a port of their own on their host (a wildcard host: any)."""
+    """Rule: METRICS_PORT and ADMIN_PORT each need a port of their own on their host (a wildcard host: any;
+    a numeric host in any of its spellings)."""
     assert fragment in refused(**raw)
 
 
