@@ -338,6 +338,24 @@ async def ledger_eviction(settings: Settings) -> str | None:
             await client.aclose()
 
 
+def print_redises(settings: Settings) -> int:
+    """A line for each Redis and, when the ledger's answered, one for its policy; the problems found."""
+    problems, unreached = 0, set()
+    for name, shown, problem in asyncio.run(probe_redises(settings)):
+        problems += problem is not None
+        unreached.update([name] if problem else [])
+        print(f"FAIL redis {name} {shown}: {problem}" if problem else f"ok   redis {name} {shown}: PONG")
+    ledger = "CREDITS_REDIS_URL" if settings.credits_redis_url not in (None, settings.redis_url) else "REDIS_URL"
+    if ledger not in unreached and (evicts := asyncio.run(ledger_eviction(settings))) is not None:
+        problems += settings.credits_require_noeviction  # serve refuses it, or warns
+        print(
+            f"FAIL credits: {evicts} (CREDITS_REQUIRE_NOEVICTION is set)"
+            if settings.credits_require_noeviction
+            else f"warn credits: {evicts}"
+        )
+    return problems
+
+
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
@@ -429,19 +447,7 @@ def run_check(
         )
         return 1 if problems else 0
     probes = asyncio.run(probe_all(settings))
-    unreached = set()
-    for name, shown, problem in asyncio.run(probe_redises(settings)):
-        problems += problem is not None
-        unreached.update([name] if problem else [])
-        print(f"FAIL redis {name} {shown}: {problem}" if problem else f"ok   redis {name} {shown}: PONG")
-    ledger = "CREDITS_REDIS_URL" if settings.credits_redis_url not in (None, settings.redis_url) else "REDIS_URL"
-    if ledger not in unreached and (evicts := asyncio.run(ledger_eviction(settings))) is not None:
-        problems += settings.credits_require_noeviction
-        print(
-            f"FAIL credits: {evicts} (CREDITS_REQUIRE_NOEVICTION is set)"
-            if settings.credits_require_noeviction
-            else f"warn credits: {evicts}"
-        )
+    problems += print_redises(settings)
     looped = {(network.name, f"{label} {redact_url(url)}") for network, label, url in looping}
     for probe in probes:
         if (probe.network, probe.label) in looped:

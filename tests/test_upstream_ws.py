@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestServer
 from proxy import via
 from proxy.config import ConfigError, build_settings
 from proxy.http.app_keys import STREAMS
+from proxy.upstream.ws import Route, RouteTable
 from tests.support import (
     DEV_ACCOUNT,
     Anvil,
@@ -332,3 +333,37 @@ async def test_a_subscription_granted_after_its_caller_stopped_waiting_is_cancel
     finally:
         await relay.cut_all()
         await relay.close()
+
+
+class TestSharedNodeIds:
+    """The relay's table of the node's subscription ids (a node may give identical subscribes on its
+    socket one id, as Agave does): the node's subscription is cancelled only when nobody holds it and
+    no identical subscribe waits for an answer that may name it again."""
+
+    @staticmethod
+    def route(method: str = "slotSubscribe", params: Any = None) -> Route:
+        return Route(lambda: None, lambda _m, _r: None, lambda: None, "slotUnsubscribe", method, params or [])
+
+    async def test_the_last_of_an_ids_routes_leaving_cancels_it_and_not_before(self) -> None:
+        table, first, second = RouteTable(), self.route(), self.route()
+        for route in (first, second):
+            route.upstream_id = 7
+            table.add(route)
+        assert table.by_id[7] == [first, second]
+        assert not table.release(first, [])
+        assert table.release(second, []) and 7 not in table.by_id
+        assert not table.release(second, [])  # once
+
+    async def test_an_id_left_while_an_identical_subscribe_waits_goes_to_it_or_is_cancelled_after(self) -> None:
+        table, left, waiting, other = RouteTable(), self.route(), self.route(), self.route("accountSubscribe", ["k"])
+        left.upstream_id = 7
+        table.add(left)
+        assert not table.release(left, [other, waiting])  # parked: the node may give `waiting` id 7
+        waiting.upstream_id = 7
+        table.add(waiting)  # it did: its own now
+        assert table.settle(waiting, []) == [] and table.by_id[7] == [waiting]
+        assert not table.release(waiting, [self.route()])  # parked again; the answer names another id
+        assert table.settle(self.route(), []) == [("slotUnsubscribe", 7)]
+        granted_to_nobody = self.route()
+        granted_to_nobody.upstream_id = 9
+        assert table.orphaned(granted_to_nobody, []) and not table.orphaned(granted_to_nobody, [self.route()])

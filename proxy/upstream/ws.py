@@ -36,7 +36,7 @@ SIGNATURE_NOTE = "signatureNotification"  # a signatureSubscribe's one notificat
 
 
 @dataclass(slots=True, eq=False)  # one subscriber's: compared by identity
-class _Route:
+class Route:
     on_ok: Callable[[], None]
     on_notify: Callable[[str, Any], None]
     on_lost: Callable[[], None]
@@ -51,7 +51,7 @@ class _Route:
 
 
 class RelayedSubscription:
-    def __init__(self, socket: UpstreamSocket, route: _Route) -> None:
+    def __init__(self, socket: UpstreamSocket, route: Route) -> None:
         self._socket = socket
         self._route = route
 
@@ -97,13 +97,13 @@ class UpstreamSocket:
         self._reader: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
         self._next_id = 0
-        self._pending: dict[int, _Route] = {}  # request id -> route waiting for its subscription id
+        self._pending: dict[int, Route] = {}  # request id -> route waiting for its subscription id
         # Request id -> the unsubscribe method of a subscribe whose caller stopped waiting (timed out,
         # left): granted later, it is cancelled on the node, never held there for nobody.
-        self._unanswered: dict[int, str] = {}
+        self._unanswered: dict[int, Route] = {}
         self._sends: set[asyncio.Task[None]] = set()
         self._proxied = False  # the connection's upstream is an rpc-proxy (its handshake's Server: via.py)
-        self._routes = _RouteTable()
+        self._routes = RouteTable()
         self._current = -1  # the index of the upstream the connection is to
         self._resubscribing: asyncio.Task[None] | None = None
         self._closed = False
@@ -122,7 +122,7 @@ class UpstreamSocket:
         """Open a subscription on the node; its errors come back as they are, as JsonRpcError. `marked`:
         its subscriber's socket came through other rpc-proxies (via.py)."""
         ws = await self._connected()
-        route = _Route(on_ok, on_notify, on_lost, SOLANA_PUBSUB.get(method, "eth_unsubscribe"), method, params)
+        route = Route(on_ok, on_notify, on_lost, SOLANA_PUBSUB.get(method, "eth_unsubscribe"), method, params)
         route.marked = marked
         try:
             await self._open(ws, route)
@@ -133,13 +133,15 @@ class UpstreamSocket:
             raise
         return RelayedSubscription(self, route)
 
-    async def _open(self, ws: aiohttp.ClientWebSocketResponse, route: _Route) -> None:
+    async def _open(self, ws: aiohttp.ClientWebSocketResponse, route: Route) -> None:
         """Ask the node for the route's subscription and wait for its id."""
         if route.marked and self._proxied:  # a chain of more than two rpc-proxies: a loop, maybe (via.py)
             raise self._unavailable(
                 "the subscription came through another rpc-proxy and this upstream WebSocket is an rpc-proxy "
                 "too: a relayed subscription passes at most two rpc-proxies"
             )
+        if self._sends:  # unsubscribes decided before it go out first: the node may give it their id
+            await asyncio.wait(list(self._sends))  # (not gather: a cancel here must not cancel them)
         rid = self._send_id()
         self._pending[rid] = route
         try:
@@ -158,9 +160,9 @@ class UpstreamSocket:
             raise self._unavailable("send failed") from None
         finally:
             if self._pending.pop(rid, None) is not None:  # no answer yet, and none awaited: cancelled if one comes
-                self._unanswered[rid] = route.unsubscribe
+                self._unanswered[rid] = route
 
-    async def forget(self, route: _Route) -> None:
+    async def forget(self, route: Route) -> None:
         """Stop routing a subscription and cancel it on the node (its answer is not awaited)."""
         route.cancelled = True  # not opened again, should its connection drop now
         if self._routes.release(route, self._pending.values()):
@@ -282,17 +284,19 @@ class UpstreamSocket:
             for target in list(shared or ()):
                 target.on_notify(method, params.get("result"))
 
-    def _nobodys(self, data: dict[str, Any], unsubscribe: str) -> None:
+    def _nobodys(self, data: dict[str, Any], route: Route) -> None:
         """A subscribe granted once its caller had stopped waiting: cancelled on the node (unless a
-        subscriber holds the same id: a node that gives identical subscribes one id)."""
+        subscriber holds the same id, or may be given it: a node that gives identical subscribes one id)."""
         granted = data.get("result")
         if isinstance(granted, str | int) and not isinstance(granted, bool) and granted not in self._routes.by_id:
-            self._spawn(self._unsubscribe(unsubscribe, granted))
+            route.upstream_id = granted
+            if self._routes.orphaned(route, self._pending.values()):
+                self._spawn(self._unsubscribe(route.unsubscribe, granted))
 
-    def _answered(self, route: _Route, data: dict[str, Any]) -> None:
+    def _answered(self, route: Route, data: dict[str, Any]) -> None:
         """A subscribe's answer: its route routed by the node's id, or its caller told the error."""
         if route.waiter.done():  # its caller left as the answer came (the future cancelled, not yet unwound)
-            self._nobodys(data, route.unsubscribe)
+            self._nobodys(data, route)
             return
         problem = _reply_problem(data)
         if problem:  # no answer: the call fails at once, the socket's other subscriptions go on
@@ -339,7 +343,7 @@ class UpstreamSocket:
                 self._resubscribe(routes), name=f"upstream-ws-resubscribe-{self.network}"
             )
 
-    async def _resubscribe(self, routes: list[_Route]) -> None:
+    async def _resubscribe(self, routes: list[Route]) -> None:
         """Each route on a new connection, under its subscriber's id; told lost if none takes it in time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
@@ -364,21 +368,21 @@ class UpstreamSocket:
                 route.on_lost()
 
 
-class _RouteTable:
+class RouteTable:
     """The routes of the node's subscription ids. A node may give identical subscribes on a connection
     one id (Agave does): each of its routes is sent every notification, and the node's subscription is
     cancelled when the last leaves, but not while an identical subscribe waits for its answer (the
     node may give it that id again: it is parked until the answer names another)."""
 
     def __init__(self) -> None:
-        self.by_id: dict[Any, list[_Route]] = {}
-        self._parked: dict[Any, _Route] = {}
+        self.by_id: dict[Any, list[Route]] = {}
+        self._parked: dict[Any, Route] = {}
 
-    def add(self, route: _Route) -> None:
+    def add(self, route: Route) -> None:
         self._parked.pop(route.upstream_id, None)  # the node gave it the id a route left: its own now
         self.by_id.setdefault(route.upstream_id, []).append(route)
 
-    def release(self, route: _Route, waiting: Iterable[_Route]) -> bool:
+    def release(self, route: Route, waiting: Iterable[Route]) -> bool:
         """Take the route off its id; True when the node's subscription is nobody's and can be cancelled."""
         shared = self.by_id.get(route.upstream_id)
         if shared is None or route not in shared:
@@ -387,12 +391,16 @@ class _RouteTable:
         if shared:
             return False
         del self.by_id[route.upstream_id]
+        return self.orphaned(route, waiting)
+
+    def orphaned(self, route: Route, waiting: Iterable[Route]) -> bool:
+        """The node's subscription of a route no other holds: True when it can be cancelled now."""
         if any(_alike(other, route) for other in waiting):
             self._parked[route.upstream_id] = route
             return False
         return True
 
-    def settle(self, answered: _Route, waiting: Iterable[_Route]) -> list[tuple[str, Any]]:
+    def settle(self, answered: Route, waiting: Iterable[Route]) -> list[tuple[str, Any]]:
         """An identical subscribe was answered: (unsubscribe method, id) of the parked ids it did not
         take, to cancel on the node once no other identical one waits."""
         if not self._parked or any(_alike(other, answered) for other in waiting):
@@ -402,13 +410,13 @@ class _RouteTable:
             del self._parked[upstream_id]
         return [(r.unsubscribe, upstream_id) for upstream_id, r in done]
 
-    def clear(self) -> list[_Route]:
+    def clear(self) -> list[Route]:
         """Every route (the node's socket closed: it dropped them all)."""
         routes = [route for shared in self.by_id.values() for route in shared]
         self.by_id, self._parked = {}, {}
         return routes
 
 
-def _alike(one: _Route, other: _Route) -> bool:
+def _alike(one: Route, other: Route) -> bool:
     """Two subscribes a node may answer with one id: the same method and params."""
     return one.method == other.method and one.params == other.params
