@@ -59,6 +59,12 @@ class RelayedSubscription:
         await self._socket.forget(self._route)
 
 
+def unavailable(network: str, detail: str) -> JsonRpcError:
+    return JsonRpcError(
+        UPSTREAM_UNAVAILABLE, f"upstream unavailable: network '{network}' WebSocket ({detail})", http_status=502
+    )
+
+
 def _reply_problem(data: dict[str, Any]) -> str:
     """What makes a node's reply to a subscribe no answer ("" when it is one): a result and an error
     both or neither (JSON-RPC 2.0, replies.py), or a subscription id that is no string or integer (null
@@ -129,16 +135,17 @@ class UpstreamSocket:
         except BaseException:  # its caller left (a closed socket) once the node had granted it, maybe
             route.cancelled = True
             if self._routes.release(route, self._pending.values()):
-                self._spawn(self._unsubscribe(route.unsubscribe, route.upstream_id))
+                self._cancel_later(route.unsubscribe, route.upstream_id)
             raise
         return RelayedSubscription(self, route)
 
     async def _open(self, ws: aiohttp.ClientWebSocketResponse, route: Route) -> None:
         """Ask the node for the route's subscription and wait for its id."""
         if route.marked and self._proxied:  # a chain of more than two rpc-proxies: a loop, maybe (via.py)
-            raise self._unavailable(
+            raise unavailable(
+                self.network,
                 "the subscription came through another rpc-proxy and this upstream WebSocket is an rpc-proxy "
-                "too: a relayed subscription passes at most two rpc-proxies"
+                "too: a relayed subscription passes at most two rpc-proxies",
             )
         if self._sends:  # unsubscribes decided before it go out first: the node may give it their id
             await asyncio.wait(list(self._sends))  # (not gather: a cancel here must not cancel them)
@@ -157,7 +164,7 @@ class UpstreamSocket:
                 http_status=504,
             ) from None
         except (aiohttp.ClientError, ConnectionError):
-            raise self._unavailable("send failed") from None
+            raise unavailable(self.network, "send failed") from None
         finally:
             if self._pending.pop(rid, None) is not None:  # no answer yet, and none awaited: cancelled if one comes
                 self._unanswered[rid] = route
@@ -173,9 +180,16 @@ class UpstreamSocket:
         self._sends.add(send)
         send.add_done_callback(self._sends.discard)
 
-    async def _unsubscribe(self, method: str, upstream_id: Any) -> None:
-        ws = self._ws
-        if ws is not None and not ws.closed:
+    def _cancel_later(self, method: str, upstream_id: Any) -> None:
+        """Cancel a node's subscription soon, on the connection it is on: never on a later one, where
+        its id may name another subscription (another node's ids)."""
+        self._spawn(self._unsubscribe(method, upstream_id, self._ws))
+
+    async def _unsubscribe(
+        self, method: str, upstream_id: Any, on: aiohttp.ClientWebSocketResponse | None = None
+    ) -> None:
+        ws = on or self._ws
+        if ws is not None and ws is self._ws and not ws.closed:
             with contextlib.suppress(Exception):
                 await ws.send_str(
                     jsonrpc.dumps(
@@ -204,19 +218,12 @@ class UpstreamSocket:
         self._next_id += 1
         return self._next_id
 
-    def _unavailable(self, detail: str) -> JsonRpcError:
-        return JsonRpcError(
-            UPSTREAM_UNAVAILABLE,
-            f"upstream unavailable: network '{self.network}' WebSocket ({detail})",
-            http_status=502,
-        )
-
     async def _connected(self) -> aiohttp.ClientWebSocketResponse:
         async with self._connecting:
             if self._ws is not None and not self._ws.closed:
                 return self._ws
             if self._closed:
-                raise self._unavailable("closed: its network was reloaded")
+                raise unavailable(self.network, "closed: its network was reloaded")
             if self._session is None:
                 self._session = aiohttp.ClientSession(trust_env=False)
             failures = []
@@ -247,7 +254,7 @@ class UpstreamSocket:
                 self._proxied = ws._response.headers.get(aiohttp.hdrs.SERVER) == via.SERVER
                 self._reader = asyncio.create_task(self._read(ws), name=f"upstream-ws-{self.network}")
                 return ws
-            raise self._unavailable("; ".join(failures) or "no upstream")
+            raise unavailable(self.network, "; ".join(failures) or "no upstream")
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         try:
@@ -272,7 +279,7 @@ class UpstreamSocket:
         if route is not None:
             self._answered(route, data)
             for unsubscribe, upstream_id in self._routes.settle(route, self._pending.values()):
-                self._spawn(self._unsubscribe(unsubscribe, upstream_id))
+                self._cancel_later(unsubscribe, upstream_id)
             return
         params = data.get("params")
         if isinstance(params, dict) and "subscription" in params:
@@ -291,16 +298,18 @@ class UpstreamSocket:
         if isinstance(granted, str | int) and not isinstance(granted, bool) and granted not in self._routes.by_id:
             route.upstream_id = granted
             if self._routes.orphaned(route, self._pending.values()):
-                self._spawn(self._unsubscribe(route.unsubscribe, granted))
+                self._cancel_later(route.unsubscribe, granted)
 
     def _answered(self, route: Route, data: dict[str, Any]) -> None:
         """A subscribe's answer: its route routed by the node's id, or its caller told the error."""
-        if route.waiter.done():  # its caller left as the answer came (the future cancelled, not yet unwound)
+        if route.waiter.done() or route.cancelled:  # its caller left as the answer came, or while re-opened
             self._nobodys(data, route)
+            if not route.waiter.done():
+                route.waiter.set_exception(unavailable(self.network, "its subscriber left"))
             return
         problem = _reply_problem(data)
         if problem:  # no answer: the call fails at once, the socket's other subscriptions go on
-            route.waiter.set_exception(self._unavailable(f"malformed reply: {problem}"))
+            route.waiter.set_exception(unavailable(self.network, f"malformed reply: {problem}"))
             return
         error = data.get("error")
         if error is not None:
@@ -324,7 +333,7 @@ class UpstreamSocket:
         self._ws = None
         for route in list(self._pending.values()):
             if not route.waiter.done():
-                route.waiter.set_exception(self._unavailable("connection closed"))
+                route.waiter.set_exception(unavailable(self.network, "connection closed"))
         self._pending.clear()
         self._unanswered.clear()  # the node drops what the connection held
         routes = self._routes.clear()
