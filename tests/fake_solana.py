@@ -11,6 +11,7 @@ tell a cached `context.slot` from a fresh one. Its WebSocket (`ws_url`) speaks t
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from decimal import Decimal
@@ -49,6 +50,11 @@ FINALIZED_LAG = 32  # the finalized slot trails the processed one by this much
 LARGEST = [{"address": b58(bytes((i + 1,)) * 32), "lamports": 10**15 - i} for i in range(20)]
 
 
+def _parsed(params: list[Any]) -> list[Any]:
+    """A subscription's params as Agave compares them, defaults filled in: a config of defaults is none."""
+    return [p for p in params if p not in ({}, {"commitment": "finalized"})]
+
+
 def _error(rid: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
@@ -63,6 +69,9 @@ class FakeSolana(FakeNode):
         self.balances = {TOKEN_ACCOUNT: ("9864", 2)}
         self.lamports: dict[str, int] = {}
         self.ws_calls: Counter[str] = Counter()
+        self.ws_received: Counter[str] = Counter()  # as they arrive (ws_calls: as they are answered)
+        self.share_ids = True  # identical subscriptions on a socket share an id (Agave); False: one each
+        self.subscribe_delay = 0.0  # seconds a subscribe waits for its answer (the socket's later ones behind it)
         self.subscriptions: dict[int, tuple[str, list[Any], web.WebSocketResponse]] = {}
         self.sockets: set[web.WebSocketResponse] = set()
         self.refuse_sockets = False
@@ -228,7 +237,12 @@ class FakeSolana(FakeNode):
         try:
             async for message in ws:
                 if message.type is WSMsgType.TEXT:
-                    await ws.send_json(self._pubsub_answer(json.loads(message.data), ws))
+                    request = json.loads(message.data)
+                    method = str(request.get("method"))
+                    self.ws_received[method] += 1
+                    if self.subscribe_delay and method.endswith("Subscribe"):
+                        await asyncio.sleep(self.subscribe_delay)
+                    await ws.send_json(self._pubsub_answer(request, ws))
         finally:
             self.sockets.discard(ws)
             for sub_id in [i for i, (_, _, sock) in self.subscriptions.items() if sock is ws]:
@@ -242,7 +256,7 @@ class FakeSolana(FakeNode):
             if method == "accountSubscribe" and (not params or params[0] == "not-a-key"):
                 return _error(rid, -32602, "Invalid param: Invalid")
             for sub_id, held in self.subscriptions.items():  # Agave: identical ones on a socket share an id
-                if held == (method, params, ws):
+                if self.share_ids and (held[0], _parsed(held[1]), held[2]) == (method, _parsed(params), ws):
                     return {"jsonrpc": "2.0", "id": rid, "result": sub_id}
             self._next_sub += 1
             self.subscriptions[self._next_sub] = (method, params, ws)
@@ -264,7 +278,7 @@ class FakeSolana(FakeNode):
             params = {"result": result, "subscription": sub_id}
             await ws.send_json({"jsonrpc": "2.0", "method": method, "params": params})
             sent += 1
-            if kind == "signatureSubscribe":  # a signature subscription ends with its notification
+            if kind == "signatureSubscribe" and result["value"] != "receivedSignature":  # ends with its result
                 del self.subscriptions[sub_id]
         return sent
 
@@ -292,6 +306,15 @@ class FakeSolana(FakeNode):
             "signatureNotification",
             "signatureSubscribe",
             {"context": {"slot": self.slot}, "value": {"err": None}},
+            signature,
+        )
+
+    async def receive(self, signature: str) -> int:
+        """Agave's notice that the transaction was received (enableReceivedNotification): not the end."""
+        return await self._notify(
+            "signatureNotification",
+            "signatureSubscribe",
+            {"context": {"slot": self.slot}, "value": "receivedSignature"},
             signature,
         )
 

@@ -324,6 +324,26 @@ async def test_expect_100_continue_with_an_unknown_key_is_refused_before_its_bod
         writer.close()
 
 
+async def test_expect_100_continue_elsewhere_gets_its_100_and_http_1_0_none(evm_proxy: Proxy) -> None:
+    """RFC 9110 10.1.1: a request no route reads a body of is sent 100 too (it got neither a 100 nor an
+    answer until its body came); 15.2: an HTTP/1.0 client's expectation is ignored, never a 1xx to it."""
+    body = call("eth_chainId", [], 1)
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    try:
+        writer.write(post(body, "Expect: 100-continue", path="/elsewhere")[: -len(body)])
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
+        assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
+        writer.write(body)
+        status, _, _ = await read_answer(reader)
+        assert status == 404
+    finally:
+        writer.close()
+    http10 = post(body, "Expect: 100-continue", "Connection: keep-alive").replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+    [(status, _, answer)] = await exchange(evm_proxy.server.port, http10)  # its first line is the final one
+    assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+
+
 async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy: Proxy) -> None:
     body = call("eth_chainId", [], 1)
     data = (b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body)) + body

@@ -89,6 +89,17 @@ async def test_a_stalled_body_is_answered_408_at_body_timeout_and_closed(anvil: 
         assert (await post(port))[0] == 200
 
 
+@pytest.mark.parametrize("start", ["POST /elsewhere HTTP/1.1", "GET /v3/k HTTP/1.1", "PUT /metrics HTTP/1.1"])
+async def test_a_stalled_body_nothing_reads_is_answered_408_at_body_timeout_too(anvil: Anvil, start: str) -> None:
+    """Rule (docs/security.md: a body is read within BODY_TIMEOUT): a request no route reads a body of
+    (another path, another method) is held to it too; it was held open for ever (a slowloris)."""
+    async with served(settings_for(EVM_UPSTREAM=anvil.url, BODY_TIMEOUT="0.3")) as port:
+        stalled = f"{start}\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 100\r\n\r\n0123456789".encode()
+        status, body = await exchange(port, stalled)
+        assert status == 408 and json.loads(body)["error"]["code"] == -32600
+        assert (await post(port))[0] == 200
+
+
 async def test_a_declared_body_over_the_limit_is_413_before_any_of_it_is_read(anvil: Anvil) -> None:
     async with served(settings_for(EVM_UPSTREAM=anvil.url, MAX_BODY_BYTES="1000")) as port:
         status, body = await exchange(port, head(port, 50_000_000))

@@ -148,6 +148,99 @@ async def test_identical_subscriptions_sharing_the_nodes_id_are_each_notified_an
     await eventually(cancelled, 5, "the node's subscription to end with its last subscriber")
 
 
+async def test_an_id_left_while_an_identical_subscribe_waits_is_cancelled_when_that_one_fails(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/subscriptions.md): the node's subscription is cancelled when its last subscriber leaves.
+    One left while an identical subscribe waited is kept for it (the node may give it that id); when
+    that subscribe timed out instead, and the node gave it an id of its own, the first stayed on the
+    node for nobody, for the life of the socket."""
+    solana.share_ids = False  # a node that gives each subscribe its own id
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url, UPSTREAM_TIMEOUT="1")
+    alice, bob = await connect(proxy), await connect(proxy)
+    first = (await alice.call("slotSubscribe"))["result"]
+    solana.subscribe_delay = 2.5  # past UPSTREAM_TIMEOUT
+    late = asyncio.ensure_future(bob.call("slotSubscribe"))
+
+    async def sent() -> bool:
+        return solana.ws_received["slotSubscribe"] == 2
+
+    await eventually(sent, 10, "bob's subscribe to reach the node")
+    assert (await alice.call("slotUnsubscribe", first))["result"] is True
+    assert (await late)["error"]["code"] == -32002  # timed out
+
+    async def nothing_held() -> bool:
+        return solana.ws_calls["slotSubscribe"] == 2 and not solana.subscriptions
+
+    await eventually(nothing_held, 10, "no subscription left on the node")
+
+
+async def test_a_subscription_ended_while_it_is_opened_again_is_cancelled_on_the_node(
+    solana: FakeSolana, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/subscriptions.md: closing the socket ends its subscriptions, on the node too): one
+    ended while the node's socket was being replaced (its subscribe sent again, not yet answered) is
+    cancelled once the node grants it; it was routed again for nobody."""
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, SOLANA_UPSTREAM_WS=solana.ws_url, UPSTREAM_TIMEOUT="5")
+    client = await connect(proxy)
+    ours = (await client.call("slotSubscribe"))["result"]
+    solana.subscribe_delay = 1.0
+    await solana.drop_sockets()
+
+    async def sent_again() -> bool:
+        return solana.ws_received["slotSubscribe"] == 2
+
+    await eventually(sent_again, 10, "the subscribe to be sent again")
+    assert (await client.call("slotUnsubscribe", ours))["result"] is True
+
+    async def nothing_held() -> bool:
+        return solana.ws_calls["slotSubscribe"] == 2 and not solana.subscriptions
+
+    await eventually(nothing_held, 10, "no subscription left on the node")
+
+
+async def test_a_received_signature_notice_is_not_the_end_of_its_subscription(
+    solana: FakeSolana, relay_proxy: Proxy
+) -> None:
+    """Agave (enableReceivedNotification) sends `receivedSignature` first, then the processed result,
+    which ends the subscription; the first was taken as the end: the result was never delivered and the
+    node's subscription was left for nobody."""
+    client = await connect(relay_proxy)
+    options = {"commitment": "processed", "enableReceivedNotification": True}
+    ours = (await client.call("signatureSubscribe", SIGNATURE, options))["result"]
+    await solana.receive(SIGNATURE)
+    await solana.confirm(SIGNATURE)
+    first, last = await client.notes_until(2)
+    assert first["params"]["subscription"] == ours and first["params"]["result"]["value"] == "receivedSignature"
+    assert last["params"]["subscription"] == ours and last["params"]["result"]["value"] == {"err": None}
+    assert not solana.subscriptions
+    unknown = await client.call("signatureUnsubscribe", ours)  # ended by its result
+    assert unknown["error"]["code"] == -32602
+
+
+async def test_subscriptions_the_node_parses_as_one_share_its_id_however_written(
+    solana: FakeSolana, relay_proxy: Proxy
+) -> None:
+    """Agave gives one id to params that parse alike (`[key]`, `[key, {"commitment": "finalized"}]`):
+    the first's unsubscribe, while the second waited for that id, cancelled it on the node under the
+    second, which then heard nothing."""
+    alice, bob = await connect(relay_proxy), await connect(relay_proxy)
+    first = (await alice.call("accountSubscribe", KEY))["result"]
+    solana.subscribe_delay = 0.5
+    second = asyncio.ensure_future(bob.call("accountSubscribe", KEY, {"commitment": "finalized"}))
+
+    async def sent() -> bool:
+        return solana.ws_received["accountSubscribe"] == 2
+
+    await eventually(sent, 10, "bob's subscribe to reach the node")
+    assert (await alice.call("accountUnsubscribe", first))["result"] is True
+    ours = (await second)["result"]
+    assert len(solana.subscriptions) == 1
+    await solana.set_account(KEY, 777)
+    (note,) = await bob.notes_until(1)
+    assert note["params"]["subscription"] == ours and note["params"]["result"]["value"]["lamports"] == 777
+
+
 async def test_an_escaped_subscribe_method_name_is_a_subscribe(solana: FakeSolana, relay_proxy: Proxy) -> None:
     """JSON escapes in a method name name the same method: `slotS\\u0075bscribe` is slotSubscribe (it was
     answered -32601 "needs a WebSocket", over one), and its escaped unsubscribe ends it."""

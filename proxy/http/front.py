@@ -44,15 +44,17 @@ from proxy.http.wire import (
     Refused,
     Request,
     encoded_answer,
+    expects_continue,
     header_template,
+    looped,
+    parse_failure,
     refusal,
     request_head,
     served_target,
     take_over,
 )
-from proxy.logs import Throttled
 from proxy.request_ids import IDS, REQUEST_ID, identified, sane
-from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, UPSTREAM_UNAVAILABLE, JsonRpcError
+from proxy.rpc.jsonrpc import INVALID_REQUEST, UPSTREAM_UNAVAILABLE
 from proxy.values import Reply
 
 log = logging.getLogger("proxy.front")
@@ -86,29 +88,6 @@ _HIT_HEAD = b"%bX-Request-Id: %b\r\n%b%bContent-Length: %%d\r\n\r\n%%b"  # statu
 # A head ends at the first empty line; partitioned there, the same way for the heads learned and
 # those looked up (Front.learn), it is remembered and looked up without that line.
 HEAD_END = b"\r\n\r\n"
-
-
-def parse_failure(exc: httptools.HttpParserError, peer: str | None) -> Reply:
-    """The connection's last answer when llhttp stops: a callback's refusal (431, 413...), a fault of
-    ours (500, logged), or a request that is not HTTP/1.1 (400)."""
-    if isinstance(exc, httptools.HttpParserCallbackError):
-        refused = exc.__context__
-        if isinstance(refused, Refused):
-            return refused.reply
-        log.error("internal error parsing a request", exc_info=refused)
-        return error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
-    log.debug("bad request from %s: %s", peer, exc)  # llhttp's reason names no part of the request
-    return error_reply(JsonRpcError(INVALID_REQUEST, "bad request: not valid HTTP/1.1", http_status=400), NO_CHARGE)
-
-
-looping = Throttled(log)
-
-
-def looped() -> Refused:
-    """A request this proxy sent upstream came back to it (via.py): refused at once, never forwarded
-    again, as a failed upstream (508 Loop Detected, RFC 5842 7.2)."""
-    looping.error("via", "an upstream of this proxy is this proxy itself (its own Via came back): fix the upstream URL")
-    return refusal(UPSTREAM_UNAVAILABLE, "loop detected: the upstream is this proxy itself", 508)
 
 
 class Front:
@@ -347,19 +326,18 @@ class FrontProtocol(asyncio.Protocol):
         if not request.kind:  # its head is still arriving
             if self._limit.over(data, self._begun != begun):
                 self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
-        elif (
-            request.kind == RPC
-            and request.timer is None
-            and request is not self.pipeline.waiting_body.request
-            and not body_waits(self.pipeline, request)  # else read on once there is room (WaitingBody.read_on)
+        elif request.timer is None and (
+            request.kind == OTHER  # a body nothing reads: within BODY_TIMEOUT all the same
+            or (request.kind == RPC and not body_waits(self.pipeline, request))  # else read on once there is room
         ):
             self.receive(request)
 
     def receive(self, request: Request) -> bool:
         """A body still arriving is read on, room found for it: it holds its share of the body budget
-        and is reckoned in its answer bytes, within BODY_TIMEOUT. False: refused, its last answer."""
-        endpoint = self._endpoint
-        if not request.hold_body(endpoint.receiving, endpoint.max_body_bytes, self.pipeline.account):
+        and is reckoned in its answer bytes, within BODY_TIMEOUT (a body nothing reads, within that time
+        alone). False: refused, its last answer."""
+        endpoint, account = self._endpoint, self.pipeline.account
+        if request.kind == RPC and not request.hold_body(endpoint.receiving, endpoint.max_body_bytes, account):
             self._last(error_reply(BUSY_BODIES, NO_CHARGE, close=True))
             return False
         request.timer = self._loop.call_later(endpoint.body_timeout, self._body_late, request)
@@ -425,6 +403,8 @@ class FrontProtocol(asyncio.Protocol):
         request.path, target = self._front.target(served_target(request.url, request.method, parser))
         if target is None or request.method != "POST":
             request.kind = OTHER
+            if expects_continue(request):  # its answer is made once its body is read
+                self.pipeline.after_held(_CONTINUE, False)
             return
         request.kind, request.target = RPC, target
         declared = headers.get("content-length")
@@ -436,7 +416,7 @@ class FrontProtocol(asyncio.Protocol):
             and int(declared) > self._endpoint.max_body_bytes
         ):
             raise Refused(closing(self._endpoint.too_large()))
-        if "expect" in headers and headers["expect"].lower() == "100-continue":
+        if expects_continue(request):
             if (refused := self._endpoint.refused_head(target[1], headers)) is not None:
                 raise Refused(closing(refused))  # a final answer, not 100 (RFC 9110 10.1.1)
             self.pipeline.after_held(_CONTINUE, False)  # after the answers before it

@@ -89,7 +89,10 @@ def body_waits(pipeline: Waits, request: Request) -> bool:
     """Whether a request whose body is not whole in its first read leaves the rest unread, and its
     BODY_TIMEOUT unstarted, for now: reading is paused, or there is no room for its answer and its
     declared body. What it read holds the body budget meanwhile; without room there (or past its
-    key's share of it), it is answered 503: read on, it would take room it was not given."""
+    key's share of it), it is answered 503: read on, it would take room it was not given. The one
+    waiting already waits (WaitingBody.read_on reads it on)."""
+    if request is pipeline.waiting_body.request:
+        return True
     pipeline.account.keyed(request.target, request.headers)  # its body counts for its key from now
     if pipeline.read_paused or (pipeline.account.budget.held and not pipeline.waiting_body.room(request)):
         if pipeline.waiting_body.begin(request):

@@ -4,18 +4,23 @@ fill it, an answer's bytes, and a request head written again for a handover to a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
+import httptools
+
 from proxy.http.answer_bytes import Account
 from proxy.http.endpoint import NO_CHARGE, BodyBudget, error_reply
-from proxy.rpc.jsonrpc import INVALID_REQUEST, JsonRpcError
+from proxy.logs import Throttled
+from proxy.rpc.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.values import Reply
 
 MAX_LINE = 8190  # bytes of a request target, and of a header value (aiohttp's limits)
 MAX_HEADERS = 128
 RPC, OTHER, UPGRADE = 1, 2, 3  # what a request is, once its head is complete
+log = logging.getLogger("proxy.front")  # the front's: what it refuses and why
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 
 
@@ -240,3 +245,33 @@ def take_over(handler: Any, transport: Any, data: bytes, write_paused: bool) -> 
         handler.pause_writing()
     transport.resume_reading()
     handler.data_received(data)
+
+
+def expects_continue(request: Request) -> bool:
+    """The client waits for 100 Continue before its body (RFC 9110 10.1.1); never said to HTTP/1.0,
+    whose expectation is ignored (15.2: no 1xx to an HTTP/1.0 client)."""
+    expect = request.headers.get("expect")
+    return expect is not None and expect.lower() == "100-continue" and not request.http10
+
+
+def parse_failure(exc: httptools.HttpParserError, peer: str | None) -> Reply:
+    """The connection's last answer when llhttp stops: a callback's refusal (431, 413...), a fault of
+    ours (500, logged), or a request that is not HTTP/1.1 (400)."""
+    if isinstance(exc, httptools.HttpParserCallbackError):
+        refused = exc.__context__
+        if isinstance(refused, Refused):
+            return refused.reply
+        log.error("internal error parsing a request", exc_info=refused)
+        return error_reply(JsonRpcError(INTERNAL_ERROR, "internal error", http_status=500), NO_CHARGE)
+    log.debug("bad request from %s: %s", peer, exc)  # llhttp's reason names no part of the request
+    return error_reply(JsonRpcError(INVALID_REQUEST, "bad request: not valid HTTP/1.1", http_status=400), NO_CHARGE)
+
+
+looping = Throttled(log)
+
+
+def looped() -> Refused:
+    """A request this proxy sent upstream came back to it (via.py): refused at once, never forwarded
+    again, as a failed upstream (508 Loop Detected, RFC 5842 7.2)."""
+    looping.error("via", "an upstream of this proxy is this proxy itself (its own Via came back): fix the upstream URL")
+    return refusal(UPSTREAM_UNAVAILABLE, "loop detected: the upstream is this proxy itself", 508)

@@ -280,6 +280,13 @@ SOLANA_PUBSUB = {
 }
 SOLANA_PUBSUB_METHODS = frozenset(SOLANA_PUBSUB) | frozenset(SOLANA_PUBSUB.values())
 
+
+def ends_signature(result: Any) -> bool:
+    """Whether a signatureNotification's result ends its subscription (Agave ends it then): the
+    processed result does; `receivedSignature` (asked with enableReceivedNotification) comes before it."""
+    return not isinstance(result, dict) or result.get("value") != "receivedSignature"
+
+
 # Subscription streams: served by the WebSocket transport (subscriptions.py), refused over HTTP.
 # A forwarded write makes the head tracker poll at once (heads.py, EvmHeadTracker.wrote).
 WRITE_METHODS = frozenset({"eth_sendRawTransaction", "eth_sendTransaction"})

@@ -29,7 +29,7 @@ from proxy.held_bytes import HeldBytes
 from proxy.metrics import Metrics
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import INVALID_PARAMS, LIMIT_EXCEEDED, METHOD_NOT_FOUND, Call, JsonRpcError, invalid_params
-from proxy.rpc.methods import SOLANA_PUBSUB, SOLANA_PUBSUB_METHODS
+from proxy.rpc.methods import SOLANA_PUBSUB, SOLANA_PUBSUB_METHODS, ends_signature
 from proxy.streams.fanout import LogBatch
 from proxy.streams.outbox import Outbox, Outgoing
 from proxy.streams.subscription import (
@@ -197,7 +197,7 @@ class Session:
 
         def on_notify(_method: str, result: Any) -> None:
             sub.notify(jsonrpc.dumps(result))
-            if sub.once:
+            if sub.once and ends_signature(result):
                 self._forget(sub)
 
         def on_lost() -> None:

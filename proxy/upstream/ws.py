@@ -27,12 +27,12 @@ from proxy import via
 from proxy.rpc import jsonrpc
 from proxy.rpc.jsonrpc import UPSTREAM_UNAVAILABLE, JsonRpcError
 from proxy.rpc.large_replies import crowded
-from proxy.rpc.methods import SOLANA_PUBSUB
+from proxy.rpc.methods import SOLANA_PUBSUB, ends_signature
 from proxy.upstream.replies import is_response
 from proxy.upstream.scrubbing import scrub_reply, secrets_of
 
 log = logging.getLogger("proxy.upstream_ws")
-SIGNATURE_NOTE = "signatureNotification"  # a signatureSubscribe's one notification (Agave then ends it)
+SIGNATURE_NOTE = "signatureNotification"  # a signatureSubscribe's last one ends it (Agave), ends_signature
 
 
 @dataclass(slots=True, eq=False)  # one subscriber's: compared by identity
@@ -168,6 +168,7 @@ class UpstreamSocket:
         finally:
             if self._pending.pop(rid, None) is not None:  # no answer yet, and none awaited: cancelled if one comes
                 self._unanswered[rid] = route
+                self._settle(route)  # an id parked for it is nobody's now
 
     async def forget(self, route: Route) -> None:
         """Stop routing a subscription and cancel it on the node (its answer is not awaited)."""
@@ -175,27 +176,21 @@ class UpstreamSocket:
         if self._routes.release(route, self._pending.values()):
             await self._unsubscribe(route.unsubscribe, route.upstream_id)
 
-    def _spawn(self, work: Any) -> None:
-        send = asyncio.create_task(work)
-        self._sends.add(send)
-        send.add_done_callback(self._sends.discard)
-
     def _cancel_later(self, method: str, upstream_id: Any) -> None:
         """Cancel a node's subscription soon, on the connection it is on: never on a later one, where
         its id may name another subscription (another node's ids)."""
-        self._spawn(self._unsubscribe(method, upstream_id, self._ws))
+        send = asyncio.create_task(self._unsubscribe(method, upstream_id, self._ws))
+        self._sends.add(send)
+        send.add_done_callback(self._sends.discard)
 
     async def _unsubscribe(
         self, method: str, upstream_id: Any, on: aiohttp.ClientWebSocketResponse | None = None
     ) -> None:
         ws = on or self._ws
         if ws is not None and ws is self._ws and not ws.closed:
+            call = {"jsonrpc": "2.0", "id": self._send_id(), "method": method, "params": [upstream_id]}
             with contextlib.suppress(Exception):
-                await ws.send_str(
-                    jsonrpc.dumps(
-                        {"jsonrpc": "2.0", "id": self._send_id(), "method": method, "params": [upstream_id]}
-                    ).decode()
-                )
+                await ws.send_str(jsonrpc.dumps(call).decode())
 
     async def close(self) -> None:
         """Close for good: the subscriptions it carries are told lost, never opened again."""
@@ -278,18 +273,22 @@ class UpstreamSocket:
             return
         if route is not None:
             self._answered(route, data)
-            for unsubscribe, upstream_id in self._routes.settle(route, self._pending.values()):
-                self._cancel_later(unsubscribe, upstream_id)
+            self._settle(route)
             return
         params = data.get("params")
         if isinstance(params, dict) and "subscription" in params:
             method = str(data.get("method"))
             # Agave ends a signature subscription with its one notification: not opened again after a drop.
             by_id = self._routes.by_id
-            shared = by_id.pop(params["subscription"], None) if method == SIGNATURE_NOTE else None
+            final = method == SIGNATURE_NOTE and ends_signature(params.get("result"))
+            shared = by_id.pop(params["subscription"], None) if final else None
             shared = shared or by_id.get(params["subscription"])
             for target in list(shared or ()):
                 target.on_notify(method, params.get("result"))
+
+    def _settle(self, route: Route) -> None:
+        for unsubscribe, upstream_id in self._routes.settle(route, self._pending.values()):
+            self._cancel_later(unsubscribe, upstream_id)
 
     def _nobodys(self, data: dict[str, Any], route: Route) -> None:
         """A subscribe granted once its caller had stopped waiting: cancelled on the node (unless a
@@ -427,5 +426,6 @@ class RouteTable:
 
 
 def _alike(one: Route, other: Route) -> bool:
-    """Two subscribes a node may answer with one id: the same method and params."""
-    return one.method == other.method and one.params == other.params
+    """Two subscribes a node may answer with one id: of one method (Agave compares params as it
+    parsed them, defaults filled in: `["Q"]` and `["Q", {"commitment": "finalized"}]` are one)."""
+    return one.method == other.method
