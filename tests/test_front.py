@@ -277,21 +277,24 @@ async def test_a_gzip_body_is_decoded_and_one_inflating_past_the_limit_is_413(
     assert status == 400 and f"over {MAX_GZIP_MEMBERS} gzip members" in json.loads(body)["error"]["message"]
 
 
-async def test_expect_100_continue_gets_its_interim_answer_before_the_body(evm_proxy: Proxy) -> None:
+async def continued(port: int, path: str = "/v3/k") -> Answer:
+    """A chainId call's head with Expect: 100-continue, its 100 read before its body is sent; its answer."""
     body = call("eth_chainId", [], 1)
-    data = post(body, "Expect: 100-continue")
-    head = data[: -len(body)]
-    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(head)
+        writer.write(post(body, "Expect: 100-continue", path=path)[: -len(body)])
         await writer.drain()
         assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
         assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
         writer.write(body)
-        status, _, answer = await read_answer(reader)
-        assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+        return await read_answer(reader)
     finally:
         writer.close()
+
+
+async def test_expect_100_continue_gets_its_interim_answer_before_the_body(evm_proxy: Proxy) -> None:
+    status, _, answer = await continued(evm_proxy.server.port)
+    assert status == 200 and json.loads(answer)["result"] == "0x7a69"
 
 
 async def test_expect_100_continue_with_an_unknown_key_is_refused_before_its_body_is_asked_for(
@@ -311,34 +314,15 @@ async def test_expect_100_continue_with_an_unknown_key_is_refused_before_its_bod
             assert headers["connection"] == "close" and await asyncio.wait_for(reader.read(), 30) == b""
         finally:
             writer.close()
-    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
-    try:
-        writer.write(post(body, "Expect: 100-continue", path="/v3/alice")[: -len(body)])
-        await writer.drain()
-        assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
-        assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
-        writer.write(body)
-        status, _, answer = await read_answer(reader)
-        assert status == 200 and json.loads(answer)["result"] == "0x7a69"
-    finally:
-        writer.close()
+    status, _, answer = await continued(proxy.server.port, "/v3/alice")
+    assert status == 200 and json.loads(answer)["result"] == "0x7a69"
 
 
 async def test_expect_100_continue_elsewhere_gets_its_100_and_http_1_0_none(evm_proxy: Proxy) -> None:
     """RFC 9110 10.1.1: a request no route reads a body of is sent 100 too (it got neither a 100 nor an
     answer until its body came); 15.2: an HTTP/1.0 client's expectation is ignored, never a 1xx to it."""
+    assert (await continued(evm_proxy.server.port, "/elsewhere"))[0] == 404
     body = call("eth_chainId", [], 1)
-    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
-    try:
-        writer.write(post(body, "Expect: 100-continue", path="/elsewhere")[: -len(body)])
-        await writer.drain()
-        assert await asyncio.wait_for(reader.readline(), 30) == b"HTTP/1.1 100 Continue\r\n"
-        assert await asyncio.wait_for(reader.readline(), 30) == b"\r\n"
-        writer.write(body)
-        status, _, _ = await read_answer(reader)
-        assert status == 404
-    finally:
-        writer.close()
     http10 = post(body, "Expect: 100-continue", "Connection: keep-alive").replace(b"HTTP/1.1", b"HTTP/1.0", 1)
     [(status, _, answer)] = await exchange(evm_proxy.server.port, http10)  # its first line is the final one
     assert status == 200 and json.loads(answer)["result"] == "0x7a69"

@@ -162,17 +162,11 @@ async def test_an_id_left_while_an_identical_subscribe_waits_is_cancelled_when_t
     solana.subscribe_delay = 2.5  # past UPSTREAM_TIMEOUT
     late = asyncio.ensure_future(bob.call("slotSubscribe"))
 
-    async def sent() -> bool:
-        return solana.ws_received["slotSubscribe"] == 2
-
-    await eventually(sent, 10, "bob's subscribe to reach the node")
+    await reached(solana, "slotSubscribe", 2)
     assert (await alice.call("slotUnsubscribe", first))["result"] is True
     assert (await late)["error"]["code"] == -32002  # timed out
 
-    async def nothing_held() -> bool:
-        return solana.ws_calls["slotSubscribe"] == 2 and not solana.subscriptions
-
-    await eventually(nothing_held, 10, "no subscription left on the node")
+    await none_held(solana, "slotSubscribe", 2)
 
 
 async def test_a_subscription_ended_while_it_is_opened_again_is_cancelled_on_the_node(
@@ -187,16 +181,10 @@ async def test_a_subscription_ended_while_it_is_opened_again_is_cancelled_on_the
     solana.subscribe_delay = 1.0
     await solana.drop_sockets()
 
-    async def sent_again() -> bool:
-        return solana.ws_received["slotSubscribe"] == 2
-
-    await eventually(sent_again, 10, "the subscribe to be sent again")
+    await reached(solana, "slotSubscribe", 2)
     assert (await client.call("slotUnsubscribe", ours))["result"] is True
 
-    async def nothing_held() -> bool:
-        return solana.ws_calls["slotSubscribe"] == 2 and not solana.subscriptions
-
-    await eventually(nothing_held, 10, "no subscription left on the node")
+    await none_held(solana, "slotSubscribe", 2)
 
 
 async def test_a_received_signature_notice_is_not_the_end_of_its_subscription(
@@ -229,10 +217,7 @@ async def test_subscriptions_the_node_parses_as_one_share_its_id_however_written
     solana.subscribe_delay = 0.5
     second = asyncio.ensure_future(bob.call("accountSubscribe", KEY, {"commitment": "finalized"}))
 
-    async def sent() -> bool:
-        return solana.ws_received["accountSubscribe"] == 2
-
-    await eventually(sent, 10, "bob's subscribe to reach the node")
+    await reached(solana, "accountSubscribe", 2)
     assert (await alice.call("accountUnsubscribe", first))["result"] is True
     ours = (await second)["result"]
     assert len(solana.subscriptions) == 1
@@ -445,3 +430,21 @@ async def test_a_subscribe_sent_as_a_notification_opens_nothing_and_charges_noth
 
     await eventually(charged, 5, "one subscription and its one notification to be charged")
     assert client.replies == {} and client.notes == [note]
+
+
+async def reached(solana: FakeSolana, method: str, count: int) -> None:
+    """Until the node has received `count` calls of `method` (answered or not)."""
+
+    async def received() -> bool:
+        return solana.ws_received[method] == count
+
+    await eventually(received, 10, f"{count} {method} to reach the node")
+
+
+async def none_held(solana: FakeSolana, method: str, answered: int) -> None:
+    """Until the node has answered `answered` calls of `method` and holds no subscription."""
+
+    async def nothing() -> bool:
+        return solana.ws_calls[method] == answered and not solana.subscriptions
+
+    await eventually(nothing, 10, "no subscription left on the node")
