@@ -104,8 +104,8 @@ class UpstreamSocket:
         self._connecting = asyncio.Lock()
         self._next_id = 0
         self._pending: dict[int, Route] = {}  # request id -> route waiting for its subscription id
-        # Request id -> the unsubscribe method of a subscribe whose caller stopped waiting (timed out,
-        # left): granted later, it is cancelled on the node, never held there for nobody.
+        # Request id -> the route of a subscribe whose caller stopped waiting (timed out, left): granted
+        # later, it is cancelled on the node, never held there for nobody.
         self._unanswered: dict[int, Route] = {}
         self._sends: set[asyncio.Task[None]] = set()
         self._proxied = False  # the connection's upstream is an rpc-proxy (its handshake's Server: via.py)
@@ -148,7 +148,7 @@ class UpstreamSocket:
                 "too: a relayed subscription passes at most two rpc-proxies",
             )
         if self._sends:  # unsubscribes decided before it go out first: the node may give it their id
-            await asyncio.wait(list(self._sends))  # (not gather: a cancel here must not cancel them)
+            await asyncio.wait(list(self._sends), timeout=self._timeout)  # (a cancel here does not cancel them)
         rid = self._send_id()
         self._pending[rid] = route
         try:
@@ -278,7 +278,7 @@ class UpstreamSocket:
         params = data.get("params")
         if isinstance(params, dict) and "subscription" in params:
             method = str(data.get("method"))
-            # Agave ends a signature subscription with its one notification: not opened again after a drop.
+            # Agave ends a signature subscription with its result: not opened again after a drop.
             by_id = self._routes.by_id
             final = method == SIGNATURE_NOTE and ends_signature(params.get("result"))
             shared = by_id.pop(params["subscription"], None) if final else None
