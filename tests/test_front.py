@@ -25,7 +25,7 @@ from proxy.http.pipeline import KEEPALIVE_TIMEOUT, IdleDeadline
 from proxy.http.wire import PIECE, SPLIT_FROM, Request, encoded_answer, out_size
 from proxy.values import Reply
 from tests.fault_relay import FaultRelay
-from tests.support import Anvil, MemoryTransport, Proxy, ProxyFactory
+from tests.support import Anvil, MemoryTransport, Proxy, ProxyFactory, eventually
 from tests.test_cache import finalized_store, storage
 
 Answer = tuple[int, dict[str, str], bytes]
@@ -326,6 +326,46 @@ async def test_expect_100_continue_elsewhere_gets_its_100_and_http_1_0_none(evm_
     http10 = post(body, "Expect: 100-continue", "Connection: keep-alive").replace(b"HTTP/1.1", b"HTTP/1.0", 1)
     [(status, _, answer)] = await exchange(evm_proxy.server.port, http10)  # its first line is the final one
     assert status == 200 and json.loads(answer)["result"] == "0x7a69"
+
+
+async def test_clients_gone_during_a_body_nothing_reads_leave_nothing_in_flight(evm_proxy: Proxy) -> None:
+    """Rule (docs/operations.md: rpc_proxy_inflight_requests counts requests being served): a request
+    whose body no route reads, counted while it arrives, is let go when its client leaves; it stayed
+    counted for good (any client could grow the gauge without bound)."""
+    stalled = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab"
+    connections = [await asyncio.open_connection("127.0.0.1", evm_proxy.server.port) for _ in range(4)]
+    for _, writer in connections:
+        writer.write(stalled)
+        await writer.drain()
+
+    async def counted(n: int) -> bool:
+        return evm_proxy.metric("rpc_proxy_inflight_requests") == n
+
+    await eventually(lambda: counted(4), 10, "the four bodies to be awaited")
+    for _, writer in connections:
+        writer.close()
+    await eventually(lambda: counted(0), 10, "nothing in flight once their clients left")
+
+
+async def test_a_body_nothing_reads_is_not_late_while_the_proxy_reads_none_of_it(
+    relays: list[FaultRelay], make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/security.md: BODY_TIMEOUT): time the proxy spends not reading a connection (its answers
+    before it still being made) is not the client's: a body no route reads got 408 behind slow misses."""
+    relay = relays[0]
+    relay.inject("slow", method="eth_getBalance", times=None, delay=2.5)
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, BODY_TIMEOUT="1")
+    misses = b"".join(post(call("eth_getBalance", ["0x" + f"{n:040x}", "latest"], n)) for n in range(3))
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+    try:
+        writer.write(misses + b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nab")
+        await writer.drain()
+        await asyncio.sleep(1.5)  # the client's own pause, past BODY_TIMEOUT, while the misses are made
+        writer.write(b"cde")
+        statuses = [(await read_answer(reader))[0] for _ in range(4)]
+        assert statuses == [200, 200, 200, 200]
+    finally:
+        writer.close()
 
 
 async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy: Proxy) -> None:

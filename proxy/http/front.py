@@ -334,8 +334,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def receive(self, request: Request) -> bool:
         """A body still arriving is read on, room found for it: it holds its share of the body budget
-        and is reckoned in its answer bytes, within BODY_TIMEOUT (a body nothing reads, within that time
-        alone). False: refused, its last answer."""
+        and is reckoned in its answer bytes, within BODY_TIMEOUT (one nothing reads: that alone). False: refused."""
         endpoint, account = self._endpoint, self.pipeline.account
         if request.kind == RPC and not request.hold_body(endpoint.receiving, endpoint.max_body_bytes, account):
             self._last(error_reply(BUSY_BODIES, NO_CHARGE, close=True))
@@ -345,7 +344,9 @@ class FrontProtocol(asyncio.Protocol):
         return True
 
     def _body_late(self, request: Request) -> None:
-        if self.request is request:
+        if self.request is request and self.pipeline.read_paused:  # not late while none of it is read
+            request.timer = self._loop.call_later(self._endpoint.body_timeout, self._body_late, request)
+        elif self.request is request:
             self._last(error_reply(body_timeout_error(self._endpoint.body_timeout), NO_CHARGE, close=True))
 
     def _release(self, request: Request) -> None:

@@ -26,7 +26,7 @@ from proxy.http.sockets import (
     written,
 )
 from proxy.http.waiting_body import Reader, WaitingBody, busy
-from proxy.http.wire import RPC, SPLIT_FROM, Out, Request, out_size
+from proxy.http.wire import OTHER, RPC, SPLIT_FROM, Out, Request, out_size
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
 from proxy.values import PaidHit, Reply
 
@@ -377,7 +377,7 @@ def cut_off(pipeline: Pipeline) -> list[asyncio.Task[None]]:
 def cut_short(pipeline: Pipeline, request: Request | None, release: Callable[[Request], None]) -> None:
     """The request being read when its client closed or sent its last byte: never whole, dropped
     (`release` lets its shares go)."""
-    if request is not None and request.kind == RPC:
+    if request is not None and request.kind in (RPC, OTHER):  # (OTHER: a body no route reads, timed too)
         log.debug("client closed the connection before its request body arrived")  # routine: no error line
         pipeline.waiting_body.end(request)
         release(request)
