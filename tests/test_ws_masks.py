@@ -359,3 +359,22 @@ async def test_an_upgrade_rfc_6455_does_not_allow_is_refused_not_opened(
     finally:
         writer.close()
     await no_socket_left(evm_proxy)
+
+
+@pytest.mark.parametrize("field", [b"Content-Length: 5", b"Transfer-Encoding: chunked"])
+async def test_an_upgrade_declaring_a_body_is_refused_at_its_head_and_closed(evm_proxy: Proxy, field: bytes) -> None:
+    """An upgrade ends at its head for the parser: a body sent apart from it (a later packet) was read as
+    the connection's next request, and the request after it was never answered. Refused at its head
+    (400, closed), however the bytes are split."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    try:
+        writer.write(handshake(evm_proxy.server.port).replace(b"\r\n\r\n", b"\r\n" + field + b"\r\n\r\n", 1))
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.split(b" ")[1] == b"400" and b"Connection: close" in head, head
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        assert b"carries no body" in await asyncio.wait_for(reader.readexactly(length), 5)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed: nothing after it is read as a request
+    finally:
+        writer.close()
+    await no_socket_left(evm_proxy)

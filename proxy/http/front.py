@@ -43,6 +43,7 @@ from proxy.http.wire import (
     Out,
     Refused,
     Request,
+    bodiless_upgrade,
     encoded_answer,
     expects_continue,
     header_template,
@@ -398,7 +399,7 @@ class FrontProtocol(asyncio.Protocol):
         request.method = parser.get_method().decode("ascii")
         if parser.should_upgrade():
             if request.method != "CONNECT":  # handed to aiohttp (llhttp reads no body after such a head)
-                request.kind = UPGRADE
+                request.kind = bodiless_upgrade(request)
                 return
             request.keep_alive = False  # answered as any other request (a JSON-RPC error), then closed
         request.path, target = self._front.target(served_target(request.url, request.method, parser))

@@ -247,6 +247,15 @@ def take_over(handler: Any, transport: Any, data: bytes, write_paused: bool) -> 
     handler.data_received(data)
 
 
+def bodiless_upgrade(request: Request) -> int:
+    """UPGRADE for a WebSocket upgrade, raising Refused (400, closed) for one that declares a body: llhttp
+    ends an upgrade at its head, so a body sent apart from it was read as the next request's bytes."""
+    length, chunked = request.headers.get("content-length"), "transfer-encoding" in request.headers
+    if chunked or (length is not None and length.strip() not in ("0", "")):
+        raise refusal(INVALID_REQUEST, "bad request: a WebSocket upgrade carries no body", 400)
+    return UPGRADE
+
+
 def expects_continue(request: Request) -> bool:
     """The client waits for 100 Continue before its body (RFC 9110 10.1.1); never said to HTTP/1.0,
     whose expectation is ignored (15.2: no 1xx to an HTTP/1.0 client)."""
