@@ -45,7 +45,7 @@ PROXY = "rpc-cache-proxy"  # the proxy's container (Kubernetes) and image name
 
 def render(overlay: str) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl missing: bash scripts/test.sh installs it (Debian package kubectl)"
+    assert kubectl, "kubectl missing: scripts/test.sh installs it where apt has it (the Kubernetes apt repository)"
     out = subprocess.run(
         [kubectl, "kustomize", str(KUBE / "overlays" / overlay)], capture_output=True, text=True, check=True
     ).stdout
