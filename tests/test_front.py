@@ -368,6 +368,41 @@ async def test_a_body_nothing_reads_is_not_late_while_the_proxy_reads_none_of_it
         writer.close()
 
 
+async def test_a_head_after_a_large_body_nothing_reads_is_not_counted_with_that_body(evm_proxy: Proxy) -> None:
+    """Rule (docs/security.md: the 64 KiB head limit counts one head's bytes): a body no route reads, in
+    the read where the next head begins, was counted as that head's (431), had the head come split."""
+    first = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n" + b"a" * 70000
+    second = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", evm_proxy.server.port)
+    try:
+        writer.write(first + second[:1])
+        await writer.drain()
+        assert (await read_answer(reader))[0] == 200  # the first read whole: the second's head begun
+        writer.write(second[1:])
+        assert (await read_answer(reader))[0] == 200
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_an_upgrade_to_another_protocol_is_served_as_a_plain_request_with_those_after_it(
+    evm_proxy: Proxy, method: str
+) -> None:
+    """RFC 9110 7.8 (an Upgrade may be ignored): `Upgrade: h2c` (curl --http2 over http://) is served as
+    HTTP/1.1, its body and the requests pipelined after it included; they were lost and the connection
+    held 75 s."""
+    body = call("eth_chainId", [], 1) if method == "POST" else b""
+    upgrade = (
+        f"{method} /v3/k HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        f"HTTP2-Settings: AAMAAABkAAQAAP__\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    answers = await exchange(evm_proxy.server.port, upgrade + post(call("eth_chainId", [], 2)), answers=2)
+    assert [status for status, _, _ in answers] == [200 if method == "POST" else 405, 200], answers
+    assert json.loads(answers[1][2])["result"] == "0x7a69"
+    if method == "POST":
+        assert json.loads(answers[0][2])["result"] == "0x7a69"
+
+
 async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy: Proxy) -> None:
     body = call("eth_chainId", [], 1)
     data = (b"POST /v3/k HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body)) + body

@@ -426,9 +426,9 @@ class FrontProtocol(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         request = self.request
         assert request is not None
+        self._limit.body_read += len(body)  # (any request's: none of it is the next head's)
         if request.kind != RPC:
             return  # nothing else reads a body
-        self._limit.body_read += len(body)
         request.size += len(body)
         if request.size > self._endpoint.max_body_bytes:
             raise Refused(closing(self._endpoint.too_large()))

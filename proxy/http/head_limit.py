@@ -31,7 +31,7 @@ class HeadLimit:
 
     def __init__(self) -> None:
         self.head_bytes = 0
-        self.body_read = 0  # body bytes of RPC requests in the read being fed
+        self.body_read = 0  # body bytes in the read being fed (of every request: none of it is a head's)
         self.field_bytes = 0  # the header fields' bytes of the request being read
 
     def begin(self) -> None:
