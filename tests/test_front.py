@@ -389,8 +389,8 @@ async def test_an_upgrade_to_another_protocol_is_served_as_a_plain_request_with_
     evm_proxy: Proxy, method: str
 ) -> None:
     """RFC 9110 7.8 (an Upgrade may be ignored): `Upgrade: h2c` (curl --http2 over http://) is served as
-    HTTP/1.1, its body and the requests pipelined after it included; they were lost and the connection
-    held 75 s."""
+    HTTP/1.1 here, its body and the requests pipelined after it included. aiohttp, handed its head,
+    dropped them and held the connection 75 s."""
     body = call("eth_chainId", [], 1) if method == "POST" else b""
     upgrade = (
         f"{method} /v3/k HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\n"
@@ -401,6 +401,19 @@ async def test_an_upgrade_to_another_protocol_is_served_as_a_plain_request_with_
     assert json.loads(answers[1][2])["result"] == "0x7a69"
     if method == "POST":
         assert json.loads(answers[0][2])["result"] == "0x7a69"
+
+
+async def test_an_h2c_upgrade_with_an_unknown_key_and_expect_is_refused_before_its_100(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """The fast path's checks hold for an upgrade it answers itself: 401 instead of 100 Continue."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, API_KEYS="alice")
+    head = (
+        b"POST /v3/mallory HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n"
+        b"Expect: 100-continue\r\nContent-Length: 0\r\n\r\n"
+    )
+    [(status, headers, _)] = await exchange(proxy.server.port, head)
+    assert status == 401 and headers["connection"] == "close"
 
 
 async def test_http_1_0_without_keep_alive_is_closed_after_its_answer(evm_proxy: Proxy) -> None:

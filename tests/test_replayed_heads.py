@@ -206,7 +206,7 @@ class CountedParser:
 async def test_a_request_of_a_known_head_is_answered_without_the_parser(anvil: Anvil, evm_proxy: Proxy) -> None:
     hit = await hit_request(anvil, evm_proxy, rid=1)
     with connection(front_of(evm_proxy)) as (protocol, transport):
-        protocol._parser = parser = CountedParser(protocol._parser)
+        protocol.parser = parser = CountedParser(protocol.parser)
         for rid in range(1, 10):
             protocol.data_received(post(hit.replace(b'"id": 1', b'"id": %d' % rid)))
         assert parser.fed == 1  # the first alone: the others were its head again
@@ -279,7 +279,7 @@ async def test_a_miss_teaches_its_head_and_misses_replayed_on_it_answer_in_order
 
         await eventually(warm, 30, "the first miss to be answered")
         front.request_heads.clear()
-        protocol._parser = parser = CountedParser(protocol._parser)
+        protocol.parser = parser = CountedParser(protocol.parser)
         for body in bodies:  # each a read of its own, from a message boundary, none answered yet
             protocol.data_received(post(body))
         assert parser.fed == 1 and list(front.request_heads) == [post(bodies[0])[: -len(bodies[0]) - 4]]

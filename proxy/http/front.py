@@ -53,6 +53,7 @@ from proxy.http.wire import (
     request_head,
     served_target,
     take_over,
+    websocket,
 )
 from proxy.request_ids import IDS, REQUEST_ID, identified, sane
 from proxy.rpc.jsonrpc import INVALID_REQUEST, UPSTREAM_UNAVAILABLE
@@ -239,7 +240,7 @@ class FrontProtocol(asyncio.Protocol):
         self._routes = front.routes
         self._endpoint = front.routes.endpoint
         self._access_log = front.routes.access_log
-        self._parser = httptools.HttpRequestParser(self)
+        self.parser = httptools.HttpRequestParser(self)
         self._loop = asyncio.get_running_loop()
         self._delegate: Any = None  # aiohttp's handler, once the connection is handed over
         self._peer: str | None = None
@@ -247,7 +248,7 @@ class FrontProtocol(asyncio.Protocol):
         self._begun = 0  # requests begun in the data being fed
         self._kept_alive = True  # every request so far keeps the connection open
         self._learnable: Request | None = None  # ...and the one answered as a memory hit or a miss (Front.learn)
-        self._upgrading: Request | None = None
+        self.upgrading: Request | None = None
         self._limit = HeadLimit()
         self.pipeline = Pipeline(self, front, self._loop)
         self._counted = front.answer_bytes  # answers made and not yet taken (answer_bytes.py)
@@ -309,14 +310,17 @@ class FrontProtocol(asyncio.Protocol):
         else:
             begun = self._begun
         self._limit.body_read = 0
+        upgrade_at = -1
         try:
-            self._parser.feed_data(data)
+            self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
-            if self._upgrading is not None:  # else a CONNECT, answered as any other request and closed after it
-                self._upgrade(data[upgrade.args[0] :])
-            return
+            upgrade_at = upgrade.args[0]
         except httptools.HttpParserError as exc:
             self._last(parse_failure(exc, self._peer))
+            return
+        if upgrade_at >= 0:  # (out of the except: a plain re-read's own refusals are no context of it)
+            if self.upgrading is not None:  # else a CONNECT, answered as any other request and closed after it
+                upgraded(self, data[upgrade_at:])
             return
         request = self.request
         learnable, self._learnable = self._learnable, None  # held no longer than the read that answered it
@@ -375,7 +379,7 @@ class FrontProtocol(asyncio.Protocol):
         raw.append((name, value))
 
     def on_headers_complete(self) -> None:
-        request, parser = self.request, self._parser
+        request, parser = self.request, self.parser
         assert request is not None
         request.http10 = parser.get_http_version() == "1.0"
         repeated_host = self._front.read_fields(request)
@@ -398,7 +402,7 @@ class FrontProtocol(asyncio.Protocol):
         request.sent_id = sent.encode() if sent is not None and sane(sent) else None
         request.method = parser.get_method().decode("ascii")
         if parser.should_upgrade():
-            if request.method != "CONNECT":  # handed to aiohttp (llhttp reads no body after such a head)
+            if request.method != "CONNECT":  # llhttp reads no body after such a head (upgraded)
                 request.kind = bodiless_upgrade(request)
                 return
             request.keep_alive = False  # answered as any other request (a JSON-RPC error), then closed
@@ -442,7 +446,7 @@ class FrontProtocol(asyncio.Protocol):
         if request.timer is not None or request.held:
             self._release(request)
         if request.kind == UPGRADE:
-            self._upgrading = request  # handed over when feed_data raises HttpParserUpgrade
+            self.upgrading = request  # handed over when feed_data raises HttpParserUpgrade
             return
         self._kept_alive = request.keep_alive
         if self._front.stopping:
@@ -512,15 +516,7 @@ class FrontProtocol(asyncio.Protocol):
         reply.close = True
         self.pipeline.last(*self.encoded(request or Request(), reply))
 
-    # --- a WebSocket upgrade: handed to aiohttp ------------------------------------------------
-
-    def _upgrade(self, rest: bytes) -> None:
-        request = self._upgrading
-        assert request is not None
-        self.pipeline.pause()
-        self.pipeline.handover = request_head(request, self._parser.get_http_version()) + rest
-        if not self.pipeline.waiting and not self.pipeline.held:
-            self.hand_over()
+    # --- a WebSocket upgrade: handed to aiohttp (upgraded) -------------------------------------
 
     def hand_over(self) -> None:
         transport, data = self.pipeline.handed_over()
@@ -529,3 +525,21 @@ class FrontProtocol(asyncio.Protocol):
             return
         self._delegate = handler = self._front.make_handler()
         take_over(handler, transport, data, self.pipeline.write_paused)
+
+
+def upgraded(connection: FrontProtocol, rest: bytes) -> None:
+    """An upgrade's head was read (llhttp stops there; `rest`: the bytes after it). A WebSocket one is
+    handed to aiohttp once the answers before it are written. Another protocol's (h2c, as curl --http2
+    sends over http://) is read again by a new parser as a plain request, its Upgrade left out (RFC 9110
+    7.8): aiohttp, handed it, dropped its body and the requests after it and held the connection 75 s."""
+    request, connection.upgrading = connection.upgrading, None
+    assert request is not None
+    data = request_head(request, connection.parser.get_http_version()) + rest
+    if not websocket(request):
+        connection.parser = httptools.HttpRequestParser(connection)
+        connection.data_received(data)
+        return
+    connection.pipeline.pause()
+    connection.pipeline.handover = data
+    if not connection.pipeline.waiting and not connection.pipeline.held:
+        connection.hand_over()

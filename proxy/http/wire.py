@@ -230,16 +230,18 @@ def header_template(headers: Mapping[str, str], numbers: tuple[str, ...] = ()) -
 
 
 def request_head(request: Request, version: str) -> bytes:
-    """A request's head as llhttp accepted it, for aiohttp's parser to read again; an upgrade to another
-    protocol than WebSocket (h2c) without it, a plain request (RFC 9110 7.8: an Upgrade may be ignored):
-    aiohttp read no further than such a head, and its body and the requests after it were lost."""
+    """A request's head as llhttp accepted it, read again: by aiohttp's parser (a WebSocket upgrade), or,
+    an upgrade to another protocol (h2c), by a new parser here as a plain request, its Upgrade left out
+    (RFC 9110 7.8: an Upgrade may be ignored)."""
     head = [b"%s %s HTTP/%s\r\n" % (request.method.encode(), request.url, version.encode())]
     plain = not websocket(request)
     for name, value in request.raw:
         if plain and name.lower() == b"upgrade":
             continue
         if plain and name.lower() == b"connection":
-            value = b",".join(t for t in value.split(b",") if t.strip().lower() != b"upgrade") or b"keep-alive"
+            value = b",".join(t for t in value.split(b",") if t.strip().lower() != b"upgrade")
+            if not value.strip():
+                continue
         head.append(name + b": " + value + b"\r\n")
     head.append(b"\r\n")
     return b"".join(head)
@@ -260,8 +262,8 @@ def websocket(request: Request) -> bool:
 
 
 def bodiless_upgrade(request: Request) -> int:
-    """UPGRADE (handed to aiohttp), raising Refused (400, closed) for a WebSocket upgrade that declares a
-    body: llhttp ends an upgrade at its head, so a body sent apart from it was read as the next request."""
+    """UPGRADE, raising Refused (400, closed) for a WebSocket upgrade that declares a body: llhttp ends an
+    upgrade at its head, so a body sent apart from it was read as the next request's bytes."""
     length, chunked = request.headers.get("content-length"), "transfer-encoding" in request.headers
     if websocket(request) and (chunked or (length is not None and length.strip() not in ("0", ""))):
         raise refusal(INVALID_REQUEST, "bad request: a WebSocket upgrade carries no body", 400)
