@@ -310,17 +310,14 @@ class FrontProtocol(asyncio.Protocol):
         else:
             begun = self._begun
         self._limit.body_read = 0
-        upgrade_at = -1
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
-            upgrade_at = upgrade.args[0]
+            if self.upgrading is not None:  # else a CONNECT, answered as any other request and closed after it
+                upgraded(self, data[upgrade.args[0] :])
+            return
         except httptools.HttpParserError as exc:
             self._last(parse_failure(exc, self._peer))
-            return
-        if upgrade_at >= 0:  # (out of the except: a plain re-read's own refusals are no context of it)
-            if self.upgrading is not None:  # else a CONNECT, answered as any other request and closed after it
-                upgraded(self, data[upgrade_at:])
             return
         request = self.request
         learnable, self._learnable = self._learnable, None  # held no longer than the read that answered it
@@ -409,7 +406,7 @@ class FrontProtocol(asyncio.Protocol):
         request.path, target = self._front.target(served_target(request.url, request.method, parser))
         if target is None or request.method != "POST":
             request.kind = OTHER
-            if expects_continue(request):  # its answer is made once its body is read
+            if "expect" in headers and expects_continue(request):  # answered once its body is read
                 self.pipeline.after_held(_CONTINUE, False)
             return
         request.kind, request.target = RPC, target
@@ -422,7 +419,7 @@ class FrontProtocol(asyncio.Protocol):
             and int(declared) > self._endpoint.max_body_bytes
         ):
             raise Refused(closing(self._endpoint.too_large()))
-        if expects_continue(request):
+        if "expect" in headers and expects_continue(request):
             if (refused := self._endpoint.refused_head(target[1], headers)) is not None:
                 raise Refused(closing(refused))  # a final answer, not 100 (RFC 9110 10.1.1)
             self.pipeline.after_held(_CONTINUE, False)  # after the answers before it
@@ -430,7 +427,7 @@ class FrontProtocol(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         request = self.request
         assert request is not None
-        self._limit.body_read += len(body)  # (any request's: none of it is the next head's)
+        self._limit.body_read += len(body)  # (a body no route reads too: none of it is the next head's)
         if request.kind != RPC:
             return  # nothing else reads a body
         request.size += len(body)
@@ -536,7 +533,7 @@ def upgraded(connection: FrontProtocol, rest: bytes) -> None:
     assert request is not None
     data = request_head(request, connection.parser.get_http_version()) + rest
     if not websocket(request):
-        connection.parser = httptools.HttpRequestParser(connection)
+        connection.parser, Refused.latest = httptools.HttpRequestParser(connection), None
         connection.data_received(data)
         return
     connection.pipeline.pause()

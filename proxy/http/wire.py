@@ -27,9 +27,12 @@ _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in
 class Refused(Exception):
     """Raised in a parser callback: the request is answered with `reply` and the connection closed."""
 
+    latest: Refused | None = None  # the last made: parse_failure's when llhttp's error lost it (a re-read)
+
     def __init__(self, reply: Reply) -> None:
         super().__init__(reply.status)
         self.reply = reply
+        Refused.latest = self
 
 
 def refusal(code: int, message: str, status: int) -> Refused:
@@ -282,6 +285,9 @@ def parse_failure(exc: httptools.HttpParserError, peer: str | None) -> Reply:
     ours (500, logged), or a request that is not HTTP/1.1 (400)."""
     if isinstance(exc, httptools.HttpParserCallbackError):
         refused = exc.__context__
+        if isinstance(refused, httptools.HttpParserUpgrade):
+            # A re-read within the upgrade's except (front.upgraded): httptools gives that as the context.
+            refused, Refused.latest = Refused.latest, None
         if isinstance(refused, Refused):
             return refused.reply
         log.error("internal error parsing a request", exc_info=refused)
