@@ -245,6 +245,7 @@ async def shared_through_redis(anvil: Anvil, first: Proxy, second: Proxy) -> tup
     """A final entry stored by the first replica is a Redis hit on the second; returns (store, block)."""
     store, block = await finalized_store(anvil, first)
     await second.head_at(anvil.block_number())
+    await one_space(first, second)
     _, _, headers = await first.post(storage(store, "0x0", hex(block)))
     assert headers["X-Cache"] == "MISS"
     _, reply, headers = await second.post(storage(store, "0x0", hex(block)))
