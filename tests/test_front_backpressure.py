@@ -267,6 +267,46 @@ async def test_a_large_body_and_the_start_of_the_next_head_in_one_read_are_not_o
         assert [(status, json.loads(body)["id"]) for status, _, body in seen] == [(200, 1), (200, 2)]
 
 
+async def test_heads_and_a_large_body_in_one_read_are_not_counted_as_the_next_head(proxy: Proxy) -> None:
+    """Rule (docs/security.md: the 64 KiB head limit counts one head's bytes): the head begun at the
+    end of a read starts after every head and body before it. Over 64 KiB of pipelined heads and then
+    a body longer than all of them, in one read (one of 128 KiB or more), had those heads counted as
+    the next head's (431). The read is fed by hand: a socket may cut it."""
+    count = 800
+    small = [post(call("eth_chainId", [], i)) for i in range(count)]
+    large = call("eth_call", [{"to": "0x" + "ab" * 20, "data": "0x" + "00" * 40_000}, "0x1"], count)
+    heads = sum(len(request) - len(call("eth_chainId", [], i)) for i, request in enumerate(small))
+    assert heads > front.MAX_HEAD_BYTES and len(large) > heads
+    last = post(call("eth_chainId", [], count + 1))
+    with connection(front_of(proxy)) as (protocol, transport):
+        protocol.data_received(b"".join(small) + post(large) + last[:20])
+        protocol.data_received(last[20:])
+
+        async def answered() -> bool:
+            return transport.written.count(b"HTTP/1.1 ") == count + 2 or transport.closed
+
+        await eventually(answered, 30, "every answer")
+    answers = transport.written.split(b"HTTP/1.1 ")[1:]
+    assert [answer[:3] for answer in answers] == [b"200"] * (count + 2), answers[-1][:300]
+
+
+async def test_a_head_over_the_limit_after_heads_and_a_large_body_in_one_read_is_still_431(proxy: Proxy) -> None:
+    """The other side of the rule above: the heads before it are not counted, the head's own bytes
+    are. An unfinished field line of 70 KiB after them, in the same read, is refused (431) and closed."""
+    small = [post(call("eth_chainId", [], i)) for i in range(800)]
+    large = call("eth_call", [{"to": "0x" + "ab" * 20, "data": "0x" + "00" * 40_000}, "0x1"], 800)
+    over = b"POST /v3/k HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 70_000
+    with connection(front_of(proxy)) as (protocol, transport):
+        protocol.data_received(b"".join(small) + post(large) + over)
+
+        async def refused() -> bool:
+            return transport.closed
+
+        await eventually(refused, 30, "the refusal")
+    answers = transport.written.split(b"HTTP/1.1 ")[1:]
+    assert [answer[:3] for answer in answers] == [b"200"] * 801 + [b"431"]
+
+
 async def test_a_100_continue_queued_behind_an_answer_is_sent_after_it(proxy: Proxy) -> None:
     # RFC 9110 10.1.1: a 100 or a final answer. Before, a head with Expect behind an answer being
     # made got neither, and a client waiting for the 100 timed out.

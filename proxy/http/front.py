@@ -309,7 +309,7 @@ class FrontProtocol(asyncio.Protocol):
             self._learnable = None
         else:
             begun = self._begun
-        self._limit.body_read = 0
+        self._limit.read_begins()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -378,6 +378,7 @@ class FrontProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request, parser = self.request, self.parser
         assert request is not None
+        self._limit.complete(len(request.url), len(request.raw))
         request.http10 = parser.get_http_version() == "1.0"
         repeated_host = self._front.read_fields(request)
         headers = request.headers

@@ -27,15 +27,24 @@ def host_fault_of(host: str | None, repeated: bool, http10: bool) -> str:
 class HeadLimit:
     """The bytes of the head being read, counted against MAX_HEAD_BYTES (one per connection)."""
 
-    __slots__ = ("body_read", "field_bytes", "head_bytes")
+    __slots__ = ("body_read", "field_bytes", "head_bytes", "heads_read")
 
     def __init__(self) -> None:
-        self.head_bytes = 0
+        self.head_bytes = 0  # of the head being read, counted in the reads before (over)
         self.body_read = 0  # body bytes in the read being fed (of every request: none of it is a head's)
+        self.heads_read = 0  # at least the bytes of the heads completed in the read being fed
         self.field_bytes = 0  # the header fields' bytes of the request being read
+
+    def read_begins(self) -> None:
+        self.body_read = self.heads_read = 0
 
     def begin(self) -> None:
         self.head_bytes = self.field_bytes = 0
+
+    def complete(self, target: int, fields: int) -> None:
+        """A head is whole: at least its bytes in this read are added to the read's heads (its request
+        line holds `target` bytes and at least 12 more, each field line its name, value and 2 more)."""
+        self.heads_read += max(0, target + 12 + self.field_bytes + 2 * fields + 1 - self.head_bytes)
 
     def field(self, name: bytes, value: bytes, fields: int) -> None:
         """A header field, after `fields` others: refused (431) when it or the head is too large."""
@@ -50,8 +59,9 @@ class HeadLimit:
             self.head_bytes += len(data)
         else:
             # Begun in this read, after the requests it completed: after the read's last empty line
-            # (a head holds none) and after every body byte of the read.
+            # (a head holds none) and after every body and head byte of the read (each counted at
+            # most: a start never past the head's own).
             last_empty = data.rfind(b"\r\n\r\n")
-            start = max(last_empty + 4 if last_empty >= 0 else 0, self.body_read)
+            start = max(last_empty + 4 if last_empty >= 0 else 0, self.body_read + self.heads_read)
             self.head_bytes += len(data) - start  # never less than the head's bytes in it
         return self.head_bytes > MAX_HEAD_BYTES
