@@ -311,12 +311,12 @@ def _redis_problem(exc: BaseException) -> str:
 
 
 async def probe_redises(settings: Settings) -> list[tuple[str, str, str | None]]:
-    """(setting, redacted URL, problem or None) for REDIS_URL and a CREDITS_REDIS_URL of its own."""
+    """(setting, URL, problem or None) for REDIS_URL and a CREDITS_REDIS_URL of its own."""
     seconds = min(settings.upstream_timeout, CHECK_WAIT)
     named = [("REDIS_URL", settings.redis_url), ("CREDITS_REDIS_URL", settings.credits_redis_url)]
     urls = [(name, url) for name, url in named if url and (name == "REDIS_URL" or url != settings.redis_url)]
     problems = await asyncio.gather(*(probe_redis(url, seconds) for _, url in urls))
-    return [(name, redact_url(url), problem) for (name, url), problem in zip(urls, problems, strict=True)]
+    return [(name, url, problem) for (name, url), problem in zip(urls, problems, strict=True)]
 
 
 async def ledger_eviction(settings: Settings) -> str | None:
@@ -341,12 +341,12 @@ async def ledger_eviction(settings: Settings) -> str | None:
 def print_redises(settings: Settings) -> int:
     """A line for each Redis and, when the ledger's answered, one for its policy; the problems found."""
     problems, unreached = 0, set()
-    for name, shown, problem in asyncio.run(probe_redises(settings)):
+    for name, url, problem in asyncio.run(probe_redises(settings)):
         problems += problem is not None
-        unreached.update([name] if problem else [])
+        unreached.update([url] if problem else [])
+        shown = redact_url(url)
         print(f"FAIL redis {name} {shown}: {problem}" if problem else f"ok   redis {name} {shown}: PONG")
-    ledger = "CREDITS_REDIS_URL" if settings.credits_redis_url not in (None, settings.redis_url) else "REDIS_URL"
-    if ledger not in unreached and (evicts := asyncio.run(ledger_eviction(settings))) is not None:
+    if settings.ledger_redis_url not in unreached and (evicts := asyncio.run(ledger_eviction(settings))) is not None:
         problems += settings.credits_require_noeviction  # serve refuses it, or warns
         print(
             f"FAIL credits: {evicts} (CREDITS_REQUIRE_NOEVICTION is set)"
