@@ -25,9 +25,11 @@ KEY = b"\x37\xfa\x21\x3d"
 CLOSES = "rpc_proxy_websocket_protocol_closes_total"
 
 
-def client_frame(payload: bytes, *, masked: bool = True, opcode: int = 0x1, fin: bool = True) -> bytes:
+def client_frame(
+    payload: bytes, *, masked: bool = True, opcode: int = 0x1, fin: bool = True, compressed: bool = False
+) -> bytes:
     """A frame as a client sends it (final unless `fin` is False): masked with KEY (RFC 6455 section
-    5.3), or not."""
+    5.3), or not; `compressed` sets RSV1 (RFC 7692: the payload is left as given)."""
     size = len(payload)
     if size < 126:
         length = bytes((size,))
@@ -35,7 +37,7 @@ def client_frame(payload: bytes, *, masked: bool = True, opcode: int = 0x1, fin:
         length = b"\x7e" + size.to_bytes(2, "big")
     else:
         length = b"\x7f" + size.to_bytes(8, "big")
-    first = (0x80 if fin else 0) | opcode
+    first = (0x80 if fin else 0) | (0x40 if compressed else 0) | opcode
     if not masked:
         return bytes((first,)) + length + payload
     body = bytes(b ^ k for b, k in zip(payload, cycle(KEY), strict=False))
@@ -226,6 +228,17 @@ class TestMaskScan:
         scan.feed(ping[3:])
         assert not scan.pending
 
+    def test_a_compressed_message_is_whole_at_its_last_frame(self) -> None:
+        # RFC 7692: a compressed message's first frame sets RSV1. Its last was never seen as the
+        # message's end: nothing was pending ever after, and the held count only grew.
+        whole = client_frame(b"a" * 300, compressed=True)
+        fragmented = client_frame(b"b" * 200, fin=False, compressed=True) + client_frame(b"c" * 100, opcode=0x0)
+        for stream in (whole, fragmented, whole + fragmented + whole):
+            scan = MaskScan()
+            assert scan.feed(stream) and not scan.pending and scan.message == 0
+        scan = MaskScan()
+        assert scan.feed(fragmented[:-10]) and scan.pending and scan.message == 200 + 100 - 10
+
     def test_one_byte_at_a_time_holds_the_same(self) -> None:
         stream = client_frame(b"a" * 300, fin=False) + client_frame(b"b" * 200, opcode=0x0)
         scan = MaskScan()
@@ -252,6 +265,29 @@ async def test_a_message_not_finished_within_body_timeout_closes_its_connection_
         assert await asyncio.wait_for(reader.read(), 5) == b""
     assert proxy.metric(CLOSES, reason="unfinished") == 1
     await no_socket_left(proxy)
+
+
+async def test_compressed_messages_are_whole_at_their_last_frame_not_late_for_body_timeout(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/security.md: BODY_TIMEOUT bounds a message not yet whole): a client that agreed
+    permessage-deflate (browsers, `websockets`, aiohttp with `compress`) sends frames with RSV1 set,
+    and their last was never seen as their message's end: the socket was closed 1008 BODY_TIMEOUT
+    after its first message, every message answered, and its held room only grew."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, BODY_TIMEOUT="0.5")
+    receiving = proxy.app[FRONT].endpoint.receiving
+    url = f"ws://127.0.0.1:{proxy.server.port}/ws/v3/test-key"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, compress=15) as ws:
+        assert ws.compress == 15  # agreed: its frames go compressed
+        for rid in range(3):
+            padded = {"jsonrpc": "2.0", "id": rid, "method": "eth_chainId", "params": [], "pad": "p" * 5000}
+            await ws.send_str(json.dumps(padded))
+            answer = await ws.receive(timeout=10)
+            assert answer.type == aiohttp.WSMsgType.TEXT and json.loads(answer.data)["id"] == rid, answer
+            assert receiving.held == 0
+            await asyncio.sleep(0.6)  # the client's own pause, past BODY_TIMEOUT
+        assert not ws.closed
+    assert proxy.metric(CLOSES, reason="unfinished") == 0
 
 
 async def test_a_message_the_proxy_stopped_reading_is_not_late_for_body_timeout(

@@ -37,10 +37,6 @@ def close_frame(code: int, reason: bytes) -> bytes:
     return bytes((0x88, 2 + len(reason))) + code.to_bytes(2, "big") + reason
 
 
-# A frame's first byte, FIN and opcode: the last frame of a text, binary or fragmented message.
-_LAST_OF_MESSAGE = frozenset((0x80, 0x81, 0x82))
-
-
 class MaskScan:
     """Where the frames begin in a client's byte stream, fed one read at a time: each header's mask
     bit is read, each payload skipped, and the payload bytes of the message not yet whole counted as
@@ -90,7 +86,8 @@ class MaskScan:
                 return False
             first = data[at]
             self._data = first & 0x0F < 8  # control frames are at most 125 bytes, never held
-            self._last = first in _LAST_OF_MESSAGE
+            # FIN: the last frame of its message, whatever its RSV bits (RSV1: compressed, RFC 7692).
+            self._last = self._data and first >= 0x80
             if self._data:
                 self.message += max(0, min(length, end - at - header))
                 self._open = True
