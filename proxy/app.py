@@ -21,7 +21,7 @@ from proxy.cache.admission import WINDOW, Admission
 from proxy.cache.admission_sync import DeploymentSpend
 from proxy.cache.tiers import Clock, MemoryTier, RedisTier, TieredCache
 from proxy.chain.epochs import RedisEpochs
-from proxy.chain.heads import EvmHeadTracker
+from proxy.chain.heads import WROTE, EvmHeadTracker
 from proxy.config import Network, Settings
 from proxy.credits.leases import LeasedLedger
 from proxy.credits.ledger import Ledger, MemoryLedger
@@ -92,15 +92,18 @@ def http_upstream(settings: Settings) -> Callable[[Network, Metrics], Upstream]:
 
 
 def _shown_relay(runtimes: dict[str, NetworkRuntime], worker: WorkerContext | None) -> ShownRelay | None:
-    """With workers: blocks shown to a client by one worker are told to the others (read-your-writes);
-    each network's tracker tells it through PartsBuilder.on_shown."""
+    """With workers: blocks shown to a client by one worker, and writes it forwarded, are told to the
+    others (read-your-writes); each network's tracker tells them through PartsBuilder.on_shown."""
     if worker is None:
         return None
 
     def shown_by_sibling(network: str, number: int) -> None:
         runtime = runtimes.get(network)  # the runtimes in force: a reload may have replaced it
         if runtime is not None and isinstance(runtime.tracker, EvmHeadTracker):
-            runtime.tracker.hint(number, relayed=True)
+            if number == WROTE:
+                runtime.tracker.wrote(relayed=True)
+            else:
+                runtime.tracker.hint(number, relayed=True)
 
     return ShownRelay(worker.run_dir, worker.index, shown_by_sibling)
 

@@ -553,6 +553,32 @@ async def test_a_block_one_worker_showed_is_never_trailed_by_another(relay: Faul
     assert returncode == 0
 
 
+async def test_a_write_one_worker_forwarded_is_not_trailed_by_another(relay: FaultRelay, anvil: Anvil) -> None:
+    """Read-your-writes across workers (docs/caching.md: after a forwarded write, `latest` waits for a
+    fresh poll): only the worker that forwarded the write waited; a read on another connection that
+    reached its sibling was answered at the sibling's old head (an outside attack: 13 of 90 stale)."""
+    anvil.mine(5)
+    store = _next_contract_address(anvil)
+    slot = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", "latest"]}
+    running = _start(relay.url, 2, HEAD_POLL_INTERVAL="5", ALLOW_METHODS="eth_sendTransaction")
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            await _ready(session, running, 2)
+            for _ in range(10):  # both workers cache the empty slot at their tracked head
+                reply = await _answers(session, running.url, slot)
+                assert reply is not None and reply["result"] == "0x" + word(0)
+            deploy = {"from": DEV_ACCOUNT, "data": "0x" + (CONTRACTS / "Store.bin").read_text().strip()}
+            write = {"jsonrpc": "2.0", "id": 2, "method": "eth_sendTransaction", "params": [deploy]}
+            reply = await _answers(session, running.url, write)  # one worker forwards it (Anvil mines it)
+            assert reply is not None and "result" in reply, reply
+            for _ in range(20):  # fresh connections, spread over both workers
+                reply = await _answers(session, running.url, slot)
+                assert reply is not None and reply["result"] == "0x" + word(7)
+    finally:
+        returncode, _log = await _stop(running)
+    assert returncode == 0
+
+
 async def test_the_metrics_port_listener_also_answers_for_all_workers(relay: FaultRelay) -> None:
     running = _start(relay.url, 2, METRICS_PORT=str(free_port()))
     try:

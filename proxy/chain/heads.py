@@ -55,6 +55,9 @@ WRITE_SETTLE = 0.02  # seconds a node may take to seal the block of a write it h
 # no longer holds `latest` back (each call would wait HEAD_CATCH_UP_WAIT for it, for ever).
 SHOWN_AHEAD_MAX = 64
 SHOWN_HOLD = 10.0
+# What on_shown tells sibling workers for a forwarded write (a block number is never negative): they
+# poll at once, and their `latest` waits for that poll too.
+WROTE = -1
 
 
 class EvmHeadTracker:
@@ -76,7 +79,7 @@ class EvmHeadTracker:
         self.head: Head | None = None
         self.on_reorg: list[Callable[[int], None]] = []
         self.on_head: list[Callable[[Head], None]] = []  # called after every successful poll
-        self.on_shown: list[Callable[[int], None]] = []  # a newly shown block (told to sibling workers)
+        self.on_shown: list[Callable[[int], None]] = []  # a newly shown block, or WROTE (told to sibling workers)
         # Hashes of blocks a reorg replaced (hash -> number), newest last, bounded: never answered from cache.
         self.orphans: dict[str, int] = {}
         self.last_poll = 0.0
@@ -175,7 +178,7 @@ class EvmHeadTracker:
         if head is not None and number > head.latest + SHOWN_AHEAD_MAX:  # no floor (a lying node's number?)
             if now - self._far_at >= self._interval:  # a poll `latest` waits for, once an interval at most
                 self._far_at = now
-                self.wrote()
+                self.wrote(relayed=relayed)
             return None
         if number <= self.shown:
             return None
@@ -191,9 +194,13 @@ class EvmHeadTracker:
             self._wake.set()
             self._reissue()  # memory hits at `latest` take the general path until the head catches up
 
-    def wrote(self) -> None:
+    def wrote(self, *, relayed: bool = False) -> None:
         """A write was forwarded (its block may be out already: automining) or a block shown too far
-        ahead to be a floor: poll now, and `latest` waits for that poll, HEAD_CATCH_UP_WAIT at most."""
+        ahead to be a floor: poll now, and `latest` waits for that poll, HEAD_CATCH_UP_WAIT at most
+        (`relayed`: a sibling worker's; else the siblings are told, WROTE)."""
+        if not relayed:
+            for tell in self.on_shown:
+                tell(WROTE)
         self._wrote_at = time.monotonic()
         self._caught_up.clear()
         self._asker.fresh_from = time.time()
