@@ -185,9 +185,8 @@ class EvmHeadTracker:
         if head is None or self.shown <= head.latest:  # the hold runs from the first floor no poll reached
             self._shown_at = now
         self.shown = number
-        if not relayed:
-            for tell in self.on_shown:
-                tell(number)
+        for tell in () if relayed else self.on_shown:
+            tell(number)
         if head is not None and number > head.latest:
             self._caught_up.clear()
             self._asker.fresh_from = time.time()  # the wake-up poll takes no answer a sibling fetched before
@@ -195,12 +194,10 @@ class EvmHeadTracker:
             self._reissue()  # memory hits at `latest` take the general path until the head catches up
 
     def wrote(self, *, relayed: bool = False) -> None:
-        """A write was forwarded (its block may be out already: automining) or a block shown too far
-        ahead to be a floor: poll now, and `latest` waits for that poll, HEAD_CATCH_UP_WAIT at most
-        (`relayed`: a sibling worker's; else the siblings are told, WROTE)."""
-        if not relayed:
-            for tell in self.on_shown:
-                tell(WROTE)
+        """A write was forwarded here (siblings told: WROTE) or by a sibling (`relayed`), or a block shown
+        too far ahead to be a floor: poll now, and `latest` waits for that poll, HEAD_CATCH_UP_WAIT at most."""
+        for tell in () if relayed else self.on_shown:
+            tell(WROTE)  # (its block may be out already: automining)
         self._wrote_at = time.monotonic()
         self._caught_up.clear()
         self._asker.fresh_from = time.time()

@@ -378,7 +378,8 @@ class FrontProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request, parser = self.request, self.parser
         assert request is not None
-        self._limit.complete(len(request.url), len(request.raw))
+        limit = self._limit  # at least its bytes in this read (HeadLimit.heads_read; inline: every head)
+        limit.heads_read += len(request.url) + limit.field_bytes + 2 * len(request.raw) + 13 - limit.head_bytes
         request.http10 = parser.get_http_version() == "1.0"
         repeated_host = self._front.read_fields(request)
         headers = request.headers

@@ -32,7 +32,11 @@ class HeadLimit:
     def __init__(self) -> None:
         self.head_bytes = 0  # of the head being read, counted in the reads before (over)
         self.body_read = 0  # body bytes in the read being fed (of every request: none of it is a head's)
-        self.heads_read = 0  # at least the bytes of the heads completed in the read being fed
+        # At most the bytes of the heads completed in the read being fed: each adds, as it is whole (the
+        # front), its target's bytes and 13 more (the request line's least: `GET  HTTP/1.1`, a line
+        # end, the empty line's end), each field's name and value and 2 more (`:` and a line end),
+        # less what earlier reads counted of it (head_bytes: never less than what they held).
+        self.heads_read = 0
         self.field_bytes = 0  # the header fields' bytes of the request being read
 
     def read_begins(self) -> None:
@@ -40,11 +44,6 @@ class HeadLimit:
 
     def begin(self) -> None:
         self.head_bytes = self.field_bytes = 0
-
-    def complete(self, target: int, fields: int) -> None:
-        """A head is whole: at least its bytes in this read are added to the read's heads (its request
-        line holds `target` bytes and at least 12 more, each field line its name, value and 2 more)."""
-        self.heads_read += max(0, target + 12 + self.field_bytes + 2 * fields + 1 - self.head_bytes)
 
     def field(self, name: bytes, value: bytes, fields: int) -> None:
         """A header field, after `fields` others: refused (431) when it or the head is too large."""
