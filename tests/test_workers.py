@@ -24,13 +24,16 @@ import rlp
 from eth_utils import keccak
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from proxy.chain.heads import EvmHeadTracker
 from proxy.check import run_check
 from proxy.config import ConfigError, build_settings
 from proxy.cpus import cgroup_quota, usable_cpus
+from proxy.metrics import Metrics
 from proxy.supervisor import RESTART_DELAY_MAX, STABLE_AFTER, exit_status, is_fatal, restart_delay, supervise
 from proxy.values import Answer
 from proxy.workers.metrics_merge import merged, render, with_retired
 from proxy.workers.shared_polls import SharedPolls, aligned_delay, fresh_answers
+from tests.fake_chain import FakeChain
 from tests.fault_relay import FaultRelay
 from tests.support import CONTRACTS, DEV_ACCOUNT, Anvil, eventually, free_port, word
 from tests.test_cli_and_logs import clean_env
@@ -515,6 +518,69 @@ async def test_two_tasks_of_one_worker_never_write_back_an_older_memo(tmp_path: 
     assert sorted(asked) == ["tracker", "upstream0"]
     polls.close()
     sibling.close()
+
+
+async def test_an_answer_asked_before_a_wake_up_is_not_taken_by_it(tmp_path: Path) -> None:
+    """Rule (docs/scaling.md: a poll woken by read-your-writes takes only answers fetched after it was
+    woken): an answer is dated by its asking. Dated by its arrival, a sibling's poll asked before a
+    write and answered after the wake-up was taken, the write not in it: `latest` reads on the other
+    workers were HITs of the block before (6 of 90 under load, WORKERS=3)."""
+    first, sibling = SharedPolls(str(tmp_path), "evm", 1.0), SharedPolls(str(tmp_path), "evm", 1.0)
+    out, answered = asyncio.Event(), asyncio.Event()
+    asked: list[str] = []
+
+    async def slow(calls: list[tuple[str, Any]]) -> list[Answer]:
+        asked.append("first")
+        out.set()
+        await answered.wait()  # the node answers once the write is made and the sibling woken
+        return [Answer(b"1", 1) for _ in calls]
+
+    async def fresh(calls: list[tuple[str, Any]]) -> list[Answer]:
+        asked.append("sibling")
+        return [Answer(b"2", 1) for _ in calls]
+
+    polling = asyncio.create_task(first.ask("tracker", [("eth_blockNumber", [])], slow, since=time.time() - 0.5))
+    await out.wait()
+    woken = time.time()
+    answered.set()
+    assert [a.payload for a in await polling] == [b"1"]
+    [answer] = await sibling.ask("tracker", [("eth_blockNumber", [])], fresh, since=woken)
+    assert answer.payload == b"2" and asked == ["first", "sibling"]
+    first.close()
+    sibling.close()
+
+
+async def test_a_write_is_covered_only_by_an_answer_asked_write_settle_after_it(tmp_path: Path) -> None:
+    """Rule (docs/caching.md: a node answers a write before its miner has sealed the block, so a poll
+    covers the writes made WRITE_SETTLE before it): with workers, a sibling's poll asked just after
+    the write (the block not sealed yet) was taken from the shared memo by the poll that was to cover
+    it, and `latest` stayed at the block before (HITs; 18 of 180 reads under load, WORKERS=3)."""
+    chain = FakeChain(100)
+    trackers = [
+        EvmHeadTracker(
+            "evm",
+            chain,
+            interval=10,
+            finality_depth=64,
+            metrics=Metrics(CollectorRegistry()),
+            shared=SharedPolls(str(tmp_path), "evm", 10),
+        )
+        for _ in range(2)
+    ]
+    writer, sibling = trackers
+    for tracker in trackers:
+        await tracker.poll()
+    writer.wrote()  # forwarded by one worker, told to the other
+    sibling.wrote(relayed=True)
+    await writer.poll()  # asked at once: the node has answered the write, not sealed its block yet
+    chain.mine()  # sealed now
+
+    async def covered() -> bool:
+        await sibling.poll()
+        return not sibling.behind()
+
+    await eventually(covered, 10, "a poll that covers the write")
+    assert sibling.head is not None and sibling.head.latest == 101
 
 
 def _next_contract_address(anvil: Anvil) -> str:

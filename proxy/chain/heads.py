@@ -200,7 +200,7 @@ class EvmHeadTracker:
             tell(WROTE)  # (its block may be out already: automining)
         self._wrote_at = time.monotonic()
         self._caught_up.clear()
-        self._asker.fresh_from = time.time()
+        self._asker.fresh_from = time.time() + WRITE_SETTLE  # as a poll covers it (poll): none asked sooner
         self._wake.set()
         self._reissue()
 

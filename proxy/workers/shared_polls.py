@@ -99,13 +99,15 @@ class SharedPolls:
             found = fresh_answers(memo, keys, since)
             missing = [(k, c) for k, c in zip(keys, calls, strict=True) if k not in found]
             if missing:
+                # An answer is as fresh as its asking: one asked before a read-your-writes wake-up
+                # (`since`) and come after it may not show the write (its node answered before it).
+                asked = time.time()
                 answers = await fetch([c for _, c in missing])
-                now = time.time()
                 for (key, _), answer in zip(missing, answers, strict=True):
                     found[key] = answer
-                    memo[key] = _encode(answer, now)
+                    memo[key] = _encode(answer, asked)
                 if locked:
-                    self._write(pruned(memo, now - 2 * self.interval))
+                    self._write(pruned(memo, asked - 2 * self.interval))
             return [found[k] for k in keys]
         finally:
             if locked:
