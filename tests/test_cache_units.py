@@ -417,6 +417,38 @@ class TestHeadTracker:
         head = await tracker.poll()
         assert seen == [] and head.latest == 170 and set(head.hashes) == set(range(107, 171))
 
+    async def test_a_poll_asks_only_the_blocks_new_since_the_last_head(self) -> None:
+        """Rule (a node's calls are the operator's cost): three blocks mined between polls are three
+        blocks asked by number beside the poll's own, where each poll asked a whole 32-block chunk
+        (an outside attack counted 13 block calls per write on an automining devnet). A reorg under
+        the new blocks is still walked down to where the chains meet."""
+        chain = FakeChain(100)
+        asked: list[Any] = []
+        answer = chain.answer
+
+        def counted(method: str, params: Any) -> Answer:
+            asked.append(params[0])
+            return answer(method, params)
+
+        chain.answer = counted  # type: ignore[method-assign]
+        tracker, _ = self.tracker(chain)
+        await tracker.poll()
+        chain.mine(3)
+        asked.clear()
+        head = await tracker.poll()
+        assert head.latest == 103 and set(head.hashes) == set(range(40, 104))
+        walked = sorted(
+            int(tag, 16) for tag in asked if tag.startswith("0x") and int(tag, 16) > 36
+        )  # 36: final's check
+        assert walked == [101, 102, 103], asked  # 103: the poll's latest, asked beside them (the same node's)
+        old = chain.block_hash(100)
+        chain.reorg(5)
+        chain.mine(2)
+        seen: list[int] = []
+        tracker.on_reorg.append(seen.append)
+        head = await tracker.poll()
+        assert seen == [99] and head.hashes[100] == chain.block_hash(100) != old
+
 
 class TestMemo:
     def test_a_full_memo_starts_over_so_it_never_grows_past_its_size(self) -> None:

@@ -295,11 +295,12 @@ async def synced_window(
     chain = {latest.number: latest.hash}
     expected = latest.parent_hash
     height = latest.number - 1
+    top = max(old, default=-1)  # the last head's: blocks above it are new, the first batch asks those alone
     while height >= lower:
         if old.get(height) == expected:
             chain.update({h: old[h] for h in range(lower, height + 1) if h in old})
             break
-        low = max(lower, height - HEADER_CHUNK + 1)
+        low = max(lower, height - HEADER_CHUNK + 1, top + 1 if top < height else lower)
         heights = range(height, low - 1, -1)
         answers = await _beside_latest(asker, [get_block(hex(h)) for h in heights], latest)
         for number, answer in zip(heights, answers, strict=True):
