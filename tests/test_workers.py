@@ -588,55 +588,38 @@ def _next_contract_address(anvil: Anvil) -> str:
     return "0x" + keccak(rlp.encode([bytes.fromhex(DEV_ACCOUNT[2:]), nonce]))[12:].hex()
 
 
-async def test_a_block_one_worker_showed_is_never_trailed_by_another(relay: FaultRelay, anvil: Anvil) -> None:
+@pytest.mark.parametrize("told", ["a block shown", "a write forwarded"])
+async def test_what_one_worker_showed_or_wrote_is_never_trailed_by_another(
+    relay: FaultRelay, anvil: Anvil, told: str
+) -> None:
     """Read-your-writes across workers: once any worker has shown block N, `latest` is at least N on
-    every connection, whichever worker it reaches (a long poll interval keeps the trackers behind)."""
-    anvil.mine(5)
-    store = _next_contract_address(anvil)
-    slot = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", "latest"]}
-    running = _start(relay.url, 2, HEAD_POLL_INTERVAL="5")
-    try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            await _ready(session, running, 2)
-            for _ in range(10):  # both workers cache the empty slot at their tracked head
-                reply = await _answers(session, running.url, slot)
-                assert reply is not None and reply["result"] == "0x" + word(0)
-            receipt = anvil.send(None, "0x" + (CONTRACTS / "Store.bin").read_text().strip())  # slot 0 := 7
-            assert receipt["contractAddress"].lower() == store
-            shown = {
-                "jsonrpc": "2.0",
-                "id": 2,
-                "method": "eth_getTransactionReceipt",
-                "params": [receipt["transactionHash"]],
-            }
-            reply = await _answers(session, running.url, shown)  # one worker shows the deployment's block
-            assert reply is not None and reply["result"]["blockNumber"] == receipt["blockNumber"]
-            for _ in range(20):  # fresh connections, spread over both workers
-                reply = await _answers(session, running.url, slot)
-                assert reply is not None and reply["result"] == "0x" + word(7)
-    finally:
-        returncode, _log = await _stop(running)
-    assert returncode == 0
-
-
-async def test_a_write_one_worker_forwarded_is_not_trailed_by_another(relay: FaultRelay, anvil: Anvil) -> None:
-    """Read-your-writes across workers (docs/caching.md: after a forwarded write, `latest` waits for a
-    fresh poll): only the worker that forwarded the write waited; a read on another connection that
-    reached its sibling was answered at the sibling's old head (an outside attack: 13 of 90 stale)."""
+    every connection, whichever worker it reaches (a long poll interval keeps the trackers behind);
+    and after a write one worker forwarded, every worker's `latest` waits for a fresh poll (docs/caching.md:
+    only the forwarding worker waited, and a read reaching its sibling was answered at the sibling's
+    old head: an outside attack, 13 of 90 stale)."""
     anvil.mine(5)
     store = _next_contract_address(anvil)
     slot = {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt", "params": [store, "0x0", "latest"]}
     running = _start(relay.url, 2, HEAD_POLL_INTERVAL="5", ALLOW_METHODS="eth_sendTransaction")
+    code = "0x" + (CONTRACTS / "Store.bin").read_text().strip()  # slot 0 := 7
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
             await _ready(session, running, 2)
             for _ in range(10):  # both workers cache the empty slot at their tracked head
                 reply = await _answers(session, running.url, slot)
                 assert reply is not None and reply["result"] == "0x" + word(0)
-            deploy = {"from": DEV_ACCOUNT, "data": "0x" + (CONTRACTS / "Store.bin").read_text().strip()}
-            write = {"jsonrpc": "2.0", "id": 2, "method": "eth_sendTransaction", "params": [deploy]}
-            reply = await _answers(session, running.url, write)  # one worker forwards it (Anvil mines it)
-            assert reply is not None and "result" in reply, reply
+            if told == "a block shown":
+                receipt = anvil.send(None, code)
+                assert receipt["contractAddress"].lower() == store
+                shown = [receipt["transactionHash"]]
+                call = {"jsonrpc": "2.0", "id": 2, "method": "eth_getTransactionReceipt", "params": shown}
+                reply = await _answers(session, running.url, call)  # one worker shows the deployment's block
+                assert reply is not None and reply["result"]["blockNumber"] == receipt["blockNumber"]
+            else:
+                deploy = [{"from": DEV_ACCOUNT, "data": code}]
+                call = {"jsonrpc": "2.0", "id": 2, "method": "eth_sendTransaction", "params": deploy}
+                reply = await _answers(session, running.url, call)  # one worker forwards it (Anvil mines it)
+                assert reply is not None and "result" in reply, reply
             for _ in range(20):  # fresh connections, spread over both workers
                 reply = await _answers(session, running.url, slot)
                 assert reply is not None and reply["result"] == "0x" + word(7)
