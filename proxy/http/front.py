@@ -309,7 +309,8 @@ class FrontProtocol(asyncio.Protocol):
             self._learnable = None
         else:
             begun = self._begun
-        self._limit.read_begins()
+        limit = self._limit
+        limit.body_read = limit.heads_read = 0  # (HeadLimit's counts of this read; inline: every read)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -326,7 +327,7 @@ class FrontProtocol(asyncio.Protocol):
                 self._front.learn(data, learnable)
             return
         if not request.kind:  # its head is still arriving
-            if self._limit.over(data, self._begun != begun):
+            if limit.over(data, self._begun != begun):
                 self._last(refusal(INVALID_REQUEST, "request header fields too large", 431).reply)
         elif request.timer is None and (
             request.kind == OTHER  # a body nothing reads: within BODY_TIMEOUT all the same
@@ -378,7 +379,7 @@ class FrontProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request, parser = self.request, self.parser
         assert request is not None
-        limit = self._limit  # at least its bytes in this read (HeadLimit.heads_read; inline: every head)
+        limit = self._limit  # at most its bytes in this read (HeadLimit.heads_read; inline: every head)
         limit.heads_read += len(request.url) + limit.field_bytes + 2 * len(request.raw) + 13 - limit.head_bytes
         request.http10 = parser.get_http_version() == "1.0"
         repeated_host = self._front.read_fields(request)

@@ -39,9 +39,6 @@ class HeadLimit:
         self.heads_read = 0
         self.field_bytes = 0  # the header fields' bytes of the request being read
 
-    def read_begins(self) -> None:
-        self.body_read = self.heads_read = 0
-
     def begin(self) -> None:
         self.head_bytes = self.field_bytes = 0
 
