@@ -2,7 +2,7 @@
 // Prints one JSON line of what it saw; tests/test_js_clients.py runs it against both and compares.
 // CommonJS, so NODE_PATH finds the packages scripts/test.sh installs under .tools/node_modules.
 const { readFileSync } = require("node:fs");
-const { deadline, until, repeatUntil } = require("./wait.cjs");
+const { until, repeatUntil, sealed } = require("./wait.cjs");
 const { ContractFactory, Contract, JsonRpcProvider, WebSocketProvider, Wallet } = require("ethers");
 
 // NODE_URL drives the chain (Anvil mines only on demand); the app itself uses only HTTP_URL and WS_URL.
@@ -23,12 +23,11 @@ async function main() {
     // sends could otherwise share one "pending" count (with or without the proxy).
     const wallet = new Wallet(KEY, ws);
     let nonce = await http.getTransactionCount(wallet.address, "pending");
-    const deployed = await Promise.race([
-      (await new ContractFactory(abi, bytecode, wallet).deploy({ nonce: nonce++ })).waitForDeployment(),
-      deadline(30000, "deploy")]);
+    const deploying = await new ContractFactory(abi, bytecode, wallet).deploy({ nonce: nonce++ });
+    const deployed = await sealed(deploying.waitForDeployment(), nodeUrl, 30000, "deploy");
     const address = await deployed.getAddress();
     const tx = await deployed.setX(9, { nonce: nonce++ });
-    out.setXStatus = (await Promise.race([tx.wait(), deadline(30000, "tx.wait")])).status;
+    out.setXStatus = (await sealed(tx.wait(), nodeUrl, 30000, "tx.wait")).status;
 
     // Read-only calls without a signer, over HTTP and WebSocket.
     out.httpX = (await new Contract(address, abi, http).x()).toString();
@@ -57,7 +56,7 @@ async function main() {
     const receipts = [];
     for (let i = 0; i < EVENTS; i++) {
       const sent = await writer.emitMany(1, { nonce: nonce++ });
-      receipts.push(await sent.wait());
+      receipts.push(await sealed(sent.wait(), nodeUrl, 30000, "sent.wait"));
     }
     await until(() => seen.length >= EVENTS, 30000, "20 events");
     await until(() => seenHttp.length >= EVENTS, 30000, "20 events over HTTP");

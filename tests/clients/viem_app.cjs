@@ -2,12 +2,13 @@
 // CommonJS, so NODE_PATH finds the packages scripts/test.sh installs under .tools/node_modules.
 // Prints one JSON line of what it saw; tests/test_js_clients.py runs it against both and compares.
 const { readFileSync } = require("node:fs");
-const { until, repeatUntil } = require("./wait.cjs");
+const { until, repeatUntil, sealed } = require("./wait.cjs");
 const { createPublicClient, createWalletClient, http, webSocket, parseAbi } = require("viem");
 const { privateKeyToAccount } = require("viem/accounts");
 const { foundry } = require("viem/chains");
 
-const [httpUrl, wsUrl, contracts] = process.argv.slice(2); // the app's endpoints (proxy or node)
+// The app's endpoints (proxy or node), and the node's own URL, which mines blocks on demand.
+const [httpUrl, wsUrl, contracts, nodeUrl] = process.argv.slice(2);
 const abi = JSON.parse(readFileSync(`${contracts}/Store.abi`, "utf8"));
 const bytecode = "0x" + readFileSync(`${contracts}/Store.bin`, "utf8").trim();
 const account = privateKeyToAccount("0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80");
@@ -20,7 +21,7 @@ async function main() {
   const out = {};
 
   const deployHash = await wallet.deployContract({ abi, bytecode });
-  const deployed = await overWs.waitForTransactionReceipt({ hash: deployHash, timeout: 30000 });
+  const deployed = await sealed(overWs.waitForTransactionReceipt({ hash: deployHash, timeout: 30000 }), nodeUrl, 30000, "deploy");
   const address = deployed.contractAddress;
   out.deployStatus = deployed.status;
 
@@ -37,7 +38,7 @@ async function main() {
   const emit = async () => {
     emitted += 1;
     const hash = await wallet.writeContract({ address, abi, functionName: "emitMany", args: [1n] });
-    return (await overWs.waitForTransactionReceipt({ hash, timeout: 30000 })).blockNumber;
+    return (await sealed(overWs.waitForTransactionReceipt({ hash, timeout: 30000 }), nodeUrl, 30000, "receipt")).blockNumber;
   };
   // viem does not say when its subscriptions are live: emit until the first event shows they are.
   await repeatUntil(emit, () => events.length > 0 && blocks.length > 0, 30000, "the watchers to start");
