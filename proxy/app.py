@@ -207,6 +207,7 @@ class _Lifecycle:
     own_exposition: Exposition
     exposition: Exposition
     answering: Callable[[], web.Application]  # the internal listeners' application, answering as the public one
+    probed: Callable[[], web.Application]  # METRICS_PORT's: that, with the probes
 
     async def run(self, app: web.Application) -> AsyncIterator[None]:
         settings, worker = self.settings, self.worker
@@ -218,7 +219,7 @@ class _Lifecycle:
         if settings.metrics_port is not None:
             internal = await start_metrics_listener(
                 self.exposition,
-                self.answering(),
+                self.probed(),
                 settings.metrics_host,
                 settings.metrics_port,
                 reuse_port=worker is not None,
@@ -290,6 +291,16 @@ class _Lifecycle:
             await stores.ledger_link.close()
         if self.shown_relay is not None:
             self.shown_relay.close()
+
+
+def _probed(answering: Callable[[], web.Application], service: Service) -> web.Application:
+    """METRICS_PORT's application: /healthz and /readyz answered as on the public port, but off its
+    MAX_CONNECTIONS (a flood that fills the public port does not fail an orchestrator's probes)."""
+    app = answering()
+    app[SERVICE] = service
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
 
 
 def _add_routes(
@@ -381,8 +392,9 @@ def create_app(
     own_exposition = registry_exposition(metrics.registry)
     exposition = own_exposition if worker is None else (lambda: scrape_all(worker.run_dir))
     answering = functools.partial(answering_app, gateway, settings)
+    probed = functools.partial(_probed, answering, service)
     lifecycle = _Lifecycle(
-        settings, clock, worker, networks, shown_relay, stores, own_exposition, exposition, answering
+        settings, clock, worker, networks, shown_relay, stores, own_exposition, exposition, answering, probed
     )
     app.cleanup_ctx.append(lifecycle.run)
     app.on_shutdown.append(close_websockets)

@@ -257,9 +257,12 @@ def serves_as_declared(
     public = f"http://127.0.0.1:{env['PROXY_PORT']}"
     internal = f"http://127.0.0.1:{env['METRICS_PORT']}"
     with proxy_running(env, tmp) as proc:
-        wait_until(lambda: get(public + health_path)[0] == 200 or proc.poll() is not None, 20, "the proxy to serve")
-        assert proc.poll() is None, (tmp / "stderr").read_text()
-        wait_until(lambda: get(public + ready_path)[0] == 200, 20, "the proxy to be ready")
+        # The probes on the metrics port (off the public port's MAX_CONNECTIONS), as on the public one.
+        for base in (internal, public):
+            served = lambda b=base: get(b + health_path)[0] == 200 or proc.poll() is not None  # noqa: E731
+            wait_until(served, 20, "the proxy to serve")
+            assert proc.poll() is None, (tmp / "stderr").read_text()
+            wait_until(lambda b=base: get(b + ready_path)[0] == 200, 20, "the proxy to be ready")
         status, body = get(internal + metrics_path)
         assert status == 200 and b"rpc_proxy_requests_total" in body
         assert get(public + metrics_path)[0] == 404  # /metrics stays internal
@@ -269,6 +272,9 @@ def serves_as_declared(
         assert post(f"{public}/v3/not-a-configured-key", call)[0] == 401  # keys in force: not open
         if healthcheck is not None:
             assert subprocess.run(healthcheck, env=env).returncode == 0
+            # Docker passes its client's proxy settings into containers: the check never goes through one.
+            proxied = {**env, "http_proxy": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+            assert subprocess.run(healthcheck, env=proxied).returncode == 0
     if healthcheck is not None:
         assert subprocess.run(healthcheck, env=env, capture_output=True).returncode != 0  # stopped: unhealthy
 
@@ -315,8 +321,15 @@ def test_probes_and_scrape_annotations_point_at_the_proxy_listeners(overlay: str
         return ports[port] if isinstance(port, str) else int(port)
 
     assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert port_of(proxy["livenessProbe"]) == port_of(proxy["readinessProbe"]) == int(env["PROXY_PORT"])
+    # Replicas sharing remote upstreams stay ready through the upstreams' faults once started (/readyz?started);
+    # a pod with its own node beside it is taken out when that node fails.
+    ready = {"standalone": "/readyz?started", "sidecar": "/readyz"}[overlay]
+    assert proxy["readinessProbe"]["httpGet"]["path"] == ready
+    # On the metrics port: a connection flood filling the public port's MAX_CONNECTIONS fails no probe.
+    assert port_of(proxy["livenessProbe"]) == port_of(proxy["readinessProbe"]) == int(env["METRICS_PORT"])
+    assert proxy["lifecycle"]["preStop"]["sleep"]["seconds"] < workload["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ] - int(env.get("SHUTDOWN_TIMEOUT", "25"))  # endpoints removed, then the drain, within the grace period
     annotations = workload["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
     assert int(annotations["prometheus.io/port"]) == int(env["METRICS_PORT"]) != int(env["PROXY_PORT"])
@@ -561,7 +574,7 @@ def test_dockerfile_command_ports_and_healthcheck_match_the_proxy_settings() -> 
     assert exposed == {settings.port}  # the metrics port is never published (docker run -P publishes EXPOSE)
     assert settings.host == settings.metrics_host == "0.0.0.0"
     healthcheck = docker.all("HEALTHCHECK")[0]
-    assert "/healthz" in healthcheck and "PROXY_PORT" in healthcheck
+    assert "/healthz" in healthcheck and "METRICS_PORT" in healthcheck and "PROXY_PORT" in healthcheck
 
 
 def healthcheck_command() -> list[str]:

@@ -162,6 +162,42 @@ async def test_connections_over_max_connections_get_503_and_established_clients_
                 writer.close()
 
 
+async def test_the_probes_on_metrics_port_answer_while_max_connections_fill_the_public_port(anvil: Anvil) -> None:
+    """An orchestrator's liveness probe must not fail in a connection flood (a restart drops every
+    connection and the cache): METRICS_PORT answers /healthz and /readyz off the public port's cap."""
+    metrics_port = free_port()
+    settings = settings_for(EVM_UPSTREAM=anvil.url, MAX_CONNECTIONS="3", METRICS_PORT=str(metrics_port))
+    async with served(settings) as port, aiohttp.ClientSession() as client:
+        internal = f"http://127.0.0.1:{metrics_port}"
+
+        async def ready() -> bool:
+            async with client.get(internal + "/readyz") as resp:
+                return resp.status == 200
+
+        await eventually(ready, 10, "the network to be ready")
+        idle = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(3)))
+        try:
+
+            async def public_full() -> bool:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = await reader.read()
+                writer.close()
+                return answer.startswith(b"HTTP/1.1 503")
+
+            await eventually(public_full, 10, "the public port to be full")
+            for path, body in (("/healthz", {"status": "ok"}), ("/readyz", None)):
+                async with client.get(internal + path) as resp:
+                    assert resp.status == 200, path
+                    answer = await resp.json()
+                    assert answer == body if body is not None else answer["status"] == "ready"
+            async with client.get(internal + "/readyz?started") as resp:
+                assert resp.status == 200
+        finally:
+            for _, writer in idle:
+                writer.close()
+
+
 @pytest.mark.parametrize("reset", [False, True])
 async def test_a_client_that_aborts_mid_body_costs_a_debug_line_not_a_traceback(
     anvil: Anvil, caplog: pytest.LogCaptureFixture, reset: bool

@@ -29,8 +29,8 @@ async def relay(anvil: Anvil) -> AsyncIterator[FaultRelay]:
     await relay.close()
 
 
-async def readyz(proxy: Proxy) -> tuple[int, dict[str, Any], str]:
-    async with proxy.session.get(proxy.base + "/readyz") as resp:
+async def readyz(proxy: Proxy, query: str = "") -> tuple[int, dict[str, Any], str]:
+    async with proxy.session.get(proxy.base + "/readyz" + query) as resp:
         text = await resp.text()
         return resp.status, await resp.json(), text
 
@@ -84,6 +84,27 @@ async def test_a_stale_head_forwards_tags_uncached_and_readyz_reports_the_networ
     await readyz_becomes(proxy, 200)
     _, body, _ = await proxy.post(storage_latest(address))
     assert body["result"] == "0x" + word(99)
+
+
+async def test_readyz_started_refuses_until_each_network_had_a_head_then_lists_faults_without_refusing(
+    anvil: Anvil, relay: FaultRelay, make_proxy: ProxyFactory
+) -> None:
+    """Replicas sharing their upstreams fail alike (pulling one pulls every one, where each still serves
+    its hits): /readyz?started is 503 only until each network's tracker has had a head."""
+    stall = relay.inject("http500", method="eth_getBlockByNumber", times=None)
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, HEAD_STALE_AFTER="0.5")
+    for query in ("", "?started", "?started=1&x"):
+        status, body, _ = await readyz(proxy, query)
+        assert (status, body["status"]) == (503, "unavailable"), query  # no head yet: nothing to serve from
+    relay.faults.remove(stall)
+    await readyz_becomes(proxy, 200)
+    assert (await readyz(proxy, "?started"))[0] == 200
+    relay.inject("http500", method="eth_getBlockByNumber", times=None)
+    await readyz_becomes(proxy, 503)
+    status, body, _ = await readyz(proxy, "?started")
+    assert status == 200 and body["status"] == "ready"
+    assert body["networks"]["evm"].startswith("degraded: head is stale")  # listed, not refused
+    assert (await readyz(proxy, "?other"))[0] == 503  # only `started` loosens it
 
 
 async def test_readyz_is_answered_from_tracker_state_without_an_upstream_call_per_request(

@@ -13,7 +13,8 @@ import pytest
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from tests.support import eventually
 
-Answer = Callable[[bytes], bytes]  # a request's bytes -> the raw answer (b"" closes at once)
+# A request's bytes -> the raw answer (b"" closes at once), or its parts (written apart).
+Answer = Callable[[bytes], bytes | tuple[bytes, ...]]
 BODY = b'{"jsonrpc":"2.0","id":1,"result":"0x1"}'
 LIMIT = 1024 * 1024  # every post names its bound
 
@@ -37,8 +38,12 @@ class Node:
                 length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
                 request = head + await reader.readexactly(length)
                 self.requests.append(request)
-                writer.write(self.answer(request))
-                await writer.drain()
+                answer = self.answer(request)
+                for i, part in enumerate(answer if isinstance(answer, tuple) else (answer,)):
+                    if i:
+                        await asyncio.sleep(0.05)  # the parts apart on the wire (each its own read, mostly)
+                    writer.write(part)
+                    await writer.drain()
                 if self.close_after:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -109,6 +114,30 @@ async def test_only_identity_is_asked_and_an_encoded_answer_is_refused_at_its_he
             await client.post(b"{}", 5, LIMIT)
     assert b"\r\nAccept-Encoding: identity\r\n" in served.requests[0]
     assert len(connected) == 3  # each refused answer's connection was dropped
+    client.close()
+
+
+@pytest.mark.parametrize("apart", [False, True])
+async def test_interim_1xx_answers_are_read_and_ignored_and_the_final_one_is_the_answer(
+    node: tuple[Node, str], apart: bool
+) -> None:
+    """RFC 9110 15.2: a client parses and ignores the 1xx answers before the final one; its fields are
+    not the answer's, and the connection, kept alive, holds no answer's bytes for the next post."""
+    served, url = node
+    connected: list[int] = []
+    client = pool(url, connected)
+    for n in range(3):
+        body = b'{"jsonrpc":"2.0","id":1,"result":"0x%d"}' % n
+        interim = (
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+            b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\nContent-Length: 99999999\r\n\r\n",
+        )
+        parts = (*interim, framed(body))
+        served.answer = lambda _r, p=parts: p if apart else b"".join(p)
+        response = await client.post(b"{}", 5, LIMIT)
+        assert (response.status, response.body) == (200, body)
+        assert response.headers.get("content-length") == str(len(body))
+    assert served.connections == 1 and len(connected) == 1  # kept alive, each answer its own
     client.close()
 
 

@@ -26,7 +26,7 @@ from proxy.http.endpoint import (
     failure_reply,
     fallback_reply,
 )
-from proxy.http.front_routes import Exposition, decoded_or_refused, readiness
+from proxy.http.front_routes import Exposition, decoded_or_refused, readiness, started_asked
 from proxy.http.head_limit import host_fault_of
 from proxy.http.request_key import api_key
 from proxy.http.responses import error_response, json_response
@@ -178,7 +178,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    status, answer = readiness(request.app[SERVICE])
+    status, answer = readiness(request.app[SERVICE], started_asked(request.query_string))
     return web.json_response(answer, status=status)
 
 

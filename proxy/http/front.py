@@ -472,7 +472,8 @@ class FrontProtocol(asyncio.Protocol):
             else:
                 self._rpc(request, body)
         else:
-            self.pipeline.answer(request, self._routes.answer(request.method, request.path, request.headers))
+            answer = self._routes.answer(request.method, request.path, request.headers, request.url)
+            self.pipeline.answer(request, answer)
 
     # --- answers out --------------------------------------------------------------------------
 

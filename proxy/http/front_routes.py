@@ -9,7 +9,7 @@ import re
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -38,12 +38,16 @@ _HEALTHY = json.dumps({"status": "ok"}).encode()
 Exposition = Callable[[], Awaitable[bytes]]
 
 
-def readiness(service: Service) -> tuple[int, dict[str, object]]:
-    """Ready when every network's tracker has a fresh view. Answered from the trackers' state: no
-    upstream call per request, and no upstream's text or URL in the answer (upstreams by index only)."""
+def readiness(service: Service, started: bool = False) -> tuple[int, dict[str, object]]:
+    """Ready when every network's tracker has a fresh view; `started` (/readyz?started): once each has had
+    one, its later faults listed but not refused (replicas sharing their upstreams fail alike: pulling
+    one pulls all, and a replica with a stale head still serves its hits). Answered from the trackers'
+    state: no upstream call per request, and no upstream's text or URL in the answer (upstreams by index only)."""
     now = time.time()
     networks = {name: runtime.health(now) or "ok" for name, runtime in service.networks.items()}
-    ready = all(state == "ok" for state in networks.values())
+    ready = all(
+        state == "ok" or (started and service.networks[name].tracker.last_poll > 0) for name, state in networks.items()
+    )
     answer: dict[str, object] = {"status": "ready" if ready else "unavailable", "networks": networks}
     # Upstreams out of head tracking while they sync: the network is served by the others.
     catching_up = {name: lagging for name, runtime in service.networks.items() if (lagging := runtime.catching_up())}
@@ -58,6 +62,11 @@ def readiness(service: Service) -> tuple[int, dict[str, object]]:
     if forks:
         answer["forks"] = forks
     return (200 if ready else 503), answer
+
+
+def started_asked(query: str) -> bool:
+    """Whether a /readyz query asks `started` (readiness)."""
+    return "started" in parse_qs(query, keep_blank_values=True)
 
 
 def decoded_or_refused(endpoint: RpcEndpoint, body: bytes, encoding: str) -> bytes | Reply:
@@ -116,8 +125,8 @@ class FrontRoutes:
         """A JSON-RPC POST's body decoded from its Content-Encoding, or the answer that refuses it."""
         return decoded_or_refused(self.endpoint, body, request.headers["content-encoding"])
 
-    def answer(self, method: str, path: str, headers: Headers) -> Reply | Pending:
-        """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves)."""
+    def answer(self, method: str, path: str, headers: Headers, target: bytes = b"") -> Reply | Pending:
+        """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves); `target`: as sent."""
         if method == "OPTIONS":
             cors = self.endpoint.cors
             reply = Reply(
@@ -130,7 +139,7 @@ class FrontRoutes:
             if path == "/healthz":
                 return self.with_cors(Reply(_HEALTHY, 200, {"Content-Type": _JSON_TEXT}), headers)
             if path == "/readyz":
-                status, answer = readiness(self._service)
+                status, answer = readiness(self._service, started_asked(target.partition(b"?")[2].decode("latin-1")))
                 return self.with_cors(Reply(json.dumps(answer).encode(), status, {"Content-Type": _JSON_TEXT}), headers)
             if path == "/metrics" and self._exposition is not None:
                 return self._metrics(headers)

@@ -246,7 +246,7 @@ def registry_exposition(registry: CollectorRegistry) -> Exposition:
 
 
 def metrics_app(exposition: Exposition, app: web.Application, *, own: bool = False) -> web.Application:
-    """`app` as the internal listener's application: /metrics and nothing else. `own`: a process's own
+    """`app` as the internal listener's application: /metrics and what `app` serves. `own`: a process's own
     registry for the sibling that merges a scrape, its pid said (what it counted outlives it)."""
     headers = {"Content-Type": CONTENT_TYPE_LATEST}
     if own:

@@ -98,6 +98,7 @@ class _Connection(asyncio.Protocol):
         self.limit = 0
         self.wire_limit = 0
         self.headers_done = False
+        self.interim = False  # the head read is a 1xx's: ignored, the final answer follows
         self.reusable = False
         self.idle_since = 0.0
 
@@ -162,6 +163,10 @@ class _Connection(asyncio.Protocol):
             self.headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # RFC 9110 15.2: parsed and ignored (100, 103 Early Hints)
+            self.interim = True
+            return
         self.headers_done = True
         encoding = self.headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":  # never asked for: a compressed body's size says nothing of its own
@@ -188,6 +193,9 @@ class _Connection(asyncio.Protocol):
             self.body = buffer
 
     def on_message_complete(self) -> None:
+        if self.interim:  # its fields are not the answer's
+            self.interim, self.headers = False, {}
+            return
         self._complete(self.parser.should_keep_alive())
 
     def _complete(self, keep_alive: bool) -> None:
@@ -206,6 +214,7 @@ class _Connection(asyncio.Protocol):
         self.limit = limit
         self.wire_limit = wire_limit(limit)
         self.headers_done = False
+        self.interim = False
         self.reusable = False
 
 
