@@ -14,7 +14,7 @@ from proxy.cache import policy as cp
 from proxy.chain import from_trackers
 from proxy.chain.head_polls import Head, Resolved
 from proxy.chain.heads import EvmHeadTracker
-from proxy.chain.slots import SolanaSlotTracker
+from proxy.chain.slots import SLOT_HOLD, SolanaSlotTracker
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS, credits_of
 from proxy.metrics import Metrics
 from proxy.rpc import params as p
@@ -144,6 +144,26 @@ class TestAnswersTheTrackersHold:
         assert from_trackers.learned("getSlot", config, tracker, lagging, 101.0).result == 50
         with_min = [{"commitment": "confirmed", "minContextSlot": 1}]
         assert from_trackers.held("getSlot", with_min, tracker, 100.1, 0.4) is None
+
+    def test_a_slot_shown_in_error_holds_the_slots_up_only_while_seen_again_within_the_hold(self) -> None:
+        """Rule: one node's absurd slot (a devnet's in a mainnet pool) never goes back within SLOT_HOLD,
+        then is let go: else every later honest answer would be below it, and refused, for ever."""
+        tracker = SolanaSlotTracker("sol", None, interval=1, metrics=Metrics(CollectorRegistry()))  # type: ignore[arg-type]
+        config = [{"commitment": "finalized"}]
+        bogus = Answer.from_response({"result": 4_000_000_000}, 0.0, 0)
+        assert from_trackers.learned("getSlot", config, tracker, bogus, 100.0).result == 4_000_000_000
+        honest = Answer.from_response({"result": 5_000}, 0.0, 1)
+        assert from_trackers.learned("getSlot", config, tracker, honest, 100.0 + SLOT_HOLD - 1).result == 4_000_000_000
+        assert tracker.shown("finalized") == 4_000_000_000
+        assert from_trackers.learned("getSlot", config, tracker, honest, 100.0 + SLOT_HOLD).result == 5_000
+        assert tracker.shown("finalized") == 5_000
+        # A value seen again keeps holding: each sight dates it anew.
+        at = 200.0
+        for step in range(3):
+            seen = Answer.from_response({"result": 6_000}, 0.0, 0)
+            from_trackers.learned("getSlot", config, tracker, seen, at + step * (SLOT_HOLD - 1))
+        lagging = Answer.from_response({"result": 5_990}, 0.0, 1)
+        assert from_trackers.learned("getSlot", config, tracker, lagging, at + 3 * (SLOT_HOLD - 1)).result == 6_000
 
 
 class TestCredits:

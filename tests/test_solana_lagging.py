@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import pytest
 
+from proxy.chain import slots
 from proxy.chain.slots import SolanaSlotTracker
 from proxy.http.app_keys import SERVICE
 from tests.fake_solana import LARGEST, TOKEN_ACCOUNT, FakeSolana, b58
@@ -152,6 +154,31 @@ async def test_a_reset_cluster_is_taken_at_the_poll_that_finds_its_slots_below(
 
     await eventually(served, 10, "an answer of the new cluster")
     assert answers[-1]["result"]["context"]["slot"] < 1000, answers[-1]
+
+
+async def test_one_absurd_slot_from_a_node_is_let_go_when_no_poll_reaches_it_within_the_hold(
+    solana: FakeSolana, make_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule (docs/caching.md, Solana slots): the slots never go back, but a slot no poll reaches again
+    SLOT_HOLD seconds on is let go (one node's error); before, one bad getSlot answer held the slots
+    for ever, failed every later poll and refused every read (-32002) until a restart."""
+    monkeypatch.setattr(slots, "SLOT_HOLD", 1.0)
+    solana.slot = 5000
+    proxy = await make_proxy(SOLANA_UPSTREAM=solana.url, IDENTITY_CHECK_INTERVAL="3600", HEAD_POLL_INTERVAL="0.2")
+    tracker = await slots_at(proxy, 5000)
+    solana.slot = 4_000_000_000  # one answer in error (the fake's slot moves on per request)
+    await slots_at(proxy, 4_000_000_000)
+    solana.slot = 5100
+
+    async def let_go() -> bool:
+        return tracker.slots.get("finalized", -1) < 1_000_000
+
+    await eventually(let_go, 10, "the absurd slots let go")
+    slot, _ = await call(proxy, "getSlot", [])
+    assert 5000 < slot["result"] < 1_000_000, slot
+    body, _ = await call(proxy, "getTokenAccountBalance", [TOKEN_ACCOUNT])  # finalized: asked below 4e9
+    assert "result" in body and body["result"]["context"]["slot"] < 1_000_000, body
+    assert proxy.metric("rpc_proxy_head_block", network="solana", tag="finalized") < 1_000_000
 
 
 async def test_largest_accounts_a_node_keeps_in_its_own_cache_are_in_step_whatever_their_slot(

@@ -35,6 +35,11 @@ def genesis_of(result: object) -> str | None:
     return None
 
 
+# Seconds a slot shown holds the network's slots up ("never back") with no poll reaching it again: a
+# value one node gave in error (a devnet's slot in a mainnet pool, a glitch) is let go then, as an EVM
+# block shown is (heads.SHOWN_HOLD); else it would fail every honest poll, and refuse every read, for ever.
+SLOT_HOLD = 10.0
+
 BLOCK_NOT_AVAILABLE = -32004  # Agave's "Block not available for slot N": not produced yet, where it asked
 
 
@@ -73,6 +78,7 @@ class SolanaSlotTracker:
         self._identity_interval = identity_interval
         self._identity_due = 0.0  # time.monotonic() of the next getGenesisHash
         self.slots: dict[str, int] = {}
+        self._reached: dict[str, float] = {}  # per commitment, when a poll last reached its slot (monotonic)
         # The newest value seen per (method, commitment) and when: getSlot from the polls, getSlot and
         # getBlockHeight from forwarded answers too. Served while younger than the max age.
         self.recent: dict[tuple[str, str], tuple[int, float]] = {}
@@ -117,13 +123,16 @@ class SolanaSlotTracker:
             # A cluster reset (a restarted test validator) looks so too: its genesis hash is asked now,
             # and a new one starts the slots anew (check_identity).
             await self.check_identity()
-        held = self.slots
+        held = self._held(answered)
         if _below(answered, held):
             # Never back (caching.md "Solana slots"): a node behind (restarted from an old snapshot)
             # fails the poll; the slots stay, and go stale if no poll reaches them again.
             raise TrackerError(f"upstream is behind the slots already shown ({answered} < {held})")
         slots = dict(held)
+        reached = time.monotonic()
         for commitment, slot in answered.items():
+            if slot >= held.get(commitment, slot):
+                self._reached[commitment] = reached
             slots[commitment] = slot = max(slot, held.get(commitment, slot))
             self._metrics.head_block.labels(self.network, commitment).set(slot)
         now = time.time()
@@ -138,6 +147,28 @@ class SolanaSlotTracker:
             self.observe("getSlot", commitment, slot, self.last_poll)
         self._metrics.head_updated.labels(self.network).set(self.last_poll)
         return slots
+
+    def _held(self, answered: dict[str, int]) -> dict[str, int]:
+        """The slots a poll may not go below: those held, but for one above the poll's that no poll has
+        reached SLOT_HOLD seconds on (let go, with the values shown at its commitment, and a WARNING)."""
+        held, now = self.slots, time.monotonic()
+        gone = [
+            commitment
+            for commitment, slot in answered.items()
+            if slot < held.get(commitment, -1) and now - self._reached.get(commitment, now) >= SLOT_HOLD
+        ]
+        if not gone:
+            return held
+        log.warning(
+            "network %s: no upstream reached the slots %s again in %.0f s (one node's error?): the slots go back to %s",
+            self.network,
+            {commitment: held[commitment] for commitment in gone},
+            SLOT_HOLD,
+            {commitment: answered[commitment] for commitment in gone},
+        )
+        for key in [key for key in self.recent if key[1] in gone]:
+            del self.recent[key]
+        return {commitment: slot for commitment, slot in held.items() if commitment not in gone}
 
     async def check_identity(self) -> None:
         """Ask the cluster's genesis hash; a new one names a new key space (entries of the old cluster
@@ -164,7 +195,7 @@ class SolanaSlotTracker:
             )
         if self.genesis is not None:
             # Another cluster (a restarted test validator): its slots start anew, so do the ones shown.
-            self.slots, self.recent = {}, {}
+            self.slots, self.recent, self._reached = {}, {}, {}
         self.genesis = genesis
         self.space = space = f"{self.network}@{genesis}"
         for listener in self.on_space:
@@ -172,9 +203,10 @@ class SolanaSlotTracker:
 
     def observe(self, method: str, commitment: str, value: int, now: float) -> int:
         """Note a slot or block height seen at `now`; returns the value to show, which never goes
-        below one already shown (a lagging node's older answer is not passed on)."""
+        below one already shown (a lagging node's older answer is not passed on) while that one was
+        seen again within SLOT_HOLD seconds (each poll sees the slots it reaches)."""
         held = self.recent.get((method, commitment))
-        if held is not None and held[0] > value:
+        if held is not None and held[0] > value and now - held[1] < SLOT_HOLD:
             return held[0]
         self.recent[(method, commitment)] = (value, now)
         return value
