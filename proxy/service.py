@@ -253,6 +253,8 @@ class Service:
                 net.tracker.wrote()  # writes are hints: the block holding it may be out already (automining)
             if isinstance(net.tracker, EvmHeadTracker) and changes_dev_state(method):
                 net.tracker.state_changed()  # the dev node's state changed without a block: drop its entries
+                if net.per_upstream is not None:  # its chain id too, maybe (anvil_setChainId): checked now
+                    net.per_upstream.states.suspect.set()
             return Outcome.answered(shown(net.tracker, method, answer, prepared.refs), BYPASS)
 
         refs = prepared.refs

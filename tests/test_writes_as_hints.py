@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cache import policy as cp
-from tests.support import DEV_ACCOUNT, ROOT, Anvil, ProxyFactory
+from tests.support import DEV_ACCOUNT, ROOT, Anvil, ProxyFactory, eventually
 
 DEV_WRITES = "eth_sendTransaction"
 ANVIL_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"  # anvil's first dev account's
@@ -43,6 +43,42 @@ async def test_latest_reads_right_after_a_write_see_it_without_waiting_for_a_pol
         balance = int(await proxy.result("eth_getBalance", [OTHER, "latest"]), 16)
         assert (after, balance) == (nonce + 1, round_ + 1)
         assert int(await proxy.result("eth_blockNumber", []), 16) == number + 1
+
+
+@pytest.mark.parametrize("mine", ["anvil_mine", "evm_mine"])
+async def test_a_block_mined_through_the_proxy_is_a_write_hint(
+    anvil: Anvil, make_proxy: ProxyFactory, mine: str
+) -> None:
+    """Rule: a dev node's call that mines a block makes the tracker poll at once and `latest` wait for
+    that poll, as a transaction does ("mine, then read the block number" is a test harness's habit)."""
+    proxy = await make_proxy(
+        EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="anvil,evm", HEAD_POLL_INTERVAL="60", HEAD_CATCH_UP_WAIT="5"
+    )
+    await proxy.head_at(anvil.block_number())
+    for _ in range(5):
+        number = int(await proxy.result("eth_blockNumber", []), 16)
+        await proxy.result(mine, ["0x1"] if mine == "anvil_mine" else [])
+        assert int(await proxy.result("eth_blockNumber", []), 16) == number + 1 == anvil.block_number()
+
+
+async def test_a_chain_id_set_through_the_proxy_is_checked_at_once_not_an_identity_interval_later(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule (docs/caching.md, Dev nodes): a dev call that changes state has the upstreams' identity
+    checked at once; anvil_setChainId's new chain is adopted after 3 checks one poll interval apart."""
+    proxy = await make_proxy(
+        EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="anvil,evm", HEAD_POLL_INTERVAL="0.2", IDENTITY_CHECK_INTERVAL="3600"
+    )
+    await proxy.head_at(anvil.block_number())
+    assert await proxy.result("eth_chainId", []) == "0x7a69"
+    await proxy.result("anvil_setChainId", [777])
+
+    async def adopted() -> bool:
+        _, body, _ = await proxy.post({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []})
+        return body.get("result") == hex(777)
+
+    await eventually(adopted, 15, "the new chain id through the proxy")
+    assert anvil.rpc("eth_chainId") == hex(777)
 
 
 def _cast(*args: str) -> str:

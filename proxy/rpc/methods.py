@@ -288,8 +288,9 @@ def ends_signature(result: Any) -> bool:
 
 
 # Subscription streams: served by the WebSocket transport (subscriptions.py), refused over HTTP.
-# A forwarded write makes the head tracker poll at once (heads.py, EvmHeadTracker.wrote).
-WRITE_METHODS = frozenset({"eth_sendRawTransaction", "eth_sendTransaction"})
+# A forwarded write, or a dev node's call that mines a block, makes the head tracker poll at once and
+# `latest` wait for that poll (heads.py, EvmHeadTracker.wrote).
+WRITE_METHODS = frozenset({"eth_sendRawTransaction", "eth_sendTransaction", "anvil_mine", "evm_mine", "hardhat_mine"})
 SUBSCRIPTION_METHODS = frozenset({"eth_subscribe", "eth_unsubscribe"}) | SOLANA_PUBSUB_METHODS
 
 # Solana's JSON-RPC methods are camelCase without a namespace; EVM ones are namespace_method.
