@@ -6,8 +6,8 @@ error (as `serve` exits). `--offline` checks the settings and files only.
 Per upstream (HTTP), asked with serve's own client (no redirect followed, no compressed answer read):
 it answers, its chain id (EVM) and genesis hash, both equal to the other upstreams' of its network,
 a chain id equal to a declared `chain_id`, and a batch of two calls accepted (the proxy batches calls
-to upstreams). A WebSocket upstream: its handshake. Redis (REDIS_URL, CREDITS_REDIS_URL): a PING
-answered, its password taken.
+to upstreams). A WebSocket upstream: its handshake, and an EVM one's chain identity, equal to the
+network's upstreams'. Redis (REDIS_URL, CREDITS_REDIS_URL): a PING answered, its password taken.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 
+from proxy.chain.identity import parse_identity
 from proxy.config import Network, Settings, doubts
 from proxy.credits.ledger_storage import eviction_problem
 from proxy.credits.prices import METHOD_CREDITS
@@ -32,6 +33,7 @@ from proxy.redis_link import connect, memory_policies
 from proxy.rpc import jsonrpc
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.scrubbing import scrub_text, secrets_of
+from proxy.upstream.ws_identity import EVM_IDENTITY_CALLS, told
 from proxy.workers.context import NoRunDirectory, run_directory
 
 REDACTED = "<redacted>"
@@ -234,8 +236,16 @@ async def probe_ws(session: aiohttp.ClientSession, network: Network, index: int,
     try:
         async with session.ws_connect(
             url, headers=dict(network.ws_headers_of(index)), timeout=aiohttp.ClientWSTimeout(ws_close=timeout)
-        ):
-            return Probe(network.name, label)
+        ) as ws:
+            if network.family != "evm":  # Solana's pubsub socket serves subscriptions alone
+                return Probe(network.name, label)
+            # Its chain, as serve asks it on each connection (ws_identity.py): held to the others' (agreement).
+            results = await told(ws, EVM_IDENTITY_CALLS, 1, timeout)
+            chain_id, genesis = results if results is not None else (None, None)
+            seen = parse_identity(chain_id, genesis)
+            if seen is None or not isinstance(genesis, dict):
+                return Probe(network.name, label, problems=("handshake accepted; it did not tell its chain identity",))
+            return Probe(network.name, label, seen.chain_id, genesis["hash"])  # as the HTTP probe has it
     except TimeoutError:  # a silent upstream: how long, and the setting that bounds it (as _failure)
         return Probe(
             network.name,
@@ -458,7 +468,8 @@ def run_check(
                 print(f"FAIL network {probe.network} {probe.label}: {problem}")
         else:
             chain = f"chain id {probe.chain_id}, " if probe.chain_id is not None else ""
-            found = f"{chain}genesis {probe.genesis}, batch accepted" if probe.genesis else "handshake accepted"
+            accepted = "handshake accepted" if probe.label.startswith("WebSocket") else "batch accepted"
+            found = f"{chain}genesis {probe.genesis}, {accepted}" if probe.genesis else accepted
             print(f"ok   network {probe.network} {probe.label}: {found}")
     print(f"{problems} problem(s)" if problems else "all upstreams ok")
     return 1 if problems else 0

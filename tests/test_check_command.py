@@ -330,6 +330,22 @@ def test_a_websocket_upstream_at_the_proxys_own_address_is_a_loop(tmp_path: Path
     assert f"WebSocket upstream #0 ws://localhost:{port}: this proxy's own address" in result.stdout
 
 
+def test_a_websocket_upstream_of_another_chain_fails_the_check(anvil: Anvil, tmp_path: Path) -> None:
+    """Rule (README, one chain per network): a WebSocket upstream's chain id and genesis are asked, as
+    serve asks them on each connection, and held to the network's HTTP upstreams'."""
+    ws = anvil.url.replace("http://", "ws://")
+    same = check(tmp_path, EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert f"WebSocket upstream #0 {ws}: chain id 31337, genesis 0x" in same.stdout, same.stdout
+    other = Anvil("--chain-id", "5")
+    try:
+        result = check(tmp_path, EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=other.url.replace("http://", "ws://"))
+    finally:
+        other.stop()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "WebSocket upstream #0" in result.stdout and "chain id 5 differs" in result.stdout, result.stdout
+
+
 def test_a_silent_websocket_upstream_is_said_to_have_timed_out_naming_the_setting(tmp_path: Path) -> None:
     """Rule: a WebSocket handshake that times out says how long and which setting bounds it."""
     with socket.socket() as silent:  # accepts (the backlog) and never answers

@@ -83,6 +83,35 @@ async def test_new_pending_transactions_are_relayed_to_the_nodes_websocket(
     assert (await client.call("eth_unsubscribe", pending))["result"] is True
 
 
+async def test_a_websocket_upstream_of_another_chain_is_never_used(
+    anvil: Anvil, make_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rule (README, one chain per network): a WebSocket upstream is asked its chain identity on each
+    connection and held to the network's, as the HTTP upstreams are; one of another chain carries no
+    subscription (its pending transactions, heads and logs are another chain's)."""
+    other = Anvil("--chain-id", "5")
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_of(other))
+        await proxy.head_at(anvil.block_number())
+        client = await connect(proxy)
+        refused = await client.call("eth_subscribe", "newPendingTransactions")
+        assert refused["error"]["code"] == -32002 and "serves chain id 5" in refused["error"]["message"], refused
+        assert any("not used" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+        other.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
+
+        # The network's own node after it: taken, and only its transactions are relayed.
+        both = await make_proxy(EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=f"{ws_of(other)},{ws_of(anvil)}")
+        await both.head_at(anvil.block_number())
+        relayed = await connect(both)
+        pending = await relayed.subscribe("newPendingTransactions")
+        other.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x2"})
+        tx_hash = anvil.rpc("eth_sendTransaction", {"from": DEV_ACCOUNT, "to": DEV_ACCOUNT, "value": "0x1"})
+        await relayed.notes_until(1)
+        assert relayed.results(pending) == [tx_hash]
+    finally:
+        other.stop()
+
+
 def test_ws_upstreams_in_a_networks_file_are_the_nodes_websocket(tmp_path: Path) -> None:
     path = tmp_path / "networks.toml"
     path.write_text('[networks.main]\nfamily = "evm"\nupstreams = ["http://127.0.0.1:1", "ws://127.0.0.1:1"]\n')

@@ -30,6 +30,7 @@ from proxy.rpc.large_replies import crowded
 from proxy.rpc.methods import SOLANA_PUBSUB, ends_signature
 from proxy.upstream.replies import is_response
 from proxy.upstream.scrubbing import scrub_reply, secrets_of
+from proxy.upstream.ws_identity import IdentityProbe, identity_problem
 
 log = logging.getLogger("proxy.upstream_ws")
 SIGNATURE_NOTE = "signatureNotification"  # a signatureSubscribe's last one ends it (Agave), ends_signature
@@ -114,6 +115,7 @@ class UpstreamSocket:
         self._resubscribing: asyncio.Task[None] | None = None
         self._closed = False
         self.resubscribed = 0  # subscriptions opened again after a drop (for tests and logs)
+        self.identity: IdentityProbe | None = None  # asked of each new connection (ws_identity.py)
 
     async def subscribe(
         self,
@@ -225,24 +227,20 @@ class UpstreamSocket:
             count = len(self._urls)
             # After a drop, the next upstream first: the lost one may be down.
             for index in ((self._current + 1 + i) % count for i in range(count)):
-                url = self._urls[index]
+                headers = self._headers[index] if index < len(self._headers) else ()
                 try:
-                    ws = await self._session.ws_connect(
-                        url,
-                        heartbeat=30.0,
-                        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self._timeout),
-                        max_msg_size=self._max_message,
-                        compress=0,  # no permessage-deflate: a message's size is its bytes on the wire
-                        # Via: a WebSocket upstream that is this proxy refuses the handshake (via.py).
-                        headers={
-                            **dict(self._headers[index] if index < len(self._headers) else ()),
-                            "Via": via.field(),
-                        },
-                    )
+                    ws = await _dial(self._session, self._urls[index], headers, self._timeout, self._max_message)
+                    problem = await identity_problem(ws, self.identity, self._next_id + 1, self._timeout)
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     log.warning("upstream WebSocket %s#%d failed: %s", self.network, index, type(exc).__name__)
                     failures.append(f"#{index}: {type(exc).__name__}")
                     continue
+                if problem is not None:  # another chain's (a devnet's in a mainnet network): never used
+                    log.error("upstream WebSocket %s#%d %s: not used", self.network, index, problem)
+                    failures.append(f"#{index}: {problem}")
+                    await ws.close()
+                    continue
+                self._next_id += len(self.identity.calls) if self.identity is not None else 0
                 self._ws = ws
                 self._current = index
                 # aiohttp keeps the handshake's answer private: its Server names an rpc-proxy (via.py).
@@ -374,6 +372,21 @@ class UpstreamSocket:
         for route in left:
             if not route.cancelled:
                 route.on_lost()
+
+
+async def _dial(
+    session: aiohttp.ClientSession, url: str, headers: tuple[tuple[str, str], ...], timeout: float, max_message: int
+) -> aiohttp.ClientWebSocketResponse:
+    """A WebSocket to an upstream: `headers` (NETWORKS_FILE) and Via with the handshake."""
+    return await session.ws_connect(
+        url,
+        heartbeat=30.0,
+        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=timeout),
+        max_msg_size=max_message,
+        compress=0,  # no permessage-deflate: a message's size is its bytes on the wire
+        # Via: a WebSocket upstream that is this proxy refuses the handshake (via.py).
+        headers={**dict(headers), "Via": via.field()},
+    )
 
 
 class RouteTable:
