@@ -61,6 +61,7 @@ def test_every_alert_has_a_runbook_section_and_a_unit_test() -> None:
         assert url.endswith(f"/operations/#alert-{name.lower()}"), url
         assert name in headings, f"no '### Alert {name}' section in {RUNBOOKS.name}"
     for name in (
+        "RpcProxyDown",
         "RpcProxyNetworkDown",
         "RpcProxyHighErrorRatio",
         "RpcProxyRedisDown",

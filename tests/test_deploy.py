@@ -446,6 +446,35 @@ def test_the_rendered_proxy_serves_its_probes_and_scrape_path_with_the_mounted_k
         )
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_proxys_pods_may_reach_the_cache_and_ledger_redis(overlay: str) -> None:
+    """Rule (docs/caching.md, Tiers): Redis must be reachable by the proxy alone (a value another pod
+    wrote to the cache is served as the proxy's own; one written to the ledger gives credits back)."""
+    docs = render(overlay)
+    env = container_env(docs, container(workload_with(docs, PROXY), PROXY))
+    (policy,) = by_kind(docs, "NetworkPolicy").values()
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    (selector,) = spec["podSelector"]["matchExpressions"]
+    for url in (env["REDIS_URL"], env["CREDITS_REDIS_URL"]):
+        service = by_kind(docs, "Service")[urlsplit(url).hostname or ""]
+        server = next(
+            d
+            for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet")
+            and service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        )
+        labels = server["spec"]["template"]["metadata"]["labels"]
+        assert selector["operator"] == "In" and labels[selector["key"]] in selector["values"]  # the policy holds it
+        ports = {p["name"] for c in server["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+        assert {p["port"] for rule in spec["ingress"] for p in rule["ports"]} <= ports
+    (rule,) = spec["ingress"]
+    (source,) = rule["from"]
+    proxy_labels = workload_with(docs, PROXY)["spec"]["template"]["metadata"]["labels"]
+    assert source["podSelector"]["matchLabels"].items() <= proxy_labels.items()  # the proxy's pods, and no others
+    assert set(source) == {"podSelector"}  # no namespaceSelector or ipBlock beside it
+
+
 def _redis_command(docs: list[dict[str, Any]], url: str) -> list[str]:
     service = by_kind(docs, "Service")[urlsplit(url).hostname or ""]
     server = next(
