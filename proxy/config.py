@@ -26,7 +26,7 @@ from proxy.options import _SCALARS, _csv, _upstream_urls, _ws_urls
 from proxy.options import ConfigError as ConfigError
 from proxy.rpc.jsonrpc import METHOD_NAME
 from proxy.rpc.known_methods import KNOWN_METHODS, near_miss
-from proxy.rpc.methods import FAMILIES, POLICIES
+from proxy.rpc.methods import DEV_NAMESPACES, FAMILIES, POLICIES, namespace
 from proxy.rpc.methods import Family as Family
 
 NETWORK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -303,15 +303,28 @@ _NO_ADDRESS = frozenset({"authorization", "host", "cookie", "content-length", "c
 
 
 def doubts(settings: Settings) -> list[str]:
-    """Settings that are valid but look like typos (pure): an allowed_methods entry that is no method
-    the proxy knows but one's near twin (`eth_cal`), a TRUSTED_PROXY_HEADER near one it reads
-    (`X-Forwarded-Fro`). Warnings, not errors: a method unknown here may be the node's own."""
+    """Settings that are valid but look like typos or leaks (pure): an allowed_methods or ALLOW_METHODS
+    entry that is no method the proxy knows but one's near twin (`eth_cal`), an ALLOW_NAMESPACES entry
+    near a known namespace (`debugg`), a TRUSTED_PROXY_HEADER near one it reads (`X-Forwarded-Fro`),
+    and keys' usage on a public /metrics. Warnings, not errors: a method unknown here may be the node's own."""
     found = []
     methods = POLICIES.keys() | KNOWN_METHODS  # a node's real method is never a typo
     for name, key in (settings.api_keys or {}).items():
         for method in sorted(key.lists.methods - methods):
             if twin := near_miss(method, methods):
                 found.append(f"API_KEYS_FILE: key {name!r}: allowed_methods {method!r} is no known method ({twin}?)")
+    for method in sorted(settings.allowed_methods - methods):
+        if twin := near_miss(method, methods):
+            found.append(f"ALLOW_METHODS {method[:60]!r} is no known method ({twin}?)")
+    spaces = {space for name in methods if (space := namespace(name)) is not None} | DEV_NAMESPACES
+    for space in sorted(settings.allowed_namespaces - spaces):
+        if near := difflib.get_close_matches(space, spaces, 1, 0.8):
+            found.append(f"ALLOW_NAMESPACES {space[:40]!r} is no namespace of a known method ({near[0]}?)")
+    if settings.api_keys and settings.metrics_port is None and settings.host not in _LOOPBACK:
+        found.append(
+            f"METRICS_PORT is not set: /metrics, with the keys' names and their use, is served to anyone who "
+            f"reaches PROXY_HOST {settings.host[:40]!r} (set METRICS_PORT on an internal address)"
+        )
     header = settings.trusted_proxy_header
     known = {h.lower(): h for h in _CLIENT_IP_HEADERS}
     if header and header.lower() not in known and (near := difflib.get_close_matches(header.lower(), known, 1, 0.8)):

@@ -574,3 +574,35 @@ def test_a_trusted_proxy_header_that_carries_no_client_address_is_a_doubt(value:
     settings = build_settings({**UPSTREAM, "TRUSTED_PROXY_HEADER": value})
     assert any("carries no client address" in line for line in doubts(settings))
     assert doubts(build_settings({**UPSTREAM, "TRUSTED_PROXY_HEADER": "X-Real-IP"})) == []
+
+
+def test_allow_lists_near_a_known_method_or_namespace_are_doubts_and_real_ones_are_not() -> None:
+    """Rule: ALLOW_METHODS and ALLOW_NAMESPACES entries that look like typos of known ones are warned of
+    (by check and serve), as a key's allowed_methods are: `debugg` allowed nothing, silently."""
+    from proxy.config import doubts
+
+    typos = {**UPSTREAM, "ALLOW_NAMESPACES": "debugg,ots", "ALLOW_METHODS": "eth_sendRawTransactionn,acme_quote"}
+    assert doubts(build_settings(typos)) == [
+        "ALLOW_METHODS 'eth_sendRawTransactionn' is no known method (eth_sendRawTransaction?)",
+        "ALLOW_NAMESPACES 'debugg' is no namespace of a known method (debug?)",
+    ]
+    real = {**UPSTREAM, "ALLOW_NAMESPACES": "debug,trace,anvil", "ALLOW_METHODS": "eth_sendRawTransaction"}
+    assert doubts(build_settings(real)) == []
+
+
+@pytest.mark.parametrize(
+    ("host", "metrics_port", "doubted"),
+    [("0.0.0.0", None, True), ("127.0.0.1", None, False), ("0.0.0.0", "9100", False)],
+)
+def test_keys_usage_on_a_public_metrics_path_is_a_doubt(host: str, metrics_port: str | None, doubted: bool) -> None:
+    """Rule: with keys, a /metrics served on a public PROXY_HOST (no METRICS_PORT) shows every key's
+    name and use to anyone: warned of at start and by check."""
+    from proxy.config import doubts
+
+    raw = {
+        **UPSTREAM,
+        "API_KEYS": "k1-secret",
+        "PROXY_HOST": host,
+        **({"METRICS_PORT": metrics_port} if metrics_port else {}),
+    }
+    assert any(line.startswith("METRICS_PORT is not set") for line in doubts(build_settings(raw))) is doubted
