@@ -81,6 +81,26 @@ async def test_a_chain_id_set_through_the_proxy_is_checked_at_once_not_an_identi
     assert anvil.rpc("eth_chainId") == hex(777)
 
 
+async def test_a_batch_with_a_dev_state_change_is_made_in_order_as_the_node_makes_it(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule: a batch holding a write or a dev node's state change is made in order (its members are
+    otherwise made together): [anvil_setStorageAt, eth_getStorageAt] reads what it set, as on Anvil."""
+    proxy = await make_proxy(EVM_UPSTREAM=anvil.url, ALLOW_NAMESPACES="anvil,evm", HEAD_POLL_INTERVAL="60")
+    await proxy.head_at(anvil.block_number())
+    slot = "0x" + "00" * 31 + "05"
+    for value in range(0x9200, 0x9205):
+        word_ = "0x" + f"{value:064x}"
+        batch = [
+            {"jsonrpc": "2.0", "id": 1, "method": "anvil_setStorageAt", "params": [OTHER, slot, word_]},
+            {"jsonrpc": "2.0", "id": 2, "method": "eth_getStorageAt", "params": [OTHER, slot, "latest"]},
+        ]
+        _, body, _ = await proxy.post(batch)
+        answers = {a["id"]: a for a in body}
+        assert answers[1]["result"] is True and answers[2]["result"] == word_, body
+        assert anvil.rpc("eth_getStorageAt", OTHER, slot, "latest") == word_
+
+
 def _cast(*args: str) -> str:
     cast = ROOT / ".tools/node_modules/.bin/cast"
     done = subprocess.run([str(cast), *args], capture_output=True, text=True, timeout=60, check=False)

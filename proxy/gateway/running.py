@@ -12,6 +12,7 @@ from proxy.forwarded import FORWARDED, Forwarded
 from proxy.gateway.response_size import ResponseBudget
 from proxy.prepared import Prepared
 from proxy.rpc.jsonrpc import INTERNAL_ERROR, JsonRpcError
+from proxy.rpc.methods import WRITE_METHODS, changes_dev_state
 from proxy.values import Outcome
 
 Execute = Callable[[Prepared, str], Awaitable[Outcome]]
@@ -96,7 +97,12 @@ class BodyRun:
         room = self._answers
         self._room = room.batch() if room is not None and len(prepared) > 1 else None
         try:
-            outcomes = iter(await asyncio.gather(*(self._member(i, p) for i, p in enumerate(prepared))))
+            if any(p.call.method in WRITE_METHODS or changes_dev_state(p.call.method) for p in prepared):
+                # A write or a dev node's state change among them: made in order, as a node runs a batch
+                # ([anvil_setStorageAt, eth_getStorageAt] reads what it set; a receipt follows its send).
+                outcomes = iter([await self._member(i, p) for i, p in enumerate(prepared)])
+            else:
+                outcomes = iter(await asyncio.gather(*(self._member(i, p) for i, p in enumerate(prepared))))
         except asyncio.CancelledError as cancel:
             if cancel.args != (CUT_OFF_REASON,):
                 raise  # its client left: nothing is answered (left)
