@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import ipaddress
 import re
 import socket
 from collections.abc import Mapping, Sequence
@@ -302,6 +303,14 @@ _CLIENT_IP_HEADERS = ("X-Forwarded-For", "X-Real-IP")
 _NO_ADDRESS = frozenset({"authorization", "host", "cookie", "content-length", "content-type", "user-agent", "origin"})
 
 
+def _loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (all of 127.0.0.0/8 and ::1) or `localhost`."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def doubts(settings: Settings) -> list[str]:
     """Settings that are valid but look like typos or leaks (pure): an allowed_methods or ALLOW_METHODS
     entry that is no method the proxy knows but one's near twin (`eth_cal`), an ALLOW_NAMESPACES entry
@@ -320,7 +329,7 @@ def doubts(settings: Settings) -> list[str]:
     for space in sorted(settings.allowed_namespaces - spaces):
         if near := difflib.get_close_matches(space, spaces, 1, 0.8):
             found.append(f"ALLOW_NAMESPACES {space[:40]!r} is no namespace of a known method ({near[0]}?)")
-    if settings.api_keys and settings.metrics_port is None and settings.host not in _LOOPBACK:
+    if settings.api_keys and settings.metrics_port is None and not _loopback(settings.host):
         found.append(
             f"METRICS_PORT is not set: /metrics, with the keys' names and their use, is served to anyone who "
             f"reaches PROXY_HOST {settings.host[:40]!r} (set METRICS_PORT on an internal address)"

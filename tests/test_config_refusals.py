@@ -586,13 +586,23 @@ def test_allow_lists_near_a_known_method_or_namespace_are_doubts_and_real_ones_a
         "ALLOW_METHODS 'eth_sendRawTransactionn' is no known method (eth_sendRawTransaction?)",
         "ALLOW_NAMESPACES 'debugg' is no namespace of a known method (debug?)",
     ]
-    real = {**UPSTREAM, "ALLOW_NAMESPACES": "debug,trace,anvil", "ALLOW_METHODS": "eth_sendRawTransaction"}
+    real = {
+        **UPSTREAM,
+        "ALLOW_NAMESPACES": "debug,trace,anvil",
+        "ALLOW_METHODS": "eth_sendRawTransaction,eth_getTransactionReceiptsByBlock",  # Polygon's own too
+    }
     assert doubts(build_settings(real)) == []
 
 
 @pytest.mark.parametrize(
     ("host", "metrics_port", "doubted"),
-    [("0.0.0.0", None, True), ("127.0.0.1", None, False), ("0.0.0.0", "9100", False)],
+    [
+        ("0.0.0.0", None, True),
+        ("127.0.0.1", None, False),
+        ("127.0.0.2", None, False),
+        ("::1", None, False),
+        ("0.0.0.0", "9100", False),
+    ],
 )
 def test_keys_usage_on_a_public_metrics_path_is_a_doubt(host: str, metrics_port: str | None, doubted: bool) -> None:
     """Rule: with keys, a /metrics served on a public PROXY_HOST (no METRICS_PORT) shows every key's

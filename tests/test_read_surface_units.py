@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.cache import policy as cp
-from proxy.chain import from_trackers
-from proxy.chain.head_polls import Head, Resolved
+from proxy.chain import from_trackers, slots
+from proxy.chain.head_polls import Head, Resolved, TrackerError
 from proxy.chain.heads import EvmHeadTracker
 from proxy.chain.slots import SLOT_HOLD, SolanaSlotTracker
 from proxy.credits.prices import METHOD_CREDITS, SPEC_CREDITS, credits_of
@@ -164,6 +164,51 @@ class TestAnswersTheTrackersHold:
             from_trackers.learned("getSlot", config, tracker, seen, at + step * (SLOT_HOLD - 1))
         lagging = Answer.from_response({"result": 5_990}, 0.0, 1)
         assert from_trackers.learned("getSlot", config, tracker, lagging, at + 3 * (SLOT_HOLD - 1)).result == 6_000
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+async def test_letting_a_held_slot_go_keeps_a_value_a_forwarded_answer_showed_within_the_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule (docs/caching.md, Solana slots): a poll's slot not reached again within SLOT_HOLD is let go,
+    but a value a forwarded answer showed within it still holds: getSlot never steps back from it."""
+    clock = _Clock()
+    monkeypatch.setattr(slots, "time", clock)
+    tracker = SolanaSlotTracker("sol", None, interval=1, metrics=Metrics(CollectorRegistry()))  # type: ignore[arg-type]
+    answering: dict[str, int] = {}
+
+    async def ask(calls: list[Any]) -> list[Answer]:  # one getSlot per commitment
+        return [Answer.from_response({"result": answering[params[0]["commitment"]]}, 0.0, 0) for _, params in calls]
+
+    async def checked() -> None:
+        return None
+
+    tracker._asker.ask = ask  # type: ignore[method-assign]
+    tracker.check_identity = checked  # type: ignore[method-assign]
+    answering.update(processed=10_000, confirmed=9_990, finalized=9_960)  # the node in step
+    await tracker.poll()
+    clock.now += 1
+    answering.update(processed=9_900, confirmed=9_890, finalized=9_860)  # polls reach a node 100 behind now
+    with pytest.raises(TrackerError):
+        await tracker.poll()
+    clock.now += SLOT_HOLD - 0.5
+    seen = Answer.from_response({"result": 9_990}, 0.0, 1)  # a forwarded getSlot of the node in step
+    assert from_trackers.learned("getSlot", [{"commitment": "finalized"}], tracker, seen, clock.now).result == 9_990
+    clock.now += 0.6  # past the poll's hold, within the forwarded sight's
+    await tracker.poll()
+    assert tracker.slots["finalized"] == 9_860  # the poll's slot let go...
+    assert tracker.shown("finalized") == 9_990  # ...but not what a client was shown since
+    assert from_trackers.held("getSlot", [{"commitment": "finalized"}], tracker, clock.now, 1.0) == 9_990
 
 
 class TestCredits:

@@ -18,7 +18,7 @@ from proxy.chain.poll_source import in_order
 from proxy.http.app_keys import SERVICE
 from proxy.values import Answer
 from tests.fault_relay import FaultRelay
-from tests.support import DEV_ACCOUNT, ROOT, Anvil, Proxy, ProxyFactory, eventually, selector, word
+from tests.support import DEV_ACCOUNT, ROOT, Anvil, Proxy, ProxyFactory, eventually, free_port, selector, word
 from tests.test_observability import promtool
 
 
@@ -29,8 +29,8 @@ async def relay(anvil: Anvil) -> AsyncIterator[FaultRelay]:
     await relay.close()
 
 
-async def readyz(proxy: Proxy, query: str = "") -> tuple[int, dict[str, Any], str]:
-    async with proxy.session.get(proxy.base + "/readyz" + query) as resp:
+async def readyz(proxy: Proxy, query: str = "", base: str | None = None) -> tuple[int, dict[str, Any], str]:
+    async with proxy.session.get((base or proxy.base) + "/readyz" + query) as resp:
         text = await resp.text()
         return resp.status, await resp.json(), text
 
@@ -92,7 +92,9 @@ async def test_readyz_started_refuses_until_each_network_had_a_head_then_lists_f
     """Replicas sharing their upstreams fail alike (pulling one pulls every one, where each still serves
     its hits): /readyz?started is 503 only until each network's tracker has had a head."""
     stall = relay.inject("http500", method="eth_getBlockByNumber", times=None)
-    proxy = await make_proxy(EVM_UPSTREAM=relay.url, HEAD_STALE_AFTER="0.5")
+    metrics_port = free_port()
+    proxy = await make_proxy(EVM_UPSTREAM=relay.url, HEAD_STALE_AFTER="0.5", METRICS_PORT=str(metrics_port))
+    internal = f"http://127.0.0.1:{metrics_port}"
     for query in ("", "?started", "?started=1&x"):
         status, body, _ = await readyz(proxy, query)
         assert (status, body["status"]) == (503, "unavailable"), query  # no head yet: nothing to serve from
@@ -104,7 +106,10 @@ async def test_readyz_started_refuses_until_each_network_had_a_head_then_lists_f
     status, body, _ = await readyz(proxy, "?started")
     assert status == 200 and body["status"] == "ready"
     assert body["networks"]["evm"].startswith("degraded: head is stale")  # listed, not refused
-    assert (await readyz(proxy, "?other"))[0] == 503  # only `started` loosens it
+    for base in (proxy.base, internal):  # the public port and METRICS_PORT read a query alike
+        for query in ("?other", "?started=0", "?started=false", "?%2573tarted", "?Started"):
+            assert (await readyz(proxy, query, base))[0] == 503, (base, query)  # only `started` (not 0) loosens it
+        assert (await readyz(proxy, "?%73tarted=1", base))[0] == 200, base  # percent-decoded once, as a query is
 
 
 async def test_readyz_is_answered_from_tracker_state_without_an_upstream_call_per_request(

@@ -138,6 +138,37 @@ async def test_interim_1xx_answers_are_read_and_ignored_and_the_final_one_is_the
         assert (response.status, response.body) == (200, body)
         assert response.headers.get("content-length") == str(len(body))
     assert served.connections == 1 and len(connected) == 1  # kept alive, each answer its own
+    # A 1xx framed with a body (llhttp reads one past 103): none of it is the answer's, nor counted.
+    for interim in (
+        b"HTTP/1.1 199 X\r\nContent-Length: 5\r\n\r\nJUNK!",
+        b"HTTP/1.1 150 X\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    ):
+        served.answer = lambda _r, i=interim: (i, framed()) if apart else i + framed()
+        response = await client.post(b"{}", 5, len(BODY))  # the interim's bytes would pass the limit
+        assert (response.status, response.body) == (200, BODY)
+    served.answer = lambda _r: (
+        b"HTTP/1.1 199 X\r\nContent-Length: 4\r\n\r\n{}{}" + b"HTTP/1.1 500 E\r\nContent-Length: 0\r\n\r\n"
+    )
+    response = await client.post(b"{}", 5, LIMIT)
+    assert (response.status, response.body) == (500, b"")
+    client.close()
+
+
+async def test_a_101_answer_ends_its_connection_without_an_asyncio_traceback(
+    node: tuple[Node, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rule: an upgrade never asked for is that call's answer (status 101: no JSON-RPC reply, judged
+    a failure above), its connection dropped, and logged by no traceback of asyncio's ("Fatal error
+    on transport", at ERROR, on every call before)."""
+    served, url = node
+    connected: list[int] = []
+    client = pool(url, connected)
+    served.answer = lambda _r: b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    assert (await client.post(b"{}", 5, LIMIT)).status == 101
+    served.answer = lambda _r: framed()
+    assert (await client.post(b"{}", 5, LIMIT)).body == BODY
+    assert len(connected) == 2  # the upgraded connection was not kept
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.records
     client.close()
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from proxy.cache import policy as cp
+from tests.fault_relay import FaultRelay
 from tests.support import DEV_ACCOUNT, ROOT, Anvil, ProxyFactory, eventually
 
 DEV_WRITES = "eth_sendTransaction"
@@ -99,6 +101,33 @@ async def test_a_batch_with_a_dev_state_change_is_made_in_order_as_the_node_make
         answers = {a["id"]: a for a in body}
         assert answers[1]["result"] is True and answers[2]["result"] == word_, body
         assert anvil.rpc("eth_getStorageAt", OTHER, slot, "latest") == word_
+
+
+async def test_a_burst_of_dev_state_changes_is_checked_for_identity_in_rounds_a_poll_interval_apart(
+    anvil: Anvil, make_proxy: ProxyFactory
+) -> None:
+    """Rule: each dev call that changes state asks for an identity check, but checks come one poll
+    interval apart at most: 60 calls in a burst made 85 eth_chainId checks back to back before."""
+    relay = await FaultRelay(anvil.url).start()
+    try:
+        proxy = await make_proxy(EVM_UPSTREAM=relay.url, ALLOW_NAMESPACES="anvil,evm", HEAD_POLL_INTERVAL="1")
+        await proxy.head_at(anvil.block_number())
+        before, began = sum(c.get("method") == "eth_chainId" for c in relay.calls), time.monotonic()
+        for round_ in range(6):
+            await asyncio.gather(
+                *(proxy.result("anvil_setBalance", [OTHER, hex(round_ * 10 + i + 1)]) for i in range(10))
+            )
+
+        def checks() -> int:
+            return sum(c.get("method") == "eth_chainId" for c in relay.calls) - before
+
+        async def checked() -> bool:  # the burst's suspicion is still honoured, a round later
+            return checks() >= 1
+
+        await eventually(checked, 10, "an identity check after the burst")
+        assert checks() <= 2 + (time.monotonic() - began) / 1.0, checks()  # one a poll interval (1 s) at most
+    finally:
+        await relay.close()
 
 
 def _cast(*args: str) -> str:

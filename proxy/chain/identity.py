@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -104,6 +105,7 @@ class IdentityGuard:
         states = self._pool.states
         while True:
             states.suspect.clear()
+            began = time.monotonic()
             await self.check_all()
             self.checked.set()
             # Checked again soon while an upstream is lost or a new identity is gaining agreement.
@@ -111,6 +113,10 @@ class IdentityGuard:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._retry if waiting else self._interval):
                     await states.suspect.wait()
+            # Rounds one retry interval apart at least: a burst of suspicions (each dev call that changes
+            # state is one) is one round, not a round per call back to back.
+            if (rest := began + self._retry - time.monotonic()) > 0:
+                await asyncio.sleep(rest)
 
     async def check_all(self) -> None:
         # In index order: with no declared chain id, the primary's identity is the network's.

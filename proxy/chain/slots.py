@@ -143,14 +143,15 @@ class SolanaSlotTracker:
             self._metrics.head_timestamp.labels(self.network).set(now)
         self.slots = slots
         self.last_poll = now
-        for commitment, slot in slots.items():
-            self.observe("getSlot", commitment, slot, self.last_poll)
+        # What the poll saw (a value held above it stays shown while seen again within SLOT_HOLD: observe).
+        for commitment, slot in answered.items():
+            self.observe("getSlot", commitment, slot, now)
         self._metrics.head_updated.labels(self.network).set(self.last_poll)
         return slots
 
     def _held(self, answered: dict[str, int]) -> dict[str, int]:
         """The slots a poll may not go below: those held, but for one above the poll's that no poll has
-        reached SLOT_HOLD seconds on (let go, with the values shown at its commitment, and a WARNING)."""
+        reached SLOT_HOLD seconds on (let go, with a WARNING; a value shown there goes as observe says)."""
         held, now = self.slots, time.monotonic()
         gone = [
             commitment
@@ -159,15 +160,13 @@ class SolanaSlotTracker:
         ]
         if not gone:
             return held
-        log.warning(
+        logging.getLogger("proxy.chain").warning(
             "network %s: no upstream reached the slots %s again in %.0f s (one node's error?): the slots go back to %s",
             self.network,
             {commitment: held[commitment] for commitment in gone},
             SLOT_HOLD,
             {commitment: answered[commitment] for commitment in gone},
         )
-        for key in [key for key in self.recent if key[1] in gone]:
-            del self.recent[key]
         return {commitment: slot for commitment, slot in held.items() if commitment not in gone}
 
     async def check_identity(self) -> None:

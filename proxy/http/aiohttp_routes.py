@@ -178,7 +178,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    status, answer = readiness(request.app[SERVICE], started_asked(request.query_string))
+    status, answer = readiness(request.app[SERVICE], started_asked(request.rel_url.raw_query_string))
     return web.json_response(answer, status=status)
 
 

@@ -108,6 +108,8 @@ KNOWN_METHODS: frozenset[str] = frozenset(
         *(f"erigon_{name}" for name in _ERIGON.split()),
         *(f"parity_{name}" for name in _PARITY.split()),
         *(f"bor_{name}" for name in _BOR.split()),
+        "eth_getTransactionReceiptsByBlock",  # Polygon's (Bor) eth_ additions
+        "eth_getRootHash",
         *(f"alchemy_{name}" for name in _ALCHEMY.split()),
         *(f"qn_{name}" for name in _QN.split()),
         *_SOLANA.split(),

@@ -132,6 +132,8 @@ class _Connection(asyncio.Protocol):
             self._fail(cause if isinstance(cause, TooLarge | Unreadable) else ClientFault("bad answer"))
         except httptools.HttpParserError as exc:
             self._fail(ClientFault(f"not valid HTTP/1.1: {exc}"))
+        except httptools.HttpParserUpgrade:  # (no HttpParserError) a 101, its call answered 101: dropped
+            self._fail(ClientFault("an answer switching protocols (101), never asked for"))
 
     def _fail(self, exc: Exception) -> None:
         waiter = self.waiter
@@ -176,6 +178,8 @@ class _Connection(asyncio.Protocol):
             raise TooLarge(int(declared), declared=True)  # not read: no client may be sent it
 
     def on_body(self, body: bytes) -> None:
+        if self.interim:  # a 1xx has no content (RFC 9110 15.2): what llhttp framed as one is dropped
+            return
         self.size += len(body)
         if self.size > self.limit:
             raise TooLarge(self.size)

@@ -15,6 +15,9 @@ import aiohttp
 
 from proxy.rpc import jsonrpc
 
+# Seconds a new connection has to tell its chain (as the HTTP upstreams' identity probes: chain/identity.py):
+# subscriptions wait for the connection meanwhile, so a silent node is not waited on for UPSTREAM_TIMEOUT.
+IDENTITY_WAIT = 5.0
 EVM_IDENTITY_CALLS: tuple[tuple[str, list[Any]], ...] = (("eth_chainId", []), ("eth_getBlockByNumber", ["0x0", False]))
 
 
@@ -32,11 +35,12 @@ class IdentityProbe:
 async def identity_problem(
     ws: aiohttp.ClientWebSocketResponse, probe: IdentityProbe | None, first_id: int, timeout: float
 ) -> str | None:
-    """Why the freshly opened `ws` is not the network's chain, or None."""
+    """Why the freshly opened `ws` is not the network's chain, or None; told within `timeout`
+    (UPSTREAM_TIMEOUT), IDENTITY_WAIT at most."""
     expected = probe.expected() if probe is not None else None
     if probe is None or expected is None:
         return None
-    results = await told(ws, probe.calls, first_id, timeout)
+    results = await told(ws, probe.calls, first_id, min(timeout, IDENTITY_WAIT))
     seen = probe.seen(results) if results is not None else None
     if seen is None:
         return "did not tell its chain identity"
