@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cache import policy as cp
+from proxy.chain.identity import ROUND_GAP
 from tests.fault_relay import FaultRelay
 from tests.support import DEV_ACCOUNT, ROOT, Anvil, ProxyFactory, eventually
 
@@ -103,11 +104,11 @@ async def test_a_batch_with_a_dev_state_change_is_made_in_order_as_the_node_make
         assert anvil.rpc("eth_getStorageAt", OTHER, slot, "latest") == word_
 
 
-async def test_a_burst_of_dev_state_changes_is_checked_for_identity_in_rounds_a_poll_interval_apart(
+async def test_a_burst_of_dev_state_changes_is_checked_for_identity_in_rounds_a_second_apart(
     anvil: Anvil, make_proxy: ProxyFactory
 ) -> None:
-    """Rule: each dev call that changes state asks for an identity check, but checks come one poll
-    interval apart at most: 60 calls in a burst made 85 eth_chainId checks back to back before."""
+    """Rule: each dev call that changes state asks for an identity check, but rounds of checks come a
+    second apart at most (ROUND_GAP): a burst of calls made checks back to back before."""
     relay = await FaultRelay(anvil.url).start()
     try:
         proxy = await make_proxy(EVM_UPSTREAM=relay.url, ALLOW_NAMESPACES="anvil,evm", HEAD_POLL_INTERVAL="1")
@@ -125,7 +126,7 @@ async def test_a_burst_of_dev_state_changes_is_checked_for_identity_in_rounds_a_
             return checks() >= 1
 
         await eventually(checked, 10, "an identity check after the burst")
-        assert checks() <= 2 + (time.monotonic() - began) / 1.0, checks()  # one a poll interval (1 s) at most
+        assert checks() <= 2 + (time.monotonic() - began) / ROUND_GAP, checks()  # a round a second at most
     finally:
         await relay.close()
 

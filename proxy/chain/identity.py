@@ -31,6 +31,7 @@ from proxy.upstream.standing import ChainIdentity
 
 log = logging.getLogger("proxy.identity")
 PROBE_TIMEOUT = 5.0
+ROUND_GAP = 1.0  # seconds between the starts of two rounds of checks, at least
 ADOPT_AFTER = 3  # rounds of checks in which every upstream agrees on the new identity
 
 
@@ -113,9 +114,9 @@ class IdentityGuard:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._retry if waiting else self._interval):
                     await states.suspect.wait()
-            # Rounds one retry interval apart at least: a burst of suspicions (each dev call that changes
-            # state is one) is one round, not a round per call back to back.
-            if (rest := began + self._retry - time.monotonic()) > 0:
+            # Rounds ROUND_GAP apart at least: a burst of suspicions (each dev call that changes state is
+            # one) is a round a second, not a round per call back to back; a lost connection's still soon.
+            if (rest := began + min(self._retry, ROUND_GAP) - time.monotonic()) > 0:
                 await asyncio.sleep(rest)
 
     async def check_all(self) -> None:
