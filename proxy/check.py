@@ -33,7 +33,7 @@ from proxy.redis_link import connect, memory_policies
 from proxy.rpc import jsonrpc
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.scrubbing import scrub_text, secrets_of
-from proxy.upstream.ws_identity import EVM_IDENTITY_CALLS, told
+from proxy.upstream.ws_identity import EVM_IDENTITY_CALLS, IDENTITY_WAIT, told
 from proxy.workers.context import NoRunDirectory, run_directory
 
 REDACTED = "<redacted>"
@@ -240,7 +240,7 @@ async def probe_ws(session: aiohttp.ClientSession, network: Network, index: int,
             if network.family != "evm":  # Solana's pubsub socket serves subscriptions alone
                 return Probe(network.name, label)
             # Its chain, as serve asks it on each connection (ws_identity.py): held to the others' (agreement).
-            results = await told(ws, EVM_IDENTITY_CALLS, 1, timeout)
+            results = await told(ws, EVM_IDENTITY_CALLS, 1, min(timeout, IDENTITY_WAIT))  # as serve waits
             chain_id, genesis = results if results is not None else (None, None)
             seen = parse_identity(chain_id, genesis)
             if seen is None or not isinstance(genesis, dict):

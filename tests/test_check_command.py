@@ -346,6 +346,31 @@ def test_a_websocket_upstream_of_another_chain_fails_the_check(anvil: Anvil, tmp
     assert "WebSocket upstream #0" in result.stdout and "chain id 5 differs" in result.stdout, result.stdout
 
 
+async def test_a_websocket_upstream_that_never_tells_its_chain_fails_the_check_as_serve_refuses_it(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    """Rule: a WebSocket upstream that takes the handshake and answers nothing is no upstream of the
+    network's chain: check says so, as serve, which waits IDENTITY_WAIT for it, does not use it."""
+
+    async def silent(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:  # reads, answers nothing
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/", silent)
+    server = await fake_server(app)
+    try:
+        ws_url = str(server.make_url("/")).replace("http://", "ws://")
+        result = await asyncio.to_thread(check, tmp_path, EVM_UPSTREAM=anvil.url, EVM_UPSTREAM_WS=ws_url)
+    finally:
+        await server.close()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "handshake accepted; it did not tell its chain identity" in result.stdout, result.stdout
+
+
 def test_a_silent_websocket_upstream_is_said_to_have_timed_out_naming_the_setting(tmp_path: Path) -> None:
     """Rule: a WebSocket handshake that times out says how long and which setting bounds it."""
     with socket.socket() as silent:  # accepts (the backlog) and never answers

@@ -107,7 +107,15 @@ async def test_readyz_started_refuses_until_each_network_had_a_head_then_lists_f
     assert status == 200 and body["status"] == "ready"
     assert body["networks"]["evm"].startswith("degraded: head is stale")  # listed, not refused
     for base in (proxy.base, internal):  # the public port and METRICS_PORT read a query alike
-        for query in ("?other", "?started=0", "?started=false", "?%2573tarted", "?Started"):
+        for query in (
+            "?other",
+            "?started=0",
+            "?started=false",
+            "?started=+0",
+            "?started=off",
+            "?%2573tarted",
+            "?Started",
+        ):
             assert (await readyz(proxy, query, base))[0] == 503, (base, query)  # only `started` (not 0) loosens it
         assert (await readyz(proxy, "?%73tarted=1", base))[0] == 200, base  # percent-decoded once, as a query is
 

@@ -66,9 +66,9 @@ def readiness(service: Service, started: bool = False) -> tuple[int, dict[str, o
 
 def started_asked(query: str) -> bool:
     """Whether a /readyz query (as sent: percent-encoded) asks `started` (readiness): `?started` or
-    `?started=1` does, `?started=0` (or `false`, `no`) does not."""
+    `?started=1` does, `?started=0` (or `false`, `no`, `off`, spaces around them) does not."""
     values = parse_qs(query, keep_blank_values=True).get("started")
-    return values is not None and values[-1].lower() not in ("0", "false", "no")
+    return values is not None and values[-1].strip().lower() not in ("0", "false", "no", "off")
 
 
 def decoded_or_refused(endpoint: RpcEndpoint, body: bytes, encoding: str) -> bytes | Reply:
