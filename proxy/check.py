@@ -25,7 +25,6 @@ from urllib.parse import urlsplit
 import aiohttp
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 
-from proxy.chain.identity import parse_identity
 from proxy.config import Network, Settings, doubts
 from proxy.credits.ledger_storage import eviction_problem
 from proxy.credits.prices import METHOD_CREDITS
@@ -33,6 +32,7 @@ from proxy.redis_link import connect, memory_policies
 from proxy.rpc import jsonrpc
 from proxy.upstream.http_client import ClientFault, HostPool, TooLarge, Unreadable
 from proxy.upstream.scrubbing import scrub_text, secrets_of
+from proxy.upstream.standing import parse_identity
 from proxy.upstream.ws_identity import EVM_IDENTITY_CALLS, IDENTITY_WAIT, told
 from proxy.workers.context import NoRunDirectory, run_directory
 

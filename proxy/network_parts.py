@@ -23,7 +23,7 @@ from typing import Any
 from proxy.chain import answer_proofs
 from proxy.chain.epochs import EpochStore, MemoryEpochs
 from proxy.chain.heads import EvmHeadTracker
-from proxy.chain.identity import IdentityGuard, parse_identity
+from proxy.chain.identity import IdentityGuard
 from proxy.chain.slots import SolanaSlotTracker
 from proxy.chain.upstream_heads import watch_upstream_heads
 from proxy.config import Network, Settings
@@ -34,23 +34,11 @@ from proxy.tasks import stop_tasks
 from proxy.upstream.budget import BudgetBook
 from proxy.upstream.key_budget import KeyedUpstream, KeySlots
 from proxy.upstream.pool import PerUpstream, Upstream, http_pool, routing_of
-from proxy.upstream.standing import ChainIdentity
 from proxy.upstream.ws import UpstreamSocket
-from proxy.upstream.ws_identity import EVM_IDENTITY_CALLS, IdentityProbe
 from proxy.workers.shared_polls import SharedPolls
 
 STARTUP_WAIT = 2.0  # seconds a start waits for the first identity checks and head polls
 DRAIN_POLL = 0.05  # seconds between looks at a retired pool's requests in flight
-
-
-def evm_probe(tracker: EvmHeadTracker) -> IdentityProbe:
-    """A WebSocket upstream's chain identity, held to the one the HTTP upstreams' checks name."""
-    return IdentityProbe(
-        EVM_IDENTITY_CALLS,
-        lambda results: parse_identity(results[0], results[1]),
-        lambda: tracker.identity,
-        ChainIdentity.describe,
-    )
 
 
 @dataclass(slots=True)
@@ -173,8 +161,8 @@ class PartsBuilder:
             pool.proof_beside = functools.partial(answer_proofs.proof_beside_head, evm)
         if self.on_shown is not None:
             evm.on_shown.append(functools.partial(self.on_shown, net.name))
-        if relay is not None:
-            relay.identity = evm_probe(evm)
+        if relay is not None:  # its connections are held to the chain the HTTP upstreams' checks name
+            relay.identity = lambda: evm.identity
         feed = EvmFeed(net.name, upstream, evm, push=relay)
         evm.on_head.append(feed.on_head)
         evm.on_reorg.append(feed.on_reorg)

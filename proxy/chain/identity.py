@@ -27,22 +27,12 @@ from typing import Any
 from proxy.metrics import Metrics
 from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.upstream.pool import PerUpstream
-from proxy.upstream.standing import ChainIdentity
+from proxy.upstream.standing import ChainIdentity, parse_identity
 
 log = logging.getLogger("proxy.identity")
 PROBE_TIMEOUT = 5.0
 ROUND_GAP = 1.0  # seconds between the starts of two rounds of checks, at least
 ADOPT_AFTER = 3  # rounds of checks in which every upstream agrees on the new identity
-
-
-def parse_identity(chain_id: object, genesis: object) -> ChainIdentity | None:
-    """The identity in two answers (eth_chainId, the genesis block), or None if they hold none."""
-    if not isinstance(chain_id, str) or not isinstance(genesis, dict) or not isinstance(genesis.get("hash"), str):
-        return None
-    try:
-        return ChainIdentity(int(chain_id, 16), genesis["hash"].lower())
-    except ValueError:
-        return None
 
 
 def judge(

@@ -33,6 +33,16 @@ class ChainIdentity:
         return f"{self.chain_id}:{self.genesis[2:18]}"
 
 
+def parse_identity(chain_id: object, genesis: object) -> ChainIdentity | None:
+    """The identity in two answers (eth_chainId, the genesis block), or None if they hold none."""
+    if not isinstance(chain_id, str) or not isinstance(genesis, dict) or not isinstance(genesis.get("hash"), str):
+        return None
+    try:
+        return ChainIdentity(int(chain_id, 16), genesis["hash"].lower())
+    except ValueError:
+        return None
+
+
 STEADY_HEADS = 5  # heads seen in order before an upstream counts as one steady node
 # An upstream whose own head is more than this many blocks behind the furthest one is catching up (a
 # node still syncing, a stalled one): out of head tracking and of `latest` reads until it is back.

@@ -30,7 +30,8 @@ from proxy.rpc.large_replies import crowded
 from proxy.rpc.methods import SOLANA_PUBSUB, ends_signature
 from proxy.upstream.replies import is_response
 from proxy.upstream.scrubbing import scrub_reply, secrets_of
-from proxy.upstream.ws_identity import IdentityProbe, identity_problem
+from proxy.upstream.standing import ChainIdentity
+from proxy.upstream.ws_identity import EVM_IDENTITY_CALLS, identity_problem
 
 log = logging.getLogger("proxy.upstream_ws")
 SIGNATURE_NOTE = "signatureNotification"  # a signatureSubscribe's last one ends it (Agave), ends_signature
@@ -115,7 +116,7 @@ class UpstreamSocket:
         self._resubscribing: asyncio.Task[None] | None = None
         self._closed = False
         self.resubscribed = 0  # subscriptions opened again after a drop (for tests and logs)
-        self.identity: IdentityProbe | None = None  # asked of each new connection (ws_identity.py)
+        self.identity: Callable[[], ChainIdentity | None] | None = None  # held to each new connection's
 
     async def subscribe(
         self,
@@ -230,7 +231,8 @@ class UpstreamSocket:
                 headers = self._headers[index] if index < len(self._headers) else ()
                 try:
                     ws = await _dial(self._session, self._urls[index], headers, self._timeout, self._max_message)
-                    problem = await identity_problem(ws, self.identity, self._next_id + 1, self._timeout)
+                    expected = self.identity() if self.identity is not None else None
+                    problem = await identity_problem(ws, expected, self._next_id + 1, self._timeout)
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     log.warning("upstream WebSocket %s#%d failed: %s", self.network, index, type(exc).__name__)
                     failures.append(f"#{index}: {type(exc).__name__}")
@@ -240,7 +242,7 @@ class UpstreamSocket:
                     failures.append(f"#{index}: {problem}")
                     await ws.close()
                     continue
-                self._next_id += len(self.identity.calls) if self.identity is not None else 0
+                self._next_id += len(EVM_IDENTITY_CALLS)  # ids the probe may have used
                 self._ws = ws
                 self._current = index
                 # aiohttp keeps the handshake's answer private: its Server names an rpc-proxy (via.py).

@@ -7,13 +7,12 @@ subscriptions only: no getGenesisHash is asked there.)"""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from proxy.rpc import jsonrpc
+from proxy.upstream.standing import ChainIdentity, parse_identity
 
 # Seconds a new connection has to tell its chain (as the HTTP upstreams' identity probes: chain/identity.py):
 # subscriptions wait for the connection meanwhile, so a silent node is not waited on for UPSTREAM_TIMEOUT.
@@ -21,31 +20,19 @@ IDENTITY_WAIT = 5.0
 EVM_IDENTITY_CALLS: tuple[tuple[str, list[Any]], ...] = (("eth_chainId", []), ("eth_getBlockByNumber", ["0x0", False]))
 
 
-@dataclass(frozen=True, slots=True)
-class IdentityProbe:
-    """`calls` asked of a new connection; `seen` reads their results' identity (None: none told);
-    `expected` is the network's (None: not known yet, and the connection is taken)."""
-
-    calls: tuple[tuple[str, list[Any]], ...]
-    seen: Callable[[list[Any]], object | None]
-    expected: Callable[[], object | None]
-    describe: Callable[[Any], str] = str
-
-
 async def identity_problem(
-    ws: aiohttp.ClientWebSocketResponse, probe: IdentityProbe | None, first_id: int, timeout: float
+    ws: aiohttp.ClientWebSocketResponse, expected: ChainIdentity | None, first_id: int, timeout: float
 ) -> str | None:
-    """Why the freshly opened `ws` is not the network's chain, or None; told within `timeout`
-    (UPSTREAM_TIMEOUT), IDENTITY_WAIT at most."""
-    expected = probe.expected() if probe is not None else None
-    if probe is None or expected is None:
+    """Why the freshly opened `ws` is not the network's chain (`expected`; None: not known yet, the
+    connection taken), or None; told within `timeout` (UPSTREAM_TIMEOUT), IDENTITY_WAIT at most."""
+    if expected is None:
         return None
-    results = await told(ws, probe.calls, first_id, min(timeout, IDENTITY_WAIT))
-    seen = probe.seen(results) if results is not None else None
+    results = await told(ws, EVM_IDENTITY_CALLS, first_id, min(timeout, IDENTITY_WAIT))
+    seen = parse_identity(*results) if results is not None else None
     if seen is None:
         return "did not tell its chain identity"
     if seen != expected:
-        return f"serves {probe.describe(seen)}, not the network's {probe.describe(expected)}"
+        return f"serves {seen.describe()}, not the network's {expected.describe()}"
     return None
 
 
