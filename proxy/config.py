@@ -318,13 +318,14 @@ def doubts(settings: Settings) -> list[str]:
     and keys' usage on a public /metrics. Warnings, not errors: a method unknown here may be the node's own."""
     found = []
     methods = POLICIES.keys() | KNOWN_METHODS  # a node's real method is never a typo
-    for name, key in (settings.api_keys or {}).items():
-        for method in sorted(key.lists.methods - methods):
+    lists = [
+        (f"API_KEYS_FILE: key {name!r}: allowed_methods", key.lists.methods)
+        for name, key in (settings.api_keys or {}).items()
+    ]
+    for where, listed in [*lists, ("ALLOW_METHODS", settings.allowed_methods)]:
+        for method in sorted(listed - methods):
             if twin := near_miss(method, methods):
-                found.append(f"API_KEYS_FILE: key {name!r}: allowed_methods {method!r} is no known method ({twin}?)")
-    for method in sorted(settings.allowed_methods - methods):
-        if twin := near_miss(method, methods):
-            found.append(f"ALLOW_METHODS {method[:60]!r} is no known method ({twin}?)")
+                found.append(f"{where} {method!r} is no known method ({twin}?)")
     spaces = {space for name in methods if (space := namespace(name)) is not None} | DEV_NAMESPACES
     for space in sorted(settings.allowed_namespaces - spaces):
         if near := difflib.get_close_matches(space, spaces, 1, 0.8):

@@ -46,7 +46,8 @@ def readiness(service: Service, started: bool = False) -> tuple[int, dict[str, o
     now = time.time()
     networks = {name: runtime.health(now) or "ok" for name, runtime in service.networks.items()}
     ready = all(
-        state == "ok" or (started and service.networks[name].tracker.last_poll > 0) for name, state in networks.items()
+        networks[name] == "ok" or (started and runtime.tracker.last_poll > 0)
+        for name, runtime in service.networks.items()
     )
     answer: dict[str, object] = {"status": "ready" if ready else "unavailable", "networks": networks}
     # Upstreams out of head tracking while they sync: the network is served by the others.
@@ -127,7 +128,7 @@ class FrontRoutes:
         """A JSON-RPC POST's body decoded from its Content-Encoding, or the answer that refuses it."""
         return decoded_or_refused(self.endpoint, body, request.headers["content-encoding"])
 
-    def answer(self, method: str, path: str, headers: Headers, target: bytes = b"") -> Reply | Pending:
+    def answer(self, method: str, path: str, headers: Headers, target: bytes) -> Reply | Pending:
         """Every request but a JSON-RPC POST and a WebSocket upgrade (which aiohttp serves); `target`: as sent."""
         if method == "OPTIONS":
             cors = self.endpoint.cors
