@@ -22,6 +22,7 @@ from proxy.rpc.jsonrpc import JsonRpcError
 from proxy.rpc.methods import POLICIES, CacheClass
 from proxy.upstream.standing import ChainIdentity
 from proxy.values import Answer
+from tests.support import FakeClock
 
 TTLS = cp.Ttls(unfinalized=12, negative=2, identity=30)
 H5, H6, OLD = "0x" + "55" * 32, "0x" + "66" * 32, "0x" + "99" * 32
@@ -166,23 +167,12 @@ class TestAnswersTheTrackersHold:
         assert from_trackers.learned("getSlot", config, tracker, lagging, at + 3 * (SLOT_HOLD - 1)).result == 6_000
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def time(self) -> float:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 async def test_letting_a_held_slot_go_keeps_a_value_a_forwarded_answer_showed_within_the_hold(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Rule (docs/caching.md, Solana slots): a poll's slot not reached again within SLOT_HOLD is let go,
     but a value a forwarded answer showed within it still holds: getSlot never steps back from it."""
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(slots, "time", clock)
     tracker = SolanaSlotTracker("sol", None, interval=1, metrics=Metrics(CollectorRegistry()))  # type: ignore[arg-type]
     answering: dict[str, int] = {}
@@ -197,14 +187,14 @@ async def test_letting_a_held_slot_go_keeps_a_value_a_forwarded_answer_showed_wi
     tracker.check_identity = checked  # type: ignore[method-assign]
     answering.update(processed=10_000, confirmed=9_990, finalized=9_960)  # the node in step
     await tracker.poll()
-    clock.now += 1
+    clock.advance(1)
     answering.update(processed=9_900, confirmed=9_890, finalized=9_860)  # polls reach a node 100 behind now
     with pytest.raises(TrackerError):
         await tracker.poll()
-    clock.now += SLOT_HOLD - 0.5
+    clock.advance(SLOT_HOLD - 0.5)
     seen = Answer.from_response({"result": 9_990}, 0.0, 1)  # a forwarded getSlot of the node in step
     assert from_trackers.learned("getSlot", [{"commitment": "finalized"}], tracker, seen, clock.now).result == 9_990
-    clock.now += 0.6  # past the poll's hold, within the forwarded sight's
+    clock.advance(0.6)  # past the poll's hold, within the forwarded sight's
     await tracker.poll()
     assert tracker.slots["finalized"] == 9_860  # the poll's slot let go...
     assert tracker.shown("finalized") == 9_990  # ...but not what a client was shown since
